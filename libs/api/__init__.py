@@ -1,0 +1,1 @@
+"""Generated from protos/ by `python -m dispo.libs.protogen`. Do not edit."""
