@@ -1,0 +1,285 @@
+"""The cron pool's domain: evaluations, crons, the queue order, scaling and stall policy.
+
+Plain data and pure functions only; SQL lives in :mod:`dispo.pool.repository`. The two
+state machines are declared here once and mirrored by CHECK constraints in the migration
+(a test checks they agree).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+
+class EvaluationStatus(enum.StrEnum):
+    # Created, never served yet; waiting for its first cron. Out: a cron's claim.
+    QUEUED = "queued"
+    # Started; in its window. The queue scan serves it whenever it owes runs.
+    # Out: completion (last run recorded), stall sweep, operator pause / cancel.
+    EXECUTING = "executing"
+    # Operator paused it; the queue skips it. Out: operator resume / cancel.
+    PAUSED = "paused"
+    # Its cron went silent; it waits (first in line) for a new cron. Out: a cron's claim.
+    STUCK = "stuck"
+    # Every run of its window recorded. Terminal.
+    COMPLETED = "completed"
+    # Operator cancelled it. Terminal.
+    CANCELLED = "cancelled"
+
+
+EVALUATION_TRANSITIONS: dict[EvaluationStatus, frozenset[EvaluationStatus]] = {
+    EvaluationStatus.QUEUED: frozenset({EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}),
+    EvaluationStatus.EXECUTING: frozenset(
+        {EvaluationStatus.STUCK, EvaluationStatus.PAUSED, EvaluationStatus.COMPLETED, EvaluationStatus.CANCELLED}
+    ),
+    EvaluationStatus.PAUSED: frozenset({EvaluationStatus.QUEUED, EvaluationStatus.EXECUTING, EvaluationStatus.CANCELLED}),
+    EvaluationStatus.STUCK: frozenset({EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}),
+    EvaluationStatus.COMPLETED: frozenset(),
+    EvaluationStatus.CANCELLED: frozenset(),
+}
+
+# Statuses whose evaluations the queue scan may hand to a cron.
+SERVABLE = (EvaluationStatus.QUEUED, EvaluationStatus.EXECUTING, EvaluationStatus.STUCK)
+TERMINAL = (EvaluationStatus.COMPLETED, EvaluationStatus.CANCELLED)
+
+
+class CronStatus(enum.StrEnum):
+    # Free; takes the top queue item on its next wake. Out: claim, stall sweep, scale-down.
+    IDLE = "idle"
+    # Holds one evaluation. Out: release (no runs owed), force release, stall sweep.
+    BUSY = "busy"
+    # Silent for longer than the stall timeout; removed and replaced by the stall sweep.
+    STUCK = "stuck"
+
+
+CRON_TRANSITIONS: dict[CronStatus, frozenset[CronStatus]] = {
+    CronStatus.IDLE: frozenset({CronStatus.BUSY, CronStatus.STUCK}),
+    CronStatus.BUSY: frozenset({CronStatus.IDLE, CronStatus.STUCK}),
+    CronStatus.STUCK: frozenset(),
+}
+
+
+class Line(enum.StrEnum):
+    FORMAL = "formal"
+    TRIAL = "trial"
+
+
+class Verdict(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+
+
+class AssignmentEnd(enum.StrEnum):
+    """Why a cron stopped holding an evaluation."""
+
+    DONE = "done"  # no runs owed right now: the cron went back to the pool
+    COMPLETED = "completed"  # the evaluation's last run was recorded
+    STALLED = "stalled"  # the cron went silent (stall sweep)
+    FORCE_RELEASED = "force_released"  # held too long, or an operator asked
+    CANCELLED = "cancelled"  # the evaluation was cancelled or paused
+    DRIFT = "drift"  # repaired by the reconciler's drift check
+
+
+def can_transition(table: dict, old: enum.Enum, new: enum.Enum) -> bool:
+    return new in table[old]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One scoring rule of a test case.
+
+    kind: ``status`` (value = expected HTTP code), ``json_equals`` (path, value = JSON),
+    ``json_contains`` (path, value = substring), ``regex`` (value = pattern over the body),
+    ``latency_ms`` (value = budget in milliseconds).
+    """
+
+    kind: str
+    value: str
+    path: str = ""
+
+
+RULE_KINDS = ("status", "json_equals", "json_contains", "regex", "latency_ms")
+
+
+@dataclass(frozen=True)
+class TestCase:
+    __test__ = False  # not a pytest class
+
+    id: str
+    method: str = "GET"
+    path: str = "/"
+    body: str = ""
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An evaluation's window divided into slots; ``runs_per_slot`` runs fall due as each slot starts."""
+
+    window_start: datetime
+    window_seconds: int
+    slot_count: int
+    runs_per_slot: int
+
+    @property
+    def slot_seconds(self) -> float:
+        return self.window_seconds / self.slot_count
+
+    @property
+    def runs_total(self) -> int:
+        return self.slot_count * self.runs_per_slot
+
+    def current_slot(self, now: datetime) -> int:
+        """Index of the latest slot that has started (-1 before the window)."""
+        elapsed = (now - self.window_start).total_seconds()
+        if elapsed < 0:
+            return -1
+        return min(self.slot_count - 1, math.floor(elapsed / self.slot_seconds))
+
+    def runs_due(self, now: datetime) -> int:
+        return self.runs_per_slot * (self.current_slot(now) + 1)
+
+    def debt(self, now: datetime, runs_done: int) -> int:
+        """Runs due so far minus runs done (never negative)."""
+        return max(0, self.runs_due(now) - runs_done)
+
+    def slot_of_run(self, run_index: int) -> int:
+        return run_index // self.runs_per_slot
+
+    def slot_due(self, now: datetime, runs_done: int) -> bool:
+        """The slot now running has started and none of its own runs is done yet."""
+        return self.debt(now, runs_done) > 0 and runs_done <= self.runs_per_slot * self.current_slot(now)
+
+
+@dataclass(frozen=True)
+class QueueKey:
+    """Sort key of a waiting evaluation: boost, then slot due > debt > waiting time."""
+
+    boost: int
+    slot_due: bool
+    debt: int
+    waiting_since: datetime
+    evaluation_id: str
+
+    def sort_key(self) -> tuple:
+        return (-self.boost, not self.slot_due, -self.debt, self.waiting_since, self.evaluation_id)
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """Every threshold of the seed, with its defaults."""
+
+    min_size: int = 5
+    max_size: int = 20
+    scale_up_ratio: float = 0.8  # scale up when busy/total > this
+    scale_down_idle_factor: float = 2.0  # scale down when idle > this × min_size
+    tick_seconds: float = 60.0  # cron wake interval
+    stall_seconds: float = 600.0  # 10 minutes without activity → stuck
+    hold_seconds: float = 7200.0  # 2 hours holding a cron → force release
+    reconcile_seconds: float = 300.0  # drift check every 5 minutes
+    runs_per_wake: int = 50  # runs a cron performs per wake at most
+
+    @property
+    def stall_after(self) -> timedelta:
+        return timedelta(seconds=self.stall_seconds)
+
+    @property
+    def hold_limit(self) -> timedelta:
+        return timedelta(seconds=self.hold_seconds)
+
+
+@dataclass(frozen=True)
+class ResizePlan:
+    delta: int  # crons to create (>0) or idle crons to remove (<0)
+    reason: str
+
+
+def plan_resize(live: int, busy: int, idle: int, policy: PoolPolicy) -> ResizePlan:
+    """How many crons to add or remove, given the live (idle + busy) crons.
+
+    Up when busy/live > ratio (enough crons that the ratio is back at or under it), down
+    when idle > factor × min (back to exactly that many idle); always within [min, max].
+    """
+    if live < policy.min_size:
+        return ResizePlan(policy.min_size - live, "below_min")
+    if live > policy.max_size:
+        return ResizePlan(-min(idle, live - policy.max_size), "above_max")
+    if live and busy / live > policy.scale_up_ratio:
+        wanted = math.ceil(busy / policy.scale_up_ratio)
+        target = min(policy.max_size, max(wanted, live + 1))
+        return ResizePlan(target - live, "busy_ratio") if target > live else ResizePlan(0, "at_max")
+    idle_limit = policy.scale_down_idle_factor * policy.min_size
+    if idle > idle_limit:
+        remove = min(idle - math.floor(idle_limit), live - policy.min_size)
+        return ResizePlan(-remove, "idle_surplus") if remove > 0 else ResizePlan(0, "at_min")
+    return ResizePlan(0, "steady")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    id: str
+    series: str
+    line: Line
+    period: str
+    configuration_json: str
+    analysis_model: str
+    target_url: str
+    cases: tuple[TestCase, ...]
+    schedule: Schedule
+    status: EvaluationStatus
+    priority_boost: int = 0
+    runs_done: int = 0
+    assigned_cron_id: str | None = None
+    assigned_at: datetime | None = None
+    waiting_since: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+    def case_for_run(self, run_index: int) -> TestCase:
+        return self.cases[run_index % len(self.cases)]
+
+    def run_id(self, run_index: int) -> str:
+        return f"{self.id}-r{run_index}"
+
+
+@dataclass(frozen=True)
+class Cron:
+    id: str
+    status: CronStatus
+    evaluation_id: str | None
+    last_activity: datetime
+    created_at: datetime
+
+    def driver_state(self) -> dict:
+        """The small JSON state the driver keeps for this cron (seed: status + eval_id)."""
+        return {"status": self.status.value, "eval_id": self.evaluation_id or ""}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    verdict: Verdict
+    score: float
+    latency_ms: int
+    failure_reason: str = ""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    id: int
+    cron_id: str
+    evaluation_id: str
+    started_at: datetime
+    ended_at: datetime | None
+    end_reason: str | None
+
+
+@dataclass(frozen=True)
+class DriverCron:
+    """A cron as the driver (local registry or OpenClaw) reports it."""
+
+    id: str
+    state: dict = field(default_factory=dict)
