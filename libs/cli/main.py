@@ -1,2 +1,110 @@
-def main():
-    print("hi")
+"""``dispo``: run the stack and look at it.
+
+    dispo up [--data-dir .dispo]        start PostgreSQL, NATS and the five services
+    dispo status [--json]               health and address of each service
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from dispo.libs.health import health_status
+from dispo.libs.logging import configure_logging
+from dispo.libs.settings import server_settings
+from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, read_state
+
+
+def _data_dir(value: str | None) -> Path:
+    return Path(value or os.environ.get("DISPO_DATA_DIR", ".dispo")).resolve()
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    options = StackOptions(
+        data_dir=_data_dir(args.data_dir),
+        database_url=args.database_url or os.environ.get("DISPO_DATABASE_URL"),
+        nats_url=args.nats_url or os.environ.get("DISPO_NATS_URL"),
+        nats_port=args.nats_port,
+        services=tuple(args.services.split(",")) if args.services else SERVICES,
+    )
+    return asyncio.run(_up(options))
+
+
+async def _up(options: StackOptions) -> int:
+    stack = Stack(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        addresses = await stack.start()
+        print(f"Dispo is up (data in {options.data_dir}, logs in {options.data_dir / 'logs'}):")
+        for name, address in addresses.items():
+            print(f"  {name:<13} {address}")
+        print("Ctrl-C stops everything.", flush=True)
+        assert stack.supervisor is not None
+        watcher = asyncio.create_task(stack.supervisor.watch())
+        await stop.wait()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    finally:
+        print("stopping…", flush=True)
+        await stack.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+def service_addresses(data_dir: Path) -> dict[str, str]:
+    """From the running stack's state file, else from DISPO_<SERVICE>_HOST/PORT settings."""
+    state = read_state(data_dir)
+    if state:
+        return {name: info["address"] for name, info in state["services"].items()}
+    return {name: server_settings(name).address for name in SERVICES}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    addresses = service_addresses(_data_dir(args.data_dir))
+
+    async def probe() -> dict[str, dict[str, str]]:
+        statuses = await asyncio.gather(*(health_status(a) for a in addresses.values()))
+        return {name: {"address": address, "status": status}
+                for (name, address), status in zip(addresses.items(), statuses, strict=True)}
+
+    report = asyncio.run(probe())
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for name, info in report.items():
+            print(f"{name:<13} {info['address']:<22} {info['status']}")
+    return 0 if all(info["status"] == "SERVING" for info in report.values()) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dispo", description="Dispo: durable execution platform")
+    parser.add_argument("--data-dir", help="stack folder (default: $DISPO_DATA_DIR or ./.dispo)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start PostgreSQL, NATS and the services; Ctrl-C stops all")
+    up.add_argument("--database-url", help="use this PostgreSQL instead of the embedded one")
+    up.add_argument("--nats-url", help="use these NATS servers (comma-separated) instead of the embedded one")
+    up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server")
+    up.add_argument("--services", help=f"comma-separated subset of {','.join(SERVICES)}")
+    up.set_defaults(run=cmd_up)
+
+    status = sub.add_parser("status", help="health and address of each service")
+    status.add_argument("--json", action="store_true", help="one JSON object keyed by service")
+    status.set_defaults(run=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    configure_logging("console", os.environ.get("DISPO_LOG_LEVEL", "WARNING"))
+    args = build_parser().parse_args(argv)
+    sys.exit(args.run(args))

@@ -1,0 +1,204 @@
+"""NATS JetStream: streams, de-duplicated publishing and durable pull consumers.
+
+    bus = await Bus.connect(settings.nats_servers, name="executor")
+    await bus.ensure_stream("TASKS", ["task.create", "task.fail", "task.demote"])
+    await bus.publish("task.create", payload, msg_id=f"{task_id}:0")
+    consumer = bus.consumer("TASKS", durable="executor", subject="task.create", handler=handle)
+    await consumer.run()        # until consumer.stop()
+
+A handler returns :data:`ACK`, :class:`Nak` (redeliver, optionally after a delay) or
+:class:`Term` (never redeliver: malformed or meaningless). An exception is logged and
+treated as ``Nak(delay=error_delay)``. While a handler runs, the message's ack deadline is
+extended, so long work is not redelivered to another consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from dispo.libs.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Ack:
+    pass
+
+
+@dataclass(frozen=True)
+class Nak:
+    delay: float | None = None
+
+
+@dataclass(frozen=True)
+class Term:
+    reason: str
+
+
+ACK = Ack()
+Disposition = Ack | Nak | Term
+Handler = Callable[[Msg], Awaitable[Disposition]]
+
+
+class Bus:
+    def __init__(self, nc: NATS, replicas: int = 1) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.replicas = replicas
+
+    @classmethod
+    async def connect(cls, servers: list[str] | str, *, name: str = "dispo", replicas: int = 1,
+                      connect_timeout: float = 2.0, max_reconnect_attempts: int = -1) -> Bus:
+        """Connect, retrying for ever after a lost connection (reconnects are automatic)."""
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected")
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
+
+        async def on_error(error: Exception) -> None:
+            log.debug("nats error", error=str(error))
+
+        nc = await nats.connect(
+            servers=servers,
+            name=name,
+            connect_timeout=connect_timeout,
+            reconnect_time_wait=0.5,
+            max_reconnect_attempts=max_reconnect_attempts,
+            allow_reconnect=True,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            error_cb=on_error,
+        )
+        return cls(nc, replicas)
+
+    async def ensure_stream(self, name: str, subjects: list[str], *, max_age: float | None = None,
+                            duplicate_window: float = 120.0) -> None:
+        """Create the stream or bring its subjects and limits to this configuration."""
+        config = StreamConfig(
+            name=name,
+            subjects=subjects,
+            storage=StorageType.FILE,
+            num_replicas=self.replicas,
+            duplicate_window=duplicate_window,
+            max_age=max_age,
+        )
+        try:
+            current = await self.js.stream_info(name)
+        except NotFoundError:
+            try:
+                await self.js.add_stream(config)
+                return
+            except nats.js.errors.BadRequestError:
+                current = await self.js.stream_info(name)  # a replica created it first
+        wanted = sorted(set(current.config.subjects or []) | set(subjects))
+        if wanted != sorted(current.config.subjects or []):
+            config.subjects = wanted
+            await self.js.update_stream(config)
+
+    async def publish(self, subject: str, data: bytes, *, msg_id: str,
+                      headers: dict[str, str] | None = None, timeout: float = 5.0) -> PubAck:
+        """Publish once per ``msg_id`` within the stream's duplicate window."""
+        return await self.js.publish(subject, data, timeout=timeout,
+                                     headers={**(headers or {}), "Nats-Msg-Id": msg_id})
+
+    def consumer(self, stream: str, *, durable: str, subject: str, handler: Handler,
+                 batch: int = 16, ack_wait: float = 30.0, max_deliver: int = -1,
+                 error_delay: float = 1.0) -> Consumer:
+        return Consumer(self, stream, durable, subject, handler, batch, ack_wait, max_deliver, error_delay)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+
+class Consumer:
+    """A durable pull consumer processing one batch at a time, messages concurrently."""
+
+    def __init__(self, bus: Bus, stream: str, durable: str, subject: str, handler: Handler,
+                 batch: int, ack_wait: float, max_deliver: int, error_delay: float) -> None:
+        self.bus = bus
+        self.stream = stream
+        self.durable = durable
+        self.subject = subject
+        self.handler = handler
+        self.batch = batch
+        self.ack_wait = ack_wait
+        self.max_deliver = max_deliver
+        self.error_delay = error_delay
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Finish the messages in hand, then return from :meth:`run`."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        config = ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver,
+            filter_subject=self.subject,
+        )
+        subscription = None
+        while not self._stopping.is_set():
+            try:
+                if subscription is None:
+                    subscription = await self.bus.js.pull_subscribe(
+                        self.subject, durable=self.durable, stream=self.stream, config=config)
+                messages = await subscription.fetch(self.batch, timeout=1.0)
+            except TimeoutError:
+                continue
+            except Exception as error:  # NATS down or restarting: wait and try again
+                log.warning("fetch failed", durable=self.durable, error=repr(error))
+                subscription = None
+                await self._pause(0.5)
+                continue
+            await asyncio.gather(*(self._handle(m) for m in messages))
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _handle(self, message: Msg) -> None:
+        keepalive = asyncio.create_task(self._keep_alive(message))
+        try:
+            outcome: Disposition = await self.handler(message)
+        except Exception:
+            log.exception("handler failed", subject=message.subject, durable=self.durable)
+            outcome = Nak(self.error_delay)
+        finally:
+            keepalive.cancel()
+        try:
+            match outcome:
+                case Ack():
+                    await message.ack()
+                case Nak(delay=delay):
+                    await message.nak(delay=delay)
+                case Term(reason=reason):
+                    log.warning("message terminated", subject=message.subject, reason=reason)
+                    await message.term()
+        except Exception as error:  # the message will be redelivered after ack_wait
+            log.warning("ack failed", subject=message.subject, error=repr(error))
+
+    async def _keep_alive(self, message: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            with contextlib.suppress(Exception):
+                await message.in_progress()

@@ -1,0 +1,97 @@
+"""Injectable time. Production code asks a :class:`Clock`; tests drive a :class:`ManualClock`.
+
+A separate process under test can be given ``DISPO_CLOCK=file:<path>``: its clock reads the
+current time (ISO 8601 or epoch seconds) from that file, and the test advances time by
+rewriting it (:func:`write_file_clock`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Current time, timezone-aware UTC."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's time (a manual clock waits until advanced)."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class ManualClock:
+    """A clock that moves only when told to; sleepers wake when time passes their deadline."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        self._changed = asyncio.Event()
+
+    def now(self) -> datetime:
+        return self._now
+
+    def set(self, moment: datetime) -> None:
+        self._now = moment
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def advance(self, seconds: float = 0, **delta: float) -> datetime:
+        self.set(self._now + timedelta(seconds=seconds, **delta))
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        deadline = self._now + timedelta(seconds=seconds)
+        while self._now < deadline:
+            await self._changed.wait()
+
+
+class FileClock:
+    """Reads the time from a file on every call; sleeps poll the file briefly."""
+
+    poll_interval = 0.05
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def now(self) -> datetime:
+        return parse_moment(self.path.read_text().strip())
+
+    async def sleep(self, seconds: float) -> None:
+        deadline = self.now() + timedelta(seconds=seconds)
+        while self.now() < deadline:
+            await asyncio.sleep(self.poll_interval)
+
+
+def parse_moment(text: str) -> datetime:
+    try:
+        return datetime.fromtimestamp(float(text), UTC)
+    except ValueError:
+        moment = datetime.fromisoformat(text)
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def write_file_clock(path: Path, moment: datetime) -> None:
+    """Set a :class:`FileClock`'s time atomically."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(moment.isoformat())
+    tmp.replace(path)
+
+
+def clock_from_spec(spec: str) -> Clock:
+    """``system`` or ``file:<path>`` (see the module doc)."""
+    if spec == "system":
+        return SystemClock()
+    if spec.startswith("file:"):
+        return FileClock(Path(spec.removeprefix("file:")))
+    raise ValueError(f"unknown clock {spec!r}: expected 'system' or 'file:<path>'")

@@ -1,0 +1,32 @@
+"""The async SQLAlchemy engine on asyncpg, with ``search_path`` set to one service's schema."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` (as printed by PostgreSQL tools) and use the asyncpg driver."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def create_engine(url: str, schema: str, *, pool_size: int = 10) -> AsyncEngine:
+    """An engine whose connections see ``schema`` first, so queries name tables unqualified.
+
+    The schema itself is created by :func:`dispo.libs.db.migrate`.
+    """
+    return create_async_engine(
+        normalize_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args={"server_settings": {"search_path": schema, "application_name": f"dispo-{schema}"}},
+    )
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)

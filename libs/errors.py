@@ -1,0 +1,77 @@
+"""Domain errors every service raises; the gRPC layer maps each to one status code.
+
+Domain code never imports grpc: it raises these, and
+:class:`dispo.libs.grpcserver.ErrorMappingInterceptor` turns them into precise statuses,
+with field violations attached as a ``google.rpc.BadRequest`` detail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class DispoError(Exception):
+    """Base of all errors a caller should see with a specific gRPC status."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, violations: list[FieldViolation] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.violations = violations or []
+
+
+class InvalidArgument(DispoError):
+    """A request field is wrong. ``InvalidArgument("cells[1].name", "unknown cell 'x'")``."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str | None = None, description: str = "", *, violations: list[FieldViolation] | None = None) -> None:
+        found = list(violations or [])
+        if field is not None:
+            found.insert(0, FieldViolation(field, description))
+        message = "; ".join(f"{v.field}: {v.description}" for v in found) or description
+        super().__init__(message, found)
+
+
+class NotFound(DispoError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(DispoError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(DispoError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhausted(DispoError):
+    """Size or rate limits. Give the field when one field is too large."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message, [FieldViolation(field, message)] if field else None)
+
+
+class Unauthenticated(DispoError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(DispoError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unavailable(DispoError):
+    """A dependency (database, bus) is down; the caller may retry."""
+
+    code = grpc.StatusCode.UNAVAILABLE

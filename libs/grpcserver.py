@@ -1,0 +1,176 @@
+"""gRPC server bootstrap shared by every service.
+
+``create_server`` returns a started-but-not-serving-yet ``grpc.aio`` server with:
+the standard health service, server reflection (so ``grpcurl`` needs no proto files),
+an interceptor that logs each call and maps :mod:`dispo.libs.errors` to status codes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+
+from dispo.libs.errors import DispoError
+from dispo.libs.logging import get_logger
+
+log = get_logger(__name__)
+
+# Keep well under the 4 MiB default so size errors come from our validation, with a field.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def rich_status(error: DispoError) -> grpc.Status:
+    """The status a caller sees for ``error``: code, message and field violations."""
+    detail = status_pb2.Status(code=error.code.value[0], message=error.message)
+    if error.violations:
+        bad_request = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                for v in error.violations
+            ]
+        )
+        packed = any_pb2.Any()
+        packed.Pack(bad_request)
+        detail.details.append(packed)
+    return rpc_status.to_status(detail)
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Logs every call and turns domain errors into statuses; anything else is INTERNAL."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(("/grpc.health", "/grpc.reflection")):
+            return handler
+        return _wrap(handler, details.method)
+
+
+def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    async def guard(call: Callable[[], Awaitable[Any]], context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        try:
+            result = await call()
+        except DispoError as error:
+            log.info("rpc", method=method, code=error.code.name, error=error.message,
+                     ms=round((time.perf_counter() - started) * 1000, 2))
+            await context.abort_with_status(rich_status(error))
+        except (grpc.aio.AbortError, grpc.aio.BaseError):
+            raise
+        except Exception:
+            log.exception("rpc failed", method=method)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
+        else:
+            log.debug("rpc", method=method, code="OK", ms=round((time.perf_counter() - started) * 1000, 2))
+            return result
+
+    if handler.unary_unary:
+        inner_uu = handler.unary_unary
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await guard(lambda: inner_uu(request, context), context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary_unary, handler.request_deserializer, handler.response_serializer)
+    if handler.stream_unary:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await guard(lambda: inner_su(requests, context), context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            stream_unary, handler.request_deserializer, handler.response_serializer)
+
+    inner_stream = handler.unary_stream or handler.stream_stream
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        stream = inner_stream(request, context)
+        while True:
+            try:
+                item = await guard(lambda: _next(stream), context)
+            except StopAsyncIteration:
+                return
+            if item is _END:
+                return
+            yield item
+
+    factory = grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.stream_stream_rpc_method_handler
+    return factory(streaming, handler.request_deserializer, handler.response_serializer)
+
+
+_END = object()
+
+
+async def _next(stream: Any) -> Any:
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return _END
+
+
+@dataclass
+class Server:
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: tuple[str, ...]
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def set_serving(self, serving: bool = True) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        """Report NOT_SERVING, refuse new calls, let in-flight calls finish for ``grace`` seconds."""
+        await self.set_serving(False)
+        await self.server.stop(grace)
+
+
+def create_server(
+    address: str,
+    register: Iterable[Callable[[grpc.aio.Server], None]],
+    service_names: Iterable[str],
+) -> Server:
+    """Build a server listening on ``address`` ("host:0" picks a free port).
+
+    ``register`` are callables such as ``lambda s: add_XServicer_to_server(impl, s)``;
+    ``service_names`` are the full names they serve (``dispo.gateway.v1.GatewayService``),
+    listed by reflection and reported by health.
+    """
+    server = grpc.aio.server(
+        interceptors=[ErrorMappingInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    for add in register:
+        add(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = tuple(service_names)
+    reflection.enable_server_reflection(
+        (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return Server(server, port, health_servicer, names)
+
+
+__all__ = ["Server", "create_server", "rich_status"]

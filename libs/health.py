@@ -1,0 +1,33 @@
+"""Ask a Dispo server for its gRPC health (the standard ``grpc.health.v1`` service)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+UNREACHABLE = "UNREACHABLE"
+
+
+async def health_status(address: str, service: str = "", timeout: float = 1.0) -> str:
+    """``SERVING``, ``NOT_SERVING``, … or ``UNREACHABLE`` when nothing answers."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return UNREACHABLE
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+async def wait_until_serving(address: str, timeout: float = 60.0, interval: float = 0.2) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    status = UNREACHABLE
+    while loop.time() < deadline:
+        status = await health_status(address)
+        if status == "SERVING":
+            return
+        await asyncio.sleep(interval)
+    raise TimeoutError(f"{address} not SERVING after {timeout}s (last: {status})")

@@ -1,0 +1,176 @@
+"""The process runner every service's ``__main__`` uses.
+
+    async def setup(rt: Runtime) -> None:
+        rt.add_servicer(lambda s: add_GatewayServiceServicer_to_server(Servicer(rt), s),
+                        "dispo.gateway.v1.GatewayService")
+        rt.add_part("outbox relay", relay.run, relay.stop)
+
+    def main() -> None:
+        run_service("gateway", setup, migrations=Path(__file__).parent / "migrations")
+
+Start-up: logging → PostgreSQL (waits until reachable) → migrations → NATS → ``setup`` →
+gRPC server → parts → health SERVING. Shutdown (SIGTERM / SIGINT): health NOT_SERVING →
+server drains in-flight calls → parts stopped in the order they were added → NATS → DB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from dispo.libs.bus import Bus
+from dispo.libs.clock import Clock, clock_from_spec
+from dispo.libs.db import create_engine, migrate, session_factory
+from dispo.libs.grpcserver import create_server
+from dispo.libs.logging import configure_logging, get_logger
+from dispo.libs.settings import CommonSettings, ServerSettings, server_settings
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Part:
+    """A long-running piece of a service (consumer, relay, sweep loop)."""
+
+    name: str
+    run: Callable[[], Awaitable[None]]
+    stop: Callable[[], Awaitable[None] | None] | None = None
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class Runtime:
+    """What a service's ``setup`` gets: settings, database, bus, clock, and places to plug in."""
+
+    name: str
+    settings: CommonSettings
+    server: ServerSettings
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    bus: Bus
+    clock: Clock
+    registrations: list[Callable[[grpc.aio.Server], None]] = field(default_factory=list)
+    service_names: list[str] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
+
+    def add_servicer(self, register: Callable[[grpc.aio.Server], None], service_name: str) -> None:
+        self.registrations.append(register)
+        self.service_names.append(service_name)
+
+    def add_part(self, name: str, run: Callable[[], Awaitable[None]],
+                 stop: Callable[[], Awaitable[None] | None] | None = None) -> None:
+        """Run ``run()`` for the life of the service. Parts stop in the order they were added,
+        each by its ``stop`` (then awaited to finish) or, without one, by cancellation."""
+        self.parts.append(Part(name, run, stop))
+
+
+async def wait_for_database(engine: AsyncEngine, *, attempts: int = 120, delay: float = 0.5) -> None:
+    for attempt in range(attempts):
+        try:
+            async with engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            return
+        except Exception as error:
+            if attempt == attempts - 1:
+                raise
+            log.info("waiting for database", error=repr(error))
+            await asyncio.sleep(delay)
+
+
+async def connect_bus(settings: CommonSettings, name: str, *, attempts: int = 120, delay: float = 0.5) -> Bus:
+    for attempt in range(attempts):
+        try:
+            return await Bus.connect(settings.nats_servers, name=f"dispo-{name}",
+                                     replicas=settings.stream_replicas)
+        except Exception as error:
+            if attempt == attempts - 1:
+                raise
+            log.info("waiting for nats", error=repr(error))
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def serve(name: str, setup: Callable[[Runtime], Awaitable[None]], *,
+                migrations: Path | None, stop: asyncio.Event,
+                settings: CommonSettings | None = None, server: ServerSettings | None = None) -> list[str]:
+    """Run service ``name`` until ``stop`` is set. Usable in-process from tests.
+
+    Returns the names of parts that crashed (a crashed part stops the whole service)."""
+    settings = settings or CommonSettings()
+    server = server or server_settings(name)
+    engine = create_engine(settings.database_url, name)
+    await wait_for_database(engine)
+    if migrations is not None:
+        await migrate(engine, name, migrations)
+    bus = await connect_bus(settings, name)
+    crashed: list[str] = []
+    rt = Runtime(name, settings, server, engine, session_factory(engine), bus, clock_from_spec(settings.clock))
+    try:
+        await setup(rt)
+        grpc_server = create_server(server.address, rt.registrations, rt.service_names)
+        await grpc_server.start()
+        for part in rt.parts:
+            part.task = asyncio.create_task(_run_part(part, stop, crashed), name=part.name)
+        await grpc_server.set_serving(True)
+        log.info("serving", address=f"{server.host}:{grpc_server.port}", services=rt.service_names)
+        await stop.wait()
+        log.info("stopping")
+        await grpc_server.stop(server.shutdown_grace)
+        for part in rt.parts:
+            await _stop_part(part)
+    finally:
+        await bus.close()
+        await engine.dispose()
+    log.info("stopped", crashed=crashed)
+    return crashed
+
+
+async def _run_part(part: Part, stop: asyncio.Event, crashed: list[str]) -> None:
+    try:
+        await part.run()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("part crashed; stopping the service so it is restarted", part=part.name)
+        crashed.append(part.name)
+        stop.set()
+
+
+async def _stop_part(part: Part) -> None:
+    if part.task is None:
+        return
+    if part.stop is not None:
+        result = part.stop()
+        if asyncio.iscoroutine(result):
+            await result
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(asyncio.shield(part.task), 10)
+    if not part.task.done():
+        part.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await part.task
+    log.info("part stopped", part=part.name)
+
+
+def run_service(name: str, setup: Callable[[Runtime], Awaitable[None]], *, migrations: Path | None) -> None:
+    """Process entry point: run until SIGTERM or SIGINT, then shut down in order."""
+    settings = CommonSettings()
+    configure_logging(settings.log_format, settings.log_level, service=name)
+
+    async def main() -> list[str]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        return await serve(name, setup, migrations=migrations, stop=stop, settings=settings)
+
+    if asyncio.run(main()):
+        raise SystemExit(1)

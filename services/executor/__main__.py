@@ -1,0 +1,3 @@
+from dispo.executor.app import main
+
+main()

@@ -1,0 +1,3 @@
+from dispo.gateway.app import main
+
+main()

@@ -1,0 +1,3 @@
+from dispo.intelligence.app import main
+
+main()

@@ -1,0 +1,3 @@
+from dispo.pool.app import main
+
+main()

@@ -1,0 +1,3 @@
+from dispo.reconciler.app import main
+
+main()

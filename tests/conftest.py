@@ -1,0 +1,245 @@
+"""Fixtures shared by every test: real PostgreSQL and NATS JetStream, real service processes.
+
+Infrastructure starts once per test session (temporary folders, free ports) and only when a
+test asks for it. ``database_url`` and ``nats_url`` give each test a clean state: every
+non-system schema dropped, every JetStream stream deleted.
+
+    async def test_x(database_url, nats_url, start_service):
+        gateway = await start_service("gateway")          # a real process, SERVING
+        async with grpc.aio.insecure_channel(gateway.address) as channel: ...
+        gateway.kill()                                     # SIGKILL
+        await gateway.restart()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from dispo.libs.bus import Bus
+from dispo.libs.clock import ManualClock, write_file_clock
+from dispo.libs.db import create_engine, migrate
+from dispo.libs.health import wait_until_serving
+from dispo.libs.stack.nats import NatsServer, free_port
+from dispo.libs.stack.postgres import EmbeddedPostgres
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SYSTEM_SCHEMAS = ("public", "information_schema")
+
+
+@dataclass
+class Infra:
+    root: Path
+    postgres: EmbeddedPostgres
+    nats: NatsServer
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url
+
+    @property
+    def nats_url(self) -> str:
+        return self.nats.url
+
+    def restart_nats(self) -> None:
+        """Bring NATS back on the same port with the same store (after ``nats.stop()``)."""
+        self.nats.start()
+
+
+@pytest.fixture(scope="session")
+def infra() -> Iterator[Infra]:
+    with tempfile.TemporaryDirectory(prefix="dispo-test-") as root:
+        base = Path(root)
+        postgres = EmbeddedPostgres(base / "postgres")
+        postgres.start()
+        nats = NatsServer(base / "nats", log_file=base / "nats.log")
+        nats.start()
+        yield Infra(base, postgres, nats)
+        nats.stop()
+        postgres.stop("immediate")
+
+
+async def _drop_schemas(url: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> ALL($1::text[])",
+            list(SYSTEM_SCHEMAS))
+        for row in rows:
+            await conn.execute(f'DROP SCHEMA "{row["nspname"]}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def _delete_streams(url: str) -> None:
+    bus = await Bus.connect([url], name="test-cleaner", max_reconnect_attempts=3)
+    try:
+        for name in await bus.js.streams_info():
+            await bus.js.delete_stream(name.config.name)
+    finally:
+        await bus.close()
+
+
+@pytest.fixture
+async def database_url(infra: Infra) -> str:
+    """PostgreSQL with no Dispo schemas left from earlier tests (postgresql:// URL)."""
+    if not infra.postgres.running():
+        infra.postgres.start()
+    await _drop_schemas(infra.database_url)
+    return infra.database_url
+
+
+@pytest.fixture
+async def nats_url(infra: Infra) -> str:
+    """NATS JetStream with no streams left from earlier tests."""
+    if not infra.nats.running():
+        infra.nats.start()
+    await _delete_streams(infra.nats_url)
+    return infra.nats_url
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    connected = await Bus.connect([nats_url], name="test")
+    yield connected
+    await connected.close()
+
+
+@pytest.fixture
+async def service_engine(database_url: str):
+    """``await service_engine("gateway")``: an engine on that schema, migrated to head."""
+    engines = []
+
+    async def make(service: str, migrations: Path | None = None):
+        engine = create_engine(database_url, service)
+        await migrate(engine, service, migrations or REPO_ROOT / "services" / service / "migrations")
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        await engine.dispose()
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    return ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
+
+
+@dataclass
+class FileClockControl:
+    """A clock shared with service processes: pass ``env`` to them, move it with ``set``/``advance``."""
+
+    path: Path
+    now: datetime = field(default_factory=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+
+    def __post_init__(self) -> None:
+        write_file_clock(self.path, self.now)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"DISPO_CLOCK": f"file:{self.path}"}
+
+    def set(self, moment: datetime) -> None:
+        self.now = moment
+        write_file_clock(self.path, moment)
+
+    def advance(self, **delta: float) -> datetime:
+        from datetime import timedelta
+
+        self.set(self.now + timedelta(**delta))
+        return self.now
+
+
+@pytest.fixture
+def file_clock(tmp_path: Path) -> FileClockControl:
+    return FileClockControl(tmp_path / "clock")
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def spawn(self) -> None:
+        out = open(self.log_path, "ab")
+        self.process = subprocess.Popen([sys.executable, "-m", f"dispo.{self.name}"],
+                                        env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+
+    async def wait_serving(self, timeout: float = 60.0) -> None:
+        try:
+            await wait_until_serving(self.address, timeout)
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}\n--- {self.log_path} ---\n{self.log_tail()}") from None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no shutdown code runs."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    async def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM and wait: a graceful shutdown. Returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            await asyncio.to_thread(self.process.wait, timeout)
+        return self.process.returncode
+
+    async def restart(self) -> None:
+        await self.stop()
+        self.spawn()
+        await self.wait_serving()
+
+
+@pytest.fixture
+async def start_service(database_url: str, nats_url: str, tmp_path: Path
+                        ) -> AsyncIterator[Callable[..., Awaitable[ServiceProcess]]]:
+    """``await start_service("executor", env={...})``: a real service process, SERVING."""
+    started: list[ServiceProcess] = []
+
+    async def start(name: str, env: dict[str, str] | None = None, *, wait: bool = True) -> ServiceProcess:
+        port = free_port()
+        full_env = {
+            **os.environ,
+            "DISPO_DATABASE_URL": database_url,
+            "DISPO_NATS_URL": nats_url,
+            "DISPO_LOG_FORMAT": "json",
+            "DISPO_LOG_LEVEL": "INFO",
+            f"DISPO_{name.upper()}_HOST": "127.0.0.1",
+            f"DISPO_{name.upper()}_PORT": str(port),
+            **(env or {}),
+        }
+        service = ServiceProcess(name, port, full_env, tmp_path / f"{name}-{len(started)}.log")
+        service.spawn()
+        started.append(service)
+        if wait:
+            await service.wait_serving()
+        return service
+
+    yield start
+    for service in reversed(started):
+        service.kill()
