@@ -1,17 +1,107 @@
-"""The intelligence service process: wires its servicers and background parts into the runtime."""
+"""The intelligence service process: wiring, and the declared shutdown order.
+
+Parts stop upstream first, so nothing stopped can spawn new work into something still
+running: the sweeps (scheduler) -> the campaign feed consumer (campaign runtime) -> the
+intelligence jobs (running jobs finish within a grace period, the rest are handed back to
+the queue) -> the analysis models (HTTP clients). The gRPC server drains before all of them
+(``dispo.libs.service``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
+from dispo.intelligence.events import EvaluationEvents, consumer
+from dispo.intelligence.feed import CampaignFeed
+from dispo.intelligence.intelligence_jobs import JobDeps
+from dispo.intelligence.models import ModelRegistry
+from dispo.intelligence.repository import IntelligenceRepository
+from dispo.intelligence.runtime import IntelligenceJobs, RecoveryPolicy
+from dispo.intelligence.servicer import IntelligenceServicer
+from dispo.intelligence.settings import IntelligenceSettings
+from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
+from dispo.libs.clock import Clock
+from dispo.libs.logging import get_logger
 from dispo.libs.service import Runtime, run_service
+
+log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.intelligence.v1.IntelligenceService"
+SHUTDOWN_ORDER = ("sweeps", "campaign feed", "intelligence jobs", "analysis models")
+
+
+@dataclass
+class Intelligence:
+    """The service's objects, built once; also what in-process tests use."""
+
+    settings: IntelligenceSettings
+    repo: IntelligenceRepository
+    models: ModelRegistry
+    jobs: IntelligenceJobs
+    feed: CampaignFeed
+    events: EvaluationEvents
+    servicer: IntelligenceServicer
+
+
+def build(engine, clock: Clock, settings: IntelligenceSettings | None = None,  # noqa: ANN001
+          models: ModelRegistry | None = None) -> Intelligence:
+    settings = settings or IntelligenceSettings()
+    repo = IntelligenceRepository(engine)
+    models = models or ModelRegistry.from_configs(settings.models, settings.default_analysis_model)
+    policy = RecoveryPolicy(queued_idle=timedelta(seconds=settings.queued_idle_seconds),
+                            generating_stale=timedelta(seconds=settings.generating_stale_seconds),
+                            batch=settings.sweep_batch)
+    jobs = IntelligenceJobs(JobDeps(repo, models, clock), policy=policy)
+    feed = CampaignFeed(repo, models, clock, jobs)
+    events = EvaluationEvents(feed, settings.unknown_campaign_retry_seconds)
+    return Intelligence(settings, repo, models, jobs, feed, events, IntelligenceServicer(feed, jobs, repo))
+
+
+class _Held:
+    """A part that holds a resource for the service's life and releases it when stopped."""
+
+    def __init__(self, release: Callable[[], Awaitable[None]]) -> None:
+        self._release = release
+        self._released = asyncio.Event()
+
+    async def run(self) -> None:
+        await self._released.wait()
+
+    async def stop(self) -> None:
+        try:
+            await self._release()
+        finally:
+            self._released.set()
 
 
 async def setup(rt: Runtime) -> None:
-    rt.service_names.append(SERVICE_NAME)
+    app = build(rt.engine, rt.clock)
+    rt.add_servicer(lambda server: intelligence_pb2_grpc.add_IntelligenceServiceServicer_to_server(
+        app.servicer, server), SERVICE_NAME)
+
+    report = await app.jobs.recover(at_start=True)
+    log.info("restart recovery", requeued=len(report.requeued), failed=len(report.failed))
+    await app.jobs.sweep_lost_triggers()
+
+    jobs = _Held(lambda: app.jobs.close(app.settings.jobs_shutdown_grace_seconds))
+    models = _Held(app.models.aclose)
+    parts = {
+        "sweeps": (lambda: app.jobs.run_sweeps(app.settings.sweep_interval_seconds), None),
+        "intelligence jobs": (jobs.run, jobs.stop),
+        "analysis models": (models.run, models.stop),
+    }
+    if app.settings.consume_events:
+        feed_consumer = await consumer(rt.bus, app.events, app.settings.event_durable)
+        parts["campaign feed"] = (feed_consumer.run, feed_consumer.stop)
+    for name in SHUTDOWN_ORDER:
+        if name in parts:
+            run, stop = parts[name]
+            rt.add_part(name, run, stop)
 
 
 def main() -> None:

@@ -1,0 +1,164 @@
+"""Evaluation campaigns as the intelligence context sees them (its own read model).
+
+A campaign is the pool's evaluation: same id. Campaigns of one ``series`` are its periods.
+The status machine is declared once here and mirrored by ``ck_campaign_status``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from dispo.libs.errors import FieldViolation, InvalidArgument
+
+MAX_ID_CHARS = 128
+MAX_CONFIGURATION_BYTES = 64 * 1024
+MAX_FAILURE_REASON_CHARS = 2000
+MAX_RUNS_PER_CALL = 1000
+
+
+class Line(enum.StrEnum):
+    FORMAL = "formal"
+    TRIAL = "trial"
+
+
+class CampaignStatus(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+CAMPAIGN_TRANSITIONS: dict[CampaignStatus, frozenset[CampaignStatus]] = {
+    CampaignStatus.RUNNING: frozenset({CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED}),
+    CampaignStatus.COMPLETED: frozenset(),
+    CampaignStatus.FAILED: frozenset(),
+    CampaignStatus.CANCELLED: frozenset(),
+}
+CAMPAIGN_TERMINAL = frozenset({CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED})
+
+
+class Verdict(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Campaign:
+    campaign_id: str
+    series: str
+    line: Line
+    period: str
+    configuration: dict[str, Any]
+    status: CampaignStatus = CampaignStatus.RUNNING
+    analysis_model: str | None = None
+    created_at: datetime | None = None
+    completed_at: datetime | None = None
+    run_count: int = 0
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in CAMPAIGN_TERMINAL
+
+    @property
+    def fingerprint(self) -> str:
+        return configuration_fingerprint(self.configuration)
+
+    def same_registration(self, other: Campaign) -> bool:
+        """Whether ``other`` registers the same campaign (a repeated create is a no-op)."""
+        return (self.series, self.line, self.period, self.configuration, self.analysis_model) == (
+            other.series, other.line, other.period, other.configuration, other.analysis_model)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    case_id: str
+    verdict: Verdict
+    score: float
+    latency_ms: int
+    failure_reason: str = ""
+    recorded_at: datetime | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def configuration_fingerprint(configuration: dict[str, Any]) -> str:
+    """Stable digest of a configuration: canonical JSON (sorted keys), SHA-256, 16 hex digits."""
+    canonical = json.dumps(configuration, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _check_id(value: str, name: str, violations: list[FieldViolation]) -> None:
+    if not value.strip():
+        violations.append(FieldViolation(name, "must not be empty"))
+    elif len(value) > MAX_ID_CHARS:
+        violations.append(FieldViolation(name, f"must be at most {MAX_ID_CHARS} characters"))
+
+
+def parse_configuration(text: str, field_name: str = "configuration_json") -> dict[str, Any]:
+    if len(text.encode()) > MAX_CONFIGURATION_BYTES:
+        raise InvalidArgument(field_name, f"must be at most {MAX_CONFIGURATION_BYTES} bytes")
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidArgument(field_name, f"is not valid JSON: {error.msg} at position {error.pos}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgument(field_name, "must be a JSON object")
+    return value
+
+
+def new_campaign(campaign_id: str, series: str, line: str, period: str, configuration_json: str,
+                 analysis_model: str = "") -> Campaign:
+    """Validate a campaign registration; raise ``InvalidArgument`` naming every bad field."""
+    violations: list[FieldViolation] = []
+    _check_id(campaign_id, "campaign_id", violations)
+    _check_id(series, "series", violations)
+    _check_id(period, "period", violations)
+    if line not in Line.__members__.values():
+        violations.append(FieldViolation("line", "must be 'formal' or 'trial'"))
+    if len(analysis_model) > MAX_ID_CHARS:
+        violations.append(FieldViolation("analysis_model", f"must be at most {MAX_ID_CHARS} characters"))
+    try:
+        configuration = parse_configuration(configuration_json)
+    except InvalidArgument as error:
+        violations.extend(error.violations)
+        configuration = {}
+    if violations:
+        raise InvalidArgument(violations=violations)
+    return Campaign(campaign_id=campaign_id, series=series, line=Line(line), period=period,
+                    configuration=configuration, analysis_model=analysis_model or None)
+
+
+def new_run_result(run_id: str, case_id: str, verdict: str, score: float, latency_ms: int,
+                   failure_reason: str = "", recorded_at: datetime | None = None,
+                   field_prefix: str = "") -> RunResult:
+    violations: list[FieldViolation] = []
+    _check_id(run_id, f"{field_prefix}run_id", violations)
+    _check_id(case_id, f"{field_prefix}case_id", violations)
+    if verdict not in Verdict.__members__.values():
+        violations.append(FieldViolation(f"{field_prefix}verdict", "must be 'pass', 'fail' or 'error'"))
+    if not math.isfinite(score):
+        violations.append(FieldViolation(f"{field_prefix}score", "must be a finite number"))
+    if latency_ms < 0:
+        violations.append(FieldViolation(f"{field_prefix}latency_ms", "must not be negative"))
+    if len(failure_reason) > MAX_FAILURE_REASON_CHARS:
+        violations.append(FieldViolation(f"{field_prefix}failure_reason",
+                                         f"must be at most {MAX_FAILURE_REASON_CHARS} characters"))
+    if violations:
+        raise InvalidArgument(violations=violations)
+    return RunResult(run_id=run_id, case_id=case_id, verdict=Verdict(verdict), score=float(score),
+                     latency_ms=int(latency_ms), failure_reason=failure_reason, recorded_at=recorded_at)
+
+
+def completion_status(status: str) -> CampaignStatus:
+    if status not in {s.value for s in CAMPAIGN_TERMINAL}:
+        raise InvalidArgument("status", "must be 'completed', 'failed' or 'cancelled'")
+    return CampaignStatus(status)

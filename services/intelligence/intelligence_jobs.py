@@ -1,0 +1,180 @@
+"""``execute``: the one implementation of job settlement (ADR 0001).
+
+Fixed order: ensure the row (``ensure_queued``; give up silently when it exists in a state
+that forbids running) -> claim (conditional update, exactly one contender wins; losers exit
+without doing the work) -> validate (after the claim; ``JobValidationError`` fails the row
+with its fields) -> ``generating`` -> work -> settle (``completed`` with the result, or
+``failed`` with the error truncated in one place). Analysis and comparison each supply three
+small adapter functions; neither repeats any of this sequence.
+
+Also here: restart recovery of rows (``recover_jobs``), which reads rows, never the
+in-process registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import uuid
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from dispo.intelligence.jobs import (
+    MAX_QUEUED_RECOVERY_ATTEMPTS,
+    Job,
+    JobKind,
+    JobStatus,
+    JobValidationError,
+    WorkResult,
+    describe_exception,
+    settlement_fields,
+    truncate_error,
+)
+from dispo.intelligence.models import ModelRegistry
+from dispo.intelligence.repository import IntelligenceRepository
+from dispo.libs.clock import Clock
+from dispo.libs.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class JobDeps:
+    """What adapters may use: the repository, the analysis models and the clock."""
+
+    repo: IntelligenceRepository
+    models: ModelRegistry
+    clock: Clock
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``validate`` hands to ``work_fn``: anything it resolved, plus row fields to set."""
+
+    data: dict[str, Any]
+    fields: dict[str, Any]
+
+
+EnsureQueued = Callable[[JobDeps, str, bool], Awaitable[tuple[Job | None, bool]]]
+Validate = Callable[[JobDeps, str], Awaitable[Plan]]
+WorkFn = Callable[[JobDeps, str, Plan], Awaitable[WorkResult]]
+
+
+@dataclass(frozen=True)
+class JobAdapter:
+    kind: JobKind
+    ensure_queued: EnsureQueued
+    validate: Validate
+    work_fn: WorkFn
+
+
+class Outcome(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    # The row exists in a state that forbids running (generating / completed / failed
+    # without a re-trigger), or the campaign is unknown: nothing was done.
+    SKIPPED = "skipped"
+    # Another contender claimed the row first, or the claim was taken away: nothing done.
+    LOST = "lost"
+
+
+async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAdapter,
+                  *, requeue_failed: bool = False) -> Outcome:
+    if adapter.kind != kind:
+        raise ValueError(f"adapter for {adapter.kind} cannot execute {kind}")
+    repo, clock = deps.repo, deps.clock
+    bound = log.bind(job_kind=kind.value, campaign_id=campaign_id)
+
+    job, _ = await adapter.ensure_queued(deps, campaign_id, requeue_failed)
+    if job is None or job.status != JobStatus.QUEUED:
+        bound.debug("job not runnable", status=job.status.value if job else None)
+        return Outcome.SKIPPED
+
+    token = uuid.uuid4().hex
+    if not await repo.job_claim_if_queued(kind, campaign_id, token, clock.now()):
+        bound.debug("claim lost")
+        return Outcome.LOST
+
+    try:
+        plan = await adapter.validate(deps, campaign_id)
+    except JobValidationError as error:
+        return await _settle_failed(deps, kind, campaign_id, token, JobStatus.QUEUED, error.message,
+                                    settlement_fields(error.fields), bound)
+    except Exception as error:  # noqa: BLE001 - any failure is recorded on the row
+        return await _settle_failed(deps, kind, campaign_id, token, JobStatus.QUEUED,
+                                    describe_exception(error), {}, bound)
+
+    if not await repo.job_set_generating_if_claimed(kind, campaign_id, token, settlement_fields(plan.fields),
+                                                    clock.now()):
+        bound.warning("claim taken away before generating")
+        return Outcome.LOST
+
+    try:
+        result = await adapter.work_fn(deps, campaign_id, plan)
+    except asyncio.CancelledError:
+        # Shutting down: hand the row back so recovery runs it again right away.
+        await asyncio.shield(repo.job_requeue_if_generating(kind, campaign_id, token, clock.now()))
+        bound.info("job interrupted; re-queued")
+        raise
+    except Exception as error:  # noqa: BLE001
+        return await _settle_failed(deps, kind, campaign_id, token, JobStatus.GENERATING,
+                                    describe_exception(error), {}, bound)
+
+    if await repo.job_complete_if_generating(kind, campaign_id, token, result.result,
+                                             settlement_fields(result.fields), clock.now()):
+        bound.info("job completed")
+        return Outcome.COMPLETED
+    bound.warning("claim taken away before settling; result discarded")
+    return Outcome.LOST
+
+
+async def _settle_failed(deps: JobDeps, kind: JobKind, campaign_id: str, token: str, expected: JobStatus,
+                         message: str, fields: dict[str, Any], bound: Any) -> Outcome:
+    error = truncate_error(message)
+    if await deps.repo.job_fail_if_claimed(kind, campaign_id, token, expected, error, fields, deps.clock.now()):
+        bound.info("job failed", error=error)
+        return Outcome.FAILED
+    bound.warning("claim taken away before recording failure", error=error)
+    return Outcome.LOST
+
+
+# --- Restart recovery -------------------------------------------------------------------
+
+RECOVERY_CAP_REASON = (f"gave up after {MAX_QUEUED_RECOVERY_ATTEMPTS} restart recoveries: "
+                       "the job was re-queued {attempts} times without settling")
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    requeued: list[tuple[JobKind, str]]
+    failed: list[tuple[JobKind, str]]
+
+
+async def recover_jobs(repo: IntelligenceRepository, now: datetime, *, queued_idle: timedelta,
+                       generating_stale: timedelta, limit: int = 100,
+                       skip: set[Hashable] | None = None) -> RecoveryReport:
+    """Re-queue rows nobody is working on, at most ``MAX_QUEUED_RECOVERY_ATTEMPTS`` times each.
+
+    A queued row idle for ``queued_idle`` (0 at process start: nothing in this process runs
+    it) and a generating row whose claim is older than ``generating_stale`` are re-queued
+    with ``recovery_attempts + 1``; a row already re-queued the maximum number of times is
+    failed with the reason instead. Returns what the caller should start again. ``skip``
+    lists (kind, campaign) pairs the calling process is running right now.
+    """
+    requeued: list[tuple[JobKind, str]] = []
+    failed: list[tuple[JobKind, str]] = []
+    for job in await repo.jobs_needing_recovery(now - queued_idle, now - generating_stale, limit):
+        if skip and (job.kind, job.campaign_id) in skip:
+            continue  # running in this very process (a periodic sweep, not a restart)
+        if job.recovery_attempts >= MAX_QUEUED_RECOVERY_ATTEMPTS:
+            reason = truncate_error(RECOVERY_CAP_REASON.format(attempts=job.recovery_attempts))
+            if await repo.job_fail_if_unchanged(job, reason, now):
+                failed.append((job.kind, job.campaign_id))
+                log.warning("job recovery cap reached", job_kind=job.kind.value, campaign_id=job.campaign_id)
+        elif await repo.job_requeue_if_unchanged(job, now):
+            requeued.append((job.kind, job.campaign_id))
+            log.info("job recovered", job_kind=job.kind.value, campaign_id=job.campaign_id,
+                     recovery_attempts=job.recovery_attempts + 1)
+    return RecoveryReport(requeued, failed)

@@ -1,0 +1,179 @@
+"""Analysis models: the built-in deterministic ``stats`` model and OpenAI-compatible
+chat-completions models configured by settings. A campaign names one (its override) or
+gets the service default; ``ModelRegistry.resolve`` is the only place that decides.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel
+
+STATS_MODEL = "stats"
+
+
+class ModelError(Exception):
+    """The model could not produce a narrative (HTTP error, bad response)."""
+
+
+class AnalysisModel(Protocol):
+    name: str
+    kind: str
+
+    async def narrate_analysis(self, campaign: dict[str, Any], stats: dict[str, Any]) -> str: ...
+
+    async def narrate_comparison(self, comparison: dict[str, Any]) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+class StatsModel:
+    """Deterministic narratives written from the numbers alone; needs no network."""
+
+    name = STATS_MODEL
+    kind = "builtin"
+
+    async def narrate_analysis(self, campaign: dict[str, Any], stats: dict[str, Any]) -> str:
+        lines = [
+            f"Campaign {campaign['campaign_id']} ({campaign['series']} {campaign['period']}, {campaign['line']}): "
+            f"{stats['run_count']} runs over {stats['case_count']} cases; pass rate {_pct(stats['pass_rate'])}, "
+            f"fail {_pct(stats['fail_rate'])}, error {_pct(stats['error_rate'])}.",
+            f"Score mean {stats['score']['mean']:.3f} (p50 {stats['score']['p50']:.3f}, "
+            f"min {stats['score']['min']:.3f}); latency p50 {stats['latency']['p50_ms']} ms, "
+            f"p95 {stats['latency']['p95_ms']} ms, p99 {stats['latency']['p99_ms']} ms.",
+        ]
+        if stats["failure_clusters"]:
+            top = stats["failure_clusters"][0]
+            lines.append(f"Most common failure ({top['count']} runs, {_pct(top['share'])} of failures): "
+                         f"{top['signature']}.")
+        if stats["worst_cases"]:
+            worst = ", ".join(f"{c['case_id']} ({_pct(c['pass_rate'])} pass)" for c in stats["worst_cases"])
+            lines.append(f"Worst cases: {worst}.")
+        return "\n".join(lines)
+
+    async def narrate_comparison(self, comparison: dict[str, Any]) -> str:
+        deltas = comparison["deltas"]
+        improved = [d["metric"] for d in deltas if d["direction"] == "improved"]
+        regressed = [d["metric"] for d in deltas if d["direction"] == "regressed"]
+        lines = [f"Period {comparison['period']} against baseline {comparison['baseline_period']} "
+                 f"(campaign {comparison['baseline_campaign_id']}, same configuration "
+                 f"{comparison['fingerprint']}): {len(improved)} metrics improved, "
+                 f"{len(regressed)} regressed, {len(deltas) - len(improved) - len(regressed)} unchanged."]
+        for delta in deltas:
+            if delta["direction"] != "unchanged":
+                lines.append(f"- {delta['metric']}: {delta['baseline']:g} -> {delta['current']:g} "
+                             f"({delta['absolute_delta']:+g}, {delta['direction']})")
+        return "\n".join(lines)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ChatModelConfig(BaseModel):
+    """One OpenAI-compatible model: ``POST {base_url}/chat/completions``."""
+
+    name: str
+    base_url: str
+    model: str
+    api_key: str = ""
+    timeout_seconds: float = 60.0
+    temperature: float = 0.0
+
+
+ANALYSIS_PROMPT = ("You analyse evaluation campaigns. Given a campaign and the statistics of its runs, "
+                   "write a short, factual analysis: overall quality, the main failure modes, the worst "
+                   "cases, and latency. Use only the numbers given.")
+COMPARISON_PROMPT = ("You compare two periods of an evaluation series run with the same configuration. "
+                     "Given the metric differences, write a short, factual summary of what improved, "
+                     "what regressed, and what to look at. Use only the numbers given.")
+
+
+class ChatCompletionsModel:
+    kind = "chat-completions"
+
+    def __init__(self, config: ChatModelConfig, client: httpx.AsyncClient | None = None) -> None:
+        self.name = config.name
+        self.config = config
+        self._client = client or httpx.AsyncClient(timeout=config.timeout_seconds)
+
+    async def _complete(self, system: str, payload: dict[str, Any]) -> str:
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        body = {
+            "model": self.config.model,
+            "temperature": self.config.temperature,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": json.dumps(payload, sort_keys=True, ensure_ascii=False)},
+            ],
+        }
+        url = self.config.base_url.rstrip("/") + "/chat/completions"
+        try:
+            response = await self._client.post(url, json=body, headers=headers)
+        except httpx.HTTPError as error:
+            raise ModelError(f"model {self.name}: request to {url} failed: {error!r}") from error
+        if response.status_code != 200:
+            raise ModelError(f"model {self.name}: HTTP {response.status_code} from {url}: {response.text}")
+        try:
+            content = response.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise ModelError(f"model {self.name}: unexpected response shape: {response.text}") from error
+        if not isinstance(content, str) or not content.strip():
+            raise ModelError(f"model {self.name}: empty completion")
+        return content.strip()
+
+    async def narrate_analysis(self, campaign: dict[str, Any], stats: dict[str, Any]) -> str:
+        return await self._complete(ANALYSIS_PROMPT, {"campaign": campaign, "stats": stats})
+
+    async def narrate_comparison(self, comparison: dict[str, Any]) -> str:
+        return await self._complete(COMPARISON_PROMPT, comparison)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Outcome of resolving a campaign's analysis model: a model, or why there is none."""
+
+    model: AnalysisModel | None
+    requested: str | None
+    problem: str | None = None
+
+
+class ModelRegistry:
+    def __init__(self, models: list[AnalysisModel], default: str | None = STATS_MODEL) -> None:
+        self._models = {m.name: m for m in models}
+        self.default = default or None
+
+    @classmethod
+    def from_configs(cls, configs: list[ChatModelConfig], default: str | None = STATS_MODEL) -> ModelRegistry:
+        models: list[AnalysisModel] = [StatsModel()]
+        models += [ChatCompletionsModel(c) for c in configs if c.name != STATS_MODEL]
+        return cls(models, default)
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def get(self, name: str) -> AnalysisModel | None:
+        return self._models.get(name)
+
+    def resolve(self, override: str | None) -> Resolution:
+        requested = override or self.default
+        if not requested:
+            return Resolution(None, None, "no analysis model is configured for this campaign")
+        model = self._models.get(requested)
+        if model is None:
+            return Resolution(None, requested, f"analysis model {requested!r} is not registered "
+                                               f"(registered: {', '.join(self.names())})")
+        return Resolution(model, requested)
+
+    async def aclose(self) -> None:
+        for model in self._models.values():
+            await model.aclose()

@@ -1,0 +1,30 @@
+"""Settings of the intelligence service (``DISPO_INTELLIGENCE_*``)."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings
+
+from dispo.intelligence.models import STATS_MODEL, ChatModelConfig
+from dispo.libs.settings import service_settings_config
+
+
+class IntelligenceSettings(BaseSettings):
+    model_config = service_settings_config("intelligence")
+
+    # Analysis model of campaigns without an override; "" = none (then only overrides resolve).
+    default_analysis_model: str = STATS_MODEL
+    # OpenAI-compatible chat-completions models, as a JSON list:
+    # [{"name": "gpt", "base_url": "http://127.0.0.1:8080/v1", "model": "gpt-4o-mini", "api_key": "…"}]
+    models: list[ChatModelConfig] = []
+    # Consume the cron pool's EVALUATIONS stream into the campaign read model.
+    consume_events: bool = True
+    event_durable: str = "intelligence-campaigns"
+    # Redelivery delay for an event about a campaign not registered yet.
+    unknown_campaign_retry_seconds: float = 2.0
+    # Periodic recovery and lost-trigger sweeps.
+    sweep_interval_seconds: float = 60.0
+    queued_idle_seconds: float = 300.0
+    generating_stale_seconds: float = 900.0
+    sweep_batch: int = 100
+    # How long a stopping service lets running jobs finish before handing them back.
+    jobs_shutdown_grace_seconds: float = 10.0

@@ -1,0 +1,116 @@
+"""Fixtures of the intelligence tests: the service's objects on a migrated schema with a
+manual clock, helpers to feed campaigns, and a fake OpenAI-compatible LLM server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from dispo.intelligence.app import Intelligence, build
+from dispo.intelligence.campaigns import CampaignStatus, new_campaign, new_run_result
+from dispo.intelligence.models import ChatModelConfig, ModelRegistry
+from dispo.intelligence.settings import IntelligenceSettings
+from dispo.libs.clock import ManualClock
+
+CONFIG = {"target": "http://127.0.0.1:9/answer", "cases": ["c1", "c2", "c3"], "runs_per_slot": 2}
+
+
+@pytest.fixture
+async def intel_engine(service_engine):
+    return await service_engine("intelligence")
+
+
+@pytest.fixture
+async def make_app(intel_engine, manual_clock: ManualClock):
+    """``make_app(default_analysis_model=..., models=...)``: the service's objects, no server."""
+    built: list[Intelligence] = []
+
+    def make(*, models: ModelRegistry | None = None, **settings: Any) -> Intelligence:
+        settings.setdefault("consume_events", False)
+        app = build(intel_engine, manual_clock, IntelligenceSettings(**settings), models)
+        built.append(app)
+        return app
+
+    yield make
+    for app in built:
+        await app.jobs.close(0)
+        await app.models.aclose()
+
+
+@pytest.fixture
+def app(make_app) -> Intelligence:
+    return make_app()
+
+
+async def add_campaign(app: Intelligence, campaign_id: str, *, series: str = "nightly", line: str = "formal",
+                       period: str = "2026-W01", configuration: dict | None = None, analysis_model: str = "",
+                       runs: list[tuple[str, str, float, int, str]] | None = None,
+                       status: CampaignStatus | None = None) -> None:
+    """Register a campaign, record its runs ``(case, verdict, score, latency_ms, reason)``,
+    and finish it with ``status`` (when given)."""
+    campaign = new_campaign(campaign_id, series, line, period, json.dumps(configuration or CONFIG), analysis_model)
+    await app.feed.create(campaign)
+    if runs:
+        results = [new_run_result(f"{campaign_id}-r{i}", case, verdict, score, latency, reason)
+                   for i, (case, verdict, score, latency, reason) in enumerate(runs)]
+        await app.feed.record_runs(campaign_id, results)
+    if status is not None:
+        await app.feed.complete(campaign_id, status)
+
+
+RUNS_GOOD = [("c1", "pass", 1.0, 100, ""), ("c2", "pass", 0.9, 120, ""), ("c3", "pass", 0.8, 150, ""),
+             ("c1", "pass", 1.0, 110, ""), ("c2", "fail", 0.2, 300, "expected 200, got 500 from 'svc-7'")]
+RUNS_WORSE = [("c1", "pass", 0.9, 200, ""), ("c2", "fail", 0.1, 400, "expected 200, got 503 from 'svc-2'"),
+              ("c3", "error", 0.0, 900, "timeout after 800 ms"), ("c1", "pass", 0.8, 210, ""),
+              ("c2", "fail", 0.3, 380, "expected 200, got 500 from 'svc-9'")]
+
+
+@dataclass
+class FakeLLM:
+    """An OpenAI-compatible ``/v1/chat/completions`` endpoint on 127.0.0.1."""
+
+    url: str = ""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    status: int = 200
+    reply: str = "The campaign is healthy."
+    gate: asyncio.Event | None = None
+
+    def config(self, name: str = "fake-gpt", **extra: Any) -> ChatModelConfig:
+        return ChatModelConfig(name=name, base_url=self.url, model="fake-model-1", api_key="sk-test", **extra)
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLLM]:
+    fake = FakeLLM()
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        fake.requests.append(body)
+        fake.headers.append(dict(request.headers))
+        if fake.gate is not None:
+            await fake.gate.wait()
+        if fake.status != 200:
+            return web.Response(status=fake.status, text="upstream exploded " + "x" * 2000)
+        return web.json_response({"id": "cmpl-1", "object": "chat.completion", "model": body["model"],
+                                  "choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": fake.reply}}]})
+
+    web_app = web.Application()
+    web_app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(web_app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    fake.url = f"http://127.0.0.1:{port}/v1"
+    yield fake
+    if fake.gate is not None:
+        fake.gate.set()
+    await runner.cleanup()
