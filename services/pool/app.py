@@ -1,17 +1,74 @@
-"""The pool service process: wires its servicers and background parts into the runtime."""
+"""The pool service process: PoolService, the outbox relay and the periodic sweeps."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.logging import get_logger
 from dispo.libs.service import Runtime, run_service
+from dispo.pool import sweeps
+from dispo.pool.drivers import Driver
+from dispo.pool.drivers.local import LocalDriver
+from dispo.pool.drivers.openclaw import OpenClawDriver
+from dispo.pool.events import Relay
+from dispo.pool.operations import Pool
+from dispo.pool.servicer import PoolServicer
+from dispo.pool.settings import PoolSettings
+
+log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.pool.v1.PoolService"
 
 
+def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
+    if settings.driver == "openclaw":
+        return OpenClawDriver(settings.openclaw_path, settings.tick_seconds)
+
+    async def publish(subject: str, data: bytes) -> None:
+        await rt.bus.nc.publish(subject, data)
+
+    return LocalDriver(settings.local_registry, publish)
+
+
+class SweepLoop:
+    """Runs every sweep each ``sweep_seconds`` of the service's clock."""
+
+    def __init__(self, pool: Pool, settings: PoolSettings) -> None:
+        self.pool = pool
+        self.settings = settings
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await sweeps.run_all(self.pool, self.settings.sweep_batch)
+            except Exception as error:  # a sweep failing once is retried next pass
+                log.warning("sweep failed", error=repr(error))
+            sleeper = asyncio.ensure_future(self.pool.clock.sleep(self.settings.sweep_seconds))
+            stopper = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (sleeper, stopper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+
 async def setup(rt: Runtime) -> None:
-    rt.service_names.append(SERVICE_NAME)
+    settings = PoolSettings()
+    relay = Relay(rt.engine, rt.bus, rt.clock)
+    pool = Pool(rt.engine, make_driver(settings, rt), rt.clock, settings.policy(), on_commit=relay.kick)
+    rt.add_servicer(lambda server: pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(pool), server),
+                    SERVICE_NAME)
+    rt.add_part("outbox relay", relay.run, relay.stop)
+    loop = SweepLoop(pool, settings)
+    rt.add_part("sweeps", loop.run, loop.stop)
 
 
 def main() -> None:

@@ -137,7 +137,8 @@ class Schedule:
         elapsed = (now - self.window_start).total_seconds()
         if elapsed < 0:
             return -1
-        return min(self.slot_count - 1, math.floor(elapsed / self.slot_seconds))
+        # Same arithmetic as the queue's SQL (repository.SLOT_SQL): elapsed × slots / window.
+        return min(self.slot_count - 1, math.floor(elapsed * self.slot_count / self.window_seconds))
 
     def runs_due(self, now: datetime) -> int:
         return self.runs_per_slot * (self.current_slot(now) + 1)

@@ -1,0 +1,102 @@
+"""What the reconciler's drift check sees of the pool, and the repairs it may ask for.
+
+The reconciler never reads the pool's tables: it gets :func:`drift_view` over gRPC,
+decides, and calls :func:`apply_repair`, which re-checks the drift under the pool's own
+guards before changing anything (a drift that has gone away is reported as not applied).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+from dispo.libs.errors import InvalidArgument
+from dispo.libs.logging import get_logger
+from dispo.pool import repository as repo
+from dispo.pool.domain import TERMINAL, AssignmentEnd, Cron, CronStatus, DriverCron, EvaluationStatus
+from dispo.pool.operations import Pool
+
+log = get_logger(__name__)
+
+
+class RepairKind(enum.StrEnum):
+    REMOVE_ORPHAN = "remove_orphan"
+    RECREATE_MISSING = "recreate_missing"
+    RELEASE_FINISHED = "release_finished"
+    REQUEUE_EVALUATION = "requeue_evaluation"
+    REWRITE_STATE = "rewrite_state"
+
+
+@dataclass(frozen=True)
+class DriftView:
+    driver: str
+    db_crons: list[Cron]
+    driver_crons: list[DriverCron]
+    evaluations: list[tuple[str, str, str | None]]  # id, status, assigned cron
+    observed_at: datetime
+
+
+async def drift_view(pool: Pool) -> DriftView:
+    driver_crons = await pool.driver.list()
+    async with pool.engine.connect() as conn:
+        crons = await repo.crons_list(conn)
+        evaluations = await repo.evaluations_assigned_or_named(conn)
+    return DriftView(pool.driver.name, crons, driver_crons, evaluations, pool.clock.now())
+
+
+async def apply_repair(pool: Pool, kind: RepairKind, cron_id: str, evaluation_id: str = "") -> tuple[bool, str]:
+    if not cron_id:
+        raise InvalidArgument("cron_id", "required")
+    now = pool.clock.now()
+    driver = {c.id: c for c in await pool.driver.list()}
+    async with pool.engine.connect() as conn:
+        cron = await repo.cron_get(conn, cron_id)
+    if kind is RepairKind.REMOVE_ORPHAN:
+        if cron is not None or cron_id not in driver:
+            return False, "not an orphan any more"
+        await pool.driver.remove(cron_id)
+        return True, "removed from the driver"
+    if cron is None:
+        return False, "the pool has no such cron"
+    if kind is RepairKind.RECREATE_MISSING:
+        if cron_id in driver or cron.status is CronStatus.STUCK:
+            return False, "the driver has it (or it is being replaced)"
+        await pool.driver.create(cron_id, cron.driver_state())
+        return True, "recreated in the driver"
+    if kind is RepairKind.REWRITE_STATE:
+        if cron_id not in driver or driver[cron_id].state == cron.driver_state():
+            return False, "states agree"
+        await pool.driver.write_state(cron_id, cron.driver_state())
+        return True, f"driver state set to {cron.driver_state()}"
+    if not evaluation_id:
+        raise InvalidArgument("evaluation_id", "required for this repair")
+    async with pool.engine.begin() as conn:
+        ev = await repo.evaluation_get(conn, evaluation_id, lock=True)
+        if ev is None:
+            return False, "no such evaluation"
+        if kind is RepairKind.RELEASE_FINISHED:
+            if not (cron.status is CronStatus.BUSY and cron.evaluation_id == ev.id and ev.status in TERMINAL):
+                return False, "the cron no longer holds a finished evaluation"
+            applied = await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DRIFT, now, touch=False)
+            detail = f"cron released from {ev.status.value} evaluation"
+        elif kind is RepairKind.REQUEUE_EVALUATION:
+            state = driver[cron_id].state if cron_id in driver else {}
+            cron_holds = cron.status is CronStatus.BUSY and cron.evaluation_id == ev.id
+            driver_holds = state.get("status") == "busy" and state.get("eval_id") == ev.id
+            if ev.assigned_cron_id != cron_id or (cron_holds and driver_holds):
+                return False, "the assignment is consistent"
+            if cron_holds:
+                applied = await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DRIFT, now, touch=False)
+            else:
+                applied = await repo.evaluation_unassign_if(conn, ev.id, cron_id, now)
+                await repo.assignment_end(conn, cron_id, ev.id, AssignmentEnd.DRIFT, now)
+            detail = "evaluation back in the queue"
+        else:
+            raise InvalidArgument("kind", f"unknown repair {kind!r}")
+    if applied:
+        await pool._write_state(cron_id)
+        if ev.status is EvaluationStatus.EXECUTING:
+            await pool.wake_idle_crons()
+        log.info("drift repaired", kind=kind.value, cron_id=cron_id, evaluation_id=evaluation_id)
+    return applied, detail if applied else "changed concurrently"

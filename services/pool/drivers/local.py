@@ -1,0 +1,72 @@
+"""The local driver: crons are rows of a SQLite registry that the pool-worker process
+watches, running one loop per cron. Wake-ups go over NATS (core subject ``pool.wake.<id>``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from dispo.pool.domain import DriverCron
+from dispo.pool.drivers.base import encode_state
+
+WAKE_SUBJECT = "pool.wake"
+
+_SCHEMA = """CREATE TABLE IF NOT EXISTS crons (
+    id TEXT PRIMARY KEY, state TEXT NOT NULL, created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)"""
+
+
+class Registry:
+    """Synchronous access to the registry file, shared by the driver and the worker."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=10)
+
+    def create(self, cron_id: str, state: str) -> None:
+        with self._connect() as db:
+            db.execute("INSERT OR IGNORE INTO crons (id, state) VALUES (?, ?)", (cron_id, state))
+
+    def remove(self, cron_id: str) -> None:
+        with self._connect() as db:
+            db.execute("DELETE FROM crons WHERE id = ?", (cron_id,))
+
+    def list(self) -> list[DriverCron]:
+        with self._connect() as db:
+            rows = db.execute("SELECT id, state FROM crons ORDER BY id").fetchall()
+        return [DriverCron(r[0], json.loads(r[1])) for r in rows]
+
+    def write_state(self, cron_id: str, state: str) -> None:
+        with self._connect() as db:
+            db.execute("UPDATE crons SET state = ? WHERE id = ?", (state, cron_id))
+
+
+class LocalDriver:
+    name = "local"
+
+    def __init__(self, registry_path: Path, publish: Callable[[str, bytes], Awaitable[None]]) -> None:
+        self.registry = Registry(registry_path)
+        self._publish = publish
+
+    async def create(self, cron_id: str, state: dict) -> None:
+        await asyncio.to_thread(self.registry.create, cron_id, encode_state(state))
+
+    async def remove(self, cron_id: str) -> None:
+        await asyncio.to_thread(self.registry.remove, cron_id)
+
+    async def list(self) -> list[DriverCron]:
+        return await asyncio.to_thread(self.registry.list)
+
+    async def write_state(self, cron_id: str, state: dict) -> None:
+        await asyncio.to_thread(self.registry.write_state, cron_id, encode_state(state))
+
+    async def trigger(self, cron_id: str) -> None:
+        await self._publish(f"{WAKE_SUBJECT}.{cron_id}", b"")

@@ -1,0 +1,319 @@
+"""The pool's use cases: operator commands and the cron protocol.
+
+Each command is one transaction on the pool's DB (the authority); driver updates and
+wake-ups happen after the commit and are best effort (the drift check repairs the rest).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from dispo.libs.clock import Clock
+from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
+from dispo.libs.logging import get_logger
+from dispo.pool import events
+from dispo.pool import repository as repo
+from dispo.pool.domain import (
+    EVALUATION_TRANSITIONS, AssignmentEnd, Cron, CronStatus, Evaluation, EvaluationStatus, PoolPolicy, RunResult,
+)
+from dispo.pool.drivers import Driver
+from dispo.pool.validation import validate_evaluation
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class WakeResult:
+    evaluation: Evaluation | None
+    next_run_index: int = 0
+    runs_owed: int = 0
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    run_id: str
+    duplicate: bool
+    continue_evaluation: bool
+    next_run_index: int
+    evaluation_status: EvaluationStatus
+
+
+@dataclass(frozen=True)
+class Status:
+    driver: str
+    counts: dict[CronStatus, int]
+    min_size: int
+    max_size: int
+    queue_depth: int
+    oldest_wait_seconds: int
+    stuck_evaluations: int
+
+
+def new_cron_id() -> str:
+    return f"cron-{uuid.uuid4().hex[:12]}"
+
+
+class Pool:
+    def __init__(self, engine: AsyncEngine, driver: Driver, clock: Clock, policy: PoolPolicy,
+                 on_commit: Callable[[], None] = lambda: None) -> None:
+        self.engine = engine
+        self.driver = driver
+        self.clock = clock
+        self.policy = policy
+        self.on_commit = on_commit  # kicks the outbox relay
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _write_state(self, cron_id: str) -> None:
+        async with self.engine.connect() as conn:
+            cron = await repo.cron_get(conn, cron_id)
+        if cron is None:
+            return
+        try:
+            await self.driver.write_state(cron_id, cron.driver_state())
+        except Exception as error:
+            log.warning("driver state write failed", cron_id=cron_id, error=str(error))
+
+    async def wake_idle_crons(self) -> int:
+        """Wake as many idle crons as there are queue items (event-driven; the tick is the fallback)."""
+        now = self.clock.now()
+        async with self.engine.connect() as conn:
+            depth, _ = await repo.queue_depth(conn, now)
+            crons = await repo.crons_idle_to_wake(conn, depth) if depth else []
+        for cron_id in crons:
+            try:
+                await self.driver.trigger(cron_id)
+            except Exception as error:
+                log.warning("wake-up failed", cron_id=cron_id, error=str(error))
+        return len(crons)
+
+    async def bounds(self, conn: AsyncConnection) -> tuple[int, int]:
+        return await repo.bounds_get(conn, (self.policy.min_size, self.policy.max_size))
+
+    # --- evaluations -------------------------------------------------------------------
+
+    async def create_evaluation(self, ev: Evaluation) -> Evaluation:
+        if not ev.id:
+            ev = replace(ev, id=f"ev-{uuid.uuid4().hex[:16]}")
+        validate_evaluation(ev)
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            await repo.evaluation_insert(conn, ev, now)
+            created = await repo.evaluation_get(conn, ev.id)
+        log.info("evaluation created", evaluation_id=ev.id)
+        await self.wake_idle_crons()
+        assert created is not None
+        return created
+
+    async def get_evaluation(self, evaluation_id: str) -> Evaluation:
+        async with self.engine.connect() as conn:
+            ev = await repo.evaluation_get(conn, evaluation_id)
+        if ev is None:
+            raise NotFound(f"evaluation {evaluation_id!r} not found")
+        return ev
+
+    async def _locked(self, conn: AsyncConnection, evaluation_id: str) -> Evaluation:
+        if not evaluation_id:
+            raise InvalidArgument("evaluation_id", "required")
+        ev = await repo.evaluation_get(conn, evaluation_id, lock=True)
+        if ev is None:
+            raise NotFound(f"evaluation {evaluation_id!r} not found")
+        return ev
+
+    async def _stop(self, evaluation_id: str, new: EvaluationStatus) -> Evaluation:
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            ev = await self._locked(conn, evaluation_id)
+            allowed = tuple(s for s in EvaluationStatus if new in _transitions(s))
+            if ev.status not in allowed:
+                raise FailedPrecondition(f"evaluation {ev.id} is {ev.status.value}; cannot become {new.value}")
+            freed = ev.assigned_cron_id
+            if freed:
+                await repo.cron_release_if_holding(conn, freed, ev.id, AssignmentEnd.CANCELLED, now, touch=False)
+            if not await repo.evaluation_set_status_if(conn, ev.id, allowed, new, now):
+                raise FailedPrecondition(f"evaluation {ev.id} changed concurrently")
+            if new is EvaluationStatus.CANCELLED:
+                await events.add_completed(conn, ev.id, "cancelled", now)
+            result = await repo.evaluation_get(conn, ev.id)
+        self.on_commit()
+        if freed:
+            await self._write_state(freed)
+        assert result is not None
+        return result
+
+    async def pause(self, evaluation_id: str) -> Evaluation:
+        return await self._stop(evaluation_id, EvaluationStatus.PAUSED)
+
+    async def cancel(self, evaluation_id: str) -> Evaluation:
+        return await self._stop(evaluation_id, EvaluationStatus.CANCELLED)
+
+    async def resume(self, evaluation_id: str) -> Evaluation:
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            ev = await self._locked(conn, evaluation_id)
+            if ev.status is not EvaluationStatus.PAUSED:
+                raise FailedPrecondition(f"evaluation {ev.id} is {ev.status.value}, not paused")
+            target = EvaluationStatus.EXECUTING if ev.started_at else EvaluationStatus.QUEUED
+            await repo.evaluation_set_status_if(conn, ev.id, (EvaluationStatus.PAUSED,), target, now)
+            result = await repo.evaluation_get(conn, ev.id)
+        await self.wake_idle_crons()
+        assert result is not None
+        return result
+
+    async def boost(self, evaluation_id: str, boost: int) -> Evaluation:
+        if not 0 <= boost <= 1000:
+            raise InvalidArgument("priority_boost", "must be in 0..1000")
+        async with self.engine.begin() as conn:
+            await self._locked(conn, evaluation_id)
+            if not await repo.evaluation_set_boost(conn, evaluation_id, boost):
+                raise FailedPrecondition(f"evaluation {evaluation_id} is finished")
+            result = await repo.evaluation_get(conn, evaluation_id)
+        await self.wake_idle_crons()
+        assert result is not None
+        return result
+
+    # --- cron protocol -----------------------------------------------------------------
+
+    async def wake_cron(self, cron_id: str) -> WakeResult:
+        """A cron woke: busy → its evaluation and the runs it owes; idle → take the top item."""
+        if not cron_id:
+            raise InvalidArgument("cron_id", "required")
+        now = self.clock.now()
+        changed = False
+        async with self.engine.begin() as conn:
+            cron = await repo.cron_touch_if_live(conn, cron_id, now)
+            if cron is None:
+                existing = await repo.cron_get(conn, cron_id)
+                if existing is None:
+                    raise NotFound(f"cron {cron_id!r} not found")
+                raise FailedPrecondition(f"cron {cron_id} is {existing.status.value}")
+            result: WakeResult | None = None
+            if cron.status is CronStatus.BUSY and cron.evaluation_id:
+                ev = await repo.evaluation_get(conn, cron.evaluation_id, lock=True)
+                owed = self._owed(ev, now) if ev and ev.assigned_cron_id == cron_id else 0
+                if owed and ev:
+                    result = WakeResult(ev, ev.runs_done, owed)
+                else:  # nothing owed right now: back to the pool, then take the top item
+                    await repo.cron_release_if_holding(conn, cron_id, cron.evaluation_id, AssignmentEnd.DONE, now)
+                    changed = True
+            if result is None:
+                claim = await repo.evaluation_claim_top_for_cron(conn, cron_id, now)
+                if claim is None:
+                    result = WakeResult(None)
+                else:
+                    changed = True
+                    if claim.previous_status is EvaluationStatus.QUEUED:
+                        await events.add_started(conn, claim.evaluation, now)
+                    ev = claim.evaluation
+                    result = WakeResult(ev, ev.runs_done, self._owed(ev, now))
+                    log.info("cron took evaluation", cron_id=cron_id, evaluation_id=ev.id, runs_owed=result.runs_owed)
+        if changed:
+            self.on_commit()
+            await self._write_state(cron_id)
+        return result
+
+    def _owed(self, ev: Evaluation | None, now: datetime) -> int:
+        if ev is None or ev.status is not EvaluationStatus.EXECUTING:
+            return 0
+        return min(ev.schedule.debt(now, ev.runs_done), self.policy.runs_per_wake)
+
+    async def record_run(self, cron_id: str, evaluation_id: str, run_index: int, case_id: str,
+                         result: RunResult) -> RecordResult:
+        if not cron_id:
+            raise InvalidArgument("cron_id", "required")
+        if run_index < 0:
+            raise InvalidArgument("run_index", "must be >= 0")
+        now = self.clock.now()
+        released = False
+        async with self.engine.begin() as conn:
+            ev = await self._locked(conn, evaluation_id)
+            if await repo.run_exists(conn, ev.id, run_index):
+                return self._after(ev, cron_id, now, duplicate=True, run_index=run_index)
+            if run_index >= ev.schedule.runs_total:
+                raise InvalidArgument("run_index", f"the evaluation has {ev.schedule.runs_total} runs")
+            if case_id != ev.case_for_run(run_index).id:
+                raise InvalidArgument("case_id", f"run {run_index} is case {ev.case_for_run(run_index).id!r}")
+            if ev.assigned_cron_id != cron_id:
+                raise FailedPrecondition(f"cron {cron_id} does not hold evaluation {ev.id}")
+            if ev.runs_done != run_index:
+                raise FailedPrecondition(f"next run of {ev.id} is {ev.runs_done}, not {run_index}")
+            if not await repo.run_record_if_next(conn, ev, cron_id, run_index, case_id, result, now):
+                raise FailedPrecondition(f"cron {cron_id} lost evaluation {ev.id}")
+            await events.add_run_recorded(conn, ev.id, ev.run_id(run_index), case_id, result, now)
+            ev = replace(ev, runs_done=run_index + 1)
+            if ev.runs_done >= ev.schedule.runs_total:
+                await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.COMPLETED, now)
+                await repo.evaluation_set_status_if(conn, ev.id, (EvaluationStatus.EXECUTING,),
+                                                    EvaluationStatus.COMPLETED, now)
+                await events.add_completed(conn, ev.id, "completed", now)
+                released = True
+                log.info("evaluation completed", evaluation_id=ev.id, cron_id=cron_id)
+            elif ev.schedule.debt(now, ev.runs_done) == 0:
+                await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DONE, now)
+                released = True
+            final = await repo.evaluation_get(conn, ev.id)
+        self.on_commit()
+        if released:
+            await self._write_state(cron_id)
+        assert final is not None
+        return self._after(final, cron_id, now, duplicate=False, run_index=run_index)
+
+    def _after(self, ev: Evaluation, cron_id: str, now: datetime, *, duplicate: bool, run_index: int) -> RecordResult:
+        holds = ev.assigned_cron_id == cron_id and ev.status is EvaluationStatus.EXECUTING
+        return RecordResult(ev.run_id(run_index), duplicate, holds and ev.schedule.debt(now, ev.runs_done) > 0,
+                            ev.runs_done, ev.status)
+
+    # --- operator pool commands --------------------------------------------------------
+
+    async def force_release(self, cron_id: str = "", evaluation_id: str = "",
+                            reason: AssignmentEnd = AssignmentEnd.FORCE_RELEASED) -> tuple[str, str]:
+        if bool(cron_id) == bool(evaluation_id):
+            raise InvalidArgument("cron_id", "give exactly one of cron_id and evaluation_id")
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            if cron_id:
+                cron = await repo.cron_get(conn, cron_id)
+                if cron is None:
+                    raise NotFound(f"cron {cron_id!r} not found")
+                evaluation_id = cron.evaluation_id or ""
+            else:
+                ev = await self._locked(conn, evaluation_id)
+                cron_id = ev.assigned_cron_id or ""
+            if not cron_id or not evaluation_id or not await repo.cron_release_if_holding(
+                    conn, cron_id, evaluation_id, reason, now, touch=False):
+                raise FailedPrecondition("nothing to release: the cron is not holding an evaluation")
+        log.info("cron released", cron_id=cron_id, evaluation_id=evaluation_id, reason=reason.value)
+        await self._write_state(cron_id)
+        await self.wake_idle_crons()
+        return cron_id, evaluation_id
+
+    async def set_bounds(self, min_size: int, max_size: int) -> None:
+        if not 1 <= min_size <= 100:
+            raise InvalidArgument("min_size", "must be in 1..100")
+        if not min_size <= max_size <= 100:
+            raise InvalidArgument("max_size", "must be in min_size..100")
+        async with self.engine.begin() as conn:
+            await repo.bounds_set(conn, min_size, max_size)
+
+    async def status(self) -> Status:
+        now = self.clock.now()
+        async with self.engine.connect() as conn:
+            counts = await repo.cron_counts(conn)
+            lo, hi = await self.bounds(conn)
+            depth, oldest = await repo.queue_depth(conn, now)
+            stuck = await repo.evaluation_count_by_status(conn, EvaluationStatus.STUCK)
+        wait = int((now - oldest).total_seconds()) if oldest else 0
+        return Status(self.driver.name, counts, lo, hi, depth, max(0, wait), stuck)
+
+    async def crons(self) -> list[Cron]:
+        async with self.engine.connect() as conn:
+            return await repo.crons_list(conn)
+
+
+def _transitions(status: EvaluationStatus) -> frozenset[EvaluationStatus]:
+    return EVALUATION_TRANSITIONS[status]

@@ -1,0 +1,194 @@
+"""PoolService over gRPC: converts protos to domain values and back; the logic is in
+:mod:`dispo.pool.operations`, :mod:`dispo.pool.drift` and the sweeps."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from dispo.libs.api.pool.v1 import pool_pb2 as pb
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.errors import InvalidArgument
+from dispo.pool import drift
+from dispo.pool import repository as repo
+from dispo.pool.domain import (
+    Cron, CronStatus, Evaluation, EvaluationStatus, Line, Rule, RunResult, Schedule, TestCase, Verdict,
+)
+from dispo.pool.operations import Pool
+
+DEFAULT_WINDOW = 86400
+DEFAULT_SLOTS = 24
+
+
+def ts(moment: datetime | None) -> Timestamp | None:
+    if moment is None:
+        return None
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def evaluation_status_pb(status: EvaluationStatus) -> int:
+    return pb.EvaluationStatus.Value(f"EVALUATION_STATUS_{status.name}")
+
+
+def cron_status_pb(status: CronStatus) -> int:
+    return pb.CronStatus.Value(f"CRON_STATUS_{status.name}")
+
+
+def evaluation_to_pb(ev: Evaluation, now: datetime) -> pb.Evaluation:
+    s = ev.schedule
+    return pb.Evaluation(
+        id=ev.id, series=ev.series, line=ev.line.value, period=ev.period,
+        configuration_json=ev.configuration_json, analysis_model=ev.analysis_model, target_url=ev.target_url,
+        cases=[pb.TestCase(id=c.id, method=c.method, path=c.path, body=c.body,
+                           rules=[pb.Rule(kind=r.kind, path=r.path, value=r.value) for r in c.rules])
+               for c in ev.cases],
+        window_seconds=s.window_seconds, slot_count=s.slot_count, runs_per_slot=s.runs_per_slot,
+        status=evaluation_status_pb(ev.status), priority_boost=ev.priority_boost, runs_done=ev.runs_done,
+        runs_total=s.runs_total, debt=s.debt(now, ev.runs_done), assigned_cron_id=ev.assigned_cron_id or "",
+        created_at=ts(ev.created_at), started_at=ts(ev.started_at), completed_at=ts(ev.completed_at),
+        waiting_since=ts(ev.waiting_since),
+    )
+
+
+def cron_to_pb(cron: Cron) -> pb.Cron:
+    return pb.Cron(id=cron.id, status=cron_status_pb(cron.status), evaluation_id=cron.evaluation_id or "",
+                   last_activity=ts(cron.last_activity), created_at=ts(cron.created_at))
+
+
+def evaluation_from_request(request: pb.CreateEvaluationRequest) -> Evaluation:
+    try:
+        line = Line(request.line)
+    except ValueError:
+        raise InvalidArgument("line", "must be 'formal' or 'trial'") from None
+    cases = tuple(
+        TestCase(c.id, (c.method or "GET").upper(), c.path or "/", c.body,
+                 tuple(Rule(r.kind, r.value, r.path) for r in c.rules))
+        for c in request.cases
+    )
+    return Evaluation(
+        id=request.evaluation_id, series=request.series, line=line, period=request.period,
+        configuration_json=request.configuration_json or "{}", analysis_model=request.analysis_model,
+        target_url=request.target_url, cases=cases,
+        schedule=Schedule(datetime.min, request.window_seconds or DEFAULT_WINDOW,
+                          request.slot_count or DEFAULT_SLOTS, request.runs_per_slot or 1),
+        status=EvaluationStatus.QUEUED,
+    )
+
+
+class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def _ev(self, ev: Evaluation) -> pb.Evaluation:
+        return evaluation_to_pb(ev, self.pool.clock.now())
+
+    async def GetPoolStatus(self, request, context) -> pb.PoolStatus:
+        return await self._status()
+
+    async def _status(self) -> pb.PoolStatus:
+        s = await self.pool.status()
+        busy, idle, stuck = s.counts[CronStatus.BUSY], s.counts[CronStatus.IDLE], s.counts[CronStatus.STUCK]
+        return pb.PoolStatus(driver=s.driver, size=busy + idle, busy=busy, idle=idle, stuck=stuck,
+                             min_size=s.min_size, max_size=s.max_size, queue_depth=s.queue_depth,
+                             oldest_wait_seconds=s.oldest_wait_seconds, stuck_evaluations=s.stuck_evaluations)
+
+    async def ListCrons(self, request, context) -> pb.ListCronsResponse:
+        return pb.ListCronsResponse(crons=[cron_to_pb(c) for c in await self.pool.crons()])
+
+    async def ListAssignments(self, request, context) -> pb.ListAssignmentsResponse:
+        async with self.pool.engine.connect() as conn:
+            rows = await repo.assignments_list(conn, request.cron_id, request.evaluation_id,
+                                               min(request.limit or 100, 1000))
+        return pb.ListAssignmentsResponse(assignments=[
+            pb.Assignment(id=a.id, cron_id=a.cron_id, evaluation_id=a.evaluation_id, started_at=ts(a.started_at),
+                          ended_at=ts(a.ended_at), end_reason=a.end_reason or "") for a in rows])
+
+    async def ListQueue(self, request, context) -> pb.ListQueueResponse:
+        now = self.pool.clock.now()
+        async with self.pool.engine.connect() as conn:
+            keys = await repo.queue_list(conn, now, min(request.limit or 100, 1000))
+            statuses = {k.evaluation_id: (await repo.evaluation_get(conn, k.evaluation_id)) for k in keys}
+        return pb.ListQueueResponse(items=[
+            pb.QueueItem(evaluation_id=k.evaluation_id, status=evaluation_status_pb(statuses[k.evaluation_id].status),
+                         priority_boost=k.boost, slot_due=k.slot_due, debt=k.debt, waiting_since=ts(k.waiting_since))
+            for k in keys])
+
+    async def ListResizes(self, request, context) -> pb.ListResizesResponse:
+        async with self.pool.engine.connect() as conn:
+            rows = await repo.resizes_list(conn, min(request.limit or 100, 1000))
+        return pb.ListResizesResponse(resizes=[
+            pb.Resize(id=r["id"], from_size=r["from_size"], to_size=r["to_size"], reason=r["reason"], at=ts(r["at"]))
+            for r in rows])
+
+    async def CreateEvaluation(self, request, context) -> pb.Evaluation:
+        return self._ev(await self.pool.create_evaluation(evaluation_from_request(request)))
+
+    async def GetEvaluation(self, request, context) -> pb.Evaluation:
+        if not request.evaluation_id:
+            raise InvalidArgument("evaluation_id", "required")
+        return self._ev(await self.pool.get_evaluation(request.evaluation_id))
+
+    async def PauseEvaluation(self, request, context) -> pb.Evaluation:
+        return self._ev(await self.pool.pause(request.evaluation_id))
+
+    async def ResumeEvaluation(self, request, context) -> pb.Evaluation:
+        return self._ev(await self.pool.resume(request.evaluation_id))
+
+    async def CancelEvaluation(self, request, context) -> pb.Evaluation:
+        return self._ev(await self.pool.cancel(request.evaluation_id))
+
+    async def BoostEvaluation(self, request, context) -> pb.Evaluation:
+        return self._ev(await self.pool.boost(request.evaluation_id, request.priority_boost))
+
+    async def SetPoolBounds(self, request, context) -> pb.PoolStatus:
+        await self.pool.set_bounds(request.min_size, request.max_size)
+        from dispo.pool.sweeps import scale_sweep
+        await scale_sweep(self.pool)
+        return await self._status()
+
+    async def ForceRelease(self, request, context) -> pb.ForceReleaseResponse:
+        cron_id, evaluation_id = await self.pool.force_release(request.cron_id, request.evaluation_id)
+        return pb.ForceReleaseResponse(cron_id=cron_id, evaluation_id=evaluation_id)
+
+    async def WakeCron(self, request, context) -> pb.WakeCronResponse:
+        result = await self.pool.wake_cron(request.cron_id)
+        if result.evaluation is None:
+            return pb.WakeCronResponse(assigned=False)
+        return pb.WakeCronResponse(assigned=True, evaluation=self._ev(result.evaluation),
+                                   next_run_index=result.next_run_index, runs_owed=result.runs_owed)
+
+    async def RecordRun(self, request, context) -> pb.RecordRunResponse:
+        try:
+            verdict = Verdict(request.verdict)
+        except ValueError:
+            raise InvalidArgument("verdict", "must be pass, fail or error") from None
+        if not 0.0 <= request.score <= 1.0:
+            raise InvalidArgument("score", "must be in 0..1")
+        result = RunResult(verdict, request.score, max(0, request.latency_ms), request.failure_reason[:500])
+        out = await self.pool.record_run(request.cron_id, request.evaluation_id, request.run_index,
+                                         request.case_id, result)
+        return pb.RecordRunResponse(run_id=out.run_id, duplicate=out.duplicate,
+                                    continue_evaluation=out.continue_evaluation, next_run_index=out.next_run_index,
+                                    evaluation_status=evaluation_status_pb(out.evaluation_status))
+
+    async def GetDriftView(self, request, context) -> pb.DriftView:
+        view = await drift.drift_view(self.pool)
+        import json
+        return pb.DriftView(
+            driver=view.driver, db_crons=[cron_to_pb(c) for c in view.db_crons],
+            driver_crons=[pb.DriverCronState(cron_id=c.id, state_json=json.dumps(c.state, sort_keys=True))
+                          for c in view.driver_crons],
+            evaluations=[pb.EvaluationAssignment(evaluation_id=e, status=evaluation_status_pb(EvaluationStatus(s)),
+                                                 assigned_cron_id=c or "") for e, s, c in view.evaluations],
+            observed_at=ts(view.observed_at))
+
+    async def ApplyRepair(self, request, context) -> pb.ApplyRepairResponse:
+        if request.kind == pb.REPAIR_KIND_UNSPECIFIED:
+            raise InvalidArgument("kind", "required")
+        name = pb.RepairKind.Name(request.kind).removeprefix("REPAIR_KIND_").lower()
+        applied, detail = await drift.apply_repair(self.pool, drift.RepairKind(name), request.cron_id,
+                                                   request.evaluation_id)
+        return pb.ApplyRepairResponse(applied=applied, detail=detail)

@@ -1,0 +1,147 @@
+"""The pool's periodic work as small, batch-limited sweeps, each callable once from a test.
+
+- :func:`stall_sweep`: a cron silent for ``stall_seconds`` is marked stuck, removed and
+  replaced; its evaluation is marked stuck and handed to the replacement.
+- :func:`hold_sweep`: an evaluation holding a cron for ``hold_seconds`` is force-released.
+- :func:`scale_sweep`: resize within the bounds by the busy ratio / idle surplus rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dispo.libs.logging import get_logger
+from dispo.pool import repository as repo
+from dispo.pool.domain import AssignmentEnd, CronStatus, EvaluationStatus, PoolPolicy, plan_resize
+from dispo.pool.operations import Pool, new_cron_id
+
+log = get_logger(__name__)
+
+
+@dataclass
+class StallReport:
+    stuck_crons: list[str] = field(default_factory=list)
+    stuck_evaluations: list[str] = field(default_factory=list)
+    replacements: dict[str, str] = field(default_factory=dict)  # stuck cron -> new cron
+    handed_over: dict[str, str] = field(default_factory=dict)  # evaluation -> new cron
+
+
+async def create_cron(pool: Pool) -> str:
+    """A new idle cron: the DB row first (so the drift check never sees it as an orphan)."""
+    cron_id = new_cron_id()
+    async with pool.engine.begin() as conn:
+        await repo.cron_insert(conn, cron_id, pool.clock.now())
+    try:
+        await pool.driver.create(cron_id, {"status": "idle", "eval_id": ""})
+    except Exception as error:  # the drift check recreates it
+        log.warning("driver create failed", cron_id=cron_id, error=str(error))
+    return cron_id
+
+
+async def remove_cron(pool: Pool, cron_id: str, expected: CronStatus) -> bool:
+    """Delete a cron in the expected status from the DB, then from the driver."""
+    async with pool.engine.begin() as conn:
+        if not await repo.cron_delete_if(conn, cron_id, expected):
+            return False
+    try:
+        await pool.driver.remove(cron_id)
+    except Exception as error:  # the drift check removes the orphan
+        log.warning("driver remove failed", cron_id=cron_id, error=str(error))
+    return True
+
+
+async def stall_sweep(pool: Pool, batch: int = 100) -> StallReport:
+    now = pool.clock.now()
+    cutoff = now - pool.policy.stall_after
+    report = StallReport()
+    async with pool.engine.begin() as conn:
+        for cron in await repo.crons_stalled(conn, cutoff, batch):
+            if not await repo.cron_mark_stuck_if_silent(conn, cron, cutoff):
+                continue  # it woke up meanwhile
+            report.stuck_crons.append(cron.id)
+            if cron.evaluation_id:
+                await repo.evaluation_unassign_if(conn, cron.evaluation_id, cron.id, now, EvaluationStatus.STUCK)
+                await repo.assignment_end(conn, cron.id, cron.evaluation_id, AssignmentEnd.STALLED, now)
+                report.stuck_evaluations.append(cron.evaluation_id)
+            log.warning("cron stuck", cron_id=cron.id, evaluation_id=cron.evaluation_id,
+                        last_activity=cron.last_activity.isoformat())
+        stuck_left = [c.id for c in await repo.crons_list(conn) if c.status is CronStatus.STUCK]
+    # Remove every stuck cron (also ones a crash left behind) and replace it.
+    for cron_id in stuck_left:
+        if await remove_cron(pool, cron_id, CronStatus.STUCK):
+            report.replacements[cron_id] = await create_cron(pool)
+    if report.replacements:
+        async with pool.engine.begin() as conn:
+            size = sum((await repo.cron_counts(conn)).values())
+            await repo.resize_record(conn, size, size, f"replaced {len(report.replacements)} stuck", now)
+    # Hand each stuck evaluation to a fresh cron at once.
+    spare = list(report.replacements.values())
+    for evaluation_id in report.stuck_evaluations:
+        if not spare:
+            break
+        cron_id = spare.pop(0)
+        async with pool.engine.begin() as conn:
+            claim = await repo.evaluation_claim_top_for_cron(conn, cron_id, now, evaluation_id)
+        if claim is not None:
+            report.handed_over[evaluation_id] = cron_id
+            await pool._write_state(cron_id)
+            try:
+                await pool.driver.trigger(cron_id)
+            except Exception as error:
+                log.warning("wake-up failed", cron_id=cron_id, error=str(error))
+    return report
+
+
+async def hold_sweep(pool: Pool, batch: int = 100) -> list[str]:
+    """Force-release evaluations that have held a cron too long; returns their ids."""
+    now = pool.clock.now()
+    released = []
+    async with pool.engine.begin() as conn:
+        held = await repo.evaluations_held_longer_than(conn, now - pool.policy.hold_limit, batch)
+        for evaluation_id, cron_id in held:
+            if await repo.cron_release_if_holding(conn, cron_id, evaluation_id, AssignmentEnd.FORCE_RELEASED, now,
+                                                  touch=False):
+                released.append(evaluation_id)
+                log.warning("evaluation force-released", evaluation_id=evaluation_id, cron_id=cron_id)
+    for evaluation_id, cron_id in held:
+        await pool._write_state(cron_id)
+    if released:
+        await pool.wake_idle_crons()
+    return released
+
+
+async def scale_sweep(pool: Pool) -> int:
+    """Apply one resize decision; returns the change in live crons."""
+    now = pool.clock.now()
+    async with pool.engine.connect() as conn:
+        counts = await repo.cron_counts(conn)
+        lo, hi = await pool.bounds(conn)
+    policy = PoolPolicy(**{**pool.policy.__dict__, "min_size": lo, "max_size": hi})
+    busy, idle = counts[CronStatus.BUSY], counts[CronStatus.IDLE]
+    plan = plan_resize(busy + idle, busy, idle, policy)
+    if plan.delta == 0:
+        return 0
+    changed = 0
+    if plan.delta > 0:
+        for _ in range(plan.delta):
+            await create_cron(pool)
+            changed += 1
+    else:
+        async with pool.engine.connect() as conn:
+            victims = await repo.crons_idle_for_removal(conn, -plan.delta)
+        for cron_id in victims:
+            if await remove_cron(pool, cron_id, CronStatus.IDLE):
+                changed -= 1
+    if changed:
+        async with pool.engine.begin() as conn:
+            await repo.resize_record(conn, busy + idle, busy + idle + changed, plan.reason, now)
+        log.info("pool resized", from_size=busy + idle, to_size=busy + idle + changed, reason=plan.reason)
+        if changed > 0:
+            await pool.wake_idle_crons()
+    return changed
+
+
+async def run_all(pool: Pool, batch: int = 100) -> None:
+    await stall_sweep(pool, batch)
+    await hold_sweep(pool, batch)
+    await scale_sweep(pool)

@@ -1,0 +1,146 @@
+"""Worker loops: one per cron of the local registry, woken by the tick or a NATS wake-up.
+
+A loop talks to the pool only through the cron protocol (WakeCron / RecordRun), exactly
+as an OpenClaw automation would, so the pool's DB stays the authority.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import httpx
+
+from dispo.libs.api.pool.v1 import pool_pb2 as pb
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.clock import Clock
+from dispo.libs.logging import get_logger
+from dispo.pool.domain import Rule, TestCase
+from dispo.pool.drivers.local import WAKE_SUBJECT, Registry
+from dispo.pool.worker.agent import run_case
+
+log = get_logger(__name__)
+
+MAX_ROUNDS = 20
+GONE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def case_from_pb(case: pb.TestCase) -> TestCase:
+    return TestCase(case.id, case.method or "GET", case.path or "/", case.body,
+                    tuple(Rule(r.kind, r.value, r.path) for r in case.rules))
+
+
+class Worker:
+    def __init__(self, registry: Registry, stub: pool_pb2_grpc.PoolServiceStub, clock: Clock,
+                 tick_seconds: float, http: httpx.AsyncClient) -> None:
+        self.registry = registry
+        self.stub = stub
+        self.clock = clock
+        self.tick_seconds = tick_seconds
+        self.http = http
+        self.events: dict[str, asyncio.Event] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+
+    async def sync(self) -> None:
+        """Start a loop for every cron in the registry, stop loops of removed crons."""
+        present = {c.id for c in await asyncio.to_thread(self.registry.list)}
+        for cron_id in present - self.tasks.keys():
+            self.events[cron_id] = asyncio.Event()
+            self.events[cron_id].set()  # first wake at once: a busy cron resumes its evaluation
+            self.tasks[cron_id] = asyncio.create_task(self._loop(cron_id), name=cron_id)
+        for cron_id in self.tasks.keys() - present:
+            self.tasks.pop(cron_id).cancel()
+            self.events.pop(cron_id, None)
+
+    async def on_wake(self, cron_id: str) -> None:
+        if cron_id not in self.events:
+            await self.sync()
+        if cron_id in self.events:
+            self.events[cron_id].set()
+
+    async def run(self) -> None:
+        await self.sync()
+        while not self._stopping.is_set():
+            sleeper = asyncio.ensure_future(self.clock.sleep(self.tick_seconds))
+            stopper = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (sleeper, stopper):
+                task.cancel()
+            if self._stopping.is_set():
+                break
+            await self.sync()
+            for event in self.events.values():  # the tick: every cron wakes
+                event.set()
+        for task in self.tasks.values():
+            task.cancel()
+        for task in self.tasks.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _loop(self, cron_id: str) -> None:
+        event = self.events[cron_id]
+        while True:
+            await event.wait()
+            event.clear()
+            try:
+                await self.serve(cron_id)
+            except grpc.aio.AioRpcError as error:
+                level = log.info if error.code() in GONE else log.warning
+                level("cron wake failed", cron_id=cron_id, code=error.code().name, detail=error.details())
+            except Exception:
+                log.exception("cron wake crashed", cron_id=cron_id)
+
+    async def serve(self, cron_id: str) -> int:
+        """One wake: run what is owed; a cron that frees up takes the next item at once."""
+        performed = 0
+        for _ in range(MAX_ROUNDS):
+            woke = await self.stub.WakeCron(pb.WakeCronRequest(cron_id=cron_id))
+            if not woke.assigned:
+                return performed
+            ev = woke.evaluation
+            index = woke.next_run_index
+            for _ in range(woke.runs_owed):
+                case = case_from_pb(ev.cases[index % len(ev.cases)])
+                result = await run_case(self.http, ev.target_url, case)
+                recorded = await self.stub.RecordRun(pb.RecordRunRequest(
+                    cron_id=cron_id, evaluation_id=ev.id, run_index=index, case_id=case.id,
+                    verdict=result.verdict.value, score=result.score, latency_ms=result.latency_ms,
+                    failure_reason=result.failure_reason))
+                performed += 1
+                index = recorded.next_run_index
+                if not recorded.continue_evaluation:
+                    break
+        return performed
+
+
+async def main_async() -> None:
+    from dispo.libs.bus import Bus
+    from dispo.libs.clock import clock_from_spec
+    from dispo.libs.settings import CommonSettings
+    from dispo.pool.settings import WorkerSettings
+
+    common = CommonSettings()
+    settings = WorkerSettings()
+    clock = clock_from_spec(common.clock)
+    bus = await Bus.connect(common.nats_servers, name="dispo-pool-worker")
+    async with grpc.aio.insecure_channel(settings.pool_address) as channel, \
+            httpx.AsyncClient(timeout=settings.http_timeout) as http:
+        worker = Worker(Registry(settings.local_registry), pool_pb2_grpc.PoolServiceStub(channel), clock,
+                        settings.tick_seconds, http)
+
+        async def on_message(msg) -> None:
+            await worker.on_wake(msg.subject.removeprefix(WAKE_SUBJECT + "."))
+
+        await bus.nc.subscribe(f"{WAKE_SUBJECT}.*", cb=on_message)
+        loop = asyncio.get_running_loop()
+        import signal
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        log.info("pool worker running", registry=str(settings.local_registry), pool=settings.pool_address)
+        await worker.run()
+    await bus.close()

@@ -1,0 +1,110 @@
+"""Pool fixtures: a Pool on the real database and bus with a manual clock, helpers to make
+evaluations and crons, and a real HTTP target the agent can call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from dispo.pool.domain import Evaluation, EvaluationStatus, Line, PoolPolicy, Rule, Schedule, TestCase
+from dispo.pool.drivers.local import LocalDriver
+from dispo.pool.operations import Pool
+from dispo.pool.sweeps import create_cron
+
+FAKE_OPENCLAW = Path(__file__).parent / "fake_openclaw" / "openclaw"
+
+
+def evaluation(evaluation_id: str, *, target: str = "http://127.0.0.1:9/", slots: int = 24,
+               window: int = 86400, runs_per_slot: int = 1, line: str = "formal",
+               cases: tuple[TestCase, ...] | None = None) -> Evaluation:
+    return Evaluation(
+        id=evaluation_id, series="search-quality", line=Line(line), period="2026-W01",
+        configuration_json=json.dumps({"model": "m1"}), analysis_model="", target_url=target,
+        cases=cases or (TestCase("c1", "GET", "/answer", "", (Rule("status", "200"),)),),
+        schedule=Schedule(None, window, slots, runs_per_slot),  # type: ignore[arg-type]
+        status=EvaluationStatus.QUEUED,
+    )
+
+
+@dataclass
+class Wakes:
+    subjects: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+async def pool_engine(service_engine):
+    return await service_engine("pool")
+
+
+@pytest.fixture
+async def wakes() -> Wakes:
+    return Wakes()
+
+
+@pytest.fixture
+async def pool(pool_engine, manual_clock, tmp_path, bus, wakes) -> Pool:
+    async def publish(subject: str, data: bytes) -> None:
+        wakes.subjects.append(subject)
+        await bus.nc.publish(subject, data)
+
+    driver = LocalDriver(tmp_path / "registry.sqlite", publish)
+    return Pool(pool_engine, driver, manual_clock, PoolPolicy())
+
+
+async def add_crons(pool: Pool, n: int) -> list[str]:
+    return [await create_cron(pool) for _ in range(n)]
+
+
+def minutes(n: float) -> timedelta:
+    return timedelta(minutes=n)
+
+
+@dataclass
+class Target:
+    url: str
+    calls: int = 0
+    # path -> (status, json body)
+    answers: dict[str, tuple[int, object]] = field(default_factory=dict)
+
+
+@pytest.fixture
+async def target() -> AsyncIterator[Target]:
+    """A real HTTP server on 127.0.0.1 playing the system under evaluation."""
+    state = Target("")
+
+    async def handle(request: web.Request) -> web.Response:
+        state.calls += 1
+        status, body = state.answers.get(request.path, (200, {"answer": "paris", "items": [1, 2]}))
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    state.url = f"http://127.0.0.1:{port}"
+    yield state
+    await runner.cleanup()
+
+
+async def eventually(check, timeout: float = 30.0, interval: float = 0.05):
+    """Poll ``check`` (sync or async) until it returns a truthy value."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(interval)
