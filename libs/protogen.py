@@ -62,23 +62,23 @@ def generate(out_dir: Path) -> None:
 
 
 def _same_tree(a: Path, b: Path) -> list[str]:
+    """Paths (under ``a``) present in only one tree or with different contents."""
     cmp = filecmp.dircmp(a, b, ignore=["__pycache__"])
-    diffs = [*cmp.left_only, *cmp.right_only, *cmp.diff_files]
-    diffs = [str(a / d) for d in diffs]
+    diffs = [str(a / d) for d in (*cmp.left_only, *cmp.right_only)]
+    diffs += [str(a / f) for f in cmp.common_files if (a / f).read_bytes() != (b / f).read_bytes()]
     for sub in cmp.common_dirs:
         diffs += _same_tree(a / sub, b / sub)
     return diffs
 
 
-def check() -> list[str]:
-    """Files under libs/api that differ from a fresh generation (empty when in sync)."""
+def check(api_dir: Path = API_DIR) -> list[str]:
+    """Files under ``api_dir`` that differ from a fresh generation (empty when in sync)."""
     with tempfile.TemporaryDirectory() as fresh:
         generate(Path(fresh))
-        if not API_DIR.exists():
-            return [str(API_DIR)]
-        # filecmp compares shallowly by stat first; force content comparison
+        if not api_dir.exists():
+            return [str(api_dir)]
         filecmp.clear_cache()
-        return [d.replace(str(API_DIR), "libs/api") for d in _same_tree(API_DIR, Path(fresh))]
+        return [d.replace(str(api_dir), "libs/api") for d in _same_tree(api_dir, Path(fresh))]
 
 
 def main() -> None:

@@ -1,0 +1,110 @@
+"""Every server maps domain errors to precise statuses with field details, and drains on stop."""
+
+import asyncio
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from dispo.libs import errors
+from dispo.libs.grpcserver import create_server
+
+METHOD = "/dispo.test.v1.Echo/Call"
+
+
+def echo_service(behaviour):
+    async def call(request: bytes, context) -> bytes:
+        return await behaviour(request)
+
+    handler = grpc.method_handlers_generic_handler(
+        "dispo.test.v1.Echo",
+        {"Call": grpc.unary_unary_rpc_method_handler(call, request_deserializer=None, response_serializer=None)},
+    )
+    return lambda server: server.add_generic_rpc_handlers((handler,))
+
+
+@pytest.fixture
+async def serve():
+    servers = []
+
+    async def start(behaviour):
+        server = create_server("127.0.0.1:0", [echo_service(behaviour)], ["dispo.test.v1.Echo"])
+        await server.start()
+        await server.set_serving()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop(0)
+
+
+async def call(port, body=b"x", timeout=5.0):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return await channel.unary_unary(METHOD)(body, timeout=timeout)
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (errors.NotFound("task t-1 not found"), grpc.StatusCode.NOT_FOUND),
+    (errors.AlreadyExists("exists"), grpc.StatusCode.ALREADY_EXISTS),
+    (errors.FailedPrecondition("campaign is running"), grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.PermissionDenied("no"), grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Unauthenticated("who"), grpc.StatusCode.UNAUTHENTICATED),
+    (errors.Unavailable("db down"), grpc.StatusCode.UNAVAILABLE),
+])
+async def test_domain_errors_map_to_status_codes(serve, error, code):
+    async def fail(_):
+        raise error
+
+    server = await serve(fail)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call(server.port)
+    assert raised.value.code() == code
+    assert raised.value.details() == error.message
+
+
+async def test_invalid_argument_carries_field_violations(serve):
+    async def fail(_):
+        raise errors.InvalidArgument("cells[1].name", "unknown cell 'nope'")
+
+    server = await serve(fail)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call(server.port)
+
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details() == "cells[1].name: unknown cell 'nope'"
+    status = rpc_status.from_call(raised.value)
+    bad_request = error_details_pb2.BadRequest()
+    status.details[0].Unpack(bad_request)
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [("cells[1].name", "unknown cell 'nope'")]
+
+
+async def test_unexpected_exception_is_internal_without_leaking(serve):
+    async def fail(_):
+        raise RuntimeError("secret connection string")
+
+    server = await serve(fail)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call(server.port)
+    assert raised.value.code() == grpc.StatusCode.INTERNAL
+    assert "secret" not in raised.value.details()
+
+
+async def test_stop_lets_in_flight_calls_finish(serve):
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(body):
+        entered.set()
+        await release.wait()
+        return body
+
+    server = await serve(slow)
+    in_flight = asyncio.create_task(call(server.port, b"done"))
+    await entered.wait()
+    stopping = asyncio.create_task(server.stop(10))
+    await asyncio.sleep(0)
+    release.set()
+    assert await in_flight == b"done"
+    await stopping

@@ -1,0 +1,112 @@
+"""`dispo up` on a fresh folder: everything SERVING, crashes restarted, data kept across restarts."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from dispo.libs.health import health_status
+from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.stack import SERVICES, read_state
+
+DISPO = str(Path(sys.executable).parent / "dispo")
+
+
+class RunningStack:
+    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
+        self.data_dir = data_dir
+        self.env = env
+        self.output = data_dir.parent / "up.out"
+        self.process: subprocess.Popen | None = None
+
+    async def up(self) -> None:
+        with open(self.output, "wb") as out:
+            self.process = subprocess.Popen([DISPO, "up", "--nats-port", self.env["NATS_PORT"]], env=self.env,
+                                            stdout=out, stderr=subprocess.STDOUT)
+        async with asyncio.timeout(120):
+            while "Ctrl-C stops everything" not in self.output.read_text():
+                assert self.process.poll() is None, self.output.read_text()
+                await asyncio.sleep(0.1)
+
+    def status(self) -> tuple[int, dict]:
+        result = subprocess.run([DISPO, "status", "--json"], env=self.env, capture_output=True, text=True)
+        return result.returncode, json.loads(result.stdout)
+
+    async def down(self) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGINT)
+        return await asyncio.to_thread(self.process.wait, 60)
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def stack(tmp_path):
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"), "NATS_PORT": str(free_port())}
+    for name in SERVICES:
+        env[f"DISPO_{name.upper()}_PORT"] = str(free_port())
+    running = RunningStack(tmp_path / "data", env)
+    yield running
+    running.kill()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_up_status_restart_and_data_kept(stack):
+    await stack.up()
+
+    code, report = stack.status()
+    assert code == 0
+    assert set(report) == set(SERVICES)
+    for name in SERVICES:
+        assert report[name] == {"address": f"127.0.0.1:{stack.env[f'DISPO_{name.upper()}_PORT']}",
+                                "status": "SERVING"}
+
+    # a crashed service is restarted
+    state = read_state(stack.data_dir)
+    executor = state["services"]["executor"]
+    os.kill(executor["pid"], signal.SIGKILL)
+    executor_log = stack.data_dir / "logs" / "executor.log"
+    async with asyncio.timeout(60):
+        while (executor_log.read_text().count('"event": "serving"') < 2
+               or await health_status(executor["address"]) != "SERVING"):
+            await asyncio.sleep(0.2)
+    assert not alive(executor["pid"])
+
+    # data written now survives a full stop and start
+    conn = await asyncpg.connect(state["database_url"])
+    await conn.execute("CREATE TABLE public.kept (v text); INSERT INTO public.kept VALUES ('still here')")
+    await conn.close()
+
+    pids = [info["pid"] for info in read_state(stack.data_dir)["services"].values()]
+    assert await stack.down() == 0
+    assert not any(alive(pid) for pid in pids if pid != executor["pid"])
+    assert read_state(stack.data_dir) is None
+    code, report = stack.status()
+    assert code == 1 and {info["status"] for info in report.values()} == {"UNREACHABLE"}
+
+    await stack.up()
+    state = read_state(stack.data_dir)
+    conn = await asyncpg.connect(state["database_url"])
+    assert await conn.fetchval("SELECT v FROM public.kept") == "still here"
+    await conn.close()
+    assert stack.status()[0] == 0
+    assert await stack.down() == 0
