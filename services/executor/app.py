@@ -1,17 +1,132 @@
-"""The executor service process: wires its servicers and background parts into the runtime."""
+"""The executor service process: consumers of task.create / task.cancel, the outbox relay,
+downstream health checks, and the ExecutorService gRPC API."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
+import httpx
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
+
+from dispo.executor import repository as repo
+from dispo.executor.actions import check_health
+from dispo.executor.domain import RetryPolicy
+from dispo.executor.registry import load_downstreams
+from dispo.executor.runner import Executor, ExecutorConfig
+from dispo.executor.servicer import ExecutorServicer
+from dispo.executor.settings import ExecutorSettings
+from dispo.libs.api.executor.v1 import executor_pb2_grpc
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.bus import Disposition, Term
+from dispo.libs.logging import get_logger
+from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
+
+log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.executor.v1.ExecutorService"
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+TASKS_STREAM = "TASKS"
+TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel"]
+STATUS_STREAM = "TASK_STATUS"
+STATUS_SUBJECTS = ["task.status.>"]
+
+
+async def ensure_streams(rt: Runtime) -> None:
+    await rt.bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
+    await rt.bus.ensure_stream(STATUS_STREAM, STATUS_SUBJECTS, max_age=7 * 24 * 3600)
+
+
+def build_executor(rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncClient) -> tuple[Executor, OutboxRelay]:
+    catalogue = Path(settings.catalogue) if settings.catalogue else REPO_ROOT / "services/gateway/catalogue/content_governance.yaml"
+    registry = load_downstreams(catalogue)
+    relay = OutboxRelay(rt.engine, repo.outbox, rt.bus)
+    config = ExecutorConfig(
+        lease_ttl=settings.lease_ttl,
+        retry=RetryPolicy(settings.max_retries, settings.retry_base_delay, settings.retry_max_delay),
+        breaker_threshold=settings.breaker_threshold,
+        breaker_window=settings.breaker_window,
+        breaker_cooldown=settings.breaker_cooldown,
+    )
+    return Executor(rt.engine, relay, registry, rt.clock, config, http), relay
 
 
 async def setup(rt: Runtime) -> None:
-    rt.service_names.append(SERVICE_NAME)
+    settings = ExecutorSettings()
+    await ensure_streams(rt)
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    executor, relay = build_executor(rt, settings, http)
+
+    async def on_create(msg: Msg) -> Disposition:
+        try:
+            env = task_pb2.Task.FromString(msg.data)
+        except DecodeError:
+            return Term("malformed task envelope")
+        if not env.task_id or not env.nodes:
+            return Term("task envelope without task_id or nodes")
+        return await executor.handle_create(env)
+
+    async def on_cancel(msg: Msg) -> Disposition:
+        try:
+            request = task_pb2.CancelRequest.FromString(msg.data)
+        except DecodeError:
+            return Term("malformed cancel request")
+        if not request.task_id:
+            return Term("cancel without task_id")
+        return await executor.handle_cancel(request.task_id)
+
+    creates = rt.bus.consumer(TASKS_STREAM, durable=settings.durable, subject="task.create", handler=on_create,
+                              batch=settings.batch, ack_wait=settings.ack_wait)
+    cancels = rt.bus.consumer(TASKS_STREAM, durable=f"{settings.durable}-cancel", subject="task.cancel",
+                              handler=on_cancel, ack_wait=settings.ack_wait)
+    rt.add_servicer(lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
+        ExecutorServicer(executor), server), SERVICE_NAME)
+    rt.add_part("task.create consumer", creates.run, creates.stop)
+    rt.add_part("task.cancel consumer", cancels.run, cancels.stop)
+    rt.add_part("outbox relay", relay.run, relay.stop)
+    if settings.health_interval > 0:
+        rt.add_part("downstream health", lambda: health_loop(executor, settings.health_interval))
+    if settings.demo_downstream:
+        rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))
+    rt.add_part("http client", lambda: hold_open(http))
+
+
+async def hold_open(http: httpx.AsyncClient) -> None:
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await http.aclose()
+
+
+async def health_loop(executor: Executor, interval: float) -> None:
+    """Trip a downstream's breaker when its health URL fails; the breaker's cool-down and
+    half-open probe decide when calls flow again."""
+    while True:
+        for name, downstream in executor.registry.items():
+            if downstream.health_url and not await check_health(executor.http, downstream):
+                log.warning("downstream unhealthy", downstream=name)
+                executor.breakers[name].trip(executor.clock.now())
+        await asyncio.sleep(interval)
+
+
+async def serve_demo(address: str) -> None:
+    from aiohttp import web
+
+    from dispo.executor.demo_downstream.app import build_app
+
+    host, _, port = address.rpartition(":")
+    runner = web.AppRunner(build_app())
+    await runner.setup()
+    await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
 
 
 def main() -> None:

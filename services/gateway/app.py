@@ -1,17 +1,57 @@
-"""The gateway service process: wires its servicers and background parts into the runtime."""
+"""The gateway service process: GatewayService, the outbox relay publishing task.create /
+task.cancel, and the consumer of the executor's status events (task.status.>)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
+
+from dispo.gateway import repository as repo
+from dispo.gateway.catalogue import DEFAULT_CATALOGUE, load_catalogue
+from dispo.gateway.expand import Limits
+from dispo.gateway.service import Gateway
+from dispo.gateway.servicer import GatewayServicer
+from dispo.gateway.settings import GatewaySettings
+from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.bus import ACK, Disposition, Term
+from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.gateway.v1.GatewayService"
+TASKS_STREAM = "TASKS"
+TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel"]
+STATUS_STREAM = "TASK_STATUS"
 
 
 async def setup(rt: Runtime) -> None:
-    rt.service_names.append(SERVICE_NAME)
+    settings = GatewaySettings()
+    await rt.bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
+    await rt.bus.ensure_stream(STATUS_STREAM, ["task.status.>"], max_age=7 * 24 * 3600)
+    catalogue = load_catalogue(settings.catalogue or DEFAULT_CATALOGUE)
+    relay = OutboxRelay(rt.engine, repo.outbox, rt.bus)
+    limits = Limits(settings.max_cells, settings.max_nodes, settings.max_payload_bytes)
+    gateway = Gateway(rt.engine, relay, catalogue, limits, rt.clock, settings.watch_poll_interval)
+
+    async def on_status(msg: Msg) -> Disposition:
+        try:
+            env = task_pb2.Task.FromString(msg.data)
+        except DecodeError:
+            return Term("malformed status event")
+        if not env.task_id or env.version <= 0:
+            return Term("status event without task_id or version")
+        await gateway.apply_status(env)
+        return ACK
+
+    statuses = rt.bus.consumer(STATUS_STREAM, durable=settings.status_durable, subject="task.status.>",
+                               handler=on_status, batch=64)
+    rt.add_servicer(lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
+        GatewayServicer(gateway, settings.max_page_size), server), SERVICE_NAME)
+    rt.add_part("outbox relay", relay.run, relay.stop)
+    rt.add_part("task.status consumer", statuses.run, statuses.stop)
 
 
 def main() -> None:

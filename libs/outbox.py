@@ -1,0 +1,105 @@
+"""Transactional outbox: write the event row in the same transaction as the state change,
+publish it afterwards, mark it sent. A crash or a NATS outage between commit and publish
+only delays the event: the relay publishes whatever is unsent, oldest first, and the
+message id makes a second publication of the same row a no-op within the stream's
+duplicate window.
+
+    outbox = outbox_table(metadata)                   # in the service's tables module
+    await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
+    relay = OutboxRelay(engine, outbox, bus)          # rt.add_part("outbox", relay.run, relay.stop)
+    relay.kick()                                      # after commit: publish now, not at the next poll
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Column, DateTime, Index, LargeBinary, MetaData, Table, Text, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from dispo.libs.bus import Bus
+from dispo.libs.logging import get_logger
+
+log = get_logger(__name__)
+
+
+def outbox_table(metadata: MetaData, name: str = "outbox") -> Table:
+    return Table(
+        name,
+        metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("subject", Text, nullable=False),
+        Column("msg_id", Text, nullable=False),
+        Column("payload", LargeBinary, nullable=False),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column("sent_at", DateTime(timezone=True)),
+        Index(f"{name}_unsent", "id", postgresql_where=text("sent_at IS NULL")),
+    )
+
+
+async def outbox_add(conn: AsyncConnection, table: Table, subject: str, msg_id: str, payload: bytes,
+                     now: datetime) -> None:
+    await conn.execute(table.insert().values(subject=subject, msg_id=msg_id, payload=payload, created_at=now))
+
+
+class OutboxRelay:
+    """Publishes unsent rows in batches; several replicas share the work (SKIP LOCKED)."""
+
+    def __init__(self, engine: AsyncEngine, table: Table, bus: Bus, *, batch: int = 200,
+                 poll_interval: float = 1.0) -> None:
+        self.engine = engine
+        self.table = table
+        self.bus = bus
+        self.batch = batch
+        self.poll_interval = poll_interval
+        self._kick = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def relay_once(self) -> int:
+        """Publish up to one batch of unsent rows; returns how many were published."""
+        t = self.table
+        async with self.engine.begin() as conn:
+            rows = (
+                await conn.execute(
+                    select(t.c.id, t.c.subject, t.c.msg_id, t.c.payload)
+                    .where(t.c.sent_at.is_(None))
+                    .order_by(t.c.id)
+                    .limit(self.batch)
+                    .with_for_update(skip_locked=True)
+                )
+            ).all()
+            if not rows:
+                return 0
+            await asyncio.gather(*(self.bus.publish(r.subject, r.payload, msg_id=r.msg_id) for r in rows))
+            await conn.execute(
+                update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=text("now()"))
+            )
+        return len(rows)
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            self._kick.clear()
+            try:
+                published = await self.relay_once()
+            except Exception as error:  # NATS or PostgreSQL down: try again shortly
+                log.warning("outbox relay failed", table=self.table.name, error=repr(error))
+                published = 0
+                await self._wait(0.5)
+                continue
+            if published < self.batch:
+                await self._wait(self.poll_interval)
+
+    async def _wait(self, seconds: float) -> None:
+        waiters = [asyncio.ensure_future(self._kick.wait()), asyncio.ensure_future(self._stopping.wait())]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+
+    def stop(self) -> None:
+        self._stopping.set()

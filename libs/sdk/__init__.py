@@ -1,0 +1,19 @@
+"""Python SDK for Dispo: state intents as cells, submit them, follow them to the end.
+
+    from dispo.libs.sdk import Client, cells
+
+    with Client("127.0.0.1:50051") as dispo:
+        label = cells.update_quality_level(content_id="c-42", level=3)
+        notify = cells.notify_owner(owner_id="u-7", message="label raised").after(label)
+        task = dispo.submit("ecommerce", [label, notify], idempotency_key="c-42-raise")
+        print(dispo.wait(task.task_id).status)       # "SUCCEEDED"
+
+Other languages use the protos (dispo.gateway.v1) directly.
+"""
+
+from dispo.libs.sdk import cells
+from dispo.libs.sdk._client import AsyncClient, Client
+from dispo.libs.sdk._types import TERMINAL, CellSpec, DispoError, NodeView, Submitted, TaskView, cell
+
+__all__ = ["AsyncClient", "Client", "CellSpec", "DispoError", "NodeView", "Submitted", "TaskView", "TERMINAL",
+           "cell", "cells"]

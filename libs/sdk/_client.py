@@ -1,0 +1,192 @@
+"""Async and sync clients of the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from datetime import datetime
+
+import grpc
+
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView
+
+
+def _submit_request(business: str, cells: Sequence[CellSpec], idempotency_key: str, callback_url: str
+                    ) -> gateway_pb2.SubmitRequest:
+    return gateway_pb2.SubmitRequest(business=business, cells=[c.to_proto() for c in cells],
+                                     idempotency_key=idempotency_key, callback_url=callback_url)
+
+
+def _submitted(reply: gateway_pb2.SubmitResponse) -> Submitted:
+    return Submitted(reply.task_id, common_pb2.TaskStatus.Name(reply.status).removeprefix("TASK_STATUS_"),
+                     reply.duplicate)
+
+
+def _list_request(business: str, statuses: Sequence[str], created_after: datetime | None,
+                  created_before: datetime | None, page_size: int, page_token: str) -> gateway_pb2.ListTasksRequest:
+    request = gateway_pb2.ListTasksRequest(
+        business=business,
+        statuses=[common_pb2.TaskStatus.Value(f"TASK_STATUS_{s}") for s in statuses],
+        page=common_pb2.PageRequest(page_size=page_size, page_token=page_token),
+    )
+    if created_after:
+        request.created_after.FromDatetime(created_after)
+    if created_before:
+        request.created_before.FromDatetime(created_before)
+    return request
+
+
+class AsyncClient:
+    """``async with AsyncClient("127.0.0.1:50051") as dispo: ...``"""
+
+    def __init__(self, address: str = "127.0.0.1:50051", *, channel: grpc.aio.Channel | None = None) -> None:
+        self._channel = channel or grpc.aio.insecure_channel(address)
+        self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def submit(self, business: str, cells: Sequence[CellSpec], *, idempotency_key: str = "",
+                     callback_url: str = "", timeout: float = 10.0) -> Submitted:
+        try:
+            reply = await self._stub.Submit(_submit_request(business, cells, idempotency_key, callback_url),
+                                            timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise DispoError.from_rpc(error) from None
+        return _submitted(reply)
+
+    async def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
+        try:
+            reply = await self._stub.GetTask(gateway_pb2.GetTaskRequest(task_id=task_id), timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise DispoError.from_rpc(error) from None
+        return TaskView.from_proto(reply.task)
+
+    async def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
+        try:
+            reply = await self._stub.CancelTask(gateway_pb2.CancelTaskRequest(task_id=task_id), timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise DispoError.from_rpc(error) from None
+        return TaskView.from_proto(reply.task)
+
+    async def list(self, *, business: str = "", statuses: Sequence[str] = (), created_after: datetime | None = None,
+                   created_before: datetime | None = None, page_size: int = 100) -> AsyncIterator[gateway_pb2.TaskSummary]:
+        """Every matching task summary, following the cursor."""
+        token = ""
+        while True:
+            reply = await self._stub.ListTasks(_list_request(business, statuses, created_after, created_before,
+                                                             page_size, token))
+            for item in reply.tasks:
+                yield item
+            token = reply.page.next_page_token
+            if not token:
+                return
+
+    async def watch(self, task_id: str) -> AsyncIterator[TaskView]:
+        """Each change of the task until it is terminal."""
+        try:
+            async for reply in self._stub.WatchTask(gateway_pb2.WatchTaskRequest(task_id=task_id)):
+                yield TaskView.from_proto(reply.task)
+        except grpc.aio.AioRpcError as error:
+            raise DispoError.from_rpc(error) from None
+
+    async def wait(self, task_id: str, *, timeout: float = 60.0) -> TaskView:
+        """The task once terminal (SUCCEEDED, FAILED, CANCELLED). Reconnects if the stream breaks."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last: TaskView | None = None
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"task {task_id} not terminal after {timeout}s (last: {last and last.status})")
+            try:
+                async with asyncio.timeout(remaining):
+                    async for view in self.watch(task_id):
+                        last = view
+                        if view.terminal:
+                            return view
+            except DispoError as error:
+                if error.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    raise
+                await asyncio.sleep(0.2)
+            except TimeoutError:
+                raise TimeoutError(f"task {task_id} not terminal after {timeout}s (last: {last and last.status})") from None
+
+
+class Client:
+    """Blocking client: ``with Client("127.0.0.1:50051") as dispo: ...``"""
+
+    def __init__(self, address: str = "127.0.0.1:50051") -> None:
+        self._channel = grpc.insecure_channel(address)
+        self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method, request, timeout: float | None = 10.0):  # type: ignore[no-untyped-def]
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as error:
+            raise DispoError.from_rpc(error) from None
+
+    def submit(self, business: str, cells: Sequence[CellSpec], *, idempotency_key: str = "",
+               callback_url: str = "", timeout: float = 10.0) -> Submitted:
+        return _submitted(self._call(self._stub.Submit, _submit_request(business, cells, idempotency_key, callback_url),
+                                     timeout))
+
+    def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
+        return TaskView.from_proto(self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout).task)
+
+    def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
+        reply = self._call(self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout)
+        return TaskView.from_proto(reply.task)
+
+    def list(self, *, business: str = "", statuses: Sequence[str] = (), created_after: datetime | None = None,
+             created_before: datetime | None = None, page_size: int = 100) -> Iterator[gateway_pb2.TaskSummary]:
+        token = ""
+        while True:
+            reply = self._call(self._stub.ListTasks,
+                               _list_request(business, statuses, created_after, created_before, page_size, token))
+            yield from reply.tasks
+            token = reply.page.next_page_token
+            if not token:
+                return
+
+    def watch(self, task_id: str, *, timeout: float | None = None) -> Iterator[TaskView]:
+        try:
+            for reply in self._stub.WatchTask(gateway_pb2.WatchTaskRequest(task_id=task_id), timeout=timeout):
+                yield TaskView.from_proto(reply.task)
+        except grpc.RpcError as error:
+            raise DispoError.from_rpc(error) from None
+
+    def wait(self, task_id: str, *, timeout: float = 60.0) -> TaskView:
+        deadline = time.monotonic() + timeout
+        last: TaskView | None = None
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                for view in self.watch(task_id, timeout=remaining):
+                    last = view
+                    if view.terminal:
+                        return view
+            except DispoError as error:
+                if error.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    break
+                if error.code is not grpc.StatusCode.UNAVAILABLE:
+                    raise
+                time.sleep(0.2)
+        raise TimeoutError(f"task {task_id} not terminal after {timeout}s (last: {last and last.status})")

@@ -1,0 +1,135 @@
+"""Plain types of the SDK, converted from the gateway's protos at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from google.protobuf.struct_pb2 import Struct
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.gateway.v1 import gateway_pb2
+from dispo.libs.api.task.v1 import task_pb2
+
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+@dataclass
+class CellSpec:
+    """One cell of a submission. ``ref`` names it within the submission (default: the cell
+    name); ``after`` makes it wait for other cells."""
+
+    name: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    ref: str = ""
+    depends_on: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return self.ref or self.name
+
+    def named(self, ref: str) -> CellSpec:
+        self.ref = ref
+        return self
+
+    def after(self, *others: CellSpec | str) -> CellSpec:
+        self.depends_on.extend(o if isinstance(o, str) else o.key for o in others)
+        return self
+
+    def to_proto(self) -> gateway_pb2.CellRequest:
+        payload = Struct()
+        payload.update(self.payload)
+        return gateway_pb2.CellRequest(cell=self.name, ref=self.ref, payload=payload, depends_on=self.depends_on)
+
+
+def cell(name: str, /, *, ref: str = "", **payload: Any) -> CellSpec:
+    """Any catalogue cell by name (for cells without a typed builder)."""
+    return CellSpec(name, {k: v for k, v in payload.items() if v is not None}, ref)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task_id: str
+    status: str
+    duplicate: bool
+
+
+def _time(message: Any, name: str) -> datetime | None:
+    return getattr(message, name).ToDatetime(tzinfo=UTC) if message.HasField(name) else None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node_id: str
+    cell: str
+    action: str
+    status: str
+    attempts: int
+    last_error: str
+    depends_on: tuple[str, ...]
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_proto(cls, node: task_pb2.Node) -> NodeView:
+        return cls(node.node_id, node.cell, node.action,
+                   common_pb2.NodeStatus.Name(node.status).removeprefix("NODE_STATUS_"),
+                   node.retry.attempts, node.last_error, tuple(node.depends_on),
+                   _time(node, "started_at"), _time(node, "finished_at"))
+
+
+@dataclass(frozen=True)
+class TaskView:
+    task_id: str
+    business: str
+    status: str
+    status_reason: str
+    cancel_requested: bool
+    version: int
+    nodes: tuple[NodeView, ...]
+    raw: task_pb2.Task = field(repr=False, compare=False)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def node(self, node_id: str) -> NodeView:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    @property
+    def node_statuses(self) -> dict[str, str]:
+        return {n.node_id: n.status for n in self.nodes}
+
+    @classmethod
+    def from_proto(cls, task: task_pb2.Task) -> TaskView:
+        return cls(task.task_id, task.business, common_pb2.TaskStatus.Name(task.status).removeprefix("TASK_STATUS_"),
+                   task.status_reason, task.cancel_requested, task.version,
+                   tuple(NodeView.from_proto(n) for n in task.nodes), task)
+
+
+class DispoError(Exception):
+    """A call the gateway refused: ``code`` (grpc.StatusCode) and per-field ``violations``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, violations: dict[str, str]) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.violations = violations
+
+    @classmethod
+    def from_rpc(cls, error: grpc.RpcError) -> DispoError:
+        violations: dict[str, str] = {}
+        status = rpc_status.from_call(error) if hasattr(error, "trailing_metadata") else None
+        for detail in status.details if status else []:
+            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                violations.update({v.field: v.description for v in bad.field_violations})
+        return cls(error.code(), error.details() or "", violations)

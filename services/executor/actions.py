@@ -1,0 +1,87 @@
+"""Running one node's action: the ``http`` and ``noop`` kinds, and result classification.
+
+Every http call carries the node's stable ``Idempotency-Key`` (the same on every attempt).
+2xx is success; 4xx a permanent failure except 408 and 429; 5xx, timeouts and connection
+errors are retryable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from dispo.executor.domain import ActionSpec, truncate_error
+
+
+class Outcome(enum.Enum):
+    SUCCESS = "success"
+    PERMANENT = "permanent"
+    RETRYABLE = "retryable"
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    detail: str = ""
+
+
+def classify_status(code: int) -> Outcome:
+    if 200 <= code < 300:
+        return Outcome.SUCCESS
+    if code in (408, 429) or code >= 500:
+        return Outcome.RETRYABLE
+    return Outcome.PERMANENT
+
+
+@dataclass(frozen=True)
+class Downstream:
+    name: str
+    base_url: str
+    timeout_ms: int = 5000
+    max_concurrency: int = 16
+    health_url: str = ""
+
+
+@dataclass(frozen=True)
+class Call:
+    task_id: str
+    node_id: str
+    idempotency_key: str
+    spec: ActionSpec
+    body: dict[str, Any]
+
+
+async def run_action(client: httpx.AsyncClient, call: Call, downstream: Downstream | None) -> Result:
+    if call.spec.kind == "noop":
+        return Result(Outcome.SUCCESS)
+    if call.spec.kind != "http":
+        return Result(Outcome.PERMANENT, f"unknown action kind {call.spec.kind!r}")
+    if downstream is None:
+        return Result(Outcome.RETRYABLE, f"downstream {call.spec.downstream!r} is not in this executor's registry")
+    timeout = (call.spec.timeout_ms or downstream.timeout_ms) / 1000
+    headers = {"Idempotency-Key": call.idempotency_key, "X-Dispo-Task-Id": call.task_id, "X-Dispo-Node-Id": call.node_id}
+    try:
+        response = await client.request(
+            call.spec.method, downstream.base_url.rstrip("/") + call.spec.path, json=call.body, headers=headers, timeout=timeout
+        )
+    except httpx.TimeoutException:
+        return Result(Outcome.RETRYABLE, f"timeout after {timeout:g}s")
+    except (httpx.TransportError, OSError) as error:
+        return Result(Outcome.RETRYABLE, truncate_error(f"connection error: {error!r}"))
+    outcome = classify_status(response.status_code)
+    detail = "" if outcome is Outcome.SUCCESS else truncate_error(f"HTTP {response.status_code}: {response.text}")
+    return Result(outcome, detail)
+
+
+async def check_health(client: httpx.AsyncClient, downstream: Downstream, timeout: float = 2.0) -> bool:
+    if not downstream.health_url:
+        return True
+    try:
+        response = await client.get(downstream.health_url, timeout=timeout)
+        return 200 <= response.status_code < 300
+    except (httpx.HTTPError, OSError, asyncio.TimeoutError):
+        return False

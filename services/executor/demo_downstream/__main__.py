@@ -1,0 +1,3 @@
+from dispo.executor.demo_downstream.app import main
+
+main()

@@ -1,0 +1,163 @@
+"""The executor's view of a task: plain dataclasses, the scheduling rules and the retry
+policy. No I/O here; :mod:`dispo.executor.runner` applies these decisions to the database.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from dispo.executor.states import NodeState, TaskState
+
+ERROR_LIMIT = 500
+
+
+def truncate_error(text: str) -> str:
+    """The one place error text is cut to 500 characters."""
+    return text if len(text) <= ERROR_LIMIT else text[: ERROR_LIMIT - 1] + "…"
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    kind: str
+    downstream: str = ""
+    method: str = "POST"
+    path: str = ""
+    probe_path: str = ""
+    idempotent: bool = False
+    timeout_ms: int = 0
+
+
+@dataclass
+class NodeRun:
+    node_id: str
+    depends_on: tuple[str, ...]
+    spec: ActionSpec
+    idempotency_key: str
+    status: NodeState = NodeState.PENDING
+    attempts: int = 0
+    round_attempts: int = 0
+    not_before: datetime | None = None
+    retryable: bool = False
+    last_error: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    cell_ref: str = ""
+    cell: str = ""
+    action: str = ""
+
+    @property
+    def permanently_failed(self) -> bool:
+        return self.status is NodeState.FAILED and not self.retryable
+
+
+@dataclass
+class RetryPolicy:
+    """Short retries: up to ``max_retries`` more attempts with jittered exponential backoff."""
+
+    max_retries: int = 3
+    base_delay: float = 0.5
+    max_delay: float = 30.0
+    jitter: float = 0.5
+
+    def exhausted(self, round_attempts: int) -> bool:
+        return round_attempts > self.max_retries
+
+    def delay(self, round_attempts: int, rng: random.Random | None = None) -> float:
+        raw = min(self.max_delay, self.base_delay * (2 ** max(0, round_attempts - 1)))
+        spread = raw * self.jitter
+        return max(0.0, raw - spread + (rng or random).random() * 2 * spread)
+
+
+class Next(enum.Enum):
+    FINISH = "finish"  # terminal task status
+    RETRY = "retry"  # re-publish task.create for nodes waiting out their backoff
+    DEMOTE = "demote"  # task.demote: nodes parked behind a degraded downstream
+    FAIL = "fail"  # task.fail: short retries spent or a node's outcome is unknown
+
+
+@dataclass(frozen=True)
+class Decision:
+    next: Next
+    status: TaskState
+    not_before: datetime | None = None
+    reason: str = ""
+
+
+@dataclass
+class Changes:
+    """Node status changes a scheduling step wants, by node id."""
+
+    statuses: dict[str, NodeState] = field(default_factory=dict)
+
+
+def blocked_by_failure(nodes: dict[str, NodeRun]) -> list[str]:
+    """PENDING nodes that can never run because a dependency ended badly (transitively)."""
+    doomed: set[str] = set()
+    bad = {NodeState.DEPENDENCY_FAILED, NodeState.CANCELLED}
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes.values():
+            if node.status is not NodeState.PENDING or node.node_id in doomed:
+                continue
+            for dep in node.depends_on:
+                d = nodes[dep]
+                if d.permanently_failed or d.status in bad or dep in doomed:
+                    doomed.add(node.node_id)
+                    changed = True
+                    break
+    return [n for n in nodes if n in doomed]
+
+
+def ready(nodes: dict[str, NodeRun], now: datetime) -> list[NodeRun]:
+    """PENDING nodes whose dependencies all SUCCEEDED and whose backoff has passed."""
+    return [
+        n
+        for n in nodes.values()
+        if n.status is NodeState.PENDING
+        and all(nodes[d].status is NodeState.SUCCEEDED for d in n.depends_on)
+        and (n.not_before is None or n.not_before <= now)
+    ]
+
+
+def waiting(nodes: dict[str, NodeRun], now: datetime) -> list[NodeRun]:
+    """PENDING nodes that could run but for their backoff."""
+    return [
+        n
+        for n in nodes.values()
+        if n.status is NodeState.PENDING
+        and all(nodes[d].status is NodeState.SUCCEEDED for d in n.depends_on)
+        and n.not_before is not None
+        and n.not_before > now
+    ]
+
+
+def to_cancel(nodes: dict[str, NodeRun]) -> list[str]:
+    """On cancel: everything not started and not final becomes CANCELLED; running ones finish."""
+    cancellable = {NodeState.PENDING, NodeState.DEMOTED, NodeState.UNKNOWN}
+    return [n.node_id for n in nodes.values() if n.status in cancellable or (n.status is NodeState.FAILED and n.retryable)]
+
+
+def decide(nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool) -> Decision:
+    """What happens to the task once nothing more can run now (no node RUNNING or ready)."""
+    statuses = [n.status for n in nodes.values()]
+    final = {NodeState.SUCCEEDED, NodeState.DEPENDENCY_FAILED, NodeState.CANCELLED}
+    if all(s in final or (s is NodeState.FAILED and not nodes[i].retryable) for i, s in zip(nodes, statuses)):
+        if all(s is NodeState.SUCCEEDED for s in statuses):
+            return Decision(Next.FINISH, TaskState.SUCCEEDED)
+        if cancel_requested and NodeState.CANCELLED in statuses:
+            return Decision(Next.FINISH, TaskState.CANCELLED, reason="cancelled by request")
+        failed = sorted(i for i, n in nodes.items() if n.permanently_failed)
+        return Decision(Next.FINISH, TaskState.FAILED, reason=f"failed: {', '.join(failed)}")
+    backoff = waiting(nodes, now)
+    if backoff:
+        moment = min(n.not_before for n in backoff if n.not_before is not None)
+        return Decision(Next.RETRY, TaskState.RUNNING, not_before=moment, reason="short retry")
+    demoted = sorted({n.spec.downstream for n in nodes.values() if n.status is NodeState.DEMOTED})
+    if demoted:
+        return Decision(Next.DEMOTE, TaskState.DEMOTED, reason=f"downstream degraded: {', '.join(demoted)}")
+    stuck = sorted(i for i, n in nodes.items() if n.status in (NodeState.UNKNOWN, NodeState.FAILED))
+    return Decision(Next.FAIL, TaskState.RETRY_EXHAUSTED, reason=f"needs recovery: {', '.join(stuck)}")

@@ -1,0 +1,73 @@
+"""Conversion between the task envelope (dispo.task.v1.Task) and executor domain objects."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from google.protobuf import json_format
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from dispo.executor.domain import ActionSpec, NodeRun
+from dispo.executor.states import NodeState
+from dispo.libs.api.task.v1 import task_pb2
+
+
+def ts(moment: datetime | None) -> Timestamp | None:
+    if moment is None:
+        return None
+    out = Timestamp()
+    out.FromDatetime(moment)
+    return out
+
+
+def from_ts(value: Timestamp, present: bool) -> datetime | None:
+    return value.ToDatetime(tzinfo=UTC) if present else None
+
+
+def spec_from_proto(spec: task_pb2.ActionSpec) -> ActionSpec:
+    return ActionSpec(spec.kind, spec.downstream, spec.method or "POST", spec.path, spec.probe_path,
+                      spec.idempotent, spec.timeout_ms)
+
+
+def node_from_proto(node: task_pb2.Node) -> NodeRun:
+    return NodeRun(
+        node_id=node.node_id,
+        depends_on=tuple(node.depends_on),
+        spec=spec_from_proto(node.spec),
+        idempotency_key=node.idempotency_key,
+        status=NodeState.from_proto(node.status),
+        attempts=node.retry.attempts,
+        round_attempts=node.retry.round_attempts,
+        not_before=from_ts(node.retry.not_before, node.retry.HasField("not_before")),
+        retryable=node.retry.retryable,
+        last_error=node.last_error,
+        started_at=from_ts(node.started_at, node.HasField("started_at")),
+        finished_at=from_ts(node.finished_at, node.HasField("finished_at")),
+        cell_ref=node.cell_ref,
+        cell=node.cell,
+        action=node.action,
+    )
+
+
+def overlay(node: task_pb2.Node, run: NodeRun) -> None:
+    """Write ``run``'s mutable state onto the envelope's node."""
+    node.status = run.status.to_proto()
+    node.retry.attempts = run.attempts
+    node.retry.round_attempts = run.round_attempts
+    node.retry.retryable = run.retryable
+    if run.not_before is not None:
+        node.retry.not_before.FromDatetime(run.not_before)
+    else:
+        node.retry.ClearField("not_before")
+    node.last_error = run.last_error
+    for name, value in (("started_at", run.started_at), ("finished_at", run.finished_at)):
+        if value is not None:
+            getattr(node, name).FromDatetime(value)
+        else:
+            node.ClearField(name)
+
+
+def payload_of(task: task_pb2.Task, cell_ref: str) -> dict:
+    if cell_ref in task.payloads:
+        return json_format.MessageToDict(task.payloads[cell_ref])
+    return {}

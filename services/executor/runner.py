@@ -1,0 +1,287 @@
+"""One pass over a task: take its lease, recover what a crashed executor left RUNNING,
+run every ready node (concurrently, bounded per downstream), then decide what happens to
+the task (finish, short retry, demote, fail) and publish that through the outbox.
+
+This is the only execution path: first runs, short retries and the reconciler's redrives
+all arrive as task.create and come through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from dispo.executor import repository as repo
+from dispo.executor.actions import Call, Downstream, Outcome, Result, run_action
+from dispo.executor.breaker import Breaker
+from dispo.executor.domain import Next, NodeRun, RetryPolicy, blocked_by_failure, decide, ready, to_cancel, truncate_error
+from dispo.executor.envelope import payload_of
+from dispo.executor.states import TASK_FINAL, NodeState, TaskState
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.bus import ACK, Disposition, Nak
+from dispo.libs.clock import Clock
+from dispo.libs.logging import get_logger
+from dispo.libs.outbox import OutboxRelay
+
+log = get_logger(__name__)
+
+PARKED = (TaskState.ACCEPTED, TaskState.RUNNING, TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)
+
+
+@dataclass
+class ExecutorConfig:
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    lease_ttl: float = 10.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    breaker_threshold: int = 5
+    breaker_window: float = 30.0
+    breaker_cooldown: float = 30.0
+
+
+class Executor:
+    def __init__(self, engine: AsyncEngine, relay: OutboxRelay, registry: dict[str, Downstream], clock: Clock,
+                 config: ExecutorConfig, http: httpx.AsyncClient) -> None:
+        self.engine = engine
+        self.relay = relay
+        self.registry = registry
+        self.clock = clock
+        self.config = config
+        self.http = http
+        self.breakers = {name: Breaker(config.breaker_threshold, config.breaker_window, config.breaker_cooldown)
+                         for name in registry}
+        self.limits = {name: asyncio.Semaphore(max(1, d.max_concurrency)) for name, d in registry.items()}
+
+    # ---- task.create -------------------------------------------------------------------
+    async def handle_create(self, env: task_pb2.Task) -> Disposition:
+        owner = f"{self.config.instance}:{uuid.uuid4().hex[:8]}"
+        task_id = env.task_id
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            row = await repo.task_get(conn, task_id, for_update=True)
+            if row is None:
+                await repo.task_insert(conn, env, task_id, now)
+            elif row.envelope is None:
+                await repo.task_attach_envelope(conn, env)
+            elif env.generation < row.generation:
+                log.info("stale task.create dropped", task_id=task_id, generation=env.generation, recorded=row.generation)
+                return ACK
+            elif env.generation > row.generation and row.status not in TASK_FINAL:
+                await repo.nodes_adopt(conn, env)
+            row = await repo.task_get(conn, task_id, for_update=True)
+            assert row is not None and row.envelope is not None
+            if row.status in TASK_FINAL:
+                if row.status is TaskState.CANCELLED:  # the cancel arrived before the task
+                    nodes = await repo.nodes_get(conn, row.envelope)
+                    pending = [n for n in nodes.values() if n.status is NodeState.PENDING]
+                    for node in pending:
+                        await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.PENDING,
+                                                      NodeState.CANCELLED, finished_at=now)
+                    if pending:
+                        await repo.emit_status(conn, task_id, now)
+                        self.relay.kick()
+                return ACK
+            if row.leased_by_other(owner, now):
+                remaining = (row.lease_until - now).total_seconds() if row.lease_until else self.config.lease_ttl
+                log.info("task leased by another executor; later", task_id=task_id, owner=row.lease_owner)
+                return Nak(delay=min(max(remaining, 0.1), self.config.lease_ttl))
+            await repo.lease_take(conn, task_id, owner, now, self.config.lease_ttl)
+            nodes = await repo.nodes_get(conn, row.envelope)
+            await self._recover(conn, task_id, nodes, now)
+            await repo.task_set_status(conn, task_id, TaskState.RUNNING, "", now, expected=PARKED)
+            await repo.emit_status(conn, task_id, now)
+        self.relay.kick()
+        heartbeat = asyncio.create_task(self._heartbeat(task_id, owner))
+        try:
+            ran = await self._run(row.envelope, owner)
+            return await self._finish(row.envelope, owner, ran)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    async def _recover(self, conn, task_id: str, nodes: dict[str, NodeRun], now) -> None:  # type: ignore[no-untyped-def]
+        """Nodes left RUNNING by an executor whose lease expired: their call may have happened."""
+        for node in nodes.values():
+            if node.status is not NodeState.RUNNING:
+                continue
+            if node.spec.idempotent:
+                err = "executor stopped mid-call; re-run under the same idempotency key (action is idempotent)"
+                await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN, last_error=err)
+                await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.UNKNOWN, NodeState.PENDING)
+                node.status = NodeState.PENDING
+            else:
+                err = "executor stopped mid-call; outcome unknown until probed"
+                await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN,
+                                              last_error=err, finished_at=now)
+                node.status = NodeState.UNKNOWN
+            log.warning("interrupted node recovered", task_id=task_id, node_id=node.node_id, status=node.status.value)
+
+    async def _heartbeat(self, task_id: str, owner: str) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease_ttl / 3)
+            with contextlib.suppress(Exception):
+                async with self.engine.begin() as conn:
+                    if not await repo.lease_extend(conn, task_id, owner, self.clock.now(), self.config.lease_ttl):
+                        log.warning("lease lost", task_id=task_id)
+                        return
+
+    async def _run(self, env: task_pb2.Task, owner: str) -> int:
+        """Run ready nodes until none is ready; returns how many node calls were made."""
+        task_id = env.task_id
+        in_flight: dict[str, asyncio.Task[bool]] = {}
+        ran = 0
+        while True:
+            now = self.clock.now()
+            async with self.engine.begin() as conn:
+                row = await repo.task_get(conn, task_id)
+                assert row is not None
+                if row.lease_owner != owner:
+                    log.warning("lease lost; stopping pass", task_id=task_id)
+                    break
+                nodes = await repo.nodes_get(conn, env)
+                changed = False
+                if row.cancel_requested:
+                    for node_id in to_cancel(nodes):
+                        expected = nodes[node_id].status
+                        changed |= await repo.node_set_status_if(conn, task_id, node_id, expected, NodeState.CANCELLED,
+                                                                 finished_at=now)
+                for node_id in blocked_by_failure(nodes):
+                    changed |= await repo.node_set_status_if(conn, task_id, node_id, NodeState.PENDING,
+                                                             NodeState.DEPENDENCY_FAILED, finished_at=now,
+                                                             last_error="a dependency failed")
+                launch: list[NodeRun] = []
+                if not row.cancel_requested:
+                    for node in ready(nodes, now):
+                        if node.node_id in in_flight:
+                            continue
+                        breaker = self.breakers.get(node.spec.downstream)
+                        if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
+                            changed |= await repo.node_set_status_if(
+                                conn, task_id, node.node_id, NodeState.PENDING, NodeState.DEMOTED,
+                                last_error=f"downstream {node.spec.downstream} degraded (circuit open)")
+                            continue
+                        launch.append(node)
+                if changed:
+                    await repo.emit_status(conn, task_id, now)
+            if changed:
+                self.relay.kick()
+            for node in launch:
+                in_flight[node.node_id] = asyncio.create_task(self._run_node(env, node, owner))
+            if not in_flight:
+                break
+            done, _ = await asyncio.wait(in_flight.values(), return_when=asyncio.FIRST_COMPLETED)
+            for node_id in [n for n, t in in_flight.items() if t in done]:
+                ran += 1 if in_flight.pop(node_id).result() else 0
+        return ran
+
+    async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
+        task_id = env.task_id
+        downstream = self.registry.get(node.spec.downstream)
+        limit = self.limits.get(node.spec.downstream)
+        async with limit if limit is not None else contextlib.nullcontext():
+            now = self.clock.now()
+            async with self.engine.begin() as conn:
+                if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
+                    log.info("node claim lost", task_id=task_id, node_id=node.node_id)
+                    return False
+                await repo.emit_status(conn, task_id, now)
+            self.relay.kick()
+            call = Call(task_id, node.node_id, node.idempotency_key, node.spec, payload_of(env, node.cell_ref))
+            try:
+                result = await run_action(self.http, call, downstream)
+            except Exception as error:  # a bug in an action must not leave the node RUNNING for ever
+                result = Result(Outcome.RETRYABLE, truncate_error(f"action error: {error!r}"))
+        await self._record(task_id, node, owner, result)
+        return True
+
+    async def _record(self, task_id: str, node: NodeRun, owner: str, result: Result) -> None:
+        now = self.clock.now()
+        breaker = self.breakers.get(node.spec.downstream)
+        if breaker is not None and node.spec.kind == "http":
+            breaker.record_success(now) if result.outcome is Outcome.SUCCESS else (
+                breaker.record_failure(now) if result.outcome is Outcome.RETRYABLE else None)
+        round_attempts = node.round_attempts + 1
+        if result.outcome is Outcome.SUCCESS:
+            new, fields = NodeState.SUCCEEDED, {"finished_at": now, "last_error": "", "retryable": False}
+        elif result.outcome is Outcome.PERMANENT:
+            new, fields = NodeState.FAILED, {"finished_at": now, "last_error": result.detail, "retryable": False}
+        elif self.config.retry.exhausted(round_attempts):
+            new, fields = NodeState.FAILED, {"finished_at": now, "last_error": result.detail, "retryable": True}
+        else:
+            delay = self.config.retry.delay(round_attempts)
+            new, fields = NodeState.PENDING, {"not_before": now + timedelta(seconds=delay),
+                                              "last_error": result.detail, "retryable": True}
+        async with self.engine.begin() as conn:
+            if not await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, new, owner=owner, **fields):
+                log.warning("node result lost a race (lease expired?)", task_id=task_id, node_id=node.node_id)
+                return
+            await repo.emit_status(conn, task_id, now)
+        self.relay.kick()
+        log.info("node finished", task_id=task_id, node_id=node.node_id, status=new.value, error=result.detail)
+
+    async def _finish(self, env: task_pb2.Task, owner: str, ran: int) -> Disposition:
+        task_id = env.task_id
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            row = await repo.task_get(conn, task_id, for_update=True)
+            assert row is not None
+            if row.lease_owner != owner:
+                return Nak(delay=1.0)  # someone else owns it now; let the message come back
+            nodes = await repo.nodes_get(conn, env)
+            decision = decide(nodes, now, row.cancel_requested)
+            await repo.lease_release(conn, task_id, owner)
+            if decision.next is Next.RETRY and ran == 0:
+                # Nothing could run yet: the message came back before the backoff passed.
+                wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
+                return Nak(delay=max(0.05, wait))
+            await repo.task_set_status(conn, task_id, decision.status, decision.reason, now, expected=PARKED)
+            if decision.next is Next.RETRY:
+                generation = await repo.task_bump_generation(conn, task_id)
+            else:
+                generation = row.generation
+            snap = await repo.emit_status(conn, task_id, now)
+            if decision.next is Next.RETRY:
+                await repo.emit(conn, "task.create", f"{task_id}:g{generation}", snap, now)
+            elif decision.next is Next.DEMOTE:
+                await repo.emit(conn, "task.demote", f"{task_id}:demote:g{generation}", snap, now)
+            elif decision.next is Next.FAIL:
+                await repo.emit(conn, "task.fail", f"{task_id}:fail:g{generation}", snap, now)
+        self.relay.kick()
+        log.info("task pass done", task_id=task_id, next=decision.next.value, status=decision.status.value,
+                 reason=decision.reason)
+        return ACK
+
+    # ---- task.cancel -------------------------------------------------------------------
+    async def handle_cancel(self, task_id: str) -> Disposition:
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            row = await repo.task_get(conn, task_id, for_update=True)
+            if row is None:
+                await repo.task_insert(conn, None, task_id, now, cancel_requested=True)
+                await repo.task_set_status(conn, task_id, TaskState.CANCELLED, "cancelled before start", now,
+                                           expected=(TaskState.ACCEPTED,))
+                await repo.emit_status(conn, task_id, now)
+                return ACK
+            if row.status in TASK_FINAL:
+                return ACK
+            await repo.task_set_cancel_requested(conn, task_id)
+            if row.leased_by_other("", now) or row.envelope is None:
+                # The running pass sees the flag between rounds.
+                await repo.emit_status(conn, task_id, now)
+                return ACK
+            nodes = await repo.nodes_get(conn, row.envelope)
+            for node_id in to_cancel(nodes):
+                await repo.node_set_status_if(conn, task_id, node_id, nodes[node_id].status, NodeState.CANCELLED, finished_at=now)
+                nodes[node_id].status = NodeState.CANCELLED
+            decision = decide(nodes, now, True)
+            if decision.next is Next.FINISH:
+                await repo.task_set_status(conn, task_id, decision.status, decision.reason, now, expected=PARKED)
+            await repo.emit_status(conn, task_id, now)
+        self.relay.kick()
+        return ACK

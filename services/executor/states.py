@@ -1,0 +1,96 @@
+"""The node and task state machines, declared once. The migrations build the database
+CHECK constraints from these enums, and a test checks the two agree.
+
+Which component moves a node *out* of each state:
+
+- PENDING: the executor (claims it → RUNNING; or DEPENDENCY_FAILED / DEMOTED / CANCELLED).
+- RUNNING: the executor that claimed it (→ SUCCEEDED / FAILED / PENDING for a short retry);
+  after a crash, the next executor taking the task's lease (→ UNKNOWN).
+- UNKNOWN: the executor re-runs it (→ PENDING) only if its action is idempotent; otherwise
+  the reconciler settles it by its probe (a redrive with SUCCEEDED or PENDING).
+- FAILED: terminal when permanent; a retry-exhausted node (retry.retryable) goes back to
+  PENDING only by a reconciler redrive.
+- DEMOTED: the reconciler releases it (redrive → PENDING) when its downstream is healthy.
+- SUCCEEDED, DEPENDENCY_FAILED, CANCELLED: terminal.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from dispo.libs.api.common.v1 import common_pb2
+
+
+class NodeState(enum.StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"
+    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
+    DEMOTED = "DEMOTED"
+    CANCELLED = "CANCELLED"
+
+    def to_proto(self) -> int:
+        return common_pb2.NodeStatus.Value(f"NODE_STATUS_{self.value}")
+
+    @classmethod
+    def from_proto(cls, value: int) -> NodeState:
+        name = common_pb2.NodeStatus.Name(value).removeprefix("NODE_STATUS_")
+        return cls(name) if name != "UNSPECIFIED" else cls.PENDING
+
+
+N = NodeState
+NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    N.PENDING: frozenset({N.RUNNING, N.DEPENDENCY_FAILED, N.DEMOTED, N.CANCELLED}),
+    N.RUNNING: frozenset({N.SUCCEEDED, N.FAILED, N.PENDING, N.UNKNOWN}),
+    N.UNKNOWN: frozenset({N.PENDING, N.SUCCEEDED, N.FAILED, N.CANCELLED}),
+    N.FAILED: frozenset({N.PENDING, N.CANCELLED}),
+    N.DEMOTED: frozenset({N.PENDING, N.CANCELLED}),
+    N.SUCCEEDED: frozenset(),
+    N.DEPENDENCY_FAILED: frozenset(),
+    N.CANCELLED: frozenset(),
+}
+# States no executor ever changes again.
+NODE_FINAL = frozenset(s for s, out in NODE_TRANSITIONS.items() if not out)
+
+
+class TaskState(enum.StrEnum):
+    ACCEPTED = "ACCEPTED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    RETRY_EXHAUSTED = "RETRY_EXHAUSTED"
+    DEMOTED = "DEMOTED"
+
+    def to_proto(self) -> int:
+        return common_pb2.TaskStatus.Value(f"TASK_STATUS_{self.value}")
+
+    @classmethod
+    def from_proto(cls, value: int) -> TaskState:
+        name = common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
+        return cls(name) if name != "UNSPECIFIED" else cls.ACCEPTED
+
+
+T = TaskState
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    T.ACCEPTED: frozenset({T.RUNNING, T.CANCELLED}),
+    # RUNNING → RUNNING: a short retry re-published the task.
+    T.RUNNING: frozenset({T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED, T.RETRY_EXHAUSTED, T.DEMOTED}),
+    # Parked with the reconciler until a redrive (→ RUNNING) or a cancel.
+    T.RETRY_EXHAUSTED: frozenset({T.RUNNING, T.CANCELLED}),
+    T.DEMOTED: frozenset({T.RUNNING, T.CANCELLED}),
+    T.SUCCEEDED: frozenset(),
+    T.FAILED: frozenset(),
+    T.CANCELLED: frozenset(),
+}
+TASK_FINAL = frozenset(s for s, out in TASK_TRANSITIONS.items() if not out)
+
+
+def node_can_move(old: NodeState, new: NodeState) -> bool:
+    return new in NODE_TRANSITIONS[old]
+
+
+def task_can_move(old: TaskState, new: TaskState) -> bool:
+    return new in TASK_TRANSITIONS[old]

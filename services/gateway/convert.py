@@ -1,0 +1,80 @@
+"""Proto <-> domain at the gateway's edge."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+
+from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Struct
+
+from dispo.gateway.expand import CellRequest, PlannedNode, Submission
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.gateway.v1 import gateway_pb2
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.errors import InvalidArgument
+
+
+def submission_from_proto(request: gateway_pb2.SubmitRequest) -> Submission:
+    return Submission(
+        business=request.business,
+        cells=[
+            CellRequest(c.cell, c.ref, json_format.MessageToDict(c.payload) if c.HasField("payload") else {},
+                        list(c.depends_on))
+            for c in request.cells
+        ],
+        idempotency_key=request.idempotency_key,
+        callback_url=request.callback_url,
+    )
+
+
+def task_envelope(task_id: str, sub: Submission, nodes: list[PlannedNode], now: datetime) -> task_pb2.Task:
+    env = task_pb2.Task(
+        task_id=task_id,
+        business=sub.business,
+        idempotency_key=sub.idempotency_key,
+        callback_url=sub.callback_url,
+        generation=0,
+        status=common_pb2.TASK_STATUS_ACCEPTED,
+    )
+    env.created_at.FromDatetime(now)
+    env.updated_at.FromDatetime(now)
+    for req in sub.cells:
+        payload = Struct()
+        payload.update(req.payload)
+        env.payloads[req.ref or req.cell].CopyFrom(payload)
+    for node in nodes:
+        a = node.action
+        env.nodes.add(
+            node_id=node.node_id,
+            cell_ref=node.cell_ref,
+            cell=node.cell,
+            action=a.name,
+            depends_on=list(node.depends_on),
+            status=common_pb2.NODE_STATUS_PENDING,
+            spec=task_pb2.ActionSpec(kind=a.kind, downstream=a.downstream, method=a.method, path=node.path,
+                                     probe_path=node.probe_path, idempotent=a.idempotent, timeout_ms=a.timeout_ms),
+            idempotency_key=node.idempotency_key,
+        )
+    return env
+
+
+def status_name(value: int) -> str:
+    return common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
+
+
+def status_value(name: str) -> int:
+    return common_pb2.TaskStatus.Value(f"TASK_STATUS_{name}")
+
+
+def encode_cursor(created_at: datetime, task_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{task_id}".encode()).decode()
+
+
+def decode_cursor(token: str) -> tuple[datetime, str]:
+    try:
+        moment, task_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
+        parsed = datetime.fromisoformat(moment)
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)), task_id
+    except Exception:
+        raise InvalidArgument("page.page_token", "not a token this server issued") from None

@@ -1,0 +1,108 @@
+"""All SQL of the gateway: tasks as accepted, their status view, and the outbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import MetaData, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.outbox import outbox_add, outbox_table
+
+metadata = MetaData()
+outbox = outbox_table(metadata)
+
+
+@dataclass
+class TaskRecord:
+    task_id: str
+    business: str
+    idempotency_key: str | None
+    request_hash: str
+    status: str
+    cancel_requested: bool
+    node_count: int
+    version: int
+    view: task_pb2.Task
+    created_at: datetime
+    updated_at: datetime
+
+
+def _record(row: Any) -> TaskRecord:
+    view = task_pb2.Task.FromString(row.view)
+    return TaskRecord(row.task_id, row.business, row.idempotency_key, row.request_hash, row.status,
+                      row.cancel_requested, row.node_count, row.version, view, row.created_at, row.updated_at)
+
+
+async def task_insert_if_new(conn: AsyncConnection, env: task_pb2.Task, request_hash: str, now: datetime) -> bool:
+    """Insert the accepted task; False when (business, idempotency_key) is already taken."""
+    result = await conn.execute(
+        text(
+            "INSERT INTO tasks (task_id, business, idempotency_key, request_hash, status, node_count, view,"
+            " created_at, updated_at) VALUES (:id, :business, :key, :hash, 'ACCEPTED', :nodes, :view, :now, :now)"
+            " ON CONFLICT (business, idempotency_key) DO NOTHING"
+        ),
+        {"id": env.task_id, "business": env.business, "key": env.idempotency_key or None, "hash": request_hash,
+         "nodes": len(env.nodes), "view": env.SerializeToString(), "now": now},
+    )
+    return result.rowcount == 1
+
+
+async def task_get(conn: AsyncConnection, task_id: str) -> TaskRecord | None:
+    row = (await conn.execute(text("SELECT * FROM tasks WHERE task_id = :id"), {"id": task_id})).first()
+    return _record(row) if row else None
+
+
+async def task_by_key(conn: AsyncConnection, business: str, key: str) -> TaskRecord | None:
+    row = (await conn.execute(text("SELECT * FROM tasks WHERE business = :b AND idempotency_key = :k"),
+                              {"b": business, "k": key})).first()
+    return _record(row) if row else None
+
+
+async def task_apply_status_if_newer(conn: AsyncConnection, env: task_pb2.Task, status: str, now: datetime) -> bool:
+    """Take an executor snapshot unless a newer one was applied already."""
+    result = await conn.execute(
+        text("UPDATE tasks SET view = :view, status = :status, version = :version, updated_at = :now"
+             " WHERE task_id = :id AND version < :version"),
+        {"id": env.task_id, "view": env.SerializeToString(), "status": status, "version": env.version, "now": now},
+    )
+    return result.rowcount == 1
+
+
+async def task_request_cancel(conn: AsyncConnection, task_id: str, now: datetime) -> bool:
+    """Set the cancel flag; False if it was set already."""
+    result = await conn.execute(
+        text("UPDATE tasks SET cancel_requested = true, updated_at = :now WHERE task_id = :id AND NOT cancel_requested"),
+        {"id": task_id, "now": now},
+    )
+    return result.rowcount == 1
+
+
+async def task_list(conn: AsyncConnection, *, business: str, statuses: list[str], created_after: datetime | None,
+                    created_before: datetime | None, after: tuple[datetime, str] | None, limit: int) -> list[TaskRecord]:
+    clauses, params = [], {"limit": limit}
+    if business:
+        clauses.append("business = :business")
+        params["business"] = business
+    if statuses:
+        clauses.append("status = ANY(:statuses)")
+        params["statuses"] = statuses
+    if created_after is not None:
+        clauses.append("created_at >= :after_t")
+        params["after_t"] = created_after
+    if created_before is not None:
+        clauses.append("created_at < :before_t")
+        params["before_t"] = created_before
+    if after is not None:
+        clauses.append("(created_at, task_id) > (:cur_t, :cur_id)")
+        params["cur_t"], params["cur_id"] = after
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = await conn.execute(text(f"SELECT * FROM tasks {where} ORDER BY created_at, task_id LIMIT :limit"), params)
+    return [_record(r) for r in rows]
+
+
+async def emit(conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:
+    await outbox_add(conn, outbox, subject, msg_id, payload, now)

@@ -1,0 +1,146 @@
+"""The gateway's use cases: accept (validate, expand, record + outbox), read, cancel, watch,
+and apply the executor's status events to the task view."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from dispo.gateway import repository as repo
+from dispo.gateway.catalogue import Catalogue
+from dispo.gateway.convert import status_name, task_envelope
+from dispo.gateway.expand import Limits, Submission, expand, validate
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.clock import Clock
+from dispo.libs.errors import FailedPrecondition, NotFound
+from dispo.libs.logging import get_logger
+from dispo.libs.outbox import OutboxRelay
+
+log = get_logger(__name__)
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def request_hash(sub: Submission) -> str:
+    canonical = json.dumps(asdict(sub), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Accepted:
+    def __init__(self, task_id: str, status: str, duplicate: bool) -> None:
+        self.task_id, self.status, self.duplicate = task_id, status, duplicate
+
+
+class Gateway:
+    def __init__(self, engine: AsyncEngine, relay: OutboxRelay, catalogue: Catalogue, limits: Limits, clock: Clock,
+                 watch_poll_interval: float = 0.5) -> None:
+        self.engine = engine
+        self.relay = relay
+        self.catalogue = catalogue
+        self.limits = limits
+        self.clock = clock
+        self.watch_poll_interval = watch_poll_interval
+        self._changed: dict[str, asyncio.Event] = {}
+
+    async def submit(self, sub: Submission) -> Accepted:
+        validate(sub, self.catalogue, self.limits)
+        digest = request_hash(sub)
+        if sub.idempotency_key:
+            async with self.engine.connect() as conn:
+                existing = await repo.task_by_key(conn, sub.business, sub.idempotency_key)
+            if existing is not None:
+                return self._same(existing, digest)
+        task_id = uuid.uuid4().hex
+        nodes = expand(task_id, sub, self.catalogue, self.limits)
+        now = self.clock.now()
+        env = task_envelope(task_id, sub, nodes, now)
+        async with self.engine.begin() as conn:
+            if await repo.task_insert_if_new(conn, env, digest, now):
+                await repo.emit(conn, "task.create", task_id, env.SerializeToString(), now)
+                inserted = True
+            else:
+                inserted = False
+        if not inserted:  # a concurrent duplicate won the insert
+            async with self.engine.connect() as conn:
+                existing = await repo.task_by_key(conn, sub.business, sub.idempotency_key)
+            assert existing is not None
+            return self._same(existing, digest)
+        self.relay.kick()
+        log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
+        return Accepted(task_id, "ACCEPTED", False)
+
+    @staticmethod
+    def _same(existing: repo.TaskRecord, digest: str) -> Accepted:
+        if existing.request_hash != digest:
+            raise FailedPrecondition(
+                f"idempotency key already used for task {existing.task_id} with a different request")
+        return Accepted(existing.task_id, existing.status, True)
+
+    async def get(self, task_id: str) -> task_pb2.Task:
+        async with self.engine.connect() as conn:
+            record = await repo.task_get(conn, task_id)
+        if record is None:
+            raise NotFound(f"no task {task_id!r}")
+        return self._view(record)
+
+    @staticmethod
+    def _view(record: repo.TaskRecord) -> task_pb2.Task:
+        view = task_pb2.Task()
+        view.CopyFrom(record.view)
+        view.cancel_requested = view.cancel_requested or record.cancel_requested
+        return view
+
+    async def list(self, **filters) -> list[repo.TaskRecord]:  # type: ignore[no-untyped-def]
+        async with self.engine.connect() as conn:
+            return await repo.task_list(conn, **filters)
+
+    async def cancel(self, task_id: str) -> task_pb2.Task:
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            record = await repo.task_get(conn, task_id)
+            if record is None:
+                raise NotFound(f"no task {task_id!r}")
+            if record.status in TERMINAL:
+                raise FailedPrecondition(f"task {task_id} is already {record.status}")
+            if await repo.task_request_cancel(conn, task_id, now):
+                request = task_pb2.CancelRequest(task_id=task_id)
+                request.requested_at.FromDatetime(now)
+                await repo.emit(conn, "task.cancel", f"{task_id}:cancel", request.SerializeToString(), now)
+            record = await repo.task_get(conn, task_id)
+        self.relay.kick()
+        assert record is not None
+        log.info("task cancel requested", task_id=task_id)
+        return self._view(record)
+
+    async def apply_status(self, env: task_pb2.Task) -> bool:
+        async with self.engine.begin() as conn:
+            applied = await repo.task_apply_status_if_newer(conn, env, status_name(env.status), self.clock.now())
+        if applied:
+            event = self._changed.pop(env.task_id, None)
+            if event is not None:
+                event.set()
+        return applied
+
+    async def watch(self, task_id: str) -> AsyncIterator[task_pb2.Task]:
+        """The task now, then each new version, until a terminal status."""
+        last = -1
+        while True:
+            event = self._changed.setdefault(task_id, asyncio.Event())
+            view = await self.get(task_id)
+            if view.version != last:
+                last = view.version
+                yield view
+            if status_name(view.status) in TERMINAL:
+                return
+            try:
+                await asyncio.wait_for(event.wait(), self.watch_poll_interval)
+            except TimeoutError:
+                pass
+
+

@@ -1,0 +1,88 @@
+"""GatewayService: thin; converts at the edge and calls :class:`dispo.gateway.service.Gateway`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC
+
+import grpc
+
+from dispo.gateway.catalogue import Catalogue
+from dispo.gateway.convert import decode_cursor, encode_cursor, status_name, status_value, submission_from_proto
+from dispo.gateway.service import Gateway
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.errors import InvalidArgument
+
+DEFAULT_PAGE = 50
+
+
+def _task_id(value: str) -> str:
+    if not value:
+        raise InvalidArgument("task_id", "required")
+    return value
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    def __init__(self, gateway: Gateway, max_page_size: int = 500) -> None:
+        self.gateway = gateway
+        self.max_page_size = max_page_size
+
+    async def Submit(self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.SubmitResponse:
+        accepted = await self.gateway.submit(submission_from_proto(request))
+        return gateway_pb2.SubmitResponse(task_id=accepted.task_id, status=status_value(accepted.status),
+                                          duplicate=accepted.duplicate)
+
+    async def GetTask(self, request: gateway_pb2.GetTaskRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.GetTaskResponse:
+        return gateway_pb2.GetTaskResponse(task=await self.gateway.get(_task_id(request.task_id)))
+
+    async def ListTasks(self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListTasksResponse:
+        size = request.page.page_size
+        if size < 0:
+            raise InvalidArgument("page.page_size", "must not be negative")
+        size = min(size or DEFAULT_PAGE, self.max_page_size)
+        statuses = []
+        for i, value in enumerate(request.statuses):
+            if value == common_pb2.TASK_STATUS_UNSPECIFIED or value not in common_pb2.TaskStatus.values():
+                raise InvalidArgument(f"statuses[{i}]", "not a task status")
+            statuses.append(status_name(value))
+        records = await self.gateway.list(
+            business=request.business,
+            statuses=statuses,
+            created_after=request.created_after.ToDatetime(tzinfo=UTC) if request.HasField("created_after") else None,
+            created_before=request.created_before.ToDatetime(tzinfo=UTC) if request.HasField("created_before") else None,
+            after=decode_cursor(request.page.page_token) if request.page.page_token else None,
+            limit=size + 1,
+        )
+        out = gateway_pb2.ListTasksResponse()
+        for record in records[:size]:
+            item = out.tasks.add(task_id=record.task_id, business=record.business, status=status_value(record.status),
+                                 node_count=record.node_count, cancel_requested=record.cancel_requested)
+            item.created_at.FromDatetime(record.created_at)
+            item.updated_at.FromDatetime(record.updated_at)
+        if len(records) > size:
+            last = records[size - 1]
+            out.page.next_page_token = encode_cursor(last.created_at, last.task_id)
+        return out
+
+    async def CancelTask(self, request: gateway_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.CancelTaskResponse:
+        return gateway_pb2.CancelTaskResponse(task=await self.gateway.cancel(_task_id(request.task_id)))
+
+    async def WatchTask(self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
+        async for view in self.gateway.watch(_task_id(request.task_id)):
+            yield gateway_pb2.WatchTaskResponse(task=view)
+
+    async def ListCells(self, request: gateway_pb2.ListCellsRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListCellsResponse:
+        return cells_to_proto(self.gateway.catalogue)
+
+
+def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
+    out = gateway_pb2.ListCellsResponse()
+    for cell in sorted(catalogue.cells.values(), key=lambda c: c.name):
+        item = out.cells.add(name=cell.name, description=cell.description)
+        for f in cell.fields:
+            item.fields.add(name=f.name, type=f.type, required=f.required)
+        for a in cell.actions:
+            item.actions.add(name=a.name, kind=a.kind, downstream=a.downstream, depends_on=list(a.depends_on),
+                             idempotent=a.idempotent, has_probe=bool(a.probe_path))
+    return out

@@ -1,0 +1,192 @@
+"""Fixtures for the pipeline tests (gateway, executor, SDK): a real demo downstream
+process, a test catalogue pointing at it, and gateway / executor processes wired to both.
+
+Imported by tests/{gateway,executor,sdk}/conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dispo.libs.sdk import AsyncClient
+from dispo.libs.stack.nats import free_port, wait_for_port
+
+TEST_CATALOGUE = """
+downstreams:
+  demo:
+    base_url: {url}
+    timeout_ms: 5000
+    max_concurrency: 8
+    health_url: {url}/healthz
+cells:
+  step:
+    description: One idempotent call to the demo downstream.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      call:
+        kind: http
+        downstream: demo
+        path: /step/{{payload.name}}
+        probe_path: /effects/{{idempotency_key}}
+        idempotent: true
+  step_once:
+    description: One call that must not be repeated blindly (not idempotent).
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      call:
+        kind: http
+        downstream: demo
+        path: /once/{{payload.name}}
+        probe_path: /effects/{{idempotency_key}}
+        idempotent: false
+  pair:
+    description: Two calls, the second after the first.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      first:
+        kind: http
+        downstream: demo
+        path: /pair/{{payload.name}}/first
+        idempotent: true
+      second:
+        kind: http
+        downstream: demo
+        path: /pair/{{payload.name}}/second
+        idempotent: true
+        depends_on: [first]
+  noop:
+    fields: {{}}
+    actions:
+      noop: {{kind: noop}}
+"""
+
+# Fast timings for tests: short leases and ack waits so crash recovery happens within
+# seconds, tiny backoffs (configuration, not sleeps in the tests).
+EXECUTOR_TEST_ENV = {
+    "DISPO_EXECUTOR_LEASE_TTL": "1.5",
+    "DISPO_EXECUTOR_ACK_WAIT": "2",
+    "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05",
+    "DISPO_EXECUTOR_RETRY_MAX_DELAY": "0.2",
+    "DISPO_EXECUTOR_BREAKER_THRESHOLD": "1000",
+    "DISPO_EXECUTOR_HEALTH_INTERVAL": "0",
+}
+
+
+@dataclass
+class Downstream:
+    """The demo downstream as a real process the test controls over HTTP."""
+
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        out = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "dispo.executor.demo_downstream", "--port", str(self.port)],
+            stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        wait_for_port(self.port)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    async def control(self, **switches: Any) -> None:
+        async with httpx.AsyncClient() as client:
+            (await client.post(f"{self.url}/control", json=switches)).raise_for_status()
+
+    async def state(self) -> dict[str, Any]:
+        async with httpx.AsyncClient() as client:
+            return (await client.get(f"{self.url}/calls")).json()
+
+    async def calls(self) -> dict[str, int]:
+        return (await self.state())["calls"]
+
+    async def effects(self) -> dict[str, int]:
+        return (await self.state())["effects"]
+
+    async def wait_held(self, count: int = 1, timeout: float = 30.0) -> None:
+        """Until ``count`` calls are being held open (see the ``hold`` switch)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (await self.state())["held"] < count:
+            if loop.time() > deadline:
+                raise TimeoutError("no held call")
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def downstream(tmp_path: Path) -> Iterator[Downstream]:
+    d = Downstream(free_port(), tmp_path / "downstream.log")
+    d.start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def catalogue_file(tmp_path: Path, downstream: Downstream) -> Path:
+    path = tmp_path / "catalogue.yaml"
+    path.write_text(TEST_CATALOGUE.format(url=downstream.url))
+    return path
+
+
+@dataclass
+class Pipeline:
+    start_service: Any
+    catalogue: Path
+    gateway: Any = None
+    executors: list[Any] = field(default_factory=list)
+
+    async def start_gateway(self, **env: str) -> Any:
+        self.gateway = await self.start_service("gateway", {"DISPO_GATEWAY_CATALOGUE": str(self.catalogue),
+                                                            "DISPO_GATEWAY_WATCH_POLL_INTERVAL": "0.2", **env})
+        return self.gateway
+
+    async def start_executor(self, **env: str) -> Any:
+        executor = await self.start_service("executor", {**EXECUTOR_TEST_ENV,
+                                                         "DISPO_EXECUTOR_CATALOGUE": str(self.catalogue), **env})
+        self.executors.append(executor)
+        return executor
+
+    def client(self) -> AsyncClient:
+        return AsyncClient(self.gateway.address)
+
+
+@pytest.fixture
+async def pipeline(start_service: Any, catalogue_file: Path) -> AsyncIterator[Pipeline]:
+    """Gateway and one executor running against the test catalogue."""
+    p = Pipeline(start_service, catalogue_file)
+    await p.start_gateway()
+    await p.start_executor()
+    yield p
+
+
+@pytest.fixture
+async def client(pipeline: Pipeline) -> AsyncIterator[AsyncClient]:
+    async with pipeline.client() as c:
+        yield c
+
+
+def dump(view: Any) -> str:
+    """A task view as text for assertion messages."""
+    return json.dumps({n.node_id: [n.status, n.attempts, n.last_error] for n in view.nodes}, indent=1)
