@@ -1,0 +1,124 @@
+"""State machines of the reconciler, declared once. The migration builds its CHECK
+constraints from these enums, and a test checks that the database agrees.
+
+A recovery entry is the reconciler's record of one task it holds. Who moves it *out* of
+each state:
+
+- PARKED_FAILED: the redrive sweep (→ REDRIVEN when due; the policy was checked at intake),
+  an operator (→ REDRIVEN, ABANDONED).
+- AWAITING_SETTLEMENT: the settlement sweep, after probing the UNKNOWN nodes
+  (→ PARKED_FAILED when settled, → AWAITING_DECISION when an operator must decide).
+- AWAITING_DECISION: an operator's ResolveNode (→ REDRIVEN) or AbandonTask.
+- DEMOTED: the release sweep when its downstreams are healthy and not paused (→ REDRIVEN).
+- REDRIVEN: intake, when the task comes back on task.fail / task.demote; the completion
+  consumer, when the task finishes (→ RESOLVED).
+- RESOLVED, FAILED, ABANDONED: terminal.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class RecoveryState(enum.StrEnum):
+    PARKED_FAILED = "PARKED_FAILED"
+    AWAITING_SETTLEMENT = "AWAITING_SETTLEMENT"
+    AWAITING_DECISION = "AWAITING_DECISION"
+    DEMOTED = "DEMOTED"
+    REDRIVEN = "REDRIVEN"
+    RESOLVED = "RESOLVED"
+    FAILED = "FAILED"
+    ABANDONED = "ABANDONED"
+
+
+R = RecoveryState
+# Parked: the task is waiting with the reconciler (intake may replace its picture).
+PARKED = frozenset({R.PARKED_FAILED, R.AWAITING_SETTLEMENT, R.AWAITING_DECISION, R.DEMOTED})
+RECOVERY_TRANSITIONS: dict[RecoveryState, frozenset[RecoveryState]] = {
+    R.PARKED_FAILED: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
+    R.AWAITING_SETTLEMENT: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
+    R.AWAITING_DECISION: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
+    R.DEMOTED: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
+    R.REDRIVEN: PARKED | {R.FAILED, R.RESOLVED},
+    R.RESOLVED: frozenset(),
+    R.FAILED: frozenset(),
+    R.ABANDONED: frozenset(),
+}
+RECOVERY_FINAL = frozenset(s for s, out in RECOVERY_TRANSITIONS.items() if not out)
+# States an operator may redrive or abandon from.
+OPERABLE = PARKED
+
+
+class NotifyState(enum.StrEnum):
+    """Delivery of the completion notification ("caller notified")."""
+
+    NONE = "NONE"  # no callback was asked for
+    PENDING = "PENDING"
+    DELIVERED = "DELIVERED"
+    GAVE_UP = "GAVE_UP"
+
+
+NOTIFY_TRANSITIONS: dict[NotifyState, frozenset[NotifyState]] = {
+    NotifyState.NONE: frozenset(),
+    NotifyState.PENDING: frozenset({NotifyState.DELIVERED, NotifyState.GAVE_UP}),
+    NotifyState.DELIVERED: frozenset(),
+    NotifyState.GAVE_UP: frozenset(),
+}
+
+
+class ReconcileState(enum.StrEnum):
+    """The reconciliation pass over a finished task ("external state reconciled")."""
+
+    PENDING = "PENDING"
+    MATCHED = "MATCHED"
+    MISMATCH = "MISMATCH"
+    NOT_SAMPLED = "NOT_SAMPLED"
+    NOTHING_TO_PROBE = "NOTHING_TO_PROBE"
+
+
+RECONCILE_TRANSITIONS: dict[ReconcileState, frozenset[ReconcileState]] = {
+    ReconcileState.PENDING: frozenset(
+        {ReconcileState.MATCHED, ReconcileState.MISMATCH, ReconcileState.NOT_SAMPLED, ReconcileState.NOTHING_TO_PROBE}),
+    ReconcileState.MATCHED: frozenset(),
+    ReconcileState.MISMATCH: frozenset(),
+    ReconcileState.NOT_SAMPLED: frozenset(),
+    ReconcileState.NOTHING_TO_PROBE: frozenset(),
+}
+
+
+class ClaimState(enum.StrEnum):
+    """A task's claim on a conflict target, as seen by arbitration."""
+
+    OPEN = "OPEN"  # no verdict yet; may still meet a conflicting claim within the window
+    WON = "WON"
+    LOST = "LOST"
+    UNCONTESTED = "UNCONTESTED"  # the window passed with no conflict
+
+
+CLAIM_TRANSITIONS: dict[ClaimState, frozenset[ClaimState]] = {
+    ClaimState.OPEN: frozenset({ClaimState.WON, ClaimState.LOST, ClaimState.UNCONTESTED}),
+    # A later, stronger claim within the window may still overrule an earlier winner.
+    ClaimState.WON: frozenset({ClaimState.LOST}),
+    ClaimState.LOST: frozenset(),
+    ClaimState.UNCONTESTED: frozenset(),
+}
+
+
+class SettlementMethod(enum.StrEnum):
+    PROBE = "PROBE"
+    IDEMPOTENT_RERUN = "IDEMPOTENT_RERUN"
+    OPERATOR = "OPERATOR"
+
+
+# Every enum mirrored by a CHECK constraint: (table, column) -> enum.
+CHECKED_COLUMNS: dict[tuple[str, str], type[enum.StrEnum]] = {
+    ("recovery_tasks", "state"): RecoveryState,
+    ("completions", "notify_state"): NotifyState,
+    ("completions", "reconcile_state"): ReconcileState,
+    ("claims", "state"): ClaimState,
+    ("settlements", "method"): SettlementMethod,
+}
+
+
+def can_move(table: dict, old: enum.StrEnum, new: enum.StrEnum) -> bool:
+    return new in table[old]
