@@ -114,3 +114,29 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
     if fake.gate is not None:
         fake.gate.set()
     await runner.cleanup()
+
+
+@pytest.fixture
+async def serve_app():
+    """``stub = await serve_app(app)``: the app's servicer on a real gRPC server (port 0)."""
+    import grpc
+
+    from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
+    from dispo.libs.grpcserver import create_server
+
+    servers, channels = [], []
+
+    async def serve(app: Intelligence):
+        server = create_server("127.0.0.1:0", [lambda s: intelligence_pb2_grpc.add_IntelligenceServiceServicer_to_server(
+            app.servicer, s)], ["dispo.intelligence.v1.IntelligenceService"])
+        await server.start()
+        servers.append(server)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+        channels.append(channel)
+        return intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+
+    yield serve
+    for channel in channels:
+        await channel.close()
+    for server in servers:
+        await server.stop(0)
