@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -72,6 +76,9 @@ class Target:
     calls: int = 0
     # path -> (status, json body)
     answers: dict[str, tuple[int, object]] = field(default_factory=dict)
+    # While set to an unset event, requests wait for it (a run in flight).
+    hold: asyncio.Event | None = None
+    waiting: int = 0
 
 
 @pytest.fixture
@@ -81,6 +88,9 @@ async def target() -> AsyncIterator[Target]:
 
     async def handle(request: web.Request) -> web.Response:
         state.calls += 1
+        if state.hold is not None and not state.hold.is_set():
+            state.waiting += 1
+            await state.hold.wait()
         status, body = state.answers.get(request.path, (200, {"answer": "paris", "items": [1, 2]}))
         return web.json_response(body, status=status)
 
@@ -108,3 +118,49 @@ async def eventually(check, timeout: float = 30.0, interval: float = 0.05):
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(interval)
+
+
+@dataclass
+class WorkerProcess:
+    env: dict[str, str]
+    log_path: Path
+    process: "subprocess.Popen[bytes] | None" = None
+
+    def spawn(self) -> None:
+        out = open(self.log_path, "ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "dispo.pool.worker"], env=self.env,
+                                        stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture
+async def pool_stack(start_service, file_clock, tmp_path, database_url, nats_url):
+    """``await pool_stack(**pool_env)``: the pool service and a pool-worker process (local driver),
+    sharing a file clock and a registry. Returns (pool service, worker)."""
+    workers: list[WorkerProcess] = []
+    registry = tmp_path / "registry.sqlite"
+
+    async def start(**pool_env: str):
+        env = {**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry), "DISPO_POOL_SWEEP_SECONDS": "30",
+               **pool_env}
+        service = await start_service("pool", env=env)
+        worker = WorkerProcess({
+            **os.environ, **file_clock.env, "DISPO_DATABASE_URL": database_url, "DISPO_NATS_URL": nats_url,
+            "DISPO_LOG_FORMAT": "json", "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
+            "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
+        }, tmp_path / "pool-worker.log")
+        worker.spawn()
+        workers.append(worker)
+        return service, worker
+
+    yield start
+    for worker in workers:
+        worker.kill()

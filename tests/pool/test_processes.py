@@ -1,0 +1,117 @@
+"""Real processes: the pool service and the pool-worker (local driver), killed mid-evaluation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from dispo.libs.api.pool.v1 import pool_pb2 as pb
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
+
+from .conftest import eventually
+
+
+def create_request(target_url: str, evaluation_id: str, **schedule) -> pb.CreateEvaluationRequest:
+    return pb.CreateEvaluationRequest(
+        evaluation_id=evaluation_id, series="checkout-assistant", line="formal", period="2026-01",
+        configuration_json='{"prompt": "v3"}', target_url=target_url,
+        cases=[pb.TestCase(id="capital", path="/answer", rules=[
+            pb.Rule(kind="status", value="200"), pb.Rule(kind="json_contains", path="$.answer", value="paris")])],
+        **schedule)
+
+
+async def evaluation(address: str, evaluation_id: str) -> pb.Evaluation | None:
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            return await pool_pb2_grpc.PoolServiceStub(channel).GetEvaluation(
+                pb.GetEvaluationRequest(evaluation_id=evaluation_id), timeout=5)
+    except grpc.aio.AioRpcError:
+        return None
+
+
+async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(pool_stack, target, file_clock):
+    pool, worker = await pool_stack()
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        status = await eventually(lambda: _size(stub, 5))
+        assert status.driver == "local" and status.idle == 5
+        target.hold = asyncio.Event()
+        # 5 slots of 60 s, 2 runs each.
+        await stub.CreateEvaluation(create_request(target.url, "survivor", window_seconds=300, slot_count=5,
+                                                   runs_per_slot=2))
+    # The event wakes a cron at once (no tick needed); its first run is now in flight.
+    await eventually(lambda: target.waiting >= 1)
+    held = await evaluation(pool.address, "survivor")
+    assert held.status == pb.EVALUATION_STATUS_EXECUTING and held.assigned_cron_id
+    cron_id = held.assigned_cron_id
+
+    pool.kill()  # the pool service dies while the run is in flight
+    target.hold.set()  # the run finishes; recording it fails
+    await asyncio.sleep(0.5)
+    await pool.restart()
+    after = await evaluation(pool.address, "survivor")
+    assert after.assigned_cron_id == cron_id and after.runs_done == 0  # nothing lost, held by one cron
+
+    file_clock.advance(seconds=60)  # the tick: the same cron resumes; slot 1 is due as well
+    await eventually(lambda: _runs_done(pool.address, "survivor", 4))
+
+    worker.kill()  # the driver dies too
+    file_clock.advance(seconds=60)
+    worker.spawn()  # restarts from the registry; busy crons pick up their evaluations
+    await eventually(lambda: _runs_done(pool.address, "survivor", 6), timeout=60)
+
+    for _ in range(2):
+        file_clock.advance(seconds=60)
+        await asyncio.sleep(0.2)
+    done = await eventually(lambda: _status(pool.address, "survivor", pb.EVALUATION_STATUS_COMPLETED), timeout=60)
+    assert done.runs_done == done.runs_total == 10
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        history = (await stub.ListAssignments(pb.ListAssignmentsRequest(evaluation_id="survivor"))).assignments
+        crons = (await stub.ListCrons(pb.ListCronsRequest())).crons
+    # Assignments of the evaluation never overlap, and no cron still names it.
+    spans = sorted((a.started_at.ToDatetime(), a.ended_at.ToDatetime()) for a in history)
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+    assert all(c.evaluation_id != "survivor" for c in crons)
+    assert target.calls >= 10
+
+
+async def _size(stub, n: int):
+    status = await stub.GetPoolStatus(pb.GetPoolStatusRequest())
+    return status if status.size == n else None
+
+
+async def _runs_done(address: str, evaluation_id: str, n: int):
+    ev = await evaluation(address, evaluation_id)
+    return ev if ev and ev.runs_done >= n else None
+
+
+async def _status(address: str, evaluation_id: str, status: int):
+    ev = await evaluation(address, evaluation_id)
+    return ev if ev and ev.status == status else None
+
+
+async def test_bad_requests_get_precise_statuses(pool_stack, target):
+    pool, _ = await pool_stack()
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await stub.CreateEvaluation(create_request("not-a-url", "x1"))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "target_url" in bad.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="nope"))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        await stub.CreateEvaluation(create_request(target.url, "twice"))
+        with pytest.raises(grpc.aio.AioRpcError) as dup:
+            await stub.CreateEvaluation(create_request(target.url, "twice"))
+        assert dup.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        with pytest.raises(grpc.aio.AioRpcError) as big:
+            await stub.CreateEvaluation(create_request(target.url, "big", ).__class__(
+                evaluation_id="big", series="s", line="trial", period="p", target_url=target.url,
+                configuration_json='{"a": "' + "x" * 70_000 + '"}', cases=[pb.TestCase(id="c")]))
+        assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.aio.AioRpcError) as pre:
+            await stub.ResumeEvaluation(pb.EvaluationRef(evaluation_id="twice"))
+        assert pre.value.code() == grpc.StatusCode.FAILED_PRECONDITION
