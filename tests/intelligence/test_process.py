@@ -1,0 +1,129 @@
+"""The real intelligence service process: gRPC and reflection, crash recovery, shutdown order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+
+from dispo.intelligence.app import SHUTDOWN_ORDER
+from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
+from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
+
+from .conftest import CONFIG
+
+GRPCURL = str(Path(sys.executable).parent / "grpcurl")
+
+
+def llm_env(fake_llm, **extra: str) -> dict[str, str]:
+    return {"DISPO_INTELLIGENCE_MODELS": json.dumps([fake_llm.config().model_dump()]),
+            "DISPO_INTELLIGENCE_DEFAULT_ANALYSIS_MODEL": "fake-gpt", **extra}
+
+
+async def feed(stub, campaign_id: str, line=pb.LINE_TRIAL) -> None:
+    await stub.CreateCampaign(pb.CreateCampaignRequest(campaign_id=campaign_id, series="proc", line=line,
+                                                       period="2026-01", configuration_json=json.dumps(CONFIG)))
+    await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id=campaign_id, runs=[
+        pb.RunResult(run_id=f"{campaign_id}-1", case_id="c1", verdict=pb.VERDICT_PASS, score=1, latency_ms=10),
+        pb.RunResult(run_id=f"{campaign_id}-2", case_id="c2", verdict=pb.VERDICT_FAIL, score=0, latency_ms=30,
+                     failure_reason="nope")]))
+    await stub.CompleteCampaign(pb.CompleteCampaignRequest(campaign_id=campaign_id, status=pb.CAMPAIGN_STATUS_COMPLETED))
+
+
+async def job_status(stub, campaign_id: str) -> int:
+    try:
+        return (await stub.GetAnalysis(pb.GetJobRequest(campaign_id=campaign_id))).job.status
+    except grpc.aio.AioRpcError:
+        return pb.JOB_STATUS_UNSPECIFIED
+
+
+async def wait_status(stub, campaign_id: str, status: int, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (current := await job_status(stub, campaign_id)) != status:
+        assert loop.time() < deadline, f"job is {pb.JobStatus.Name(current)}"
+        await asyncio.sleep(0.05)
+
+
+def log_events(path: Path, event: str) -> list[dict]:
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == event:
+            found.append(record)
+    return found
+
+
+async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(start_service, fake_llm):
+    service = await start_service("intelligence", env=llm_env(fake_llm))
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        await feed(stub, "proc-1", line=pb.LINE_FORMAL)  # formal: analysis starts by itself
+        await wait_status(stub, "proc-1", pb.JOB_STATUS_COMPLETED)
+        analysis = await stub.GetAnalysis(pb.GetJobRequest(campaign_id="proc-1"))
+
+    assert analysis.narrative == fake_llm.reply and analysis.stats.pass_rate == 0.5
+    described = subprocess.run([GRPCURL, "-plaintext", service.address, "describe",
+                                "dispo.intelligence.v1.IntelligenceService"], capture_output=True, text=True, check=True)
+    assert "rpc TriggerAnalysis" in described.stdout
+    listed = subprocess.run([GRPCURL, "-plaintext", "-d", '{"campaign_id": "proc-1"}', service.address,
+                             "dispo.intelligence.v1.IntelligenceService/ListJobs"],
+                            capture_output=True, text=True, check=True)
+    assert json.loads(listed.stdout)["jobs"][0]["status"] == "JOB_STATUS_COMPLETED"
+
+
+async def test_killed_mid_generation_the_job_is_recovered_after_restart(start_service, fake_llm, file_clock):
+    fake_llm.gate = asyncio.Event()
+    service = await start_service("intelligence", env={**llm_env(fake_llm), **file_clock.env})
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        await feed(stub, "crash-1")
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="crash-1"))
+        await wait_status(stub, "crash-1", pb.JOB_STATUS_GENERATING)
+        while not fake_llm.requests:
+            await asyncio.sleep(0.05)
+
+    service.kill()
+    fake_llm.gate.set()
+    file_clock.advance(minutes=16)  # the dead worker's claim is now stale
+    service.spawn()
+    await service.wait_serving()
+
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        await wait_status(stub, "crash-1", pb.JOB_STATUS_COMPLETED)
+        job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="crash-1"))).job
+    assert job.recovery_attempts == 1 and job.attempts == 2
+
+
+async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(start_service, fake_llm):
+    fake_llm.gate = asyncio.Event()
+    env = llm_env(fake_llm, DISPO_INTELLIGENCE_JOBS_SHUTDOWN_GRACE_SECONDS="0.2")
+    service = await start_service("intelligence", env=env)
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        await feed(stub, "stop-1")
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="stop-1"))
+        await wait_status(stub, "stop-1", pb.JOB_STATUS_GENERATING)
+
+    assert await service.stop() == 0
+
+    stopped = [record["part"] for record in log_events(service.log_path, "part stopped")]
+    assert stopped == list(SHUTDOWN_ORDER)
+    assert SHUTDOWN_ORDER == ("sweeps", "campaign feed", "intelligence jobs", "analysis models")
+    assert log_events(service.log_path, "job interrupted; re-queued")
+
+    fake_llm.gate.set()
+    await service.restart()
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        await wait_status(stub, "stop-1", pb.JOB_STATUS_COMPLETED)
+        job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="stop-1"))).job
+    assert job.recovery_attempts == 1
