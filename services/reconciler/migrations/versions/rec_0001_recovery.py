@@ -33,6 +33,7 @@ CREATE TABLE recovery_tasks (
     first_parked_at  timestamptz NOT NULL,
     parked_at        timestamptz NOT NULL,
     redrives         integer NOT NULL DEFAULT 0,
+    releases         integer NOT NULL DEFAULT 0,
     next_redrive_at  timestamptz,
     redrive_trigger  text NOT NULL DEFAULT 'auto',
     last_redrive_at  timestamptz,

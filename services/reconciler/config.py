@@ -1,0 +1,150 @@
+"""The reconciler's settings (``DISPO_RECONCILER_*``) and its recovery configuration file.
+
+Settings say where things are; the YAML file (``DISPO_RECONCILER_CONFIG``, default
+``recovery.yaml`` beside this module) holds the policies: redrive per business / cell,
+release rates per downstream, callback delivery, reconciliation sampling and arbitration.
+The downstream registry (base URLs for probes, health URLs) is read from the same
+catalogue file the executor uses (its ``downstreams`` section).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic_settings import BaseSettings
+
+from dispo.libs.settings import service_settings_config
+from dispo.reconciler.policy import ArbitrationPolicy, Conflict, PriorityRule, RedrivePolicy, ReleaseRate
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+DEFAULT_CONFIG = HERE / "recovery.yaml"
+DEFAULT_CATALOGUE = REPO_ROOT / "services" / "gateway" / "catalogue" / "content_governance.yaml"
+
+
+class ReconcilerSettings(BaseSettings):
+    model_config = service_settings_config("reconciler")
+
+    # Recovery policies (YAML); empty: the file shipped beside this module.
+    config: str = ""
+    # Catalogue whose `downstreams` section is the downstream registry; empty: the example.
+    catalogue: str = ""
+    # Seconds between two runs of the sweeps (0: sweeps run only through RunSweep).
+    sweep_interval: float = 1.0
+    # Rows one sweep handles at most.
+    batch: int = 100
+    # Secret for HMAC-SHA256 signatures on webhook callbacks.
+    callback_secret: str = "dispo-dev-secret"
+    # Timeout of probes, health checks and callbacks, in seconds.
+    http_timeout: float = 5.0
+    # Durable consumer name prefix (replicas share the consumers).
+    durable: str = "reconciler"
+
+
+@dataclass(frozen=True)
+class DownstreamInfo:
+    name: str
+    base_url: str
+    health_url: str = ""
+
+
+@dataclass(frozen=True)
+class CallbackPolicy:
+    max_attempts: int = 10
+    base_delay: float = 5.0
+    max_delay: float = 600.0
+    jitter: float = 0.5
+
+
+@dataclass(frozen=True)
+class ReconcilePolicy:
+    # Share of finished tasks whose nodes are probed (0–100).
+    sample_percent: int = 100
+    # Seconds after a task finishes before its nodes are probed.
+    delay: float = 60.0
+    # Probe attempts before the pass records the task as not reconcilable.
+    max_attempts: int = 5
+    retry_delay: float = 60.0
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    redrive_default: RedrivePolicy = field(default_factory=RedrivePolicy)
+    # (business or "", cell or "", policy); the most specific match wins.
+    redrive_rules: tuple[tuple[str, str, RedrivePolicy], ...] = ()
+    release_default: ReleaseRate = field(default_factory=ReleaseRate)
+    release: dict[str, ReleaseRate] = field(default_factory=dict)
+    # Seconds between settlement probes of the same task when a probe could not decide.
+    settle_retry_delay: float = 30.0
+    callbacks: CallbackPolicy = field(default_factory=CallbackPolicy)
+    reconcile: ReconcilePolicy = field(default_factory=ReconcilePolicy)
+    arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
+    downstreams: dict[str, DownstreamInfo] = field(default_factory=dict)
+
+    def redrive_policy(self, business: str, cell: str) -> RedrivePolicy:
+        best: tuple[int, RedrivePolicy] | None = None
+        for rule_business, rule_cell, policy in self.redrive_rules:
+            if (rule_business and rule_business != business) or (rule_cell and rule_cell != cell):
+                continue
+            score = (2 if rule_business else 0) + (1 if rule_cell else 0)
+            if best is None or score > best[0]:
+                best = (score, policy)
+        return best[1] if best else self.redrive_default
+
+    def release_rate(self, downstream: str) -> ReleaseRate:
+        return self.release.get(downstream, self.release_default)
+
+
+def _fields(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
+    names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    unknown = set(raw) - names
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    return raw
+
+
+def parse_config(data: dict[str, Any], downstreams: dict[str, DownstreamInfo] | None = None) -> RecoveryConfig:
+    redrive = data.get("redrive") or {}
+    default = RedrivePolicy(**_fields(RedrivePolicy, redrive.get("default") or {}, "redrive.default"))
+    rules = []
+    for i, raw in enumerate(redrive.get("rules") or []):
+        raw = dict(raw)
+        business, cell = str(raw.pop("business", "")), str(raw.pop("cell", ""))
+        merged = {**default.__dict__, **_fields(RedrivePolicy, raw, f"redrive.rules[{i}]")}
+        rules.append((business, cell, RedrivePolicy(**merged)))
+    release = data.get("release") or {}
+    release_default = ReleaseRate(**_fields(ReleaseRate, release.get("default") or {}, "release.default"))
+    per_downstream = {name: ReleaseRate(**{**release_default.__dict__, **_fields(ReleaseRate, raw or {}, f"release.{name}")})
+                      for name, raw in (release.get("downstreams") or {}).items()}
+    arb = data.get("arbitration") or {}
+    conflicts = {cell: Conflict(key=str(raw["key"]), effect=str(raw.get("effect", cell)))
+                 for cell, raw in (arb.get("conflicts") or {}).items()}
+    priority = tuple(PriorityRule(business=str(r.get("business", "")), cell=str(r.get("cell", "")))
+                     for r in arb.get("priority") or [])
+    return RecoveryConfig(
+        redrive_default=default,
+        redrive_rules=tuple(rules),
+        release_default=release_default,
+        release=per_downstream,
+        settle_retry_delay=float(data.get("settle_retry_delay", 30.0)),
+        callbacks=CallbackPolicy(**_fields(CallbackPolicy, data.get("callbacks") or {}, "callbacks")),
+        reconcile=ReconcilePolicy(**_fields(ReconcilePolicy, data.get("reconciliation") or {}, "reconciliation")),
+        arbitration=ArbitrationPolicy(window=float(arb.get("window_seconds", 60.0)), priority=priority,
+                                      conflicts=conflicts),
+        downstreams=downstreams or {},
+    )
+
+
+def parse_downstreams(data: dict[str, Any]) -> dict[str, DownstreamInfo]:
+    return {name: DownstreamInfo(name, str((raw or {}).get("base_url", "")), str((raw or {}).get("health_url", "")))
+            for name, raw in (data.get("downstreams") or {}).items()}
+
+
+def load_config(settings: ReconcilerSettings) -> RecoveryConfig:
+    config_path = Path(settings.config) if settings.config else DEFAULT_CONFIG
+    catalogue_path = Path(settings.catalogue) if settings.catalogue else DEFAULT_CATALOGUE
+    downstreams = parse_downstreams(yaml.safe_load(catalogue_path.read_text()) or {})
+    return parse_config(yaml.safe_load(config_path.read_text()) or {}, downstreams)

@@ -1,0 +1,167 @@
+"""Pure functions over the task envelope (dispo.task.v1.Task): what a parked task is
+stuck on, and the envelope a redrive publishes. No I/O here.
+
+Redrive rule (the re-publication rule of task.proto): the copy gets ``generation + 1``
+and is published on task.create with message id ``<task_id>:g<generation>``. Nodes
+recorded SUCCEEDED or CANCELLED are left exactly as they are; the executor never runs
+them again.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.task.v1 import task_pb2
+
+NS = common_pb2.NodeStatus
+TS = common_pb2.TaskStatus
+ERROR_LIMIT = 500
+TERMINAL_TASK = {TS.TASK_STATUS_SUCCEEDED, TS.TASK_STATUS_FAILED, TS.TASK_STATUS_CANCELLED}
+_HTTP = re.compile(r"HTTP (\d{3})")
+
+
+def truncate(text: str) -> str:
+    return text if len(text) <= ERROR_LIMIT else text[: ERROR_LIMIT - 1] + "…"
+
+
+def ts(moment: datetime) -> Timestamp:
+    out = Timestamp()
+    out.FromDatetime(moment)
+    return out
+
+
+def moment(value: Timestamp, fallback: datetime) -> datetime:
+    return value.ToDatetime(tzinfo=UTC) if value.seconds or value.nanos else fallback
+
+
+def node_status_name(value: int) -> str:
+    return NS.Name(value).removeprefix("NODE_STATUS_")
+
+
+def task_status_name(value: int) -> str:
+    return TS.Name(value).removeprefix("TASK_STATUS_")
+
+
+def stuck(env: task_pb2.Task) -> list[task_pb2.Node]:
+    """Nodes that keep the task from finishing: FAILED, UNKNOWN or DEMOTED."""
+    return [n for n in env.nodes if n.status in (NS.NODE_STATUS_FAILED, NS.NODE_STATUS_UNKNOWN, NS.NODE_STATUS_DEMOTED)]
+
+
+def unknown(env: task_pb2.Task) -> list[task_pb2.Node]:
+    return [n for n in env.nodes if n.status == NS.NODE_STATUS_UNKNOWN]
+
+
+def cells(env: task_pb2.Task) -> list[str]:
+    return sorted({n.cell for n in env.nodes if n.cell})
+
+
+def blocking_downstreams(env: task_pb2.Task) -> list[str]:
+    """Downstreams the task's DEMOTED nodes wait for."""
+    return sorted({n.spec.downstream for n in env.nodes if n.status == NS.NODE_STATUS_DEMOTED and n.spec.downstream})
+
+
+def stuck_downstreams(env: task_pb2.Task) -> list[str]:
+    return sorted({n.spec.downstream for n in stuck(env) if n.spec.downstream})
+
+
+def first_stuck_cell(env: task_pb2.Task) -> str:
+    nodes = stuck(env)
+    return nodes[0].cell if nodes else (env.nodes[0].cell if env.nodes else "")
+
+
+def error_class(env: task_pb2.Task) -> str:
+    """A coarse class of why the task is parked, for filtering."""
+    nodes = stuck(env)
+    if any(n.status == NS.NODE_STATUS_UNKNOWN for n in nodes):
+        return "unknown_outcome"
+    if any(n.status == NS.NODE_STATUS_DEMOTED for n in nodes):
+        return "degraded"
+    for node in nodes:
+        error = node.last_error.lower()
+        if "timeout" in error:
+            return "timeout"
+        if "connection" in error:
+            return "connection"
+        match = _HTTP.search(node.last_error)
+        if match:
+            return f"http_{match.group(1)}" if match.group(1) in ("408", "429") else f"http_{match.group(1)[0]}xx"
+        if node.status == NS.NODE_STATUS_FAILED and not node.retry.retryable:
+            return "permanent"
+    return "other"
+
+
+def picture(env: task_pb2.Task) -> list[dict]:
+    """The node picture kept in the failure history."""
+    return [{"node_id": n.node_id, "status": node_status_name(n.status), "attempts": n.retry.attempts,
+             "downstream": n.spec.downstream, "last_error": n.last_error} for n in env.nodes]
+
+
+def _depends_on_reset(env: task_pb2.Task, reset: set[str]) -> set[str]:
+    """DEPENDENCY_FAILED nodes downstream (transitively) of a node made runnable again."""
+    by_id = {n.node_id: n for n in env.nodes}
+    revived: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in env.nodes:
+            if node.status != NS.NODE_STATUS_DEPENDENCY_FAILED or node.node_id in revived:
+                continue
+            if any(dep in reset or dep in revived for dep in node.depends_on if dep in by_id):
+                revived.add(node.node_id)
+                changed = True
+    return revived
+
+
+def redrive(env: task_pb2.Task, reason: str, *, include_permanent: bool = False,
+            settled: dict[str, int] | None = None) -> tuple[task_pb2.Task, list[str]]:
+    """The envelope to publish on task.create, and the node ids made runnable again.
+
+    FAILED nodes whose short retries were spent (and, with ``include_permanent``, every
+    FAILED node) and DEMOTED nodes become PENDING with a fresh short-retry round;
+    DEPENDENCY_FAILED nodes behind them become PENDING; UNKNOWN nodes take their
+    ``settled`` status (unsettled ones stay UNKNOWN). SUCCEEDED and CANCELLED nodes are
+    untouched.
+    """
+    settled = settled or {}
+    out = task_pb2.Task()
+    out.CopyFrom(env)
+    out.generation = env.generation + 1
+    out.status_reason = truncate(reason)
+    reset: set[str] = set()
+    for node in out.nodes:
+        if node.status == NS.NODE_STATUS_FAILED and (node.retry.retryable or include_permanent):
+            reset.add(node.node_id)
+        elif node.status == NS.NODE_STATUS_DEMOTED:
+            reset.add(node.node_id)
+        elif node.status == NS.NODE_STATUS_UNKNOWN and node.node_id in settled:
+            if settled[node.node_id] == NS.NODE_STATUS_SUCCEEDED:
+                node.status = NS.NODE_STATUS_SUCCEEDED
+                node.last_error = ""
+            else:
+                reset.add(node.node_id)
+        elif node.status == NS.NODE_STATUS_PENDING:
+            node.retry.ClearField("not_before")
+    revived = _depends_on_reset(out, reset)
+    for node in out.nodes:
+        if node.node_id in reset or node.node_id in revived:
+            node.status = NS.NODE_STATUS_PENDING
+            node.retry.round_attempts = 0
+            node.retry.retryable = False
+            node.retry.ClearField("not_before")
+            node.ClearField("finished_at")
+    return out, [n.node_id for n in out.nodes if n.node_id in reset or n.node_id in revived]
+
+
+def terminal(env: task_pb2.Task, status: int, reason: str, now: datetime) -> task_pb2.Task:
+    """A status snapshot that ends the task (a newer version than ``env``)."""
+    out = task_pb2.Task()
+    out.CopyFrom(env)
+    out.status = status
+    out.status_reason = truncate(reason)
+    out.version = env.version + 1
+    out.updated_at.CopyFrom(ts(now))
+    return out

@@ -1,0 +1,128 @@
+"""Recovery policies as plain data with pure decisions; time always comes from the caller.
+
+- :class:`RedrivePolicy`: when to redrive a failed task next, and when to give up.
+- :class:`ReleaseRate`: a token bucket bounding how fast demoted work is released.
+- :class:`ArbitrationPolicy`: which of several conflicting claims on one target wins.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+
+@dataclass(frozen=True)
+class RedrivePolicy:
+    max_redrives: int = 5
+    # Seconds since the task first reached the reconciler after which it is not redriven.
+    max_age: float = 86400.0
+    base_delay: float = 30.0
+    max_delay: float = 3600.0
+    # Share of the delay spread either side at random (0: none).
+    jitter: float = 0.5
+
+    def delay(self, redrives: int, rng: random.Random | None = None) -> float:
+        """Seconds before redrive number ``redrives + 1`` (exponential, capped, jittered)."""
+        raw = min(self.max_delay, self.base_delay * (2 ** max(0, redrives)))
+        spread = raw * self.jitter
+        return max(0.0, raw - spread + (rng or random).random() * 2 * spread)
+
+    def spent(self, redrives: int, first_parked_at: datetime, now: datetime) -> str | None:
+        """Why no further automatic redrive is allowed, or None."""
+        if redrives >= self.max_redrives:
+            return f"redrive policy spent: {redrives} of {self.max_redrives} redrives used"
+        age = (now - first_parked_at).total_seconds()
+        if age >= self.max_age:
+            return f"redrive policy spent: failing for {age:.0f}s, max age {self.max_age:.0f}s"
+        return None
+
+
+@dataclass(frozen=True)
+class ReleaseRate:
+    rate_per_second: float = 5.0
+    burst: float = 5.0
+
+    def refill(self, tokens: float, tokens_at: datetime | None, now: datetime) -> float:
+        """Tokens available at ``now``; a bucket never filled before starts at one token."""
+        if tokens_at is None:
+            return min(self.burst, 1.0)
+        elapsed = max(0.0, (now - tokens_at).total_seconds())
+        return min(self.burst, tokens + elapsed * self.rate_per_second)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A cell's declared effect on a target named by a payload field."""
+
+    key: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class PriorityRule:
+    business: str = ""
+    cell: str = ""
+
+    def matches(self, business: str, cell: str) -> bool:
+        return (not self.business or self.business == business) and (not self.cell or self.cell == cell)
+
+    def describe(self) -> str:
+        return " ".join(p for p in (f"business={self.business}" if self.business else "",
+                                    f"cell={self.cell}" if self.cell else "") if p)
+
+
+@dataclass(frozen=True)
+class Contender:
+    task_id: str
+    business: str
+    cell: str
+    accepted_at: datetime
+
+
+@dataclass(frozen=True)
+class Ruling:
+    winner: Contender
+    losers: tuple[Contender, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ArbitrationPolicy:
+    window: float = 60.0
+    # Earlier rules rank higher; a claim matching none ranks last.
+    priority: tuple[PriorityRule, ...] = ()
+    conflicts: dict[str, Conflict] = field(default_factory=dict)
+
+    def rank(self, business: str, cell: str) -> int:
+        for i, rule in enumerate(self.priority):
+            if rule.matches(business, cell):
+                return i
+        return len(self.priority)
+
+    def within_window(self, a: datetime, b: datetime) -> bool:
+        return abs((a - b).total_seconds()) <= self.window
+
+    def decide(self, contenders: list[Contender]) -> Ruling | None:
+        """The winner among claims on one target; None without two businesses in conflict.
+        Claims of the winner's own business are not in conflict with it and do not lose."""
+        if len({c.business for c in contenders}) < 2:
+            return None
+        ordered = sorted(contenders, key=lambda c: (self.rank(c.business, c.cell), c.accepted_at, c.task_id))
+        winner = ordered[0]
+        losers = tuple(c for c in ordered[1:] if c.business != winner.business)
+        runner_up = losers[0]
+        w_rank, l_rank = self.rank(winner.business, winner.cell), self.rank(runner_up.business, runner_up.cell)
+        if w_rank < l_rank:
+            rule = self.priority[w_rank].describe()
+            reason = (f"priority: {winner.business}/{winner.cell} matches rule #{w_rank + 1} ({rule}),"
+                      f" {runner_up.business}/{runner_up.cell} ranks #{l_rank + 1}")
+        else:
+            reason = (f"tie on priority (#{w_rank + 1}): earlier acceptance wins,"
+                      f" {winner.task_id} accepted {winner.accepted_at.isoformat()}"
+                      f" before {runner_up.task_id} at {runner_up.accepted_at.isoformat()}")
+        return Ruling(winner, losers, reason)
+
+
+def due_after(now: datetime, seconds: float) -> datetime:
+    return now + timedelta(seconds=seconds)
