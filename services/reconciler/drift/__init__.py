@@ -1,0 +1,63 @@
+"""Drift checks between the pool's database and its driver (seed 002's 5-minute reconciliation).
+
+A self-contained part of the reconciler. Its main process wires it with one call in
+``setup``::
+
+    from dispo.reconciler import drift
+    await drift.install(rt)
+
+which (1) migrates the drift tables (own Alembic branch, version table
+``alembic_version_drift`` in the reconciler schema), (2) registers ``DriftService`` on the
+gRPC server, and (3) adds the periodic sweep as a part. The pieces are also usable alone:
+:data:`MIGRATIONS`, :func:`register`, :class:`DriftChecker` (``check_once`` / ``run``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+from pydantic_settings import BaseSettings
+
+from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
+from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
+from dispo.reconciler.drift.checker import DriftChecker
+from dispo.reconciler.drift.servicer import DriftServicer
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+SERVICE_NAME = "dispo.reconciler.v1.DriftService"
+
+__all__ = ["MIGRATIONS", "SERVICE_NAME", "DriftChecker", "DriftSettings", "install", "register"]
+
+
+class DriftSettings(BaseSettings):
+    """``DISPO_RECONCILER_DRIFT_*``."""
+
+    model_config = service_settings_config("reconciler_drift")
+
+    pool_address: str = f"127.0.0.1:{DEFAULT_PORTS['pool']}"
+    interval_seconds: float = 300.0
+    timeout: float = 30.0
+
+
+def register(server: grpc.aio.Server, checker: DriftChecker) -> None:
+    drift_pb2_grpc.add_DriftServiceServicer_to_server(DriftServicer(checker), server)
+
+
+async def install(rt) -> DriftChecker:  # rt: dispo.libs.service.Runtime
+    from dispo.libs.api.pool.v1 import pool_pb2_grpc
+    from dispo.libs.db import migrate
+
+    settings = DriftSettings()
+    await migrate(rt.engine, rt.name, MIGRATIONS)
+    channel = grpc.aio.insecure_channel(settings.pool_address)
+    checker = DriftChecker(rt.engine, pool_pb2_grpc.PoolServiceStub(channel), rt.clock,
+                           settings.interval_seconds, settings.timeout)
+    rt.add_servicer(lambda server: register(server, checker), SERVICE_NAME)
+
+    async def stop() -> None:
+        checker.stop()
+        await channel.close()
+
+    rt.add_part("drift checks", checker.run, stop)
+    return checker
