@@ -49,8 +49,8 @@ def validate_comparison_request(campaign: Campaign | None, campaign_id: str, bas
     fingerprint = campaign.fingerprint
     if baseline is None:
         raise JobValidationError(
-            f"no baseline for campaign {campaign_id!r}: series {campaign.series!r} has no completed period "
-            f"before {campaign.period!r} with configuration fingerprint {fingerprint}",
+            f"no baseline for campaign {campaign_id!r}: series {campaign.series!r} ({campaign.line.value} line) "
+            f"has no completed period before {campaign.period!r} with configuration fingerprint {fingerprint}",
             fields={"fingerprint": fingerprint, "analysis_model": model.name})
     fields = {"fingerprint": fingerprint, "baseline_campaign_id": baseline.campaign_id,
               "analysis_model": model.name}
@@ -65,8 +65,7 @@ async def load_and_validate(deps: JobDeps, campaign_id: str) -> tuple[Campaign, 
     campaign = await deps.repo.campaign_get(campaign_id)
     baseline = None
     if campaign is not None:
-        baseline = await deps.repo.campaign_find_baseline(campaign.series, campaign.fingerprint,
-                                                          campaign.period, campaign_id)
+        baseline = await deps.repo.campaign_find_baseline(campaign)
     model = validate_comparison_request(campaign, campaign_id, baseline, deps.models)
     assert campaign is not None and baseline is not None
     return campaign, baseline, model

@@ -2,12 +2,15 @@
 
 Idempotent: a repeated ``started`` or ``completed`` is a no-op, a run_id already stored is
 skipped. An event for a campaign not registered yet is redelivered later; a malformed or
-contradictory one is terminated with a logged reason.
+contradictory one is terminated with a logged reason. Events are applied strictly in
+stream order (one in flight per durable consumer, whatever the number of replicas).
 """
 
 from __future__ import annotations
 
 from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import BadRequestError, NotFoundError
 
 from dispo.intelligence.campaigns import completion_status, new_campaign, new_run_result
 from dispo.intelligence.convert import from_timestamp
@@ -61,7 +64,30 @@ class EvaluationEvents:
         return ACK
 
 
+ACK_WAIT_SECONDS = 30.0
+
+
+async def ensure_ordered_consumer(bus: Bus, durable: str) -> None:
+    """Create the durable with ``max_ack_pending=1``: across every replica sharing it, one
+    message is in flight at a time, so a completion never overtakes its runs."""
+    try:
+        info = await bus.js.consumer_info(STREAM, durable)
+    except NotFoundError:
+        config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                                filter_subject=SUBJECTS[0], ack_wait=ACK_WAIT_SECONDS, max_ack_pending=1)
+        try:
+            await bus.js.add_consumer(STREAM, config)
+        except BadRequestError:
+            info = await bus.js.consumer_info(STREAM, durable)  # another replica created it first
+        else:
+            return
+    if info.config.max_ack_pending != 1:
+        log.warning("evaluation consumer is not strictly ordered", durable=durable,
+                    max_ack_pending=info.config.max_ack_pending)
+
+
 async def consumer(bus: Bus, events: EvaluationEvents, durable: str) -> Consumer:
     await bus.ensure_stream(STREAM, SUBJECTS)
-    # One message at a time, in stream order: a completion must not overtake its runs.
-    return bus.consumer(STREAM, durable=durable, subject="evaluation.>", handler=events.handle_message, batch=1)
+    await ensure_ordered_consumer(bus, durable)
+    return bus.consumer(STREAM, durable=durable, subject=SUBJECTS[0], handler=events.handle_message, batch=1,
+                        ack_wait=ACK_WAIT_SECONDS)

@@ -96,15 +96,16 @@ class IntelligenceRepository:
                WHERE campaign_id = :id RETURNING campaign_id""", id=campaign_id, model=model, now=now)
         return row is not None
 
-    async def campaign_find_baseline(self, series: str, fingerprint: str, before_period: str,
-                                     exclude_id: str) -> Campaign | None:
-        """The latest completed period of ``series`` before ``before_period`` with the same fingerprint."""
+    async def campaign_find_baseline(self, campaign: Campaign) -> Campaign | None:
+        """The latest completed period of the campaign's series and line before its period,
+        with the same configuration fingerprint."""
         row = await self._one(
             f"""SELECT {_CAMPAIGN_COLUMNS} FROM campaigns c
-                WHERE c.series = :series AND c.fingerprint = :fingerprint AND c.status = 'completed'
-                  AND c.period < :period AND c.campaign_id <> :exclude
+                WHERE c.series = :series AND c.line = :line AND c.fingerprint = :fingerprint
+                  AND c.status = 'completed' AND c.period < :period AND c.campaign_id <> :exclude
                 ORDER BY c.period DESC, c.completed_at DESC, c.campaign_id DESC LIMIT 1""",
-            series=series, fingerprint=fingerprint, period=before_period, exclude=exclude_id)
+            series=campaign.series, line=campaign.line.value, fingerprint=campaign.fingerprint,
+            period=campaign.period, exclude=campaign.campaign_id)
         return _campaign(row) if row else None
 
     async def campaigns_completed_without_job(self, kind: JobKind, prerequisite: JobKind | None,

@@ -65,6 +65,7 @@ async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_peri
     await add_campaign(app, "p2-other-config", period="2026-02", configuration=other, runs=RUNS_GOOD,
                        status=CampaignStatus.COMPLETED)
     await add_campaign(app, "p3-cancelled", period="2026-03", runs=RUNS_GOOD, status=CampaignStatus.CANCELLED)
+    await add_campaign(app, "p3-trial", line="trial", period="2026-03", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
     await add_campaign(app, "p5-later", period="2026-05", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
     await add_campaign(app, "p4", period="2026-04", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED)
     await app.jobs.wait_idle()

@@ -90,3 +90,39 @@ async def test_event_dispositions(app):
     assert isinstance(await events.handle("evaluation.started", started("later", "2026-09")), Term)  # conflicting
     campaign = await app.repo.campaign_get("later")
     assert campaign.status == CampaignStatus.CANCELLED and campaign.run_count == 1 and campaign.period == "2026-01"
+
+
+async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(app, bus):
+    """A completion never overtakes its runs, even with two consumers racing on one durable."""
+    await bus.ensure_stream(STREAM, SUBJECTS)
+    await bus.publish("evaluation.started", started("ordered", "2026-01", line="trial"), msg_id="ordered:started")
+    for i in range(40):
+        await bus.publish("evaluation.run_recorded", run_recorded("ordered", f"ordered-{i}"), msg_id=f"ordered-{i}")
+    await bus.publish("evaluation.completed", completed("ordered"), msg_id="ordered:completed")
+
+    dispositions = []
+
+    async def recording(message):
+        outcome = await app.events.handle_message(message)
+        dispositions.append(outcome)
+        return outcome
+
+    replicas = []
+    for _ in range(2):
+        replica = await consumer(bus, app.events, "intelligence-ordered")
+        replica.handler = recording
+        replicas.append(replica)
+    running = [asyncio.create_task(replica.run()) for replica in replicas]
+    try:
+        async def finished() -> bool:
+            campaign = await app.repo.campaign_get("ordered")
+            return campaign is not None and campaign.status == CampaignStatus.COMPLETED
+
+        await wait_for(finished)
+    finally:
+        for replica in replicas:
+            replica.stop()
+        await asyncio.gather(*running)
+
+    assert (await app.repo.campaign_get("ordered")).run_count == 40
+    assert all(outcome == ACK for outcome in dispositions)

@@ -27,7 +27,7 @@ CREATE TABLE campaigns (
     updated_at      timestamptz NOT NULL,
     completed_at    timestamptz
 );
-CREATE INDEX ix_campaigns_baseline ON campaigns (series, fingerprint, status, period);
+CREATE INDEX ix_campaigns_baseline ON campaigns (series, line, fingerprint, status, period);
 
 CREATE TABLE campaign_runs (
     run_id          text PRIMARY KEY,
