@@ -190,3 +190,32 @@ async def client(pipeline: Pipeline) -> AsyncIterator[AsyncClient]:
 def dump(view: Any) -> str:
     """A task view as text for assertion messages."""
     return json.dumps({n.node_id: [n.status, n.attempts, n.last_error] for n in view.nodes}, indent=1)
+
+
+async def wait_status(client: Any, task_id: str, statuses: set[str], timeout: float = 30.0) -> Any:
+    """Poll GetTask until the task is in one of ``statuses`` (for non-terminal ones)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        view = await client.get(task_id)
+        if view.status in statuses:
+            return view
+        if loop.time() > deadline:
+            raise TimeoutError(f"task {task_id} is {view.status}, wanted {statuses}\n{dump(view)}")
+        await asyncio.sleep(0.1)
+
+
+async def stream_messages(bus: Any, subject: str, stream: str = "TASKS") -> list[Any]:
+    """Every message currently stored on ``subject`` (read with an ephemeral consumer)."""
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    info = await bus.js.stream_info(stream, subjects_filter=subject)
+    count = (info.state.subjects or {}).get(subject, 0)
+    if not count:
+        return []
+    sub = await bus.js.pull_subscribe(subject, stream=stream, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    out: list[Any] = []
+    while len(out) < count:
+        out.extend(await sub.fetch(count - len(out), timeout=5))
+    await sub.unsubscribe()
+    return out

@@ -135,6 +135,7 @@ class Executor:
         """Run ready nodes until none is ready; returns how many node calls were made."""
         task_id = env.task_id
         in_flight: dict[str, asyncio.Task[bool]] = {}
+        attempted: set[str] = set()
         ran = 0
         while True:
             now = self.clock.now()
@@ -158,8 +159,8 @@ class Executor:
                 launch: list[NodeRun] = []
                 if not row.cancel_requested:
                     for node in ready(nodes, now):
-                        if node.node_id in in_flight:
-                            continue
+                        if node.node_id in in_flight or node.node_id in attempted:
+                            continue  # a retry waits for the next pass (a re-published task.create)
                         breaker = self.breakers.get(node.spec.downstream)
                         if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
                             changed |= await repo.node_set_status_if(
@@ -172,6 +173,7 @@ class Executor:
             if changed:
                 self.relay.kick()
             for node in launch:
+                attempted.add(node.node_id)
                 in_flight[node.node_id] = asyncio.create_task(self._run_node(env, node, owner))
             if not in_flight:
                 break

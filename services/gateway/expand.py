@@ -156,7 +156,7 @@ def expand(task_id: str, sub: Submission, catalogue: Catalogue, limits: Limits) 
     for ref in order:
         i, req = by_ref[ref]
         cell = catalogue.cells[req.cell]
-        upstream = tuple(f"{dep}.{s}" for dep in req.depends_on for s in sinks[dep])
+        upstream = tuple(s for dep in req.depends_on for s in sinks[dep])
         for action in cell.actions:
             node_id = f"{ref}.{action.name}"
             key = node_idempotency_key(task_id, node_id)

@@ -1,0 +1,73 @@
+"""Execution guarantees through real processes: gateway, executor, demo downstream,
+PostgreSQL and NATS JetStream."""
+
+from pipeline_fixtures import dump, stream_messages, wait_status
+
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.sdk import cell
+
+
+async def test_dependency_failure_blocks_dependant_but_not_independent_branch(client, downstream):
+    await downstream.control(fail={"status": 400, "times": 1, "path": "/step/a"})
+    task = await client.submit("tests", [cell("step", ref="a", name="a"),
+                                         cell("step", ref="b", name="b").after("a"),
+                                         cell("step", ref="c", name="c")])
+
+    done = await client.wait(task.task_id, timeout=30)
+
+    assert done.status == "FAILED", dump(done)
+    assert done.node_statuses == {"a.call": "FAILED", "b.call": "DEPENDENCY_FAILED", "c.call": "SUCCEEDED"}
+    assert "HTTP 400" in done.node("a.call").last_error
+    calls = await downstream.calls()
+    assert f"{task.task_id}/b.call" not in calls
+    assert calls[f"{task.task_id}/a.call"] == 1  # a 4xx is permanent: not retried
+
+
+async def test_retryable_failure_is_retried_by_republishing_then_succeeds(client, downstream, bus):
+    await downstream.control(fail={"status": 503, "times": 2, "path": "/step/r"})
+    task = await client.submit("tests", [cell("step", name="r")])
+
+    done = await client.wait(task.task_id, timeout=30)
+
+    assert done.status == "SUCCEEDED", dump(done)
+    node = done.node("step.call")
+    assert node.attempts == 3
+    key = f"{task.task_id}/step.call"
+    assert (await downstream.calls())[key] == 3  # same idempotency key on every attempt
+    assert (await downstream.effects())[key] == 1
+    generations = sorted(task_pb2.Task.FromString(m.data).generation for m in await stream_messages(bus, "task.create"))
+    assert generations == [0, 1, 2]  # each short retry travelled as a new task.create
+
+
+async def test_retry_exhaustion_publishes_task_fail_with_full_state(client, downstream, bus):
+    await downstream.control(fail={"status": 500, "times": 1000, "path": "/step/x"})
+    task = await client.submit("tests", [cell("step", ref="x", name="x"),
+                                         cell("step", ref="after", name="y").after("x"),
+                                         cell("noop")])
+
+    view = await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"})
+
+    assert view.node_statuses == {"x.call": "FAILED", "after.call": "PENDING", "noop.noop": "SUCCEEDED"}, dump(view)
+    assert view.node("x.call").attempts == 4  # 1 + 3 short retries (default)
+    assert (await downstream.calls())[f"{task.task_id}/x.call"] == 4
+    [message] = await stream_messages(bus, "task.fail")
+    failed = task_pb2.Task.FromString(message.data)
+    assert failed.task_id == task.task_id
+    x = next(n for n in failed.nodes if n.node_id == "x.call")
+    assert x.retry.retryable and x.retry.attempts == 4 and "HTTP 500" in x.last_error
+    assert failed.payloads["x"]["name"] == "x"  # self-contained: payload travels with it
+
+
+async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish(pipeline, downstream, bus):
+    await downstream.control(down=True)
+    executor = pipeline.executors[0]
+    executor.kill()
+    await pipeline.start_executor(DISPO_EXECUTOR_HEALTH_INTERVAL="0.1", DISPO_EXECUTOR_BREAKER_THRESHOLD="2")
+    async with pipeline.client() as client:
+        task = await client.submit("tests", [cell("step", name="d"), cell("noop")])
+
+        view = await wait_status(client, task.task_id, {"DEMOTED"})
+
+    assert view.node_statuses == {"step.call": "DEMOTED", "noop.noop": "SUCCEEDED"}, dump(view)
+    [message] = await stream_messages(bus, "task.demote")
+    assert task_pb2.Task.FromString(message.data).task_id == task.task_id

@@ -1,0 +1,107 @@
+"""Crashes and duplicates: SIGKILLed executor mid-node, the same task.create delivered to
+two executors, NATS stopped while tasks are being accepted."""
+
+import asyncio
+
+from pipeline_fixtures import dump, stream_messages, wait_status
+from sqlalchemy import text
+
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.sdk import cell
+
+
+async def test_executor_killed_mid_call_of_idempotent_node_reruns_it_safely(pipeline, downstream):
+    await downstream.control(hold={"path": "/step/mid"})
+    async with pipeline.client() as client:
+        task = await client.submit("tests", [cell("step", ref="pre", name="pre"),
+                                             cell("step", ref="mid", name="mid").after("pre")])
+        await downstream.wait_held()
+        pipeline.executors[0].kill()  # SIGKILL while the downstream holds the call open
+        await downstream.control(release=True)
+        others = [await client.submit("tests", [cell("step", ref="o", name=f"o{i}")]) for i in range(5)]
+        await pipeline.start_executor()
+
+        done = await client.wait(task.task_id, timeout=60)
+        finished = [await client.wait(o.task_id, timeout=60) for o in others]
+
+    assert done.status == "SUCCEEDED", dump(done)
+    assert all(f.status == "SUCCEEDED" for f in finished)
+    calls, effects = await downstream.calls(), await downstream.effects()
+    assert calls[f"{task.task_id}/pre.call"] == 1  # succeeded node never re-executed
+    assert calls[f"{task.task_id}/mid.call"] == 2  # interrupted idempotent node re-run, same key
+    assert effects[f"{task.task_id}/mid.call"] == 1
+    assert done.node("mid.call").attempts == 2
+
+
+async def test_executor_killed_mid_call_of_non_idempotent_node_leaves_it_unknown(pipeline, downstream, bus):
+    await downstream.control(hold={"path": "/once/"})
+    async with pipeline.client() as client:
+        task = await client.submit("tests", [cell("step", ref="pre", name="pre"),
+                                             cell("step_once", ref="mid", name="mid").after("pre"),
+                                             cell("step", ref="post", name="post").after("mid"),
+                                             cell("step", ref="side", name="side")])
+        await downstream.wait_held()
+        pipeline.executors[0].kill()
+        await downstream.control(release=True)
+        await pipeline.start_executor()
+
+        view = await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"}, timeout=60)
+
+    assert view.node_statuses == {"pre.call": "SUCCEEDED", "mid.call": "UNKNOWN", "post.call": "PENDING",
+                                  "side.call": "SUCCEEDED"}, dump(view)
+    calls = await downstream.calls()
+    assert calls[f"{task.task_id}/pre.call"] == 1
+    assert calls[f"{task.task_id}/mid.call"] == 1  # never silently repeated
+    assert f"{task.task_id}/post.call" not in calls
+    # handed to recovery with its full state (the reconciler settles it by the probe)
+    [message] = await stream_messages(bus, "task.fail")
+    failed = task_pb2.Task.FromString(message.data)
+    mid = next(n for n in failed.nodes if n.node_id == "mid.call")
+    assert mid.spec.probe_path == f"/effects/{task.task_id}/mid.call"
+
+
+async def test_same_task_create_delivered_to_two_executors_runs_each_effect_once(pipeline, downstream, bus, database_url):
+    await pipeline.start_executor()  # two executor processes on the same durable consumer
+    await downstream.control(delay_ms=300)
+    async with pipeline.client() as client:
+        task = await client.submit("tests", [cell("pair", name="p"), cell("step", name="s"),
+                                             cell("step_once", name="o")])
+        [original] = await wait_for_messages(bus, "task.create", 1)
+        # The same envelope published again under another message id: a duplicate delivery.
+        await bus.publish("task.create", original.data, msg_id=f"{task.task_id}:duplicate")
+        done = await client.wait(task.task_id, timeout=60)
+
+    assert done.status == "SUCCEEDED", dump(done)
+    calls = await downstream.calls()
+    for node in ("pair.first", "pair.second", "step.call", "step_once.call"):
+        assert calls[f"{task.task_id}/{node}"] == 1, node
+    info = await bus.js.consumer_info("TASKS", "executor")
+    assert info.delivered.consumer_seq >= 2
+
+
+async def wait_for_messages(bus, subject, count, timeout=10.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        messages = await stream_messages(bus, subject)
+        if len(messages) >= count or loop.time() > deadline:
+            return messages
+        await asyncio.sleep(0.05)
+
+
+async def test_nats_down_during_submits_every_accepted_task_completes(pipeline, infra, downstream, service_engine):
+    async with pipeline.client() as client:
+        before = [await client.submit("tests", [cell("step", name=f"b{i}")]) for i in range(3)]
+        infra.nats.stop()
+        during = [await client.submit("tests", [cell("step", name=f"d{i}")]) for i in range(10)]
+        engine = await service_engine("gateway")
+        async with engine.connect() as conn:
+            unsent = (await conn.execute(text("SELECT count(*) FROM outbox WHERE sent_at IS NULL"))).scalar()
+        infra.restart_nats()
+
+        results = [await client.wait(t.task_id, timeout=90) for t in before + during]
+
+    assert unsent >= 1  # accepted while NATS was down: recorded, published later
+    assert [r.status for r in results] == ["SUCCEEDED"] * 13
+    calls = await downstream.calls()
+    assert all(calls[f"{t.task_id}/step.call"] == 1 for t in before + during)
