@@ -76,9 +76,9 @@ class Stack:
             self.nats = NatsServer(data / "nats", self.options.nats_port, data / "logs" / "nats.log")
             nats_url = await asyncio.to_thread(self.nats.start)
         specs = service_specs(self.options, database_url, nats_url)
-        self.supervisor = Supervisor(specs)
-        await self.supervisor.start_all()
         addresses = {spec.name: spec.address or "" for spec in specs}
+        self.supervisor = Supervisor(specs, on_spawn=lambda: self._write_state(addresses, database_url, nats_url))
+        await self.supervisor.start_all()
         self._write_state(addresses, database_url, nats_url)
         return addresses
 

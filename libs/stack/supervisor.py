@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,9 +39,12 @@ def python_module(module: str) -> list[str]:
 
 
 class Supervisor:
-    def __init__(self, specs: list[ProcessSpec], *, max_backoff: float = 10.0) -> None:
+    def __init__(self, specs: list[ProcessSpec], *, max_backoff: float = 10.0,
+                 on_spawn: Callable[[], None] | None = None) -> None:
         self.children = {spec.name: Supervised(spec) for spec in specs}
         self.max_backoff = max_backoff
+        # Called after a restart, e.g. to record the new pid.
+        self.on_spawn = on_spawn
         self._stopping = False
 
     async def start_all(self, timeout: float = 120.0) -> None:
@@ -82,11 +86,13 @@ class Supervisor:
             await asyncio.sleep(delay)
             if not self._stopping:
                 await self._spawn(child)
+                if self.on_spawn is not None:
+                    self.on_spawn()
 
     async def stop_all(self, order: list[str], timeout: float = 20.0) -> None:
         """SIGTERM each child in ``order`` (others after), waiting for each to exit."""
         self._stopping = True
-        names = [*order, *(n for n in self.children if n not in order)]
+        names = [n for n in order if n in self.children] + [n for n in self.children if n not in order]
         for name in names:
             process = self.children[name].process
             if process is None or process.returncode is not None:

@@ -90,6 +90,7 @@ async def test_up_status_restart_and_data_kept(stack):
                or await health_status(executor["address"]) != "SERVING"):
             await asyncio.sleep(0.2)
     assert not alive(executor["pid"])
+    assert alive(read_state(stack.data_dir)["services"]["executor"]["pid"])
 
     # data written now survives a full stop and start
     conn = await asyncpg.connect(state["database_url"])
@@ -110,3 +111,34 @@ async def test_up_status_restart_and_data_kept(stack):
     await conn.close()
     assert stack.status()[0] == 0
     assert await stack.down() == 0
+
+
+async def test_up_with_external_database_and_nats_starts_only_services(infra, database_url, nats_url, tmp_path):
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"),
+           "DISPO_GATEWAY_PORT": str(free_port()), "DISPO_EXECUTOR_PORT": str(free_port())}
+    up = subprocess.Popen([DISPO, "up", "--services", "gateway,executor",
+                           "--database-url", database_url, "--nats-url", nats_url],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        printed = []
+        async with asyncio.timeout(120):
+            while not printed or "Ctrl-C" not in printed[-1]:
+                printed.append(await asyncio.to_thread(up.stdout.readline))
+                assert printed[-1], "".join(printed)
+        assert not (tmp_path / "data" / "postgres").exists()
+        assert not (tmp_path / "data" / "nats").exists()
+        state = read_state(tmp_path / "data")
+        assert set(state["services"]) == {"gateway", "executor"}
+        assert state["database_url"] == database_url
+        for info in state["services"].values():
+            assert await health_status(info["address"]) == "SERVING"
+        conn = await asyncpg.connect(database_url)
+        schemas = {r[0] for r in await conn.fetch("SELECT nspname FROM pg_namespace")}
+        await conn.close()
+        assert {"gateway", "executor"} <= schemas
+        up.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(up.wait, 60) == 0
+        assert infra.postgres.running() and infra.nats.running()
+    finally:
+        if up.poll() is None:
+            up.kill()
