@@ -1,0 +1,55 @@
+"""The grpcurl walk-through in docs/intelligence.md, run as written against the real process."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "intelligence.md"
+GRPCURL = str(Path(sys.executable).parent / "grpcurl")
+
+
+def walkthrough_commands() -> list[tuple[str, str | None]]:
+    """``(command, expected error code or None)`` for every grpcurl command of the walk-through."""
+    text = DOC.read_text().split("## Walk-through", 1)[1].split("\n## ", 1)[0]
+    commands: list[tuple[str, str | None]] = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        expect, current = None, ""
+        for line in block.splitlines():
+            if line.startswith("# fails: "):
+                expect = line.removeprefix("# fails: ").strip()
+                continue
+            current += line + "\n"
+            if line.endswith("\\") or current.count("'") % 2:
+                continue
+            commands.append((current.strip(), expect))
+            expect, current = None, ""
+    return commands
+
+
+async def test_the_walkthrough_runs_as_written(start_service):
+    service = await start_service("intelligence")
+    commands = walkthrough_commands()
+    assert len(commands) >= 12
+    outputs = []
+    for command, expect in commands:
+        shell = command.replace("localhost:50054", service.address).replace("grpcurl ", f"{GRPCURL} ", 1)
+        for _ in range(100):  # jobs run in the background: read again until they settle
+            done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True)
+            if not re.search(r"JOB_STATUS_(QUEUED|GENERATING)", done.stdout) or "Trigger" in command:
+                break
+            await asyncio.sleep(0.1)
+        if expect:
+            assert done.returncode != 0 and f"Code: {expect}" in done.stderr, (command, done.stderr)
+        else:
+            assert done.returncode == 0, (command, done.stderr)
+        outputs.append(done.stdout)
+
+    joined = "\n".join(outputs)
+    assert "no baseline for campaign 'nightly-w01'" in joined
+    assert '"baselineCampaignId": "nightly-w01"' in joined or '"baseline_campaign_id": "nightly-w01"' in joined
+    assert "DIRECTION_IMPROVED" in joined
+    assert '"started": true' in joined
