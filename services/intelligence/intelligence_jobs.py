@@ -122,8 +122,9 @@ async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAd
         return await _settle_failed(deps, kind, campaign_id, token, JobStatus.GENERATING,
                                     describe_exception(error), {}, bound)
 
-    if await repo.job_complete_if_generating(kind, campaign_id, token, result.result,
-                                             settlement_fields(result.fields), clock.now()):
+    # Settlement writes are shielded: a shutdown arriving now must not leave the row half-settled.
+    if await asyncio.shield(repo.job_complete_if_generating(kind, campaign_id, token, result.result,
+                                                            settlement_fields(result.fields), clock.now())):
         bound.info("job completed")
         return Outcome.COMPLETED
     bound.warning("claim taken away before settling; result discarded")
@@ -133,7 +134,8 @@ async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAd
 async def _settle_failed(deps: JobDeps, kind: JobKind, campaign_id: str, token: str, expected: JobStatus,
                          message: str, fields: dict[str, Any], bound: Any) -> Outcome:
     error = truncate_error(message)
-    if await deps.repo.job_fail_if_claimed(kind, campaign_id, token, expected, error, fields, deps.clock.now()):
+    if await asyncio.shield(deps.repo.job_fail_if_claimed(kind, campaign_id, token, expected, error, fields,
+                                                          deps.clock.now())):
         bound.info("job failed", error=error)
         return Outcome.FAILED
     bound.warning("claim taken away before recording failure", error=error)

@@ -51,9 +51,13 @@ class IntelligenceJobs:
 
     def on_campaign_completed(self, campaign: Campaign) -> bool:
         """Automatic analysis of a completed campaign; ``True`` when one was started."""
-        if campaign.status == CampaignStatus.COMPLETED and auto_intelligence_eligible(campaign, self.deps.models):
-            return self.start(JobKind.ANALYSIS, campaign.campaign_id) is not None
-        return False
+        if campaign.status != CampaignStatus.COMPLETED:
+            return False
+        if not auto_intelligence_eligible(campaign, self.deps.models):
+            log.info("automatic analysis skipped", campaign_id=campaign.campaign_id, line=campaign.line.value,
+                     analysis_model=campaign.analysis_model or self.deps.models.default)
+            return False
+        return self.start(JobKind.ANALYSIS, campaign.campaign_id) is not None
 
     async def validate_request(self, kind: JobKind, campaign_id: str) -> None:
         """The shared validation entry of ``kind``; raises ``JobValidationError``."""

@@ -10,7 +10,7 @@ from sqlalchemy import text
 from dispo.intelligence import analysis
 from dispo.intelligence.campaigns import CampaignStatus
 from dispo.intelligence.intelligence_jobs import JobAdapter, Outcome, execute, recover_jobs
-from dispo.intelligence.jobs import JobKind, JobStatus, WorkResult
+from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry, StatsModel
 
 from .conftest import RUNS_GOOD, add_campaign
