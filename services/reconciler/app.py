@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispo.libs.service import Runtime, run_service
+from dispo.reconciler.wiring import SERVICE_NAME, wire_recovery
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-SERVICE_NAME = "dispo.reconciler.v1.ReconcilerService"
+__all__ = ["MIGRATIONS", "SERVICE_NAME", "main", "setup"]
 
 
 async def setup(rt: Runtime) -> None:
-    rt.service_names.append(SERVICE_NAME)
+    await wire_recovery(rt)
 
 
 def main() -> None:

@@ -165,3 +165,21 @@ def terminal(env: task_pb2.Task, status: int, reason: str, now: datetime) -> tas
     out.version = env.version + 1
     out.updated_at.CopyFrom(ts(now))
     return out
+
+
+def settle(env: task_pb2.Task, node_id: str, status: int) -> None:
+    """Record an UNKNOWN node's settlement in ``env``: SUCCEEDED, or PENDING to run again."""
+    for node in env.nodes:
+        if node.node_id == node_id and node.status == NS.NODE_STATUS_UNKNOWN:
+            node.status = status
+            if status == NS.NODE_STATUS_SUCCEEDED:
+                node.last_error = ""
+            else:
+                node.retry.round_attempts = 0
+                node.retry.retryable = False
+                node.retry.ClearField("not_before")
+                node.ClearField("finished_at")
+
+
+def failed(env: task_pb2.Task) -> list[task_pb2.Node]:
+    return [n for n in env.nodes if n.status == NS.NODE_STATUS_FAILED]

@@ -126,3 +126,10 @@ class ArbitrationPolicy:
 
 def due_after(now: datetime, seconds: float) -> datetime:
     return now + timedelta(seconds=seconds)
+
+
+def backoff(base: float, cap: float, jitter: float, attempt: int, rng: random.Random | None = None) -> float:
+    """Seconds before retry ``attempt + 1``: base * 2^(attempt - 1), capped, +/- jitter share."""
+    raw = min(cap, base * (2 ** max(0, attempt - 1)))
+    spread = raw * jitter
+    return max(0.0, raw - spread + (rng or random).random() * 2 * spread)

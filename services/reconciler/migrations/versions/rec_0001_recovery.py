@@ -66,7 +66,7 @@ CREATE TABLE redrive_log (
     at          timestamptz NOT NULL,
     nodes_reset text[] NOT NULL DEFAULT '{}'
 );
-CREATE UNIQUE INDEX redrive_log_once ON redrive_log (task_id, generation);
+CREATE INDEX redrive_log_task ON redrive_log (task_id, id);
 
 CREATE TABLE settlements (
     id          bigserial PRIMARY KEY,

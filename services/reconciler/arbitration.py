@@ -1,0 +1,108 @@
+"""Arbitration between businesses issuing conflicting effects on one target.
+
+A cell may declare a conflict key (a payload field naming its target, e.g. content_id)
+and an effect. Every task accepted on task.create records a *claim* per such cell. The
+arbitration pass looks at targets with open claims: when claims from different
+businesses meet within the window, the policy (ordered business / cell priority, ties to
+the earlier accepted task) picks a winner, a verdict with its reason is recorded, and
+each losing task is cancelled through the executor's normal path (task.cancel: its
+pending nodes become CANCELLED, running ones finish). A claim that meets no conflict
+within the window is closed as uncontested.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from google.protobuf import json_format
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.logging import get_logger
+from dispo.reconciler import arbitration_store as arb
+from dispo.reconciler import envelope as E
+from dispo.reconciler import store
+from dispo.reconciler.context import TASK_CANCEL, Context
+from dispo.reconciler.policy import Contender
+from dispo.reconciler.states import ClaimState
+
+log = get_logger(__name__)
+C = ClaimState
+
+
+def claims_of(ctx: Context, env: task_pb2.Task) -> list[tuple[str, str, str, str]]:
+    """(cell_ref, cell, target, effect) for each cell of the task that declares a conflict."""
+    conflicts = ctx.config.arbitration.conflicts
+    out, seen = [], set()
+    for node in env.nodes:
+        conflict = conflicts.get(node.cell)
+        if conflict is None or node.cell_ref in seen:
+            continue
+        seen.add(node.cell_ref)
+        payload = json_format.MessageToDict(env.payloads[node.cell_ref]) if node.cell_ref in env.payloads else {}
+        value = payload.get(conflict.key)
+        if value is None:
+            continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        out.append((node.cell_ref, node.cell, f"{conflict.key}={value}", conflict.effect))
+    return out
+
+
+async def on_create(ctx: Context, env: task_pb2.Task) -> int:
+    """Record the claims of a newly accepted task (first publication only)."""
+    if env.generation != 0:
+        return 0
+    claims = claims_of(ctx, env)
+    if not claims:
+        return 0
+    accepted_at = E.moment(env.created_at, ctx.clock.now())
+    added = 0
+    async with ctx.engine.begin() as conn:
+        for cell_ref, cell, target, effect in claims:
+            added += await arb.claim_add(conn, env.task_id, cell_ref, env.business, cell, target, effect, accepted_at)
+    return added
+
+
+async def arbitrate_sweep(ctx: Context) -> int:
+    """Decide every target with open claims (one batch); returns verdicts recorded."""
+    policy = ctx.config.arbitration
+    now = ctx.clock.now()
+    verdicts = 0
+    async with ctx.engine.connect() as conn:
+        targets = await arb.open_targets(conn, ctx.settings.batch)
+    for target, effect in targets:
+        async with ctx.engine.begin() as conn:
+            rows = await arb.target_claims(conn, target, effect, policy.window)
+            by_task: dict[str, Contender] = {}
+            states: dict[str, C] = {}
+            for r in rows:
+                by_task.setdefault(r.task_id, Contender(r.task_id, r.business, r.cell, r.accepted_at))
+                states[r.task_id] = C(r.state)
+            opened = [t for t, s in states.items() if s is C.OPEN]
+            # Only claims within the window of an open claim contend with it.
+            contenders = [c for c in by_task.values()
+                          if any(policy.within_window(c.accepted_at, by_task[o].accepted_at) for o in opened)]
+            ruling = policy.decide(contenders)
+            if ruling is None:
+                await arb.uncontested_close(conn, target, effect, now - timedelta(seconds=policy.window))
+                continue
+            new_losers = [c.task_id for c in ruling.losers if states.get(c.task_id) is not C.LOST]
+            winners = [c.task_id for c in contenders if c.task_id not in {x.task_id for x in ruling.losers}]
+            if not new_losers:
+                await arb.claims_set_if(conn, target, effect, winners, (C.OPEN,), C.WON, None)
+                continue
+            verdict = await arb.verdict_add(conn, target, effect, ruling.winner.task_id, new_losers, ruling.reason, now)
+            await arb.claims_set_if(conn, target, effect, winners, (C.OPEN,), C.WON, verdict)
+            await arb.claims_set_if(conn, target, effect, new_losers, (C.OPEN, C.WON), C.LOST, verdict)
+            stamp = Timestamp()
+            stamp.FromDatetime(now)
+            for loser in new_losers:
+                cancel = task_pb2.CancelRequest(task_id=loser, requested_at=stamp)
+                await store.emit(conn, TASK_CANCEL, f"{loser}:cancel:verdict{verdict}", cancel.SerializeToString(), now)
+            verdicts += 1
+            log.info("arbitration verdict", verdict=verdict, target=target, effect=effect,
+                     winner=ruling.winner.task_id, losers=new_losers, reason=ruling.reason)
+    if verdicts:
+        ctx.kick()
+    return verdicts

@@ -1,0 +1,76 @@
+"""SQL of arbitration: claims on conflict targets and the verdicts deciding them."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from dispo.reconciler.states import ClaimState
+
+
+async def claim_add(conn: AsyncConnection, task_id: str, cell_ref: str, business: str, cell: str, target: str,
+                    effect: str, accepted_at: datetime) -> bool:
+    result = await conn.execute(text(
+        "INSERT INTO claims (task_id, cell_ref, business, cell, target, effect, accepted_at, state)"
+        " VALUES (:task, :ref, :business, :cell, :target, :effect, :at, 'OPEN') ON CONFLICT DO NOTHING"),
+        {"task": task_id, "ref": cell_ref, "business": business, "cell": cell, "target": target, "effect": effect,
+         "at": accepted_at})
+    return result.rowcount == 1
+
+
+async def open_targets(conn: AsyncConnection, limit: int) -> list[tuple[str, str]]:
+    rows = await conn.execute(text(
+        "SELECT target, effect FROM claims WHERE state = 'OPEN' GROUP BY target, effect"
+        " ORDER BY min(accepted_at) LIMIT :limit"), {"limit": limit})
+    return [(r.target, r.effect) for r in rows]
+
+
+async def target_claims(conn: AsyncConnection, target: str, effect: str, window: float) -> list[Any]:
+    """OPEN claims on the target and the WON / OPEN ones within ``window`` of them, locked."""
+    return list(await conn.execute(text(
+        "SELECT * FROM claims WHERE target = :target AND effect = :effect AND state IN ('OPEN', 'WON')"
+        " AND accepted_at >= (SELECT min(accepted_at) FROM claims"
+        "                     WHERE target = :target AND effect = :effect AND state = 'OPEN') - :window"
+        " ORDER BY accepted_at, task_id FOR UPDATE"),
+        {"target": target, "effect": effect, "window": timedelta(seconds=window)}))
+
+
+async def verdict_add(conn: AsyncConnection, target: str, effect: str, winner: str, losers: list[str], reason: str,
+                      now: datetime) -> int:
+    row = (await conn.execute(text(
+        "INSERT INTO verdicts (target, effect, winner_task_id, loser_task_ids, reason, decided_at)"
+        " VALUES (:target, :effect, :winner, :losers, :reason, :now) RETURNING id"),
+        {"target": target, "effect": effect, "winner": winner, "losers": losers, "reason": reason[:1000],
+         "now": now})).one()
+    return int(row.id)
+
+
+async def claims_set_if(conn: AsyncConnection, target: str, effect: str, task_ids: list[str],
+                        expected: tuple[ClaimState, ...], new: ClaimState, verdict_id: int | None) -> int:
+    result = await conn.execute(text(
+        "UPDATE claims SET state = :new, verdict_id = COALESCE(:verdict, verdict_id)"
+        " WHERE target = :target AND effect = :effect AND task_id = ANY(:ids) AND state = ANY(:expected)"),
+        {"target": target, "effect": effect, "ids": task_ids, "expected": [s.value for s in expected],
+         "new": new.value, "verdict": verdict_id})
+    return result.rowcount
+
+
+async def uncontested_close(conn: AsyncConnection, target: str, effect: str, before: datetime) -> int:
+    result = await conn.execute(text(
+        "UPDATE claims SET state = 'UNCONTESTED' WHERE target = :target AND effect = :effect AND state = 'OPEN'"
+        " AND accepted_at < :before"), {"target": target, "effect": effect, "before": before})
+    return result.rowcount
+
+
+async def verdicts_list(conn: AsyncConnection, target: str, task_id: str, limit: int, offset: int) -> list[Any]:
+    clauses, params = [], {"limit": limit, "offset": offset, "target": target, "task": task_id}
+    if target:
+        clauses.append("target = :target")
+    if task_id:
+        clauses.append("(winner_task_id = :task OR :task = ANY(loser_task_ids))")
+    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    return list(await conn.execute(text(f"SELECT * FROM verdicts {where} ORDER BY id LIMIT :limit OFFSET :offset"),
+                                   params))

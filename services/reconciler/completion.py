@@ -1,0 +1,171 @@
+"""The three completion facts, recorded separately:
+
+1. *finished* — the first terminal status snapshot of a task (task.status.<task_id>);
+2. *notified* — the completion notification delivered to the caller's callback: an HTTP
+   webhook (POST, HMAC-SHA256 signed, retried with backoff) or a NATS subject
+   (``nats:<subject>``, published with a message id); every attempt is recorded;
+3. *reconciled* — the reconciliation pass probed the finished task's nodes whose actions
+   have status probes and recorded any disagreement as a finding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.logging import get_logger
+from dispo.reconciler import completion_store as cs
+from dispo.reconciler import envelope as E
+from dispo.reconciler import store
+from dispo.reconciler.context import Context
+from dispo.reconciler.policy import backoff
+from dispo.reconciler.probes import DeliveryResult, deliver_webhook, probe_effect
+from dispo.reconciler.states import PARKED, NotifyState, ReconcileState, RecoveryState
+
+log = get_logger(__name__)
+NATS_SCHEME = "nats:"
+
+
+async def on_status(ctx: Context, env: task_pb2.Task) -> None:
+    """A status snapshot: record "finished" for a terminal one; a held task is resolved."""
+    if env.status not in E.TERMINAL_TASK:
+        return
+    now = ctx.clock.now()
+    status = E.task_status_name(env.status)
+    notify = NotifyState.PENDING if env.callback_url else NotifyState.NONE
+    reconcile_at = now + timedelta(seconds=ctx.config.reconcile.delay)
+    async with ctx.engine.begin() as conn:
+        recorded = await cs.finished_add(conn, env, status, E.moment(env.updated_at, now), now, notify, reconcile_at)
+        await store.task_set_state_if(conn, env.task_id, (*PARKED, RecoveryState.REDRIVEN), RecoveryState.RESOLVED,
+                                      now, reason=E.truncate(f"task finished {status}: {env.status_reason}"),
+                                      next_redrive_at=None)
+    if recorded:
+        log.info("task finished", task_id=env.task_id, status=status, callback=bool(env.callback_url))
+
+
+def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
+    body = {
+        "task_id": env.task_id,
+        "business": env.business,
+        "status": E.task_status_name(env.status),
+        "status_reason": env.status_reason,
+        "finished_at": finished_at.isoformat(),
+        "nodes": [{"node_id": n.node_id, "status": E.node_status_name(n.status), "last_error": n.last_error}
+                  for n in env.nodes],
+    }
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
+    env = task_pb2.Task.FromString(row.envelope)
+    body = notification(env, row.finished_at)
+    attempt = row.notify_attempts + 1
+    if row.callback_url.startswith(NATS_SCHEME):
+        subject = row.callback_url.removeprefix(NATS_SCHEME).lstrip("/")
+        if ctx.bus is None:
+            return DeliveryResult(False, None, "no NATS connection")
+        try:
+            await ctx.bus.publish(subject, body, msg_id=f"{row.task_id}:completion",
+                                  headers={"X-Dispo-Task-Id": row.task_id})
+        except Exception as error:  # no stream for the subject, NATS down
+            return DeliveryResult(False, None, E.truncate(f"publish to {subject} failed: {error!r}"))
+        return DeliveryResult(True)
+    return await deliver_webhook(ctx.http, row.callback_url, body, task_id=row.task_id, attempt=attempt,
+                                 secret=ctx.settings.callback_secret, timestamp=str(int(now.timestamp())),
+                                 timeout=ctx.settings.http_timeout)
+
+
+async def notify_sweep(ctx: Context) -> int:
+    """Deliver due completion notifications (one batch); returns how many were attempted."""
+    policy = ctx.config.callbacks
+    now = ctx.clock.now()
+    async with ctx.engine.begin() as conn:
+        rows = await cs.claim_notify(conn, now, now + timedelta(seconds=ctx.settings.http_timeout * 2 + 5),
+                                     ctx.settings.batch)
+    results = await asyncio.gather(*(_deliver(ctx, row, now) for row in rows))
+    now = ctx.clock.now()
+    async with ctx.engine.begin() as conn:
+        for row, result in zip(rows, results):
+            attempt = row.notify_attempts + 1
+            await cs.delivery_record(conn, row.task_id, attempt, row.callback_url, now, result.ok,
+                                     result.status_code, result.error)
+            if result.ok:
+                new, next_at = NotifyState.DELIVERED, None
+            elif attempt >= policy.max_attempts:
+                new, next_at = NotifyState.GAVE_UP, None
+            else:
+                delay = backoff(policy.base_delay, policy.max_delay, policy.jitter, attempt, ctx.rng)
+                new, next_at = NotifyState.PENDING, now + timedelta(seconds=delay)
+            if await cs.notify_set_if(conn, row.task_id, row.notify_attempts, new, now, next_at, result.error):
+                log.info("completion notification", task_id=row.task_id, attempt=attempt, outcome=new.value,
+                         error=result.error)
+    return len(rows)
+
+
+def sampled(task_id: str, percent: int) -> bool:
+    """A stable sample: the same task is always in or out for a given percentage."""
+    return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % 100 < percent
+
+
+PROBED = {E.NS.NODE_STATUS_SUCCEEDED, E.NS.NODE_STATUS_FAILED, E.NS.NODE_STATUS_CANCELLED,
+          E.NS.NODE_STATUS_DEPENDENCY_FAILED}
+
+
+async def _reconcile_one(ctx: Context, row: Any) -> tuple[ReconcileState, list[tuple[task_pb2.Node, str, str]]]:
+    """(state, findings as (node, observed, detail)); PENDING when a probe did not answer."""
+    policy = ctx.config.reconcile
+    if not sampled(row.task_id, policy.sample_percent):
+        return ReconcileState.NOT_SAMPLED, []
+    env = task_pb2.Task.FromString(row.envelope)
+    nodes = [n for n in env.nodes if n.spec.probe_path and n.status in PROBED]
+    if not nodes:
+        return ReconcileState.NOTHING_TO_PROBE, []
+
+    async def probe(node: task_pb2.Node):  # type: ignore[no-untyped-def]
+        info = ctx.config.downstreams.get(node.spec.downstream)
+        if info is None:
+            return None, f"downstream {node.spec.downstream!r} is not in the reconciler's registry"
+        result = await probe_effect(ctx.http, info.base_url, node.spec.probe_path, node.idempotency_key,
+                                    ctx.settings.http_timeout)
+        return result.done, result.detail
+
+    results = await asyncio.gather(*(probe(n) for n in nodes))
+    findings = []
+    unanswered = []
+    for node, (done, detail) in zip(nodes, results):
+        recorded_done = node.status == E.NS.NODE_STATUS_SUCCEEDED
+        if done is None:
+            unanswered.append((node, "unreachable", detail))
+        elif done != recorded_done:
+            findings.append((node, "done" if done else "not done", detail))
+    if unanswered:
+        if row.reconcile_attempts + 1 < policy.max_attempts:
+            return ReconcileState.PENDING, []
+        findings += unanswered
+    return (ReconcileState.MISMATCH if findings else ReconcileState.MATCHED), findings
+
+
+async def reconcile_sweep(ctx: Context) -> int:
+    """The periodic reconciliation pass over finished tasks (one batch)."""
+    policy = ctx.config.reconcile
+    now = ctx.clock.now()
+    async with ctx.engine.begin() as conn:
+        rows = await cs.claim_reconcile(conn, now, now + timedelta(seconds=policy.retry_delay), ctx.settings.batch)
+    outcomes = await asyncio.gather(*(_reconcile_one(ctx, row) for row in rows))
+    now = ctx.clock.now()
+    async with ctx.engine.begin() as conn:
+        for row, (state, findings) in zip(rows, outcomes):
+            next_at = now + timedelta(seconds=policy.retry_delay) if state is ReconcileState.PENDING else None
+            if not await cs.reconcile_set_if(conn, row.task_id, row.reconcile_attempts, state, now, next_at):
+                continue
+            for node, observed, detail in findings:
+                await cs.finding_add(conn, row.task_id, node.node_id, node.spec.downstream,
+                                     E.node_status_name(node.status), observed, detail, now)
+            if findings:
+                log.warning("reconciliation mismatch", task_id=row.task_id,
+                            nodes=[n.node_id for n, _, _ in findings])
+    return len(rows)

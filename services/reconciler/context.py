@@ -1,0 +1,42 @@
+"""What every part of the reconciler works with: database, clock, policies, HTTP client,
+bus (for NATS callbacks) and the outbox relay to kick after a commit."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from dispo.libs.bus import Bus
+from dispo.libs.clock import Clock
+from dispo.libs.outbox import OutboxRelay
+from dispo.reconciler.config import ReconcilerSettings, RecoveryConfig
+
+TASK_CREATE = "task.create"
+TASK_CANCEL = "task.cancel"
+STATUS_SUBJECT = "task.status.{task_id}"
+TASKS_STREAM = "TASKS"
+TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel"]
+STATUS_STREAM = "TASK_STATUS"
+STATUS_SUBJECTS = ["task.status.>"]
+CALLBACK_STREAM = "CALLBACKS"
+CALLBACK_SUBJECTS = ["callback.>"]
+
+
+@dataclass
+class Context:
+    engine: AsyncEngine
+    clock: Clock
+    config: RecoveryConfig
+    settings: ReconcilerSettings
+    http: httpx.AsyncClient
+    relay: OutboxRelay | None = None
+    bus: Bus | None = None
+    rng: random.Random = field(default_factory=random.Random)
+
+    def kick(self) -> None:
+        """Publish what was just committed to the outbox without waiting for the next poll."""
+        if self.relay is not None:
+            self.relay.kick()

@@ -1,0 +1,142 @@
+"""Conversion between the reconciler's rows and its protobuf messages (the edge only)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.libs.errors import InvalidArgument
+from dispo.reconciler import envelope as E
+from dispo.reconciler.states import PARKED, RecoveryState
+from dispo.reconciler.store import Filter, RecoveryRow
+
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+
+
+def set_ts(message: Any, name: str, value: datetime | None) -> None:
+    if value is not None:
+        getattr(message, name).FromDatetime(value)
+
+
+def state_to_proto(state: RecoveryState) -> int:
+    return pb.RecoveryState.Value(f"RECOVERY_STATE_{state.value}")
+
+
+def state_from_proto(value: int, field: str) -> RecoveryState:
+    try:
+        name = pb.RecoveryState.Name(value).removeprefix("RECOVERY_STATE_")
+    except ValueError:
+        raise InvalidArgument(field, f"unknown recovery state {value}") from None
+    if name == "UNSPECIFIED":
+        raise InvalidArgument(field, "RECOVERY_STATE_UNSPECIFIED is not a state")
+    return RecoveryState(name)
+
+
+def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
+    if f.min_age_seconds < 0:
+        raise InvalidArgument("filter.min_age_seconds", "must not be negative")
+    states = tuple(state_from_proto(s, f"filter.states[{i}]") for i, s in enumerate(f.states))
+    return Filter(f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, states or tuple(sorted(PARKED)))
+
+
+def page(request: common_pb2.PageRequest) -> tuple[int, int]:
+    """(limit, offset) from a page request; the token is the offset of the next page."""
+    if request.page_size < 0:
+        raise InvalidArgument("page.page_size", "must not be negative")
+    size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
+    try:
+        offset = int(request.page_token) if request.page_token else 0
+    except ValueError:
+        raise InvalidArgument("page.page_token", "not a token from a previous response") from None
+    if offset < 0:
+        raise InvalidArgument("page.page_token", "not a token from a previous response")
+    return size, offset
+
+
+def next_page(limit: int, offset: int, got: int) -> common_pb2.PageResponse:
+    return common_pb2.PageResponse(next_page_token=str(offset + got) if got == limit else "")
+
+
+def task_to_proto(row: RecoveryRow) -> pb.RecoveryTask:
+    out = pb.RecoveryTask(
+        task_id=row.task_id, business=row.business, state=state_to_proto(row.state), kind=row.kind,
+        cells=row.cells, downstreams=row.downstreams, error_class=row.error_class, reason=row.reason,
+        generation=row.generation, redrives=row.redrives, releases=row.releases,
+        undecided_nodes=[n.node_id for n in E.unknown(row.envelope)] if row.state is RecoveryState.AWAITING_DECISION else [],
+    )
+    for name in ("task_created_at", "first_parked_at", "parked_at", "next_redrive_at", "last_redrive_at"):
+        set_ts(out, name, getattr(row, name))
+    return out
+
+
+def history_to_proto(r: Any) -> pb.FailureRecord:
+    out = pb.FailureRecord(kind=r.kind, generation=r.generation, reason=r.reason, error_class=r.error_class,
+                           nodes=[pb.NodeFailure(**n) for n in r.nodes])
+    set_ts(out, "received_at", r.received_at)
+    return out
+
+
+def redrive_to_proto(r: Any) -> pb.RedriveRecord:
+    out = pb.RedriveRecord(generation=r.generation, trigger=r.trigger, actor=r.actor, reason=r.reason,
+                           downstream=r.downstream, nodes_reset=list(r.nodes_reset))
+    set_ts(out, "at", r.at)
+    return out
+
+
+def settlement_to_proto(r: Any) -> pb.Settlement:
+    out = pb.Settlement(node_id=r.node_id, generation=r.generation, method=r.method, outcome=r.outcome,
+                        reason=r.reason, actor=r.actor)
+    set_ts(out, "at", r.at)
+    return out
+
+
+def downstream_to_proto(name: str, state: Any, depth: Any, rate: float, now: datetime) -> pb.DownstreamState:
+    out = pb.DownstreamState(name=name, release_rate_per_second=rate)
+    if state is not None:
+        out.healthy = bool(state.healthy)
+        out.probed = state.healthy is not None
+        out.probe_error = state.probe_error
+        out.paused, out.paused_reason, out.paused_by = state.paused, state.paused_reason, state.paused_by
+        set_ts(out, "last_probe_at", state.last_probe_at)
+    if depth is not None:
+        out.demoted_depth, out.failed_depth = depth.demoted, depth.failed
+        set_ts(out, "oldest_demoted_at", depth.oldest_demoted)
+        set_ts(out, "oldest_failed_at", depth.oldest_failed)
+        if depth.oldest_demoted is not None:
+            out.oldest_demoted_age_seconds = int((now - depth.oldest_demoted).total_seconds())
+        if depth.oldest_failed is not None:
+            out.oldest_failed_age_seconds = int((now - depth.oldest_failed).total_seconds())
+    return out
+
+
+def completion_to_proto(r: Any) -> pb.Completion:
+    out = pb.Completion(
+        task_id=r.task_id, business=r.business, status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{r.status}"),
+        status_reason=r.status_reason, callback_url=r.callback_url, notify_state=r.notify_state,
+        notify_attempts=r.notify_attempts, notify_last_error=r.notify_last_error, reconcile_state=r.reconcile_state)
+    for name in ("finished_at", "notified_at", "reconciled_at"):
+        set_ts(out, name, getattr(r, name))
+    return out
+
+
+def delivery_to_proto(r: Any) -> pb.Delivery:
+    out = pb.Delivery(attempt=r.attempt, target=r.target, ok=r.ok, status_code=r.status_code or 0, error=r.error)
+    set_ts(out, "at", r.at)
+    return out
+
+
+def finding_to_proto(r: Any) -> pb.Finding:
+    out = pb.Finding(id=r.id, task_id=r.task_id, node_id=r.node_id, downstream=r.downstream,
+                     recorded_status=r.recorded_status, observed=r.observed, detail=r.detail)
+    set_ts(out, "found_at", r.found_at)
+    return out
+
+
+def verdict_to_proto(r: Any) -> pb.Verdict:
+    out = pb.Verdict(id=r.id, target=r.target, effect=r.effect, winner_task_id=r.winner_task_id,
+                     loser_task_ids=list(r.loser_task_ids), reason=r.reason)
+    set_ts(out, "decided_at", r.decided_at)
+    return out

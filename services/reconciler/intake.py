@@ -1,0 +1,59 @@
+"""The reconciler's consumers: task.fail and task.demote (recovery), task.create
+(arbitration claims), task.status.> (the "finished" fact). Each decodes the envelope,
+refuses a malformed one for good, and hands it to the domain."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
+
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
+from dispo.reconciler import arbitration, completion, recovery
+from dispo.reconciler.context import STATUS_STREAM, TASKS_STREAM, Context
+
+
+def _decode(msg: Msg) -> task_pb2.Task | Term:
+    try:
+        env = task_pb2.Task.FromString(msg.data)
+    except DecodeError:
+        return Term("malformed task envelope")
+    if not env.task_id:
+        return Term("task envelope without task_id")
+    return env
+
+
+def handler(work: Callable[[task_pb2.Task], Awaitable[bool | None | int]]) -> Callable[[Msg], Awaitable[Disposition]]:
+    async def handle(msg: Msg) -> Disposition:
+        env = _decode(msg)
+        if isinstance(env, Term):
+            return env
+        outcome = await work(env)
+        return Nak(0.2) if outcome is False else ACK
+
+    return handle
+
+
+def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]]:
+    async def fail(env: task_pb2.Task) -> bool:
+        if not env.nodes:
+            return True
+        return await recovery.intake(ctx, env, "fail")
+
+    async def demote(env: task_pb2.Task) -> bool:
+        if not env.nodes:
+            return True
+        return await recovery.intake(ctx, env, "demote")
+
+    return [
+        ("task.fail consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-fail", subject="task.fail",
+                                            handler=handler(fail))),
+        ("task.demote consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-demote", subject="task.demote",
+                                              handler=handler(demote))),
+        ("claims consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-claims", subject="task.create",
+                                         handler=handler(lambda env: arbitration.on_create(ctx, env)))),
+        ("task.status consumer", bus.consumer(STATUS_STREAM, durable=f"{durable}-status", subject="task.status.>",
+                                              handler=handler(lambda env: completion.on_status(ctx, env)), batch=64)),
+    ]

@@ -1,0 +1,106 @@
+"""Operators' commands on parked tasks: redrive one now, redrive many at a bounded rate,
+abandon. Bad input raises a domain error and changes nothing."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
+from dispo.libs.logging import get_logger
+from dispo.reconciler import store
+from dispo.reconciler.context import TASK_CANCEL, Context
+from dispo.reconciler.recovery import redrive_row
+from dispo.reconciler.states import RecoveryState
+from dispo.reconciler.store import Filter, RecoveryRow
+
+log = get_logger(__name__)
+R = RecoveryState
+# States an operator may redrive from; UNKNOWN nodes must be settled first.
+REDRIVABLE = (R.PARKED_FAILED, R.DEMOTED)
+ABANDONABLE = (R.PARKED_FAILED, R.AWAITING_SETTLEMENT, R.AWAITING_DECISION, R.DEMOTED)
+MAX_BY_FILTER = 1000
+
+
+async def _get(conn, task_id: str) -> RecoveryRow:  # type: ignore[no-untyped-def]
+    if not task_id:
+        raise InvalidArgument("task_id", "required")
+    row = await store.task_get(conn, task_id, for_update=True)
+    if row is None:
+        raise NotFound(f"task {task_id!r} is not held by the reconciler")
+    return row
+
+
+async def redrive_one(ctx: Context, task_id: str, actor: str, reason: str, include_permanent: bool) -> RecoveryRow:
+    now = ctx.clock.now()
+    async with ctx.engine.begin() as conn:
+        row = await _get(conn, task_id)
+        if row.state not in REDRIVABLE:
+            hint = " (resolve its UNKNOWN nodes first)" if row.state in (R.AWAITING_DECISION, R.AWAITING_SETTLEMENT) else ""
+            raise FailedPrecondition(f"task {task_id} is {row.state.value}; only PARKED_FAILED or DEMOTED tasks can be redriven{hint}")
+        if not await redrive_row(ctx, conn, row, "manual", now, actor=actor, reason=reason,
+                                 include_permanent=include_permanent):
+            raise FailedPrecondition(f"task {task_id} changed while redriving; try again")
+        result = await store.task_get(conn, task_id)
+    ctx.kick()
+    assert result is not None
+    return result
+
+
+async def redrive_by_filter(ctx: Context, f: Filter, rate_per_second: float, limit: int, actor: str,
+                            reason: str) -> tuple[list[str], datetime | None]:
+    """Schedule matching parked tasks (oldest first) for redrive, ``1 / rate`` seconds apart;
+    the redrive sweep sends each when it is due, so a restart neither loses nor repeats one."""
+    if not rate_per_second > 0:
+        raise InvalidArgument("rate_per_second", "required: a positive number of redrives per second")
+    if limit < 0 or limit > MAX_BY_FILTER:
+        raise InvalidArgument("limit", f"between 0 and {MAX_BY_FILTER} (0 means {MAX_BY_FILTER})")
+    bad = [s for s in f.states if s not in REDRIVABLE]
+    if bad:
+        raise InvalidArgument("filter.states", f"only {', '.join(s.value for s in REDRIVABLE)} can be redriven")
+    f = Filter(f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, f.states or REDRIVABLE)
+    now = ctx.clock.now()
+    step = 1.0 / rate_per_second
+    trigger = f"manual|{actor}|{reason}"[:500]
+    ids: list[str] = []
+    last: datetime | None = None
+    async with ctx.engine.begin() as conn:
+        # Tasks already scheduled by an earlier request keep their place in the queue.
+        busy = await store.task_list(conn, Filter(states=(R.PARKED_FAILED,)), now, limit=MAX_BY_FILTER)
+        latest = max((r.next_redrive_at for r in busy if r.redrive_trigger.startswith("manual|")
+                      and r.next_redrive_at is not None and r.next_redrive_at > now), default=None)
+        start = now if latest is None else latest + timedelta(seconds=step)
+        for i, row in enumerate(await store.task_list(conn, f, now, limit=limit or MAX_BY_FILTER, for_update=True)):
+            due = start + timedelta(seconds=i * step)
+            if await store.task_set_state_if(conn, row.task_id, row.state, R.PARKED_FAILED, now,
+                                             generation=row.generation, next_redrive_at=due, redrive_trigger=trigger):
+                ids.append(row.task_id)
+                last = due
+    log.info("redrive by filter scheduled", count=len(ids), rate_per_second=rate_per_second, actor=actor)
+    return ids, last
+
+
+async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> RecoveryRow:
+    """Stop recovering a task; it is cancelled through the executor's normal cancel path
+    (its pending nodes become CANCELLED and the gateway shows the task CANCELLED)."""
+    now = ctx.clock.now()
+    async with ctx.engine.begin() as conn:
+        row = await _get(conn, task_id)
+        if row.state not in ABANDONABLE:
+            raise FailedPrecondition(f"task {task_id} is {row.state.value}; only parked tasks can be abandoned")
+        why = f"abandoned by {actor or 'an operator'}" + (f": {reason}" if reason else "")
+        if not await store.task_set_state_if(conn, task_id, row.state, R.ABANDONED, now, generation=row.generation,
+                                             reason=why[:500], next_redrive_at=None):
+            raise FailedPrecondition(f"task {task_id} changed meanwhile; try again")
+        await store.redrive_log_add(conn, task_id, row.generation, "abandon", now, actor=actor, reason=reason)
+        stamp = Timestamp()
+        stamp.FromDatetime(now)
+        cancel = task_pb2.CancelRequest(task_id=task_id, requested_at=stamp)
+        await store.emit(conn, TASK_CANCEL, f"{task_id}:cancel:abandon", cancel.SerializeToString(), now)
+        result = await store.task_get(conn, task_id)
+    ctx.kick()
+    log.info("task abandoned", task_id=task_id, actor=actor, reason=reason)
+    assert result is not None
+    return result

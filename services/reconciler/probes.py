@@ -1,0 +1,86 @@
+"""Talking to downstreams and callers over HTTP: health checks, effect probes and signed
+webhook deliveries. Each returns a plain result; none raises for a network problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+import httpx
+
+from dispo.reconciler.envelope import truncate
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """``done`` True / False when the downstream answered; None when it could not say."""
+
+    done: bool | None
+    detail: str = ""
+
+
+async def check_health(client: httpx.AsyncClient, url: str, timeout: float) -> tuple[bool, str]:
+    """(healthy, error). A downstream without a health URL counts as healthy."""
+    if not url:
+        return True, ""
+    try:
+        response = await client.get(url, timeout=timeout)
+    except (httpx.HTTPError, OSError) as error:
+        return False, truncate(f"health check failed: {error!r}")
+    if 200 <= response.status_code < 300:
+        return True, ""
+    return False, f"health check answered HTTP {response.status_code}"
+
+
+async def probe_effect(client: httpx.AsyncClient, base_url: str, probe_path: str, idempotency_key: str,
+                       timeout: float) -> ProbeResult:
+    """GET the action's status probe: 200 with JSON {"done": true|false}."""
+    try:
+        response = await client.get(base_url.rstrip("/") + probe_path, timeout=timeout,
+                                    headers={"Idempotency-Key": idempotency_key})
+    except (httpx.HTTPError, OSError) as error:
+        return ProbeResult(None, truncate(f"probe failed: {error!r}"))
+    if response.status_code != 200:
+        return ProbeResult(None, f"probe answered HTTP {response.status_code}")
+    try:
+        done = response.json().get("done")
+    except (ValueError, AttributeError):
+        return ProbeResult(None, "probe answer is not JSON with a 'done' field")
+    if not isinstance(done, bool):
+        return ProbeResult(None, "probe answer has no boolean 'done'")
+    return ProbeResult(done, f"probe reports done={str(done).lower()}")
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """``sha256=<hex>`` of HMAC-SHA256(secret, "<timestamp>." + body)."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return f"sha256={mac.hexdigest()}"
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    ok: bool
+    status_code: int | None = None
+    error: str = ""
+
+
+async def deliver_webhook(client: httpx.AsyncClient, url: str, body: bytes, *, task_id: str, attempt: int,
+                          secret: str, timestamp: str, timeout: float) -> DeliveryResult:
+    headers = {
+        "Content-Type": "application/json",
+        "X-Dispo-Task-Id": task_id,
+        "X-Dispo-Delivery-Attempt": str(attempt),
+        "X-Dispo-Timestamp": timestamp,
+        "X-Dispo-Signature": signature(secret, timestamp, body),
+        # The same on every attempt: a receiver that saw it already can ignore a repeat.
+        "Idempotency-Key": f"{task_id}/completion",
+    }
+    try:
+        response = await client.post(url, content=body, headers=headers, timeout=timeout)
+    except (httpx.HTTPError, OSError) as error:
+        return DeliveryResult(False, None, truncate(f"delivery failed: {error!r}"))
+    if 200 <= response.status_code < 300:
+        return DeliveryResult(True, response.status_code)
+    return DeliveryResult(False, response.status_code, truncate(f"HTTP {response.status_code}: {response.text}"))

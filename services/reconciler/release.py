@@ -1,0 +1,79 @@
+"""Demoted work: probe the health of downstreams that have demoted tasks waiting, and
+release those tasks back to task.create once their downstreams are healthy and not
+paused — oldest first, at most ``rate_per_second`` per downstream (a token bucket
+holding at most ``burst``), so the recovery does not knock the downstream over again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from dispo.libs.errors import InvalidArgument, NotFound
+from dispo.libs.logging import get_logger
+from dispo.reconciler import store
+from dispo.reconciler.context import Context
+from dispo.reconciler.probes import check_health
+from dispo.reconciler.recovery import redrive_row
+
+log = get_logger(__name__)
+
+
+async def health_sweep(ctx: Context) -> int:
+    """Probe every downstream with demoted tasks waiting; returns how many were probed."""
+    async with ctx.engine.connect() as conn:
+        names = await store.demoted_downstreams(conn)
+    results = await asyncio.gather(*(
+        check_health(ctx.http, ctx.config.downstreams[n].health_url if n in ctx.config.downstreams else "",
+                     ctx.settings.http_timeout) for n in names))
+    now = ctx.clock.now()
+    async with ctx.engine.begin() as conn:
+        for name, (healthy, error) in zip(names, results):
+            if await store.downstream_record_probe(conn, name, healthy, error, now):
+                log.info("downstream health changed", downstream=name, healthy=healthy, error=error)
+    return len(names)
+
+
+async def release_sweep(ctx: Context) -> int:
+    """Release demoted tasks of healthy, unpaused downstreams within their rate."""
+    now = ctx.clock.now()
+    released = 0
+    async with ctx.engine.connect() as conn:
+        names = await store.demoted_downstreams(conn)
+    for name in names:
+        async with ctx.engine.begin() as conn:
+            state = await store.downstream_get(conn, name, for_update=True)
+            if state.healthy is not True or state.paused:
+                continue
+            rate = ctx.config.release_rate(name)
+            tokens = rate.refill(state.tokens, state.tokens_at, now)
+            allowed = min(ctx.settings.batch, math.floor(tokens + 1e-9))
+            rows = await store.demoted_releasable(conn, name, allowed) if allowed > 0 else []
+            for row in rows:
+                if await redrive_row(ctx, conn, row, "release", now, downstream=name):
+                    tokens -= 1
+                    released += 1
+            await store.downstream_set_tokens(conn, name, max(0.0, tokens), now)
+    if released:
+        ctx.kick()
+    return released
+
+
+def _name(ctx: Context, name: str) -> str:
+    if not name.strip():
+        raise InvalidArgument("name", "required: the downstream's name")
+    if name.strip() not in ctx.config.downstreams:
+        raise NotFound(f"downstream {name.strip()!r} is not in the registry ({', '.join(sorted(ctx.config.downstreams))})")
+    return name.strip()
+
+
+async def pause(ctx: Context, name: str, actor: str, reason: str) -> None:
+    async with ctx.engine.begin() as conn:
+        await store.downstream_set_paused(conn, _name(ctx, name), True, actor, reason)
+    log.info("downstream paused", downstream=name, actor=actor, reason=reason)
+
+
+async def resume(ctx: Context, name: str, actor: str) -> None:
+    async with ctx.engine.begin() as conn:
+        await store.downstream_set_paused(conn, _name(ctx, name), False, actor, "")
+    log.info("downstream resumed", downstream=name, actor=actor)

@@ -1,0 +1,60 @@
+"""Builds the recovery part of the reconciler process: streams, consumers, outbox relay,
+the sweep loop and the ReconcilerService servicer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.outbox import OutboxRelay
+from dispo.libs.service import Runtime
+from dispo.reconciler import store
+from dispo.reconciler.config import ReconcilerSettings, load_config
+from dispo.reconciler.context import (
+    CALLBACK_STREAM,
+    CALLBACK_SUBJECTS,
+    STATUS_STREAM,
+    STATUS_SUBJECTS,
+    TASK_SUBJECTS,
+    TASKS_STREAM,
+    Context,
+)
+from dispo.reconciler.intake import consumers
+from dispo.reconciler.servicer import ReconcilerServicer
+from dispo.reconciler.sweeps import SweepLoop
+
+SERVICE_NAME = "dispo.reconciler.v1.ReconcilerService"
+
+
+async def ensure_streams(rt: Runtime) -> None:
+    await rt.bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
+    await rt.bus.ensure_stream(STATUS_STREAM, STATUS_SUBJECTS, max_age=7 * 24 * 3600)
+    await rt.bus.ensure_stream(CALLBACK_STREAM, CALLBACK_SUBJECTS, max_age=7 * 24 * 3600)
+
+
+async def hold_open(http: httpx.AsyncClient) -> None:
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await http.aclose()
+
+
+async def wire_recovery(rt: Runtime) -> Context:
+    settings = ReconcilerSettings()
+    config = load_config(settings)
+    await ensure_streams(rt)
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))
+    relay = OutboxRelay(rt.engine, store.outbox, rt.bus)
+    ctx = Context(rt.engine, rt.clock, config, settings, http, relay, rt.bus)
+    rt.add_servicer(lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(
+        ReconcilerServicer(ctx), server), SERVICE_NAME)
+    for name, consumer in consumers(ctx, rt.bus, settings.durable):
+        rt.add_part(name, consumer.run, consumer.stop)
+    rt.add_part("outbox relay", relay.run, relay.stop)
+    if settings.sweep_interval > 0:
+        loop = SweepLoop(ctx, settings.sweep_interval)
+        rt.add_part("sweeps", loop.run, loop.stop)
+    rt.add_part("http client", lambda: hold_open(http))
+    return ctx
