@@ -66,43 +66,56 @@ async def on_create(ctx: Context, env: task_pb2.Task) -> int:
 
 async def arbitrate_sweep(ctx: Context) -> int:
     """Decide every target with open claims (one batch); returns verdicts recorded."""
-    policy = ctx.config.arbitration
     now = ctx.clock.now()
     verdicts = 0
     async with ctx.engine.connect() as conn:
         targets = await arb.open_targets(conn, ctx.settings.batch)
     for target, effect in targets:
         async with ctx.engine.begin() as conn:
-            rows = await arb.target_claims(conn, target, effect, policy.window)
-            by_task: dict[str, Contender] = {}
-            states: dict[str, C] = {}
-            for r in rows:
-                by_task.setdefault(r.task_id, Contender(r.task_id, r.business, r.cell, r.accepted_at))
-                states[r.task_id] = C(r.state)
-            opened = [t for t, s in states.items() if s is C.OPEN]
-            # Only claims within the window of an open claim contend with it.
-            contenders = [c for c in by_task.values()
-                          if any(policy.within_window(c.accepted_at, by_task[o].accepted_at) for o in opened)]
-            ruling = policy.decide(contenders)
-            if ruling is None:
-                await arb.uncontested_close(conn, target, effect, now - timedelta(seconds=policy.window))
-                continue
-            new_losers = [c.task_id for c in ruling.losers if states.get(c.task_id) is not C.LOST]
-            winners = [c.task_id for c in contenders if c.task_id not in {x.task_id for x in ruling.losers}]
-            if not new_losers:
-                await arb.claims_set_if(conn, target, effect, winners, (C.OPEN,), C.WON, None)
-                continue
-            verdict = await arb.verdict_add(conn, target, effect, ruling.winner.task_id, new_losers, ruling.reason, now)
-            await arb.claims_set_if(conn, target, effect, winners, (C.OPEN,), C.WON, verdict)
-            await arb.claims_set_if(conn, target, effect, new_losers, (C.OPEN, C.WON), C.LOST, verdict)
-            stamp = Timestamp()
-            stamp.FromDatetime(now)
-            for loser in new_losers:
-                cancel = task_pb2.CancelRequest(task_id=loser, requested_at=stamp)
-                await store.emit(conn, TASK_CANCEL, f"{loser}:cancel:verdict{verdict}", cancel.SerializeToString(), now)
-            verdicts += 1
-            log.info("arbitration verdict", verdict=verdict, target=target, effect=effect,
-                     winner=ruling.winner.task_id, losers=new_losers, reason=ruling.reason)
+            verdicts += await _decide_target(ctx, conn, target, effect, now)
     if verdicts:
         ctx.kick()
     return verdicts
+
+
+async def _decide_target(ctx: Context, conn, target: str, effect: str, now) -> int:  # type: ignore[no-untyped-def]
+    """Settle every open claim on one target, oldest first: each meets the claims within
+    the window of it; a conflict yields a verdict, no conflict past the window closes it."""
+    policy = ctx.config.arbitration
+    rows = await arb.target_claims(conn, target, effect, policy.window)
+    by_task: dict[str, Contender] = {}
+    states: dict[str, C] = {}
+    for r in rows:
+        by_task.setdefault(r.task_id, Contender(r.task_id, r.business, r.cell, r.accepted_at))
+        states[r.task_id] = C(r.state)
+    verdicts = 0
+    seen: set[str] = set()
+    while True:
+        waiting = sorted((c.accepted_at, t) for t, c in by_task.items() if states[t] is C.OPEN and t not in seen)
+        if not waiting:
+            return verdicts
+        anchor = by_task[waiting[0][1]]
+        seen.add(anchor.task_id)
+        group = [c for t, c in by_task.items() if states[t] in (C.OPEN, C.WON)
+                 and policy.within_window(c.accepted_at, anchor.accepted_at)]
+        ruling = policy.decide(group)
+        if ruling is None:
+            if anchor.accepted_at < now - timedelta(seconds=policy.window):
+                await arb.claims_set_if(conn, target, effect, [anchor.task_id], (C.OPEN,), C.UNCONTESTED, None)
+                states[anchor.task_id] = C.UNCONTESTED
+            continue
+        losers = {c.task_id for c in ruling.losers}
+        winners = [c.task_id for c in group if c.task_id not in losers and states[c.task_id] is C.OPEN]
+        new_losers = [c.task_id for c in ruling.losers]
+        verdict = await arb.verdict_add(conn, target, effect, ruling.winner.task_id, new_losers, ruling.reason, now)
+        await arb.claims_set_if(conn, target, effect, winners, (C.OPEN,), C.WON, verdict)
+        await arb.claims_set_if(conn, target, effect, new_losers, (C.OPEN, C.WON), C.LOST, verdict)
+        states.update({t: C.WON for t in winners} | {t: C.LOST for t in new_losers})
+        stamp = Timestamp()
+        stamp.FromDatetime(now)
+        for loser in new_losers:
+            cancel = task_pb2.CancelRequest(task_id=loser, requested_at=stamp)
+            await store.emit(conn, TASK_CANCEL, f"{loser}:cancel:verdict{verdict}", cancel.SerializeToString(), now)
+        verdicts += 1
+        log.info("arbitration verdict", verdict=verdict, target=target, effect=effect,
+                 winner=ruling.winner.task_id, losers=new_losers, reason=ruling.reason)

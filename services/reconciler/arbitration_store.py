@@ -32,8 +32,8 @@ async def target_claims(conn: AsyncConnection, target: str, effect: str, window:
     """OPEN claims on the target and the WON / OPEN ones within ``window`` of them, locked."""
     return list(await conn.execute(text(
         "SELECT * FROM claims WHERE target = :target AND effect = :effect AND state IN ('OPEN', 'WON')"
-        " AND accepted_at >= (SELECT min(accepted_at) FROM claims"
-        "                     WHERE target = :target AND effect = :effect AND state = 'OPEN') - :window"
+        " AND accepted_at >= ((SELECT min(accepted_at) FROM claims"
+        "                      WHERE target = :target AND effect = :effect AND state = 'OPEN') - CAST(:window AS interval))"
         " ORDER BY accepted_at, task_id FOR UPDATE"),
         {"target": target, "effect": effect, "window": timedelta(seconds=window)}))
 

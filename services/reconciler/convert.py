@@ -9,7 +9,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.errors import InvalidArgument
 from dispo.reconciler import envelope as E
-from dispo.reconciler.states import PARKED, RecoveryState
+from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.store import Filter, RecoveryRow
 
 DEFAULT_PAGE = 50
@@ -39,7 +39,7 @@ def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
     if f.min_age_seconds < 0:
         raise InvalidArgument("filter.min_age_seconds", "must not be negative")
     states = tuple(state_from_proto(s, f"filter.states[{i}]") for i, s in enumerate(f.states))
-    return Filter(f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, states or tuple(sorted(PARKED)))
+    return Filter(f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, states)
 
 
 def page(request: common_pb2.PageRequest) -> tuple[int, int]:

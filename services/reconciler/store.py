@@ -59,11 +59,12 @@ class Filter:
     downstream: str = ""
     error_class: str = ""
     min_age_seconds: int = 0
-    states: tuple[RecoveryState, ...] = tuple(sorted(PARKED))
+    # Empty: the parked states.
+    states: tuple[RecoveryState, ...] = ()
 
 
 def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
-    clauses, params = ["state = ANY(:states)"], {"states": [s.value for s in f.states]}
+    clauses, params = ["state = ANY(:states)"], {"states": [s.value for s in (f.states or sorted(PARKED))]}
     if f.business:
         clauses.append("business = :business")
         params["business"] = f.business

@@ -115,7 +115,8 @@ async def fake_downstream() -> AsyncIterator[FakeDownstream]:
 
 @pytest.fixture
 async def receiver() -> AsyncIterator[CallbackReceiver]:
-    r = CallbackReceiver()
+    from dispo.libs.stack.nats import free_port
+    r = CallbackReceiver(port=free_port())  # its URL is known before it starts listening
     yield r
     await r.stop()
 

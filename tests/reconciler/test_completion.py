@@ -1,0 +1,134 @@
+"""The three completion facts: finished, notified (signed webhook with retries, or a NATS
+subject; each attempt recorded), reconciled (probes sampled, mismatches as findings)."""
+
+import asyncio
+import json
+
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.reconciler import completion
+from dispo.reconciler.probes import signature
+from dispo.reconciler.sweeps import run_sweeps
+
+from .conftest import TS, envelope, node
+
+
+def finished(task_id, callback_url="", status="SUCCEEDED", **kw):
+    return envelope(task_id, [
+        node("a.set", "SUCCEEDED", task_id=task_id),
+        node("a.audit", "SUCCEEDED", deps=("a.set",), probe=False, task_id=task_id),
+        node("b.skip", "CANCELLED", task_id=task_id),
+    ], status=status, callback_url=callback_url, generation=4, **kw)
+
+
+async def facts(stub, task_id):
+    return await stub.GetCompletion(pb.GetCompletionRequest(task_id=task_id))
+
+
+async def test_finished_is_recorded_once_and_non_terminal_snapshots_are_ignored(recon, stub):
+    await completion.on_status(recon, finished("run", status="RUNNING"))
+    await completion.on_status(recon, finished("f"))
+    await completion.on_status(recon, finished("f", status="FAILED"))  # a later snapshot does not rewrite the fact
+    reply = await facts(stub, "f")
+    assert reply.completion.status == TS.TASK_STATUS_SUCCEEDED
+    assert reply.completion.notify_state == "NONE" and reply.completion.reconcile_state == "PENDING"
+    import grpc
+
+    from .test_operations import expect_error
+    await expect_error(stub.GetCompletion(pb.GetCompletionRequest(task_id="run")), grpc.StatusCode.NOT_FOUND)
+
+
+async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(recon, manual_clock, receiver, stub):
+    receiver_port_reserved = receiver  # not started: connection refused
+    await completion.on_status(recon, finished("cb", callback_url=receiver.url))
+    assert (await run_sweeps(recon, "notify"))["notify"] == 1
+    reply = await facts(stub, "cb")
+    assert reply.completion.notify_state == "PENDING" and reply.completion.notify_attempts == 1
+    assert not reply.deliveries[0].ok and "delivery failed" in reply.deliveries[0].error
+    assert (await run_sweeps(recon, "notify"))["notify"] == 0  # backoff: 10 s
+    manual_clock.advance(seconds=11)
+    assert (await run_sweeps(recon, "notify"))["notify"] == 1  # still down: attempt 2, then 20 s
+    manual_clock.advance(seconds=21)
+
+    await receiver_port_reserved.start()
+    assert (await run_sweeps(recon, "notify"))["notify"] == 1
+    manual_clock.advance(seconds=1000)
+    assert (await run_sweeps(recon, "notify"))["notify"] == 0
+    assert len(receiver.received) == 1
+    got = receiver.received[0]
+    body = json.loads(got["body"])
+    assert body["task_id"] == "cb" and body["status"] == "SUCCEEDED"
+    assert {n["node_id"]: n["status"] for n in body["nodes"]}["b.skip"] == "CANCELLED"
+    headers = got["headers"]
+    assert headers["X-Dispo-Signature"] == signature("test-secret", headers["X-Dispo-Timestamp"], got["body"])
+    assert headers["Idempotency-Key"] == "cb/completion" and headers["X-Dispo-Delivery-Attempt"] == "3"
+    reply = await facts(stub, "cb")
+    assert reply.completion.notify_state == "DELIVERED" and reply.completion.HasField("notified_at")
+    assert [(d.attempt, d.ok) for d in reply.deliveries] == [(1, False), (2, False), (3, True)]
+    assert reply.deliveries[2].status_code == 200
+
+
+async def test_delivery_gives_up_visibly_after_max_attempts(recon, manual_clock, stub):
+    await completion.on_status(recon, finished("gone", callback_url="http://127.0.0.1:9/hook"))
+    for _ in range(5):
+        await run_sweeps(recon, "notify")
+        manual_clock.advance(seconds=200)
+    reply = await facts(stub, "gone")
+    assert reply.completion.notify_state == "GAVE_UP" and reply.completion.notify_attempts == 5
+
+
+async def test_nats_callback_is_published_once_with_a_message_id(recon, bus, stub):
+    sub = await bus.nc.subscribe("callback.ecommerce")
+    await completion.on_status(recon, finished("nc", callback_url="nats:callback.ecommerce"))
+    assert (await run_sweeps(recon, "notify"))["notify"] == 1
+    msg = await sub.next_msg(timeout=5)
+    assert json.loads(msg.data)["task_id"] == "nc"
+    assert msg.headers["Nats-Msg-Id"] == "nc:completion"
+    assert (await facts(stub, "nc")).completion.notify_state == "DELIVERED"
+    await sub.unsubscribe()
+
+
+async def test_reconciliation_pass_records_mismatches_as_findings(recon, manual_clock, fake_downstream, stub):
+    fake_downstream.done["ok/a.set"] = True
+    fake_downstream.done["bad/b.skip"] = True  # the downstream did what Dispo recorded as cancelled
+    await completion.on_status(recon, finished("ok"))
+    await completion.on_status(recon, finished("bad"))
+    assert (await run_sweeps(recon, "reconcile"))["reconcile"] == 0  # not before the delay
+    manual_clock.advance(seconds=61)
+    assert (await run_sweeps(recon, "reconcile"))["reconcile"] == 2
+    ok, bad = await facts(stub, "ok"), await facts(stub, "bad")
+    assert ok.completion.reconcile_state == "MATCHED" and ok.completion.HasField("reconciled_at")
+    assert bad.completion.reconcile_state == "MISMATCH"
+    found = {(f.node_id, f.recorded_status, f.observed) for f in bad.findings}
+    assert found == {("a.set", "SUCCEEDED", "not done"), ("b.skip", "CANCELLED", "done")}
+    listed = await stub.ListFindings(pb.ListFindingsRequest())
+    assert {f.task_id for f in listed.findings} == {"bad"}
+    # The audit node has no probe and is not sampled; nothing probed twice.
+    assert fake_downstream.probes == {"ok/a.set": 1, "ok/b.skip": 1, "bad/a.set": 1, "bad/b.skip": 1}
+
+
+async def test_unanswered_probes_are_retried_then_reported(recon, manual_clock, fake_downstream, stub):
+    fake_downstream.broken.update({"mute/a.set", "mute/b.skip"})
+    await completion.on_status(recon, finished("mute"))
+    manual_clock.advance(seconds=61)
+    await run_sweeps(recon, "reconcile")
+    assert (await facts(stub, "mute")).completion.reconcile_state == "PENDING"
+    manual_clock.advance(seconds=31)
+    await run_sweeps(recon, "reconcile")
+    reply = await facts(stub, "mute")
+    assert reply.completion.reconcile_state == "MISMATCH"
+    assert {f.observed for f in reply.findings} == {"unreachable"}
+
+
+async def test_the_three_facts_are_separate(recon, manual_clock, receiver, stub):
+    await receiver.start()
+    await completion.on_status(recon, finished("three", callback_url=receiver.url))
+    reply = await facts(stub, "three")
+    assert reply.completion.HasField("finished_at")
+    assert not reply.completion.HasField("notified_at") and not reply.completion.HasField("reconciled_at")
+    await run_sweeps(recon, "notify")
+    reply = await facts(stub, "three")
+    assert reply.completion.HasField("notified_at") and not reply.completion.HasField("reconciled_at")
+    manual_clock.advance(seconds=61)
+    await run_sweeps(recon, "reconcile")
+    assert (await facts(stub, "three")).completion.HasField("reconciled_at")
+    await asyncio.sleep(0)

@@ -1,0 +1,106 @@
+"""task.demote: tracked per downstream, released when the downstream's health probe
+passes — oldest first, no faster than the configured rate — pausable by hand, with
+queue depth and oldest age queryable."""
+
+from datetime import timedelta
+
+import grpc
+import pytest
+from sqlalchemy import text
+
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.reconciler import recovery
+from dispo.reconciler.states import RecoveryState
+from dispo.reconciler.sweeps import run_sweeps
+
+from .conftest import creates, envelope, node, row, status_of
+from .test_operations import expect_error
+
+
+def demoted(task_id, downstreams=("labels",)):
+    nodes = [node("a.done", "SUCCEEDED", task_id=task_id)]
+    nodes += [node(f"b{i}.wait", "DEMOTED", downstream=d, task_id=task_id) for i, d in enumerate(downstreams)]
+    return envelope(task_id, nodes, status="DEMOTED")
+
+
+async def release_times(recon):
+    async with recon.engine.connect() as conn:
+        rows = await conn.execute(text("SELECT task_id, at FROM redrive_log WHERE trigger = 'release' ORDER BY id"))
+        return [(r.task_id, r.at) for r in rows]
+
+
+async def test_released_oldest_first_no_faster_than_the_rate_once_healthy(recon, manual_clock, fake_downstream):
+    fake_downstream.healthy = False
+    for i in range(7):
+        assert await recovery.intake(recon, demoted(f"d{i}"), "demote")
+        manual_clock.advance(seconds=1)
+    assert (await row(recon, "d0")).state is RecoveryState.DEMOTED
+
+    await run_sweeps(recon, "health")
+    assert await run_sweeps(recon, "release") == {"release": 0}
+    manual_clock.advance(seconds=30)
+    assert await run_sweeps(recon, "release") == {"release": 0}  # still down
+
+    fake_downstream.healthy = True
+    start = manual_clock.now()
+    counts = []
+    for _ in range(12):  # every 0.5 s of clock time: health probe, then release
+        await run_sweeps(recon, "health")
+        counts.append((await run_sweeps(recon, "release"))["release"])
+        manual_clock.advance(seconds=0.5)
+    assert sum(counts) == 7
+    released = await release_times(recon)
+    assert [t for t, _ in released] == [f"d{i}" for i in range(7)]  # oldest first
+    # Rate 2/s with a bucket of 2: in any interval of T seconds at most 2 + 2·T releases.
+    for i, (_, a) in enumerate(released):
+        for j in range(i, len(released)):
+            span = (released[j][1] - a).total_seconds()
+            assert j - i + 1 <= 2 + 2 * span, (i, j, span)
+    assert released[0][1] == start
+    sent = {e.task_id: e for e in await creates(recon)}
+    assert status_of(sent["d3"], "a.done") == "SUCCEEDED" and status_of(sent["d3"], "b0.wait") == "PENDING"
+    assert (await row(recon, "d3")).releases == 1 and (await row(recon, "d3")).redrives == 0
+
+
+async def test_pause_holds_a_healthy_downstream_until_resumed(recon, manual_clock, stub):
+    await recovery.intake(recon, demoted("p1"), "demote")
+    reply = await stub.PauseDownstream(pb.PauseDownstreamRequest(name="labels", actor="dave", reason="deploy"))
+    assert reply.downstream.paused and reply.downstream.paused_by == "dave"
+    await run_sweeps(recon, "health")
+    manual_clock.advance(seconds=5)
+    assert (await run_sweeps(recon, "release"))["release"] == 0
+    reply = await stub.ResumeDownstream(pb.ResumeDownstreamRequest(name="labels", actor="dave"))
+    assert not reply.downstream.paused
+    assert (await run_sweeps(recon, "release"))["release"] == 1
+    await expect_error(stub.PauseDownstream(pb.PauseDownstreamRequest(name="")), grpc.StatusCode.INVALID_ARGUMENT, "name")
+    await expect_error(stub.PauseDownstream(pb.PauseDownstreamRequest(name="nope")), grpc.StatusCode.NOT_FOUND)
+
+
+async def test_a_task_waiting_for_two_downstreams_needs_both(recon, manual_clock, stub):
+    await recovery.intake(recon, demoted("two", ("labels", "review")), "demote")
+    await stub.PauseDownstream(pb.PauseDownstreamRequest(name="review", actor="x"))
+    await run_sweeps(recon, "health")
+    manual_clock.advance(seconds=5)
+    assert (await run_sweeps(recon, "release"))["release"] == 0
+    await stub.ResumeDownstream(pb.ResumeDownstreamRequest(name="review"))
+    assert (await run_sweeps(recon, "release"))["release"] == 1
+
+
+async def test_queue_depth_and_oldest_age_per_downstream(recon, manual_clock, stub, fake_downstream):
+    fake_downstream.healthy = False
+    await recovery.intake(recon, demoted("q1"), "demote")
+    manual_clock.advance(seconds=40)
+    await recovery.intake(recon, demoted("q2"), "demote")
+    await recovery.intake(recon, envelope("q3", [node("a.x", "FAILED", downstream="review", task_id="q3")]), "fail")
+    await run_sweeps(recon, "health")
+    manual_clock.advance(seconds=20)
+    reply = await stub.ListDownstreams(pb.ListDownstreamsRequest())
+    by_name = {d.name: d for d in reply.downstreams}
+    labels, review = by_name["labels"], by_name["review"]
+    assert (labels.demoted_depth, labels.oldest_demoted_age_seconds) == (2, 60)
+    assert labels.probed and not labels.healthy and "503" in labels.probe_error
+    assert (review.failed_depth, review.oldest_failed_age_seconds, review.demoted_depth) == (1, 20, 0)
+    assert labels.release_rate_per_second == pytest.approx(2)
+    assert set(by_name) >= {"labels", "review", "notify"}
+    assert manual_clock.now() - timedelta(seconds=60) == labels.oldest_demoted_at.ToDatetime().replace(
+        tzinfo=manual_clock.now().tzinfo)
