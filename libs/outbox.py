@@ -63,6 +63,10 @@ class OutboxRelay:
     async def relay_once(self) -> int:
         """Publish up to one batch of unsent rows; returns how many were published."""
         t = self.table
+        if not self.bus.nc.is_connected:
+            # A publish now would sit in the client's reconnect buffer and go out later,
+            # outside our transaction; wait for the connection instead.
+            return 0
         async with self.engine.begin() as conn:
             rows = (
                 await conn.execute(
@@ -92,7 +96,7 @@ class OutboxRelay:
                 await self._wait(0.5)
                 continue
             if published < self.batch:
-                await self._wait(self.poll_interval)
+                await self._wait(self.poll_interval if self.bus.nc.is_connected else 0.2)
 
     async def _wait(self, seconds: float) -> None:
         waiters = [asyncio.ensure_future(self._kick.wait()), asyncio.ensure_future(self._stopping.wait())]

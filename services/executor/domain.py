@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import enum
 import random
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 
 from dispo.executor.states import NodeState, TaskState
 
@@ -86,13 +86,6 @@ class Decision:
     reason: str = ""
 
 
-@dataclass
-class Changes:
-    """Node status changes a scheduling step wants, by node id."""
-
-    statuses: dict[str, NodeState] = field(default_factory=dict)
-
-
 def blocked_by_failure(nodes: dict[str, NodeRun]) -> list[str]:
     """PENDING nodes that can never run because a dependency ended badly (transitively)."""
     doomed: set[str] = set()
@@ -123,15 +116,12 @@ def ready(nodes: dict[str, NodeRun], now: datetime) -> list[NodeRun]:
     ]
 
 
-def waiting(nodes: dict[str, NodeRun], now: datetime) -> list[NodeRun]:
-    """PENDING nodes that could run but for their backoff."""
+def runnable(nodes: dict[str, NodeRun]) -> list[NodeRun]:
+    """PENDING nodes whose dependencies all SUCCEEDED: ready now or after their backoff."""
     return [
         n
         for n in nodes.values()
-        if n.status is NodeState.PENDING
-        and all(nodes[d].status is NodeState.SUCCEEDED for d in n.depends_on)
-        and n.not_before is not None
-        and n.not_before > now
+        if n.status is NodeState.PENDING and all(nodes[d].status is NodeState.SUCCEEDED for d in n.depends_on)
     ]
 
 
@@ -152,9 +142,9 @@ def decide(nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool) -> 
             return Decision(Next.FINISH, TaskState.CANCELLED, reason="cancelled by request")
         failed = sorted(i for i, n in nodes.items() if n.permanently_failed)
         return Decision(Next.FINISH, TaskState.FAILED, reason=f"failed: {', '.join(failed)}")
-    backoff = waiting(nodes, now)
-    if backoff:
-        moment = min(n.not_before for n in backoff if n.not_before is not None)
+    again = runnable(nodes)
+    if again:
+        moment = max(now, min(n.not_before or now for n in again))
         return Decision(Next.RETRY, TaskState.RUNNING, not_before=moment, reason="short retry")
     demoted = sorted({n.spec.downstream for n in nodes.values() if n.status is NodeState.DEMOTED})
     if demoted:

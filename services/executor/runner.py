@@ -268,7 +268,8 @@ class Executor:
                 await repo.task_insert(conn, None, task_id, now, cancel_requested=True)
                 await repo.task_set_status(conn, task_id, TaskState.CANCELLED, "cancelled before start", now,
                                            expected=(TaskState.ACCEPTED,))
-                await repo.emit_status(conn, task_id, now)
+                # No status event yet: it would carry no nodes. The task.create, if it ever
+                # comes, records the nodes CANCELLED and reports them.
                 return ACK
             if row.status in TASK_FINAL:
                 return ACK

@@ -81,6 +81,19 @@ async def task_request_cancel(conn: AsyncConnection, task_id: str, now: datetime
     return result.rowcount == 1
 
 
+async def outbox_withdraw_create(conn: AsyncConnection, task_id: str) -> bool:
+    """Take back a task.create not yet published (the relay's row lock makes this exact:
+    a row being published is waited for, then found sent)."""
+    result = await conn.execute(
+        text("DELETE FROM outbox WHERE msg_id = :id AND subject = 'task.create' AND sent_at IS NULL"), {"id": task_id})
+    return result.rowcount == 1
+
+
+async def task_set_view(conn: AsyncConnection, task_id: str, view: task_pb2.Task, status: str, now: datetime) -> None:
+    await conn.execute(text("UPDATE tasks SET view = :view, status = :status, updated_at = :now WHERE task_id = :id"),
+                       {"id": task_id, "view": view.SerializeToString(), "status": status, "now": now})
+
+
 async def task_list(conn: AsyncConnection, *, business: str, statuses: list[str], created_after: datetime | None,
                     created_before: datetime | None, after: tuple[datetime, str] | None, limit: int) -> list[TaskRecord]:
     clauses, params = [], {"limit": limit}

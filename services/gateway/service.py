@@ -8,6 +8,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator
+from datetime import datetime
 from dataclasses import asdict
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -16,6 +17,7 @@ from dispo.gateway import repository as repo
 from dispo.gateway.catalogue import Catalogue
 from dispo.gateway.convert import status_name, task_envelope
 from dispo.gateway.expand import Limits, Submission, expand, validate
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.clock import Clock
 from dispo.libs.errors import FailedPrecondition, NotFound
@@ -30,6 +32,19 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 def request_hash(sub: Submission) -> str:
     canonical = json.dumps(asdict(sub), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def cancelled_view(view: task_pb2.Task, now: datetime) -> task_pb2.Task:
+    out = task_pb2.Task()
+    out.CopyFrom(view)
+    out.status = common_pb2.TASK_STATUS_CANCELLED
+    out.cancel_requested = True
+    out.status_reason = "cancelled before publication"
+    out.updated_at.FromDatetime(now)
+    for node in out.nodes:
+        node.status = common_pb2.NODE_STATUS_CANCELLED
+        node.finished_at.FromDatetime(now)
+    return out
 
 
 class Accepted:
@@ -108,6 +123,10 @@ class Gateway:
                 raise NotFound(f"no task {task_id!r}")
             if record.status in TERMINAL:
                 raise FailedPrecondition(f"task {task_id} is already {record.status}")
+            if await repo.outbox_withdraw_create(conn, task_id):
+                # Never published (the relay does not publish while disconnected): no
+                # executor has seen it, so it is cancelled here, completely.
+                await repo.task_set_view(conn, task_id, cancelled_view(record.view, now), "CANCELLED", now)
             if await repo.task_request_cancel(conn, task_id, now):
                 request = task_pb2.CancelRequest(task_id=task_id)
                 request.requested_at.FromDatetime(now)

@@ -1,0 +1,116 @@
+"""GetTask, ListTasks, CancelTask, WatchTask and ListCells through the real gateway."""
+
+import grpc
+import pytest
+from pipeline_fixtures import dump, wait_status
+
+from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.sdk import DispoError, cell
+
+
+async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, downstream):
+    await downstream.control(fail={"status": 503, "times": 1, "path": "/step/g"})
+    task = await client.submit("tests", [cell("step", name="g"), cell("noop")])
+
+    done = await client.wait(task.task_id, timeout=30)
+
+    node = done.node("step.call")
+    assert (node.status, node.attempts) == ("SUCCEEDED", 2)
+    assert node.started_at is not None and node.finished_at is not None and node.finished_at >= node.started_at
+    assert done.version > 0
+
+
+async def test_unknown_task_is_not_found(client):
+    for call in (client.get, client.cancel):
+        with pytest.raises(DispoError) as missing:
+            await call("nope")
+        assert missing.value.code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_list_tasks_filters_and_pages(client):
+    ids = {}
+    for business in ("a", "b"):
+        ids[business] = [(await client.submit(business, [cell("noop", ref=f"n{i}")])).task_id for i in range(5)]
+    for task_id in ids["a"] + ids["b"]:
+        await client.wait(task_id, timeout=30)
+
+    listed = [t async for t in client.list(business="a", page_size=2)]
+    assert [t.task_id for t in listed] == ids["a"]
+    assert {t.status for t in listed} == {3}  # TASK_STATUS_SUCCEEDED
+    assert [t async for t in client.list(statuses=["FAILED"])] == []
+    assert len([t async for t in client.list(statuses=["SUCCEEDED"], page_size=3)]) == 10
+
+
+async def test_list_tasks_refuses_a_forged_cursor(pipeline):
+    async with grpc.aio.insecure_channel(pipeline.gateway.address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.ListTasks(gateway_pb2.ListTasksRequest(page={"page_token": "garbage!"}))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_cancel_cancels_pending_nodes_and_lets_the_running_one_finish(client, downstream):
+    await downstream.control(hold={"path": "/step/first"})
+    task = await client.submit("tests", [cell("step", ref="first", name="first"),
+                                         cell("step", ref="second", name="second").after("first")])
+    await downstream.wait_held()
+
+    cancelled = await client.cancel(task.task_id)
+    assert cancelled.cancel_requested
+    await wait_for_cancel_flag(client, task.task_id)
+    await downstream.control(release=True)  # the running call now finishes (with a 503)
+    done = await client.wait(task.task_id, timeout=30)
+
+    assert done.status == "CANCELLED", dump(done)
+    assert done.node("second.call").status == "CANCELLED"
+    assert f"{task.task_id}/second.call" not in await downstream.calls()
+    with pytest.raises(DispoError) as refused:
+        await client.cancel(task.task_id)
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def wait_for_cancel_flag(client, task_id):
+    """Until the executor has recorded the cancel (its status event says so)."""
+    import asyncio
+
+    for _ in range(200):
+        view = await client.get(task_id)
+        if view.raw.cancel_requested and view.version > 2:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def test_cancel_before_publication_withdraws_the_task(pipeline, downstream, infra, bus):
+    async with pipeline.client() as client:
+        infra.nats.stop()  # the outbox cannot publish: the task.create is still ours
+        task = await client.submit("tests", [cell("step", name="never")])
+        cancelled = await client.cancel(task.task_id)
+        infra.restart_nats()
+        settled = await client.submit("tests", [cell("noop")])  # flushes the outbox behind it
+        await client.wait(settled.task_id, timeout=60)
+
+        done = await client.get(task.task_id)
+
+    assert cancelled.status == "CANCELLED" and done.status == "CANCELLED"
+    assert done.node_statuses == {"step.call": "CANCELLED"}
+    assert await downstream.calls() == {}
+
+
+async def test_watch_streams_changes_until_terminal(client):
+    task = await client.submit("tests", [cell("pair", name="w")])
+
+    seen = [view async for view in client.watch(task.task_id)]
+
+    assert seen[-1].status == "SUCCEEDED"
+    assert [v.version for v in seen] == sorted({v.version for v in seen})  # each change once, in order
+    assert len(seen) >= 2
+
+
+async def test_list_cells_reads_the_catalogue(pipeline):
+    async with grpc.aio.insecure_channel(pipeline.gateway.address) as channel:
+        reply = await gateway_pb2_grpc.GatewayServiceStub(channel).ListCells(gateway_pb2.ListCellsRequest())
+    cells = {c.name: c for c in reply.cells}
+    assert set(cells) == {"step", "step_once", "pair", "noop"}
+    assert [a.name for a in cells["pair"].actions] == ["first", "second"]
+    assert list(cells["pair"].actions[1].depends_on) == ["first"]
+    assert cells["step"].fields[0].required
