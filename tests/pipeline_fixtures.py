@@ -182,6 +182,20 @@ async def pipeline(start_service: Any, catalogue_file: Path) -> AsyncIterator[Pi
 
 
 @pytest.fixture
+async def gateway_only(start_service: Any, catalogue_file: Path) -> AsyncIterator[Pipeline]:
+    """Just the gateway (for what needs no executor: validation, queries)."""
+    p = Pipeline(start_service, catalogue_file)
+    await p.start_gateway()
+    yield p
+
+
+@pytest.fixture
+async def gateway_client(gateway_only: Pipeline) -> AsyncIterator[AsyncClient]:
+    async with gateway_only.client() as c:
+        yield c
+
+
+@pytest.fixture
 async def client(pipeline: Pipeline) -> AsyncIterator[AsyncClient]:
     async with pipeline.client() as c:
         yield c

@@ -1,1 +1,1 @@
-from pipeline_fixtures import catalogue_file, client, downstream, pipeline  # noqa: F401
+from pipeline_fixtures import catalogue_file, client, downstream, gateway_client, gateway_only, pipeline  # noqa: F401

@@ -20,7 +20,8 @@ async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, 
     assert done.version > 0
 
 
-async def test_unknown_task_is_not_found(client):
+async def test_unknown_task_is_not_found(gateway_client):
+    client = gateway_client
     for call in (client.get, client.cancel):
         with pytest.raises(DispoError) as missing:
             await call("nope")
@@ -41,7 +42,8 @@ async def test_list_tasks_filters_and_pages(client):
     assert len([t async for t in client.list(statuses=["SUCCEEDED"], page_size=3)]) == 10
 
 
-async def test_list_tasks_refuses_a_forged_cursor(pipeline):
+async def test_list_tasks_refuses_a_forged_cursor(gateway_only):
+    pipeline = gateway_only
     async with grpc.aio.insecure_channel(pipeline.gateway.address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -106,7 +108,8 @@ async def test_watch_streams_changes_until_terminal(client):
     assert len(seen) >= 2
 
 
-async def test_list_cells_reads_the_catalogue(pipeline):
+async def test_list_cells_reads_the_catalogue(gateway_only):
+    pipeline = gateway_only
     async with grpc.aio.insecure_channel(pipeline.gateway.address) as channel:
         reply = await gateway_pb2_grpc.GatewayServiceStub(channel).ListCells(gateway_pb2.ListCellsRequest())
     cells = {c.name: c for c in reply.cells}

@@ -36,7 +36,8 @@ BAD_SUBMISSIONS = {
 }
 
 
-async def test_bad_submissions_are_refused_with_the_field_and_nothing_written(client, service_engine):
+async def test_bad_submissions_are_refused_with_the_field_and_nothing_written(gateway_client, service_engine):
+    client = gateway_client
     """Cycle, unknown cell, oversized payload and the other refusals: one gateway, every case."""
     for case, (cells, code, field) in BAD_SUBMISSIONS.items():
         with pytest.raises(DispoError) as refused:
@@ -47,7 +48,8 @@ async def test_bad_submissions_are_refused_with_the_field_and_nothing_written(cl
     assert await counts(service_engine) == (0, 0)
 
 
-async def test_bad_business_and_callback_are_refused(client, service_engine):
+async def test_bad_business_and_callback_are_refused(gateway_client, service_engine):
+    client = gateway_client
     with pytest.raises(DispoError) as refused:
         await client.submit("", [cell("noop")], callback_url="ftp://x")
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -69,7 +71,8 @@ async def test_twenty_concurrent_duplicates_get_one_task(client, service_engine,
     assert (again.task_id, again.duplicate, again.status) == (results[0].task_id, True, "SUCCEEDED")
 
 
-async def test_same_key_other_business_is_another_task_and_other_request_is_refused(client, service_engine):
+async def test_same_key_other_business_is_another_task_and_other_request_is_refused(gateway_client, service_engine):
+    client = gateway_client
     first = await client.submit("tests", [cell("step", name="a")], idempotency_key="k1")
     other_business = await client.submit("other", [cell("step", name="a")], idempotency_key="k1")
     assert other_business.task_id != first.task_id
@@ -79,7 +82,8 @@ async def test_same_key_other_business_is_another_task_and_other_request_is_refu
     assert await counts(service_engine) == (2, 2)
 
 
-async def test_accepted_task_is_expanded_into_the_dag(client):
+async def test_accepted_task_is_expanded_into_the_dag(gateway_client):
+    client = gateway_client
     task = await client.submit("tests", [cell("pair", name="p"), cell("step", name="s").after("pair")])
 
     view = await client.get(task.task_id)
