@@ -71,3 +71,31 @@ async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish
     assert view.node_statuses == {"step.call": "DEMOTED", "noop.noop": "SUCCEEDED"}, dump(view)
     [message] = await stream_messages(bus, "task.demote")
     assert task_pb2.Task.FromString(message.data).task_id == task.task_id
+
+
+async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(client, downstream, bus):
+    """What the reconciler does with a task.fail envelope: reset the failed node, bump the
+    generation, publish task.create. Succeeded nodes are not run again."""
+    await downstream.control(fail={"status": 500, "times": 4, "path": "/step/x"})
+    task = await client.submit("tests", [cell("step", ref="ok", name="ok"),
+                                         cell("step", ref="x", name="x").after("ok"),
+                                         cell("step", ref="after", name="after").after("x")])
+    await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"})
+    [message] = await stream_messages(bus, "task.fail")
+    redrive = task_pb2.Task.FromString(message.data)
+    for node in redrive.nodes:
+        if node.node_id == "x.call":
+            node.status = 1  # NODE_STATUS_PENDING
+            node.retry.round_attempts = 0
+    redrive.generation += 1
+    await bus.publish("task.create", redrive.SerializeToString(), msg_id=f"{task.task_id}:g{redrive.generation}")
+    # A stale copy (older generation) arriving late changes nothing.
+    await bus.publish("task.create", message.data, msg_id=f"{task.task_id}:stale")
+
+    done = await client.wait(task.task_id, timeout=30)
+
+    assert done.status == "SUCCEEDED", dump(done)
+    calls = await downstream.calls()
+    assert calls[f"{task.task_id}/ok.call"] == 1
+    assert calls[f"{task.task_id}/x.call"] == 5
+    assert calls[f"{task.task_id}/after.call"] == 1

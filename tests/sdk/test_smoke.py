@@ -1,16 +1,51 @@
-from dispo.libs.sdk import cell
+"""The SDK against a real gateway and executor: async and sync clients, typed builders."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from dispo.libs.sdk import Client, DispoError, cell, cells
 
 
-async def test_submit_and_wait_noop(client):
-    task = await client.submit("smoke", [cell("noop")])
-    assert task.status == "ACCEPTED"
-    done = await client.wait(task.task_id, timeout=30)
-    assert done.status == "SUCCEEDED", done
+def test_typed_builders_make_cell_requests():
+    label = cells.update_quality_level(content_id="c1", level=3)
+    notify = cells.notify_owner(owner_id="u1", message="done").after(label)
+    second = cells.update_quality_level(content_id="c2", level=1, reason="spam").named("second")
+
+    assert label.to_proto().cell == "update_quality_level"
+    assert dict(label.to_proto().payload) == {"content_id": "c1", "level": 3.0}  # None fields left out
+    assert list(notify.to_proto().depends_on) == ["update_quality_level"]
+    assert second.to_proto().ref == "second" and second.payload["reason"] == "spam"
+    assert cells.start_review("c1").payload == {"content_id": "c1"}
 
 
-async def test_submit_http(client, downstream):
+async def test_async_client_submits_and_waits(client, downstream):
     task = await client.submit("smoke", [cell("pair", name="x"), cell("step", name="y")])
+    assert task.status == "ACCEPTED" and not task.duplicate
+
     done = await client.wait(task.task_id, timeout=30)
-    assert done.status == "SUCCEEDED", done
+
+    assert done.status == "SUCCEEDED" and done.terminal
+    assert set(done.node_statuses.values()) == {"SUCCEEDED"}
     calls = await downstream.calls()
     assert sorted(calls) == sorted(f"{task.task_id}/{n}" for n in ("pair.first", "pair.second", "step.call"))
+
+
+async def test_sync_client_submit_get_wait_list_and_errors(pipeline):
+    def use_sync_client():
+        with Client(pipeline.gateway.address) as dispo:
+            task = dispo.submit("sync", [cell("noop")], idempotency_key="once")
+            again = dispo.submit("sync", [cell("noop")], idempotency_key="once")
+            done = dispo.wait(task.task_id, timeout=30)
+            listed = [t.task_id for t in dispo.list(business="sync")]
+            with pytest.raises(DispoError) as refused:
+                dispo.submit("sync", [cell("nope")])
+            return task, again, done, listed, refused.value
+
+    task, again, done, listed, refused = await asyncio.to_thread(use_sync_client)
+
+    assert again.task_id == task.task_id and again.duplicate
+    assert done.status == "SUCCEEDED" and listed == [task.task_id]
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.violations == {"cells[0].cell": "unknown cell 'nope'"}
