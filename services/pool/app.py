@@ -9,6 +9,7 @@ from pathlib import Path
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.logging import get_logger
 from dispo.libs.service import Runtime, run_service
+from dispo.pool import repository as repo
 from dispo.pool import sweeps
 from dispo.pool.drivers import Driver
 from dispo.pool.drivers.local import LocalDriver
@@ -35,7 +36,8 @@ def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
 
 
 class SweepLoop:
-    """Runs every sweep each ``sweep_seconds`` of the service's clock."""
+    """Runs every sweep each ``sweep_seconds`` of the service's clock, and wakes idle crons
+    the moment a waiting evaluation's next slot falls due (the crons' tick is the fallback)."""
 
     def __init__(self, pool: Pool, settings: PoolSettings) -> None:
         self.pool = pool
@@ -48,13 +50,27 @@ class SweepLoop:
                 await sweeps.run_all(self.pool, self.settings.sweep_batch)
             except Exception as error:  # a sweep failing once is retried next pass
                 log.warning("sweep failed", error=repr(error))
-            sleeper = asyncio.ensure_future(self.pool.clock.sleep(self.settings.sweep_seconds))
+            try:
+                await self.pool.wake_idle_crons()
+                pause = await self._until_next_slot()
+            except Exception as error:
+                log.warning("wake-up failed", error=repr(error))
+                pause = self.settings.sweep_seconds
+            sleeper = asyncio.ensure_future(self.pool.clock.sleep(pause))
             stopper = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
             for task in (sleeper, stopper):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def _until_next_slot(self) -> float:
+        now = self.pool.clock.now()
+        async with self.pool.engine.connect() as conn:
+            due = await repo.evaluations_next_slot_at(conn, now)
+        if due is None:
+            return self.settings.sweep_seconds
+        return max(0.001, min(self.settings.sweep_seconds, (due - now).total_seconds()))
 
     def stop(self) -> None:
         self._stopping.set()

@@ -366,3 +366,12 @@ async def outbox_unpublished(conn: AsyncConnection, limit: int) -> list[tuple[in
 async def outbox_mark_published(conn: AsyncConnection, ids: list[int], now: datetime) -> None:
     await conn.execute(text("UPDATE outbox SET published_at = :now WHERE id = ANY(:ids) AND published_at IS NULL"),
                        {"ids": ids, "now": now})
+
+
+async def evaluations_next_slot_at(conn: AsyncConnection, now: datetime) -> datetime | None:
+    """When the next slot of a waiting evaluation that owes nothing now falls due."""
+    return (await conn.execute(text(f"""
+        SELECT min(e.window_start + make_interval(secs => ({SLOT_SQL} + 1) * e.window_seconds::float8 / e.slot_count))
+        FROM evaluations e
+        WHERE e.status IN ({_SERVABLE}) AND e.assigned_cron_id IS NULL AND {DEBT_SQL} = 0
+          AND {SLOT_SQL} < e.slot_count - 1"""), {"now": now})).scalar_one()

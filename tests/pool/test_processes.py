@@ -52,7 +52,9 @@ async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(pool_s
     await asyncio.sleep(0.5)
     await pool.restart()
     after = await evaluation(pool.address, "survivor")
-    assert after.assigned_cron_id == cron_id and after.runs_done == 0  # nothing lost, held by one cron
+    # Nothing lost, held by the same single cron; the in-flight run is recorded at most once
+    # (the worker's call waits for the pool to come back, or the run is redone on the next tick).
+    assert after.assigned_cron_id == cron_id and after.runs_done <= 1
 
     file_clock.advance(seconds=60)  # the tick: the same cron resumes; slot 1 is due as well
     await eventually(lambda: _runs_done(pool.address, "survivor", 4))

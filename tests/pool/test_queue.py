@@ -105,3 +105,17 @@ async def test_claim_takes_the_top_item_and_emits_started_once(pool):
     async with pool.engine.connect() as conn:
         subjects = [r[1] for r in await repo.outbox_unpublished(conn, 100)]
     assert subjects == ["evaluation.started"]
+
+
+async def test_next_slot_time_of_waiting_evaluations(pool, manual_clock):
+    [cron] = await add_crons(pool, 1)
+    await pool.create_evaluation(evaluation("timed", window=120, slots=2))
+    async with pool.engine.connect() as conn:
+        assert await repo.evaluations_next_slot_at(conn, manual_clock.now()) is None  # owes a run now
+    woke = await pool.wake_cron(cron)
+    from dispo.pool.domain import RunResult, Verdict
+    await pool.record_run(cron, "timed", 0, "c1", RunResult(Verdict.PASS, 1.0, 1))
+    assert woke.evaluation is not None
+    async with pool.engine.connect() as conn:
+        due = await repo.evaluations_next_slot_at(conn, manual_clock.now())
+    assert due == woke.evaluation.created_at + timedelta(seconds=60)

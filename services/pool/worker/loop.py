@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 
 import grpc
 import httpx
@@ -23,6 +24,8 @@ from dispo.pool.worker.agent import run_case
 log = get_logger(__name__)
 
 MAX_ROUNDS = 20
+# A pool restarting is waited for (the channel reconnects) rather than failed fast.
+CALL = {"wait_for_ready": True, "timeout": 30.0}
 GONE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
@@ -99,7 +102,7 @@ class Worker:
         """One wake: run what is owed; a cron that frees up takes the next item at once."""
         performed = 0
         for _ in range(MAX_ROUNDS):
-            woke = await self.stub.WakeCron(pb.WakeCronRequest(cron_id=cron_id))
+            woke = await self.stub.WakeCron(pb.WakeCronRequest(cron_id=cron_id), **CALL)
             if not woke.assigned:
                 return performed
             ev = woke.evaluation
@@ -110,7 +113,7 @@ class Worker:
                 recorded = await self.stub.RecordRun(pb.RecordRunRequest(
                     cron_id=cron_id, evaluation_id=ev.id, run_index=index, case_id=case.id,
                     verdict=result.verdict.value, score=result.score, latency_ms=result.latency_ms,
-                    failure_reason=result.failure_reason))
+                    failure_reason=result.failure_reason), **CALL)
                 performed += 1
                 index = recorded.next_run_index
                 if not recorded.continue_evaluation:
@@ -127,6 +130,10 @@ async def main_async() -> None:
     common = CommonSettings()
     settings = WorkerSettings()
     clock = clock_from_spec(common.clock)
+    # One worker per registry: a second one (say, a restart while the old one lingers) waits here.
+    settings.local_registry.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(settings.local_registry.with_suffix(".lock"), "w")  # noqa: SIM115 - held for the process's life
+    await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
     bus = await Bus.connect(common.nats_servers, name="dispo-pool-worker")
     async with grpc.aio.insecure_channel(settings.pool_address) as channel, \
             httpx.AsyncClient(timeout=settings.http_timeout) as http:
