@@ -1,0 +1,111 @@
+"""The reconciler as a real process: SIGKILL in the middle of a redrive sweep loses
+nothing and redrives nothing twice."""
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import yaml
+
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.api.task.v1 import task_pb2
+
+from .conftest import CONFIG, envelope, node
+
+REDRIVEN = pb.RECOVERY_STATE_REDRIVEN
+
+
+def reconciler_env(tmp_path: Path, file_clock, **extra: str) -> dict[str, str]:
+    config = {**CONFIG, "redrive": {"default": {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0}}}
+    (tmp_path / "recovery.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "catalogue.yaml").write_text(yaml.safe_dump(
+        {"downstreams": {"labels": {"base_url": "http://127.0.0.1:9", "health_url": ""}}}))
+    return {**file_clock.env, "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
+            "DISPO_RECONCILER_CATALOGUE": str(tmp_path / "catalogue.yaml"), "DISPO_RECONCILER_BATCH": "3",
+            "DISPO_RECONCILER_SWEEP_INTERVAL": "1", **extra}
+
+
+async def states(address: str) -> dict[str, int]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = reconciler_pb2_grpc.ReconcilerServiceStub(channel)
+        reply = await stub.ListRecoveryTasks(pb.ListRecoveryTasksRequest(filter=pb.RecoveryFilter(
+            states=[pb.RECOVERY_STATE_PARKED_FAILED, REDRIVEN])))
+        return {t.task_id: t.state for t in reply.tasks}
+
+
+async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(interval)
+
+
+async def task_creates(bus) -> list[task_pb2.Task]:
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    info = await bus.js.stream_info("TASKS", subjects_filter="task.create")
+    count = (info.state.subjects or {}).get("task.create", 0)
+    if not count:
+        return []
+    sub = await bus.js.pull_subscribe("task.create", stream="TASKS",
+                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    out = []
+    while len(out) < count:
+        out.extend(await sub.fetch(count - len(out), timeout=5))
+    await sub.unsubscribe()
+    return [task_pb2.Task.FromString(m.data) for m in out]
+
+
+async def test_killed_mid_redrive_loses_nothing_and_redrives_nothing_twice(start_service, bus, file_clock, tmp_path):
+    reconciler = await start_service("reconciler", reconciler_env(tmp_path, file_clock))
+    ids = [f"k{i:02d}" for i in range(12)]
+    for task_id in ids:
+        env = envelope(task_id, [node("a.ok", "SUCCEEDED", task_id=task_id),
+                                 node("a.x", "FAILED", deps=("a.ok",), error="HTTP 503", task_id=task_id)])
+        await bus.publish("task.fail", env.SerializeToString(), msg_id=f"{task_id}:fail:g2")
+    await wait_for(lambda: _count(reconciler.address, pb.RECOVERY_STATE_PARKED_FAILED, 12))
+
+    file_clock.advance(seconds=11)  # all due; each sweep round redrives a batch of 3
+    await wait_for(lambda: _at_least(reconciler.address, REDRIVEN, 3))
+    before_kill = sum(1 for s in (await states(reconciler.address)).values() if s == REDRIVEN)
+    assert before_kill < 12
+    file_clock.advance(seconds=1)  # the next round starts...
+    await asyncio.sleep(0.02)
+    reconciler.kill()  # ...and is cut short wherever it is
+    await reconciler.restart()
+
+    for _ in range(20):
+        if await _count(reconciler.address, REDRIVEN, 12):
+            break
+        file_clock.advance(seconds=1)
+        await asyncio.sleep(0.3)
+    await wait_for(lambda: _count(reconciler.address, REDRIVEN, 12))
+    sent = await wait_for(lambda: _creates_at_least(bus, 12))
+    assert sorted(e.task_id for e in sent) == ids  # every task exactly once
+    assert {e.generation for e in sent} == {3}
+    async with grpc.aio.insecure_channel(reconciler.address) as channel:
+        stub = reconciler_pb2_grpc.ReconcilerServiceStub(channel)
+        for task_id in ids:
+            detail = await stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task_id))
+            assert [r.generation for r in detail.redrives] == [3], task_id
+    await asyncio.sleep(0.5)
+    assert len(await task_creates(bus)) == 12
+
+
+async def _count(address, state, n):
+    return sum(1 for s in (await states(address)).values() if s == state) == n
+
+
+async def _at_least(address, state, n):
+    return sum(1 for s in (await states(address)).values() if s == state) >= n
+
+
+async def _creates_at_least(bus, n):
+    sent = await task_creates(bus)
+    return sent if len(sent) >= n else None
