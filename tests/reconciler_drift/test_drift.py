@@ -128,3 +128,21 @@ async def test_check_against_an_unreachable_pool_is_unavailable_and_records_noth
             await checker.check_once()
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM drift_checks"))).scalar_one() == 0
+
+
+async def test_reconciler_process_serves_drift_checks_against_the_pool(start_service, file_clock, tmp_path):
+    registry = tmp_path / "registry.sqlite"
+    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry)})
+    reconciler = await start_service("reconciler", env={**file_clock.env,
+                                                        "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": pool.address})
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        await _crons(pool_pb2_grpc.PoolServiceStub(channel), 5)
+    Registry(registry).create("cron-stray", json.dumps({"status": "idle", "eval_id": ""}))
+    async with grpc.aio.insecure_channel(reconciler.address) as channel:
+        drift = drift_pb2_grpc.DriftServiceStub(channel)
+        result = await drift.RunDriftCheck(pb.RunDriftCheckRequest())
+        assert [(r.kind, r.cron_id, r.outcome) for r in result.repairs] == [("remove_orphan", "cron-stray", "applied")]
+        assert result.crons_in_db == 5 and result.crons_in_driver == 6
+        listed = await drift.ListRepairs(pb.ListRepairsRequest())
+        assert [r.cron_id for r in listed.repairs] == ["cron-stray"]
+    assert "cron-stray" not in {c.id for c in Registry(registry).list()}

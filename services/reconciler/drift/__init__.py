@@ -1,7 +1,7 @@
 """Drift checks between the pool's database and its driver (seed 002's 5-minute reconciliation).
 
 A self-contained part of the reconciler. Its main process wires it with one call in
-``setup``::
+``setup`` (``services/reconciler/__main__.py`` does so)::
 
     from dispo.reconciler import drift
     await drift.install(rt)
@@ -44,10 +44,13 @@ def register(server: grpc.aio.Server, checker: DriftChecker) -> None:
     drift_pb2_grpc.add_DriftServiceServicer_to_server(DriftServicer(checker), server)
 
 
-async def install(rt) -> DriftChecker:  # rt: dispo.libs.service.Runtime
+async def install(rt) -> DriftChecker | None:  # rt: dispo.libs.service.Runtime
+    """Wire the drift checks into a reconciler runtime (a second call does nothing)."""
     from dispo.libs.api.pool.v1 import pool_pb2_grpc
     from dispo.libs.db import migrate
 
+    if SERVICE_NAME in rt.service_names:
+        return None
     settings = DriftSettings()
     await migrate(rt.engine, rt.name, MIGRATIONS)
     channel = grpc.aio.insecure_channel(settings.pool_address)
