@@ -58,7 +58,7 @@ def build(engine, clock: Clock, settings: IntelligenceSettings | None = None,  #
                             batch=settings.sweep_batch)
     jobs = IntelligenceJobs(JobDeps(repo, models, clock), policy=policy)
     feed = CampaignFeed(repo, models, clock, jobs)
-    events = EvaluationEvents(feed, settings.unknown_campaign_retry_seconds)
+    events = EvaluationEvents(feed, settings.unknown_campaign_retry_seconds, settings.unknown_campaign_max_deliveries)
     return Intelligence(settings, repo, models, jobs, feed, events, IntelligenceServicer(feed, jobs, repo))
 
 

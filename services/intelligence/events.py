@@ -28,14 +28,17 @@ STARTED, RUN_RECORDED, COMPLETED = "evaluation.started", "evaluation.run_recorde
 
 
 class EvaluationEvents:
-    def __init__(self, feed: CampaignFeed, retry_delay: float = 2.0) -> None:
+    def __init__(self, feed: CampaignFeed, retry_delay: float = 2.0, max_unknown_deliveries: int = 30) -> None:
         self.feed = feed
         self.retry_delay = retry_delay
+        # An event whose campaign is still unknown after this many deliveries is given up
+        # (terminated, logged) so that it cannot hold up the ordered stream for ever.
+        self.max_unknown_deliveries = max_unknown_deliveries
 
     async def handle_message(self, message: Msg) -> Disposition:
-        return await self.handle(message.subject, message.data)
+        return await self.handle(message.subject, message.data, deliveries=message.metadata.num_delivered or 1)
 
-    async def handle(self, subject: str, data: bytes) -> Disposition:
+    async def handle(self, subject: str, data: bytes, deliveries: int = 1) -> Disposition:
         try:
             if subject == STARTED:
                 started = events_pb2.EvaluationStarted.FromString(data)
@@ -53,7 +56,10 @@ class EvaluationEvents:
             else:
                 return Term(f"unknown subject {subject}")
         except NotFound as error:
-            log.info("event for an unknown campaign; retrying later", subject=subject, error=error.message)
+            if deliveries >= self.max_unknown_deliveries:
+                return Term(f"{error.message} after {deliveries} deliveries; giving up")
+            log.info("event for an unknown campaign; retrying later", subject=subject, error=error.message,
+                     deliveries=deliveries)
             return Nak(self.retry_delay)
         except (InvalidArgument, AlreadyExists, FailedPrecondition) as error:
             return Term(f"{type(error).__name__}: {error.message}")

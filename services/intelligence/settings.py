@@ -21,6 +21,8 @@ class IntelligenceSettings(BaseSettings):
     event_durable: str = "intelligence-campaigns"
     # Redelivery delay for an event about a campaign not registered yet.
     unknown_campaign_retry_seconds: float = 2.0
+    # ... and after this many deliveries it is given up (logged), so it cannot stall the stream.
+    unknown_campaign_max_deliveries: int = 30
     # Periodic recovery and lost-trigger sweeps.
     sweep_interval_seconds: float = 60.0
     queued_idle_seconds: float = 300.0

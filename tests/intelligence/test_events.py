@@ -76,6 +76,8 @@ async def test_pool_events_build_campaigns_and_trigger_the_chain(app, bus):
 async def test_event_dispositions(app):
     events = app.events
     assert isinstance(await events.handle("evaluation.run_recorded", run_recorded("later", "r1")), Nak)
+    gave_up = await events.handle("evaluation.run_recorded", run_recorded("never", "r9"), deliveries=30)
+    assert isinstance(gave_up, Term) and "after 30 deliveries" in gave_up.reason
     assert await events.handle("evaluation.started", started("later", "2026-01", line="trial")) == ACK
     assert await events.handle("evaluation.started", started("later", "2026-01", line="trial")) == ACK
     assert await events.handle("evaluation.run_recorded", run_recorded("later", "r1")) == ACK
