@@ -183,3 +183,19 @@ async def test_a_stopping_registry_hands_running_work_back_to_the_queue(make_app
     job = await app.repo.job_get(JobKind.ANALYSIS, "slow")
     assert job.status == JobStatus.QUEUED and job.claim_token is None
     assert app.jobs.start(JobKind.ANALYSIS, "slow") is None  # closed: starts nothing new
+
+
+async def test_claim_race_between_two_replicas_with_their_own_connection_pools(app, service_engine, manual_clock):
+    """Two service instances (separate engines, as two processes would have) race on one row."""
+    from dispo.intelligence.app import build
+    from dispo.intelligence.settings import IntelligenceSettings
+
+    other = build(await service_engine("intelligence"), manual_clock, IntelligenceSettings(consume_events=False))
+    await add_campaign(app, "replicas", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    counter: list[int] = []
+    adapter = counting_adapter(counter)
+
+    outcomes = await asyncio.gather(*(execute(JobKind.ANALYSIS, "replicas", replica.jobs.deps, adapter)
+                                      for _ in range(10) for replica in (app, other)))
+
+    assert counter == [1] and outcomes.count(Outcome.COMPLETED) == 1
