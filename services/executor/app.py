@@ -88,10 +88,10 @@ async def setup(rt: Runtime) -> None:
     rt.add_part("task.create consumer", creates.run, creates.stop)
     rt.add_part("task.cancel consumer", cancels.run, cancels.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)
-    if settings.health_interval > 0:
-        rt.add_part("downstream health", lambda: health_loop(executor, settings.health_interval))
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))
+    if settings.health_interval > 0:
+        rt.add_part("downstream health", lambda: health_loop(executor, settings.health_interval))
     rt.add_part("http client", lambda: hold_open(http))
 
 
@@ -106,11 +106,11 @@ async def health_loop(executor: Executor, interval: float) -> None:
     """Trip a downstream's breaker when its health URL fails; the breaker's cool-down and
     half-open probe decide when calls flow again."""
     while True:
+        await asyncio.sleep(interval)
         for name, downstream in executor.registry.items():
             if downstream.health_url and not await check_health(executor.http, downstream):
                 log.warning("downstream unhealthy", downstream=name)
                 executor.breakers[name].trip(executor.clock.now())
-        await asyncio.sleep(interval)
 
 
 async def serve_demo(address: str) -> None:
