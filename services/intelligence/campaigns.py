@@ -10,7 +10,7 @@ import enum
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -85,7 +85,6 @@ class RunResult:
     latency_ms: int
     failure_reason: str = ""
     recorded_at: datetime | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def configuration_fingerprint(configuration: dict[str, Any]) -> str:
