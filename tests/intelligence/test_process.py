@@ -127,3 +127,32 @@ async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(s
         await wait_status(stub, "stop-1", pb.JOB_STATUS_COMPLETED)
         job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="stop-1"))).job
     assert job.recovery_attempts == 1
+
+
+async def test_a_job_that_never_settles_across_restarts_fails_after_three_recoveries(start_service, fake_llm,
+                                                                                      file_clock):
+    fake_llm.gate = asyncio.Event()  # the model never answers: every attempt dies mid-generation
+    service = await start_service("intelligence", env={**llm_env(fake_llm), **file_clock.env})
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        await feed(stub, "doomed")
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="doomed"))
+        await wait_status(stub, "doomed", pb.JOB_STATUS_GENERATING)
+
+    for recovery in range(1, 5):
+        service.kill()
+        file_clock.advance(minutes=16)
+        service.spawn()
+        await service.wait_serving()
+        async with grpc.aio.insecure_channel(service.address) as channel:
+            stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+            if recovery <= 3:
+                await wait_status(stub, "doomed", pb.JOB_STATUS_GENERATING)
+                job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="doomed"))).job
+                assert job.recovery_attempts == recovery
+            else:
+                await wait_status(stub, "doomed", pb.JOB_STATUS_FAILED)
+                job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="doomed"))).job
+
+    assert job.error == "gave up after 3 restart recoveries: the job was re-queued 3 times without settling"
+    assert job.attempts == 4
