@@ -134,3 +134,96 @@ async def test_finished_task_notifies_its_callback_once(pipeline, downstream, re
         await receiver.stop()
     assert len(receiver.received) == 1
     assert completion.notify_state == "DELIVERED" and completion.reconcile_state == "MATCHED"
+
+
+async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
+        pipeline, downstream, reconciler):  # noqa: F811
+    await downstream.control(down=True)
+    pipeline.executors[0].kill()
+    await pipeline.start_executor(DISPO_EXECUTOR_HEALTH_INTERVAL="0.1", DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
+                                  DISPO_EXECUTOR_BREAKER_COOLDOWN="0.5")
+    async with pipeline.client() as client:
+        tasks = [await client.submit("tests", [cell("step", name=f"d{i}"), cell("noop")]) for i in range(5)]
+        for task in tasks:
+            view = await wait_status(client, task.task_id, {"DEMOTED"})
+            assert view.node_statuses == {"step.call": "DEMOTED", "noop.noop": "SUCCEEDED"}, dump(view)
+            await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_DEMOTED)
+        depth = {d.name: d for d in (await reconciler.stub.ListDownstreams(pb.ListDownstreamsRequest())).downstreams}
+        assert depth["demo"].demoted_depth == 5
+
+        for _ in range(6):  # still down: probed, nothing released
+            await reconciler.tick()
+        assert [(await reconciler.held(t.task_id)).state for t in tasks] == [pb.RECOVERY_STATE_DEMOTED] * 5
+
+        await downstream.control(down=False)
+        for _ in range(80):
+            await reconciler.tick()
+            views = [await client.get(t.task_id) for t in tasks]
+            if all(v.status == "SUCCEEDED" for v in views):
+                break
+        assert [v.status for v in views] == ["SUCCEEDED"] * 5, [dump(v) for v in views]
+
+    released = []
+    for task in tasks:
+        detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
+        released += [r.at.ToDatetime().timestamp() for r in detail.redrives if r.trigger == "release"]
+    released.sort()
+    assert len(released) >= 5
+    # Rate 2/s, bucket 2: any T seconds of the reconciler's clock see at most 2 + 2·T releases.
+    for i in range(len(released)):
+        for j in range(i, len(released)):
+            assert j - i + 1 <= 2 + 2 * (released[j] - released[i]) + 1e-6
+    calls = await downstream.calls()
+    assert all(calls[f"{t.task_id}/noop.noop"] == 0 for t in tasks if f"{t.task_id}/noop.noop" in calls)
+
+
+async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstream, reconciler):  # noqa: F811
+    """Two non-idempotent nodes interrupted mid-call (executor SIGKILL) are UNKNOWN. Where
+    the probe says the effect did not happen, the node runs again; where it did, it is
+    recorded SUCCEEDED without another call."""
+    import httpx
+    await downstream.control(hold={"path": "/once/"})
+    async with pipeline.client() as client:
+        task = await client.submit("tests", [cell("step_once", ref="a", name="a"),
+                                             cell("step_once", ref="b", name="b")])
+        await downstream.wait_held(2)
+        pipeline.executors[0].kill()
+        await downstream.control(release=True)
+        # b's effect did happen (say the downstream committed just before the crash).
+        async with httpx.AsyncClient() as http:
+            (await http.post(f"{downstream.url}/once/b", json={"name": "b"},
+                             headers={"Idempotency-Key": f"{task.task_id}/b.call"})).raise_for_status()
+        await pipeline.start_executor()
+        held = await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_AWAITING_SETTLEMENT, timeout=60)
+        assert held.error_class == "unknown_outcome"
+        await reconciler.tick()
+        view = await client.wait(task.task_id, timeout=30)
+
+    assert view.status == "SUCCEEDED", dump(view)
+    calls, effects = await downstream.calls(), await downstream.effects()
+    assert calls[f"{task.task_id}/a.call"] == 2 and effects[f"{task.task_id}/a.call"] == 1  # re-run once
+    assert calls[f"{task.task_id}/b.call"] == 2  # the interrupted call and the effect: never a third
+    detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
+    assert sorted((s.node_id, s.method, s.outcome) for s in detail.settlements) == [
+        ("a.call", "PROBE", "PENDING"), ("b.call", "PROBE", "SUCCEEDED")]
+
+
+async def test_conflicting_tasks_one_verdict_loser_cancelled(pipeline, downstream, reconciler):  # noqa: F811
+    await downstream.control(hold={"path": "/pair/c-7/first"})
+    async with pipeline.client() as client:
+        loser = await client.submit("ecommerce", [cell("pair", name="c-7")])
+        winner = await client.submit("trust_safety", [cell("pair", name="c-7")])
+        await downstream.wait_held(1)
+        for _ in range(40):
+            await reconciler.tick()
+            verdicts = (await reconciler.stub.ListVerdicts(pb.ListVerdictsRequest())).verdicts
+            if verdicts:
+                break
+        await downstream.control(release=True)
+        lost = await client.wait(loser.task_id, timeout=30)
+        won = await client.wait(winner.task_id, timeout=30)
+    [verdict] = verdicts
+    assert verdict.winner_task_id == winner.task_id and list(verdict.loser_task_ids) == [loser.task_id]
+    assert lost.status == "CANCELLED", dump(lost)
+    assert lost.node("pair.second").status == "CANCELLED"
+    assert won.status == "SUCCEEDED", dump(won)
