@@ -45,6 +45,10 @@ class SweepLoop:
         self._stopping = asyncio.Event()
 
     async def run(self) -> None:
+        try:
+            await sweeps.grace_after_restart(self.pool)
+        except Exception as error:
+            log.warning("restart grace failed", error=repr(error))
         while not self._stopping.is_set():
             try:
                 await sweeps.run_all(self.pool, self.settings.sweep_batch)

@@ -95,7 +95,7 @@ async def apply_repair(pool: Pool, kind: RepairKind, cron_id: str, evaluation_id
         else:
             raise InvalidArgument("kind", f"unknown repair {kind!r}")
     if applied:
-        await pool._write_state(cron_id)
+        await pool.write_driver_state(cron_id)
         if ev.status is EvaluationStatus.EXECUTING:
             await pool.wake_idle_crons()
         log.info("drift repaired", kind=kind.value, cron_id=cron_id, evaluation_id=evaluation_id)

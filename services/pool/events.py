@@ -84,9 +84,12 @@ class Relay:
         return len(published)
 
     async def run(self) -> None:
-        await self.bus.ensure_stream(STREAM, SUBJECTS)
+        ensured = False
         while not self._stopping.is_set():
             try:
+                if not ensured:
+                    await self.bus.ensure_stream(STREAM, SUBJECTS)
+                    ensured = True
                 while await self.publish_once() == self.batch:
                     pass
             except Exception as error:  # NATS or PostgreSQL away: try again shortly

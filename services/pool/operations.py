@@ -69,7 +69,7 @@ class Pool:
 
     # --- helpers -----------------------------------------------------------------------
 
-    async def _write_state(self, cron_id: str) -> None:
+    async def write_driver_state(self, cron_id: str) -> None:
         async with self.engine.connect() as conn:
             cron = await repo.cron_get(conn, cron_id)
         if cron is None:
@@ -142,7 +142,7 @@ class Pool:
             result = await repo.evaluation_get(conn, ev.id)
         self.on_commit()
         if freed:
-            await self._write_state(freed)
+            await self.write_driver_state(freed)
         assert result is not None
         return result
 
@@ -214,7 +214,7 @@ class Pool:
                     log.info("cron took evaluation", cron_id=cron_id, evaluation_id=ev.id, runs_owed=result.runs_owed)
         if changed:
             self.on_commit()
-            await self._write_state(cron_id)
+            await self.write_driver_state(cron_id)
         return result
 
     def _owed(self, ev: Evaluation | None, now: datetime) -> int:
@@ -259,7 +259,7 @@ class Pool:
             final = await repo.evaluation_get(conn, ev.id)
         self.on_commit()
         if released:
-            await self._write_state(cron_id)
+            await self.write_driver_state(cron_id)
         assert final is not None
         return self._after(final, cron_id, now, duplicate=False, run_index=run_index)
 
@@ -288,7 +288,7 @@ class Pool:
                     conn, cron_id, evaluation_id, reason, now, touch=False):
                 raise FailedPrecondition("nothing to release: the cron is not holding an evaluation")
         log.info("cron released", cron_id=cron_id, evaluation_id=evaluation_id, reason=reason.value)
-        await self._write_state(cron_id)
+        await self.write_driver_state(cron_id)
         await self.wake_idle_crons()
         return cron_id, evaluation_id
 

@@ -375,3 +375,11 @@ async def evaluations_next_slot_at(conn: AsyncConnection, now: datetime) -> date
         FROM evaluations e
         WHERE e.status IN ({_SERVABLE}) AND e.assigned_cron_id IS NULL AND {DEBT_SQL} = 0
           AND {SLOT_SQL} < e.slot_count - 1"""), {"now": now})).scalar_one()
+
+
+async def crons_touch_all_live(conn: AsyncConnection, now: datetime) -> int:
+    """After the pool itself was away, its crons could not report: restart their silence clocks."""
+    result = await conn.execute(text("""
+        UPDATE crons SET last_activity = :now WHERE status IN ('idle', 'busy') AND last_activity < :now"""),
+        {"now": now})
+    return result.rowcount

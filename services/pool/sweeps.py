@@ -84,7 +84,7 @@ async def stall_sweep(pool: Pool, batch: int = 100) -> StallReport:
             claim = await repo.evaluation_claim_top_for_cron(conn, cron_id, now, evaluation_id)
         if claim is not None:
             report.handed_over[evaluation_id] = cron_id
-            await pool._write_state(cron_id)
+            await pool.write_driver_state(cron_id)
             try:
                 await pool.driver.trigger(cron_id)
             except Exception as error:
@@ -104,7 +104,7 @@ async def hold_sweep(pool: Pool, batch: int = 100) -> list[str]:
                 released.append(evaluation_id)
                 log.warning("evaluation force-released", evaluation_id=evaluation_id, cron_id=cron_id)
     for evaluation_id, cron_id in held:
-        await pool._write_state(cron_id)
+        await pool.write_driver_state(cron_id)
     if released:
         await pool.wake_idle_crons()
     return released
@@ -139,6 +139,13 @@ async def scale_sweep(pool: Pool) -> int:
         if changed > 0:
             await pool.wake_idle_crons()
     return changed
+
+
+async def grace_after_restart(pool: Pool) -> int:
+    """Called once when the pool service starts: crons could not wake while it was down, so
+    their silence is not held against them (a dead worker is still caught 10 minutes later)."""
+    async with pool.engine.begin() as conn:
+        return await repo.crons_touch_all_live(conn, pool.clock.now())
 
 
 async def run_all(pool: Pool, batch: int = 100) -> None:

@@ -133,3 +133,36 @@ async def test_bounds_are_validated(pool):
         await pool.set_bounds(0, 5)
     with pytest.raises(InvalidArgument):
         await pool.set_bounds(6, 5)
+
+
+async def test_pool_restart_does_not_count_its_own_downtime_as_cron_silence(pool, manual_clock):
+    from dispo.pool.sweeps import grace_after_restart
+    crons = await add_crons(pool, 3)
+    manual_clock.advance(minutes=30)  # the pool service was down for half an hour
+    assert await grace_after_restart(pool) == 3
+    assert (await stall_sweep(pool)).stuck_crons == []
+    manual_clock.advance(minutes=10)  # a cron that stays silent after the restart is still caught
+    await pool.wake_cron(crons[0])
+    assert sorted((await stall_sweep(pool)).stuck_crons) == sorted(crons[1:])
+
+
+async def test_force_release_by_cron_or_evaluation(pool, wakes):
+    from dispo.libs.errors import InvalidArgument
+    first, second = await add_crons(pool, 2)
+    wakes.subjects.clear()
+    await pool.create_evaluation(evaluation("held", runs_per_slot=5))
+    assert len(wakes.subjects) == 1  # the new item woke one idle cron at once
+    assert (await pool.wake_cron(first)).evaluation.id == "held"
+    assert await pool.force_release(cron_id=first) == (first, "held")
+    assert (await pool.get_evaluation("held")).assigned_cron_id is None
+    assert (await pool.wake_cron(second)).evaluation.id == "held"
+    assert await pool.force_release(evaluation_id="held") == (second, "held")
+    with pytest.raises(FailedPrecondition):
+        await pool.force_release(cron_id=second)
+    with pytest.raises(InvalidArgument):
+        await pool.force_release()
+    with pytest.raises(NotFound):
+        await pool.force_release(cron_id="cron-nope")
+    async with pool.engine.connect() as conn:
+        reasons = [a.end_reason for a in await repo.assignments_list(conn, evaluation_id="held")]
+    assert reasons == ["force_released", "force_released"]
