@@ -92,10 +92,11 @@ class Executor:
                 return Nak(delay=min(max(remaining, 0.1), self.config.lease_ttl))
             await repo.lease_take(conn, task_id, owner, now, self.config.lease_ttl)
             nodes = await repo.nodes_get(conn, row.envelope)
-            await self._recover(conn, task_id, nodes, now)
+            recovered = await self._recover(conn, task_id, nodes, now)
             await repo.task_set_status(conn, task_id, TaskState.RUNNING, "", now, expected=PARKED)
-            await repo.emit_status(conn, task_id, now)
-        self.relay.kick()
+            if recovered:  # otherwise the first claim reports RUNNING
+                await repo.emit_status(conn, task_id, now)
+                self.relay.kick()
         heartbeat = asyncio.create_task(self._heartbeat(task_id, owner))
         try:
             ran = await self._run(row.envelope, owner)
@@ -105,8 +106,9 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
 
-    async def _recover(self, conn, task_id: str, nodes: dict[str, NodeRun], now) -> None:  # type: ignore[no-untyped-def]
+    async def _recover(self, conn, task_id: str, nodes: dict[str, NodeRun], now) -> bool:  # type: ignore[no-untyped-def]
         """Nodes left RUNNING by an executor whose lease expired: their call may have happened."""
+        recovered = False
         for node in nodes.values():
             if node.status is not NodeState.RUNNING:
                 continue
@@ -121,6 +123,8 @@ class Executor:
                                               last_error=err, finished_at=now)
                 node.status = NodeState.UNKNOWN
             log.warning("interrupted node recovered", task_id=task_id, node_id=node.node_id, status=node.status.value)
+            recovered = True
+        return recovered
 
     async def _heartbeat(self, task_id: str, owner: str) -> None:
         while True:
@@ -186,6 +190,8 @@ class Executor:
         task_id = env.task_id
         downstream = self.registry.get(node.spec.downstream)
         limit = self.limits.get(node.spec.downstream)
+        if node.spec.kind == "noop":  # no external call: claim and record in one transaction
+            return await self._run_noop(task_id, node, owner)
         async with limit if limit is not None else contextlib.nullcontext():
             now = self.clock.now()
             async with self.engine.begin() as conn:
@@ -200,6 +206,17 @@ class Executor:
             except Exception as error:  # a bug in an action must not leave the node RUNNING for ever
                 result = Result(Outcome.RETRYABLE, truncate_error(f"action error: {error!r}"))
         await self._record(task_id, node, owner, result)
+        return True
+
+    async def _run_noop(self, task_id: str, node: NodeRun, owner: str) -> bool:
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
+                return False
+            await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, NodeState.SUCCEEDED,
+                                          owner=owner, finished_at=now, last_error="", retryable=False)
+            await repo.emit_status(conn, task_id, now)
+        self.relay.kick()
         return True
 
     async def _record(self, task_id: str, node: NodeRun, owner: str, result: Result) -> None:

@@ -21,7 +21,7 @@ class ExecutorSettings(BaseSettings):
     lease_ttl: float = 10.0
     # JetStream ack wait: an unacknowledged message comes back after this.
     ack_wait: float = 30.0
-    batch: int = 16
+    batch: int = 64
     max_retries: int = 3
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
