@@ -32,6 +32,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_url=args.nats_url or os.environ.get("DISPO_NATS_URL"),
         nats_port=args.nats_port,
         services=tuple(args.services.split(",")) if args.services else SERVICES,
+        demo_port=args.demo_port,
     )
     return asyncio.run(_up(options))
 
@@ -46,7 +47,9 @@ async def _up(options: StackOptions) -> int:
         addresses = await stack.start()
         print(f"Dispo is up (data in {options.data_dir}, logs in {options.data_dir / 'logs'}):")
         for name, address in addresses.items():
-            print(f"  {name:<13} {address}")
+            print(f"  {name:<16} {address}")
+        if options.demo_port and "executor" in options.services:
+            print(f"  {'demo downstream':<16} http://{options.host}:{options.demo_port}")
         print("Ctrl-C stops everything.", flush=True)
         assert stack.supervisor is not None
         watcher = asyncio.create_task(stack.supervisor.watch())
@@ -96,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-url", help="use these NATS servers (comma-separated) instead of the embedded one")
     up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server")
     up.add_argument("--services", help=f"comma-separated subset of {','.join(SERVICES)}")
+    up.add_argument("--demo-port", type=int, default=8181,
+                    help="port of the demo downstream the example catalogue calls (0: don't start it)")
     up.set_defaults(run=cmd_up)
 
     status = sub.add_parser("status", help="health and address of each service")

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from dispo.libs.health import wait_until_serving
 from dispo.libs.logging import get_logger
 
@@ -21,9 +23,11 @@ class ProcessSpec:
     name: str
     argv: list[str]
     env: dict[str, str]
-    # Where its gRPC health answers; None for a process without gRPC (ready when started).
+    # Where its gRPC health answers; None for a process without gRPC.
     address: str | None
     log_path: Path
+    # An HTTP URL answering 200 once a process without gRPC is ready (None: ready when started).
+    http_health: str | None = None
 
 
 @dataclass
@@ -32,6 +36,15 @@ class Supervised:
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     history: list[int] = field(default_factory=list)
+
+
+async def _wait_http_ok(url: str, timeout: float) -> None:
+    async with httpx.AsyncClient(timeout=1.0) as client, asyncio.timeout(timeout):
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code == 200:
+                    return
+            await asyncio.sleep(0.2)
 
 
 def python_module(module: str) -> list[str]:
@@ -64,6 +77,8 @@ class Supervisor:
     async def _ready(self, child: Supervised, timeout: float) -> None:
         if child.spec.address is not None:
             await wait_until_serving(child.spec.address, timeout)
+        elif child.spec.http_health is not None:
+            await _wait_http_ok(child.spec.http_health, timeout)
 
     def pid(self, name: str) -> int | None:
         process = self.children[name].process

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 
 from dispo.libs.health import health_status
@@ -27,8 +28,9 @@ class RunningStack:
 
     async def up(self) -> None:
         with open(self.output, "wb") as out:
-            self.process = subprocess.Popen([DISPO, "up", "--nats-port", self.env["NATS_PORT"]], env=self.env,
-                                            stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                [DISPO, "up", "--nats-port", self.env["NATS_PORT"], "--demo-port", self.env["DEMO_PORT"]],
+                env=self.env, stdout=out, stderr=subprocess.STDOUT)
         async with asyncio.timeout(120):
             while "Ctrl-C stops everything" not in self.output.read_text():
                 assert self.process.poll() is None, self.output.read_text()
@@ -51,7 +53,8 @@ class RunningStack:
 
 @pytest.fixture
 def stack(tmp_path):
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"), "NATS_PORT": str(free_port())}
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"), "NATS_PORT": str(free_port()),
+           "DEMO_PORT": str(free_port())}
     for name in SERVICES:
         env[f"DISPO_{name.upper()}_PORT"] = str(free_port())
     running = RunningStack(tmp_path / "data", env)
@@ -80,8 +83,14 @@ async def test_up_status_restart_and_data_kept(stack):
         assert report[name] == {"address": f"127.0.0.1:{stack.env[f'DISPO_{name.upper()}_PORT']}",
                                 "status": "SERVING"}
 
-    # a crashed service is restarted
+    # the pool's worker process and the demo downstream run beside the services
     state = read_state(stack.data_dir)
+    assert {"pool-worker", "demo-downstream"} == set(state["companions"])
+    assert all(alive(info["pid"]) for info in state["companions"].values())
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"http://127.0.0.1:{stack.env['DEMO_PORT']}/healthz")).status_code == 200
+
+    # a crashed service is restarted
     executor = state["services"]["executor"]
     os.kill(executor["pid"], signal.SIGKILL)
     executor_log = stack.data_dir / "logs" / "executor.log"
@@ -97,7 +106,8 @@ async def test_up_status_restart_and_data_kept(stack):
     await conn.execute("CREATE TABLE public.kept (v text); INSERT INTO public.kept VALUES ('still here')")
     await conn.close()
 
-    pids = [info["pid"] for info in read_state(stack.data_dir)["services"].values()]
+    state = read_state(stack.data_dir)
+    pids = [info["pid"] for group in ("services", "companions") for info in state[group].values()]
     assert await stack.down() == 0
     assert not any(alive(pid) for pid in pids if pid != executor["pid"])
     assert read_state(stack.data_dir) is None
@@ -116,7 +126,7 @@ async def test_up_status_restart_and_data_kept(stack):
 async def test_up_with_external_database_and_nats_starts_only_services(infra, database_url, nats_url, tmp_path):
     env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"),
            "DISPO_GATEWAY_PORT": str(free_port()), "DISPO_EXECUTOR_PORT": str(free_port())}
-    up = subprocess.Popen([DISPO, "up", "--services", "gateway,executor",
+    up = subprocess.Popen([DISPO, "up", "--services", "gateway,executor", "--demo-port", "0",
                            "--database-url", database_url, "--nats-url", nats_url],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
