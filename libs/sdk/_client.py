@@ -69,7 +69,7 @@ class AsyncClient:
             reply = await self._stub.GetTask(gateway_pb2.GetTaskRequest(task_id=task_id), timeout=timeout)
         except grpc.aio.AioRpcError as error:
             raise DispoError.from_rpc(error) from None
-        return TaskView.from_proto(reply.task)
+        return TaskView.from_proto(reply.task, reply.completion)
 
     async def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         try:
@@ -150,7 +150,8 @@ class Client:
                                      timeout))
 
     def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
-        return TaskView.from_proto(self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout).task)
+        reply = self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout)
+        return TaskView.from_proto(reply.task, reply.completion)
 
     def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = self._call(self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout)

@@ -83,6 +83,20 @@ class NodeView:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """Completion facts recorded apart: finished (terminal status) and caller notified."""
+
+    finished_at: datetime | None
+    notified_at: datetime | None
+    notify_attempts: int
+    notify_error: str
+
+    @classmethod
+    def from_proto(cls, c: gateway_pb2.Completion) -> Completion:
+        return cls(_time(c, "finished_at"), _time(c, "notified_at"), c.notify_attempts, c.notify_error)
+
+
+@dataclass(frozen=True)
 class TaskView:
     task_id: str
     business: str
@@ -92,6 +106,8 @@ class TaskView:
     version: int
     nodes: tuple[NodeView, ...]
     raw: task_pb2.Task = field(repr=False, compare=False)
+    # From GetTask only (None on WatchTask updates).
+    completion: Completion | None = None
 
     @property
     def terminal(self) -> bool:
@@ -108,10 +124,11 @@ class TaskView:
         return {n.node_id: n.status for n in self.nodes}
 
     @classmethod
-    def from_proto(cls, task: task_pb2.Task) -> TaskView:
+    def from_proto(cls, task: task_pb2.Task, completion: gateway_pb2.Completion | None = None) -> TaskView:
         return cls(task.task_id, task.business, common_pb2.TaskStatus.Name(task.status).removeprefix("TASK_STATUS_"),
                    task.status_reason, task.cancel_requested, task.version,
-                   tuple(NodeView.from_proto(n) for n in task.nodes), task)
+                   tuple(NodeView.from_proto(n) for n in task.nodes), task,
+                   Completion.from_proto(completion) if completion is not None else None)
 
 
 class DispoError(Exception):

@@ -29,12 +29,26 @@ class TaskRecord:
     view: task_pb2.Task
     created_at: datetime
     updated_at: datetime
+    callback_url: str = ""
+    finished_at: datetime | None = None
+    notified_at: datetime | None = None
+    notify_attempts: int = 0
+    notify_error: str = ""
 
 
 def _record(row: Any) -> TaskRecord:
     view = task_pb2.Task.FromString(row.view)
     return TaskRecord(row.task_id, row.business, row.idempotency_key, row.request_hash, row.status,
-                      row.cancel_requested, row.node_count, row.version, view, row.created_at, row.updated_at)
+                      row.cancel_requested, row.node_count, row.version, view, row.created_at, row.updated_at,
+                      row.callback_url, row.finished_at, row.notified_at, row.notify_attempts, row.notify_error)
+
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+# A task reaching a terminal status records when it finished and becomes due for its callback.
+_FINISH = ("finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+           " THEN COALESCE(finished_at, :now) ELSE finished_at END,"
+           " notify_next_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND notified_at IS NULL"
+           " THEN COALESCE(notify_next_at, :now) ELSE notify_next_at END")
 
 
 async def task_insert_if_new(conn: AsyncConnection, env: task_pb2.Task, request_hash: str, now: datetime) -> bool:
@@ -42,11 +56,12 @@ async def task_insert_if_new(conn: AsyncConnection, env: task_pb2.Task, request_
     result = await conn.execute(
         text(
             "INSERT INTO tasks (task_id, business, idempotency_key, request_hash, status, node_count, view,"
-            " created_at, updated_at) VALUES (:id, :business, :key, :hash, 'ACCEPTED', :nodes, :view, :now, :now)"
+            " callback_url, created_at, updated_at)"
+            " VALUES (:id, :business, :key, :hash, 'ACCEPTED', :nodes, :view, :callback, :now, :now)"
             " ON CONFLICT (business, idempotency_key) DO NOTHING"
         ),
         {"id": env.task_id, "business": env.business, "key": env.idempotency_key or None, "hash": request_hash,
-         "nodes": len(env.nodes), "view": env.SerializeToString(), "now": now},
+         "nodes": len(env.nodes), "view": env.SerializeToString(), "callback": env.callback_url, "now": now},
     )
     return result.rowcount == 1
 
@@ -65,7 +80,7 @@ async def task_by_key(conn: AsyncConnection, business: str, key: str) -> TaskRec
 async def task_apply_status_if_newer(conn: AsyncConnection, env: task_pb2.Task, status: str, now: datetime) -> bool:
     """Take an executor snapshot unless a newer one was applied already."""
     result = await conn.execute(
-        text("UPDATE tasks SET view = :view, status = :status, version = :version, updated_at = :now"
+        text("UPDATE tasks SET view = :view, status = :status, version = :version, updated_at = :now, " + _FINISH +
              " WHERE task_id = :id AND version < :version"),
         {"id": env.task_id, "view": env.SerializeToString(), "status": status, "version": env.version, "now": now},
     )
@@ -90,7 +105,8 @@ async def outbox_withdraw_create(conn: AsyncConnection, task_id: str) -> bool:
 
 
 async def task_set_view(conn: AsyncConnection, task_id: str, view: task_pb2.Task, status: str, now: datetime) -> None:
-    await conn.execute(text("UPDATE tasks SET view = :view, status = :status, updated_at = :now WHERE task_id = :id"),
+    await conn.execute(text("UPDATE tasks SET view = :view, status = :status, updated_at = :now, " + _FINISH +
+                            " WHERE task_id = :id"),
                        {"id": task_id, "view": view.SerializeToString(), "status": status, "now": now})
 
 
@@ -115,6 +131,36 @@ async def task_list(conn: AsyncConnection, *, business: str, statuses: list[str]
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = await conn.execute(text(f"SELECT * FROM tasks {where} ORDER BY created_at, task_id LIMIT :limit"), params)
     return [_record(r) for r in rows]
+
+
+async def tasks_due_for_callback(conn: AsyncConnection, now: datetime, limit: int) -> list[TaskRecord]:
+    """Finished, not yet notified, due now; locked so replicas take different ones."""
+    rows = await conn.execute(
+        text("SELECT * FROM tasks WHERE finished_at IS NOT NULL AND notified_at IS NULL AND callback_url <> ''"
+             " AND notify_next_at <= :now ORDER BY notify_next_at LIMIT :limit FOR UPDATE SKIP LOCKED"),
+        {"now": now, "limit": limit},
+    )
+    return [_record(r) for r in rows]
+
+
+async def task_mark_notified_if_pending(conn: AsyncConnection, task_id: str, now: datetime) -> bool:
+    result = await conn.execute(
+        text("UPDATE tasks SET notified_at = :now, notify_attempts = notify_attempts + 1, notify_next_at = NULL,"
+             " notify_error = '' WHERE task_id = :id AND notified_at IS NULL"),
+        {"id": task_id, "now": now},
+    )
+    return result.rowcount == 1
+
+
+async def task_notify_failed_if_pending(conn: AsyncConnection, task_id: str, error: str,
+                                        next_at: datetime | None) -> bool:
+    """Record a failed callback; ``next_at`` None gives up (the task stays not notified)."""
+    result = await conn.execute(
+        text("UPDATE tasks SET notify_attempts = notify_attempts + 1, notify_error = :error, notify_next_at = :next"
+             " WHERE task_id = :id AND notified_at IS NULL"),
+        {"id": task_id, "error": error, "next": next_at},
+    )
+    return result.rowcount == 1
 
 
 async def emit(conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:

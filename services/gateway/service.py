@@ -98,11 +98,18 @@ class Gateway:
         return Accepted(existing.task_id, existing.status, True)
 
     async def get(self, task_id: str) -> task_pb2.Task:
+        return self._view(await self.get_record(task_id))
+
+    async def get_record(self, task_id: str) -> repo.TaskRecord:
         async with self.engine.connect() as conn:
             record = await repo.task_get(conn, task_id)
         if record is None:
             raise NotFound(f"no task {task_id!r}")
-        return self._view(record)
+        return record
+
+    @staticmethod
+    def view_of(record: repo.TaskRecord) -> task_pb2.Task:
+        return Gateway._view(record)
 
     @staticmethod
     def _view(record: repo.TaskRecord) -> task_pb2.Task:

@@ -149,22 +149,67 @@ class GetTaskResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
+    COMPLETION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def task(self) -> _task_pb2.Task:
         """The gateway's view: every node with status, attempts, last error and timestamps."""
 
+    @_builtins.property
+    def completion(self) -> Global___Completion: ...
     def __init__(
         self,
         *,
         task: _task_pb2.Task | None = ...,
+        completion: Global___Completion | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTaskResponse: _TypeAlias = GetTaskResponse  # noqa: Y015
+
+@_typing.final
+class Completion(_message.Message):
+    """Completion facts, recorded separately: the task finished (executor's terminal status
+    reached the gateway) and the caller was notified (callback delivered). Reconciling the
+    external state is a third fact, kept by the reconciler.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    CALLBACK_URL_FIELD_NUMBER: _builtins.int
+    NOTIFIED_AT_FIELD_NUMBER: _builtins.int
+    NOTIFY_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    NOTIFY_ERROR_FIELD_NUMBER: _builtins.int
+    callback_url: _builtins.str
+    notify_attempts: _builtins.int
+    notify_error: _builtins.str
+    """Last callback failure (truncated to 500 characters)."""
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def notified_at(self) -> _timestamp_pb2.Timestamp:
+        """Set once the callback answered 2xx; unset while pending or after giving up."""
+
+    def __init__(
+        self,
+        *,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+        callback_url: _builtins.str = ...,
+        notified_at: _timestamp_pb2.Timestamp | None = ...,
+        notify_attempts: _builtins.int = ...,
+        notify_error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "notified_at", b"notified_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback_url", b"callback_url", "finished_at", b"finished_at", "notified_at", b"notified_at", "notify_attempts", b"notify_attempts", "notify_error", b"notify_error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Completion: _TypeAlias = Completion  # noqa: Y015
 
 @_typing.final
 class ListTasksRequest(_message.Message):
