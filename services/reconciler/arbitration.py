@@ -30,8 +30,8 @@ log = get_logger(__name__)
 C = ClaimState
 
 
-def claims_of(ctx: Context, env: task_pb2.Task) -> list[tuple[str, str, str, str]]:
-    """(cell_ref, cell, target, effect) for each cell of the task that declares a conflict."""
+def claims_of(ctx: Context, env: task_pb2.Task) -> list[tuple[str, str, str, str, dict]]:
+    """(cell_ref, cell, target, effect, payload) for each cell of the task that declares a conflict."""
     conflicts = ctx.config.arbitration.conflicts
     out, seen = [], set()
     for node in env.nodes:
@@ -45,7 +45,7 @@ def claims_of(ctx: Context, env: task_pb2.Task) -> list[tuple[str, str, str, str
             continue
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        out.append((node.cell_ref, node.cell, f"{conflict.key}={value}", conflict.effect))
+        out.append((node.cell_ref, node.cell, f"{conflict.key}={value}", conflict.effect, payload))
     return out
 
 
@@ -59,8 +59,9 @@ async def on_create(ctx: Context, env: task_pb2.Task) -> int:
     accepted_at = E.moment(env.created_at, ctx.clock.now())
     added = 0
     async with ctx.engine.begin() as conn:
-        for cell_ref, cell, target, effect in claims:
-            added += await arb.claim_add(conn, env.task_id, cell_ref, env.business, cell, target, effect, accepted_at)
+        for cell_ref, cell, target, effect, payload in claims:
+            added += await arb.claim_add(conn, env.task_id, cell_ref, env.business, cell, target, effect, accepted_at,
+                                         payload)
     return added
 
 
@@ -116,6 +117,10 @@ async def _decide_target(ctx: Context, conn, target: str, effect: str, now) -> i
         for loser in new_losers:
             cancel = task_pb2.CancelRequest(task_id=loser, requested_at=stamp)
             await store.emit(conn, TASK_CANCEL, f"{loser}:cancel:verdict{verdict}", cancel.SerializeToString(), now)
+            for r in rows:  # a declared compensating cell undoes what the loser may already have done
+                conflict = policy.conflicts.get(r.cell)
+                if r.task_id == loser and conflict is not None and conflict.compensate:
+                    await arb.compensation_add(conn, verdict, loser, r.business, conflict.compensate, r.payload, now)
         verdicts += 1
         log.info("arbitration verdict", verdict=verdict, target=target, effect=effect,
                  winner=ruling.winner.task_id, losers=new_losers, reason=ruling.reason)

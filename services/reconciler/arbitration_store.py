@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,12 +13,13 @@ from dispo.reconciler.states import ClaimState
 
 
 async def claim_add(conn: AsyncConnection, task_id: str, cell_ref: str, business: str, cell: str, target: str,
-                    effect: str, accepted_at: datetime) -> bool:
+                    effect: str, accepted_at: datetime, payload: dict[str, Any]) -> bool:
     result = await conn.execute(text(
-        "INSERT INTO claims (task_id, cell_ref, business, cell, target, effect, accepted_at, state)"
-        " VALUES (:task, :ref, :business, :cell, :target, :effect, :at, 'OPEN') ON CONFLICT DO NOTHING"),
+        "INSERT INTO claims (task_id, cell_ref, business, cell, target, effect, accepted_at, state, payload)"
+        " VALUES (:task, :ref, :business, :cell, :target, :effect, :at, 'OPEN', CAST(:payload AS jsonb))"
+        " ON CONFLICT DO NOTHING"),
         {"task": task_id, "ref": cell_ref, "business": business, "cell": cell, "target": target, "effect": effect,
-         "at": accepted_at})
+         "at": accepted_at, "payload": json.dumps(payload)})
     return result.rowcount == 1
 
 
@@ -74,3 +76,37 @@ async def verdicts_list(conn: AsyncConnection, target: str, task_id: str, limit:
     where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
     return list(await conn.execute(text(f"SELECT * FROM verdicts {where} ORDER BY id LIMIT :limit OFFSET :offset"),
                                    params))
+
+
+async def compensation_add(conn: AsyncConnection, verdict_id: int, task_id: str, business: str, cell: str,
+                           payload: dict[str, Any], now: datetime) -> None:
+    await conn.execute(text(
+        "INSERT INTO compensations (verdict_id, task_id, business, cell, payload, state, next_at)"
+        " VALUES (:verdict, :task, :business, :cell, CAST(:payload AS jsonb), 'PENDING', :now) ON CONFLICT DO NOTHING"),
+        {"verdict": verdict_id, "task": task_id, "business": business, "cell": cell, "payload": json.dumps(payload),
+         "now": now})
+
+
+async def compensations_claim(conn: AsyncConnection, now: datetime, lease_until: datetime, limit: int) -> list[Any]:
+    return list(await conn.execute(text(
+        "UPDATE compensations c SET next_at = :lease FROM ("
+        "  SELECT verdict_id, task_id FROM compensations WHERE state = 'PENDING' AND next_at <= :now"
+        "  ORDER BY next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
+        " WHERE c.verdict_id = due.verdict_id AND c.task_id = due.task_id RETURNING c.*"),
+        {"now": now, "lease": lease_until, "limit": limit}))
+
+
+async def compensation_set_if(conn: AsyncConnection, verdict_id: int, task_id: str, attempts_read: int, new: str,
+                              next_at: datetime | None, submitted_task_id: str, error: str) -> bool:
+    result = await conn.execute(text(
+        "UPDATE compensations SET state = :new, attempts = attempts + 1, next_at = :next,"
+        " submitted_task_id = :submitted, error = :error"
+        " WHERE verdict_id = :verdict AND task_id = :task AND state = 'PENDING' AND attempts = :attempts"),
+        {"verdict": verdict_id, "task": task_id, "attempts": attempts_read, "new": new, "next": next_at,
+         "submitted": submitted_task_id, "error": error[:500]})
+    return result.rowcount == 1
+
+
+async def compensations_of(conn: AsyncConnection, verdict_ids: list[int]) -> list[Any]:
+    return list(await conn.execute(text(
+        "SELECT * FROM compensations WHERE verdict_id = ANY(:ids) ORDER BY verdict_id, task_id"), {"ids": verdict_ids}))

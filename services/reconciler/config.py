@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic_settings import BaseSettings
 
-from dispo.libs.settings import service_settings_config
+from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
 from dispo.reconciler.policy import ArbitrationPolicy, Conflict, PriorityRule, RedrivePolicy, ReleaseRate
 
 HERE = Path(__file__).resolve().parent
@@ -42,6 +42,8 @@ class ReconcilerSettings(BaseSettings):
     http_timeout: float = 5.0
     # Durable consumer name prefix (replicas share the consumers).
     durable: str = "reconciler"
+    # Where compensating cells are submitted (the gateway's gRPC address).
+    gateway_address: str = f"127.0.0.1:{DEFAULT_PORTS['gateway']}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,13 @@ class ReconcilePolicy:
 
 
 @dataclass(frozen=True)
+class CompensationPolicy:
+    max_attempts: int = 10
+    base_delay: float = 5.0
+    max_delay: float = 600.0
+
+
+@dataclass(frozen=True)
 class RecoveryConfig:
     redrive_default: RedrivePolicy = field(default_factory=RedrivePolicy)
     # (business or "", cell or "", policy); the most specific match wins.
@@ -82,6 +91,7 @@ class RecoveryConfig:
     callbacks: CallbackPolicy = field(default_factory=CallbackPolicy)
     reconcile: ReconcilePolicy = field(default_factory=ReconcilePolicy)
     arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
+    compensation: CompensationPolicy = field(default_factory=CompensationPolicy)
     downstreams: dict[str, DownstreamInfo] = field(default_factory=dict)
 
     def redrive_policy(self, business: str, cell: str) -> RedrivePolicy:
@@ -120,7 +130,8 @@ def parse_config(data: dict[str, Any], downstreams: dict[str, DownstreamInfo] | 
     per_downstream = {name: ReleaseRate(**{**release_default.__dict__, **_fields(ReleaseRate, raw or {}, f"release.{name}")})
                       for name, raw in (release.get("downstreams") or {}).items()}
     arb = data.get("arbitration") or {}
-    conflicts = {cell: Conflict(key=str(raw["key"]), effect=str(raw.get("effect", cell)))
+    conflicts = {cell: Conflict(key=str(raw["key"]), effect=str(raw.get("effect", cell)),
+                                compensate=str(raw.get("compensate", "")))
                  for cell, raw in (arb.get("conflicts") or {}).items()}
     priority = tuple(PriorityRule(business=str(r.get("business", "")), cell=str(r.get("cell", "")))
                      for r in arb.get("priority") or [])
@@ -134,6 +145,8 @@ def parse_config(data: dict[str, Any], downstreams: dict[str, DownstreamInfo] | 
         reconcile=ReconcilePolicy(**_fields(ReconcilePolicy, data.get("reconciliation") or {}, "reconciliation")),
         arbitration=ArbitrationPolicy(window=float(arb.get("window_seconds", 60.0)), priority=priority,
                                       conflicts=conflicts),
+        compensation=CompensationPolicy(**_fields(CompensationPolicy, arb.get("compensation") or {},
+                                                  "arbitration.compensation")),
         downstreams=downstreams or {},
     )
 

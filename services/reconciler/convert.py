@@ -135,8 +135,12 @@ def finding_to_proto(r: Any) -> pb.Finding:
     return out
 
 
-def verdict_to_proto(r: Any) -> pb.Verdict:
+def verdict_to_proto(r: Any, compensations: list[Any]) -> pb.Verdict:
     out = pb.Verdict(id=r.id, target=r.target, effect=r.effect, winner_task_id=r.winner_task_id,
-                     loser_task_ids=list(r.loser_task_ids), reason=r.reason)
+                     loser_task_ids=list(r.loser_task_ids), reason=r.reason,
+                     compensations=[pb.Compensation(task_id=c.task_id, cell=c.cell, state=c.state,
+                                                    submitted_task_id=c.submitted_task_id, error=c.error,
+                                                    attempts=c.attempts)
+                                    for c in compensations if c.verdict_id == r.id])
     set_ts(out, "decided_at", r.decided_at)
     return out

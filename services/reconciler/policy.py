@@ -57,6 +57,8 @@ class Conflict:
 
     key: str
     effect: str
+    # A cell submitted for the losing task (same payload) to undo its effect; "" for none.
+    compensate: str = ""
 
 
 @dataclass(frozen=True)

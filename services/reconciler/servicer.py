@@ -117,7 +117,8 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         limit, offset = cv.page(request.page)
         async with self.ctx.engine.connect() as conn:
             rows = await arb.verdicts_list(conn, request.target, request.task_id, limit, offset)
-        return pb.ListVerdictsResponse(verdicts=[cv.verdict_to_proto(r) for r in rows],
+            compensations = await arb.compensations_of(conn, [r.id for r in rows])
+        return pb.ListVerdictsResponse(verdicts=[cv.verdict_to_proto(r, compensations) for r in rows],
                                        page=cv.next_page(limit, offset, len(rows)))
 
     async def RunSweep(self, request: pb.RunSweepRequest, context: Any) -> pb.RunSweepResponse:

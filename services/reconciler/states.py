@@ -104,6 +104,21 @@ CLAIM_TRANSITIONS: dict[ClaimState, frozenset[ClaimState]] = {
 }
 
 
+class CompensationState(enum.StrEnum):
+    """A compensating cell submitted to the gateway for an arbitration loser."""
+
+    PENDING = "PENDING"
+    SUBMITTED = "SUBMITTED"
+    FAILED = "FAILED"  # refused by the gateway (e.g. a payload the cell does not accept)
+
+
+COMPENSATION_TRANSITIONS: dict[CompensationState, frozenset[CompensationState]] = {
+    CompensationState.PENDING: frozenset({CompensationState.SUBMITTED, CompensationState.FAILED}),
+    CompensationState.SUBMITTED: frozenset(),
+    CompensationState.FAILED: frozenset(),
+}
+
+
 class SettlementMethod(enum.StrEnum):
     PROBE = "PROBE"
     IDEMPOTENT_RERUN = "IDEMPOTENT_RERUN"
@@ -117,6 +132,7 @@ CHECKED_COLUMNS: dict[tuple[str, str], type[enum.StrEnum]] = {
     ("completions", "reconcile_state"): ReconcileState,
     ("claims", "state"): ClaimState,
     ("settlements", "method"): SettlementMethod,
+    ("compensations", "state"): CompensationState,
 }
 
 

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.logging import get_logger
 from dispo.reconciler.arbitration import arbitrate_sweep
+from dispo.reconciler.compensation import compensate_sweep
 from dispo.reconciler.completion import notify_sweep, reconcile_sweep
 from dispo.reconciler.context import Context
 from dispo.reconciler.recovery import redrive_sweep
@@ -20,6 +21,7 @@ log = get_logger(__name__)
 # In the order one round runs them: settlement before redrive, health before release.
 SWEEPS: dict[str, Callable[[Context], Awaitable[int]]] = {
     "arbitrate": arbitrate_sweep,
+    "compensate": compensate_sweep,
     "settle": settle_sweep,
     "redrive": redrive_sweep,
     "health": health_sweep,

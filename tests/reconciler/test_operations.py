@@ -125,4 +125,4 @@ async def test_abandon_cancels_through_the_normal_path(recon, manual_clock, stub
 async def test_unknown_sweep_is_refused(stub):
     await expect_error(stub.RunSweep(pb.RunSweepRequest(sweep="everything")), grpc.StatusCode.INVALID_ARGUMENT, "sweep")
     reply = await stub.RunSweep(pb.RunSweepRequest(sweep="all"))
-    assert set(reply.handled) == {"arbitrate", "settle", "redrive", "health", "release", "notify", "reconcile"}
+    assert set(reply.handled) == {"arbitrate", "compensate", "settle", "redrive", "health", "release", "notify", "reconcile"}

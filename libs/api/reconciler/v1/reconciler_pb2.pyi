@@ -1116,6 +1116,7 @@ class Verdict(_message.Message):
     LOSER_TASK_IDS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     DECIDED_AT_FIELD_NUMBER: _builtins.int
+    COMPENSATIONS_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     target: _builtins.str
     """The conflict key and its value, e.g. "content_id=c-42"."""
@@ -1126,6 +1127,10 @@ class Verdict(_message.Message):
     def loser_task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def decided_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def compensations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Compensation]:
+        """Compensating cells submitted for losers whose conflict declares one."""
+
     def __init__(
         self,
         *,
@@ -1136,14 +1141,50 @@ class Verdict(_message.Message):
         loser_task_ids: _abc.Iterable[_builtins.str] | None = ...,
         reason: _builtins.str = ...,
         decided_at: _timestamp_pb2.Timestamp | None = ...,
+        compensations: _abc.Iterable[Global___Compensation] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "effect", b"effect", "id", b"id", "loser_task_ids", b"loser_task_ids", "reason", b"reason", "target", b"target", "winner_task_id", b"winner_task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compensations", b"compensations", "decided_at", b"decided_at", "effect", b"effect", "id", b"id", "loser_task_ids", b"loser_task_ids", "reason", b"reason", "target", b"target", "winner_task_id", b"winner_task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
+
+@_typing.final
+class Compensation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    CELL_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    SUBMITTED_TASK_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    cell: _builtins.str
+    state: _builtins.str
+    """PENDING, SUBMITTED (submitted_task_id is the new task), FAILED (error says why)."""
+    submitted_task_id: _builtins.str
+    error: _builtins.str
+    attempts: _builtins.int
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        cell: _builtins.str = ...,
+        state: _builtins.str = ...,
+        submitted_task_id: _builtins.str = ...,
+        error: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cell", b"cell", "error", b"error", "state", b"state", "submitted_task_id", b"submitted_task_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Compensation: _TypeAlias = Compensation  # noqa: Y015
 
 @_typing.final
 class ListVerdictsRequest(_message.Message):
@@ -1202,7 +1243,7 @@ class RunSweepRequest(_message.Message):
 
     SWEEP_FIELD_NUMBER: _builtins.int
     sweep: _builtins.str
-    """redrive, health, release, settle, notify, reconcile, arbitrate, or all."""
+    """arbitrate, compensate, settle, redrive, health, release, notify, reconcile, or all."""
     def __init__(
         self,
         *,
