@@ -84,16 +84,15 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Completion:
-    """Completion facts recorded apart: finished (terminal status) and caller notified."""
+    """The gateway's completion fact: when the task finished (caller-notified and reconciled
+    are the reconciler's facts)."""
 
     finished_at: datetime | None
-    notified_at: datetime | None
-    notify_attempts: int
-    notify_error: str
+    callback_url: str
 
     @classmethod
     def from_proto(cls, c: gateway_pb2.Completion) -> Completion:
-        return cls(_time(c, "finished_at"), _time(c, "notified_at"), c.notify_attempts, c.notify_error)
+        return cls(_time(c, "finished_at"), c.callback_url)
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,8 @@ task.cancel, and the consumer of the executor's status events (task.status.>).""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-import httpx
 
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -14,7 +12,6 @@ from nats.aio.msg import Msg
 from dispo.gateway import repository as repo
 from dispo.gateway.catalogue import DEFAULT_CATALOGUE, load_catalogue
 from dispo.gateway.expand import Limits
-from dispo.gateway.notifier import Notifier, NotifyPolicy
 from dispo.gateway.service import Gateway
 from dispo.gateway.servicer import GatewayServicer
 from dispo.gateway.settings import GatewaySettings
@@ -56,19 +53,6 @@ async def setup(rt: Runtime) -> None:
         GatewayServicer(gateway, settings.max_page_size), server), SERVICE_NAME)
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.add_part("task.status consumer", statuses.run, statuses.stop)
-    http = httpx.AsyncClient()
-    notifier = Notifier(rt.engine, rt.clock, http,
-                        NotifyPolicy(settings.notify_max_attempts, settings.notify_base_delay),
-                        settings.notify_interval)
-    rt.add_part("callback notifier", notifier.run, notifier.stop)
-    rt.add_part("http client", lambda: hold_open(http))
-
-
-async def hold_open(http: httpx.AsyncClient) -> None:
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await http.aclose()
 
 
 def main() -> None:

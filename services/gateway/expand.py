@@ -80,8 +80,9 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
         bad.append(FieldViolation("business", "required; letters, digits, '_', '.', '-' (max 64)"))
     if len(sub.idempotency_key) > limits.max_key_length:
         bad.append(FieldViolation("idempotency_key", f"longer than {limits.max_key_length} characters"))
-    if sub.callback_url and not sub.callback_url.startswith(("http://", "https://")):
-        bad.append(FieldViolation("callback_url", "must be an http(s) URL"))
+    if sub.callback_url and not (sub.callback_url.startswith(("http://", "https://"))
+                                 or (sub.callback_url.startswith("nats:") and len(sub.callback_url) > 5)):
+        bad.append(FieldViolation("callback_url", "must be an http(s) URL or nats:<subject>"))
     if not sub.cells:
         bad.append(FieldViolation("cells", "at least one cell is required"))
     if len(sub.cells) > limits.max_cells:

@@ -31,24 +31,19 @@ class TaskRecord:
     updated_at: datetime
     callback_url: str = ""
     finished_at: datetime | None = None
-    notified_at: datetime | None = None
-    notify_attempts: int = 0
-    notify_error: str = ""
 
 
 def _record(row: Any) -> TaskRecord:
     view = task_pb2.Task.FromString(row.view)
     return TaskRecord(row.task_id, row.business, row.idempotency_key, row.request_hash, row.status,
                       row.cancel_requested, row.node_count, row.version, view, row.created_at, row.updated_at,
-                      row.callback_url, row.finished_at, row.notified_at, row.notify_attempts, row.notify_error)
+                      row.callback_url, row.finished_at)
 
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-# A task reaching a terminal status records when it finished and becomes due for its callback.
+# A task reaching a terminal status records when it finished (the first time only).
 _FINISH = ("finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
-           " THEN COALESCE(finished_at, :now) ELSE finished_at END,"
-           " notify_next_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND notified_at IS NULL"
-           " THEN COALESCE(notify_next_at, :now) ELSE notify_next_at END")
+           " THEN COALESCE(finished_at, :now) ELSE finished_at END")
 
 
 async def task_insert_if_new(conn: AsyncConnection, env: task_pb2.Task, request_hash: str, now: datetime) -> bool:
@@ -131,36 +126,6 @@ async def task_list(conn: AsyncConnection, *, business: str, statuses: list[str]
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = await conn.execute(text(f"SELECT * FROM tasks {where} ORDER BY created_at, task_id LIMIT :limit"), params)
     return [_record(r) for r in rows]
-
-
-async def tasks_due_for_callback(conn: AsyncConnection, now: datetime, limit: int) -> list[TaskRecord]:
-    """Finished, not yet notified, due now; locked so replicas take different ones."""
-    rows = await conn.execute(
-        text("SELECT * FROM tasks WHERE finished_at IS NOT NULL AND notified_at IS NULL AND callback_url <> ''"
-             " AND notify_next_at <= :now ORDER BY notify_next_at LIMIT :limit FOR UPDATE SKIP LOCKED"),
-        {"now": now, "limit": limit},
-    )
-    return [_record(r) for r in rows]
-
-
-async def task_mark_notified_if_pending(conn: AsyncConnection, task_id: str, now: datetime) -> bool:
-    result = await conn.execute(
-        text("UPDATE tasks SET notified_at = :now, notify_attempts = notify_attempts + 1, notify_next_at = NULL,"
-             " notify_error = '' WHERE task_id = :id AND notified_at IS NULL"),
-        {"id": task_id, "now": now},
-    )
-    return result.rowcount == 1
-
-
-async def task_notify_failed_if_pending(conn: AsyncConnection, task_id: str, error: str,
-                                        next_at: datetime | None) -> bool:
-    """Record a failed callback; ``next_at`` None gives up (the task stays not notified)."""
-    result = await conn.execute(
-        text("UPDATE tasks SET notify_attempts = notify_attempts + 1, notify_error = :error, notify_next_at = :next"
-             " WHERE task_id = :id AND notified_at IS NULL"),
-        {"id": task_id, "error": error, "next": next_at},
-    )
-    return result.rowcount == 1
 
 
 async def emit(conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:

@@ -35,12 +35,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def GetTask(self, request: gateway_pb2.GetTaskRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.GetTaskResponse:
         record = await self.gateway.get_record(_task_id(request.task_id))
-        completion = gateway_pb2.Completion(callback_url=record.callback_url, notify_attempts=record.notify_attempts,
-                                            notify_error=record.notify_error)
+        completion = gateway_pb2.Completion(callback_url=record.callback_url)
         if record.finished_at is not None:
             completion.finished_at.FromDatetime(record.finished_at)
-        if record.notified_at is not None:
-            completion.notified_at.FromDatetime(record.notified_at)
         return gateway_pb2.GetTaskResponse(task=self.gateway.view_of(record), completion=completion)
 
     async def ListTasks(self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListTasksResponse:

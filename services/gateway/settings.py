@@ -21,7 +21,3 @@ class GatewaySettings(BaseSettings):
     watch_poll_interval: float = 0.5
     # Largest ListTasks page.
     max_page_size: int = 500
-    # Callbacks to callback_url once a task is terminal: attempts, backoff base, sweep period.
-    notify_max_attempts: int = 8
-    notify_base_delay: float = 2.0
-    notify_interval: float = 1.0

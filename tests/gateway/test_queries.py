@@ -10,14 +10,18 @@ from dispo.libs.sdk import DispoError, cell
 
 async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, downstream):
     await downstream.control(fail={"status": 503, "times": 1, "path": "/step/g"})
-    task = await client.submit("tests", [cell("step", name="g"), cell("noop")])
+    task = await client.submit("tests", [cell("step", name="g"), cell("noop")], callback_url="nats:callbacks.tests")
 
-    done = await client.wait(task.task_id, timeout=30)
+    await client.wait(task.task_id, timeout=30)
+    done = await client.get(task.task_id)
 
     node = done.node("step.call")
     assert (node.status, node.attempts) == ("SUCCEEDED", 2)
     assert node.started_at is not None and node.finished_at is not None and node.finished_at >= node.started_at
     assert done.version > 0
+    # "finished" is the gateway's completion fact; notifying the caller is the reconciler's
+    assert done.completion.finished_at >= node.finished_at
+    assert done.completion.callback_url == "nats:callbacks.tests"
 
 
 async def test_unknown_task_is_not_found(gateway_client):

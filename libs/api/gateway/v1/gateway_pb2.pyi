@@ -172,40 +172,28 @@ Global___GetTaskResponse: _TypeAlias = GetTaskResponse  # noqa: Y015
 
 @_typing.final
 class Completion(_message.Message):
-    """Completion facts, recorded separately: the task finished (executor's terminal status
-    reached the gateway) and the caller was notified (callback delivered). Reconciling the
-    external state is a third fact, kept by the reconciler.
+    """The gateway's completion fact: when the task's terminal status reached it. "Caller
+    notified" (delivery to callback_url) and "external state reconciled" are separate facts
+    kept by the reconciler (dispo.reconciler.v1), which consumes the same status events.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     CALLBACK_URL_FIELD_NUMBER: _builtins.int
-    NOTIFIED_AT_FIELD_NUMBER: _builtins.int
-    NOTIFY_ATTEMPTS_FIELD_NUMBER: _builtins.int
-    NOTIFY_ERROR_FIELD_NUMBER: _builtins.int
     callback_url: _builtins.str
-    notify_attempts: _builtins.int
-    notify_error: _builtins.str
-    """Last callback failure (truncated to 500 characters)."""
+    """http(s)://… (webhook) or nats:<subject>; empty when the caller wants no notification."""
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp: ...
-    @_builtins.property
-    def notified_at(self) -> _timestamp_pb2.Timestamp:
-        """Set once the callback answered 2xx; unset while pending or after giving up."""
-
     def __init__(
         self,
         *,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         callback_url: _builtins.str = ...,
-        notified_at: _timestamp_pb2.Timestamp | None = ...,
-        notify_attempts: _builtins.int = ...,
-        notify_error: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "notified_at", b"notified_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback_url", b"callback_url", "finished_at", b"finished_at", "notified_at", b"notified_at", "notify_attempts", b"notify_attempts", "notify_error", b"notify_error"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback_url", b"callback_url", "finished_at", b"finished_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,4 +1,6 @@
-"""Completion facts kept apart: finished (from the executor) and caller notified (callback).
+"""The "finished" completion fact and the callback URL as columns of the task.
+
+The caller-notified and reconciled facts are kept by the reconciler (from task.status).
 
 Revision ID: 0002
 Revises: 0001
@@ -13,14 +15,7 @@ depends_on = None
 
 UPGRADE = """
 ALTER TABLE tasks ADD COLUMN callback_url text NOT NULL DEFAULT '';
-ALTER TABLE tasks ADD COLUMN finished_at timestamptz;
-ALTER TABLE tasks ADD COLUMN notified_at timestamptz;
-ALTER TABLE tasks ADD COLUMN notify_attempts integer NOT NULL DEFAULT 0;
-ALTER TABLE tasks ADD COLUMN notify_next_at timestamptz;
-ALTER TABLE tasks ADD COLUMN notify_error text NOT NULL DEFAULT ''
-    CONSTRAINT ck_notify_error_length CHECK (char_length(notify_error) <= 500);
-CREATE INDEX ix_tasks_to_notify ON tasks (notify_next_at)
-    WHERE finished_at IS NOT NULL AND notified_at IS NULL AND callback_url <> ''
+ALTER TABLE tasks ADD COLUMN finished_at timestamptz
 """
 
 
@@ -31,6 +26,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP INDEX ix_tasks_to_notify")
-    for column in ("callback_url", "finished_at", "notified_at", "notify_attempts", "notify_next_at", "notify_error"):
-        op.execute(f"ALTER TABLE tasks DROP COLUMN {column}")
+    op.execute("ALTER TABLE tasks DROP COLUMN finished_at")
+    op.execute("ALTER TABLE tasks DROP COLUMN callback_url")
