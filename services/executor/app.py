@@ -18,6 +18,7 @@ from dispo.executor.registry import load_downstreams
 from dispo.executor.runner import Executor, ExecutorConfig
 from dispo.executor.servicer import ExecutorServicer
 from dispo.executor.settings import ExecutorSettings
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
@@ -31,7 +32,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.executor.v1.ExecutorService"
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 TASKS_STREAM = "TASKS"
-TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel"]
+TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel", "task.close"]
 STATUS_STREAM = "TASK_STATUS"
 STATUS_SUBJECTS = ["task.status.>"]
 
@@ -79,14 +80,26 @@ async def setup(rt: Runtime) -> None:
             return Term("cancel without task_id")
         return await executor.handle_cancel(request.task_id)
 
+    async def on_close(msg: Msg) -> Disposition:
+        try:
+            request = task_pb2.CloseRequest.FromString(msg.data)
+        except DecodeError:
+            return Term("malformed close request")
+        if not request.task_id or request.status != common_pb2.TASK_STATUS_FAILED:
+            return Term("close request needs task_id and status FAILED")
+        return await executor.handle_close(request.task_id, request.reason, request.generation)
+
     creates = rt.bus.consumer(TASKS_STREAM, durable=settings.durable, subject="task.create", handler=on_create,
                               batch=settings.batch, ack_wait=settings.ack_wait)
     cancels = rt.bus.consumer(TASKS_STREAM, durable=f"{settings.durable}-cancel", subject="task.cancel",
                               handler=on_cancel, ack_wait=settings.ack_wait)
+    closes = rt.bus.consumer(TASKS_STREAM, durable=f"{settings.durable}-close", subject="task.close",
+                             handler=on_close, ack_wait=settings.ack_wait)
     rt.add_servicer(lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
         ExecutorServicer(executor), server), SERVICE_NAME)
     rt.add_part("task.create consumer", creates.run, creates.stop)
     rt.add_part("task.cancel consumer", cancels.run, cancels.stop)
+    rt.add_part("task.close consumer", closes.run, closes.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))

@@ -276,6 +276,19 @@ class Executor:
                  reason=decision.reason)
         return ACK
 
+    # ---- task.close ---------------------------------------------------------------------
+    async def handle_close(self, task_id: str, reason: str, generation: int) -> Disposition:
+        """The reconciler ended a parked task: record FAILED unless a redrive overtook it."""
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            row = await repo.task_get(conn, task_id, for_update=True)
+            if row is None or row.generation > generation:
+                return ACK
+            if await repo.task_set_status(conn, task_id, TaskState.FAILED, truncate_error(reason or "closed"), now,
+                                          expected=(TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)):
+                log.info("parked task closed", task_id=task_id, reason=reason)
+        return ACK
+
     # ---- task.cancel -------------------------------------------------------------------
     async def handle_cancel(self, task_id: str) -> Disposition:
         now = self.clock.now()

@@ -78,9 +78,10 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     T.ACCEPTED: frozenset({T.RUNNING, T.CANCELLED}),
     # RUNNING → RUNNING: a short retry re-published the task.
     T.RUNNING: frozenset({T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED, T.RETRY_EXHAUSTED, T.DEMOTED}),
-    # Parked with the reconciler until a redrive (→ RUNNING) or a cancel.
-    T.RETRY_EXHAUSTED: frozenset({T.RUNNING, T.CANCELLED}),
-    T.DEMOTED: frozenset({T.RUNNING, T.CANCELLED}),
+    # Parked with the reconciler until a redrive (→ RUNNING), a cancel, or a task.close
+    # when the reconciler gives up (→ FAILED).
+    T.RETRY_EXHAUSTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
+    T.DEMOTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
     T.SUCCEEDED: frozenset(),
     T.FAILED: frozenset(),
     T.CANCELLED: frozenset(),

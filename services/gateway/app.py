@@ -24,7 +24,7 @@ from dispo.libs.service import Runtime, run_service
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.gateway.v1.GatewayService"
 TASKS_STREAM = "TASKS"
-TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel"]
+TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel", "task.close"]
 STATUS_STREAM = "TASK_STATUS"
 
 

@@ -1,6 +1,8 @@
 """Execution guarantees through real processes: gateway, executor, demo downstream,
 PostgreSQL and NATS JetStream."""
 
+import asyncio
+
 from pipeline_fixtures import dump, stream_messages, wait_status
 
 from dispo.libs.api.task.v1 import task_pb2
@@ -99,3 +101,36 @@ async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(clien
     assert calls[f"{task.task_id}/ok.call"] == 1
     assert calls[f"{task.task_id}/x.call"] == 5
     assert calls[f"{task.task_id}/after.call"] == 1
+
+
+async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor(client, downstream, bus,
+                                                                                 service_engine):
+    from sqlalchemy import text
+
+    from dispo.libs.api.common.v1 import common_pb2
+
+    await downstream.control(fail={"status": 500, "times": 1000, "path": "/step/"})
+    task = await client.submit("tests", [cell("step", name="x")])
+    await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"})
+    [message] = await stream_messages(bus, "task.fail")
+    parked = task_pb2.Task.FromString(message.data)
+    engine = await service_engine("executor")
+
+    async def executor_status():
+        async with engine.connect() as conn:
+            return (await conn.execute(text("SELECT status, status_reason FROM task_runs WHERE task_id = :id"),
+                                       {"id": task.task_id})).one()
+
+    stale = task_pb2.CloseRequest(task_id=task.task_id, status=common_pb2.TASK_STATUS_FAILED, reason="old",
+                                  generation=parked.generation - 1)
+    await bus.publish("task.close", stale.SerializeToString(), msg_id=f"{task.task_id}:close:stale")
+    close = task_pb2.CloseRequest(task_id=task.task_id, status=common_pb2.TASK_STATUS_FAILED,
+                                  reason="redrive policy spent", generation=parked.generation)
+    await bus.publish("task.close", close.SerializeToString(), msg_id=f"{task.task_id}:close")
+
+    for _ in range(100):
+        row = await executor_status()
+        if row.status == "FAILED":
+            break
+        await asyncio.sleep(0.05)
+    assert tuple(row) == ("FAILED", "redrive policy spent")

@@ -284,6 +284,42 @@ class Task(_message.Message):
 Global___Task: _TypeAlias = Task  # noqa: Y015
 
 @_typing.final
+class CloseRequest(_message.Message):
+    """task.close: the reconciler ended a parked task (RETRY_EXHAUSTED or DEMOTED) for good,
+    e.g. its redrive policy is spent. The executor records the final status so its own
+    table agrees; it publishes no status event (the closer publishes the final snapshot).
+    Ignored when the executor's generation is newer (a redrive got there first).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    status: _common_pb2.TaskStatus.ValueType
+    """Only TASK_STATUS_FAILED is accepted."""
+    reason: _builtins.str
+    generation: _builtins.int
+    """The generation of the envelope the closer holds."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        status: _common_pb2.TaskStatus.ValueType = ...,
+        reason: _builtins.str = ...,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "reason", b"reason", "status", b"status", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseRequest: _TypeAlias = CloseRequest  # noqa: Y015
+
+@_typing.final
 class CancelRequest(_message.Message):
     """task.cancel: a caller asked to cancel (published by the gateway)."""
 
