@@ -164,6 +164,7 @@ class QueueKey:
     debt: int
     waiting_since: datetime
     evaluation_id: str
+    status: str = ""  # not part of the order; reported by ListQueue
 
     def sort_key(self) -> tuple:
         return (-self.boost, not self.slot_due, -self.debt, self.waiting_since, self.evaluation_id)

@@ -162,7 +162,7 @@ async def queue_list(conn: AsyncConnection, now: datetime, limit: int = 100) -> 
         SELECT e.id, e.priority_boost, {SLOT_DUE_SQL}, {DEBT_SQL}, e.waiting_since, e.status
         FROM evaluations e WHERE {QUEUE_WHERE} ORDER BY {QUEUE_ORDER} LIMIT :limit"""),
         {"now": now, "limit": limit})
-    return [QueueKey(r[1], r[2], r[3], r[4], r[0]) for r in rows]
+    return [QueueKey(r[1], r[2], r[3], r[4], r[0], r[5]) for r in rows]
 
 
 async def queue_depth(conn: AsyncConnection, now: datetime) -> tuple[int, datetime | None]:

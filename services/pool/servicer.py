@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -16,6 +17,7 @@ from dispo.pool.domain import (
     Cron, CronStatus, Evaluation, EvaluationStatus, Line, Rule, RunResult, Schedule, TestCase, Verdict,
 )
 from dispo.pool.operations import Pool
+from dispo.pool.sweeps import scale_sweep
 
 DEFAULT_WINDOW = 86400
 DEFAULT_SLOTS = 24
@@ -108,9 +110,8 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
         now = self.pool.clock.now()
         async with self.pool.engine.connect() as conn:
             keys = await repo.queue_list(conn, now, min(request.limit or 100, 1000))
-            statuses = {k.evaluation_id: (await repo.evaluation_get(conn, k.evaluation_id)) for k in keys}
         return pb.ListQueueResponse(items=[
-            pb.QueueItem(evaluation_id=k.evaluation_id, status=evaluation_status_pb(statuses[k.evaluation_id].status),
+            pb.QueueItem(evaluation_id=k.evaluation_id, status=evaluation_status_pb(EvaluationStatus(k.status)),
                          priority_boost=k.boost, slot_due=k.slot_due, debt=k.debt, waiting_since=ts(k.waiting_since))
             for k in keys])
 
@@ -143,7 +144,6 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
 
     async def SetPoolBounds(self, request, context) -> pb.PoolStatus:
         await self.pool.set_bounds(request.min_size, request.max_size)
-        from dispo.pool.sweeps import scale_sweep
         await scale_sweep(self.pool)
         return await self._status()
 
@@ -174,7 +174,6 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
 
     async def GetDriftView(self, request, context) -> pb.DriftView:
         view = await drift.drift_view(self.pool)
-        import json
         return pb.DriftView(
             driver=view.driver, db_crons=[cron_to_pb(c) for c in view.db_crons],
             driver_crons=[pb.DriverCronState(cron_id=c.id, state_json=json.dumps(c.state, sort_keys=True))
