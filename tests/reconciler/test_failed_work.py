@@ -2,7 +2,6 @@
 the breakpoint, terminally FAILED (visible on the status subject) when the policy is spent."""
 
 import asyncio
-from datetime import timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.reconciler import recovery
