@@ -55,7 +55,7 @@ class Reconciler:
 
 
 @pytest.fixture
-async def reconciler(start_service, file_clock, catalogue_file, tmp_path: Path):  # noqa: F811
+async def start_reconciler(start_service, file_clock, catalogue_file, tmp_path: Path):  # noqa: F811
     config = {**CONFIG,
               "redrive": {"default": {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0},
                           "rules": [{"business": "flaky", "max_redrives": 1}]},
@@ -65,11 +65,24 @@ async def reconciler(start_service, file_clock, catalogue_file, tmp_path: Path):
     path = tmp_path / "recovery.yaml"
     path.write_text(yaml.safe_dump(config))
     file_clock.set(datetime.now(UTC))
-    process = await start_service("reconciler", {
-        **file_clock.env, "DISPO_RECONCILER_CONFIG": str(path), "DISPO_RECONCILER_CATALOGUE": str(catalogue_file),
-        "DISPO_RECONCILER_SWEEP_INTERVAL": "0.5", "DISPO_RECONCILER_CALLBACK_SECRET": "e2e-secret"})
-    async with grpc.aio.insecure_channel(process.address) as channel:
-        yield Reconciler(process, file_clock, channel, reconciler_pb2_grpc.ReconcilerServiceStub(channel))
+    channels = []
+
+    async def start(**env: str) -> Reconciler:
+        process = await start_service("reconciler", {
+            **file_clock.env, "DISPO_RECONCILER_CONFIG": str(path), "DISPO_RECONCILER_CATALOGUE": str(catalogue_file),
+            "DISPO_RECONCILER_SWEEP_INTERVAL": "0.5", "DISPO_RECONCILER_CALLBACK_SECRET": "e2e-secret", **env})
+        channel = grpc.aio.insecure_channel(process.address)
+        channels.append(channel)
+        return Reconciler(process, file_clock, channel, reconciler_pb2_grpc.ReconcilerServiceStub(channel))
+
+    yield start
+    for channel in channels:
+        await channel.close()
+
+
+@pytest.fixture
+async def reconciler(start_reconciler):
+    return await start_reconciler()
 
 
 async def test_retry_exhaustion_redriven_after_backoff_succeeds_without_rerunning_succeeded_nodes(
@@ -254,3 +267,42 @@ async def test_redrive_including_permanent_failures_revives_dependants(pipeline,
                                                                 reason="bad input fixed", include_permanent=True))
         done = await client.wait(task.task_id, timeout=30)
     assert done.status == "SUCCEEDED", dump(done)
+
+
+async def test_reconciler_killed_mid_redrive_with_the_real_pipeline(pipeline, downstream, start_reconciler):  # noqa: F811
+    """SIGKILL between redrive batches: after a restart every task completes, each failed
+    node ran exactly once more, and no succeeded node ran again."""
+    reconciler = await start_reconciler(DISPO_RECONCILER_BATCH="2")
+    names = [f"k{i}z" for i in range(6)]
+    for name in names:
+        await downstream.control(fail={"status": 500, "times": 4, "path": f"/step/{name}"})
+    async with pipeline.client() as client:
+        tasks = [await client.submit("tests", [cell("step", ref="ok", name=f"ok-{name}"),
+                                               cell("step", ref="x", name=name).after("ok")]) for name in names]
+        for task in tasks:
+            await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_PARKED_FAILED)
+
+        reconciler.clock.advance(seconds=11)  # all due; one round redrives a batch of 2
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while sum(s != pb.RECOVERY_STATE_PARKED_FAILED for s in [(await reconciler.held(t.task_id)).state
+                                                                  for t in tasks]) < 2:
+            assert loop.time() < deadline
+            await asyncio.sleep(0.05)
+        reconciler.clock.advance(seconds=0.5)  # the next round starts...
+        await asyncio.sleep(0.02)
+        reconciler.process.kill()  # ...and is cut short wherever it is
+        await reconciler.process.restart()
+        views = []
+        for _ in range(60):
+            await reconciler.tick()
+            views = [await client.get(t.task_id) for t in tasks]
+            if all(v.status == "SUCCEEDED" for v in views):
+                break
+    assert [v.status for v in views] == ["SUCCEEDED"] * len(tasks), [dump(v) for v in views]
+    calls = await downstream.calls()
+    for task in tasks:
+        assert calls[f"{task.task_id}/ok.call"] == 1
+        assert calls[f"{task.task_id}/x.call"] == 5  # 4 before the redrive, exactly 1 after
+        detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
+        assert len(detail.redrives) == 1
