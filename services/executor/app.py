@@ -116,12 +116,16 @@ async def hold_open(http: httpx.AsyncClient) -> None:
 
 
 async def health_loop(executor: Executor, interval: float) -> None:
-    """Trip a downstream's breaker when its health URL fails; the breaker's cool-down and
-    half-open probe decide when calls flow again."""
+    """Trip a downstream's breaker when its health URL fails; once it passes again the
+    breaker half-opens and one call decides whether calls flow again."""
     while True:
         await asyncio.sleep(interval)
         for name, downstream in executor.registry.items():
-            if downstream.health_url and not await check_health(executor.http, downstream):
+            if not downstream.health_url:
+                continue
+            if await check_health(executor.http, downstream):
+                executor.breakers[name].health_ok()
+            else:
                 log.warning("downstream unhealthy", downstream=name)
                 executor.breakers[name].trip(executor.clock.now())
 

@@ -65,6 +65,12 @@ class Breaker:
         if len(self.failures) >= self.threshold:
             self.trip(now)
 
+    def health_ok(self) -> None:
+        """The downstream's health check passes again: let one probe call decide."""
+        if self.state is BreakerState.OPEN:
+            self.state = BreakerState.HALF_OPEN
+            self._probing = False
+
     def trip(self, now: datetime) -> None:
         self.state = BreakerState.OPEN
         self.open_until = now + timedelta(seconds=self.cooldown)

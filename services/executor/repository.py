@@ -111,8 +111,8 @@ async def nodes_get(conn: AsyncConnection, env: task_pb2.Task) -> dict[str, Node
 
 async def nodes_adopt(conn: AsyncConnection, env: task_pb2.Task) -> None:
     """A newer generation (short retry or redrive): take its node state, except for nodes
-    recorded SUCCEEDED / DEPENDENCY_FAILED / CANCELLED, which never change again, and nodes
-    RUNNING here (their fate is settled by crash recovery, not by a message)."""
+    recorded SUCCEEDED or CANCELLED, which never change again, and nodes RUNNING here
+    (their fate is settled by crash recovery, not by a message)."""
     for node in env.nodes:
         run = node_from_proto(node)
         await conn.execute(
@@ -120,7 +120,7 @@ async def nodes_adopt(conn: AsyncConnection, env: task_pb2.Task) -> None:
                 "UPDATE node_runs SET status = :status, attempts = GREATEST(attempts, :attempts),"
                 " round_attempts = :round, not_before = :nb, retryable = :retryable, last_error = :err"
                 " WHERE task_id = :task AND node_id = :node"
-                " AND status NOT IN ('SUCCEEDED', 'DEPENDENCY_FAILED', 'CANCELLED', 'RUNNING')"
+                " AND status NOT IN ('SUCCEEDED', 'CANCELLED', 'RUNNING')"
             ),
             {"task": env.task_id, "node": run.node_id, "status": run.status.value, "attempts": run.attempts,
              "round": run.round_attempts, "nb": run.not_before, "retryable": run.retryable, "err": run.last_error},

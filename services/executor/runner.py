@@ -148,6 +148,7 @@ class Executor:
                 assert row is not None
                 if row.lease_owner != owner:
                     log.warning("lease lost; stopping pass", task_id=task_id)
+                    await asyncio.gather(*in_flight.values(), return_exceptions=True)
                     break
                 nodes = await repo.nodes_get(conn, env)
                 changed = False

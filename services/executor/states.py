@@ -11,7 +11,9 @@ Which component moves a node *out* of each state:
 - FAILED: terminal when permanent; a retry-exhausted node (retry.retryable) goes back to
   PENDING only by a reconciler redrive.
 - DEMOTED: the reconciler releases it (redrive → PENDING) when its downstream is healthy.
-- SUCCEEDED, DEPENDENCY_FAILED, CANCELLED: terminal.
+- DEPENDENCY_FAILED: terminal for the executor; an operator's redrive that also resets the
+  failed dependency makes it PENDING again.
+- SUCCEEDED, CANCELLED: terminal; no message changes them.
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     N.FAILED: frozenset({N.PENDING, N.CANCELLED}),
     N.DEMOTED: frozenset({N.PENDING, N.CANCELLED}),
     N.SUCCEEDED: frozenset(),
-    N.DEPENDENCY_FAILED: frozenset(),
+    N.DEPENDENCY_FAILED: frozenset({N.PENDING}),
     N.CANCELLED: frozenset(),
 }
-# States no executor ever changes again.
+# States nothing ever changes again (not even a redrive).
 NODE_FINAL = frozenset(s for s, out in NODE_TRANSITIONS.items() if not out)
 
 

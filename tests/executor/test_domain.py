@@ -93,6 +93,16 @@ def test_breaker_opens_after_threshold_and_half_opens_after_cooldown():
     assert breaker.state is BreakerState.CLOSED
 
 
+def test_breaker_half_opens_when_health_returns():
+    breaker = Breaker(threshold=2, window=10, cooldown=300)
+    breaker.trip(NOW)
+    assert not breaker.allow(NOW)
+    breaker.health_ok()
+    assert breaker.allow(NOW) and not breaker.allow(NOW)  # one probe call
+    breaker.record_failure(NOW)
+    assert breaker.state is BreakerState.OPEN
+
+
 def test_breaker_forgets_failures_outside_its_window():
     breaker = Breaker(threshold=2, window=10, cooldown=30)
     breaker.record_failure(NOW)

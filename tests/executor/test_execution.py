@@ -3,8 +3,10 @@ PostgreSQL and NATS JetStream."""
 
 import asyncio
 
+import grpc
 from pipeline_fixtures import dump, stream_messages, wait_status
 
+from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import cell
 
@@ -73,6 +75,11 @@ async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish
     assert view.node_statuses == {"step.call": "DEMOTED", "noop.noop": "SUCCEEDED"}, dump(view)
     [message] = await stream_messages(bus, "task.demote")
     assert task_pb2.Task.FromString(message.data).task_id == task.task_id
+    async with grpc.aio.insecure_channel(pipeline.executors[-1].address) as channel:
+        reply = await executor_pb2_grpc.ExecutorServiceStub(channel).ListDownstreams(
+            executor_pb2.ListDownstreamsRequest())
+    [demo] = reply.downstreams
+    assert (demo.name, demo.breaker_state) == ("demo", "open")
 
 
 async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(client, downstream, bus):

@@ -1,5 +1,7 @@
 """GetTask, ListTasks, CancelTask, WatchTask and ListCells through the real gateway."""
 
+from datetime import UTC, timedelta
+
 import grpc
 import pytest
 from pipeline_fixtures import dump, wait_status
@@ -44,6 +46,10 @@ async def test_list_tasks_filters_and_pages(client):
     assert {t.status for t in listed} == {3}  # TASK_STATUS_SUCCEEDED
     assert [t async for t in client.list(statuses=["FAILED"])] == []
     assert len([t async for t in client.list(statuses=["SUCCEEDED"], page_size=3)]) == 10
+    first, last = listed[0].created_at.ToDatetime(tzinfo=UTC), listed[-1].created_at.ToDatetime(tzinfo=UTC)
+    window = [t.task_id async for t in client.list(business="a", created_after=first, created_before=last)]
+    assert window == ids["a"][:-1]  # [after, before)
+    assert [t async for t in client.list(created_after=last + timedelta(days=1))] == []
 
 
 async def test_list_tasks_refuses_a_forged_cursor(gateway_only):
