@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 from dispo.executor import repository as repo
 from dispo.executor.actions import check_health
 from dispo.executor.domain import RetryPolicy
+from dispo.executor.envelope import envelope_problem
 from dispo.executor.registry import load_downstreams
 from dispo.executor.runner import Executor, ExecutorConfig
 from dispo.executor.servicer import ExecutorServicer
@@ -67,8 +68,10 @@ async def setup(rt: Runtime) -> None:
             env = task_pb2.Task.FromString(msg.data)
         except DecodeError:
             return Term("malformed task envelope")
-        if not env.task_id or not env.nodes:
-            return Term("task envelope without task_id or nodes")
+        problem = envelope_problem(env)
+        if problem is not None:
+            log.warning("task.create refused", task_id=env.task_id, problem=problem)
+            return Term(problem)
         return await executor.handle_create(env)
 
     async def on_cancel(msg: Msg) -> Disposition:

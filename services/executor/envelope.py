@@ -71,3 +71,27 @@ def payload_of(task: task_pb2.Task, cell_ref: str) -> dict:
     if cell_ref in task.payloads:
         return json_format.MessageToDict(task.payloads[cell_ref])
     return {}
+
+
+KINDS = ("http", "noop")
+
+
+def envelope_problem(env: task_pb2.Task) -> str | None:
+    """Why a task.create envelope cannot be executed (None when it can): it is then
+    terminated, never retried."""
+    if not env.task_id or not env.nodes:
+        return "envelope without task_id or nodes"
+    ids = [n.node_id for n in env.nodes]
+    if len(set(ids)) != len(ids) or not all(ids):
+        return "node ids missing or repeated"
+    known: set[str] = set()
+    for node in env.nodes:  # topological order: dependencies come first
+        missing = [d for d in node.depends_on if d not in known]
+        if missing:
+            return f"node {node.node_id} depends on {missing[0]!r}, not an earlier node"
+        if node.spec.kind not in KINDS:
+            return f"node {node.node_id} has unknown action kind {node.spec.kind!r}"
+        if node.spec.kind == "http" and not node.spec.downstream:
+            return f"node {node.node_id} has no downstream"
+        known.add(node.node_id)
+    return None

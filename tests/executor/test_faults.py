@@ -105,3 +105,35 @@ async def test_nats_down_during_submits_every_accepted_task_completes(pipeline, 
     assert [r.status for r in results] == ["SUCCEEDED"] * 13
     calls = await downstream.calls()
     assert all(calls[f"{t.task_id}/step.call"] == 1 for t in before + during)
+
+
+async def test_malformed_events_are_refused_and_do_not_stall_the_consumers(client, bus):
+    bad_dag = task_pb2.Task(task_id="bad1")
+    bad_dag.nodes.add(node_id="a", depends_on=["ghost"], spec=task_pb2.ActionSpec(kind="noop"))
+    bad_kind = task_pb2.Task(task_id="bad2")
+    bad_kind.nodes.add(node_id="a", spec=task_pb2.ActionSpec(kind="shell"))
+    for i, data in enumerate([b"\xff\x00garbage", bad_dag.SerializeToString(), bad_kind.SerializeToString(),
+                              task_pb2.Task().SerializeToString()]):
+        await bus.publish("task.create", data, msg_id=f"malformed-{i}")
+    await bus.publish("task.status.x", b"\xff\x00garbage", msg_id="malformed-status")
+    await bus.publish("task.cancel", b"\xff\x00garbage", msg_id="malformed-cancel")
+
+    task = await client.submit("tests", [cell("noop")])
+    done = await client.wait(task.task_id, timeout=30)
+
+    assert done.status == "SUCCEEDED"
+    for stream, durable in (("TASKS", "executor"), ("TASKS", "executor-cancel"), ("TASK_STATUS", "gateway-status")):
+        info = await settled(bus, stream, durable)
+        assert info.num_redelivered == 0, durable  # terminated at once, never retried
+
+
+async def settled(bus, stream, durable, timeout=10.0):
+    """Consumer info once nothing is waiting for an ack."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        info = await bus.js.consumer_info(stream, durable)
+        if info.num_ack_pending == 0 and info.num_pending == 0:
+            return info
+        assert loop.time() < deadline, (durable, info)
+        await asyncio.sleep(0.05)
