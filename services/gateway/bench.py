@@ -87,7 +87,7 @@ async def with_stack(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="dispo-bench-") as root:
         ports = {"gateway": free_port(), "executor": free_port()}
         options = StackOptions(data_dir=Path(root), nats_port=free_port(), ports=ports,
-                               services=("gateway", "executor"),
+                               services=("gateway", "executor"), demo_port=0,
                                extra_env={"DISPO_LOG_LEVEL": os.environ.get("DISPO_LOG_LEVEL", "WARNING")})
         stack = Stack(options)
         addresses = await stack.start()
