@@ -18,6 +18,7 @@ from dispo.pool.events import Relay
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.settings import PoolSettings
+from dispo.pool.worker.supervisor import WorkerSupervisor
 
 log = get_logger(__name__)
 
@@ -89,6 +90,14 @@ async def setup(rt: Runtime) -> None:
     rt.add_part("outbox relay", relay.run, relay.stop)
     loop = SweepLoop(pool, settings)
     rt.add_part("sweeps", loop.run, loop.stop)
+    if settings.driver == "local" and settings.spawn_worker:
+        host = "127.0.0.1" if rt.server.host in ("", "0.0.0.0", "::") else rt.server.host
+        worker = WorkerSupervisor({
+            "DISPO_POOL_WORKER_POOL_ADDRESS": f"{host}:{rt.server.port}",
+            "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(settings.local_registry.resolve()),
+            "DISPO_POOL_WORKER_TICK_SECONDS": str(settings.tick_seconds),
+        })
+        rt.add_part("pool worker", worker.run, worker.stop)
 
 
 def main() -> None:

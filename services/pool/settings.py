@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
 from dispo.libs.settings import service_settings_config
 from dispo.pool.domain import PoolPolicy
+
+
+def default_registry() -> Path:
+    """Beside the stack's data (``$DISPO_DATA_DIR``, else ``.dispo``), shared by pool and worker."""
+    return Path(os.environ.get("DISPO_DATA_DIR") or ".dispo") / "pool" / "local-crons.sqlite"
 
 
 class PoolSettings(BaseSettings):
@@ -16,7 +23,10 @@ class PoolSettings(BaseSettings):
 
     driver: Literal["local", "openclaw"] = "local"
     # local driver: the registry the pool-worker process watches.
-    local_registry: Path = Path("data/pool/local-crons.sqlite")
+    local_registry: Path = Field(default_factory=default_registry)
+    # local driver: run the pool-worker as a supervised child process (restarted when it
+    # exits, ended when the pool service ends). Off when the worker is run separately.
+    spawn_worker: bool = True
     # openclaw driver: the CLI to run.
     openclaw_path: str = "openclaw"
 
@@ -49,7 +59,7 @@ class WorkerSettings(BaseSettings):
     model_config = service_settings_config("pool_worker")
 
     pool_address: str = "127.0.0.1:50055"
-    local_registry: Path = Path("data/pool/local-crons.sqlite")
+    local_registry: Path = Field(default_factory=default_registry)
     tick_seconds: float = 60.0
     # Seconds an HTTP call to an evaluation target may take.
     http_timeout: float = 30.0

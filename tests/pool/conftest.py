@@ -150,7 +150,7 @@ async def pool_stack(start_service, file_clock, tmp_path, database_url, nats_url
 
     async def start(**pool_env: str):
         env = {**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry), "DISPO_POOL_SWEEP_SECONDS": "30",
-               **pool_env}
+               "DISPO_POOL_SPAWN_WORKER": "false", **pool_env}
         service = await start_service("pool", env=env)
         worker = WorkerProcess({
             **os.environ, **file_clock.env, "DISPO_DATABASE_URL": database_url, "DISPO_NATS_URL": nats_url,

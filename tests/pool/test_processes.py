@@ -121,3 +121,42 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
         with pytest.raises(grpc.aio.AioRpcError) as pre:
             await stub.ResumeEvaluation(pb.EvaluationRef(evaluation_id="twice"))
         assert pre.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found += [int(child) for child in text]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    import os
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    from pathlib import Path
+    return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+async def test_spawned_worker_is_restarted_and_dies_with_the_pool(start_service, target, file_clock, tmp_path):
+    import os
+    import signal
+    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(tmp_path / "reg.sqlite")})
+    [worker_pid] = await eventually(lambda: _children(pool.process.pid))
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        await eventually(lambda: _size(stub, 5))
+        await stub.CreateEvaluation(create_request(target.url, "spawned", window_seconds=120, slot_count=2,
+                                                   runs_per_slot=1))
+        await eventually(lambda: _runs_done(pool.address, "spawned", 1))
+        os.kill(worker_pid, signal.SIGKILL)  # the driver crashes
+        [restarted] = await eventually(lambda: [p for p in _children(pool.process.pid) if p != worker_pid])
+        file_clock.advance(seconds=60)
+        done = await eventually(lambda: _status(pool.address, "spawned", pb.EVALUATION_STATUS_COMPLETED), timeout=60)
+        assert done.runs_done == 2
+    pool.kill()  # SIGKILL: no shutdown code runs, yet the worker follows its parent
+    await eventually(lambda: not _alive(restarted))

@@ -27,7 +27,8 @@ REQUEST = dict(series="s", line="trial", period="p", target_url="http://127.0.0.
 @pytest.fixture
 async def drift_env(start_service, service_engine, database_url, file_clock, tmp_path):
     registry_path = tmp_path / "registry.sqlite"
-    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry_path)})
+    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry_path),
+                                                   "DISPO_POOL_SPAWN_WORKER": "false"})
     reconciler_engine = await service_engine("reconciler", MIGRATIONS)
     pool_db = create_engine(database_url, "pool")
     channel = grpc.aio.insecure_channel(pool.address)
@@ -132,7 +133,8 @@ async def test_check_against_an_unreachable_pool_is_unavailable_and_records_noth
 
 async def test_reconciler_process_serves_drift_checks_against_the_pool(start_service, file_clock, tmp_path):
     registry = tmp_path / "registry.sqlite"
-    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry)})
+    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry),
+                                                 "DISPO_POOL_SPAWN_WORKER": "false"})
     reconciler = await start_service("reconciler", env={**file_clock.env,
                                                         "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": pool.address})
     async with grpc.aio.insecure_channel(pool.address) as channel:
