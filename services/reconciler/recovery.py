@@ -15,7 +15,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.logging import get_logger
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
-from dispo.reconciler.context import STATUS_SUBJECT, TASK_CREATE, Context
+from dispo.reconciler.context import STATUS_SUBJECT, TASK_CLOSE, TASK_CREATE, Context
 from dispo.reconciler.states import RECOVERY_FINAL, RecoveryState
 from dispo.reconciler.store import RecoveryRow
 
@@ -93,10 +93,14 @@ async def intake(ctx: Context, env: task_pb2.Task, kind: str) -> bool:
 
 async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: datetime) -> None:
     """The task ends FAILED with the reason: a status snapshot newer than the executor's
-    last one, on the status subject the gateway keeps its view from."""
+    last one, on the status subject the gateway keeps its view from, and task.close so the
+    executor's own record says FAILED too."""
     snap = E.terminal(row.envelope, E.TS.TASK_STATUS_FAILED, row.reason, now)
     await store.emit(conn, STATUS_SUBJECT.format(task_id=row.task_id), f"{row.task_id}:reconciler:v{snap.version}",
                      snap.SerializeToString(), now)
+    close = task_pb2.CloseRequest(task_id=row.task_id, status=E.TS.TASK_STATUS_FAILED, reason=row.reason,
+                                  generation=row.generation)
+    await store.emit(conn, TASK_CLOSE, f"{row.task_id}:close", close.SerializeToString(), now)
 
 
 async def redrive_row(ctx: Context, conn: AsyncConnection, row: RecoveryRow, trigger: str, now: datetime, *,

@@ -114,7 +114,7 @@ async def test_retry_exhaustion_redriven_after_backoff_succeeds_without_rerunnin
 
 
 async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_gateway(
-        pipeline, downstream, reconciler):  # noqa: F811
+        pipeline, downstream, reconciler, database_url):  # noqa: F811
     await downstream.control(fail={"status": 503, "times": 1000, "path": "/step/x"})
     async with pipeline.client() as client:
         task = await client.submit("flaky", [cell("step", ref="x", name="x"), cell("noop")])
@@ -127,6 +127,18 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
     assert "redrive policy spent: 1 of 1 redrives used" in view.status_reason
     assert "HTTP 503" in view.status_reason
     assert (await downstream.calls())[f"{task.task_id}/x.call"] == 8  # two rounds of 1 + 3 short retries
+    # task.close: the executor's own record agrees (read here only to check it).
+    import asyncpg
+    conn = await asyncpg.connect(database_url)
+    try:
+        for _ in range(100):
+            recorded = await conn.fetchval("SELECT status FROM executor.task_runs WHERE task_id = $1", task.task_id)
+            if recorded == "FAILED":
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+    assert recorded == "FAILED"
 
 
 async def test_finished_task_notifies_its_callback_once(pipeline, downstream, reconciler, bus):  # noqa: F811
@@ -250,9 +262,6 @@ async def test_conflicting_tasks_one_verdict_loser_cancelled(pipeline, downstrea
     assert won.status == "SUCCEEDED", dump(won)
 
 
-@pytest.mark.xfail(reason="the executor's nodes_adopt keeps DEPENDENCY_FAILED nodes from a newer generation "
-                          "(task.proto says only SUCCEEDED and CANCELLED are kept); asked of the executor",
-                   strict=False)
 async def test_redrive_including_permanent_failures_revives_dependants(pipeline, downstream, reconciler):  # noqa: F811
     await downstream.control(fail={"status": 400, "times": 1, "path": "/step/bad"})
     await downstream.control(fail={"status": 503, "times": 4, "path": "/step/flaky"})

@@ -104,6 +104,10 @@ async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_re
     snap = task_pb2.Task.FromString(status.payload)
     assert snap.status == TS.TASK_STATUS_FAILED and snap.version == 41
     assert snap.status_reason == final.reason
+    [close] = await outbox(recon, "task.close")
+    request = task_pb2.CloseRequest.FromString(close.payload)
+    assert (request.task_id, request.status, request.generation) == ("t3", TS.TASK_STATUS_FAILED, gen)
+    assert request.reason == final.reason and close.msg_id == "t3:close"
     # Further failures of a FAILED task change nothing.
     assert await recovery.intake(recon, failing("t3", generation=gen + 1), "fail")
     assert (await row(recon, "t3")).state is RecoveryState.FAILED
