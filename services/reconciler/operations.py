@@ -68,9 +68,7 @@ async def redrive_by_filter(ctx: Context, f: Filter, rate_per_second: float, lim
     last: datetime | None = None
     async with ctx.engine.begin() as conn:
         # Tasks already scheduled by an earlier request keep their place in the queue.
-        busy = await store.task_list(conn, Filter(states=(R.PARKED_FAILED,)), now, limit=MAX_BY_FILTER)
-        latest = max((r.next_redrive_at for r in busy if r.redrive_trigger.startswith("manual|")
-                      and r.next_redrive_at is not None and r.next_redrive_at > now), default=None)
+        latest = await store.manual_redrives_last_due(conn, now)
         start = now if latest is None else latest + timedelta(seconds=step)
         for i, row in enumerate(await store.task_list(conn, f, now, limit=limit or MAX_BY_FILTER, for_update=True)):
             due = start + timedelta(seconds=i * step)

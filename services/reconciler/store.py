@@ -158,6 +158,13 @@ async def task_redriven_if(conn: AsyncConnection, task_id: str, expected: Recove
     return result.rowcount == 1
 
 
+async def manual_redrives_last_due(conn: AsyncConnection, now: datetime) -> datetime | None:
+    """When the last operator-scheduled redrive still waiting is due (None: none waits)."""
+    return (await conn.execute(text(
+        "SELECT max(next_redrive_at) FROM recovery_tasks WHERE state = 'PARKED_FAILED'"
+        " AND redrive_trigger LIKE 'manual|%' AND next_redrive_at > :now"), {"now": now})).scalar()
+
+
 async def due_for(conn: AsyncConnection, state: RecoveryState, now: datetime, limit: int) -> list[RecoveryRow]:
     """Rows in ``state`` whose next_redrive_at has come, oldest due first, locked (SKIP LOCKED)."""
     rows = await conn.execute(text(

@@ -126,3 +126,15 @@ async def test_unknown_sweep_is_refused(stub):
     await expect_error(stub.RunSweep(pb.RunSweepRequest(sweep="everything")), grpc.StatusCode.INVALID_ARGUMENT, "sweep")
     reply = await stub.RunSweep(pb.RunSweepRequest(sweep="all"))
     assert set(reply.handled) == {"arbitrate", "compensate", "settle", "redrive", "health", "release", "notify", "reconcile"}
+
+
+async def test_a_second_redrive_by_filter_queues_behind_the_first(recon, manual_clock, stub):
+    for i in range(4):
+        await recovery.intake(recon, failed(f"q{i}", business="ads" if i < 2 else "search"), "fail")
+    start = manual_clock.now()
+    first = await stub.RedriveByFilter(pb.RedriveByFilterRequest(filter=pb.RecoveryFilter(business="ads"),
+                                                                 rate_per_second=1))
+    second = await stub.RedriveByFilter(pb.RedriveByFilterRequest(filter=pb.RecoveryFilter(business="search"),
+                                                                  rate_per_second=1))
+    assert first.last_due_at.ToDatetime().timestamp() == pytest.approx((start + timedelta(seconds=1)).timestamp())
+    assert second.last_due_at.ToDatetime().timestamp() == pytest.approx((start + timedelta(seconds=3)).timestamp())
