@@ -11,6 +11,7 @@ import httpx
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
+from dispo.executor import control
 from dispo.executor import repository as repo
 from dispo.executor.actions import check_health
 from dispo.executor.domain import RetryPolicy
@@ -81,7 +82,7 @@ async def setup(rt: Runtime) -> None:
             return Term("malformed cancel request")
         if not request.task_id:
             return Term("cancel without task_id")
-        return await executor.handle_cancel(request.task_id)
+        return await control.handle_cancel(executor, request.task_id)
 
     async def on_close(msg: Msg) -> Disposition:
         try:
@@ -90,7 +91,7 @@ async def setup(rt: Runtime) -> None:
             return Term("malformed close request")
         if not request.task_id or request.status != common_pb2.TASK_STATUS_FAILED:
             return Term("close request needs task_id and status FAILED")
-        return await executor.handle_close(request.task_id, request.reason, request.generation)
+        return await control.handle_close(executor, request.task_id, request.reason, request.generation)
 
     creates = rt.bus.consumer(TASKS_STREAM, durable=settings.durable, subject="task.create", handler=on_create,
                               batch=settings.batch, ack_wait=settings.ack_wait)

@@ -35,6 +35,23 @@ PARKED = (TaskState.ACCEPTED, TaskState.RUNNING, TaskState.RETRY_EXHAUSTED, Task
 
 
 @dataclass
+class Pass:
+    """What one pass over a task has done so far."""
+
+    in_flight: dict[str, asyncio.Task[bool]] = field(default_factory=dict)
+    attempted: set[str] = field(default_factory=set)
+    ran: int = 0
+
+
+@dataclass
+class Step:
+    state: Pass
+    launch: list[NodeRun] = field(default_factory=list)
+    disposition: Disposition | None = None
+    lease_lost: bool = False
+
+
+@dataclass
 class ExecutorConfig:
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     lease_ttl: float = 10.0
@@ -63,48 +80,56 @@ class Executor:
         task_id = env.task_id
         now = self.clock.now()
         async with self.engine.begin() as conn:
-            row = await repo.task_get(conn, task_id, for_update=True)
-            if row is None:
-                await repo.task_insert(conn, env, task_id, now)
-            elif row.envelope is None:
-                await repo.task_attach_envelope(conn, env)
-            elif env.generation < row.generation:
-                log.info("stale task.create dropped", task_id=task_id, generation=env.generation, recorded=row.generation)
-                return ACK
-            elif env.generation > row.generation and row.status not in TASK_FINAL:
-                await repo.nodes_adopt(conn, env)
-            row = await repo.task_get(conn, task_id, for_update=True)
-            assert row is not None and row.envelope is not None
-            if row.status in TASK_FINAL:
-                if row.status is TaskState.CANCELLED:  # the cancel arrived before the task
-                    nodes = await repo.nodes_get(conn, row.envelope)
-                    pending = [n for n in nodes.values() if n.status is NodeState.PENDING]
-                    for node in pending:
-                        await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.PENDING,
-                                                      NodeState.CANCELLED, finished_at=now)
-                    if pending:
-                        await repo.emit_status(conn, task_id, now)
-                        self.relay.kick()
-                return ACK
-            if row.leased_by_other(owner, now):
-                remaining = (row.lease_until - now).total_seconds() if row.lease_until else self.config.lease_ttl
-                log.info("task leased by another executor; later", task_id=task_id, owner=row.lease_owner)
-                return Nak(delay=min(max(remaining, 0.1), self.config.lease_ttl))
-            await repo.lease_take(conn, task_id, owner, now, self.config.lease_ttl)
-            nodes = await repo.nodes_get(conn, row.envelope)
-            recovered = await self._recover(conn, task_id, nodes, now)
-            await repo.task_set_status(conn, task_id, TaskState.RUNNING, "", now, expected=PARKED)
-            if recovered:  # otherwise the first claim reports RUNNING
-                await repo.emit_status(conn, task_id, now)
-                self.relay.kick()
+            opened = await self._open(conn, env, owner, now)
+            if not isinstance(opened, bool):
+                return opened
+            step = await self._step(conn, env, owner, Pass(), now, changed=opened)
+        self.relay.kick()
+        if step.disposition is not None:
+            return step.disposition
         heartbeat = asyncio.create_task(self._heartbeat(task_id, owner))
         try:
-            ran = await self._run(row.envelope, owner)
-            return await self._finish(row.envelope, owner, ran)
+            return await self._loop(env, owner, step)
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+
+    async def _open(self, conn, env: task_pb2.Task, owner: str, now) -> Disposition | bool:  # type: ignore[no-untyped-def]
+        """Record the envelope, take the lease, recover interrupted nodes. Returns a
+        disposition when there is nothing to run, else whether recovery changed nodes."""
+        task_id = env.task_id
+        row = await repo.task_get(conn, task_id, for_update=True)
+        if row is None:
+            await repo.task_insert(conn, env, task_id, now)
+        elif row.envelope is None:
+            await repo.task_attach_envelope(conn, env)
+        elif env.generation < row.generation:
+            log.info("stale task.create dropped", task_id=task_id, generation=env.generation, recorded=row.generation)
+            return ACK
+        elif env.generation > row.generation and row.status not in TASK_FINAL:
+            await repo.nodes_adopt(conn, env)
+        row = await repo.task_get(conn, task_id, for_update=True)
+        assert row is not None and row.envelope is not None
+        if row.status in TASK_FINAL:
+            if row.status is TaskState.CANCELLED:  # the cancel arrived before the task
+                nodes = await repo.nodes_get(conn, row.envelope)
+                pending = [n for n in nodes.values() if n.status is NodeState.PENDING]
+                for node in pending:
+                    await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.PENDING,
+                                                  NodeState.CANCELLED, finished_at=now)
+                if pending:
+                    await repo.emit_status(conn, task_id, now)
+            return ACK
+        if row.leased_by_other(owner, now):
+            remaining = (row.lease_until - now).total_seconds() if row.lease_until else self.config.lease_ttl
+            log.info("task leased by another executor; later", task_id=task_id, owner=row.lease_owner)
+            return Nak(delay=min(max(remaining, 0.1), self.config.lease_ttl))
+        await repo.lease_take(conn, task_id, owner, now, self.config.lease_ttl)
+        nodes = await repo.nodes_get(conn, row.envelope)
+        recovered = await self._recover(conn, task_id, nodes, now)
+        await repo.task_set_status(conn, task_id, TaskState.RUNNING, "", now, expected=PARKED)
+        return recovered
 
     async def _recover(self, conn, task_id: str, nodes: dict[str, NodeRun], now) -> bool:  # type: ignore[no-untyped-def]
         """Nodes left RUNNING by an executor whose lease expired: their call may have happened."""
@@ -135,57 +160,66 @@ class Executor:
                         log.warning("lease lost", task_id=task_id)
                         return
 
-    async def _run(self, env: task_pb2.Task, owner: str) -> int:
-        """Run ready nodes until none is ready; returns how many node calls were made."""
-        task_id = env.task_id
-        in_flight: dict[str, asyncio.Task[bool]] = {}
-        attempted: set[str] = set()
-        ran = 0
+    async def _loop(self, env: task_pb2.Task, owner: str, step: Step) -> Disposition:
+        """Launch what each step found ready; after each finished node take another step,
+        until a step finds nothing to run and settles the task."""
+        state = step.state
         while True:
-            now = self.clock.now()
+            for node in step.launch:
+                state.attempted.add(node.node_id)
+                state.in_flight[node.node_id] = asyncio.create_task(self._run_node(env, node, owner))
+            if step.lease_lost:
+                log.warning("lease lost; stopping pass", task_id=env.task_id)
+                await asyncio.gather(*state.in_flight.values(), return_exceptions=True)
+                return Nak(delay=1.0)  # whoever holds the task now finishes it; the message comes back
+            if step.disposition is not None:
+                return step.disposition
+            done, _ = await asyncio.wait(state.in_flight.values(), return_when=asyncio.FIRST_COMPLETED)
+            for node_id in [n for n, t in state.in_flight.items() if t in done]:
+                state.ran += 1 if state.in_flight.pop(node_id).result() else 0
             async with self.engine.begin() as conn:
-                row = await repo.task_get(conn, task_id)
-                assert row is not None
-                if row.lease_owner != owner:
-                    log.warning("lease lost; stopping pass", task_id=task_id)
-                    await asyncio.gather(*in_flight.values(), return_exceptions=True)
-                    break
-                nodes = await repo.nodes_get(conn, env)
-                changed = False
-                if row.cancel_requested:
-                    for node_id in to_cancel(nodes):
-                        expected = nodes[node_id].status
-                        changed |= await repo.node_set_status_if(conn, task_id, node_id, expected, NodeState.CANCELLED,
-                                                                 finished_at=now)
-                for node_id in blocked_by_failure(nodes):
-                    changed |= await repo.node_set_status_if(conn, task_id, node_id, NodeState.PENDING,
-                                                             NodeState.DEPENDENCY_FAILED, finished_at=now,
-                                                             last_error="a dependency failed")
-                launch: list[NodeRun] = []
-                if not row.cancel_requested:
-                    for node in ready(nodes, now):
-                        if node.node_id in in_flight or node.node_id in attempted:
-                            continue  # a retry waits for the next pass (a re-published task.create)
-                        breaker = self.breakers.get(node.spec.downstream)
-                        if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
-                            changed |= await repo.node_set_status_if(
-                                conn, task_id, node.node_id, NodeState.PENDING, NodeState.DEMOTED,
-                                last_error=f"downstream {node.spec.downstream} degraded (circuit open)")
-                            continue
-                        launch.append(node)
-                if changed:
-                    await repo.emit_status(conn, task_id, now)
-            if changed:
-                self.relay.kick()
-            for node in launch:
-                attempted.add(node.node_id)
-                in_flight[node.node_id] = asyncio.create_task(self._run_node(env, node, owner))
-            if not in_flight:
-                break
-            done, _ = await asyncio.wait(in_flight.values(), return_when=asyncio.FIRST_COMPLETED)
-            for node_id in [n for n, t in in_flight.items() if t in done]:
-                ran += 1 if in_flight.pop(node_id).result() else 0
-        return ran
+                step = await self._step(conn, env, owner, state, self.clock.now())
+            self.relay.kick()
+
+    async def _step(self, conn, env: task_pb2.Task, owner: str, state: Pass, now, *,  # type: ignore[no-untyped-def]
+                    changed: bool = False) -> Step:
+        """One scheduling step in the caller's transaction: apply a cancel, doom nodes behind
+        a failure, demote nodes behind an open breaker, pick the ready ones; with nothing
+        ready and nothing in flight, settle the task."""
+        task_id = env.task_id
+        row = await repo.task_get(conn, task_id, for_update=True)
+        assert row is not None
+        if row.lease_owner != owner:
+            return Step(state, lease_lost=True)
+        nodes = await repo.nodes_get(conn, env)
+        if row.cancel_requested:
+            for node_id in to_cancel(nodes):
+                changed |= await repo.node_set_status_if(conn, task_id, node_id, nodes[node_id].status,
+                                                         NodeState.CANCELLED, finished_at=now)
+                nodes[node_id].status = NodeState.CANCELLED
+        for node_id in blocked_by_failure(nodes):
+            changed |= await repo.node_set_status_if(conn, task_id, node_id, NodeState.PENDING,
+                                                     NodeState.DEPENDENCY_FAILED, finished_at=now,
+                                                     last_error="a dependency failed")
+            nodes[node_id].status = NodeState.DEPENDENCY_FAILED
+        launch: list[NodeRun] = []
+        if not row.cancel_requested:
+            for node in ready(nodes, now):
+                if node.node_id in state.in_flight or node.node_id in state.attempted:
+                    continue  # a retry waits for the next pass (a re-published task.create)
+                breaker = self.breakers.get(node.spec.downstream)
+                if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
+                    changed |= await repo.node_set_status_if(
+                        conn, task_id, node.node_id, NodeState.PENDING, NodeState.DEMOTED,
+                        last_error=f"downstream {node.spec.downstream} degraded (circuit open)")
+                    node.status = NodeState.DEMOTED
+                    continue
+                launch.append(node)
+        if not launch and not state.in_flight:
+            return Step(state, disposition=await self._settle(conn, row, nodes, owner, state.ran, now, changed))
+        if changed:
+            await repo.emit_status(conn, task_id, now)
+        return Step(state, launch=launch)
 
     async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
         task_id = env.task_id
@@ -245,77 +279,27 @@ class Executor:
         self.relay.kick()
         log.info("node finished", task_id=task_id, node_id=node.node_id, status=new.value, error=result.detail)
 
-    async def _finish(self, env: task_pb2.Task, owner: str, ran: int) -> Disposition:
-        task_id = env.task_id
-        now = self.clock.now()
-        async with self.engine.begin() as conn:
-            row = await repo.task_get(conn, task_id, for_update=True)
-            assert row is not None
-            if row.lease_owner != owner:
-                return Nak(delay=1.0)  # someone else owns it now; let the message come back
-            nodes = await repo.nodes_get(conn, env)
-            decision = decide(nodes, now, row.cancel_requested)
-            await repo.lease_release(conn, task_id, owner)
-            if decision.next is Next.RETRY and ran == 0:
-                # Nothing could run yet: the message came back before the backoff passed.
-                wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
-                return Nak(delay=max(0.05, wait))
-            await repo.task_set_status(conn, task_id, decision.status, decision.reason, now, expected=PARKED)
-            if decision.next is Next.RETRY:
-                generation = await repo.task_bump_generation(conn, task_id)
-            else:
-                generation = row.generation
-            snap = await repo.emit_status(conn, task_id, now)
-            if decision.next is Next.RETRY:
-                await repo.emit(conn, "task.create", f"{task_id}:g{generation}", snap, now)
-            elif decision.next is Next.DEMOTE:
-                await repo.emit(conn, "task.demote", f"{task_id}:demote:g{generation}", snap, now)
-            elif decision.next is Next.FAIL:
-                await repo.emit(conn, "task.fail", f"{task_id}:fail:g{generation}", snap, now)
-        self.relay.kick()
+    async def _settle(self, conn, row: repo.TaskRow, nodes: dict[str, NodeRun], owner: str,  # type: ignore[no-untyped-def]
+                      ran: int, now, changed: bool) -> Disposition:
+        """Nothing more can run in this pass: finish, re-publish for a retry, demote or fail."""
+        task_id = row.task_id
+        decision = decide(nodes, now, row.cancel_requested)
+        await repo.lease_release(conn, task_id, owner)
+        if decision.next is Next.RETRY and ran == 0:
+            # Nothing could run yet: the message came back before the backoff passed.
+            if changed:
+                await repo.emit_status(conn, task_id, now)
+            wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
+            return Nak(delay=max(0.05, wait))
+        await repo.task_set_status(conn, task_id, decision.status, decision.reason, now, expected=PARKED)
+        generation = await repo.task_bump_generation(conn, task_id) if decision.next is Next.RETRY else row.generation
+        snap = await repo.emit_status(conn, task_id, now)
+        if decision.next is Next.RETRY:
+            await repo.emit(conn, "task.create", f"{task_id}:g{generation}", snap, now)
+        elif decision.next is Next.DEMOTE:
+            await repo.emit(conn, "task.demote", f"{task_id}:demote:g{generation}", snap, now)
+        elif decision.next is Next.FAIL:
+            await repo.emit(conn, "task.fail", f"{task_id}:fail:g{generation}", snap, now)
         log.info("task pass done", task_id=task_id, next=decision.next.value, status=decision.status.value,
                  reason=decision.reason)
-        return ACK
-
-    # ---- task.close ---------------------------------------------------------------------
-    async def handle_close(self, task_id: str, reason: str, generation: int) -> Disposition:
-        """The reconciler ended a parked task: record FAILED unless a redrive overtook it."""
-        now = self.clock.now()
-        async with self.engine.begin() as conn:
-            row = await repo.task_get(conn, task_id, for_update=True)
-            if row is None or row.generation > generation:
-                return ACK
-            if await repo.task_set_status(conn, task_id, TaskState.FAILED, truncate_error(reason or "closed"), now,
-                                          expected=(TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)):
-                log.info("parked task closed", task_id=task_id, reason=reason)
-        return ACK
-
-    # ---- task.cancel -------------------------------------------------------------------
-    async def handle_cancel(self, task_id: str) -> Disposition:
-        now = self.clock.now()
-        async with self.engine.begin() as conn:
-            row = await repo.task_get(conn, task_id, for_update=True)
-            if row is None:
-                await repo.task_insert(conn, None, task_id, now, cancel_requested=True)
-                await repo.task_set_status(conn, task_id, TaskState.CANCELLED, "cancelled before start", now,
-                                           expected=(TaskState.ACCEPTED,))
-                # No status event yet: it would carry no nodes. The task.create, if it ever
-                # comes, records the nodes CANCELLED and reports them.
-                return ACK
-            if row.status in TASK_FINAL:
-                return ACK
-            await repo.task_set_cancel_requested(conn, task_id)
-            if row.leased_by_other("", now) or row.envelope is None:
-                # The running pass sees the flag between rounds.
-                await repo.emit_status(conn, task_id, now)
-                return ACK
-            nodes = await repo.nodes_get(conn, row.envelope)
-            for node_id in to_cancel(nodes):
-                await repo.node_set_status_if(conn, task_id, node_id, nodes[node_id].status, NodeState.CANCELLED, finished_at=now)
-                nodes[node_id].status = NodeState.CANCELLED
-            decision = decide(nodes, now, True)
-            if decision.next is Next.FINISH:
-                await repo.task_set_status(conn, task_id, decision.status, decision.reason, now, expected=PARKED)
-            await repo.emit_status(conn, task_id, now)
-        self.relay.kick()
         return ACK

@@ -1,0 +1,57 @@
+"""Control messages for tasks the executor may not be running right now: task.cancel
+(from the gateway) and task.close (from the reconciler)."""
+
+from __future__ import annotations
+
+from dispo.executor import repository as repo
+from dispo.executor.domain import Next, decide, to_cancel, truncate_error
+from dispo.executor.runner import PARKED, Executor
+from dispo.executor.states import TASK_FINAL, NodeState, TaskState
+from dispo.libs.bus import ACK, Disposition
+from dispo.libs.logging import get_logger
+
+log = get_logger(__name__)
+
+
+async def handle_close(ex: Executor, task_id: str, reason: str, generation: int) -> Disposition:
+    """The reconciler ended a parked task: record FAILED unless a redrive overtook it."""
+    now = ex.clock.now()
+    async with ex.engine.begin() as conn:
+        row = await repo.task_get(conn, task_id, for_update=True)
+        if row is None or row.generation > generation:
+            return ACK
+        if await repo.task_set_status(conn, task_id, TaskState.FAILED, truncate_error(reason or "closed"), now,
+                                      expected=(TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)):
+            log.info("parked task closed", task_id=task_id, reason=reason)
+    return ACK
+
+
+async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
+    """Pending (and parked) nodes become CANCELLED; a running pass sees the flag itself."""
+    now = ex.clock.now()
+    async with ex.engine.begin() as conn:
+        row = await repo.task_get(conn, task_id, for_update=True)
+        if row is None:
+            await repo.task_insert(conn, None, task_id, now, cancel_requested=True)
+            await repo.task_set_status(conn, task_id, TaskState.CANCELLED, "cancelled before start", now,
+                                       expected=(TaskState.ACCEPTED,))
+            # No status event yet: it would carry no nodes. The task.create, if it ever
+            # comes, records the nodes CANCELLED and reports them.
+            return ACK
+        if row.status in TASK_FINAL:
+            return ACK
+        await repo.task_set_cancel_requested(conn, task_id)
+        if row.leased_by_other("", now) or row.envelope is None:
+            # The running pass sees the flag between rounds.
+            await repo.emit_status(conn, task_id, now)
+            return ACK
+        nodes = await repo.nodes_get(conn, row.envelope)
+        for node_id in to_cancel(nodes):
+            await repo.node_set_status_if(conn, task_id, node_id, nodes[node_id].status, NodeState.CANCELLED, finished_at=now)
+            nodes[node_id].status = NodeState.CANCELLED
+        decision = decide(nodes, now, True)
+        if decision.next is Next.FINISH:
+            await repo.task_set_status(conn, task_id, decision.status, decision.reason, now, expected=PARKED)
+        await repo.emit_status(conn, task_id, now)
+    ex.relay.kick()
+    return ACK
