@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import outbox_add, outbox_table
-from dispo.reconciler.states import PARKED, RecoveryState
+from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, RecoveryState
 
 metadata = MetaData()
 outbox = outbox_table(metadata)
@@ -43,6 +43,13 @@ class RecoveryRow:
     redrive_trigger: str
     last_redrive_at: datetime | None
     updated_at: datetime
+
+
+def _allowed(expected: list[RecoveryState], new: RecoveryState) -> None:
+    """Every move the code makes must be in the declared table (a bug otherwise)."""
+    bad = [e for e in expected if new not in RECOVERY_TRANSITIONS[e]]
+    if bad:
+        raise ValueError(f"recovery state move {bad[0].value} -> {new.value} is not in RECOVERY_TRANSITIONS")
 
 
 def _row(r: Any) -> RecoveryRow:
@@ -120,6 +127,7 @@ def _params(row: RecoveryRow) -> dict[str, Any]:
 async def task_repark_if(conn: AsyncConnection, row: RecoveryRow, *, expected: RecoveryState,
                          expected_generation: int) -> bool:
     """Replace the parked picture (a newer envelope arrived) if nobody moved the row."""
+    _allowed([expected], row.state)
     result = await conn.execute(text(
         "UPDATE recovery_tasks SET state = :state, kind = :kind, cells = :cells, downstreams = :downstreams,"
         " error_class = :error_class, reason = :reason, envelope = :envelope, generation = :generation,"
@@ -138,6 +146,7 @@ async def task_set_state_if(conn: AsyncConnection, task_id: str, expected: Recov
         fields["envelope"] = fields["envelope"].SerializeToString()
     sets = "".join(f", {name} = :{name}" for name in fields)
     expected_all = [expected] if isinstance(expected, RecoveryState) else list(expected)
+    _allowed(expected_all, new)
     sql = (f"UPDATE recovery_tasks SET state = :new, updated_at = :now{sets}"
            " WHERE task_id = :task_id AND state = ANY(:expected)"
            + (" AND generation = :expected_generation" if generation is not None else ""))
@@ -148,6 +157,7 @@ async def task_set_state_if(conn: AsyncConnection, task_id: str, expected: Recov
 
 async def task_redriven_if(conn: AsyncConnection, task_id: str, expected: RecoveryState, generation: int,
                            envelope: task_pb2.Task, now: datetime, *, release: bool) -> bool:
+    _allowed([expected], RecoveryState.REDRIVEN)
     counter = "releases = releases + 1" if release else "redrives = redrives + 1"
     result = await conn.execute(text(
         f"UPDATE recovery_tasks SET state = 'REDRIVEN', envelope = :envelope, generation = :new_generation, {counter},"

@@ -31,3 +31,12 @@ def test_every_state_has_a_transition_row_and_final_states_are_terminal():
     assert RECOVERY_FINAL == {RecoveryState.RESOLVED, RecoveryState.FAILED, RecoveryState.ABANDONED}
     for state, targets in RECOVERY_TRANSITIONS.items():
         assert state not in RECOVERY_FINAL or not targets
+
+
+async def test_a_move_outside_the_table_is_refused_before_any_sql():
+    import pytest
+
+    from dispo.reconciler import store
+
+    with pytest.raises(ValueError, match="FAILED -> REDRIVEN"):
+        await store.task_set_state_if(None, "t", RecoveryState.FAILED, RecoveryState.REDRIVEN, None)
