@@ -68,3 +68,46 @@ async def test_pool_on_openclaw_scales_and_keeps_cron_state_small(pool_engine, m
     state = {c.id: c.state for c in await driver.list()}[crons[0].id]
     assert state == {"status": "busy", "eval_id": "oc-1"}
     assert len(json.dumps(state)) < 100
+
+
+async def test_pool_service_drives_openclaw_automations(start_service, fake_db, file_clock):
+    """The pool process on the openclaw driver: creates the automations, wakes one for new
+    work, and an automation serving the cron protocol finishes the evaluation."""
+    import grpc
+
+    from dispo.libs.api.pool.v1 import pool_pb2 as pb
+    from dispo.libs.api.pool.v1 import pool_pb2_grpc
+
+    from .conftest import eventually
+
+    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_DRIVER": "openclaw",
+                                            "DISPO_POOL_OPENCLAW_PATH": str(FAKE_OPENCLAW),
+                                            "OPENCLAW_FAKE_DB": str(fake_db)})
+
+    def automations() -> list[dict]:
+        out = subprocess.run([str(FAKE_OPENCLAW), "automations", "list", "--json"], capture_output=True,
+                             check=True, env={"OPENCLAW_FAKE_DB": str(fake_db)})
+        return json.loads(out.stdout)
+
+    await eventually(lambda: len(automations()) == 5)
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        assert (await stub.GetPoolStatus(pb.GetPoolStatusRequest())).driver == "openclaw"
+        await stub.CreateEvaluation(pb.CreateEvaluationRequest(
+            evaluation_id="claw-1", series="s", line="trial", period="p", target_url="http://127.0.0.1:9",
+            window_seconds=60, slot_count=1, runs_per_slot=2, cases=[pb.TestCase(id="c1", path="/")]))
+        woken = await eventually(lambda: [a for a in automations() if a["runs"] > 0])
+        assert len(woken) == 1  # one queue item: one automation triggered at once
+        cron_id = woken[0]["id"]
+        # The automation, woken, follows the cron protocol.
+        woke = await stub.WakeCron(pb.WakeCronRequest(cron_id=cron_id))
+        assert woke.evaluation.id == "claw-1" and woke.runs_owed == 2
+        assert {a["id"]: a["state"] for a in automations()}[cron_id] == {"status": "busy", "eval_id": "claw-1"}
+        for index in range(2):
+            await stub.RecordRun(pb.RecordRunRequest(cron_id=cron_id, evaluation_id="claw-1", run_index=index,
+                                                     case_id="c1", verdict="pass", score=1.0, latency_ms=3))
+        ev = await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="claw-1"))
+        assert ev.status == pb.EVALUATION_STATUS_COMPLETED
+        assert {a["id"]: a["state"] for a in automations()}[cron_id] == {"status": "idle", "eval_id": ""}
+        view = await stub.GetDriftView(pb.GetDriftViewRequest())
+        assert view.driver == "openclaw" and len(view.driver_crons) == 5
