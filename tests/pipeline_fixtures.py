@@ -29,6 +29,10 @@ downstreams:
     timeout_ms: 5000
     max_concurrency: 8
     health_url: {url}/healthz
+  narrow:
+    base_url: {url}
+    timeout_ms: 30000
+    max_concurrency: 2
 cells:
   step:
     description: One idempotent call to the demo downstream.
@@ -68,6 +72,16 @@ cells:
         path: /pair/{{payload.name}}/second
         idempotent: true
         depends_on: [first]
+  narrow_step:
+    description: One call to a downstream that takes two calls at a time.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      call:
+        kind: http
+        downstream: narrow
+        path: /narrow/{{payload.name}}
+        idempotent: true
   noop:
     fields: {{}}
     actions:

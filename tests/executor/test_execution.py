@@ -141,3 +141,30 @@ async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor
             break
         await asyncio.sleep(0.05)
     assert tuple(row) == ("FAILED", "redrive policy spent")
+
+
+async def test_ready_nodes_run_concurrently_within_their_downstream_limit(client, downstream):
+    await downstream.control(hold={"path": "/narrow/"})
+    task = await client.submit("tests", [cell("narrow_step", ref=f"n{i}", name=f"n{i}") for i in range(3)]
+                               + [cell("step", name="wide")])
+
+    await downstream.wait_held(2)  # two calls to `narrow` in flight at once, its limit
+    view = await wait_until(client, task.task_id, lambda v: list(v.node_statuses.values()).count("RUNNING") == 2
+                            and v.node_statuses["step.call"] == "SUCCEEDED")
+    # the third waits for a slot (not even claimed), while the other downstream's node finished
+    assert sorted(view.node_statuses.values()) == ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], dump(view)
+    assert (await downstream.state())["held"] == 2
+    await downstream.control(release=True)  # held calls answer 503: retried, then succeed
+
+    done = await client.wait(task.task_id, timeout=60)
+
+    assert done.status == "SUCCEEDED", dump(done)
+
+
+async def wait_until(client, task_id, predicate, timeout=30.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate(view := await client.get(task_id)):
+        assert loop.time() < deadline, dump(view)
+        await asyncio.sleep(0.05)
+    return view
