@@ -156,17 +156,20 @@ class Gateway:
     async def watch(self, task_id: str) -> AsyncIterator[task_pb2.Task]:
         """The task now, then each new version, until a terminal status."""
         last = -1
-        while True:
-            event = self._changed.setdefault(task_id, asyncio.Event())
-            view = await self.get(task_id)
-            if view.version != last:
-                last = view.version
-                yield view
-            if status_name(view.status) in TERMINAL:
-                return
-            try:
-                await asyncio.wait_for(event.wait(), self.watch_poll_interval)
-            except TimeoutError:
-                pass
+        try:
+            while True:
+                event = self._changed.setdefault(task_id, asyncio.Event())
+                view = await self.get(task_id)
+                if view.version != last:
+                    last = view.version
+                    yield view
+                if status_name(view.status) in TERMINAL:
+                    return
+                try:
+                    await asyncio.wait_for(event.wait(), self.watch_poll_interval)
+                except TimeoutError:
+                    pass
+        finally:
+            self._changed.pop(task_id, None)  # another watcher of the same task falls back to polling
 
 

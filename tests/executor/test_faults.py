@@ -137,3 +137,19 @@ async def settled(bus, stream, durable, timeout=10.0):
             return info
         assert loop.time() < deadline, (durable, info)
         await asyncio.sleep(0.05)
+
+
+async def test_gateway_killed_before_publishing_loses_no_accepted_task(pipeline, infra, downstream):
+    async with pipeline.client() as client:
+        infra.nats.stop()  # accepted tasks stay in the gateway's outbox
+        accepted = [await client.submit("tests", [cell("step", name=f"g{i}")]) for i in range(5)]
+    pipeline.gateway.kill()  # SIGKILL: the outbox rows were never published
+    infra.restart_nats()
+    await pipeline.gateway.restart()
+
+    async with pipeline.client() as client:
+        results = [await client.wait(t.task_id, timeout=60) for t in accepted]
+
+    assert [r.status for r in results] == ["SUCCEEDED"] * 5
+    calls = await downstream.calls()
+    assert all(calls[f"{t.task_id}/step.call"] == 1 for t in accepted)
