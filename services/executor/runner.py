@@ -176,7 +176,11 @@ class Executor:
                 return step.disposition
             done, _ = await asyncio.wait(state.in_flight.values(), return_when=asyncio.FIRST_COMPLETED)
             for node_id in [n for n, t in state.in_flight.items() if t in done]:
-                state.ran += 1 if state.in_flight.pop(node_id).result() else 0
+                finished = state.in_flight.pop(node_id)
+                if finished.exception() is not None:  # e.g. the database went away mid-pass:
+                    await asyncio.gather(*state.in_flight.values(), return_exceptions=True)
+                    raise finished.exception()  # type: ignore[misc]  # nak; the lease expires; recovery
+                state.ran += 1 if finished.result() else 0
             async with self.engine.begin() as conn:
                 step = await self._step(conn, env, owner, state, self.clock.now())
             self.relay.kick()

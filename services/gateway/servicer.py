@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from datetime import UTC
 
 import grpc
+from sqlalchemy.exc import DBAPIError
 
 from dispo.gateway.catalogue import Catalogue
 from dispo.gateway.convert import decode_cursor, encode_cursor, status_name, status_value, submission_from_proto
 from dispo.gateway.service import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from dispo.libs.errors import InvalidArgument
+from dispo.libs.errors import InvalidArgument, Unavailable
 
 DEFAULT_PAGE = 50
+# The database is unreachable (down, restarting): the caller may retry; nothing was accepted.
+_DB_DOWN = (DBAPIError, OSError, ConnectionError)
+
+
+def unavailable_when_db_down(method):  # type: ignore[no-untyped-def]
+    @functools.wraps(method)
+    async def unary(self, request, context):  # type: ignore[no-untyped-def]
+        try:
+            return await method(self, request, context)
+        except _DB_DOWN as error:
+            raise Unavailable(f"database unavailable: {type(error).__name__}") from None
+
+    return unary
 
 
 def _task_id(value: str) -> str:
@@ -28,11 +43,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.gateway = gateway
         self.max_page_size = max_page_size
 
+    @unavailable_when_db_down
     async def Submit(self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.SubmitResponse:
         accepted = await self.gateway.submit(submission_from_proto(request))
         return gateway_pb2.SubmitResponse(task_id=accepted.task_id, status=status_value(accepted.status),
                                           duplicate=accepted.duplicate)
 
+    @unavailable_when_db_down
     async def GetTask(self, request: gateway_pb2.GetTaskRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.GetTaskResponse:
         record = await self.gateway.get_record(_task_id(request.task_id))
         completion = gateway_pb2.Completion(callback_url=record.callback_url)
@@ -40,6 +57,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             completion.finished_at.FromDatetime(record.finished_at)
         return gateway_pb2.GetTaskResponse(task=self.gateway.view_of(record), completion=completion)
 
+    @unavailable_when_db_down
     async def ListTasks(self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListTasksResponse:
         size = request.page.page_size
         if size < 0:
@@ -69,12 +87,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             out.page.next_page_token = encode_cursor(last.created_at, last.task_id)
         return out
 
+    @unavailable_when_db_down
     async def CancelTask(self, request: gateway_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.CancelTaskResponse:
         return gateway_pb2.CancelTaskResponse(task=await self.gateway.cancel(_task_id(request.task_id)))
 
     async def WatchTask(self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
-        async for view in self.gateway.watch(_task_id(request.task_id)):
-            yield gateway_pb2.WatchTaskResponse(task=view)
+        try:
+            async for view in self.gateway.watch(_task_id(request.task_id)):
+                yield gateway_pb2.WatchTaskResponse(task=view)
+        except _DB_DOWN as error:
+            raise Unavailable(f"database unavailable: {type(error).__name__}") from None
 
     async def ListCells(self, request: gateway_pb2.ListCellsRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListCellsResponse:
         return cells_to_proto(self.gateway.catalogue)

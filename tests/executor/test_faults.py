@@ -3,6 +3,8 @@ two executors, NATS stopped while tasks are being accepted."""
 
 import asyncio
 
+import pytest
+
 from pipeline_fixtures import dump, stream_messages, wait_status
 from sqlalchemy import text
 
@@ -153,3 +155,28 @@ async def test_gateway_killed_before_publishing_loses_no_accepted_task(pipeline,
     assert [r.status for r in results] == ["SUCCEEDED"] * 5
     calls = await downstream.calls()
     assert all(calls[f"{t.task_id}/step.call"] == 1 for t in accepted)
+
+
+async def test_postgres_crash_loses_no_accepted_task_and_refuses_submits_while_down(pipeline, infra, downstream):
+    import grpc
+
+    from dispo.libs.sdk import DispoError
+
+    await downstream.control(hold={"path": "/step/inflight"})
+    async with pipeline.client() as client:
+        inflight = await client.submit("tests", [cell("step", name="inflight")])
+        await downstream.wait_held()
+        infra.postgres.stop("immediate")  # a crash: no checkpoint, connections cut
+        await downstream.control(release=True)
+        with pytest.raises(DispoError) as refused:
+            await client.submit("tests", [cell("step", name="refused")])
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        infra.postgres.start()
+        after = [await client.submit("tests", [cell("step", name=f"a{i}")]) for i in range(3)]
+
+        results = [await client.wait(t.task_id, timeout=90) for t in [inflight, *after]]
+
+    assert [r.status for r in results] == ["SUCCEEDED"] * 4
+    effects = await downstream.effects()
+    assert effects[f"{inflight.task_id}/step.call"] == 1
+    assert not any("refused" in key for key in await downstream.calls())
