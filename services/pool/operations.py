@@ -186,21 +186,30 @@ class Pool:
         now = self.clock.now()
         changed = False
         async with self.engine.begin() as conn:
+            # Lock order everywhere: evaluation row, then cron row (the claim never waits on
+            # an evaluation: SKIP LOCKED), so wakes, recordings, sweeps and operator commands
+            # cannot deadlock one another.
+            seen = await repo.cron_get(conn, cron_id)
+            if seen is None:
+                raise NotFound(f"cron {cron_id!r} not found")
+            held = None
+            if seen.status is CronStatus.BUSY and seen.evaluation_id:
+                held = await repo.evaluation_get(conn, seen.evaluation_id, lock=True)
             cron = await repo.cron_touch_if_live(conn, cron_id, now)
             if cron is None:
-                existing = await repo.cron_get(conn, cron_id)
-                if existing is None:
-                    raise NotFound(f"cron {cron_id!r} not found")
-                raise FailedPrecondition(f"cron {cron_id} is {existing.status.value}")
+                raise FailedPrecondition(f"cron {cron_id} is {seen.status.value}")
             result: WakeResult | None = None
             if cron.status is CronStatus.BUSY and cron.evaluation_id:
-                ev = await repo.evaluation_get(conn, cron.evaluation_id, lock=True)
+                ev = held if held and held.id == cron.evaluation_id else None
                 owed = self._owed(ev, now) if ev and ev.assigned_cron_id == cron_id else 0
                 if owed and ev:
                     result = WakeResult(ev, ev.runs_done, owed)
-                else:  # nothing owed right now: back to the pool, then take the top item
+                elif ev is not None:  # nothing owed now: back to the pool, then take the top item
                     await repo.cron_release_if_holding(conn, cron_id, cron.evaluation_id, AssignmentEnd.DONE, now)
                     changed = True
+                else:  # it changed hands while we looked: report, change nothing
+                    current = await repo.evaluation_get(conn, cron.evaluation_id)
+                    return WakeResult(current, current.runs_done if current else 0, self._owed(current, now))
             if result is None:
                 claim = await repo.evaluation_claim_top_for_cron(conn, cron_id, now)
                 if claim is None:

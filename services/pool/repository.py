@@ -242,12 +242,13 @@ async def cron_touch_if_live(conn: AsyncConnection, cron_id: str, now: datetime)
 async def cron_release_if_holding(conn: AsyncConnection, cron_id: str, evaluation_id: str, reason: str,
                                   now: datetime, *, touch: bool = True) -> bool:
     """End the assignment of ``evaluation_id`` to ``cron_id``: cron idle, evaluation back in the queue."""
+    # The evaluation row first, then the cron row (the pool's lock order).
+    await evaluation_unassign_if(conn, evaluation_id, cron_id, now)
     freed = await conn.execute(text("""
         UPDATE crons SET status = 'idle', evaluation_id = NULL,
             last_activity = CASE WHEN :touch THEN CAST(:now AS timestamptz) ELSE last_activity END
         WHERE id = :cron AND status = 'busy' AND evaluation_id = :e"""),
         {"cron": cron_id, "e": evaluation_id, "now": now, "touch": touch})
-    await evaluation_unassign_if(conn, evaluation_id, cron_id, now)
     await assignment_end(conn, cron_id, evaluation_id, reason, now)
     return freed.rowcount == 1
 

@@ -56,6 +56,8 @@ async def stall_sweep(pool: Pool, batch: int = 100) -> StallReport:
     report = StallReport()
     async with pool.engine.begin() as conn:
         for cron in await repo.crons_stalled(conn, cutoff, batch):
+            if cron.evaluation_id:  # lock order: the evaluation, then the cron
+                await repo.evaluation_get(conn, cron.evaluation_id, lock=True)
             if not await repo.cron_mark_stuck_if_silent(conn, cron, cutoff):
                 continue  # it woke up meanwhile
             report.stuck_crons.append(cron.id)

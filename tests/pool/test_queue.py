@@ -119,3 +119,36 @@ async def test_next_slot_time_of_waiting_evaluations(pool, manual_clock):
     async with pool.engine.connect() as conn:
         due = await repo.evaluations_next_slot_at(conn, manual_clock.now())
     assert due == woke.evaluation.created_at + timedelta(seconds=60)
+
+
+async def test_wakes_recordings_and_operator_commands_racing_do_not_deadlock(pool):
+    """Evaluation-then-cron lock order everywhere: concurrent wakes, runs, pauses, releases."""
+    from dispo.libs.errors import DispoError
+    from dispo.pool.domain import RunResult, Verdict
+    crons = await add_crons(pool, 6)
+    for i in range(6):
+        await pool.create_evaluation(evaluation(f"mix-{i}", slots=1, runs_per_slot=3))
+    taken = {r.evaluation.id: c for c, r in zip(crons, await asyncio.gather(*(pool.wake_cron(c) for c in crons)))}
+
+    async def attempt(coro):
+        try:
+            return await coro
+        except DispoError as error:  # lost races are domain errors, never deadlocks
+            return error
+
+    ops = []
+    for i in range(6):
+        ev_id, cron = f"mix-{i}", taken[f"mix-{i}"]
+        ops += [attempt(pool.wake_cron(cron)),
+                attempt(pool.record_run(cron, ev_id, 0, "c1", RunResult(Verdict.PASS, 1.0, 1))),
+                attempt(pool.pause(ev_id) if i % 2 else pool.force_release(evaluation_id=ev_id))]
+    await asyncio.gather(*ops)
+    for _ in range(2):
+        await asyncio.gather(*(attempt(pool.wake_cron(c)) for c in crons))
+    async with pool.engine.connect() as conn:
+        crons_now = await repo.crons_list(conn)
+        open_assignments = [a for a in await repo.assignments_list(conn) if a.ended_at is None]
+    held = {c.evaluation_id for c in crons_now if c.evaluation_id}
+    assert len(held) == len([c for c in crons_now if c.evaluation_id]) == len(open_assignments)
+    for evaluation_id in held:
+        assert (await pool.get_evaluation(evaluation_id)).assigned_cron_id in {c.id for c in crons_now}
