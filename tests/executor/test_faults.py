@@ -1,5 +1,6 @@
 """Crashes and duplicates: SIGKILLed executor mid-node, the same task.create delivered to
-two executors, NATS stopped while tasks are being accepted."""
+two executors, NATS stopped while tasks are being accepted, a SIGKILLed gateway with
+unpublished outbox rows, a PostgreSQL crash mid-node, malformed events."""
 
 import asyncio
 
