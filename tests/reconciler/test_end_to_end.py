@@ -154,7 +154,7 @@ async def test_finished_task_notifies_its_callback_once(pipeline, downstream, re
             by_nats = await client.submit("tests", [cell("noop")], callback_url="nats:callback.tests")
             await client.wait(task.task_id, timeout=30)
             await client.wait(by_nats.task_id, timeout=30)
-        for _ in range(60):
+        for _ in range(120):
             await reconciler.tick()
             if receiver.received:
                 break
@@ -189,7 +189,7 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
         assert [(await reconciler.held(t.task_id)).state for t in tasks] == [pb.RECOVERY_STATE_DEMOTED] * 5
 
         await downstream.control(down=False)
-        for _ in range(80):
+        for _ in range(200):
             await reconciler.tick()
             views = [await client.get(t.task_id) for t in tasks]
             if all(v.status == "SUCCEEDED" for v in views):
@@ -303,7 +303,7 @@ async def test_reconciler_killed_mid_redrive_with_the_real_pipeline(pipeline, do
         reconciler.process.kill()  # ...and is cut short wherever it is
         await reconciler.process.restart()
         views = []
-        for _ in range(60):
+        for _ in range(200):
             await reconciler.tick()
             views = [await client.get(t.task_id) for t in tasks]
             if all(v.status == "SUCCEEDED" for v in views):
