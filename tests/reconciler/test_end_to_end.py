@@ -141,12 +141,13 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
     assert recorded == "FAILED"
 
 
-async def test_finished_task_notifies_its_callback_once(pipeline, downstream, reconciler, bus):  # noqa: F811
+async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reconciler, bus):  # noqa: F811
     import json
 
+    from dispo.libs.stack.nats import free_port
+
     from .fakes import CallbackReceiver
-    receiver = CallbackReceiver()
-    await receiver.start()
+    receiver = CallbackReceiver(port=free_port())  # not listening yet: the caller is down
     subscription = await bus.nc.subscribe("callback.tests")
     try:
         async with pipeline.client() as client:
@@ -154,18 +155,35 @@ async def test_finished_task_notifies_its_callback_once(pipeline, downstream, re
             by_nats = await client.submit("tests", [cell("noop")], callback_url="nats:callback.tests")
             await client.wait(task.task_id, timeout=30)
             await client.wait(by_nats.task_id, timeout=30)
-        for _ in range(120):
+
+        async def facts():
+            try:
+                return await reconciler.stub.GetCompletion(pb.GetCompletionRequest(task_id=task.task_id))
+            except grpc.aio.AioRpcError:
+                return None
+
+        for _ in range(100):
             await reconciler.tick()
+            reply = await facts()
+            if reply is not None and reply.completion.notify_attempts >= 1:
+                break
+        assert reply.completion.notify_state == "PENDING" and not reply.deliveries[0].ok
+        await receiver.start()
+        for _ in range(100):
+            await reconciler.tick(2)
             if receiver.received:
                 break
-        await reconciler.tick(30)
-        completion = (await reconciler.stub.GetCompletion(pb.GetCompletionRequest(task_id=task.task_id))).completion
+        await reconciler.tick(60)  # later rounds deliver nothing more; the reconciliation pass runs
+        reply = await facts()
         message = await subscription.next_msg(timeout=10)
     finally:
         await receiver.stop()
         await subscription.unsubscribe()
     assert len(receiver.received) == 1
-    assert completion.notify_state == "DELIVERED" and completion.reconcile_state == "MATCHED"
+    assert json.loads(receiver.received[0]["body"])["task_id"] == task.task_id
+    assert reply.completion.notify_state == "DELIVERED" and reply.completion.HasField("notified_at")
+    assert [d.ok for d in reply.deliveries][-1] and not reply.deliveries[0].ok
+    assert reply.completion.reconcile_state == "MATCHED"
     assert json.loads(message.data)["task_id"] == by_nats.task_id
 
 
