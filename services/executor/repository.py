@@ -172,13 +172,15 @@ async def node_set_status_if(conn: AsyncConnection, task_id: str, node_id: str, 
 
 
 async def node_claim_if_pending(conn: AsyncConnection, task_id: str, node_id: str, owner: str, now: datetime) -> bool:
-    """PENDING → RUNNING, only for the lease holder: the one claim exactly one contender wins."""
+    """PENDING → RUNNING, only for the lease holder and not once a cancel is requested: the
+    one claim exactly one contender wins."""
     result = await conn.execute(
         text(
             "UPDATE node_runs SET status = 'RUNNING', run_owner = :owner, attempts = attempts + 1,"
             " round_attempts = round_attempts + 1, started_at = :now, finished_at = NULL, not_before = NULL"
             " WHERE task_id = :task AND node_id = :node AND status = 'PENDING'"
-            " AND EXISTS (SELECT 1 FROM task_runs WHERE task_id = :task AND lease_owner = :owner)"
+            " AND EXISTS (SELECT 1 FROM task_runs WHERE task_id = :task AND lease_owner = :owner"
+            " AND NOT cancel_requested)"
         ),
         {"task": task_id, "node": node_id, "owner": owner, "now": now},
     )

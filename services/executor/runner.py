@@ -198,6 +198,8 @@ class Executor:
         nodes = await repo.nodes_get(conn, env)
         if row.cancel_requested:
             for node_id in to_cancel(nodes):
+                if node_id in state.in_flight:
+                    continue  # launched: its claim fails on the cancel flag, then it is cancelled here
                 changed |= await repo.node_set_status_if(conn, task_id, node_id, nodes[node_id].status,
                                                          NodeState.CANCELLED, finished_at=now)
                 nodes[node_id].status = NodeState.CANCELLED
