@@ -25,8 +25,9 @@ class PoolSettings(BaseSettings):
     # local driver: the registry the pool-worker process watches.
     local_registry: Path = Field(default_factory=default_registry)
     # local driver: run the pool-worker as a supervised child process (restarted when it
-    # exits, ended when the pool service ends). Off when the worker is run separately.
-    spawn_worker: bool = True
+    # exits, ended when the pool service ends). Off by default: `dispo up` runs the worker
+    # as its own supervised process; turn it on to run the pool service alone.
+    spawn_worker: bool = False
     # openclaw driver: the CLI to run.
     openclaw_path: str = "openclaw"
 

@@ -145,7 +145,8 @@ def _alive(pid: int) -> bool:
 async def test_spawned_worker_is_restarted_and_dies_with_the_pool(start_service, target, file_clock, tmp_path):
     import os
     import signal
-    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(tmp_path / "reg.sqlite")})
+    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(tmp_path / "reg.sqlite"),
+                                            "DISPO_POOL_SPAWN_WORKER": "true"})
     [worker_pid] = await eventually(lambda: _children(pool.process.pid))
     async with grpc.aio.insecure_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
