@@ -384,3 +384,11 @@ async def crons_touch_all_live(conn: AsyncConnection, now: datetime) -> int:
         UPDATE crons SET last_activity = :now WHERE status IN ('idle', 'busy') AND last_activity < :now"""),
         {"now": now})
     return result.rowcount
+
+
+async def outbox_prune(conn: AsyncConnection, published_before: datetime, limit: int) -> int:
+    result = await conn.execute(text("""
+        DELETE FROM outbox WHERE id IN (
+            SELECT id FROM outbox WHERE published_at IS NOT NULL AND published_at < :before ORDER BY id LIMIT :n)"""),
+        {"before": published_before, "n": limit})
+    return result.rowcount
