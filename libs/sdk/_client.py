@@ -83,8 +83,11 @@ class AsyncClient:
         """Every matching task summary, following the cursor."""
         token = ""
         while True:
-            reply = await self._stub.ListTasks(_list_request(business, statuses, created_after, created_before,
-                                                             page_size, token))
+            try:
+                reply = await self._stub.ListTasks(_list_request(business, statuses, created_after, created_before,
+                                                                 page_size, token))
+            except grpc.aio.AioRpcError as error:
+                raise DispoError.from_rpc(error) from None
             for item in reply.tasks:
                 yield item
             token = reply.page.next_page_token
