@@ -126,8 +126,9 @@ def runnable(nodes: dict[str, NodeRun]) -> list[NodeRun]:
 
 
 def to_cancel(nodes: dict[str, NodeRun]) -> list[str]:
-    """On cancel: everything not started and not final becomes CANCELLED; running ones finish."""
-    cancellable = {NodeState.PENDING, NodeState.DEMOTED, NodeState.UNKNOWN}
+    """On cancel: everything not started and not final becomes CANCELLED; running ones
+    finish, and an UNKNOWN one (its effect may have happened) waits to be settled."""
+    cancellable = {NodeState.PENDING, NodeState.DEMOTED}
     return [n.node_id for n in nodes.values() if n.status in cancellable or (n.status is NodeState.FAILED and n.retryable)]
 
 

@@ -63,9 +63,11 @@ def test_decide(statuses, expected):
 
 
 def test_cancel_takes_everything_not_started():
-    nodes = dag(a=(), b=("a",), c=(), d=())
+    nodes = dag(a=(), b=("a",), c=(), d=(), e=())
     nodes["a"].status, nodes["c"].status, nodes["d"].status = S.RUNNING, S.SUCCEEDED, S.DEMOTED
+    nodes["e"].status = S.UNKNOWN  # may have happened: settled by its probe, not cancelled
     assert to_cancel(nodes) == ["b", "d"]
+    nodes["e"].status = S.SUCCEEDED
     nodes["a"].status = S.SUCCEEDED
     nodes["b"].status = nodes["d"].status = S.CANCELLED
     assert decide(nodes, NOW, True).status is TaskState.CANCELLED
