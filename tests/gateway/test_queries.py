@@ -82,14 +82,17 @@ async def test_cancel_cancels_pending_nodes_and_lets_the_running_one_finish(clie
 
 
 async def wait_for_cancel_flag(client, task_id):
-    """Until the executor has recorded the cancel (its status event says so)."""
+    """Until the executor has recorded the cancel: while the first call is held nothing else
+    changes, so its status event (version 2, after the claim's version 1) is that record."""
     import asyncio
 
-    for _ in range(200):
+    for _ in range(400):
         view = await client.get(task_id)
-        if view.raw.cancel_requested and view.version > 2:
+        if view.version >= 2:
+            assert view.raw.cancel_requested and view.node("first.call").status == "RUNNING", dump(view)
             return
         await asyncio.sleep(0.05)
+    raise AssertionError("the executor never recorded the cancel")
 
 
 async def test_cancel_before_publication_withdraws_the_task(pipeline, downstream, infra, bus):
