@@ -5,5 +5,6 @@ COPY pyproject.toml README.md ./
 COPY protos protos
 COPY libs libs
 COPY services services
-RUN pip install --no-cache-dir -e .
-USER nobody
+RUN pip install --no-cache-dir -e . \
+    && useradd --system dispo && mkdir -p /var/lib/dispo/pool && chown -R dispo /var/lib/dispo
+USER dispo
