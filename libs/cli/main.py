@@ -2,6 +2,7 @@
 
     dispo up [--data-dir .dispo]        start PostgreSQL, NATS and the five services
     dispo status [--json]               health and address of each service
+    dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
 """
 
 from __future__ import annotations
@@ -89,6 +90,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if all(info["status"] == "SERVING" for info in report.values()) else 1
 
 
+BENCHMARKS = {
+    "submit": "dispo.gateway.bench",  # submit throughput, Submit and accepted→terminal latency
+    "pool": "dispo.pool.bench",       # cron claims and run recordings under contention
+}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(BENCHMARKS[args.benchmark])
+    sys.argv = [f"dispo bench {args.benchmark}", *args.options]
+    module.main()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispo", description="Dispo: durable execution platform")
     parser.add_argument("--data-dir", help="stack folder (default: $DISPO_DATA_DIR or ./.dispo)")
@@ -106,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="health and address of each service")
     status.add_argument("--json", action="store_true", help="one JSON object keyed by service")
     status.set_defaults(run=cmd_status)
+
+    bench = sub.add_parser("bench", help="run a benchmark and print throughput and latency percentiles")
+    bench.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="passed to the benchmark (--help for its own)")
+    bench.set_defaults(run=cmd_bench)
     return parser
 
 

@@ -13,26 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from dispo.libs.bench import latency_line, rate_line
 from dispo.libs.sdk import AsyncClient, cell
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def summary(name: str, values: list[float]) -> str:
-    ms = [v * 1000 for v in values]
-    return (f"{name:<24} n={len(ms):<6} p50={percentile(ms, 50):8.1f} ms  p95={percentile(ms, 95):8.1f} ms  "
-            f"p99={percentile(ms, 99):8.1f} ms  mean={statistics.fmean(ms) if ms else float('nan'):8.1f} ms")
 
 
 async def run(address: str, tasks: int, concurrency: int, cell_name: str, business: str) -> None:
@@ -73,10 +59,10 @@ async def run(address: str, tasks: int, concurrency: int, cell_name: str, busine
         total_seconds = time.perf_counter() - began
 
     print(f"tasks={tasks} concurrency={concurrency} cell={cell_name}")
-    print(f"submit throughput        {tasks / submit_seconds:8.1f} tasks/s ({submit_seconds:.2f} s)")
-    print(f"completion throughput    {tasks / total_seconds:8.1f} tasks/s ({total_seconds:.2f} s, submit to last terminal)")
-    print(summary("Submit RPC latency", submit_latency))
-    print(summary("accepted→terminal", end_to_end))
+    print(rate_line("submitted", tasks, submit_seconds))
+    print(rate_line("completed (to last)", tasks, total_seconds))
+    print(latency_line("Submit RPC latency", submit_latency))
+    print(latency_line("accepted→terminal", end_to_end))
     print(f"statuses                 {statuses}")
 
 

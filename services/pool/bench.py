@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from dispo.libs.bench import latency_line
 from dispo.libs.clock import ManualClock
 from dispo.libs.db import create_engine, migrate
 from dispo.pool.domain import (
@@ -41,16 +41,6 @@ class NullDriver:
     async def list(self) -> list[DriverCron]: return []
     async def write_state(self, cron_id: str, state: dict) -> None: ...
     async def trigger(self, cron_id: str) -> None: ...
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] * 1000 if ordered else float("nan")
-
-
-def line(name: str, values: list[float]) -> str:
-    return (f"{name:<12} n={len(values):<7} p50={pct(values, 50):7.2f} ms  p95={pct(values, 95):7.2f} ms  "
-            f"p99={pct(values, 99):7.2f} ms  mean={statistics.fmean(values) * 1000 if values else 0:7.2f} ms")
 
 
 async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
@@ -93,8 +83,8 @@ async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
     assert len(taken) == len(set(taken)) == evaluations == done, "an evaluation was taken twice or not completed"
     print(f"{crons} crons, {evaluations} evaluations x {runs} runs in {elapsed:.2f} s: "
           f"{evaluations / elapsed:.0f} claims/s, {len(records) / elapsed:.0f} runs/s")
-    print(line("WakeCron", wakes))
-    print(line("RecordRun", records))
+    print(latency_line("WakeCron", wakes))
+    print(latency_line("RecordRun", records))
 
 
 def main() -> None:
