@@ -60,7 +60,10 @@ async def _up(options: StackOptions) -> int:
             await watcher
     finally:
         print("stopping…", flush=True)
-        await stack.stop()
+        failed = await stack.stop()
+    if failed:
+        print(f"stopped, but these did not stop cleanly: {', '.join(failed)}", flush=True)
+        return 1
     print("stopped", flush=True)
     return 0
 

@@ -64,7 +64,11 @@ class NatsServer:
         if self.process is None or self.process.poll() is not None:
             return
         self.process.kill() if kill else self.process.terminate()
-        self.process.wait(timeout=15)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,14 +114,26 @@ class Stack:
         }
         (self.options.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
-    async def stop(self) -> None:
+    async def stop(self) -> list[str]:
+        """Stop services, then NATS, then PostgreSQL; each step runs even if one before failed.
+
+        Returns what failed to stop (empty when everything stopped cleanly)."""
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         if self.supervisor is not None:
-            await self.supervisor.stop_all(SHUTDOWN_ORDER)
+            steps.append(("services", lambda: self.supervisor.stop_all(SHUTDOWN_ORDER)))
         if self.nats is not None:
-            await asyncio.to_thread(self.nats.stop)
+            steps.append(("nats", lambda: asyncio.to_thread(self.nats.stop)))
         if self.postgres is not None:
-            await asyncio.to_thread(self.postgres.stop)
+            steps.append(("postgres", lambda: asyncio.to_thread(self.postgres.stop)))
+        failed = []
+        for name, step in steps:
+            try:
+                await step()
+            except Exception:
+                log.exception("stop failed", part=name)
+                failed.append(name)
         (self.options.data_dir / STATE_FILE).unlink(missing_ok=True)
+        return failed
 
 
 def read_state(data_dir: Path) -> dict | None:

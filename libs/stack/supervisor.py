@@ -112,7 +112,8 @@ class Supervisor:
             process = self.children[name].process
             if process is None or process.returncode is not None:
                 continue
-            process.terminate()
+            with contextlib.suppress(ProcessLookupError):  # exited on its own meanwhile
+                process.terminate()
             try:
                 await asyncio.wait_for(process.wait(), timeout)
             except TimeoutError:

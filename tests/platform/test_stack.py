@@ -41,9 +41,12 @@ class RunningStack:
         return result.returncode, json.loads(result.stdout)
 
     async def down(self) -> int:
+        """Ctrl-C; returns the exit code (a failure shows what dispo up printed)."""
         assert self.process is not None
         self.process.send_signal(signal.SIGINT)
-        return await asyncio.to_thread(self.process.wait, 60)
+        code = await asyncio.to_thread(self.process.wait, 60)
+        assert code == 0, self.output.read_text()
+        return code
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
