@@ -23,6 +23,24 @@ class Clock(Protocol):
         ...
 
 
+async def sleep_until_stopped(clock: Clock, seconds: float, stop: asyncio.Event) -> bool:
+    """Wait ``seconds`` of ``clock`` unless ``stop`` is set first; True when stopped.
+
+    The pause of a background loop (``while not await sleep_until_stopped(...)``). Both
+    waits are cancelled and finished before it returns, so no task is left behind.
+    """
+    if stop.is_set():
+        return True
+    waits = {asyncio.ensure_future(clock.sleep(seconds)), asyncio.ensure_future(stop.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+        await asyncio.wait(waits)
+    return stop.is_set()
+
+
 class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)

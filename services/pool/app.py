@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.clock import sleep_until_stopped
 from dispo.libs.logging import get_logger
 from dispo.libs.service import Runtime, run_service
 from dispo.pool import repository as repo
@@ -61,13 +61,7 @@ class SweepLoop:
             except Exception as error:
                 log.warning("wake-up failed", error=repr(error))
                 pause = self.settings.sweep_seconds
-            sleeper = asyncio.ensure_future(self.pool.clock.sleep(pause))
-            stopper = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (sleeper, stopper):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await sleep_until_stopped(self.pool.clock, pause, self._stopping)
 
     async def _until_next_slot(self) -> float:
         now = self.pool.clock.now()

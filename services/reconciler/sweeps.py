@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from dispo.libs.clock import sleep_until_stopped
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.logging import get_logger
 from dispo.reconciler.arbitration import arbitrate_sweep
@@ -53,11 +54,7 @@ class SweepLoop:
                     await sweep(self.ctx)
                 except Exception:  # PostgreSQL or NATS down: the next round tries again
                     log.exception("sweep failed", sweep=name)
-            sleeper = asyncio.ensure_future(self.ctx.clock.sleep(self.interval))
-            stopper = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait([sleeper, stopper], return_when=asyncio.FIRST_COMPLETED)
-            sleeper.cancel()
-            stopper.cancel()
+            await sleep_until_stopped(self.ctx.clock, self.interval, self._stopping)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -15,7 +15,7 @@ import httpx
 
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.clock import Clock
+from dispo.libs.clock import Clock, sleep_until_stopped
 from dispo.libs.logging import get_logger
 from dispo.pool.domain import Rule, TestCase
 from dispo.pool.drivers.local import WAKE_SUBJECT, Registry
@@ -66,12 +66,7 @@ class Worker:
     async def run(self) -> None:
         await self.sync()
         while not self._stopping.is_set():
-            sleeper = asyncio.ensure_future(self.clock.sleep(self.tick_seconds))
-            stopper = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (sleeper, stopper):
-                task.cancel()
-            if self._stopping.is_set():
+            if await sleep_until_stopped(self.clock, self.tick_seconds, self._stopping):
                 break
             await self.sync()
             for event in self.events.values():  # the tick: every cron wakes

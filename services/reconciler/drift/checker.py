@@ -4,7 +4,6 @@ repairs, ask the pool to apply each, and record each with its reason and outcome
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispo.libs.api.pool.v1 import pool_pb2 as pool_pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.clock import Clock
+from dispo.libs.clock import Clock, sleep_until_stopped
 from dispo.libs.errors import Unavailable
 from dispo.libs.logging import get_logger
 from dispo.reconciler.drift import repository as repo
@@ -94,13 +93,7 @@ class DriftChecker:
                 await self.check_once()
             except Exception as error:  # the pool may be restarting: next interval
                 log.warning("drift check failed", error=repr(error))
-            sleeper = asyncio.ensure_future(self.clock.sleep(self.interval_seconds))
-            stopper = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (sleeper, stopper):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await sleep_until_stopped(self.clock, self.interval_seconds, self._stopping)
 
     def stop(self) -> None:
         self._stopping.set()
