@@ -8,18 +8,23 @@ duplicate window.
     await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
     relay = OutboxRelay(engine, outbox, bus)          # rt.add_part("outbox", relay.run, relay.stop)
     relay.kick()                                      # after commit: publish now, not at the next poll
+    await outbox_prune(conn, outbox, now - retention, batch)         # a sweep: drop rows long sent
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Column, DateTime, Index, LargeBinary, MetaData, Table, Text, select, text, update
+from sqlalchemy import (
+    BigInteger, Column, DateTime, Index, LargeBinary, MetaData, Table, Text, delete, select, text, update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from dispo.libs.bus import Bus
+from dispo.libs.clock import Clock
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
@@ -44,16 +49,39 @@ async def outbox_add(conn: AsyncConnection, table: Table, subject: str, msg_id: 
     await conn.execute(table.insert().values(subject=subject, msg_id=msg_id, payload=payload, created_at=now))
 
 
+async def outbox_prune(conn: AsyncConnection, table: Table, sent_before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` rows sent before ``sent_before`` (the stream keeps the events);
+    returns how many were deleted."""
+    t = table
+    oldest = select(t.c.id).where(t.c.sent_at < sent_before).order_by(t.c.id).limit(limit)
+    return (await conn.execute(delete(t).where(t.c.id.in_(oldest.scalar_subquery())))).rowcount
+
+
 class OutboxRelay:
-    """Publishes unsent rows in batches; several replicas share the work (SKIP LOCKED)."""
+    """Publishes unsent rows in batches; several replicas share the work (SKIP LOCKED).
+
+    Options for a service that needs them:
+
+    - ``ordered``: publish a batch one message at a time, each after the previous one's ack,
+      so the stream keeps the outbox order even when a publish fails midway (by default a
+      batch is published concurrently).
+    - ``prepare``: awaited before the first batch, and again until it succeeds (e.g. ensuring
+      the stream the events go to).
+    - ``clock``: stamp ``sent_at`` with this clock's time rather than the database's, for a
+      service whose sweeps compare it with the injectable clock.
+    """
 
     def __init__(self, engine: AsyncEngine, table: Table, bus: Bus, *, batch: int = 200,
-                 poll_interval: float = 1.0) -> None:
+                 poll_interval: float = 1.0, ordered: bool = False,
+                 prepare: Callable[[], Awaitable[None]] | None = None, clock: Clock | None = None) -> None:
         self.engine = engine
         self.table = table
         self.bus = bus
         self.batch = batch
         self.poll_interval = poll_interval
+        self.ordered = ordered
+        self._prepare = prepare
+        self.clock = clock
         self._kick = asyncio.Event()
         self._stopping = asyncio.Event()
 
@@ -67,6 +95,9 @@ class OutboxRelay:
             # A publish now would sit in the client's reconnect buffer and go out later,
             # outside our transaction; wait for the connection instead.
             return 0
+        if self._prepare is not None:
+            await self._prepare()
+            self._prepare = None
         async with self.engine.begin() as conn:
             rows = (
                 await conn.execute(
@@ -79,10 +110,13 @@ class OutboxRelay:
             ).all()
             if not rows:
                 return 0
-            await asyncio.gather(*(self.bus.publish(r.subject, r.payload, msg_id=r.msg_id) for r in rows))
-            await conn.execute(
-                update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=text("now()"))
-            )
+            if self.ordered:
+                for r in rows:
+                    await self.bus.publish(r.subject, r.payload, msg_id=r.msg_id)
+            else:
+                await asyncio.gather(*(self.bus.publish(r.subject, r.payload, msg_id=r.msg_id) for r in rows))
+            sent_at = self.clock.now() if self.clock is not None else text("now()")
+            await conn.execute(update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=sent_at))
         return len(rows)
 
     async def run(self) -> None:

@@ -14,7 +14,7 @@ from dispo.pool import sweeps
 from dispo.pool.drivers import Driver
 from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.drivers.openclaw import OpenClawDriver
-from dispo.pool.events import Relay
+from dispo.pool.events import outbox_relay
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.settings import PoolSettings
@@ -77,7 +77,7 @@ class SweepLoop:
 
 async def setup(rt: Runtime) -> None:
     settings = PoolSettings()
-    relay = Relay(rt.engine, rt.bus, rt.clock)
+    relay = outbox_relay(rt.engine, rt.bus, rt.clock)
     pool = Pool(rt.engine, make_driver(settings, rt), rt.clock, settings.policy(), on_commit=relay.kick)
     rt.add_servicer(lambda server: pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(pool), server),
                     SERVICE_NAME)

@@ -11,15 +11,20 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import text
+from sqlalchemy import MetaData, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from dispo.libs.errors import AlreadyExists
+from dispo.libs.outbox import outbox_table
 from dispo.pool.domain import (
     SERVABLE, Assignment, Cron, CronStatus, Evaluation, EvaluationStatus, Line, QueueKey, Rule,
     RunResult, Schedule, TestCase,
 )
+
+# The events of the pool, written in the transaction that changes what they report
+# (see events.py); the shared shape of libs/outbox.py.
+outbox = outbox_table(MetaData())
 
 _SERVABLE = ", ".join(f"'{s.value}'" for s in SERVABLE)
 # The slot now running, -1 before the window (mirrors Schedule.current_slot).
@@ -350,25 +355,6 @@ async def resizes_list(conn: AsyncConnection, limit: int = 100) -> list[dict]:
     return [dict(r._mapping) for r in rows]
 
 
-# --- outbox ----------------------------------------------------------------------------
-
-async def outbox_add(conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:
-    await conn.execute(text("INSERT INTO outbox (subject, msg_id, payload, created_at) VALUES (:s, :m, :p, :now)"),
-                       {"s": subject, "m": msg_id, "p": payload, "now": now})
-
-
-async def outbox_unpublished(conn: AsyncConnection, limit: int) -> list[tuple[int, str, str, bytes]]:
-    rows = await conn.execute(text("""
-        SELECT id, subject, msg_id, payload FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT :n
-        FOR UPDATE SKIP LOCKED"""), {"n": limit})
-    return [(r[0], r[1], r[2], bytes(r[3])) for r in rows]
-
-
-async def outbox_mark_published(conn: AsyncConnection, ids: list[int], now: datetime) -> None:
-    await conn.execute(text("UPDATE outbox SET published_at = :now WHERE id = ANY(:ids) AND published_at IS NULL"),
-                       {"ids": ids, "now": now})
-
-
 async def evaluations_next_slot_at(conn: AsyncConnection, now: datetime) -> datetime | None:
     """When the next slot of a waiting evaluation that owes nothing now falls due."""
     return (await conn.execute(text(f"""
@@ -383,12 +369,4 @@ async def crons_touch_all_live(conn: AsyncConnection, now: datetime) -> int:
     result = await conn.execute(text("""
         UPDATE crons SET last_activity = :now WHERE status IN ('idle', 'busy') AND last_activity < :now"""),
         {"now": now})
-    return result.rowcount
-
-
-async def outbox_prune(conn: AsyncConnection, published_before: datetime, limit: int) -> int:
-    result = await conn.execute(text("""
-        DELETE FROM outbox WHERE id IN (
-            SELECT id FROM outbox WHERE published_at IS NOT NULL AND published_at < :before ORDER BY id LIMIT :n)"""),
-        {"before": published_before, "n": limit})
     return result.rowcount

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from dispo.libs.logging import get_logger
+from dispo.libs.outbox import outbox_prune
 from dispo.pool import repository as repo
 from dispo.pool.domain import AssignmentEnd, CronStatus, EvaluationStatus, PoolPolicy, plan_resize
 from dispo.pool.operations import Pool, new_cron_id
@@ -155,9 +156,9 @@ OUTBOX_RETENTION = timedelta(days=1)
 
 
 async def outbox_sweep(pool: Pool, batch: int = 1000) -> int:
-    """Delete outbox rows published more than a day ago (the stream keeps the events)."""
+    """Delete outbox rows sent more than a day ago (the stream keeps the events)."""
     async with pool.engine.begin() as conn:
-        return await repo.outbox_prune(conn, pool.clock.now() - OUTBOX_RETENTION, batch)
+        return await outbox_prune(conn, repo.outbox, pool.clock.now() - OUTBOX_RETENTION, batch)
 
 
 async def run_all(pool: Pool, batch: int = 100) -> None:

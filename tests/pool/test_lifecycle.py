@@ -7,7 +7,7 @@ import pytest
 from dispo.libs.api.pool.v1 import events_pb2
 from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
 from dispo.pool.domain import EvaluationStatus, Rule, RunResult, TestCase, Verdict
-from dispo.pool.events import Relay
+from dispo.pool.events import outbox_relay
 
 from .conftest import add_crons, evaluation
 
@@ -29,8 +29,7 @@ async def _stream(bus, subject_filter: str = "evaluation.>") -> list[tuple[str, 
 
 
 async def test_evaluation_runs_slot_by_slot_completes_and_publishes_its_events(pool, manual_clock, bus):
-    relay = Relay(pool.engine, bus, manual_clock)
-    await bus.ensure_stream("EVALUATIONS", ["evaluation.>"])
+    relay = outbox_relay(pool.engine, bus, manual_clock)  # it ensures the stream itself
     [cron] = await add_crons(pool, 1)
     await pool.create_evaluation(evaluation("e2e", window=120, slots=2, runs_per_slot=1))
 
@@ -47,8 +46,8 @@ async def test_evaluation_runs_slot_by_slot_completes_and_publishes_its_events(p
     out = await pool.record_run(cron, "e2e", 1, "c1", RunResult(Verdict.FAIL, 0.5, 7, "status 500 != 200"))
     assert out.evaluation_status is EvaluationStatus.COMPLETED and not out.continue_evaluation
 
-    assert await relay.publish_once() == 4
-    assert await relay.publish_once() == 0
+    assert await relay.relay_once() == 4
+    assert await relay.relay_once() == 0
     messages = await _stream(bus)
     assert [(s, m) for s, m, _ in messages] == [
         ("evaluation.started", "e2e:started"), ("evaluation.run_recorded", "e2e-r0"),
@@ -103,10 +102,10 @@ async def test_published_outbox_rows_are_pruned_after_a_day(pool, manual_clock, 
     from sqlalchemy import text
 
     from dispo.pool.sweeps import outbox_sweep
-    relay = Relay(pool.engine, bus, manual_clock)
+    relay = outbox_relay(pool.engine, bus, manual_clock)
     await bus.ensure_stream("EVALUATIONS", ["evaluation.>"])
     await pool.cancel((await pool.create_evaluation(evaluation("short-lived"))).id)
-    assert await relay.publish_once() == 1
+    assert await relay.relay_once() == 1
     manual_clock.advance(hours=23)
     assert await outbox_sweep(pool) == 0
     manual_clock.advance(hours=1, seconds=1)

@@ -103,7 +103,8 @@ async def test_claim_takes_the_top_item_and_emits_started_once(pool):
     again = await pool.wake_cron(cron)  # busy: continues the same evaluation
     assert again.evaluation and again.evaluation.id == "only"
     async with pool.engine.connect() as conn:
-        subjects = [r[1] for r in await repo.outbox_unpublished(conn, 100)]
+        unsent = repo.outbox.select().where(repo.outbox.c.sent_at.is_(None)).order_by(repo.outbox.c.id)
+        subjects = [r.subject for r in await conn.execute(unsent)]
     assert subjects == ["evaluation.started"]
 
 

@@ -1,0 +1,52 @@
+"""The pool's outbox is the shared one (libs/outbox.py): same table shape after the pool's
+migrations, and a relay that keeps the stream in outbox order when a publish fails."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import inspect
+from sqlalchemy.dialects import postgresql
+
+from dispo.pool import repository as repo
+from dispo.pool.events import outbox_relay
+
+from .conftest import evaluation
+
+
+async def test_the_migrated_outbox_has_the_shared_shape(pool):
+    def reflect(sync_conn):
+        inspector = inspect(sync_conn)
+        return inspector.get_columns("outbox"), inspector.get_indexes("outbox")
+
+    async with pool.engine.connect() as conn:
+        columns, indexes = await conn.run_sync(reflect)
+    dialect = postgresql.dialect()
+    assert {c["name"]: (c["type"].compile(dialect), c["nullable"]) for c in columns} == {
+        c.name: (c.type.compile(dialect), c.nullable) for c in repo.outbox.columns}
+    assert [(i["name"], i["column_names"], i["dialect_options"].get("postgresql_where")) for i in indexes] == [
+        (i.name, [c.name for c in i.columns], "(sent_at IS NULL)") for i in repo.outbox.indexes]
+
+
+async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order(pool, manual_clock, bus,
+                                                                                 monkeypatch):
+    relay = outbox_relay(pool.engine, bus, manual_clock)
+    for name in ("first", "second", "third"):
+        await pool.cancel((await pool.create_evaluation(evaluation(name))).id)  # one evaluation.completed each
+    publish = bus.publish
+    attempts = []
+
+    async def publish_failing_the_second(subject, data, *, msg_id, **kwargs):
+        attempts.append(msg_id)
+        if len(attempts) == 2:
+            raise TimeoutError("no ack")
+        return await publish(subject, data, msg_id=msg_id, **kwargs)
+
+    monkeypatch.setattr(bus, "publish", publish_failing_the_second)
+    with pytest.raises(TimeoutError):
+        await relay.relay_once()
+    assert attempts == ["first:completed", "second:completed"]  # nothing after the failure
+    monkeypatch.undo()
+    assert await relay.relay_once() == 3  # none was marked sent; "first" is de-duplicated by the stream
+    sub = await bus.js.pull_subscribe("evaluation.>", stream="EVALUATIONS")
+    stored = [m.headers["Nats-Msg-Id"] for m in await sub.fetch(10, timeout=1)]
+    assert stored == ["first:completed", "second:completed", "third:completed"]
