@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispo.libs.service import Runtime, run_service
+from dispo.reconciler import drift
 from dispo.reconciler.wiring import SERVICE_NAME, wire_recovery
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -12,7 +13,8 @@ __all__ = ["MIGRATIONS", "SERVICE_NAME", "main", "setup"]
 
 
 async def setup(rt: Runtime) -> None:
-    await wire_recovery(rt)
+    await wire_recovery(rt)  # task recovery, demotion, settlement, completion, arbitration
+    await drift.install(rt)  # DriftService, its tables and the 5-minute pool drift check
 
 
 def main() -> None:
