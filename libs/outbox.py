@@ -2,13 +2,14 @@
 publish it afterwards, mark it sent. A crash or a NATS outage between commit and publish
 only delays the event: the relay publishes whatever is unsent, oldest first, and the
 message id makes a second publication of the same row a no-op within the stream's
-duplicate window.
+duplicate window. Sent rows are kept for a retention (``DISPO_OUTBOX_RETENTION_SECONDS``, a
+day by default), then the relay deletes them: the stream keeps the events.
 
     outbox = outbox_table(metadata)                   # in the service's tables module
     await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
-    relay = OutboxRelay(engine, outbox, bus)          # rt.add_part("outbox", relay.run, relay.stop)
+    relay = rt.outbox_relay(outbox)                   # OutboxRelay on the service's engine, bus, clock
+    rt.add_part("outbox relay", relay.run, relay.stop)   # publishes, and prunes rows long sent
     relay.kick()                                      # after commit: publish now, not at the next poll
-    await outbox_prune(conn, outbox, now - retention, batch)         # a sweep: drop rows long sent
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import (
     BigInteger, Column, DateTime, Index, LargeBinary, MetaData, Table, Text, delete, select, text, update,
@@ -24,10 +25,12 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from dispo.libs.bus import Bus
-from dispo.libs.clock import Clock
+from dispo.libs.clock import Clock, SystemClock, sleep_until_stopped
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
+
+DEFAULT_RETENTION = timedelta(days=1)
 
 
 def outbox_table(metadata: MetaData, name: str = "outbox") -> Table:
@@ -50,11 +53,18 @@ async def outbox_add(conn: AsyncConnection, table: Table, subject: str, msg_id: 
 
 
 async def outbox_prune(conn: AsyncConnection, table: Table, sent_before: datetime, limit: int) -> int:
-    """Delete up to ``limit`` rows sent before ``sent_before`` (the stream keeps the events);
-    returns how many were deleted."""
+    """Delete the rows sent before ``sent_before`` among the ``limit`` oldest sent rows (the
+    stream keeps the events); returns how many were deleted.
+
+    A pass reads no more than ``limit`` sent rows, however many recent ones the table holds:
+    rows are sent in outbox order, give or take a batch, so the oldest sent rows are the
+    ones that expire first. A row sent late only waits for its own expiry, and its place in
+    the window does not stop the expired rows after it from going.
+    """
     t = table
-    oldest = select(t.c.id).where(t.c.sent_at < sent_before).order_by(t.c.id).limit(limit)
-    return (await conn.execute(delete(t).where(t.c.id.in_(oldest.scalar_subquery())))).rowcount
+    oldest = select(t.c.id, t.c.sent_at).where(t.c.sent_at.is_not(None)).order_by(t.c.id).limit(limit).subquery()
+    expired = select(oldest.c.id).where(oldest.c.sent_at < sent_before)
+    return (await conn.execute(delete(t).where(t.c.id.in_(expired.scalar_subquery())))).rowcount
 
 
 class OutboxRelay:
@@ -67,13 +77,20 @@ class OutboxRelay:
       batch is published concurrently).
     - ``prepare``: awaited before the first batch, and again until it succeeds (e.g. ensuring
       the stream the events go to).
-    - ``clock``: stamp ``sent_at`` with this clock's time rather than the database's, for a
-      service whose sweeps compare it with the injectable clock.
+    - ``clock``: the service's clock (default: the system's). It stamps ``sent_at``, the
+      retention is measured on it, and the pruning pauses on it.
+
+    Retention: while it runs, the relay also deletes rows sent more than ``retention`` ago,
+    at most ``prune_batch`` per transaction, one pass after another while passes delete
+    something, then a pause of ``prune_interval`` clock seconds (:meth:`prune_once` is one
+    pass).
     """
 
     def __init__(self, engine: AsyncEngine, table: Table, bus: Bus, *, batch: int = 200,
                  poll_interval: float = 1.0, ordered: bool = False,
-                 prepare: Callable[[], Awaitable[None]] | None = None, clock: Clock | None = None) -> None:
+                 prepare: Callable[[], Awaitable[None]] | None = None, clock: Clock | None = None,
+                 retention: timedelta = DEFAULT_RETENTION, prune_batch: int = 1000,
+                 prune_interval: float = 300.0) -> None:
         self.engine = engine
         self.table = table
         self.bus = bus
@@ -81,7 +98,10 @@ class OutboxRelay:
         self.poll_interval = poll_interval
         self.ordered = ordered
         self._prepare = prepare
-        self.clock = clock
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.retention = retention
+        self.prune_batch = prune_batch
+        self.prune_interval = prune_interval
         self._kick = asyncio.Event()
         self._stopping = asyncio.Event()
 
@@ -115,11 +135,37 @@ class OutboxRelay:
                     await self.bus.publish(r.subject, r.payload, msg_id=r.msg_id)
             else:
                 await asyncio.gather(*(self.bus.publish(r.subject, r.payload, msg_id=r.msg_id) for r in rows))
-            sent_at = self.clock.now() if self.clock is not None else text("now()")
-            await conn.execute(update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=sent_at))
+            await conn.execute(update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=self.clock.now()))
         return len(rows)
 
+    async def prune_once(self) -> int:
+        """Delete up to ``prune_batch`` rows sent more than ``retention`` ago; returns how many."""
+        async with self.engine.begin() as conn:
+            return await outbox_prune(conn, self.table, self.clock.now() - self.retention, self.prune_batch)
+
     async def run(self) -> None:
+        pruning = asyncio.create_task(self._prune_loop(), name=f"{self.table.name} prune")
+        try:
+            await self._relay_loop()
+        finally:
+            pruning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pruning
+
+    async def _prune_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                deleted = await self.prune_once()
+            except Exception as error:  # PostgreSQL down: the next pass tries again
+                log.warning("outbox prune failed", table=self.table.name, error=repr(error))
+                deleted = 0
+            if deleted == 0:
+                await sleep_until_stopped(self.clock, self.prune_interval, self._stopping)
+            else:  # maybe a backlog: the next pass at once, in its own transaction
+                log.info("outbox pruned", table=self.table.name, deleted=deleted)
+                await asyncio.sleep(0)
+
+    async def _relay_loop(self) -> None:
         while not self._stopping.is_set():
             self._kick.clear()
             try:

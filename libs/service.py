@@ -1,6 +1,7 @@
 """The process runner every service's ``__main__`` uses.
 
     async def setup(rt: Runtime) -> None:
+        relay = rt.outbox_relay(repo.outbox)          # publishes, and prunes rows long sent
         rt.add_servicer(lambda s: add_GatewayServiceServicer_to_server(Servicer(rt), s),
                         "dispo.gateway.v1.GatewayService")
         rt.add_part("outbox relay", relay.run, relay.stop)
@@ -21,9 +22,10 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
-from sqlalchemy import text
+from sqlalchemy import Table, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispo.libs.bus import Bus
@@ -31,6 +33,7 @@ from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, migrate, session_factory
 from dispo.libs.grpcserver import create_server
 from dispo.libs.logging import configure_logging, get_logger
+from dispo.libs.outbox import OutboxRelay
 from dispo.libs.settings import CommonSettings, ServerSettings, server_settings
 
 log = get_logger(__name__)
@@ -70,6 +73,14 @@ class Runtime:
         """Run ``run()`` for the life of the service. Parts stop in the order they were added,
         each by its ``stop`` (then awaited to finish) or, without one, by cancellation."""
         self.parts.append(Part(name, run, stop))
+
+    def outbox_relay(self, table: Table, **options: Any) -> OutboxRelay:
+        """The shared outbox relay for ``table`` on this service's database, bus and clock,
+        deleting rows sent longer ago than ``DISPO_OUTBOX_RETENTION_SECONDS``. ``options`` are the
+        relay's (``ordered``, ``prepare``, ``batch``...). Add it as a part where its stop
+        order fits."""
+        return OutboxRelay(self.engine, table, self.bus, clock=self.clock,
+                           retention=self.settings.outbox_retention, **options)
 
 
 async def wait_for_database(engine: AsyncEngine, *, attempts: int = 120, delay: float = 0.5) -> None:

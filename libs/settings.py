@@ -6,8 +6,10 @@ adds its own class with the prefix ``DISPO_<SERVICE>_`` built with :func:`servic
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Default gRPC ports of the five services on one machine.
@@ -41,6 +43,13 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
     # ``system`` or ``file:<path>`` (a clock driven by a file, for tests of real processes).
     clock: str = "system"
+    # Seconds a sent outbox row is kept before the service's outbox relay deletes it (the
+    # stream keeps the event); a day by default.
+    outbox_retention_seconds: float = Field(default=86400.0, gt=0)
+
+    @property
+    def outbox_retention(self) -> timedelta:
+        return timedelta(seconds=self.outbox_retention_seconds)
 
     @property
     def nats_servers(self) -> list[str]:

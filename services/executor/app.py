@@ -47,7 +47,7 @@ async def ensure_streams(rt: Runtime) -> None:
 def build_executor(rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncClient) -> tuple[Executor, OutboxRelay]:
     catalogue = Path(settings.catalogue) if settings.catalogue else REPO_ROOT / "services/gateway/catalogue/content_governance.yaml"
     registry = load_downstreams(catalogue)
-    relay = OutboxRelay(rt.engine, repo.outbox, rt.bus)
+    relay = rt.outbox_relay(repo.outbox)
     config = ExecutorConfig(
         lease_ttl=settings.lease_ttl,
         retry=RetryPolicy(settings.max_retries, settings.retry_base_delay, settings.retry_max_delay),

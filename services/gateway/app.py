@@ -18,7 +18,6 @@ from dispo.gateway.settings import GatewaySettings
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
-from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -33,7 +32,7 @@ async def setup(rt: Runtime) -> None:
     await rt.bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
     await rt.bus.ensure_stream(STATUS_STREAM, ["task.status.>"], max_age=7 * 24 * 3600)
     catalogue = load_catalogue(settings.catalogue or DEFAULT_CATALOGUE)
-    relay = OutboxRelay(rt.engine, repo.outbox, rt.bus)
+    relay = rt.outbox_relay(repo.outbox)
     limits = Limits(settings.max_cells, settings.max_nodes, settings.max_payload_bytes)
     gateway = Gateway(rt.engine, relay, catalogue, limits, rt.clock, settings.watch_poll_interval)
 

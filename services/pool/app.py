@@ -77,7 +77,7 @@ class SweepLoop:
 
 async def setup(rt: Runtime) -> None:
     settings = PoolSettings()
-    relay = outbox_relay(rt.engine, rt.bus, rt.clock)
+    relay = outbox_relay(rt.engine, rt.bus, rt.clock, rt.settings.outbox_retention)
     pool = Pool(rt.engine, make_driver(settings, rt), rt.clock, settings.policy(), on_commit=relay.kick)
     rt.add_servicer(lambda server: pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(pool), server),
                     SERVICE_NAME)

@@ -6,7 +6,7 @@ they report; the relay publishes them with their message id and marks them sent.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from dispo.libs.api.pool.v1 import events_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
-from dispo.libs.outbox import OutboxRelay, outbox_add
+from dispo.libs.outbox import DEFAULT_RETENTION, OutboxRelay, outbox_add
 from dispo.pool import repository as repo
 from dispo.pool.domain import Evaluation, RunResult
 
@@ -49,11 +49,12 @@ async def add_completed(conn: AsyncConnection, evaluation_id: str, status: str, 
                      message.SerializeToString(), now)
 
 
-def outbox_relay(engine: AsyncEngine, bus: Bus, clock: Clock) -> OutboxRelay:
+def outbox_relay(engine: AsyncEngine, bus: Bus, clock: Clock,
+                 retention: timedelta = DEFAULT_RETENTION) -> OutboxRelay:
     """The pool's relay: it ensures the EVALUATIONS stream before its first batch, and
     publishes one event at a time in outbox order, because the intelligence service applies
-    them in stream order (a completion must not overtake its runs). ``sent_at`` is stamped
-    on the service clock, which the one-day cleanup (sweeps.outbox_sweep) compares it with.
-    Kick it after a commit (Pool's ``on_commit``); it polls as a fallback."""
+    them in stream order (a completion must not overtake its runs). Like every relay it
+    deletes rows sent more than ``retention`` ago on ``clock``. Kick it after a commit
+    (Pool's ``on_commit``); it polls as a fallback."""
     return OutboxRelay(engine, repo.outbox, bus, batch=100, poll_interval=0.5, ordered=True,
-                       prepare=lambda: bus.ensure_stream(STREAM, SUBJECTS), clock=clock)
+                       prepare=lambda: bus.ensure_stream(STREAM, SUBJECTS), clock=clock, retention=retention)

@@ -9,10 +9,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from dispo.libs.logging import get_logger
-from dispo.libs.outbox import outbox_prune
 from dispo.pool import repository as repo
 from dispo.pool.domain import AssignmentEnd, CronStatus, EvaluationStatus, PoolPolicy, plan_resize
 from dispo.pool.operations import Pool, new_cron_id
@@ -152,17 +150,7 @@ async def grace_after_restart(pool: Pool) -> int:
         return await repo.crons_touch_all_live(conn, pool.clock.now())
 
 
-OUTBOX_RETENTION = timedelta(days=1)
-
-
-async def outbox_sweep(pool: Pool, batch: int = 1000) -> int:
-    """Delete outbox rows sent more than a day ago (the stream keeps the events)."""
-    async with pool.engine.begin() as conn:
-        return await outbox_prune(conn, repo.outbox, pool.clock.now() - OUTBOX_RETENTION, batch)
-
-
 async def run_all(pool: Pool, batch: int = 100) -> None:
     await stall_sweep(pool, batch)
     await hold_sweep(pool, batch)
     await scale_sweep(pool)
-    await outbox_sweep(pool)

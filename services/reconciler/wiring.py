@@ -8,7 +8,6 @@ import asyncio
 import httpx
 
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
-from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime
 from dispo.reconciler import store
 from dispo.reconciler.config import ReconcilerSettings, load_config
@@ -46,7 +45,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     config = load_config(settings)
     await ensure_streams(rt)
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))
-    relay = OutboxRelay(rt.engine, store.outbox, rt.bus)
+    relay = rt.outbox_relay(store.outbox)
     ctx = Context(rt.engine, rt.clock, config, settings, http, relay, rt.bus)
     rt.add_servicer(lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(
         ReconcilerServicer(ctx), server), SERVICE_NAME)

@@ -101,14 +101,13 @@ async def test_bad_input_is_refused_and_changes_nothing(pool):
 async def test_published_outbox_rows_are_pruned_after_a_day(pool, manual_clock, bus):
     from sqlalchemy import text
 
-    from dispo.pool.sweeps import outbox_sweep
     relay = outbox_relay(pool.engine, bus, manual_clock)
     await bus.ensure_stream("EVALUATIONS", ["evaluation.>"])
     await pool.cancel((await pool.create_evaluation(evaluation("short-lived"))).id)
     assert await relay.relay_once() == 1
     manual_clock.advance(hours=23)
-    assert await outbox_sweep(pool) == 0
+    assert await relay.prune_once() == 0
     manual_clock.advance(hours=1, seconds=1)
-    assert await outbox_sweep(pool) == 1
+    assert await relay.prune_once() == 1
     async with pool.engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM outbox"))).scalar_one() == 0

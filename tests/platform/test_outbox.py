@@ -1,0 +1,124 @@
+"""The shared outbox's retention: the relay deletes rows sent longer ago than the retention,
+a batch at a time, on the service's clock, and keeps unsent and recent rows."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import MetaData, text
+
+from dispo.libs.clock import ManualClock
+from dispo.libs.db import create_engine
+from dispo.libs.outbox import OutboxRelay, outbox_add, outbox_table
+from dispo.libs.service import Runtime
+from dispo.libs.settings import CommonSettings, ServerSettings
+
+SCHEMA = "outbox_test"
+metadata = MetaData()
+outbox = outbox_table(metadata)
+
+
+@pytest.fixture
+async def engine(database_url):
+    engine = create_engine(database_url, SCHEMA)
+    async with engine.begin() as conn:
+        await conn.execute(text(f"CREATE SCHEMA {SCHEMA}"))
+        await conn.run_sync(metadata.create_all)
+    yield engine
+    await engine.dispose()
+
+
+async def add(engine, clock: ManualClock, name: str, *, sent_ago: timedelta | None) -> None:
+    """A row created a while ago; sent ``sent_ago`` before the clock's time, or unsent."""
+    async with engine.begin() as conn:
+        await outbox_add(conn, outbox, "test.event", name, b"x", clock.now() - timedelta(days=3))
+        if sent_ago is not None:
+            await conn.execute(outbox.update().where(outbox.c.msg_id == name).values(sent_at=clock.now() - sent_ago))
+
+
+async def names(engine) -> list[str]:
+    async with engine.connect() as conn:
+        return list((await conn.execute(outbox.select().with_only_columns(outbox.c.msg_id).order_by(outbox.c.id)))
+                    .scalars())
+
+
+async def wait_for(condition, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await condition():
+            await asyncio.sleep(0.02)
+
+
+async def test_rows_sent_before_the_retention_go_a_batch_at_a_time(engine, bus, manual_clock):
+    day = timedelta(days=1)
+    await add(engine, manual_clock, "unsent-old", sent_ago=None)
+    for i in range(5):
+        await add(engine, manual_clock, f"expired-{i}", sent_ago=2 * day)
+    await add(engine, manual_clock, "recent", sent_ago=day - timedelta(minutes=1))
+    await add(engine, manual_clock, "at-the-limit", sent_ago=day)
+    await add(engine, manual_clock, "expired-late-0", sent_ago=day + timedelta(hours=1))
+    await add(engine, manual_clock, "expired-late-1", sent_ago=day + timedelta(hours=1))
+    await add(engine, manual_clock, "unsent-new", sent_ago=None)
+    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, retention=day, prune_batch=3)
+
+    # Each pass looks at the 3 oldest sent rows at most; a recent row among them does not
+    # keep the expired rows after it.
+    assert [await relay.prune_once() for _ in range(5)] == [3, 2, 1, 1, 0]
+    assert await names(engine) == ["unsent-old", "recent", "at-the-limit", "unsent-new"]
+
+    manual_clock.advance(seconds=1)
+    assert await relay.prune_once() == 1
+    assert await names(engine) == ["unsent-old", "recent", "unsent-new"]
+    manual_clock.advance(minutes=1)
+    assert await relay.prune_once() == 1
+    manual_clock.advance(days=30)
+    assert await relay.prune_once() == 0
+    assert await names(engine) == ["unsent-old", "unsent-new"]
+
+
+async def test_a_running_relay_stamps_sent_at_on_its_clock_and_prunes_when_the_clock_moves(
+        engine, bus, manual_clock):
+    await bus.ensure_stream("TEST", ["test.>"])
+    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, retention=timedelta(hours=1), prune_interval=60)
+    running = asyncio.create_task(relay.run())
+    try:
+        sent_at = manual_clock.now()
+        await add(engine, manual_clock, "first", sent_ago=None)
+        relay.kick()
+
+        async def sent() -> bool:
+            async with engine.connect() as conn:
+                return (await conn.execute(outbox.select().with_only_columns(outbox.c.sent_at))).scalar_one() \
+                    == sent_at
+
+        await wait_for(sent)
+
+        async def pruned_after_a_pause() -> bool:
+            if not await names(engine):
+                return True
+            manual_clock.advance(seconds=60)  # one pause of the pruning at a time
+            return False
+
+        await wait_for(pruned_after_a_pause)
+        assert manual_clock.now() - sent_at > timedelta(hours=1)
+    finally:
+        relay.stop()
+        await asyncio.wait_for(running, 10)
+
+
+def test_the_retention_is_a_setting(monkeypatch):
+    assert CommonSettings().outbox_retention == timedelta(days=1)
+    monkeypatch.setenv("DISPO_OUTBOX_RETENTION_SECONDS", "3600")
+    assert CommonSettings().outbox_retention == timedelta(hours=1)
+    monkeypatch.setenv("DISPO_OUTBOX_RETENTION_SECONDS", "0")
+    with pytest.raises(ValueError):
+        CommonSettings()
+
+
+async def test_every_service_relay_takes_the_retention_and_clock_of_its_runtime(monkeypatch, engine, bus,
+                                                                               manual_clock):
+    monkeypatch.setenv("DISPO_OUTBOX_RETENTION_SECONDS", "7200")
+    rt = Runtime("gateway", CommonSettings(), ServerSettings(), engine, None, bus, manual_clock)
+    relay = rt.outbox_relay(outbox, ordered=True)
+    assert (relay.retention, relay.clock, relay.ordered) == (timedelta(hours=2), manual_clock, True)
