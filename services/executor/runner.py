@@ -81,9 +81,10 @@ class Executor:
         now = self.clock.now()
         async with self.engine.begin() as conn:
             opened = await self._open(conn, env, owner, now)
-            if not isinstance(opened, bool):
+            if not isinstance(opened, tuple):
                 return opened
-            step = await self._step(conn, env, owner, Pass(), now, changed=opened)
+            row, nodes, recovered = opened
+            step = await self._step(conn, env, owner, Pass(), now, changed=recovered, loaded=(row, nodes))
         self.relay.kick()
         if step.disposition is not None:
             return step.disposition
@@ -95,9 +96,11 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
 
-    async def _open(self, conn, env: task_pb2.Task, owner: str, now) -> Disposition | bool:  # type: ignore[no-untyped-def]
+    async def _open(self, conn, env: task_pb2.Task, owner: str,  # type: ignore[no-untyped-def]
+                    now) -> Disposition | tuple[repo.TaskRow, dict[str, NodeRun], bool]:
         """Record the envelope, take the lease, recover interrupted nodes. Returns a
-        disposition when there is nothing to run, else whether recovery changed nodes."""
+        disposition when there is nothing to run, else the task row (locked, leased to
+        ``owner``), its nodes and whether recovery changed nodes."""
         task_id = env.task_id
         row = await repo.task_get(conn, task_id, for_update=True)
         if row is None:
@@ -126,10 +129,11 @@ class Executor:
             log.info("task leased by another executor; later", task_id=task_id, owner=row.lease_owner)
             return Nak(delay=min(max(remaining, 0.1), self.config.lease_ttl))
         await repo.lease_take(conn, task_id, owner, now, self.config.lease_ttl)
+        row.lease_owner = owner  # the row stays locked until commit: this is its state now
         nodes = await repo.nodes_get(conn, row.envelope)
         recovered = await self._recover(conn, task_id, nodes, now)
         await repo.task_set_status(conn, task_id, TaskState.RUNNING, "", now, expected=PARKED)
-        return recovered
+        return row, nodes, recovered
 
     async def _recover(self, conn, task_id: str, nodes: dict[str, NodeRun], now) -> bool:  # type: ignore[no-untyped-def]
         """Nodes left RUNNING by an executor whose lease expired: their call may have happened."""
@@ -186,16 +190,46 @@ class Executor:
             self.relay.kick()
 
     async def _step(self, conn, env: task_pb2.Task, owner: str, state: Pass, now, *,  # type: ignore[no-untyped-def]
-                    changed: bool = False) -> Step:
+                    changed: bool = False,
+                    loaded: tuple[repo.TaskRow, dict[str, NodeRun]] | None = None) -> Step:
         """One scheduling step in the caller's transaction: apply a cancel, doom nodes behind
         a failure, demote nodes behind an open breaker, pick the ready ones; with nothing
-        ready and nothing in flight, settle the task."""
+        ready and nothing in flight, settle the task. ``loaded``: the row (locked in this
+        transaction) and nodes the caller has just read, so they are not read again.
+
+        ``noop`` nodes make no external call, so they are claimed and recorded right here,
+        in this transaction under the task's lock and lease (same guarded claim and
+        record as any node); what they unblock is scheduled in the same step."""
         task_id = env.task_id
-        row = await repo.task_get(conn, task_id, for_update=True)
-        assert row is not None
-        if row.lease_owner != owner:
-            return Step(state, lease_lost=True)
-        nodes = await repo.nodes_get(conn, env)
+        if loaded is not None:
+            row, nodes = loaded
+        else:
+            fetched = await repo.task_get(conn, task_id, for_update=True)
+            assert fetched is not None
+            row = fetched
+            if row.lease_owner != owner:
+                return Step(state, lease_lost=True)
+            nodes = await repo.nodes_get(conn, env)
+        while True:
+            launch, noops, changed = await self._schedule(conn, task_id, row, nodes, state, now, changed)
+            if not noops:
+                break
+            for node in noops:
+                state.attempted.add(node.node_id)
+                if await self._run_noop_here(conn, task_id, node, owner, now):
+                    state.ran += 1
+                    changed = True
+        if not launch and not state.in_flight:
+            return Step(state, disposition=await self._settle(conn, row, nodes, owner, state.ran, now, changed))
+        if changed:
+            await repo.emit_status(conn, task_id, now)
+        return Step(state, launch=launch)
+
+    async def _schedule(self, conn, task_id: str, row: repo.TaskRow,  # type: ignore[no-untyped-def]
+                        nodes: dict[str, NodeRun], state: Pass, now,
+                        changed: bool) -> tuple[list[NodeRun], list[NodeRun], bool]:
+        """Apply a cancel, doom nodes behind a failure, demote nodes behind an open breaker;
+        returns the ready nodes to launch, the ready noop nodes and whether nodes changed."""
         if row.cancel_requested:
             for node_id in to_cancel(nodes):
                 if node_id in state.in_flight:
@@ -209,10 +243,14 @@ class Executor:
                                                      last_error="a dependency failed")
             nodes[node_id].status = NodeState.DEPENDENCY_FAILED
         launch: list[NodeRun] = []
+        noops: list[NodeRun] = []
         if not row.cancel_requested:
             for node in ready(nodes, now):
                 if node.node_id in state.in_flight or node.node_id in state.attempted:
                     continue  # a retry waits for the next pass (a re-published task.create)
+                if node.spec.kind == "noop":
+                    noops.append(node)
+                    continue
                 breaker = self.breakers.get(node.spec.downstream)
                 if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
                     changed |= await repo.node_set_status_if(
@@ -221,18 +259,12 @@ class Executor:
                     node.status = NodeState.DEMOTED
                     continue
                 launch.append(node)
-        if not launch and not state.in_flight:
-            return Step(state, disposition=await self._settle(conn, row, nodes, owner, state.ran, now, changed))
-        if changed:
-            await repo.emit_status(conn, task_id, now)
-        return Step(state, launch=launch)
+        return launch, noops, changed
 
     async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
         task_id = env.task_id
         downstream = self.registry.get(node.spec.downstream)
         limit = self.limits.get(node.spec.downstream)
-        if node.spec.kind == "noop":  # no external call: claim and record in one transaction
-            return await self._run_noop(task_id, node, owner)
         async with limit if limit is not None else contextlib.nullcontext():
             now = self.clock.now()
             async with self.engine.begin() as conn:
@@ -249,15 +281,16 @@ class Executor:
         await self._record(task_id, node, owner, result)
         return True
 
-    async def _run_noop(self, task_id: str, node: NodeRun, owner: str) -> bool:
-        now = self.clock.now()
-        async with self.engine.begin() as conn:
-            if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
-                return False
-            await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, NodeState.SUCCEEDED,
-                                          owner=owner, finished_at=now, last_error="", retryable=False)
-            await repo.emit_status(conn, task_id, now)
-        self.relay.kick()
+    @staticmethod
+    async def _run_noop_here(conn, task_id: str, node: NodeRun, owner: str, now) -> bool:  # type: ignore[no-untyped-def]
+        """Claim and record a noop node in the caller's transaction (no status event)."""
+        if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
+            log.info("node claim lost", task_id=task_id, node_id=node.node_id)
+            return False
+        await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, NodeState.SUCCEEDED,
+                                      owner=owner, finished_at=now, last_error="", retryable=False)
+        node.status = NodeState.SUCCEEDED
+        node.finished_at = now
         return True
 
     async def _record(self, task_id: str, node: NodeRun, owner: str, result: Result) -> None:
