@@ -125,7 +125,9 @@ class Bus:
 
 
 class Consumer:
-    """A durable pull consumer processing one batch at a time, messages concurrently."""
+    """A durable pull consumer handling up to ``batch`` messages concurrently. It fetches
+    again as soon as a message is done (for as many as there are free slots), so one slow
+    message does not hold back the messages behind it."""
 
     def __init__(self, bus: Bus, stream: str, durable: str, subject: str, handler: Handler,
                  batch: int, ack_wait: float, max_deliver: int, error_delay: float) -> None:
@@ -153,13 +155,26 @@ class Consumer:
             max_deliver=self.max_deliver,
             filter_subject=self.subject,
         )
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            await self._consume(config, in_flight)
+        except asyncio.CancelledError:  # cancelled rather than stopped: so are the messages in hand
+            for handling in in_flight:
+                handling.cancel()
+            raise
+
+    async def _consume(self, config: ConsumerConfig, in_flight: set[asyncio.Task[None]]) -> None:
         subscription = None
         while not self._stopping.is_set():
+            free = self.batch - len(in_flight)
+            if free <= 0:
+                await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                continue
             try:
                 if subscription is None:
                     subscription = await self.bus.js.pull_subscribe(
                         self.subject, durable=self.durable, stream=self.stream, config=config)
-                messages = await subscription.fetch(self.batch, timeout=1.0)
+                messages = await subscription.fetch(free, timeout=1.0)
             except TimeoutError:
                 continue
             except Exception as error:  # NATS down or restarting: wait and try again
@@ -167,7 +182,12 @@ class Consumer:
                 subscription = None
                 await self._pause(0.5)
                 continue
-            await asyncio.gather(*(self._handle(m) for m in messages))
+            for message in messages:
+                handling = asyncio.create_task(self._handle(message))
+                in_flight.add(handling)
+                handling.add_done_callback(in_flight.discard)
+        if in_flight:
+            await asyncio.gather(*in_flight, return_exceptions=True)
         if subscription is not None:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
