@@ -14,15 +14,19 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def create_engine(url: str, schema: str, *, pool_size: int = 10) -> AsyncEngine:
+def create_engine(url: str, schema: str, *, pool_size: int = 20) -> AsyncEngine:
     """An engine whose connections see ``schema`` first, so queries name tables unqualified.
+
+    At most ``pool_size`` connections, opened on demand and kept: no overflow connections,
+    which the pool would close on return and reopen on the next burst (a new PostgreSQL
+    backend each time, which under load costs more than the queries).
 
     The schema itself is created by :func:`dispo.libs.db.migrate`.
     """
     return create_async_engine(
         normalize_url(url),
         pool_size=pool_size,
-        max_overflow=pool_size,
+        max_overflow=0,
         pool_pre_ping=True,
         connect_args={"server_settings": {"search_path": schema, "application_name": f"dispo-{schema}"}},
     )
