@@ -104,15 +104,20 @@ class Executor:
         task_id = env.task_id
         row = await repo.task_get(conn, task_id, for_update=True)
         if row is None:
-            await repo.task_insert(conn, env, task_id, now)
+            if await repo.task_insert(conn, env, task_id, now):  # the new row is ours and locked: as written
+                row = repo.TaskRow(task_id, TaskState.ACCEPTED, env.generation, 0, env.cancel_requested,
+                                   None, None, env, "")
         elif row.envelope is None:
             await repo.task_attach_envelope(conn, env)
+            row = None
         elif env.generation < row.generation:
             log.info("stale task.create dropped", task_id=task_id, generation=env.generation, recorded=row.generation)
             return ACK
         elif env.generation > row.generation and row.status not in TASK_FINAL:
             await repo.nodes_adopt(conn, env)
-        row = await repo.task_get(conn, task_id, for_update=True)
+            row = None
+        if row is None:  # written here (or inserted by a concurrent cancel): read it back
+            row = await repo.task_get(conn, task_id, for_update=True)
         assert row is not None and row.envelope is not None
         if row.status in TASK_FINAL:
             if row.status is TaskState.CANCELLED:  # the cancel arrived before the task
