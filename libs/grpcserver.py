@@ -7,8 +7,9 @@ an interceptor that logs each call and maps :mod:`dispo.libs.errors` to status c
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,66 +59,45 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         return _wrap(handler, details.method)
 
 
+@contextlib.asynccontextmanager
+async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
+    """Around one call: log it, abort with the domain error's status, or INTERNAL."""
+    started = time.perf_counter()
+    try:
+        yield
+    except DispoError as error:
+        log.info("rpc", method=method, code=error.code.name, error=error.message,
+                 ms=round((time.perf_counter() - started) * 1000, 2))
+        await context.abort_with_status(rich_status(error))
+    except grpc.aio.BaseError:  # already an abort (or a status) from the servicer
+        raise
+    except Exception:
+        log.exception("rpc failed", method=method)
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
+    else:
+        log.debug("rpc", method=method, code="OK", ms=round((time.perf_counter() - started) * 1000, 2))
+
+
 def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    async def guard(call: Callable[[], Awaitable[Any]], context: grpc.aio.ServicerContext) -> Any:
-        started = time.perf_counter()
-        try:
-            result = await call()
-        except DispoError as error:
-            log.info("rpc", method=method, code=error.code.name, error=error.message,
-                     ms=round((time.perf_counter() - started) * 1000, 2))
-            await context.abort_with_status(rich_status(error))
-        except (grpc.aio.AbortError, grpc.aio.BaseError):
-            raise
-        except Exception:
-            log.exception("rpc failed", method=method)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
-        else:
-            log.debug("rpc", method=method, code="OK", ms=round((time.perf_counter() - started) * 1000, 2))
-            return result
+    if handler.unary_unary or handler.stream_unary:
+        inner = handler.unary_unary or handler.stream_unary
 
-    if handler.unary_unary:
-        inner_uu = handler.unary_unary
+        async def single(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async with _mapped_errors(context, method):
+                return await inner(request, context)
 
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            return await guard(lambda: inner_uu(request, context), context)
-
-        return grpc.unary_unary_rpc_method_handler(
-            unary_unary, handler.request_deserializer, handler.response_serializer)
-    if handler.stream_unary:
-        inner_su = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            return await guard(lambda: inner_su(requests, context), context)
-
-        return grpc.stream_unary_rpc_method_handler(
-            stream_unary, handler.request_deserializer, handler.response_serializer)
+        factory = grpc.unary_unary_rpc_method_handler if handler.unary_unary else grpc.stream_unary_rpc_method_handler
+        return factory(single, handler.request_deserializer, handler.response_serializer)
 
     inner_stream = handler.unary_stream or handler.stream_stream
 
-    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        stream = inner_stream(request, context)
-        while True:
-            try:
-                item = await guard(lambda: _next(stream), context)
-            except StopAsyncIteration:
-                return
-            if item is _END:
-                return
-            yield item
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with _mapped_errors(context, method):
+            async for item in inner_stream(request, context):
+                yield item
 
     factory = grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.stream_stream_rpc_method_handler
     return factory(streaming, handler.request_deserializer, handler.response_serializer)
-
-
-_END = object()
-
-
-async def _next(stream: Any) -> Any:
-    try:
-        return await stream.__anext__()
-    except StopAsyncIteration:
-        return _END
 
 
 @dataclass

@@ -108,3 +108,26 @@ async def test_stop_lets_in_flight_calls_finish(serve):
     release.set()
     assert await in_flight == b"done"
     await stopping
+
+
+async def test_streams_deliver_items_then_the_mapped_error():
+    async def watch(request: bytes, context):
+        yield b"first"
+        raise errors.NotFound("task vanished")
+
+    handler = grpc.method_handlers_generic_handler(
+        "dispo.test.v1.Echo", {"Watch": grpc.unary_stream_rpc_method_handler(watch)})
+    server = create_server("127.0.0.1:0", [lambda s: s.add_generic_rpc_handlers((handler,))], ["dispo.test.v1.Echo"])
+    await server.start()
+    try:
+        received = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = channel.unary_stream("/dispo.test.v1.Echo/Watch")(b"x", timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                async for item in call:
+                    received.append(item)
+        assert received == [b"first"]
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+        assert raised.value.details() == "task vanished"
+    finally:
+        await server.stop(0)
