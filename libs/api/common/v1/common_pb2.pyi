@@ -140,29 +140,3 @@ class PageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PageResponse: _TypeAlias = PageResponse  # noqa: Y015
-
-@_typing.final
-class FieldViolation(_message.Message):
-    """Attached to INVALID_ARGUMENT errors (as trailing metadata `dispo-field-violations-bin`
-    and in the google.rpc.BadRequest status detail): which field was wrong and why.
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    FIELD_FIELD_NUMBER: _builtins.int
-    DESCRIPTION_FIELD_NUMBER: _builtins.int
-    field: _builtins.str
-    description: _builtins.str
-    def __init__(
-        self,
-        *,
-        field: _builtins.str = ...,
-        description: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "field", b"field"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___FieldViolation: _TypeAlias = FieldViolation  # noqa: Y015
