@@ -116,17 +116,15 @@ def _depends_on_reset(env: task_pb2.Task, reset: set[str]) -> set[str]:
     return revived
 
 
-def redrive(env: task_pb2.Task, reason: str, *, include_permanent: bool = False,
-            settled: dict[str, int] | None = None) -> tuple[task_pb2.Task, list[str]]:
+def redrive(env: task_pb2.Task, reason: str, *, include_permanent: bool = False) -> tuple[task_pb2.Task, list[str]]:
     """The envelope to publish on task.create, and the node ids made runnable again.
 
     FAILED nodes whose short retries were spent (and, with ``include_permanent``, every
     FAILED node) and DEMOTED nodes become PENDING with a fresh short-retry round;
-    DEPENDENCY_FAILED nodes behind them become PENDING; UNKNOWN nodes take their
-    ``settled`` status (unsettled ones stay UNKNOWN). SUCCEEDED and CANCELLED nodes are
-    untouched.
+    DEPENDENCY_FAILED nodes behind them become PENDING. UNKNOWN nodes are settled before
+    a redrive (:func:`settle`) and stay as they are here; SUCCEEDED and CANCELLED nodes
+    are untouched.
     """
-    settled = settled or {}
     out = task_pb2.Task()
     out.CopyFrom(env)
     out.generation = env.generation + 1
@@ -137,12 +135,6 @@ def redrive(env: task_pb2.Task, reason: str, *, include_permanent: bool = False,
             reset.add(node.node_id)
         elif node.status == NS.NODE_STATUS_DEMOTED:
             reset.add(node.node_id)
-        elif node.status == NS.NODE_STATUS_UNKNOWN and node.node_id in settled:
-            if settled[node.node_id] == NS.NODE_STATUS_SUCCEEDED:
-                node.status = NS.NODE_STATUS_SUCCEEDED
-                node.last_error = ""
-            else:
-                reset.add(node.node_id)
         elif node.status == NS.NODE_STATUS_PENDING:
             node.retry.ClearField("not_before")
     revived = _depends_on_reset(out, reset)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 
 @dataclass(frozen=True)
@@ -124,10 +124,6 @@ class ArbitrationPolicy:
                       f" {winner.task_id} accepted {winner.accepted_at.isoformat()}"
                       f" before {runner_up.task_id} at {runner_up.accepted_at.isoformat()}")
         return Ruling(winner, losers, reason)
-
-
-def due_after(now: datetime, seconds: float) -> datetime:
-    return now + timedelta(seconds=seconds)
 
 
 def backoff(base: float, cap: float, jitter: float, attempt: int, rng: random.Random | None = None) -> float:

@@ -45,8 +45,6 @@ RECOVERY_TRANSITIONS: dict[RecoveryState, frozenset[RecoveryState]] = {
     R.ABANDONED: frozenset(),
 }
 RECOVERY_FINAL = frozenset(s for s, out in RECOVERY_TRANSITIONS.items() if not out)
-# States an operator may redrive or abandon from.
-OPERABLE = PARKED
 
 
 class NotifyState(enum.StrEnum):
@@ -134,7 +132,3 @@ CHECKED_COLUMNS: dict[tuple[str, str], type[enum.StrEnum]] = {
     ("settlements", "method"): SettlementMethod,
     ("compensations", "state"): CompensationState,
 }
-
-
-def can_move(table: dict, old: enum.StrEnum, new: enum.StrEnum) -> bool:
-    return new in table[old]
