@@ -24,9 +24,7 @@ class RedrivePolicy:
 
     def delay(self, redrives: int, rng: random.Random | None = None) -> float:
         """Seconds before redrive number ``redrives + 1`` (exponential, capped, jittered)."""
-        raw = min(self.max_delay, self.base_delay * (2 ** max(0, redrives)))
-        spread = raw * self.jitter
-        return max(0.0, raw - spread + (rng or random).random() * 2 * spread)
+        return backoff(self.base_delay, self.max_delay, self.jitter, redrives + 1, rng)
 
     def spent(self, redrives: int, first_parked_at: datetime, now: datetime) -> str | None:
         """Why no further automatic redrive is allowed, or None."""
