@@ -22,7 +22,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from sqlalchemy import Table, text
@@ -37,6 +37,7 @@ from dispo.libs.outbox import OutboxRelay
 from dispo.libs.settings import CommonSettings, ServerSettings, server_settings
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -83,30 +84,23 @@ class Runtime:
                            retention=self.settings.outbox_retention, **options)
 
 
-async def wait_for_database(engine: AsyncEngine, *, attempts: int = 120, delay: float = 0.5) -> None:
+async def until_reachable(what: str, connect: Callable[[], Awaitable[T]], *,
+                          attempts: int = 120, delay: float = 0.5) -> T:
+    """``connect()`` until it succeeds (PostgreSQL or NATS may start after the service)."""
     for attempt in range(attempts):
         try:
-            async with engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-            return
+            return await connect()
         except Exception as error:
             if attempt == attempts - 1:
                 raise
-            log.info("waiting for database", error=repr(error))
-            await asyncio.sleep(delay)
-
-
-async def connect_bus(settings: CommonSettings, name: str, *, attempts: int = 120, delay: float = 0.5) -> Bus:
-    for attempt in range(attempts):
-        try:
-            return await Bus.connect(settings.nats_servers, name=f"dispo-{name}",
-                                     replicas=settings.stream_replicas)
-        except Exception as error:
-            if attempt == attempts - 1:
-                raise
-            log.info("waiting for nats", error=repr(error))
+            log.info(f"waiting for {what}", error=repr(error))
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")
+
+
+async def _ping(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
 
 
 async def serve(name: str, setup: Callable[[Runtime], Awaitable[None]], *,
@@ -118,10 +112,11 @@ async def serve(name: str, setup: Callable[[Runtime], Awaitable[None]], *,
     settings = settings or CommonSettings()
     server = server or server_settings(name)
     engine = create_engine(settings.database_url, name)
-    await wait_for_database(engine)
+    await until_reachable("database", lambda: _ping(engine))
     if migrations is not None:
         await migrate(engine, name, migrations)
-    bus = await connect_bus(settings, name)
+    bus = await until_reachable("nats", lambda: Bus.connect(
+        settings.nats_servers, name=f"dispo-{name}", replicas=settings.stream_replicas))
     crashed: list[str] = []
     rt = Runtime(name, settings, server, engine, session_factory(engine), bus, clock_from_spec(settings.clock))
     try:
