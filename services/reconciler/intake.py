@@ -37,21 +37,17 @@ def handler(work: Callable[[task_pb2.Task], Awaitable[bool | None | int]]) -> Ca
 
 
 def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]]:
-    async def fail(env: task_pb2.Task) -> bool:
-        if not env.nodes:
-            return True
-        return await recovery.intake(ctx, env, "fail")
+    def park(kind: str) -> Callable[[task_pb2.Task], Awaitable[bool]]:
+        async def work(env: task_pb2.Task) -> bool:
+            return not env.nodes or await recovery.intake(ctx, env, kind)
 
-    async def demote(env: task_pb2.Task) -> bool:
-        if not env.nodes:
-            return True
-        return await recovery.intake(ctx, env, "demote")
+        return work
 
     return [
         ("task.fail consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-fail", subject="task.fail",
-                                            handler=handler(fail))),
+                                            handler=handler(park("fail")))),
         ("task.demote consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-demote", subject="task.demote",
-                                              handler=handler(demote))),
+                                              handler=handler(park("demote")))),
         ("claims consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-claims", subject="task.create",
                                          handler=handler(lambda env: arbitration.on_create(ctx, env)))),
         ("task.status consumer", bus.consumer(STATUS_STREAM, durable=f"{durable}-status", subject="task.status.>",
