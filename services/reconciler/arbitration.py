@@ -15,7 +15,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from google.protobuf import json_format
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.logging import get_logger
@@ -112,10 +111,8 @@ async def _decide_target(ctx: Context, conn, target: str, effect: str, now) -> i
         await arb.claims_set_if(conn, target, effect, winners, (C.OPEN,), C.WON, verdict)
         await arb.claims_set_if(conn, target, effect, new_losers, (C.OPEN, C.WON), C.LOST, verdict)
         states.update({t: C.WON for t in winners} | {t: C.LOST for t in new_losers})
-        stamp = Timestamp()
-        stamp.FromDatetime(now)
         for loser in new_losers:
-            cancel = task_pb2.CancelRequest(task_id=loser, requested_at=stamp)
+            cancel = task_pb2.CancelRequest(task_id=loser, requested_at=E.ts(now))
             await store.emit(conn, TASK_CANCEL, f"{loser}:cancel:verdict{verdict}", cancel.SerializeToString(), now)
             for r in rows:  # a declared compensating cell undoes what the loser may already have done
                 conflict = policy.conflicts.get(r.cell)
