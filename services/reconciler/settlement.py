@@ -91,15 +91,15 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[Plan]) -> None:
         undecided = [p for p in plans if p.outcome is None]
         if not undecided:
             await _settled(ctx, conn, replace(row, envelope=env), now)
-        elif any(p.method is SettlementMethod.OPERATOR for p in undecided):
-            reason = "; ".join(f"{p.node_id}: {p.reason}" for p in undecided)
+            return
+        reason = E.truncate("; ".join(f"{p.node_id}: {p.reason}" for p in undecided))
+        if any(p.method is SettlementMethod.OPERATOR for p in undecided):
             await store.task_set_state_if(conn, row.task_id, R.AWAITING_SETTLEMENT, R.AWAITING_DECISION, now,
-                                          generation=row.generation, envelope=env, reason=E.truncate(reason),
+                                          generation=row.generation, envelope=env, reason=reason,
                                           next_redrive_at=None)
         else:
-            reason = "; ".join(f"{p.node_id}: {p.reason}" for p in undecided)
             await store.task_set_state_if(conn, row.task_id, R.AWAITING_SETTLEMENT, R.AWAITING_SETTLEMENT, now,
-                                          generation=row.generation, envelope=env, reason=E.truncate(reason))
+                                          generation=row.generation, envelope=env, reason=reason)
 
 
 async def _settled(ctx: Context, conn, row: RecoveryRow, now) -> None:  # type: ignore[no-untyped-def]
