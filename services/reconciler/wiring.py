@@ -8,6 +8,7 @@ import asyncio
 import httpx
 
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.bus import Bus
 from dispo.libs.service import Runtime
 from dispo.reconciler import store
 from dispo.reconciler.config import ReconcilerSettings, load_config
@@ -27,10 +28,10 @@ from dispo.reconciler.sweeps import SweepLoop
 SERVICE_NAME = "dispo.reconciler.v1.ReconcilerService"
 
 
-async def ensure_streams(rt: Runtime) -> None:
-    await rt.bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
-    await rt.bus.ensure_stream(STATUS_STREAM, STATUS_SUBJECTS, max_age=7 * 24 * 3600)
-    await rt.bus.ensure_stream(CALLBACK_STREAM, CALLBACK_SUBJECTS, max_age=7 * 24 * 3600)
+async def ensure_streams(bus: Bus) -> None:
+    await bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
+    await bus.ensure_stream(STATUS_STREAM, STATUS_SUBJECTS, max_age=7 * 24 * 3600)
+    await bus.ensure_stream(CALLBACK_STREAM, CALLBACK_SUBJECTS, max_age=7 * 24 * 3600)
 
 
 async def hold_open(http: httpx.AsyncClient) -> None:
@@ -43,7 +44,7 @@ async def hold_open(http: httpx.AsyncClient) -> None:
 async def wire_recovery(rt: Runtime) -> Context:
     settings = ReconcilerSettings()
     config = load_config(settings)
-    await ensure_streams(rt)
+    await ensure_streams(rt.bus)
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))
     relay = rt.outbox_relay(store.outbox)
     ctx = Context(rt.engine, rt.clock, config, settings, http, relay, rt.bus)

@@ -23,17 +23,9 @@ from dispo.libs.grpcserver import create_server
 from dispo.libs.outbox import OutboxRelay
 from dispo.reconciler import store
 from dispo.reconciler.config import DownstreamInfo, ReconcilerSettings, parse_config
-from dispo.reconciler.context import (
-    CALLBACK_STREAM,
-    CALLBACK_SUBJECTS,
-    STATUS_STREAM,
-    STATUS_SUBJECTS,
-    TASK_SUBJECTS,
-    TASKS_STREAM,
-    Context,
-)
+from dispo.reconciler.context import Context
 from dispo.reconciler.servicer import ReconcilerServicer
-from dispo.reconciler.wiring import SERVICE_NAME
+from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
 
 from .fakes import CallbackReceiver, FakeDownstream
 
@@ -97,12 +89,6 @@ def envelope(task_id: str, nodes: list[tuple[str, str] | task_pb2.Node], *, busi
 
 def status_of(env: task_pb2.Task, node_id: str) -> str:
     return NS.Name(next(n.status for n in env.nodes if n.node_id == node_id)).removeprefix("NODE_STATUS_")
-
-
-async def ensure_streams(bus: Bus) -> None:
-    await bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
-    await bus.ensure_stream(STATUS_STREAM, STATUS_SUBJECTS)
-    await bus.ensure_stream(CALLBACK_STREAM, CALLBACK_SUBJECTS)
 
 
 @pytest.fixture
