@@ -24,6 +24,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
+from dispo.libs.clock import sleep_until_stopped
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
@@ -108,7 +109,8 @@ async def setup(rt: Runtime) -> None:
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))
     if settings.health_interval > 0:
-        rt.add_part("downstream health", lambda: health_loop(executor, settings.health_interval))
+        health = HealthLoop(executor, settings.health_interval)
+        rt.add_part("downstream health", health.run, health.stop)
     rt.add_part("http client", lambda: hold_open(http))
 
 
@@ -119,19 +121,30 @@ async def hold_open(http: httpx.AsyncClient) -> None:
         await http.aclose()
 
 
-async def health_loop(executor: Executor, interval: float) -> None:
+class HealthLoop:
     """Trip a downstream's breaker when its health URL fails; once it passes again the
-    breaker half-opens and one call decides whether calls flow again."""
-    while True:
-        await asyncio.sleep(interval)
-        for name, downstream in executor.registry.items():
-            if not downstream.health_url:
-                continue
-            if await check_health(executor.http, downstream):
-                executor.breakers[name].health_ok()
-            else:
-                log.warning("downstream unhealthy", downstream=name)
-                executor.breakers[name].trip(executor.clock.now())
+    breaker half-opens and one call decides whether calls flow again. Checks every
+    ``interval`` of the executor's clock until stopped."""
+
+    def __init__(self, executor: Executor, interval: float) -> None:
+        self.executor = executor
+        self.interval = interval
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        ex = self.executor
+        while not await sleep_until_stopped(ex.clock, self.interval, self._stopping):
+            for name, downstream in ex.registry.items():
+                if not downstream.health_url:
+                    continue
+                if await check_health(ex.http, downstream):
+                    ex.breakers[name].health_ok()
+                else:
+                    log.warning("downstream unhealthy", downstream=name)
+                    ex.breakers[name].trip(ex.clock.now())
+
+    def stop(self) -> None:
+        self._stopping.set()
 
 
 async def serve_demo(address: str) -> None:
