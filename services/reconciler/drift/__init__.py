@@ -1,7 +1,7 @@
 """Drift checks between the pool's database and its driver (seed 002's 5-minute reconciliation).
 
 A self-contained part of the reconciler. Its main process wires it with one call in
-``setup`` (``services/reconciler/__main__.py`` does so)::
+``setup`` (``services/reconciler/app.py`` does so)::
 
     from dispo.reconciler import drift
     await drift.install(rt)
@@ -19,7 +19,10 @@ from pathlib import Path
 import grpc
 from pydantic_settings import BaseSettings
 
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
+from dispo.libs.db import migrate
+from dispo.libs.service import Runtime
 from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
 from dispo.reconciler.drift.checker import DriftChecker
 from dispo.reconciler.drift.servicer import DriftServicer
@@ -44,13 +47,8 @@ def register(server: grpc.aio.Server, checker: DriftChecker) -> None:
     drift_pb2_grpc.add_DriftServiceServicer_to_server(DriftServicer(checker), server)
 
 
-async def install(rt) -> DriftChecker | None:  # rt: dispo.libs.service.Runtime
-    """Wire the drift checks into a reconciler runtime (a second call does nothing)."""
-    from dispo.libs.api.pool.v1 import pool_pb2_grpc
-    from dispo.libs.db import migrate
-
-    if SERVICE_NAME in rt.service_names:
-        return None
+async def install(rt: Runtime) -> DriftChecker:
+    """Wire the drift checks into a reconciler runtime."""
     settings = DriftSettings()
     await migrate(rt.engine, rt.name, MIGRATIONS)
     channel = grpc.aio.insecure_channel(settings.pool_address)
