@@ -14,8 +14,9 @@ from dispo.libs.api.pool.v1 import pool_pb2 as pool_pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import drift_pb2 as pb
 from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
-from dispo.libs.clock import FileClock
+from dispo.libs.clock import FileClock, ManualClock
 from dispo.libs.db import create_engine
+from dispo.libs.errors import Unavailable
 from dispo.libs.grpcserver import create_server
 from dispo.pool.drivers.local import Registry
 from dispo.reconciler.drift import MIGRATIONS, SERVICE_NAME, DriftChecker, register
@@ -122,9 +123,7 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
 async def test_check_against_an_unreachable_pool_is_unavailable_and_records_nothing(service_engine):
     engine = await service_engine("reconciler", MIGRATIONS)
     async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:
-        checker = DriftChecker(engine, pool_pb2_grpc.PoolServiceStub(channel), FileClock.__new__(FileClock),
-                               timeout=1)
-        from dispo.libs.errors import Unavailable
+        checker = DriftChecker(engine, pool_pb2_grpc.PoolServiceStub(channel), ManualClock(), timeout=1)
         with pytest.raises(Unavailable):
             await checker.check_once()
     async with engine.connect() as conn:
