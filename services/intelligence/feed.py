@@ -55,7 +55,6 @@ class CampaignFeed:
 
     async def complete(self, campaign_id: str, status: CampaignStatus) -> Campaign:
         """running -> ``status``; repeating the same completion is a no-op."""
-        campaign = await self.get(campaign_id)
         if await self.repo.campaign_complete_if_running(campaign_id, status, self.clock.now()):
             campaign = await self.get(campaign_id)
             log.info("campaign finished", campaign_id=campaign_id, status=status.value, runs=campaign.run_count)
