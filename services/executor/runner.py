@@ -162,7 +162,7 @@ class Executor:
 
     async def _heartbeat(self, task_id: str, owner: str) -> None:
         while True:
-            await asyncio.sleep(self.config.lease_ttl / 3)
+            await self.clock.sleep(self.config.lease_ttl / 3)
             with contextlib.suppress(Exception):
                 async with self.engine.begin() as conn:
                     if not await repo.lease_extend(conn, task_id, owner, self.clock.now(), self.config.lease_ttl):
