@@ -1,7 +1,6 @@
 """The three completion facts: finished, notified (signed webhook with retries, or a NATS
 subject; each attempt recorded), reconciled (probes sampled, mismatches as findings)."""
 
-import asyncio
 import json
 
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
@@ -131,4 +130,3 @@ async def test_the_three_facts_are_separate(recon, manual_clock, receiver, stub)
     manual_clock.advance(seconds=61)
     await run_sweeps(recon, "reconcile")
     assert (await facts(stub, "three")).completion.HasField("reconciled_at")
-    await asyncio.sleep(0)
