@@ -19,7 +19,7 @@ from dispo.executor.envelope import envelope_problem
 from dispo.executor.registry import load_downstreams
 from dispo.executor.runner import Executor, ExecutorConfig
 from dispo.executor.servicer import ExecutorServicer
-from dispo.executor.settings import ExecutorSettings
+from dispo.executor.settings import DEFAULT_CATALOGUE, ExecutorSettings
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -33,7 +33,6 @@ log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.executor.v1.ExecutorService"
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 TASKS_STREAM = "TASKS"
 TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel", "task.close"]
 STATUS_STREAM = "TASK_STATUS"
@@ -46,8 +45,7 @@ async def ensure_streams(rt: Runtime) -> None:
 
 
 def build_executor(rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncClient) -> tuple[Executor, OutboxRelay]:
-    catalogue = Path(settings.catalogue) if settings.catalogue else REPO_ROOT / "services/gateway/catalogue/content_governance.yaml"
-    registry = load_downstreams(catalogue)
+    registry = load_downstreams(settings.catalogue or DEFAULT_CATALOGUE)
     relay = rt.outbox_relay(repo.outbox)
     config = ExecutorConfig(
         lease_ttl=settings.lease_ttl,
