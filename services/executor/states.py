@@ -90,10 +90,3 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 }
 TASK_FINAL = frozenset(s for s, out in TASK_TRANSITIONS.items() if not out)
 
-
-def node_can_move(old: NodeState, new: NodeState) -> bool:
-    return new in NODE_TRANSITIONS[old]
-
-
-def task_can_move(old: TaskState, new: TaskState) -> bool:
-    return new in TASK_TRANSITIONS[old]
