@@ -60,13 +60,6 @@ async def claims_set_if(conn: AsyncConnection, target: str, effect: str, task_id
     return result.rowcount
 
 
-async def uncontested_close(conn: AsyncConnection, target: str, effect: str, before: datetime) -> int:
-    result = await conn.execute(text(
-        "UPDATE claims SET state = 'UNCONTESTED' WHERE target = :target AND effect = :effect AND state = 'OPEN'"
-        " AND accepted_at < :before"), {"target": target, "effect": effect, "before": before})
-    return result.rowcount
-
-
 async def verdicts_list(conn: AsyncConnection, target: str, task_id: str, limit: int, offset: int) -> list[Any]:
     clauses, params = [], {"limit": limit, "offset": offset, "target": target, "task": task_id}
     if target:
