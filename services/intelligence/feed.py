@@ -65,10 +65,14 @@ class CampaignFeed:
             raise FailedPrecondition(f"campaign {campaign_id!r} is already {campaign.status.value}")
         return campaign
 
-    async def assign_analysis_model(self, campaign_id: str, model: str) -> Campaign:
+    def require_registered_model(self, model: str | None) -> None:
+        """``InvalidArgument`` when ``model`` is named but not registered ("" / None: the default)."""
         if model and self.models.get(model) is None:
             raise InvalidArgument("analysis_model", f"{model!r} is not registered "
                                                     f"(registered: {', '.join(self.models.names())})")
+
+    async def assign_analysis_model(self, campaign_id: str, model: str) -> Campaign:
+        self.require_registered_model(model)
         if not await self.repo.campaign_set_analysis_model(campaign_id, model or None, self.clock.now()):
             raise NotFound(f"campaign {campaign_id!r} not found")
         return await self.get(campaign_id)

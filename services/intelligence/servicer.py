@@ -58,9 +58,7 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             raise InvalidArgument("line", "must be LINE_FORMAL or LINE_TRIAL")
         campaign = new_campaign(request.campaign_id, request.series, convert.line_name(request.line),
                                 request.period, request.configuration_json, request.analysis_model)
-        if campaign.analysis_model and self.feed.models.get(campaign.analysis_model) is None:
-            raise InvalidArgument("analysis_model", f"{campaign.analysis_model!r} is not registered "
-                                                    f"(registered: {', '.join(self.feed.models.names())})")
+        self.feed.require_registered_model(campaign.analysis_model)
         stored, _ = await self.feed.create(campaign)
         return convert.campaign_to_pb(stored)
 
