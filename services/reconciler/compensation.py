@@ -45,8 +45,7 @@ async def compensate_sweep(ctx: Context) -> int:
     policy = ctx.config.compensation
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
-        rows = await arb.compensations_claim(conn, now, now + timedelta(seconds=ctx.settings.http_timeout * 2 + 5),
-                                             ctx.settings.batch)
+        rows = await arb.compensations_claim(conn, now, ctx.call_lease(now), ctx.settings.batch)
     if not rows:
         return 0
     async with grpc.aio.insecure_channel(ctx.settings.gateway_address) as channel:

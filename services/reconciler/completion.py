@@ -84,8 +84,7 @@ async def notify_sweep(ctx: Context) -> int:
     policy = ctx.config.callbacks
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
-        rows = await cs.claim_notify(conn, now, now + timedelta(seconds=ctx.settings.http_timeout * 2 + 5),
-                                     ctx.settings.batch)
+        rows = await cs.claim_notify(conn, now, ctx.call_lease(now), ctx.settings.batch)
     results = await asyncio.gather(*(_deliver(ctx, row, now) for row in rows))
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -36,6 +37,11 @@ class Context:
     relay: OutboxRelay | None = None
     bus: Bus | None = None
     rng: random.Random = field(default_factory=random.Random)
+
+    def call_lease(self, now: datetime) -> datetime:
+        """Until when a sweep holds the rows it claimed while it calls out for them (two
+        HTTP timeouts and a margin); after that another replica may claim them again."""
+        return now + timedelta(seconds=self.settings.http_timeout * 2 + 5)
 
     def kick(self) -> None:
         """Publish what was just committed to the outbox without waiting for the next poll."""
