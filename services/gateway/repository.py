@@ -40,9 +40,10 @@ def _record(row: Any) -> TaskRecord:
                       row.callback_url, row.finished_at)
 
 
+# Statuses a task never leaves.
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 # A task reaching a terminal status records when it finished (the first time only).
-_FINISH = ("finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+_FINISH = (f"finished_at = CASE WHEN :status IN ({', '.join(repr(s) for s in TERMINAL)})"
            " THEN COALESCE(finished_at, :now) ELSE finished_at END")
 
 

@@ -26,8 +26,6 @@ from dispo.libs.outbox import OutboxRelay
 
 log = get_logger(__name__)
 
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-
 
 def request_hash(sub: Submission) -> str:
     canonical = json.dumps(asdict(sub), sort_keys=True, separators=(",", ":"), default=str)
@@ -98,7 +96,7 @@ class Gateway:
         return Accepted(existing.task_id, existing.status, True)
 
     async def get(self, task_id: str) -> task_pb2.Task:
-        return self._view(await self.get_record(task_id))
+        return self.view_of(await self.get_record(task_id))
 
     async def get_record(self, task_id: str) -> repo.TaskRecord:
         async with self.engine.connect() as conn:
@@ -109,10 +107,6 @@ class Gateway:
 
     @staticmethod
     def view_of(record: repo.TaskRecord) -> task_pb2.Task:
-        return Gateway._view(record)
-
-    @staticmethod
-    def _view(record: repo.TaskRecord) -> task_pb2.Task:
         view = task_pb2.Task()
         view.CopyFrom(record.view)
         view.cancel_requested = view.cancel_requested or record.cancel_requested
@@ -128,7 +122,7 @@ class Gateway:
             record = await repo.task_get(conn, task_id)
             if record is None:
                 raise NotFound(f"no task {task_id!r}")
-            if record.status in TERMINAL:
+            if record.status in repo.TERMINAL:
                 raise FailedPrecondition(f"task {task_id} is already {record.status}")
             if await repo.outbox_withdraw_create(conn, task_id):
                 # Never published (the relay does not publish while disconnected): no
@@ -142,7 +136,7 @@ class Gateway:
         self.relay.kick()
         assert record is not None
         log.info("task cancel requested", task_id=task_id)
-        return self._view(record)
+        return self.view_of(record)
 
     async def apply_status(self, env: task_pb2.Task) -> bool:
         async with self.engine.begin() as conn:
@@ -163,7 +157,7 @@ class Gateway:
                 if view.version != last:
                     last = view.version
                     yield view
-                if status_name(view.status) in TERMINAL:
+                if status_name(view.status) in repo.TERMINAL:
                     return
                 try:
                     await asyncio.wait_for(event.wait(), self.watch_poll_interval)
