@@ -24,7 +24,7 @@ from dispo.libs.sdk import AsyncClient, cell
 async def run(address: str, tasks: int, concurrency: int, cell_name: str, business: str) -> None:
     async with AsyncClient(address) as client:
         await client.submit(business, [cell(cell_name)])  # warm-up
-        submitted: dict[str, float] = {}
+        submitted: list[str] = []
         submit_latency: list[float] = []
         end_to_end: list[float] = []
         statuses: dict[str, int] = {}
@@ -38,7 +38,7 @@ async def run(address: str, tasks: int, concurrency: int, cell_name: str, busine
                 started = time.perf_counter()
                 accepted = await client.submit(business, [cell(cell_name)])
                 submit_latency.append(time.perf_counter() - started)
-                submitted[accepted.task_id] = started
+                submitted.append(accepted.task_id)
 
         began = time.perf_counter()
         await asyncio.gather(*(submitter() for _ in range(concurrency)))
@@ -46,7 +46,7 @@ async def run(address: str, tasks: int, concurrency: int, cell_name: str, busine
 
         semaphore = asyncio.Semaphore(concurrency)
 
-        async def follow(task_id: str, started: float) -> None:
+        async def follow(task_id: str) -> None:
             async with semaphore:
                 view = await client.wait(task_id, timeout=600)
             # Terminal time as recorded by the executor, so a late watcher does not inflate it.
@@ -55,7 +55,7 @@ async def run(address: str, tasks: int, concurrency: int, cell_name: str, busine
             end_to_end.append(max(0.0, finished - accepted))
             statuses[view.status] = statuses.get(view.status, 0) + 1
 
-        await asyncio.gather(*(follow(t, s) for t, s in submitted.items()))
+        await asyncio.gather(*(follow(t) for t in submitted))
         total_seconds = time.perf_counter() - began
 
     print(f"tasks={tasks} concurrency={concurrency} cell={cell_name}")
