@@ -51,9 +51,9 @@ def campaign_summary(campaign: Campaign) -> dict[str, Any]:
 
 # --- adapters ---------------------------------------------------------------------------
 
-async def ensure_queued(deps: JobDeps, campaign_id: str, requeue_failed: bool) -> tuple[Job | None, bool]:
-    return await deps.repo.job_ensure_queued(JobKind.ANALYSIS, campaign_id, deps.clock.now(),
-                                             requeue_failed=requeue_failed)
+async def ensure_queued(deps: JobDeps, campaign_id: str) -> tuple[Job | None, bool]:
+    """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
+    return await deps.repo.job_ensure_queued(JobKind.ANALYSIS, campaign_id, deps.clock.now())
 
 
 async def validate(deps: JobDeps, campaign_id: str) -> Plan:

@@ -57,7 +57,7 @@ class Plan:
     fields: dict[str, Any]
 
 
-EnsureQueued = Callable[[JobDeps, str, bool], Awaitable[tuple[Job | None, bool]]]
+EnsureQueued = Callable[[JobDeps, str], Awaitable[tuple[Job | None, bool]]]
 Validate = Callable[[JobDeps, str], Awaitable[Plan]]
 WorkFn = Callable[[JobDeps, str, Plan], Awaitable[WorkResult]]
 
@@ -80,14 +80,13 @@ class Outcome(enum.StrEnum):
     LOST = "lost"
 
 
-async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAdapter,
-                  *, requeue_failed: bool = False) -> Outcome:
+async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAdapter) -> Outcome:
     if adapter.kind != kind:
         raise ValueError(f"adapter for {adapter.kind} cannot execute {kind}")
     repo, clock = deps.repo, deps.clock
     bound = log.bind(job_kind=kind.value, campaign_id=campaign_id)
 
-    job, _ = await adapter.ensure_queued(deps, campaign_id, requeue_failed)
+    job, _ = await adapter.ensure_queued(deps, campaign_id)
     if job is None or job.status != JobStatus.QUEUED:
         bound.debug("job not runnable", status=job.status.value if job else None)
         return Outcome.SKIPPED
