@@ -2,7 +2,7 @@
 
 One row per (kind, campaign) is the authority for a job (ADR 0001). The status machine is
 declared once here and mirrored by the ``ck_job_status`` CHECK constraint in the
-migration; ``tests/intelligence/test_jobs_domain.py`` checks that both agree.
+migration; ``tests/intelligence/test_schema.py`` checks that both agree.
 
 Who moves a job out of each status:
 - ``queued``: ``execute`` (claim, then ``generating`` or ``failed`` when validation fails);

@@ -21,10 +21,6 @@ class TaskRegistry:
         self._tasks: dict[Hashable, asyncio.Task[Any]] = {}
         self._closed = False
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def running(self) -> list[Hashable]:
         return [key for key, task in self._tasks.items() if not task.done()]
 
