@@ -55,27 +55,23 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
+    async def _call(self, method, request, timeout: float | None = 10.0):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise DispoError.from_rpc(error) from None
+
     async def submit(self, business: str, cells: Sequence[CellSpec], *, idempotency_key: str = "",
                      callback_url: str = "", timeout: float = 10.0) -> Submitted:
-        try:
-            reply = await self._stub.Submit(_submit_request(business, cells, idempotency_key, callback_url),
-                                            timeout=timeout)
-        except grpc.aio.AioRpcError as error:
-            raise DispoError.from_rpc(error) from None
-        return _submitted(reply)
+        return _submitted(await self._call(self._stub.Submit,
+                                           _submit_request(business, cells, idempotency_key, callback_url), timeout))
 
     async def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
-        try:
-            reply = await self._stub.GetTask(gateway_pb2.GetTaskRequest(task_id=task_id), timeout=timeout)
-        except grpc.aio.AioRpcError as error:
-            raise DispoError.from_rpc(error) from None
+        reply = await self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout)
         return TaskView.from_proto(reply.task, reply.completion)
 
     async def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
-        try:
-            reply = await self._stub.CancelTask(gateway_pb2.CancelTaskRequest(task_id=task_id), timeout=timeout)
-        except grpc.aio.AioRpcError as error:
-            raise DispoError.from_rpc(error) from None
+        reply = await self._call(self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout)
         return TaskView.from_proto(reply.task)
 
     async def list(self, *, business: str = "", statuses: Sequence[str] = (), created_after: datetime | None = None,
@@ -83,11 +79,9 @@ class AsyncClient:
         """Every matching task summary, following the cursor."""
         token = ""
         while True:
-            try:
-                reply = await self._stub.ListTasks(_list_request(business, statuses, created_after, created_before,
-                                                                 page_size, token))
-            except grpc.aio.AioRpcError as error:
-                raise DispoError.from_rpc(error) from None
+            reply = await self._call(self._stub.ListTasks,
+                                     _list_request(business, statuses, created_after, created_before, page_size, token),
+                                     None)
             for item in reply.tasks:
                 yield item
             token = reply.page.next_page_token
