@@ -11,7 +11,7 @@ import grpc
 
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView
+from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView, task_status_name
 
 
 def _submit_request(business: str, cells: Sequence[CellSpec], idempotency_key: str, callback_url: str
@@ -21,8 +21,7 @@ def _submit_request(business: str, cells: Sequence[CellSpec], idempotency_key: s
 
 
 def _submitted(reply: gateway_pb2.SubmitResponse) -> Submitted:
-    return Submitted(reply.task_id, common_pb2.TaskStatus.Name(reply.status).removeprefix("TASK_STATUS_"),
-                     reply.duplicate)
+    return Submitted(reply.task_id, task_status_name(reply.status), reply.duplicate)
 
 
 def _list_request(business: str, statuses: Sequence[str], created_after: datetime | None,

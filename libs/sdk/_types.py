@@ -58,6 +58,11 @@ class Submitted:
     duplicate: bool
 
 
+def task_status_name(value: int) -> str:
+    """``TASK_STATUS_SUCCEEDED`` → ``"SUCCEEDED"``."""
+    return common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
+
+
 def _time(message: Any, name: str) -> datetime | None:
     return getattr(message, name).ToDatetime(tzinfo=UTC) if message.HasField(name) else None
 
@@ -124,7 +129,7 @@ class TaskView:
 
     @classmethod
     def from_proto(cls, task: task_pb2.Task, completion: gateway_pb2.Completion | None = None) -> TaskView:
-        return cls(task.task_id, task.business, common_pb2.TaskStatus.Name(task.status).removeprefix("TASK_STATUS_"),
+        return cls(task.task_id, task.business, task_status_name(task.status),
                    task.status_reason, task.cancel_requested, task.version,
                    tuple(NodeView.from_proto(n) for n in task.nodes), task,
                    Completion.from_proto(completion) if completion is not None else None)
