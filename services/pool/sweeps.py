@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dispo.libs.logging import get_logger
 from dispo.pool import repository as repo
-from dispo.pool.domain import AssignmentEnd, CronStatus, EvaluationStatus, PoolPolicy, plan_resize
+from dispo.pool.domain import AssignmentEnd, CronStatus, EvaluationStatus, plan_resize
 from dispo.pool.operations import Pool, new_cron_id
 
 log = get_logger(__name__)
@@ -118,7 +118,7 @@ async def scale_sweep(pool: Pool) -> int:
     async with pool.engine.connect() as conn:
         counts = await repo.cron_counts(conn)
         lo, hi = await pool.bounds(conn)
-    policy = PoolPolicy(**{**pool.policy.__dict__, "min_size": lo, "max_size": hi})
+    policy = replace(pool.policy, min_size=lo, max_size=hi)
     busy, idle = counts[CronStatus.BUSY], counts[CronStatus.IDLE]
     plan = plan_resize(busy + idle, busy, idle, policy)
     if plan.delta == 0:
