@@ -129,7 +129,7 @@ class Pool:
         now = self.clock.now()
         async with self.engine.begin() as conn:
             ev = await self._locked(conn, evaluation_id)
-            allowed = tuple(s for s in EvaluationStatus if new in _transitions(s))
+            allowed = tuple(s for s in EvaluationStatus if new in EVALUATION_TRANSITIONS[s])
             if ev.status not in allowed:
                 raise FailedPrecondition(f"evaluation {ev.id} is {ev.status.value}; cannot become {new.value}")
             freed = ev.assigned_cron_id
@@ -322,7 +322,3 @@ class Pool:
     async def crons(self) -> list[Cron]:
         async with self.engine.connect() as conn:
             return await repo.crons_list(conn)
-
-
-def _transitions(status: EvaluationStatus) -> frozenset[EvaluationStatus]:
-    return EVALUATION_TRANSITIONS[status]
