@@ -103,11 +103,9 @@ class Pool:
         validate_evaluation(ev)
         now = self.clock.now()
         async with self.engine.begin() as conn:
-            await repo.evaluation_insert(conn, ev, now)
-            created = await repo.evaluation_get(conn, ev.id)
+            created = await repo.evaluation_insert(conn, ev, now)
         log.info("evaluation created", evaluation_id=ev.id)
         await self.wake_idle_crons()
-        assert created is not None
         return created
 
     async def get_evaluation(self, evaluation_id: str) -> Evaluation:

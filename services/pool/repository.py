@@ -78,21 +78,24 @@ def _cron(row) -> Cron:
 
 # --- evaluations -----------------------------------------------------------------------
 
-async def evaluation_insert(conn: AsyncConnection, ev: Evaluation, now: datetime) -> None:
+async def evaluation_insert(conn: AsyncConnection, ev: Evaluation, now: datetime) -> Evaluation:
+    """Insert a queued evaluation; returns the row as stored (window starting ``now``)."""
     try:
         async with conn.begin_nested():
-            await conn.execute(text("""
-                INSERT INTO evaluations (id, series, line, period, configuration_json, analysis_model,
+            row = (await conn.execute(text(f"""
+                INSERT INTO evaluations AS e (id, series, line, period, configuration_json, analysis_model,
                     target_url, cases, window_start, window_seconds, slot_count, runs_per_slot, status,
                     waiting_since, created_at)
                 VALUES (:id, :series, :line, :period, :cfg, :model, :target, CAST(:cases AS jsonb), :now,
-                    :window, :slots, :rps, 'queued', :now, :now)"""),
+                    :window, :slots, :rps, 'queued', :now, :now)
+                RETURNING {_EVAL_COLUMNS}"""),
                 {"id": ev.id, "series": ev.series, "line": ev.line.value, "period": ev.period,
                  "cfg": ev.configuration_json, "model": ev.analysis_model, "target": ev.target_url,
                  "cases": _cases_to_json(ev.cases), "now": now, "window": ev.schedule.window_seconds,
-                 "slots": ev.schedule.slot_count, "rps": ev.schedule.runs_per_slot})
+                 "slots": ev.schedule.slot_count, "rps": ev.schedule.runs_per_slot})).one()
     except IntegrityError:
         raise AlreadyExists(f"evaluation {ev.id!r} already exists") from None
+    return _evaluation(row)
 
 
 async def evaluation_get(conn: AsyncConnection, evaluation_id: str, *, lock: bool = False) -> Evaluation | None:
