@@ -11,7 +11,7 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,17 +220,23 @@ def dump(view: Any) -> str:
     return json.dumps({n.node_id: [n.status, n.attempts, n.last_error] for n in view.nodes}, indent=1)
 
 
-async def wait_status(client: Any, task_id: str, statuses: set[str], timeout: float = 30.0) -> Any:
-    """Poll GetTask until the task is in one of ``statuses`` (for non-terminal ones)."""
+async def wait_until(client: Any, task_id: str, predicate: Callable[[Any], bool], timeout: float = 30.0,
+                     wanted: str = "a view matching the predicate") -> Any:
+    """Poll GetTask until ``predicate(view)`` holds; the view then."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         view = await client.get(task_id)
-        if view.status in statuses:
+        if predicate(view):
             return view
         if loop.time() > deadline:
-            raise TimeoutError(f"task {task_id} is {view.status}, wanted {statuses}\n{dump(view)}")
-        await asyncio.sleep(0.1)
+            raise TimeoutError(f"task {task_id} is {view.status}, wanted {wanted}\n{dump(view)}")
+        await asyncio.sleep(0.05)
+
+
+async def wait_status(client: Any, task_id: str, statuses: set[str], timeout: float = 30.0) -> Any:
+    """Poll GetTask until the task is in one of ``statuses`` (for non-terminal ones)."""
+    return await wait_until(client, task_id, lambda view: view.status in statuses, timeout, wanted=str(statuses))
 
 
 async def stream_messages(bus: Any, subject: str, stream: str = "TASKS") -> list[Any]:

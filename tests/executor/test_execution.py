@@ -4,7 +4,7 @@ PostgreSQL and NATS JetStream."""
 import asyncio
 
 import grpc
-from pipeline_fixtures import dump, stream_messages, wait_status
+from pipeline_fixtures import dump, stream_messages, wait_status, wait_until
 
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -160,11 +160,3 @@ async def test_ready_nodes_run_concurrently_within_their_downstream_limit(client
 
     assert done.status == "SUCCEEDED", dump(done)
 
-
-async def wait_until(client, task_id, predicate, timeout=30.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate(view := await client.get(task_id)):
-        assert loop.time() < deadline, dump(view)
-        await asyncio.sleep(0.05)
-    return view
