@@ -1,5 +1,6 @@
 """GetTask, ListTasks, CancelTask, WatchTask and ListCells through the real gateway."""
 
+import asyncio
 from datetime import UTC, timedelta
 
 import grpc
@@ -84,8 +85,6 @@ async def test_cancel_cancels_pending_nodes_and_lets_the_running_one_finish(clie
 async def wait_for_cancel_flag(client, task_id):
     """Until the executor has recorded the cancel: while the first call is held nothing else
     changes, so its status event (version 2, after the claim's version 1) is that record."""
-    import asyncio
-
     for _ in range(400):
         view = await client.get(task_id)
         if view.version >= 2:

@@ -37,8 +37,8 @@ BAD_SUBMISSIONS = {
 
 
 async def test_bad_submissions_are_refused_with_the_field_and_nothing_written(gateway_client, service_engine):
-    client = gateway_client
     """Cycle, unknown cell, oversized payload and the other refusals: one gateway, every case."""
+    client = gateway_client
     for case, (cells, code, field) in BAD_SUBMISSIONS.items():
         with pytest.raises(DispoError) as refused:
             await client.submit("tests", cells, idempotency_key=f"k-{case}")
