@@ -240,6 +240,11 @@ async def crons_list(conn: AsyncConnection) -> list[Cron]:
     return [_cron(r) for r in await conn.execute(text("SELECT * FROM crons ORDER BY created_at, id"))]
 
 
+async def cron_ids_with_status(conn: AsyncConnection, status: CronStatus) -> list[str]:
+    rows = await conn.execute(text("SELECT id FROM crons WHERE status = :s ORDER BY created_at, id"), {"s": status.value})
+    return [r[0] for r in rows]
+
+
 async def cron_touch_if_live(conn: AsyncConnection, cron_id: str, now: datetime) -> Cron | None:
     row = (await conn.execute(text("""
         UPDATE crons SET last_activity = GREATEST(last_activity, CAST(:now AS timestamptz))

@@ -67,7 +67,7 @@ async def stall_sweep(pool: Pool, batch: int = 100) -> StallReport:
                 report.stuck_evaluations.append(cron.evaluation_id)
             log.warning("cron stuck", cron_id=cron.id, evaluation_id=cron.evaluation_id,
                         last_activity=cron.last_activity.isoformat())
-        stuck_left = [c.id for c in await repo.crons_list(conn) if c.status is CronStatus.STUCK]
+        stuck_left = await repo.cron_ids_with_status(conn, CronStatus.STUCK)
     # Remove every stuck cron (also ones a crash left behind) and replace it.
     for cron_id in stuck_left:
         if await remove_cron(pool, cron_id, CronStatus.STUCK):
