@@ -302,8 +302,10 @@ class Executor:
         now = self.clock.now()
         breaker = self.breakers.get(node.spec.downstream)
         if breaker is not None and node.spec.kind == "http":
-            breaker.record_success(now) if result.outcome is Outcome.SUCCESS else (
-                breaker.record_failure(now) if result.outcome is Outcome.RETRYABLE else None)
+            if result.outcome is Outcome.SUCCESS:
+                breaker.record_success(now)
+            elif result.outcome is Outcome.RETRYABLE:
+                breaker.record_failure(now)
         round_attempts = node.round_attempts + 1
         if result.outcome is Outcome.SUCCESS:
             new, fields = NodeState.SUCCEEDED, {"finished_at": now, "last_error": "", "retryable": False}
