@@ -74,11 +74,9 @@ class Gateway:
         now = self.clock.now()
         env = task_envelope(task_id, sub, nodes, now)
         async with self.engine.begin() as conn:
-            if await repo.task_insert_if_new(conn, env, digest, now):
+            inserted = await repo.task_insert_if_new(conn, env, digest, now)
+            if inserted:
                 await repo.emit(conn, "task.create", task_id, env.SerializeToString(), now)
-                inserted = True
-            else:
-                inserted = False
         if not inserted:  # a concurrent duplicate won the insert
             async with self.engine.connect() as conn:
                 existing = await repo.task_by_key(conn, sub.business, sub.idempotency_key)
