@@ -16,9 +16,12 @@ from dispo.intelligence.models import ModelRegistry, StatsModel
 from .conftest import RUNS_GOOD, add_campaign
 
 
-def counting_adapter(counter: list[int], *, fail_with: str | None = None, gate: asyncio.Event | None = None):
+def counting_adapter(counter: list[int], *, fail_with: str | None = None, gate: asyncio.Event | None = None,
+                     entered: asyncio.Event | None = None):
     async def work_fn(deps, campaign_id, plan):
         counter.append(1)
+        if entered is not None:
+            entered.set()
         if gate is not None:
             await gate.wait()
         if fail_with is not None:
@@ -47,12 +50,11 @@ async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
     await add_campaign(app, "queued-race", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "queued-race", app.jobs.deps.clock.now())
     counter: list[int] = []
-    gate = asyncio.Event()
-    adapter = counting_adapter(counter, gate=gate)
+    gate, entered = asyncio.Event(), asyncio.Event()
+    adapter = counting_adapter(counter, gate=gate, entered=entered)
 
     tasks = [asyncio.create_task(execute(JobKind.ANALYSIS, "queued-race", app.jobs.deps, adapter)) for _ in range(20)]
-    while not counter:
-        await asyncio.sleep(0.01)
+    await entered.wait()
     gate.set()
     outcomes = await asyncio.gather(*tasks)
 
@@ -163,20 +165,21 @@ async def test_recovery_runs_requeued_rows_and_hands_back_stale_generating_ones(
 
 
 async def test_a_stopping_registry_hands_running_work_back_to_the_queue(make_app):
-    gate = asyncio.Event()
+    gate, entered = asyncio.Event(), asyncio.Event()
 
     class SlowModel(StatsModel):
         name = "slow"
 
         async def narrate_analysis(self, campaign, stats):
+            entered.set()
             await gate.wait()
             return "never"
 
     app = make_app(models=ModelRegistry([StatsModel(), SlowModel()], default="slow"))
     await add_campaign(app, "slow", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
     await app.jobs.trigger(JobKind.ANALYSIS, "slow")
-    while (await app.repo.job_get(JobKind.ANALYSIS, "slow")).status != JobStatus.GENERATING:
-        await asyncio.sleep(0.01)
+    await entered.wait()  # the work has begun: the row is generating
+    assert (await app.repo.job_get(JobKind.ANALYSIS, "slow")).status == JobStatus.GENERATING
 
     await app.jobs.close(grace=0.05)
 
