@@ -9,16 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import signal
 
 import grpc
 import httpx
 
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.clock import Clock, sleep_until_stopped
+from dispo.libs.bus import Bus
+from dispo.libs.clock import Clock, clock_from_spec, sleep_until_stopped
 from dispo.libs.logging import get_logger
+from dispo.libs.settings import CommonSettings
 from dispo.pool.domain import Rule, TestCase
 from dispo.pool.drivers.local import WAKE_SUBJECT, Registry
+from dispo.pool.settings import WorkerSettings
 from dispo.pool.worker.agent import run_case
 
 log = get_logger(__name__)
@@ -117,11 +121,6 @@ class Worker:
 
 
 async def main_async() -> None:
-    from dispo.libs.bus import Bus
-    from dispo.libs.clock import clock_from_spec
-    from dispo.libs.settings import CommonSettings
-    from dispo.pool.settings import WorkerSettings
-
     common = CommonSettings()
     settings = WorkerSettings()
     clock = clock_from_spec(common.clock)
@@ -140,7 +139,6 @@ async def main_async() -> None:
 
         await bus.nc.subscribe(f"{WAKE_SUBJECT}.*", cb=on_message)
         loop = asyncio.get_running_loop()
-        import signal
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
         log.info("pool worker running", registry=str(settings.local_registry), pool=settings.pool_address)
