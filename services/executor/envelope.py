@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 
 from google.protobuf import json_format
-from google.protobuf.timestamp_pb2 import Timestamp
 
+from dispo.libs.timestamps import from_timestamp, to_timestamp
 from dispo.executor.domain import ActionSpec, NodeRun
 from dispo.executor.states import NodeState
 from dispo.libs.api.task.v1 import task_pb2
-
-
-def ts(moment: datetime | None) -> Timestamp | None:
-    if moment is None:
-        return None
-    out = Timestamp()
-    out.FromDatetime(moment)
-    return out
-
-
-def from_ts(value: Timestamp, present: bool) -> datetime | None:
-    return value.ToDatetime(tzinfo=UTC) if present else None
 
 
 def spec_from_proto(spec: task_pb2.ActionSpec) -> ActionSpec:
@@ -38,11 +25,11 @@ def node_from_proto(node: task_pb2.Node) -> NodeRun:
         status=NodeState.from_proto(node.status),
         attempts=node.retry.attempts,
         round_attempts=node.retry.round_attempts,
-        not_before=from_ts(node.retry.not_before, node.retry.HasField("not_before")),
+        not_before=from_timestamp(node.retry.not_before, node.retry.HasField("not_before")),
         retryable=node.retry.retryable,
         last_error=node.last_error,
-        started_at=from_ts(node.started_at, node.HasField("started_at")),
-        finished_at=from_ts(node.finished_at, node.HasField("finished_at")),
+        started_at=from_timestamp(node.started_at, node.HasField("started_at")),
+        finished_at=from_timestamp(node.finished_at, node.HasField("finished_at")),
         cell_ref=node.cell_ref,
         cell=node.cell,
         action=node.action,

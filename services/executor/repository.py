@@ -13,7 +13,8 @@ from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from dispo.executor.domain import NodeRun
-from dispo.executor.envelope import node_from_proto, overlay, ts
+from dispo.executor.envelope import node_from_proto, overlay
+from dispo.libs.timestamps import to_timestamp
 from dispo.executor.states import NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import outbox_add, outbox_table
@@ -226,7 +227,7 @@ async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_p
     env.version = task.version
     env.cancel_requested = task.cancel_requested
     env.status_reason = task.status_reason
-    env.updated_at.CopyFrom(ts(now))
+    env.updated_at.CopyFrom(to_timestamp(now))
     return env
 
 

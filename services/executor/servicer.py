@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from dispo.executor.envelope import ts
+from dispo.libs.timestamps import to_timestamp
 from dispo.executor.runner import Executor
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 
@@ -24,5 +24,5 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                                        breaker_state=breaker.state.value,
                                        recent_failures=breaker.recent_failures(now))
             if breaker.open_until is not None:
-                item.open_until.CopyFrom(ts(breaker.open_until))
+                item.open_until.CopyFrom(to_timestamp(breaker.open_until))
         return out

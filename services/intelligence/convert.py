@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
 
+from dispo.libs.timestamps import from_timestamp, to_timestamp
 from dispo.intelligence.campaign_read_model import AnalysisView, ComparisonView
 from dispo.intelligence.campaigns import Campaign, CampaignStatus, Line, Verdict
 from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError, ValidationKind
@@ -37,25 +36,13 @@ DIRECTION_TO_PB = {"improved": pb.DIRECTION_IMPROVED, "regressed": pb.DIRECTION_
                    "unchanged": pb.DIRECTION_UNCHANGED}
 
 
-def timestamp(moment: datetime | None) -> Timestamp | None:
-    if moment is None:
-        return None
-    stamp = Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
-
-
-def from_timestamp(stamp: Timestamp, present: bool) -> datetime | None:
-    return stamp.ToDatetime(tzinfo=UTC) if present else None
-
-
 def campaign_to_pb(campaign: Campaign) -> pb.Campaign:
     return pb.Campaign(
         campaign_id=campaign.campaign_id, series=campaign.series, line=LINE_TO_PB[campaign.line],
         status=CAMPAIGN_STATUS_TO_PB[campaign.status], period=campaign.period,
         configuration_json=json.dumps(campaign.configuration, sort_keys=True),
         analysis_model=campaign.analysis_model or "", run_count=campaign.run_count,
-        created_at=timestamp(campaign.created_at), completed_at=timestamp(campaign.completed_at),
+        created_at=to_timestamp(campaign.created_at), completed_at=to_timestamp(campaign.completed_at),
         fingerprint=campaign.fingerprint)
 
 
@@ -64,9 +51,9 @@ def job_to_pb(job: Job) -> pb.Job:
         kind=JOB_KIND_TO_PB[job.kind], campaign_id=job.campaign_id, status=JOB_STATUS_TO_PB[job.status],
         error=job.error or "", attempts=job.attempts, recovery_attempts=job.recovery_attempts,
         analysis_model=job.analysis_model or "", baseline_campaign_id=job.baseline_campaign_id or "",
-        fingerprint=job.fingerprint or "", created_at=timestamp(job.created_at),
-        updated_at=timestamp(job.updated_at), started_at=timestamp(job.started_at),
-        finished_at=timestamp(job.finished_at))
+        fingerprint=job.fingerprint or "", created_at=to_timestamp(job.created_at),
+        updated_at=to_timestamp(job.updated_at), started_at=to_timestamp(job.started_at),
+        finished_at=to_timestamp(job.finished_at))
 
 
 def stats_to_pb(stats: dict[str, Any]) -> pb.AnalysisStats:

@@ -13,7 +13,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError
 
 from dispo.intelligence.campaigns import completion_status, new_campaign, new_run_result
-from dispo.intelligence.convert import from_timestamp
+from dispo.libs.timestamps import from_timestamp
 from dispo.intelligence.feed import CampaignFeed
 from dispo.libs.api.pool.v1 import events_pb2
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term

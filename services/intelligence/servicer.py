@@ -15,6 +15,7 @@ from dispo.intelligence.feed import CampaignFeed
 from dispo.intelligence.jobs import JobKind, JobValidationError
 from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.runtime import IntelligenceJobs
+from dispo.libs.timestamps import from_timestamp
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc as pb_grpc
@@ -74,7 +75,7 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             try:
                 runs.append(new_run_result(
                     run.run_id, run.case_id, convert.verdict_name(run.verdict), run.score, run.latency_ms,
-                    run.failure_reason, convert.from_timestamp(run.recorded_at, run.HasField("recorded_at")),
+                    run.failure_reason, from_timestamp(run.recorded_at, run.HasField("recorded_at")),
                     field_prefix=f"runs[{i}]."))
             except InvalidArgument as error:
                 violations += error.violations

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.pool.v1 import events_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
@@ -22,16 +22,10 @@ STREAM = "EVALUATIONS"
 SUBJECTS = ["evaluation.>"]
 
 
-def _ts(moment: datetime) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
-
-
 async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> None:
     message = events_pb2.EvaluationStarted(
         evaluation_id=ev.id, series=ev.series, line=ev.line.value, period=ev.period,
-        configuration_json=ev.configuration_json, analysis_model=ev.analysis_model, started_at=_ts(now))
+        configuration_json=ev.configuration_json, analysis_model=ev.analysis_model, started_at=to_timestamp(now))
     await outbox_add(conn, repo.outbox, "evaluation.started", f"{ev.id}:started", message.SerializeToString(), now)
 
 
@@ -39,12 +33,12 @@ async def add_run_recorded(conn: AsyncConnection, evaluation_id: str, run_id: st
                            result: RunResult, now: datetime) -> None:
     message = events_pb2.EvaluationRunRecorded(
         evaluation_id=evaluation_id, run_id=run_id, case_id=case_id, verdict=result.verdict.value,
-        score=result.score, latency_ms=result.latency_ms, failure_reason=result.failure_reason, recorded_at=_ts(now))
+        score=result.score, latency_ms=result.latency_ms, failure_reason=result.failure_reason, recorded_at=to_timestamp(now))
     await outbox_add(conn, repo.outbox, "evaluation.run_recorded", run_id, message.SerializeToString(), now)
 
 
 async def add_completed(conn: AsyncConnection, evaluation_id: str, status: str, now: datetime) -> None:
-    message = events_pb2.EvaluationCompleted(evaluation_id=evaluation_id, status=status, completed_at=_ts(now))
+    message = events_pb2.EvaluationCompleted(evaluation_id=evaluation_id, status=status, completed_at=to_timestamp(now))
     await outbox_add(conn, repo.outbox, "evaluation.completed", f"{evaluation_id}:completed",
                      message.SerializeToString(), now)
 

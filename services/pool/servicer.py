@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from google.protobuf.timestamp_pb2 import Timestamp
 
+from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.errors import InvalidArgument
@@ -21,14 +21,6 @@ from dispo.pool.sweeps import scale_sweep
 
 DEFAULT_WINDOW = 86400
 DEFAULT_SLOTS = 24
-
-
-def ts(moment: datetime | None) -> Timestamp | None:
-    if moment is None:
-        return None
-    stamp = Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
 
 
 def evaluation_status_pb(status: EvaluationStatus) -> int:
@@ -50,14 +42,14 @@ def evaluation_to_pb(ev: Evaluation, now: datetime) -> pb.Evaluation:
         window_seconds=s.window_seconds, slot_count=s.slot_count, runs_per_slot=s.runs_per_slot,
         status=evaluation_status_pb(ev.status), priority_boost=ev.priority_boost, runs_done=ev.runs_done,
         runs_total=s.runs_total, debt=s.debt(now, ev.runs_done), assigned_cron_id=ev.assigned_cron_id or "",
-        created_at=ts(ev.created_at), started_at=ts(ev.started_at), completed_at=ts(ev.completed_at),
-        waiting_since=ts(ev.waiting_since),
+        created_at=to_timestamp(ev.created_at), started_at=to_timestamp(ev.started_at), completed_at=to_timestamp(ev.completed_at),
+        waiting_since=to_timestamp(ev.waiting_since),
     )
 
 
 def cron_to_pb(cron: Cron) -> pb.Cron:
     return pb.Cron(id=cron.id, status=cron_status_pb(cron.status), evaluation_id=cron.evaluation_id or "",
-                   last_activity=ts(cron.last_activity), created_at=ts(cron.created_at))
+                   last_activity=to_timestamp(cron.last_activity), created_at=to_timestamp(cron.created_at))
 
 
 def evaluation_from_request(request: pb.CreateEvaluationRequest) -> Evaluation:
@@ -103,8 +95,8 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
             rows = await repo.assignments_list(conn, request.cron_id, request.evaluation_id,
                                                min(request.limit or 100, 1000))
         return pb.ListAssignmentsResponse(assignments=[
-            pb.Assignment(id=a.id, cron_id=a.cron_id, evaluation_id=a.evaluation_id, started_at=ts(a.started_at),
-                          ended_at=ts(a.ended_at), end_reason=a.end_reason or "") for a in rows])
+            pb.Assignment(id=a.id, cron_id=a.cron_id, evaluation_id=a.evaluation_id, started_at=to_timestamp(a.started_at),
+                          ended_at=to_timestamp(a.ended_at), end_reason=a.end_reason or "") for a in rows])
 
     async def ListQueue(self, request, context) -> pb.ListQueueResponse:
         now = self.pool.clock.now()
@@ -112,14 +104,14 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
             keys = await repo.queue_list(conn, now, min(request.limit or 100, 1000))
         return pb.ListQueueResponse(items=[
             pb.QueueItem(evaluation_id=k.evaluation_id, status=evaluation_status_pb(EvaluationStatus(k.status)),
-                         priority_boost=k.boost, slot_due=k.slot_due, debt=k.debt, waiting_since=ts(k.waiting_since))
+                         priority_boost=k.boost, slot_due=k.slot_due, debt=k.debt, waiting_since=to_timestamp(k.waiting_since))
             for k in keys])
 
     async def ListResizes(self, request, context) -> pb.ListResizesResponse:
         async with self.pool.engine.connect() as conn:
             rows = await repo.resizes_list(conn, min(request.limit or 100, 1000))
         return pb.ListResizesResponse(resizes=[
-            pb.Resize(id=r["id"], from_size=r["from_size"], to_size=r["to_size"], reason=r["reason"], at=ts(r["at"]))
+            pb.Resize(id=r["id"], from_size=r["from_size"], to_size=r["to_size"], reason=r["reason"], at=to_timestamp(r["at"]))
             for r in rows])
 
     async def CreateEvaluation(self, request, context) -> pb.Evaluation:
@@ -180,7 +172,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
                           for c in view.driver_crons],
             evaluations=[pb.EvaluationAssignment(evaluation_id=e, status=evaluation_status_pb(EvaluationStatus(s)),
                                                  assigned_cron_id=c or "") for e, s, c in view.evaluations],
-            observed_at=ts(view.observed_at))
+            observed_at=to_timestamp(view.observed_at))
 
     async def ApplyRepair(self, request, context) -> pb.ApplyRepairResponse:
         if request.kind == pb.REPAIR_KIND_UNSPECIFIED:

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from google.protobuf import json_format
 
+from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.logging import get_logger
 from dispo.reconciler import arbitration_store as arb
@@ -112,7 +113,7 @@ async def _decide_target(ctx: Context, conn, target: str, effect: str, now) -> i
         await arb.claims_set_if(conn, target, effect, new_losers, (C.OPEN, C.WON), C.LOST, verdict)
         states.update({t: C.WON for t in winners} | {t: C.LOST for t in new_losers})
         for loser in new_losers:
-            cancel = task_pb2.CancelRequest(task_id=loser, requested_at=E.ts(now))
+            cancel = task_pb2.CancelRequest(task_id=loser, requested_at=to_timestamp(now))
             await store.emit(conn, TASK_CANCEL, f"{loser}:cancel:verdict{verdict}", cancel.SerializeToString(), now)
             for r in rows:  # a declared compensating cell undoes what the loser may already have done
                 conflict = policy.conflicts.get(r.cell)

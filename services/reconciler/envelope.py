@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 
@@ -26,12 +27,6 @@ _HTTP = re.compile(r"HTTP (\d{3})")
 
 def truncate(text: str) -> str:
     return text if len(text) <= ERROR_LIMIT else text[: ERROR_LIMIT - 1] + "…"
-
-
-def ts(moment: datetime) -> Timestamp:
-    out = Timestamp()
-    out.FromDatetime(moment)
-    return out
 
 
 def moment(value: Timestamp, fallback: datetime) -> datetime:
@@ -155,7 +150,7 @@ def terminal(env: task_pb2.Task, status: int, reason: str, now: datetime) -> tas
     out.status = status
     out.status_reason = truncate(reason)
     out.version = env.version + 1
-    out.updated_at.CopyFrom(ts(now))
+    out.updated_at.CopyFrom(to_timestamp(now))
     return out
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
-from dispo.reconciler import envelope as E
 from dispo.reconciler import store
 from dispo.reconciler.context import TASK_CANCEL, Context
 from dispo.reconciler.recovery import redrive_row
@@ -92,7 +92,7 @@ async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> Recove
                                              reason=why[:500], next_redrive_at=None):
             raise FailedPrecondition(f"task {task_id} changed meanwhile; try again")
         await store.redrive_log_add(conn, task_id, row.generation, "abandon", now, actor=actor, reason=reason)
-        cancel = task_pb2.CancelRequest(task_id=task_id, requested_at=E.ts(now))
+        cancel = task_pb2.CancelRequest(task_id=task_id, requested_at=to_timestamp(now))
         await store.emit(conn, TASK_CANCEL, f"{task_id}:cancel:abandon", cancel.SerializeToString(), now)
         result = await store.task_get(conn, task_id)
     ctx.kick()
