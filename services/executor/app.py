@@ -28,20 +28,12 @@ from dispo.libs.clock import sleep_until_stopped
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
+from dispo.libs.task_streams import TASKS_STREAM, ensure_task_streams
 
 log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.executor.v1.ExecutorService"
-TASKS_STREAM = "TASKS"
-TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel", "task.close"]
-STATUS_STREAM = "TASK_STATUS"
-STATUS_SUBJECTS = ["task.status.>"]
-
-
-async def ensure_streams(rt: Runtime) -> None:
-    await rt.bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
-    await rt.bus.ensure_stream(STATUS_STREAM, STATUS_SUBJECTS, max_age=7 * 24 * 3600)
 
 
 def build_executor(rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncClient) -> tuple[Executor, OutboxRelay]:
@@ -59,7 +51,7 @@ def build_executor(rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncCli
 
 async def setup(rt: Runtime) -> None:
     settings = ExecutorSettings()
-    await ensure_streams(rt)
+    await ensure_task_streams(rt.bus)
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
     executor, relay = build_executor(rt, settings, http)
 

@@ -19,18 +19,15 @@ from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
 from dispo.libs.service import Runtime, run_service
+from dispo.libs.task_streams import STATUS_STREAM, ensure_task_streams
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.gateway.v1.GatewayService"
-TASKS_STREAM = "TASKS"
-TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel", "task.close"]
-STATUS_STREAM = "TASK_STATUS"
 
 
 async def setup(rt: Runtime) -> None:
     settings = GatewaySettings()
-    await rt.bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
-    await rt.bus.ensure_stream(STATUS_STREAM, ["task.status.>"], max_age=7 * 24 * 3600)
+    await ensure_task_streams(rt.bus)
     catalogue = load_catalogue(settings.catalogue or DEFAULT_CATALOGUE)
     relay = rt.outbox_relay(repo.outbox)
     limits = Limits(settings.max_cells, settings.max_nodes, settings.max_payload_bytes)

@@ -19,10 +19,6 @@ TASK_CREATE = "task.create"
 TASK_CANCEL = "task.cancel"
 TASK_CLOSE = "task.close"
 STATUS_SUBJECT = "task.status.{task_id}"
-TASKS_STREAM = "TASKS"
-TASK_SUBJECTS = ["task.create", "task.fail", "task.demote", "task.cancel", "task.close"]
-STATUS_STREAM = "TASK_STATUS"
-STATUS_SUBJECTS = ["task.status.>"]
 CALLBACK_STREAM = "CALLBACKS"
 CALLBACK_SUBJECTS = ["callback.>"]
 

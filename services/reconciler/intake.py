@@ -12,7 +12,8 @@ from nats.aio.msg import Msg
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
 from dispo.reconciler import arbitration, completion, recovery
-from dispo.reconciler.context import STATUS_STREAM, TASKS_STREAM, Context
+from dispo.libs.task_streams import STATUS_STREAM, TASKS_STREAM
+from dispo.reconciler.context import Context
 
 
 def _decode(msg: Msg) -> task_pb2.Task | Term:

@@ -10,15 +10,12 @@ import httpx
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.bus import Bus
 from dispo.libs.service import Runtime
+from dispo.libs.task_streams import STATUS_MAX_AGE, ensure_task_streams
 from dispo.reconciler import store
 from dispo.reconciler.config import ReconcilerSettings, load_config
 from dispo.reconciler.context import (
     CALLBACK_STREAM,
     CALLBACK_SUBJECTS,
-    STATUS_STREAM,
-    STATUS_SUBJECTS,
-    TASK_SUBJECTS,
-    TASKS_STREAM,
     Context,
 )
 from dispo.reconciler.intake import consumers
@@ -29,9 +26,8 @@ SERVICE_NAME = "dispo.reconciler.v1.ReconcilerService"
 
 
 async def ensure_streams(bus: Bus) -> None:
-    await bus.ensure_stream(TASKS_STREAM, TASK_SUBJECTS)
-    await bus.ensure_stream(STATUS_STREAM, STATUS_SUBJECTS, max_age=7 * 24 * 3600)
-    await bus.ensure_stream(CALLBACK_STREAM, CALLBACK_SUBJECTS, max_age=7 * 24 * 3600)
+    await ensure_task_streams(bus)
+    await bus.ensure_stream(CALLBACK_STREAM, CALLBACK_SUBJECTS, max_age=STATUS_MAX_AGE)
 
 
 async def hold_open(http: httpx.AsyncClient) -> None:
