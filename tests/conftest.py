@@ -34,6 +34,9 @@ from dispo.libs.health import wait_until_serving
 from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.postgres import EmbeddedPostgres
 
+# The gateway / executor / SDK fixtures (catalogue, demo downstream, pipeline processes).
+pytest_plugins = ["pipeline_fixtures"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_SCHEMAS = ("public", "information_schema")
 
