@@ -20,13 +20,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats
+from dispo.libs.logging import get_logger
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
-
-from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
 
@@ -58,8 +57,15 @@ class Bus:
         self.replicas = replicas
 
     @classmethod
-    async def connect(cls, servers: list[str] | str, *, name: str = "dispo", replicas: int = 1,
-                      connect_timeout: float = 2.0, max_reconnect_attempts: int = -1) -> Bus:
+    async def connect(
+        cls,
+        servers: list[str] | str,
+        *,
+        name: str = "dispo",
+        replicas: int = 1,
+        connect_timeout: float = 2.0,
+        max_reconnect_attempts: int = -1,
+    ) -> Bus:
         """Connect, retrying for ever after a lost connection (reconnects are automatic)."""
 
         async def on_disconnect() -> None:
@@ -84,8 +90,14 @@ class Bus:
         )
         return cls(nc, replicas)
 
-    async def ensure_stream(self, name: str, subjects: list[str], *, max_age: float | None = None,
-                            duplicate_window: float = 120.0) -> None:
+    async def ensure_stream(
+        self,
+        name: str,
+        subjects: list[str],
+        *,
+        max_age: float | None = None,
+        duplicate_window: float = 120.0,
+    ) -> None:
         """Create the stream or bring its subjects and limits to this configuration."""
         config = StreamConfig(
             name=name,
@@ -108,16 +120,35 @@ class Bus:
             config.subjects = wanted
             await self.js.update_stream(config)
 
-    async def publish(self, subject: str, data: bytes, *, msg_id: str,
-                      headers: dict[str, str] | None = None, timeout: float = 5.0) -> PubAck:
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str,
+        headers: dict[str, str] | None = None,
+        timeout: float = 5.0,
+    ) -> PubAck:
         """Publish once per ``msg_id`` within the stream's duplicate window."""
-        return await self.js.publish(subject, data, timeout=timeout,
-                                     headers={**(headers or {}), "Nats-Msg-Id": msg_id})
+        return await self.js.publish(
+            subject, data, timeout=timeout, headers={**(headers or {}), "Nats-Msg-Id": msg_id}
+        )
 
-    def consumer(self, stream: str, *, durable: str, subject: str, handler: Handler,
-                 batch: int = 16, ack_wait: float = 30.0, max_deliver: int = -1,
-                 error_delay: float = 1.0) -> Consumer:
-        return Consumer(self, stream, durable, subject, handler, batch, ack_wait, max_deliver, error_delay)
+    def consumer(
+        self,
+        stream: str,
+        *,
+        durable: str,
+        subject: str,
+        handler: Handler,
+        batch: int = 16,
+        ack_wait: float = 30.0,
+        max_deliver: int = -1,
+        error_delay: float = 1.0,
+    ) -> Consumer:
+        return Consumer(
+            self, stream, durable, subject, handler, batch, ack_wait, max_deliver, error_delay
+        )
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -129,8 +160,18 @@ class Consumer:
     again as soon as a message is done (for as many as there are free slots), so one slow
     message does not hold back the messages behind it."""
 
-    def __init__(self, bus: Bus, stream: str, durable: str, subject: str, handler: Handler,
-                 batch: int, ack_wait: float, max_deliver: int, error_delay: float) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        stream: str,
+        durable: str,
+        subject: str,
+        handler: Handler,
+        batch: int,
+        ack_wait: float,
+        max_deliver: int,
+        error_delay: float,
+    ) -> None:
         self.bus = bus
         self.stream = stream
         self.durable = durable
@@ -173,7 +214,8 @@ class Consumer:
             try:
                 if subscription is None:
                     subscription = await self.bus.js.pull_subscribe(
-                        self.subject, durable=self.durable, stream=self.stream, config=config)
+                        self.subject, durable=self.durable, stream=self.stream, config=config
+                    )
                 messages = await subscription.fetch(free, timeout=1.0)
             except TimeoutError:
                 continue

@@ -34,7 +34,13 @@ class InvalidArgument(DispoError):
 
     code = grpc.StatusCode.INVALID_ARGUMENT
 
-    def __init__(self, field: str | None = None, description: str = "", *, violations: list[FieldViolation] | None = None) -> None:
+    def __init__(
+        self,
+        field: str | None = None,
+        description: str = "",
+        *,
+        violations: list[FieldViolation] | None = None,
+    ) -> None:
         found = list(violations or [])
         if field is not None:
             found.insert(0, FieldViolation(field, description))

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from dispo.libs.errors import DispoError
+from dispo.libs.logging import get_logger
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
-
-from dispo.libs.errors import DispoError
-from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
 
@@ -35,7 +34,9 @@ def rich_status(error: DispoError) -> grpc.Status:
     if error.violations:
         bad_request = error_details_pb2.BadRequest(
             field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description
+                )
                 for v in error.violations
             ]
         )
@@ -66,8 +67,13 @@ async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> Asyn
     try:
         yield
     except DispoError as error:
-        log.info("rpc", method=method, code=error.code.name, error=error.message,
-                 ms=round((time.perf_counter() - started) * 1000, 2))
+        log.info(
+            "rpc",
+            method=method,
+            code=error.code.name,
+            error=error.message,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
         await context.abort_with_status(rich_status(error))
     except grpc.aio.BaseError:  # already an abort (or a status) from the servicer
         raise
@@ -75,7 +81,9 @@ async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> Asyn
         log.exception("rpc failed", method=method)
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
     else:
-        log.debug("rpc", method=method, code="OK", ms=round((time.perf_counter() - started) * 1000, 2))
+        log.debug(
+            "rpc", method=method, code="OK", ms=round((time.perf_counter() - started) * 1000, 2)
+        )
 
 
 def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
@@ -86,7 +94,11 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
             async with _mapped_errors(context, method):
                 return await inner(request, context)
 
-        factory = grpc.unary_unary_rpc_method_handler if handler.unary_unary else grpc.stream_unary_rpc_method_handler
+        factory = (
+            grpc.unary_unary_rpc_method_handler
+            if handler.unary_unary
+            else grpc.stream_unary_rpc_method_handler
+        )
         return factory(single, handler.request_deserializer, handler.response_serializer)
 
     inner_stream = handler.unary_stream or handler.stream_stream
@@ -96,7 +108,11 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
             async for item in inner_stream(request, context):
                 yield item
 
-    factory = grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.stream_stream_rpc_method_handler
+    factory = (
+        grpc.unary_stream_rpc_method_handler
+        if handler.unary_stream
+        else grpc.stream_stream_rpc_method_handler
+    )
     return factory(streaming, handler.request_deserializer, handler.response_serializer)
 
 
@@ -111,7 +127,11 @@ class Server:
         await self.server.start()
 
     async def set_serving(self, serving: bool = True) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in ("", *self.service_names):
             await self.health.set(name, status)
 
@@ -145,7 +165,12 @@ def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
     reflection.enable_server_reflection(
-        (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        (
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
     )
     port = server.add_insecure_port(address)
     if port == 0:

@@ -15,7 +15,9 @@ async def health_status(address: str, service: str = "", timeout: float = 1.0) -
     async with grpc.aio.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            reply = await stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
         except grpc.aio.AioRpcError:
             return UNREACHABLE
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

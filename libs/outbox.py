@@ -19,14 +19,24 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy import (
-    BigInteger, Column, DateTime, Index, LargeBinary, MetaData, Table, Text, delete, select, text, update,
-)
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock, SystemClock, sleep_until_stopped
 from dispo.libs.logging import get_logger
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    delete,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
@@ -47,12 +57,17 @@ def outbox_table(metadata: MetaData, name: str = "outbox") -> Table:
     )
 
 
-async def outbox_add(conn: AsyncConnection, table: Table, subject: str, msg_id: str, payload: bytes,
-                     now: datetime) -> None:
-    await conn.execute(table.insert().values(subject=subject, msg_id=msg_id, payload=payload, created_at=now))
+async def outbox_add(
+    conn: AsyncConnection, table: Table, subject: str, msg_id: str, payload: bytes, now: datetime
+) -> None:
+    await conn.execute(
+        table.insert().values(subject=subject, msg_id=msg_id, payload=payload, created_at=now)
+    )
 
 
-async def outbox_prune(conn: AsyncConnection, table: Table, sent_before: datetime, limit: int) -> int:
+async def outbox_prune(
+    conn: AsyncConnection, table: Table, sent_before: datetime, limit: int
+) -> int:
     """Delete the rows sent before ``sent_before`` among the ``limit`` oldest sent rows (the
     stream keeps the events); returns how many were deleted.
 
@@ -62,7 +77,13 @@ async def outbox_prune(conn: AsyncConnection, table: Table, sent_before: datetim
     the window does not stop the expired rows after it from going.
     """
     t = table
-    oldest = select(t.c.id, t.c.sent_at).where(t.c.sent_at.is_not(None)).order_by(t.c.id).limit(limit).subquery()
+    oldest = (
+        select(t.c.id, t.c.sent_at)
+        .where(t.c.sent_at.is_not(None))
+        .order_by(t.c.id)
+        .limit(limit)
+        .subquery()
+    )
     expired = select(oldest.c.id).where(oldest.c.sent_at < sent_before)
     return (await conn.execute(delete(t).where(t.c.id.in_(expired.scalar_subquery())))).rowcount
 
@@ -86,11 +107,21 @@ class OutboxRelay:
     pass).
     """
 
-    def __init__(self, engine: AsyncEngine, table: Table, bus: Bus, *, batch: int = 200,
-                 poll_interval: float = 1.0, ordered: bool = False,
-                 prepare: Callable[[], Awaitable[None]] | None = None, clock: Clock | None = None,
-                 retention: timedelta = DEFAULT_RETENTION, prune_batch: int = 1000,
-                 prune_interval: float = 300.0) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: Table,
+        bus: Bus,
+        *,
+        batch: int = 200,
+        poll_interval: float = 1.0,
+        ordered: bool = False,
+        prepare: Callable[[], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
+        retention: timedelta = DEFAULT_RETENTION,
+        prune_batch: int = 1000,
+        prune_interval: float = 300.0,
+    ) -> None:
         self.engine = engine
         self.table = table
         self.bus = bus
@@ -134,14 +165,20 @@ class OutboxRelay:
                 for r in rows:
                     await self.bus.publish(r.subject, r.payload, msg_id=r.msg_id)
             else:
-                await asyncio.gather(*(self.bus.publish(r.subject, r.payload, msg_id=r.msg_id) for r in rows))
-            await conn.execute(update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=self.clock.now()))
+                await asyncio.gather(
+                    *(self.bus.publish(r.subject, r.payload, msg_id=r.msg_id) for r in rows)
+                )
+            await conn.execute(
+                update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=self.clock.now())
+            )
         return len(rows)
 
     async def prune_once(self) -> int:
         """Delete up to ``prune_batch`` rows sent more than ``retention`` ago; returns how many."""
         async with self.engine.begin() as conn:
-            return await outbox_prune(conn, self.table, self.clock.now() - self.retention, self.prune_batch)
+            return await outbox_prune(
+                conn, self.table, self.clock.now() - self.retention, self.prune_batch
+            )
 
     async def run(self) -> None:
         pruning = asyncio.create_task(self._prune_loop(), name=f"{self.table.name} prune")
@@ -179,7 +216,10 @@ class OutboxRelay:
                 await self._wait(self.poll_interval if self.bus.nc.is_connected else 0.2)
 
     async def _wait(self, seconds: float) -> None:
-        waiters = [asyncio.ensure_future(self._kick.wait()), asyncio.ensure_future(self._stopping.wait())]
+        waiters = [
+            asyncio.ensure_future(self._kick.wait()),
+            asyncio.ensure_future(self._stopping.wait()),
+        ]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:

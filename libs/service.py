@@ -25,9 +25,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-from sqlalchemy import Table, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, migrate, session_factory
@@ -35,6 +32,8 @@ from dispo.libs.grpcserver import create_server
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.settings import CommonSettings, ServerSettings, server_settings
+from sqlalchemy import Table, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -69,8 +68,12 @@ class Runtime:
         self.registrations.append(register)
         self.service_names.append(service_name)
 
-    def add_part(self, name: str, run: Callable[[], Awaitable[None]],
-                 stop: Callable[[], Awaitable[None] | None] | None = None) -> None:
+    def add_part(
+        self,
+        name: str,
+        run: Callable[[], Awaitable[None]],
+        stop: Callable[[], Awaitable[None] | None] | None = None,
+    ) -> None:
         """Run ``run()`` for the life of the service. Parts stop in the order they were added,
         each by its ``stop`` (then awaited to finish) or, without one, by cancellation."""
         self.parts.append(Part(name, run, stop))
@@ -80,12 +83,19 @@ class Runtime:
         deleting rows sent longer ago than ``DISPO_OUTBOX_RETENTION_SECONDS``. ``options`` are the
         relay's (``ordered``, ``prepare``, ``batch``...). Add it as a part where its stop
         order fits."""
-        return OutboxRelay(self.engine, table, self.bus, clock=self.clock,
-                           retention=self.settings.outbox_retention, **options)
+        return OutboxRelay(
+            self.engine,
+            table,
+            self.bus,
+            clock=self.clock,
+            retention=self.settings.outbox_retention,
+            **options,
+        )
 
 
-async def until_reachable(what: str, connect: Callable[[], Awaitable[T]], *,
-                          attempts: int = 120, delay: float = 0.5) -> T:
+async def until_reachable(
+    what: str, connect: Callable[[], Awaitable[T]], *, attempts: int = 120, delay: float = 0.5
+) -> T:
     """``connect()`` until it succeeds (PostgreSQL or NATS may start after the service)."""
     for attempt in range(attempts):
         try:
@@ -103,9 +113,15 @@ async def _ping(engine: AsyncEngine) -> None:
         await conn.execute(text("SELECT 1"))
 
 
-async def serve(name: str, setup: Callable[[Runtime], Awaitable[None]], *,
-                migrations: Path | None, stop: asyncio.Event,
-                settings: CommonSettings | None = None, server: ServerSettings | None = None) -> list[str]:
+async def serve(
+    name: str,
+    setup: Callable[[Runtime], Awaitable[None]],
+    *,
+    migrations: Path | None,
+    stop: asyncio.Event,
+    settings: CommonSettings | None = None,
+    server: ServerSettings | None = None,
+) -> list[str]:
     """Run service ``name`` until ``stop`` is set. Usable in-process from tests.
 
     Returns the names of parts that crashed (a crashed part stops the whole service)."""
@@ -115,10 +131,22 @@ async def serve(name: str, setup: Callable[[Runtime], Awaitable[None]], *,
     await until_reachable("database", lambda: _ping(engine))
     if migrations is not None:
         await migrate(engine, name, migrations)
-    bus = await until_reachable("nats", lambda: Bus.connect(
-        settings.nats_servers, name=f"dispo-{name}", replicas=settings.stream_replicas))
+    bus = await until_reachable(
+        "nats",
+        lambda: Bus.connect(
+            settings.nats_servers, name=f"dispo-{name}", replicas=settings.stream_replicas
+        ),
+    )
     crashed: list[str] = []
-    rt = Runtime(name, settings, server, engine, session_factory(engine), bus, clock_from_spec(settings.clock))
+    rt = Runtime(
+        name,
+        settings,
+        server,
+        engine,
+        session_factory(engine),
+        bus,
+        clock_from_spec(settings.clock),
+    )
     try:
         await setup(rt)
         grpc_server = create_server(server.address, rt.registrations, rt.service_names)
@@ -166,7 +194,9 @@ async def _stop_part(part: Part) -> None:
     log.info("part stopped", part=part.name)
 
 
-def run_service(name: str, setup: Callable[[Runtime], Awaitable[None]], *, migrations: Path | None) -> None:
+def run_service(
+    name: str, setup: Callable[[Runtime], Awaitable[None]], *, migrations: Path | None
+) -> None:
     """Process entry point: run until SIGTERM or SIGINT, then shut down in order."""
     settings = CommonSettings()
     configure_logging(settings.log_format, settings.log_level, service=name)

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-
 from dispo.libs.bus import Bus
 from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate
@@ -78,7 +77,8 @@ async def _drop_schemas(url: str) -> None:
     try:
         rows = await conn.fetch(
             "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> ALL($1::text[])",
-            list(SYSTEM_SCHEMAS))
+            list(SYSTEM_SCHEMAS),
+        )
         for row in rows:
             await conn.execute(f'DROP SCHEMA "{row["nspname"]}" CASCADE')
     finally:
@@ -126,7 +126,9 @@ async def service_engine(database_url: str):
 
     async def make(service: str, migrations: Path | None = None):
         engine = create_engine(database_url, service)
-        await migrate(engine, service, migrations or REPO_ROOT / "services" / service / "migrations")
+        await migrate(
+            engine, service, migrations or REPO_ROOT / "services" / service / "migrations"
+        )
         engines.append(engine)
         return engine
 
@@ -184,8 +186,12 @@ class ServiceProcess:
 
     def spawn(self) -> None:
         out = open(self.log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-m", f"dispo.{self.name}"],
-                                        env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", f"dispo.{self.name}"],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         out.close()
 
     async def wait_serving(self, timeout: float = 60.0) -> None:
@@ -219,12 +225,15 @@ class ServiceProcess:
 
 
 @pytest.fixture
-async def start_service(database_url: str, nats_url: str, tmp_path: Path
-                        ) -> AsyncIterator[Callable[..., Awaitable[ServiceProcess]]]:
+async def start_service(
+    database_url: str, nats_url: str, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[ServiceProcess]]]:
     """``await start_service("executor", env={...})``: a real service process, SERVING."""
     started: list[ServiceProcess] = []
 
-    async def start(name: str, env: dict[str, str] | None = None, *, wait: bool = True) -> ServiceProcess:
+    async def start(
+        name: str, env: dict[str, str] | None = None, *, wait: bool = True
+    ) -> ServiceProcess:
         port = free_port()
         full_env = {
             **os.environ,

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from dispo.libs.sdk import AsyncClient
 from dispo.libs.stack.nats import free_port, wait_for_port
 
@@ -116,7 +115,9 @@ class Downstream:
         out = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "dispo.executor.demo_downstream", "--port", str(self.port)],
-            stdout=out, stderr=subprocess.STDOUT)
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         out.close()
         wait_for_port(self.port)
 
@@ -172,13 +173,21 @@ class Pipeline:
     executors: list[Any] = field(default_factory=list)
 
     async def start_gateway(self, **env: str) -> Any:
-        self.gateway = await self.start_service("gateway", {"DISPO_GATEWAY_CATALOGUE": str(self.catalogue),
-                                                            "DISPO_GATEWAY_WATCH_POLL_INTERVAL": "0.2", **env})
+        self.gateway = await self.start_service(
+            "gateway",
+            {
+                "DISPO_GATEWAY_CATALOGUE": str(self.catalogue),
+                "DISPO_GATEWAY_WATCH_POLL_INTERVAL": "0.2",
+                **env,
+            },
+        )
         return self.gateway
 
     async def start_executor(self, **env: str) -> Any:
-        executor = await self.start_service("executor", {**EXECUTOR_TEST_ENV,
-                                                         "DISPO_EXECUTOR_CATALOGUE": str(self.catalogue), **env})
+        executor = await self.start_service(
+            "executor",
+            {**EXECUTOR_TEST_ENV, "DISPO_EXECUTOR_CATALOGUE": str(self.catalogue), **env},
+        )
         self.executors.append(executor)
         return executor
 
@@ -217,11 +226,18 @@ async def client(pipeline: Pipeline) -> AsyncIterator[AsyncClient]:
 
 def dump(view: Any) -> str:
     """A task view as text for assertion messages."""
-    return json.dumps({n.node_id: [n.status, n.attempts, n.last_error] for n in view.nodes}, indent=1)
+    return json.dumps(
+        {n.node_id: [n.status, n.attempts, n.last_error] for n in view.nodes}, indent=1
+    )
 
 
-async def wait_until(client: Any, task_id: str, predicate: Callable[[Any], bool], timeout: float = 30.0,
-                     wanted: str = "a view matching the predicate") -> Any:
+async def wait_until(
+    client: Any,
+    task_id: str,
+    predicate: Callable[[Any], bool],
+    timeout: float = 30.0,
+    wanted: str = "a view matching the predicate",
+) -> Any:
     """Poll GetTask until ``predicate(view)`` holds; the view then."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -236,7 +252,9 @@ async def wait_until(client: Any, task_id: str, predicate: Callable[[Any], bool]
 
 async def wait_status(client: Any, task_id: str, statuses: set[str], timeout: float = 30.0) -> Any:
     """Poll GetTask until the task is in one of ``statuses`` (for non-terminal ones)."""
-    return await wait_until(client, task_id, lambda view: view.status in statuses, timeout, wanted=str(statuses))
+    return await wait_until(
+        client, task_id, lambda view: view.status in statuses, timeout, wanted=str(statuses)
+    )
 
 
 async def stream_messages(bus: Any, subject: str, stream: str = "TASKS") -> list[Any]:
@@ -247,7 +265,9 @@ async def stream_messages(bus: Any, subject: str, stream: str = "TASKS") -> list
     count = (info.state.subjects or {}).get(subject, 0)
     if not count:
         return []
-    sub = await bus.js.pull_subscribe(subject, stream=stream, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    sub = await bus.js.pull_subscribe(
+        subject, stream=stream, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    )
     out: list[Any] = []
     while len(out) < count:
         out.extend(await sub.fetch(count - len(out), timeout=5))

@@ -1,8 +1,8 @@
 """``dispo``: run the stack and look at it.
 
-    dispo up [--data-dir .dispo]        start PostgreSQL, NATS and the five services
-    dispo status [--json]               health and address of each service
-    dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
+dispo up [--data-dir .dispo]        start PostgreSQL, NATS and the five services
+dispo status [--json]               health and address of each service
+dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
 """
 
 from __future__ import annotations
@@ -81,8 +81,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     async def probe() -> dict[str, dict[str, str]]:
         statuses = await asyncio.gather(*(health_status(a) for a in addresses.values()))
-        return {name: {"address": address, "status": status}
-                for (name, address), status in zip(addresses.items(), statuses, strict=True)}
+        return {
+            name: {"address": address, "status": status}
+            for (name, address), status in zip(addresses.items(), statuses, strict=True)
+        }
 
     report = asyncio.run(probe())
     if args.json:
@@ -95,7 +97,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 BENCHMARKS = {
     "submit": "dispo.gateway.bench",  # submit throughput, Submit and accepted→terminal latency
-    "pool": "dispo.pool.bench",       # cron claims and run recordings under contention
+    "pool": "dispo.pool.bench",  # cron claims and run recordings under contention
 }
 
 
@@ -115,20 +117,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start PostgreSQL, NATS and the services; Ctrl-C stops all")
     up.add_argument("--database-url", help="use this PostgreSQL instead of the embedded one")
-    up.add_argument("--nats-url", help="use these NATS servers (comma-separated) instead of the embedded one")
+    up.add_argument(
+        "--nats-url", help="use these NATS servers (comma-separated) instead of the embedded one"
+    )
     up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server")
     up.add_argument("--services", help=f"comma-separated subset of {','.join(SERVICES)}")
-    up.add_argument("--demo-port", type=int, default=8181,
-                    help="port of the demo downstream the example catalogue calls (0: don't start it)")
+    up.add_argument(
+        "--demo-port",
+        type=int,
+        default=8181,
+        help="port of the demo downstream the example catalogue calls (0: don't start it)",
+    )
     up.set_defaults(run=cmd_up)
 
     status = sub.add_parser("status", help="health and address of each service")
     status.add_argument("--json", action="store_true", help="one JSON object keyed by service")
     status.set_defaults(run=cmd_status)
 
-    bench = sub.add_parser("bench", help="run a benchmark and print throughput and latency percentiles")
+    bench = sub.add_parser(
+        "bench", help="run a benchmark and print throughput and latency percentiles"
+    )
     bench.add_argument("benchmark", choices=sorted(BENCHMARKS))
-    bench.add_argument("options", nargs=argparse.REMAINDER, help="passed to the benchmark (--help for its own)")
+    bench.add_argument(
+        "options", nargs=argparse.REMAINDER, help="passed to the benchmark (--help for its own)"
+    )
     bench.set_defaults(run=cmd_bench)
     return parser
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 
 def normalize_url(url: str) -> str:
@@ -28,7 +33,9 @@ def create_engine(url: str, schema: str, *, pool_size: int = 20) -> AsyncEngine:
         pool_size=pool_size,
         max_overflow=0,
         pool_pre_ping=True,
-        connect_args={"server_settings": {"search_path": schema, "application_name": f"dispo-{schema}"}},
+        connect_args={
+            "server_settings": {"search_path": schema, "application_name": f"dispo-{schema}"}
+        },
     )
 
 

@@ -29,7 +29,9 @@ def _quoted(schema: str) -> str:
 async def migrate(engine: AsyncEngine, schema: str, script_location: Path) -> None:
     """Bring ``schema`` up to the newest revision under ``script_location``."""
     async with engine.begin() as conn:
-        await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"dispo.migrate.{schema}"})
+        await conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"dispo.migrate.{schema}"}
+        )
         await conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}"))
         await conn.execute(text(f"SET LOCAL search_path TO {_quoted(schema)}"))
         await conn.run_sync(_upgrade, schema, script_location)

@@ -13,7 +13,27 @@ Other languages use the protos (dispo.gateway.v1) directly.
 
 from dispo.libs.sdk import cells
 from dispo.libs.sdk._client import AsyncClient, Client
-from dispo.libs.sdk._types import TERMINAL, CellSpec, Completion, DispoError, NodeView, Submitted, TaskView, cell
+from dispo.libs.sdk._types import (
+    TERMINAL,
+    CellSpec,
+    Completion,
+    DispoError,
+    NodeView,
+    Submitted,
+    TaskView,
+    cell,
+)
 
-__all__ = ["AsyncClient", "Client", "CellSpec", "Completion", "DispoError", "NodeView", "Submitted", "TaskView", "TERMINAL",
-           "cell", "cells"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "CellSpec",
+    "Completion",
+    "DispoError",
+    "NodeView",
+    "Submitted",
+    "TaskView",
+    "TERMINAL",
+    "cell",
+    "cells",
+]

@@ -8,24 +8,34 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime
 
 import grpc
-
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView, task_status_name
 
 
-def _submit_request(business: str, cells: Sequence[CellSpec], idempotency_key: str, callback_url: str
-                    ) -> gateway_pb2.SubmitRequest:
-    return gateway_pb2.SubmitRequest(business=business, cells=[c.to_proto() for c in cells],
-                                     idempotency_key=idempotency_key, callback_url=callback_url)
+def _submit_request(
+    business: str, cells: Sequence[CellSpec], idempotency_key: str, callback_url: str
+) -> gateway_pb2.SubmitRequest:
+    return gateway_pb2.SubmitRequest(
+        business=business,
+        cells=[c.to_proto() for c in cells],
+        idempotency_key=idempotency_key,
+        callback_url=callback_url,
+    )
 
 
 def _submitted(reply: gateway_pb2.SubmitResponse) -> Submitted:
     return Submitted(reply.task_id, task_status_name(reply.status), reply.duplicate)
 
 
-def _list_request(business: str, statuses: Sequence[str], created_after: datetime | None,
-                  created_before: datetime | None, page_size: int, page_token: str) -> gateway_pb2.ListTasksRequest:
+def _list_request(
+    business: str,
+    statuses: Sequence[str],
+    created_after: datetime | None,
+    created_before: datetime | None,
+    page_size: int,
+    page_token: str,
+) -> gateway_pb2.ListTasksRequest:
     request = gateway_pb2.ListTasksRequest(
         business=business,
         statuses=[common_pb2.TaskStatus.Value(f"TASK_STATUS_{s}") for s in statuses],
@@ -41,7 +51,9 @@ def _list_request(business: str, statuses: Sequence[str], created_after: datetim
 class AsyncClient:
     """``async with AsyncClient("127.0.0.1:50051") as dispo: ...``"""
 
-    def __init__(self, address: str = "127.0.0.1:50051", *, channel: grpc.aio.Channel | None = None) -> None:
+    def __init__(
+        self, address: str = "127.0.0.1:50051", *, channel: grpc.aio.Channel | None = None
+    ) -> None:
         self._channel = channel or grpc.aio.insecure_channel(address)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
@@ -60,27 +72,52 @@ class AsyncClient:
         except grpc.aio.AioRpcError as error:
             raise DispoError.from_rpc(error) from None
 
-    async def submit(self, business: str, cells: Sequence[CellSpec], *, idempotency_key: str = "",
-                     callback_url: str = "", timeout: float = 10.0) -> Submitted:
-        return _submitted(await self._call(self._stub.Submit,
-                                           _submit_request(business, cells, idempotency_key, callback_url), timeout))
+    async def submit(
+        self,
+        business: str,
+        cells: Sequence[CellSpec],
+        *,
+        idempotency_key: str = "",
+        callback_url: str = "",
+        timeout: float = 10.0,
+    ) -> Submitted:
+        return _submitted(
+            await self._call(
+                self._stub.Submit,
+                _submit_request(business, cells, idempotency_key, callback_url),
+                timeout,
+            )
+        )
 
     async def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
-        reply = await self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout)
+        reply = await self._call(
+            self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout
+        )
         return TaskView.from_proto(reply.task, reply.completion)
 
     async def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
-        reply = await self._call(self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout)
+        reply = await self._call(
+            self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout
+        )
         return TaskView.from_proto(reply.task)
 
-    async def list(self, *, business: str = "", statuses: Sequence[str] = (), created_after: datetime | None = None,
-                   created_before: datetime | None = None, page_size: int = 100) -> AsyncIterator[gateway_pb2.TaskSummary]:
+    async def list(
+        self,
+        *,
+        business: str = "",
+        statuses: Sequence[str] = (),
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[gateway_pb2.TaskSummary]:
         """Every matching task summary, following the cursor."""
         token = ""
         while True:
-            reply = await self._call(self._stub.ListTasks,
-                                     _list_request(business, statuses, created_after, created_before, page_size, token),
-                                     None)
+            reply = await self._call(
+                self._stub.ListTasks,
+                _list_request(business, statuses, created_after, created_before, page_size, token),
+                None,
+            )
             for item in reply.tasks:
                 yield item
             token = reply.page.next_page_token
@@ -103,7 +140,9 @@ class AsyncClient:
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise TimeoutError(f"task {task_id} not terminal after {timeout}s (last: {last and last.status})")
+                raise TimeoutError(
+                    f"task {task_id} not terminal after {timeout}s (last: {last and last.status})"
+                )
             try:
                 async with asyncio.timeout(remaining):
                     async for view in self.watch(task_id):
@@ -115,7 +154,9 @@ class AsyncClient:
                     raise
                 await asyncio.sleep(0.2)
             except TimeoutError:
-                raise TimeoutError(f"task {task_id} not terminal after {timeout}s (last: {last and last.status})") from None
+                raise TimeoutError(
+                    f"task {task_id} not terminal after {timeout}s (last: {last and last.status})"
+                ) from None
 
 
 class Client:
@@ -140,25 +181,48 @@ class Client:
         except grpc.RpcError as error:
             raise DispoError.from_rpc(error) from None
 
-    def submit(self, business: str, cells: Sequence[CellSpec], *, idempotency_key: str = "",
-               callback_url: str = "", timeout: float = 10.0) -> Submitted:
-        return _submitted(self._call(self._stub.Submit, _submit_request(business, cells, idempotency_key, callback_url),
-                                     timeout))
+    def submit(
+        self,
+        business: str,
+        cells: Sequence[CellSpec],
+        *,
+        idempotency_key: str = "",
+        callback_url: str = "",
+        timeout: float = 10.0,
+    ) -> Submitted:
+        return _submitted(
+            self._call(
+                self._stub.Submit,
+                _submit_request(business, cells, idempotency_key, callback_url),
+                timeout,
+            )
+        )
 
     def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout)
         return TaskView.from_proto(reply.task, reply.completion)
 
     def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
-        reply = self._call(self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout)
+        reply = self._call(
+            self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout
+        )
         return TaskView.from_proto(reply.task)
 
-    def list(self, *, business: str = "", statuses: Sequence[str] = (), created_after: datetime | None = None,
-             created_before: datetime | None = None, page_size: int = 100) -> Iterator[gateway_pb2.TaskSummary]:
+    def list(
+        self,
+        *,
+        business: str = "",
+        statuses: Sequence[str] = (),
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        page_size: int = 100,
+    ) -> Iterator[gateway_pb2.TaskSummary]:
         token = ""
         while True:
-            reply = self._call(self._stub.ListTasks,
-                               _list_request(business, statuses, created_after, created_before, page_size, token))
+            reply = self._call(
+                self._stub.ListTasks,
+                _list_request(business, statuses, created_after, created_before, page_size, token),
+            )
             yield from reply.tasks
             token = reply.page.next_page_token
             if not token:
@@ -166,7 +230,9 @@ class Client:
 
     def watch(self, task_id: str, *, timeout: float | None = None) -> Iterator[TaskView]:
         try:
-            for reply in self._stub.WatchTask(gateway_pb2.WatchTaskRequest(task_id=task_id), timeout=timeout):
+            for reply in self._stub.WatchTask(
+                gateway_pb2.WatchTaskRequest(task_id=task_id), timeout=timeout
+            ):
                 yield TaskView.from_proto(reply.task)
         except grpc.RpcError as error:
             raise DispoError.from_rpc(error) from None
@@ -186,4 +252,6 @@ class Client:
                 if error.code is not grpc.StatusCode.UNAVAILABLE:
                     raise
                 time.sleep(0.2)
-        raise TimeoutError(f"task {task_id} not terminal after {timeout}s (last: {last and last.status})")
+        raise TimeoutError(
+            f"task {task_id} not terminal after {timeout}s (last: {last and last.status})"
+        )

@@ -7,13 +7,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
-from google.protobuf.struct_pb2 import Struct
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
-
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from google.protobuf.struct_pb2 import Struct
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
@@ -43,7 +42,9 @@ class CellSpec:
     def to_proto(self) -> gateway_pb2.CellRequest:
         payload = Struct()
         payload.update(self.payload)
-        return gateway_pb2.CellRequest(cell=self.name, ref=self.ref, payload=payload, depends_on=self.depends_on)
+        return gateway_pb2.CellRequest(
+            cell=self.name, ref=self.ref, payload=payload, depends_on=self.depends_on
+        )
 
 
 def cell(name: str, /, *, ref: str = "", **payload: Any) -> CellSpec:
@@ -81,10 +82,17 @@ class NodeView:
 
     @classmethod
     def from_proto(cls, node: task_pb2.Node) -> NodeView:
-        return cls(node.node_id, node.cell, node.action,
-                   common_pb2.NodeStatus.Name(node.status).removeprefix("NODE_STATUS_"),
-                   node.retry.attempts, node.last_error, tuple(node.depends_on),
-                   _time(node, "started_at"), _time(node, "finished_at"))
+        return cls(
+            node.node_id,
+            node.cell,
+            node.action,
+            common_pb2.NodeStatus.Name(node.status).removeprefix("NODE_STATUS_"),
+            node.retry.attempts,
+            node.last_error,
+            tuple(node.depends_on),
+            _time(node, "started_at"),
+            _time(node, "finished_at"),
+        )
 
 
 @dataclass(frozen=True)
@@ -128,11 +136,20 @@ class TaskView:
         return {n.node_id: n.status for n in self.nodes}
 
     @classmethod
-    def from_proto(cls, task: task_pb2.Task, completion: gateway_pb2.Completion | None = None) -> TaskView:
-        return cls(task.task_id, task.business, task_status_name(task.status),
-                   task.status_reason, task.cancel_requested, task.version,
-                   tuple(NodeView.from_proto(n) for n in task.nodes), task,
-                   Completion.from_proto(completion) if completion is not None else None)
+    def from_proto(
+        cls, task: task_pb2.Task, completion: gateway_pb2.Completion | None = None
+    ) -> TaskView:
+        return cls(
+            task.task_id,
+            task.business,
+            task_status_name(task.status),
+            task.status_reason,
+            task.cancel_requested,
+            task.version,
+            tuple(NodeView.from_proto(n) for n in task.nodes),
+            task,
+            Completion.from_proto(completion) if completion is not None else None,
+        )
 
 
 class DispoError(Exception):

@@ -38,7 +38,9 @@ def wait_for_port(port: int, timeout: float = 15.0) -> None:
 class NatsServer:
     """One JetStream-enabled server keeping its streams in ``store_dir``."""
 
-    def __init__(self, store_dir: Path, port: int | None = None, log_file: Path | None = None) -> None:
+    def __init__(
+        self, store_dir: Path, port: int | None = None, log_file: Path | None = None
+    ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.log_file = log_file
@@ -54,8 +56,18 @@ class NatsServer:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir)],
-            stdout=out, stderr=subprocess.STDOUT,
+            [
+                nats_server_binary(),
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-sd",
+                str(self.store_dir),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         wait_for_port(self.port)
         return self.url

@@ -36,8 +36,16 @@ class EmbeddedPostgres:
                 self.psql(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
                 self.restart()
         elif not self.running():
-            self._pg_ctl("start", "-w", "-l", str(self.data_dir / "log"), "-o", "-h ''",
-                         "-o", f"-k {self._server.get_postmaster_info().socket_dir}")
+            self._pg_ctl(
+                "start",
+                "-w",
+                "-l",
+                str(self.data_dir / "log"),
+                "-o",
+                "-h ''",
+                "-o",
+                f"-k {self._server.get_postmaster_info().socket_dir}",
+            )
         return self.url
 
     @property
@@ -48,12 +56,18 @@ class EmbeddedPostgres:
     def psql(self, sql: str) -> str:
         return subprocess.run(
             [str(POSTGRES_BIN_PATH / "psql"), "-XAtq", self.url, "-c", sql],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
 
     def running(self) -> bool:
-        result = subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), "status"],
-                                capture_output=True, text=True, user=self._user())
+        result = subprocess.run(
+            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data_dir), "status"],
+            capture_output=True,
+            text=True,
+            user=self._user(),
+        )
         return result.returncode == 0
 
     def stop(self, mode: str = "fast") -> None:

@@ -27,7 +27,15 @@ SERVICES = ("gateway", "executor", "reconciler", "intelligence", "pool")
 POOL_WORKER = "pool-worker"
 DEMO_DOWNSTREAM = "demo-downstream"
 # Stop the entry point first so nothing new arrives while the rest drains.
-SHUTDOWN_ORDER = ["gateway", POOL_WORKER, "pool", "intelligence", "reconciler", "executor", DEMO_DOWNSTREAM]
+SHUTDOWN_ORDER = [
+    "gateway",
+    POOL_WORKER,
+    "pool",
+    "intelligence",
+    "reconciler",
+    "executor",
+    DEMO_DOWNSTREAM,
+]
 STATE_FILE = "stack.json"
 
 
@@ -39,7 +47,9 @@ class StackOptions:
     nats_port: int = 4222
     host: str = "127.0.0.1"
     # DISPO_<SERVICE>_PORT, else the default port of each service.
-    ports: dict[str, int] = field(default_factory=lambda: {n: server_settings(n).port for n in SERVICES})
+    ports: dict[str, int] = field(
+        default_factory=lambda: {n: server_settings(n).port for n in SERVICES}
+    )
     services: tuple[str, ...] = SERVICES
     # Port of the demo downstream (0: do not start it).
     demo_port: int = 8181
@@ -58,21 +68,47 @@ def service_specs(options: StackOptions, database_url: str, nats_url: str) -> li
     common["DISPO_POOL_LOCAL_REGISTRY"] = local_crons
     specs = []
     if options.demo_port and "executor" in options.services:
-        specs.append(ProcessSpec(
-            DEMO_DOWNSTREAM,
-            [*python_module("dispo.executor.demo_downstream"), "--host", options.host, "--port", str(options.demo_port)],
-            common, None, logs / f"{DEMO_DOWNSTREAM}.log",
-            http_health=f"http://{options.host}:{options.demo_port}/healthz"))
+        specs.append(
+            ProcessSpec(
+                DEMO_DOWNSTREAM,
+                [
+                    *python_module("dispo.executor.demo_downstream"),
+                    "--host",
+                    options.host,
+                    "--port",
+                    str(options.demo_port),
+                ],
+                common,
+                None,
+                logs / f"{DEMO_DOWNSTREAM}.log",
+                http_health=f"http://{options.host}:{options.demo_port}/healthz",
+            )
+        )
     for name in options.services:
         address = f"{options.host}:{options.ports[name]}"
-        env = {**common, f"DISPO_{name.upper()}_HOST": options.host,
-               f"DISPO_{name.upper()}_PORT": str(options.ports[name])}
-        specs.append(ProcessSpec(name, python_module(f"dispo.{name}"), env, address, logs / f"{name}.log"))
+        env = {
+            **common,
+            f"DISPO_{name.upper()}_HOST": options.host,
+            f"DISPO_{name.upper()}_PORT": str(options.ports[name]),
+        }
+        specs.append(
+            ProcessSpec(name, python_module(f"dispo.{name}"), env, address, logs / f"{name}.log")
+        )
     if "pool" in options.services:
-        env = {**common, "DISPO_POOL_WORKER_POOL_ADDRESS": f"{options.host}:{options.ports['pool']}",
-               "DISPO_POOL_WORKER_LOCAL_REGISTRY": local_crons}
-        specs.append(ProcessSpec(POOL_WORKER, python_module("dispo.pool.worker"), env, None,
-                                 logs / f"{POOL_WORKER}.log"))
+        env = {
+            **common,
+            "DISPO_POOL_WORKER_POOL_ADDRESS": f"{options.host}:{options.ports['pool']}",
+            "DISPO_POOL_WORKER_LOCAL_REGISTRY": local_crons,
+        }
+        specs.append(
+            ProcessSpec(
+                POOL_WORKER,
+                python_module("dispo.pool.worker"),
+                env,
+                None,
+                logs / f"{POOL_WORKER}.log",
+            )
+        )
     return specs
 
 
@@ -93,11 +129,15 @@ class Stack:
             database_url = await asyncio.to_thread(self.postgres.start)
         nats_url = self.options.nats_url
         if nats_url is None:
-            self.nats = NatsServer(data / "nats", self.options.nats_port, data / "logs" / "nats.log")
+            self.nats = NatsServer(
+                data / "nats", self.options.nats_port, data / "logs" / "nats.log"
+            )
             nats_url = await asyncio.to_thread(self.nats.start)
         specs = service_specs(self.options, database_url, nats_url)
         addresses = {spec.name: spec.address for spec in specs if spec.address}
-        self.supervisor = Supervisor(specs, on_spawn=lambda: self._write_state(addresses, database_url, nats_url))
+        self.supervisor = Supervisor(
+            specs, on_spawn=lambda: self._write_state(addresses, database_url, nats_url)
+        )
         await self.supervisor.start_all()
         self._write_state(addresses, database_url, nats_url)
         return addresses
@@ -107,10 +147,15 @@ class Stack:
         state = {
             "database_url": database_url,
             "nats_url": nats_url,
-            "services": {name: {"address": address, "pid": self.supervisor.pid(name)}
-                         for name, address in addresses.items()},
-            "companions": {name: {"pid": self.supervisor.pid(name)}
-                           for name in self.supervisor.children if name not in addresses},
+            "services": {
+                name: {"address": address, "pid": self.supervisor.pid(name)}
+                for name, address in addresses.items()
+            },
+            "companions": {
+                name: {"pid": self.supervisor.pid(name)}
+                for name in self.supervisor.children
+                if name not in addresses
+            },
         }
         (self.options.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 from dispo.libs.health import wait_until_serving
 from dispo.libs.logging import get_logger
 
@@ -52,8 +51,13 @@ def python_module(module: str) -> list[str]:
 
 
 class Supervisor:
-    def __init__(self, specs: list[ProcessSpec], *, max_backoff: float = 10.0,
-                 on_spawn: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[ProcessSpec],
+        *,
+        max_backoff: float = 10.0,
+        on_spawn: Callable[[], None] | None = None,
+    ) -> None:
         self.children = {spec.name: Supervised(spec) for spec in specs}
         self.max_backoff = max_backoff
         # Called after a restart, e.g. to record the new pid.
@@ -70,8 +74,13 @@ class Supervisor:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "ab") as out:
             child.process = await asyncio.create_subprocess_exec(
-                *spec.argv, env={**os.environ, **spec.env}, stdout=out, stderr=out,
-                stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+                *spec.argv,
+                env={**os.environ, **spec.env},
+                stdout=out,
+                stderr=out,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
         log.info("started", service=spec.name, pid=child.process.pid)
 
     async def _ready(self, child: Supervised, timeout: float) -> None:
@@ -97,7 +106,13 @@ class Supervisor:
             child.history.append(code)
             child.restarts += 1
             delay = min(self.max_backoff, 0.5 * 2 ** min(child.restarts - 1, 5))
-            log.warning("exited; restarting", service=child.spec.name, code=code, restarts=child.restarts, delay=delay)
+            log.warning(
+                "exited; restarting",
+                service=child.spec.name,
+                code=code,
+                restarts=child.restarts,
+                delay=delay,
+            )
             await asyncio.sleep(delay)
             if not self._stopping:
                 await self._spawn(child)
@@ -107,7 +122,9 @@ class Supervisor:
     async def stop_all(self, order: list[str], timeout: float = 20.0) -> None:
         """SIGTERM each child in ``order`` (others after), waiting for each to exit."""
         self._stopping = True
-        names = [n for n in order if n in self.children] + [n for n in self.children if n not in order]
+        names = [n for n in order if n in self.children] + [
+            n for n in self.children if n not in order
+        ]
         for name in names:
             process = self.children[name].process
             if process is None or process.returncode is not None:

@@ -7,13 +7,11 @@ errors are retryable.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-
 from dispo.executor.domain import ActionSpec, truncate_error
 
 
@@ -55,33 +53,52 @@ class Call:
     body: dict[str, Any]
 
 
-async def run_action(client: httpx.AsyncClient, call: Call, downstream: Downstream | None) -> Result:
+async def run_action(
+    client: httpx.AsyncClient, call: Call, downstream: Downstream | None
+) -> Result:
     if call.spec.kind == "noop":
         return Result(Outcome.SUCCESS)
     if call.spec.kind != "http":
         return Result(Outcome.PERMANENT, f"unknown action kind {call.spec.kind!r}")
     if downstream is None:
-        return Result(Outcome.RETRYABLE, f"downstream {call.spec.downstream!r} is not in this executor's registry")
+        return Result(
+            Outcome.RETRYABLE,
+            f"downstream {call.spec.downstream!r} is not in this executor's registry",
+        )
     timeout = (call.spec.timeout_ms or downstream.timeout_ms) / 1000
-    headers = {"Idempotency-Key": call.idempotency_key, "X-Dispo-Task-Id": call.task_id, "X-Dispo-Node-Id": call.node_id}
+    headers = {
+        "Idempotency-Key": call.idempotency_key,
+        "X-Dispo-Task-Id": call.task_id,
+        "X-Dispo-Node-Id": call.node_id,
+    }
     try:
         response = await client.request(
-            call.spec.method, downstream.base_url.rstrip("/") + call.spec.path, json=call.body, headers=headers, timeout=timeout
+            call.spec.method,
+            downstream.base_url.rstrip("/") + call.spec.path,
+            json=call.body,
+            headers=headers,
+            timeout=timeout,
         )
     except httpx.TimeoutException:
         return Result(Outcome.RETRYABLE, f"timeout after {timeout:g}s")
     except (httpx.TransportError, OSError) as error:
         return Result(Outcome.RETRYABLE, truncate_error(f"connection error: {error!r}"))
     outcome = classify_status(response.status_code)
-    detail = "" if outcome is Outcome.SUCCESS else truncate_error(f"HTTP {response.status_code}: {response.text}")
+    detail = (
+        ""
+        if outcome is Outcome.SUCCESS
+        else truncate_error(f"HTTP {response.status_code}: {response.text}")
+    )
     return Result(outcome, detail)
 
 
-async def check_health(client: httpx.AsyncClient, downstream: Downstream, timeout: float = 2.0) -> bool:
+async def check_health(
+    client: httpx.AsyncClient, downstream: Downstream, timeout: float = 2.0
+) -> bool:
     if not downstream.health_url:
         return True
     try:
         response = await client.get(downstream.health_url, timeout=timeout)
         return 200 <= response.status_code < 300
-    except (httpx.HTTPError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, httpx.HTTPError, OSError):
         return False

@@ -8,9 +8,6 @@ import contextlib
 from pathlib import Path
 
 import httpx
-from google.protobuf.message import DecodeError
-from nats.aio.msg import Msg
-
 from dispo.executor import control
 from dispo.executor import repository as repo
 from dispo.executor.actions import check_health
@@ -29,6 +26,8 @@ from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
 from dispo.libs.task_streams import TASKS_STREAM, ensure_task_streams
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
 
 log = get_logger(__name__)
 
@@ -36,12 +35,16 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.executor.v1.ExecutorService"
 
 
-def build_executor(rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncClient) -> tuple[Executor, OutboxRelay]:
+def build_executor(
+    rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncClient
+) -> tuple[Executor, OutboxRelay]:
     registry = load_downstreams(settings.catalogue or DEFAULT_CATALOGUE)
     relay = rt.outbox_relay(repo.outbox)
     config = ExecutorConfig(
         lease_ttl=settings.lease_ttl,
-        retry=RetryPolicy(settings.max_retries, settings.retry_base_delay, settings.retry_max_delay),
+        retry=RetryPolicy(
+            settings.max_retries, settings.retry_base_delay, settings.retry_max_delay
+        ),
         breaker_threshold=settings.breaker_threshold,
         breaker_window=settings.breaker_window,
         breaker_cooldown=settings.breaker_cooldown,
@@ -82,16 +85,38 @@ async def setup(rt: Runtime) -> None:
             return Term("malformed close request")
         if not request.task_id or request.status != common_pb2.TASK_STATUS_FAILED:
             return Term("close request needs task_id and status FAILED")
-        return await control.handle_close(executor, request.task_id, request.reason, request.generation)
+        return await control.handle_close(
+            executor, request.task_id, request.reason, request.generation
+        )
 
-    creates = rt.bus.consumer(TASKS_STREAM, durable=settings.durable, subject="task.create", handler=on_create,
-                              batch=settings.batch, ack_wait=settings.ack_wait)
-    cancels = rt.bus.consumer(TASKS_STREAM, durable=f"{settings.durable}-cancel", subject="task.cancel",
-                              handler=on_cancel, ack_wait=settings.ack_wait)
-    closes = rt.bus.consumer(TASKS_STREAM, durable=f"{settings.durable}-close", subject="task.close",
-                             handler=on_close, ack_wait=settings.ack_wait)
-    rt.add_servicer(lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
-        ExecutorServicer(executor), server), SERVICE_NAME)
+    creates = rt.bus.consumer(
+        TASKS_STREAM,
+        durable=settings.durable,
+        subject="task.create",
+        handler=on_create,
+        batch=settings.batch,
+        ack_wait=settings.ack_wait,
+    )
+    cancels = rt.bus.consumer(
+        TASKS_STREAM,
+        durable=f"{settings.durable}-cancel",
+        subject="task.cancel",
+        handler=on_cancel,
+        ack_wait=settings.ack_wait,
+    )
+    closes = rt.bus.consumer(
+        TASKS_STREAM,
+        durable=f"{settings.durable}-close",
+        subject="task.close",
+        handler=on_close,
+        ack_wait=settings.ack_wait,
+    )
+    rt.add_servicer(
+        lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
+            ExecutorServicer(executor), server
+        ),
+        SERVICE_NAME,
+    )
     rt.add_part("task.create consumer", creates.run, creates.stop)
     rt.add_part("task.cancel consumer", cancels.run, cancels.stop)
     rt.add_part("task.close consumer", closes.run, closes.stop)
@@ -139,7 +164,6 @@ class HealthLoop:
 
 async def serve_demo(address: str) -> None:
     from aiohttp import web
-
     from dispo.executor.demo_downstream.app import build_app
 
     host, _, port = address.rpartition(":")

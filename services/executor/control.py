@@ -20,8 +20,14 @@ async def handle_close(ex: Executor, task_id: str, reason: str, generation: int)
         row = await repo.task_get(conn, task_id, for_update=True)
         if row is None or row.generation > generation:
             return ACK
-        if await repo.task_set_status(conn, task_id, TaskState.FAILED, truncate_error(reason or "closed"), now,
-                                      expected=(TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)):
+        if await repo.task_set_status(
+            conn,
+            task_id,
+            TaskState.FAILED,
+            truncate_error(reason or "closed"),
+            now,
+            expected=(TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED),
+        ):
             log.info("parked task closed", task_id=task_id, reason=reason)
     return ACK
 
@@ -33,8 +39,14 @@ async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
         row = await repo.task_get(conn, task_id, for_update=True)
         if row is None:
             await repo.task_insert(conn, None, task_id, now, cancel_requested=True)
-            await repo.task_set_status(conn, task_id, TaskState.CANCELLED, "cancelled before start", now,
-                                       expected=(TaskState.ACCEPTED,))
+            await repo.task_set_status(
+                conn,
+                task_id,
+                TaskState.CANCELLED,
+                "cancelled before start",
+                now,
+                expected=(TaskState.ACCEPTED,),
+            )
             # No status event yet: it would carry no nodes. The task.create, if it ever
             # comes, records the nodes CANCELLED and reports them.
             return ACK
@@ -47,11 +59,15 @@ async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
             return ACK
         nodes = await repo.nodes_get(conn, row.envelope)
         for node_id in to_cancel(nodes):
-            await repo.node_set_status_if(conn, task_id, node_id, nodes[node_id].status, NodeState.CANCELLED, finished_at=now)
+            await repo.node_set_status_if(
+                conn, task_id, node_id, nodes[node_id].status, NodeState.CANCELLED, finished_at=now
+            )
             nodes[node_id].status = NodeState.CANCELLED
         decision = decide(nodes, now, True)
         if decision.next is Next.FINISH:
-            await repo.task_set_status(conn, task_id, decision.status, decision.reason, now, expected=PARKED)
+            await repo.task_set_status(
+                conn, task_id, decision.status, decision.reason, now, expected=PARKED
+            )
         await repo.emit_status(conn, task_id, now)
     ex.relay.kick()
     return ACK

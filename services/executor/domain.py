@@ -121,7 +121,8 @@ def runnable(nodes: dict[str, NodeRun]) -> list[NodeRun]:
     return [
         n
         for n in nodes.values()
-        if n.status is NodeState.PENDING and all(nodes[d].status is NodeState.SUCCEEDED for d in n.depends_on)
+        if n.status is NodeState.PENDING
+        and all(nodes[d].status is NodeState.SUCCEEDED for d in n.depends_on)
     ]
 
 
@@ -129,14 +130,21 @@ def to_cancel(nodes: dict[str, NodeRun]) -> list[str]:
     """On cancel: everything not started and not final becomes CANCELLED; running ones
     finish, and an UNKNOWN one (its effect may have happened) waits to be settled."""
     cancellable = {NodeState.PENDING, NodeState.DEMOTED}
-    return [n.node_id for n in nodes.values() if n.status in cancellable or (n.status is NodeState.FAILED and n.retryable)]
+    return [
+        n.node_id
+        for n in nodes.values()
+        if n.status in cancellable or (n.status is NodeState.FAILED and n.retryable)
+    ]
 
 
 def decide(nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool) -> Decision:
     """What happens to the task once nothing more can run now (no node RUNNING or ready)."""
     statuses = [n.status for n in nodes.values()]
     final = {NodeState.SUCCEEDED, NodeState.DEPENDENCY_FAILED, NodeState.CANCELLED}
-    if all(s in final or (s is NodeState.FAILED and not nodes[i].retryable) for i, s in zip(nodes, statuses)):
+    if all(
+        s in final or (s is NodeState.FAILED and not nodes[i].retryable)
+        for i, s in zip(nodes, statuses, strict=False)
+    ):
         if all(s is NodeState.SUCCEEDED for s in statuses):
             return Decision(Next.FINISH, TaskState.SUCCEEDED)
         if cancel_requested and NodeState.CANCELLED in statuses:
@@ -149,6 +157,10 @@ def decide(nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool) -> 
         return Decision(Next.RETRY, TaskState.RUNNING, not_before=moment, reason="short retry")
     demoted = sorted({n.spec.downstream for n in nodes.values() if n.status is NodeState.DEMOTED})
     if demoted:
-        return Decision(Next.DEMOTE, TaskState.DEMOTED, reason=f"downstream degraded: {', '.join(demoted)}")
+        return Decision(
+            Next.DEMOTE, TaskState.DEMOTED, reason=f"downstream degraded: {', '.join(demoted)}"
+        )
     stuck = sorted(i for i, n in nodes.items() if n.status in (NodeState.UNKNOWN, NodeState.FAILED))
-    return Decision(Next.FAIL, TaskState.RETRY_EXHAUSTED, reason=f"needs recovery: {', '.join(stuck)}")
+    return Decision(
+        Next.FAIL, TaskState.RETRY_EXHAUSTED, reason=f"needs recovery: {', '.join(stuck)}"
+    )

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-
-from google.protobuf import json_format
-
-from dispo.libs.timestamps import from_timestamp, to_timestamp
 from dispo.executor.domain import ActionSpec, NodeRun
 from dispo.executor.states import NodeState
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.timestamps import from_timestamp
+from google.protobuf import json_format
 
 
 def spec_from_proto(spec: task_pb2.ActionSpec) -> ActionSpec:
-    return ActionSpec(spec.kind, spec.downstream, spec.method or "POST", spec.path, spec.probe_path,
-                      spec.idempotent, spec.timeout_ms)
+    return ActionSpec(
+        spec.kind,
+        spec.downstream,
+        spec.method or "POST",
+        spec.path,
+        spec.probe_path,
+        spec.idempotent,
+        spec.timeout_ms,
+    )
 
 
 def node_from_proto(node: task_pb2.Node) -> NodeRun:

@@ -9,15 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import MetaData, text
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from dispo.executor.domain import NodeRun
 from dispo.executor.envelope import node_from_proto, overlay
-from dispo.libs.timestamps import to_timestamp
 from dispo.executor.states import NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import outbox_add, outbox_table
+from dispo.libs.timestamps import to_timestamp
+from sqlalchemy import MetaData, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
 outbox = outbox_table(metadata)
@@ -38,31 +37,57 @@ class TaskRow:
     status_reason: str
 
     def leased_by_other(self, owner: str, now: datetime) -> bool:
-        return self.lease_owner not in (None, owner) and self.lease_until is not None and self.lease_until > now
+        return (
+            self.lease_owner not in (None, owner)
+            and self.lease_until is not None
+            and self.lease_until > now
+        )
 
 
 def _task(row: Any) -> TaskRow:
     env = task_pb2.Task.FromString(row.envelope) if row.envelope is not None else None
-    return TaskRow(row.task_id, TaskState(row.status), row.generation, row.version, row.cancel_requested,
-                   row.lease_owner, row.lease_until, env, row.status_reason)
+    return TaskRow(
+        row.task_id,
+        TaskState(row.status),
+        row.generation,
+        row.version,
+        row.cancel_requested,
+        row.lease_owner,
+        row.lease_until,
+        env,
+        row.status_reason,
+    )
 
 
-async def task_get(conn: AsyncConnection, task_id: str, *, for_update: bool = False) -> TaskRow | None:
+async def task_get(
+    conn: AsyncConnection, task_id: str, *, for_update: bool = False
+) -> TaskRow | None:
     sql = "SELECT * FROM task_runs WHERE task_id = :id" + (" FOR UPDATE" if for_update else "")
     row = (await conn.execute(text(sql), {"id": task_id})).first()
     return _task(row) if row else None
 
 
-async def task_insert(conn: AsyncConnection, env: task_pb2.Task | None, task_id: str, now: datetime,
-                      *, cancel_requested: bool = False) -> bool:
+async def task_insert(
+    conn: AsyncConnection,
+    env: task_pb2.Task | None,
+    task_id: str,
+    now: datetime,
+    *,
+    cancel_requested: bool = False,
+) -> bool:
     """Record a task first seen (``env`` None: a cancel arrived before the task). False if it exists."""
     inserted = await conn.execute(
         text(
             "INSERT INTO task_runs (task_id, status, generation, cancel_requested, envelope, created_at, updated_at)"
             " VALUES (:id, 'ACCEPTED', :gen, :cancel, :env, :now, :now) ON CONFLICT (task_id) DO NOTHING"
         ),
-        {"id": task_id, "gen": env.generation if env else 0, "cancel": cancel_requested or bool(env and env.cancel_requested),
-         "env": env.SerializeToString() if env else None, "now": now},
+        {
+            "id": task_id,
+            "gen": env.generation if env else 0,
+            "cancel": cancel_requested or bool(env and env.cancel_requested),
+            "env": env.SerializeToString() if env else None,
+            "now": now,
+        },
     )
     if inserted.rowcount and env is not None:
         await nodes_insert(conn, env)
@@ -71,8 +96,12 @@ async def task_insert(conn: AsyncConnection, env: task_pb2.Task | None, task_id:
 
 async def task_attach_envelope(conn: AsyncConnection, env: task_pb2.Task) -> None:
     """The task.create for a task whose cancel arrived first."""
-    await conn.execute(text("UPDATE task_runs SET envelope = :env, generation = :gen WHERE task_id = :id AND envelope IS NULL"),
-                       {"id": env.task_id, "env": env.SerializeToString(), "gen": env.generation})
+    await conn.execute(
+        text(
+            "UPDATE task_runs SET envelope = :env, generation = :gen WHERE task_id = :id AND envelope IS NULL"
+        ),
+        {"id": env.task_id, "env": env.SerializeToString(), "gen": env.generation},
+    )
     await nodes_insert(conn, env)
 
 
@@ -80,9 +109,21 @@ async def nodes_insert(conn: AsyncConnection, env: task_pb2.Task) -> None:
     rows = []
     for position, node in enumerate(env.nodes):
         run = node_from_proto(node)
-        rows.append({"task": env.task_id, "node": run.node_id, "pos": position, "status": run.status.value,
-                     "attempts": run.attempts, "round": run.round_attempts, "nb": run.not_before,
-                     "retryable": run.retryable, "err": run.last_error, "sa": run.started_at, "fa": run.finished_at})
+        rows.append(
+            {
+                "task": env.task_id,
+                "node": run.node_id,
+                "pos": position,
+                "status": run.status.value,
+                "attempts": run.attempts,
+                "round": run.round_attempts,
+                "nb": run.not_before,
+                "retryable": run.retryable,
+                "err": run.last_error,
+                "sa": run.started_at,
+                "fa": run.finished_at,
+            }
+        )
     if rows:
         await conn.execute(
             text(
@@ -96,14 +137,23 @@ async def nodes_insert(conn: AsyncConnection, env: task_pb2.Task) -> None:
 
 async def nodes_get(conn: AsyncConnection, env: task_pb2.Task) -> dict[str, NodeRun]:
     """The task's nodes: specs from the envelope, state from the table."""
-    rows = {r.node_id: r for r in await conn.execute(text("SELECT * FROM node_runs WHERE task_id = :id"), {"id": env.task_id})}
+    rows = {
+        r.node_id: r
+        for r in await conn.execute(
+            text("SELECT * FROM node_runs WHERE task_id = :id"), {"id": env.task_id}
+        )
+    }
     nodes: dict[str, NodeRun] = {}
     for node in env.nodes:
         run = node_from_proto(node)
         row = rows.get(run.node_id)
         if row is not None:
             run.status = NodeState(row.status)
-            run.attempts, run.round_attempts, run.not_before = row.attempts, row.round_attempts, row.not_before
+            run.attempts, run.round_attempts, run.not_before = (
+                row.attempts,
+                row.round_attempts,
+                row.not_before,
+            )
             run.retryable, run.last_error = row.retryable, row.last_error
             run.started_at, run.finished_at = row.started_at, row.finished_at
         nodes[run.node_id] = run
@@ -123,8 +173,16 @@ async def nodes_adopt(conn: AsyncConnection, env: task_pb2.Task) -> None:
                 " WHERE task_id = :task AND node_id = :node"
                 " AND status NOT IN ('SUCCEEDED', 'CANCELLED', 'RUNNING')"
             ),
-            {"task": env.task_id, "node": run.node_id, "status": run.status.value, "attempts": run.attempts,
-             "round": run.round_attempts, "nb": run.not_before, "retryable": run.retryable, "err": run.last_error},
+            {
+                "task": env.task_id,
+                "node": run.node_id,
+                "status": run.status.value,
+                "attempts": run.attempts,
+                "round": run.round_attempts,
+                "nb": run.not_before,
+                "retryable": run.retryable,
+                "err": run.last_error,
+            },
         )
     await conn.execute(
         text("UPDATE task_runs SET generation = :gen WHERE task_id = :id AND generation < :gen"),
@@ -132,7 +190,9 @@ async def nodes_adopt(conn: AsyncConnection, env: task_pb2.Task) -> None:
     )
 
 
-async def lease_take(conn: AsyncConnection, task_id: str, owner: str, now: datetime, ttl: float) -> bool:
+async def lease_take(
+    conn: AsyncConnection, task_id: str, owner: str, now: datetime, ttl: float
+) -> bool:
     result = await conn.execute(
         text(
             "UPDATE task_runs SET lease_owner = :owner, lease_until = :until WHERE task_id = :id"
@@ -143,9 +203,13 @@ async def lease_take(conn: AsyncConnection, task_id: str, owner: str, now: datet
     return result.rowcount == 1
 
 
-async def lease_extend(conn: AsyncConnection, task_id: str, owner: str, now: datetime, ttl: float) -> bool:
+async def lease_extend(
+    conn: AsyncConnection, task_id: str, owner: str, now: datetime, ttl: float
+) -> bool:
     result = await conn.execute(
-        text("UPDATE task_runs SET lease_until = :until WHERE task_id = :id AND lease_owner = :owner"),
+        text(
+            "UPDATE task_runs SET lease_until = :until WHERE task_id = :id AND lease_owner = :owner"
+        ),
         {"id": task_id, "owner": owner, "until": now + timedelta(seconds=ttl)},
     )
     return result.rowcount == 1
@@ -153,13 +217,23 @@ async def lease_extend(conn: AsyncConnection, task_id: str, owner: str, now: dat
 
 async def lease_release(conn: AsyncConnection, task_id: str, owner: str) -> None:
     await conn.execute(
-        text("UPDATE task_runs SET lease_owner = NULL, lease_until = NULL WHERE task_id = :id AND lease_owner = :owner"),
+        text(
+            "UPDATE task_runs SET lease_owner = NULL, lease_until = NULL WHERE task_id = :id AND lease_owner = :owner"
+        ),
         {"id": task_id, "owner": owner},
     )
 
 
-async def node_set_status_if(conn: AsyncConnection, task_id: str, node_id: str, expected: NodeState,
-                             new: NodeState, *, owner: str | None = None, **fields: Any) -> bool:
+async def node_set_status_if(
+    conn: AsyncConnection,
+    task_id: str,
+    node_id: str,
+    expected: NodeState,
+    new: NodeState,
+    *,
+    owner: str | None = None,
+    **fields: Any,
+) -> bool:
     """Move one node from ``expected`` to ``new`` (and set ``fields``); False if it was not in
     ``expected`` (or, with ``owner``, not run by that owner)."""
     sets = ", ".join(f"{name} = :{name}" for name in fields)
@@ -168,11 +242,20 @@ async def node_set_status_if(conn: AsyncConnection, task_id: str, node_id: str, 
         " WHERE task_id = :task AND node_id = :node AND status = :expected"
         + (" AND run_owner = :owner" if owner is not None else "")
     )
-    params = {"task": task_id, "node": node_id, "expected": expected.value, "new": new.value, "owner": owner, **fields}
+    params = {
+        "task": task_id,
+        "node": node_id,
+        "expected": expected.value,
+        "new": new.value,
+        "owner": owner,
+        **fields,
+    }
     return (await conn.execute(text(sql), params)).rowcount == 1
 
 
-async def node_claim_if_pending(conn: AsyncConnection, task_id: str, node_id: str, owner: str, now: datetime) -> bool:
+async def node_claim_if_pending(
+    conn: AsyncConnection, task_id: str, node_id: str, owner: str, now: datetime
+) -> bool:
     """PENDING → RUNNING, only for the lease holder and not once a cancel is requested: the
     one claim exactly one contender wins."""
     result = await conn.execute(
@@ -188,32 +271,60 @@ async def node_claim_if_pending(conn: AsyncConnection, task_id: str, node_id: st
     return result.rowcount == 1
 
 
-async def task_set_status(conn: AsyncConnection, task_id: str, status: TaskState, reason: str, now: datetime,
-                          *, expected: tuple[TaskState, ...]) -> bool:
+async def task_set_status(
+    conn: AsyncConnection,
+    task_id: str,
+    status: TaskState,
+    reason: str,
+    now: datetime,
+    *,
+    expected: tuple[TaskState, ...],
+) -> bool:
     result = await conn.execute(
         text(
             "UPDATE task_runs SET status = :status, status_reason = :reason, updated_at = :now"
             " WHERE task_id = :id AND status = ANY(:expected)"
         ),
-        {"id": task_id, "status": status.value, "reason": reason, "now": now, "expected": [s.value for s in expected]},
+        {
+            "id": task_id,
+            "status": status.value,
+            "reason": reason,
+            "now": now,
+            "expected": [s.value for s in expected],
+        },
     )
     return result.rowcount == 1
 
 
 async def task_set_cancel_requested(conn: AsyncConnection, task_id: str) -> None:
-    await conn.execute(text("UPDATE task_runs SET cancel_requested = true WHERE task_id = :id"), {"id": task_id})
+    await conn.execute(
+        text("UPDATE task_runs SET cancel_requested = true WHERE task_id = :id"), {"id": task_id}
+    )
 
 
 async def task_bump_generation(conn: AsyncConnection, task_id: str) -> int:
-    row = (await conn.execute(text("UPDATE task_runs SET generation = generation + 1 WHERE task_id = :id RETURNING generation"),
-                              {"id": task_id})).one()
+    row = (
+        await conn.execute(
+            text(
+                "UPDATE task_runs SET generation = generation + 1 WHERE task_id = :id RETURNING generation"
+            ),
+            {"id": task_id},
+        )
+    ).one()
     return int(row.generation)
 
 
 async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_pb2.Task:
     """The task as recorded now, with a new version number (call once per status change)."""
-    row = (await conn.execute(text("UPDATE task_runs SET version = version + 1, updated_at = :now WHERE task_id = :id"
-                                   " RETURNING *"), {"id": task_id, "now": now})).one()
+    row = (
+        await conn.execute(
+            text(
+                "UPDATE task_runs SET version = version + 1, updated_at = :now WHERE task_id = :id"
+                " RETURNING *"
+            ),
+            {"id": task_id, "now": now},
+        )
+    ).one()
     task = _task(row)
     env = task_pb2.Task()
     if task.envelope is not None:
@@ -234,10 +345,18 @@ async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_p
 async def emit_status(conn: AsyncConnection, task_id: str, now: datetime) -> task_pb2.Task:
     """Record a status event for the task's current state in the outbox (same transaction)."""
     env = await snapshot(conn, task_id, now)
-    await outbox_add(conn, outbox, STATUS_SUBJECT.format(task_id=task_id), f"{task_id}:v{env.version}",
-                     env.SerializeToString(), now)
+    await outbox_add(
+        conn,
+        outbox,
+        STATUS_SUBJECT.format(task_id=task_id),
+        f"{task_id}:v{env.version}",
+        env.SerializeToString(),
+        now,
+    )
     return env
 
 
-async def emit(conn: AsyncConnection, subject: str, msg_id: str, env: task_pb2.Task, now: datetime) -> None:
+async def emit(
+    conn: AsyncConnection, subject: str, msg_id: str, env: task_pb2.Task, now: datetime
+) -> None:
     await outbox_add(conn, outbox, subject, msg_id, env.SerializeToString(), now)

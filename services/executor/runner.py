@@ -15,12 +15,19 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from dispo.executor import repository as repo
 from dispo.executor.actions import Call, Downstream, Outcome, Result, run_action
 from dispo.executor.breaker import Breaker
-from dispo.executor.domain import Next, NodeRun, RetryPolicy, blocked_by_failure, decide, ready, to_cancel, truncate_error
+from dispo.executor.domain import (
+    Next,
+    NodeRun,
+    RetryPolicy,
+    blocked_by_failure,
+    decide,
+    ready,
+    to_cancel,
+    truncate_error,
+)
 from dispo.executor.envelope import payload_of
 from dispo.executor.states import TASK_FINAL, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
@@ -28,6 +35,7 @@ from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.clock import Clock
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 
@@ -62,17 +70,28 @@ class ExecutorConfig:
 
 
 class Executor:
-    def __init__(self, engine: AsyncEngine, relay: OutboxRelay, registry: dict[str, Downstream], clock: Clock,
-                 config: ExecutorConfig, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        relay: OutboxRelay,
+        registry: dict[str, Downstream],
+        clock: Clock,
+        config: ExecutorConfig,
+        http: httpx.AsyncClient,
+    ) -> None:
         self.engine = engine
         self.relay = relay
         self.registry = registry
         self.clock = clock
         self.config = config
         self.http = http
-        self.breakers = {name: Breaker(config.breaker_threshold, config.breaker_window, config.breaker_cooldown)
-                         for name in registry}
-        self.limits = {name: asyncio.Semaphore(max(1, d.max_concurrency)) for name, d in registry.items()}
+        self.breakers = {
+            name: Breaker(config.breaker_threshold, config.breaker_window, config.breaker_cooldown)
+            for name in registry
+        }
+        self.limits = {
+            name: asyncio.Semaphore(max(1, d.max_concurrency)) for name, d in registry.items()
+        }
 
     # ---- task.create -------------------------------------------------------------------
     async def handle_create(self, env: task_pb2.Task) -> Disposition:
@@ -84,7 +103,9 @@ class Executor:
             if not isinstance(opened, tuple):
                 return opened
             row, nodes, recovered = opened
-            step = await self._step(conn, env, owner, Pass(), now, changed=recovered, loaded=(row, nodes))
+            step = await self._step(
+                conn, env, owner, Pass(), now, changed=recovered, loaded=(row, nodes)
+            )
         self.relay.kick()
         if step.disposition is not None:
             return step.disposition
@@ -96,22 +117,43 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
 
-    async def _open(self, conn, env: task_pb2.Task, owner: str,  # type: ignore[no-untyped-def]
-                    now) -> Disposition | tuple[repo.TaskRow, dict[str, NodeRun], bool]:
+    async def _open(
+        self,
+        conn,
+        env: task_pb2.Task,
+        owner: str,  # type: ignore[no-untyped-def]
+        now,
+    ) -> Disposition | tuple[repo.TaskRow, dict[str, NodeRun], bool]:
         """Record the envelope, take the lease, recover interrupted nodes. Returns a
         disposition when there is nothing to run, else the task row (locked, leased to
         ``owner``), its nodes and whether recovery changed nodes."""
         task_id = env.task_id
         row = await repo.task_get(conn, task_id, for_update=True)
         if row is None:
-            if await repo.task_insert(conn, env, task_id, now):  # the new row is ours and locked: as written
-                row = repo.TaskRow(task_id, TaskState.ACCEPTED, env.generation, 0, env.cancel_requested,
-                                   None, None, env, "")
+            if await repo.task_insert(
+                conn, env, task_id, now
+            ):  # the new row is ours and locked: as written
+                row = repo.TaskRow(
+                    task_id,
+                    TaskState.ACCEPTED,
+                    env.generation,
+                    0,
+                    env.cancel_requested,
+                    None,
+                    None,
+                    env,
+                    "",
+                )
         elif row.envelope is None:
             await repo.task_attach_envelope(conn, env)
             row = None
         elif env.generation < row.generation:
-            log.info("stale task.create dropped", task_id=task_id, generation=env.generation, recorded=row.generation)
+            log.info(
+                "stale task.create dropped",
+                task_id=task_id,
+                generation=env.generation,
+                recorded=row.generation,
+            )
             return ACK
         elif env.generation > row.generation and row.status not in TASK_FINAL:
             await repo.nodes_adopt(conn, env)
@@ -124,14 +166,26 @@ class Executor:
                 nodes = await repo.nodes_get(conn, row.envelope)
                 pending = [n for n in nodes.values() if n.status is NodeState.PENDING]
                 for node in pending:
-                    await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.PENDING,
-                                                  NodeState.CANCELLED, finished_at=now)
+                    await repo.node_set_status_if(
+                        conn,
+                        task_id,
+                        node.node_id,
+                        NodeState.PENDING,
+                        NodeState.CANCELLED,
+                        finished_at=now,
+                    )
                 if pending:
                     await repo.emit_status(conn, task_id, now)
             return ACK
         if row.leased_by_other(owner, now):
-            remaining = (row.lease_until - now).total_seconds() if row.lease_until else self.config.lease_ttl
-            log.info("task leased by another executor; later", task_id=task_id, owner=row.lease_owner)
+            remaining = (
+                (row.lease_until - now).total_seconds()
+                if row.lease_until
+                else self.config.lease_ttl
+            )
+            log.info(
+                "task leased by another executor; later", task_id=task_id, owner=row.lease_owner
+            )
             return Nak(delay=min(max(remaining, 0.1), self.config.lease_ttl))
         await repo.lease_take(conn, task_id, owner, now, self.config.lease_ttl)
         row.lease_owner = owner  # the row stays locked until commit: this is its state now
@@ -148,15 +202,36 @@ class Executor:
                 continue
             if node.spec.idempotent:
                 err = "executor stopped mid-call; re-run under the same idempotency key (action is idempotent)"
-                await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN, last_error=err)
-                await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.UNKNOWN, NodeState.PENDING)
+                await repo.node_set_status_if(
+                    conn,
+                    task_id,
+                    node.node_id,
+                    NodeState.RUNNING,
+                    NodeState.UNKNOWN,
+                    last_error=err,
+                )
+                await repo.node_set_status_if(
+                    conn, task_id, node.node_id, NodeState.UNKNOWN, NodeState.PENDING
+                )
                 node.status = NodeState.PENDING
             else:
                 err = "executor stopped mid-call; outcome unknown until probed"
-                await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN,
-                                              last_error=err, finished_at=now)
+                await repo.node_set_status_if(
+                    conn,
+                    task_id,
+                    node.node_id,
+                    NodeState.RUNNING,
+                    NodeState.UNKNOWN,
+                    last_error=err,
+                    finished_at=now,
+                )
                 node.status = NodeState.UNKNOWN
-            log.warning("interrupted node recovered", task_id=task_id, node_id=node.node_id, status=node.status.value)
+            log.warning(
+                "interrupted node recovered",
+                task_id=task_id,
+                node_id=node.node_id,
+                status=node.status.value,
+            )
             recovered = True
         return recovered
 
@@ -165,7 +240,9 @@ class Executor:
             await self.clock.sleep(self.config.lease_ttl / 3)
             with contextlib.suppress(Exception):
                 async with self.engine.begin() as conn:
-                    if not await repo.lease_extend(conn, task_id, owner, self.clock.now(), self.config.lease_ttl):
+                    if not await repo.lease_extend(
+                        conn, task_id, owner, self.clock.now(), self.config.lease_ttl
+                    ):
                         log.warning("lease lost", task_id=task_id)
                         return
 
@@ -176,14 +253,20 @@ class Executor:
         while True:
             for node in step.launch:
                 state.attempted.add(node.node_id)
-                state.in_flight[node.node_id] = asyncio.create_task(self._run_node(env, node, owner))
+                state.in_flight[node.node_id] = asyncio.create_task(
+                    self._run_node(env, node, owner)
+                )
             if step.lease_lost:
                 log.warning("lease lost; stopping pass", task_id=env.task_id)
                 await asyncio.gather(*state.in_flight.values(), return_exceptions=True)
-                return Nak(delay=1.0)  # whoever holds the task now finishes it; the message comes back
+                return Nak(
+                    delay=1.0
+                )  # whoever holds the task now finishes it; the message comes back
             if step.disposition is not None:
                 return step.disposition
-            done, _ = await asyncio.wait(state.in_flight.values(), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                state.in_flight.values(), return_when=asyncio.FIRST_COMPLETED
+            )
             for node_id in [n for n, t in state.in_flight.items() if t in done]:
                 finished = state.in_flight.pop(node_id)
                 if finished.exception() is not None:  # e.g. the database went away mid-pass:
@@ -194,9 +277,17 @@ class Executor:
                 step = await self._step(conn, env, owner, state, self.clock.now())
             self.relay.kick()
 
-    async def _step(self, conn, env: task_pb2.Task, owner: str, state: Pass, now, *,  # type: ignore[no-untyped-def]
-                    changed: bool = False,
-                    loaded: tuple[repo.TaskRow, dict[str, NodeRun]] | None = None) -> Step:
+    async def _step(
+        self,
+        conn,
+        env: task_pb2.Task,
+        owner: str,
+        state: Pass,
+        now,
+        *,  # type: ignore[no-untyped-def]
+        changed: bool = False,
+        loaded: tuple[repo.TaskRow, dict[str, NodeRun]] | None = None,
+    ) -> Step:
         """One scheduling step in the caller's transaction: apply a cancel, doom nodes behind
         a failure, demote nodes behind an open breaker, pick the ready ones; with nothing
         ready and nothing in flight, settle the task. ``loaded``: the row (locked in this
@@ -216,7 +307,9 @@ class Executor:
                 return Step(state, lease_lost=True)
             nodes = await repo.nodes_get(conn, env)
         while True:
-            launch, noops, changed = await self._schedule(conn, task_id, row, nodes, state, now, changed)
+            launch, noops, changed = await self._schedule(
+                conn, task_id, row, nodes, state, now, changed
+            )
             if not noops:
                 break
             for node in noops:
@@ -225,27 +318,49 @@ class Executor:
                     state.ran += 1
                     changed = True
         if not launch and not state.in_flight:
-            return Step(state, disposition=await self._settle(conn, row, nodes, owner, state.ran, now, changed))
+            return Step(
+                state,
+                disposition=await self._settle(conn, row, nodes, owner, state.ran, now, changed),
+            )
         if changed:
             await repo.emit_status(conn, task_id, now)
         return Step(state, launch=launch)
 
-    async def _schedule(self, conn, task_id: str, row: repo.TaskRow,  # type: ignore[no-untyped-def]
-                        nodes: dict[str, NodeRun], state: Pass, now,
-                        changed: bool) -> tuple[list[NodeRun], list[NodeRun], bool]:
+    async def _schedule(
+        self,
+        conn,
+        task_id: str,
+        row: repo.TaskRow,  # type: ignore[no-untyped-def]
+        nodes: dict[str, NodeRun],
+        state: Pass,
+        now,
+        changed: bool,
+    ) -> tuple[list[NodeRun], list[NodeRun], bool]:
         """Apply a cancel, doom nodes behind a failure, demote nodes behind an open breaker;
         returns the ready nodes to launch, the ready noop nodes and whether nodes changed."""
         if row.cancel_requested:
             for node_id in to_cancel(nodes):
                 if node_id in state.in_flight:
                     continue  # launched: its claim fails on the cancel flag, then it is cancelled here
-                changed |= await repo.node_set_status_if(conn, task_id, node_id, nodes[node_id].status,
-                                                         NodeState.CANCELLED, finished_at=now)
+                changed |= await repo.node_set_status_if(
+                    conn,
+                    task_id,
+                    node_id,
+                    nodes[node_id].status,
+                    NodeState.CANCELLED,
+                    finished_at=now,
+                )
                 nodes[node_id].status = NodeState.CANCELLED
         for node_id in blocked_by_failure(nodes):
-            changed |= await repo.node_set_status_if(conn, task_id, node_id, NodeState.PENDING,
-                                                     NodeState.DEPENDENCY_FAILED, finished_at=now,
-                                                     last_error="a dependency failed")
+            changed |= await repo.node_set_status_if(
+                conn,
+                task_id,
+                node_id,
+                NodeState.PENDING,
+                NodeState.DEPENDENCY_FAILED,
+                finished_at=now,
+                last_error="a dependency failed",
+            )
             nodes[node_id].status = NodeState.DEPENDENCY_FAILED
         launch: list[NodeRun] = []
         noops: list[NodeRun] = []
@@ -259,8 +374,13 @@ class Executor:
                 breaker = self.breakers.get(node.spec.downstream)
                 if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
                     changed |= await repo.node_set_status_if(
-                        conn, task_id, node.node_id, NodeState.PENDING, NodeState.DEMOTED,
-                        last_error=f"downstream {node.spec.downstream} degraded (circuit open)")
+                        conn,
+                        task_id,
+                        node.node_id,
+                        NodeState.PENDING,
+                        NodeState.DEMOTED,
+                        last_error=f"downstream {node.spec.downstream} degraded (circuit open)",
+                    )
                     node.status = NodeState.DEMOTED
                     continue
                 launch.append(node)
@@ -278,10 +398,18 @@ class Executor:
                     return False
                 await repo.emit_status(conn, task_id, now)
             self.relay.kick()
-            call = Call(task_id, node.node_id, node.idempotency_key, node.spec, payload_of(env, node.cell_ref))
+            call = Call(
+                task_id,
+                node.node_id,
+                node.idempotency_key,
+                node.spec,
+                payload_of(env, node.cell_ref),
+            )
             try:
                 result = await run_action(self.http, call, downstream)
-            except Exception as error:  # a bug in an action must not leave the node RUNNING for ever
+            except (
+                Exception
+            ) as error:  # a bug in an action must not leave the node RUNNING for ever
                 result = Result(Outcome.RETRYABLE, truncate_error(f"action error: {error!r}"))
         await self._record(task_id, node, owner, result)
         return True
@@ -292,8 +420,17 @@ class Executor:
         if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
             log.info("node claim lost", task_id=task_id, node_id=node.node_id)
             return False
-        await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, NodeState.SUCCEEDED,
-                                      owner=owner, finished_at=now, last_error="", retryable=False)
+        await repo.node_set_status_if(
+            conn,
+            task_id,
+            node.node_id,
+            NodeState.RUNNING,
+            NodeState.SUCCEEDED,
+            owner=owner,
+            finished_at=now,
+            last_error="",
+            retryable=False,
+        )
         node.status = NodeState.SUCCEEDED
         node.finished_at = now
         return True
@@ -308,25 +445,60 @@ class Executor:
                 breaker.record_failure(now)
         round_attempts = node.round_attempts + 1
         if result.outcome is Outcome.SUCCESS:
-            new, fields = NodeState.SUCCEEDED, {"finished_at": now, "last_error": "", "retryable": False}
+            new, fields = (
+                NodeState.SUCCEEDED,
+                {"finished_at": now, "last_error": "", "retryable": False},
+            )
         elif result.outcome is Outcome.PERMANENT:
-            new, fields = NodeState.FAILED, {"finished_at": now, "last_error": result.detail, "retryable": False}
+            new, fields = (
+                NodeState.FAILED,
+                {"finished_at": now, "last_error": result.detail, "retryable": False},
+            )
         elif self.config.retry.exhausted(round_attempts):
-            new, fields = NodeState.FAILED, {"finished_at": now, "last_error": result.detail, "retryable": True}
+            new, fields = (
+                NodeState.FAILED,
+                {"finished_at": now, "last_error": result.detail, "retryable": True},
+            )
         else:
             delay = self.config.retry.delay(round_attempts)
-            new, fields = NodeState.PENDING, {"not_before": now + timedelta(seconds=delay),
-                                              "last_error": result.detail, "retryable": True}
+            new, fields = (
+                NodeState.PENDING,
+                {
+                    "not_before": now + timedelta(seconds=delay),
+                    "last_error": result.detail,
+                    "retryable": True,
+                },
+            )
         async with self.engine.begin() as conn:
-            if not await repo.node_set_status_if(conn, task_id, node.node_id, NodeState.RUNNING, new, owner=owner, **fields):
-                log.warning("node result lost a race (lease expired?)", task_id=task_id, node_id=node.node_id)
+            if not await repo.node_set_status_if(
+                conn, task_id, node.node_id, NodeState.RUNNING, new, owner=owner, **fields
+            ):
+                log.warning(
+                    "node result lost a race (lease expired?)",
+                    task_id=task_id,
+                    node_id=node.node_id,
+                )
                 return
             await repo.emit_status(conn, task_id, now)
         self.relay.kick()
-        log.info("node finished", task_id=task_id, node_id=node.node_id, status=new.value, error=result.detail)
+        log.info(
+            "node finished",
+            task_id=task_id,
+            node_id=node.node_id,
+            status=new.value,
+            error=result.detail,
+        )
 
-    async def _settle(self, conn, row: repo.TaskRow, nodes: dict[str, NodeRun], owner: str,  # type: ignore[no-untyped-def]
-                      ran: int, now, changed: bool) -> Disposition:
+    async def _settle(
+        self,
+        conn,
+        row: repo.TaskRow,
+        nodes: dict[str, NodeRun],
+        owner: str,  # type: ignore[no-untyped-def]
+        ran: int,
+        now,
+        changed: bool,
+    ) -> Disposition:
         """Nothing more can run in this pass: finish, re-publish for a retry, demote or fail."""
         task_id = row.task_id
         decision = decide(nodes, now, row.cancel_requested)
@@ -337,8 +509,14 @@ class Executor:
                 await repo.emit_status(conn, task_id, now)
             wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
             return Nak(delay=max(0.05, wait))
-        await repo.task_set_status(conn, task_id, decision.status, decision.reason, now, expected=PARKED)
-        generation = await repo.task_bump_generation(conn, task_id) if decision.next is Next.RETRY else row.generation
+        await repo.task_set_status(
+            conn, task_id, decision.status, decision.reason, now, expected=PARKED
+        )
+        generation = (
+            await repo.task_bump_generation(conn, task_id)
+            if decision.next is Next.RETRY
+            else row.generation
+        )
         snap = await repo.emit_status(conn, task_id, now)
         if decision.next is Next.RETRY:
             await repo.emit(conn, "task.create", f"{task_id}:g{generation}", snap, now)
@@ -346,6 +524,11 @@ class Executor:
             await repo.emit(conn, "task.demote", f"{task_id}:demote:g{generation}", snap, now)
         elif decision.next is Next.FAIL:
             await repo.emit(conn, "task.fail", f"{task_id}:fail:g{generation}", snap, now)
-        log.info("task pass done", task_id=task_id, next=decision.next.value, status=decision.status.value,
-                 reason=decision.reason)
+        log.info(
+            "task pass done",
+            task_id=task_id,
+            next=decision.next.value,
+            status=decision.status.value,
+            reason=decision.reason,
+        )
         return ACK

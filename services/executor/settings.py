@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic_settings import BaseSettings
-
 from dispo.libs.settings import service_settings_config
+from pydantic_settings import BaseSettings
 
 # The shipped content governance catalogue (the gateway's), whose `downstreams` section is
 # the registry when no catalogue is set.
-DEFAULT_CATALOGUE = Path(__file__).resolve().parent.parent / "gateway" / "catalogue" / "content_governance.yaml"
+DEFAULT_CATALOGUE = (
+    Path(__file__).resolve().parent.parent / "gateway" / "catalogue" / "content_governance.yaml"
+)
 
 
 class ExecutorSettings(BaseSettings):

@@ -79,7 +79,9 @@ T = TaskState
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     T.ACCEPTED: frozenset({T.RUNNING, T.CANCELLED}),
     # RUNNING → RUNNING: a short retry re-published the task.
-    T.RUNNING: frozenset({T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED, T.RETRY_EXHAUSTED, T.DEMOTED}),
+    T.RUNNING: frozenset(
+        {T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED, T.RETRY_EXHAUSTED, T.DEMOTED}
+    ),
     # Parked with the reconciler until a redrive (→ RUNNING), a cancel, or a task.close
     # when the reconciler gives up (→ FAILED).
     T.RETRY_EXHAUSTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
@@ -89,4 +91,3 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     T.CANCELLED: frozenset(),
 }
 TASK_FINAL = frozenset(s for s, out in TASK_TRANSITIONS.items() if not out)
-

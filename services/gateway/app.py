@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-from google.protobuf.message import DecodeError
-from nats.aio.msg import Msg
-
 from dispo.gateway import repository as repo
 from dispo.gateway.catalogue import DEFAULT_CATALOGUE, load_catalogue
 from dispo.gateway.expand import Limits
@@ -20,6 +16,8 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
 from dispo.libs.service import Runtime, run_service
 from dispo.libs.task_streams import STATUS_STREAM, ensure_task_streams
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.gateway.v1.GatewayService"
@@ -43,10 +41,19 @@ async def setup(rt: Runtime) -> None:
         await gateway.apply_status(env)
         return ACK
 
-    statuses = rt.bus.consumer(STATUS_STREAM, durable=settings.status_durable, subject="task.status.>",
-                               handler=on_status, batch=64)
-    rt.add_servicer(lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-        GatewayServicer(gateway, settings.max_page_size), server), SERVICE_NAME)
+    statuses = rt.bus.consumer(
+        STATUS_STREAM,
+        durable=settings.status_durable,
+        subject="task.status.>",
+        handler=on_status,
+        batch=64,
+    )
+    rt.add_servicer(
+        lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
+            GatewayServicer(gateway, settings.max_page_size), server
+        ),
+        SERVICE_NAME,
+    )
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.add_part("task.status consumer", statuses.run, statuses.stop)
 

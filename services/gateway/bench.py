@@ -72,9 +72,14 @@ async def with_stack(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory(prefix="dispo-bench-") as root:
         ports = {"gateway": free_port(), "executor": free_port()}
-        options = StackOptions(data_dir=Path(root), nats_port=free_port(), ports=ports,
-                               services=("gateway", "executor"), demo_port=0,
-                               extra_env={"DISPO_LOG_LEVEL": os.environ.get("DISPO_LOG_LEVEL", "WARNING")})
+        options = StackOptions(
+            data_dir=Path(root),
+            nats_port=free_port(),
+            ports=ports,
+            services=("gateway", "executor"),
+            demo_port=0,
+            extra_env={"DISPO_LOG_LEVEL": os.environ.get("DISPO_LOG_LEVEL", "WARNING")},
+        )
         stack = Stack(options)
         addresses = await stack.start()
         try:
@@ -86,7 +91,11 @@ async def with_stack(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--address", default="127.0.0.1:50051", help="gateway address")
-    parser.add_argument("--start", action="store_true", help="start an embedded stack (gateway + executor) for the run")
+    parser.add_argument(
+        "--start",
+        action="store_true",
+        help="start an embedded stack (gateway + executor) for the run",
+    )
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--cell", default="noop")

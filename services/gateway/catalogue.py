@@ -121,11 +121,15 @@ def _cell(name: str, raw: dict[str, Any]) -> CellDef:
     for action in actions.values():
         for dep in action.depends_on:
             if dep not in actions:
-                raise CatalogueError(f"cells.{name}.actions.{action.name}.depends_on: unknown action {dep!r}")
+                raise CatalogueError(
+                    f"cells.{name}.actions.{action.name}.depends_on: unknown action {dep!r}"
+                )
     order = topological(list(actions), {a.name: a.depends_on for a in actions.values()})
     if order is None:
         raise CatalogueError(f"cells.{name}.actions: dependency cycle")
-    return CellDef(name, str(raw.get("description", "")), tuple(fields), tuple(actions[a] for a in order))
+    return CellDef(
+        name, str(raw.get("description", "")), tuple(fields), tuple(actions[a] for a in order)
+    )
 
 
 def parse_catalogue(data: dict[str, Any]) -> Catalogue:

@@ -5,22 +5,25 @@ from __future__ import annotations
 import base64
 from datetime import UTC, datetime
 
-from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
-
 from dispo.gateway.expand import CellRequest, PlannedNode, Submission
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.errors import InvalidArgument
+from google.protobuf import json_format
+from google.protobuf.struct_pb2 import Struct
 
 
 def submission_from_proto(request: gateway_pb2.SubmitRequest) -> Submission:
     return Submission(
         business=request.business,
         cells=[
-            CellRequest(c.cell, c.ref, json_format.MessageToDict(c.payload) if c.HasField("payload") else {},
-                        list(c.depends_on))
+            CellRequest(
+                c.cell,
+                c.ref,
+                json_format.MessageToDict(c.payload) if c.HasField("payload") else {},
+                list(c.depends_on),
+            )
             for c in request.cells
         ],
         idempotency_key=request.idempotency_key,
@@ -28,7 +31,9 @@ def submission_from_proto(request: gateway_pb2.SubmitRequest) -> Submission:
     )
 
 
-def task_envelope(task_id: str, sub: Submission, nodes: list[PlannedNode], now: datetime) -> task_pb2.Task:
+def task_envelope(
+    task_id: str, sub: Submission, nodes: list[PlannedNode], now: datetime
+) -> task_pb2.Task:
     env = task_pb2.Task(
         task_id=task_id,
         business=sub.business,
@@ -52,8 +57,15 @@ def task_envelope(task_id: str, sub: Submission, nodes: list[PlannedNode], now: 
             action=a.name,
             depends_on=list(node.depends_on),
             status=common_pb2.NODE_STATUS_PENDING,
-            spec=task_pb2.ActionSpec(kind=a.kind, downstream=a.downstream, method=a.method, path=node.path,
-                                     probe_path=node.probe_path, idempotent=a.idempotent, timeout_ms=a.timeout_ms),
+            spec=task_pb2.ActionSpec(
+                kind=a.kind,
+                downstream=a.downstream,
+                method=a.method,
+                path=node.path,
+                probe_path=node.probe_path,
+                idempotent=a.idempotent,
+                timeout_ms=a.timeout_ms,
+            ),
             idempotency_key=node.idempotency_key,
         )
     return env

@@ -65,7 +65,11 @@ def _type_ok(kind: str, value: Any) -> bool:
     if kind == "boolean":
         return isinstance(value, bool)
     if kind == "integer":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
+        return (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and float(value).is_integer()
+        )
     if kind == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "object":
@@ -79,9 +83,13 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
     if not _NAME.match(sub.business or ""):
         bad.append(FieldViolation("business", "required; letters, digits, '_', '.', '-' (max 64)"))
     if len(sub.idempotency_key) > limits.max_key_length:
-        bad.append(FieldViolation("idempotency_key", f"longer than {limits.max_key_length} characters"))
-    if sub.callback_url and not (sub.callback_url.startswith(("http://", "https://"))
-                                 or (sub.callback_url.startswith("nats:") and len(sub.callback_url) > 5)):
+        bad.append(
+            FieldViolation("idempotency_key", f"longer than {limits.max_key_length} characters")
+        )
+    if sub.callback_url and not (
+        sub.callback_url.startswith(("http://", "https://"))
+        or (sub.callback_url.startswith("nats:") and len(sub.callback_url) > 5)
+    ):
         bad.append(FieldViolation("callback_url", "must be an http(s) URL or nats:<subject>"))
     if not sub.cells:
         bad.append(FieldViolation("cells", "at least one cell is required"))
@@ -91,7 +99,8 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
         size = len(json.dumps(req.payload, separators=(",", ":")))
         if size > limits.max_payload_bytes:
             raise ResourceExhausted(
-                f"payload is {size} bytes, the limit is {limits.max_payload_bytes}", field=f"cells[{i}].payload"
+                f"payload is {size} bytes, the limit is {limits.max_payload_bytes}",
+                field=f"cells[{i}].payload",
             )
     refs: dict[str, int] = {}
     for i, req in enumerate(sub.cells):
@@ -103,7 +112,11 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
         if not _NAME.match(ref) or "." in ref:
             bad.append(FieldViolation(f"cells[{i}].ref", "letters, digits, '_' and '-' only"))
         elif ref in refs:
-            bad.append(FieldViolation(f"cells[{i}].ref", f"duplicate ref {ref!r}; give each use of a cell its own ref"))
+            bad.append(
+                FieldViolation(
+                    f"cells[{i}].ref", f"duplicate ref {ref!r}; give each use of a cell its own ref"
+                )
+            )
         refs.setdefault(ref, i)
         declared = {f.name: f for f in cell.fields}
         for spec in cell.fields:
@@ -111,18 +124,28 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
                 if spec.required:
                     bad.append(FieldViolation(f"cells[{i}].payload.{spec.name}", "required"))
             elif not _type_ok(spec.type, req.payload[spec.name]):
-                bad.append(FieldViolation(f"cells[{i}].payload.{spec.name}", f"must be {spec.type}"))
+                bad.append(
+                    FieldViolation(f"cells[{i}].payload.{spec.name}", f"must be {spec.type}")
+                )
         for name in req.payload:
             if name not in declared:
-                bad.append(FieldViolation(f"cells[{i}].payload.{name}", f"not a field of cell {cell.name!r}"))
+                bad.append(
+                    FieldViolation(
+                        f"cells[{i}].payload.{name}", f"not a field of cell {cell.name!r}"
+                    )
+                )
     if bad:
         raise InvalidArgument(violations=bad)
     for i, req in enumerate(sub.cells):
         for j, dep in enumerate(req.depends_on):
             if dep not in refs:
-                bad.append(FieldViolation(f"cells[{i}].depends_on[{j}]", f"no cell with ref {dep!r}"))
+                bad.append(
+                    FieldViolation(f"cells[{i}].depends_on[{j}]", f"no cell with ref {dep!r}")
+                )
             elif dep == (req.ref or req.cell):
-                bad.append(FieldViolation(f"cells[{i}].depends_on[{j}]", "a cell cannot depend on itself"))
+                bad.append(
+                    FieldViolation(f"cells[{i}].depends_on[{j}]", "a cell cannot depend on itself")
+                )
     if bad:
         raise InvalidArgument(violations=bad)
     names = [r.ref or r.cell for r in sub.cells]
@@ -130,7 +153,9 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
         raise InvalidArgument("cells", "the cells' depends_on form a cycle")
 
 
-def _expand_template(template: str, values: dict[str, str], payload: dict[str, Any], where: str) -> str:
+def _expand_template(
+    template: str, values: dict[str, str], payload: dict[str, Any], where: str
+) -> str:
     def sub(match: re.Match[str]) -> str:
         key = match.group(1)
         if key.startswith("payload."):
@@ -148,7 +173,9 @@ def _expand_template(template: str, values: dict[str, str], payload: dict[str, A
     return _PLACEHOLDER.sub(sub, template)
 
 
-def expand(task_id: str, sub: Submission, catalogue: Catalogue, limits: Limits) -> list[PlannedNode]:
+def expand(
+    task_id: str, sub: Submission, catalogue: Catalogue, limits: Limits
+) -> list[PlannedNode]:
     """The task's nodes in topological order (call :func:`validate` first)."""
     sinks: dict[str, list[str]] = {}
     nodes: list[PlannedNode] = []
@@ -171,11 +198,16 @@ def expand(task_id: str, sub: Submission, catalogue: Catalogue, limits: Limits) 
                     action=action,
                     depends_on=deps,
                     path=_expand_template(action.path, values, req.payload, f"cells[{i}]"),
-                    probe_path=_expand_template(action.probe_path, values, req.payload, f"cells[{i}]"),
+                    probe_path=_expand_template(
+                        action.probe_path, values, req.payload, f"cells[{i}]"
+                    ),
                     idempotency_key=key,
                 )
             )
         sinks[ref] = [f"{ref}.{s}" for s in cell.sinks] if cell.actions else []
     if len(nodes) > limits.max_nodes:
-        raise ResourceExhausted(f"the cells expand to {len(nodes)} steps, the limit is {limits.max_nodes}", field="cells")
+        raise ResourceExhausted(
+            f"the cells expand to {len(nodes)} steps, the limit is {limits.max_nodes}",
+            field="cells",
+        )
     return nodes

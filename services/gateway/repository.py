@@ -6,11 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import MetaData, text
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import outbox_add, outbox_table
+from sqlalchemy import MetaData, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
 outbox = outbox_table(metadata)
@@ -35,19 +34,35 @@ class TaskRecord:
 
 def _record(row: Any) -> TaskRecord:
     view = task_pb2.Task.FromString(row.view)
-    return TaskRecord(row.task_id, row.business, row.idempotency_key, row.request_hash, row.status,
-                      row.cancel_requested, row.node_count, row.version, view, row.created_at, row.updated_at,
-                      row.callback_url, row.finished_at)
+    return TaskRecord(
+        row.task_id,
+        row.business,
+        row.idempotency_key,
+        row.request_hash,
+        row.status,
+        row.cancel_requested,
+        row.node_count,
+        row.version,
+        view,
+        row.created_at,
+        row.updated_at,
+        row.callback_url,
+        row.finished_at,
+    )
 
 
 # Statuses a task never leaves.
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 # A task reaching a terminal status records when it finished (the first time only).
-_FINISH = (f"finished_at = CASE WHEN :status IN ({', '.join(repr(s) for s in TERMINAL)})"
-           " THEN COALESCE(finished_at, :now) ELSE finished_at END")
+_FINISH = (
+    f"finished_at = CASE WHEN :status IN ({', '.join(repr(s) for s in TERMINAL)})"
+    " THEN COALESCE(finished_at, :now) ELSE finished_at END"
+)
 
 
-async def task_insert_if_new(conn: AsyncConnection, env: task_pb2.Task, request_hash: str, now: datetime) -> bool:
+async def task_insert_if_new(
+    conn: AsyncConnection, env: task_pb2.Task, request_hash: str, now: datetime
+) -> bool:
     """Insert the accepted task; False when (business, idempotency_key) is already taken."""
     result = await conn.execute(
         text(
@@ -56,29 +71,54 @@ async def task_insert_if_new(conn: AsyncConnection, env: task_pb2.Task, request_
             " VALUES (:id, :business, :key, :hash, 'ACCEPTED', :nodes, :view, :callback, :now, :now)"
             " ON CONFLICT (business, idempotency_key) DO NOTHING"
         ),
-        {"id": env.task_id, "business": env.business, "key": env.idempotency_key or None, "hash": request_hash,
-         "nodes": len(env.nodes), "view": env.SerializeToString(), "callback": env.callback_url, "now": now},
+        {
+            "id": env.task_id,
+            "business": env.business,
+            "key": env.idempotency_key or None,
+            "hash": request_hash,
+            "nodes": len(env.nodes),
+            "view": env.SerializeToString(),
+            "callback": env.callback_url,
+            "now": now,
+        },
     )
     return result.rowcount == 1
 
 
 async def task_get(conn: AsyncConnection, task_id: str) -> TaskRecord | None:
-    row = (await conn.execute(text("SELECT * FROM tasks WHERE task_id = :id"), {"id": task_id})).first()
+    row = (
+        await conn.execute(text("SELECT * FROM tasks WHERE task_id = :id"), {"id": task_id})
+    ).first()
     return _record(row) if row else None
 
 
 async def task_by_key(conn: AsyncConnection, business: str, key: str) -> TaskRecord | None:
-    row = (await conn.execute(text("SELECT * FROM tasks WHERE business = :b AND idempotency_key = :k"),
-                              {"b": business, "k": key})).first()
+    row = (
+        await conn.execute(
+            text("SELECT * FROM tasks WHERE business = :b AND idempotency_key = :k"),
+            {"b": business, "k": key},
+        )
+    ).first()
     return _record(row) if row else None
 
 
-async def task_apply_status_if_newer(conn: AsyncConnection, env: task_pb2.Task, status: str, now: datetime) -> bool:
+async def task_apply_status_if_newer(
+    conn: AsyncConnection, env: task_pb2.Task, status: str, now: datetime
+) -> bool:
     """Take an executor snapshot unless a newer one was applied already."""
     result = await conn.execute(
-        text("UPDATE tasks SET view = :view, status = :status, version = :version, updated_at = :now, " + _FINISH +
-             " WHERE task_id = :id AND version < :version"),
-        {"id": env.task_id, "view": env.SerializeToString(), "status": status, "version": env.version, "now": now},
+        text(
+            "UPDATE tasks SET view = :view, status = :status, version = :version, updated_at = :now, "
+            + _FINISH
+            + " WHERE task_id = :id AND version < :version"
+        ),
+        {
+            "id": env.task_id,
+            "view": env.SerializeToString(),
+            "status": status,
+            "version": env.version,
+            "now": now,
+        },
     )
     return result.rowcount == 1
 
@@ -86,7 +126,9 @@ async def task_apply_status_if_newer(conn: AsyncConnection, env: task_pb2.Task, 
 async def task_request_cancel(conn: AsyncConnection, task_id: str, now: datetime) -> bool:
     """Set the cancel flag; False if it was set already."""
     result = await conn.execute(
-        text("UPDATE tasks SET cancel_requested = true, updated_at = :now WHERE task_id = :id AND NOT cancel_requested"),
+        text(
+            "UPDATE tasks SET cancel_requested = true, updated_at = :now WHERE task_id = :id AND NOT cancel_requested"
+        ),
         {"id": task_id, "now": now},
     )
     return result.rowcount == 1
@@ -96,18 +138,37 @@ async def outbox_withdraw_create(conn: AsyncConnection, task_id: str) -> bool:
     """Take back a task.create not yet published (the relay's row lock makes this exact:
     a row being published is waited for, then found sent)."""
     result = await conn.execute(
-        text("DELETE FROM outbox WHERE msg_id = :id AND subject = 'task.create' AND sent_at IS NULL"), {"id": task_id})
+        text(
+            "DELETE FROM outbox WHERE msg_id = :id AND subject = 'task.create' AND sent_at IS NULL"
+        ),
+        {"id": task_id},
+    )
     return result.rowcount == 1
 
 
-async def task_set_view(conn: AsyncConnection, task_id: str, view: task_pb2.Task, status: str, now: datetime) -> None:
-    await conn.execute(text("UPDATE tasks SET view = :view, status = :status, updated_at = :now, " + _FINISH +
-                            " WHERE task_id = :id"),
-                       {"id": task_id, "view": view.SerializeToString(), "status": status, "now": now})
+async def task_set_view(
+    conn: AsyncConnection, task_id: str, view: task_pb2.Task, status: str, now: datetime
+) -> None:
+    await conn.execute(
+        text(
+            "UPDATE tasks SET view = :view, status = :status, updated_at = :now, "
+            + _FINISH
+            + " WHERE task_id = :id"
+        ),
+        {"id": task_id, "view": view.SerializeToString(), "status": status, "now": now},
+    )
 
 
-async def task_list(conn: AsyncConnection, *, business: str, statuses: list[str], created_after: datetime | None,
-                    created_before: datetime | None, after: tuple[datetime, str] | None, limit: int) -> list[TaskRecord]:
+async def task_list(
+    conn: AsyncConnection,
+    *,
+    business: str,
+    statuses: list[str],
+    created_after: datetime | None,
+    created_before: datetime | None,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[TaskRecord]:
     clauses, params = [], {"limit": limit}
     if business:
         clauses.append("business = :business")
@@ -125,9 +186,13 @@ async def task_list(conn: AsyncConnection, *, business: str, statuses: list[str]
         clauses.append("(created_at, task_id) > (:cur_t, :cur_id)")
         params["cur_t"], params["cur_id"] = after
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = await conn.execute(text(f"SELECT * FROM tasks {where} ORDER BY created_at, task_id LIMIT :limit"), params)
+    rows = await conn.execute(
+        text(f"SELECT * FROM tasks {where} ORDER BY created_at, task_id LIMIT :limit"), params
+    )
     return [_record(r) for r in rows]
 
 
-async def emit(conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:
+async def emit(
+    conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime
+) -> None:
     await outbox_add(conn, outbox, subject, msg_id, payload, now)

@@ -8,10 +8,8 @@ import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime
 from dataclasses import asdict
-
-from sqlalchemy.ext.asyncio import AsyncEngine
+from datetime import datetime
 
 from dispo.gateway import repository as repo
 from dispo.gateway.catalogue import Catalogue
@@ -23,6 +21,7 @@ from dispo.libs.clock import Clock
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 
@@ -51,8 +50,15 @@ class Accepted:
 
 
 class Gateway:
-    def __init__(self, engine: AsyncEngine, relay: OutboxRelay, catalogue: Catalogue, limits: Limits, clock: Clock,
-                 watch_poll_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        relay: OutboxRelay,
+        catalogue: Catalogue,
+        limits: Limits,
+        clock: Clock,
+        watch_poll_interval: float = 0.5,
+    ) -> None:
         self.engine = engine
         self.relay = relay
         self.catalogue = catalogue
@@ -90,7 +96,8 @@ class Gateway:
     def _same(existing: repo.TaskRecord, digest: str) -> Accepted:
         if existing.request_hash != digest:
             raise FailedPrecondition(
-                f"idempotency key already used for task {existing.task_id} with a different request")
+                f"idempotency key already used for task {existing.task_id} with a different request"
+            )
         return Accepted(existing.task_id, existing.status, True)
 
     async def get(self, task_id: str) -> task_pb2.Task:
@@ -125,11 +132,15 @@ class Gateway:
             if await repo.outbox_withdraw_create(conn, task_id):
                 # Never published (the relay does not publish while disconnected): no
                 # executor has seen it, so it is cancelled here, completely.
-                await repo.task_set_view(conn, task_id, cancelled_view(record.view, now), "CANCELLED", now)
+                await repo.task_set_view(
+                    conn, task_id, cancelled_view(record.view, now), "CANCELLED", now
+                )
             if await repo.task_request_cancel(conn, task_id, now):
                 request = task_pb2.CancelRequest(task_id=task_id)
                 request.requested_at.FromDatetime(now)
-                await repo.emit(conn, "task.cancel", f"{task_id}:cancel", request.SerializeToString(), now)
+                await repo.emit(
+                    conn, "task.cancel", f"{task_id}:cancel", request.SerializeToString(), now
+                )
             record = await repo.task_get(conn, task_id)
         self.relay.kick()
         assert record is not None
@@ -138,7 +149,9 @@ class Gateway:
 
     async def apply_status(self, env: task_pb2.Task) -> bool:
         async with self.engine.begin() as conn:
-            applied = await repo.task_apply_status_if_newer(conn, env, status_name(env.status), self.clock.now())
+            applied = await repo.task_apply_status_if_newer(
+                conn, env, status_name(env.status), self.clock.now()
+            )
         if applied:
             event = self._changed.pop(env.task_id, None)
             if event is not None:
@@ -162,6 +175,6 @@ class Gateway:
                 except TimeoutError:
                     pass
         finally:
-            self._changed.pop(task_id, None)  # another watcher of the same task falls back to polling
-
-
+            self._changed.pop(
+                task_id, None
+            )  # another watcher of the same task falls back to polling

@@ -7,14 +7,19 @@ from collections.abc import AsyncIterator
 from datetime import UTC
 
 import grpc
-from sqlalchemy.exc import DBAPIError
-
 from dispo.gateway.catalogue import Catalogue
-from dispo.gateway.convert import decode_cursor, encode_cursor, status_name, status_value, submission_from_proto
+from dispo.gateway.convert import (
+    decode_cursor,
+    encode_cursor,
+    status_name,
+    status_value,
+    submission_from_proto,
+)
 from dispo.gateway.service import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.errors import InvalidArgument, Unavailable
+from sqlalchemy.exc import DBAPIError
 
 DEFAULT_PAGE = 50
 # The database is unreachable (down, restarting): the caller may retry; nothing was accepted.
@@ -44,13 +49,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.max_page_size = max_page_size
 
     @unavailable_when_db_down
-    async def Submit(self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.SubmitResponse:
+    async def Submit(
+        self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SubmitResponse:
         accepted = await self.gateway.submit(submission_from_proto(request))
-        return gateway_pb2.SubmitResponse(task_id=accepted.task_id, status=status_value(accepted.status),
-                                          duplicate=accepted.duplicate)
+        return gateway_pb2.SubmitResponse(
+            task_id=accepted.task_id,
+            status=status_value(accepted.status),
+            duplicate=accepted.duplicate,
+        )
 
     @unavailable_when_db_down
-    async def GetTask(self, request: gateway_pb2.GetTaskRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.GetTaskResponse:
+    async def GetTask(
+        self, request: gateway_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetTaskResponse:
         record = await self.gateway.get_record(_task_id(request.task_id))
         completion = gateway_pb2.Completion(callback_url=record.callback_url)
         if record.finished_at is not None:
@@ -58,28 +70,42 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         return gateway_pb2.GetTaskResponse(task=self.gateway.view_of(record), completion=completion)
 
     @unavailable_when_db_down
-    async def ListTasks(self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListTasksResponse:
+    async def ListTasks(
+        self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListTasksResponse:
         size = request.page.page_size
         if size < 0:
             raise InvalidArgument("page.page_size", "must not be negative")
         size = min(size or DEFAULT_PAGE, self.max_page_size)
         statuses = []
         for i, value in enumerate(request.statuses):
-            if value == common_pb2.TASK_STATUS_UNSPECIFIED or value not in common_pb2.TaskStatus.values():
+            if (
+                value == common_pb2.TASK_STATUS_UNSPECIFIED
+                or value not in common_pb2.TaskStatus.values()
+            ):
                 raise InvalidArgument(f"statuses[{i}]", "not a task status")
             statuses.append(status_name(value))
         records = await self.gateway.list(
             business=request.business,
             statuses=statuses,
-            created_after=request.created_after.ToDatetime(tzinfo=UTC) if request.HasField("created_after") else None,
-            created_before=request.created_before.ToDatetime(tzinfo=UTC) if request.HasField("created_before") else None,
+            created_after=request.created_after.ToDatetime(tzinfo=UTC)
+            if request.HasField("created_after")
+            else None,
+            created_before=request.created_before.ToDatetime(tzinfo=UTC)
+            if request.HasField("created_before")
+            else None,
             after=decode_cursor(request.page.page_token) if request.page.page_token else None,
             limit=size + 1,
         )
         out = gateway_pb2.ListTasksResponse()
         for record in records[:size]:
-            item = out.tasks.add(task_id=record.task_id, business=record.business, status=status_value(record.status),
-                                 node_count=record.node_count, cancel_requested=record.cancel_requested)
+            item = out.tasks.add(
+                task_id=record.task_id,
+                business=record.business,
+                status=status_value(record.status),
+                node_count=record.node_count,
+                cancel_requested=record.cancel_requested,
+            )
             item.created_at.FromDatetime(record.created_at)
             item.updated_at.FromDatetime(record.updated_at)
         if len(records) > size:
@@ -88,17 +114,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         return out
 
     @unavailable_when_db_down
-    async def CancelTask(self, request: gateway_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.CancelTaskResponse:
-        return gateway_pb2.CancelTaskResponse(task=await self.gateway.cancel(_task_id(request.task_id)))
+    async def CancelTask(
+        self, request: gateway_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.CancelTaskResponse:
+        return gateway_pb2.CancelTaskResponse(
+            task=await self.gateway.cancel(_task_id(request.task_id))
+        )
 
-    async def WatchTask(self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
+    async def WatchTask(
+        self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
         try:
             async for view in self.gateway.watch(_task_id(request.task_id)):
                 yield gateway_pb2.WatchTaskResponse(task=view)
         except _DB_DOWN as error:
             raise Unavailable(f"database unavailable: {type(error).__name__}") from None
 
-    async def ListCells(self, request: gateway_pb2.ListCellsRequest, context: grpc.aio.ServicerContext) -> gateway_pb2.ListCellsResponse:
+    async def ListCells(
+        self, request: gateway_pb2.ListCellsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListCellsResponse:
         return cells_to_proto(self.gateway.catalogue)
 
 
@@ -109,6 +143,12 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
         for f in cell.fields:
             item.fields.add(name=f.name, type=f.type, required=f.required)
         for a in cell.actions:
-            item.actions.add(name=a.name, kind=a.kind, downstream=a.downstream, depends_on=list(a.depends_on),
-                             idempotent=a.idempotent, has_probe=bool(a.probe_path))
+            item.actions.add(
+                name=a.name,
+                kind=a.kind,
+                downstream=a.downstream,
+                depends_on=list(a.depends_on),
+                idempotent=a.idempotent,
+                has_probe=bool(a.probe_path),
+            )
     return out

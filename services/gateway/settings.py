@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic_settings import BaseSettings
-
 from dispo.libs.settings import service_settings_config
+from pydantic_settings import BaseSettings
 
 
 class GatewaySettings(BaseSettings):

@@ -10,8 +10,10 @@ from dispo.intelligence.jobs import Job, JobKind, JobValidationError, Validation
 from dispo.intelligence.models import AnalysisModel, ModelRegistry
 from dispo.intelligence.stats import compute_stats
 
-MODEL_HINT = ("; configure a default analysis model (DISPO_INTELLIGENCE_DEFAULT_ANALYSIS_MODEL) "
-              "or assign an analysis model to the campaign (AssignAnalysisModel)")
+MODEL_HINT = (
+    "; configure a default analysis model (DISPO_INTELLIGENCE_DEFAULT_ANALYSIS_MODEL) "
+    "or assign an analysis model to the campaign (AssignAnalysisModel)"
+)
 
 
 def campaign_not_found(campaign_id: str) -> JobValidationError:
@@ -22,18 +24,22 @@ def require_finished(campaign: Campaign, job: str) -> None:
     if not campaign.is_terminal:
         raise JobValidationError(
             f"campaign {campaign.campaign_id!r} is {campaign.status.value}; {job} needs a finished "
-            "campaign (completed, failed or cancelled)")
+            "campaign (completed, failed or cancelled)"
+        )
 
 
 def resolve_model(campaign: Campaign, models: ModelRegistry) -> AnalysisModel:
     resolution = models.resolve(campaign.analysis_model)
     if resolution.model is None:
-        raise JobValidationError(f"{resolution.problem}{MODEL_HINT}",
-                                 fields={"analysis_model": resolution.requested})
+        raise JobValidationError(
+            f"{resolution.problem}{MODEL_HINT}", fields={"analysis_model": resolution.requested}
+        )
     return resolution.model
 
 
-def validate_analysis_request(campaign: Campaign | None, campaign_id: str, models: ModelRegistry) -> AnalysisModel:
+def validate_analysis_request(
+    campaign: Campaign | None, campaign_id: str, models: ModelRegistry
+) -> AnalysisModel:
     """The one check before an analysis runs: campaign finished, then model resolvable.
 
     The gRPC handler maps the error to a status; ``execute`` records it on the failed row.
@@ -45,11 +51,18 @@ def validate_analysis_request(campaign: Campaign | None, campaign_id: str, model
 
 
 def campaign_summary(campaign: Campaign) -> dict[str, Any]:
-    return {"campaign_id": campaign.campaign_id, "series": campaign.series, "line": campaign.line.value,
-            "period": campaign.period, "status": campaign.status.value, "fingerprint": campaign.fingerprint}
+    return {
+        "campaign_id": campaign.campaign_id,
+        "series": campaign.series,
+        "line": campaign.line.value,
+        "period": campaign.period,
+        "status": campaign.status.value,
+        "fingerprint": campaign.fingerprint,
+    }
 
 
 # --- adapters ---------------------------------------------------------------------------
+
 
 async def ensure_queued(deps: JobDeps, campaign_id: str) -> tuple[Job | None, bool]:
     """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
@@ -70,7 +83,10 @@ async def work_fn(deps: JobDeps, campaign_id: str, plan: Plan) -> WorkResult:
         raise RuntimeError(f"analysis model {plan.data['model']!r} disappeared")
     stats = compute_stats(await deps.repo.runs_of(campaign_id))
     narrative = await model.narrate_analysis(campaign_summary(campaign), stats)
-    return WorkResult({"model": model.name, "stats": stats, "narrative": narrative}, {"analysis_model": model.name})
+    return WorkResult(
+        {"model": model.name, "stats": stats, "narrative": narrative},
+        {"analysis_model": model.name},
+    )
 
 
 ANALYSIS = JobAdapter(JobKind.ANALYSIS, ensure_queued, validate, work_fn)

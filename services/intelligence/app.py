@@ -48,18 +48,28 @@ class Intelligence:
     servicer: IntelligenceServicer
 
 
-def build(engine, clock: Clock, settings: IntelligenceSettings | None = None,  # noqa: ANN001
-          models: ModelRegistry | None = None) -> Intelligence:
+def build(
+    engine,
+    clock: Clock,
+    settings: IntelligenceSettings | None = None,
+    models: ModelRegistry | None = None,
+) -> Intelligence:
     settings = settings or IntelligenceSettings()
     repo = IntelligenceRepository(engine)
     models = models or ModelRegistry.from_configs(settings.models, settings.default_analysis_model)
-    policy = RecoveryPolicy(queued_idle=timedelta(seconds=settings.queued_idle_seconds),
-                            generating_stale=timedelta(seconds=settings.generating_stale_seconds),
-                            batch=settings.sweep_batch)
+    policy = RecoveryPolicy(
+        queued_idle=timedelta(seconds=settings.queued_idle_seconds),
+        generating_stale=timedelta(seconds=settings.generating_stale_seconds),
+        batch=settings.sweep_batch,
+    )
     jobs = IntelligenceJobs(JobDeps(repo, models, clock), policy=policy)
     feed = CampaignFeed(repo, models, clock, jobs)
-    events = EvaluationEvents(feed, settings.unknown_campaign_retry_seconds, settings.unknown_campaign_max_deliveries)
-    return Intelligence(settings, repo, models, jobs, feed, events, IntelligenceServicer(feed, jobs, repo))
+    events = EvaluationEvents(
+        feed, settings.unknown_campaign_retry_seconds, settings.unknown_campaign_max_deliveries
+    )
+    return Intelligence(
+        settings, repo, models, jobs, feed, events, IntelligenceServicer(feed, jobs, repo)
+    )
 
 
 class _Held:
@@ -81,8 +91,12 @@ class _Held:
 
 async def setup(rt: Runtime) -> None:
     app = build(rt.engine, rt.clock)
-    rt.add_servicer(lambda server: intelligence_pb2_grpc.add_IntelligenceServiceServicer_to_server(
-        app.servicer, server), SERVICE_NAME)
+    rt.add_servicer(
+        lambda server: intelligence_pb2_grpc.add_IntelligenceServiceServicer_to_server(
+            app.servicer, server
+        ),
+        SERVICE_NAME,
+    )
 
     report = await app.jobs.recover(at_start=True)
     log.info("restart recovery", requeued=len(report.requeued), failed=len(report.failed))

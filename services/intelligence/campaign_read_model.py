@@ -58,7 +58,9 @@ async def load_comparison_view(repo: IntelligenceRepository, campaign_id: str) -
         period=campaign.period if campaign else "",
         baseline_campaign_id=baseline_id,
         baseline_period=baseline.period if baseline else "",
-        fingerprint=result.get("fingerprint") or job.fingerprint or (campaign.fingerprint if campaign else ""),
+        fingerprint=result.get("fingerprint")
+        or job.fingerprint
+        or (campaign.fingerprint if campaign else ""),
         deltas=list(result.get("deltas", [])),
         narrative=result.get("narrative", ""),
     )

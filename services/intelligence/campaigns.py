@@ -35,12 +35,16 @@ class CampaignStatus(enum.StrEnum):
 
 
 CAMPAIGN_TRANSITIONS: dict[CampaignStatus, frozenset[CampaignStatus]] = {
-    CampaignStatus.RUNNING: frozenset({CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED}),
+    CampaignStatus.RUNNING: frozenset(
+        {CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED}
+    ),
     CampaignStatus.COMPLETED: frozenset(),
     CampaignStatus.FAILED: frozenset(),
     CampaignStatus.CANCELLED: frozenset(),
 }
-CAMPAIGN_TERMINAL = frozenset({CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED})
+CAMPAIGN_TERMINAL = frozenset(
+    {CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED}
+)
 
 
 class Verdict(enum.StrEnum):
@@ -73,7 +77,12 @@ class Campaign:
     def same_registration(self, other: Campaign) -> bool:
         """Whether ``other`` registers the same campaign (a repeated create is a no-op)."""
         return (self.series, self.line, self.period, self.configuration, self.analysis_model) == (
-            other.series, other.line, other.period, other.configuration, other.analysis_model)
+            other.series,
+            other.line,
+            other.period,
+            other.configuration,
+            other.analysis_model,
+        )
 
 
 @dataclass(frozen=True)
@@ -108,14 +117,22 @@ def parse_configuration(text: str, field_name: str = "configuration_json") -> di
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise InvalidArgument(field_name, f"is not valid JSON: {error.msg} at position {error.pos}") from None
+        raise InvalidArgument(
+            field_name, f"is not valid JSON: {error.msg} at position {error.pos}"
+        ) from None
     if not isinstance(value, dict):
         raise InvalidArgument(field_name, "must be a JSON object")
     return value
 
 
-def new_campaign(campaign_id: str, series: str, line: str, period: str, configuration_json: str,
-                 analysis_model: str = "") -> Campaign:
+def new_campaign(
+    campaign_id: str,
+    series: str,
+    line: str,
+    period: str,
+    configuration_json: str,
+    analysis_model: str = "",
+) -> Campaign:
     """Validate a campaign registration; raise ``InvalidArgument`` naming every bad field."""
     violations: list[FieldViolation] = []
     _check_id(campaign_id, "campaign_id", violations)
@@ -124,7 +141,9 @@ def new_campaign(campaign_id: str, series: str, line: str, period: str, configur
     if line not in Line.__members__.values():
         violations.append(FieldViolation("line", "must be 'formal' or 'trial'"))
     if len(analysis_model) > MAX_ID_CHARS:
-        violations.append(FieldViolation("analysis_model", f"must be at most {MAX_ID_CHARS} characters"))
+        violations.append(
+            FieldViolation("analysis_model", f"must be at most {MAX_ID_CHARS} characters")
+        )
     try:
         configuration = parse_configuration(configuration_json)
     except InvalidArgument as error:
@@ -132,29 +151,55 @@ def new_campaign(campaign_id: str, series: str, line: str, period: str, configur
         configuration = {}
     if violations:
         raise InvalidArgument(violations=violations)
-    return Campaign(campaign_id=campaign_id, series=series, line=Line(line), period=period,
-                    configuration=configuration, analysis_model=analysis_model or None)
+    return Campaign(
+        campaign_id=campaign_id,
+        series=series,
+        line=Line(line),
+        period=period,
+        configuration=configuration,
+        analysis_model=analysis_model or None,
+    )
 
 
-def new_run_result(run_id: str, case_id: str, verdict: str, score: float, latency_ms: int,
-                   failure_reason: str = "", recorded_at: datetime | None = None,
-                   field_prefix: str = "") -> RunResult:
+def new_run_result(
+    run_id: str,
+    case_id: str,
+    verdict: str,
+    score: float,
+    latency_ms: int,
+    failure_reason: str = "",
+    recorded_at: datetime | None = None,
+    field_prefix: str = "",
+) -> RunResult:
     violations: list[FieldViolation] = []
     _check_id(run_id, f"{field_prefix}run_id", violations)
     _check_id(case_id, f"{field_prefix}case_id", violations)
     if verdict not in Verdict.__members__.values():
-        violations.append(FieldViolation(f"{field_prefix}verdict", "must be 'pass', 'fail' or 'error'"))
+        violations.append(
+            FieldViolation(f"{field_prefix}verdict", "must be 'pass', 'fail' or 'error'")
+        )
     if not math.isfinite(score):
         violations.append(FieldViolation(f"{field_prefix}score", "must be a finite number"))
     if latency_ms < 0:
         violations.append(FieldViolation(f"{field_prefix}latency_ms", "must not be negative"))
     if len(failure_reason) > MAX_FAILURE_REASON_CHARS:
-        violations.append(FieldViolation(f"{field_prefix}failure_reason",
-                                         f"must be at most {MAX_FAILURE_REASON_CHARS} characters"))
+        violations.append(
+            FieldViolation(
+                f"{field_prefix}failure_reason",
+                f"must be at most {MAX_FAILURE_REASON_CHARS} characters",
+            )
+        )
     if violations:
         raise InvalidArgument(violations=violations)
-    return RunResult(run_id=run_id, case_id=case_id, verdict=Verdict(verdict), score=float(score),
-                     latency_ms=int(latency_ms), failure_reason=failure_reason, recorded_at=recorded_at)
+    return RunResult(
+        run_id=run_id,
+        case_id=case_id,
+        verdict=Verdict(verdict),
+        score=float(score),
+        latency_ms=int(latency_ms),
+        failure_reason=failure_reason,
+        recorded_at=recorded_at,
+    )
 
 
 def completion_status(status: str) -> CampaignStatus:

@@ -17,7 +17,9 @@ from dispo.intelligence.stats import COMPARED_METRICS, compute_stats, metric_val
 UNCHANGED_EPSILON = 1e-9
 
 
-def metric_delta(metric: str, baseline: float, current: float, higher_is_better: bool) -> dict[str, Any]:
+def metric_delta(
+    metric: str, baseline: float, current: float, higher_is_better: bool
+) -> dict[str, Any]:
     delta = current - baseline
     if abs(delta) <= UNCHANGED_EPSILON:
         direction = "unchanged"
@@ -35,12 +37,15 @@ def metric_delta(metric: str, baseline: float, current: float, higher_is_better:
 
 def diff_stats(baseline: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
     """Every compared metric, baseline against current, with its direction."""
-    return [metric_delta(metric, metric_value(baseline, metric), metric_value(current, metric), higher)
-            for metric, higher in COMPARED_METRICS.items()]
+    return [
+        metric_delta(metric, metric_value(baseline, metric), metric_value(current, metric), higher)
+        for metric, higher in COMPARED_METRICS.items()
+    ]
 
 
-def validate_comparison_request(campaign: Campaign | None, campaign_id: str, baseline: Campaign | None,
-                                models: ModelRegistry) -> AnalysisModel:
+def validate_comparison_request(
+    campaign: Campaign | None, campaign_id: str, baseline: Campaign | None, models: ModelRegistry
+) -> AnalysisModel:
     """Campaign finished -> model resolvable -> a baseline period exists -> both have runs."""
     if campaign is None:
         raise campaign_not_found(campaign_id)
@@ -51,17 +56,24 @@ def validate_comparison_request(campaign: Campaign | None, campaign_id: str, bas
         raise JobValidationError(
             f"no baseline for campaign {campaign_id!r}: series {campaign.series!r} ({campaign.line.value} line) "
             f"has no completed period before {campaign.period!r} with configuration fingerprint {fingerprint}",
-            fields={"fingerprint": fingerprint, "analysis_model": model.name})
-    fields = {"fingerprint": fingerprint, "baseline_campaign_id": baseline.campaign_id,
-              "analysis_model": model.name}
+            fields={"fingerprint": fingerprint, "analysis_model": model.name},
+        )
+    fields = {
+        "fingerprint": fingerprint,
+        "baseline_campaign_id": baseline.campaign_id,
+        "analysis_model": model.name,
+    }
     for side in (campaign, baseline):
         if side.run_count == 0:
-            raise JobValidationError(f"cannot compare: campaign {side.campaign_id!r} has no run results",
-                                     fields=fields)
+            raise JobValidationError(
+                f"cannot compare: campaign {side.campaign_id!r} has no run results", fields=fields
+            )
     return model
 
 
-async def load_and_validate(deps: JobDeps, campaign_id: str) -> tuple[Campaign, Campaign, AnalysisModel]:
+async def load_and_validate(
+    deps: JobDeps, campaign_id: str
+) -> tuple[Campaign, Campaign, AnalysisModel]:
     campaign = await deps.repo.campaign_get(campaign_id)
     baseline = None
     if campaign is not None:
@@ -73,6 +85,7 @@ async def load_and_validate(deps: JobDeps, campaign_id: str) -> tuple[Campaign, 
 
 # --- adapters ---------------------------------------------------------------------------
 
+
 async def ensure_queued(deps: JobDeps, campaign_id: str) -> tuple[Job | None, bool]:
     """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
     return await deps.repo.job_ensure_queued(JobKind.COMPARISON, campaign_id, deps.clock.now())
@@ -80,9 +93,14 @@ async def ensure_queued(deps: JobDeps, campaign_id: str) -> tuple[Job | None, bo
 
 async def validate(deps: JobDeps, campaign_id: str) -> Plan:
     campaign, baseline, model = await load_and_validate(deps, campaign_id)
-    return Plan({"model": model.name, "baseline_campaign_id": baseline.campaign_id},
-                {"fingerprint": campaign.fingerprint, "baseline_campaign_id": baseline.campaign_id,
-                 "analysis_model": model.name})
+    return Plan(
+        {"model": model.name, "baseline_campaign_id": baseline.campaign_id},
+        {
+            "fingerprint": campaign.fingerprint,
+            "baseline_campaign_id": baseline.campaign_id,
+            "analysis_model": model.name,
+        },
+    )
 
 
 async def work_fn(deps: JobDeps, campaign_id: str, plan: Plan) -> WorkResult:
@@ -104,9 +122,14 @@ async def work_fn(deps: JobDeps, campaign_id: str, plan: Plan) -> WorkResult:
         "deltas": diff_stats(baseline_stats, current_stats),
     }
     narrative = await model.narrate_comparison(comparison)
-    return WorkResult({**comparison, "narrative": narrative, "model": model.name},
-                      {"fingerprint": campaign.fingerprint, "baseline_campaign_id": baseline.campaign_id,
-                       "analysis_model": model.name})
+    return WorkResult(
+        {**comparison, "narrative": narrative, "model": model.name},
+        {
+            "fingerprint": campaign.fingerprint,
+            "baseline_campaign_id": baseline.campaign_id,
+            "analysis_model": model.name,
+        },
+    )
 
 
 COMPARISON = JobAdapter(JobKind.COMPARISON, ensure_queued, validate, work_fn)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-
-from dispo.libs.timestamps import from_timestamp, to_timestamp
 from dispo.intelligence.campaign_read_model import AnalysisView, ComparisonView
 from dispo.intelligence.campaigns import Campaign, CampaignStatus, Line, Verdict
 from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError, ValidationKind
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.errors import DispoError, FailedPrecondition, InvalidArgument, NotFound
+from dispo.libs.timestamps import to_timestamp
 
 LINE_TO_PB = {Line.FORMAL: pb.LINE_FORMAL, Line.TRIAL: pb.LINE_TRIAL}
 LINE_FROM_PB = {v: k for k, v in LINE_TO_PB.items()}
@@ -22,8 +21,15 @@ CAMPAIGN_STATUS_TO_PB = {
     CampaignStatus.CANCELLED: pb.CAMPAIGN_STATUS_CANCELLED,
 }
 CAMPAIGN_STATUS_FROM_PB = {v: k for k, v in CAMPAIGN_STATUS_TO_PB.items()}
-VERDICT_FROM_PB = {pb.VERDICT_PASS: Verdict.PASS, pb.VERDICT_FAIL: Verdict.FAIL, pb.VERDICT_ERROR: Verdict.ERROR}
-JOB_KIND_TO_PB = {JobKind.ANALYSIS: pb.JOB_KIND_ANALYSIS, JobKind.COMPARISON: pb.JOB_KIND_COMPARISON}
+VERDICT_FROM_PB = {
+    pb.VERDICT_PASS: Verdict.PASS,
+    pb.VERDICT_FAIL: Verdict.FAIL,
+    pb.VERDICT_ERROR: Verdict.ERROR,
+}
+JOB_KIND_TO_PB = {
+    JobKind.ANALYSIS: pb.JOB_KIND_ANALYSIS,
+    JobKind.COMPARISON: pb.JOB_KIND_COMPARISON,
+}
 JOB_KIND_FROM_PB = {v: k for k, v in JOB_KIND_TO_PB.items()}
 JOB_STATUS_TO_PB = {
     JobStatus.QUEUED: pb.JOB_STATUS_QUEUED,
@@ -32,47 +38,77 @@ JOB_STATUS_TO_PB = {
     JobStatus.FAILED: pb.JOB_STATUS_FAILED,
 }
 JOB_STATUS_FROM_PB = {v: k for k, v in JOB_STATUS_TO_PB.items()}
-DIRECTION_TO_PB = {"improved": pb.DIRECTION_IMPROVED, "regressed": pb.DIRECTION_REGRESSED,
-                   "unchanged": pb.DIRECTION_UNCHANGED}
+DIRECTION_TO_PB = {
+    "improved": pb.DIRECTION_IMPROVED,
+    "regressed": pb.DIRECTION_REGRESSED,
+    "unchanged": pb.DIRECTION_UNCHANGED,
+}
 
 
 def campaign_to_pb(campaign: Campaign) -> pb.Campaign:
     return pb.Campaign(
-        campaign_id=campaign.campaign_id, series=campaign.series, line=LINE_TO_PB[campaign.line],
-        status=CAMPAIGN_STATUS_TO_PB[campaign.status], period=campaign.period,
+        campaign_id=campaign.campaign_id,
+        series=campaign.series,
+        line=LINE_TO_PB[campaign.line],
+        status=CAMPAIGN_STATUS_TO_PB[campaign.status],
+        period=campaign.period,
         configuration_json=json.dumps(campaign.configuration, sort_keys=True),
-        analysis_model=campaign.analysis_model or "", run_count=campaign.run_count,
-        created_at=to_timestamp(campaign.created_at), completed_at=to_timestamp(campaign.completed_at),
-        fingerprint=campaign.fingerprint)
+        analysis_model=campaign.analysis_model or "",
+        run_count=campaign.run_count,
+        created_at=to_timestamp(campaign.created_at),
+        completed_at=to_timestamp(campaign.completed_at),
+        fingerprint=campaign.fingerprint,
+    )
 
 
 def job_to_pb(job: Job) -> pb.Job:
     return pb.Job(
-        kind=JOB_KIND_TO_PB[job.kind], campaign_id=job.campaign_id, status=JOB_STATUS_TO_PB[job.status],
-        error=job.error or "", attempts=job.attempts, recovery_attempts=job.recovery_attempts,
-        analysis_model=job.analysis_model or "", baseline_campaign_id=job.baseline_campaign_id or "",
-        fingerprint=job.fingerprint or "", created_at=to_timestamp(job.created_at),
-        updated_at=to_timestamp(job.updated_at), started_at=to_timestamp(job.started_at),
-        finished_at=to_timestamp(job.finished_at))
+        kind=JOB_KIND_TO_PB[job.kind],
+        campaign_id=job.campaign_id,
+        status=JOB_STATUS_TO_PB[job.status],
+        error=job.error or "",
+        attempts=job.attempts,
+        recovery_attempts=job.recovery_attempts,
+        analysis_model=job.analysis_model or "",
+        baseline_campaign_id=job.baseline_campaign_id or "",
+        fingerprint=job.fingerprint or "",
+        created_at=to_timestamp(job.created_at),
+        updated_at=to_timestamp(job.updated_at),
+        started_at=to_timestamp(job.started_at),
+        finished_at=to_timestamp(job.finished_at),
+    )
 
 
 def stats_to_pb(stats: dict[str, Any]) -> pb.AnalysisStats:
     return pb.AnalysisStats(
-        run_count=stats["run_count"], case_count=stats["case_count"], pass_rate=stats["pass_rate"],
-        fail_rate=stats["fail_rate"], error_rate=stats["error_rate"],
-        score=pb.ScoreDistribution(**stats["score"]), latency=pb.LatencyPercentiles(**stats["latency"]),
+        run_count=stats["run_count"],
+        case_count=stats["case_count"],
+        pass_rate=stats["pass_rate"],
+        fail_rate=stats["fail_rate"],
+        error_rate=stats["error_rate"],
+        score=pb.ScoreDistribution(**stats["score"]),
+        latency=pb.LatencyPercentiles(**stats["latency"]),
         failure_clusters=[pb.FailureCluster(**c) for c in stats["failure_clusters"]],
-        worst_cases=[pb.WorstCase(**c) for c in stats["worst_cases"]])
+        worst_cases=[pb.WorstCase(**c) for c in stats["worst_cases"]],
+    )
 
 
 def analysis_to_pb(view: AnalysisView) -> pb.Analysis:
-    return pb.Analysis(job=job_to_pb(view.job), stats=stats_to_pb(view.stats) if view.stats else None,
-                       narrative=view.narrative)
+    return pb.Analysis(
+        job=job_to_pb(view.job),
+        stats=stats_to_pb(view.stats) if view.stats else None,
+        narrative=view.narrative,
+    )
 
 
 def delta_to_pb(delta: dict[str, Any]) -> pb.MetricDelta:
-    message = pb.MetricDelta(metric=delta["metric"], baseline=delta["baseline"], current=delta["current"],
-                             absolute_delta=delta["absolute_delta"], direction=DIRECTION_TO_PB[delta["direction"]])
+    message = pb.MetricDelta(
+        metric=delta["metric"],
+        baseline=delta["baseline"],
+        current=delta["current"],
+        absolute_delta=delta["absolute_delta"],
+        direction=DIRECTION_TO_PB[delta["direction"]],
+    )
     if delta["relative_delta"] is not None:
         message.relative_delta = delta["relative_delta"]
     return message
@@ -80,9 +116,15 @@ def delta_to_pb(delta: dict[str, Any]) -> pb.MetricDelta:
 
 def comparison_to_pb(view: ComparisonView) -> pb.Comparison:
     return pb.Comparison(
-        job=job_to_pb(view.job), campaign_id=view.campaign_id, period=view.period,
-        baseline_campaign_id=view.baseline_campaign_id, baseline_period=view.baseline_period,
-        fingerprint=view.fingerprint, deltas=[delta_to_pb(d) for d in view.deltas], narrative=view.narrative)
+        job=job_to_pb(view.job),
+        campaign_id=view.campaign_id,
+        period=view.period,
+        baseline_campaign_id=view.baseline_campaign_id,
+        baseline_period=view.baseline_period,
+        fingerprint=view.fingerprint,
+        deltas=[delta_to_pb(d) for d in view.deltas],
+        narrative=view.narrative,
+    )
 
 
 def line_name(line: int) -> str:

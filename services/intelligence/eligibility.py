@@ -12,4 +12,6 @@ from dispo.intelligence.models import ModelRegistry
 
 def auto_intelligence_eligible(campaign: Campaign, models: ModelRegistry) -> bool:
     """Formal-line campaigns whose analysis model resolves; trial lines never run by themselves."""
-    return campaign.line == Line.FORMAL and models.resolve(campaign.analysis_model).model is not None
+    return (
+        campaign.line == Line.FORMAL and models.resolve(campaign.analysis_model).model is not None
+    )

@@ -8,27 +8,32 @@ stream order (one in flight per durable consumer, whatever the number of replica
 
 from __future__ import annotations
 
-from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import BadRequestError, NotFoundError
-
 from dispo.intelligence.campaigns import completion_status, new_campaign, new_run_result
-from dispo.libs.timestamps import from_timestamp
 from dispo.intelligence.feed import CampaignFeed
 from dispo.libs.api.pool.v1 import events_pb2
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
 from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
+from dispo.libs.timestamps import from_timestamp
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import BadRequestError, NotFoundError
 
 log = get_logger(__name__)
 
 STREAM = "EVALUATIONS"
 SUBJECTS = ["evaluation.>"]
-STARTED, RUN_RECORDED, COMPLETED = "evaluation.started", "evaluation.run_recorded", "evaluation.completed"
+STARTED, RUN_RECORDED, COMPLETED = (
+    "evaluation.started",
+    "evaluation.run_recorded",
+    "evaluation.completed",
+)
 
 
 class EvaluationEvents:
-    def __init__(self, feed: CampaignFeed, retry_delay: float = 2.0, max_unknown_deliveries: int = 30) -> None:
+    def __init__(
+        self, feed: CampaignFeed, retry_delay: float = 2.0, max_unknown_deliveries: int = 30
+    ) -> None:
         self.feed = feed
         self.retry_delay = retry_delay
         # An event whose campaign is still unknown after this many deliveries is given up
@@ -36,34 +41,55 @@ class EvaluationEvents:
         self.max_unknown_deliveries = max_unknown_deliveries
 
     async def handle_message(self, message: Msg) -> Disposition:
-        return await self.handle(message.subject, message.data, deliveries=message.metadata.num_delivered or 1)
+        return await self.handle(
+            message.subject, message.data, deliveries=message.metadata.num_delivered or 1
+        )
 
     async def handle(self, subject: str, data: bytes, deliveries: int = 1) -> Disposition:
         try:
             if subject == STARTED:
                 started = events_pb2.EvaluationStarted.FromString(data)
-                campaign = new_campaign(started.evaluation_id, started.series, started.line, started.period,
-                                        started.configuration_json, started.analysis_model)
+                campaign = new_campaign(
+                    started.evaluation_id,
+                    started.series,
+                    started.line,
+                    started.period,
+                    started.configuration_json,
+                    started.analysis_model,
+                )
                 await self.feed.create(campaign)
             elif subject == RUN_RECORDED:
                 run = events_pb2.EvaluationRunRecorded.FromString(data)
-                result = new_run_result(run.run_id, run.case_id, run.verdict, run.score, run.latency_ms,
-                                        run.failure_reason, from_timestamp(run.recorded_at, run.HasField("recorded_at")))
+                result = new_run_result(
+                    run.run_id,
+                    run.case_id,
+                    run.verdict,
+                    run.score,
+                    run.latency_ms,
+                    run.failure_reason,
+                    from_timestamp(run.recorded_at, run.HasField("recorded_at")),
+                )
                 await self.feed.record_runs(run.evaluation_id, [result])
             elif subject == COMPLETED:
                 completed = events_pb2.EvaluationCompleted.FromString(data)
-                await self.feed.complete(completed.evaluation_id, completion_status(completed.status))
+                await self.feed.complete(
+                    completed.evaluation_id, completion_status(completed.status)
+                )
             else:
                 return Term(f"unknown subject {subject}")
         except NotFound as error:
             if deliveries >= self.max_unknown_deliveries:
                 return Term(f"{error.message} after {deliveries} deliveries; giving up")
-            log.info("event for an unknown campaign; retrying later", subject=subject, error=error.message,
-                     deliveries=deliveries)
+            log.info(
+                "event for an unknown campaign; retrying later",
+                subject=subject,
+                error=error.message,
+                deliveries=deliveries,
+            )
             return Nak(self.retry_delay)
         except (InvalidArgument, AlreadyExists, FailedPrecondition) as error:
             return Term(f"{type(error).__name__}: {error.message}")
-        except Exception as error:  # noqa: BLE001 - protobuf DecodeError and the like
+        except Exception as error:
             if type(error).__name__ == "DecodeError":
                 return Term(f"malformed {subject}: {error}")
             raise
@@ -79,8 +105,14 @@ async def ensure_ordered_consumer(bus: Bus, durable: str) -> None:
     try:
         info = await bus.js.consumer_info(STREAM, durable)
     except NotFoundError:
-        config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                                filter_subject=SUBJECTS[0], ack_wait=ACK_WAIT_SECONDS, max_ack_pending=1)
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            filter_subject=SUBJECTS[0],
+            ack_wait=ACK_WAIT_SECONDS,
+            max_ack_pending=1,
+        )
         try:
             await bus.js.add_consumer(STREAM, config)
         except BadRequestError:
@@ -88,12 +120,21 @@ async def ensure_ordered_consumer(bus: Bus, durable: str) -> None:
         else:
             return
     if info.config.max_ack_pending != 1:
-        log.warning("evaluation consumer is not strictly ordered", durable=durable,
-                    max_ack_pending=info.config.max_ack_pending)
+        log.warning(
+            "evaluation consumer is not strictly ordered",
+            durable=durable,
+            max_ack_pending=info.config.max_ack_pending,
+        )
 
 
 async def consumer(bus: Bus, events: EvaluationEvents, durable: str) -> Consumer:
     await bus.ensure_stream(STREAM, SUBJECTS)
     await ensure_ordered_consumer(bus, durable)
-    return bus.consumer(STREAM, durable=durable, subject=SUBJECTS[0], handler=events.handle_message, batch=1,
-                        ack_wait=ACK_WAIT_SECONDS)
+    return bus.consumer(
+        STREAM,
+        durable=durable,
+        subject=SUBJECTS[0],
+        handler=events.handle_message,
+        batch=1,
+        ack_wait=ACK_WAIT_SECONDS,
+    )

@@ -99,14 +99,24 @@ async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAd
     try:
         plan = await adapter.validate(deps, campaign_id)
     except JobValidationError as error:
-        return await _settle_failed(deps, kind, campaign_id, token, JobStatus.QUEUED, error.message,
-                                    settlement_fields(error.fields), bound)
-    except Exception as error:  # noqa: BLE001 - any failure is recorded on the row
-        return await _settle_failed(deps, kind, campaign_id, token, JobStatus.QUEUED,
-                                    describe_exception(error), {}, bound)
+        return await _settle_failed(
+            deps,
+            kind,
+            campaign_id,
+            token,
+            JobStatus.QUEUED,
+            error.message,
+            settlement_fields(error.fields),
+            bound,
+        )
+    except Exception as error:
+        return await _settle_failed(
+            deps, kind, campaign_id, token, JobStatus.QUEUED, describe_exception(error), {}, bound
+        )
 
-    if not await repo.job_set_generating_if_claimed(kind, campaign_id, token, settlement_fields(plan.fields),
-                                                    clock.now()):
+    if not await repo.job_set_generating_if_claimed(
+        kind, campaign_id, token, settlement_fields(plan.fields), clock.now()
+    ):
         bound.warning("claim taken away before generating")
         return Outcome.LOST
 
@@ -117,24 +127,46 @@ async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAd
         await asyncio.shield(repo.job_requeue_if_generating(kind, campaign_id, token, clock.now()))
         bound.info("job interrupted; re-queued")
         raise
-    except Exception as error:  # noqa: BLE001
-        return await _settle_failed(deps, kind, campaign_id, token, JobStatus.GENERATING,
-                                    describe_exception(error), {}, bound)
+    except Exception as error:
+        return await _settle_failed(
+            deps,
+            kind,
+            campaign_id,
+            token,
+            JobStatus.GENERATING,
+            describe_exception(error),
+            {},
+            bound,
+        )
 
     # Settlement writes are shielded: a shutdown arriving now must not leave the row half-settled.
-    if await asyncio.shield(repo.job_complete_if_generating(kind, campaign_id, token, result.result,
-                                                            settlement_fields(result.fields), clock.now())):
+    if await asyncio.shield(
+        repo.job_complete_if_generating(
+            kind, campaign_id, token, result.result, settlement_fields(result.fields), clock.now()
+        )
+    ):
         bound.info("job completed")
         return Outcome.COMPLETED
     bound.warning("claim taken away before settling; result discarded")
     return Outcome.LOST
 
 
-async def _settle_failed(deps: JobDeps, kind: JobKind, campaign_id: str, token: str, expected: JobStatus,
-                         message: str, fields: dict[str, Any], bound: Any) -> Outcome:
+async def _settle_failed(
+    deps: JobDeps,
+    kind: JobKind,
+    campaign_id: str,
+    token: str,
+    expected: JobStatus,
+    message: str,
+    fields: dict[str, Any],
+    bound: Any,
+) -> Outcome:
     error = truncate_error(message)
-    if await asyncio.shield(deps.repo.job_fail_if_claimed(kind, campaign_id, token, expected, error, fields,
-                                                          deps.clock.now())):
+    if await asyncio.shield(
+        deps.repo.job_fail_if_claimed(
+            kind, campaign_id, token, expected, error, fields, deps.clock.now()
+        )
+    ):
         bound.info("job failed", error=error)
         return Outcome.FAILED
     bound.warning("claim taken away before recording failure", error=error)
@@ -143,8 +175,10 @@ async def _settle_failed(deps: JobDeps, kind: JobKind, campaign_id: str, token: 
 
 # --- Restart recovery -------------------------------------------------------------------
 
-RECOVERY_CAP_REASON = (f"gave up after {MAX_QUEUED_RECOVERY_ATTEMPTS} restart recoveries: "
-                       "the job was re-queued {attempts} times without settling")
+RECOVERY_CAP_REASON = (
+    f"gave up after {MAX_QUEUED_RECOVERY_ATTEMPTS} restart recoveries: "
+    "the job was re-queued {attempts} times without settling"
+)
 
 
 @dataclass(frozen=True)
@@ -153,9 +187,15 @@ class RecoveryReport:
     failed: list[tuple[JobKind, str]]
 
 
-async def recover_jobs(repo: IntelligenceRepository, now: datetime, *, queued_idle: timedelta,
-                       generating_stale: timedelta, limit: int = 100,
-                       skip: set[Hashable] | None = None) -> RecoveryReport:
+async def recover_jobs(
+    repo: IntelligenceRepository,
+    now: datetime,
+    *,
+    queued_idle: timedelta,
+    generating_stale: timedelta,
+    limit: int = 100,
+    skip: set[Hashable] | None = None,
+) -> RecoveryReport:
     """Re-queue rows nobody is working on, at most ``MAX_QUEUED_RECOVERY_ATTEMPTS`` times each.
 
     A queued row idle for ``queued_idle`` (0 at process start: nothing in this process runs
@@ -173,9 +213,15 @@ async def recover_jobs(repo: IntelligenceRepository, now: datetime, *, queued_id
             reason = truncate_error(RECOVERY_CAP_REASON.format(attempts=job.recovery_attempts))
             if await repo.job_fail_if_unchanged(job, reason, now):
                 failed.append((job.kind, job.campaign_id))
-                log.warning("job recovery cap reached", job_kind=job.kind.value, campaign_id=job.campaign_id)
+                log.warning(
+                    "job recovery cap reached", job_kind=job.kind.value, campaign_id=job.campaign_id
+                )
         elif await repo.job_requeue_if_unchanged(job, now):
             requeued.append((job.kind, job.campaign_id))
-            log.info("job recovered", job_kind=job.kind.value, campaign_id=job.campaign_id,
-                     recovery_attempts=job.recovery_attempts + 1)
+            log.info(
+                "job recovered",
+                job_kind=job.kind.value,
+                campaign_id=job.campaign_id,
+                recovery_attempts=job.recovery_attempts + 1,
+            )
     return RecoveryReport(requeued, failed)

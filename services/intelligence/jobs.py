@@ -79,8 +79,14 @@ class JobValidationError(Exception):
     records ``message`` as the failed row's error. One wording, two surfaces.
     """
 
-    def __init__(self, message: str, kind: ValidationKind = ValidationKind.FAILED_PRECONDITION,
-                 *, field: str = "campaign_id", fields: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        kind: ValidationKind = ValidationKind.FAILED_PRECONDITION,
+        *,
+        field: str = "campaign_id",
+        fields: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.kind = kind

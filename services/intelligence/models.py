@@ -51,10 +51,14 @@ class StatsModel:
         ]
         if stats["failure_clusters"]:
             top = stats["failure_clusters"][0]
-            lines.append(f"Most common failure ({top['count']} runs, {_pct(top['share'])} of failures): "
-                         f"{top['signature']}.")
+            lines.append(
+                f"Most common failure ({top['count']} runs, {_pct(top['share'])} of failures): "
+                f"{top['signature']}."
+            )
         if stats["worst_cases"]:
-            worst = ", ".join(f"{c['case_id']} ({_pct(c['pass_rate'])} pass)" for c in stats["worst_cases"])
+            worst = ", ".join(
+                f"{c['case_id']} ({_pct(c['pass_rate'])} pass)" for c in stats["worst_cases"]
+            )
             lines.append(f"Worst cases: {worst}.")
         return "\n".join(lines)
 
@@ -62,14 +66,18 @@ class StatsModel:
         deltas = comparison["deltas"]
         improved = [d["metric"] for d in deltas if d["direction"] == "improved"]
         regressed = [d["metric"] for d in deltas if d["direction"] == "regressed"]
-        lines = [f"Period {comparison['period']} against baseline {comparison['baseline_period']} "
-                 f"(campaign {comparison['baseline_campaign_id']}, same configuration "
-                 f"{comparison['fingerprint']}): {len(improved)} metrics improved, "
-                 f"{len(regressed)} regressed, {len(deltas) - len(improved) - len(regressed)} unchanged."]
+        lines = [
+            f"Period {comparison['period']} against baseline {comparison['baseline_period']} "
+            f"(campaign {comparison['baseline_campaign_id']}, same configuration "
+            f"{comparison['fingerprint']}): {len(improved)} metrics improved, "
+            f"{len(regressed)} regressed, {len(deltas) - len(improved) - len(regressed)} unchanged."
+        ]
         for delta in deltas:
             if delta["direction"] != "unchanged":
-                lines.append(f"- {delta['metric']}: {delta['baseline']:g} -> {delta['current']:g} "
-                             f"({delta['absolute_delta']:+g}, {delta['direction']})")
+                lines.append(
+                    f"- {delta['metric']}: {delta['baseline']:g} -> {delta['current']:g} "
+                    f"({delta['absolute_delta']:+g}, {delta['direction']})"
+                )
         return "\n".join(lines)
 
     async def aclose(self) -> None:
@@ -87,12 +95,16 @@ class ChatModelConfig(BaseModel):
     temperature: float = 0.0
 
 
-ANALYSIS_PROMPT = ("You analyse evaluation campaigns. Given a campaign and the statistics of its runs, "
-                   "write a short, factual analysis: overall quality, the main failure modes, the worst "
-                   "cases, and latency. Use only the numbers given.")
-COMPARISON_PROMPT = ("You compare two periods of an evaluation series run with the same configuration. "
-                     "Given the metric differences, write a short, factual summary of what improved, "
-                     "what regressed, and what to look at. Use only the numbers given.")
+ANALYSIS_PROMPT = (
+    "You analyse evaluation campaigns. Given a campaign and the statistics of its runs, "
+    "write a short, factual analysis: overall quality, the main failure modes, the worst "
+    "cases, and latency. Use only the numbers given."
+)
+COMPARISON_PROMPT = (
+    "You compare two periods of an evaluation series run with the same configuration. "
+    "Given the metric differences, write a short, factual summary of what improved, "
+    "what regressed, and what to look at. Use only the numbers given."
+)
 
 
 class ChatCompletionsModel:
@@ -110,7 +122,10 @@ class ChatCompletionsModel:
             "temperature": self.config.temperature,
             "messages": [
                 {"role": "system", "content": system},
-                {"role": "user", "content": json.dumps(payload, sort_keys=True, ensure_ascii=False)},
+                {
+                    "role": "user",
+                    "content": json.dumps(payload, sort_keys=True, ensure_ascii=False),
+                },
             ],
         }
         url = self.config.base_url.rstrip("/") + "/chat/completions"
@@ -119,11 +134,15 @@ class ChatCompletionsModel:
         except httpx.HTTPError as error:
             raise ModelError(f"model {self.name}: request to {url} failed: {error!r}") from error
         if response.status_code != 200:
-            raise ModelError(f"model {self.name}: HTTP {response.status_code} from {url}: {response.text}")
+            raise ModelError(
+                f"model {self.name}: HTTP {response.status_code} from {url}: {response.text}"
+            )
         try:
             content = response.json()["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as error:
-            raise ModelError(f"model {self.name}: unexpected response shape: {response.text}") from error
+            raise ModelError(
+                f"model {self.name}: unexpected response shape: {response.text}"
+            ) from error
         if not isinstance(content, str) or not content.strip():
             raise ModelError(f"model {self.name}: empty completion")
         return content.strip()
@@ -153,7 +172,9 @@ class ModelRegistry:
         self.default = default or None
 
     @classmethod
-    def from_configs(cls, configs: list[ChatModelConfig], default: str | None = STATS_MODEL) -> ModelRegistry:
+    def from_configs(
+        cls, configs: list[ChatModelConfig], default: str | None = STATS_MODEL
+    ) -> ModelRegistry:
         models: list[AnalysisModel] = [StatsModel()]
         models += [ChatCompletionsModel(c) for c in configs if c.name != STATS_MODEL]
         return cls(models, default)
@@ -170,8 +191,12 @@ class ModelRegistry:
             return Resolution(None, None, "no analysis model is configured for this campaign")
         model = self._models.get(requested)
         if model is None:
-            return Resolution(None, requested, f"analysis model {requested!r} is not registered "
-                                               f"(registered: {', '.join(self.names())})")
+            return Resolution(
+                None,
+                requested,
+                f"analysis model {requested!r} is not registered "
+                f"(registered: {', '.join(self.names())})",
+            )
         return Resolution(model, requested)
 
     async def aclose(self) -> None:

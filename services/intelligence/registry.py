@@ -24,7 +24,9 @@ class TaskRegistry:
     def running(self) -> list[Hashable]:
         return [key for key, task in self._tasks.items() if not task.done()]
 
-    def start(self, key: Hashable, factory: Callable[[], Awaitable[Any]]) -> asyncio.Task[Any] | None:
+    def start(
+        self, key: Hashable, factory: Callable[[], Awaitable[Any]]
+    ) -> asyncio.Task[Any] | None:
         """Run ``factory()`` as a task unless one for ``key`` is running or the registry is closed."""
         if self._closed:
             log.info("registry closed; not starting", registry=self.name, key=str(key))

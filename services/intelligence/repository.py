@@ -11,12 +11,11 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from dispo.intelligence.campaigns import Campaign, CampaignStatus, Line, RunResult, Verdict
+from dispo.intelligence.jobs import REQUEUE_FROM, Job, JobKind, JobStatus
 from sqlalchemy import text
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from dispo.intelligence.campaigns import Campaign, CampaignStatus, Line, RunResult, Verdict
-from dispo.intelligence.jobs import REQUEUE_FROM, Job, JobKind, JobStatus
 
 _CAMPAIGN_COLUMNS = """c.campaign_id, c.series, c.line, c.status, c.period, c.configuration, c.analysis_model,
     c.created_at, c.completed_at,
@@ -30,19 +29,38 @@ def _json(value: Any) -> Any:
 
 
 def _campaign(row: RowMapping) -> Campaign:
-    return Campaign(campaign_id=row["campaign_id"], series=row["series"], line=Line(row["line"]),
-                    status=CampaignStatus(row["status"]), period=row["period"],
-                    configuration=_json(row["configuration"]), analysis_model=row["analysis_model"],
-                    created_at=row["created_at"], completed_at=row["completed_at"], run_count=row["run_count"])
+    return Campaign(
+        campaign_id=row["campaign_id"],
+        series=row["series"],
+        line=Line(row["line"]),
+        status=CampaignStatus(row["status"]),
+        period=row["period"],
+        configuration=_json(row["configuration"]),
+        analysis_model=row["analysis_model"],
+        created_at=row["created_at"],
+        completed_at=row["completed_at"],
+        run_count=row["run_count"],
+    )
 
 
 def _job(row: RowMapping) -> Job:
-    return Job(kind=JobKind(row["kind"]), campaign_id=row["campaign_id"], status=JobStatus(row["status"]),
-               error=row["error"], attempts=row["attempts"], recovery_attempts=row["recovery_attempts"],
-               analysis_model=row["analysis_model"], baseline_campaign_id=row["baseline_campaign_id"],
-               fingerprint=row["fingerprint"], result=_json(row["result"]), claim_token=row["claim_token"],
-               created_at=row["created_at"], updated_at=row["updated_at"], started_at=row["started_at"],
-               finished_at=row["finished_at"])
+    return Job(
+        kind=JobKind(row["kind"]),
+        campaign_id=row["campaign_id"],
+        status=JobStatus(row["status"]),
+        error=row["error"],
+        attempts=row["attempts"],
+        recovery_attempts=row["recovery_attempts"],
+        analysis_model=row["analysis_model"],
+        baseline_campaign_id=row["baseline_campaign_id"],
+        fingerprint=row["fingerprint"],
+        result=_json(row["result"]),
+        claim_token=row["claim_token"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )
 
 
 def _set_fields(fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -73,27 +91,45 @@ class IntelligenceRepository:
                VALUES (:id, :series, :line, 'running', :period, CAST(:configuration AS jsonb), :fingerprint,
                    :model, :now, :now)
                ON CONFLICT (campaign_id) DO NOTHING RETURNING campaign_id""",
-            id=campaign.campaign_id, series=campaign.series, line=campaign.line.value, period=campaign.period,
-            configuration=json.dumps(campaign.configuration), fingerprint=campaign.fingerprint,
-            model=campaign.analysis_model, now=now)
+            id=campaign.campaign_id,
+            series=campaign.series,
+            line=campaign.line.value,
+            period=campaign.period,
+            configuration=json.dumps(campaign.configuration),
+            fingerprint=campaign.fingerprint,
+            model=campaign.analysis_model,
+            now=now,
+        )
         return row is not None
 
     async def campaign_get(self, campaign_id: str) -> Campaign | None:
-        row = await self._one(f"SELECT {_CAMPAIGN_COLUMNS} FROM campaigns c WHERE c.campaign_id = :id",
-                              id=campaign_id)
+        row = await self._one(
+            f"SELECT {_CAMPAIGN_COLUMNS} FROM campaigns c WHERE c.campaign_id = :id", id=campaign_id
+        )
         return _campaign(row) if row else None
 
-    async def campaign_complete_if_running(self, campaign_id: str, status: CampaignStatus, now: datetime) -> bool:
+    async def campaign_complete_if_running(
+        self, campaign_id: str, status: CampaignStatus, now: datetime
+    ) -> bool:
         row = await self._one(
             """UPDATE campaigns SET status = :status, completed_at = :now, updated_at = :now
                WHERE campaign_id = :id AND status = 'running' RETURNING campaign_id""",
-            id=campaign_id, status=status.value, now=now)
+            id=campaign_id,
+            status=status.value,
+            now=now,
+        )
         return row is not None
 
-    async def campaign_set_analysis_model(self, campaign_id: str, model: str | None, now: datetime) -> bool:
+    async def campaign_set_analysis_model(
+        self, campaign_id: str, model: str | None, now: datetime
+    ) -> bool:
         row = await self._one(
             """UPDATE campaigns SET analysis_model = :model, updated_at = :now
-               WHERE campaign_id = :id RETURNING campaign_id""", id=campaign_id, model=model, now=now)
+               WHERE campaign_id = :id RETURNING campaign_id""",
+            id=campaign_id,
+            model=model,
+            now=now,
+        )
         return row is not None
 
     async def campaign_find_baseline(self, campaign: Campaign) -> Campaign | None:
@@ -104,68 +140,112 @@ class IntelligenceRepository:
                 WHERE c.series = :series AND c.line = :line AND c.fingerprint = :fingerprint
                   AND c.status = 'completed' AND c.period < :period AND c.campaign_id <> :exclude
                 ORDER BY c.period DESC, c.completed_at DESC, c.campaign_id DESC LIMIT 1""",
-            series=campaign.series, line=campaign.line.value, fingerprint=campaign.fingerprint,
-            period=campaign.period, exclude=campaign.campaign_id)
+            series=campaign.series,
+            line=campaign.line.value,
+            fingerprint=campaign.fingerprint,
+            period=campaign.period,
+            exclude=campaign.campaign_id,
+        )
         return _campaign(row) if row else None
 
-    async def campaigns_completed_without_job(self, kind: JobKind, prerequisite: JobKind | None,
-                                              limit: int) -> list[Campaign]:
+    async def campaigns_completed_without_job(
+        self, kind: JobKind, prerequisite: JobKind | None, limit: int
+    ) -> list[Campaign]:
         """Completed formal campaigns with no ``kind`` row (and, if given, a completed
         ``prerequisite`` row): automatic triggers that a crash may have lost."""
-        prerequisite_sql = ("AND EXISTS (SELECT 1 FROM intelligence_jobs p WHERE p.campaign_id = c.campaign_id "
-                            "AND p.kind = :prerequisite AND p.status = 'completed')") if prerequisite else ""
+        prerequisite_sql = (
+            (
+                "AND EXISTS (SELECT 1 FROM intelligence_jobs p WHERE p.campaign_id = c.campaign_id "
+                "AND p.kind = :prerequisite AND p.status = 'completed')"
+            )
+            if prerequisite
+            else ""
+        )
         rows = await self._all(
             f"""SELECT {_CAMPAIGN_COLUMNS} FROM campaigns c
                 WHERE c.status = 'completed' AND c.line = 'formal'
                   AND NOT EXISTS (SELECT 1 FROM intelligence_jobs j WHERE j.campaign_id = c.campaign_id
                                   AND j.kind = :kind) {prerequisite_sql}
                 ORDER BY c.completed_at, c.campaign_id LIMIT :limit""",
-            kind=kind.value, prerequisite=prerequisite.value if prerequisite else None, limit=limit)
+            kind=kind.value,
+            prerequisite=prerequisite.value if prerequisite else None,
+            limit=limit,
+        )
         return [_campaign(r) for r in rows]
 
     # --- runs ----------------------------------------------------------------------------
 
     async def runs_insert(self, campaign_id: str, runs: Iterable[RunResult], now: datetime) -> int:
         """Store runs; a run_id already stored is skipped. Returns how many were new."""
-        rows = [{"run_id": r.run_id, "campaign_id": campaign_id, "case_id": r.case_id, "verdict": r.verdict.value,
-                 "score": r.score, "latency_ms": r.latency_ms, "failure_reason": r.failure_reason,
-                 "recorded_at": r.recorded_at or now} for r in runs]
+        rows = [
+            {
+                "run_id": r.run_id,
+                "campaign_id": campaign_id,
+                "case_id": r.case_id,
+                "verdict": r.verdict.value,
+                "score": r.score,
+                "latency_ms": r.latency_ms,
+                "failure_reason": r.failure_reason,
+                "recorded_at": r.recorded_at or now,
+            }
+            for r in runs
+        ]
         if not rows:
             return 0
         async with self.engine.begin() as conn:
-            result = await conn.execute(text(
-                """INSERT INTO campaign_runs (run_id, campaign_id, case_id, verdict, score, latency_ms,
+            result = await conn.execute(
+                text(
+                    """INSERT INTO campaign_runs (run_id, campaign_id, case_id, verdict, score, latency_ms,
                        failure_reason, recorded_at)
                    SELECT * FROM unnest(CAST(:run_id AS text[]), CAST(:campaign_id AS text[]),
                        CAST(:case_id AS text[]), CAST(:verdict AS text[]), CAST(:score AS float8[]),
                        CAST(:latency_ms AS int8[]), CAST(:failure_reason AS text[]),
                        CAST(:recorded_at AS timestamptz[]))
-                   ON CONFLICT (run_id) DO NOTHING"""),
-                {key: [row[key] for row in rows] for key in rows[0]})
+                   ON CONFLICT (run_id) DO NOTHING"""
+                ),
+                {key: [row[key] for row in rows] for key in rows[0]},
+            )
             return result.rowcount
 
     async def runs_known(self, run_ids: list[str]) -> int:
-        row = await self._one("SELECT count(*) AS n FROM campaign_runs WHERE run_id = ANY(CAST(:ids AS text[]))",
-                              ids=run_ids)
+        row = await self._one(
+            "SELECT count(*) AS n FROM campaign_runs WHERE run_id = ANY(CAST(:ids AS text[]))",
+            ids=run_ids,
+        )
         return int(row["n"]) if row else 0
 
     async def runs_of(self, campaign_id: str) -> list[RunResult]:
         rows = await self._all(
             """SELECT run_id, case_id, verdict, score, latency_ms, failure_reason, recorded_at
-               FROM campaign_runs WHERE campaign_id = :id ORDER BY run_id""", id=campaign_id)
-        return [RunResult(run_id=r["run_id"], case_id=r["case_id"], verdict=Verdict(r["verdict"]), score=r["score"],
-                          latency_ms=r["latency_ms"], failure_reason=r["failure_reason"],
-                          recorded_at=r["recorded_at"]) for r in rows]
+               FROM campaign_runs WHERE campaign_id = :id ORDER BY run_id""",
+            id=campaign_id,
+        )
+        return [
+            RunResult(
+                run_id=r["run_id"],
+                case_id=r["case_id"],
+                verdict=Verdict(r["verdict"]),
+                score=r["score"],
+                latency_ms=r["latency_ms"],
+                failure_reason=r["failure_reason"],
+                recorded_at=r["recorded_at"],
+            )
+            for r in rows
+        ]
 
     # --- jobs ----------------------------------------------------------------------------
 
     async def job_get(self, kind: JobKind, campaign_id: str) -> Job | None:
-        row = await self._one(f"SELECT {_JOB_COLUMNS} FROM intelligence_jobs WHERE kind = :kind AND campaign_id = :id",
-                              kind=kind.value, id=campaign_id)
+        row = await self._one(
+            f"SELECT {_JOB_COLUMNS} FROM intelligence_jobs WHERE kind = :kind AND campaign_id = :id",
+            kind=kind.value,
+            id=campaign_id,
+        )
         return _job(row) if row else None
 
-    async def job_ensure_queued(self, kind: JobKind, campaign_id: str, now: datetime,
-                                *, requeue_failed: bool = False) -> tuple[Job | None, bool]:
+    async def job_ensure_queued(
+        self, kind: JobKind, campaign_id: str, now: datetime, *, requeue_failed: bool = False
+    ) -> tuple[Job | None, bool]:
         """Create the job row as queued (or re-queue a failed one when asked).
 
         Returns the row as it now is (``None`` for an unknown campaign) and whether this
@@ -179,92 +259,168 @@ class IntelligenceRepository:
                   SET status = 'queued', error = NULL, claim_token = NULL, claimed_at = NULL, result = NULL,
                       recovery_attempts = 0, started_at = NULL, finished_at = NULL, updated_at = :now
                   WHERE j.status IN ({requeue})
-                RETURNING {_JOB_COLUMNS}""", kind=kind.value, id=campaign_id, now=now)
+                RETURNING {_JOB_COLUMNS}""",
+            kind=kind.value,
+            id=campaign_id,
+            now=now,
+        )
         if row is not None:
             return _job(row), True
         return await self.job_get(kind, campaign_id), False
 
-    async def job_claim_if_queued(self, kind: JobKind, campaign_id: str, token: str, now: datetime) -> bool:
+    async def job_claim_if_queued(
+        self, kind: JobKind, campaign_id: str, token: str, now: datetime
+    ) -> bool:
         row = await self._one(
             """UPDATE intelligence_jobs SET claim_token = :token, claimed_at = :now, attempts = attempts + 1,
                    updated_at = :now
                WHERE kind = :kind AND campaign_id = :id AND status = 'queued' AND claim_token IS NULL
-               RETURNING campaign_id""", kind=kind.value, id=campaign_id, token=token, now=now)
+               RETURNING campaign_id""",
+            kind=kind.value,
+            id=campaign_id,
+            token=token,
+            now=now,
+        )
         return row is not None
 
-    async def job_set_generating_if_claimed(self, kind: JobKind, campaign_id: str, token: str,
-                                            fields: dict[str, Any], now: datetime) -> bool:
+    async def job_set_generating_if_claimed(
+        self, kind: JobKind, campaign_id: str, token: str, fields: dict[str, Any], now: datetime
+    ) -> bool:
         set_sql, params = _set_fields(fields)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'generating', started_at = :now, updated_at = :now {set_sql}
                 WHERE kind = :kind AND campaign_id = :id AND status = 'queued' AND claim_token = :token
-                RETURNING campaign_id""", kind=kind.value, id=campaign_id, token=token, now=now, **params)
+                RETURNING campaign_id""",
+            kind=kind.value,
+            id=campaign_id,
+            token=token,
+            now=now,
+            **params,
+        )
         return row is not None
 
-    async def job_complete_if_generating(self, kind: JobKind, campaign_id: str, token: str,
-                                         result: dict[str, Any], fields: dict[str, Any], now: datetime) -> bool:
+    async def job_complete_if_generating(
+        self,
+        kind: JobKind,
+        campaign_id: str,
+        token: str,
+        result: dict[str, Any],
+        fields: dict[str, Any],
+        now: datetime,
+    ) -> bool:
         set_sql, params = _set_fields(fields)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'completed', result = CAST(:result AS jsonb), error = NULL,
                     finished_at = :now, updated_at = :now {set_sql}
                 WHERE kind = :kind AND campaign_id = :id AND status = 'generating' AND claim_token = :token
                 RETURNING campaign_id""",
-            kind=kind.value, id=campaign_id, token=token, result=json.dumps(result), now=now, **params)
+            kind=kind.value,
+            id=campaign_id,
+            token=token,
+            result=json.dumps(result),
+            now=now,
+            **params,
+        )
         return row is not None
 
-    async def job_fail_if_claimed(self, kind: JobKind, campaign_id: str, token: str, expected: JobStatus,
-                                  error: str, fields: dict[str, Any], now: datetime) -> bool:
+    async def job_fail_if_claimed(
+        self,
+        kind: JobKind,
+        campaign_id: str,
+        token: str,
+        expected: JobStatus,
+        error: str,
+        fields: dict[str, Any],
+        now: datetime,
+    ) -> bool:
         set_sql, params = _set_fields(fields)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'failed', error = :error, finished_at = :now,
                     updated_at = :now {set_sql}
                 WHERE kind = :kind AND campaign_id = :id AND status = :expected AND claim_token = :token
                 RETURNING campaign_id""",
-            kind=kind.value, id=campaign_id, token=token, expected=expected.value, error=error, now=now, **params)
+            kind=kind.value,
+            id=campaign_id,
+            token=token,
+            expected=expected.value,
+            error=error,
+            now=now,
+            **params,
+        )
         return row is not None
 
-    async def job_requeue_if_generating(self, kind: JobKind, campaign_id: str, token: str, now: datetime) -> bool:
+    async def job_requeue_if_generating(
+        self, kind: JobKind, campaign_id: str, token: str, now: datetime
+    ) -> bool:
         """Hand a row back (its worker is stopping); recovery picks it up."""
         row = await self._one(
             """UPDATE intelligence_jobs SET status = 'queued', claim_token = NULL, claimed_at = NULL,
                    started_at = NULL, updated_at = :now
                WHERE kind = :kind AND campaign_id = :id AND status = 'generating' AND claim_token = :token
-               RETURNING campaign_id""", kind=kind.value, id=campaign_id, token=token, now=now)
+               RETURNING campaign_id""",
+            kind=kind.value,
+            id=campaign_id,
+            token=token,
+            now=now,
+        )
         return row is not None
 
-    async def jobs_needing_recovery(self, queued_before: datetime, generating_before: datetime,
-                                    limit: int) -> list[Job]:
+    async def jobs_needing_recovery(
+        self, queued_before: datetime, generating_before: datetime, limit: int
+    ) -> list[Job]:
         rows = await self._all(
             f"""SELECT {_JOB_COLUMNS} FROM intelligence_jobs
                 WHERE (status = 'queued' AND updated_at <= :queued_before)
                    OR (status = 'generating' AND claimed_at <= :generating_before)
                 ORDER BY updated_at, campaign_id, kind LIMIT :limit""",
-            queued_before=queued_before, generating_before=generating_before, limit=limit)
+            queued_before=queued_before,
+            generating_before=generating_before,
+            limit=limit,
+        )
         return [_job(r) for r in rows]
 
     _UNCHANGED = """kind = :kind AND campaign_id = :id AND status = :status
         AND claim_token IS NOT DISTINCT FROM :token AND recovery_attempts = :recovery_attempts"""
 
     def _unchanged_params(self, job: Job) -> dict[str, Any]:
-        return {"kind": job.kind.value, "id": job.campaign_id, "status": job.status.value, "token": job.claim_token,
-                "recovery_attempts": job.recovery_attempts}
+        return {
+            "kind": job.kind.value,
+            "id": job.campaign_id,
+            "status": job.status.value,
+            "token": job.claim_token,
+            "recovery_attempts": job.recovery_attempts,
+        }
 
     async def job_requeue_if_unchanged(self, job: Job, now: datetime) -> bool:
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'queued', claim_token = NULL, claimed_at = NULL,
                     started_at = NULL, recovery_attempts = recovery_attempts + 1, updated_at = :now
-                WHERE {self._UNCHANGED} RETURNING campaign_id""", now=now, **self._unchanged_params(job))
+                WHERE {self._UNCHANGED} RETURNING campaign_id""",
+            now=now,
+            **self._unchanged_params(job),
+        )
         return row is not None
 
     async def job_fail_if_unchanged(self, job: Job, error: str, now: datetime) -> bool:
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'failed', error = :error, claim_token = NULL,
                     finished_at = :now, updated_at = :now
-                WHERE {self._UNCHANGED} RETURNING campaign_id""", error=error, now=now, **self._unchanged_params(job))
+                WHERE {self._UNCHANGED} RETURNING campaign_id""",
+            error=error,
+            now=now,
+            **self._unchanged_params(job),
+        )
         return row is not None
 
-    async def jobs_list(self, *, campaign_id: str | None, kind: JobKind | None, status: JobStatus | None,
-                        after: tuple[datetime, str, str] | None, limit: int) -> list[Job]:
+    async def jobs_list(
+        self,
+        *,
+        campaign_id: str | None,
+        kind: JobKind | None,
+        status: JobStatus | None,
+        after: tuple[datetime, str, str] | None,
+        limit: int,
+    ) -> list[Job]:
         rows = await self._all(
             f"""SELECT {_JOB_COLUMNS} FROM intelligence_jobs
                 WHERE (CAST(:campaign_id AS text) IS NULL OR campaign_id = :campaign_id)
@@ -273,7 +429,12 @@ class IntelligenceRepository:
                   AND (CAST(:after_at AS timestamptz) IS NULL
                        OR (created_at, campaign_id, kind) > (:after_at, :after_campaign, :after_kind))
                 ORDER BY created_at, campaign_id, kind LIMIT :limit""",
-            campaign_id=campaign_id, kind=kind.value if kind else None, status=status.value if status else None,
-            after_at=after[0] if after else None, after_campaign=after[1] if after else None,
-            after_kind=after[2] if after else None, limit=limit)
+            campaign_id=campaign_id,
+            kind=kind.value if kind else None,
+            status=status.value if status else None,
+            after_at=after[0] if after else None,
+            after_campaign=after[1] if after else None,
+            after_kind=after[2] if after else None,
+            limit=limit,
+        )
         return [_job(r) for r in rows]

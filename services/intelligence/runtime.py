@@ -12,14 +12,24 @@ from datetime import timedelta
 from dispo.intelligence import analysis, comparison
 from dispo.intelligence.campaigns import Campaign, CampaignStatus
 from dispo.intelligence.eligibility import auto_intelligence_eligible
-from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, Outcome, RecoveryReport, execute, recover_jobs
+from dispo.intelligence.intelligence_jobs import (
+    JobAdapter,
+    JobDeps,
+    Outcome,
+    RecoveryReport,
+    execute,
+    recover_jobs,
+)
 from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError
 from dispo.intelligence.registry import TaskRegistry
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
 
-ADAPTERS: dict[JobKind, JobAdapter] = {JobKind.ANALYSIS: analysis.ANALYSIS, JobKind.COMPARISON: comparison.COMPARISON}
+ADAPTERS: dict[JobKind, JobAdapter] = {
+    JobKind.ANALYSIS: analysis.ANALYSIS,
+    JobKind.COMPARISON: comparison.COMPARISON,
+}
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,12 @@ class RecoveryPolicy:
 
 
 class IntelligenceJobs:
-    def __init__(self, deps: JobDeps, registry: TaskRegistry | None = None,
-                 policy: RecoveryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        deps: JobDeps,
+        registry: TaskRegistry | None = None,
+        policy: RecoveryPolicy | None = None,
+    ) -> None:
         self.deps = deps
         self.registry = registry or TaskRegistry("intelligence-jobs")
         self.policy = policy or RecoveryPolicy()
@@ -54,8 +68,12 @@ class IntelligenceJobs:
         if campaign.status != CampaignStatus.COMPLETED:
             return False
         if not auto_intelligence_eligible(campaign, self.deps.models):
-            log.info("automatic analysis skipped", campaign_id=campaign.campaign_id, line=campaign.line.value,
-                     analysis_model=campaign.analysis_model or self.deps.models.default)
+            log.info(
+                "automatic analysis skipped",
+                campaign_id=campaign.campaign_id,
+                line=campaign.line.value,
+                analysis_model=campaign.analysis_model or self.deps.models.default,
+            )
             return False
         return self.start(JobKind.ANALYSIS, campaign.campaign_id) is not None
 
@@ -70,8 +88,9 @@ class IntelligenceJobs:
     async def trigger(self, kind: JobKind, campaign_id: str) -> tuple[Job, bool]:
         """A caller's trigger: validate, (re-)queue the row, start it. ``(job, started)``."""
         await self.validate_request(kind, campaign_id)
-        job, changed = await self.deps.repo.job_ensure_queued(kind, campaign_id, self.deps.clock.now(),
-                                                              requeue_failed=True)
+        job, changed = await self.deps.repo.job_ensure_queued(
+            kind, campaign_id, self.deps.clock.now(), requeue_failed=True
+        )
         if job is None:  # validated a moment ago; campaigns are never deleted
             raise JobValidationError(f"campaign {campaign_id!r} not found")
         if job.status == JobStatus.QUEUED:
@@ -82,9 +101,14 @@ class IntelligenceJobs:
         """Re-queue and restart rows nobody works on (capped); one batch."""
         now = self.deps.clock.now()
         queued_idle = timedelta(0) if at_start else self.policy.queued_idle
-        report = await recover_jobs(self.deps.repo, now, queued_idle=queued_idle,
-                                    generating_stale=self.policy.generating_stale, limit=self.policy.batch,
-                                    skip=set(self.registry.running()))
+        report = await recover_jobs(
+            self.deps.repo,
+            now,
+            queued_idle=queued_idle,
+            generating_stale=self.policy.generating_stale,
+            limit=self.policy.batch,
+            skip=set(self.registry.running()),
+        )
         for kind, campaign_id in report.requeued:
             self.start(kind, campaign_id)
         return report
@@ -93,10 +117,16 @@ class IntelligenceJobs:
         """Start automatic jobs whose trigger a crash lost (completed campaign without analysis,
         completed analysis without comparison); one batch of each."""
         started: list[tuple[JobKind, str]] = []
-        for kind, prerequisite in ((JobKind.ANALYSIS, None), (JobKind.COMPARISON, JobKind.ANALYSIS)):
-            for campaign in await self.deps.repo.campaigns_completed_without_job(kind, prerequisite,
-                                                                                 self.policy.batch):
-                if auto_intelligence_eligible(campaign, self.deps.models) and self.start(kind, campaign.campaign_id):
+        for kind, prerequisite in (
+            (JobKind.ANALYSIS, None),
+            (JobKind.COMPARISON, JobKind.ANALYSIS),
+        ):
+            for campaign in await self.deps.repo.campaigns_completed_without_job(
+                kind, prerequisite, self.policy.batch
+            ):
+                if auto_intelligence_eligible(campaign, self.deps.models) and self.start(
+                    kind, campaign.campaign_id
+                ):
                     started.append((kind, campaign.campaign_id))
         return started
 

@@ -7,19 +7,23 @@ import json
 from datetime import datetime
 
 import grpc
-
 from dispo.intelligence import convert
 from dispo.intelligence.campaign_read_model import load_analysis_view, load_comparison_view
-from dispo.intelligence.campaigns import MAX_ID_CHARS, MAX_RUNS_PER_CALL, new_campaign, new_run_result
+from dispo.intelligence.campaigns import (
+    MAX_ID_CHARS,
+    MAX_RUNS_PER_CALL,
+    new_campaign,
+    new_run_result,
+)
 from dispo.intelligence.feed import CampaignFeed
 from dispo.intelligence.jobs import JobKind, JobValidationError
 from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.runtime import IntelligenceJobs
-from dispo.libs.timestamps import from_timestamp
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc as pb_grpc
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
+from dispo.libs.timestamps import from_timestamp
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -49,22 +53,33 @@ def _parse_page_token(token: str) -> tuple[datetime, str, str] | None:
 
 
 class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
-    def __init__(self, feed: CampaignFeed, jobs: IntelligenceJobs, repo: IntelligenceRepository) -> None:
+    def __init__(
+        self, feed: CampaignFeed, jobs: IntelligenceJobs, repo: IntelligenceRepository
+    ) -> None:
         self.feed = feed
         self.jobs = jobs
         self.repo = repo
 
-    async def CreateCampaign(self, request: pb.CreateCampaignRequest, context: grpc.aio.ServicerContext) -> pb.Campaign:
+    async def CreateCampaign(
+        self, request: pb.CreateCampaignRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Campaign:
         if request.line != pb.LINE_UNSPECIFIED and request.line not in convert.LINE_FROM_PB:
             raise InvalidArgument("line", "must be LINE_FORMAL or LINE_TRIAL")
-        campaign = new_campaign(request.campaign_id, request.series, convert.line_name(request.line),
-                                request.period, request.configuration_json, request.analysis_model)
+        campaign = new_campaign(
+            request.campaign_id,
+            request.series,
+            convert.line_name(request.line),
+            request.period,
+            request.configuration_json,
+            request.analysis_model,
+        )
         self.feed.require_registered_model(campaign.analysis_model)
         stored, _ = await self.feed.create(campaign)
         return convert.campaign_to_pb(stored)
 
-    async def RecordRunResults(self, request: pb.RecordRunResultsRequest,
-                               context: grpc.aio.ServicerContext) -> pb.RecordRunResultsResponse:
+    async def RecordRunResults(
+        self, request: pb.RecordRunResultsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecordRunResultsResponse:
         campaign_id = _campaign_id(request.campaign_id)
         if not request.runs:
             raise InvalidArgument("runs", "must contain at least one run")
@@ -73,10 +88,18 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
         runs, violations = [], []
         for i, run in enumerate(request.runs):
             try:
-                runs.append(new_run_result(
-                    run.run_id, run.case_id, convert.verdict_name(run.verdict), run.score, run.latency_ms,
-                    run.failure_reason, from_timestamp(run.recorded_at, run.HasField("recorded_at")),
-                    field_prefix=f"runs[{i}]."))
+                runs.append(
+                    new_run_result(
+                        run.run_id,
+                        run.case_id,
+                        convert.verdict_name(run.verdict),
+                        run.score,
+                        run.latency_ms,
+                        run.failure_reason,
+                        from_timestamp(run.recorded_at, run.HasField("recorded_at")),
+                        field_prefix=f"runs[{i}].",
+                    )
+                )
             except InvalidArgument as error:
                 violations += error.violations
         if violations:
@@ -84,28 +107,42 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
         recorded, duplicates = await self.feed.record_runs(campaign_id, runs)
         return pb.RecordRunResultsResponse(recorded=recorded, duplicates=duplicates)
 
-    async def CompleteCampaign(self, request: pb.CompleteCampaignRequest,
-                               context: grpc.aio.ServicerContext) -> pb.Campaign:
+    async def CompleteCampaign(
+        self, request: pb.CompleteCampaignRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Campaign:
         campaign_id = _campaign_id(request.campaign_id)
         status = convert.CAMPAIGN_STATUS_FROM_PB.get(request.status)
         if status is None or status.value == "running":
-            raise InvalidArgument("status", "must be CAMPAIGN_STATUS_COMPLETED, _FAILED or _CANCELLED")
+            raise InvalidArgument(
+                "status", "must be CAMPAIGN_STATUS_COMPLETED, _FAILED or _CANCELLED"
+            )
         return convert.campaign_to_pb(await self.feed.complete(campaign_id, status))
 
-    async def GetCampaign(self, request: pb.GetCampaignRequest, context: grpc.aio.ServicerContext) -> pb.Campaign:
+    async def GetCampaign(
+        self, request: pb.GetCampaignRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Campaign:
         return convert.campaign_to_pb(await self.feed.get(_campaign_id(request.campaign_id)))
 
-    async def AssignAnalysisModel(self, request: pb.AssignAnalysisModelRequest,
-                                  context: grpc.aio.ServicerContext) -> pb.Campaign:
-        campaign = await self.feed.assign_analysis_model(_campaign_id(request.campaign_id), request.analysis_model)
+    async def AssignAnalysisModel(
+        self, request: pb.AssignAnalysisModelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Campaign:
+        campaign = await self.feed.assign_analysis_model(
+            _campaign_id(request.campaign_id), request.analysis_model
+        )
         return convert.campaign_to_pb(campaign)
 
-    async def ListAnalysisModels(self, request: pb.ListAnalysisModelsRequest,
-                                 context: grpc.aio.ServicerContext) -> pb.ListAnalysisModelsResponse:
+    async def ListAnalysisModels(
+        self, request: pb.ListAnalysisModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListAnalysisModelsResponse:
         models = self.feed.models
-        return pb.ListAnalysisModelsResponse(models=[
-            pb.AnalysisModelInfo(name=name, kind=models.get(name).kind, is_default=name == models.default)
-            for name in models.names()])
+        return pb.ListAnalysisModelsResponse(
+            models=[
+                pb.AnalysisModelInfo(
+                    name=name, kind=models.get(name).kind, is_default=name == models.default
+                )
+                for name in models.names()
+            ]
+        )
 
     async def _trigger(self, kind: JobKind, request: pb.TriggerJobRequest) -> pb.TriggerJobResponse:
         campaign_id = _campaign_id(request.campaign_id)
@@ -115,21 +152,33 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             raise convert.validation_to_domain(error) from None
         return pb.TriggerJobResponse(job=convert.job_to_pb(job), started=started)
 
-    async def TriggerAnalysis(self, request: pb.TriggerJobRequest,
-                              context: grpc.aio.ServicerContext) -> pb.TriggerJobResponse:
+    async def TriggerAnalysis(
+        self, request: pb.TriggerJobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TriggerJobResponse:
         return await self._trigger(JobKind.ANALYSIS, request)
 
-    async def TriggerComparison(self, request: pb.TriggerJobRequest,
-                                context: grpc.aio.ServicerContext) -> pb.TriggerJobResponse:
+    async def TriggerComparison(
+        self, request: pb.TriggerJobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TriggerJobResponse:
         return await self._trigger(JobKind.COMPARISON, request)
 
-    async def GetAnalysis(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Analysis:
-        return convert.analysis_to_pb(await load_analysis_view(self.repo, _campaign_id(request.campaign_id)))
+    async def GetAnalysis(
+        self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Analysis:
+        return convert.analysis_to_pb(
+            await load_analysis_view(self.repo, _campaign_id(request.campaign_id))
+        )
 
-    async def GetComparison(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Comparison:
-        return convert.comparison_to_pb(await load_comparison_view(self.repo, _campaign_id(request.campaign_id)))
+    async def GetComparison(
+        self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Comparison:
+        return convert.comparison_to_pb(
+            await load_comparison_view(self.repo, _campaign_id(request.campaign_id))
+        )
 
-    async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:
+    async def ListJobs(
+        self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListJobsResponse:
         violations = []
         if request.kind and request.kind not in convert.JOB_KIND_FROM_PB:
             violations.append(FieldViolation("kind", "unknown job kind"))
@@ -141,14 +190,19 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             raise InvalidArgument(violations=violations)
         size = min(request.page.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         jobs = await self.repo.jobs_list(
-            campaign_id=request.campaign_id or None, kind=convert.JOB_KIND_FROM_PB.get(request.kind),
+            campaign_id=request.campaign_id or None,
+            kind=convert.JOB_KIND_FROM_PB.get(request.kind),
             status=convert.JOB_STATUS_FROM_PB.get(request.status),
-            after=_parse_page_token(request.page.page_token), limit=size + 1)
+            after=_parse_page_token(request.page.page_token),
+            limit=size + 1,
+        )
         token = ""
         if len(jobs) > size:
             jobs = jobs[:size]
             last = jobs[-1]
             assert last.created_at is not None
             token = _page_token((last.created_at, last.campaign_id, last.kind.value))
-        return pb.ListJobsResponse(jobs=[convert.job_to_pb(j) for j in jobs],
-                                   page=common_pb2.PageResponse(next_page_token=token))
+        return pb.ListJobsResponse(
+            jobs=[convert.job_to_pb(j) for j in jobs],
+            page=common_pb2.PageResponse(next_page_token=token),
+        )

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic_settings import BaseSettings
-
 from dispo.intelligence.models import STATS_MODEL, ChatModelConfig
 from dispo.libs.settings import service_settings_config
+from pydantic_settings import BaseSettings
 
 
 class IntelligenceSettings(BaseSettings):

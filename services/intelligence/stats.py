@@ -89,8 +89,12 @@ def _failure_clusters(runs: list[RunResult]) -> list[dict[str, Any]]:
         clusters[failure_signature(run.failure_reason)].append(run)
     ranked = sorted(clusters.items(), key=lambda item: (-len(item[1]), item[0]))
     return [
-        {"signature": signature, "count": len(members), "share": _rate(len(members), len(failing)),
-         "example": (members[0].failure_reason or "")[:SIGNATURE_CHARS]}
+        {
+            "signature": signature,
+            "count": len(members),
+            "share": _rate(len(members), len(failing)),
+            "example": (members[0].failure_reason or "")[:SIGNATURE_CHARS],
+        }
         for signature, members in ranked[:MAX_FAILURE_CLUSTERS]
     ]
 
@@ -104,13 +108,15 @@ def _worst_cases(runs: list[RunResult]) -> list[dict[str, Any]]:
         failures = sum(1 for r in members if r.verdict != Verdict.PASS)
         if not failures:
             continue
-        rows.append({
-            "case_id": case_id,
-            "runs": len(members),
-            "failures": failures,
-            "pass_rate": _rate(len(members) - failures, len(members)),
-            "mean_score": round(sum(r.score for r in members) / len(members), 6),
-        })
+        rows.append(
+            {
+                "case_id": case_id,
+                "runs": len(members),
+                "failures": failures,
+                "pass_rate": _rate(len(members) - failures, len(members)),
+                "mean_score": round(sum(r.score for r in members) / len(members), 6),
+            }
+        )
     rows.sort(key=lambda row: (row["pass_rate"], row["mean_score"], row["case_id"]))
     return rows[:MAX_WORST_CASES]
 

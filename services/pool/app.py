@@ -78,19 +78,25 @@ class SweepLoop:
 async def setup(rt: Runtime) -> None:
     settings = PoolSettings()
     relay = outbox_relay(rt.engine, rt.bus, rt.clock, rt.settings.outbox_retention)
-    pool = Pool(rt.engine, make_driver(settings, rt), rt.clock, settings.policy(), on_commit=relay.kick)
-    rt.add_servicer(lambda server: pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(pool), server),
-                    SERVICE_NAME)
+    pool = Pool(
+        rt.engine, make_driver(settings, rt), rt.clock, settings.policy(), on_commit=relay.kick
+    )
+    rt.add_servicer(
+        lambda server: pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(pool), server),
+        SERVICE_NAME,
+    )
     rt.add_part("outbox relay", relay.run, relay.stop)
     loop = SweepLoop(pool, settings)
     rt.add_part("sweeps", loop.run, loop.stop)
     if settings.driver == "local" and settings.spawn_worker:
         host = "127.0.0.1" if rt.server.host in ("", "0.0.0.0", "::") else rt.server.host
-        worker = WorkerSupervisor({
-            "DISPO_POOL_WORKER_POOL_ADDRESS": f"{host}:{rt.server.port}",
-            "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(settings.local_registry.resolve()),
-            "DISPO_POOL_WORKER_TICK_SECONDS": str(settings.tick_seconds),
-        })
+        worker = WorkerSupervisor(
+            {
+                "DISPO_POOL_WORKER_POOL_ADDRESS": f"{host}:{rt.server.port}",
+                "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(settings.local_registry.resolve()),
+                "DISPO_POOL_WORKER_TICK_SECONDS": str(settings.tick_seconds),
+            }
+        )
         rt.add_part("pool worker", worker.run, worker.stop)
 
 

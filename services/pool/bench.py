@@ -19,16 +19,23 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import text
-
 from dispo.libs.bench import latency_line
 from dispo.libs.clock import ManualClock
 from dispo.libs.db import create_engine, migrate
 from dispo.pool.domain import (
-    DriverCron, Evaluation, EvaluationStatus, Line, PoolPolicy, RunResult, Schedule, TestCase, Verdict,
+    DriverCron,
+    Evaluation,
+    EvaluationStatus,
+    Line,
+    PoolPolicy,
+    RunResult,
+    Schedule,
+    TestCase,
+    Verdict,
 )
 from dispo.pool.operations import Pool
 from dispo.pool.sweeps import create_cron
+from sqlalchemy import text
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -38,7 +45,9 @@ class NullDriver:
 
     async def create(self, cron_id: str, state: dict) -> None: ...
     async def remove(self, cron_id: str) -> None: ...
-    async def list(self) -> list[DriverCron]: return []
+    async def list(self) -> list[DriverCron]:
+        return []
+
     async def write_state(self, cron_id: str, state: dict) -> None: ...
     async def trigger(self, cron_id: str) -> None: ...
 
@@ -47,14 +56,26 @@ async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
     engine = create_engine(url, "pool_bench", pool_size=max(10, crons))
     await migrate(engine, "pool_bench", MIGRATIONS)
     clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
-    pool = Pool(engine, NullDriver(), clock, PoolPolicy(max_size=max(crons, 20), runs_per_wake=runs))
+    pool = Pool(
+        engine, NullDriver(), clock, PoolPolicy(max_size=max(crons, 20), runs_per_wake=runs)
+    )
     ids = [await create_cron(pool) for _ in range(crons)]
     case = (TestCase("c1"),)
     for i in range(evaluations):
-        await pool.create_evaluation(Evaluation(
-            id=f"bench-{i:06d}", series="bench", line=Line.TRIAL, period="p", configuration_json="{}",
-            analysis_model="", target_url="http://127.0.0.1:9", cases=case,
-            schedule=Schedule(clock.now(), 3600, 1, runs), status=EvaluationStatus.QUEUED))
+        await pool.create_evaluation(
+            Evaluation(
+                id=f"bench-{i:06d}",
+                series="bench",
+                line=Line.TRIAL,
+                period="p",
+                configuration_json="{}",
+                analysis_model="",
+                target_url="http://127.0.0.1:9",
+                cases=case,
+                schedule=Schedule(clock.now(), 3600, 1, runs),
+                status=EvaluationStatus.QUEUED,
+            )
+        )
     wakes: list[float] = []
     records: list[float] = []
     taken: list[str] = []
@@ -68,7 +89,9 @@ async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
         taken.append(woke.evaluation.id)
         for index in range(woke.next_run_index, woke.next_run_index + woke.runs_owed):
             started = time.perf_counter()
-            await pool.record_run(cron_id, woke.evaluation.id, index, "c1", RunResult(Verdict.PASS, 1.0, 1))
+            await pool.record_run(
+                cron_id, woke.evaluation.id, index, "c1", RunResult(Verdict.PASS, 1.0, 1)
+            )
             records.append(time.perf_counter() - started)
         return True
 
@@ -77,19 +100,27 @@ async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
         pass
     elapsed = time.perf_counter() - began
     async with engine.begin() as conn:
-        done = (await conn.execute(text("SELECT count(*) FROM evaluations WHERE status = 'completed'"))).scalar_one()
+        done = (
+            await conn.execute(text("SELECT count(*) FROM evaluations WHERE status = 'completed'"))
+        ).scalar_one()
         await conn.execute(text("DROP SCHEMA pool_bench CASCADE"))
     await engine.dispose()
-    assert len(taken) == len(set(taken)) == evaluations == done, "an evaluation was taken twice or not completed"
-    print(f"{crons} crons, {evaluations} evaluations x {runs} runs in {elapsed:.2f} s: "
-          f"{evaluations / elapsed:.0f} claims/s, {len(records) / elapsed:.0f} runs/s")
+    assert len(taken) == len(set(taken)) == evaluations == done, (
+        "an evaluation was taken twice or not completed"
+    )
+    print(
+        f"{crons} crons, {evaluations} evaluations x {runs} runs in {elapsed:.2f} s: "
+        f"{evaluations / elapsed:.0f} claims/s, {len(records) / elapsed:.0f} runs/s"
+    )
     print(latency_line("WakeCron", wakes))
     print(latency_line("RecordRun", records))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", help="PostgreSQL to use (default: a temporary embedded one)")
+    parser.add_argument(
+        "--database-url", help="PostgreSQL to use (default: a temporary embedded one)"
+    )
     parser.add_argument("--crons", type=int, default=20)
     parser.add_argument("--evaluations", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
@@ -98,6 +129,7 @@ def main() -> None:
         asyncio.run(run(options.database_url, options.crons, options.evaluations, options.runs))
         return
     from dispo.libs.stack.postgres import EmbeddedPostgres
+
     with tempfile.TemporaryDirectory(prefix="dispo-pool-bench-") as root:
         postgres = EmbeddedPostgres(Path(root) / "postgres")
         url = postgres.start()

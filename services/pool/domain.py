@@ -30,12 +30,23 @@ class EvaluationStatus(enum.StrEnum):
 
 
 EVALUATION_TRANSITIONS: dict[EvaluationStatus, frozenset[EvaluationStatus]] = {
-    EvaluationStatus.QUEUED: frozenset({EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}),
-    EvaluationStatus.EXECUTING: frozenset(
-        {EvaluationStatus.STUCK, EvaluationStatus.PAUSED, EvaluationStatus.COMPLETED, EvaluationStatus.CANCELLED}
+    EvaluationStatus.QUEUED: frozenset(
+        {EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}
     ),
-    EvaluationStatus.PAUSED: frozenset({EvaluationStatus.QUEUED, EvaluationStatus.EXECUTING, EvaluationStatus.CANCELLED}),
-    EvaluationStatus.STUCK: frozenset({EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}),
+    EvaluationStatus.EXECUTING: frozenset(
+        {
+            EvaluationStatus.STUCK,
+            EvaluationStatus.PAUSED,
+            EvaluationStatus.COMPLETED,
+            EvaluationStatus.CANCELLED,
+        }
+    ),
+    EvaluationStatus.PAUSED: frozenset(
+        {EvaluationStatus.QUEUED, EvaluationStatus.EXECUTING, EvaluationStatus.CANCELLED}
+    ),
+    EvaluationStatus.STUCK: frozenset(
+        {EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}
+    ),
     EvaluationStatus.COMPLETED: frozenset(),
     EvaluationStatus.CANCELLED: frozenset(),
 }
@@ -152,7 +163,9 @@ class Schedule:
 
     def slot_due(self, now: datetime, runs_done: int) -> bool:
         """The slot now running has started and none of its own runs is done yet."""
-        return self.debt(now, runs_done) > 0 and runs_done <= self.runs_per_slot * self.current_slot(now)
+        return self.debt(
+            now, runs_done
+        ) > 0 and runs_done <= self.runs_per_slot * self.current_slot(now)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,14 @@ from datetime import datetime
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.logging import get_logger
 from dispo.pool import repository as repo
-from dispo.pool.domain import TERMINAL, AssignmentEnd, Cron, CronStatus, DriverCron, EvaluationStatus
+from dispo.pool.domain import (
+    TERMINAL,
+    AssignmentEnd,
+    Cron,
+    CronStatus,
+    DriverCron,
+    EvaluationStatus,
+)
 from dispo.pool.operations import Pool
 
 log = get_logger(__name__)
@@ -45,7 +52,9 @@ async def drift_view(pool: Pool) -> DriftView:
     return DriftView(pool.driver.name, crons, driver_crons, evaluations, pool.clock.now())
 
 
-async def apply_repair(pool: Pool, kind: RepairKind, cron_id: str, evaluation_id: str = "") -> tuple[bool, str]:
+async def apply_repair(
+    pool: Pool, kind: RepairKind, cron_id: str, evaluation_id: str = ""
+) -> tuple[bool, str]:
     if not cron_id:
         raise InvalidArgument("cron_id", "required")
     now = pool.clock.now()
@@ -76,9 +85,15 @@ async def apply_repair(pool: Pool, kind: RepairKind, cron_id: str, evaluation_id
         if ev is None:
             return False, "no such evaluation"
         if kind is RepairKind.RELEASE_FINISHED:
-            if not (cron.status is CronStatus.BUSY and cron.evaluation_id == ev.id and ev.status in TERMINAL):
+            if not (
+                cron.status is CronStatus.BUSY
+                and cron.evaluation_id == ev.id
+                and ev.status in TERMINAL
+            ):
                 return False, "the cron no longer holds a finished evaluation"
-            applied = await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DRIFT, now, touch=False)
+            applied = await repo.cron_release_if_holding(
+                conn, cron_id, ev.id, AssignmentEnd.DRIFT, now, touch=False
+            )
             detail = f"cron released from {ev.status.value} evaluation"
         elif kind is RepairKind.REQUEUE_EVALUATION:
             state = driver[cron_id].state if cron_id in driver else {}
@@ -87,7 +102,9 @@ async def apply_repair(pool: Pool, kind: RepairKind, cron_id: str, evaluation_id
             if ev.assigned_cron_id != cron_id or (cron_holds and driver_holds):
                 return False, "the assignment is consistent"
             if cron_holds:
-                applied = await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DRIFT, now, touch=False)
+                applied = await repo.cron_release_if_holding(
+                    conn, cron_id, ev.id, AssignmentEnd.DRIFT, now, touch=False
+                )
             else:
                 applied = await repo.evaluation_unassign_if(conn, ev.id, cron_id, now)
                 await repo.assignment_end(conn, cron_id, ev.id, AssignmentEnd.DRIFT, now)

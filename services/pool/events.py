@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
-from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.pool.v1 import events_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.outbox import DEFAULT_RETENTION, OutboxRelay, outbox_add
+from dispo.libs.timestamps import to_timestamp
 from dispo.pool import repository as repo
 from dispo.pool.domain import Evaluation, RunResult
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 STREAM = "EVALUATIONS"
 SUBJECTS = ["evaluation.>"]
@@ -24,31 +23,79 @@ SUBJECTS = ["evaluation.>"]
 
 async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> None:
     message = events_pb2.EvaluationStarted(
-        evaluation_id=ev.id, series=ev.series, line=ev.line.value, period=ev.period,
-        configuration_json=ev.configuration_json, analysis_model=ev.analysis_model, started_at=to_timestamp(now))
-    await outbox_add(conn, repo.outbox, "evaluation.started", f"{ev.id}:started", message.SerializeToString(), now)
+        evaluation_id=ev.id,
+        series=ev.series,
+        line=ev.line.value,
+        period=ev.period,
+        configuration_json=ev.configuration_json,
+        analysis_model=ev.analysis_model,
+        started_at=to_timestamp(now),
+    )
+    await outbox_add(
+        conn,
+        repo.outbox,
+        "evaluation.started",
+        f"{ev.id}:started",
+        message.SerializeToString(),
+        now,
+    )
 
 
-async def add_run_recorded(conn: AsyncConnection, evaluation_id: str, run_id: str, case_id: str,
-                           result: RunResult, now: datetime) -> None:
+async def add_run_recorded(
+    conn: AsyncConnection,
+    evaluation_id: str,
+    run_id: str,
+    case_id: str,
+    result: RunResult,
+    now: datetime,
+) -> None:
     message = events_pb2.EvaluationRunRecorded(
-        evaluation_id=evaluation_id, run_id=run_id, case_id=case_id, verdict=result.verdict.value,
-        score=result.score, latency_ms=result.latency_ms, failure_reason=result.failure_reason, recorded_at=to_timestamp(now))
-    await outbox_add(conn, repo.outbox, "evaluation.run_recorded", run_id, message.SerializeToString(), now)
+        evaluation_id=evaluation_id,
+        run_id=run_id,
+        case_id=case_id,
+        verdict=result.verdict.value,
+        score=result.score,
+        latency_ms=result.latency_ms,
+        failure_reason=result.failure_reason,
+        recorded_at=to_timestamp(now),
+    )
+    await outbox_add(
+        conn, repo.outbox, "evaluation.run_recorded", run_id, message.SerializeToString(), now
+    )
 
 
-async def add_completed(conn: AsyncConnection, evaluation_id: str, status: str, now: datetime) -> None:
-    message = events_pb2.EvaluationCompleted(evaluation_id=evaluation_id, status=status, completed_at=to_timestamp(now))
-    await outbox_add(conn, repo.outbox, "evaluation.completed", f"{evaluation_id}:completed",
-                     message.SerializeToString(), now)
+async def add_completed(
+    conn: AsyncConnection, evaluation_id: str, status: str, now: datetime
+) -> None:
+    message = events_pb2.EvaluationCompleted(
+        evaluation_id=evaluation_id, status=status, completed_at=to_timestamp(now)
+    )
+    await outbox_add(
+        conn,
+        repo.outbox,
+        "evaluation.completed",
+        f"{evaluation_id}:completed",
+        message.SerializeToString(),
+        now,
+    )
 
 
-def outbox_relay(engine: AsyncEngine, bus: Bus, clock: Clock,
-                 retention: timedelta = DEFAULT_RETENTION) -> OutboxRelay:
+def outbox_relay(
+    engine: AsyncEngine, bus: Bus, clock: Clock, retention: timedelta = DEFAULT_RETENTION
+) -> OutboxRelay:
     """The pool's relay: it ensures the EVALUATIONS stream before its first batch, and
     publishes one event at a time in outbox order, because the intelligence service applies
     them in stream order (a completion must not overtake its runs). Like every relay it
     deletes rows sent more than ``retention`` ago on ``clock``. Kick it after a commit
     (Pool's ``on_commit``); it polls as a fallback."""
-    return OutboxRelay(engine, repo.outbox, bus, batch=100, poll_interval=0.5, ordered=True,
-                       prepare=lambda: bus.ensure_stream(STREAM, SUBJECTS), clock=clock, retention=retention)
+    return OutboxRelay(
+        engine,
+        repo.outbox,
+        bus,
+        batch=100,
+        poll_interval=0.5,
+        ordered=True,
+        prepare=lambda: bus.ensure_stream(STREAM, SUBJECTS),
+        clock=clock,
+        retention=retention,
+    )

@@ -11,18 +11,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
 from dispo.libs.clock import Clock
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.pool import events
 from dispo.pool import repository as repo
 from dispo.pool.domain import (
-    EVALUATION_TRANSITIONS, AssignmentEnd, Cron, CronStatus, Evaluation, EvaluationStatus, PoolPolicy, RunResult,
+    EVALUATION_TRANSITIONS,
+    AssignmentEnd,
+    Cron,
+    CronStatus,
+    Evaluation,
+    EvaluationStatus,
+    PoolPolicy,
+    RunResult,
 )
 from dispo.pool.drivers import Driver
 from dispo.pool.validation import validate_evaluation
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
@@ -59,8 +65,14 @@ def new_cron_id() -> str:
 
 
 class Pool:
-    def __init__(self, engine: AsyncEngine, driver: Driver, clock: Clock, policy: PoolPolicy,
-                 on_commit: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        driver: Driver,
+        clock: Clock,
+        policy: PoolPolicy,
+        on_commit: Callable[[], None] = lambda: None,
+    ) -> None:
         self.engine = engine
         self.driver = driver
         self.clock = clock
@@ -129,10 +141,14 @@ class Pool:
             ev = await self._locked(conn, evaluation_id)
             allowed = tuple(s for s in EvaluationStatus if new in EVALUATION_TRANSITIONS[s])
             if ev.status not in allowed:
-                raise FailedPrecondition(f"evaluation {ev.id} is {ev.status.value}; cannot become {new.value}")
+                raise FailedPrecondition(
+                    f"evaluation {ev.id} is {ev.status.value}; cannot become {new.value}"
+                )
             freed = ev.assigned_cron_id
             if freed:
-                await repo.cron_release_if_holding(conn, freed, ev.id, AssignmentEnd.CANCELLED, now, touch=False)
+                await repo.cron_release_if_holding(
+                    conn, freed, ev.id, AssignmentEnd.CANCELLED, now, touch=False
+                )
             if not await repo.evaluation_set_status_if(conn, ev.id, allowed, new, now):
                 raise FailedPrecondition(f"evaluation {ev.id} changed concurrently")
             if new is EvaluationStatus.CANCELLED:
@@ -157,7 +173,9 @@ class Pool:
             if ev.status is not EvaluationStatus.PAUSED:
                 raise FailedPrecondition(f"evaluation {ev.id} is {ev.status.value}, not paused")
             target = EvaluationStatus.EXECUTING if ev.started_at else EvaluationStatus.QUEUED
-            await repo.evaluation_set_status_if(conn, ev.id, (EvaluationStatus.PAUSED,), target, now)
+            await repo.evaluation_set_status_if(
+                conn, ev.id, (EvaluationStatus.PAUSED,), target, now
+            )
             result = await repo.evaluation_get(conn, ev.id)
         await self.wake_idle_crons()
         assert result is not None
@@ -203,11 +221,15 @@ class Pool:
                 if owed and ev:
                     result = WakeResult(ev, ev.runs_done, owed)
                 elif ev is not None:  # nothing owed now: back to the pool, then take the top item
-                    await repo.cron_release_if_holding(conn, cron_id, cron.evaluation_id, AssignmentEnd.DONE, now)
+                    await repo.cron_release_if_holding(
+                        conn, cron_id, cron.evaluation_id, AssignmentEnd.DONE, now
+                    )
                     changed = True
                 else:  # it changed hands while we looked: report, change nothing
                     current = await repo.evaluation_get(conn, cron.evaluation_id)
-                    return WakeResult(current, current.runs_done if current else 0, self._owed(current, now))
+                    return WakeResult(
+                        current, current.runs_done if current else 0, self._owed(current, now)
+                    )
             if result is None:
                 claim = await repo.evaluation_claim_top_for_cron(conn, cron_id, now)
                 if claim is None:
@@ -218,7 +240,12 @@ class Pool:
                         await events.add_started(conn, claim.evaluation, now)
                     ev = claim.evaluation
                     result = WakeResult(ev, ev.runs_done, self._owed(ev, now))
-                    log.info("cron took evaluation", cron_id=cron_id, evaluation_id=ev.id, runs_owed=result.runs_owed)
+                    log.info(
+                        "cron took evaluation",
+                        cron_id=cron_id,
+                        evaluation_id=ev.id,
+                        runs_owed=result.runs_owed,
+                    )
         if changed:
             self.on_commit()
             await self.write_driver_state(cron_id)
@@ -229,8 +256,9 @@ class Pool:
             return 0
         return min(ev.schedule.debt(now, ev.runs_done), self.policy.runs_per_wake)
 
-    async def record_run(self, cron_id: str, evaluation_id: str, run_index: int, case_id: str,
-                         result: RunResult) -> RecordResult:
+    async def record_run(
+        self, cron_id: str, evaluation_id: str, run_index: int, case_id: str, result: RunResult
+    ) -> RecordResult:
         if not cron_id:
             raise InvalidArgument("cron_id", "required")
         if run_index < 0:
@@ -242,21 +270,30 @@ class Pool:
             if await repo.run_exists(conn, ev.id, run_index):
                 return self._after(ev, cron_id, now, duplicate=True, run_index=run_index)
             if run_index >= ev.schedule.runs_total:
-                raise InvalidArgument("run_index", f"the evaluation has {ev.schedule.runs_total} runs")
+                raise InvalidArgument(
+                    "run_index", f"the evaluation has {ev.schedule.runs_total} runs"
+                )
             if case_id != ev.case_for_run(run_index).id:
-                raise InvalidArgument("case_id", f"run {run_index} is case {ev.case_for_run(run_index).id!r}")
+                raise InvalidArgument(
+                    "case_id", f"run {run_index} is case {ev.case_for_run(run_index).id!r}"
+                )
             if ev.assigned_cron_id != cron_id:
                 raise FailedPrecondition(f"cron {cron_id} does not hold evaluation {ev.id}")
             if ev.runs_done != run_index:
                 raise FailedPrecondition(f"next run of {ev.id} is {ev.runs_done}, not {run_index}")
-            if not await repo.run_record_if_next(conn, ev, cron_id, run_index, case_id, result, now):
+            if not await repo.run_record_if_next(
+                conn, ev, cron_id, run_index, case_id, result, now
+            ):
                 raise FailedPrecondition(f"cron {cron_id} lost evaluation {ev.id}")
             await events.add_run_recorded(conn, ev.id, ev.run_id(run_index), case_id, result, now)
             ev = replace(ev, runs_done=run_index + 1)
             if ev.runs_done >= ev.schedule.runs_total:
-                await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.COMPLETED, now)
-                await repo.evaluation_set_status_if(conn, ev.id, (EvaluationStatus.EXECUTING,),
-                                                    EvaluationStatus.COMPLETED, now)
+                await repo.cron_release_if_holding(
+                    conn, cron_id, ev.id, AssignmentEnd.COMPLETED, now
+                )
+                await repo.evaluation_set_status_if(
+                    conn, ev.id, (EvaluationStatus.EXECUTING,), EvaluationStatus.COMPLETED, now
+                )
                 await events.add_completed(conn, ev.id, "completed", now)
                 released = True
                 log.info("evaluation completed", evaluation_id=ev.id, cron_id=cron_id)
@@ -270,15 +307,26 @@ class Pool:
         assert final is not None
         return self._after(final, cron_id, now, duplicate=False, run_index=run_index)
 
-    def _after(self, ev: Evaluation, cron_id: str, now: datetime, *, duplicate: bool, run_index: int) -> RecordResult:
+    def _after(
+        self, ev: Evaluation, cron_id: str, now: datetime, *, duplicate: bool, run_index: int
+    ) -> RecordResult:
         holds = ev.assigned_cron_id == cron_id and ev.status is EvaluationStatus.EXECUTING
-        return RecordResult(ev.run_id(run_index), duplicate, holds and ev.schedule.debt(now, ev.runs_done) > 0,
-                            ev.runs_done, ev.status)
+        return RecordResult(
+            ev.run_id(run_index),
+            duplicate,
+            holds and ev.schedule.debt(now, ev.runs_done) > 0,
+            ev.runs_done,
+            ev.status,
+        )
 
     # --- operator pool commands --------------------------------------------------------
 
-    async def force_release(self, cron_id: str = "", evaluation_id: str = "",
-                            reason: AssignmentEnd = AssignmentEnd.FORCE_RELEASED) -> tuple[str, str]:
+    async def force_release(
+        self,
+        cron_id: str = "",
+        evaluation_id: str = "",
+        reason: AssignmentEnd = AssignmentEnd.FORCE_RELEASED,
+    ) -> tuple[str, str]:
         if bool(cron_id) == bool(evaluation_id):
             raise InvalidArgument("cron_id", "give exactly one of cron_id and evaluation_id")
         now = self.clock.now()
@@ -291,9 +339,16 @@ class Pool:
             else:
                 ev = await self._locked(conn, evaluation_id)
                 cron_id = ev.assigned_cron_id or ""
-            if not cron_id or not evaluation_id or not await repo.cron_release_if_holding(
-                    conn, cron_id, evaluation_id, reason, now, touch=False):
-                raise FailedPrecondition("nothing to release: the cron is not holding an evaluation")
+            if (
+                not cron_id
+                or not evaluation_id
+                or not await repo.cron_release_if_holding(
+                    conn, cron_id, evaluation_id, reason, now, touch=False
+                )
+            ):
+                raise FailedPrecondition(
+                    "nothing to release: the cron is not holding an evaluation"
+                )
         log.info("cron released", cron_id=cron_id, evaluation_id=evaluation_id, reason=reason.value)
         await self.write_driver_state(cron_id)
         await self.wake_idle_crons()

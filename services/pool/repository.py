@@ -11,16 +11,25 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import MetaData, text
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from dispo.libs.errors import AlreadyExists
 from dispo.libs.outbox import outbox_table
 from dispo.pool.domain import (
-    SERVABLE, Assignment, Cron, CronStatus, Evaluation, EvaluationStatus, Line, QueueKey, Rule,
-    RunResult, Schedule, TestCase,
+    SERVABLE,
+    Assignment,
+    Cron,
+    CronStatus,
+    Evaluation,
+    EvaluationStatus,
+    Line,
+    QueueKey,
+    Rule,
+    RunResult,
+    Schedule,
+    TestCase,
 )
+from sqlalchemy import MetaData, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 # The events of the pool, written in the transaction that changes what they report
 # (see events.py); the shared shape of libs/outbox.py.
@@ -28,13 +37,17 @@ outbox = outbox_table(MetaData())
 
 _SERVABLE = ", ".join(f"'{s.value}'" for s in SERVABLE)
 # The slot now running, -1 before the window (mirrors Schedule.current_slot).
-SLOT_SQL = ("GREATEST(-1, LEAST(e.slot_count - 1, FLOOR(EXTRACT(EPOCH FROM (CAST(:now AS timestamptz)"
-            " - e.window_start)) * e.slot_count / e.window_seconds)))::int")
+SLOT_SQL = (
+    "GREATEST(-1, LEAST(e.slot_count - 1, FLOOR(EXTRACT(EPOCH FROM (CAST(:now AS timestamptz)"
+    " - e.window_start)) * e.slot_count / e.window_seconds)))::int"
+)
 DEBT_SQL = f"GREATEST(0, e.runs_per_slot * ({SLOT_SQL} + 1) - e.runs_done)"
 SLOT_DUE_SQL = f"({DEBT_SQL} > 0 AND e.runs_done <= e.runs_per_slot * {SLOT_SQL})"
 QUEUE_WHERE = f"e.status IN ({_SERVABLE}) AND e.assigned_cron_id IS NULL AND {DEBT_SQL} > 0"
 # Operator boost, then slot due > debt > waiting time (seed: 时段到期 > 欠账多 > 等待时间长).
-QUEUE_ORDER = f"e.priority_boost DESC, {SLOT_DUE_SQL} DESC, {DEBT_SQL} DESC, e.waiting_since ASC, e.id ASC"
+QUEUE_ORDER = (
+    f"e.priority_boost DESC, {SLOT_DUE_SQL} DESC, {DEBT_SQL} DESC, e.waiting_since ASC, e.id ASC"
+)
 
 _EVAL_COLUMNS = """e.id, e.series, e.line, e.period, e.configuration_json, e.analysis_model, e.target_url,
     e.cases, e.window_start, e.window_seconds, e.slot_count, e.runs_per_slot, e.status, e.priority_boost,
@@ -42,18 +55,30 @@ _EVAL_COLUMNS = """e.id, e.series, e.line, e.period, e.configuration_json, e.ana
 
 
 def _cases_to_json(cases: tuple[TestCase, ...]) -> str:
-    return json.dumps([
-        {"id": c.id, "method": c.method, "path": c.path, "body": c.body,
-         "rules": [{"kind": r.kind, "path": r.path, "value": r.value} for r in c.rules]}
-        for c in cases
-    ])
+    return json.dumps(
+        [
+            {
+                "id": c.id,
+                "method": c.method,
+                "path": c.path,
+                "body": c.body,
+                "rules": [{"kind": r.kind, "path": r.path, "value": r.value} for r in c.rules],
+            }
+            for c in cases
+        ]
+    )
 
 
 def _cases_from_json(raw: object) -> tuple[TestCase, ...]:
     data = json.loads(raw) if isinstance(raw, str) else raw
     return tuple(
-        TestCase(c["id"], c["method"], c["path"], c["body"],
-                 tuple(Rule(r["kind"], r["value"], r["path"]) for r in c["rules"]))
+        TestCase(
+            c["id"],
+            c["method"],
+            c["path"],
+            c["body"],
+            tuple(Rule(r["kind"], r["value"], r["path"]) for r in c["rules"]),
+        )
         for c in data
     )
 
@@ -61,65 +86,109 @@ def _cases_from_json(raw: object) -> tuple[TestCase, ...]:
 def _evaluation(row) -> Evaluation:
     m = row._mapping
     return Evaluation(
-        id=m["id"], series=m["series"], line=Line(m["line"]), period=m["period"],
-        configuration_json=m["configuration_json"], analysis_model=m["analysis_model"],
-        target_url=m["target_url"], cases=_cases_from_json(m["cases"]),
-        schedule=Schedule(m["window_start"], m["window_seconds"], m["slot_count"], m["runs_per_slot"]),
-        status=EvaluationStatus(m["status"]), priority_boost=m["priority_boost"], runs_done=m["runs_done"],
-        assigned_cron_id=m["assigned_cron_id"], assigned_at=m["assigned_at"], waiting_since=m["waiting_since"],
-        created_at=m["created_at"], started_at=m["started_at"], completed_at=m["completed_at"],
+        id=m["id"],
+        series=m["series"],
+        line=Line(m["line"]),
+        period=m["period"],
+        configuration_json=m["configuration_json"],
+        analysis_model=m["analysis_model"],
+        target_url=m["target_url"],
+        cases=_cases_from_json(m["cases"]),
+        schedule=Schedule(
+            m["window_start"], m["window_seconds"], m["slot_count"], m["runs_per_slot"]
+        ),
+        status=EvaluationStatus(m["status"]),
+        priority_boost=m["priority_boost"],
+        runs_done=m["runs_done"],
+        assigned_cron_id=m["assigned_cron_id"],
+        assigned_at=m["assigned_at"],
+        waiting_since=m["waiting_since"],
+        created_at=m["created_at"],
+        started_at=m["started_at"],
+        completed_at=m["completed_at"],
     )
 
 
 def _cron(row) -> Cron:
     m = row._mapping
-    return Cron(m["id"], CronStatus(m["status"]), m["evaluation_id"], m["last_activity"], m["created_at"])
+    return Cron(
+        m["id"], CronStatus(m["status"]), m["evaluation_id"], m["last_activity"], m["created_at"]
+    )
 
 
 # --- evaluations -----------------------------------------------------------------------
+
 
 async def evaluation_insert(conn: AsyncConnection, ev: Evaluation, now: datetime) -> Evaluation:
     """Insert a queued evaluation; returns the row as stored (window starting ``now``)."""
     try:
         async with conn.begin_nested():
-            row = (await conn.execute(text(f"""
+            row = (
+                await conn.execute(
+                    text(f"""
                 INSERT INTO evaluations AS e (id, series, line, period, configuration_json, analysis_model,
                     target_url, cases, window_start, window_seconds, slot_count, runs_per_slot, status,
                     waiting_since, created_at)
                 VALUES (:id, :series, :line, :period, :cfg, :model, :target, CAST(:cases AS jsonb), :now,
                     :window, :slots, :rps, 'queued', :now, :now)
                 RETURNING {_EVAL_COLUMNS}"""),
-                {"id": ev.id, "series": ev.series, "line": ev.line.value, "period": ev.period,
-                 "cfg": ev.configuration_json, "model": ev.analysis_model, "target": ev.target_url,
-                 "cases": _cases_to_json(ev.cases), "now": now, "window": ev.schedule.window_seconds,
-                 "slots": ev.schedule.slot_count, "rps": ev.schedule.runs_per_slot})).one()
+                    {
+                        "id": ev.id,
+                        "series": ev.series,
+                        "line": ev.line.value,
+                        "period": ev.period,
+                        "cfg": ev.configuration_json,
+                        "model": ev.analysis_model,
+                        "target": ev.target_url,
+                        "cases": _cases_to_json(ev.cases),
+                        "now": now,
+                        "window": ev.schedule.window_seconds,
+                        "slots": ev.schedule.slot_count,
+                        "rps": ev.schedule.runs_per_slot,
+                    },
+                )
+            ).one()
     except IntegrityError:
         raise AlreadyExists(f"evaluation {ev.id!r} already exists") from None
     return _evaluation(row)
 
 
-async def evaluation_get(conn: AsyncConnection, evaluation_id: str, *, lock: bool = False) -> Evaluation | None:
-    sql = f"SELECT {_EVAL_COLUMNS} FROM evaluations e WHERE e.id = :id" + (" FOR UPDATE" if lock else "")
+async def evaluation_get(
+    conn: AsyncConnection, evaluation_id: str, *, lock: bool = False
+) -> Evaluation | None:
+    sql = f"SELECT {_EVAL_COLUMNS} FROM evaluations e WHERE e.id = :id" + (
+        " FOR UPDATE" if lock else ""
+    )
     row = (await conn.execute(text(sql), {"id": evaluation_id})).first()
     return _evaluation(row) if row else None
 
 
-async def evaluation_set_status_if(conn: AsyncConnection, evaluation_id: str, expected: tuple[EvaluationStatus, ...],
-                                   new: EvaluationStatus, now: datetime) -> bool:
+async def evaluation_set_status_if(
+    conn: AsyncConnection,
+    evaluation_id: str,
+    expected: tuple[EvaluationStatus, ...],
+    new: EvaluationStatus,
+    now: datetime,
+) -> bool:
     """Move an unassigned evaluation between statuses (pause / resume / cancel / complete)."""
     done = new in (EvaluationStatus.COMPLETED, EvaluationStatus.CANCELLED)
-    result = await conn.execute(text(f"""
+    result = await conn.execute(
+        text(f"""
         UPDATE evaluations SET status = :new, waiting_since = :now,
             completed_at = CASE WHEN :done THEN CAST(:now AS timestamptz) ELSE completed_at END
         WHERE id = :id AND assigned_cron_id IS NULL AND status IN ({", ".join(f"'{s.value}'" for s in expected)})"""),
-        {"id": evaluation_id, "new": new.value, "now": now, "done": done})
+        {"id": evaluation_id, "new": new.value, "now": now, "done": done},
+    )
     return result.rowcount == 1
 
 
 async def evaluation_set_boost(conn: AsyncConnection, evaluation_id: str, boost: int) -> bool:
-    result = await conn.execute(text(
-        "UPDATE evaluations SET priority_boost = :b WHERE id = :id AND status NOT IN ('completed', 'cancelled')"),
-        {"id": evaluation_id, "b": boost})
+    result = await conn.execute(
+        text(
+            "UPDATE evaluations SET priority_boost = :b WHERE id = :id AND status NOT IN ('completed', 'cancelled')"
+        ),
+        {"id": evaluation_id, "b": boost},
+    )
     return result.rowcount == 1
 
 
@@ -129,15 +198,18 @@ class Claim:
     previous_status: EvaluationStatus
 
 
-async def evaluation_claim_top_for_cron(conn: AsyncConnection, cron_id: str, now: datetime,
-                                        evaluation_id: str | None = None) -> Claim | None:
+async def evaluation_claim_top_for_cron(
+    conn: AsyncConnection, cron_id: str, now: datetime, evaluation_id: str | None = None
+) -> Claim | None:
     """Hand the top queue item (or the named one) to an idle cron, in one statement.
 
     The cron row is locked and must be idle; the evaluation row is taken with SKIP LOCKED,
     so of any number of racing crons exactly one gets each item.
     """
     only = "AND e.id = :eid" if evaluation_id else ""
-    row = (await conn.execute(text(f"""
+    row = (
+        await conn.execute(
+            text(f"""
         WITH cron AS (
             SELECT id FROM crons WHERE id = :cron AND status = 'idle' FOR UPDATE
         ), pick AS (
@@ -157,7 +229,9 @@ async def evaluation_claim_top_for_cron(conn: AsyncConnection, cron_id: str, now
         INSERT INTO assignments (cron_id, evaluation_id, started_at)
         SELECT :cron, took.id, :now FROM took, busy
         RETURNING evaluation_id, (SELECT previous_status FROM took)"""),
-        {"cron": cron_id, "now": now, "eid": evaluation_id})).first()
+            {"cron": cron_id, "now": now, "eid": evaluation_id},
+        )
+    ).first()
     if row is None:
         return None
     ev = await evaluation_get(conn, row[0])
@@ -166,69 +240,117 @@ async def evaluation_claim_top_for_cron(conn: AsyncConnection, cron_id: str, now
 
 
 async def queue_list(conn: AsyncConnection, now: datetime, limit: int = 100) -> list[QueueKey]:
-    rows = await conn.execute(text(f"""
+    rows = await conn.execute(
+        text(f"""
         SELECT e.id, e.priority_boost, {SLOT_DUE_SQL}, {DEBT_SQL}, e.waiting_since, e.status
         FROM evaluations e WHERE {QUEUE_WHERE} ORDER BY {QUEUE_ORDER} LIMIT :limit"""),
-        {"now": now, "limit": limit})
+        {"now": now, "limit": limit},
+    )
     return [QueueKey(r[1], r[2], r[3], r[4], r[0], r[5]) for r in rows]
 
 
 async def queue_depth(conn: AsyncConnection, now: datetime) -> tuple[int, datetime | None]:
-    row = (await conn.execute(text(f"SELECT count(*), min(e.waiting_since) FROM evaluations e WHERE {QUEUE_WHERE}"),
-                              {"now": now})).one()
+    row = (
+        await conn.execute(
+            text(f"SELECT count(*), min(e.waiting_since) FROM evaluations e WHERE {QUEUE_WHERE}"),
+            {"now": now},
+        )
+    ).one()
     return row[0], row[1]
 
 
-async def evaluations_held_longer_than(conn: AsyncConnection, cutoff: datetime, limit: int) -> list[tuple[str, str]]:
-    rows = await conn.execute(text("""
+async def evaluations_held_longer_than(
+    conn: AsyncConnection, cutoff: datetime, limit: int
+) -> list[tuple[str, str]]:
+    rows = await conn.execute(
+        text("""
         SELECT id, assigned_cron_id FROM evaluations
         WHERE assigned_cron_id IS NOT NULL AND assigned_at <= :cutoff ORDER BY assigned_at LIMIT :limit"""),
-        {"cutoff": cutoff, "limit": limit})
+        {"cutoff": cutoff, "limit": limit},
+    )
     return [(r[0], r[1]) for r in rows]
 
 
 async def evaluation_count_by_status(conn: AsyncConnection, status: EvaluationStatus) -> int:
-    return (await conn.execute(text("SELECT count(*) FROM evaluations WHERE status = :s"), {"s": status.value})).scalar_one()
+    return (
+        await conn.execute(
+            text("SELECT count(*) FROM evaluations WHERE status = :s"), {"s": status.value}
+        )
+    ).scalar_one()
 
 
 # --- runs ------------------------------------------------------------------------------
 
+
 async def run_exists(conn: AsyncConnection, evaluation_id: str, run_index: int) -> str | None:
-    return (await conn.execute(text("SELECT run_id FROM runs WHERE evaluation_id = :e AND run_index = :i"),
-                               {"e": evaluation_id, "i": run_index})).scalar_one_or_none()
+    return (
+        await conn.execute(
+            text("SELECT run_id FROM runs WHERE evaluation_id = :e AND run_index = :i"),
+            {"e": evaluation_id, "i": run_index},
+        )
+    ).scalar_one_or_none()
 
 
-async def run_record_if_next(conn: AsyncConnection, ev: Evaluation, cron_id: str, run_index: int, case_id: str,
-                             result: RunResult, now: datetime) -> bool:
+async def run_record_if_next(
+    conn: AsyncConnection,
+    ev: Evaluation,
+    cron_id: str,
+    run_index: int,
+    case_id: str,
+    result: RunResult,
+    now: datetime,
+) -> bool:
     """Insert run ``run_index`` and count it, only if it is the next one and the cron holds the evaluation."""
-    counted = await conn.execute(text("""
+    counted = await conn.execute(
+        text("""
         UPDATE evaluations SET runs_done = runs_done + 1
         WHERE id = :e AND assigned_cron_id = :cron AND status = 'executing' AND runs_done = :i"""),
-        {"e": ev.id, "cron": cron_id, "i": run_index})
+        {"e": ev.id, "cron": cron_id, "i": run_index},
+    )
     if counted.rowcount != 1:
         return False
-    await conn.execute(text("""
+    await conn.execute(
+        text("""
         INSERT INTO runs (run_id, evaluation_id, run_index, case_id, cron_id, verdict, score, latency_ms,
             failure_reason, recorded_at)
         VALUES (:rid, :e, :i, :case, :cron, :verdict, :score, :lat, :reason, :now)"""),
-        {"rid": ev.run_id(run_index), "e": ev.id, "i": run_index, "case": case_id, "cron": cron_id,
-         "verdict": result.verdict.value, "score": result.score, "lat": result.latency_ms,
-         "reason": result.failure_reason, "now": now})
-    await conn.execute(text("UPDATE crons SET last_activity = :now WHERE id = :cron AND status = 'busy'"),
-                       {"cron": cron_id, "now": now})
+        {
+            "rid": ev.run_id(run_index),
+            "e": ev.id,
+            "i": run_index,
+            "case": case_id,
+            "cron": cron_id,
+            "verdict": result.verdict.value,
+            "score": result.score,
+            "lat": result.latency_ms,
+            "reason": result.failure_reason,
+            "now": now,
+        },
+    )
+    await conn.execute(
+        text("UPDATE crons SET last_activity = :now WHERE id = :cron AND status = 'busy'"),
+        {"cron": cron_id, "now": now},
+    )
     return True
 
 
 async def runs_list(conn: AsyncConnection, evaluation_id: str) -> list[dict]:
-    rows = await conn.execute(text("SELECT * FROM runs WHERE evaluation_id = :e ORDER BY run_index"), {"e": evaluation_id})
+    rows = await conn.execute(
+        text("SELECT * FROM runs WHERE evaluation_id = :e ORDER BY run_index"), {"e": evaluation_id}
+    )
     return [dict(r._mapping) for r in rows]
 
 
 # --- crons and assignments -------------------------------------------------------------
 
+
 async def cron_insert(conn: AsyncConnection, cron_id: str, now: datetime) -> None:
-    await conn.execute(text("INSERT INTO crons (id, status, last_activity, created_at) VALUES (:id, 'idle', :now, :now)"),
-                       {"id": cron_id, "now": now})
+    await conn.execute(
+        text(
+            "INSERT INTO crons (id, status, last_activity, created_at) VALUES (:id, 'idle', :now, :now)"
+        ),
+        {"id": cron_id, "now": now},
+    )
 
 
 async def cron_get(conn: AsyncConnection, cron_id: str) -> Cron | None:
@@ -237,82 +359,128 @@ async def cron_get(conn: AsyncConnection, cron_id: str) -> Cron | None:
 
 
 async def crons_list(conn: AsyncConnection) -> list[Cron]:
-    return [_cron(r) for r in await conn.execute(text("SELECT * FROM crons ORDER BY created_at, id"))]
+    return [
+        _cron(r) for r in await conn.execute(text("SELECT * FROM crons ORDER BY created_at, id"))
+    ]
 
 
 async def cron_ids_with_status(conn: AsyncConnection, status: CronStatus) -> list[str]:
-    rows = await conn.execute(text("SELECT id FROM crons WHERE status = :s ORDER BY created_at, id"), {"s": status.value})
+    rows = await conn.execute(
+        text("SELECT id FROM crons WHERE status = :s ORDER BY created_at, id"), {"s": status.value}
+    )
     return [r[0] for r in rows]
 
 
 async def cron_touch_if_live(conn: AsyncConnection, cron_id: str, now: datetime) -> Cron | None:
-    row = (await conn.execute(text("""
+    row = (
+        await conn.execute(
+            text("""
         UPDATE crons SET last_activity = GREATEST(last_activity, CAST(:now AS timestamptz))
-        WHERE id = :id AND status IN ('idle', 'busy') RETURNING *"""), {"id": cron_id, "now": now})).first()
+        WHERE id = :id AND status IN ('idle', 'busy') RETURNING *"""),
+            {"id": cron_id, "now": now},
+        )
+    ).first()
     return _cron(row) if row else None
 
 
-async def cron_release_if_holding(conn: AsyncConnection, cron_id: str, evaluation_id: str, reason: str,
-                                  now: datetime, *, touch: bool = True) -> bool:
+async def cron_release_if_holding(
+    conn: AsyncConnection,
+    cron_id: str,
+    evaluation_id: str,
+    reason: str,
+    now: datetime,
+    *,
+    touch: bool = True,
+) -> bool:
     """End the assignment of ``evaluation_id`` to ``cron_id``: cron idle, evaluation back in the queue."""
     # The evaluation row first, then the cron row (the pool's lock order).
     await evaluation_unassign_if(conn, evaluation_id, cron_id, now)
-    freed = await conn.execute(text("""
+    freed = await conn.execute(
+        text("""
         UPDATE crons SET status = 'idle', evaluation_id = NULL,
             last_activity = CASE WHEN :touch THEN CAST(:now AS timestamptz) ELSE last_activity END
         WHERE id = :cron AND status = 'busy' AND evaluation_id = :e"""),
-        {"cron": cron_id, "e": evaluation_id, "now": now, "touch": touch})
+        {"cron": cron_id, "e": evaluation_id, "now": now, "touch": touch},
+    )
     await assignment_end(conn, cron_id, evaluation_id, reason, now)
     return freed.rowcount == 1
 
 
-async def evaluation_unassign_if(conn: AsyncConnection, evaluation_id: str, cron_id: str, now: datetime,
-                                 new_status: EvaluationStatus | None = None) -> bool:
-    result = await conn.execute(text("""
+async def evaluation_unassign_if(
+    conn: AsyncConnection,
+    evaluation_id: str,
+    cron_id: str,
+    now: datetime,
+    new_status: EvaluationStatus | None = None,
+) -> bool:
+    result = await conn.execute(
+        text("""
         UPDATE evaluations SET assigned_cron_id = NULL, assigned_at = NULL, waiting_since = :now,
             status = COALESCE(:status, status)
         WHERE id = :e AND assigned_cron_id = :cron"""),
-        {"e": evaluation_id, "cron": cron_id, "now": now, "status": new_status.value if new_status else None})
+        {
+            "e": evaluation_id,
+            "cron": cron_id,
+            "now": now,
+            "status": new_status.value if new_status else None,
+        },
+    )
     return result.rowcount == 1
 
 
-async def assignment_end(conn: AsyncConnection, cron_id: str, evaluation_id: str, reason: str, now: datetime) -> None:
-    await conn.execute(text("""
+async def assignment_end(
+    conn: AsyncConnection, cron_id: str, evaluation_id: str, reason: str, now: datetime
+) -> None:
+    await conn.execute(
+        text("""
         UPDATE assignments SET ended_at = :now, end_reason = :reason
         WHERE cron_id = :cron AND evaluation_id = :e AND ended_at IS NULL"""),
-        {"cron": cron_id, "e": evaluation_id, "reason": reason, "now": now})
+        {"cron": cron_id, "e": evaluation_id, "reason": reason, "now": now},
+    )
 
 
 async def crons_stalled(conn: AsyncConnection, cutoff: datetime, limit: int) -> list[Cron]:
-    rows = await conn.execute(text("""
+    rows = await conn.execute(
+        text("""
         SELECT * FROM crons WHERE status IN ('idle', 'busy') AND last_activity <= :cutoff
-        ORDER BY last_activity LIMIT :limit"""), {"cutoff": cutoff, "limit": limit})
+        ORDER BY last_activity LIMIT :limit"""),
+        {"cutoff": cutoff, "limit": limit},
+    )
     return [_cron(r) for r in rows]
 
 
 async def cron_mark_stuck_if_silent(conn: AsyncConnection, cron: Cron, cutoff: datetime) -> bool:
-    result = await conn.execute(text("""
+    result = await conn.execute(
+        text("""
         UPDATE crons SET status = 'stuck', evaluation_id = NULL
         WHERE id = :id AND status = :status AND last_activity <= :cutoff
           AND evaluation_id IS NOT DISTINCT FROM :e"""),
-        {"id": cron.id, "status": cron.status.value, "cutoff": cutoff, "e": cron.evaluation_id})
+        {"id": cron.id, "status": cron.status.value, "cutoff": cutoff, "e": cron.evaluation_id},
+    )
     return result.rowcount == 1
 
 
 async def cron_delete_if(conn: AsyncConnection, cron_id: str, status: CronStatus) -> bool:
-    result = await conn.execute(text("DELETE FROM crons WHERE id = :id AND status = :s"), {"id": cron_id, "s": status.value})
+    result = await conn.execute(
+        text("DELETE FROM crons WHERE id = :id AND status = :s"), {"id": cron_id, "s": status.value}
+    )
     return result.rowcount == 1
 
 
 async def crons_idle_for_removal(conn: AsyncConnection, count: int) -> list[str]:
-    rows = await conn.execute(text("""
-        SELECT id FROM crons WHERE status = 'idle' ORDER BY created_at DESC, id DESC LIMIT :n"""), {"n": count})
+    rows = await conn.execute(
+        text("""
+        SELECT id FROM crons WHERE status = 'idle' ORDER BY created_at DESC, id DESC LIMIT :n"""),
+        {"n": count},
+    )
     return [r[0] for r in rows]
 
 
 async def crons_idle_to_wake(conn: AsyncConnection, count: int) -> list[str]:
-    rows = await conn.execute(text("SELECT id FROM crons WHERE status = 'idle' ORDER BY last_activity, id LIMIT :n"),
-                              {"n": count})
+    rows = await conn.execute(
+        text("SELECT id FROM crons WHERE status = 'idle' ORDER BY last_activity, id LIMIT :n"),
+        {"n": count},
+    )
     return [r[0] for r in rows]
 
 
@@ -323,24 +491,34 @@ async def cron_counts(conn: AsyncConnection) -> dict[CronStatus, int]:
     return counts
 
 
-async def assignments_list(conn: AsyncConnection, cron_id: str = "", evaluation_id: str = "",
-                           limit: int = 100) -> list[Assignment]:
-    rows = await conn.execute(text("""
+async def assignments_list(
+    conn: AsyncConnection, cron_id: str = "", evaluation_id: str = "", limit: int = 100
+) -> list[Assignment]:
+    rows = await conn.execute(
+        text("""
         SELECT * FROM assignments WHERE (:c = '' OR cron_id = :c) AND (:e = '' OR evaluation_id = :e)
-        ORDER BY id DESC LIMIT :limit"""), {"c": cron_id, "e": evaluation_id, "limit": limit})
-    return [Assignment(r.id, r.cron_id, r.evaluation_id, r.started_at, r.ended_at, r.end_reason) for r in rows]
+        ORDER BY id DESC LIMIT :limit"""),
+        {"c": cron_id, "e": evaluation_id, "limit": limit},
+    )
+    return [
+        Assignment(r.id, r.cron_id, r.evaluation_id, r.started_at, r.ended_at, r.end_reason)
+        for r in rows
+    ]
 
 
 async def evaluations_assigned_or_named(conn: AsyncConnection) -> list[tuple[str, str, str | None]]:
     """(id, status, assigned cron) of evaluations holding a cron or named by a cron."""
-    rows = await conn.execute(text("""
+    rows = await conn.execute(
+        text("""
         SELECT e.id, e.status, e.assigned_cron_id FROM evaluations e
         WHERE e.assigned_cron_id IS NOT NULL OR e.id IN (SELECT evaluation_id FROM crons WHERE evaluation_id IS NOT NULL)
-        ORDER BY e.id"""))
+        ORDER BY e.id""")
+    )
     return [(r[0], r[1], r[2]) for r in rows]
 
 
 # --- bounds, resizes -------------------------------------------------------------------
+
 
 async def bounds_get(conn: AsyncConnection, default: tuple[int, int]) -> tuple[int, int]:
     row = (await conn.execute(text("SELECT min_size, max_size FROM bounds"))).first()
@@ -348,14 +526,21 @@ async def bounds_get(conn: AsyncConnection, default: tuple[int, int]) -> tuple[i
 
 
 async def bounds_set(conn: AsyncConnection, min_size: int, max_size: int) -> None:
-    await conn.execute(text("""
+    await conn.execute(
+        text("""
         INSERT INTO bounds (singleton, min_size, max_size) VALUES (true, :lo, :hi)
-        ON CONFLICT (singleton) DO UPDATE SET min_size = :lo, max_size = :hi"""), {"lo": min_size, "hi": max_size})
+        ON CONFLICT (singleton) DO UPDATE SET min_size = :lo, max_size = :hi"""),
+        {"lo": min_size, "hi": max_size},
+    )
 
 
-async def resize_record(conn: AsyncConnection, from_size: int, to_size: int, reason: str, now: datetime) -> None:
-    await conn.execute(text("INSERT INTO resizes (from_size, to_size, reason, at) VALUES (:f, :t, :r, :now)"),
-                       {"f": from_size, "t": to_size, "r": reason, "now": now})
+async def resize_record(
+    conn: AsyncConnection, from_size: int, to_size: int, reason: str, now: datetime
+) -> None:
+    await conn.execute(
+        text("INSERT INTO resizes (from_size, to_size, reason, at) VALUES (:f, :t, :r, :now)"),
+        {"f": from_size, "t": to_size, "r": reason, "now": now},
+    )
 
 
 async def resizes_list(conn: AsyncConnection, limit: int = 100) -> list[dict]:
@@ -365,16 +550,23 @@ async def resizes_list(conn: AsyncConnection, limit: int = 100) -> list[dict]:
 
 async def evaluations_next_slot_at(conn: AsyncConnection, now: datetime) -> datetime | None:
     """When the next slot of a waiting evaluation that owes nothing now falls due."""
-    return (await conn.execute(text(f"""
+    return (
+        await conn.execute(
+            text(f"""
         SELECT min(e.window_start + make_interval(secs => ({SLOT_SQL} + 1) * e.window_seconds::float8 / e.slot_count))
         FROM evaluations e
         WHERE e.status IN ({_SERVABLE}) AND e.assigned_cron_id IS NULL AND {DEBT_SQL} = 0
-          AND {SLOT_SQL} < e.slot_count - 1"""), {"now": now})).scalar_one()
+          AND {SLOT_SQL} < e.slot_count - 1"""),
+            {"now": now},
+        )
+    ).scalar_one()
 
 
 async def crons_touch_all_live(conn: AsyncConnection, now: datetime) -> int:
     """After the pool itself was away, its crons could not report: restart their silence clocks."""
-    result = await conn.execute(text("""
+    result = await conn.execute(
+        text("""
         UPDATE crons SET last_activity = :now WHERE status IN ('idle', 'busy') AND last_activity < :now"""),
-        {"now": now})
+        {"now": now},
+    )
     return result.rowcount

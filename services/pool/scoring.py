@@ -41,10 +41,14 @@ def json_path(document: object, path: str) -> object:
 def check_rule(rule: Rule, answer: Answer) -> str | None:
     """None when the rule holds, else why not."""
     if rule.kind == "status":
-        return None if answer.status == int(rule.value) else f"status {answer.status} != {rule.value}"
+        return (
+            None if answer.status == int(rule.value) else f"status {answer.status} != {rule.value}"
+        )
     if rule.kind == "latency_ms":
         budget = int(rule.value)
-        return None if answer.latency_ms <= budget else f"latency {answer.latency_ms}ms > {budget}ms"
+        return (
+            None if answer.latency_ms <= budget else f"latency {answer.latency_ms}ms > {budget}ms"
+        )
     if rule.kind == "regex":
         return None if re.search(rule.value, answer.body) else f"body does not match /{rule.value}/"
     if rule.kind in ("json_equals", "json_contains"):
@@ -54,7 +58,9 @@ def check_rule(rule: Rule, answer: Answer) -> str | None:
             return f"{rule.path} absent"
         if rule.kind == "json_equals":
             expected = json.loads(rule.value)
-            return None if found == expected else f"{rule.path} = {json.dumps(found)} != {rule.value}"
+            return (
+                None if found == expected else f"{rule.path} = {json.dumps(found)} != {rule.value}"
+            )
         haystack = found if isinstance(found, str) else json.dumps(found)
         return None if rule.value in haystack else f"{rule.path} does not contain {rule.value!r}"
     return f"unknown rule kind {rule.kind!r}"
@@ -87,8 +93,12 @@ def score(rules: tuple[Rule, ...], answer: Answer) -> RunResult:
     """Share of rules that hold; pass only when all hold (no rules: a 2xx answer passes)."""
     if not rules:
         ok = 200 <= answer.status < 300
-        return RunResult(Verdict.PASS if ok else Verdict.FAIL, 1.0 if ok else 0.0, answer.latency_ms,
-                         "" if ok else f"status {answer.status}")
+        return RunResult(
+            Verdict.PASS if ok else Verdict.FAIL,
+            1.0 if ok else 0.0,
+            answer.latency_ms,
+            "" if ok else f"status {answer.status}",
+        )
     failures = [reason for rule in rules if (reason := check_rule(rule, answer))]
     value = (len(rules) - len(failures)) / len(rules)
     verdict = Verdict.FAIL if failures else Verdict.PASS

@@ -6,15 +6,23 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-
-from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.errors import InvalidArgument
+from dispo.libs.timestamps import to_timestamp
 from dispo.pool import drift
 from dispo.pool import repository as repo
 from dispo.pool.domain import (
-    Cron, CronStatus, Evaluation, EvaluationStatus, Line, Rule, RunResult, Schedule, TestCase, Verdict,
+    Cron,
+    CronStatus,
+    Evaluation,
+    EvaluationStatus,
+    Line,
+    Rule,
+    RunResult,
+    Schedule,
+    TestCase,
+    Verdict,
 )
 from dispo.pool.operations import Pool
 from dispo.pool.sweeps import scale_sweep
@@ -34,38 +42,77 @@ def cron_status_pb(status: CronStatus) -> int:
 def evaluation_to_pb(ev: Evaluation, now: datetime) -> pb.Evaluation:
     s = ev.schedule
     return pb.Evaluation(
-        id=ev.id, series=ev.series, line=ev.line.value, period=ev.period,
-        configuration_json=ev.configuration_json, analysis_model=ev.analysis_model, target_url=ev.target_url,
-        cases=[pb.TestCase(id=c.id, method=c.method, path=c.path, body=c.body,
-                           rules=[pb.Rule(kind=r.kind, path=r.path, value=r.value) for r in c.rules])
-               for c in ev.cases],
-        window_seconds=s.window_seconds, slot_count=s.slot_count, runs_per_slot=s.runs_per_slot,
-        status=evaluation_status_pb(ev.status), priority_boost=ev.priority_boost, runs_done=ev.runs_done,
-        runs_total=s.runs_total, debt=s.debt(now, ev.runs_done), assigned_cron_id=ev.assigned_cron_id or "",
-        created_at=to_timestamp(ev.created_at), started_at=to_timestamp(ev.started_at), completed_at=to_timestamp(ev.completed_at),
+        id=ev.id,
+        series=ev.series,
+        line=ev.line.value,
+        period=ev.period,
+        configuration_json=ev.configuration_json,
+        analysis_model=ev.analysis_model,
+        target_url=ev.target_url,
+        cases=[
+            pb.TestCase(
+                id=c.id,
+                method=c.method,
+                path=c.path,
+                body=c.body,
+                rules=[pb.Rule(kind=r.kind, path=r.path, value=r.value) for r in c.rules],
+            )
+            for c in ev.cases
+        ],
+        window_seconds=s.window_seconds,
+        slot_count=s.slot_count,
+        runs_per_slot=s.runs_per_slot,
+        status=evaluation_status_pb(ev.status),
+        priority_boost=ev.priority_boost,
+        runs_done=ev.runs_done,
+        runs_total=s.runs_total,
+        debt=s.debt(now, ev.runs_done),
+        assigned_cron_id=ev.assigned_cron_id or "",
+        created_at=to_timestamp(ev.created_at),
+        started_at=to_timestamp(ev.started_at),
+        completed_at=to_timestamp(ev.completed_at),
         waiting_since=to_timestamp(ev.waiting_since),
     )
 
 
 def cron_to_pb(cron: Cron) -> pb.Cron:
-    return pb.Cron(id=cron.id, status=cron_status_pb(cron.status), evaluation_id=cron.evaluation_id or "",
-                   last_activity=to_timestamp(cron.last_activity), created_at=to_timestamp(cron.created_at))
+    return pb.Cron(
+        id=cron.id,
+        status=cron_status_pb(cron.status),
+        evaluation_id=cron.evaluation_id or "",
+        last_activity=to_timestamp(cron.last_activity),
+        created_at=to_timestamp(cron.created_at),
+    )
 
 
 def evaluation_from_request(request: pb.CreateEvaluationRequest) -> Evaluation:
     # An unknown line stays a plain string so validation reports it with every other bad field.
     line = Line(request.line) if request.line in Line.__members__.values() else request.line
     cases = tuple(
-        TestCase(c.id, (c.method or "GET").upper(), c.path or "/", c.body,
-                 tuple(Rule(r.kind, r.value, r.path) for r in c.rules))
+        TestCase(
+            c.id,
+            (c.method or "GET").upper(),
+            c.path or "/",
+            c.body,
+            tuple(Rule(r.kind, r.value, r.path) for r in c.rules),
+        )
         for c in request.cases
     )
     return Evaluation(
-        id=request.evaluation_id, series=request.series, line=line, period=request.period,
-        configuration_json=request.configuration_json or "{}", analysis_model=request.analysis_model,
-        target_url=request.target_url, cases=cases,
-        schedule=Schedule(datetime.min, request.window_seconds or DEFAULT_WINDOW,
-                          request.slot_count or DEFAULT_SLOTS, request.runs_per_slot or 1),
+        id=request.evaluation_id,
+        series=request.series,
+        line=line,
+        period=request.period,
+        configuration_json=request.configuration_json or "{}",
+        analysis_model=request.analysis_model,
+        target_url=request.target_url,
+        cases=cases,
+        schedule=Schedule(
+            datetime.min,
+            request.window_seconds or DEFAULT_WINDOW,
+            request.slot_count or DEFAULT_SLOTS,
+            request.runs_per_slot or 1,
+        ),
         status=EvaluationStatus.QUEUED,
     )
 
@@ -82,37 +129,79 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
 
     async def _status(self) -> pb.PoolStatus:
         s = await self.pool.status()
-        busy, idle, stuck = s.counts[CronStatus.BUSY], s.counts[CronStatus.IDLE], s.counts[CronStatus.STUCK]
-        return pb.PoolStatus(driver=s.driver, size=busy + idle, busy=busy, idle=idle, stuck=stuck,
-                             min_size=s.min_size, max_size=s.max_size, queue_depth=s.queue_depth,
-                             oldest_wait_seconds=s.oldest_wait_seconds, stuck_evaluations=s.stuck_evaluations)
+        busy, idle, stuck = (
+            s.counts[CronStatus.BUSY],
+            s.counts[CronStatus.IDLE],
+            s.counts[CronStatus.STUCK],
+        )
+        return pb.PoolStatus(
+            driver=s.driver,
+            size=busy + idle,
+            busy=busy,
+            idle=idle,
+            stuck=stuck,
+            min_size=s.min_size,
+            max_size=s.max_size,
+            queue_depth=s.queue_depth,
+            oldest_wait_seconds=s.oldest_wait_seconds,
+            stuck_evaluations=s.stuck_evaluations,
+        )
 
     async def ListCrons(self, request, context) -> pb.ListCronsResponse:
         return pb.ListCronsResponse(crons=[cron_to_pb(c) for c in await self.pool.crons()])
 
     async def ListAssignments(self, request, context) -> pb.ListAssignmentsResponse:
         async with self.pool.engine.connect() as conn:
-            rows = await repo.assignments_list(conn, request.cron_id, request.evaluation_id,
-                                               min(request.limit or 100, 1000))
-        return pb.ListAssignmentsResponse(assignments=[
-            pb.Assignment(id=a.id, cron_id=a.cron_id, evaluation_id=a.evaluation_id, started_at=to_timestamp(a.started_at),
-                          ended_at=to_timestamp(a.ended_at), end_reason=a.end_reason or "") for a in rows])
+            rows = await repo.assignments_list(
+                conn, request.cron_id, request.evaluation_id, min(request.limit or 100, 1000)
+            )
+        return pb.ListAssignmentsResponse(
+            assignments=[
+                pb.Assignment(
+                    id=a.id,
+                    cron_id=a.cron_id,
+                    evaluation_id=a.evaluation_id,
+                    started_at=to_timestamp(a.started_at),
+                    ended_at=to_timestamp(a.ended_at),
+                    end_reason=a.end_reason or "",
+                )
+                for a in rows
+            ]
+        )
 
     async def ListQueue(self, request, context) -> pb.ListQueueResponse:
         now = self.pool.clock.now()
         async with self.pool.engine.connect() as conn:
             keys = await repo.queue_list(conn, now, min(request.limit or 100, 1000))
-        return pb.ListQueueResponse(items=[
-            pb.QueueItem(evaluation_id=k.evaluation_id, status=evaluation_status_pb(EvaluationStatus(k.status)),
-                         priority_boost=k.boost, slot_due=k.slot_due, debt=k.debt, waiting_since=to_timestamp(k.waiting_since))
-            for k in keys])
+        return pb.ListQueueResponse(
+            items=[
+                pb.QueueItem(
+                    evaluation_id=k.evaluation_id,
+                    status=evaluation_status_pb(EvaluationStatus(k.status)),
+                    priority_boost=k.boost,
+                    slot_due=k.slot_due,
+                    debt=k.debt,
+                    waiting_since=to_timestamp(k.waiting_since),
+                )
+                for k in keys
+            ]
+        )
 
     async def ListResizes(self, request, context) -> pb.ListResizesResponse:
         async with self.pool.engine.connect() as conn:
             rows = await repo.resizes_list(conn, min(request.limit or 100, 1000))
-        return pb.ListResizesResponse(resizes=[
-            pb.Resize(id=r["id"], from_size=r["from_size"], to_size=r["to_size"], reason=r["reason"], at=to_timestamp(r["at"]))
-            for r in rows])
+        return pb.ListResizesResponse(
+            resizes=[
+                pb.Resize(
+                    id=r["id"],
+                    from_size=r["from_size"],
+                    to_size=r["to_size"],
+                    reason=r["reason"],
+                    at=to_timestamp(r["at"]),
+                )
+                for r in rows
+            ]
+        )
 
     async def CreateEvaluation(self, request, context) -> pb.Evaluation:
         return self._ev(await self.pool.create_evaluation(evaluation_from_request(request)))
@@ -140,15 +229,21 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
         return await self._status()
 
     async def ForceRelease(self, request, context) -> pb.ForceReleaseResponse:
-        cron_id, evaluation_id = await self.pool.force_release(request.cron_id, request.evaluation_id)
+        cron_id, evaluation_id = await self.pool.force_release(
+            request.cron_id, request.evaluation_id
+        )
         return pb.ForceReleaseResponse(cron_id=cron_id, evaluation_id=evaluation_id)
 
     async def WakeCron(self, request, context) -> pb.WakeCronResponse:
         result = await self.pool.wake_cron(request.cron_id)
         if result.evaluation is None:
             return pb.WakeCronResponse(assigned=False)
-        return pb.WakeCronResponse(assigned=True, evaluation=self._ev(result.evaluation),
-                                   next_run_index=result.next_run_index, runs_owed=result.runs_owed)
+        return pb.WakeCronResponse(
+            assigned=True,
+            evaluation=self._ev(result.evaluation),
+            next_run_index=result.next_run_index,
+            runs_owed=result.runs_owed,
+        )
 
     async def RecordRun(self, request, context) -> pb.RecordRunResponse:
         try:
@@ -157,27 +252,45 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
             raise InvalidArgument("verdict", "must be pass, fail or error") from None
         if not 0.0 <= request.score <= 1.0:
             raise InvalidArgument("score", "must be in 0..1")
-        result = RunResult(verdict, request.score, max(0, request.latency_ms), request.failure_reason[:500])
-        out = await self.pool.record_run(request.cron_id, request.evaluation_id, request.run_index,
-                                         request.case_id, result)
-        return pb.RecordRunResponse(run_id=out.run_id, duplicate=out.duplicate,
-                                    continue_evaluation=out.continue_evaluation, next_run_index=out.next_run_index,
-                                    evaluation_status=evaluation_status_pb(out.evaluation_status))
+        result = RunResult(
+            verdict, request.score, max(0, request.latency_ms), request.failure_reason[:500]
+        )
+        out = await self.pool.record_run(
+            request.cron_id, request.evaluation_id, request.run_index, request.case_id, result
+        )
+        return pb.RecordRunResponse(
+            run_id=out.run_id,
+            duplicate=out.duplicate,
+            continue_evaluation=out.continue_evaluation,
+            next_run_index=out.next_run_index,
+            evaluation_status=evaluation_status_pb(out.evaluation_status),
+        )
 
     async def GetDriftView(self, request, context) -> pb.DriftView:
         view = await drift.drift_view(self.pool)
         return pb.DriftView(
-            driver=view.driver, db_crons=[cron_to_pb(c) for c in view.db_crons],
-            driver_crons=[pb.DriverCronState(cron_id=c.id, state_json=json.dumps(c.state, sort_keys=True))
-                          for c in view.driver_crons],
-            evaluations=[pb.EvaluationAssignment(evaluation_id=e, status=evaluation_status_pb(EvaluationStatus(s)),
-                                                 assigned_cron_id=c or "") for e, s, c in view.evaluations],
-            observed_at=to_timestamp(view.observed_at))
+            driver=view.driver,
+            db_crons=[cron_to_pb(c) for c in view.db_crons],
+            driver_crons=[
+                pb.DriverCronState(cron_id=c.id, state_json=json.dumps(c.state, sort_keys=True))
+                for c in view.driver_crons
+            ],
+            evaluations=[
+                pb.EvaluationAssignment(
+                    evaluation_id=e,
+                    status=evaluation_status_pb(EvaluationStatus(s)),
+                    assigned_cron_id=c or "",
+                )
+                for e, s, c in view.evaluations
+            ],
+            observed_at=to_timestamp(view.observed_at),
+        )
 
     async def ApplyRepair(self, request, context) -> pb.ApplyRepairResponse:
         if request.kind == pb.REPAIR_KIND_UNSPECIFIED:
             raise InvalidArgument("kind", "required")
         name = pb.RepairKind.Name(request.kind).removeprefix("REPAIR_KIND_").lower()
-        applied, detail = await drift.apply_repair(self.pool, drift.RepairKind(name), request.cron_id,
-                                                   request.evaluation_id)
+        applied, detail = await drift.apply_repair(
+            self.pool, drift.RepairKind(name), request.cron_id, request.evaluation_id
+        )
         return pb.ApplyRepairResponse(applied=applied, detail=detail)

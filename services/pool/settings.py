@@ -6,11 +6,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings
-
 from dispo.libs.settings import service_settings_config
 from dispo.pool.domain import PoolPolicy
+from pydantic import Field
+from pydantic_settings import BaseSettings
 
 
 def default_registry() -> Path:
@@ -47,10 +46,15 @@ class PoolSettings(BaseSettings):
 
     def policy(self) -> PoolPolicy:
         return PoolPolicy(
-            min_size=self.min_size, max_size=self.max_size, scale_up_ratio=self.scale_up_ratio,
-            scale_down_idle_factor=self.scale_down_idle_factor, tick_seconds=self.tick_seconds,
-            stall_seconds=self.stall_seconds, hold_seconds=self.hold_seconds,
-            reconcile_seconds=self.reconcile_seconds, runs_per_wake=self.runs_per_wake,
+            min_size=self.min_size,
+            max_size=self.max_size,
+            scale_up_ratio=self.scale_up_ratio,
+            scale_down_idle_factor=self.scale_down_idle_factor,
+            tick_seconds=self.tick_seconds,
+            stall_seconds=self.stall_seconds,
+            hold_seconds=self.hold_seconds,
+            reconcile_seconds=self.reconcile_seconds,
+            runs_per_wake=self.runs_per_wake,
         )
 
 

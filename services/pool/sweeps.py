@@ -62,11 +62,19 @@ async def stall_sweep(pool: Pool, batch: int = 100) -> StallReport:
                 continue  # it woke up meanwhile
             report.stuck_crons.append(cron.id)
             if cron.evaluation_id:
-                await repo.evaluation_unassign_if(conn, cron.evaluation_id, cron.id, now, EvaluationStatus.STUCK)
-                await repo.assignment_end(conn, cron.id, cron.evaluation_id, AssignmentEnd.STALLED, now)
+                await repo.evaluation_unassign_if(
+                    conn, cron.evaluation_id, cron.id, now, EvaluationStatus.STUCK
+                )
+                await repo.assignment_end(
+                    conn, cron.id, cron.evaluation_id, AssignmentEnd.STALLED, now
+                )
                 report.stuck_evaluations.append(cron.evaluation_id)
-            log.warning("cron stuck", cron_id=cron.id, evaluation_id=cron.evaluation_id,
-                        last_activity=cron.last_activity.isoformat())
+            log.warning(
+                "cron stuck",
+                cron_id=cron.id,
+                evaluation_id=cron.evaluation_id,
+                last_activity=cron.last_activity.isoformat(),
+            )
         stuck_left = await repo.cron_ids_with_status(conn, CronStatus.STUCK)
     # Remove every stuck cron (also ones a crash left behind) and replace it.
     for cron_id in stuck_left:
@@ -75,7 +83,9 @@ async def stall_sweep(pool: Pool, batch: int = 100) -> StallReport:
     if report.replacements:
         async with pool.engine.begin() as conn:
             size = sum((await repo.cron_counts(conn)).values())
-            await repo.resize_record(conn, size, size, f"replaced {len(report.replacements)} stuck", now)
+            await repo.resize_record(
+                conn, size, size, f"replaced {len(report.replacements)} stuck", now
+            )
     # Hand each stuck evaluation to a fresh cron at once.
     spare = list(report.replacements.values())
     for evaluation_id in report.stuck_evaluations:
@@ -101,11 +111,14 @@ async def hold_sweep(pool: Pool, batch: int = 100) -> list[str]:
     async with pool.engine.begin() as conn:
         held = await repo.evaluations_held_longer_than(conn, now - pool.policy.hold_limit, batch)
         for evaluation_id, cron_id in held:
-            if await repo.cron_release_if_holding(conn, cron_id, evaluation_id, AssignmentEnd.FORCE_RELEASED, now,
-                                                  touch=False):
+            if await repo.cron_release_if_holding(
+                conn, cron_id, evaluation_id, AssignmentEnd.FORCE_RELEASED, now, touch=False
+            ):
                 released.append(evaluation_id)
-                log.warning("evaluation force-released", evaluation_id=evaluation_id, cron_id=cron_id)
-    for evaluation_id, cron_id in held:
+                log.warning(
+                    "evaluation force-released", evaluation_id=evaluation_id, cron_id=cron_id
+                )
+    for _evaluation_id, cron_id in held:
         await pool.write_driver_state(cron_id)
     if released:
         await pool.wake_idle_crons()
@@ -137,7 +150,9 @@ async def scale_sweep(pool: Pool) -> int:
     if changed:
         async with pool.engine.begin() as conn:
             await repo.resize_record(conn, busy + idle, busy + idle + changed, plan.reason, now)
-        log.info("pool resized", from_size=busy + idle, to_size=busy + idle + changed, reason=plan.reason)
+        log.info(
+            "pool resized", from_size=busy + idle, to_size=busy + idle + changed, reason=plan.reason
+        )
         if changed > 0:
             await pool.wake_idle_crons()
     return changed

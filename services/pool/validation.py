@@ -22,7 +22,9 @@ MAX_RUNS_PER_SLOT = 1_000
 
 def validate_evaluation(ev: Evaluation) -> None:
     if len(ev.configuration_json.encode()) > MAX_CONFIGURATION_BYTES:
-        raise ResourceExhausted(f"configuration_json exceeds {MAX_CONFIGURATION_BYTES} bytes", "configuration_json")
+        raise ResourceExhausted(
+            f"configuration_json exceeds {MAX_CONFIGURATION_BYTES} bytes", "configuration_json"
+        )
     if len(ev.cases) > MAX_CASES:
         raise ResourceExhausted(f"at most {MAX_CASES} cases", "cases")
     bad: list[FieldViolation] = []
@@ -32,16 +34,26 @@ def validate_evaluation(ev: Evaluation) -> None:
             bad.append(FieldViolation(field, description))
 
     need(bool(ID_PATTERN.match(ev.id)), "evaluation_id", "must match [a-z0-9][a-z0-9-]{0,63}")
-    need(bool(ev.series.strip()) and len(ev.series) <= 200, "series", "required, at most 200 characters")
+    need(
+        bool(ev.series.strip()) and len(ev.series) <= 200,
+        "series",
+        "required, at most 200 characters",
+    )
     need(ev.line in (Line.FORMAL, Line.TRIAL), "line", "must be 'formal' or 'trial'")
-    need(bool(ev.period.strip()) and len(ev.period) <= 100, "period", "required, at most 100 characters")
+    need(
+        bool(ev.period.strip()) and len(ev.period) <= 100,
+        "period",
+        "required, at most 100 characters",
+    )
     try:
         json.loads(ev.configuration_json or "{}")
     except ValueError:
         bad.append(FieldViolation("configuration_json", "must be JSON"))
     need(len(ev.analysis_model) <= 200, "analysis_model", "at most 200 characters")
     url = urlparse(ev.target_url)
-    need(url.scheme in ("http", "https") and bool(url.netloc), "target_url", "must be an http(s) URL")
+    need(
+        url.scheme in ("http", "https") and bool(url.netloc), "target_url", "must be an http(s) URL"
+    )
     need(bool(ev.cases), "cases", "at least one case")
     seen: set[str] = set()
     for i, case in enumerate(ev.cases):
@@ -49,14 +61,26 @@ def validate_evaluation(ev: Evaluation) -> None:
         seen.add(case.id)
         need(case.method in ("GET", "POST"), f"cases[{i}].method", "must be GET or POST")
         need(case.path.startswith("/"), f"cases[{i}].path", "must start with /")
-        need(len(case.body.encode()) <= MAX_CASE_BODY_BYTES, f"cases[{i}].body", f"at most {MAX_CASE_BODY_BYTES} bytes")
+        need(
+            len(case.body.encode()) <= MAX_CASE_BODY_BYTES,
+            f"cases[{i}].body",
+            f"at most {MAX_CASE_BODY_BYTES} bytes",
+        )
         need(len(case.rules) <= MAX_RULES, f"cases[{i}].rules", f"at most {MAX_RULES} rules")
         for j, rule in enumerate(case.rules):
             if (reason := validate_rule(rule)) is not None:
                 bad.append(FieldViolation(f"cases[{i}].rules[{j}]", reason))
     s = ev.schedule
-    need(0 < s.window_seconds <= MAX_WINDOW_SECONDS, "window_seconds", f"must be in 1..{MAX_WINDOW_SECONDS}")
+    need(
+        0 < s.window_seconds <= MAX_WINDOW_SECONDS,
+        "window_seconds",
+        f"must be in 1..{MAX_WINDOW_SECONDS}",
+    )
     need(0 < s.slot_count <= MAX_SLOTS, "slot_count", f"must be in 1..{MAX_SLOTS}")
-    need(0 < s.runs_per_slot <= MAX_RUNS_PER_SLOT, "runs_per_slot", f"must be in 1..{MAX_RUNS_PER_SLOT}")
+    need(
+        0 < s.runs_per_slot <= MAX_RUNS_PER_SLOT,
+        "runs_per_slot",
+        f"must be in 1..{MAX_RUNS_PER_SLOT}",
+    )
     if bad:
         raise InvalidArgument(violations=bad)

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from google.protobuf import json_format
-
-from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.logging import get_logger
+from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler import arbitration_store as arb
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
 from dispo.reconciler.context import TASK_CANCEL, Context
 from dispo.reconciler.policy import Contender
 from dispo.reconciler.states import ClaimState
+from google.protobuf import json_format
 
 log = get_logger(__name__)
 C = ClaimState
@@ -39,7 +38,11 @@ def claims_of(ctx: Context, env: task_pb2.Task) -> list[tuple[str, str, str, str
         if conflict is None or node.cell_ref in seen:
             continue
         seen.add(node.cell_ref)
-        payload = json_format.MessageToDict(env.payloads[node.cell_ref]) if node.cell_ref in env.payloads else {}
+        payload = (
+            json_format.MessageToDict(env.payloads[node.cell_ref])
+            if node.cell_ref in env.payloads
+            else {}
+        )
         value = payload.get(conflict.key)
         if value is None:
             continue
@@ -60,8 +63,17 @@ async def on_create(ctx: Context, env: task_pb2.Task) -> int:
     added = 0
     async with ctx.engine.begin() as conn:
         for cell_ref, cell, target, effect, payload in claims:
-            added += await arb.claim_add(conn, env.task_id, cell_ref, env.business, cell, target, effect, accepted_at,
-                                         payload)
+            added += await arb.claim_add(
+                conn,
+                env.task_id,
+                cell_ref,
+                env.business,
+                cell,
+                target,
+                effect,
+                accepted_at,
+                payload,
+            )
     return added
 
 
@@ -92,33 +104,62 @@ async def _decide_target(ctx: Context, conn, target: str, effect: str, now) -> i
     verdicts = 0
     seen: set[str] = set()
     while True:
-        waiting = sorted((c.accepted_at, t) for t, c in by_task.items() if states[t] is C.OPEN and t not in seen)
+        waiting = sorted(
+            (c.accepted_at, t) for t, c in by_task.items() if states[t] is C.OPEN and t not in seen
+        )
         if not waiting:
             return verdicts
         anchor = by_task[waiting[0][1]]
         seen.add(anchor.task_id)
-        group = [c for t, c in by_task.items() if states[t] in (C.OPEN, C.WON)
-                 and policy.within_window(c.accepted_at, anchor.accepted_at)]
+        group = [
+            c
+            for t, c in by_task.items()
+            if states[t] in (C.OPEN, C.WON)
+            and policy.within_window(c.accepted_at, anchor.accepted_at)
+        ]
         ruling = policy.decide(group)
         if ruling is None:
             if anchor.accepted_at < now - timedelta(seconds=policy.window):
-                await arb.claims_set_if(conn, target, effect, [anchor.task_id], (C.OPEN,), C.UNCONTESTED, None)
+                await arb.claims_set_if(
+                    conn, target, effect, [anchor.task_id], (C.OPEN,), C.UNCONTESTED, None
+                )
                 states[anchor.task_id] = C.UNCONTESTED
             continue
         losers = {c.task_id for c in ruling.losers}
-        winners = [c.task_id for c in group if c.task_id not in losers and states[c.task_id] is C.OPEN]
+        winners = [
+            c.task_id for c in group if c.task_id not in losers and states[c.task_id] is C.OPEN
+        ]
         new_losers = [c.task_id for c in ruling.losers]
-        verdict = await arb.verdict_add(conn, target, effect, ruling.winner.task_id, new_losers, ruling.reason, now)
+        verdict = await arb.verdict_add(
+            conn, target, effect, ruling.winner.task_id, new_losers, ruling.reason, now
+        )
         await arb.claims_set_if(conn, target, effect, winners, (C.OPEN,), C.WON, verdict)
         await arb.claims_set_if(conn, target, effect, new_losers, (C.OPEN, C.WON), C.LOST, verdict)
         states.update({t: C.WON for t in winners} | {t: C.LOST for t in new_losers})
         for loser in new_losers:
             cancel = task_pb2.CancelRequest(task_id=loser, requested_at=to_timestamp(now))
-            await store.emit(conn, TASK_CANCEL, f"{loser}:cancel:verdict{verdict}", cancel.SerializeToString(), now)
-            for r in rows:  # a declared compensating cell undoes what the loser may already have done
+            await store.emit(
+                conn,
+                TASK_CANCEL,
+                f"{loser}:cancel:verdict{verdict}",
+                cancel.SerializeToString(),
+                now,
+            )
+            for (
+                r
+            ) in rows:  # a declared compensating cell undoes what the loser may already have done
                 conflict = policy.conflicts.get(r.cell)
                 if r.task_id == loser and conflict is not None and conflict.compensate:
-                    await arb.compensation_add(conn, verdict, loser, r.business, conflict.compensate, r.payload, now)
+                    await arb.compensation_add(
+                        conn, verdict, loser, r.business, conflict.compensate, r.payload, now
+                    )
         verdicts += 1
-        log.info("arbitration verdict", verdict=verdict, target=target, effect=effect,
-                 winner=ruling.winner.task_id, losers=new_losers, reason=ruling.reason)
+        log.info(
+            "arbitration verdict",
+            verdict=verdict,
+            target=target,
+            effect=effect,
+            winner=ruling.winner.task_id,
+            losers=new_losers,
+            reason=ruling.reason,
+        )

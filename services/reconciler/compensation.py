@@ -8,31 +8,40 @@ from __future__ import annotations
 from datetime import timedelta
 
 import grpc
-from google.protobuf import struct_pb2
-
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.logging import get_logger
 from dispo.reconciler import arbitration_store as arb
 from dispo.reconciler.context import Context
 from dispo.reconciler.policy import backoff
 from dispo.reconciler.states import CompensationState
+from google.protobuf import struct_pb2
 
 log = get_logger(__name__)
-REFUSED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
-           grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
+REFUSED = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+}
 
 
 def idempotency_key(verdict_id: int, task_id: str) -> str:
     return f"compensation:{verdict_id}:{task_id}"
 
 
-async def _submit(stub: gateway_pb2_grpc.GatewayServiceStub, row, timeout: float) -> tuple[str, str, bool]:  # type: ignore[no-untyped-def]
+async def _submit(
+    stub: gateway_pb2_grpc.GatewayServiceStub, row, timeout: float
+) -> tuple[str, str, bool]:  # type: ignore[no-untyped-def]
     """(task id, error, final)."""
     payload = struct_pb2.Struct()
     payload.update(row.payload)
     request = gateway_pb2.SubmitRequest(
-        business=row.business, idempotency_key=idempotency_key(row.verdict_id, row.task_id),
-        cells=[gateway_pb2.CellRequest(cell=row.cell, payload=payload)])
+        business=row.business,
+        idempotency_key=idempotency_key(row.verdict_id, row.task_id),
+        cells=[gateway_pb2.CellRequest(cell=row.cell, payload=payload)],
+    )
     try:
         reply = await stub.Submit(request, timeout=timeout)
     except grpc.aio.AioRpcError as error:
@@ -53,7 +62,7 @@ async def compensate_sweep(ctx: Context) -> int:
         results = [await _submit(stub, row, ctx.settings.http_timeout) for row in rows]
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
-        for row, (task_id, error, final) in zip(rows, results):
+        for row, (task_id, error, final) in zip(rows, results, strict=False):
             attempt = row.attempts + 1
             if task_id:
                 new, next_at = CompensationState.SUBMITTED, None
@@ -62,8 +71,16 @@ async def compensate_sweep(ctx: Context) -> int:
             else:
                 delay = backoff(policy.base_delay, policy.max_delay, 0.5, attempt, ctx.rng)
                 new, next_at = CompensationState.PENDING, now + timedelta(seconds=delay)
-            if await arb.compensation_set_if(conn, row.verdict_id, row.task_id, row.attempts, new.value, next_at,
-                                             task_id, error):
-                log.info("compensation", verdict=row.verdict_id, task_id=row.task_id, cell=row.cell,
-                         outcome=new.value, submitted_task_id=task_id, error=error)
+            if await arb.compensation_set_if(
+                conn, row.verdict_id, row.task_id, row.attempts, new.value, next_at, task_id, error
+            ):
+                log.info(
+                    "compensation",
+                    verdict=row.verdict_id,
+                    task_id=row.task_id,
+                    cell=row.cell,
+                    outcome=new.value,
+                    submitted_task_id=task_id,
+                    error=error,
+                )
     return len(rows)

@@ -39,12 +39,22 @@ async def on_status(ctx: Context, env: task_pb2.Task) -> None:
     notify = NotifyState.PENDING if env.callback_url else NotifyState.NONE
     reconcile_at = now + timedelta(seconds=ctx.config.reconcile.delay)
     async with ctx.engine.begin() as conn:
-        recorded = await cs.finished_add(conn, env, status, E.moment(env.updated_at, now), now, notify, reconcile_at)
-        await store.task_set_state_if(conn, env.task_id, (*PARKED, RecoveryState.REDRIVEN), RecoveryState.RESOLVED,
-                                      now, reason=E.truncate(f"task finished {status}: {env.status_reason}"),
-                                      next_redrive_at=None)
+        recorded = await cs.finished_add(
+            conn, env, status, E.moment(env.updated_at, now), now, notify, reconcile_at
+        )
+        await store.task_set_state_if(
+            conn,
+            env.task_id,
+            (*PARKED, RecoveryState.REDRIVEN),
+            RecoveryState.RESOLVED,
+            now,
+            reason=E.truncate(f"task finished {status}: {env.status_reason}"),
+            next_redrive_at=None,
+        )
     if recorded:
-        log.info("task finished", task_id=env.task_id, status=status, callback=bool(env.callback_url))
+        log.info(
+            "task finished", task_id=env.task_id, status=status, callback=bool(env.callback_url)
+        )
 
 
 def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
@@ -54,8 +64,14 @@ def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
         "status": E.task_status_name(env.status),
         "status_reason": env.status_reason,
         "finished_at": finished_at.isoformat(),
-        "nodes": [{"node_id": n.node_id, "status": E.node_status_name(n.status), "last_error": n.last_error}
-                  for n in env.nodes],
+        "nodes": [
+            {
+                "node_id": n.node_id,
+                "status": E.node_status_name(n.status),
+                "last_error": n.last_error,
+            }
+            for n in env.nodes
+        ],
     }
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
@@ -69,14 +85,27 @@ async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
         if ctx.bus is None:
             return DeliveryResult(False, None, "no NATS connection")
         try:
-            await ctx.bus.publish(subject, body, msg_id=f"{row.task_id}:completion",
-                                  headers={"X-Dispo-Task-Id": row.task_id})
+            await ctx.bus.publish(
+                subject,
+                body,
+                msg_id=f"{row.task_id}:completion",
+                headers={"X-Dispo-Task-Id": row.task_id},
+            )
         except Exception as error:  # no stream for the subject, NATS down
-            return DeliveryResult(False, None, E.truncate(f"publish to {subject} failed: {error!r}"))
+            return DeliveryResult(
+                False, None, E.truncate(f"publish to {subject} failed: {error!r}")
+            )
         return DeliveryResult(True)
-    return await deliver_webhook(ctx.http, row.callback_url, body, task_id=row.task_id, attempt=attempt,
-                                 secret=ctx.settings.callback_secret, timestamp=str(int(now.timestamp())),
-                                 timeout=ctx.settings.http_timeout)
+    return await deliver_webhook(
+        ctx.http,
+        row.callback_url,
+        body,
+        task_id=row.task_id,
+        attempt=attempt,
+        secret=ctx.settings.callback_secret,
+        timestamp=str(int(now.timestamp())),
+        timeout=ctx.settings.http_timeout,
+    )
 
 
 async def notify_sweep(ctx: Context) -> int:
@@ -88,20 +117,37 @@ async def notify_sweep(ctx: Context) -> int:
     results = await asyncio.gather(*(_deliver(ctx, row, now) for row in rows))
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
-        for row, result in zip(rows, results):
+        for row, result in zip(rows, results, strict=False):
             attempt = row.notify_attempts + 1
-            await cs.delivery_record(conn, row.task_id, attempt, row.callback_url, now, result.ok,
-                                     result.status_code, result.error)
+            await cs.delivery_record(
+                conn,
+                row.task_id,
+                attempt,
+                row.callback_url,
+                now,
+                result.ok,
+                result.status_code,
+                result.error,
+            )
             if result.ok:
                 new, next_at = NotifyState.DELIVERED, None
             elif attempt >= policy.max_attempts:
                 new, next_at = NotifyState.GAVE_UP, None
             else:
-                delay = backoff(policy.base_delay, policy.max_delay, policy.jitter, attempt, ctx.rng)
+                delay = backoff(
+                    policy.base_delay, policy.max_delay, policy.jitter, attempt, ctx.rng
+                )
                 new, next_at = NotifyState.PENDING, now + timedelta(seconds=delay)
-            if await cs.notify_set_if(conn, row.task_id, row.notify_attempts, new, now, next_at, result.error):
-                log.info("completion notification", task_id=row.task_id, attempt=attempt, outcome=new.value,
-                         error=result.error)
+            if await cs.notify_set_if(
+                conn, row.task_id, row.notify_attempts, new, now, next_at, result.error
+            ):
+                log.info(
+                    "completion notification",
+                    task_id=row.task_id,
+                    attempt=attempt,
+                    outcome=new.value,
+                    error=result.error,
+                )
     return len(rows)
 
 
@@ -110,11 +156,17 @@ def sampled(task_id: str, percent: int) -> bool:
     return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % 100 < percent
 
 
-PROBED = {E.NS.NODE_STATUS_SUCCEEDED, E.NS.NODE_STATUS_FAILED, E.NS.NODE_STATUS_CANCELLED,
-          E.NS.NODE_STATUS_DEPENDENCY_FAILED}
+PROBED = {
+    E.NS.NODE_STATUS_SUCCEEDED,
+    E.NS.NODE_STATUS_FAILED,
+    E.NS.NODE_STATUS_CANCELLED,
+    E.NS.NODE_STATUS_DEPENDENCY_FAILED,
+}
 
 
-async def _reconcile_one(ctx: Context, row: Any) -> tuple[ReconcileState, list[tuple[task_pb2.Node, str, str]]]:
+async def _reconcile_one(
+    ctx: Context, row: Any
+) -> tuple[ReconcileState, list[tuple[task_pb2.Node, str, str]]]:
     """(state, findings as (node, observed, detail)); PENDING when a probe did not answer."""
     policy = ctx.config.reconcile
     if not sampled(row.task_id, policy.sample_percent):
@@ -128,14 +180,19 @@ async def _reconcile_one(ctx: Context, row: Any) -> tuple[ReconcileState, list[t
         info = ctx.config.downstreams.get(node.spec.downstream)
         if info is None:
             return None, f"downstream {node.spec.downstream!r} is not in the reconciler's registry"
-        result = await probe_effect(ctx.http, info.base_url, node.spec.probe_path, node.idempotency_key,
-                                    ctx.settings.http_timeout)
+        result = await probe_effect(
+            ctx.http,
+            info.base_url,
+            node.spec.probe_path,
+            node.idempotency_key,
+            ctx.settings.http_timeout,
+        )
         return result.done, result.detail
 
     results = await asyncio.gather(*(probe(n) for n in nodes))
     findings = []
     unanswered = []
-    for node, (done, detail) in zip(nodes, results):
+    for node, (done, detail) in zip(nodes, results, strict=False):
         recorded_done = node.status == E.NS.NODE_STATUS_SUCCEEDED
         if done is None:
             unanswered.append((node, "unreachable", detail))
@@ -153,18 +210,37 @@ async def reconcile_sweep(ctx: Context) -> int:
     policy = ctx.config.reconcile
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
-        rows = await cs.claim_reconcile(conn, now, now + timedelta(seconds=policy.retry_delay), ctx.settings.batch)
+        rows = await cs.claim_reconcile(
+            conn, now, now + timedelta(seconds=policy.retry_delay), ctx.settings.batch
+        )
     outcomes = await asyncio.gather(*(_reconcile_one(ctx, row) for row in rows))
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
-        for row, (state, findings) in zip(rows, outcomes):
-            next_at = now + timedelta(seconds=policy.retry_delay) if state is ReconcileState.PENDING else None
-            if not await cs.reconcile_set_if(conn, row.task_id, row.reconcile_attempts, state, now, next_at):
+        for row, (state, findings) in zip(rows, outcomes, strict=False):
+            next_at = (
+                now + timedelta(seconds=policy.retry_delay)
+                if state is ReconcileState.PENDING
+                else None
+            )
+            if not await cs.reconcile_set_if(
+                conn, row.task_id, row.reconcile_attempts, state, now, next_at
+            ):
                 continue
             for node, observed, detail in findings:
-                await cs.finding_add(conn, row.task_id, node.node_id, node.spec.downstream,
-                                     E.node_status_name(node.status), observed, detail, now)
+                await cs.finding_add(
+                    conn,
+                    row.task_id,
+                    node.node_id,
+                    node.spec.downstream,
+                    E.node_status_name(node.status),
+                    observed,
+                    detail,
+                    now,
+                )
             if findings:
-                log.warning("reconciliation mismatch", task_id=row.task_id,
-                            nodes=[n.node_id for n, _, _ in findings])
+                log.warning(
+                    "reconciliation mismatch",
+                    task_id=row.task_id,
+                    nodes=[n.node_id for n, _, _ in findings],
+                )
     return len(rows)

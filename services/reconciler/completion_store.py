@@ -5,95 +5,202 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.reconciler.states import NotifyState, ReconcileState
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler.states import NotifyState, ReconcileState
 
-
-async def finished_add(conn: AsyncConnection, env: task_pb2.Task, status: str, finished_at: datetime, now: datetime,
-                       notify: NotifyState, reconcile_at: datetime) -> bool:
+async def finished_add(
+    conn: AsyncConnection,
+    env: task_pb2.Task,
+    status: str,
+    finished_at: datetime,
+    now: datetime,
+    notify: NotifyState,
+    reconcile_at: datetime,
+) -> bool:
     """Record "task finished" once (the first terminal snapshot is the fact)."""
-    result = await conn.execute(text(
-        "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
-        " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at)"
-        " VALUES (:id, :business, :status, :reason, :version, :env, :finished_at, :now, :callback, :notify,"
-        " CASE WHEN :notify = 'PENDING' THEN CAST(:now AS timestamptz) END, 'PENDING', :reconcile_at)"
-        " ON CONFLICT (task_id) DO NOTHING"),
-        {"id": env.task_id, "business": env.business, "status": status, "reason": env.status_reason[:500],
-         "version": env.version, "env": env.SerializeToString(), "finished_at": finished_at, "now": now,
-         "callback": env.callback_url, "notify": notify.value, "reconcile_at": reconcile_at})
+    result = await conn.execute(
+        text(
+            "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
+            " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at)"
+            " VALUES (:id, :business, :status, :reason, :version, :env, :finished_at, :now, :callback, :notify,"
+            " CASE WHEN :notify = 'PENDING' THEN CAST(:now AS timestamptz) END, 'PENDING', :reconcile_at)"
+            " ON CONFLICT (task_id) DO NOTHING"
+        ),
+        {
+            "id": env.task_id,
+            "business": env.business,
+            "status": status,
+            "reason": env.status_reason[:500],
+            "version": env.version,
+            "env": env.SerializeToString(),
+            "finished_at": finished_at,
+            "now": now,
+            "callback": env.callback_url,
+            "notify": notify.value,
+            "reconcile_at": reconcile_at,
+        },
+    )
     return result.rowcount == 1
 
 
 async def get(conn: AsyncConnection, task_id: str) -> Any:
-    return (await conn.execute(text("SELECT * FROM completions WHERE task_id = :id"), {"id": task_id})).first()
+    return (
+        await conn.execute(text("SELECT * FROM completions WHERE task_id = :id"), {"id": task_id})
+    ).first()
 
 
-async def claim_notify(conn: AsyncConnection, now: datetime, lease_until: datetime, limit: int) -> list[Any]:
+async def claim_notify(
+    conn: AsyncConnection, now: datetime, lease_until: datetime, limit: int
+) -> list[Any]:
     """Due deliveries, claimed until ``lease_until`` (other replicas skip them meanwhile)."""
-    rows = list(await conn.execute(text(
-        "UPDATE completions c SET notify_next_at = :lease FROM ("
-        "  SELECT task_id FROM completions WHERE notify_state = 'PENDING' AND notify_next_at <= :now"
-        "  ORDER BY notify_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
-        " WHERE c.task_id = due.task_id RETURNING c.*"), {"now": now, "lease": lease_until, "limit": limit}))
+    rows = list(
+        await conn.execute(
+            text(
+                "UPDATE completions c SET notify_next_at = :lease FROM ("
+                "  SELECT task_id FROM completions WHERE notify_state = 'PENDING' AND notify_next_at <= :now"
+                "  ORDER BY notify_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
+                " WHERE c.task_id = due.task_id RETURNING c.*"
+            ),
+            {"now": now, "lease": lease_until, "limit": limit},
+        )
+    )
     return rows
 
 
-async def delivery_record(conn: AsyncConnection, task_id: str, attempt: int, target: str, now: datetime, ok: bool,
-                          status_code: int | None, error: str) -> None:
-    await conn.execute(text(
-        "INSERT INTO deliveries (task_id, attempt, target, at, ok, status_code, error)"
-        " VALUES (:id, :attempt, :target, :now, :ok, :code, :error)"),
-        {"id": task_id, "attempt": attempt, "target": target, "now": now, "ok": ok, "code": status_code,
-         "error": error[:500]})
+async def delivery_record(
+    conn: AsyncConnection,
+    task_id: str,
+    attempt: int,
+    target: str,
+    now: datetime,
+    ok: bool,
+    status_code: int | None,
+    error: str,
+) -> None:
+    await conn.execute(
+        text(
+            "INSERT INTO deliveries (task_id, attempt, target, at, ok, status_code, error)"
+            " VALUES (:id, :attempt, :target, :now, :ok, :code, :error)"
+        ),
+        {
+            "id": task_id,
+            "attempt": attempt,
+            "target": target,
+            "now": now,
+            "ok": ok,
+            "code": status_code,
+            "error": error[:500],
+        },
+    )
 
 
-async def notify_set_if(conn: AsyncConnection, task_id: str, attempts_read: int, new: NotifyState, now: datetime,
-                        next_at: datetime | None, error: str) -> bool:
+async def notify_set_if(
+    conn: AsyncConnection,
+    task_id: str,
+    attempts_read: int,
+    new: NotifyState,
+    now: datetime,
+    next_at: datetime | None,
+    error: str,
+) -> bool:
     """Record the outcome of attempt ``attempts_read + 1`` if no one recorded it first."""
-    result = await conn.execute(text(
-        "UPDATE completions SET notify_state = :new, notify_attempts = notify_attempts + 1, notify_next_at = :next,"
-        " notify_last_error = :error, notified_at = CASE WHEN :new = 'DELIVERED' THEN CAST(:now AS timestamptz) END"
-        " WHERE task_id = :id AND notify_state = 'PENDING' AND notify_attempts = :attempts"),
-        {"id": task_id, "attempts": attempts_read, "new": new.value, "now": now, "next": next_at, "error": error[:500]})
+    result = await conn.execute(
+        text(
+            "UPDATE completions SET notify_state = :new, notify_attempts = notify_attempts + 1, notify_next_at = :next,"
+            " notify_last_error = :error, notified_at = CASE WHEN :new = 'DELIVERED' THEN CAST(:now AS timestamptz) END"
+            " WHERE task_id = :id AND notify_state = 'PENDING' AND notify_attempts = :attempts"
+        ),
+        {
+            "id": task_id,
+            "attempts": attempts_read,
+            "new": new.value,
+            "now": now,
+            "next": next_at,
+            "error": error[:500],
+        },
+    )
     return result.rowcount == 1
 
 
 async def deliveries_get(conn: AsyncConnection, task_id: str) -> list[Any]:
-    return list(await conn.execute(text("SELECT * FROM deliveries WHERE task_id = :id ORDER BY id"), {"id": task_id}))
+    return list(
+        await conn.execute(
+            text("SELECT * FROM deliveries WHERE task_id = :id ORDER BY id"), {"id": task_id}
+        )
+    )
 
 
-async def claim_reconcile(conn: AsyncConnection, now: datetime, lease_until: datetime, limit: int) -> list[Any]:
-    return list(await conn.execute(text(
-        "UPDATE completions c SET reconcile_next_at = :lease FROM ("
-        "  SELECT task_id FROM completions WHERE reconcile_state = 'PENDING' AND reconcile_next_at <= :now"
-        "  ORDER BY reconcile_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
-        " WHERE c.task_id = due.task_id RETURNING c.*"), {"now": now, "lease": lease_until, "limit": limit}))
+async def claim_reconcile(
+    conn: AsyncConnection, now: datetime, lease_until: datetime, limit: int
+) -> list[Any]:
+    return list(
+        await conn.execute(
+            text(
+                "UPDATE completions c SET reconcile_next_at = :lease FROM ("
+                "  SELECT task_id FROM completions WHERE reconcile_state = 'PENDING' AND reconcile_next_at <= :now"
+                "  ORDER BY reconcile_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
+                " WHERE c.task_id = due.task_id RETURNING c.*"
+            ),
+            {"now": now, "lease": lease_until, "limit": limit},
+        )
+    )
 
 
-async def reconcile_set_if(conn: AsyncConnection, task_id: str, attempts_read: int, new: ReconcileState,
-                           now: datetime, next_at: datetime | None) -> bool:
-    result = await conn.execute(text(
-        "UPDATE completions SET reconcile_state = :new, reconcile_attempts = reconcile_attempts + 1,"
-        " reconcile_next_at = :next,"
-        " reconciled_at = CASE WHEN :new = 'PENDING' THEN NULL ELSE CAST(:now AS timestamptz) END"
-        " WHERE task_id = :id AND reconcile_state = 'PENDING' AND reconcile_attempts = :attempts"),
-        {"id": task_id, "attempts": attempts_read, "new": new.value, "now": now, "next": next_at})
+async def reconcile_set_if(
+    conn: AsyncConnection,
+    task_id: str,
+    attempts_read: int,
+    new: ReconcileState,
+    now: datetime,
+    next_at: datetime | None,
+) -> bool:
+    result = await conn.execute(
+        text(
+            "UPDATE completions SET reconcile_state = :new, reconcile_attempts = reconcile_attempts + 1,"
+            " reconcile_next_at = :next,"
+            " reconciled_at = CASE WHEN :new = 'PENDING' THEN NULL ELSE CAST(:now AS timestamptz) END"
+            " WHERE task_id = :id AND reconcile_state = 'PENDING' AND reconcile_attempts = :attempts"
+        ),
+        {"id": task_id, "attempts": attempts_read, "new": new.value, "now": now, "next": next_at},
+    )
     return result.rowcount == 1
 
 
-async def finding_add(conn: AsyncConnection, task_id: str, node_id: str, downstream: str, recorded: str,
-                      observed: str, detail: str, now: datetime) -> None:
-    await conn.execute(text(
-        "INSERT INTO findings (task_id, node_id, downstream, recorded_status, observed, detail, found_at)"
-        " VALUES (:id, :node, :downstream, :recorded, :observed, :detail, :now) ON CONFLICT DO NOTHING"),
-        {"id": task_id, "node": node_id, "downstream": downstream, "recorded": recorded, "observed": observed,
-         "detail": detail[:500], "now": now})
+async def finding_add(
+    conn: AsyncConnection,
+    task_id: str,
+    node_id: str,
+    downstream: str,
+    recorded: str,
+    observed: str,
+    detail: str,
+    now: datetime,
+) -> None:
+    await conn.execute(
+        text(
+            "INSERT INTO findings (task_id, node_id, downstream, recorded_status, observed, detail, found_at)"
+            " VALUES (:id, :node, :downstream, :recorded, :observed, :detail, :now) ON CONFLICT DO NOTHING"
+        ),
+        {
+            "id": task_id,
+            "node": node_id,
+            "downstream": downstream,
+            "recorded": recorded,
+            "observed": observed,
+            "detail": detail[:500],
+            "now": now,
+        },
+    )
 
 
 async def findings_list(conn: AsyncConnection, task_id: str, limit: int, offset: int) -> list[Any]:
     where = "WHERE task_id = :id" if task_id else ""
-    return list(await conn.execute(text(f"SELECT * FROM findings {where} ORDER BY id LIMIT :limit OFFSET :offset"),
-                                   {"id": task_id, "limit": limit, "offset": offset}))
+    return list(
+        await conn.execute(
+            text(f"SELECT * FROM findings {where} ORDER BY id LIMIT :limit OFFSET :offset"),
+            {"id": task_id, "limit": limit, "offset": offset},
+        )
+    )

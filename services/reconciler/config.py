@@ -14,10 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic_settings import BaseSettings
-
 from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
-from dispo.reconciler.policy import ArbitrationPolicy, Conflict, PriorityRule, RedrivePolicy, ReleaseRate
+from dispo.reconciler.policy import (
+    ArbitrationPolicy,
+    Conflict,
+    PriorityRule,
+    RedrivePolicy,
+    ReleaseRate,
+)
+from pydantic_settings import BaseSettings
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
@@ -116,9 +121,13 @@ def _fields(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
     return raw
 
 
-def parse_config(data: dict[str, Any], downstreams: dict[str, DownstreamInfo] | None = None) -> RecoveryConfig:
+def parse_config(
+    data: dict[str, Any], downstreams: dict[str, DownstreamInfo] | None = None
+) -> RecoveryConfig:
     redrive = data.get("redrive") or {}
-    default = RedrivePolicy(**_fields(RedrivePolicy, redrive.get("default") or {}, "redrive.default"))
+    default = RedrivePolicy(
+        **_fields(RedrivePolicy, redrive.get("default") or {}, "redrive.default")
+    )
     rules = []
     for i, raw in enumerate(redrive.get("rules") or []):
         raw = dict(raw)
@@ -126,34 +135,57 @@ def parse_config(data: dict[str, Any], downstreams: dict[str, DownstreamInfo] | 
         merged = {**default.__dict__, **_fields(RedrivePolicy, raw, f"redrive.rules[{i}]")}
         rules.append((business, cell, RedrivePolicy(**merged)))
     release = data.get("release") or {}
-    release_default = ReleaseRate(**_fields(ReleaseRate, release.get("default") or {}, "release.default"))
-    per_downstream = {name: ReleaseRate(**{**release_default.__dict__, **_fields(ReleaseRate, raw or {}, f"release.{name}")})
-                      for name, raw in (release.get("downstreams") or {}).items()}
+    release_default = ReleaseRate(
+        **_fields(ReleaseRate, release.get("default") or {}, "release.default")
+    )
+    per_downstream = {
+        name: ReleaseRate(
+            **{**release_default.__dict__, **_fields(ReleaseRate, raw or {}, f"release.{name}")}
+        )
+        for name, raw in (release.get("downstreams") or {}).items()
+    }
     arb = data.get("arbitration") or {}
-    conflicts = {cell: Conflict(key=str(raw["key"]), effect=str(raw.get("effect", cell)),
-                                compensate=str(raw.get("compensate", "")))
-                 for cell, raw in (arb.get("conflicts") or {}).items()}
-    priority = tuple(PriorityRule(business=str(r.get("business", "")), cell=str(r.get("cell", "")))
-                     for r in arb.get("priority") or [])
+    conflicts = {
+        cell: Conflict(
+            key=str(raw["key"]),
+            effect=str(raw.get("effect", cell)),
+            compensate=str(raw.get("compensate", "")),
+        )
+        for cell, raw in (arb.get("conflicts") or {}).items()
+    }
+    priority = tuple(
+        PriorityRule(business=str(r.get("business", "")), cell=str(r.get("cell", "")))
+        for r in arb.get("priority") or []
+    )
     return RecoveryConfig(
         redrive_default=default,
         redrive_rules=tuple(rules),
         release_default=release_default,
         release=per_downstream,
         settle_retry_delay=float(data.get("settle_retry_delay", 30.0)),
-        callbacks=CallbackPolicy(**_fields(CallbackPolicy, data.get("callbacks") or {}, "callbacks")),
-        reconcile=ReconcilePolicy(**_fields(ReconcilePolicy, data.get("reconciliation") or {}, "reconciliation")),
-        arbitration=ArbitrationPolicy(window=float(arb.get("window_seconds", 60.0)), priority=priority,
-                                      conflicts=conflicts),
-        compensation=CompensationPolicy(**_fields(CompensationPolicy, arb.get("compensation") or {},
-                                                  "arbitration.compensation")),
+        callbacks=CallbackPolicy(
+            **_fields(CallbackPolicy, data.get("callbacks") or {}, "callbacks")
+        ),
+        reconcile=ReconcilePolicy(
+            **_fields(ReconcilePolicy, data.get("reconciliation") or {}, "reconciliation")
+        ),
+        arbitration=ArbitrationPolicy(
+            window=float(arb.get("window_seconds", 60.0)), priority=priority, conflicts=conflicts
+        ),
+        compensation=CompensationPolicy(
+            **_fields(CompensationPolicy, arb.get("compensation") or {}, "arbitration.compensation")
+        ),
         downstreams=downstreams or {},
     )
 
 
 def parse_downstreams(data: dict[str, Any]) -> dict[str, DownstreamInfo]:
-    return {name: DownstreamInfo(name, str((raw or {}).get("base_url", "")), str((raw or {}).get("health_url", "")))
-            for name, raw in (data.get("downstreams") or {}).items()}
+    return {
+        name: DownstreamInfo(
+            name, str((raw or {}).get("base_url", "")), str((raw or {}).get("health_url", ""))
+        )
+        for name, raw in (data.get("downstreams") or {}).items()
+    }
 
 
 def load_config(settings: ReconcilerSettings) -> RecoveryConfig:

@@ -8,12 +8,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.outbox import OutboxRelay
 from dispo.reconciler.config import ReconcilerSettings, RecoveryConfig
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 TASK_CREATE = "task.create"
 TASK_CANCEL = "task.cancel"

@@ -62,44 +62,83 @@ def next_page(limit: int, offset: int, got: int) -> common_pb2.PageResponse:
 
 def task_to_proto(row: RecoveryRow) -> pb.RecoveryTask:
     out = pb.RecoveryTask(
-        task_id=row.task_id, business=row.business, state=state_to_proto(row.state), kind=row.kind,
-        cells=row.cells, downstreams=row.downstreams, error_class=row.error_class, reason=row.reason,
-        generation=row.generation, redrives=row.redrives, releases=row.releases,
-        undecided_nodes=[n.node_id for n in E.unknown(row.envelope)] if row.state is RecoveryState.AWAITING_DECISION else [],
+        task_id=row.task_id,
+        business=row.business,
+        state=state_to_proto(row.state),
+        kind=row.kind,
+        cells=row.cells,
+        downstreams=row.downstreams,
+        error_class=row.error_class,
+        reason=row.reason,
+        generation=row.generation,
+        redrives=row.redrives,
+        releases=row.releases,
+        undecided_nodes=[n.node_id for n in E.unknown(row.envelope)]
+        if row.state is RecoveryState.AWAITING_DECISION
+        else [],
     )
-    for name in ("task_created_at", "first_parked_at", "parked_at", "next_redrive_at", "last_redrive_at"):
+    for name in (
+        "task_created_at",
+        "first_parked_at",
+        "parked_at",
+        "next_redrive_at",
+        "last_redrive_at",
+    ):
         set_ts(out, name, getattr(row, name))
     return out
 
 
 def history_to_proto(r: Any) -> pb.FailureRecord:
-    out = pb.FailureRecord(kind=r.kind, generation=r.generation, reason=r.reason, error_class=r.error_class,
-                           nodes=[pb.NodeFailure(**n) for n in r.nodes])
+    out = pb.FailureRecord(
+        kind=r.kind,
+        generation=r.generation,
+        reason=r.reason,
+        error_class=r.error_class,
+        nodes=[pb.NodeFailure(**n) for n in r.nodes],
+    )
     set_ts(out, "received_at", r.received_at)
     return out
 
 
 def redrive_to_proto(r: Any) -> pb.RedriveRecord:
-    out = pb.RedriveRecord(generation=r.generation, trigger=r.trigger, actor=r.actor, reason=r.reason,
-                           downstream=r.downstream, nodes_reset=list(r.nodes_reset))
+    out = pb.RedriveRecord(
+        generation=r.generation,
+        trigger=r.trigger,
+        actor=r.actor,
+        reason=r.reason,
+        downstream=r.downstream,
+        nodes_reset=list(r.nodes_reset),
+    )
     set_ts(out, "at", r.at)
     return out
 
 
 def settlement_to_proto(r: Any) -> pb.Settlement:
-    out = pb.Settlement(node_id=r.node_id, generation=r.generation, method=r.method, outcome=r.outcome,
-                        reason=r.reason, actor=r.actor)
+    out = pb.Settlement(
+        node_id=r.node_id,
+        generation=r.generation,
+        method=r.method,
+        outcome=r.outcome,
+        reason=r.reason,
+        actor=r.actor,
+    )
     set_ts(out, "at", r.at)
     return out
 
 
-def downstream_to_proto(name: str, state: Any, depth: Any, rate: float, now: datetime) -> pb.DownstreamState:
+def downstream_to_proto(
+    name: str, state: Any, depth: Any, rate: float, now: datetime
+) -> pb.DownstreamState:
     out = pb.DownstreamState(name=name, release_rate_per_second=rate)
     if state is not None:
         out.healthy = bool(state.healthy)
         out.probed = state.healthy is not None
         out.probe_error = state.probe_error
-        out.paused, out.paused_reason, out.paused_by = state.paused, state.paused_reason, state.paused_by
+        out.paused, out.paused_reason, out.paused_by = (
+            state.paused,
+            state.paused_reason,
+            state.paused_by,
+        )
         set_ts(out, "last_probe_at", state.last_probe_at)
     if depth is not None:
         out.demoted_depth, out.failed_depth = depth.demoted, depth.failed
@@ -114,33 +153,63 @@ def downstream_to_proto(name: str, state: Any, depth: Any, rate: float, now: dat
 
 def completion_to_proto(r: Any) -> pb.Completion:
     out = pb.Completion(
-        task_id=r.task_id, business=r.business, status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{r.status}"),
-        status_reason=r.status_reason, callback_url=r.callback_url, notify_state=r.notify_state,
-        notify_attempts=r.notify_attempts, notify_last_error=r.notify_last_error, reconcile_state=r.reconcile_state)
+        task_id=r.task_id,
+        business=r.business,
+        status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{r.status}"),
+        status_reason=r.status_reason,
+        callback_url=r.callback_url,
+        notify_state=r.notify_state,
+        notify_attempts=r.notify_attempts,
+        notify_last_error=r.notify_last_error,
+        reconcile_state=r.reconcile_state,
+    )
     for name in ("finished_at", "notified_at", "reconciled_at"):
         set_ts(out, name, getattr(r, name))
     return out
 
 
 def delivery_to_proto(r: Any) -> pb.Delivery:
-    out = pb.Delivery(attempt=r.attempt, target=r.target, ok=r.ok, status_code=r.status_code or 0, error=r.error)
+    out = pb.Delivery(
+        attempt=r.attempt, target=r.target, ok=r.ok, status_code=r.status_code or 0, error=r.error
+    )
     set_ts(out, "at", r.at)
     return out
 
 
 def finding_to_proto(r: Any) -> pb.Finding:
-    out = pb.Finding(id=r.id, task_id=r.task_id, node_id=r.node_id, downstream=r.downstream,
-                     recorded_status=r.recorded_status, observed=r.observed, detail=r.detail)
+    out = pb.Finding(
+        id=r.id,
+        task_id=r.task_id,
+        node_id=r.node_id,
+        downstream=r.downstream,
+        recorded_status=r.recorded_status,
+        observed=r.observed,
+        detail=r.detail,
+    )
     set_ts(out, "found_at", r.found_at)
     return out
 
 
 def verdict_to_proto(r: Any, compensations: list[Any]) -> pb.Verdict:
-    out = pb.Verdict(id=r.id, target=r.target, effect=r.effect, winner_task_id=r.winner_task_id,
-                     loser_task_ids=list(r.loser_task_ids), reason=r.reason,
-                     compensations=[pb.Compensation(task_id=c.task_id, cell=c.cell, state=c.state,
-                                                    submitted_task_id=c.submitted_task_id, error=c.error,
-                                                    attempts=c.attempts)
-                                    for c in compensations if c.verdict_id == r.id])
+    out = pb.Verdict(
+        id=r.id,
+        target=r.target,
+        effect=r.effect,
+        winner_task_id=r.winner_task_id,
+        loser_task_ids=list(r.loser_task_ids),
+        reason=r.reason,
+        compensations=[
+            pb.Compensation(
+                task_id=c.task_id,
+                cell=c.cell,
+                state=c.state,
+                submitted_task_id=c.submitted_task_id,
+                error=c.error,
+                attempts=c.attempts,
+            )
+            for c in compensations
+            if c.verdict_id == r.id
+        ],
+    )
     set_ts(out, "decided_at", r.decided_at)
     return out

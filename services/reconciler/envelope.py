@@ -12,11 +12,10 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
-from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.timestamps import to_timestamp
+from google.protobuf.timestamp_pb2 import Timestamp
 
 NS = common_pb2.NodeStatus
 TS = common_pb2.TaskStatus
@@ -43,7 +42,11 @@ def task_status_name(value: int) -> str:
 
 def stuck(env: task_pb2.Task) -> list[task_pb2.Node]:
     """Nodes that keep the task from finishing: FAILED, UNKNOWN or DEMOTED."""
-    return [n for n in env.nodes if n.status in (NS.NODE_STATUS_FAILED, NS.NODE_STATUS_UNKNOWN, NS.NODE_STATUS_DEMOTED)]
+    return [
+        n
+        for n in env.nodes
+        if n.status in (NS.NODE_STATUS_FAILED, NS.NODE_STATUS_UNKNOWN, NS.NODE_STATUS_DEMOTED)
+    ]
 
 
 def unknown(env: task_pb2.Task) -> list[task_pb2.Node]:
@@ -56,7 +59,13 @@ def cells(env: task_pb2.Task) -> list[str]:
 
 def blocking_downstreams(env: task_pb2.Task) -> list[str]:
     """Downstreams the task's DEMOTED nodes wait for."""
-    return sorted({n.spec.downstream for n in env.nodes if n.status == NS.NODE_STATUS_DEMOTED and n.spec.downstream})
+    return sorted(
+        {
+            n.spec.downstream
+            for n in env.nodes
+            if n.status == NS.NODE_STATUS_DEMOTED and n.spec.downstream
+        }
+    )
 
 
 def stuck_downstreams(env: task_pb2.Task) -> list[str]:
@@ -83,7 +92,11 @@ def error_class(env: task_pb2.Task) -> str:
             return "connection"
         match = _HTTP.search(node.last_error)
         if match:
-            return f"http_{match.group(1)}" if match.group(1) in ("408", "429") else f"http_{match.group(1)[0]}xx"
+            return (
+                f"http_{match.group(1)}"
+                if match.group(1) in ("408", "429")
+                else f"http_{match.group(1)[0]}xx"
+            )
         if node.status == NS.NODE_STATUS_FAILED and not node.retry.retryable:
             return "permanent"
     return "other"
@@ -91,8 +104,16 @@ def error_class(env: task_pb2.Task) -> str:
 
 def picture(env: task_pb2.Task) -> list[dict]:
     """The node picture kept in the failure history."""
-    return [{"node_id": n.node_id, "status": node_status_name(n.status), "attempts": n.retry.attempts,
-             "downstream": n.spec.downstream, "last_error": n.last_error} for n in env.nodes]
+    return [
+        {
+            "node_id": n.node_id,
+            "status": node_status_name(n.status),
+            "attempts": n.retry.attempts,
+            "downstream": n.spec.downstream,
+            "last_error": n.last_error,
+        }
+        for n in env.nodes
+    ]
 
 
 def _depends_on_reset(env: task_pb2.Task, reset: set[str]) -> set[str]:
@@ -111,7 +132,9 @@ def _depends_on_reset(env: task_pb2.Task, reset: set[str]) -> set[str]:
     return revived
 
 
-def redrive(env: task_pb2.Task, reason: str, *, include_permanent: bool = False) -> tuple[task_pb2.Task, list[str]]:
+def redrive(
+    env: task_pb2.Task, reason: str, *, include_permanent: bool = False
+) -> tuple[task_pb2.Task, list[str]]:
     """The envelope to publish on task.create, and the node ids made runnable again.
 
     FAILED nodes whose short retries were spent (and, with ``include_permanent``, every

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from google.protobuf.message import DecodeError
-from nats.aio.msg import Msg
-
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
-from dispo.reconciler import arbitration, completion, recovery
 from dispo.libs.task_streams import STATUS_STREAM, TASKS_STREAM
+from dispo.reconciler import arbitration, completion, recovery
 from dispo.reconciler.context import Context
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
 
 
 def _decode(msg: Msg) -> task_pb2.Task | Term:
@@ -26,7 +25,9 @@ def _decode(msg: Msg) -> task_pb2.Task | Term:
     return env
 
 
-def handler(work: Callable[[task_pb2.Task], Awaitable[bool | None | int]]) -> Callable[[Msg], Awaitable[Disposition]]:
+def handler(
+    work: Callable[[task_pb2.Task], Awaitable[bool | None | int]],
+) -> Callable[[Msg], Awaitable[Disposition]]:
     async def handle(msg: Msg) -> Disposition:
         env = _decode(msg)
         if isinstance(env, Term):
@@ -45,12 +46,41 @@ def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]
         return work
 
     return [
-        ("task.fail consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-fail", subject="task.fail",
-                                            handler=handler(park("fail")))),
-        ("task.demote consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-demote", subject="task.demote",
-                                              handler=handler(park("demote")))),
-        ("claims consumer", bus.consumer(TASKS_STREAM, durable=f"{durable}-claims", subject="task.create",
-                                         handler=handler(lambda env: arbitration.on_create(ctx, env)))),
-        ("task.status consumer", bus.consumer(STATUS_STREAM, durable=f"{durable}-status", subject="task.status.>",
-                                              handler=handler(lambda env: completion.on_status(ctx, env)), batch=64)),
+        (
+            "task.fail consumer",
+            bus.consumer(
+                TASKS_STREAM,
+                durable=f"{durable}-fail",
+                subject="task.fail",
+                handler=handler(park("fail")),
+            ),
+        ),
+        (
+            "task.demote consumer",
+            bus.consumer(
+                TASKS_STREAM,
+                durable=f"{durable}-demote",
+                subject="task.demote",
+                handler=handler(park("demote")),
+            ),
+        ),
+        (
+            "claims consumer",
+            bus.consumer(
+                TASKS_STREAM,
+                durable=f"{durable}-claims",
+                subject="task.create",
+                handler=handler(lambda env: arbitration.on_create(ctx, env)),
+            ),
+        ),
+        (
+            "task.status consumer",
+            bus.consumer(
+                STATUS_STREAM,
+                durable=f"{durable}-status",
+                subject="task.status.>",
+                handler=handler(lambda env: completion.on_status(ctx, env)),
+                batch=64,
+            ),
+        ),
     ]

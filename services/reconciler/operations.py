@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
+from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler import store
 from dispo.reconciler.context import TASK_CANCEL, Context
 from dispo.reconciler.recovery import redrive_row
@@ -32,15 +32,31 @@ async def _get(conn, task_id: str) -> RecoveryRow:  # type: ignore[no-untyped-de
     return row
 
 
-async def redrive_one(ctx: Context, task_id: str, actor: str, reason: str, include_permanent: bool) -> RecoveryRow:
+async def redrive_one(
+    ctx: Context, task_id: str, actor: str, reason: str, include_permanent: bool
+) -> RecoveryRow:
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         row = await _get(conn, task_id)
         if row.state not in REDRIVABLE:
-            hint = " (resolve its UNKNOWN nodes first)" if row.state in (R.AWAITING_DECISION, R.AWAITING_SETTLEMENT) else ""
-            raise FailedPrecondition(f"task {task_id} is {row.state.value}; only PARKED_FAILED or DEMOTED tasks can be redriven{hint}")
-        if not await redrive_row(ctx, conn, row, "manual", now, actor=actor, reason=reason,
-                                 include_permanent=include_permanent):
+            hint = (
+                " (resolve its UNKNOWN nodes first)"
+                if row.state in (R.AWAITING_DECISION, R.AWAITING_SETTLEMENT)
+                else ""
+            )
+            raise FailedPrecondition(
+                f"task {task_id} is {row.state.value}; only PARKED_FAILED or DEMOTED tasks can be redriven{hint}"
+            )
+        if not await redrive_row(
+            ctx,
+            conn,
+            row,
+            "manual",
+            now,
+            actor=actor,
+            reason=reason,
+            include_permanent=include_permanent,
+        ):
             raise FailedPrecondition(f"task {task_id} changed while redriving; try again")
         result = await store.task_get(conn, task_id)
     ctx.kick()
@@ -48,18 +64,25 @@ async def redrive_one(ctx: Context, task_id: str, actor: str, reason: str, inclu
     return result
 
 
-async def redrive_by_filter(ctx: Context, f: Filter, rate_per_second: float, limit: int, actor: str,
-                            reason: str) -> tuple[list[str], datetime | None]:
+async def redrive_by_filter(
+    ctx: Context, f: Filter, rate_per_second: float, limit: int, actor: str, reason: str
+) -> tuple[list[str], datetime | None]:
     """Schedule matching parked tasks (oldest first) for redrive, ``1 / rate`` seconds apart;
     the redrive sweep sends each when it is due, so a restart neither loses nor repeats one."""
     if not rate_per_second > 0:
-        raise InvalidArgument("rate_per_second", "required: a positive number of redrives per second")
+        raise InvalidArgument(
+            "rate_per_second", "required: a positive number of redrives per second"
+        )
     if limit < 0 or limit > MAX_BY_FILTER:
         raise InvalidArgument("limit", f"between 0 and {MAX_BY_FILTER} (0 means {MAX_BY_FILTER})")
     bad = [s for s in f.states if s not in REDRIVABLE]
     if bad:
-        raise InvalidArgument("filter.states", f"only {', '.join(s.value for s in REDRIVABLE)} can be redriven")
-    f = Filter(f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, f.states or REDRIVABLE)
+        raise InvalidArgument(
+            "filter.states", f"only {', '.join(s.value for s in REDRIVABLE)} can be redriven"
+        )
+    f = Filter(
+        f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, f.states or REDRIVABLE
+    )
     now = ctx.clock.now()
     step = 1.0 / rate_per_second
     trigger = f"manual|{actor}|{reason}"[:500]
@@ -69,13 +92,25 @@ async def redrive_by_filter(ctx: Context, f: Filter, rate_per_second: float, lim
         # Tasks already scheduled by an earlier request keep their place in the queue.
         latest = await store.manual_redrives_last_due(conn, now)
         start = now if latest is None else latest + timedelta(seconds=step)
-        for i, row in enumerate(await store.task_list(conn, f, now, limit=limit or MAX_BY_FILTER, for_update=True)):
+        for i, row in enumerate(
+            await store.task_list(conn, f, now, limit=limit or MAX_BY_FILTER, for_update=True)
+        ):
             due = start + timedelta(seconds=i * step)
-            if await store.task_set_state_if(conn, row.task_id, row.state, R.PARKED_FAILED, now,
-                                             generation=row.generation, next_redrive_at=due, redrive_trigger=trigger):
+            if await store.task_set_state_if(
+                conn,
+                row.task_id,
+                row.state,
+                R.PARKED_FAILED,
+                now,
+                generation=row.generation,
+                next_redrive_at=due,
+                redrive_trigger=trigger,
+            ):
                 ids.append(row.task_id)
                 last = due
-    log.info("redrive by filter scheduled", count=len(ids), rate_per_second=rate_per_second, actor=actor)
+    log.info(
+        "redrive by filter scheduled", count=len(ids), rate_per_second=rate_per_second, actor=actor
+    )
     return ids, last
 
 
@@ -86,14 +121,28 @@ async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> Recove
     async with ctx.engine.begin() as conn:
         row = await _get(conn, task_id)
         if row.state not in ABANDONABLE:
-            raise FailedPrecondition(f"task {task_id} is {row.state.value}; only parked tasks can be abandoned")
+            raise FailedPrecondition(
+                f"task {task_id} is {row.state.value}; only parked tasks can be abandoned"
+            )
         why = f"abandoned by {actor or 'an operator'}" + (f": {reason}" if reason else "")
-        if not await store.task_set_state_if(conn, task_id, row.state, R.ABANDONED, now, generation=row.generation,
-                                             reason=why[:500], next_redrive_at=None):
+        if not await store.task_set_state_if(
+            conn,
+            task_id,
+            row.state,
+            R.ABANDONED,
+            now,
+            generation=row.generation,
+            reason=why[:500],
+            next_redrive_at=None,
+        ):
             raise FailedPrecondition(f"task {task_id} changed meanwhile; try again")
-        await store.redrive_log_add(conn, task_id, row.generation, "abandon", now, actor=actor, reason=reason)
+        await store.redrive_log_add(
+            conn, task_id, row.generation, "abandon", now, actor=actor, reason=reason
+        )
         cancel = task_pb2.CancelRequest(task_id=task_id, requested_at=to_timestamp(now))
-        await store.emit(conn, TASK_CANCEL, f"{task_id}:cancel:abandon", cancel.SerializeToString(), now)
+        await store.emit(
+            conn, TASK_CANCEL, f"{task_id}:cancel:abandon", cancel.SerializeToString(), now
+        )
         result = await store.task_get(conn, task_id)
     ctx.kick()
     log.info("task abandoned", task_id=task_id, actor=actor, reason=reason)

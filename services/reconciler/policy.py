@@ -65,11 +65,19 @@ class PriorityRule:
     cell: str = ""
 
     def matches(self, business: str, cell: str) -> bool:
-        return (not self.business or self.business == business) and (not self.cell or self.cell == cell)
+        return (not self.business or self.business == business) and (
+            not self.cell or self.cell == cell
+        )
 
     def describe(self) -> str:
-        return " ".join(p for p in (f"business={self.business}" if self.business else "",
-                                    f"cell={self.cell}" if self.cell else "") if p)
+        return " ".join(
+            p
+            for p in (
+                f"business={self.business}" if self.business else "",
+                f"cell={self.cell}" if self.cell else "",
+            )
+            if p
+        )
 
 
 @dataclass(frozen=True)
@@ -108,23 +116,34 @@ class ArbitrationPolicy:
         Claims of the winner's own business are not in conflict with it and do not lose."""
         if len({c.business for c in contenders}) < 2:
             return None
-        ordered = sorted(contenders, key=lambda c: (self.rank(c.business, c.cell), c.accepted_at, c.task_id))
+        ordered = sorted(
+            contenders, key=lambda c: (self.rank(c.business, c.cell), c.accepted_at, c.task_id)
+        )
         winner = ordered[0]
         losers = tuple(c for c in ordered[1:] if c.business != winner.business)
         runner_up = losers[0]
-        w_rank, l_rank = self.rank(winner.business, winner.cell), self.rank(runner_up.business, runner_up.cell)
+        w_rank, l_rank = (
+            self.rank(winner.business, winner.cell),
+            self.rank(runner_up.business, runner_up.cell),
+        )
         if w_rank < l_rank:
             rule = self.priority[w_rank].describe()
-            reason = (f"priority: {winner.business}/{winner.cell} matches rule #{w_rank + 1} ({rule}),"
-                      f" {runner_up.business}/{runner_up.cell} ranks #{l_rank + 1}")
+            reason = (
+                f"priority: {winner.business}/{winner.cell} matches rule #{w_rank + 1} ({rule}),"
+                f" {runner_up.business}/{runner_up.cell} ranks #{l_rank + 1}"
+            )
         else:
-            reason = (f"tie on priority (#{w_rank + 1}): earlier acceptance wins,"
-                      f" {winner.task_id} accepted {winner.accepted_at.isoformat()}"
-                      f" before {runner_up.task_id} at {runner_up.accepted_at.isoformat()}")
+            reason = (
+                f"tie on priority (#{w_rank + 1}): earlier acceptance wins,"
+                f" {winner.task_id} accepted {winner.accepted_at.isoformat()}"
+                f" before {runner_up.task_id} at {runner_up.accepted_at.isoformat()}"
+            )
         return Ruling(winner, losers, reason)
 
 
-def backoff(base: float, cap: float, jitter: float, attempt: int, rng: random.Random | None = None) -> float:
+def backoff(
+    base: float, cap: float, jitter: float, attempt: int, rng: random.Random | None = None
+) -> float:
     """Seconds before retry ``attempt + 1``: base * 2^(attempt - 1), capped, +/- jitter share."""
     raw = min(cap, base * (2 ** max(0, attempt - 1)))
     spread = raw * jitter

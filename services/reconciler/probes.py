@@ -9,7 +9,6 @@ import hmac
 from dataclasses import dataclass
 
 import httpx
-
 from dispo.reconciler.envelope import truncate
 
 
@@ -34,12 +33,16 @@ async def check_health(client: httpx.AsyncClient, url: str, timeout: float) -> t
     return False, f"health check answered HTTP {response.status_code}"
 
 
-async def probe_effect(client: httpx.AsyncClient, base_url: str, probe_path: str, idempotency_key: str,
-                       timeout: float) -> ProbeResult:
+async def probe_effect(
+    client: httpx.AsyncClient, base_url: str, probe_path: str, idempotency_key: str, timeout: float
+) -> ProbeResult:
     """GET the action's status probe: 200 with JSON {"done": true|false}."""
     try:
-        response = await client.get(base_url.rstrip("/") + probe_path, timeout=timeout,
-                                    headers={"Idempotency-Key": idempotency_key})
+        response = await client.get(
+            base_url.rstrip("/") + probe_path,
+            timeout=timeout,
+            headers={"Idempotency-Key": idempotency_key},
+        )
     except (httpx.HTTPError, OSError) as error:
         return ProbeResult(None, truncate(f"probe failed: {error!r}"))
     if response.status_code != 200:
@@ -66,8 +69,17 @@ class DeliveryResult:
     error: str = ""
 
 
-async def deliver_webhook(client: httpx.AsyncClient, url: str, body: bytes, *, task_id: str, attempt: int,
-                          secret: str, timestamp: str, timeout: float) -> DeliveryResult:
+async def deliver_webhook(
+    client: httpx.AsyncClient,
+    url: str,
+    body: bytes,
+    *,
+    task_id: str,
+    attempt: int,
+    secret: str,
+    timestamp: str,
+    timeout: float,
+) -> DeliveryResult:
     headers = {
         "Content-Type": "application/json",
         "X-Dispo-Task-Id": task_id,
@@ -83,4 +95,6 @@ async def deliver_webhook(client: httpx.AsyncClient, url: str, body: bytes, *, t
         return DeliveryResult(False, None, truncate(f"delivery failed: {error!r}"))
     if 200 <= response.status_code < 300:
         return DeliveryResult(True, response.status_code)
-    return DeliveryResult(False, response.status_code, truncate(f"HTTP {response.status_code}: {response.text}"))
+    return DeliveryResult(
+        False, response.status_code, truncate(f"HTTP {response.status_code}: {response.text}")
+    )

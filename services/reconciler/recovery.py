@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.logging import get_logger
 from dispo.reconciler import envelope as E
@@ -18,6 +16,7 @@ from dispo.reconciler import store
 from dispo.reconciler.context import STATUS_SUBJECT, TASK_CLOSE, TASK_CREATE, Context
 from dispo.reconciler.states import RECOVERY_FINAL, RecoveryState
 from dispo.reconciler.store import RecoveryRow
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 R = RecoveryState
@@ -36,27 +35,53 @@ def schedule(ctx: Context, row: RecoveryRow, now: datetime) -> RecoveryRow:
     settled UNKNOWN ones) the redrive is due at once and the policy does not apply."""
     env = row.envelope
     if not E.failed(env):
-        return replace(row, state=R.PARKED_FAILED, next_redrive_at=now, redrive_trigger="settlement")
+        return replace(
+            row, state=R.PARKED_FAILED, next_redrive_at=now, redrive_trigger="settlement"
+        )
     policy = ctx.config.redrive_policy(row.business, E.first_stuck_cell(env))
     spent = policy.spent(row.redrives, row.first_parked_at, now)
     if spent:
-        return replace(row, state=R.FAILED, next_redrive_at=None, reason=E.truncate(f"{spent}; last error {_last_error(env)}"))
+        return replace(
+            row,
+            state=R.FAILED,
+            next_redrive_at=None,
+            reason=E.truncate(f"{spent}; last error {_last_error(env)}"),
+        )
     delay = policy.delay(row.redrives, ctx.rng)
-    return replace(row, state=R.PARKED_FAILED, next_redrive_at=now + timedelta(seconds=delay), redrive_trigger="auto")
+    return replace(
+        row,
+        state=R.PARKED_FAILED,
+        next_redrive_at=now + timedelta(seconds=delay),
+        redrive_trigger="auto",
+    )
 
 
-def _picture(ctx: Context, env: task_pb2.Task, kind: str, now: datetime, old: RecoveryRow | None) -> RecoveryRow:
+def _picture(
+    ctx: Context, env: task_pb2.Task, kind: str, now: datetime, old: RecoveryRow | None
+) -> RecoveryRow:
     demoted = kind == "demote"
     row = RecoveryRow(
-        task_id=env.task_id, business=env.business,
-        state=R.DEMOTED if demoted else R.AWAITING_SETTLEMENT, kind=kind, cells=E.cells(env),
+        task_id=env.task_id,
+        business=env.business,
+        state=R.DEMOTED if demoted else R.AWAITING_SETTLEMENT,
+        kind=kind,
+        cells=E.cells(env),
         downstreams=E.blocking_downstreams(env) if demoted else E.stuck_downstreams(env),
-        error_class=E.error_class(env), reason=E.truncate(env.status_reason or _last_error(env)), envelope=env,
-        generation=env.generation, version=env.version, task_created_at=E.moment(env.created_at, now),
-        first_parked_at=old.first_parked_at if old else now, parked_at=now,
-        redrives=old.redrives if old else 0, releases=old.releases if old else 0,
-        next_redrive_at=None if demoted else now, redrive_trigger="auto",
-        last_redrive_at=old.last_redrive_at if old else None, updated_at=now)
+        error_class=E.error_class(env),
+        reason=E.truncate(env.status_reason or _last_error(env)),
+        envelope=env,
+        generation=env.generation,
+        version=env.version,
+        task_created_at=E.moment(env.created_at, now),
+        first_parked_at=old.first_parked_at if old else now,
+        parked_at=now,
+        redrives=old.redrives if old else 0,
+        releases=old.releases if old else 0,
+        next_redrive_at=None if demoted else now,
+        redrive_trigger="auto",
+        last_redrive_at=old.last_redrive_at if old else None,
+        updated_at=now,
+    )
     if demoted or E.unknown(env):
         return row
     return schedule(ctx, row, now)
@@ -70,24 +95,43 @@ async def intake(ctx: Context, env: task_pb2.Task, kind: str) -> bool:
         old = await store.task_get(conn, env.task_id, for_update=True)
         if old is not None:
             if old.state in RECOVERY_FINAL:
-                log.info("parked task already final here; ignored", task_id=env.task_id, state=old.state.value)
+                log.info(
+                    "parked task already final here; ignored",
+                    task_id=env.task_id,
+                    state=old.state.value,
+                )
                 return True
-            if env.generation < old.generation or (env.generation == old.generation and old.state is not R.REDRIVEN):
-                log.info("stale or repeated envelope ignored", task_id=env.task_id, generation=env.generation,
-                         recorded=old.generation)
+            if env.generation < old.generation or (
+                env.generation == old.generation and old.state is not R.REDRIVEN
+            ):
+                log.info(
+                    "stale or repeated envelope ignored",
+                    task_id=env.task_id,
+                    generation=env.generation,
+                    recorded=old.generation,
+                )
                 return True
         row = _picture(ctx, env, kind, now, old)
         if old is None:
             if not await store.task_insert(conn, row):
                 return False
-        elif not await store.task_repark_if(conn, row, expected=old.state, expected_generation=old.generation):
+        elif not await store.task_repark_if(
+            conn, row, expected=old.state, expected_generation=old.generation
+        ):
             return False
         await store.history_add(conn, env, kind, now, row.reason, row.error_class, E.picture(env))
         if row.state is R.FAILED:
             await emit_terminal_failure(conn, row, now)
     ctx.kick()
-    log.info("task parked", task_id=env.task_id, kind=kind, state=row.state.value, generation=env.generation,
-             next_redrive_at=row.next_redrive_at.isoformat() if row.next_redrive_at else None, reason=row.reason)
+    log.info(
+        "task parked",
+        task_id=env.task_id,
+        kind=kind,
+        state=row.state.value,
+        generation=env.generation,
+        next_redrive_at=row.next_redrive_at.isoformat() if row.next_redrive_at else None,
+        reason=row.reason,
+    )
     return True
 
 
@@ -96,27 +140,65 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
     last one, on the status subject the gateway keeps its view from, and task.close so the
     executor's own record says FAILED too."""
     snap = E.terminal(row.envelope, E.TS.TASK_STATUS_FAILED, row.reason, now)
-    await store.emit(conn, STATUS_SUBJECT.format(task_id=row.task_id), f"{row.task_id}:reconciler:v{snap.version}",
-                     snap.SerializeToString(), now)
-    close = task_pb2.CloseRequest(task_id=row.task_id, status=E.TS.TASK_STATUS_FAILED, reason=row.reason,
-                                  generation=row.generation)
+    await store.emit(
+        conn,
+        STATUS_SUBJECT.format(task_id=row.task_id),
+        f"{row.task_id}:reconciler:v{snap.version}",
+        snap.SerializeToString(),
+        now,
+    )
+    close = task_pb2.CloseRequest(
+        task_id=row.task_id,
+        status=E.TS.TASK_STATUS_FAILED,
+        reason=row.reason,
+        generation=row.generation,
+    )
     await store.emit(conn, TASK_CLOSE, f"{row.task_id}:close", close.SerializeToString(), now)
 
 
-async def redrive_row(ctx: Context, conn: AsyncConnection, row: RecoveryRow, trigger: str, now: datetime, *,
-                      actor: str = "", reason: str = "", downstream: str = "", include_permanent: bool = False) -> bool:
+async def redrive_row(
+    ctx: Context,
+    conn: AsyncConnection,
+    row: RecoveryRow,
+    trigger: str,
+    now: datetime,
+    *,
+    actor: str = "",
+    reason: str = "",
+    downstream: str = "",
+    include_permanent: bool = False,
+) -> bool:
     """Send a parked task back to task.create (generation + 1) from where it stopped.
     False when the row was not in the state / generation read (a lost race)."""
     why = f"redriven by the reconciler ({trigger}{': ' + reason if reason else ''})"
     env, reset = E.redrive(row.envelope, why, include_permanent=include_permanent)
     release = trigger == "release"
-    if not await store.task_redriven_if(conn, row.task_id, row.state, row.generation, env, now, release=release):
+    if not await store.task_redriven_if(
+        conn, row.task_id, row.state, row.generation, env, now, release=release
+    ):
         log.info("redrive lost a race", task_id=row.task_id, state=row.state.value)
         return False
-    await store.redrive_log_add(conn, row.task_id, env.generation, trigger, now, actor=actor, reason=reason,
-                                downstream=downstream, nodes=reset)
-    await store.emit(conn, TASK_CREATE, f"{row.task_id}:g{env.generation}", env.SerializeToString(), now)
-    log.info("task redriven", task_id=row.task_id, trigger=trigger, generation=env.generation, nodes_reset=reset)
+    await store.redrive_log_add(
+        conn,
+        row.task_id,
+        env.generation,
+        trigger,
+        now,
+        actor=actor,
+        reason=reason,
+        downstream=downstream,
+        nodes=reset,
+    )
+    await store.emit(
+        conn, TASK_CREATE, f"{row.task_id}:g{env.generation}", env.SerializeToString(), now
+    )
+    log.info(
+        "task redriven",
+        task_id=row.task_id,
+        trigger=trigger,
+        generation=env.generation,
+        nodes_reset=reset,
+    )
     return True
 
 

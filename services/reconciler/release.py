@@ -23,12 +23,19 @@ async def health_sweep(ctx: Context) -> int:
     """Probe every downstream with demoted tasks waiting; returns how many were probed."""
     async with ctx.engine.connect() as conn:
         names = await store.demoted_downstreams(conn)
-    results = await asyncio.gather(*(
-        check_health(ctx.http, ctx.config.downstreams[n].health_url if n in ctx.config.downstreams else "",
-                     ctx.settings.http_timeout) for n in names))
+    results = await asyncio.gather(
+        *(
+            check_health(
+                ctx.http,
+                ctx.config.downstreams[n].health_url if n in ctx.config.downstreams else "",
+                ctx.settings.http_timeout,
+            )
+            for n in names
+        )
+    )
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
-        for name, (healthy, error) in zip(names, results):
+        for name, (healthy, error) in zip(names, results, strict=False):
             if await store.downstream_record_probe(conn, name, healthy, error, now):
                 log.info("downstream health changed", downstream=name, healthy=healthy, error=error)
     return len(names)
@@ -63,7 +70,9 @@ def _name(ctx: Context, name: str) -> str:
     if not name.strip():
         raise InvalidArgument("name", "required: the downstream's name")
     if name.strip() not in ctx.config.downstreams:
-        raise NotFound(f"downstream {name.strip()!r} is not in the registry ({', '.join(sorted(ctx.config.downstreams))})")
+        raise NotFound(
+            f"downstream {name.strip()!r} is not in the registry ({', '.join(sorted(ctx.config.downstreams))})"
+        )
     return name.strip()
 
 

@@ -26,15 +26,20 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
-    async def ListRecoveryTasks(self, request: pb.ListRecoveryTasksRequest, context: Any) -> pb.ListRecoveryTasksResponse:
+    async def ListRecoveryTasks(
+        self, request: pb.ListRecoveryTasksRequest, context: Any
+    ) -> pb.ListRecoveryTasksResponse:
         f = cv.filter_from_proto(request.filter)
         limit, offset = cv.page(request.page)
         async with self.ctx.engine.connect() as conn:
             rows = await store.task_list(conn, f, self.ctx.clock.now(), limit=limit, offset=offset)
-        return pb.ListRecoveryTasksResponse(tasks=[cv.task_to_proto(r) for r in rows],
-                                            page=cv.next_page(limit, offset, len(rows)))
+        return pb.ListRecoveryTasksResponse(
+            tasks=[cv.task_to_proto(r) for r in rows], page=cv.next_page(limit, offset, len(rows))
+        )
 
-    async def GetRecoveryTask(self, request: pb.GetRecoveryTaskRequest, context: Any) -> pb.GetRecoveryTaskResponse:
+    async def GetRecoveryTask(
+        self, request: pb.GetRecoveryTaskRequest, context: Any
+    ) -> pb.GetRecoveryTaskResponse:
         task_id = _required(request.task_id, "task_id")
         async with self.ctx.engine.connect() as conn:
             row = await store.task_get(conn, task_id)
@@ -44,33 +49,61 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
             redrives = await store.redrive_log_get(conn, task_id)
             settlements = await store.settlements_get(conn, task_id)
         return pb.GetRecoveryTaskResponse(
-            task=cv.task_to_proto(row), envelope=row.envelope, history=[cv.history_to_proto(h) for h in history],
+            task=cv.task_to_proto(row),
+            envelope=row.envelope,
+            history=[cv.history_to_proto(h) for h in history],
             redrives=[cv.redrive_to_proto(r) for r in redrives],
-            settlements=[cv.settlement_to_proto(s) for s in settlements])
+            settlements=[cv.settlement_to_proto(s) for s in settlements],
+        )
 
-    async def RedriveTask(self, request: pb.RedriveTaskRequest, context: Any) -> pb.RedriveTaskResponse:
-        row = await operations.redrive_one(self.ctx, _required(request.task_id, "task_id"), request.actor,
-                                           request.reason, request.include_permanent)
+    async def RedriveTask(
+        self, request: pb.RedriveTaskRequest, context: Any
+    ) -> pb.RedriveTaskResponse:
+        row = await operations.redrive_one(
+            self.ctx,
+            _required(request.task_id, "task_id"),
+            request.actor,
+            request.reason,
+            request.include_permanent,
+        )
         return pb.RedriveTaskResponse(task=cv.task_to_proto(row))
 
-    async def RedriveByFilter(self, request: pb.RedriveByFilterRequest, context: Any) -> pb.RedriveByFilterResponse:
-        ids, last = await operations.redrive_by_filter(self.ctx, cv.filter_from_proto(request.filter),
-                                                       request.rate_per_second, request.limit, request.actor,
-                                                       request.reason)
+    async def RedriveByFilter(
+        self, request: pb.RedriveByFilterRequest, context: Any
+    ) -> pb.RedriveByFilterResponse:
+        ids, last = await operations.redrive_by_filter(
+            self.ctx,
+            cv.filter_from_proto(request.filter),
+            request.rate_per_second,
+            request.limit,
+            request.actor,
+            request.reason,
+        )
         out = pb.RedriveByFilterResponse(scheduled=len(ids), task_ids=ids)
         cv.set_ts(out, "last_due_at", last)
         return out
 
-    async def AbandonTask(self, request: pb.AbandonTaskRequest, context: Any) -> pb.AbandonTaskResponse:
-        row = await operations.abandon(self.ctx, _required(request.task_id, "task_id"), request.actor, request.reason)
+    async def AbandonTask(
+        self, request: pb.AbandonTaskRequest, context: Any
+    ) -> pb.AbandonTaskResponse:
+        row = await operations.abandon(
+            self.ctx, _required(request.task_id, "task_id"), request.actor, request.reason
+        )
         return pb.AbandonTaskResponse(task=cv.task_to_proto(row))
 
-    async def ResolveNode(self, request: pb.ResolveNodeRequest, context: Any) -> pb.ResolveNodeResponse:
+    async def ResolveNode(
+        self, request: pb.ResolveNodeRequest, context: Any
+    ) -> pb.ResolveNodeResponse:
         if request.resolution not in (pb.RESOLUTION_DONE, pb.RESOLUTION_RETRY):
             raise InvalidArgument("resolution", "RESOLUTION_DONE or RESOLUTION_RETRY")
         row, redriven = await settlement.resolve_node(
-            self.ctx, _required(request.task_id, "task_id"), _required(request.node_id, "node_id"),
-            request.resolution == pb.RESOLUTION_DONE, request.actor, request.reason)
+            self.ctx,
+            _required(request.task_id, "task_id"),
+            _required(request.node_id, "node_id"),
+            request.resolution == pb.RESOLUTION_DONE,
+            request.actor,
+            request.reason,
+        )
         return pb.ResolveNodeResponse(task=cv.task_to_proto(row), redriven=redriven)
 
     async def _downstreams(self, only: str = "") -> list[pb.DownstreamState]:
@@ -79,47 +112,79 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
             states = await store.downstream_all(conn)
             depths = await store.queue_depths(conn)
         names = sorted(set(self.ctx.config.downstreams) | set(states) | set(depths))
-        return [cv.downstream_to_proto(n, states.get(n), depths.get(n),
-                                       self.ctx.config.release_rate(n).rate_per_second, now)
-                for n in names if not only or n == only]
+        return [
+            cv.downstream_to_proto(
+                n,
+                states.get(n),
+                depths.get(n),
+                self.ctx.config.release_rate(n).rate_per_second,
+                now,
+            )
+            for n in names
+            if not only or n == only
+        ]
 
-    async def ListDownstreams(self, request: pb.ListDownstreamsRequest, context: Any) -> pb.ListDownstreamsResponse:
+    async def ListDownstreams(
+        self, request: pb.ListDownstreamsRequest, context: Any
+    ) -> pb.ListDownstreamsResponse:
         return pb.ListDownstreamsResponse(downstreams=await self._downstreams())
 
-    async def PauseDownstream(self, request: pb.PauseDownstreamRequest, context: Any) -> pb.PauseDownstreamResponse:
+    async def PauseDownstream(
+        self, request: pb.PauseDownstreamRequest, context: Any
+    ) -> pb.PauseDownstreamResponse:
         await release.pause(self.ctx, request.name, request.actor, request.reason)
-        return pb.PauseDownstreamResponse(downstream=(await self._downstreams(request.name.strip()))[0])
+        return pb.PauseDownstreamResponse(
+            downstream=(await self._downstreams(request.name.strip()))[0]
+        )
 
-    async def ResumeDownstream(self, request: pb.ResumeDownstreamRequest, context: Any) -> pb.ResumeDownstreamResponse:
+    async def ResumeDownstream(
+        self, request: pb.ResumeDownstreamRequest, context: Any
+    ) -> pb.ResumeDownstreamResponse:
         await release.resume(self.ctx, request.name, request.actor)
-        return pb.ResumeDownstreamResponse(downstream=(await self._downstreams(request.name.strip()))[0])
+        return pb.ResumeDownstreamResponse(
+            downstream=(await self._downstreams(request.name.strip()))[0]
+        )
 
-    async def GetCompletion(self, request: pb.GetCompletionRequest, context: Any) -> pb.GetCompletionResponse:
+    async def GetCompletion(
+        self, request: pb.GetCompletionRequest, context: Any
+    ) -> pb.GetCompletionResponse:
         task_id = _required(request.task_id, "task_id")
         async with self.ctx.engine.connect() as conn:
             row = await cs.get(conn, task_id)
             if row is None:
-                raise NotFound(f"no completion recorded for task {task_id!r} (not finished, or not seen yet)")
+                raise NotFound(
+                    f"no completion recorded for task {task_id!r} (not finished, or not seen yet)"
+                )
             deliveries = await cs.deliveries_get(conn, task_id)
             findings = await cs.findings_list(conn, task_id, cv.MAX_PAGE, 0)
-        return pb.GetCompletionResponse(completion=cv.completion_to_proto(row),
-                                        deliveries=[cv.delivery_to_proto(d) for d in deliveries],
-                                        findings=[cv.finding_to_proto(f) for f in findings])
+        return pb.GetCompletionResponse(
+            completion=cv.completion_to_proto(row),
+            deliveries=[cv.delivery_to_proto(d) for d in deliveries],
+            findings=[cv.finding_to_proto(f) for f in findings],
+        )
 
-    async def ListFindings(self, request: pb.ListFindingsRequest, context: Any) -> pb.ListFindingsResponse:
+    async def ListFindings(
+        self, request: pb.ListFindingsRequest, context: Any
+    ) -> pb.ListFindingsResponse:
         limit, offset = cv.page(request.page)
         async with self.ctx.engine.connect() as conn:
             rows = await cs.findings_list(conn, request.task_id, limit, offset)
-        return pb.ListFindingsResponse(findings=[cv.finding_to_proto(r) for r in rows],
-                                       page=cv.next_page(limit, offset, len(rows)))
+        return pb.ListFindingsResponse(
+            findings=[cv.finding_to_proto(r) for r in rows],
+            page=cv.next_page(limit, offset, len(rows)),
+        )
 
-    async def ListVerdicts(self, request: pb.ListVerdictsRequest, context: Any) -> pb.ListVerdictsResponse:
+    async def ListVerdicts(
+        self, request: pb.ListVerdictsRequest, context: Any
+    ) -> pb.ListVerdictsResponse:
         limit, offset = cv.page(request.page)
         async with self.ctx.engine.connect() as conn:
             rows = await arb.verdicts_list(conn, request.target, request.task_id, limit, offset)
             compensations = await arb.compensations_of(conn, [r.id for r in rows])
-        return pb.ListVerdictsResponse(verdicts=[cv.verdict_to_proto(r, compensations) for r in rows],
-                                       page=cv.next_page(limit, offset, len(rows)))
+        return pb.ListVerdictsResponse(
+            verdicts=[cv.verdict_to_proto(r, compensations) for r in rows],
+            page=cv.next_page(limit, offset, len(rows)),
+        )
 
     async def RunSweep(self, request: pb.RunSweepRequest, context: Any) -> pb.RunSweepResponse:
         handled = await run_sweeps(self.ctx, request.sweep or "all")

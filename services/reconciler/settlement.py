@@ -26,7 +26,9 @@ from dispo.reconciler.store import RecoveryRow
 
 log = get_logger(__name__)
 R = RecoveryState
-NEEDS_OPERATOR = "no status probe and the action is not idempotent: an operator must decide (ResolveNode)"
+NEEDS_OPERATOR = (
+    "no status probe and the action is not idempotent: an operator must decide (ResolveNode)"
+)
 
 
 @dataclass(frozen=True)
@@ -42,17 +44,30 @@ async def plan_node(ctx: Context, node: task_pb2.Node) -> Plan:
     if node.spec.probe_path:
         info = ctx.config.downstreams.get(node.spec.downstream)
         if info is None or not info.base_url:
-            return Plan(node.node_id, SettlementMethod.PROBE, None,
-                        f"downstream {node.spec.downstream!r} is not in the reconciler's registry")
-        result = await probe_effect(ctx.http, info.base_url, node.spec.probe_path, node.idempotency_key,
-                                    ctx.settings.http_timeout)
+            return Plan(
+                node.node_id,
+                SettlementMethod.PROBE,
+                None,
+                f"downstream {node.spec.downstream!r} is not in the reconciler's registry",
+            )
+        result = await probe_effect(
+            ctx.http,
+            info.base_url,
+            node.spec.probe_path,
+            node.idempotency_key,
+            ctx.settings.http_timeout,
+        )
         if result.done is None:
             return Plan(node.node_id, SettlementMethod.PROBE, None, result.detail)
         outcome = E.NS.NODE_STATUS_SUCCEEDED if result.done else E.NS.NODE_STATUS_PENDING
         return Plan(node.node_id, SettlementMethod.PROBE, outcome, result.detail)
     if node.spec.idempotent:
-        return Plan(node.node_id, SettlementMethod.IDEMPOTENT_RERUN, E.NS.NODE_STATUS_PENDING,
-                    "no status probe; the action is idempotent, re-run under the same idempotency key")
+        return Plan(
+            node.node_id,
+            SettlementMethod.IDEMPOTENT_RERUN,
+            E.NS.NODE_STATUS_PENDING,
+            "no status probe; the action is idempotent, re-run under the same idempotency key",
+        )
     return Plan(node.node_id, SettlementMethod.OPERATOR, None, NEEDS_OPERATOR)
 
 
@@ -63,8 +78,15 @@ async def settle_sweep(ctx: Context) -> int:
     async with ctx.engine.begin() as conn:
         rows = await store.due_for(conn, R.AWAITING_SETTLEMENT, now, ctx.settings.batch)
         for row in rows:  # claimed until retry_at: other replicas skip them meanwhile
-            await store.task_set_state_if(conn, row.task_id, R.AWAITING_SETTLEMENT, R.AWAITING_SETTLEMENT, now,
-                                          generation=row.generation, next_redrive_at=retry_at)
+            await store.task_set_state_if(
+                conn,
+                row.task_id,
+                R.AWAITING_SETTLEMENT,
+                R.AWAITING_SETTLEMENT,
+                now,
+                generation=row.generation,
+                next_redrive_at=retry_at,
+            )
     for row in rows:
         plans = await asyncio.gather(*(plan_node(ctx, n) for n in E.unknown(row.envelope)))
         await _apply(ctx, row, list(plans))
@@ -77,41 +99,85 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[Plan]) -> None:
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         row = await store.task_get(conn, read.task_id, for_update=True)
-        if row is None or row.state is not R.AWAITING_SETTLEMENT or row.generation != read.generation:
+        if (
+            row is None
+            or row.state is not R.AWAITING_SETTLEMENT
+            or row.generation != read.generation
+        ):
             return
         env = task_pb2.Task()
         env.CopyFrom(row.envelope)
         for plan in plans:
             if plan.outcome is not None:
                 E.settle(env, plan.node_id, plan.outcome)
-                await store.settlement_add(conn, row.task_id, plan.node_id, row.generation, plan.method.value,
-                                           E.node_status_name(plan.outcome), now, reason=plan.reason)
-                log.info("node settled", task_id=row.task_id, node_id=plan.node_id, method=plan.method.value,
-                         outcome=E.node_status_name(plan.outcome))
+                await store.settlement_add(
+                    conn,
+                    row.task_id,
+                    plan.node_id,
+                    row.generation,
+                    plan.method.value,
+                    E.node_status_name(plan.outcome),
+                    now,
+                    reason=plan.reason,
+                )
+                log.info(
+                    "node settled",
+                    task_id=row.task_id,
+                    node_id=plan.node_id,
+                    method=plan.method.value,
+                    outcome=E.node_status_name(plan.outcome),
+                )
         undecided = [p for p in plans if p.outcome is None]
         if not undecided:
             await _settled(ctx, conn, replace(row, envelope=env), now)
             return
         reason = E.truncate("; ".join(f"{p.node_id}: {p.reason}" for p in undecided))
         if any(p.method is SettlementMethod.OPERATOR for p in undecided):
-            await store.task_set_state_if(conn, row.task_id, R.AWAITING_SETTLEMENT, R.AWAITING_DECISION, now,
-                                          generation=row.generation, envelope=env, reason=reason,
-                                          next_redrive_at=None)
+            await store.task_set_state_if(
+                conn,
+                row.task_id,
+                R.AWAITING_SETTLEMENT,
+                R.AWAITING_DECISION,
+                now,
+                generation=row.generation,
+                envelope=env,
+                reason=reason,
+                next_redrive_at=None,
+            )
         else:
-            await store.task_set_state_if(conn, row.task_id, R.AWAITING_SETTLEMENT, R.AWAITING_SETTLEMENT, now,
-                                          generation=row.generation, envelope=env, reason=reason)
+            await store.task_set_state_if(
+                conn,
+                row.task_id,
+                R.AWAITING_SETTLEMENT,
+                R.AWAITING_SETTLEMENT,
+                now,
+                generation=row.generation,
+                envelope=env,
+                reason=reason,
+            )
 
 
 async def _settled(ctx: Context, conn, row: RecoveryRow, now) -> None:  # type: ignore[no-untyped-def]
     nxt = schedule(ctx, row, now)
-    await store.task_set_state_if(conn, row.task_id, row.state, nxt.state, now, generation=row.generation,
-                                  envelope=row.envelope, next_redrive_at=nxt.next_redrive_at,
-                                  redrive_trigger=nxt.redrive_trigger, reason=nxt.reason)
+    await store.task_set_state_if(
+        conn,
+        row.task_id,
+        row.state,
+        nxt.state,
+        now,
+        generation=row.generation,
+        envelope=row.envelope,
+        next_redrive_at=nxt.next_redrive_at,
+        redrive_trigger=nxt.redrive_trigger,
+        reason=nxt.reason,
+    )
     if nxt.state is R.FAILED:
         await emit_terminal_failure(conn, nxt, now)
 
 
-async def resolve_node(ctx: Context, task_id: str, node_id: str, done: bool, actor: str, reason: str) -> tuple[RecoveryRow, bool]:
+async def resolve_node(
+    ctx: Context, task_id: str, node_id: str, done: bool, actor: str, reason: str
+) -> tuple[RecoveryRow, bool]:
     """An operator's decision on an UNKNOWN node; redrives at once when it was the last one
     and no FAILED node waits for its backoff."""
     if not reason.strip():
@@ -122,25 +188,43 @@ async def resolve_node(ctx: Context, task_id: str, node_id: str, done: bool, act
         if row is None:
             raise NotFound(f"task {task_id!r} is not held by the reconciler")
         if row.state not in (R.AWAITING_DECISION, R.AWAITING_SETTLEMENT):
-            raise FailedPrecondition(f"task {task_id} is {row.state.value}, not awaiting a decision")
+            raise FailedPrecondition(
+                f"task {task_id} is {row.state.value}, not awaiting a decision"
+            )
         if node_id not in {n.node_id for n in E.unknown(row.envelope)}:
             raise InvalidArgument("node_id", f"task {task_id} has no UNKNOWN node {node_id!r}")
         env = task_pb2.Task()
         env.CopyFrom(row.envelope)
         outcome = E.NS.NODE_STATUS_SUCCEEDED if done else E.NS.NODE_STATUS_PENDING
         E.settle(env, node_id, outcome)
-        await store.settlement_add(conn, task_id, node_id, row.generation, SettlementMethod.OPERATOR.value,
-                                   E.node_status_name(outcome), now, reason=reason, actor=actor)
+        await store.settlement_add(
+            conn,
+            task_id,
+            node_id,
+            row.generation,
+            SettlementMethod.OPERATOR.value,
+            E.node_status_name(outcome),
+            now,
+            reason=reason,
+            actor=actor,
+        )
         redriven = False
         if E.unknown(env):
-            await store.task_set_state_if(conn, task_id, row.state, row.state, now, generation=row.generation,
-                                          envelope=env)
+            await store.task_set_state_if(
+                conn, task_id, row.state, row.state, now, generation=row.generation, envelope=env
+            )
         else:
             await _settled(ctx, conn, replace(row, envelope=env), now)
             fresh = await store.task_get(conn, task_id, for_update=True)
             assert fresh is not None
-            if fresh.state is R.PARKED_FAILED and fresh.next_redrive_at is not None and fresh.next_redrive_at <= now:
-                redriven = await redrive_row(ctx, conn, fresh, "decision", now, actor=actor, reason=reason)
+            if (
+                fresh.state is R.PARKED_FAILED
+                and fresh.next_redrive_at is not None
+                and fresh.next_redrive_at <= now
+            ):
+                redriven = await redrive_row(
+                    ctx, conn, fresh, "decision", now, actor=actor, reason=reason
+                )
         result = await store.task_get(conn, task_id)
     ctx.kick()
     assert result is not None

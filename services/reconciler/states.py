@@ -76,7 +76,13 @@ class ReconcileState(enum.StrEnum):
 
 RECONCILE_TRANSITIONS: dict[ReconcileState, frozenset[ReconcileState]] = {
     ReconcileState.PENDING: frozenset(
-        {ReconcileState.MATCHED, ReconcileState.MISMATCH, ReconcileState.NOT_SAMPLED, ReconcileState.NOTHING_TO_PROBE}),
+        {
+            ReconcileState.MATCHED,
+            ReconcileState.MISMATCH,
+            ReconcileState.NOT_SAMPLED,
+            ReconcileState.NOTHING_TO_PROBE,
+        }
+    ),
     ReconcileState.MATCHED: frozenset(),
     ReconcileState.MISMATCH: frozenset(),
     ReconcileState.NOT_SAMPLED: frozenset(),

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import MetaData, text
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import outbox_add, outbox_table
 from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, RecoveryState
+from sqlalchemy import MetaData, text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
 outbox = outbox_table(metadata)
@@ -49,14 +48,34 @@ def _allowed(expected: list[RecoveryState], new: RecoveryState) -> None:
     """Every move the code makes must be in the declared table (a bug otherwise)."""
     bad = [e for e in expected if new not in RECOVERY_TRANSITIONS[e]]
     if bad:
-        raise ValueError(f"recovery state move {bad[0].value} -> {new.value} is not in RECOVERY_TRANSITIONS")
+        raise ValueError(
+            f"recovery state move {bad[0].value} -> {new.value} is not in RECOVERY_TRANSITIONS"
+        )
 
 
 def _row(r: Any) -> RecoveryRow:
-    return RecoveryRow(r.task_id, r.business, RecoveryState(r.state), r.kind, list(r.cells), list(r.downstreams),
-                       r.error_class, r.reason, task_pb2.Task.FromString(r.envelope), r.generation, r.version,
-                       r.task_created_at, r.first_parked_at, r.parked_at, r.redrives, r.releases, r.next_redrive_at,
-                       r.redrive_trigger, r.last_redrive_at, r.updated_at)
+    return RecoveryRow(
+        r.task_id,
+        r.business,
+        RecoveryState(r.state),
+        r.kind,
+        list(r.cells),
+        list(r.downstreams),
+        r.error_class,
+        r.reason,
+        task_pb2.Task.FromString(r.envelope),
+        r.generation,
+        r.version,
+        r.task_created_at,
+        r.first_parked_at,
+        r.parked_at,
+        r.redrives,
+        r.releases,
+        r.next_redrive_at,
+        r.redrive_trigger,
+        r.last_redrive_at,
+        r.updated_at,
+    )
 
 
 @dataclass(frozen=True)
@@ -71,7 +90,10 @@ class Filter:
 
 
 def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
-    clauses, params = ["state = ANY(:states)"], {"states": [s.value for s in (f.states or sorted(PARKED))]}
+    clauses, params = (
+        ["state = ANY(:states)"],
+        {"states": [s.value for s in (f.states or sorted(PARKED))]},
+    )
     if f.business:
         clauses.append("business = :business")
         params["business"] = f.business
@@ -90,148 +112,302 @@ def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
     return " AND ".join(clauses), params
 
 
-async def task_get(conn: AsyncConnection, task_id: str, *, for_update: bool = False) -> RecoveryRow | None:
+async def task_get(
+    conn: AsyncConnection, task_id: str, *, for_update: bool = False
+) -> RecoveryRow | None:
     sql = "SELECT * FROM recovery_tasks WHERE task_id = :id" + (" FOR UPDATE" if for_update else "")
     row = (await conn.execute(text(sql), {"id": task_id})).first()
     return _row(row) if row else None
 
 
-async def task_list(conn: AsyncConnection, f: Filter, now: datetime, *, limit: int, offset: int = 0,
-                    for_update: bool = False) -> list[RecoveryRow]:
+async def task_list(
+    conn: AsyncConnection,
+    f: Filter,
+    now: datetime,
+    *,
+    limit: int,
+    offset: int = 0,
+    for_update: bool = False,
+) -> list[RecoveryRow]:
     where, params = _where(f, now)
-    sql = (f"SELECT * FROM recovery_tasks WHERE {where} ORDER BY parked_at, task_id LIMIT :limit OFFSET :offset"
-           + (" FOR UPDATE SKIP LOCKED" if for_update else ""))
+    sql = (
+        f"SELECT * FROM recovery_tasks WHERE {where} ORDER BY parked_at, task_id LIMIT :limit OFFSET :offset"
+        + (" FOR UPDATE SKIP LOCKED" if for_update else "")
+    )
     rows = await conn.execute(text(sql), {**params, "limit": limit, "offset": offset})
     return [_row(r) for r in rows]
 
 
 async def task_insert(conn: AsyncConnection, row: RecoveryRow) -> bool:
-    result = await conn.execute(text(
-        "INSERT INTO recovery_tasks (task_id, business, state, kind, cells, downstreams, error_class, reason, envelope,"
-        " generation, version, task_created_at, first_parked_at, parked_at, next_redrive_at, redrive_trigger, updated_at)"
-        " VALUES (:task_id, :business, :state, :kind, :cells, :downstreams, :error_class, :reason, :envelope,"
-        " :generation, :version, :task_created_at, :first_parked_at, :parked_at, :next_redrive_at, :redrive_trigger,"
-        " :updated_at) ON CONFLICT (task_id) DO NOTHING"), _params(row))
+    result = await conn.execute(
+        text(
+            "INSERT INTO recovery_tasks (task_id, business, state, kind, cells, downstreams, error_class, reason, envelope,"
+            " generation, version, task_created_at, first_parked_at, parked_at, next_redrive_at, redrive_trigger, updated_at)"
+            " VALUES (:task_id, :business, :state, :kind, :cells, :downstreams, :error_class, :reason, :envelope,"
+            " :generation, :version, :task_created_at, :first_parked_at, :parked_at, :next_redrive_at, :redrive_trigger,"
+            " :updated_at) ON CONFLICT (task_id) DO NOTHING"
+        ),
+        _params(row),
+    )
     return result.rowcount == 1
 
 
 def _params(row: RecoveryRow) -> dict[str, Any]:
-    return {"task_id": row.task_id, "business": row.business, "state": row.state.value, "kind": row.kind,
-            "cells": row.cells, "downstreams": row.downstreams, "error_class": row.error_class, "reason": row.reason,
-            "envelope": row.envelope.SerializeToString(), "generation": row.generation, "version": row.version,
-            "task_created_at": row.task_created_at, "first_parked_at": row.first_parked_at,
-            "parked_at": row.parked_at, "next_redrive_at": row.next_redrive_at, "redrive_trigger": row.redrive_trigger,
-            "updated_at": row.updated_at}
+    return {
+        "task_id": row.task_id,
+        "business": row.business,
+        "state": row.state.value,
+        "kind": row.kind,
+        "cells": row.cells,
+        "downstreams": row.downstreams,
+        "error_class": row.error_class,
+        "reason": row.reason,
+        "envelope": row.envelope.SerializeToString(),
+        "generation": row.generation,
+        "version": row.version,
+        "task_created_at": row.task_created_at,
+        "first_parked_at": row.first_parked_at,
+        "parked_at": row.parked_at,
+        "next_redrive_at": row.next_redrive_at,
+        "redrive_trigger": row.redrive_trigger,
+        "updated_at": row.updated_at,
+    }
 
 
-async def task_repark_if(conn: AsyncConnection, row: RecoveryRow, *, expected: RecoveryState,
-                         expected_generation: int) -> bool:
+async def task_repark_if(
+    conn: AsyncConnection, row: RecoveryRow, *, expected: RecoveryState, expected_generation: int
+) -> bool:
     """Replace the parked picture (a newer envelope arrived) if nobody moved the row."""
     _allowed([expected], row.state)
-    result = await conn.execute(text(
-        "UPDATE recovery_tasks SET state = :state, kind = :kind, cells = :cells, downstreams = :downstreams,"
-        " error_class = :error_class, reason = :reason, envelope = :envelope, generation = :generation,"
-        " version = :version, parked_at = :parked_at, next_redrive_at = :next_redrive_at,"
-        " redrive_trigger = :redrive_trigger, updated_at = :updated_at"
-        " WHERE task_id = :task_id AND state = :expected AND generation = :expected_generation"),
-        {**_params(row), "expected": expected.value, "expected_generation": expected_generation})
+    result = await conn.execute(
+        text(
+            "UPDATE recovery_tasks SET state = :state, kind = :kind, cells = :cells, downstreams = :downstreams,"
+            " error_class = :error_class, reason = :reason, envelope = :envelope, generation = :generation,"
+            " version = :version, parked_at = :parked_at, next_redrive_at = :next_redrive_at,"
+            " redrive_trigger = :redrive_trigger, updated_at = :updated_at"
+            " WHERE task_id = :task_id AND state = :expected AND generation = :expected_generation"
+        ),
+        {**_params(row), "expected": expected.value, "expected_generation": expected_generation},
+    )
     return result.rowcount == 1
 
 
-async def task_set_state_if(conn: AsyncConnection, task_id: str, expected: RecoveryState | tuple[RecoveryState, ...],
-                            new: RecoveryState, now: datetime, *, generation: int | None = None,
-                            **fields: Any) -> bool:
+async def task_set_state_if(
+    conn: AsyncConnection,
+    task_id: str,
+    expected: RecoveryState | tuple[RecoveryState, ...],
+    new: RecoveryState,
+    now: datetime,
+    *,
+    generation: int | None = None,
+    **fields: Any,
+) -> bool:
     """Move a row from ``expected`` to ``new`` and set ``fields`` (envelope as a Task)."""
     if "envelope" in fields and isinstance(fields["envelope"], task_pb2.Task):
         fields["envelope"] = fields["envelope"].SerializeToString()
     sets = "".join(f", {name} = :{name}" for name in fields)
     expected_all = [expected] if isinstance(expected, RecoveryState) else list(expected)
     _allowed(expected_all, new)
-    sql = (f"UPDATE recovery_tasks SET state = :new, updated_at = :now{sets}"
-           " WHERE task_id = :task_id AND state = ANY(:expected)"
-           + (" AND generation = :expected_generation" if generation is not None else ""))
-    params = {"task_id": task_id, "new": new.value, "now": now, "expected": [s.value for s in expected_all],
-              "expected_generation": generation, **fields}
+    sql = (
+        f"UPDATE recovery_tasks SET state = :new, updated_at = :now{sets}"
+        " WHERE task_id = :task_id AND state = ANY(:expected)"
+        + (" AND generation = :expected_generation" if generation is not None else "")
+    )
+    params = {
+        "task_id": task_id,
+        "new": new.value,
+        "now": now,
+        "expected": [s.value for s in expected_all],
+        "expected_generation": generation,
+        **fields,
+    }
     return (await conn.execute(text(sql), params)).rowcount == 1
 
 
-async def task_redriven_if(conn: AsyncConnection, task_id: str, expected: RecoveryState, generation: int,
-                           envelope: task_pb2.Task, now: datetime, *, release: bool) -> bool:
+async def task_redriven_if(
+    conn: AsyncConnection,
+    task_id: str,
+    expected: RecoveryState,
+    generation: int,
+    envelope: task_pb2.Task,
+    now: datetime,
+    *,
+    release: bool,
+) -> bool:
     _allowed([expected], RecoveryState.REDRIVEN)
     counter = "releases = releases + 1" if release else "redrives = redrives + 1"
-    result = await conn.execute(text(
-        f"UPDATE recovery_tasks SET state = 'REDRIVEN', envelope = :envelope, generation = :new_generation, {counter},"
-        " last_redrive_at = :now, next_redrive_at = NULL, updated_at = :now"
-        " WHERE task_id = :task_id AND state = :expected AND generation = :generation"),
-        {"task_id": task_id, "expected": expected.value, "generation": generation, "now": now,
-         "envelope": envelope.SerializeToString(), "new_generation": envelope.generation})
+    result = await conn.execute(
+        text(
+            f"UPDATE recovery_tasks SET state = 'REDRIVEN', envelope = :envelope, generation = :new_generation, {counter},"
+            " last_redrive_at = :now, next_redrive_at = NULL, updated_at = :now"
+            " WHERE task_id = :task_id AND state = :expected AND generation = :generation"
+        ),
+        {
+            "task_id": task_id,
+            "expected": expected.value,
+            "generation": generation,
+            "now": now,
+            "envelope": envelope.SerializeToString(),
+            "new_generation": envelope.generation,
+        },
+    )
     return result.rowcount == 1
 
 
 async def manual_redrives_last_due(conn: AsyncConnection, now: datetime) -> datetime | None:
     """When the last operator-scheduled redrive still waiting is due (None: none waits)."""
-    return (await conn.execute(text(
-        "SELECT max(next_redrive_at) FROM recovery_tasks WHERE state = 'PARKED_FAILED'"
-        " AND redrive_trigger LIKE 'manual|%' AND next_redrive_at > :now"), {"now": now})).scalar()
+    return (
+        await conn.execute(
+            text(
+                "SELECT max(next_redrive_at) FROM recovery_tasks WHERE state = 'PARKED_FAILED'"
+                " AND redrive_trigger LIKE 'manual|%' AND next_redrive_at > :now"
+            ),
+            {"now": now},
+        )
+    ).scalar()
 
 
-async def due_for(conn: AsyncConnection, state: RecoveryState, now: datetime, limit: int) -> list[RecoveryRow]:
+async def due_for(
+    conn: AsyncConnection, state: RecoveryState, now: datetime, limit: int
+) -> list[RecoveryRow]:
     """Rows in ``state`` whose next_redrive_at has come, oldest due first, locked (SKIP LOCKED)."""
-    rows = await conn.execute(text(
-        "SELECT * FROM recovery_tasks WHERE state = :state AND next_redrive_at <= :now"
-        " ORDER BY next_redrive_at, task_id LIMIT :limit FOR UPDATE SKIP LOCKED"),
-        {"state": state.value, "now": now, "limit": limit})
+    rows = await conn.execute(
+        text(
+            "SELECT * FROM recovery_tasks WHERE state = :state AND next_redrive_at <= :now"
+            " ORDER BY next_redrive_at, task_id LIMIT :limit FOR UPDATE SKIP LOCKED"
+        ),
+        {"state": state.value, "now": now, "limit": limit},
+    )
     return [_row(r) for r in rows]
 
 
-async def history_add(conn: AsyncConnection, env: task_pb2.Task, kind: str, now: datetime, reason: str,
-                      error_class: str, nodes: list[dict]) -> None:
-    await conn.execute(text(
-        "INSERT INTO failure_history (task_id, kind, generation, received_at, reason, error_class, nodes)"
-        " VALUES (:id, :kind, :gen, :now, :reason, :error_class, CAST(:nodes AS jsonb)) ON CONFLICT DO NOTHING"),
-        {"id": env.task_id, "kind": kind, "gen": env.generation, "now": now, "reason": reason,
-         "error_class": error_class, "nodes": json.dumps(nodes)})
+async def history_add(
+    conn: AsyncConnection,
+    env: task_pb2.Task,
+    kind: str,
+    now: datetime,
+    reason: str,
+    error_class: str,
+    nodes: list[dict],
+) -> None:
+    await conn.execute(
+        text(
+            "INSERT INTO failure_history (task_id, kind, generation, received_at, reason, error_class, nodes)"
+            " VALUES (:id, :kind, :gen, :now, :reason, :error_class, CAST(:nodes AS jsonb)) ON CONFLICT DO NOTHING"
+        ),
+        {
+            "id": env.task_id,
+            "kind": kind,
+            "gen": env.generation,
+            "now": now,
+            "reason": reason,
+            "error_class": error_class,
+            "nodes": json.dumps(nodes),
+        },
+    )
 
 
 async def history_get(conn: AsyncConnection, task_id: str) -> list[Any]:
-    return list(await conn.execute(text("SELECT * FROM failure_history WHERE task_id = :id ORDER BY id"), {"id": task_id}))
+    return list(
+        await conn.execute(
+            text("SELECT * FROM failure_history WHERE task_id = :id ORDER BY id"), {"id": task_id}
+        )
+    )
 
 
-async def redrive_log_add(conn: AsyncConnection, task_id: str, generation: int, trigger: str, now: datetime, *,
-                          actor: str = "", reason: str = "", downstream: str = "", nodes: list[str] | None = None) -> None:
-    await conn.execute(text(
-        "INSERT INTO redrive_log (task_id, generation, trigger, actor, reason, downstream, at, nodes_reset)"
-        " VALUES (:id, :gen, :trigger, :actor, :reason, :downstream, :now, :nodes)"),
-        {"id": task_id, "gen": generation, "trigger": trigger, "actor": actor, "reason": reason,
-         "downstream": downstream, "now": now, "nodes": nodes or []})
+async def redrive_log_add(
+    conn: AsyncConnection,
+    task_id: str,
+    generation: int,
+    trigger: str,
+    now: datetime,
+    *,
+    actor: str = "",
+    reason: str = "",
+    downstream: str = "",
+    nodes: list[str] | None = None,
+) -> None:
+    await conn.execute(
+        text(
+            "INSERT INTO redrive_log (task_id, generation, trigger, actor, reason, downstream, at, nodes_reset)"
+            " VALUES (:id, :gen, :trigger, :actor, :reason, :downstream, :now, :nodes)"
+        ),
+        {
+            "id": task_id,
+            "gen": generation,
+            "trigger": trigger,
+            "actor": actor,
+            "reason": reason,
+            "downstream": downstream,
+            "now": now,
+            "nodes": nodes or [],
+        },
+    )
 
 
 async def redrive_log_get(conn: AsyncConnection, task_id: str) -> list[Any]:
-    return list(await conn.execute(text("SELECT * FROM redrive_log WHERE task_id = :id ORDER BY id"), {"id": task_id}))
+    return list(
+        await conn.execute(
+            text("SELECT * FROM redrive_log WHERE task_id = :id ORDER BY id"), {"id": task_id}
+        )
+    )
 
 
-async def settlement_add(conn: AsyncConnection, task_id: str, node_id: str, generation: int, method: str,
-                         outcome: str, now: datetime, *, reason: str = "", actor: str = "") -> None:
-    await conn.execute(text(
-        "INSERT INTO settlements (task_id, node_id, generation, method, outcome, reason, actor, at)"
-        " VALUES (:id, :node, :gen, :method, :outcome, :reason, :actor, :now) ON CONFLICT DO NOTHING"),
-        {"id": task_id, "node": node_id, "gen": generation, "method": method, "outcome": outcome,
-         "reason": reason, "actor": actor, "now": now})
+async def settlement_add(
+    conn: AsyncConnection,
+    task_id: str,
+    node_id: str,
+    generation: int,
+    method: str,
+    outcome: str,
+    now: datetime,
+    *,
+    reason: str = "",
+    actor: str = "",
+) -> None:
+    await conn.execute(
+        text(
+            "INSERT INTO settlements (task_id, node_id, generation, method, outcome, reason, actor, at)"
+            " VALUES (:id, :node, :gen, :method, :outcome, :reason, :actor, :now) ON CONFLICT DO NOTHING"
+        ),
+        {
+            "id": task_id,
+            "node": node_id,
+            "gen": generation,
+            "method": method,
+            "outcome": outcome,
+            "reason": reason,
+            "actor": actor,
+            "now": now,
+        },
+    )
 
 
 async def settlements_get(conn: AsyncConnection, task_id: str) -> list[Any]:
-    return list(await conn.execute(text("SELECT * FROM settlements WHERE task_id = :id ORDER BY id"), {"id": task_id}))
+    return list(
+        await conn.execute(
+            text("SELECT * FROM settlements WHERE task_id = :id ORDER BY id"), {"id": task_id}
+        )
+    )
 
 
-async def emit(conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:
+async def emit(
+    conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime
+) -> None:
     await outbox_add(conn, outbox, subject, msg_id, payload, now)
 
 
 # ---- downstreams ------------------------------------------------------------------------
 
+
 async def downstream_get(conn: AsyncConnection, name: str, *, for_update: bool = False) -> Any:
-    await conn.execute(text("INSERT INTO downstream_state (name) VALUES (:name) ON CONFLICT DO NOTHING"), {"name": name})
-    sql = "SELECT * FROM downstream_state WHERE name = :name" + (" FOR UPDATE" if for_update else "")
+    await conn.execute(
+        text("INSERT INTO downstream_state (name) VALUES (:name) ON CONFLICT DO NOTHING"),
+        {"name": name},
+    )
+    sql = "SELECT * FROM downstream_state WHERE name = :name" + (
+        " FOR UPDATE" if for_update else ""
+    )
     return (await conn.execute(text(sql), {"name": name})).one()
 
 
@@ -239,55 +415,83 @@ async def downstream_all(conn: AsyncConnection) -> dict[str, Any]:
     return {r.name: r for r in await conn.execute(text("SELECT * FROM downstream_state"))}
 
 
-async def downstream_record_probe(conn: AsyncConnection, name: str, healthy: bool, error: str, now: datetime) -> bool:
+async def downstream_record_probe(
+    conn: AsyncConnection, name: str, healthy: bool, error: str, now: datetime
+) -> bool:
     """Record a health probe; True when the health changed."""
     row = await downstream_get(conn, name, for_update=True)
     changed = row.healthy is not healthy
-    await conn.execute(text(
-        "UPDATE downstream_state SET healthy = :healthy, probe_error = :error, last_probe_at = :now"
-        + (", last_change_at = :now, tokens = 0, tokens_at = NULL" if changed else "") + " WHERE name = :name"),
-        {"name": name, "healthy": healthy, "error": error, "now": now})
+    await conn.execute(
+        text(
+            "UPDATE downstream_state SET healthy = :healthy, probe_error = :error, last_probe_at = :now"
+            + (", last_change_at = :now, tokens = 0, tokens_at = NULL" if changed else "")
+            + " WHERE name = :name"
+        ),
+        {"name": name, "healthy": healthy, "error": error, "now": now},
+    )
     return changed
 
 
-async def downstream_set_paused(conn: AsyncConnection, name: str, paused: bool, actor: str, reason: str) -> None:
+async def downstream_set_paused(
+    conn: AsyncConnection, name: str, paused: bool, actor: str, reason: str
+) -> None:
     await downstream_get(conn, name, for_update=True)
-    await conn.execute(text(
-        "UPDATE downstream_state SET paused = :paused, paused_by = :actor, paused_reason = :reason,"
-        " tokens = CASE WHEN :paused THEN 0 ELSE tokens END, tokens_at = CASE WHEN :paused THEN NULL ELSE tokens_at END"
-        " WHERE name = :name"), {"name": name, "paused": paused, "actor": actor, "reason": reason})
+    await conn.execute(
+        text(
+            "UPDATE downstream_state SET paused = :paused, paused_by = :actor, paused_reason = :reason,"
+            " tokens = CASE WHEN :paused THEN 0 ELSE tokens END, tokens_at = CASE WHEN :paused THEN NULL ELSE tokens_at END"
+            " WHERE name = :name"
+        ),
+        {"name": name, "paused": paused, "actor": actor, "reason": reason},
+    )
 
 
-async def downstream_set_tokens(conn: AsyncConnection, name: str, tokens: float, now: datetime) -> None:
-    await conn.execute(text("UPDATE downstream_state SET tokens = :tokens, tokens_at = :now WHERE name = :name"),
-                       {"name": name, "tokens": tokens, "now": now})
+async def downstream_set_tokens(
+    conn: AsyncConnection, name: str, tokens: float, now: datetime
+) -> None:
+    await conn.execute(
+        text("UPDATE downstream_state SET tokens = :tokens, tokens_at = :now WHERE name = :name"),
+        {"name": name, "tokens": tokens, "now": now},
+    )
 
 
 async def demoted_downstreams(conn: AsyncConnection) -> list[str]:
-    rows = await conn.execute(text("SELECT DISTINCT unnest(downstreams) AS name FROM recovery_tasks WHERE state = 'DEMOTED'"))
+    rows = await conn.execute(
+        text(
+            "SELECT DISTINCT unnest(downstreams) AS name FROM recovery_tasks WHERE state = 'DEMOTED'"
+        )
+    )
     return sorted(r.name for r in rows)
 
 
-async def demoted_releasable(conn: AsyncConnection, downstream: str, limit: int) -> list[RecoveryRow]:
+async def demoted_releasable(
+    conn: AsyncConnection, downstream: str, limit: int
+) -> list[RecoveryRow]:
     """Oldest DEMOTED tasks waiting for ``downstream`` whose every blocking downstream is
     healthy and not paused; locked, SKIP LOCKED."""
-    rows = await conn.execute(text(
-        "SELECT * FROM recovery_tasks t WHERE t.state = 'DEMOTED' AND :name = ANY(t.downstreams)"
-        " AND NOT EXISTS (SELECT 1 FROM unnest(t.downstreams) d(name)"
-        "   LEFT JOIN downstream_state s ON s.name = d.name"
-        "   WHERE s.name IS NULL OR s.healthy IS NOT TRUE OR s.paused)"
-        " ORDER BY t.parked_at, t.task_id LIMIT :limit FOR UPDATE OF t SKIP LOCKED"),
-        {"name": downstream, "limit": limit})
+    rows = await conn.execute(
+        text(
+            "SELECT * FROM recovery_tasks t WHERE t.state = 'DEMOTED' AND :name = ANY(t.downstreams)"
+            " AND NOT EXISTS (SELECT 1 FROM unnest(t.downstreams) d(name)"
+            "   LEFT JOIN downstream_state s ON s.name = d.name"
+            "   WHERE s.name IS NULL OR s.healthy IS NOT TRUE OR s.paused)"
+            " ORDER BY t.parked_at, t.task_id LIMIT :limit FOR UPDATE OF t SKIP LOCKED"
+        ),
+        {"name": downstream, "limit": limit},
+    )
     return [_row(r) for r in rows]
 
 
 async def queue_depths(conn: AsyncConnection) -> dict[str, Any]:
-    rows = await conn.execute(text(
-        "SELECT d AS name,"
-        " count(*) FILTER (WHERE state = 'DEMOTED') AS demoted,"
-        " min(parked_at) FILTER (WHERE state = 'DEMOTED') AS oldest_demoted,"
-        " count(*) FILTER (WHERE state <> 'DEMOTED') AS failed,"
-        " min(first_parked_at) FILTER (WHERE state <> 'DEMOTED') AS oldest_failed"
-        " FROM recovery_tasks, unnest(downstreams) AS d WHERE state = ANY(:parked) GROUP BY d"),
-        {"parked": [s.value for s in PARKED]})
+    rows = await conn.execute(
+        text(
+            "SELECT d AS name,"
+            " count(*) FILTER (WHERE state = 'DEMOTED') AS demoted,"
+            " min(parked_at) FILTER (WHERE state = 'DEMOTED') AS oldest_demoted,"
+            " count(*) FILTER (WHERE state <> 'DEMOTED') AS failed,"
+            " min(first_parked_at) FILTER (WHERE state <> 'DEMOTED') AS oldest_failed"
+            " FROM recovery_tasks, unnest(downstreams) AS d WHERE state = ANY(:parked) GROUP BY d"
+        ),
+        {"parked": [s.value for s in PARKED]},
+    )
     return {r.name: r for r in rows}

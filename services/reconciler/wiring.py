@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.bus import Bus
 from dispo.libs.service import Runtime
@@ -44,8 +43,12 @@ async def wire_recovery(rt: Runtime) -> Context:
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))
     relay = rt.outbox_relay(store.outbox)
     ctx = Context(rt.engine, rt.clock, config, settings, http, relay, rt.bus)
-    rt.add_servicer(lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(
-        ReconcilerServicer(ctx), server), SERVICE_NAME)
+    rt.add_servicer(
+        lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(
+            ReconcilerServicer(ctx), server
+        ),
+        SERVICE_NAME,
+    )
     for name, consumer in consumers(ctx, rt.bus, settings.durable):
         rt.add_part(name, consumer.run, consumer.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)

@@ -4,11 +4,18 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from dispo.executor.actions import Outcome, classify_status
 from dispo.executor.breaker import Breaker, BreakerState
 from dispo.executor.domain import (
-    ActionSpec, Next, NodeRun, RetryPolicy, blocked_by_failure, decide, ready, to_cancel, truncate_error,
+    ActionSpec,
+    Next,
+    NodeRun,
+    RetryPolicy,
+    blocked_by_failure,
+    decide,
+    ready,
+    to_cancel,
+    truncate_error,
 )
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 
@@ -18,7 +25,9 @@ S = NodeState
 
 def dag(**edges):
     """dag(a=(), b=("a",)) → nodes, all PENDING."""
-    return {n: NodeRun(n, tuple(deps), ActionSpec("http", "d"), f"t/{n}") for n, deps in edges.items()}
+    return {
+        n: NodeRun(n, tuple(deps), ActionSpec("http", "d"), f"t/{n}") for n, deps in edges.items()
+    }
 
 
 def test_failure_dooms_dependants_transitively_but_not_independent_nodes():
@@ -112,10 +121,19 @@ def test_breaker_forgets_failures_outside_its_window():
     assert breaker.state is BreakerState.CLOSED
 
 
-@pytest.mark.parametrize(("code", "outcome"), [(200, Outcome.SUCCESS), (204, Outcome.SUCCESS),
-                                               (400, Outcome.PERMANENT), (404, Outcome.PERMANENT),
-                                               (408, Outcome.RETRYABLE), (429, Outcome.RETRYABLE),
-                                               (500, Outcome.RETRYABLE), (503, Outcome.RETRYABLE)])
+@pytest.mark.parametrize(
+    ("code", "outcome"),
+    [
+        (200, Outcome.SUCCESS),
+        (204, Outcome.SUCCESS),
+        (400, Outcome.PERMANENT),
+        (404, Outcome.PERMANENT),
+        (408, Outcome.RETRYABLE),
+        (429, Outcome.RETRYABLE),
+        (500, Outcome.RETRYABLE),
+        (503, Outcome.RETRYABLE),
+    ],
+)
 def test_http_classification(code, outcome):
     assert classify_status(code) is outcome
 

@@ -4,23 +4,31 @@ PostgreSQL and NATS JetStream."""
 import asyncio
 
 import grpc
-from pipeline_fixtures import dump, stream_messages, wait_status, wait_until
-
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import cell
+from pipeline_fixtures import dump, stream_messages, wait_status, wait_until
 
 
 async def test_dependency_failure_blocks_dependant_but_not_independent_branch(client, downstream):
     await downstream.control(fail={"status": 400, "times": 1, "path": "/step/a"})
-    task = await client.submit("tests", [cell("step", ref="a", name="a"),
-                                         cell("step", ref="b", name="b").after("a"),
-                                         cell("step", ref="c", name="c")])
+    task = await client.submit(
+        "tests",
+        [
+            cell("step", ref="a", name="a"),
+            cell("step", ref="b", name="b").after("a"),
+            cell("step", ref="c", name="c"),
+        ],
+    )
 
     done = await client.wait(task.task_id, timeout=30)
 
     assert done.status == "FAILED", dump(done)
-    assert done.node_statuses == {"a.call": "FAILED", "b.call": "DEPENDENCY_FAILED", "c.call": "SUCCEEDED"}
+    assert done.node_statuses == {
+        "a.call": "FAILED",
+        "b.call": "DEPENDENCY_FAILED",
+        "c.call": "SUCCEEDED",
+    }
     assert "HTTP 400" in done.node("a.call").last_error
     calls = await downstream.calls()
     assert f"{task.task_id}/b.call" not in calls
@@ -39,19 +47,31 @@ async def test_retryable_failure_is_retried_by_republishing_then_succeeds(client
     key = f"{task.task_id}/step.call"
     assert (await downstream.calls())[key] == 3  # same idempotency key on every attempt
     assert (await downstream.effects())[key] == 1
-    generations = sorted(task_pb2.Task.FromString(m.data).generation for m in await stream_messages(bus, "task.create"))
+    generations = sorted(
+        task_pb2.Task.FromString(m.data).generation
+        for m in await stream_messages(bus, "task.create")
+    )
     assert generations == [0, 1, 2]  # each short retry travelled as a new task.create
 
 
 async def test_retry_exhaustion_publishes_task_fail_with_full_state(client, downstream, bus):
     await downstream.control(fail={"status": 500, "times": 1000, "path": "/step/x"})
-    task = await client.submit("tests", [cell("step", ref="x", name="x"),
-                                         cell("step", ref="after", name="y").after("x"),
-                                         cell("noop")])
+    task = await client.submit(
+        "tests",
+        [
+            cell("step", ref="x", name="x"),
+            cell("step", ref="after", name="y").after("x"),
+            cell("noop"),
+        ],
+    )
 
     view = await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"})
 
-    assert view.node_statuses == {"x.call": "FAILED", "after.call": "PENDING", "noop.noop": "SUCCEEDED"}, dump(view)
+    assert view.node_statuses == {
+        "x.call": "FAILED",
+        "after.call": "PENDING",
+        "noop.noop": "SUCCEEDED",
+    }, dump(view)
     assert view.node("x.call").attempts == 4  # 1 + 3 short retries (default)
     assert (await downstream.calls())[f"{task.task_id}/x.call"] == 4
     [message] = await stream_messages(bus, "task.fail")
@@ -62,11 +82,15 @@ async def test_retry_exhaustion_publishes_task_fail_with_full_state(client, down
     assert failed.payloads["x"]["name"] == "x"  # self-contained: payload travels with it
 
 
-async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish(pipeline, downstream, bus):
+async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish(
+    pipeline, downstream, bus
+):
     await downstream.control(down=True)
     executor = pipeline.executors[0]
     executor.kill()
-    await pipeline.start_executor(DISPO_EXECUTOR_HEALTH_INTERVAL="0.1", DISPO_EXECUTOR_BREAKER_THRESHOLD="2")
+    await pipeline.start_executor(
+        DISPO_EXECUTOR_HEALTH_INTERVAL="0.1", DISPO_EXECUTOR_BREAKER_THRESHOLD="2"
+    )
     async with pipeline.client() as client:
         task = await client.submit("tests", [cell("step", name="d"), cell("noop")])
 
@@ -77,7 +101,8 @@ async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish
     assert task_pb2.Task.FromString(message.data).task_id == task.task_id
     async with grpc.aio.insecure_channel(pipeline.executors[-1].address) as channel:
         reply = await executor_pb2_grpc.ExecutorServiceStub(channel).ListDownstreams(
-            executor_pb2.ListDownstreamsRequest())
+            executor_pb2.ListDownstreamsRequest()
+        )
     breakers = {d.name: d.breaker_state for d in reply.downstreams}
     assert breakers == {"demo": "open", "narrow": "closed"}
 
@@ -86,9 +111,14 @@ async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(clien
     """What the reconciler does with a task.fail envelope: reset the failed node, bump the
     generation, publish task.create. Succeeded nodes are not run again."""
     await downstream.control(fail={"status": 500, "times": 4, "path": "/step/x"})
-    task = await client.submit("tests", [cell("step", ref="ok", name="ok"),
-                                         cell("step", ref="x", name="x").after("ok"),
-                                         cell("step", ref="after", name="after").after("x")])
+    task = await client.submit(
+        "tests",
+        [
+            cell("step", ref="ok", name="ok"),
+            cell("step", ref="x", name="x").after("ok"),
+            cell("step", ref="after", name="after").after("x"),
+        ],
+    )
     await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"})
     [message] = await stream_messages(bus, "task.fail")
     redrive = task_pb2.Task.FromString(message.data)
@@ -97,7 +127,9 @@ async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(clien
             node.status = 1  # NODE_STATUS_PENDING
             node.retry.round_attempts = 0
     redrive.generation += 1
-    await bus.publish("task.create", redrive.SerializeToString(), msg_id=f"{task.task_id}:g{redrive.generation}")
+    await bus.publish(
+        "task.create", redrive.SerializeToString(), msg_id=f"{task.task_id}:g{redrive.generation}"
+    )
     # A stale copy (older generation) arriving late changes nothing.
     await bus.publish("task.create", message.data, msg_id=f"{task.task_id}:stale")
 
@@ -110,11 +142,11 @@ async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(clien
     assert calls[f"{task.task_id}/after.call"] == 1
 
 
-async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor(client, downstream, bus,
-                                                                                 service_engine):
-    from sqlalchemy import text
-
+async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor(
+    client, downstream, bus, service_engine
+):
     from dispo.libs.api.common.v1 import common_pb2
+    from sqlalchemy import text
 
     await downstream.control(fail={"status": 500, "times": 1000, "path": "/step/"})
     task = await client.submit("tests", [cell("step", name="x")])
@@ -125,14 +157,26 @@ async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor
 
     async def executor_status():
         async with engine.connect() as conn:
-            return (await conn.execute(text("SELECT status, status_reason FROM task_runs WHERE task_id = :id"),
-                                       {"id": task.task_id})).one()
+            return (
+                await conn.execute(
+                    text("SELECT status, status_reason FROM task_runs WHERE task_id = :id"),
+                    {"id": task.task_id},
+                )
+            ).one()
 
-    stale = task_pb2.CloseRequest(task_id=task.task_id, status=common_pb2.TASK_STATUS_FAILED, reason="old",
-                                  generation=parked.generation - 1)
+    stale = task_pb2.CloseRequest(
+        task_id=task.task_id,
+        status=common_pb2.TASK_STATUS_FAILED,
+        reason="old",
+        generation=parked.generation - 1,
+    )
     await bus.publish("task.close", stale.SerializeToString(), msg_id=f"{task.task_id}:close:stale")
-    close = task_pb2.CloseRequest(task_id=task.task_id, status=common_pb2.TASK_STATUS_FAILED,
-                                  reason="redrive policy spent", generation=parked.generation)
+    close = task_pb2.CloseRequest(
+        task_id=task.task_id,
+        status=common_pb2.TASK_STATUS_FAILED,
+        reason="redrive policy spent",
+        generation=parked.generation,
+    )
     await bus.publish("task.close", close.SerializeToString(), msg_id=f"{task.task_id}:close")
 
     for _ in range(100):
@@ -145,18 +189,28 @@ async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor
 
 async def test_ready_nodes_run_concurrently_within_their_downstream_limit(client, downstream):
     await downstream.control(hold={"path": "/narrow/"})
-    task = await client.submit("tests", [cell("narrow_step", ref=f"n{i}", name=f"n{i}") for i in range(3)]
-                               + [cell("step", name="wide")])
+    task = await client.submit(
+        "tests",
+        [cell("narrow_step", ref=f"n{i}", name=f"n{i}") for i in range(3)]
+        + [cell("step", name="wide")],
+    )
 
     await downstream.wait_held(2)  # two calls to `narrow` in flight at once, its limit
-    view = await wait_until(client, task.task_id, lambda v: list(v.node_statuses.values()).count("RUNNING") == 2
-                            and v.node_statuses["step.call"] == "SUCCEEDED")
+    view = await wait_until(
+        client,
+        task.task_id,
+        lambda v: (
+            list(v.node_statuses.values()).count("RUNNING") == 2
+            and v.node_statuses["step.call"] == "SUCCEEDED"
+        ),
+    )
     # the third waits for a slot (not even claimed), while the other downstream's node finished
-    assert sorted(view.node_statuses.values()) == ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], dump(view)
+    assert sorted(view.node_statuses.values()) == ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], (
+        dump(view)
+    )
     assert (await downstream.state())["held"] == 2
     await downstream.control(release=True)  # held calls answer 503: retried, then succeed
 
     done = await client.wait(task.task_id, timeout=60)
 
     assert done.status == "SUCCEEDED", dump(done)
-

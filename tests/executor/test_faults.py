@@ -5,23 +5,25 @@ unpublished outbox rows, a PostgreSQL crash mid-node, malformed events."""
 import asyncio
 
 import pytest
-
-from pipeline_fixtures import dump, stream_messages, wait_status
-from sqlalchemy import text
-
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import cell
+from pipeline_fixtures import dump, stream_messages, wait_status
+from sqlalchemy import text
 
 
 async def test_executor_killed_mid_call_of_idempotent_node_reruns_it_safely(pipeline, downstream):
     await downstream.control(hold={"path": "/step/mid"})
     async with pipeline.client() as client:
-        task = await client.submit("tests", [cell("step", ref="pre", name="pre"),
-                                             cell("step", ref="mid", name="mid").after("pre")])
+        task = await client.submit(
+            "tests",
+            [cell("step", ref="pre", name="pre"), cell("step", ref="mid", name="mid").after("pre")],
+        )
         await downstream.wait_held()
         pipeline.executors[0].kill()  # SIGKILL while the downstream holds the call open
         await downstream.control(release=True)
-        others = [await client.submit("tests", [cell("step", ref="o", name=f"o{i}")]) for i in range(5)]
+        others = [
+            await client.submit("tests", [cell("step", ref="o", name=f"o{i}")]) for i in range(5)
+        ]
         await pipeline.start_executor()
 
         done = await client.wait(task.task_id, timeout=60)
@@ -36,13 +38,20 @@ async def test_executor_killed_mid_call_of_idempotent_node_reruns_it_safely(pipe
     assert done.node("mid.call").attempts == 2
 
 
-async def test_executor_killed_mid_call_of_non_idempotent_node_leaves_it_unknown(pipeline, downstream, bus):
+async def test_executor_killed_mid_call_of_non_idempotent_node_leaves_it_unknown(
+    pipeline, downstream, bus
+):
     await downstream.control(hold={"path": "/once/"})
     async with pipeline.client() as client:
-        task = await client.submit("tests", [cell("step", ref="pre", name="pre"),
-                                             cell("step_once", ref="mid", name="mid").after("pre"),
-                                             cell("step", ref="post", name="post").after("mid"),
-                                             cell("step", ref="side", name="side")])
+        task = await client.submit(
+            "tests",
+            [
+                cell("step", ref="pre", name="pre"),
+                cell("step_once", ref="mid", name="mid").after("pre"),
+                cell("step", ref="post", name="post").after("mid"),
+                cell("step", ref="side", name="side"),
+            ],
+        )
         await downstream.wait_held()
         pipeline.executors[0].kill()
         await downstream.control(release=True)
@@ -50,8 +59,12 @@ async def test_executor_killed_mid_call_of_non_idempotent_node_leaves_it_unknown
 
         view = await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"}, timeout=60)
 
-    assert view.node_statuses == {"pre.call": "SUCCEEDED", "mid.call": "UNKNOWN", "post.call": "PENDING",
-                                  "side.call": "SUCCEEDED"}, dump(view)
+    assert view.node_statuses == {
+        "pre.call": "SUCCEEDED",
+        "mid.call": "UNKNOWN",
+        "post.call": "PENDING",
+        "side.call": "SUCCEEDED",
+    }, dump(view)
     calls = await downstream.calls()
     assert calls[f"{task.task_id}/pre.call"] == 1
     assert calls[f"{task.task_id}/mid.call"] == 1  # never silently repeated
@@ -63,12 +76,15 @@ async def test_executor_killed_mid_call_of_non_idempotent_node_leaves_it_unknown
     assert mid.spec.probe_path == f"/effects/{task.task_id}/mid.call"
 
 
-async def test_same_task_create_delivered_to_two_executors_runs_each_effect_once(pipeline, downstream, bus, database_url):
+async def test_same_task_create_delivered_to_two_executors_runs_each_effect_once(
+    pipeline, downstream, bus, database_url
+):
     await pipeline.start_executor()  # two executor processes on the same durable consumer
     await downstream.control(delay_ms=300)
     async with pipeline.client() as client:
-        task = await client.submit("tests", [cell("pair", name="p"), cell("step", name="s"),
-                                             cell("step_once", name="o")])
+        task = await client.submit(
+            "tests", [cell("pair", name="p"), cell("step", name="s"), cell("step_once", name="o")]
+        )
         [original] = await wait_for_messages(bus, "task.create", 1)
         # The same envelope published again under another message id: a duplicate delivery.
         await bus.publish("task.create", original.data, msg_id=f"{task.task_id}:duplicate")
@@ -92,14 +108,18 @@ async def wait_for_messages(bus, subject, count, timeout=10.0):
         await asyncio.sleep(0.05)
 
 
-async def test_nats_down_during_submits_every_accepted_task_completes(pipeline, infra, downstream, service_engine):
+async def test_nats_down_during_submits_every_accepted_task_completes(
+    pipeline, infra, downstream, service_engine
+):
     async with pipeline.client() as client:
         before = [await client.submit("tests", [cell("step", name=f"b{i}")]) for i in range(3)]
         infra.nats.stop()
         during = [await client.submit("tests", [cell("step", name=f"d{i}")]) for i in range(10)]
         engine = await service_engine("gateway")
         async with engine.connect() as conn:
-            unsent = (await conn.execute(text("SELECT count(*) FROM outbox WHERE sent_at IS NULL"))).scalar()
+            unsent = (
+                await conn.execute(text("SELECT count(*) FROM outbox WHERE sent_at IS NULL"))
+            ).scalar()
         infra.restart_nats()
 
         results = [await client.wait(t.task_id, timeout=90) for t in before + during]
@@ -115,8 +135,14 @@ async def test_malformed_events_are_refused_and_do_not_stall_the_consumers(clien
     bad_dag.nodes.add(node_id="a", depends_on=["ghost"], spec=task_pb2.ActionSpec(kind="noop"))
     bad_kind = task_pb2.Task(task_id="bad2")
     bad_kind.nodes.add(node_id="a", spec=task_pb2.ActionSpec(kind="shell"))
-    for i, data in enumerate([b"\xff\x00garbage", bad_dag.SerializeToString(), bad_kind.SerializeToString(),
-                              task_pb2.Task().SerializeToString()]):
+    for i, data in enumerate(
+        [
+            b"\xff\x00garbage",
+            bad_dag.SerializeToString(),
+            bad_kind.SerializeToString(),
+            task_pb2.Task().SerializeToString(),
+        ]
+    ):
         await bus.publish("task.create", data, msg_id=f"malformed-{i}")
     await bus.publish("task.status.x", b"\xff\x00garbage", msg_id="malformed-status")
     await bus.publish("task.cancel", b"\xff\x00garbage", msg_id="malformed-cancel")
@@ -125,7 +151,11 @@ async def test_malformed_events_are_refused_and_do_not_stall_the_consumers(clien
     done = await client.wait(task.task_id, timeout=30)
 
     assert done.status == "SUCCEEDED"
-    for stream, durable in (("TASKS", "executor"), ("TASKS", "executor-cancel"), ("TASK_STATUS", "gateway-status")):
+    for stream, durable in (
+        ("TASKS", "executor"),
+        ("TASKS", "executor-cancel"),
+        ("TASK_STATUS", "gateway-status"),
+    ):
         info = await settled(bus, stream, durable)
         assert info.num_redelivered == 0, durable  # terminated at once, never retried
 
@@ -158,9 +188,10 @@ async def test_gateway_killed_before_publishing_loses_no_accepted_task(pipeline,
     assert all(calls[f"{t.task_id}/step.call"] == 1 for t in accepted)
 
 
-async def test_postgres_crash_loses_no_accepted_task_and_refuses_submits_while_down(pipeline, infra, downstream):
+async def test_postgres_crash_loses_no_accepted_task_and_refuses_submits_while_down(
+    pipeline, infra, downstream
+):
     import grpc
-
     from dispo.libs.sdk import DispoError
 
     await downstream.control(hold={"path": "/step/inflight"})

@@ -1,8 +1,12 @@
 """Catalogue loading and cell expansion (pure domain, no infrastructure)."""
 
 import pytest
-
-from dispo.gateway.catalogue import DEFAULT_CATALOGUE, CatalogueError, load_catalogue, parse_catalogue
+from dispo.gateway.catalogue import (
+    DEFAULT_CATALOGUE,
+    CatalogueError,
+    load_catalogue,
+    parse_catalogue,
+)
 from dispo.gateway.expand import CellRequest, Limits, Submission, expand, validate
 from dispo.libs.errors import InvalidArgument, ResourceExhausted
 
@@ -22,7 +26,11 @@ def test_shipped_catalogue_loads_with_its_dependencies():
 def test_cells_merge_into_one_dag_with_cross_cell_dependencies():
     sub = submission(
         CellRequest("update_quality_level", payload={"content_id": "c/1", "level": 3}),
-        CellRequest("notify_owner", payload={"owner_id": "u1", "message": "hi"}, depends_on=["update_quality_level"]),
+        CellRequest(
+            "notify_owner",
+            payload={"owner_id": "u1", "message": "hi"},
+            depends_on=["update_quality_level"],
+        ),
         CellRequest("start_review", payload={"content_id": "c/1"}),
     )
     validate(sub, CATALOGUE, Limits())
@@ -31,18 +39,27 @@ def test_cells_merge_into_one_dag_with_cross_cell_dependencies():
 
     by_id = {n.node_id: n for n in nodes}
     # topological: cells level by level, each cell's actions in dependency order
-    assert list(by_id) == ["update_quality_level.set_label", "update_quality_level.audit",
-                           "start_review.open_ticket", "notify_owner.send"]
+    assert list(by_id) == [
+        "update_quality_level.set_label",
+        "update_quality_level.audit",
+        "start_review.open_ticket",
+        "notify_owner.send",
+    ]
     assert by_id["update_quality_level.audit"].depends_on == ("update_quality_level.set_label",)
     assert by_id["notify_owner.send"].depends_on == ("update_quality_level.audit",)
     assert by_id["start_review.open_ticket"].depends_on == ()
-    assert by_id["update_quality_level.set_label"].path == "/labels/c%2F1"  # payload values are URL-quoted
+    assert (
+        by_id["update_quality_level.set_label"].path == "/labels/c%2F1"
+    )  # payload values are URL-quoted
     assert by_id["notify_owner.send"].probe_path == "/effects/t1/notify_owner.send"
     assert by_id["notify_owner.send"].idempotency_key == "t1/notify_owner.send"
 
 
 def test_cycle_between_cells_is_refused():
-    sub = submission(CellRequest("noop", ref="a", depends_on=["b"]), CellRequest("noop", ref="b", depends_on=["a"]))
+    sub = submission(
+        CellRequest("noop", ref="a", depends_on=["b"]),
+        CellRequest("noop", ref="b", depends_on=["a"]),
+    )
     with pytest.raises(InvalidArgument) as refused:
         validate(sub, CATALOGUE, Limits())
     assert refused.value.violations[0].field == "cells"
@@ -62,8 +79,14 @@ def test_size_limits_name_the_field():
     with pytest.raises(ResourceExhausted) as refused:
         validate(big, CATALOGUE, Limits(max_payload_bytes=50))
     assert refused.value.violations[0].field == "cells[0].payload"
-    many = submission(*[CellRequest("update_quality_level", ref=f"c{i}", payload={"content_id": "c", "level": 1})
-                        for i in range(3)])
+    many = submission(
+        *[
+            CellRequest(
+                "update_quality_level", ref=f"c{i}", payload={"content_id": "c", "level": 1}
+            )
+            for i in range(3)
+        ]
+    )
     validate(many, CATALOGUE, Limits())
     with pytest.raises(ResourceExhausted):
         expand("t", many, CATALOGUE, Limits(max_nodes=5))
@@ -75,9 +98,23 @@ def test_size_limits_name_the_field():
         ({"cells": {"x": {"actions": {}}}}, "at least one action"),
         ({"cells": {"x": {"actions": {"a": {"kind": "ftp"}}}}}, "kind"),
         ({"cells": {"x": {"actions": {"a": {"kind": "http"}}}}}, "downstream and path"),
-        ({"cells": {"x": {"actions": {"a": {"kind": "noop", "depends_on": ["b"]}}}}}, "unknown action"),
-        ({"cells": {"x": {"actions": {"a": {"kind": "noop", "depends_on": ["b"]},
-                                      "b": {"kind": "noop", "depends_on": ["a"]}}}}}, "cycle"),
+        (
+            {"cells": {"x": {"actions": {"a": {"kind": "noop", "depends_on": ["b"]}}}}},
+            "unknown action",
+        ),
+        (
+            {
+                "cells": {
+                    "x": {
+                        "actions": {
+                            "a": {"kind": "noop", "depends_on": ["b"]},
+                            "b": {"kind": "noop", "depends_on": ["a"]},
+                        }
+                    }
+                }
+            },
+            "cycle",
+        ),
     ],
 )
 def test_broken_catalogue_is_refused_at_load(data, message):

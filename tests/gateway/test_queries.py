@@ -5,22 +5,27 @@ from datetime import UTC, timedelta
 
 import grpc
 import pytest
-from pipeline_fixtures import dump, wait_status
-
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.sdk import DispoError, cell
+from pipeline_fixtures import dump
 
 
 async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, downstream):
     await downstream.control(fail={"status": 503, "times": 1, "path": "/step/g"})
-    task = await client.submit("tests", [cell("step", name="g"), cell("noop")], callback_url="nats:callbacks.tests")
+    task = await client.submit(
+        "tests", [cell("step", name="g"), cell("noop")], callback_url="nats:callbacks.tests"
+    )
 
     await client.wait(task.task_id, timeout=30)
     done = await client.get(task.task_id)
 
     node = done.node("step.call")
     assert (node.status, node.attempts) == ("SUCCEEDED", 2)
-    assert node.started_at is not None and node.finished_at is not None and node.finished_at >= node.started_at
+    assert (
+        node.started_at is not None
+        and node.finished_at is not None
+        and node.finished_at >= node.started_at
+    )
     assert done.version > 0
     # "finished" is the gateway's completion fact; notifying the caller is the reconciler's
     assert done.completion.finished_at >= node.finished_at
@@ -38,7 +43,9 @@ async def test_unknown_task_is_not_found(gateway_client):
 async def test_list_tasks_filters_and_pages(client):
     ids = {}
     for business in ("a", "b"):
-        ids[business] = [(await client.submit(business, [cell("noop", ref=f"n{i}")])).task_id for i in range(5)]
+        ids[business] = [
+            (await client.submit(business, [cell("noop", ref=f"n{i}")])).task_id for i in range(5)
+        ]
     for task_id in ids["a"] + ids["b"]:
         await client.wait(task_id, timeout=30)
 
@@ -47,8 +54,13 @@ async def test_list_tasks_filters_and_pages(client):
     assert {t.status for t in listed} == {3}  # TASK_STATUS_SUCCEEDED
     assert [t async for t in client.list(statuses=["FAILED"])] == []
     assert len([t async for t in client.list(statuses=["SUCCEEDED"], page_size=3)]) == 10
-    first, last = listed[0].created_at.ToDatetime(tzinfo=UTC), listed[-1].created_at.ToDatetime(tzinfo=UTC)
-    window = [t.task_id async for t in client.list(business="a", created_after=first, created_before=last)]
+    first, last = (
+        listed[0].created_at.ToDatetime(tzinfo=UTC),
+        listed[-1].created_at.ToDatetime(tzinfo=UTC),
+    )
+    window = [
+        t.task_id async for t in client.list(business="a", created_after=first, created_before=last)
+    ]
     assert window == ids["a"][:-1]  # [after, before)
     assert [t async for t in client.list(created_after=last + timedelta(days=1))] == []
 
@@ -64,8 +76,13 @@ async def test_list_tasks_refuses_a_forged_cursor(gateway_only):
 
 async def test_cancel_cancels_pending_nodes_and_lets_the_running_one_finish(client, downstream):
     await downstream.control(hold={"path": "/step/first"})
-    task = await client.submit("tests", [cell("step", ref="first", name="first"),
-                                         cell("step", ref="second", name="second").after("first")])
+    task = await client.submit(
+        "tests",
+        [
+            cell("step", ref="first", name="first"),
+            cell("step", ref="second", name="second").after("first"),
+        ],
+    )
     await downstream.wait_held()
 
     cancelled = await client.cancel(task.task_id)
@@ -88,7 +105,9 @@ async def wait_for_cancel_flag(client, task_id):
     for _ in range(400):
         view = await client.get(task_id)
         if view.version >= 2:
-            assert view.raw.cancel_requested and view.node("first.call").status == "RUNNING", dump(view)
+            assert view.raw.cancel_requested and view.node("first.call").status == "RUNNING", dump(
+                view
+            )
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the executor never recorded the cancel")
@@ -116,14 +135,18 @@ async def test_watch_streams_changes_until_terminal(client):
     seen = [view async for view in client.watch(task.task_id)]
 
     assert seen[-1].status == "SUCCEEDED"
-    assert [v.version for v in seen] == sorted({v.version for v in seen})  # each change once, in order
+    assert [v.version for v in seen] == sorted(
+        {v.version for v in seen}
+    )  # each change once, in order
     assert len(seen) >= 2
 
 
 async def test_list_cells_reads_the_catalogue(gateway_only):
     pipeline = gateway_only
     async with grpc.aio.insecure_channel(pipeline.gateway.address) as channel:
-        reply = await gateway_pb2_grpc.GatewayServiceStub(channel).ListCells(gateway_pb2.ListCellsRequest())
+        reply = await gateway_pb2_grpc.GatewayServiceStub(channel).ListCells(
+            gateway_pb2.ListCellsRequest()
+        )
     cells = {c.name: c for c in reply.cells}
     assert set(cells) == {"step", "step_once", "pair", "narrow_step", "noop"}
     assert [a.name for a in cells["pair"].actions] == ["first", "second"]

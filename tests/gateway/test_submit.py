@@ -4,9 +4,8 @@ import asyncio
 
 import grpc
 import pytest
-from sqlalchemy import text
-
 from dispo.libs.sdk import DispoError, cell
+from sqlalchemy import text
 
 
 async def counts(service_engine):
@@ -19,24 +18,54 @@ async def counts(service_engine):
 
 BAD_SUBMISSIONS = {
     "unknown-cell": ([cell("no_such_cell")], grpc.StatusCode.INVALID_ARGUMENT, "cells[0].cell"),
-    "cycle": ([cell("step", ref="a", name="a").after("b"), cell("step", ref="b", name="b").after("a")],
-              grpc.StatusCode.INVALID_ARGUMENT, "cells"),
-    "self-dependency": ([cell("step", ref="a", name="a").after("a")], grpc.StatusCode.INVALID_ARGUMENT,
-                        "cells[0].depends_on[0]"),
-    "unknown-ref": ([cell("step", ref="a", name="a").after("zzz")], grpc.StatusCode.INVALID_ARGUMENT,
-                    "cells[0].depends_on[0]"),
+    "cycle": (
+        [cell("step", ref="a", name="a").after("b"), cell("step", ref="b", name="b").after("a")],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "cells",
+    ),
+    "self-dependency": (
+        [cell("step", ref="a", name="a").after("a")],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "cells[0].depends_on[0]",
+    ),
+    "unknown-ref": (
+        [cell("step", ref="a", name="a").after("zzz")],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "cells[0].depends_on[0]",
+    ),
     "missing-field": ([cell("step")], grpc.StatusCode.INVALID_ARGUMENT, "cells[0].payload.name"),
-    "wrong-type": ([cell("step", name=7)], grpc.StatusCode.INVALID_ARGUMENT, "cells[0].payload.name"),
-    "unknown-field": ([cell("step", name="a", extra=1)], grpc.StatusCode.INVALID_ARGUMENT, "cells[0].payload.extra"),
-    "duplicate-ref": ([cell("step", name="a"), cell("step", name="b")], grpc.StatusCode.INVALID_ARGUMENT,
-                      "cells[1].ref"),
-    "oversized-payload": ([cell("step", name="x" * 70_000)], grpc.StatusCode.RESOURCE_EXHAUSTED, "cells[0].payload"),
-    "too-many-cells": ([cell("noop", ref=f"n{i}") for i in range(51)], grpc.StatusCode.RESOURCE_EXHAUSTED, "cells"),
+    "wrong-type": (
+        [cell("step", name=7)],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "cells[0].payload.name",
+    ),
+    "unknown-field": (
+        [cell("step", name="a", extra=1)],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "cells[0].payload.extra",
+    ),
+    "duplicate-ref": (
+        [cell("step", name="a"), cell("step", name="b")],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "cells[1].ref",
+    ),
+    "oversized-payload": (
+        [cell("step", name="x" * 70_000)],
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "cells[0].payload",
+    ),
+    "too-many-cells": (
+        [cell("noop", ref=f"n{i}") for i in range(51)],
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "cells",
+    ),
     "no-cells": ([], grpc.StatusCode.INVALID_ARGUMENT, "cells"),
 }
 
 
-async def test_bad_submissions_are_refused_with_the_field_and_nothing_written(gateway_client, service_engine):
+async def test_bad_submissions_are_refused_with_the_field_and_nothing_written(
+    gateway_client, service_engine
+):
     """Cycle, unknown cell, oversized payload and the other refusals: one gateway, every case."""
     client = gateway_client
     for case, (cells, code, field) in BAD_SUBMISSIONS.items():
@@ -60,7 +89,9 @@ async def test_bad_business_and_callback_are_refused(gateway_client, service_eng
 async def test_twenty_concurrent_duplicates_get_one_task(client, service_engine, bus):
     cells = [cell("step", name="dup")]
 
-    results = await asyncio.gather(*(client.submit("tests", cells, idempotency_key="same-key") for _ in range(20)))
+    results = await asyncio.gather(
+        *(client.submit("tests", cells, idempotency_key="same-key") for _ in range(20))
+    )
 
     assert len({r.task_id for r in results}) == 1
     assert sum(not r.duplicate for r in results) == 1
@@ -71,7 +102,9 @@ async def test_twenty_concurrent_duplicates_get_one_task(client, service_engine,
     assert (again.task_id, again.duplicate, again.status) == (results[0].task_id, True, "SUCCEEDED")
 
 
-async def test_same_key_other_business_is_another_task_and_other_request_is_refused(gateway_client, service_engine):
+async def test_same_key_other_business_is_another_task_and_other_request_is_refused(
+    gateway_client, service_engine
+):
     client = gateway_client
     first = await client.submit("tests", [cell("step", name="a")], idempotency_key="k1")
     other_business = await client.submit("other", [cell("step", name="a")], idempotency_key="k1")
@@ -84,7 +117,9 @@ async def test_same_key_other_business_is_another_task_and_other_request_is_refu
 
 async def test_accepted_task_is_expanded_into_the_dag(gateway_client):
     client = gateway_client
-    task = await client.submit("tests", [cell("pair", name="p"), cell("step", name="s").after("pair")])
+    task = await client.submit(
+        "tests", [cell("pair", name="p"), cell("step", name="s").after("pair")]
+    )
 
     view = await client.get(task.task_id)
 
@@ -92,5 +127,10 @@ async def test_accepted_task_is_expanded_into_the_dag(gateway_client):
     assert view.node("pair.second").depends_on == ("pair.first",)
     assert view.node("step.call").depends_on == ("pair.second",)  # after the pair's last action
     spec = view.raw.nodes[2].spec
-    assert (spec.kind, spec.downstream, spec.path, spec.idempotent) == ("http", "demo", "/step/s", True)
+    assert (spec.kind, spec.downstream, spec.path, spec.idempotent) == (
+        "http",
+        "demo",
+        "/step/s",
+        True,
+    )
     assert view.raw.nodes[2].idempotency_key == f"{task.task_id}/step.call"

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-
 from dispo.intelligence.app import Intelligence, build
 from dispo.intelligence.campaigns import CampaignStatus, new_campaign, new_run_result
 from dispo.intelligence.models import ChatModelConfig, ModelRegistry
@@ -48,27 +47,48 @@ def app(make_app) -> Intelligence:
     return make_app()
 
 
-async def add_campaign(app: Intelligence, campaign_id: str, *, series: str = "nightly", line: str = "formal",
-                       period: str = "2026-W01", configuration: dict | None = None, analysis_model: str = "",
-                       runs: list[tuple[str, str, float, int, str]] | None = None,
-                       status: CampaignStatus | None = None) -> None:
+async def add_campaign(
+    app: Intelligence,
+    campaign_id: str,
+    *,
+    series: str = "nightly",
+    line: str = "formal",
+    period: str = "2026-W01",
+    configuration: dict | None = None,
+    analysis_model: str = "",
+    runs: list[tuple[str, str, float, int, str]] | None = None,
+    status: CampaignStatus | None = None,
+) -> None:
     """Register a campaign, record its runs ``(case, verdict, score, latency_ms, reason)``,
     and finish it with ``status`` (when given)."""
-    campaign = new_campaign(campaign_id, series, line, period, json.dumps(configuration or CONFIG), analysis_model)
+    campaign = new_campaign(
+        campaign_id, series, line, period, json.dumps(configuration or CONFIG), analysis_model
+    )
     await app.feed.create(campaign)
     if runs:
-        results = [new_run_result(f"{campaign_id}-r{i}", case, verdict, score, latency, reason)
-                   for i, (case, verdict, score, latency, reason) in enumerate(runs)]
+        results = [
+            new_run_result(f"{campaign_id}-r{i}", case, verdict, score, latency, reason)
+            for i, (case, verdict, score, latency, reason) in enumerate(runs)
+        ]
         await app.feed.record_runs(campaign_id, results)
     if status is not None:
         await app.feed.complete(campaign_id, status)
 
 
-RUNS_GOOD = [("c1", "pass", 1.0, 100, ""), ("c2", "pass", 0.9, 120, ""), ("c3", "pass", 0.8, 150, ""),
-             ("c1", "pass", 1.0, 110, ""), ("c2", "fail", 0.2, 300, "expected 200, got 500 from 'svc-7'")]
-RUNS_WORSE = [("c1", "pass", 0.9, 200, ""), ("c2", "fail", 0.1, 400, "expected 200, got 503 from 'svc-2'"),
-              ("c3", "error", 0.0, 900, "timeout after 800 ms"), ("c1", "pass", 0.8, 210, ""),
-              ("c2", "fail", 0.3, 380, "expected 200, got 500 from 'svc-9'")]
+RUNS_GOOD = [
+    ("c1", "pass", 1.0, 100, ""),
+    ("c2", "pass", 0.9, 120, ""),
+    ("c3", "pass", 0.8, 150, ""),
+    ("c1", "pass", 1.0, 110, ""),
+    ("c2", "fail", 0.2, 300, "expected 200, got 500 from 'svc-7'"),
+]
+RUNS_WORSE = [
+    ("c1", "pass", 0.9, 200, ""),
+    ("c2", "fail", 0.1, 400, "expected 200, got 503 from 'svc-2'"),
+    ("c3", "error", 0.0, 900, "timeout after 800 ms"),
+    ("c1", "pass", 0.8, 210, ""),
+    ("c2", "fail", 0.3, 380, "expected 200, got 500 from 'svc-9'"),
+]
 
 
 @dataclass
@@ -83,7 +103,9 @@ class FakeLLM:
     gate: asyncio.Event | None = None
 
     def config(self, name: str = "fake-gpt", **extra: Any) -> ChatModelConfig:
-        return ChatModelConfig(name=name, base_url=self.url, model="fake-model-1", api_key="sk-test", **extra)
+        return ChatModelConfig(
+            name=name, base_url=self.url, model="fake-model-1", api_key="sk-test", **extra
+        )
 
 
 @pytest.fixture
@@ -98,9 +120,20 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
             await fake.gate.wait()
         if fake.status != 200:
             return web.Response(status=fake.status, text="upstream exploded " + "x" * 2000)
-        return web.json_response({"id": "cmpl-1", "object": "chat.completion", "model": body["model"],
-                                  "choices": [{"index": 0, "finish_reason": "stop",
-                                               "message": {"role": "assistant", "content": fake.reply}}]})
+        return web.json_response(
+            {
+                "id": "cmpl-1",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": fake.reply},
+                    }
+                ],
+            }
+        )
 
     web_app = web.Application()
     web_app.router.add_post("/v1/chat/completions", completions)
@@ -120,15 +153,21 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
 async def serve_app():
     """``stub = await serve_app(app)``: the app's servicer on a real gRPC server (port 0)."""
     import grpc
-
     from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
     from dispo.libs.grpcserver import create_server
 
     servers, channels = [], []
 
     async def serve(app: Intelligence):
-        server = create_server("127.0.0.1:0", [lambda s: intelligence_pb2_grpc.add_IntelligenceServiceServicer_to_server(
-            app.servicer, s)], ["dispo.intelligence.v1.IntelligenceService"])
+        server = create_server(
+            "127.0.0.1:0",
+            [
+                lambda s: intelligence_pb2_grpc.add_IntelligenceServiceServicer_to_server(
+                    app.servicer, s
+                )
+            ],
+            ["dispo.intelligence.v1.IntelligenceService"],
+        )
         await server.start()
         servers.append(server)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")

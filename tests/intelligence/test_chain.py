@@ -12,20 +12,30 @@ from .conftest import CONFIG, RUNS_GOOD, RUNS_WORSE, add_campaign
 
 
 async def test_formal_campaign_completion_chains_analysis_then_comparison_by_itself(app):
-    await add_campaign(app, "w01", period="2026-W01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_campaign(
+        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
     await app.jobs.wait_idle()
-    await add_campaign(app, "w02", period="2026-W02", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED)
+    await add_campaign(
+        app, "w02", period="2026-W02", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED
+    )
     await app.jobs.wait_idle()
 
     first = await app.repo.job_get(JobKind.COMPARISON, "w01")
-    assert first.status == JobStatus.FAILED and first.error.startswith("no baseline for campaign 'w01'")
+    assert first.status == JobStatus.FAILED and first.error.startswith(
+        "no baseline for campaign 'w01'"
+    )
     analysis_job = await app.repo.job_get(JobKind.ANALYSIS, "w02")
     assert analysis_job.status == JobStatus.COMPLETED and analysis_job.analysis_model == "stats"
     job = await app.repo.job_get(JobKind.COMPARISON, "w02")
     assert job.status == JobStatus.COMPLETED and job.baseline_campaign_id == "w01"
 
     view = await load_comparison_view(app.repo, "w02")
-    assert (view.period, view.baseline_period, view.baseline_campaign_id) == ("2026-W02", "2026-W01", "w01")
+    assert (view.period, view.baseline_period, view.baseline_campaign_id) == (
+        "2026-W02",
+        "2026-W01",
+        "w01",
+    )
     deltas = {d["metric"]: d for d in view.deltas}
     assert deltas["pass_rate"]["baseline"] == 0.8 and deltas["pass_rate"]["current"] == 0.4
     assert deltas["pass_rate"]["direction"] == "regressed"
@@ -34,8 +44,12 @@ async def test_formal_campaign_completion_chains_analysis_then_comparison_by_its
 
 
 async def test_trial_campaign_completion_starts_nothing(app):
-    await add_campaign(app, "t01", line="trial", period="2026-W01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
-    await add_campaign(app, "t02", line="trial", period="2026-W02", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_campaign(
+        app, "t01", line="trial", period="2026-W01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
+    await add_campaign(
+        app, "t02", line="trial", period="2026-W02", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
     await app.jobs.wait_idle()
 
     assert await app.repo.job_get(JobKind.ANALYSIS, "t02") is None
@@ -62,18 +76,39 @@ async def test_no_resolvable_model_means_no_automatic_analysis(make_app):
 async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_period(app):
     other = {**CONFIG, "runs_per_slot": 9}
     await add_campaign(app, "p1", period="2026-01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
-    await add_campaign(app, "p2-other-config", period="2026-02", configuration=other, runs=RUNS_GOOD,
-                       status=CampaignStatus.COMPLETED)
-    await add_campaign(app, "p3-cancelled", period="2026-03", runs=RUNS_GOOD, status=CampaignStatus.CANCELLED)
-    await add_campaign(app, "p3-trial", line="trial", period="2026-03", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
-    await add_campaign(app, "p5-later", period="2026-05", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
-    await add_campaign(app, "p4", period="2026-04", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED)
+    await add_campaign(
+        app,
+        "p2-other-config",
+        period="2026-02",
+        configuration=other,
+        runs=RUNS_GOOD,
+        status=CampaignStatus.COMPLETED,
+    )
+    await add_campaign(
+        app, "p3-cancelled", period="2026-03", runs=RUNS_GOOD, status=CampaignStatus.CANCELLED
+    )
+    await add_campaign(
+        app,
+        "p3-trial",
+        line="trial",
+        period="2026-03",
+        runs=RUNS_GOOD,
+        status=CampaignStatus.COMPLETED,
+    )
+    await add_campaign(
+        app, "p5-later", period="2026-05", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
+    await add_campaign(
+        app, "p4", period="2026-04", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED
+    )
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.COMPARISON, "p4")
     assert job.status == JobStatus.COMPLETED and job.baseline_campaign_id == "p1"
     lonely = await app.repo.job_get(JobKind.COMPARISON, "p2-other-config")
-    assert lonely.status == JobStatus.FAILED and "fingerprint" in lonely.error and lonely.fingerprint
+    assert (
+        lonely.status == JobStatus.FAILED and "fingerprint" in lonely.error and lonely.fingerprint
+    )
 
 
 async def test_comparison_refuses_a_baseline_without_runs(app):
@@ -90,20 +125,28 @@ async def test_comparison_refuses_a_baseline_without_runs(app):
 async def test_lost_automatic_triggers_are_swept_up(app):
     await add_campaign(app, "lost", runs=RUNS_GOOD)
     # the completion is recorded but the process dies before the analysis row exists
-    assert await app.repo.campaign_complete_if_running("lost", CampaignStatus.COMPLETED, app.jobs.deps.clock.now())
+    assert await app.repo.campaign_complete_if_running(
+        "lost", CampaignStatus.COMPLETED, app.jobs.deps.clock.now()
+    )
 
     started = await app.jobs.sweep_lost_triggers()
     await app.jobs.wait_idle()
 
     assert started == [(JobKind.ANALYSIS, "lost")]
     assert (await app.repo.job_get(JobKind.ANALYSIS, "lost")).status == JobStatus.COMPLETED
-    assert (await app.repo.job_get(JobKind.COMPARISON, "lost")).status == JobStatus.FAILED  # no baseline
+    assert (
+        await app.repo.job_get(JobKind.COMPARISON, "lost")
+    ).status == JobStatus.FAILED  # no baseline
     assert await app.jobs.sweep_lost_triggers() == []
 
 
 async def test_manual_comparison_of_a_trial_campaign_uses_the_same_seam(app):
-    await add_campaign(app, "tr1", line="trial", period="2026-01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
-    await add_campaign(app, "tr2", line="trial", period="2026-02", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_campaign(
+        app, "tr1", line="trial", period="2026-01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
+    await add_campaign(
+        app, "tr2", line="trial", period="2026-02", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
 
     outcome = await execute(JobKind.COMPARISON, "tr2", app.jobs.deps, comparison.COMPARISON)
 

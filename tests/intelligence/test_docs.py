@@ -36,10 +36,15 @@ async def test_the_walkthrough_runs_as_written(start_service):
     assert len(commands) >= 12
     outputs = []
     for command, expect in commands:
-        shell = command.replace("localhost:50054", service.address).replace("grpcurl ", f"{GRPCURL} ", 1)
+        shell = command.replace("localhost:50054", service.address).replace(
+            "grpcurl ", f"{GRPCURL} ", 1
+        )
         for _ in range(100):  # jobs run in the background: read again until they settle
             done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True)
-            if not re.search(r"JOB_STATUS_(QUEUED|GENERATING)", done.stdout) or "Trigger" in command:
+            if (
+                not re.search(r"JOB_STATUS_(QUEUED|GENERATING)", done.stdout)
+                or "Trigger" in command
+            ):
                 break
             await asyncio.sleep(0.1)
         if expect:
@@ -50,6 +55,9 @@ async def test_the_walkthrough_runs_as_written(start_service):
 
     joined = "\n".join(outputs)
     assert "no baseline for campaign 'nightly-w01'" in joined
-    assert '"baselineCampaignId": "nightly-w01"' in joined or '"baseline_campaign_id": "nightly-w01"' in joined
+    assert (
+        '"baselineCampaignId": "nightly-w01"' in joined
+        or '"baseline_campaign_id": "nightly-w01"' in joined
+    )
     assert "DIRECTION_IMPROVED" in joined
     assert '"started": true' in joined

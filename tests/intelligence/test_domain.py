@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from dispo.intelligence.campaigns import (
     CampaignStatus,
     configuration_fingerprint,
@@ -61,13 +60,21 @@ def test_new_campaign_names_every_bad_field():
 def test_new_run_result_rejects_bad_values():
     with pytest.raises(InvalidArgument) as caught:
         new_run_result("r", "c", "maybe", float("nan"), -1, field_prefix="runs[3].")
-    assert {v.field for v in caught.value.violations} == {"runs[3].verdict", "runs[3].score", "runs[3].latency_ms"}
+    assert {v.field for v in caught.value.violations} == {
+        "runs[3].verdict",
+        "runs[3].score",
+        "runs[3].latency_ms",
+    }
 
 
 def _runs():
-    rows = [("c1", "pass", 1.0, 100, ""), ("c2", "fail", 0.2, 300, "expected 200, got 500 from 'a'"),
-            ("c2", "fail", 0.4, 320, "expected 200, got 503 from 'b'"), ("c3", "error", 0.0, 1000, "timeout"),
-            ("c1", "pass", 0.9, 120, "")]
+    rows = [
+        ("c1", "pass", 1.0, 100, ""),
+        ("c2", "fail", 0.2, 300, "expected 200, got 500 from 'a'"),
+        ("c2", "fail", 0.4, 320, "expected 200, got 503 from 'b'"),
+        ("c3", "error", 0.0, 1000, "timeout"),
+        ("c1", "pass", 0.9, 120, ""),
+    ]
     return [new_run_result(f"r{i}", *row) for i, row in enumerate(rows)]
 
 
@@ -76,12 +83,17 @@ def test_stats_are_deterministic_and_complete():
     assert stats == compute_stats(list(reversed(_runs())))
     assert stats["run_count"] == 5 and stats["case_count"] == 3
     assert stats["pass_rate"] == 0.4 and stats["fail_rate"] == 0.4 and stats["error_rate"] == 0.2
-    assert stats["score"]["min"] == 0.0 and stats["score"]["max"] == 1.0 and stats["score"]["p50"] == 0.4
+    assert (
+        stats["score"]["min"] == 0.0
+        and stats["score"]["max"] == 1.0
+        and stats["score"]["p50"] == 0.4
+    )
     assert stats["latency"]["p50_ms"] == 300 and stats["latency"]["max_ms"] == 1000
     top = stats["failure_clusters"][0]
     assert top["count"] == 2 and top["signature"] == "expected <n>, got <n> from <text>"
-    assert [c["case_id"] for c in stats["worst_cases"]] == ["c2", "c3"] or \
-        [c["case_id"] for c in stats["worst_cases"]] == ["c3", "c2"]
+    assert [c["case_id"] for c in stats["worst_cases"]] == ["c2", "c3"] or [
+        c["case_id"] for c in stats["worst_cases"]
+    ] == ["c3", "c2"]
     assert stats["worst_cases"][0]["pass_rate"] == 0.0
 
 
@@ -92,11 +104,18 @@ def test_stats_of_no_runs():
 
 def test_percentile_nearest_rank():
     values = [float(v) for v in range(1, 101)]
-    assert percentile(values, 50) == 50 and percentile(values, 99) == 99 and percentile(values, 100) == 100
+    assert (
+        percentile(values, 50) == 50
+        and percentile(values, 99) == 99
+        and percentile(values, 100) == 100
+    )
 
 
 def test_failure_signature_masks_ids_and_numbers():
-    assert failure_signature("Job 123e4567-e89b-12d3-a456-426614174000 took 42.5s") == "job <id> took <n>s"
+    assert (
+        failure_signature("Job 123e4567-e89b-12d3-a456-426614174000 took 42.5s")
+        == "job <id> took <n>s"
+    )
 
 
 def test_metric_delta_direction_follows_polarity():

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from dispo.intelligence.campaigns import CampaignStatus
 from dispo.intelligence.events import STREAM, SUBJECTS, consumer
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.libs.api.pool.v1 import events_pb2
 from dispo.libs.bus import ACK, Nak, Term
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from .conftest import CONFIG
 
@@ -19,18 +18,34 @@ from .conftest import CONFIG
 def started(evaluation_id: str, period: str, line: str = "formal") -> bytes:
     stamp = Timestamp()
     stamp.GetCurrentTime()
-    return events_pb2.EvaluationStarted(evaluation_id=evaluation_id, series="pool", line=line, period=period,
-                                        configuration_json=json.dumps(CONFIG), started_at=stamp).SerializeToString()
+    return events_pb2.EvaluationStarted(
+        evaluation_id=evaluation_id,
+        series="pool",
+        line=line,
+        period=period,
+        configuration_json=json.dumps(CONFIG),
+        started_at=stamp,
+    ).SerializeToString()
 
 
-def run_recorded(evaluation_id: str, run_id: str, verdict: str = "pass", score: float = 1.0) -> bytes:
-    return events_pb2.EvaluationRunRecorded(evaluation_id=evaluation_id, run_id=run_id, case_id="c1",
-                                            verdict=verdict, score=score, latency_ms=120,
-                                            failure_reason="" if verdict == "pass" else "wrong answer").SerializeToString()
+def run_recorded(
+    evaluation_id: str, run_id: str, verdict: str = "pass", score: float = 1.0
+) -> bytes:
+    return events_pb2.EvaluationRunRecorded(
+        evaluation_id=evaluation_id,
+        run_id=run_id,
+        case_id="c1",
+        verdict=verdict,
+        score=score,
+        latency_ms=120,
+        failure_reason="" if verdict == "pass" else "wrong answer",
+    ).SerializeToString()
 
 
 def completed(evaluation_id: str, status: str = "completed") -> bytes:
-    return events_pb2.EvaluationCompleted(evaluation_id=evaluation_id, status=status).SerializeToString()
+    return events_pb2.EvaluationCompleted(
+        evaluation_id=evaluation_id, status=status
+    ).SerializeToString()
 
 
 async def wait_for(predicate, timeout: float = 20.0) -> None:
@@ -46,15 +61,33 @@ async def test_pool_events_build_campaigns_and_trigger_the_chain(app, bus):
     feed = await consumer(bus, app.events, "intelligence-test")
     running = asyncio.create_task(feed.run())
     try:
-        for period, evaluation_id, verdicts in (("2026-01", "ev1", ["pass", "pass"]), ("2026-02", "ev2", ["pass", "fail"])):
-            await bus.publish("evaluation.started", started(evaluation_id, period), msg_id=f"{evaluation_id}:started")
+        for period, evaluation_id, verdicts in (
+            ("2026-01", "ev1", ["pass", "pass"]),
+            ("2026-02", "ev2", ["pass", "fail"]),
+        ):
+            await bus.publish(
+                "evaluation.started",
+                started(evaluation_id, period),
+                msg_id=f"{evaluation_id}:started",
+            )
             for i, verdict in enumerate(verdicts):
                 run_id = f"{evaluation_id}-run{i}"
-                await bus.publish("evaluation.run_recorded", run_recorded(evaluation_id, run_id, verdict), msg_id=run_id)
+                await bus.publish(
+                    "evaluation.run_recorded",
+                    run_recorded(evaluation_id, run_id, verdict),
+                    msg_id=run_id,
+                )
             # a redelivery under a new message id is absorbed by the unique run_id
-            await bus.publish("evaluation.run_recorded", run_recorded(evaluation_id, f"{evaluation_id}-run0"),
-                              msg_id=f"{evaluation_id}-run0-again")
-            await bus.publish("evaluation.completed", completed(evaluation_id), msg_id=f"{evaluation_id}:completed")
+            await bus.publish(
+                "evaluation.run_recorded",
+                run_recorded(evaluation_id, f"{evaluation_id}-run0"),
+                msg_id=f"{evaluation_id}-run0-again",
+            )
+            await bus.publish(
+                "evaluation.completed",
+                completed(evaluation_id),
+                msg_id=f"{evaluation_id}:completed",
+            )
 
         async def chain_done() -> bool:
             job = await app.repo.job_get(JobKind.COMPARISON, "ev2")
@@ -75,31 +108,58 @@ async def test_pool_events_build_campaigns_and_trigger_the_chain(app, bus):
 
 async def test_event_dispositions(app):
     events = app.events
-    assert isinstance(await events.handle("evaluation.run_recorded", run_recorded("later", "r1")), Nak)
-    gave_up = await events.handle("evaluation.run_recorded", run_recorded("never", "r9"), deliveries=30)
+    assert isinstance(
+        await events.handle("evaluation.run_recorded", run_recorded("later", "r1")), Nak
+    )
+    gave_up = await events.handle(
+        "evaluation.run_recorded", run_recorded("never", "r9"), deliveries=30
+    )
     assert isinstance(gave_up, Term) and "after 30 deliveries" in gave_up.reason
-    assert await events.handle("evaluation.started", started("later", "2026-01", line="trial")) == ACK
-    assert await events.handle("evaluation.started", started("later", "2026-01", line="trial")) == ACK
+    assert (
+        await events.handle("evaluation.started", started("later", "2026-01", line="trial")) == ACK
+    )
+    assert (
+        await events.handle("evaluation.started", started("later", "2026-01", line="trial")) == ACK
+    )
     assert await events.handle("evaluation.run_recorded", run_recorded("later", "r1")) == ACK
     assert await events.handle("evaluation.completed", completed("later", "cancelled")) == ACK
     assert await events.handle("evaluation.completed", completed("later", "cancelled")) == ACK
 
-    assert isinstance(await events.handle("evaluation.completed", completed("later", "completed")), Term)
+    assert isinstance(
+        await events.handle("evaluation.completed", completed("later", "completed")), Term
+    )
     assert isinstance(await events.handle("evaluation.started", b"\xff\xff\xff"), Term)
     assert isinstance(await events.handle("evaluation.started", started("", "2026-01")), Term)
-    assert isinstance(await events.handle("evaluation.run_recorded", run_recorded("later", "r2", verdict="maybe")), Term)
+    assert isinstance(
+        await events.handle(
+            "evaluation.run_recorded", run_recorded("later", "r2", verdict="maybe")
+        ),
+        Term,
+    )
     assert isinstance(await events.handle("evaluation.paused", b""), Term)
-    assert isinstance(await events.handle("evaluation.started", started("later", "2026-09")), Term)  # conflicting
+    assert isinstance(
+        await events.handle("evaluation.started", started("later", "2026-09")), Term
+    )  # conflicting
     campaign = await app.repo.campaign_get("later")
-    assert campaign.status == CampaignStatus.CANCELLED and campaign.run_count == 1 and campaign.period == "2026-01"
+    assert (
+        campaign.status == CampaignStatus.CANCELLED
+        and campaign.run_count == 1
+        and campaign.period == "2026-01"
+    )
 
 
 async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(app, bus):
     """A completion never overtakes its runs, even with two consumers racing on one durable."""
     await bus.ensure_stream(STREAM, SUBJECTS)
-    await bus.publish("evaluation.started", started("ordered", "2026-01", line="trial"), msg_id="ordered:started")
+    await bus.publish(
+        "evaluation.started", started("ordered", "2026-01", line="trial"), msg_id="ordered:started"
+    )
     for i in range(40):
-        await bus.publish("evaluation.run_recorded", run_recorded("ordered", f"ordered-{i}"), msg_id=f"ordered-{i}")
+        await bus.publish(
+            "evaluation.run_recorded",
+            run_recorded("ordered", f"ordered-{i}"),
+            msg_id=f"ordered-{i}",
+        )
     await bus.publish("evaluation.completed", completed("ordered"), msg_id="ordered:completed")
 
     dispositions = []
@@ -116,6 +176,7 @@ async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(ap
         replicas.append(replica)
     running = [asyncio.create_task(replica.run()) for replica in replicas]
     try:
+
         async def finished() -> bool:
             campaign = await app.repo.campaign_get("ordered")
             return campaign is not None and campaign.status == CampaignStatus.COMPLETED

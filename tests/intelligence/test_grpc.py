@@ -6,37 +6,63 @@ import json
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
-
 from dispo.intelligence import analysis, comparison
 from dispo.intelligence.intelligence_jobs import execute
 from dispo.intelligence.jobs import JobKind
 from dispo.intelligence.models import ModelRegistry
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from .conftest import CONFIG
 
 
-def run(i: int, case: str, verdict: int, score: float, latency: int, reason: str = "") -> pb.RunResult:
-    return pb.RunResult(run_id=f"run-{i}", case_id=case, verdict=verdict, score=score, latency_ms=latency,
-                        failure_reason=reason)
+def run(
+    i: int, case: str, verdict: int, score: float, latency: int, reason: str = ""
+) -> pb.RunResult:
+    return pb.RunResult(
+        run_id=f"run-{i}",
+        case_id=case,
+        verdict=verdict,
+        score=score,
+        latency_ms=latency,
+        failure_reason=reason,
+    )
 
 
-async def feed_campaign(stub, campaign_id: str, period: str, line=pb.LINE_FORMAL, complete=True, runs=None,
-                        analysis_model: str = ""):
-    await stub.CreateCampaign(pb.CreateCampaignRequest(
-        campaign_id=campaign_id, series="api", line=line, period=period, configuration_json=json.dumps(CONFIG),
-        analysis_model=analysis_model))
-    runs = runs if runs is not None else [run(0, "c1", pb.VERDICT_PASS, 1, 100), run(1, "c2", pb.VERDICT_FAIL, 0, 200, "bad")]
+async def feed_campaign(
+    stub,
+    campaign_id: str,
+    period: str,
+    line=pb.LINE_FORMAL,
+    complete=True,
+    runs=None,
+    analysis_model: str = "",
+):
+    await stub.CreateCampaign(
+        pb.CreateCampaignRequest(
+            campaign_id=campaign_id,
+            series="api",
+            line=line,
+            period=period,
+            configuration_json=json.dumps(CONFIG),
+            analysis_model=analysis_model,
+        )
+    )
+    runs = (
+        runs
+        if runs is not None
+        else [run(0, "c1", pb.VERDICT_PASS, 1, 100), run(1, "c2", pb.VERDICT_FAIL, 0, 200, "bad")]
+    )
     for r in runs:
         r.run_id = f"{campaign_id}-{r.run_id}"
     if runs:
         await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id=campaign_id, runs=runs))
     if complete:
-        await stub.CompleteCampaign(pb.CompleteCampaignRequest(campaign_id=campaign_id,
-                                                               status=pb.CAMPAIGN_STATUS_COMPLETED))
+        await stub.CompleteCampaign(
+            pb.CompleteCampaignRequest(campaign_id=campaign_id, status=pb.CAMPAIGN_STATUS_COMPLETED)
+        )
 
 
 def violations(error: grpc.aio.AioRpcError) -> dict[str, str]:
@@ -54,7 +80,11 @@ async def test_feed_trigger_and_read_over_grpc(app, serve_app):
     await feed_campaign(stub, "g1", "2026-01", line=pb.LINE_TRIAL)
 
     campaign = await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="g1"))
-    assert campaign.status == pb.CAMPAIGN_STATUS_COMPLETED and campaign.run_count == 2 and campaign.fingerprint
+    assert (
+        campaign.status == pb.CAMPAIGN_STATUS_COMPLETED
+        and campaign.run_count == 2
+        and campaign.fingerprint
+    )
     reply = await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="g1"))
     assert reply.started and reply.job.status == pb.JOB_STATUS_QUEUED
     await app.jobs.wait_idle()
@@ -77,7 +107,11 @@ async def test_comparison_projection_over_grpc(app, serve_app):
     comparison = await stub.GetComparison(pb.GetJobRequest(campaign_id="k2"))
 
     assert comparison.job.status == pb.JOB_STATUS_COMPLETED
-    assert (comparison.baseline_campaign_id, comparison.baseline_period, comparison.period) == ("k1", "2026-01", "2026-02")
+    assert (comparison.baseline_campaign_id, comparison.baseline_period, comparison.period) == (
+        "k1",
+        "2026-01",
+        "2026-02",
+    )
     deltas = {d.metric: d for d in comparison.deltas}
     assert deltas["pass_rate"].direction == pb.DIRECTION_IMPROVED
     assert deltas["pass_rate"].relative_delta == pytest.approx(1.0)
@@ -87,7 +121,9 @@ async def test_comparison_projection_over_grpc(app, serve_app):
     assert not failed.deltas
 
 
-async def test_validation_wording_is_identical_in_the_grpc_error_and_the_failed_row(make_app, serve_app):
+async def test_validation_wording_is_identical_in_the_grpc_error_and_the_failed_row(
+    make_app, serve_app
+):
     app = make_app(default_analysis_model="")
     stub = await serve_app(app)
     await feed_campaign(stub, "nm", "2026-01")
@@ -113,16 +149,28 @@ async def test_running_campaign_wording_is_identical_too(app, serve_app):
 
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     row = await app.repo.job_get(JobKind.COMPARISON, "live")
-    assert caught.value.details() == row.error == (
-        "campaign 'live' is running; period comparison needs a finished campaign (completed, failed or cancelled)")
+    assert (
+        caught.value.details()
+        == row.error
+        == (
+            "campaign 'live' is running; period comparison needs a finished campaign (completed, failed or cancelled)"
+        )
+    )
 
 
 async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_app):
     stub = await serve_app(app)
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CreateCampaign(pb.CreateCampaignRequest(campaign_id="", series="s", line=pb.LINE_FORMAL,
-                                                           period="p", configuration_json="[1]"))
+        await stub.CreateCampaign(
+            pb.CreateCampaignRequest(
+                campaign_id="",
+                series="s",
+                line=pb.LINE_FORMAL,
+                period="p",
+                configuration_json="[1]",
+            )
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert set(violations(caught.value)) == {"campaign_id", "configuration_json"}
 
@@ -131,8 +179,11 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
     assert set(violations(caught.value)) == {"line"}
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CreateCampaign(pb.CreateCampaignRequest(campaign_id="x", series="s", line=pb.LINE_FORMAL,
-                                                           period="p", analysis_model="ghost"))
+        await stub.CreateCampaign(
+            pb.CreateCampaignRequest(
+                campaign_id="x", series="s", line=pb.LINE_FORMAL, period="p", analysis_model="ghost"
+            )
+        )
     assert set(violations(caught.value)) == {"analysis_model"}
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -141,24 +192,43 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
 
     await feed_campaign(stub, "b1", "2026-01", complete=False, runs=[])
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id="b1", runs=[
-            run(0, "c1", pb.VERDICT_PASS, 1, 10), run(1, "", pb.VERDICT_UNSPECIFIED, 1, -5)]))
+        await stub.RecordRunResults(
+            pb.RecordRunResultsRequest(
+                campaign_id="b1",
+                runs=[
+                    run(0, "c1", pb.VERDICT_PASS, 1, 10),
+                    run(1, "", pb.VERDICT_UNSPECIFIED, 1, -5),
+                ],
+            )
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert set(violations(caught.value)) == {"runs[1].case_id", "runs[1].verdict", "runs[1].latency_ms"}
+    assert set(violations(caught.value)) == {
+        "runs[1].case_id",
+        "runs[1].verdict",
+        "runs[1].latency_ms",
+    }
     assert (await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="b1"))).run_count == 0
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.RecordRunResults(pb.RecordRunResultsRequest(
-            campaign_id="b1", runs=[run(i, "c", pb.VERDICT_PASS, 1, 1) for i in range(1001)]))
+        await stub.RecordRunResults(
+            pb.RecordRunResultsRequest(
+                campaign_id="b1", runs=[run(i, "c", pb.VERDICT_PASS, 1, 1) for i in range(1001)]
+            )
+        )
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CreateCampaign(pb.CreateCampaignRequest(campaign_id="b1", series="other", line=pb.LINE_FORMAL,
-                                                           period="2026-01"))
+        await stub.CreateCampaign(
+            pb.CreateCampaignRequest(
+                campaign_id="b1", series="other", line=pb.LINE_FORMAL, period="2026-01"
+            )
+        )
     assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CompleteCampaign(pb.CompleteCampaignRequest(campaign_id="b1", status=pb.CAMPAIGN_STATUS_RUNNING))
+        await stub.CompleteCampaign(
+            pb.CompleteCampaignRequest(campaign_id="b1", status=pb.CAMPAIGN_STATUS_RUNNING)
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -177,8 +247,13 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
 async def test_campaign_feed_is_idempotent_and_completion_is_final(app, serve_app):
     stub = await serve_app(app)
     await feed_campaign(stub, "i1", "2026-01", line=pb.LINE_TRIAL, complete=False, runs=[])
-    request = pb.CreateCampaignRequest(campaign_id="i1", series="api", line=pb.LINE_TRIAL, period="2026-01",
-                                       configuration_json=json.dumps(CONFIG))
+    request = pb.CreateCampaignRequest(
+        campaign_id="i1",
+        series="api",
+        line=pb.LINE_TRIAL,
+        period="2026-01",
+        configuration_json=json.dumps(CONFIG),
+    )
     assert (await stub.CreateCampaign(request)).campaign_id == "i1"
 
     runs = [run(1, "c1", pb.VERDICT_PASS, 1, 10), run(2, "c1", pb.VERDICT_PASS, 1, 10)]
@@ -190,10 +265,14 @@ async def test_campaign_feed_is_idempotent_and_completion_is_final(app, serve_ap
     assert (await stub.CompleteCampaign(done)).status == pb.CAMPAIGN_STATUS_CANCELLED
     assert (await stub.CompleteCampaign(done)).status == pb.CAMPAIGN_STATUS_CANCELLED
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CompleteCampaign(pb.CompleteCampaignRequest(campaign_id="i1", status=pb.CAMPAIGN_STATUS_COMPLETED))
+        await stub.CompleteCampaign(
+            pb.CompleteCampaignRequest(campaign_id="i1", status=pb.CAMPAIGN_STATUS_COMPLETED)
+        )
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id="i1", runs=[run(3, "c", pb.VERDICT_PASS, 1, 1)]))
+        await stub.RecordRunResults(
+            pb.RecordRunResultsRequest(campaign_id="i1", runs=[run(3, "c", pb.VERDICT_PASS, 1, 1)])
+        )
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     # a redelivered batch of runs already stored is still accepted as duplicates
     late = await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id="i1", runs=runs))
@@ -210,13 +289,17 @@ async def test_list_jobs_filters_and_pages(app, serve_app):
     assert len(everything.jobs) == 10 and not everything.page.next_page_token
     seen, token = [], ""
     while True:
-        page = await stub.ListJobs(pb.ListJobsRequest(page=common_pb2.PageRequest(page_size=3, page_token=token)))
+        page = await stub.ListJobs(
+            pb.ListJobsRequest(page=common_pb2.PageRequest(page_size=3, page_token=token))
+        )
         seen += [(j.kind, j.campaign_id) for j in page.jobs]
         token = page.page.next_page_token
         if not token:
             break
     assert seen == [(j.kind, j.campaign_id) for j in everything.jobs]
-    comparisons = await stub.ListJobs(pb.ListJobsRequest(kind=pb.JOB_KIND_COMPARISON, status=pb.JOB_STATUS_COMPLETED))
+    comparisons = await stub.ListJobs(
+        pb.ListJobsRequest(kind=pb.JOB_KIND_COMPARISON, status=pb.JOB_STATUS_COMPLETED)
+    )
     assert [j.campaign_id for j in comparisons.jobs] == ["l1", "l2", "l3", "l4"]
     only = await stub.ListJobs(pb.ListJobsRequest(campaign_id="l0"))
     assert {j.kind for j in only.jobs} == {pb.JOB_KIND_ANALYSIS, pb.JOB_KIND_COMPARISON}
@@ -227,15 +310,21 @@ async def test_assign_analysis_model_and_list_models(make_app, serve_app, fake_l
     stub = await serve_app(app)
     models = await stub.ListAnalysisModels(pb.ListAnalysisModelsRequest())
     assert [(m.name, m.kind, m.is_default) for m in models.models] == [
-        ("fake-gpt", "chat-completions", False), ("stats", "builtin", False)]
+        ("fake-gpt", "chat-completions", False),
+        ("stats", "builtin", False),
+    ]
     await feed_campaign(stub, "a1", "2026-01", line=pb.LINE_TRIAL)
     with pytest.raises(grpc.aio.AioRpcError):
         await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="a1"))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.AssignAnalysisModel(pb.AssignAnalysisModelRequest(campaign_id="a1", analysis_model="ghost"))
+        await stub.AssignAnalysisModel(
+            pb.AssignAnalysisModelRequest(campaign_id="a1", analysis_model="ghost")
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-    campaign = await stub.AssignAnalysisModel(pb.AssignAnalysisModelRequest(campaign_id="a1", analysis_model="fake-gpt"))
+    campaign = await stub.AssignAnalysisModel(
+        pb.AssignAnalysisModelRequest(campaign_id="a1", analysis_model="fake-gpt")
+    )
     assert campaign.analysis_model == "fake-gpt"
     assert (await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="a1"))).started
     await app.jobs.wait_idle()

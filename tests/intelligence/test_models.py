@@ -23,20 +23,26 @@ async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app,
     assert body["model"] == "fake-model-1" and body["temperature"] == 0.0
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     sent = json.loads(body["messages"][1]["content"])
-    assert sent["campaign"]["campaign_id"] == "llm1" and sent["stats"]["run_count"] == len(RUNS_GOOD)
+    assert sent["campaign"]["campaign_id"] == "llm1" and sent["stats"]["run_count"] == len(
+        RUNS_GOOD
+    )
     assert fake_llm.headers[0]["Authorization"] == "Bearer sk-test"
 
 
 async def test_chat_model_writes_the_comparison_narrative(make_app, fake_llm):
     app = make_app(models=ModelRegistry.from_configs([fake_llm.config()], default="fake-gpt"))
     await add_campaign(app, "n1", period="2026-01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
-    await add_campaign(app, "n2", period="2026-02", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED)
+    await add_campaign(
+        app, "n2", period="2026-02", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED
+    )
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.COMPARISON, "n2")
     assert job.status == JobStatus.COMPLETED and job.result["narrative"] == fake_llm.reply
     sent = json.loads(fake_llm.requests[-1]["messages"][1]["content"])
-    assert sent["baseline_campaign_id"] == "n1" and {d["metric"] for d in sent["deltas"]} >= {"pass_rate"}
+    assert sent["baseline_campaign_id"] == "n1" and {d["metric"] for d in sent["deltas"]} >= {
+        "pass_rate"
+    }
 
 
 async def test_an_llm_http_error_fails_the_job_with_truncated_text(make_app, fake_llm):
@@ -48,7 +54,9 @@ async def test_an_llm_http_error_fails_the_job_with_truncated_text(make_app, fak
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm-down")
     assert job.status == JobStatus.FAILED and len(job.error) == 500
     assert job.error.startswith("ModelError: model fake-gpt: HTTP 502 from http://127.0.0.1:")
-    assert await app.repo.job_get(JobKind.COMPARISON, "llm-down") is None  # the chain needs a completed analysis
+    assert (
+        await app.repo.job_get(JobKind.COMPARISON, "llm-down") is None
+    )  # the chain needs a completed analysis
 
 
 async def test_an_unreachable_llm_fails_the_job_visibly(make_app, fake_llm):
@@ -59,7 +67,10 @@ async def test_an_unreachable_llm_fails_the_job_visibly(make_app, fake_llm):
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm-gone")
-    assert job.status == JobStatus.FAILED and "request to http://127.0.0.1:9/v1/chat/completions failed" in job.error
+    assert (
+        job.status == JobStatus.FAILED
+        and "request to http://127.0.0.1:9/v1/chat/completions failed" in job.error
+    )
 
 
 async def test_models_are_configured_from_the_environment(monkeypatch, fake_llm):
@@ -71,6 +82,8 @@ async def test_models_are_configured_from_the_environment(monkeypatch, fake_llm)
     registry = ModelRegistry.from_configs(settings.models, settings.default_analysis_model)
 
     assert registry.names() == ["fake-gpt", "stats"] and registry.default == "fake-gpt"
-    narrative = await registry.get("fake-gpt").narrate_analysis({"campaign_id": "x"}, {"run_count": 0})
+    narrative = await registry.get("fake-gpt").narrate_analysis(
+        {"campaign_id": "x"}, {"run_count": 0}
+    )
     assert narrative == fake_llm.reply
     await registry.aclose()

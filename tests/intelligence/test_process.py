@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import grpc
-
 from dispo.intelligence.app import SHUTDOWN_ORDER
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
@@ -20,18 +19,48 @@ GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
 
 def llm_env(fake_llm, **extra: str) -> dict[str, str]:
-    return {"DISPO_INTELLIGENCE_MODELS": json.dumps([fake_llm.config().model_dump()]),
-            "DISPO_INTELLIGENCE_DEFAULT_ANALYSIS_MODEL": "fake-gpt", **extra}
+    return {
+        "DISPO_INTELLIGENCE_MODELS": json.dumps([fake_llm.config().model_dump()]),
+        "DISPO_INTELLIGENCE_DEFAULT_ANALYSIS_MODEL": "fake-gpt",
+        **extra,
+    }
 
 
 async def feed(stub, campaign_id: str, line=pb.LINE_TRIAL) -> None:
-    await stub.CreateCampaign(pb.CreateCampaignRequest(campaign_id=campaign_id, series="proc", line=line,
-                                                       period="2026-01", configuration_json=json.dumps(CONFIG)))
-    await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id=campaign_id, runs=[
-        pb.RunResult(run_id=f"{campaign_id}-1", case_id="c1", verdict=pb.VERDICT_PASS, score=1, latency_ms=10),
-        pb.RunResult(run_id=f"{campaign_id}-2", case_id="c2", verdict=pb.VERDICT_FAIL, score=0, latency_ms=30,
-                     failure_reason="nope")]))
-    await stub.CompleteCampaign(pb.CompleteCampaignRequest(campaign_id=campaign_id, status=pb.CAMPAIGN_STATUS_COMPLETED))
+    await stub.CreateCampaign(
+        pb.CreateCampaignRequest(
+            campaign_id=campaign_id,
+            series="proc",
+            line=line,
+            period="2026-01",
+            configuration_json=json.dumps(CONFIG),
+        )
+    )
+    await stub.RecordRunResults(
+        pb.RecordRunResultsRequest(
+            campaign_id=campaign_id,
+            runs=[
+                pb.RunResult(
+                    run_id=f"{campaign_id}-1",
+                    case_id="c1",
+                    verdict=pb.VERDICT_PASS,
+                    score=1,
+                    latency_ms=10,
+                ),
+                pb.RunResult(
+                    run_id=f"{campaign_id}-2",
+                    case_id="c2",
+                    verdict=pb.VERDICT_FAIL,
+                    score=0,
+                    latency_ms=30,
+                    failure_reason="nope",
+                ),
+            ],
+        )
+    )
+    await stub.CompleteCampaign(
+        pb.CompleteCampaignRequest(campaign_id=campaign_id, status=pb.CAMPAIGN_STATUS_COMPLETED)
+    )
 
 
 async def job_status(stub, campaign_id: str) -> int:
@@ -61,7 +90,9 @@ def log_events(path: Path, event: str) -> list[dict]:
     return found
 
 
-async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(start_service, fake_llm):
+async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(
+    start_service, fake_llm
+):
     service = await start_service("intelligence", env=llm_env(fake_llm))
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
@@ -70,16 +101,38 @@ async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(st
         analysis = await stub.GetAnalysis(pb.GetJobRequest(campaign_id="proc-1"))
 
     assert analysis.narrative == fake_llm.reply and analysis.stats.pass_rate == 0.5
-    described = subprocess.run([GRPCURL, "-plaintext", service.address, "describe",
-                                "dispo.intelligence.v1.IntelligenceService"], capture_output=True, text=True, check=True)
+    described = subprocess.run(
+        [
+            GRPCURL,
+            "-plaintext",
+            service.address,
+            "describe",
+            "dispo.intelligence.v1.IntelligenceService",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "rpc TriggerAnalysis" in described.stdout
-    listed = subprocess.run([GRPCURL, "-plaintext", "-d", '{"campaign_id": "proc-1"}', service.address,
-                             "dispo.intelligence.v1.IntelligenceService/ListJobs"],
-                            capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        [
+            GRPCURL,
+            "-plaintext",
+            "-d",
+            '{"campaign_id": "proc-1"}',
+            service.address,
+            "dispo.intelligence.v1.IntelligenceService/ListJobs",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(listed.stdout)["jobs"][0]["status"] == "JOB_STATUS_COMPLETED"
 
 
-async def test_killed_mid_generation_the_job_is_recovered_after_restart(start_service, fake_llm, file_clock):
+async def test_killed_mid_generation_the_job_is_recovered_after_restart(
+    start_service, fake_llm, file_clock
+):
     fake_llm.gate = asyncio.Event()
     service = await start_service("intelligence", env={**llm_env(fake_llm), **file_clock.env})
     async with grpc.aio.insecure_channel(service.address) as channel:
@@ -103,7 +156,9 @@ async def test_killed_mid_generation_the_job_is_recovered_after_restart(start_se
     assert job.recovery_attempts == 1 and job.attempts == 2
 
 
-async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(start_service, fake_llm):
+async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(
+    start_service, fake_llm
+):
     fake_llm.gate = asyncio.Event()
     env = llm_env(fake_llm, DISPO_INTELLIGENCE_JOBS_SHUTDOWN_GRACE_SECONDS="0.2")
     service = await start_service("intelligence", env=env)
@@ -129,8 +184,9 @@ async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(s
     assert job.recovery_attempts == 1
 
 
-async def test_a_job_that_never_settles_across_restarts_fails_after_three_recoveries(start_service, fake_llm,
-                                                                                      file_clock):
+async def test_a_job_that_never_settles_across_restarts_fails_after_three_recoveries(
+    start_service, fake_llm, file_clock
+):
     fake_llm.gate = asyncio.Event()  # the model never answers: every attempt dies mid-generation
     service = await start_service("intelligence", env={**llm_env(fake_llm), **file_clock.env})
     async with grpc.aio.insecure_channel(service.address) as channel:
@@ -154,5 +210,8 @@ async def test_a_job_that_never_settles_across_restarts_fails_after_three_recove
                 await wait_status(stub, "doomed", pb.JOB_STATUS_FAILED)
                 job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="doomed"))).job
 
-    assert job.error == "gave up after 3 restart recoveries: the job was re-queued 3 times without settling"
+    assert (
+        job.error
+        == "gave up after 3 restart recoveries: the job was re-queued 3 times without settling"
+    )
     assert job.attempts == 4

@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from sqlalchemy import text
-
 from dispo.intelligence import analysis
 from dispo.intelligence.campaigns import CampaignStatus
 from dispo.intelligence.intelligence_jobs import JobAdapter, Outcome, execute, recover_jobs
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry, StatsModel
+from sqlalchemy import text
 
 from .conftest import RUNS_GOOD, add_campaign
 
 
-def counting_adapter(counter: list[int], *, fail_with: str | None = None, gate: asyncio.Event | None = None,
-                     entered: asyncio.Event | None = None):
+def counting_adapter(
+    counter: list[int],
+    *,
+    fail_with: str | None = None,
+    gate: asyncio.Event | None = None,
+    entered: asyncio.Event | None = None,
+):
     async def work_fn(deps, campaign_id, plan):
         counter.append(1)
         if entered is not None:
@@ -36,7 +40,9 @@ async def test_claim_race_twenty_concurrent_executes_run_the_work_once(app):
     counter: list[int] = []
     adapter = counting_adapter(counter)
 
-    outcomes = await asyncio.gather(*(execute(JobKind.ANALYSIS, "race", app.jobs.deps, adapter) for _ in range(20)))
+    outcomes = await asyncio.gather(
+        *(execute(JobKind.ANALYSIS, "race", app.jobs.deps, adapter) for _ in range(20))
+    )
 
     assert counter == [1]
     assert outcomes.count(Outcome.COMPLETED) == 1
@@ -47,13 +53,18 @@ async def test_claim_race_twenty_concurrent_executes_run_the_work_once(app):
 
 
 async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
-    await add_campaign(app, "queued-race", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_campaign(
+        app, "queued-race", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "queued-race", app.jobs.deps.clock.now())
     counter: list[int] = []
     gate, entered = asyncio.Event(), asyncio.Event()
     adapter = counting_adapter(counter, gate=gate, entered=entered)
 
-    tasks = [asyncio.create_task(execute(JobKind.ANALYSIS, "queued-race", app.jobs.deps, adapter)) for _ in range(20)]
+    tasks = [
+        asyncio.create_task(execute(JobKind.ANALYSIS, "queued-race", app.jobs.deps, adapter))
+        for _ in range(20)
+    ]
     await entered.wait()
     gate.set()
     outcomes = await asyncio.gather(*tasks)
@@ -92,10 +103,14 @@ async def test_a_failed_job_can_be_triggered_again(app):
 
 
 async def test_error_text_of_2000_characters_is_stored_as_exactly_500(app):
-    await add_campaign(app, "long-error", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_campaign(
+        app, "long-error", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
     message = "".join(chr(ord("a") + i % 26) for i in range(2000))
 
-    outcome = await execute(JobKind.ANALYSIS, "long-error", app.jobs.deps, counting_adapter([], fail_with=message))
+    outcome = await execute(
+        JobKind.ANALYSIS, "long-error", app.jobs.deps, counting_adapter([], fail_with=message)
+    )
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "long-error")
     assert outcome == Outcome.FAILED and job.status == JobStatus.FAILED
@@ -107,13 +122,17 @@ async def test_non_terminal_campaign_executed_directly_fails_its_row(app):
     await add_campaign(app, "still-running", runs=RUNS_GOOD)
     counter: list[int] = []
 
-    outcome = await execute(JobKind.ANALYSIS, "still-running", app.jobs.deps, counting_adapter(counter))
+    outcome = await execute(
+        JobKind.ANALYSIS, "still-running", app.jobs.deps, counting_adapter(counter)
+    )
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "still-running")
     assert outcome == Outcome.FAILED and counter == []
     assert job.status == JobStatus.FAILED
-    assert job.error == ("campaign 'still-running' is running; analysis needs a finished campaign "
-                         "(completed, failed or cancelled)")
+    assert job.error == (
+        "campaign 'still-running' is running; analysis needs a finished campaign "
+        "(completed, failed or cancelled)"
+    )
 
 
 async def test_missing_model_fails_the_row_with_the_hint_and_the_field(make_app):
@@ -127,28 +146,43 @@ async def test_missing_model_fails_the_row_with_the_hint_and_the_field(make_app)
     assert "assign an analysis model to the campaign" in job.error
 
 
-async def test_recovery_requeues_a_queued_row_three_times_then_fails_it_with_the_reason(app, manual_clock):
+async def test_recovery_requeues_a_queued_row_three_times_then_fails_it_with_the_reason(
+    app, manual_clock
+):
     await add_campaign(app, "stuck", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "stuck", manual_clock.now())
     seen = []
     for _ in range(4):  # four restarts in which the job never gets to run
         manual_clock.advance(minutes=1)
-        report = await recover_jobs(app.repo, manual_clock.now(), queued_idle=timedelta(0),
-                                    generating_stale=timedelta(minutes=15))
+        report = await recover_jobs(
+            app.repo,
+            manual_clock.now(),
+            queued_idle=timedelta(0),
+            generating_stale=timedelta(minutes=15),
+        )
         job = await app.repo.job_get(JobKind.ANALYSIS, "stuck")
         seen.append((job.status, job.recovery_attempts, len(report.requeued), len(report.failed)))
 
-    assert seen == [(JobStatus.QUEUED, 1, 1, 0), (JobStatus.QUEUED, 2, 1, 0), (JobStatus.QUEUED, 3, 1, 0),
-                    (JobStatus.FAILED, 3, 0, 1)]
-    assert job.error == ("gave up after 3 restart recoveries: the job was re-queued 3 times without settling")
+    assert seen == [
+        (JobStatus.QUEUED, 1, 1, 0),
+        (JobStatus.QUEUED, 2, 1, 0),
+        (JobStatus.QUEUED, 3, 1, 0),
+        (JobStatus.FAILED, 3, 0, 1),
+    ]
+    assert job.error == (
+        "gave up after 3 restart recoveries: the job was re-queued 3 times without settling"
+    )
 
 
 async def test_recovery_runs_requeued_rows_and_hands_back_stale_generating_ones(app, manual_clock):
     await add_campaign(app, "orphan", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "orphan", manual_clock.now())
-    assert await app.repo.job_claim_if_queued(JobKind.ANALYSIS, "orphan", "dead-worker", manual_clock.now())
-    assert await app.repo.job_set_generating_if_claimed(JobKind.ANALYSIS, "orphan", "dead-worker", {},
-                                                        manual_clock.now())
+    assert await app.repo.job_claim_if_queued(
+        JobKind.ANALYSIS, "orphan", "dead-worker", manual_clock.now()
+    )
+    assert await app.repo.job_set_generating_if_claimed(
+        JobKind.ANALYSIS, "orphan", "dead-worker", {}, manual_clock.now()
+    )
 
     manual_clock.advance(minutes=5)
     assert (await app.jobs.recover()).requeued == []  # the claim is still fresh
@@ -160,8 +194,9 @@ async def test_recovery_runs_requeued_rows_and_hands_back_stale_generating_ones(
     job = await app.repo.job_get(JobKind.ANALYSIS, "orphan")
     assert job.status == JobStatus.COMPLETED and job.recovery_attempts == 1
     # the dead worker's late settlement is refused: its claim is gone
-    assert not await app.repo.job_complete_if_generating(JobKind.ANALYSIS, "orphan", "dead-worker", {}, {},
-                                                         manual_clock.now())
+    assert not await app.repo.job_complete_if_generating(
+        JobKind.ANALYSIS, "orphan", "dead-worker", {}, {}, manual_clock.now()
+    )
 
 
 async def test_a_stopping_registry_hands_running_work_back_to_the_queue(make_app):
@@ -188,17 +223,30 @@ async def test_a_stopping_registry_hands_running_work_back_to_the_queue(make_app
     assert app.jobs.start(JobKind.ANALYSIS, "slow") is None  # closed: starts nothing new
 
 
-async def test_claim_race_between_two_replicas_with_their_own_connection_pools(app, service_engine, manual_clock):
+async def test_claim_race_between_two_replicas_with_their_own_connection_pools(
+    app, service_engine, manual_clock
+):
     """Two service instances (separate engines, as two processes would have) race on one row."""
     from dispo.intelligence.app import build
     from dispo.intelligence.settings import IntelligenceSettings
 
-    other = build(await service_engine("intelligence"), manual_clock, IntelligenceSettings(consume_events=False))
-    await add_campaign(app, "replicas", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    other = build(
+        await service_engine("intelligence"),
+        manual_clock,
+        IntelligenceSettings(consume_events=False),
+    )
+    await add_campaign(
+        app, "replicas", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    )
     counter: list[int] = []
     adapter = counting_adapter(counter)
 
-    outcomes = await asyncio.gather(*(execute(JobKind.ANALYSIS, "replicas", replica.jobs.deps, adapter)
-                                      for _ in range(10) for replica in (app, other)))
+    outcomes = await asyncio.gather(
+        *(
+            execute(JobKind.ANALYSIS, "replicas", replica.jobs.deps, adapter)
+            for _ in range(10)
+            for replica in (app, other)
+        )
+    )
 
     assert counter == [1] and outcomes.count(Outcome.COMPLETED) == 1

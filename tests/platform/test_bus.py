@@ -53,8 +53,12 @@ async def test_nak_redelivers_term_drops_and_errors_retry(bus):
             raise RuntimeError("boom")
         return ACK
 
-    consumer = bus.consumer("TASKS", durable="worker", subject="task.create", handler=handler, error_delay=0.05)
-    await run_until(consumer, lambda: seen.count(b"nak-once") == 2 and seen.count(b"raise-once") == 2)
+    consumer = bus.consumer(
+        "TASKS", durable="worker", subject="task.create", handler=handler, error_delay=0.05
+    )
+    await run_until(
+        consumer, lambda: seen.count(b"nak-once") == 2 and seen.count(b"raise-once") == 2
+    )
 
     assert seen.count(b"term") == 1
     info = await bus.js.consumer_info("TASKS", "worker")
@@ -72,10 +76,15 @@ async def test_durable_consumers_share_work_without_duplicates(bus):
             handled.append((name, message.data))
             await asyncio.sleep(0)
             return ACK
+
         return handle
 
-    consumers = [bus.consumer("TASKS", durable="shared", subject="task.create", handler=handler_for(n), batch=4)
-                 for n in ("a", "b")]
+    consumers = [
+        bus.consumer(
+            "TASKS", durable="shared", subject="task.create", handler=handler_for(n), batch=4
+        )
+        for n in ("a", "b")
+    ]
     tasks = [asyncio.create_task(c.run()) for c in consumers]
     async with asyncio.timeout(15):
         while len(handled) < 40:

@@ -5,10 +5,9 @@ import pkgutil
 from pathlib import Path
 
 import yaml
-from pydantic_settings import BaseSettings
-
 from dispo.libs.settings import CommonSettings, ServerSettings
 from dispo.libs.stack.stack import SERVICES
+from pydantic_settings import BaseSettings
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
 
@@ -22,8 +21,13 @@ def settings_classes() -> set[type[BaseSettings]]:
             if module.name.endswith("__main__") or ".migrations" in module.name:
                 continue
             loaded = importlib.import_module(module.name)
-            found |= {value for value in vars(loaded).values()
-                      if isinstance(value, type) and issubclass(value, BaseSettings) and value is not BaseSettings}
+            found |= {
+                value
+                for value in vars(loaded).values()
+                if isinstance(value, type)
+                and issubclass(value, BaseSettings)
+                and value is not BaseSettings
+            }
     return found
 
 
@@ -64,7 +68,9 @@ def test_nats_is_a_three_node_jetstream_cluster_used_with_three_replicas():
         command = services[node]["command"]
         assert "-js" in command and "--cluster" in command
         routes = command[command.index("--routes") + 1]
-        assert {f"nats://{other}:6222" for other in nodes if other != node} == set(routes.split(","))
+        assert {f"nats://{other}:6222" for other in nodes if other != node} == set(
+            routes.split(",")
+        )
     env = services["gateway"]["environment"]
     assert env["DISPO_NATS_URL"].split(",") == [f"nats://{n}:4222" for n in nodes]
     assert env["DISPO_STREAM_REPLICAS"] == "3"

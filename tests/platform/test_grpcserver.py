@@ -4,11 +4,10 @@ import asyncio
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
-
 from dispo.libs import errors
 from dispo.libs.grpcserver import create_server
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 METHOD = "/dispo.test.v1.Echo/Call"
 
@@ -19,7 +18,11 @@ def echo_service(behaviour):
 
     handler = grpc.method_handlers_generic_handler(
         "dispo.test.v1.Echo",
-        {"Call": grpc.unary_unary_rpc_method_handler(call, request_deserializer=None, response_serializer=None)},
+        {
+            "Call": grpc.unary_unary_rpc_method_handler(
+                call, request_deserializer=None, response_serializer=None
+            )
+        },
     )
     return lambda server: server.add_generic_rpc_handlers((handler,))
 
@@ -45,14 +48,17 @@ async def call(port, body=b"x", timeout=5.0):
         return await channel.unary_unary(METHOD)(body, timeout=timeout)
 
 
-@pytest.mark.parametrize(("error", "code"), [
-    (errors.NotFound("task t-1 not found"), grpc.StatusCode.NOT_FOUND),
-    (errors.AlreadyExists("exists"), grpc.StatusCode.ALREADY_EXISTS),
-    (errors.FailedPrecondition("campaign is running"), grpc.StatusCode.FAILED_PRECONDITION),
-    (errors.PermissionDenied("no"), grpc.StatusCode.PERMISSION_DENIED),
-    (errors.Unauthenticated("who"), grpc.StatusCode.UNAUTHENTICATED),
-    (errors.Unavailable("db down"), grpc.StatusCode.UNAVAILABLE),
-])
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (errors.NotFound("task t-1 not found"), grpc.StatusCode.NOT_FOUND),
+        (errors.AlreadyExists("exists"), grpc.StatusCode.ALREADY_EXISTS),
+        (errors.FailedPrecondition("campaign is running"), grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.PermissionDenied("no"), grpc.StatusCode.PERMISSION_DENIED),
+        (errors.Unauthenticated("who"), grpc.StatusCode.UNAUTHENTICATED),
+        (errors.Unavailable("db down"), grpc.StatusCode.UNAVAILABLE),
+    ],
+)
 async def test_domain_errors_map_to_status_codes(serve, error, code):
     async def fail(_):
         raise error
@@ -77,7 +83,9 @@ async def test_invalid_argument_carries_field_violations(serve):
     status = rpc_status.from_call(raised.value)
     bad_request = error_details_pb2.BadRequest()
     status.details[0].Unpack(bad_request)
-    assert [(v.field, v.description) for v in bad_request.field_violations] == [("cells[1].name", "unknown cell 'nope'")]
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [
+        ("cells[1].name", "unknown cell 'nope'")
+    ]
 
 
 async def test_unexpected_exception_is_internal_without_leaking(serve):
@@ -116,8 +124,11 @@ async def test_streams_deliver_items_then_the_mapped_error():
         raise errors.NotFound("task vanished")
 
     handler = grpc.method_handlers_generic_handler(
-        "dispo.test.v1.Echo", {"Watch": grpc.unary_stream_rpc_method_handler(watch)})
-    server = create_server("127.0.0.1:0", [lambda s: s.add_generic_rpc_handlers((handler,))], ["dispo.test.v1.Echo"])
+        "dispo.test.v1.Echo", {"Watch": grpc.unary_stream_rpc_method_handler(watch)}
+    )
+    server = create_server(
+        "127.0.0.1:0", [lambda s: s.add_generic_rpc_handlers((handler,))], ["dispo.test.v1.Echo"]
+    )
     await server.start()
     try:
         received = []

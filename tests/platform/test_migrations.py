@@ -3,9 +3,8 @@
 import asyncio
 from pathlib import Path
 
-from sqlalchemy import text
-
 from dispo.libs.db import create_engine, migrate
+from sqlalchemy import text
 
 SAMPLE = Path(__file__).parent / "sample_migrations"
 
@@ -15,12 +14,30 @@ async def test_concurrent_starts_apply_each_revision_once(database_url):
     try:
         await asyncio.gather(*(migrate(e, "sample", SAMPLE) for e in engines))
         async with engines[0].connect() as conn:
-            versions = (await conn.execute(text("SELECT version_num FROM sample.alembic_version"))).scalars().all()
-            columns = (await conn.execute(text(
-                "SELECT column_name FROM information_schema.columns "
-                "WHERE table_schema = 'sample' AND table_name = 'widgets' ORDER BY ordinal_position"))).scalars().all()
-            public = (await conn.execute(text(
-                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"))).scalar()
+            versions = (
+                (await conn.execute(text("SELECT version_num FROM sample.alembic_version")))
+                .scalars()
+                .all()
+            )
+            columns = (
+                (
+                    await conn.execute(
+                        text(
+                            "SELECT column_name FROM information_schema.columns "
+                            "WHERE table_schema = 'sample' AND table_name = 'widgets' ORDER BY ordinal_position"
+                        )
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            public = (
+                await conn.execute(
+                    text(
+                        "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+                    )
+                )
+            ).scalar()
         assert versions == ["0002"]
         assert columns == ["id", "name", "colour"]
         assert public == 0
@@ -42,7 +59,9 @@ async def test_engine_sees_its_own_schema_unqualified(database_url):
         # running again is a no-op
         await migrate(engine, "sample", SAMPLE)
         async with engine.connect() as conn:
-            assert (await conn.execute(text("SELECT name, colour FROM widgets"))).all() == [("mine", "blue")]
+            assert (await conn.execute(text("SELECT name, colour FROM widgets"))).all() == [
+                ("mine", "blue")
+            ]
     finally:
         await engine.dispose()
         await other.dispose()

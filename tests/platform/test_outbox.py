@@ -7,13 +7,12 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import MetaData, text
-
 from dispo.libs.clock import ManualClock
 from dispo.libs.db import create_engine
 from dispo.libs.outbox import OutboxRelay, outbox_add, outbox_table
 from dispo.libs.service import Runtime
 from dispo.libs.settings import CommonSettings, ServerSettings
+from sqlalchemy import MetaData, text
 
 SCHEMA = "outbox_test"
 metadata = MetaData()
@@ -35,13 +34,22 @@ async def add(engine, clock: ManualClock, name: str, *, sent_ago: timedelta | No
     async with engine.begin() as conn:
         await outbox_add(conn, outbox, "test.event", name, b"x", clock.now() - timedelta(days=3))
         if sent_ago is not None:
-            await conn.execute(outbox.update().where(outbox.c.msg_id == name).values(sent_at=clock.now() - sent_ago))
+            await conn.execute(
+                outbox.update()
+                .where(outbox.c.msg_id == name)
+                .values(sent_at=clock.now() - sent_ago)
+            )
 
 
 async def names(engine) -> list[str]:
     async with engine.connect() as conn:
-        return list((await conn.execute(outbox.select().with_only_columns(outbox.c.msg_id).order_by(outbox.c.id)))
-                    .scalars())
+        return list(
+            (
+                await conn.execute(
+                    outbox.select().with_only_columns(outbox.c.msg_id).order_by(outbox.c.id)
+                )
+            ).scalars()
+        )
 
 
 async def wait_for(condition, timeout: float = 10.0) -> None:
@@ -78,9 +86,12 @@ async def test_rows_sent_before_the_retention_go_a_batch_at_a_time(engine, bus, 
 
 
 async def test_a_running_relay_stamps_sent_at_on_its_clock_and_prunes_when_the_clock_moves(
-        engine, bus, manual_clock):
+    engine, bus, manual_clock
+):
     await bus.ensure_stream("TEST", ["test.>"])
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, retention=timedelta(hours=1), prune_interval=60)
+    relay = OutboxRelay(
+        engine, outbox, bus, clock=manual_clock, retention=timedelta(hours=1), prune_interval=60
+    )
     running = asyncio.create_task(relay.run())
     try:
         sent_at = manual_clock.now()
@@ -89,8 +100,9 @@ async def test_a_running_relay_stamps_sent_at_on_its_clock_and_prunes_when_the_c
 
         async def sent() -> bool:
             async with engine.connect() as conn:
-                return (await conn.execute(outbox.select().with_only_columns(outbox.c.sent_at))).scalar_one() \
-                    == sent_at
+                return (
+                    await conn.execute(outbox.select().with_only_columns(outbox.c.sent_at))
+                ).scalar_one() == sent_at
 
         await wait_for(sent)
 
@@ -116,8 +128,9 @@ def test_the_retention_is_a_setting(monkeypatch):
         CommonSettings()
 
 
-async def test_every_service_relay_takes_the_retention_and_clock_of_its_runtime(monkeypatch, engine, bus,
-                                                                               manual_clock):
+async def test_every_service_relay_takes_the_retention_and_clock_of_its_runtime(
+    monkeypatch, engine, bus, manual_clock
+):
     monkeypatch.setenv("DISPO_OUTBOX_RETENTION_SECONDS", "7200")
     rt = Runtime("gateway", CommonSettings(), ServerSettings(), engine, None, bus, manual_clock)
     relay = rt.outbox_relay(outbox, ordered=True)

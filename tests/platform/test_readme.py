@@ -9,13 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.stack import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-DEFAULT_PORTS = {"gateway": 50051, "executor": 50052, "reconciler": 50053, "intelligence": 50054, "pool": 50055}
+DEFAULT_PORTS = {
+    "gateway": 50051,
+    "executor": 50052,
+    "reconciler": 50053,
+    "intelligence": 50054,
+    "pool": 50055,
+}
 
 
 def tour_blocks() -> list[str]:
@@ -36,11 +41,16 @@ def stack_env(tmp_path):
     ports = {name: free_port() for name in SERVICES}
     demo = free_port()
     catalogue = tmp_path / "catalogue.yaml"
-    catalogue.write_text((ROOT / "services/gateway/catalogue/content_governance.yaml").read_text()
-                         .replace("127.0.0.1:8181", f"127.0.0.1:{demo}"))
+    catalogue.write_text(
+        (ROOT / "services/gateway/catalogue/content_governance.yaml")
+        .read_text()
+        .replace("127.0.0.1:8181", f"127.0.0.1:{demo}")
+    )
     env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"), "PATH": f"{BIN}:/usr/bin:/bin"}
     env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in ports.items()}
-    env |= {f"DISPO_{name}_CATALOGUE": str(catalogue) for name in ("GATEWAY", "EXECUTOR", "RECONCILER")}
+    env |= {
+        f"DISPO_{name}_CATALOGUE": str(catalogue) for name in ("GATEWAY", "EXECUTOR", "RECONCILER")
+    }
     env["DISPO_RECONCILER_DRIFT_POOL_ADDRESS"] = f"127.0.0.1:{ports['pool']}"
     env["DISPO_RECONCILER_GATEWAY_ADDRESS"] = f"127.0.0.1:{ports['gateway']}"
     return env, ports, demo
@@ -49,7 +59,9 @@ def stack_env(tmp_path):
 def localise(script: str, ports: dict[str, int], demo: int) -> str:
     for name, port in DEFAULT_PORTS.items():
         script = script.replace(f"127.0.0.1:{port}", f"127.0.0.1:{ports[name]}")
-    return script.replace("127.0.0.1:8181", f"127.0.0.1:{demo}").replace("export PATH=$PWD/.venv/bin:$PATH", "")
+    return script.replace("127.0.0.1:8181", f"127.0.0.1:{demo}").replace(
+        "export PATH=$PWD/.venv/bin:$PATH", ""
+    )
 
 
 async def test_the_tour_runs_as_written(stack_env, tmp_path):
@@ -58,27 +70,45 @@ async def test_the_tour_runs_as_written(stack_env, tmp_path):
     assert len(blocks) == 5
     output = tmp_path / "up.out"
     with open(output, "wb") as out:
-        up = subprocess.Popen([str(BIN / "dispo"), "up", "--nats-port", str(free_port()), "--demo-port", str(demo)],
-                              env=env, stdout=out, stderr=subprocess.STDOUT)
+        up = subprocess.Popen(
+            [str(BIN / "dispo"), "up", "--nats-port", str(free_port()), "--demo-port", str(demo)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         async with asyncio.timeout(120):
             while "Ctrl-C stops everything" not in output.read_text():
                 assert up.poll() is None, output.read_text()
                 await asyncio.sleep(0.1)
         script = localise("\n".join(blocks), ports, demo)
-        result = await asyncio.to_thread(subprocess.run, ["timeout", "180", "bash", "-u", "-c", script],
-                                         capture_output=True, text=True, env=env, cwd=tmp_path)
+        result = await asyncio.to_thread(
+            subprocess.run,
+            ["timeout", "180", "bash", "-u", "-c", script],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
         out = result.stdout + result.stderr
 
         assert out.count("SERVING") >= len(SERVICES), out
         assert "unknown cell 'delete_everything'" in out, out
-        assert out.count('"status": "TASK_STATUS_SUCCEEDED"') >= 2, out   # first task and the released one
+        assert out.count('"status": "TASK_STATUS_SUCCEEDED"') >= 2, (
+            out
+        )  # first task and the released one
         assert '"demoted_depth": 1' in out, out
         assert "JOB_STATUS_COMPLETED" in out and '"pass_rate": 1' in out, out
 
         python = localise(python_block(), ports, demo)
-        result = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", python],
-                                         capture_output=True, text=True, env=env, timeout=60)
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", python],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
         assert result.stdout.strip() == "SUCCEEDED", result.stdout + result.stderr
     finally:
         up.send_signal(signal.SIGINT)

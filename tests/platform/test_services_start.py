@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dispo.libs.health import health_status
 from dispo.libs.stack.stack import SERVICES
 
@@ -19,12 +18,19 @@ async def test_service_process_serves_health_and_reflection(name, start_service)
     service = await start_service(name)
 
     assert await health_status(service.address) == "SERVING"
-    listed = subprocess.run([GRPCURL, "-plaintext", service.address, "list"],
-                            capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        [GRPCURL, "-plaintext", service.address, "list"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert f"dispo.{name}.v1.{name.capitalize()}Service" in listed
     assert "grpc.health.v1.Health" in listed
-    health = json.loads(subprocess.run([GRPCURL, "-plaintext", service.address, "grpc.health.v1.Health/Check"],
-                                       capture_output=True, text=True, check=True).stdout)
+    health = json.loads(
+        subprocess.run(
+            [GRPCURL, "-plaintext", service.address, "grpc.health.v1.Health/Check"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert health == {"status": "SERVING"}
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-
 from dispo.libs.health import health_status
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.stack import SERVICES, read_state
@@ -29,15 +28,27 @@ class RunningStack:
     async def up(self) -> None:
         with open(self.output, "wb") as out:
             self.process = subprocess.Popen(
-                [DISPO, "up", "--nats-port", self.env["NATS_PORT"], "--demo-port", self.env["DEMO_PORT"]],
-                env=self.env, stdout=out, stderr=subprocess.STDOUT)
+                [
+                    DISPO,
+                    "up",
+                    "--nats-port",
+                    self.env["NATS_PORT"],
+                    "--demo-port",
+                    self.env["DEMO_PORT"],
+                ],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         async with asyncio.timeout(120):
             while "Ctrl-C stops everything" not in self.output.read_text():
                 assert self.process.poll() is None, self.output.read_text()
                 await asyncio.sleep(0.1)
 
     def status(self) -> tuple[int, dict]:
-        result = subprocess.run([DISPO, "status", "--json"], env=self.env, capture_output=True, text=True)
+        result = subprocess.run(
+            [DISPO, "status", "--json"], env=self.env, capture_output=True, text=True
+        )
         return result.returncode, json.loads(result.stdout)
 
     async def down(self) -> int:
@@ -56,8 +67,12 @@ class RunningStack:
 
 @pytest.fixture
 def stack(tmp_path):
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"), "NATS_PORT": str(free_port()),
-           "DEMO_PORT": str(free_port())}
+    env = {
+        **os.environ,
+        "DISPO_DATA_DIR": str(tmp_path / "data"),
+        "NATS_PORT": str(free_port()),
+        "DEMO_PORT": str(free_port()),
+    }
     for name in SERVICES:
         env[f"DISPO_{name.upper()}_PORT"] = str(free_port())
     running = RunningStack(tmp_path / "data", env)
@@ -83,30 +98,38 @@ async def test_up_status_restart_and_data_kept(stack):
     assert code == 0
     assert set(report) == set(SERVICES)
     for name in SERVICES:
-        assert report[name] == {"address": f"127.0.0.1:{stack.env[f'DISPO_{name.upper()}_PORT']}",
-                                "status": "SERVING"}
+        assert report[name] == {
+            "address": f"127.0.0.1:{stack.env[f'DISPO_{name.upper()}_PORT']}",
+            "status": "SERVING",
+        }
 
     # the pool's worker process and the demo downstream run beside the services
     state = read_state(stack.data_dir)
     assert {"pool-worker", "demo-downstream"} == set(state["companions"])
     assert all(alive(info["pid"]) for info in state["companions"].values())
     async with httpx.AsyncClient() as http:
-        assert (await http.get(f"http://127.0.0.1:{stack.env['DEMO_PORT']}/healthz")).status_code == 200
+        assert (
+            await http.get(f"http://127.0.0.1:{stack.env['DEMO_PORT']}/healthz")
+        ).status_code == 200
 
     # a crashed service is restarted
     executor = state["services"]["executor"]
     os.kill(executor["pid"], signal.SIGKILL)
     executor_log = stack.data_dir / "logs" / "executor.log"
     async with asyncio.timeout(60):
-        while (executor_log.read_text().count('"event": "serving"') < 2
-               or await health_status(executor["address"]) != "SERVING"):
+        while (
+            executor_log.read_text().count('"event": "serving"') < 2
+            or await health_status(executor["address"]) != "SERVING"
+        ):
             await asyncio.sleep(0.2)
     assert not alive(executor["pid"])
     assert alive(read_state(stack.data_dir)["services"]["executor"]["pid"])
 
     # data written now survives a full stop and start
     conn = await asyncpg.connect(state["database_url"])
-    await conn.execute("CREATE TABLE public.kept (v text); INSERT INTO public.kept VALUES ('still here')")
+    await conn.execute(
+        "CREATE TABLE public.kept (v text); INSERT INTO public.kept VALUES ('still here')"
+    )
     await conn.close()
 
     state = read_state(stack.data_dir)
@@ -126,12 +149,33 @@ async def test_up_status_restart_and_data_kept(stack):
     assert await stack.down() == 0
 
 
-async def test_up_with_external_database_and_nats_starts_only_services(infra, database_url, nats_url, tmp_path):
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"),
-           "DISPO_GATEWAY_PORT": str(free_port()), "DISPO_EXECUTOR_PORT": str(free_port())}
-    up = subprocess.Popen([DISPO, "up", "--services", "gateway,executor", "--demo-port", "0",
-                           "--database-url", database_url, "--nats-url", nats_url],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+async def test_up_with_external_database_and_nats_starts_only_services(
+    infra, database_url, nats_url, tmp_path
+):
+    env = {
+        **os.environ,
+        "DISPO_DATA_DIR": str(tmp_path / "data"),
+        "DISPO_GATEWAY_PORT": str(free_port()),
+        "DISPO_EXECUTOR_PORT": str(free_port()),
+    }
+    up = subprocess.Popen(
+        [
+            DISPO,
+            "up",
+            "--services",
+            "gateway,executor",
+            "--demo-port",
+            "0",
+            "--database-url",
+            database_url,
+            "--nats-url",
+            nats_url,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         printed = []
         async with asyncio.timeout(120):

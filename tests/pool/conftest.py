@@ -16,8 +16,15 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-
-from dispo.pool.domain import Evaluation, EvaluationStatus, Line, PoolPolicy, Rule, Schedule, TestCase
+from dispo.pool.domain import (
+    Evaluation,
+    EvaluationStatus,
+    Line,
+    PoolPolicy,
+    Rule,
+    Schedule,
+    TestCase,
+)
 from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.operations import Pool
 from dispo.pool.sweeps import create_cron
@@ -25,12 +32,24 @@ from dispo.pool.sweeps import create_cron
 FAKE_OPENCLAW = Path(__file__).parent / "fake_openclaw" / "openclaw"
 
 
-def evaluation(evaluation_id: str, *, target: str = "http://127.0.0.1:9/", slots: int = 24,
-               window: int = 86400, runs_per_slot: int = 1, line: str = "formal",
-               cases: tuple[TestCase, ...] | None = None) -> Evaluation:
+def evaluation(
+    evaluation_id: str,
+    *,
+    target: str = "http://127.0.0.1:9/",
+    slots: int = 24,
+    window: int = 86400,
+    runs_per_slot: int = 1,
+    line: str = "formal",
+    cases: tuple[TestCase, ...] | None = None,
+) -> Evaluation:
     return Evaluation(
-        id=evaluation_id, series="search-quality", line=Line(line), period="2026-W01",
-        configuration_json=json.dumps({"model": "m1"}), analysis_model="", target_url=target,
+        id=evaluation_id,
+        series="search-quality",
+        line=Line(line),
+        period="2026-W01",
+        configuration_json=json.dumps({"model": "m1"}),
+        analysis_model="",
+        target_url=target,
         cases=cases or (TestCase("c1", "GET", "/answer", "", (Rule("status", "200"),)),),
         schedule=Schedule(None, window, slots, runs_per_slot),  # type: ignore[arg-type]
         status=EvaluationStatus.QUEUED,
@@ -124,12 +143,16 @@ async def eventually(check, timeout: float = 30.0, interval: float = 0.05):
 class WorkerProcess:
     env: dict[str, str]
     log_path: Path
-    process: "subprocess.Popen[bytes] | None" = None
+    process: subprocess.Popen[bytes] | None = None
 
     def spawn(self) -> None:
         out = open(self.log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "dispo.pool.worker"], env=self.env,
-                                        stdout=out, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "dispo.pool.worker"],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         out.close()
 
     def kill(self) -> None:
@@ -149,14 +172,26 @@ async def pool_stack(start_service, file_clock, tmp_path, database_url, nats_url
     registry = tmp_path / "registry.sqlite"
 
     async def start(**pool_env: str):
-        env = {**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry), "DISPO_POOL_SWEEP_SECONDS": "30",
-               "DISPO_POOL_SPAWN_WORKER": "false", **pool_env}
+        env = {
+            **file_clock.env,
+            "DISPO_POOL_LOCAL_REGISTRY": str(registry),
+            "DISPO_POOL_SWEEP_SECONDS": "30",
+            "DISPO_POOL_SPAWN_WORKER": "false",
+            **pool_env,
+        }
         service = await start_service("pool", env=env)
-        worker = WorkerProcess({
-            **os.environ, **file_clock.env, "DISPO_DATABASE_URL": database_url, "DISPO_NATS_URL": nats_url,
-            "DISPO_LOG_FORMAT": "json", "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
-            "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
-        }, tmp_path / "pool-worker.log")
+        worker = WorkerProcess(
+            {
+                **os.environ,
+                **file_clock.env,
+                "DISPO_DATABASE_URL": database_url,
+                "DISPO_NATS_URL": nats_url,
+                "DISPO_LOG_FORMAT": "json",
+                "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
+                "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
+            },
+            tmp_path / "pool-worker.log",
+        )
         worker.spawn()
         workers.append(worker)
         return service, worker

@@ -6,13 +6,18 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import text
-
 from dispo.pool.domain import (
-    CRON_TRANSITIONS, EVALUATION_TRANSITIONS, CronStatus, EvaluationStatus, PoolPolicy, Rule, Schedule,
+    CRON_TRANSITIONS,
+    EVALUATION_TRANSITIONS,
+    CronStatus,
+    EvaluationStatus,
+    PoolPolicy,
+    Rule,
+    Schedule,
     plan_resize,
 )
 from dispo.pool.scoring import Answer, json_path, score, validate_rule
+from sqlalchemy import text
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -31,25 +36,31 @@ def test_schedule_debt_and_slot_due():
     assert s.current_slot(T0 + timedelta(days=3)) == 23  # capped at the last slot
 
 
-@pytest.mark.parametrize(("live", "busy", "delta"), [
-    (5, 4, 0),    # 4/5 = 0.8 exactly: no scale-up
-    (10, 8, 0),   # 0.8 exactly
-    (5, 5, 2),    # 1.0 > 0.8: grow until busy/total <= 0.8 -> ceil(5/0.8) = 7
-    (10, 9, 2),   # 0.9 -> ceil(9/0.8) = 12
-    (20, 20, 0),  # at max: never above
-    (19, 19, 1),  # capped at 20
-])
+@pytest.mark.parametrize(
+    ("live", "busy", "delta"),
+    [
+        (5, 4, 0),  # 4/5 = 0.8 exactly: no scale-up
+        (10, 8, 0),  # 0.8 exactly
+        (5, 5, 2),  # 1.0 > 0.8: grow until busy/total <= 0.8 -> ceil(5/0.8) = 7
+        (10, 9, 2),  # 0.9 -> ceil(9/0.8) = 12
+        (20, 20, 0),  # at max: never above
+        (19, 19, 1),  # capped at 20
+    ],
+)
 def test_scale_up_threshold_at_its_boundary(live, busy, delta):
     assert plan_resize(live, busy, live - busy, PoolPolicy()).delta == delta
 
 
-@pytest.mark.parametrize(("live", "busy", "delta"), [
-    (10, 0, 0),   # idle 10 = 2 x min: no scale-down
-    (11, 0, -1),  # idle 11 > 10: back to 10 idle
-    (15, 3, -2),  # idle 12 -> 10
-    (20, 0, -10), # idle 20 -> 10
-    (4, 0, 1),    # below min: grow to min
-])
+@pytest.mark.parametrize(
+    ("live", "busy", "delta"),
+    [
+        (10, 0, 0),  # idle 10 = 2 x min: no scale-down
+        (11, 0, -1),  # idle 11 > 10: back to 10 idle
+        (15, 3, -2),  # idle 12 -> 10
+        (20, 0, -10),  # idle 20 -> 10
+        (4, 0, 1),  # below min: grow to min
+    ],
+)
 def test_scale_down_threshold_at_its_boundary(live, busy, delta):
     assert plan_resize(live, busy, live - busy, PoolPolicy()).delta == delta
 
@@ -62,8 +73,13 @@ def test_scale_respects_min_when_shrinking():
 
 def test_scoring_rules():
     answer = Answer(200, '{"answer": "Paris, France", "items": [1, {"k": true}]}', 120)
-    rules = (Rule("status", "200"), Rule("json_equals", "true", "$.items[1].k"),
-             Rule("json_contains", "Paris", "$.answer"), Rule("regex", r"France"), Rule("latency_ms", "100"))
+    rules = (
+        Rule("status", "200"),
+        Rule("json_equals", "true", "$.items[1].k"),
+        Rule("json_contains", "Paris", "$.answer"),
+        Rule("regex", r"France"),
+        Rule("latency_ms", "100"),
+    )
     result = score(rules, answer)
     assert result.verdict.value == "fail"
     assert result.score == pytest.approx(0.8)
@@ -81,11 +97,19 @@ def _check_values(definition: str) -> set[str]:
 
 async def test_state_machines_agree_with_database_checks(pool_engine):
     async with pool_engine.connect() as conn:
-        rows = (await conn.execute(text("""
+        rows = (
+            await conn.execute(
+                text("""
             SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint
-            WHERE contype = 'c' AND pg_get_constraintdef(oid) LIKE '%status%ANY%'"""))).all()
+            WHERE contype = 'c' AND pg_get_constraintdef(oid) LIKE '%status%ANY%'""")
+            )
+        ).all()
     checks = {table: _check_values(definition) for table, definition in rows}
-    assert checks["evaluations"] == {s.value for s in EvaluationStatus} == {s.value for s in EVALUATION_TRANSITIONS}
+    assert (
+        checks["evaluations"]
+        == {s.value for s in EvaluationStatus}
+        == {s.value for s in EVALUATION_TRANSITIONS}
+    )
     assert checks["crons"] == {s.value for s in CronStatus} == {s.value for s in CRON_TRANSITIONS}
     # Terminal statuses have no way out.
     assert not EVALUATION_TRANSITIONS[EvaluationStatus.COMPLETED]

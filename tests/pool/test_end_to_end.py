@@ -4,7 +4,6 @@ and its analysis appears in the intelligence service (all real processes, real N
 from __future__ import annotations
 
 import grpc
-
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
@@ -13,23 +12,45 @@ from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from .conftest import eventually
 
 
-async def test_formal_evaluation_completes_and_is_analysed(pool_stack, start_service, target, file_clock):
+async def test_formal_evaluation_completes_and_is_analysed(
+    pool_stack, start_service, target, file_clock
+):
     intelligence = await start_service("intelligence", env=file_clock.env)
     pool, _ = await pool_stack()
     target.answers["/broken"] = (500, {"error": "boom"})
-    async with grpc.aio.insecure_channel(pool.address) as channel, \
-            grpc.aio.insecure_channel(intelligence.address) as ichannel:
+    async with (
+        grpc.aio.insecure_channel(pool.address) as channel,
+        grpc.aio.insecure_channel(intelligence.address) as ichannel,
+    ):
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         istub = intelligence_pb2_grpc.IntelligenceServiceStub(ichannel)
         await eventually(lambda: _pool_size(stub, 5))
-        await stub.CreateEvaluation(pb.CreateEvaluationRequest(
-            evaluation_id="formal-1", series="checkout-assistant", line="formal", period="2026-01",
-            configuration_json='{"prompt": "v3"}', target_url=target.url, window_seconds=120, slot_count=2,
-            runs_per_slot=2,
-            cases=[pb.TestCase(id="ok", path="/answer", rules=[
-                       pb.Rule(kind="status", value="200"),
-                       pb.Rule(kind="json_equals", path="$.answer", value='"paris"')]),
-                   pb.TestCase(id="broken", path="/broken", rules=[pb.Rule(kind="status", value="200")])]))
+        await stub.CreateEvaluation(
+            pb.CreateEvaluationRequest(
+                evaluation_id="formal-1",
+                series="checkout-assistant",
+                line="formal",
+                period="2026-01",
+                configuration_json='{"prompt": "v3"}',
+                target_url=target.url,
+                window_seconds=120,
+                slot_count=2,
+                runs_per_slot=2,
+                cases=[
+                    pb.TestCase(
+                        id="ok",
+                        path="/answer",
+                        rules=[
+                            pb.Rule(kind="status", value="200"),
+                            pb.Rule(kind="json_equals", path="$.answer", value='"paris"'),
+                        ],
+                    ),
+                    pb.TestCase(
+                        id="broken", path="/broken", rules=[pb.Rule(kind="status", value="200")]
+                    ),
+                ],
+            )
+        )
         await eventually(lambda: _runs(stub, "formal-1", 2))
         file_clock.advance(seconds=60)  # slot 1 falls due on the tick
         done = await eventually(lambda: _completed(stub, "formal-1"), timeout=60)

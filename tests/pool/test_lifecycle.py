@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from dispo.libs.api.pool.v1 import events_pb2
 from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
 from dispo.pool.domain import EvaluationStatus, Rule, RunResult, TestCase, Verdict
@@ -28,7 +27,9 @@ async def _stream(bus, subject_filter: str = "evaluation.>") -> list[tuple[str, 
     return out
 
 
-async def test_evaluation_runs_slot_by_slot_completes_and_publishes_its_events(pool, manual_clock, bus):
+async def test_evaluation_runs_slot_by_slot_completes_and_publishes_its_events(
+    pool, manual_clock, bus
+):
     relay = outbox_relay(pool.engine, bus, manual_clock)  # it ensures the stream itself
     [cron] = await add_crons(pool, 1)
     await pool.create_evaluation(evaluation("e2e", window=120, slots=2, runs_per_slot=1))
@@ -43,19 +44,33 @@ async def test_evaluation_runs_slot_by_slot_completes_and_publishes_its_events(p
     manual_clock.advance(seconds=60)  # slot 1 is due
     second = await pool.wake_cron(cron)
     assert second.evaluation.id == "e2e" and second.next_run_index == 1
-    out = await pool.record_run(cron, "e2e", 1, "c1", RunResult(Verdict.FAIL, 0.5, 7, "status 500 != 200"))
+    out = await pool.record_run(
+        cron, "e2e", 1, "c1", RunResult(Verdict.FAIL, 0.5, 7, "status 500 != 200")
+    )
     assert out.evaluation_status is EvaluationStatus.COMPLETED and not out.continue_evaluation
 
     assert await relay.relay_once() == 4
     assert await relay.relay_once() == 0
     messages = await _stream(bus)
     assert [(s, m) for s, m, _ in messages] == [
-        ("evaluation.started", "e2e:started"), ("evaluation.run_recorded", "e2e-r0"),
-        ("evaluation.run_recorded", "e2e-r1"), ("evaluation.completed", "e2e:completed")]
+        ("evaluation.started", "e2e:started"),
+        ("evaluation.run_recorded", "e2e-r0"),
+        ("evaluation.run_recorded", "e2e-r1"),
+        ("evaluation.completed", "e2e:completed"),
+    ]
     started = events_pb2.EvaluationStarted.FromString(messages[0][2])
-    assert (started.series, started.line, started.period) == ("search-quality", "formal", "2026-W01")
+    assert (started.series, started.line, started.period) == (
+        "search-quality",
+        "formal",
+        "2026-W01",
+    )
     run = events_pb2.EvaluationRunRecorded.FromString(messages[2][2])
-    assert (run.verdict, run.score, run.latency_ms, run.failure_reason) == ("fail", 0.5, 7, "status 500 != 200")
+    assert (run.verdict, run.score, run.latency_ms, run.failure_reason) == (
+        "fail",
+        0.5,
+        7,
+        "status 500 != 200",
+    )
     done = events_pb2.EvaluationCompleted.FromString(messages[3][2])
     assert done.status == "completed"
 
@@ -81,14 +96,29 @@ async def test_pause_resume_cancel(pool):
 
 async def test_bad_input_is_refused_and_changes_nothing(pool):
     with pytest.raises(InvalidArgument) as bad:
-        await pool.create_evaluation(evaluation("BAD ID", target="ftp://x", slots=0,
-                                                cases=(TestCase("c1", "GET", "x", "", (Rule("regex", "("),)),)))
+        await pool.create_evaluation(
+            evaluation(
+                "BAD ID",
+                target="ftp://x",
+                slots=0,
+                cases=(TestCase("c1", "GET", "x", "", (Rule("regex", "("),)),),
+            )
+        )
     fields = {v.field for v in bad.value.violations}
-    assert fields == {"evaluation_id", "target_url", "slot_count", "cases[0].path", "cases[0].rules[0]"}
+    assert fields == {
+        "evaluation_id",
+        "target_url",
+        "slot_count",
+        "cases[0].path",
+        "cases[0].rules[0]",
+    }
     big = evaluation("big")
     from dataclasses import replace
+
     with pytest.raises(ResourceExhausted):
-        await pool.create_evaluation(replace(big, configuration_json='{"x": "' + "a" * 70000 + '"}'))
+        await pool.create_evaluation(
+            replace(big, configuration_json='{"x": "' + "a" * 70000 + '"}')
+        )
     await pool.create_evaluation(evaluation("dup"))
     with pytest.raises(AlreadyExists):
         await pool.create_evaluation(evaluation("dup"))

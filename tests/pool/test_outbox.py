@@ -4,11 +4,10 @@ migrations, and a relay that keeps the stream in outbox order when a publish fai
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import inspect
-from sqlalchemy.dialects import postgresql
-
 from dispo.pool import repository as repo
 from dispo.pool.events import outbox_relay
+from sqlalchemy import inspect
+from sqlalchemy.dialects import postgresql
 
 from .conftest import evaluation
 
@@ -22,16 +21,22 @@ async def test_the_migrated_outbox_has_the_shared_shape(pool):
         columns, indexes = await conn.run_sync(reflect)
     dialect = postgresql.dialect()
     assert {c["name"]: (c["type"].compile(dialect), c["nullable"]) for c in columns} == {
-        c.name: (c.type.compile(dialect), c.nullable) for c in repo.outbox.columns}
-    assert [(i["name"], i["column_names"], i["dialect_options"].get("postgresql_where")) for i in indexes] == [
-        (i.name, [c.name for c in i.columns], "(sent_at IS NULL)") for i in repo.outbox.indexes]
+        c.name: (c.type.compile(dialect), c.nullable) for c in repo.outbox.columns
+    }
+    assert [
+        (i["name"], i["column_names"], i["dialect_options"].get("postgresql_where"))
+        for i in indexes
+    ] == [(i.name, [c.name for c in i.columns], "(sent_at IS NULL)") for i in repo.outbox.indexes]
 
 
-async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order(pool, manual_clock, bus,
-                                                                                 monkeypatch):
+async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order(
+    pool, manual_clock, bus, monkeypatch
+):
     relay = outbox_relay(pool.engine, bus, manual_clock)
     for name in ("first", "second", "third"):
-        await pool.cancel((await pool.create_evaluation(evaluation(name))).id)  # one evaluation.completed each
+        await pool.cancel(
+            (await pool.create_evaluation(evaluation(name))).id
+        )  # one evaluation.completed each
     publish = bus.publish
     attempts = []
 
@@ -46,7 +51,9 @@ async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order
         await relay.relay_once()
     assert attempts == ["first:completed", "second:completed"]  # nothing after the failure
     monkeypatch.undo()
-    assert await relay.relay_once() == 3  # none was marked sent; "first" is de-duplicated by the stream
+    assert (
+        await relay.relay_once() == 3
+    )  # none was marked sent; "first" is de-duplicated by the stream
     sub = await bus.js.pull_subscribe("evaluation.>", stream="EVALUATIONS")
     stored = [m.headers["Nats-Msg-Id"] for m in await sub.fetch(10, timeout=1)]
     assert stored == ["first:completed", "second:completed", "third:completed"]

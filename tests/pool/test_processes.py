@@ -6,7 +6,6 @@ import asyncio
 
 import grpc
 import pytest
-
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 
@@ -15,23 +14,39 @@ from .conftest import eventually
 
 def create_request(target_url: str, evaluation_id: str, **schedule) -> pb.CreateEvaluationRequest:
     return pb.CreateEvaluationRequest(
-        evaluation_id=evaluation_id, series="checkout-assistant", line="formal", period="2026-01",
-        configuration_json='{"prompt": "v3"}', target_url=target_url,
-        cases=[pb.TestCase(id="capital", path="/answer", rules=[
-            pb.Rule(kind="status", value="200"), pb.Rule(kind="json_contains", path="$.answer", value="paris")])],
-        **schedule)
+        evaluation_id=evaluation_id,
+        series="checkout-assistant",
+        line="formal",
+        period="2026-01",
+        configuration_json='{"prompt": "v3"}',
+        target_url=target_url,
+        cases=[
+            pb.TestCase(
+                id="capital",
+                path="/answer",
+                rules=[
+                    pb.Rule(kind="status", value="200"),
+                    pb.Rule(kind="json_contains", path="$.answer", value="paris"),
+                ],
+            )
+        ],
+        **schedule,
+    )
 
 
 async def evaluation(address: str, evaluation_id: str) -> pb.Evaluation | None:
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             return await pool_pb2_grpc.PoolServiceStub(channel).GetEvaluation(
-                pb.GetEvaluationRequest(evaluation_id=evaluation_id), timeout=5)
+                pb.GetEvaluationRequest(evaluation_id=evaluation_id), timeout=5
+            )
     except grpc.aio.AioRpcError:
         return None
 
 
-async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(pool_stack, target, file_clock):
+async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(
+    pool_stack, target, file_clock
+):
     pool, worker = await pool_stack()
     async with grpc.aio.insecure_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
@@ -39,8 +54,11 @@ async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(pool_s
         assert status.driver == "local" and status.idle == 5
         target.hold = asyncio.Event()
         # 5 slots of 60 s, 2 runs each.
-        await stub.CreateEvaluation(create_request(target.url, "survivor", window_seconds=300, slot_count=5,
-                                                   runs_per_slot=2))
+        await stub.CreateEvaluation(
+            create_request(
+                target.url, "survivor", window_seconds=300, slot_count=5, runs_per_slot=2
+            )
+        )
     # The event wakes a cron at once (no tick needed); its first run is now in flight.
     await eventually(lambda: target.waiting >= 1)
     held = await evaluation(pool.address, "survivor")
@@ -70,11 +88,15 @@ async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(pool_s
     for _ in range(2):
         file_clock.advance(seconds=60)
         await asyncio.sleep(0.2)
-    done = await eventually(lambda: _status(pool.address, "survivor", pb.EVALUATION_STATUS_COMPLETED), timeout=60)
+    done = await eventually(
+        lambda: _status(pool.address, "survivor", pb.EVALUATION_STATUS_COMPLETED), timeout=60
+    )
     assert done.runs_done == done.runs_total == 10
     async with grpc.aio.insecure_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
-        history = (await stub.ListAssignments(pb.ListAssignmentsRequest(evaluation_id="survivor"))).assignments
+        history = (
+            await stub.ListAssignments(pb.ListAssignmentsRequest(evaluation_id="survivor"))
+        ).assignments
         crons = (await stub.ListCrons(pb.ListCronsRequest())).crons
     # Assignments of the evaluation never overlap, and no cron still names it.
     spans = sorted((a.started_at.ToDatetime(), a.ended_at.ToDatetime()) for a in history)
@@ -105,7 +127,10 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as bad:
             await stub.CreateEvaluation(create_request("not-a-url", "x1"))
-        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "target_url" in bad.value.details()
+        assert (
+            bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and "target_url" in bad.value.details()
+        )
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="nope"))
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
@@ -114,9 +139,20 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
             await stub.CreateEvaluation(create_request(target.url, "twice"))
         assert dup.value.code() == grpc.StatusCode.ALREADY_EXISTS
         with pytest.raises(grpc.aio.AioRpcError) as big:
-            await stub.CreateEvaluation(create_request(target.url, "big", ).__class__(
-                evaluation_id="big", series="s", line="trial", period="p", target_url=target.url,
-                configuration_json='{"a": "' + "x" * 70_000 + '"}', cases=[pb.TestCase(id="c")]))
+            await stub.CreateEvaluation(
+                create_request(
+                    target.url,
+                    "big",
+                ).__class__(
+                    evaluation_id="big",
+                    series="s",
+                    line="trial",
+                    period="p",
+                    target_url=target.url,
+                    configuration_json='{"a": "' + "x" * 70_000 + '"}',
+                    cases=[pb.TestCase(id="c")],
+                )
+            )
         assert big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         with pytest.raises(grpc.aio.AioRpcError) as pre:
             await stub.ResumeEvaluation(pb.EvaluationRef(evaluation_id="twice"))
@@ -125,6 +161,7 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
 
 def _children(pid: int) -> list[int]:
     from pathlib import Path
+
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         text = (task / "children").read_text().split()
@@ -134,30 +171,46 @@ def _children(pid: int) -> list[int]:
 
 def _alive(pid: int) -> bool:
     import os
+
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     from pathlib import Path
+
     return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
-async def test_spawned_worker_is_restarted_and_dies_with_the_pool(start_service, target, file_clock, tmp_path):
+async def test_spawned_worker_is_restarted_and_dies_with_the_pool(
+    start_service, target, file_clock, tmp_path
+):
     import os
     import signal
-    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(tmp_path / "reg.sqlite"),
-                                            "DISPO_POOL_SPAWN_WORKER": "true"})
+
+    pool = await start_service(
+        "pool",
+        env={
+            **file_clock.env,
+            "DISPO_POOL_LOCAL_REGISTRY": str(tmp_path / "reg.sqlite"),
+            "DISPO_POOL_SPAWN_WORKER": "true",
+        },
+    )
     [worker_pid] = await eventually(lambda: _children(pool.process.pid))
     async with grpc.aio.insecure_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         await eventually(lambda: _size(stub, 5))
-        await stub.CreateEvaluation(create_request(target.url, "spawned", window_seconds=120, slot_count=2,
-                                                   runs_per_slot=1))
+        await stub.CreateEvaluation(
+            create_request(target.url, "spawned", window_seconds=120, slot_count=2, runs_per_slot=1)
+        )
         await eventually(lambda: _runs_done(pool.address, "spawned", 1))
         os.kill(worker_pid, signal.SIGKILL)  # the driver crashes
-        [restarted] = await eventually(lambda: [p for p in _children(pool.process.pid) if p != worker_pid])
+        [restarted] = await eventually(
+            lambda: [p for p in _children(pool.process.pid) if p != worker_pid]
+        )
         file_clock.advance(seconds=60)
-        done = await eventually(lambda: _status(pool.address, "spawned", pb.EVALUATION_STATUS_COMPLETED), timeout=60)
+        done = await eventually(
+            lambda: _status(pool.address, "spawned", pb.EVALUATION_STATUS_COMPLETED), timeout=60
+        )
         assert done.runs_done == 2
     pool.kill()  # SIGKILL: no shutdown code runs, yet the worker follows its parent
     await eventually(lambda: not _alive(restarted))

@@ -5,20 +5,30 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from sqlalchemy import text
-
 from dispo.pool import repository as repo
 from dispo.pool.domain import Evaluation, EvaluationStatus, QueueKey, Schedule
+from sqlalchemy import text
 
 from .conftest import add_crons, evaluation
 
 
-async def _seed(pool, ev: Evaluation, *, window_start, runs_done: int = 0, waiting_since=None,
-                status: str = "executing") -> None:
+async def _seed(
+    pool,
+    ev: Evaluation,
+    *,
+    window_start,
+    runs_done: int = 0,
+    waiting_since=None,
+    status: str = "executing",
+) -> None:
     async with pool.engine.begin() as conn:
         await repo.evaluation_insert(conn, ev, window_start)
-        await conn.execute(text("UPDATE evaluations SET runs_done = :d, waiting_since = :w, status = :s WHERE id = :id"),
-                           {"d": runs_done, "w": waiting_since or window_start, "s": status, "id": ev.id})
+        await conn.execute(
+            text(
+                "UPDATE evaluations SET runs_done = :d, waiting_since = :w, status = :s WHERE id = :id"
+            ),
+            {"d": runs_done, "w": waiting_since or window_start, "s": status, "id": ev.id},
+        )
 
 
 async def test_priority_order_mixes_slot_due_debt_and_waiting_time(pool, manual_clock):
@@ -49,8 +59,13 @@ async def test_priority_order_mixes_slot_due_debt_and_waiting_time(pool, manual_
     async with pool.engine.connect() as conn:
         queue = await repo.queue_list(conn, now)
     order = [k.evaluation_id for k in queue]
-    assert order == ["b-due-big-debt", "a-due-small-debt", "e-due-small-debt-newer", "c-debt-1-oldest",
-                     "d-debt-1-newer"]
+    assert order == [
+        "b-due-big-debt",
+        "a-due-small-debt",
+        "e-due-small-debt-newer",
+        "c-debt-1-oldest",
+        "d-debt-1-newer",
+    ]
     # The SQL order and the domain's sort key agree, and so do debt and slot-due.
     assert sorted(queue, key=QueueKey.sort_key) == queue
     for key in queue:
@@ -99,11 +114,18 @@ async def test_claim_takes_the_top_item_and_emits_started_once(pool):
     [cron] = await add_crons(pool, 1)
     await pool.create_evaluation(evaluation("only", runs_per_slot=2))
     woke = await pool.wake_cron(cron)
-    assert woke.evaluation and woke.evaluation.id == "only" and woke.runs_owed == 2 and woke.next_run_index == 0
+    assert (
+        woke.evaluation
+        and woke.evaluation.id == "only"
+        and woke.runs_owed == 2
+        and woke.next_run_index == 0
+    )
     again = await pool.wake_cron(cron)  # busy: continues the same evaluation
     assert again.evaluation and again.evaluation.id == "only"
     async with pool.engine.connect() as conn:
-        unsent = repo.outbox.select().where(repo.outbox.c.sent_at.is_(None)).order_by(repo.outbox.c.id)
+        unsent = (
+            repo.outbox.select().where(repo.outbox.c.sent_at.is_(None)).order_by(repo.outbox.c.id)
+        )
         subjects = [r.subject for r in await conn.execute(unsent)]
     assert subjects == ["evaluation.started"]
 
@@ -112,9 +134,12 @@ async def test_next_slot_time_of_waiting_evaluations(pool, manual_clock):
     [cron] = await add_crons(pool, 1)
     await pool.create_evaluation(evaluation("timed", window=120, slots=2))
     async with pool.engine.connect() as conn:
-        assert await repo.evaluations_next_slot_at(conn, manual_clock.now()) is None  # owes a run now
+        assert (
+            await repo.evaluations_next_slot_at(conn, manual_clock.now()) is None
+        )  # owes a run now
     woke = await pool.wake_cron(cron)
     from dispo.pool.domain import RunResult, Verdict
+
     await pool.record_run(cron, "timed", 0, "c1", RunResult(Verdict.PASS, 1.0, 1))
     assert woke.evaluation is not None
     async with pool.engine.connect() as conn:
@@ -126,10 +151,16 @@ async def test_wakes_recordings_and_operator_commands_racing_do_not_deadlock(poo
     """Evaluation-then-cron lock order everywhere: concurrent wakes, runs, pauses, releases."""
     from dispo.libs.errors import DispoError
     from dispo.pool.domain import RunResult, Verdict
+
     crons = await add_crons(pool, 6)
     for i in range(6):
         await pool.create_evaluation(evaluation(f"mix-{i}", slots=1, runs_per_slot=3))
-    taken = {r.evaluation.id: c for c, r in zip(crons, await asyncio.gather(*(pool.wake_cron(c) for c in crons)))}
+    taken = {
+        r.evaluation.id: c
+        for c, r in zip(
+            crons, await asyncio.gather(*(pool.wake_cron(c) for c in crons)), strict=False
+        )
+    }
 
     async def attempt(coro):
         try:
@@ -140,9 +171,11 @@ async def test_wakes_recordings_and_operator_commands_racing_do_not_deadlock(poo
     ops = []
     for i in range(6):
         ev_id, cron = f"mix-{i}", taken[f"mix-{i}"]
-        ops += [attempt(pool.wake_cron(cron)),
-                attempt(pool.record_run(cron, ev_id, 0, "c1", RunResult(Verdict.PASS, 1.0, 1))),
-                attempt(pool.pause(ev_id) if i % 2 else pool.force_release(evaluation_id=ev_id))]
+        ops += [
+            attempt(pool.wake_cron(cron)),
+            attempt(pool.record_run(cron, ev_id, 0, "c1", RunResult(Verdict.PASS, 1.0, 1))),
+            attempt(pool.pause(ev_id) if i % 2 else pool.force_release(evaluation_id=ev_id)),
+        ]
     await asyncio.gather(*ops)
     for _ in range(2):
         await asyncio.gather(*(attempt(pool.wake_cron(c)) for c in crons))
@@ -152,4 +185,6 @@ async def test_wakes_recordings_and_operator_commands_racing_do_not_deadlock(poo
     held = {c.evaluation_id for c in crons_now if c.evaluation_id}
     assert len(held) == len([c for c in crons_now if c.evaluation_id]) == len(open_assignments)
     for evaluation_id in held:
-        assert (await pool.get_evaluation(evaluation_id)).assigned_cron_id in {c.id for c in crons_now}
+        assert (await pool.get_evaluation(evaluation_id)).assigned_cron_id in {
+            c.id for c in crons_now
+        }

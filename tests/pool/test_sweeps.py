@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-
 import pytest
-
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.pool import repository as repo
 from dispo.pool.domain import CronStatus, EvaluationStatus, RunResult, Verdict
@@ -15,7 +13,9 @@ from .conftest import add_crons, evaluation
 PASS = RunResult(Verdict.PASS, 1.0, 5)
 
 
-async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigned(pool, manual_clock):
+async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigned(
+    pool, manual_clock
+):
     first, other = await add_crons(pool, 2)
     await pool.create_evaluation(evaluation("stalls", runs_per_slot=3))
     assert (await pool.wake_cron(first)).evaluation.id == "stalls"
@@ -43,7 +43,10 @@ async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigne
     assert first not in crons and crons[replacement].status is CronStatus.BUSY
     assert {c.id for c in await pool.driver.list()} == {other, replacement}
     async with pool.engine.connect() as conn:
-        history = [(a.cron_id, a.end_reason) for a in await repo.assignments_list(conn, evaluation_id="stalls")]
+        history = [
+            (a.cron_id, a.end_reason)
+            for a in await repo.assignments_list(conn, evaluation_id="stalls")
+        ]
     assert history == [(replacement, None), (first, "stalled")]
 
     # The stuck cron coming back to life cannot record for the evaluation any more.
@@ -92,7 +95,9 @@ async def test_evaluation_holding_a_cron_two_hours_is_force_released(pool, manua
 
 async def _busy(pool, crons: list[str], n: int) -> None:
     for i, cron in enumerate(crons[:n]):
-        await pool.create_evaluation(evaluation(f"busy-{len(crons)}-{n}-{i}", slots=1, runs_per_slot=10))
+        await pool.create_evaluation(
+            evaluation(f"busy-{len(crons)}-{n}-{i}", slots=1, runs_per_slot=10)
+        )
         assert (await pool.wake_cron(cron)).evaluation is not None
 
 
@@ -129,6 +134,7 @@ async def test_scale_down_exactly_above_twice_min_idle_and_never_beyond_bounds(p
 
 async def test_bounds_are_validated(pool):
     from dispo.libs.errors import InvalidArgument
+
     with pytest.raises(InvalidArgument):
         await pool.set_bounds(0, 5)
     with pytest.raises(InvalidArgument):
@@ -137,6 +143,7 @@ async def test_bounds_are_validated(pool):
 
 async def test_pool_restart_does_not_count_its_own_downtime_as_cron_silence(pool, manual_clock):
     from dispo.pool.sweeps import grace_after_restart
+
     crons = await add_crons(pool, 3)
     manual_clock.advance(minutes=30)  # the pool service was down for half an hour
     assert await grace_after_restart(pool) == 3
@@ -148,6 +155,7 @@ async def test_pool_restart_does_not_count_its_own_downtime_as_cron_silence(pool
 
 async def test_force_release_by_cron_or_evaluation(pool, wakes):
     from dispo.libs.errors import InvalidArgument
+
     first, second = await add_crons(pool, 2)
     wakes.subjects.clear()
     await pool.create_evaluation(evaluation("held", runs_per_slot=5))

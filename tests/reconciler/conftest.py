@@ -11,9 +11,6 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from google.protobuf import struct_pb2
-from sqlalchemy import text
-
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -26,6 +23,8 @@ from dispo.reconciler.config import DownstreamInfo, ReconcilerSettings, parse_co
 from dispo.reconciler.context import Context
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
+from google.protobuf import struct_pb2
+from sqlalchemy import text
 
 from .fakes import CallbackReceiver, FakeDownstream
 
@@ -35,7 +34,13 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 CONFIG = {
     "redrive": {
-        "default": {"max_redrives": 3, "max_age": 86400, "base_delay": 10, "max_delay": 100, "jitter": 0.5},
+        "default": {
+            "max_redrives": 3,
+            "max_age": 86400,
+            "base_delay": 10,
+            "max_delay": 100,
+            "jitter": 0.5,
+        },
         "rules": [{"business": "search", "max_redrives": 1}],
     },
     "release": {"default": {"rate_per_second": 2, "burst": 2}},
@@ -50,16 +55,39 @@ CONFIG = {
 }
 
 
-def node(node_id: str, status: str = "PENDING", *, deps: tuple[str, ...] = (), downstream: str = "labels",
-         probe: bool = True, idempotent: bool = True, retryable: bool = True, error: str = "",
-         attempts: int = 0, cell: str = "update_quality_level", task_id: str = "t") -> task_pb2.Node:
+def node(
+    node_id: str,
+    status: str = "PENDING",
+    *,
+    deps: tuple[str, ...] = (),
+    downstream: str = "labels",
+    probe: bool = True,
+    idempotent: bool = True,
+    retryable: bool = True,
+    error: str = "",
+    attempts: int = 0,
+    cell: str = "update_quality_level",
+    task_id: str = "t",
+) -> task_pb2.Node:
     cell_ref = node_id.split(".")[0]
     key = f"{task_id}/{node_id}"
     n = task_pb2.Node(
-        node_id=node_id, cell_ref=cell_ref, cell=cell, action=node_id.split(".")[-1], depends_on=list(deps),
-        status=NS.Value(f"NODE_STATUS_{status}"), idempotency_key=key, last_error=error,
-        spec=task_pb2.ActionSpec(kind="http", downstream=downstream, method="POST", path=f"/do/{node_id}",
-                                 probe_path=f"/effects/{key}" if probe else "", idempotent=idempotent),
+        node_id=node_id,
+        cell_ref=cell_ref,
+        cell=cell,
+        action=node_id.split(".")[-1],
+        depends_on=list(deps),
+        status=NS.Value(f"NODE_STATUS_{status}"),
+        idempotency_key=key,
+        last_error=error,
+        spec=task_pb2.ActionSpec(
+            kind="http",
+            downstream=downstream,
+            method="POST",
+            path=f"/do/{node_id}",
+            probe_path=f"/effects/{key}" if probe else "",
+            idempotent=idempotent,
+        ),
     )
     n.retry.attempts = attempts
     n.retry.round_attempts = attempts
@@ -67,12 +95,28 @@ def node(node_id: str, status: str = "PENDING", *, deps: tuple[str, ...] = (), d
     return n
 
 
-def envelope(task_id: str, nodes: list[tuple[str, str] | task_pb2.Node], *, business: str = "ecommerce",
-             generation: int = 2, version: int = 7, status: str = "RETRY_EXHAUSTED", callback_url: str = "",
-             payloads: dict[str, dict] | None = None, created_at: datetime = T0, **node_kw: Any) -> task_pb2.Task:
-    env = task_pb2.Task(task_id=task_id, business=business, generation=generation, version=version,
-                        status=TS.Value(f"TASK_STATUS_{status}"), callback_url=callback_url,
-                        status_reason=f"test: {status.lower()}")
+def envelope(
+    task_id: str,
+    nodes: list[tuple[str, str] | task_pb2.Node],
+    *,
+    business: str = "ecommerce",
+    generation: int = 2,
+    version: int = 7,
+    status: str = "RETRY_EXHAUSTED",
+    callback_url: str = "",
+    payloads: dict[str, dict] | None = None,
+    created_at: datetime = T0,
+    **node_kw: Any,
+) -> task_pb2.Task:
+    env = task_pb2.Task(
+        task_id=task_id,
+        business=business,
+        generation=generation,
+        version=version,
+        status=TS.Value(f"TASK_STATUS_{status}"),
+        callback_url=callback_url,
+        status_reason=f"test: {status.lower()}",
+    )
     env.created_at.FromDatetime(created_at)
     for item in nodes:
         if isinstance(item, task_pb2.Node):
@@ -88,7 +132,9 @@ def envelope(task_id: str, nodes: list[tuple[str, str] | task_pb2.Node], *, busi
 
 
 def status_of(env: task_pb2.Task, node_id: str) -> str:
-    return NS.Name(next(n.status for n in env.nodes if n.node_id == node_id)).removeprefix("NODE_STATUS_")
+    return NS.Name(next(n.status for n in env.nodes if n.node_id == node_id)).removeprefix(
+        "NODE_STATUS_"
+    )
 
 
 @pytest.fixture
@@ -102,29 +148,50 @@ async def fake_downstream() -> AsyncIterator[FakeDownstream]:
 @pytest.fixture
 async def receiver() -> AsyncIterator[CallbackReceiver]:
     from dispo.libs.stack.nats import free_port
+
     r = CallbackReceiver(port=free_port())  # its URL is known before it starts listening
     yield r
     await r.stop()
 
 
 @pytest.fixture
-async def recon(service_engine: Any, bus: Bus, manual_clock: ManualClock,
-                fake_downstream: FakeDownstream) -> AsyncIterator[Context]:
+async def recon(
+    service_engine: Any, bus: Bus, manual_clock: ManualClock, fake_downstream: FakeDownstream
+) -> AsyncIterator[Context]:
     engine = await service_engine("reconciler")
     await ensure_streams(bus)
-    registry = {name: DownstreamInfo(name, fake_downstream.url, f"{fake_downstream.url}/healthz")
-                for name in ("labels", "review")}
+    registry = {
+        name: DownstreamInfo(name, fake_downstream.url, f"{fake_downstream.url}/healthz")
+        for name in ("labels", "review")
+    }
     registry["notify"] = DownstreamInfo("notify", fake_downstream.url, "")
-    settings = ReconcilerSettings(batch=100, http_timeout=2.0, callback_secret="test-secret", sweep_interval=0)
+    settings = ReconcilerSettings(
+        batch=100, http_timeout=2.0, callback_secret="test-secret", sweep_interval=0
+    )
     async with httpx.AsyncClient() as http:
-        yield Context(engine, manual_clock, parse_config(CONFIG, registry), settings, http,
-                      OutboxRelay(engine, store.outbox, bus), bus, random.Random(7))
+        yield Context(
+            engine,
+            manual_clock,
+            parse_config(CONFIG, registry),
+            settings,
+            http,
+            OutboxRelay(engine, store.outbox, bus),
+            bus,
+            random.Random(7),
+        )
 
 
 @pytest.fixture
 async def stub(recon: Context) -> AsyncIterator[reconciler_pb2_grpc.ReconcilerServiceStub]:
-    server = create_server("127.0.0.1:0", [lambda s: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(
-        ReconcilerServicer(recon), s)], [SERVICE_NAME])
+    server = create_server(
+        "127.0.0.1:0",
+        [
+            lambda s: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(
+                ReconcilerServicer(recon), s
+            )
+        ],
+        [SERVICE_NAME],
+    )
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         yield reconciler_pb2_grpc.ReconcilerServiceStub(channel)

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-
 from dispo.libs.stack.nats import free_port
 
 

@@ -14,18 +14,31 @@ from .conftest import T0, envelope, node, outbox
 
 
 def submitted(task_id, business, content_id, at, cell="update_quality_level"):
-    return envelope(task_id, [node("q.set_label", "PENDING", cell=cell, task_id=task_id)], business=business,
-                    generation=0, version=0, status="ACCEPTED", created_at=at,
-                    payloads={"q": {"content_id": content_id, "level": 3}})
+    return envelope(
+        task_id,
+        [node("q.set_label", "PENDING", cell=cell, task_id=task_id)],
+        business=business,
+        generation=0,
+        version=0,
+        status="ACCEPTED",
+        created_at=at,
+        payloads={"q": {"content_id": content_id, "level": 3}},
+    )
 
 
 async def cancelled(recon):
-    return [task_pb2.CancelRequest.FromString(r.payload).task_id for r in await outbox(recon, "task.cancel")]
+    return [
+        task_pb2.CancelRequest.FromString(r.payload).task_id
+        for r in await outbox(recon, "task.cancel")
+    ]
 
 
 async def test_two_conflicting_tasks_one_verdict_loser_cancelled(recon, manual_clock, stub, bus):
     manual_clock.set(T0 + timedelta(seconds=30))
-    for env in (submitted("eco", "ecommerce", "c-42", T0), submitted("ts", "trust_safety", "c-42", T0 + timedelta(seconds=20))):
+    for env in (
+        submitted("eco", "ecommerce", "c-42", T0),
+        submitted("ts", "trust_safety", "c-42", T0 + timedelta(seconds=20)),
+    ):
         await bus.publish("task.create", env.SerializeToString(), msg_id=env.task_id)
     parts = [c for name, c in consumers(recon, bus, "reconciler") if name == "claims consumer"]
     run = asyncio.create_task(parts[0].run())
@@ -43,7 +56,9 @@ async def test_two_conflicting_tasks_one_verdict_loser_cancelled(recon, manual_c
     assert verdict.winner_task_id == "ts" and list(verdict.loser_task_ids) == ["eco"]
     assert "trust_safety" in verdict.reason and "priority" in verdict.reason
     assert await cancelled(recon) == ["eco"]
-    assert (await stub.ListVerdicts(pb.ListVerdictsRequest(task_id="eco"))).verdicts[0].id == verdict.id
+    assert (await stub.ListVerdicts(pb.ListVerdictsRequest(task_id="eco"))).verdicts[
+        0
+    ].id == verdict.id
     assert not (await stub.ListVerdicts(pb.ListVerdictsRequest(target="content_id=other"))).verdicts
 
 
@@ -56,13 +71,19 @@ async def test_tie_on_priority_goes_to_the_earlier_task(recon, manual_clock):
 
 async def test_no_conflict_same_business_other_target_or_outside_the_window(recon, manual_clock):
     await arbitration.on_create(recon, submitted("a1", "ads", "c-1", T0))
-    await arbitration.on_create(recon, submitted("a2", "ads", "c-1", T0 + timedelta(seconds=1)))  # same business
+    await arbitration.on_create(
+        recon, submitted("a2", "ads", "c-1", T0 + timedelta(seconds=1))
+    )  # same business
     await arbitration.on_create(recon, submitted("b1", "search", "c-2", T0))  # other target
-    await arbitration.on_create(recon, submitted("x", "search", "c-3", T0, cell="start_review"))  # no conflict key
+    await arbitration.on_create(
+        recon, submitted("x", "search", "c-3", T0, cell="start_review")
+    )  # no conflict key
     manual_clock.set(T0 + timedelta(seconds=61))
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 0
     # A late claim outside the window of the closed ones meets nobody.
-    await arbitration.on_create(recon, submitted("c1", "search", "c-1", T0 + timedelta(seconds=200)))
+    await arbitration.on_create(
+        recon, submitted("c1", "search", "c-1", T0 + timedelta(seconds=200))
+    )
     manual_clock.set(T0 + timedelta(seconds=300))
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 0
     assert await cancelled(recon) == []
@@ -70,9 +91,13 @@ async def test_no_conflict_same_business_other_target_or_outside_the_window(reco
 
 async def test_a_stronger_late_claim_overrules_an_earlier_winner(recon, manual_clock):
     await arbitration.on_create(recon, submitted("s", "search", "c-9", T0))
-    await arbitration.on_create(recon, submitted("e", "ecommerce", "c-9", T0 + timedelta(seconds=10)))
+    await arbitration.on_create(
+        recon, submitted("e", "ecommerce", "c-9", T0 + timedelta(seconds=10))
+    )
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 1  # ecommerce outranks search
-    await arbitration.on_create(recon, submitted("t", "trust_safety", "c-9", T0 + timedelta(seconds=30)))
+    await arbitration.on_create(
+        recon, submitted("t", "trust_safety", "c-9", T0 + timedelta(seconds=30))
+    )
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 1
     assert await cancelled(recon) == ["s", "e"]
 

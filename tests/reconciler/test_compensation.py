@@ -4,8 +4,6 @@ real gateway, once per (verdict, loser), retried while the gateway is unreachabl
 from dataclasses import replace
 from datetime import timedelta
 
-from pipeline_fixtures import catalogue_file, downstream  # noqa: F401
-
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.stack.nats import free_port
 from dispo.reconciler import arbitration
@@ -18,27 +16,51 @@ from .conftest import T0, envelope, node
 
 
 def submitted(task_id, business, name, at, cell="step"):
-    return envelope(task_id, [node(f"{cell}.call", "PENDING", cell=cell, task_id=task_id)], business=business,
-                    generation=0, version=0, status="ACCEPTED", created_at=at, payloads={cell: {"name": name}})
+    return envelope(
+        task_id,
+        [node(f"{cell}.call", "PENDING", cell=cell, task_id=task_id)],
+        business=business,
+        generation=0,
+        version=0,
+        status="ACCEPTED",
+        created_at=at,
+        payloads={cell: {"name": name}},
+    )
 
 
 def with_compensation(recon, gateway_address, compensate="step_once"):
-    arb = replace(recon.config.arbitration, conflicts={"step": Conflict("name", "stepped", compensate)})
-    return replace(recon, config=replace(recon.config, arbitration=arb),
-                   settings=recon.settings.model_copy(update={"gateway_address": gateway_address}))
+    arb = replace(
+        recon.config.arbitration, conflicts={"step": Conflict("name", "stepped", compensate)}
+    )
+    return replace(
+        recon,
+        config=replace(recon.config, arbitration=arb),
+        settings=recon.settings.model_copy(update={"gateway_address": gateway_address}),
+    )
 
 
-async def test_loser_gets_its_compensating_cell_once(recon, start_service, catalogue_file, manual_clock):  # noqa: F811
+async def test_loser_gets_its_compensating_cell_once(
+    recon, start_service, catalogue_file, manual_clock
+):
     gateway = await start_service("gateway", {"DISPO_GATEWAY_CATALOGUE": str(catalogue_file)})
     ctx = with_compensation(recon, gateway.address)
     await arbitration.on_create(ctx, submitted("lose", "ecommerce", "n-1", T0))
-    await arbitration.on_create(ctx, submitted("win", "trust_safety", "n-1", T0 + timedelta(seconds=3)))
+    await arbitration.on_create(
+        ctx, submitted("win", "trust_safety", "n-1", T0 + timedelta(seconds=3))
+    )
     assert (await run_sweeps(ctx, "arbitrate"))["arbitrate"] == 1
     assert await compensate_sweep(ctx) == 1
     assert await compensate_sweep(ctx) == 0
-    [verdict] = (await ReconcilerServicer(ctx).ListVerdicts(pb.ListVerdictsRequest(), None)).verdicts
+    [verdict] = (
+        await ReconcilerServicer(ctx).ListVerdicts(pb.ListVerdictsRequest(), None)
+    ).verdicts
     [comp] = verdict.compensations
-    assert (comp.task_id, comp.cell, comp.state, comp.attempts) == ("lose", "step_once", "SUBMITTED", 1)
+    assert (comp.task_id, comp.cell, comp.state, comp.attempts) == (
+        "lose",
+        "step_once",
+        "SUBMITTED",
+        1,
+    )
     assert len(comp.submitted_task_id) == 32
 
     # A compensating cell the gateway refuses ends FAILED with the gateway's reason.
@@ -47,9 +69,13 @@ async def test_loser_gets_its_compensating_cell_once(recon, start_service, catal
     await arbitration.on_create(bad, submitted("win2", "trust_safety", "n-3", T0))
     await run_sweeps(bad, "arbitrate")
     assert await compensate_sweep(bad) == 1
-    reply = await ReconcilerServicer(bad).ListVerdicts(pb.ListVerdictsRequest(task_id="lose2"), None)
+    reply = await ReconcilerServicer(bad).ListVerdicts(
+        pb.ListVerdictsRequest(task_id="lose2"), None
+    )
     [comp] = reply.verdicts[0].compensations
-    assert comp.state == "FAILED" and "INVALID_ARGUMENT" in comp.error and "no_such_cell" in comp.error
+    assert (
+        comp.state == "FAILED" and "INVALID_ARGUMENT" in comp.error and "no_such_cell" in comp.error
+    )
 
 
 async def test_unreachable_gateway_is_retried_with_backoff(recon, manual_clock):
@@ -58,8 +84,13 @@ async def test_unreachable_gateway_is_retried_with_backoff(recon, manual_clock):
     await arbitration.on_create(ctx, submitted("w1", "trust_safety", "n-2", T0))
     await run_sweeps(ctx, "arbitrate")
     assert await compensate_sweep(ctx) == 1
-    [verdict] = (await ReconcilerServicer(ctx).ListVerdicts(pb.ListVerdictsRequest(), None)).verdicts
-    assert verdict.compensations[0].state == "PENDING" and "UNAVAILABLE" in verdict.compensations[0].error
+    [verdict] = (
+        await ReconcilerServicer(ctx).ListVerdicts(pb.ListVerdictsRequest(), None)
+    ).verdicts
+    assert (
+        verdict.compensations[0].state == "PENDING"
+        and "UNAVAILABLE" in verdict.compensations[0].error
+    )
     assert await compensate_sweep(ctx) == 0  # backoff
     manual_clock.advance(seconds=20)
     assert await compensate_sweep(ctx) == 1

@@ -12,11 +12,18 @@ from .conftest import TS, envelope, node
 
 
 def finished(task_id, callback_url="", status="SUCCEEDED", **kw):
-    return envelope(task_id, [
-        node("a.set", "SUCCEEDED", task_id=task_id),
-        node("a.audit", "SUCCEEDED", deps=("a.set",), probe=False, task_id=task_id),
-        node("b.skip", "CANCELLED", task_id=task_id),
-    ], status=status, callback_url=callback_url, generation=4, **kw)
+    return envelope(
+        task_id,
+        [
+            node("a.set", "SUCCEEDED", task_id=task_id),
+            node("a.audit", "SUCCEEDED", deps=("a.set",), probe=False, task_id=task_id),
+            node("b.skip", "CANCELLED", task_id=task_id),
+        ],
+        status=status,
+        callback_url=callback_url,
+        generation=4,
+        **kw,
+    )
 
 
 async def facts(stub, task_id):
@@ -26,17 +33,24 @@ async def facts(stub, task_id):
 async def test_finished_is_recorded_once_and_non_terminal_snapshots_are_ignored(recon, stub):
     await completion.on_status(recon, finished("run", status="RUNNING"))
     await completion.on_status(recon, finished("f"))
-    await completion.on_status(recon, finished("f", status="FAILED"))  # a later snapshot does not rewrite the fact
+    await completion.on_status(
+        recon, finished("f", status="FAILED")
+    )  # a later snapshot does not rewrite the fact
     reply = await facts(stub, "f")
     assert reply.completion.status == TS.TASK_STATUS_SUCCEEDED
     assert reply.completion.notify_state == "NONE" and reply.completion.reconcile_state == "PENDING"
     import grpc
 
     from .test_operations import expect_error
-    await expect_error(stub.GetCompletion(pb.GetCompletionRequest(task_id="run")), grpc.StatusCode.NOT_FOUND)
+
+    await expect_error(
+        stub.GetCompletion(pb.GetCompletionRequest(task_id="run")), grpc.StatusCode.NOT_FOUND
+    )
 
 
-async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(recon, manual_clock, receiver, stub):
+async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(
+    recon, manual_clock, receiver, stub
+):
     receiver_port_reserved = receiver  # not started: connection refused
     await completion.on_status(recon, finished("cb", callback_url=receiver.url))
     assert (await run_sweeps(recon, "notify"))["notify"] == 1
@@ -58,8 +72,12 @@ async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(recon
     assert body["task_id"] == "cb" and body["status"] == "SUCCEEDED"
     assert {n["node_id"]: n["status"] for n in body["nodes"]}["b.skip"] == "CANCELLED"
     headers = got["headers"]
-    assert headers["X-Dispo-Signature"] == signature("test-secret", headers["X-Dispo-Timestamp"], got["body"])
-    assert headers["Idempotency-Key"] == "cb/completion" and headers["X-Dispo-Delivery-Attempt"] == "3"
+    assert headers["X-Dispo-Signature"] == signature(
+        "test-secret", headers["X-Dispo-Timestamp"], got["body"]
+    )
+    assert (
+        headers["Idempotency-Key"] == "cb/completion" and headers["X-Dispo-Delivery-Attempt"] == "3"
+    )
     reply = await facts(stub, "cb")
     assert reply.completion.notify_state == "DELIVERED" and reply.completion.HasField("notified_at")
     assert [(d.attempt, d.ok) for d in reply.deliveries] == [(1, False), (2, False), (3, True)]
@@ -86,7 +104,9 @@ async def test_nats_callback_is_published_once_with_a_message_id(recon, bus, stu
     await sub.unsubscribe()
 
 
-async def test_reconciliation_pass_records_mismatches_as_findings(recon, manual_clock, fake_downstream, stub):
+async def test_reconciliation_pass_records_mismatches_as_findings(
+    recon, manual_clock, fake_downstream, stub
+):
     fake_downstream.done["ok/a.set"] = True
     fake_downstream.done["bad/b.skip"] = True  # the downstream did what Dispo recorded as cancelled
     await completion.on_status(recon, finished("ok"))
@@ -102,10 +122,17 @@ async def test_reconciliation_pass_records_mismatches_as_findings(recon, manual_
     listed = await stub.ListFindings(pb.ListFindingsRequest())
     assert {f.task_id for f in listed.findings} == {"bad"}
     # The audit node has no probe and is not sampled; nothing probed twice.
-    assert fake_downstream.probes == {"ok/a.set": 1, "ok/b.skip": 1, "bad/a.set": 1, "bad/b.skip": 1}
+    assert fake_downstream.probes == {
+        "ok/a.set": 1,
+        "ok/b.skip": 1,
+        "bad/a.set": 1,
+        "bad/b.skip": 1,
+    }
 
 
-async def test_unanswered_probes_are_retried_then_reported(recon, manual_clock, fake_downstream, stub):
+async def test_unanswered_probes_are_retried_then_reported(
+    recon, manual_clock, fake_downstream, stub
+):
     fake_downstream.broken.update({"mute/a.set", "mute/b.skip"})
     await completion.on_status(recon, finished("mute"))
     manual_clock.advance(seconds=61)
@@ -123,10 +150,14 @@ async def test_the_three_facts_are_separate(recon, manual_clock, receiver, stub)
     await completion.on_status(recon, finished("three", callback_url=receiver.url))
     reply = await facts(stub, "three")
     assert reply.completion.HasField("finished_at")
-    assert not reply.completion.HasField("notified_at") and not reply.completion.HasField("reconciled_at")
+    assert not reply.completion.HasField("notified_at") and not reply.completion.HasField(
+        "reconciled_at"
+    )
     await run_sweeps(recon, "notify")
     reply = await facts(stub, "three")
-    assert reply.completion.HasField("notified_at") and not reply.completion.HasField("reconciled_at")
+    assert reply.completion.HasField("notified_at") and not reply.completion.HasField(
+        "reconciled_at"
+    )
     manual_clock.advance(seconds=61)
     await run_sweeps(recon, "reconcile")
     assert (await facts(stub, "three")).completion.HasField("reconciled_at")

@@ -6,12 +6,11 @@ from datetime import timedelta
 
 import grpc
 import pytest
-from sqlalchemy import text
-
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.reconciler import recovery
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
+from sqlalchemy import text
 
 from .conftest import creates, envelope, node, row, status_of
 from .test_operations import expect_error
@@ -19,17 +18,24 @@ from .test_operations import expect_error
 
 def demoted(task_id, downstreams=("labels",)):
     nodes = [node("a.done", "SUCCEEDED", task_id=task_id)]
-    nodes += [node(f"b{i}.wait", "DEMOTED", downstream=d, task_id=task_id) for i, d in enumerate(downstreams)]
+    nodes += [
+        node(f"b{i}.wait", "DEMOTED", downstream=d, task_id=task_id)
+        for i, d in enumerate(downstreams)
+    ]
     return envelope(task_id, nodes, status="DEMOTED")
 
 
 async def release_times(recon):
     async with recon.engine.connect() as conn:
-        rows = await conn.execute(text("SELECT task_id, at FROM redrive_log WHERE trigger = 'release' ORDER BY id"))
+        rows = await conn.execute(
+            text("SELECT task_id, at FROM redrive_log WHERE trigger = 'release' ORDER BY id")
+        )
         return [(r.task_id, r.at) for r in rows]
 
 
-async def test_released_oldest_first_no_faster_than_the_rate_once_healthy(recon, manual_clock, fake_downstream):
+async def test_released_oldest_first_no_faster_than_the_rate_once_healthy(
+    recon, manual_clock, fake_downstream
+):
     fake_downstream.healthy = False
     for i in range(7):
         assert await recovery.intake(recon, demoted(f"d{i}"), "demote")
@@ -58,13 +64,18 @@ async def test_released_oldest_first_no_faster_than_the_rate_once_healthy(recon,
             assert j - i + 1 <= 2 + 2 * span, (i, j, span)
     assert released[0][1] == start
     sent = {e.task_id: e for e in await creates(recon)}
-    assert status_of(sent["d3"], "a.done") == "SUCCEEDED" and status_of(sent["d3"], "b0.wait") == "PENDING"
+    assert (
+        status_of(sent["d3"], "a.done") == "SUCCEEDED"
+        and status_of(sent["d3"], "b0.wait") == "PENDING"
+    )
     assert (await row(recon, "d3")).releases == 1 and (await row(recon, "d3")).redrives == 0
 
 
 async def test_pause_holds_a_healthy_downstream_until_resumed(recon, manual_clock, stub):
     await recovery.intake(recon, demoted("p1"), "demote")
-    reply = await stub.PauseDownstream(pb.PauseDownstreamRequest(name="labels", actor="dave", reason="deploy"))
+    reply = await stub.PauseDownstream(
+        pb.PauseDownstreamRequest(name="labels", actor="dave", reason="deploy")
+    )
     assert reply.downstream.paused and reply.downstream.paused_by == "dave"
     await run_sweeps(recon, "health")
     manual_clock.advance(seconds=5)
@@ -72,8 +83,14 @@ async def test_pause_holds_a_healthy_downstream_until_resumed(recon, manual_cloc
     reply = await stub.ResumeDownstream(pb.ResumeDownstreamRequest(name="labels", actor="dave"))
     assert not reply.downstream.paused
     assert (await run_sweeps(recon, "release"))["release"] == 1
-    await expect_error(stub.PauseDownstream(pb.PauseDownstreamRequest(name="")), grpc.StatusCode.INVALID_ARGUMENT, "name")
-    await expect_error(stub.PauseDownstream(pb.PauseDownstreamRequest(name="nope")), grpc.StatusCode.NOT_FOUND)
+    await expect_error(
+        stub.PauseDownstream(pb.PauseDownstreamRequest(name="")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "name",
+    )
+    await expect_error(
+        stub.PauseDownstream(pb.PauseDownstreamRequest(name="nope")), grpc.StatusCode.NOT_FOUND
+    )
 
 
 async def test_a_task_waiting_for_two_downstreams_needs_both(recon, manual_clock, stub):
@@ -86,12 +103,16 @@ async def test_a_task_waiting_for_two_downstreams_needs_both(recon, manual_clock
     assert (await run_sweeps(recon, "release"))["release"] == 1
 
 
-async def test_queue_depth_and_oldest_age_per_downstream(recon, manual_clock, stub, fake_downstream):
+async def test_queue_depth_and_oldest_age_per_downstream(
+    recon, manual_clock, stub, fake_downstream
+):
     fake_downstream.healthy = False
     await recovery.intake(recon, demoted("q1"), "demote")
     manual_clock.advance(seconds=40)
     await recovery.intake(recon, demoted("q2"), "demote")
-    await recovery.intake(recon, envelope("q3", [node("a.x", "FAILED", downstream="review", task_id="q3")]), "fail")
+    await recovery.intake(
+        recon, envelope("q3", [node("a.x", "FAILED", downstream="review", task_id="q3")]), "fail"
+    )
     await run_sweeps(recon, "health")
     manual_clock.advance(seconds=20)
     reply = await stub.ListDownstreams(pb.ListDownstreamsRequest())
@@ -99,8 +120,13 @@ async def test_queue_depth_and_oldest_age_per_downstream(recon, manual_clock, st
     labels, review = by_name["labels"], by_name["review"]
     assert (labels.demoted_depth, labels.oldest_demoted_age_seconds) == (2, 60)
     assert labels.probed and not labels.healthy and "503" in labels.probe_error
-    assert (review.failed_depth, review.oldest_failed_age_seconds, review.demoted_depth) == (1, 20, 0)
+    assert (review.failed_depth, review.oldest_failed_age_seconds, review.demoted_depth) == (
+        1,
+        20,
+        0,
+    )
     assert labels.release_rate_per_second == pytest.approx(2)
     assert set(by_name) >= {"labels", "review", "notify"}
-    assert manual_clock.now() - timedelta(seconds=60) == labels.oldest_demoted_at.ToDatetime().replace(
-        tzinfo=manual_clock.now().tzinfo)
+    assert manual_clock.now() - timedelta(
+        seconds=60
+    ) == labels.oldest_demoted_at.ToDatetime().replace(tzinfo=manual_clock.now().tzinfo)

@@ -33,30 +33,50 @@ def walkthrough_commands() -> list[tuple[str, str | None]]:
 
 
 # Until the command's output shows this, run it again (the work behind it is asynchronous).
-WAIT_FOR = {"ListRecoveryTasks": "RECOVERY_STATE_PARKED_FAILED", "GatewayService/GetTask": "TASK_STATUS_SUCCEEDED",
-            "GetCompletion": "TASK_STATUS_SUCCEEDED"}
+WAIT_FOR = {
+    "ListRecoveryTasks": "RECOVERY_STATE_PARKED_FAILED",
+    "GatewayService/GetTask": "TASK_STATUS_SUCCEEDED",
+    "GetCompletion": "TASK_STATUS_SUCCEEDED",
+}
 
 
 async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path):  # noqa: F811
     catalogue = tmp_path / "catalogue.yaml"
-    catalogue.write_text((ROOT / "services/gateway/catalogue/content_governance.yaml").read_text()
-                         .replace("http://127.0.0.1:8181", downstream.url))
+    catalogue.write_text(
+        (ROOT / "services/gateway/catalogue/content_governance.yaml")
+        .read_text()
+        .replace("http://127.0.0.1:8181", downstream.url)
+    )
     policy = yaml.safe_load((ROOT / "services/reconciler/recovery.yaml").read_text())
     policy["redrive"]["default"]["base_delay"] = 3600  # the walk-through redrives by hand
     (tmp_path / "recovery.yaml").write_text(yaml.safe_dump(policy))
     gateway = await start_service("gateway", {"DISPO_GATEWAY_CATALOGUE": str(catalogue)})
-    await start_service("executor", {"DISPO_EXECUTOR_CATALOGUE": str(catalogue),
-                                     "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05", "DISPO_EXECUTOR_RETRY_MAX_DELAY": "0.2"})
-    reconciler = await start_service("reconciler", {"DISPO_RECONCILER_CATALOGUE": str(catalogue),
-                                                    "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
-                                                    "DISPO_RECONCILER_SWEEP_INTERVAL": "0.2"})
+    await start_service(
+        "executor",
+        {
+            "DISPO_EXECUTOR_CATALOGUE": str(catalogue),
+            "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05",
+            "DISPO_EXECUTOR_RETRY_MAX_DELAY": "0.2",
+        },
+    )
+    reconciler = await start_service(
+        "reconciler",
+        {
+            "DISPO_RECONCILER_CATALOGUE": str(catalogue),
+            "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
+            "DISPO_RECONCILER_SWEEP_INTERVAL": "0.2",
+        },
+    )
     commands = walkthrough_commands()
     assert len(commands) >= 14
     env = {"PATH": f"{BIN}:/usr/bin:/bin"}
     outputs = []
     for command, expect in commands:
-        shell = (command.replace("127.0.0.1:50051", gateway.address).replace("127.0.0.1:50053", reconciler.address)
-                 .replace("127.0.0.1:8181", downstream.url.removeprefix("http://")))
+        shell = (
+            command.replace("127.0.0.1:50051", gateway.address)
+            .replace("127.0.0.1:50053", reconciler.address)
+            .replace("127.0.0.1:8181", downstream.url.removeprefix("http://"))
+        )
         if shell.startswith("TASK=$("):
             shell += '; echo "$TASK"'
         wanted = next((v for k, v in WAIT_FOR.items() if k in command), None)
@@ -82,5 +102,7 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
     assert '"trigger": "manual"' in joined or "RECOVERY_STATE_REDRIVEN" in joined
     assert '"paused": true' in joined
     calls = await downstream.calls()
-    assert calls[f"{env['TASK']}/update_quality_level.set_label"] == 5  # 4 refused, 1 after the redrive
+    assert (
+        calls[f"{env['TASK']}/update_quality_level.set_label"] == 5
+    )  # 4 refused, 1 after the redrive
     assert calls[f"{env['TASK']}/update_quality_level.audit"] == 1

@@ -13,11 +13,10 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from pipeline_fixtures import catalogue_file, downstream, dump, pipeline, wait_status  # noqa: F401
-
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.sdk import cell
+from pipeline_fixtures import dump, wait_status
 
 from .conftest import CONFIG
 
@@ -36,7 +35,9 @@ class Reconciler:
 
     async def held(self, task_id: str) -> pb.RecoveryTask | None:
         try:
-            return (await self.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task_id))).task
+            return (
+                await self.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task_id))
+            ).task
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 return None
@@ -55,25 +56,42 @@ class Reconciler:
 
 
 @pytest.fixture
-async def start_reconciler(start_service, file_clock, catalogue_file, tmp_path: Path):  # noqa: F811
-    config = {**CONFIG,
-              "redrive": {"default": {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0},
-                          "rules": [{"business": "flaky", "max_redrives": 1}]},
-              "reconciliation": {"delay": 5, "sample_percent": 100},
-              "arbitration": {"window_seconds": 60, "priority": [{"business": "trust_safety"}],
-                              "conflicts": {"pair": {"key": "name", "effect": "paired"}}}}
+async def start_reconciler(start_service, file_clock, catalogue_file, tmp_path: Path):
+    config = {
+        **CONFIG,
+        "redrive": {
+            "default": {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0},
+            "rules": [{"business": "flaky", "max_redrives": 1}],
+        },
+        "reconciliation": {"delay": 5, "sample_percent": 100},
+        "arbitration": {
+            "window_seconds": 60,
+            "priority": [{"business": "trust_safety"}],
+            "conflicts": {"pair": {"key": "name", "effect": "paired"}},
+        },
+    }
     path = tmp_path / "recovery.yaml"
     path.write_text(yaml.safe_dump(config))
     file_clock.set(datetime.now(UTC))
     channels = []
 
     async def start(**env: str) -> Reconciler:
-        process = await start_service("reconciler", {
-            **file_clock.env, "DISPO_RECONCILER_CONFIG": str(path), "DISPO_RECONCILER_CATALOGUE": str(catalogue_file),
-            "DISPO_RECONCILER_SWEEP_INTERVAL": "0.5", "DISPO_RECONCILER_CALLBACK_SECRET": "e2e-secret", **env})
+        process = await start_service(
+            "reconciler",
+            {
+                **file_clock.env,
+                "DISPO_RECONCILER_CONFIG": str(path),
+                "DISPO_RECONCILER_CATALOGUE": str(catalogue_file),
+                "DISPO_RECONCILER_SWEEP_INTERVAL": "0.5",
+                "DISPO_RECONCILER_CALLBACK_SECRET": "e2e-secret",
+                **env,
+            },
+        )
         channel = grpc.aio.insecure_channel(process.address)
         channels.append(channel)
-        return Reconciler(process, file_clock, channel, reconciler_pb2_grpc.ReconcilerServiceStub(channel))
+        return Reconciler(
+            process, file_clock, channel, reconciler_pb2_grpc.ReconcilerServiceStub(channel)
+        )
 
     yield start
     for channel in channels:
@@ -86,18 +104,27 @@ async def reconciler(start_reconciler):
 
 
 async def test_retry_exhaustion_redriven_after_backoff_succeeds_without_rerunning_succeeded_nodes(
-        pipeline, downstream, reconciler):  # noqa: F811
+    pipeline, downstream, reconciler
+):
     await downstream.control(fail={"status": 500, "times": 4, "path": "/step/x"})
     async with pipeline.client() as client:
-        task = await client.submit("tests", [cell("step", ref="ok", name="ok"),
-                                             cell("step", ref="x", name="x").after("ok"),
-                                             cell("step", ref="after", name="after").after("x"),
-                                             cell("noop")])
+        task = await client.submit(
+            "tests",
+            [
+                cell("step", ref="ok", name="ok"),
+                cell("step", ref="x", name="x").after("ok"),
+                cell("step", ref="after", name="after").after("x"),
+                cell("noop"),
+            ],
+        )
         await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"})
         held = await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_PARKED_FAILED)
         assert held.error_class == "http_5xx" and list(held.downstreams) == ["demo"]
         calls_before = await downstream.calls()
-        assert calls_before[f"{task.task_id}/ok.call"] == 1 and calls_before[f"{task.task_id}/x.call"] == 4
+        assert (
+            calls_before[f"{task.task_id}/ok.call"] == 1
+            and calls_before[f"{task.task_id}/x.call"] == 4
+        )
 
         await reconciler.tick(9)  # backoff is 10 s: not yet
         assert (await reconciler.held(task.task_id)).state == pb.RECOVERY_STATE_PARKED_FAILED
@@ -114,7 +141,8 @@ async def test_retry_exhaustion_redriven_after_backoff_succeeds_without_rerunnin
 
 
 async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_gateway(
-        pipeline, downstream, reconciler, database_url):  # noqa: F811
+    pipeline, downstream, reconciler, database_url
+):
     await downstream.control(fail={"status": 503, "times": 1000, "path": "/step/x"})
     async with pipeline.client() as client:
         task = await client.submit("flaky", [cell("step", ref="x", name="x"), cell("noop")])
@@ -126,13 +154,18 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
     assert view.status == "FAILED", dump(view)
     assert "redrive policy spent: 1 of 1 redrives used" in view.status_reason
     assert "HTTP 503" in view.status_reason
-    assert (await downstream.calls())[f"{task.task_id}/x.call"] == 8  # two rounds of 1 + 3 short retries
+    assert (await downstream.calls())[
+        f"{task.task_id}/x.call"
+    ] == 8  # two rounds of 1 + 3 short retries
     # task.close: the executor's own record agrees (read here only to check it).
     import asyncpg
+
     conn = await asyncpg.connect(database_url)
     try:
         for _ in range(100):
-            recorded = await conn.fetchval("SELECT status FROM executor.task_runs WHERE task_id = $1", task.task_id)
+            recorded = await conn.fetchval(
+                "SELECT status FROM executor.task_runs WHERE task_id = $1", task.task_id
+            )
             if recorded == "FAILED":
                 break
             await asyncio.sleep(0.05)
@@ -141,24 +174,31 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
     assert recorded == "FAILED"
 
 
-async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reconciler, bus):  # noqa: F811
+async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reconciler, bus):
     import json
 
     from dispo.libs.stack.nats import free_port
 
     from .fakes import CallbackReceiver
+
     receiver = CallbackReceiver(port=free_port())  # not listening yet: the caller is down
     subscription = await bus.nc.subscribe("callback.tests")
     try:
         async with pipeline.client() as client:
-            task = await client.submit("tests", [cell("step", name="cb")], callback_url=receiver.url)
-            by_nats = await client.submit("tests", [cell("noop")], callback_url="nats:callback.tests")
+            task = await client.submit(
+                "tests", [cell("step", name="cb")], callback_url=receiver.url
+            )
+            by_nats = await client.submit(
+                "tests", [cell("noop")], callback_url="nats:callback.tests"
+            )
             await client.wait(task.task_id, timeout=30)
             await client.wait(by_nats.task_id, timeout=30)
 
         async def facts():
             try:
-                return await reconciler.stub.GetCompletion(pb.GetCompletionRequest(task_id=task.task_id))
+                return await reconciler.stub.GetCompletion(
+                    pb.GetCompletionRequest(task_id=task.task_id)
+                )
             except grpc.aio.AioRpcError:
                 return None
 
@@ -188,23 +228,39 @@ async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reco
 
 
 async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
-        pipeline, downstream, reconciler):  # noqa: F811
+    pipeline, downstream, reconciler
+):
     await downstream.control(down=True)
     pipeline.executors[0].kill()
-    await pipeline.start_executor(DISPO_EXECUTOR_HEALTH_INTERVAL="0.1", DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
-                                  DISPO_EXECUTOR_BREAKER_COOLDOWN="0.5")
+    await pipeline.start_executor(
+        DISPO_EXECUTOR_HEALTH_INTERVAL="0.1",
+        DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
+        DISPO_EXECUTOR_BREAKER_COOLDOWN="0.5",
+    )
     async with pipeline.client() as client:
-        tasks = [await client.submit("tests", [cell("step", name=f"d{i}"), cell("noop")]) for i in range(5)]
+        tasks = [
+            await client.submit("tests", [cell("step", name=f"d{i}"), cell("noop")])
+            for i in range(5)
+        ]
         for task in tasks:
             view = await wait_status(client, task.task_id, {"DEMOTED"})
-            assert view.node_statuses == {"step.call": "DEMOTED", "noop.noop": "SUCCEEDED"}, dump(view)
+            assert view.node_statuses == {"step.call": "DEMOTED", "noop.noop": "SUCCEEDED"}, dump(
+                view
+            )
             await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_DEMOTED)
-        depth = {d.name: d for d in (await reconciler.stub.ListDownstreams(pb.ListDownstreamsRequest())).downstreams}
+        depth = {
+            d.name: d
+            for d in (
+                await reconciler.stub.ListDownstreams(pb.ListDownstreamsRequest())
+            ).downstreams
+        }
         assert depth["demo"].demoted_depth == 5
 
         for _ in range(6):  # still down: probed, nothing released
             await reconciler.tick()
-        assert [(await reconciler.held(t.task_id)).state for t in tasks] == [pb.RECOVERY_STATE_DEMOTED] * 5
+        assert [(await reconciler.held(t.task_id)).state for t in tasks] == [
+            pb.RECOVERY_STATE_DEMOTED
+        ] * 5
 
         await downstream.control(down=False)
         for _ in range(200):
@@ -216,8 +272,12 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
 
     released = []
     for task in tasks:
-        detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
-        released += [r.at.ToDatetime().timestamp() for r in detail.redrives if r.trigger == "release"]
+        detail = await reconciler.stub.GetRecoveryTask(
+            pb.GetRecoveryTaskRequest(task_id=task.task_id)
+        )
+        released += [
+            r.at.ToDatetime().timestamp() for r in detail.redrives if r.trigger == "release"
+        ]
     released.sort()
     assert len(released) >= 5
     # Rate 2/s, bucket 2: any T seconds of the reconciler's clock see at most 2 + 2·T releases.
@@ -225,41 +285,58 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
         for j in range(i, len(released)):
             assert j - i + 1 <= 2 + 2 * (released[j] - released[i]) + 1e-6
     calls = await downstream.calls()
-    assert all(calls[f"{t.task_id}/noop.noop"] == 0 for t in tasks if f"{t.task_id}/noop.noop" in calls)
+    assert all(
+        calls[f"{t.task_id}/noop.noop"] == 0 for t in tasks if f"{t.task_id}/noop.noop" in calls
+    )
 
 
-async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstream, reconciler):  # noqa: F811
+async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstream, reconciler):
     """Two non-idempotent nodes interrupted mid-call (executor SIGKILL) are UNKNOWN. Where
     the probe says the effect did not happen, the node runs again; where it did, it is
     recorded SUCCEEDED without another call."""
     import httpx
+
     await downstream.control(hold={"path": "/once/"})
     async with pipeline.client() as client:
-        task = await client.submit("tests", [cell("step_once", ref="a", name="a"),
-                                             cell("step_once", ref="b", name="b")])
+        task = await client.submit(
+            "tests", [cell("step_once", ref="a", name="a"), cell("step_once", ref="b", name="b")]
+        )
         await downstream.wait_held(2)
         pipeline.executors[0].kill()
         await downstream.control(release=True)
         # b's effect did happen (say the downstream committed just before the crash).
         async with httpx.AsyncClient() as http:
-            (await http.post(f"{downstream.url}/once/b", json={"name": "b"},
-                             headers={"Idempotency-Key": f"{task.task_id}/b.call"})).raise_for_status()
+            (
+                await http.post(
+                    f"{downstream.url}/once/b",
+                    json={"name": "b"},
+                    headers={"Idempotency-Key": f"{task.task_id}/b.call"},
+                )
+            ).raise_for_status()
         await pipeline.start_executor()
-        held = await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_AWAITING_SETTLEMENT, timeout=60)
+        held = await reconciler.wait_state(
+            task.task_id, pb.RECOVERY_STATE_AWAITING_SETTLEMENT, timeout=60
+        )
         assert held.error_class == "unknown_outcome"
         await reconciler.tick()
         view = await client.wait(task.task_id, timeout=30)
 
     assert view.status == "SUCCEEDED", dump(view)
     calls, effects = await downstream.calls(), await downstream.effects()
-    assert calls[f"{task.task_id}/a.call"] == 2 and effects[f"{task.task_id}/a.call"] == 1  # re-run once
-    assert calls[f"{task.task_id}/b.call"] == 2  # the interrupted call and the effect: never a third
+    assert (
+        calls[f"{task.task_id}/a.call"] == 2 and effects[f"{task.task_id}/a.call"] == 1
+    )  # re-run once
+    assert (
+        calls[f"{task.task_id}/b.call"] == 2
+    )  # the interrupted call and the effect: never a third
     detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
     assert sorted((s.node_id, s.method, s.outcome) for s in detail.settlements) == [
-        ("a.call", "PROBE", "PENDING"), ("b.call", "PROBE", "SUCCEEDED")]
+        ("a.call", "PROBE", "PENDING"),
+        ("b.call", "PROBE", "SUCCEEDED"),
+    ]
 
 
-async def test_conflicting_tasks_one_verdict_loser_cancelled(pipeline, downstream, reconciler):  # noqa: F811
+async def test_conflicting_tasks_one_verdict_loser_cancelled(pipeline, downstream, reconciler):
     await downstream.control(hold={"path": "/pair/c-7/first"})
     async with pipeline.client() as client:
         loser = await client.submit("ecommerce", [cell("pair", name="c-7")])
@@ -274,29 +351,43 @@ async def test_conflicting_tasks_one_verdict_loser_cancelled(pipeline, downstrea
         lost = await client.wait(loser.task_id, timeout=30)
         won = await client.wait(winner.task_id, timeout=30)
     [verdict] = verdicts
-    assert verdict.winner_task_id == winner.task_id and list(verdict.loser_task_ids) == [loser.task_id]
+    assert verdict.winner_task_id == winner.task_id and list(verdict.loser_task_ids) == [
+        loser.task_id
+    ]
     assert lost.status == "CANCELLED", dump(lost)
     assert lost.node("pair.second").status == "CANCELLED"
     assert won.status == "SUCCEEDED", dump(won)
 
 
-async def test_redrive_including_permanent_failures_revives_dependants(pipeline, downstream, reconciler):  # noqa: F811
+async def test_redrive_including_permanent_failures_revives_dependants(
+    pipeline, downstream, reconciler
+):
     await downstream.control(fail={"status": 400, "times": 1, "path": "/step/bad"})
     await downstream.control(fail={"status": 503, "times": 4, "path": "/step/flaky"})
     async with pipeline.client() as client:
-        task = await client.submit("tests", [cell("step", ref="bad", name="bad"),
-                                             cell("step", ref="dep", name="dep").after("bad"),
-                                             cell("step", ref="flaky", name="flaky")])
+        task = await client.submit(
+            "tests",
+            [
+                cell("step", ref="bad", name="bad"),
+                cell("step", ref="dep", name="dep").after("bad"),
+                cell("step", ref="flaky", name="flaky"),
+            ],
+        )
         await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_PARKED_FAILED)
         view = await client.get(task.task_id)
         assert view.node_statuses["dep.call"] == "DEPENDENCY_FAILED", dump(view)
-        await reconciler.stub.RedriveTask(pb.RedriveTaskRequest(task_id=task.task_id, actor="ops",
-                                                                reason="bad input fixed", include_permanent=True))
+        await reconciler.stub.RedriveTask(
+            pb.RedriveTaskRequest(
+                task_id=task.task_id, actor="ops", reason="bad input fixed", include_permanent=True
+            )
+        )
         done = await client.wait(task.task_id, timeout=30)
     assert done.status == "SUCCEEDED", dump(done)
 
 
-async def test_reconciler_killed_mid_redrive_with_the_real_pipeline(pipeline, downstream, start_reconciler):  # noqa: F811
+async def test_reconciler_killed_mid_redrive_with_the_real_pipeline(
+    pipeline, downstream, start_reconciler
+):
     """SIGKILL between redrive batches: after a restart every task completes, each failed
     node ran exactly once more, and no succeeded node ran again."""
     reconciler = await start_reconciler(DISPO_RECONCILER_BATCH="2")
@@ -304,16 +395,29 @@ async def test_reconciler_killed_mid_redrive_with_the_real_pipeline(pipeline, do
     for name in names:
         await downstream.control(fail={"status": 500, "times": 4, "path": f"/step/{name}"})
     async with pipeline.client() as client:
-        tasks = [await client.submit("tests", [cell("step", ref="ok", name=f"ok-{name}"),
-                                               cell("step", ref="x", name=name).after("ok")]) for name in names]
+        tasks = [
+            await client.submit(
+                "tests",
+                [
+                    cell("step", ref="ok", name=f"ok-{name}"),
+                    cell("step", ref="x", name=name).after("ok"),
+                ],
+            )
+            for name in names
+        ]
         for task in tasks:
             await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_PARKED_FAILED)
 
         reconciler.clock.advance(seconds=11)  # all due; one round redrives a batch of 2
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
-        while sum(s != pb.RECOVERY_STATE_PARKED_FAILED for s in [(await reconciler.held(t.task_id)).state
-                                                                  for t in tasks]) < 2:
+        while (
+            sum(
+                s != pb.RECOVERY_STATE_PARKED_FAILED
+                for s in [(await reconciler.held(t.task_id)).state for t in tasks]
+            )
+            < 2
+        ):
             assert loop.time() < deadline
             await asyncio.sleep(0.05)
         reconciler.clock.advance(seconds=0.5)  # the next round starts...
@@ -331,5 +435,7 @@ async def test_reconciler_killed_mid_redrive_with_the_real_pipeline(pipeline, do
     for task in tasks:
         assert calls[f"{task.task_id}/ok.call"] == 1
         assert calls[f"{task.task_id}/x.call"] == 5  # 4 before the redrive, exactly 1 after
-        detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
+        detail = await reconciler.stub.GetRecoveryTask(
+            pb.GetRecoveryTaskRequest(task_id=task.task_id)
+        )
         assert len(detail.redrives) == 1

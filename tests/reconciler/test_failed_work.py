@@ -13,11 +13,23 @@ from .conftest import TS, creates, envelope, node, outbox, row, status_of
 
 
 def failing(task_id: str, generation: int = 2, **kw) -> task_pb2.Task:
-    return envelope(task_id, [
-        node("a.set_label", "SUCCEEDED", task_id=task_id),
-        node("a.audit", "FAILED", deps=("a.set_label",), error="HTTP 503: busy", attempts=4, task_id=task_id),
-        node("b.notify", "PENDING", deps=("a.audit",), task_id=task_id),
-    ], generation=generation, **kw)
+    return envelope(
+        task_id,
+        [
+            node("a.set_label", "SUCCEEDED", task_id=task_id),
+            node(
+                "a.audit",
+                "FAILED",
+                deps=("a.set_label",),
+                error="HTTP 503: busy",
+                attempts=4,
+                task_id=task_id,
+            ),
+            node("b.notify", "PENDING", deps=("a.audit",), task_id=task_id),
+        ],
+        generation=generation,
+        **kw,
+    )
 
 
 async def test_task_fail_from_the_bus_is_recorded_with_its_history(recon, bus):
@@ -30,6 +42,7 @@ async def test_task_fail_from_the_bus_is_recorded_with_its_history(recon, bus):
         for _ in range(100):
             async with recon.engine.connect() as conn:
                 from dispo.reconciler import store
+
                 if await store.task_get(conn, "t-bus"):
                     break
             await asyncio.sleep(0.05)
@@ -43,7 +56,9 @@ async def test_task_fail_from_the_bus_is_recorded_with_its_history(recon, bus):
     assert parked.cells == ["update_quality_level"]
 
 
-async def test_auto_redrive_waits_for_the_backoff_then_resumes_from_the_breakpoint(recon, manual_clock, bus):
+async def test_auto_redrive_waits_for_the_backoff_then_resumes_from_the_breakpoint(
+    recon, manual_clock, bus
+):
     assert await recovery.intake(recon, failing("t1"), "fail")
     parked = await row(recon, "t1")
     wait = (parked.next_redrive_at - manual_clock.now()).total_seconds()
@@ -80,13 +95,16 @@ async def test_stale_and_repeated_envelopes_are_ignored(recon, manual_clock):
     assert again.generation == 5 and again.next_redrive_at == first.next_redrive_at
     async with recon.engine.connect() as conn:
         from dispo.reconciler import store
+
         assert len(await store.history_get(conn, "t2")) == 1
 
 
-async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_reason(recon, manual_clock):
+async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_reason(
+    recon, manual_clock
+):
     gen = 2
     waits = []
-    for attempt in range(3):  # max_redrives 3
+    for _attempt in range(3):  # max_redrives 3
         assert await recovery.intake(recon, failing("t3", generation=gen), "fail")
         parked = await row(recon, "t3")
         assert parked.state is RecoveryState.PARKED_FAILED
@@ -106,7 +124,11 @@ async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_re
     assert snap.status_reason == final.reason
     [close] = await outbox(recon, "task.close")
     request = task_pb2.CloseRequest.FromString(close.payload)
-    assert (request.task_id, request.status, request.generation) == ("t3", TS.TASK_STATUS_FAILED, gen)
+    assert (request.task_id, request.status, request.generation) == (
+        "t3",
+        TS.TASK_STATUS_FAILED,
+        gen,
+    )
     assert request.reason == final.reason and close.msg_id == "t3:close"
     # Further failures of a FAILED task change nothing.
     assert await recovery.intake(recon, failing("t3", generation=gen + 1), "fail")
@@ -124,6 +146,7 @@ async def test_policy_per_business(recon, manual_clock):
 
 async def test_a_redriven_task_that_finishes_is_resolved(recon, manual_clock):
     from dispo.reconciler import completion
+
     assert await recovery.intake(recon, failing("t5"), "fail")
     manual_clock.advance(seconds=60)
     await run_sweeps(recon, "redrive")

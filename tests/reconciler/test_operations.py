@@ -5,31 +5,50 @@ from datetime import timedelta
 
 import grpc
 import pytest
-from grpc_status import rpc_status
-
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.reconciler import recovery
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
+from grpc_status import rpc_status
 
 from .conftest import creates, envelope, node, outbox, row
 
 
-def failed(task_id, *, business="ecommerce", downstream="labels", error="HTTP 503: busy", cell="update_quality_level"):
-    return envelope(task_id, [node("a.x", "FAILED", downstream=downstream, error=error, cell=cell, task_id=task_id)],
-                    business=business)
+def failed(
+    task_id,
+    *,
+    business="ecommerce",
+    downstream="labels",
+    error="HTTP 503: busy",
+    cell="update_quality_level",
+):
+    return envelope(
+        task_id,
+        [node("a.x", "FAILED", downstream=downstream, error=error, cell=cell, task_id=task_id)],
+        business=business,
+    )
 
 
 async def park_several(recon, manual_clock):
     await recovery.intake(recon, failed("f1", business="ecommerce"), "fail")
     manual_clock.advance(seconds=100)
-    await recovery.intake(recon, failed("f2", business="ads", downstream="review", error="timeout after 2s",
-                                        cell="start_review"), "fail")
-    await recovery.intake(recon, failed("f3", business="ads", error="connection error: refused"), "fail")
-    await recovery.intake(recon, envelope("d1", [node("a.x", "DEMOTED", task_id="d1")], business="ads",
-                                          status="DEMOTED"), "demote")
+    await recovery.intake(
+        recon,
+        failed(
+            "f2", business="ads", downstream="review", error="timeout after 2s", cell="start_review"
+        ),
+        "fail",
+    )
+    await recovery.intake(
+        recon, failed("f3", business="ads", error="connection error: refused"), "fail"
+    )
+    await recovery.intake(
+        recon,
+        envelope("d1", [node("a.x", "DEMOTED", task_id="d1")], business="ads", status="DEMOTED"),
+        "demote",
+    )
 
 
 async def expect_error(call, code, field=None):
@@ -39,6 +58,7 @@ async def expect_error(call, code, field=None):
     if field is not None:
         status = rpc_status.from_call(info.value)
         from google.rpc import error_details_pb2
+
         bad = error_details_pb2.BadRequest()
         status.details[0].Unpack(bad)
         assert bad.field_violations[0].field == field
@@ -50,7 +70,9 @@ async def test_list_with_filters(recon, manual_clock, stub):
 
     async def ids(**f):
         states = f.pop("states", [])
-        reply = await stub.ListRecoveryTasks(pb.ListRecoveryTasksRequest(filter=pb.RecoveryFilter(**f, states=states)))
+        reply = await stub.ListRecoveryTasks(
+            pb.ListRecoveryTasksRequest(filter=pb.RecoveryFilter(**f, states=states))
+        )
         return sorted(t.task_id for t in reply.tasks)
 
     assert await ids() == ["d1", "f1", "f2", "f3"]
@@ -60,28 +82,50 @@ async def test_list_with_filters(recon, manual_clock, stub):
     assert await ids(error_class="connection") == ["f3"]
     assert await ids(min_age_seconds=50) == ["f1"]
     assert await ids(states=[pb.RECOVERY_STATE_DEMOTED]) == ["d1"]
-    first = await stub.ListRecoveryTasks(pb.ListRecoveryTasksRequest(page=common_pb2.PageRequest(page_size=3)))
-    rest = await stub.ListRecoveryTasks(pb.ListRecoveryTasksRequest(
-        page=common_pb2.PageRequest(page_size=3, page_token=first.page.next_page_token)))
+    first = await stub.ListRecoveryTasks(
+        pb.ListRecoveryTasksRequest(page=common_pb2.PageRequest(page_size=3))
+    )
+    rest = await stub.ListRecoveryTasks(
+        pb.ListRecoveryTasksRequest(
+            page=common_pb2.PageRequest(page_size=3, page_token=first.page.next_page_token)
+        )
+    )
     assert len(first.tasks) == 3 and len(rest.tasks) == 1 and not rest.page.next_page_token
-    await expect_error(stub.ListRecoveryTasks(pb.ListRecoveryTasksRequest(filter=pb.RecoveryFilter(min_age_seconds=-1))),
-                       grpc.StatusCode.INVALID_ARGUMENT, "filter.min_age_seconds")
+    await expect_error(
+        stub.ListRecoveryTasks(
+            pb.ListRecoveryTasksRequest(filter=pb.RecoveryFilter(min_age_seconds=-1))
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "filter.min_age_seconds",
+    )
 
 
 async def test_redrive_one_and_get_its_record(recon, manual_clock, stub):
     await park_several(recon, manual_clock)
-    reply = await stub.RedriveTask(pb.RedriveTaskRequest(task_id="f1", actor="alice", reason="downstream fixed"))
+    reply = await stub.RedriveTask(
+        pb.RedriveTaskRequest(task_id="f1", actor="alice", reason="downstream fixed")
+    )
     assert reply.task.state == pb.RECOVERY_STATE_REDRIVEN and reply.task.redrives == 1
     [sent] = await creates(recon)
     assert sent.task_id == "f1" and sent.generation == 3
     detail = await stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id="f1"))
-    assert [h.kind for h in detail.history] == ["fail"] and detail.history[0].nodes[0].last_error == "HTTP 503: busy"
-    assert [(r.trigger, r.actor, r.reason) for r in detail.redrives] == [("manual", "alice", "downstream fixed")]
+    assert [h.kind for h in detail.history] == ["fail"] and detail.history[0].nodes[
+        0
+    ].last_error == "HTTP 503: busy"
+    assert [(r.trigger, r.actor, r.reason) for r in detail.redrives] == [
+        ("manual", "alice", "downstream fixed")
+    ]
     assert detail.envelope.generation == 3
     # Redriving again while it is with the executor is refused, and changes nothing.
-    await expect_error(stub.RedriveTask(pb.RedriveTaskRequest(task_id="f1")), grpc.StatusCode.FAILED_PRECONDITION)
-    await expect_error(stub.RedriveTask(pb.RedriveTaskRequest(task_id="nope")), grpc.StatusCode.NOT_FOUND)
-    await expect_error(stub.RedriveTask(pb.RedriveTaskRequest()), grpc.StatusCode.INVALID_ARGUMENT, "task_id")
+    await expect_error(
+        stub.RedriveTask(pb.RedriveTaskRequest(task_id="f1")), grpc.StatusCode.FAILED_PRECONDITION
+    )
+    await expect_error(
+        stub.RedriveTask(pb.RedriveTaskRequest(task_id="nope")), grpc.StatusCode.NOT_FOUND
+    )
+    await expect_error(
+        stub.RedriveTask(pb.RedriveTaskRequest()), grpc.StatusCode.INVALID_ARGUMENT, "task_id"
+    )
     assert len(await creates(recon)) == 1
 
 
@@ -91,10 +135,20 @@ async def test_redrive_by_filter_is_spaced_to_the_rate(recon, manual_clock, stub
         manual_clock.advance(seconds=1)
     await recovery.intake(recon, failed("other"), "fail")
     start = manual_clock.now()
-    reply = await stub.RedriveByFilter(pb.RedriveByFilterRequest(
-        filter=pb.RecoveryFilter(business="ads"), rate_per_second=2, actor="bob", reason="incident 12 over"))
-    assert reply.scheduled == 6 and list(reply.task_ids) == [f"r{i}" for i in range(6)]  # oldest first
-    assert reply.last_due_at.ToDatetime().timestamp() == pytest.approx((start + timedelta(seconds=2.5)).timestamp())
+    reply = await stub.RedriveByFilter(
+        pb.RedriveByFilterRequest(
+            filter=pb.RecoveryFilter(business="ads"),
+            rate_per_second=2,
+            actor="bob",
+            reason="incident 12 over",
+        )
+    )
+    assert reply.scheduled == 6 and list(reply.task_ids) == [
+        f"r{i}" for i in range(6)
+    ]  # oldest first
+    assert reply.last_due_at.ToDatetime().timestamp() == pytest.approx(
+        (start + timedelta(seconds=2.5)).timestamp()
+    )
     sent_at = {}
     for step in range(8):  # sweep every half second of clock time
         await run_sweeps(recon, "redrive")
@@ -103,38 +157,70 @@ async def test_redrive_by_filter_is_spaced_to_the_rate(recon, manual_clock, stub
         manual_clock.advance(seconds=0.5)
     assert sent_at == {f"r{i}": i * 0.5 for i in range(6)}
     assert (await row(recon, "other")).state is RecoveryState.PARKED_FAILED
-    await expect_error(stub.RedriveByFilter(pb.RedriveByFilterRequest(rate_per_second=0)),
-                       grpc.StatusCode.INVALID_ARGUMENT, "rate_per_second")
-    await expect_error(stub.RedriveByFilter(pb.RedriveByFilterRequest(
-        rate_per_second=1, filter=pb.RecoveryFilter(states=[pb.RECOVERY_STATE_FAILED]))),
-        grpc.StatusCode.INVALID_ARGUMENT, "filter.states")
+    await expect_error(
+        stub.RedriveByFilter(pb.RedriveByFilterRequest(rate_per_second=0)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "rate_per_second",
+    )
+    await expect_error(
+        stub.RedriveByFilter(
+            pb.RedriveByFilterRequest(
+                rate_per_second=1, filter=pb.RecoveryFilter(states=[pb.RECOVERY_STATE_FAILED])
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "filter.states",
+    )
 
 
 async def test_abandon_cancels_through_the_normal_path(recon, manual_clock, stub):
     await park_several(recon, manual_clock)
-    reply = await stub.AbandonTask(pb.AbandonTaskRequest(task_id="f2", actor="carol", reason="obsolete"))
+    reply = await stub.AbandonTask(
+        pb.AbandonTaskRequest(task_id="f2", actor="carol", reason="obsolete")
+    )
     assert reply.task.state == pb.RECOVERY_STATE_ABANDONED and "obsolete" in reply.task.reason
     [cancel] = await outbox(recon, "task.cancel")
     assert task_pb2.CancelRequest.FromString(cancel.payload).task_id == "f2"
     manual_clock.advance(seconds=10_000)
     await run_sweeps(recon, "redrive")
     assert "f2" not in {e.task_id for e in await creates(recon)}
-    await expect_error(stub.AbandonTask(pb.AbandonTaskRequest(task_id="f2")), grpc.StatusCode.FAILED_PRECONDITION)
+    await expect_error(
+        stub.AbandonTask(pb.AbandonTaskRequest(task_id="f2")), grpc.StatusCode.FAILED_PRECONDITION
+    )
 
 
 async def test_unknown_sweep_is_refused(stub):
-    await expect_error(stub.RunSweep(pb.RunSweepRequest(sweep="everything")), grpc.StatusCode.INVALID_ARGUMENT, "sweep")
+    await expect_error(
+        stub.RunSweep(pb.RunSweepRequest(sweep="everything")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "sweep",
+    )
     reply = await stub.RunSweep(pb.RunSweepRequest(sweep="all"))
-    assert set(reply.handled) == {"arbitrate", "compensate", "settle", "redrive", "health", "release", "notify", "reconcile"}
+    assert set(reply.handled) == {
+        "arbitrate",
+        "compensate",
+        "settle",
+        "redrive",
+        "health",
+        "release",
+        "notify",
+        "reconcile",
+    }
 
 
 async def test_a_second_redrive_by_filter_queues_behind_the_first(recon, manual_clock, stub):
     for i in range(4):
         await recovery.intake(recon, failed(f"q{i}", business="ads" if i < 2 else "search"), "fail")
     start = manual_clock.now()
-    first = await stub.RedriveByFilter(pb.RedriveByFilterRequest(filter=pb.RecoveryFilter(business="ads"),
-                                                                 rate_per_second=1))
-    second = await stub.RedriveByFilter(pb.RedriveByFilterRequest(filter=pb.RecoveryFilter(business="search"),
-                                                                  rate_per_second=1))
-    assert first.last_due_at.ToDatetime().timestamp() == pytest.approx((start + timedelta(seconds=1)).timestamp())
-    assert second.last_due_at.ToDatetime().timestamp() == pytest.approx((start + timedelta(seconds=3)).timestamp())
+    first = await stub.RedriveByFilter(
+        pb.RedriveByFilterRequest(filter=pb.RecoveryFilter(business="ads"), rate_per_second=1)
+    )
+    second = await stub.RedriveByFilter(
+        pb.RedriveByFilterRequest(filter=pb.RecoveryFilter(business="search"), rate_per_second=1)
+    )
+    assert first.last_due_at.ToDatetime().timestamp() == pytest.approx(
+        (start + timedelta(seconds=1)).timestamp()
+    )
+    assert second.last_due_at.ToDatetime().timestamp() == pytest.approx(
+        (start + timedelta(seconds=3)).timestamp()
+    )

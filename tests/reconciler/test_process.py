@@ -6,7 +6,6 @@ from pathlib import Path
 
 import grpc
 import yaml
-
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -17,20 +16,34 @@ REDRIVEN = pb.RECOVERY_STATE_REDRIVEN
 
 
 def reconciler_env(tmp_path: Path, file_clock, **extra: str) -> dict[str, str]:
-    config = {**CONFIG, "redrive": {"default": {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0}}}
+    config = {
+        **CONFIG,
+        "redrive": {"default": {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0}},
+    }
     (tmp_path / "recovery.yaml").write_text(yaml.safe_dump(config))
-    (tmp_path / "catalogue.yaml").write_text(yaml.safe_dump(
-        {"downstreams": {"labels": {"base_url": "http://127.0.0.1:9", "health_url": ""}}}))
-    return {**file_clock.env, "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
-            "DISPO_RECONCILER_CATALOGUE": str(tmp_path / "catalogue.yaml"), "DISPO_RECONCILER_BATCH": "3",
-            "DISPO_RECONCILER_SWEEP_INTERVAL": "1", **extra}
+    (tmp_path / "catalogue.yaml").write_text(
+        yaml.safe_dump(
+            {"downstreams": {"labels": {"base_url": "http://127.0.0.1:9", "health_url": ""}}}
+        )
+    )
+    return {
+        **file_clock.env,
+        "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
+        "DISPO_RECONCILER_CATALOGUE": str(tmp_path / "catalogue.yaml"),
+        "DISPO_RECONCILER_BATCH": "3",
+        "DISPO_RECONCILER_SWEEP_INTERVAL": "1",
+        **extra,
+    }
 
 
 async def states(address: str) -> dict[str, int]:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = reconciler_pb2_grpc.ReconcilerServiceStub(channel)
-        reply = await stub.ListRecoveryTasks(pb.ListRecoveryTasksRequest(filter=pb.RecoveryFilter(
-            states=[pb.RECOVERY_STATE_PARKED_FAILED, REDRIVEN])))
+        reply = await stub.ListRecoveryTasks(
+            pb.ListRecoveryTasksRequest(
+                filter=pb.RecoveryFilter(states=[pb.RECOVERY_STATE_PARKED_FAILED, REDRIVEN])
+            )
+        )
         return {t.task_id: t.state for t in reply.tasks}
 
 
@@ -53,8 +66,9 @@ async def task_creates(bus) -> list[task_pb2.Task]:
     count = (info.state.subjects or {}).get("task.create", 0)
     if not count:
         return []
-    sub = await bus.js.pull_subscribe("task.create", stream="TASKS",
-                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    sub = await bus.js.pull_subscribe(
+        "task.create", stream="TASKS", config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    )
     out = []
     while len(out) < count:
         out.extend(await sub.fetch(count - len(out), timeout=5))
@@ -62,12 +76,19 @@ async def task_creates(bus) -> list[task_pb2.Task]:
     return [task_pb2.Task.FromString(m.data) for m in out]
 
 
-async def test_killed_mid_redrive_loses_nothing_and_redrives_nothing_twice(start_service, bus, file_clock, tmp_path):
+async def test_killed_mid_redrive_loses_nothing_and_redrives_nothing_twice(
+    start_service, bus, file_clock, tmp_path
+):
     reconciler = await start_service("reconciler", reconciler_env(tmp_path, file_clock))
     ids = [f"k{i:02d}" for i in range(12)]
     for task_id in ids:
-        env = envelope(task_id, [node("a.ok", "SUCCEEDED", task_id=task_id),
-                                 node("a.x", "FAILED", deps=("a.ok",), error="HTTP 503", task_id=task_id)])
+        env = envelope(
+            task_id,
+            [
+                node("a.ok", "SUCCEEDED", task_id=task_id),
+                node("a.x", "FAILED", deps=("a.ok",), error="HTTP 503", task_id=task_id),
+            ],
+        )
         await bus.publish("task.fail", env.SerializeToString(), msg_id=f"{task_id}:fail:g2")
     await wait_for(lambda: _count(reconciler.address, pb.RECOVERY_STATE_PARKED_FAILED, 12))
 

@@ -13,13 +13,19 @@ from .test_arbitration import submitted
 
 async def replicas(recon, service_engine, n=4):
     """``n`` reconciler contexts, each with its own connection pool, sharing the clock."""
-    return [recon] + [replace(recon, engine=await service_engine("reconciler")) for _ in range(n - 1)]
+    return [recon] + [
+        replace(recon, engine=await service_engine("reconciler")) for _ in range(n - 1)
+    ]
 
 
-async def test_concurrent_redrive_sweeps_redrive_each_task_once(recon, service_engine, manual_clock):
+async def test_concurrent_redrive_sweeps_redrive_each_task_once(
+    recon, service_engine, manual_clock
+):
     ids = [f"race{i:02d}" for i in range(40)]
     for task_id in ids:
-        await recovery.intake(recon, envelope(task_id, [node("a.x", "FAILED", task_id=task_id)]), "fail")
+        await recovery.intake(
+            recon, envelope(task_id, [node("a.x", "FAILED", task_id=task_id)]), "fail"
+        )
     manual_clock.advance(seconds=100)
     ctxs = await replicas(recon, service_engine)
     results = await asyncio.gather(*(run_sweeps(c, "redrive") for c in ctxs for _ in range(2)))
@@ -32,8 +38,11 @@ async def test_concurrent_redrive_sweeps_redrive_each_task_once(recon, service_e
 async def test_operator_redrive_racing_the_sweep_redrives_once(recon, service_engine, manual_clock):
     from dispo.libs.errors import FailedPrecondition
     from dispo.reconciler import operations
+
     for i in range(10):
-        await recovery.intake(recon, envelope(f"op{i}", [node("a.x", "FAILED", task_id=f"op{i}")]), "fail")
+        await recovery.intake(
+            recon, envelope(f"op{i}", [node("a.x", "FAILED", task_id=f"op{i}")]), "fail"
+        )
     manual_clock.advance(seconds=100)
     other = (await replicas(recon, service_engine, 2))[1]
 
@@ -44,7 +53,9 @@ async def test_operator_redrive_racing_the_sweep_redrives_once(recon, service_en
         except FailedPrecondition:
             return 0
 
-    results = await asyncio.gather(run_sweeps(recon, "redrive"), *(operator(f"op{i}") for i in range(10)))
+    results = await asyncio.gather(
+        run_sweeps(recon, "redrive"), *(operator(f"op{i}") for i in range(10))
+    )
     assert results[0]["redrive"] + sum(results[1:]) == 10
     assert sorted(e.task_id for e in await creates(recon)) == sorted(f"op{i}" for i in range(10))
 
@@ -54,16 +65,19 @@ async def test_the_same_task_fail_delivered_twice_at_once_is_recorded_once(recon
     env = envelope("dup", [node("a.x", "FAILED", task_id="dup")])
     outcomes = await asyncio.gather(*(recovery.intake(c, env, "fail") for c in ctxs))
     # The loser of the insert race asks for redelivery; the redelivery is then a no-op.
-    for ctx, ok in zip(ctxs, outcomes):
+    for ctx, ok in zip(ctxs, outcomes, strict=False):
         if not ok:
             assert await recovery.intake(ctx, env, "fail")
     async with recon.engine.connect() as conn:
         from dispo.reconciler import store
+
         assert len(await store.history_get(conn, "dup")) == 1
     assert (await row(recon, "dup")).generation == 2
 
 
-async def test_concurrent_arbitration_passes_record_one_verdict(recon, service_engine, manual_clock):
+async def test_concurrent_arbitration_passes_record_one_verdict(
+    recon, service_engine, manual_clock
+):
     for i in range(10):
         await arbitration.on_create(recon, submitted(f"e{i}", "ecommerce", f"c-{i}", T0))
         await arbitration.on_create(recon, submitted(f"t{i}", "trust_safety", f"c-{i}", T0))
@@ -71,15 +85,22 @@ async def test_concurrent_arbitration_passes_record_one_verdict(recon, service_e
     results = await asyncio.gather(*(run_sweeps(c, "arbitrate") for c in ctxs))
     assert sum(r["arbitrate"] for r in results) == 10
     from .test_arbitration import cancelled
+
     assert sorted(await cancelled(recon)) == sorted(f"e{i}" for i in range(10))
 
 
 async def test_concurrent_notify_sweeps_deliver_each_callback_once(recon, service_engine, receiver):
     await receiver.start()
     for i in range(10):
-        env = envelope(f"n{i}", [node("a.x", "SUCCEEDED", task_id=f"n{i}")], status="SUCCEEDED",
-                       callback_url=receiver.url)
+        env = envelope(
+            f"n{i}",
+            [node("a.x", "SUCCEEDED", task_id=f"n{i}")],
+            status="SUCCEEDED",
+            callback_url=receiver.url,
+        )
         await completion.on_status(recon, env)
     ctxs = await replicas(recon, service_engine)
     await asyncio.gather(*(run_sweeps(c, "notify") for c in ctxs))
-    assert sorted(r["headers"]["X-Dispo-Task-Id"] for r in receiver.received) == sorted(f"n{i}" for i in range(10))
+    assert sorted(r["headers"]["X-Dispo-Task-Id"] for r in receiver.received) == sorted(
+        f"n{i}" for i in range(10)
+    )

@@ -2,25 +2,33 @@
 
 import re
 
-from sqlalchemy import text
-
 from dispo.reconciler.states import (
     CHECKED_COLUMNS,
     RECOVERY_FINAL,
     RECOVERY_TRANSITIONS,
     RecoveryState,
 )
+from sqlalchemy import text
 
 
 async def test_check_constraints_match_enums(service_engine):
     engine = await service_engine("reconciler")
     async with engine.connect() as conn:
-        rows = (await conn.execute(text(
-            "SELECT rel.relname AS table, pg_get_constraintdef(c.oid) AS definition FROM pg_constraint c"
-            " JOIN pg_class rel ON rel.oid = c.conrelid JOIN pg_namespace n ON n.oid = rel.relnamespace"
-            " WHERE n.nspname = 'reconciler' AND c.contype = 'c'"))).all()
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT rel.relname AS table, pg_get_constraintdef(c.oid) AS definition FROM pg_constraint c"
+                    " JOIN pg_class rel ON rel.oid = c.conrelid JOIN pg_namespace n ON n.oid = rel.relnamespace"
+                    " WHERE n.nspname = 'reconciler' AND c.contype = 'c'"
+                )
+            )
+        ).all()
     for (table, column), enum in CHECKED_COLUMNS.items():
-        defs = [r.definition for r in rows if r.table == table and f"({column} =" in r.definition.replace("((", "(")]
+        defs = [
+            r.definition
+            for r in rows
+            if r.table == table and f"({column} =" in r.definition.replace("((", "(")
+        ]
         assert defs, (table, column)
         values = set(re.findall(r"'([A-Z_]+)'::text", defs[0]))
         assert values == {e.value for e in enum}, (table, column)
@@ -35,7 +43,6 @@ def test_every_state_has_a_transition_row_and_final_states_are_terminal():
 
 async def test_a_move_outside_the_table_is_refused_before_any_sql():
     import pytest
-
     from dispo.reconciler import store
 
     with pytest.raises(ValueError, match="FAILED -> REDRIVEN"):

@@ -6,7 +6,13 @@ from datetime import timedelta
 
 from dispo.reconciler import envelope as E
 from dispo.reconciler.config import parse_config
-from dispo.reconciler.policy import ArbitrationPolicy, Contender, PriorityRule, RedrivePolicy, ReleaseRate
+from dispo.reconciler.policy import (
+    ArbitrationPolicy,
+    Contender,
+    PriorityRule,
+    RedrivePolicy,
+    ReleaseRate,
+)
 
 from .conftest import CONFIG, NS, T0, envelope, node, status_of
 
@@ -29,17 +35,26 @@ def test_policy_spent_by_count_or_age():
 
 
 def test_most_specific_policy_wins():
-    config = parse_config({
-        "redrive": {"default": {"max_redrives": 5},
-                    "rules": [{"cell": "start_review", "max_redrives": 3},
-                              {"business": "ecommerce", "max_redrives": 4},
-                              {"business": "ecommerce", "cell": "start_review", "max_redrives": 1}]}})
+    config = parse_config(
+        {
+            "redrive": {
+                "default": {"max_redrives": 5},
+                "rules": [
+                    {"cell": "start_review", "max_redrives": 3},
+                    {"business": "ecommerce", "max_redrives": 4},
+                    {"business": "ecommerce", "cell": "start_review", "max_redrives": 1},
+                ],
+            }
+        }
+    )
     assert config.redrive_policy("ads", "notify_owner").max_redrives == 5
     assert config.redrive_policy("ads", "start_review").max_redrives == 3
     assert config.redrive_policy("ecommerce", "notify_owner").max_redrives == 4
     assert config.redrive_policy("ecommerce", "start_review").max_redrives == 1
     # Unset fields of a rule come from the default.
-    assert config.redrive_policy("ads", "start_review").base_delay == config.redrive_default.base_delay
+    assert (
+        config.redrive_policy("ads", "start_review").base_delay == config.redrive_default.base_delay
+    )
 
 
 def test_release_bucket_never_exceeds_burst_and_refills_at_rate():
@@ -50,27 +65,45 @@ def test_release_bucket_never_exceeds_burst_and_refills_at_rate():
 
 
 def test_arbitration_priority_then_acceptance_time():
-    policy = ArbitrationPolicy(priority=(PriorityRule(business="trust_safety"), PriorityRule(business="ecommerce")))
+    policy = ArbitrationPolicy(
+        priority=(PriorityRule(business="trust_safety"), PriorityRule(business="ecommerce"))
+    )
     early = Contender("a", "ecommerce", "update_quality_level", T0)
     late_strong = Contender("b", "trust_safety", "update_quality_level", T0 + timedelta(seconds=5))
     ruling = policy.decide([early, late_strong])
     assert ruling.winner.task_id == "b" and [c.task_id for c in ruling.losers] == ["a"]
     assert "priority" in ruling.reason
-    tie = policy.decide([Contender("x", "ads", "c", T0 + timedelta(seconds=1)), Contender("y", "search", "c", T0)])
+    tie = policy.decide(
+        [Contender("x", "ads", "c", T0 + timedelta(seconds=1)), Contender("y", "search", "c", T0)]
+    )
     assert tie.winner.task_id == "y" and "earlier acceptance" in tie.reason
-    assert policy.decide([early, Contender("c", "ecommerce", "c", T0)]) is None  # one business: no conflict
+    assert (
+        policy.decide([early, Contender("c", "ecommerce", "c", T0)]) is None
+    )  # one business: no conflict
 
 
 def test_redrive_resumes_from_the_breakpoint():
-    env = envelope("t", [
-        node("a.ok", "SUCCEEDED", task_id="t"),
-        node("a.flaky", "FAILED", deps=("a.ok",), retryable=True, attempts=4, error="HTTP 503: busy", task_id="t"),
-        node("b.after", "PENDING", deps=("a.flaky",), task_id="t"),
-        node("c.bad", "FAILED", retryable=False, error="HTTP 400: no", task_id="t"),
-        node("c.next", "DEPENDENCY_FAILED", deps=("c.bad",), task_id="t"),
-        node("d.parked", "DEMOTED", task_id="t"),
-        node("e.gone", "CANCELLED", task_id="t"),
-    ], generation=4)
+    env = envelope(
+        "t",
+        [
+            node("a.ok", "SUCCEEDED", task_id="t"),
+            node(
+                "a.flaky",
+                "FAILED",
+                deps=("a.ok",),
+                retryable=True,
+                attempts=4,
+                error="HTTP 503: busy",
+                task_id="t",
+            ),
+            node("b.after", "PENDING", deps=("a.flaky",), task_id="t"),
+            node("c.bad", "FAILED", retryable=False, error="HTTP 400: no", task_id="t"),
+            node("c.next", "DEPENDENCY_FAILED", deps=("c.bad",), task_id="t"),
+            node("d.parked", "DEMOTED", task_id="t"),
+            node("e.gone", "CANCELLED", task_id="t"),
+        ],
+        generation=4,
+    )
     out, reset = E.redrive(env, "why")
     assert out.generation == 5
     assert status_of(out, "a.ok") == "SUCCEEDED" and status_of(out, "e.gone") == "CANCELLED"
@@ -87,6 +120,7 @@ def test_redrive_resumes_from_the_breakpoint():
 def test_error_classes():
     def cls(**kw):
         return E.error_class(envelope("t", [("a.x", kw.pop("status", "FAILED"))], **kw))
+
     assert cls(error="timeout after 2s") == "timeout"
     assert cls(error="connection error: refused") == "connection"
     assert cls(error="HTTP 503: busy") == "http_5xx"
@@ -99,8 +133,8 @@ def test_shipped_config_parses():
     from pathlib import Path
 
     import yaml
-
     from dispo.reconciler.config import DEFAULT_CONFIG
+
     config = parse_config(yaml.safe_load(Path(DEFAULT_CONFIG).read_text()))
     assert config.redrive_default.max_redrives == 5
     assert "update_quality_level" in config.arbitration.conflicts

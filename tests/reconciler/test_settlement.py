@@ -2,7 +2,6 @@
 idempotent action, or by an operator's recorded decision; nothing is re-run blindly."""
 
 import grpc
-
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.reconciler import recovery
 from dispo.reconciler.states import RecoveryState
@@ -13,11 +12,14 @@ from .test_operations import expect_error
 
 
 def uncertain(task_id, **kw):
-    return envelope(task_id, [
-        node("a.first", "SUCCEEDED", task_id=task_id),
-        node("a.call", "UNKNOWN", deps=("a.first",), task_id=task_id, **kw),
-        node("b.after", "PENDING", deps=("a.call",), task_id=task_id),
-    ])
+    return envelope(
+        task_id,
+        [
+            node("a.first", "SUCCEEDED", task_id=task_id),
+            node("a.call", "UNKNOWN", deps=("a.first",), task_id=task_id, **kw),
+            node("b.after", "PENDING", deps=("a.call",), task_id=task_id),
+        ],
+    )
 
 
 async def settle_and_redrive(recon):
@@ -39,7 +41,11 @@ async def test_probe_says_done_node_recorded_succeeded_not_rerun(recon, fake_dow
     assert sent.generation == 3
     assert fake_downstream.probes == {"yes/a.call": 1}
     [s] = await settlements(stub, "yes")
-    assert (s.node_id, s.method, s.outcome) == ("a.call", "PROBE", "SUCCEEDED") and "done=true" in s.reason
+    assert (s.node_id, s.method, s.outcome) == (
+        "a.call",
+        "PROBE",
+        "SUCCEEDED",
+    ) and "done=true" in s.reason
 
 
 async def test_probe_says_not_done_node_runs_again(recon, fake_downstream, stub):
@@ -77,43 +83,83 @@ async def test_idempotent_without_probe_is_rerun(recon, stub):
 async def test_non_idempotent_without_probe_waits_for_an_operator(recon, stub):
     assert await recovery.intake(recon, uncertain("op", probe=False, idempotent=False), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 0}
-    listed = await stub.ListRecoveryTasks(pb.ListRecoveryTasksRequest(
-        filter=pb.RecoveryFilter(states=[pb.RECOVERY_STATE_AWAITING_DECISION])))
+    listed = await stub.ListRecoveryTasks(
+        pb.ListRecoveryTasksRequest(
+            filter=pb.RecoveryFilter(states=[pb.RECOVERY_STATE_AWAITING_DECISION])
+        )
+    )
     [task] = listed.tasks
-    assert task.task_id == "op" and list(task.undecided_nodes) == ["a.call"] and "operator" in task.reason
+    assert (
+        task.task_id == "op"
+        and list(task.undecided_nodes) == ["a.call"]
+        and "operator" in task.reason
+    )
     assert await creates(recon) == []
 
-    await expect_error(stub.ResolveNode(pb.ResolveNodeRequest(task_id="op", node_id="a.call",
-                                                              resolution=pb.RESOLUTION_DONE)),
-                       grpc.StatusCode.INVALID_ARGUMENT, "reason")
-    await expect_error(stub.ResolveNode(pb.ResolveNodeRequest(task_id="op", node_id="a.first", reason="x",
-                                                              resolution=pb.RESOLUTION_DONE)),
-                       grpc.StatusCode.INVALID_ARGUMENT, "node_id")
-    await expect_error(stub.ResolveNode(pb.ResolveNodeRequest(task_id="op", node_id="a.call", reason="x")),
-                       grpc.StatusCode.INVALID_ARGUMENT, "resolution")
-    await expect_error(stub.RedriveTask(pb.RedriveTaskRequest(task_id="op")), grpc.StatusCode.FAILED_PRECONDITION)
+    await expect_error(
+        stub.ResolveNode(
+            pb.ResolveNodeRequest(task_id="op", node_id="a.call", resolution=pb.RESOLUTION_DONE)
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "reason",
+    )
+    await expect_error(
+        stub.ResolveNode(
+            pb.ResolveNodeRequest(
+                task_id="op", node_id="a.first", reason="x", resolution=pb.RESOLUTION_DONE
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "node_id",
+    )
+    await expect_error(
+        stub.ResolveNode(pb.ResolveNodeRequest(task_id="op", node_id="a.call", reason="x")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "resolution",
+    )
+    await expect_error(
+        stub.RedriveTask(pb.RedriveTaskRequest(task_id="op")), grpc.StatusCode.FAILED_PRECONDITION
+    )
 
-    reply = await stub.ResolveNode(pb.ResolveNodeRequest(
-        task_id="op", node_id="a.call", resolution=pb.RESOLUTION_DONE, actor="erin",
-        reason="ticket 881 exists in the review system"))
+    reply = await stub.ResolveNode(
+        pb.ResolveNodeRequest(
+            task_id="op",
+            node_id="a.call",
+            resolution=pb.RESOLUTION_DONE,
+            actor="erin",
+            reason="ticket 881 exists in the review system",
+        )
+    )
     assert reply.redriven and reply.task.state == pb.RECOVERY_STATE_REDRIVEN
     [sent] = await creates(recon)
     assert status_of(sent, "a.call") == "SUCCEEDED" and status_of(sent, "b.after") == "PENDING"
     [s] = await settlements(stub, "op")
-    assert (s.method, s.outcome, s.actor, s.reason) == ("OPERATOR", "SUCCEEDED", "erin",
-                                                        "ticket 881 exists in the review system")
+    assert (s.method, s.outcome, s.actor, s.reason) == (
+        "OPERATOR",
+        "SUCCEEDED",
+        "erin",
+        "ticket 881 exists in the review system",
+    )
 
 
-async def test_unknown_and_failed_nodes_settle_then_wait_for_backoff(recon, fake_downstream, manual_clock):
-    env = envelope("mix", [
-        node("a.call", "UNKNOWN", task_id="mix", idempotent=False),
-        node("b.flaky", "FAILED", task_id="mix", error="HTTP 502: x"),
-    ])
+async def test_unknown_and_failed_nodes_settle_then_wait_for_backoff(
+    recon, fake_downstream, manual_clock
+):
+    env = envelope(
+        "mix",
+        [
+            node("a.call", "UNKNOWN", task_id="mix", idempotent=False),
+            node("b.flaky", "FAILED", task_id="mix", error="HTTP 502: x"),
+        ],
+    )
     fake_downstream.done["mix/a.call"] = True
     assert await recovery.intake(recon, env, "fail")
     assert await settle_and_redrive(recon) == {"redrive": 0}
     parked = await row(recon, "mix")
-    assert parked.state is RecoveryState.PARKED_FAILED and status_of(parked.envelope, "a.call") == "SUCCEEDED"
+    assert (
+        parked.state is RecoveryState.PARKED_FAILED
+        and status_of(parked.envelope, "a.call") == "SUCCEEDED"
+    )
     manual_clock.advance(seconds=16)
     assert await run_sweeps(recon, "redrive") == {"redrive": 1}
     [sent] = await creates(recon)

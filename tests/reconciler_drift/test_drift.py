@@ -8,8 +8,6 @@ import json
 
 import grpc
 import pytest
-from sqlalchemy import text
-
 from dispo.libs.api.pool.v1 import pool_pb2 as pool_pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import drift_pb2 as pb
@@ -20,26 +18,48 @@ from dispo.libs.errors import Unavailable
 from dispo.libs.grpcserver import create_server
 from dispo.pool.drivers.local import Registry
 from dispo.reconciler.drift import MIGRATIONS, SERVICE_NAME, DriftChecker, register
+from sqlalchemy import text
 
-REQUEST = dict(series="s", line="trial", period="p", target_url="http://127.0.0.1:9", window_seconds=3600,
-               slot_count=1, runs_per_slot=5, cases=[pool_pb.TestCase(id="c1", path="/")])
+REQUEST = dict(
+    series="s",
+    line="trial",
+    period="p",
+    target_url="http://127.0.0.1:9",
+    window_seconds=3600,
+    slot_count=1,
+    runs_per_slot=5,
+    cases=[pool_pb.TestCase(id="c1", path="/")],
+)
 
 
 @pytest.fixture
 async def drift_env(start_service, service_engine, database_url, file_clock, tmp_path):
     registry_path = tmp_path / "registry.sqlite"
-    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry_path),
-                                                   "DISPO_POOL_SPAWN_WORKER": "false"})
+    pool = await start_service(
+        "pool",
+        env={
+            **file_clock.env,
+            "DISPO_POOL_LOCAL_REGISTRY": str(registry_path),
+            "DISPO_POOL_SPAWN_WORKER": "false",
+        },
+    )
     reconciler_engine = await service_engine("reconciler", MIGRATIONS)
     pool_db = create_engine(database_url, "pool")
     channel = grpc.aio.insecure_channel(pool.address)
-    checker = DriftChecker(reconciler_engine, pool_pb2_grpc.PoolServiceStub(channel), FileClock(file_clock.path))
+    checker = DriftChecker(
+        reconciler_engine, pool_pb2_grpc.PoolServiceStub(channel), FileClock(file_clock.path)
+    )
     server = create_server("127.0.0.1:0", [lambda s: register(s, checker)], [SERVICE_NAME])
     await server.start()
     await server.set_serving(True)
     drift_channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    yield (pool_pb2_grpc.PoolServiceStub(channel), drift_pb2_grpc.DriftServiceStub(drift_channel),
-           Registry(registry_path), pool_db, reconciler_engine)
+    yield (
+        pool_pb2_grpc.PoolServiceStub(channel),
+        drift_pb2_grpc.DriftServiceStub(drift_channel),
+        Registry(registry_path),
+        pool_db,
+        reconciler_engine,
+    )
     await drift_channel.close()
     await server.stop(0)
     await channel.close()
@@ -59,24 +79,38 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
     pool, drift, registry, pool_db, reconciler_db = drift_env
     crons = [c.id for c in await _crons(pool, 5)]
     a, b, c, d, e = crons
-    assert (await drift.RunDriftCheck(pb.RunDriftCheckRequest())).repairs == []  # consistent to begin with
+    assert (
+        await drift.RunDriftCheck(pb.RunDriftCheckRequest())
+    ).repairs == []  # consistent to begin with
 
     # Equal waiting times: the queue breaks the tie by id, so b, c, d take them in this order.
     for name in ("ev-1-finished", "ev-2-idle-held", "ev-3-driver-forgot"):
         await pool.CreateEvaluation(pool_pb.CreateEvaluationRequest(evaluation_id=name, **REQUEST))
-    assert (await pool.WakeCron(pool_pb.WakeCronRequest(cron_id=b))).evaluation.id == "ev-1-finished"
-    assert (await pool.WakeCron(pool_pb.WakeCronRequest(cron_id=c))).evaluation.id == "ev-2-idle-held"
-    assert (await pool.WakeCron(pool_pb.WakeCronRequest(cron_id=d))).evaluation.id == "ev-3-driver-forgot"
+    assert (
+        await pool.WakeCron(pool_pb.WakeCronRequest(cron_id=b))
+    ).evaluation.id == "ev-1-finished"
+    assert (
+        await pool.WakeCron(pool_pb.WakeCronRequest(cron_id=c))
+    ).evaluation.id == "ev-2-idle-held"
+    assert (
+        await pool.WakeCron(pool_pb.WakeCronRequest(cron_id=d))
+    ).evaluation.id == "ev-3-driver-forgot"
 
     # 1. an orphan only the driver has; 2. a cron the driver lost
     registry.create("cron-orphan", json.dumps({"status": "idle", "eval_id": ""}))
     registry.remove(a)
     async with pool_db.begin() as conn:
         # 3. a busy cron whose evaluation finished (completed behind the cron's back)
-        await conn.execute(text("UPDATE evaluations SET assigned_cron_id = NULL, assigned_at = NULL, "
-                                "status = 'completed' WHERE id = 'ev-1-finished'"))
+        await conn.execute(
+            text(
+                "UPDATE evaluations SET assigned_cron_id = NULL, assigned_at = NULL, "
+                "status = 'completed' WHERE id = 'ev-1-finished'"
+            )
+        )
         # 4a. an evaluation assigned to a cron the DB has as idle
-        await conn.execute(text(f"UPDATE crons SET status = 'idle', evaluation_id = NULL WHERE id = '{c}'"))
+        await conn.execute(
+            text(f"UPDATE crons SET status = 'idle', evaluation_id = NULL WHERE id = '{c}'")
+        )
     # 4b. an evaluation whose cron's driver state says idle (the driver lost its context)
     registry.write_state(d, json.dumps({"status": "idle", "eval_id": ""}))
     # 5. an idle cron whose driver state claims an evaluation
@@ -84,14 +118,16 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
 
     result = await drift.RunDriftCheck(pb.RunDriftCheckRequest())
     got = sorted((r.kind, r.cron_id, r.evaluation_id, r.outcome) for r in result.repairs)
-    assert got == sorted([
-        ("remove_orphan", "cron-orphan", "", "applied"),
-        ("recreate_missing", a, "", "applied"),
-        ("release_finished", b, "ev-1-finished", "applied"),
-        ("requeue_evaluation", c, "ev-2-idle-held", "applied"),
-        ("requeue_evaluation", d, "ev-3-driver-forgot", "applied"),
-        ("rewrite_state", e, "", "applied"),
-    ])
+    assert got == sorted(
+        [
+            ("remove_orphan", "cron-orphan", "", "applied"),
+            ("recreate_missing", a, "", "applied"),
+            ("release_finished", b, "ev-1-finished", "applied"),
+            ("requeue_evaluation", c, "ev-2-idle-held", "applied"),
+            ("requeue_evaluation", d, "ev-3-driver-forgot", "applied"),
+            ("rewrite_state", e, "", "applied"),
+        ]
+    )
     assert all(r.reason for r in result.repairs)
 
     # The repairs took effect: the driver and the DB agree again.
@@ -103,7 +139,10 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
         assert ev.assigned_cron_id == "" and ev.status == pool_pb.EVALUATION_STATUS_EXECUTING
     queue = await pool.ListQueue(pool_pb.ListQueueRequest())
     assert {i.evaluation_id for i in queue.items} == {"ev-2-idle-held", "ev-3-driver-forgot"}
-    assert all(c.status == pool_pb.CRON_STATUS_IDLE for c in (await pool.ListCrons(pool_pb.ListCronsRequest())).crons)
+    assert all(
+        c.status == pool_pb.CRON_STATUS_IDLE
+        for c in (await pool.ListCrons(pool_pb.ListCronsRequest())).crons
+    )
 
     # Converged: a second check finds nothing; every repair is listable with its reason.
     assert list((await drift.RunDriftCheck(pb.RunDriftCheckRequest())).repairs) == []
@@ -123,26 +162,39 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
 async def test_check_against_an_unreachable_pool_is_unavailable_and_records_nothing(service_engine):
     engine = await service_engine("reconciler", MIGRATIONS)
     async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:
-        checker = DriftChecker(engine, pool_pb2_grpc.PoolServiceStub(channel), ManualClock(), timeout=1)
+        checker = DriftChecker(
+            engine, pool_pb2_grpc.PoolServiceStub(channel), ManualClock(), timeout=1
+        )
         with pytest.raises(Unavailable):
             await checker.check_once()
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM drift_checks"))).scalar_one() == 0
 
 
-async def test_reconciler_process_serves_drift_checks_against_the_pool(start_service, file_clock, tmp_path):
+async def test_reconciler_process_serves_drift_checks_against_the_pool(
+    start_service, file_clock, tmp_path
+):
     registry = tmp_path / "registry.sqlite"
-    pool = await start_service("pool", env={**file_clock.env, "DISPO_POOL_LOCAL_REGISTRY": str(registry),
-                                                 "DISPO_POOL_SPAWN_WORKER": "false"})
-    reconciler = await start_service("reconciler", env={**file_clock.env,
-                                                        "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": pool.address})
+    pool = await start_service(
+        "pool",
+        env={
+            **file_clock.env,
+            "DISPO_POOL_LOCAL_REGISTRY": str(registry),
+            "DISPO_POOL_SPAWN_WORKER": "false",
+        },
+    )
+    reconciler = await start_service(
+        "reconciler", env={**file_clock.env, "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": pool.address}
+    )
     async with grpc.aio.insecure_channel(pool.address) as channel:
         await _crons(pool_pb2_grpc.PoolServiceStub(channel), 5)
     Registry(registry).create("cron-stray", json.dumps({"status": "idle", "eval_id": ""}))
     async with grpc.aio.insecure_channel(reconciler.address) as channel:
         drift = drift_pb2_grpc.DriftServiceStub(channel)
         result = await drift.RunDriftCheck(pb.RunDriftCheckRequest())
-        assert [(r.kind, r.cron_id, r.outcome) for r in result.repairs] == [("remove_orphan", "cron-stray", "applied")]
+        assert [(r.kind, r.cron_id, r.outcome) for r in result.repairs] == [
+            ("remove_orphan", "cron-stray", "applied")
+        ]
         assert result.crons_in_db == 5 and result.crons_in_driver == 6
         listed = await drift.ListRepairs(pb.ListRepairsRequest())
         assert [r.cron_id for r in listed.repairs] == ["cron-stray"]

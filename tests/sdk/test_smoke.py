@@ -4,7 +4,6 @@ import asyncio
 
 import grpc
 import pytest
-
 from dispo.libs.sdk import Client, DispoError, cell, cells
 
 
@@ -14,7 +13,10 @@ def test_typed_builders_make_cell_requests():
     second = cells.update_quality_level(content_id="c2", level=1, reason="spam").named("second")
 
     assert label.to_proto().cell == "update_quality_level"
-    assert dict(label.to_proto().payload) == {"content_id": "c1", "level": 3.0}  # None fields left out
+    assert dict(label.to_proto().payload) == {
+        "content_id": "c1",
+        "level": 3.0,
+    }  # None fields left out
     assert list(notify.to_proto().depends_on) == ["update_quality_level"]
     assert second.to_proto().ref == "second" and second.payload["reason"] == "spam"
     assert cells.start_review("c1").payload == {"content_id": "c1"}
@@ -29,7 +31,9 @@ async def test_async_client_submits_and_waits(client, downstream):
     assert done.status == "SUCCEEDED" and done.terminal
     assert set(done.node_statuses.values()) == {"SUCCEEDED"}
     calls = await downstream.calls()
-    assert sorted(calls) == sorted(f"{task.task_id}/{n}" for n in ("pair.first", "pair.second", "step.call"))
+    assert sorted(calls) == sorted(
+        f"{task.task_id}/{n}" for n in ("pair.first", "pair.second", "step.call")
+    )
 
 
 async def test_sync_client_submit_get_wait_list_and_errors(pipeline):

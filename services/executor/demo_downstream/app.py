@@ -63,7 +63,9 @@ def build_app() -> web.Application:
         return web.json_response({"done": key in state.effects, "calls": state.calls.get(key, 0)})
 
     async def calls(_: web.Request) -> web.Response:
-        return web.json_response({"calls": state.calls, "effects": state.effects, "held": state.held})
+        return web.json_response(
+            {"calls": state.calls, "effects": state.effects, "held": state.held}
+        )
 
     async def control(request: web.Request) -> web.Response:
         body = await request.json()
@@ -74,13 +76,17 @@ def build_app() -> web.Application:
             state.release = asyncio.Event()
         if "fail" in body:
             f = body["fail"]
-            state.fail.append(Rule(int(f.get("status", 500)), int(f.get("times", 1)), f.get("path", "")))
+            state.fail.append(
+                Rule(int(f.get("status", 500)), int(f.get("times", 1)), f.get("path", ""))
+            )
         if "down" in body:
             state.down = bool(body["down"])
         if "delay_ms" in body:
             state.delay_ms = int(body["delay_ms"])
         if "hold" in body:
-            state.hold_path = (body["hold"] or {}).get("path", "") if body["hold"] is not None else None
+            state.hold_path = (
+                (body["hold"] or {}).get("path", "") if body["hold"] is not None else None
+            )
         if body.get("release"):
             state.hold_path = None
             state.release.set()
@@ -123,7 +129,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8181)
     options = parser.parse_args()
-    web.run_app(build_app(), host=options.host, port=options.port, print=lambda *_: print(f"demo downstream on {options.host}:{options.port}", flush=True))
+    web.run_app(
+        build_app(),
+        host=options.host,
+        port=options.port,
+        print=lambda *_: print(f"demo downstream on {options.host}:{options.port}", flush=True),
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ class DriverError(Exception):
 def encode_state(state: dict) -> str:
     raw = json.dumps(state, separators=(",", ":"), sort_keys=True)
     if len(raw.encode()) > MAX_STATE_BYTES:
-        raise DriverError(f"cron state is {len(raw.encode())} bytes; the limit is {MAX_STATE_BYTES}")
+        raise DriverError(
+            f"cron state is {len(raw.encode())} bytes; the limit is {MAX_STATE_BYTES}"
+        )
     return raw
 
 
@@ -33,11 +35,9 @@ class Driver(Protocol):
         """Remove a cron; removing an absent cron is not an error."""
         ...
 
-    async def list(self) -> list[DriverCron]:
-        ...
+    async def list(self) -> list[DriverCron]: ...
 
-    async def write_state(self, cron_id: str, state: dict) -> None:
-        ...
+    async def write_state(self, cron_id: str, state: dict) -> None: ...
 
     async def trigger(self, cron_id: str) -> None:
         """Wake the cron now instead of at its next tick."""

@@ -52,7 +52,9 @@ class Registry:
 class LocalDriver:
     name = "local"
 
-    def __init__(self, registry_path: Path, publish: Callable[[str, bytes], Awaitable[None]]) -> None:
+    def __init__(
+        self, registry_path: Path, publish: Callable[[str, bytes], Awaitable[None]]
+    ) -> None:
         self.registry = Registry(registry_path)
         self._publish = publish
 

@@ -1,10 +1,10 @@
 """The OpenClaw driver: shells out to the ``openclaw`` CLI.
 
-    openclaw automations create <id> --every <seconds>s --state <json>
-    openclaw automations remove <id>
-    openclaw automations list --json          -> [{"id": ..., "state": {...}}, ...]
-    openclaw automations state set <id> <json>
-    openclaw automations run <id>
+openclaw automations create <id> --every <seconds>s --state <json>
+openclaw automations remove <id>
+openclaw automations list --json          -> [{"id": ..., "state": {...}}, ...]
+openclaw automations state set <id> <json>
+openclaw automations run <id>
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ class OpenClawDriver:
     async def _run(self, *args: str, ok_codes: tuple[int, ...] = (0,)) -> str:
         try:
             process = await asyncio.create_subprocess_exec(
-                self.executable, "automations", *args,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                self.executable,
+                "automations",
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
         except OSError as error:
             raise DriverError(f"cannot run {self.executable}: {error}") from None
         try:
@@ -41,12 +45,21 @@ class OpenClawDriver:
             await process.wait()
             raise DriverError(f"openclaw automations {args[0]} timed out") from None
         if process.returncode not in ok_codes:
-            raise DriverError(f"openclaw automations {args[0]} exited {process.returncode}: {err.decode()[:300]}")
+            raise DriverError(
+                f"openclaw automations {args[0]} exited {process.returncode}: {err.decode()[:300]}"
+            )
         return out.decode()
 
     async def create(self, cron_id: str, state: dict) -> None:
-        await self._run("create", cron_id, "--every", f"{int(self.tick_seconds)}s", "--state", encode_state(state),
-                        ok_codes=(0, EXISTS_EXIT))
+        await self._run(
+            "create",
+            cron_id,
+            "--every",
+            f"{int(self.tick_seconds)}s",
+            "--state",
+            encode_state(state),
+            ok_codes=(0, EXISTS_EXIT),
+        )
 
     async def remove(self, cron_id: str) -> None:
         await self._run("remove", cron_id, ok_codes=(0, NOT_FOUND_EXIT))

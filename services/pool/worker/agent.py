@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import httpx
-
 from dispo.pool.domain import RunResult, TestCase
 from dispo.pool.scoring import Answer, error_result, score
 
@@ -15,11 +14,14 @@ async def run_case(client: httpx.AsyncClient, target_url: str, case: TestCase) -
     started = time.monotonic()
     try:
         if case.method == "POST":
-            response = await client.post(url, content=case.body.encode(),
-                                         headers={"content-type": "application/json"})
+            response = await client.post(
+                url, content=case.body.encode(), headers={"content-type": "application/json"}
+            )
         else:
             response = await client.get(url)
     except httpx.HTTPError as error:
-        return error_result(f"{type(error).__name__}: {error}", int((time.monotonic() - started) * 1000))
+        return error_result(
+            f"{type(error).__name__}: {error}", int((time.monotonic() - started) * 1000)
+        )
     latency_ms = int((time.monotonic() - started) * 1000)
     return score(case.rules, Answer(response.status_code, response.text, latency_ms))

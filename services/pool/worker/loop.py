@@ -13,7 +13,6 @@ import signal
 
 import grpc
 import httpx
-
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.bus import Bus
@@ -34,13 +33,24 @@ GONE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 def case_from_pb(case: pb.TestCase) -> TestCase:
-    return TestCase(case.id, case.method or "GET", case.path or "/", case.body,
-                    tuple(Rule(r.kind, r.value, r.path) for r in case.rules))
+    return TestCase(
+        case.id,
+        case.method or "GET",
+        case.path or "/",
+        case.body,
+        tuple(Rule(r.kind, r.value, r.path) for r in case.rules),
+    )
 
 
 class Worker:
-    def __init__(self, registry: Registry, stub: pool_pb2_grpc.PoolServiceStub, clock: Clock,
-                 tick_seconds: float, http: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        stub: pool_pb2_grpc.PoolServiceStub,
+        clock: Clock,
+        tick_seconds: float,
+        http: httpx.AsyncClient,
+    ) -> None:
         self.registry = registry
         self.stub = stub
         self.clock = clock
@@ -93,7 +103,12 @@ class Worker:
                 await self.serve(cron_id)
             except grpc.aio.AioRpcError as error:
                 level = log.info if error.code() in GONE else log.warning
-                level("cron wake failed", cron_id=cron_id, code=error.code().name, detail=error.details())
+                level(
+                    "cron wake failed",
+                    cron_id=cron_id,
+                    code=error.code().name,
+                    detail=error.details(),
+                )
             except Exception:
                 log.exception("cron wake crashed", cron_id=cron_id)
 
@@ -109,10 +124,19 @@ class Worker:
             for _ in range(woke.runs_owed):
                 case = case_from_pb(ev.cases[index % len(ev.cases)])
                 result = await run_case(self.http, ev.target_url, case)
-                recorded = await self.stub.RecordRun(pb.RecordRunRequest(
-                    cron_id=cron_id, evaluation_id=ev.id, run_index=index, case_id=case.id,
-                    verdict=result.verdict.value, score=result.score, latency_ms=result.latency_ms,
-                    failure_reason=result.failure_reason), **CALL)
+                recorded = await self.stub.RecordRun(
+                    pb.RecordRunRequest(
+                        cron_id=cron_id,
+                        evaluation_id=ev.id,
+                        run_index=index,
+                        case_id=case.id,
+                        verdict=result.verdict.value,
+                        score=result.score,
+                        latency_ms=result.latency_ms,
+                        failure_reason=result.failure_reason,
+                    ),
+                    **CALL,
+                )
                 performed += 1
                 index = recorded.next_run_index
                 if not recorded.continue_evaluation:
@@ -126,13 +150,20 @@ async def main_async() -> None:
     clock = clock_from_spec(common.clock)
     # One worker per registry: a second one (say, a restart while the old one lingers) waits here.
     settings.local_registry.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(settings.local_registry.with_suffix(".lock"), "w")  # noqa: SIM115 - held for the process's life
+    lock = open(settings.local_registry.with_suffix(".lock"), "w")
     await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
     bus = await Bus.connect(common.nats_servers, name="dispo-pool-worker")
-    async with grpc.aio.insecure_channel(settings.pool_address) as channel, \
-            httpx.AsyncClient(timeout=settings.http_timeout) as http:
-        worker = Worker(Registry(settings.local_registry), pool_pb2_grpc.PoolServiceStub(channel), clock,
-                        settings.tick_seconds, http)
+    async with (
+        grpc.aio.insecure_channel(settings.pool_address) as channel,
+        httpx.AsyncClient(timeout=settings.http_timeout) as http,
+    ):
+        worker = Worker(
+            Registry(settings.local_registry),
+            pool_pb2_grpc.PoolServiceStub(channel),
+            clock,
+            settings.tick_seconds,
+            http,
+        )
 
         async def on_message(msg) -> None:
             await worker.on_wake(msg.subject.removeprefix(WAKE_SUBJECT + "."))
@@ -141,6 +172,8 @@ async def main_async() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
-        log.info("pool worker running", registry=str(settings.local_registry), pool=settings.pool_address)
+        log.info(
+            "pool worker running", registry=str(settings.local_registry), pool=settings.pool_address
+        )
         await worker.run()
     await bus.close()

@@ -37,8 +37,12 @@ class WorkerSupervisor:
     async def run(self) -> None:
         while not self._stopping.is_set():
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "dispo.pool.worker", env={**os.environ, **self.env},
-                preexec_fn=_die_with_parent)
+                sys.executable,
+                "-m",
+                "dispo.pool.worker",
+                env={**os.environ, **self.env},
+                preexec_fn=_die_with_parent,
+            )
             self.starts += 1
             log.info("pool worker started", pid=self.process.pid, starts=self.starts)
             code = await self.process.wait()

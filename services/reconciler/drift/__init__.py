@@ -17,8 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
-from pydantic_settings import BaseSettings
-
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
 from dispo.libs.db import migrate
@@ -26,6 +24,7 @@ from dispo.libs.service import Runtime
 from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
 from dispo.reconciler.drift.checker import DriftChecker
 from dispo.reconciler.drift.servicer import DriftServicer
+from pydantic_settings import BaseSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.reconciler.v1.DriftService"
@@ -52,8 +51,13 @@ async def install(rt: Runtime) -> DriftChecker:
     settings = DriftSettings()
     await migrate(rt.engine, rt.name, MIGRATIONS)
     channel = grpc.aio.insecure_channel(settings.pool_address)
-    checker = DriftChecker(rt.engine, pool_pb2_grpc.PoolServiceStub(channel), rt.clock,
-                           settings.interval_seconds, settings.timeout)
+    checker = DriftChecker(
+        rt.engine,
+        pool_pb2_grpc.PoolServiceStub(channel),
+        rt.clock,
+        settings.interval_seconds,
+        settings.timeout,
+    )
     rt.add_servicer(lambda server: register(server, checker), SERVICE_NAME)
 
     async def stop() -> None:

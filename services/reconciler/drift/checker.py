@@ -9,8 +9,6 @@ import uuid
 from dataclasses import dataclass
 
 import grpc
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from dispo.libs.api.pool.v1 import pool_pb2 as pool_pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.clock import Clock, sleep_until_stopped
@@ -18,6 +16,7 @@ from dispo.libs.errors import Unavailable
 from dispo.libs.logging import get_logger
 from dispo.reconciler.drift import repository as repo
 from dispo.reconciler.drift.planner import DbCron, Outcome, PlannedRepair, View, plan_repairs
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 
@@ -36,17 +35,30 @@ def _lower(enum_type, value: int, prefix: str) -> str:
 
 
 def view_from_pb(view: pool_pb.DriftView) -> View:
-    crons = {c.id: DbCron(c.id, _lower(pool_pb.CronStatus, c.status, "CRON_STATUS_"), c.evaluation_id)
-             for c in view.db_crons}
+    crons = {
+        c.id: DbCron(c.id, _lower(pool_pb.CronStatus, c.status, "CRON_STATUS_"), c.evaluation_id)
+        for c in view.db_crons
+    }
     states = {c.cron_id: json.loads(c.state_json or "{}") for c in view.driver_crons}
-    evaluations = {e.evaluation_id: (_lower(pool_pb.EvaluationStatus, e.status, "EVALUATION_STATUS_"),
-                                     e.assigned_cron_id) for e in view.evaluations}
+    evaluations = {
+        e.evaluation_id: (
+            _lower(pool_pb.EvaluationStatus, e.status, "EVALUATION_STATUS_"),
+            e.assigned_cron_id,
+        )
+        for e in view.evaluations
+    }
     return View(view.driver, crons, states, evaluations)
 
 
 class DriftChecker:
-    def __init__(self, engine: AsyncEngine, pool: pool_pb2_grpc.PoolServiceStub, clock: Clock,
-                 interval_seconds: float = 300.0, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        pool: pool_pb2_grpc.PoolServiceStub,
+        clock: Clock,
+        interval_seconds: float = 300.0,
+        timeout: float = 30.0,
+    ) -> None:
         self.engine = engine
         self.pool = pool
         self.clock = clock
@@ -58,33 +70,57 @@ class DriftChecker:
     async def check_once(self) -> CheckResult:
         async with self._lock:
             try:
-                view_pb = await self.pool.GetDriftView(pool_pb.GetDriftViewRequest(), timeout=self.timeout)
+                view_pb = await self.pool.GetDriftView(
+                    pool_pb.GetDriftViewRequest(), timeout=self.timeout
+                )
             except grpc.aio.AioRpcError as error:
-                raise Unavailable(f"pool unreachable: {error.code().name} {error.details()}") from None
+                raise Unavailable(
+                    f"pool unreachable: {error.code().name} {error.details()}"
+                ) from None
             view = view_from_pb(view_pb)
             check_id = f"drift-{uuid.uuid4().hex[:12]}"
             now = self.clock.now()
             async with self.engine.begin() as conn:
-                await repo.check_insert(conn, check_id, now, len(view.db_crons), len(view.driver_states), view.driver)
+                await repo.check_insert(
+                    conn, check_id, now, len(view.db_crons), len(view.driver_states), view.driver
+                )
             repairs = [await self._apply(check_id, planned) for planned in plan_repairs(view)]
             if repairs:
                 log.info("drift check repaired", check_id=check_id, repairs=len(repairs))
             return CheckResult(check_id, len(view.db_crons), len(view.driver_states), repairs, now)
 
     async def _apply(self, check_id: str, planned: PlannedRepair) -> dict:
-        request = pool_pb.ApplyRepairRequest(kind=pool_pb.RepairKind.Value(f"REPAIR_KIND_{planned.kind.name}"),
-                                             cron_id=planned.cron_id, evaluation_id=planned.evaluation_id)
+        request = pool_pb.ApplyRepairRequest(
+            kind=pool_pb.RepairKind.Value(f"REPAIR_KIND_{planned.kind.name}"),
+            cron_id=planned.cron_id,
+            evaluation_id=planned.evaluation_id,
+        )
         try:
             reply = await self.pool.ApplyRepair(request, timeout=self.timeout)
             outcome, detail = (Outcome.APPLIED if reply.applied else Outcome.SKIPPED), reply.detail
         except grpc.aio.AioRpcError as error:
             outcome, detail = Outcome.FAILED, f"{error.code().name}: {error.details()}"
-        log.info("drift repair", check_id=check_id, kind=planned.kind.value, cron_id=planned.cron_id,
-                 evaluation_id=planned.evaluation_id, outcome=outcome.value, reason=planned.reason)
+        log.info(
+            "drift repair",
+            check_id=check_id,
+            kind=planned.kind.value,
+            cron_id=planned.cron_id,
+            evaluation_id=planned.evaluation_id,
+            outcome=outcome.value,
+            reason=planned.reason,
+        )
         async with self.engine.begin() as conn:
-            return await repo.repair_insert(conn, check_id, planned.kind.value, planned.cron_id,
-                                            planned.evaluation_id, planned.reason, outcome.value, detail,
-                                            self.clock.now())
+            return await repo.repair_insert(
+                conn,
+                check_id,
+                planned.kind.value,
+                planned.cron_id,
+                planned.evaluation_id,
+                planned.reason,
+                outcome.value,
+                detail,
+                self.clock.now(),
+            )
 
     async def run(self) -> None:
         """Every ``interval_seconds`` of the clock (the seed's 5 minutes by default)."""

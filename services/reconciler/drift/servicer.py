@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-
-
-from dispo.libs.timestamps import to_timestamp
 from dispo.libs.api.reconciler.v1 import drift_pb2 as pb
 from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
 from dispo.libs.errors import InvalidArgument
+from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler.drift import repository as repo
 from dispo.reconciler.drift.checker import DriftChecker
 from dispo.reconciler.drift.planner import RepairKind
 
 
 def repair_to_pb(row: dict) -> pb.Repair:
-    return pb.Repair(id=row["id"], check_id=row["check_id"], kind=row["kind"], cron_id=row["cron_id"],
-                     evaluation_id=row["evaluation_id"], reason=row["reason"], outcome=row["outcome"],
-                     detail=row["detail"], at=to_timestamp(row["at"]))
+    return pb.Repair(
+        id=row["id"],
+        check_id=row["check_id"],
+        kind=row["kind"],
+        cron_id=row["cron_id"],
+        evaluation_id=row["evaluation_id"],
+        reason=row["reason"],
+        outcome=row["outcome"],
+        detail=row["detail"],
+        at=to_timestamp(row["at"]),
+    )
 
 
 class DriftServicer(drift_pb2_grpc.DriftServiceServicer):
@@ -25,13 +31,19 @@ class DriftServicer(drift_pb2_grpc.DriftServiceServicer):
 
     async def RunDriftCheck(self, request, context) -> pb.DriftCheckResult:
         result = await self.checker.check_once()
-        return pb.DriftCheckResult(check_id=result.check_id, crons_in_db=result.crons_in_db,
-                                   crons_in_driver=result.crons_in_driver,
-                                   repairs=[repair_to_pb(r) for r in result.repairs], at=to_timestamp(result.at))
+        return pb.DriftCheckResult(
+            check_id=result.check_id,
+            crons_in_db=result.crons_in_db,
+            crons_in_driver=result.crons_in_driver,
+            repairs=[repair_to_pb(r) for r in result.repairs],
+            at=to_timestamp(result.at),
+        )
 
     async def ListRepairs(self, request, context) -> pb.ListRepairsResponse:
         if request.kind and request.kind not in {k.value for k in RepairKind}:
-            raise InvalidArgument("kind", f"must be one of {', '.join(k.value for k in RepairKind)}")
+            raise InvalidArgument(
+                "kind", f"must be one of {', '.join(k.value for k in RepairKind)}"
+            )
         if request.limit < 0:
             raise InvalidArgument("limit", "must be >= 0")
         async with self.checker.engine.connect() as conn:

@@ -46,7 +46,7 @@ def upgrade() -> None:
         CHECK ((assigned_cron_id IS NULL) = (assigned_at IS NULL)),
         CHECK (assigned_cron_id IS NULL OR status = 'executing')
     )""")
-    op.execute(f"""
+    op.execute("""
     CREATE INDEX evaluations_servable ON evaluations (waiting_since)
         WHERE status IN ('queued', 'executing', 'stuck') AND assigned_cron_id IS NULL""")
     op.execute("""
@@ -82,8 +82,12 @@ def upgrade() -> None:
         end_reason    text
     )""")
     # No evaluation is ever held by two crons, and no cron holds two evaluations.
-    op.execute("CREATE UNIQUE INDEX assignments_open_evaluation ON assignments (evaluation_id) WHERE ended_at IS NULL")
-    op.execute("CREATE UNIQUE INDEX assignments_open_cron ON assignments (cron_id) WHERE ended_at IS NULL")
+    op.execute(
+        "CREATE UNIQUE INDEX assignments_open_evaluation ON assignments (evaluation_id) WHERE ended_at IS NULL"
+    )
+    op.execute(
+        "CREATE UNIQUE INDEX assignments_open_cron ON assignments (cron_id) WHERE ended_at IS NULL"
+    )
     op.execute("""
     CREATE TABLE resizes (
         id        bigserial PRIMARY KEY,

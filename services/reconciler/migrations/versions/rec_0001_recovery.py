@@ -178,8 +178,19 @@ CREATE TABLE outbox (
 CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL;
 """
 
-TABLES = ("outbox", "claims", "verdicts", "findings", "deliveries", "completions", "downstream_state",
-          "settlements", "redrive_log", "failure_history", "recovery_tasks")
+TABLES = (
+    "outbox",
+    "claims",
+    "verdicts",
+    "findings",
+    "deliveries",
+    "completions",
+    "downstream_state",
+    "settlements",
+    "redrive_log",
+    "failure_history",
+    "recovery_tasks",
+)
 
 
 def upgrade() -> None:

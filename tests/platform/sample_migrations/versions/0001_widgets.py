@@ -8,7 +8,9 @@ down_revision = None
 
 
 def upgrade() -> None:
-    op.create_table("widgets", sa.Column("id", sa.Integer, primary_key=True), sa.Column("name", sa.Text))
+    op.create_table(
+        "widgets", sa.Column("id", sa.Integer, primary_key=True), sa.Column("name", sa.Text)
+    )
 
 
 def downgrade() -> None:

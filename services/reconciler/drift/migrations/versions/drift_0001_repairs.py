@@ -11,7 +11,13 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-REPAIR_KINDS = ("remove_orphan", "recreate_missing", "release_finished", "requeue_evaluation", "rewrite_state")
+REPAIR_KINDS = (
+    "remove_orphan",
+    "recreate_missing",
+    "release_finished",
+    "requeue_evaluation",
+    "rewrite_state",
+)
 OUTCOMES = ("applied", "skipped", "failed")
 
 
