@@ -2,7 +2,7 @@
 
 A cell may declare a conflict key (a payload field naming its target, e.g. content_id)
 and an effect. Every task accepted on task.create records a *claim* per such cell. The
-arbitration pass looks at targets with open claims: when claims from different
+arbitration sweep looks at targets with open claims: when claims from different
 businesses meet within the window, the policy (ordered business / cell priority, ties to
 the earlier accepted task) picks a winner, a verdict with its reason is recorded, and
 each losing task is cancelled through the executor's normal path (task.cancel: its

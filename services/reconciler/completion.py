@@ -4,7 +4,7 @@
 2. *notified* — the completion notification delivered to the caller's callback: an HTTP
    webhook (POST, HMAC-SHA256 signed, retried with backoff) or a NATS subject
    (``nats:<subject>``, published with a message id); every attempt is recorded;
-3. *reconciled* — the reconciliation pass probed the finished task's nodes whose actions
+3. *reconciled* — the reconcile sweep probed the finished task's nodes whose actions
    have status probes and recorded any disagreement as a finding.
 """
 
@@ -206,7 +206,7 @@ async def _reconcile_one(
 
 
 async def reconcile_sweep(ctx: Context) -> int:
-    """The periodic reconciliation pass over finished tasks (one batch)."""
+    """The periodic reconcile sweep over finished tasks (one batch)."""
     policy = ctx.config.reconcile
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:

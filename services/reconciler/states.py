@@ -65,7 +65,7 @@ NOTIFY_TRANSITIONS: dict[NotifyState, frozenset[NotifyState]] = {
 
 
 class ReconcileState(enum.StrEnum):
-    """The reconciliation pass over a finished task ("external state reconciled")."""
+    """The reconcile sweep over a finished task ("external state reconciled")."""
 
     PENDING = "PENDING"
     MATCHED = "MATCHED"

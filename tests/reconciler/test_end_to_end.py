@@ -213,7 +213,7 @@ async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reco
             await reconciler.tick(2)
             if receiver.received:
                 break
-        await reconciler.tick(60)  # later rounds deliver nothing more; the reconciliation pass runs
+        await reconciler.tick(60)  # later rounds deliver nothing more; the reconcile sweep runs
         reply = await facts()
         message = await subscription.next_msg(timeout=10)
     finally:

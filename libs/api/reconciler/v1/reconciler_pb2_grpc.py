@@ -174,7 +174,7 @@ class ReconcilerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListFindings(self, request, context):
-        """Mismatches found by the reconciliation pass.
+        """Mismatches found by the reconcile sweep.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

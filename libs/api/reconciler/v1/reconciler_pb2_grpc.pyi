@@ -59,7 +59,7 @@ class ReconcilerServiceStub:
     GetCompletion: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.GetCompletionRequest, _reconciler_pb2.GetCompletionResponse]
     """The three completion facts of a finished task, with deliveries and findings."""
     ListFindings: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ListFindingsRequest, _reconciler_pb2.ListFindingsResponse]
-    """Mismatches found by the reconciliation pass."""
+    """Mismatches found by the reconcile sweep."""
     ListVerdicts: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ListVerdictsRequest, _reconciler_pb2.ListVerdictsResponse]
     """Arbitration verdicts."""
     RunSweep: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.RunSweepRequest, _reconciler_pb2.RunSweepResponse]
@@ -89,7 +89,7 @@ class ReconcilerServiceAsyncStub(ReconcilerServiceStub):
     GetCompletion: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.GetCompletionRequest, _reconciler_pb2.GetCompletionResponse]  # type: ignore[assignment]
     """The three completion facts of a finished task, with deliveries and findings."""
     ListFindings: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListFindingsRequest, _reconciler_pb2.ListFindingsResponse]  # type: ignore[assignment]
-    """Mismatches found by the reconciliation pass."""
+    """Mismatches found by the reconcile sweep."""
     ListVerdicts: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListVerdictsRequest, _reconciler_pb2.ListVerdictsResponse]  # type: ignore[assignment]
     """Arbitration verdicts."""
     RunSweep: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.RunSweepRequest, _reconciler_pb2.RunSweepResponse]  # type: ignore[assignment]
@@ -182,7 +182,7 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.ListFindingsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.ListFindingsResponse, _abc.Awaitable[_reconciler_pb2.ListFindingsResponse]]:
-        """Mismatches found by the reconciliation pass."""
+        """Mismatches found by the reconcile sweep."""
 
     @_abc_1.abstractmethod
     def ListVerdicts(
