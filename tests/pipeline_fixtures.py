@@ -59,6 +59,7 @@ cells:
     description: Two calls, the second after the first.
     fields:
       name: {{type: string, required: true}}
+    conflict: {{key: name, effect: paired}}
     actions:
       first:
         kind: http
@@ -176,7 +177,7 @@ class Pipeline:
         self.gateway = await self.start_service(
             "gateway",
             {
-                "DISPO_GATEWAY_CATALOGUE": str(self.catalogue),
+                "DISPO_CATALOGUE": str(self.catalogue),
                 "DISPO_GATEWAY_WATCH_POLL_INTERVAL": "0.2",
                 **env,
             },
@@ -186,7 +187,7 @@ class Pipeline:
     async def start_executor(self, **env: str) -> Any:
         executor = await self.start_service(
             "executor",
-            {**EXECUTOR_TEST_ENV, "DISPO_EXECUTOR_CATALOGUE": str(self.catalogue), **env},
+            {**EXECUTOR_TEST_ENV, "DISPO_CATALOGUE": str(self.catalogue), **env},
         )
         self.executors.append(executor)
         return executor

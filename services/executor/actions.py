@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 from dispo.executor.domain import ActionSpec, truncate_error
+from dispo.libs.catalogue import Downstream
 
 
 class Outcome(enum.Enum):
@@ -33,15 +34,6 @@ def classify_status(code: int) -> Outcome:
     if code in (408, 429) or code >= 500:
         return Outcome.RETRYABLE
     return Outcome.PERMANENT
-
-
-@dataclass(frozen=True)
-class Downstream:
-    name: str
-    base_url: str
-    timeout_ms: int = 5000
-    max_concurrency: int = 16
-    health_url: str = ""
 
 
 @dataclass(frozen=True)

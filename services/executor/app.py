@@ -13,14 +13,14 @@ from dispo.executor import repository as repo
 from dispo.executor.actions import check_health
 from dispo.executor.domain import RetryPolicy
 from dispo.executor.envelope import envelope_problem
-from dispo.executor.registry import load_downstreams
 from dispo.executor.runner import Executor, ExecutorConfig
 from dispo.executor.servicer import ExecutorServicer
-from dispo.executor.settings import DEFAULT_CATALOGUE, ExecutorSettings
+from dispo.executor.settings import ExecutorSettings
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
+from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.clock import sleep_until_stopped
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
@@ -38,7 +38,7 @@ SERVICE_NAME = "dispo.executor.v1.ExecutorService"
 def build_executor(
     rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncClient
 ) -> tuple[Executor, OutboxRelay]:
-    registry = load_downstreams(settings.catalogue or DEFAULT_CATALOGUE)
+    registry = load_configured_catalogue().downstreams
     relay = rt.outbox_relay(repo.outbox)
     config = ExecutorConfig(
         lease_ttl=settings.lease_ttl,

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import httpx
 from dispo.executor import repository as repo
-from dispo.executor.actions import Call, Downstream, Outcome, Result, run_action
+from dispo.executor.actions import Call, Outcome, Result, run_action
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import (
     Next,
@@ -32,6 +32,7 @@ from dispo.executor.envelope import payload_of
 from dispo.executor.states import TASK_FINAL, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak
+from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dispo.libs.settings import service_settings_config
 from pydantic_settings import BaseSettings
-
-# The shipped content governance catalogue (the gateway's), whose `downstreams` section is
-# the registry when no catalogue is set.
-DEFAULT_CATALOGUE = (
-    Path(__file__).resolve().parent.parent / "gateway" / "catalogue" / "content_governance.yaml"
-)
 
 
 class ExecutorSettings(BaseSettings):
     model_config = service_settings_config("executor")
 
-    # Catalogue file whose `downstreams` section is the downstream registry (empty: the shipped one).
-    catalogue: str = ""
     # Durable consumer name shared by all replicas (they split the work).
     durable: str = "executor"
     # Seconds a pass holds a task's lease without a heartbeat; a crashed executor's tasks

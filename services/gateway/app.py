@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispo.gateway import repository as repo
-from dispo.gateway.catalogue import DEFAULT_CATALOGUE, load_catalogue
 from dispo.gateway.expand import Limits
 from dispo.gateway.service import Gateway
 from dispo.gateway.servicer import GatewayServicer
@@ -14,6 +13,7 @@ from dispo.gateway.settings import GatewaySettings
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
+from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.service import Runtime, run_service
 from dispo.libs.task_streams import STATUS_STREAM, ensure_task_streams
 from google.protobuf.message import DecodeError
@@ -26,7 +26,7 @@ SERVICE_NAME = "dispo.gateway.v1.GatewayService"
 async def setup(rt: Runtime) -> None:
     settings = GatewaySettings()
     await ensure_task_streams(rt.bus)
-    catalogue = load_catalogue(settings.catalogue or DEFAULT_CATALOGUE)
+    catalogue = load_configured_catalogue()
     relay = rt.outbox_relay(repo.outbox)
     limits = Limits(settings.max_cells, settings.max_nodes, settings.max_payload_bytes)
     gateway = Gateway(rt.engine, relay, catalogue, limits, rt.clock, settings.watch_poll_interval)

@@ -12,7 +12,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispo.gateway.catalogue import ActionDef, Catalogue, topological
+from dispo.libs.catalogue import ActionDef, Catalogue, topological
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -12,11 +12,11 @@ from dataclasses import asdict
 from datetime import datetime
 
 from dispo.gateway import repository as repo
-from dispo.gateway.catalogue import Catalogue
 from dispo.gateway.convert import status_name, task_envelope
 from dispo.gateway.expand import Limits, Submission, expand, validate
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.catalogue import Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.libs.logging import get_logger

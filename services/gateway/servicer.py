@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC
 
 import grpc
-from dispo.gateway.catalogue import Catalogue
 from dispo.gateway.convert import (
     decode_cursor,
     encode_cursor,
@@ -18,6 +17,7 @@ from dispo.gateway.convert import (
 from dispo.gateway.service import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.catalogue import Catalogue
 from dispo.libs.errors import InvalidArgument, Unavailable
 from sqlalchemy.exc import DBAPIError
 

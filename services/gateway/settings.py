@@ -9,8 +9,6 @@ from pydantic_settings import BaseSettings
 class GatewaySettings(BaseSettings):
     model_config = service_settings_config("gateway")
 
-    # Cell catalogue file (YAML); empty = the shipped content governance example.
-    catalogue: str = ""
     max_cells: int = 50
     max_nodes: int = 200
     max_payload_bytes: int = 64 * 1024

@@ -3,8 +3,9 @@
 Settings say where things are; the YAML file (``DISPO_RECONCILER_CONFIG``, default
 ``recovery.yaml`` beside this module) holds the policies: redrive per business / cell,
 release rates per downstream, callback delivery, reconciliation sampling and arbitration.
-The downstream registry (base URLs for probes, health URLs) is read from the same
-catalogue file the executor uses (its ``downstreams`` section).
+The downstream registry (base URLs for probes, health URLs) and the conflicts arbitration
+decides come from the catalogue every service reads (``DISPO_CATALOGUE``): its
+``downstreams`` and each cell's ``conflict``.
 """
 
 from __future__ import annotations
@@ -14,20 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dispo.libs.catalogue import Catalogue, Downstream, load_configured_catalogue
 from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
 from dispo.reconciler.policy import (
     ArbitrationPolicy,
-    Conflict,
     PriorityRule,
     RedrivePolicy,
     ReleaseRate,
 )
 from pydantic_settings import BaseSettings
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
-DEFAULT_CONFIG = HERE / "recovery.yaml"
-DEFAULT_CATALOGUE = REPO_ROOT / "services" / "gateway" / "catalogue" / "content_governance.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "recovery.yaml"
 
 
 class ReconcilerSettings(BaseSettings):
@@ -35,8 +33,6 @@ class ReconcilerSettings(BaseSettings):
 
     # Recovery policies (YAML); empty: the file shipped beside this module.
     config: str = ""
-    # Catalogue whose `downstreams` section is the downstream registry; empty: the example.
-    catalogue: str = ""
     # Seconds between two runs of the sweeps (0: sweeps run only through RunSweep).
     sweep_interval: float = 1.0
     # Rows one sweep handles at most.
@@ -49,13 +45,6 @@ class ReconcilerSettings(BaseSettings):
     durable: str = "reconciler"
     # Where compensating cells are submitted (the gateway's gRPC address).
     gateway_address: str = f"127.0.0.1:{DEFAULT_PORTS['gateway']}"
-
-
-@dataclass(frozen=True)
-class DownstreamInfo:
-    name: str
-    base_url: str
-    health_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,7 +86,7 @@ class RecoveryConfig:
     reconcile: ReconcilePolicy = field(default_factory=ReconcilePolicy)
     arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
     compensation: CompensationPolicy = field(default_factory=CompensationPolicy)
-    downstreams: dict[str, DownstreamInfo] = field(default_factory=dict)
+    downstreams: dict[str, Downstream] = field(default_factory=dict)
 
     def redrive_policy(self, business: str, cell: str) -> RedrivePolicy:
         best: tuple[int, RedrivePolicy] | None = None
@@ -121,9 +110,10 @@ def _fields(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
     return raw
 
 
-def parse_config(
-    data: dict[str, Any], downstreams: dict[str, DownstreamInfo] | None = None
-) -> RecoveryConfig:
+def parse_config(data: dict[str, Any], catalogue: Catalogue | None = None) -> RecoveryConfig:
+    """The policies in ``data`` (recovery.yaml) with the downstreams and conflicts of
+    ``catalogue`` (none when it is not given)."""
+    catalogue = catalogue or Catalogue()
     redrive = data.get("redrive") or {}
     default = RedrivePolicy(
         **_fields(RedrivePolicy, redrive.get("default") or {}, "redrive.default")
@@ -145,14 +135,11 @@ def parse_config(
         for name, raw in (release.get("downstreams") or {}).items()
     }
     arb = data.get("arbitration") or {}
-    conflicts = {
-        cell: Conflict(
-            key=str(raw["key"]),
-            effect=str(raw.get("effect", cell)),
-            compensate=str(raw.get("compensate", "")),
+    if "conflicts" in arb:
+        raise ValueError(
+            "arbitration.conflicts: conflicts are declared beside their cells in the catalogue"
+            " (cells.<cell>.conflict)"
         )
-        for cell, raw in (arb.get("conflicts") or {}).items()
-    }
     priority = tuple(
         PriorityRule(business=str(r.get("business", "")), cell=str(r.get("cell", "")))
         for r in arb.get("priority") or []
@@ -170,26 +157,17 @@ def parse_config(
             **_fields(ReconcilePolicy, data.get("reconciliation") or {}, "reconciliation")
         ),
         arbitration=ArbitrationPolicy(
-            window=float(arb.get("window_seconds", 60.0)), priority=priority, conflicts=conflicts
+            window=float(arb.get("window_seconds", 60.0)),
+            priority=priority,
+            conflicts=catalogue.conflicts,
         ),
         compensation=CompensationPolicy(
             **_fields(CompensationPolicy, arb.get("compensation") or {}, "arbitration.compensation")
         ),
-        downstreams=downstreams or {},
+        downstreams=catalogue.downstreams,
     )
-
-
-def parse_downstreams(data: dict[str, Any]) -> dict[str, DownstreamInfo]:
-    return {
-        name: DownstreamInfo(
-            name, str((raw or {}).get("base_url", "")), str((raw or {}).get("health_url", ""))
-        )
-        for name, raw in (data.get("downstreams") or {}).items()
-    }
 
 
 def load_config(settings: ReconcilerSettings) -> RecoveryConfig:
     config_path = Path(settings.config) if settings.config else DEFAULT_CONFIG
-    catalogue_path = Path(settings.catalogue) if settings.catalogue else DEFAULT_CATALOGUE
-    downstreams = parse_downstreams(yaml.safe_load(catalogue_path.read_text()) or {})
-    return parse_config(yaml.safe_load(config_path.read_text()) or {}, downstreams)
+    return parse_config(yaml.safe_load(config_path.read_text()) or {}, load_configured_catalogue())

@@ -11,6 +11,8 @@ import random
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from dispo.libs.catalogue import Conflict
+
 
 @dataclass(frozen=True)
 class RedrivePolicy:
@@ -47,16 +49,6 @@ class ReleaseRate:
             return min(self.burst, 1.0)
         elapsed = max(0.0, (now - tokens_at).total_seconds())
         return min(self.burst, tokens + elapsed * self.rate_per_second)
-
-
-@dataclass(frozen=True)
-class Conflict:
-    """A cell's declared effect on a target named by a payload field."""
-
-    key: str
-    effect: str
-    # A cell submitted for the losing task (same payload) to undo its effect; "" for none.
-    compensate: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +92,7 @@ class ArbitrationPolicy:
     window: float = 60.0
     # Earlier rules rank higher; a claim matching none ranks last.
     priority: tuple[PriorityRule, ...] = ()
+    # The catalogue's declared conflicts, by cell.
     conflicts: dict[str, Conflict] = field(default_factory=dict)
 
     def rank(self, business: str, cell: str) -> int:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dispo.libs.catalogue import EXAMPLE
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "pipeline.md"
@@ -27,15 +28,11 @@ def section(text: str, start: str, end: str) -> str:
 )
 async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path):
     catalogue = tmp_path / "catalogue.yaml"
-    catalogue.write_text(
-        (ROOT / "services/gateway/catalogue/content_governance.yaml")
-        .read_text()
-        .replace("http://127.0.0.1:8181", downstream.url)
-    )
-    gateway = await start_service("gateway", {"DISPO_GATEWAY_CATALOGUE": str(catalogue)})
+    catalogue.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:8181", downstream.url))
+    gateway = await start_service("gateway", {"DISPO_CATALOGUE": str(catalogue)})
     await start_service(
         "executor",
-        {"DISPO_EXECUTOR_CATALOGUE": str(catalogue), "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05"},
+        {"DISPO_CATALOGUE": str(catalogue), "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05"},
     )
     text = DOC.read_text()
     walkthrough = section(text, "## Five minutes", "### From Python")

@@ -1,26 +1,16 @@
-"""Catalogue loading and cell expansion (pure domain, no infrastructure)."""
+"""Validation and cell expansion against the shipped catalogue (pure domain, no
+infrastructure)."""
 
 import pytest
-from dispo.gateway.catalogue import (
-    DEFAULT_CATALOGUE,
-    CatalogueError,
-    load_catalogue,
-    parse_catalogue,
-)
 from dispo.gateway.expand import CellRequest, Limits, Submission, expand, validate
+from dispo.libs.catalogue import load_catalogue
 from dispo.libs.errors import InvalidArgument, ResourceExhausted
 
-CATALOGUE = load_catalogue(DEFAULT_CATALOGUE)
+CATALOGUE = load_catalogue()
 
 
 def submission(*cells, business="shop"):
     return Submission(business, list(cells))
-
-
-def test_shipped_catalogue_loads_with_its_dependencies():
-    cell = CATALOGUE.cells["update_quality_level"]
-    assert [a.name for a in cell.actions] == ["set_label", "audit"]
-    assert cell.sinks == ["audit"] and cell.roots == ["set_label"]
 
 
 def test_cells_merge_into_one_dag_with_cross_cell_dependencies():
@@ -90,33 +80,3 @@ def test_size_limits_name_the_field():
     validate(many, CATALOGUE, Limits())
     with pytest.raises(ResourceExhausted):
         expand("t", many, CATALOGUE, Limits(max_nodes=5))
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        ({"cells": {"x": {"actions": {}}}}, "at least one action"),
-        ({"cells": {"x": {"actions": {"a": {"kind": "ftp"}}}}}, "kind"),
-        ({"cells": {"x": {"actions": {"a": {"kind": "http"}}}}}, "downstream and path"),
-        (
-            {"cells": {"x": {"actions": {"a": {"kind": "noop", "depends_on": ["b"]}}}}},
-            "unknown action",
-        ),
-        (
-            {
-                "cells": {
-                    "x": {
-                        "actions": {
-                            "a": {"kind": "noop", "depends_on": ["b"]},
-                            "b": {"kind": "noop", "depends_on": ["a"]},
-                        }
-                    }
-                }
-            },
-            "cycle",
-        ),
-    ],
-)
-def test_broken_catalogue_is_refused_at_load(data, message):
-    with pytest.raises(CatalogueError, match=message):
-        parse_catalogue(data)

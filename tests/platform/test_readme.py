@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dispo.libs.catalogue import EXAMPLE
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.stack import SERVICES
 
@@ -41,16 +42,10 @@ def stack_env(tmp_path):
     ports = {name: free_port() for name in SERVICES}
     demo = free_port()
     catalogue = tmp_path / "catalogue.yaml"
-    catalogue.write_text(
-        (ROOT / "services/gateway/catalogue/content_governance.yaml")
-        .read_text()
-        .replace("127.0.0.1:8181", f"127.0.0.1:{demo}")
-    )
+    catalogue.write_text(EXAMPLE.read_text().replace("127.0.0.1:8181", f"127.0.0.1:{demo}"))
     env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"), "PATH": f"{BIN}:/usr/bin:/bin"}
     env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in ports.items()}
-    env |= {
-        f"DISPO_{name}_CATALOGUE": str(catalogue) for name in ("GATEWAY", "EXECUTOR", "RECONCILER")
-    }
+    env["DISPO_CATALOGUE"] = str(catalogue)
     env["DISPO_RECONCILER_DRIFT_POOL_ADDRESS"] = f"127.0.0.1:{ports['pool']}"
     env["DISPO_RECONCILER_GATEWAY_ADDRESS"] = f"127.0.0.1:{ports['gateway']}"
     return env, ports, demo

@@ -15,11 +15,12 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Bus
+from dispo.libs.catalogue import parse_catalogue
 from dispo.libs.clock import ManualClock
 from dispo.libs.grpcserver import create_server
 from dispo.libs.outbox import OutboxRelay
 from dispo.reconciler import store
-from dispo.reconciler.config import DownstreamInfo, ReconcilerSettings, parse_config
+from dispo.reconciler.config import ReconcilerSettings, parse_config
 from dispo.reconciler.context import Context
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
@@ -50,8 +51,16 @@ CONFIG = {
     "arbitration": {
         "window_seconds": 60,
         "priority": [{"business": "trust_safety"}, {"business": "ecommerce"}],
-        "conflicts": {"update_quality_level": {"key": "content_id", "effect": "quality_level"}},
     },
+}
+
+# The cell the envelopes below use, with the conflict arbitration decides on.
+CELLS = {
+    "update_quality_level": {
+        "fields": {"content_id": {"type": "string", "required": True}},
+        "actions": {"set_label": {"kind": "http", "downstream": "labels", "path": "/labels"}},
+        "conflict": {"key": "content_id", "effect": "quality_level"},
+    }
 }
 
 
@@ -160,11 +169,17 @@ async def recon(
 ) -> AsyncIterator[Context]:
     engine = await service_engine("reconciler")
     await ensure_streams(bus)
-    registry = {
-        name: DownstreamInfo(name, fake_downstream.url, f"{fake_downstream.url}/healthz")
-        for name in ("labels", "review")
-    }
-    registry["notify"] = DownstreamInfo("notify", fake_downstream.url, "")
+    url = fake_downstream.url
+    catalogue = parse_catalogue(
+        {
+            "downstreams": {
+                "labels": {"base_url": url, "health_url": f"{url}/healthz"},
+                "review": {"base_url": url, "health_url": f"{url}/healthz"},
+                "notify": {"base_url": url},
+            },
+            "cells": CELLS,
+        }
+    )
     settings = ReconcilerSettings(
         batch=100, http_timeout=2.0, callback_secret="test-secret", sweep_interval=0
     )
@@ -172,7 +187,7 @@ async def recon(
         yield Context(
             engine,
             manual_clock,
-            parse_config(CONFIG, registry),
+            parse_config(CONFIG, catalogue),
             settings,
             http,
             OutboxRelay(engine, store.outbox, bus),

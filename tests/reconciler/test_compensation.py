@@ -5,10 +5,10 @@ from dataclasses import replace
 from datetime import timedelta
 
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.libs.catalogue import Conflict
 from dispo.libs.stack.nats import free_port
 from dispo.reconciler import arbitration
 from dispo.reconciler.compensation import compensate_sweep
-from dispo.reconciler.policy import Conflict
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.sweeps import run_sweeps
 
@@ -42,7 +42,7 @@ def with_compensation(recon, gateway_address, compensate="step_once"):
 async def test_loser_gets_its_compensating_cell_once(
     recon, start_service, catalogue_file, manual_clock
 ):
-    gateway = await start_service("gateway", {"DISPO_GATEWAY_CATALOGUE": str(catalogue_file)})
+    gateway = await start_service("gateway", {"DISPO_CATALOGUE": str(catalogue_file)})
     ctx = with_compensation(recon, gateway.address)
     await arbitration.on_create(ctx, submitted("lose", "ecommerce", "n-1", T0))
     await arbitration.on_create(

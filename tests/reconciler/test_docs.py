@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from dispo.libs.catalogue import EXAMPLE
 from pipeline_fixtures import downstream  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,19 +43,15 @@ WAIT_FOR = {
 
 async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path):  # noqa: F811
     catalogue = tmp_path / "catalogue.yaml"
-    catalogue.write_text(
-        (ROOT / "services/gateway/catalogue/content_governance.yaml")
-        .read_text()
-        .replace("http://127.0.0.1:8181", downstream.url)
-    )
+    catalogue.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:8181", downstream.url))
     policy = yaml.safe_load((ROOT / "services/reconciler/recovery.yaml").read_text())
     policy["redrive"]["default"]["base_delay"] = 3600  # the walk-through redrives by hand
     (tmp_path / "recovery.yaml").write_text(yaml.safe_dump(policy))
-    gateway = await start_service("gateway", {"DISPO_GATEWAY_CATALOGUE": str(catalogue)})
+    gateway = await start_service("gateway", {"DISPO_CATALOGUE": str(catalogue)})
     await start_service(
         "executor",
         {
-            "DISPO_EXECUTOR_CATALOGUE": str(catalogue),
+            "DISPO_CATALOGUE": str(catalogue),
             "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05",
             "DISPO_EXECUTOR_RETRY_MAX_DELAY": "0.2",
         },
@@ -62,7 +59,7 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
     reconciler = await start_service(
         "reconciler",
         {
-            "DISPO_RECONCILER_CATALOGUE": str(catalogue),
+            "DISPO_CATALOGUE": str(catalogue),
             "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
             "DISPO_RECONCILER_SWEEP_INTERVAL": "0.2",
         },

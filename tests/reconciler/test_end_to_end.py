@@ -67,7 +67,6 @@ async def start_reconciler(start_service, file_clock, catalogue_file, tmp_path: 
         "arbitration": {
             "window_seconds": 60,
             "priority": [{"business": "trust_safety"}],
-            "conflicts": {"pair": {"key": "name", "effect": "paired"}},
         },
     }
     path = tmp_path / "recovery.yaml"
@@ -81,7 +80,7 @@ async def start_reconciler(start_service, file_clock, catalogue_file, tmp_path: 
             {
                 **file_clock.env,
                 "DISPO_RECONCILER_CONFIG": str(path),
-                "DISPO_RECONCILER_CATALOGUE": str(catalogue_file),
+                "DISPO_CATALOGUE": str(catalogue_file),
                 "DISPO_RECONCILER_SWEEP_INTERVAL": "0.5",
                 "DISPO_RECONCILER_CALLBACK_SECRET": "e2e-secret",
                 **env,

@@ -10,7 +10,7 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 
-from .conftest import CONFIG, envelope, node
+from .conftest import CELLS, CONFIG, envelope, node
 
 REDRIVEN = pb.RECOVERY_STATE_REDRIVEN
 
@@ -23,13 +23,16 @@ def reconciler_env(tmp_path: Path, file_clock, **extra: str) -> dict[str, str]:
     (tmp_path / "recovery.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "catalogue.yaml").write_text(
         yaml.safe_dump(
-            {"downstreams": {"labels": {"base_url": "http://127.0.0.1:9", "health_url": ""}}}
+            {
+                "downstreams": {"labels": {"base_url": "http://127.0.0.1:9", "health_url": ""}},
+                "cells": CELLS,
+            }
         )
     )
     return {
         **file_clock.env,
         "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
-        "DISPO_RECONCILER_CATALOGUE": str(tmp_path / "catalogue.yaml"),
+        "DISPO_CATALOGUE": str(tmp_path / "catalogue.yaml"),
         "DISPO_RECONCILER_BATCH": "3",
         "DISPO_RECONCILER_SWEEP_INTERVAL": "1",
         **extra,

@@ -133,9 +133,10 @@ def test_shipped_config_parses():
     from pathlib import Path
 
     import yaml
+    from dispo.libs.catalogue import load_catalogue
     from dispo.reconciler.config import DEFAULT_CONFIG
 
-    config = parse_config(yaml.safe_load(Path(DEFAULT_CONFIG).read_text()))
+    config = parse_config(yaml.safe_load(Path(DEFAULT_CONFIG).read_text()), load_catalogue())
     assert config.redrive_default.max_redrives == 5
     assert "update_quality_level" in config.arbitration.conflicts
     assert NS.NODE_STATUS_SUCCEEDED  # the enum is importable for other tests

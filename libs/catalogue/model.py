@@ -1,18 +1,16 @@
-"""The cell catalogue: which cells exist, the fields their payload takes, and the actions
-(with dependencies) each one expands into. Loaded once from a YAML file at start.
+"""The catalogue's types and its parser: cells (payload fields, the actions with
+dependencies each one expands into, the conflict it declares for arbitration) and the
+downstreams those actions call.
 
-The same file may carry a ``downstreams`` section; that part belongs to the executor's
-downstream registry and is ignored here.
+Parsing checks the whole file at once, so a broken catalogue stops a service at start
+instead of surfacing on some later call.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 ACTION_KINDS = ("http", "noop")
 FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "list")
@@ -21,6 +19,29 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 
 class CatalogueError(ValueError):
     """The catalogue file itself is wrong (a deployment error, not a caller's)."""
+
+
+@dataclass(frozen=True)
+class Downstream:
+    """A system the actions call: where it is, how long a call may take, how many calls
+    may be in flight at once, and where its health is checked ("" for nowhere)."""
+
+    name: str
+    base_url: str
+    timeout_ms: int = 5000
+    max_concurrency: int = 16
+    health_url: str = ""
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A cell's declared effect on a target named by one of its payload fields: claims of
+    different businesses on the same target within the arbitration window conflict."""
+
+    key: str
+    effect: str
+    # A cell submitted for the losing task (same payload) to undo its effect; "" for none.
+    compensate: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,6 +71,7 @@ class CellDef:
     fields: tuple[FieldSpec, ...]
     # In topological order.
     actions: tuple[ActionDef, ...]
+    conflict: Conflict | None = None
 
     @property
     def sinks(self) -> list[str]:
@@ -62,12 +84,18 @@ class CellDef:
         return [a.name for a in self.actions if not a.depends_on]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Catalogue:
     cells: dict[str, CellDef] = field(default_factory=dict)
+    downstreams: dict[str, Downstream] = field(default_factory=dict)
 
     def get(self, name: str) -> CellDef | None:
         return self.cells.get(name)
+
+    @property
+    def conflicts(self) -> dict[str, Conflict]:
+        """The declared conflict of each cell that has one, by cell name."""
+        return {name: c.conflict for name, c in self.cells.items() if c.conflict is not None}
 
 
 def topological(names: list[str], deps: dict[str, tuple[str, ...] | list[str]]) -> list[str] | None:
@@ -106,6 +134,23 @@ def _action(cell: str, name: str, raw: dict[str, Any]) -> ActionDef:
     )
 
 
+def _conflict(cell: str, fields: tuple[FieldSpec, ...], raw: Any) -> Conflict | None:
+    if raw is None:
+        return None
+    where = f"cells.{cell}.conflict"
+    if not isinstance(raw, dict):
+        raise CatalogueError(f"{where}: must be a mapping with key, effect and compensate")
+    unknown = set(raw) - {"key", "effect", "compensate"}
+    if unknown:
+        raise CatalogueError(f"{where}: unknown keys {sorted(unknown)}")
+    key = str(raw.get("key") or "")
+    if key not in {f.name for f in fields}:
+        raise CatalogueError(f"{where}.key: must name a field of the cell, got {key!r}")
+    return Conflict(
+        key=key, effect=str(raw.get("effect") or cell), compensate=str(raw.get("compensate", ""))
+    )
+
+
 def _cell(name: str, raw: dict[str, Any]) -> CellDef:
     if not _NAME.match(name):
         raise CatalogueError(f"cells.{name}: bad cell name")
@@ -128,7 +173,24 @@ def _cell(name: str, raw: dict[str, Any]) -> CellDef:
     if order is None:
         raise CatalogueError(f"cells.{name}.actions: dependency cycle")
     return CellDef(
-        name, str(raw.get("description", "")), tuple(fields), tuple(actions[a] for a in order)
+        name,
+        str(raw.get("description", "")),
+        tuple(fields),
+        tuple(actions[a] for a in order),
+        _conflict(name, tuple(fields), raw.get("conflict")),
+    )
+
+
+def _downstream(name: str, raw: Any) -> Downstream:
+    raw = raw or {}
+    if not raw.get("base_url"):
+        raise CatalogueError(f"downstreams.{name}.base_url is required")
+    return Downstream(
+        name=name,
+        base_url=str(raw["base_url"]),
+        timeout_ms=int(raw.get("timeout_ms", Downstream.timeout_ms)),
+        max_concurrency=int(raw.get("max_concurrency", Downstream.max_concurrency)),
+        health_url=str(raw.get("health_url", "")),
     )
 
 
@@ -136,11 +198,16 @@ def parse_catalogue(data: dict[str, Any]) -> Catalogue:
     cells = data.get("cells") or {}
     if not isinstance(cells, dict):
         raise CatalogueError("cells: must be a mapping of cell name to definition")
-    return Catalogue({name: _cell(name, raw or {}) for name, raw in cells.items()})
-
-
-def load_catalogue(path: str | Path) -> Catalogue:
-    return parse_catalogue(yaml.safe_load(Path(path).read_text()) or {})
-
-
-DEFAULT_CATALOGUE = Path(__file__).parent / "catalogue" / "content_governance.yaml"
+    downstreams = data.get("downstreams") or {}
+    if not isinstance(downstreams, dict):
+        raise CatalogueError("downstreams: must be a mapping of downstream name to definition")
+    catalogue = Catalogue(
+        {name: _cell(name, raw or {}) for name, raw in cells.items()},
+        {name: _downstream(name, raw) for name, raw in downstreams.items()},
+    )
+    for name, conflict in catalogue.conflicts.items():
+        if conflict.compensate and conflict.compensate not in catalogue.cells:
+            raise CatalogueError(
+                f"cells.{name}.conflict.compensate: unknown cell {conflict.compensate!r}"
+            )
+    return catalogue

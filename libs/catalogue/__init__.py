@@ -1,0 +1,81 @@
+"""The cell catalogue, one YAML file read by every service that needs it.
+
+The gateway owns it (it validates submissions against ``cells`` and expands them); the
+executor calls the ``downstreams`` its actions name; the reconciler probes those
+downstreams and arbitrates the ``conflict`` each cell declares. All three read the same
+file, named by one setting, ``DISPO_CATALOGUE``; unset, they read the content governance
+example shipped inside this package (:data:`EXAMPLE`)::
+
+    from dispo.libs.catalogue import load_configured_catalogue
+    catalogue = load_configured_catalogue()
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+import yaml
+from dispo.libs.catalogue.model import (
+    ACTION_KINDS,
+    FIELD_TYPES,
+    ActionDef,
+    Catalogue,
+    CatalogueError,
+    CellDef,
+    Conflict,
+    Downstream,
+    FieldSpec,
+    parse_catalogue,
+    topological,
+)
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = [
+    "ACTION_KINDS",
+    "EXAMPLE",
+    "FIELD_TYPES",
+    "ActionDef",
+    "Catalogue",
+    "CatalogueError",
+    "CatalogueSettings",
+    "CellDef",
+    "Conflict",
+    "Downstream",
+    "FieldSpec",
+    "load_catalogue",
+    "load_configured_catalogue",
+    "parse_catalogue",
+    "topological",
+]
+
+# The shipped example (content governance), package data of this package: it is there
+# in an editable checkout and in an installed wheel alike.
+EXAMPLE: Traversable = files(__name__) / "content_governance.yaml"
+
+
+class CatalogueSettings(BaseSettings):
+    """Which catalogue the gateway, the executor and the reconciler read."""
+
+    model_config = SettingsConfigDict(env_prefix="DISPO_", extra="ignore")
+
+    catalogue: str = Field(
+        default="",
+        description="Cell catalogue file (YAML) read by gateway, executor and reconciler;"
+        " empty: the shipped content governance example",
+    )
+
+
+def load_catalogue(path: str | Path | Traversable = "") -> Catalogue:
+    """The catalogue in ``path``; the shipped example when ``path`` is empty."""
+    source = EXAMPLE if path == "" else path
+    if isinstance(source, str):
+        source = Path(source)
+    return parse_catalogue(yaml.safe_load(source.read_text()) or {})
+
+
+def load_configured_catalogue(settings: CatalogueSettings | None = None) -> Catalogue:
+    """The catalogue ``DISPO_CATALOGUE`` names (the example when unset)."""
+    return load_catalogue((settings or CatalogueSettings()).catalogue)
