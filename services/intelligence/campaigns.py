@@ -15,16 +15,12 @@ from datetime import datetime
 from typing import Any
 
 from dispo.libs.errors import FieldViolation, InvalidArgument
+from dispo.libs.evaluation import LINE_RULE, VERDICT_RULE, Line, Verdict
 
 MAX_ID_CHARS = 128
 MAX_CONFIGURATION_BYTES = 64 * 1024
 MAX_FAILURE_REASON_CHARS = 2000
 MAX_RUNS_PER_CALL = 1000
-
-
-class Line(enum.StrEnum):
-    FORMAL = "formal"
-    TRIAL = "trial"
 
 
 class CampaignStatus(enum.StrEnum):
@@ -45,12 +41,6 @@ CAMPAIGN_TRANSITIONS: dict[CampaignStatus, frozenset[CampaignStatus]] = {
 CAMPAIGN_TERMINAL = frozenset(
     {CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED}
 )
-
-
-class Verdict(enum.StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -139,7 +129,7 @@ def new_campaign(
     _check_id(series, "series", violations)
     _check_id(period, "period", violations)
     if line not in Line.__members__.values():
-        violations.append(FieldViolation("line", "must be 'formal' or 'trial'"))
+        violations.append(FieldViolation("line", LINE_RULE))
     if len(analysis_model) > MAX_ID_CHARS:
         violations.append(
             FieldViolation("analysis_model", f"must be at most {MAX_ID_CHARS} characters")
@@ -175,9 +165,7 @@ def new_run_result(
     _check_id(run_id, f"{field_prefix}run_id", violations)
     _check_id(case_id, f"{field_prefix}case_id", violations)
     if verdict not in Verdict.__members__.values():
-        violations.append(
-            FieldViolation(f"{field_prefix}verdict", "must be 'pass', 'fail' or 'error'")
-        )
+        violations.append(FieldViolation(f"{field_prefix}verdict", VERDICT_RULE))
     if not math.isfinite(score):
         violations.append(FieldViolation(f"{field_prefix}score", "must be a finite number"))
     if latency_ms < 0:
@@ -200,9 +188,3 @@ def new_run_result(
         failure_reason=failure_reason,
         recorded_at=recorded_at,
     )
-
-
-def completion_status(status: str) -> CampaignStatus:
-    if status not in {s.value for s in CAMPAIGN_TERMINAL}:
-        raise InvalidArgument("status", "must be 'completed', 'failed' or 'cancelled'")
-    return CampaignStatus(status)

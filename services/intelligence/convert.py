@@ -6,14 +6,13 @@ import json
 from typing import Any
 
 from dispo.intelligence.campaign_read_model import AnalysisView, ComparisonView
-from dispo.intelligence.campaigns import Campaign, CampaignStatus, Line, Verdict
+from dispo.intelligence.campaigns import Campaign, CampaignStatus
 from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError, ValidationKind
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.errors import DispoError, FailedPrecondition, InvalidArgument, NotFound
+from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, VERDICT_FROM_PB
 from dispo.libs.timestamps import to_timestamp
 
-LINE_TO_PB = {Line.FORMAL: pb.LINE_FORMAL, Line.TRIAL: pb.LINE_TRIAL}
-LINE_FROM_PB = {v: k for k, v in LINE_TO_PB.items()}
 CAMPAIGN_STATUS_TO_PB = {
     CampaignStatus.RUNNING: pb.CAMPAIGN_STATUS_RUNNING,
     CampaignStatus.COMPLETED: pb.CAMPAIGN_STATUS_COMPLETED,
@@ -21,11 +20,6 @@ CAMPAIGN_STATUS_TO_PB = {
     CampaignStatus.CANCELLED: pb.CAMPAIGN_STATUS_CANCELLED,
 }
 CAMPAIGN_STATUS_FROM_PB = {v: k for k, v in CAMPAIGN_STATUS_TO_PB.items()}
-VERDICT_FROM_PB = {
-    pb.VERDICT_PASS: Verdict.PASS,
-    pb.VERDICT_FAIL: Verdict.FAIL,
-    pb.VERDICT_ERROR: Verdict.ERROR,
-}
 JOB_KIND_TO_PB = {
     JobKind.ANALYSIS: pb.JOB_KIND_ANALYSIS,
     JobKind.COMPARISON: pb.JOB_KIND_COMPARISON,
@@ -128,10 +122,12 @@ def comparison_to_pb(view: ComparisonView) -> pb.Comparison:
 
 
 def line_name(line: int) -> str:
+    """The domain value of a proto line; "" (refused by validation) when not one."""
     return LINE_FROM_PB[line].value if line in LINE_FROM_PB else ""
 
 
 def verdict_name(verdict: int) -> str:
+    """The domain value of a proto verdict; "" (refused by validation) when not one."""
     return VERDICT_FROM_PB[verdict].value if verdict in VERDICT_FROM_PB else ""
 
 

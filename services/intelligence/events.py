@@ -8,9 +8,14 @@ stream order (one in flight per durable consumer, whatever the number of replica
 
 from __future__ import annotations
 
-from dispo.intelligence.campaigns import completion_status, new_campaign, new_run_result
+from dispo.intelligence.campaigns import (
+    CampaignStatus,
+    new_campaign,
+    new_run_result,
+)
+from dispo.intelligence.convert import line_name, verdict_name
 from dispo.intelligence.feed import CampaignFeed
-from dispo.libs.api.pool.v1 import events_pb2
+from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
 from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
@@ -52,7 +57,7 @@ class EvaluationEvents:
                 campaign = new_campaign(
                     started.evaluation_id,
                     started.series,
-                    started.line,
+                    line_name(started.line),
                     started.period,
                     started.configuration_json,
                     started.analysis_model,
@@ -63,7 +68,7 @@ class EvaluationEvents:
                 result = new_run_result(
                     run.run_id,
                     run.case_id,
-                    run.verdict,
+                    verdict_name(run.verdict),
                     run.score,
                     run.latency_ms,
                     run.failure_reason,
@@ -94,6 +99,22 @@ class EvaluationEvents:
                 return Term(f"malformed {subject}: {error}")
             raise
         return ACK
+
+
+_COMPLETION_STATUS = {
+    pool_pb2.EVALUATION_STATUS_COMPLETED: CampaignStatus.COMPLETED,
+    pool_pb2.EVALUATION_STATUS_CANCELLED: CampaignStatus.CANCELLED,
+}
+
+
+def completion_status(status: int) -> CampaignStatus:
+    """The campaign status an ``evaluation.completed`` event's pool status ends in."""
+    try:
+        return _COMPLETION_STATUS[status]
+    except KeyError:
+        raise InvalidArgument(
+            "status", "must be EVALUATION_STATUS_COMPLETED or EVALUATION_STATUS_CANCELLED"
+        ) from None
 
 
 ACK_WAIT_SECONDS = 30.0

@@ -63,8 +63,6 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
     async def CreateCampaign(
         self, request: pb.CreateCampaignRequest, context: grpc.aio.ServicerContext
     ) -> pb.Campaign:
-        if request.line != pb.LINE_UNSPECIFIED and request.line not in convert.LINE_FROM_PB:
-            raise InvalidArgument("line", "must be LINE_FORMAL or LINE_TRIAL")
         campaign = new_campaign(
             request.campaign_id,
             request.series,

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from dispo.libs.evaluation import Line, Verdict
+
 
 class EvaluationStatus(enum.StrEnum):
     # Created, never served yet; waiting for its first cron. Out: a cron's claim.
@@ -70,17 +72,6 @@ CRON_TRANSITIONS: dict[CronStatus, frozenset[CronStatus]] = {
     CronStatus.BUSY: frozenset({CronStatus.IDLE, CronStatus.STUCK}),
     CronStatus.STUCK: frozenset(),
 }
-
-
-class Line(enum.StrEnum):
-    FORMAL = "formal"
-    TRIAL = "trial"
-
-
-class Verdict(enum.StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    ERROR = "error"
 
 
 class AssignmentEnd(enum.StrEnum):

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from dispo.libs.api.pool.v1 import events_pb2
+from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
+from dispo.libs.evaluation import LINE_TO_PB, VERDICT_TO_PB
 from dispo.libs.outbox import DEFAULT_RETENTION, OutboxRelay, outbox_add
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import repository as repo
-from dispo.pool.domain import Evaluation, RunResult
+from dispo.pool.domain import Evaluation, EvaluationStatus, RunResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 STREAM = "EVALUATIONS"
@@ -25,7 +26,7 @@ async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> N
     message = events_pb2.EvaluationStarted(
         evaluation_id=ev.id,
         series=ev.series,
-        line=ev.line.value,
+        line=LINE_TO_PB[ev.line],
         period=ev.period,
         configuration_json=ev.configuration_json,
         analysis_model=ev.analysis_model,
@@ -53,7 +54,7 @@ async def add_run_recorded(
         evaluation_id=evaluation_id,
         run_id=run_id,
         case_id=case_id,
-        verdict=result.verdict.value,
+        verdict=VERDICT_TO_PB[result.verdict],
         score=result.score,
         latency_ms=result.latency_ms,
         failure_reason=result.failure_reason,
@@ -64,11 +65,19 @@ async def add_run_recorded(
     )
 
 
+_COMPLETED_STATUS = {
+    EvaluationStatus.COMPLETED: pool_pb2.EVALUATION_STATUS_COMPLETED,
+    EvaluationStatus.CANCELLED: pool_pb2.EVALUATION_STATUS_CANCELLED,
+}
+
+
 async def add_completed(
-    conn: AsyncConnection, evaluation_id: str, status: str, now: datetime
+    conn: AsyncConnection, evaluation_id: str, status: EvaluationStatus, now: datetime
 ) -> None:
     message = events_pb2.EvaluationCompleted(
-        evaluation_id=evaluation_id, status=status, completed_at=to_timestamp(now)
+        evaluation_id=evaluation_id,
+        status=_COMPLETED_STATUS[status],
+        completed_at=to_timestamp(now),
     )
     await outbox_add(
         conn,

@@ -9,6 +9,7 @@ from datetime import datetime
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.errors import InvalidArgument
+from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, verdict_from_pb
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import drift
 from dispo.pool import repository as repo
@@ -17,12 +18,10 @@ from dispo.pool.domain import (
     CronStatus,
     Evaluation,
     EvaluationStatus,
-    Line,
     Rule,
     RunResult,
     Schedule,
     TestCase,
-    Verdict,
 )
 from dispo.pool.operations import Pool
 from dispo.pool.sweeps import scale_sweep
@@ -44,7 +43,7 @@ def evaluation_to_pb(ev: Evaluation, now: datetime) -> pb.Evaluation:
     return pb.Evaluation(
         id=ev.id,
         series=ev.series,
-        line=ev.line.value,
+        line=LINE_TO_PB[ev.line],
         period=ev.period,
         configuration_json=ev.configuration_json,
         analysis_model=ev.analysis_model,
@@ -86,8 +85,9 @@ def cron_to_pb(cron: Cron) -> pb.Cron:
 
 
 def evaluation_from_request(request: pb.CreateEvaluationRequest) -> Evaluation:
-    # An unknown line stays a plain string so validation reports it with every other bad field.
-    line = Line(request.line) if request.line in Line.__members__.values() else request.line
+    # An unspecified or unknown line stays the raw number, so validation reports it with
+    # every other bad field.
+    line = LINE_FROM_PB.get(request.line, request.line)
     cases = tuple(
         TestCase(
             c.id,
@@ -246,10 +246,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
         )
 
     async def RecordRun(self, request, context) -> pb.RecordRunResponse:
-        try:
-            verdict = Verdict(request.verdict)
-        except ValueError:
-            raise InvalidArgument("verdict", "must be pass, fail or error") from None
+        verdict = verdict_from_pb(request.verdict)
         if not 0.0 <= request.score <= 1.0:
             raise InvalidArgument("score", "must be in 0..1")
         result = RunResult(

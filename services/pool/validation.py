@@ -7,6 +7,7 @@ import re
 from urllib.parse import urlparse
 
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
+from dispo.libs.evaluation import LINE_RULE
 from dispo.pool.domain import Evaluation, Line
 from dispo.pool.scoring import validate_rule
 
@@ -39,7 +40,7 @@ def validate_evaluation(ev: Evaluation) -> None:
         "series",
         "required, at most 200 characters",
     )
-    need(ev.line in (Line.FORMAL, Line.TRIAL), "line", "must be 'formal' or 'trial'")
+    need(ev.line in (Line.FORMAL, Line.TRIAL), "line", LINE_RULE)
     need(
         bool(ev.period.strip()) and len(ev.period) <= 100,
         "period",

@@ -8,14 +8,15 @@ import json
 from dispo.intelligence.campaigns import CampaignStatus
 from dispo.intelligence.events import STREAM, SUBJECTS, consumer
 from dispo.intelligence.jobs import JobKind, JobStatus
-from dispo.libs.api.pool.v1 import events_pb2
+from dispo.libs.api.common.v1 import common_pb2 as common
+from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import ACK, Nak, Term
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from .conftest import CONFIG
 
 
-def started(evaluation_id: str, period: str, line: str = "formal") -> bytes:
+def started(evaluation_id: str, period: str, line: int = common.LINE_FORMAL) -> bytes:
     stamp = Timestamp()
     stamp.GetCurrentTime()
     return events_pb2.EvaluationStarted(
@@ -29,7 +30,7 @@ def started(evaluation_id: str, period: str, line: str = "formal") -> bytes:
 
 
 def run_recorded(
-    evaluation_id: str, run_id: str, verdict: str = "pass", score: float = 1.0
+    evaluation_id: str, run_id: str, verdict: int = common.VERDICT_PASS, score: float = 1.0
 ) -> bytes:
     return events_pb2.EvaluationRunRecorded(
         evaluation_id=evaluation_id,
@@ -38,11 +39,11 @@ def run_recorded(
         verdict=verdict,
         score=score,
         latency_ms=120,
-        failure_reason="" if verdict == "pass" else "wrong answer",
+        failure_reason="" if verdict == common.VERDICT_PASS else "wrong answer",
     ).SerializeToString()
 
 
-def completed(evaluation_id: str, status: str = "completed") -> bytes:
+def completed(evaluation_id: str, status: int = pool_pb2.EVALUATION_STATUS_COMPLETED) -> bytes:
     return events_pb2.EvaluationCompleted(
         evaluation_id=evaluation_id, status=status
     ).SerializeToString()
@@ -62,8 +63,8 @@ async def test_pool_events_build_campaigns_and_trigger_the_chain(app, bus):
     running = asyncio.create_task(feed.run())
     try:
         for period, evaluation_id, verdicts in (
-            ("2026-01", "ev1", ["pass", "pass"]),
-            ("2026-02", "ev2", ["pass", "fail"]),
+            ("2026-01", "ev1", [common.VERDICT_PASS, common.VERDICT_PASS]),
+            ("2026-02", "ev2", [common.VERDICT_PASS, common.VERDICT_FAIL]),
         ):
             await bus.publish(
                 "evaluation.started",
@@ -116,24 +117,60 @@ async def test_event_dispositions(app):
     )
     assert isinstance(gave_up, Term) and "after 30 deliveries" in gave_up.reason
     assert (
-        await events.handle("evaluation.started", started("later", "2026-01", line="trial")) == ACK
+        await events.handle(
+            "evaluation.started", started("later", "2026-01", line=common.LINE_TRIAL)
+        )
+        == ACK
     )
     assert (
-        await events.handle("evaluation.started", started("later", "2026-01", line="trial")) == ACK
+        await events.handle(
+            "evaluation.started", started("later", "2026-01", line=common.LINE_TRIAL)
+        )
+        == ACK
     )
     assert await events.handle("evaluation.run_recorded", run_recorded("later", "r1")) == ACK
-    assert await events.handle("evaluation.completed", completed("later", "cancelled")) == ACK
-    assert await events.handle("evaluation.completed", completed("later", "cancelled")) == ACK
+    assert (
+        await events.handle(
+            "evaluation.completed", completed("later", pool_pb2.EVALUATION_STATUS_CANCELLED)
+        )
+        == ACK
+    )
+    assert (
+        await events.handle(
+            "evaluation.completed", completed("later", pool_pb2.EVALUATION_STATUS_CANCELLED)
+        )
+        == ACK
+    )
 
     assert isinstance(
-        await events.handle("evaluation.completed", completed("later", "completed")), Term
+        await events.handle(
+            "evaluation.completed", completed("later", pool_pb2.EVALUATION_STATUS_COMPLETED)
+        ),
+        Term,
     )
     assert isinstance(await events.handle("evaluation.started", b"\xff\xff\xff"), Term)
     assert isinstance(await events.handle("evaluation.started", started("", "2026-01")), Term)
     assert isinstance(
         await events.handle(
-            "evaluation.run_recorded", run_recorded("later", "r2", verdict="maybe")
+            "evaluation.started", started("no-line", "2026-01", line=common.LINE_UNSPECIFIED)
         ),
+        Term,
+    )
+    assert isinstance(
+        await events.handle(
+            "evaluation.run_recorded",
+            run_recorded("later", "r3", verdict=common.VERDICT_UNSPECIFIED),
+        ),
+        Term,
+    )
+    assert isinstance(
+        await events.handle(
+            "evaluation.completed", completed("later", pool_pb2.EVALUATION_STATUS_EXECUTING)
+        ),
+        Term,
+    )
+    assert isinstance(
+        await events.handle("evaluation.run_recorded", run_recorded("later", "r2", verdict=99)),
         Term,
     )
     assert isinstance(await events.handle("evaluation.paused", b""), Term)
@@ -152,7 +189,9 @@ async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(ap
     """A completion never overtakes its runs, even with two consumers racing on one durable."""
     await bus.ensure_stream(STREAM, SUBJECTS)
     await bus.publish(
-        "evaluation.started", started("ordered", "2026-01", line="trial"), msg_id="ordered:started"
+        "evaluation.started",
+        started("ordered", "2026-01", line=common.LINE_TRIAL),
+        msg_id="ordered:started",
     )
     for i in range(40):
         await bus.publish(

@@ -35,7 +35,7 @@ async def feed_campaign(
     stub,
     campaign_id: str,
     period: str,
-    line=pb.LINE_FORMAL,
+    line=common_pb2.LINE_FORMAL,
     complete=True,
     runs=None,
     analysis_model: str = "",
@@ -53,7 +53,10 @@ async def feed_campaign(
     runs = (
         runs
         if runs is not None
-        else [run(0, "c1", pb.VERDICT_PASS, 1, 100), run(1, "c2", pb.VERDICT_FAIL, 0, 200, "bad")]
+        else [
+            run(0, "c1", common_pb2.VERDICT_PASS, 1, 100),
+            run(1, "c2", common_pb2.VERDICT_FAIL, 0, 200, "bad"),
+        ]
     )
     for r in runs:
         r.run_id = f"{campaign_id}-{r.run_id}"
@@ -77,7 +80,7 @@ def violations(error: grpc.aio.AioRpcError) -> dict[str, str]:
 
 async def test_feed_trigger_and_read_over_grpc(app, serve_app):
     stub = await serve_app(app)
-    await feed_campaign(stub, "g1", "2026-01", line=pb.LINE_TRIAL)
+    await feed_campaign(stub, "g1", "2026-01", line=common_pb2.LINE_TRIAL)
 
     campaign = await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="g1"))
     assert (
@@ -101,7 +104,7 @@ async def test_feed_trigger_and_read_over_grpc(app, serve_app):
 async def test_comparison_projection_over_grpc(app, serve_app):
     stub = await serve_app(app)
     await feed_campaign(stub, "k1", "2026-01")
-    await feed_campaign(stub, "k2", "2026-02", runs=[run(0, "c1", pb.VERDICT_PASS, 1, 50)])
+    await feed_campaign(stub, "k2", "2026-02", runs=[run(0, "c1", common_pb2.VERDICT_PASS, 1, 50)])
     await app.jobs.wait_idle()
 
     comparison = await stub.GetComparison(pb.GetJobRequest(campaign_id="k2"))
@@ -166,7 +169,7 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
             pb.CreateCampaignRequest(
                 campaign_id="",
                 series="s",
-                line=pb.LINE_FORMAL,
+                line=common_pb2.LINE_FORMAL,
                 period="p",
                 configuration_json="[1]",
             )
@@ -181,7 +184,11 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.CreateCampaign(
             pb.CreateCampaignRequest(
-                campaign_id="x", series="s", line=pb.LINE_FORMAL, period="p", analysis_model="ghost"
+                campaign_id="x",
+                series="s",
+                line=common_pb2.LINE_FORMAL,
+                period="p",
+                analysis_model="ghost",
             )
         )
     assert set(violations(caught.value)) == {"analysis_model"}
@@ -196,8 +203,8 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
             pb.RecordRunResultsRequest(
                 campaign_id="b1",
                 runs=[
-                    run(0, "c1", pb.VERDICT_PASS, 1, 10),
-                    run(1, "", pb.VERDICT_UNSPECIFIED, 1, -5),
+                    run(0, "c1", common_pb2.VERDICT_PASS, 1, 10),
+                    run(1, "", common_pb2.VERDICT_UNSPECIFIED, 1, -5),
                 ],
             )
         )
@@ -212,7 +219,8 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.RecordRunResults(
             pb.RecordRunResultsRequest(
-                campaign_id="b1", runs=[run(i, "c", pb.VERDICT_PASS, 1, 1) for i in range(1001)]
+                campaign_id="b1",
+                runs=[run(i, "c", common_pb2.VERDICT_PASS, 1, 1) for i in range(1001)],
             )
         )
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -220,7 +228,7 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.CreateCampaign(
             pb.CreateCampaignRequest(
-                campaign_id="b1", series="other", line=pb.LINE_FORMAL, period="2026-01"
+                campaign_id="b1", series="other", line=common_pb2.LINE_FORMAL, period="2026-01"
             )
         )
     assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
@@ -246,17 +254,20 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
 
 async def test_campaign_feed_is_idempotent_and_completion_is_final(app, serve_app):
     stub = await serve_app(app)
-    await feed_campaign(stub, "i1", "2026-01", line=pb.LINE_TRIAL, complete=False, runs=[])
+    await feed_campaign(stub, "i1", "2026-01", line=common_pb2.LINE_TRIAL, complete=False, runs=[])
     request = pb.CreateCampaignRequest(
         campaign_id="i1",
         series="api",
-        line=pb.LINE_TRIAL,
+        line=common_pb2.LINE_TRIAL,
         period="2026-01",
         configuration_json=json.dumps(CONFIG),
     )
     assert (await stub.CreateCampaign(request)).campaign_id == "i1"
 
-    runs = [run(1, "c1", pb.VERDICT_PASS, 1, 10), run(2, "c1", pb.VERDICT_PASS, 1, 10)]
+    runs = [
+        run(1, "c1", common_pb2.VERDICT_PASS, 1, 10),
+        run(2, "c1", common_pb2.VERDICT_PASS, 1, 10),
+    ]
     first = await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id="i1", runs=runs))
     second = await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id="i1", runs=runs))
     assert (first.recorded, first.duplicates, second.recorded, second.duplicates) == (2, 0, 0, 2)
@@ -271,7 +282,9 @@ async def test_campaign_feed_is_idempotent_and_completion_is_final(app, serve_ap
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.RecordRunResults(
-            pb.RecordRunResultsRequest(campaign_id="i1", runs=[run(3, "c", pb.VERDICT_PASS, 1, 1)])
+            pb.RecordRunResultsRequest(
+                campaign_id="i1", runs=[run(3, "c", common_pb2.VERDICT_PASS, 1, 1)]
+            )
         )
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     # a redelivered batch of runs already stored is still accepted as duplicates
@@ -313,7 +326,7 @@ async def test_assign_analysis_model_and_list_models(make_app, serve_app, fake_l
         ("fake-gpt", "chat-completions", False),
         ("stats", "builtin", False),
     ]
-    await feed_campaign(stub, "a1", "2026-01", line=pb.LINE_TRIAL)
+    await feed_campaign(stub, "a1", "2026-01", line=common_pb2.LINE_TRIAL)
     with pytest.raises(grpc.aio.AioRpcError):
         await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="a1"))
     with pytest.raises(grpc.aio.AioRpcError) as caught:

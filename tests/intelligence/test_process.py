@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 from dispo.intelligence.app import SHUTDOWN_ORDER
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 
@@ -26,7 +27,7 @@ def llm_env(fake_llm, **extra: str) -> dict[str, str]:
     }
 
 
-async def feed(stub, campaign_id: str, line=pb.LINE_TRIAL) -> None:
+async def feed(stub, campaign_id: str, line=common_pb2.LINE_TRIAL) -> None:
     await stub.CreateCampaign(
         pb.CreateCampaignRequest(
             campaign_id=campaign_id,
@@ -43,14 +44,14 @@ async def feed(stub, campaign_id: str, line=pb.LINE_TRIAL) -> None:
                 pb.RunResult(
                     run_id=f"{campaign_id}-1",
                     case_id="c1",
-                    verdict=pb.VERDICT_PASS,
+                    verdict=common_pb2.VERDICT_PASS,
                     score=1,
                     latency_ms=10,
                 ),
                 pb.RunResult(
                     run_id=f"{campaign_id}-2",
                     case_id="c2",
-                    verdict=pb.VERDICT_FAIL,
+                    verdict=common_pb2.VERDICT_FAIL,
                     score=0,
                     latency_ms=30,
                     failure_reason="nope",
@@ -96,7 +97,7 @@ async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(
     service = await start_service("intelligence", env=llm_env(fake_llm))
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
-        await feed(stub, "proc-1", line=pb.LINE_FORMAL)  # formal: analysis starts by itself
+        await feed(stub, "proc-1", line=common_pb2.LINE_FORMAL)  # formal: analysis starts by itself
         await wait_status(stub, "proc-1", pb.JOB_STATUS_COMPLETED)
         analysis = await stub.GetAnalysis(pb.GetJobRequest(campaign_id="proc-1"))
 

@@ -4,6 +4,7 @@ and its analysis appears in the intelligence service (all real processes, real N
 from __future__ import annotations
 
 import grpc
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
@@ -29,7 +30,7 @@ async def test_formal_evaluation_completes_and_is_analysed(
             pb.CreateEvaluationRequest(
                 evaluation_id="formal-1",
                 series="checkout-assistant",
-                line="formal",
+                line=common_pb2.LINE_FORMAL,
                 period="2026-01",
                 configuration_json='{"prompt": "v3"}',
                 target_url=target.url,

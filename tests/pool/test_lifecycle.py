@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from dispo.libs.api.pool.v1 import events_pb2
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
 from dispo.pool.domain import EvaluationStatus, Rule, RunResult, TestCase, Verdict
 from dispo.pool.events import outbox_relay
@@ -61,18 +62,18 @@ async def test_evaluation_runs_slot_by_slot_completes_and_publishes_its_events(
     started = events_pb2.EvaluationStarted.FromString(messages[0][2])
     assert (started.series, started.line, started.period) == (
         "search-quality",
-        "formal",
+        common_pb2.LINE_FORMAL,
         "2026-W01",
     )
     run = events_pb2.EvaluationRunRecorded.FromString(messages[2][2])
     assert (run.verdict, run.score, run.latency_ms, run.failure_reason) == (
-        "fail",
+        common_pb2.VERDICT_FAIL,
         0.5,
         7,
         "status 500 != 200",
     )
     done = events_pb2.EvaluationCompleted.FromString(messages[3][2])
-    assert done.status == "completed"
+    assert done.status == pool_pb2.EVALUATION_STATUS_COMPLETED
 
 
 async def test_pause_resume_cancel(pool):

@@ -81,6 +81,7 @@ async def test_pool_service_drives_openclaw_automations(start_service, fake_db, 
     """The pool process on the openclaw driver: creates the automations, wakes one for new
     work, and an automation serving the cron protocol finishes the evaluation."""
     import grpc
+    from dispo.libs.api.common.v1 import common_pb2
     from dispo.libs.api.pool.v1 import pool_pb2 as pb
     from dispo.libs.api.pool.v1 import pool_pb2_grpc
 
@@ -113,7 +114,7 @@ async def test_pool_service_drives_openclaw_automations(start_service, fake_db, 
             pb.CreateEvaluationRequest(
                 evaluation_id="claw-1",
                 series="s",
-                line="trial",
+                line=common_pb2.LINE_TRIAL,
                 period="p",
                 target_url="http://127.0.0.1:9",
                 window_seconds=60,
@@ -139,7 +140,7 @@ async def test_pool_service_drives_openclaw_automations(start_service, fake_db, 
                     evaluation_id="claw-1",
                     run_index=index,
                     case_id="c1",
-                    verdict="pass",
+                    verdict=common_pb2.VERDICT_PASS,
                     score=1.0,
                     latency_ms=3,
                 )

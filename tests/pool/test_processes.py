@@ -6,6 +6,7 @@ import asyncio
 
 import grpc
 import pytest
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 
@@ -16,7 +17,7 @@ def create_request(target_url: str, evaluation_id: str, **schedule) -> pb.Create
     return pb.CreateEvaluationRequest(
         evaluation_id=evaluation_id,
         series="checkout-assistant",
-        line="formal",
+        line=common_pb2.LINE_FORMAL,
         period="2026-01",
         configuration_json='{"prompt": "v3"}',
         target_url=target_url,
@@ -131,6 +132,22 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
             bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             and "target_url" in bad.value.details()
         )
+        for line in (common_pb2.LINE_UNSPECIFIED, 7):  # unset, and a number no line has
+            no_line = create_request(target.url, "no-line")
+            no_line.line = line
+            with pytest.raises(grpc.aio.AioRpcError) as bad_line:
+                await stub.CreateEvaluation(no_line)
+            assert bad_line.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "line: must be LINE_FORMAL or LINE_TRIAL" in bad_line.value.details()
+        for verdict in (common_pb2.VERDICT_UNSPECIFIED, 9):
+            with pytest.raises(grpc.aio.AioRpcError) as bad_verdict:
+                await stub.RecordRun(
+                    pb.RecordRunRequest(
+                        cron_id="c", evaluation_id="e", case_id="c1", verdict=verdict
+                    )
+                )
+            assert bad_verdict.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "verdict: must be VERDICT_PASS" in bad_verdict.value.details()
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="nope"))
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
@@ -146,7 +163,7 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
                 ).__class__(
                     evaluation_id="big",
                     series="s",
-                    line="trial",
+                    line=common_pb2.LINE_TRIAL,
                     period="p",
                     target_url=target.url,
                     configuration_json='{"a": "' + "x" * 70_000 + '"}',

@@ -8,6 +8,7 @@ import json
 
 import grpc
 import pytest
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import pool_pb2 as pool_pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import drift_pb2 as pb
@@ -22,7 +23,7 @@ from sqlalchemy import text
 
 REQUEST = dict(
     series="s",
-    line="trial",
+    line=common_pb2.LINE_TRIAL,
     period="p",
     target_url="http://127.0.0.1:9",
     window_seconds=3600,

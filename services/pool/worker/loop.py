@@ -17,6 +17,7 @@ from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock, clock_from_spec, sleep_until_stopped
+from dispo.libs.evaluation import VERDICT_TO_PB
 from dispo.libs.logging import get_logger
 from dispo.libs.settings import CommonSettings
 from dispo.pool.domain import Rule, TestCase
@@ -130,7 +131,7 @@ class Worker:
                         evaluation_id=ev.id,
                         run_index=index,
                         case_id=case.id,
-                        verdict=result.verdict.value,
+                        verdict=VERDICT_TO_PB[result.verdict],
                         score=result.score,
                         latency_ms=result.latency_ms,
                         failure_reason=result.failure_reason,

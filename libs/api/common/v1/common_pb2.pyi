@@ -95,6 +95,52 @@ NODE_STATUS_DEMOTED: NodeStatus.ValueType  # 7
 NODE_STATUS_CANCELLED: NodeStatus.ValueType  # 8
 Global___NodeStatus: _TypeAlias = NodeStatus  # noqa: Y015
 
+class _Line:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _LineEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Line.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    LINE_UNSPECIFIED: _Line.ValueType  # 0
+    LINE_FORMAL: _Line.ValueType  # 1
+    LINE_TRIAL: _Line.ValueType  # 2
+
+class Line(_Line, metaclass=_LineEnumTypeWrapper):
+    """The line an evaluation runs on (pool and intelligence). Formal-line evaluations are
+    analysed by themselves when they complete; trial-line ones only when asked.
+    """
+
+LINE_UNSPECIFIED: Line.ValueType  # 0
+LINE_FORMAL: Line.ValueType  # 1
+LINE_TRIAL: Line.ValueType  # 2
+Global___Line: _TypeAlias = Line  # noqa: Y015
+
+class _Verdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _VerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Verdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VERDICT_UNSPECIFIED: _Verdict.ValueType  # 0
+    VERDICT_PASS: _Verdict.ValueType  # 1
+    """Every rule of the test case held."""
+    VERDICT_FAIL: _Verdict.ValueType  # 2
+    """The call was answered and at least one rule did not hold."""
+    VERDICT_ERROR: _Verdict.ValueType  # 3
+    """The call itself failed (connection, timeout)."""
+
+class Verdict(_Verdict, metaclass=_VerdictEnumTypeWrapper):
+    """The verdict of one run of an evaluation (pool and intelligence)."""
+
+VERDICT_UNSPECIFIED: Verdict.ValueType  # 0
+VERDICT_PASS: Verdict.ValueType  # 1
+"""Every rule of the test case held."""
+VERDICT_FAIL: Verdict.ValueType  # 2
+"""The call was answered and at least one rule did not hold."""
+VERDICT_ERROR: Verdict.ValueType  # 3
+"""The call itself failed (connection, timeout)."""
+Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
+
 @_typing.final
 class PageRequest(_message.Message):
     """Cursor pagination for List calls."""

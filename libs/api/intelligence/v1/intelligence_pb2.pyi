@@ -23,23 +23,6 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class _Line:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _LineEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Line.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    LINE_UNSPECIFIED: _Line.ValueType  # 0
-    LINE_FORMAL: _Line.ValueType  # 1
-    LINE_TRIAL: _Line.ValueType  # 2
-
-class Line(_Line, metaclass=_LineEnumTypeWrapper): ...
-
-LINE_UNSPECIFIED: Line.ValueType  # 0
-LINE_FORMAL: Line.ValueType  # 1
-LINE_TRIAL: Line.ValueType  # 2
-Global___Line: _TypeAlias = Line  # noqa: Y015
-
 class _CampaignStatus:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -60,25 +43,6 @@ CAMPAIGN_STATUS_COMPLETED: CampaignStatus.ValueType  # 2
 CAMPAIGN_STATUS_FAILED: CampaignStatus.ValueType  # 3
 CAMPAIGN_STATUS_CANCELLED: CampaignStatus.ValueType  # 4
 Global___CampaignStatus: _TypeAlias = CampaignStatus  # noqa: Y015
-
-class _Verdict:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _VerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Verdict.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    VERDICT_UNSPECIFIED: _Verdict.ValueType  # 0
-    VERDICT_PASS: _Verdict.ValueType  # 1
-    VERDICT_FAIL: _Verdict.ValueType  # 2
-    VERDICT_ERROR: _Verdict.ValueType  # 3
-
-class Verdict(_Verdict, metaclass=_VerdictEnumTypeWrapper): ...
-
-VERDICT_UNSPECIFIED: Verdict.ValueType  # 0
-VERDICT_PASS: Verdict.ValueType  # 1
-VERDICT_FAIL: Verdict.ValueType  # 2
-VERDICT_ERROR: Verdict.ValueType  # 3
-Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
 
 class _JobKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -154,7 +118,7 @@ class Campaign(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _builtins.int
     campaign_id: _builtins.str
     series: _builtins.str
-    line: Global___Line.ValueType
+    line: _common_pb2.Line.ValueType
     status: Global___CampaignStatus.ValueType
     period: _builtins.str
     configuration_json: _builtins.str
@@ -173,7 +137,7 @@ class Campaign(_message.Message):
         *,
         campaign_id: _builtins.str = ...,
         series: _builtins.str = ...,
-        line: Global___Line.ValueType = ...,
+        line: _common_pb2.Line.ValueType = ...,
         status: Global___CampaignStatus.ValueType = ...,
         period: _builtins.str = ...,
         configuration_json: _builtins.str = ...,
@@ -204,7 +168,7 @@ class RunResult(_message.Message):
     RECORDED_AT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     case_id: _builtins.str
-    verdict: Global___Verdict.ValueType
+    verdict: _common_pb2.Verdict.ValueType
     score: _builtins.float
     latency_ms: _builtins.int
     failure_reason: _builtins.str
@@ -215,7 +179,7 @@ class RunResult(_message.Message):
         *,
         run_id: _builtins.str = ...,
         case_id: _builtins.str = ...,
-        verdict: Global___Verdict.ValueType = ...,
+        verdict: _common_pb2.Verdict.ValueType = ...,
         score: _builtins.float = ...,
         latency_ms: _builtins.int = ...,
         failure_reason: _builtins.str = ...,
@@ -241,7 +205,7 @@ class CreateCampaignRequest(_message.Message):
     ANALYSIS_MODEL_FIELD_NUMBER: _builtins.int
     campaign_id: _builtins.str
     series: _builtins.str
-    line: Global___Line.ValueType
+    line: _common_pb2.Line.ValueType
     period: _builtins.str
     configuration_json: _builtins.str
     analysis_model: _builtins.str
@@ -250,7 +214,7 @@ class CreateCampaignRequest(_message.Message):
         *,
         campaign_id: _builtins.str = ...,
         series: _builtins.str = ...,
-        line: Global___Line.ValueType = ...,
+        line: _common_pb2.Line.ValueType = ...,
         period: _builtins.str = ...,
         configuration_json: _builtins.str = ...,
         analysis_model: _builtins.str = ...,

@@ -22,20 +22,22 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from dispo.libs.api.common.v1 import common_pb2 as dispo_dot_common_dot_v1_dot_common__pb2
+from dispo.libs.api.pool.v1 import pool_pb2 as dispo_dot_pool_dot_v1_dot_pool__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64ispo/pool/v1/events.proto\x12\rdispo.pool.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x01\n\x11\x45valuationStarted\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12\x0e\n\x06series\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\t\x12\x0e\n\x06period\x18\x04 \x01(\t\x12\x1a\n\x12\x63onfiguration_json\x18\x05 \x01(\t\x12\x16\n\x0e\x61nalysis_model\x18\x06 \x01(\t\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcc\x01\n\x15\x45valuationRunRecorded\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61se_id\x18\x03 \x01(\t\x12\x0f\n\x07verdict\x18\x04 \x01(\t\x12\r\n\x05score\x18\x05 \x01(\x01\x12\x12\n\nlatency_ms\x18\x06 \x01(\x03\x12\x16\n\x0e\x66\x61ilure_reason\x18\x07 \x01(\t\x12/\n\x0brecorded_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"n\n\x13\x45valuationCompleted\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x30\n\x0c\x63ompleted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64ispo/pool/v1/events.proto\x12\rdispo.pool.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x18\x64ispo/pool/v1/pool.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x01\n\x11\x45valuationStarted\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12\x0e\n\x06series\x18\x02 \x01(\t\x12#\n\x04line\x18\x03 \x01(\x0e\x32\x15.dispo.common.v1.Line\x12\x0e\n\x06period\x18\x04 \x01(\t\x12\x1a\n\x12\x63onfiguration_json\x18\x05 \x01(\t\x12\x16\n\x0e\x61nalysis_model\x18\x06 \x01(\t\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xe6\x01\n\x15\x45valuationRunRecorded\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61se_id\x18\x03 \x01(\t\x12)\n\x07verdict\x18\x04 \x01(\x0e\x32\x18.dispo.common.v1.Verdict\x12\r\n\x05score\x18\x05 \x01(\x01\x12\x12\n\nlatency_ms\x18\x06 \x01(\x03\x12\x16\n\x0e\x66\x61ilure_reason\x18\x07 \x01(\t\x12/\n\x0brecorded_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8f\x01\n\x13\x45valuationCompleted\x12\x15\n\revaluation_id\x18\x01 \x01(\t\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.dispo.pool.v1.EvaluationStatus\x12\x30\n\x0c\x63ompleted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dispo.pool.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVALUATIONSTARTED']._serialized_start=79
-  _globals['_EVALUATIONSTARTED']._serialized_end=267
-  _globals['_EVALUATIONRUNRECORDED']._serialized_start=270
-  _globals['_EVALUATIONRUNRECORDED']._serialized_end=474
-  _globals['_EVALUATIONCOMPLETED']._serialized_start=476
-  _globals['_EVALUATIONCOMPLETED']._serialized_end=586
+  _globals['_EVALUATIONSTARTED']._serialized_start=135
+  _globals['_EVALUATIONSTARTED']._serialized_end=346
+  _globals['_EVALUATIONRUNRECORDED']._serialized_start=349
+  _globals['_EVALUATIONRUNRECORDED']._serialized_end=579
+  _globals['_EVALUATIONCOMPLETED']._serialized_start=582
+  _globals['_EVALUATIONCOMPLETED']._serialized_end=725
 # @@protoc_insertion_point(module_scope)

@@ -10,6 +10,8 @@ published with a Nats-Msg-Id for de-duplication:
 The pool's database row is the authority; these messages are snapshots.
 """
 
+from dispo.libs.api.common.v1 import common_pb2 as _common_pb2
+from dispo.libs.api.pool.v1 import pool_pb2 as _pool_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -39,8 +41,7 @@ class EvaluationStarted(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
     series: _builtins.str
-    line: _builtins.str
-    """"formal" | "trial" """
+    line: _common_pb2.Line.ValueType
     period: _builtins.str
     configuration_json: _builtins.str
     analysis_model: _builtins.str
@@ -52,7 +53,7 @@ class EvaluationStarted(_message.Message):
         *,
         evaluation_id: _builtins.str = ...,
         series: _builtins.str = ...,
-        line: _builtins.str = ...,
+        line: _common_pb2.Line.ValueType = ...,
         period: _builtins.str = ...,
         configuration_json: _builtins.str = ...,
         analysis_model: _builtins.str = ...,
@@ -83,8 +84,7 @@ class EvaluationRunRecorded(_message.Message):
     evaluation_id: _builtins.str
     run_id: _builtins.str
     case_id: _builtins.str
-    verdict: _builtins.str
-    """"pass" | "fail" | "error" """
+    verdict: _common_pb2.Verdict.ValueType
     score: _builtins.float
     latency_ms: _builtins.int
     failure_reason: _builtins.str
@@ -96,7 +96,7 @@ class EvaluationRunRecorded(_message.Message):
         evaluation_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
         case_id: _builtins.str = ...,
-        verdict: _builtins.str = ...,
+        verdict: _common_pb2.Verdict.ValueType = ...,
         score: _builtins.float = ...,
         latency_ms: _builtins.int = ...,
         failure_reason: _builtins.str = ...,
@@ -120,15 +120,15 @@ class EvaluationCompleted(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
-    status: _builtins.str
-    """"completed" | "failed" | "cancelled" """
+    status: _pool_pb2.EvaluationStatus.ValueType
+    """EVALUATION_STATUS_COMPLETED or EVALUATION_STATUS_CANCELLED."""
     @_builtins.property
     def completed_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
         evaluation_id: _builtins.str = ...,
-        status: _builtins.str = ...,
+        status: _pool_pb2.EvaluationStatus.ValueType = ...,
         completed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at"]  # noqa: Y015

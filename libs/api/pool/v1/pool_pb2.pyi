@@ -8,6 +8,7 @@ uses the drift calls.
 """
 
 from collections import abc as _abc
+from dispo.libs.api.common.v1 import common_pb2 as _common_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -193,8 +194,7 @@ class Evaluation(_message.Message):
     WAITING_SINCE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     series: _builtins.str
-    line: _builtins.str
-    """"formal" | "trial" """
+    line: _common_pb2.Line.ValueType
     period: _builtins.str
     configuration_json: _builtins.str
     analysis_model: _builtins.str
@@ -224,7 +224,7 @@ class Evaluation(_message.Message):
         *,
         id: _builtins.str = ...,
         series: _builtins.str = ...,
-        line: _builtins.str = ...,
+        line: _common_pb2.Line.ValueType = ...,
         period: _builtins.str = ...,
         configuration_json: _builtins.str = ...,
         analysis_model: _builtins.str = ...,
@@ -629,7 +629,8 @@ class CreateEvaluationRequest(_message.Message):
     evaluation_id: _builtins.str
     """Optional caller-chosen id ([a-z0-9-], up to 64); a repeat with the same id is ALREADY_EXISTS."""
     series: _builtins.str
-    line: _builtins.str
+    line: _common_pb2.Line.ValueType
+    """Required: LINE_FORMAL or LINE_TRIAL."""
     period: _builtins.str
     configuration_json: _builtins.str
     analysis_model: _builtins.str
@@ -647,7 +648,7 @@ class CreateEvaluationRequest(_message.Message):
         *,
         evaluation_id: _builtins.str = ...,
         series: _builtins.str = ...,
-        line: _builtins.str = ...,
+        line: _common_pb2.Line.ValueType = ...,
         period: _builtins.str = ...,
         configuration_json: _builtins.str = ...,
         analysis_model: _builtins.str = ...,
@@ -859,8 +860,8 @@ class RecordRunRequest(_message.Message):
     evaluation_id: _builtins.str
     run_index: _builtins.int
     case_id: _builtins.str
-    verdict: _builtins.str
-    """"pass" | "fail" | "error" """
+    verdict: _common_pb2.Verdict.ValueType
+    """Required."""
     score: _builtins.float
     latency_ms: _builtins.int
     failure_reason: _builtins.str
@@ -871,7 +872,7 @@ class RecordRunRequest(_message.Message):
         evaluation_id: _builtins.str = ...,
         run_index: _builtins.int = ...,
         case_id: _builtins.str = ...,
-        verdict: _builtins.str = ...,
+        verdict: _common_pb2.Verdict.ValueType = ...,
         score: _builtins.float = ...,
         latency_ms: _builtins.int = ...,
         failure_reason: _builtins.str = ...,
