@@ -1,10 +1,10 @@
-"""Analysis of one campaign: its shared validation entry and its three settlement adapters."""
+"""Analysis of one evaluation: its shared validation entry and its three settlement adapters."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dispo.intelligence.campaigns import Campaign
+from dispo.intelligence.evaluations import Evaluation
 from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, Plan
 from dispo.intelligence.jobs import Job, JobKind, JobValidationError, ValidationKind, WorkResult
 from dispo.intelligence.models import AnalysisModel, ModelRegistry
@@ -12,24 +12,24 @@ from dispo.intelligence.stats import compute_stats
 
 MODEL_HINT = (
     "; configure a default analysis model (DISPO_INTELLIGENCE_DEFAULT_ANALYSIS_MODEL) "
-    "or assign an analysis model to the campaign (AssignAnalysisModel)"
+    "or assign an analysis model to the evaluation (AssignAnalysisModel)"
 )
 
 
-def campaign_not_found(campaign_id: str) -> JobValidationError:
-    return JobValidationError(f"campaign {campaign_id!r} not found", ValidationKind.NOT_FOUND)
+def evaluation_not_found(evaluation_id: str) -> JobValidationError:
+    return JobValidationError(f"evaluation {evaluation_id!r} not found", ValidationKind.NOT_FOUND)
 
 
-def require_finished(campaign: Campaign, job: str) -> None:
-    if not campaign.is_terminal:
+def require_finished(evaluation: Evaluation, job: str) -> None:
+    if not evaluation.is_terminal:
         raise JobValidationError(
-            f"campaign {campaign.campaign_id!r} is {campaign.status.value}; {job} needs a finished "
-            "campaign (completed, failed or cancelled)"
+            f"evaluation {evaluation.evaluation_id!r} is {evaluation.status.value}; {job} needs a finished "
+            "evaluation (completed, failed or cancelled)"
         )
 
 
-def resolve_model(campaign: Campaign, models: ModelRegistry) -> AnalysisModel:
-    resolution = models.resolve(campaign.analysis_model)
+def resolve_model(evaluation: Evaluation, models: ModelRegistry) -> AnalysisModel:
+    resolution = models.resolve(evaluation.analysis_model)
     if resolution.model is None:
         raise JobValidationError(
             f"{resolution.problem}{MODEL_HINT}", fields={"analysis_model": resolution.requested}
@@ -38,51 +38,51 @@ def resolve_model(campaign: Campaign, models: ModelRegistry) -> AnalysisModel:
 
 
 def validate_analysis_request(
-    campaign: Campaign | None, campaign_id: str, models: ModelRegistry
+    evaluation: Evaluation | None, evaluation_id: str, models: ModelRegistry
 ) -> AnalysisModel:
-    """The one check before an analysis runs: campaign finished, then model resolvable.
+    """The one check before an analysis runs: evaluation finished, then model resolvable.
 
     The gRPC handler maps the error to a status; ``execute`` records it on the failed row.
     """
-    if campaign is None:
-        raise campaign_not_found(campaign_id)
-    require_finished(campaign, "analysis")
-    return resolve_model(campaign, models)
+    if evaluation is None:
+        raise evaluation_not_found(evaluation_id)
+    require_finished(evaluation, "analysis")
+    return resolve_model(evaluation, models)
 
 
-def campaign_summary(campaign: Campaign) -> dict[str, Any]:
+def evaluation_summary(evaluation: Evaluation) -> dict[str, Any]:
     return {
-        "campaign_id": campaign.campaign_id,
-        "series": campaign.series,
-        "line": campaign.line.value,
-        "period": campaign.period,
-        "status": campaign.status.value,
-        "fingerprint": campaign.fingerprint,
+        "evaluation_id": evaluation.evaluation_id,
+        "series": evaluation.series,
+        "line": evaluation.line.value,
+        "period": evaluation.period,
+        "status": evaluation.status.value,
+        "fingerprint": evaluation.fingerprint,
     }
 
 
 # --- adapters ---------------------------------------------------------------------------
 
 
-async def ensure_queued(deps: JobDeps, campaign_id: str) -> tuple[Job | None, bool]:
+async def ensure_queued(deps: JobDeps, evaluation_id: str) -> tuple[Job | None, bool]:
     """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
-    return await deps.repo.job_ensure_queued(JobKind.ANALYSIS, campaign_id, deps.clock.now())
+    return await deps.repo.job_ensure_queued(JobKind.ANALYSIS, evaluation_id, deps.clock.now())
 
 
-async def validate(deps: JobDeps, campaign_id: str) -> Plan:
-    campaign = await deps.repo.campaign_get(campaign_id)
-    model = validate_analysis_request(campaign, campaign_id, deps.models)
+async def validate(deps: JobDeps, evaluation_id: str) -> Plan:
+    evaluation = await deps.repo.evaluation_get(evaluation_id)
+    model = validate_analysis_request(evaluation, evaluation_id, deps.models)
     return Plan({"model": model.name}, {"analysis_model": model.name})
 
 
-async def work_fn(deps: JobDeps, campaign_id: str, plan: Plan) -> WorkResult:
-    campaign = await deps.repo.campaign_get(campaign_id)
-    assert campaign is not None  # validated after the claim; campaigns are never deleted
+async def work_fn(deps: JobDeps, evaluation_id: str, plan: Plan) -> WorkResult:
+    evaluation = await deps.repo.evaluation_get(evaluation_id)
+    assert evaluation is not None  # validated after the claim; evaluations are never deleted
     model = deps.models.get(plan.data["model"])
     if model is None:
         raise RuntimeError(f"analysis model {plan.data['model']!r} disappeared")
-    stats = compute_stats(await deps.repo.runs_of(campaign_id))
-    narrative = await model.narrate_analysis(campaign_summary(campaign), stats)
+    stats = compute_stats(await deps.repo.runs_of(evaluation_id))
+    narrative = await model.narrate_analysis(evaluation_summary(evaluation), stats)
     return WorkResult(
         {"model": model.name, "stats": stats, "narrative": narrative},
         {"analysis_model": model.name},

@@ -1,7 +1,7 @@
 """The intelligence service process: wiring, and the declared shutdown order.
 
 Parts stop upstream first, so nothing stopped can spawn new work into something still
-running: the sweeps (scheduler) -> the campaign feed consumer (campaign runtime) -> the
+running: the sweeps (scheduler) -> the evaluation feed consumer (evaluation runtime) -> the
 intelligence jobs (running jobs finish within a grace period, the rest are handed back to
 the queue) -> the analysis models (HTTP clients). The gRPC server drains before all of them
 (``dispo.libs.service``).
@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from dispo.intelligence.events import EvaluationEvents, consumer
-from dispo.intelligence.feed import CampaignFeed
+from dispo.intelligence.feed import EvaluationFeed
 from dispo.intelligence.intelligence_jobs import JobDeps
 from dispo.intelligence.models import ModelRegistry
 from dispo.intelligence.repository import IntelligenceRepository
@@ -32,7 +32,7 @@ log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.intelligence.v1.IntelligenceService"
-SHUTDOWN_ORDER = ("sweeps", "campaign feed", "intelligence jobs", "analysis models")
+SHUTDOWN_ORDER = ("sweeps", "evaluation feed", "intelligence jobs", "analysis models")
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Intelligence:
     repo: IntelligenceRepository
     models: ModelRegistry
     jobs: IntelligenceJobs
-    feed: CampaignFeed
+    feed: EvaluationFeed
     events: EvaluationEvents
     servicer: IntelligenceServicer
 
@@ -63,9 +63,9 @@ def build(
         batch=settings.sweep_batch,
     )
     jobs = IntelligenceJobs(JobDeps(repo, models, clock), policy=policy)
-    feed = CampaignFeed(repo, models, clock, jobs)
+    feed = EvaluationFeed(repo, models, clock, jobs)
     events = EvaluationEvents(
-        feed, settings.unknown_campaign_retry_seconds, settings.unknown_campaign_max_deliveries
+        feed, settings.unknown_evaluation_retry_seconds, settings.unknown_evaluation_max_deliveries
     )
     return Intelligence(
         settings, repo, models, jobs, feed, events, IntelligenceServicer(feed, jobs, repo)
@@ -111,7 +111,7 @@ async def setup(rt: Runtime) -> None:
     }
     if app.settings.consume_events:
         feed_consumer = await consumer(rt.bus, app.events, app.settings.event_durable)
-        parts["campaign feed"] = (feed_consumer.run, feed_consumer.stop)
+        parts["evaluation feed"] = (feed_consumer.run, feed_consumer.stop)
     for name in SHUTDOWN_ORDER:
         if name in parts:
             run, stop = parts[name]

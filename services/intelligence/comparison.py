@@ -1,14 +1,14 @@
 """Period comparison: fingerprint, baseline, mechanical diff, validation, narrative.
 
-Domain work only. The ``GetComparison`` projection lives in ``campaign_read_model``.
+Domain work only. The ``GetComparison`` projection lives in ``evaluation_read_model``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dispo.intelligence.analysis import campaign_not_found, require_finished, resolve_model
-from dispo.intelligence.campaigns import Campaign, CampaignStatus
+from dispo.intelligence.analysis import evaluation_not_found, require_finished, resolve_model
+from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
 from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, Plan
 from dispo.intelligence.jobs import Job, JobKind, JobValidationError, WorkResult
 from dispo.intelligence.models import AnalysisModel, ModelRegistry
@@ -44,89 +44,93 @@ def diff_stats(baseline: dict[str, Any], current: dict[str, Any]) -> list[dict[s
 
 
 def validate_comparison_request(
-    campaign: Campaign | None, campaign_id: str, baseline: Campaign | None, models: ModelRegistry
+    evaluation: Evaluation | None,
+    evaluation_id: str,
+    baseline: Evaluation | None,
+    models: ModelRegistry,
 ) -> AnalysisModel:
-    """Campaign finished -> model resolvable -> a baseline period exists -> both have runs."""
-    if campaign is None:
-        raise campaign_not_found(campaign_id)
-    require_finished(campaign, "period comparison")
-    model = resolve_model(campaign, models)
-    fingerprint = campaign.fingerprint
+    """Evaluation finished -> model resolvable -> a baseline period exists -> both have runs."""
+    if evaluation is None:
+        raise evaluation_not_found(evaluation_id)
+    require_finished(evaluation, "period comparison")
+    model = resolve_model(evaluation, models)
+    fingerprint = evaluation.fingerprint
     if baseline is None:
         raise JobValidationError(
-            f"no baseline for campaign {campaign_id!r}: series {campaign.series!r} ({campaign.line.value} line) "
-            f"has no completed period before {campaign.period!r} with configuration fingerprint {fingerprint}",
+            f"no baseline for evaluation {evaluation_id!r}: series {evaluation.series!r} ({evaluation.line.value} line) "
+            f"has no completed period before {evaluation.period!r} with configuration fingerprint {fingerprint}",
             fields={"fingerprint": fingerprint, "analysis_model": model.name},
         )
     fields = {
         "fingerprint": fingerprint,
-        "baseline_campaign_id": baseline.campaign_id,
+        "baseline_evaluation_id": baseline.evaluation_id,
         "analysis_model": model.name,
     }
-    for side in (campaign, baseline):
+    for side in (evaluation, baseline):
         if side.run_count == 0:
             raise JobValidationError(
-                f"cannot compare: campaign {side.campaign_id!r} has no run results", fields=fields
+                f"cannot compare: evaluation {side.evaluation_id!r} has no run results",
+                fields=fields,
             )
     return model
 
 
 async def load_and_validate(
-    deps: JobDeps, campaign_id: str
-) -> tuple[Campaign, Campaign, AnalysisModel]:
-    campaign = await deps.repo.campaign_get(campaign_id)
+    deps: JobDeps, evaluation_id: str
+) -> tuple[Evaluation, Evaluation, AnalysisModel]:
+    evaluation = await deps.repo.evaluation_get(evaluation_id)
     baseline = None
-    if campaign is not None:
-        baseline = await deps.repo.campaign_find_baseline(campaign)
-    model = validate_comparison_request(campaign, campaign_id, baseline, deps.models)
-    assert campaign is not None and baseline is not None
-    return campaign, baseline, model
+    if evaluation is not None:
+        baseline = await deps.repo.evaluation_find_baseline(evaluation)
+    model = validate_comparison_request(evaluation, evaluation_id, baseline, deps.models)
+    assert evaluation is not None and baseline is not None
+    return evaluation, baseline, model
 
 
 # --- adapters ---------------------------------------------------------------------------
 
 
-async def ensure_queued(deps: JobDeps, campaign_id: str) -> tuple[Job | None, bool]:
+async def ensure_queued(deps: JobDeps, evaluation_id: str) -> tuple[Job | None, bool]:
     """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
-    return await deps.repo.job_ensure_queued(JobKind.COMPARISON, campaign_id, deps.clock.now())
+    return await deps.repo.job_ensure_queued(JobKind.COMPARISON, evaluation_id, deps.clock.now())
 
 
-async def validate(deps: JobDeps, campaign_id: str) -> Plan:
-    campaign, baseline, model = await load_and_validate(deps, campaign_id)
+async def validate(deps: JobDeps, evaluation_id: str) -> Plan:
+    evaluation, baseline, model = await load_and_validate(deps, evaluation_id)
     return Plan(
-        {"model": model.name, "baseline_campaign_id": baseline.campaign_id},
+        {"model": model.name, "baseline_evaluation_id": baseline.evaluation_id},
         {
-            "fingerprint": campaign.fingerprint,
-            "baseline_campaign_id": baseline.campaign_id,
+            "fingerprint": evaluation.fingerprint,
+            "baseline_evaluation_id": baseline.evaluation_id,
             "analysis_model": model.name,
         },
     )
 
 
-async def work_fn(deps: JobDeps, campaign_id: str, plan: Plan) -> WorkResult:
-    campaign = await deps.repo.campaign_get(campaign_id)
-    baseline = await deps.repo.campaign_get(plan.data["baseline_campaign_id"])
+async def work_fn(deps: JobDeps, evaluation_id: str, plan: Plan) -> WorkResult:
+    evaluation = await deps.repo.evaluation_get(evaluation_id)
+    baseline = await deps.repo.evaluation_get(plan.data["baseline_evaluation_id"])
     model = deps.models.get(plan.data["model"])
-    if campaign is None or baseline is None or model is None:
-        raise RuntimeError("campaign, baseline or model disappeared after validation")
-    if baseline.status != CampaignStatus.COMPLETED:
-        raise RuntimeError(f"baseline {baseline.campaign_id!r} is no longer completed")
-    current_stats = compute_stats(await deps.repo.runs_of(campaign_id))
-    baseline_stats = compute_stats(await deps.repo.runs_of(baseline.campaign_id))
+    if evaluation is None or baseline is None or model is None:
+        raise RuntimeError("evaluation, baseline or model disappeared after validation")
+    if baseline.status != EvaluationStatus.COMPLETED:
+        raise RuntimeError(f"baseline {baseline.evaluation_id!r} is no longer completed")
+    current_stats = compute_stats(await deps.repo.runs_of(evaluation_id))
+    baseline_stats = compute_stats(await deps.repo.runs_of(baseline.evaluation_id))
     comparison = {
-        "campaign_id": campaign_id,
-        "period": campaign.period,
-        "baseline_campaign_id": baseline.campaign_id,
+        "evaluation_id": evaluation_id,
+        "period": evaluation.period,
+        "baseline_evaluation_id": baseline.evaluation_id,
         "baseline_period": baseline.period,
-        "fingerprint": campaign.fingerprint,
+        "fingerprint": evaluation.fingerprint,
         "deltas": diff_stats(baseline_stats, current_stats),
     }
     narrative = await model.narrate_comparison(comparison)
     return WorkResult(
         {**comparison, "narrative": narrative, "model": model.name},
         {
-            "fingerprint": campaign.fingerprint,
-            "baseline_campaign_id": baseline.campaign_id,
+            "fingerprint": evaluation.fingerprint,
+            "baseline_evaluation_id": baseline.evaluation_id,
             "analysis_model": model.name,
         },
     )

@@ -5,21 +5,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dispo.intelligence.campaign_read_model import AnalysisView, ComparisonView
-from dispo.intelligence.campaigns import Campaign, CampaignStatus
+from dispo.intelligence.evaluation_read_model import AnalysisView, ComparisonView
+from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
 from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError, ValidationKind
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.errors import DispoError, FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, VERDICT_FROM_PB
 from dispo.libs.timestamps import to_timestamp
 
-CAMPAIGN_STATUS_TO_PB = {
-    CampaignStatus.RUNNING: pb.CAMPAIGN_STATUS_RUNNING,
-    CampaignStatus.COMPLETED: pb.CAMPAIGN_STATUS_COMPLETED,
-    CampaignStatus.FAILED: pb.CAMPAIGN_STATUS_FAILED,
-    CampaignStatus.CANCELLED: pb.CAMPAIGN_STATUS_CANCELLED,
+EVALUATION_STATUS_TO_PB = {
+    EvaluationStatus.RUNNING: pb.EVALUATION_STATUS_RUNNING,
+    EvaluationStatus.COMPLETED: pb.EVALUATION_STATUS_COMPLETED,
+    EvaluationStatus.FAILED: pb.EVALUATION_STATUS_FAILED,
+    EvaluationStatus.CANCELLED: pb.EVALUATION_STATUS_CANCELLED,
 }
-CAMPAIGN_STATUS_FROM_PB = {v: k for k, v in CAMPAIGN_STATUS_TO_PB.items()}
+EVALUATION_STATUS_FROM_PB = {v: k for k, v in EVALUATION_STATUS_TO_PB.items()}
 JOB_KIND_TO_PB = {
     JobKind.ANALYSIS: pb.JOB_KIND_ANALYSIS,
     JobKind.COMPARISON: pb.JOB_KIND_COMPARISON,
@@ -39,32 +39,32 @@ DIRECTION_TO_PB = {
 }
 
 
-def campaign_to_pb(campaign: Campaign) -> pb.Campaign:
-    return pb.Campaign(
-        campaign_id=campaign.campaign_id,
-        series=campaign.series,
-        line=LINE_TO_PB[campaign.line],
-        status=CAMPAIGN_STATUS_TO_PB[campaign.status],
-        period=campaign.period,
-        configuration_json=json.dumps(campaign.configuration, sort_keys=True),
-        analysis_model=campaign.analysis_model or "",
-        run_count=campaign.run_count,
-        created_at=to_timestamp(campaign.created_at),
-        completed_at=to_timestamp(campaign.completed_at),
-        fingerprint=campaign.fingerprint,
+def evaluation_to_pb(evaluation: Evaluation) -> pb.Evaluation:
+    return pb.Evaluation(
+        evaluation_id=evaluation.evaluation_id,
+        series=evaluation.series,
+        line=LINE_TO_PB[evaluation.line],
+        status=EVALUATION_STATUS_TO_PB[evaluation.status],
+        period=evaluation.period,
+        configuration_json=json.dumps(evaluation.configuration, sort_keys=True),
+        analysis_model=evaluation.analysis_model or "",
+        run_count=evaluation.run_count,
+        created_at=to_timestamp(evaluation.created_at),
+        completed_at=to_timestamp(evaluation.completed_at),
+        fingerprint=evaluation.fingerprint,
     )
 
 
 def job_to_pb(job: Job) -> pb.Job:
     return pb.Job(
         kind=JOB_KIND_TO_PB[job.kind],
-        campaign_id=job.campaign_id,
+        evaluation_id=job.evaluation_id,
         status=JOB_STATUS_TO_PB[job.status],
         error=job.error or "",
         attempts=job.attempts,
         recovery_attempts=job.recovery_attempts,
         analysis_model=job.analysis_model or "",
-        baseline_campaign_id=job.baseline_campaign_id or "",
+        baseline_evaluation_id=job.baseline_evaluation_id or "",
         fingerprint=job.fingerprint or "",
         created_at=to_timestamp(job.created_at),
         updated_at=to_timestamp(job.updated_at),
@@ -111,9 +111,9 @@ def delta_to_pb(delta: dict[str, Any]) -> pb.MetricDelta:
 def comparison_to_pb(view: ComparisonView) -> pb.Comparison:
     return pb.Comparison(
         job=job_to_pb(view.job),
-        campaign_id=view.campaign_id,
+        evaluation_id=view.evaluation_id,
         period=view.period,
-        baseline_campaign_id=view.baseline_campaign_id,
+        baseline_evaluation_id=view.baseline_evaluation_id,
         baseline_period=view.baseline_period,
         fingerprint=view.fingerprint,
         deltas=[delta_to_pb(d) for d in view.deltas],

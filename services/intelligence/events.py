@@ -1,20 +1,20 @@
-"""The cron pool's evaluation events (stream ``EVALUATIONS``) into the campaign feed.
+"""The cron pool's evaluation events (stream ``EVALUATIONS``) into the evaluation feed.
 
 Idempotent: a repeated ``started`` or ``completed`` is a no-op, a run_id already stored is
-skipped. An event for a campaign not registered yet is redelivered later; a malformed or
+skipped. An event for an evaluation not registered yet is redelivered later; a malformed or
 contradictory one is terminated with a logged reason. Events are applied strictly in
 stream order (one in flight per durable consumer, whatever the number of replicas).
 """
 
 from __future__ import annotations
 
-from dispo.intelligence.campaigns import (
-    CampaignStatus,
-    new_campaign,
+from dispo.intelligence.convert import line_name, verdict_name
+from dispo.intelligence.evaluations import (
+    EvaluationStatus,
+    new_evaluation,
     new_run_result,
 )
-from dispo.intelligence.convert import line_name, verdict_name
-from dispo.intelligence.feed import CampaignFeed
+from dispo.intelligence.feed import EvaluationFeed
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
 from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -37,11 +37,11 @@ STARTED, RUN_RECORDED, COMPLETED = (
 
 class EvaluationEvents:
     def __init__(
-        self, feed: CampaignFeed, retry_delay: float = 2.0, max_unknown_deliveries: int = 30
+        self, feed: EvaluationFeed, retry_delay: float = 2.0, max_unknown_deliveries: int = 30
     ) -> None:
         self.feed = feed
         self.retry_delay = retry_delay
-        # An event whose campaign is still unknown after this many deliveries is given up
+        # An event whose evaluation is still unknown after this many deliveries is given up
         # (terminated, logged) so that it cannot hold up the ordered stream for ever.
         self.max_unknown_deliveries = max_unknown_deliveries
 
@@ -54,7 +54,7 @@ class EvaluationEvents:
         try:
             if subject == STARTED:
                 started = events_pb2.EvaluationStarted.FromString(data)
-                campaign = new_campaign(
+                evaluation = new_evaluation(
                     started.evaluation_id,
                     started.series,
                     line_name(started.line),
@@ -62,7 +62,7 @@ class EvaluationEvents:
                     started.configuration_json,
                     started.analysis_model,
                 )
-                await self.feed.create(campaign)
+                await self.feed.create(evaluation)
             elif subject == RUN_RECORDED:
                 run = events_pb2.EvaluationRunRecorded.FromString(data)
                 result = new_run_result(
@@ -86,7 +86,7 @@ class EvaluationEvents:
             if deliveries >= self.max_unknown_deliveries:
                 return Term(f"{error.message} after {deliveries} deliveries; giving up")
             log.info(
-                "event for an unknown campaign; retrying later",
+                "event for an unknown evaluation; retrying later",
                 subject=subject,
                 error=error.message,
                 deliveries=deliveries,
@@ -102,13 +102,13 @@ class EvaluationEvents:
 
 
 _COMPLETION_STATUS = {
-    pool_pb2.EVALUATION_STATUS_COMPLETED: CampaignStatus.COMPLETED,
-    pool_pb2.EVALUATION_STATUS_CANCELLED: CampaignStatus.CANCELLED,
+    pool_pb2.EVALUATION_STATUS_COMPLETED: EvaluationStatus.COMPLETED,
+    pool_pb2.EVALUATION_STATUS_CANCELLED: EvaluationStatus.CANCELLED,
 }
 
 
-def completion_status(status: int) -> CampaignStatus:
-    """The campaign status an ``evaluation.completed`` event's pool status ends in."""
+def completion_status(status: int) -> EvaluationStatus:
+    """The evaluation status an ``evaluation.completed`` event's pool status ends in."""
     try:
         return _COMPLETION_STATUS[status]
     except KeyError:

@@ -1,11 +1,11 @@
-"""The campaign feed: registrations, run results and completions, from gRPC or events.
+"""The evaluation feed: registrations, run results and completions, from gRPC or events.
 
-Completing a campaign hands it to the automatic trigger (``IntelligenceJobs``).
+Completing an evaluation hands it to the automatic trigger (``IntelligenceJobs``).
 """
 
 from __future__ import annotations
 
-from dispo.intelligence.campaigns import Campaign, CampaignStatus, RunResult
+from dispo.intelligence.evaluations import Evaluation, EvaluationStatus, RunResult
 from dispo.intelligence.models import ModelRegistry
 from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.runtime import IntelligenceJobs
@@ -16,7 +16,7 @@ from dispo.libs.logging import get_logger
 log = get_logger(__name__)
 
 
-class CampaignFeed:
+class EvaluationFeed:
     def __init__(
         self,
         repo: IntelligenceRepository,
@@ -29,62 +29,64 @@ class CampaignFeed:
         self.clock = clock
         self.jobs = jobs
 
-    async def get(self, campaign_id: str) -> Campaign:
-        campaign = await self.repo.campaign_get(campaign_id)
-        if campaign is None:
-            raise NotFound(f"campaign {campaign_id!r} not found")
-        return campaign
+    async def get(self, evaluation_id: str) -> Evaluation:
+        evaluation = await self.repo.evaluation_get(evaluation_id)
+        if evaluation is None:
+            raise NotFound(f"evaluation {evaluation_id!r} not found")
+        return evaluation
 
-    async def create(self, campaign: Campaign) -> tuple[Campaign, bool]:
-        """Register a running campaign; the same registration again is a no-op."""
-        created = await self.repo.campaign_insert(campaign, self.clock.now())
-        existing = await self.get(campaign.campaign_id)
-        if not created and not existing.same_registration(campaign):
+    async def create(self, evaluation: Evaluation) -> tuple[Evaluation, bool]:
+        """Register a running evaluation; the same registration again is a no-op."""
+        created = await self.repo.evaluation_insert(evaluation, self.clock.now())
+        existing = await self.get(evaluation.evaluation_id)
+        if not created and not existing.same_registration(evaluation):
             raise AlreadyExists(
-                f"campaign {campaign.campaign_id!r} already exists with a different "
+                f"evaluation {evaluation.evaluation_id!r} already exists with a different "
                 "series, line, period, configuration or analysis model"
             )
         if created:
             log.info(
-                "campaign registered",
-                campaign_id=campaign.campaign_id,
-                series=campaign.series,
-                line=campaign.line.value,
-                period=campaign.period,
+                "evaluation registered",
+                evaluation_id=evaluation.evaluation_id,
+                series=evaluation.series,
+                line=evaluation.line.value,
+                period=evaluation.period,
             )
         return existing, created
 
-    async def record_runs(self, campaign_id: str, runs: list[RunResult]) -> tuple[int, int]:
-        """Store run results of a running campaign; ``(recorded, duplicates)``."""
-        campaign = await self.get(campaign_id)
-        if campaign.is_terminal:
+    async def record_runs(self, evaluation_id: str, runs: list[RunResult]) -> tuple[int, int]:
+        """Store run results of a running evaluation; ``(recorded, duplicates)``."""
+        evaluation = await self.get(evaluation_id)
+        if evaluation.is_terminal:
             if await self.repo.runs_known([r.run_id for r in runs]) == len(
                 {r.run_id for r in runs}
             ):
                 return 0, len(runs)  # a redelivered batch: all already stored
             raise FailedPrecondition(
-                f"campaign {campaign_id!r} is {campaign.status.value}; run results are "
+                f"evaluation {evaluation_id!r} is {evaluation.status.value}; run results are "
                 "accepted only while it is running"
             )
-        recorded = await self.repo.runs_insert(campaign_id, runs, self.clock.now())
+        recorded = await self.repo.runs_insert(evaluation_id, runs, self.clock.now())
         return recorded, len(runs) - recorded
 
-    async def complete(self, campaign_id: str, status: CampaignStatus) -> Campaign:
+    async def complete(self, evaluation_id: str, status: EvaluationStatus) -> Evaluation:
         """running -> ``status``; repeating the same completion is a no-op."""
-        if await self.repo.campaign_complete_if_running(campaign_id, status, self.clock.now()):
-            campaign = await self.get(campaign_id)
+        if await self.repo.evaluation_complete_if_running(evaluation_id, status, self.clock.now()):
+            evaluation = await self.get(evaluation_id)
             log.info(
-                "campaign finished",
-                campaign_id=campaign_id,
+                "evaluation finished",
+                evaluation_id=evaluation_id,
                 status=status.value,
-                runs=campaign.run_count,
+                runs=evaluation.run_count,
             )
-            self.jobs.on_campaign_completed(campaign)
-            return campaign
-        campaign = await self.get(campaign_id)
-        if campaign.status != status:
-            raise FailedPrecondition(f"campaign {campaign_id!r} is already {campaign.status.value}")
-        return campaign
+            self.jobs.on_evaluation_completed(evaluation)
+            return evaluation
+        evaluation = await self.get(evaluation_id)
+        if evaluation.status != status:
+            raise FailedPrecondition(
+                f"evaluation {evaluation_id!r} is already {evaluation.status.value}"
+            )
+        return evaluation
 
     def require_registered_model(self, model: str | None) -> None:
         """``InvalidArgument`` when ``model`` is named but not registered ("" / None: the default)."""
@@ -94,10 +96,10 @@ class CampaignFeed:
                 f"{model!r} is not registered (registered: {', '.join(self.models.names())})",
             )
 
-    async def assign_analysis_model(self, campaign_id: str, model: str) -> Campaign:
+    async def assign_analysis_model(self, evaluation_id: str, model: str) -> Evaluation:
         self.require_registered_model(model)
-        if not await self.repo.campaign_set_analysis_model(
-            campaign_id, model or None, self.clock.now()
+        if not await self.repo.evaluation_set_analysis_model(
+            evaluation_id, model or None, self.clock.now()
         ):
-            raise NotFound(f"campaign {campaign_id!r} not found")
-        return await self.get(campaign_id)
+            raise NotFound(f"evaluation {evaluation_id!r} not found")
+        return await self.get(evaluation_id)

@@ -74,35 +74,35 @@ class Outcome(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     # The row exists in a state that forbids running (generating / completed / failed
-    # without a re-trigger), or the campaign is unknown: nothing was done.
+    # without a re-trigger), or the evaluation is unknown: nothing was done.
     SKIPPED = "skipped"
     # Another contender claimed the row first, or the claim was taken away: nothing done.
     LOST = "lost"
 
 
-async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAdapter) -> Outcome:
+async def execute(kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: JobAdapter) -> Outcome:
     if adapter.kind != kind:
         raise ValueError(f"adapter for {adapter.kind} cannot execute {kind}")
     repo, clock = deps.repo, deps.clock
-    bound = log.bind(job_kind=kind.value, campaign_id=campaign_id)
+    bound = log.bind(job_kind=kind.value, evaluation_id=evaluation_id)
 
-    job, _ = await adapter.ensure_queued(deps, campaign_id)
+    job, _ = await adapter.ensure_queued(deps, evaluation_id)
     if job is None or job.status != JobStatus.QUEUED:
         bound.debug("job not runnable", status=job.status.value if job else None)
         return Outcome.SKIPPED
 
     token = uuid.uuid4().hex
-    if not await repo.job_claim_if_queued(kind, campaign_id, token, clock.now()):
+    if not await repo.job_claim_if_queued(kind, evaluation_id, token, clock.now()):
         bound.debug("claim lost")
         return Outcome.LOST
 
     try:
-        plan = await adapter.validate(deps, campaign_id)
+        plan = await adapter.validate(deps, evaluation_id)
     except JobValidationError as error:
         return await _settle_failed(
             deps,
             kind,
-            campaign_id,
+            evaluation_id,
             token,
             JobStatus.QUEUED,
             error.message,
@@ -111,27 +111,29 @@ async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAd
         )
     except Exception as error:
         return await _settle_failed(
-            deps, kind, campaign_id, token, JobStatus.QUEUED, describe_exception(error), {}, bound
+            deps, kind, evaluation_id, token, JobStatus.QUEUED, describe_exception(error), {}, bound
         )
 
     if not await repo.job_set_generating_if_claimed(
-        kind, campaign_id, token, settlement_fields(plan.fields), clock.now()
+        kind, evaluation_id, token, settlement_fields(plan.fields), clock.now()
     ):
         bound.warning("claim taken away before generating")
         return Outcome.LOST
 
     try:
-        result = await adapter.work_fn(deps, campaign_id, plan)
+        result = await adapter.work_fn(deps, evaluation_id, plan)
     except asyncio.CancelledError:
         # Shutting down: hand the row back so recovery runs it again right away.
-        await asyncio.shield(repo.job_requeue_if_generating(kind, campaign_id, token, clock.now()))
+        await asyncio.shield(
+            repo.job_requeue_if_generating(kind, evaluation_id, token, clock.now())
+        )
         bound.info("job interrupted; re-queued")
         raise
     except Exception as error:
         return await _settle_failed(
             deps,
             kind,
-            campaign_id,
+            evaluation_id,
             token,
             JobStatus.GENERATING,
             describe_exception(error),
@@ -142,7 +144,7 @@ async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAd
     # Settlement writes are shielded: a shutdown arriving now must not leave the row half-settled.
     if await asyncio.shield(
         repo.job_complete_if_generating(
-            kind, campaign_id, token, result.result, settlement_fields(result.fields), clock.now()
+            kind, evaluation_id, token, result.result, settlement_fields(result.fields), clock.now()
         )
     ):
         bound.info("job completed")
@@ -154,7 +156,7 @@ async def execute(kind: JobKind, campaign_id: str, deps: JobDeps, adapter: JobAd
 async def _settle_failed(
     deps: JobDeps,
     kind: JobKind,
-    campaign_id: str,
+    evaluation_id: str,
     token: str,
     expected: JobStatus,
     message: str,
@@ -164,7 +166,7 @@ async def _settle_failed(
     error = truncate_error(message)
     if await asyncio.shield(
         deps.repo.job_fail_if_claimed(
-            kind, campaign_id, token, expected, error, fields, deps.clock.now()
+            kind, evaluation_id, token, expected, error, fields, deps.clock.now()
         )
     ):
         bound.info("job failed", error=error)
@@ -202,26 +204,28 @@ async def recover_jobs(
     it) and a generating row whose claim is older than ``generating_stale`` are re-queued
     with ``recovery_attempts + 1``; a row already re-queued the maximum number of times is
     failed with the reason instead. Returns what the caller should start again. ``skip``
-    lists (kind, campaign) pairs the calling process is running right now.
+    lists (kind, evaluation) pairs the calling process is running right now.
     """
     requeued: list[tuple[JobKind, str]] = []
     failed: list[tuple[JobKind, str]] = []
     for job in await repo.jobs_needing_recovery(now - queued_idle, now - generating_stale, limit):
-        if skip and (job.kind, job.campaign_id) in skip:
+        if skip and (job.kind, job.evaluation_id) in skip:
             continue  # running in this very process (a periodic sweep, not a restart)
         if job.recovery_attempts >= MAX_QUEUED_RECOVERY_ATTEMPTS:
             reason = truncate_error(RECOVERY_CAP_REASON.format(attempts=job.recovery_attempts))
             if await repo.job_fail_if_unchanged(job, reason, now):
-                failed.append((job.kind, job.campaign_id))
+                failed.append((job.kind, job.evaluation_id))
                 log.warning(
-                    "job recovery cap reached", job_kind=job.kind.value, campaign_id=job.campaign_id
+                    "job recovery cap reached",
+                    job_kind=job.kind.value,
+                    evaluation_id=job.evaluation_id,
                 )
         elif await repo.job_requeue_if_unchanged(job, now):
-            requeued.append((job.kind, job.campaign_id))
+            requeued.append((job.kind, job.evaluation_id))
             log.info(
                 "job recovered",
                 job_kind=job.kind.value,
-                campaign_id=job.campaign_id,
+                evaluation_id=job.evaluation_id,
                 recovery_attempts=job.recovery_attempts + 1,
             )
     return RecoveryReport(requeued, failed)

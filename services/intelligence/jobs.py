@@ -1,6 +1,6 @@
 """Intelligence jobs: kinds, the status machine, and the few rules settlement shares.
 
-One row per (kind, campaign) is the authority for a job (ADR 0001). The status machine is
+One row per (kind, evaluation) is the authority for a job (ADR 0001). The status machine is
 declared once here and mirrored by the ``ck_job_status`` CHECK constraint in the
 migration; ``tests/intelligence/test_schema.py`` checks that both agree.
 
@@ -84,7 +84,7 @@ class JobValidationError(Exception):
         message: str,
         kind: ValidationKind = ValidationKind.FAILED_PRECONDITION,
         *,
-        field: str = "campaign_id",
+        field: str = "evaluation_id",
         fields: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
@@ -97,13 +97,13 @@ class JobValidationError(Exception):
 @dataclass(frozen=True)
 class Job:
     kind: JobKind
-    campaign_id: str
+    evaluation_id: str
     status: JobStatus
     error: str | None = None
     attempts: int = 0
     recovery_attempts: int = 0
     analysis_model: str | None = None
-    baseline_campaign_id: str | None = None
+    baseline_evaluation_id: str | None = None
     fingerprint: str | None = None
     result: dict[str, Any] | None = None
     claim_token: str | None = None
@@ -122,7 +122,7 @@ class WorkResult:
 
 
 # Columns a validation error or a work result may set on the row, besides status and error.
-SETTLEMENT_FIELDS = frozenset({"analysis_model", "baseline_campaign_id", "fingerprint"})
+SETTLEMENT_FIELDS = frozenset({"analysis_model", "baseline_evaluation_id", "fingerprint"})
 
 
 def settlement_fields(fields: dict[str, Any]) -> dict[str, Any]:

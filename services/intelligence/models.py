@@ -1,5 +1,5 @@
 """Analysis models: the built-in deterministic ``stats`` model and OpenAI-compatible
-chat-completions models configured by settings. A campaign names one (its override) or
+chat-completions models configured by settings. An evaluation names one (its override) or
 gets the service default; ``ModelRegistry.resolve`` is the only place that decides.
 """
 
@@ -23,7 +23,7 @@ class AnalysisModel(Protocol):
     name: str
     kind: str
 
-    async def narrate_analysis(self, campaign: dict[str, Any], stats: dict[str, Any]) -> str: ...
+    async def narrate_analysis(self, evaluation: dict[str, Any], stats: dict[str, Any]) -> str: ...
 
     async def narrate_comparison(self, comparison: dict[str, Any]) -> str: ...
 
@@ -40,9 +40,9 @@ class StatsModel:
     name = STATS_MODEL
     kind = "builtin"
 
-    async def narrate_analysis(self, campaign: dict[str, Any], stats: dict[str, Any]) -> str:
+    async def narrate_analysis(self, evaluation: dict[str, Any], stats: dict[str, Any]) -> str:
         lines = [
-            f"Campaign {campaign['campaign_id']} ({campaign['series']} {campaign['period']}, {campaign['line']}): "
+            f"Evaluation {evaluation['evaluation_id']} ({evaluation['series']} {evaluation['period']}, {evaluation['line']}): "
             f"{stats['run_count']} runs over {stats['case_count']} cases; pass rate {_pct(stats['pass_rate'])}, "
             f"fail {_pct(stats['fail_rate'])}, error {_pct(stats['error_rate'])}.",
             f"Score mean {stats['score']['mean']:.3f} (p50 {stats['score']['p50']:.3f}, "
@@ -68,7 +68,7 @@ class StatsModel:
         regressed = [d["metric"] for d in deltas if d["direction"] == "regressed"]
         lines = [
             f"Period {comparison['period']} against baseline {comparison['baseline_period']} "
-            f"(campaign {comparison['baseline_campaign_id']}, same configuration "
+            f"(evaluation {comparison['baseline_evaluation_id']}, same configuration "
             f"{comparison['fingerprint']}): {len(improved)} metrics improved, "
             f"{len(regressed)} regressed, {len(deltas) - len(improved) - len(regressed)} unchanged."
         ]
@@ -96,7 +96,7 @@ class ChatModelConfig(BaseModel):
 
 
 ANALYSIS_PROMPT = (
-    "You analyse evaluation campaigns. Given a campaign and the statistics of its runs, "
+    "You analyse evaluations. Given an evaluation and the statistics of its runs, "
     "write a short, factual analysis: overall quality, the main failure modes, the worst "
     "cases, and latency. Use only the numbers given."
 )
@@ -147,8 +147,8 @@ class ChatCompletionsModel:
             raise ModelError(f"model {self.name}: empty completion")
         return content.strip()
 
-    async def narrate_analysis(self, campaign: dict[str, Any], stats: dict[str, Any]) -> str:
-        return await self._complete(ANALYSIS_PROMPT, {"campaign": campaign, "stats": stats})
+    async def narrate_analysis(self, evaluation: dict[str, Any], stats: dict[str, Any]) -> str:
+        return await self._complete(ANALYSIS_PROMPT, {"evaluation": evaluation, "stats": stats})
 
     async def narrate_comparison(self, comparison: dict[str, Any]) -> str:
         return await self._complete(COMPARISON_PROMPT, comparison)
@@ -159,7 +159,7 @@ class ChatCompletionsModel:
 
 @dataclass(frozen=True)
 class Resolution:
-    """Outcome of resolving a campaign's analysis model: a model, or why there is none."""
+    """Outcome of resolving an evaluation's analysis model: a model, or why there is none."""
 
     model: AnalysisModel | None
     requested: str | None
@@ -188,7 +188,7 @@ class ModelRegistry:
     def resolve(self, override: str | None) -> Resolution:
         requested = override or self.default
         if not requested:
-            return Resolution(None, None, "no analysis model is configured for this campaign")
+            return Resolution(None, None, "no analysis model is configured for this evaluation")
         model = self._models.get(requested)
         if model is None:
             return Resolution(

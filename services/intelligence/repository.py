@@ -1,4 +1,4 @@
-"""All SQL of the intelligence context: the campaign read model and the job rows.
+"""All SQL of the intelligence context: the evaluation read model and the job rows.
 
 Names say the entity first and the guard second. Every state-changing UPDATE carries the
 state it expects in its WHERE; ``False`` / ``None`` back means the race was lost.
@@ -11,29 +11,29 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from dispo.intelligence.campaigns import Campaign, CampaignStatus, Line, RunResult, Verdict
+from dispo.intelligence.evaluations import Evaluation, EvaluationStatus, Line, RunResult, Verdict
 from dispo.intelligence.jobs import REQUEUE_FROM, Job, JobKind, JobStatus
 from sqlalchemy import text
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-_CAMPAIGN_COLUMNS = """c.campaign_id, c.series, c.line, c.status, c.period, c.configuration, c.analysis_model,
+_EVALUATION_COLUMNS = """c.evaluation_id, c.series, c.line, c.status, c.period, c.configuration, c.analysis_model,
     c.created_at, c.completed_at,
-    (SELECT count(*) FROM campaign_runs r WHERE r.campaign_id = c.campaign_id) AS run_count"""
-_JOB_COLUMNS = """kind, campaign_id, status, error, attempts, recovery_attempts, analysis_model,
-    baseline_campaign_id, fingerprint, result, claim_token, created_at, updated_at, started_at, finished_at"""
+    (SELECT count(*) FROM evaluation_runs r WHERE r.evaluation_id = c.evaluation_id) AS run_count"""
+_JOB_COLUMNS = """kind, evaluation_id, status, error, attempts, recovery_attempts, analysis_model,
+    baseline_evaluation_id, fingerprint, result, claim_token, created_at, updated_at, started_at, finished_at"""
 
 
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _campaign(row: RowMapping) -> Campaign:
-    return Campaign(
-        campaign_id=row["campaign_id"],
+def _evaluation(row: RowMapping) -> Evaluation:
+    return Evaluation(
+        evaluation_id=row["evaluation_id"],
         series=row["series"],
         line=Line(row["line"]),
-        status=CampaignStatus(row["status"]),
+        status=EvaluationStatus(row["status"]),
         period=row["period"],
         configuration=_json(row["configuration"]),
         analysis_model=row["analysis_model"],
@@ -46,13 +46,13 @@ def _campaign(row: RowMapping) -> Campaign:
 def _job(row: RowMapping) -> Job:
     return Job(
         kind=JobKind(row["kind"]),
-        campaign_id=row["campaign_id"],
+        evaluation_id=row["evaluation_id"],
         status=JobStatus(row["status"]),
         error=row["error"],
         attempts=row["attempts"],
         recovery_attempts=row["recovery_attempts"],
         analysis_model=row["analysis_model"],
-        baseline_campaign_id=row["baseline_campaign_id"],
+        baseline_evaluation_id=row["baseline_evaluation_id"],
         fingerprint=row["fingerprint"],
         result=_json(row["result"]),
         claim_token=row["claim_token"],
@@ -81,106 +81,109 @@ class IntelligenceRepository:
         async with self.engine.begin() as conn:
             return list((await conn.execute(text(sql), params)).mappings().all())
 
-    # --- campaigns ---------------------------------------------------------------------
+    # --- evaluations ---------------------------------------------------------------------
 
-    async def campaign_insert(self, campaign: Campaign, now: datetime) -> bool:
-        """Insert a running campaign; ``False`` when the id already exists (nothing changed)."""
+    async def evaluation_insert(self, evaluation: Evaluation, now: datetime) -> bool:
+        """Insert a running evaluation; ``False`` when the id already exists (nothing changed)."""
         row = await self._one(
-            """INSERT INTO campaigns (campaign_id, series, line, status, period, configuration, fingerprint,
+            """INSERT INTO evaluations (evaluation_id, series, line, status, period, configuration, fingerprint,
                    analysis_model, created_at, updated_at)
                VALUES (:id, :series, :line, 'running', :period, CAST(:configuration AS jsonb), :fingerprint,
                    :model, :now, :now)
-               ON CONFLICT (campaign_id) DO NOTHING RETURNING campaign_id""",
-            id=campaign.campaign_id,
-            series=campaign.series,
-            line=campaign.line.value,
-            period=campaign.period,
-            configuration=json.dumps(campaign.configuration),
-            fingerprint=campaign.fingerprint,
-            model=campaign.analysis_model,
+               ON CONFLICT (evaluation_id) DO NOTHING RETURNING evaluation_id""",
+            id=evaluation.evaluation_id,
+            series=evaluation.series,
+            line=evaluation.line.value,
+            period=evaluation.period,
+            configuration=json.dumps(evaluation.configuration),
+            fingerprint=evaluation.fingerprint,
+            model=evaluation.analysis_model,
             now=now,
         )
         return row is not None
 
-    async def campaign_get(self, campaign_id: str) -> Campaign | None:
+    async def evaluation_get(self, evaluation_id: str) -> Evaluation | None:
         row = await self._one(
-            f"SELECT {_CAMPAIGN_COLUMNS} FROM campaigns c WHERE c.campaign_id = :id", id=campaign_id
+            f"SELECT {_EVALUATION_COLUMNS} FROM evaluations c WHERE c.evaluation_id = :id",
+            id=evaluation_id,
         )
-        return _campaign(row) if row else None
+        return _evaluation(row) if row else None
 
-    async def campaign_complete_if_running(
-        self, campaign_id: str, status: CampaignStatus, now: datetime
+    async def evaluation_complete_if_running(
+        self, evaluation_id: str, status: EvaluationStatus, now: datetime
     ) -> bool:
         row = await self._one(
-            """UPDATE campaigns SET status = :status, completed_at = :now, updated_at = :now
-               WHERE campaign_id = :id AND status = 'running' RETURNING campaign_id""",
-            id=campaign_id,
+            """UPDATE evaluations SET status = :status, completed_at = :now, updated_at = :now
+               WHERE evaluation_id = :id AND status = 'running' RETURNING evaluation_id""",
+            id=evaluation_id,
             status=status.value,
             now=now,
         )
         return row is not None
 
-    async def campaign_set_analysis_model(
-        self, campaign_id: str, model: str | None, now: datetime
+    async def evaluation_set_analysis_model(
+        self, evaluation_id: str, model: str | None, now: datetime
     ) -> bool:
         row = await self._one(
-            """UPDATE campaigns SET analysis_model = :model, updated_at = :now
-               WHERE campaign_id = :id RETURNING campaign_id""",
-            id=campaign_id,
+            """UPDATE evaluations SET analysis_model = :model, updated_at = :now
+               WHERE evaluation_id = :id RETURNING evaluation_id""",
+            id=evaluation_id,
             model=model,
             now=now,
         )
         return row is not None
 
-    async def campaign_find_baseline(self, campaign: Campaign) -> Campaign | None:
-        """The latest completed period of the campaign's series and line before its period,
+    async def evaluation_find_baseline(self, evaluation: Evaluation) -> Evaluation | None:
+        """The latest completed period of the evaluation's series and line before its period,
         with the same configuration fingerprint."""
         row = await self._one(
-            f"""SELECT {_CAMPAIGN_COLUMNS} FROM campaigns c
+            f"""SELECT {_EVALUATION_COLUMNS} FROM evaluations c
                 WHERE c.series = :series AND c.line = :line AND c.fingerprint = :fingerprint
-                  AND c.status = 'completed' AND c.period < :period AND c.campaign_id <> :exclude
-                ORDER BY c.period DESC, c.completed_at DESC, c.campaign_id DESC LIMIT 1""",
-            series=campaign.series,
-            line=campaign.line.value,
-            fingerprint=campaign.fingerprint,
-            period=campaign.period,
-            exclude=campaign.campaign_id,
+                  AND c.status = 'completed' AND c.period < :period AND c.evaluation_id <> :exclude
+                ORDER BY c.period DESC, c.completed_at DESC, c.evaluation_id DESC LIMIT 1""",
+            series=evaluation.series,
+            line=evaluation.line.value,
+            fingerprint=evaluation.fingerprint,
+            period=evaluation.period,
+            exclude=evaluation.evaluation_id,
         )
-        return _campaign(row) if row else None
+        return _evaluation(row) if row else None
 
-    async def campaigns_completed_without_job(
+    async def evaluations_completed_without_job(
         self, kind: JobKind, prerequisite: JobKind | None, limit: int
-    ) -> list[Campaign]:
-        """Completed formal campaigns with no ``kind`` row (and, if given, a completed
+    ) -> list[Evaluation]:
+        """Completed formal evaluations with no ``kind`` row (and, if given, a completed
         ``prerequisite`` row): automatic triggers that a crash may have lost."""
         prerequisite_sql = (
             (
-                "AND EXISTS (SELECT 1 FROM intelligence_jobs p WHERE p.campaign_id = c.campaign_id "
+                "AND EXISTS (SELECT 1 FROM intelligence_jobs p WHERE p.evaluation_id = c.evaluation_id "
                 "AND p.kind = :prerequisite AND p.status = 'completed')"
             )
             if prerequisite
             else ""
         )
         rows = await self._all(
-            f"""SELECT {_CAMPAIGN_COLUMNS} FROM campaigns c
+            f"""SELECT {_EVALUATION_COLUMNS} FROM evaluations c
                 WHERE c.status = 'completed' AND c.line = 'formal'
-                  AND NOT EXISTS (SELECT 1 FROM intelligence_jobs j WHERE j.campaign_id = c.campaign_id
+                  AND NOT EXISTS (SELECT 1 FROM intelligence_jobs j WHERE j.evaluation_id = c.evaluation_id
                                   AND j.kind = :kind) {prerequisite_sql}
-                ORDER BY c.completed_at, c.campaign_id LIMIT :limit""",
+                ORDER BY c.completed_at, c.evaluation_id LIMIT :limit""",
             kind=kind.value,
             prerequisite=prerequisite.value if prerequisite else None,
             limit=limit,
         )
-        return [_campaign(r) for r in rows]
+        return [_evaluation(r) for r in rows]
 
     # --- runs ----------------------------------------------------------------------------
 
-    async def runs_insert(self, campaign_id: str, runs: Iterable[RunResult], now: datetime) -> int:
+    async def runs_insert(
+        self, evaluation_id: str, runs: Iterable[RunResult], now: datetime
+    ) -> int:
         """Store runs; a run_id already stored is skipped. Returns how many were new."""
         rows = [
             {
                 "run_id": r.run_id,
-                "campaign_id": campaign_id,
+                "evaluation_id": evaluation_id,
                 "case_id": r.case_id,
                 "verdict": r.verdict.value,
                 "score": r.score,
@@ -195,9 +198,9 @@ class IntelligenceRepository:
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 text(
-                    """INSERT INTO campaign_runs (run_id, campaign_id, case_id, verdict, score, latency_ms,
+                    """INSERT INTO evaluation_runs (run_id, evaluation_id, case_id, verdict, score, latency_ms,
                        failure_reason, recorded_at)
-                   SELECT * FROM unnest(CAST(:run_id AS text[]), CAST(:campaign_id AS text[]),
+                   SELECT * FROM unnest(CAST(:run_id AS text[]), CAST(:evaluation_id AS text[]),
                        CAST(:case_id AS text[]), CAST(:verdict AS text[]), CAST(:score AS float8[]),
                        CAST(:latency_ms AS int8[]), CAST(:failure_reason AS text[]),
                        CAST(:recorded_at AS timestamptz[]))
@@ -209,16 +212,16 @@ class IntelligenceRepository:
 
     async def runs_known(self, run_ids: list[str]) -> int:
         row = await self._one(
-            "SELECT count(*) AS n FROM campaign_runs WHERE run_id = ANY(CAST(:ids AS text[]))",
+            "SELECT count(*) AS n FROM evaluation_runs WHERE run_id = ANY(CAST(:ids AS text[]))",
             ids=run_ids,
         )
         return int(row["n"]) if row else 0
 
-    async def runs_of(self, campaign_id: str) -> list[RunResult]:
+    async def runs_of(self, evaluation_id: str) -> list[RunResult]:
         rows = await self._all(
             """SELECT run_id, case_id, verdict, score, latency_ms, failure_reason, recorded_at
-               FROM campaign_runs WHERE campaign_id = :id ORDER BY run_id""",
-            id=campaign_id,
+               FROM evaluation_runs WHERE evaluation_id = :id ORDER BY run_id""",
+            id=evaluation_id,
         )
         return [
             RunResult(
@@ -235,64 +238,64 @@ class IntelligenceRepository:
 
     # --- jobs ----------------------------------------------------------------------------
 
-    async def job_get(self, kind: JobKind, campaign_id: str) -> Job | None:
+    async def job_get(self, kind: JobKind, evaluation_id: str) -> Job | None:
         row = await self._one(
-            f"SELECT {_JOB_COLUMNS} FROM intelligence_jobs WHERE kind = :kind AND campaign_id = :id",
+            f"SELECT {_JOB_COLUMNS} FROM intelligence_jobs WHERE kind = :kind AND evaluation_id = :id",
             kind=kind.value,
-            id=campaign_id,
+            id=evaluation_id,
         )
         return _job(row) if row else None
 
     async def job_ensure_queued(
-        self, kind: JobKind, campaign_id: str, now: datetime, *, requeue_failed: bool = False
+        self, kind: JobKind, evaluation_id: str, now: datetime, *, requeue_failed: bool = False
     ) -> tuple[Job | None, bool]:
         """Create the job row as queued (or re-queue a failed one when asked).
 
-        Returns the row as it now is (``None`` for an unknown campaign) and whether this
+        Returns the row as it now is (``None`` for an unknown evaluation) and whether this
         call created or re-queued it.
         """
         requeue = ", ".join(f"'{s.value}'" for s in REQUEUE_FROM) if requeue_failed else "NULL"
         row = await self._one(
-            f"""INSERT INTO intelligence_jobs AS j (kind, campaign_id, status, created_at, updated_at)
-                SELECT :kind, campaign_id, 'queued', :now, :now FROM campaigns WHERE campaign_id = :id
-                ON CONFLICT (kind, campaign_id) DO UPDATE
+            f"""INSERT INTO intelligence_jobs AS j (kind, evaluation_id, status, created_at, updated_at)
+                SELECT :kind, evaluation_id, 'queued', :now, :now FROM evaluations WHERE evaluation_id = :id
+                ON CONFLICT (kind, evaluation_id) DO UPDATE
                   SET status = 'queued', error = NULL, claim_token = NULL, claimed_at = NULL, result = NULL,
                       recovery_attempts = 0, started_at = NULL, finished_at = NULL, updated_at = :now
                   WHERE j.status IN ({requeue})
                 RETURNING {_JOB_COLUMNS}""",
             kind=kind.value,
-            id=campaign_id,
+            id=evaluation_id,
             now=now,
         )
         if row is not None:
             return _job(row), True
-        return await self.job_get(kind, campaign_id), False
+        return await self.job_get(kind, evaluation_id), False
 
     async def job_claim_if_queued(
-        self, kind: JobKind, campaign_id: str, token: str, now: datetime
+        self, kind: JobKind, evaluation_id: str, token: str, now: datetime
     ) -> bool:
         row = await self._one(
             """UPDATE intelligence_jobs SET claim_token = :token, claimed_at = :now, attempts = attempts + 1,
                    updated_at = :now
-               WHERE kind = :kind AND campaign_id = :id AND status = 'queued' AND claim_token IS NULL
-               RETURNING campaign_id""",
+               WHERE kind = :kind AND evaluation_id = :id AND status = 'queued' AND claim_token IS NULL
+               RETURNING evaluation_id""",
             kind=kind.value,
-            id=campaign_id,
+            id=evaluation_id,
             token=token,
             now=now,
         )
         return row is not None
 
     async def job_set_generating_if_claimed(
-        self, kind: JobKind, campaign_id: str, token: str, fields: dict[str, Any], now: datetime
+        self, kind: JobKind, evaluation_id: str, token: str, fields: dict[str, Any], now: datetime
     ) -> bool:
         set_sql, params = _set_fields(fields)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'generating', started_at = :now, updated_at = :now {set_sql}
-                WHERE kind = :kind AND campaign_id = :id AND status = 'queued' AND claim_token = :token
-                RETURNING campaign_id""",
+                WHERE kind = :kind AND evaluation_id = :id AND status = 'queued' AND claim_token = :token
+                RETURNING evaluation_id""",
             kind=kind.value,
-            id=campaign_id,
+            id=evaluation_id,
             token=token,
             now=now,
             **params,
@@ -302,7 +305,7 @@ class IntelligenceRepository:
     async def job_complete_if_generating(
         self,
         kind: JobKind,
-        campaign_id: str,
+        evaluation_id: str,
         token: str,
         result: dict[str, Any],
         fields: dict[str, Any],
@@ -312,10 +315,10 @@ class IntelligenceRepository:
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'completed', result = CAST(:result AS jsonb), error = NULL,
                     finished_at = :now, updated_at = :now {set_sql}
-                WHERE kind = :kind AND campaign_id = :id AND status = 'generating' AND claim_token = :token
-                RETURNING campaign_id""",
+                WHERE kind = :kind AND evaluation_id = :id AND status = 'generating' AND claim_token = :token
+                RETURNING evaluation_id""",
             kind=kind.value,
-            id=campaign_id,
+            id=evaluation_id,
             token=token,
             result=json.dumps(result),
             now=now,
@@ -326,7 +329,7 @@ class IntelligenceRepository:
     async def job_fail_if_claimed(
         self,
         kind: JobKind,
-        campaign_id: str,
+        evaluation_id: str,
         token: str,
         expected: JobStatus,
         error: str,
@@ -337,10 +340,10 @@ class IntelligenceRepository:
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'failed', error = :error, finished_at = :now,
                     updated_at = :now {set_sql}
-                WHERE kind = :kind AND campaign_id = :id AND status = :expected AND claim_token = :token
-                RETURNING campaign_id""",
+                WHERE kind = :kind AND evaluation_id = :id AND status = :expected AND claim_token = :token
+                RETURNING evaluation_id""",
             kind=kind.value,
-            id=campaign_id,
+            id=evaluation_id,
             token=token,
             expected=expected.value,
             error=error,
@@ -350,16 +353,16 @@ class IntelligenceRepository:
         return row is not None
 
     async def job_requeue_if_generating(
-        self, kind: JobKind, campaign_id: str, token: str, now: datetime
+        self, kind: JobKind, evaluation_id: str, token: str, now: datetime
     ) -> bool:
         """Hand a row back (its worker is stopping); recovery picks it up."""
         row = await self._one(
             """UPDATE intelligence_jobs SET status = 'queued', claim_token = NULL, claimed_at = NULL,
                    started_at = NULL, updated_at = :now
-               WHERE kind = :kind AND campaign_id = :id AND status = 'generating' AND claim_token = :token
-               RETURNING campaign_id""",
+               WHERE kind = :kind AND evaluation_id = :id AND status = 'generating' AND claim_token = :token
+               RETURNING evaluation_id""",
             kind=kind.value,
-            id=campaign_id,
+            id=evaluation_id,
             token=token,
             now=now,
         )
@@ -372,20 +375,20 @@ class IntelligenceRepository:
             f"""SELECT {_JOB_COLUMNS} FROM intelligence_jobs
                 WHERE (status = 'queued' AND updated_at <= :queued_before)
                    OR (status = 'generating' AND claimed_at <= :generating_before)
-                ORDER BY updated_at, campaign_id, kind LIMIT :limit""",
+                ORDER BY updated_at, evaluation_id, kind LIMIT :limit""",
             queued_before=queued_before,
             generating_before=generating_before,
             limit=limit,
         )
         return [_job(r) for r in rows]
 
-    _UNCHANGED = """kind = :kind AND campaign_id = :id AND status = :status
+    _UNCHANGED = """kind = :kind AND evaluation_id = :id AND status = :status
         AND claim_token IS NOT DISTINCT FROM :token AND recovery_attempts = :recovery_attempts"""
 
     def _unchanged_params(self, job: Job) -> dict[str, Any]:
         return {
             "kind": job.kind.value,
-            "id": job.campaign_id,
+            "id": job.evaluation_id,
             "status": job.status.value,
             "token": job.claim_token,
             "recovery_attempts": job.recovery_attempts,
@@ -395,7 +398,7 @@ class IntelligenceRepository:
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'queued', claim_token = NULL, claimed_at = NULL,
                     started_at = NULL, recovery_attempts = recovery_attempts + 1, updated_at = :now
-                WHERE {self._UNCHANGED} RETURNING campaign_id""",
+                WHERE {self._UNCHANGED} RETURNING evaluation_id""",
             now=now,
             **self._unchanged_params(job),
         )
@@ -405,7 +408,7 @@ class IntelligenceRepository:
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'failed', error = :error, claim_token = NULL,
                     finished_at = :now, updated_at = :now
-                WHERE {self._UNCHANGED} RETURNING campaign_id""",
+                WHERE {self._UNCHANGED} RETURNING evaluation_id""",
             error=error,
             now=now,
             **self._unchanged_params(job),
@@ -415,7 +418,7 @@ class IntelligenceRepository:
     async def jobs_list(
         self,
         *,
-        campaign_id: str | None,
+        evaluation_id: str | None,
         kind: JobKind | None,
         status: JobStatus | None,
         after: tuple[datetime, str, str] | None,
@@ -423,17 +426,17 @@ class IntelligenceRepository:
     ) -> list[Job]:
         rows = await self._all(
             f"""SELECT {_JOB_COLUMNS} FROM intelligence_jobs
-                WHERE (CAST(:campaign_id AS text) IS NULL OR campaign_id = :campaign_id)
+                WHERE (CAST(:evaluation_id AS text) IS NULL OR evaluation_id = :evaluation_id)
                   AND (CAST(:kind AS text) IS NULL OR kind = :kind)
                   AND (CAST(:status AS text) IS NULL OR status = :status)
                   AND (CAST(:after_at AS timestamptz) IS NULL
-                       OR (created_at, campaign_id, kind) > (:after_at, :after_campaign, :after_kind))
-                ORDER BY created_at, campaign_id, kind LIMIT :limit""",
-            campaign_id=campaign_id,
+                       OR (created_at, evaluation_id, kind) > (:after_at, :after_evaluation, :after_kind))
+                ORDER BY created_at, evaluation_id, kind LIMIT :limit""",
+            evaluation_id=evaluation_id,
             kind=kind.value if kind else None,
             status=status.value if status else None,
             after_at=after[0] if after else None,
-            after_campaign=after[1] if after else None,
+            after_evaluation=after[1] if after else None,
             after_kind=after[2] if after else None,
             limit=limit,
         )

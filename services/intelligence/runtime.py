@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from dispo.intelligence import analysis, comparison
-from dispo.intelligence.campaigns import Campaign, CampaignStatus
 from dispo.intelligence.eligibility import auto_intelligence_eligible
+from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
 from dispo.intelligence.intelligence_jobs import (
     JobAdapter,
     JobDeps,
@@ -52,49 +52,49 @@ class IntelligenceJobs:
         self.registry = registry or TaskRegistry("intelligence-jobs")
         self.policy = policy or RecoveryPolicy()
 
-    def start(self, kind: JobKind, campaign_id: str) -> asyncio.Task[Outcome] | None:
-        return self.registry.start((kind, campaign_id), lambda: self._run(kind, campaign_id))
+    def start(self, kind: JobKind, evaluation_id: str) -> asyncio.Task[Outcome] | None:
+        return self.registry.start((kind, evaluation_id), lambda: self._run(kind, evaluation_id))
 
-    async def _run(self, kind: JobKind, campaign_id: str) -> Outcome:
-        outcome = await execute(kind, campaign_id, self.deps, ADAPTERS[kind])
+    async def _run(self, kind: JobKind, evaluation_id: str) -> Outcome:
+        outcome = await execute(kind, evaluation_id, self.deps, ADAPTERS[kind])
         if kind == JobKind.ANALYSIS and outcome == Outcome.COMPLETED:
-            campaign = await self.deps.repo.campaign_get(campaign_id)
-            if campaign is not None and auto_intelligence_eligible(campaign, self.deps.models):
-                self.start(JobKind.COMPARISON, campaign_id)
+            evaluation = await self.deps.repo.evaluation_get(evaluation_id)
+            if evaluation is not None and auto_intelligence_eligible(evaluation, self.deps.models):
+                self.start(JobKind.COMPARISON, evaluation_id)
         return outcome
 
-    def on_campaign_completed(self, campaign: Campaign) -> bool:
-        """Automatic analysis of a completed campaign; ``True`` when one was started."""
-        if campaign.status != CampaignStatus.COMPLETED:
+    def on_evaluation_completed(self, evaluation: Evaluation) -> bool:
+        """Automatic analysis of a completed evaluation; ``True`` when one was started."""
+        if evaluation.status != EvaluationStatus.COMPLETED:
             return False
-        if not auto_intelligence_eligible(campaign, self.deps.models):
+        if not auto_intelligence_eligible(evaluation, self.deps.models):
             log.info(
                 "automatic analysis skipped",
-                campaign_id=campaign.campaign_id,
-                line=campaign.line.value,
-                analysis_model=campaign.analysis_model or self.deps.models.default,
+                evaluation_id=evaluation.evaluation_id,
+                line=evaluation.line.value,
+                analysis_model=evaluation.analysis_model or self.deps.models.default,
             )
             return False
-        return self.start(JobKind.ANALYSIS, campaign.campaign_id) is not None
+        return self.start(JobKind.ANALYSIS, evaluation.evaluation_id) is not None
 
-    async def validate_request(self, kind: JobKind, campaign_id: str) -> None:
+    async def validate_request(self, kind: JobKind, evaluation_id: str) -> None:
         """The shared validation entry of ``kind``; raises ``JobValidationError``."""
         if kind == JobKind.ANALYSIS:
-            campaign = await self.deps.repo.campaign_get(campaign_id)
-            analysis.validate_analysis_request(campaign, campaign_id, self.deps.models)
+            evaluation = await self.deps.repo.evaluation_get(evaluation_id)
+            analysis.validate_analysis_request(evaluation, evaluation_id, self.deps.models)
         else:
-            await comparison.load_and_validate(self.deps, campaign_id)
+            await comparison.load_and_validate(self.deps, evaluation_id)
 
-    async def trigger(self, kind: JobKind, campaign_id: str) -> tuple[Job, bool]:
+    async def trigger(self, kind: JobKind, evaluation_id: str) -> tuple[Job, bool]:
         """A caller's trigger: validate, (re-)queue the row, start it. ``(job, started)``."""
-        await self.validate_request(kind, campaign_id)
+        await self.validate_request(kind, evaluation_id)
         job, changed = await self.deps.repo.job_ensure_queued(
-            kind, campaign_id, self.deps.clock.now(), requeue_failed=True
+            kind, evaluation_id, self.deps.clock.now(), requeue_failed=True
         )
-        if job is None:  # validated a moment ago; campaigns are never deleted
-            raise JobValidationError(f"campaign {campaign_id!r} not found")
+        if job is None:  # validated a moment ago; evaluations are never deleted
+            raise JobValidationError(f"evaluation {evaluation_id!r} not found")
         if job.status == JobStatus.QUEUED:
-            self.start(kind, campaign_id)
+            self.start(kind, evaluation_id)
         return job, changed
 
     async def recover(self, *, at_start: bool = False) -> RecoveryReport:
@@ -109,25 +109,25 @@ class IntelligenceJobs:
             limit=self.policy.batch,
             skip=set(self.registry.running()),
         )
-        for kind, campaign_id in report.requeued:
-            self.start(kind, campaign_id)
+        for kind, evaluation_id in report.requeued:
+            self.start(kind, evaluation_id)
         return report
 
     async def sweep_lost_triggers(self) -> list[tuple[JobKind, str]]:
-        """Start automatic jobs whose trigger a crash lost (completed campaign without analysis,
+        """Start automatic jobs whose trigger a crash lost (completed evaluation without analysis,
         completed analysis without comparison); one batch of each."""
         started: list[tuple[JobKind, str]] = []
         for kind, prerequisite in (
             (JobKind.ANALYSIS, None),
             (JobKind.COMPARISON, JobKind.ANALYSIS),
         ):
-            for campaign in await self.deps.repo.campaigns_completed_without_job(
+            for evaluation in await self.deps.repo.evaluations_completed_without_job(
                 kind, prerequisite, self.policy.batch
             ):
-                if auto_intelligence_eligible(campaign, self.deps.models) and self.start(
-                    kind, campaign.campaign_id
+                if auto_intelligence_eligible(evaluation, self.deps.models) and self.start(
+                    kind, evaluation.evaluation_id
                 ):
-                    started.append((kind, campaign.campaign_id))
+                    started.append((kind, evaluation.evaluation_id))
         return started
 
     async def run_sweeps(self, interval: float) -> None:

@@ -8,14 +8,14 @@ from datetime import datetime
 
 import grpc
 from dispo.intelligence import convert
-from dispo.intelligence.campaign_read_model import load_analysis_view, load_comparison_view
-from dispo.intelligence.campaigns import (
+from dispo.intelligence.evaluation_read_model import load_analysis_view, load_comparison_view
+from dispo.intelligence.evaluations import (
     MAX_ID_CHARS,
     MAX_RUNS_PER_CALL,
-    new_campaign,
+    new_evaluation,
     new_run_result,
 )
-from dispo.intelligence.feed import CampaignFeed
+from dispo.intelligence.feed import EvaluationFeed
 from dispo.intelligence.jobs import JobKind, JobValidationError
 from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.runtime import IntelligenceJobs
@@ -29,7 +29,7 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 
 
-def _campaign_id(value: str, field: str = "campaign_id") -> str:
+def _evaluation_id(value: str, field: str = "evaluation_id") -> str:
     if not value.strip():
         raise InvalidArgument(field, "must not be empty")
     if len(value) > MAX_ID_CHARS:
@@ -46,39 +46,39 @@ def _parse_page_token(token: str) -> tuple[datetime, str, str] | None:
     if not token:
         return None
     try:
-        at, campaign_id, kind = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return datetime.fromisoformat(at), str(campaign_id), str(kind)
+        at, evaluation_id, kind = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return datetime.fromisoformat(at), str(evaluation_id), str(kind)
     except (ValueError, TypeError):
         raise InvalidArgument("page.page_token", "is not a token returned by ListJobs") from None
 
 
 class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
     def __init__(
-        self, feed: CampaignFeed, jobs: IntelligenceJobs, repo: IntelligenceRepository
+        self, feed: EvaluationFeed, jobs: IntelligenceJobs, repo: IntelligenceRepository
     ) -> None:
         self.feed = feed
         self.jobs = jobs
         self.repo = repo
 
-    async def CreateCampaign(
-        self, request: pb.CreateCampaignRequest, context: grpc.aio.ServicerContext
-    ) -> pb.Campaign:
-        campaign = new_campaign(
-            request.campaign_id,
+    async def CreateEvaluation(
+        self, request: pb.CreateEvaluationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Evaluation:
+        evaluation = new_evaluation(
+            request.evaluation_id,
             request.series,
             convert.line_name(request.line),
             request.period,
             request.configuration_json,
             request.analysis_model,
         )
-        self.feed.require_registered_model(campaign.analysis_model)
-        stored, _ = await self.feed.create(campaign)
-        return convert.campaign_to_pb(stored)
+        self.feed.require_registered_model(evaluation.analysis_model)
+        stored, _ = await self.feed.create(evaluation)
+        return convert.evaluation_to_pb(stored)
 
     async def RecordRunResults(
         self, request: pb.RecordRunResultsRequest, context: grpc.aio.ServicerContext
     ) -> pb.RecordRunResultsResponse:
-        campaign_id = _campaign_id(request.campaign_id)
+        evaluation_id = _evaluation_id(request.evaluation_id)
         if not request.runs:
             raise InvalidArgument("runs", "must contain at least one run")
         if len(request.runs) > MAX_RUNS_PER_CALL:
@@ -102,32 +102,32 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
                 violations += error.violations
         if violations:
             raise InvalidArgument(violations=violations)
-        recorded, duplicates = await self.feed.record_runs(campaign_id, runs)
+        recorded, duplicates = await self.feed.record_runs(evaluation_id, runs)
         return pb.RecordRunResultsResponse(recorded=recorded, duplicates=duplicates)
 
-    async def CompleteCampaign(
-        self, request: pb.CompleteCampaignRequest, context: grpc.aio.ServicerContext
-    ) -> pb.Campaign:
-        campaign_id = _campaign_id(request.campaign_id)
-        status = convert.CAMPAIGN_STATUS_FROM_PB.get(request.status)
+    async def CompleteEvaluation(
+        self, request: pb.CompleteEvaluationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Evaluation:
+        evaluation_id = _evaluation_id(request.evaluation_id)
+        status = convert.EVALUATION_STATUS_FROM_PB.get(request.status)
         if status is None or status.value == "running":
             raise InvalidArgument(
-                "status", "must be CAMPAIGN_STATUS_COMPLETED, _FAILED or _CANCELLED"
+                "status", "must be EVALUATION_STATUS_COMPLETED, _FAILED or _CANCELLED"
             )
-        return convert.campaign_to_pb(await self.feed.complete(campaign_id, status))
+        return convert.evaluation_to_pb(await self.feed.complete(evaluation_id, status))
 
-    async def GetCampaign(
-        self, request: pb.GetCampaignRequest, context: grpc.aio.ServicerContext
-    ) -> pb.Campaign:
-        return convert.campaign_to_pb(await self.feed.get(_campaign_id(request.campaign_id)))
+    async def GetEvaluation(
+        self, request: pb.GetEvaluationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Evaluation:
+        return convert.evaluation_to_pb(await self.feed.get(_evaluation_id(request.evaluation_id)))
 
     async def AssignAnalysisModel(
         self, request: pb.AssignAnalysisModelRequest, context: grpc.aio.ServicerContext
-    ) -> pb.Campaign:
-        campaign = await self.feed.assign_analysis_model(
-            _campaign_id(request.campaign_id), request.analysis_model
+    ) -> pb.Evaluation:
+        evaluation = await self.feed.assign_analysis_model(
+            _evaluation_id(request.evaluation_id), request.analysis_model
         )
-        return convert.campaign_to_pb(campaign)
+        return convert.evaluation_to_pb(evaluation)
 
     async def ListAnalysisModels(
         self, request: pb.ListAnalysisModelsRequest, context: grpc.aio.ServicerContext
@@ -143,9 +143,9 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
         )
 
     async def _trigger(self, kind: JobKind, request: pb.TriggerJobRequest) -> pb.TriggerJobResponse:
-        campaign_id = _campaign_id(request.campaign_id)
+        evaluation_id = _evaluation_id(request.evaluation_id)
         try:
-            job, started = await self.jobs.trigger(kind, campaign_id)
+            job, started = await self.jobs.trigger(kind, evaluation_id)
         except JobValidationError as error:
             raise convert.validation_to_domain(error) from None
         return pb.TriggerJobResponse(job=convert.job_to_pb(job), started=started)
@@ -164,14 +164,14 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.Analysis:
         return convert.analysis_to_pb(
-            await load_analysis_view(self.repo, _campaign_id(request.campaign_id))
+            await load_analysis_view(self.repo, _evaluation_id(request.evaluation_id))
         )
 
     async def GetComparison(
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.Comparison:
         return convert.comparison_to_pb(
-            await load_comparison_view(self.repo, _campaign_id(request.campaign_id))
+            await load_comparison_view(self.repo, _evaluation_id(request.evaluation_id))
         )
 
     async def ListJobs(
@@ -188,7 +188,7 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             raise InvalidArgument(violations=violations)
         size = min(request.page.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         jobs = await self.repo.jobs_list(
-            campaign_id=request.campaign_id or None,
+            evaluation_id=request.evaluation_id or None,
             kind=convert.JOB_KIND_FROM_PB.get(request.kind),
             status=convert.JOB_STATUS_FROM_PB.get(request.status),
             after=_parse_page_token(request.page.page_token),
@@ -199,7 +199,7 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             jobs = jobs[:size]
             last = jobs[-1]
             assert last.created_at is not None
-            token = _page_token((last.created_at, last.campaign_id, last.kind.value))
+            token = _page_token((last.created_at, last.evaluation_id, last.kind.value))
         return pb.ListJobsResponse(
             jobs=[convert.job_to_pb(j) for j in jobs],
             page=common_pb2.PageResponse(next_page_token=token),

@@ -1,4 +1,4 @@
-"""Deterministic statistics over a campaign's run results (what every analysis starts from).
+"""Deterministic statistics over an evaluation's run results (what every analysis starts from).
 
 Pure functions: the same runs always give the same document, whatever their order.
 """
@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from dispo.intelligence.campaigns import RunResult, Verdict
+from dispo.intelligence.evaluations import RunResult, Verdict
 
 MAX_FAILURE_CLUSTERS = 10
 MAX_WORST_CASES = 5

@@ -1,5 +1,5 @@
 """Fixtures of the intelligence tests: the service's objects on a migrated schema with a
-manual clock, helpers to feed campaigns, and a fake OpenAI-compatible LLM server."""
+manual clock, helpers to feed evaluations, and a fake OpenAI-compatible LLM server."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from dispo.intelligence.app import Intelligence, build
-from dispo.intelligence.campaigns import CampaignStatus, new_campaign, new_run_result
+from dispo.intelligence.evaluations import EvaluationStatus, new_evaluation, new_run_result
 from dispo.intelligence.models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs.clock import ManualClock
@@ -47,9 +47,9 @@ def app(make_app) -> Intelligence:
     return make_app()
 
 
-async def add_campaign(
+async def add_evaluation(
     app: Intelligence,
-    campaign_id: str,
+    evaluation_id: str,
     *,
     series: str = "nightly",
     line: str = "formal",
@@ -57,22 +57,22 @@ async def add_campaign(
     configuration: dict | None = None,
     analysis_model: str = "",
     runs: list[tuple[str, str, float, int, str]] | None = None,
-    status: CampaignStatus | None = None,
+    status: EvaluationStatus | None = None,
 ) -> None:
-    """Register a campaign, record its runs ``(case, verdict, score, latency_ms, reason)``,
+    """Register an evaluation, record its runs ``(case, verdict, score, latency_ms, reason)``,
     and finish it with ``status`` (when given)."""
-    campaign = new_campaign(
-        campaign_id, series, line, period, json.dumps(configuration or CONFIG), analysis_model
+    evaluation = new_evaluation(
+        evaluation_id, series, line, period, json.dumps(configuration or CONFIG), analysis_model
     )
-    await app.feed.create(campaign)
+    await app.feed.create(evaluation)
     if runs:
         results = [
-            new_run_result(f"{campaign_id}-r{i}", case, verdict, score, latency, reason)
+            new_run_result(f"{evaluation_id}-r{i}", case, verdict, score, latency, reason)
             for i, (case, verdict, score, latency, reason) in enumerate(runs)
         ]
-        await app.feed.record_runs(campaign_id, results)
+        await app.feed.record_runs(evaluation_id, results)
     if status is not None:
-        await app.feed.complete(campaign_id, status)
+        await app.feed.complete(evaluation_id, status)
 
 
 RUNS_GOOD = [
@@ -99,7 +99,7 @@ class FakeLLM:
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     status: int = 200
-    reply: str = "The campaign is healthy."
+    reply: str = "The evaluation is healthy."
     gate: asyncio.Event | None = None
 
     def config(self, name: str = "fake-gpt", **extra: Any) -> ChatModelConfig:

@@ -3,35 +3,35 @@
 from __future__ import annotations
 
 from dispo.intelligence import comparison
-from dispo.intelligence.campaign_read_model import load_comparison_view
-from dispo.intelligence.campaigns import CampaignStatus
+from dispo.intelligence.evaluation_read_model import load_comparison_view
+from dispo.intelligence.evaluations import EvaluationStatus
 from dispo.intelligence.intelligence_jobs import execute
 from dispo.intelligence.jobs import JobKind, JobStatus
 
-from .conftest import CONFIG, RUNS_GOOD, RUNS_WORSE, add_campaign
+from .conftest import CONFIG, RUNS_GOOD, RUNS_WORSE, add_evaluation
 
 
-async def test_formal_campaign_completion_chains_analysis_then_comparison_by_itself(app):
-    await add_campaign(
-        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+async def test_formal_evaluation_completion_chains_analysis_then_comparison_by_itself(app):
+    await add_evaluation(
+        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
     )
     await app.jobs.wait_idle()
-    await add_campaign(
-        app, "w02", period="2026-W02", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app, "w02", period="2026-W02", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
     )
     await app.jobs.wait_idle()
 
     first = await app.repo.job_get(JobKind.COMPARISON, "w01")
     assert first.status == JobStatus.FAILED and first.error.startswith(
-        "no baseline for campaign 'w01'"
+        "no baseline for evaluation 'w01'"
     )
     analysis_job = await app.repo.job_get(JobKind.ANALYSIS, "w02")
     assert analysis_job.status == JobStatus.COMPLETED and analysis_job.analysis_model == "stats"
     job = await app.repo.job_get(JobKind.COMPARISON, "w02")
-    assert job.status == JobStatus.COMPLETED and job.baseline_campaign_id == "w01"
+    assert job.status == JobStatus.COMPLETED and job.baseline_evaluation_id == "w01"
 
     view = await load_comparison_view(app.repo, "w02")
-    assert (view.period, view.baseline_period, view.baseline_campaign_id) == (
+    assert (view.period, view.baseline_period, view.baseline_evaluation_id) == (
         "2026-W02",
         "2026-W01",
         "w01",
@@ -43,12 +43,22 @@ async def test_formal_campaign_completion_chains_analysis_then_comparison_by_its
     assert "regressed" in view.narrative
 
 
-async def test_trial_campaign_completion_starts_nothing(app):
-    await add_campaign(
-        app, "t01", line="trial", period="2026-W01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+async def test_trial_evaluation_completion_starts_nothing(app):
+    await add_evaluation(
+        app,
+        "t01",
+        line="trial",
+        period="2026-W01",
+        runs=RUNS_GOOD,
+        status=EvaluationStatus.COMPLETED,
     )
-    await add_campaign(
-        app, "t02", line="trial", period="2026-W02", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app,
+        "t02",
+        line="trial",
+        period="2026-W02",
+        runs=RUNS_GOOD,
+        status=EvaluationStatus.COMPLETED,
     )
     await app.jobs.wait_idle()
 
@@ -56,9 +66,9 @@ async def test_trial_campaign_completion_starts_nothing(app):
     assert await app.repo.job_get(JobKind.COMPARISON, "t02") is None
 
 
-async def test_failed_or_cancelled_campaigns_are_not_analysed_automatically(app):
-    await add_campaign(app, "f01", runs=RUNS_GOOD, status=CampaignStatus.FAILED)
-    await add_campaign(app, "c01", runs=RUNS_GOOD, status=CampaignStatus.CANCELLED)
+async def test_failed_or_cancelled_evaluations_are_not_analysed_automatically(app):
+    await add_evaluation(app, "f01", runs=RUNS_GOOD, status=EvaluationStatus.FAILED)
+    await add_evaluation(app, "c01", runs=RUNS_GOOD, status=EvaluationStatus.CANCELLED)
     await app.jobs.wait_idle()
 
     assert await app.repo.job_get(JobKind.ANALYSIS, "f01") is None
@@ -67,7 +77,7 @@ async def test_failed_or_cancelled_campaigns_are_not_analysed_automatically(app)
 
 async def test_no_resolvable_model_means_no_automatic_analysis(make_app):
     app = make_app(default_analysis_model="")
-    await add_campaign(app, "m01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(app, "m01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
     await app.jobs.wait_idle()
 
     assert await app.repo.job_get(JobKind.ANALYSIS, "m01") is None
@@ -75,36 +85,38 @@ async def test_no_resolvable_model_means_no_automatic_analysis(make_app):
 
 async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_period(app):
     other = {**CONFIG, "runs_per_slot": 9}
-    await add_campaign(app, "p1", period="2026-01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
-    await add_campaign(
+    await add_evaluation(
+        app, "p1", period="2026-01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
+    await add_evaluation(
         app,
         "p2-other-config",
         period="2026-02",
         configuration=other,
         runs=RUNS_GOOD,
-        status=CampaignStatus.COMPLETED,
+        status=EvaluationStatus.COMPLETED,
     )
-    await add_campaign(
-        app, "p3-cancelled", period="2026-03", runs=RUNS_GOOD, status=CampaignStatus.CANCELLED
+    await add_evaluation(
+        app, "p3-cancelled", period="2026-03", runs=RUNS_GOOD, status=EvaluationStatus.CANCELLED
     )
-    await add_campaign(
+    await add_evaluation(
         app,
         "p3-trial",
         line="trial",
         period="2026-03",
         runs=RUNS_GOOD,
-        status=CampaignStatus.COMPLETED,
+        status=EvaluationStatus.COMPLETED,
     )
-    await add_campaign(
-        app, "p5-later", period="2026-05", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app, "p5-later", period="2026-05", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
     )
-    await add_campaign(
-        app, "p4", period="2026-04", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app, "p4", period="2026-04", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
     )
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.COMPARISON, "p4")
-    assert job.status == JobStatus.COMPLETED and job.baseline_campaign_id == "p1"
+    assert job.status == JobStatus.COMPLETED and job.baseline_evaluation_id == "p1"
     lonely = await app.repo.job_get(JobKind.COMPARISON, "p2-other-config")
     assert (
         lonely.status == JobStatus.FAILED and "fingerprint" in lonely.error and lonely.fingerprint
@@ -112,21 +124,23 @@ async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_peri
 
 
 async def test_comparison_refuses_a_baseline_without_runs(app):
-    await add_campaign(app, "e1", period="2026-01", status=CampaignStatus.COMPLETED)
-    await add_campaign(app, "e2", period="2026-02", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(app, "e1", period="2026-01", status=EvaluationStatus.COMPLETED)
+    await add_evaluation(
+        app, "e2", period="2026-02", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.COMPARISON, "e2")
     assert job.status == JobStatus.FAILED
-    assert job.error == "cannot compare: campaign 'e1' has no run results"
-    assert job.baseline_campaign_id == "e1"
+    assert job.error == "cannot compare: evaluation 'e1' has no run results"
+    assert job.baseline_evaluation_id == "e1"
 
 
 async def test_lost_automatic_triggers_are_swept_up(app):
-    await add_campaign(app, "lost", runs=RUNS_GOOD)
+    await add_evaluation(app, "lost", runs=RUNS_GOOD)
     # the completion is recorded but the process dies before the analysis row exists
-    assert await app.repo.campaign_complete_if_running(
-        "lost", CampaignStatus.COMPLETED, app.jobs.deps.clock.now()
+    assert await app.repo.evaluation_complete_if_running(
+        "lost", EvaluationStatus.COMPLETED, app.jobs.deps.clock.now()
     )
 
     started = await app.jobs.sweep_lost_triggers()
@@ -140,12 +154,22 @@ async def test_lost_automatic_triggers_are_swept_up(app):
     assert await app.jobs.sweep_lost_triggers() == []
 
 
-async def test_manual_comparison_of_a_trial_campaign_uses_the_same_seam(app):
-    await add_campaign(
-        app, "tr1", line="trial", period="2026-01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+async def test_manual_comparison_of_a_trial_evaluation_uses_the_same_seam(app):
+    await add_evaluation(
+        app,
+        "tr1",
+        line="trial",
+        period="2026-01",
+        runs=RUNS_GOOD,
+        status=EvaluationStatus.COMPLETED,
     )
-    await add_campaign(
-        app, "tr2", line="trial", period="2026-02", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app,
+        "tr2",
+        line="trial",
+        period="2026-02",
+        runs=RUNS_GOOD,
+        status=EvaluationStatus.COMPLETED,
     )
 
     outcome = await execute(JobKind.COMPARISON, "tr2", app.jobs.deps, comparison.COMPARISON)

@@ -54,10 +54,10 @@ async def test_the_walkthrough_runs_as_written(start_service):
         outputs.append(done.stdout)
 
     joined = "\n".join(outputs)
-    assert "no baseline for campaign 'nightly-w01'" in joined
+    assert "no baseline for evaluation 'nightly-w01'" in joined
     assert (
-        '"baselineCampaignId": "nightly-w01"' in joined
-        or '"baseline_campaign_id": "nightly-w01"' in joined
+        '"baselineEvaluationId": "nightly-w01"' in joined
+        or '"baseline_evaluation_id": "nightly-w01"' in joined
     )
     assert "DIRECTION_IMPROVED" in joined
     assert '"started": true' in joined

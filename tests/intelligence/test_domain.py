@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from dispo.intelligence.campaigns import (
-    CampaignStatus,
-    configuration_fingerprint,
-    new_campaign,
-    new_run_result,
-)
 from dispo.intelligence.comparison import diff_stats, metric_delta
 from dispo.intelligence.eligibility import auto_intelligence_eligible
+from dispo.intelligence.evaluations import (
+    EvaluationStatus,
+    configuration_fingerprint,
+    new_evaluation,
+    new_run_result,
+)
 from dispo.intelligence.jobs import (
     ERROR_TEXT_LIMIT,
     MAX_QUEUED_RECOVERY_ATTEMPTS,
@@ -50,11 +50,11 @@ def test_fingerprint_ignores_key_order_and_sees_values():
     assert len(a) == 16
 
 
-def test_new_campaign_names_every_bad_field():
+def test_new_evaluation_names_every_bad_field():
     with pytest.raises(InvalidArgument) as caught:
-        new_campaign("", "s", "beta", "", "[1]")
+        new_evaluation("", "s", "beta", "", "[1]")
     fields = {v.field for v in caught.value.violations}
-    assert fields == {"campaign_id", "line", "period", "configuration_json"}
+    assert fields == {"evaluation_id", "line", "period", "configuration_json"}
 
 
 def test_new_run_result_rejects_bad_values():
@@ -135,9 +135,9 @@ def test_diff_covers_every_compared_metric():
 
 def test_model_resolution_and_auto_eligibility():
     models = ModelRegistry([StatsModel()], default="stats")
-    formal = new_campaign("a", "s", "formal", "p", "{}")
-    trial = new_campaign("b", "s", "trial", "p", "{}")
-    ghost = new_campaign("c", "s", "formal", "p", "{}", analysis_model="ghost")
+    formal = new_evaluation("a", "s", "formal", "p", "{}")
+    trial = new_evaluation("b", "s", "trial", "p", "{}")
+    ghost = new_evaluation("c", "s", "formal", "p", "{}", analysis_model="ghost")
     assert models.resolve(None).model is not None
     assert "not registered" in (models.resolve("ghost").problem or "")
     assert auto_intelligence_eligible(formal, models)
@@ -146,6 +146,6 @@ def test_model_resolution_and_auto_eligibility():
     assert not auto_intelligence_eligible(formal, ModelRegistry([StatsModel()], default=None))
 
 
-def test_campaign_status_terminal():
-    campaign = new_campaign("a", "s", "formal", "p", "{}")
-    assert campaign.status == CampaignStatus.RUNNING and not campaign.is_terminal
+def test_evaluation_status_terminal():
+    evaluation = new_evaluation("a", "s", "formal", "p", "{}")
+    assert evaluation.status == EvaluationStatus.RUNNING and not evaluation.is_terminal

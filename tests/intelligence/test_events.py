@@ -1,11 +1,11 @@
-"""The cron pool's EVALUATIONS stream feeds the campaign read model (real NATS JetStream)."""
+"""The cron pool's EVALUATIONS stream feeds the evaluation read model (real NATS JetStream)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-from dispo.intelligence.campaigns import CampaignStatus
+from dispo.intelligence.evaluations import EvaluationStatus
 from dispo.intelligence.events import STREAM, SUBJECTS, consumer
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.libs.api.common.v1 import common_pb2 as common
@@ -57,7 +57,7 @@ async def wait_for(predicate, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_pool_events_build_campaigns_and_trigger_the_chain(app, bus):
+async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
     await bus.ensure_stream(STREAM, SUBJECTS)  # the pool does the same; both are idempotent
     feed = await consumer(bus, app.events, "intelligence-test")
     running = asyncio.create_task(feed.run())
@@ -99,10 +99,10 @@ async def test_pool_events_build_campaigns_and_trigger_the_chain(app, bus):
         feed.stop()
         await running
 
-    ev2 = await app.repo.campaign_get("ev2")
-    assert ev2.status == CampaignStatus.COMPLETED and ev2.run_count == 2
+    ev2 = await app.repo.evaluation_get("ev2")
+    assert ev2.status == EvaluationStatus.COMPLETED and ev2.run_count == 2
     comparison = await app.repo.job_get(JobKind.COMPARISON, "ev2")
-    assert comparison.baseline_campaign_id == "ev1"
+    assert comparison.baseline_evaluation_id == "ev1"
     deltas = {d["metric"]: d for d in comparison.result["deltas"]}
     assert deltas["pass_rate"]["baseline"] == 1.0 and deltas["pass_rate"]["current"] == 0.5
 
@@ -177,11 +177,11 @@ async def test_event_dispositions(app):
     assert isinstance(
         await events.handle("evaluation.started", started("later", "2026-09")), Term
     )  # conflicting
-    campaign = await app.repo.campaign_get("later")
+    evaluation = await app.repo.evaluation_get("later")
     assert (
-        campaign.status == CampaignStatus.CANCELLED
-        and campaign.run_count == 1
-        and campaign.period == "2026-01"
+        evaluation.status == EvaluationStatus.CANCELLED
+        and evaluation.run_count == 1
+        and evaluation.period == "2026-01"
     )
 
 
@@ -217,8 +217,8 @@ async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(ap
     try:
 
         async def finished() -> bool:
-            campaign = await app.repo.campaign_get("ordered")
-            return campaign is not None and campaign.status == CampaignStatus.COMPLETED
+            evaluation = await app.repo.evaluation_get("ordered")
+            return evaluation is not None and evaluation.status == EvaluationStatus.COMPLETED
 
         await wait_for(finished)
     finally:
@@ -226,5 +226,5 @@ async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(ap
             replica.stop()
         await asyncio.gather(*running)
 
-    assert (await app.repo.campaign_get("ordered")).run_count == 40
+    assert (await app.repo.evaluation_get("ordered")).run_count == 40
     assert all(outcome == ACK for outcome in dispositions)

@@ -31,18 +31,18 @@ def run(
     )
 
 
-async def feed_campaign(
+async def feed_evaluation(
     stub,
-    campaign_id: str,
+    evaluation_id: str,
     period: str,
     line=common_pb2.LINE_FORMAL,
     complete=True,
     runs=None,
     analysis_model: str = "",
 ):
-    await stub.CreateCampaign(
-        pb.CreateCampaignRequest(
-            campaign_id=campaign_id,
+    await stub.CreateEvaluation(
+        pb.CreateEvaluationRequest(
+            evaluation_id=evaluation_id,
             series="api",
             line=line,
             period=period,
@@ -59,12 +59,16 @@ async def feed_campaign(
         ]
     )
     for r in runs:
-        r.run_id = f"{campaign_id}-{r.run_id}"
+        r.run_id = f"{evaluation_id}-{r.run_id}"
     if runs:
-        await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id=campaign_id, runs=runs))
+        await stub.RecordRunResults(
+            pb.RecordRunResultsRequest(evaluation_id=evaluation_id, runs=runs)
+        )
     if complete:
-        await stub.CompleteCampaign(
-            pb.CompleteCampaignRequest(campaign_id=campaign_id, status=pb.CAMPAIGN_STATUS_COMPLETED)
+        await stub.CompleteEvaluation(
+            pb.CompleteEvaluationRequest(
+                evaluation_id=evaluation_id, status=pb.EVALUATION_STATUS_COMPLETED
+            )
         )
 
 
@@ -80,37 +84,39 @@ def violations(error: grpc.aio.AioRpcError) -> dict[str, str]:
 
 async def test_feed_trigger_and_read_over_grpc(app, serve_app):
     stub = await serve_app(app)
-    await feed_campaign(stub, "g1", "2026-01", line=common_pb2.LINE_TRIAL)
+    await feed_evaluation(stub, "g1", "2026-01", line=common_pb2.LINE_TRIAL)
 
-    campaign = await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="g1"))
+    evaluation = await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="g1"))
     assert (
-        campaign.status == pb.CAMPAIGN_STATUS_COMPLETED
-        and campaign.run_count == 2
-        and campaign.fingerprint
+        evaluation.status == pb.EVALUATION_STATUS_COMPLETED
+        and evaluation.run_count == 2
+        and evaluation.fingerprint
     )
-    reply = await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="g1"))
+    reply = await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="g1"))
     assert reply.started and reply.job.status == pb.JOB_STATUS_QUEUED
     await app.jobs.wait_idle()
 
-    result = await stub.GetAnalysis(pb.GetJobRequest(campaign_id="g1"))
+    result = await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="g1"))
     assert result.job.status == pb.JOB_STATUS_COMPLETED and result.job.analysis_model == "stats"
     assert result.stats.run_count == 2 and result.stats.pass_rate == 0.5
     assert result.stats.failure_clusters[0].signature == "bad"
-    assert "Campaign g1" in result.narrative
-    again = await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="g1"))
+    assert "Evaluation g1" in result.narrative
+    again = await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="g1"))
     assert not again.started and again.job.status == pb.JOB_STATUS_COMPLETED
 
 
 async def test_comparison_projection_over_grpc(app, serve_app):
     stub = await serve_app(app)
-    await feed_campaign(stub, "k1", "2026-01")
-    await feed_campaign(stub, "k2", "2026-02", runs=[run(0, "c1", common_pb2.VERDICT_PASS, 1, 50)])
+    await feed_evaluation(stub, "k1", "2026-01")
+    await feed_evaluation(
+        stub, "k2", "2026-02", runs=[run(0, "c1", common_pb2.VERDICT_PASS, 1, 50)]
+    )
     await app.jobs.wait_idle()
 
-    comparison = await stub.GetComparison(pb.GetJobRequest(campaign_id="k2"))
+    comparison = await stub.GetComparison(pb.GetJobRequest(evaluation_id="k2"))
 
     assert comparison.job.status == pb.JOB_STATUS_COMPLETED
-    assert (comparison.baseline_campaign_id, comparison.baseline_period, comparison.period) == (
+    assert (comparison.baseline_evaluation_id, comparison.baseline_period, comparison.period) == (
         "k1",
         "2026-01",
         "2026-02",
@@ -119,7 +125,7 @@ async def test_comparison_projection_over_grpc(app, serve_app):
     assert deltas["pass_rate"].direction == pb.DIRECTION_IMPROVED
     assert deltas["pass_rate"].relative_delta == pytest.approx(1.0)
     assert deltas["latency.p50_ms"].direction == pb.DIRECTION_IMPROVED
-    failed = await stub.GetComparison(pb.GetJobRequest(campaign_id="k1"))
+    failed = await stub.GetComparison(pb.GetJobRequest(evaluation_id="k1"))
     assert failed.job.status == pb.JOB_STATUS_FAILED and failed.job.error.startswith("no baseline")
     assert not failed.deltas
 
@@ -129,24 +135,24 @@ async def test_validation_wording_is_identical_in_the_grpc_error_and_the_failed_
 ):
     app = make_app(default_analysis_model="")
     stub = await serve_app(app)
-    await feed_campaign(stub, "nm", "2026-01")
+    await feed_evaluation(stub, "nm", "2026-01")
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="nm"))
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="nm"))
     await execute(JobKind.ANALYSIS, "nm", app.jobs.deps, analysis.ANALYSIS)
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "nm")
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.details() == job.error
-    assert "assign an analysis model to the campaign" in job.error
+    assert "assign an analysis model to the evaluation" in job.error
 
 
-async def test_running_campaign_wording_is_identical_too(app, serve_app):
+async def test_running_evaluation_wording_is_identical_too(app, serve_app):
     stub = await serve_app(app)
-    await feed_campaign(stub, "live", "2026-01", complete=False)
+    await feed_evaluation(stub, "live", "2026-01", complete=False)
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.TriggerComparison(pb.TriggerJobRequest(campaign_id="live"))
+        await stub.TriggerComparison(pb.TriggerJobRequest(evaluation_id="live"))
     assert await app.repo.job_get(JobKind.COMPARISON, "live") is None  # refused: nothing changed
     await execute(JobKind.COMPARISON, "live", app.jobs.deps, comparison.COMPARISON)
 
@@ -156,7 +162,7 @@ async def test_running_campaign_wording_is_identical_too(app, serve_app):
         caught.value.details()
         == row.error
         == (
-            "campaign 'live' is running; period comparison needs a finished campaign (completed, failed or cancelled)"
+            "evaluation 'live' is running; period comparison needs a finished evaluation (completed, failed or cancelled)"
         )
     )
 
@@ -165,9 +171,9 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
     stub = await serve_app(app)
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CreateCampaign(
-            pb.CreateCampaignRequest(
-                campaign_id="",
+        await stub.CreateEvaluation(
+            pb.CreateEvaluationRequest(
+                evaluation_id="",
                 series="s",
                 line=common_pb2.LINE_FORMAL,
                 period="p",
@@ -175,16 +181,18 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
             )
         )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert set(violations(caught.value)) == {"campaign_id", "configuration_json"}
+    assert set(violations(caught.value)) == {"evaluation_id", "configuration_json"}
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CreateCampaign(pb.CreateCampaignRequest(campaign_id="x", series="s", period="p"))
+        await stub.CreateEvaluation(
+            pb.CreateEvaluationRequest(evaluation_id="x", series="s", period="p")
+        )
     assert set(violations(caught.value)) == {"line"}
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CreateCampaign(
-            pb.CreateCampaignRequest(
-                campaign_id="x",
+        await stub.CreateEvaluation(
+            pb.CreateEvaluationRequest(
+                evaluation_id="x",
                 series="s",
                 line=common_pb2.LINE_FORMAL,
                 period="p",
@@ -194,14 +202,14 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
     assert set(violations(caught.value)) == {"analysis_model"}
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="x"))
+        await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="x"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
-    await feed_campaign(stub, "b1", "2026-01", complete=False, runs=[])
+    await feed_evaluation(stub, "b1", "2026-01", complete=False, runs=[])
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.RecordRunResults(
             pb.RecordRunResultsRequest(
-                campaign_id="b1",
+                evaluation_id="b1",
                 runs=[
                     run(0, "c1", common_pb2.VERDICT_PASS, 1, 10),
                     run(1, "", common_pb2.VERDICT_UNSPECIFIED, 1, -5),
@@ -214,37 +222,37 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
         "runs[1].verdict",
         "runs[1].latency_ms",
     }
-    assert (await stub.GetCampaign(pb.GetCampaignRequest(campaign_id="b1"))).run_count == 0
+    assert (await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="b1"))).run_count == 0
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.RecordRunResults(
             pb.RecordRunResultsRequest(
-                campaign_id="b1",
+                evaluation_id="b1",
                 runs=[run(i, "c", common_pb2.VERDICT_PASS, 1, 1) for i in range(1001)],
             )
         )
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CreateCampaign(
-            pb.CreateCampaignRequest(
-                campaign_id="b1", series="other", line=common_pb2.LINE_FORMAL, period="2026-01"
+        await stub.CreateEvaluation(
+            pb.CreateEvaluationRequest(
+                evaluation_id="b1", series="other", line=common_pb2.LINE_FORMAL, period="2026-01"
             )
         )
     assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CompleteCampaign(
-            pb.CompleteCampaignRequest(campaign_id="b1", status=pb.CAMPAIGN_STATUS_RUNNING)
+        await stub.CompleteEvaluation(
+            pb.CompleteEvaluationRequest(evaluation_id="b1", status=pb.EVALUATION_STATUS_RUNNING)
         )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="nobody"))
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="nobody"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.GetAnalysis(pb.GetJobRequest(campaign_id="b1"))
+        await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="b1"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -252,50 +260,52 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
     assert set(violations(caught.value)) == {"page.page_token"}
 
 
-async def test_campaign_feed_is_idempotent_and_completion_is_final(app, serve_app):
+async def test_evaluation_feed_is_idempotent_and_completion_is_final(app, serve_app):
     stub = await serve_app(app)
-    await feed_campaign(stub, "i1", "2026-01", line=common_pb2.LINE_TRIAL, complete=False, runs=[])
-    request = pb.CreateCampaignRequest(
-        campaign_id="i1",
+    await feed_evaluation(
+        stub, "i1", "2026-01", line=common_pb2.LINE_TRIAL, complete=False, runs=[]
+    )
+    request = pb.CreateEvaluationRequest(
+        evaluation_id="i1",
         series="api",
         line=common_pb2.LINE_TRIAL,
         period="2026-01",
         configuration_json=json.dumps(CONFIG),
     )
-    assert (await stub.CreateCampaign(request)).campaign_id == "i1"
+    assert (await stub.CreateEvaluation(request)).evaluation_id == "i1"
 
     runs = [
         run(1, "c1", common_pb2.VERDICT_PASS, 1, 10),
         run(2, "c1", common_pb2.VERDICT_PASS, 1, 10),
     ]
-    first = await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id="i1", runs=runs))
-    second = await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id="i1", runs=runs))
+    first = await stub.RecordRunResults(pb.RecordRunResultsRequest(evaluation_id="i1", runs=runs))
+    second = await stub.RecordRunResults(pb.RecordRunResultsRequest(evaluation_id="i1", runs=runs))
     assert (first.recorded, first.duplicates, second.recorded, second.duplicates) == (2, 0, 0, 2)
 
-    done = pb.CompleteCampaignRequest(campaign_id="i1", status=pb.CAMPAIGN_STATUS_CANCELLED)
-    assert (await stub.CompleteCampaign(done)).status == pb.CAMPAIGN_STATUS_CANCELLED
-    assert (await stub.CompleteCampaign(done)).status == pb.CAMPAIGN_STATUS_CANCELLED
+    done = pb.CompleteEvaluationRequest(evaluation_id="i1", status=pb.EVALUATION_STATUS_CANCELLED)
+    assert (await stub.CompleteEvaluation(done)).status == pb.EVALUATION_STATUS_CANCELLED
+    assert (await stub.CompleteEvaluation(done)).status == pb.EVALUATION_STATUS_CANCELLED
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.CompleteCampaign(
-            pb.CompleteCampaignRequest(campaign_id="i1", status=pb.CAMPAIGN_STATUS_COMPLETED)
+        await stub.CompleteEvaluation(
+            pb.CompleteEvaluationRequest(evaluation_id="i1", status=pb.EVALUATION_STATUS_COMPLETED)
         )
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.RecordRunResults(
             pb.RecordRunResultsRequest(
-                campaign_id="i1", runs=[run(3, "c", common_pb2.VERDICT_PASS, 1, 1)]
+                evaluation_id="i1", runs=[run(3, "c", common_pb2.VERDICT_PASS, 1, 1)]
             )
         )
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     # a redelivered batch of runs already stored is still accepted as duplicates
-    late = await stub.RecordRunResults(pb.RecordRunResultsRequest(campaign_id="i1", runs=runs))
+    late = await stub.RecordRunResults(pb.RecordRunResultsRequest(evaluation_id="i1", runs=runs))
     assert (late.recorded, late.duplicates) == (0, 2)
 
 
 async def test_list_jobs_filters_and_pages(app, serve_app):
     stub = await serve_app(app)
     for i in range(5):
-        await feed_campaign(stub, f"l{i}", f"2026-0{i + 1}")
+        await feed_evaluation(stub, f"l{i}", f"2026-0{i + 1}")
         await app.jobs.wait_idle()
 
     everything = await stub.ListJobs(pb.ListJobsRequest())
@@ -305,16 +315,16 @@ async def test_list_jobs_filters_and_pages(app, serve_app):
         page = await stub.ListJobs(
             pb.ListJobsRequest(page=common_pb2.PageRequest(page_size=3, page_token=token))
         )
-        seen += [(j.kind, j.campaign_id) for j in page.jobs]
+        seen += [(j.kind, j.evaluation_id) for j in page.jobs]
         token = page.page.next_page_token
         if not token:
             break
-    assert seen == [(j.kind, j.campaign_id) for j in everything.jobs]
+    assert seen == [(j.kind, j.evaluation_id) for j in everything.jobs]
     comparisons = await stub.ListJobs(
         pb.ListJobsRequest(kind=pb.JOB_KIND_COMPARISON, status=pb.JOB_STATUS_COMPLETED)
     )
-    assert [j.campaign_id for j in comparisons.jobs] == ["l1", "l2", "l3", "l4"]
-    only = await stub.ListJobs(pb.ListJobsRequest(campaign_id="l0"))
+    assert [j.evaluation_id for j in comparisons.jobs] == ["l1", "l2", "l3", "l4"]
+    only = await stub.ListJobs(pb.ListJobsRequest(evaluation_id="l0"))
     assert {j.kind for j in only.jobs} == {pb.JOB_KIND_ANALYSIS, pb.JOB_KIND_COMPARISON}
 
 
@@ -326,21 +336,21 @@ async def test_assign_analysis_model_and_list_models(make_app, serve_app, fake_l
         ("fake-gpt", "chat-completions", False),
         ("stats", "builtin", False),
     ]
-    await feed_campaign(stub, "a1", "2026-01", line=common_pb2.LINE_TRIAL)
+    await feed_evaluation(stub, "a1", "2026-01", line=common_pb2.LINE_TRIAL)
     with pytest.raises(grpc.aio.AioRpcError):
-        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="a1"))
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="a1"))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.AssignAnalysisModel(
-            pb.AssignAnalysisModelRequest(campaign_id="a1", analysis_model="ghost")
+            pb.AssignAnalysisModelRequest(evaluation_id="a1", analysis_model="ghost")
         )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-    campaign = await stub.AssignAnalysisModel(
-        pb.AssignAnalysisModelRequest(campaign_id="a1", analysis_model="fake-gpt")
+    evaluation = await stub.AssignAnalysisModel(
+        pb.AssignAnalysisModelRequest(evaluation_id="a1", analysis_model="fake-gpt")
     )
-    assert campaign.analysis_model == "fake-gpt"
-    assert (await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="a1"))).started
+    assert evaluation.analysis_model == "fake-gpt"
+    assert (await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="a1"))).started
     await app.jobs.wait_idle()
 
-    result = await stub.GetAnalysis(pb.GetJobRequest(campaign_id="a1"))
+    result = await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="a1"))
     assert result.narrative == fake_llm.reply and result.job.analysis_model == "fake-gpt"

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 
-from dispo.intelligence.campaigns import CampaignStatus
+from dispo.intelligence.evaluations import EvaluationStatus
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry
 
-from .conftest import RUNS_GOOD, RUNS_WORSE, add_campaign
+from .conftest import RUNS_GOOD, RUNS_WORSE, add_evaluation
 
 
 async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app, fake_llm):
     app = make_app(models=ModelRegistry.from_configs([fake_llm.config()], default="fake-gpt"))
-    await add_campaign(app, "llm1", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(app, "llm1", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm1")
@@ -23,7 +23,7 @@ async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app,
     assert body["model"] == "fake-model-1" and body["temperature"] == 0.0
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     sent = json.loads(body["messages"][1]["content"])
-    assert sent["campaign"]["campaign_id"] == "llm1" and sent["stats"]["run_count"] == len(
+    assert sent["evaluation"]["evaluation_id"] == "llm1" and sent["stats"]["run_count"] == len(
         RUNS_GOOD
     )
     assert fake_llm.headers[0]["Authorization"] == "Bearer sk-test"
@@ -31,16 +31,18 @@ async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app,
 
 async def test_chat_model_writes_the_comparison_narrative(make_app, fake_llm):
     app = make_app(models=ModelRegistry.from_configs([fake_llm.config()], default="fake-gpt"))
-    await add_campaign(app, "n1", period="2026-01", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
-    await add_campaign(
-        app, "n2", period="2026-02", runs=RUNS_WORSE, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app, "n1", period="2026-01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
+    await add_evaluation(
+        app, "n2", period="2026-02", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
     )
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.COMPARISON, "n2")
     assert job.status == JobStatus.COMPLETED and job.result["narrative"] == fake_llm.reply
     sent = json.loads(fake_llm.requests[-1]["messages"][1]["content"])
-    assert sent["baseline_campaign_id"] == "n1" and {d["metric"] for d in sent["deltas"]} >= {
+    assert sent["baseline_evaluation_id"] == "n1" and {d["metric"] for d in sent["deltas"]} >= {
         "pass_rate"
     }
 
@@ -48,7 +50,7 @@ async def test_chat_model_writes_the_comparison_narrative(make_app, fake_llm):
 async def test_an_llm_http_error_fails_the_job_with_truncated_text(make_app, fake_llm):
     fake_llm.status = 502
     app = make_app(models=ModelRegistry.from_configs([fake_llm.config()], default="fake-gpt"))
-    await add_campaign(app, "llm-down", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(app, "llm-down", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm-down")
@@ -63,7 +65,7 @@ async def test_an_unreachable_llm_fails_the_job_visibly(make_app, fake_llm):
     config = fake_llm.config(timeout_seconds=2.0)
     config.base_url = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
     app = make_app(models=ModelRegistry.from_configs([config], default="fake-gpt"))
-    await add_campaign(app, "llm-gone", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(app, "llm-gone", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm-gone")
@@ -83,7 +85,7 @@ async def test_models_are_configured_from_the_environment(monkeypatch, fake_llm)
 
     assert registry.names() == ["fake-gpt", "stats"] and registry.default == "fake-gpt"
     narrative = await registry.get("fake-gpt").narrate_analysis(
-        {"campaign_id": "x"}, {"run_count": 0}
+        {"evaluation_id": "x"}, {"run_count": 0}
     )
     assert narrative == fake_llm.reply
     await registry.aclose()

@@ -27,10 +27,10 @@ def llm_env(fake_llm, **extra: str) -> dict[str, str]:
     }
 
 
-async def feed(stub, campaign_id: str, line=common_pb2.LINE_TRIAL) -> None:
-    await stub.CreateCampaign(
-        pb.CreateCampaignRequest(
-            campaign_id=campaign_id,
+async def feed(stub, evaluation_id: str, line=common_pb2.LINE_TRIAL) -> None:
+    await stub.CreateEvaluation(
+        pb.CreateEvaluationRequest(
+            evaluation_id=evaluation_id,
             series="proc",
             line=line,
             period="2026-01",
@@ -39,17 +39,17 @@ async def feed(stub, campaign_id: str, line=common_pb2.LINE_TRIAL) -> None:
     )
     await stub.RecordRunResults(
         pb.RecordRunResultsRequest(
-            campaign_id=campaign_id,
+            evaluation_id=evaluation_id,
             runs=[
                 pb.RunResult(
-                    run_id=f"{campaign_id}-1",
+                    run_id=f"{evaluation_id}-1",
                     case_id="c1",
                     verdict=common_pb2.VERDICT_PASS,
                     score=1,
                     latency_ms=10,
                 ),
                 pb.RunResult(
-                    run_id=f"{campaign_id}-2",
+                    run_id=f"{evaluation_id}-2",
                     case_id="c2",
                     verdict=common_pb2.VERDICT_FAIL,
                     score=0,
@@ -59,22 +59,24 @@ async def feed(stub, campaign_id: str, line=common_pb2.LINE_TRIAL) -> None:
             ],
         )
     )
-    await stub.CompleteCampaign(
-        pb.CompleteCampaignRequest(campaign_id=campaign_id, status=pb.CAMPAIGN_STATUS_COMPLETED)
+    await stub.CompleteEvaluation(
+        pb.CompleteEvaluationRequest(
+            evaluation_id=evaluation_id, status=pb.EVALUATION_STATUS_COMPLETED
+        )
     )
 
 
-async def job_status(stub, campaign_id: str) -> int:
+async def job_status(stub, evaluation_id: str) -> int:
     try:
-        return (await stub.GetAnalysis(pb.GetJobRequest(campaign_id=campaign_id))).job.status
+        return (await stub.GetAnalysis(pb.GetJobRequest(evaluation_id=evaluation_id))).job.status
     except grpc.aio.AioRpcError:
         return pb.JOB_STATUS_UNSPECIFIED
 
 
-async def wait_status(stub, campaign_id: str, status: int, timeout: float = 30.0) -> None:
+async def wait_status(stub, evaluation_id: str, status: int, timeout: float = 30.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while (current := await job_status(stub, campaign_id)) != status:
+    while (current := await job_status(stub, evaluation_id)) != status:
         assert loop.time() < deadline, f"job is {pb.JobStatus.Name(current)}"
         await asyncio.sleep(0.05)
 
@@ -99,7 +101,7 @@ async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "proc-1", line=common_pb2.LINE_FORMAL)  # formal: analysis starts by itself
         await wait_status(stub, "proc-1", pb.JOB_STATUS_COMPLETED)
-        analysis = await stub.GetAnalysis(pb.GetJobRequest(campaign_id="proc-1"))
+        analysis = await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="proc-1"))
 
     assert analysis.narrative == fake_llm.reply and analysis.stats.pass_rate == 0.5
     described = subprocess.run(
@@ -120,7 +122,7 @@ async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(
             GRPCURL,
             "-plaintext",
             "-d",
-            '{"campaign_id": "proc-1"}',
+            '{"evaluation_id": "proc-1"}',
             service.address,
             "dispo.intelligence.v1.IntelligenceService/ListJobs",
         ],
@@ -139,7 +141,7 @@ async def test_killed_mid_generation_the_job_is_recovered_after_restart(
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "crash-1")
-        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="crash-1"))
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="crash-1"))
         await wait_status(stub, "crash-1", pb.JOB_STATUS_GENERATING)
         while not fake_llm.requests:
             await asyncio.sleep(0.05)
@@ -153,7 +155,7 @@ async def test_killed_mid_generation_the_job_is_recovered_after_restart(
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await wait_status(stub, "crash-1", pb.JOB_STATUS_COMPLETED)
-        job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="crash-1"))).job
+        job = (await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="crash-1"))).job
     assert job.recovery_attempts == 1 and job.attempts == 2
 
 
@@ -166,14 +168,14 @@ async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "stop-1")
-        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="stop-1"))
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="stop-1"))
         await wait_status(stub, "stop-1", pb.JOB_STATUS_GENERATING)
 
     assert await service.stop() == 0
 
     stopped = [record["part"] for record in log_events(service.log_path, "part stopped")]
     assert stopped == list(SHUTDOWN_ORDER)
-    assert SHUTDOWN_ORDER == ("sweeps", "campaign feed", "intelligence jobs", "analysis models")
+    assert SHUTDOWN_ORDER == ("sweeps", "evaluation feed", "intelligence jobs", "analysis models")
     assert log_events(service.log_path, "job interrupted; re-queued")
 
     fake_llm.gate.set()
@@ -181,7 +183,7 @@ async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await wait_status(stub, "stop-1", pb.JOB_STATUS_COMPLETED)
-        job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="stop-1"))).job
+        job = (await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="stop-1"))).job
     assert job.recovery_attempts == 1
 
 
@@ -193,7 +195,7 @@ async def test_a_job_that_never_settles_across_restarts_fails_after_three_recove
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "doomed")
-        await stub.TriggerAnalysis(pb.TriggerJobRequest(campaign_id="doomed"))
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="doomed"))
         await wait_status(stub, "doomed", pb.JOB_STATUS_GENERATING)
 
     for recovery in range(1, 5):
@@ -205,11 +207,11 @@ async def test_a_job_that_never_settles_across_restarts_fails_after_three_recove
             stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
             if recovery <= 3:
                 await wait_status(stub, "doomed", pb.JOB_STATUS_GENERATING)
-                job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="doomed"))).job
+                job = (await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="doomed"))).job
                 assert job.recovery_attempts == recovery
             else:
                 await wait_status(stub, "doomed", pb.JOB_STATUS_FAILED)
-                job = (await stub.GetAnalysis(pb.GetJobRequest(campaign_id="doomed"))).job
+                job = (await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="doomed"))).job
 
     assert (
         job.error

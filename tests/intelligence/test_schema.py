@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from dispo.intelligence.campaigns import CampaignStatus, Line, Verdict
+from dispo.intelligence.evaluations import EvaluationStatus, Line, Verdict
 from dispo.intelligence.jobs import ERROR_TEXT_LIMIT, JobKind, JobStatus
 from dispo.libs import protogen
 from sqlalchemy import text
@@ -25,10 +25,10 @@ async def _check_values(engine, constraint: str) -> set[str]:
 async def test_check_constraints_agree_with_the_domain_enums(intel_engine):
     assert await _check_values(intel_engine, "ck_job_status") == {s.value for s in JobStatus}
     assert await _check_values(intel_engine, "ck_job_kind") == {k.value for k in JobKind}
-    assert await _check_values(intel_engine, "ck_campaign_status") == {
-        s.value for s in CampaignStatus
+    assert await _check_values(intel_engine, "ck_evaluation_status") == {
+        s.value for s in EvaluationStatus
     }
-    assert await _check_values(intel_engine, "ck_campaign_line") == {v.value for v in Line}
+    assert await _check_values(intel_engine, "ck_evaluation_line") == {v.value for v in Line}
     assert await _check_values(intel_engine, "ck_run_verdict") == {v.value for v in Verdict}
 
 

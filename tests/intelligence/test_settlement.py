@@ -6,13 +6,13 @@ import asyncio
 from datetime import timedelta
 
 from dispo.intelligence import analysis
-from dispo.intelligence.campaigns import CampaignStatus
+from dispo.intelligence.evaluations import EvaluationStatus
 from dispo.intelligence.intelligence_jobs import JobAdapter, Outcome, execute, recover_jobs
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry, StatsModel
 from sqlalchemy import text
 
-from .conftest import RUNS_GOOD, add_campaign
+from .conftest import RUNS_GOOD, add_evaluation
 
 
 def counting_adapter(
@@ -22,7 +22,7 @@ def counting_adapter(
     gate: asyncio.Event | None = None,
     entered: asyncio.Event | None = None,
 ):
-    async def work_fn(deps, campaign_id, plan):
+    async def work_fn(deps, evaluation_id, plan):
         counter.append(1)
         if entered is not None:
             entered.set()
@@ -30,13 +30,15 @@ def counting_adapter(
             await gate.wait()
         if fail_with is not None:
             raise RuntimeError(fail_with)
-        return await analysis.work_fn(deps, campaign_id, plan)
+        return await analysis.work_fn(deps, evaluation_id, plan)
 
     return JobAdapter(JobKind.ANALYSIS, analysis.ensure_queued, analysis.validate, work_fn)
 
 
 async def test_claim_race_twenty_concurrent_executes_run_the_work_once(app):
-    await add_campaign(app, "race", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(
+        app, "race", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
     counter: list[int] = []
     adapter = counting_adapter(counter)
 
@@ -53,8 +55,8 @@ async def test_claim_race_twenty_concurrent_executes_run_the_work_once(app):
 
 
 async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
-    await add_campaign(
-        app, "queued-race", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app, "queued-race", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
     )
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "queued-race", app.jobs.deps.clock.now())
     counter: list[int] = []
@@ -74,7 +76,9 @@ async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
 
 
 async def test_duplicate_triggers_start_one_job(app):
-    await add_campaign(app, "dup", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(
+        app, "dup", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
 
     results = await asyncio.gather(*(app.jobs.trigger(JobKind.ANALYSIS, "dup") for _ in range(5)))
     await app.jobs.wait_idle()
@@ -90,7 +94,9 @@ async def test_duplicate_triggers_start_one_job(app):
 
 
 async def test_a_failed_job_can_be_triggered_again(app):
-    await add_campaign(app, "retry", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(
+        app, "retry", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
     await execute(JobKind.ANALYSIS, "retry", app.jobs.deps, counting_adapter([], fail_with="boom"))
     assert (await app.repo.job_get(JobKind.ANALYSIS, "retry")).status == JobStatus.FAILED
 
@@ -103,8 +109,8 @@ async def test_a_failed_job_can_be_triggered_again(app):
 
 
 async def test_error_text_of_2000_characters_is_stored_as_exactly_500(app):
-    await add_campaign(
-        app, "long-error", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app, "long-error", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
     )
     message = "".join(chr(ord("a") + i % 26) for i in range(2000))
 
@@ -118,8 +124,8 @@ async def test_error_text_of_2000_characters_is_stored_as_exactly_500(app):
     assert job.error == f"RuntimeError: {message}"[:500]
 
 
-async def test_non_terminal_campaign_executed_directly_fails_its_row(app):
-    await add_campaign(app, "still-running", runs=RUNS_GOOD)
+async def test_non_terminal_evaluation_executed_directly_fails_its_row(app):
+    await add_evaluation(app, "still-running", runs=RUNS_GOOD)
     counter: list[int] = []
 
     outcome = await execute(
@@ -130,26 +136,28 @@ async def test_non_terminal_campaign_executed_directly_fails_its_row(app):
     assert outcome == Outcome.FAILED and counter == []
     assert job.status == JobStatus.FAILED
     assert job.error == (
-        "campaign 'still-running' is running; analysis needs a finished campaign "
+        "evaluation 'still-running' is running; analysis needs a finished evaluation "
         "(completed, failed or cancelled)"
     )
 
 
 async def test_missing_model_fails_the_row_with_the_hint_and_the_field(make_app):
     app = make_app(default_analysis_model="")
-    await add_campaign(app, "no-model", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(app, "no-model", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
 
     await execute(JobKind.ANALYSIS, "no-model", app.jobs.deps, analysis.ANALYSIS)
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "no-model")
     assert job.status == JobStatus.FAILED
-    assert "assign an analysis model to the campaign" in job.error
+    assert "assign an analysis model to the evaluation" in job.error
 
 
 async def test_recovery_requeues_a_queued_row_three_times_then_fails_it_with_the_reason(
     app, manual_clock
 ):
-    await add_campaign(app, "stuck", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(
+        app, "stuck", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "stuck", manual_clock.now())
     seen = []
     for _ in range(4):  # four restarts in which the job never gets to run
@@ -175,7 +183,9 @@ async def test_recovery_requeues_a_queued_row_three_times_then_fails_it_with_the
 
 
 async def test_recovery_runs_requeued_rows_and_hands_back_stale_generating_ones(app, manual_clock):
-    await add_campaign(app, "orphan", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(
+        app, "orphan", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "orphan", manual_clock.now())
     assert await app.repo.job_claim_if_queued(
         JobKind.ANALYSIS, "orphan", "dead-worker", manual_clock.now()
@@ -205,13 +215,15 @@ async def test_a_stopping_registry_hands_running_work_back_to_the_queue(make_app
     class SlowModel(StatsModel):
         name = "slow"
 
-        async def narrate_analysis(self, campaign, stats):
+        async def narrate_analysis(self, evaluation, stats):
             entered.set()
             await gate.wait()
             return "never"
 
     app = make_app(models=ModelRegistry([StatsModel(), SlowModel()], default="slow"))
-    await add_campaign(app, "slow", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED)
+    await add_evaluation(
+        app, "slow", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
     await app.jobs.trigger(JobKind.ANALYSIS, "slow")
     await entered.wait()  # the work has begun: the row is generating
     assert (await app.repo.job_get(JobKind.ANALYSIS, "slow")).status == JobStatus.GENERATING
@@ -235,8 +247,8 @@ async def test_claim_race_between_two_replicas_with_their_own_connection_pools(
         manual_clock,
         IntelligenceSettings(consume_events=False),
     )
-    await add_campaign(
-        app, "replicas", line="trial", runs=RUNS_GOOD, status=CampaignStatus.COMPLETED
+    await add_evaluation(
+        app, "replicas", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
     )
     counter: list[int] = []
     adapter = counting_adapter(counter)

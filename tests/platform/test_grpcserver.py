@@ -53,7 +53,7 @@ async def call(port, body=b"x", timeout=5.0):
     [
         (errors.NotFound("task t-1 not found"), grpc.StatusCode.NOT_FOUND),
         (errors.AlreadyExists("exists"), grpc.StatusCode.ALREADY_EXISTS),
-        (errors.FailedPrecondition("campaign is running"), grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.FailedPrecondition("evaluation is running"), grpc.StatusCode.FAILED_PRECONDITION),
         (errors.PermissionDenied("no"), grpc.StatusCode.PERMISSION_DENIED),
         (errors.Unauthenticated("who"), grpc.StatusCode.UNAUTHENTICATED),
         (errors.Unavailable("db down"), grpc.StatusCode.UNAVAILABLE),

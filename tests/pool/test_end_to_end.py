@@ -60,8 +60,8 @@ async def test_formal_evaluation_completes_and_is_analysed(
         analysis = await eventually(lambda: _analysis(istub, "formal-1"), timeout=60)
         assert analysis.stats.run_count == 4
         assert analysis.stats.pass_rate == 0.5 and analysis.stats.fail_rate == 0.5
-        campaign = await istub.GetCampaign(ipb.GetCampaignRequest(campaign_id="formal-1"))
-        assert campaign.series == "checkout-assistant"
+        evaluation = await istub.GetEvaluation(ipb.GetEvaluationRequest(evaluation_id="formal-1"))
+        assert evaluation.series == "checkout-assistant"
 
 
 async def _pool_size(stub, n):
@@ -78,9 +78,9 @@ async def _completed(stub, evaluation_id):
     return ev if ev.status == pb.EVALUATION_STATUS_COMPLETED else None
 
 
-async def _analysis(istub, campaign_id):
+async def _analysis(istub, evaluation_id):
     try:
-        analysis = await istub.GetAnalysis(ipb.GetJobRequest(campaign_id=campaign_id))
+        analysis = await istub.GetAnalysis(ipb.GetJobRequest(evaluation_id=evaluation_id))
     except grpc.aio.AioRpcError:
         return None
     return analysis if analysis.job.status == ipb.JOB_STATUS_COMPLETED else None

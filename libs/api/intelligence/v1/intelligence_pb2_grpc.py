@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class IntelligenceServiceStub:
-    """--- Campaign feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
     """
 
     def __init__(self, channel):
@@ -35,30 +35,30 @@ class IntelligenceServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.CreateCampaign = channel.unary_unary(
-                '/dispo.intelligence.v1.IntelligenceService/CreateCampaign',
-                request_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CreateCampaignRequest.SerializeToString,
-                response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.FromString,
+        self.CreateEvaluation = channel.unary_unary(
+                '/dispo.intelligence.v1.IntelligenceService/CreateEvaluation',
+                request_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CreateEvaluationRequest.SerializeToString,
+                response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.FromString,
                 _registered_method=True)
         self.RecordRunResults = channel.unary_unary(
                 '/dispo.intelligence.v1.IntelligenceService/RecordRunResults',
                 request_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.RecordRunResultsRequest.SerializeToString,
                 response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.RecordRunResultsResponse.FromString,
                 _registered_method=True)
-        self.CompleteCampaign = channel.unary_unary(
-                '/dispo.intelligence.v1.IntelligenceService/CompleteCampaign',
-                request_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CompleteCampaignRequest.SerializeToString,
-                response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.FromString,
+        self.CompleteEvaluation = channel.unary_unary(
+                '/dispo.intelligence.v1.IntelligenceService/CompleteEvaluation',
+                request_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CompleteEvaluationRequest.SerializeToString,
+                response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.FromString,
                 _registered_method=True)
-        self.GetCampaign = channel.unary_unary(
-                '/dispo.intelligence.v1.IntelligenceService/GetCampaign',
-                request_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.GetCampaignRequest.SerializeToString,
-                response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.FromString,
+        self.GetEvaluation = channel.unary_unary(
+                '/dispo.intelligence.v1.IntelligenceService/GetEvaluation',
+                request_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.GetEvaluationRequest.SerializeToString,
+                response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.FromString,
                 _registered_method=True)
         self.AssignAnalysisModel = channel.unary_unary(
                 '/dispo.intelligence.v1.IntelligenceService/AssignAnalysisModel',
                 request_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.AssignAnalysisModelRequest.SerializeToString,
-                response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.FromString,
+                response_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.FromString,
                 _registered_method=True)
         self.ListAnalysisModels = channel.unary_unary(
                 '/dispo.intelligence.v1.IntelligenceService/ListAnalysisModels',
@@ -93,40 +93,40 @@ class IntelligenceServiceStub:
 
 
 class IntelligenceServiceServicer:
-    """--- Campaign feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
     """
 
-    def CreateCampaign(self, request, context):
-        """Register a running campaign. Repeating it with the same content returns the same
-        campaign; the same id with different content is ALREADY_EXISTS.
+    def CreateEvaluation(self, request, context):
+        """Register a running evaluation. Repeating it with the same content returns the same
+        evaluation; the same id with different content is ALREADY_EXISTS.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RecordRunResults(self, request, context):
-        """Record run results of a running campaign; a run_id already recorded is skipped.
+        """Record run results of a running evaluation; a run_id already recorded is skipped.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def CompleteCampaign(self, request, context):
-        """running -> completed | failed | cancelled. A completed formal-line campaign with a
+    def CompleteEvaluation(self, request, context):
+        """running -> completed | failed | cancelled. A completed formal-line evaluation with a
         resolvable analysis model starts its analysis by itself.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def GetCampaign(self, request, context):
+    def GetEvaluation(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AssignAnalysisModel(self, request, context):
-        """Set (or clear, with an empty model) the campaign's analysis-model override.
+        """Set (or clear, with an empty model) the evaluation's analysis-model override.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,7 +141,7 @@ class IntelligenceServiceServicer:
     def TriggerAnalysis(self, request, context):
         """--- Jobs ---
 
-        Validate (campaign finished, analysis model resolvable) and start the analysis job.
+        Validate (evaluation finished, analysis model resolvable) and start the analysis job.
         Repeating it while the job is queued, generating or completed starts nothing new.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -149,7 +149,7 @@ class IntelligenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def TriggerComparison(self, request, context):
-        """Validate (campaign finished, baseline period exists, model resolvable) and start the
+        """Validate (evaluation finished, baseline period exists, model resolvable) and start the
         period comparison job.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -177,30 +177,30 @@ class IntelligenceServiceServicer:
 
 def add_IntelligenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'CreateCampaign': grpc.unary_unary_rpc_method_handler(
-                    servicer.CreateCampaign,
-                    request_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CreateCampaignRequest.FromString,
-                    response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.SerializeToString,
+            'CreateEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateEvaluation,
+                    request_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CreateEvaluationRequest.FromString,
+                    response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.SerializeToString,
             ),
             'RecordRunResults': grpc.unary_unary_rpc_method_handler(
                     servicer.RecordRunResults,
                     request_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.RecordRunResultsRequest.FromString,
                     response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.RecordRunResultsResponse.SerializeToString,
             ),
-            'CompleteCampaign': grpc.unary_unary_rpc_method_handler(
-                    servicer.CompleteCampaign,
-                    request_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CompleteCampaignRequest.FromString,
-                    response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.SerializeToString,
+            'CompleteEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteEvaluation,
+                    request_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CompleteEvaluationRequest.FromString,
+                    response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.SerializeToString,
             ),
-            'GetCampaign': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetCampaign,
-                    request_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.GetCampaignRequest.FromString,
-                    response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.SerializeToString,
+            'GetEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEvaluation,
+                    request_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.GetEvaluationRequest.FromString,
+                    response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.SerializeToString,
             ),
             'AssignAnalysisModel': grpc.unary_unary_rpc_method_handler(
                     servicer.AssignAnalysisModel,
                     request_deserializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.AssignAnalysisModelRequest.FromString,
-                    response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.SerializeToString,
+                    response_serializer=dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.SerializeToString,
             ),
             'ListAnalysisModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAnalysisModels,
@@ -241,11 +241,11 @@ def add_IntelligenceServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class IntelligenceService:
-    """--- Campaign feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
     """
 
     @staticmethod
-    def CreateCampaign(request,
+    def CreateEvaluation(request,
             target,
             options=(),
             channel_credentials=None,
@@ -258,9 +258,9 @@ class IntelligenceService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/dispo.intelligence.v1.IntelligenceService/CreateCampaign',
-            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CreateCampaignRequest.SerializeToString,
-            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.FromString,
+            '/dispo.intelligence.v1.IntelligenceService/CreateEvaluation',
+            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CreateEvaluationRequest.SerializeToString,
+            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.FromString,
             options,
             channel_credentials,
             insecure,
@@ -299,7 +299,7 @@ class IntelligenceService:
             _registered_method=True)
 
     @staticmethod
-    def CompleteCampaign(request,
+    def CompleteEvaluation(request,
             target,
             options=(),
             channel_credentials=None,
@@ -312,9 +312,9 @@ class IntelligenceService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/dispo.intelligence.v1.IntelligenceService/CompleteCampaign',
-            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CompleteCampaignRequest.SerializeToString,
-            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.FromString,
+            '/dispo.intelligence.v1.IntelligenceService/CompleteEvaluation',
+            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.CompleteEvaluationRequest.SerializeToString,
+            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.FromString,
             options,
             channel_credentials,
             insecure,
@@ -326,7 +326,7 @@ class IntelligenceService:
             _registered_method=True)
 
     @staticmethod
-    def GetCampaign(request,
+    def GetEvaluation(request,
             target,
             options=(),
             channel_credentials=None,
@@ -339,9 +339,9 @@ class IntelligenceService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/dispo.intelligence.v1.IntelligenceService/GetCampaign',
-            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.GetCampaignRequest.SerializeToString,
-            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.FromString,
+            '/dispo.intelligence.v1.IntelligenceService/GetEvaluation',
+            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.GetEvaluationRequest.SerializeToString,
+            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.FromString,
             options,
             channel_credentials,
             insecure,
@@ -368,7 +368,7 @@ class IntelligenceService:
             target,
             '/dispo.intelligence.v1.IntelligenceService/AssignAnalysisModel',
             dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.AssignAnalysisModelRequest.SerializeToString,
-            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Campaign.FromString,
+            dispo_dot_intelligence_dot_v1_dot_intelligence__pb2.Evaluation.FromString,
             options,
             channel_credentials,
             insecure,

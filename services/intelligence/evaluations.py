@@ -1,7 +1,8 @@
-"""Evaluation campaigns as the intelligence context sees them (its own read model).
+"""Evaluations as the intelligence context sees them (its own read model).
 
-A campaign is the pool's evaluation: same id. Campaigns of one ``series`` are its periods.
-The status machine is declared once here and mirrored by ``ck_campaign_status``.
+An evaluation here is the pool's evaluation (same id) as this context records it; the
+evaluations of one ``series`` are its periods.
+The status machine is declared once here and mirrored by ``ck_evaluation_status``.
 """
 
 from __future__ import annotations
@@ -23,34 +24,34 @@ MAX_FAILURE_REASON_CHARS = 2000
 MAX_RUNS_PER_CALL = 1000
 
 
-class CampaignStatus(enum.StrEnum):
+class EvaluationStatus(enum.StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
-CAMPAIGN_TRANSITIONS: dict[CampaignStatus, frozenset[CampaignStatus]] = {
-    CampaignStatus.RUNNING: frozenset(
-        {CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED}
+EVALUATION_TRANSITIONS: dict[EvaluationStatus, frozenset[EvaluationStatus]] = {
+    EvaluationStatus.RUNNING: frozenset(
+        {EvaluationStatus.COMPLETED, EvaluationStatus.FAILED, EvaluationStatus.CANCELLED}
     ),
-    CampaignStatus.COMPLETED: frozenset(),
-    CampaignStatus.FAILED: frozenset(),
-    CampaignStatus.CANCELLED: frozenset(),
+    EvaluationStatus.COMPLETED: frozenset(),
+    EvaluationStatus.FAILED: frozenset(),
+    EvaluationStatus.CANCELLED: frozenset(),
 }
-CAMPAIGN_TERMINAL = frozenset(
-    {CampaignStatus.COMPLETED, CampaignStatus.FAILED, CampaignStatus.CANCELLED}
+EVALUATION_TERMINAL = frozenset(
+    {EvaluationStatus.COMPLETED, EvaluationStatus.FAILED, EvaluationStatus.CANCELLED}
 )
 
 
 @dataclass(frozen=True)
-class Campaign:
-    campaign_id: str
+class Evaluation:
+    evaluation_id: str
     series: str
     line: Line
     period: str
     configuration: dict[str, Any]
-    status: CampaignStatus = CampaignStatus.RUNNING
+    status: EvaluationStatus = EvaluationStatus.RUNNING
     analysis_model: str | None = None
     created_at: datetime | None = None
     completed_at: datetime | None = None
@@ -58,14 +59,14 @@ class Campaign:
 
     @property
     def is_terminal(self) -> bool:
-        return self.status in CAMPAIGN_TERMINAL
+        return self.status in EVALUATION_TERMINAL
 
     @property
     def fingerprint(self) -> str:
         return configuration_fingerprint(self.configuration)
 
-    def same_registration(self, other: Campaign) -> bool:
-        """Whether ``other`` registers the same campaign (a repeated create is a no-op)."""
+    def same_registration(self, other: Evaluation) -> bool:
+        """Whether ``other`` registers the same evaluation (a repeated create is a no-op)."""
         return (self.series, self.line, self.period, self.configuration, self.analysis_model) == (
             other.series,
             other.line,
@@ -115,17 +116,17 @@ def parse_configuration(text: str, field_name: str = "configuration_json") -> di
     return value
 
 
-def new_campaign(
-    campaign_id: str,
+def new_evaluation(
+    evaluation_id: str,
     series: str,
     line: str,
     period: str,
     configuration_json: str,
     analysis_model: str = "",
-) -> Campaign:
-    """Validate a campaign registration; raise ``InvalidArgument`` naming every bad field."""
+) -> Evaluation:
+    """Validate an evaluation registration; raise ``InvalidArgument`` naming every bad field."""
     violations: list[FieldViolation] = []
-    _check_id(campaign_id, "campaign_id", violations)
+    _check_id(evaluation_id, "evaluation_id", violations)
     _check_id(series, "series", violations)
     _check_id(period, "period", violations)
     if line not in Line.__members__.values():
@@ -141,8 +142,8 @@ def new_campaign(
         configuration = {}
     if violations:
         raise InvalidArgument(violations=violations)
-    return Campaign(
-        campaign_id=campaign_id,
+    return Evaluation(
+        evaluation_id=evaluation_id,
         series=series,
         line=Line(line),
         period=period,
