@@ -20,7 +20,7 @@ class IntelligenceSettings(BaseSettings):
     event_durable: str = "intelligence-evaluations"
     # Redelivery delay for an event about an evaluation not registered yet.
     unknown_evaluation_retry_seconds: float = 2.0
-    # ... and after this many deliveries it is given up (logged), so it cannot stall the stream.
+    # ... and after this many deliveries it is given up (logged), so it cannot hold up the stream.
     unknown_evaluation_max_deliveries: int = 30
     # Periodic recovery and lost-trigger sweeps.
     sweep_interval_seconds: float = 60.0

@@ -1,4 +1,4 @@
-"""The cron pool's domain: evaluations, crons, the queue order, scaling and stall policy.
+"""The cron pool's domain: evaluations, crons, the queue order, scaling and stuck policy.
 
 Plain data and pure functions only; SQL lives in :mod:`dispo.pool.repository`. The two
 state machines are declared here once and mirrored by CHECK constraints in the migration
@@ -19,7 +19,7 @@ class EvaluationStatus(enum.StrEnum):
     # Created, never served yet; waiting for its first cron. Out: a cron's claim.
     QUEUED = "queued"
     # Started; in its window. The queue scan serves it whenever it owes runs.
-    # Out: completion (last run recorded), stall sweep, operator pause / cancel.
+    # Out: completion (last run recorded), stuck sweep, operator pause / cancel.
     EXECUTING = "executing"
     # Operator paused it; the queue skips it. Out: operator resume / cancel.
     PAUSED = "paused"
@@ -59,11 +59,11 @@ TERMINAL = (EvaluationStatus.COMPLETED, EvaluationStatus.CANCELLED)
 
 
 class CronStatus(enum.StrEnum):
-    # Free; takes the top queue item on its next wake. Out: claim, stall sweep, scale-down.
+    # Free; takes the top queue item on its next wake. Out: claim, stuck sweep, scale-down.
     IDLE = "idle"
-    # Holds one evaluation. Out: release (no runs owed), force release, stall sweep.
+    # Holds one evaluation. Out: release (no runs owed), force release, stuck sweep.
     BUSY = "busy"
-    # Silent for longer than the stall timeout; removed and replaced by the stall sweep.
+    # Silent for longer than the stuck timeout; removed and replaced by the stuck sweep.
     STUCK = "stuck"
 
 
@@ -79,7 +79,7 @@ class AssignmentEnd(enum.StrEnum):
 
     DONE = "done"  # no runs owed right now: the cron went back to the pool
     COMPLETED = "completed"  # the evaluation's last run was recorded
-    STALLED = "stalled"  # the cron went silent (stall sweep)
+    STUCK = "stuck"  # the cron went silent (stuck sweep)
     FORCE_RELEASED = "force_released"  # held too long, or an operator asked
     CANCELLED = "cancelled"  # the evaluation was cancelled or paused
     DRIFT = "drift"  # repaired by the reconciler's drift check
@@ -183,14 +183,14 @@ class PoolPolicy:
     scale_up_ratio: float = 0.8  # scale up when busy/total > this
     scale_down_idle_factor: float = 2.0  # scale down when idle > this × min_size
     tick_seconds: float = 60.0  # cron wake interval
-    stall_seconds: float = 600.0  # 10 minutes without activity → stuck
+    stuck_seconds: float = 600.0  # 10 minutes without activity → stuck
     hold_seconds: float = 7200.0  # 2 hours holding a cron → force release
     reconcile_seconds: float = 300.0  # drift check every 5 minutes
     runs_per_wake: int = 50  # runs a cron performs per wake at most
 
     @property
-    def stall_after(self) -> timedelta:
-        return timedelta(seconds=self.stall_seconds)
+    def stuck_after(self) -> timedelta:
+        return timedelta(seconds=self.stuck_seconds)
 
     @property
     def hold_limit(self) -> timedelta:

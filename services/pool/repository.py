@@ -439,7 +439,7 @@ async def assignment_end(
     )
 
 
-async def crons_stalled(conn: AsyncConnection, cutoff: datetime, limit: int) -> list[Cron]:
+async def crons_silent_before(conn: AsyncConnection, cutoff: datetime, limit: int) -> list[Cron]:
     rows = await conn.execute(
         text("""
         SELECT * FROM crons WHERE status IN ('idle', 'busy') AND last_activity <= :cutoff

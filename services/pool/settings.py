@@ -35,11 +35,11 @@ class PoolSettings(BaseSettings):
     scale_up_ratio: float = 0.8
     scale_down_idle_factor: float = 2.0
     tick_seconds: float = 60.0
-    stall_seconds: float = 600.0
+    stuck_seconds: float = 600.0
     hold_seconds: float = 7200.0
     reconcile_seconds: float = 300.0
     runs_per_wake: int = 50
-    # How often (clock seconds) the pool service runs its stall / hold / scale sweeps.
+    # How often (clock seconds) the pool service runs its stuck / hold / scale sweeps.
     sweep_seconds: float = 30.0
     # Rows per sweep pass.
     sweep_batch: int = 100
@@ -51,7 +51,7 @@ class PoolSettings(BaseSettings):
             scale_up_ratio=self.scale_up_ratio,
             scale_down_idle_factor=self.scale_down_idle_factor,
             tick_seconds=self.tick_seconds,
-            stall_seconds=self.stall_seconds,
+            stuck_seconds=self.stuck_seconds,
             hold_seconds=self.hold_seconds,
             reconcile_seconds=self.reconcile_seconds,
             runs_per_wake=self.runs_per_wake,

@@ -1,6 +1,6 @@
 """The pool's periodic work as small, batch-limited sweeps, each callable once from a test.
 
-- :func:`stall_sweep`: a cron silent for ``stall_seconds`` is marked stuck, removed and
+- :func:`stuck_sweep`: a cron silent for ``stuck_seconds`` is marked stuck, removed and
   replaced; its evaluation is marked stuck and handed to the replacement.
 - :func:`hold_sweep`: an evaluation holding a cron for ``hold_seconds`` is force-released.
 - :func:`scale_sweep`: resize within the bounds by the busy ratio / idle surplus rules.
@@ -19,7 +19,7 @@ log = get_logger(__name__)
 
 
 @dataclass
-class StallReport:
+class StuckReport:
     stuck_crons: list[str] = field(default_factory=list)
     stuck_evaluations: list[str] = field(default_factory=list)
     replacements: dict[str, str] = field(default_factory=dict)  # stuck cron -> new cron
@@ -50,12 +50,12 @@ async def remove_cron(pool: Pool, cron_id: str, expected: CronStatus) -> bool:
     return True
 
 
-async def stall_sweep(pool: Pool, batch: int = 100) -> StallReport:
+async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
     now = pool.clock.now()
-    cutoff = now - pool.policy.stall_after
-    report = StallReport()
+    cutoff = now - pool.policy.stuck_after
+    report = StuckReport()
     async with pool.engine.begin() as conn:
-        for cron in await repo.crons_stalled(conn, cutoff, batch):
+        for cron in await repo.crons_silent_before(conn, cutoff, batch):
             if cron.evaluation_id:  # lock order: the evaluation, then the cron
                 await repo.evaluation_get(conn, cron.evaluation_id, lock=True)
             if not await repo.cron_mark_stuck_if_silent(conn, cron, cutoff):
@@ -66,7 +66,7 @@ async def stall_sweep(pool: Pool, batch: int = 100) -> StallReport:
                     conn, cron.evaluation_id, cron.id, now, EvaluationStatus.STUCK
                 )
                 await repo.assignment_end(
-                    conn, cron.id, cron.evaluation_id, AssignmentEnd.STALLED, now
+                    conn, cron.id, cron.evaluation_id, AssignmentEnd.STUCK, now
                 )
                 report.stuck_evaluations.append(cron.evaluation_id)
             log.warning(
@@ -166,6 +166,6 @@ async def grace_after_restart(pool: Pool) -> int:
 
 
 async def run_all(pool: Pool, batch: int = 100) -> None:
-    await stall_sweep(pool, batch)
+    await stuck_sweep(pool, batch)
     await hold_sweep(pool, batch)
     await scale_sweep(pool)

@@ -130,7 +130,7 @@ async def test_nats_down_during_submits_every_accepted_task_completes(
     assert all(calls[f"{t.task_id}/step.call"] == 1 for t in before + during)
 
 
-async def test_malformed_events_are_refused_and_do_not_stall_the_consumers(client, bus):
+async def test_malformed_events_are_refused_and_do_not_block_the_consumers(client, bus):
     bad_dag = task_pb2.Task(task_id="bad1")
     bad_dag.nodes.add(node_id="a", depends_on=["ghost"], spec=task_pb2.ActionSpec(kind="noop"))
     bad_kind = task_pb2.Task(task_id="bad2")

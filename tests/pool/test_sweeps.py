@@ -1,4 +1,4 @@
-"""Stalls, force release and scaling, driven by a manual clock (nothing sleeps)."""
+"""Stuck crons, force release and scaling, driven by a manual clock (nothing sleeps)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.pool import repository as repo
 from dispo.pool.domain import CronStatus, EvaluationStatus, RunResult, Verdict
-from dispo.pool.sweeps import hold_sweep, scale_sweep, stall_sweep
+from dispo.pool.sweeps import hold_sweep, scale_sweep, stuck_sweep
 
 from .conftest import add_crons, evaluation
 
@@ -17,26 +17,26 @@ async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigne
     pool, manual_clock
 ):
     first, other = await add_crons(pool, 2)
-    await pool.create_evaluation(evaluation("stalls", runs_per_slot=3))
-    assert (await pool.wake_cron(first)).evaluation.id == "stalls"
-    await pool.record_run(first, "stalls", 0, "c1", PASS)
+    await pool.create_evaluation(evaluation("silent", runs_per_slot=3))
+    assert (await pool.wake_cron(first)).evaluation.id == "silent"
+    await pool.record_run(first, "silent", 0, "c1", PASS)
 
     # 9:59 of silence: not yet stuck (the other cron keeps waking on its ticks).
     manual_clock.advance(minutes=9, seconds=59)
     await pool.wake_cron(other)
-    report = await stall_sweep(pool)
+    report = await stuck_sweep(pool)
     assert report.stuck_crons == []
 
     # 10:00 exactly: stuck, removed, replaced, and the evaluation handed to the new cron.
     manual_clock.advance(seconds=1)
     await pool.wake_cron(other)
-    report = await stall_sweep(pool)
+    report = await stuck_sweep(pool)
     assert report.stuck_crons == [first]
-    assert report.stuck_evaluations == ["stalls"]
+    assert report.stuck_evaluations == ["silent"]
     replacement = report.replacements[first]
-    assert report.handed_over == {"stalls": replacement}
+    assert report.handed_over == {"silent": replacement}
 
-    ev = await pool.get_evaluation("stalls")
+    ev = await pool.get_evaluation("silent")
     assert ev.status is EvaluationStatus.EXECUTING and ev.assigned_cron_id == replacement
     assert ev.runs_done == 1  # nothing lost, nothing redone
     crons = {c.id: c for c in await pool.crons()}
@@ -45,13 +45,13 @@ async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigne
     async with pool.engine.connect() as conn:
         history = [
             (a.cron_id, a.end_reason)
-            for a in await repo.assignments_list(conn, evaluation_id="stalls")
+            for a in await repo.assignments_list(conn, evaluation_id="silent")
         ]
-    assert history == [(replacement, None), (first, "stalled")]
+    assert history == [(replacement, None), (first, "stuck")]
 
     # The stuck cron coming back to life cannot record for the evaluation any more.
     with pytest.raises(FailedPrecondition):
-        await pool.record_run(first, "stalls", 1, "c1", PASS)
+        await pool.record_run(first, "silent", 1, "c1", PASS)
     with pytest.raises(NotFound):
         await pool.wake_cron(first)
     # The new cron continues from where the old one stopped.
@@ -62,7 +62,7 @@ async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigne
 async def test_idle_cron_silent_for_ten_minutes_is_replaced(pool, manual_clock):
     [cron] = await add_crons(pool, 1)
     manual_clock.advance(minutes=10)
-    report = await stall_sweep(pool)
+    report = await stuck_sweep(pool)
     assert report.stuck_crons == [cron] and cron in report.replacements
     assert [c.status for c in await pool.crons()] == [CronStatus.IDLE]
 
@@ -147,10 +147,10 @@ async def test_pool_restart_does_not_count_its_own_downtime_as_cron_silence(pool
     crons = await add_crons(pool, 3)
     manual_clock.advance(minutes=30)  # the pool service was down for half an hour
     assert await grace_after_restart(pool) == 3
-    assert (await stall_sweep(pool)).stuck_crons == []
+    assert (await stuck_sweep(pool)).stuck_crons == []
     manual_clock.advance(minutes=10)  # a cron that stays silent after the restart is still caught
     await pool.wake_cron(crons[0])
-    assert sorted((await stall_sweep(pool)).stuck_crons) == sorted(crons[1:])
+    assert sorted((await stuck_sweep(pool)).stuck_crons) == sorted(crons[1:])
 
 
 async def test_force_release_by_cron_or_evaluation(pool, wakes):

@@ -299,7 +299,7 @@ class Assignment(_message.Message):
     cron_id: _builtins.str
     evaluation_id: _builtins.str
     end_reason: _builtins.str
-    """done | completed | stalled | force_released | cancelled | drift; "" while held."""
+    """done | completed | stuck | force_released | cancelled | drift; "" while held."""
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
