@@ -18,7 +18,7 @@ class FieldViolation:
     description: str
 
 
-class DispoError(Exception):
+class DomainError(Exception):
     """Base of all errors a caller should see with a specific gRPC status."""
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
@@ -29,7 +29,7 @@ class DispoError(Exception):
         self.violations = violations or []
 
 
-class InvalidArgument(DispoError):
+class InvalidArgument(DomainError):
     """A request field is wrong. ``InvalidArgument("cells[1].name", "unknown cell 'x'")``."""
 
     code = grpc.StatusCode.INVALID_ARGUMENT
@@ -48,19 +48,19 @@ class InvalidArgument(DispoError):
         super().__init__(message, found)
 
 
-class NotFound(DispoError):
+class NotFound(DomainError):
     code = grpc.StatusCode.NOT_FOUND
 
 
-class AlreadyExists(DispoError):
+class AlreadyExists(DomainError):
     code = grpc.StatusCode.ALREADY_EXISTS
 
 
-class FailedPrecondition(DispoError):
+class FailedPrecondition(DomainError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
-class ResourceExhausted(DispoError):
+class ResourceExhausted(DomainError):
     """Size or rate limits. Give the field when one field is too large."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -69,15 +69,15 @@ class ResourceExhausted(DispoError):
         super().__init__(message, [FieldViolation(field, message)] if field else None)
 
 
-class Unauthenticated(DispoError):
+class Unauthenticated(DomainError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
-class PermissionDenied(DispoError):
+class PermissionDenied(DomainError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
-class Unavailable(DispoError):
+class Unavailable(DomainError):
     """A dependency (database, bus) is down; the caller may retry."""
 
     code = grpc.StatusCode.UNAVAILABLE

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from dispo.libs.errors import DispoError
+from dispo.libs.errors import DomainError
 from dispo.libs.logging import get_logger
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
@@ -28,7 +28,7 @@ log = get_logger(__name__)
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
-def rich_status(error: DispoError) -> grpc.Status:
+def rich_status(error: DomainError) -> grpc.Status:
     """The status a caller sees for ``error``: code, message and field violations."""
     detail = status_pb2.Status(code=error.code.value[0], message=error.message)
     if error.violations:
@@ -66,7 +66,7 @@ async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> Asyn
     started = time.perf_counter()
     try:
         yield
-    except DispoError as error:
+    except DomainError as error:
         log.info(
             "rpc",
             method=method,

@@ -16,7 +16,7 @@ from dispo.executor.domain import ActionSpec, truncate_error
 from dispo.libs.catalogue import Downstream
 
 
-class Outcome(enum.Enum):
+class CallOutcome(enum.Enum):
     SUCCESS = "success"
     PERMANENT = "permanent"
     RETRYABLE = "retryable"
@@ -24,16 +24,16 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True)
 class Result:
-    outcome: Outcome
+    outcome: CallOutcome
     detail: str = ""
 
 
-def classify_status(code: int) -> Outcome:
+def classify_status(code: int) -> CallOutcome:
     if 200 <= code < 300:
-        return Outcome.SUCCESS
+        return CallOutcome.SUCCESS
     if code in (408, 429) or code >= 500:
-        return Outcome.RETRYABLE
-    return Outcome.PERMANENT
+        return CallOutcome.RETRYABLE
+    return CallOutcome.PERMANENT
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,12 @@ async def run_action(
     client: httpx.AsyncClient, call: Call, downstream: Downstream | None
 ) -> Result:
     if call.spec.kind == "noop":
-        return Result(Outcome.SUCCESS)
+        return Result(CallOutcome.SUCCESS)
     if call.spec.kind != "http":
-        return Result(Outcome.PERMANENT, f"unknown action kind {call.spec.kind!r}")
+        return Result(CallOutcome.PERMANENT, f"unknown action kind {call.spec.kind!r}")
     if downstream is None:
         return Result(
-            Outcome.RETRYABLE,
+            CallOutcome.RETRYABLE,
             f"downstream {call.spec.downstream!r} is not in this executor's registry",
         )
     timeout = (call.spec.timeout_ms or downstream.timeout_ms) / 1000
@@ -72,13 +72,13 @@ async def run_action(
             timeout=timeout,
         )
     except httpx.TimeoutException:
-        return Result(Outcome.RETRYABLE, f"timeout after {timeout:g}s")
+        return Result(CallOutcome.RETRYABLE, f"timeout after {timeout:g}s")
     except (httpx.TransportError, OSError) as error:
-        return Result(Outcome.RETRYABLE, truncate_error(f"connection error: {error!r}"))
+        return Result(CallOutcome.RETRYABLE, truncate_error(f"connection error: {error!r}"))
     outcome = classify_status(response.status_code)
     detail = (
         ""
-        if outcome is Outcome.SUCCESS
+        if outcome is CallOutcome.SUCCESS
         else truncate_error(f"HTTP {response.status_code}: {response.text}")
     )
     return Result(outcome, detail)

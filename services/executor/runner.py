@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import httpx
 from dispo.executor import repository as repo
-from dispo.executor.actions import Call, Outcome, Result, run_action
+from dispo.executor.actions import Call, CallOutcome, Result, run_action
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import (
     Next,
@@ -411,7 +411,7 @@ class Executor:
             except (
                 Exception
             ) as error:  # a bug in an action must not leave the node RUNNING for ever
-                result = Result(Outcome.RETRYABLE, truncate_error(f"action error: {error!r}"))
+                result = Result(CallOutcome.RETRYABLE, truncate_error(f"action error: {error!r}"))
         await self._record(task_id, node, owner, result)
         return True
 
@@ -440,17 +440,17 @@ class Executor:
         now = self.clock.now()
         breaker = self.breakers.get(node.spec.downstream)
         if breaker is not None and node.spec.kind == "http":
-            if result.outcome is Outcome.SUCCESS:
+            if result.outcome is CallOutcome.SUCCESS:
                 breaker.record_success(now)
-            elif result.outcome is Outcome.RETRYABLE:
+            elif result.outcome is CallOutcome.RETRYABLE:
                 breaker.record_failure(now)
         round_attempts = node.round_attempts + 1
-        if result.outcome is Outcome.SUCCESS:
+        if result.outcome is CallOutcome.SUCCESS:
             new, fields = (
                 NodeState.SUCCEEDED,
                 {"finished_at": now, "last_error": "", "retryable": False},
             )
-        elif result.outcome is Outcome.PERMANENT:
+        elif result.outcome is CallOutcome.PERMANENT:
             new, fields = (
                 NodeState.FAILED,
                 {"finished_at": now, "last_error": result.detail, "retryable": False},

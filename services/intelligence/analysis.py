@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dispo.intelligence.evaluations import Evaluation
-from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, Plan
+from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, JobPlan
 from dispo.intelligence.jobs import Job, JobKind, JobValidationError, ValidationKind, WorkResult
 from dispo.intelligence.models import AnalysisModel, ModelRegistry
 from dispo.intelligence.stats import compute_stats
@@ -69,13 +69,13 @@ async def ensure_queued(deps: JobDeps, evaluation_id: str) -> tuple[Job | None, 
     return await deps.repo.job_ensure_queued(JobKind.ANALYSIS, evaluation_id, deps.clock.now())
 
 
-async def validate(deps: JobDeps, evaluation_id: str) -> Plan:
+async def validate(deps: JobDeps, evaluation_id: str) -> JobPlan:
     evaluation = await deps.repo.evaluation_get(evaluation_id)
     model = validate_analysis_request(evaluation, evaluation_id, deps.models)
-    return Plan({"model": model.name}, {"analysis_model": model.name})
+    return JobPlan({"model": model.name}, {"analysis_model": model.name})
 
 
-async def work_fn(deps: JobDeps, evaluation_id: str, plan: Plan) -> WorkResult:
+async def work_fn(deps: JobDeps, evaluation_id: str, plan: JobPlan) -> WorkResult:
     evaluation = await deps.repo.evaluation_get(evaluation_id)
     assert evaluation is not None  # validated after the claim; evaluations are never deleted
     model = deps.models.get(plan.data["model"])

@@ -9,7 +9,7 @@ from typing import Any
 
 from dispo.intelligence.analysis import evaluation_not_found, require_finished, resolve_model
 from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
-from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, Plan
+from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, JobPlan
 from dispo.intelligence.jobs import Job, JobKind, JobValidationError, WorkResult
 from dispo.intelligence.models import AnalysisModel, ModelRegistry
 from dispo.intelligence.stats import COMPARED_METRICS, compute_stats, metric_value
@@ -95,9 +95,9 @@ async def ensure_queued(deps: JobDeps, evaluation_id: str) -> tuple[Job | None, 
     return await deps.repo.job_ensure_queued(JobKind.COMPARISON, evaluation_id, deps.clock.now())
 
 
-async def validate(deps: JobDeps, evaluation_id: str) -> Plan:
+async def validate(deps: JobDeps, evaluation_id: str) -> JobPlan:
     evaluation, baseline, model = await load_and_validate(deps, evaluation_id)
-    return Plan(
+    return JobPlan(
         {"model": model.name, "baseline_evaluation_id": baseline.evaluation_id},
         {
             "fingerprint": evaluation.fingerprint,
@@ -107,7 +107,7 @@ async def validate(deps: JobDeps, evaluation_id: str) -> Plan:
     )
 
 
-async def work_fn(deps: JobDeps, evaluation_id: str, plan: Plan) -> WorkResult:
+async def work_fn(deps: JobDeps, evaluation_id: str, plan: JobPlan) -> WorkResult:
     evaluation = await deps.repo.evaluation_get(evaluation_id)
     baseline = await deps.repo.evaluation_get(plan.data["baseline_evaluation_id"])
     model = deps.models.get(plan.data["model"])

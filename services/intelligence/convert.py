@@ -9,7 +9,7 @@ from dispo.intelligence.evaluation_read_model import AnalysisView, ComparisonVie
 from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
 from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError, ValidationKind
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
-from dispo.libs.errors import DispoError, FailedPrecondition, InvalidArgument, NotFound
+from dispo.libs.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, VERDICT_FROM_PB
 from dispo.libs.timestamps import to_timestamp
 
@@ -131,7 +131,7 @@ def verdict_name(verdict: int) -> str:
     return VERDICT_FROM_PB[verdict].value if verdict in VERDICT_FROM_PB else ""
 
 
-def validation_to_domain(error: JobValidationError) -> DispoError:
+def validation_to_domain(error: JobValidationError) -> DomainError:
     """The caller sees exactly the wording ``execute`` records on a failed row."""
     if error.kind == ValidationKind.NOT_FOUND:
         return NotFound(error.message)

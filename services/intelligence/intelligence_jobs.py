@@ -50,7 +50,7 @@ class JobDeps:
 
 
 @dataclass(frozen=True)
-class Plan:
+class JobPlan:
     """What ``validate`` hands to ``work_fn``: anything it resolved, plus row fields to set."""
 
     data: dict[str, Any]
@@ -58,8 +58,8 @@ class Plan:
 
 
 EnsureQueued = Callable[[JobDeps, str], Awaitable[tuple[Job | None, bool]]]
-Validate = Callable[[JobDeps, str], Awaitable[Plan]]
-WorkFn = Callable[[JobDeps, str, Plan], Awaitable[WorkResult]]
+Validate = Callable[[JobDeps, str], Awaitable[JobPlan]]
+WorkFn = Callable[[JobDeps, str, JobPlan], Awaitable[WorkResult]]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class JobAdapter:
     work_fn: WorkFn
 
 
-class Outcome(enum.StrEnum):
+class JobOutcome(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     # The row exists in a state that forbids running (generating / completed / failed
@@ -80,7 +80,9 @@ class Outcome(enum.StrEnum):
     LOST = "lost"
 
 
-async def execute(kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: JobAdapter) -> Outcome:
+async def execute(
+    kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: JobAdapter
+) -> JobOutcome:
     if adapter.kind != kind:
         raise ValueError(f"adapter for {adapter.kind} cannot execute {kind}")
     repo, clock = deps.repo, deps.clock
@@ -89,12 +91,12 @@ async def execute(kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: Job
     job, _ = await adapter.ensure_queued(deps, evaluation_id)
     if job is None or job.status != JobStatus.QUEUED:
         bound.debug("job not runnable", status=job.status.value if job else None)
-        return Outcome.SKIPPED
+        return JobOutcome.SKIPPED
 
     token = uuid.uuid4().hex
     if not await repo.job_claim_if_queued(kind, evaluation_id, token, clock.now()):
         bound.debug("claim lost")
-        return Outcome.LOST
+        return JobOutcome.LOST
 
     try:
         plan = await adapter.validate(deps, evaluation_id)
@@ -118,7 +120,7 @@ async def execute(kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: Job
         kind, evaluation_id, token, settlement_fields(plan.fields), clock.now()
     ):
         bound.warning("claim taken away before generating")
-        return Outcome.LOST
+        return JobOutcome.LOST
 
     try:
         result = await adapter.work_fn(deps, evaluation_id, plan)
@@ -148,9 +150,9 @@ async def execute(kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: Job
         )
     ):
         bound.info("job completed")
-        return Outcome.COMPLETED
+        return JobOutcome.COMPLETED
     bound.warning("claim taken away before settling; result discarded")
-    return Outcome.LOST
+    return JobOutcome.LOST
 
 
 async def _settle_failed(
@@ -162,7 +164,7 @@ async def _settle_failed(
     message: str,
     fields: dict[str, Any],
     bound: Any,
-) -> Outcome:
+) -> JobOutcome:
     error = truncate_error(message)
     if await asyncio.shield(
         deps.repo.job_fail_if_claimed(
@@ -170,9 +172,9 @@ async def _settle_failed(
         )
     ):
         bound.info("job failed", error=error)
-        return Outcome.FAILED
+        return JobOutcome.FAILED
     bound.warning("claim taken away before recording failure", error=error)
-    return Outcome.LOST
+    return JobOutcome.LOST
 
 
 # --- Restart recovery -------------------------------------------------------------------

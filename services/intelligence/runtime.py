@@ -15,7 +15,7 @@ from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
 from dispo.intelligence.intelligence_jobs import (
     JobAdapter,
     JobDeps,
-    Outcome,
+    JobOutcome,
     RecoveryReport,
     execute,
     recover_jobs,
@@ -52,12 +52,12 @@ class IntelligenceJobs:
         self.registry = registry or TaskRegistry("intelligence-jobs")
         self.policy = policy or RecoveryPolicy()
 
-    def start(self, kind: JobKind, evaluation_id: str) -> asyncio.Task[Outcome] | None:
+    def start(self, kind: JobKind, evaluation_id: str) -> asyncio.Task[JobOutcome] | None:
         return self.registry.start((kind, evaluation_id), lambda: self._run(kind, evaluation_id))
 
-    async def _run(self, kind: JobKind, evaluation_id: str) -> Outcome:
+    async def _run(self, kind: JobKind, evaluation_id: str) -> JobOutcome:
         outcome = await execute(kind, evaluation_id, self.deps, ADAPTERS[kind])
-        if kind == JobKind.ANALYSIS and outcome == Outcome.COMPLETED:
+        if kind == JobKind.ANALYSIS and outcome == JobOutcome.COMPLETED:
             evaluation = await self.deps.repo.evaluation_get(evaluation_id)
             if evaluation is not None and auto_intelligence_eligible(evaluation, self.deps.models):
                 self.start(JobKind.COMPARISON, evaluation_id)

@@ -7,12 +7,12 @@ guards before changing anything (a drift that has gone away is reported as not a
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from datetime import datetime
 
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.logging import get_logger
+from dispo.libs.repairs import RepairKind
 from dispo.pool import repository as repo
 from dispo.pool.domain import (
     TERMINAL,
@@ -25,14 +25,6 @@ from dispo.pool.domain import (
 from dispo.pool.operations import Pool
 
 log = get_logger(__name__)
-
-
-class RepairKind(enum.StrEnum):
-    REMOVE_ORPHAN = "remove_orphan"
-    RECREATE_MISSING = "recreate_missing"
-    RELEASE_FINISHED = "release_finished"
-    REQUEUE_EVALUATION = "requeue_evaluation"
-    REWRITE_STATE = "rewrite_state"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, verdict_from_pb
+from dispo.libs.repairs import repair_kind_from_pb
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import drift
 from dispo.pool import repository as repo
@@ -284,10 +285,8 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
         )
 
     async def ApplyRepair(self, request, context) -> pb.ApplyRepairResponse:
-        if request.kind == pb.REPAIR_KIND_UNSPECIFIED:
-            raise InvalidArgument("kind", "required")
-        name = pb.RepairKind.Name(request.kind).removeprefix("REPAIR_KIND_").lower()
+        kind = repair_kind_from_pb(request.kind)
         applied, detail = await drift.apply_repair(
-            self.pool, drift.RepairKind(name), request.cron_id, request.evaluation_id
+            self.pool, kind, request.cron_id, request.evaluation_id
         )
         return pb.ApplyRepairResponse(applied=applied, detail=detail)

@@ -32,7 +32,7 @@ NEEDS_OPERATOR = (
 
 
 @dataclass(frozen=True)
-class Plan:
+class SettlementPlan:
     node_id: str
     method: SettlementMethod
     # SUCCEEDED / PENDING, or None when not decided (probe without answer, or operator).
@@ -40,11 +40,11 @@ class Plan:
     reason: str
 
 
-async def plan_node(ctx: Context, node: task_pb2.Node) -> Plan:
+async def plan_node(ctx: Context, node: task_pb2.Node) -> SettlementPlan:
     if node.spec.probe_path:
         info = ctx.config.downstreams.get(node.spec.downstream)
         if info is None or not info.base_url:
-            return Plan(
+            return SettlementPlan(
                 node.node_id,
                 SettlementMethod.PROBE,
                 None,
@@ -58,17 +58,17 @@ async def plan_node(ctx: Context, node: task_pb2.Node) -> Plan:
             ctx.settings.http_timeout,
         )
         if result.done is None:
-            return Plan(node.node_id, SettlementMethod.PROBE, None, result.detail)
+            return SettlementPlan(node.node_id, SettlementMethod.PROBE, None, result.detail)
         outcome = E.NS.NODE_STATUS_SUCCEEDED if result.done else E.NS.NODE_STATUS_PENDING
-        return Plan(node.node_id, SettlementMethod.PROBE, outcome, result.detail)
+        return SettlementPlan(node.node_id, SettlementMethod.PROBE, outcome, result.detail)
     if node.spec.idempotent:
-        return Plan(
+        return SettlementPlan(
             node.node_id,
             SettlementMethod.IDEMPOTENT_RERUN,
             E.NS.NODE_STATUS_PENDING,
             "no status probe; the action is idempotent, re-run under the same idempotency key",
         )
-    return Plan(node.node_id, SettlementMethod.OPERATOR, None, NEEDS_OPERATOR)
+    return SettlementPlan(node.node_id, SettlementMethod.OPERATOR, None, NEEDS_OPERATOR)
 
 
 async def settle_sweep(ctx: Context) -> int:
@@ -95,7 +95,7 @@ async def settle_sweep(ctx: Context) -> int:
     return len(rows)
 
 
-async def _apply(ctx: Context, read: RecoveryRow, plans: list[Plan]) -> None:
+async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -> None:
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         row = await store.task_get(conn, read.task_id, for_update=True)

@@ -4,7 +4,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from dispo.executor.actions import Outcome, classify_status
+from dispo.executor.actions import CallOutcome, classify_status
 from dispo.executor.breaker import Breaker, BreakerState
 from dispo.executor.domain import (
     ActionSpec,
@@ -124,14 +124,14 @@ def test_breaker_forgets_failures_outside_its_window():
 @pytest.mark.parametrize(
     ("code", "outcome"),
     [
-        (200, Outcome.SUCCESS),
-        (204, Outcome.SUCCESS),
-        (400, Outcome.PERMANENT),
-        (404, Outcome.PERMANENT),
-        (408, Outcome.RETRYABLE),
-        (429, Outcome.RETRYABLE),
-        (500, Outcome.RETRYABLE),
-        (503, Outcome.RETRYABLE),
+        (200, CallOutcome.SUCCESS),
+        (204, CallOutcome.SUCCESS),
+        (400, CallOutcome.PERMANENT),
+        (404, CallOutcome.PERMANENT),
+        (408, CallOutcome.RETRYABLE),
+        (429, CallOutcome.RETRYABLE),
+        (500, CallOutcome.RETRYABLE),
+        (503, CallOutcome.RETRYABLE),
     ],
 )
 def test_http_classification(code, outcome):

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from dispo.intelligence import analysis
 from dispo.intelligence.evaluations import EvaluationStatus
-from dispo.intelligence.intelligence_jobs import JobAdapter, Outcome, execute, recover_jobs
+from dispo.intelligence.intelligence_jobs import JobAdapter, JobOutcome, execute, recover_jobs
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry, StatsModel
 from sqlalchemy import text
@@ -47,8 +47,8 @@ async def test_claim_race_twenty_concurrent_executes_run_the_work_once(app):
     )
 
     assert counter == [1]
-    assert outcomes.count(Outcome.COMPLETED) == 1
-    assert set(outcomes) <= {Outcome.COMPLETED, Outcome.LOST, Outcome.SKIPPED}
+    assert outcomes.count(JobOutcome.COMPLETED) == 1
+    assert set(outcomes) <= {JobOutcome.COMPLETED, JobOutcome.LOST, JobOutcome.SKIPPED}
     job = await app.repo.job_get(JobKind.ANALYSIS, "race")
     assert job.status == JobStatus.COMPLETED and job.attempts == 1
     assert job.result["stats"]["run_count"] == len(RUNS_GOOD)
@@ -72,7 +72,7 @@ async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
     outcomes = await asyncio.gather(*tasks)
 
     assert counter == [1]
-    assert outcomes.count(Outcome.COMPLETED) == 1
+    assert outcomes.count(JobOutcome.COMPLETED) == 1
 
 
 async def test_duplicate_triggers_start_one_job(app):
@@ -119,7 +119,7 @@ async def test_error_text_of_2000_characters_is_stored_as_exactly_500(app):
     )
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "long-error")
-    assert outcome == Outcome.FAILED and job.status == JobStatus.FAILED
+    assert outcome == JobOutcome.FAILED and job.status == JobStatus.FAILED
     assert len(job.error) == 500
     assert job.error == f"RuntimeError: {message}"[:500]
 
@@ -133,7 +133,7 @@ async def test_non_terminal_evaluation_executed_directly_fails_its_row(app):
     )
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "still-running")
-    assert outcome == Outcome.FAILED and counter == []
+    assert outcome == JobOutcome.FAILED and counter == []
     assert job.status == JobStatus.FAILED
     assert job.error == (
         "evaluation 'still-running' is running; analysis needs a finished evaluation "
@@ -261,4 +261,4 @@ async def test_claim_race_between_two_replicas_with_their_own_connection_pools(
         )
     )
 
-    assert counter == [1] and outcomes.count(Outcome.COMPLETED) == 1
+    assert counter == [1] and outcomes.count(JobOutcome.COMPLETED) == 1

@@ -149,7 +149,7 @@ async def test_next_slot_time_of_waiting_evaluations(pool, manual_clock):
 
 async def test_wakes_recordings_and_operator_commands_racing_do_not_deadlock(pool):
     """Evaluation-then-cron lock order everywhere: concurrent wakes, runs, pauses, releases."""
-    from dispo.libs.errors import DispoError
+    from dispo.libs.errors import DomainError
     from dispo.pool.domain import RunResult, Verdict
 
     crons = await add_crons(pool, 6)
@@ -165,7 +165,7 @@ async def test_wakes_recordings_and_operator_commands_racing_do_not_deadlock(poo
     async def attempt(coro):
         try:
             return await coro
-        except DispoError as error:  # lost races are domain errors, never deadlocks
+        except DomainError as error:  # lost races are domain errors, never deadlocks
             return error
 
     ops = []

@@ -1,6 +1,7 @@
 """The drift planner on hand-made views (pure)."""
 
-from dispo.reconciler.drift.planner import DbCron, RepairKind, View, plan_repairs
+from dispo.libs.repairs import RepairKind
+from dispo.reconciler.drift.planner import DbCron, View, plan_repairs
 
 IDLE = {"status": "idle", "eval_id": ""}
 

@@ -14,8 +14,9 @@ from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.clock import Clock, sleep_until_stopped
 from dispo.libs.errors import Unavailable
 from dispo.libs.logging import get_logger
+from dispo.libs.repairs import REPAIR_KIND_TO_PB
 from dispo.reconciler.drift import repository as repo
-from dispo.reconciler.drift.planner import DbCron, Outcome, PlannedRepair, View, plan_repairs
+from dispo.reconciler.drift.planner import DbCron, PlannedRepair, RepairOutcome, View, plan_repairs
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
@@ -91,15 +92,18 @@ class DriftChecker:
 
     async def _apply(self, check_id: str, planned: PlannedRepair) -> dict:
         request = pool_pb.ApplyRepairRequest(
-            kind=pool_pb.RepairKind.Value(f"REPAIR_KIND_{planned.kind.name}"),
+            kind=REPAIR_KIND_TO_PB[planned.kind],
             cron_id=planned.cron_id,
             evaluation_id=planned.evaluation_id,
         )
         try:
             reply = await self.pool.ApplyRepair(request, timeout=self.timeout)
-            outcome, detail = (Outcome.APPLIED if reply.applied else Outcome.SKIPPED), reply.detail
+            outcome, detail = (
+                (RepairOutcome.APPLIED if reply.applied else RepairOutcome.SKIPPED),
+                reply.detail,
+            )
         except grpc.aio.AioRpcError as error:
-            outcome, detail = Outcome.FAILED, f"{error.code().name}: {error.details()}"
+            outcome, detail = RepairOutcome.FAILED, f"{error.code().name}: {error.details()}"
         log.info(
             "drift repair",
             check_id=check_id,

@@ -5,16 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-
-class RepairKind(enum.StrEnum):
-    REMOVE_ORPHAN = "remove_orphan"
-    RECREATE_MISSING = "recreate_missing"
-    RELEASE_FINISHED = "release_finished"
-    REQUEUE_EVALUATION = "requeue_evaluation"
-    REWRITE_STATE = "rewrite_state"
+from dispo.libs.repairs import RepairKind
 
 
-class Outcome(enum.StrEnum):
+class RepairOutcome(enum.StrEnum):
     APPLIED = "applied"
     SKIPPED = "skipped"  # the drift was gone when the pool re-checked it
     FAILED = "failed"

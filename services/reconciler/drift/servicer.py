@@ -5,10 +5,10 @@ from __future__ import annotations
 from dispo.libs.api.reconciler.v1 import drift_pb2 as pb
 from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
 from dispo.libs.errors import InvalidArgument
+from dispo.libs.repairs import RepairKind
 from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler.drift import repository as repo
 from dispo.reconciler.drift.checker import DriftChecker
-from dispo.reconciler.drift.planner import RepairKind
 
 
 def repair_to_pb(row: dict) -> pb.Repair:
