@@ -121,12 +121,22 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
     got = sorted((r.kind, r.cron_id, r.evaluation_id, r.outcome) for r in result.repairs)
     assert got == sorted(
         [
-            ("remove_orphan", "cron-orphan", "", "applied"),
-            ("recreate_missing", a, "", "applied"),
-            ("release_finished", b, "ev-1-finished", "applied"),
-            ("requeue_evaluation", c, "ev-2-idle-held", "applied"),
-            ("requeue_evaluation", d, "ev-3-driver-forgot", "applied"),
-            ("rewrite_state", e, "", "applied"),
+            (pool_pb.REPAIR_KIND_REMOVE_ORPHAN, "cron-orphan", "", pb.REPAIR_OUTCOME_APPLIED),
+            (pool_pb.REPAIR_KIND_RECREATE_MISSING, a, "", pb.REPAIR_OUTCOME_APPLIED),
+            (pool_pb.REPAIR_KIND_RELEASE_FINISHED, b, "ev-1-finished", pb.REPAIR_OUTCOME_APPLIED),
+            (
+                pool_pb.REPAIR_KIND_REQUEUE_EVALUATION,
+                c,
+                "ev-2-idle-held",
+                pb.REPAIR_OUTCOME_APPLIED,
+            ),
+            (
+                pool_pb.REPAIR_KIND_REQUEUE_EVALUATION,
+                d,
+                "ev-3-driver-forgot",
+                pb.REPAIR_OUTCOME_APPLIED,
+            ),
+            (pool_pb.REPAIR_KIND_REWRITE_STATE, e, "", pb.REPAIR_OUTCOME_APPLIED),
         ]
     )
     assert all(r.reason for r in result.repairs)
@@ -149,12 +159,15 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
     assert list((await drift.RunDriftCheck(pb.RunDriftCheckRequest())).repairs) == []
     listed = (await drift.ListRepairs(pb.ListRepairsRequest())).repairs
     assert len(listed) == 6
-    requeues = (await drift.ListRepairs(pb.ListRepairsRequest(kind="requeue_evaluation"))).repairs
+    requeues = (
+        await drift.ListRepairs(pb.ListRepairsRequest(kind=pool_pb.REPAIR_KIND_REQUEUE_EVALUATION))
+    ).repairs
     assert {r.evaluation_id for r in requeues} == {"ev-2-idle-held", "ev-3-driver-forgot"}
     assert "idle in the database" in {r.cron_id: r.reason for r in requeues}[c]
     with pytest.raises(grpc.aio.AioRpcError) as bad:
-        await drift.ListRepairs(pb.ListRepairsRequest(kind="nonsense"))
+        await drift.ListRepairs(pb.ListRepairsRequest(kind=42))
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad.value.details().startswith("kind: must be one of")
     for kind in (pool_pb.REPAIR_KIND_UNSPECIFIED, 42):  # unset, and a number no kind has
         with pytest.raises(grpc.aio.AioRpcError) as bad:
             await pool.ApplyRepair(pool_pb.ApplyRepairRequest(kind=kind, cron_id=e))
@@ -199,7 +212,7 @@ async def test_reconciler_process_serves_drift_checks_against_the_pool(
         drift = drift_pb2_grpc.DriftServiceStub(channel)
         result = await drift.RunDriftCheck(pb.RunDriftCheckRequest())
         assert [(r.kind, r.cron_id, r.outcome) for r in result.repairs] == [
-            ("remove_orphan", "cron-stray", "applied")
+            (pool_pb.REPAIR_KIND_REMOVE_ORPHAN, "cron-stray", pb.REPAIR_OUTCOME_APPLIED)
         ]
         assert result.crons_in_db == 5 and result.crons_in_driver == 6
         listed = await drift.ListRepairs(pb.ListRepairsRequest())

@@ -5,21 +5,22 @@ from __future__ import annotations
 from dispo.libs.api.reconciler.v1 import drift_pb2 as pb
 from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
 from dispo.libs.errors import InvalidArgument
-from dispo.libs.repairs import RepairKind
+from dispo.libs.repairs import REPAIR_KIND_TO_PB, RepairKind, repair_kind_from_pb
 from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler.drift import repository as repo
 from dispo.reconciler.drift.checker import DriftChecker
+from dispo.reconciler.drift.planner import RepairOutcome
 
 
 def repair_to_pb(row: dict) -> pb.Repair:
     return pb.Repair(
         id=row["id"],
         check_id=row["check_id"],
-        kind=row["kind"],
+        kind=REPAIR_KIND_TO_PB[RepairKind(row["kind"])],
         cron_id=row["cron_id"],
         evaluation_id=row["evaluation_id"],
         reason=row["reason"],
-        outcome=row["outcome"],
+        outcome=pb.RepairOutcome.Value(f"REPAIR_OUTCOME_{RepairOutcome(row['outcome']).name}"),
         detail=row["detail"],
         at=to_timestamp(row["at"]),
     )
@@ -40,12 +41,9 @@ class DriftServicer(drift_pb2_grpc.DriftServiceServicer):
         )
 
     async def ListRepairs(self, request, context) -> pb.ListRepairsResponse:
-        if request.kind and request.kind not in {k.value for k in RepairKind}:
-            raise InvalidArgument(
-                "kind", f"must be one of {', '.join(k.value for k in RepairKind)}"
-            )
+        kind = repair_kind_from_pb(request.kind).value if request.kind else ""
         if request.limit < 0:
             raise InvalidArgument("limit", "must be >= 0")
         async with self.checker.engine.connect() as conn:
-            rows = await repo.repairs_list(conn, request.kind, min(request.limit or 100, 1000))
+            rows = await repo.repairs_list(conn, kind, min(request.limit or 100, 1000))
         return pb.ListRepairsResponse(repairs=[repair_to_pb(r) for r in rows])

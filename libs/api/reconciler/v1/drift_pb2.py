@@ -22,26 +22,29 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from dispo.libs.api.pool.v1 import pool_pb2 as dispo_dot_pool_dot_v1_dot_pool__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x64ispo/reconciler/v1/drift.proto\x12\x13\x64ispo.reconciler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x01\n\x06Repair\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x10\n\x08\x63heck_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07\x63ron_id\x18\x04 \x01(\t\x12\x15\n\revaluation_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07outcome\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\x12&\n\x02\x61t\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x16\n\x14RunDriftCheckRequest\"\xa8\x01\n\x10\x44riftCheckResult\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63rons_in_db\x18\x02 \x01(\x05\x12\x17\n\x0f\x63rons_in_driver\x18\x03 \x01(\x05\x12,\n\x07repairs\x18\x04 \x03(\x0b\x32\x1b.dispo.reconciler.v1.Repair\x12&\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"1\n\x12ListRepairsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"C\n\x13ListRepairsResponse\x12,\n\x07repairs\x18\x01 \x03(\x0b\x32\x1b.dispo.reconciler.v1.Repair2\xd3\x01\n\x0c\x44riftService\x12\x61\n\rRunDriftCheck\x12).dispo.reconciler.v1.RunDriftCheckRequest\x1a%.dispo.reconciler.v1.DriftCheckResult\x12`\n\x0bListRepairs\x12\'.dispo.reconciler.v1.ListRepairsRequest\x1a(.dispo.reconciler.v1.ListRepairsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x64ispo/reconciler/v1/drift.proto\x12\x13\x64ispo.reconciler.v1\x1a\x18\x64ispo/pool/v1/pool.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\x01\n\x06Repair\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x10\n\x08\x63heck_id\x18\x02 \x01(\t\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.dispo.pool.v1.RepairKind\x12\x0f\n\x07\x63ron_id\x18\x04 \x01(\t\x12\x15\n\revaluation_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x33\n\x07outcome\x18\x07 \x01(\x0e\x32\".dispo.reconciler.v1.RepairOutcome\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\x12&\n\x02\x61t\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x16\n\x14RunDriftCheckRequest\"\xa8\x01\n\x10\x44riftCheckResult\x12\x10\n\x08\x63heck_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63rons_in_db\x18\x02 \x01(\x05\x12\x17\n\x0f\x63rons_in_driver\x18\x03 \x01(\x05\x12,\n\x07repairs\x18\x04 \x03(\x0b\x32\x1b.dispo.reconciler.v1.Repair\x12&\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"L\n\x12ListRepairsRequest\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.dispo.pool.v1.RepairKind\x12\r\n\x05limit\x18\x02 \x01(\x05\"C\n\x13ListRepairsResponse\x12,\n\x07repairs\x18\x01 \x03(\x0b\x32\x1b.dispo.reconciler.v1.Repair*\x82\x01\n\rRepairOutcome\x12\x1e\n\x1aREPAIR_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPAIR_OUTCOME_APPLIED\x10\x01\x12\x1a\n\x16REPAIR_OUTCOME_SKIPPED\x10\x02\x12\x19\n\x15REPAIR_OUTCOME_FAILED\x10\x03\x32\xd3\x01\n\x0c\x44riftService\x12\x61\n\rRunDriftCheck\x12).dispo.reconciler.v1.RunDriftCheckRequest\x1a%.dispo.reconciler.v1.DriftCheckResult\x12`\n\x0bListRepairs\x12\'.dispo.reconciler.v1.ListRepairsRequest\x1a(.dispo.reconciler.v1.ListRepairsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dispo.reconciler.v1.drift_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPAIR']._serialized_start=90
-  _globals['_REPAIR']._serialized_end=271
-  _globals['_RUNDRIFTCHECKREQUEST']._serialized_start=273
-  _globals['_RUNDRIFTCHECKREQUEST']._serialized_end=295
-  _globals['_DRIFTCHECKRESULT']._serialized_start=298
-  _globals['_DRIFTCHECKRESULT']._serialized_end=466
-  _globals['_LISTREPAIRSREQUEST']._serialized_start=468
-  _globals['_LISTREPAIRSREQUEST']._serialized_end=517
-  _globals['_LISTREPAIRSRESPONSE']._serialized_start=519
-  _globals['_LISTREPAIRSRESPONSE']._serialized_end=586
-  _globals['_DRIFTSERVICE']._serialized_start=589
-  _globals['_DRIFTSERVICE']._serialized_end=800
+  _globals['_REPAIROUTCOME']._serialized_start=705
+  _globals['_REPAIROUTCOME']._serialized_end=835
+  _globals['_REPAIR']._serialized_start=116
+  _globals['_REPAIR']._serialized_end=360
+  _globals['_RUNDRIFTCHECKREQUEST']._serialized_start=362
+  _globals['_RUNDRIFTCHECKREQUEST']._serialized_end=384
+  _globals['_DRIFTCHECKRESULT']._serialized_start=387
+  _globals['_DRIFTCHECKRESULT']._serialized_end=555
+  _globals['_LISTREPAIRSREQUEST']._serialized_start=557
+  _globals['_LISTREPAIRSREQUEST']._serialized_end=633
+  _globals['_LISTREPAIRSRESPONSE']._serialized_start=635
+  _globals['_LISTREPAIRSRESPONSE']._serialized_end=702
+  _globals['_DRIFTSERVICE']._serialized_start=838
+  _globals['_DRIFTSERVICE']._serialized_end=1049
 # @@protoc_insertion_point(module_scope)

@@ -8,10 +8,12 @@ with its reason here.
 """
 
 from collections import abc as _abc
+from dispo.libs.api.pool.v1 import pool_pb2 as _pool_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -22,6 +24,31 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _RepairOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RepairOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RepairOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REPAIR_OUTCOME_UNSPECIFIED: _RepairOutcome.ValueType  # 0
+    REPAIR_OUTCOME_APPLIED: _RepairOutcome.ValueType  # 1
+    """The pool repaired the drift."""
+    REPAIR_OUTCOME_SKIPPED: _RepairOutcome.ValueType  # 2
+    """The drift was already gone when the pool re-checked it under its guards."""
+    REPAIR_OUTCOME_FAILED: _RepairOutcome.ValueType  # 3
+    """The pool could not be asked, or refused (detail says why)."""
+
+class RepairOutcome(_RepairOutcome, metaclass=_RepairOutcomeEnumTypeWrapper): ...
+
+REPAIR_OUTCOME_UNSPECIFIED: RepairOutcome.ValueType  # 0
+REPAIR_OUTCOME_APPLIED: RepairOutcome.ValueType  # 1
+"""The pool repaired the drift."""
+REPAIR_OUTCOME_SKIPPED: RepairOutcome.ValueType  # 2
+"""The drift was already gone when the pool re-checked it under its guards."""
+REPAIR_OUTCOME_FAILED: RepairOutcome.ValueType  # 3
+"""The pool could not be asked, or refused (detail says why)."""
+Global___RepairOutcome: _TypeAlias = RepairOutcome  # noqa: Y015
 
 @_typing.final
 class Repair(_message.Message):
@@ -38,14 +65,12 @@ class Repair(_message.Message):
     AT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     check_id: _builtins.str
-    kind: _builtins.str
-    """remove_orphan | recreate_missing | release_finished | requeue_evaluation | rewrite_state"""
+    kind: _pool_pb2.RepairKind.ValueType
     cron_id: _builtins.str
     evaluation_id: _builtins.str
     reason: _builtins.str
     """Why the check decided on this repair."""
-    outcome: _builtins.str
-    """applied | skipped (drift already gone) | failed"""
+    outcome: Global___RepairOutcome.ValueType
     detail: _builtins.str
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
@@ -54,11 +79,11 @@ class Repair(_message.Message):
         *,
         id: _builtins.int = ...,
         check_id: _builtins.str = ...,
-        kind: _builtins.str = ...,
+        kind: _pool_pb2.RepairKind.ValueType = ...,
         cron_id: _builtins.str = ...,
         evaluation_id: _builtins.str = ...,
         reason: _builtins.str = ...,
-        outcome: _builtins.str = ...,
+        outcome: Global___RepairOutcome.ValueType = ...,
         detail: _builtins.str = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
@@ -124,14 +149,14 @@ class ListRepairsRequest(_message.Message):
 
     KIND_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
-    kind: _builtins.str
-    """Optional filter by kind."""
+    kind: _pool_pb2.RepairKind.ValueType
+    """Optional filter by kind (unspecified: every kind)."""
     limit: _builtins.int
     """0 = 100."""
     def __init__(
         self,
         *,
-        kind: _builtins.str = ...,
+        kind: _pool_pb2.RepairKind.ValueType = ...,
         limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
