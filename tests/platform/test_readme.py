@@ -108,3 +108,14 @@ async def test_the_tour_runs_as_written(stack_env, tmp_path):
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
+
+
+def test_ci_runs_the_readme_commands():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    install, test = (block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.S))
+    install = install.removesuffix(" && .venv/bin/dispo up")
+    assert "[local,dev]" in install, install  # the extras that bring the embedded stack
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert any(line.startswith(install) for line in ci), f"CI does not run {install!r}"
+    assert test in ci, f"CI does not run {test!r}"
