@@ -35,6 +35,19 @@ def state_from_proto(value: int, field: str) -> RecoveryState:
     return RecoveryState(name)
 
 
+def _enum(enum_type: Any, prefix: str, value: str) -> int:
+    """The proto value of a domain value stored as its name (``FAIL``, ``PROBE``)."""
+    return enum_type.Value(f"{prefix}_{value.upper()}")
+
+
+def node_status(name: str) -> int:
+    return _enum(common_pb2.NodeStatus, "NODE_STATUS", name)
+
+
+def redrive_trigger(trigger: str) -> int:
+    return _enum(pb.RedriveTrigger, "REDRIVE_TRIGGER", trigger)
+
+
 def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
     if f.min_age_seconds < 0:
         raise InvalidArgument("filter.min_age_seconds", "must not be negative")
@@ -65,7 +78,7 @@ def task_to_proto(row: RecoveryRow) -> pb.RecoveryTask:
         task_id=row.task_id,
         business=row.business,
         state=state_to_proto(row.state),
-        kind=row.kind,
+        kind=_enum(pb.RecoveryKind, "RECOVERY_KIND", row.kind),
         cells=row.cells,
         downstreams=row.downstreams,
         error_class=row.error_class,
@@ -90,11 +103,11 @@ def task_to_proto(row: RecoveryRow) -> pb.RecoveryTask:
 
 def history_to_proto(r: Any) -> pb.FailureRecord:
     out = pb.FailureRecord(
-        kind=r.kind,
+        kind=_enum(pb.RecoveryKind, "RECOVERY_KIND", r.kind),
         generation=r.generation,
         reason=r.reason,
         error_class=r.error_class,
-        nodes=[pb.NodeFailure(**n) for n in r.nodes],
+        nodes=[pb.NodeFailure(**{**n, "status": node_status(n["status"])}) for n in r.nodes],
     )
     set_ts(out, "received_at", r.received_at)
     return out
@@ -103,7 +116,7 @@ def history_to_proto(r: Any) -> pb.FailureRecord:
 def redrive_to_proto(r: Any) -> pb.RedriveRecord:
     out = pb.RedriveRecord(
         generation=r.generation,
-        trigger=r.trigger,
+        trigger=redrive_trigger(r.trigger),
         actor=r.actor,
         reason=r.reason,
         downstream=r.downstream,
@@ -117,8 +130,8 @@ def settlement_to_proto(r: Any) -> pb.Settlement:
     out = pb.Settlement(
         node_id=r.node_id,
         generation=r.generation,
-        method=r.method,
-        outcome=r.outcome,
+        method=_enum(pb.SettlementMethod, "SETTLEMENT_METHOD", r.method),
+        outcome=node_status(r.outcome),
         reason=r.reason,
         actor=r.actor,
     )
@@ -158,10 +171,10 @@ def completion_to_proto(r: Any) -> pb.Completion:
         status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{r.status}"),
         status_reason=r.status_reason,
         callback_url=r.callback_url,
-        notify_state=r.notify_state,
+        notify_state=_enum(pb.NotifyState, "NOTIFY_STATE", r.notify_state),
         notify_attempts=r.notify_attempts,
         notify_last_error=r.notify_last_error,
-        reconcile_state=r.reconcile_state,
+        reconcile_state=_enum(pb.ReconcileState, "RECONCILE_STATE", r.reconcile_state),
     )
     for name in ("finished_at", "notified_at", "reconciled_at"):
         set_ts(out, name, getattr(r, name))
@@ -182,7 +195,7 @@ def finding_to_proto(r: Any) -> pb.Finding:
         task_id=r.task_id,
         node_id=r.node_id,
         downstream=r.downstream,
-        recorded_status=r.recorded_status,
+        recorded_status=node_status(r.recorded_status),
         observed=r.observed,
         detail=r.detail,
     )
@@ -202,7 +215,7 @@ def verdict_to_proto(r: Any, compensations: list[Any]) -> pb.Verdict:
             pb.Compensation(
                 task_id=c.task_id,
                 cell=c.cell,
-                state=c.state,
+                state=_enum(pb.CompensationState, "COMPENSATION_STATE", c.state),
                 submitted_task_id=c.submitted_task_id,
                 error=c.error,
                 attempts=c.attempts,

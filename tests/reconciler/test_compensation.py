@@ -58,7 +58,7 @@ async def test_loser_gets_its_compensating_cell_once(
     assert (comp.task_id, comp.cell, comp.state, comp.attempts) == (
         "lose",
         "step_once",
-        "SUBMITTED",
+        pb.COMPENSATION_STATE_SUBMITTED,
         1,
     )
     assert len(comp.submitted_task_id) == 32
@@ -74,7 +74,9 @@ async def test_loser_gets_its_compensating_cell_once(
     )
     [comp] = reply.verdicts[0].compensations
     assert (
-        comp.state == "FAILED" and "INVALID_ARGUMENT" in comp.error and "no_such_cell" in comp.error
+        comp.state == pb.COMPENSATION_STATE_FAILED
+        and "INVALID_ARGUMENT" in comp.error
+        and "no_such_cell" in comp.error
     )
 
 
@@ -88,7 +90,7 @@ async def test_unreachable_gateway_is_retried_with_backoff(recon, manual_clock):
         await ReconcilerServicer(ctx).ListVerdicts(pb.ListVerdictsRequest(), None)
     ).verdicts
     assert (
-        verdict.compensations[0].state == "PENDING"
+        verdict.compensations[0].state == pb.COMPENSATION_STATE_PENDING
         and "UNAVAILABLE" in verdict.compensations[0].error
     )
     assert await compensate_sweep(ctx) == 0  # backoff

@@ -3,6 +3,7 @@ subject; each attempt recorded), reconciled (probes sampled, mismatches as findi
 
 import json
 
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.reconciler import completion
 from dispo.reconciler.probes import signature
@@ -38,7 +39,10 @@ async def test_finished_is_recorded_once_and_non_terminal_snapshots_are_ignored(
     )  # a later snapshot does not rewrite the fact
     reply = await facts(stub, "f")
     assert reply.completion.status == TS.TASK_STATUS_SUCCEEDED
-    assert reply.completion.notify_state == "NONE" and reply.completion.reconcile_state == "PENDING"
+    assert (
+        reply.completion.notify_state == pb.NOTIFY_STATE_NONE
+        and reply.completion.reconcile_state == pb.RECONCILE_STATE_PENDING
+    )
     import grpc
 
     from .test_operations import expect_error
@@ -55,7 +59,10 @@ async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(
     await completion.on_status(recon, finished("cb", callback_url=receiver.url))
     assert (await run_sweeps(recon, "notify"))["notify"] == 1
     reply = await facts(stub, "cb")
-    assert reply.completion.notify_state == "PENDING" and reply.completion.notify_attempts == 1
+    assert (
+        reply.completion.notify_state == pb.NOTIFY_STATE_PENDING
+        and reply.completion.notify_attempts == 1
+    )
     assert not reply.deliveries[0].ok and "delivery failed" in reply.deliveries[0].error
     assert (await run_sweeps(recon, "notify"))["notify"] == 0  # backoff: 10 s
     manual_clock.advance(seconds=11)
@@ -79,7 +86,9 @@ async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(
         headers["Idempotency-Key"] == "cb/completion" and headers["X-Dispo-Delivery-Attempt"] == "3"
     )
     reply = await facts(stub, "cb")
-    assert reply.completion.notify_state == "DELIVERED" and reply.completion.HasField("notified_at")
+    assert reply.completion.notify_state == pb.NOTIFY_STATE_DELIVERED and reply.completion.HasField(
+        "notified_at"
+    )
     assert [(d.attempt, d.ok) for d in reply.deliveries] == [(1, False), (2, False), (3, True)]
     assert reply.deliveries[2].status_code == 200
 
@@ -90,7 +99,10 @@ async def test_delivery_gives_up_visibly_after_max_attempts(recon, manual_clock,
         await run_sweeps(recon, "notify")
         manual_clock.advance(seconds=200)
     reply = await facts(stub, "gone")
-    assert reply.completion.notify_state == "GAVE_UP" and reply.completion.notify_attempts == 5
+    assert (
+        reply.completion.notify_state == pb.NOTIFY_STATE_GAVE_UP
+        and reply.completion.notify_attempts == 5
+    )
 
 
 async def test_nats_callback_is_published_once_with_a_message_id(recon, bus, stub):
@@ -100,7 +112,7 @@ async def test_nats_callback_is_published_once_with_a_message_id(recon, bus, stu
     msg = await sub.next_msg(timeout=5)
     assert json.loads(msg.data)["task_id"] == "nc"
     assert msg.headers["Nats-Msg-Id"] == "nc:completion"
-    assert (await facts(stub, "nc")).completion.notify_state == "DELIVERED"
+    assert (await facts(stub, "nc")).completion.notify_state == pb.NOTIFY_STATE_DELIVERED
     await sub.unsubscribe()
 
 
@@ -115,10 +127,15 @@ async def test_reconciliation_pass_records_mismatches_as_findings(
     manual_clock.advance(seconds=61)
     assert (await run_sweeps(recon, "reconcile"))["reconcile"] == 2
     ok, bad = await facts(stub, "ok"), await facts(stub, "bad")
-    assert ok.completion.reconcile_state == "MATCHED" and ok.completion.HasField("reconciled_at")
-    assert bad.completion.reconcile_state == "MISMATCH"
+    assert ok.completion.reconcile_state == pb.RECONCILE_STATE_MATCHED and ok.completion.HasField(
+        "reconciled_at"
+    )
+    assert bad.completion.reconcile_state == pb.RECONCILE_STATE_MISMATCH
     found = {(f.node_id, f.recorded_status, f.observed) for f in bad.findings}
-    assert found == {("a.set", "SUCCEEDED", "not done"), ("b.skip", "CANCELLED", "done")}
+    assert found == {
+        ("a.set", common_pb2.NODE_STATUS_SUCCEEDED, "not done"),
+        ("b.skip", common_pb2.NODE_STATUS_CANCELLED, "done"),
+    }
     listed = await stub.ListFindings(pb.ListFindingsRequest())
     assert {f.task_id for f in listed.findings} == {"bad"}
     # The audit node has no probe and is not sampled; nothing probed twice.
@@ -137,11 +154,11 @@ async def test_unanswered_probes_are_retried_then_reported(
     await completion.on_status(recon, finished("mute"))
     manual_clock.advance(seconds=61)
     await run_sweeps(recon, "reconcile")
-    assert (await facts(stub, "mute")).completion.reconcile_state == "PENDING"
+    assert (await facts(stub, "mute")).completion.reconcile_state == pb.RECONCILE_STATE_PENDING
     manual_clock.advance(seconds=31)
     await run_sweeps(recon, "reconcile")
     reply = await facts(stub, "mute")
-    assert reply.completion.reconcile_state == "MISMATCH"
+    assert reply.completion.reconcile_state == pb.RECONCILE_STATE_MISMATCH
     assert {f.observed for f in reply.findings} == {"unreachable"}
 
 

@@ -96,7 +96,7 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
     joined = "\n".join(outputs)
     assert "dispo.reconciler.v1.ReconcilerService" in joined
     assert '"error_class": "http_5xx"' in joined
-    assert '"trigger": "manual"' in joined or "RECOVERY_STATE_REDRIVEN" in joined
+    assert '"trigger": "REDRIVE_TRIGGER_MANUAL"' in joined or "RECOVERY_STATE_REDRIVEN" in joined
     assert '"paused": true' in joined
     calls = await downstream.calls()
     assert (

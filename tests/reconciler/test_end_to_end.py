@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.sdk import cell
@@ -206,7 +207,9 @@ async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reco
             reply = await facts()
             if reply is not None and reply.completion.notify_attempts >= 1:
                 break
-        assert reply.completion.notify_state == "PENDING" and not reply.deliveries[0].ok
+        assert (
+            reply.completion.notify_state == pb.NOTIFY_STATE_PENDING and not reply.deliveries[0].ok
+        )
         await receiver.start()
         for _ in range(100):
             await reconciler.tick(2)
@@ -220,9 +223,11 @@ async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reco
         await subscription.unsubscribe()
     assert len(receiver.received) == 1
     assert json.loads(receiver.received[0]["body"])["task_id"] == task.task_id
-    assert reply.completion.notify_state == "DELIVERED" and reply.completion.HasField("notified_at")
+    assert reply.completion.notify_state == pb.NOTIFY_STATE_DELIVERED and reply.completion.HasField(
+        "notified_at"
+    )
     assert [d.ok for d in reply.deliveries][-1] and not reply.deliveries[0].ok
-    assert reply.completion.reconcile_state == "MATCHED"
+    assert reply.completion.reconcile_state == pb.RECONCILE_STATE_MATCHED
     assert json.loads(message.data)["task_id"] == by_nats.task_id
 
 
@@ -275,7 +280,9 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
             pb.GetRecoveryTaskRequest(task_id=task.task_id)
         )
         released += [
-            r.at.ToDatetime().timestamp() for r in detail.redrives if r.trigger == "release"
+            r.at.ToDatetime().timestamp()
+            for r in detail.redrives
+            if r.trigger == pb.REDRIVE_TRIGGER_RELEASE
         ]
     released.sort()
     assert len(released) >= 5
@@ -330,8 +337,8 @@ async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstr
     )  # the interrupted call and the effect: never a third
     detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
     assert sorted((s.node_id, s.method, s.outcome) for s in detail.settlements) == [
-        ("a.call", "PROBE", "PENDING"),
-        ("b.call", "PROBE", "SUCCEEDED"),
+        ("a.call", pb.SETTLEMENT_METHOD_PROBE, common_pb2.NODE_STATUS_PENDING),
+        ("b.call", pb.SETTLEMENT_METHOD_PROBE, common_pb2.NODE_STATUS_SUCCEEDED),
     ]
 
 

@@ -109,11 +109,11 @@ async def test_redrive_one_and_get_its_record(recon, manual_clock, stub):
     [sent] = await creates(recon)
     assert sent.task_id == "f1" and sent.generation == 3
     detail = await stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id="f1"))
-    assert [h.kind for h in detail.history] == ["fail"] and detail.history[0].nodes[
+    assert [h.kind for h in detail.history] == [pb.RECOVERY_KIND_FAIL] and detail.history[0].nodes[
         0
     ].last_error == "HTTP 503: busy"
     assert [(r.trigger, r.actor, r.reason) for r in detail.redrives] == [
-        ("manual", "alice", "downstream fixed")
+        (pb.REDRIVE_TRIGGER_MANUAL, "alice", "downstream fixed")
     ]
     assert detail.envelope.generation == 3
     # Redriving again while it is with the executor is refused, and changes nothing.

@@ -2,6 +2,7 @@
 idempotent action, or by an operator's recorded decision; nothing is re-run blindly."""
 
 import grpc
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.reconciler import recovery
 from dispo.reconciler.states import RecoveryState
@@ -43,8 +44,8 @@ async def test_probe_says_done_node_recorded_succeeded_not_rerun(recon, fake_dow
     [s] = await settlements(stub, "yes")
     assert (s.node_id, s.method, s.outcome) == (
         "a.call",
-        "PROBE",
-        "SUCCEEDED",
+        pb.SETTLEMENT_METHOD_PROBE,
+        common_pb2.NODE_STATUS_SUCCEEDED,
     ) and "done=true" in s.reason
 
 
@@ -54,7 +55,7 @@ async def test_probe_says_not_done_node_runs_again(recon, fake_downstream, stub)
     [sent] = await creates(recon)
     assert status_of(sent, "a.call") == "PENDING" and status_of(sent, "a.first") == "SUCCEEDED"
     [s] = await settlements(stub, "no")
-    assert (s.method, s.outcome) == ("PROBE", "PENDING")
+    assert (s.method, s.outcome) == (pb.SETTLEMENT_METHOD_PROBE, common_pb2.NODE_STATUS_PENDING)
 
 
 async def test_probe_without_an_answer_is_asked_again_later(recon, fake_downstream, manual_clock):
@@ -77,7 +78,7 @@ async def test_idempotent_without_probe_is_rerun(recon, stub):
     [sent] = await creates(recon)
     assert status_of(sent, "a.call") == "PENDING"
     [s] = await settlements(stub, "idem")
-    assert s.method == "IDEMPOTENT_RERUN"
+    assert s.method == pb.SETTLEMENT_METHOD_IDEMPOTENT_RERUN
 
 
 async def test_non_idempotent_without_probe_waits_for_an_operator(recon, stub):
@@ -135,8 +136,8 @@ async def test_non_idempotent_without_probe_waits_for_an_operator(recon, stub):
     assert status_of(sent, "a.call") == "SUCCEEDED" and status_of(sent, "b.after") == "PENDING"
     [s] = await settlements(stub, "op")
     assert (s.method, s.outcome, s.actor, s.reason) == (
-        "OPERATOR",
-        "SUCCEEDED",
+        pb.SETTLEMENT_METHOD_OPERATOR,
+        common_pb2.NODE_STATUS_SUCCEEDED,
         "erin",
         "ticket 881 exists in the review system",
     )

@@ -74,6 +74,154 @@ RECOVERY_STATE_ABANDONED: RecoveryState.ValueType  # 8
 """Terminal: an operator abandoned it (the task is cancelled)."""
 Global___RecoveryState: _TypeAlias = RecoveryState  # noqa: Y015
 
+class _RecoveryKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RecoveryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecoveryKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RECOVERY_KIND_UNSPECIFIED: _RecoveryKind.ValueType  # 0
+    RECOVERY_KIND_FAIL: _RecoveryKind.ValueType  # 1
+    """On task.fail: short retries spent, or a node's outcome is UNKNOWN."""
+    RECOVERY_KIND_DEMOTE: _RecoveryKind.ValueType  # 2
+    """On task.demote: its nodes wait behind a degraded downstream."""
+
+class RecoveryKind(_RecoveryKind, metaclass=_RecoveryKindEnumTypeWrapper):
+    """How a task last arrived at the reconciler."""
+
+RECOVERY_KIND_UNSPECIFIED: RecoveryKind.ValueType  # 0
+RECOVERY_KIND_FAIL: RecoveryKind.ValueType  # 1
+"""On task.fail: short retries spent, or a node's outcome is UNKNOWN."""
+RECOVERY_KIND_DEMOTE: RecoveryKind.ValueType  # 2
+"""On task.demote: its nodes wait behind a degraded downstream."""
+Global___RecoveryKind: _TypeAlias = RecoveryKind  # noqa: Y015
+
+class _RedriveTrigger:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RedriveTriggerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RedriveTrigger.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REDRIVE_TRIGGER_UNSPECIFIED: _RedriveTrigger.ValueType  # 0
+    REDRIVE_TRIGGER_AUTO: _RedriveTrigger.ValueType  # 1
+    """The redrive policy's backoff came due."""
+    REDRIVE_TRIGGER_MANUAL: _RedriveTrigger.ValueType  # 2
+    """An operator (RedriveTask, RedriveByFilter)."""
+    REDRIVE_TRIGGER_RELEASE: _RedriveTrigger.ValueType  # 3
+    """The release sweep: the downstream a demoted task waited for is healthy again."""
+    REDRIVE_TRIGGER_SETTLEMENT: _RedriveTrigger.ValueType  # 4
+    """The last UNKNOWN node was settled by its probe or an idempotent re-run."""
+    REDRIVE_TRIGGER_DECISION: _RedriveTrigger.ValueType  # 5
+    """An operator's ResolveNode settled the last UNKNOWN node."""
+
+class RedriveTrigger(_RedriveTrigger, metaclass=_RedriveTriggerEnumTypeWrapper):
+    """What caused a redrive."""
+
+REDRIVE_TRIGGER_UNSPECIFIED: RedriveTrigger.ValueType  # 0
+REDRIVE_TRIGGER_AUTO: RedriveTrigger.ValueType  # 1
+"""The redrive policy's backoff came due."""
+REDRIVE_TRIGGER_MANUAL: RedriveTrigger.ValueType  # 2
+"""An operator (RedriveTask, RedriveByFilter)."""
+REDRIVE_TRIGGER_RELEASE: RedriveTrigger.ValueType  # 3
+"""The release sweep: the downstream a demoted task waited for is healthy again."""
+REDRIVE_TRIGGER_SETTLEMENT: RedriveTrigger.ValueType  # 4
+"""The last UNKNOWN node was settled by its probe or an idempotent re-run."""
+REDRIVE_TRIGGER_DECISION: RedriveTrigger.ValueType  # 5
+"""An operator's ResolveNode settled the last UNKNOWN node."""
+Global___RedriveTrigger: _TypeAlias = RedriveTrigger  # noqa: Y015
+
+class _SettlementMethod:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SettlementMethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SettlementMethod.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SETTLEMENT_METHOD_UNSPECIFIED: _SettlementMethod.ValueType  # 0
+    SETTLEMENT_METHOD_PROBE: _SettlementMethod.ValueType  # 1
+    SETTLEMENT_METHOD_IDEMPOTENT_RERUN: _SettlementMethod.ValueType  # 2
+    SETTLEMENT_METHOD_OPERATOR: _SettlementMethod.ValueType  # 3
+
+class SettlementMethod(_SettlementMethod, metaclass=_SettlementMethodEnumTypeWrapper):
+    """How an UNKNOWN node was settled."""
+
+SETTLEMENT_METHOD_UNSPECIFIED: SettlementMethod.ValueType  # 0
+SETTLEMENT_METHOD_PROBE: SettlementMethod.ValueType  # 1
+SETTLEMENT_METHOD_IDEMPOTENT_RERUN: SettlementMethod.ValueType  # 2
+SETTLEMENT_METHOD_OPERATOR: SettlementMethod.ValueType  # 3
+Global___SettlementMethod: _TypeAlias = SettlementMethod  # noqa: Y015
+
+class _NotifyState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _NotifyStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NotifyState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    NOTIFY_STATE_UNSPECIFIED: _NotifyState.ValueType  # 0
+    NOTIFY_STATE_NONE: _NotifyState.ValueType  # 1
+    """No callback was asked for."""
+    NOTIFY_STATE_PENDING: _NotifyState.ValueType  # 2
+    NOTIFY_STATE_DELIVERED: _NotifyState.ValueType  # 3
+    NOTIFY_STATE_GAVE_UP: _NotifyState.ValueType  # 4
+
+class NotifyState(_NotifyState, metaclass=_NotifyStateEnumTypeWrapper):
+    """Completion fact 2: delivery of the completion notification ("caller notified")."""
+
+NOTIFY_STATE_UNSPECIFIED: NotifyState.ValueType  # 0
+NOTIFY_STATE_NONE: NotifyState.ValueType  # 1
+"""No callback was asked for."""
+NOTIFY_STATE_PENDING: NotifyState.ValueType  # 2
+NOTIFY_STATE_DELIVERED: NotifyState.ValueType  # 3
+NOTIFY_STATE_GAVE_UP: NotifyState.ValueType  # 4
+Global___NotifyState: _TypeAlias = NotifyState  # noqa: Y015
+
+class _ReconcileState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReconcileStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReconcileState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RECONCILE_STATE_UNSPECIFIED: _ReconcileState.ValueType  # 0
+    RECONCILE_STATE_PENDING: _ReconcileState.ValueType  # 1
+    RECONCILE_STATE_MATCHED: _ReconcileState.ValueType  # 2
+    RECONCILE_STATE_MISMATCH: _ReconcileState.ValueType  # 3
+    RECONCILE_STATE_NOT_SAMPLED: _ReconcileState.ValueType  # 4
+    RECONCILE_STATE_NOTHING_TO_PROBE: _ReconcileState.ValueType  # 5
+
+class ReconcileState(_ReconcileState, metaclass=_ReconcileStateEnumTypeWrapper):
+    """Completion fact 3: the reconcile sweep over a finished task ("external state reconciled")."""
+
+RECONCILE_STATE_UNSPECIFIED: ReconcileState.ValueType  # 0
+RECONCILE_STATE_PENDING: ReconcileState.ValueType  # 1
+RECONCILE_STATE_MATCHED: ReconcileState.ValueType  # 2
+RECONCILE_STATE_MISMATCH: ReconcileState.ValueType  # 3
+RECONCILE_STATE_NOT_SAMPLED: ReconcileState.ValueType  # 4
+RECONCILE_STATE_NOTHING_TO_PROBE: ReconcileState.ValueType  # 5
+Global___ReconcileState: _TypeAlias = ReconcileState  # noqa: Y015
+
+class _CompensationState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CompensationStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CompensationState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMPENSATION_STATE_UNSPECIFIED: _CompensationState.ValueType  # 0
+    COMPENSATION_STATE_PENDING: _CompensationState.ValueType  # 1
+    COMPENSATION_STATE_SUBMITTED: _CompensationState.ValueType  # 2
+    """submitted_task_id is the new task."""
+    COMPENSATION_STATE_FAILED: _CompensationState.ValueType  # 3
+    """Refused by the gateway (error says why)."""
+
+class CompensationState(_CompensationState, metaclass=_CompensationStateEnumTypeWrapper):
+    """A compensating cell submitted to the gateway for an arbitration loser."""
+
+COMPENSATION_STATE_UNSPECIFIED: CompensationState.ValueType  # 0
+COMPENSATION_STATE_PENDING: CompensationState.ValueType  # 1
+COMPENSATION_STATE_SUBMITTED: CompensationState.ValueType  # 2
+"""submitted_task_id is the new task."""
+COMPENSATION_STATE_FAILED: CompensationState.ValueType  # 3
+"""Refused by the gateway (error says why)."""
+Global___CompensationState: _TypeAlias = CompensationState  # noqa: Y015
+
 class _Resolution:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -160,8 +308,8 @@ class RecoveryTask(_message.Message):
     task_id: _builtins.str
     business: _builtins.str
     state: Global___RecoveryState.ValueType
-    kind: _builtins.str
-    """How it last arrived: "fail" (task.fail) or "demote" (task.demote)."""
+    kind: Global___RecoveryKind.ValueType
+    """How it last arrived."""
     error_class: _builtins.str
     reason: _builtins.str
     generation: _builtins.int
@@ -193,7 +341,7 @@ class RecoveryTask(_message.Message):
         task_id: _builtins.str = ...,
         business: _builtins.str = ...,
         state: Global___RecoveryState.ValueType = ...,
-        kind: _builtins.str = ...,
+        kind: Global___RecoveryKind.ValueType = ...,
         cells: _abc.Iterable[_builtins.str] | None = ...,
         downstreams: _abc.Iterable[_builtins.str] | None = ...,
         error_class: _builtins.str = ...,
@@ -293,7 +441,7 @@ class NodeFailure(_message.Message):
     DOWNSTREAM_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
-    status: _builtins.str
+    status: _common_pb2.NodeStatus.ValueType
     attempts: _builtins.int
     downstream: _builtins.str
     last_error: _builtins.str
@@ -301,7 +449,7 @@ class NodeFailure(_message.Message):
         self,
         *,
         node_id: _builtins.str = ...,
-        status: _builtins.str = ...,
+        status: _common_pb2.NodeStatus.ValueType = ...,
         attempts: _builtins.int = ...,
         downstream: _builtins.str = ...,
         last_error: _builtins.str = ...,
@@ -324,7 +472,7 @@ class FailureRecord(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     ERROR_CLASS_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
-    kind: _builtins.str
+    kind: Global___RecoveryKind.ValueType
     generation: _builtins.int
     reason: _builtins.str
     error_class: _builtins.str
@@ -335,7 +483,7 @@ class FailureRecord(_message.Message):
     def __init__(
         self,
         *,
-        kind: _builtins.str = ...,
+        kind: Global___RecoveryKind.ValueType = ...,
         generation: _builtins.int = ...,
         received_at: _timestamp_pb2.Timestamp | None = ...,
         reason: _builtins.str = ...,
@@ -362,8 +510,7 @@ class RedriveRecord(_message.Message):
     AT_FIELD_NUMBER: _builtins.int
     NODES_RESET_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
-    trigger: _builtins.str
-    """auto, manual, release, settlement, decision."""
+    trigger: Global___RedriveTrigger.ValueType
     actor: _builtins.str
     reason: _builtins.str
     downstream: _builtins.str
@@ -375,7 +522,7 @@ class RedriveRecord(_message.Message):
         self,
         *,
         generation: _builtins.int = ...,
-        trigger: _builtins.str = ...,
+        trigger: Global___RedriveTrigger.ValueType = ...,
         actor: _builtins.str = ...,
         reason: _builtins.str = ...,
         downstream: _builtins.str = ...,
@@ -403,10 +550,9 @@ class Settlement(_message.Message):
     AT_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     generation: _builtins.int
-    method: _builtins.str
-    """PROBE, IDEMPOTENT_RERUN, OPERATOR."""
-    outcome: _builtins.str
-    """SUCCEEDED or PENDING (runnable again)."""
+    method: Global___SettlementMethod.ValueType
+    outcome: _common_pb2.NodeStatus.ValueType
+    """NODE_STATUS_SUCCEEDED, or NODE_STATUS_PENDING (runnable again)."""
     reason: _builtins.str
     actor: _builtins.str
     @_builtins.property
@@ -416,8 +562,8 @@ class Settlement(_message.Message):
         *,
         node_id: _builtins.str = ...,
         generation: _builtins.int = ...,
-        method: _builtins.str = ...,
-        outcome: _builtins.str = ...,
+        method: Global___SettlementMethod.ValueType = ...,
+        outcome: _common_pb2.NodeStatus.ValueType = ...,
         reason: _builtins.str = ...,
         actor: _builtins.str = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
@@ -941,8 +1087,10 @@ class Finding(_message.Message):
     task_id: _builtins.str
     node_id: _builtins.str
     downstream: _builtins.str
-    recorded_status: _builtins.str
-    """What Dispo recorded (e.g. SUCCEEDED) and what the downstream's probe reported."""
+    recorded_status: _common_pb2.NodeStatus.ValueType
+    """What Dispo recorded and what the downstream's probe reported ("done", "not done",
+    "unreachable").
+    """
     observed: _builtins.str
     detail: _builtins.str
     @_builtins.property
@@ -954,7 +1102,7 @@ class Finding(_message.Message):
         task_id: _builtins.str = ...,
         node_id: _builtins.str = ...,
         downstream: _builtins.str = ...,
-        recorded_status: _builtins.str = ...,
+        recorded_status: _common_pb2.NodeStatus.ValueType = ...,
         observed: _builtins.str = ...,
         detail: _builtins.str = ...,
         found_at: _timestamp_pb2.Timestamp | None = ...,
@@ -989,16 +1137,12 @@ class Completion(_message.Message):
     """Fact 1: the task finished (terminal status, when, why)."""
     status_reason: _builtins.str
     callback_url: _builtins.str
-    """Fact 2: the caller was notified (NONE when no callback was asked for; PENDING,
-    DELIVERED, GAVE_UP).
-    """
-    notify_state: _builtins.str
+    """Fact 2: the caller was notified."""
+    notify_state: Global___NotifyState.ValueType
     notify_attempts: _builtins.int
     notify_last_error: _builtins.str
-    reconcile_state: _builtins.str
-    """Fact 3: the external state was reconciled (PENDING, MATCHED, MISMATCH, NOT_SAMPLED,
-    NOTHING_TO_PROBE).
-    """
+    reconcile_state: Global___ReconcileState.ValueType
+    """Fact 3: the external state was reconciled."""
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1014,11 +1158,11 @@ class Completion(_message.Message):
         status_reason: _builtins.str = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         callback_url: _builtins.str = ...,
-        notify_state: _builtins.str = ...,
+        notify_state: Global___NotifyState.ValueType = ...,
         notify_attempts: _builtins.int = ...,
         notified_at: _timestamp_pb2.Timestamp | None = ...,
         notify_last_error: _builtins.str = ...,
-        reconcile_state: _builtins.str = ...,
+        reconcile_state: Global___ReconcileState.ValueType = ...,
         reconciled_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "notified_at", b"notified_at", "reconciled_at", b"reconciled_at"]  # noqa: Y015
@@ -1163,8 +1307,7 @@ class Compensation(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     cell: _builtins.str
-    state: _builtins.str
-    """PENDING, SUBMITTED (submitted_task_id is the new task), FAILED (error says why)."""
+    state: Global___CompensationState.ValueType
     submitted_task_id: _builtins.str
     error: _builtins.str
     attempts: _builtins.int
@@ -1173,7 +1316,7 @@ class Compensation(_message.Message):
         *,
         task_id: _builtins.str = ...,
         cell: _builtins.str = ...,
-        state: _builtins.str = ...,
+        state: Global___CompensationState.ValueType = ...,
         submitted_task_id: _builtins.str = ...,
         error: _builtins.str = ...,
         attempts: _builtins.int = ...,
