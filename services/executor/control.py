@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dispo.executor import repository as repo
 from dispo.executor.domain import Next, decide, to_cancel, truncate_error
-from dispo.executor.runner import PARKED, Executor
+from dispo.executor.runner import Executor
 from dispo.executor.states import TASK_FINAL, NodeState, TaskState
 from dispo.libs.bus import ACK, Disposition
 from dispo.libs.logging import get_logger
@@ -66,7 +66,7 @@ async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
         decision = decide(nodes, now, True)
         if decision.next is Next.FINISH:
             await repo.task_set_status(
-                conn, task_id, decision.status, decision.reason, now, expected=PARKED
+                conn, task_id, decision.status, decision.reason, now, expected=(row.status,)
             )
         await repo.emit_status(conn, task_id, now)
     ex.relay.kick()

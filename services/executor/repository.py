@@ -1,4 +1,6 @@
-"""All SQL of the executor. Every state change carries its expected state (and, for a
+"""All SQL of the executor. Every state change is first checked against the declared
+table (``NODE_TRANSITIONS`` / ``TASK_TRANSITIONS``: an undeclared move raises
+``IllegalTransition`` and writes nothing), then carries its expected state (and, for a
 running node, its owner) in the WHERE clause; zero rows means a lost race, reported to the
 caller as ``False``.
 """
@@ -11,7 +13,7 @@ from typing import Any
 
 from dispo.executor.domain import NodeRun
 from dispo.executor.envelope import node_from_proto, overlay
-from dispo.executor.states import NodeState, TaskState
+from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import outbox_add, outbox_table
 from dispo.libs.timestamps import to_timestamp
@@ -160,22 +162,43 @@ async def nodes_get(conn: AsyncConnection, env: task_pb2.Task) -> dict[str, Node
     return nodes
 
 
+# Nodes an incoming envelope never changes: final here, or running here (their fate is
+# settled by crash recovery, not by a message).
+ADOPT_KEEPS = frozenset({NodeState.SUCCEEDED, NodeState.CANCELLED, NodeState.RUNNING})
+
+
 async def nodes_adopt(conn: AsyncConnection, env: task_pb2.Task) -> None:
-    """A newer generation (short retry or redrive): take its node state, except for nodes
-    recorded SUCCEEDED or CANCELLED, which never change again, and nodes RUNNING here
-    (their fate is settled by crash recovery, not by a message)."""
+    """A newer generation (short retry or redrive): take its node state, except for the
+    nodes in ``ADOPT_KEEPS``. Every status it brings is checked against ``NODE_TRANSITIONS``
+    from the status recorded here before anything is written: one undeclared move refuses
+    the whole envelope (``IllegalTransition``) and no node changes."""
+    here = {
+        r.node_id: NodeState(r.status)
+        for r in await conn.execute(
+            text("SELECT node_id, status FROM node_runs WHERE task_id = :task FOR UPDATE"),
+            {"task": env.task_id},
+        )
+    }
+    adopted: list[tuple[NodeState, NodeRun]] = []
     for node in env.nodes:
         run = node_from_proto(node)
+        current = here.get(run.node_id)
+        if current is None or current in ADOPT_KEEPS:
+            continue
+        if run.status is not current:
+            NODE_TRANSITIONS.check(current, run.status)
+        adopted.append((current, run))
+    for current, run in adopted:
         await conn.execute(
             text(
                 "UPDATE node_runs SET status = :status, attempts = GREATEST(attempts, :attempts),"
                 " round_attempts = :round, not_before = :nb, retryable = :retryable, last_error = :err"
-                " WHERE task_id = :task AND node_id = :node"
-                " AND status NOT IN ('SUCCEEDED', 'CANCELLED', 'RUNNING')"
+                " WHERE task_id = :task AND node_id = :node AND status = :current"
             ),
             {
                 "task": env.task_id,
                 "node": run.node_id,
+                "current": current.value,
                 "status": run.status.value,
                 "attempts": run.attempts,
                 "round": run.round_attempts,
@@ -236,6 +259,7 @@ async def node_set_status_if(
 ) -> bool:
     """Move one node from ``expected`` to ``new`` (and set ``fields``); False if it was not in
     ``expected`` (or, with ``owner``, not run by that owner)."""
+    NODE_TRANSITIONS.check(expected, new)
     sets = ", ".join(f"{name} = :{name}" for name in fields)
     sql = (
         f"UPDATE node_runs SET status = :new{', ' + sets if sets else ''}"
@@ -258,6 +282,7 @@ async def node_claim_if_pending(
 ) -> bool:
     """PENDING → RUNNING, only for the lease holder and not once a cancel is requested: the
     one claim exactly one contender wins."""
+    NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
     result = await conn.execute(
         text(
             "UPDATE node_runs SET status = 'RUNNING', run_owner = :owner, attempts = attempts + 1,"
@@ -280,6 +305,8 @@ async def task_set_status(
     *,
     expected: tuple[TaskState, ...],
 ) -> bool:
+    """Move the task from one of ``expected`` to ``status``; False if it was in none."""
+    TASK_TRANSITIONS.check(expected, status)
     result = await conn.execute(
         text(
             "UPDATE task_runs SET status = :status, status_reason = :reason, updated_at = :now"

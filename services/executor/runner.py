@@ -31,11 +31,12 @@ from dispo.executor.domain import (
 from dispo.executor.envelope import payload_of
 from dispo.executor.states import TASK_FINAL, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.bus import ACK, Disposition, Nak
+from dispo.libs.bus import ACK, Disposition, Nak, Term
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.states import IllegalTransition
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
@@ -157,7 +158,11 @@ class Executor:
             )
             return ACK
         elif env.generation > row.generation and row.status not in TASK_FINAL:
-            await repo.nodes_adopt(conn, env)
+            try:
+                await repo.nodes_adopt(conn, env)
+            except IllegalTransition as refused:  # checked before any write: nothing changed
+                log.warning("task.create refused", task_id=task_id, problem=refused.message)
+                return Term(refused.message)
             row = None
         if row is None:  # written here (or inserted by a concurrent cancel): read it back
             row = await repo.task_get(conn, task_id, for_update=True)
@@ -510,8 +515,9 @@ class Executor:
                 await repo.emit_status(conn, task_id, now)
             wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
             return Nak(delay=max(0.05, wait))
+        # The pass made the task RUNNING when it took the lease, and holds the lease still.
         await repo.task_set_status(
-            conn, task_id, decision.status, decision.reason, now, expected=PARKED
+            conn, task_id, decision.status, decision.reason, now, expected=(TaskState.RUNNING,)
         )
         generation = (
             await repo.task_bump_generation(conn, task_id)

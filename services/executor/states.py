@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.states import Transitions
 
 
 class NodeState(enum.StrEnum):
@@ -43,18 +44,21 @@ class NodeState(enum.StrEnum):
 
 
 N = NodeState
-NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
-    N.PENDING: frozenset({N.RUNNING, N.DEPENDENCY_FAILED, N.DEMOTED, N.CANCELLED}),
-    N.RUNNING: frozenset({N.SUCCEEDED, N.FAILED, N.PENDING, N.UNKNOWN}),
-    N.UNKNOWN: frozenset({N.PENDING, N.SUCCEEDED, N.FAILED, N.CANCELLED}),
-    N.FAILED: frozenset({N.PENDING, N.CANCELLED}),
-    N.DEMOTED: frozenset({N.PENDING, N.CANCELLED}),
-    N.SUCCEEDED: frozenset(),
-    N.DEPENDENCY_FAILED: frozenset({N.PENDING}),
-    N.CANCELLED: frozenset(),
-}
+NODE_TRANSITIONS = Transitions[NodeState](
+    "node",
+    {
+        N.PENDING: frozenset({N.RUNNING, N.DEPENDENCY_FAILED, N.DEMOTED, N.CANCELLED}),
+        N.RUNNING: frozenset({N.SUCCEEDED, N.FAILED, N.PENDING, N.UNKNOWN}),
+        N.UNKNOWN: frozenset({N.PENDING, N.SUCCEEDED, N.FAILED, N.CANCELLED}),
+        N.FAILED: frozenset({N.PENDING, N.CANCELLED}),
+        N.DEMOTED: frozenset({N.PENDING, N.CANCELLED}),
+        N.SUCCEEDED: frozenset(),
+        N.DEPENDENCY_FAILED: frozenset({N.PENDING}),
+        N.CANCELLED: frozenset(),
+    },
+)
 # States nothing ever changes again (not even a redrive).
-NODE_FINAL = frozenset(s for s, out in NODE_TRANSITIONS.items() if not out)
+NODE_FINAL = NODE_TRANSITIONS.final
 
 
 class TaskState(enum.StrEnum):
@@ -76,18 +80,21 @@ class TaskState(enum.StrEnum):
 
 
 T = TaskState
-TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    T.ACCEPTED: frozenset({T.RUNNING, T.CANCELLED}),
-    # RUNNING → RUNNING: a short retry re-published the task.
-    T.RUNNING: frozenset(
-        {T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED, T.RETRY_EXHAUSTED, T.DEMOTED}
-    ),
-    # Parked with the reconciler until a redrive (→ RUNNING), a cancel, or a task.close
-    # when the reconciler gives up (→ FAILED).
-    T.RETRY_EXHAUSTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
-    T.DEMOTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
-    T.SUCCEEDED: frozenset(),
-    T.FAILED: frozenset(),
-    T.CANCELLED: frozenset(),
-}
-TASK_FINAL = frozenset(s for s, out in TASK_TRANSITIONS.items() if not out)
+TASK_TRANSITIONS = Transitions[TaskState](
+    "task",
+    {
+        T.ACCEPTED: frozenset({T.RUNNING, T.CANCELLED}),
+        # RUNNING → RUNNING: a short retry re-published the task.
+        T.RUNNING: frozenset(
+            {T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED, T.RETRY_EXHAUSTED, T.DEMOTED}
+        ),
+        # Parked with the reconciler until a redrive (→ RUNNING), a cancel, or a task.close
+        # when the reconciler gives up (→ FAILED).
+        T.RETRY_EXHAUSTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
+        T.DEMOTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
+        T.SUCCEEDED: frozenset(),
+        T.FAILED: frozenset(),
+        T.CANCELLED: frozenset(),
+    },
+)
+TASK_FINAL = TASK_TRANSITIONS.final

@@ -17,6 +17,7 @@ from typing import Any
 
 from dispo.libs.errors import FieldViolation, InvalidArgument
 from dispo.libs.evaluation import LINE_RULE, VERDICT_RULE, Line, Verdict
+from dispo.libs.states import Transitions
 
 MAX_ID_CHARS = 128
 MAX_CONFIGURATION_BYTES = 64 * 1024
@@ -31,14 +32,19 @@ class EvaluationStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-EVALUATION_TRANSITIONS: dict[EvaluationStatus, frozenset[EvaluationStatus]] = {
-    EvaluationStatus.RUNNING: frozenset(
-        {EvaluationStatus.COMPLETED, EvaluationStatus.FAILED, EvaluationStatus.CANCELLED}
-    ),
-    EvaluationStatus.COMPLETED: frozenset(),
-    EvaluationStatus.FAILED: frozenset(),
-    EvaluationStatus.CANCELLED: frozenset(),
-}
+EVALUATION_TRANSITIONS = Transitions[EvaluationStatus](
+    "evaluation",
+    {
+        EvaluationStatus.RUNNING: {
+            EvaluationStatus.COMPLETED,
+            EvaluationStatus.FAILED,
+            EvaluationStatus.CANCELLED,
+        },
+        EvaluationStatus.COMPLETED: set(),
+        EvaluationStatus.FAILED: set(),
+        EvaluationStatus.CANCELLED: set(),
+    },
+)
 EVALUATION_TERMINAL = frozenset(
     {EvaluationStatus.COMPLETED, EvaluationStatus.FAILED, EvaluationStatus.CANCELLED}
 )

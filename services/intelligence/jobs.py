@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from dispo.libs.states import Transitions
+
 # Error text stored on a failed row is cut here, and only here (see ``truncate_error``).
 ERROR_TEXT_LIMIT = 500
 # Restart recovery re-queues a queued row at most this many times, then fails it visibly.
@@ -38,12 +40,17 @@ class JobStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: frozenset({JobStatus.GENERATING, JobStatus.FAILED}),
-    JobStatus.GENERATING: frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.QUEUED}),
-    JobStatus.FAILED: frozenset({JobStatus.QUEUED}),
-    JobStatus.COMPLETED: frozenset(),
-}
+TRANSITIONS = Transitions[JobStatus](
+    "job",
+    {
+        # queued -> queued: restart recovery re-queues a row no worker claimed (one more
+        # recovery attempt, same status).
+        JobStatus.QUEUED: {JobStatus.GENERATING, JobStatus.FAILED, JobStatus.QUEUED},
+        JobStatus.GENERATING: {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.QUEUED},
+        JobStatus.FAILED: {JobStatus.QUEUED},
+        JobStatus.COMPLETED: set(),
+    },
+)
 
 TERMINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED})
 # A trigger may (re-)queue a job only from these; the others mean "already handled".
@@ -51,7 +58,7 @@ REQUEUE_FROM = frozenset({JobStatus.FAILED})
 
 
 def can_transition(source: JobStatus, target: JobStatus) -> bool:
-    return target in TRANSITIONS[source]
+    return TRANSITIONS.allows(source, target)
 
 
 def truncate_error(text: str) -> str:

@@ -1,7 +1,9 @@
 """All SQL of the intelligence context: the evaluation read model and the job rows.
 
-Names say the entity first and the guard second. Every state-changing UPDATE carries the
-state it expects in its WHERE; ``False`` / ``None`` back means the race was lost.
+Names say the entity first and the guard second. Every state-changing UPDATE first checks
+its move against the declared table (``TRANSITIONS`` / ``EVALUATION_TRANSITIONS``; an
+undeclared move raises ``IllegalTransition`` and writes nothing), then carries the state it
+expects in its WHERE; ``False`` / ``None`` back means the race was lost.
 """
 
 from __future__ import annotations
@@ -11,8 +13,15 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from dispo.intelligence.evaluations import Evaluation, EvaluationStatus, Line, RunResult, Verdict
-from dispo.intelligence.jobs import REQUEUE_FROM, Job, JobKind, JobStatus
+from dispo.intelligence.evaluations import (
+    EVALUATION_TRANSITIONS,
+    Evaluation,
+    EvaluationStatus,
+    Line,
+    RunResult,
+    Verdict,
+)
+from dispo.intelligence.jobs import REQUEUE_FROM, TRANSITIONS, Job, JobKind, JobStatus
 from sqlalchemy import text
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -112,6 +121,7 @@ class IntelligenceRepository:
     async def evaluation_complete_if_running(
         self, evaluation_id: str, status: EvaluationStatus, now: datetime
     ) -> bool:
+        EVALUATION_TRANSITIONS.check(EvaluationStatus.RUNNING, status)
         row = await self._one(
             """UPDATE evaluations SET status = :status, completed_at = :now, updated_at = :now
                WHERE evaluation_id = :id AND status = 'running' RETURNING evaluation_id""",
@@ -254,6 +264,8 @@ class IntelligenceRepository:
         Returns the row as it now is (``None`` for an unknown evaluation) and whether this
         call created or re-queued it.
         """
+        if requeue_failed:
+            TRANSITIONS.check(REQUEUE_FROM, JobStatus.QUEUED)
         requeue = ", ".join(f"'{s.value}'" for s in REQUEUE_FROM) if requeue_failed else "NULL"
         row = await self._one(
             f"""INSERT INTO intelligence_jobs AS j (kind, evaluation_id, status, created_at, updated_at)
@@ -289,6 +301,7 @@ class IntelligenceRepository:
     async def job_set_generating_if_claimed(
         self, kind: JobKind, evaluation_id: str, token: str, fields: dict[str, Any], now: datetime
     ) -> bool:
+        TRANSITIONS.check(JobStatus.QUEUED, JobStatus.GENERATING)
         set_sql, params = _set_fields(fields)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'generating', started_at = :now, updated_at = :now {set_sql}
@@ -311,6 +324,7 @@ class IntelligenceRepository:
         fields: dict[str, Any],
         now: datetime,
     ) -> bool:
+        TRANSITIONS.check(JobStatus.GENERATING, JobStatus.COMPLETED)
         set_sql, params = _set_fields(fields)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'completed', result = CAST(:result AS jsonb), error = NULL,
@@ -336,6 +350,7 @@ class IntelligenceRepository:
         fields: dict[str, Any],
         now: datetime,
     ) -> bool:
+        TRANSITIONS.check(expected, JobStatus.FAILED)
         set_sql, params = _set_fields(fields)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'failed', error = :error, finished_at = :now,
@@ -356,6 +371,7 @@ class IntelligenceRepository:
         self, kind: JobKind, evaluation_id: str, token: str, now: datetime
     ) -> bool:
         """Hand a row back (its worker is stopping); recovery picks it up."""
+        TRANSITIONS.check(JobStatus.GENERATING, JobStatus.QUEUED)
         row = await self._one(
             """UPDATE intelligence_jobs SET status = 'queued', claim_token = NULL, claimed_at = NULL,
                    started_at = NULL, updated_at = :now
@@ -395,6 +411,7 @@ class IntelligenceRepository:
         }
 
     async def job_requeue_if_unchanged(self, job: Job, now: datetime) -> bool:
+        TRANSITIONS.check(job.status, JobStatus.QUEUED)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'queued', claim_token = NULL, claimed_at = NULL,
                     started_at = NULL, recovery_attempts = recovery_attempts + 1, updated_at = :now
@@ -405,6 +422,7 @@ class IntelligenceRepository:
         return row is not None
 
     async def job_fail_if_unchanged(self, job: Job, error: str, now: datetime) -> bool:
+        TRANSITIONS.check(job.status, JobStatus.FAILED)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'failed', error = :error, claim_token = NULL,
                     finished_at = :now, updated_at = :now

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from dispo.libs.evaluation import Line, Verdict
+from dispo.libs.states import Transitions
 
 
 class EvaluationStatus(enum.StrEnum):
@@ -31,27 +32,30 @@ class EvaluationStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-EVALUATION_TRANSITIONS: dict[EvaluationStatus, frozenset[EvaluationStatus]] = {
-    EvaluationStatus.QUEUED: frozenset(
-        {EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}
-    ),
-    EvaluationStatus.EXECUTING: frozenset(
-        {
-            EvaluationStatus.STUCK,
-            EvaluationStatus.PAUSED,
-            EvaluationStatus.COMPLETED,
-            EvaluationStatus.CANCELLED,
-        }
-    ),
-    EvaluationStatus.PAUSED: frozenset(
-        {EvaluationStatus.QUEUED, EvaluationStatus.EXECUTING, EvaluationStatus.CANCELLED}
-    ),
-    EvaluationStatus.STUCK: frozenset(
-        {EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}
-    ),
-    EvaluationStatus.COMPLETED: frozenset(),
-    EvaluationStatus.CANCELLED: frozenset(),
-}
+EVALUATION_TRANSITIONS = Transitions[EvaluationStatus](
+    "evaluation",
+    {
+        EvaluationStatus.QUEUED: frozenset(
+            {EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}
+        ),
+        EvaluationStatus.EXECUTING: frozenset(
+            {
+                EvaluationStatus.STUCK,
+                EvaluationStatus.PAUSED,
+                EvaluationStatus.COMPLETED,
+                EvaluationStatus.CANCELLED,
+            }
+        ),
+        EvaluationStatus.PAUSED: frozenset(
+            {EvaluationStatus.QUEUED, EvaluationStatus.EXECUTING, EvaluationStatus.CANCELLED}
+        ),
+        EvaluationStatus.STUCK: frozenset(
+            {EvaluationStatus.EXECUTING, EvaluationStatus.PAUSED, EvaluationStatus.CANCELLED}
+        ),
+        EvaluationStatus.COMPLETED: frozenset(),
+        EvaluationStatus.CANCELLED: frozenset(),
+    },
+)
 
 # Statuses whose evaluations the queue scan may hand to a cron.
 SERVABLE = (EvaluationStatus.QUEUED, EvaluationStatus.EXECUTING, EvaluationStatus.STUCK)
@@ -67,11 +71,14 @@ class CronStatus(enum.StrEnum):
     STUCK = "stuck"
 
 
-CRON_TRANSITIONS: dict[CronStatus, frozenset[CronStatus]] = {
-    CronStatus.IDLE: frozenset({CronStatus.BUSY, CronStatus.STUCK}),
-    CronStatus.BUSY: frozenset({CronStatus.IDLE, CronStatus.STUCK}),
-    CronStatus.STUCK: frozenset(),
-}
+CRON_TRANSITIONS = Transitions[CronStatus](
+    "cron",
+    {
+        CronStatus.IDLE: frozenset({CronStatus.BUSY, CronStatus.STUCK}),
+        CronStatus.BUSY: frozenset({CronStatus.IDLE, CronStatus.STUCK}),
+        CronStatus.STUCK: frozenset(),
+    },
+)
 
 
 class AssignmentEnd(enum.StrEnum):
@@ -83,10 +90,6 @@ class AssignmentEnd(enum.StrEnum):
     FORCE_RELEASED = "force_released"  # held too long, or an operator asked
     CANCELLED = "cancelled"  # the evaluation was cancelled or paused
     DRIFT = "drift"  # repaired by the reconciler's drift check
-
-
-def can_transition(table: dict, old: enum.Enum, new: enum.Enum) -> bool:
-    return new in table[old]
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class Pool:
         now = self.clock.now()
         async with self.engine.begin() as conn:
             ev = await self._locked(conn, evaluation_id)
-            allowed = tuple(s for s in EvaluationStatus if new in EVALUATION_TRANSITIONS[s])
+            allowed = EVALUATION_TRANSITIONS.sources(new)
             if ev.status not in allowed:
                 raise FailedPrecondition(
                     f"evaluation {ev.id} is {ev.status.value}; cannot become {new.value}"

@@ -1,8 +1,11 @@
 """All SQL of the pool context. Functions take an open connection (the caller owns the
 transaction) and ``now``; names say the entity first and the guard second.
 
-Every state-changing UPDATE carries its expected state in WHERE; a function whose guard
-did not match returns None / False and the caller decides what a lost race means.
+Every state-changing UPDATE first checks its move against the declared table
+(``EVALUATION_TRANSITIONS`` / ``CRON_TRANSITIONS``; an undeclared move raises
+``IllegalTransition`` and writes nothing), then carries its expected state in WHERE; a
+function whose guard did not match returns None / False and the caller decides what a lost
+race means.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from datetime import datetime
 from dispo.libs.errors import AlreadyExists
 from dispo.libs.outbox import outbox_table
 from dispo.pool.domain import (
+    CRON_TRANSITIONS,
+    EVALUATION_TRANSITIONS,
     SERVABLE,
     Assignment,
     Cron,
@@ -171,6 +176,7 @@ async def evaluation_set_status_if(
     now: datetime,
 ) -> bool:
     """Move an unassigned evaluation between statuses (pause / resume / cancel / complete)."""
+    EVALUATION_TRANSITIONS.check(expected, new)
     done = new in (EvaluationStatus.COMPLETED, EvaluationStatus.CANCELLED)
     result = await conn.execute(
         text(f"""
@@ -192,6 +198,10 @@ async def evaluation_set_boost(conn: AsyncConnection, evaluation_id: str, boost:
     return result.rowcount == 1
 
 
+# Servable statuses a claim moves to executing (an executing one just changes cron).
+_CLAIMED_FROM = tuple(s for s in SERVABLE if s is not EvaluationStatus.EXECUTING)
+
+
 @dataclass(frozen=True)
 class Claim:
     evaluation: Evaluation
@@ -204,8 +214,11 @@ async def evaluation_claim_top_for_cron(
     """Hand the top queue item (or the named one) to an idle cron, in one statement.
 
     The cron row is locked and must be idle; the evaluation row is taken with SKIP LOCKED,
-    so of any number of racing crons exactly one gets each item.
+    so of any number of racing crons exactly one gets each item. An executing evaluation
+    between crons stays executing; a queued or stuck one starts executing.
     """
+    EVALUATION_TRANSITIONS.check(_CLAIMED_FROM, EvaluationStatus.EXECUTING)
+    CRON_TRANSITIONS.check(CronStatus.IDLE, CronStatus.BUSY)
     only = "AND e.id = :eid" if evaluation_id else ""
     row = (
         await conn.execute(
@@ -393,6 +406,7 @@ async def cron_release_if_holding(
     touch: bool = True,
 ) -> bool:
     """End the assignment of ``evaluation_id`` to ``cron_id``: cron idle, evaluation back in the queue."""
+    CRON_TRANSITIONS.check(CronStatus.BUSY, CronStatus.IDLE)
     # The evaluation row first, then the cron row (the pool's lock order).
     await evaluation_unassign_if(conn, evaluation_id, cron_id, now)
     freed = await conn.execute(
@@ -413,11 +427,15 @@ async def evaluation_unassign_if(
     now: datetime,
     new_status: EvaluationStatus | None = None,
 ) -> bool:
+    """Take ``cron_id`` off the evaluation it holds (which is executing: the schema allows an
+    assignment only then), moving it to ``new_status`` if one is given."""
+    if new_status is not None:
+        EVALUATION_TRANSITIONS.check(EvaluationStatus.EXECUTING, new_status)
     result = await conn.execute(
         text("""
         UPDATE evaluations SET assigned_cron_id = NULL, assigned_at = NULL, waiting_since = :now,
             status = COALESCE(:status, status)
-        WHERE id = :e AND assigned_cron_id = :cron"""),
+        WHERE id = :e AND assigned_cron_id = :cron AND status = 'executing'"""),
         {
             "e": evaluation_id,
             "cron": cron_id,
@@ -450,6 +468,7 @@ async def crons_silent_before(conn: AsyncConnection, cutoff: datetime, limit: in
 
 
 async def cron_mark_stuck_if_silent(conn: AsyncConnection, cron: Cron, cutoff: datetime) -> bool:
+    CRON_TRANSITIONS.check(cron.status, CronStatus.STUCK)
     result = await conn.execute(
         text("""
         UPDATE crons SET status = 'stuck', evaluation_id = NULL

@@ -6,7 +6,12 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispo.reconciler.states import ClaimState
+from dispo.reconciler.states import (
+    CLAIM_TRANSITIONS,
+    COMPENSATION_TRANSITIONS,
+    ClaimState,
+    CompensationState,
+)
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -107,6 +112,7 @@ async def claims_set_if(
     new: ClaimState,
     verdict_id: int | None,
 ) -> int:
+    CLAIM_TRANSITIONS.check(expected, new)
     result = await conn.execute(
         text(
             "UPDATE claims SET state = :new, verdict_id = COALESCE(:verdict, verdict_id)"
@@ -186,11 +192,12 @@ async def compensation_set_if(
     verdict_id: int,
     task_id: str,
     attempts_read: int,
-    new: str,
+    new: CompensationState,
     next_at: datetime | None,
     submitted_task_id: str,
     error: str,
 ) -> bool:
+    COMPENSATION_TRANSITIONS.check(CompensationState.PENDING, new)
     result = await conn.execute(
         text(
             "UPDATE compensations SET state = :new, attempts = attempts + 1, next_at = :next,"
@@ -201,7 +208,7 @@ async def compensation_set_if(
             "verdict": verdict_id,
             "task": task_id,
             "attempts": attempts_read,
-            "new": new,
+            "new": new.value,
             "next": next_at,
             "submitted": submitted_task_id,
             "error": error[:500],

@@ -72,7 +72,7 @@ async def compensate_sweep(ctx: Context) -> int:
                 delay = backoff(policy.base_delay, policy.max_delay, 0.5, attempt, ctx.rng)
                 new, next_at = CompensationState.PENDING, now + timedelta(seconds=delay)
             if await arb.compensation_set_if(
-                conn, row.verdict_id, row.task_id, row.attempts, new.value, next_at, task_id, error
+                conn, row.verdict_id, row.task_id, row.attempts, new, next_at, task_id, error
             ):
                 log.info(
                     "compensation",

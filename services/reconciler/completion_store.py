@@ -6,7 +6,12 @@ from datetime import datetime
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler.states import NotifyState, ReconcileState
+from dispo.reconciler.states import (
+    NOTIFY_TRANSITIONS,
+    RECONCILE_TRANSITIONS,
+    NotifyState,
+    ReconcileState,
+)
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -107,6 +112,7 @@ async def notify_set_if(
     error: str,
 ) -> bool:
     """Record the outcome of attempt ``attempts_read + 1`` if no one recorded it first."""
+    NOTIFY_TRANSITIONS.check(NotifyState.PENDING, new)
     result = await conn.execute(
         text(
             "UPDATE completions SET notify_state = :new, notify_attempts = notify_attempts + 1, notify_next_at = :next,"
@@ -157,6 +163,7 @@ async def reconcile_set_if(
     now: datetime,
     next_at: datetime | None,
 ) -> bool:
+    RECONCILE_TRANSITIONS.check(ReconcileState.PENDING, new)
     result = await conn.execute(
         text(
             "UPDATE completions SET reconcile_state = :new, reconcile_attempts = reconcile_attempts + 1,"

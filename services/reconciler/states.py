@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import enum
 
+from dispo.libs.states import Transitions
+
 
 class RecoveryState(enum.StrEnum):
     PARKED_FAILED = "PARKED_FAILED"
@@ -34,17 +36,20 @@ class RecoveryState(enum.StrEnum):
 R = RecoveryState
 # Parked: the task is waiting with the reconciler (intake may replace its picture).
 PARKED = frozenset({R.PARKED_FAILED, R.AWAITING_SETTLEMENT, R.AWAITING_DECISION, R.DEMOTED})
-RECOVERY_TRANSITIONS: dict[RecoveryState, frozenset[RecoveryState]] = {
-    R.PARKED_FAILED: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
-    R.AWAITING_SETTLEMENT: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
-    R.AWAITING_DECISION: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
-    R.DEMOTED: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
-    R.REDRIVEN: PARKED | {R.FAILED, R.RESOLVED},
-    R.RESOLVED: frozenset(),
-    R.FAILED: frozenset(),
-    R.ABANDONED: frozenset(),
-}
-RECOVERY_FINAL = frozenset(s for s, out in RECOVERY_TRANSITIONS.items() if not out)
+RECOVERY_TRANSITIONS = Transitions[RecoveryState](
+    "recovery",
+    {
+        R.PARKED_FAILED: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
+        R.AWAITING_SETTLEMENT: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
+        R.AWAITING_DECISION: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
+        R.DEMOTED: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
+        R.REDRIVEN: PARKED | {R.FAILED, R.RESOLVED},
+        R.RESOLVED: frozenset(),
+        R.FAILED: frozenset(),
+        R.ABANDONED: frozenset(),
+    },
+)
+RECOVERY_FINAL = RECOVERY_TRANSITIONS.final
 
 
 class NotifyState(enum.StrEnum):
@@ -56,12 +61,18 @@ class NotifyState(enum.StrEnum):
     GAVE_UP = "GAVE_UP"
 
 
-NOTIFY_TRANSITIONS: dict[NotifyState, frozenset[NotifyState]] = {
-    NotifyState.NONE: frozenset(),
-    NotifyState.PENDING: frozenset({NotifyState.DELIVERED, NotifyState.GAVE_UP}),
-    NotifyState.DELIVERED: frozenset(),
-    NotifyState.GAVE_UP: frozenset(),
-}
+NOTIFY_TRANSITIONS = Transitions[NotifyState](
+    "notify",
+    {
+        NotifyState.NONE: frozenset(),
+        # PENDING -> PENDING: a failed attempt, the next one scheduled.
+        NotifyState.PENDING: frozenset(
+            {NotifyState.PENDING, NotifyState.DELIVERED, NotifyState.GAVE_UP}
+        ),
+        NotifyState.DELIVERED: frozenset(),
+        NotifyState.GAVE_UP: frozenset(),
+    },
+)
 
 
 class ReconcileState(enum.StrEnum):
@@ -74,20 +85,25 @@ class ReconcileState(enum.StrEnum):
     NOTHING_TO_PROBE = "NOTHING_TO_PROBE"
 
 
-RECONCILE_TRANSITIONS: dict[ReconcileState, frozenset[ReconcileState]] = {
-    ReconcileState.PENDING: frozenset(
-        {
-            ReconcileState.MATCHED,
-            ReconcileState.MISMATCH,
-            ReconcileState.NOT_SAMPLED,
-            ReconcileState.NOTHING_TO_PROBE,
-        }
-    ),
-    ReconcileState.MATCHED: frozenset(),
-    ReconcileState.MISMATCH: frozenset(),
-    ReconcileState.NOT_SAMPLED: frozenset(),
-    ReconcileState.NOTHING_TO_PROBE: frozenset(),
-}
+RECONCILE_TRANSITIONS = Transitions[ReconcileState](
+    "reconcile",
+    {
+        # PENDING -> PENDING: the probe could not answer; the next attempt scheduled.
+        ReconcileState.PENDING: frozenset(
+            {
+                ReconcileState.PENDING,
+                ReconcileState.MATCHED,
+                ReconcileState.MISMATCH,
+                ReconcileState.NOT_SAMPLED,
+                ReconcileState.NOTHING_TO_PROBE,
+            }
+        ),
+        ReconcileState.MATCHED: frozenset(),
+        ReconcileState.MISMATCH: frozenset(),
+        ReconcileState.NOT_SAMPLED: frozenset(),
+        ReconcileState.NOTHING_TO_PROBE: frozenset(),
+    },
+)
 
 
 class ClaimState(enum.StrEnum):
@@ -99,13 +115,16 @@ class ClaimState(enum.StrEnum):
     UNCONTESTED = "UNCONTESTED"  # the window passed with no conflict
 
 
-CLAIM_TRANSITIONS: dict[ClaimState, frozenset[ClaimState]] = {
-    ClaimState.OPEN: frozenset({ClaimState.WON, ClaimState.LOST, ClaimState.UNCONTESTED}),
-    # A later, stronger claim within the window may still overrule an earlier winner.
-    ClaimState.WON: frozenset({ClaimState.LOST}),
-    ClaimState.LOST: frozenset(),
-    ClaimState.UNCONTESTED: frozenset(),
-}
+CLAIM_TRANSITIONS = Transitions[ClaimState](
+    "claim",
+    {
+        ClaimState.OPEN: frozenset({ClaimState.WON, ClaimState.LOST, ClaimState.UNCONTESTED}),
+        # A later, stronger claim within the window may still overrule an earlier winner.
+        ClaimState.WON: frozenset({ClaimState.LOST}),
+        ClaimState.LOST: frozenset(),
+        ClaimState.UNCONTESTED: frozenset(),
+    },
+)
 
 
 class CompensationState(enum.StrEnum):
@@ -116,11 +135,17 @@ class CompensationState(enum.StrEnum):
     FAILED = "FAILED"  # refused by the gateway (e.g. a payload the cell does not accept)
 
 
-COMPENSATION_TRANSITIONS: dict[CompensationState, frozenset[CompensationState]] = {
-    CompensationState.PENDING: frozenset({CompensationState.SUBMITTED, CompensationState.FAILED}),
-    CompensationState.SUBMITTED: frozenset(),
-    CompensationState.FAILED: frozenset(),
-}
+COMPENSATION_TRANSITIONS = Transitions[CompensationState](
+    "compensation",
+    {
+        # PENDING -> PENDING: the gateway could not be reached; the next attempt scheduled.
+        CompensationState.PENDING: frozenset(
+            {CompensationState.PENDING, CompensationState.SUBMITTED, CompensationState.FAILED}
+        ),
+        CompensationState.SUBMITTED: frozenset(),
+        CompensationState.FAILED: frozenset(),
+    },
+)
 
 
 class SettlementMethod(enum.StrEnum):

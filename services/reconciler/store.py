@@ -44,15 +44,6 @@ class RecoveryRow:
     updated_at: datetime
 
 
-def _allowed(expected: list[RecoveryState], new: RecoveryState) -> None:
-    """Every move the code makes must be in the declared table (a bug otherwise)."""
-    bad = [e for e in expected if new not in RECOVERY_TRANSITIONS[e]]
-    if bad:
-        raise ValueError(
-            f"recovery state move {bad[0].value} -> {new.value} is not in RECOVERY_TRANSITIONS"
-        )
-
-
 def _row(r: Any) -> RecoveryRow:
     return RecoveryRow(
         r.task_id,
@@ -178,7 +169,7 @@ async def task_repark_if(
     conn: AsyncConnection, row: RecoveryRow, *, expected: RecoveryState, expected_generation: int
 ) -> bool:
     """Replace the parked picture (a newer envelope arrived) if nobody moved the row."""
-    _allowed([expected], row.state)
+    RECOVERY_TRANSITIONS.check(expected, row.state)
     result = await conn.execute(
         text(
             "UPDATE recovery_tasks SET state = :state, kind = :kind, cells = :cells, downstreams = :downstreams,"
@@ -207,7 +198,7 @@ async def task_set_state_if(
         fields["envelope"] = fields["envelope"].SerializeToString()
     sets = "".join(f", {name} = :{name}" for name in fields)
     expected_all = [expected] if isinstance(expected, RecoveryState) else list(expected)
-    _allowed(expected_all, new)
+    RECOVERY_TRANSITIONS.check(expected_all, new)
     sql = (
         f"UPDATE recovery_tasks SET state = :new, updated_at = :now{sets}"
         " WHERE task_id = :task_id AND state = ANY(:expected)"
@@ -234,7 +225,7 @@ async def task_redriven_if(
     *,
     release: bool,
 ) -> bool:
-    _allowed([expected], RecoveryState.REDRIVEN)
+    RECOVERY_TRANSITIONS.check(expected, RecoveryState.REDRIVEN)
     counter = "releases = releases + 1" if release else "redrives = redrives + 1"
     result = await conn.execute(
         text(

@@ -4,10 +4,12 @@ import asyncio
 import re
 from datetime import UTC, datetime
 
+import pytest
 from dispo.executor import repository as repo
 from dispo.executor.states import NodeState, TaskState
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.states import IllegalTransition
 from sqlalchemy import text
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -87,3 +89,118 @@ async def test_exactly_one_of_concurrent_node_claims_wins_and_only_the_owner_rec
         await repo.nodes_adopt(conn, newer)
         nodes = await repo.nodes_get(conn, newer)
     assert nodes["a.x"].status is NodeState.SUCCEEDED
+
+
+async def _node_row(conn, task_id="t1", node_id="a.x"):
+    return (
+        await conn.execute(
+            text(
+                "SELECT status, attempts, last_error FROM node_runs WHERE task_id = :t AND node_id = :n"
+            ),
+            {"t": task_id, "n": node_id},
+        )
+    ).one()
+
+
+async def test_an_undeclared_node_or_task_move_is_refused_and_changes_nothing(service_engine):
+    engine = await service_engine("executor")
+    async with engine.begin() as conn:
+        await repo.task_insert(conn, envelope(), "t1", NOW)
+        await repo.lease_take(conn, "t1", "me", NOW, 10)
+        assert await repo.node_claim_if_pending(conn, "t1", "a.x", "me", NOW)
+        assert await repo.node_set_status_if(
+            conn, "t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, owner="me"
+        )
+        assert await repo.task_set_status(
+            conn, "t1", TaskState.RUNNING, "", NOW, expected=(TaskState.ACCEPTED,)
+        )
+        assert await repo.task_set_status(
+            conn, "t1", TaskState.SUCCEEDED, "done", NOW, expected=(TaskState.RUNNING,)
+        )
+    async with engine.begin() as conn:
+        before = await _node_row(conn)
+        with pytest.raises(
+            IllegalTransition, match="node state cannot move from SUCCEEDED to PENDING"
+        ):
+            await repo.node_set_status_if(
+                conn, "t1", "a.x", NodeState.SUCCEEDED, NodeState.PENDING, last_error="again"
+            )
+        with pytest.raises(
+            IllegalTransition, match="task state cannot move from SUCCEEDED to RUNNING"
+        ):
+            await repo.task_set_status(
+                conn, "t1", TaskState.RUNNING, "", NOW, expected=(TaskState.SUCCEEDED,)
+            )
+        # One allowed source does not cover a forbidden one in the same guard.
+        with pytest.raises(IllegalTransition, match="from ACCEPTED to SUCCEEDED"):
+            await repo.task_set_status(
+                conn,
+                "t1",
+                TaskState.SUCCEEDED,
+                "",
+                NOW,
+                expected=(TaskState.RUNNING, TaskState.ACCEPTED),
+            )
+    async with engine.connect() as conn:
+        assert await _node_row(conn) == before
+        task = await repo.task_get(conn, "t1")
+    assert (task.status, task.status_reason) == (TaskState.SUCCEEDED, "done")
+
+
+async def test_concurrent_results_for_one_running_node_exactly_one_is_recorded(service_engine):
+    engine = await service_engine("executor")
+    async with engine.begin() as conn:
+        await repo.task_insert(conn, envelope(), "t1", NOW)
+        await repo.lease_take(conn, "t1", "me", NOW, 10)
+        assert await repo.node_claim_if_pending(conn, "t1", "a.x", "me", NOW)
+
+    async def record(new, error):
+        async with engine.begin() as conn:
+            return await repo.node_set_status_if(
+                conn, "t1", "a.x", NodeState.RUNNING, new, owner="me", last_error=error
+            )
+
+    outcomes = [(NodeState.SUCCEEDED, ""), (NodeState.FAILED, "boom"), (NodeState.UNKNOWN, "?")]
+    results = await asyncio.gather(*(record(new, error) for new, error in outcomes * 3))
+    assert sorted(results) == [False] * 8 + [True]
+    winner = outcomes[results.index(True) % 3]
+    async with engine.connect() as conn:
+        row = await _node_row(conn)
+    assert (row.status, row.last_error) == (winner[0].value, winner[1])
+
+
+def _two_node_envelope(generation, first, second):
+    env = task_pb2.Task(task_id="t2", business="b", generation=generation)
+    for node_id, status in (("a.x", first), ("b.x", second)):
+        env.nodes.add(node_id=node_id, status=status, spec=task_pb2.ActionSpec(kind="noop"))
+    return env
+
+
+async def test_adopting_an_envelope_with_an_undeclared_node_move_changes_no_node(service_engine):
+    engine = await service_engine("executor")
+    async with engine.begin() as conn:
+        await repo.task_insert(
+            conn,
+            _two_node_envelope(1, common_pb2.NODE_STATUS_DEMOTED, common_pb2.NODE_STATUS_FAILED),
+            "t2",
+            NOW,
+        )
+    # a.x DEMOTED -> PENDING is declared; b.x FAILED -> DEMOTED is not: nothing is taken.
+    refused = _two_node_envelope(2, common_pb2.NODE_STATUS_PENDING, common_pb2.NODE_STATUS_DEMOTED)
+    async with engine.begin() as conn:
+        with pytest.raises(IllegalTransition, match="from FAILED to DEMOTED"):
+            await repo.nodes_adopt(conn, refused)
+    async with engine.connect() as conn:
+        nodes = await repo.nodes_get(conn, refused)
+        task = await repo.task_get(conn, "t2")
+    assert (nodes["a.x"].status, nodes["b.x"].status) == (NodeState.DEMOTED, NodeState.FAILED)
+    assert task.generation == 1
+
+    # The same redrive with declared moves only is taken whole.
+    redrive = _two_node_envelope(2, common_pb2.NODE_STATUS_PENDING, common_pb2.NODE_STATUS_PENDING)
+    async with engine.begin() as conn:
+        await repo.nodes_adopt(conn, redrive)
+        nodes = await repo.nodes_get(conn, redrive)
+        task = await repo.task_get(conn, "t2")
+    assert (nodes["a.x"].status, nodes["b.x"].status) == (NodeState.PENDING, NodeState.PENDING)
+    assert task.generation == 2

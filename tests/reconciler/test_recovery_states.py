@@ -43,7 +43,40 @@ def test_every_state_has_a_transition_row_and_final_states_are_terminal():
 
 async def test_a_move_outside_the_table_is_refused_before_any_sql():
     import pytest
+    from dispo.libs.states import IllegalTransition
     from dispo.reconciler import store
 
-    with pytest.raises(ValueError, match="FAILED -> REDRIVEN"):
+    with pytest.raises(IllegalTransition, match="from FAILED to REDRIVEN"):
         await store.task_set_state_if(None, "t", RecoveryState.FAILED, RecoveryState.REDRIVEN, None)
+
+
+async def test_a_final_recovery_entry_refuses_every_move_and_stays_as_it_was(recon):
+    import pytest
+    from dispo.libs.states import IllegalTransition
+    from dispo.reconciler import recovery, store
+
+    from .conftest import envelope, node, row
+
+    await recovery.intake(recon, envelope("gone", [node("a.x", "FAILED", task_id="gone")]), "fail")
+    now = recon.clock.now()
+    async with recon.engine.begin() as conn:
+        assert await store.task_set_state_if(
+            conn, "gone", RecoveryState.PARKED_FAILED, RecoveryState.ABANDONED, now
+        )
+    before = await row(recon, "gone")
+    async with recon.engine.begin() as conn:
+        with pytest.raises(IllegalTransition, match="from ABANDONED to REDRIVEN"):
+            await store.task_redriven_if(
+                conn,
+                "gone",
+                RecoveryState.ABANDONED,
+                before.generation,
+                before.envelope,
+                now,
+                release=False,
+            )
+        with pytest.raises(IllegalTransition, match="from ABANDONED to PARKED_FAILED"):
+            await store.task_set_state_if(
+                conn, "gone", (RecoveryState.ABANDONED,), RecoveryState.PARKED_FAILED, now
+            )
+    assert await row(recon, "gone") == before
