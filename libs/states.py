@@ -18,12 +18,16 @@ rows updated is a race another writer won, which the caller handles as ``False``
 
 A ``Transitions`` is a read-only mapping ``state -> frozenset of next states``, so code and
 tests that read the table as a dict keep working.
+
+The database mirrors each enum with a CHECK constraint; :class:`EnumCheck` declares which
+column mirrors which enum, and ``dispo.libs.db.checks`` compares that with the live schema.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from dispo.libs.errors import FailedPrecondition
@@ -107,3 +111,17 @@ class Transitions(Mapping[S, frozenset[S]], Generic[S]):
     def final(self) -> frozenset[S]:
         """States nothing moves out of."""
         return frozenset(s for s, out in self._table.items() if not out)
+
+
+@dataclass(frozen=True)
+class EnumCheck:
+    """The CHECK ``constraint`` on ``table.column`` allows exactly the values of ``enum_type``."""
+
+    table: str
+    column: str
+    constraint: str
+    enum_type: type[enum.Enum]
+
+    @property
+    def values(self) -> frozenset[str]:
+        return frozenset(str(member.value) for member in self.enum_type)

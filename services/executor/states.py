@@ -1,5 +1,7 @@
-"""The node and task state machines, declared once. The migrations build the database
-CHECK constraints from these enums, and a test checks the two agree.
+"""The node and task state machines, declared once. Every guarded write checks its move
+against these tables first (``repository``). The database mirrors the enums with the CHECK
+constraints listed in ``CHECKED_COLUMNS``; ``tests/executor/test_repository.py`` compares
+the migrated schema with the enums, so a state added here without a migration fails it.
 
 Which component moves a node *out* of each state:
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import enum
 
 from dispo.libs.api.common.v1 import common_pb2
-from dispo.libs.states import Transitions
+from dispo.libs.states import EnumCheck, Transitions
 
 
 class NodeState(enum.StrEnum):
@@ -98,3 +100,8 @@ TASK_TRANSITIONS = Transitions[TaskState](
     },
 )
 TASK_FINAL = TASK_TRANSITIONS.final
+
+CHECKED_COLUMNS = (
+    EnumCheck("task_runs", "status", "ck_task_run_status", TaskState),
+    EnumCheck("node_runs", "status", "ck_node_run_status", NodeState),
+)

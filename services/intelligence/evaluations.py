@@ -2,7 +2,8 @@
 
 An evaluation here is the pool's evaluation (same id) as this context records it; the
 evaluations of one ``series`` are its periods.
-The status machine is declared once here and mirrored by ``ck_evaluation_status``.
+The status machine is declared once here, checked by the repository's status writes, and
+mirrored by ``ck_evaluation_status`` (``repository.CHECKED_COLUMNS``).
 """
 
 from __future__ import annotations

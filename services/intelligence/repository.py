@@ -22,9 +22,19 @@ from dispo.intelligence.evaluations import (
     Verdict,
 )
 from dispo.intelligence.jobs import REQUEUE_FROM, TRANSITIONS, Job, JobKind, JobStatus
+from dispo.libs.states import EnumCheck
 from sqlalchemy import text
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+# Every enum mirrored by a CHECK constraint (tests/intelligence/test_schema.py compares).
+CHECKED_COLUMNS = (
+    EnumCheck("evaluations", "status", "ck_evaluation_status", EvaluationStatus),
+    EnumCheck("evaluations", "line", "ck_evaluation_line", Line),
+    EnumCheck("evaluation_runs", "verdict", "ck_run_verdict", Verdict),
+    EnumCheck("intelligence_jobs", "kind", "ck_job_kind", JobKind),
+    EnumCheck("intelligence_jobs", "status", "ck_job_status", JobStatus),
+)
 
 _EVALUATION_COLUMNS = """c.evaluation_id, c.series, c.line, c.status, c.period, c.configuration, c.analysis_model,
     c.created_at, c.completed_at,

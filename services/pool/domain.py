@@ -1,8 +1,9 @@
 """The cron pool's domain: evaluations, crons, the queue order, scaling and stuck policy.
 
 Plain data and pure functions only; SQL lives in :mod:`dispo.pool.repository`. The two
-state machines are declared here once and mirrored by CHECK constraints in the migration
-(a test checks they agree).
+state machines are declared here once; every guarded write in the repository checks its
+move against them first. The database mirrors the enums with the CHECK constraints in
+``CHECKED_COLUMNS`` (``tests/pool/test_domain.py`` compares the migrated schema with them).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from dispo.libs.evaluation import Line, Verdict
-from dispo.libs.states import Transitions
+from dispo.libs.states import EnumCheck, Transitions
 
 
 class EvaluationStatus(enum.StrEnum):
@@ -78,6 +79,15 @@ CRON_TRANSITIONS = Transitions[CronStatus](
         CronStatus.BUSY: frozenset({CronStatus.IDLE, CronStatus.STUCK}),
         CronStatus.STUCK: frozenset(),
     },
+)
+
+
+# Every enum mirrored by a CHECK constraint (the names PostgreSQL gave the inline CHECKs).
+CHECKED_COLUMNS = (
+    EnumCheck("evaluations", "status", "evaluations_status_check", EvaluationStatus),
+    EnumCheck("evaluations", "line", "evaluations_line_check", Line),
+    EnumCheck("runs", "verdict", "runs_verdict_check", Verdict),
+    EnumCheck("crons", "status", "crons_status_check", CronStatus),
 )
 
 

@@ -1,5 +1,8 @@
-"""State machines of the reconciler, declared once. The migration builds its CHECK
-constraints from these enums, and a test checks that the database agrees.
+"""State machines of the reconciler, declared once. Every guarded write checks its move
+against these tables first (``store``, ``completion_store``, ``arbitration_store``). The
+database mirrors the enums with the CHECK constraints listed in ``CHECKED_COLUMNS``;
+``tests/reconciler/test_recovery_states.py`` compares the migrated schema with the enums,
+so a state added here without a migration fails it.
 
 A recovery entry is the reconciler's record of one task it holds. Who moves it *out* of
 each state:
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import enum
 
-from dispo.libs.states import Transitions
+from dispo.libs.states import EnumCheck, Transitions
 
 
 class RecoveryState(enum.StrEnum):
@@ -154,12 +157,12 @@ class SettlementMethod(enum.StrEnum):
     OPERATOR = "OPERATOR"
 
 
-# Every enum mirrored by a CHECK constraint: (table, column) -> enum.
-CHECKED_COLUMNS: dict[tuple[str, str], type[enum.StrEnum]] = {
-    ("recovery_tasks", "state"): RecoveryState,
-    ("completions", "notify_state"): NotifyState,
-    ("completions", "reconcile_state"): ReconcileState,
-    ("claims", "state"): ClaimState,
-    ("settlements", "method"): SettlementMethod,
-    ("compensations", "state"): CompensationState,
-}
+# Every enum mirrored by a CHECK constraint.
+CHECKED_COLUMNS = (
+    EnumCheck("recovery_tasks", "state", "ck_recovery_state", RecoveryState),
+    EnumCheck("completions", "notify_state", "ck_completion_notify", NotifyState),
+    EnumCheck("completions", "reconcile_state", "ck_completion_reconcile", ReconcileState),
+    EnumCheck("claims", "state", "ck_claim_state", ClaimState),
+    EnumCheck("settlements", "method", "ck_settlement_method", SettlementMethod),
+    EnumCheck("compensations", "state", "ck_compensation_state", CompensationState),
+)

@@ -6,9 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 from dispo.executor import repository as repo
-from dispo.executor.states import NodeState, TaskState
+from dispo.executor.states import CHECKED_COLUMNS, NodeState, TaskState
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.db.checks import enum_check_drift
 from dispo.libs.states import IllegalTransition
 from sqlalchemy import text
 
@@ -36,8 +37,7 @@ async def check_values(conn, constraint):
 async def test_database_checks_mirror_the_state_machines(service_engine):
     engine = await service_engine("executor")
     async with engine.connect() as conn:
-        assert await check_values(conn, "ck_node_run_status") == {s.value for s in NodeState}
-        assert await check_values(conn, "ck_task_run_status") == {s.value for s in TaskState}
+        assert await enum_check_drift(conn, "executor", CHECKED_COLUMNS) == {}
     gateway = await service_engine("gateway")
     async with gateway.connect() as conn:
         assert await check_values(conn, "ck_task_status") == {s.value for s in TaskState}

@@ -50,7 +50,7 @@ async def test_an_undeclared_job_or_evaluation_move_is_refused_and_changes_nothi
         IllegalTransition, match="evaluation state cannot move from running to running"
     ):
         await app.repo.evaluation_complete_if_running("done", EvaluationStatus.RUNNING, now)
-    # A declared move on a campaign already finished is a lost race, not an error.
+    # A declared move on an evaluation already finished is a lost race, not an error.
     assert not await app.repo.evaluation_complete_if_running("done", EvaluationStatus.FAILED, now)
     assert await app.repo.evaluation_get("done") == evaluation
 

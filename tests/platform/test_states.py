@@ -71,3 +71,54 @@ def test_a_table_must_cover_its_enum_and_stay_inside_it():
             "light",
             {Light.RED: {Other.X}, Light.GREEN: set(), Light.AMBER: set(), Light.OFF: set()},
         )
+
+
+class Grown(enum.StrEnum):  # Light with a state added, as if no migration followed
+    RED = "red"
+    GREEN = "green"
+    AMBER = "amber"
+    OFF = "off"
+    BLINKING = "blinking"
+
+
+async def test_the_live_check_is_compared_with_the_enum_and_a_value_without_migration_shows(
+    database_url,
+):
+    from dispo.libs.db import create_engine
+    from dispo.libs.db.checks import enum_check_drift, enum_check_sql
+    from dispo.libs.states import EnumCheck
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    engine = create_engine(database_url, "checks_demo")
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE SCHEMA checks_demo"))
+            await conn.execute(text("CREATE TABLE lights (state text NOT NULL)"))
+            for sql in enum_check_sql(
+                "lights", "state", "ck_light_state", [s.value for s in Light]
+            ):
+                await conn.execute(text(sql))
+        declared = EnumCheck("lights", "state", "ck_light_state", Light)
+        grown = EnumCheck("lights", "state", "ck_light_state", Grown)
+        elsewhere = EnumCheck("other_table", "state", "ck_light_state", Light)
+        async with engine.connect() as conn:
+            assert await enum_check_drift(conn, "checks_demo", [declared]) == {}
+            assert await enum_check_drift(conn, "checks_demo", [grown]) == {
+                "ck_light_state": (declared.values, grown.values)
+            }
+            assert await enum_check_drift(conn, "checks_demo", [elsewhere]) == {
+                "ck_light_state": (None, declared.values)
+            }
+        async with engine.begin() as conn:  # the migration that should have come
+            for sql in enum_check_sql(
+                "lights", "state", "ck_light_state", [s.value for s in Grown]
+            ):
+                await conn.execute(text(sql))
+            with pytest.raises(IntegrityError, match="ck_light_state"):
+                async with conn.begin_nested():
+                    await conn.execute(text("INSERT INTO lights VALUES ('purple')"))
+        async with engine.connect() as conn:
+            assert await enum_check_drift(conn, "checks_demo", [grown]) == {}
+    finally:
+        await engine.dispose()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from dispo.libs.db.checks import enum_check_drift
 from dispo.pool.domain import (
+    CHECKED_COLUMNS,
     CRON_TRANSITIONS,
     EVALUATION_TRANSITIONS,
     CronStatus,
@@ -17,7 +18,6 @@ from dispo.pool.domain import (
     plan_resize,
 )
 from dispo.pool.scoring import Answer, json_path, score, validate_rule
-from sqlalchemy import text
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -91,26 +91,11 @@ def test_scoring_rules():
     assert validate_rule(Rule("nope", "1")) is not None
 
 
-def _check_values(definition: str) -> set[str]:
-    return set(re.findall(r"'([a-z_]+)'", definition))
-
-
 async def test_state_machines_agree_with_database_checks(pool_engine):
     async with pool_engine.connect() as conn:
-        rows = (
-            await conn.execute(
-                text("""
-            SELECT conrelid::regclass::text, pg_get_constraintdef(oid) FROM pg_constraint
-            WHERE contype = 'c' AND pg_get_constraintdef(oid) LIKE '%status%ANY%'""")
-            )
-        ).all()
-    checks = {table: _check_values(definition) for table, definition in rows}
-    assert (
-        checks["evaluations"]
-        == {s.value for s in EvaluationStatus}
-        == {s.value for s in EVALUATION_TRANSITIONS}
-    )
-    assert checks["crons"] == {s.value for s in CronStatus} == {s.value for s in CRON_TRANSITIONS}
+        assert await enum_check_drift(conn, "pool", CHECKED_COLUMNS) == {}
+    assert set(EVALUATION_TRANSITIONS) == set(EvaluationStatus)
+    assert set(CRON_TRANSITIONS) == set(CronStatus)
     # Terminal statuses have no way out.
     assert not EVALUATION_TRANSITIONS[EvaluationStatus.COMPLETED]
     assert not EVALUATION_TRANSITIONS[EvaluationStatus.CANCELLED]

@@ -1,37 +1,18 @@
 """The state machines declared in dispo.reconciler.states agree with the database."""
 
-import re
-
+from dispo.libs.db.checks import enum_check_drift
 from dispo.reconciler.states import (
     CHECKED_COLUMNS,
     RECOVERY_FINAL,
     RECOVERY_TRANSITIONS,
     RecoveryState,
 )
-from sqlalchemy import text
 
 
 async def test_check_constraints_match_enums(service_engine):
     engine = await service_engine("reconciler")
     async with engine.connect() as conn:
-        rows = (
-            await conn.execute(
-                text(
-                    "SELECT rel.relname AS table, pg_get_constraintdef(c.oid) AS definition FROM pg_constraint c"
-                    " JOIN pg_class rel ON rel.oid = c.conrelid JOIN pg_namespace n ON n.oid = rel.relnamespace"
-                    " WHERE n.nspname = 'reconciler' AND c.contype = 'c'"
-                )
-            )
-        ).all()
-    for (table, column), enum in CHECKED_COLUMNS.items():
-        defs = [
-            r.definition
-            for r in rows
-            if r.table == table and f"({column} =" in r.definition.replace("((", "(")
-        ]
-        assert defs, (table, column)
-        values = set(re.findall(r"'([A-Z_]+)'::text", defs[0]))
-        assert values == {e.value for e in enum}, (table, column)
+        assert await enum_check_drift(conn, "reconciler", CHECKED_COLUMNS) == {}
 
 
 def test_every_state_has_a_transition_row_and_final_states_are_terminal():
