@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from dispo.executor.domain import ActionSpec, truncate_error
+from dispo.executor.domain import ActionSpec
 from dispo.libs.catalogue import Downstream
+from dispo.libs.error_text import truncate_error
 
 
 class CallOutcome(enum.Enum):

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from dispo.executor import repository as repo
-from dispo.executor.domain import Next, decide, to_cancel, truncate_error
+from dispo.executor.domain import Next, decide, to_cancel
 from dispo.executor.runner import Executor
 from dispo.executor.states import TASK_FINAL, NodeState, TaskState
 from dispo.libs.bus import ACK, Disposition
+from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)

@@ -11,13 +11,6 @@ from datetime import datetime
 
 from dispo.executor.states import NodeState, TaskState
 
-ERROR_LIMIT = 500
-
-
-def truncate_error(text: str) -> str:
-    """The one place error text is cut to 500 characters."""
-    return text if len(text) <= ERROR_LIMIT else text[: ERROR_LIMIT - 1] + "…"
-
 
 @dataclass(frozen=True)
 class ActionSpec:

@@ -26,7 +26,6 @@ from dispo.executor.domain import (
     decide,
     ready,
     to_cancel,
-    truncate_error,
 )
 from dispo.executor.envelope import payload_of
 from dispo.executor.states import TASK_FINAL, NodeState, TaskState
@@ -34,6 +33,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak, Term
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
+from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.states import IllegalTransition

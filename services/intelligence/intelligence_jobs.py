@@ -30,11 +30,11 @@ from dispo.intelligence.jobs import (
     WorkResult,
     describe_exception,
     settlement_fields,
-    truncate_error,
 )
 from dispo.intelligence.models import ModelRegistry
 from dispo.intelligence.repository import IntelligenceRepository
 from dispo.libs.clock import Clock
+from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)

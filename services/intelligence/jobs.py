@@ -23,8 +23,6 @@ from typing import Any
 
 from dispo.libs.states import Transitions
 
-# Error text stored on a failed row is cut here, and only here (see ``truncate_error``).
-ERROR_TEXT_LIMIT = 500
 # Restart recovery re-queues a queued row at most this many times, then fails it visibly.
 MAX_QUEUED_RECOVERY_ATTEMPTS = 3
 
@@ -60,11 +58,6 @@ REQUEUE_FROM = frozenset({JobStatus.FAILED})
 
 def can_transition(source: JobStatus, target: JobStatus) -> bool:
     return TRANSITIONS.allows(source, target)
-
-
-def truncate_error(text: str) -> str:
-    """The one place error text is cut to ``ERROR_TEXT_LIMIT`` characters."""
-    return text[:ERROR_TEXT_LIMIT]
 
 
 def describe_exception(error: BaseException) -> str:

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, verdict_from_pb
 from dispo.libs.repairs import repair_kind_from_pb
@@ -251,7 +252,10 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
         if not 0.0 <= request.score <= 1.0:
             raise InvalidArgument("score", "must be in 0..1")
         result = RunResult(
-            verdict, request.score, max(0, request.latency_ms), request.failure_reason[:500]
+            verdict,
+            request.score,
+            max(0, request.latency_ms),
+            truncate_error(request.failure_reason),
         )
         out = await self.pool.record_run(
             request.cron_id, request.evaluation_id, request.run_index, request.case_id, result

@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
+from dispo.libs.error_text import truncate_error
 from dispo.reconciler.states import (
     CLAIM_TRANSITIONS,
     COMPENSATION_TRANSITIONS,
@@ -211,7 +212,7 @@ async def compensation_set_if(
             "new": new.value,
             "next": next_at,
             "submitted": submitted_task_id,
-            "error": error[:500],
+            "error": truncate_error(error),
         },
     )
     return result.rowcount == 1

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.reconciler import completion_store as cs
 from dispo.reconciler import envelope as E
@@ -48,7 +49,7 @@ async def on_status(ctx: Context, env: task_pb2.Task) -> None:
             (*PARKED, RecoveryState.REDRIVEN),
             RecoveryState.RESOLVED,
             now,
-            reason=E.truncate(f"task finished {status}: {env.status_reason}"),
+            reason=truncate_error(f"task finished {status}: {env.status_reason}"),
             next_redrive_at=None,
         )
     if recorded:
@@ -93,7 +94,7 @@ async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
             )
         except Exception as error:  # no stream for the subject, NATS down
             return DeliveryResult(
-                False, None, E.truncate(f"publish to {subject} failed: {error!r}")
+                False, None, truncate_error(f"publish to {subject} failed: {error!r}")
             )
         return DeliveryResult(True)
     return await deliver_webhook(

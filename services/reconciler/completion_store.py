@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.error_text import truncate_error
 from dispo.reconciler.states import (
     NOTIFY_TRANSITIONS,
     RECONCILE_TRANSITIONS,
@@ -38,7 +39,7 @@ async def finished_add(
             "id": env.task_id,
             "business": env.business,
             "status": status,
-            "reason": env.status_reason[:500],
+            "reason": truncate_error(env.status_reason),
             "version": env.version,
             "env": env.SerializeToString(),
             "finished_at": finished_at,
@@ -97,7 +98,7 @@ async def delivery_record(
             "now": now,
             "ok": ok,
             "code": status_code,
-            "error": error[:500],
+            "error": truncate_error(error),
         },
     )
 
@@ -125,7 +126,7 @@ async def notify_set_if(
             "new": new.value,
             "now": now,
             "next": next_at,
-            "error": error[:500],
+            "error": truncate_error(error),
         },
     )
     return result.rowcount == 1
@@ -197,7 +198,7 @@ async def finding_add(
             "downstream": downstream,
             "recorded": recorded,
             "observed": observed,
-            "detail": detail[:500],
+            "detail": truncate_error(detail),
             "now": now,
         },
     )

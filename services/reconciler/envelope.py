@@ -14,18 +14,14 @@ from datetime import UTC, datetime
 
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.error_text import truncate_error
 from dispo.libs.timestamps import to_timestamp
 from google.protobuf.timestamp_pb2 import Timestamp
 
 NS = common_pb2.NodeStatus
 TS = common_pb2.TaskStatus
-ERROR_LIMIT = 500
 TERMINAL_TASK = {TS.TASK_STATUS_SUCCEEDED, TS.TASK_STATUS_FAILED, TS.TASK_STATUS_CANCELLED}
 _HTTP = re.compile(r"HTTP (\d{3})")
-
-
-def truncate(text: str) -> str:
-    return text if len(text) <= ERROR_LIMIT else text[: ERROR_LIMIT - 1] + "…"
 
 
 def moment(value: Timestamp, fallback: datetime) -> datetime:
@@ -146,7 +142,7 @@ def redrive(
     out = task_pb2.Task()
     out.CopyFrom(env)
     out.generation = env.generation + 1
-    out.status_reason = truncate(reason)
+    out.status_reason = truncate_error(reason)
     reset: set[str] = set()
     for node in out.nodes:
         if node.status == NS.NODE_STATUS_FAILED and (node.retry.retryable or include_permanent):
@@ -171,7 +167,7 @@ def terminal(env: task_pb2.Task, status: int, reason: str, now: datetime) -> tas
     out = task_pb2.Task()
     out.CopyFrom(env)
     out.status = status
-    out.status_reason = truncate(reason)
+    out.status_reason = truncate_error(reason)
     out.version = env.version + 1
     out.updated_at.CopyFrom(to_timestamp(now))
     return out

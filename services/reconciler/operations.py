@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import to_timestamp
@@ -85,7 +86,7 @@ async def redrive_by_filter(
     )
     now = ctx.clock.now()
     step = 1.0 / rate_per_second
-    trigger = f"manual|{actor}|{reason}"[:500]
+    trigger = truncate_error(f"manual|{actor}|{reason}")
     ids: list[str] = []
     last: datetime | None = None
     async with ctx.engine.begin() as conn:
@@ -132,7 +133,7 @@ async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> Recove
             R.ABANDONED,
             now,
             generation=row.generation,
-            reason=why[:500],
+            reason=truncate_error(why),
             next_redrive_at=None,
         ):
             raise FailedPrecondition(f"task {task_id} changed meanwhile; try again")

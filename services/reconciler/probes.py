@@ -9,7 +9,7 @@ import hmac
 from dataclasses import dataclass
 
 import httpx
-from dispo.reconciler.envelope import truncate
+from dispo.libs.error_text import truncate_error
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ async def check_health(client: httpx.AsyncClient, url: str, timeout: float) -> t
     try:
         response = await client.get(url, timeout=timeout)
     except (httpx.HTTPError, OSError) as error:
-        return False, truncate(f"health check failed: {error!r}")
+        return False, truncate_error(f"health check failed: {error!r}")
     if 200 <= response.status_code < 300:
         return True, ""
     return False, f"health check answered HTTP {response.status_code}"
@@ -44,7 +44,7 @@ async def probe_effect(
             headers={"Idempotency-Key": idempotency_key},
         )
     except (httpx.HTTPError, OSError) as error:
-        return ProbeResult(None, truncate(f"probe failed: {error!r}"))
+        return ProbeResult(None, truncate_error(f"probe failed: {error!r}"))
     if response.status_code != 200:
         return ProbeResult(None, f"probe answered HTTP {response.status_code}")
     try:
@@ -92,9 +92,9 @@ async def deliver_webhook(
     try:
         response = await client.post(url, content=body, headers=headers, timeout=timeout)
     except (httpx.HTTPError, OSError) as error:
-        return DeliveryResult(False, None, truncate(f"delivery failed: {error!r}"))
+        return DeliveryResult(False, None, truncate_error(f"delivery failed: {error!r}"))
     if 200 <= response.status_code < 300:
         return DeliveryResult(True, response.status_code)
     return DeliveryResult(
-        False, response.status_code, truncate(f"HTTP {response.status_code}: {response.text}")
+        False, response.status_code, truncate_error(f"HTTP {response.status_code}: {response.text}")
     )

@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
@@ -45,7 +46,7 @@ def schedule(ctx: Context, row: RecoveryRow, now: datetime) -> RecoveryRow:
             row,
             state=R.FAILED,
             next_redrive_at=None,
-            reason=E.truncate(f"{spent}; last error {_last_error(env)}"),
+            reason=truncate_error(f"{spent}; last error {_last_error(env)}"),
         )
     delay = policy.delay(row.redrives, ctx.rng)
     return replace(
@@ -68,7 +69,7 @@ def _picture(
         cells=E.cells(env),
         downstreams=E.blocking_downstreams(env) if demoted else E.stuck_downstreams(env),
         error_class=E.error_class(env),
-        reason=E.truncate(env.status_reason or _last_error(env)),
+        reason=truncate_error(env.status_reason or _last_error(env)),
         envelope=env,
         generation=env.generation,
         version=env.version,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.reconciler import envelope as E
@@ -131,7 +132,7 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -
         if not undecided:
             await _settled(ctx, conn, replace(row, envelope=env), now)
             return
-        reason = E.truncate("; ".join(f"{p.node_id}: {p.reason}" for p in undecided))
+        reason = truncate_error("; ".join(f"{p.node_id}: {p.reason}" for p in undecided))
         if any(p.method is SettlementMethod.OPERATOR for p in undecided):
             await store.task_set_state_if(
                 conn,

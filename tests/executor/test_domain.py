@@ -15,7 +15,6 @@ from dispo.executor.domain import (
     decide,
     ready,
     to_cancel,
-    truncate_error,
 )
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 
@@ -136,10 +135,6 @@ def test_breaker_forgets_failures_outside_its_window():
 )
 def test_http_classification(code, outcome):
     assert classify_status(code) is outcome
-
-
-def test_error_text_is_truncated_to_500():
-    assert len(truncate_error("x" * 900)) == 500 and truncate_error("short") == "short"
 
 
 def test_state_machines_are_closed_and_match_the_protos():

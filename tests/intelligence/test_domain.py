@@ -12,15 +12,14 @@ from dispo.intelligence.evaluations import (
     new_run_result,
 )
 from dispo.intelligence.jobs import (
-    ERROR_TEXT_LIMIT,
     MAX_QUEUED_RECOVERY_ATTEMPTS,
     TRANSITIONS,
     JobStatus,
     can_transition,
-    truncate_error,
 )
 from dispo.intelligence.models import ModelRegistry, StatsModel
 from dispo.intelligence.stats import compute_stats, failure_signature, percentile
+from dispo.libs.error_text import ERROR_TEXT_LIMIT, truncate_error
 from dispo.libs.errors import InvalidArgument
 
 

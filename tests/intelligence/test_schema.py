@@ -3,10 +3,10 @@ contract is in sync with the proto."""
 
 from __future__ import annotations
 
-from dispo.intelligence.jobs import ERROR_TEXT_LIMIT
 from dispo.intelligence.repository import CHECKED_COLUMNS
 from dispo.libs import protogen
 from dispo.libs.db.checks import enum_check_drift
+from dispo.libs.error_text import ERROR_TEXT_LIMIT
 from sqlalchemy import text
 
 
