@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from dispo.executor.states import NodeState, TaskState
+from dispo.libs.backoff import backoff
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,7 @@ class RetryPolicy:
         return round_attempts > self.max_retries
 
     def delay(self, round_attempts: int, rng: random.Random | None = None) -> float:
-        raw = min(self.max_delay, self.base_delay * (2 ** max(0, round_attempts - 1)))
-        spread = raw * self.jitter
-        return max(0.0, raw - spread + (rng or random).random() * 2 * spread)
+        return backoff(self.base_delay, self.max_delay, self.jitter, round_attempts, rng)
 
 
 class Next(enum.Enum):

@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.backoff import backoff
 from dispo.libs.logging import get_logger
 from dispo.reconciler import arbitration_store as arb
 from dispo.reconciler.context import Context
-from dispo.reconciler.policy import backoff
 from dispo.reconciler.states import CompensationState
 from google.protobuf import struct_pb2
 

@@ -17,13 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.backoff import backoff
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.reconciler import completion_store as cs
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
 from dispo.reconciler.context import Context
-from dispo.reconciler.policy import backoff
 from dispo.reconciler.probes import DeliveryResult, deliver_webhook, probe_effect
 from dispo.reconciler.states import PARKED, NotifyState, ReconcileState, RecoveryState
 

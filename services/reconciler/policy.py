@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from dispo.libs.backoff import backoff
 from dispo.libs.catalogue import Conflict
 
 
@@ -132,12 +133,3 @@ class ArbitrationPolicy:
                 f" before {runner_up.task_id} at {runner_up.accepted_at.isoformat()}"
             )
         return Ruling(winner, losers, reason)
-
-
-def backoff(
-    base: float, cap: float, jitter: float, attempt: int, rng: random.Random | None = None
-) -> float:
-    """Seconds before retry ``attempt + 1``: base * 2^(attempt - 1), capped, +/- jitter share."""
-    raw = min(cap, base * (2 ** max(0, attempt - 1)))
-    spread = raw * jitter
-    return max(0.0, raw - spread + (rng or random).random() * 2 * spread)
