@@ -5,19 +5,23 @@
         rt.add_servicer(lambda s: add_GatewayServiceServicer_to_server(Servicer(rt), s),
                         "dispo.gateway.v1.GatewayService")
         rt.add_part("outbox relay", relay.run, relay.stop)
+        rt.add_periodic("sweeps", sweep_once, settings.sweep_interval_seconds)
+        http = rt.close_on_stop(httpx.AsyncClient())   # closed after every part stopped
 
     def main() -> None:
         run_service("gateway", setup, migrations=Path(__file__).parent / "migrations")
 
 Start-up: logging → PostgreSQL (waits until reachable) → migrations → NATS → ``setup`` →
 gRPC server → parts → health SERVING. Shutdown (SIGTERM / SIGINT): health NOT_SERVING →
-server drains in-flight calls → parts stopped in the order they were added → NATS → DB.
+server drains in-flight calls → parts stopped in the order they were added → resources
+closed in the order they were registered → NATS → DB.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,12 +35,14 @@ from dispo.libs.db import create_engine, migrate, session_factory
 from dispo.libs.grpcserver import create_server
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.periodic import Periodic
 from dispo.libs.settings import CommonSettings, ServerSettings, server_settings
 from sqlalchemy import Table, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 log = get_logger(__name__)
 T = TypeVar("T")
+Close = Callable[[], Awaitable[None] | None]
 
 
 @dataclass
@@ -63,6 +69,7 @@ class Runtime:
     registrations: list[Callable[[grpc.aio.Server], None]] = field(default_factory=list)
     service_names: list[str] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
+    closers: list[tuple[str, Close]] = field(default_factory=list)
 
     def add_servicer(self, register: Callable[[grpc.aio.Server], None], service_name: str) -> None:
         self.registrations.append(register)
@@ -77,6 +84,35 @@ class Runtime:
         """Run ``run()`` for the life of the service. Parts stop in the order they were added,
         each by its ``stop`` (then awaited to finish) or, without one, by cancellation."""
         self.parts.append(Part(name, run, stop))
+
+    def add_periodic(
+        self,
+        name: str,
+        action: Callable[[], Awaitable[Any]],
+        interval: float,
+        *,
+        first_after_interval: bool = False,
+    ) -> Periodic:
+        """Run ``action`` every ``interval`` seconds of the service's clock, as a part
+        (see :class:`dispo.libs.periodic.Periodic`)."""
+        periodic = Periodic(
+            name, action, interval, self.clock, first_after_interval=first_after_interval
+        )
+        self.add_part(name, periodic.run, periodic.stop)
+        return periodic
+
+    def close_on_stop(self, resource: T, *, name: str | None = None) -> T:
+        """Close ``resource`` when the service stops, after every part has stopped; resources
+        close in the order they were registered. ``resource`` has ``aclose()`` or ``close()``
+        (awaited when it returns an awaitable) or is itself the callable that closes.
+        Returns ``resource``."""
+        close = getattr(resource, "aclose", None) or getattr(resource, "close", None)
+        if close is None:
+            if not callable(resource):
+                raise TypeError(f"cannot close {resource!r}: no aclose() or close()")
+            close = resource
+        self.closers.append((name or type(resource).__name__, close))
+        return resource
 
     def outbox_relay(self, table: Table, **options: Any) -> OutboxRelay:
         """The shared outbox relay for ``table`` on this service's database, bus and clock,
@@ -161,6 +197,7 @@ async def serve(
         for part in rt.parts:
             await _stop_part(part)
     finally:
+        await close_all(rt.closers)
         await bus.close()
         await engine.dispose()
     log.info("stopped", crashed=crashed)
@@ -192,6 +229,19 @@ async def _stop_part(part: Part) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await part.task
     log.info("part stopped", part=part.name)
+
+
+async def close_all(closers: list[tuple[str, Close]]) -> None:
+    """Close each resource in order; one that fails to close is logged, the rest still close."""
+    for name, close in closers:
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("resource failed to close", resource=name)
+        else:
+            log.info("resource closed", resource=name)
 
 
 def run_service(
