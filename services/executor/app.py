@@ -21,7 +21,6 @@ from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
-from dispo.libs.clock import sleep_until_stopped
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
@@ -55,7 +54,10 @@ def build_executor(
 async def setup(rt: Runtime) -> None:
     settings = ExecutorSettings()
     await ensure_task_streams(rt.bus)
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    http = rt.close_on_stop(
+        httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)),
+        name="http client",
+    )
     executor, relay = build_executor(rt, settings, http)
 
     async def on_create(msg: Msg) -> Disposition:
@@ -124,42 +126,25 @@ async def setup(rt: Runtime) -> None:
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))
     if settings.health_interval > 0:
-        health = HealthLoop(executor, settings.health_interval)
-        rt.add_part("downstream health", health.run, health.stop)
-    rt.add_part("http client", lambda: hold_open(http))
+        rt.add_periodic(
+            "downstream health",
+            lambda: check_downstreams(executor),
+            settings.health_interval,
+            first_after_interval=True,
+        )
 
 
-async def hold_open(http: httpx.AsyncClient) -> None:
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await http.aclose()
-
-
-class HealthLoop:
+async def check_downstreams(ex: Executor) -> None:
     """Trip a downstream's breaker when its health URL fails; once it passes again the
-    breaker half-opens and one call decides whether calls flow again. Checks every
-    ``interval`` of the executor's clock until stopped."""
-
-    def __init__(self, executor: Executor, interval: float) -> None:
-        self.executor = executor
-        self.interval = interval
-        self._stopping = asyncio.Event()
-
-    async def run(self) -> None:
-        ex = self.executor
-        while not await sleep_until_stopped(ex.clock, self.interval, self._stopping):
-            for name, downstream in ex.registry.items():
-                if not downstream.health_url:
-                    continue
-                if await check_health(ex.http, downstream):
-                    ex.breakers[name].health_ok()
-                else:
-                    log.warning("downstream unhealthy", downstream=name)
-                    ex.breakers[name].trip(ex.clock.now())
-
-    def stop(self) -> None:
-        self._stopping.set()
+    breaker half-opens and one call decides whether calls flow again."""
+    for name, downstream in ex.registry.items():
+        if not downstream.health_url:
+            continue
+        if await check_health(ex.http, downstream):
+            ex.breakers[name].health_ok()
+        else:
+            log.warning("downstream unhealthy", downstream=name)
+            ex.breakers[name].trip(ex.clock.now())
 
 
 async def serve_demo(address: str) -> None:

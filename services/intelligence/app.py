@@ -3,14 +3,13 @@
 Parts stop upstream first, so nothing stopped can spawn new work into something still
 running: the sweeps (scheduler) -> the evaluation feed consumer (evaluation runtime) -> the
 intelligence jobs (running jobs finish within a grace period, the rest are handed back to
-the queue) -> the analysis models (HTTP clients). The gRPC server drains before all of them
-(``dispo.libs.service``).
+the queue) -> the analysis models (HTTP clients). The first two are parts; the last two are
+resources the runtime closes once every part has stopped (``Runtime.close_on_stop``). The
+gRPC server drains before all of them (``dispo.libs.service``).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -72,23 +71,6 @@ def build(
     )
 
 
-class _Held:
-    """A part that holds a resource for the service's life and releases it when stopped."""
-
-    def __init__(self, release: Callable[[], Awaitable[None]]) -> None:
-        self._release = release
-        self._released = asyncio.Event()
-
-    async def run(self) -> None:
-        await self._released.wait()
-
-    async def stop(self) -> None:
-        try:
-            await self._release()
-        finally:
-            self._released.set()
-
-
 async def setup(rt: Runtime) -> None:
     app = build(rt.engine, rt.clock)
     rt.add_servicer(
@@ -102,20 +84,21 @@ async def setup(rt: Runtime) -> None:
     log.info("restart recovery", requeued=len(report.requeued), failed=len(report.failed))
     await app.jobs.sweep_lost_triggers()
 
-    jobs = _Held(lambda: app.jobs.close(app.settings.jobs_shutdown_grace_seconds))
-    models = _Held(app.models.aclose)
-    parts = {
-        "sweeps": (lambda: app.jobs.run_sweeps(app.settings.sweep_interval_seconds), None),
-        "intelligence jobs": (jobs.run, jobs.stop),
-        "analysis models": (models.run, models.stop),
-    }
+    # In SHUTDOWN_ORDER: two parts, stopped in the order added, then two resources, closed
+    # by the runtime after every part has stopped, in the order registered.
+    rt.add_periodic(
+        "sweeps",
+        app.jobs.sweep_once,
+        app.settings.sweep_interval_seconds,
+        first_after_interval=True,
+    )
     if app.settings.consume_events:
         feed_consumer = await consumer(rt.bus, app.events, app.settings.event_durable)
-        parts["evaluation feed"] = (feed_consumer.run, feed_consumer.stop)
-    for name in SHUTDOWN_ORDER:
-        if name in parts:
-            run, stop = parts[name]
-            rt.add_part(name, run, stop)
+        rt.add_part("evaluation feed", feed_consumer.run, feed_consumer.stop)
+    rt.close_on_stop(
+        lambda: app.jobs.close(app.settings.jobs_shutdown_grace_seconds), name="intelligence jobs"
+    )
+    rt.close_on_stop(app.models, name="analysis models")
 
 
 def main() -> None:

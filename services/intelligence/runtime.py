@@ -130,17 +130,11 @@ class IntelligenceJobs:
                     started.append((kind, evaluation.evaluation_id))
         return started
 
-    async def run_sweeps(self, interval: float) -> None:
-        """Periodic recovery and lost-trigger sweeps until cancelled."""
-        while True:
-            await self.deps.clock.sleep(interval)
-            try:
-                await self.recover()
-                await self.sweep_lost_triggers()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("intelligence sweep failed")
+    async def sweep_once(self) -> None:
+        """One pass of the periodic sweeps: recovery, then lost triggers (the service runs it
+        every ``sweep_interval_seconds`` of its clock)."""
+        await self.recover()
+        await self.sweep_lost_triggers()
 
     async def wait_idle(self) -> None:
         await self.registry.wait_idle()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.clock import sleep_until_stopped
 from dispo.libs.logging import get_logger
+from dispo.libs.periodic import Pause
 from dispo.libs.service import Runtime, run_service
 from dispo.pool import repository as repo
 from dispo.pool import sweeps
@@ -36,32 +35,30 @@ def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
     return LocalDriver(settings.local_registry, publish)
 
 
-class SweepLoop:
-    """Runs every sweep each ``sweep_seconds`` of the service's clock, and wakes idle crons
-    the moment a waiting evaluation's next slot falls due (the crons' tick is the fallback)."""
+class SweepPass:
+    """One pass of the pool's sweeps, run every ``sweep_seconds`` of the service's clock; it
+    also wakes idle crons the moment a waiting evaluation's next slot falls due (the crons'
+    tick is the fallback). The first pass starts with the restart grace."""
 
     def __init__(self, pool: Pool, settings: PoolSettings) -> None:
         self.pool = pool
         self.settings = settings
-        self._stopping = asyncio.Event()
+        self._graced = False
 
-    async def run(self) -> None:
-        try:
-            await sweeps.grace_after_restart(self.pool)
-        except Exception as error:
-            log.warning("restart grace failed", error=repr(error))
-        while not self._stopping.is_set():
+    async def __call__(self) -> Pause:
+        if not self._graced:
+            self._graced = True
             try:
-                await sweeps.run_all(self.pool, self.settings.sweep_batch)
-            except Exception as error:  # a sweep failing once is retried next pass
-                log.warning("sweep failed", error=repr(error))
-            try:
-                await self.pool.wake_idle_crons()
-                pause = await self._until_next_slot()
+                await sweeps.grace_after_restart(self.pool)
             except Exception as error:
-                log.warning("wake-up failed", error=repr(error))
-                pause = self.settings.sweep_seconds
-            await sleep_until_stopped(self.pool.clock, pause, self._stopping)
+                log.warning("restart grace failed", error=repr(error))
+        try:
+            await sweeps.run_all(self.pool, self.settings.sweep_batch)
+        except Exception as error:  # a sweep failing once is retried next pass
+            log.warning("sweep failed", error=repr(error))
+        # A failing wake-up is logged by the periodic part; the next pass is one interval on.
+        await self.pool.wake_idle_crons()
+        return Pause(await self._until_next_slot())
 
     async def _until_next_slot(self) -> float:
         now = self.pool.clock.now()
@@ -70,9 +67,6 @@ class SweepLoop:
         if due is None:
             return self.settings.sweep_seconds
         return max(0.001, min(self.settings.sweep_seconds, (due - now).total_seconds()))
-
-    def stop(self) -> None:
-        self._stopping.set()
 
 
 async def setup(rt: Runtime) -> None:
@@ -86,8 +80,7 @@ async def setup(rt: Runtime) -> None:
         SERVICE_NAME,
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
-    loop = SweepLoop(pool, settings)
-    rt.add_part("sweeps", loop.run, loop.stop)
+    rt.add_periodic("sweeps", SweepPass(pool, settings), settings.sweep_seconds)
     if settings.driver == "local" and settings.spawn_worker:
         host = "127.0.0.1" if rt.server.host in ("", "0.0.0.0", "::") else rt.server.host
         worker = WorkerSupervisor(

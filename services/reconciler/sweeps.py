@@ -1,14 +1,12 @@
 """The periodic sweeps, each a small batch-limited function callable once (from a test or
-the RunSweep RPC), and the loop that runs them all on the injectable clock."""
+the RunSweep RPC), and each run as its own periodic part on the injectable clock."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
-from dispo.libs.clock import sleep_until_stopped
 from dispo.libs.errors import InvalidArgument
-from dispo.libs.logging import get_logger
+from dispo.libs.periodic import Periodic
 from dispo.reconciler.arbitration import arbitrate_sweep
 from dispo.reconciler.compensation import compensate_sweep
 from dispo.reconciler.completion import notify_sweep, reconcile_sweep
@@ -17,9 +15,6 @@ from dispo.reconciler.recovery import redrive_sweep
 from dispo.reconciler.release import health_sweep, release_sweep
 from dispo.reconciler.settlement import settle_sweep
 
-log = get_logger(__name__)
-
-# In the order one round runs them: settlement before redrive, health before release.
 SWEEPS: dict[str, Callable[[Context], Awaitable[int]]] = {
     "arbitrate": arbitrate_sweep,
     "compensate": compensate_sweep,
@@ -30,6 +25,10 @@ SWEEPS: dict[str, Callable[[Context], Awaitable[int]]] = {
     "notify": notify_sweep,
     "reconcile": reconcile_sweep,
 }
+# Follower -> leader: the follower works on what the leader leaves behind (a settled task is
+# redriven, a healthy downstream released, a verdict's losers compensated), so it is kicked
+# after every pass of its leader instead of waiting for its own next interval.
+FOLLOWS: dict[str, str] = {"compensate": "arbitrate", "redrive": "settle", "release": "health"}
 
 
 async def run_sweeps(ctx: Context, name: str = "all") -> dict[str, int]:
@@ -39,22 +38,23 @@ async def run_sweeps(ctx: Context, name: str = "all") -> dict[str, int]:
     return {n: await SWEEPS[n](ctx) for n in names}
 
 
-class SweepLoop:
-    """Runs every sweep once per ``interval`` of the context's clock until stopped."""
+def sweep_parts(ctx: Context, interval: float) -> dict[str, Periodic]:
+    """Every sweep as its own periodic part (``sweep <name>``) on the context's clock, so a
+    slow or blocked sweep holds up no other. A sweep that follows another also runs right
+    after each pass of it (see :data:`FOLLOWS`), as one round used to run them in order."""
+    parts: dict[str, Periodic] = {}
 
-    def __init__(self, ctx: Context, interval: float) -> None:
-        self.ctx = ctx
-        self.interval = interval
-        self._stopping = asyncio.Event()
+    def one_pass(name: str) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            try:
+                await SWEEPS[name](ctx)
+            finally:
+                for follower, leader in FOLLOWS.items():
+                    if leader == name:
+                        parts[follower].kick()
 
-    async def run(self) -> None:
-        while not self._stopping.is_set():
-            for name, sweep in SWEEPS.items():
-                try:
-                    await sweep(self.ctx)
-                except Exception:  # PostgreSQL or NATS down: the next round tries again
-                    log.exception("sweep failed", sweep=name)
-            await sleep_until_stopped(self.ctx.clock, self.interval, self._stopping)
+        return run
 
-    def stop(self) -> None:
-        self._stopping.set()
+    for name in SWEEPS:
+        parts[name] = Periodic(f"sweep {name}", one_pass(name), interval, ctx.clock)
+    return parts

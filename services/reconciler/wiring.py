@@ -1,9 +1,7 @@
 """Builds the recovery part of the reconciler process: streams, consumers, outbox relay,
-the sweep loop and the ReconcilerService servicer."""
+the sweep parts and the ReconcilerService servicer."""
 
 from __future__ import annotations
-
-import asyncio
 
 import httpx
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
@@ -19,7 +17,7 @@ from dispo.reconciler.context import (
 )
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.servicer import ReconcilerServicer
-from dispo.reconciler.sweeps import SweepLoop
+from dispo.reconciler.sweeps import sweep_parts
 
 SERVICE_NAME = "dispo.reconciler.v1.ReconcilerService"
 
@@ -29,18 +27,13 @@ async def ensure_streams(bus: Bus) -> None:
     await bus.ensure_stream(CALLBACK_STREAM, CALLBACK_SUBJECTS, max_age=STATUS_MAX_AGE)
 
 
-async def hold_open(http: httpx.AsyncClient) -> None:
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await http.aclose()
-
-
 async def wire_recovery(rt: Runtime) -> Context:
     settings = ReconcilerSettings()
     config = load_config(settings)
     await ensure_streams(rt.bus)
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))
+    http = rt.close_on_stop(
+        httpx.AsyncClient(limits=httpx.Limits(max_connections=64)), name="http client"
+    )
     relay = rt.outbox_relay(store.outbox)
     ctx = Context(rt.engine, rt.clock, config, settings, http, relay, rt.bus)
     rt.add_servicer(
@@ -53,7 +46,6 @@ async def wire_recovery(rt: Runtime) -> Context:
         rt.add_part(name, consumer.run, consumer.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)
     if settings.sweep_interval > 0:
-        loop = SweepLoop(ctx, settings.sweep_interval)
-        rt.add_part("sweeps", loop.run, loop.stop)
-    rt.add_part("http client", lambda: hold_open(http))
+        for sweep in sweep_parts(ctx, settings.sweep_interval).values():
+            rt.add_part(sweep.name, sweep.run, sweep.stop)
     return ctx

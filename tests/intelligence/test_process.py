@@ -81,14 +81,14 @@ async def wait_status(stub, evaluation_id: str, status: int, timeout: float = 30
         await asyncio.sleep(0.05)
 
 
-def log_events(path: Path, event: str) -> list[dict]:
+def log_events(path: Path, *events: str) -> list[dict]:
     found = []
     for line in path.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("event") == event:
+        if record.get("event") in events:
             found.append(record)
     return found
 
@@ -173,7 +173,10 @@ async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(
 
     assert await service.stop() == 0
 
-    stopped = [record["part"] for record in log_events(service.log_path, "part stopped")]
+    stopped = [
+        record.get("part") or record.get("resource")
+        for record in log_events(service.log_path, "part stopped", "resource closed")
+    ]
     assert stopped == list(SHUTDOWN_ORDER)
     assert SHUTDOWN_ORDER == ("sweeps", "evaluation feed", "intelligence jobs", "analysis models")
     assert log_events(service.log_path, "job interrupted; re-queued")

@@ -8,8 +8,8 @@ A self-contained part of the reconciler. Its main process wires it with one call
 
 which (1) migrates the drift tables (own Alembic branch, version table
 ``alembic_version_drift`` in the reconciler schema), (2) registers ``DriftService`` on the
-gRPC server, and (3) adds the periodic sweep as a part. The pieces are also usable alone:
-:data:`MIGRATIONS`, :func:`register`, :class:`DriftChecker` (``check_once`` / ``run``).
+gRPC server, and (3) adds the periodic check as a part. The pieces are also usable alone:
+:data:`MIGRATIONS`, :func:`register`, :class:`DriftChecker` (``check_once``).
 """
 
 from __future__ import annotations
@@ -50,19 +50,14 @@ async def install(rt: Runtime) -> DriftChecker:
     """Wire the drift checks into a reconciler runtime."""
     settings = DriftSettings()
     await migrate(rt.engine, rt.name, MIGRATIONS)
-    channel = grpc.aio.insecure_channel(settings.pool_address)
+    channel = rt.close_on_stop(
+        grpc.aio.insecure_channel(settings.pool_address), name="pool channel"
+    )
     checker = DriftChecker(
-        rt.engine,
-        pool_pb2_grpc.PoolServiceStub(channel),
-        rt.clock,
-        settings.interval_seconds,
-        settings.timeout,
+        rt.engine, pool_pb2_grpc.PoolServiceStub(channel), rt.clock, settings.timeout
     )
     rt.add_servicer(lambda server: register(server, checker), SERVICE_NAME)
-
-    async def stop() -> None:
-        checker.stop()
-        await channel.close()
-
-    rt.add_part("drift checks", checker.run, stop)
+    # Every ``interval_seconds`` of the clock (the seed's 5 minutes by default); a pool that
+    # is restarting fails one check, the next interval tries again.
+    rt.add_periodic("drift checks", checker.check_once, settings.interval_seconds)
     return checker

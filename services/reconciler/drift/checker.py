@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as pool_pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.clock import Clock, sleep_until_stopped
+from dispo.libs.clock import Clock
 from dispo.libs.errors import Unavailable
 from dispo.libs.logging import get_logger
 from dispo.libs.repairs import REPAIR_KIND_TO_PB
@@ -57,16 +57,13 @@ class DriftChecker:
         engine: AsyncEngine,
         pool: pool_pb2_grpc.PoolServiceStub,
         clock: Clock,
-        interval_seconds: float = 300.0,
         timeout: float = 30.0,
     ) -> None:
         self.engine = engine
         self.pool = pool
         self.clock = clock
-        self.interval_seconds = interval_seconds
         self.timeout = timeout
         self._lock = asyncio.Lock()  # one check at a time per process
-        self._stopping = asyncio.Event()
 
     async def check_once(self) -> CheckResult:
         async with self._lock:
@@ -125,15 +122,3 @@ class DriftChecker:
                 detail,
                 self.clock.now(),
             )
-
-    async def run(self) -> None:
-        """Every ``interval_seconds`` of the clock (the seed's 5 minutes by default)."""
-        while not self._stopping.is_set():
-            try:
-                await self.check_once()
-            except Exception as error:  # the pool may be restarting: next interval
-                log.warning("drift check failed", error=repr(error))
-            await sleep_until_stopped(self.clock, self.interval_seconds, self._stopping)
-
-    def stop(self) -> None:
-        self._stopping.set()
