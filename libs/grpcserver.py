@@ -2,7 +2,8 @@
 
 ``create_server`` returns a started-but-not-serving-yet ``grpc.aio`` server with:
 the standard health service, server reflection (so ``grpcurl`` needs no proto files),
-an interceptor that logs each call and maps :mod:`dispo.libs.errors` to status codes.
+an interceptor that logs each call and maps :mod:`dispo.libs.errors` to status codes, and
+an unreachable database (:func:`dispo.libs.db.database_unreachable`) to ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from dispo.libs.errors import DomainError
+from dispo.libs.db.down import database_unreachable
+from dispo.libs.errors import DomainError, Unavailable
 from dispo.libs.logging import get_logger
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
@@ -47,7 +49,8 @@ def rich_status(error: DomainError) -> grpc.Status:
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Logs every call and turns domain errors into statuses; anything else is INTERNAL."""
+    """Logs every call and turns domain errors into statuses, a database that is down into
+    UNAVAILABLE (the caller may retry; nothing was written); anything else is INTERNAL."""
 
     async def intercept_service(
         self,
@@ -67,23 +70,32 @@ async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> Asyn
     try:
         yield
     except DomainError as error:
-        log.info(
-            "rpc",
-            method=method,
-            code=error.code.name,
-            error=error.message,
-            ms=round((time.perf_counter() - started) * 1000, 2),
-        )
-        await context.abort_with_status(rich_status(error))
+        await _abort(context, method, error, started)
     except grpc.aio.BaseError:  # already an abort (or a status) from the servicer
         raise
-    except Exception:
+    except Exception as error:
+        if database_unreachable(error):
+            down = Unavailable(f"database unavailable: {type(error).__name__}")
+            await _abort(context, method, down, started)
         log.exception("rpc failed", method=method)
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
     else:
         log.debug(
             "rpc", method=method, code="OK", ms=round((time.perf_counter() - started) * 1000, 2)
         )
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, method: str, error: DomainError, started: float
+) -> None:
+    log.info(
+        "rpc",
+        method=method,
+        code=error.code.name,
+        error=error.message,
+        ms=round((time.perf_counter() - started) * 1000, 2),
+    )
+    await context.abort_with_status(rich_status(error))
 
 
 def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator
 from datetime import UTC
 
@@ -18,23 +17,9 @@ from dispo.gateway.service import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.catalogue import Catalogue
-from dispo.libs.errors import InvalidArgument, Unavailable
-from sqlalchemy.exc import DBAPIError
+from dispo.libs.errors import InvalidArgument
 
 DEFAULT_PAGE = 50
-# The database is unreachable (down, restarting): the caller may retry; nothing was accepted.
-_DB_DOWN = (DBAPIError, OSError, ConnectionError)
-
-
-def unavailable_when_db_down(method):  # type: ignore[no-untyped-def]
-    @functools.wraps(method)
-    async def unary(self, request, context):  # type: ignore[no-untyped-def]
-        try:
-            return await method(self, request, context)
-        except _DB_DOWN as error:
-            raise Unavailable(f"database unavailable: {type(error).__name__}") from None
-
-    return unary
 
 
 def _task_id(value: str) -> str:
@@ -48,7 +33,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.gateway = gateway
         self.max_page_size = max_page_size
 
-    @unavailable_when_db_down
     async def Submit(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitResponse:
@@ -59,7 +43,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             duplicate=accepted.duplicate,
         )
 
-    @unavailable_when_db_down
     async def GetTask(
         self, request: gateway_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetTaskResponse:
@@ -69,7 +52,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             completion.finished_at.FromDatetime(record.finished_at)
         return gateway_pb2.GetTaskResponse(task=self.gateway.view_of(record), completion=completion)
 
-    @unavailable_when_db_down
     async def ListTasks(
         self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListTasksResponse:
@@ -113,7 +95,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             out.page.next_page_token = encode_cursor(last.created_at, last.task_id)
         return out
 
-    @unavailable_when_db_down
     async def CancelTask(
         self, request: gateway_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelTaskResponse:
@@ -124,11 +105,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def WatchTask(
         self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
-        try:
-            async for view in self.gateway.watch(_task_id(request.task_id)):
-                yield gateway_pb2.WatchTaskResponse(task=view)
-        except _DB_DOWN as error:
-            raise Unavailable(f"database unavailable: {type(error).__name__}") from None
+        async for view in self.gateway.watch(_task_id(request.task_id)):
+            yield gateway_pb2.WatchTaskResponse(task=view)
 
     async def ListCells(
         self, request: gateway_pb2.ListCellsRequest, context: grpc.aio.ServicerContext

@@ -1,0 +1,55 @@
+"""Is PostgreSQL unreachable? The one answer every service's gRPC layer uses for UNAVAILABLE.
+
+A call that fails because the database is down, restarting or cut its connection may be
+retried by the caller; a call that fails for any other database reason (a constraint, a
+bad query) is a bug and stays INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from sqlalchemy.exc import DBAPIError
+
+# PostgreSQL refusing or dropping connections: class 08 (connection exception), shutting
+# down or starting up (57P01-57P03), no connection slot left (53300).
+_SERVER_GONE: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.TooManyConnectionsError,
+)
+_DRIVERS = ("asyncpg", "sqlalchemy")
+
+
+def database_unreachable(error: BaseException) -> bool:
+    """True when ``error`` (or what it wraps) says PostgreSQL cannot be reached.
+
+    A socket error counts only when the driver raised it (connecting to a server that is
+    not there), so an unrelated ``OSError`` in a handler is not mistaken for one.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, _SERVER_GONE):
+            return True
+        if isinstance(current, OSError) and _raised_in_driver(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _raised_in_driver(error: BaseException) -> bool:
+    tb = error.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module.split(".", 1)[0] in _DRIVERS:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+__all__ = ["database_unreachable"]
