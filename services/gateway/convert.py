@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-from datetime import UTC, datetime
+from datetime import datetime
 
 from dispo.gateway.expand import CellRequest, PlannedNode, Submission
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.errors import InvalidArgument
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
@@ -77,16 +75,3 @@ def status_name(value: int) -> str:
 
 def status_value(name: str) -> int:
     return common_pb2.TaskStatus.Value(f"TASK_STATUS_{name}")
-
-
-def encode_cursor(created_at: datetime, task_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{task_id}".encode()).decode()
-
-
-def decode_cursor(token: str) -> tuple[datetime, str]:
-    try:
-        moment, task_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
-        parsed = datetime.fromisoformat(moment)
-        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)), task_id
-    except Exception:
-        raise InvalidArgument("page.page_token", "not a token this server issued") from None

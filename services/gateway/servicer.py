@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC
+from datetime import UTC, datetime
 
 import grpc
 from dispo.gateway.convert import (
-    decode_cursor,
-    encode_cursor,
     status_name,
     status_value,
     submission_from_proto,
@@ -18,6 +16,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.errors import InvalidArgument
+from dispo.libs.paging import decode_page_token, encode_page_token
 
 DEFAULT_PAGE = 50
 
@@ -76,7 +75,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             created_before=request.created_before.ToDatetime(tzinfo=UTC)
             if request.HasField("created_before")
             else None,
-            after=decode_cursor(request.page.page_token) if request.page.page_token else None,
+            after=decode_page_token(request.page.page_token, datetime, str),
             limit=size + 1,
         )
         out = gateway_pb2.ListTasksResponse()
@@ -92,7 +91,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             item.updated_at.FromDatetime(record.updated_at)
         if len(records) > size:
             last = records[size - 1]
-            out.page.next_page_token = encode_cursor(last.created_at, last.task_id)
+            out.page.next_page_token = encode_page_token(last.created_at, last.task_id)
         return out
 
     async def CancelTask(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 from datetime import datetime
 
 import grpc
@@ -23,6 +21,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc as pb_grpc
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
+from dispo.libs.paging import decode_page_token, encode_page_token
 from dispo.libs.timestamps import from_timestamp
 
 DEFAULT_PAGE_SIZE = 50
@@ -35,21 +34,6 @@ def _evaluation_id(value: str, field: str = "evaluation_id") -> str:
     if len(value) > MAX_ID_CHARS:
         raise InvalidArgument(field, f"must be at most {MAX_ID_CHARS} characters")
     return value
-
-
-def _page_token(after: tuple[datetime, str, str]) -> str:
-    raw = json.dumps([after[0].isoformat(), after[1], after[2]])
-    return base64.urlsafe_b64encode(raw.encode()).decode()
-
-
-def _parse_page_token(token: str) -> tuple[datetime, str, str] | None:
-    if not token:
-        return None
-    try:
-        at, evaluation_id, kind = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return datetime.fromisoformat(at), str(evaluation_id), str(kind)
-    except (ValueError, TypeError):
-        raise InvalidArgument("page.page_token", "is not a token returned by ListJobs") from None
 
 
 class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
@@ -191,7 +175,7 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             evaluation_id=request.evaluation_id or None,
             kind=convert.JOB_KIND_FROM_PB.get(request.kind),
             status=convert.JOB_STATUS_FROM_PB.get(request.status),
-            after=_parse_page_token(request.page.page_token),
+            after=decode_page_token(request.page.page_token, datetime, str, str),
             limit=size + 1,
         )
         token = ""
@@ -199,7 +183,7 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             jobs = jobs[:size]
             last = jobs[-1]
             assert last.created_at is not None
-            token = _page_token((last.created_at, last.evaluation_id, last.kind.value))
+            token = encode_page_token(last.created_at, last.evaluation_id, last.kind.value)
         return pb.ListJobsResponse(
             jobs=[convert.job_to_pb(j) for j in jobs],
             page=common_pb2.PageResponse(next_page_token=token),

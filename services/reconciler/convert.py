@@ -8,6 +8,7 @@ from typing import Any
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.errors import InvalidArgument
+from dispo.libs.paging import decode_page_token, encode_page_token, invalid_page_token
 from dispo.reconciler import envelope as E
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.store import Filter, RecoveryRow
@@ -60,17 +61,17 @@ def page(request: common_pb2.PageRequest) -> tuple[int, int]:
     if request.page_size < 0:
         raise InvalidArgument("page.page_size", "must not be negative")
     size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
-    try:
-        offset = int(request.page_token) if request.page_token else 0
-    except ValueError:
-        raise InvalidArgument("page.page_token", "not a token from a previous response") from None
+    after = decode_page_token(request.page_token, int)
+    offset = 0 if after is None else after[0]
     if offset < 0:
-        raise InvalidArgument("page.page_token", "not a token from a previous response")
+        raise invalid_page_token()
     return size, offset
 
 
 def next_page(limit: int, offset: int, got: int) -> common_pb2.PageResponse:
-    return common_pb2.PageResponse(next_page_token=str(offset + got) if got == limit else "")
+    return common_pb2.PageResponse(
+        next_page_token=encode_page_token(offset + got) if got == limit else ""
+    )
 
 
 def task_to_proto(row: RecoveryRow) -> pb.RecoveryTask:
