@@ -83,15 +83,3 @@ async def run_action(
         else truncate_error(f"HTTP {response.status_code}: {response.text}")
     )
     return Result(outcome, detail)
-
-
-async def check_health(
-    client: httpx.AsyncClient, downstream: Downstream, timeout: float = 2.0
-) -> bool:
-    if not downstream.health_url:
-        return True
-    try:
-        response = await client.get(downstream.health_url, timeout=timeout)
-        return 200 <= response.status_code < 300
-    except (TimeoutError, httpx.HTTPError, OSError):
-        return False

@@ -10,7 +10,6 @@ from pathlib import Path
 import httpx
 from dispo.executor import control
 from dispo.executor import repository as repo
-from dispo.executor.actions import check_health
 from dispo.executor.domain import RetryPolicy
 from dispo.executor.envelope import envelope_problem
 from dispo.executor.runner import Executor, ExecutorConfig
@@ -21,6 +20,7 @@ from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
+from dispo.libs.downstream_health import check_health
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
@@ -32,6 +32,8 @@ log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.executor.v1.ExecutorService"
+# Seconds a downstream health URL has to answer before it counts as unhealthy.
+HEALTH_TIMEOUT_SECONDS = 2.0
 
 
 def build_executor(
@@ -140,10 +142,11 @@ async def check_downstreams(ex: Executor) -> None:
     for name, downstream in ex.registry.items():
         if not downstream.health_url:
             continue
-        if await check_health(ex.http, downstream):
+        healthy, why = await check_health(ex.http, downstream.health_url, HEALTH_TIMEOUT_SECONDS)
+        if healthy:
             ex.breakers[name].health_ok()
         else:
-            log.warning("downstream unhealthy", downstream=name)
+            log.warning("downstream unhealthy", downstream=name, reason=why)
             ex.breakers[name].trip(ex.clock.now())
 
 

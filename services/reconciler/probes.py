@@ -20,19 +20,6 @@ class ProbeResult:
     detail: str = ""
 
 
-async def check_health(client: httpx.AsyncClient, url: str, timeout: float) -> tuple[bool, str]:
-    """(healthy, error). A downstream without a health URL counts as healthy."""
-    if not url:
-        return True, ""
-    try:
-        response = await client.get(url, timeout=timeout)
-    except (httpx.HTTPError, OSError) as error:
-        return False, truncate_error(f"health check failed: {error!r}")
-    if 200 <= response.status_code < 300:
-        return True, ""
-    return False, f"health check answered HTTP {response.status_code}"
-
-
 async def probe_effect(
     client: httpx.AsyncClient, base_url: str, probe_path: str, idempotency_key: str, timeout: float
 ) -> ProbeResult:

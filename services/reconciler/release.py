@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import math
 
+from dispo.libs.downstream_health import check_health
 from dispo.libs.errors import InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.reconciler import store
 from dispo.reconciler.context import Context
-from dispo.reconciler.probes import check_health
 from dispo.reconciler.recovery import redrive_row
 
 log = get_logger(__name__)
