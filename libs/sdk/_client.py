@@ -10,7 +10,8 @@ from datetime import datetime
 import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView, task_status_name
+from dispo.libs.proto_enums import task_status_name
+from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView
 
 
 def _submit_request(

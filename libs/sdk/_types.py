@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
-from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.proto_enums import node_status_name, task_status_name
 from google.protobuf.struct_pb2 import Struct
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -59,11 +59,6 @@ class Submitted:
     duplicate: bool
 
 
-def task_status_name(value: int) -> str:
-    """``TASK_STATUS_SUCCEEDED`` → ``"SUCCEEDED"``."""
-    return common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
-
-
 def _time(message: Any, name: str) -> datetime | None:
     return getattr(message, name).ToDatetime(tzinfo=UTC) if message.HasField(name) else None
 
@@ -86,7 +81,7 @@ class NodeView:
             node.node_id,
             node.cell,
             node.action,
-            common_pb2.NodeStatus.Name(node.status).removeprefix("NODE_STATUS_"),
+            node_status_name(node.status),
             node.retry.attempts,
             node.last_error,
             tuple(node.depends_on),

@@ -8,6 +8,7 @@ from dispo.gateway.expand import CellRequest, PlannedNode, Submission
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.proto_enums import from_short_name
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
@@ -69,9 +70,5 @@ def task_envelope(
     return env
 
 
-def status_name(value: int) -> str:
-    return common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
-
-
 def status_value(name: str) -> int:
-    return common_pb2.TaskStatus.Value(f"TASK_STATUS_{name}")
+    return from_short_name(common_pb2.TaskStatus, name)

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from datetime import datetime
 
 from dispo.gateway import repository as repo
-from dispo.gateway.convert import status_name, task_envelope
+from dispo.gateway.convert import task_envelope
 from dispo.gateway.expand import Limits, Submission, expand, validate
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
@@ -21,6 +21,7 @@ from dispo.libs.clock import Clock
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.proto_enums import task_status_name
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
@@ -150,7 +151,7 @@ class Gateway:
     async def apply_status(self, env: task_pb2.Task) -> bool:
         async with self.engine.begin() as conn:
             applied = await repo.task_apply_status_if_newer(
-                conn, env, status_name(env.status), self.clock.now()
+                conn, env, task_status_name(env.status), self.clock.now()
             )
         if applied:
             event = self._changed.pop(env.task_id, None)
@@ -168,7 +169,7 @@ class Gateway:
                 if view.version != last:
                     last = view.version
                     yield view
-                if status_name(view.status) in repo.TERMINAL:
+                if task_status_name(view.status) in repo.TERMINAL:
                     return
                 try:
                     await asyncio.wait_for(event.wait(), self.watch_poll_interval)

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 
 import grpc
 from dispo.gateway.convert import (
-    status_name,
     status_value,
     submission_from_proto,
 )
@@ -17,6 +16,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.paging import decode_page_token, encode_page_token
+from dispo.libs.proto_enums import task_status_name
 
 DEFAULT_PAGE = 50
 
@@ -65,7 +65,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 or value not in common_pb2.TaskStatus.values()
             ):
                 raise InvalidArgument(f"statuses[{i}]", "not a task status")
-            statuses.append(status_name(value))
+            statuses.append(task_status_name(value))
         records = await self.gateway.list(
             business=request.business,
             statuses=statuses,

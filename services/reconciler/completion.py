@@ -20,6 +20,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.backoff import backoff
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
+from dispo.libs.proto_enums import node_status_name, task_status_name
 from dispo.reconciler import completion_store as cs
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
@@ -36,7 +37,7 @@ async def on_status(ctx: Context, env: task_pb2.Task) -> None:
     if env.status not in E.TERMINAL_TASK:
         return
     now = ctx.clock.now()
-    status = E.task_status_name(env.status)
+    status = task_status_name(env.status)
     notify = NotifyState.PENDING if env.callback_url else NotifyState.NONE
     reconcile_at = now + timedelta(seconds=ctx.config.reconcile.delay)
     async with ctx.engine.begin() as conn:
@@ -62,13 +63,13 @@ def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
     body = {
         "task_id": env.task_id,
         "business": env.business,
-        "status": E.task_status_name(env.status),
+        "status": task_status_name(env.status),
         "status_reason": env.status_reason,
         "finished_at": finished_at.isoformat(),
         "nodes": [
             {
                 "node_id": n.node_id,
-                "status": E.node_status_name(n.status),
+                "status": node_status_name(n.status),
                 "last_error": n.last_error,
             }
             for n in env.nodes
@@ -233,7 +234,7 @@ async def reconcile_sweep(ctx: Context) -> int:
                     row.task_id,
                     node.node_id,
                     node.spec.downstream,
-                    E.node_status_name(node.status),
+                    node_status_name(node.status),
                     observed,
                     detail,
                     now,

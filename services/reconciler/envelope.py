@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.error_text import truncate_error
+from dispo.libs.proto_enums import node_status_name
 from dispo.libs.timestamps import to_timestamp
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -26,14 +27,6 @@ _HTTP = re.compile(r"HTTP (\d{3})")
 
 def moment(value: Timestamp, fallback: datetime) -> datetime:
     return value.ToDatetime(tzinfo=UTC) if value.seconds or value.nanos else fallback
-
-
-def node_status_name(value: int) -> str:
-    return NS.Name(value).removeprefix("NODE_STATUS_")
-
-
-def task_status_name(value: int) -> str:
-    return TS.Name(value).removeprefix("TASK_STATUS_")
 
 
 def stuck(env: task_pb2.Task) -> list[task_pb2.Node]:

@@ -17,6 +17,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
+from dispo.libs.proto_enums import node_status_name
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
 from dispo.reconciler.context import Context
@@ -117,7 +118,7 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -
                     plan.node_id,
                     row.generation,
                     plan.method.value,
-                    E.node_status_name(plan.outcome),
+                    node_status_name(plan.outcome),
                     now,
                     reason=plan.reason,
                 )
@@ -126,7 +127,7 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -
                     task_id=row.task_id,
                     node_id=plan.node_id,
                     method=plan.method.value,
-                    outcome=E.node_status_name(plan.outcome),
+                    outcome=node_status_name(plan.outcome),
                 )
         undecided = [p for p in plans if p.outcome is None]
         if not undecided:
@@ -204,7 +205,7 @@ async def resolve_node(
             node_id,
             row.generation,
             SettlementMethod.OPERATOR.value,
-            E.node_status_name(outcome),
+            node_status_name(outcome),
             now,
             reason=reason,
             actor=actor,

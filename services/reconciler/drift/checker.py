@@ -7,6 +7,7 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as pool_pb
@@ -14,6 +15,7 @@ from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.clock import Clock
 from dispo.libs.errors import Unavailable
 from dispo.libs.logging import get_logger
+from dispo.libs.proto_enums import short_name
 from dispo.libs.repairs import REPAIR_KIND_TO_PB
 from dispo.reconciler.drift import repository as repo
 from dispo.reconciler.drift.planner import DbCron, PlannedRepair, RepairOutcome, View, plan_repairs
@@ -31,19 +33,19 @@ class CheckResult:
     at: object
 
 
-def _lower(enum_type, value: int, prefix: str) -> str:
-    return enum_type.Name(value).removeprefix(prefix).lower()
+def _lower(enum_type: Any, value: int) -> str:
+    return short_name(enum_type, value).lower()
 
 
 def view_from_pb(view: pool_pb.DriftView) -> View:
     crons = {
-        c.id: DbCron(c.id, _lower(pool_pb.CronStatus, c.status, "CRON_STATUS_"), c.evaluation_id)
+        c.id: DbCron(c.id, _lower(pool_pb.CronStatus, c.status), c.evaluation_id)
         for c in view.db_crons
     }
     states = {c.cron_id: json.loads(c.state_json or "{}") for c in view.driver_crons}
     evaluations = {
         e.evaluation_id: (
-            _lower(pool_pb.EvaluationStatus, e.status, "EVALUATION_STATUS_"),
+            _lower(pool_pb.EvaluationStatus, e.status),
             e.assigned_cron_id,
         )
         for e in view.evaluations

@@ -1,0 +1,35 @@
+"""Names of protobuf enum values without their prefix, as logs, stored rows and the SDK
+spell them: ``TASK_STATUS_SUCCEEDED`` is ``SUCCEEDED``. The prefix is the enum's own name in
+upper snake case, as protos spell every value."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dispo.libs.api.common.v1 import common_pb2
+
+
+def _prefix(enum: Any) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", enum.DESCRIPTOR.name).upper() + "_"
+
+
+def short_name(enum: Any, value: int) -> str:
+    """``short_name(common_pb2.TaskStatus, 3)`` → ``"SUCCEEDED"``; ValueError if unknown."""
+    return str(enum.Name(value)).removeprefix(_prefix(enum))
+
+
+def from_short_name(enum: Any, name: str) -> int:
+    """The value ``short_name`` names; ValueError if there is none."""
+    return int(enum.Value(_prefix(enum) + name))
+
+
+def task_status_name(value: int) -> str:
+    return short_name(common_pb2.TaskStatus, value)
+
+
+def node_status_name(value: int) -> str:
+    return short_name(common_pb2.NodeStatus, value)
+
+
+__all__ = ["from_short_name", "node_status_name", "short_name", "task_status_name"]
