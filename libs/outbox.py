@@ -20,8 +20,9 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from dispo.libs.bus import Bus
-from dispo.libs.clock import Clock, SystemClock, sleep_until_stopped
+from dispo.libs.clock import Clock, SystemClock
 from dispo.libs.logging import get_logger
+from dispo.libs.periodic import Pause, Periodic
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -135,6 +136,9 @@ class OutboxRelay:
         self.prune_interval = prune_interval
         self._kick = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._pruning = Periodic(
+            f"{table.name} prune", self._prune_pass, prune_interval, self.clock
+        )
 
     def kick(self) -> None:
         self._kick.set()
@@ -181,7 +185,7 @@ class OutboxRelay:
             )
 
     async def run(self) -> None:
-        pruning = asyncio.create_task(self._prune_loop(), name=f"{self.table.name} prune")
+        pruning = asyncio.create_task(self._pruning.run(), name=self._pruning.name)
         try:
             await self._relay_loop()
         finally:
@@ -189,18 +193,14 @@ class OutboxRelay:
             with contextlib.suppress(asyncio.CancelledError):
                 await pruning
 
-    async def _prune_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                deleted = await self.prune_once()
-            except Exception as error:  # PostgreSQL down: the next pass tries again
-                log.warning("outbox prune failed", table=self.table.name, error=repr(error))
-                deleted = 0
-            if deleted == 0:
-                await sleep_until_stopped(self.clock, self.prune_interval, self._stopping)
-            else:  # maybe a backlog: the next pass at once, in its own transaction
-                log.info("outbox pruned", table=self.table.name, deleted=deleted)
-                await asyncio.sleep(0)
+    async def _prune_pass(self) -> Pause | None:
+        """One prune; a pass that deleted something may have left a backlog: the next pass
+        at once, in its own transaction. PostgreSQL down: the next interval tries again."""
+        deleted = await self.prune_once()
+        if deleted == 0:
+            return None
+        log.info("outbox pruned", table=self.table.name, deleted=deleted)
+        return Pause(0)
 
     async def _relay_loop(self) -> None:
         while not self._stopping.is_set():
@@ -227,3 +227,4 @@ class OutboxRelay:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._pruning.stop()

@@ -16,9 +16,10 @@ import httpx
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.bus import Bus
-from dispo.libs.clock import Clock, clock_from_spec, sleep_until_stopped
+from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.evaluation import VERDICT_TO_PB
 from dispo.libs.logging import get_logger
+from dispo.libs.periodic import Periodic
 from dispo.libs.settings import CommonSettings
 from dispo.pool.domain import Rule, TestCase
 from dispo.pool.drivers.local import WAKE_SUBJECT, Registry
@@ -59,7 +60,10 @@ class Worker:
         self.http = http
         self.events: dict[str, asyncio.Event] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self._stopping = asyncio.Event()
+        # The tick: every cron wakes once per ``tick_seconds`` of the clock.
+        self._ticks = Periodic(
+            "cron tick", self.tick, tick_seconds, clock, first_after_interval=True
+        )
 
     async def sync(self) -> None:
         """Start a loop for every cron in the registry, stop loops of removed crons."""
@@ -80,20 +84,23 @@ class Worker:
 
     async def run(self) -> None:
         await self.sync()
-        while not self._stopping.is_set():
-            if await sleep_until_stopped(self.clock, self.tick_seconds, self._stopping):
-                break
-            await self.sync()
-            for event in self.events.values():  # the tick: every cron wakes
-                event.set()
-        for task in self.tasks.values():
-            task.cancel()
-        for task in self.tasks.values():
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        try:
+            await self._ticks.run()
+        finally:
+            for task in self.tasks.values():
+                task.cancel()
+            for task in self.tasks.values():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def tick(self) -> None:
+        """Every cron of the registry wakes (new crons get a loop first)."""
+        await self.sync()
+        for event in self.events.values():
+            event.set()
 
     def stop(self) -> None:
-        self._stopping.set()
+        self._ticks.stop()
 
     async def _loop(self, cron_id: str) -> None:
         event = self.events[cron_id]
