@@ -25,7 +25,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                 timeout_ms=d.timeout_ms,
                 max_concurrency=d.max_concurrency,
                 health_url=d.health_url,
-                breaker_state=breaker.state.value,
+                breaker_state=executor_pb2.BreakerState.Value(
+                    f"BREAKER_STATE_{breaker.state.name}"
+                ),
                 recent_failures=breaker.recent_failures(now),
             )
             if breaker.open_until is not None:

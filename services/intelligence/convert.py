@@ -121,6 +121,11 @@ def comparison_to_pb(view: ComparisonView) -> pb.Comparison:
     )
 
 
+def analysis_model_kind(kind: str) -> int:
+    """The proto kind of a model's ``kind`` (``builtin``, ``chat-completions``)."""
+    return pb.AnalysisModelKind.Value(f"ANALYSIS_MODEL_KIND_{kind.upper().replace('-', '_')}")
+
+
 def line_name(line: int) -> str:
     """The domain value of a proto line; "" (refused by validation) when not one."""
     return LINE_FROM_PB[line].value if line in LINE_FROM_PB else ""

@@ -120,7 +120,9 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
         return pb.ListAnalysisModelsResponse(
             models=[
                 pb.AnalysisModelInfo(
-                    name=name, kind=models.get(name).kind, is_default=name == models.default
+                    name=name,
+                    kind=convert.analysis_model_kind(models.get(name).kind),
+                    is_default=name == models.default,
                 )
                 for name in models.names()
             ]

@@ -69,7 +69,7 @@ def check_rule(rule: Rule, answer: Answer) -> str | None:
 def validate_rule(rule: Rule) -> str | None:
     """Why a rule is malformed, or None."""
     if rule.kind not in RULE_KINDS:
-        return f"kind must be one of {', '.join(RULE_KINDS)}"
+        return f"kind must be one of {', '.join(f'RULE_KIND_{k.upper()}' for k in RULE_KINDS)}"
     if rule.kind in ("status", "latency_ms"):
         if not rule.value.isdigit():
             return "value must be a non-negative integer"

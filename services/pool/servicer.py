@@ -15,6 +15,7 @@ from dispo.libs.repairs import repair_kind_from_pb
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import drift
 from dispo.pool import repository as repo
+from dispo.pool.convert import RULE_KIND_TO_PB, assignment_end, rule_kind
 from dispo.pool.domain import (
     Cron,
     CronStatus,
@@ -56,7 +57,10 @@ def evaluation_to_pb(ev: Evaluation, now: datetime) -> pb.Evaluation:
                 method=c.method,
                 path=c.path,
                 body=c.body,
-                rules=[pb.Rule(kind=r.kind, path=r.path, value=r.value) for r in c.rules],
+                rules=[
+                    pb.Rule(kind=RULE_KIND_TO_PB[r.kind], path=r.path, value=r.value)
+                    for r in c.rules
+                ],
             )
             for c in ev.cases
         ],
@@ -96,7 +100,7 @@ def evaluation_from_request(request: pb.CreateEvaluationRequest) -> Evaluation:
             (c.method or "GET").upper(),
             c.path or "/",
             c.body,
-            tuple(Rule(r.kind, r.value, r.path) for r in c.rules),
+            tuple(Rule(rule_kind(r.kind), r.value, r.path) for r in c.rules),
         )
         for c in request.cases
     )
@@ -165,7 +169,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
                     evaluation_id=a.evaluation_id,
                     started_at=to_timestamp(a.started_at),
                     ended_at=to_timestamp(a.ended_at),
-                    end_reason=a.end_reason or "",
+                    end_reason=assignment_end(a.end_reason),
                 )
                 for a in rows
             ]

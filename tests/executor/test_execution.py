@@ -104,7 +104,10 @@ async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish
             executor_pb2.ListDownstreamsRequest()
         )
     breakers = {d.name: d.breaker_state for d in reply.downstreams}
-    assert breakers == {"demo": "open", "narrow": "closed"}
+    assert breakers == {
+        "demo": executor_pb2.BREAKER_STATE_OPEN,
+        "narrow": executor_pb2.BREAKER_STATE_CLOSED,
+    }
 
 
 async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(client, downstream, bus):

@@ -333,8 +333,8 @@ async def test_assign_analysis_model_and_list_models(make_app, serve_app, fake_l
     stub = await serve_app(app)
     models = await stub.ListAnalysisModels(pb.ListAnalysisModelsRequest())
     assert [(m.name, m.kind, m.is_default) for m in models.models] == [
-        ("fake-gpt", "chat-completions", False),
-        ("stats", "builtin", False),
+        ("fake-gpt", pb.ANALYSIS_MODEL_KIND_CHAT_COMPLETIONS, False),
+        ("stats", pb.ANALYSIS_MODEL_KIND_BUILTIN, False),
     ]
     await feed_evaluation(stub, "a1", "2026-01", line=common_pb2.LINE_TRIAL)
     with pytest.raises(grpc.aio.AioRpcError):

@@ -42,12 +42,16 @@ async def test_formal_evaluation_completes_and_is_analysed(
                         id="ok",
                         path="/answer",
                         rules=[
-                            pb.Rule(kind="status", value="200"),
-                            pb.Rule(kind="json_equals", path="$.answer", value='"paris"'),
+                            pb.Rule(kind=pb.RULE_KIND_STATUS, value="200"),
+                            pb.Rule(
+                                kind=pb.RULE_KIND_JSON_EQUALS, path="$.answer", value='"paris"'
+                            ),
                         ],
                     ),
                     pb.TestCase(
-                        id="broken", path="/broken", rules=[pb.Rule(kind="status", value="200")]
+                        id="broken",
+                        path="/broken",
+                        rules=[pb.Rule(kind=pb.RULE_KIND_STATUS, value="200")],
                     ),
                 ],
             )

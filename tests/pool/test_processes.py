@@ -26,8 +26,8 @@ def create_request(target_url: str, evaluation_id: str, **schedule) -> pb.Create
                 id="capital",
                 path="/answer",
                 rules=[
-                    pb.Rule(kind="status", value="200"),
-                    pb.Rule(kind="json_contains", path="$.answer", value="paris"),
+                    pb.Rule(kind=pb.RULE_KIND_STATUS, value="200"),
+                    pb.Rule(kind=pb.RULE_KIND_JSON_CONTAINS, path="$.answer", value="paris"),
                 ],
             )
         ],
@@ -104,8 +104,8 @@ async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(
     assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
     assert all(c.evaluation_id != "survivor" for c in crons)
     assert {a.end_reason for a in history} <= {
-        "done",
-        "completed",
+        pb.ASSIGNMENT_END_DONE,
+        pb.ASSIGNMENT_END_COMPLETED,
     }  # no stuck cron, no force release
     assert target.calls >= 10
 
@@ -142,6 +142,12 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
                 await stub.CreateEvaluation(no_line)
             assert bad_line.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "line: must be LINE_FORMAL or LINE_TRIAL" in bad_line.value.details()
+        no_kind = create_request(target.url, "no-kind")
+        no_kind.cases[0].rules[0].kind = pb.RULE_KIND_UNSPECIFIED
+        with pytest.raises(grpc.aio.AioRpcError) as bad_kind:
+            await stub.CreateEvaluation(no_kind)
+        assert bad_kind.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "cases[0].rules[0]: kind must be one of RULE_KIND_STATUS" in bad_kind.value.details()
         for verdict in (common_pb2.VERDICT_UNSPECIFIED, 9):
             with pytest.raises(grpc.aio.AioRpcError) as bad_verdict:
                 await stub.RecordRun(

@@ -21,6 +21,7 @@ from dispo.libs.evaluation import VERDICT_TO_PB
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Periodic
 from dispo.libs.settings import CommonSettings
+from dispo.pool.convert import rule_kind
 from dispo.pool.domain import Rule, TestCase
 from dispo.pool.drivers.local import WAKE_SUBJECT, Registry
 from dispo.pool.settings import WorkerSettings
@@ -40,7 +41,7 @@ def case_from_pb(case: pb.TestCase) -> TestCase:
         case.method or "GET",
         case.path or "/",
         case.body,
-        tuple(Rule(r.kind, r.value, r.path) for r in case.rules),
+        tuple(Rule(rule_kind(r.kind), r.value, r.path) for r in case.rules),
     )
 
 

@@ -11,6 +11,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -21,6 +22,32 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _BreakerState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BreakerStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BreakerState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BREAKER_STATE_UNSPECIFIED: _BreakerState.ValueType  # 0
+    BREAKER_STATE_CLOSED: _BreakerState.ValueType  # 1
+    """Calls flow."""
+    BREAKER_STATE_OPEN: _BreakerState.ValueType  # 2
+    """Calls are refused until open_until: work for the downstream is demoted."""
+    BREAKER_STATE_HALF_OPEN: _BreakerState.ValueType  # 3
+    """The cooldown has passed: one probe call decides (success closes, failure reopens)."""
+
+class BreakerState(_BreakerState, metaclass=_BreakerStateEnumTypeWrapper):
+    """The executor's circuit breaker for one downstream."""
+
+BREAKER_STATE_UNSPECIFIED: BreakerState.ValueType  # 0
+BREAKER_STATE_CLOSED: BreakerState.ValueType  # 1
+"""Calls flow."""
+BREAKER_STATE_OPEN: BreakerState.ValueType  # 2
+"""Calls are refused until open_until: work for the downstream is demoted."""
+BREAKER_STATE_HALF_OPEN: BreakerState.ValueType  # 3
+"""The cooldown has passed: one probe call decides (success closes, failure reopens)."""
+Global___BreakerState: _TypeAlias = BreakerState  # noqa: Y015
 
 @_typing.final
 class ListDownstreamsRequest(_message.Message):
@@ -54,8 +81,7 @@ class Downstream(_message.Message):
     timeout_ms: _builtins.int
     max_concurrency: _builtins.int
     health_url: _builtins.str
-    breaker_state: _builtins.str
-    """closed (calls flow), open (calls refused: work is demoted)."""
+    breaker_state: Global___BreakerState.ValueType
     recent_failures: _builtins.int
     @_builtins.property
     def open_until(self) -> _timestamp_pb2.Timestamp: ...
@@ -67,7 +93,7 @@ class Downstream(_message.Message):
         timeout_ms: _builtins.int = ...,
         max_concurrency: _builtins.int = ...,
         health_url: _builtins.str = ...,
-        breaker_state: _builtins.str = ...,
+        breaker_state: Global___BreakerState.ValueType = ...,
         recent_failures: _builtins.int = ...,
         open_until: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...

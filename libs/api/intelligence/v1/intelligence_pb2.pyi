@@ -82,6 +82,27 @@ JOB_STATUS_COMPLETED: JobStatus.ValueType  # 3
 JOB_STATUS_FAILED: JobStatus.ValueType  # 4
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
 
+class _AnalysisModelKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AnalysisModelKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AnalysisModelKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ANALYSIS_MODEL_KIND_UNSPECIFIED: _AnalysisModelKind.ValueType  # 0
+    ANALYSIS_MODEL_KIND_BUILTIN: _AnalysisModelKind.ValueType  # 1
+    """The built-in deterministic model (stats)."""
+    ANALYSIS_MODEL_KIND_CHAT_COMPLETIONS: _AnalysisModelKind.ValueType  # 2
+    """An OpenAI-compatible chat-completions endpoint."""
+
+class AnalysisModelKind(_AnalysisModelKind, metaclass=_AnalysisModelKindEnumTypeWrapper): ...
+
+ANALYSIS_MODEL_KIND_UNSPECIFIED: AnalysisModelKind.ValueType  # 0
+ANALYSIS_MODEL_KIND_BUILTIN: AnalysisModelKind.ValueType  # 1
+"""The built-in deterministic model (stats)."""
+ANALYSIS_MODEL_KIND_CHAT_COMPLETIONS: AnalysisModelKind.ValueType  # 2
+"""An OpenAI-compatible chat-completions endpoint."""
+Global___AnalysisModelKind: _TypeAlias = AnalysisModelKind  # noqa: Y015
+
 class _Direction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -360,14 +381,13 @@ class AnalysisModelInfo(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     IS_DEFAULT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    kind: _builtins.str
-    """"builtin" or "chat-completions"."""
+    kind: Global___AnalysisModelKind.ValueType
     is_default: _builtins.bool
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
-        kind: _builtins.str = ...,
+        kind: Global___AnalysisModelKind.ValueType = ...,
         is_default: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015

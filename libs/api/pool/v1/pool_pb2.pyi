@@ -69,6 +69,77 @@ CRON_STATUS_BUSY: CronStatus.ValueType  # 2
 CRON_STATUS_STUCK: CronStatus.ValueType  # 3
 Global___CronStatus: _TypeAlias = CronStatus  # noqa: Y015
 
+class _RuleKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RuleKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RuleKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RULE_KIND_UNSPECIFIED: _RuleKind.ValueType  # 0
+    RULE_KIND_STATUS: _RuleKind.ValueType  # 1
+    """value = the expected HTTP status code."""
+    RULE_KIND_JSON_EQUALS: _RuleKind.ValueType  # 2
+    """path = a JSON path into the body, value = the JSON it must equal."""
+    RULE_KIND_JSON_CONTAINS: _RuleKind.ValueType  # 3
+    """path = a JSON path into the body, value = a substring of it."""
+    RULE_KIND_REGEX: _RuleKind.ValueType  # 4
+    """value = a pattern the body must match."""
+    RULE_KIND_LATENCY_MS: _RuleKind.ValueType  # 5
+    """value = the latency budget in milliseconds."""
+
+class RuleKind(_RuleKind, metaclass=_RuleKindEnumTypeWrapper): ...
+
+RULE_KIND_UNSPECIFIED: RuleKind.ValueType  # 0
+RULE_KIND_STATUS: RuleKind.ValueType  # 1
+"""value = the expected HTTP status code."""
+RULE_KIND_JSON_EQUALS: RuleKind.ValueType  # 2
+"""path = a JSON path into the body, value = the JSON it must equal."""
+RULE_KIND_JSON_CONTAINS: RuleKind.ValueType  # 3
+"""path = a JSON path into the body, value = a substring of it."""
+RULE_KIND_REGEX: RuleKind.ValueType  # 4
+"""value = a pattern the body must match."""
+RULE_KIND_LATENCY_MS: RuleKind.ValueType  # 5
+"""value = the latency budget in milliseconds."""
+Global___RuleKind: _TypeAlias = RuleKind  # noqa: Y015
+
+class _AssignmentEnd:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AssignmentEndEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AssignmentEnd.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ASSIGNMENT_END_UNSPECIFIED: _AssignmentEnd.ValueType  # 0
+    ASSIGNMENT_END_DONE: _AssignmentEnd.ValueType  # 1
+    """No runs owed right now: the cron went back to the pool."""
+    ASSIGNMENT_END_COMPLETED: _AssignmentEnd.ValueType  # 2
+    """The evaluation's last run was recorded."""
+    ASSIGNMENT_END_STUCK: _AssignmentEnd.ValueType  # 3
+    """The cron went silent (stuck sweep)."""
+    ASSIGNMENT_END_FORCE_RELEASED: _AssignmentEnd.ValueType  # 4
+    """Held too long (hold sweep), or an operator's ForceRelease."""
+    ASSIGNMENT_END_CANCELLED: _AssignmentEnd.ValueType  # 5
+    """The evaluation was cancelled or paused."""
+    ASSIGNMENT_END_DRIFT: _AssignmentEnd.ValueType  # 6
+    """Repaired by the reconciler's drift check."""
+
+class AssignmentEnd(_AssignmentEnd, metaclass=_AssignmentEndEnumTypeWrapper):
+    """Why a cron stopped holding an evaluation."""
+
+ASSIGNMENT_END_UNSPECIFIED: AssignmentEnd.ValueType  # 0
+ASSIGNMENT_END_DONE: AssignmentEnd.ValueType  # 1
+"""No runs owed right now: the cron went back to the pool."""
+ASSIGNMENT_END_COMPLETED: AssignmentEnd.ValueType  # 2
+"""The evaluation's last run was recorded."""
+ASSIGNMENT_END_STUCK: AssignmentEnd.ValueType  # 3
+"""The cron went silent (stuck sweep)."""
+ASSIGNMENT_END_FORCE_RELEASED: AssignmentEnd.ValueType  # 4
+"""Held too long (hold sweep), or an operator's ForceRelease."""
+ASSIGNMENT_END_CANCELLED: AssignmentEnd.ValueType  # 5
+"""The evaluation was cancelled or paused."""
+ASSIGNMENT_END_DRIFT: AssignmentEnd.ValueType  # 6
+"""Repaired by the reconciler's drift check."""
+Global___AssignmentEnd: _TypeAlias = AssignmentEnd  # noqa: Y015
+
 class _RepairKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -104,23 +175,20 @@ Global___RepairKind: _TypeAlias = RepairKind  # noqa: Y015
 
 @_typing.final
 class Rule(_message.Message):
-    """One scoring rule. kind: "status" (value = HTTP code), "json_equals" (path, value = JSON),
-    "json_contains" (path, value = substring), "regex" (value = pattern over the body),
-    "latency_ms" (value = budget).
-    """
+    """One scoring rule (required: kind)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     KIND_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
-    kind: _builtins.str
+    kind: Global___RuleKind.ValueType
     path: _builtins.str
     value: _builtins.str
     def __init__(
         self,
         *,
-        kind: _builtins.str = ...,
+        kind: Global___RuleKind.ValueType = ...,
         path: _builtins.str = ...,
         value: _builtins.str = ...,
     ) -> None: ...
@@ -298,8 +366,8 @@ class Assignment(_message.Message):
     id: _builtins.int
     cron_id: _builtins.str
     evaluation_id: _builtins.str
-    end_reason: _builtins.str
-    """done | completed | stuck | force_released | cancelled | drift; "" while held."""
+    end_reason: Global___AssignmentEnd.ValueType
+    """ASSIGNMENT_END_UNSPECIFIED while held."""
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -312,7 +380,7 @@ class Assignment(_message.Message):
         evaluation_id: _builtins.str = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
         ended_at: _timestamp_pb2.Timestamp | None = ...,
-        end_reason: _builtins.str = ...,
+        end_reason: Global___AssignmentEnd.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

@@ -1,0 +1,22 @@
+"""The pool's enums on the wire: domain value <-> proto value, at the edge only (the servicer
+and the pool-worker)."""
+
+from __future__ import annotations
+
+from dispo.libs.api.pool.v1 import pool_pb2 as pb
+from dispo.pool.domain import RULE_KINDS, AssignmentEnd
+
+RULE_KIND_TO_PB = {k: pb.RuleKind.Value(f"RULE_KIND_{k.upper()}") for k in RULE_KINDS}
+RULE_KIND_FROM_PB = {v: k for k, v in RULE_KIND_TO_PB.items()}
+ASSIGNMENT_END_TO_PB = {
+    e: pb.AssignmentEnd.Value(f"ASSIGNMENT_END_{e.name}") for e in AssignmentEnd
+}
+
+
+def rule_kind(value: int) -> str:
+    """The domain rule kind of a proto value; "" (refused by validation) when not one."""
+    return RULE_KIND_FROM_PB.get(value, "")
+
+
+def assignment_end(reason: str | None) -> int:
+    return ASSIGNMENT_END_TO_PB[AssignmentEnd(reason)] if reason else pb.ASSIGNMENT_END_UNSPECIFIED
