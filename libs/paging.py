@@ -1,4 +1,7 @@
-"""One page-token codec for every list RPC.
+"""Pages of every list RPC: one page-size rule and one page-token codec.
+
+A page holds ``page.page_size`` rows (0: :data:`DEFAULT_PAGE_SIZE`), at most the list's
+maximum; a negative size is ``INVALID_ARGUMENT`` on ``page.page_size``.
 
 A token is the sort key of the last row a page returned (strings, integers, aware
 datetimes), as URL-safe base64 of compact JSON. It is opaque to callers; a token this
@@ -18,10 +21,28 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from dispo.libs.errors import InvalidArgument
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.errors import FieldViolation, InvalidArgument
 
 TOKEN_FIELD = "page.page_token"
+SIZE_FIELD = "page.page_size"
+DEFAULT_PAGE_SIZE = 50
 KeyPart = str | int | datetime
+
+
+def page_size_violation(page: common_pb2.PageRequest) -> FieldViolation | None:
+    """What is wrong with the requested size, for a request that collects its violations."""
+    return FieldViolation(SIZE_FIELD, "must not be negative") if page.page_size < 0 else None
+
+
+def page_size(
+    page: common_pb2.PageRequest, *, maximum: int, default: int = DEFAULT_PAGE_SIZE
+) -> int:
+    """Rows the page holds: the requested size (0: ``default``), at most ``maximum``."""
+    violation = page_size_violation(page)
+    if violation is not None:
+        raise InvalidArgument(violations=[violation])
+    return min(page.page_size or default, maximum)
 
 
 def encode_page_token(*key: KeyPart) -> str:
@@ -69,4 +90,13 @@ def _part(value: object, kind: type) -> KeyPart:
     raise TypeError(f"a page token holds str, int or datetime, not {kind.__name__}")
 
 
-__all__ = ["TOKEN_FIELD", "decode_page_token", "encode_page_token", "invalid_page_token"]
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "SIZE_FIELD",
+    "TOKEN_FIELD",
+    "decode_page_token",
+    "encode_page_token",
+    "invalid_page_token",
+    "page_size",
+    "page_size_violation",
+]

@@ -15,10 +15,8 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.errors import InvalidArgument
-from dispo.libs.paging import decode_page_token, encode_page_token
+from dispo.libs.paging import decode_page_token, encode_page_token, page_size
 from dispo.libs.proto_enums import task_status_name
-
-DEFAULT_PAGE = 50
 
 
 def _task_id(value: str) -> str:
@@ -54,10 +52,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def ListTasks(
         self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListTasksResponse:
-        size = request.page.page_size
-        if size < 0:
-            raise InvalidArgument("page.page_size", "must not be negative")
-        size = min(size or DEFAULT_PAGE, self.max_page_size)
+        size = page_size(request.page, maximum=self.max_page_size)
         statuses = []
         for i, value in enumerate(request.statuses):
             if (

@@ -21,10 +21,14 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc as pb_grpc
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
-from dispo.libs.paging import decode_page_token, encode_page_token
+from dispo.libs.paging import (
+    decode_page_token,
+    encode_page_token,
+    page_size,
+    page_size_violation,
+)
 from dispo.libs.timestamps import from_timestamp
 
-DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 
 
@@ -168,11 +172,11 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             violations.append(FieldViolation("kind", "unknown job kind"))
         if request.status and request.status not in convert.JOB_STATUS_FROM_PB:
             violations.append(FieldViolation("status", "unknown job status"))
-        if request.page.page_size < 0:
-            violations.append(FieldViolation("page.page_size", "must not be negative"))
+        if (bad_size := page_size_violation(request.page)) is not None:
+            violations.append(bad_size)
         if violations:
             raise InvalidArgument(violations=violations)
-        size = min(request.page.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        size = page_size(request.page, maximum=MAX_PAGE_SIZE)
         jobs = await self.repo.jobs_list(
             evaluation_id=request.evaluation_id or None,
             kind=convert.JOB_KIND_FROM_PB.get(request.kind),

@@ -8,12 +8,11 @@ from typing import Any
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.errors import InvalidArgument
-from dispo.libs.paging import decode_page_token, encode_page_token, invalid_page_token
+from dispo.libs.paging import decode_page_token, encode_page_token, invalid_page_token, page_size
 from dispo.reconciler import envelope as E
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.store import Filter, RecoveryRow
 
-DEFAULT_PAGE = 50
 MAX_PAGE = 500
 
 
@@ -58,9 +57,7 @@ def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
 
 def page(request: common_pb2.PageRequest) -> tuple[int, int]:
     """(limit, offset) from a page request; the token is the offset of the next page."""
-    if request.page_size < 0:
-        raise InvalidArgument("page.page_size", "must not be negative")
-    size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
+    size = page_size(request, maximum=MAX_PAGE)
     after = decode_page_token(request.page_token, int)
     offset = 0 if after is None else after[0]
     if offset < 0:

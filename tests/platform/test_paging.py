@@ -1,4 +1,4 @@
-"""The one page-token codec: a token carries the last row's sort key and only that; anything
+"""One page-size rule and one page-token codec: a token carries the last row's sort key and only that; anything
 else is INVALID_ARGUMENT on page.page_token."""
 
 from __future__ import annotations
@@ -8,8 +8,17 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.errors import InvalidArgument
-from dispo.libs.paging import TOKEN_FIELD, decode_page_token, encode_page_token
+from dispo.libs.paging import (
+    DEFAULT_PAGE_SIZE,
+    SIZE_FIELD,
+    TOKEN_FIELD,
+    decode_page_token,
+    encode_page_token,
+    page_size,
+    page_size_violation,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AT = datetime(2026, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
@@ -63,3 +72,13 @@ def test_no_service_spells_its_own_token_encoding():
         and ("b64" in text or "int(request.page_token" in text)
     ]
     assert copies == []
+
+
+def test_the_page_size_defaults_is_capped_and_refuses_a_negative_size():
+    assert page_size(common_pb2.PageRequest(), maximum=500) == DEFAULT_PAGE_SIZE == 50
+    assert page_size(common_pb2.PageRequest(page_size=7), maximum=500) == 7
+    assert page_size(common_pb2.PageRequest(page_size=9000), maximum=500) == 500
+    with pytest.raises(InvalidArgument) as refused:
+        page_size(common_pb2.PageRequest(page_size=-1), maximum=500)
+    assert [v.field for v in refused.value.violations] == [SIZE_FIELD] == ["page.page_size"]
+    assert page_size_violation(common_pb2.PageRequest(page_size=3)) is None
