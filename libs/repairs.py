@@ -8,6 +8,7 @@ import enum
 
 from dispo.libs.api.pool.v1 import pool_pb2
 from dispo.libs.errors import InvalidArgument
+from dispo.libs.proto_enums import from_short_name
 
 
 class RepairKind(enum.StrEnum):
@@ -18,7 +19,7 @@ class RepairKind(enum.StrEnum):
     REWRITE_STATE = "rewrite_state"
 
 
-REPAIR_KIND_TO_PB = {k: pool_pb2.RepairKind.Value(f"REPAIR_KIND_{k.name}") for k in RepairKind}
+REPAIR_KIND_TO_PB = {k: from_short_name(pool_pb2.RepairKind, k.name) for k in RepairKind}
 REPAIR_KIND_FROM_PB = {v: k for k, v in REPAIR_KIND_TO_PB.items()}
 
 

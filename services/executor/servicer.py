@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 from dispo.executor.runner import Executor
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from dispo.libs.proto_enums import from_short_name
 from dispo.libs.timestamps import to_timestamp
 
 
@@ -25,9 +26,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                 timeout_ms=d.timeout_ms,
                 max_concurrency=d.max_concurrency,
                 health_url=d.health_url,
-                breaker_state=executor_pb2.BreakerState.Value(
-                    f"BREAKER_STATE_{breaker.state.name}"
-                ),
+                breaker_state=from_short_name(executor_pb2.BreakerState, breaker.state.name),
                 recent_failures=breaker.recent_failures(now),
             )
             if breaker.open_until is not None:

@@ -11,6 +11,7 @@ from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError,
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, VERDICT_FROM_PB
+from dispo.libs.proto_enums import from_short_name
 from dispo.libs.timestamps import to_timestamp
 
 EVALUATION_STATUS_TO_PB = {
@@ -123,7 +124,7 @@ def comparison_to_pb(view: ComparisonView) -> pb.Comparison:
 
 def analysis_model_kind(kind: str) -> int:
     """The proto kind of a model's ``kind`` (``builtin``, ``chat-completions``)."""
-    return pb.AnalysisModelKind.Value(f"ANALYSIS_MODEL_KIND_{kind.upper().replace('-', '_')}")
+    return from_short_name(pb.AnalysisModelKind, kind.upper().replace("-", "_"))
 
 
 def line_name(line: int) -> str:

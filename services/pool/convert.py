@@ -4,13 +4,12 @@ and the pool-worker)."""
 from __future__ import annotations
 
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
+from dispo.libs.proto_enums import from_short_name
 from dispo.pool.domain import RULE_KINDS, AssignmentEnd
 
-RULE_KIND_TO_PB = {k: pb.RuleKind.Value(f"RULE_KIND_{k.upper()}") for k in RULE_KINDS}
+RULE_KIND_TO_PB = {k: from_short_name(pb.RuleKind, k.upper()) for k in RULE_KINDS}
 RULE_KIND_FROM_PB = {v: k for k, v in RULE_KIND_TO_PB.items()}
-ASSIGNMENT_END_TO_PB = {
-    e: pb.AssignmentEnd.Value(f"ASSIGNMENT_END_{e.name}") for e in AssignmentEnd
-}
+ASSIGNMENT_END_TO_PB = {e: from_short_name(pb.AssignmentEnd, e.name) for e in AssignmentEnd}
 
 
 def rule_kind(value: int) -> str:

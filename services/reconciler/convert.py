@@ -9,6 +9,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.paging import decode_page_token, encode_page_token, invalid_page_token, page_size
+from dispo.libs.proto_enums import from_short_name, short_name
 from dispo.reconciler import envelope as E
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.store import Filter, RecoveryRow
@@ -35,17 +36,28 @@ def state_from_proto(value: int, field: str) -> RecoveryState:
     return RecoveryState(name)
 
 
-def _enum(enum_type: Any, prefix: str, value: str) -> int:
-    """The proto value of a domain value stored as its name (``FAIL``, ``PROBE``)."""
-    return enum_type.Value(f"{prefix}_{value.upper()}")
+def _enum(enum_type: Any, value: str) -> int:
+    """The proto value of a domain value stored as its name, in either case (``fail``,
+    ``PROBE``)."""
+    return from_short_name(enum_type, value.upper())
 
 
 def node_status(name: str) -> int:
-    return _enum(common_pb2.NodeStatus, "NODE_STATUS", name)
+    return _enum(common_pb2.NodeStatus, name)
 
 
 def redrive_trigger(trigger: str) -> int:
-    return _enum(pb.RedriveTrigger, "REDRIVE_TRIGGER", trigger)
+    return _enum(pb.RedriveTrigger, trigger)
+
+
+def sweep_name(value: int) -> str:
+    """The sweep a RunSweep request names (``all`` when unspecified)."""
+    if value == pb.SWEEP_UNSPECIFIED:
+        return "all"
+    try:
+        return short_name(pb.Sweep, value).lower()
+    except ValueError:
+        raise InvalidArgument("sweep", f"unknown sweep {value}") from None
 
 
 def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
@@ -76,7 +88,7 @@ def task_to_proto(row: RecoveryRow) -> pb.RecoveryTask:
         task_id=row.task_id,
         business=row.business,
         state=state_to_proto(row.state),
-        kind=_enum(pb.RecoveryKind, "RECOVERY_KIND", row.kind),
+        kind=_enum(pb.RecoveryKind, row.kind),
         cells=row.cells,
         downstreams=row.downstreams,
         error_class=row.error_class,
@@ -101,7 +113,7 @@ def task_to_proto(row: RecoveryRow) -> pb.RecoveryTask:
 
 def history_to_proto(r: Any) -> pb.FailureRecord:
     out = pb.FailureRecord(
-        kind=_enum(pb.RecoveryKind, "RECOVERY_KIND", r.kind),
+        kind=_enum(pb.RecoveryKind, r.kind),
         generation=r.generation,
         reason=r.reason,
         error_class=r.error_class,
@@ -128,7 +140,7 @@ def settlement_to_proto(r: Any) -> pb.Settlement:
     out = pb.Settlement(
         node_id=r.node_id,
         generation=r.generation,
-        method=_enum(pb.SettlementMethod, "SETTLEMENT_METHOD", r.method),
+        method=_enum(pb.SettlementMethod, r.method),
         outcome=node_status(r.outcome),
         reason=r.reason,
         actor=r.actor,
@@ -169,10 +181,10 @@ def completion_to_proto(r: Any) -> pb.Completion:
         status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{r.status}"),
         status_reason=r.status_reason,
         callback_url=r.callback_url,
-        notify_state=_enum(pb.NotifyState, "NOTIFY_STATE", r.notify_state),
+        notify_state=_enum(pb.NotifyState, r.notify_state),
         notify_attempts=r.notify_attempts,
         notify_last_error=r.notify_last_error,
-        reconcile_state=_enum(pb.ReconcileState, "RECONCILE_STATE", r.reconcile_state),
+        reconcile_state=_enum(pb.ReconcileState, r.reconcile_state),
     )
     for name in ("finished_at", "notified_at", "reconciled_at"):
         set_ts(out, name, getattr(r, name))
@@ -213,7 +225,7 @@ def verdict_to_proto(r: Any, compensations: list[Any]) -> pb.Verdict:
             pb.Compensation(
                 task_id=c.task_id,
                 cell=c.cell,
-                state=_enum(pb.CompensationState, "COMPENSATION_STATE", c.state),
+                state=_enum(pb.CompensationState, c.state),
                 submitted_task_id=c.submitted_task_id,
                 error=c.error,
                 attempts=c.attempts,

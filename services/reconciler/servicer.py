@@ -187,5 +187,5 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         )
 
     async def RunSweep(self, request: pb.RunSweepRequest, context: Any) -> pb.RunSweepResponse:
-        handled = await run_sweeps(self.ctx, request.sweep or "all")
+        handled = await run_sweeps(self.ctx, cv.sweep_name(request.sweep))
         return pb.RunSweepResponse(handled=handled)

@@ -191,11 +191,11 @@ async def test_abandon_cancels_through_the_normal_path(recon, manual_clock, stub
 
 async def test_unknown_sweep_is_refused(stub):
     await expect_error(
-        stub.RunSweep(pb.RunSweepRequest(sweep="everything")),
+        stub.RunSweep(pb.RunSweepRequest(sweep=99)),
         grpc.StatusCode.INVALID_ARGUMENT,
         "sweep",
     )
-    reply = await stub.RunSweep(pb.RunSweepRequest(sweep="all"))
+    reply = await stub.RunSweep(pb.RunSweepRequest(sweep=pb.SWEEP_ALL))
     assert set(reply.handled) == {
         "arbitrate",
         "compensate",
@@ -206,6 +206,9 @@ async def test_unknown_sweep_is_refused(stub):
         "notify",
         "reconcile",
     }
+    assert set((await stub.RunSweep(pb.RunSweepRequest())).handled) == set(reply.handled)
+    one = await stub.RunSweep(pb.RunSweepRequest(sweep=pb.SWEEP_RECONCILE))
+    assert set(one.handled) == {"reconcile"}
 
 
 async def test_a_second_redrive_by_filter_queues_behind_the_first(recon, manual_clock, stub):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dispo.libs.api.reconciler.v1 import drift_pb2 as pb
 from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
 from dispo.libs.errors import InvalidArgument
+from dispo.libs.proto_enums import from_short_name
 from dispo.libs.repairs import REPAIR_KIND_TO_PB, RepairKind, repair_kind_from_pb
 from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler.drift import repository as repo
@@ -20,7 +21,7 @@ def repair_to_pb(row: dict) -> pb.Repair:
         cron_id=row["cron_id"],
         evaluation_id=row["evaluation_id"],
         reason=row["reason"],
-        outcome=pb.RepairOutcome.Value(f"REPAIR_OUTCOME_{RepairOutcome(row['outcome']).name}"),
+        outcome=from_short_name(pb.RepairOutcome, RepairOutcome(row["outcome"]).name),
         detail=row["detail"],
         at=to_timestamp(row["at"]),
     )

@@ -243,6 +243,40 @@ RESOLUTION_RETRY: Resolution.ValueType  # 2
 """The effect did not happen: the node runs again."""
 Global___Resolution: _TypeAlias = Resolution  # noqa: Y015
 
+class _Sweep:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SweepEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Sweep.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SWEEP_UNSPECIFIED: _Sweep.ValueType  # 0
+    """Every sweep, as SWEEP_ALL."""
+    SWEEP_ALL: _Sweep.ValueType  # 1
+    SWEEP_ARBITRATE: _Sweep.ValueType  # 2
+    SWEEP_COMPENSATE: _Sweep.ValueType  # 3
+    SWEEP_SETTLE: _Sweep.ValueType  # 4
+    SWEEP_REDRIVE: _Sweep.ValueType  # 5
+    SWEEP_HEALTH: _Sweep.ValueType  # 6
+    SWEEP_RELEASE: _Sweep.ValueType  # 7
+    SWEEP_NOTIFY: _Sweep.ValueType  # 8
+    SWEEP_RECONCILE: _Sweep.ValueType  # 9
+
+class Sweep(_Sweep, metaclass=_SweepEnumTypeWrapper):
+    """The reconciler's periodic sweeps (docs/recovery.md)."""
+
+SWEEP_UNSPECIFIED: Sweep.ValueType  # 0
+"""Every sweep, as SWEEP_ALL."""
+SWEEP_ALL: Sweep.ValueType  # 1
+SWEEP_ARBITRATE: Sweep.ValueType  # 2
+SWEEP_COMPENSATE: Sweep.ValueType  # 3
+SWEEP_SETTLE: Sweep.ValueType  # 4
+SWEEP_REDRIVE: Sweep.ValueType  # 5
+SWEEP_HEALTH: Sweep.ValueType  # 6
+SWEEP_RELEASE: Sweep.ValueType  # 7
+SWEEP_NOTIFY: Sweep.ValueType  # 8
+SWEEP_RECONCILE: Sweep.ValueType  # 9
+Global___Sweep: _TypeAlias = Sweep  # noqa: Y015
+
 @_typing.final
 class RecoveryFilter(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -1385,12 +1419,11 @@ class RunSweepRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SWEEP_FIELD_NUMBER: _builtins.int
-    sweep: _builtins.str
-    """arbitrate, compensate, settle, redrive, health, release, notify, reconcile, or all."""
+    sweep: Global___Sweep.ValueType
     def __init__(
         self,
         *,
-        sweep: _builtins.str = ...,
+        sweep: Global___Sweep.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -1427,7 +1460,7 @@ class RunSweepResponse(_message.Message):
     HANDLED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def handled(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
-        """Rows each sweep handled."""
+        """Rows each sweep handled, by the sweep's name (arbitrate, compensate, ...)."""
 
     def __init__(
         self,
