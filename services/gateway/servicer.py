@@ -16,7 +16,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.paging import decode_page_token, encode_page_token, page_size
-from dispo.libs.proto_enums import task_status_name
+from dispo.libs.proto_enums import from_short_name, task_status_name
 
 
 def _task_id(value: str) -> str:
@@ -113,11 +113,15 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
     for cell in sorted(catalogue.cells.values(), key=lambda c: c.name):
         item = out.cells.add(name=cell.name, description=cell.description)
         for f in cell.fields:
-            item.fields.add(name=f.name, type=f.type, required=f.required)
+            item.fields.add(
+                name=f.name,
+                type=from_short_name(gateway_pb2.FieldType, f.type.upper()),
+                required=f.required,
+            )
         for a in cell.actions:
             item.actions.add(
                 name=a.name,
-                kind=a.kind,
+                kind=from_short_name(gateway_pb2.ActionKind, a.kind.upper()),
                 downstream=a.downstream,
                 depends_on=list(a.depends_on),
                 idempotent=a.idempotent,

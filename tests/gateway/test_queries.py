@@ -152,3 +152,6 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
     assert [a.name for a in cells["pair"].actions] == ["first", "second"]
     assert list(cells["pair"].actions[1].depends_on) == ["first"]
     assert cells["step"].fields[0].required
+    assert cells["step"].fields[0].type == gateway_pb2.FIELD_TYPE_STRING
+    assert cells["step"].actions[0].kind == gateway_pb2.ACTION_KIND_HTTP
+    assert cells["noop"].actions[0].kind == gateway_pb2.ACTION_KIND_NOOP

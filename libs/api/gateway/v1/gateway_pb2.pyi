@@ -15,6 +15,7 @@ from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -25,6 +26,56 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _FieldType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FieldTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FieldType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FIELD_TYPE_UNSPECIFIED: _FieldType.ValueType  # 0
+    FIELD_TYPE_STRING: _FieldType.ValueType  # 1
+    FIELD_TYPE_INTEGER: _FieldType.ValueType  # 2
+    """A JSON number without a fraction."""
+    FIELD_TYPE_NUMBER: _FieldType.ValueType  # 3
+    FIELD_TYPE_BOOLEAN: _FieldType.ValueType  # 4
+    FIELD_TYPE_OBJECT: _FieldType.ValueType  # 5
+    FIELD_TYPE_LIST: _FieldType.ValueType  # 6
+
+class FieldType(_FieldType, metaclass=_FieldTypeEnumTypeWrapper):
+    """The JSON type a cell's payload field must have."""
+
+FIELD_TYPE_UNSPECIFIED: FieldType.ValueType  # 0
+FIELD_TYPE_STRING: FieldType.ValueType  # 1
+FIELD_TYPE_INTEGER: FieldType.ValueType  # 2
+"""A JSON number without a fraction."""
+FIELD_TYPE_NUMBER: FieldType.ValueType  # 3
+FIELD_TYPE_BOOLEAN: FieldType.ValueType  # 4
+FIELD_TYPE_OBJECT: FieldType.ValueType  # 5
+FIELD_TYPE_LIST: FieldType.ValueType  # 6
+Global___FieldType: _TypeAlias = FieldType  # noqa: Y015
+
+class _ActionKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ActionKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ActionKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ACTION_KIND_UNSPECIFIED: _ActionKind.ValueType  # 0
+    ACTION_KIND_HTTP: _ActionKind.ValueType  # 1
+    """Call the downstream over HTTP."""
+    ACTION_KIND_NOOP: _ActionKind.ValueType  # 2
+    """Succeed at once (benchmarks, examples)."""
+
+class ActionKind(_ActionKind, metaclass=_ActionKindEnumTypeWrapper):
+    """What one catalogue action does."""
+
+ACTION_KIND_UNSPECIFIED: ActionKind.ValueType  # 0
+ACTION_KIND_HTTP: ActionKind.ValueType  # 1
+"""Call the downstream over HTTP."""
+ACTION_KIND_NOOP: ActionKind.ValueType  # 2
+"""Succeed at once (benchmarks, examples)."""
+Global___ActionKind: _TypeAlias = ActionKind  # noqa: Y015
 
 @_typing.final
 class CellRequest(_message.Message):
@@ -404,14 +455,13 @@ class CellField(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     REQUIRED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    type: _builtins.str
-    """string | integer | number | boolean | object | list"""
+    type: Global___FieldType.ValueType
     required: _builtins.bool
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
-        type: _builtins.str = ...,
+        type: Global___FieldType.ValueType = ...,
         required: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
@@ -433,7 +483,7 @@ class CellAction(_message.Message):
     IDEMPOTENT_FIELD_NUMBER: _builtins.int
     HAS_PROBE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    kind: _builtins.str
+    kind: Global___ActionKind.ValueType
     downstream: _builtins.str
     idempotent: _builtins.bool
     has_probe: _builtins.bool
@@ -443,7 +493,7 @@ class CellAction(_message.Message):
         self,
         *,
         name: _builtins.str = ...,
-        kind: _builtins.str = ...,
+        kind: Global___ActionKind.ValueType = ...,
         downstream: _builtins.str = ...,
         depends_on: _abc.Iterable[_builtins.str] | None = ...,
         idempotent: _builtins.bool = ...,
