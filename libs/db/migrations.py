@@ -26,23 +26,26 @@ def _quoted(schema: str) -> str:
     return f'"{schema}"'
 
 
-async def migrate(engine: AsyncEngine, schema: str, script_location: Path) -> None:
-    """Bring ``schema`` up to the newest revision under ``script_location``."""
+async def migrate(
+    engine: AsyncEngine, schema: str, script_location: Path, revision: str = "head"
+) -> None:
+    """Bring ``schema`` up to the newest revision under ``script_location`` (or up to
+    ``revision``: tests of a data migration write rows under the revision before it)."""
     async with engine.begin() as conn:
         await conn.execute(
             text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"dispo.migrate.{schema}"}
         )
         await conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}"))
         await conn.execute(text(f"SET LOCAL search_path TO {_quoted(schema)}"))
-        await conn.run_sync(_upgrade, schema, script_location)
+        await conn.run_sync(_upgrade, schema, script_location, revision)
 
 
-def _upgrade(conn: Connection, schema: str, script_location: Path) -> None:
+def _upgrade(conn: Connection, schema: str, script_location: Path, revision: str) -> None:
     config = Config()
     config.set_main_option("script_location", str(script_location))
     config.attributes["connection"] = conn
     config.attributes["schema"] = schema
-    command.upgrade(config, "head")
+    command.upgrade(config, revision)
 
 
 def run_env() -> None:
