@@ -18,7 +18,7 @@ def backoff(
     ``jitter`` (a share, 0 for none) of itself either way; never negative. ``rng`` makes
     the draw reproducible in tests.
     """
-    raw = min(cap, base * (2 ** max(0, attempt - 1)))
+    raw = min(cap, base * 2.0 ** max(0, attempt - 1))
     spread = raw * jitter
     return max(0.0, raw - spread + (rng or random).random() * 2 * spread)
 

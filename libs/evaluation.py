@@ -34,7 +34,7 @@ LINE_RULE = "must be LINE_FORMAL or LINE_TRIAL"
 VERDICT_RULE = "must be VERDICT_PASS, VERDICT_FAIL or VERDICT_ERROR"
 
 
-def line_from_pb(value: int, field: str = "line") -> Line:
+def line_from_pb(value: common_pb2.Line.ValueType, field: str = "line") -> Line:
     """The domain line of a proto value; unspecified or unknown is ``InvalidArgument``."""
     try:
         return LINE_FROM_PB[value]
@@ -42,7 +42,7 @@ def line_from_pb(value: int, field: str = "line") -> Line:
         raise InvalidArgument(field, LINE_RULE) from None
 
 
-def verdict_from_pb(value: int, field: str = "verdict") -> Verdict:
+def verdict_from_pb(value: common_pb2.Verdict.ValueType, field: str = "verdict") -> Verdict:
     """The domain verdict of a proto value; unspecified or unknown is ``InvalidArgument``."""
     try:
         return VERDICT_FROM_PB[value]

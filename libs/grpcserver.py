@@ -54,9 +54,11 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(details)
         if handler is None or details.method.startswith(("/grpc.health", "/grpc.reflection")):
             return handler
@@ -64,7 +66,9 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
 
 @contextlib.asynccontextmanager
-async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[None]:
+async def _mapped_errors(
+    context: grpc.aio.ServicerContext[Any, Any], method: str
+) -> AsyncIterator[None]:
     """Around one call: log it, abort with the domain error's status, or INTERNAL."""
     started = time.perf_counter()
     try:
@@ -86,7 +90,7 @@ async def _mapped_errors(context: grpc.aio.ServicerContext, method: str) -> Asyn
 
 
 async def _abort(
-    context: grpc.aio.ServicerContext, method: str, error: DomainError, started: float
+    context: grpc.aio.ServicerContext[Any, Any], method: str, error: DomainError, started: float
 ) -> None:
     log.info(
         "rpc",
@@ -98,11 +102,15 @@ async def _abort(
     await context.abort_with_status(rich_status(error))
 
 
-def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+    # Under grpc.aio a handler's behaviours are coroutine functions and async generators;
+    # the stubs describe the sync server's, so the behaviours are handled as Any here.
+    behaviours: Any = handler
+    factory: Callable[..., grpc.RpcMethodHandler[Any, Any]]
     if handler.unary_unary or handler.stream_unary:
-        inner = handler.unary_unary or handler.stream_unary
+        inner = behaviours.unary_unary or behaviours.stream_unary
 
-        async def single(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def single(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             async with _mapped_errors(context, method):
                 return await inner(request, context)
 
@@ -113,9 +121,11 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         )
         return factory(single, handler.request_deserializer, handler.response_serializer)
 
-    inner_stream = handler.unary_stream or handler.stream_stream
+    inner_stream = behaviours.unary_stream or behaviours.stream_stream
 
-    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def streaming(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
         async with _mapped_errors(context, method):
             async for item in inner_stream(request, context):
                 yield item

@@ -15,7 +15,7 @@ async def health_status(address: str, service: str = "", timeout: float = 1.0) -
     async with grpc.aio.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = await stub.Check(
+            reply = await stub.Check(  # type: ignore[attr-defined]  # the stub package's HealthStub declares no methods
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout
             )
         except grpc.aio.AioRpcError:

@@ -36,7 +36,9 @@ def configure_logging(fmt: str = "json", level: str = "INFO", service: str | Non
 
 
 def _add_service(service: str) -> structlog.typing.Processor:
-    def add(_logger: object, _method: str, event: dict) -> dict:
+    def add(
+        _logger: structlog.typing.WrappedLogger, _method: str, event: structlog.typing.EventDict
+    ) -> structlog.typing.EventDict:
         event.setdefault("service", service)
         return event
 
@@ -44,4 +46,5 @@ def _add_service(service: str) -> structlog.typing.Processor:
 
 
 def get_logger(name: str | None = None, **initial: object) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name, **initial)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name, **initial)
+    return logger

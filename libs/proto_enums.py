@@ -5,9 +5,14 @@ upper snake case, as protos spell every value."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dispo.libs.api.common.v1 import common_pb2
+
+if TYPE_CHECKING:  # the stubs' generic wrapper; at run time protobuf's EnumTypeWrapper
+    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
+
+V = TypeVar("V", bound=int)
 
 
 def _prefix(enum: Any) -> str:
@@ -19,9 +24,9 @@ def short_name(enum: Any, value: int) -> str:
     return str(enum.Name(value)).removeprefix(_prefix(enum))
 
 
-def from_short_name(enum: Any, name: str) -> int:
+def from_short_name(enum: _EnumTypeWrapper[V], name: str) -> V:
     """The value ``short_name`` names; ValueError if there is none."""
-    return int(enum.Value(_prefix(enum) + name))
+    return enum.Value(_prefix(enum) + name)
 
 
 def task_status_name(value: int) -> str:

@@ -23,7 +23,7 @@ REPAIR_KIND_TO_PB = {k: from_short_name(pool_pb2.RepairKind, k.name) for k in Re
 REPAIR_KIND_FROM_PB = {v: k for k, v in REPAIR_KIND_TO_PB.items()}
 
 
-def repair_kind_from_pb(value: int, field: str = "kind") -> RepairKind:
+def repair_kind_from_pb(value: pool_pb2.RepairKind.ValueType, field: str = "kind") -> RepairKind:
     """The domain repair kind of a proto value; unspecified or unknown is ``InvalidArgument``."""
     try:
         return REPAIR_KIND_FROM_PB[value]

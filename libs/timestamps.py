@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import overload
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 
+@overload
+def to_timestamp(moment: datetime) -> Timestamp: ...
+@overload
+def to_timestamp(moment: None) -> None: ...
+@overload
+def to_timestamp(moment: datetime | None) -> Timestamp | None: ...
 def to_timestamp(moment: datetime | None) -> Timestamp | None:
     """A Timestamp for ``moment``; None stays None (an unset message field)."""
     if moment is None:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
+from typing import TypeVar
 
 import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.proto_enums import task_status_name
 from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView
+from google.protobuf.message import Message
+
+Reply = TypeVar("Reply")
 
 
 def _submit_request(
@@ -67,7 +71,12 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, method, request, timeout: float | None = 10.0):  # type: ignore[no-untyped-def]
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[Reply]],
+        request: Message,
+        timeout: float | None = 10.0,
+    ) -> Reply:
         try:
             return await method(request, timeout=timeout)
         except grpc.aio.AioRpcError as error:
@@ -176,7 +185,9 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method, request, timeout: float | None = 10.0):  # type: ignore[no-untyped-def]
+    def _call(
+        self, method: Callable[..., Reply], request: Message, timeout: float | None = 10.0
+    ) -> Reply:
         try:
             return method(request, timeout=timeout)
         except grpc.RpcError as error:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2
@@ -159,7 +159,9 @@ class DispoError(Exception):
     @classmethod
     def from_rpc(cls, error: grpc.RpcError) -> DispoError:
         violations: dict[str, str] = {}
-        status = rpc_status.from_call(error) if hasattr(error, "trailing_metadata") else None
+        # A sync client's error is a grpc.Call; an AioRpcError has the same methods.
+        call = cast(grpc.Call, error)
+        status = rpc_status.from_call(call) if hasattr(error, "trailing_metadata") else None
         for detail in status.details if status else []:
             if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
                 bad = error_details_pb2.BadRequest()

@@ -21,7 +21,8 @@ def nats_server_binary() -> str:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def wait_for_port(port: int, timeout: float = 15.0) -> None:

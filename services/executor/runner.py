@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import httpx
 from dispo.executor import repository as repo
@@ -37,7 +37,7 @@ from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.states import IllegalTransition
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
@@ -121,10 +121,10 @@ class Executor:
 
     async def _open(
         self,
-        conn,
+        conn: AsyncConnection,
         env: task_pb2.Task,
-        owner: str,  # type: ignore[no-untyped-def]
-        now,
+        owner: str,
+        now: datetime,
     ) -> Disposition | tuple[repo.TaskRow, dict[str, NodeRun], bool]:
         """Record the envelope, take the lease, recover interrupted nodes. Returns a
         disposition when there is nothing to run, else the task row (locked, leased to
@@ -200,7 +200,9 @@ class Executor:
         await repo.task_set_status(conn, task_id, TaskState.RUNNING, "", now, expected=PARKED)
         return row, nodes, recovered
 
-    async def _recover(self, conn, task_id: str, nodes: dict[str, NodeRun], now) -> bool:  # type: ignore[no-untyped-def]
+    async def _recover(
+        self, conn: AsyncConnection, task_id: str, nodes: dict[str, NodeRun], now: datetime
+    ) -> bool:
         """Nodes left RUNNING by an executor whose lease expired: their call may have happened."""
         recovered = False
         for node in nodes.values():
@@ -275,9 +277,10 @@ class Executor:
             )
             for node_id in [n for n, t in state.in_flight.items() if t in done]:
                 finished = state.in_flight.pop(node_id)
-                if finished.exception() is not None:  # e.g. the database went away mid-pass:
+                error = finished.exception()
+                if error is not None:  # e.g. the database went away mid-pass:
                     await asyncio.gather(*state.in_flight.values(), return_exceptions=True)
-                    raise finished.exception()  # type: ignore[misc]  # nak; the lease expires; recovery
+                    raise error  # nak; the lease expires; recovery
                 state.ran += 1 if finished.result() else 0
             async with self.engine.begin() as conn:
                 step = await self._step(conn, env, owner, state, self.clock.now())
@@ -285,12 +288,12 @@ class Executor:
 
     async def _step(
         self,
-        conn,
+        conn: AsyncConnection,
         env: task_pb2.Task,
         owner: str,
         state: Pass,
-        now,
-        *,  # type: ignore[no-untyped-def]
+        now: datetime,
+        *,
         changed: bool = False,
         loaded: tuple[repo.TaskRow, dict[str, NodeRun]] | None = None,
     ) -> Step:
@@ -334,12 +337,12 @@ class Executor:
 
     async def _schedule(
         self,
-        conn,
+        conn: AsyncConnection,
         task_id: str,
-        row: repo.TaskRow,  # type: ignore[no-untyped-def]
+        row: repo.TaskRow,
         nodes: dict[str, NodeRun],
         state: Pass,
-        now,
+        now: datetime,
         changed: bool,
     ) -> tuple[list[NodeRun], list[NodeRun], bool]:
         """Apply a cancel, doom nodes behind a failure, demote nodes behind an open breaker;
@@ -421,7 +424,9 @@ class Executor:
         return True
 
     @staticmethod
-    async def _run_noop_here(conn, task_id: str, node: NodeRun, owner: str, now) -> bool:  # type: ignore[no-untyped-def]
+    async def _run_noop_here(
+        conn: AsyncConnection, task_id: str, node: NodeRun, owner: str, now: datetime
+    ) -> bool:
         """Claim and record a noop node in the caller's transaction (no status event)."""
         if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
             log.info("node claim lost", task_id=task_id, node_id=node.node_id)
@@ -497,12 +502,12 @@ class Executor:
 
     async def _settle(
         self,
-        conn,
+        conn: AsyncConnection,
         row: repo.TaskRow,
         nodes: dict[str, NodeRun],
-        owner: str,  # type: ignore[no-untyped-def]
+        owner: str,
         ran: int,
-        now,
+        now: datetime,
         changed: bool,
     ) -> Disposition:
         """Nothing more can run in this pass: finish, re-publish for a retry, demote or fail."""

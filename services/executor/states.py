@@ -36,11 +36,11 @@ class NodeState(enum.StrEnum):
     DEMOTED = "DEMOTED"
     CANCELLED = "CANCELLED"
 
-    def to_proto(self) -> int:
+    def to_proto(self) -> common_pb2.NodeStatus.ValueType:
         return common_pb2.NodeStatus.Value(f"NODE_STATUS_{self.value}")
 
     @classmethod
-    def from_proto(cls, value: int) -> NodeState:
+    def from_proto(cls, value: common_pb2.NodeStatus.ValueType) -> NodeState:
         name = common_pb2.NodeStatus.Name(value).removeprefix("NODE_STATUS_")
         return cls(name) if name != "UNSPECIFIED" else cls.PENDING
 
@@ -72,11 +72,11 @@ class TaskState(enum.StrEnum):
     RETRY_EXHAUSTED = "RETRY_EXHAUSTED"
     DEMOTED = "DEMOTED"
 
-    def to_proto(self) -> int:
+    def to_proto(self) -> common_pb2.TaskStatus.ValueType:
         return common_pb2.TaskStatus.Value(f"TASK_STATUS_{self.value}")
 
     @classmethod
-    def from_proto(cls, value: int) -> TaskState:
+    def from_proto(cls, value: common_pb2.TaskStatus.ValueType) -> TaskState:
         name = common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
         return cls(name) if name != "UNSPECIFIED" else cls.ACCEPTED
 

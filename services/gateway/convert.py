@@ -70,5 +70,5 @@ def task_envelope(
     return env
 
 
-def status_value(name: str) -> int:
+def status_value(name: str) -> common_pb2.TaskStatus.ValueType:
     return from_short_name(common_pb2.TaskStatus, name)

@@ -169,7 +169,8 @@ async def task_list(
     after: tuple[datetime, str] | None,
     limit: int,
 ) -> list[TaskRecord]:
-    clauses, params = [], {"limit": limit}
+    clauses: list[str] = []
+    params: dict[str, Any] = {"limit": limit}
     if business:
         clauses.append("business = :business")
         params["business"] = business

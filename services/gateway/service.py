@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from datetime import datetime
+from typing import Any
 
 from dispo.gateway import repository as repo
 from dispo.gateway.convert import task_envelope
@@ -118,7 +119,7 @@ class Gateway:
         view.cancel_requested = view.cancel_requested or record.cancel_requested
         return view
 
-    async def list(self, **filters) -> list[repo.TaskRecord]:  # type: ignore[no-untyped-def]
+    async def list(self, **filters: Any) -> list[repo.TaskRecord]:
         async with self.engine.connect() as conn:
             return await repo.task_list(conn, **filters)
 

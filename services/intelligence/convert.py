@@ -8,6 +8,7 @@ from typing import Any
 from dispo.intelligence.evaluation_read_model import AnalysisView, ComparisonView
 from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
 from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError, ValidationKind
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, VERDICT_FROM_PB
@@ -122,17 +123,17 @@ def comparison_to_pb(view: ComparisonView) -> pb.Comparison:
     )
 
 
-def analysis_model_kind(kind: str) -> int:
+def analysis_model_kind(kind: str) -> pb.AnalysisModelKind.ValueType:
     """The proto kind of a model's ``kind`` (``builtin``, ``chat-completions``)."""
     return from_short_name(pb.AnalysisModelKind, kind.upper().replace("-", "_"))
 
 
-def line_name(line: int) -> str:
+def line_name(line: common_pb2.Line.ValueType) -> str:
     """The domain value of a proto line; "" (refused by validation) when not one."""
     return LINE_FROM_PB[line].value if line in LINE_FROM_PB else ""
 
 
-def verdict_name(verdict: int) -> str:
+def verdict_name(verdict: common_pb2.Verdict.ValueType) -> str:
     """The domain value of a proto verdict; "" (refused by validation) when not one."""
     return VERDICT_FROM_PB[verdict].value if verdict in VERDICT_FROM_PB else ""
 

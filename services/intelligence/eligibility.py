@@ -6,8 +6,9 @@ analysis starts the period comparison.
 
 from __future__ import annotations
 
-from dispo.intelligence.evaluations import Evaluation, Line
+from dispo.intelligence.evaluations import Evaluation
 from dispo.intelligence.models import ModelRegistry
+from dispo.libs.evaluation import Line
 
 
 def auto_intelligence_eligible(evaluation: Evaluation, models: ModelRegistry) -> bool:

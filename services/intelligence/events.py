@@ -107,7 +107,7 @@ _COMPLETION_STATUS = {
 }
 
 
-def completion_status(status: int) -> EvaluationStatus:
+def completion_status(status: pool_pb2.EvaluationStatus.ValueType) -> EvaluationStatus:
     """The evaluation status an ``evaluation.completed`` event's pool status ends in."""
     try:
         return _COMPLETION_STATUS[status]

@@ -17,11 +17,10 @@ from dispo.intelligence.evaluations import (
     EVALUATION_TRANSITIONS,
     Evaluation,
     EvaluationStatus,
-    Line,
     RunResult,
-    Verdict,
 )
 from dispo.intelligence.jobs import REQUEUE_FROM, TRANSITIONS, Job, JobKind, JobStatus
+from dispo.libs.evaluation import Line, Verdict
 from dispo.libs.states import EnumCheck
 from sqlalchemy import text
 from sqlalchemy.engine import RowMapping

@@ -125,10 +125,11 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
             models=[
                 pb.AnalysisModelInfo(
                     name=name,
-                    kind=convert.analysis_model_kind(models.get(name).kind),
+                    kind=convert.analysis_model_kind(model.kind),
                     is_default=name == models.default,
                 )
                 for name in models.names()
+                if (model := models.get(name)) is not None
             ]
         )
 

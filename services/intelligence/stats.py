@@ -11,7 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from dispo.intelligence.evaluations import RunResult, Verdict
+from dispo.intelligence.evaluations import RunResult
+from dispo.libs.evaluation import Verdict
 
 MAX_FAILURE_CLUSTERS = 10
 MAX_WORST_CASES = 5

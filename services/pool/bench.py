@@ -22,16 +22,15 @@ from pathlib import Path
 from dispo.libs.bench import latency_line
 from dispo.libs.clock import ManualClock
 from dispo.libs.db import create_engine, migrate
+from dispo.libs.evaluation import Line, Verdict
 from dispo.pool.domain import (
     DriverCron,
     Evaluation,
     EvaluationStatus,
-    Line,
     PoolPolicy,
     RunResult,
     Schedule,
     TestCase,
-    Verdict,
 )
 from dispo.pool.operations import Pool
 from dispo.pool.sweeps import create_cron

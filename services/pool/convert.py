@@ -12,10 +12,10 @@ RULE_KIND_FROM_PB = {v: k for k, v in RULE_KIND_TO_PB.items()}
 ASSIGNMENT_END_TO_PB = {e: from_short_name(pb.AssignmentEnd, e.name) for e in AssignmentEnd}
 
 
-def rule_kind(value: int) -> str:
+def rule_kind(value: pb.RuleKind.ValueType) -> str:
     """The domain rule kind of a proto value; "" (refused by validation) when not one."""
     return RULE_KIND_FROM_PB.get(value, "")
 
 
-def assignment_end(reason: str | None) -> int:
+def assignment_end(reason: str | None) -> pb.AssignmentEnd.ValueType:
     return ASSIGNMENT_END_TO_PB[AssignmentEnd(reason)] if reason else pb.ASSIGNMENT_END_UNSPECIFIED

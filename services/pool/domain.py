@@ -12,6 +12,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from dispo.libs.evaluation import Line, Verdict
 from dispo.libs.states import EnumCheck, Transitions
@@ -183,7 +184,7 @@ class QueueKey:
     evaluation_id: str
     status: str = ""  # not part of the order; reported by ListQueue
 
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> tuple[int, bool, int, datetime, str]:
         return (-self.boost, not self.slot_due, -self.debt, self.waiting_since, self.evaluation_id)
 
 
@@ -273,7 +274,7 @@ class Cron:
     last_activity: datetime
     created_at: datetime
 
-    def driver_state(self) -> dict:
+    def driver_state(self) -> dict[str, Any]:
         """The small JSON state the driver keeps for this cron (seed: status + eval_id)."""
         return {"status": self.status.value, "eval_id": self.evaluation_id or ""}
 
@@ -301,4 +302,4 @@ class DriverCron:
     """A cron as the driver (local registry or OpenClaw) reports it."""
 
     id: str
-    state: dict = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)

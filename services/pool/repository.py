@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from dispo.libs.errors import AlreadyExists
+from dispo.libs.evaluation import Line
 from dispo.libs.outbox import outbox_table
 from dispo.pool.domain import (
     CRON_TRANSITIONS,
@@ -25,7 +27,6 @@ from dispo.pool.domain import (
     CronStatus,
     Evaluation,
     EvaluationStatus,
-    Line,
     QueueKey,
     Rule,
     RunResult,
@@ -74,7 +75,7 @@ def _cases_to_json(cases: tuple[TestCase, ...]) -> str:
     )
 
 
-def _cases_from_json(raw: object) -> tuple[TestCase, ...]:
+def _cases_from_json(raw: str | list[dict[str, Any]]) -> tuple[TestCase, ...]:
     data = json.loads(raw) if isinstance(raw, str) else raw
     return tuple(
         TestCase(

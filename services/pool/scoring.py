@@ -6,7 +6,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from dispo.pool.domain import RULE_KINDS, Rule, RunResult, Verdict
+from dispo.libs.evaluation import Verdict
+from dispo.pool.domain import RULE_KINDS, Rule, RunResult
 
 MAX_REASON = 500
 

@@ -33,11 +33,11 @@ DEFAULT_WINDOW = 86400
 DEFAULT_SLOTS = 24
 
 
-def evaluation_status_pb(status: EvaluationStatus) -> int:
+def evaluation_status_pb(status: EvaluationStatus) -> pb.EvaluationStatus.ValueType:
     return pb.EvaluationStatus.Value(f"EVALUATION_STATUS_{status.name}")
 
 
-def cron_status_pb(status: CronStatus) -> int:
+def cron_status_pb(status: CronStatus) -> pb.CronStatus.ValueType:
     return pb.CronStatus.Value(f"CRON_STATUS_{status.name}")
 
 
@@ -107,7 +107,7 @@ def evaluation_from_request(request: pb.CreateEvaluationRequest) -> Evaluation:
     return Evaluation(
         id=request.evaluation_id,
         series=request.series,
-        line=line,
+        line=line,  # type: ignore[arg-type]  # an unknown line stays the raw number for validate() to name
         period=request.period,
         configuration_json=request.configuration_json or "{}",
         analysis_model=request.analysis_model,

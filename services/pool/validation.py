@@ -7,8 +7,8 @@ import re
 from urllib.parse import urlparse
 
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
-from dispo.libs.evaluation import LINE_RULE
-from dispo.pool.domain import Evaluation, Line
+from dispo.libs.evaluation import LINE_RULE, Line
+from dispo.pool.domain import Evaluation
 from dispo.pool.scoring import validate_rule
 
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")

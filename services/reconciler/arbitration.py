@@ -12,7 +12,7 @@ within the window is closed as uncontested.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.logging import get_logger
@@ -24,6 +24,7 @@ from dispo.reconciler.context import TASK_CANCEL, Context
 from dispo.reconciler.policy import Contender
 from dispo.reconciler.states import ClaimState
 from google.protobuf import json_format
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 C = ClaimState
@@ -91,7 +92,9 @@ async def arbitrate_sweep(ctx: Context) -> int:
     return verdicts
 
 
-async def _decide_target(ctx: Context, conn, target: str, effect: str, now) -> int:  # type: ignore[no-untyped-def]
+async def _decide_target(
+    ctx: Context, conn: AsyncConnection, target: str, effect: str, now: datetime
+) -> int:
     """Settle every open claim on one target, oldest first: each meets the claims within
     the window of it; a conflict yields a verdict, no conflict past the window closes it."""
     policy = ctx.config.arbitration

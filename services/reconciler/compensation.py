@@ -6,6 +6,7 @@ gateway is retried with backoff."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -32,8 +33,8 @@ def idempotency_key(verdict_id: int, task_id: str) -> str:
 
 
 async def _submit(
-    stub: gateway_pb2_grpc.GatewayServiceStub, row, timeout: float
-) -> tuple[str, str, bool]:  # type: ignore[no-untyped-def]
+    stub: gateway_pb2_grpc.GatewayServiceAsyncStub, row: Any, timeout: float
+) -> tuple[str, str, bool]:
     """(task id, error, final)."""
     payload = struct_pb2.Struct()
     payload.update(row.payload)

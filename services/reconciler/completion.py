@@ -178,7 +178,7 @@ async def _reconcile_one(
     if not nodes:
         return ReconcileState.NOTHING_TO_PROBE, []
 
-    async def probe(node: task_pb2.Node):  # type: ignore[no-untyped-def]
+    async def probe(node: task_pb2.Node) -> tuple[bool | None, str]:
         info = ctx.config.downstreams.get(node.spec.downstream)
         if info is None:
             return None, f"downstream {node.spec.downstream!r} is not in the reconciler's registry"

@@ -103,7 +103,7 @@ class RecoveryConfig:
 
 
 def _fields(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
-    names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]  # cls is a dataclass
     unknown = set(raw) - names
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
@@ -14,6 +14,11 @@ from dispo.reconciler import envelope as E
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.store import Filter, RecoveryRow
 
+if TYPE_CHECKING:  # the stubs' generic wrapper; at run time protobuf's EnumTypeWrapper
+    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
+
+V = TypeVar("V", bound=int)
+
 MAX_PAGE = 500
 
 
@@ -22,11 +27,11 @@ def set_ts(message: Any, name: str, value: datetime | None) -> None:
         getattr(message, name).FromDatetime(value)
 
 
-def state_to_proto(state: RecoveryState) -> int:
+def state_to_proto(state: RecoveryState) -> pb.RecoveryState.ValueType:
     return pb.RecoveryState.Value(f"RECOVERY_STATE_{state.value}")
 
 
-def state_from_proto(value: int, field: str) -> RecoveryState:
+def state_from_proto(value: pb.RecoveryState.ValueType, field: str) -> RecoveryState:
     try:
         name = pb.RecoveryState.Name(value).removeprefix("RECOVERY_STATE_")
     except ValueError:
@@ -36,17 +41,17 @@ def state_from_proto(value: int, field: str) -> RecoveryState:
     return RecoveryState(name)
 
 
-def _enum(enum_type: Any, value: str) -> int:
+def _enum(enum_type: _EnumTypeWrapper[V], value: str) -> V:
     """The proto value of a domain value stored as its name, in either case (``fail``,
     ``PROBE``)."""
     return from_short_name(enum_type, value.upper())
 
 
-def node_status(name: str) -> int:
+def node_status(name: str) -> common_pb2.NodeStatus.ValueType:
     return _enum(common_pb2.NodeStatus, name)
 
 
-def redrive_trigger(trigger: str) -> int:
+def redrive_trigger(trigger: str) -> pb.RedriveTrigger.ValueType:
     return _enum(pb.RedriveTrigger, trigger)
 
 

@@ -155,7 +155,9 @@ def redrive(
     return out, [n.node_id for n in out.nodes if n.node_id in reset or n.node_id in revived]
 
 
-def terminal(env: task_pb2.Task, status: int, reason: str, now: datetime) -> task_pb2.Task:
+def terminal(
+    env: task_pb2.Task, status: common_pb2.TaskStatus.ValueType, reason: str, now: datetime
+) -> task_pb2.Task:
     """A status snapshot that ends the task (a newer version than ``env``)."""
     out = task_pb2.Task()
     out.CopyFrom(env)
@@ -166,7 +168,7 @@ def terminal(env: task_pb2.Task, status: int, reason: str, now: datetime) -> tas
     return out
 
 
-def settle(env: task_pb2.Task, node_id: str, status: int) -> None:
+def settle(env: task_pb2.Task, node_id: str, status: NS.ValueType) -> None:
     """Record an UNKNOWN node's settlement in ``env``: SUCCEEDED, or PENDING to run again."""
     for node in env.nodes:
         if node.node_id == node_id and node.status == NS.NODE_STATUS_UNKNOWN:

@@ -15,6 +15,7 @@ from dispo.reconciler.context import TASK_CANCEL, Context
 from dispo.reconciler.recovery import redrive_row
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.store import Filter, RecoveryRow
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 R = RecoveryState
@@ -24,7 +25,7 @@ ABANDONABLE = (R.PARKED_FAILED, R.AWAITING_SETTLEMENT, R.AWAITING_DECISION, R.DE
 MAX_BY_FILTER = 1000
 
 
-async def _get(conn, task_id: str) -> RecoveryRow:  # type: ignore[no-untyped-def]
+async def _get(conn: AsyncConnection, task_id: str) -> RecoveryRow:
     if not task_id:
         raise InvalidArgument("task_id", "required")
     row = await store.task_get(conn, task_id, for_update=True)

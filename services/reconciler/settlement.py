@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.error_text import truncate_error
@@ -25,6 +25,7 @@ from dispo.reconciler.probes import probe_effect
 from dispo.reconciler.recovery import emit_terminal_failure, redrive_row, schedule
 from dispo.reconciler.states import RecoveryState, SettlementMethod
 from dispo.reconciler.store import RecoveryRow
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 R = RecoveryState
@@ -38,7 +39,7 @@ class SettlementPlan:
     node_id: str
     method: SettlementMethod
     # SUCCEEDED / PENDING, or None when not decided (probe without answer, or operator).
-    outcome: int | None
+    outcome: E.NS.ValueType | None
     reason: str
 
 
@@ -159,7 +160,7 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -
             )
 
 
-async def _settled(ctx: Context, conn, row: RecoveryRow, now) -> None:  # type: ignore[no-untyped-def]
+async def _settled(ctx: Context, conn: AsyncConnection, row: RecoveryRow, now: datetime) -> None:
     nxt = schedule(ctx, row, now)
     await store.task_set_state_if(
         conn,

@@ -81,10 +81,8 @@ class Filter:
 
 
 def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
-    clauses, params = (
-        ["state = ANY(:states)"],
-        {"states": [s.value for s in (f.states or sorted(PARKED))]},
-    )
+    clauses = ["state = ANY(:states)"]
+    params: dict[str, Any] = {"states": [s.value for s in (f.states or sorted(PARKED))]}
     if f.business:
         clauses.append("business = :business")
         params["business"] = f.business

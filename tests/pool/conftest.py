@@ -51,7 +51,7 @@ def evaluation(
         analysis_model="",
         target_url=target,
         cases=cases or (TestCase("c1", "GET", "/answer", "", (Rule("status", "200"),)),),
-        schedule=Schedule(None, window, slots, runs_per_slot),  # type: ignore[arg-type]
+        schedule=Schedule(None, window, slots, runs_per_slot),  # type: ignore[arg-type]  # the window starts when evaluation_insert stores it
         status=EvaluationStatus.QUEUED,
     )
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import yaml
 from dispo.libs.catalogue import EXAMPLE
-from pipeline_fixtures import downstream  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "recovery.md"
@@ -41,7 +40,7 @@ WAIT_FOR = {
 }
 
 
-async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path):  # noqa: F811
+async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path):
     catalogue = tmp_path / "catalogue.yaml"
     catalogue.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:8181", downstream.url))
     policy = yaml.safe_load((ROOT / "services/reconciler/recovery.yaml").read_text())

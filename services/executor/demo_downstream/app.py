@@ -70,7 +70,8 @@ def build_app() -> web.Application:
     async def control(request: web.Request) -> web.Response:
         body = await request.json()
         if body.get("reset"):
-            state.calls.clear(), state.effects.clear(), state.bodies.clear(), state.fail.clear()
+            for recorded in (state.calls, state.effects, state.bodies, state.fail):
+                recorded.clear()
             state.down, state.delay_ms, state.hold_path = False, 0, None
             state.release.set()
             state.release = asyncio.Event()

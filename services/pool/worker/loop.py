@@ -31,7 +31,7 @@ log = get_logger(__name__)
 
 MAX_ROUNDS = 20
 # A pool restarting is waited for (the channel reconnects) rather than failed fast.
-CALL = {"wait_for_ready": True, "timeout": 30.0}
+CALL_TIMEOUT = 30.0  # seconds, with wait_for_ready
 GONE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
@@ -49,7 +49,7 @@ class Worker:
     def __init__(
         self,
         registry: Registry,
-        stub: pool_pb2_grpc.PoolServiceStub,
+        stub: pool_pb2_grpc.PoolServiceAsyncStub,
         clock: Clock,
         tick_seconds: float,
         http: httpx.AsyncClient,
@@ -125,7 +125,9 @@ class Worker:
         """One wake: run what is owed; a cron that frees up takes the next item at once."""
         performed = 0
         for _ in range(MAX_ROUNDS):
-            woke = await self.stub.WakeCron(pb.WakeCronRequest(cron_id=cron_id), **CALL)
+            woke = await self.stub.WakeCron(
+                pb.WakeCronRequest(cron_id=cron_id), wait_for_ready=True, timeout=CALL_TIMEOUT
+            )
             if not woke.assigned:
                 return performed
             ev = woke.evaluation
@@ -144,7 +146,8 @@ class Worker:
                         latency_ms=result.latency_ms,
                         failure_reason=result.failure_reason,
                     ),
-                    **CALL,
+                    wait_for_ready=True,
+                    timeout=CALL_TIMEOUT,
                 )
                 performed += 1
                 index = recorded.next_run_index

@@ -7,6 +7,7 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -30,7 +31,7 @@ class CheckResult:
     crons_in_db: int
     crons_in_driver: int
     repairs: list[dict]
-    at: object
+    at: datetime
 
 
 def _lower(enum_type: Any, value: int) -> str:
@@ -57,7 +58,7 @@ class DriftChecker:
     def __init__(
         self,
         engine: AsyncEngine,
-        pool: pool_pb2_grpc.PoolServiceStub,
+        pool: pool_pb2_grpc.PoolServiceAsyncStub,
         clock: Clock,
         timeout: float = 30.0,
     ) -> None:

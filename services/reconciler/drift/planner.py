@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from dispo.libs.repairs import RepairKind
 
@@ -28,7 +29,7 @@ class DbCron:
 class View:
     driver: str
     db_crons: dict[str, DbCron]
-    driver_states: dict[str, dict]  # cron id -> {"status": ..., "eval_id": ...}
+    driver_states: dict[str, dict[str, Any]]  # cron id -> {"status": ..., "eval_id": ...}
     evaluations: dict[str, tuple[str, str]]  # evaluation id -> (status, assigned cron id or "")
 
 
@@ -40,7 +41,7 @@ class PlannedRepair:
     reason: str
 
 
-def expected_state(cron: DbCron) -> dict:
+def expected_state(cron: DbCron) -> dict[str, Any]:
     return {"status": cron.status, "eval_id": cron.evaluation_id}
 
 
@@ -83,13 +84,13 @@ def plan_repairs(view: View) -> list[PlannedRepair]:
     for evaluation_id, (_status, cron_id) in sorted(view.evaluations.items()):
         if not cron_id:
             continue
-        cron = view.db_crons.get(cron_id)
-        if cron is None or cron.status != "busy" or cron.evaluation_id != evaluation_id:
+        holder = view.db_crons.get(cron_id)
+        if holder is None or holder.status != "busy" or holder.evaluation_id != evaluation_id:
             held = (
                 "missing"
-                if cron is None
-                else f"{cron.status}"
-                + (f" with {cron.evaluation_id}" if cron.evaluation_id else "")
+                if holder is None
+                else f"{holder.status}"
+                + (f" with {holder.evaluation_id}" if holder.evaluation_id else "")
             )
             reason = f"evaluation {evaluation_id} is assigned to cron {cron_id}, which is {held} in the database"
         else:
