@@ -141,7 +141,7 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # started above, so _server is set
     fake.url = f"http://127.0.0.1:{port}/v1"
     yield fake
     if fake.gate is not None:

@@ -119,7 +119,7 @@ async def target() -> AsyncIterator[Target]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # started above, so _server is set
     state.url = f"http://127.0.0.1:{port}"
     yield state
     await runner.cleanup()
