@@ -11,6 +11,7 @@ from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, verdict_from_pb
+from dispo.libs.proto_enums import from_short_name
 from dispo.libs.repairs import repair_kind_from_pb
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import drift
@@ -141,7 +142,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
             s.counts[CronStatus.STUCK],
         )
         return pb.PoolStatus(
-            driver=s.driver,
+            driver=from_short_name(pb.Driver, s.driver.upper()),
             size=busy + idle,
             busy=busy,
             idle=idle,
@@ -275,7 +276,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
     async def GetDriftView(self, request, context) -> pb.DriftView:
         view = await drift.drift_view(self.pool)
         return pb.DriftView(
-            driver=view.driver,
+            driver=from_short_name(pb.Driver, view.driver.upper()),
             db_crons=[cron_to_pb(c) for c in view.db_crons],
             driver_crons=[
                 pb.DriverCronState(cron_id=c.id, state_json=json.dumps(c.state, sort_keys=True))

@@ -109,7 +109,7 @@ async def test_pool_service_drives_openclaw_automations(start_service, fake_db, 
     await eventually(lambda: len(automations()) == 5)
     async with grpc.aio.insecure_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
-        assert (await stub.GetPoolStatus(pb.GetPoolStatusRequest())).driver == "openclaw"
+        assert (await stub.GetPoolStatus(pb.GetPoolStatusRequest())).driver == pb.DRIVER_OPENCLAW
         await stub.CreateEvaluation(
             pb.CreateEvaluationRequest(
                 evaluation_id="claw-1",
@@ -152,4 +152,4 @@ async def test_pool_service_drives_openclaw_automations(start_service, fake_db, 
             "eval_id": "",
         }
         view = await stub.GetDriftView(pb.GetDriftViewRequest())
-        assert view.driver == "openclaw" and len(view.driver_crons) == 5
+        assert view.driver == pb.DRIVER_OPENCLAW and len(view.driver_crons) == 5

@@ -52,7 +52,7 @@ async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(
     async with grpc.aio.insecure_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         status = await eventually(lambda: _size(stub, 5))
-        assert status.driver == "local" and status.idle == 5
+        assert status.driver == pb.DRIVER_LOCAL and status.idle == 5
         target.hold = asyncio.Event()
         # 5 slots of 60 s, 2 runs each.
         await stub.CreateEvaluation(

@@ -51,7 +51,7 @@ def view_from_pb(view: pool_pb.DriftView) -> View:
         )
         for e in view.evaluations
     }
-    return View(view.driver, crons, states, evaluations)
+    return View(_lower(pool_pb.Driver, view.driver), crons, states, evaluations)
 
 
 class DriftChecker:

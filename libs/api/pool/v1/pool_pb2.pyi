@@ -140,6 +140,28 @@ ASSIGNMENT_END_DRIFT: AssignmentEnd.ValueType  # 6
 """Repaired by the reconciler's drift check."""
 Global___AssignmentEnd: _TypeAlias = AssignmentEnd  # noqa: Y015
 
+class _Driver:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DriverEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Driver.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DRIVER_UNSPECIFIED: _Driver.ValueType  # 0
+    DRIVER_LOCAL: _Driver.ValueType  # 1
+    """A SQLite registry watched by the pool-worker process."""
+    DRIVER_OPENCLAW: _Driver.ValueType  # 2
+    """OpenClaw automations, through the openclaw CLI."""
+
+class Driver(_Driver, metaclass=_DriverEnumTypeWrapper):
+    """What creates, removes, wakes and stores the state of crons (DISPO_POOL_DRIVER)."""
+
+DRIVER_UNSPECIFIED: Driver.ValueType  # 0
+DRIVER_LOCAL: Driver.ValueType  # 1
+"""A SQLite registry watched by the pool-worker process."""
+DRIVER_OPENCLAW: Driver.ValueType  # 2
+"""OpenClaw automations, through the openclaw CLI."""
+Global___Driver: _TypeAlias = Driver  # noqa: Y015
+
 class _RepairKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -486,7 +508,7 @@ class PoolStatus(_message.Message):
     QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
     OLDEST_WAIT_SECONDS_FIELD_NUMBER: _builtins.int
     STUCK_EVALUATIONS_FIELD_NUMBER: _builtins.int
-    driver: _builtins.str
+    driver: Global___Driver.ValueType
     size: _builtins.int
     busy: _builtins.int
     idle: _builtins.int
@@ -500,7 +522,7 @@ class PoolStatus(_message.Message):
     def __init__(
         self,
         *,
-        driver: _builtins.str = ...,
+        driver: Global___Driver.ValueType = ...,
         size: _builtins.int = ...,
         busy: _builtins.int = ...,
         idle: _builtins.int = ...,
@@ -1060,7 +1082,7 @@ class DriftView(_message.Message):
     DRIVER_CRONS_FIELD_NUMBER: _builtins.int
     EVALUATIONS_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
-    driver: _builtins.str
+    driver: Global___Driver.ValueType
     @_builtins.property
     def db_crons(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cron]: ...
     @_builtins.property
@@ -1074,7 +1096,7 @@ class DriftView(_message.Message):
     def __init__(
         self,
         *,
-        driver: _builtins.str = ...,
+        driver: Global___Driver.ValueType = ...,
         db_crons: _abc.Iterable[Global___Cron] | None = ...,
         driver_crons: _abc.Iterable[Global___DriverCronState] | None = ...,
         evaluations: _abc.Iterable[Global___EvaluationAssignment] | None = ...,
