@@ -1,6 +1,7 @@
-"""Names of protobuf enum values without their prefix, as logs, stored rows and the SDK
-spell them: ``TASK_STATUS_SUCCEEDED`` is ``SUCCEEDED``. The prefix is the enum's own name in
-upper snake case, as protos spell every value."""
+"""Names of protobuf enum values without their prefix, as logs and the SDK spell them:
+``TASK_STATUS_SUCCEEDED`` is ``SUCCEEDED`` (a stored row holds the same name in lower case,
+ADR 0017). The prefix is the enum's own name in upper snake case, as protos spell every
+value."""
 
 from __future__ import annotations
 

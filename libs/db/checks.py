@@ -62,3 +62,15 @@ async def enum_check_drift(
         for c in checks
         if live.get((c.table, c.constraint)) != c.values
     }
+
+
+def enum_recase_sql(
+    table: str, column: str, constraint: str, values: Iterable[str], *, case: str
+) -> list[str]:
+    """Statements that rewrite the stored values of an enum column to ``case`` ("lower" or
+    "upper") and recreate its CHECK over ``values`` (already in that case), in that order:
+    the old CHECK goes first, the new one is checked against the rewritten data."""
+    if case not in ("lower", "upper"):
+        raise ValueError(f"case must be 'lower' or 'upper', not {case!r}")
+    drop, add = enum_check_sql(table, column, constraint, values)
+    return [drop, f"UPDATE {table} SET {column} = {case}({column})", add]

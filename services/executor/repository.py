@@ -81,7 +81,7 @@ async def task_insert(
     inserted = await conn.execute(
         text(
             "INSERT INTO task_runs (task_id, status, generation, cancel_requested, envelope, created_at, updated_at)"
-            " VALUES (:id, 'ACCEPTED', :gen, :cancel, :env, :now, :now) ON CONFLICT (task_id) DO NOTHING"
+            " VALUES (:id, 'accepted', :gen, :cancel, :env, :now, :now) ON CONFLICT (task_id) DO NOTHING"
         ),
         {
             "id": task_id,
@@ -285,9 +285,9 @@ async def node_claim_if_pending(
     NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
     result = await conn.execute(
         text(
-            "UPDATE node_runs SET status = 'RUNNING', run_owner = :owner, attempts = attempts + 1,"
+            "UPDATE node_runs SET status = 'running', run_owner = :owner, attempts = attempts + 1,"
             " round_attempts = round_attempts + 1, started_at = :now, finished_at = NULL, not_before = NULL"
-            " WHERE task_id = :task AND node_id = :node AND status = 'PENDING'"
+            " WHERE task_id = :task AND node_id = :node AND status = 'pending'"
             " AND EXISTS (SELECT 1 FROM task_runs WHERE task_id = :task AND lease_owner = :owner"
             " AND NOT cancel_requested)"
         ),

@@ -2,6 +2,8 @@
 against these tables first (``repository``). The database mirrors the enums with the CHECK
 constraints listed in ``CHECKED_COLUMNS``; ``tests/executor/test_repository.py`` compares
 the migrated schema with the enums, so a state added here without a migration fails it.
+Stored values are the member names in lower case; the protos carry the same names
+upper-case with their type prefix, converted by name (ADR 0017).
 
 Which component moves a node *out* of each state:
 
@@ -27,22 +29,22 @@ from dispo.libs.states import EnumCheck, Transitions
 
 
 class NodeState(enum.StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    UNKNOWN = "UNKNOWN"
-    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"
-    DEMOTED = "DEMOTED"
-    CANCELLED = "CANCELLED"
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    DEPENDENCY_FAILED = "dependency_failed"
+    DEMOTED = "demoted"
+    CANCELLED = "cancelled"
 
     def to_proto(self) -> common_pb2.NodeStatus.ValueType:
-        return common_pb2.NodeStatus.Value(f"NODE_STATUS_{self.value}")
+        return common_pb2.NodeStatus.Value(f"NODE_STATUS_{self.name}")
 
     @classmethod
     def from_proto(cls, value: common_pb2.NodeStatus.ValueType) -> NodeState:
         name = common_pb2.NodeStatus.Name(value).removeprefix("NODE_STATUS_")
-        return cls(name) if name != "UNSPECIFIED" else cls.PENDING
+        return cls[name] if name != "UNSPECIFIED" else cls.PENDING
 
 
 N = NodeState
@@ -64,21 +66,21 @@ NODE_FINAL = NODE_TRANSITIONS.final
 
 
 class TaskState(enum.StrEnum):
-    ACCEPTED = "ACCEPTED"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    RETRY_EXHAUSTED = "RETRY_EXHAUSTED"
-    DEMOTED = "DEMOTED"
+    ACCEPTED = "accepted"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RETRY_EXHAUSTED = "retry_exhausted"
+    DEMOTED = "demoted"
 
     def to_proto(self) -> common_pb2.TaskStatus.ValueType:
-        return common_pb2.TaskStatus.Value(f"TASK_STATUS_{self.value}")
+        return common_pb2.TaskStatus.Value(f"TASK_STATUS_{self.name}")
 
     @classmethod
     def from_proto(cls, value: common_pb2.TaskStatus.ValueType) -> TaskState:
         name = common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
-        return cls(name) if name != "UNSPECIFIED" else cls.ACCEPTED
+        return cls[name] if name != "UNSPECIFIED" else cls.ACCEPTED
 
 
 T = TaskState

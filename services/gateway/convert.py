@@ -8,7 +8,7 @@ from dispo.gateway.expand import CellRequest, PlannedNode, Submission
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.proto_enums import from_short_name
+from dispo.libs.proto_enums import from_short_name, task_status_name
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
@@ -70,5 +70,10 @@ def task_envelope(
     return env
 
 
+def stored_status(value: common_pb2.TaskStatus.ValueType) -> str:
+    """The stored form of a task status: its name without the prefix, lower-case (ADR 0017)."""
+    return task_status_name(value).lower()
+
+
 def status_value(name: str) -> common_pb2.TaskStatus.ValueType:
-    return from_short_name(common_pb2.TaskStatus, name)
+    return from_short_name(common_pb2.TaskStatus, name.upper())

@@ -52,7 +52,7 @@ def _record(row: Any) -> TaskRecord:
 
 
 # Statuses a task never leaves.
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+TERMINAL = ("succeeded", "failed", "cancelled")
 # A task reaching a terminal status records when it finished (the first time only).
 _FINISH = (
     f"finished_at = CASE WHEN :status IN ({', '.join(repr(s) for s in TERMINAL)})"
@@ -68,7 +68,7 @@ async def task_insert_if_new(
         text(
             "INSERT INTO tasks (task_id, business, idempotency_key, request_hash, status, node_count, view,"
             " callback_url, created_at, updated_at)"
-            " VALUES (:id, :business, :key, :hash, 'ACCEPTED', :nodes, :view, :callback, :now, :now)"
+            " VALUES (:id, :business, :key, :hash, 'accepted', :nodes, :view, :callback, :now, :now)"
             " ON CONFLICT (business, idempotency_key) DO NOTHING"
         ),
         {

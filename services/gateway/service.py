@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from dispo.gateway import repository as repo
-from dispo.gateway.convert import task_envelope
+from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import Limits, Submission, expand, validate
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
@@ -22,7 +22,6 @@ from dispo.libs.clock import Clock
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
-from dispo.libs.proto_enums import task_status_name
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
@@ -130,12 +129,12 @@ class Gateway:
             if record is None:
                 raise NotFound(f"no task {task_id!r}")
             if record.status in repo.TERMINAL:
-                raise FailedPrecondition(f"task {task_id} is already {record.status}")
+                raise FailedPrecondition(f"task {task_id} is already {record.status.upper()}")
             if await repo.outbox_withdraw_create(conn, task_id):
                 # Never published (the relay does not publish while disconnected): no
                 # executor has seen it, so it is cancelled here, completely.
                 await repo.task_set_view(
-                    conn, task_id, cancelled_view(record.view, now), "CANCELLED", now
+                    conn, task_id, cancelled_view(record.view, now), "cancelled", now
                 )
             if await repo.task_request_cancel(conn, task_id, now):
                 request = task_pb2.CancelRequest(task_id=task_id)
@@ -152,7 +151,7 @@ class Gateway:
     async def apply_status(self, env: task_pb2.Task) -> bool:
         async with self.engine.begin() as conn:
             applied = await repo.task_apply_status_if_newer(
-                conn, env, task_status_name(env.status), self.clock.now()
+                conn, env, stored_status(env.status), self.clock.now()
             )
         if applied:
             event = self._changed.pop(env.task_id, None)
@@ -170,7 +169,7 @@ class Gateway:
                 if view.version != last:
                     last = view.version
                     yield view
-                if task_status_name(view.status) in repo.TERMINAL:
+                if stored_status(view.status) in repo.TERMINAL:
                     return
                 try:
                     await asyncio.wait_for(event.wait(), self.watch_poll_interval)

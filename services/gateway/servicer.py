@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import grpc
 from dispo.gateway.convert import (
     status_value,
+    stored_status,
     submission_from_proto,
 )
 from dispo.gateway.service import Gateway
@@ -16,7 +17,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.paging import decode_page_token, encode_page_token, page_size
-from dispo.libs.proto_enums import from_short_name, task_status_name
+from dispo.libs.proto_enums import from_short_name
 
 
 def _task_id(value: str) -> str:
@@ -60,7 +61,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 or value not in common_pb2.TaskStatus.values()
             ):
                 raise InvalidArgument(f"statuses[{i}]", "not a task status")
-            statuses.append(task_status_name(value))
+            statuses.append(stored_status(value))
         records = await self.gateway.list(
             business=request.business,
             statuses=statuses,

@@ -31,7 +31,7 @@ async def claim_add(
     result = await conn.execute(
         text(
             "INSERT INTO claims (task_id, cell_ref, business, cell, target, effect, accepted_at, state, payload)"
-            " VALUES (:task, :ref, :business, :cell, :target, :effect, :at, 'OPEN', CAST(:payload AS jsonb))"
+            " VALUES (:task, :ref, :business, :cell, :target, :effect, :at, 'open', CAST(:payload AS jsonb))"
             " ON CONFLICT DO NOTHING"
         ),
         {
@@ -51,7 +51,7 @@ async def claim_add(
 async def open_targets(conn: AsyncConnection, limit: int) -> list[tuple[str, str]]:
     rows = await conn.execute(
         text(
-            "SELECT target, effect FROM claims WHERE state = 'OPEN' GROUP BY target, effect"
+            "SELECT target, effect FROM claims WHERE state = 'open' GROUP BY target, effect"
             " ORDER BY min(accepted_at) LIMIT :limit"
         ),
         {"limit": limit},
@@ -66,9 +66,9 @@ async def target_claims(
     return list(
         await conn.execute(
             text(
-                "SELECT * FROM claims WHERE target = :target AND effect = :effect AND state IN ('OPEN', 'WON')"
+                "SELECT * FROM claims WHERE target = :target AND effect = :effect AND state IN ('open', 'won')"
                 " AND accepted_at >= ((SELECT min(accepted_at) FROM claims"
-                "                      WHERE target = :target AND effect = :effect AND state = 'OPEN') - CAST(:window AS interval))"
+                "                      WHERE target = :target AND effect = :effect AND state = 'open') - CAST(:window AS interval))"
                 " ORDER BY accepted_at, task_id FOR UPDATE"
             ),
             {"target": target, "effect": effect, "window": timedelta(seconds=window)},
@@ -159,7 +159,7 @@ async def compensation_add(
     await conn.execute(
         text(
             "INSERT INTO compensations (verdict_id, task_id, business, cell, payload, state, next_at)"
-            " VALUES (:verdict, :task, :business, :cell, CAST(:payload AS jsonb), 'PENDING', :now) ON CONFLICT DO NOTHING"
+            " VALUES (:verdict, :task, :business, :cell, CAST(:payload AS jsonb), 'pending', :now) ON CONFLICT DO NOTHING"
         ),
         {
             "verdict": verdict_id,
@@ -179,7 +179,7 @@ async def compensations_claim(
         await conn.execute(
             text(
                 "UPDATE compensations c SET next_at = :lease FROM ("
-                "  SELECT verdict_id, task_id FROM compensations WHERE state = 'PENDING' AND next_at <= :now"
+                "  SELECT verdict_id, task_id FROM compensations WHERE state = 'pending' AND next_at <= :now"
                 "  ORDER BY next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
                 " WHERE c.verdict_id = due.verdict_id AND c.task_id = due.task_id RETURNING c.*"
             ),
@@ -203,7 +203,7 @@ async def compensation_set_if(
         text(
             "UPDATE compensations SET state = :new, attempts = attempts + 1, next_at = :next,"
             " submitted_task_id = :submitted, error = :error"
-            " WHERE verdict_id = :verdict AND task_id = :task AND state = 'PENDING' AND attempts = :attempts"
+            " WHERE verdict_id = :verdict AND task_id = :task AND state = 'pending' AND attempts = :attempts"
         ),
         {
             "verdict": verdict_id,

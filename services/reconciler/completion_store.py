@@ -32,13 +32,13 @@ async def finished_add(
             "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
             " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at)"
             " VALUES (:id, :business, :status, :reason, :version, :env, :finished_at, :now, :callback, :notify,"
-            " CASE WHEN :notify = 'PENDING' THEN CAST(:now AS timestamptz) END, 'PENDING', :reconcile_at)"
+            " CASE WHEN :notify = 'pending' THEN CAST(:now AS timestamptz) END, 'pending', :reconcile_at)"
             " ON CONFLICT (task_id) DO NOTHING"
         ),
         {
             "id": env.task_id,
             "business": env.business,
-            "status": status,
+            "status": status.lower(),
             "reason": truncate_error(env.status_reason),
             "version": env.version,
             "env": env.SerializeToString(),
@@ -66,7 +66,7 @@ async def claim_notify(
         await conn.execute(
             text(
                 "UPDATE completions c SET notify_next_at = :lease FROM ("
-                "  SELECT task_id FROM completions WHERE notify_state = 'PENDING' AND notify_next_at <= :now"
+                "  SELECT task_id FROM completions WHERE notify_state = 'pending' AND notify_next_at <= :now"
                 "  ORDER BY notify_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
                 " WHERE c.task_id = due.task_id RETURNING c.*"
             ),
@@ -117,8 +117,8 @@ async def notify_set_if(
     result = await conn.execute(
         text(
             "UPDATE completions SET notify_state = :new, notify_attempts = notify_attempts + 1, notify_next_at = :next,"
-            " notify_last_error = :error, notified_at = CASE WHEN :new = 'DELIVERED' THEN CAST(:now AS timestamptz) END"
-            " WHERE task_id = :id AND notify_state = 'PENDING' AND notify_attempts = :attempts"
+            " notify_last_error = :error, notified_at = CASE WHEN :new = 'delivered' THEN CAST(:now AS timestamptz) END"
+            " WHERE task_id = :id AND notify_state = 'pending' AND notify_attempts = :attempts"
         ),
         {
             "id": task_id,
@@ -147,7 +147,7 @@ async def claim_reconcile(
         await conn.execute(
             text(
                 "UPDATE completions c SET reconcile_next_at = :lease FROM ("
-                "  SELECT task_id FROM completions WHERE reconcile_state = 'PENDING' AND reconcile_next_at <= :now"
+                "  SELECT task_id FROM completions WHERE reconcile_state = 'pending' AND reconcile_next_at <= :now"
                 "  ORDER BY reconcile_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
                 " WHERE c.task_id = due.task_id RETURNING c.*"
             ),
@@ -169,8 +169,8 @@ async def reconcile_set_if(
         text(
             "UPDATE completions SET reconcile_state = :new, reconcile_attempts = reconcile_attempts + 1,"
             " reconcile_next_at = :next,"
-            " reconciled_at = CASE WHEN :new = 'PENDING' THEN NULL ELSE CAST(:now AS timestamptz) END"
-            " WHERE task_id = :id AND reconcile_state = 'PENDING' AND reconcile_attempts = :attempts"
+            " reconciled_at = CASE WHEN :new = 'pending' THEN NULL ELSE CAST(:now AS timestamptz) END"
+            " WHERE task_id = :id AND reconcile_state = 'pending' AND reconcile_attempts = :attempts"
         ),
         {"id": task_id, "attempts": attempts_read, "new": new.value, "now": now, "next": next_at},
     )
@@ -196,7 +196,7 @@ async def finding_add(
             "id": task_id,
             "node": node_id,
             "downstream": downstream,
-            "recorded": recorded,
+            "recorded": recorded.lower(),
             "observed": observed,
             "detail": truncate_error(detail),
             "now": now,

@@ -28,7 +28,7 @@ def set_ts(message: Any, name: str, value: datetime | None) -> None:
 
 
 def state_to_proto(state: RecoveryState) -> pb.RecoveryState.ValueType:
-    return pb.RecoveryState.Value(f"RECOVERY_STATE_{state.value}")
+    return pb.RecoveryState.Value(f"RECOVERY_STATE_{state.name}")
 
 
 def state_from_proto(value: pb.RecoveryState.ValueType, field: str) -> RecoveryState:
@@ -38,7 +38,7 @@ def state_from_proto(value: pb.RecoveryState.ValueType, field: str) -> RecoveryS
         raise InvalidArgument(field, f"unknown recovery state {value}") from None
     if name == "UNSPECIFIED":
         raise InvalidArgument(field, "RECOVERY_STATE_UNSPECIFIED is not a state")
-    return RecoveryState(name)
+    return RecoveryState[name]
 
 
 def _enum(enum_type: _EnumTypeWrapper[V], value: str) -> V:
@@ -183,7 +183,7 @@ def completion_to_proto(r: Any) -> pb.Completion:
     out = pb.Completion(
         task_id=r.task_id,
         business=r.business,
-        status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{r.status}"),
+        status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{r.status.upper()}"),
         status_reason=r.status_reason,
         callback_url=r.callback_url,
         notify_state=_enum(pb.NotifyState, r.notify_state),

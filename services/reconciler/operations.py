@@ -47,7 +47,7 @@ async def redrive_one(
                 else ""
             )
             raise FailedPrecondition(
-                f"task {task_id} is {row.state.value}; only PARKED_FAILED or DEMOTED tasks can be redriven{hint}"
+                f"task {task_id} is {row.state.name}; only PARKED_FAILED or DEMOTED tasks can be redriven{hint}"
             )
         if not await redrive_row(
             ctx,
@@ -124,7 +124,7 @@ async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> Recove
         row = await _get(conn, task_id)
         if row.state not in ABANDONABLE:
             raise FailedPrecondition(
-                f"task {task_id} is {row.state.value}; only parked tasks can be abandoned"
+                f"task {task_id} is {row.state.name}; only parked tasks can be abandoned"
             )
         why = f"abandoned by {actor or 'an operator'}" + (f": {reason}" if reason else "")
         if not await store.task_set_state_if(

@@ -191,9 +191,7 @@ async def resolve_node(
         if row is None:
             raise NotFound(f"task {task_id!r} is not held by the reconciler")
         if row.state not in (R.AWAITING_DECISION, R.AWAITING_SETTLEMENT):
-            raise FailedPrecondition(
-                f"task {task_id} is {row.state.value}, not awaiting a decision"
-            )
+            raise FailedPrecondition(f"task {task_id} is {row.state.name}, not awaiting a decision")
         if node_id not in {n.node_id for n in E.unknown(row.envelope)}:
             raise InvalidArgument("node_id", f"task {task_id} has no UNKNOWN node {node_id!r}")
         env = task_pb2.Task()

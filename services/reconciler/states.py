@@ -2,7 +2,8 @@
 against these tables first (``store``, ``completion_store``, ``arbitration_store``). The
 database mirrors the enums with the CHECK constraints listed in ``CHECKED_COLUMNS``;
 ``tests/reconciler/test_recovery_states.py`` compares the migrated schema with the enums,
-so a state added here without a migration fails it.
+so a state added here without a migration fails it. Stored values are the member names
+in lower case; protos and the API's free-string fields carry the names (ADR 0017).
 
 A recovery entry is the reconciler's record of one task it holds. Who moves it *out* of
 each state:
@@ -26,14 +27,14 @@ from dispo.libs.states import EnumCheck, Transitions
 
 
 class RecoveryState(enum.StrEnum):
-    PARKED_FAILED = "PARKED_FAILED"
-    AWAITING_SETTLEMENT = "AWAITING_SETTLEMENT"
-    AWAITING_DECISION = "AWAITING_DECISION"
-    DEMOTED = "DEMOTED"
-    REDRIVEN = "REDRIVEN"
-    RESOLVED = "RESOLVED"
-    FAILED = "FAILED"
-    ABANDONED = "ABANDONED"
+    PARKED_FAILED = "parked_failed"
+    AWAITING_SETTLEMENT = "awaiting_settlement"
+    AWAITING_DECISION = "awaiting_decision"
+    DEMOTED = "demoted"
+    REDRIVEN = "redriven"
+    RESOLVED = "resolved"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
 
 
 R = RecoveryState
@@ -58,10 +59,10 @@ RECOVERY_FINAL = RECOVERY_TRANSITIONS.final
 class NotifyState(enum.StrEnum):
     """Delivery of the completion notification ("caller notified")."""
 
-    NONE = "NONE"  # no callback was asked for
-    PENDING = "PENDING"
-    DELIVERED = "DELIVERED"
-    GAVE_UP = "GAVE_UP"
+    NONE = "none"  # no callback was asked for
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    GAVE_UP = "gave_up"
 
 
 NOTIFY_TRANSITIONS = Transitions[NotifyState](
@@ -81,11 +82,11 @@ NOTIFY_TRANSITIONS = Transitions[NotifyState](
 class ReconcileState(enum.StrEnum):
     """The reconcile sweep over a finished task ("external state reconciled")."""
 
-    PENDING = "PENDING"
-    MATCHED = "MATCHED"
-    MISMATCH = "MISMATCH"
-    NOT_SAMPLED = "NOT_SAMPLED"
-    NOTHING_TO_PROBE = "NOTHING_TO_PROBE"
+    PENDING = "pending"
+    MATCHED = "matched"
+    MISMATCH = "mismatch"
+    NOT_SAMPLED = "not_sampled"
+    NOTHING_TO_PROBE = "nothing_to_probe"
 
 
 RECONCILE_TRANSITIONS = Transitions[ReconcileState](
@@ -112,10 +113,10 @@ RECONCILE_TRANSITIONS = Transitions[ReconcileState](
 class ClaimState(enum.StrEnum):
     """A task's claim on a conflict target, as seen by arbitration."""
 
-    OPEN = "OPEN"  # no verdict yet; may still meet a conflicting claim within the window
-    WON = "WON"
-    LOST = "LOST"
-    UNCONTESTED = "UNCONTESTED"  # the window passed with no conflict
+    OPEN = "open"  # no verdict yet; may still meet a conflicting claim within the window
+    WON = "won"
+    LOST = "lost"
+    UNCONTESTED = "uncontested"  # the window passed with no conflict
 
 
 CLAIM_TRANSITIONS = Transitions[ClaimState](
@@ -133,9 +134,9 @@ CLAIM_TRANSITIONS = Transitions[ClaimState](
 class CompensationState(enum.StrEnum):
     """A compensating cell submitted to the gateway for an arbitration loser."""
 
-    PENDING = "PENDING"
-    SUBMITTED = "SUBMITTED"
-    FAILED = "FAILED"  # refused by the gateway (e.g. a payload the cell does not accept)
+    PENDING = "pending"
+    SUBMITTED = "submitted"
+    FAILED = "failed"  # refused by the gateway (e.g. a payload the cell does not accept)
 
 
 COMPENSATION_TRANSITIONS = Transitions[CompensationState](
@@ -152,9 +153,9 @@ COMPENSATION_TRANSITIONS = Transitions[CompensationState](
 
 
 class SettlementMethod(enum.StrEnum):
-    PROBE = "PROBE"
-    IDEMPOTENT_RERUN = "IDEMPOTENT_RERUN"
-    OPERATOR = "OPERATOR"
+    PROBE = "probe"
+    IDEMPOTENT_RERUN = "idempotent_rerun"
+    OPERATOR = "operator"
 
 
 # Every enum mirrored by a CHECK constraint.

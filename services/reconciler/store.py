@@ -227,7 +227,7 @@ async def task_redriven_if(
     counter = "releases = releases + 1" if release else "redrives = redrives + 1"
     result = await conn.execute(
         text(
-            f"UPDATE recovery_tasks SET state = 'REDRIVEN', envelope = :envelope, generation = :new_generation, {counter},"
+            f"UPDATE recovery_tasks SET state = 'redriven', envelope = :envelope, generation = :new_generation, {counter},"
             " last_redrive_at = :now, next_redrive_at = NULL, updated_at = :now"
             " WHERE task_id = :task_id AND state = :expected AND generation = :generation"
         ),
@@ -248,7 +248,7 @@ async def manual_redrives_last_due(conn: AsyncConnection, now: datetime) -> date
     return (
         await conn.execute(
             text(
-                "SELECT max(next_redrive_at) FROM recovery_tasks WHERE state = 'PARKED_FAILED'"
+                "SELECT max(next_redrive_at) FROM recovery_tasks WHERE state = 'parked_failed'"
                 " AND redrive_trigger LIKE 'manual|%' AND next_redrive_at > :now"
             ),
             {"now": now},
@@ -363,8 +363,8 @@ async def settlement_add(
             "id": task_id,
             "node": node_id,
             "gen": generation,
-            "method": method,
-            "outcome": outcome,
+            "method": method.lower(),
+            "outcome": outcome.lower(),
             "reason": reason,
             "actor": actor,
             "now": now,
@@ -447,7 +447,7 @@ async def downstream_set_tokens(
 async def demoted_downstreams(conn: AsyncConnection) -> list[str]:
     rows = await conn.execute(
         text(
-            "SELECT DISTINCT unnest(downstreams) AS name FROM recovery_tasks WHERE state = 'DEMOTED'"
+            "SELECT DISTINCT unnest(downstreams) AS name FROM recovery_tasks WHERE state = 'demoted'"
         )
     )
     return sorted(r.name for r in rows)
@@ -460,7 +460,7 @@ async def demoted_releasable(
     healthy and not paused; locked, SKIP LOCKED."""
     rows = await conn.execute(
         text(
-            "SELECT * FROM recovery_tasks t WHERE t.state = 'DEMOTED' AND :name = ANY(t.downstreams)"
+            "SELECT * FROM recovery_tasks t WHERE t.state = 'demoted' AND :name = ANY(t.downstreams)"
             " AND NOT EXISTS (SELECT 1 FROM unnest(t.downstreams) d(name)"
             "   LEFT JOIN downstream_state s ON s.name = d.name"
             "   WHERE s.name IS NULL OR s.healthy IS NOT TRUE OR s.paused)"
@@ -475,10 +475,10 @@ async def queue_depths(conn: AsyncConnection) -> dict[str, Any]:
     rows = await conn.execute(
         text(
             "SELECT d AS name,"
-            " count(*) FILTER (WHERE state = 'DEMOTED') AS demoted,"
-            " min(parked_at) FILTER (WHERE state = 'DEMOTED') AS oldest_demoted,"
-            " count(*) FILTER (WHERE state <> 'DEMOTED') AS failed,"
-            " min(first_parked_at) FILTER (WHERE state <> 'DEMOTED') AS oldest_failed"
+            " count(*) FILTER (WHERE state = 'demoted') AS demoted,"
+            " min(parked_at) FILTER (WHERE state = 'demoted') AS oldest_demoted,"
+            " count(*) FILTER (WHERE state <> 'demoted') AS failed,"
+            " min(first_parked_at) FILTER (WHERE state <> 'demoted') AS oldest_failed"
             " FROM recovery_tasks, unnest(downstreams) AS d WHERE state = ANY(:parked) GROUP BY d"
         ),
         {"parked": [s.value for s in PARKED]},

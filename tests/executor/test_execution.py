@@ -184,10 +184,10 @@ async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor
 
     for _ in range(100):
         row = await executor_status()
-        if row.status == "FAILED":
+        if row.status == "failed":
             break
         await asyncio.sleep(0.05)
-    assert tuple(row) == ("FAILED", "redrive policy spent")
+    assert tuple(row) == ("failed", "redrive policy spent")
 
 
 async def test_ready_nodes_run_concurrently_within_their_downstream_limit(client, downstream):

@@ -1,7 +1,6 @@
 """The executor's guarded writes against real PostgreSQL, including true races."""
 
 import asyncio
-import re
 from datetime import UTC, datetime
 
 import pytest
@@ -9,7 +8,7 @@ from dispo.executor import repository as repo
 from dispo.executor.states import CHECKED_COLUMNS, NodeState, TaskState
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.db.checks import enum_check_drift
+from dispo.libs.db.checks import enum_check_drift, enum_checks
 from dispo.libs.states import IllegalTransition
 from sqlalchemy import text
 
@@ -24,23 +23,16 @@ def envelope(task_id="t1"):
     return env
 
 
-async def check_values(conn, constraint):
-    definition = (
-        await conn.execute(
-            text("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = :n"),
-            {"n": constraint},
-        )
-    ).scalar()
-    return set(re.findall(r"'([A-Z_]+)'", definition))
-
-
 async def test_database_checks_mirror_the_state_machines(service_engine):
     engine = await service_engine("executor")
     async with engine.connect() as conn:
         assert await enum_check_drift(conn, "executor", CHECKED_COLUMNS) == {}
     gateway = await service_engine("gateway")
     async with gateway.connect() as conn:
-        assert await check_values(conn, "ck_task_status") == {s.value for s in TaskState}
+        live = await enum_checks(conn, "gateway")
+    assert live[("tasks", "ck_task_status")] == {s.value for s in TaskState}
+    # Stored values are the lower-case member names (ADR 0016).
+    assert all(s.value == s.name.lower() for s in (*NodeState, *TaskState))
 
 
 async def test_exactly_one_of_concurrent_lease_takers_wins(service_engine):
@@ -120,19 +112,19 @@ async def test_an_undeclared_node_or_task_move_is_refused_and_changes_nothing(se
     async with engine.begin() as conn:
         before = await _node_row(conn)
         with pytest.raises(
-            IllegalTransition, match="node state cannot move from SUCCEEDED to PENDING"
+            IllegalTransition, match="node state cannot move from succeeded to pending"
         ):
             await repo.node_set_status_if(
                 conn, "t1", "a.x", NodeState.SUCCEEDED, NodeState.PENDING, last_error="again"
             )
         with pytest.raises(
-            IllegalTransition, match="task state cannot move from SUCCEEDED to RUNNING"
+            IllegalTransition, match="task state cannot move from succeeded to running"
         ):
             await repo.task_set_status(
                 conn, "t1", TaskState.RUNNING, "", NOW, expected=(TaskState.SUCCEEDED,)
             )
         # One allowed source does not cover a forbidden one in the same guard.
-        with pytest.raises(IllegalTransition, match="from ACCEPTED to SUCCEEDED"):
+        with pytest.raises(IllegalTransition, match="from accepted to succeeded"):
             await repo.task_set_status(
                 conn,
                 "t1",
@@ -188,7 +180,7 @@ async def test_adopting_an_envelope_with_an_undeclared_node_move_changes_no_node
     # a.x DEMOTED -> PENDING is declared; b.x FAILED -> DEMOTED is not: nothing is taken.
     refused = _two_node_envelope(2, common_pb2.NODE_STATUS_PENDING, common_pb2.NODE_STATUS_DEMOTED)
     async with engine.begin() as conn:
-        with pytest.raises(IllegalTransition, match="from FAILED to DEMOTED"):
+        with pytest.raises(IllegalTransition, match="from failed to demoted"):
             await repo.nodes_adopt(conn, refused)
     async with engine.connect() as conn:
         nodes = await repo.nodes_get(conn, refused)
@@ -204,3 +196,62 @@ async def test_adopting_an_envelope_with_an_undeclared_node_move_changes_no_node
         task = await repo.task_get(conn, "t2")
     assert (nodes["a.x"].status, nodes["b.x"].status) == (NodeState.PENDING, NodeState.PENDING)
     assert task.generation == 2
+
+
+async def test_the_casing_migrations_rewrite_stored_states_and_their_checks(database_url):
+    from pathlib import Path
+
+    from dispo.libs.db import create_engine, migrate
+    from sqlalchemy.exc import IntegrityError
+
+    services = Path(__file__).resolve().parents[2] / "services"
+    executor = create_engine(database_url, "executor")
+    gateway = create_engine(database_url, "gateway")
+    try:
+        await migrate(executor, "executor", services / "executor" / "migrations", "0001")
+        await migrate(gateway, "gateway", services / "gateway" / "migrations", "0002")
+        async with executor.begin() as conn:  # rows as the upper-case releases wrote them
+            await conn.execute(
+                text(
+                    "INSERT INTO task_runs (task_id, status, created_at, updated_at)"
+                    " VALUES ('old', 'RETRY_EXHAUSTED', :now, :now)"
+                ),
+                {"now": NOW},
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO node_runs (task_id, node_id, position, status)"
+                    " VALUES ('old', 'a.x', 0, 'DEPENDENCY_FAILED')"
+                )
+            )
+        async with gateway.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO tasks (task_id, business, request_hash, status, node_count, view,"
+                    " created_at, updated_at) VALUES ('old', 'b', 'h', 'DEMOTED', 1, '', :now, :now)"
+                ),
+                {"now": NOW},
+            )
+
+        await migrate(executor, "executor", services / "executor" / "migrations")
+        await migrate(gateway, "gateway", services / "gateway" / "migrations")
+
+        async with executor.connect() as conn:
+            task = await repo.task_get(conn, "old")
+            node = await _node_row(conn, "old", "a.x")
+            assert await enum_check_drift(conn, "executor", CHECKED_COLUMNS) == {}
+        assert task.status is TaskState.RETRY_EXHAUSTED
+        assert node.status == NodeState.DEPENDENCY_FAILED.value == "dependency_failed"
+        async with gateway.connect() as conn:
+            status = (
+                await conn.execute(text("SELECT status FROM tasks WHERE task_id = 'old'"))
+            ).scalar_one()
+        assert status == "demoted"
+        async with executor.begin() as conn:  # the old spelling is refused from now on
+            with pytest.raises(IntegrityError, match="ck_node_run_status"):
+                await conn.execute(
+                    text("UPDATE node_runs SET status = 'PENDING' WHERE task_id = 'old'")
+                )
+    finally:
+        await executor.dispose()
+        await gateway.dispose()

@@ -166,12 +166,12 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
             recorded = await conn.fetchval(
                 "SELECT status FROM executor.task_runs WHERE task_id = $1", task.task_id
             )
-            if recorded == "FAILED":
+            if recorded == "failed":
                 break
             await asyncio.sleep(0.05)
     finally:
         await conn.close()
-    assert recorded == "FAILED"
+    assert recorded == "failed"
 
 
 async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reconciler, bus):

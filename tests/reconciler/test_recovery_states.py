@@ -27,7 +27,7 @@ async def test_a_move_outside_the_table_is_refused_before_any_sql():
     from dispo.libs.states import IllegalTransition
     from dispo.reconciler import store
 
-    with pytest.raises(IllegalTransition, match="from FAILED to REDRIVEN"):
+    with pytest.raises(IllegalTransition, match="from failed to redriven"):
         await store.task_set_state_if(None, "t", RecoveryState.FAILED, RecoveryState.REDRIVEN, None)
 
 
@@ -46,7 +46,7 @@ async def test_a_final_recovery_entry_refuses_every_move_and_stays_as_it_was(rec
         )
     before = await row(recon, "gone")
     async with recon.engine.begin() as conn:
-        with pytest.raises(IllegalTransition, match="from ABANDONED to REDRIVEN"):
+        with pytest.raises(IllegalTransition, match="from abandoned to redriven"):
             await store.task_redriven_if(
                 conn,
                 "gone",
@@ -56,8 +56,68 @@ async def test_a_final_recovery_entry_refuses_every_move_and_stays_as_it_was(rec
                 now,
                 release=False,
             )
-        with pytest.raises(IllegalTransition, match="from ABANDONED to PARKED_FAILED"):
+        with pytest.raises(IllegalTransition, match="from abandoned to parked_failed"):
             await store.task_set_state_if(
                 conn, "gone", (RecoveryState.ABANDONED,), RecoveryState.PARKED_FAILED, now
             )
     assert await row(recon, "gone") == before
+
+
+async def test_the_casing_migration_rewrites_stored_states_checks_and_indexes(database_url):
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from dispo.libs.db import create_engine, migrate
+    from dispo.reconciler import store
+    from sqlalchemy import text
+
+    migrations = Path(__file__).resolve().parents[2] / "services" / "reconciler" / "migrations"
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    engine = create_engine(database_url, "reconciler")
+    try:
+        await migrate(engine, "reconciler", migrations, "rec_0002")
+        async with engine.begin() as conn:  # rows as the upper-case releases wrote them
+            await conn.execute(
+                text(
+                    "INSERT INTO recovery_tasks (task_id, business, state, kind, envelope, generation,"
+                    " task_created_at, first_parked_at, parked_at, next_redrive_at, updated_at)"
+                    " VALUES ('old', 'b', 'PARKED_FAILED', 'fail', '', 2, :now, :now, :now, :now, :now)"
+                ),
+                {"now": now},
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO completions (task_id, business, status, version, envelope, finished_at,"
+                    " recorded_at, notify_state, notify_next_at, reconcile_state)"
+                    " VALUES ('old', 'b', 'SUCCEEDED', 1, '', :now, :now, 'PENDING', :now, 'MATCHED')"
+                ),
+                {"now": now},
+            )
+
+        await migrate(engine, "reconciler", migrations)
+
+        async with engine.connect() as conn:
+            assert await enum_check_drift(conn, "reconciler", CHECKED_COLUMNS) == {}
+            completion = (
+                await conn.execute(text("SELECT * FROM completions WHERE task_id = 'old'"))
+            ).one()
+            indexes = dict(
+                (
+                    await conn.execute(
+                        text(
+                            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'reconciler'"
+                        )
+                    )
+                ).all()
+            )
+            due = await store.due_for(conn, RecoveryState.PARKED_FAILED, now, 10)
+        assert (completion.status, completion.notify_state, completion.reconcile_state) == (
+            "succeeded",
+            "pending",
+            "matched",
+        )
+        assert "'parked_failed'" in indexes["recovery_tasks_due"]
+        assert "'pending'" in indexes["completions_notify_due"]
+        assert [r.task_id for r in due] == ["old"]
+    finally:
+        await engine.dispose()
