@@ -193,7 +193,7 @@ async def serve(
         log.info("serving", address=f"{server.host}:{grpc_server.port}", services=rt.service_names)
         await stop.wait()
         log.info("stopping")
-        await grpc_server.stop(server.shutdown_grace)
+        await grpc_server.stop(server.shutdown_grace_seconds)
         for part in rt.parts:
             await _stop_part(part)
     finally:

@@ -2,6 +2,11 @@
 
 Every process reads :class:`CommonSettings` (where PostgreSQL and NATS are). Each service
 adds its own class with the prefix ``DISPO_<SERVICE>_`` built with :func:`service_settings_config`.
+
+Conventions: every field has a ``description`` (the README's configuration table is
+generated from them, ``python -m dispo.libs.settings_doc``); every duration is in seconds
+and its name ends in ``_seconds``; a default that a domain policy also needs is written
+once, in the policy, and the setting's default refers to it.
 """
 
 from __future__ import annotations
@@ -32,20 +37,37 @@ class CommonSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DISPO_", extra="ignore")
 
-    # SQLAlchemy URL (``postgresql+asyncpg://…``); a plain ``postgresql://`` URL also works.
-    database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
-    # Comma-separated NATS server URLs (several for a cluster).
-    nats_url: str = "nats://127.0.0.1:4222"
-    # JetStream stream replicas: 1 on one machine, 3 on a three-node cluster.
-    stream_replicas: int = 1
-    # ``json`` for services, ``console`` for people at a terminal.
-    log_format: Literal["json", "console"] = "json"
-    log_level: str = "INFO"
-    # ``system`` or ``file:<path>`` (a clock driven by a file, for tests of real processes).
-    clock: str = "system"
-    # Seconds a sent outbox row is kept before the service's outbox relay deletes it (the
-    # stream keeps the event); a day by default.
-    outbox_retention_seconds: float = Field(default=86400.0, gt=0)
+    database_url: str = Field(
+        default="postgresql+asyncpg://postgres@127.0.0.1:5432/postgres",
+        description="PostgreSQL URL (`postgresql://…` or `postgresql+asyncpg://…`);"
+        " `dispo up` starts an embedded one unless this is set",
+    )
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        description="NATS server URLs, comma-separated (several for a cluster);"
+        " `dispo up` starts an embedded one unless this is set",
+    )
+    stream_replicas: int = Field(
+        default=1, description="JetStream replicas per stream (3 on a three-node cluster)"
+    )
+    log_format: Literal["json", "console"] = Field(
+        default="json", description="`json` for services, `console` for people at a terminal"
+    )
+    log_level: str = Field(default="INFO", description="Lowest level logged")
+    clock: str = Field(
+        default="system",
+        description="`system`, or `file:<path>`: a clock driven by a file (tests of real processes)",
+    )
+    outbox_retention_seconds: float = Field(
+        default=86400.0,
+        gt=0,
+        description="How long a sent outbox row is kept before the outbox relay deletes it"
+        " (the stream keeps the event)",
+    )
+    data_dir: str = Field(
+        default=".dispo",
+        description="Where `dispo up` keeps PostgreSQL, NATS, logs and the pool's local crons",
+    )
 
     @property
     def outbox_retention(self) -> timedelta:
@@ -59,10 +81,11 @@ class CommonSettings(BaseSettings):
 class ServerSettings(BaseSettings):
     """Where a service's gRPC server listens; subclass per service with its own prefix."""
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    # Seconds a stopping server lets in-flight calls finish.
-    shutdown_grace: float = 5.0
+    host: str = Field(default="127.0.0.1", description="Address the service's gRPC server binds")
+    port: int = Field(default=0, description="Port of the service's gRPC server")
+    shutdown_grace_seconds: float = Field(
+        default=5.0, description="How long a stopping server lets in-flight calls finish"
+    )
 
     @property
     def address(self) -> str:
@@ -70,7 +93,7 @@ class ServerSettings(BaseSettings):
 
 
 def server_settings(service: str) -> ServerSettings:
-    """The listen settings of ``service`` (``DISPO_<SERVICE>_HOST`` / ``_PORT`` / ``_SHUTDOWN_GRACE``)."""
+    """The listen settings of ``service`` (``DISPO_<SERVICE>_HOST`` / ``_PORT`` / ``_SHUTDOWN_GRACE_SECONDS``)."""
 
     class _Settings(ServerSettings):
         model_config = service_settings_config(service)

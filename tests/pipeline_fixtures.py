@@ -91,12 +91,12 @@ cells:
 # Fast timings for tests: short leases and ack waits so crash recovery happens within
 # seconds, tiny backoffs (configuration, not sleeps in the tests).
 EXECUTOR_TEST_ENV = {
-    "DISPO_EXECUTOR_LEASE_TTL": "1.5",
-    "DISPO_EXECUTOR_ACK_WAIT": "2",
-    "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05",
-    "DISPO_EXECUTOR_RETRY_MAX_DELAY": "0.2",
+    "DISPO_EXECUTOR_LEASE_TTL_SECONDS": "1.5",
+    "DISPO_EXECUTOR_ACK_WAIT_SECONDS": "2",
+    "DISPO_EXECUTOR_RETRY_BASE_DELAY_SECONDS": "0.05",
+    "DISPO_EXECUTOR_RETRY_MAX_DELAY_SECONDS": "0.2",
     "DISPO_EXECUTOR_BREAKER_THRESHOLD": "1000",
-    "DISPO_EXECUTOR_HEALTH_INTERVAL": "0",
+    "DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS": "0",
 }
 
 
@@ -178,7 +178,7 @@ class Pipeline:
             "gateway",
             {
                 "DISPO_CATALOGUE": str(self.catalogue),
-                "DISPO_GATEWAY_WATCH_POLL_INTERVAL": "0.2",
+                "DISPO_GATEWAY_WATCH_POLL_INTERVAL_SECONDS": "0.2",
                 **env,
             },
         )

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from dispo.libs.health import health_status
 from dispo.libs.logging import configure_logging
-from dispo.libs.settings import server_settings
+from dispo.libs.settings import CommonSettings, server_settings
 from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, read_state
 
 
 def _data_dir(value: str | None) -> Path:
-    return Path(value or os.environ.get("DISPO_DATA_DIR", ".dispo")).resolve()
+    return Path(value or CommonSettings().data_dir).resolve()
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -10,9 +10,8 @@ from pathlib import Path
 import httpx
 from dispo.executor import control
 from dispo.executor import repository as repo
-from dispo.executor.domain import RetryPolicy
 from dispo.executor.envelope import envelope_problem
-from dispo.executor.runner import Executor, ExecutorConfig
+from dispo.executor.runner import Executor
 from dispo.executor.servicer import ExecutorServicer
 from dispo.executor.settings import ExecutorSettings
 from dispo.libs.api.common.v1 import common_pb2
@@ -41,16 +40,7 @@ def build_executor(
 ) -> tuple[Executor, OutboxRelay]:
     registry = load_configured_catalogue().downstreams
     relay = rt.outbox_relay(repo.outbox)
-    config = ExecutorConfig(
-        lease_ttl=settings.lease_ttl,
-        retry=RetryPolicy(
-            settings.max_retries, settings.retry_base_delay, settings.retry_max_delay
-        ),
-        breaker_threshold=settings.breaker_threshold,
-        breaker_window=settings.breaker_window,
-        breaker_cooldown=settings.breaker_cooldown,
-    )
-    return Executor(rt.engine, relay, registry, rt.clock, config, http), relay
+    return Executor(rt.engine, relay, registry, rt.clock, settings.config(), http), relay
 
 
 async def setup(rt: Runtime) -> None:
@@ -99,21 +89,21 @@ async def setup(rt: Runtime) -> None:
         subject="task.create",
         handler=on_create,
         batch=settings.batch,
-        ack_wait=settings.ack_wait,
+        ack_wait=settings.ack_wait_seconds,
     )
     cancels = rt.bus.consumer(
         TASKS_STREAM,
         durable=f"{settings.durable}-cancel",
         subject="task.cancel",
         handler=on_cancel,
-        ack_wait=settings.ack_wait,
+        ack_wait=settings.ack_wait_seconds,
     )
     closes = rt.bus.consumer(
         TASKS_STREAM,
         durable=f"{settings.durable}-close",
         subject="task.close",
         handler=on_close,
-        ack_wait=settings.ack_wait,
+        ack_wait=settings.ack_wait_seconds,
     )
     rt.add_servicer(
         lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
@@ -127,11 +117,11 @@ async def setup(rt: Runtime) -> None:
     rt.add_part("outbox relay", relay.run, relay.stop)
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))
-    if settings.health_interval > 0:
+    if settings.health_interval_seconds > 0:
         rt.add_periodic(
             "downstream health",
             lambda: check_downstreams(executor),
-            settings.health_interval,
+            settings.health_interval_seconds,
             first_after_interval=True,
         )
 

@@ -66,9 +66,9 @@ class ExecutorConfig:
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     lease_ttl: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    breaker_threshold: int = 5
-    breaker_window: float = 30.0
-    breaker_cooldown: float = 30.0
+    breaker_threshold: int = Breaker.threshold
+    breaker_window: float = Breaker.window
+    breaker_cooldown: float = Breaker.cooldown
 
 
 class Executor:

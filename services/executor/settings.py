@@ -2,28 +2,69 @@
 
 from __future__ import annotations
 
+from dispo.executor.domain import RetryPolicy
+from dispo.executor.runner import ExecutorConfig
 from dispo.libs.settings import service_settings_config
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
 
 class ExecutorSettings(BaseSettings):
     model_config = service_settings_config("executor")
 
-    # Durable consumer name shared by all replicas (they split the work).
-    durable: str = "executor"
-    # Seconds a pass holds a task's lease without a heartbeat; a crashed executor's tasks
-    # are taken over after this.
-    lease_ttl: float = 10.0
-    # JetStream ack wait: an unacknowledged message comes back after this.
-    ack_wait: float = 30.0
-    batch: int = 64
-    max_retries: int = 3
-    retry_base_delay: float = 0.5
-    retry_max_delay: float = 30.0
-    breaker_threshold: int = 5
-    breaker_window: float = 30.0
-    breaker_cooldown: float = 30.0
-    # Seconds between downstream health checks (0 disables them).
-    health_interval: float = 5.0
-    # host:port to also serve the demo downstream in this process (empty: don't).
-    demo_downstream: str = ""
+    durable: str = Field(
+        default="executor",
+        description="Durable consumer name shared by all replicas (they split the work)",
+    )
+    lease_ttl_seconds: float = Field(
+        default=ExecutorConfig.lease_ttl,
+        description="How long a pass holds a task's lease without a heartbeat; a crashed"
+        " executor's tasks are taken over after this",
+    )
+    ack_wait_seconds: float = Field(
+        default=30.0,
+        description="JetStream ack wait: an unacknowledged message comes back after this",
+    )
+    batch: int = Field(default=64, description="Messages fetched from `task.create` at once")
+    max_retries: int = Field(
+        default=RetryPolicy.max_retries,
+        description="Short retries of a node after its first attempt",
+    )
+    retry_base_delay_seconds: float = Field(
+        default=RetryPolicy.base_delay,
+        description="Delay before the first short retry (doubles each retry, jittered)",
+    )
+    retry_max_delay_seconds: float = Field(
+        default=RetryPolicy.max_delay, description="Longest delay between two short retries"
+    )
+    breaker_threshold: int = Field(
+        default=ExecutorConfig.breaker_threshold,
+        description="Failures within the window that open a downstream's circuit breaker",
+    )
+    breaker_window_seconds: float = Field(
+        default=ExecutorConfig.breaker_window,
+        description="Window in which a breaker counts failures",
+    )
+    breaker_cooldown_seconds: float = Field(
+        default=ExecutorConfig.breaker_cooldown,
+        description="How long an open breaker waits before letting one probe call through",
+    )
+    health_interval_seconds: float = Field(
+        default=5.0, description="Time between downstream health checks (0: none)"
+    )
+    demo_downstream: str = Field(
+        default="", description="host:port to also serve the demo downstream in this process"
+    )
+
+    def config(self) -> ExecutorConfig:
+        return ExecutorConfig(
+            lease_ttl=self.lease_ttl_seconds,
+            retry=RetryPolicy(
+                max_retries=self.max_retries,
+                base_delay=self.retry_base_delay_seconds,
+                max_delay=self.retry_max_delay_seconds,
+            ),
+            breaker_threshold=self.breaker_threshold,
+            breaker_window=self.breaker_window_seconds,
+            breaker_cooldown=self.breaker_cooldown_seconds,
+        )

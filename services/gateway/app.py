@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispo.gateway import repository as repo
-from dispo.gateway.expand import Limits
 from dispo.gateway.service import Gateway
 from dispo.gateway.servicer import GatewayServicer
 from dispo.gateway.settings import GatewaySettings
@@ -28,8 +27,14 @@ async def setup(rt: Runtime) -> None:
     await ensure_task_streams(rt.bus)
     catalogue = load_configured_catalogue()
     relay = rt.outbox_relay(repo.outbox)
-    limits = Limits(settings.max_cells, settings.max_nodes, settings.max_payload_bytes)
-    gateway = Gateway(rt.engine, relay, catalogue, limits, rt.clock, settings.watch_poll_interval)
+    gateway = Gateway(
+        rt.engine,
+        relay,
+        catalogue,
+        settings.limits(),
+        rt.clock,
+        settings.watch_poll_interval_seconds,
+    )
 
     async def on_status(msg: Msg) -> Disposition:
         try:

@@ -58,7 +58,7 @@ class Gateway:
         catalogue: Catalogue,
         limits: Limits,
         clock: Clock,
-        watch_poll_interval: float = 0.5,
+        watch_poll_interval: float,
     ) -> None:
         self.engine = engine
         self.relay = relay

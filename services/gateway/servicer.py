@@ -27,7 +27,7 @@ def _task_id(value: str) -> str:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
-    def __init__(self, gateway: Gateway, max_page_size: int = 500) -> None:
+    def __init__(self, gateway: Gateway, max_page_size: int) -> None:
         self.gateway = gateway
         self.max_page_size = max_page_size
 

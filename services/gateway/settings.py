@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+from dispo.gateway.expand import Limits
 from dispo.libs.settings import service_settings_config
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
 
 class GatewaySettings(BaseSettings):
     model_config = service_settings_config("gateway")
 
-    max_cells: int = 50
-    max_nodes: int = 200
-    max_payload_bytes: int = 64 * 1024
-    # Durable consumer of task.status.> (replicas share it).
-    status_durable: str = "gateway-status"
-    # WatchTask re-reads the task at least this often (changes applied by another replica).
-    watch_poll_interval: float = 0.5
-    # Largest ListTasks page.
-    max_page_size: int = 500
+    max_cells: int = Field(default=Limits.max_cells, description="Most cells in one submission")
+    max_nodes: int = Field(
+        default=Limits.max_nodes, description="Most DAG nodes a submission may expand into"
+    )
+    max_payload_bytes: int = Field(
+        default=Limits.max_payload_bytes, description="Largest payload of one cell, in bytes"
+    )
+    status_durable: str = Field(
+        default="gateway-status",
+        description="Durable consumer of `task.status.>` (replicas share it)",
+    )
+    watch_poll_interval_seconds: float = Field(
+        default=0.5,
+        description="WatchTask re-reads the task at least this often (changes applied by"
+        " another replica)",
+    )
+    max_page_size: int = Field(default=500, description="Largest ListTasks page")
+
+    def limits(self) -> Limits:
+        return Limits(
+            max_cells=self.max_cells,
+            max_nodes=self.max_nodes,
+            max_payload_bytes=self.max_payload_bytes,
+        )

@@ -11,7 +11,6 @@ gRPC server drains before all of them (``dispo.libs.service``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 from dispo.intelligence.events import EvaluationEvents, consumer
@@ -19,7 +18,7 @@ from dispo.intelligence.feed import EvaluationFeed
 from dispo.intelligence.intelligence_jobs import JobDeps
 from dispo.intelligence.models import ModelRegistry
 from dispo.intelligence.repository import IntelligenceRepository
-from dispo.intelligence.runtime import IntelligenceJobs, RecoveryPolicy
+from dispo.intelligence.runtime import IntelligenceJobs
 from dispo.intelligence.servicer import IntelligenceServicer
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
@@ -56,12 +55,7 @@ def build(
     settings = settings or IntelligenceSettings()
     repo = IntelligenceRepository(engine)
     models = models or ModelRegistry.from_configs(settings.models, settings.default_analysis_model)
-    policy = RecoveryPolicy(
-        queued_idle=timedelta(seconds=settings.queued_idle_seconds),
-        generating_stale=timedelta(seconds=settings.generating_stale_seconds),
-        batch=settings.sweep_batch,
-    )
-    jobs = IntelligenceJobs(JobDeps(repo, models, clock), policy=policy)
+    jobs = IntelligenceJobs(JobDeps(repo, models, clock), policy=settings.recovery_policy())
     feed = EvaluationFeed(repo, models, clock, jobs)
     events = EvaluationEvents(
         feed, settings.unknown_evaluation_retry_seconds, settings.unknown_evaluation_max_deliveries

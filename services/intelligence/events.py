@@ -37,7 +37,7 @@ STARTED, RUN_RECORDED, COMPLETED = (
 
 class EvaluationEvents:
     def __init__(
-        self, feed: EvaluationFeed, retry_delay: float = 2.0, max_unknown_deliveries: int = 30
+        self, feed: EvaluationFeed, retry_delay: float, max_unknown_deliveries: int
     ) -> None:
         self.feed = feed
         self.retry_delay = retry_delay

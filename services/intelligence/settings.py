@@ -2,30 +2,64 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from dispo.intelligence.models import STATS_MODEL, ChatModelConfig
+from dispo.intelligence.runtime import RecoveryPolicy
 from dispo.libs.settings import service_settings_config
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
 
 class IntelligenceSettings(BaseSettings):
     model_config = service_settings_config("intelligence")
 
-    # Analysis model of evaluations without an override; "" = none (then only overrides resolve).
-    default_analysis_model: str = STATS_MODEL
-    # OpenAI-compatible chat-completions models, as a JSON list:
-    # [{"name": "gpt", "base_url": "http://127.0.0.1:8080/v1", "model": "gpt-4o-mini", "api_key": "…"}]
-    models: list[ChatModelConfig] = []
-    # Consume the cron pool's EVALUATIONS stream into the evaluation read model.
-    consume_events: bool = True
-    event_durable: str = "intelligence-evaluations"
-    # Redelivery delay for an event about an evaluation not registered yet.
-    unknown_evaluation_retry_seconds: float = 2.0
-    # ... and after this many deliveries it is given up (logged), so it cannot hold up the stream.
-    unknown_evaluation_max_deliveries: int = 30
-    # Periodic recovery and lost-trigger sweeps.
-    sweep_interval_seconds: float = 60.0
-    queued_idle_seconds: float = 300.0
-    generating_stale_seconds: float = 900.0
-    sweep_batch: int = 100
-    # How long a stopping service lets running jobs finish before handing them back.
-    jobs_shutdown_grace_seconds: float = 10.0
+    default_analysis_model: str = Field(
+        default=STATS_MODEL,
+        description="Analysis model of evaluations without an override; empty: none (then only"
+        " overrides resolve)",
+    )
+    models: list[ChatModelConfig] = Field(
+        default=[],
+        description="OpenAI-compatible chat-completions models, as a JSON list of"
+        ' `{"name", "base_url", "model", "api_key", "timeout_seconds", "temperature"}`',
+    )
+    consume_events: bool = Field(
+        default=True,
+        description="Consume the cron pool's EVALUATIONS stream into the evaluation read model",
+    )
+    event_durable: str = Field(
+        default="intelligence-evaluations", description="Durable consumer of the EVALUATIONS stream"
+    )
+    unknown_evaluation_retry_seconds: float = Field(
+        default=2.0,
+        description="Redelivery delay of an event about an evaluation not registered yet",
+    )
+    unknown_evaluation_max_deliveries: int = Field(
+        default=30,
+        description="Deliveries after which such an event is given up (logged), so it cannot"
+        " hold up the stream",
+    )
+    sweep_interval_seconds: float = Field(
+        default=60.0, description="Time between the periodic recovery and lost-trigger sweeps"
+    )
+    queued_idle_seconds: float = Field(
+        default=RecoveryPolicy.queued_idle.total_seconds(),
+        description="A queued job untouched this long is nobody's and is requeued",
+    )
+    generating_stale_seconds: float = Field(
+        default=RecoveryPolicy.generating_stale.total_seconds(),
+        description="A generating job claimed this long ago lost its worker",
+    )
+    sweep_batch: int = Field(default=RecoveryPolicy.batch, description="Rows per sweep")
+    jobs_shutdown_grace_seconds: float = Field(
+        default=10.0,
+        description="How long a stopping service lets running jobs finish before handing them back",
+    )
+
+    def recovery_policy(self) -> RecoveryPolicy:
+        return RecoveryPolicy(
+            queued_idle=timedelta(seconds=self.queued_idle_seconds),
+            generating_stale=timedelta(seconds=self.generating_stale_seconds),
+            batch=self.sweep_batch,
+        )

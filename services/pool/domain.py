@@ -199,7 +199,6 @@ class PoolPolicy:
     tick_seconds: float = 60.0  # cron wake interval
     stuck_seconds: float = 600.0  # 10 minutes without activity → stuck
     hold_seconds: float = 7200.0  # 2 hours holding a cron → force release
-    reconcile_seconds: float = 300.0  # drift check every 5 minutes
     runs_per_wake: int = 50  # runs a cron performs per wake at most
 
     @property

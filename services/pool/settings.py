@@ -1,48 +1,67 @@
-"""The pool's own settings (``DISPO_POOL_*``), with the seed's thresholds as defaults."""
+"""The pool's own settings (``DISPO_POOL_*``), with the seed's thresholds as defaults (held
+once, by :class:`~dispo.pool.domain.PoolPolicy`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
-from dispo.libs.settings import service_settings_config
+from dispo.libs.settings import DEFAULT_PORTS, CommonSettings, service_settings_config
 from dispo.pool.domain import PoolPolicy
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
 
 def default_registry() -> Path:
-    """Beside the stack's data (``$DISPO_DATA_DIR``, else ``.dispo``), shared by pool and worker."""
-    return Path(os.environ.get("DISPO_DATA_DIR") or ".dispo") / "pool" / "local-crons.sqlite"
+    """Beside the stack's data (``DISPO_DATA_DIR``), shared by pool and worker."""
+    return Path(CommonSettings().data_dir) / "pool" / "local-crons.sqlite"
 
 
 class PoolSettings(BaseSettings):
     model_config = service_settings_config("pool")
 
-    driver: Literal["local", "openclaw"] = "local"
-    # local driver: the registry the pool-worker process watches.
-    local_registry: Path = Field(default_factory=default_registry)
-    # local driver: run the pool-worker as a supervised child process (restarted when it
-    # exits, ended when the pool service ends). Off by default: `dispo up` runs the worker
-    # as its own supervised process; turn it on to run the pool service alone.
-    spawn_worker: bool = False
-    # openclaw driver: the CLI to run.
-    openclaw_path: str = "openclaw"
+    driver: Literal["local", "openclaw"] = Field(
+        default="local",
+        description="Where crons run: `local` (the pool-worker process) or `openclaw` (its CLI)",
+    )
+    local_registry: Path = Field(
+        default_factory=default_registry,
+        description="local driver: the registry the pool-worker process watches (default:"
+        " `pool/local-crons.sqlite` under `DISPO_DATA_DIR`)",
+    )
+    spawn_worker: bool = Field(
+        default=False,
+        description="local driver: run the pool-worker as a supervised child process (`dispo"
+        " up` runs it as its own process; turn this on to run the pool service alone)",
+    )
+    openclaw_path: str = Field(default="openclaw", description="openclaw driver: the CLI to run")
 
-    min_size: int = 5
-    max_size: int = 20
-    scale_up_ratio: float = 0.8
-    scale_down_idle_factor: float = 2.0
-    tick_seconds: float = 60.0
-    stuck_seconds: float = 600.0
-    hold_seconds: float = 7200.0
-    reconcile_seconds: float = 300.0
-    runs_per_wake: int = 50
-    # How often (clock seconds) the pool service runs its stuck / hold / scale sweeps.
-    sweep_seconds: float = 30.0
-    # Rows per sweep pass.
-    sweep_batch: int = 100
+    min_size: int = Field(default=PoolPolicy.min_size, description="Fewest crons the pool keeps")
+    max_size: int = Field(default=PoolPolicy.max_size, description="Most crons the pool runs")
+    scale_up_ratio: float = Field(
+        default=PoolPolicy.scale_up_ratio, description="Scale up when busy/total crons exceed this"
+    )
+    scale_down_idle_factor: float = Field(
+        default=PoolPolicy.scale_down_idle_factor,
+        description="Scale down when idle crons exceed this × the minimum size",
+    )
+    tick_seconds: float = Field(default=PoolPolicy.tick_seconds, description="Cron wake interval")
+    stuck_seconds: float = Field(
+        default=PoolPolicy.stuck_seconds,
+        description="A cron without activity this long is stuck and its evaluation reassigned",
+    )
+    hold_seconds: float = Field(
+        default=PoolPolicy.hold_seconds,
+        description="An evaluation holding a cron this long is force-released",
+    )
+    runs_per_wake: int = Field(
+        default=PoolPolicy.runs_per_wake, description="Runs a cron performs per wake at most"
+    )
+    sweep_seconds: float = Field(
+        default=30.0,
+        description="How often (clock time) the pool runs its stuck, hold and scale sweeps",
+    )
+    sweep_batch: int = Field(default=100, description="Rows per sweep pass")
 
     def policy(self) -> PoolPolicy:
         return PoolPolicy(
@@ -53,7 +72,6 @@ class PoolSettings(BaseSettings):
             tick_seconds=self.tick_seconds,
             stuck_seconds=self.stuck_seconds,
             hold_seconds=self.hold_seconds,
-            reconcile_seconds=self.reconcile_seconds,
             runs_per_wake=self.runs_per_wake,
         )
 
@@ -63,8 +81,17 @@ class WorkerSettings(BaseSettings):
 
     model_config = service_settings_config("pool_worker")
 
-    pool_address: str = "127.0.0.1:50055"
-    local_registry: Path = Field(default_factory=default_registry)
-    tick_seconds: float = 60.0
-    # Seconds an HTTP call to an evaluation target may take.
-    http_timeout: float = 30.0
+    pool_address: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['pool']}",
+        description="The pool's gRPC address the worker reports to",
+    )
+    local_registry: Path = Field(
+        default_factory=default_registry,
+        description="The registry of local crons (the pool's `DISPO_POOL_LOCAL_REGISTRY`)",
+    )
+    tick_seconds: float = Field(
+        default=PoolPolicy.tick_seconds, description="Cron wake interval (the pool's tick)"
+    )
+    http_timeout_seconds: float = Field(
+        default=30.0, description="How long an HTTP call to an evaluation target may take"
+    )

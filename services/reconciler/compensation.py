@@ -60,7 +60,7 @@ async def compensate_sweep(ctx: Context) -> int:
         return 0
     async with grpc.aio.insecure_channel(ctx.settings.gateway_address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        results = [await _submit(stub, row, ctx.settings.http_timeout) for row in rows]
+        results = [await _submit(stub, row, ctx.settings.http_timeout_seconds) for row in rows]
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         for row, (task_id, error, final) in zip(rows, results, strict=False):

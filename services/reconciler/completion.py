@@ -106,7 +106,7 @@ async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
         attempt=attempt,
         secret=ctx.settings.callback_secret,
         timestamp=str(int(now.timestamp())),
-        timeout=ctx.settings.http_timeout,
+        timeout=ctx.settings.http_timeout_seconds,
     )
 
 
@@ -187,7 +187,7 @@ async def _reconcile_one(
             info.base_url,
             node.spec.probe_path,
             node.idempotency_key,
-            ctx.settings.http_timeout,
+            ctx.settings.http_timeout_seconds,
         )
         return result.done, result.detail
 

@@ -23,6 +23,7 @@ from dispo.reconciler.policy import (
     RedrivePolicy,
     ReleaseRate,
 )
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "recovery.yaml"
@@ -31,20 +32,31 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "recovery.yaml"
 class ReconcilerSettings(BaseSettings):
     model_config = service_settings_config("reconciler")
 
-    # Recovery policies (YAML); empty: the file shipped beside this module.
-    config: str = ""
-    # Seconds between two runs of the sweeps (0: sweeps run only through RunSweep).
-    sweep_interval: float = 1.0
-    # Rows one sweep handles at most.
-    batch: int = 100
-    # Secret for HMAC-SHA256 signatures on webhook callbacks.
-    callback_secret: str = "dispo-dev-secret"
-    # Timeout of probes, health checks and callbacks, in seconds.
-    http_timeout: float = 5.0
-    # Durable consumer name prefix (replicas share the consumers).
-    durable: str = "reconciler"
-    # Where compensating cells are submitted (the gateway's gRPC address).
-    gateway_address: str = f"127.0.0.1:{DEFAULT_PORTS['gateway']}"
+    config: str = Field(
+        default="",
+        description="Recovery policy file (YAML); empty: the `recovery.yaml` shipped with the"
+        " reconciler",
+    )
+    sweep_interval_seconds: float = Field(
+        default=1.0,
+        description="Time between two rounds of the sweeps (0: sweeps run only through RunSweep)",
+    )
+    batch: int = Field(default=100, description="Rows one sweep handles at most")
+    callback_secret: str = Field(
+        default="dispo-dev-secret",
+        description="Secret of the HMAC-SHA256 signatures on webhook callbacks",
+    )
+    http_timeout_seconds: float = Field(
+        default=5.0, description="Timeout of probes, health checks and callbacks"
+    )
+    durable: str = Field(
+        default="reconciler",
+        description="Durable consumer name prefix (replicas share the consumers)",
+    )
+    gateway_address: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['gateway']}",
+        description="The gateway's gRPC address, where compensating cells are submitted",
+    )
 
 
 @dataclass(frozen=True)
@@ -149,7 +161,7 @@ def parse_config(data: dict[str, Any], catalogue: Catalogue | None = None) -> Re
         redrive_rules=tuple(rules),
         release_default=release_default,
         release=per_downstream,
-        settle_retry_delay=float(data.get("settle_retry_delay", 30.0)),
+        settle_retry_delay=float(data.get("settle_retry_delay", RecoveryConfig.settle_retry_delay)),
         callbacks=CallbackPolicy(
             **_fields(CallbackPolicy, data.get("callbacks") or {}, "callbacks")
         ),
@@ -157,7 +169,7 @@ def parse_config(data: dict[str, Any], catalogue: Catalogue | None = None) -> Re
             **_fields(ReconcilePolicy, data.get("reconciliation") or {}, "reconciliation")
         ),
         arbitration=ArbitrationPolicy(
-            window=float(arb.get("window_seconds", 60.0)),
+            window=float(arb.get("window_seconds", ArbitrationPolicy.window)),
             priority=priority,
             conflicts=catalogue.conflicts,
         ),

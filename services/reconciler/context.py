@@ -36,7 +36,7 @@ class Context:
     def call_lease(self, now: datetime) -> datetime:
         """Until when a sweep holds the rows it claimed while it calls out for them (two
         HTTP timeouts and a margin); after that another replica may claim them again."""
-        return now + timedelta(seconds=self.settings.http_timeout * 2 + 5)
+        return now + timedelta(seconds=self.settings.http_timeout_seconds * 2 + 5)
 
     def kick(self) -> None:
         """Publish what was just committed to the outbox without waiting for the next poll."""

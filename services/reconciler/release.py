@@ -28,7 +28,7 @@ async def health_sweep(ctx: Context) -> int:
             check_health(
                 ctx.http,
                 ctx.config.downstreams[n].health_url if n in ctx.config.downstreams else "",
-                ctx.settings.http_timeout,
+                ctx.settings.http_timeout_seconds,
             )
             for n in names
         )

@@ -58,7 +58,7 @@ async def plan_node(ctx: Context, node: task_pb2.Node) -> SettlementPlan:
             info.base_url,
             node.spec.probe_path,
             node.idempotency_key,
-            ctx.settings.http_timeout,
+            ctx.settings.http_timeout_seconds,
         )
         if result.done is None:
             return SettlementPlan(node.node_id, SettlementMethod.PROBE, None, result.detail)

@@ -45,7 +45,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     for name, consumer in consumers(ctx, rt.bus, settings.durable):
         rt.add_part(name, consumer.run, consumer.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)
-    if settings.sweep_interval > 0:
-        for sweep in sweep_parts(ctx, settings.sweep_interval).values():
+    if settings.sweep_interval_seconds > 0:
+        for sweep in sweep_parts(ctx, settings.sweep_interval_seconds).values():
             rt.add_part(sweep.name, sweep.run, sweep.stop)
     return ctx

@@ -89,7 +89,7 @@ async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish
     executor = pipeline.executors[0]
     executor.kill()
     await pipeline.start_executor(
-        DISPO_EXECUTOR_HEALTH_INTERVAL="0.1", DISPO_EXECUTOR_BREAKER_THRESHOLD="2"
+        DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS="0.1", DISPO_EXECUTOR_BREAKER_THRESHOLD="2"
     )
     async with pipeline.client() as client:
         task = await client.submit("tests", [cell("step", name="d"), cell("noop")])

@@ -32,7 +32,7 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
     gateway = await start_service("gateway", {"DISPO_CATALOGUE": str(catalogue)})
     await start_service(
         "executor",
-        {"DISPO_CATALOGUE": str(catalogue), "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05"},
+        {"DISPO_CATALOGUE": str(catalogue), "DISPO_EXECUTOR_RETRY_BASE_DELAY_SECONDS": "0.05"},
     )
     text = DOC.read_text()
     walkthrough = section(text, "## Five minutes", "### From Python")

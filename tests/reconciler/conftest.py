@@ -181,7 +181,7 @@ async def recon(
         }
     )
     settings = ReconcilerSettings(
-        batch=100, http_timeout=2.0, callback_secret="test-secret", sweep_interval=0
+        batch=100, http_timeout_seconds=2.0, callback_secret="test-secret", sweep_interval_seconds=0
     )
     async with httpx.AsyncClient() as http:
         yield Context(

@@ -51,8 +51,8 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
         "executor",
         {
             "DISPO_CATALOGUE": str(catalogue),
-            "DISPO_EXECUTOR_RETRY_BASE_DELAY": "0.05",
-            "DISPO_EXECUTOR_RETRY_MAX_DELAY": "0.2",
+            "DISPO_EXECUTOR_RETRY_BASE_DELAY_SECONDS": "0.05",
+            "DISPO_EXECUTOR_RETRY_MAX_DELAY_SECONDS": "0.2",
         },
     )
     reconciler = await start_service(
@@ -60,7 +60,7 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
         {
             "DISPO_CATALOGUE": str(catalogue),
             "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
-            "DISPO_RECONCILER_SWEEP_INTERVAL": "0.2",
+            "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.2",
         },
     )
     commands = walkthrough_commands()

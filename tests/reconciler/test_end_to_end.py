@@ -82,7 +82,7 @@ async def start_reconciler(start_service, file_clock, catalogue_file, tmp_path: 
                 **file_clock.env,
                 "DISPO_RECONCILER_CONFIG": str(path),
                 "DISPO_CATALOGUE": str(catalogue_file),
-                "DISPO_RECONCILER_SWEEP_INTERVAL": "0.5",
+                "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.5",
                 "DISPO_RECONCILER_CALLBACK_SECRET": "e2e-secret",
                 **env,
             },
@@ -237,9 +237,9 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
     await downstream.control(down=True)
     pipeline.executors[0].kill()
     await pipeline.start_executor(
-        DISPO_EXECUTOR_HEALTH_INTERVAL="0.1",
+        DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS="0.1",
         DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
-        DISPO_EXECUTOR_BREAKER_COOLDOWN="0.5",
+        DISPO_EXECUTOR_BREAKER_COOLDOWN_SECONDS="0.5",
     )
     async with pipeline.client() as client:
         tasks = [

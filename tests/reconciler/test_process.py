@@ -34,7 +34,7 @@ def reconciler_env(tmp_path: Path, file_clock, **extra: str) -> dict[str, str]:
         "DISPO_RECONCILER_CONFIG": str(tmp_path / "recovery.yaml"),
         "DISPO_CATALOGUE": str(tmp_path / "catalogue.yaml"),
         "DISPO_RECONCILER_BATCH": "3",
-        "DISPO_RECONCILER_SWEEP_INTERVAL": "1",
+        "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "1",
         **extra,
     }
 

@@ -182,7 +182,7 @@ async def test_check_against_an_unreachable_pool_is_unavailable_and_records_noth
     engine = await service_engine("reconciler", MIGRATIONS)
     async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:
         checker = DriftChecker(
-            engine, pool_pb2_grpc.PoolServiceStub(channel), ManualClock(), timeout=1
+            engine, pool_pb2_grpc.PoolServiceStub(channel), ManualClock(), timeout_seconds=1
         )
         with pytest.raises(Unavailable):
             await checker.check_once()

@@ -167,7 +167,7 @@ async def main_async() -> None:
     bus = await Bus.connect(common.nats_servers, name="dispo-pool-worker")
     async with (
         grpc.aio.insecure_channel(settings.pool_address) as channel,
-        httpx.AsyncClient(timeout=settings.http_timeout) as http,
+        httpx.AsyncClient(timeout=settings.http_timeout_seconds) as http,
     ):
         worker = Worker(
             Registry(settings.local_registry),

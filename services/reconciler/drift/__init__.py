@@ -22,8 +22,9 @@ from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
 from dispo.libs.db import migrate
 from dispo.libs.service import Runtime
 from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
-from dispo.reconciler.drift.checker import DriftChecker
+from dispo.reconciler.drift.checker import TIMEOUT_SECONDS, DriftChecker
 from dispo.reconciler.drift.servicer import DriftServicer
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -37,9 +38,18 @@ class DriftSettings(BaseSettings):
 
     model_config = service_settings_config("reconciler_drift")
 
-    pool_address: str = f"127.0.0.1:{DEFAULT_PORTS['pool']}"
-    interval_seconds: float = 300.0
-    timeout: float = 30.0
+    pool_address: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['pool']}",
+        description="The pool's gRPC address, whose state the drift checks compare",
+    )
+    interval_seconds: float = Field(
+        default=300.0,
+        description="Time between two drift checks (seed 002: pool state and database are"
+        " reconciled every 5 minutes)",
+    )
+    timeout_seconds: float = Field(
+        default=TIMEOUT_SECONDS, description="How long one call to the pool may take"
+    )
 
 
 def register(server: grpc.aio.Server, checker: DriftChecker) -> None:
@@ -54,7 +64,7 @@ async def install(rt: Runtime) -> DriftChecker:
         grpc.aio.insecure_channel(settings.pool_address), name="pool channel"
     )
     checker = DriftChecker(
-        rt.engine, pool_pb2_grpc.PoolServiceStub(channel), rt.clock, settings.timeout
+        rt.engine, pool_pb2_grpc.PoolServiceStub(channel), rt.clock, settings.timeout_seconds
     )
     rt.add_servicer(lambda server: register(server, checker), SERVICE_NAME)
     # Every ``interval_seconds`` of the clock (the seed's 5 minutes by default); a pool that

@@ -54,25 +54,29 @@ def view_from_pb(view: pool_pb.DriftView) -> View:
     return View(_lower(pool_pb.Driver, view.driver), crons, states, evaluations)
 
 
+# How long one call to the pool may take.
+TIMEOUT_SECONDS = 30.0
+
+
 class DriftChecker:
     def __init__(
         self,
         engine: AsyncEngine,
         pool: pool_pb2_grpc.PoolServiceAsyncStub,
         clock: Clock,
-        timeout: float = 30.0,
+        timeout_seconds: float = TIMEOUT_SECONDS,
     ) -> None:
         self.engine = engine
         self.pool = pool
         self.clock = clock
-        self.timeout = timeout
+        self.timeout_seconds = timeout_seconds
         self._lock = asyncio.Lock()  # one check at a time per process
 
     async def check_once(self) -> CheckResult:
         async with self._lock:
             try:
                 view_pb = await self.pool.GetDriftView(
-                    pool_pb.GetDriftViewRequest(), timeout=self.timeout
+                    pool_pb.GetDriftViewRequest(), timeout=self.timeout_seconds
                 )
             except grpc.aio.AioRpcError as error:
                 raise Unavailable(
@@ -97,7 +101,7 @@ class DriftChecker:
             evaluation_id=planned.evaluation_id,
         )
         try:
-            reply = await self.pool.ApplyRepair(request, timeout=self.timeout)
+            reply = await self.pool.ApplyRepair(request, timeout=self.timeout_seconds)
             outcome, detail = (
                 (RepairOutcome.APPLIED if reply.applied else RepairOutcome.SKIPPED),
                 reply.detail,
