@@ -1,39 +1,18 @@
 """compose.yaml stays consistent with the settings the services actually read."""
 
-import importlib
-import pkgutil
 from pathlib import Path
 
 import yaml
-from dispo.libs.settings import CommonSettings, ServerSettings
+from dispo.libs import settings_doc
+from dispo.libs.settings import ServerSettings
 from dispo.libs.stack.stack import SERVICES
-from pydantic_settings import BaseSettings
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
 
 
-def settings_classes() -> set[type[BaseSettings]]:
-    """Every settings class defined in the services' modules (entry points excluded)."""
-    found: set[type[BaseSettings]] = {CommonSettings}
-    for service in SERVICES:
-        package = importlib.import_module(f"dispo.{service}")
-        for module in pkgutil.walk_packages(package.__path__, f"dispo.{service}."):
-            if module.name.endswith("__main__") or ".migrations" in module.name:
-                continue
-            loaded = importlib.import_module(module.name)
-            found |= {
-                value
-                for value in vars(loaded).values()
-                if isinstance(value, type)
-                and issubclass(value, BaseSettings)
-                and value is not BaseSettings
-            }
-    return found
-
-
 def known_variables() -> set[str]:
     names = set()
-    for cls in settings_classes():
+    for cls in settings_doc.settings_classes():
         prefix = cls.model_config.get("env_prefix", "")
         if not prefix:
             continue
