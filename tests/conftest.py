@@ -1,8 +1,10 @@
 """Fixtures shared by every test: real PostgreSQL and NATS JetStream, real service processes.
 
 Infrastructure starts once per test session (temporary folders, free ports) and only when a
-test asks for it. ``database_url`` and ``nats_url`` give each test a clean state: every
-non-system schema dropped, every JetStream stream deleted.
+test asks for it. ``database_url`` and ``nats_url`` give each test a clean state: a database
+of its own, cloned from a template where every service's schema is already migrated (see
+``support.databases``; mark a test ``blank_database`` to get one with no Dispo schema), and
+no JetStream stream left from earlier tests.
 
     async def test_x(database_url, nats_url, start_service):
         gateway = await start_service("gateway")          # a real process, SERVING
@@ -24,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import asyncpg
 import pytest
 from dispo.libs.bus import Bus
 from dispo.libs.clock import ManualClock, write_file_clock
@@ -32,12 +33,28 @@ from dispo.libs.db import create_engine, migrate
 from dispo.libs.health import wait_until_serving
 from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.postgres import EmbeddedPostgres
+from dispo.libs.stack.stack import SERVICES
+from support.databases import TestDatabases
 
 # The gateway / executor / SDK fixtures (catalogue, demo downstream, pipeline processes).
 pytest_plugins = ["pipeline_fixtures"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SYSTEM_SCHEMAS = ("public", "information_schema")
+
+
+def migration_chains() -> list[tuple[str, Path]]:
+    """Every Alembic chain a service applies on start, as (schema, script location)."""
+    from dispo.reconciler import drift
+
+    chains = [(s, REPO_ROOT / "services" / s / "migrations") for s in SERVICES]
+    return [*chains, ("reconciler", drift.MIGRATIONS)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "blank_database: the test's database has no Dispo schema yet (to watch migrations run)",
+    )
 
 
 @dataclass
@@ -45,10 +62,7 @@ class Infra:
     root: Path
     postgres: EmbeddedPostgres
     nats: NatsServer
-
-    @property
-    def database_url(self) -> str:
-        return self.postgres.url
+    databases: TestDatabases
 
     @property
     def nats_url(self) -> str:
@@ -63,26 +77,17 @@ class Infra:
 def infra() -> Iterator[Infra]:
     with tempfile.TemporaryDirectory(prefix="dispo-test-") as root:
         base = Path(root)
-        postgres = EmbeddedPostgres(base / "postgres")
+        # Throwaway cluster: no fsync (a crash of PostgreSQL still loses nothing committed).
+        postgres = EmbeddedPostgres(base / "postgres", durable=False)
         postgres.start()
         nats = NatsServer(base / "nats", log_file=base / "nats.log")
         nats.start()
-        yield Infra(base, postgres, nats)
+        databases = TestDatabases(postgres.url, migration_chains())
+        asyncio.run(databases.build_template())
+        yield Infra(base, postgres, nats, databases)
+        databases.close()
         nats.stop()
         postgres.stop("immediate")
-
-
-async def _drop_schemas(url: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        rows = await conn.fetch(
-            "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> ALL($1::text[])",
-            list(SYSTEM_SCHEMAS),
-        )
-        for row in rows:
-            await conn.execute(f'DROP SCHEMA "{row["nspname"]}" CASCADE')
-    finally:
-        await conn.close()
 
 
 async def _delete_streams(url: str) -> None:
@@ -95,12 +100,18 @@ async def _delete_streams(url: str) -> None:
 
 
 @pytest.fixture
-async def database_url(infra: Infra) -> str:
-    """PostgreSQL with no Dispo schemas left from earlier tests (postgresql:// URL)."""
+async def database_url(infra: Infra, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """This test's own database (postgresql:// URL), every service's schema migrated to head;
+    with the ``blank_database`` mark, one with no Dispo schema. Dropped after the test."""
     if not infra.postgres.running():
         infra.postgres.start()
-    await _drop_schemas(infra.database_url)
-    return infra.database_url
+    databases = infra.databases
+    if request.node.get_closest_marker("blank_database"):
+        name = await databases.blank()
+    else:
+        name = await databases.take()
+    yield databases.url(name)
+    databases.release(name)
 
 
 @pytest.fixture
@@ -121,7 +132,8 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
 
 @pytest.fixture
 async def service_engine(database_url: str):
-    """``await service_engine("gateway")``: an engine on that schema, migrated to head."""
+    """``await service_engine("gateway")``: an engine on that schema, migrated to head
+    (already there in a cloned database: the migration finds nothing to do)."""
     engines = []
 
     async def make(service: str, migrations: Path | None = None):

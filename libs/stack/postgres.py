@@ -32,17 +32,27 @@ MAX_CONNECTIONS = 400
 
 
 class EmbeddedPostgres:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, durable: bool = True) -> None:
+        """``durable=False`` turns ``fsync`` off, for throwaway clusters such as the tests':
+        what is committed survives a crash of PostgreSQL (it is in the OS's cache) but not
+        of the machine."""
         self.data_dir = Path(data_dir).resolve()
         self._server: PostgresServer | None = None
+        self._settings = {"max_connections": str(MAX_CONNECTIONS)}
+        if not durable:
+            self._settings["fsync"] = "off"
 
     def start(self) -> str:
         """Start (or attach to a running) server; return its ``postgresql://`` URL."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         if self._server is None:
             self._server = get_server(self.data_dir, cleanup_mode=None)
-            if self.psql("SHOW max_connections").strip() != str(MAX_CONNECTIONS):
-                self.psql(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
+            changed = False
+            for name, value in self._settings.items():
+                if self.psql(f"SHOW {name}").strip() != value:
+                    self.psql(f"ALTER SYSTEM SET {name} = {value}")
+                    changed = True
+            if changed:
                 self.restart()
         elif not self.running():
             self._pg_ctl(

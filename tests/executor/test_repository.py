@@ -198,6 +198,7 @@ async def test_adopting_an_envelope_with_an_undeclared_node_move_changes_no_node
     assert task.generation == 2
 
 
+@pytest.mark.blank_database  # migrates both schemas from nothing, step by step
 async def test_the_casing_migrations_rewrite_stored_states_and_their_checks(database_url):
     from pathlib import Path
 

@@ -68,7 +68,7 @@ async def test_a_service_answers_unavailable_while_postgres_is_down(
             raise AssertionError("not answered after PostgreSQL came back")
 
 
-async def test_only_a_database_that_cannot_be_reached_counts_as_down(infra):
+async def test_only_a_database_that_cannot_be_reached_counts_as_down(database_url):
     with pytest.raises(OSError) as refused:  # nothing listens there: raised in the driver
         await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres")
     assert database_unreachable(refused.value)
@@ -78,7 +78,7 @@ async def test_only_a_database_that_cannot_be_reached_counts_as_down(infra):
         subprocess.run(["/nonexistent/openclaw"], check=False)
     assert not database_unreachable(unrelated.value)
     # A database that answers with an error is up: that error is not UNAVAILABLE.
-    conn = await asyncpg.connect(infra.database_url)
+    conn = await asyncpg.connect(database_url)
     try:
         with pytest.raises(asyncpg.PostgresError) as bad:
             await conn.execute("SELECT * FROM no_such_table")

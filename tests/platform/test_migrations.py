@@ -3,8 +3,12 @@
 import asyncio
 from pathlib import Path
 
+import pytest
 from dispo.libs.db import create_engine, migrate
 from sqlalchemy import text
+
+# Real migrations on a database that has none applied yet.
+pytestmark = pytest.mark.blank_database
 
 SAMPLE = Path(__file__).parent / "sample_migrations"
 

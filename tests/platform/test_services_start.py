@@ -13,6 +13,7 @@ from dispo.libs.stack.stack import SERVICES
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
 
+@pytest.mark.blank_database  # each service migrates its own schema on start
 @pytest.mark.parametrize("name", SERVICES)
 async def test_service_process_serves_health_and_reflection(name, start_service):
     service = await start_service(name)

@@ -149,6 +149,7 @@ async def test_up_status_restart_and_data_kept(stack):
     assert await stack.down() == 0
 
 
+@pytest.mark.blank_database  # the services create their schemas in it
 async def test_up_with_external_database_and_nats_starts_only_services(
     infra, database_url, nats_url, tmp_path
 ):

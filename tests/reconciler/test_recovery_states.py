@@ -1,5 +1,6 @@
 """The state machines declared in dispo.reconciler.states agree with the database."""
 
+import pytest
 from dispo.libs.db.checks import enum_check_drift
 from dispo.reconciler.states import (
     CHECKED_COLUMNS,
@@ -63,6 +64,7 @@ async def test_a_final_recovery_entry_refuses_every_move_and_stays_as_it_was(rec
     assert await row(recon, "gone") == before
 
 
+@pytest.mark.blank_database  # migrates the reconciler schema from nothing, step by step
 async def test_the_casing_migration_rewrites_stored_states_checks_and_indexes(database_url):
     from datetime import UTC, datetime
     from pathlib import Path

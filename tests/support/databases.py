@@ -1,0 +1,145 @@
+"""A database per test, cloned from a template migrated once per session.
+
+The template holds every service's schema at head, migrated by the services' own Alembic
+chains. Each test gets ``CREATE DATABASE … TEMPLATE`` of it and the database is dropped
+afterwards, so no test sees another's rows and none pays for the migrations again.
+
+A background thread keeps a few clones ready ahead of the next tests and drops finished ones,
+so neither the copy nor the drop sits on a test's setup path. A test that needs a database
+with no Dispo schemas at all (to watch migrations run) asks for :meth:`blank`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import queue
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import asyncpg
+from dispo.libs.db import create_engine, migrate
+from sqlalchemy.engine import make_url
+
+TEMPLATE = "dispo_template"
+# Clones kept ready: a copy takes longer than the shortest tests, not than the average one.
+SPARE = 2
+
+
+def database_url(server_url: str, name: str) -> str:
+    """``server_url`` pointing at database ``name`` instead."""
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+async def _execute(url: str, *statements: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+class TestDatabases:
+    """Per-test databases on one PostgreSQL server (``server_url``: its maintenance database)."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, server_url: str, chains: Iterable[tuple[str, Path]]) -> None:
+        self.server_url = server_url
+        # (schema, Alembic script location) in the order the template applies them.
+        self.chains = list(chains)
+        self._numbers = itertools.count()
+        self._ready: queue.Queue[str] = queue.Queue(maxsize=SPARE)
+        self._dropping: queue.Queue[str] = queue.Queue()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._worker: threading.Thread | None = None
+        self._last_error: BaseException | None = None
+
+    async def build_template(self) -> None:
+        """Create the template and migrate every chain into it; start the clone worker."""
+        await _execute(
+            self.server_url,
+            f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)',
+            f'CREATE DATABASE "{TEMPLATE}"',
+        )
+        url = database_url(self.server_url, TEMPLATE)
+        for schema, location in self.chains:
+            engine = create_engine(url, schema)
+            try:
+                await migrate(engine, schema, location)
+            finally:
+                await engine.dispose()
+        self._worker = threading.Thread(target=self._work, name="test-databases", daemon=True)
+        self._worker.start()
+
+    async def take(self, timeout: float = 60.0) -> str:
+        """A fresh clone of the template, for one test; hand it back with :meth:`release`."""
+        try:
+            name = await asyncio.to_thread(self._ready.get, timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no test database ready: {self._last_error!r}") from None
+        self._wake.set()  # make the next one
+        return name
+
+    async def blank(self) -> str:
+        """A fresh database without any Dispo schema (made now, not ahead)."""
+        name = self._new_name()
+        await _execute(self.server_url, f'CREATE DATABASE "{name}"')
+        return name
+
+    def _new_name(self) -> str:
+        return f"dispo_test_{os.getpid()}_{next(self._numbers)}"
+
+    def url(self, name: str) -> str:
+        return database_url(self.server_url, name)
+
+    def release(self, name: str) -> None:
+        """Drop ``name`` in the background (its connections are closed by force)."""
+        self._dropping.put(name)
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop the worker after it has dropped everything handed back."""
+        self._stopping = True
+        self._wake.set()
+        if self._worker is not None:
+            self._worker.join(timeout=60)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._drop(self._ready.get_nowait())
+
+    def _work(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                while not self._dropping.empty():
+                    self._drop(self._dropping.get_nowait())
+                if self._stopping:
+                    return
+                if not self._ready.full():
+                    name = self._new_name()
+                    asyncio.run(
+                        _execute(self.server_url, f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+                    )
+                    self._ready.put_nowait(name)
+                    continue
+            except Exception as error:  # reported by take()
+                # Most likely a test has taken PostgreSQL away for a moment: try again shortly.
+                self._last_error = error
+                if self._stopping:
+                    return
+                self._wake.wait(0.2)
+                continue
+            self._wake.wait()
+
+    def _drop(self, name: str) -> None:
+        try:
+            asyncio.run(_execute(self.server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        except Exception:
+            self._dropping.put(name)  # PostgreSQL is down; drop it on a later pass
+            raise
