@@ -16,10 +16,6 @@ no JetStream stream left from earlier tests.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,11 +26,12 @@ import pytest
 from dispo.libs.bus import Bus
 from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate
-from dispo.libs.health import wait_until_serving
 from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.postgres import EmbeddedPostgres
+from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.libs.stack.stack import SERVICES
 from support.databases import TestDatabases
+from support.http import FakeServer, Routes
 
 # The gateway / executor / SDK fixtures (catalogue, demo downstream, pipeline processes).
 pytest_plugins = ["pipeline_fixtures"]
@@ -184,71 +181,19 @@ def file_clock(tmp_path: Path) -> FileClockControl:
     return FileClockControl(tmp_path / "clock")
 
 
-@dataclass
-class ServiceProcess:
-    name: str
-    port: int
-    env: dict[str, str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def spawn(self) -> None:
-        out = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", f"dispo.{self.name}"],
-            env=self.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        out.close()
-
-    async def wait_serving(self, timeout: float = 60.0) -> None:
-        try:
-            await wait_until_serving(self.address, timeout)
-        except TimeoutError as error:
-            raise TimeoutError(f"{error}\n--- {self.log_path} ---\n{self.log_tail()}") from None
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, no shutdown code runs."""
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-
-    async def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM and wait: a graceful shutdown. Returns the exit code."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.terminate()
-            await asyncio.to_thread(self.process.wait, timeout)
-        return self.process.returncode
-
-    async def restart(self) -> None:
-        await self.stop()
-        self.spawn()
-        await self.wait_serving()
-
-
 @pytest.fixture
 async def start_service(
     database_url: str, nats_url: str, tmp_path: Path
-) -> AsyncIterator[Callable[..., Awaitable[ServiceProcess]]]:
-    """``await start_service("executor", env={...})``: a real service process, SERVING."""
-    started: list[ServiceProcess] = []
+) -> AsyncIterator[Callable[..., Awaitable[ManagedProcess]]]:
+    """``await start_service("executor", env={...})``: a real service process, SERVING, on
+    this test's database; killed after the test."""
+    started: list[ManagedProcess] = []
 
     async def start(
         name: str, env: dict[str, str] | None = None, *, wait: bool = True
-    ) -> ServiceProcess:
+    ) -> ManagedProcess:
         port = free_port()
         full_env = {
-            **os.environ,
             "DISPO_DATABASE_URL": database_url,
             "DISPO_NATS_URL": nats_url,
             "DISPO_LOG_FORMAT": "json",
@@ -257,13 +202,39 @@ async def start_service(
             f"DISPO_{name.upper()}_PORT": str(port),
             **(env or {}),
         }
-        service = ServiceProcess(name, port, full_env, tmp_path / f"{name}-{len(started)}.log")
+        service = ManagedProcess(
+            ProcessSpec(
+                name,
+                python_module(f"dispo.{name}"),
+                full_env,
+                f"127.0.0.1:{port}",
+                tmp_path / f"{name}-{len(started)}.log",
+            )
+        )
         service.spawn()
         started.append(service)
         if wait:
-            await service.wait_serving()
+            await service.wait_ready()
         return service
 
     yield start
     for service in reversed(started):
         service.kill()
+
+
+@pytest.fixture
+async def fake_server() -> AsyncIterator[Callable[..., Awaitable[FakeServer]]]:
+    """``server = await fake_server(routes, start=True)``: a real HTTP server on 127.0.0.1 for a
+    party outside Dispo (``support.http``), its port known from the start; stopped after the test."""
+    servers: list[FakeServer] = []
+
+    async def make(routes: Routes, *, start: bool = True) -> FakeServer:
+        server = FakeServer(routes)
+        servers.append(server)
+        if start:
+            await server.start()
+        return server
+
+    yield make
+    for server in servers:
+        await server.stop()

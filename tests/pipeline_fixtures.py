@@ -6,12 +6,8 @@ Imported by tests/{gateway,executor,sdk}/conftest.py.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +15,9 @@ from typing import Any
 import httpx
 import pytest
 from dispo.libs.sdk import AsyncClient
-from dispo.libs.stack.nats import free_port, wait_for_port
+from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
+from support import eventually
 
 TEST_CATALOGUE = """
 downstreams:
@@ -100,32 +98,21 @@ EXECUTOR_TEST_ENV = {
 }
 
 
-@dataclass
-class Downstream:
+class Downstream(ManagedProcess):
     """The demo downstream as a real process the test controls over HTTP."""
 
-    port: int
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        out = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "dispo.executor.demo_downstream", "--port", str(self.port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
+    def __init__(self, port: int, log_path: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        super().__init__(
+            ProcessSpec(
+                "demo-downstream",
+                [*python_module("dispo.executor.demo_downstream"), "--port", str(port)],
+                {},
+                None,
+                log_path,
+                http_health=f"{self.url}/healthz",
+            )
         )
-        out.close()
-        wait_for_port(self.port)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
 
     async def control(self, **switches: Any) -> None:
         async with httpx.AsyncClient() as client:
@@ -143,20 +130,21 @@ class Downstream:
 
     async def wait_held(self, count: int = 1, timeout: float = 30.0) -> None:
         """Until ``count`` calls are being held open (see the ``hold`` switch)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while (await self.state())["held"] < count:
-            if loop.time() > deadline:
-                raise TimeoutError("no held call")
-            await asyncio.sleep(0.05)
+        await eventually(
+            self.state,
+            lambda state: state["held"] >= count,
+            timeout=timeout,
+            wanted=f"{count} held call(s)",
+        )
 
 
 @pytest.fixture
-def downstream(tmp_path: Path) -> Iterator[Downstream]:
+async def downstream(tmp_path: Path) -> AsyncIterator[Downstream]:
     d = Downstream(free_port(), tmp_path / "downstream.log")
-    d.start()
+    d.spawn()
+    await d.wait_ready(15)
     yield d
-    d.stop()
+    d.kill()
 
 
 @pytest.fixture
@@ -240,15 +228,13 @@ async def wait_until(
     wanted: str = "a view matching the predicate",
 ) -> Any:
     """Poll GetTask until ``predicate(view)`` holds; the view then."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        view = await client.get(task_id)
-        if predicate(view):
-            return view
-        if loop.time() > deadline:
-            raise TimeoutError(f"task {task_id} is {view.status}, wanted {wanted}\n{dump(view)}")
-        await asyncio.sleep(0.05)
+    return await eventually(
+        lambda: client.get(task_id),
+        predicate,
+        timeout=timeout,
+        wanted=f"task {task_id} in {wanted}",
+        describe=lambda view: f"{view.status}\n{dump(view)}",
+    )
 
 
 async def wait_status(client: Any, task_id: str, statuses: set[str], timeout: float = 30.0) -> Any:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from dispo.libs.logging import get_logger
 from dispo.libs.settings import server_settings
 from dispo.libs.stack.nats import NatsServer
-from dispo.libs.stack.supervisor import ProcessSpec, Supervisor, python_module
+from dispo.libs.stack.process import ProcessSpec, python_module
+from dispo.libs.stack.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from dispo.libs.stack.postgres import EmbeddedPostgres
@@ -85,6 +86,7 @@ def service_specs(options: StackOptions, database_url: str, nats_url: str) -> li
                 None,
                 logs / f"{DEMO_DOWNSTREAM}.log",
                 http_health=f"http://{options.host}:{options.demo_port}/healthz",
+                new_session=True,
             )
         )
     for name in options.services:
@@ -95,7 +97,14 @@ def service_specs(options: StackOptions, database_url: str, nats_url: str) -> li
             f"DISPO_{name.upper()}_PORT": str(options.ports[name]),
         }
         specs.append(
-            ProcessSpec(name, python_module(f"dispo.{name}"), env, address, logs / f"{name}.log")
+            ProcessSpec(
+                name,
+                python_module(f"dispo.{name}"),
+                env,
+                address,
+                logs / f"{name}.log",
+                new_session=True,
+            )
         )
     if "pool" in options.services:
         env = {
@@ -110,6 +119,7 @@ def service_specs(options: StackOptions, database_url: str, nats_url: str) -> li
                 env,
                 None,
                 logs / f"{POOL_WORKER}.log",
+                new_session=True,
             )
         )
     return specs

@@ -3,51 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import httpx
-from dispo.libs.health import wait_until_serving
 from dispo.libs.logging import get_logger
+from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
+
+__all__ = ["ProcessSpec", "Supervised", "Supervisor", "python_module"]
 
 log = get_logger(__name__)
 
 
 @dataclass
-class ProcessSpec:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    # Where its gRPC health answers; None for a process without gRPC.
-    address: str | None
-    log_path: Path
-    # An HTTP URL answering 200 once a process without gRPC is ready (None: ready when started).
-    http_health: str | None = None
-
-
-@dataclass
 class Supervised:
     spec: ProcessSpec
-    process: asyncio.subprocess.Process | None = None
+    process: ManagedProcess = field(init=False)
     restarts: int = 0
     history: list[int] = field(default_factory=list)
 
-
-async def _wait_http_ok(url: str, timeout: float) -> None:
-    async with httpx.AsyncClient(timeout=1.0) as client, asyncio.timeout(timeout):
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get(url)).status_code == 200:
-                    return
-            await asyncio.sleep(0.2)
-
-
-def python_module(module: str) -> list[str]:
-    return [sys.executable, "-m", module]
+    def __post_init__(self) -> None:
+        self.process = ManagedProcess(self.spec)
 
 
 class Supervisor:
@@ -66,32 +41,15 @@ class Supervisor:
 
     async def start_all(self, timeout: float = 120.0) -> None:
         for child in self.children.values():
-            await self._spawn(child)
-        await asyncio.gather(*(self._ready(c, timeout) for c in self.children.values()))
+            self._spawn(child)
+        await asyncio.gather(*(c.process.wait_ready(timeout) for c in self.children.values()))
 
-    async def _spawn(self, child: Supervised) -> None:
-        spec = child.spec
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "ab") as out:
-            child.process = await asyncio.create_subprocess_exec(
-                *spec.argv,
-                env={**os.environ, **spec.env},
-                stdout=out,
-                stderr=out,
-                stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        log.info("started", service=spec.name, pid=child.process.pid)
-
-    async def _ready(self, child: Supervised, timeout: float) -> None:
-        if child.spec.address is not None:
-            await wait_until_serving(child.spec.address, timeout)
-        elif child.spec.http_health is not None:
-            await _wait_http_ok(child.spec.http_health, timeout)
+    def _spawn(self, child: Supervised) -> None:
+        child.process.spawn()
+        log.info("started", service=child.spec.name, pid=child.process.pid)
 
     def pid(self, name: str) -> int | None:
-        process = self.children[name].process
-        return process.pid if process is not None else None
+        return self.children[name].process.pid
 
     async def watch(self) -> None:
         """Restart any child that exits, with growing back-off, until :meth:`stop_all`."""
@@ -99,7 +57,6 @@ class Supervisor:
 
     async def _watch_one(self, child: Supervised) -> None:
         while not self._stopping:
-            assert child.process is not None
             code = await child.process.wait()
             if self._stopping:
                 return
@@ -115,7 +72,7 @@ class Supervisor:
             )
             await asyncio.sleep(delay)
             if not self._stopping:
-                await self._spawn(child)
+                self._spawn(child)
                 if self.on_spawn is not None:
                     self.on_spawn()
 
@@ -127,15 +84,7 @@ class Supervisor:
         ]
         for name in names:
             process = self.children[name].process
-            if process is None or process.returncode is not None:
+            if not process.running():
                 continue
-            with contextlib.suppress(ProcessLookupError):  # exited on its own meanwhile
-                process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), timeout)
-            except TimeoutError:
-                log.warning("did not stop in time; killing", service=name)
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+            await process.stop(timeout)
             log.info("stopped", service=name)

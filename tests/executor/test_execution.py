@@ -1,13 +1,12 @@
 """Execution guarantees through real processes: gateway, executor, demo downstream,
 PostgreSQL and NATS JetStream."""
 
-import asyncio
-
 import grpc
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import cell
 from pipeline_fixtures import dump, stream_messages, wait_status, wait_until
+from support import eventually
 
 
 async def test_dependency_failure_blocks_dependant_but_not_independent_branch(client, downstream):
@@ -182,11 +181,9 @@ async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor
     )
     await bus.publish("task.close", close.SerializeToString(), msg_id=f"{task.task_id}:close")
 
-    for _ in range(100):
-        row = await executor_status()
-        if row.status == "failed":
-            break
-        await asyncio.sleep(0.05)
+    row = await eventually(
+        executor_status, lambda row: row.status == "failed", timeout=10, wanted="the run failed"
+    )
     assert tuple(row) == ("failed", "redrive policy spent")
 
 

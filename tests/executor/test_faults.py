@@ -2,13 +2,12 @@
 two executors, NATS stopped while tasks are being accepted, a SIGKILLed gateway with
 unpublished outbox rows, a PostgreSQL crash mid-node, malformed events."""
 
-import asyncio
-
 import pytest
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import cell
 from pipeline_fixtures import dump, stream_messages, wait_status
 from sqlalchemy import text
+from support import eventually
 
 
 async def test_executor_killed_mid_call_of_idempotent_node_reruns_it_safely(pipeline, downstream):
@@ -99,13 +98,13 @@ async def test_same_task_create_delivered_to_two_executors_runs_each_effect_once
 
 
 async def wait_for_messages(bus, subject, count, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        messages = await stream_messages(bus, subject)
-        if len(messages) >= count or loop.time() > deadline:
-            return messages
-        await asyncio.sleep(0.05)
+    return await eventually(
+        lambda: stream_messages(bus, subject),
+        lambda messages: len(messages) >= count,
+        timeout=timeout,
+        wanted=f"{count} message(s) on {subject}",
+        describe=len,
+    )
 
 
 async def test_nats_down_during_submits_every_accepted_task_completes(
@@ -162,14 +161,12 @@ async def test_malformed_events_are_refused_and_do_not_block_the_consumers(clien
 
 async def settled(bus, stream, durable, timeout=10.0):
     """Consumer info once nothing is waiting for an ack."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        info = await bus.js.consumer_info(stream, durable)
-        if info.num_ack_pending == 0 and info.num_pending == 0:
-            return info
-        assert loop.time() < deadline, (durable, info)
-        await asyncio.sleep(0.05)
+    return await eventually(
+        lambda: bus.js.consumer_info(stream, durable),
+        lambda info: info.num_ack_pending == 0 and info.num_pending == 0,
+        timeout=timeout,
+        wanted=f"{durable} settled",
+    )
 
 
 async def test_gateway_killed_before_publishing_loses_no_accepted_task(pipeline, infra, downstream):

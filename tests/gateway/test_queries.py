@@ -1,6 +1,5 @@
 """GetTask, ListTasks, CancelTask, WatchTask and ListCells through the real gateway."""
 
-import asyncio
 from datetime import UTC, timedelta
 
 import grpc
@@ -8,6 +7,7 @@ import pytest
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.sdk import DispoError, cell
 from pipeline_fixtures import dump
+from support import eventually
 
 
 async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, downstream):
@@ -102,15 +102,14 @@ async def test_cancel_cancels_pending_nodes_and_lets_the_running_one_finish(clie
 async def wait_for_cancel_flag(client, task_id):
     """Until the executor has recorded the cancel: while the first call is held nothing else
     changes, so its status event (version 2, after the claim's version 1) is that record."""
-    for _ in range(400):
-        view = await client.get(task_id)
-        if view.version >= 2:
-            assert view.raw.cancel_requested and view.node("first.call").status == "RUNNING", dump(
-                view
-            )
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the executor never recorded the cancel")
+    view = await eventually(
+        lambda: client.get(task_id),
+        lambda view: view.version >= 2,
+        timeout=20,
+        wanted="the executor recording the cancel",
+        describe=dump,
+    )
+    assert view.raw.cancel_requested and view.node("first.call").status == "RUNNING", dump(view)
 
 
 async def test_cancel_before_publication_withdraws_the_task(pipeline, downstream, infra, bus):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from dispo.intelligence.evaluations import EvaluationStatus, new_evaluation, new
 from dispo.intelligence.models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs.clock import ManualClock
+from support.http import FakeServer
 
 CONFIG = {"target": "http://127.0.0.1:9/answer", "cases": ["c1", "c2", "c3"], "runs_per_slot": 2}
 
@@ -91,16 +92,30 @@ RUNS_WORSE = [
 ]
 
 
+COMPLETIONS = "/v1/chat/completions"
+
+
 @dataclass
 class FakeLLM:
     """An OpenAI-compatible ``/v1/chat/completions`` endpoint on 127.0.0.1."""
 
-    url: str = ""
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    headers: list[dict[str, str]] = field(default_factory=list)
+    server: FakeServer
     status: int = 200
     reply: str = "The evaluation is healthy."
     gate: asyncio.Event | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.server.url}/v1"
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """The body of every request, in order of arrival."""
+        return [json.loads(r.body) for r in self.server.received(COMPLETIONS)]
+
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        return [r.headers for r in self.server.received(COMPLETIONS)]
 
     def config(self, name: str = "fake-gpt", **extra: Any) -> ChatModelConfig:
         return ChatModelConfig(
@@ -109,13 +124,9 @@ class FakeLLM:
 
 
 @pytest.fixture
-async def fake_llm() -> AsyncIterator[FakeLLM]:
-    fake = FakeLLM()
-
+async def fake_llm(fake_server) -> AsyncIterator[FakeLLM]:
     async def completions(request: web.Request) -> web.Response:
         body = await request.json()
-        fake.requests.append(body)
-        fake.headers.append(dict(request.headers))
         if fake.gate is not None:
             await fake.gate.wait()
         if fake.status != 200:
@@ -135,18 +146,10 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
             }
         )
 
-    web_app = web.Application()
-    web_app.router.add_post("/v1/chat/completions", completions)
-    runner = web.AppRunner(web_app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # started above, so _server is set
-    fake.url = f"http://127.0.0.1:{port}/v1"
+    fake = FakeLLM(await fake_server({("POST", COMPLETIONS): completions}))
     yield fake
     if fake.gate is not None:
         fake.gate.set()
-    await runner.cleanup()
 
 
 @pytest.fixture

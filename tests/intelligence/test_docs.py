@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from support import eventually
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "intelligence.md"
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
@@ -39,14 +40,20 @@ async def test_the_walkthrough_runs_as_written(start_service):
         shell = command.replace("localhost:50054", service.address).replace(
             "grpcurl ", f"{GRPCURL} ", 1
         )
-        for _ in range(100):  # jobs run in the background: read again until they settle
-            done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True)
-            if (
-                not re.search(r"JOB_STATUS_(QUEUED|GENERATING)", done.stdout)
-                or "Trigger" in command
-            ):
-                break
-            await asyncio.sleep(0.1)
+        # Jobs run in the background: read again until they settle.
+        done = await eventually(
+            lambda shell=shell: subprocess.run(
+                ["bash", "-c", shell], capture_output=True, text=True
+            ),
+            lambda done, command=command: (
+                "Trigger" in command
+                or not re.search(r"JOB_STATUS_(QUEUED|GENERATING)", done.stdout)
+            ),
+            timeout=30,
+            interval=0.1,
+            wanted=f"settled jobs for {command!r}",
+            describe=lambda done: done.stdout,
+        )
         if expect:
             assert done.returncode != 0 and f"Code: {expect}" in done.stderr, (command, done.stderr)
         else:

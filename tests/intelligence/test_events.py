@@ -12,6 +12,7 @@ from dispo.libs.api.common.v1 import common_pb2 as common
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import ACK, Nak, Term
 from google.protobuf.timestamp_pb2 import Timestamp
+from support import eventually
 
 from .conftest import CONFIG
 
@@ -47,14 +48,6 @@ def completed(evaluation_id: str, status: int = pool_pb2.EVALUATION_STATUS_COMPL
     return events_pb2.EvaluationCompleted(
         evaluation_id=evaluation_id, status=status
     ).SerializeToString()
-
-
-async def wait_for(predicate, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
@@ -94,7 +87,7 @@ async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
             job = await app.repo.job_get(JobKind.COMPARISON, "ev2")
             return job is not None and job.status == JobStatus.COMPLETED
 
-        await wait_for(chain_done)
+        await eventually(chain_done, timeout=20, wanted="the chain done")
     finally:
         feed.stop()
         await running
@@ -220,7 +213,7 @@ async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(ap
             evaluation = await app.repo.evaluation_get("ordered")
             return evaluation is not None and evaluation.status == EvaluationStatus.COMPLETED
 
-        await wait_for(finished)
+        await eventually(finished, timeout=20, wanted="the analysis finished")
     finally:
         for replica in replicas:
             replica.stop()

@@ -13,6 +13,7 @@ from dispo.intelligence.app import SHUTDOWN_ORDER
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
+from support import eventually
 
 from .conftest import CONFIG
 
@@ -74,11 +75,13 @@ async def job_status(stub, evaluation_id: str) -> int:
 
 
 async def wait_status(stub, evaluation_id: str, status: int, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while (current := await job_status(stub, evaluation_id)) != status:
-        assert loop.time() < deadline, f"job is {pb.JobStatus.Name(current)}"
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: job_status(stub, evaluation_id),
+        lambda current: current == status,
+        timeout=timeout,
+        wanted=f"job of {evaluation_id} {pb.JobStatus.Name(status)}",
+        describe=pb.JobStatus.Name,
+    )
 
 
 def log_events(path: Path, *events: str) -> list[dict]:
@@ -143,14 +146,13 @@ async def test_killed_mid_generation_the_job_is_recovered_after_restart(
         await feed(stub, "crash-1")
         await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="crash-1"))
         await wait_status(stub, "crash-1", pb.JOB_STATUS_GENERATING)
-        while not fake_llm.requests:
-            await asyncio.sleep(0.05)
+        await eventually(lambda: fake_llm.requests, wanted="a request to the model")
 
     service.kill()
     fake_llm.gate.set()
     file_clock.advance(minutes=16)  # the dead worker's claim is now stale
     service.spawn()
-    await service.wait_serving()
+    await service.wait_ready()
 
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
@@ -205,7 +207,7 @@ async def test_a_job_that_never_settles_across_restarts_fails_after_three_recove
         service.kill()
         file_clock.advance(minutes=16)
         service.spawn()
-        await service.wait_serving()
+        await service.wait_ready()
         async with grpc.aio.insecure_channel(service.address) as channel:
             stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
             if recovery <= 3:

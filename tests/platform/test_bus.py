@@ -3,14 +3,13 @@
 import asyncio
 
 from dispo.libs.bus import ACK, Nak, Term
+from support import eventually
 
 
 async def run_until(consumer, condition, timeout=15.0):
     task = asyncio.create_task(consumer.run())
     try:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                await asyncio.sleep(0.02)
+        await eventually(condition, timeout=timeout, interval=0.02)
     finally:
         consumer.stop()
         await task
@@ -86,9 +85,7 @@ async def test_durable_consumers_share_work_without_duplicates(bus):
         for n in ("a", "b")
     ]
     tasks = [asyncio.create_task(c.run()) for c in consumers]
-    async with asyncio.timeout(15):
-        while len(handled) < 40:
-            await asyncio.sleep(0.02)
+    await eventually(lambda: len(handled) >= 40, timeout=15, interval=0.02, wanted="40 handled")
     for c in consumers:
         c.stop()
     await asyncio.gather(*tasks)
@@ -108,21 +105,20 @@ async def test_consumer_survives_a_nats_restart(infra, bus):
     consumer = bus.consumer("TASKS", durable="worker", subject="task.create", handler=handler)
     task = asyncio.create_task(consumer.run())
     await bus.publish("task.create", b"before", msg_id="before")
-    async with asyncio.timeout(15):
-        while b"before" not in seen:
-            await asyncio.sleep(0.02)
+    await eventually(lambda: b"before" in seen, timeout=15, interval=0.02, wanted="'before' seen")
 
     infra.nats.stop()
     infra.restart_nats()
-    async with asyncio.timeout(20):
-        while True:
-            try:
-                await bus.publish("task.create", b"after", msg_id="after")
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
-        while b"after" not in seen:
-            await asyncio.sleep(0.05)
+
+    async def published() -> bool:
+        try:
+            await bus.publish("task.create", b"after", msg_id="after")
+        except Exception:
+            return False
+        return True
+
+    await eventually(published, timeout=20, interval=0.2, wanted="a publication after the restart")
+    await eventually(lambda: b"after" in seen, timeout=20, wanted="'after' seen")
     consumer.stop()
     await task
     assert seen == [b"before", b"after"]

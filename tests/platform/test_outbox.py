@@ -13,6 +13,7 @@ from dispo.libs.outbox import OutboxRelay, outbox_add, outbox_table
 from dispo.libs.service import Runtime
 from dispo.libs.settings import CommonSettings, ServerSettings
 from sqlalchemy import MetaData, text
+from support import eventually
 
 SCHEMA = "outbox_test"
 metadata = MetaData()
@@ -50,12 +51,6 @@ async def names(engine) -> list[str]:
                 )
             ).scalars()
         )
-
-
-async def wait_for(condition, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await condition():
-            await asyncio.sleep(0.02)
 
 
 async def test_rows_sent_before_the_retention_go_a_batch_at_a_time(engine, bus, manual_clock):
@@ -104,7 +99,7 @@ async def test_a_running_relay_stamps_sent_at_on_its_clock_and_prunes_when_the_c
                     await conn.execute(outbox.select().with_only_columns(outbox.c.sent_at))
                 ).scalar_one() == sent_at
 
-        await wait_for(sent)
+        await eventually(sent, timeout=10, interval=0.02, wanted="the row marked sent")
 
         async def pruned_after_a_pause() -> bool:
             if not await names(engine):
@@ -112,7 +107,7 @@ async def test_a_running_relay_stamps_sent_at_on_its_clock_and_prunes_when_the_c
             manual_clock.advance(seconds=60)  # one pause of the pruning at a time
             return False
 
-        await wait_for(pruned_after_a_pause)
+        await eventually(pruned_after_a_pause, timeout=10, interval=0.02, wanted="every row pruned")
         assert manual_clock.now() - sent_at > timedelta(hours=1)
     finally:
         relay.stop()

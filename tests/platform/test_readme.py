@@ -12,6 +12,7 @@ import pytest
 from dispo.libs.catalogue import EXAMPLE
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.stack import SERVICES
+from support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -72,10 +73,12 @@ async def test_the_tour_runs_as_written(stack_env, tmp_path):
             stderr=subprocess.STDOUT,
         )
     try:
-        async with asyncio.timeout(120):
-            while "Ctrl-C stops everything" not in output.read_text():
-                assert up.poll() is None, output.read_text()
-                await asyncio.sleep(0.1)
+
+        def ready() -> bool:
+            assert up.poll() is None, output.read_text()
+            return "Ctrl-C stops everything" in output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
         script = localise("\n".join(blocks), ports, demo)
         result = await asyncio.to_thread(
             subprocess.run,

@@ -1,6 +1,5 @@
 """The five services start as real processes, answer health and list themselves by reflection."""
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -9,6 +8,7 @@ from pathlib import Path
 import pytest
 from dispo.libs.health import health_status
 from dispo.libs.stack.stack import SERVICES
+from support import eventually
 
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
@@ -49,11 +49,14 @@ async def test_service_waits_for_database_then_serves(infra, start_service):
     infra.postgres.stop()
     try:
         service = await start_service("reconciler", wait=False)
-        while "waiting for database" not in service.log_path.read_text():
+
+        def waiting() -> bool:
             assert service.process.poll() is None, service.log_tail()
-            await asyncio.sleep(0.05)
+            return "waiting for database" in service.log_path.read_text()
+
+        await eventually(waiting, wanted="the service waiting for the database")
         assert await health_status(service.address) == "UNREACHABLE"
     finally:
         infra.postgres.start()
-    await service.wait_serving()
+    await service.wait_ready()
     assert await health_status(service.address) == "SERVING"

@@ -14,6 +14,7 @@ import pytest
 from dispo.libs.health import health_status
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.stack import SERVICES, read_state
+from support import eventually
 
 DISPO = str(Path(sys.executable).parent / "dispo")
 
@@ -40,10 +41,12 @@ class RunningStack:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        async with asyncio.timeout(120):
-            while "Ctrl-C stops everything" not in self.output.read_text():
-                assert self.process.poll() is None, self.output.read_text()
-                await asyncio.sleep(0.1)
+
+        def ready() -> bool:
+            assert self.process.poll() is None, self.output.read_text()
+            return "Ctrl-C stops everything" in self.output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
 
     def status(self) -> tuple[int, dict]:
         result = subprocess.run(
@@ -116,12 +119,14 @@ async def test_up_status_restart_and_data_kept(stack):
     executor = state["services"]["executor"]
     os.kill(executor["pid"], signal.SIGKILL)
     executor_log = stack.data_dir / "logs" / "executor.log"
-    async with asyncio.timeout(60):
-        while (
-            executor_log.read_text().count('"event": "serving"') < 2
-            or await health_status(executor["address"]) != "SERVING"
-        ):
-            await asyncio.sleep(0.2)
+
+    async def restarted() -> bool:
+        return (
+            executor_log.read_text().count('"event": "serving"') >= 2
+            and await health_status(executor["address"]) == "SERVING"
+        )
+
+    await eventually(restarted, timeout=60, interval=0.2, wanted="the executor restarted")
     assert not alive(executor["pid"])
     assert alive(read_state(stack.data_dir)["services"]["executor"]["pid"])
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -16,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.pool.domain import (
     Evaluation,
     EvaluationStatus,
@@ -28,6 +25,7 @@ from dispo.pool.domain import (
 from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.operations import Pool
 from dispo.pool.sweeps import create_cron
+from support.http import FakeServer
 
 FAKE_OPENCLAW = Path(__file__).parent / "fake_openclaw" / "openclaw"
 
@@ -91,84 +89,44 @@ def minutes(n: float) -> timedelta:
 
 @dataclass
 class Target:
-    url: str
-    calls: int = 0
+    server: FakeServer
     # path -> (status, json body)
     answers: dict[str, tuple[int, object]] = field(default_factory=dict)
     # While set to an unset event, requests wait for it (a run in flight).
     hold: asyncio.Event | None = None
     waiting: int = 0
 
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def calls(self) -> int:
+        return len(self.server.requests)
+
 
 @pytest.fixture
-async def target() -> AsyncIterator[Target]:
+async def target(fake_server) -> AsyncIterator[Target]:
     """A real HTTP server on 127.0.0.1 playing the system under evaluation."""
-    state = Target("")
 
     async def handle(request: web.Request) -> web.Response:
-        state.calls += 1
         if state.hold is not None and not state.hold.is_set():
             state.waiting += 1
             await state.hold.wait()
         status, body = state.answers.get(request.path, (200, {"answer": "paris", "items": [1, 2]}))
         return web.json_response(body, status=status)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # started above, so _server is set
-    state.url = f"http://127.0.0.1:{port}"
+    state = Target(await fake_server({("*", "/{tail:.*}"): handle}))
     yield state
-    await runner.cleanup()
-
-
-async def eventually(check, timeout: float = 30.0, interval: float = 0.05):
-    """Poll ``check`` (sync or async) until it returns a truthy value."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(interval)
-
-
-@dataclass
-class WorkerProcess:
-    env: dict[str, str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def spawn(self) -> None:
-        out = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "dispo.pool.worker"],
-            env=self.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        out.close()
-
-    def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+    if state.hold is not None:
+        state.hold.set()
 
 
 @pytest.fixture
 async def pool_stack(start_service, file_clock, tmp_path, database_url, nats_url):
     """``await pool_stack(**pool_env)``: the pool service and a pool-worker process (local driver),
     sharing a file clock and a registry. Returns (pool service, worker)."""
-    workers: list[WorkerProcess] = []
+    workers: list[ManagedProcess] = []
     registry = tmp_path / "registry.sqlite"
 
     async def start(**pool_env: str):
@@ -180,17 +138,21 @@ async def pool_stack(start_service, file_clock, tmp_path, database_url, nats_url
             **pool_env,
         }
         service = await start_service("pool", env=env)
-        worker = WorkerProcess(
-            {
-                **os.environ,
-                **file_clock.env,
-                "DISPO_DATABASE_URL": database_url,
-                "DISPO_NATS_URL": nats_url,
-                "DISPO_LOG_FORMAT": "json",
-                "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
-                "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
-            },
-            tmp_path / "pool-worker.log",
+        worker = ManagedProcess(
+            ProcessSpec(
+                "pool-worker",
+                python_module("dispo.pool.worker"),
+                {
+                    **file_clock.env,
+                    "DISPO_DATABASE_URL": database_url,
+                    "DISPO_NATS_URL": nats_url,
+                    "DISPO_LOG_FORMAT": "json",
+                    "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
+                    "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
+                },
+                None,
+                tmp_path / "pool-worker.log",
+            )
         )
         worker.spawn()
         workers.append(worker)

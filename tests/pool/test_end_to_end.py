@@ -9,8 +9,7 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-
-from .conftest import eventually
+from support import eventually
 
 
 async def test_formal_evaluation_completes_and_is_analysed(

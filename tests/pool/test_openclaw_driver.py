@@ -84,8 +84,7 @@ async def test_pool_service_drives_openclaw_automations(start_service, fake_db, 
     from dispo.libs.api.common.v1 import common_pb2
     from dispo.libs.api.pool.v1 import pool_pb2 as pb
     from dispo.libs.api.pool.v1 import pool_pb2_grpc
-
-    from .conftest import eventually
+    from support import eventually
 
     pool = await start_service(
         "pool",

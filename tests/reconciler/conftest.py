@@ -147,20 +147,18 @@ def status_of(env: task_pb2.Task, node_id: str) -> str:
 
 
 @pytest.fixture
-async def fake_downstream() -> AsyncIterator[FakeDownstream]:
+async def fake_downstream(fake_server) -> FakeDownstream:
     fake = FakeDownstream()
-    await fake.start()
-    yield fake
-    await fake.stop()
+    fake.server = await fake_server(fake.routes())
+    return fake
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[CallbackReceiver]:
-    from dispo.libs.stack.nats import free_port
-
-    r = CallbackReceiver(port=free_port())  # its URL is known before it starts listening
-    yield r
-    await r.stop()
+async def receiver(fake_server) -> CallbackReceiver:
+    """Not listening until ``start()``; its URL is known before."""
+    r = CallbackReceiver()
+    r.server = await fake_server(r.routes(), start=False)
+    return r
 
 
 @pytest.fixture

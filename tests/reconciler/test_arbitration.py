@@ -9,6 +9,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.reconciler import arbitration
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.sweeps import run_sweeps
+from support import eventually
 
 from .conftest import T0, envelope, node, outbox
 
@@ -43,10 +44,12 @@ async def test_two_conflicting_tasks_one_verdict_loser_cancelled(recon, manual_c
     parts = [c for name, c in consumers(recon, bus, "reconciler") if name == "claims consumer"]
     run = asyncio.create_task(parts[0].run())
     try:
-        for _ in range(100):
-            if (await run_sweeps(recon, "arbitrate"))["arbitrate"]:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: run_sweeps(recon, "arbitrate"),
+            lambda done: done["arbitrate"],
+            timeout=15,
+            wanted="an arbitration decided",
+        )
     finally:
         parts[0].stop()
         await run

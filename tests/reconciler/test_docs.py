@@ -3,7 +3,6 @@ executor and reconciler processes and the demo downstream."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import yaml
 from dispo.libs.catalogue import EXAMPLE
+from support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "recovery.md"
@@ -76,11 +76,16 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
         if shell.startswith("TASK=$("):
             shell += '; echo "$TASK"'
         wanted = next((v for k, v in WAIT_FOR.items() if k in command), None)
-        for _ in range(150):
-            done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=env)
-            if wanted is None or wanted in done.stdout or done.returncode:
-                break
-            await asyncio.sleep(0.1)
+        done = await eventually(
+            lambda shell=shell: subprocess.run(
+                ["bash", "-c", shell], capture_output=True, text=True, env=env
+            ),
+            lambda done, wanted=wanted: wanted is None or wanted in done.stdout or done.returncode,
+            timeout=45,
+            interval=0.1,
+            wanted=f"{wanted!r} from {command!r}",
+            describe=lambda done: done.stdout,
+        )
         if expect:
             assert done.returncode != 0 and f"Code: {expect}" in done.stderr, (command, done.stderr)
         else:

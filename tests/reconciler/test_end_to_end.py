@@ -18,6 +18,7 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.sdk import cell
 from pipeline_fixtures import dump, wait_status
+from support import eventually
 
 from .conftest import CONFIG
 
@@ -30,9 +31,18 @@ class Reconciler:
     stub: reconciler_pb2_grpc.ReconcilerServiceStub
 
     async def tick(self, seconds: float = 0.5, settle: float = 0.2) -> None:
-        """Move the reconciler's clock; its sweep loop runs a round per 0.5 s of it."""
+        """Move the reconciler's clock; its sweep loop runs a round per 0.5 s of it. Only for
+        loops that drive the clock until something happens: a move that lands while a round
+        runs pushes the loop's next round on by as much, so one tick may run no round."""
         self.clock.advance(seconds=seconds)
         await asyncio.sleep(settle)
+
+    async def sweep(self, seconds: float = 0.5, name: str = "all") -> dict[str, int]:
+        """Move the clock, then run sweep ``name`` to its end (RunSweep): what it handled.
+        What a single step of the clock, or a check that nothing happens, waits on."""
+        self.clock.advance(seconds=seconds)
+        request = pb.RunSweepRequest(sweep=pb.Sweep.Value(f"SWEEP_{name.upper()}"))
+        return dict((await self.stub.RunSweep(request)).handled)
 
     async def held(self, task_id: str) -> pb.RecoveryTask | None:
         try:
@@ -45,15 +55,12 @@ class Reconciler:
             raise
 
     async def wait_state(self, task_id: str, state: int, timeout: float = 30.0) -> pb.RecoveryTask:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            task = await self.held(task_id)
-            if task is not None and task.state == state:
-                return task
-            if loop.time() > deadline:
-                raise TimeoutError(f"{task_id}: {task}")
-            await asyncio.sleep(0.05)
+        return await eventually(
+            lambda: self.held(task_id),
+            lambda task: task is not None and task.state == state,
+            timeout=timeout,
+            wanted=f"{task_id} in {pb.RecoveryState.Name(state)}",
+        )
 
 
 @pytest.fixture
@@ -126,9 +133,9 @@ async def test_retry_exhaustion_redriven_after_backoff_succeeds_without_rerunnin
             and calls_before[f"{task.task_id}/x.call"] == 4
         )
 
-        await reconciler.tick(9)  # backoff is 10 s: not yet
+        assert (await reconciler.sweep(9, "redrive"))["redrive"] == 0  # backoff is 10 s: not yet
         assert (await reconciler.held(task.task_id)).state == pb.RECOVERY_STATE_PARKED_FAILED
-        await reconciler.tick(1.5)
+        await reconciler.sweep(1.5, "redrive")  # due now
         done = await client.wait(task.task_id, timeout=30)
 
     assert done.status == "SUCCEEDED", dump(done)
@@ -147,7 +154,7 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
     async with pipeline.client() as client:
         task = await client.submit("flaky", [cell("step", ref="x", name="x"), cell("noop")])
         await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_PARKED_FAILED)
-        await reconciler.tick(11)
+        await reconciler.sweep(11, "redrive")
         await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_FAILED)
         view = await client.wait(task.task_id, timeout=30)
 
@@ -162,26 +169,24 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
 
     conn = await asyncpg.connect(database_url)
     try:
-        for _ in range(100):
-            recorded = await conn.fetchval(
+        await eventually(
+            lambda: conn.fetchval(
                 "SELECT status FROM executor.task_runs WHERE task_id = $1", task.task_id
-            )
-            if recorded == "failed":
-                break
-            await asyncio.sleep(0.05)
+            ),
+            lambda recorded: recorded == "failed",
+            timeout=10,
+            wanted="the executor's run failed",
+        )
     finally:
         await conn.close()
-    assert recorded == "failed"
 
 
-async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reconciler, bus):
+async def test_callback_down_then_up_is_notified_once(
+    pipeline, downstream, reconciler, bus, receiver
+):
     import json
 
-    from dispo.libs.stack.nats import free_port
-
-    from .fakes import CallbackReceiver
-
-    receiver = CallbackReceiver(port=free_port())  # not listening yet: the caller is down
+    # The receiver is not listening yet: the caller is down.
     subscription = await bus.nc.subscribe("callback.tests")
     try:
         async with pipeline.client() as client:
@@ -215,7 +220,7 @@ async def test_callback_down_then_up_is_notified_once(pipeline, downstream, reco
             await reconciler.tick(2)
             if receiver.received:
                 break
-        await reconciler.tick(60)  # later rounds deliver nothing more; the reconcile sweep runs
+        await reconciler.sweep(60)  # later rounds deliver nothing more; the reconcile sweep runs
         reply = await facts()
         message = await subscription.next_msg(timeout=10)
     finally:
@@ -261,7 +266,7 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
         assert depth["demo"].demoted_depth == 5
 
         for _ in range(6):  # still down: probed, nothing released
-            await reconciler.tick()
+            assert (await reconciler.sweep())["release"] == 0
         assert [(await reconciler.held(t.task_id)).state for t in tasks] == [
             pb.RECOVERY_STATE_DEMOTED
         ] * 5
@@ -324,7 +329,7 @@ async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstr
             task.task_id, pb.RECOVERY_STATE_AWAITING_SETTLEMENT, timeout=60
         )
         assert held.error_class == "unknown_outcome"
-        await reconciler.tick()
+        await reconciler.sweep()
         view = await client.wait(task.task_id, timeout=30)
 
     assert view.status == "SUCCEEDED", dump(view)
@@ -415,17 +420,12 @@ async def test_reconciler_killed_mid_redrive_with_the_real_pipeline(
             await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_PARKED_FAILED)
 
         reconciler.clock.advance(seconds=11)  # all due; one round redrives a batch of 2
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while (
-            sum(
-                s != pb.RECOVERY_STATE_PARKED_FAILED
-                for s in [(await reconciler.held(t.task_id)).state for t in tasks]
-            )
-            < 2
-        ):
-            assert loop.time() < deadline
-            await asyncio.sleep(0.05)
+
+        async def redriven() -> int:
+            states = [(await reconciler.held(t.task_id)).state for t in tasks]
+            return sum(s != pb.RECOVERY_STATE_PARKED_FAILED for s in states)
+
+        await eventually(redriven, lambda n: n >= 2, wanted="a first batch redriven")
         reconciler.clock.advance(seconds=0.5)  # the next round starts...
         await asyncio.sleep(0.02)
         reconciler.process.kill()  # ...and is cut short wherever it is

@@ -4,10 +4,11 @@ the breakpoint, terminally FAILED (visible on the status subject) when the polic
 import asyncio
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler import recovery
+from dispo.reconciler import recovery, store
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
+from support import eventually
 
 from .conftest import TS, creates, envelope, node, outbox, row, status_of
 
@@ -39,13 +40,12 @@ async def test_task_fail_from_the_bus_is_recorded_with_its_history(recon, bus):
     parts = consumers(recon, bus, "reconciler")
     runs = [asyncio.create_task(c.run()) for _, c in parts]
     try:
-        for _ in range(100):
-            async with recon.engine.connect() as conn:
-                from dispo.reconciler import store
 
-                if await store.task_get(conn, "t-bus"):
-                    break
-            await asyncio.sleep(0.05)
+        async def recorded():
+            async with recon.engine.connect() as conn:
+                return await store.task_get(conn, "t-bus")
+
+        await eventually(recorded, timeout=15, wanted="t-bus recorded")
     finally:
         for _, c in parts:
             c.stop()
@@ -94,8 +94,6 @@ async def test_stale_and_repeated_envelopes_are_ignored(recon, manual_clock):
     again = await row(recon, "t2")
     assert again.generation == 5 and again.next_redrive_at == first.next_redrive_at
     async with recon.engine.connect() as conn:
-        from dispo.reconciler import store
-
         assert len(await store.history_get(conn, "t2")) == 1
 
 

@@ -4,11 +4,13 @@ nothing and redrives nothing twice."""
 import asyncio
 from pathlib import Path
 
+import asyncpg
 import grpc
 import yaml
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
+from support import eventually
 
 from .conftest import CELLS, CONFIG, envelope, node
 
@@ -50,18 +52,6 @@ async def states(address: str) -> dict[str, int]:
         return {t.task_id: t.state for t in reply.tasks}
 
 
-async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(interval)
-
-
 async def task_creates(bus) -> list[task_pb2.Task]:
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -79,8 +69,29 @@ async def task_creates(bus) -> list[task_pb2.Task]:
     return [task_pb2.Task.FromString(m.data) for m in out]
 
 
+async def drive(file_clock, check) -> None:
+    """Move the clock a second at a time until ``check`` holds. A move that lands while a sweep
+    round runs pushes the loop's next round on by as much, so one move alone may run none."""
+
+    async def moved_on():
+        if await check():
+            return True
+        file_clock.advance(seconds=1)
+        return False
+
+    await eventually(moved_on, interval=0.3, wanted="the sweeps caught up")
+
+
+async def _unsent(database_url: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchval("SELECT count(*) FROM reconciler.outbox WHERE sent_at IS NULL")
+    finally:
+        await conn.close()
+
+
 async def test_killed_mid_redrive_loses_nothing_and_redrives_nothing_twice(
-    start_service, bus, file_clock, tmp_path
+    start_service, bus, file_clock, tmp_path, database_url
 ):
     reconciler = await start_service("reconciler", reconciler_env(tmp_path, file_clock))
     ids = [f"k{i:02d}" for i in range(12)]
@@ -93,10 +104,10 @@ async def test_killed_mid_redrive_loses_nothing_and_redrives_nothing_twice(
             ],
         )
         await bus.publish("task.fail", env.SerializeToString(), msg_id=f"{task_id}:fail:g2")
-    await wait_for(lambda: _count(reconciler.address, pb.RECOVERY_STATE_PARKED_FAILED, 12))
+    await eventually(lambda: _count(reconciler.address, pb.RECOVERY_STATE_PARKED_FAILED, 12))
 
     file_clock.advance(seconds=11)  # all due; each sweep round redrives a batch of 3
-    await wait_for(lambda: _at_least(reconciler.address, REDRIVEN, 3))
+    await drive(file_clock, lambda: _at_least(reconciler.address, REDRIVEN, 3))
     before_kill = sum(1 for s in (await states(reconciler.address)).values() if s == REDRIVEN)
     assert before_kill < 12
     file_clock.advance(seconds=1)  # the next round starts...
@@ -104,13 +115,8 @@ async def test_killed_mid_redrive_loses_nothing_and_redrives_nothing_twice(
     reconciler.kill()  # ...and is cut short wherever it is
     await reconciler.restart()
 
-    for _ in range(20):
-        if await _count(reconciler.address, REDRIVEN, 12):
-            break
-        file_clock.advance(seconds=1)
-        await asyncio.sleep(0.3)
-    await wait_for(lambda: _count(reconciler.address, REDRIVEN, 12))
-    sent = await wait_for(lambda: _creates_at_least(bus, 12))
+    await drive(file_clock, lambda: _count(reconciler.address, REDRIVEN, 12))
+    sent = await eventually(lambda: _creates_at_least(bus, 12))
     assert sorted(e.task_id for e in sent) == ids  # every task exactly once
     assert {e.generation for e in sent} == {3}
     async with grpc.aio.insecure_channel(reconciler.address) as channel:
@@ -118,7 +124,10 @@ async def test_killed_mid_redrive_loses_nothing_and_redrives_nothing_twice(
         for task_id in ids:
             detail = await stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task_id))
             assert [r.generation for r in detail.redrives] == [3], task_id
-    await asyncio.sleep(0.5)
+    # Everything the reconciler has recorded to publish is out: no late duplicate is pending.
+    await eventually(
+        lambda: _unsent(database_url), lambda n: n == 0, wanted="the reconciler's outbox sent"
+    )
     assert len(await task_creates(bus)) == 12
 
 

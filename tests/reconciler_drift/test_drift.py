@@ -3,7 +3,6 @@ which talks to the pool only over gRPC and records every repair in the reconcile
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import grpc
@@ -20,6 +19,7 @@ from dispo.libs.grpcserver import create_server
 from dispo.pool.drivers.local import Registry
 from dispo.reconciler.drift import MIGRATIONS, SERVICE_NAME, DriftChecker, register
 from sqlalchemy import text
+from support import eventually
 
 REQUEST = dict(
     series="s",
@@ -68,12 +68,14 @@ async def drift_env(start_service, service_engine, database_url, file_clock, tmp
 
 
 async def _crons(stub, n: int):
-    for _ in range(200):
-        crons = (await stub.ListCrons(pool_pb.ListCronsRequest())).crons
-        if len(crons) == n:
-            return crons
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"pool never reached {n} crons")
+    reply = await eventually(
+        lambda: stub.ListCrons(pool_pb.ListCronsRequest()),
+        lambda reply: len(reply.crons) == n,
+        timeout=20,
+        wanted=f"{n} crons in the pool",
+        describe=lambda reply: f"{len(reply.crons)} crons",
+    )
+    return reply.crons
 
 
 async def test_each_drift_kind_is_repaired_and_recorded(drift_env):

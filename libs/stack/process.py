@@ -1,0 +1,156 @@
+"""One child process: started from a spec with its output appended to a log, ready once its
+health answers, stopped gracefully (SIGTERM, then SIGKILL after a grace) or killed outright.
+
+The stack's :class:`~dispo.libs.stack.supervisor.Supervisor` runs its children with it, and
+the tests start their service processes with it, so both start, wait for and stop a process
+the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from dispo.libs.health import wait_until_serving
+from dispo.libs.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    argv: list[str]
+    # Added to this process's own environment.
+    env: dict[str, str]
+    # Where its gRPC health answers; None for a process without gRPC.
+    address: str | None
+    log_path: Path
+    # An HTTP URL answering 200 once a process without gRPC is ready (None: ready when started).
+    http_health: str | None = None
+    # In a session of its own, so a Ctrl-C meant for the parent does not reach it directly.
+    new_session: bool = False
+
+
+def python_module(module: str) -> list[str]:
+    return [sys.executable, "-m", module]
+
+
+async def wait_http_ok(url: str, timeout: float) -> None:
+    async with httpx.AsyncClient(timeout=1.0) as client, asyncio.timeout(timeout):
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code == 200:
+                    return
+            await asyncio.sleep(0.2)
+
+
+class ManagedProcess:
+    """A child process made from ``spec``; :meth:`spawn` again after it ended to restart it."""
+
+    def __init__(self, spec: ProcessSpec) -> None:
+        self.spec = spec
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def address(self) -> str | None:
+        return self.spec.address
+
+    @property
+    def log_path(self) -> Path:
+        return self.spec.log_path
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def spawn(self) -> None:
+        spec = self.spec
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(spec.log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                spec.argv,
+                env={**os.environ, **spec.env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=spec.new_session,
+            )
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until its gRPC health is SERVING (or its HTTP health answers 200); on a timeout
+        the error carries the end of its log."""
+        try:
+            if self.spec.address is not None:
+                await wait_until_serving(self.spec.address, timeout)
+            elif self.spec.http_health is not None:
+                await wait_http_ok(self.spec.http_health, timeout)
+        except TimeoutError as error:
+            raise TimeoutError(
+                f"{self.name}: {error or 'not ready'}\n--- {self.log_path} ---\n{self.log_tail()}"
+            ) from None
+
+    async def wait(self) -> int:
+        """Until it exits (woken by the kernel through a pidfd, no polling); its exit code."""
+        process = self.process
+        assert process is not None, "spawn() first"
+        if process.poll() is not None:
+            return process.returncode
+        try:
+            fd = os.pidfd_open(process.pid)
+        except ProcessLookupError:  # reaped meanwhile
+            return process.wait()
+        loop = asyncio.get_running_loop()
+        exited = asyncio.Event()
+        loop.add_reader(fd, exited.set)
+        try:
+            await exited.wait()
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+        return process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no shutdown code runs. Returns once it is gone."""
+        if self.running():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    async def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM and wait for a graceful exit, SIGKILL after ``timeout``; the exit code."""
+        if self.process is None:
+            return None
+        if self.running():
+            with contextlib.suppress(ProcessLookupError):  # exited on its own meanwhile
+                self.process.terminate()
+            try:
+                await asyncio.wait_for(self.wait(), timeout)
+            except TimeoutError:
+                log.warning("did not stop in time; killing", service=self.name)
+                self.kill()
+        return self.process.returncode
+
+    async def restart(self, timeout: float = 60.0) -> None:
+        await self.stop()
+        self.spawn()
+        await self.wait_ready(timeout)
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
