@@ -43,13 +43,13 @@ def python_module(module: str) -> list[str]:
     return [sys.executable, "-m", module]
 
 
-async def wait_http_ok(url: str, timeout: float) -> None:
+async def wait_http_ok(url: str, timeout: float, interval: float = 0.05) -> None:
     async with httpx.AsyncClient(timeout=1.0) as client, asyncio.timeout(timeout):
         while True:
             with contextlib.suppress(httpx.HTTPError):
                 if (await client.get(url)).status_code == 200:
                     return
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(interval)
 
 
 class ManagedProcess:
