@@ -1,9 +1,11 @@
 """NATS JetStream: streams, de-duplicated publishing and durable pull consumers.
 
     bus = await Bus.connect(settings.nats_servers, name="executor")
-    await bus.ensure_stream("TASKS", ["task.create", "task.fail", "task.demote"])
-    await bus.publish("task.create", payload, msg_id=f"{task_id}:0")
-    consumer = bus.consumer("TASKS", durable="executor", subject="task.create", handler=handle)
+    await bus.ensure_stream("ORDERS", ["order.placed", "order.paid"])
+    await bus.publish("order.placed", payload, msg_id=order_id)
+    consumer = bus.consumer("ORDERS", durable="billing", subject="order.placed", handler=handle)
+
+(Dispo's own streams, subjects and message ids are declared in dispo.libs.contracts.)
     await consumer.run()        # until consumer.stop()
 
 A handler returns :data:`ACK`, :class:`Nak` (redeliver, optionally after a delay) or

@@ -1,5 +1,6 @@
 """Transactional outbox: write the event row in the same transaction as the state change,
-publish it afterwards, mark it sent. A crash or a NATS outage between commit and publish
+publish it afterwards, mark it sent. Only subjects declared in dispo.libs.contracts are
+accepted. A crash or a NATS outage between commit and publish
 only delays the event: the relay publishes whatever is unsent, oldest first, and the
 message id makes a second publication of the same row a no-op within the stream's
 duplicate window. Sent rows are kept for a retention (``DISPO_OUTBOX_RETENTION_SECONDS``, a
@@ -21,6 +22,7 @@ from datetime import datetime, timedelta
 
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock, SystemClock
+from dispo.libs.contracts import require_declared
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause, Periodic
 from sqlalchemy import (
@@ -61,6 +63,10 @@ def outbox_table(metadata: MetaData, name: str = "outbox") -> Table:
 async def outbox_add(
     conn: AsyncConnection, table: Table, subject: str, msg_id: str, payload: bytes, now: datetime
 ) -> None:
+    """Write one event row in the caller's transaction. The subject must be carried by a
+    stream declared in :mod:`dispo.libs.contracts` (else :class:`UndeclaredSubject`, and
+    nothing is written): an event no stream stores would be published into the void."""
+    require_declared(subject)
     await conn.execute(
         table.insert().values(subject=subject, msg_id=msg_id, payload=payload, created_at=now)
     )

@@ -19,11 +19,11 @@ from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
+from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
-from dispo.libs.task_streams import TASKS_STREAM, ensure_task_streams
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
@@ -45,7 +45,7 @@ def build_executor(
 
 async def setup(rt: Runtime) -> None:
     settings = ExecutorSettings()
-    await ensure_task_streams(rt.bus)
+    await tasks.ensure_task_streams(rt.bus)
     http = rt.close_on_stop(
         httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)),
         name="http client",
@@ -59,7 +59,7 @@ async def setup(rt: Runtime) -> None:
             return Term("malformed task envelope")
         problem = envelope_problem(env)
         if problem is not None:
-            log.warning("task.create refused", task_id=env.task_id, problem=problem)
+            log.warning("task envelope refused", task_id=env.task_id, problem=problem)
             return Term(problem)
         return await executor.handle_create(env)
 
@@ -84,24 +84,24 @@ async def setup(rt: Runtime) -> None:
         )
 
     creates = rt.bus.consumer(
-        TASKS_STREAM,
+        tasks.TASKS.name,
         durable=settings.durable,
-        subject="task.create",
+        subject=tasks.TASK_CREATE,
         handler=on_create,
         batch=settings.batch,
         ack_wait=settings.ack_wait_seconds,
     )
     cancels = rt.bus.consumer(
-        TASKS_STREAM,
+        tasks.TASKS.name,
         durable=f"{settings.durable}-cancel",
-        subject="task.cancel",
+        subject=tasks.TASK_CANCEL,
         handler=on_cancel,
         ack_wait=settings.ack_wait_seconds,
     )
     closes = rt.bus.consumer(
-        TASKS_STREAM,
+        tasks.TASKS.name,
         durable=f"{settings.durable}-close",
-        subject="task.close",
+        subject=tasks.TASK_CLOSE,
         handler=on_close,
         ack_wait=settings.ack_wait_seconds,
     )
@@ -111,9 +111,9 @@ async def setup(rt: Runtime) -> None:
         ),
         SERVICE_NAME,
     )
-    rt.add_part("task.create consumer", creates.run, creates.stop)
-    rt.add_part("task.cancel consumer", cancels.run, cancels.stop)
-    rt.add_part("task.close consumer", closes.run, closes.stop)
+    rt.add_part(f"{tasks.TASK_CREATE} consumer", creates.run, creates.stop)
+    rt.add_part(f"{tasks.TASK_CANCEL} consumer", cancels.run, cancels.stop)
+    rt.add_part(f"{tasks.TASK_CLOSE} consumer", closes.run, closes.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))

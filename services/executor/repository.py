@@ -15,6 +15,7 @@ from dispo.executor.domain import NodeRun
 from dispo.executor.envelope import node_from_proto, overlay
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
 from dispo.libs.outbox import outbox_add, outbox_table
 from dispo.libs.timestamps import to_timestamp
 from sqlalchemy import MetaData, text
@@ -22,8 +23,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
 outbox = outbox_table(metadata)
-
-STATUS_SUBJECT = "task.status.{task_id}"
 
 
 @dataclass
@@ -375,8 +374,8 @@ async def emit_status(conn: AsyncConnection, task_id: str, now: datetime) -> tas
     await outbox_add(
         conn,
         outbox,
-        STATUS_SUBJECT.format(task_id=task_id),
-        f"{task_id}:v{env.version}",
+        tasks.task_status(task_id),
+        tasks.status_id(task_id, env.version),
         env.SerializeToString(),
         now,
     )

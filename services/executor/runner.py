@@ -33,6 +33,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak, Term
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
+from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
@@ -531,11 +532,15 @@ class Executor:
         )
         snap = await repo.emit_status(conn, task_id, now)
         if decision.next is Next.RETRY:
-            await repo.emit(conn, "task.create", f"{task_id}:g{generation}", snap, now)
+            await repo.emit(
+                conn, tasks.TASK_CREATE, tasks.create_id(task_id, generation), snap, now
+            )
         elif decision.next is Next.DEMOTE:
-            await repo.emit(conn, "task.demote", f"{task_id}:demote:g{generation}", snap, now)
+            await repo.emit(
+                conn, tasks.TASK_DEMOTE, tasks.demote_id(task_id, generation), snap, now
+            )
         elif decision.next is Next.FAIL:
-            await repo.emit(conn, "task.fail", f"{task_id}:fail:g{generation}", snap, now)
+            await repo.emit(conn, tasks.TASK_FAIL, tasks.fail_id(task_id, generation), snap, now)
         log.info(
             "task pass done",
             task_id=task_id,

@@ -13,8 +13,8 @@ from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
+from dispo.libs.contracts import tasks
 from dispo.libs.service import Runtime, run_service
-from dispo.libs.task_streams import STATUS_STREAM, ensure_task_streams
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
@@ -24,7 +24,7 @@ SERVICE_NAME = "dispo.gateway.v1.GatewayService"
 
 async def setup(rt: Runtime) -> None:
     settings = GatewaySettings()
-    await ensure_task_streams(rt.bus)
+    await tasks.ensure_task_streams(rt.bus)
     catalogue = load_configured_catalogue()
     relay = rt.outbox_relay(repo.outbox)
     gateway = Gateway(
@@ -47,9 +47,9 @@ async def setup(rt: Runtime) -> None:
         return ACK
 
     statuses = rt.bus.consumer(
-        STATUS_STREAM,
+        tasks.TASK_STATUS.name,
         durable=settings.status_durable,
-        subject="task.status.>",
+        subject=tasks.TASK_STATUS_ALL,
         handler=on_status,
         batch=64,
     )
@@ -60,7 +60,7 @@ async def setup(rt: Runtime) -> None:
         SERVICE_NAME,
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
-    rt.add_part("task.status consumer", statuses.run, statuses.stop)
+    rt.add_part("status consumer", statuses.run, statuses.stop)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
 from dispo.libs.outbox import outbox_add, outbox_table
 from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -134,14 +135,12 @@ async def task_request_cancel(conn: AsyncConnection, task_id: str, now: datetime
     return result.rowcount == 1
 
 
-async def outbox_withdraw_create(conn: AsyncConnection, task_id: str) -> bool:
+async def outbox_withdraw_create(conn: AsyncConnection, msg_id: str) -> bool:
     """Take back a task.create not yet published (the relay's row lock makes this exact:
     a row being published is waited for, then found sent)."""
     result = await conn.execute(
-        text(
-            "DELETE FROM outbox WHERE msg_id = :id AND subject = 'task.create' AND sent_at IS NULL"
-        ),
-        {"id": task_id},
+        text("DELETE FROM outbox WHERE msg_id = :id AND subject = :subject AND sent_at IS NULL"),
+        {"id": msg_id, "subject": tasks.TASK_CREATE},
     )
     return result.rowcount == 1
 

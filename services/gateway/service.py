@@ -19,6 +19,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.clock import Clock
+from dispo.libs.contracts import tasks
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
@@ -83,7 +84,13 @@ class Gateway:
         async with self.engine.begin() as conn:
             inserted = await repo.task_insert_if_new(conn, env, digest, now)
             if inserted:
-                await repo.emit(conn, "task.create", task_id, env.SerializeToString(), now)
+                await repo.emit(
+                    conn,
+                    tasks.TASK_CREATE,
+                    tasks.create_id(task_id, 0),
+                    env.SerializeToString(),
+                    now,
+                )
         if not inserted:  # a concurrent duplicate won the insert
             async with self.engine.connect() as conn:
                 existing = await repo.task_by_key(conn, sub.business, sub.idempotency_key)
@@ -130,7 +137,7 @@ class Gateway:
                 raise NotFound(f"no task {task_id!r}")
             if record.status in repo.TERMINAL:
                 raise FailedPrecondition(f"task {task_id} is already {record.status.upper()}")
-            if await repo.outbox_withdraw_create(conn, task_id):
+            if await repo.outbox_withdraw_create(conn, tasks.create_id(task_id, 0)):
                 # Never published (the relay does not publish while disconnected): no
                 # executor has seen it, so it is cancelled here, completely.
                 await repo.task_set_view(
@@ -140,7 +147,11 @@ class Gateway:
                 request = task_pb2.CancelRequest(task_id=task_id)
                 request.requested_at.FromDatetime(now)
                 await repo.emit(
-                    conn, "task.cancel", f"{task_id}:cancel", request.SerializeToString(), now
+                    conn,
+                    tasks.TASK_CANCEL,
+                    tasks.cancel_id(task_id),
+                    request.SerializeToString(),
+                    now,
                 )
             record = await repo.task_get(conn, task_id)
         self.relay.kick()

@@ -17,6 +17,7 @@ from dispo.intelligence.evaluations import (
 from dispo.intelligence.feed import EvaluationFeed
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
+from dispo.libs.contracts import evaluations as contract
 from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import from_timestamp
@@ -26,12 +27,11 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 log = get_logger(__name__)
 
-STREAM = "EVALUATIONS"
-SUBJECTS = ["evaluation.>"]
+STREAM = contract.EVALUATIONS.name
 STARTED, RUN_RECORDED, COMPLETED = (
-    "evaluation.started",
-    "evaluation.run_recorded",
-    "evaluation.completed",
+    contract.EVALUATION_STARTED,
+    contract.EVALUATION_RUN_RECORDED,
+    contract.EVALUATION_COMPLETED,
 )
 
 
@@ -130,7 +130,7 @@ async def ensure_ordered_consumer(bus: Bus, durable: str) -> None:
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
-            filter_subject=SUBJECTS[0],
+            filter_subject=contract.EVALUATION_ALL,
             ack_wait=ACK_WAIT_SECONDS,
             max_ack_pending=1,
         )
@@ -149,12 +149,12 @@ async def ensure_ordered_consumer(bus: Bus, durable: str) -> None:
 
 
 async def consumer(bus: Bus, events: EvaluationEvents, durable: str) -> Consumer:
-    await bus.ensure_stream(STREAM, SUBJECTS)
+    await contract.ensure_evaluation_stream(bus)
     await ensure_ordered_consumer(bus, durable)
     return bus.consumer(
         STREAM,
         durable=durable,
-        subject=SUBJECTS[0],
+        subject=contract.EVALUATION_ALL,
         handler=events.handle_message,
         batch=1,
         ack_wait=ACK_WAIT_SECONDS,

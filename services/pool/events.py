@@ -11,15 +11,13 @@ from datetime import datetime, timedelta
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
+from dispo.libs.contracts import evaluations as contract
 from dispo.libs.evaluation import LINE_TO_PB, VERDICT_TO_PB
 from dispo.libs.outbox import DEFAULT_RETENTION, OutboxRelay, outbox_add
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import repository as repo
 from dispo.pool.domain import Evaluation, EvaluationStatus, RunResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
-STREAM = "EVALUATIONS"
-SUBJECTS = ["evaluation.>"]
 
 
 async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> None:
@@ -35,8 +33,8 @@ async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> N
     await outbox_add(
         conn,
         repo.outbox,
-        "evaluation.started",
-        f"{ev.id}:started",
+        contract.EVALUATION_STARTED,
+        contract.started_id(ev.id),
         message.SerializeToString(),
         now,
     )
@@ -61,7 +59,12 @@ async def add_run_recorded(
         recorded_at=to_timestamp(now),
     )
     await outbox_add(
-        conn, repo.outbox, "evaluation.run_recorded", run_id, message.SerializeToString(), now
+        conn,
+        repo.outbox,
+        contract.EVALUATION_RUN_RECORDED,
+        contract.run_recorded_id(run_id),
+        message.SerializeToString(),
+        now,
     )
 
 
@@ -82,8 +85,8 @@ async def add_completed(
     await outbox_add(
         conn,
         repo.outbox,
-        "evaluation.completed",
-        f"{evaluation_id}:completed",
+        contract.EVALUATION_COMPLETED,
+        contract.completed_id(evaluation_id),
         message.SerializeToString(),
         now,
     )
@@ -104,7 +107,7 @@ def outbox_relay(
         batch=100,
         poll_interval=0.5,
         ordered=True,
-        prepare=lambda: bus.ensure_stream(STREAM, SUBJECTS),
+        prepare=lambda: contract.ensure_evaluation_stream(bus),
         clock=clock,
         retention=retention,
     )

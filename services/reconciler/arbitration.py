@@ -15,12 +15,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler import arbitration_store as arb
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
-from dispo.reconciler.context import TASK_CANCEL, Context
+from dispo.reconciler.context import Context
 from dispo.reconciler.policy import Contender
 from dispo.reconciler.states import ClaimState
 from google.protobuf import json_format
@@ -143,8 +144,8 @@ async def _decide_target(
             cancel = task_pb2.CancelRequest(task_id=loser, requested_at=to_timestamp(now))
             await store.emit(
                 conn,
-                TASK_CANCEL,
-                f"{loser}:cancel:verdict{verdict}",
+                tasks.TASK_CANCEL,
+                tasks.cancel_id(loser, f"verdict{verdict}"),
                 cancel.SerializeToString(),
                 now,
             )

@@ -18,6 +18,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.backoff import backoff
+from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.proto_enums import node_status_name, task_status_name
@@ -90,7 +91,7 @@ async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
             await ctx.bus.publish(
                 subject,
                 body,
-                msg_id=f"{row.task_id}:completion",
+                msg_id=tasks.completion_id(row.task_id),
                 headers={"X-Dispo-Task-Id": row.task_id},
             )
         except Exception as error:  # no stream for the subject, NATS down

@@ -14,13 +14,6 @@ from dispo.libs.outbox import OutboxRelay
 from dispo.reconciler.config import ReconcilerSettings, RecoveryConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-TASK_CREATE = "task.create"
-TASK_CANCEL = "task.cancel"
-TASK_CLOSE = "task.close"
-STATUS_SUBJECT = "task.status.{task_id}"
-CALLBACK_STREAM = "CALLBACKS"
-CALLBACK_SUBJECTS = ["callback.>"]
-
 
 @dataclass
 class Context:

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
-from dispo.libs.task_streams import STATUS_STREAM, TASKS_STREAM
+from dispo.libs.contracts import tasks
 from dispo.reconciler import arbitration, completion, recovery
 from dispo.reconciler.context import Context
 from google.protobuf.message import DecodeError
@@ -47,38 +47,38 @@ def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]
 
     return [
         (
-            "task.fail consumer",
+            f"{tasks.TASK_FAIL} consumer",
             bus.consumer(
-                TASKS_STREAM,
+                tasks.TASKS.name,
                 durable=f"{durable}-fail",
-                subject="task.fail",
+                subject=tasks.TASK_FAIL,
                 handler=handler(park("fail")),
             ),
         ),
         (
-            "task.demote consumer",
+            f"{tasks.TASK_DEMOTE} consumer",
             bus.consumer(
-                TASKS_STREAM,
+                tasks.TASKS.name,
                 durable=f"{durable}-demote",
-                subject="task.demote",
+                subject=tasks.TASK_DEMOTE,
                 handler=handler(park("demote")),
             ),
         ),
         (
             "claims consumer",
             bus.consumer(
-                TASKS_STREAM,
+                tasks.TASKS.name,
                 durable=f"{durable}-claims",
-                subject="task.create",
+                subject=tasks.TASK_CREATE,
                 handler=handler(lambda env: arbitration.on_create(ctx, env)),
             ),
         ),
         (
-            "task.status consumer",
+            "status consumer",
             bus.consumer(
-                STATUS_STREAM,
+                tasks.TASK_STATUS.name,
                 durable=f"{durable}-status",
-                subject="task.status.>",
+                subject=tasks.TASK_STATUS_ALL,
                 handler=handler(lambda env: completion.on_status(ctx, env)),
                 batch=64,
             ),

@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler import store
-from dispo.reconciler.context import TASK_CANCEL, Context
+from dispo.reconciler.context import Context
 from dispo.reconciler.recovery import redrive_row
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.store import Filter, RecoveryRow
@@ -143,7 +144,11 @@ async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> Recove
         )
         cancel = task_pb2.CancelRequest(task_id=task_id, requested_at=to_timestamp(now))
         await store.emit(
-            conn, TASK_CANCEL, f"{task_id}:cancel:abandon", cancel.SerializeToString(), now
+            conn,
+            tasks.TASK_CANCEL,
+            tasks.cancel_id(task_id, "abandon"),
+            cancel.SerializeToString(),
+            now,
         )
         result = await store.task_get(conn, task_id)
     ctx.kick()

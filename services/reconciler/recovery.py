@@ -10,11 +10,12 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
-from dispo.reconciler.context import STATUS_SUBJECT, TASK_CLOSE, TASK_CREATE, Context
+from dispo.reconciler.context import Context
 from dispo.reconciler.states import RECOVERY_FINAL, RecoveryState
 from dispo.reconciler.store import RecoveryRow
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -143,8 +144,8 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
     snap = E.terminal(row.envelope, E.TS.TASK_STATUS_FAILED, row.reason, now)
     await store.emit(
         conn,
-        STATUS_SUBJECT.format(task_id=row.task_id),
-        f"{row.task_id}:reconciler:v{snap.version}",
+        tasks.task_status(row.task_id),
+        tasks.status_id(row.task_id, snap.version, "reconciler"),
         snap.SerializeToString(),
         now,
     )
@@ -154,7 +155,9 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
         reason=row.reason,
         generation=row.generation,
     )
-    await store.emit(conn, TASK_CLOSE, f"{row.task_id}:close", close.SerializeToString(), now)
+    await store.emit(
+        conn, tasks.TASK_CLOSE, tasks.close_id(row.task_id), close.SerializeToString(), now
+    )
 
 
 async def redrive_row(
@@ -191,7 +194,11 @@ async def redrive_row(
         nodes=reset,
     )
     await store.emit(
-        conn, TASK_CREATE, f"{row.task_id}:g{env.generation}", env.SerializeToString(), now
+        conn,
+        tasks.TASK_CREATE,
+        tasks.create_id(row.task_id, env.generation),
+        env.SerializeToString(),
+        now,
     )
     log.info(
         "task redriven",

@@ -6,15 +6,11 @@ from __future__ import annotations
 import httpx
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.bus import Bus
+from dispo.libs.contracts import tasks
 from dispo.libs.service import Runtime
-from dispo.libs.task_streams import STATUS_MAX_AGE, ensure_task_streams
 from dispo.reconciler import store
 from dispo.reconciler.config import ReconcilerSettings, load_config
-from dispo.reconciler.context import (
-    CALLBACK_STREAM,
-    CALLBACK_SUBJECTS,
-    Context,
-)
+from dispo.reconciler.context import Context
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.sweeps import sweep_parts
@@ -23,8 +19,8 @@ SERVICE_NAME = "dispo.reconciler.v1.ReconcilerService"
 
 
 async def ensure_streams(bus: Bus) -> None:
-    await ensure_task_streams(bus)
-    await bus.ensure_stream(CALLBACK_STREAM, CALLBACK_SUBJECTS, max_age=STATUS_MAX_AGE)
+    await tasks.ensure_task_streams(bus)
+    await tasks.CALLBACKS.ensure(bus)
 
 
 async def wire_recovery(rt: Runtime) -> Context:

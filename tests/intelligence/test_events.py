@@ -6,11 +6,12 @@ import asyncio
 import json
 
 from dispo.intelligence.evaluations import EvaluationStatus
-from dispo.intelligence.events import STREAM, SUBJECTS, consumer
+from dispo.intelligence.events import consumer
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.libs.api.common.v1 import common_pb2 as common
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import ACK, Nak, Term
+from dispo.libs.contracts.evaluations import ensure_evaluation_stream
 from google.protobuf.timestamp_pb2 import Timestamp
 from support import eventually
 
@@ -51,7 +52,7 @@ def completed(evaluation_id: str, status: int = pool_pb2.EVALUATION_STATUS_COMPL
 
 
 async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
-    await bus.ensure_stream(STREAM, SUBJECTS)  # the pool does the same; both are idempotent
+    await ensure_evaluation_stream(bus)  # the pool does the same; both are idempotent
     feed = await consumer(bus, app.events, "intelligence-test")
     running = asyncio.create_task(feed.run())
     try:
@@ -180,7 +181,7 @@ async def test_event_dispositions(app):
 
 async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(app, bus):
     """A completion never overtakes its runs, even with two consumers racing on one durable."""
-    await bus.ensure_stream(STREAM, SUBJECTS)
+    await ensure_evaluation_stream(bus)
     await bus.publish(
         "evaluation.started",
         started("ordered", "2026-01", line=common.LINE_TRIAL),

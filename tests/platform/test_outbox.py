@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from dispo.libs.clock import ManualClock
+from dispo.libs.contracts import tasks
 from dispo.libs.db import create_engine
 from dispo.libs.outbox import OutboxRelay, outbox_add, outbox_table
 from dispo.libs.service import Runtime
@@ -33,7 +34,9 @@ async def engine(database_url):
 async def add(engine, clock: ManualClock, name: str, *, sent_ago: timedelta | None) -> None:
     """A row created a while ago; sent ``sent_ago`` before the clock's time, or unsent."""
     async with engine.begin() as conn:
-        await outbox_add(conn, outbox, "test.event", name, b"x", clock.now() - timedelta(days=3))
+        await outbox_add(
+            conn, outbox, tasks.TASK_CLOSE, name, b"x", clock.now() - timedelta(days=3)
+        )
         if sent_ago is not None:
             await conn.execute(
                 outbox.update()
@@ -83,7 +86,7 @@ async def test_rows_sent_before_the_retention_go_a_batch_at_a_time(engine, bus, 
 async def test_a_running_relay_stamps_sent_at_on_its_clock_and_prunes_when_the_clock_moves(
     engine, bus, manual_clock
 ):
-    await bus.ensure_stream("TEST", ["test.>"])
+    await tasks.TASKS.ensure(bus)
     relay = OutboxRelay(
         engine, outbox, bus, clock=manual_clock, retention=timedelta(hours=1), prune_interval=60
     )

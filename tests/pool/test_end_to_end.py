@@ -9,11 +9,12 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from outbox_subjects import assert_outbox_subjects_declared
 from support import eventually
 
 
 async def test_formal_evaluation_completes_and_is_analysed(
-    pool_stack, start_service, target, file_clock
+    pool_stack, start_service, target, file_clock, database_url
 ):
     intelligence = await start_service("intelligence", env=file_clock.env)
     pool, _ = await pool_stack()
@@ -65,6 +66,7 @@ async def test_formal_evaluation_completes_and_is_analysed(
         assert analysis.stats.pass_rate == 0.5 and analysis.stats.fail_rate == 0.5
         evaluation = await istub.GetEvaluation(ipb.GetEvaluationRequest(evaluation_id="formal-1"))
         assert evaluation.series == "checkout-assistant"
+    await assert_outbox_subjects_declared(database_url, schemas={"pool"})
 
 
 async def _pool_size(stub, n):

@@ -17,6 +17,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.sdk import cell
+from outbox_subjects import assert_outbox_subjects_declared
 from pipeline_fixtures import dump, wait_status
 from support import eventually
 
@@ -179,6 +180,10 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
         )
     finally:
         await conn.close()
+    # task.create, task.status, task.fail, task.close from all three services' outboxes.
+    await assert_outbox_subjects_declared(
+        database_url, schemas={"gateway", "executor", "reconciler"}
+    )
 
 
 async def test_callback_down_then_up_is_notified_once(
@@ -237,7 +242,7 @@ async def test_callback_down_then_up_is_notified_once(
 
 
 async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
-    pipeline, downstream, reconciler
+    pipeline, downstream, reconciler, database_url
 ):
     await downstream.control(down=True)
     pipeline.executors[0].kill()
@@ -299,6 +304,9 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
     assert all(
         calls[f"{t.task_id}/noop.noop"] == 0 for t in tasks if f"{t.task_id}/noop.noop" in calls
     )
+    await assert_outbox_subjects_declared(  # task.demote and the releases' task.create
+        database_url, schemas={"gateway", "executor", "reconciler"}
+    )
 
 
 async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstream, reconciler):
@@ -347,7 +355,9 @@ async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstr
     ]
 
 
-async def test_conflicting_tasks_one_verdict_loser_cancelled(pipeline, downstream, reconciler):
+async def test_conflicting_tasks_one_verdict_loser_cancelled(
+    pipeline, downstream, reconciler, database_url
+):
     await downstream.control(hold={"path": "/pair/c-7/first"})
     async with pipeline.client() as client:
         loser = await client.submit("ecommerce", [cell("pair", name="c-7")])
@@ -368,6 +378,9 @@ async def test_conflicting_tasks_one_verdict_loser_cancelled(pipeline, downstrea
     assert lost.status == "CANCELLED", dump(lost)
     assert lost.node("pair.second").status == "CANCELLED"
     assert won.status == "SUCCEEDED", dump(won)
+    await assert_outbox_subjects_declared(  # the verdict's task.cancel among them
+        database_url, schemas={"gateway", "executor", "reconciler"}
+    )
 
 
 async def test_redrive_including_permanent_failures_revives_dependants(

@@ -9,10 +9,11 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from dispo.libs.contracts import evaluations as contract
 from dispo.pool.domain import DriverCron
 from dispo.pool.drivers.base import encode_state
 
-WAKE_SUBJECT = "pool.wake"
+WAKE_SUBJECT = contract.POOL_WAKE
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS crons (
     id TEXT PRIMARY KEY, state TEXT NOT NULL, created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)"""
@@ -71,4 +72,4 @@ class LocalDriver:
         await asyncio.to_thread(self.registry.write_state, cron_id, encode_state(state))
 
     async def trigger(self, cron_id: str) -> None:
-        await self._publish(f"{WAKE_SUBJECT}.{cron_id}", b"")
+        await self._publish(contract.pool_wake(cron_id), b"")

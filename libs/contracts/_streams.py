@@ -1,0 +1,48 @@
+"""What a declared stream is, and whether a subject is declared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dispo.libs.bus import Bus
+
+
+class UndeclaredSubject(ValueError):
+    """A publisher tried to write a subject that no declared stream carries."""
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` is one token, a final ``>`` one or more tokens."""
+    want, got = pattern.split("."), subject.split(".")
+    if not all(got):
+        return False
+    for i, token in enumerate(want):
+        if token == ">":
+            return i == len(want) - 1 and len(got) > i
+        if i >= len(got) or (token != "*" and token != got[i]):
+            return False
+    return len(got) == len(want)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A JetStream stream: its name, the subjects it carries and its limits."""
+
+    name: str
+    subjects: tuple[str, ...]
+    # Seconds a message is kept; None keeps it until the stream's other limits apply.
+    max_age: float | None = None
+    # Seconds within which a second publication of one message id is dropped.
+    duplicate_window: float = 120.0
+
+    def carries(self, subject: str) -> bool:
+        return any(subject_matches(p, subject) for p in self.subjects)
+
+    async def ensure(self, bus: Bus) -> None:
+        """Create the stream or bring its subjects to this declaration (idempotent)."""
+        await bus.ensure_stream(
+            self.name,
+            list(self.subjects),
+            max_age=self.max_age,
+            duplicate_window=self.duplicate_window,
+        )

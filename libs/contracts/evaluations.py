@@ -1,0 +1,38 @@
+"""The cron pool's evaluation events (protos/dispo/pool/v1/events.proto) on the bus:
+published by the pool through its outbox, consumed by the intelligence service in stream
+order."""
+
+from __future__ import annotations
+
+from dispo.libs.bus import Bus
+from dispo.libs.contracts._streams import Stream
+
+EVALUATION_STARTED = "evaluation.started"  # EvaluationStarted
+EVALUATION_RUN_RECORDED = "evaluation.run_recorded"  # EvaluationRunRecorded
+EVALUATION_COMPLETED = "evaluation.completed"  # EvaluationCompleted
+EVALUATION_ALL = "evaluation.>"
+
+EVALUATIONS = Stream("EVALUATIONS", (EVALUATION_ALL,))
+
+# Core NATS (no stream): wakes one cron worker of the local driver, pool.wake.<cron_id>.
+POOL_WAKE = "pool.wake"
+
+
+def pool_wake(cron_id: str) -> str:
+    return f"{POOL_WAKE}.{cron_id}"
+
+
+def started_id(evaluation_id: str) -> str:
+    return f"{evaluation_id}:started"
+
+
+def run_recorded_id(run_id: str) -> str:
+    return run_id
+
+
+def completed_id(evaluation_id: str) -> str:
+    return f"{evaluation_id}:completed"
+
+
+async def ensure_evaluation_stream(bus: Bus) -> None:
+    await EVALUATIONS.ensure(bus)

@@ -1,0 +1,82 @@
+"""The task contract (protos/dispo/task/v1/task.proto) on the bus: streams, subjects and
+message ids. The gateway, the executor and the reconciler publish and consume these, and
+each ensures the streams at start.
+
+Message ids make a republication a no-op within the stream's duplicate window, so each
+names the fact it carries: the envelope's generation for task.create / task.fail /
+task.demote, the snapshot's version for a status event, the cause for a cancel.
+"""
+
+from __future__ import annotations
+
+from dispo.libs.bus import Bus
+from dispo.libs.contracts._streams import Stream
+
+# Subjects of the TASKS stream.
+TASK_CREATE = "task.create"  # Task envelope: run it (gateway, executor retry, reconciler redrive)
+TASK_FAIL = "task.fail"  # Task envelope: short retries spent or an outcome unknown (executor)
+TASK_DEMOTE = "task.demote"  # Task envelope: parked behind a degraded downstream (executor)
+TASK_CANCEL = "task.cancel"  # CancelRequest (gateway, reconciler)
+TASK_CLOSE = "task.close"  # CloseRequest: a parked task ended for good (reconciler)
+
+# task.status.<task_id>: a Task snapshot of node states, without payloads (executor,
+# reconciler for a terminal failure); read by the gateway's view and the reconciler.
+TASK_STATUS_ALL = "task.status.>"
+
+# Completion notifications to a caller's nats:callback.<...> subject (reconciler).
+CALLBACK_ALL = "callback.>"
+
+# Status snapshots are for live views; the services' tables keep the history.
+STATUS_MAX_AGE = 7 * 24 * 3600.0
+
+TASKS = Stream("TASKS", (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE))
+TASK_STATUS = Stream("TASK_STATUS", (TASK_STATUS_ALL,), max_age=STATUS_MAX_AGE)
+CALLBACKS = Stream("CALLBACKS", (CALLBACK_ALL,), max_age=STATUS_MAX_AGE)
+
+
+def task_status(task_id: str) -> str:
+    """The status subject of one task."""
+    return f"task.status.{task_id}"
+
+
+# ---- message ids ---------------------------------------------------------------------
+
+
+def create_id(task_id: str, generation: int) -> str:
+    """task.create: the gateway's first publication (generation 0) is ``<task_id>``; every
+    republication (short retry, redrive) increments the generation: ``<task_id>:g<n>``."""
+    return task_id if generation == 0 else f"{task_id}:g{generation}"
+
+
+def fail_id(task_id: str, generation: int) -> str:
+    return f"{task_id}:fail:g{generation}"
+
+
+def demote_id(task_id: str, generation: int) -> str:
+    return f"{task_id}:demote:g{generation}"
+
+
+def cancel_id(task_id: str, cause: str = "") -> str:
+    """task.cancel: ``<task_id>:cancel`` for a caller's cancel, ``<task_id>:cancel:<cause>``
+    for one the reconciler decides (an arbitration verdict, an operator's abandon)."""
+    return f"{task_id}:cancel" + (f":{cause}" if cause else "")
+
+
+def close_id(task_id: str) -> str:
+    return f"{task_id}:close"
+
+
+def status_id(task_id: str, version: int, publisher: str = "") -> str:
+    """task.status.<id>: ``<task_id>:v<version>`` for the executor's snapshots,
+    ``<task_id>:<publisher>:v<version>`` for another publisher's."""
+    return f"{task_id}:{publisher + ':' if publisher else ''}v{version}"
+
+
+def completion_id(task_id: str) -> str:
+    """The completion notification published to a caller's NATS subject."""
+    return f"{task_id}:completion"
+
+
+async def ensure_task_streams(bus: Bus) -> None:
+    await TASKS.ensure(bus)
+    await TASK_STATUS.ensure(bus)

@@ -1,0 +1,114 @@
+"""The wire contracts are declared once (dispo.libs.contracts) and the shared outbox holds
+every publisher to them: a subject no declared stream carries is refused before anything
+is written."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from dispo.libs import contracts
+from dispo.libs.contracts import evaluations, tasks
+from dispo.libs.db import create_engine
+from dispo.libs.outbox import outbox_add, outbox_table
+from outbox_subjects import outbox_subjects
+from sqlalchemy import MetaData, text
+
+SCHEMA = "contracts_test"
+metadata = MetaData()
+outbox = outbox_table(metadata)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+async def engine(database_url):
+    engine = create_engine(database_url, SCHEMA)
+    async with engine.begin() as conn:
+        await conn.execute(text(f"CREATE SCHEMA {SCHEMA}"))
+        await conn.run_sync(metadata.create_all)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "matches"),
+    [
+        ("task.create", "task.create", True),
+        ("task.create", "task.created", False),
+        ("task.create", "task", False),
+        ("task.status.>", "task.status.abc", True),
+        ("task.status.>", "task.status.a.b", True),
+        ("task.status.>", "task.status", False),
+        ("task.status.>", "task.status.", False),
+        ("pool.*.x", "pool.a.x", True),
+        ("pool.*.x", "pool.a.b.x", False),
+    ],
+)
+def test_subjects_match_as_nats_matches_them(pattern, subject, matches):
+    assert contracts.subject_matches(pattern, subject) is matches
+
+
+def test_every_subject_the_services_publish_is_declared():
+    published = [
+        tasks.TASK_CREATE,
+        tasks.TASK_FAIL,
+        tasks.TASK_DEMOTE,
+        tasks.TASK_CANCEL,
+        tasks.TASK_CLOSE,
+        tasks.task_status("0123abcd"),
+        "callback.orders.done",
+        evaluations.EVALUATION_STARTED,
+        evaluations.EVALUATION_RUN_RECORDED,
+        evaluations.EVALUATION_COMPLETED,
+    ]
+    assert [s for s in published if not contracts.declared(s)] == []
+    # pool.wake.<id> is core NATS, outside every stream: no outbox may write it.
+    assert not contracts.declared(evaluations.pool_wake("c1"))
+
+
+def test_message_ids_name_the_fact_they_carry():
+    assert tasks.create_id("t1", 0) == "t1"
+    assert tasks.create_id("t1", 3) == "t1:g3"
+    assert tasks.fail_id("t1", 3) == "t1:fail:g3"
+    assert tasks.demote_id("t1", 3) == "t1:demote:g3"
+    assert tasks.cancel_id("t1") == "t1:cancel"
+    assert tasks.cancel_id("t1", "abandon") == "t1:cancel:abandon"
+    assert tasks.status_id("t1", 7) == "t1:v7"
+    assert tasks.status_id("t1", 7, "reconciler") == "t1:reconciler:v7"
+    assert tasks.close_id("t1") == "t1:close"
+    assert evaluations.started_id("e1") == "e1:started"
+    assert evaluations.completed_id("e1") == "e1:completed"
+    ids = {
+        tasks.create_id("t1", 1),
+        tasks.fail_id("t1", 1),
+        tasks.demote_id("t1", 1),
+        tasks.cancel_id("t1"),
+        tasks.close_id("t1"),
+        tasks.status_id("t1", 1),
+    }
+    assert len(ids) == 6  # no two facts of one task share an id
+
+
+@pytest.mark.parametrize("subject", ["task.created", "task.status", "test.event", "pool.wake.c1"])
+async def test_the_shared_outbox_refuses_an_undeclared_subject_and_writes_nothing(
+    engine, database_url, subject
+):
+    with pytest.raises(contracts.UndeclaredSubject, match=subject):
+        async with engine.begin() as conn:
+            await outbox_add(conn, outbox, tasks.TASK_CLOSE, "ok-1", b"x", NOW)
+            await outbox_add(conn, outbox, subject, "bad-1", b"x", NOW)
+    async with engine.begin() as conn:
+        await outbox_add(conn, outbox, tasks.task_status("t1"), "ok-2", b"x", NOW)
+    # The refused transaction left nothing behind; the declared write went in.
+    assert (await outbox_subjects(database_url))[f"{SCHEMA}.outbox"] == {"task.status.t1"}
+
+
+async def test_streams_are_created_with_their_declared_settings(bus):
+    for stream in contracts.STREAMS:
+        await stream.ensure(bus)
+        info = await bus.js.stream_info(stream.name)
+        assert sorted(info.config.subjects or []) == sorted(stream.subjects)
+        assert info.config.max_age == stream.max_age or (
+            stream.max_age is None and not info.config.max_age
+        )
+        assert info.config.duplicate_window == stream.duplicate_window
