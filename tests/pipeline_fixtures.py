@@ -80,6 +80,18 @@ cells:
         downstream: narrow
         path: /narrow/{{payload.name}}
         idempotent: true
+  set_level:
+    description: One call whose payload carries numbers.
+    fields:
+      name: {{type: string, required: true}}
+      level: {{type: integer, required: true}}
+      weight: {{type: number}}
+    actions:
+      call:
+        kind: http
+        downstream: demo
+        path: /level/{{payload.name}}/{{payload.level}}
+        idempotent: true
   noop:
     fields: {{}}
     actions:

@@ -9,6 +9,7 @@ task.demote, the snapshot's version for a status event, the cause for a cancel.
 
 from __future__ import annotations
 
+from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.contracts._streams import Stream
 
@@ -75,6 +76,17 @@ def status_id(task_id: str, version: int, publisher: str = "") -> str:
 def completion_id(task_id: str) -> str:
     """The completion notification published to a caller's NATS subject."""
     return f"{task_id}:completion"
+
+
+def status_snapshot(env: task_pb2.Task) -> task_pb2.Task:
+    """What a task.status.<task_id> event carries: the envelope without its payloads.
+    Status consumers (the gateway's view, the reconciler's completion facts) read node
+    states; the payloads were recorded once at acceptance and travel only with the
+    envelopes that run the task (task.create, task.fail, task.demote)."""
+    out = task_pb2.Task()
+    out.CopyFrom(env)
+    out.ClearField("payloads")
+    return out
 
 
 async def ensure_task_streams(bus: Bus) -> None:

@@ -9,8 +9,8 @@ from typing import Any, cast
 import grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.payload import canonical_json
 from dispo.libs.proto_enums import node_status_name, task_status_name
-from google.protobuf.struct_pb2 import Struct
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -40,10 +40,13 @@ class CellSpec:
         return self
 
     def to_proto(self) -> gateway_pb2.CellRequest:
-        payload = Struct()
-        payload.update(self.payload)
+        """The payload goes as exact JSON bytes (``payload_json``): integers stay integers.
+        A NaN or infinite number raises ValueError here, before anything is sent."""
         return gateway_pb2.CellRequest(
-            cell=self.name, ref=self.ref, payload=payload, depends_on=self.depends_on
+            cell=self.name,
+            ref=self.ref,
+            payload_json=canonical_json(self.payload),
+            depends_on=self.depends_on,
         )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from dispo.executor.domain import ActionSpec
@@ -43,7 +42,8 @@ class Call:
     node_id: str
     idempotency_key: str
     spec: ActionSpec
-    body: dict[str, Any]
+    # The cell's payload: canonical JSON bytes, sent as they are.
+    body: bytes
 
 
 async def run_action(
@@ -60,6 +60,7 @@ async def run_action(
         )
     timeout = (call.spec.timeout_ms or downstream.timeout_ms) / 1000
     headers = {
+        "Content-Type": "application/json",
         "Idempotency-Key": call.idempotency_key,
         "X-Dispo-Task-Id": call.task_id,
         "X-Dispo-Node-Id": call.node_id,
@@ -68,7 +69,7 @@ async def run_action(
         response = await client.request(
             call.spec.method,
             downstream.base_url.rstrip("/") + call.spec.path,
-            json=call.body,
+            content=call.body,
             headers=headers,
             timeout=timeout,
         )

@@ -8,8 +8,8 @@ from typing import Literal
 from dispo.executor.domain import ActionSpec, NodeRun
 from dispo.executor.states import NodeState
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.payload import payload_data, payload_problem
 from dispo.libs.timestamps import from_timestamp
-from google.protobuf import json_format
 
 
 def spec_from_proto(spec: task_pb2.ActionSpec) -> ActionSpec:
@@ -66,10 +66,14 @@ def overlay(node: task_pb2.Node, run: NodeRun) -> None:
             node.ClearField(name)
 
 
-def payload_of(task: task_pb2.Task, cell_ref: str) -> dict:
+EMPTY_BODY = b"{}"
+
+
+def payload_of(task: task_pb2.Task, cell_ref: str) -> bytes:
+    """The cell's payload as the JSON body to send, verbatim (``{}`` for none)."""
     if cell_ref in task.payloads:
-        return json_format.MessageToDict(task.payloads[cell_ref])
-    return {}
+        return payload_data(task.payloads[cell_ref])
+    return EMPTY_BODY
 
 
 KINDS = ("http", "noop")
@@ -93,4 +97,8 @@ def envelope_problem(env: task_pb2.Task) -> str | None:
         if node.spec.kind == "http" and not node.spec.downstream:
             return f"node {node.node_id} has no downstream"
         known.add(node.node_id)
+    for ref, payload in sorted(env.payloads.items()):
+        problem = payload_problem(payload)
+        if problem is not None:
+            return f"cell {ref}: {problem}"
     return None

@@ -369,14 +369,16 @@ async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_p
 
 
 async def emit_status(conn: AsyncConnection, task_id: str, now: datetime) -> task_pb2.Task:
-    """Record a status event for the task's current state in the outbox (same transaction)."""
+    """Record a status event for the task's current state in the outbox (same transaction).
+    Returns the whole envelope (payloads included) for a republication; the status event
+    itself carries node states only."""
     env = await snapshot(conn, task_id, now)
     await outbox_add(
         conn,
         outbox,
         tasks.task_status(task_id),
         tasks.status_id(task_id, env.version),
-        env.SerializeToString(),
+        tasks.status_snapshot(env).SerializeToString(),
         now,
     )
     return env

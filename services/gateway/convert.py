@@ -3,28 +3,46 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from dispo.gateway.expand import CellRequest, PlannedNode, Submission
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.errors import FieldViolation, InvalidArgument
+from dispo.libs.payload import PayloadError, from_struct, json_payload, parse_json_object
 from dispo.libs.proto_enums import from_short_name, task_status_name
-from google.protobuf import json_format
-from google.protobuf.struct_pb2 import Struct
+
+
+def payload_from_proto(cell: gateway_pb2.CellRequest, where: str) -> dict[str, Any]:
+    """The cell's payload, parsed once: the exact JSON bytes, or a Struct whose integral
+    numbers become integers again. PayloadError's path is prefixed with the field."""
+    form = cell.WhichOneof("body")
+    try:
+        if form == "payload_json":
+            return parse_json_object(cell.payload_json)
+        if form == "payload":
+            return from_struct(cell.payload)
+    except PayloadError as error:
+        field = f"{where}.{form}" + (f".{error.path}" if error.path else "")
+        raise PayloadError(field, error.reason) from None
+    return {}
 
 
 def submission_from_proto(request: gateway_pb2.SubmitRequest) -> Submission:
+    cells, bad = [], []
+    for i, c in enumerate(request.cells):
+        try:
+            payload = payload_from_proto(c, f"cells[{i}]")
+        except PayloadError as error:
+            bad.append(FieldViolation(error.path, error.reason))
+            payload = {}
+        cells.append(CellRequest(c.cell, c.ref, payload, list(c.depends_on)))
+    if bad:
+        raise InvalidArgument(violations=bad)
     return Submission(
         business=request.business,
-        cells=[
-            CellRequest(
-                c.cell,
-                c.ref,
-                json_format.MessageToDict(c.payload) if c.HasField("payload") else {},
-                list(c.depends_on),
-            )
-            for c in request.cells
-        ],
+        cells=cells,
         idempotency_key=request.idempotency_key,
         callback_url=request.callback_url,
     )
@@ -44,9 +62,7 @@ def task_envelope(
     env.created_at.FromDatetime(now)
     env.updated_at.FromDatetime(now)
     for req in sub.cells:
-        payload = Struct()
-        payload.update(req.payload)
-        env.payloads[req.ref or req.cell].CopyFrom(payload)
+        env.payloads[req.ref or req.cell].CopyFrom(json_payload(req.body))
     for node in nodes:
         a = node.action
         env.nodes.add(

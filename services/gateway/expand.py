@@ -6,14 +6,15 @@ this raises.
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.parse
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from dispo.libs.catalogue import ActionDef, Catalogue, topological
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
+from dispo.libs.payload import canonical_json
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
@@ -31,8 +32,14 @@ class Limits:
 class CellRequest:
     cell: str
     ref: str = ""
+    # The payload as parsed once at the edge (JSON values; integers are ints).
     payload: dict[str, Any] = field(default_factory=dict)
     depends_on: list[str] = field(default_factory=list)
+
+    @cached_property
+    def body(self) -> bytes:
+        """The payload as canonical JSON: what is stored and sent downstream."""
+        return canonical_json(self.payload)
 
 
 @dataclass
@@ -65,11 +72,7 @@ def _type_ok(kind: str, value: Any) -> bool:
     if kind == "boolean":
         return isinstance(value, bool)
     if kind == "integer":
-        return (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and float(value).is_integer()
-        )
+        return isinstance(value, int) and not isinstance(value, bool)
     if kind == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "object":
@@ -96,7 +99,7 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
     if len(sub.cells) > limits.max_cells:
         raise ResourceExhausted(f"at most {limits.max_cells} cells per task", field="cells")
     for i, req in enumerate(sub.cells):
-        size = len(json.dumps(req.payload, separators=(",", ":")))
+        size = len(req.body)
         if size > limits.max_payload_bytes:
             raise ResourceExhausted(
                 f"payload is {size} bytes, the limit is {limits.max_payload_bytes}",
@@ -162,10 +165,7 @@ def _expand_template(
             name = key.removeprefix("payload.")
             if name not in payload:
                 raise InvalidArgument(f"{where}.payload.{name}", "required by the cell's action")
-            value = payload[name]
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            return urllib.parse.quote(str(value), safe="")
+            return urllib.parse.quote(str(payload[name]), safe="")
         if key in values:
             return urllib.parse.quote(values[key], safe="/")
         return match.group(0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -23,14 +22,14 @@ from dispo.libs.contracts import tasks
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.payload import canonical_json
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 
 
 def request_hash(sub: Submission) -> str:
-    canonical = json.dumps(asdict(sub), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(canonical_json(asdict(sub))).hexdigest()
 
 
 def cancelled_view(view: task_pb2.Task, now: datetime) -> task_pb2.Task:
@@ -160,9 +159,18 @@ class Gateway:
         return self.view_of(record)
 
     async def apply_status(self, env: task_pb2.Task) -> bool:
+        """Take an executor's status snapshot into the view. A snapshot carries node
+        states, not payloads: the view keeps the payloads recorded at acceptance."""
         async with self.engine.begin() as conn:
+            record = await repo.task_get(conn, env.task_id)
+            if record is None or record.version >= env.version:
+                return False
+            view = task_pb2.Task()
+            view.CopyFrom(env)
+            for ref, payload in record.view.payloads.items():
+                view.payloads[ref].CopyFrom(payload)
             applied = await repo.task_apply_status_if_newer(
-                conn, env, stored_status(env.status), self.clock.now()
+                conn, view, stored_status(env.status), self.clock.now()
             )
         if applied:
             event = self._changed.pop(env.task_id, None)

@@ -18,6 +18,7 @@ from typing import Any
 
 from dispo.libs.errors import FieldViolation, InvalidArgument
 from dispo.libs.evaluation import LINE_RULE, VERDICT_RULE, Line, Verdict
+from dispo.libs.payload import canonical_json
 from dispo.libs.states import Transitions
 
 MAX_ID_CHARS = 128
@@ -96,8 +97,7 @@ class RunResult:
 
 def configuration_fingerprint(configuration: dict[str, Any]) -> str:
     """Stable digest of a configuration: canonical JSON (sorted keys), SHA-256, 16 hex digits."""
-    canonical = json.dumps(configuration, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical_json(configuration)).hexdigest()[:16]
 
 
 def _check_id(value: str, name: str, violations: list[FieldViolation]) -> None:

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
 from dispo.libs.logging import get_logger
+from dispo.libs.payload import payload_value
 from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler import arbitration_store as arb
 from dispo.reconciler import envelope as E
@@ -24,7 +25,6 @@ from dispo.reconciler import store
 from dispo.reconciler.context import Context
 from dispo.reconciler.policy import Contender
 from dispo.reconciler.states import ClaimState
-from google.protobuf import json_format
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
@@ -41,15 +41,11 @@ def claims_of(ctx: Context, env: task_pb2.Task) -> list[tuple[str, str, str, str
             continue
         seen.add(node.cell_ref)
         payload = (
-            json_format.MessageToDict(env.payloads[node.cell_ref])
-            if node.cell_ref in env.payloads
-            else {}
+            payload_value(env.payloads[node.cell_ref]) if node.cell_ref in env.payloads else {}
         )
         value = payload.get(conflict.key)
         if value is None:
             continue
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
         out.append((node.cell_ref, node.cell, f"{conflict.key}={value}", conflict.effect, payload))
     return out
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.libs.error_text import truncate_error
+from dispo.libs.payload import canonical_json
 from dispo.reconciler.states import (
     CLAIM_TRANSITIONS,
     COMPENSATION_TRANSITIONS,
@@ -42,7 +42,7 @@ async def claim_add(
             "target": target,
             "effect": effect,
             "at": accepted_at,
-            "payload": json.dumps(payload),
+            "payload": canonical_json(payload).decode(),
         },
     )
     return result.rowcount == 1
@@ -166,7 +166,7 @@ async def compensation_add(
             "task": task_id,
             "business": business,
             "cell": cell,
-            "payload": json.dumps(payload),
+            "payload": canonical_json(payload).decode(),
             "now": now,
         },
     )

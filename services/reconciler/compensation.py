@@ -12,10 +12,10 @@ import grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.backoff import backoff
 from dispo.libs.logging import get_logger
+from dispo.libs.payload import canonical_json
 from dispo.reconciler import arbitration_store as arb
 from dispo.reconciler.context import Context
 from dispo.reconciler.states import CompensationState
-from google.protobuf import struct_pb2
 
 log = get_logger(__name__)
 REFUSED = {
@@ -36,12 +36,10 @@ async def _submit(
     stub: gateway_pb2_grpc.GatewayServiceAsyncStub, row: Any, timeout: float
 ) -> tuple[str, str, bool]:
     """(task id, error, final)."""
-    payload = struct_pb2.Struct()
-    payload.update(row.payload)
     request = gateway_pb2.SubmitRequest(
         business=row.business,
         idempotency_key=idempotency_key(row.verdict_id, row.task_id),
-        cells=[gateway_pb2.CellRequest(cell=row.cell, payload=payload)],
+        cells=[gateway_pb2.CellRequest(cell=row.cell, payload_json=canonical_json(row.payload))],
     )
     try:
         reply = await stub.Submit(request, timeout=timeout)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,6 +20,7 @@ from dispo.libs.backoff import backoff
 from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
+from dispo.libs.payload import canonical_json
 from dispo.libs.proto_enums import node_status_name, task_status_name
 from dispo.reconciler import completion_store as cs
 from dispo.reconciler import envelope as E
@@ -76,7 +76,7 @@ def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
             for n in env.nodes
         ],
     }
-    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+    return canonical_json(body)
 
 
 async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.proto_enums import node_status_name
 from dispo.libs.timestamps import to_timestamp
@@ -158,9 +159,9 @@ def redrive(
 def terminal(
     env: task_pb2.Task, status: common_pb2.TaskStatus.ValueType, reason: str, now: datetime
 ) -> task_pb2.Task:
-    """A status snapshot that ends the task (a newer version than ``env``)."""
-    out = task_pb2.Task()
-    out.CopyFrom(env)
+    """A status snapshot that ends the task (a newer version than ``env``); like every
+    status snapshot it carries node states, not payloads."""
+    out = tasks.status_snapshot(env)
     out.status = status
     out.status_reason = truncate_error(reason)
     out.version = env.version + 1

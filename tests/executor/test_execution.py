@@ -4,6 +4,7 @@ PostgreSQL and NATS JetStream."""
 import grpc
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.payload import payload_data
 from dispo.libs.sdk import cell
 from pipeline_fixtures import dump, stream_messages, wait_status, wait_until
 from support import eventually
@@ -78,7 +79,8 @@ async def test_retry_exhaustion_publishes_task_fail_with_full_state(client, down
     assert failed.task_id == task.task_id
     x = next(n for n in failed.nodes if n.node_id == "x.call")
     assert x.retry.retryable and x.retry.attempts == 4 and "HTTP 500" in x.last_error
-    assert failed.payloads["x"]["name"] == "x"  # self-contained: payload travels with it
+    # Self-contained: the payload travels with it, the canonical JSON bytes as accepted.
+    assert payload_data(failed.payloads["x"]) == b'{"name":"x"}'
 
 
 async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish(

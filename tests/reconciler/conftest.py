@@ -19,12 +19,12 @@ from dispo.libs.catalogue import parse_catalogue
 from dispo.libs.clock import ManualClock
 from dispo.libs.grpcserver import create_server
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.payload import canonical_json, json_payload
 from dispo.reconciler import store
 from dispo.reconciler.config import ReconcilerSettings, parse_config
 from dispo.reconciler.context import Context
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
-from google.protobuf import struct_pb2
 from sqlalchemy import text
 
 from .fakes import CallbackReceiver, FakeDownstream
@@ -134,9 +134,7 @@ def envelope(
             node_id, st = item
             env.nodes.append(node(node_id, st, task_id=task_id, **node_kw))
     for ref, payload in (payloads or {}).items():
-        s = struct_pb2.Struct()
-        s.update(payload)
-        env.payloads[ref].CopyFrom(s)
+        env.payloads[ref].CopyFrom(json_payload(canonical_json(payload)))
     return env
 
 

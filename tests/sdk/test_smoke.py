@@ -13,10 +13,12 @@ def test_typed_builders_make_cell_requests():
     second = cells.update_quality_level(content_id="c2", level=1, reason="spam").named("second")
 
     assert label.to_proto().cell == "update_quality_level"
-    assert dict(label.to_proto().payload) == {
-        "content_id": "c1",
-        "level": 3.0,
-    }  # None fields left out
+    request = label.to_proto()
+    # Exact canonical JSON bytes, None fields left out; the integer stays an integer.
+    assert request.WhichOneof("body") == "payload_json"
+    assert request.payload_json == b'{"content_id":"c1","level":3}'
+    with pytest.raises(ValueError):
+        cells.update_quality_level(content_id="c1", level=float("nan")).to_proto()
     assert list(notify.to_proto().depends_on) == ["update_quality_level"]
     assert second.to_proto().ref == "second" and second.payload["reason"] == "spam"
     assert cells.start_review("c1").payload == {"content_id": "c1"}

@@ -7,7 +7,8 @@ Routes:
   "effect"; later calls with the same key are counted but do not repeat it.
 - ``GET /healthz``: 200, or 503 when switched down.
 - ``GET /effects/{key}``: the status probe: ``{"done": bool, "calls": n}``.
-- ``GET /calls``: ``{"calls": {key: n}, "effects": {key: n}, "held": n}``.
+- ``GET /calls``: ``{"calls": {key: n}, "effects": {key: n}, "bodies": {key: text},
+  "held": n}``; ``bodies`` holds the request body of each effect as received.
 - ``POST /control``: switches, JSON with any of
   ``{"fail": {"status": 500, "times": 2, "path": "/labels"}}`` (fail the next calls),
   ``{"down": true}`` (every call 503 and health 503),
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
@@ -37,7 +37,7 @@ class Rule:
 class State:
     calls: dict[str, int] = field(default_factory=dict)
     effects: dict[str, int] = field(default_factory=dict)
-    bodies: dict[str, Any] = field(default_factory=dict)
+    bodies: dict[str, str] = field(default_factory=dict)
     fail: list[Rule] = field(default_factory=list)
     down: bool = False
     delay_ms: int = 0
@@ -64,7 +64,12 @@ def build_app() -> web.Application:
 
     async def calls(_: web.Request) -> web.Response:
         return web.json_response(
-            {"calls": state.calls, "effects": state.effects, "held": state.held}
+            {
+                "calls": state.calls,
+                "effects": state.effects,
+                "bodies": state.bodies,
+                "held": state.held,
+            }
         )
 
     async def control(request: web.Request) -> web.Response:
@@ -113,7 +118,7 @@ def build_app() -> web.Application:
         first = key not in state.effects
         state.effects[key] = state.effects.get(key, 0) + (1 if first else 0)
         if first and request.can_read_body:
-            state.bodies[key] = await request.json()
+            state.bodies[key] = await request.text()
         return web.json_response({"ok": True, "key": key, "replayed": not first})
 
     app.router.add_get("/healthz", healthz)

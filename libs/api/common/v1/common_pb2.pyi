@@ -3,8 +3,10 @@
 isort:skip_file
 Types shared by every Dispo context."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -140,6 +142,55 @@ VERDICT_FAIL: Verdict.ValueType  # 2
 VERDICT_ERROR: Verdict.ValueType  # 3
 """The call itself failed (connection, timeout)."""
 Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
+
+@_typing.final
+class Payload(_message.Message):
+    """A value on the wire, carried as Temporal carries one: bytes plus metadata naming their
+    encoding. Dispo writes metadata["encoding"] = "json/plain" and canonical JSON in data
+    (sorted keys, no whitespace, UTF-8, no NaN or Infinity; integers stay integers): the
+    bytes a cell's payload is sent downstream as, verbatim.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.bytes
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.bytes = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    METADATA_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.bytes]: ...
+    def __init__(
+        self,
+        *,
+        metadata: _abc.Mapping[_builtins.str, _builtins.bytes] | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "metadata", b"metadata"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Payload: _TypeAlias = Payload  # noqa: Y015
 
 @_typing.final
 class PageRequest(_message.Message):

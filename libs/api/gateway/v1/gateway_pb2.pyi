@@ -86,6 +86,7 @@ class CellRequest(_message.Message):
     CELL_FIELD_NUMBER: _builtins.int
     REF_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
     DEPENDS_ON_FIELD_NUMBER: _builtins.int
     cell: _builtins.str
     """Catalogue name, e.g. "update_quality_level"."""
@@ -93,9 +94,15 @@ class CellRequest(_message.Message):
     """Reference of this cell within the submission (defaults to the cell name); other
     cells name it in depends_on. Letters, digits, '_' and '-'.
     """
+    payload_json: _builtins.bytes
+    """The payload as UTF-8 JSON bytes, taken exactly (integers of any size stay
+    integers, 3.0 stays a number); what the SDK sends.
+    """
     @_builtins.property
     def payload(self) -> _struct_pb2.Struct:
-        """The cell's business payload; validated against the catalogue's declared fields."""
+        """Plain JSON, as grpcurl users write it. Struct numbers are doubles: an integral
+        number within ±2^53 becomes a JSON integer (3, not 3.0).
+        """
 
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -107,13 +114,16 @@ class CellRequest(_message.Message):
         cell: _builtins.str = ...,
         ref: _builtins.str = ...,
         payload: _struct_pb2.Struct | None = ...,
+        payload_json: _builtins.bytes = ...,
         depends_on: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "payload", b"payload", "payload_json", b"payload_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell", "depends_on", b"depends_on", "payload", b"payload", "ref", b"ref"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "cell", b"cell", "depends_on", b"depends_on", "payload", b"payload", "payload_json", b"payload_json", "ref", b"ref"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["payload", "payload_json"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___CellRequest: _TypeAlias = CellRequest  # noqa: Y015
 

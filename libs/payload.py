@@ -1,0 +1,134 @@
+"""Cell payloads on the wire: canonical JSON bytes with their encoding named.
+
+A payload is parsed once, at the gateway (for validation and templating), written once as
+canonical JSON in a ``dispo.common.v1.Payload`` (``metadata["encoding"] = "json/plain"``,
+as Temporal's payloads name theirs), and sent verbatim as the downstream's HTTP body.
+Nothing in between decodes it again, so ``level: 3`` arrives as ``3``.
+
+    body = canonical_json({"level": 3, "content_id": "c"})   # b'{"content_id":"c","level":3}'
+    value = parse_json_object(request_bytes)                 # PayloadError names the bad field
+    value = from_struct(struct)                              # grpcurl's plain JSON, integers restored
+    message = json_payload(body)                             # common_pb2.Payload
+    body = payload_data(message)                             # the bytes, checked for their encoding
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from dispo.libs.api.common.v1 import common_pb2
+from google.protobuf import struct_pb2
+
+ENCODING = "encoding"
+JSON_PLAIN = b"json/plain"
+# Integral doubles within this bound are exact integers; beyond it a double is not.
+MAX_EXACT_INTEGER = 2**53
+
+
+class PayloadError(ValueError):
+    """A payload that is not a JSON object Dispo carries. ``path`` names the offending
+    member inside the payload ("" for the payload itself), e.g. ``level`` or ``tags[2]``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}" if path else reason)
+        self.path, self.reason = path, reason
+
+
+def canonical_json(value: Any) -> bytes:
+    """The one canonical JSON form: sorted keys, no whitespace, UTF-8, NaN and Infinity
+    refused (ValueError)."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _finite(value: Any, path: str) -> Any:
+    """Walk a parsed JSON value and refuse non-finite numbers, naming where they are."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PayloadError(path, "NaN and Infinity are not JSON")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(v, _join(path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite(v, _join(path, i))
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    return float("nan")  # refused by _finite with its path
+
+
+def parse_json_object(data: bytes) -> dict[str, Any]:
+    """A JSON object from UTF-8 bytes, exactly as written (integers stay integers)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PayloadError("", "not UTF-8") from None
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as error:
+        raise PayloadError("", f"not JSON: {error.msg} at character {error.pos}") from None
+    if not isinstance(value, dict):
+        raise PayloadError("", "must be a JSON object")
+    return _finite(value, "")  # type: ignore[no-any-return]  # checked to be a dict above
+
+
+def _from_value(value: struct_pb2.Value, path: str) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise PayloadError(path, "NaN and Infinity are not JSON")
+        if number.is_integer() and abs(number) <= MAX_EXACT_INTEGER:
+            return int(number)
+        return number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return {k: _from_value(v, _join(path, k)) for k, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_from_value(v, _join(path, i)) for i, v in enumerate(value.list_value.values)]
+    return None  # null_value (or unset)
+
+
+def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct (plain JSON as grpcurl writes it) as a JSON object: Struct numbers are
+    doubles, so an integral one within ±2^53 becomes an integer again."""
+    return {k: _from_value(v, k) for k, v in struct.fields.items()}
+
+
+def json_payload(body: bytes) -> common_pb2.Payload:
+    """Canonical JSON bytes (from :func:`canonical_json`) as a Payload."""
+    return common_pb2.Payload(metadata={ENCODING: JSON_PLAIN}, data=body)
+
+
+def payload_problem(payload: common_pb2.Payload) -> str | None:
+    """Why a Payload cannot be sent as a JSON body (None when it can)."""
+    encoding = payload.metadata.get(ENCODING, b"")
+    if encoding != JSON_PLAIN:
+        return f"payload encoding {encoding.decode(errors='replace')!r} is not json/plain"
+    return None
+
+
+def payload_data(payload: common_pb2.Payload) -> bytes:
+    """The JSON bytes of a Payload, verbatim (ValueError for another encoding)."""
+    problem = payload_problem(payload)
+    if problem is not None:
+        raise ValueError(problem)
+    return payload.data
+
+
+def payload_value(payload: common_pb2.Payload) -> Any:
+    """The decoded value, for the few readers that look inside (e.g. a conflict key)."""
+    return json.loads(payload_data(payload))
