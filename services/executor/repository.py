@@ -161,16 +161,25 @@ async def nodes_get(conn: AsyncConnection, env: task_pb2.Task) -> dict[str, Node
     return nodes
 
 
-# Nodes an incoming envelope never changes: final here, or running here (their fate is
-# settled by crash recovery, not by a message).
-ADOPT_KEEPS = frozenset({NodeState.SUCCEEDED, NodeState.CANCELLED, NodeState.RUNNING})
+# Nodes a redrive leaves as they are even where the table has a way to PENDING: a RUNNING
+# node's fate is settled by crash recovery (or its runner), not by a message.
+REDRIVE_KEEPS = frozenset({NodeState.RUNNING})
 
 
-async def nodes_adopt(conn: AsyncConnection, env: task_pb2.Task) -> None:
-    """A newer generation (short retry or redrive): take its node state, except for the
-    nodes in ``ADOPT_KEEPS``. Every status it brings is checked against ``NODE_TRANSITIONS``
-    from the status recorded here before anything is written: one undeclared move refuses
-    the whole envelope (``IllegalTransition``) and no node changes."""
+async def nodes_redrive(conn: AsyncConnection, env: task_pb2.Task) -> list[str]:
+    """A newer generation: apply its redrive (``env.redrive``) to the nodes recorded here,
+    each change checked against ``NODE_TRANSITIONS`` from the recorded state and guarded by
+    it in the WHERE clause. The node states written in the envelope are never adopted.
+
+    - ``reset_nodes``: to PENDING with a fresh short-retry round, where the recorded state
+      may move to PENDING (not from RUNNING, see ``REDRIVE_KEEPS``). SUCCEEDED and
+      CANCELLED have no move at all: such a node is never run again.
+    - ``settled_nodes``: UNKNOWN to SUCCEEDED (the reconciler's probe found the effect).
+    - every PENDING node may run at once: its backoff is cleared.
+
+    Returns the ids of the nodes reset. A change the table does not allow
+    (``NODE_TRANSITIONS.allows``) is skipped, not refused: a redrive names what to run
+    again, and a node already past it (SUCCEEDED, CANCELLED) simply stays."""
     here = {
         r.node_id: NodeState(r.status)
         for r in await conn.execute(
@@ -178,38 +187,58 @@ async def nodes_adopt(conn: AsyncConnection, env: task_pb2.Task) -> None:
             {"task": env.task_id},
         )
     }
-    adopted: list[tuple[NodeState, NodeRun]] = []
-    for node in env.nodes:
-        run = node_from_proto(node)
-        current = here.get(run.node_id)
-        if current is None or current in ADOPT_KEEPS:
+    reset: list[str] = []
+    for node_id in env.redrive.reset_nodes:
+        current = here.get(node_id)
+        if (
+            current is None
+            or current in REDRIVE_KEEPS
+            or not NODE_TRANSITIONS.allows(current, NodeState.PENDING)
+        ):
             continue
-        if run.status is not current:
-            NODE_TRANSITIONS.check(current, run.status)
-        adopted.append((current, run))
-    for current, run in adopted:
-        await conn.execute(
+        result = await conn.execute(
             text(
-                "UPDATE node_runs SET status = :status, attempts = GREATEST(attempts, :attempts),"
-                " round_attempts = :round, not_before = :nb, retryable = :retryable, last_error = :err"
+                "UPDATE node_runs SET status = :new, round_attempts = 0, retryable = false,"
+                " not_before = NULL, finished_at = NULL"
                 " WHERE task_id = :task AND node_id = :node AND status = :current"
             ),
             {
                 "task": env.task_id,
-                "node": run.node_id,
+                "node": node_id,
                 "current": current.value,
-                "status": run.status.value,
-                "attempts": run.attempts,
-                "round": run.round_attempts,
-                "nb": run.not_before,
-                "retryable": run.retryable,
-                "err": run.last_error,
+                "new": NodeState.PENDING.value,
             },
         )
+        if result.rowcount == 1:
+            here[node_id] = NodeState.PENDING
+            reset.append(node_id)
+    for node_id in env.redrive.settled_nodes:
+        current = here.get(node_id)
+        if current is not NodeState.UNKNOWN or not NODE_TRANSITIONS.allows(
+            current, NodeState.SUCCEEDED
+        ):
+            continue
+        await conn.execute(
+            text(
+                "UPDATE node_runs SET status = :new, last_error = ''"
+                " WHERE task_id = :task AND node_id = :node AND status = :current"
+            ),
+            {
+                "task": env.task_id,
+                "node": node_id,
+                "current": NodeState.UNKNOWN.value,
+                "new": NodeState.SUCCEEDED.value,
+            },
+        )
+    await conn.execute(
+        text("UPDATE node_runs SET not_before = NULL WHERE task_id = :task AND status = :pending"),
+        {"task": env.task_id, "pending": NodeState.PENDING.value},
+    )
     await conn.execute(
         text("UPDATE task_runs SET generation = :gen WHERE task_id = :id AND generation < :gen"),
         {"id": env.task_id, "gen": env.generation},
     )
+    return reset
 
 
 async def lease_take(
@@ -358,6 +387,7 @@ async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_p
         nodes = await nodes_get(conn, env)
         for node in env.nodes:
             overlay(node, nodes[node.node_id])
+    env.ClearField("redrive")  # an instruction to this executor, not part of its record
     env.task_id = task_id
     env.status = task.status.to_proto()
     env.generation = task.generation

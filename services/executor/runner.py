@@ -30,14 +30,13 @@ from dispo.executor.domain import (
 from dispo.executor.envelope import payload_of
 from dispo.executor.states import TASK_FINAL, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.bus import ACK, Disposition, Nak, Term
+from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
-from dispo.libs.states import IllegalTransition
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
@@ -159,11 +158,14 @@ class Executor:
             )
             return ACK
         elif env.generation > row.generation and row.status not in TASK_FINAL:
-            try:
-                await repo.nodes_adopt(conn, env)
-            except IllegalTransition as refused:  # checked before any write: nothing changed
-                log.warning("task.create refused", task_id=task_id, problem=refused.message)
-                return Term(refused.message)
+            reset = await repo.nodes_redrive(conn, env)
+            log.info(
+                "redrive applied",
+                task_id=task_id,
+                generation=env.generation,
+                nodes_reset=reset,
+                settled=list(env.redrive.settled_nodes),
+            )
             row = None
         if row is None:  # written here (or inserted by a concurrent cancel): read it back
             row = await repo.task_get(conn, task_id, for_update=True)

@@ -2,9 +2,10 @@
 stuck on, and the envelope a redrive publishes. No I/O here.
 
 Redrive rule (the re-publication rule of task.proto): the copy gets ``generation + 1``
-and is published on task.create with message id ``<task_id>:g<generation>``. Nodes
-recorded SUCCEEDED or CANCELLED are left exactly as they are; the executor never runs
-them again.
+and is published on task.create with message id ``<task_id>:g<generation>``. It does not
+rewrite the executor's node states: its ``redrive`` names the nodes to reset (and the
+UNKNOWN nodes settled as done), and the executor applies that under its own state table,
+so a node it recorded SUCCEEDED or CANCELLED is never run again.
 """
 
 from __future__ import annotations
@@ -125,13 +126,14 @@ def _depends_on_reset(env: task_pb2.Task, reset: set[str]) -> set[str]:
 def redrive(
     env: task_pb2.Task, reason: str, *, include_permanent: bool = False
 ) -> tuple[task_pb2.Task, list[str]]:
-    """The envelope to publish on task.create, and the node ids made runnable again.
+    """The envelope to publish on task.create, and the node ids it asks to run again.
 
-    FAILED nodes whose short retries were spent (and, with ``include_permanent``, every
-    FAILED node) and DEMOTED nodes become PENDING with a fresh short-retry round;
-    DEPENDENCY_FAILED nodes behind them become PENDING. UNKNOWN nodes are settled before
-    a redrive (:func:`settle`) and stay as they are here; SUCCEEDED and CANCELLED nodes
-    are untouched.
+    The executor is asked (``redrive.reset_nodes``) to reset FAILED nodes whose short
+    retries were spent (and, with ``include_permanent``, every FAILED node), DEMOTED
+    nodes, and the DEPENDENCY_FAILED nodes behind them: each becomes PENDING with a fresh
+    short-retry round, under the executor's own table. UNKNOWN nodes are settled before a
+    redrive (:func:`settle` adds them to the redrive). Node states in the copy stay as the
+    executor reported them.
     """
     out = task_pb2.Task()
     out.CopyFrom(env)
@@ -143,17 +145,11 @@ def redrive(
             reset.add(node.node_id)
         elif node.status == NS.NODE_STATUS_DEMOTED:
             reset.add(node.node_id)
-        elif node.status == NS.NODE_STATUS_PENDING:
-            node.retry.ClearField("not_before")
     revived = _depends_on_reset(out, reset)
-    for node in out.nodes:
-        if node.node_id in reset or node.node_id in revived:
-            node.status = NS.NODE_STATUS_PENDING
-            node.retry.round_attempts = 0
-            node.retry.retryable = False
-            node.retry.ClearField("not_before")
-            node.ClearField("finished_at")
-    return out, [n.node_id for n in out.nodes if n.node_id in reset or n.node_id in revived]
+    resumed = [n.node_id for n in out.nodes if n.node_id in reset or n.node_id in revived]
+    asked = set(out.redrive.reset_nodes)
+    out.redrive.reset_nodes.extend(n for n in resumed if n not in asked)
+    return out, resumed
 
 
 def terminal(
@@ -170,13 +166,16 @@ def terminal(
 
 
 def settle(env: task_pb2.Task, node_id: str, status: NS.ValueType) -> None:
-    """Record an UNKNOWN node's settlement in ``env``: SUCCEEDED, or PENDING to run again."""
+    """Record an UNKNOWN node's settlement in the reconciler's copy ``env``: SUCCEEDED, or
+    PENDING to run again; the next redrive carries it to the executor (settled or reset)."""
     for node in env.nodes:
         if node.node_id == node_id and node.status == NS.NODE_STATUS_UNKNOWN:
             node.status = status
             if status == NS.NODE_STATUS_SUCCEEDED:
+                env.redrive.settled_nodes.append(node_id)
                 node.last_error = ""
             else:
+                env.redrive.reset_nodes.append(node_id)
                 node.retry.round_attempts = 0
                 node.retry.retryable = False
                 node.retry.ClearField("not_before")

@@ -2,8 +2,10 @@
 PostgreSQL and NATS JetStream."""
 
 import grpc
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
 from dispo.libs.payload import payload_data
 from dispo.libs.sdk import cell
 from pipeline_fixtures import dump, stream_messages, wait_status, wait_until
@@ -112,8 +114,10 @@ async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish
 
 
 async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(client, downstream, bus):
-    """What the reconciler does with a task.fail envelope: reset the failed node, bump the
-    generation, publish task.create. Succeeded nodes are not run again."""
+    """What the reconciler does with a task.fail envelope: name the nodes to reset, bump
+    the generation, publish task.create. The executor resets them under its own state
+    table: a SUCCEEDED node is never run again, even when named, and node states written
+    into the envelope are not adopted."""
     await downstream.control(fail={"status": 500, "times": 4, "path": "/step/x"})
     task = await client.submit(
         "tests",
@@ -126,13 +130,14 @@ async def test_redrive_with_a_newer_generation_resumes_from_the_breakpoint(clien
     await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"})
     [message] = await stream_messages(bus, "task.fail")
     redrive = task_pb2.Task.FromString(message.data)
-    for node in redrive.nodes:
-        if node.node_id == "x.call":
-            node.status = 1  # NODE_STATUS_PENDING
-            node.retry.round_attempts = 0
+    for node in redrive.nodes:  # a publisher's picture, not an instruction: ignored
+        node.status = common_pb2.NODE_STATUS_PENDING
+    redrive.redrive.reset_nodes.extend(["ok.call", "x.call"])
     redrive.generation += 1
     await bus.publish(
-        "task.create", redrive.SerializeToString(), msg_id=f"{task.task_id}:g{redrive.generation}"
+        tasks.TASK_CREATE,
+        redrive.SerializeToString(),
+        msg_id=tasks.create_id(task.task_id, redrive.generation),
     )
     # A stale copy (older generation) arriving late changes nothing.
     await bus.publish("task.create", message.data, msg_id=f"{task.task_id}:stale")

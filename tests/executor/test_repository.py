@@ -74,11 +74,13 @@ async def test_exactly_one_of_concurrent_node_claims_wins_and_only_the_owner_rec
         assert await repo.node_set_status_if(
             conn, "t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, owner="me"
         )
-        # A SUCCEEDED node is never claimed again, and a newer envelope cannot reset it.
+        # A SUCCEEDED node is never claimed again, and a redrive cannot reset it: not by
+        # naming it, not by writing PENDING for it in the envelope.
         assert not await repo.node_claim_if_pending(conn, "t1", "a.x", "me", NOW)
         newer = envelope()
         newer.generation = 5
-        await repo.nodes_adopt(conn, newer)
+        newer.redrive.reset_nodes.append("a.x")
+        assert await repo.nodes_redrive(conn, newer) == []
         nodes = await repo.nodes_get(conn, newer)
     assert nodes["a.x"].status is NodeState.SUCCEEDED
 
@@ -168,7 +170,7 @@ def _two_node_envelope(generation, first, second):
     return env
 
 
-async def test_adopting_an_envelope_with_an_undeclared_node_move_changes_no_node(service_engine):
+async def test_a_redrive_never_takes_the_node_states_written_in_its_envelope(service_engine):
     engine = await service_engine("executor")
     async with engine.begin() as conn:
         await repo.task_insert(
@@ -177,25 +179,25 @@ async def test_adopting_an_envelope_with_an_undeclared_node_move_changes_no_node
             "t2",
             NOW,
         )
-    # a.x DEMOTED -> PENDING is declared; b.x FAILED -> DEMOTED is not: nothing is taken.
-    refused = _two_node_envelope(2, common_pb2.NODE_STATUS_PENDING, common_pb2.NODE_STATUS_DEMOTED)
+    # States in the envelope, declared moves or not (FAILED -> DEMOTED is not): none taken.
+    written = _two_node_envelope(2, common_pb2.NODE_STATUS_PENDING, common_pb2.NODE_STATUS_DEMOTED)
     async with engine.begin() as conn:
-        with pytest.raises(IllegalTransition, match="from failed to demoted"):
-            await repo.nodes_adopt(conn, refused)
+        assert await repo.nodes_redrive(conn, written) == []
     async with engine.connect() as conn:
-        nodes = await repo.nodes_get(conn, refused)
+        nodes = await repo.nodes_get(conn, written)
         task = await repo.task_get(conn, "t2")
     assert (nodes["a.x"].status, nodes["b.x"].status) == (NodeState.DEMOTED, NodeState.FAILED)
-    assert task.generation == 1
+    assert task.generation == 2
 
-    # The same redrive with declared moves only is taken whole.
-    redrive = _two_node_envelope(2, common_pb2.NODE_STATUS_PENDING, common_pb2.NODE_STATUS_PENDING)
+    # Naming the nodes to reset is what moves them, by declared moves only.
+    redrive = _two_node_envelope(3, common_pb2.NODE_STATUS_DEMOTED, common_pb2.NODE_STATUS_FAILED)
+    redrive.redrive.reset_nodes.extend(["a.x", "b.x"])
     async with engine.begin() as conn:
-        await repo.nodes_adopt(conn, redrive)
+        assert await repo.nodes_redrive(conn, redrive) == ["a.x", "b.x"]
         nodes = await repo.nodes_get(conn, redrive)
         task = await repo.task_get(conn, "t2")
     assert (nodes["a.x"].status, nodes["b.x"].status) == (NodeState.PENDING, NodeState.PENDING)
-    assert task.generation == 2
+    assert task.generation == 3
 
 
 @pytest.mark.blank_database  # migrates both schemas from nothing, step by step
@@ -256,3 +258,77 @@ async def test_the_casing_migrations_rewrite_stored_states_and_their_checks(data
     finally:
         await executor.dispose()
         await gateway.dispose()
+
+
+def many(task_id: str, states: dict[str, NodeState]) -> task_pb2.Task:
+    env = task_pb2.Task(task_id=task_id, business="b", status=common_pb2.TASK_STATUS_ACCEPTED)
+    for node_id, state in states.items():
+        env.nodes.add(
+            node_id=node_id, status=state.to_proto(), spec=task_pb2.ActionSpec(kind="noop")
+        )
+    return env
+
+
+async def test_a_redrive_resets_the_named_nodes_under_the_executor_state_table(service_engine):
+    N = NodeState
+    recorded = {
+        "failed": N.FAILED,
+        "demoted": N.DEMOTED,
+        "blocked": N.DEPENDENCY_FAILED,
+        "unknown": N.UNKNOWN,
+        "probed": N.UNKNOWN,
+        "running": N.RUNNING,
+        "done": N.SUCCEEDED,
+        "cancelled": N.CANCELLED,
+        "waiting": N.PENDING,
+        "untouched": N.FAILED,
+    }
+    engine = await service_engine("executor")
+    async with engine.begin() as conn:
+        await repo.task_insert(conn, many("t2", recorded), "t2", NOW)
+        await conn.execute(
+            text(
+                "UPDATE node_runs SET round_attempts = 3, retryable = true, not_before = :nb,"
+                " finished_at = :nb WHERE task_id = 't2'"
+            ),
+            {"nb": NOW},
+        )
+    # The envelope's own node states are the publisher's picture: every one says
+    # SUCCEEDED here, and none of that is taken.
+    redrive = many("t2", dict.fromkeys(recorded, N.SUCCEEDED))
+    redrive.generation = 3
+    redrive.redrive.reset_nodes.extend(
+        ["failed", "demoted", "blocked", "unknown", "running", "done", "cancelled", "gone"]
+    )
+    redrive.redrive.settled_nodes.extend(["probed", "failed", "untouched"])
+    async with engine.begin() as conn:
+        reset = await repo.nodes_redrive(conn, redrive)
+        nodes = await repo.nodes_get(conn, redrive)
+        generation = (
+            await conn.execute(text("SELECT generation FROM task_runs WHERE task_id = 't2'"))
+        ).scalar()
+
+    assert reset == ["failed", "demoted", "blocked", "unknown"]
+    assert {n: nodes[n].status for n in recorded} == {
+        "failed": N.PENDING,
+        "demoted": N.PENDING,
+        "blocked": N.PENDING,
+        "unknown": N.PENDING,
+        "probed": N.SUCCEEDED,
+        "running": N.RUNNING,
+        "done": N.SUCCEEDED,
+        "cancelled": N.CANCELLED,
+        "waiting": N.PENDING,
+        "untouched": N.FAILED,
+    }
+    for node_id in reset:  # a fresh short-retry round, runnable now
+        n = nodes[node_id]
+        assert (n.round_attempts, n.retryable, n.not_before, n.finished_at) == (
+            0,
+            False,
+            None,
+            None,
+        )
+    assert nodes["waiting"].not_before is None and nodes["waiting"].round_attempts == 3
+    assert nodes["untouched"].round_attempts == 3 and nodes["untouched"].retryable
+    assert generation == 3

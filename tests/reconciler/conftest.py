@@ -144,6 +144,17 @@ def status_of(env: task_pb2.Task, node_id: str) -> str:
     )
 
 
+def after_redrive(env: task_pb2.Task, node_id: str) -> str:
+    """The node's state once an executor that recorded what ``env`` reports applies
+    ``env.redrive`` to it (the rule of dispo.executor.repository.nodes_redrive)."""
+    state = status_of(env, node_id)
+    if node_id in env.redrive.settled_nodes and state in ("UNKNOWN", "SUCCEEDED"):
+        return "SUCCEEDED"
+    if node_id in env.redrive.reset_nodes and state not in ("SUCCEEDED", "CANCELLED", "RUNNING"):
+        return "PENDING"
+    return state
+
+
 @pytest.fixture
 async def fake_downstream(fake_server) -> FakeDownstream:
     fake = FakeDownstream()

@@ -12,7 +12,7 @@ from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 from sqlalchemy import text
 
-from .conftest import creates, envelope, node, row, status_of
+from .conftest import after_redrive, creates, envelope, node, row
 from .test_operations import expect_error
 
 
@@ -65,8 +65,8 @@ async def test_released_oldest_first_no_faster_than_the_rate_once_healthy(
     assert released[0][1] == start
     sent = {e.task_id: e for e in await creates(recon)}
     assert (
-        status_of(sent["d3"], "a.done") == "SUCCEEDED"
-        and status_of(sent["d3"], "b0.wait") == "PENDING"
+        after_redrive(sent["d3"], "a.done") == "SUCCEEDED"
+        and after_redrive(sent["d3"], "b0.wait") == "PENDING"
     )
     assert (await row(recon, "d3")).releases == 1 and (await row(recon, "d3")).redrives == 0
 

@@ -10,7 +10,7 @@ from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 from support import eventually
 
-from .conftest import TS, creates, envelope, node, outbox, row, status_of
+from .conftest import TS, after_redrive, creates, envelope, node, outbox, row
 
 
 def failing(task_id: str, generation: int = 2, **kw) -> task_pb2.Task:
@@ -73,8 +73,10 @@ async def test_auto_redrive_waits_for_the_backoff_then_resumes_from_the_breakpoi
 
     [sent] = await creates(recon)
     assert sent.generation == 3
-    assert status_of(sent, "a.set_label") == "SUCCEEDED"
-    assert status_of(sent, "a.audit") == "PENDING" and status_of(sent, "b.notify") == "PENDING"
+    assert after_redrive(sent, "a.set_label") == "SUCCEEDED"
+    assert (
+        after_redrive(sent, "a.audit") == "PENDING" and after_redrive(sent, "b.notify") == "PENDING"
+    )
     [msg] = await outbox(recon, "task.create")
     assert msg.msg_id == "t1:g3"
     redriven = await row(recon, "t1")

@@ -14,7 +14,7 @@ from dispo.reconciler.policy import (
     ReleaseRate,
 )
 
-from .conftest import CONFIG, NS, T0, envelope, node, status_of
+from .conftest import CONFIG, NS, T0, after_redrive, envelope, node, status_of
 
 
 def test_backoff_is_exponential_capped_and_jittered_within_bounds():
@@ -106,15 +106,24 @@ def test_redrive_resumes_from_the_breakpoint():
     )
     out, reset = E.redrive(env, "why")
     assert out.generation == 5
-    assert status_of(out, "a.ok") == "SUCCEEDED" and status_of(out, "e.gone") == "CANCELLED"
-    assert status_of(out, "a.flaky") == "PENDING" and status_of(out, "d.parked") == "PENDING"
-    assert status_of(out, "c.bad") == "FAILED" and status_of(out, "c.next") == "DEPENDENCY_FAILED"
+    # "Reset these nodes": the executor's states are not rewritten in the copy.
+    assert [status_of(out, n.node_id) for n in out.nodes] == [
+        status_of(env, n.node_id) for n in env.nodes
+    ]
+    assert list(out.redrive.reset_nodes) == ["a.flaky", "d.parked"] == reset
+    assert not out.redrive.settled_nodes
+    assert after_redrive(out, "a.ok") == "SUCCEEDED" and after_redrive(out, "e.gone") == "CANCELLED"
+    assert (
+        after_redrive(out, "a.flaky") == "PENDING" and after_redrive(out, "d.parked") == "PENDING"
+    )
+    assert after_redrive(out, "c.bad") == "FAILED"
+    assert after_redrive(out, "c.next") == "DEPENDENCY_FAILED"
     flaky = next(n for n in out.nodes if n.node_id == "a.flaky")
-    assert flaky.retry.round_attempts == 0 and flaky.retry.attempts == 4  # history kept, new round
-    assert sorted(reset) == ["a.flaky", "d.parked"]
+    assert flaky.retry.attempts == 4  # history kept; the executor starts a new round
     # With permanent failures included, dependents of the retried node become runnable again.
     out, reset = E.redrive(env, "why", include_permanent=True)
-    assert status_of(out, "c.bad") == "PENDING" and status_of(out, "c.next") == "PENDING"
+    assert list(out.redrive.reset_nodes) == ["a.flaky", "c.bad", "c.next", "d.parked"] == reset
+    assert after_redrive(out, "c.bad") == "PENDING" and after_redrive(out, "c.next") == "PENDING"
 
 
 def test_error_classes():

@@ -8,7 +8,7 @@ from dispo.reconciler import recovery
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 
-from .conftest import creates, envelope, node, row, status_of
+from .conftest import after_redrive, creates, envelope, node, row, status_of
 from .test_operations import expect_error
 
 
@@ -38,7 +38,11 @@ async def test_probe_says_done_node_recorded_succeeded_not_rerun(recon, fake_dow
     assert (await row(recon, "yes")).state is RecoveryState.AWAITING_SETTLEMENT
     assert await settle_and_redrive(recon) == {"redrive": 1}
     [sent] = await creates(recon)
-    assert status_of(sent, "a.call") == "SUCCEEDED" and status_of(sent, "b.after") == "PENDING"
+    assert (
+        after_redrive(sent, "a.call") == "SUCCEEDED" and after_redrive(sent, "b.after") == "PENDING"
+    )
+    # The executor is told, not overwritten: settled as done, nothing to reset.
+    assert list(sent.redrive.settled_nodes) == ["a.call"] and not sent.redrive.reset_nodes
     assert sent.generation == 3
     assert fake_downstream.probes == {"yes/a.call": 1}
     [s] = await settlements(stub, "yes")
@@ -53,7 +57,10 @@ async def test_probe_says_not_done_node_runs_again(recon, fake_downstream, stub)
     assert await recovery.intake(recon, uncertain("no", idempotent=False), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 1}
     [sent] = await creates(recon)
-    assert status_of(sent, "a.call") == "PENDING" and status_of(sent, "a.first") == "SUCCEEDED"
+    assert (
+        after_redrive(sent, "a.call") == "PENDING" and after_redrive(sent, "a.first") == "SUCCEEDED"
+    )
+    assert list(sent.redrive.reset_nodes) == ["a.call"] and not sent.redrive.settled_nodes
     [s] = await settlements(stub, "no")
     assert (s.method, s.outcome) == (pb.SETTLEMENT_METHOD_PROBE, common_pb2.NODE_STATUS_PENDING)
 
@@ -76,7 +83,7 @@ async def test_idempotent_without_probe_is_rerun(recon, stub):
     assert await recovery.intake(recon, uncertain("idem", probe=False, idempotent=True), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 1}
     [sent] = await creates(recon)
-    assert status_of(sent, "a.call") == "PENDING"
+    assert after_redrive(sent, "a.call") == "PENDING"
     [s] = await settlements(stub, "idem")
     assert s.method == pb.SETTLEMENT_METHOD_IDEMPOTENT_RERUN
 
@@ -133,7 +140,9 @@ async def test_non_idempotent_without_probe_waits_for_an_operator(recon, stub):
     )
     assert reply.redriven and reply.task.state == pb.RECOVERY_STATE_REDRIVEN
     [sent] = await creates(recon)
-    assert status_of(sent, "a.call") == "SUCCEEDED" and status_of(sent, "b.after") == "PENDING"
+    assert (
+        after_redrive(sent, "a.call") == "SUCCEEDED" and after_redrive(sent, "b.after") == "PENDING"
+    )
     [s] = await settlements(stub, "op")
     assert (s.method, s.outcome, s.actor, s.reason) == (
         pb.SETTLEMENT_METHOD_OPERATOR,
@@ -164,4 +173,6 @@ async def test_unknown_and_failed_nodes_settle_then_wait_for_backoff(
     manual_clock.advance(seconds=16)
     assert await run_sweeps(recon, "redrive") == {"redrive": 1}
     [sent] = await creates(recon)
-    assert status_of(sent, "a.call") == "SUCCEEDED" and status_of(sent, "b.flaky") == "PENDING"
+    assert (
+        after_redrive(sent, "a.call") == "SUCCEEDED" and after_redrive(sent, "b.flaky") == "PENDING"
+    )

@@ -15,8 +15,10 @@ Re-publication rule: whoever publishes the envelope again (an executor's short r
 the reconciler's redrive) increments `generation` and uses the message id
 "<task_id>:g<generation>". The gateway's first publication has generation 0 and the
 message id "<task_id>". An executor ignores an envelope whose generation is lower than
-the one it has recorded; on a higher generation it adopts the envelope's node states
-except for nodes it recorded SUCCEEDED or CANCELLED, which never change again.
+the one it has recorded. On a higher generation it never adopts the envelope's node
+states: it applies the envelope's `redrive` ("reset these nodes") to its own record,
+under its own node state table, so a node it recorded SUCCEEDED or CANCELLED never
+changes again.
 """
 
 from collections import abc as _abc
@@ -193,6 +195,45 @@ class Node(_message.Message):
 Global___Node: _TypeAlias = Node  # noqa: Y015
 
 @_typing.final
+class Redrive(_message.Message):
+    """What a redrive (the reconciler's task.create, generation + 1) asks the executor to
+    change in its own record. The executor checks each change against its node state table
+    from the state it recorded; a change the table does not allow is not made.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESET_NODES_FIELD_NUMBER: _builtins.int
+    SETTLED_NODES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reset_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Run these nodes again: each becomes PENDING with a fresh short-retry round, when its
+        recorded state may move to PENDING (FAILED, DEMOTED, DEPENDENCY_FAILED, UNKNOWN). A
+        node recorded SUCCEEDED or CANCELLED (final) or RUNNING (crash recovery settles it)
+        is left as it is.
+        """
+
+    @_builtins.property
+    def settled_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """UNKNOWN nodes whose effect the reconciler's status probe found done: recorded
+        SUCCEEDED.
+        """
+
+    def __init__(
+        self,
+        *,
+        reset_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        settled_nodes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reset_nodes", b"reset_nodes", "settled_nodes", b"settled_nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Redrive: _TypeAlias = Redrive  # noqa: Y015
+
+@_typing.final
 class Task(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -230,6 +271,7 @@ class Task(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     STATUS_REASON_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    REDRIVE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Identity and orchestration."""
     business: _builtins.str
@@ -262,6 +304,10 @@ class Task(_message.Message):
 
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def redrive(self) -> Global___Redrive:
+        """Set on a redrive only; see Redrive."""
+
     def __init__(
         self,
         *,
@@ -278,10 +324,11 @@ class Task(_message.Message):
         version: _builtins.int = ...,
         status_reason: _builtins.str = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        redrive: Global___Redrive | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "redrive", b"redrive", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "payloads", b"payloads", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "payloads", b"payloads", "redrive", b"redrive", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

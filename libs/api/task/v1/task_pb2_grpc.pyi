@@ -15,8 +15,10 @@ Re-publication rule: whoever publishes the envelope again (an executor's short r
 the reconciler's redrive) increments `generation` and uses the message id
 "<task_id>:g<generation>". The gateway's first publication has generation 0 and the
 message id "<task_id>". An executor ignores an envelope whose generation is lower than
-the one it has recorded; on a higher generation it adopts the envelope's node states
-except for nodes it recorded SUCCEEDED or CANCELLED, which never change again.
+the one it has recorded. On a higher generation it never adopts the envelope's node
+states: it applies the envelope's `redrive` ("reset these nodes") to its own record,
+under its own node state table, so a node it recorded SUCCEEDED or CANCELLED never
+changes again.
 """
 
 from collections import abc as _abc
