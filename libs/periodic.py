@@ -6,10 +6,7 @@ wake-ups) is one :class:`Periodic`, added to the runtime with
 
     rt.add_periodic("drift checks", checker.check_once, settings.interval_seconds)
 
-The interval runs from the start of one pass to the start of the next, on the clock: a
-pass that outlasts it (or a clock moved while a pass runs) is followed by the next one at
-once, so moving the clock never loses a pass. A pass that raises is logged and the next
-pass runs after the usual interval: a database
+A pass that raises is logged and the next pass runs after the usual interval: a database
 or bus that is down is tried again later, it never stops the part. The action may return
 :class:`Pause` to choose the wait before the next pass (``Pause(0)``: at once, a backlog);
 any other return value is ignored. :meth:`Periodic.kick` runs a pass now, or right after
@@ -68,14 +65,8 @@ class Periodic:
             return
         while not self._stopping.is_set():
             self._wake.clear()  # a kick from now on asks for one more pass
-            started = self.clock.now()
             pause = await self.run_once()
-            if pause is None:
-                spent = (self.clock.now() - started).total_seconds()
-                wait = max(self.interval - spent, 0.0)
-            else:
-                wait = pause.seconds
-            if await self._pause(wait):
+            if await self._pause(self.interval if pause is None else pause.seconds):
                 return
 
     async def run_once(self) -> Pause | None:

@@ -48,31 +48,6 @@ async def test_a_pass_at_once_then_one_per_interval_of_the_clock(manual_clock, r
     assert len(calls) == 3
 
 
-async def test_the_clock_moved_during_a_pass_counts_toward_the_interval(manual_clock, running):
-    """The interval runs from a pass's start: a clock moved while the pass ran is not lost."""
-    calls: list[object] = []
-    release = asyncio.Event()
-
-    async def action() -> None:
-        calls.append(manual_clock.now())
-        if len(calls) == 1:
-            await release.wait()
-
-    running(Periodic("p", action, 10, manual_clock))
-    await settle()
-    assert len(calls) == 1
-    manual_clock.advance(10)  # the interval passes while the first pass still runs
-    release.set()
-    await settle()
-    assert len(calls) == 2  # at once, not ten more seconds after the slow pass ended
-    manual_clock.advance(9)
-    await settle()
-    assert len(calls) == 2
-    manual_clock.advance(1)
-    await settle()
-    assert len(calls) == 3
-
-
 async def test_first_after_interval_waits_before_the_first_pass(manual_clock, running):
     calls: list[int] = []
 

@@ -12,11 +12,24 @@ from dispo.libs.periodic import Periodic
 from dispo.reconciler import recovery
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import FOLLOWS, SWEEPS, sweep_parts
-from support import eventually
 
 from .conftest import creates, row
 from .test_demoted_work import demoted
 from .test_failed_work import failing
+
+
+async def eventually(check, timeout: float = 15.0) -> None:
+    """Poll ``check`` (sync, or async) until it holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
