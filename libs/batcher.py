@@ -1,0 +1,135 @@
+"""Group commit: many concurrent callers, one flush for all of them.
+
+Each caller awaits :meth:`Batcher.submit` with one item; the items waiting are handed to
+the ``flush`` function together (one transaction, one multi-row statement) and every caller
+gets its own result::
+
+    async def insert_all(rows: list[Row]) -> list[bool]:   # one result per item, in order
+        async with engine.begin() as conn:
+            ...
+    inserts = Batcher("task inserts", insert_all, max_items=200)
+    inserted = await inserts.submit(row)       # returns when the flush holding it committed
+
+A flush starts at once when none is running (an idle system pays no wait), so batches
+form by themselves under load: while one flush runs, the items arriving meanwhile queue
+up and the next flush takes them all (up to ``max_items``). ``linger`` makes a flush
+wait that many seconds for more items first (0 by default). At most ``concurrency``
+flushes run at the same time. Backpressure: with ``max_pending`` items queued, callers
+wait for room before queueing theirs, so a slow database slows its callers instead of
+growing memory.
+
+Failures: an exception raised by ``flush`` reaches every caller of that flush (its
+transaction rolled back as a whole); a flush that fails one item alone returns the
+exception instance in that item's place, and only that caller raises it. A caller
+cancelled while it waits does not take its item back: the flush may already hold it
+(exactly as a commit whose answer is lost) — callers retry under their own idempotency.
+
+As River's batch completer and Hatchet's buffered writes do, but with the flush as soon
+as the previous one ended rather than on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+from dispo.libs.logging import get_logger
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Batcher(Generic[T, R]):
+    def __init__(
+        self,
+        name: str,
+        flush: Callable[[list[T]], Awaitable[Sequence[R | BaseException]]],
+        *,
+        max_items: int = 100,
+        linger: float = 0.0,
+        concurrency: int = 1,
+        max_pending: int = 10_000,
+    ) -> None:
+        if max_items < 1 or concurrency < 1 or max_pending < max_items:
+            raise ValueError("need max_items >= 1, concurrency >= 1, max_pending >= max_items")
+        self.name = name
+        self._flush = flush
+        self.max_items = max_items
+        self.linger = linger
+        self.concurrency = concurrency
+        self.max_pending = max_pending
+        self._queue: deque[tuple[T, asyncio.Future[R]]] = deque()
+        self._room = asyncio.Condition()
+        self._flushers: set[asyncio.Task[None]] = set()
+        # Flushers not yet returned; counted by hand, not by the tasks' done callbacks, so an
+        # item queued just as the last flusher finds the queue empty still gets a flusher.
+        self._running = 0
+        # Sizes of the flushes done so far (count and items), for reports and tests.
+        self.flushes = 0
+        self.flushed_items = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, item: T) -> R:
+        """Queue ``item`` for the next flush and return its result once flushed."""
+        if len(self._queue) >= self.max_pending:
+            async with self._room:
+                await self._room.wait_for(lambda: len(self._queue) < self.max_pending)
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
+        if self._running < self.concurrency:
+            self._running += 1
+            flusher = asyncio.create_task(self._run(), name=f"{self.name} flush")
+            self._flushers.add(flusher)
+            flusher.add_done_callback(self._flushers.discard)
+        return await future
+
+    async def _run(self) -> None:
+        try:
+            while self._queue:
+                if self.linger > 0 and len(self._queue) < self.max_items:
+                    await asyncio.sleep(self.linger)
+                count = min(self.max_items, len(self._queue))
+                taken = [self._queue.popleft() for _ in range(count)]
+                if not taken:
+                    continue
+                async with self._room:
+                    self._room.notify_all()
+                await self._flush_batch(taken)
+        finally:  # no await between the empty queue and this: see ``_running``
+            self._running -= 1
+
+    async def _flush_batch(self, taken: list[tuple[T, asyncio.Future[R]]]) -> None:
+        items = [item for item, _ in taken]
+        try:
+            results = await self._flush(items)
+            if len(results) != len(items):
+                raise RuntimeError(
+                    f"{self.name}: flush returned {len(results)} results for {len(items)} items"
+                )
+        except Exception as error:
+            log.debug("batch flush failed", batcher=self.name, items=len(items), error=repr(error))
+            for _, future in taken:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        self.flushes += 1
+        self.flushed_items += len(items)
+        for (_, future), result in zip(taken, results, strict=True):
+            if future.done():  # the caller was cancelled
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def drain(self) -> None:
+        """Wait until every queued item has been flushed."""
+        while self._flushers:
+            await asyncio.gather(*list(self._flushers), return_exceptions=True)

@@ -1,0 +1,196 @@
+"""Group commit: every caller gets its own result, items queued during a flush go together
+into the next one, failures reach exactly the callers they concern, and the bounds
+(items per flush, concurrent flushes, queued items) hold under racing callers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from dispo.libs.batcher import Batcher
+
+
+class Gate:
+    """A flush that records its batches and waits for the test to let each one finish."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.open = asyncio.Event()
+        self.running = 0
+        self.most_running = 0
+
+    async def flush(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await self.open.wait()
+        finally:
+            self.running -= 1
+        return [i * 10 for i in items]
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_each_caller_gets_the_result_of_its_own_item():
+    async def flush(items: list[int]) -> list[int]:
+        return [i * i for i in items]
+
+    batcher = Batcher("squares", flush)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(50)))
+    assert results == [i * i for i in range(50)]
+
+
+async def test_items_arriving_during_a_flush_go_together_into_the_next():
+    gate = Gate()
+    batcher = Batcher("gated", gate.flush, max_items=100)
+    first = asyncio.create_task(batcher.submit(0))
+    await settle()
+    assert gate.batches == [[0]]  # an idle batcher flushes at once
+    rest = [asyncio.create_task(batcher.submit(i)) for i in range(1, 8)]
+    await settle()
+    assert gate.batches == [[0]]  # one flush at a time: the others wait
+    gate.open.set()
+    assert await first == 0
+    assert await asyncio.gather(*rest) == [i * 10 for i in range(1, 8)]
+    assert gate.batches == [[0], [1, 2, 3, 4, 5, 6, 7]]
+    assert (batcher.flushes, batcher.flushed_items) == (2, 8)
+
+
+async def test_a_flush_takes_at_most_max_items():
+    gate = Gate()
+    batcher = Batcher("small", gate.flush, max_items=3)
+    calls = [asyncio.create_task(batcher.submit(i)) for i in range(10)]
+    await settle()
+    gate.open.set()
+    await asyncio.gather(*calls)
+    assert [len(b) for b in gate.batches] == [3, 3, 3, 1]
+    assert sorted(i for b in gate.batches for i in b) == list(range(10))
+
+
+async def test_concurrent_flushes_stay_within_the_bound():
+    gate = Gate()
+    batcher = Batcher("two at a time", gate.flush, max_items=1, concurrency=2)
+    calls = [asyncio.create_task(batcher.submit(i)) for i in range(6)]
+    await settle()
+    assert gate.running == 2
+    gate.open.set()
+    await asyncio.gather(*calls)
+    assert gate.most_running == 2
+    assert len(gate.batches) == 6
+
+
+async def test_an_error_of_the_flush_reaches_every_caller_of_that_flush_only():
+    failing = {3}
+
+    async def flush(items: list[int]) -> list[int]:
+        if failing & set(items):
+            raise ConnectionError("database went away")
+        return items
+
+    gate = asyncio.Event()
+
+    async def gated(items: list[int]) -> list[int]:
+        await gate.wait()
+        return await flush(items)
+
+    batcher = Batcher("fails", gated, max_items=2)
+    calls = [asyncio.create_task(batcher.submit(0))]
+    await settle()
+    calls += [asyncio.create_task(batcher.submit(i)) for i in range(1, 5)]  # [0] [1,2] [3,4]
+    await settle()
+    gate.set()
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert outcomes[:3] == [0, 1, 2]
+    assert all(isinstance(o, ConnectionError) for o in outcomes[3:])
+
+
+async def test_an_exception_returned_for_one_item_is_raised_by_that_caller_alone():
+    async def flush(items: list[int]) -> list[int | BaseException]:
+        return [ValueError(f"bad {i}") if i % 2 else i for i in items]
+
+    batcher = Batcher("per item", flush)
+    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(4)), return_exceptions=True)
+    assert outcomes[0] == 0 and outcomes[2] == 2
+    assert [str(o) for o in outcomes[1::2]] == ["bad 1", "bad 3"]
+
+
+async def test_a_flush_returning_the_wrong_number_of_results_fails_its_callers():
+    async def flush(items: list[int]) -> list[int]:
+        return items[:-1]
+
+    batcher = Batcher("short", flush)
+    with pytest.raises(RuntimeError, match="0 results for 1 items"):
+        await batcher.submit(1)
+
+
+async def test_callers_wait_for_room_when_the_queue_is_full():
+    gate = Gate()
+    batcher = Batcher("bounded", gate.flush, max_items=2, max_pending=2)
+    first = asyncio.create_task(batcher.submit(0))  # taken by the first flush at once
+    await settle()
+    queued = [asyncio.create_task(batcher.submit(i)) for i in (1, 2)]
+    await settle()
+    assert batcher.pending == 2
+    blocked = asyncio.create_task(batcher.submit(3))
+    await settle()
+    assert batcher.pending == 2 and not blocked.done()  # no room: it waits, nothing queued
+    gate.open.set()
+    assert await asyncio.gather(first, *queued, blocked) == [0, 10, 20, 30]
+    assert sorted(i for b in gate.batches for i in b) == [0, 1, 2, 3]
+
+
+async def test_a_cancelled_caller_does_not_stop_the_others_of_its_flush():
+    gate = Gate()
+    batcher = Batcher("cancel", gate.flush)
+    head = asyncio.create_task(batcher.submit(0))
+    await settle()
+    calls = [asyncio.create_task(batcher.submit(i)) for i in (1, 2, 3)]
+    await settle()
+    calls[1].cancel()
+    gate.open.set()
+    assert await head == 0
+    assert await calls[0] == 10 and await calls[2] == 30
+    assert gate.batches == [[0], [1, 2, 3]]  # the cancelled item was flushed all the same
+
+
+async def test_an_item_queued_as_the_last_flush_ends_is_still_flushed():
+    """The flush finishes without suspending (its gate is open): the caller woken by the room
+    it made queues its item while the flusher is returning; a new flusher must take it."""
+    gate = Gate()
+    batcher = Batcher("handover", gate.flush, max_items=1, max_pending=1)
+    first = asyncio.create_task(batcher.submit(0))
+    await settle()
+    second = asyncio.create_task(batcher.submit(1))
+    await settle()
+    third = asyncio.create_task(batcher.submit(2))  # waits for room
+    await settle()
+    gate.open.set()
+    assert await asyncio.wait_for(asyncio.gather(first, second, third), 5) == [0, 10, 20]
+
+
+async def test_drain_waits_for_every_queued_item():
+    done: list[int] = []
+
+    async def flush(items: list[int]) -> list[None]:
+        await asyncio.sleep(0)
+        done.extend(items)
+        return [None] * len(items)
+
+    batcher = Batcher("drain", flush, max_items=4)
+    calls = [asyncio.create_task(batcher.submit(i)) for i in range(10)]
+    await asyncio.sleep(0)
+    await batcher.drain()
+    assert sorted(done) == list(range(10))
+    await asyncio.gather(*calls)
+
+
+def test_bounds_are_checked():
+    async def flush(items: list[int]) -> list[int]:
+        return items
+
+    with pytest.raises(ValueError):
+        Batcher("bad", flush, max_items=10, max_pending=5)
