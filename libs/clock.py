@@ -55,6 +55,10 @@ class ManualClock:
     def __init__(self, start: datetime | None = None) -> None:
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
         self._changed = asyncio.Event()
+        # What sleepers asked for, in order of the calls, and how many are waiting now: a
+        # test sees that (and for how long) the code under test waits on this clock.
+        self.sleeps: list[float] = []
+        self.waiting = 0
 
     def now(self) -> datetime:
         return self._now
@@ -70,8 +74,13 @@ class ManualClock:
 
     async def sleep(self, seconds: float) -> None:
         deadline = self._now + timedelta(seconds=seconds)
-        while self._now < deadline:
-            await self._changed.wait()
+        self.sleeps.append(seconds)
+        self.waiting += 1
+        try:
+            while self._now < deadline:
+                await self._changed.wait()
+        finally:
+            self.waiting -= 1
 
 
 class FileClock:

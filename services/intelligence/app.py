@@ -55,7 +55,9 @@ def build(
     settings = settings or IntelligenceSettings()
     repo = IntelligenceRepository(engine)
     models = models or ModelRegistry.from_configs(settings.models, settings.default_analysis_model)
-    jobs = IntelligenceJobs(JobDeps(repo, models, clock), policy=settings.recovery_policy())
+    jobs = IntelligenceJobs(
+        JobDeps(repo, models, clock, settings.retry_policy()), policy=settings.recovery_policy()
+    )
     feed = EvaluationFeed(repo, models, clock, jobs)
     events = EvaluationEvents(
         feed, settings.unknown_evaluation_retry_seconds, settings.unknown_evaluation_max_deliveries

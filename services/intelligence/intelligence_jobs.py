@@ -4,8 +4,10 @@ Fixed order: ensure the row (``ensure_queued``; give up silently when it exists 
 that forbids running) -> claim (conditional update, exactly one contender wins; losers exit
 without doing the work) -> validate (after the claim; ``JobValidationError`` fails the row
 with its fields) -> ``generating`` -> work -> settle (``completed`` with the result, or
-``failed`` with the error truncated in one place). Analysis and comparison each supply three
-small adapter functions; neither repeats any of this sequence.
+``failed`` with the error truncated in one place). A transient failure of the work is
+retried inside the job first (``retries``: backoff on the clock, bounded attempts).
+Analysis and comparison each supply three small adapter functions; neither repeats any of
+this sequence.
 
 Also here: restart recovery of rows (``recover_jobs``), which reads rows, never the
 in-process registry.
@@ -17,7 +19,7 @@ import asyncio
 import enum
 import uuid
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +35,7 @@ from dispo.intelligence.jobs import (
 )
 from dispo.intelligence.models import ModelRegistry
 from dispo.intelligence.repository import IntelligenceRepository
+from dispo.intelligence.retries import GaveUp, RetryPolicy, call_with_retries
 from dispo.libs.clock import Clock
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
@@ -42,11 +45,13 @@ log = get_logger(__name__)
 
 @dataclass
 class JobDeps:
-    """What adapters may use: the repository, the analysis models and the clock."""
+    """What adapters may use: the repository, the analysis models and the clock; and how
+    ``execute`` retries a transient failure of the work (``retries``)."""
 
     repo: IntelligenceRepository
     models: ModelRegistry
     clock: Clock
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @dataclass(frozen=True)
@@ -122,8 +127,21 @@ async def execute(
         bound.warning("claim taken away before generating")
         return JobOutcome.LOST
 
+    def retrying(attempt: int, delay: float, error: Exception) -> None:
+        bound.info(
+            "transient failure; retrying",
+            attempt=attempt,
+            delay_seconds=round(delay, 3),
+            error=truncate_error(describe_exception(error)),
+        )
+
     try:
-        result = await adapter.work_fn(deps, evaluation_id, plan)
+        result = await call_with_retries(
+            lambda: adapter.work_fn(deps, evaluation_id, plan),
+            deps.retry,
+            clock,
+            on_retry=retrying,
+        )
     except asyncio.CancelledError:
         # Shutting down: hand the row back so recovery runs it again right away.
         await asyncio.shield(
@@ -132,15 +150,9 @@ async def execute(
         bound.info("job interrupted; re-queued")
         raise
     except Exception as error:
+        message = error.message if isinstance(error, GaveUp) else describe_exception(error)
         return await _settle_failed(
-            deps,
-            kind,
-            evaluation_id,
-            token,
-            JobStatus.GENERATING,
-            describe_exception(error),
-            {},
-            bound,
+            deps, kind, evaluation_id, token, JobStatus.GENERATING, message, {}, bound
         )
 
     # Settlement writes are shielded: a shutdown arriving now must not leave the row half-settled.

@@ -7,16 +7,50 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
+from dispo.libs.backoff import retry_after_seconds
 from pydantic import BaseModel
 
 STATS_MODEL = "stats"
 
 
 class ModelError(Exception):
-    """The model could not produce a narrative (HTTP error, bad response)."""
+    """The model could not produce a narrative (HTTP error, bad response).
+
+    ``transient``: another attempt may succeed (a 408, 429 or 5xx answer, a connection
+    refused or reset, a timeout); the job retries it (``dispo.intelligence.retries``).
+    ``retry_after``: the wait the model asked for, in seconds.
+    """
+
+    def __init__(
+        self, message: str, *, transient: bool = False, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.retry_after = retry_after
+
+
+# Answers that say "not now" rather than "never": the request may be sent again as it is
+# (a narrative has no effect to duplicate). Every other non-200 answer is definite.
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Failures before an answer: not connected, reset or closed before the response, timed out.
+TRANSIENT_TRANSPORT_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+def response_error(message: str, status: int, retry_after: str | None, now: datetime) -> ModelError:
+    """The error of a non-200 answer: transient (with the wait the model asked for) or definite."""
+    if status in TRANSIENT_STATUSES:
+        return ModelError(
+            message, transient=True, retry_after=retry_after_seconds(retry_after, now)
+        )
+    return ModelError(message)
+
+
+def transport_error(message: str, error: httpx.HTTPError) -> ModelError:
+    return ModelError(message, transient=isinstance(error, TRANSIENT_TRANSPORT_ERRORS))
 
 
 class AnalysisModel(Protocol):
@@ -132,10 +166,15 @@ class ChatCompletionsModel:
         try:
             response = await self._client.post(url, json=body, headers=headers)
         except httpx.HTTPError as error:
-            raise ModelError(f"model {self.name}: request to {url} failed: {error!r}") from error
+            raise transport_error(
+                f"model {self.name}: request to {url} failed: {error!r}", error
+            ) from error
         if response.status_code != 200:
-            raise ModelError(
-                f"model {self.name}: HTTP {response.status_code} from {url}: {response.text}"
+            raise response_error(
+                f"model {self.name}: HTTP {response.status_code} from {url}: {response.text}",
+                response.status_code,
+                response.headers.get("Retry-After"),
+                datetime.now(UTC),
             )
         try:
             content = response.json()["choices"][0]["message"]["content"]

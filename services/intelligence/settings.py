@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from dispo.intelligence.models import STATS_MODEL, ChatModelConfig
+from dispo.intelligence.retries import RetryPolicy
 from dispo.intelligence.runtime import RecoveryPolicy
 from dispo.libs.settings import service_settings_config
 from pydantic import Field
@@ -52,10 +53,41 @@ class IntelligenceSettings(BaseSettings):
         description="A generating job claimed this long ago lost its worker",
     )
     sweep_batch: int = Field(default=RecoveryPolicy.batch, description="Rows per sweep")
+    model_max_attempts: int = Field(
+        default=RetryPolicy.max_attempts,
+        ge=1,
+        description="Calls to the analysis model per job, the first included: a transient"
+        " failure (HTTP 408, 429, 500, 502, 503, 504, connection refused or reset, timeout) is"
+        " retried until then",
+    )
+    model_retry_base_seconds: float = Field(
+        default=RetryPolicy.base_seconds,
+        gt=0,
+        description="Wait after a job's first transient model failure; doubles per failure",
+    )
+    model_retry_max_seconds: float = Field(
+        default=RetryPolicy.max_seconds,
+        gt=0,
+        description="Longest backoff between two calls to the model within one job",
+    )
+    model_retry_after_max_seconds: float = Field(
+        default=RetryPolicy.retry_after_max_seconds,
+        ge=0,
+        description="Longest Retry-After a job honours; a model asking for more fails the job"
+        " at once (trigger it again later)",
+    )
     jobs_shutdown_grace_seconds: float = Field(
         default=10.0,
         description="How long a stopping service lets running jobs finish before handing them back",
     )
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.model_max_attempts,
+            base_seconds=self.model_retry_base_seconds,
+            max_seconds=self.model_retry_max_seconds,
+            retry_after_max_seconds=self.model_retry_after_max_seconds,
+        )
 
     def recovery_policy(self) -> RecoveryPolicy:
         return RecoveryPolicy(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from dispo.intelligence.evaluations import EvaluationStatus, new_evaluation, new
 from dispo.intelligence.models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs.clock import ManualClock
+from support import eventually
 from support.http import FakeServer
 
 CONFIG = {"target": "http://127.0.0.1:9/answer", "cases": ["c1", "c2", "c3"], "runs_per_slot": 2}
@@ -95,14 +96,26 @@ RUNS_WORSE = [
 COMPLETIONS = "/v1/chat/completions"
 
 
+# One scripted answer of the fake model: an HTTP status with headers, or a misbehaviour.
+RESET = "reset"  # the connection is closed before any response
+SLOW = "slow"  # the answer comes after SLOW_SECONDS (longer than a short client timeout)
+SLOW_SECONDS = 2.0
+Scripted = tuple[int, dict[str, str]] | str
+
+
 @dataclass
 class FakeLLM:
-    """An OpenAI-compatible ``/v1/chat/completions`` endpoint on 127.0.0.1."""
+    """An OpenAI-compatible ``/v1/chat/completions`` endpoint on 127.0.0.1.
+
+    Requests take the answers in ``script`` first, one each, in order; then every request
+    gets ``status`` (200: a completion with ``reply``).
+    """
 
     server: FakeServer
     status: int = 200
     reply: str = "The evaluation is healthy."
     gate: asyncio.Event | None = None
+    script: list[Scripted] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -129,8 +142,20 @@ async def fake_llm(fake_server) -> AsyncIterator[FakeLLM]:
         body = await request.json()
         if fake.gate is not None:
             await fake.gate.wait()
-        if fake.status != 200:
-            return web.Response(status=fake.status, text="upstream exploded " + "x" * 2000)
+        answer: Scripted = fake.script.pop(0) if fake.script else (fake.status, {})
+        if answer == RESET:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+        if answer == SLOW:
+            await asyncio.sleep(SLOW_SECONDS)
+            answer = (200, {})
+        assert isinstance(answer, tuple)
+        status, headers = answer
+        if status != 200:
+            return web.Response(
+                status=status, headers=headers, text="upstream exploded " + "x" * 2000
+            )
         return web.json_response(
             {
                 "id": "cmpl-1",
@@ -182,3 +207,15 @@ async def serve_app():
         await channel.close()
     for server in servers:
         await server.stop(0)
+
+
+async def run_jobs(app: Intelligence, clock: ManualClock, step: float = 1.0) -> None:
+    """Wait until no job of ``app`` runs, moving ``clock`` on by ``step`` seconds whenever
+    something waits on it (a retry's backoff), so clock-time waits pass without sleeping."""
+
+    def idle() -> bool:
+        if clock.waiting:
+            clock.advance(step)
+        return not app.jobs.registry.running()
+
+    await eventually(idle, timeout=30, interval=0.005, wanted="every job settled")

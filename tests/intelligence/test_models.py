@@ -8,7 +8,7 @@ from dispo.intelligence.evaluations import EvaluationStatus
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry
 
-from .conftest import RUNS_GOOD, RUNS_WORSE, add_evaluation
+from .conftest import RUNS_GOOD, RUNS_WORSE, add_evaluation, run_jobs
 
 
 async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app, fake_llm):
@@ -53,30 +53,31 @@ async def test_chat_model_writes_the_comparison_narrative(make_app, fake_llm):
 
 
 async def test_an_llm_http_error_fails_the_job_with_truncated_text(make_app, fake_llm):
-    fake_llm.status = 502
+    fake_llm.status = 400  # definite: not retried (transient ones: test_flaky_model.py)
     app = make_app(models=ModelRegistry.from_configs([fake_llm.config()], default="fake-gpt"))
     await add_evaluation(app, "llm-down", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm-down")
     assert job.status == JobStatus.FAILED and len(job.error) == 500
-    assert job.error.startswith("ModelError: model fake-gpt: HTTP 502 from http://127.0.0.1:")
+    assert job.error.startswith("ModelError: model fake-gpt: HTTP 400 from http://127.0.0.1:")
+    assert len(fake_llm.requests) == 1
     assert (
         await app.repo.job_get(JobKind.COMPARISON, "llm-down") is None
     )  # the chain needs a completed analysis
 
 
-async def test_an_unreachable_llm_fails_the_job_visibly(make_app, fake_llm):
+async def test_an_unreachable_llm_fails_the_job_visibly(make_app, fake_llm, manual_clock):
     config = fake_llm.config(timeout_seconds=2.0)
     config.base_url = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
     app = make_app(models=ModelRegistry.from_configs([config], default="fake-gpt"))
     await add_evaluation(app, "llm-gone", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
-    await app.jobs.wait_idle()
+    await run_jobs(app, manual_clock)  # connection refused is transient: retried, then given up
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm-gone")
-    assert (
-        job.status == JobStatus.FAILED
-        and "request to http://127.0.0.1:9/v1/chat/completions failed" in job.error
+    assert job.status == JobStatus.FAILED and job.error.startswith(
+        "after 5 attempts: ModelError: model fake-gpt: "
+        "request to http://127.0.0.1:9/v1/chat/completions failed"
     )
 
 

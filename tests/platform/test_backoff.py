@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 from pathlib import Path
 
-from dispo.libs.backoff import backoff
+from dispo.libs.backoff import backoff, retry_after_seconds
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,3 +38,13 @@ def test_no_service_spells_the_formula_again():
         if path.name != "backoff.py" and "* 2 * spread" in path.read_text()
     ]
     assert copies == []
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert retry_after_seconds("7", now) == 7.0
+    assert retry_after_seconds(" 120 ", now) == 120.0
+    assert retry_after_seconds("Thu, 01 Jan 2026 12:00:30 GMT", now) == 30.0
+    assert retry_after_seconds("Thu, 01 Jan 2026 11:00:00 GMT", now) == 0.0  # in the past
+    for unreadable in (None, "", "soon", "-3", "1.5e3", "²"):
+        assert retry_after_seconds(unreadable, now) is None, unreadable
