@@ -8,6 +8,7 @@ day by default), then the relay deletes them: the stream keeps the events.
 
     outbox = outbox_table(metadata)                   # in the service's tables module
     await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
+    await outbox_add_many(conn, outbox, [OutboxRow(subject, msg_id, payload, now), ...])
     relay = rt.outbox_relay(outbox)                   # OutboxRelay on the service's engine, bus, clock
     rt.add_part("outbox relay", relay.run, relay.stop)   # publishes, and prunes rows long sent
     relay.kick()                                      # after commit: publish now, not at the next poll
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock, SystemClock
@@ -40,6 +42,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import TextClause
 
 log = get_logger(__name__)
 
@@ -70,6 +73,54 @@ async def outbox_add(
     await conn.execute(
         table.insert().values(subject=subject, msg_id=msg_id, payload=payload, created_at=now)
     )
+
+
+class OutboxRow(NamedTuple):
+    """One event row for :func:`outbox_add_many`."""
+
+    subject: str
+    msg_id: str
+    payload: bytes
+    created_at: datetime
+
+
+async def outbox_add_many(conn: AsyncConnection, table: Table, rows: Sequence[OutboxRow]) -> None:
+    """Write many event rows in the caller's transaction with one statement, in the order
+    given (the relay publishes in outbox order). Every subject is checked first, as in
+    :func:`outbox_add`: one undeclared subject refuses the whole call, and nothing is written.
+    """
+    for row in rows:
+        require_declared(row.subject)
+    if not rows:
+        return
+    await conn.execute(
+        _insert_many(table),
+        {
+            "subjects": [r.subject for r in rows],
+            "msg_ids": [r.msg_id for r in rows],
+            "payloads": [r.payload for r in rows],
+            "created": [r.created_at for r in rows],
+        },
+    )
+
+
+def _insert_many(table: Table) -> TextClause:
+    """The multi-row insert of ``table``: the rows as arrays, one statement text whatever
+    their number (prepared once per connection). ``WITH ORDINALITY`` keeps their order."""
+    statement = _INSERT_MANY.get(table.fullname)
+    if statement is None:
+        statement = text(
+            f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at)"
+            " SELECT subject, msg_id, payload, created_at FROM unnest("
+            "CAST(:subjects AS text[]), CAST(:msg_ids AS text[]),"
+            " CAST(:payloads AS bytea[]), CAST(:created AS timestamptz[]))"
+            " WITH ORDINALITY AS r(subject, msg_id, payload, created_at, n) ORDER BY n"
+        )
+        _INSERT_MANY[table.fullname] = statement
+    return statement
+
+
+_INSERT_MANY: dict[str, TextClause] = {}
 
 
 async def outbox_prune(

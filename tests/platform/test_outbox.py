@@ -1,5 +1,6 @@
-"""The shared outbox's retention: the relay deletes rows sent longer ago than the retention,
-a batch at a time, on the service's clock, and keeps unsent and recent rows."""
+"""The shared outbox: many rows written with one statement, and the retention: the relay
+deletes rows sent longer ago than the retention, a batch at a time, on the service's clock,
+and keeps unsent and recent rows."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from datetime import timedelta
 
 import pytest
 from dispo.libs.clock import ManualClock
-from dispo.libs.contracts import tasks
+from dispo.libs.contracts import UndeclaredSubject, tasks
 from dispo.libs.db import create_engine
-from dispo.libs.outbox import OutboxRelay, outbox_add, outbox_table
+from dispo.libs.outbox import OutboxRelay, OutboxRow, outbox_add, outbox_add_many, outbox_table
 from dispo.libs.service import Runtime
 from dispo.libs.settings import CommonSettings, ServerSettings
-from sqlalchemy import MetaData, text
+from sqlalchemy import MetaData, event, text
 from support import eventually
 
 SCHEMA = "outbox_test"
@@ -54,6 +55,53 @@ async def names(engine) -> list[str]:
                 )
             ).scalars()
         )
+
+
+async def test_many_rows_go_in_with_one_statement_in_the_order_given(engine, manual_clock):
+    statements: list[str] = []
+    event.listen(
+        engine.sync_engine,
+        "before_cursor_execute",
+        lambda conn, cursor, statement, *args: statements.append(statement),
+    )
+    rows = [
+        OutboxRow(tasks.task_status(f"t{i}"), f"m-{i}", bytes([i]), manual_clock.now())
+        for i in (3, 1, 2, 0, 4)
+    ]
+    async with engine.begin() as conn:
+        statements.clear()
+        await outbox_add_many(conn, outbox, rows)
+        await outbox_add_many(conn, outbox, [])
+        assert len(statements) == 1
+    async with engine.connect() as conn:
+        stored = (
+            await conn.execute(
+                outbox.select()
+                .with_only_columns(
+                    outbox.c.subject, outbox.c.msg_id, outbox.c.payload, outbox.c.created_at
+                )
+                .order_by(outbox.c.id)
+            )
+        ).all()
+    assert [OutboxRow(*r) for r in stored] == rows
+
+
+async def test_one_undeclared_subject_refuses_the_whole_call(engine, manual_clock):
+    now = manual_clock.now()
+    async with engine.begin() as conn:
+        with pytest.raises(UndeclaredSubject, match="task.created"):
+            await outbox_add_many(
+                conn,
+                outbox,
+                [
+                    OutboxRow(tasks.TASK_CLOSE, "ok-1", b"x", now),
+                    OutboxRow("task.created", "bad-1", b"x", now),
+                ],
+            )
+        # Refused before anything was sent: the caller's transaction goes on, with nothing
+        # of the call in it.
+        await outbox_add(conn, outbox, tasks.TASK_CLOSE, "ok-2", b"x", now)
+    assert await names(engine) == ["ok-2"]
 
 
 async def test_rows_sent_before_the_retention_go_a_batch_at_a_time(engine, bus, manual_clock):
