@@ -52,8 +52,7 @@ async def _up(options: StackOptions) -> int:
         if options.demo_port and "executor" in options.services:
             print(f"  {'demo downstream':<16} http://{options.host}:{options.demo_port}")
         print("Ctrl-C stops everything.", flush=True)
-        assert stack.supervisor is not None
-        watcher = asyncio.create_task(stack.supervisor.watch())
+        watcher = asyncio.create_task(stack.watch())
         await stop.wait()
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from dispo.libs.stack.process import ProcessSpec, wait_tcp
+
 
 def nats_server_binary() -> str:
     beside_python = Path(sys.executable).parent / "nats-server"
@@ -51,27 +53,43 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    def argv(self) -> list[str]:
+        return [
+            nats_server_binary(),
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-sd",
+            str(self.store_dir),
+        ]
+
     def start(self) -> str:
+        """Start it as a plain child of this process; see :meth:`spec` for a supervised one."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if self.log_file:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            [
-                nats_server_binary(),
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-sd",
-                str(self.store_dir),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        self.process = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)
         wait_for_port(self.port)
         return self.url
+
+    def spec(self, name: str = "nats") -> ProcessSpec:
+        """The server as a process a :class:`~dispo.libs.stack.supervisor.Supervisor` runs
+        (and restarts), ready once its port accepts connections."""
+        assert self.log_file is not None, "a supervised server logs to a file"
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        port = self.port
+        return ProcessSpec(
+            name,
+            self.argv(),
+            {},
+            None,
+            self.log_file,
+            new_session=True,
+            ready=lambda timeout: wait_tcp("127.0.0.1", port, timeout),
+        )
 
     def stop(self, kill: bool = False) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,10 +39,56 @@ class ProcessSpec:
     http_health: str | None = None
     # In a session of its own, so a Ctrl-C meant for the parent does not reach it directly.
     new_session: bool = False
+    # Awaited with the timeout until a process with neither gRPC nor HTTP health is ready
+    # (None: ready when started).
+    ready: Callable[[float], Awaitable[None]] | None = None
+    # Asks it to stop gracefully.
+    stop_signal: int = signal.SIGTERM
+    # Sent to it by the kernel when the thread that spawned it ends, the parent process
+    # included, however it ends (Linux; None: it outlives its parent).
+    parent_death_signal: int | None = None
+    # The system user it runs as (None: this process's).
+    user: str | None = None
 
 
 def python_module(module: str) -> list[str]:
     return [sys.executable, "-m", module]
+
+
+async def wait_tcp(host: str, port: int, timeout: float, interval: float = 0.05) -> None:
+    """Until something accepts connections on ``host:port``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                await asyncio.sleep(interval)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def parent_death_hook(sig: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that has the child sent ``sig`` when its parent ends.
+
+    The kernel sends it when the spawning *thread* ends, so spawn from a thread that lives
+    as long as the child (an event loop's). The hook runs between fork and exec, so it only
+    calls into libc, resolved beforehand; a parent that died before the hook ran is caught
+    by comparing the parent's pid."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return hook
 
 
 async def wait_http_ok(url: str, timeout: float, interval: float = 0.05) -> None:
@@ -89,6 +137,12 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=spec.new_session,
+                user=spec.user,
+                preexec_fn=(
+                    parent_death_hook(spec.parent_death_signal)
+                    if spec.parent_death_signal is not None and sys.platform == "linux"
+                    else None
+                ),
             )
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
@@ -99,6 +153,8 @@ class ManagedProcess:
                 await wait_until_serving(self.spec.address, timeout)
             elif self.spec.http_health is not None:
                 await wait_http_ok(self.spec.http_health, timeout)
+            elif self.spec.ready is not None:
+                await self.spec.ready(timeout)
         except TimeoutError as error:
             raise TimeoutError(
                 f"{self.name}: {error or 'not ready'}\n--- {self.log_path} ---\n{self.log_tail()}"
@@ -132,12 +188,13 @@ class ManagedProcess:
             self.process.wait()
 
     async def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM and wait for a graceful exit, SIGKILL after ``timeout``; the exit code."""
+        """Its stop signal (SIGTERM unless the spec says otherwise) and wait for a graceful
+        exit, SIGKILL after ``timeout``; the exit code."""
         if self.process is None:
             return None
         if self.running():
             with contextlib.suppress(ProcessLookupError):  # exited on its own meanwhile
-                self.process.terminate()
+                self.process.send_signal(self.spec.stop_signal)
             try:
                 await asyncio.wait_for(self.wait(), timeout)
             except TimeoutError:

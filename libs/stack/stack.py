@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,11 @@ SHUTDOWN_ORDER = [
     "executor",
     DEMO_DOWNSTREAM,
 ]
+# The infrastructure the stack starts itself (unless given external URLs), stopped after
+# the services, PostgreSQL last.
+NATS = "nats"
+POSTGRES = "postgres"
+INFRASTRUCTURE_SHUTDOWN_ORDER = [NATS, POSTGRES]
 STATE_FILE = "stack.json"
 
 
@@ -130,12 +134,15 @@ class Stack:
         self.options = options
         self.postgres: EmbeddedPostgres | None = None
         self.nats: NatsServer | None = None
+        # Runs the embedded PostgreSQL and nats-server, restarting them like the services.
+        self.infrastructure = Supervisor([])
         self.supervisor: Supervisor | None = None
 
     async def start(self) -> dict[str, str]:
         """Start infrastructure and services; return each service's address once SERVING."""
         data = self.options.data_dir
         data.mkdir(parents=True, exist_ok=True)
+        infrastructure = []
         database_url = self.options.database_url
         if database_url is None:
             # Only here: the embedded server comes with the `local` extra, which hosts given
@@ -143,24 +150,37 @@ class Stack:
             from dispo.libs.stack.postgres import EmbeddedPostgres
 
             self.postgres = EmbeddedPostgres(data / "postgres")
-            database_url = await asyncio.to_thread(self.postgres.start)
+            log_path = data / "logs" / f"{POSTGRES}.log"
+            infrastructure.append(await asyncio.to_thread(self.postgres.spec, log_path, POSTGRES))
+            database_url = self.postgres.url
         nats_url = self.options.nats_url
         if nats_url is None:
             self.nats = NatsServer(
-                data / "nats", self.options.nats_port, data / "logs" / "nats.log"
+                data / "nats", self.options.nats_port, data / "logs" / f"{NATS}.log"
             )
-            nats_url = await asyncio.to_thread(self.nats.start)
+            infrastructure.append(self.nats.spec(NATS))
+            nats_url = self.nats.url
         specs = service_specs(self.options, database_url, nats_url)
         addresses = {spec.name: spec.address for spec in specs if spec.address}
-        self.supervisor = Supervisor(
-            specs, on_spawn=lambda: self._write_state(addresses, database_url, nats_url)
-        )
+
+        def write_state() -> None:
+            self._write_state(addresses, database_url, nats_url)
+
+        self.infrastructure = Supervisor(infrastructure, on_spawn=write_state)
+        await self.infrastructure.start_all()
+        self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()
-        self._write_state(addresses, database_url, nats_url)
+        write_state()
         return addresses
 
+    async def watch(self) -> None:
+        """Restart any process of the stack that exits, until :meth:`stop`."""
+        assert self.supervisor is not None, "start() first"
+        await asyncio.gather(self.infrastructure.watch(), self.supervisor.watch())
+
     def _write_state(self, addresses: dict[str, str], database_url: str, nats_url: str) -> None:
-        assert self.supervisor is not None
+        if self.supervisor is None:  # still starting: written once the services are up
+            return
         state = {
             "database_url": database_url,
             "nats_url": nats_url,
@@ -173,27 +193,21 @@ class Stack:
                 for name in self.supervisor.children
                 if name not in addresses
             },
+            "infrastructure": {
+                name: {"pid": self.infrastructure.pid(name)}
+                for name in self.infrastructure.children
+            },
         }
         (self.options.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     async def stop(self) -> list[str]:
-        """Stop services, then NATS, then PostgreSQL; each step runs even if one before failed.
+        """Stop services, then NATS, then PostgreSQL; each runs even if one before failed.
 
         Returns what failed to stop (empty when everything stopped cleanly)."""
-        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-        if (supervisor := self.supervisor) is not None:
-            steps.append(("services", lambda: supervisor.stop_all(SHUTDOWN_ORDER)))
-        if (nats := self.nats) is not None:
-            steps.append(("nats", lambda: asyncio.to_thread(nats.stop)))
-        if (postgres := self.postgres) is not None:
-            steps.append(("postgres", lambda: asyncio.to_thread(postgres.stop)))
         failed = []
-        for name, step in steps:
-            try:
-                await step()
-            except Exception:
-                log.exception("stop failed", part=name)
-                failed.append(name)
+        if self.supervisor is not None:
+            failed += await self.supervisor.stop_all(SHUTDOWN_ORDER)
+        failed += await self.infrastructure.stop_all(INFRASTRUCTURE_SHUTDOWN_ORDER, timeout=60)
         (self.options.data_dir / STATE_FILE).unlink(missing_ok=True)
         return failed
 

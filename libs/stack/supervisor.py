@@ -1,4 +1,5 @@
-"""Runs service processes: starts them, waits until SERVING, restarts crashes, stops in order."""
+"""Runs the stack's processes: starts them, waits until ready, restarts any that dies (with
+growing back-off, logged), stops them in order."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ __all__ = ["ProcessSpec", "Supervised", "Supervisor", "python_module"]
 
 log = get_logger(__name__)
 
+# A child that ran this long before it exited restarts without delay again.
+STABLE_SECONDS = 60.0
+
 
 @dataclass
 class Supervised:
@@ -20,6 +24,8 @@ class Supervised:
     process: ManagedProcess = field(init=False)
     restarts: int = 0
     history: list[int] = field(default_factory=list)
+    # Exits in a row, each soon after its start: what the back-off grows with.
+    failures: int = 0
 
     def __post_init__(self) -> None:
         self.process = ManagedProcess(self.spec)
@@ -56,13 +62,16 @@ class Supervisor:
         await asyncio.gather(*(self._watch_one(c) for c in self.children.values()))
 
     async def _watch_one(self, child: Supervised) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         while not self._stopping:
             code = await child.process.wait()
             if self._stopping:
                 return
             child.history.append(code)
             child.restarts += 1
-            delay = min(self.max_backoff, 0.5 * 2 ** min(child.restarts - 1, 5))
+            child.failures = 1 if loop.time() - started >= STABLE_SECONDS else child.failures + 1
+            delay = min(self.max_backoff, 0.5 * 2 ** min(child.failures - 1, 5))
             log.warning(
                 "exited; restarting",
                 service=child.spec.name,
@@ -73,18 +82,29 @@ class Supervisor:
             await asyncio.sleep(delay)
             if not self._stopping:
                 self._spawn(child)
+                started = loop.time()
                 if self.on_spawn is not None:
                     self.on_spawn()
 
-    async def stop_all(self, order: list[str], timeout: float = 20.0) -> None:
-        """SIGTERM each child in ``order`` (others after), waiting for each to exit."""
+    async def stop_all(self, order: list[str], timeout: float = 20.0) -> list[str]:
+        """Stop each child in ``order`` (others after), waiting for each to exit; a child
+        that does not stop is killed, and one that fails to stop does not hold up the rest.
+
+        Returns the names of those that failed to stop."""
         self._stopping = True
         names = [n for n in order if n in self.children] + [
             n for n in self.children if n not in order
         ]
+        failed = []
         for name in names:
             process = self.children[name].process
             if not process.running():
                 continue
-            await process.stop(timeout)
+            try:
+                await process.stop(timeout)
+            except Exception:
+                log.exception("stop failed", service=name)
+                failed.append(name)
+                continue
             log.info("stopped", service=name)
+        return failed

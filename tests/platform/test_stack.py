@@ -1,12 +1,9 @@
 """`dispo up` on a fresh folder: everything SERVING, crashes restarted, data kept across restarts."""
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -15,83 +12,14 @@ from dispo.libs.health import health_status
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.stack import SERVICES, read_state
 from support import eventually
-
-DISPO = str(Path(sys.executable).parent / "dispo")
-
-
-class RunningStack:
-    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
-        self.data_dir = data_dir
-        self.env = env
-        self.output = data_dir.parent / "up.out"
-        self.process: subprocess.Popen | None = None
-
-    async def up(self) -> None:
-        with open(self.output, "wb") as out:
-            self.process = subprocess.Popen(
-                [
-                    DISPO,
-                    "up",
-                    "--nats-port",
-                    self.env["NATS_PORT"],
-                    "--demo-port",
-                    self.env["DEMO_PORT"],
-                ],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-        def ready() -> bool:
-            assert self.process.poll() is None, self.output.read_text()
-            return "Ctrl-C stops everything" in self.output.read_text()
-
-        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-
-    def status(self) -> tuple[int, dict]:
-        result = subprocess.run(
-            [DISPO, "status", "--json"], env=self.env, capture_output=True, text=True
-        )
-        return result.returncode, json.loads(result.stdout)
-
-    async def down(self) -> int:
-        """Ctrl-C; returns the exit code (a failure shows what dispo up printed)."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGINT)
-        code = await asyncio.to_thread(self.process.wait, 60)
-        assert code == 0, self.output.read_text()
-        return code
-
-    def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+from support.stack import DISPO, RunningStack, alive
 
 
 @pytest.fixture
 def stack(tmp_path):
-    env = {
-        **os.environ,
-        "DISPO_DATA_DIR": str(tmp_path / "data"),
-        "NATS_PORT": str(free_port()),
-        "DEMO_PORT": str(free_port()),
-    }
-    for name in SERVICES:
-        env[f"DISPO_{name.upper()}_PORT"] = str(free_port())
-    running = RunningStack(tmp_path / "data", env)
+    running = RunningStack.fresh(tmp_path)
     yield running
     running.kill()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_up_status_restart_and_data_kept(stack):

@@ -1,0 +1,68 @@
+"""`dispo up` supervises everything it starts: nats-server and PostgreSQL killed come back,
+and the stack keeps taking work."""
+
+import os
+import signal
+
+import grpc
+import pytest
+from dispo.libs.sdk import AsyncClient, DispoError, cells
+from dispo.libs.stack.stack import NATS, POSTGRES, read_state
+from support import eventually
+from support.stack import RunningStack, alive
+
+
+@pytest.fixture
+def stack(tmp_path):
+    running = RunningStack.fresh(tmp_path)
+    yield running
+    running.kill()
+
+
+async def submit_and_finish(stack: RunningStack, key: str) -> str:
+    """Submit a one-node task (retried under the same key while the gateway is unavailable)
+    and wait for its end; its terminal status."""
+    async with AsyncClient(stack.address("gateway")) as client:
+
+        async def submit():
+            try:
+                return await client.submit("ops", [cells.noop()], idempotency_key=key)
+            except DispoError as error:
+                if error.code not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
+                    raise
+                return error
+
+        submitted = await eventually(
+            submit, lambda r: not isinstance(r, DispoError), timeout=60, wanted=f"{key} accepted"
+        )
+        return (await client.wait(submitted.task_id, timeout=60)).status
+
+
+def infrastructure_pid(stack: RunningStack, name: str) -> int:
+    return read_state(stack.data_dir)["infrastructure"][name]["pid"]
+
+
+@pytest.mark.parametrize("killed", [NATS, POSTGRES])
+async def test_killed_infrastructure_is_restarted_and_work_goes_on(stack, killed):
+    await stack.up()
+    assert await submit_and_finish(stack, "before") == "SUCCEEDED"
+    other = POSTGRES if killed == NATS else NATS
+    untouched = infrastructure_pid(stack, other)
+    before = infrastructure_pid(stack, killed)
+
+    os.kill(before, signal.SIGKILL)
+
+    def restarted() -> int | None:
+        pid = infrastructure_pid(stack, killed)
+        return pid if pid != before and alive(pid) else None
+
+    after = await eventually(restarted, timeout=60, interval=0.1, wanted=f"{killed} restarted")
+    assert not alive(before)
+    assert f"service={killed}" in stack.output.read_text()  # the restart is logged
+    assert await submit_and_finish(stack, "after") == "SUCCEEDED"
+    assert infrastructure_pid(stack, other) == untouched and alive(untouched)
+    assert await stack.down() == 0
+    assert not alive(after) and not alive(untouched)

@@ -1,0 +1,103 @@
+"""`dispo up` as a real process, on free ports, in a folder of the test's own.
+
+running = RunningStack.fresh(tmp_path)
+await running.up()                      # until it prints that it is up
+state = read_state(running.data_dir)    # pids and addresses
+await running.down()                    # Ctrl-C, exit code 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.stack import SERVICES
+
+from support.waiting import eventually
+
+DISPO = str(Path(sys.executable).parent / "dispo")
+
+
+class RunningStack:
+    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
+        self.data_dir = data_dir
+        self.env = env
+        self.output = data_dir.parent / "up.out"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def fresh(cls, root: Path) -> RunningStack:
+        """A stack kept in ``root/data``, its NATS, demo downstream and services on free ports."""
+        env = {
+            **os.environ,
+            "DISPO_DATA_DIR": str(root / "data"),
+            "NATS_PORT": str(free_port()),
+            "DEMO_PORT": str(free_port()),
+        }
+        for name in SERVICES:
+            env[f"DISPO_{name.upper()}_PORT"] = str(free_port())
+        return cls(root / "data", env)
+
+    def address(self, service: str) -> str:
+        return f"127.0.0.1:{self.env[f'DISPO_{service.upper()}_PORT']}"
+
+    def command(self, *args: str) -> list[str]:
+        """``dispo up`` on this stack's ports, with ``args`` added."""
+        return [
+            DISPO,
+            "up",
+            "--nats-port",
+            self.env["NATS_PORT"],
+            "--demo-port",
+            self.env["DEMO_PORT"],
+            *args,
+        ]
+
+    async def up(self) -> None:
+        with open(self.output, "wb") as out:
+            self.process = subprocess.Popen(
+                self.command(), env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+        def ready() -> bool:
+            assert self.process is not None
+            assert self.process.poll() is None, self.output.read_text()
+            return "Ctrl-C stops everything" in self.output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+
+    def status(self) -> tuple[int, dict]:
+        result = subprocess.run(
+            [DISPO, "status", "--json"], env=self.env, capture_output=True, text=True
+        )
+        return result.returncode, json.loads(result.stdout)
+
+    async def down(self) -> int:
+        """Ctrl-C; returns the exit code (a failure shows what dispo up printed)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGINT)
+        code = await asyncio.to_thread(self.process.wait, 60)
+        assert code == 0, self.output.read_text()
+        return code
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
