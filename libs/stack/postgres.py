@@ -135,6 +135,9 @@ class EmbeddedPostgres:
             ready=lambda timeout: wait_accepting(url, timeout),
             # Fast shutdown: roll back open transactions, checkpoint, exit.
             stop_signal=signal.SIGINT,
+            # Immediate shutdown: the postmaster takes its own children down and removes
+            # its postmaster.pid.
+            parent_death_signal=signal.SIGQUIT,
             user=user,
         )
 

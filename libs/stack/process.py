@@ -73,13 +73,15 @@ async def wait_tcp(host: str, port: int, timeout: float, interval: float = 0.05)
 PR_SET_PDEATHSIG = 1
 
 
-def parent_death_hook(sig: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that has the child sent ``sig`` when its parent ends.
+def parent_death_hook(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child sent ``sig`` when its parent ends (None off Linux).
 
     The kernel sends it when the spawning *thread* ends, so spawn from a thread that lives
     as long as the child (an event loop's). The hook runs between fork and exec, so it only
     calls into libc, resolved beforehand; a parent that died before the hook ran is caught
     by comparing the parent's pid."""
+    if sys.platform != "linux":
+        return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     parent = os.getpid()
 
@@ -140,7 +142,7 @@ class ManagedProcess:
                 user=spec.user,
                 preexec_fn=(
                     parent_death_hook(spec.parent_death_signal)
-                    if spec.parent_death_signal is not None and sys.platform == "linux"
+                    if spec.parent_death_signal is not None
                     else None
                 ),
             )

@@ -1,9 +1,16 @@
 """Runs the stack's processes: starts them, waits until ready, restarts any that dies (with
-growing back-off, logged), stops them in order."""
+growing back-off, logged), stops them in order.
+
+Its children die with it however it ends, a SIGKILL included: each is sent a parent-death
+signal (SIGKILL unless its spec names another). The kernel sends it when the spawning
+thread ends, so a supervisor runs in the thread of an event loop that lives as long as it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,8 +45,16 @@ class Supervisor:
         *,
         max_backoff: float = 10.0,
         on_spawn: Callable[[], None] | None = None,
+        parent_death_signal: int = signal.SIGKILL,
     ) -> None:
-        self.children = {spec.name: Supervised(spec) for spec in specs}
+        self.children = {
+            spec.name: Supervised(
+                spec
+                if spec.parent_death_signal is not None
+                else dataclasses.replace(spec, parent_death_signal=parent_death_signal)
+            )
+            for spec in specs
+        }
         self.max_backoff = max_backoff
         # Called after a restart, e.g. to record the new pid.
         self.on_spawn = on_spawn

@@ -1,5 +1,5 @@
 """`dispo up` supervises everything it starts: nats-server and PostgreSQL killed come back,
-and the stack keeps taking work."""
+and the stack keeps taking work; killed itself, it leaves no process behind."""
 
 import os
 import signal
@@ -9,7 +9,7 @@ import pytest
 from dispo.libs.sdk import AsyncClient, DispoError, cells
 from dispo.libs.stack.stack import NATS, POSTGRES, read_state
 from support import eventually
-from support.stack import RunningStack, alive
+from support.stack import RunningStack, alive, descendants
 
 
 @pytest.fixture
@@ -66,3 +66,28 @@ async def test_killed_infrastructure_is_restarted_and_work_goes_on(stack, killed
     assert infrastructure_pid(stack, other) == untouched and alive(untouched)
     assert await stack.down() == 0
     assert not alive(after) and not alive(untouched)
+
+
+async def test_nothing_outlives_a_killed_dispo_up(stack):
+    await stack.up()
+    state = read_state(stack.data_dir)
+    started = {
+        info["pid"]
+        for group in ("services", "companions", "infrastructure")
+        for info in state[group].values()
+    }
+    assert stack.process is not None
+    children = descendants(stack.process.pid)
+    # the services, companions and infrastructure, and PostgreSQL's own processes below them
+    assert started < children
+
+    stack.process.kill()  # SIGKILL: no shutdown code of dispo up runs
+    stack.process.wait()
+
+    await eventually(
+        lambda: {pid for pid in children if alive(pid)},
+        lambda left: not left,
+        timeout=60,
+        interval=0.1,
+        wanted="no process of the stack left",
+    )

@@ -9,22 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import sys
 
 from dispo.libs.logging import get_logger
+from dispo.libs.stack.process import parent_death_hook
 
 log = get_logger(__name__)
 
-PR_SET_PDEATHSIG = 1
 RESTART_DELAY = 1.0
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class WorkerSupervisor:
@@ -41,7 +35,7 @@ class WorkerSupervisor:
                 "-m",
                 "dispo.pool.worker",
                 env={**os.environ, **self.env},
-                preexec_fn=_die_with_parent,
+                preexec_fn=parent_death_hook(signal.SIGTERM),
             )
             self.starts += 1
             log.info("pool worker started", pid=self.process.pid, starts=self.starts)
