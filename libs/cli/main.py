@@ -95,7 +95,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 BENCHMARKS = {
-    "submit": "dispo.gateway.bench",  # submit throughput, Submit and accepted→terminal latency
+    "submit": "dispo.libs.bench.run",  # tasks through the pipeline: throughput, latency, CPU, ceiling
     "pool": "dispo.pool.bench",  # cron claims and run recordings under contention
 }
 

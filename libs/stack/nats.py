@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from dispo.libs.stack.process import ProcessSpec, wait_tcp
@@ -39,14 +40,20 @@ def wait_for_port(port: int, timeout: float = 15.0) -> None:
 
 
 class NatsServer:
-    """One JetStream-enabled server keeping its streams in ``store_dir``."""
+    """One JetStream-enabled server keeping its streams in ``store_dir``; ``args`` are added
+    to its command line (a cluster's node passes its name and routes)."""
 
     def __init__(
-        self, store_dir: Path, port: int | None = None, log_file: Path | None = None
+        self,
+        store_dir: Path,
+        port: int | None = None,
+        log_file: Path | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.log_file = log_file
+        self.args = list(args)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -63,6 +70,7 @@ class NatsServer:
             str(self.port),
             "-sd",
             str(self.store_dir),
+            *self.args,
         ]
 
     def start(self) -> str:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from dispo.libs.logging import get_logger
 from dispo.libs.settings import server_settings
-from dispo.libs.stack.nats import NatsServer
+from dispo.libs.stack.cluster import NatsCluster
+from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.process import ProcessSpec, python_module
 from dispo.libs.stack.supervisor import Supervisor
 
@@ -62,6 +63,18 @@ class StackOptions:
     # Port of the demo downstream (0: do not start it).
     demo_port: int = 8181
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Processes per service (default 1): replica 1 is named as the service and listens on
+    # its port, replica k > 1 is ``<service>-k`` on a free port. Executor replicas share
+    # the durable consumers (they split the work); each gateway serves callers on its own port.
+    replicas: dict[str, int] = field(default_factory=dict)
+    # Nodes of the embedded NATS (1: one nats-server on nats_port; 3: a JetStream cluster
+    # ``nats-0``… on free loopback ports, streams created with that many replicas).
+    nats_nodes: int = 1
+
+
+def replica_names(service: str, count: int) -> list[str]:
+    """``["executor", "executor-2", "executor-3"]`` for three executor replicas."""
+    return [service, *(f"{service}-{k}" for k in range(2, count + 1))]
 
 
 def service_specs(options: StackOptions, database_url: str, nats_url: str) -> list[ProcessSpec]:
@@ -71,6 +84,8 @@ def service_specs(options: StackOptions, database_url: str, nats_url: str) -> li
         "DISPO_LOG_FORMAT": "json",
         **options.extra_env,
     }
+    if options.nats_nodes > 1:  # each stream on every node of the cluster
+        common.setdefault("DISPO_STREAM_REPLICAS", str(options.nats_nodes))
     logs = options.data_dir / "logs"
     local_crons = str(options.data_dir / "pool" / "local-crons.sqlite")
     common["DISPO_POOL_LOCAL_REGISTRY"] = local_crons
@@ -93,23 +108,24 @@ def service_specs(options: StackOptions, database_url: str, nats_url: str) -> li
                 new_session=True,
             )
         )
-    for name in options.services:
-        address = f"{options.host}:{options.ports[name]}"
-        env = {
-            **common,
-            f"DISPO_{name.upper()}_HOST": options.host,
-            f"DISPO_{name.upper()}_PORT": str(options.ports[name]),
-        }
-        specs.append(
-            ProcessSpec(
-                name,
-                python_module(f"dispo.{name}"),
-                env,
-                address,
-                logs / f"{name}.log",
-                new_session=True,
+    for service in options.services:
+        for k, name in enumerate(replica_names(service, options.replicas.get(service, 1))):
+            port = options.ports[service] if k == 0 else free_port()
+            env = {
+                **common,
+                f"DISPO_{service.upper()}_HOST": options.host,
+                f"DISPO_{service.upper()}_PORT": str(port),
+            }
+            specs.append(
+                ProcessSpec(
+                    name,
+                    python_module(f"dispo.{service}"),
+                    env,
+                    f"{options.host}:{port}",
+                    logs / f"{name}.log",
+                    new_session=True,
+                )
             )
-        )
     if "pool" in options.services:
         env = {
             **common,
@@ -134,6 +150,7 @@ class Stack:
         self.options = options
         self.postgres: EmbeddedPostgres | None = None
         self.nats: NatsServer | None = None
+        self.nats_cluster: NatsCluster | None = None
         # Runs the embedded PostgreSQL and nats-server, restarting them like the services.
         self.infrastructure = Supervisor([])
         self.supervisor: Supervisor | None = None
@@ -154,7 +171,13 @@ class Stack:
             infrastructure.append(await asyncio.to_thread(self.postgres.spec, log_path, POSTGRES))
             database_url = self.postgres.url
         nats_url = self.options.nats_url
-        if nats_url is None:
+        if nats_url is None and self.options.nats_nodes > 1:
+            self.nats_cluster = NatsCluster(
+                data / "nats", self.options.nats_nodes, data / "logs", name=NATS
+            )
+            infrastructure += self.nats_cluster.specs()
+            nats_url = self.nats_cluster.url
+        elif nats_url is None:
             self.nats = NatsServer(
                 data / "nats", self.options.nats_port, data / "logs" / f"{NATS}.log"
             )
@@ -168,6 +191,8 @@ class Stack:
 
         self.infrastructure = Supervisor(infrastructure, on_spawn=write_state)
         await self.infrastructure.start_all()
+        if self.nats_cluster is not None:  # JetStream answers once the nodes elect a leader
+            await asyncio.to_thread(self.nats_cluster.wait_ready)
         self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()
         write_state()
@@ -177,6 +202,16 @@ class Stack:
         """Restart any process of the stack that exits, until :meth:`stop`."""
         assert self.supervisor is not None, "start() first"
         await asyncio.gather(self.infrastructure.watch(), self.supervisor.watch())
+
+    def pids(self) -> dict[str, int]:
+        """The pid of every process of the stack that is running, by name: services,
+        companions, ``postgres`` (the postmaster) and ``nats`` (or ``nats-0``… of a cluster)."""
+        found: dict[str, int] = {}
+        for supervisor in (self.infrastructure, self.supervisor):
+            for name, child in (supervisor.children if supervisor else {}).items():
+                if child.process.running() and child.process.pid is not None:
+                    found[name] = child.process.pid
+        return found
 
     def _write_state(self, addresses: dict[str, str], database_url: str, nats_url: str) -> None:
         if self.supervisor is None:  # still starting: written once the services are up
@@ -206,8 +241,16 @@ class Stack:
         Returns what failed to stop (empty when everything stopped cleanly)."""
         failed = []
         if self.supervisor is not None:
-            failed += await self.supervisor.stop_all(SHUTDOWN_ORDER)
-        failed += await self.infrastructure.stop_all(INFRASTRUCTURE_SHUTDOWN_ORDER, timeout=60)
+            order = [
+                name
+                for service in SHUTDOWN_ORDER
+                for name in replica_names(service, self.options.replicas.get(service, 1))
+            ]
+            failed += await self.supervisor.stop_all(order)
+        nodes = self.nats_cluster.names if self.nats_cluster is not None else []
+        failed += await self.infrastructure.stop_all(
+            [*nodes, *INFRASTRUCTURE_SHUTDOWN_ORDER], timeout=60
+        )
         (self.options.data_dir / STATE_FILE).unlink(missing_ok=True)
         return failed
 

@@ -1,0 +1,121 @@
+"""The load generator: Submits over gRPC, spread round-robin over the gateways, in one of
+two modes, then the outcome of every task as the gateway records it.
+
+- :func:`saturate` — closed loop: ``concurrency`` callers each submit their next task as soon
+  as the previous one is answered, until ``count`` are sent;
+- :func:`offer` — open loop: task ``i`` is sent at ``i / rate`` seconds whatever the answers
+  (so a slow stack shows as latency, not as a lower offered rate);
+- :func:`outcomes` — once no task of the run's business is left unfinished, every task's
+  status with its acceptance and last-change times (one paged ListTasks pass).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import cast
+
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.bench.report import TERMINAL, LoadFacts, Outcome, Submission
+from dispo.libs.sdk import AsyncClient, CellSpec, DispoError
+
+UNFINISHED = [
+    name.removeprefix("TASK_STATUS_")
+    for name in common_pb2.TaskStatus.keys()
+    if name != "TASK_STATUS_UNSPECIFIED" and name.removeprefix("TASK_STATUS_") not in TERMINAL
+]
+
+
+class Submitter:
+    """Submits task ``i`` of a run through gateway ``i mod len(clients)``, keyed ``<business>-i``."""
+
+    def __init__(
+        self, clients: Sequence[AsyncClient], business: str, cells: Callable[[], list[CellSpec]]
+    ) -> None:
+        self.clients = list(clients)
+        self.business = business
+        self.cells = cells
+        self.facts = LoadFacts(started_at=time.time())
+        self._origin = time.perf_counter()
+
+    def start(self, offered_rate: float | None = None) -> None:
+        self.facts = LoadFacts(started_at=time.time(), offered_rate=offered_rate)
+        self._origin = time.perf_counter()
+
+    async def submit(self, i: int, lag: float = 0.0) -> None:
+        client = self.clients[i % len(self.clients)]
+        sent = time.perf_counter()
+        task_id, error = "", ""
+        try:
+            accepted = await client.submit(
+                self.business, self.cells(), idempotency_key=f"{self.business}-{i}"
+            )
+            task_id = accepted.task_id
+        except DispoError as failure:
+            error = failure.code.name
+        self.facts.submissions.append(
+            Submission(sent - self._origin, time.perf_counter() - sent, task_id, error, lag)
+        )
+
+
+async def saturate(submitter: Submitter, count: int, concurrency: int) -> LoadFacts:
+    submitter.start()
+    next_index = iter(range(count))
+
+    async def caller() -> None:
+        for i in next_index:
+            await submitter.submit(i)
+
+    await asyncio.gather(*(caller() for _ in range(max(1, concurrency))))
+    return submitter.facts
+
+
+async def offer(submitter: Submitter, count: int, rate: float) -> LoadFacts:
+    """Send ``count`` Submits at ``rate`` per second on schedule; wait for every answer."""
+    submitter.start(offered_rate=rate)
+    loop = asyncio.get_running_loop()
+    origin = loop.time()
+    in_flight: set[asyncio.Task[None]] = set()
+    for i in range(count):
+        due = origin + i / rate
+        delay = due - loop.time()
+        # Behind schedule: send at once, but let the answers in between.
+        await asyncio.sleep(max(0.0, delay))
+        task = asyncio.create_task(submitter.submit(i, lag=max(0.0, loop.time() - due)))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    await asyncio.gather(*in_flight)
+    return submitter.facts
+
+
+async def unfinished(client: AsyncClient, business: str) -> bool:
+    """Whether any task of ``business`` is not yet terminal (one page of one row)."""
+    pages = cast(
+        AsyncGenerator[object, None],
+        client.list(business=business, statuses=UNFINISHED, page_size=1),
+    )
+    try:
+        return await anext(pages, None) is not None
+    finally:
+        await pages.aclose()
+
+
+async def outcomes(
+    client: AsyncClient, business: str, timeout: float, interval: float = 0.2
+) -> list[Outcome]:
+    """Every task of ``business`` once none is unfinished (or after ``timeout`` seconds,
+    as they are then)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline and await unfinished(client, business):
+        await asyncio.sleep(interval)
+    return [
+        Outcome(
+            summary.task_id,
+            common_pb2.TaskStatus.Name(summary.status).removeprefix("TASK_STATUS_"),
+            summary.created_at.ToMicroseconds() / 1e6,
+            summary.updated_at.ToMicroseconds() / 1e6,
+        )
+        async for summary in client.list(business=business, page_size=500)
+    ]

@@ -1,0 +1,317 @@
+"""The bench's figures, from facts gathered elsewhere: latency summaries, throughput, CPU
+per task per process, and the report (a JSON-ready dict) with its text rendering. No I/O.
+
+    submit = latency([0.004, 0.006, ...])            # seconds in, milliseconds out
+    cpu = cpu_per_task(before, after, tasks=3000)    # {name: {"seconds", "ms_per_task"}}
+    report = build_report(machine=..., config=..., load=..., outcomes=..., ...)
+    print("\\n".join(render(report)))
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Name of the load generator's own process in the CPU accounting.
+CLIENT = "bench-client"
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (``nan`` for no values)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))]
+
+
+@dataclass(frozen=True)
+class Latency:
+    n: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    mean_ms: float | None
+    max_ms: float | None
+
+
+def latency(seconds: Sequence[float]) -> Latency:
+    """Summary of durations given in seconds, in milliseconds (``None`` with no values)."""
+    if not seconds:
+        return Latency(0, None, None, None, None, None)
+    ms = sorted(v * 1000 for v in seconds)
+    return Latency(
+        len(ms),
+        percentile(ms, 50),
+        percentile(ms, 95),
+        percentile(ms, 99),
+        statistics.fmean(ms),
+        ms[-1],
+    )
+
+
+def per_second(count: int, seconds: float) -> float | None:
+    return count / seconds if seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One Submit as the load generator saw it: when it was sent (seconds from the start of
+    the run, and how late against its schedule in rate mode) and how long the answer took."""
+
+    sent_at: float
+    seconds: float
+    task_id: str = ""
+    error: str = ""
+    lag: float = 0.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A task as the gateway reports it at the end: its status, when it was accepted and
+    when its status last changed (the terminal snapshot for a finished task), both as
+    seconds since the epoch."""
+
+    task_id: str
+    status: str
+    accepted_at: float
+    updated_at: float
+
+
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+@dataclass
+class LoadFacts:
+    """What the load generator did: its submissions, the run's start (epoch seconds), and
+    the offered rate in rate mode (``None``: saturation)."""
+
+    started_at: float
+    submissions: list[Submission] = field(default_factory=list)
+    offered_rate: float | None = None
+
+    @property
+    def accepted(self) -> list[Submission]:
+        return [s for s in self.submissions if not s.error]
+
+
+def cpu_per_task(
+    before: Mapping[str, float], after: Mapping[str, float], tasks: int
+) -> dict[str, Any]:
+    """CPU seconds each process used between two samples, and per task in milliseconds;
+    ``stack_ms_per_task`` sums every process but the load generator, ``all_ms_per_task``
+    includes it. A process present in only one sample counts from zero."""
+    used = {
+        name: max(0.0, after.get(name, 0.0) - before.get(name, 0.0))
+        for name in sorted(set(before) | set(after))
+    }
+    stack = sum(seconds for name, seconds in used.items() if name != CLIENT)
+    everything = sum(used.values())
+    return {
+        "per_process": {
+            name: {
+                "seconds": round(seconds, 4),
+                "ms_per_task": round(seconds * 1000 / tasks, 4) if tasks else None,
+            }
+            for name, seconds in used.items()
+        },
+        "stack_seconds": round(stack, 4),
+        "stack_ms_per_task": round(stack * 1000 / tasks, 4) if tasks else None,
+        "all_ms_per_task": round(everything * 1000 / tasks, 4) if tasks else None,
+    }
+
+
+def build_report(
+    *,
+    created: str,
+    machine: Mapping[str, Any],
+    config: Mapping[str, Any],
+    nodes_per_task: int,
+    load: LoadFacts,
+    outcomes: Sequence[Outcome],
+    cpu_before: Mapping[str, float],
+    cpu_after: Mapping[str, float],
+    machine_busy: tuple[float, float] | None,
+    ceiling: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The result of one run, JSON-ready. Throughput counts from the run's start: submitted/s
+    to the last Submit answer, completed/s to the last terminal snapshot. ``machine_busy``
+    is (CPU seconds the whole machine spent busy, wall seconds) between the CPU samples."""
+    accepted = load.accepted
+    submit_end = max((s.sent_at + s.seconds for s in load.submissions), default=0.0)
+    finished = [o for o in outcomes if o.status in TERMINAL]
+    last_terminal = max((o.updated_at for o in finished), default=load.started_at)
+    completed_window = last_terminal - load.started_at
+    completed_rate = per_second(len(finished), completed_window)
+    cpu = cpu_per_task(cpu_before, cpu_after, len(finished))
+    measured = sum(p["seconds"] for p in cpu["per_process"].values())
+    window = max(submit_end, completed_window)
+    busy = None
+    if machine_busy is not None:
+        busy_seconds, wall = machine_busy
+        busy = {
+            "busy_cpu_seconds": round(busy_seconds, 3),
+            "wall_seconds": round(wall, 3),
+            "busy_cores": round(busy_seconds / wall, 3) if wall > 0 else None,
+            # CPU the machine spent on processes this run did not start (other work).
+            "others_cpu_seconds": round(max(0.0, busy_seconds - measured), 3),
+        }
+    return {
+        "created": created,
+        "machine": {**machine, "during_run": busy},
+        "config": dict(config),
+        "throughput": {
+            "offered_per_s": load.offered_rate,
+            "submitted": len(accepted),
+            "submit_errors": len(load.submissions) - len(accepted),
+            "submitted_per_s": per_second(len(accepted), submit_end),
+            "completed": len(finished),
+            "completed_per_s": completed_rate,
+            "node_runs_per_s": completed_rate * nodes_per_task if completed_rate else None,
+            "seconds": round(window, 3),
+        },
+        "latency": {
+            "submit": asdict(latency([s.seconds for s in accepted])),
+            "submit_to_terminal": asdict(
+                latency([max(0.0, o.updated_at - o.accepted_at) for o in finished])
+            ),
+            "send_lag": asdict(latency([s.lag for s in load.submissions]))
+            if load.offered_rate
+            else None,
+        },
+        "statuses": dict(sorted(Counter(o.status for o in outcomes).items())),
+        "cpu": cpu,
+        "postgres_commit_ceiling": dict(ceiling) if ceiling is not None else None,
+    }
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:8.2f}" if value is not None else "     n/a"
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:.1f}/s" if value is not None else "n/a"
+
+
+def latency_text(name: str, summary: Mapping[str, Any]) -> str:
+    return (
+        f"{name:<24} n={summary['n']:<7} p50={_ms(summary['p50_ms'])} ms  "
+        f"p95={_ms(summary['p95_ms'])} ms  p99={_ms(summary['p99_ms'])} ms  "
+        f"mean={_ms(summary['mean_ms'])} ms"
+    )
+
+
+def render(report: Mapping[str, Any]) -> list[str]:
+    """The report as lines for a terminal."""
+    machine, config, through = report["machine"], report["config"], report["throughput"]
+    lines = [
+        f"machine                  {machine['cores']} cores, {machine['memory_bytes'] / 2**30:.1f} GiB,"
+        f" {machine['cpu_model']}; load average before {machine['loadavg_before']}",
+        "config                   " + " ".join(f"{k}={v}" for k, v in config.items()),
+    ]
+    if through["offered_per_s"]:
+        lines.append(f"offered                  {through['offered_per_s']:.1f}/s")
+    lines += [
+        f"submitted                {through['submitted']} ({through['submit_errors']} errors)"
+        f" = {_rate(through['submitted_per_s'])}",
+        f"completed                {through['completed']} = {_rate(through['completed_per_s'])}"
+        f" ({_rate(through['node_runs_per_s'])} node runs)",
+        latency_text("Submit", report["latency"]["submit"]),
+        latency_text("submit→terminal", report["latency"]["submit_to_terminal"]),
+    ]
+    if report["latency"]["send_lag"]:
+        lines.append(latency_text("send lag (vs schedule)", report["latency"]["send_lag"]))
+    lines.append(f"statuses                 {report['statuses']}")
+    cpu = report["cpu"]
+    per = ", ".join(
+        f"{name} {p['ms_per_task']:.2f}"
+        for name, p in cpu["per_process"].items()
+        if p["ms_per_task"] is not None
+    )
+    if cpu["stack_ms_per_task"] is not None:
+        lines.append(f"CPU ms per task          stack {cpu['stack_ms_per_task']:.2f}: {per}")
+    if machine["during_run"]:
+        busy = machine["during_run"]
+        lines.append(
+            f"machine busy             {busy['busy_cores']} cores on average;"
+            f" {busy['others_cpu_seconds']} CPU s by processes outside this run"
+        )
+    if ceiling := report["postgres_commit_ceiling"]:
+        tps = ", ".join(f"{c} client(s) {v:.0f}/s" for c, v in ceiling["tps_by_clients"].items())
+        lines.append(f"PostgreSQL commit ceiling one-row INSERT per transaction: {tps}")
+    return lines
+
+
+def result_name(report: Mapping[str, Any]) -> str:
+    """File name of a result: ``<date>-<shape>-<mode>...json``, sortable by date."""
+    config = report["config"]
+    stamp = report["created"].replace(":", "").replace("-", "")[:15]
+    mode = f"rate{config['rate']:g}" if config.get("rate") else "saturation"
+    scale = f"g{config['gateways']}" + (
+        f"e{config['executors']}" if config.get("executors") else ""
+    )
+    parts = [stamp, config["shape"], mode, scale]
+    if (config.get("nats_nodes") or 1) > 1:
+        parts.append(f"nats{config['nats_nodes']}")
+    return "-".join(parts) + ".json"
+
+
+TABLE_HEADER = (
+    "| date | run | machine busy | submitted/s | completed/s | Submit p50 / p99 |"
+    " submit→terminal p50 / p99 | CPU ms/task (stack) | PostgreSQL commits/s (1 / 32 clients) |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def table_row(report: Mapping[str, Any]) -> str:
+    """The report as a row of the README's results table (:data:`TABLE_HEADER`)."""
+    config, through, lat = report["config"], report["throughput"], report["latency"]
+    run = f"{config['shape']}, " + (
+        f"{config['rate']:g}/s offered" if config.get("rate") else f"c={config['concurrency']}"
+    )
+    run += f", {config['tasks']} tasks, {config['gateways']} gw"
+    if config.get("executors"):
+        run += f" / {config['executors']} ex"
+    if (config.get("nats_nodes") or 1) > 1:
+        run += f", NATS x{config['nats_nodes']}"
+    during = report["machine"].get("during_run") or {}
+    busy = during.get("busy_cores")
+    if busy is not None and during.get("busy_cpu_seconds"):
+        share = during["others_cpu_seconds"] / during["busy_cpu_seconds"]
+        busy_text = f"{busy:.2f} cores, {share:.0%} other work"
+    else:
+        busy_text = f"{busy:.2f} cores" if busy is not None else "n/a"
+    ceiling = report["postgres_commit_ceiling"]
+    commits = (
+        " / ".join(f"{v:.0f}" for v in ceiling["tps_by_clients"].values()) if ceiling else "n/a"
+    )
+
+    def pair(summary: Mapping[str, Any]) -> str:
+        if summary["p50_ms"] is None:
+            return "n/a"
+        return f"{summary['p50_ms']:.0f} / {summary['p99_ms']:.0f} ms"
+
+    stack_cpu = report["cpu"]["stack_ms_per_task"]
+    cells = [
+        report["created"][:16].replace("T", " "),
+        run,
+        busy_text,
+        _rate(through["submitted_per_s"]).removesuffix("/s"),
+        _rate(through["completed_per_s"]).removesuffix("/s"),
+        pair(lat["submit"]),
+        pair(lat["submit_to_terminal"]),
+        f"{stack_cpu:.1f}" if stack_cpu is not None else "n/a",
+        commits,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+# Kept for the benchmarks that print lines directly (the pool's).
+def latency_line(name: str, seconds: list[float]) -> str:
+    return latency_text(name, asdict(latency(seconds)))
+
+
+def rate_line(name: str, count: int, elapsed: float) -> str:
+    return f"{name:<24} {count} in {elapsed:.2f} s = {count / elapsed if elapsed else float('nan'):.1f}/s"

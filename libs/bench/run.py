@@ -1,0 +1,241 @@
+"""``dispo bench submit``: tasks through the real pipeline, measured against the machine.
+
+    dispo bench submit --start --tasks 3000 --concurrency 32            # saturation, noop
+    dispo bench submit --start --shape http --rate 300 --tasks 3000     # fixed offered rate
+    dispo bench submit --start --gateways 2 --executors 3 --cluster     # scale-out, NATS cluster
+    dispo bench submit --address 127.0.0.1:50051 --tasks 2000           # a running stack
+
+With ``--start`` the bench runs its own embedded stack (PostgreSQL, NATS — one node or a
+three-node cluster —, the services, and for ``--shape http`` the demo downstream as a fast
+local HTTP server), with a catalogue written for the run. It measures PostgreSQL's commit
+ceiling with ``pgbench``, samples the CPU time of every process the stack started, submits,
+waits until every task is terminal, samples again, prints the report and writes it as JSON
+to ``--results`` (``bench-results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dispo.libs.bench import ceiling, load, machine
+from dispo.libs.bench.report import CLIENT, build_report, render, result_name, table_row
+from dispo.libs.bench.shapes import SHAPES, Shape, catalogue_yaml
+from dispo.libs.sdk import AsyncClient, cell
+
+DEFAULT_SERVICES = ("gateway", "executor", "reconciler")
+
+
+@dataclass
+class Target:
+    """Where the load goes: gateway addresses, and what the bench may measure there."""
+
+    gateways: list[str]
+    pids: dict[str, int]
+    database_url: str | None
+
+
+@contextlib.asynccontextmanager
+async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Target]:
+    from dispo.libs.stack.nats import free_port
+    from dispo.libs.stack.stack import Stack, StackOptions, replica_names
+
+    services = tuple(args.services.split(","))
+    with tempfile.TemporaryDirectory(prefix="dispo-bench-") as folder:
+        root = Path(folder)
+        demo_port = free_port()
+        catalogue = root / "catalogue.yaml"
+        catalogue.write_text(catalogue_yaml(f"http://127.0.0.1:{demo_port}"))
+        options = StackOptions(
+            data_dir=root,
+            nats_port=free_port(),
+            ports={name: free_port() for name in services},
+            services=services,
+            demo_port=demo_port if shape.http else 0,
+            extra_env={
+                "DISPO_LOG_LEVEL": os.environ.get("DISPO_LOG_LEVEL", "WARNING"),
+                "DISPO_CATALOGUE": str(catalogue),
+            },
+            replicas={"gateway": args.gateways, "executor": args.executors},
+            nats_nodes=3 if args.cluster else 1,
+        )
+        stack = Stack(options)
+        try:
+            addresses = await stack.start()
+            assert stack.postgres is not None
+            yield Target(
+                [addresses[name] for name in replica_names("gateway", args.gateways)],
+                stack.pids(),
+                stack.postgres.url,
+            )
+        finally:
+            await stack.stop()
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str, Any]:
+    return {
+        "shape": shape.name,
+        "cell": cell_name,
+        "nodes_per_task": shape.nodes,
+        "mode": "rate" if args.rate else "saturation",
+        "tasks": args.tasks,
+        "concurrency": None if args.rate else args.concurrency,
+        "rate": args.rate,
+        "gateways": args.gateways if args.start else len(args.address.split(",")),
+        "executors": args.executors if args.start else None,
+        "nats_nodes": (3 if args.cluster else 1) if args.start else None,
+        "services": args.services if args.start else None,
+        "stack": "embedded" if args.start else "running",
+        "commit": _commit(),
+    }
+
+
+async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
+    shape = SHAPES[args.shape]
+    cell_name = args.cell or shape.cell
+    stamp = datetime.now(UTC)
+    business = f"{args.business}-{stamp:%Y%m%d%H%M%S}"
+    clients = [AsyncClient(address) for address in target.gateways]
+    try:
+        # Warm-up: a few tasks through every gateway, finished before measuring.
+        warm = load.Submitter(clients, f"{business}-warmup", lambda: [cell(cell_name)])
+        await load.saturate(warm, 4 * len(clients), len(clients))
+        await load.outcomes(clients[0], warm.business, timeout=120)
+        ceiling_figures = None
+        if args.ceiling_seconds > 0 and target.database_url:
+            ceiling_figures = await asyncio.to_thread(
+                ceiling.commit_ceiling, target.database_url, (1, 32), args.ceiling_seconds
+            )
+
+        def cpu() -> dict[str, float]:
+            return {**machine.tree_cpu_seconds(target.pids), CLIENT: machine.self_cpu_seconds()}
+
+        submitter = load.Submitter(clients, business, lambda: [cell(cell_name)])
+        cpu_before, busy_before = cpu(), machine.busy_cpu_seconds()
+        wall_before = time.monotonic()
+        if args.rate:
+            facts = await load.offer(submitter, args.tasks, args.rate)
+        else:
+            facts = await load.saturate(submitter, args.tasks, args.concurrency)
+        outcomes = await load.outcomes(clients[0], business, timeout=args.timeout)
+        cpu_after, busy_after = cpu(), machine.busy_cpu_seconds()
+        wall = time.monotonic() - wall_before
+    finally:
+        for client in clients:
+            await client.close()
+    return build_report(
+        created=stamp.isoformat(timespec="seconds"),
+        machine=machine.describe(),
+        config=_config(args, shape, cell_name),
+        nodes_per_task=shape.nodes,
+        load=facts,
+        outcomes=outcomes,
+        cpu_before=cpu_before,
+        cpu_after=cpu_after,
+        machine_busy=(busy_after - busy_before, wall),
+        ceiling=ceiling_figures,
+    )
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    shape = SHAPES[args.shape]
+    if args.start:
+        async with own_stack(args, shape) as target:
+            return await measure(args, target)
+    if shape.name != "noop" and not args.cell:
+        raise SystemExit(
+            f"--shape {shape.name} needs --start (its cells are in the bench catalogue)"
+        )
+    return await measure(args, Target(args.address.split(","), {}, args.database_url))
+
+
+def write_result(report: dict[str, Any], folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / result_name(report)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dispo bench submit", description=(__doc__ or "").splitlines()[0]
+    )
+    p.add_argument("--start", action="store_true", help="run on an embedded stack of its own")
+    p.add_argument(
+        "--address",
+        default="127.0.0.1:50051",
+        help="gateway address(es) of a running stack, comma-separated (without --start)",
+    )
+    p.add_argument("--database-url", help="PostgreSQL of a running stack, for the commit ceiling")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="noop", help="the workload")
+    p.add_argument("--cell", default="", help="submit this cell instead of the shape's")
+    p.add_argument("--tasks", type=int, default=1000, help="tasks to submit")
+    p.add_argument(
+        "--concurrency", type=int, default=32, help="Submits in flight (saturation mode)"
+    )
+    p.add_argument(
+        "--rate", type=float, help="offered Submits per second, open loop (instead of saturation)"
+    )
+    p.add_argument("--gateways", type=int, default=1, help="gateway processes (with --start)")
+    p.add_argument("--executors", type=int, default=1, help="executor processes (with --start)")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="a three-node NATS JetStream cluster, streams with 3 replicas (with --start)",
+    )
+    p.add_argument(
+        "--services",
+        default=",".join(DEFAULT_SERVICES),
+        help="services the own stack runs (with --start)",
+    )
+    p.add_argument(
+        "--ceiling-seconds",
+        type=float,
+        default=3.0,
+        help="pgbench seconds per client count (0: skip the commit ceiling)",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="longest wait for terminal tasks")
+    p.add_argument("--business", default="bench", help="business prefix of the submitted tasks")
+    p.add_argument(
+        "--results", default="bench-results", help="folder for the JSON result ('' for none)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    began = time.perf_counter()
+    report = asyncio.run(bench(args))
+    print("\n".join(render(report)))
+    if args.results:
+        print(f"result                   {write_result(report, Path(args.results))}")
+    print(f"README row               {table_row(report)}")
+    print(f"bench took               {time.perf_counter() - began:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

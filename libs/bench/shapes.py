@@ -1,0 +1,64 @@
+"""The bench's workloads and the catalogue they run on.
+
+- ``noop``: one node that does nothing (measures the platform alone);
+- ``dag3``: three noop nodes, ``b`` and ``c`` after ``a`` (scheduling of a DAG);
+- ``http``: the same three-node DAG of HTTP actions against a fast local downstream (the
+  demo downstream, a process of its own the stack starts).
+
+A bench that starts its own stack writes :func:`catalogue_yaml` to a file and names it in
+``DISPO_CATALOGUE``; against a running stack only ``noop`` exists (the shipped catalogue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    cell: str
+    nodes: int
+    # Calls the downstream (needs the bench catalogue and the downstream process).
+    http: bool = False
+
+
+SHAPES = {
+    "noop": Shape("noop", "noop", 1),
+    "dag3": Shape("dag3", "bench_dag3", 3),
+    "http": Shape("http", "bench_http3", 3, http=True),
+}
+
+_CATALOGUE = """\
+# Written by `dispo bench` for one run.
+downstreams:
+  bench:
+    base_url: {url}
+    timeout_ms: 5000
+    max_concurrency: {concurrency}
+cells:
+  noop:
+    description: Does nothing, successfully.
+    fields: {{}}
+    actions:
+      noop: {{kind: noop}}
+  bench_dag3:
+    description: Three noop nodes, b and c after a.
+    fields: {{}}
+    actions:
+      a: {{kind: noop}}
+      b: {{kind: noop, depends_on: [a]}}
+      c: {{kind: noop, depends_on: [a]}}
+  bench_http3:
+    description: Three HTTP calls, b and c after a.
+    fields: {{}}
+    actions:
+      a: {{kind: http, downstream: bench, path: /bench/a, idempotent: true}}
+      b: {{kind: http, downstream: bench, path: /bench/b, idempotent: true, depends_on: [a]}}
+      c: {{kind: http, downstream: bench, path: /bench/c, idempotent: true, depends_on: [a]}}
+"""
+
+
+def catalogue_yaml(downstream_url: str, concurrency: int = 64) -> str:
+    """The bench catalogue: every shape's cell, HTTP actions calling ``downstream_url``."""
+    return _CATALOGUE.format(url=downstream_url, concurrency=concurrency)

@@ -1,0 +1,277 @@
+"""`dispo bench`: its figures from facts, its CPU accounting of real process trees, the
+commit ceiling from pgbench, and tiny runs of every shape and mode against real stacks.
+No test looks at how fast anything was: only that the figures exist, add up and have sane
+types."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dispo.libs.bench import ceiling, load, machine
+from dispo.libs.bench.report import (
+    CLIENT,
+    TABLE_HEADER,
+    LoadFacts,
+    Outcome,
+    Submission,
+    build_report,
+    cpu_per_task,
+    latency,
+    render,
+    result_name,
+    table_row,
+)
+from dispo.libs.bench.run import Target, measure, parser, write_result
+from dispo.libs.bench.shapes import SHAPES, catalogue_yaml
+from dispo.libs.sdk import AsyncClient, cell
+
+DISPO = str(Path(sys.executable).parent / "dispo")
+
+
+def test_latency_summary_is_in_milliseconds_and_none_when_empty():
+    summary = latency([v / 1000 for v in range(101)])
+    assert summary.n == 101
+    assert (summary.p50_ms, summary.p99_ms, summary.max_ms) == pytest.approx((50, 99, 100))
+    assert latency([]).p50_ms is None
+
+
+def test_cpu_per_task_subtracts_samples_and_keeps_the_client_apart():
+    cpu = cpu_per_task(
+        {"gateway": 1.0, "postgres": 2.0, CLIENT: 0.5},
+        {"gateway": 3.0, "postgres": 3.0, CLIENT: 1.5, "executor-2": 0.5},
+        tasks=1000,
+    )
+    assert cpu["per_process"]["gateway"] == {"seconds": 2.0, "ms_per_task": 2.0}
+    assert cpu["per_process"]["executor-2"]["seconds"] == 0.5  # started after the first sample
+    assert cpu["stack_seconds"] == 3.5
+    assert (cpu["stack_ms_per_task"], cpu["all_ms_per_task"]) == (3.5, 4.5)
+
+
+def synthetic_report(rate: float | None = None) -> dict:
+    facts = LoadFacts(started_at=1000.0, offered_rate=rate)
+    facts.submissions = [
+        Submission(0.0, 0.010, "t1"),
+        Submission(0.5, 0.020, "t2", lag=0.001),
+        Submission(1.0, 0.5, "", error="UNAVAILABLE"),
+    ]
+    outcomes = [
+        Outcome("t1", "SUCCEEDED", 1000.0, 1000.5),
+        Outcome("t2", "SUCCEEDED", 1000.5, 1002.0),
+    ]
+    return build_report(
+        created="2026-12-01T10:00:00+00:00",
+        machine={"cores": 2, "memory_bytes": 2**30, "cpu_model": "x", "loadavg_before": [0.1]},
+        config={
+            "shape": "dag3",
+            "rate": rate,
+            "tasks": 3,
+            "concurrency": None if rate else 8,
+            "gateways": 2,
+            "executors": 3,
+            "nats_nodes": 3,
+        },
+        nodes_per_task=3,
+        load=facts,
+        outcomes=outcomes,
+        cpu_before={"gateway": 0.0},
+        cpu_after={"gateway": 1.0},
+        machine_busy=(3.0, 2.0),
+        ceiling={"tps_by_clients": {"1": 100.0, "32": 900.0}},
+    )
+
+
+def test_report_counts_from_the_run_start_and_names_its_file():
+    report = synthetic_report(rate=2.0)
+    through = report["throughput"]
+    assert (through["submitted"], through["submit_errors"], through["completed"]) == (2, 1, 2)
+    assert through["submitted_per_s"] == pytest.approx(2 / 1.5)  # last answer at 1.5 s
+    assert through["completed_per_s"] == 1.0  # last terminal 2 s after the start
+    assert through["node_runs_per_s"] == 3.0
+    assert report["latency"]["submit_to_terminal"]["max_ms"] == 1500.0
+    assert report["machine"]["during_run"]["busy_cores"] == 1.5
+    assert report["machine"]["during_run"]["others_cpu_seconds"] == 2.0
+    assert report["statuses"] == {"SUCCEEDED": 2}
+    assert result_name(report) == "20261201T100000-dag3-rate2-g2e3-nats3.json"
+    assert any("commit ceiling" in line for line in render(report))
+    row = table_row(report)
+    assert row.count("|") == TABLE_HEADER.splitlines()[0].count("|")
+    assert "dag3, 2/s offered" in row and "100 / 900" in row
+    assert synthetic_report()["latency"]["send_lag"] is None  # saturation: no schedule
+
+
+BURNER = """
+import os, sys, time
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        burn(0.3)
+        print("burnt", flush=True)
+        time.sleep(120)
+        os._exit(0)
+    kids.append(pid)
+print(*kids, flush=True)
+while kids:
+    kids.remove(os.wait()[0])
+print("reaped", flush=True)
+time.sleep(120)
+"""
+
+
+async def test_cpu_of_a_process_tree_sums_its_live_and_its_reaped_children():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", BURNER], stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    try:
+        assert parent.stdout is not None
+        kids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert [parent.stdout.readline().strip() for _ in kids] == ["burnt", "burnt"]
+        tree = machine.tree_cpu_seconds({"tree": parent.pid})["tree"]
+        parts = [machine.process_times(pid) for pid in (parent.pid, *kids)]
+        assert tree == pytest.approx(sum(own + reaped for _, own, reaped in parts))
+        assert tree >= 0.6  # each child burnt 0.3 s of CPU time
+        for kid in kids:
+            os.kill(kid, signal.SIGKILL)
+        assert parent.stdout.readline().strip() == "reaped"
+        # Gone from /proc, their time now counted as the parent's reaped children's.
+        assert machine.tree_cpu_seconds({"tree": parent.pid})["tree"] >= tree
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_machine_description_and_busy_time():
+    described = machine.describe()
+    assert described["cores"] >= 1 and described["memory_bytes"] > 0
+    assert isinstance(described["cpu_model"], str) and len(described["loadavg_before"]) == 3
+    assert machine.busy_cpu_seconds() > 0
+
+
+def test_commit_ceiling_runs_pgbench_in_a_scratch_database(infra):
+    figures = ceiling.commit_ceiling(infra.postgres.url, clients=(1, 2), seconds=1)
+    assert set(figures["tps_by_clients"]) == {"1", "2"}
+    assert all(isinstance(v, float) and v > 0 for v in figures["tps_by_clients"].values())
+    assert figures["fsync"] == "off"  # the tests' throwaway cluster, reported as such
+    assert not infra.postgres.psql(
+        f"SELECT 1 FROM pg_database WHERE datname = '{ceiling.SCRATCH}'"
+    ).strip()
+
+
+def test_parse_tps_refuses_output_without_a_figure():
+    assert ceiling.parse_tps("tps = 812.5 (without initial connection time)\n") == 812.5
+    with pytest.raises(ValueError):
+        ceiling.parse_tps("connection refused")
+
+
+@pytest.fixture
+async def bench_stack(start_service, downstream, infra, tmp_path):
+    """A gateway and an executor on the bench catalogue (HTTP actions on the demo downstream)."""
+    catalogue = tmp_path / "bench-catalogue.yaml"
+    catalogue.write_text(catalogue_yaml(downstream.url))
+    env = {"DISPO_CATALOGUE": str(catalogue)}
+    gateway = await start_service("gateway", env)
+    executor = await start_service("executor", env)
+    pids = {"gateway": gateway.pid, "executor": executor.pid, "nats": infra.nats.process.pid}
+    return Target([gateway.address], pids, None)
+
+
+def check_report(report: dict, tasks: int, shape: str) -> None:
+    assert report["statuses"] == {"SUCCEEDED": tasks}
+    through = report["throughput"]
+    assert (through["submitted"], through["completed"], through["submit_errors"]) == (
+        tasks,
+        tasks,
+        0,
+    )
+    for key in ("submitted_per_s", "completed_per_s", "node_runs_per_s", "seconds"):
+        assert isinstance(through[key], float) and through[key] > 0, key
+    for name in ("submit", "submit_to_terminal"):
+        summary = report["latency"][name]
+        assert summary["n"] == tasks
+        assert all(isinstance(summary[k], float) for k in ("p50_ms", "p95_ms", "p99_ms"))
+        assert summary["p50_ms"] <= summary["p95_ms"] <= summary["p99_ms"]
+    assert report["config"]["shape"] == shape
+    assert report["config"]["nodes_per_task"] == SHAPES[shape].nodes
+    cpu = report["cpu"]
+    assert isinstance(cpu["stack_ms_per_task"], float) and cpu["stack_ms_per_task"] > 0
+    for process in ("gateway", "executor", CLIENT):
+        assert isinstance(cpu["per_process"][process]["seconds"], float), process
+    assert isinstance(report["machine"]["during_run"]["busy_cores"], float)
+    json.dumps(report, allow_nan=False)  # a file any JSON reader takes
+
+
+async def test_each_shape_runs_through_a_real_stack(bench_stack, downstream, tmp_path):
+    for shape in ("noop", "dag3", "http"):
+        args = parser().parse_args(["--shape", shape, "--tasks", "6", "--concurrency", "3"])
+        report = await measure(args, bench_stack)
+        check_report(report, 6, shape)
+        written = json.loads(write_result(report, tmp_path / "results").read_text())
+        assert written == report
+    # The HTTP shape called the downstream for each of its three nodes (warm-up tasks too).
+    calls = await downstream.calls()
+    assert sum(calls.values()) >= 3 * 6
+
+
+async def test_rate_mode_offers_the_asked_count_on_schedule_order(bench_stack):
+    async with AsyncClient(bench_stack.gateways[0]) as client:
+        submitter = load.Submitter([client], "rate-check", lambda: [cell("noop")])
+        facts = await load.offer(submitter, 25, rate=200.0)
+        outcomes = await load.outcomes(client, "rate-check", timeout=60)
+    assert facts.offered_rate == 200.0
+    assert len(facts.submissions) == 25
+    assert len({s.task_id for s in facts.accepted}) == 25
+    assert all(s.lag >= 0 for s in facts.submissions)
+    assert sorted(o.task_id for o in outcomes) == sorted(s.task_id for s in facts.accepted)
+    assert {o.status for o in outcomes} == {"SUCCEEDED"}
+
+
+async def test_dispo_bench_submit_on_its_own_scaled_out_stack(tmp_path):
+    """The command end to end: two gateways, two executors, a three-node NATS cluster, the
+    HTTP shape at a fixed rate; the result file accounts for every process it started."""
+    results = tmp_path / "results"
+    done = subprocess.run(
+        [
+            DISPO,
+            "bench",
+            "submit",
+            "--start",
+            "--shape",
+            "http",
+            "--rate",
+            "20",
+            "--tasks",
+            "8",
+            "--gateways",
+            "2",
+            "--executors",
+            "2",
+            "--cluster",
+            "--ceiling-seconds",
+            "1",
+            "--results",
+            str(results),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [path] = results.iterdir()
+    report = json.loads(path.read_text())
+    check_report(report, 8, "http")
+    assert path.name.endswith("-http-rate20-g2e2-nats3.json")
+    processes = set(report["cpu"]["per_process"])
+    expected = {"gateway-2", "executor-2", "reconciler", "postgres", "demo-downstream"}
+    assert expected | {f"nats-{i}" for i in range(3)} <= processes
+    assert report["cpu"]["per_process"]["postgres"]["seconds"] > 0
+    assert set(report["postgres_commit_ceiling"]["tps_by_clients"]) == {"1", "32"}
+    assert report["throughput"]["offered_per_s"] == 20.0
+    assert "PostgreSQL commit ceiling" in done.stdout
