@@ -55,9 +55,9 @@ def build(
     settings = settings or IntelligenceSettings()
     repo = IntelligenceRepository(engine)
     models = models or ModelRegistry.from_configs(settings.models, settings.default_analysis_model)
-    jobs = IntelligenceJobs(
-        JobDeps(repo, models, clock, settings.retry_policy()), policy=settings.recovery_policy()
-    )
+    policy = settings.recovery_policy()
+    deps = JobDeps(repo, models, clock, settings.retry_policy(), policy.heartbeat.total_seconds())
+    jobs = IntelligenceJobs(deps, policy=policy)
     feed = EvaluationFeed(repo, models, clock, jobs)
     events = EvaluationEvents(
         feed, settings.unknown_evaluation_retry_seconds, settings.unknown_evaluation_max_deliveries
@@ -76,7 +76,7 @@ async def setup(rt: Runtime) -> None:
         SERVICE_NAME,
     )
 
-    report = await app.jobs.recover(at_start=True)
+    report = await app.jobs.recover()
     log.info("restart recovery", requeued=len(report.requeued), failed=len(report.failed))
     await app.jobs.sweep_lost_triggers()
 

@@ -39,6 +39,7 @@ from dispo.intelligence.retries import GaveUp, RetryPolicy, call_with_retries
 from dispo.libs.clock import Clock
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
+from dispo.libs.periodic import Periodic
 
 log = get_logger(__name__)
 
@@ -52,6 +53,8 @@ class JobDeps:
     models: ModelRegistry
     clock: Clock
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # How often the owner of a claim extends it (``ClaimHeartbeat``).
+    heartbeat_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,15 @@ async def execute(
     if not await repo.job_claim_if_queued(kind, evaluation_id, token, clock.now()):
         bound.debug("claim lost")
         return JobOutcome.LOST
+    async with ClaimHeartbeat(deps, kind, evaluation_id, token, bound):
+        return await _run_claimed(kind, evaluation_id, deps, adapter, token, bound)
 
+
+async def _run_claimed(
+    kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: JobAdapter, token: str, bound: Any
+) -> JobOutcome:
+    """Validate, ``generating``, work, settle: the part of ``execute`` that holds the claim."""
+    repo, clock = deps.repo, deps.clock
     try:
         plan = await adapter.validate(deps, evaluation_id)
     except JobValidationError as error:
@@ -167,6 +178,51 @@ async def execute(
     return JobOutcome.LOST
 
 
+class ClaimHeartbeat:
+    """While the block runs, extend the claim every ``deps.heartbeat_seconds`` of the clock.
+
+    A claim whose heartbeat is fresh is never taken over by recovery, however long the
+    job runs (a slow model, retries); one whose process died stops beating and goes stale.
+    When the claim turns out to be gone, beating stops (the job's settlement, guarded by
+    the token, is refused anyway).
+    """
+
+    def __init__(
+        self, deps: JobDeps, kind: JobKind, evaluation_id: str, token: str, bound: Any
+    ) -> None:
+        self.deps, self.kind, self.evaluation_id, self.token = deps, kind, evaluation_id, token
+        self.bound = bound
+        self._periodic = Periodic(
+            f"heartbeat {kind.value}:{evaluation_id}",
+            self._beat,
+            deps.heartbeat_seconds,
+            deps.clock,
+            first_after_interval=True,
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def _beat(self) -> None:
+        extended = await self.deps.repo.job_heartbeat_if_claimed(
+            self.kind, self.evaluation_id, self.token, self.deps.clock.now()
+        )
+        if not extended:
+            self.bound.warning("claim gone; heartbeat stopped")
+            self._periodic.stop()
+
+    async def __aenter__(self) -> ClaimHeartbeat:
+        self._task = asyncio.create_task(self._periodic.run(), name=self._periodic.name)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        # A beat in flight finishes (one short UPDATE) rather than being cut off mid-query.
+        self._periodic.stop()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task.cancel()
+
+
 async def _settle_failed(
     deps: JobDeps,
     kind: JobKind,
@@ -214,11 +270,16 @@ async def recover_jobs(
 ) -> RecoveryReport:
     """Re-queue rows nobody is working on, at most ``MAX_QUEUED_RECOVERY_ATTEMPTS`` times each.
 
-    A queued row idle for ``queued_idle`` (0 at process start: nothing in this process runs
-    it) and a generating row whose claim is older than ``generating_stale`` are re-queued
-    with ``recovery_attempts + 1``; a row already re-queued the maximum number of times is
-    failed with the reason instead. Returns what the caller should start again. ``skip``
-    lists (kind, evaluation) pairs the calling process is running right now.
+    Only abandoned rows, whichever replica calls it and whenever (at start or in a sweep):
+    a queued row handed back by a stopping replica (no heartbeat) or left unclaimed for
+    ``queued_idle`` after it was queued, and a claimed row (queued or generating) whose
+    owner has not extended the claim for ``generating_stale``. A live replica's rows — the
+    ones it just queued and is about to claim, the ones it runs and beats for — are not
+    touched and keep their recovery attempts. Abandoned rows are re-queued with
+    ``recovery_attempts + 1``; a row already re-queued the maximum number of times is
+    failed with the reason instead. Every write is guarded by the row as read, heartbeat
+    included, so a beat that lands meanwhile wins. Returns what the caller should start
+    again. ``skip`` lists (kind, evaluation) pairs the calling process is running right now.
     """
     requeued: list[tuple[JobKind, str]] = []
     failed: list[tuple[JobKind, str]] = []

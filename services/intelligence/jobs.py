@@ -7,9 +7,10 @@ mirrored by the ``ck_job_status`` CHECK constraint (``repository.CHECKED_COLUMNS
 
 Who moves a job out of each status:
 - ``queued``: ``execute`` (claim, then ``generating`` or ``failed`` when validation fails);
-  restart recovery (re-queue, or ``failed`` once the recovery cap is reached).
-- ``generating``: ``execute`` (settle ``completed`` / ``failed``); recovery re-queues a
-  row whose worker is gone (stale claim or a process shutting down).
+  recovery (re-queue, or ``failed`` once the recovery cap is reached) of a row nobody
+  holds: handed back, or its heartbeat stale.
+- ``generating``: ``execute`` (settle ``completed`` / ``failed``; hand back to ``queued``
+  when its process stops); recovery re-queues a row whose owner's heartbeat is stale.
 - ``failed``: a new trigger re-queues it.
 - ``completed``: nothing; it is final.
 """
@@ -108,6 +109,8 @@ class Job:
     fingerprint: str | None = None
     result: dict[str, Any] | None = None
     claim_token: str | None = None
+    # Last sign of life of whoever holds the row (recovery takes over stale ones only).
+    heartbeat_at: datetime | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
     started_at: datetime | None = None

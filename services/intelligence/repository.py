@@ -39,7 +39,8 @@ _EVALUATION_COLUMNS = """c.evaluation_id, c.series, c.line, c.status, c.period, 
     c.created_at, c.completed_at,
     (SELECT count(*) FROM evaluation_runs r WHERE r.evaluation_id = c.evaluation_id) AS run_count"""
 _JOB_COLUMNS = """kind, evaluation_id, status, error, attempts, recovery_attempts, analysis_model,
-    baseline_evaluation_id, fingerprint, result, claim_token, created_at, updated_at, started_at, finished_at"""
+    baseline_evaluation_id, fingerprint, result, claim_token, heartbeat_at, created_at, updated_at, started_at,
+    finished_at"""
 
 
 def _json(value: Any) -> Any:
@@ -74,6 +75,7 @@ def _job(row: RowMapping) -> Job:
         fingerprint=row["fingerprint"],
         result=_json(row["result"]),
         claim_token=row["claim_token"],
+        heartbeat_at=row["heartbeat_at"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         started_at=row["started_at"],
@@ -271,17 +273,19 @@ class IntelligenceRepository:
         """Create the job row as queued (or re-queue a failed one when asked).
 
         Returns the row as it now is (``None`` for an unknown evaluation) and whether this
-        call created or re-queued it.
+        call created or re-queued it. The row's heartbeat is the caller's: it claims the row
+        right away, and recovery leaves it alone meanwhile.
         """
         if requeue_failed:
             TRANSITIONS.check(REQUEUE_FROM, JobStatus.QUEUED)
         requeue = ", ".join(f"'{s.value}'" for s in REQUEUE_FROM) if requeue_failed else "NULL"
         row = await self._one(
-            f"""INSERT INTO intelligence_jobs AS j (kind, evaluation_id, status, created_at, updated_at)
-                SELECT :kind, evaluation_id, 'queued', :now, :now FROM evaluations WHERE evaluation_id = :id
+            f"""INSERT INTO intelligence_jobs AS j (kind, evaluation_id, status, heartbeat_at, created_at, updated_at)
+                SELECT :kind, evaluation_id, 'queued', :now, :now, :now FROM evaluations WHERE evaluation_id = :id
                 ON CONFLICT (kind, evaluation_id) DO UPDATE
                   SET status = 'queued', error = NULL, claim_token = NULL, claimed_at = NULL, result = NULL,
-                      recovery_attempts = 0, started_at = NULL, finished_at = NULL, updated_at = :now
+                      recovery_attempts = 0, started_at = NULL, finished_at = NULL, heartbeat_at = :now,
+                      updated_at = :now
                   WHERE j.status IN ({requeue})
                 RETURNING {_JOB_COLUMNS}""",
             kind=kind.value,
@@ -296,8 +300,8 @@ class IntelligenceRepository:
         self, kind: JobKind, evaluation_id: str, token: str, now: datetime
     ) -> bool:
         row = await self._one(
-            """UPDATE intelligence_jobs SET claim_token = :token, claimed_at = :now, attempts = attempts + 1,
-                   updated_at = :now
+            """UPDATE intelligence_jobs SET claim_token = :token, claimed_at = :now, heartbeat_at = :now,
+                   attempts = attempts + 1, updated_at = :now
                WHERE kind = :kind AND evaluation_id = :id AND status = 'queued' AND claim_token IS NULL
                RETURNING evaluation_id""",
             kind=kind.value,
@@ -379,11 +383,12 @@ class IntelligenceRepository:
     async def job_requeue_if_generating(
         self, kind: JobKind, evaluation_id: str, token: str, now: datetime
     ) -> bool:
-        """Hand a row back (its worker is stopping); recovery picks it up."""
+        """Hand a row back (its worker is stopping): nobody's (no heartbeat), so the next
+        recovery of any replica picks it up."""
         TRANSITIONS.check(JobStatus.GENERATING, JobStatus.QUEUED)
         row = await self._one(
             """UPDATE intelligence_jobs SET status = 'queued', claim_token = NULL, claimed_at = NULL,
-                   started_at = NULL, updated_at = :now
+                   heartbeat_at = NULL, started_at = NULL, updated_at = :now
                WHERE kind = :kind AND evaluation_id = :id AND status = 'generating' AND claim_token = :token
                RETURNING evaluation_id""",
             kind=kind.value,
@@ -393,22 +398,45 @@ class IntelligenceRepository:
         )
         return row is not None
 
+    async def job_heartbeat_if_claimed(
+        self, kind: JobKind, evaluation_id: str, token: str, now: datetime
+    ) -> bool:
+        """Extend the claim ``token`` holds (no status change); ``False``: the claim is gone."""
+        row = await self._one(
+            """UPDATE intelligence_jobs SET heartbeat_at = :now
+               WHERE kind = :kind AND evaluation_id = :id AND claim_token = :token
+                 AND status IN ('queued', 'generating')
+               RETURNING evaluation_id""",
+            kind=kind.value,
+            id=evaluation_id,
+            token=token,
+            now=now,
+        )
+        return row is not None
+
     async def jobs_needing_recovery(
-        self, queued_before: datetime, generating_before: datetime, limit: int
+        self, unclaimed_before: datetime, claimed_before: datetime, limit: int
     ) -> list[Job]:
+        """Abandoned rows: unclaimed queued rows with no heartbeat (handed back) or none since
+        ``unclaimed_before``; claimed rows (queued or generating) whose owner has not extended
+        the claim since ``claimed_before``."""
         rows = await self._all(
             f"""SELECT {_JOB_COLUMNS} FROM intelligence_jobs
-                WHERE (status = 'queued' AND updated_at <= :queued_before)
-                   OR (status = 'generating' AND claimed_at <= :generating_before)
+                WHERE (status = 'queued' AND claim_token IS NULL
+                       AND (heartbeat_at IS NULL OR heartbeat_at <= :unclaimed_before))
+                   OR (status IN ('queued', 'generating') AND claim_token IS NOT NULL
+                       AND (heartbeat_at IS NULL OR heartbeat_at <= :claimed_before))
                 ORDER BY updated_at, evaluation_id, kind LIMIT :limit""",
-            queued_before=queued_before,
-            generating_before=generating_before,
+            unclaimed_before=unclaimed_before,
+            claimed_before=claimed_before,
             limit=limit,
         )
         return [_job(r) for r in rows]
 
+    # Nothing happened since ``job`` was read: no claim, no settlement, no heartbeat.
     _UNCHANGED = """kind = :kind AND evaluation_id = :id AND status = :status
-        AND claim_token IS NOT DISTINCT FROM :token AND recovery_attempts = :recovery_attempts"""
+        AND claim_token IS NOT DISTINCT FROM :token AND recovery_attempts = :recovery_attempts
+        AND heartbeat_at IS NOT DISTINCT FROM :heartbeat_at"""
 
     def _unchanged_params(self, job: Job) -> dict[str, Any]:
         return {
@@ -417,13 +445,15 @@ class IntelligenceRepository:
             "status": job.status.value,
             "token": job.claim_token,
             "recovery_attempts": job.recovery_attempts,
+            "heartbeat_at": job.heartbeat_at,
         }
 
     async def job_requeue_if_unchanged(self, job: Job, now: datetime) -> bool:
         TRANSITIONS.check(job.status, JobStatus.QUEUED)
         row = await self._one(
             f"""UPDATE intelligence_jobs SET status = 'queued', claim_token = NULL, claimed_at = NULL,
-                    started_at = NULL, recovery_attempts = recovery_attempts + 1, updated_at = :now
+                    started_at = NULL, recovery_attempts = recovery_attempts + 1, heartbeat_at = :now,
+                    updated_at = :now
                 WHERE {self._UNCHANGED} RETURNING evaluation_id""",
             now=now,
             **self._unchanged_params(job),

@@ -34,11 +34,13 @@ ADAPTERS: dict[JobKind, JobAdapter] = {
 
 @dataclass(frozen=True)
 class RecoveryPolicy:
-    # A queued row untouched this long is nobody's (at process start: any queued row).
+    # A queued row nobody claimed this long after it was queued is nobody's.
     queued_idle: timedelta = timedelta(minutes=5)
-    # A generating row claimed this long ago lost its worker.
+    # A claimed row whose claim was not extended (heartbeat) this long lost its worker.
     generating_stale: timedelta = timedelta(minutes=15)
     batch: int = 100
+    # How often a running job's owner extends its claim; well below ``generating_stale``.
+    heartbeat: timedelta = timedelta(minutes=1)
 
 
 class IntelligenceJobs:
@@ -97,14 +99,14 @@ class IntelligenceJobs:
             self.start(kind, evaluation_id)
         return job, changed
 
-    async def recover(self, *, at_start: bool = False) -> RecoveryReport:
-        """Re-queue and restart rows nobody works on (capped); one batch."""
+    async def recover(self) -> RecoveryReport:
+        """Re-queue and restart abandoned rows (capped); one batch. The same at start as in a
+        sweep: other live replicas' rows are theirs (``recover_jobs``)."""
         now = self.deps.clock.now()
-        queued_idle = timedelta(0) if at_start else self.policy.queued_idle
         report = await recover_jobs(
             self.deps.repo,
             now,
-            queued_idle=queued_idle,
+            queued_idle=self.policy.queued_idle,
             generating_stale=self.policy.generating_stale,
             limit=self.policy.batch,
             skip=set(self.registry.running()),

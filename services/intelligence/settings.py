@@ -8,7 +8,7 @@ from dispo.intelligence.models import STATS_MODEL, ChatModelConfig
 from dispo.intelligence.retries import RetryPolicy
 from dispo.intelligence.runtime import RecoveryPolicy
 from dispo.libs.settings import service_settings_config
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
 
@@ -46,11 +46,19 @@ class IntelligenceSettings(BaseSettings):
     )
     queued_idle_seconds: float = Field(
         default=RecoveryPolicy.queued_idle.total_seconds(),
-        description="A queued job untouched this long is nobody's and is requeued",
+        description="A queued job nobody claimed this long after it was queued is nobody's"
+        " and is requeued",
     )
     generating_stale_seconds: float = Field(
         default=RecoveryPolicy.generating_stale.total_seconds(),
-        description="A generating job claimed this long ago lost its worker",
+        description="A claimed job whose owner has not extended the claim (heartbeat) for"
+        " this long lost its worker and is taken over",
+    )
+    heartbeat_seconds: float = Field(
+        default=RecoveryPolicy.heartbeat.total_seconds(),
+        gt=0,
+        description="How often a replica extends the claim of each job it runs; must be"
+        " below GENERATING_STALE_SECONDS",
     )
     sweep_batch: int = Field(default=RecoveryPolicy.batch, description="Rows per sweep")
     model_max_attempts: int = Field(
@@ -81,6 +89,16 @@ class IntelligenceSettings(BaseSettings):
         description="How long a stopping service lets running jobs finish before handing them back",
     )
 
+    @model_validator(mode="after")
+    def _heartbeat_below_stale(self) -> IntelligenceSettings:
+        if self.heartbeat_seconds >= self.generating_stale_seconds:
+            raise ValueError(
+                f"heartbeat_seconds ({self.heartbeat_seconds:g}) must be below "
+                f"generating_stale_seconds ({self.generating_stale_seconds:g}), or live jobs"
+                " would be taken over"
+            )
+        return self
+
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
             max_attempts=self.model_max_attempts,
@@ -94,4 +112,5 @@ class IntelligenceSettings(BaseSettings):
             queued_idle=timedelta(seconds=self.queued_idle_seconds),
             generating_stale=timedelta(seconds=self.generating_stale_seconds),
             batch=self.sweep_batch,
+            heartbeat=timedelta(seconds=self.heartbeat_seconds),
         )

@@ -15,7 +15,7 @@ from dispo.intelligence.app import Intelligence, build
 from dispo.intelligence.evaluations import EvaluationStatus, new_evaluation, new_run_result
 from dispo.intelligence.models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.settings import IntelligenceSettings
-from dispo.libs.clock import ManualClock
+from dispo.libs.clock import Clock, ManualClock
 from support import eventually
 from support.http import FakeServer
 
@@ -29,12 +29,21 @@ async def intel_engine(service_engine):
 
 @pytest.fixture
 async def make_app(intel_engine, manual_clock: ManualClock):
-    """``make_app(default_analysis_model=..., models=...)``: the service's objects, no server."""
+    """``make_app(default_analysis_model=..., models=...)``: the service's objects, no server;
+    ``engine`` and ``clock`` replace the test's own (another replica, a clock of its own)."""
     built: list[Intelligence] = []
 
-    def make(*, models: ModelRegistry | None = None, **settings: Any) -> Intelligence:
+    def make(
+        *,
+        models: ModelRegistry | None = None,
+        engine: Any = None,
+        clock: Clock | None = None,
+        **settings: Any,
+    ) -> Intelligence:
         settings.setdefault("consume_events", False)
-        app = build(intel_engine, manual_clock, IntelligenceSettings(**settings), models)
+        app = build(
+            engine or intel_engine, clock or manual_clock, IntelligenceSettings(**settings), models
+        )
         built.append(app)
         return app
 

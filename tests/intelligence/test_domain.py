@@ -148,3 +148,19 @@ def test_model_resolution_and_auto_eligibility():
 def test_evaluation_status_terminal():
     evaluation = new_evaluation("a", "s", "formal", "p", "{}")
     assert evaluation.status == EvaluationStatus.RUNNING and not evaluation.is_terminal
+
+
+def test_settings_refuse_a_heartbeat_as_slow_as_the_takeover_age():
+    import pytest
+    from dispo.intelligence.retries import RetryPolicy
+    from dispo.intelligence.settings import IntelligenceSettings
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="heartbeat_seconds .900. must be below"):
+        IntelligenceSettings(heartbeat_seconds=900, generating_stale_seconds=900)
+    settings = IntelligenceSettings(heartbeat_seconds=30, model_max_attempts=2)
+    assert settings.recovery_policy().heartbeat.total_seconds() == 30
+    assert settings.retry_policy() == RetryPolicy(max_attempts=2)
+    assert IntelligenceSettings().retry_policy() == RetryPolicy()
+    with pytest.raises(ValidationError):
+        IntelligenceSettings(model_max_attempts=0)

@@ -223,3 +223,32 @@ async def test_a_job_that_never_settles_across_restarts_fails_after_three_recove
         == "gave up after 3 restart recoveries: the job was re-queued 3 times without settling"
     )
     assert job.attempts == 4
+
+
+async def test_two_replicas_a_killed_owners_generation_is_taken_over_by_the_other(
+    start_service, fake_llm, file_clock
+):
+    fake_llm.gate = asyncio.Event()
+    env = {**llm_env(fake_llm), **file_clock.env}
+    owner = await start_service("intelligence", env=env)
+    other = await start_service("intelligence", env=env)
+    async with grpc.aio.insecure_channel(owner.address) as channel:
+        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        await feed(stub, "orphan")
+        await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="orphan"))
+        await wait_status(stub, "orphan", pb.JOB_STATUS_GENERATING)
+        await eventually(lambda: fake_llm.requests, wanted="the owner's request to the model")
+
+    owner.kill()  # its heartbeat stops with it
+    fake_llm.gate.set()
+    async with grpc.aio.insecure_channel(other.address) as channel:
+        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        # Sixteen minutes without a heartbeat: the other replica's next sweep takes it over
+        # (the boundary itself: test_replicas.py, on a manual clock).
+        file_clock.advance(minutes=16)
+        await wait_status(stub, "orphan", pb.JOB_STATUS_COMPLETED)
+        job = (await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="orphan"))).job
+
+    assert job.recovery_attempts == 1 and job.attempts == 2
+    assert len(fake_llm.requests) == 2  # the owner's, then the other replica's
+    assert log_events(other.log_path, "job recovered")
