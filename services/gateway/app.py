@@ -34,6 +34,8 @@ async def setup(rt: Runtime) -> None:
         settings.limits(),
         rt.clock,
         settings.watch_poll_interval_seconds,
+        submit_batch=settings.submit_batch,
+        submit_flushes=settings.submit_flushes,
     )
 
     async def on_status(msg: Msg) -> Disposition:

@@ -8,7 +8,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
-from dispo.libs.outbox import outbox_add, outbox_table
+from dispo.libs.outbox import OutboxRow, outbox_add, outbox_add_many, outbox_table
 from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -61,44 +61,91 @@ _FINISH = (
 )
 
 
-async def task_insert_if_new(
-    conn: AsyncConnection, env: task_pb2.Task, request_hash: str, now: datetime
-) -> bool:
-    """Insert the accepted task; False when (business, idempotency_key) is already taken."""
+@dataclass(frozen=True)
+class NewTask:
+    """A task to insert: its envelope serialised once (the stored view and the task.create
+    payload are the same bytes)."""
+
+    task_id: str
+    business: str
+    idempotency_key: str  # "" for none
+    request_hash: str
+    node_count: int
+    view: bytes
+    callback_url: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class KeyHolder:
+    """The task holding an idempotency key: what a duplicate Submit is answered from."""
+
+    task_id: str
+    request_hash: str
+    status: str
+
+
+_INSERT_MANY = text(
+    "INSERT INTO tasks (task_id, business, idempotency_key, request_hash, status, node_count,"
+    " view, callback_url, created_at, updated_at)"
+    " SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback, created,"
+    " created FROM unnest(CAST(:ids AS text[]), CAST(:businesses AS text[]),"
+    " CAST(:keys AS text[]), CAST(:hashes AS text[]), CAST(:nodes AS integer[]),"
+    " CAST(:views AS bytea[]), CAST(:callbacks AS text[]), CAST(:created AS timestamptz[]))"
+    " WITH ORDINALITY AS r(id, business, key, hash, nodes, view, callback, created, n)"
+    " ORDER BY n"
+    " ON CONFLICT (business, idempotency_key) DO NOTHING RETURNING task_id"
+)
+
+
+async def tasks_insert_new(conn: AsyncConnection, rows: list[NewTask]) -> set[str]:
+    """Insert the accepted tasks with one statement, in the order given; returns the ids
+    inserted. A row whose (business, idempotency_key) is taken already, by a committed task
+    or an earlier row of the same call, is skipped (a concurrent transaction holding the key
+    is waited for). Rows without a key never conflict."""
+    if not rows:
+        return set()
     result = await conn.execute(
-        text(
-            "INSERT INTO tasks (task_id, business, idempotency_key, request_hash, status, node_count, view,"
-            " callback_url, created_at, updated_at)"
-            " VALUES (:id, :business, :key, :hash, 'accepted', :nodes, :view, :callback, :now, :now)"
-            " ON CONFLICT (business, idempotency_key) DO NOTHING"
-        ),
+        _INSERT_MANY,
         {
-            "id": env.task_id,
-            "business": env.business,
-            "key": env.idempotency_key or None,
-            "hash": request_hash,
-            "nodes": len(env.nodes),
-            "view": env.SerializeToString(),
-            "callback": env.callback_url,
-            "now": now,
+            "ids": [r.task_id for r in rows],
+            "businesses": [r.business for r in rows],
+            "keys": [r.idempotency_key for r in rows],
+            "hashes": [r.request_hash for r in rows],
+            "nodes": [r.node_count for r in rows],
+            "views": [r.view for r in rows],
+            "callbacks": [r.callback_url for r in rows],
+            "created": [r.created_at for r in rows],
         },
     )
-    return result.rowcount == 1
+    return set(result.scalars())
+
+
+_BY_KEYS = text(
+    "SELECT t.business, t.idempotency_key, t.task_id, t.request_hash, t.status FROM tasks t"
+    " JOIN unnest(CAST(:businesses AS text[]), CAST(:keys AS text[])) AS k(business, key)"
+    " ON t.business = k.business AND t.idempotency_key = k.key"
+)
+
+
+async def tasks_by_keys(
+    conn: AsyncConnection, keys: list[tuple[str, str]]
+) -> dict[tuple[str, str], KeyHolder]:
+    """The tasks holding these (business, idempotency_key) pairs, with one statement."""
+    if not keys:
+        return {}
+    rows = await conn.execute(
+        _BY_KEYS, {"businesses": [b for b, _ in keys], "keys": [k for _, k in keys]}
+    )
+    return {
+        (r.business, r.idempotency_key): KeyHolder(r.task_id, r.request_hash, r.status)
+        for r in rows
+    }
 
 
 async def task_get(conn: AsyncConnection, task_id: str) -> TaskRecord | None:
     row = (
         await conn.execute(text("SELECT * FROM tasks WHERE task_id = :id"), {"id": task_id})
-    ).first()
-    return _record(row) if row else None
-
-
-async def task_by_key(conn: AsyncConnection, business: str, key: str) -> TaskRecord | None:
-    row = (
-        await conn.execute(
-            text("SELECT * FROM tasks WHERE business = :b AND idempotency_key = :k"),
-            {"b": business, "k": key},
-        )
     ).first()
     return _record(row) if row else None
 
@@ -196,3 +243,7 @@ async def emit(
     conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime
 ) -> None:
     await outbox_add(conn, outbox, subject, msg_id, payload, now)
+
+
+async def emit_many(conn: AsyncConnection, rows: list[OutboxRow]) -> None:
+    await outbox_add_many(conn, outbox, rows)

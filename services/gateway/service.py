@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -16,12 +16,13 @@ from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import Limits, Submission, expand, validate
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.batcher import Batcher
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
 from dispo.libs.errors import FailedPrecondition, NotFound
 from dispo.libs.logging import get_logger
-from dispo.libs.outbox import OutboxRelay
+from dispo.libs.outbox import OutboxRelay, OutboxRow
 from dispo.libs.payload import canonical_json
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -45,9 +46,19 @@ def cancelled_view(view: task_pb2.Task, now: datetime) -> task_pb2.Task:
     return out
 
 
+@dataclass(frozen=True)
 class Accepted:
-    def __init__(self, task_id: str, status: str, duplicate: bool) -> None:
-        self.task_id, self.status, self.duplicate = task_id, status, duplicate
+    task_id: str
+    status: str
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A validated, expanded Submit waiting for its flush."""
+
+    task: repo.NewTask
+    envelope_id: str  # the task.create message id
 
 
 class Gateway:
@@ -59,6 +70,10 @@ class Gateway:
         limits: Limits,
         clock: Clock,
         watch_poll_interval: float,
+        *,
+        submit_batch: int = 500,
+        submit_flushes: int = 2,
+        submit_linger: float = 0.0,
     ) -> None:
         self.engine = engine
         self.relay = relay
@@ -67,42 +82,97 @@ class Gateway:
         self.clock = clock
         self.watch_poll_interval = watch_poll_interval
         self._changed: dict[str, asyncio.Event] = {}
+        # Group commit of accepted tasks (ADR 0022): one transaction per flush.
+        self.submits: Batcher[_Pending, Accepted] = Batcher(
+            "submits",
+            self._accept_all,
+            max_items=submit_batch,
+            concurrency=submit_flushes,
+            linger=submit_linger,
+            max_pending=max(10_000, submit_batch),
+        )
 
     async def submit(self, sub: Submission) -> Accepted:
+        """Validate and expand here; record the task (or find the one holding its
+        idempotency key) in the next flush; answer once that flush committed."""
         validate(sub, self.catalogue, self.limits)
-        digest = request_hash(sub)
-        if sub.idempotency_key:
-            async with self.engine.connect() as conn:
-                existing = await repo.task_by_key(conn, sub.business, sub.idempotency_key)
-            if existing is not None:
-                return self._same(existing, digest)
         task_id = uuid.uuid4().hex
         nodes = expand(task_id, sub, self.catalogue, self.limits)
         now = self.clock.now()
         env = task_envelope(task_id, sub, nodes, now)
+        pending = _Pending(
+            repo.NewTask(
+                task_id=task_id,
+                business=sub.business,
+                idempotency_key=sub.idempotency_key,
+                request_hash=request_hash(sub),
+                node_count=len(nodes),
+                view=env.SerializeToString(),
+                callback_url=sub.callback_url,
+                created_at=now,
+            ),
+            tasks.create_id(task_id, 0),
+        )
+        accepted = await self.submits.submit(pending)
+        if not accepted.duplicate:
+            log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
+        return accepted
+
+    async def _accept_all(self, items: list[_Pending]) -> list[Accepted | BaseException]:
+        """One flush of Submits: every task whose key is free inserted with one statement,
+        their task.create rows with another, the holders of the taken keys read with a
+        third, one commit. Duplicates within the flush are answered exactly as across
+        flushes: the first Submit of a key in the flush is the one inserted."""
+        first: dict[tuple[str, str], repo.NewTask] = {}
+        fresh: list[repo.NewTask] = []
+        for item in items:
+            t = item.task
+            if t.idempotency_key:
+                if (t.business, t.idempotency_key) in first:
+                    continue
+                first[(t.business, t.idempotency_key)] = t
+            fresh.append(t)
+        # In key order: two flushes inserting the same keys wait for each other in the same
+        # order, never in a cycle.
+        fresh.sort(key=lambda t: (t.business, t.idempotency_key))
         async with self.engine.begin() as conn:
-            inserted = await repo.task_insert_if_new(conn, env, digest, now)
-            if inserted:
-                await repo.emit(
-                    conn,
-                    tasks.TASK_CREATE,
-                    tasks.create_id(task_id, 0),
-                    env.SerializeToString(),
-                    now,
-                )
-        if not inserted:  # a concurrent duplicate won the insert
-            async with self.engine.connect() as conn:
-                existing = await repo.task_by_key(conn, sub.business, sub.idempotency_key)
-            assert existing is not None
-            return self._same(existing, digest)
-        self.relay.kick()
-        log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
-        return Accepted(task_id, "ACCEPTED", False)
+            inserted = await repo.tasks_insert_new(conn, fresh)
+            await repo.emit_many(
+                conn,
+                [
+                    OutboxRow(
+                        tasks.TASK_CREATE, item.envelope_id, item.task.view, item.task.created_at
+                    )
+                    for item in items
+                    if item.task.task_id in inserted
+                ],
+            )
+            taken = [key for key, t in first.items() if t.task_id not in inserted]
+            holders = await repo.tasks_by_keys(conn, taken)
+        if inserted:
+            self.relay.kick()
+        answers: list[Accepted | BaseException] = []
+        for item in items:
+            t = item.task
+            if t.task_id in inserted:
+                answers.append(Accepted(t.task_id, "accepted", False))
+                continue
+            key = (t.business, t.idempotency_key)
+            winner = first[key]
+            if winner.task_id in inserted:  # an earlier Submit of this flush took the key
+                holder = repo.KeyHolder(winner.task_id, winner.request_hash, "accepted")
+            elif key in holders:
+                holder = holders[key]
+            else:  # pragma: no cover - a key holder is never deleted
+                answers.append(RuntimeError(f"idempotency key of business {t.business!r} lost"))
+                continue
+            answers.append(self._same(holder, t.request_hash))
+        return answers
 
     @staticmethod
-    def _same(existing: repo.TaskRecord, digest: str) -> Accepted:
+    def _same(existing: repo.KeyHolder, digest: str) -> Accepted | FailedPrecondition:
         if existing.request_hash != digest:
-            raise FailedPrecondition(
+            return FailedPrecondition(
                 f"idempotency key already used for task {existing.task_id} with a different request"
             )
         return Accepted(existing.task_id, existing.status, True)

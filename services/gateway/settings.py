@@ -28,6 +28,12 @@ class GatewaySettings(BaseSettings):
         " another replica)",
     )
     max_page_size: int = Field(default=500, description="Largest ListTasks page")
+    submit_batch: int = Field(
+        default=500, ge=1, description="Most Submits recorded by one transaction (group commit)"
+    )
+    submit_flushes: int = Field(
+        default=2, ge=1, description="Most Submit transactions in progress at once"
+    )
 
     def limits(self) -> Limits:
         return Limits(
