@@ -12,13 +12,18 @@ A handler returns :data:`ACK`, :class:`Nak` (redeliver, optionally after a delay
 :class:`Term` (never redeliver: malformed or meaningless). An exception is logged and
 treated as ``Nak(delay=error_delay)``. While a handler runs, the message's ack deadline is
 extended, so long work is not redelivered to another consumer.
+
+A consumer's ``subject`` is one filter or several (``("task.status.*.failed",
+"task.status.*.succeeded")``): the server delivers only what they match. At start the
+durable is created, or brought to this configuration (filters, ack wait, max deliveries) if
+it exists with another one; what it already acknowledged stays acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import nats
@@ -141,7 +146,7 @@ class Bus:
         stream: str,
         *,
         durable: str,
-        subject: str,
+        subject: str | Sequence[str],
         handler: Handler,
         batch: int = 16,
         ack_wait: float = 30.0,
@@ -167,7 +172,7 @@ class Consumer:
         bus: Bus,
         stream: str,
         durable: str,
-        subject: str,
+        subject: str | Sequence[str],
         handler: Handler,
         batch: int,
         ack_wait: float,
@@ -177,7 +182,9 @@ class Consumer:
         self.bus = bus
         self.stream = stream
         self.durable = durable
-        self.subject = subject
+        self.subjects = (subject,) if isinstance(subject, str) else tuple(subject)
+        if not self.subjects:
+            raise ValueError("a consumer needs a subject")
         self.handler = handler
         self.batch = batch
         self.ack_wait = ack_wait
@@ -190,13 +197,16 @@ class Consumer:
         self._stopping.set()
 
     async def run(self) -> None:
+        one = len(self.subjects) == 1
         config = ConsumerConfig(
+            name=self.durable,
             durable_name=self.durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=self.ack_wait,
             max_deliver=self.max_deliver,
-            filter_subject=self.subject,
+            filter_subject=self.subjects[0] if one else None,
+            filter_subjects=None if one else list(self.subjects),
         )
         in_flight: set[asyncio.Task[None]] = set()
         try:
@@ -215,9 +225,7 @@ class Consumer:
                 continue
             try:
                 if subscription is None:
-                    subscription = await self.bus.js.pull_subscribe(
-                        self.subject, durable=self.durable, stream=self.stream, config=config
-                    )
+                    subscription = await self._subscribe(config)
                 messages = await subscription.fetch(free, timeout=1.0)
             except TimeoutError:
                 continue
@@ -235,6 +243,24 @@ class Consumer:
         if subscription is not None:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+
+    async def _subscribe(self, config: ConsumerConfig) -> JetStreamContext.PullSubscription:
+        """Bind to the durable, creating it or updating its configuration first if needed."""
+        js = self.bus.js
+        try:
+            current: ConsumerConfig | None = (
+                await js.consumer_info(self.stream, self.durable)
+            ).config
+        except NotFoundError:
+            current = None
+        if current is None or _settings(current) != _settings(config):
+            try:
+                await js.add_consumer(self.stream, config=config)  # creates or updates
+            except nats.js.errors.BadRequestError:
+                if current is not None:
+                    raise
+                # a replica created it first, with this configuration
+        return await js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -266,3 +292,9 @@ class Consumer:
             await asyncio.sleep(self.ack_wait / 3)
             with contextlib.suppress(Exception):
                 await message.in_progress()
+
+
+def _settings(config: ConsumerConfig) -> tuple[tuple[str, ...], float, int]:
+    """What :class:`Consumer` configures on a durable: filters, ack wait, max deliveries."""
+    filters = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+    return (tuple(sorted(filters)), round(config.ack_wait or 0.0, 3), config.max_deliver or -1)

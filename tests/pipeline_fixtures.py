@@ -257,11 +257,12 @@ async def wait_status(client: Any, task_id: str, statuses: set[str], timeout: fl
 
 
 async def stream_messages(bus: Any, subject: str, stream: str = "TASKS") -> list[Any]:
-    """Every message currently stored on ``subject`` (read with an ephemeral consumer)."""
+    """Every message currently stored on ``subject`` (a subject or a filter with wildcards),
+    read with an ephemeral consumer."""
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
     info = await bus.js.stream_info(stream, subjects_filter=subject)
-    count = (info.state.subjects or {}).get(subject, 0)
+    count = sum((info.state.subjects or {}).values())  # per subject the filter matches
     if not count:
         return []
     sub = await bus.js.pull_subscribe(

@@ -9,9 +9,11 @@ task.demote, the snapshot's version for a status event, the cause for a cancel.
 
 from __future__ import annotations
 
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.contracts._streams import Stream
+from dispo.libs.proto_enums import task_status_name
 
 # Subjects of the TASKS stream.
 TASK_CREATE = "task.create"  # Task envelope: run it (gateway, executor retry, reconciler redrive)
@@ -20,9 +22,16 @@ TASK_DEMOTE = "task.demote"  # Task envelope: parked behind a degraded downstrea
 TASK_CANCEL = "task.cancel"  # CancelRequest (gateway, reconciler)
 TASK_CLOSE = "task.close"  # CloseRequest: a parked task ended for good (reconciler)
 
-# task.status.<task_id>: a Task snapshot of node states, without payloads (executor,
-# reconciler for a terminal failure); read by the gateway's view and the reconciler.
+# task.status.<task_id>.<status>: a Task snapshot of node states, without payloads (executor,
+# reconciler for a terminal failure); <status> is the snapshot's task status in lower case
+# (``running``, ``succeeded``, ...). Read by the gateway's view (all of them) and the
+# reconciler (the terminal ones only: the server filters the others out).
 TASK_STATUS_ALL = "task.status.>"
+TERMINAL_TASK_STATUSES = (
+    common_pb2.TASK_STATUS_SUCCEEDED,
+    common_pb2.TASK_STATUS_FAILED,
+    common_pb2.TASK_STATUS_CANCELLED,
+)
 
 # Completion notifications to a caller's nats:callback.<...> subject (reconciler).
 CALLBACK_ALL = "callback.>"
@@ -35,9 +44,20 @@ TASK_STATUS = Stream("TASK_STATUS", (TASK_STATUS_ALL,), max_age=STATUS_MAX_AGE)
 CALLBACKS = Stream("CALLBACKS", (CALLBACK_ALL,), max_age=STATUS_MAX_AGE)
 
 
-def task_status(task_id: str) -> str:
-    """The status subject of one task."""
-    return f"task.status.{task_id}"
+def task_status(task_id: str, status: int) -> str:
+    """The subject of one task's status snapshot with that ``TaskStatus``."""
+    return f"task.status.{task_id}.{task_status_name(status).lower()}"
+
+
+def task_status_of(task_id: str) -> str:
+    """Every status snapshot of one task (a filter)."""
+    return f"task.status.{task_id}.*"
+
+
+# The terminal snapshots of every task (filters of the reconciler's completion consumer).
+TASK_STATUS_TERMINAL = tuple(
+    f"task.status.*.{task_status_name(s).lower()}" for s in TERMINAL_TASK_STATUSES
+)
 
 
 # ---- message ids ---------------------------------------------------------------------

@@ -406,7 +406,7 @@ async def emit_status(conn: AsyncConnection, task_id: str, now: datetime) -> tas
     await outbox_add(
         conn,
         outbox,
-        tasks.task_status(task_id),
+        tasks.task_status(task_id, env.status),
         tasks.status_id(task_id, env.version),
         tasks.status_snapshot(env).SerializeToString(),
         now,

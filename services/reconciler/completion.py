@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,31 +34,55 @@ log = get_logger(__name__)
 NATS_SCHEME = "nats:"
 
 
-async def on_status(ctx: Context, env: task_pb2.Task) -> None:
-    """A status snapshot: record "finished" for a terminal one; a held task is resolved."""
-    if env.status not in E.TERMINAL_TASK:
-        return
+async def on_status(ctx: Context, env: task_pb2.Task) -> bool:
+    """A status snapshot: record "finished" for a terminal one; a held task is resolved.
+    True if this snapshot recorded the fact."""
+    [recorded] = await on_statuses(ctx, [env])
+    return recorded
+
+
+async def on_statuses(ctx: Context, envs: Sequence[task_pb2.Task]) -> list[bool]:
+    """:func:`on_status` for many snapshots in one transaction (two statements, whatever
+    their number); one answer per snapshot, in order. Of two terminal snapshots of one
+    task, the first is the fact, as it would be one after the other."""
     now = ctx.clock.now()
-    status = task_status_name(env.status)
-    notify = NotifyState.PENDING if env.callback_url else NotifyState.NONE
+    facts = [
+        cs.Finished(
+            env,
+            task_status_name(env.status),
+            E.moment(env.updated_at, now),
+            NotifyState.PENDING if env.callback_url else NotifyState.NONE,
+        )
+        for env in envs
+        if env.status in E.TERMINAL_TASK
+    ]
+    if not facts:
+        return [False] * len(envs)
+    reasons: dict[str, str] = {}
+    for fact in facts:
+        reasons.setdefault(
+            fact.env.task_id,
+            truncate_error(f"task finished {fact.status}: {fact.env.status_reason}"),
+        )
     reconcile_at = now + timedelta(seconds=ctx.config.reconcile.delay)
     async with ctx.engine.begin() as conn:
-        recorded = await cs.finished_add(
-            conn, env, status, E.moment(env.updated_at, now), now, notify, reconcile_at
+        recorded = await cs.finished_add_many(conn, facts, now, reconcile_at)
+        await store.tasks_set_state_if(
+            conn, reasons, (*PARKED, RecoveryState.REDRIVEN), RecoveryState.RESOLVED, now
         )
-        await store.task_set_state_if(
-            conn,
-            env.task_id,
-            (*PARKED, RecoveryState.REDRIVEN),
-            RecoveryState.RESOLVED,
-            now,
-            reason=truncate_error(f"task finished {status}: {env.status_reason}"),
-            next_redrive_at=None,
-        )
-    if recorded:
-        log.info(
-            "task finished", task_id=env.task_id, status=status, callback=bool(env.callback_url)
-        )
+    answers = []
+    for env in envs:
+        first = env.task_id in recorded and env.status in E.TERMINAL_TASK
+        if first:
+            recorded.discard(env.task_id)
+            log.info(
+                "task finished",
+                task_id=env.task_id,
+                status=task_status_name(env.status),
+                callback=bool(env.callback_url),
+            )
+        answers.append(first)
+    return answers
 
 
 def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:

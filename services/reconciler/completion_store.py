@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -17,39 +19,57 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 
-async def finished_add(
-    conn: AsyncConnection,
-    env: task_pb2.Task,
-    status: str,
-    finished_at: datetime,
-    now: datetime,
-    notify: NotifyState,
-    reconcile_at: datetime,
-) -> bool:
-    """Record "task finished" once (the first terminal snapshot is the fact)."""
+@dataclass(frozen=True)
+class Finished:
+    """One "task finished" fact to record: the task's first terminal snapshot."""
+
+    env: task_pb2.Task
+    status: str
+    finished_at: datetime
+    notify: NotifyState
+
+
+async def finished_add_many(
+    conn: AsyncConnection, facts: Sequence[Finished], now: datetime, reconcile_at: datetime
+) -> set[str]:
+    """Record "task finished" once per task (the first terminal snapshot is the fact), for
+    many tasks in one statement; returns the task ids recorded now (not those recorded
+    before). Of two facts of one task in ``facts``, the first is the one recorded. Rows go
+    in in task id order, so replicas inserting overlapping batches do not deadlock."""
+    first: dict[str, Finished] = {}
+    for fact in facts:
+        first.setdefault(fact.env.task_id, fact)
+    if not first:
+        return set()
+    rows = [first[task_id] for task_id in sorted(first)]  # locks in task id order: no deadlock
     result = await conn.execute(
         text(
             "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
             " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at)"
-            " VALUES (:id, :business, :status, :reason, :version, :env, :finished_at, :now, :callback, :notify,"
-            " CASE WHEN :notify = 'pending' THEN CAST(:now AS timestamptz) END, 'pending', :reconcile_at)"
-            " ON CONFLICT (task_id) DO NOTHING"
+            " SELECT v.task_id, v.business, v.status, v.reason, v.version, v.envelope, v.finished_at, :now,"
+            " v.callback, v.notify, CASE WHEN v.notify = 'pending' THEN CAST(:now AS timestamptz) END,"
+            " 'pending', :reconcile_at"
+            " FROM unnest(CAST(:ids AS text[]), CAST(:business AS text[]), CAST(:status AS text[]),"
+            " CAST(:reason AS text[]), CAST(:version AS bigint[]), CAST(:env AS bytea[]),"
+            " CAST(:finished_at AS timestamptz[]), CAST(:callback AS text[]), CAST(:notify AS text[]))"
+            " AS v(task_id, business, status, reason, version, envelope, finished_at, callback, notify)"
+            " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
         ),
         {
-            "id": env.task_id,
-            "business": env.business,
-            "status": status.lower(),
-            "reason": truncate_error(env.status_reason),
-            "version": env.version,
-            "env": env.SerializeToString(),
-            "finished_at": finished_at,
+            "ids": [f.env.task_id for f in rows],
+            "business": [f.env.business for f in rows],
+            "status": [f.status.lower() for f in rows],
+            "reason": [truncate_error(f.env.status_reason) for f in rows],
+            "version": [f.env.version for f in rows],
+            "env": [f.env.SerializeToString() for f in rows],
+            "finished_at": [f.finished_at for f in rows],
+            "callback": [f.env.callback_url for f in rows],
+            "notify": [f.notify.value for f in rows],
             "now": now,
-            "callback": env.callback_url,
-            "notify": notify.value,
             "reconcile_at": reconcile_at,
         },
     )
-    return result.rowcount == 1
+    return set(result.scalars())
 
 
 async def get(conn: AsyncConnection, task_id: str) -> Any:

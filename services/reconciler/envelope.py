@@ -23,7 +23,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 NS = common_pb2.NodeStatus
 TS = common_pb2.TaskStatus
-TERMINAL_TASK = {TS.TASK_STATUS_SUCCEEDED, TS.TASK_STATUS_FAILED, TS.TASK_STATUS_CANCELLED}
+TERMINAL_TASK = frozenset(tasks.TERMINAL_TASK_STATUSES)
 _HTTP = re.compile(r"HTTP (\d{3})")
 
 

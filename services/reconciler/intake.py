@@ -1,12 +1,15 @@
 """The reconciler's consumers: task.fail and task.demote (recovery), task.create
-(arbitration claims), task.status.> (the "finished" fact). Each decodes the envelope,
-refuses a malformed one for good, and hands it to the domain."""
+(arbitration claims), the terminal task.status.<task_id>.<status> snapshots (the "finished"
+fact; the server filters the others out, and the snapshots are recorded in batches, one
+transaction per flush). Each decodes the envelope, refuses a malformed one for good, and
+hands it to the domain."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.batcher import Batcher
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
 from dispo.libs.contracts import tasks
 from dispo.reconciler import arbitration, completion, recovery
@@ -38,12 +41,25 @@ def handler(
     return handle
 
 
+# Terminal snapshots handled at once by the status consumer, and recorded by one flush.
+FINISHED_BATCH = 256
+
+
 def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]]:
     def park(kind: str) -> Callable[[task_pb2.Task], Awaitable[bool]]:
         async def work(env: task_pb2.Task) -> bool:
             return not env.nodes or await recovery.intake(ctx, env, kind)
 
         return work
+
+    finished: Batcher[task_pb2.Task, bool] = Batcher(
+        "finished facts",
+        lambda envs: completion.on_statuses(ctx, envs),
+        max_items=FINISHED_BATCH,
+    )
+
+    async def finish(env: task_pb2.Task) -> None:  # recorded now or before: acked either way
+        await finished.submit(env)
 
     return [
         (
@@ -78,9 +94,9 @@ def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]
             bus.consumer(
                 tasks.TASK_STATUS.name,
                 durable=f"{durable}-status",
-                subject=tasks.TASK_STATUS_ALL,
-                handler=handler(lambda env: completion.on_status(ctx, env)),
-                batch=64,
+                subject=tasks.TASK_STATUS_TERMINAL,
+                handler=handler(finish),
+                batch=FINISHED_BATCH,
             ),
         ),
     ]

@@ -144,7 +144,7 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
     snap = E.terminal(row.envelope, E.TS.TASK_STATUS_FAILED, row.reason, now)
     await store.emit(
         conn,
-        tasks.task_status(row.task_id),
+        tasks.task_status(row.task_id, snap.status),
         tasks.status_id(row.task_id, snap.version, "reconciler"),
         snap.SerializeToString(),
         now,

@@ -213,6 +213,42 @@ async def task_set_state_if(
     return (await conn.execute(text(sql), params)).rowcount == 1
 
 
+async def tasks_set_state_if(
+    conn: AsyncConnection,
+    reasons: dict[str, str],
+    expected: tuple[RecoveryState, ...],
+    new: RecoveryState,
+    now: datetime,
+) -> set[str]:
+    """:func:`task_set_state_if` for many rows in one statement: each task in ``reasons``
+    moves from ``expected`` to ``new`` with its reason and no next redrive; returns the
+    task ids moved. Rows are locked in task id order, so two such statements do not
+    deadlock."""
+    RECOVERY_TRANSITIONS.check(list(expected), new)
+    if not reasons:
+        return set()
+    ids = sorted(reasons)
+    result = await conn.execute(
+        text(
+            "WITH moving AS (SELECT task_id FROM recovery_tasks"
+            "  WHERE task_id = ANY(:ids) AND state = ANY(:expected) ORDER BY task_id FOR UPDATE)"
+            " UPDATE recovery_tasks r SET state = :new, updated_at = :now, reason = v.reason,"
+            " next_redrive_at = NULL"
+            " FROM moving JOIN unnest(CAST(:ids AS text[]), CAST(:reasons AS text[])) AS v(task_id, reason)"
+            " ON v.task_id = moving.task_id"
+            " WHERE r.task_id = moving.task_id RETURNING r.task_id"
+        ),
+        {
+            "ids": ids,
+            "reasons": [reasons[i] for i in ids],
+            "expected": [s.value for s in expected],
+            "new": new.value,
+            "now": now,
+        },
+    )
+    return set(result.scalars())
+
+
 async def task_redriven_if(
     conn: AsyncConnection,
     task_id: str,

@@ -10,6 +10,7 @@ import pytest
 from dispo.gateway.convert import submission_from_proto
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.payload import (
     JSON_PLAIN,
@@ -155,7 +156,7 @@ async def test_the_downstream_receives_the_integer_as_an_integer(pipeline, downs
     statuses = [
         m
         for task_id in (by_struct.task_id, by_sdk.task_id)
-        for m in await stream_messages(bus, f"task.status.{task_id}", stream="TASK_STATUS")
+        for m in await stream_messages(bus, tasks.task_status_of(task_id), stream="TASK_STATUS")
     ]
     assert statuses and all(
         not task_pb2.Task.FromString(m.data).payloads and task_pb2.Task.FromString(m.data).nodes

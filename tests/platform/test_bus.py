@@ -122,3 +122,58 @@ async def test_consumer_survives_a_nats_restart(infra, bus):
     consumer.stop()
     await task
     assert seen == [b"before", b"after"]
+
+
+async def test_a_consumer_gets_only_what_its_filters_match(bus):
+    await bus.ensure_stream("TASK_STATUS", ["task.status.>"])
+    for subject in ("a.running", "a.succeeded", "b.failed", "c.running", "c.cancelled"):
+        await bus.publish(f"task.status.{subject}", subject.encode(), msg_id=subject)
+    seen: list[bytes] = []
+
+    async def handler(message):
+        seen.append(message.data)
+        return ACK
+
+    consumer = bus.consumer(
+        "TASK_STATUS",
+        durable="finished",
+        subject=("task.status.*.succeeded", "task.status.*.failed"),
+        handler=handler,
+    )
+    await run_until(consumer, lambda: len(seen) >= 2)
+    info = await bus.js.consumer_info("TASK_STATUS", "finished")
+    assert sorted(seen) == [b"a.succeeded", b"b.failed"]
+    assert info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def test_a_durable_started_with_another_configuration_is_brought_to_it(bus):
+    await bus.ensure_stream("TASK_STATUS", ["task.status.>"])
+    seen: list[bytes] = []
+
+    async def handler(message):
+        seen.append(message.data)
+        return ACK
+
+    await bus.publish("task.status.a.succeeded", b"a.succeeded", msg_id="a")
+    old = bus.consumer("TASK_STATUS", durable="view", subject="task.status.>", handler=handler)
+    await run_until(old, lambda: seen == [b"a.succeeded"])
+
+    new = bus.consumer(
+        "TASK_STATUS",
+        durable="view",
+        subject=("task.status.*.failed", "task.status.*.cancelled"),
+        handler=handler,
+        ack_wait=7.0,
+        max_deliver=5,
+    )
+    await bus.publish("task.status.b.running", b"b.running", msg_id="b")
+    await bus.publish("task.status.c.failed", b"c.failed", msg_id="c")
+    await run_until(new, lambda: b"c.failed" in seen)
+
+    config = (await bus.js.consumer_info("TASK_STATUS", "view")).config
+    assert sorted(config.filter_subjects or []) == [
+        "task.status.*.cancelled",
+        "task.status.*.failed",
+    ]
+    assert (config.ack_wait, config.max_deliver) == (7.0, 5)
+    assert seen == [b"a.succeeded", b"c.failed"]  # acknowledged stays acknowledged

@@ -8,11 +8,14 @@ from datetime import UTC, datetime
 
 import pytest
 from dispo.libs import contracts
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.contracts import evaluations, tasks
 from dispo.libs.db import create_engine
 from dispo.libs.outbox import outbox_add, outbox_table
 from outbox_subjects import outbox_subjects
 from sqlalchemy import MetaData, text
+
+TS = common_pb2.TaskStatus
 
 SCHEMA = "contracts_test"
 metadata = MetaData()
@@ -55,7 +58,8 @@ def test_every_subject_the_services_publish_is_declared():
         tasks.TASK_DEMOTE,
         tasks.TASK_CANCEL,
         tasks.TASK_CLOSE,
-        tasks.task_status("0123abcd"),
+        tasks.task_status("0123abcd", TS.TASK_STATUS_RUNNING),
+        tasks.task_status("0123abcd", TS.TASK_STATUS_SUCCEEDED),
         "callback.orders.done",
         evaluations.EVALUATION_STARTED,
         evaluations.EVALUATION_RUN_RECORDED,
@@ -98,9 +102,11 @@ async def test_the_shared_outbox_refuses_an_undeclared_subject_and_writes_nothin
             await outbox_add(conn, outbox, tasks.TASK_CLOSE, "ok-1", b"x", NOW)
             await outbox_add(conn, outbox, subject, "bad-1", b"x", NOW)
     async with engine.begin() as conn:
-        await outbox_add(conn, outbox, tasks.task_status("t1"), "ok-2", b"x", NOW)
+        await outbox_add(
+            conn, outbox, tasks.task_status("t1", TS.TASK_STATUS_RUNNING), "ok-2", b"x", NOW
+        )
     # The refused transaction left nothing behind; the declared write went in.
-    assert (await outbox_subjects(database_url))[f"{SCHEMA}.outbox"] == {"task.status.t1"}
+    assert (await outbox_subjects(database_url))[f"{SCHEMA}.outbox"] == {"task.status.t1.running"}
 
 
 async def test_streams_are_created_with_their_declared_settings(bus):
@@ -112,3 +118,13 @@ async def test_streams_are_created_with_their_declared_settings(bus):
             stream.max_age is None and not info.config.max_age
         )
         assert info.config.duplicate_window == stream.duplicate_window
+
+
+@pytest.mark.parametrize("status", [s for s in TS.values() if s != TS.TASK_STATUS_UNSPECIFIED])
+def test_status_subjects_name_the_status_and_the_terminal_filters_take_the_terminal_ones(status):
+    subject = tasks.task_status("t1", status)
+    assert contracts.declared(subject)
+    assert contracts.subject_matches(tasks.task_status_of("t1"), subject)
+    assert not contracts.subject_matches(tasks.task_status_of("t2"), subject)
+    terminal = [f for f in tasks.TASK_STATUS_TERMINAL if contracts.subject_matches(f, subject)]
+    assert len(terminal) == (1 if status in tasks.TERMINAL_TASK_STATUSES else 0)

@@ -8,6 +8,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.clock import ManualClock
 from dispo.libs.contracts import UndeclaredSubject, tasks
 from dispo.libs.db import create_engine
@@ -65,7 +66,12 @@ async def test_many_rows_go_in_with_one_statement_in_the_order_given(engine, man
         lambda conn, cursor, statement, *args: statements.append(statement),
     )
     rows = [
-        OutboxRow(tasks.task_status(f"t{i}"), f"m-{i}", bytes([i]), manual_clock.now())
+        OutboxRow(
+            tasks.task_status(f"t{i}", common_pb2.TASK_STATUS_RUNNING),
+            f"m-{i}",
+            bytes([i]),
+            manual_clock.now(),
+        )
         for i in (3, 1, 2, 0, 4)
     ]
     async with engine.begin() as conn:

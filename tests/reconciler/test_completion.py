@@ -1,6 +1,7 @@
 """The three completion facts: finished, notified (signed webhook with retries, or a NATS
 subject; each attempt recorded), reconciled (probes sampled, mismatches as findings)."""
 
+import asyncio
 import json
 
 from dispo.libs.api.common.v1 import common_pb2
@@ -178,3 +179,66 @@ async def test_the_three_facts_are_separate(recon, manual_clock, receiver, stub)
     manual_clock.advance(seconds=61)
     await run_sweeps(recon, "reconcile")
     assert (await facts(stub, "three")).completion.HasField("reconciled_at")
+
+
+async def test_a_batch_records_the_first_terminal_snapshot_of_each_task(recon, stub):
+    batch = [
+        finished("b1", status="RUNNING"),
+        finished("b2"),
+        finished("b2", status="FAILED"),  # a later snapshot of b2 in the same batch
+        finished("b3", status="CANCELLED"),
+        finished("b1"),
+    ]
+    assert await completion.on_statuses(recon, batch) == [False, True, False, True, True]
+    assert await completion.on_statuses(recon, [finished("b3")]) == [False]  # recorded before
+    statuses = {t: (await facts(stub, t)).completion.status for t in ("b1", "b2", "b3")}
+    assert statuses == {
+        "b1": TS.TASK_STATUS_SUCCEEDED,
+        "b2": TS.TASK_STATUS_SUCCEEDED,
+        "b3": TS.TASK_STATUS_CANCELLED,
+    }
+
+
+async def test_the_status_consumer_records_terminal_snapshots_from_the_bus(recon, bus, stub):
+    from dispo.libs.contracts import tasks
+    from dispo.reconciler.intake import consumers
+    from nats.js.errors import NotFoundError
+    from support import eventually
+
+    ids = [f"bus{i:03d}" for i in range(300)]
+    for task_id in ids:
+        for status in ("RUNNING", "SUCCEEDED"):
+            env = finished(task_id, status=status)
+            await bus.publish(
+                tasks.task_status(task_id, env.status),
+                env.SerializeToString(),
+                msg_id=f"{task_id}:{status}",
+            )
+    [status_consumer] = [c for name, c in consumers(recon, bus, "r") if name == "status consumer"]
+    run = asyncio.create_task(status_consumer.run())
+    try:
+
+        async def settled():
+            try:
+                return await bus.js.consumer_info(tasks.TASK_STATUS.name, "r-status")
+            except NotFoundError:  # not created yet
+                return None
+
+        info = await eventually(
+            settled,
+            lambda i: (
+                i and i.num_pending == 0 and i.num_ack_pending == 0 and i.delivered.stream_seq
+            ),
+            timeout=30,
+            wanted="status consumer settled",
+        )
+    finally:
+        status_consumer.stop()
+        await run
+    # The server delivered the terminal snapshots only, each once.
+    assert info.delivered.consumer_seq == len(ids) and info.num_redelivered == 0
+    async with recon.engine.connect() as conn:
+        from sqlalchemy import text
+
+        recorded = (await conn.execute(text("SELECT task_id, status FROM completions"))).all()
+    assert sorted(recorded) == [(t, "succeeded") for t in ids]

@@ -118,7 +118,7 @@ async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_re
     final = await row(recon, "t3")
     assert final.state is RecoveryState.FAILED
     assert "3 of 3 redrives" in final.reason and "HTTP 503" in final.reason
-    [status] = await outbox(recon, "task.status.t3")
+    [status] = await outbox(recon, "task.status.t3.failed")
     snap = task_pb2.Task.FromString(status.payload)
     assert snap.status == TS.TASK_STATUS_FAILED and snap.version == 41
     assert snap.status_reason == final.reason

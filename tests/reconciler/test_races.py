@@ -104,3 +104,32 @@ async def test_concurrent_notify_sweeps_deliver_each_callback_once(recon, servic
     assert sorted(r["headers"]["X-Dispo-Task-Id"] for r in receiver.received) == sorted(
         f"n{i}" for i in range(10)
     )
+
+
+async def test_replicas_recording_overlapping_batches_record_each_task_once(recon, service_engine):
+    ids = [f"fin{i:02d}" for i in range(60)]
+    snapshots = [
+        envelope(t, [node("a.x", "SUCCEEDED", task_id=t)], status="SUCCEEDED") for t in ids
+    ]
+    for t in ids[:20]:  # parked tasks the finished fact resolves
+        await recovery.intake(recon, envelope(t, [node("a.x", "FAILED", task_id=t)]), "fail")
+    ctxs = await replicas(recon, service_engine)
+    # Every replica gets every snapshot, in its own order (a redelivery to each of them).
+    orders = [
+        snapshots,
+        snapshots[::-1],
+        snapshots[30:] + snapshots[:30],
+        snapshots[::2] + snapshots[1::2],
+    ]
+    answers = await asyncio.gather(
+        *(completion.on_statuses(c, order) for c, order in zip(ctxs, orders, strict=True))
+    )
+    recorded = [
+        e.task_id
+        for order, a in zip(orders, answers, strict=True)
+        for e, ok in zip(order, a, strict=True)
+        if ok
+    ]
+    assert sorted(recorded) == ids  # each fact recorded by exactly one replica
+    for t in ids[:20]:
+        assert (await row(recon, t)).state.value == "resolved"

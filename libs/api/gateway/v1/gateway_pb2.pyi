@@ -4,7 +4,7 @@ isort:skip_file
 The gateway: where business systems state intents. It validates a submission against
 the cell catalogue, expands it into a DAG, records the task and an outbox row in one
 transaction, and only then answers. Its task view is kept current from the
-executor's status events (task.status.<task_id>).
+executor's status events (task.status.<task_id>.<status>).
 """
 
 from collections import abc as _abc

@@ -3,7 +3,7 @@
 isort:skip_file
 The task envelope: the one message that travels on task.create, task.fail and
 task.demote, and (as a snapshot of node states, without payloads) on
-task.status.<task_id>. Subjects, streams and message ids are declared in
+task.status.<task_id>.<status>. Subjects, streams and message ids are declared in
 dispo.libs.contracts.
 
 It is self-contained: a consumer (executor, reconciler) needs nothing but this message
@@ -295,7 +295,7 @@ class Task(_message.Message):
     def payloads(self) -> _containers.MessageMap[_builtins.str, _common_pb2.Payload]:
         """Business payload per cell reference: the cell's request body as canonical JSON
         (metadata["encoding"] = "json/plain"), written once by the gateway and sent verbatim
-        by the executor. Empty in status snapshots (task.status.<task_id>).
+        by the executor. Empty in status snapshots (task.status.<task_id>.<status>).
         """
 
     @_builtins.property

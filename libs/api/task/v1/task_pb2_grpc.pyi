@@ -3,7 +3,7 @@
 isort:skip_file
 The task envelope: the one message that travels on task.create, task.fail and
 task.demote, and (as a snapshot of node states, without payloads) on
-task.status.<task_id>. Subjects, streams and message ids are declared in
+task.status.<task_id>.<status>. Subjects, streams and message ids are declared in
 dispo.libs.contracts.
 
 It is self-contained: a consumer (executor, reconciler) needs nothing but this message
