@@ -1,6 +1,8 @@
 """``dispo``: run the stack and look at it.
 
 dispo up [--data-dir .dispo]        start PostgreSQL, NATS and the five services
+dispo up --detach                   the same in the background
+dispo down                          stop a stack running in the background (or elsewhere)
 dispo status [--json]               health and address of each service
 dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
 """
@@ -16,9 +18,17 @@ import signal
 import sys
 from pathlib import Path
 
+from dispo.libs.cli.lifecycle import (
+    DOWN_TIMEOUT_SECONDS,
+    banner,
+    describe_running,
+    detach,
+    down,
+)
 from dispo.libs.health import health_status
 from dispo.libs.logging import configure_logging
 from dispo.libs.settings import CommonSettings, server_settings
+from dispo.libs.stack.ownership import StackRunning
 from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, read_state
 
 
@@ -35,6 +45,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         services=tuple(args.services.split(",")) if args.services else SERVICES,
         demo_port=args.demo_port,
     )
+    if args.detach:
+        return detach(options, [a for a in args.argv if a != "--detach"])
     return asyncio.run(_up(options))
 
 
@@ -45,12 +57,17 @@ async def _up(options: StackOptions) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        stale = await asyncio.to_thread(stack.claim)
+    except StackRunning as running:
+        print(describe_running(running), file=sys.stderr)
+        return 1
+    if stale is not None:
+        print("cleaned up after a dispo up that did not stop", end="")
+        stopped = [f"{p.name} (pid {p.pid})" for p in stale]
+        print(f"; stopped {', '.join(stopped)}" if stopped else "", flush=True)
+    try:
         addresses = await stack.start()
-        print(f"Dispo is up (data in {options.data_dir}, logs in {options.data_dir / 'logs'}):")
-        for name, address in addresses.items():
-            print(f"  {name:<16} {address}")
-        if options.demo_port and "executor" in options.services:
-            print(f"  {'demo downstream':<16} http://{options.host}:{options.demo_port}")
+        print("\n".join(banner(options, addresses)))
         print("Ctrl-C stops everything.", flush=True)
         watcher = asyncio.create_task(stack.watch())
         await stop.wait()
@@ -65,6 +82,10 @@ async def _up(options: StackOptions) -> int:
         return 1
     print("stopped", flush=True)
     return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    return down(_data_dir(args.data_dir), args.timeout)
 
 
 def service_addresses(data_dir: Path) -> dict[str, str]:
@@ -127,7 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=8181,
         help="port of the demo downstream the example catalogue calls (0: don't start it)",
     )
+    up.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in the background (output in logs/up.log); `dispo down` stops it",
+    )
     up.set_defaults(run=cmd_up)
+
+    down_ = sub.add_parser("down", help="stop the stack running in the data folder")
+    down_.add_argument(
+        "--timeout",
+        type=float,
+        default=DOWN_TIMEOUT_SECONDS,
+        help="seconds to let it stop in order before killing it",
+    )
+    down_.set_defaults(run=cmd_down)
 
     status = sub.add_parser("status", help="health and address of each service")
     status.add_argument("--json", action="store_true", help="one JSON object keyed by service")
@@ -146,5 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     configure_logging("console", os.environ.get("DISPO_LOG_LEVEL", "WARNING"))
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = argv
     sys.exit(args.run(args))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,13 @@ from dispo.libs.logging import get_logger
 from dispo.libs.settings import server_settings
 from dispo.libs.stack.cluster import NatsCluster
 from dispo.libs.stack.nats import NatsServer, free_port
+from dispo.libs.stack.ownership import (
+    FolderLock,
+    Recorded,
+    StackRunning,
+    start_ticks,
+    stop_recorded,
+)
 from dispo.libs.stack.process import ProcessSpec, python_module
 from dispo.libs.stack.supervisor import Supervisor
 
@@ -45,6 +54,7 @@ SHUTDOWN_ORDER = [
 NATS = "nats"
 POSTGRES = "postgres"
 INFRASTRUCTURE_SHUTDOWN_ORDER = [NATS, POSTGRES]
+STOP_ORDER = SHUTDOWN_ORDER + INFRASTRUCTURE_SHUTDOWN_ORDER
 STATE_FILE = "stack.json"
 
 
@@ -154,11 +164,35 @@ class Stack:
         # Runs the embedded PostgreSQL and nats-server, restarting them like the services.
         self.infrastructure = Supervisor([])
         self.supervisor: Supervisor | None = None
+        self._lock = FolderLock(options.data_dir)
+        self._ready = False
+
+    def claim(self) -> list[Recorded] | None:
+        """Make this process the one running the folder's stack, before starting anything.
+
+        :class:`StackRunning` if a live stack runs there. A stale one (its state file left
+        by a ``dispo up`` that was killed) is cleaned up: what of it still runs is stopped,
+        in order. Returns what was stopped then, None if the folder held no stale stack."""
+        data = self.options.data_dir
+        try:
+            self._lock.acquire()
+        except StackRunning as running:
+            running.state = read_state(data)
+            raise
+        stale = read_state(data)
+        if stale is None:
+            return None
+        log.warning("cleaning up a stack whose dispo up did not stop", pid=stale.get("pid"))
+        return stop_stale(data, stale)
 
     async def start(self) -> dict[str, str]:
-        """Start infrastructure and services; return each service's address once SERVING."""
+        """Start infrastructure and services; return each service's address once SERVING.
+
+        Claims the folder first unless :meth:`claim` was called."""
         data = self.options.data_dir
         data.mkdir(parents=True, exist_ok=True)
+        if not self._lock.held:
+            await asyncio.to_thread(self.claim)
         infrastructure = []
         database_url = self.options.database_url
         if database_url is None:
@@ -195,6 +229,7 @@ class Stack:
             await asyncio.to_thread(self.nats_cluster.wait_ready)
         self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()
+        self._ready = True
         write_state()
         return addresses
 
@@ -216,29 +251,43 @@ class Stack:
     def _write_state(self, addresses: dict[str, str], database_url: str, nats_url: str) -> None:
         if self.supervisor is None:  # still starting: written once the services are up
             return
+        supervisor, infrastructure = self.supervisor, self.infrastructure
+
+        def process(supervisor: Supervisor, name: str) -> dict[str, Any]:
+            pid = supervisor.pid(name)
+            # The start time tells this process from a later one that reuses its pid.
+            return {"pid": pid, "started": start_ticks(pid) if pid is not None else None}
+
         state = {
+            # The dispo up running the stack, and whether all of it is up yet.
+            "pid": os.getpid(),
+            "ready": self._ready,
             "database_url": database_url,
             "nats_url": nats_url,
             "services": {
-                name: {"address": address, "pid": self.supervisor.pid(name)}
+                name: {"address": address, **process(supervisor, name)}
                 for name, address in addresses.items()
             },
             "companions": {
-                name: {"pid": self.supervisor.pid(name)}
-                for name in self.supervisor.children
+                name: process(supervisor, name)
+                for name in supervisor.children
                 if name not in addresses
             },
             "infrastructure": {
-                name: {"pid": self.infrastructure.pid(name)}
-                for name in self.infrastructure.children
+                name: process(infrastructure, name) for name in infrastructure.children
             },
         }
-        (self.options.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+        path = self.options.data_dir / STATE_FILE
+        written = path.with_suffix(".tmp")
+        written.write_text(json.dumps(state, indent=2))
+        written.replace(path)  # readers never see half a file
 
     async def stop(self) -> list[str]:
         """Stop services, then NATS, then PostgreSQL; each runs even if one before failed.
 
         Returns what failed to stop (empty when everything stopped cleanly)."""
+        if not self._lock.held:  # the folder is another stack's, or none was started
+            return []
         failed = []
         if self.supervisor is not None:
             order = [
@@ -252,7 +301,16 @@ class Stack:
             [*nodes, *INFRASTRUCTURE_SHUTDOWN_ORDER], timeout=60
         )
         (self.options.data_dir / STATE_FILE).unlink(missing_ok=True)
+        self._lock.release()
         return failed
+
+
+def stop_stale(data_dir: Path, state: dict[str, Any]) -> list[Recorded]:
+    """Stop, in order, what still runs of the stale stack ``state`` describes and remove its
+    state file (the caller holds the folder's lock); returns what was stopped."""
+    stopped = stop_recorded(state, STOP_ORDER, {POSTGRES: signal.SIGINT})
+    (data_dir / STATE_FILE).unlink(missing_ok=True)
+    return stopped
 
 
 def read_state(data_dir: Path) -> dict[str, Any] | None:

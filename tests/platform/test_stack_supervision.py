@@ -91,3 +91,10 @@ async def test_nothing_outlives_a_killed_dispo_up(stack):
         interval=0.1,
         wanted="no process of the stack left",
     )
+
+    # the state file is left behind; the next dispo up sees the stack is stale and starts
+    assert read_state(stack.data_dir) is not None
+    await stack.up()
+    assert "cleaned up after a dispo up that did not stop" in stack.output.read_text()
+    assert stack.status()[0] == 0
+    assert await stack.down() == 0

@@ -47,10 +47,9 @@ class RunningStack:
     def address(self, service: str) -> str:
         return f"127.0.0.1:{self.env[f'DISPO_{service.upper()}_PORT']}"
 
-    def command(self, *args: str) -> list[str]:
-        """``dispo up`` on this stack's ports, with ``args`` added."""
+    def up_arguments(self, *args: str) -> list[str]:
+        """``up`` on this stack's ports, with ``args`` added (``dispo`` comes before)."""
         return [
-            DISPO,
             "up",
             "--nats-port",
             self.env["NATS_PORT"],
@@ -62,7 +61,7 @@ class RunningStack:
     async def up(self) -> None:
         with open(self.output, "wb") as out:
             self.process = subprocess.Popen(
-                self.command(), env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [DISPO, *self.up_arguments()], env=self.env, stdout=out, stderr=subprocess.STDOUT
             )
 
         def ready() -> bool:
@@ -71,6 +70,17 @@ class RunningStack:
             return "Ctrl-C stops everything" in self.output.read_text()
 
         await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+
+    def run(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        """``dispo *args`` for this stack, to its end; output and errors together."""
+        return subprocess.run(
+            [DISPO, *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
 
     def status(self) -> tuple[int, dict]:
         result = subprocess.run(
