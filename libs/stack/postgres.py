@@ -176,8 +176,13 @@ class EmbeddedPostgres:
     def restart(self) -> None:
         self._pg_ctl("restart", "-w", "-m", "fast")
 
-    def _user(self) -> str | None:
+    @property
+    def system_user(self) -> str | None:
+        """The system user the server runs as (None: this process's); set by :meth:`start`."""
         return self._server.system_user if self._server is not None else None
+
+    def _user(self) -> str | None:
+        return self.system_user
 
     def _pg_ctl(self, *args: str) -> None:
         pg_ctl(list(args), pgdata=self.data_dir, user=self._user(), timeout=60)

@@ -3,10 +3,15 @@ and the stack keeps taking work; killed itself, it leaves no process behind."""
 
 import os
 import signal
+import subprocess
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import grpc
 import pytest
 from dispo.libs.sdk import AsyncClient, DispoError, cells
+from dispo.libs.stack.postgres import EmbeddedPostgres
+from dispo.libs.stack.process import ManagedProcess
 from dispo.libs.stack.stack import NATS, POSTGRES, read_state
 from support import eventually
 from support.stack import RunningStack, alive, descendants
@@ -98,3 +103,39 @@ async def test_nothing_outlives_a_killed_dispo_up(stack):
     assert "cleaned up after a dispo up that did not stop" in stack.output.read_text()
     assert stack.status()[0] == 0
     assert await stack.down() == 0
+
+
+async def test_postgres_starts_over_what_an_earlier_run_left(tmp_path):
+    """A daemonised server left on the folder is stopped first, and a lock file naming a
+    process that is no postmaster of the folder (a pid reused since) is no obstacle."""
+    folder, log = tmp_path / "postgres", tmp_path / "postgres.log"
+    earlier = EmbeddedPostgres(folder, durable=False)
+    earlier.start()  # through pg_ctl, detached from this process
+    left = int((folder / "postmaster.pid").read_text().split()[0])
+
+    postgres = EmbeddedPostgres(folder, durable=False)
+    server = ManagedProcess(postgres.spec(log))
+    assert not alive(left)
+    server.spawn()
+    await server.wait_ready(60)
+    socket_dir = Path(parse_qs(urlparse(postgres.url).query)["host"][0])
+    lock_files = [folder / "postmaster.pid", socket_dir / ".s.PGSQL.5432.lock"]
+    contents = [path.read_text() for path in lock_files]
+    assert await server.stop() == 0
+    assert not any(path.exists() for path in lock_files)
+
+    # as the server's own user: PostgreSQL itself takes a process it may not signal for
+    # not being a postmaster
+    stranger = subprocess.Popen(["sleep", "600"], user=earlier.system_user)
+    try:
+        for path, text in zip(lock_files, contents, strict=True):
+            path.write_text("\n".join([str(stranger.pid), *text.splitlines()[1:]]) + "\n")
+        server = ManagedProcess(EmbeddedPostgres(folder, durable=False).spec(log))
+        server.spawn()
+        await server.wait_ready(60)
+        assert stranger.poll() is None  # only the file went, not the process
+        assert await server.stop() == 0
+    finally:
+        stranger.kill()
+        stranger.wait()
+        server.kill()
