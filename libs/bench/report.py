@@ -145,7 +145,9 @@ def build_report(
     last_terminal = max((o.updated_at for o in finished), default=load.started_at)
     completed_window = last_terminal - load.started_at
     completed_rate = per_second(len(finished), completed_window)
-    cpu = cpu_per_task(cpu_before, cpu_after, len(finished))
+    # Per completed task; per accepted task when none completes (a Submit-only run).
+    cpu = cpu_per_task(cpu_before, cpu_after, len(finished) or len(accepted))
+    cpu["per"] = "completed task" if finished else "accepted task"
     measured = sum(p["seconds"] for p in cpu["per_process"].values())
     window = max(submit_end, completed_window)
     busy = None
@@ -231,7 +233,9 @@ def render(report: Mapping[str, Any]) -> list[str]:
         if p["ms_per_task"] is not None
     )
     if cpu["stack_ms_per_task"] is not None:
-        lines.append(f"CPU ms per task          stack {cpu['stack_ms_per_task']:.2f}: {per}")
+        lines.append(
+            f"CPU ms per task          stack {cpu['stack_ms_per_task']:.2f} (per {cpu['per']}): {per}"
+        )
     if machine["during_run"]:
         busy = machine["during_run"]
         lines.append(
@@ -249,6 +253,8 @@ def result_name(report: Mapping[str, Any]) -> str:
     config = report["config"]
     stamp = report["created"].replace(":", "").replace("-", "")[:15]
     mode = f"rate{config['rate']:g}" if config.get("rate") else "saturation"
+    if config.get("submit_only"):
+        mode += "-submit"
     scale = f"g{config['gateways']}" + (
         f"e{config['executors']}" if config.get("executors") else ""
     )
@@ -259,7 +265,7 @@ def result_name(report: Mapping[str, Any]) -> str:
 
 
 TABLE_HEADER = (
-    "| date | run | machine busy | submitted/s | completed/s | Submit p50 / p99 |"
+    "| date (commit) | run | machine busy | submitted/s | completed/s | Submit p50 / p99 |"
     " submit→terminal p50 / p99 | CPU ms/task (stack) | PostgreSQL commits/s (1 / 32 clients) |\n"
     "|---|---|---|---|---|---|---|---|---|"
 )
@@ -271,7 +277,8 @@ def table_row(report: Mapping[str, Any]) -> str:
     run = f"{config['shape']}, " + (
         f"{config['rate']:g}/s offered" if config.get("rate") else f"c={config['concurrency']}"
     )
-    run += f", {config['tasks']} tasks, {config['gateways']} gw"
+    run += f", {config['tasks']} tasks" + (", Submit only" if config.get("submit_only") else "")
+    run += f", {config['gateways']} gw"
     if config.get("executors"):
         run += f" / {config['executors']} ex"
     if (config.get("nats_nodes") or 1) > 1:
@@ -295,7 +302,8 @@ def table_row(report: Mapping[str, Any]) -> str:
 
     stack_cpu = report["cpu"]["stack_ms_per_task"]
     cells = [
-        report["created"][:16].replace("T", " "),
+        report["created"][:16].replace("T", " ")
+        + (f" ({config['commit']})" if config.get("commit") else ""),
         run,
         busy_text,
         _rate(through["submitted_per_s"]).removesuffix("/s"),

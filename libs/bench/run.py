@@ -23,6 +23,7 @@ import os
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -51,7 +52,7 @@ async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Tar
     from dispo.libs.stack.nats import free_port
     from dispo.libs.stack.stack import Stack, StackOptions, replica_names
 
-    services = tuple(args.services.split(","))
+    services = ("gateway",) if args.submit_only else tuple(args.services.split(","))
     with tempfile.TemporaryDirectory(prefix="dispo-bench-") as folder:
         root = Path(folder)
         demo_port = free_port()
@@ -106,9 +107,10 @@ def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str,
         "concurrency": None if args.rate else args.concurrency,
         "rate": args.rate,
         "gateways": args.gateways if args.start else len(args.address.split(",")),
-        "executors": args.executors if args.start else None,
+        "executors": (0 if args.submit_only else args.executors) if args.start else None,
         "nats_nodes": (3 if args.cluster else 1) if args.start else None,
-        "services": args.services if args.start else None,
+        "services": ("gateway" if args.submit_only else args.services) if args.start else None,
+        "submit_only": args.submit_only,
         "stack": "embedded" if args.start else "running",
         "commit": _commit(),
     }
@@ -118,13 +120,13 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     shape = SHAPES[args.shape]
     cell_name = args.cell or shape.cell
     stamp = datetime.now(UTC)
-    business = f"{args.business}-{stamp:%Y%m%d%H%M%S}"
+    business = f"{args.business}-{stamp:%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
     clients = [AsyncClient(address) for address in target.gateways]
     try:
         # Warm-up: a few tasks through every gateway, finished before measuring.
         warm = load.Submitter(clients, f"{business}-warmup", lambda: [cell(cell_name)])
         await load.saturate(warm, 4 * len(clients), len(clients))
-        await load.outcomes(clients[0], warm.business, timeout=120)
+        await load.outcomes(clients[0], warm.business, timeout=0 if args.submit_only else 120)
         ceiling_figures = None
         if args.ceiling_seconds > 0 and target.database_url:
             ceiling_figures = await asyncio.to_thread(
@@ -141,7 +143,9 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             facts = await load.offer(submitter, args.tasks, args.rate)
         else:
             facts = await load.saturate(submitter, args.tasks, args.concurrency)
-        outcomes = await load.outcomes(clients[0], business, timeout=args.timeout)
+        # Submit-only: the tasks as they are once every Submit is answered, no waiting.
+        wait = 0 if args.submit_only else args.timeout
+        outcomes = await load.outcomes(clients[0], business, timeout=wait)
         cpu_after, busy_after = cpu(), machine.busy_cpu_seconds()
         wall = time.monotonic() - wall_before
     finally:
@@ -217,6 +221,11 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=3.0,
         help="pgbench seconds per client count (0: skip the commit ceiling)",
+    )
+    p.add_argument(
+        "--submit-only",
+        action="store_true",
+        help="measure durable acceptance alone: no executor (with --start), no wait for results",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="longest wait for terminal tasks")
     p.add_argument("--business", default="bench", help="business prefix of the submitted tasks")

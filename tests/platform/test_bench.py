@@ -220,6 +220,21 @@ async def test_each_shape_runs_through_a_real_stack(bench_stack, downstream, tmp
     assert sum(calls.values()) >= 3 * 6
 
 
+async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
+    gateway = gateway_only.gateway
+    target = Target([gateway.address], {"gateway": gateway.pid}, None)
+    args = parser().parse_args(["--submit-only", "--tasks", "10", "--concurrency", "4"])
+    report = await measure(args, target)
+    assert report["statuses"] == {"ACCEPTED": 10}  # no executor: nothing ran, nothing waited
+    assert (report["throughput"]["submitted"], report["throughput"]["completed"]) == (10, 0)
+    assert report["throughput"]["completed_per_s"] is None
+    assert report["latency"]["submit"]["n"] == 10
+    assert report["latency"]["submit_to_terminal"]["n"] == 0
+    assert report["cpu"]["per"] == "accepted task"
+    assert isinstance(report["cpu"]["per_process"]["gateway"]["ms_per_task"], float)
+    assert result_name(report).endswith("-noop-saturation-submit-g1.json")
+
+
 async def test_rate_mode_offers_the_asked_count_on_schedule_order(bench_stack):
     async with AsyncClient(bench_stack.gateways[0]) as client:
         submitter = load.Submitter([client], "rate-check", lambda: [cell("noop")])
