@@ -115,3 +115,18 @@ async def test_down_on_a_stale_stack_stops_only_the_recorded_processes(stack):
         for process in (leftover, stranger):
             process.kill()
             process.wait()
+
+
+async def test_down_kills_a_dispo_up_that_does_not_stop_and_nothing_survives(stack):
+    started = stack.run(*stack.up_arguments("--detach"))
+    assert started.returncode == 0, started.stdout
+    state = read_state(stack.data_dir)
+    owner, pids = state["pid"], recorded_pids(state)
+    os.kill(owner, signal.SIGSTOP)  # hung: the SIGTERM of dispo down is never handled
+
+    stopped = stack.run("down", "--timeout", "1")
+
+    assert stopped.returncode == 1, stopped.stdout
+    assert "did not stop within 1 s; killing it" in stopped.stdout
+    assert "still running" not in stopped.stdout
+    assert not alive(owner) and not any(alive(pid) for pid in pids.values())
