@@ -226,7 +226,7 @@ class Stack:
         self.infrastructure = Supervisor(infrastructure, on_spawn=write_state)
         await self.infrastructure.start_all()
         if self.nats_cluster is not None:  # JetStream answers once the nodes elect a leader
-            await asyncio.to_thread(self.nats_cluster.wait_ready)
+            await asyncio.to_thread(self.nats_cluster.wait_ready, 120.0)
         self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()
         self._ready = True

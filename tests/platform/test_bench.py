@@ -278,6 +278,7 @@ async def test_dispo_bench_submit_on_its_own_scaled_out_stack(tmp_path):
         text=True,
         timeout=240,
     )
+    print(done.stdout, done.stderr)  # shown when an assertion below fails
     assert done.returncode == 0, done.stdout + done.stderr
     [path] = results.iterdir()
     report = json.loads(path.read_text())
