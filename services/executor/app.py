@@ -128,7 +128,7 @@ async def setup(rt: Runtime) -> None:
 
 async def check_downstreams(ex: Executor) -> None:
     """Trip a downstream's breaker when its health URL fails; once it passes again the
-    breaker half-opens and one call decides whether calls flow again."""
+    breaker half-opens and its trial calls decide whether calls flow again."""
     for name, downstream in ex.registry.items():
         if not downstream.health_url:
             continue

@@ -69,6 +69,8 @@ class ExecutorConfig:
     breaker_threshold: int = Breaker.threshold
     breaker_window: float = Breaker.window
     breaker_cooldown: float = Breaker.cooldown
+    breaker_failure_ratio: float = Breaker.failure_ratio
+    breaker_trial_calls: int = Breaker.trial_calls
 
 
 class Executor:
@@ -88,7 +90,13 @@ class Executor:
         self.config = config
         self.http = http
         self.breakers = {
-            name: Breaker(config.breaker_threshold, config.breaker_window, config.breaker_cooldown)
+            name: Breaker(
+                config.breaker_threshold,
+                config.breaker_window,
+                config.breaker_cooldown,
+                config.breaker_failure_ratio,
+                config.breaker_trial_calls,
+            )
             for name in registry
         }
         self.limits = {

@@ -39,15 +39,27 @@ class ExecutorSettings(BaseSettings):
     )
     breaker_threshold: int = Field(
         default=ExecutorConfig.breaker_threshold,
-        description="Failures within the window that open a downstream's circuit breaker",
+        description="Calls within the window before its failure ratio can open a downstream's"
+        " circuit breaker",
     )
     breaker_window_seconds: float = Field(
         default=ExecutorConfig.breaker_window,
-        description="Window in which a breaker counts failures",
+        description="Sliding window in which a breaker counts calls and failures",
     )
     breaker_cooldown_seconds: float = Field(
         default=ExecutorConfig.breaker_cooldown,
-        description="How long an open breaker waits before letting one probe call through",
+        description="How long an open breaker waits before letting trial calls through",
+    )
+    breaker_failure_ratio: float = Field(
+        default=ExecutorConfig.breaker_failure_ratio,
+        gt=0,
+        le=1,
+        description="Share of failed calls in the window that opens a breaker",
+    )
+    breaker_trial_calls: int = Field(
+        default=ExecutorConfig.breaker_trial_calls,
+        ge=1,
+        description="Trial calls a half-open breaker lets through; all must succeed to close it",
     )
     health_interval_seconds: float = Field(
         default=5.0, description="Time between downstream health checks (0: none)"
@@ -67,4 +79,6 @@ class ExecutorSettings(BaseSettings):
             breaker_threshold=self.breaker_threshold,
             breaker_window=self.breaker_window_seconds,
             breaker_cooldown=self.breaker_cooldown_seconds,
+            breaker_failure_ratio=self.breaker_failure_ratio,
+            breaker_trial_calls=self.breaker_trial_calls,
         )
