@@ -2,8 +2,10 @@
 
 ``create_server`` returns a started-but-not-serving-yet ``grpc.aio`` server with:
 the standard health service, server reflection (so ``grpcurl`` needs no proto files),
-an interceptor that logs each call and maps :mod:`dispo.libs.errors` to status codes, and
-an unreachable database (:func:`dispo.libs.db.database_unreachable`) to ``UNAVAILABLE``.
+an interceptor that checks every request (:func:`dispo.libs.validation.check_request`;
+undecodable bytes included) before the servicer sees it, logs each call and maps
+:mod:`dispo.libs.errors` to status codes, and an unreachable database
+(:func:`dispo.libs.db.database_unreachable`) to ``UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import Any
 
 import grpc
 from dispo.libs.db.down import database_unreachable
-from dispo.libs.errors import DomainError, Unavailable
+from dispo.libs.errors import DomainError, InvalidArgument, Unavailable
 from dispo.libs.logging import get_logger
+from dispo.libs.validation import check_request
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -48,9 +52,20 @@ def rich_status(error: DomainError) -> grpc.Status:
     return rpc_status.to_status(detail)
 
 
+def unreachable_database() -> Unavailable:
+    """What a caller sees when PostgreSQL could not be reached during its call. The call may
+    have failed before, during or after its commit, so the error says nothing about what was
+    written: the caller retries, and a retry under the same idempotency key is safe."""
+    return Unavailable(
+        "the database could not be reached; whether this request took effect is not known:"
+        " retry it (with the same idempotency key where it has one)"
+    )
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Logs every call and turns domain errors into statuses, a database that is down into
-    UNAVAILABLE (the caller may retry; nothing was written); anything else is INTERNAL."""
+    """Checks every request, logs every call and turns domain errors into statuses, a
+    database that is down into UNAVAILABLE (:func:`unreachable_database`); anything else is
+    INTERNAL."""
 
     async def intercept_service(
         self,
@@ -79,8 +94,8 @@ async def _mapped_errors(
         raise
     except Exception as error:
         if database_unreachable(error):
-            down = Unavailable(f"database unavailable: {type(error).__name__}")
-            await _abort(context, method, down, started)
+            log.warning("database unreachable", method=method, error=type(error).__name__)
+            await _abort(context, method, unreachable_database(), started)
         log.exception("rpc failed", method=method)
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
     else:
@@ -102,16 +117,57 @@ async def _abort(
     await context.abort_with_status(rich_status(error))
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    """What the request deserializer hands on for bytes that are not the request message:
+    the call is then refused with INVALID_ARGUMENT rather than failing inside gRPC."""
+
+    error: Exception
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as error:  # any failure to parse is the request's fault
+            return _Undecodable(error)
+
+    return parse
+
+
+def _checked(request: Any) -> None:
+    """Refuse an undecodable or unhygienic request (:mod:`dispo.libs.validation`)."""
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(
+            description=f"the request is not a valid message of this method: {request.error}"
+        )
+    if isinstance(request, Message):
+        check_request(request)
+
+
 def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
     # Under grpc.aio a handler's behaviours are coroutine functions and async generators;
     # the stubs describe the sync server's, so the behaviours are handled as Any here.
     behaviours: Any = handler
     factory: Callable[..., grpc.RpcMethodHandler[Any, Any]]
+    # Only a single request can be refused before the call starts; none of Dispo's RPCs
+    # streams its requests.
+    deserializer = (
+        _tolerant(handler.request_deserializer)
+        if handler.unary_unary or handler.unary_stream
+        else handler.request_deserializer
+    )
     if handler.unary_unary or handler.stream_unary:
         inner = behaviours.unary_unary or behaviours.stream_unary
+        unary_request = bool(handler.unary_unary)
 
         async def single(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             async with _mapped_errors(context, method):
+                if unary_request:
+                    _checked(request)
                 return await inner(request, context)
 
         factory = (
@@ -119,14 +175,17 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
             if handler.unary_unary
             else grpc.stream_unary_rpc_method_handler
         )
-        return factory(single, handler.request_deserializer, handler.response_serializer)
+        return factory(single, deserializer, handler.response_serializer)
 
     inner_stream = behaviours.unary_stream or behaviours.stream_stream
+    unary_request = bool(handler.unary_stream)
 
     async def streaming(
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         async with _mapped_errors(context, method):
+            if unary_request:
+                _checked(request)
             async for item in inner_stream(request, context):
                 yield item
 
@@ -135,7 +194,7 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
         if handler.unary_stream
         else grpc.stream_stream_rpc_method_handler
     )
-    return factory(streaming, handler.request_deserializer, handler.response_serializer)
+    return factory(streaming, deserializer, handler.response_serializer)
 
 
 @dataclass

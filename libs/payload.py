@@ -7,6 +7,7 @@ Nothing in between decodes it again, so ``level: 3`` arrives as ``3``.
 
     body = canonical_json({"level": 3, "content_id": "c"})   # b'{"content_id":"c","level":3}'
     value = parse_json_object(request_bytes)                 # PayloadError names the bad field
+    value = parse_json_value(text.encode())                  # any JSON value, same checks
     value = from_struct(struct)                              # grpcurl's plain JSON, integers restored
     message = json_payload(body)                             # common_pb2.Payload
     body = payload_data(message)                             # the bytes, checked for their encoding
@@ -19,6 +20,7 @@ import math
 from typing import Any
 
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.validation import text_problem
 from google.protobuf import struct_pb2
 
 ENCODING = "encoding"
@@ -50,25 +52,33 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _finite(value: Any, path: str) -> Any:
-    """Walk a parsed JSON value and refuse non-finite numbers, naming where they are."""
+def _clean(value: Any, path: str) -> Any:
+    """Walk a parsed JSON value and refuse what no store or bus carries, naming where it is:
+    non-finite numbers, and NUL characters or unpaired surrogates (a ``\\u0000`` or
+    ``\\ud800`` escape) in strings and member names."""
     if isinstance(value, float) and not math.isfinite(value):
         raise PayloadError(path, "NaN and Infinity are not JSON")
-    if isinstance(value, dict):
+    if isinstance(value, str):
+        if (problem := text_problem(value)) is not None:
+            raise PayloadError(path, problem)
+    elif isinstance(value, dict):
         for k, v in value.items():
-            _finite(v, _join(path, k))
+            if (problem := text_problem(k)) is not None:
+                raise PayloadError(_join(path, k), f"member name {problem}")
+            _clean(v, _join(path, k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _finite(v, _join(path, i))
+            _clean(v, _join(path, i))
     return value
 
 
 def _no_constant(name: str) -> Any:
-    return float("nan")  # refused by _finite with its path
+    return float("nan")  # refused by _clean with its path
 
 
-def parse_json_object(data: bytes) -> dict[str, Any]:
-    """A JSON object from UTF-8 bytes, exactly as written (integers stay integers)."""
+def parse_json_value(data: bytes) -> Any:
+    """A JSON value from UTF-8 bytes, exactly as written (integers stay integers), checked
+    by the rules of :func:`parse_json_object`."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -77,9 +87,25 @@ def parse_json_object(data: bytes) -> dict[str, Any]:
         value = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as error:
         raise PayloadError("", f"not JSON: {error.msg} at character {error.pos}") from None
+    except ValueError as error:  # e.g. an integer of more digits than Python converts
+        raise PayloadError("", f"not JSON Dispo carries: {error}") from None
+    except RecursionError:
+        raise PayloadError("", "nested too deeply") from None
+    return _clean(value, "")
+
+
+def parse_json_object(data: bytes) -> dict[str, Any]:
+    """A JSON object from UTF-8 bytes, exactly as written (integers stay integers); NaN,
+    Infinity, NUL characters and unpaired surrogates refused with their path."""
+    value = parse_json_value(data)
     if not isinstance(value, dict):
         raise PayloadError("", "must be a JSON object")
-    return _finite(value, "")  # type: ignore[no-any-return]  # checked to be a dict above
+    return value
+
+
+def parse_json_text(text: str) -> Any:
+    """:func:`parse_json_value` of a JSON document held in a string field."""
+    return parse_json_value(text.encode("utf-8", "surrogatepass"))
 
 
 def _from_value(value: struct_pb2.Value, path: str) -> Any:
@@ -92,20 +118,31 @@ def _from_value(value: struct_pb2.Value, path: str) -> Any:
             return int(number)
         return number
     if kind == "string_value":
+        if (problem := text_problem(value.string_value)) is not None:
+            raise PayloadError(path, problem)
         return value.string_value
     if kind == "bool_value":
         return value.bool_value
     if kind == "struct_value":
-        return {k: _from_value(v, _join(path, k)) for k, v in value.struct_value.fields.items()}
+        return _from_fields(value.struct_value, path)
     if kind == "list_value":
         return [_from_value(v, _join(path, i)) for i, v in enumerate(value.list_value.values)]
     return None  # null_value (or unset)
 
 
+def _from_fields(struct: struct_pb2.Struct, path: str) -> dict[str, Any]:
+    out = {}
+    for k, v in struct.fields.items():
+        if (problem := text_problem(k)) is not None:
+            raise PayloadError(_join(path, k), f"member name {problem}")
+        out[k] = _from_value(v, _join(path, k))
+    return out
+
+
 def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
     """A Struct (plain JSON as grpcurl writes it) as a JSON object: Struct numbers are
     doubles, so an integral one within ±2^53 becomes an integer again."""
-    return {k: _from_value(v, k) for k, v in struct.fields.items()}
+    return _from_fields(struct, "")
 
 
 def json_payload(body: bytes) -> common_pb2.Payload:

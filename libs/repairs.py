@@ -9,6 +9,7 @@ import enum
 from dispo.libs.api.pool.v1 import pool_pb2
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.proto_enums import from_short_name
+from dispo.libs.validation import enum_rule
 
 
 class RepairKind(enum.StrEnum):
@@ -28,5 +29,4 @@ def repair_kind_from_pb(value: pool_pb2.RepairKind.ValueType, field: str = "kind
     try:
         return REPAIR_KIND_FROM_PB[value]
     except KeyError:
-        names = ", ".join(pool_pb2.RepairKind.Name(v) for v in REPAIR_KIND_FROM_PB)
-        raise InvalidArgument(field, f"must be one of {names}") from None
+        raise InvalidArgument(field, enum_rule(pool_pb2.RepairKind.DESCRIPTOR)) from None

@@ -14,7 +14,7 @@ from typing import Any
 
 ACTION_KINDS = ("http", "noop")
 FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "list")
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")  # fullmatch: no trailing newline
 
 
 class CatalogueError(ValueError):
@@ -152,7 +152,7 @@ def _conflict(cell: str, fields: tuple[FieldSpec, ...], raw: Any) -> Conflict | 
 
 
 def _cell(name: str, raw: dict[str, Any]) -> CellDef:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise CatalogueError(f"cells.{name}: bad cell name")
     fields = []
     for fname, fraw in (raw.get("fields") or {}).items():

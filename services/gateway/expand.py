@@ -16,7 +16,8 @@ from dispo.libs.catalogue import ActionDef, Catalogue, topological
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from dispo.libs.payload import canonical_json
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Matched with fullmatch: ``$`` would let a trailing newline through.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 
 
@@ -83,7 +84,7 @@ def _type_ok(kind: str, value: Any) -> bool:
 def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
     """Raise InvalidArgument / ResourceExhausted for the first class of problem found."""
     bad: list[FieldViolation] = []
-    if not _NAME.match(sub.business or ""):
+    if not _NAME.fullmatch(sub.business or ""):
         bad.append(FieldViolation("business", "required; letters, digits, '_', '.', '-' (max 64)"))
     if len(sub.idempotency_key) > limits.max_key_length:
         bad.append(
@@ -112,7 +113,7 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
             bad.append(FieldViolation(f"cells[{i}].cell", f"unknown cell {req.cell!r}"))
             continue
         ref = req.ref or req.cell
-        if not _NAME.match(ref) or "." in ref:
+        if not _NAME.fullmatch(ref) or "." in ref:
             bad.append(FieldViolation(f"cells[{i}].ref", "letters, digits, '_' and '-' only"))
         elif ref in refs:
             bad.append(

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from dispo.libs.errors import FieldViolation, InvalidArgument
-from dispo.libs.evaluation import LINE_RULE, VERDICT_RULE, Line, Verdict
-from dispo.libs.payload import canonical_json
+from dispo.libs.evaluation import LINE_RULE, MAX_ID_CHARS, VERDICT_RULE, Line, Verdict
+from dispo.libs.payload import PayloadError, canonical_json, parse_json_text
 from dispo.libs.states import Transitions
 
-MAX_ID_CHARS = 128
 MAX_CONFIGURATION_BYTES = 64 * 1024
 MAX_FAILURE_REASON_CHARS = 2000
 MAX_RUNS_PER_CALL = 1000
@@ -113,11 +111,10 @@ def parse_configuration(text: str, field_name: str = "configuration_json") -> di
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InvalidArgument(
-            field_name, f"is not valid JSON: {error.msg} at position {error.pos}"
-        ) from None
+        value = parse_json_text(text)
+    except PayloadError as error:
+        where = f"{field_name}.{error.path}" if error.path else field_name
+        raise InvalidArgument(where, error.reason) from None
     if not isinstance(value, dict):
         raise InvalidArgument(field_name, "must be a JSON object")
     return value

@@ -7,12 +7,7 @@ from datetime import datetime
 import grpc
 from dispo.intelligence import convert
 from dispo.intelligence.evaluation_read_model import load_analysis_view, load_comparison_view
-from dispo.intelligence.evaluations import (
-    MAX_ID_CHARS,
-    MAX_RUNS_PER_CALL,
-    new_evaluation,
-    new_run_result,
-)
+from dispo.intelligence.evaluations import MAX_RUNS_PER_CALL, new_evaluation, new_run_result
 from dispo.intelligence.feed import EvaluationFeed
 from dispo.intelligence.jobs import JobKind, JobValidationError
 from dispo.intelligence.repository import IntelligenceRepository
@@ -21,6 +16,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc as pb_grpc
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
+from dispo.libs.evaluation import MAX_ID_CHARS
 from dispo.libs.paging import (
     decode_page_token,
     encode_page_token,

@@ -10,6 +10,7 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.paging import decode_page_token, encode_page_token, invalid_page_token, page_size
 from dispo.libs.proto_enums import from_short_name, short_name
+from dispo.libs.validation import bounded
 from dispo.reconciler import envelope as E
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.store import Filter, RecoveryRow
@@ -20,6 +21,8 @@ if TYPE_CHECKING:  # the stubs' generic wrapper; at run time protobuf's EnumType
 V = TypeVar("V", bound=int)
 
 MAX_PAGE = 500
+# A filter's age reaches back at most a century (a larger one is no age a row can have).
+MAX_AGE_SECONDS = 100 * 365 * 86400
 
 
 def set_ts(message: Any, name: str, value: datetime | None) -> None:
@@ -66,8 +69,7 @@ def sweep_name(value: int) -> str:
 
 
 def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
-    if f.min_age_seconds < 0:
-        raise InvalidArgument("filter.min_age_seconds", "must not be negative")
+    bounded(f.min_age_seconds, "filter.min_age_seconds", 0, MAX_AGE_SECONDS)
     states = tuple(state_from_proto(s, f"filter.states[{i}]") for i, s in enumerate(f.states))
     return Filter(f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, states)
 

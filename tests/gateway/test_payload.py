@@ -64,6 +64,11 @@ def test_a_struct_gets_its_integers_back_within_the_exact_range():
         (b"[1, 2]", ""),
         (b"{not json", ""),
         (b'{"x": "\xff"}', ""),
+        # what PostgreSQL text and UTF-8 cannot hold: NUL, an unpaired surrogate
+        (b'{"x": "a\\u0000b"}', "x"),
+        (b'{"owner": {"n\\u0000": 1}}', "owner.n\x00"),
+        (b'{"x": ["ok", "\\ud800"]}', "x[1]"),
+        (b'{"n": ' + b"9" * 5000 + b"}", ""),  # more digits than Python converts
     ],
 )
 def test_exact_json_is_refused_naming_the_member(data, path):

@@ -60,6 +60,12 @@ BAD_SUBMISSIONS = {
         "cells",
     ),
     "no-cells": ([], grpc.StatusCode.INVALID_ARGUMENT, "cells"),
+    # a NUL inside a payload would fail every later consumer that stores it as text
+    "nul-in-payload": (
+        [cell("step", name="a\x00b")],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "cells[0].payload_json.name",
+    ),
 }
 
 
@@ -83,6 +89,19 @@ async def test_bad_business_and_callback_are_refused(gateway_client, service_eng
         await client.submit("", [cell("noop")], callback_url="ftp://x")
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert set(refused.value.violations) == {"business", "callback_url"}
+    assert await counts(service_engine) == (0, 0)
+
+
+async def test_hostile_strings_are_refused_before_the_database(gateway_client, service_engine):
+    client = gateway_client
+    with pytest.raises(DispoError) as refused:
+        await client.submit("tests\n", [cell("noop")], idempotency_key="k\x00")
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(refused.value.violations) == {"business", "idempotency_key"}
+    with pytest.raises(DispoError) as refused:
+        await client.get("t\x00")
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(refused.value.violations) == {"task_id"}
     assert await counts(service_engine) == (0, 0)
 
 

@@ -183,6 +183,30 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert set(violations(caught.value)) == {"evaluation_id", "configuration_json"}
 
+    # what intelligence could not store: NaN, Infinity, NUL inside the configuration
+    for configuration, field in [
+        ('{"threshold": NaN}', "configuration_json.threshold"),
+        ('{"a": [1, -Infinity]}', "configuration_json.a[1]"),
+        ('{"note": "a\\u0000b"}', "configuration_json.note"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.CreateEvaluation(
+                pb.CreateEvaluationRequest(
+                    evaluation_id="nan",
+                    series="s",
+                    line=common_pb2.LINE_FORMAL,
+                    period="p",
+                    configuration_json=configuration,
+                )
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert list(violations(caught.value)) == [field]
+    # and an id with a trailing newline is not an id
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="nan\n"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert list(violations(caught.value)) == ["evaluation_id"]
+
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.CreateEvaluation(
             pb.CreateEvaluationRequest(evaluation_id="x", series="s", period="p")
@@ -212,16 +236,21 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
                 evaluation_id="b1",
                 runs=[
                     run(0, "c1", common_pb2.VERDICT_PASS, 1, 10),
-                    run(1, "", common_pb2.VERDICT_UNSPECIFIED, 1, -5),
+                    run(1, "", common_pb2.VERDICT_UNSPECIFIED, 1, 5),
                 ],
             )
         )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert set(violations(caught.value)) == {
-        "runs[1].case_id",
-        "runs[1].verdict",
-        "runs[1].latency_ms",
-    }
+    assert set(violations(caught.value)) == {"runs[1].case_id", "runs[1].verdict"}
+    # a negative number is refused at the edge, before the servicer's own checks
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.RecordRunResults(
+            pb.RecordRunResultsRequest(
+                evaluation_id="b1", runs=[run(0, "c1", common_pb2.VERDICT_PASS, 1, -5)]
+            )
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert violations(caught.value) == {"runs[0].latency_ms": "must not be negative"}
     assert (await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="b1"))).run_count == 0
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:

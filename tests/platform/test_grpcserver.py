@@ -142,3 +142,42 @@ async def test_streams_deliver_items_then_the_mapped_error():
         assert raised.value.details() == "task vanished"
     finally:
         await server.stop(0)
+
+
+async def test_undecodable_request_bytes_are_invalid_argument():
+    from dispo.libs.api.gateway.v1 import gateway_pb2
+
+    async def get(request, context):
+        return gateway_pb2.GetTaskResponse()
+
+    handler = grpc.method_handlers_generic_handler(
+        "dispo.test.v1.Echo",
+        {
+            "Get": grpc.unary_unary_rpc_method_handler(
+                get,
+                request_deserializer=gateway_pb2.GetTaskRequest.FromString,
+                response_serializer=gateway_pb2.GetTaskResponse.SerializeToString,
+            )
+        },
+    )
+    server = create_server(
+        "127.0.0.1:0", [lambda s: s.add_generic_rpc_handlers((handler,))], ["dispo.test.v1.Echo"]
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            method = channel.unary_unary("/dispo.test.v1.Echo/Get")
+            # field 1 (task_id) as a string whose bytes are not UTF-8; then a truncated varint
+            for body in (b"\x0a\x02\xff\xfe", b"\x08"):
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await method(body, timeout=5)
+                assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "not a valid message" in raised.value.details()
+            # and a hostile value in a decodable request is refused naming its field
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await method(gateway_pb2.GetTaskRequest(task_id="t\x00").SerializeToString())
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert raised.value.details() == "task_id: must not contain NUL characters"
+            assert await method(gateway_pb2.GetTaskRequest(task_id="t").SerializeToString()) == b""
+    finally:
+        await server.stop(0)
