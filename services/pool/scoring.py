@@ -1,15 +1,32 @@
-"""Scoring rules of a test case, applied to one HTTP answer. Pure functions."""
+"""Scoring rules of a test case, applied to one HTTP answer. Pure functions.
+
+A ``regex`` rule is a pattern supplied by whoever creates the evaluation, matched against a
+body the target chose: it is compiled with RE2, whose matching time is linear in the body,
+so no pattern can stall the worker (``(a+)+$`` takes as long as ``a+$``). Patterns RE2
+cannot run in linear time (backreferences, lookaround) are refused when the evaluation is
+created (:func:`validate_rule`); a rule stored before that check is scored as failed with
+its reason, never raised.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
+import re2
 from dispo.libs.evaluation import Verdict
+from dispo.libs.payload import PayloadError, parse_json_text
 from dispo.pool.domain import RULE_KINDS, Rule, RunResult
 
 MAX_REASON = 500
+MAX_PATTERN_CHARS = 1000
+# A status rule names an HTTP status code; a latency budget is at most an hour.
+STATUS_RANGE = (100, 599)
+MAX_LATENCY_BUDGET_MS = 3_600_000
+_DIGITS = re.compile(r"[0-9]{1,10}")  # ASCII only: "²".isdigit() is True
 
 
 @dataclass(frozen=True)
@@ -39,8 +56,31 @@ def json_path(document: object, path: str) -> object:
     return current
 
 
+@functools.lru_cache(maxsize=256)
+def compile_pattern(pattern: str) -> Any:
+    """The RE2 program of ``pattern``; ``re2.error`` when RE2 cannot run it."""
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(pattern, options)
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"regex must be at most {MAX_PATTERN_CHARS} characters"
+    try:
+        compile_pattern(pattern)
+    except re2.error as error:
+        detail = error.args[0] if error.args else error
+        if isinstance(detail, bytes):
+            detail = detail.decode(errors="replace")
+        return f"not a regex that runs in linear time (RE2 syntax): {detail}"
+    return None
+
+
 def check_rule(rule: Rule, answer: Answer) -> str | None:
-    """None when the rule holds, else why not."""
+    """None when the rule holds, else why not (a malformed rule does not hold)."""
+    if (problem := validate_rule(rule)) is not None:
+        return f"invalid rule: {problem}"
     if rule.kind == "status":
         return (
             None if answer.status == int(rule.value) else f"status {answer.status} != {rule.value}"
@@ -51,11 +91,12 @@ def check_rule(rule: Rule, answer: Answer) -> str | None:
             None if answer.latency_ms <= budget else f"latency {answer.latency_ms}ms > {budget}ms"
         )
     if rule.kind == "regex":
-        return None if re.search(rule.value, answer.body) else f"body does not match /{rule.value}/"
+        matched = compile_pattern(rule.value).search(answer.body) is not None
+        return None if matched else f"body does not match /{rule.value}/"
     if rule.kind in ("json_equals", "json_contains"):
         try:
             found = json_path(json.loads(answer.body), rule.path)
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, RecursionError):
             return f"{rule.path} absent"
         if rule.kind == "json_equals":
             expected = json.loads(rule.value)
@@ -71,21 +112,22 @@ def validate_rule(rule: Rule) -> str | None:
     """Why a rule is malformed, or None."""
     if rule.kind not in RULE_KINDS:
         return f"kind must be one of {', '.join(f'RULE_KIND_{k.upper()}' for k in RULE_KINDS)}"
-    if rule.kind in ("status", "latency_ms"):
-        if not rule.value.isdigit():
-            return "value must be a non-negative integer"
+    if rule.kind == "status":
+        low, high = STATUS_RANGE
+        if not (_DIGITS.fullmatch(rule.value) and low <= int(rule.value) <= high):
+            return f"value must be an HTTP status code, {low}..{high}"
+    elif rule.kind == "latency_ms":
+        if not (_DIGITS.fullmatch(rule.value) and int(rule.value) <= MAX_LATENCY_BUDGET_MS):
+            return f"value must be a number of milliseconds, 0..{MAX_LATENCY_BUDGET_MS}"
     elif rule.kind == "regex":
-        try:
-            re.compile(rule.value)
-        except re.error as exc:
-            return f"invalid regex: {exc}"
+        return _pattern_problem(rule.value)
     elif rule.kind in ("json_equals", "json_contains"):
         if not rule.path:
             return "path is required"
         if rule.kind == "json_equals":
             try:
-                json.loads(rule.value)
-            except ValueError:
+                parse_json_text(rule.value)
+            except PayloadError:
                 return "value must be JSON"
     return None
 

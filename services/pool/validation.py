@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import re
 from urllib.parse import urlparse
 
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
-from dispo.libs.evaluation import LINE_RULE, Line
+from dispo.libs.evaluation import LINE_RULE, MAX_ID_CHARS, Line
+from dispo.libs.payload import PayloadError, parse_json_text
 from dispo.pool.domain import Evaluation
 from dispo.pool.scoring import validate_rule
 
-ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # the whole id: fullmatch
 MAX_CASES = 200
 MAX_RULES = 20
 MAX_CONFIGURATION_BYTES = 64 * 1024
@@ -34,23 +34,30 @@ def validate_evaluation(ev: Evaluation) -> None:
         if not ok:
             bad.append(FieldViolation(field, description))
 
-    need(bool(ID_PATTERN.match(ev.id)), "evaluation_id", "must match [a-z0-9][a-z0-9-]{0,63}")
+    need(bool(ID_PATTERN.fullmatch(ev.id)), "evaluation_id", "must match [a-z0-9][a-z0-9-]{0,63}")
     need(
-        bool(ev.series.strip()) and len(ev.series) <= 200,
+        bool(ev.series.strip()) and len(ev.series) <= MAX_ID_CHARS,
         "series",
-        "required, at most 200 characters",
+        f"required, at most {MAX_ID_CHARS} characters",
     )
     need(ev.line in (Line.FORMAL, Line.TRIAL), "line", LINE_RULE)
     need(
-        bool(ev.period.strip()) and len(ev.period) <= 100,
+        bool(ev.period.strip()) and len(ev.period) <= MAX_ID_CHARS,
         "period",
-        "required, at most 100 characters",
+        f"required, at most {MAX_ID_CHARS} characters",
     )
+    # Intelligence stores the configuration as a JSON object: refuse here what it could not.
     try:
-        json.loads(ev.configuration_json or "{}")
-    except ValueError:
-        bad.append(FieldViolation("configuration_json", "must be JSON"))
-    need(len(ev.analysis_model) <= 200, "analysis_model", "at most 200 characters")
+        configuration = parse_json_text(ev.configuration_json or "{}")
+        need(isinstance(configuration, dict), "configuration_json", "must be a JSON object")
+    except PayloadError as error:
+        where = f"configuration_json.{error.path}" if error.path else "configuration_json"
+        bad.append(FieldViolation(where, f"must be JSON: {error.reason}"))
+    need(
+        len(ev.analysis_model) <= MAX_ID_CHARS,
+        "analysis_model",
+        f"at most {MAX_ID_CHARS} characters",
+    )
     url = urlparse(ev.target_url)
     need(
         url.scheme in ("http", "https") and bool(url.netloc), "target_url", "must be an http(s) URL"
@@ -58,7 +65,11 @@ def validate_evaluation(ev: Evaluation) -> None:
     need(bool(ev.cases), "cases", "at least one case")
     seen: set[str] = set()
     for i, case in enumerate(ev.cases):
-        need(bool(case.id) and case.id not in seen, f"cases[{i}].id", "required and unique")
+        need(
+            bool(case.id.strip()) and len(case.id) <= MAX_ID_CHARS and case.id not in seen,
+            f"cases[{i}].id",
+            f"required, unique, at most {MAX_ID_CHARS} characters",
+        )
         seen.add(case.id)
         need(case.method in ("GET", "POST"), f"cases[{i}].method", "must be GET or POST")
         need(case.path.startswith("/"), f"cases[{i}].path", "must start with /")

@@ -99,3 +99,43 @@ async def test_state_machines_agree_with_database_checks(pool_engine):
     # Terminal statuses have no way out.
     assert not EVALUATION_TRANSITIONS[EvaluationStatus.COMPLETED]
     assert not EVALUATION_TRANSITIONS[EvaluationStatus.CANCELLED]
+
+
+@pytest.mark.parametrize(
+    ("rule", "reason"),
+    [
+        (Rule("status", "²"), "value must be an HTTP status code, 100..599"),  # "²".isdigit()
+        (Rule("status", "٢٠٠"), "value must be an HTTP status code, 100..599"),  # Arabic-Indic
+        (Rule("status", "200\n"), "value must be an HTTP status code, 100..599"),
+        (Rule("status", "99999999999999999999"), "value must be an HTTP status code, 100..599"),
+        (Rule("latency_ms", "-1"), "value must be a number of milliseconds, 0..3600000"),
+        (Rule("latency_ms", "²"), "value must be a number of milliseconds, 0..3600000"),
+        (Rule("json_equals", "NaN", "$.a"), "value must be JSON"),
+        (Rule("json_equals", '"\\u0000"', "$.a"), "value must be JSON"),
+    ],
+)
+def test_malformed_rule_values_are_refused(rule, reason):
+    assert validate_rule(rule) == reason
+
+
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"(?=a)b", r"(?<!x)y", "a" * 1001])
+def test_regexes_that_cannot_run_in_linear_time_are_refused(pattern):
+    reason = validate_rule(Rule("regex", pattern))
+    assert reason is not None and "regex" in reason
+
+
+@pytest.mark.timeout(60)  # with a backtracking engine this would not end: the timeout fails it
+def test_a_pathological_regex_is_scored_in_linear_time():
+    rule = Rule("regex", r"(a+)+$")
+    assert validate_rule(rule) is None  # RE2 runs it in linear time, so it is accepted
+    result = score((rule,), Answer(200, "a" * 64 + "!", 1))
+    assert result.verdict.value == "fail"
+    assert "does not match" in result.failure_reason
+    assert score((rule,), Answer(200, "a" * 64, 1)).verdict.value == "pass"
+
+
+def test_a_stored_malformed_rule_is_scored_as_failed_not_raised():
+    # Rules stored before validation was this strict must not crash the worker's scoring.
+    result = score((Rule("status", "²"), Rule("regex", r"(a)\1")), Answer(200, "aa", 1))
+    assert result.verdict.value == "fail" and result.score == 0.0
+    assert result.failure_reason.count("invalid rule") == 2

@@ -149,6 +149,39 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
             await stub.CreateEvaluation(no_kind)
         assert bad_kind.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "cases[0].rules[0]: kind must be one of RULE_KIND_STATUS" in bad_kind.value.details()
+        # Pool rules and the configuration are checked when the evaluation is created.
+        refused_rules = [
+            (pb.Rule(kind=pb.RULE_KIND_STATUS, value="²"), "HTTP status code"),  # isdigit()
+            (pb.Rule(kind=pb.RULE_KIND_LATENCY_MS, value="٣"), "number of milliseconds"),
+            (pb.Rule(kind=pb.RULE_KIND_REGEX, value=r"(a)\1"), "linear time"),
+            (pb.Rule(kind=pb.RULE_KIND_REGEX, value="(?=a)"), "linear time"),
+        ]
+        for i, (rule, reason) in enumerate(refused_rules):
+            bad_rule = create_request(target.url, f"bad-rule-{i}")
+            bad_rule.cases[0].rules[0].CopyFrom(rule)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.CreateEvaluation(bad_rule)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details().startswith("cases[0].rules[0]: "), reason
+            assert reason in refused.value.details()
+        for configuration, field in [
+            ('{"threshold": NaN}', "configuration_json.threshold"),
+            ('{"note": "a\\u0000b"}', "configuration_json.note"),
+            ("[1, 2]", "configuration_json"),
+        ]:
+            bad_configuration = create_request(target.url, "bad-configuration")
+            bad_configuration.configuration_json = configuration
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.CreateEvaluation(bad_configuration)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details().startswith(f"{field}: "), refused.value.details()
+        exponential = create_request(target.url, "linear-regex")
+        exponential.cases[0].rules[0].CopyFrom(pb.Rule(kind=pb.RULE_KIND_REGEX, value="(a+)+$"))
+        await stub.CreateEvaluation(exponential)  # RE2 runs it in linear time: accepted
+        for i in range(len(refused_rules)):
+            with pytest.raises(grpc.aio.AioRpcError) as never_written:
+                await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id=f"bad-rule-{i}"))
+            assert never_written.value.code() == grpc.StatusCode.NOT_FOUND
         for verdict in (common_pb2.VERDICT_UNSPECIFIED, 9):
             with pytest.raises(grpc.aio.AioRpcError) as bad_verdict:
                 await stub.RecordRun(
