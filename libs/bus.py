@@ -141,6 +141,22 @@ class Bus:
             subject, data, timeout=timeout, headers={**(headers or {}), "Nats-Msg-Id": msg_id}
         )
 
+    async def publish_many(
+        self, messages: Sequence[tuple[str, bytes, str]], *, timeout: float = 5.0
+    ) -> list[PubAck]:
+        """Publish ``(subject, data, msg_id)`` messages at once and wait for every ack:
+        one pipelined write, the acks gathered on one reply subscription (rather than a
+        request each). Raises if any is not acknowledged within ``timeout``."""
+        futures = [
+            await self.js.publish_async(subject, data, headers={"Nats-Msg-Id": msg_id})
+            for subject, data, msg_id in messages
+        ]
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*futures), timeout))
+        finally:
+            for future in futures:
+                future.cancel()  # no-op once done; frees the client's pending slot if not
+
     def consumer(
         self,
         stream: str,
@@ -148,7 +164,7 @@ class Bus:
         durable: str,
         subject: str | Sequence[str],
         handler: Handler,
-        batch: int = 16,
+        batch: int = 64,
         ack_wait: float = 30.0,
         max_deliver: int = -1,
         error_delay: float = 1.0,
@@ -164,8 +180,12 @@ class Bus:
 
 class Consumer:
     """A durable pull consumer handling up to ``batch`` messages concurrently. It fetches
-    again as soon as a message is done (for as many as there are free slots), so one slow
-    message does not hold back the messages behind it."""
+    again once a quarter of its slots are free (for as many as there are free slots), so
+    one slow message does not hold back the messages behind it, and a busy consumer pulls
+    in batches rather than one message per pull.
+
+    One keepalive loop per consumer extends the ack deadline of every message in hand for
+    longer than a third of ``ack_wait`` (a message handled sooner costs nothing)."""
 
     def __init__(
         self,
@@ -179,6 +199,8 @@ class Consumer:
         max_deliver: int,
         error_delay: float,
     ) -> None:
+        if batch < 1 or ack_wait <= 0:
+            raise ValueError("need batch >= 1 and ack_wait > 0")
         self.bus = bus
         self.stream = stream
         self.durable = durable
@@ -187,14 +209,24 @@ class Consumer:
             raise ValueError("a consumer needs a subject")
         self.handler = handler
         self.batch = batch
+        self.refill = max(1, batch // 4)
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
         self.error_delay = error_delay
         self._stopping = asyncio.Event()
+        # Messages in hand: id(message) -> (message, loop time it was taken or last extended).
+        self._in_hand: dict[int, tuple[Msg, float]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+
+    @property
+    def in_hand(self) -> int:
+        return len(self._in_hand)
 
     def stop(self) -> None:
         """Finish the messages in hand, then return from :meth:`run`."""
         self._stopping.set()
+        self._slot_freed.set()
 
     async def run(self) -> None:
         one = len(self.subjects) == 1
@@ -208,20 +240,26 @@ class Consumer:
             filter_subject=self.subjects[0] if one else None,
             filter_subjects=None if one else list(self.subjects),
         )
-        in_flight: set[asyncio.Task[None]] = set()
+        keepalive = asyncio.create_task(self._keep_alive(), name=f"{self.durable} keepalive")
         try:
-            await self._consume(config, in_flight)
+            await self._consume(config)
         except asyncio.CancelledError:  # cancelled rather than stopped: so are the messages in hand
-            for handling in in_flight:
+            for handling in self._tasks:
                 handling.cancel()
             raise
+        finally:
+            keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keepalive
 
-    async def _consume(self, config: ConsumerConfig, in_flight: set[asyncio.Task[None]]) -> None:
+    async def _consume(self, config: ConsumerConfig) -> None:
         subscription = None
+        loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
-            free = self.batch - len(in_flight)
-            if free <= 0:
-                await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            free = self.batch - len(self._tasks)
+            if free < self.refill:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
                 continue
             try:
                 if subscription is None:
@@ -234,15 +272,21 @@ class Consumer:
                 subscription = None
                 await self._pause(0.5)
                 continue
+            now = loop.time()
             for message in messages:
-                handling = asyncio.create_task(self._handle(message))
-                in_flight.add(handling)
-                handling.add_done_callback(in_flight.discard)
-        if in_flight:
-            await asyncio.gather(*in_flight, return_exceptions=True)
+                self._in_hand[id(message)] = (message, now)
+                handling = loop.create_task(self._handle(message))
+                self._tasks.add(handling)
+                handling.add_done_callback(self._done)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if subscription is not None:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+
+    def _done(self, handling: asyncio.Task[None]) -> None:
+        self._tasks.discard(handling)
+        self._slot_freed.set()
 
     async def _subscribe(self, config: ConsumerConfig) -> JetStreamContext.PullSubscription:
         """Bind to the durable, creating it or updating its configuration first if needed."""
@@ -267,14 +311,13 @@ class Consumer:
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _handle(self, message: Msg) -> None:
-        keepalive = asyncio.create_task(self._keep_alive(message))
         try:
             outcome: Disposition = await self.handler(message)
         except Exception:
             log.exception("handler failed", subject=message.subject, durable=self.durable)
             outcome = Nak(self.error_delay)
         finally:
-            keepalive.cancel()
+            del self._in_hand[id(message)]
         try:
             match outcome:
                 case Ack():
@@ -287,11 +330,20 @@ class Consumer:
         except Exception as error:  # the message will be redelivered after ack_wait
             log.warning("ack failed", subject=message.subject, error=repr(error))
 
-    async def _keep_alive(self, message: Msg) -> None:
+    async def _keep_alive(self) -> None:
+        """Every third of ``ack_wait``: extend the messages in hand for that long already."""
+        period = self.ack_wait / 3
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.ack_wait / 3)
-            with contextlib.suppress(Exception):
-                await message.in_progress()
+            await asyncio.sleep(period / 2)
+            now = loop.time()
+            due = [m for m, since in self._in_hand.values() if now - since >= period]
+            for message in due:
+                key = id(message)
+                if key in self._in_hand:
+                    self._in_hand[key] = (message, now)
+                with contextlib.suppress(Exception):
+                    await message.in_progress()
 
 
 def _settings(config: ConsumerConfig) -> tuple[tuple[str, ...], float, int]:

@@ -153,7 +153,8 @@ class OutboxRelay:
 
     - ``ordered``: publish a batch one message at a time, each after the previous one's ack,
       so the stream keeps the outbox order even when a publish fails midway (by default a
-      batch is published concurrently).
+      batch is published at once, :meth:`Bus.publish_many`, and marked sent by one
+      statement).
     - ``prepare``: awaited before the first batch, and again until it succeeds (e.g. ensuring
       the stream the events go to).
     - ``clock``: the service's clock (default: the system's). It stamps ``sent_at``, the
@@ -171,7 +172,7 @@ class OutboxRelay:
         table: Table,
         bus: Bus,
         *,
-        batch: int = 200,
+        batch: int = 500,
         poll_interval: float = 1.0,
         ordered: bool = False,
         prepare: Callable[[], Awaitable[None]] | None = None,
@@ -226,9 +227,7 @@ class OutboxRelay:
                 for r in rows:
                     await self.bus.publish(r.subject, r.payload, msg_id=r.msg_id)
             else:
-                await asyncio.gather(
-                    *(self.bus.publish(r.subject, r.payload, msg_id=r.msg_id) for r in rows)
-                )
+                await self.bus.publish_many([(r.subject, r.payload, r.msg_id) for r in rows])
             await conn.execute(
                 update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=self.clock.now())
             )

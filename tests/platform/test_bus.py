@@ -2,7 +2,9 @@
 
 import asyncio
 
+import pytest
 from dispo.libs.bus import ACK, Nak, Term
+from nats.js.errors import NoStreamResponseError
 from support import eventually
 
 
@@ -177,3 +179,45 @@ async def test_a_durable_started_with_another_configuration_is_brought_to_it(bus
     ]
     assert (config.ack_wait, config.max_deliver) == (7.0, 5)
     assert seen == [b"a.succeeded", b"c.failed"]  # acknowledged stays acknowledged
+
+
+async def test_messages_in_hand_longer_than_the_ack_wait_are_not_redelivered(bus):
+    await bus.ensure_stream("TASKS", ["task.create"])
+    for i in range(12):
+        await bus.publish("task.create", str(i).encode(), msg_id=f"long-{i}")
+    seen: list[bytes] = []
+    release = asyncio.Event()
+
+    async def handler(message):
+        seen.append(message.data)
+        if message.data != b"0":  # one quick message among long ones
+            await release.wait()
+        return ACK
+
+    consumer = bus.consumer(
+        "TASKS", durable="slow", subject="task.create", handler=handler, batch=16, ack_wait=0.6
+    )
+    task = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: len(seen) == 12, timeout=15, interval=0.02, wanted="12 in hand")
+        await asyncio.sleep(2.5)  # four ack waits: without extensions all 11 come back
+        info = await bus.js.consumer_info("TASKS", "slow")
+        assert info.num_redelivered == 0 and consumer.in_hand == 11
+    finally:
+        release.set()
+        consumer.stop()
+        await task
+    assert sorted(seen, key=int) == [str(i).encode() for i in range(12)]
+    info = await bus.js.consumer_info("TASKS", "slow")
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0
+
+
+async def test_publish_many_acks_each_message_in_order_and_deduplicates(bus):
+    await bus.ensure_stream("TASKS", ["task.create"])
+    messages = [("task.create", str(i).encode(), f"many-{i}") for i in range(50)]
+    acks = await bus.publish_many([*messages, ("task.create", b"again", "many-7")])
+    assert [a.seq for a in acks[:50]] == list(range(1, 51))
+    assert acks[50].duplicate and acks[50].seq == 8
+    assert (await bus.js.stream_info("TASKS")).state.messages == 50
+    with pytest.raises(NoStreamResponseError):  # no stream stores it: the whole call fails
+        await bus.publish_many([("task.create", b"x", "many-x"), ("nowhere.at.all", b"y", "y")])
