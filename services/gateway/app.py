@@ -36,6 +36,7 @@ async def setup(rt: Runtime) -> None:
         settings.watch_poll_interval_seconds,
         submit_batch=settings.submit_batch,
         submit_flushes=settings.submit_flushes,
+        status_batch=settings.status_batch,
     )
 
     async def on_status(msg: Msg) -> Disposition:
@@ -45,7 +46,7 @@ async def setup(rt: Runtime) -> None:
             return Term("malformed status event")
         if not env.task_id or env.version <= 0:
             return Term("status event without task_id or version")
-        await gateway.apply_status(env)
+        await gateway.apply_status(env, msg.data)
         return ACK
 
     statuses = rt.bus.consumer(
@@ -53,7 +54,7 @@ async def setup(rt: Runtime) -> None:
         durable=settings.status_durable,
         subject=tasks.TASK_STATUS_ALL,
         handler=on_status,
-        batch=64,
+        batch=settings.status_batch,
     )
     rt.add_servicer(
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(

@@ -35,6 +35,9 @@ class TaskRecord:
 
 def _record(row: Any) -> TaskRecord:
     view = task_pb2.Task.FromString(row.view)
+    if row.accepted is not None:  # the view is an executor snapshot: payloads come from here
+        for ref, payload in task_pb2.Task.FromString(row.accepted).payloads.items():
+            view.payloads[ref].CopyFrom(payload)
     return TaskRecord(
         row.task_id,
         row.business,
@@ -150,25 +153,47 @@ async def task_get(conn: AsyncConnection, task_id: str) -> TaskRecord | None:
     return _record(row) if row else None
 
 
-async def task_apply_status_if_newer(
-    conn: AsyncConnection, env: task_pb2.Task, status: str, now: datetime
-) -> bool:
-    """Take an executor snapshot unless a newer one was applied already."""
+@dataclass(frozen=True)
+class Snapshot:
+    """An executor's status snapshot of one task: node states, no payloads."""
+
+    task_id: str
+    version: int
+    status: str
+    view: bytes  # the event's own bytes: stored as they came
+
+
+_APPLY_SNAPSHOTS = text(
+    "UPDATE tasks t SET accepted = COALESCE(t.accepted, t.view), view = n.view,"
+    " status = n.status, version = n.version, updated_at = :now,"
+    f" finished_at = CASE WHEN n.status IN ({', '.join(repr(s) for s in TERMINAL)})"
+    " THEN COALESCE(t.finished_at, :now) ELSE t.finished_at END"
+    " FROM unnest(CAST(:ids AS text[]), CAST(:versions AS bigint[]),"
+    " CAST(:statuses AS text[]), CAST(:views AS bytea[])) AS n(task_id, version, status, view)"
+    " WHERE t.task_id = n.task_id AND t.version < n.version"
+    " RETURNING t.task_id"
+)
+
+
+async def tasks_apply_snapshots(
+    conn: AsyncConnection, snapshots: list[Snapshot], now: datetime
+) -> set[str]:
+    """Take executor snapshots into the view with one statement, each unless a newer one was
+    applied already; returns the ids of the tasks changed. At most one snapshot per task.
+    The first snapshot of a task keeps the view as accepted (its payloads) in ``accepted``."""
+    if not snapshots:
+        return set()
     result = await conn.execute(
-        text(
-            "UPDATE tasks SET view = :view, status = :status, version = :version, updated_at = :now, "
-            + _FINISH
-            + " WHERE task_id = :id AND version < :version"
-        ),
+        _APPLY_SNAPSHOTS,
         {
-            "id": env.task_id,
-            "view": env.SerializeToString(),
-            "status": status,
-            "version": env.version,
+            "ids": [s.task_id for s in snapshots],
+            "versions": [s.version for s in snapshots],
+            "statuses": [s.status for s in snapshots],
+            "views": [s.view for s in snapshots],
             "now": now,
         },
     )
-    return result.rowcount == 1
+    return set(result.scalars())
 
 
 async def task_request_cancel(conn: AsyncConnection, task_id: str, now: datetime) -> bool:

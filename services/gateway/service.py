@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -74,6 +74,8 @@ class Gateway:
         submit_batch: int = 500,
         submit_flushes: int = 2,
         submit_linger: float = 0.0,
+        status_batch: int = 1000,
+        status_linger: float = 0.0,
     ) -> None:
         self.engine = engine
         self.relay = relay
@@ -90,6 +92,14 @@ class Gateway:
             concurrency=submit_flushes,
             linger=submit_linger,
             max_pending=max(10_000, submit_batch),
+        )
+        # Status events: one statement per flush for all of them.
+        self.statuses: Batcher[repo.Snapshot, bool] = Batcher(
+            "statuses",
+            self._apply_all,
+            max_items=status_batch,
+            linger=status_linger,
+            max_pending=max(10_000, status_batch),
         )
 
     async def submit(self, sub: Submission) -> Accepted:
@@ -228,25 +238,35 @@ class Gateway:
         log.info("task cancel requested", task_id=task_id)
         return self.view_of(record)
 
-    async def apply_status(self, env: task_pb2.Task) -> bool:
-        """Take an executor's status snapshot into the view. A snapshot carries node
-        states, not payloads: the view keeps the payloads recorded at acceptance."""
+    async def apply_status(self, env: task_pb2.Task, data: bytes | None = None) -> bool:
+        """Take an executor's status snapshot (``data``: its bytes as received, stored as
+        they are) into the view with the next flush; True if this snapshot was applied. A
+        snapshot carries node states, not payloads: those stay as recorded at acceptance."""
+        snapshot = repo.Snapshot(
+            env.task_id,
+            env.version,
+            stored_status(env.status),
+            env.SerializeToString() if data is None else data,
+        )
+        return await self.statuses.submit(snapshot)
+
+    async def _apply_all(self, items: Sequence[repo.Snapshot]) -> Sequence[bool]:
+        """One flush of status events: per task only the newest snapshot matters; all of
+        them applied with one statement, each guarded by its version. Watchers of the tasks
+        changed are woken after the commit."""
+        newest: dict[str, repo.Snapshot] = {}
+        for item in items:
+            known = newest.get(item.task_id)
+            if known is None or item.version > known.version:
+                newest[item.task_id] = item
+        chosen = sorted(newest.values(), key=lambda s: s.task_id)  # one lock order for all
         async with self.engine.begin() as conn:
-            record = await repo.task_get(conn, env.task_id)
-            if record is None or record.version >= env.version:
-                return False
-            view = task_pb2.Task()
-            view.CopyFrom(env)
-            for ref, payload in record.view.payloads.items():
-                view.payloads[ref].CopyFrom(payload)
-            applied = await repo.task_apply_status_if_newer(
-                conn, view, stored_status(env.status), self.clock.now()
-            )
-        if applied:
-            event = self._changed.pop(env.task_id, None)
+            applied = await repo.tasks_apply_snapshots(conn, chosen, self.clock.now())
+        for task_id in applied:
+            event = self._changed.pop(task_id, None)
             if event is not None:
                 event.set()
-        return applied
+        return [item.task_id in applied and newest[item.task_id] is item for item in items]
 
     async def watch(self, task_id: str) -> AsyncIterator[task_pb2.Task]:
         """The task now, then each new version, until a terminal status."""

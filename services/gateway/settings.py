@@ -31,6 +31,12 @@ class GatewaySettings(BaseSettings):
     submit_batch: int = Field(
         default=500, ge=1, description="Most Submits recorded by one transaction (group commit)"
     )
+    status_batch: int = Field(
+        default=1000,
+        ge=1,
+        description="Status events in hand at once; the view takes each flush of them with"
+        " one statement",
+    )
     submit_flushes: int = Field(
         default=2, ge=1, description="Most Submit transactions in progress at once"
     )

@@ -9,29 +9,12 @@ import asyncio
 import random
 from collections import defaultdict
 
-import pytest
-from dispo.gateway import repository as repo
-from dispo.gateway.expand import CellRequest, Limits, Submission
+from dispo.gateway.expand import CellRequest, Submission
 from dispo.gateway.service import Accepted, Gateway
-from dispo.libs.catalogue import load_catalogue
-from dispo.libs.clock import SystemClock
 from dispo.libs.contracts import tasks
 from dispo.libs.db import database_unreachable
 from dispo.libs.errors import FailedPrecondition
-from dispo.libs.outbox import OutboxRelay
 from sqlalchemy import event, text
-
-
-@pytest.fixture
-async def make_gateway(service_engine, bus, catalogue_file):
-    engine = await service_engine("gateway")
-    catalogue = load_catalogue(catalogue_file)
-
-    def make(**options) -> Gateway:
-        relay = OutboxRelay(engine, repo.outbox, bus)  # kicked, not run: rows stay unsent
-        return Gateway(engine, relay, catalogue, Limits(), SystemClock(), 0.5, **options)
-
-    return make
 
 
 def submission(key: str, variant: str, business: str = "tests") -> Submission:

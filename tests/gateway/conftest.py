@@ -1,0 +1,25 @@
+"""The gateway's use cases in the test's process, on the real database and bus."""
+
+from __future__ import annotations
+
+import pytest
+from dispo.gateway import repository as repo
+from dispo.gateway.expand import Limits
+from dispo.gateway.service import Gateway
+from dispo.libs.catalogue import load_catalogue
+from dispo.libs.clock import SystemClock
+from dispo.libs.outbox import OutboxRelay
+
+
+@pytest.fixture
+async def make_gateway(service_engine, bus, catalogue_file):
+    engine = await service_engine("gateway")
+    catalogue = load_catalogue(catalogue_file)
+
+    def make(watch_poll_interval: float = 0.5, **options) -> Gateway:
+        relay = OutboxRelay(engine, repo.outbox, bus)  # kicked, not run: rows stay unsent
+        return Gateway(
+            engine, relay, catalogue, Limits(), SystemClock(), watch_poll_interval, **options
+        )
+
+    return make

@@ -1,0 +1,109 @@
+"""The status view takes the executor's snapshots in batches: per task only the newest of a
+flush is applied, with one statement, guarded by the version; the payloads recorded at
+acceptance stay visible; watchers are woken."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dispo.gateway.expand import CellRequest, Submission
+from dispo.gateway.service import Gateway
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
+from dispo.libs.payload import payload_data
+from sqlalchemy import text
+
+
+async def accepted(gateway: Gateway, name: str = "x") -> task_pb2.Task:
+    sub = Submission("tests", [CellRequest("step", "", {"name": name})])
+    return await gateway.get((await gateway.submit(sub)).task_id)
+
+
+def snapshot(view: task_pb2.Task, version: int, status=common_pb2.TASK_STATUS_RUNNING):
+    """The executor's event for ``version``: node states, no payloads."""
+    env = task_pb2.Task()
+    env.CopyFrom(view)
+    env.version, env.status, env.status_reason = version, status, f"v{version}"
+    for node in env.nodes:
+        node.last_error = f"error {version}"
+    return tasks.status_snapshot(env)
+
+
+def payloads(view: task_pb2.Task) -> dict[str, bytes]:
+    return {ref: payload_data(p) for ref, p in view.payloads.items()}
+
+
+async def test_out_of_order_and_duplicate_snapshots_in_one_flush_keep_the_newest(make_gateway):
+    gateway = make_gateway(status_linger=0.2)
+    first, second = await accepted(gateway, "a"), await accepted(gateway, "b")
+    events = [(first, v) for v in (3, 1, 5, 2, 5, 4)] + [(second, v) for v in (2, 1)]
+
+    results = await asyncio.gather(*(gateway.apply_status(snapshot(view, v)) for view, v in events))
+
+    assert (gateway.statuses.flushes, gateway.statuses.flushed_items) == (1, len(events))
+    # One snapshot per task applied: the first of the newest version.
+    assert results == [False, False, True, False, False, False, True, False]
+    for view, newest in ((first, 5), (second, 2)):
+        now = await gateway.get(view.task_id)
+        assert (now.version, now.status_reason, now.nodes[0].last_error) == (
+            newest,
+            f"v{newest}",
+            f"error {newest}",
+        )
+        assert now.status == common_pb2.TASK_STATUS_RUNNING
+        assert payloads(now) == payloads(view) != {}
+    # Older or equal versions in a later flush change nothing.
+    assert not await gateway.apply_status(snapshot(first, 4))
+    assert not await gateway.apply_status(snapshot(first, 5, common_pb2.TASK_STATUS_FAILED))
+    assert (await gateway.get(first.task_id)).status_reason == "v5"
+
+
+async def test_payloads_recorded_at_acceptance_survive_every_snapshot(make_gateway):
+    gateway = make_gateway()
+    view = await accepted(gateway, "kept")
+    assert payloads(view) == {"step": b'{"name":"kept"}'}
+    for version in (1, 2):  # the first snapshot moves them aside, the second keeps them
+        assert await gateway.apply_status(snapshot(view, version))
+        assert payloads(await gateway.get(view.task_id)) == payloads(view)
+    done = snapshot(view, 3, common_pb2.TASK_STATUS_SUCCEEDED)
+    assert await gateway.apply_status(done, done.SerializeToString())
+    record = await gateway.get_record(view.task_id)
+    assert record.status == "succeeded" and record.finished_at is not None
+    assert payloads(gateway.view_of(record)) == payloads(view)
+    async with gateway.engine.connect() as conn:  # the view itself is the snapshot as sent
+        stored = (
+            await conn.execute(
+                text("SELECT view FROM tasks WHERE task_id = :id"), {"id": view.task_id}
+            )
+        ).scalar_one()
+    assert stored == done.SerializeToString()
+
+
+async def test_a_row_written_before_the_accepted_column_keeps_its_payloads(make_gateway):
+    gateway = make_gateway()
+    view = await accepted(gateway, "old")
+    async with gateway.engine.begin() as conn:  # as rows of revision 0003 were written
+        await conn.execute(
+            text("UPDATE tasks SET accepted = NULL, view = :view WHERE task_id = :id"),
+            {"view": view.SerializeToString(), "id": view.task_id},
+        )
+    assert payloads(await gateway.get(view.task_id)) == payloads(view)
+    assert await gateway.apply_status(snapshot(view, 1))
+    assert payloads(await gateway.get(view.task_id)) == payloads(view)
+
+
+async def test_a_watcher_is_woken_by_an_applied_snapshot(make_gateway):
+    gateway = make_gateway(watch_poll_interval=3600)  # no polling: only the wake-up
+    view = await accepted(gateway)
+    watching = gateway.watch(view.task_id)
+    assert (await anext(watching)).version == 0
+    following = asyncio.ensure_future(anext(watching))
+    await asyncio.sleep(0.1)  # the watcher is waiting
+    assert await gateway.apply_status(snapshot(view, 1))
+    assert (await asyncio.wait_for(following, 30)).version == 1
+    following = asyncio.ensure_future(anext(watching))
+    await asyncio.sleep(0.1)
+    assert await gateway.apply_status(snapshot(view, 2, common_pb2.TASK_STATUS_SUCCEEDED))
+    assert (await asyncio.wait_for(following, 30)).status == common_pb2.TASK_STATUS_SUCCEEDED
+    assert [v async for v in watching] == []  # terminal: the stream ends
