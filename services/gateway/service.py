@@ -260,7 +260,9 @@ class Gateway:
             if known is None or item.version > known.version:
                 newest[item.task_id] = item
         chosen = sorted(newest.values(), key=lambda s: s.task_id)  # one lock order for all
-        async with self.engine.begin() as conn:
+        # One statement is its own transaction: no BEGIN and COMMIT round trips around it.
+        async with self.engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
             applied = await repo.tasks_apply_snapshots(conn, chosen, self.clock.now())
         for task_id in applied:
             event = self._changed.pop(task_id, None)
