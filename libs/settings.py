@@ -64,6 +64,10 @@ class CommonSettings(BaseSettings):
         description="How long a sent outbox row is kept before the outbox relay deletes it"
         " (the stream keeps the event)",
     )
+    uvloop: bool = Field(
+        default=True,
+        description="Run a service's event loop on uvloop (`false`: the standard asyncio loop)",
+    )
     data_dir: str = Field(
         default=".dispo",
         description="Where `dispo up` keeps PostgreSQL, NATS, logs and the pool's local crons",
