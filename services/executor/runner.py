@@ -64,7 +64,7 @@ class Step:
 @dataclass
 class ExecutorConfig:
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    lease_ttl: float = 10.0
+    lease_ttl: float = 5.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     breaker_threshold: int = Breaker.threshold
     breaker_window: float = Breaker.window

@@ -22,8 +22,9 @@ class ExecutorSettings(BaseSettings):
         " executor's tasks are taken over after this",
     )
     ack_wait_seconds: float = Field(
-        default=30.0,
-        description="JetStream ack wait: an unacknowledged message comes back after this",
+        default=5.0,
+        description="JetStream ack wait: a message a crashed executor held comes back after"
+        " this (a live one extends it while it works)",
     )
     batch: int = Field(default=64, description="Messages fetched from `task.create` at once")
     max_retries: int = Field(

@@ -63,7 +63,7 @@ def test_the_generator_rewrites_a_stale_table(tmp_path):
     assert settings_doc.main(["--readme", str(stale)]) == 0
     text = stale.read_text()
     assert "DISPO_GONE" not in text and text.endswith(f"{settings_doc.END}\nafter\n")
-    assert "| `DISPO_EXECUTOR_LEASE_TTL_SECONDS` | `10` | How long a pass holds" in text
+    assert "| `DISPO_EXECUTOR_LEASE_TTL_SECONDS` | `5` | How long a pass holds" in text
     assert "| `DISPO_CATALOGUE` | empty | Cell catalogue file" in text
     assert "| `DISPO_<SERVICE>_PORT` | 50051 (gateway), 50052 (executor)" in text
 
