@@ -45,7 +45,7 @@ class TaskRow:
         )
 
 
-def _task(row: Any) -> TaskRow:
+def task_from_row(row: Any) -> TaskRow:
     env = task_pb2.Task.FromString(row.envelope) if row.envelope is not None else None
     return TaskRow(
         row.task_id,
@@ -65,7 +65,7 @@ async def task_get(
 ) -> TaskRow | None:
     sql = "SELECT * FROM task_runs WHERE task_id = :id" + (" FOR UPDATE" if for_update else "")
     row = (await conn.execute(text(sql), {"id": task_id})).first()
-    return _task(row) if row else None
+    return task_from_row(row) if row else None
 
 
 async def task_insert(
@@ -380,7 +380,7 @@ async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_p
             {"id": task_id, "now": now},
         )
     ).one()
-    task = _task(row)
+    task = task_from_row(row)
     env = task_pb2.Task()
     if task.envelope is not None:
         env.CopyFrom(task.envelope)

@@ -26,7 +26,17 @@ class ExecutorSettings(BaseSettings):
         description="JetStream ack wait: a message a crashed executor held comes back after"
         " this (a live one extends it while it works)",
     )
-    batch: int = Field(default=64, description="Messages fetched from `task.create` at once")
+    batch: int = Field(
+        default=512, description="`task.create` messages in hand (handled concurrently) at most"
+    )
+    flush_max_items: int = Field(
+        default=ExecutorConfig.flush_max_items,
+        description="Tasks whose database work shares one transaction (group commit) at most",
+    )
+    flush_concurrency: int = Field(
+        default=ExecutorConfig.flush_concurrency,
+        description="Group-commit transactions of one kind running at the same time at most",
+    )
     max_retries: int = Field(
         default=RetryPolicy.max_retries,
         description="Short retries of a node after its first attempt",
@@ -82,4 +92,6 @@ class ExecutorSettings(BaseSettings):
             breaker_cooldown=self.breaker_cooldown_seconds,
             breaker_failure_ratio=self.breaker_failure_ratio,
             breaker_trial_calls=self.breaker_trial_calls,
+            flush_max_items=self.flush_max_items,
+            flush_concurrency=self.flush_concurrency,
         )

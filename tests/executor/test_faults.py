@@ -2,6 +2,8 @@
 two executors, NATS stopped while tasks are being accepted, a SIGKILLed gateway with
 unpublished outbox rows, a PostgreSQL crash mid-node, malformed events."""
 
+import asyncio
+
 import pytest
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import cell
@@ -95,6 +97,45 @@ async def test_same_task_create_delivered_to_two_executors_runs_each_effect_once
         assert calls[f"{task.task_id}/{node}"] == 1, node
     info = await bus.js.consumer_info("TASKS", "executor")
     assert info.delivered.consumer_seq >= 2
+
+
+async def test_two_executors_given_every_task_of_a_batch_run_each_effect_once(
+    pipeline, downstream, bus
+):
+    """Each executor opens a batch of passes in one transaction; with every task.create
+    delivered to both (two durables), the batches overlap task by task, and still every
+    node runs once: the HTTP calls counted by the downstream, the noop nodes by their
+    attempts."""
+    await pipeline.start_executor(DISPO_EXECUTOR_DURABLE="executor-twin")
+    count = 40
+    async with pipeline.client() as client:
+        submitted = await asyncio.gather(
+            *(
+                client.submit(
+                    "tests",
+                    [
+                        cell("noop", ref="first"),
+                        cell("step", ref="s", name=f"s{i}").after("first"),
+                        cell("noop", ref="last").after("s"),
+                    ]
+                    if i % 2
+                    else [cell("noop", ref="a"), cell("noop", ref="b").after("a")],
+                )
+                for i in range(count)
+            )
+        )
+        done = await asyncio.gather(*(client.wait(t.task_id, timeout=90) for t in submitted))
+
+    assert [d.status for d in done] == ["SUCCEEDED"] * count, [dump(d) for d in done]
+    calls = await downstream.calls()
+    for i, task in enumerate(submitted):
+        if i % 2:
+            assert calls[f"{task.task_id}/s.call"] == 1
+    for view in done:
+        assert [n.attempts for n in view.nodes] == [1] * len(view.nodes), dump(view)
+    for durable in ("executor", "executor-twin"):  # both were handed every task
+        info = await bus.js.consumer_info("TASKS", durable)
+        assert info.delivered.consumer_seq >= count, durable
 
 
 async def wait_for_messages(bus, subject, count, timeout=10.0):

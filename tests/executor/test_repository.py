@@ -5,9 +5,12 @@ from datetime import UTC, datetime
 
 import pytest
 from dispo.executor import repository as repo
+from dispo.executor import repository_many as bulk
+from dispo.executor.passes import Opening, Passes, Step
 from dispo.executor.states import CHECKED_COLUMNS, NodeState, TaskState
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.bus import ACK
 from dispo.libs.db.checks import enum_check_drift, enum_checks
 from dispo.libs.states import IllegalTransition
 from sqlalchemy import text
@@ -332,3 +335,90 @@ async def test_a_redrive_resets_the_named_nodes_under_the_executor_state_table(s
     assert nodes["waiting"].not_before is None and nodes["waiting"].round_attempts == 3
     assert nodes["untouched"].round_attempts == 3 and nodes["untouched"].retryable
     assert generation == 3
+
+
+async def test_overlapping_batch_openings_run_every_noop_node_once(service_engine):
+    """Four executors open the same thirty tasks, each as one batch in its own transaction
+    and its own order: every task is opened by one of them, every node claimed and
+    recorded once, one status event per task."""
+    engine = await service_engine("executor")
+    passes = Passes({}, lease_ttl=10)
+    envs = []
+    for i in range(30):
+        env = envelope(f"t{i:02}")
+        env.nodes.add(
+            node_id="b.x",
+            depends_on=["a.x"],
+            status=common_pb2.NODE_STATUS_PENDING,
+            spec=task_pb2.ActionSpec(kind="noop"),
+        )
+        envs.append(env)
+
+    async def open_batch(owner: str, order: list[task_pb2.Task]):
+        async with engine.begin() as conn:
+            return await passes.open_many(conn, [Opening(e, owner) for e in order], NOW)
+
+    orders = [envs, envs[::-1], envs[1::2] + envs[::2], envs[15:] + envs[:15]]
+    results = await asyncio.gather(*(open_batch(f"o{k}", o) for k, o in enumerate(orders)))
+
+    for steps in results:
+        assert all(isinstance(s, Step) and s.disposition == ACK for s in steps), steps
+    async with engine.connect() as conn:
+        nodes = (
+            await conn.execute(text("SELECT status, attempts, run_owner FROM node_runs"))
+        ).all()
+        tasks_ = (await conn.execute(text("SELECT status, lease_owner FROM task_runs"))).all()
+        events = (
+            await conn.execute(text("SELECT subject, count(*) AS n FROM outbox GROUP BY subject"))
+        ).all()
+    assert len(nodes) == 60 and {(n.status, n.attempts) for n in nodes} == {("succeeded", 1)}
+    assert len(tasks_) == 30 and {(t.status, t.lease_owner) for t in tasks_} == {
+        ("succeeded", None)
+    }
+    # task.status.<id>.succeeded, once for each task
+    assert len(events) == 30 and {e.n for e in events} == {1}
+
+
+async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_engine):
+    engine = await service_engine("executor")
+    async with engine.begin() as conn:
+        for task_id in ("t1", "t2", "t3"):
+            await repo.task_insert(conn, envelope(task_id), task_id, NOW)
+        await bulk.tasks_open_many(conn, [("t1", "me"), ("t2", "me"), ("t3", "me")], NOW, 10)
+        won = await bulk.nodes_claim_if_pending_many(
+            conn, [("t1", "a.x", "me"), ("t2", "a.x", "other"), ("t3", "a.x", "me")], NOW
+        )
+        assert set(won) == {("t1", "a.x"), ("t3", "a.x")}  # not the lease holder: lost
+        assert won[("t1", "a.x")] == bulk.Claimed(1, 1)
+        done = {"finished_at": NOW, "last_error": "", "retryable": False}
+        applied = await bulk.nodes_set_status_if_many(
+            conn,
+            [
+                bulk.NodeChange("t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "me", done),
+                bulk.NodeChange("t3", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "x", done),
+                bulk.NodeChange("t2", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "me", done),
+            ],
+        )
+        assert applied == [True, False, False]  # t3: another owner; t2: not RUNNING
+        with pytest.raises(IllegalTransition):
+            await bulk.nodes_set_status_if_many(
+                conn,
+                [
+                    bulk.NodeChange("t3", "a.x", NodeState.RUNNING, NodeState.FAILED, "me"),
+                    bulk.NodeChange("t2", "a.x", NodeState.PENDING, NodeState.SUCCEEDED),
+                ],
+            )
+        assert (await _node_row(conn, "t3")).status == "running"  # nothing was written
+        settled = await bulk.tasks_settle_many(
+            conn,
+            [
+                bulk.Settlement("t1", "me", TaskState.SUCCEEDED),
+                bulk.Settlement("t2", "other", TaskState.SUCCEEDED),
+            ],
+            NOW,
+        )
+        assert settled == {"t1": 0}  # t2's lease is not other's
+        with pytest.raises(IllegalTransition):
+            await bulk.tasks_settle_many(
+                conn, [bulk.Settlement("t3", "me", TaskState.ACCEPTED)], NOW
+            )

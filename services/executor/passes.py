@@ -1,0 +1,519 @@
+"""The database side of a pass, for many tasks at once: open them (record the envelope,
+take the lease, recover interrupted nodes, RUNNING) and take scheduling steps (apply a
+cancel, doom nodes behind a failure, demote nodes behind an open breaker, run the ready
+noop nodes, settle a task with nothing left to run), all in the caller's transaction with
+the set-based statements of :mod:`dispo.executor.repository_many`.
+
+The rules come from :mod:`dispo.executor.domain`; the per-task orchestration (launching
+HTTP nodes, the loop, heartbeats) is :mod:`dispo.executor.runner`'s. A step for one task
+is a step for a list of one: there is one implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from dispo.executor import repository as repo
+from dispo.executor import repository_many as many
+from dispo.executor.breaker import Breaker
+from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, ready, to_cancel
+from dispo.executor.envelope import node_from_proto
+from dispo.executor.states import TASK_FINAL, NodeState, TaskState
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.bus import ACK, Disposition, Nak
+from dispo.libs.contracts import tasks
+from dispo.libs.logging import get_logger
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Pass:
+    """What one pass over a task has done so far."""
+
+    in_flight: dict[str, asyncio.Task[bool]] = field(default_factory=dict)
+    attempted: set[str] = field(default_factory=set)
+    ran: int = 0
+
+
+@dataclass
+class Step:
+    """What a step leaves the pass to do: launch nodes, or end with ``disposition``, or
+    stop because the lease (or a node write) was lost to another executor."""
+
+    state: Pass
+    launch: list[NodeRun] = field(default_factory=list)
+    disposition: Disposition | None = None
+    lease_lost: bool = False
+
+
+@dataclass
+class Stepping:
+    """One task's input to a step: its row (locked in this transaction, leased to
+    ``owner``), its nodes as just read, and whether nodes changed since the last status
+    event."""
+
+    env: task_pb2.Task
+    owner: str
+    state: Pass
+    row: repo.TaskRow
+    nodes: dict[str, NodeRun]
+    changed: bool = False
+
+
+@dataclass(frozen=True)
+class Opening:
+    """A task.create to open a pass for, under the lease owner ``owner``."""
+
+    env: task_pb2.Task
+    owner: str
+
+
+class Passes:
+    """Opening and stepping for the executor's breakers and lease TTL."""
+
+    def __init__(self, breakers: dict[str, Breaker], lease_ttl: float) -> None:
+        self.breakers = breakers
+        self.lease_ttl = lease_ttl
+
+    # ---- opening ------------------------------------------------------------------------
+    async def open_many(
+        self, conn: AsyncConnection, openings: Sequence[Opening], now: datetime
+    ) -> list[Step | BaseException]:
+        """Open a pass over each task and take its first step. The common cases — a task
+        first seen, or seen again at its recorded generation, free to lease — take a few
+        statements for all of them; a task leased by another pass, finished, or seen at a
+        stale generation is answered from its row; the rare ones (a redrive, a task
+        cancelled, or cancelled before it arrived, a repeat of a task in the same batch) go
+        one by one, each in a savepoint of the same transaction."""
+        first: dict[str, int] = {}
+        for i, o in enumerate(openings):
+            first.setdefault(o.env.task_id, i)
+        # Insert first, then lock: both in task_id order, so two executors opening
+        # overlapping batches wait for each other but never deadlock (a row another
+        # transaction is inserting is waited for by the insert, and is visible, committed,
+        # to the lock that follows). A task seen again is read first without a lock: one
+        # leased by another pass, finished or stale is answered from that read (those
+        # facts only move forward), so its row is not held here while the pass owning it
+        # needs it; the others are locked, and looked at again under the lock.
+        inserted = await many.tasks_insert_many(
+            conn, [openings[i].env for i in first.values()], now
+        )
+        fast: list[int] = []
+        slow: list[int] = []
+        results: list[Step | BaseException | None] = [None] * len(openings)
+        again = [t for t in first if t not in inserted]
+        seen, seen_bare = await many.tasks_lock_many(conn, again, lock=False)
+        to_lock = []
+        for tid in again:
+            o = openings[first[tid]]
+            found = self._classify(o, seen.get(tid), tid in seen_bare, now)
+            if isinstance(found, str):
+                to_lock.append(tid)
+            else:
+                results[first[tid]] = Step(Pass(), disposition=found)
+        rows, bare = await many.tasks_lock_many(conn, to_lock)
+        for i, o in enumerate(openings):
+            tid = o.env.task_id
+            if first[tid] != i:
+                slow.append(i)  # a repeat in this batch: after the first, on its own
+            elif tid in inserted:
+                fast.append(i)
+            elif results[i] is None:
+                found = self._classify(o, rows.get(tid), tid in bare, now)
+                if isinstance(found, str):
+                    (fast if found == "fast" else slow).append(i)
+                else:
+                    results[i] = Step(Pass(), disposition=found)
+        opened = await many.tasks_open_many(
+            conn, [(openings[i].env.task_id, openings[i].owner) for i in fast], now, self.lease_ttl
+        )
+        known = await many.nodes_get_many(
+            conn, [openings[i].env for i in fast if openings[i].env.task_id not in inserted]
+        )
+        steppings: list[Stepping] = []
+        stepped: list[int] = []
+        for i in fast:
+            o = openings[i]
+            tid = o.env.task_id
+            if tid not in opened:  # the row is locked here: another writer cannot have won
+                log.warning("task lease not taken; later", task_id=tid)
+                results[i] = Step(Pass(), disposition=Nak(delay=1.0))
+                continue
+            row = rows.get(tid) or repo.TaskRow(
+                tid, TaskState.ACCEPTED, o.env.generation, 0, o.env.cancel_requested,
+                None, None, None, "",
+            )  # fmt: skip
+            row.envelope, row.lease_owner, row.status = o.env, o.owner, TaskState.RUNNING
+            if tid in known:
+                nodes = known[tid]
+                changed = await recover(conn, tid, nodes, now)
+            else:  # recorded just now, as the envelope says
+                nodes = {n.node_id: node_from_proto(n) for n in o.env.nodes}
+                changed = False
+            steppings.append(Stepping(o.env, o.owner, Pass(), row, nodes, changed))
+            stepped.append(i)
+        for i, step in zip(stepped, await self.step_many(conn, steppings, now), strict=True):
+            results[i] = step
+        for i in slow:
+            results[i] = await self._open_one(conn, openings[i], now)
+        return [r if r is not None else RuntimeError("not opened") for r in results]
+
+    async def _open_one(
+        self, conn: AsyncConnection, opening: Opening, now: datetime
+    ) -> Step | BaseException:
+        try:
+            async with conn.begin_nested():
+                opened = await self.open_one(conn, opening.env, opening.owner, now)
+                if not isinstance(opened, tuple):
+                    return Step(Pass(), disposition=opened)
+                row, nodes, recovered = opened
+                [step] = await self.step_many(
+                    conn,
+                    [Stepping(opening.env, opening.owner, Pass(), row, nodes, recovered)],
+                    now,
+                )
+                return step
+        except Exception as error:
+            return error
+
+    async def open_one(
+        self, conn: AsyncConnection, env: task_pb2.Task, owner: str, now: datetime
+    ) -> Disposition | tuple[repo.TaskRow, dict[str, NodeRun], bool]:
+        """Record the envelope, take the lease, recover interrupted nodes, for one task, in
+        every case. Returns a disposition when there is nothing to run, else the task row
+        (locked, leased to ``owner``), its nodes and whether recovery changed nodes."""
+        task_id = env.task_id
+        row = await repo.task_get(conn, task_id, for_update=True)
+        if row is None:
+            if await repo.task_insert(conn, env, task_id, now):  # ours and locked: as written
+                row = repo.TaskRow(
+                    task_id, TaskState.ACCEPTED, env.generation, 0, env.cancel_requested,
+                    None, None, env, "",
+                )  # fmt: skip
+        elif row.envelope is None:
+            await repo.task_attach_envelope(conn, env)
+            row = None
+        elif env.generation < row.generation:
+            return self._stale(env, row)
+        elif env.generation > row.generation and row.status not in TASK_FINAL:
+            reset = await repo.nodes_redrive(conn, env)
+            log.info(
+                "redrive applied",
+                task_id=task_id,
+                generation=env.generation,
+                nodes_reset=reset,
+                settled=list(env.redrive.settled_nodes),
+            )
+            row = None
+        if row is None:  # written here (or inserted by a concurrent cancel): read it back
+            row = await repo.task_get(conn, task_id, for_update=True)
+        assert row is not None and row.envelope is not None
+        if row.status in TASK_FINAL:
+            if row.status is TaskState.CANCELLED:  # the cancel arrived before the task
+                nodes = await repo.nodes_get(conn, row.envelope)
+                pending = [n for n in nodes.values() if n.status is NodeState.PENDING]
+                for node in pending:
+                    await repo.node_set_status_if(
+                        conn,
+                        task_id,
+                        node.node_id,
+                        NodeState.PENDING,
+                        NodeState.CANCELLED,
+                        finished_at=now,
+                    )
+                if pending:
+                    await repo.emit_status(conn, task_id, now)
+            return ACK
+        if row.leased_by_other(owner, now):
+            return self._leased(row, now)
+        if not await many.tasks_open_many(conn, [(task_id, owner)], now, self.lease_ttl):
+            log.warning("task lease not taken; later", task_id=task_id)
+            return Nak(delay=1.0)
+        row.lease_owner, row.status = owner, TaskState.RUNNING  # locked until commit
+        nodes = await repo.nodes_get(conn, row.envelope)
+        recovered = await recover(conn, task_id, nodes, now)
+        return row, nodes, recovered
+
+    def _classify(
+        self, o: Opening, row: repo.TaskRow | None, bare: bool, now: datetime
+    ) -> str | Disposition:
+        """How to open a task recorded before: "fast" (batched), "slow" (one by one), or
+        the answer at once."""
+        if row is None or bare:  # None cannot be: not inserted here, so recorded before
+            return "slow"
+        if o.env.generation < row.generation:
+            return self._stale(o.env, row)
+        if o.env.generation > row.generation and row.status not in TASK_FINAL:
+            return "slow"  # a redrive
+        if row.status is TaskState.CANCELLED:
+            return "slow"  # its pending nodes may still need cancelling
+        if row.status in TASK_FINAL:
+            return ACK
+        if row.leased_by_other(o.owner, now):
+            return self._leased(row, now)
+        return "fast"
+
+    @staticmethod
+    def _stale(env: task_pb2.Task, row: repo.TaskRow) -> Disposition:
+        log.info(
+            "stale task.create dropped",
+            task_id=env.task_id,
+            generation=env.generation,
+            recorded=row.generation,
+        )
+        return ACK
+
+    def _leased(self, row: repo.TaskRow, now: datetime) -> Disposition:
+        """Another pass holds the task: come back when its lease would expire."""
+        remaining = (row.lease_until - now).total_seconds() if row.lease_until else self.lease_ttl
+        log.info(
+            "task leased by another executor; later", task_id=row.task_id, owner=row.lease_owner
+        )
+        return Nak(delay=min(max(remaining, 0.1), self.lease_ttl))
+
+    # ---- stepping -----------------------------------------------------------------------
+    async def step_many(
+        self, conn: AsyncConnection, items: Sequence[Stepping], now: datetime
+    ) -> list[Step]:
+        """One scheduling step for each task, in the caller's transaction: apply a cancel,
+        doom nodes behind a failure, demote nodes behind an open breaker, pick the ready
+        ones; with nothing ready and nothing in flight, settle the task.
+
+        ``noop`` nodes make no external call, so they are claimed and recorded right here,
+        under the task's lock and lease (the same guarded claim and record as any node);
+        what they unblock is scheduled in the same step. A node write that loses its race
+        (impossible while the lock and lease hold) ends that task's pass."""
+        steps: list[Step | None] = [None] * len(items)
+        launch: dict[int, list[NodeRun]] = {}
+        active = list(range(len(items)))
+        while active:
+            changes: list[tuple[int, many.NodeChange, NodeRun]] = []
+            noops: list[tuple[int, NodeRun]] = []
+            for i in active:
+                launch[i], writes, found = self._schedule(items[i], now)
+                changes.extend((i, change, node) for change, node in writes)
+                noops.extend((i, node) for node in found)
+            lost = await self._apply(conn, items, changes)
+            claims = [
+                (items[i].env.task_id, node.node_id, items[i].owner)
+                for i, node in noops
+                if i not in lost
+            ]
+            won = await many.nodes_claim_if_pending_many(conn, claims, now)
+            records: list[tuple[int, many.NodeChange, NodeRun]] = []
+            for i, node in noops:
+                if i in lost:
+                    continue
+                items[i].state.attempted.add(node.node_id)
+                claim = won.get((items[i].env.task_id, node.node_id))
+                if claim is None:
+                    log.info("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
+                    continue
+                node.status, node.started_at, node.not_before = NodeState.RUNNING, now, None
+                node.attempts, node.round_attempts = claim.attempts, claim.round_attempts
+                fields = {"finished_at": now, "last_error": "", "retryable": False}
+                records.append(
+                    (
+                        i,
+                        many.NodeChange(
+                            items[i].env.task_id,
+                            node.node_id,
+                            NodeState.RUNNING,
+                            NodeState.SUCCEEDED,
+                            owner=items[i].owner,
+                            fields=fields,
+                        ),
+                        node,
+                    )
+                )
+            lost |= await self._apply(conn, items, records)
+            for i, _, node in records:
+                if i not in lost:
+                    node.status, node.finished_at = NodeState.SUCCEEDED, now
+                    node.last_error, node.retryable = "", False
+                    items[i].state.ran += 1
+            for i in lost:
+                steps[i] = Step(items[i].state, lease_lost=True)
+            active = sorted({i for i, _ in noops} - lost)
+        settling = [
+            i
+            for i in range(len(items))
+            if steps[i] is None and not launch[i] and not items[i].state.in_flight
+        ]
+        settled = await self._settle_many(conn, [items[i] for i in settling], now)
+        for i, disposition in zip(settling, settled, strict=True):
+            steps[i] = Step(items[i].state, disposition=disposition)
+        changed = [i for i in range(len(items)) if steps[i] is None and items[i].changed]
+        if changed:
+            await many.emit_status_many(conn, [items[i].env.task_id for i in changed], now)
+        return [
+            step if step is not None else Step(items[i].state, launch=launch[i])
+            for i, step in enumerate(steps)
+        ]
+
+    def _schedule(
+        self, item: Stepping, now: datetime
+    ) -> tuple[list[NodeRun], list[tuple[many.NodeChange, NodeRun]], list[NodeRun]]:
+        """Plan one round of a task's step: the ready nodes to launch, the node writes
+        (cancel, dependency failed, demoted; applied to ``item.nodes`` already) and the
+        ready noop nodes."""
+        task_id, nodes, state = item.env.task_id, item.nodes, item.state
+        writes: list[tuple[many.NodeChange, NodeRun]] = []
+
+        def move(node: NodeRun, new: NodeState, **fields: object) -> None:
+            writes.append(
+                (many.NodeChange(task_id, node.node_id, node.status, new, None, fields), node)
+            )
+            node.status = new
+
+        if item.row.cancel_requested:
+            for node_id in to_cancel(nodes):
+                if node_id in state.in_flight:
+                    continue  # launched: its claim fails on the cancel flag, then it is cancelled here
+                move(nodes[node_id], NodeState.CANCELLED, finished_at=now)
+        for node_id in blocked_by_failure(nodes):
+            move(
+                nodes[node_id],
+                NodeState.DEPENDENCY_FAILED,
+                finished_at=now,
+                last_error="a dependency failed",
+            )
+        launch: list[NodeRun] = []
+        noops: list[NodeRun] = []
+        if not item.row.cancel_requested:
+            for node in ready(nodes, now):
+                if node.node_id in state.in_flight or node.node_id in state.attempted:
+                    continue  # a retry waits for the next pass (a re-published task.create)
+                if node.spec.kind == "noop":
+                    noops.append(node)
+                    continue
+                breaker = self.breakers.get(node.spec.downstream)
+                if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
+                    move(
+                        node,
+                        NodeState.DEMOTED,
+                        last_error=f"downstream {node.spec.downstream} degraded (circuit open)",
+                    )
+                    continue
+                launch.append(node)
+        return launch, writes, noops
+
+    @staticmethod
+    async def _apply(
+        conn: AsyncConnection,
+        items: Sequence[Stepping],
+        changes: list[tuple[int, many.NodeChange, NodeRun]],
+    ) -> set[int]:
+        """Write the planned node changes; returns the items of which a write lost its race."""
+        applied = await many.nodes_set_status_if_many(conn, [c for _, c, _ in changes])
+        lost: set[int] = set()
+        for (i, change, _), ok in zip(changes, applied, strict=True):
+            if ok:
+                items[i].changed = True
+            else:
+                log.warning(
+                    "node write lost a race; pass stopped",
+                    task_id=change.task_id,
+                    node_id=change.node_id,
+                    expected=change.expected.value,
+                )
+                lost.add(i)
+        return lost
+
+    async def _settle_many(
+        self, conn: AsyncConnection, items: Sequence[Stepping], now: datetime
+    ) -> list[Disposition]:
+        """Nothing more can run in these passes: finish, re-publish for a retry, demote or
+        fail each task."""
+        decisions = [decide(it.nodes, now, it.row.cancel_requested) for it in items]
+        settlements: list[many.Settlement] = []
+        dispositions: list[Disposition] = []
+        for it, decision in zip(items, decisions, strict=True):
+            tid = it.env.task_id
+            if decision.next is Next.RETRY and it.state.ran == 0:
+                # Nothing could run yet: the message came back before the backoff passed.
+                settlements.append(many.Settlement(tid, it.owner))
+                wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
+                dispositions.append(Nak(delay=max(0.05, wait)))
+                continue
+            # The pass made the task RUNNING when it took the lease, and holds the lease still.
+            settlements.append(
+                many.Settlement(
+                    tid, it.owner, decision.status, decision.reason, decision.next is Next.RETRY
+                )
+            )
+            dispositions.append(ACK)
+        generations = await many.tasks_settle_many(conn, settlements, now)
+        emitting: list[str] = []
+        events: list[tuple[str, str, str]] = []
+        for k, (it, decision, s) in enumerate(zip(items, decisions, settlements, strict=True)):
+            tid = it.env.task_id
+            if tid not in generations:  # the row is locked here: another writer cannot have won
+                log.warning("task settle lost a race (lease lost?)", task_id=tid)
+                dispositions[k] = Nak(delay=1.0)
+                continue
+            if s.status is None:
+                if it.changed:
+                    emitting.append(tid)
+                continue
+            emitting.append(tid)
+            generation = generations[tid]
+            if decision.next is Next.RETRY:
+                events.append((tid, tasks.TASK_CREATE, tasks.create_id(tid, generation)))
+            elif decision.next is Next.DEMOTE:
+                events.append((tid, tasks.TASK_DEMOTE, tasks.demote_id(tid, generation)))
+            elif decision.next is Next.FAIL:
+                events.append((tid, tasks.TASK_FAIL, tasks.fail_id(tid, generation)))
+            log.info(
+                "task pass done",
+                task_id=tid,
+                next=decision.next.value,
+                status=decision.status.value,
+                reason=decision.reason,
+            )
+        await many.emit_status_many(conn, emitting, now, events)
+        return dispositions
+
+
+async def recover(
+    conn: AsyncConnection, task_id: str, nodes: dict[str, NodeRun], now: datetime
+) -> bool:
+    """Nodes left RUNNING by an executor whose lease expired: their call may have happened."""
+    recovered = False
+    for node in nodes.values():
+        if node.status is not NodeState.RUNNING:
+            continue
+        if node.spec.idempotent:
+            err = "executor stopped mid-call; re-run under the same idempotency key (action is idempotent)"
+            await repo.node_set_status_if(
+                conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN, last_error=err
+            )
+            await repo.node_set_status_if(
+                conn, task_id, node.node_id, NodeState.UNKNOWN, NodeState.PENDING
+            )
+            node.status = NodeState.PENDING
+        else:
+            err = "executor stopped mid-call; outcome unknown until probed"
+            await repo.node_set_status_if(
+                conn,
+                task_id,
+                node.node_id,
+                NodeState.RUNNING,
+                NodeState.UNKNOWN,
+                last_error=err,
+                finished_at=now,
+            )
+            node.status = NodeState.UNKNOWN
+        log.warning(
+            "interrupted node recovered",
+            task_id=task_id,
+            node_id=node.node_id,
+            status=node.status.value,
+        )
+        recovered = True
+    return recovered

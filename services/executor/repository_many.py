@@ -1,0 +1,426 @@
+"""The executor's set-based SQL: the guarded writes of :mod:`dispo.executor.repository`
+for many tasks at once, one statement per kind of write whatever the number of tasks (the
+rows travel as arrays through ``unnest``). Group commit (:class:`dispo.libs.batcher.Batcher`)
+hands a flush's tasks to these functions inside one transaction.
+
+The rules are those of :mod:`~dispo.executor.repository`: every move is checked against
+``NODE_TRANSITIONS`` / ``TASK_TRANSITIONS`` before anything is written, every ``UPDATE``
+carries its expected state (and owner) in its ``WHERE`` clause, and ``RETURNING`` says which
+rows moved: a row missing from it is a race another writer won, reported to the caller.
+Rows are locked in ``task_id`` order, so two executors locking overlapping batches queue
+behind each other instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from dispo.executor.domain import NodeRun
+from dispo.executor.envelope import node_from_proto, overlay
+from dispo.executor.repository import TaskRow, outbox, task_from_row
+from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
+from dispo.libs.outbox import OutboxRow, outbox_add_many
+from dispo.libs.timestamps import to_timestamp
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+# A task's (id, node id): the key of a node run.
+NodeKey = tuple[str, str]
+
+# The node columns a guarded write may set besides its status, with their SQL types.
+NODE_FIELDS = {
+    "finished_at": "timestamptz",
+    "not_before": "timestamptz",
+    "started_at": "timestamptz",
+    "last_error": "text",
+    "retryable": "boolean",
+}
+
+
+async def tasks_lock_many(
+    conn: AsyncConnection, task_ids: Iterable[str], *, lock: bool = True
+) -> tuple[dict[str, TaskRow], set[str]]:
+    """The recorded tasks among ``task_ids``, locked (``FOR UPDATE``, unless not ``lock``)
+    in ``task_id`` order, without their envelopes (the caller has them), and the ids
+    recorded without one (a cancel arrived first)."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}, set()
+    rows = await conn.execute(
+        text(
+            "SELECT task_id, status, generation, version, cancel_requested, lease_owner,"
+            " lease_until, status_reason, envelope IS NULL AS bare FROM task_runs"
+            " WHERE task_id = ANY(CAST(:ids AS text[])) ORDER BY task_id"
+            + (" FOR UPDATE" if lock else "")
+        ),
+        {"ids": ids},
+    )
+    found: dict[str, TaskRow] = {}
+    bare: set[str] = set()
+    for row in rows:
+        found[row.task_id] = TaskRow(
+            row.task_id,
+            TaskState(row.status),
+            row.generation,
+            row.version,
+            row.cancel_requested,
+            row.lease_owner,
+            row.lease_until,
+            None,
+            row.status_reason,
+        )
+        if row.bare:
+            bare.add(row.task_id)
+    return found, bare
+
+
+async def tasks_insert_many(
+    conn: AsyncConnection, envs: Sequence[task_pb2.Task], now: datetime
+) -> set[str]:
+    """Record tasks first seen, with their nodes; returns the ids inserted here (a task
+    another transaction recorded first is left as it is, and its id is not returned)."""
+    envs = sorted(envs, key=lambda e: e.task_id)  # insertion order is lock order
+    if not envs:
+        return set()
+    inserted = await conn.execute(
+        text(
+            "INSERT INTO task_runs (task_id, status, generation, cancel_requested, envelope,"
+            " created_at, updated_at)"
+            " SELECT id, 'accepted', gen, cancel, env, :now, :now FROM unnest("
+            "CAST(:ids AS text[]), CAST(:gens AS bigint[]), CAST(:cancels AS boolean[]),"
+            " CAST(:envs AS bytea[])) WITH ORDINALITY AS u(id, gen, cancel, env, n) ORDER BY n"
+            " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
+        ),
+        {
+            "ids": [e.task_id for e in envs],
+            "gens": [e.generation for e in envs],
+            "cancels": [e.cancel_requested for e in envs],
+            "envs": [e.SerializeToString() for e in envs],
+            "now": now,
+        },
+    )
+    ids = {row.task_id for row in inserted}
+    await nodes_insert_many(conn, [e for e in envs if e.task_id in ids])
+    return ids
+
+
+async def nodes_insert_many(conn: AsyncConnection, envs: Sequence[task_pb2.Task]) -> None:
+    cols: dict[str, list[Any]] = {
+        k: [] for k in ("task", "node", "pos", "status", "att", "round", "nb", "retr", "err")
+    }
+    cols.update(sa=[], fa=[])
+    for env in envs:
+        for position, node in enumerate(env.nodes):
+            run = node_from_proto(node)
+            for key, value in (
+                ("task", env.task_id),
+                ("node", run.node_id),
+                ("pos", position),
+                ("status", run.status.value),
+                ("att", run.attempts),
+                ("round", run.round_attempts),
+                ("nb", run.not_before),
+                ("retr", run.retryable),
+                ("err", run.last_error),
+                ("sa", run.started_at),
+                ("fa", run.finished_at),
+            ):
+                cols[key].append(value)
+    if not cols["task"]:
+        return
+    await conn.execute(
+        text(
+            "INSERT INTO node_runs (task_id, node_id, position, status, attempts, round_attempts,"
+            " not_before, retryable, last_error, started_at, finished_at) SELECT * FROM unnest("
+            "CAST(:task AS text[]), CAST(:node AS text[]), CAST(:pos AS integer[]),"
+            " CAST(:status AS text[]), CAST(:att AS integer[]), CAST(:round AS integer[]),"
+            " CAST(:nb AS timestamptz[]), CAST(:retr AS boolean[]), CAST(:err AS text[]),"
+            " CAST(:sa AS timestamptz[]), CAST(:fa AS timestamptz[])) ON CONFLICT DO NOTHING"
+        ),
+        cols,
+    )
+
+
+# A pass may start on a task in these states (and makes it RUNNING).
+OPENABLE = (TaskState.ACCEPTED, TaskState.RUNNING, TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)
+
+
+async def tasks_open_many(
+    conn: AsyncConnection, leases: Sequence[tuple[str, str]], now: datetime, ttl: float
+) -> set[str]:
+    """Take the lease of each ``(task_id, owner)`` and make the task RUNNING, where the
+    lease is free, expired or the owner's own and the task is in ``OPENABLE``; returns the
+    ids opened."""
+    TASK_TRANSITIONS.check(OPENABLE, TaskState.RUNNING)
+    if not leases:
+        return set()
+    opened = await conn.execute(
+        text(
+            "UPDATE task_runs t SET lease_owner = u.owner, lease_until = :until,"
+            " status = :running, status_reason = '', updated_at = :now"
+            " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[])) AS u(id, owner)"
+            " WHERE t.task_id = u.id AND t.status = ANY(CAST(:expected AS text[]))"
+            " AND (t.lease_owner IS NULL OR t.lease_owner = u.owner OR t.lease_until <= :now)"
+            " RETURNING t.task_id"
+        ),
+        {
+            "ids": [task_id for task_id, _ in leases],
+            "owners": [owner for _, owner in leases],
+            "until": now + timedelta(seconds=ttl),
+            "now": now,
+            "running": TaskState.RUNNING.value,
+            "expected": [s.value for s in OPENABLE],
+        },
+    )
+    return {row.task_id for row in opened}
+
+
+def node_runs_from_rows(env: task_pb2.Task, rows: dict[str, Any]) -> dict[str, NodeRun]:
+    """The task's nodes: specs from the envelope, state from its ``node_runs`` rows."""
+    nodes: dict[str, NodeRun] = {}
+    for node in env.nodes:
+        run = node_from_proto(node)
+        row = rows.get(run.node_id)
+        if row is not None:
+            run.status = NodeState(row.status)
+            run.attempts, run.round_attempts = row.attempts, row.round_attempts
+            run.not_before, run.retryable = row.not_before, row.retryable
+            run.last_error = row.last_error
+            run.started_at, run.finished_at = row.started_at, row.finished_at
+        nodes[run.node_id] = run
+    return nodes
+
+
+async def nodes_get_many(
+    conn: AsyncConnection, envs: Sequence[task_pb2.Task]
+) -> dict[str, dict[str, NodeRun]]:
+    """Each task's nodes, by task id (one statement for all)."""
+    if not envs:
+        return {}
+    by_task: dict[str, dict[str, Any]] = {e.task_id: {} for e in envs}
+    rows = await conn.execute(
+        text("SELECT * FROM node_runs WHERE task_id = ANY(CAST(:ids AS text[]))"),
+        {"ids": list(by_task)},
+    )
+    for row in rows:
+        by_task[row.task_id][row.node_id] = row
+    return {e.task_id: node_runs_from_rows(e, by_task[e.task_id]) for e in envs}
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """One guarded node write: ``expected`` → ``new`` (and ``fields``), by ``owner`` when the
+    node is RUNNING under a claim."""
+
+    task_id: str
+    node_id: str
+    expected: NodeState
+    new: NodeState
+    owner: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> NodeKey:
+        return (self.task_id, self.node_id)
+
+
+async def nodes_set_status_if_many(
+    conn: AsyncConnection, changes: Sequence[NodeChange]
+) -> list[bool]:
+    """Apply ``changes``: every move checked first (an undeclared one raises and nothing is
+    written), then one guarded statement per kind of change. Returns, per change, whether
+    it was applied (False: the node was not in ``expected``, or not run by ``owner``)."""
+    for change in changes:
+        NODE_TRANSITIONS.check(change.expected, change.new)
+        unknown = set(change.fields) - set(NODE_FIELDS)
+        if unknown:
+            raise ValueError(f"node_runs has no settable column {sorted(unknown)}")
+    groups: dict[tuple[Any, ...], list[NodeChange]] = {}
+    for change in changes:
+        shape = (
+            change.expected,
+            change.new,
+            change.owner is not None,
+            tuple(sorted(change.fields)),
+        )
+        groups.setdefault(shape, []).append(change)
+    applied: set[NodeKey] = set()
+    for (expected, new, owned, names), group in groups.items():
+        columns = ["task", "node", *(["owner"] if owned else []), *names]
+        types = ["text", "text", *(["text"] if owned else []), *(NODE_FIELDS[n] for n in names)]
+        params: dict[str, Any] = {
+            "task": [c.task_id for c in group],
+            "node": [c.node_id for c in group],
+            "expected": expected.value,
+            "new": new.value,
+        }
+        if owned:
+            params["owner"] = [c.owner for c in group]
+        for name in names:
+            params[name] = [c.fields[name] for c in group]
+        arrays = ", ".join(f"CAST(:{c} AS {t}[])" for c, t in zip(columns, types, strict=True))
+        sets = "".join(f", {name} = u.{name}" for name in names)
+        rows = await conn.execute(
+            text(
+                f"UPDATE node_runs r SET status = :new{sets}"
+                f" FROM unnest({arrays}) AS u({', '.join(columns)})"
+                " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = :expected"
+                + (" AND r.run_owner = u.owner" if owned else "")
+                + " RETURNING r.task_id, r.node_id"
+            ),
+            params,
+        )
+        applied.update((row.task_id, row.node_id) for row in rows)
+    return [change.key in applied for change in changes]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    attempts: int
+    round_attempts: int
+
+
+async def nodes_claim_if_pending_many(
+    conn: AsyncConnection, claims: Sequence[tuple[str, str, str]], now: datetime
+) -> dict[NodeKey, Claimed]:
+    """PENDING → RUNNING for each ``(task_id, node_id, owner)``, only for the lease holder
+    and not once a cancel is requested (the claim exactly one contender wins); returns the
+    claims won with the node's new attempt counts."""
+    NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
+    if not claims:
+        return {}
+    rows = await conn.execute(
+        text(
+            "UPDATE node_runs r SET status = 'running', run_owner = u.owner,"
+            " attempts = r.attempts + 1, round_attempts = r.round_attempts + 1,"
+            " started_at = :now, finished_at = NULL, not_before = NULL"
+            " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:owners AS text[]))"
+            " AS u(task, node, owner)"
+            " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = 'pending'"
+            " AND EXISTS (SELECT 1 FROM task_runs t WHERE t.task_id = u.task"
+            " AND t.lease_owner = u.owner AND NOT t.cancel_requested)"
+            " RETURNING r.task_id, r.node_id, r.attempts, r.round_attempts"
+        ),
+        {
+            "tasks": [c[0] for c in claims],
+            "nodes": [c[1] for c in claims],
+            "owners": [c[2] for c in claims],
+            "now": now,
+        },
+    )
+    return {(r.task_id, r.node_id): Claimed(r.attempts, r.round_attempts) for r in rows}
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """The end of a pass over one task: release ``owner``'s lease and, unless ``status`` is
+    None, move the task from RUNNING to ``status`` (with a new generation if ``bump``)."""
+
+    task_id: str
+    owner: str
+    status: TaskState | None = None
+    reason: str = ""
+    bump: bool = False
+
+
+async def tasks_settle_many(
+    conn: AsyncConnection, settlements: Sequence[Settlement], now: datetime
+) -> dict[str, int]:
+    """Apply ``settlements``, each guarded by its lease owner and (with a status) by the
+    task being RUNNING; returns the ids settled with their generation now."""
+    for s in settlements:
+        if s.status is not None:
+            TASK_TRANSITIONS.check((TaskState.RUNNING,), s.status)
+    if not settlements:
+        return {}
+    rows = await conn.execute(
+        text(
+            "UPDATE task_runs t SET lease_owner = NULL, lease_until = NULL,"
+            " status = COALESCE(u.status, t.status),"
+            " status_reason = CASE WHEN u.status IS NULL THEN t.status_reason ELSE u.reason END,"
+            " updated_at = :now, generation = t.generation + u.bump"
+            " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[]),"
+            " CAST(:statuses AS text[]), CAST(:reasons AS text[]), CAST(:bumps AS integer[]))"
+            " AS u(id, owner, status, reason, bump)"
+            " WHERE t.task_id = u.id AND t.lease_owner = u.owner"
+            " AND (u.status IS NULL OR t.status = :running) RETURNING t.task_id, t.generation"
+        ),
+        {
+            "ids": [s.task_id for s in settlements],
+            "owners": [s.owner for s in settlements],
+            "statuses": [s.status.value if s.status is not None else None for s in settlements],
+            "reasons": [s.reason for s in settlements],
+            "bumps": [1 if s.bump else 0 for s in settlements],
+            "now": now,
+            "running": TaskState.RUNNING.value,
+        },
+    )
+    return {row.task_id: row.generation for row in rows}
+
+
+async def snapshots_many(
+    conn: AsyncConnection, task_ids: Sequence[str], now: datetime
+) -> dict[str, task_pb2.Task]:
+    """Each task as recorded now, with a new version number (one per status change), as
+    :func:`dispo.executor.repository.snapshot` for one."""
+    if not task_ids:
+        return {}
+    rows = await conn.execute(
+        text(
+            "UPDATE task_runs SET version = version + 1, updated_at = :now"
+            " WHERE task_id = ANY(CAST(:ids AS text[])) RETURNING *"
+        ),
+        {"ids": sorted(set(task_ids)), "now": now},
+    )
+    recorded = [task_from_row(row) for row in rows]
+    envs = [t.envelope for t in recorded if t.envelope is not None]
+    nodes = await nodes_get_many(conn, envs)
+    snaps: dict[str, task_pb2.Task] = {}
+    for task in recorded:
+        env = task_pb2.Task()
+        if task.envelope is not None:
+            env.CopyFrom(task.envelope)
+            for node in env.nodes:
+                overlay(node, nodes[task.task_id][node.node_id])
+        env.ClearField("redrive")  # an instruction to this executor, not part of its record
+        env.task_id = task.task_id
+        env.status = task.status.to_proto()
+        env.generation = task.generation
+        env.version = task.version
+        env.cancel_requested = task.cancel_requested
+        env.status_reason = task.status_reason
+        env.updated_at.CopyFrom(to_timestamp(now))
+        snaps[task.task_id] = env
+    return snaps
+
+
+async def emit_status_many(
+    conn: AsyncConnection,
+    task_ids: Sequence[str],
+    now: datetime,
+    events: Sequence[tuple[str, str, str]] = (),
+) -> dict[str, task_pb2.Task]:
+    """A status event for each task's current state, then ``events`` — ``(task_id,
+    subject, msg_id)``, each carrying its task's whole envelope (a task in ``events`` must
+    be in ``task_ids``) — written to the outbox with one statement. Returns the envelopes."""
+    snaps = await snapshots_many(conn, task_ids, now)
+    rows = [
+        OutboxRow(
+            tasks.task_status(task_id, env.status),
+            tasks.status_id(task_id, env.version),
+            tasks.status_snapshot(env).SerializeToString(),
+            now,
+        )
+        for task_id, env in snaps.items()
+    ]
+    rows.extend(
+        OutboxRow(subject, msg_id, snaps[task_id].SerializeToString(), now)
+        for task_id, subject, msg_id in events
+    )
+    await outbox_add_many(conn, outbox, rows)
+    return snaps
