@@ -224,7 +224,10 @@ def _children(pid: int) -> list[int]:
 
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
+        try:
+            text = (task / "children").read_text().split()
+        except FileNotFoundError:  # the thread ended between the listing and the read
+            continue
         found += [int(child) for child in text]
     return found
 
