@@ -36,10 +36,10 @@ class Submitter:
         self.clients = list(clients)
         self.business = business
         self.cells = cells
-        self.facts = LoadFacts(started_at=time.time())
-        self._origin = time.perf_counter()
+        self.start()
 
     def start(self, offered_rate: float | None = None) -> None:
+        """Begin a run: fresh facts, times measured from now."""
         self.facts = LoadFacts(started_at=time.time(), offered_rate=offered_rate)
         self._origin = time.perf_counter()
 

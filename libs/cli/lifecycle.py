@@ -87,8 +87,10 @@ def down(data_dir: Path, timeout: float = DOWN_TIMEOUT_SECONDS) -> int:
         code = 1
     processes = list(recorded(state or {}, STOP_ORDER))
     deadline = time.monotonic() + 30  # what dies with a killed dispo up takes a moment
-    while (left := [p for p in processes if p.alive()]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    for process in processes:
+        if process.alive():
+            wait_exit(process.pid, max(0.0, deadline - time.monotonic()))
+    left = [p for p in processes if p.alive()]
     if left:
         print("still running:", flush=True)
         print("\n".join(_stopped_lines(left)))

@@ -345,12 +345,15 @@ class Passes:
             for i in range(len(items))
             if steps[i] is None and not launch[i] and not items[i].state.in_flight
         ]
-        settled = await self._settle_many(conn, [items[i] for i in settling], now)
+        settled, emitting, events = await self._settle_many(conn, [items[i] for i in settling], now)
         for i, disposition in zip(settling, settled, strict=True):
             steps[i] = Step(items[i].state, disposition=disposition)
-        changed = [i for i in range(len(items)) if steps[i] is None and items[i].changed]
-        if changed:
-            await many.emit_status_many(conn, [items[i].env.task_id for i in changed], now)
+        # One status write for the batch: the settled tasks and those still running that changed.
+        emitting += [
+            items[i].env.task_id for i in range(len(items)) if steps[i] is None and items[i].changed
+        ]
+        if emitting:
+            await many.emit_status_many(conn, emitting, now, events)
         return [
             step if step is not None else Step(items[i].state, launch=launch[i])
             for i, step in enumerate(steps)
@@ -427,9 +430,10 @@ class Passes:
 
     async def _settle_many(
         self, conn: AsyncConnection, items: Sequence[Stepping], now: datetime
-    ) -> list[Disposition]:
+    ) -> tuple[list[Disposition], list[str], list[tuple[str, str, str]]]:
         """Nothing more can run in these passes: finish, re-publish for a retry, demote or
-        fail each task."""
+        fail each task. Returns the dispositions, the tasks whose status event is due and the
+        events to publish with their envelopes (for :func:`many.emit_status_many`)."""
         decisions = [decide(it.nodes, now, it.row.cancel_requested) for it in items]
         settlements: list[many.Settlement] = []
         dispositions: list[Disposition] = []
@@ -476,8 +480,7 @@ class Passes:
                 status=decision.status.value,
                 reason=decision.reason,
             )
-        await many.emit_status_many(conn, emitting, now, events)
-        return dispositions
+        return dispositions, emitting, events
 
 
 async def recover(

@@ -241,19 +241,6 @@ async def nodes_redrive(conn: AsyncConnection, env: task_pb2.Task) -> list[str]:
     return reset
 
 
-async def lease_take(
-    conn: AsyncConnection, task_id: str, owner: str, now: datetime, ttl: float
-) -> bool:
-    result = await conn.execute(
-        text(
-            "UPDATE task_runs SET lease_owner = :owner, lease_until = :until WHERE task_id = :id"
-            " AND (lease_owner IS NULL OR lease_owner = :owner OR lease_until <= :now)"
-        ),
-        {"id": task_id, "owner": owner, "until": now + timedelta(seconds=ttl), "now": now},
-    )
-    return result.rowcount == 1
-
-
 async def lease_extend(
     conn: AsyncConnection, task_id: str, owner: str, now: datetime, ttl: float
 ) -> bool:
@@ -264,15 +251,6 @@ async def lease_extend(
         {"id": task_id, "owner": owner, "until": now + timedelta(seconds=ttl)},
     )
     return result.rowcount == 1
-
-
-async def lease_release(conn: AsyncConnection, task_id: str, owner: str) -> None:
-    await conn.execute(
-        text(
-            "UPDATE task_runs SET lease_owner = NULL, lease_until = NULL WHERE task_id = :id AND lease_owner = :owner"
-        ),
-        {"id": task_id, "owner": owner},
-    )
 
 
 async def node_set_status_if(
@@ -357,18 +335,6 @@ async def task_set_cancel_requested(conn: AsyncConnection, task_id: str) -> None
     )
 
 
-async def task_bump_generation(conn: AsyncConnection, task_id: str) -> int:
-    row = (
-        await conn.execute(
-            text(
-                "UPDATE task_runs SET generation = generation + 1 WHERE task_id = :id RETURNING generation"
-            ),
-            {"id": task_id},
-        )
-    ).one()
-    return int(row.generation)
-
-
 async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_pb2.Task:
     """The task as recorded now, with a new version number (call once per status change)."""
     row = (
@@ -412,9 +378,3 @@ async def emit_status(conn: AsyncConnection, task_id: str, now: datetime) -> tas
         now,
     )
     return env
-
-
-async def emit(
-    conn: AsyncConnection, subject: str, msg_id: str, env: task_pb2.Task, now: datetime
-) -> None:
-    await outbox_add(conn, outbox, subject, msg_id, env.SerializeToString(), now)

@@ -45,7 +45,7 @@ async def test_exactly_one_of_concurrent_lease_takers_wins(service_engine):
 
     async def take(owner):
         async with engine.begin() as conn:
-            return await repo.lease_take(conn, "t1", owner, NOW, 10)
+            return await bulk.tasks_open_many(conn, [("t1", owner)], NOW, 10) == {"t1"}
 
     results = await asyncio.gather(*(take(f"o{i}") for i in range(8)))
 
@@ -58,7 +58,7 @@ async def test_exactly_one_of_concurrent_node_claims_wins_and_only_the_owner_rec
     engine = await service_engine("executor")
     async with engine.begin() as conn:
         await repo.task_insert(conn, envelope(), "t1", NOW)
-        await repo.lease_take(conn, "t1", "me", NOW, 10)
+        await bulk.tasks_open_many(conn, [("t1", "me")], NOW, 10)
 
     async def claim():
         async with engine.begin() as conn:
@@ -103,13 +103,10 @@ async def test_an_undeclared_node_or_task_move_is_refused_and_changes_nothing(se
     engine = await service_engine("executor")
     async with engine.begin() as conn:
         await repo.task_insert(conn, envelope(), "t1", NOW)
-        await repo.lease_take(conn, "t1", "me", NOW, 10)
+        assert await bulk.tasks_open_many(conn, [("t1", "me")], NOW, 10) == {"t1"}  # RUNNING
         assert await repo.node_claim_if_pending(conn, "t1", "a.x", "me", NOW)
         assert await repo.node_set_status_if(
             conn, "t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, owner="me"
-        )
-        assert await repo.task_set_status(
-            conn, "t1", TaskState.RUNNING, "", NOW, expected=(TaskState.ACCEPTED,)
         )
         assert await repo.task_set_status(
             conn, "t1", TaskState.SUCCEEDED, "done", NOW, expected=(TaskState.RUNNING,)
@@ -148,7 +145,7 @@ async def test_concurrent_results_for_one_running_node_exactly_one_is_recorded(s
     engine = await service_engine("executor")
     async with engine.begin() as conn:
         await repo.task_insert(conn, envelope(), "t1", NOW)
-        await repo.lease_take(conn, "t1", "me", NOW, 10)
+        await bulk.tasks_open_many(conn, [("t1", "me")], NOW, 10)
         assert await repo.node_claim_if_pending(conn, "t1", "a.x", "me", NOW)
 
     async def record(new, error):

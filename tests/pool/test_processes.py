@@ -10,6 +10,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from support import eventually
+from support.stack import alive
 
 
 def create_request(target_url: str, evaluation_id: str, **schedule) -> pb.CreateEvaluationRequest:
@@ -232,18 +233,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    from pathlib import Path
-
-    return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
-
-
 async def test_spawned_worker_is_restarted_and_dies_with_the_pool(
     start_service, target, file_clock, tmp_path
 ):
@@ -276,4 +265,4 @@ async def test_spawned_worker_is_restarted_and_dies_with_the_pool(
         )
         assert done.runs_done == 2
     pool.kill()  # SIGKILL: no shutdown code runs, yet the worker follows its parent
-    await eventually(lambda: not _alive(restarted))
+    await eventually(lambda: not alive(restarted))

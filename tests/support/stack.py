@@ -16,7 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dispo.libs.bench.machine import process_times
 from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.ownership import start_ticks
 from dispo.libs.stack.stack import SERVICES
 
 from support.waiting import eventually
@@ -103,28 +105,17 @@ class RunningStack:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+    """Whether ``pid`` runs (a zombie has ended)."""
+    return start_ticks(pid) is not None
 
 
 def descendants(pid: int) -> set[int]:
     """The pids of every live process below ``pid`` (children, theirs, and so on)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # ended meanwhile
-            continue
-        # pid (comm) state ppid …: comm may hold spaces and parentheses
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    parents = {
+        int(entry.name): times[0]
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and (times := process_times(int(entry.name))) is not None
+    }
     found: set[int] = set()
     frontier = {pid}
     while frontier:
