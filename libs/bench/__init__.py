@@ -12,9 +12,8 @@
 Other benchmarks print with the same helpers::
 
     print(latency_line("Submit RPC", seconds))     # n, p50, p95, p99, mean in milliseconds
-    print(rate_line("submitted", count, elapsed))  # count and per-second rate
 """
 
-from dispo.libs.bench.report import latency, latency_line, percentile, rate_line
+from dispo.libs.bench.report import latency, latency_line, percentile
 
-__all__ = ["latency", "latency_line", "percentile", "rate_line"]
+__all__ = ["latency", "latency_line", "percentile"]

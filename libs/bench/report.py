@@ -319,7 +319,3 @@ def table_row(report: Mapping[str, Any]) -> str:
 # Kept for the benchmarks that print lines directly (the pool's).
 def latency_line(name: str, seconds: list[float]) -> str:
     return latency_text(name, asdict(latency(seconds)))
-
-
-def rate_line(name: str, count: int, elapsed: float) -> str:
-    return f"{name:<24} {count} in {elapsed:.2f} s = {count / elapsed if elapsed else float('nan'):.1f}/s"

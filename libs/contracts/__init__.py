@@ -9,8 +9,15 @@ from here; the shared outbox refuses a subject that no declared stream carries.
 
 from __future__ import annotations
 
+import re
+
 from dispo.libs.contracts import evaluations, tasks
-from dispo.libs.contracts._streams import Stream, UndeclaredSubject, subject_matches
+from dispo.libs.contracts._streams import (
+    Stream,
+    UndeclaredSubject,
+    subject_matches,
+    subject_regex,
+)
 
 # Every JetStream stream of the platform.
 STREAMS: tuple[Stream, ...] = (
@@ -21,9 +28,15 @@ STREAMS: tuple[Stream, ...] = (
 )
 
 
+# Every declared subject pattern as one expression: the outbox checks each row it writes.
+_DECLARED = re.compile(
+    "|".join(f"(?:{subject_regex(p)})" for stream in STREAMS for p in stream.subjects)
+)
+
+
 def declared(subject: str) -> bool:
     """True when a declared stream carries ``subject``."""
-    return any(stream.carries(subject) for stream in STREAMS)
+    return _DECLARED.fullmatch(subject) is not None
 
 
 def require_declared(subject: str) -> None:

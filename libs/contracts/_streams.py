@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
 
 from dispo.libs.bus import Bus
@@ -11,17 +13,29 @@ class UndeclaredSubject(ValueError):
     """A publisher tried to write a subject that no declared stream carries."""
 
 
+def subject_regex(pattern: str) -> str:
+    """The regular expression of a NATS subject pattern: ``*`` is one token, a final ``>``
+    one or more tokens; tokens are never empty."""
+    tokens = pattern.split(".")
+    parts = []
+    for i, token in enumerate(tokens):
+        if token == ">" and i == len(tokens) - 1:
+            parts.append(r"[^.]+(?:\.[^.]+)*")
+        elif token == "*":
+            parts.append(r"[^.]+")
+        else:
+            parts.append(re.escape(token))
+    return r"\.".join(parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(subject_regex(pattern))
+
+
 def subject_matches(pattern: str, subject: str) -> bool:
     """NATS subject matching: ``*`` is one token, a final ``>`` one or more tokens."""
-    want, got = pattern.split("."), subject.split(".")
-    if not all(got):
-        return False
-    for i, token in enumerate(want):
-        if token == ">":
-            return i == len(want) - 1 and len(got) > i
-        if i >= len(got) or (token != "*" and token != got[i]):
-            return False
-    return len(got) == len(want)
+    return _compiled(pattern).fullmatch(subject) is not None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,20 @@ class _FolderOnly(PostgresServer):
         pass
 
 
+# The wheel's programs (postgres, pg_ctl, psql, pgbench).
+BIN_DIR = Path(POSTGRES_BIN_PATH)
+
+
+def psql(url: str, sql: str) -> str:
+    """Run ``sql`` with the wheel's ``psql`` against ``url``; its unaligned output."""
+    return subprocess.run(
+        [str(BIN_DIR / "psql"), "-XAtq", url, "-c", sql],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
 class EmbeddedPostgres:
     def __init__(self, data_dir: Path, *, durable: bool = True) -> None:
         """``durable=False`` turns ``fsync`` off, for throwaway clusters such as the tests':
@@ -152,12 +166,7 @@ class EmbeddedPostgres:
                 lock.unlink(missing_ok=True)
 
     def psql(self, sql: str) -> str:
-        return subprocess.run(
-            [str(POSTGRES_BIN_PATH / "psql"), "-XAtq", self.url, "-c", sql],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
+        return psql(self.url, sql)
 
     def running(self) -> bool:
         result = subprocess.run(

@@ -55,13 +55,36 @@ def _record(row: Any) -> TaskRecord:
     )
 
 
+@dataclass(frozen=True)
+class TaskSummary:
+    """A task as a list shows it: no view, no payloads (neither is read or parsed)."""
+
+    task_id: str
+    business: str
+    status: str
+    cancel_requested: bool
+    node_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+_SUMMARY_COLUMNS = ", ".join(TaskSummary.__dataclass_fields__)
+
+
 # Statuses a task never leaves.
 TERMINAL = ("succeeded", "failed", "cancelled")
 # A task reaching a terminal status records when it finished (the first time only).
-_FINISH = (
-    f"finished_at = CASE WHEN :status IN ({', '.join(repr(s) for s in TERMINAL)})"
-    " THEN COALESCE(finished_at, :now) ELSE finished_at END"
-)
+
+
+def _finish(status: str, finished_at: str) -> str:
+    """``finished_at`` set to ``:now`` the first time ``status`` is terminal, else kept."""
+    return (
+        f"CASE WHEN {status} IN ({', '.join(repr(s) for s in TERMINAL)})"
+        f" THEN COALESCE({finished_at}, :now) ELSE {finished_at} END"
+    )
+
+
+_FINISH = f"finished_at = {_finish(':status', 'finished_at')}"
 
 
 @dataclass(frozen=True)
@@ -166,8 +189,7 @@ class Snapshot:
 _APPLY_SNAPSHOTS = text(
     "UPDATE tasks t SET accepted = COALESCE(t.accepted, t.view), view = n.view,"
     " status = n.status, version = n.version, updated_at = :now,"
-    f" finished_at = CASE WHEN n.status IN ({', '.join(repr(s) for s in TERMINAL)})"
-    " THEN COALESCE(t.finished_at, :now) ELSE t.finished_at END"
+    f" finished_at = {_finish('n.status', 't.finished_at')}"
     " FROM unnest(CAST(:ids AS text[]), CAST(:versions AS bigint[]),"
     " CAST(:statuses AS text[]), CAST(:views AS bytea[])) AS n(task_id, version, status, view)"
     " WHERE t.task_id = n.task_id AND t.version < n.version"
@@ -239,7 +261,7 @@ async def task_list(
     created_before: datetime | None,
     after: tuple[datetime, str] | None,
     limit: int,
-) -> list[TaskRecord]:
+) -> list[TaskSummary]:
     clauses: list[str] = []
     params: dict[str, Any] = {"limit": limit}
     if business:
@@ -259,9 +281,13 @@ async def task_list(
         params["cur_t"], params["cur_id"] = after
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = await conn.execute(
-        text(f"SELECT * FROM tasks {where} ORDER BY created_at, task_id LIMIT :limit"), params
+        text(
+            f"SELECT {_SUMMARY_COLUMNS} FROM tasks {where}"
+            " ORDER BY created_at, task_id LIMIT :limit"
+        ),
+        params,
     )
-    return [_record(r) for r in rows]
+    return [TaskSummary(*r) for r in rows]
 
 
 async def emit(

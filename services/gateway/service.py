@@ -53,14 +53,6 @@ class Accepted:
     duplicate: bool
 
 
-@dataclass(frozen=True)
-class _Pending:
-    """A validated, expanded Submit waiting for its flush."""
-
-    task: repo.NewTask
-    envelope_id: str  # the task.create message id
-
-
 class Gateway:
     def __init__(
         self,
@@ -85,7 +77,7 @@ class Gateway:
         self.watch_poll_interval = watch_poll_interval
         self._changed: dict[str, asyncio.Event] = {}
         # Group commit of accepted tasks (ADR 0022): one transaction per flush.
-        self.submits: Batcher[_Pending, Accepted] = Batcher(
+        self.submits: Batcher[repo.NewTask, Accepted] = Batcher(
             "submits",
             self._accept_all,
             max_items=submit_batch,
@@ -110,33 +102,29 @@ class Gateway:
         nodes = expand(task_id, sub, self.catalogue, self.limits)
         now = self.clock.now()
         env = task_envelope(task_id, sub, nodes, now)
-        pending = _Pending(
-            repo.NewTask(
-                task_id=task_id,
-                business=sub.business,
-                idempotency_key=sub.idempotency_key,
-                request_hash=request_hash(sub),
-                node_count=len(nodes),
-                view=env.SerializeToString(),
-                callback_url=sub.callback_url,
-                created_at=now,
-            ),
-            tasks.create_id(task_id, 0),
+        new = repo.NewTask(
+            task_id=task_id,
+            business=sub.business,
+            idempotency_key=sub.idempotency_key,
+            request_hash=request_hash(sub),
+            node_count=len(nodes),
+            view=env.SerializeToString(),
+            callback_url=sub.callback_url,
+            created_at=now,
         )
-        accepted = await self.submits.submit(pending)
+        accepted = await self.submits.submit(new)
         if not accepted.duplicate:
             log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
         return accepted
 
-    async def _accept_all(self, items: list[_Pending]) -> list[Accepted | BaseException]:
+    async def _accept_all(self, items: list[repo.NewTask]) -> list[Accepted | BaseException]:
         """One flush of Submits: every task whose key is free inserted with one statement,
         their task.create rows with another, the holders of the taken keys read with a
         third, one commit. Duplicates within the flush are answered exactly as across
         flushes: the first Submit of a key in the flush is the one inserted."""
         first: dict[tuple[str, str], repo.NewTask] = {}
         fresh: list[repo.NewTask] = []
-        for item in items:
-            t = item.task
+        for t in items:
             if t.idempotency_key:
                 if (t.business, t.idempotency_key) in first:
                     continue
@@ -151,10 +139,10 @@ class Gateway:
                 conn,
                 [
                     OutboxRow(
-                        tasks.TASK_CREATE, item.envelope_id, item.task.view, item.task.created_at
+                        tasks.TASK_CREATE, tasks.create_id(t.task_id, 0), t.view, t.created_at
                     )
-                    for item in items
-                    if item.task.task_id in inserted
+                    for t in items
+                    if t.task_id in inserted
                 ],
             )
             taken = [key for key, t in first.items() if t.task_id not in inserted]
@@ -162,8 +150,7 @@ class Gateway:
         if inserted:
             self.relay.kick()
         answers: list[Accepted | BaseException] = []
-        for item in items:
-            t = item.task
+        for t in items:
             if t.task_id in inserted:
                 answers.append(Accepted(t.task_id, "accepted", False))
                 continue
@@ -204,7 +191,7 @@ class Gateway:
         view.cancel_requested = view.cancel_requested or record.cancel_requested
         return view
 
-    async def list(self, **filters: Any) -> list[repo.TaskRecord]:
+    async def list(self, **filters: Any) -> list[repo.TaskSummary]:
         async with self.engine.connect() as conn:
             return await repo.task_list(conn, **filters)
 

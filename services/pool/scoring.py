@@ -79,7 +79,7 @@ def _pattern_problem(pattern: str) -> str | None:
 
 def check_rule(rule: Rule, answer: Answer) -> str | None:
     """None when the rule holds, else why not (a malformed rule does not hold)."""
-    if (problem := validate_rule(rule)) is not None:
+    if (problem := _known_problem(rule)) is not None:
         return f"invalid rule: {problem}"
     if rule.kind == "status":
         return (
@@ -130,6 +130,11 @@ def validate_rule(rule: Rule) -> str | None:
             except PayloadError:
                 return "value must be JSON"
     return None
+
+
+# Rules are checked when the evaluation is created; scoring a run re-checks a rule stored
+# earlier only once (an evaluation's rules are scored on every one of its runs).
+_known_problem = functools.lru_cache(maxsize=1024)(validate_rule)
 
 
 def score(rules: tuple[Rule, ...], answer: Answer) -> RunResult:

@@ -99,11 +99,9 @@ async def test_a_watcher_is_woken_by_an_applied_snapshot(make_gateway):
     watching = gateway.watch(view.task_id)
     assert (await anext(watching)).version == 0
     following = asyncio.ensure_future(anext(watching))
-    await asyncio.sleep(0.1)  # the watcher is waiting
     assert await gateway.apply_status(snapshot(view, 1))
     assert (await asyncio.wait_for(following, 30)).version == 1
     following = asyncio.ensure_future(anext(watching))
-    await asyncio.sleep(0.1)
     assert await gateway.apply_status(snapshot(view, 2, common_pb2.TASK_STATUS_SUCCEEDED))
     assert (await asyncio.wait_for(following, 30)).status == common_pb2.TASK_STATUS_SUCCEEDED
     assert [v async for v in watching] == []  # terminal: the stream ends

@@ -1,36 +1,15 @@
 """The wire contracts are declared once (dispo.libs.contracts) and the shared outbox holds
-every publisher to them: a subject no declared stream carries is refused before anything
-is written."""
+every publisher to them (tests/platform/test_outbox.py: an undeclared subject is refused
+before anything is written)."""
 
 from __future__ import annotations
-
-from datetime import UTC, datetime
 
 import pytest
 from dispo.libs import contracts
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.contracts import evaluations, tasks
-from dispo.libs.db import create_engine
-from dispo.libs.outbox import outbox_add, outbox_table
-from outbox_subjects import outbox_subjects
-from sqlalchemy import MetaData, text
 
 TS = common_pb2.TaskStatus
-
-SCHEMA = "contracts_test"
-metadata = MetaData()
-outbox = outbox_table(metadata)
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-async def engine(database_url):
-    engine = create_engine(database_url, SCHEMA)
-    async with engine.begin() as conn:
-        await conn.execute(text(f"CREATE SCHEMA {SCHEMA}"))
-        await conn.run_sync(metadata.create_all)
-    yield engine
-    await engine.dispose()
 
 
 @pytest.mark.parametrize(
@@ -91,22 +70,6 @@ def test_message_ids_name_the_fact_they_carry():
         tasks.status_id("t1", 1),
     }
     assert len(ids) == 6  # no two facts of one task share an id
-
-
-@pytest.mark.parametrize("subject", ["task.created", "task.status", "test.event", "pool.wake.c1"])
-async def test_the_shared_outbox_refuses_an_undeclared_subject_and_writes_nothing(
-    engine, database_url, subject
-):
-    with pytest.raises(contracts.UndeclaredSubject, match=subject):
-        async with engine.begin() as conn:
-            await outbox_add(conn, outbox, tasks.TASK_CLOSE, "ok-1", b"x", NOW)
-            await outbox_add(conn, outbox, subject, "bad-1", b"x", NOW)
-    async with engine.begin() as conn:
-        await outbox_add(
-            conn, outbox, tasks.task_status("t1", TS.TASK_STATUS_RUNNING), "ok-2", b"x", NOW
-        )
-    # The refused transaction left nothing behind; the declared write went in.
-    assert (await outbox_subjects(database_url))[f"{SCHEMA}.outbox"] == {"task.status.t1.running"}
 
 
 async def test_streams_are_created_with_their_declared_settings(bus):

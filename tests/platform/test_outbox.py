@@ -110,6 +110,23 @@ async def test_one_undeclared_subject_refuses_the_whole_call(engine, manual_cloc
     assert await names(engine) == ["ok-2"]
 
 
+@pytest.mark.parametrize("subject", ["task.created", "task.status", "test.event", "pool.wake.c1"])
+async def test_an_undeclared_subject_is_refused_and_its_transaction_writes_nothing(
+    engine, manual_clock, subject
+):
+    now = manual_clock.now()
+    with pytest.raises(UndeclaredSubject, match=subject):
+        async with engine.begin() as conn:
+            await outbox_add(conn, outbox, tasks.TASK_CLOSE, "ok-1", b"x", now)
+            await outbox_add(conn, outbox, subject, "bad-1", b"x", now)
+    async with engine.begin() as conn:
+        await outbox_add(
+            conn, outbox, tasks.task_status("t1", common_pb2.TASK_STATUS_RUNNING), "ok-2", b"x", now
+        )
+    # The refused transaction left nothing behind; the declared write went in.
+    assert await names(engine) == ["ok-2"]
+
+
 async def test_rows_sent_before_the_retention_go_a_batch_at_a_time(engine, bus, manual_clock):
     day = timedelta(days=1)
     await add(engine, manual_clock, "unsent-old", sent_ago=None)
