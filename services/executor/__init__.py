@@ -1,1 +1,3 @@
 """The executor service."""
+
+import dispo.libs  # noqa: F401  (sets gRPC's fork mode before grpc loads)
