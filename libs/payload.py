@@ -38,12 +38,16 @@ class PayloadError(ValueError):
         self.path, self.reason = path, reason
 
 
+# Built once: ``json.dumps`` with options builds a new encoder on every call.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: Any) -> bytes:
     """The one canonical JSON form: sorted keys, no whitespace, UTF-8, NaN and Infinity
     refused (ValueError)."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def _join(path: str, key: str | int) -> str:

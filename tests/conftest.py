@@ -30,8 +30,13 @@ from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.postgres import EmbeddedPostgres
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.libs.stack.stack import SERVICES
+from hypothesis import settings
 from support.databases import TestDatabases
 from support.http import FakeServer, Routes
+
+# Hypothesis' per-example deadline is a wall-clock assertion: a busy machine fails it.
+settings.register_profile("dispo", deadline=None)
+settings.load_profile("dispo")
 
 # The gateway / executor / SDK fixtures (catalogue, demo downstream, pipeline processes).
 pytest_plugins = ["pipeline_fixtures"]
