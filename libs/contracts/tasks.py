@@ -33,6 +33,24 @@ TERMINAL_TASK_STATUSES = (
     common_pb2.TASK_STATUS_CANCELLED,
 )
 
+# A parked task closed FAILED (task.close): what each node that can no longer run ends as.
+# A parked task has nothing ready, so a PENDING node waits for a dependency that did not
+# succeed: DEPENDENCY_FAILED. A DEMOTED node will not be released any more: FAILED, with
+# the close's reason as its error. Every other node keeps its state (an UNKNOWN one stays
+# UNKNOWN: its effect may have happened). The executor applies this to its table, the
+# reconciler to the final snapshot it publishes, so the two agree.
+CLOSED_NODE = {
+    common_pb2.NODE_STATUS_PENDING: common_pb2.NODE_STATUS_DEPENDENCY_FAILED,
+    common_pb2.NODE_STATUS_DEMOTED: common_pb2.NODE_STATUS_FAILED,
+}
+DEPENDENCY_FAILED_ERROR = "a dependency failed"
+
+
+def closed_node_error(status: int, reason: str) -> str:
+    """The error a node closed to ``status`` (a value of :data:`CLOSED_NODE`) records."""
+    return DEPENDENCY_FAILED_ERROR if status == common_pb2.NODE_STATUS_DEPENDENCY_FAILED else reason
+
+
 # Completion notifications to a caller's nats:callback.<...> subject (reconciler).
 CALLBACK_ALL = "callback.>"
 
@@ -83,8 +101,10 @@ def cancel_id(task_id: str, cause: str = "") -> str:
     return f"{task_id}:cancel" + (f":{cause}" if cause else "")
 
 
-def close_id(task_id: str) -> str:
-    return f"{task_id}:close"
+def close_id(task_id: str, generation: int) -> str:
+    """task.close for the envelope of that generation: a task resumed and closed again is
+    closed again, not dropped as a duplicate."""
+    return f"{task_id}:close:g{generation}"
 
 
 def status_id(task_id: str, version: int, publisher: str = "") -> str:

@@ -80,7 +80,7 @@ async def setup(rt: Runtime) -> None:
         if not request.task_id or request.status != common_pb2.TASK_STATUS_FAILED:
             return Term("close request needs task_id and status FAILED")
         return await control.handle_close(
-            executor, request.task_id, request.reason, request.generation
+            executor, request.task_id, request.reason, request.generation, request.version
         )
 
     creates = rt.bus.consumer(

@@ -8,28 +8,53 @@ from dispo.executor.domain import Next, decide, to_cancel
 from dispo.executor.runner import Executor
 from dispo.executor.states import TASK_FINAL, NodeState, TaskState
 from dispo.libs.bus import ACK, Disposition
+from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
 
 
-async def handle_close(ex: Executor, task_id: str, reason: str, generation: int) -> Disposition:
-    """The reconciler ended a parked task: record FAILED unless a redrive overtook it."""
+async def handle_close(
+    ex: Executor, task_id: str, reason: str, generation: int, version: int = 0
+) -> Disposition:
+    """The reconciler ended a parked task: record FAILED unless a redrive overtook it, end
+    the nodes that can no longer run (``tasks.CLOSED_NODE``: the closer's snapshot shows
+    them so), and number the next snapshot after the closer's (``version``)."""
     now = ex.clock.now()
+    reason = truncate_error(reason or "closed")
     async with ex.engine.begin() as conn:
         row = await repo.task_get(conn, task_id, for_update=True)
         if row is None or row.generation > generation:
             return ACK
-        if await repo.task_set_status(
+        if not await repo.task_set_status(
             conn,
             task_id,
             TaskState.FAILED,
-            truncate_error(reason or "closed"),
+            reason,
             now,
             expected=(TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED),
         ):
-            log.info("parked task closed", task_id=task_id, reason=reason)
+            return ACK
+        ended = []
+        if row.envelope is not None:
+            for node in (await repo.nodes_get(conn, row.envelope)).values():
+                new = tasks.CLOSED_NODE.get(node.status.to_proto())
+                if new is None:
+                    continue
+                if await repo.node_set_status_if(
+                    conn,
+                    task_id,
+                    node.node_id,
+                    node.status,
+                    NodeState.from_proto(new),
+                    finished_at=now,
+                    last_error=tasks.closed_node_error(new, reason),
+                    retryable=node.status is NodeState.DEMOTED,
+                ):
+                    ended.append(node.node_id)
+        await repo.task_version_at_least(conn, task_id, version)
+    log.info("parked task closed", task_id=task_id, reason=reason, nodes_ended=ended)
     return ACK
 
 

@@ -384,7 +384,7 @@ class Passes:
                 nodes[node_id],
                 NodeState.DEPENDENCY_FAILED,
                 finished_at=now,
-                last_error="a dependency failed",
+                last_error=tasks.DEPENDENCY_FAILED_ERROR,
             )
         launch: list[NodeRun] = []
         noops: list[NodeRun] = []

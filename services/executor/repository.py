@@ -329,6 +329,15 @@ async def task_set_status(
     return result.rowcount == 1
 
 
+async def task_version_at_least(conn: AsyncConnection, task_id: str, version: int) -> None:
+    """Another publisher's snapshot of the task had ``version``: the next one from here is
+    newer (a status consumer drops a snapshot that is not)."""
+    await conn.execute(
+        text("UPDATE task_runs SET version = :v WHERE task_id = :id AND version < :v"),
+        {"id": task_id, "v": version},
+    )
+
+
 async def task_set_cancel_requested(conn: AsyncConnection, task_id: str) -> None:
     await conn.execute(
         text("UPDATE task_runs SET cancel_requested = true WHERE task_id = :id"), {"id": task_id}

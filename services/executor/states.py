@@ -14,9 +14,11 @@ Which component moves a node *out* of each state:
   the reconciler settles it by its probe (a redrive with SUCCEEDED or PENDING).
 - FAILED: terminal when permanent; a retry-exhausted node (retry.retryable) goes back to
   PENDING only by a reconciler redrive.
-- DEMOTED: the reconciler releases it (redrive → PENDING) when its downstream is healthy.
+- DEMOTED: the reconciler releases it (redrive → PENDING) when its downstream is healthy;
+  a task.close (the reconciler gave up on the parked task) ends it FAILED.
 - DEPENDENCY_FAILED: terminal for the executor; an operator's redrive that also resets the
-  failed dependency makes it PENDING again.
+  failed dependency makes it PENDING again. A task.close ends a parked task's PENDING
+  nodes here (they wait for a dependency that will not succeed now).
 - SUCCEEDED, CANCELLED: terminal; no message changes them.
 """
 
@@ -55,7 +57,7 @@ NODE_TRANSITIONS = Transitions[NodeState](
         N.RUNNING: frozenset({N.SUCCEEDED, N.FAILED, N.PENDING, N.UNKNOWN}),
         N.UNKNOWN: frozenset({N.PENDING, N.SUCCEEDED, N.FAILED, N.CANCELLED}),
         N.FAILED: frozenset({N.PENDING, N.CANCELLED}),
-        N.DEMOTED: frozenset({N.PENDING, N.CANCELLED}),
+        N.DEMOTED: frozenset({N.PENDING, N.CANCELLED, N.FAILED}),
         N.SUCCEEDED: frozenset(),
         N.DEPENDENCY_FAILED: frozenset({N.PENDING}),
         N.CANCELLED: frozenset(),

@@ -152,6 +152,24 @@ def redrive(
     return out, resumed
 
 
+def closed(env: task_pb2.Task, reason: str, now: datetime) -> task_pb2.Task:
+    """The parked task's envelope once it is closed FAILED: every node that can no longer
+    run ended as ``tasks.CLOSED_NODE`` says (the rule the executor applies to its own table
+    on task.close), so the final snapshot and a later resume see what the executor has."""
+    out = task_pb2.Task()
+    out.CopyFrom(env)
+    reason = truncate_error(reason)
+    for node in out.nodes:
+        new = tasks.CLOSED_NODE.get(node.status)
+        if new is None:
+            continue
+        node.retry.retryable = node.status == NS.NODE_STATUS_DEMOTED
+        node.status = new
+        node.last_error = tasks.closed_node_error(new, reason)
+        node.finished_at.CopyFrom(to_timestamp(now))
+    return out
+
+
 def terminal(
     env: task_pb2.Task, status: common_pb2.TaskStatus.ValueType, reason: str, now: datetime
 ) -> task_pb2.Task:

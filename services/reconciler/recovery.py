@@ -43,18 +43,26 @@ def schedule(ctx: Context, row: RecoveryRow, now: datetime) -> RecoveryRow:
     policy = ctx.config.redrive_policy(row.business, E.first_stuck_cell(env))
     spent = policy.spent(row.redrives, row.first_parked_at, now)
     if spent:
-        return replace(
-            row,
-            state=R.FAILED,
-            next_redrive_at=None,
-            reason=truncate_error(f"{spent}; last error {_last_error(env)}"),
-        )
+        return closed(row, f"{spent}; last error {_last_error(env)}", now)
     delay = policy.delay(row.redrives, ctx.rng)
     return replace(
         row,
         state=R.PARKED_FAILED,
         next_redrive_at=now + timedelta(seconds=delay),
         redrive_trigger="auto",
+    )
+
+
+def closed(row: RecoveryRow, reason: str, now: datetime) -> RecoveryRow:
+    """The parked task ends FAILED with ``reason``: its nodes that can no longer run ended
+    (:func:`E.closed`); :func:`emit_terminal_failure` publishes it once written."""
+    reason = truncate_error(reason)
+    return replace(
+        row,
+        state=R.FAILED,
+        next_redrive_at=None,
+        reason=reason,
+        envelope=E.closed(row.envelope, reason, now),
     )
 
 
@@ -139,8 +147,9 @@ async def intake(ctx: Context, env: task_pb2.Task, kind: str) -> bool:
 
 async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: datetime) -> None:
     """The task ends FAILED with the reason: a status snapshot newer than the executor's
-    last one, on the status subject the gateway keeps its view from, and task.close so the
-    executor's own record says FAILED too."""
+    last one (``row.envelope`` as :func:`closed` left it: no node shows PENDING or DEMOTED),
+    on the status subject the gateway keeps its view from, and task.close so the executor's
+    own record says FAILED too, with the same nodes ended."""
     snap = E.terminal(row.envelope, E.TS.TASK_STATUS_FAILED, row.reason, now)
     await store.emit(
         conn,
@@ -154,9 +163,14 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
         status=E.TS.TASK_STATUS_FAILED,
         reason=row.reason,
         generation=row.generation,
+        version=snap.version,
     )
     await store.emit(
-        conn, tasks.TASK_CLOSE, tasks.close_id(row.task_id), close.SerializeToString(), now
+        conn,
+        tasks.TASK_CLOSE,
+        tasks.close_id(row.task_id, row.generation),
+        close.SerializeToString(),
+        now,
     )
 
 

@@ -169,7 +169,7 @@ async def _settled(ctx: Context, conn: AsyncConnection, row: RecoveryRow, now: d
         nxt.state,
         now,
         generation=row.generation,
-        envelope=row.envelope,
+        envelope=nxt.envelope,
         next_redrive_at=nxt.next_redrive_at,
         redrive_trigger=nxt.redrive_trigger,
         reason=nxt.reason,

@@ -157,8 +157,16 @@ async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor
     from dispo.libs.api.common.v1 import common_pb2
     from sqlalchemy import text
 
-    await downstream.control(fail={"status": 500, "times": 1000, "path": "/step/"})
-    task = await client.submit("tests", [cell("step", name="x")])
+    await downstream.control(fail={"status": 500, "times": 1000, "path": "/step/x"})
+    task = await client.submit(
+        "tests",
+        [
+            cell("step", ref="x", name="x"),
+            cell("step", ref="after", name="y").after("x"),
+            cell("step", ref="later", name="z").after("after"),
+            cell("noop"),
+        ],
+    )
     await wait_status(client, task.task_id, {"RETRY_EXHAUSTED"})
     [message] = await stream_messages(bus, "task.fail")
     parked = task_pb2.Task.FromString(message.data)
@@ -185,6 +193,7 @@ async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor
         status=common_pb2.TASK_STATUS_FAILED,
         reason="redrive policy spent",
         generation=parked.generation,
+        version=parked.version + 1,
     )
     await bus.publish("task.close", close.SerializeToString(), msg_id=f"{task.task_id}:close")
 
@@ -192,6 +201,75 @@ async def test_task_close_from_the_reconciler_ends_a_parked_task_in_the_executor
         executor_status, lambda row: row.status == "failed", timeout=10, wanted="the run failed"
     )
     assert tuple(row) == ("failed", "redrive policy spent")
+    # The dependants that had not run end DEPENDENCY_FAILED in the executor's own table.
+    async with engine.connect() as conn:
+        nodes = dict(
+            (
+                await conn.execute(
+                    text("SELECT node_id, status FROM node_runs WHERE task_id = :id"),
+                    {"id": task.task_id},
+                )
+            ).all()
+        )
+        version = (
+            await conn.execute(
+                text("SELECT version FROM task_runs WHERE task_id = :id"), {"id": task.task_id}
+            )
+        ).scalar_one()
+    assert nodes == {
+        "x.call": "failed",
+        "after.call": "dependency_failed",
+        "later.call": "dependency_failed",
+        "noop.noop": "succeeded",
+    }
+    # The next snapshot from the executor comes after the closer's final one.
+    assert version == parked.version + 1
+
+
+async def test_task_close_ends_demoted_nodes_failed_and_their_dependants(
+    pipeline, downstream, bus, service_engine
+):
+    from sqlalchemy import text
+
+    await downstream.control(down=True)
+    pipeline.executors[0].kill()
+    await pipeline.start_executor(
+        DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS="0.1", DISPO_EXECUTOR_BREAKER_THRESHOLD="2"
+    )
+    async with pipeline.client() as client:
+        task = await client.submit(
+            "tests", [cell("step", ref="d", name="d"), cell("step", ref="e", name="e").after("d")]
+        )
+        await wait_status(client, task.task_id, {"DEMOTED"})
+    [message] = await stream_messages(bus, "task.demote")
+    parked = task_pb2.Task.FromString(message.data)
+    close = task_pb2.CloseRequest(
+        task_id=task.task_id,
+        status=common_pb2.TASK_STATUS_FAILED,
+        reason="demoted too long",
+        generation=parked.generation,
+        version=parked.version + 1,
+    )
+    await bus.publish("task.close", close.SerializeToString(), msg_id=f"{task.task_id}:close")
+    engine = await service_engine("executor")
+
+    async def nodes():
+        async with engine.connect() as conn:
+            return {
+                r.node_id: (r.status, r.last_error)
+                for r in await conn.execute(
+                    text("SELECT node_id, status, last_error FROM node_runs WHERE task_id = :id"),
+                    {"id": task.task_id},
+                )
+            }
+
+    found = await eventually(
+        nodes, lambda n: n["d.call"][0] == "failed", timeout=10, wanted="the demoted node failed"
+    )
+    assert found == {
+        "d.call": ("failed", "demoted too long"),
+        "e.call": ("dependency_failed", "a dependency failed"),
+    }
 
 
 async def test_ready_nodes_run_concurrently_within_their_downstream_limit(client, downstream):

@@ -58,7 +58,7 @@ def test_message_ids_name_the_fact_they_carry():
     assert tasks.cancel_id("t1", "abandon") == "t1:cancel:abandon"
     assert tasks.status_id("t1", 7) == "t1:v7"
     assert tasks.status_id("t1", 7, "reconciler") == "t1:reconciler:v7"
-    assert tasks.close_id("t1") == "t1:close"
+    assert tasks.close_id("t1", 3) == "t1:close:g3"
     assert evaluations.started_id("e1") == "e1:started"
     assert evaluations.completed_id("e1") == "e1:completed"
     ids = {
@@ -66,7 +66,7 @@ def test_message_ids_name_the_fact_they_carry():
         tasks.fail_id("t1", 1),
         tasks.demote_id("t1", 1),
         tasks.cancel_id("t1"),
-        tasks.close_id("t1"),
+        tasks.close_id("t1", 1),
         tasks.status_id("t1", 1),
     }
     assert len(ids) == 6  # no two facts of one task share an id

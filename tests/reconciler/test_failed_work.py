@@ -10,7 +10,7 @@ from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 from support import eventually
 
-from .conftest import TS, after_redrive, creates, envelope, node, outbox, row
+from .conftest import NS, TS, after_redrive, creates, envelope, node, outbox, row, status_of
 
 
 def failing(task_id: str, generation: int = 2, **kw) -> task_pb2.Task:
@@ -122,14 +122,23 @@ async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_re
     snap = task_pb2.Task.FromString(status.payload)
     assert snap.status == TS.TASK_STATUS_FAILED and snap.version == 41
     assert snap.status_reason == final.reason
+    # The dependant that can no longer run says so, in the snapshot and the held envelope.
+    nodes = {n.node_id: (n.status, n.last_error) for n in snap.nodes}
+    assert nodes == {
+        "a.set_label": (NS.NODE_STATUS_SUCCEEDED, ""),
+        "a.audit": (NS.NODE_STATUS_FAILED, "HTTP 503: busy"),
+        "b.notify": (NS.NODE_STATUS_DEPENDENCY_FAILED, "a dependency failed"),
+    }
+    assert status_of(final.envelope, "b.notify") == "DEPENDENCY_FAILED"
     [close] = await outbox(recon, "task.close")
     request = task_pb2.CloseRequest.FromString(close.payload)
-    assert (request.task_id, request.status, request.generation) == (
+    assert (request.task_id, request.status, request.generation, request.version) == (
         "t3",
         TS.TASK_STATUS_FAILED,
         gen,
+        41,
     )
-    assert request.reason == final.reason and close.msg_id == "t3:close"
+    assert request.reason == final.reason and close.msg_id == f"t3:close:g{gen}"
     # Further failures of a FAILED task change nothing.
     assert await recovery.intake(recon, failing("t3", generation=gen + 1), "fail")
     assert (await row(recon, "t3")).state is RecoveryState.FAILED

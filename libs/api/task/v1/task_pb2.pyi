@@ -337,9 +337,12 @@ Global___Task: _TypeAlias = Task  # noqa: Y015
 @_typing.final
 class CloseRequest(_message.Message):
     """task.close: the reconciler ended a parked task (RETRY_EXHAUSTED or DEMOTED) for good,
-    e.g. its redrive policy is spent. The executor records the final status so its own
-    table agrees; it publishes no status event (the closer publishes the final snapshot).
-    Ignored when the executor's generation is newer (a redrive got there first).
+    e.g. its redrive policy is spent or it was parked longer than its age limit. The
+    executor records the final status so its own table agrees, with the nodes that can no
+    longer run ended as the closer's snapshot shows them (PENDING -> DEPENDENCY_FAILED,
+    DEMOTED -> FAILED; dispo.libs.contracts.tasks.CLOSED_NODE); it publishes no status event
+    (the closer publishes the final snapshot). Ignored when the executor's generation is
+    newer (a redrive got there first).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -348,12 +351,17 @@ class CloseRequest(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     status: _common_pb2.TaskStatus.ValueType
     """Only TASK_STATUS_FAILED is accepted."""
     reason: _builtins.str
     generation: _builtins.int
     """The generation of the envelope the closer holds."""
+    version: _builtins.int
+    """The version of the final snapshot the closer published: the executor's next snapshot
+    (after a resume) is newer, so the gateway does not drop it.
+    """
     def __init__(
         self,
         *,
@@ -361,10 +369,11 @@ class CloseRequest(_message.Message):
         status: _common_pb2.TaskStatus.ValueType = ...,
         reason: _builtins.str = ...,
         generation: _builtins.int = ...,
+        version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "reason", b"reason", "status", b"status", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "reason", b"reason", "status", b"status", "task_id", b"task_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,101 @@
+"""Terminal states tell the truth, with the real pipeline (gateway, executor, reconciler
+processes, the demo downstream, PostgreSQL and NATS): a task that ends FAILED shows its
+dependants DEPENDENCY_FAILED everywhere, any FAILED task can be resumed through the
+reconciler, and parked work ends visibly when it waits longer than its age limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.sdk import cell
+from pipeline_fixtures import dump, stream_messages
+from support import eventually
+
+from . import test_end_to_end as e2e
+
+start_reconciler = e2e.start_reconciler  # the fixture, shared
+
+
+@pytest.fixture
+async def reconciler(start_reconciler: Any) -> e2e.Reconciler:
+    return await start_reconciler()
+
+
+DEPENDENCY_FAILED = common_pb2.NODE_STATUS_DEPENDENCY_FAILED
+
+
+async def executor_nodes(database_url: str, task_id: str) -> dict[str, str]:
+    """The executor's own node table (read here only to check it)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT node_id, status FROM executor.node_runs WHERE task_id = $1", task_id
+        )
+    finally:
+        await conn.close()
+    return {r["node_id"]: r["status"] for r in rows}
+
+
+async def failed_snapshots(bus: Any, task_id: str) -> list[task_pb2.Task]:
+    return [
+        task_pb2.Task.FromString(m.data)
+        for m in await stream_messages(bus, f"task.status.{task_id}.failed", stream="TASK_STATUS")
+    ]
+
+
+async def test_a_task_failed_after_its_redrives_shows_its_dependants_dependency_failed(
+    pipeline, downstream, reconciler, bus, database_url
+):
+    await downstream.control(fail={"status": 503, "times": 1000, "path": "/step/x"})
+    async with pipeline.client() as client:
+        task = await client.submit(
+            "flaky",  # max_redrives 1
+            [
+                cell("step", ref="x", name="x"),
+                cell("step", ref="after", name="after").after("x"),
+                cell("step", ref="last", name="last").after("after"),
+                cell("noop"),
+            ],
+        )
+        await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_PARKED_FAILED)
+        await reconciler.sweep(11, "redrive")
+        await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_FAILED)
+        view = await client.wait(task.task_id, timeout=30)
+
+    assert view.status == "FAILED", dump(view)
+    expected = {
+        "x.call": "FAILED",
+        "after.call": "DEPENDENCY_FAILED",
+        "last.call": "DEPENDENCY_FAILED",
+        "noop.noop": "SUCCEEDED",
+    }
+    assert view.node_statuses == expected, dump(view)  # the gateway's view
+    assert view.node("after.call").last_error == "a dependency failed"
+    # Every FAILED status event says so, not only the last one the gateway kept.
+    snapshots = await failed_snapshots(bus, task.task_id)
+    assert snapshots
+    for snap in snapshots:
+        statuses = {n.node_id: n.status for n in snap.nodes}
+        assert statuses["after.call"] == statuses["last.call"] == DEPENDENCY_FAILED
+    # The executor's own table agrees (task.close).
+    await eventually(
+        lambda: executor_nodes(database_url, task.task_id),
+        lambda nodes: (
+            nodes
+            == {
+                "x.call": "failed",
+                "after.call": "dependency_failed",
+                "last.call": "dependency_failed",
+                "noop.noop": "succeeded",
+            }
+        ),
+        timeout=10,
+        wanted="the executor's dependants dependency_failed",
+    )
+    calls = await downstream.calls()
+    assert f"{task.task_id}/after.call" not in calls
