@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import cast
 
+import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bench.report import TERMINAL, LoadFacts, Outcome, Submission
 from dispo.libs.sdk import AsyncClient, CellSpec, DispoError
@@ -27,15 +28,32 @@ UNFINISHED = [
 ]
 
 
+# Answers after which a Submit may have been recorded or not: a caller retries those with
+# the same idempotency key (and gets the same task if it was).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
 class Submitter:
-    """Submits task ``i`` of a run through gateway ``i mod len(clients)``, keyed ``<business>-i``."""
+    """Submits task ``i`` of a run through gateway ``i mod len(clients)``, keyed ``<business>-i``.
+
+    With ``retry_seconds`` a Submit answered UNAVAILABLE or DEADLINE_EXCEEDED is sent again
+    under the same key (every ``retry_interval`` seconds, as a careful caller would) until
+    that long after its first send; its figures then span every try."""
 
     def __init__(
-        self, clients: Sequence[AsyncClient], business: str, cells: Callable[[], list[CellSpec]]
+        self,
+        clients: Sequence[AsyncClient],
+        business: str,
+        cells: Callable[[], list[CellSpec]],
+        *,
+        retry_seconds: float = 0.0,
+        retry_interval: float = 0.5,
     ) -> None:
         self.clients = list(clients)
         self.business = business
         self.cells = cells
+        self.retry_seconds = retry_seconds
+        self.retry_interval = retry_interval
         self.start()
 
     def start(self, offered_rate: float | None = None) -> None:
@@ -46,16 +64,25 @@ class Submitter:
     async def submit(self, i: int, lag: float = 0.0) -> None:
         client = self.clients[i % len(self.clients)]
         sent = time.perf_counter()
-        task_id, error = "", ""
-        try:
-            accepted = await client.submit(
-                self.business, self.cells(), idempotency_key=f"{self.business}-{i}"
-            )
-            task_id = accepted.task_id
-        except DispoError as failure:
-            error = failure.code.name
+        task_id, error, tries = "", "", 0
+        while True:
+            tries += 1
+            try:
+                accepted = await client.submit(
+                    self.business, self.cells(), idempotency_key=f"{self.business}-{i}"
+                )
+                task_id, error = accepted.task_id, ""
+                break
+            except DispoError as failure:
+                error = failure.code.name
+                if (
+                    failure.code not in RETRYABLE
+                    or time.perf_counter() - sent + self.retry_interval > self.retry_seconds
+                ):
+                    break
+            await asyncio.sleep(self.retry_interval)
         self.facts.submissions.append(
-            Submission(sent - self._origin, time.perf_counter() - sent, task_id, error, lag)
+            Submission(sent - self._origin, time.perf_counter() - sent, task_id, error, lag, tries)
         )
 
 

@@ -59,13 +59,15 @@ def per_second(count: int, seconds: float) -> float | None:
 @dataclass(frozen=True)
 class Submission:
     """One Submit as the load generator saw it: when it was sent (seconds from the start of
-    the run, and how late against its schedule in rate mode) and how long the answer took."""
+    the run, and how late against its schedule in rate mode), how long the answer took and
+    how many times it was sent (under the same key) to get it."""
 
     sent_at: float
     seconds: float
     task_id: str = ""
     error: str = ""
     lag: float = 0.0
+    tries: int = 1
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,19 @@ def cpu_per_task(
     }
 
 
+def busy_figures(machine_busy: tuple[float, float] | None) -> dict[str, Any] | None:
+    """How busy the whole machine was: (CPU seconds it spent busy, wall seconds) as
+    figures, with the average number of busy cores."""
+    if machine_busy is None:
+        return None
+    busy_seconds, wall = machine_busy
+    return {
+        "busy_cpu_seconds": round(busy_seconds, 3),
+        "wall_seconds": round(wall, 3),
+        "busy_cores": round(busy_seconds / wall, 3) if wall > 0 else None,
+    }
+
+
 def build_report(
     *,
     created: str,
@@ -150,16 +165,10 @@ def build_report(
     cpu["per"] = "completed task" if finished else "accepted task"
     measured = sum(p["seconds"] for p in cpu["per_process"].values())
     window = max(submit_end, completed_window)
-    busy = None
-    if machine_busy is not None:
-        busy_seconds, wall = machine_busy
-        busy = {
-            "busy_cpu_seconds": round(busy_seconds, 3),
-            "wall_seconds": round(wall, 3),
-            "busy_cores": round(busy_seconds / wall, 3) if wall > 0 else None,
-            # CPU the machine spent on processes this run did not start (other work).
-            "others_cpu_seconds": round(max(0.0, busy_seconds - measured), 3),
-        }
+    busy = busy_figures(machine_busy)
+    if busy is not None:
+        # CPU the machine spent on processes this run did not start (other work).
+        busy["others_cpu_seconds"] = round(max(0.0, busy["busy_cpu_seconds"] - measured), 3)
     return {
         "created": created,
         "machine": {**machine, "during_run": busy},
@@ -205,12 +214,18 @@ def latency_text(name: str, summary: Mapping[str, Any]) -> str:
     )
 
 
+def machine_text(machine: Mapping[str, Any]) -> str:
+    return (
+        f"{machine['cores']} cores, {machine['memory_bytes'] / 2**30:.1f} GiB,"
+        f" {machine['cpu_model']}; load average before {machine['loadavg_before']}"
+    )
+
+
 def render(report: Mapping[str, Any]) -> list[str]:
     """The report as lines for a terminal."""
     machine, config, through = report["machine"], report["config"], report["throughput"]
     lines = [
-        f"machine                  {machine['cores']} cores, {machine['memory_bytes'] / 2**30:.1f} GiB,"
-        f" {machine['cpu_model']}; load average before {machine['loadavg_before']}",
+        f"machine                  {machine_text(machine)}",
         "config                   " + " ".join(f"{k}={v}" for k, v in config.items()),
     ]
     if through["offered_per_s"]:

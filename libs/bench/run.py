@@ -24,16 +24,19 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispo.libs.bench import ceiling, load, machine
 from dispo.libs.bench.report import CLIENT, build_report, render, result_name, table_row
 from dispo.libs.bench.shapes import SHAPES, Shape, catalogue_yaml
 from dispo.libs.sdk import AsyncClient, cell
+
+if TYPE_CHECKING:
+    from dispo.libs.stack.stack import Stack
 
 DEFAULT_SERVICES = ("gateway", "executor", "reconciler")
 
@@ -47,44 +50,81 @@ class Target:
     database_url: str | None
 
 
+@dataclass
+class OwnStack:
+    """A stack a bench started for itself: the stack (its processes, their supervisors),
+    every service's address, the gateways and the demo downstream's URL."""
+
+    stack: Stack
+    addresses: dict[str, str]
+    gateways: list[str]
+    downstream_url: str
+
+
 @contextlib.asynccontextmanager
-async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Target]:
+async def start_stack(
+    services: tuple[str, ...],
+    *,
+    downstream: bool,
+    gateways: int = 1,
+    executors: int = 1,
+    nats_nodes: int = 1,
+    catalogue: Callable[[str], str] = catalogue_yaml,
+    extra_env: Mapping[str, str] | None = None,
+) -> AsyncIterator[OwnStack]:
+    """An embedded stack in a scratch folder, on free ports, with the catalogue
+    ``catalogue(downstream_url)`` and (``downstream``) the demo downstream; stopped on exit."""
     from dispo.libs.stack.nats import free_port
     from dispo.libs.stack.stack import Stack, StackOptions, replica_names
 
-    services = ("gateway",) if args.submit_only else tuple(args.services.split(","))
     with tempfile.TemporaryDirectory(prefix="dispo-bench-") as folder:
         root = Path(folder)
         demo_port = free_port()
-        catalogue = root / "catalogue.yaml"
-        catalogue.write_text(catalogue_yaml(f"http://127.0.0.1:{demo_port}"))
+        downstream_url = f"http://127.0.0.1:{demo_port}"
+        catalogue_path = root / "catalogue.yaml"
+        catalogue_path.write_text(catalogue(downstream_url))
         options = StackOptions(
             data_dir=root,
             nats_port=free_port(),
             ports={name: free_port() for name in services},
             services=services,
-            demo_port=demo_port if shape.http else 0,
+            demo_port=demo_port if downstream else 0,
             extra_env={
                 "DISPO_LOG_LEVEL": os.environ.get("DISPO_LOG_LEVEL", "WARNING"),
-                "DISPO_CATALOGUE": str(catalogue),
+                "DISPO_CATALOGUE": str(catalogue_path),
+                **(extra_env or {}),
             },
-            replicas={"gateway": args.gateways, "executor": args.executors},
-            nats_nodes=3 if args.cluster else 1,
+            replicas={"gateway": gateways, "executor": executors},
+            nats_nodes=nats_nodes,
         )
         stack = Stack(options)
         try:
             addresses = await stack.start()
-            assert stack.postgres is not None
-            yield Target(
-                [addresses[name] for name in replica_names("gateway", args.gateways)],
-                stack.pids(),
-                stack.postgres.url,
+            yield OwnStack(
+                stack,
+                addresses,
+                [addresses[name] for name in replica_names("gateway", gateways)],
+                downstream_url,
             )
         finally:
             await stack.stop()
 
 
-def _commit() -> str | None:
+@contextlib.asynccontextmanager
+async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Target]:
+    services = ("gateway",) if args.submit_only else tuple(args.services.split(","))
+    async with start_stack(
+        services,
+        downstream=shape.http,
+        gateways=args.gateways,
+        executors=args.executors,
+        nats_nodes=3 if args.cluster else 1,
+    ) as own:
+        assert own.stack.postgres is not None
+        yield Target(own.gateways, own.stack.pids(), own.stack.postgres.url)
+
+
+def git_commit() -> str | None:
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -112,7 +152,7 @@ def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str,
         "services": ("gateway" if args.submit_only else args.services) if args.start else None,
         "submit_only": args.submit_only,
         "stack": "embedded" if args.start else "running",
-        "commit": _commit(),
+        "commit": git_commit(),
     }
 
 
@@ -177,9 +217,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return await measure(args, Target(args.address.split(","), {}, args.database_url))
 
 
-def write_result(report: dict[str, Any], folder: Path) -> Path:
+def write_result(report: dict[str, Any], folder: Path, name: str | None = None) -> Path:
+    """``report`` as JSON in ``folder``, named ``name`` (default: the submit bench's name)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / result_name(report)
+    path = folder / (name or result_name(report))
     path.write_text(json.dumps(report, indent=2) + "\n")
     return path
 

@@ -3,7 +3,9 @@
 - ``noop``: one node that does nothing (measures the platform alone);
 - ``dag3``: three noop nodes, ``b`` and ``c`` after ``a`` (scheduling of a DAG);
 - ``http``: the same three-node DAG of HTTP actions against a fast local downstream (the
-  demo downstream, a process of its own the stack starts).
+  demo downstream, a process of its own the stack starts);
+- ``mixed``: that DAG with ``a`` and ``c`` not idempotent (each with a status probe) and
+  ``b`` idempotent — the fault campaign's workload (``dispo bench faults``).
 
 A bench that starts its own stack writes :func:`catalogue_yaml` to a file and names it in
 ``DISPO_CATALOGUE``; against a running stack only ``noop`` exists (the shipped catalogue).
@@ -27,6 +29,7 @@ SHAPES = {
     "noop": Shape("noop", "noop", 1),
     "dag3": Shape("dag3", "bench_dag3", 3),
     "http": Shape("http", "bench_http3", 3, http=True),
+    "mixed": Shape("mixed", "bench_mixed3", 3, http=True),
 }
 
 _CATALOGUE = """\
@@ -34,8 +37,9 @@ _CATALOGUE = """\
 downstreams:
   bench:
     base_url: {url}
-    timeout_ms: 5000
+    timeout_ms: {timeout_ms}
     max_concurrency: {concurrency}
+    health_url: {url}/healthz
 cells:
   noop:
     description: Does nothing, successfully.
@@ -56,9 +60,19 @@ cells:
       a: {{kind: http, downstream: bench, path: /bench/a, idempotent: true}}
       b: {{kind: http, downstream: bench, path: /bench/b, idempotent: true, depends_on: [a]}}
       c: {{kind: http, downstream: bench, path: /bench/c, idempotent: true, depends_on: [a]}}
+  bench_mixed3:
+    description: Three HTTP calls, b and c after a; a and c must not be repeated blindly.
+    fields: {{}}
+    actions:
+      a: {{kind: http, downstream: bench, path: /bench/once/a, idempotent: false,
+          probe_path: "/effects/{{idempotency_key}}"}}
+      b: {{kind: http, downstream: bench, path: /bench/b, idempotent: true, depends_on: [a]}}
+      c: {{kind: http, downstream: bench, path: /bench/once/c, idempotent: false,
+          probe_path: "/effects/{{idempotency_key}}", depends_on: [a]}}
 """
 
 
-def catalogue_yaml(downstream_url: str, concurrency: int = 64) -> str:
-    """The bench catalogue: every shape's cell, HTTP actions calling ``downstream_url``."""
-    return _CATALOGUE.format(url=downstream_url, concurrency=concurrency)
+def catalogue_yaml(downstream_url: str, concurrency: int = 64, timeout_ms: int = 5000) -> str:
+    """The bench catalogue: every shape's cell, HTTP actions calling ``downstream_url`` with
+    a per-call timeout of ``timeout_ms``."""
+    return _CATALOGUE.format(url=downstream_url, concurrency=concurrency, timeout_ms=timeout_ms)

@@ -5,6 +5,7 @@ dispo up --detach                   the same in the background
 dispo down                          stop a stack running in the background (or elsewhere)
 dispo status [--json]               health and address of each service
 dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
+dispo bench faults [options]        the fault campaign: what a crash loses, leaves or repeats
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 BENCHMARKS = {
     "submit": "dispo.libs.bench.run",  # tasks through the pipeline: throughput, latency, CPU, ceiling
     "pool": "dispo.pool.bench",  # cron claims and run recordings under contention
+    "faults": "dispo.libs.bench.faults",  # the fault campaign: lost, stuck, duplicate effects
 }
 
 

@@ -1,10 +1,12 @@
-"""Demo downstream: records one effect per ``Idempotency-Key`` and counts every call.
+"""Demo downstream: counts every call and every effect per ``Idempotency-Key``.
 
     python -m dispo.executor.demo_downstream --port 8181
 
 Routes:
 - ``POST|PUT /<anything>``: an action call. The first call with a key performs the
-  "effect"; later calls with the same key are counted but do not repeat it.
+  "effect"; later calls with the same key are counted but do not repeat it — unless
+  switched to ``{"dedupe": false}``, when every call that gets through performs the effect
+  again (a downstream that trusts its caller never to repeat a call).
 - ``GET /healthz``: 200, or 503 when switched down.
 - ``GET /effects/{key}``: the status probe: ``{"done": bool, "calls": n}``.
 - ``GET /calls``: ``{"calls": {key: n}, "effects": {key: n}, "bodies": {key: text},
@@ -13,6 +15,9 @@ Routes:
   ``{"fail": {"status": 500, "times": 2, "path": "/labels"}}`` (fail the next calls),
   ``{"down": true}`` (every call 503 and health 503),
   ``{"delay_ms": 200}`` (answer slowly),
+  ``{"late_ms": 3000}`` (perform the effect, then answer only after that long: past the
+  caller's timeout, the call looks failed although its effect happened; 0 switches it off),
+  ``{"dedupe": false}`` (count an effect for every call, see above; ``true`` again by default),
   ``{"hold": {"path": "/reviews"}}`` (keep matching calls open until released; the call
   is counted, its effect is not recorded), ``{"release": true}``, ``{"reset": true}``.
 """
@@ -41,6 +46,8 @@ class State:
     fail: list[Rule] = field(default_factory=list)
     down: bool = False
     delay_ms: int = 0
+    late_ms: int = 0
+    dedupe: bool = True
     hold_path: str | None = None
     held: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
@@ -78,6 +85,7 @@ def build_app() -> web.Application:
             for recorded in (state.calls, state.effects, state.bodies, state.fail):
                 recorded.clear()
             state.down, state.delay_ms, state.hold_path = False, 0, None
+            state.late_ms, state.dedupe = 0, True
             state.release.set()
             state.release = asyncio.Event()
         if "fail" in body:
@@ -89,6 +97,10 @@ def build_app() -> web.Application:
             state.down = bool(body["down"])
         if "delay_ms" in body:
             state.delay_ms = int(body["delay_ms"])
+        if "late_ms" in body:
+            state.late_ms = int(body["late_ms"])
+        if "dedupe" in body:
+            state.dedupe = bool(body["dedupe"])
         if "hold" in body:
             state.hold_path = (
                 (body["hold"] or {}).get("path", "") if body["hold"] is not None else None
@@ -116,9 +128,11 @@ def build_app() -> web.Application:
                 rule.times -= 1
                 return web.json_response({"error": "injected"}, status=rule.status)
         first = key not in state.effects
-        state.effects[key] = state.effects.get(key, 0) + (1 if first else 0)
+        state.effects[key] = state.effects.get(key, 0) + (1 if first or not state.dedupe else 0)
         if first and request.can_read_body:
             state.bodies[key] = await request.text()
+        if state.late_ms:  # the effect is done; the answer comes too late
+            await asyncio.sleep(state.late_ms / 1000)
         return web.json_response({"ok": True, "key": key, "replayed": not first})
 
     app.router.add_get("/healthz", healthz)
