@@ -13,6 +13,12 @@ A handler returns :data:`ACK`, :class:`Nak` (redeliver, optionally after a delay
 treated as ``Nak(delay=error_delay)``. While a handler runs, the message's ack deadline is
 extended, so long work is not redelivered to another consumer.
 
+A message larger than the server's ``max_payload`` (from its INFO; headers count) is never
+sent: :meth:`Bus.publish` and :meth:`Bus.publish_many` raise :class:`MessageTooLarge` before
+writing anything (the server would close the connection on it). A publisher whose payload
+size depends on its caller checks :meth:`Bus.message_size` against :attr:`Bus.max_payload`
+where it can still refuse the caller.
+
 A consumer's ``subject`` is one filter or several (``("task.status.*.failed",
 "task.status.*.succeeded")``): the server delivers only what they match. At start the
 durable is created, or brought to this configuration (filters, ack wait, max deliveries) if
@@ -55,6 +61,32 @@ class Term:
 ACK = Ack()
 Disposition = Ack | Nak | Term
 Handler = Callable[[Msg], Awaitable[Disposition]]
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+class MessageTooLarge(Exception):
+    """A message over the server's ``max_payload``: refused before anything was sent."""
+
+    def __init__(self, subject: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"a message of {size} bytes on {subject} is over the bus's limit of {limit} bytes"
+        )
+        self.subject = subject
+        self.size = size
+        self.limit = limit
+
+
+def header_size(headers: dict[str, str]) -> int:
+    """What ``headers`` add to a message's size as the server counts it against
+    ``max_payload``: the header block (``NATS/1.0``, one ``Key: value`` line per header, an
+    empty line)."""
+    if not headers:
+        return 0
+    block = len(b"NATS/1.0\r\n") + len(b"\r\n")
+    for key, value in headers.items():
+        block += len(key.strip().encode()) + len(b": ") + len(value.strip().encode()) + 2
+    return block
 
 
 class Bus:
@@ -127,6 +159,29 @@ class Bus:
             config.subjects = wanted
             await self.js.update_stream(config)
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server accepts, in bytes (payload and headers), as its
+        INFO announced it (1 MiB by default)."""
+        return int(self.nc.max_payload)
+
+    @staticmethod
+    def message_size(
+        data: bytes | int, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> int:
+        """What ``data`` (or that many bytes) published with ``msg_id`` (and ``headers``)
+        weighs against :attr:`max_payload`."""
+        size = data if isinstance(data, int) else len(data)
+        return size + header_size({**(headers or {}), MSG_ID_HEADER: msg_id})
+
+    def check_size(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> None:
+        """Raise :class:`MessageTooLarge` if the message would be over :attr:`max_payload`."""
+        size = self.message_size(data, msg_id=msg_id, headers=headers)
+        if size > self.max_payload:
+            raise MessageTooLarge(subject, size, self.max_payload)
+
     async def publish(
         self,
         subject: str,
@@ -136,9 +191,11 @@ class Bus:
         headers: dict[str, str] | None = None,
         timeout: float = 5.0,
     ) -> PubAck:
-        """Publish once per ``msg_id`` within the stream's duplicate window."""
+        """Publish once per ``msg_id`` within the stream's duplicate window
+        (:class:`MessageTooLarge` if over the server's limit, and nothing sent)."""
+        self.check_size(subject, data, msg_id=msg_id, headers=headers)
         return await self.js.publish(
-            subject, data, timeout=timeout, headers={**(headers or {}), "Nats-Msg-Id": msg_id}
+            subject, data, timeout=timeout, headers={**(headers or {}), MSG_ID_HEADER: msg_id}
         )
 
     async def publish_many(
@@ -146,9 +203,13 @@ class Bus:
     ) -> list[PubAck]:
         """Publish ``(subject, data, msg_id)`` messages at once and wait for every ack:
         one pipelined write, the acks gathered on one reply subscription (rather than a
-        request each). Raises if any is not acknowledged within ``timeout``."""
+        request each). Raises if any is not acknowledged within ``timeout``; raises
+        :class:`MessageTooLarge` for the first message over the server's limit before
+        sending any."""
+        for subject, data, msg_id in messages:
+            self.check_size(subject, data, msg_id=msg_id)
         futures = [
-            await self.js.publish_async(subject, data, headers={"Nats-Msg-Id": msg_id})
+            await self.js.publish_async(subject, data, headers={MSG_ID_HEADER: msg_id})
             for subject, data, msg_id in messages
         ]
         try:

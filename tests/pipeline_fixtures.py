@@ -96,6 +96,12 @@ cells:
     fields: {{}}
     actions:
       noop: {{kind: noop}}
+  note:
+    description: A payload carried through the task and no downstream call.
+    fields:
+      text: {{type: string, required: true}}
+    actions:
+      noop: {{kind: noop}}
 """
 
 # Fast timings for tests: short leases and ack waits so crash recovery happens within

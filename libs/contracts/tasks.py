@@ -9,10 +9,13 @@ task.demote, the snapshot's version for a status event, the cause for a cancel.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.contracts._streams import Stream
+from dispo.libs.error_text import ERROR_TEXT_LIMIT
 from dispo.libs.proto_enums import task_status_name
 
 # Subjects of the TASKS stream.
@@ -127,6 +130,60 @@ def status_snapshot(env: task_pb2.Task) -> task_pb2.Task:
     out.CopyFrom(env)
     out.ClearField("payloads")
     return out
+
+
+# ---- how large an envelope can grow ----------------------------------------------------
+
+_LARGEST_GENERATION = 2**63 - 1
+_LARGEST_TEXT = "\U0010ffff" * ERROR_TEXT_LIMIT  # the most bytes truncate_error lets through
+
+
+def _largest_stamp(stamp: Any) -> None:
+    stamp.seconds, stamp.nanos = -(2**63), 999_999_999
+
+
+def _largest_node_state() -> int:
+    """The most bytes the executor's state can add to one node: every field it records at
+    its longest, plus the growth of the node's own length prefix."""
+    node = task_pb2.Node(status=max(common_pb2.NodeStatus.values()), last_error=_LARGEST_TEXT)
+    node.retry.attempts = node.retry.round_attempts = -1  # the longest int32 varint
+    node.retry.retryable = True
+    for stamp in (node.retry.not_before, node.started_at, node.finished_at):
+        _largest_stamp(stamp)
+    return node.ByteSize() + 4
+
+
+def _largest_task_state() -> int:
+    """The most bytes the executor and the reconciler can add to the task's own fields."""
+    task = task_pb2.Task(
+        generation=-1,
+        version=-1,
+        status=max(common_pb2.TaskStatus.values()),
+        cancel_requested=True,
+        status_reason=_LARGEST_TEXT,
+    )
+    _largest_stamp(task.updated_at)
+    return task.ByteSize()
+
+
+_NODE_STATE = _largest_node_state()
+_TASK_STATE = _largest_task_state()
+
+
+def largest_envelope_size(env: task_pb2.Task) -> int:
+    """The most bytes ``env`` (as accepted) can become while it runs: every node with the
+    largest state the executor records (last error, retries, times), the task with the
+    largest status reason, and a redrive naming every node twice (reset and settled). An
+    envelope republished on task.create, task.fail or task.demote is never larger."""
+    ids = [n.node_id for n in env.nodes]
+    redrive = task_pb2.Redrive(reset_nodes=ids, settled_nodes=ids)
+    return env.ByteSize() + _TASK_STATE + redrive.ByteSize() + 6 + len(ids) * _NODE_STATE
+
+
+def longest_envelope_id(task_id: str) -> str:
+    """The longest message id an envelope of ``task_id`` can be published under."""
+    g = _LARGEST_GENERATION
+    return max(create_id(task_id, g), fail_id(task_id, g), demote_id(task_id, g), key=len)
 
 
 async def ensure_task_streams(bus: Bus) -> None:

@@ -20,7 +20,7 @@ from dispo.libs.batcher import Batcher
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
-from dispo.libs.errors import FailedPrecondition, NotFound
+from dispo.libs.errors import FailedPrecondition, NotFound, ResourceExhausted
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay, OutboxRow
 from dispo.libs.payload import canonical_json
@@ -116,6 +116,7 @@ class Gateway:
         nodes = expand(task_id, sub, self.catalogue, self.limits)
         now = self.clock.now()
         env = task_envelope(task_id, sub, nodes, now)
+        self._check_envelope_size(env)
         new = repo.NewTask(
             task_id=task_id,
             business=sub.business,
@@ -130,6 +131,24 @@ class Gateway:
         if not accepted.duplicate:
             log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
         return accepted
+
+    def _check_envelope_size(self, env: task_pb2.Task) -> None:
+        """Refuse a task whose envelope could not travel on the bus: as accepted, or as large
+        as it can grow while it runs (:func:`tasks.largest_envelope_size`), it must fit the
+        server's message size. Checked before anything is written, so that no task is
+        accepted that could never reach the executor or come back from it."""
+        bus = self.relay.bus
+        limit = bus.max_payload
+        largest = bus.message_size(
+            tasks.largest_envelope_size(env), msg_id=tasks.longest_envelope_id(env.task_id)
+        )
+        if largest > limit:
+            size = bus.message_size(env.ByteSize(), msg_id=tasks.create_id(env.task_id, 0))
+            raise ResourceExhausted(
+                f"the task's envelope is {size} bytes and can grow to {largest} bytes while it"
+                f" runs; the bus carries at most {limit} bytes per message",
+                field="cells",
+            )
 
     async def _accept_all(self, items: list[repo.NewTask]) -> list[Accepted | BaseException]:
         """One flush of Submits: every task whose key is free inserted with one statement,

@@ -147,7 +147,15 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
             gateway_pb2.ListCellsRequest()
         )
     cells = {c.name: c for c in reply.cells}
-    assert set(cells) == {"step", "step_once", "pair", "narrow_step", "set_level", "noop"}
+    assert set(cells) == {
+        "step",
+        "step_once",
+        "pair",
+        "narrow_step",
+        "set_level",
+        "noop",
+        "note",
+    }
     assert [a.name for a in cells["pair"].actions] == ["first", "second"]
     assert list(cells["pair"].actions[1].depends_on) == ["first"]
     assert cells["step"].fields[0].required

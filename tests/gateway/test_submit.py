@@ -1,11 +1,16 @@
-"""Submit: refusals with nothing written, idempotency under concurrent duplicates."""
+"""Submit: refusals with nothing written (an envelope the bus could not carry included),
+idempotency under concurrent duplicates."""
 
 import asyncio
 
 import grpc
 import pytest
+from dispo.gateway.expand import CellRequest, Submission
+from dispo.libs.bus import Bus
+from dispo.libs.errors import ResourceExhausted
 from dispo.libs.sdk import DispoError, cell
 from sqlalchemy import text
+from support.nats import nats_with_max_payload
 
 
 async def counts(service_engine):
@@ -153,3 +158,52 @@ async def test_accepted_task_is_expanded_into_the_dag(gateway_client):
         True,
     )
     assert view.raw.nodes[2].idempotency_key == f"{task.task_id}/step.call"
+
+
+# ---- the envelope must fit the bus ----------------------------------------------------
+
+CELL_BYTES = 63_000  # under the 64 KB limit of one cell's payload
+
+
+def notes(count: int, size: int = CELL_BYTES) -> list:
+    return [cell("note", ref=f"n{i}", text="x" * size) for i in range(count)]
+
+
+async def test_seventeen_cells_of_63_kb_are_refused_with_the_size_and_the_limit(
+    gateway_client, service_engine
+):
+    with pytest.raises(DispoError) as refused:
+        await gateway_client.submit("tests", notes(17), idempotency_key="too-large")
+    error = refused.value
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "cells" in error.violations
+    assert "at most 1048576 bytes per message" in error.message
+    assert "the task's envelope is 107" in error.message  # 17 x 63 000 bytes and the rest
+    assert await counts(service_engine) == (0, 0)
+
+
+async def test_a_large_envelope_that_fits_is_accepted_and_runs(client, service_engine):
+    task = await client.submit("tests", notes(15), idempotency_key="fits")
+    done = await client.wait(task.task_id, timeout=60)
+    assert done.status == "SUCCEEDED"
+    assert await counts(service_engine) == (1, 1)
+
+
+async def test_the_limit_is_the_one_the_server_announces(make_gateway, tmp_path, service_engine):
+    """The same task fits a default server and is refused by one carrying 64 KB messages."""
+    sub = Submission(
+        "tests", [CellRequest("note", f"n{i}", {"text": "x" * 20_000}) for i in range(3)]
+    )
+    accepted = await make_gateway().submit(sub)
+    assert not accepted.duplicate
+    with nats_with_max_payload(tmp_path / "nats", 64 * 1024) as server:
+        small = await Bus.connect([server.url], name="test-small")
+        try:
+            assert small.max_payload == 64 * 1024
+            gateway = make_gateway()
+            gateway.relay.bus = small
+            with pytest.raises(ResourceExhausted, match="at most 65536 bytes per message"):
+                await gateway.submit(sub)
+        finally:
+            await small.close()
+    assert await counts(service_engine) == (1, 1)
