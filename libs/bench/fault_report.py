@@ -35,12 +35,16 @@ from dispo.libs.bench.report import TERMINAL, busy_figures, machine_text
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """One node at the end of a phase: its status, whether it may be repeated, and how many
-    times the downstream performed its effect."""
+    """One node at the end of a phase: its status, whether it may be repeated, how many
+    times the downstream performed its effect, and (to tell why) its idempotency key, the
+    calls the executor made for it and its last error."""
 
     status: str
     idempotent: bool
     effects: int
+    key: str = ""
+    attempts: int = 0
+    last_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,11 @@ def fault_row(phase: PhaseFacts) -> dict[str, Any]:
         "recover_seconds": recover,
         "lost_tasks": lost[:20],
         "stuck_tasks": stuck[:20],
+        "duplicates": [
+            {"key": n.key, "effects": n.effects, "attempts": n.attempts, "last_error": n.last_error}
+            for n in once
+            if n.effects > 1
+        ][:20],
     }
 
 

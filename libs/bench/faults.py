@@ -1,5 +1,4 @@
-"""``dispo bench faults``: the fault campaign — a steady load, one fault at a time, and what
-became of every task.
+"""``dispo bench faults``: a steady load, one fault at a time, what became of every task.
 
     dispo bench faults                                    # every fault, 100 tasks each at 10/s
     dispo bench faults --faults gateway,postgres --tasks-per-fault 30
@@ -179,6 +178,9 @@ async def read_tasks(
                 node_status_name(node.status),
                 node.spec.idempotent,
                 counted.get(node.idempotency_key, 0),
+                node.idempotency_key,
+                node.retry.attempts,
+                node.last_error,
             )
             for node in view.raw.nodes
         )
@@ -190,9 +192,8 @@ async def read_tasks(
 
 
 async def run_phase(
-    fault: Fault, own: OwnStack, clients: list[AsyncClient], prefix: str, args: argparse.Namespace
+    fault: Fault, own: OwnStack, clients: list[AsyncClient], business: str, args: argparse.Namespace
 ) -> PhaseFacts:
-    business = f"{prefix}-{fault.name}"
     submitter = load.Submitter(
         clients, business, lambda: [cell(SHAPE.cell)], retry_seconds=args.submit_retry_seconds
     )
@@ -241,6 +242,7 @@ async def campaign(args: argparse.Namespace) -> dict[str, Any]:
         downstream=True,
         executors=EXECUTORS,
         catalogue=lambda url: catalogue_yaml(url, timeout_ms=args.call_timeout_ms),
+        folder=Path(args.keep_folder).resolve() if args.keep_folder else None,
     ) as own:
         watching = asyncio.create_task(own.stack.watch())  # restarts whatever dies
         clients = [AsyncClient(address) for address in own.gateways]
@@ -251,9 +253,10 @@ async def campaign(args: argparse.Namespace) -> dict[str, Any]:
             await load.outcomes(clients[0], warm.business, timeout=120)
             busy_before, wall_before = machine.busy_cpu_seconds(), time.monotonic()
             rows = []
-            for fault in faults:
+            for index, fault in enumerate(faults, 1):
                 await whole(own, args.recovery_seconds)
-                phase = await run_phase(fault, own, clients, prefix, args)
+                business = f"{prefix}-{index}-{fault.name}"
+                phase = await run_phase(fault, own, clients, business, args)
                 rows.append(fault_row(phase))
                 print(f"{fault.description:<30} done", flush=True)
             busy = (machine.busy_cpu_seconds() - busy_before, time.monotonic() - wall_before)
@@ -315,6 +318,11 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=30.0,
         help="how long a Submit answered UNAVAILABLE is sent again under its key (0: never)",
+    )
+    p.add_argument(
+        "--keep-folder",
+        default="",
+        help="keep the stack's data and logs in this (new) folder instead of a scratch one",
     )
     p.add_argument("--business", default="faults", help="business prefix of the submitted tasks")
     p.add_argument(

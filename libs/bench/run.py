@@ -71,14 +71,19 @@ async def start_stack(
     nats_nodes: int = 1,
     catalogue: Callable[[str], str] = catalogue_yaml,
     extra_env: Mapping[str, str] | None = None,
+    folder: Path | None = None,
 ) -> AsyncIterator[OwnStack]:
-    """An embedded stack in a scratch folder, on free ports, with the catalogue
-    ``catalogue(downstream_url)`` and (``downstream``) the demo downstream; stopped on exit."""
+    """An embedded stack on free ports, with the catalogue ``catalogue(downstream_url)`` and
+    (``downstream``) the demo downstream; stopped on exit. It keeps its data and logs in
+    ``folder``, kept afterwards, or in a scratch folder removed afterwards."""
     from dispo.libs.stack.nats import free_port
     from dispo.libs.stack.stack import Stack, StackOptions, replica_names
 
-    with tempfile.TemporaryDirectory(prefix="dispo-bench-") as folder:
-        root = Path(folder)
+    with contextlib.ExitStack() as scratch:
+        root = folder or Path(
+            scratch.enter_context(tempfile.TemporaryDirectory(prefix="dispo-bench-"))
+        )
+        root.mkdir(parents=True, exist_ok=True)
         demo_port = free_port()
         downstream_url = f"http://127.0.0.1:{demo_port}"
         catalogue_path = root / "catalogue.yaml"

@@ -38,7 +38,9 @@ def phase() -> PhaseFacts:
         retried=1,
         tasks=[
             TaskFacts("t1", "SUCCEEDED", 108.0, (ONCE_DONE, AGAIN_DONE), "k1"),
-            TaskFacts("t2", "SUCCEEDED", 105.0, (NodeFacts("SUCCEEDED", False, 3),), "k2"),
+            TaskFacts(
+                "t2", "SUCCEEDED", 105.0, (NodeFacts("SUCCEEDED", False, 3, "t2/a", 3),), "k2"
+            ),
             TaskFacts("t3", "RUNNING", 110.0, (NodeFacts("UNKNOWN", False, 1),), "k3"),
             TaskFacts("t4", None),  # accepted, then unknown to the gateway
             # recorded by a Submit whose answer was lost, under a key that already had a task
@@ -56,6 +58,7 @@ def test_a_phase_counts_what_was_lost_stuck_unknown_and_done_twice():
     assert row["unknown_left"] == 1
     # t2's non-idempotent node ran three times; t1's idempotent repeat does not count.
     assert (row["duplicate_effects"], row["extra_effects"]) == (1, 2)
+    assert row["duplicates"] == [{"key": "t2/a", "effects": 3, "attempts": 3, "last_error": ""}]
     assert row["second_tasks"] == 1  # t5 under t1's key
     assert row["succeeded_without_effect"] == 1
     assert row["retried_submits"] == 1
