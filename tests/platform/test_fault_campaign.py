@@ -127,6 +127,9 @@ def test_bounded_campaign_loses_nothing_and_repeats_no_effect(tmp_path):
             "12",
             "--rate",
             "8",
+            # Generous, so that a busy machine does not turn a slow call into a timeout.
+            "--call-timeout-ms",
+            "5000",
             "--results",
             str(results),
         ],
