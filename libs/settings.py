@@ -72,6 +72,11 @@ class CommonSettings(BaseSettings):
         default=".dispo",
         description="Where `dispo up` keeps PostgreSQL, NATS, logs and the pool's local crons",
     )
+    cache_dir: str = Field(
+        default="",
+        description="Where programs installed on demand are kept (OpenClaw for the pool's"
+        " openclaw driver; default: `dispo` under `XDG_CACHE_HOME`, else `~/.cache/dispo`)",
+    )
 
     @property
     def outbox_retention(self) -> timedelta:

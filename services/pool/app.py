@@ -8,11 +8,12 @@ from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause
 from dispo.libs.service import Runtime, run_service
+from dispo.libs.stack.openclaw import ensure_openclaw
 from dispo.pool import repository as repo
 from dispo.pool import sweeps
 from dispo.pool.drivers import Driver
 from dispo.pool.drivers.local import LocalDriver
-from dispo.pool.drivers.openclaw import OpenClawDriver
+from dispo.pool.drivers.openclaw import OpenClawCli, OpenClawDriver, wake_command
 from dispo.pool.events import outbox_relay
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
@@ -25,9 +26,36 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.pool.v1.PoolService"
 
 
+def own_address(rt: Runtime) -> str:
+    host = "127.0.0.1" if rt.server.host in ("", "0.0.0.0", "::") else rt.server.host
+    return f"{host}:{rt.server.port}"
+
+
+def openclaw_driver(settings: PoolSettings, rt: Runtime) -> OpenClawDriver:
+    if settings.openclaw_path:
+        argv, env = [settings.openclaw_path], {"HOME": str(settings.openclaw_home)}
+    else:  # the OpenClaw of the cache, installed now if missing (once, a few minutes)
+        install = ensure_openclaw()
+        argv, env = install.argv(), install.env(settings.openclaw_home)
+    settings.openclaw_home.mkdir(parents=True, exist_ok=True)
+    where = (
+        ["--url", settings.openclaw_url]
+        if settings.openclaw_url
+        else ["--port", str(settings.openclaw_port)]
+    )
+    token = ["--token", settings.openclaw_token] if settings.openclaw_token else []
+    cli = OpenClawCli(argv, [*where, *token], env, settings.openclaw_timeout_seconds)
+    return OpenClawDriver(
+        cli,
+        namespace=settings.openclaw_namespace,
+        tick_seconds=settings.tick_seconds,
+        command=wake_command(settings.openclaw_wake_address or own_address(rt)),
+    )
+
+
 def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
     if settings.driver == "openclaw":
-        return OpenClawDriver(settings.openclaw_path, settings.tick_seconds)
+        return openclaw_driver(settings, rt)
 
     async def publish(subject: str, data: bytes) -> None:
         await rt.bus.nc.publish(subject, data)
@@ -72,9 +100,10 @@ class SweepPass:
 async def setup(rt: Runtime) -> None:
     settings = PoolSettings()
     relay = outbox_relay(rt.engine, rt.bus, rt.clock, rt.settings.outbox_retention)
-    pool = Pool(
-        rt.engine, make_driver(settings, rt), rt.clock, settings.policy(), on_commit=relay.kick
-    )
+    driver = make_driver(settings, rt)
+    pool = Pool(rt.engine, driver, rt.clock, settings.policy(), on_commit=relay.kick)
+    if isinstance(driver, OpenClawDriver):  # a lost compare-and-set asks the database again
+        driver.state_of = pool.cron_driver_state
     rt.add_servicer(
         lambda server: pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(pool), server),
         SERVICE_NAME,
@@ -82,10 +111,9 @@ async def setup(rt: Runtime) -> None:
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.add_periodic("sweeps", SweepPass(pool, settings), settings.sweep_seconds)
     if settings.driver == "local" and settings.spawn_worker:
-        host = "127.0.0.1" if rt.server.host in ("", "0.0.0.0", "::") else rt.server.host
         worker = WorkerSupervisor(
             {
-                "DISPO_POOL_WORKER_POOL_ADDRESS": f"{host}:{rt.server.port}",
+                "DISPO_POOL_WORKER_POOL_ADDRESS": own_address(rt),
                 "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(settings.local_registry.resolve()),
                 "DISPO_POOL_WORKER_TICK_SECONDS": str(settings.tick_seconds),
             }

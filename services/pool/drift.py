@@ -37,6 +37,7 @@ class DriftView:
 
 
 async def drift_view(pool: Pool) -> DriftView:
+    await pool.driver.drain()  # state writes still in flight would look like drift
     driver_crons = await pool.driver.list()
     async with pool.engine.connect() as conn:
         crons = await repo.crons_list(conn)
@@ -50,6 +51,7 @@ async def apply_repair(
     if not cron_id:
         raise InvalidArgument("cron_id", "required")
     now = pool.clock.now()
+    await pool.driver.drain()
     driver = {c.id: c for c in await pool.driver.list()}
     async with pool.engine.connect() as conn:
         cron = await repo.cron_get(conn, cron_id)

@@ -81,13 +81,18 @@ class Pool:
 
     # --- helpers -----------------------------------------------------------------------
 
-    async def write_driver_state(self, cron_id: str) -> None:
+    async def cron_driver_state(self, cron_id: str) -> dict | None:
+        """The driver state of a cron as the database has it now (None: no such cron)."""
         async with self.engine.connect() as conn:
             cron = await repo.cron_get(conn, cron_id)
-        if cron is None:
+        return cron.driver_state() if cron is not None else None
+
+    async def write_driver_state(self, cron_id: str) -> None:
+        state = await self.cron_driver_state(cron_id)
+        if state is None:
             return
         try:
-            await self.driver.write_state(cron_id, cron.driver_state())
+            await self.driver.write_state(cron_id, state)
         except Exception as error:
             log.warning("driver state write failed", cron_id=cron_id, error=str(error))
 

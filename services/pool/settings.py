@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from dispo.libs.settings import DEFAULT_PORTS, CommonSettings, service_settings_config
+from dispo.libs.stack.openclaw import VERSION as OPENCLAW_VERSION
 from dispo.pool.domain import PoolPolicy
 from pydantic import Field
 from pydantic_settings import BaseSettings
@@ -34,7 +35,36 @@ class PoolSettings(BaseSettings):
         description="local driver: run the pool-worker as a supervised child process (`dispo"
         " up` runs it as its own process; turn this on to run the pool service alone)",
     )
-    openclaw_path: str = Field(default="openclaw", description="openclaw driver: the CLI to run")
+    openclaw_path: str = Field(
+        default="",
+        description="openclaw driver: the `openclaw` CLI to run (default: OpenClaw "
+        f"{OPENCLAW_VERSION} installed on demand under `DISPO_CACHE_DIR`)",
+    )
+    openclaw_url: str = Field(
+        default="", description="openclaw driver: the gateway's WebSocket URL (else the port)"
+    )
+    openclaw_port: int = Field(
+        default=18789, description="openclaw driver: the local gateway's port (without a URL)"
+    )
+    openclaw_token: str = Field(default="", description="openclaw driver: the gateway's token")
+    openclaw_home: Path = Field(
+        default_factory=lambda: Path(CommonSettings().data_dir) / "openclaw" / "home",
+        description="openclaw driver: `HOME` of the CLI calls (default: `openclaw/home` under"
+        " `DISPO_DATA_DIR`)",
+    )
+    openclaw_namespace: str = Field(
+        default="default",
+        description="openclaw driver: this pool's part of the automations' declaration keys"
+        " (`dispo-pool:<namespace>:<cron>`); pools sharing a gateway need different ones",
+    )
+    openclaw_wake_address: str = Field(
+        default="",
+        description="openclaw driver: the pool address an automation's command calls"
+        " (default: this service's own)",
+    )
+    openclaw_timeout_seconds: float = Field(
+        default=90.0, description="openclaw driver: how long one CLI call may take"
+    )
 
     min_size: int = Field(default=PoolPolicy.min_size, description="Fewest crons the pool keeps")
     max_size: int = Field(default=PoolPolicy.max_size, description="Most crons the pool runs")

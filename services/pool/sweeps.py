@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field, replace
 
 from dispo.libs.logging import get_logger
@@ -137,10 +138,8 @@ async def scale_sweep(pool: Pool) -> int:
     if plan.delta == 0:
         return 0
     changed = 0
-    if plan.delta > 0:
-        for _ in range(plan.delta):
-            await create_cron(pool)
-            changed += 1
+    if plan.delta > 0:  # side by side: a driver call may take seconds
+        changed = len(await asyncio.gather(*(create_cron(pool) for _ in range(plan.delta))))
     else:
         async with pool.engine.connect() as conn:
             victims = await repo.crons_idle_for_removal(conn, -plan.delta)

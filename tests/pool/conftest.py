@@ -8,10 +8,10 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from aiohttp import web
+from dispo.libs.stack.openclaw import OpenClawGateway, OpenClawUnavailable, ensure_openclaw
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.pool.domain import (
     Evaluation,
@@ -26,8 +26,6 @@ from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.operations import Pool
 from dispo.pool.sweeps import create_cron
 from support.http import FakeServer
-
-FAKE_OPENCLAW = Path(__file__).parent / "fake_openclaw" / "openclaw"
 
 
 def evaluation(
@@ -161,3 +159,22 @@ async def pool_stack(start_service, file_clock, tmp_path, database_url, nats_url
     yield start
     for worker in workers:
         worker.kill()
+
+
+@pytest.fixture(scope="session")
+async def openclaw_gateway(tmp_path_factory) -> AsyncIterator[OpenClawGateway]:
+    """One real OpenClaw gateway for the test session (tests keep apart by their pool's
+    namespace), installed into the cache folder first if missing. A machine where it cannot
+    be installed or started fails these tests, saying why."""
+    try:
+        install = await asyncio.to_thread(ensure_openclaw)
+    except OpenClawUnavailable as error:
+        pytest.fail(f"OpenClaw cannot be installed here: {error}", pytrace=False)
+    root = tmp_path_factory.mktemp("openclaw")
+    gateway = OpenClawGateway(install, root / "home", root / "gateway.log")
+    try:
+        await gateway.start()
+    except OpenClawUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+    yield gateway
+    gateway.kill()

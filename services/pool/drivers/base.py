@@ -42,3 +42,8 @@ class Driver(Protocol):
     async def trigger(self, cron_id: str) -> None:
         """Wake the cron now instead of at its next tick."""
         ...
+
+    async def drain(self) -> None:
+        """Until the state writes and wake-ups asked for so far are done (a driver may run
+        them in the background)."""
+        ...

@@ -122,38 +122,45 @@ class Worker:
                 log.exception("cron wake crashed", cron_id=cron_id)
 
     async def serve(self, cron_id: str) -> int:
-        """One wake: run what is owed; a cron that frees up takes the next item at once."""
-        performed = 0
-        for _ in range(MAX_ROUNDS):
-            woke = await self.stub.WakeCron(
-                pb.WakeCronRequest(cron_id=cron_id), wait_for_ready=True, timeout=CALL_TIMEOUT
+        return await serve_cron(self.stub, self.http, cron_id)
+
+
+async def serve_cron(
+    stub: pool_pb2_grpc.PoolServiceAsyncStub, http: httpx.AsyncClient, cron_id: str
+) -> int:
+    """One wake of a cron: run what is owed; a cron that frees up takes the next item at
+    once. Returns the runs performed. (A worker loop's wake, and an OpenClaw automation's.)"""
+    performed = 0
+    for _ in range(MAX_ROUNDS):
+        woke = await stub.WakeCron(
+            pb.WakeCronRequest(cron_id=cron_id), wait_for_ready=True, timeout=CALL_TIMEOUT
+        )
+        if not woke.assigned:
+            return performed
+        ev = woke.evaluation
+        index = woke.next_run_index
+        for _ in range(woke.runs_owed):
+            case = case_from_pb(ev.cases[index % len(ev.cases)])
+            result = await run_case(http, ev.target_url, case)
+            recorded = await stub.RecordRun(
+                pb.RecordRunRequest(
+                    cron_id=cron_id,
+                    evaluation_id=ev.id,
+                    run_index=index,
+                    case_id=case.id,
+                    verdict=VERDICT_TO_PB[result.verdict],
+                    score=result.score,
+                    latency_ms=result.latency_ms,
+                    failure_reason=result.failure_reason,
+                ),
+                wait_for_ready=True,
+                timeout=CALL_TIMEOUT,
             )
-            if not woke.assigned:
-                return performed
-            ev = woke.evaluation
-            index = woke.next_run_index
-            for _ in range(woke.runs_owed):
-                case = case_from_pb(ev.cases[index % len(ev.cases)])
-                result = await run_case(self.http, ev.target_url, case)
-                recorded = await self.stub.RecordRun(
-                    pb.RecordRunRequest(
-                        cron_id=cron_id,
-                        evaluation_id=ev.id,
-                        run_index=index,
-                        case_id=case.id,
-                        verdict=VERDICT_TO_PB[result.verdict],
-                        score=result.score,
-                        latency_ms=result.latency_ms,
-                        failure_reason=result.failure_reason,
-                    ),
-                    wait_for_ready=True,
-                    timeout=CALL_TIMEOUT,
-                )
-                performed += 1
-                index = recorded.next_run_index
-                if not recorded.continue_evaluation:
-                    break
-        return performed
+            performed += 1
+            index = recorded.next_run_index
+            if not recorded.continue_evaluation:
+                break
+    return performed
 
 
 async def main_async() -> None:
