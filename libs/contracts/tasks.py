@@ -20,7 +20,9 @@ from dispo.libs.proto_enums import task_status_name
 
 # Subjects of the TASKS stream.
 TASK_CREATE = "task.create"  # Task envelope: run it (gateway, executor retry, reconciler redrive)
-TASK_FAIL = "task.fail"  # Task envelope: short retries spent or an outcome unknown (executor)
+TASK_FAIL = (
+    "task.fail"  # Task envelope: retries spent, an outcome unknown, or ended FAILED (executor)
+)
 TASK_DEMOTE = "task.demote"  # Task envelope: parked behind a degraded downstream (executor)
 TASK_CANCEL = "task.cancel"  # CancelRequest (gateway, reconciler)
 TASK_CLOSE = "task.close"  # CloseRequest: a parked task ended for good (reconciler)

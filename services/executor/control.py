@@ -6,7 +6,7 @@ from __future__ import annotations
 from dispo.executor import repository as repo
 from dispo.executor.domain import Next, decide, to_cancel
 from dispo.executor.runner import Executor
-from dispo.executor.states import TASK_FINAL, NodeState, TaskState
+from dispo.executor.states import TASK_ENDED, NodeState, TaskState
 from dispo.libs.bus import ACK, Disposition
 from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
@@ -76,7 +76,7 @@ async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
             # No status event yet: it would carry no nodes. The task.create, if it ever
             # comes, records the nodes CANCELLED and reports them.
             return ACK
-        if row.status in TASK_FINAL:
+        if row.status in TASK_ENDED:
             return ACK
         await repo.task_set_cancel_requested(conn, task_id)
         if row.leased_by_other("", now) or row.envelope is None:

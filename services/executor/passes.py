@@ -21,7 +21,7 @@ from dispo.executor import repository_many as many
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, ready, to_cancel
 from dispo.executor.envelope import node_from_proto
-from dispo.executor.states import TASK_FINAL, NodeState, TaskState
+from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.contracts import tasks
@@ -189,6 +189,7 @@ class Passes:
         (locked, leased to ``owner``), its nodes and whether recovery changed nodes."""
         task_id = env.task_id
         row = await repo.task_get(conn, task_id, for_update=True)
+        resumed = False
         if row is None:
             if await repo.task_insert(conn, env, task_id, now):  # ours and locked: as written
                 row = repo.TaskRow(
@@ -201,6 +202,7 @@ class Passes:
         elif env.generation < row.generation:
             return self._stale(env, row)
         elif env.generation > row.generation and row.status not in TASK_FINAL:
+            resumed = row.status is TaskState.FAILED  # an operator's resume
             reset = await repo.nodes_redrive(conn, env)
             log.info(
                 "redrive applied",
@@ -213,7 +215,7 @@ class Passes:
         if row is None:  # written here (or inserted by a concurrent cancel): read it back
             row = await repo.task_get(conn, task_id, for_update=True)
         assert row is not None and row.envelope is not None
-        if row.status in TASK_FINAL:
+        if row.status in TASK_ENDED and not resumed:
             if row.status is TaskState.CANCELLED:  # the cancel arrived before the task
                 nodes = await repo.nodes_get(conn, row.envelope)
                 pending = [n for n in nodes.values() if n.status is NodeState.PENDING]
@@ -249,10 +251,10 @@ class Passes:
         if o.env.generation < row.generation:
             return self._stale(o.env, row)
         if o.env.generation > row.generation and row.status not in TASK_FINAL:
-            return "slow"  # a redrive
+            return "slow"  # a redrive (of a FAILED task: a resume)
         if row.status is TaskState.CANCELLED:
             return "slow"  # its pending nodes may still need cancelling
-        if row.status in TASK_FINAL:
+        if row.status in TASK_ENDED:
             return ACK
         if row.leased_by_other(o.owner, now):
             return self._leased(row, now)
@@ -471,7 +473,9 @@ class Passes:
                 events.append((tid, tasks.TASK_CREATE, tasks.create_id(tid, generation)))
             elif decision.next is Next.DEMOTE:
                 events.append((tid, tasks.TASK_DEMOTE, tasks.demote_id(tid, generation)))
-            elif decision.next is Next.FAIL:
+            elif decision.next is Next.FAIL or decision.status is TaskState.FAILED:
+                # Failed work is the reconciler's: a task that ended FAILED (a permanent
+                # failure) goes there too, held FAILED for an operator to resume.
                 events.append((tid, tasks.TASK_FAIL, tasks.fail_id(tid, generation)))
             log.info(
                 "task pass done",

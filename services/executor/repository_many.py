@@ -146,8 +146,15 @@ async def nodes_insert_many(conn: AsyncConnection, envs: Sequence[task_pb2.Task]
     )
 
 
-# A pass may start on a task in these states (and makes it RUNNING).
-OPENABLE = (TaskState.ACCEPTED, TaskState.RUNNING, TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)
+# A pass may start on a task in these states (and makes it RUNNING); a FAILED one only
+# once a redrive was applied to it (a resume: ``passes.Passes.open_one``).
+OPENABLE = (
+    TaskState.ACCEPTED,
+    TaskState.RUNNING,
+    TaskState.RETRY_EXHAUSTED,
+    TaskState.DEMOTED,
+    TaskState.FAILED,
+)
 
 
 async def tasks_open_many(

@@ -20,6 +20,11 @@ Which component moves a node *out* of each state:
   failed dependency makes it PENDING again. A task.close ends a parked task's PENDING
   nodes here (they wait for a dependency that will not succeed now).
 - SUCCEEDED, CANCELLED: terminal; no message changes them.
+
+A task is moved by the executor's passes; RETRY_EXHAUSTED and DEMOTED wait for the
+reconciler (a redrive → RUNNING, a task.close → FAILED); FAILED has ended, and only a
+redrive the reconciler sends when an operator resumes it (RedriveTask) makes it RUNNING
+again (ADR 0033).
 """
 
 from __future__ import annotations
@@ -99,11 +104,15 @@ TASK_TRANSITIONS = Transitions[TaskState](
         T.RETRY_EXHAUSTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
         T.DEMOTED: frozenset({T.RUNNING, T.CANCELLED, T.FAILED}),
         T.SUCCEEDED: frozenset(),
-        T.FAILED: frozenset(),
+        # Ended; an operator's resume through the reconciler (a redrive) reopens it.
+        T.FAILED: frozenset({T.RUNNING}),
         T.CANCELLED: frozenset(),
     },
 )
+# States nothing changes again.
 TASK_FINAL = TASK_TRANSITIONS.final
+# States a task has ended in: no pass opens it, except a redrive of a FAILED one (a resume).
+TASK_ENDED = TASK_FINAL | {T.FAILED}
 
 CHECKED_COLUMNS = (
     EnumCheck("task_runs", "status", "ck_task_run_status", TaskState),

@@ -44,7 +44,9 @@ async def on_status(ctx: Context, env: task_pb2.Task) -> bool:
 async def on_statuses(ctx: Context, envs: Sequence[task_pb2.Task]) -> list[bool]:
     """:func:`on_status` for many snapshots in one transaction (two statements, whatever
     their number); one answer per snapshot, in order. Of two terminal snapshots of one
-    task, the first is the fact, as it would be one after the other."""
+    task, the first is the fact, as it would be one after the other. A held task that
+    finished SUCCEEDED or CANCELLED is resolved; one that ended FAILED stays held (its
+    task.fail makes it FAILED, for an operator to resume)."""
     now = ctx.clock.now()
     facts = [
         cs.Finished(
@@ -60,6 +62,8 @@ async def on_statuses(ctx: Context, envs: Sequence[task_pb2.Task]) -> list[bool]
         return [False] * len(envs)
     reasons: dict[str, str] = {}
     for fact in facts:
+        if fact.env.status == E.TS.TASK_STATUS_FAILED:
+            continue  # held FAILED (resumable) by intake of the task.fail, or by the policy
         reasons.setdefault(
             fact.env.task_id,
             truncate_error(f"task finished {fact.status}: {fact.env.status_reason}"),

@@ -129,9 +129,9 @@ def redrive(
     """The envelope to publish on task.create, and the node ids it asks to run again.
 
     The executor is asked (``redrive.reset_nodes``) to reset FAILED nodes whose short
-    retries were spent (and, with ``include_permanent``, every FAILED node), DEMOTED
-    nodes, and the DEPENDENCY_FAILED nodes behind them: each becomes PENDING with a fresh
-    short-retry round, under the executor's own table. UNKNOWN nodes are settled before a
+    retries were spent (and, with ``include_permanent``, every FAILED node: a resume),
+    DEMOTED nodes, and the DEPENDENCY_FAILED nodes behind them or behind a settled node:
+    each becomes PENDING with a fresh short-retry round, under the executor's own table. UNKNOWN nodes are settled before a
     redrive (:func:`settle` adds them to the redrive). Node states in the copy stay as the
     executor reported them.
     """
@@ -145,7 +145,11 @@ def redrive(
             reset.add(node.node_id)
         elif node.status == NS.NODE_STATUS_DEMOTED:
             reset.add(node.node_id)
-    revived = _depends_on_reset(out, reset)
+    # Dependants of the nodes settled before (run again, or found done) revive too: a close
+    # may have ended them DEPENDENCY_FAILED.
+    revived = _depends_on_reset(
+        out, reset | set(out.redrive.reset_nodes) | set(out.redrive.settled_nodes)
+    )
     resumed = [n.node_id for n in out.nodes if n.node_id in reset or n.node_id in revived]
     asked = set(out.redrive.reset_nodes)
     out.redrive.reset_nodes.extend(n for n in resumed if n not in asked)

@@ -11,6 +11,7 @@ from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import to_timestamp
+from dispo.reconciler import envelope as E
 from dispo.reconciler import store
 from dispo.reconciler.context import Context
 from dispo.reconciler.recovery import redrive_row
@@ -20,8 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 R = RecoveryState
-# States an operator may redrive from; UNKNOWN nodes must be settled first.
+# States an operator may redrive from; UNKNOWN nodes must be settled first. RedriveTask also
+# resumes a FAILED task (RESUMABLE).
 REDRIVABLE = (R.PARKED_FAILED, R.DEMOTED)
+RESUMABLE = (*REDRIVABLE, R.FAILED)
 ABANDONABLE = (R.PARKED_FAILED, R.AWAITING_SETTLEMENT, R.AWAITING_DECISION, R.DEMOTED)
 MAX_BY_FILTER = 1000
 
@@ -41,20 +44,27 @@ async def redrive_one(
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         row = await _get(conn, task_id)
-        if row.state not in REDRIVABLE:
+        if row.state not in RESUMABLE:
             hint = (
                 " (resolve its UNKNOWN nodes first)"
                 if row.state in (R.AWAITING_DECISION, R.AWAITING_SETTLEMENT)
                 else ""
             )
             raise FailedPrecondition(
-                f"task {task_id} is {row.state.name}; only PARKED_FAILED or DEMOTED tasks can be redriven{hint}"
+                f"task {task_id} is {row.state.name}; only PARKED_FAILED, DEMOTED or FAILED"
+                f" tasks can be redriven{hint}"
+            )
+        undecided = [n.node_id for n in E.unknown(row.envelope)]
+        if undecided:  # a FAILED task whose age limit ended its wait for a decision
+            raise FailedPrecondition(
+                f"task {task_id} has UNKNOWN nodes ({', '.join(undecided)}): their effect may"
+                " have happened; decide each with ResolveNode before resuming it"
             )
         if not await redrive_row(
             ctx,
             conn,
             row,
-            "manual",
+            "resume" if row.state is R.FAILED else "manual",
             now,
             actor=actor,
             reason=reason,

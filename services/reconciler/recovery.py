@@ -16,7 +16,7 @@ from dispo.libs.logging import get_logger
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
 from dispo.reconciler.context import Context
-from dispo.reconciler.states import RECOVERY_FINAL, RecoveryState
+from dispo.reconciler.states import RECOVERY_ENDED, RecoveryState
 from dispo.reconciler.store import RecoveryRow
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -70,6 +70,7 @@ def _picture(
     ctx: Context, env: task_pb2.Task, kind: str, now: datetime, old: RecoveryRow | None
 ) -> RecoveryRow:
     demoted = kind == "demote"
+    ended = env.status == E.TS.TASK_STATUS_FAILED  # the executor ended it (a permanent failure)
     row = RecoveryRow(
         task_id=env.task_id,
         business=env.business,
@@ -92,19 +93,24 @@ def _picture(
         last_redrive_at=old.last_redrive_at if old else None,
         updated_at=now,
     )
+    if ended:
+        reason = f"{env.status_reason}; last error {_last_error(env)}"
+        return replace(row, state=R.FAILED, next_redrive_at=None, reason=truncate_error(reason))
     if demoted or E.unknown(env):
         return row
     return schedule(ctx, row, now)
 
 
 async def intake(ctx: Context, env: task_pb2.Task, kind: str) -> bool:
-    """Record a task arriving on task.fail (``kind`` "fail") or task.demote ("demote").
+    """Record a task arriving on task.fail (``kind`` "fail") or task.demote ("demote"). A
+    task.fail of a task the executor ended FAILED (a permanent failure) is held FAILED as it
+    is, for an operator to resume; no redrive is scheduled.
     Returns False when it lost a race and should be delivered again."""
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         old = await store.task_get(conn, env.task_id, for_update=True)
         if old is not None:
-            if old.state in RECOVERY_FINAL:
+            if old.state in RECOVERY_ENDED:
                 log.info(
                     "parked task already final here; ignored",
                     task_id=env.task_id,
@@ -130,8 +136,8 @@ async def intake(ctx: Context, env: task_pb2.Task, kind: str) -> bool:
         ):
             return False
         await store.history_add(conn, env, kind, now, row.reason, row.error_class, E.picture(env))
-        if row.state is R.FAILED:
-            await emit_terminal_failure(conn, row, now)
+        if row.state is R.FAILED and env.status != E.TS.TASK_STATUS_FAILED:
+            await emit_terminal_failure(conn, row, now)  # (the executor ended the others)
     ctx.kick()
     log.info(
         "task parked",
@@ -186,13 +192,15 @@ async def redrive_row(
     downstream: str = "",
     include_permanent: bool = False,
 ) -> bool:
-    """Send a parked task back to task.create (generation + 1) from where it stopped.
+    """Send a parked task back to task.create (generation + 1) from where it stopped; a
+    FAILED one is resumed: every FAILED node reset, and the redrive policy starts afresh.
     False when the row was not in the state / generation read (a lost race)."""
     why = f"redriven by the reconciler ({trigger}{': ' + reason if reason else ''})"
-    env, reset = E.redrive(row.envelope, why, include_permanent=include_permanent)
+    resume = row.state is R.FAILED
+    env, reset = E.redrive(row.envelope, why, include_permanent=include_permanent or resume)
     release = trigger == "release"
     if not await store.task_redriven_if(
-        conn, row.task_id, row.state, row.generation, env, now, release=release
+        conn, row.task_id, row.state, row.generation, env, now, release=release, resume=resume
     ):
         log.info("redrive lost a race", task_id=row.task_id, state=row.state.value)
         return False

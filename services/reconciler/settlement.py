@@ -182,7 +182,9 @@ async def resolve_node(
     ctx: Context, task_id: str, node_id: str, done: bool, actor: str, reason: str
 ) -> tuple[RecoveryRow, bool]:
     """An operator's decision on an UNKNOWN node; redrives at once when it was the last one
-    and no FAILED node waits for its backoff."""
+    and no FAILED node waits for its backoff. On a FAILED task (its wait for a decision
+    outlived its age limit) the decision is recorded and the task stays FAILED until an
+    operator resumes it (RedriveTask)."""
     if not reason.strip():
         raise InvalidArgument("reason", "required: say why the node is resolved this way")
     now = ctx.clock.now()
@@ -190,7 +192,7 @@ async def resolve_node(
         row = await store.task_get(conn, task_id, for_update=True)
         if row is None:
             raise NotFound(f"task {task_id!r} is not held by the reconciler")
-        if row.state not in (R.AWAITING_DECISION, R.AWAITING_SETTLEMENT):
+        if row.state not in (R.AWAITING_DECISION, R.AWAITING_SETTLEMENT, R.FAILED):
             raise FailedPrecondition(f"task {task_id} is {row.state.name}, not awaiting a decision")
         if node_id not in {n.node_id for n in E.unknown(row.envelope)}:
             raise InvalidArgument("node_id", f"task {task_id} has no UNKNOWN node {node_id!r}")
@@ -210,7 +212,7 @@ async def resolve_node(
             actor=actor,
         )
         redriven = False
-        if E.unknown(env):
+        if E.unknown(env) or row.state is R.FAILED:  # a FAILED task: RedriveTask resumes it
             await store.task_set_state_if(
                 conn, task_id, row.state, row.state, now, generation=row.generation, envelope=env
             )

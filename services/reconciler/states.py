@@ -14,9 +14,12 @@ each state:
   (→ PARKED_FAILED when settled, → AWAITING_DECISION when an operator must decide).
 - AWAITING_DECISION: an operator's ResolveNode (→ REDRIVEN) or AbandonTask.
 - DEMOTED: the release sweep when its downstreams are healthy and not paused (→ REDRIVEN).
-- REDRIVEN: intake, when the task comes back on task.fail / task.demote; the completion
-  consumer, when the task finishes (→ RESOLVED).
-- RESOLVED, FAILED, ABANDONED: terminal.
+- REDRIVEN: intake, when the task comes back on task.fail / task.demote (→ FAILED when it
+  ended FAILED); the completion consumer, when it finishes SUCCEEDED or CANCELLED
+  (→ RESOLVED).
+- FAILED: ended (a permanent failure, a spent policy, an age limit); an operator resumes it
+  (RedriveTask → REDRIVEN) or records a decision on its UNKNOWN nodes (ResolveNode → FAILED).
+- RESOLVED, ABANDONED: terminal.
 """
 
 from __future__ import annotations
@@ -49,11 +52,14 @@ RECOVERY_TRANSITIONS = Transitions[RecoveryState](
         R.DEMOTED: PARKED | {R.REDRIVEN, R.FAILED, R.ABANDONED, R.RESOLVED},
         R.REDRIVEN: PARKED | {R.FAILED, R.RESOLVED},
         R.RESOLVED: frozenset(),
-        R.FAILED: frozenset(),
+        R.FAILED: frozenset({R.REDRIVEN, R.FAILED}),
         R.ABANDONED: frozenset(),
     },
 )
 RECOVERY_FINAL = RECOVERY_TRANSITIONS.final
+# Ended here: no envelope arriving on task.fail / task.demote changes the row (a FAILED one
+# comes back only through an operator's resume).
+RECOVERY_ENDED = RECOVERY_FINAL | {R.FAILED}
 
 
 class NotifyState(enum.StrEnum):

@@ -4,6 +4,7 @@ import pytest
 from dispo.libs.db.checks import enum_check_drift
 from dispo.reconciler.states import (
     CHECKED_COLUMNS,
+    RECOVERY_ENDED,
     RECOVERY_FINAL,
     RECOVERY_TRANSITIONS,
     RecoveryState,
@@ -18,9 +19,15 @@ async def test_check_constraints_match_enums(service_engine):
 
 def test_every_state_has_a_transition_row_and_final_states_are_terminal():
     assert set(RECOVERY_TRANSITIONS) == set(RecoveryState)
-    assert RECOVERY_FINAL == {RecoveryState.RESOLVED, RecoveryState.FAILED, RecoveryState.ABANDONED}
+    assert RECOVERY_FINAL == {RecoveryState.RESOLVED, RecoveryState.ABANDONED}
+    # FAILED has ended: only an operator's resume (→ REDRIVEN) or decision (→ FAILED) moves it.
+    assert RECOVERY_ENDED == RECOVERY_FINAL | {RecoveryState.FAILED}
+    assert RECOVERY_TRANSITIONS[RecoveryState.FAILED] == {
+        RecoveryState.REDRIVEN,
+        RecoveryState.FAILED,
+    }
     for state, targets in RECOVERY_TRANSITIONS.items():  # every other state can still end
-        assert state in RECOVERY_FINAL or targets & RECOVERY_FINAL, state
+        assert state in RECOVERY_ENDED or targets & RECOVERY_ENDED, state
 
 
 async def test_a_move_outside_the_table_is_refused_before_any_sql():
@@ -28,8 +35,14 @@ async def test_a_move_outside_the_table_is_refused_before_any_sql():
     from dispo.libs.states import IllegalTransition
     from dispo.reconciler import store
 
-    with pytest.raises(IllegalTransition, match="from failed to redriven"):
-        await store.task_set_state_if(None, "t", RecoveryState.FAILED, RecoveryState.REDRIVEN, None)
+    with pytest.raises(IllegalTransition, match="from resolved to redriven"):
+        await store.task_set_state_if(
+            None, "t", RecoveryState.RESOLVED, RecoveryState.REDRIVEN, None
+        )
+    with pytest.raises(IllegalTransition, match="from failed to parked_failed"):
+        await store.task_set_state_if(
+            None, "t", RecoveryState.FAILED, RecoveryState.PARKED_FAILED, None
+        )
 
 
 async def test_a_final_recovery_entry_refuses_every_move_and_stays_as_it_was(recon):

@@ -13,7 +13,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import cell
-from pipeline_fixtures import dump, stream_messages
+from pipeline_fixtures import dump, stream_messages, wait_until
 from support import eventually
 
 from . import test_end_to_end as e2e
@@ -99,3 +99,69 @@ async def test_a_task_failed_after_its_redrives_shows_its_dependants_dependency_
     )
     calls = await downstream.calls()
     assert f"{task.task_id}/after.call" not in calls
+
+    # Resumed from its failure once the downstream is fixed: the FAILED node and the
+    # DEPENDENCY_FAILED ones behind it run again; the task goes back to RUNNING, then ends.
+    await downstream.control(reset=True)
+    async with pipeline.client() as client:
+        reply = await reconciler.stub.RedriveTask(
+            pb.RedriveTaskRequest(task_id=task.task_id, actor="ops", reason="labels fixed")
+        )
+        assert reply.task.state == pb.RECOVERY_STATE_REDRIVEN
+        done = await wait_until(
+            client, task.task_id, lambda v: v.status == "SUCCEEDED", wanted="SUCCEEDED"
+        )
+    assert set(done.node_statuses.values()) == {"SUCCEEDED"}, dump(done)
+    assert done.version > view.version
+    calls = await downstream.calls()
+    assert calls[f"{task.task_id}/after.call"] == calls[f"{task.task_id}/last.call"] == 1
+
+
+async def test_a_permanent_failure_is_resumed_from_its_failure_through_the_reconciler(
+    pipeline, downstream, reconciler, database_url
+):
+    await downstream.control(fail={"status": 400, "times": 1, "path": "/step/bad"})
+    async with pipeline.client() as client:
+        task = await client.submit(
+            "tests",
+            [
+                cell("step", ref="ok", name="ok"),
+                cell("step", ref="bad", name="bad"),
+                cell("step", ref="dep", name="dep").after("bad"),
+            ],
+        )
+        view = await client.wait(task.task_id, timeout=30)
+        assert view.status == "FAILED", dump(view)
+        assert view.node_statuses["dep.call"] == "DEPENDENCY_FAILED", dump(view)
+        # The reconciler holds it (it did not before: RedriveTask answered NOT_FOUND).
+        held = await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_FAILED)
+        assert "HTTP 400" in held.reason and held.error_class == "http_4xx"
+
+        reply = await reconciler.stub.RedriveTask(
+            pb.RedriveTaskRequest(task_id=task.task_id, actor="ops", reason="label rule fixed")
+        )
+        assert reply.task.state == pb.RECOVERY_STATE_REDRIVEN
+        done = await wait_until(
+            client, task.task_id, lambda v: v.status == "SUCCEEDED", wanted="SUCCEEDED"
+        )
+
+    assert done.node_statuses == {
+        "ok.call": "SUCCEEDED",
+        "bad.call": "SUCCEEDED",
+        "dep.call": "SUCCEEDED",
+    }, dump(done)
+    calls = await downstream.calls()
+    assert calls[f"{task.task_id}/ok.call"] == 1  # succeeded before: never called again
+    assert calls[f"{task.task_id}/bad.call"] == 2  # the refused call, then the resumed one
+    assert calls[f"{task.task_id}/dep.call"] == 1
+    await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_RESOLVED)
+    detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
+    [resume] = detail.redrives
+    assert resume.trigger == pb.REDRIVE_TRIGGER_RESUME
+    assert sorted(resume.nodes_reset) == ["bad.call", "dep.call"]
+    await eventually(
+        lambda: executor_nodes(database_url, task.task_id),
+        lambda nodes: set(nodes.values()) == {"succeeded"},
+        timeout=10,
+        wanted="the executor's nodes all succeeded",
+    )

@@ -82,7 +82,9 @@ class _RecoveryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Recovery
     DESCRIPTOR: _descriptor.EnumDescriptor
     RECOVERY_KIND_UNSPECIFIED: _RecoveryKind.ValueType  # 0
     RECOVERY_KIND_FAIL: _RecoveryKind.ValueType  # 1
-    """On task.fail: short retries spent, or a node's outcome is UNKNOWN."""
+    """On task.fail: short retries spent, a node's outcome is UNKNOWN, or the task ended
+    FAILED (a permanent failure).
+    """
     RECOVERY_KIND_DEMOTE: _RecoveryKind.ValueType  # 2
     """On task.demote: its nodes wait behind a degraded downstream."""
 
@@ -91,7 +93,9 @@ class RecoveryKind(_RecoveryKind, metaclass=_RecoveryKindEnumTypeWrapper):
 
 RECOVERY_KIND_UNSPECIFIED: RecoveryKind.ValueType  # 0
 RECOVERY_KIND_FAIL: RecoveryKind.ValueType  # 1
-"""On task.fail: short retries spent, or a node's outcome is UNKNOWN."""
+"""On task.fail: short retries spent, a node's outcome is UNKNOWN, or the task ended
+FAILED (a permanent failure).
+"""
 RECOVERY_KIND_DEMOTE: RecoveryKind.ValueType  # 2
 """On task.demote: its nodes wait behind a degraded downstream."""
 Global___RecoveryKind: _TypeAlias = RecoveryKind  # noqa: Y015
@@ -113,6 +117,10 @@ class _RedriveTriggerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Redriv
     """The last UNKNOWN node was settled by its probe or an idempotent re-run."""
     REDRIVE_TRIGGER_DECISION: _RedriveTrigger.ValueType  # 5
     """An operator's ResolveNode settled the last UNKNOWN node."""
+    REDRIVE_TRIGGER_RESUME: _RedriveTrigger.ValueType  # 6
+    """An operator resumed a FAILED task (RedriveTask): every FAILED node and the
+    DEPENDENCY_FAILED ones behind them run again, SUCCEEDED ones never.
+    """
 
 class RedriveTrigger(_RedriveTrigger, metaclass=_RedriveTriggerEnumTypeWrapper):
     """What caused a redrive."""
@@ -128,6 +136,10 @@ REDRIVE_TRIGGER_SETTLEMENT: RedriveTrigger.ValueType  # 4
 """The last UNKNOWN node was settled by its probe or an idempotent re-run."""
 REDRIVE_TRIGGER_DECISION: RedriveTrigger.ValueType  # 5
 """An operator's ResolveNode settled the last UNKNOWN node."""
+REDRIVE_TRIGGER_RESUME: RedriveTrigger.ValueType  # 6
+"""An operator resumed a FAILED task (RedriveTask): every FAILED node and the
+DEPENDENCY_FAILED ones behind them run again, SUCCEEDED ones never.
+"""
 Global___RedriveTrigger: _TypeAlias = RedriveTrigger  # noqa: Y015
 
 class _SettlementMethod:

@@ -120,7 +120,10 @@ class ReconcilerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RedriveTask(self, request, context):
-        """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable).
+        """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable), or resume
+        a FAILED task from its failure (every FAILED node and the DEPENDENCY_FAILED ones behind
+        it run again under a new generation; SUCCEEDED nodes never; UNKNOWN ones must be decided
+        with ResolveNode first). See docs/adr/0033.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

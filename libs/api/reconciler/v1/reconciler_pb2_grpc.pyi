@@ -45,7 +45,11 @@ class ReconcilerServiceStub:
     GetRecoveryTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.GetRecoveryTaskRequest, _reconciler_pb2.GetRecoveryTaskResponse]
     """One task with its envelope, failure history, redrives and settlements."""
     RedriveTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveTaskRequest, _reconciler_pb2.RedriveTaskResponse]
-    """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable)."""
+    """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable), or resume
+    a FAILED task from its failure (every FAILED node and the DEPENDENCY_FAILED ones behind
+    it run again under a new generation; SUCCEEDED nodes never; UNKNOWN ones must be decided
+    with ResolveNode first). See docs/adr/0033.
+    """
     RedriveByFilter: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveByFilterRequest, _reconciler_pb2.RedriveByFilterResponse]
     """Schedule every matching parked task for redrive, spaced to at most rate_per_second."""
     AbandonTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.AbandonTaskRequest, _reconciler_pb2.AbandonTaskResponse]
@@ -75,7 +79,11 @@ class ReconcilerServiceAsyncStub(ReconcilerServiceStub):
     GetRecoveryTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.GetRecoveryTaskRequest, _reconciler_pb2.GetRecoveryTaskResponse]  # type: ignore[assignment]
     """One task with its envelope, failure history, redrives and settlements."""
     RedriveTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveTaskRequest, _reconciler_pb2.RedriveTaskResponse]  # type: ignore[assignment]
-    """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable)."""
+    """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable), or resume
+    a FAILED task from its failure (every FAILED node and the DEPENDENCY_FAILED ones behind
+    it run again under a new generation; SUCCEEDED nodes never; UNKNOWN ones must be decided
+    with ResolveNode first). See docs/adr/0033.
+    """
     RedriveByFilter: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveByFilterRequest, _reconciler_pb2.RedriveByFilterResponse]  # type: ignore[assignment]
     """Schedule every matching parked task for redrive, spaced to at most rate_per_second."""
     AbandonTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.AbandonTaskRequest, _reconciler_pb2.AbandonTaskResponse]  # type: ignore[assignment]
@@ -120,7 +128,11 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.RedriveTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.RedriveTaskResponse, _abc.Awaitable[_reconciler_pb2.RedriveTaskResponse]]:
-        """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable)."""
+        """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable), or resume
+        a FAILED task from its failure (every FAILED node and the DEPENDENCY_FAILED ones behind
+        it run again under a new generation; SUCCEEDED nodes never; UNKNOWN ones must be decided
+        with ResolveNode first). See docs/adr/0033.
+        """
 
     @_abc_1.abstractmethod
     def RedriveByFilter(
