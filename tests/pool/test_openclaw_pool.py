@@ -1,0 +1,134 @@
+"""A pool service on a real OpenClaw gateway: an evaluation driven to its end through real
+automations across a gateway restart, and scaling and a disabled automation's repair."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from dispo.libs.api.pool.v1 import pool_pb2 as pb
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from support import eventually
+
+from .test_openclaw import SLOW, automations, cli_for, namespace
+from .test_processes import create_request
+
+pytestmark = pytest.mark.timeout(1500)
+
+
+async def pool_on(gateway, start_service, file_clock, space: str, **env: str):
+    return await start_service(
+        "pool",
+        env={
+            **file_clock.env,
+            **gateway.cli_env(),
+            "DISPO_POOL_DRIVER": "openclaw",
+            "DISPO_POOL_OPENCLAW_NAMESPACE": space,
+            "DISPO_POOL_OPENCLAW_TIMEOUT_SECONDS": str(SLOW),
+            # Wake-ups come from the pool (`cron run`), not from the automations' schedule.
+            "DISPO_POOL_TICK_SECONDS": "3600",
+            "DISPO_POOL_MIN_SIZE": "2",
+            "DISPO_POOL_MAX_SIZE": "4",
+            **env,
+        },
+    )
+
+
+async def get(stub, evaluation_id: str) -> pb.Evaluation:
+    return await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id=evaluation_id))
+
+
+async def test_pool_drives_an_evaluation_through_real_automations_across_a_gateway_restart(
+    openclaw_gateway, start_service, file_clock, target
+):
+    cli = cli_for(openclaw_gateway)
+    space = namespace()
+    pool = await pool_on(openclaw_gateway, start_service, file_clock, space)
+    created = await eventually(lambda: automations(cli, space), lambda a: len(a) == 2, timeout=SLOW)
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        status = await stub.GetPoolStatus(pb.GetPoolStatusRequest())
+        assert status.driver == pb.DRIVER_OPENCLAW and status.size == 2
+        assert {c.id for c in (await stub.ListCrons(pb.ListCronsRequest())).crons} == set(created)
+        # Two slots of 60 s, two runs each: slot 0 is due at once.
+        await stub.CreateEvaluation(
+            create_request(target.url, "claw-1", window_seconds=120, slot_count=2, runs_per_slot=2)
+        )
+        # The pool runs `cron run` on an idle cron; its automation runs dispo-pool-wake,
+        # which takes the evaluation and records slot 0's runs.
+        first = await eventually(
+            lambda: get(stub, "claw-1"), lambda e: e.runs_done == 2, timeout=SLOW
+        )
+        assert first.status == pb.EVALUATION_STATUS_EXECUTING and target.calls == 2
+        [served] = (await stub.ListAssignments(pb.ListAssignmentsRequest())).assignments
+        assert served.end_reason == pb.ASSIGNMENT_END_DONE
+        view = await eventually(
+            lambda: stub.GetDriftView(pb.GetDriftViewRequest()),
+            lambda v: {json.loads(c.state_json)["status"] for c in v.driver_crons} == {"idle"},
+            timeout=SLOW,
+        )
+        assert {c.cron_id for c in view.driver_crons} == set(created)
+
+        # The gateway dies mid-evaluation; slot 1 falls due while it is down (the wake-up
+        # fails), and it comes back with the same state folder.
+        openclaw_gateway.kill()
+        file_clock.advance(seconds=61)
+        await eventually(lambda: stub.ListQueue(pb.ListQueueRequest()), lambda q: len(q.items) == 1)
+        await openclaw_gateway.start()
+        after = await automations(cli, space)
+        assert {c: j["id"] for c, j in after.items()} == {c: j["id"] for c, j in created.items()}
+        # The next sweep pass wakes an idle cron again; the evaluation completes.
+        file_clock.advance(seconds=31)
+        done = await eventually(
+            lambda: get(stub, "claw-1"),
+            lambda e: e.status == pb.EVALUATION_STATUS_COMPLETED,
+            timeout=SLOW,
+        )
+        assert done.runs_done == 4 and target.calls == 4  # nothing lost, nothing run twice
+        ends = [
+            a.end_reason
+            for a in (await stub.ListAssignments(pb.ListAssignmentsRequest())).assignments
+        ]
+        assert sorted(ends) == sorted([pb.ASSIGNMENT_END_DONE, pb.ASSIGNMENT_END_COMPLETED])
+
+
+async def test_pool_scales_automations_and_repairs_a_disabled_one(
+    openclaw_gateway, start_service, file_clock
+):
+    cli = cli_for(openclaw_gateway)
+    space = namespace()
+    pool = await pool_on(openclaw_gateway, start_service, file_clock, space)
+    await eventually(lambda: automations(cli, space), lambda a: len(a) == 2, timeout=SLOW)
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        # Scale up: a minimum of 3 adds one automation at the next sweep pass.
+        await stub.SetPoolBounds(pb.SetPoolBoundsRequest(min_size=3, max_size=4))
+        file_clock.advance(seconds=31)
+        grown = await eventually(
+            lambda: automations(cli, space), lambda a: len(a) == 3, timeout=SLOW
+        )
+        crons = {c.id for c in (await stub.ListCrons(pb.ListCronsRequest())).crons}
+        assert crons == set(grown)
+
+        # An automation disabled in OpenClaw: the drift view lacks it, and the repair the
+        # reconciler asks for enables it again.
+        victim = sorted(grown)[0]
+        await cli("cron", "disable", grown[victim]["id"])
+        view = await stub.GetDriftView(pb.GetDriftViewRequest())
+        assert {c.cron_id for c in view.driver_crons} == crons - {victim}
+        repaired = await stub.ApplyRepair(
+            pb.ApplyRepairRequest(kind=pb.REPAIR_KIND_RECREATE_MISSING, cron_id=victim)
+        )
+        assert repaired.applied, repaired.detail
+        assert (await automations(cli, space))[victim]["enabled"]
+
+        # Scale down: a maximum of 1 removes the others' automations.
+        await stub.SetPoolBounds(pb.SetPoolBoundsRequest(min_size=1, max_size=1))
+        file_clock.advance(seconds=31)
+        left = await eventually(
+            lambda: automations(cli, space), lambda a: len(a) == 1, timeout=SLOW
+        )
+        assert set(left) == {c.id for c in (await stub.ListCrons(pb.ListCronsRequest())).crons}
+        reasons = [r.reason for r in (await stub.ListResizes(pb.ListResizesRequest())).resizes]
+        assert "above_max" in reasons
