@@ -2,6 +2,7 @@
 
 dispo up [--data-dir .dispo]        start PostgreSQL, NATS and the five services
 dispo up --detach                   the same in the background
+dispo up --pool-driver openclaw     the pool's crons as automations of an OpenClaw gateway
 dispo down                          stop a stack running in the background (or elsewhere)
 dispo status [--json]               health and address of each service
 dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
@@ -45,6 +46,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_port=args.nats_port,
         services=tuple(args.services.split(",")) if args.services else SERVICES,
         demo_port=args.demo_port,
+        pool_driver=args.pool_driver,
+        openclaw_url=args.openclaw_url,
+        openclaw_token=args.openclaw_token,
+        openclaw_port=args.openclaw_port,
     )
     if args.detach:
         return detach(options, [a for a in args.argv if a != "--detach"])
@@ -149,6 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8181,
         help="port of the demo downstream the example catalogue calls (0: don't start it)",
+    )
+    up.add_argument(
+        "--pool-driver",
+        choices=("local", "openclaw"),
+        default="local",
+        help="where the pool's crons run: the pool-worker (local) or an OpenClaw gateway"
+        " (started by the stack unless --openclaw-url names one)",
+    )
+    up.add_argument("--openclaw-url", help="attach to this OpenClaw gateway (ws://...)")
+    up.add_argument("--openclaw-token", help="the OpenClaw gateway's token")
+    up.add_argument(
+        "--openclaw-port", type=int, default=18789, help="port of the gateway the stack starts"
     )
     up.add_argument(
         "--detach",

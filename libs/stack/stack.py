@@ -8,8 +8,10 @@ default), so stopping and starting the stack keeps every task. Given external UR
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import secrets
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +55,9 @@ SHUTDOWN_ORDER = [
 # the services, PostgreSQL last.
 NATS = "nats"
 POSTGRES = "postgres"
-INFRASTRUCTURE_SHUTDOWN_ORDER = [NATS, POSTGRES]
+# The OpenClaw gateway the pool's openclaw driver uses, when the stack starts it.
+OPENCLAW = "openclaw"
+INFRASTRUCTURE_SHUTDOWN_ORDER = [OPENCLAW, NATS, POSTGRES]
 STOP_ORDER = SHUTDOWN_ORDER + INFRASTRUCTURE_SHUTDOWN_ORDER
 STATE_FILE = "stack.json"
 
@@ -80,6 +84,13 @@ class StackOptions:
     # Nodes of the embedded NATS (1: one nats-server on nats_port; 3: a JetStream cluster
     # ``nats-0``… on free loopback ports, streams created with that many replicas).
     nats_nodes: int = 1
+    # Where the pool's crons run: ``local`` (the pool-worker companion) or ``openclaw`` (an
+    # OpenClaw gateway the stack starts on ``openclaw_port``, its state under the data
+    # folder, unless ``openclaw_url`` names one to attach to with ``openclaw_token``).
+    pool_driver: str = "local"
+    openclaw_url: str | None = None
+    openclaw_token: str | None = None
+    openclaw_port: int = 18789
 
 
 def replica_names(service: str, count: int) -> list[str]:
@@ -87,7 +98,12 @@ def replica_names(service: str, count: int) -> list[str]:
     return [service, *(f"{service}-{k}" for k in range(2, count + 1))]
 
 
-def service_specs(options: StackOptions, database_url: str, nats_url: str) -> list[ProcessSpec]:
+def service_specs(
+    options: StackOptions,
+    database_url: str,
+    nats_url: str,
+    pool_env: dict[str, str] | None = None,
+) -> list[ProcessSpec]:
     common = {
         "DISPO_DATABASE_URL": database_url,
         "DISPO_NATS_URL": nats_url,
@@ -123,6 +139,7 @@ def service_specs(options: StackOptions, database_url: str, nats_url: str) -> li
             port = options.ports[service] if k == 0 else free_port()
             env = {
                 **common,
+                **((pool_env or {}) if service == "pool" else {}),
                 f"DISPO_{service.upper()}_HOST": options.host,
                 f"DISPO_{service.upper()}_PORT": str(port),
             }
@@ -136,7 +153,7 @@ def service_specs(options: StackOptions, database_url: str, nats_url: str) -> li
                     new_session=True,
                 )
             )
-    if "pool" in options.services:
+    if "pool" in options.services and options.pool_driver == "local":
         env = {
             **common,
             "DISPO_POOL_WORKER_POOL_ADDRESS": f"{options.host}:{options.ports['pool']}",
@@ -217,7 +234,11 @@ class Stack:
             )
             infrastructure.append(self.nats.spec(NATS))
             nats_url = self.nats.url
-        specs = service_specs(self.options, database_url, nats_url)
+        pool_env: dict[str, str] = {}
+        if "pool" in self.options.services and self.options.pool_driver == "openclaw":
+            pool_env, gateway = await self._openclaw()
+            infrastructure += gateway
+        specs = service_specs(self.options, database_url, nats_url, pool_env)
         addresses = {spec.name: spec.address for spec in specs if spec.address}
 
         def write_state() -> None:
@@ -232,6 +253,31 @@ class Stack:
         self._ready = True
         write_state()
         return addresses
+
+    async def _openclaw(self) -> tuple[dict[str, str], list[ProcessSpec]]:
+        """The pool's settings for the openclaw driver, and the gateway to start (none when
+        attaching to ``openclaw_url``)."""
+        options = self.options
+        home = options.data_dir / "openclaw" / "home"
+        env = {"DISPO_POOL_DRIVER": "openclaw", "DISPO_POOL_OPENCLAW_HOME": str(home)}
+        if options.openclaw_url:
+            env["DISPO_POOL_OPENCLAW_URL"] = options.openclaw_url
+            if options.openclaw_token:
+                env["DISPO_POOL_OPENCLAW_TOKEN"] = options.openclaw_token
+            return env, []
+        from dispo.libs.stack.openclaw import OpenClawGateway, ensure_openclaw
+
+        install = await asyncio.to_thread(ensure_openclaw)  # minutes, the first time only
+        token = options.openclaw_token or _kept_token(options.data_dir / "openclaw" / "token")
+        gateway = OpenClawGateway(
+            install,
+            home,
+            options.data_dir / "logs" / f"{OPENCLAW}.log",
+            port=options.openclaw_port,
+            token=token,
+        )
+        env.update(gateway.cli_env())
+        return env, [dataclasses.replace(gateway.process.spec, name=OPENCLAW)]
 
     async def watch(self) -> None:
         """Restart any process of the stack that exits, until :meth:`stop`."""
@@ -303,6 +349,15 @@ class Stack:
         (self.options.data_dir / STATE_FILE).unlink(missing_ok=True)
         self._lock.release()
         return failed
+
+
+def _kept_token(path: Path) -> str:
+    """The stack's gateway token, made once and kept beside its state."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(16))
+        path.chmod(0o600)
+    return path.read_text().strip()
 
 
 def stop_stale(data_dir: Path, state: dict[str, Any]) -> list[Recorded]:

@@ -1,15 +1,25 @@
 """A pool service on a real OpenClaw gateway: an evaluation driven to its end through real
-automations across a gateway restart, and scaling and a disabled automation's repair."""
+automations across a gateway restart, scaling and a disabled automation's repair, and
+``dispo up --pool-driver openclaw`` starting a gateway of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import subprocess
 
 import grpc
 import pytest
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.openclaw import ensure_openclaw
+from dispo.libs.stack.stack import read_state
+from dispo.pool.drivers.openclaw import OpenClawCli
 from support import eventually
+from support.stack import DISPO, alive
 
 from .test_openclaw import SLOW, automations, cli_for, namespace
 from .test_processes import create_request
@@ -132,3 +142,53 @@ async def test_pool_scales_automations_and_repairs_a_disabled_one(
         assert set(left) == {c.id for c in (await stub.ListCrons(pb.ListCronsRequest())).crons}
         reasons = [r.reason for r in (await stub.ListResizes(pb.ListResizesRequest())).resizes]
         assert "above_max" in reasons
+
+
+async def test_dispo_up_starts_a_gateway_for_the_pool(database_url, nats_url, tmp_path):
+    """``dispo up --pool-driver openclaw`` starts its own gateway (state under the data
+    folder, a kept token), no pool-worker, and the pool's automations on it."""
+    install = await asyncio.to_thread(ensure_openclaw)  # fails saying why if it cannot
+    data, port, pool_port = tmp_path / "data", free_port(), free_port()
+    env = {
+        **os.environ,
+        "DISPO_DATA_DIR": str(data),
+        "DISPO_POOL_PORT": str(pool_port),
+        "DISPO_POOL_MIN_SIZE": "2",
+        "DISPO_POOL_TICK_SECONDS": "3600",
+        "DISPO_POOL_OPENCLAW_TIMEOUT_SECONDS": str(SLOW),
+    }
+    up = subprocess.Popen(
+        [DISPO, "up", "--services", "pool", "--pool-driver", "openclaw", "--openclaw-port",
+         str(port), "--demo-port", "0", "--database-url", database_url, "--nats-url", nats_url],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        printed: list[str] = []
+        async with asyncio.timeout(SLOW):
+            while not printed or "Ctrl-C" not in printed[-1]:
+                printed.append(await asyncio.to_thread(up.stdout.readline))
+                assert printed[-1], "".join(printed)
+        state = read_state(data)
+        assert set(state["services"]) == {"pool"} and "pool-worker" not in state["companions"]
+        gateway_pid = state["infrastructure"]["openclaw"]["pid"]
+        token = (data / "openclaw" / "token").read_text().strip()
+        cli = OpenClawCli(
+            install.argv(),
+            ["--port", str(port), "--token", token],
+            install.env(data / "openclaw" / "home"),
+            timeout=SLOW,
+        )
+        created = await eventually(
+            lambda: automations(cli, "default"), lambda a: len(a) == 2, timeout=SLOW
+        )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{pool_port}") as channel:
+            stub = pool_pb2_grpc.PoolServiceStub(channel)
+            status = await stub.GetPoolStatus(pb.GetPoolStatusRequest())
+            crons = (await stub.ListCrons(pb.ListCronsRequest())).crons
+        assert status.driver == pb.DRIVER_OPENCLAW and {c.id for c in crons} == set(created)
+        up.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(asyncio.to_thread(up.wait), 180) == 0
+        assert not alive(gateway_pid)
+    finally:
+        up.kill()
+        up.wait()
