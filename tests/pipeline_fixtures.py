@@ -53,6 +53,30 @@ cells:
         path: /once/{{payload.name}}
         probe_path: /effects/{{idempotency_key}}
         idempotent: false
+  quick_step:
+    description: One idempotent call that gives up waiting for its answer after 2 s.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      call:
+        kind: http
+        downstream: demo
+        path: /quick/{{payload.name}}
+        probe_path: /effects/{{idempotency_key}}
+        idempotent: true
+        timeout_ms: 2000
+  quick_once:
+    description: One call not to repeat blindly that gives up waiting for its answer after 2 s.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      call:
+        kind: http
+        downstream: demo
+        path: /quick-once/{{payload.name}}
+        probe_path: /effects/{{idempotency_key}}
+        idempotent: false
+        timeout_ms: 2000
   pair:
     description: Two calls, the second after the first.
     fields:

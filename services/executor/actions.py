@@ -1,39 +1,27 @@
-"""Running one node's action: the ``http`` and ``noop`` kinds, and result classification.
+"""Running one node's action: the ``http`` and ``noop`` kinds.
 
 Every http call carries the node's stable ``Idempotency-Key`` (the same on every attempt).
-2xx is success; 4xx a permanent failure except 408 and 429; 5xx, timeouts and connection
-errors are retryable.
+Its answer or transport error is classified by :mod:`dispo.executor.failures`: whether the
+call may have had its effect decides whether it may be sent again.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import httpx
 from dispo.executor.domain import ActionSpec
+from dispo.executor.failures import CallOutcome, classify_error, classify_status
 from dispo.libs.catalogue import Downstream
 from dispo.libs.error_text import truncate_error
-
-
-class CallOutcome(enum.Enum):
-    SUCCESS = "success"
-    PERMANENT = "permanent"
-    RETRYABLE = "retryable"
 
 
 @dataclass(frozen=True)
 class Result:
     outcome: CallOutcome
     detail: str = ""
-
-
-def classify_status(code: int) -> CallOutcome:
-    if 200 <= code < 300:
-        return CallOutcome.SUCCESS
-    if code in (408, 429) or code >= 500:
-        return CallOutcome.RETRYABLE
-    return CallOutcome.PERMANENT
+    # The answer's Retry-After header as sent (read against the clock when recorded).
+    retry_after: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,16 +34,21 @@ class Call:
     body: bytes
 
 
+def failed(outcome: CallOutcome, detail: str, retry_after: str = "") -> Result:
+    """A failed call's result; its detail starts with the class (``ambiguous: …``)."""
+    return Result(outcome, truncate_error(f"{outcome.value}: {detail}"), retry_after)
+
+
 async def run_action(
     client: httpx.AsyncClient, call: Call, downstream: Downstream | None
 ) -> Result:
     if call.spec.kind == "noop":
         return Result(CallOutcome.SUCCESS)
     if call.spec.kind != "http":
-        return Result(CallOutcome.PERMANENT, f"unknown action kind {call.spec.kind!r}")
+        return failed(CallOutcome.DEFINITE, f"unknown action kind {call.spec.kind!r}")
     if downstream is None:
-        return Result(
-            CallOutcome.RETRYABLE,
+        return failed(
+            CallOutcome.NOT_SENT,
             f"downstream {call.spec.downstream!r} is not in this executor's registry",
         )
     timeout = (call.spec.timeout_ms or downstream.timeout_ms) / 1000
@@ -73,14 +66,24 @@ async def run_action(
             headers=headers,
             timeout=timeout,
         )
-    except httpx.TimeoutException:
-        return Result(CallOutcome.RETRYABLE, f"timeout after {timeout:g}s")
-    except (httpx.TransportError, OSError) as error:
-        return Result(CallOutcome.RETRYABLE, truncate_error(f"connection error: {error!r}"))
+    except Exception as error:
+        return failed(classify_error(error), describe_error(error, timeout))
     outcome = classify_status(response.status_code)
-    detail = (
-        ""
-        if outcome is CallOutcome.SUCCESS
-        else truncate_error(f"HTTP {response.status_code}: {response.text}")
+    if outcome is CallOutcome.SUCCESS:
+        return Result(outcome)
+    return failed(
+        outcome,
+        f"HTTP {response.status_code}: {response.text}",
+        response.headers.get("Retry-After", ""),
     )
-    return Result(outcome, detail)
+
+
+def describe_error(error: BaseException, timeout: float) -> str:
+    """What went wrong with a call that raised, in words an operator reads in ``last_error``."""
+    if isinstance(error, httpx.ConnectTimeout | httpx.PoolTimeout):
+        return f"connect timeout after {timeout:g}s"
+    if isinstance(error, httpx.TimeoutException):
+        return f"timeout after {timeout:g}s with the request under way"
+    if isinstance(error, httpx.TransportError | OSError):
+        return f"connection error: {error!r}"
+    return f"action error: {error!r}"

@@ -15,16 +15,19 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from dispo.executor import repository as repo
 from dispo.executor import repository_many as many
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, ready, to_cancel
 from dispo.executor.envelope import node_from_proto
+from dispo.executor.failures import CallOutcome
 from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.contracts import tasks
+from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -399,10 +402,12 @@ class Passes:
                     continue
                 breaker = self.breakers.get(node.spec.downstream)
                 if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
+                    # Refused by the breaker, so not sent: it may go out once released.
                     move(
                         node,
                         NodeState.DEMOTED,
-                        last_error=f"downstream {node.spec.downstream} degraded (circuit open)",
+                        last_error=f"{CallOutcome.NOT_SENT}: downstream"
+                        f" {node.spec.downstream} degraded (circuit open)",
                     )
                     continue
                 launch.append(node)
@@ -495,27 +500,7 @@ async def recover(
     for node in nodes.values():
         if node.status is not NodeState.RUNNING:
             continue
-        if node.spec.idempotent:
-            err = "executor stopped mid-call; re-run under the same idempotency key (action is idempotent)"
-            await repo.node_set_status_if(
-                conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN, last_error=err
-            )
-            await repo.node_set_status_if(
-                conn, task_id, node.node_id, NodeState.UNKNOWN, NodeState.PENDING
-            )
-            node.status = NodeState.PENDING
-        else:
-            err = "executor stopped mid-call; outcome unknown until probed"
-            await repo.node_set_status_if(
-                conn,
-                task_id,
-                node.node_id,
-                NodeState.RUNNING,
-                NodeState.UNKNOWN,
-                last_error=err,
-                finished_at=now,
-            )
-            node.status = NodeState.UNKNOWN
+        await outcome_unknown(conn, task_id, node, now, "executor stopped mid-call")
         log.warning(
             "interrupted node recovered",
             task_id=task_id,
@@ -524,3 +509,45 @@ async def recover(
         )
         recovered = True
     return recovered
+
+
+async def outcome_unknown(
+    conn: AsyncConnection,
+    task_id: str,
+    node: NodeRun,
+    now: datetime,
+    why: str,
+    *,
+    owner: str | None = None,
+    not_before: datetime | None = None,
+) -> bool:
+    """A RUNNING node whose call may have had its effect without its result being recorded
+    (the executor stopped mid-call, or the call's outcome was ambiguous) becomes UNKNOWN.
+    An idempotent action is then run again under the same idempotency key (→ PENDING; a
+    short retry not before ``not_before`` when given, else at once); any other stays UNKNOWN, never sent again by the executor, until
+    the reconciler settles it by its status probe or an operator decides. ``owner`` guards
+    the move by the node's runner; False when the node was not RUNNING (under ``owner``).
+    Sets ``node.status``."""
+    if node.spec.idempotent:
+        err = truncate_error(f"re-run under the same idempotency key (idempotent): {why}")
+        if not await repo.node_set_status_if(
+            conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN,
+            owner=owner, last_error=err,
+        ):  # fmt: skip
+            return False
+        fields: dict[str, Any] = {}
+        if not_before is not None:  # a short retry, as after any retryable failure
+            fields = {"not_before": not_before, "retryable": True}
+        await repo.node_set_status_if(
+            conn, task_id, node.node_id, NodeState.UNKNOWN, NodeState.PENDING, **fields
+        )
+        node.status = NodeState.PENDING
+        return True
+    err = truncate_error(f"outcome unknown until settled (status probe or operator): {why}")
+    if not await repo.node_set_status_if(
+        conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN,
+        owner=owner, last_error=err, finished_at=now,
+    ):  # fmt: skip
+        return False
+    node.status = NodeState.UNKNOWN
+    return True

@@ -18,22 +18,23 @@ import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
+from typing import Any
 
 import httpx
 from dispo.executor import repository as repo
-from dispo.executor.actions import Call, CallOutcome, Result, run_action
+from dispo.executor.actions import Call, Result, failed, run_action
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import NodeRun, RetryPolicy
 from dispo.executor.envelope import payload_of
-from dispo.executor.passes import Opening, Pass, Passes, Step, Stepping
+from dispo.executor.failures import CallOutcome, Move, Verdict, breaker_counts, next_move
+from dispo.executor.passes import Opening, Pass, Passes, Step, Stepping, outcome_unknown
 from dispo.executor.states import NodeState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
 from dispo.libs.bus import Disposition, Nak
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
-from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -193,51 +194,65 @@ class Executor:
             )
             try:
                 result = await run_action(self.http, call, downstream)
-            except (
-                Exception
-            ) as error:  # a bug in an action must not leave the node RUNNING for ever
-                result = Result(CallOutcome.RETRYABLE, truncate_error(f"action error: {error!r}"))
+            except Exception as error:  # a bug must not leave the node RUNNING for ever;
+                # whether the call went out is not known
+                result = failed(CallOutcome.AMBIGUOUS, f"action error: {error!r}")
         await self._record(task_id, node, owner, result)
         return True
 
+    @staticmethod
+    def _fields(move: Move, result: Result, now: datetime) -> tuple[NodeState, dict[str, Any]]:
+        """The node's new state and columns for ``move`` (the UNKNOWN moves are
+        :func:`outcome_unknown`'s)."""
+        if move.verdict is Verdict.SUCCEEDED:
+            return NodeState.SUCCEEDED, {"finished_at": now, "last_error": "", "retryable": False}
+        if move.verdict is Verdict.FAILED:
+            return NodeState.FAILED, {
+                "finished_at": now,
+                "last_error": result.detail,
+                "retryable": move.retryable,
+            }
+        if move.verdict is Verdict.RETRY:
+            return NodeState.PENDING, {
+                "not_before": move.not_before,
+                "last_error": result.detail,
+                "retryable": True,
+            }
+        return NodeState.UNKNOWN, {}
+
     async def _record(self, task_id: str, node: NodeRun, owner: str, result: Result) -> None:
+        """Record a finished call by its class (:mod:`dispo.executor.failures`): SUCCEEDED,
+        FAILED, a short retry (PENDING after the backoff, or the Retry-After asked for), or,
+        for an ambiguous call of an action that is not idempotent, UNKNOWN — the same move
+        as for a node an executor stopped in the middle of (:func:`passes.outcome_unknown`)."""
         now = self.clock.now()
         breaker = self.breakers.get(node.spec.downstream)
         if breaker is not None and node.spec.kind == "http":
-            if result.outcome is CallOutcome.SUCCESS:
+            health = breaker_counts(result.outcome)
+            if health is True:
                 breaker.record_success(now)
-            elif result.outcome is CallOutcome.RETRYABLE:
+            elif health is False:
                 breaker.record_failure(now)
-        round_attempts = node.round_attempts + 1
-        if result.outcome is CallOutcome.SUCCESS:
-            new, fields = (
-                NodeState.SUCCEEDED,
-                {"finished_at": now, "last_error": "", "retryable": False},
-            )
-        elif result.outcome is CallOutcome.PERMANENT:
-            new, fields = (
-                NodeState.FAILED,
-                {"finished_at": now, "last_error": result.detail, "retryable": False},
-            )
-        elif self.config.retry.exhausted(round_attempts):
-            new, fields = (
-                NodeState.FAILED,
-                {"finished_at": now, "last_error": result.detail, "retryable": True},
-            )
-        else:
-            delay = self.config.retry.delay(round_attempts)
-            new, fields = (
-                NodeState.PENDING,
-                {
-                    "not_before": now + timedelta(seconds=delay),
-                    "last_error": result.detail,
-                    "retryable": True,
-                },
-            )
+        move = next_move(
+            result.outcome,
+            node.spec.idempotent,
+            node.round_attempts + 1,
+            self.config.retry,
+            now,
+            result.retry_after,
+        )
+        new, fields = self._fields(move, result, now)
         async with self.engine.begin() as conn:
-            if not await repo.node_set_status_if(
-                conn, task_id, node.node_id, NodeState.RUNNING, new, owner=owner, **fields
-            ):
+            if move.unknown:
+                recorded = await outcome_unknown(
+                    conn, task_id, node, now, result.detail, owner=owner, not_before=move.not_before
+                )
+                new = node.status
+            else:
+                recorded = await repo.node_set_status_if(
+                    conn, task_id, node.node_id, NodeState.RUNNING, new, owner=owner, **fields
+                )
+            if not recorded:
                 log.warning(
                     "node result lost a race (lease expired?)",
                     task_id=task_id,
@@ -251,5 +266,6 @@ class Executor:
             task_id=task_id,
             node_id=node.node_id,
             status=new.value,
+            outcome=result.outcome.value,
             error=result.detail,
         )

@@ -8,8 +8,9 @@ upper-case with their type prefix, converted by name (ADR 0017).
 Which component moves a node *out* of each state:
 
 - PENDING: the executor (claims it → RUNNING; or DEPENDENCY_FAILED / DEMOTED / CANCELLED).
-- RUNNING: the executor that claimed it (→ SUCCEEDED / FAILED / PENDING for a short retry);
-  after a crash, the next executor taking the task's lease (→ UNKNOWN).
+- RUNNING: the executor that claimed it (→ SUCCEEDED / FAILED / PENDING for a short retry;
+  → UNKNOWN when the call's outcome is ambiguous, see ``failures``); after a crash, the next
+  executor taking the task's lease (→ UNKNOWN).
 - UNKNOWN: the executor re-runs it (→ PENDING) only if its action is idempotent; otherwise
   the reconciler settles it by its probe (a redrive with SUCCEEDED or PENDING).
 - FAILED: terminal when permanent; a retry-exhausted node (retry.retryable) goes back to

@@ -1,10 +1,10 @@
-"""Scheduling rules, retry policy, breaker and classification (pure domain)."""
+"""Scheduling rules, retry policy and breaker (pure domain); the classification of failed
+calls is tested in test_failures.py."""
 
 import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from dispo.executor.actions import CallOutcome, classify_status
 from dispo.executor.breaker import Breaker, BreakerState
 from dispo.executor.domain import (
     ActionSpec,
@@ -259,23 +259,6 @@ def test_failed_health_check_opens_a_closed_or_half_open_breaker():
     assert breaker.state is BreakerState.OPEN and not breaker.allow(NOW + timedelta(seconds=1))
     breaker.record_success(NOW + timedelta(seconds=1))  # the trial's late success
     assert breaker.state is BreakerState.OPEN
-
-
-@pytest.mark.parametrize(
-    ("code", "outcome"),
-    [
-        (200, CallOutcome.SUCCESS),
-        (204, CallOutcome.SUCCESS),
-        (400, CallOutcome.PERMANENT),
-        (404, CallOutcome.PERMANENT),
-        (408, CallOutcome.RETRYABLE),
-        (429, CallOutcome.RETRYABLE),
-        (500, CallOutcome.RETRYABLE),
-        (503, CallOutcome.RETRYABLE),
-    ],
-)
-def test_http_classification(code, outcome):
-    assert classify_status(code) is outcome
 
 
 def test_state_machines_are_closed_and_match_the_protos():

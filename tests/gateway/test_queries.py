@@ -150,6 +150,8 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
     assert set(cells) == {
         "step",
         "step_once",
+        "quick_step",
+        "quick_once",
         "pair",
         "narrow_step",
         "set_level",

@@ -355,6 +355,51 @@ async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstr
     ]
 
 
+async def test_ambiguous_calls_of_non_idempotent_actions_are_settled_by_their_probes(
+    pipeline, downstream, reconciler
+):
+    """A downstream that performs the effect and then answers too late, and one that
+    answers 500 without having acted, for actions that are not idempotent: each node is
+    UNKNOWN after its one call; the probe settles the first SUCCEEDED with no second call
+    and runs the second again. The downstream does not deduplicate: every effect counts."""
+    await downstream.control(
+        dedupe=False,
+        hold={"path": "/quick-once/late", "effect": True, "times": 1},
+        fail={"path": "/quick-once/broken", "status": 500, "times": 1},
+    )
+    async with pipeline.client() as client:
+        late = await client.submit("tests", [cell("quick_once", name="late")])
+        broken = await client.submit("tests", [cell("quick_once", name="broken")])
+        for task in (late, broken):
+            held = await reconciler.wait_state(
+                task.task_id, pb.RECOVERY_STATE_AWAITING_SETTLEMENT, timeout=60
+            )
+            assert held.error_class == "unknown_outcome"
+        assert (await downstream.calls()) == {
+            f"{late.task_id}/quick_once.call": 1,
+            f"{broken.task_id}/quick_once.call": 1,
+        }
+        await reconciler.sweep()
+        views = [await client.wait(t.task_id, timeout=30) for t in (late, broken)]
+    await downstream.control(release=True)
+
+    assert [v.status for v in views] == ["SUCCEEDED", "SUCCEEDED"], [dump(v) for v in views]
+    late_key, broken_key = f"{late.task_id}/quick_once.call", f"{broken.task_id}/quick_once.call"
+    calls, effects = await downstream.calls(), await downstream.effects()
+    assert calls[late_key] == 1 and effects[late_key] == 1  # settled by the probe alone
+    assert calls[broken_key] == 2 and effects[broken_key] == 1  # not done: run once more
+    for task, outcome in (
+        (late, common_pb2.NODE_STATUS_SUCCEEDED),
+        (broken, common_pb2.NODE_STATUS_PENDING),
+    ):
+        detail = await reconciler.stub.GetRecoveryTask(
+            pb.GetRecoveryTaskRequest(task_id=task.task_id)
+        )
+        assert [(s.node_id, s.method, s.outcome) for s in detail.settlements] == [
+            ("quick_once.call", pb.SETTLEMENT_METHOD_PROBE, outcome)
+        ]
+
+
 async def test_conflicting_tasks_one_verdict_loser_cancelled(
     pipeline, downstream, reconciler, database_url
 ):

@@ -4,28 +4,37 @@
 
 Routes:
 - ``POST|PUT /<anything>``: an action call. The first call with a key performs the
-  "effect"; later calls with the same key are counted but do not repeat it — unless
-  switched to ``{"dedupe": false}``, when every call that gets through performs the effect
-  again (a downstream that trusts its caller never to repeat a call).
+  "effect"; later calls with the same key are counted but do not repeat it, unless
+  switched to ``{"dedupe": false}``: then every call that gets through performs the effect
+  again and counts it (a downstream that ignores the key, as a non-idempotent one does).
 - ``GET /healthz``: 200, or 503 when switched down.
 - ``GET /effects/{key}``: the status probe: ``{"done": bool, "calls": n}``.
 - ``GET /calls``: ``{"calls": {key: n}, "effects": {key: n}, "bodies": {key: text},
-  "held": n}``; ``bodies`` holds the request body of each effect as received.
+  "held": n}``; ``bodies`` holds the request body of each key's first effect as received.
 - ``POST /control``: switches, JSON with any of
-  ``{"fail": {"status": 500, "times": 2, "path": "/labels"}}`` (fail the next calls),
+  ``{"fail": {"status": 500, "times": 2, "path": "/labels"}}`` (fail the next calls; with
+  ``"effect": true`` after performing the effect, with ``"retry_after": "3"`` sending that
+  ``Retry-After``),
+  ``{"drop": {"times": 1, "path": "/labels", "effect": true}}`` (reset the connection
+  instead of answering, after performing the effect if asked),
   ``{"down": true}`` (every call 503 and health 503),
   ``{"delay_ms": 200}`` (answer slowly),
   ``{"late_ms": 3000}`` (perform the effect, then answer only after that long: past the
   caller's timeout, the call looks failed although its effect happened; 0 switches it off),
-  ``{"dedupe": false}`` (count an effect for every call, see above; ``true`` again by default),
   ``{"hold": {"path": "/reviews"}}`` (keep matching calls open until released; the call
-  is counted, its effect is not recorded), ``{"release": true}``, ``{"reset": true}``.
+  is counted, its effect is not recorded and the released call answers 503; with
+  ``"effect": true`` the effect is performed first and the released call answers 200 —
+  an answer that comes too late; with ``"times": n`` only the next n matching calls),
+  ``{"dedupe": false}`` (see above; ``true`` again by default), ``{"release": true}``,
+  ``{"reset": true}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
+import struct
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -33,9 +42,28 @@ from aiohttp import web
 
 @dataclass
 class Rule:
-    status: int
-    times: int
+    status: int  # 0: reset the connection instead of answering
+    times: int  # calls still to match; negative: every call
     path: str = ""
+    effect: bool = False  # perform the effect first
+    retry_after: str = ""
+
+    def take(self, path: str) -> bool:
+        """Does this rule apply to a call of ``path`` (and count it)?"""
+        if self.times == 0 or not _matches(self.path, path):
+            return False
+        self.times -= 1 if self.times > 0 else 0
+        return True
+
+
+def _rule(body: dict, status: int, times: int = 1) -> Rule:
+    return Rule(
+        int(body.get("status", status)),
+        int(body.get("times", times)),
+        body.get("path", ""),
+        bool(body.get("effect", False)),
+        str(body.get("retry_after", "")),
+    )
 
 
 @dataclass
@@ -45,16 +73,27 @@ class State:
     bodies: dict[str, str] = field(default_factory=dict)
     fail: list[Rule] = field(default_factory=list)
     down: bool = False
+    dedupe: bool = True
     delay_ms: int = 0
     late_ms: int = 0
-    dedupe: bool = True
-    hold_path: str | None = None
+    hold: Rule | None = None
     held: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _matches(prefix: str, path: str) -> bool:
     return not prefix or path.startswith(prefix)
+
+
+def _reset(request: web.Request) -> web.StreamResponse:
+    """Reset the call's connection (RST, no answer at all)."""
+    transport = request.transport
+    assert transport is not None
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+    return web.Response()  # never written: the connection is gone
 
 
 def build_app() -> web.Application:
@@ -84,53 +123,65 @@ def build_app() -> web.Application:
         if body.get("reset"):
             for recorded in (state.calls, state.effects, state.bodies, state.fail):
                 recorded.clear()
-            state.down, state.delay_ms, state.hold_path = False, 0, None
-            state.late_ms, state.dedupe = 0, True
+            state.down, state.dedupe, state.delay_ms, state.hold = False, True, 0, None
+            state.late_ms = 0
             state.release.set()
             state.release = asyncio.Event()
         if "fail" in body:
-            f = body["fail"]
-            state.fail.append(
-                Rule(int(f.get("status", 500)), int(f.get("times", 1)), f.get("path", ""))
-            )
+            state.fail.append(_rule(body["fail"], 500))
+        if "drop" in body:
+            state.fail.append(_rule({**body["drop"], "status": 0}, 0))
         if "down" in body:
             state.down = bool(body["down"])
-        if "delay_ms" in body:
-            state.delay_ms = int(body["delay_ms"])
-        if "late_ms" in body:
-            state.late_ms = int(body["late_ms"])
         if "dedupe" in body:
             state.dedupe = bool(body["dedupe"])
+        if "late_ms" in body:
+            state.late_ms = int(body["late_ms"])
+        if "delay_ms" in body:
+            state.delay_ms = int(body["delay_ms"])
         if "hold" in body:
-            state.hold_path = (
-                (body["hold"] or {}).get("path", "") if body["hold"] is not None else None
-            )
+            state.hold = None if body["hold"] is None else _rule(body["hold"] or {}, 0, -1)
         if body.get("release"):
-            state.hold_path = None
+            state.hold = None
             state.release.set()
             state.release = asyncio.Event()
         return web.json_response({"ok": True})
 
-    async def act(request: web.Request) -> web.Response:
+    async def perform(key: str, request: web.Request) -> bool:
+        """The call's effect; True the first time for ``key``."""
+        first = key not in state.effects
+        if first or not state.dedupe:
+            state.effects[key] = state.effects.get(key, 0) + 1
+        if first and request.can_read_body:
+            state.bodies[key] = await request.text()
+        return first
+
+    async def act(request: web.Request) -> web.StreamResponse:
         key = request.headers.get("Idempotency-Key", "")
         state.calls[key] = state.calls.get(key, 0) + 1
         if state.down:
             return web.json_response({"error": "down"}, status=503)
         if state.delay_ms:
             await asyncio.sleep(state.delay_ms / 1000)
-        if state.hold_path is not None and _matches(state.hold_path, request.path):
+        hold = state.hold
+        if hold is not None and hold.take(request.path):
+            if hold.effect:
+                await perform(key, request)
             state.held += 1
             await state.release.wait()
             state.held -= 1
+            if hold.effect:
+                return web.json_response({"ok": True, "key": key, "late": True})
             return web.json_response({"error": "released without effect"}, status=503)
         for rule in state.fail:
-            if rule.times > 0 and _matches(rule.path, request.path):
-                rule.times -= 1
-                return web.json_response({"error": "injected"}, status=rule.status)
-        first = key not in state.effects
-        state.effects[key] = state.effects.get(key, 0) + (1 if first or not state.dedupe else 0)
-        if first and request.can_read_body:
-            state.bodies[key] = await request.text()
+            if rule.take(request.path):
+                if rule.effect:
+                    await perform(key, request)
+                if rule.status == 0:
+                    return _reset(request)
+                headers = {"Retry-After": rule.retry_after} if rule.retry_after else None
+                return web.json_response({"error": "injected"}, status=rule.status, headers=headers)
+        first = await perform(key, request)
         if state.late_ms:  # the effect is done; the answer comes too late
             await asyncio.sleep(state.late_ms / 1000)
         return web.json_response({"ok": True, "key": key, "replayed": not first})
