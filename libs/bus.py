@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import nats
 from dispo.libs.logging import get_logger
@@ -38,7 +40,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 log = get_logger(__name__)
 
@@ -94,6 +96,10 @@ class Bus:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.replicas = replicas
+        # publish_many's acks: one reply subscription, a future per message in flight.
+        self._ack_prefix: str | None = None
+        self._acks: dict[str, asyncio.Future[PubAck]] = {}
+        self._ack_count = 0
 
     @classmethod
     async def connect(
@@ -203,20 +209,60 @@ class Bus:
     ) -> list[PubAck]:
         """Publish ``(subject, data, msg_id)`` messages at once and wait for every ack:
         one pipelined write, the acks gathered on one reply subscription (rather than a
-        request each). Raises if any is not acknowledged within ``timeout``; raises
+        request each). Raises the first refusal (the server's APIError for that message,
+        NoStreamResponseError), or TimeoutError if any is not answered within ``timeout``;
+        raises
         :class:`MessageTooLarge` for the first message over the server's limit before
         sending any."""
         for subject, data, msg_id in messages:
             self.check_size(subject, data, msg_id=msg_id)
-        futures = [
-            await self.js.publish_async(subject, data, headers={MSG_ID_HEADER: msg_id})
-            for subject, data, msg_id in messages
-        ]
+        prefix = await self._ack_inbox()
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[PubAck]] = []
+        replies: list[str] = []
         try:
+            for subject, data, msg_id in messages:
+                self._ack_count += 1
+                reply = f"{prefix}.{self._ack_count}"
+                future: asyncio.Future[PubAck] = loop.create_future()
+                self._acks[reply] = future
+                futures.append(future)
+                replies.append(reply)
+                await self.nc.publish(subject, data, reply=reply, headers={MSG_ID_HEADER: msg_id})
             return list(await asyncio.wait_for(asyncio.gather(*futures), timeout))
         finally:
             for future in futures:
-                future.cancel()  # no-op once done; frees the client's pending slot if not
+                future.cancel()  # no-op once done
+            for reply in replies:  # answered ones are gone already; late answers are dropped
+                self._acks.pop(reply, None)
+
+    async def _ack_inbox(self) -> str:
+        """The prefix of publish_many's reply subjects, subscribed once (kept across
+        reconnects by the client)."""
+        if self._ack_prefix is None:
+            prefix = self.nc.new_inbox()
+            await self.nc.subscribe(f"{prefix}.*", cb=self._on_ack)
+            self._ack_prefix = prefix
+        return self._ack_prefix
+
+    async def _on_ack(self, msg: Msg) -> None:
+        """A stream's answer to one message of publish_many: its ack, or its refusal as the
+        APIError it names (the server's own words: a stream's size limit, a bad request),
+        or no stream for the subject."""
+        future = self._acks.pop(msg.subject, None)
+        if future is None or future.done():
+            return
+        if msg.headers and msg.headers.get("Status") == "503":
+            future.set_exception(NoStreamResponseError())
+            return
+        try:
+            answer = json.loads(msg.data)
+            if "error" in answer:
+                future.set_exception(_api_error(answer["error"]))
+            else:
+                future.set_result(PubAck.from_response(answer))
+        except Exception as error:  # an answer that is not one
+            future.set_exception(error)
 
     def consumer(
         self,
@@ -405,6 +451,15 @@ class Consumer:
                     self._in_hand[key] = (message, now)
                 with contextlib.suppress(Exception):
                     await message.in_progress()
+
+
+def _api_error(error: dict[str, Any]) -> APIError:
+    """The APIError of a JetStream error answer (nats-py raises it rather than return it)."""
+    try:
+        APIError.from_error(error)
+    except APIError as raised:
+        return raised
+    return APIError(**error)  # pragma: no cover - from_error always raises
 
 
 def _settings(config: ConsumerConfig) -> tuple[tuple[str, ...], float, int]:

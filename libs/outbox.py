@@ -6,12 +6,20 @@ message id makes a second publication of the same row a no-op within the stream'
 duplicate window. Sent rows are kept for a retention (``DISPO_OUTBOX_RETENTION_SECONDS``, a
 day by default), then the relay deletes them: the stream keeps the events.
 
+A row that cannot be published never holds back the rows behind it (ADR-0034): a batch that
+fails is split until the failing rows are found, the others are published; each failure is
+an attempt counted on the row with its error, retried after a backoff on the relay's clock,
+and after ``DISPO_OUTBOX_MAX_ATTEMPTS`` the row is quarantined: kept in the table, marked,
+with its last error, skipped by the relay, logged, and listed by :func:`outbox_quarantined`
+(:func:`outbox_replay` puts a row back, :func:`outbox_discard` deletes it).
+
     outbox = outbox_table(metadata)                   # in the service's tables module
     await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
     await outbox_add_many(conn, outbox, [OutboxRow(subject, msg_id, payload, now), ...])
     relay = rt.outbox_relay(outbox)                   # OutboxRelay on the service's engine, bus, clock
     rt.add_part("outbox relay", relay.run, relay.stop)   # publishes, and prunes rows long sent
     relay.kick()                                      # after commit: publish now, not at the next poll
+    await outbox_quarantined(conn, outbox)            # the rows set aside, oldest first
 """
 
 from __future__ import annotations
@@ -20,11 +28,14 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from dispo.libs.bus import Bus
+import nats.js.errors
+from dispo.libs.backoff import backoff
+from dispo.libs.bus import Bus, MessageTooLarge
 from dispo.libs.clock import Clock, SystemClock
 from dispo.libs.contracts import require_declared
+from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause, Periodic
 from sqlalchemy import (
@@ -32,11 +43,13 @@ from sqlalchemy import (
     Column,
     DateTime,
     Index,
+    Integer,
     LargeBinary,
     MetaData,
     Table,
     Text,
     delete,
+    func,
     select,
     text,
     update,
@@ -47,9 +60,18 @@ from sqlalchemy.sql.elements import TextClause
 log = get_logger(__name__)
 
 DEFAULT_RETENTION = timedelta(days=1)
+DEFAULT_MAX_ATTEMPTS = 8
+# Backoff between the attempts of a row that failed: 1 s doubling to a minute, so the
+# default attempts span about two minutes, longer than a cluster's leader election.
+RETRY_BASE_SECONDS = 1.0
+RETRY_CAP_SECONDS = 60.0
+
+_UNSENT = "sent_at IS NULL AND quarantined_at IS NULL"
 
 
 def outbox_table(metadata: MetaData, name: str = "outbox") -> Table:
+    """The outbox of one service. ``attempts``, ``last_error`` and ``next_attempt_at`` are
+    the failed publications of a row; ``quarantined_at`` marks a row set aside."""
     return Table(
         name,
         metadata,
@@ -59,8 +81,48 @@ def outbox_table(metadata: MetaData, name: str = "outbox") -> Table:
         Column("payload", LargeBinary, nullable=False),
         Column("created_at", DateTime(timezone=True), nullable=False),
         Column("sent_at", DateTime(timezone=True)),
-        Index(f"{name}_unsent", "id", postgresql_where=text("sent_at IS NULL")),
+        Column("attempts", Integer, nullable=False, server_default=text("0")),
+        Column("last_error", Text),
+        Column("next_attempt_at", DateTime(timezone=True)),
+        Column("quarantined_at", DateTime(timezone=True)),
+        Index(f"{name}_unsent", "id", postgresql_where=text(_UNSENT)),
+        Index(f"{name}_quarantined", "id", postgresql_where=text("quarantined_at IS NOT NULL")),
     )
+
+
+# The schema step that gave every outbox its attempts and its quarantine, run by each
+# service's own migration on its table (frozen: a later change is a new step).
+QUARANTINE_UPGRADE = (
+    "ALTER TABLE outbox ADD COLUMN attempts integer NOT NULL DEFAULT 0,"
+    " ADD COLUMN last_error text, ADD COLUMN next_attempt_at timestamptz,"
+    " ADD COLUMN quarantined_at timestamptz",
+    "DROP INDEX outbox_unsent",
+    "CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL AND quarantined_at IS NULL",
+    "CREATE INDEX outbox_quarantined ON outbox (id) WHERE quarantined_at IS NOT NULL",
+)
+QUARANTINE_DOWNGRADE = (
+    "DROP INDEX outbox_quarantined",
+    "DROP INDEX outbox_unsent",
+    "ALTER TABLE outbox DROP COLUMN attempts, DROP COLUMN last_error,"
+    " DROP COLUMN next_attempt_at, DROP COLUMN quarantined_at",
+    "CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL",
+)
+
+
+def quarantine_upgrade() -> None:
+    """A service migration's ``upgrade``: :data:`QUARANTINE_UPGRADE` on its outbox."""
+    from alembic import op
+
+    for statement in QUARANTINE_UPGRADE:
+        op.execute(statement)
+
+
+def quarantine_downgrade() -> None:
+    """A service migration's ``downgrade``: :data:`QUARANTINE_DOWNGRADE` on its outbox."""
+    from alembic import op
+
+    for statement in QUARANTINE_DOWNGRADE:
+        op.execute(statement)
 
 
 async def outbox_add(
@@ -146,6 +208,119 @@ async def outbox_prune(
     return (await conn.execute(delete(t).where(t.c.id.in_(expired.scalar_subquery())))).rowcount
 
 
+class QuarantinedRow(NamedTuple):
+    """A row the relay set aside: what an operator needs to judge it (not its payload)."""
+
+    id: int
+    subject: str
+    msg_id: str
+    size: int
+    attempts: int
+    last_error: str
+    created_at: datetime
+    quarantined_at: datetime
+
+
+async def outbox_quarantined(
+    conn: AsyncConnection, table: Table, *, after_id: int = 0, limit: int = 100
+) -> list[QuarantinedRow]:
+    """The quarantined rows of ``table`` with an id above ``after_id``, oldest first, at
+    most ``limit`` (page on with the last id returned)."""
+    t = table
+    rows = await conn.execute(
+        select(
+            t.c.id,
+            t.c.subject,
+            t.c.msg_id,
+            func.octet_length(t.c.payload),
+            t.c.attempts,
+            func.coalesce(t.c.last_error, ""),
+            t.c.created_at,
+            t.c.quarantined_at,
+        )
+        .where(t.c.quarantined_at.is_not(None), t.c.id > after_id)
+        .order_by(t.c.id)
+        .limit(limit)
+    )
+    return [QuarantinedRow(*r) for r in rows]
+
+
+async def outbox_replay(conn: AsyncConnection, table: Table, ids: Sequence[int]) -> int:
+    """Give quarantined rows back to the relay with a fresh count of attempts (after the
+    cause was removed); returns how many were quarantined and now are not."""
+    t = table
+    return (
+        await conn.execute(
+            update(t)
+            .where(t.c.id.in_(list(ids)), t.c.quarantined_at.is_not(None), t.c.sent_at.is_(None))
+            .values(quarantined_at=None, attempts=0, next_attempt_at=None)
+        )
+    ).rowcount
+
+
+async def outbox_discard(conn: AsyncConnection, table: Table, ids: Sequence[int]) -> int:
+    """Delete quarantined rows (their events are given up); returns how many."""
+    t = table
+    return (
+        await conn.execute(delete(t).where(t.c.id.in_(list(ids)), t.c.quarantined_at.is_not(None)))
+    ).rowcount
+
+
+class _Failure(NamedTuple):
+    row: Any
+    error: BaseException
+
+
+def _answered(error: BaseException) -> bool:
+    """The bus's size check or the server refused this very message (a 4xx answer, such as
+    a stream's message size limit): its own failure, whatever the other rows did. A timeout,
+    a lost connection, no stream answering or a server error (5xx: storage, no quorum) says
+    nothing about the row unless other rows of the same pass went out."""
+    if isinstance(error, MessageTooLarge):
+        return True
+    code = getattr(error, "code", None) if isinstance(error, nats.js.errors.APIError) else None
+    return isinstance(code, int) and 400 <= code < 500
+
+
+class _Split:
+    """One pass's publication of rows: at once, and when that fails, in halves down to the
+    rows that fail. Parts that time out (JetStream not answering) are not split for ever:
+    after two timeouts with nothing published, or :data:`_MOST_TIMEOUTS` in all, the rest
+    of the pass is given up as an outage, each row failed with the last timeout."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.sent: list[Any] = []
+        self.failed: list[_Failure] = []
+        self.timeouts = 0
+        self.outage: BaseException | None = None
+
+    async def publish(self, rows: list[Any]) -> None:
+        if not rows:
+            return
+        if self.outage is not None:
+            self.failed.extend(_Failure(r, self.outage) for r in rows)
+            return
+        try:
+            await self.bus.publish_many([(r.subject, r.payload, r.msg_id) for r in rows])
+        except Exception as error:
+            if isinstance(error, TimeoutError):
+                self.timeouts += 1
+                if self.timeouts >= (_MOST_TIMEOUTS if self.sent else 2):
+                    self.outage = error
+            if len(rows) == 1 or self.outage is not None or not self.bus.nc.is_connected:
+                self.failed.extend(_Failure(r, error) for r in rows)
+                return
+            half = len(rows) // 2
+            await self.publish(rows[:half])
+            await self.publish(rows[half:])
+            return
+        self.sent.extend(rows)
+
+
+_MOST_TIMEOUTS = 8
+
+
 class OutboxRelay:
     """Publishes unsent rows in batches; several replicas share the work (SKIP LOCKED).
 
@@ -154,11 +329,25 @@ class OutboxRelay:
     - ``ordered``: publish a batch one message at a time, each after the previous one's ack,
       so the stream keeps the outbox order even when a publish fails midway (by default a
       batch is published at once, :meth:`Bus.publish_many`, and marked sent by one
-      statement).
+      statement). A row that fails stops the batch: the rows behind it wait until it is
+      published or quarantined.
     - ``prepare``: awaited before the first batch, and again until it succeeds (e.g. ensuring
       the stream the events go to).
     - ``clock``: the service's clock (default: the system's). It stamps ``sent_at``, the
-      retention is measured on it, and the pruning pauses on it.
+      retention is measured on it, the pruning pauses on it, and a failed row's next attempt
+      is due on it.
+    - ``max_attempts``: failed publications of a row before it is quarantined.
+
+    A row that cannot be published (ADR-0034): when a batch fails, it is split in halves,
+    each published again, until the failing rows are found; the rest go out in the same
+    pass, so only a failing batch is published in parts. A failure counts as an attempt of
+    the row when it is the row's own (over the bus's size limit, or refused by the server)
+    or when other rows of the pass were published (the bus works; this row does not). A
+    pass in which nothing went out for want of an answer or a connection counts nothing: the
+    bus is down, not the rows (and after two timeouts with nothing published, the pass
+    stops splitting and gives up). A row with failed attempts is tried alone, after a backoff
+    on the clock, so it does not make the next batch fail; after ``max_attempts`` it is
+    quarantined (logged, listed by :func:`outbox_quarantined`).
 
     Retention: while it runs, the relay also deletes rows sent more than ``retention`` ago,
     at most ``prune_batch`` per transaction, one pass after another while passes delete
@@ -180,7 +369,10 @@ class OutboxRelay:
         retention: timedelta = DEFAULT_RETENTION,
         prune_batch: int = 1000,
         prune_interval: float = 300.0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
         self.engine = engine
         self.table = table
         self.bus = bus
@@ -192,6 +384,7 @@ class OutboxRelay:
         self.retention = retention
         self.prune_batch = prune_batch
         self.prune_interval = prune_interval
+        self.max_attempts = max_attempts
         self._kick = asyncio.Event()
         self._stopping = asyncio.Event()
         self._pruning = Periodic(
@@ -211,27 +404,105 @@ class OutboxRelay:
         if self._prepare is not None:
             await self._prepare()
             self._prepare = None
+        now = self.clock.now()
+        query = (
+            select(t.c.id, t.c.subject, t.c.msg_id, t.c.payload, t.c.attempts, t.c.next_attempt_at)
+            .where(text(_UNSENT))
+            .order_by(t.c.id)
+            .limit(self.batch)
+            .with_for_update(skip_locked=True)
+        )
+        if not self.ordered:  # an ordered relay must see a row that is not due: it waits
+            query = query.where((t.c.next_attempt_at.is_(None)) | (t.c.next_attempt_at <= now))
         async with self.engine.begin() as conn:
-            rows = (
-                await conn.execute(
-                    select(t.c.id, t.c.subject, t.c.msg_id, t.c.payload)
-                    .where(t.c.sent_at.is_(None))
-                    .order_by(t.c.id)
-                    .limit(self.batch)
-                    .with_for_update(skip_locked=True)
-                )
-            ).all()
+            rows = (await conn.execute(query)).all()
             if not rows:
                 return 0
             if self.ordered:
-                for r in rows:
-                    await self.bus.publish(r.subject, r.payload, msg_id=r.msg_id)
+                sent, failed = await self._publish_in_order(rows, now)
             else:
-                await self.bus.publish_many([(r.subject, r.payload, r.msg_id) for r in rows])
+                sent, failed = await self._publish_isolating(rows)
+            if sent:
+                await conn.execute(
+                    update(t).where(t.c.id.in_([r.id for r in sent])).values(sent_at=now)
+                )
+            counted = [f for f in failed if sent or _answered(f.error)]
+            if counted and self.bus.nc.is_connected:
+                await self._record_failures(conn, counted, now)
+        if failed and not sent and not counted:
+            # Nothing went out and nothing was the rows' fault: the bus is not answering.
+            raise failed[0].error
+        return len(sent)
+
+    async def _publish_in_order(
+        self, rows: Sequence[Any], now: datetime
+    ) -> tuple[list[Any], list[_Failure]]:
+        """One at a time, each after the previous one's ack; stop at a row that fails or
+        whose next attempt is not due yet."""
+        sent: list[Any] = []
+        for row in rows:
+            if row.next_attempt_at is not None and row.next_attempt_at > now:
+                break
+            try:
+                await self.bus.publish(row.subject, row.payload, msg_id=row.msg_id)
+            except Exception as error:
+                return sent, [_Failure(row, error)]
+            sent.append(row)
+        return sent, []
+
+    async def _publish_isolating(self, rows: Sequence[Any]) -> tuple[list[Any], list[_Failure]]:
+        """The rows never tried before at once; if that fails, in halves, down to the rows
+        that fail. Rows that failed before are each tried alone. Rows over the bus's size
+        limit are not sent at all."""
+        split = _Split(self.bus)
+        limit = self.bus.max_payload
+        fresh: list[Any] = []
+        suspect: list[Any] = []
+        for row in rows:
+            size = self.bus.message_size(row.payload, msg_id=row.msg_id)
+            if size > limit:
+                split.failed.append(_Failure(row, MessageTooLarge(row.subject, size, limit)))
+            else:
+                (suspect if row.attempts else fresh).append(row)
+        await split.publish(fresh)
+        for row in suspect:
+            await split.publish([row])
+        return split.sent, split.failed
+
+    async def _record_failures(
+        self, conn: AsyncConnection, failures: Sequence[_Failure], now: datetime
+    ) -> None:
+        """Count an attempt on each failed row, with its error and when to try it again;
+        quarantine the rows whose attempts are spent."""
+        t = self.table
+        for failure in failures:
+            row, attempts = failure.row, failure.row.attempts + 1
+            error = truncate_error(f"{type(failure.error).__name__}: {failure.error}")
+            spent = attempts >= self.max_attempts
+            delay = backoff(RETRY_BASE_SECONDS, RETRY_CAP_SECONDS, 0.0, attempts)
             await conn.execute(
-                update(t).where(t.c.id.in_([r.id for r in rows])).values(sent_at=self.clock.now())
+                update(t)
+                .where(t.c.id == row.id, t.c.sent_at.is_(None))
+                .values(
+                    attempts=attempts,
+                    last_error=error,
+                    next_attempt_at=now + timedelta(seconds=delay),
+                    quarantined_at=now if spent else None,
+                )
             )
-        return len(rows)
+            fields = {
+                "table": self.table.name,
+                "id": row.id,
+                "subject": row.subject,
+                "msg_id": row.msg_id,
+                "size": len(row.payload),
+                "attempts": attempts,
+                "error": error,
+            }
+            if spent:
+                log.error("outbox row quarantined", **fields)
+            else:
+                log.warning("outbox row not published", **fields)
 
     async def prune_once(self) -> int:
         """Delete up to ``prune_batch`` rows sent more than ``retention`` ago; returns how many."""

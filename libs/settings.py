@@ -64,6 +64,12 @@ class CommonSettings(BaseSettings):
         description="How long a sent outbox row is kept before the outbox relay deletes it"
         " (the stream keeps the event)",
     )
+    outbox_max_attempts: int = Field(
+        default=8,
+        ge=1,
+        description="Failed publications of an outbox row (1 s apart, doubling to a minute)"
+        " before the relay quarantines it: kept, marked, logged, and no longer in the way",
+    )
     uvloop: bool = Field(
         default=True,
         description="Run a service's event loop on uvloop (`false`: the standard asyncio loop)",

@@ -99,7 +99,9 @@ class SweepPass:
 
 async def setup(rt: Runtime) -> None:
     settings = PoolSettings()
-    relay = outbox_relay(rt.engine, rt.bus, rt.clock, rt.settings.outbox_retention)
+    relay = outbox_relay(
+        rt.engine, rt.bus, rt.clock, rt.settings.outbox_retention, rt.settings.outbox_max_attempts
+    )
     driver = make_driver(settings, rt)
     pool = Pool(rt.engine, driver, rt.clock, settings.policy(), on_commit=relay.kick)
     if isinstance(driver, OpenClawDriver):  # a lost compare-and-set asks the database again

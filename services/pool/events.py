@@ -13,7 +13,7 @@ from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import evaluations as contract
 from dispo.libs.evaluation import LINE_TO_PB, VERDICT_TO_PB
-from dispo.libs.outbox import DEFAULT_RETENTION, OutboxRelay, outbox_add
+from dispo.libs.outbox import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETENTION, OutboxRelay, outbox_add
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import repository as repo
 from dispo.pool.domain import Evaluation, EvaluationStatus, RunResult
@@ -93,12 +93,17 @@ async def add_completed(
 
 
 def outbox_relay(
-    engine: AsyncEngine, bus: Bus, clock: Clock, retention: timedelta = DEFAULT_RETENTION
+    engine: AsyncEngine,
+    bus: Bus,
+    clock: Clock,
+    retention: timedelta = DEFAULT_RETENTION,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> OutboxRelay:
     """The pool's relay: it ensures the EVALUATIONS stream before its first batch, and
     publishes one event at a time in outbox order, because the intelligence service applies
     them in stream order (a completion must not overtake its runs). Like every relay it
-    deletes rows sent more than ``retention`` ago on ``clock``. Kick it after a commit
+    deletes rows sent more than ``retention`` ago on ``clock``, and quarantines a row after
+    ``max_attempts`` failed publications (the events behind it then go on). Kick it after a commit
     (Pool's ``on_commit``); it polls as a fallback."""
     return OutboxRelay(
         engine,
@@ -110,4 +115,5 @@ def outbox_relay(
         prepare=lambda: contract.ensure_evaluation_stream(bus),
         clock=clock,
         retention=retention,
+        max_attempts=max_attempts,
     )

@@ -6,7 +6,9 @@ import asyncio
 import grpc
 import pytest
 from dispo.gateway.expand import CellRequest, Submission
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bus import Bus
+from dispo.libs.contracts import tasks
 from dispo.libs.errors import ResourceExhausted
 from dispo.libs.sdk import DispoError, cell
 from sqlalchemy import text
@@ -207,3 +209,27 @@ async def test_the_limit_is_the_one_the_server_announces(make_gateway, tmp_path,
         finally:
             await small.close()
     assert await counts(service_engine) == (1, 1)
+
+
+async def test_a_task_whose_task_create_was_quarantined_can_be_cancelled(
+    make_gateway, service_engine
+):
+    """The operator's way out for a task whose task.create was set aside: a cancel takes
+    the row back (it was never published) and the task ends CANCELLED."""
+    gateway = make_gateway()  # its relay is not running: the row stays unsent
+    accepted = await gateway.submit(Submission("tests", [CellRequest("noop")]))
+    engine = await service_engine("gateway")
+    async with engine.begin() as conn:
+        marked = await conn.execute(
+            text(
+                "UPDATE outbox SET quarantined_at = now(), attempts = 8, last_error = 'x'"
+                " WHERE msg_id = :id"
+            ),
+            {"id": accepted.task_id},
+        )
+        assert marked.rowcount == 1
+    view = await gateway.cancel(accepted.task_id)
+    assert view.status == common_pb2.TASK_STATUS_CANCELLED
+    async with engine.connect() as conn:
+        left = (await conn.execute(text("SELECT subject FROM outbox"))).scalars().all()
+    assert left == [tasks.TASK_CANCEL]

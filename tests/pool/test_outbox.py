@@ -1,9 +1,9 @@
 """The pool's outbox is the shared one (libs/outbox.py): same table shape after the pool's
-migrations, and a relay that keeps the stream in outbox order when a publish fails."""
+migrations, and a relay that keeps the stream in outbox order when a publish fails: the
+failing row stops the batch until it goes out (or is quarantined, ADR-0034)."""
 
 from __future__ import annotations
 
-import pytest
 from dispo.pool import repository as repo
 from dispo.pool.events import outbox_relay
 from sqlalchemy import inspect
@@ -23,10 +23,14 @@ async def test_the_migrated_outbox_has_the_shared_shape(pool):
     assert {c["name"]: (c["type"].compile(dialect), c["nullable"]) for c in columns} == {
         c.name: (c.type.compile(dialect), c.nullable) for c in repo.outbox.columns
     }
-    assert [
+    assert sorted(
         (i["name"], i["column_names"], i["dialect_options"].get("postgresql_where"))
         for i in indexes
-    ] == [(i.name, [c.name for c in i.columns], "(sent_at IS NULL)") for i in repo.outbox.indexes]
+    ) == [
+        ("outbox_quarantined", ["id"], "(quarantined_at IS NOT NULL)"),
+        ("outbox_unsent", ["id"], "((sent_at IS NULL) AND (quarantined_at IS NULL))"),
+    ]
+    assert sorted(i.name for i in repo.outbox.indexes) == ["outbox_quarantined", "outbox_unsent"]
 
 
 async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order(
@@ -47,13 +51,14 @@ async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order
         return await publish(subject, data, msg_id=msg_id, **kwargs)
 
     monkeypatch.setattr(bus, "publish", publish_failing_the_second)
-    with pytest.raises(TimeoutError):
-        await relay.relay_once()
-    assert attempts == ["first:completed", "second:completed"]  # nothing after the failure
+    # "first" goes out and is marked sent; "second" fails (an attempt counted on it) and
+    # stops the batch: nothing after the failure is tried.
+    assert await relay.relay_once() == 1
+    assert attempts == ["first:completed", "second:completed"]
     monkeypatch.undo()
-    assert (
-        await relay.relay_once() == 3
-    )  # none was marked sent; "first" is de-duplicated by the stream
+    assert await relay.relay_once() == 0  # "second" is not due yet, and "third" waits behind it
+    manual_clock.advance(seconds=1)
+    assert await relay.relay_once() == 2
     sub = await bus.js.pull_subscribe("evaluation.>", stream="EVALUATIONS")
     stored = [m.headers["Nats-Msg-Id"] for m in await sub.fetch(10, timeout=1)]
     assert stored == ["first:completed", "second:completed", "third:completed"]
