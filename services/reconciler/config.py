@@ -57,6 +57,18 @@ class ReconcilerSettings(BaseSettings):
         default=f"127.0.0.1:{DEFAULT_PORTS['gateway']}",
         description="The gateway's gRPC address, where compensating cells are submitted",
     )
+    demoted_max_age_seconds: float = Field(
+        default=86400.0,
+        gt=0,
+        description="Age limit of a DEMOTED task (since it was parked): past it, the task ends"
+        " FAILED with the reason",
+    )
+    decision_max_age_seconds: float = Field(
+        default=604800.0,
+        gt=0,
+        description="Age limit of a task AWAITING_DECISION (since it was parked): past it, the"
+        " task ends FAILED with the reason; its UNKNOWN nodes stay UNKNOWN",
+    )
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ each state:
   an operator (→ REDRIVEN, ABANDONED).
 - AWAITING_SETTLEMENT: the settlement sweep, after probing the UNKNOWN nodes
   (→ PARKED_FAILED when settled, → AWAITING_DECISION when an operator must decide).
-- AWAITING_DECISION: an operator's ResolveNode (→ REDRIVEN) or AbandonTask.
-- DEMOTED: the release sweep when its downstreams are healthy and not paused (→ REDRIVEN).
+- AWAITING_DECISION: an operator's ResolveNode (→ REDRIVEN) or AbandonTask; the expire
+  sweep past its age limit (→ FAILED).
+- DEMOTED: the release sweep when its downstreams are healthy and not paused (→ REDRIVEN);
+  the expire sweep past its age limit (→ FAILED).
 - REDRIVEN: intake, when the task comes back on task.fail / task.demote (→ FAILED when it
   ended FAILED); the completion consumer, when it finishes SUCCEEDED or CANCELLED
   (→ RESOLVED).

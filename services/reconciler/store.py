@@ -312,6 +312,20 @@ async def due_for(
     return [_row(r) for r in rows]
 
 
+async def parked_before(
+    conn: AsyncConnection, state: RecoveryState, before: datetime, limit: int
+) -> list[RecoveryRow]:
+    """Rows in ``state`` parked at or before ``before``, oldest first, locked (SKIP LOCKED)."""
+    rows = await conn.execute(
+        text(
+            "SELECT * FROM recovery_tasks WHERE state = :state AND parked_at <= :before"
+            " ORDER BY parked_at, task_id LIMIT :limit FOR UPDATE SKIP LOCKED"
+        ),
+        {"state": state.value, "before": before, "limit": limit},
+    )
+    return [_row(r) for r in rows]
+
+
 async def history_add(
     conn: AsyncConnection,
     env: task_pb2.Task,

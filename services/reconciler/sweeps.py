@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.periodic import Periodic
+from dispo.reconciler.age_limits import expire_sweep
 from dispo.reconciler.arbitration import arbitrate_sweep
 from dispo.reconciler.compensation import compensate_sweep
 from dispo.reconciler.completion import notify_sweep, reconcile_sweep
@@ -24,6 +25,7 @@ SWEEPS: dict[str, Callable[[Context], Awaitable[int]]] = {
     "release": release_sweep,
     "notify": notify_sweep,
     "reconcile": reconcile_sweep,
+    "expire": expire_sweep,
 }
 # Follower -> leader: the follower works on what the leader leaves behind (a settled task is
 # redriven, a healthy downstream released, a verdict's losers compensated), so it is kicked

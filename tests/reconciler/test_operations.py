@@ -205,6 +205,7 @@ async def test_unknown_sweep_is_refused(stub):
         "release",
         "notify",
         "reconcile",
+        "expire",
     }
     assert set((await stub.RunSweep(pb.RunSweepRequest())).handled) == set(reply.handled)
     one = await stub.RunSweep(pb.RunSweepRequest(sweep=pb.SWEEP_RECONCILE))

@@ -165,3 +165,52 @@ async def test_a_permanent_failure_is_resumed_from_its_failure_through_the_recon
         timeout=10,
         wanted="the executor's nodes all succeeded",
     )
+
+
+async def test_demoted_past_its_age_limit_ends_failed_with_the_reason_then_resumes(
+    pipeline, downstream, start_reconciler, database_url
+):
+    reconciler = await start_reconciler(DISPO_RECONCILER_DEMOTED_MAX_AGE_SECONDS="60")
+    await downstream.control(down=True)
+    pipeline.executors[0].kill()
+    await pipeline.start_executor(
+        DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS="0.1",
+        DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
+        DISPO_EXECUTOR_BREAKER_COOLDOWN_SECONDS="0.5",
+    )
+    async with pipeline.client() as client:
+        task = await client.submit(
+            "tests", [cell("step", ref="d", name="d"), cell("step", ref="e", name="e").after("d")]
+        )
+        await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_DEMOTED)
+        await reconciler.sweep(58, "expire")  # within its limit: still demoted
+        assert (await reconciler.held(task.task_id)).state == pb.RECOVERY_STATE_DEMOTED
+        assert (await client.get(task.task_id)).status == "DEMOTED"
+
+        await reconciler.sweep(3, "expire")
+        held = await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_FAILED)
+        view = await client.wait(task.task_id, timeout=30)
+
+        assert view.status == "FAILED", dump(view)
+        assert view.status_reason == held.reason
+        assert view.status_reason.startswith(
+            "age limit reached: demoted, waiting for downstream demo"
+        )
+        assert "(limit 60 s)" in view.status_reason
+        assert view.node_statuses == {"d.call": "FAILED", "e.call": "DEPENDENCY_FAILED"}, dump(view)
+        assert view.node("d.call").last_error == held.reason
+        await eventually(
+            lambda: executor_nodes(database_url, task.task_id),
+            lambda nodes: nodes == {"d.call": "failed", "e.call": "dependency_failed"},
+            timeout=10,
+            wanted="the executor's table agrees",
+        )
+        # Resumed once the downstream is back.
+        await downstream.control(down=False)
+        await reconciler.stub.RedriveTask(pb.RedriveTaskRequest(task_id=task.task_id, actor="ops"))
+        for _ in range(200):  # re-demoted while the breaker recovers: released as it heals
+            await reconciler.tick()
+            done = await client.get(task.task_id)
+            if done.status == "SUCCEEDED":
+                break
+    assert done.node_statuses == {"d.call": "SUCCEEDED", "e.call": "SUCCEEDED"}, dump(done)

@@ -272,6 +272,8 @@ class _SweepEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Sweep.ValueType
     SWEEP_RELEASE: _Sweep.ValueType  # 7
     SWEEP_NOTIFY: _Sweep.ValueType  # 8
     SWEEP_RECONCILE: _Sweep.ValueType  # 9
+    SWEEP_EXPIRE: _Sweep.ValueType  # 10
+    """Parked work past its age limit (DEMOTED, AWAITING_DECISION) ends FAILED."""
 
 class Sweep(_Sweep, metaclass=_SweepEnumTypeWrapper):
     """The reconciler's periodic sweeps (docs/recovery.md)."""
@@ -287,6 +289,8 @@ SWEEP_HEALTH: Sweep.ValueType  # 6
 SWEEP_RELEASE: Sweep.ValueType  # 7
 SWEEP_NOTIFY: Sweep.ValueType  # 8
 SWEEP_RECONCILE: Sweep.ValueType  # 9
+SWEEP_EXPIRE: Sweep.ValueType  # 10
+"""Parked work past its age limit (DEMOTED, AWAITING_DECISION) ends FAILED."""
 Global___Sweep: _TypeAlias = Sweep  # noqa: Y015
 
 @_typing.final
