@@ -12,7 +12,7 @@ from dispo.libs.paging import decode_page_token, encode_page_token, invalid_page
 from dispo.libs.proto_enums import from_short_name, short_name
 from dispo.libs.validation import bounded
 from dispo.reconciler import envelope as E
-from dispo.reconciler.states import RecoveryState
+from dispo.reconciler.states import WORK_KIND_OF, WORK_KIND_STATES, RecoveryState, WorkKind
 from dispo.reconciler.store import Filter, RecoveryRow
 
 if TYPE_CHECKING:  # the stubs' generic wrapper; at run time protobuf's EnumTypeWrapper
@@ -72,6 +72,52 @@ def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
     bounded(f.min_age_seconds, "filter.min_age_seconds", 0, MAX_AGE_SECONDS)
     states = tuple(state_from_proto(s, f"filter.states[{i}]") for i, s in enumerate(f.states))
     return Filter(f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, states)
+
+
+def work_kind_from_proto(value: pb.WorkKind.ValueType, field: str) -> WorkKind:
+    try:
+        name = pb.WorkKind.Name(value).removeprefix("WORK_KIND_")
+    except ValueError:
+        raise InvalidArgument(field, f"unknown work kind {value}") from None
+    if name == "UNSPECIFIED":
+        raise InvalidArgument(field, "WORK_KIND_UNSPECIFIED is not a kind")
+    return WorkKind[name]
+
+
+def work_filter_from_proto(f: pb.FailedWorkFilter) -> Filter:
+    """The recovery filter of a ListFailedWork request: its kinds as recovery states."""
+    bounded(f.min_age_seconds, "filter.min_age_seconds", 0, MAX_AGE_SECONDS)
+    bounded(f.max_age_seconds, "filter.max_age_seconds", 0, MAX_AGE_SECONDS)
+    kinds = [work_kind_from_proto(k, f"filter.kinds[{i}]") for i, k in enumerate(f.kinds)]
+    states = tuple(s for k in (kinds or list(WorkKind)) for s in WORK_KIND_STATES[k])
+    return Filter(
+        business=f.business,
+        downstream=f.downstream,
+        min_age_seconds=f.min_age_seconds,
+        max_age_seconds=f.max_age_seconds,
+        states=states,
+    )
+
+
+def work_page(request: common_pb2.PageRequest) -> tuple[int, tuple[datetime, str] | None]:
+    """(limit, key after which the page starts) of a keyset page of failed work."""
+    size = page_size(request, maximum=MAX_PAGE)
+    after = decode_page_token(request.page_token, datetime, str)
+    return size, (after[0], after[1]) if after is not None else None
+
+
+def work_to_proto(row: RecoveryRow, now: datetime) -> pb.FailedWork:
+    return pb.FailedWork(
+        kind=pb.WorkKind.Value(f"WORK_KIND_{WORK_KIND_OF[row.state].name}"),
+        task=task_to_proto(row),
+        age_seconds=max(0, int((now - row.parked_at).total_seconds())),
+    )
+
+
+def work_next_page(rows: list[RecoveryRow], limit: int) -> common_pb2.PageResponse:
+    last = rows[-1] if rows and len(rows) == limit else None
+    token = encode_page_token(last.parked_at, last.task_id) if last is not None else ""
+    return common_pb2.PageResponse(next_page_token=token)
 
 
 def page(request: common_pb2.PageRequest) -> tuple[int, int]:

@@ -37,6 +37,18 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
             tasks=[cv.task_to_proto(r) for r in rows], page=cv.next_page(limit, offset, len(rows))
         )
 
+    async def ListFailedWork(
+        self, request: pb.ListFailedWorkRequest, context: Any
+    ) -> pb.ListFailedWorkResponse:
+        f = cv.work_filter_from_proto(request.filter)
+        limit, after = cv.work_page(request.page)
+        now = self.ctx.clock.now()
+        async with self.ctx.engine.connect() as conn:
+            rows = await store.work_list(conn, f, now, after=after, limit=limit)
+        return pb.ListFailedWorkResponse(
+            work=[cv.work_to_proto(r, now) for r in rows], page=cv.work_next_page(rows, limit)
+        )
+
     async def GetRecoveryTask(
         self, request: pb.GetRecoveryTaskRequest, context: Any
     ) -> pb.GetRecoveryTaskResponse:

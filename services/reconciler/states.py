@@ -64,6 +64,25 @@ RECOVERY_FINAL = RECOVERY_TRANSITIONS.final
 RECOVERY_ENDED = RECOVERY_FINAL | {R.FAILED}
 
 
+class WorkKind(enum.StrEnum):
+    """What an entry of the one list of failed and parked work is (ListFailedWork), by the
+    recovery state of its task."""
+
+    FAILED = "failed"  # ended FAILED: resumable by an operator
+    AWAITING_REDRIVE = "awaiting_redrive"  # failed, an automatic redrive scheduled
+    DEMOTED = "demoted"  # parked behind a degraded downstream
+    UNKNOWN_OUTCOME = "unknown_outcome"  # UNKNOWN nodes to settle
+
+
+WORK_KIND_STATES: dict[WorkKind, tuple[RecoveryState, ...]] = {
+    WorkKind.FAILED: (R.FAILED,),
+    WorkKind.AWAITING_REDRIVE: (R.PARKED_FAILED,),
+    WorkKind.DEMOTED: (R.DEMOTED,),
+    WorkKind.UNKNOWN_OUTCOME: (R.AWAITING_SETTLEMENT, R.AWAITING_DECISION),
+}
+WORK_KIND_OF = {state: kind for kind, states in WORK_KIND_STATES.items() for state in states}
+
+
 class NotifyState(enum.StrEnum):
     """Delivery of the completion notification ("caller notified")."""
 

@@ -78,6 +78,7 @@ class Filter:
     min_age_seconds: int = 0
     # Empty: the parked states.
     states: tuple[RecoveryState, ...] = ()
+    max_age_seconds: int = 0
 
 
 def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
@@ -98,6 +99,9 @@ def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
     if f.min_age_seconds:
         clauses.append("parked_at <= :parked_before")
         params["parked_before"] = now - timedelta(seconds=f.min_age_seconds)
+    if f.max_age_seconds:
+        clauses.append("parked_at >= :parked_after")
+        params["parked_after"] = now - timedelta(seconds=f.max_age_seconds)
     return " AND ".join(clauses), params
 
 
@@ -125,6 +129,23 @@ async def task_list(
     )
     rows = await conn.execute(text(sql), {**params, "limit": limit, "offset": offset})
     return [_row(r) for r in rows]
+
+
+async def work_list(
+    conn: AsyncConnection,
+    f: Filter,
+    now: datetime,
+    *,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[RecoveryRow]:
+    """Rows matching ``f``, oldest parked first, from after the key ``after`` (keyset pages)."""
+    where, params = _where(f, now)
+    if after is not None:
+        where += " AND (parked_at, task_id) > (:after_at, :after_id)"
+        params.update(after_at=after[0], after_id=after[1])
+    sql = f"SELECT * FROM recovery_tasks WHERE {where} ORDER BY parked_at, task_id LIMIT :limit"
+    return [_row(r) for r in await conn.execute(text(sql), {**params, "limit": limit})]
 
 
 async def task_insert(conn: AsyncConnection, row: RecoveryRow) -> bool:

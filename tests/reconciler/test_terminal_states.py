@@ -205,7 +205,13 @@ async def test_demoted_past_its_age_limit_ends_failed_with_the_reason_then_resum
             timeout=10,
             wanted="the executor's table agrees",
         )
-        # Resumed once the downstream is back.
+        # In the one list of failed and parked work, then resumed once the downstream is back.
+        listed = await reconciler.stub.ListFailedWork(
+            pb.ListFailedWorkRequest(filter=pb.FailedWorkFilter(kinds=[pb.WORK_KIND_FAILED]))
+        )
+        assert [(w.task.task_id, w.task.reason) for w in listed.work] == [
+            (task.task_id, held.reason)
+        ]
         await downstream.control(down=False)
         await reconciler.stub.RedriveTask(pb.RedriveTaskRequest(task_id=task.task_id, actor="ops"))
         for _ in range(200):  # re-demoted while the breaker recovers: released as it heals

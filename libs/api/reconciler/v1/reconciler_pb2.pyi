@@ -234,6 +234,48 @@ COMPENSATION_STATE_FAILED: CompensationState.ValueType  # 3
 """Refused by the gateway (error says why)."""
 Global___CompensationState: _TypeAlias = CompensationState  # noqa: Y015
 
+class _WorkKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WorkKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WorkKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WORK_KIND_UNSPECIFIED: _WorkKind.ValueType  # 0
+    WORK_KIND_FAILED: _WorkKind.ValueType  # 1
+    """Ended FAILED: a permanent failure, a spent redrive policy or an age limit
+    (RECOVERY_STATE_FAILED). An operator resumes it with RedriveTask.
+    """
+    WORK_KIND_AWAITING_REDRIVE: _WorkKind.ValueType  # 2
+    """Failed, its short retries spent; an automatic redrive is scheduled
+    (RECOVERY_STATE_PARKED_FAILED).
+    """
+    WORK_KIND_DEMOTED: _WorkKind.ValueType  # 3
+    """Parked behind a degraded downstream (RECOVERY_STATE_DEMOTED)."""
+    WORK_KIND_UNKNOWN_OUTCOME: _WorkKind.ValueType  # 4
+    """UNKNOWN nodes to settle by probe or by an operator (RECOVERY_STATE_AWAITING_SETTLEMENT,
+    RECOVERY_STATE_AWAITING_DECISION).
+    """
+
+class WorkKind(_WorkKind, metaclass=_WorkKindEnumTypeWrapper):
+    """What an entry of ListFailedWork is, by the recovery state of its task."""
+
+WORK_KIND_UNSPECIFIED: WorkKind.ValueType  # 0
+WORK_KIND_FAILED: WorkKind.ValueType  # 1
+"""Ended FAILED: a permanent failure, a spent redrive policy or an age limit
+(RECOVERY_STATE_FAILED). An operator resumes it with RedriveTask.
+"""
+WORK_KIND_AWAITING_REDRIVE: WorkKind.ValueType  # 2
+"""Failed, its short retries spent; an automatic redrive is scheduled
+(RECOVERY_STATE_PARKED_FAILED).
+"""
+WORK_KIND_DEMOTED: WorkKind.ValueType  # 3
+"""Parked behind a degraded downstream (RECOVERY_STATE_DEMOTED)."""
+WORK_KIND_UNKNOWN_OUTCOME: WorkKind.ValueType  # 4
+"""UNKNOWN nodes to settle by probe or by an operator (RECOVERY_STATE_AWAITING_SETTLEMENT,
+RECOVERY_STATE_AWAITING_DECISION).
+"""
+Global___WorkKind: _TypeAlias = WorkKind  # noqa: Y015
+
 class _Resolution:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -461,6 +503,117 @@ class ListRecoveryTasksResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRecoveryTasksResponse: _TypeAlias = ListRecoveryTasksResponse  # noqa: Y015
+
+@_typing.final
+class FailedWorkFilter(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KINDS_FIELD_NUMBER: _builtins.int
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    DOWNSTREAM_FIELD_NUMBER: _builtins.int
+    MIN_AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    business: _builtins.str
+    downstream: _builtins.str
+    """Work that uses (a demoted task: waits for) this downstream."""
+    min_age_seconds: _builtins.int
+    """Parked at least / at most this many seconds ago (0: no bound)."""
+    max_age_seconds: _builtins.int
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___WorkKind.ValueType]:
+        """Any of these kinds (empty: every kind)."""
+
+    def __init__(
+        self,
+        *,
+        kinds: _abc.Iterable[Global___WorkKind.ValueType] | None = ...,
+        business: _builtins.str = ...,
+        downstream: _builtins.str = ...,
+        min_age_seconds: _builtins.int = ...,
+        max_age_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "downstream", b"downstream", "kinds", b"kinds", "max_age_seconds", b"max_age_seconds", "min_age_seconds", b"min_age_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailedWorkFilter: _TypeAlias = FailedWorkFilter  # noqa: Y015
+
+@_typing.final
+class FailedWork(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    kind: Global___WorkKind.ValueType
+    age_seconds: _builtins.int
+    """Seconds since it was parked (task.parked_at), on the reconciler's clock."""
+    @_builtins.property
+    def task(self) -> Global___RecoveryTask: ...
+    def __init__(
+        self,
+        *,
+        kind: Global___WorkKind.ValueType = ...,
+        task: Global___RecoveryTask | None = ...,
+        age_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["age_seconds", b"age_seconds", "kind", b"kind", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailedWork: _TypeAlias = FailedWork  # noqa: Y015
+
+@_typing.final
+class ListFailedWorkRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def filter(self) -> Global___FailedWorkFilter: ...
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest: ...
+    def __init__(
+        self,
+        *,
+        filter: Global___FailedWorkFilter | None = ...,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "page", b"page"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListFailedWorkRequest: _TypeAlias = ListFailedWorkRequest  # noqa: Y015
+
+@_typing.final
+class ListFailedWorkResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORK_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def work(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailedWork]: ...
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse: ...
+    def __init__(
+        self,
+        *,
+        work: _abc.Iterable[Global___FailedWork] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "work", b"work"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListFailedWorkResponse: _TypeAlias = ListFailedWorkResponse  # noqa: Y015
 
 @_typing.final
 class GetRecoveryTaskRequest(_message.Message):

@@ -39,6 +39,11 @@ class ReconcilerServiceStub:
                 request_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListRecoveryTasksRequest.SerializeToString,
                 response_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListRecoveryTasksResponse.FromString,
                 _registered_method=True)
+        self.ListFailedWork = channel.unary_unary(
+                '/dispo.reconciler.v1.ReconcilerService/ListFailedWork',
+                request_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListFailedWorkRequest.SerializeToString,
+                response_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListFailedWorkResponse.FromString,
+                _registered_method=True)
         self.GetRecoveryTask = channel.unary_unary(
                 '/dispo.reconciler.v1.ReconcilerService/GetRecoveryTask',
                 request_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.GetRecoveryTaskRequest.SerializeToString,
@@ -107,6 +112,15 @@ class ReconcilerServiceServicer:
     def ListRecoveryTasks(self, request, context):
         """Failed and demoted tasks the reconciler holds (filters: business, cell, downstream,
         error class, age, state).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListFailedWork(self, request, context):
+        """Failed and parked work in one list: tasks that ended FAILED (from any cause),
+        failed ones waiting for an automatic redrive, demoted ones and those with UNKNOWN
+        nodes; filtered by kind, business, downstream and age, oldest parked first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -205,6 +219,11 @@ def add_ReconcilerServiceServicer_to_server(servicer, server):
                     request_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListRecoveryTasksRequest.FromString,
                     response_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListRecoveryTasksResponse.SerializeToString,
             ),
+            'ListFailedWork': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFailedWork,
+                    request_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListFailedWorkRequest.FromString,
+                    response_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListFailedWorkResponse.SerializeToString,
+            ),
             'GetRecoveryTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRecoveryTask,
                     request_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.GetRecoveryTaskRequest.FromString,
@@ -293,6 +312,33 @@ class ReconcilerService:
             '/dispo.reconciler.v1.ReconcilerService/ListRecoveryTasks',
             dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListRecoveryTasksRequest.SerializeToString,
             dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListRecoveryTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFailedWork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.reconciler.v1.ReconcilerService/ListFailedWork',
+            dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListFailedWorkRequest.SerializeToString,
+            dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ListFailedWorkResponse.FromString,
             options,
             channel_credentials,
             insecure,

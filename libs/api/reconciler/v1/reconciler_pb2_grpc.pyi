@@ -42,6 +42,11 @@ class ReconcilerServiceStub:
     """Failed and demoted tasks the reconciler holds (filters: business, cell, downstream,
     error class, age, state).
     """
+    ListFailedWork: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ListFailedWorkRequest, _reconciler_pb2.ListFailedWorkResponse]
+    """Failed and parked work in one list: tasks that ended FAILED (from any cause),
+    failed ones waiting for an automatic redrive, demoted ones and those with UNKNOWN
+    nodes; filtered by kind, business, downstream and age, oldest parked first.
+    """
     GetRecoveryTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.GetRecoveryTaskRequest, _reconciler_pb2.GetRecoveryTaskResponse]
     """One task with its envelope, failure history, redrives and settlements."""
     RedriveTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveTaskRequest, _reconciler_pb2.RedriveTaskResponse]
@@ -75,6 +80,11 @@ class ReconcilerServiceAsyncStub(ReconcilerServiceStub):
     ListRecoveryTasks: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListRecoveryTasksRequest, _reconciler_pb2.ListRecoveryTasksResponse]  # type: ignore[assignment]
     """Failed and demoted tasks the reconciler holds (filters: business, cell, downstream,
     error class, age, state).
+    """
+    ListFailedWork: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListFailedWorkRequest, _reconciler_pb2.ListFailedWorkResponse]  # type: ignore[assignment]
+    """Failed and parked work in one list: tasks that ended FAILED (from any cause),
+    failed ones waiting for an automatic redrive, demoted ones and those with UNKNOWN
+    nodes; filtered by kind, business, downstream and age, oldest parked first.
     """
     GetRecoveryTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.GetRecoveryTaskRequest, _reconciler_pb2.GetRecoveryTaskResponse]  # type: ignore[assignment]
     """One task with its envelope, failure history, redrives and settlements."""
@@ -112,6 +122,17 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_reconciler_pb2.ListRecoveryTasksResponse, _abc.Awaitable[_reconciler_pb2.ListRecoveryTasksResponse]]:
         """Failed and demoted tasks the reconciler holds (filters: business, cell, downstream,
         error class, age, state).
+        """
+
+    @_abc_1.abstractmethod
+    def ListFailedWork(
+        self,
+        request: _reconciler_pb2.ListFailedWorkRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reconciler_pb2.ListFailedWorkResponse, _abc.Awaitable[_reconciler_pb2.ListFailedWorkResponse]]:
+        """Failed and parked work in one list: tasks that ended FAILED (from any cause),
+        failed ones waiting for an automatic redrive, demoted ones and those with UNKNOWN
+        nodes; filtered by kind, business, downstream and age, oldest parked first.
         """
 
     @_abc_1.abstractmethod
