@@ -18,7 +18,7 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.sdk import cell
 from outbox_subjects import assert_outbox_subjects_declared
-from pipeline_fixtures import dump, wait_status
+from pipeline_fixtures import dump, wait_status, wait_until
 from support import eventually
 
 from .conftest import CONFIG
@@ -360,21 +360,27 @@ async def test_ambiguous_calls_of_non_idempotent_actions_are_settled_by_their_pr
 ):
     """A downstream that performs the effect and then answers too late, and one that
     answers 500 without having acted, for actions that are not idempotent: each node is
-    UNKNOWN after its one call; the probe settles the first SUCCEEDED with no second call
-    and runs the second again. The downstream does not deduplicate: every effect counts."""
+    UNKNOWN after its one call, and the noop node after the first waits; the probe settles
+    the first SUCCEEDED with no second call (the noop then runs, in the executor's batched
+    step) and runs the second again. The downstream does not deduplicate: every effect
+    counts."""
     await downstream.control(
         dedupe=False,
         hold={"path": "/quick-once/late", "effect": True, "times": 1},
         fail={"path": "/quick-once/broken", "status": 500, "times": 1},
     )
     async with pipeline.client() as client:
-        late = await client.submit("tests", [cell("quick_once", name="late")])
+        late = await client.submit(
+            "tests", [cell("quick_once", name="late"), cell("noop").after("quick_once")]
+        )
         broken = await client.submit("tests", [cell("quick_once", name="broken")])
         for task in (late, broken):
             held = await reconciler.wait_state(
                 task.task_id, pb.RECOVERY_STATE_AWAITING_SETTLEMENT, timeout=60
             )
             assert held.error_class == "unknown_outcome"
+        parked = {"quick_once.call": "UNKNOWN", "noop.noop": "PENDING"}
+        await wait_until(client, late.task_id, lambda v: v.node_statuses == parked)
         assert (await downstream.calls()) == {
             f"{late.task_id}/quick_once.call": 1,
             f"{broken.task_id}/quick_once.call": 1,
@@ -387,6 +393,8 @@ async def test_ambiguous_calls_of_non_idempotent_actions_are_settled_by_their_pr
     late_key, broken_key = f"{late.task_id}/quick_once.call", f"{broken.task_id}/quick_once.call"
     calls, effects = await downstream.calls(), await downstream.effects()
     assert calls[late_key] == 1 and effects[late_key] == 1  # settled by the probe alone
+    assert views[0].node("noop.noop").status == "SUCCEEDED"
+    assert views[0].node("noop.noop").attempts == 1
     assert calls[broken_key] == 2 and effects[broken_key] == 1  # not done: run once more
     for task, outcome in (
         (late, common_pb2.NODE_STATUS_SUCCEEDED),
