@@ -20,7 +20,11 @@ growing memory.
 
 Failures: an exception raised by ``flush`` reaches every caller of that flush (its
 transaction rolled back as a whole); a flush that fails one item alone returns the
-exception instance in that item's place, and only that caller raises it. A caller
+exception instance in that item's place, and only that caller raises it. With
+``isolate=True`` a flush of several items that raises is tried again one item per flush
+(unless the database was unreachable), so one item that cannot be written — a poison
+message behind a consumer — fails alone instead of failing everything it was batched with.
+A caller
 cancelled while it waits does not take its item back: the flush may already hold it
 (exactly as a commit whose answer is lost) — callers retry under their own idempotency.
 
@@ -35,6 +39,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from dispo.libs.db.down import database_unreachable
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
@@ -53,11 +58,13 @@ class Batcher(Generic[T, R]):
         linger: float = 0.0,
         concurrency: int = 1,
         max_pending: int = 10_000,
+        isolate: bool = False,
     ) -> None:
         if max_items < 1 or concurrency < 1 or max_pending < max_items:
             raise ValueError("need max_items >= 1, concurrency >= 1, max_pending >= max_items")
         self.name = name
         self._flush = flush
+        self.isolate = isolate
         self.max_items = max_items
         self.linger = linger
         self.concurrency = concurrency
@@ -115,6 +122,10 @@ class Batcher(Generic[T, R]):
                 )
         except Exception as error:
             log.debug("batch flush failed", batcher=self.name, items=len(items), error=repr(error))
+            if self.isolate and len(taken) > 1 and not database_unreachable(error):
+                for one in taken:
+                    await self._flush_batch([one])
+                return
             for _, future in taken:
                 if not future.done():
                     future.set_exception(error)

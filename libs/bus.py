@@ -22,7 +22,12 @@ where it can still refuse the caller.
 A consumer's ``subject`` is one filter or several (``("task.status.*.failed",
 "task.status.*.succeeded")``): the server delivers only what they match. At start the
 durable is created, or brought to this configuration (filters, ack wait, max deliveries) if
-it exists with another one; what it already acknowledged stays acknowledged.
+it exists with another one; what it already acknowledged stays acknowledged. A consumer
+that names ``max_ack_pending`` (the most messages in flight across every replica sharing
+the durable) brings the durable to that too.
+
+What happens to a message that keeps failing is the service's quarantine's business
+(:mod:`dispo.libs.quarantine`), which wraps the handler.
 """
 
 from __future__ import annotations
@@ -275,9 +280,19 @@ class Bus:
         ack_wait: float = 30.0,
         max_deliver: int = -1,
         error_delay: float = 1.0,
+        max_ack_pending: int | None = None,
     ) -> Consumer:
         return Consumer(
-            self, stream, durable, subject, handler, batch, ack_wait, max_deliver, error_delay
+            self,
+            stream,
+            durable,
+            subject,
+            handler,
+            batch,
+            ack_wait,
+            max_deliver,
+            error_delay,
+            max_ack_pending,
         )
 
     async def close(self) -> None:
@@ -305,6 +320,7 @@ class Consumer:
         ack_wait: float,
         max_deliver: int,
         error_delay: float,
+        max_ack_pending: int | None = None,
     ) -> None:
         if batch < 1 or ack_wait <= 0:
             raise ValueError("need batch >= 1 and ack_wait > 0")
@@ -320,6 +336,7 @@ class Consumer:
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
         self.error_delay = error_delay
+        self.max_ack_pending = max_ack_pending
         self._stopping = asyncio.Event()
         # Messages in hand: id(message) -> (message, loop time it was taken or last extended).
         self._in_hand: dict[int, tuple[Msg, float]] = {}
@@ -344,6 +361,7 @@ class Consumer:
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=self.ack_wait,
             max_deliver=self.max_deliver,
+            max_ack_pending=self.max_ack_pending,
             filter_subject=self.subjects[0] if one else None,
             filter_subjects=None if one else list(self.subjects),
         )
@@ -404,7 +422,7 @@ class Consumer:
             ).config
         except NotFoundError:
             current = None
-        if current is None or _settings(current) != _settings(config):
+        if current is None or _settings(current, config) != _settings(config, config):
             try:
                 await js.add_consumer(self.stream, config=config)  # creates or updates
             except nats.js.errors.BadRequestError:
@@ -462,7 +480,16 @@ def _api_error(error: dict[str, Any]) -> APIError:
     return APIError(**error)  # pragma: no cover - from_error always raises
 
 
-def _settings(config: ConsumerConfig) -> tuple[tuple[str, ...], float, int]:
-    """What :class:`Consumer` configures on a durable: filters, ack wait, max deliveries."""
+def _settings(
+    config: ConsumerConfig, wanted: ConsumerConfig
+) -> tuple[tuple[str, ...], float, int, int | None]:
+    """What :class:`Consumer` configures on a durable: filters, ack wait, max deliveries, and
+    the most messages in flight when it asks for a number (else the server's default)."""
     filters = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
-    return (tuple(sorted(filters)), round(config.ack_wait or 0.0, 3), config.max_deliver or -1)
+    pending = config.max_ack_pending if wanted.max_ack_pending is not None else None
+    return (
+        tuple(sorted(filters)),
+        round(config.ack_wait or 0.0, 3),
+        config.max_deliver or -1,
+        pending,
+    )

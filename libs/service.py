@@ -23,13 +23,14 @@ import asyncio
 import contextlib
 import inspect
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-from dispo.libs.bus import Bus
+from dispo.libs import quarantine
+from dispo.libs.bus import Bus, Consumer, Handler
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, migrate, session_factory
 from dispo.libs.grpcserver import create_server
@@ -70,6 +71,7 @@ class Runtime:
     service_names: list[str] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
     closers: list[tuple[str, Close]] = field(default_factory=list)
+    _quarantine: quarantine.Quarantine | None = None
 
     def add_servicer(self, register: Callable[[grpc.aio.Server], None], service_name: str) -> None:
         self.registrations.append(register)
@@ -113,6 +115,47 @@ class Runtime:
             close = resource
         self.closers.append((name or type(resource).__name__, close))
         return resource
+
+    @property
+    def quarantine(self) -> quarantine.Quarantine:
+        """The service's quarantine (the ``quarantine`` table of its schema); the first use
+        adds ``dispo.quarantine.v1.QuarantineService`` to the service's gRPC server."""
+        if self._quarantine is None:
+            self._quarantine = quarantine.Quarantine(
+                self.engine,
+                self.bus,
+                self.clock,
+                quarantine.RetryBound(
+                    max_failures=self.settings.consumer_max_failures,
+                    base_seconds=self.settings.consumer_retry_base_seconds,
+                    max_seconds=self.settings.consumer_retry_max_seconds,
+                ),
+            )
+            servicer = self._quarantine.servicer
+            self.add_servicer(
+                lambda server: quarantine.add_to_server(servicer, server), quarantine.SERVICE_NAME
+            )
+        return self._quarantine
+
+    def consumer(
+        self,
+        stream: str,
+        *,
+        durable: str,
+        subject: str | Sequence[str],
+        handler: Handler,
+        **options: Any,
+    ) -> Consumer:
+        """A durable consumer whose handler is guarded by the service's quarantine: a message
+        that keeps failing, or that the handler refuses, is quarantined and terminated
+        (:mod:`dispo.libs.quarantine.guard`). ``options`` are :meth:`Bus.consumer`'s."""
+        return self.bus.consumer(
+            stream,
+            durable=durable,
+            subject=subject,
+            handler=self.quarantine.wrap(handler),
+            **options,
+        )
 
     def outbox_relay(self, table: Table, **options: Any) -> OutboxRelay:
         """The shared outbox relay for ``table`` on this service's database, bus and clock,

@@ -70,6 +70,20 @@ class CommonSettings(BaseSettings):
         description="Failed publications of an outbox row (1 s apart, doubling to a minute)"
         " before the relay quarantines it: kept, marked, logged, and no longer in the way",
     )
+    consumer_max_failures: int = Field(
+        default=5,
+        ge=1,
+        description="Times a JetStream message may fail in a consumer (its handler raised)"
+        " before it is moved to the service's quarantine; a refused message goes at once",
+    )
+    consumer_retry_base_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="Redelivery delay after a message's first failure; doubles per failure",
+    )
+    consumer_retry_max_seconds: float = Field(
+        default=30.0, gt=0, description="Longest redelivery delay between two failures"
+    )
     uvloop: bool = Field(
         default=True,
         description="Run a service's event loop on uvloop (`false`: the standard asyncio loop)",

@@ -1,6 +1,6 @@
 """The cron pool's evaluation events (protos/dispo/pool/v1/events.proto) on the bus:
-published by the pool through its outbox, consumed by the intelligence service in stream
-order."""
+published by the pool through its outbox, consumed by the intelligence service in order
+per evaluation (a completion reports its run count and waits for those runs)."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ async def setup(rt: Runtime) -> None:
             executor, request.task_id, request.reason, request.generation, request.version
         )
 
-    creates = rt.bus.consumer(
+    creates = rt.consumer(
         tasks.TASKS.name,
         durable=settings.durable,
         subject=tasks.TASK_CREATE,
@@ -91,14 +91,14 @@ async def setup(rt: Runtime) -> None:
         batch=settings.batch,
         ack_wait=settings.ack_wait_seconds,
     )
-    cancels = rt.bus.consumer(
+    cancels = rt.consumer(
         tasks.TASKS.name,
         durable=f"{settings.durable}-cancel",
         subject=tasks.TASK_CANCEL,
         handler=on_cancel,
         ack_wait=settings.ack_wait_seconds,
     )
-    closes = rt.bus.consumer(
+    closes = rt.consumer(
         tasks.TASKS.name,
         durable=f"{settings.durable}-close",
         subject=tasks.TASK_CLOSE,

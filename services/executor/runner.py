@@ -92,6 +92,7 @@ class Executor:
             self._open_flush,
             max_items=config.flush_max_items,
             concurrency=config.flush_concurrency,
+            isolate=True,  # a task.create that cannot be opened fails alone
         )
 
     # ---- task.create -------------------------------------------------------------------

@@ -49,7 +49,7 @@ async def setup(rt: Runtime) -> None:
         await gateway.apply_status(env, msg.data)
         return ACK
 
-    statuses = rt.bus.consumer(
+    statuses = rt.consumer(
         tasks.TASK_STATUS.name,
         durable=settings.status_durable,
         subject=tasks.TASK_STATUS_ALL,

@@ -106,6 +106,7 @@ class Gateway:
             max_items=status_batch,
             linger=status_linger,
             max_pending=max(10_000, status_batch),
+            isolate=True,  # a status event that cannot be applied fails alone
         )
 
     async def submit(self, sub: Submission) -> Accepted:

@@ -89,7 +89,9 @@ async def setup(rt: Runtime) -> None:
         first_after_interval=True,
     )
     if app.settings.consume_events:
-        feed_consumer = await consumer(rt.bus, app.events, app.settings.event_durable)
+        feed_consumer = await consumer(
+            rt.bus, app.events, app.settings.event_durable, rt.quarantine.wrap
+        )
         rt.add_part("evaluation feed", feed_consumer.run, feed_consumer.stop)
     rt.close_on_stop(
         lambda: app.jobs.close(app.settings.jobs_shutdown_grace_seconds), name="intelligence jobs"

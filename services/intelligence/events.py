@@ -1,12 +1,22 @@
 """The cron pool's evaluation events (stream ``EVALUATIONS``) into the evaluation feed.
 
 Idempotent: a repeated ``started`` or ``completed`` is a no-op, a run_id already stored is
-skipped. An event for an evaluation not registered yet is redelivered later; a malformed or
-contradictory one is terminated with a logged reason. Events are applied strictly in
-stream order (one in flight per durable consumer, whatever the number of replicas).
+skipped. A malformed or contradictory event is refused (and so quarantined, with the
+reason).
+
+Order is kept per evaluation, not across the stream: many events are handled at once, by
+every replica, and each one waits only for its own evaluation. An event that arrived before
+what it depends on is redelivered later: a run or a completion before the evaluation's
+registration, a completion before the ``run_count`` runs it reports. So the read model goes
+registered -> runs -> completed for each evaluation whatever the delivery order, and an
+evaluation whose events are stuck or quarantined delays no other. After
+``max_unknown_deliveries`` such deliveries the event is given up to the quarantine, from
+where it can be replayed once what it waited for is there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from dispo.intelligence.convert import line_name, verdict_name
 from dispo.intelligence.evaluations import (
@@ -16,14 +26,12 @@ from dispo.intelligence.evaluations import (
 )
 from dispo.intelligence.feed import EvaluationFeed
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
-from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
+from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Handler, Nak, Term
 from dispo.libs.contracts import evaluations as contract
 from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import from_timestamp
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import BadRequestError, NotFoundError
 
 log = get_logger(__name__)
 
@@ -77,6 +85,7 @@ class EvaluationEvents:
                 await self.feed.record_runs(run.evaluation_id, [result])
             elif subject == COMPLETED:
                 completed = events_pb2.EvaluationCompleted.FromString(data)
+                await self._runs_arrived(completed)
                 await self.feed.complete(
                     completed.evaluation_id, completion_status(completed.status)
                 )
@@ -86,7 +95,7 @@ class EvaluationEvents:
             if deliveries >= self.max_unknown_deliveries:
                 return Term(f"{error.message} after {deliveries} deliveries; giving up")
             log.info(
-                "event for an unknown evaluation; retrying later",
+                "event came before what it depends on; retrying later",
                 subject=subject,
                 error=error.message,
                 deliveries=deliveries,
@@ -99,6 +108,16 @@ class EvaluationEvents:
                 return Term(f"malformed {subject}: {error}")
             raise
         return ACK
+
+    async def _runs_arrived(self, completed: events_pb2.EvaluationCompleted) -> None:
+        """``NotFound`` (come back later) while fewer runs are stored than the completion
+        reports; a completion already applied passes (a redelivery)."""
+        evaluation = await self.feed.get(completed.evaluation_id)
+        if not evaluation.is_terminal and evaluation.run_count < completed.run_count:
+            raise NotFound(
+                f"evaluation {completed.evaluation_id!r} has {evaluation.run_count} of the "
+                f"{completed.run_count} runs its completion reports"
+            )
 
 
 _COMPLETION_STATUS = {
@@ -118,44 +137,27 @@ def completion_status(status: pool_pb2.EvaluationStatus.ValueType) -> Evaluation
 
 
 ACK_WAIT_SECONDS = 30.0
+# Events handled at once by one replica, and in flight across all replicas of the durable.
+IN_HAND = 64
+MAX_ACK_PENDING = 256
 
 
-async def ensure_ordered_consumer(bus: Bus, durable: str) -> None:
-    """Create the durable with ``max_ack_pending=1``: across every replica sharing it, one
-    message is in flight at a time, so a completion never overtakes its runs."""
-    try:
-        info = await bus.js.consumer_info(STREAM, durable)
-    except NotFoundError:
-        config = ConsumerConfig(
-            durable_name=durable,
-            ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
-            filter_subject=contract.EVALUATION_ALL,
-            ack_wait=ACK_WAIT_SECONDS,
-            max_ack_pending=1,
-        )
-        try:
-            await bus.js.add_consumer(STREAM, config)
-        except BadRequestError:
-            info = await bus.js.consumer_info(STREAM, durable)  # another replica created it first
-        else:
-            return
-    if info.config.max_ack_pending != 1:
-        log.warning(
-            "evaluation consumer is not strictly ordered",
-            durable=durable,
-            max_ack_pending=info.config.max_ack_pending,
-        )
-
-
-async def consumer(bus: Bus, events: EvaluationEvents, durable: str) -> Consumer:
+async def consumer(
+    bus: Bus,
+    events: EvaluationEvents,
+    durable: str,
+    guard: Callable[[Handler], Handler] = lambda h: h,
+) -> Consumer:
+    """The feed's consumer, its handler wrapped by ``guard`` (the service's quarantine). A
+    durable left strictly ordered (one in flight) by an earlier version is brought to
+    :data:`MAX_ACK_PENDING`."""
     await contract.ensure_evaluation_stream(bus)
-    await ensure_ordered_consumer(bus, durable)
     return bus.consumer(
         STREAM,
         durable=durable,
         subject=contract.EVALUATION_ALL,
-        handler=events.handle_message,
-        batch=1,
+        handler=guard(events.handle_message),
+        batch=IN_HAND,
         ack_wait=ACK_WAIT_SECONDS,
+        max_ack_pending=MAX_ACK_PENDING,
     )

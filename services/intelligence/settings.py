@@ -34,12 +34,13 @@ class IntelligenceSettings(BaseSettings):
     )
     unknown_evaluation_retry_seconds: float = Field(
         default=2.0,
-        description="Redelivery delay of an event about an evaluation not registered yet",
+        description="Redelivery delay of an event that came before what it depends on (the"
+        " evaluation's registration, or the runs its completion reports)",
     )
     unknown_evaluation_max_deliveries: int = Field(
         default=30,
-        description="Deliveries after which such an event is given up (logged), so it cannot"
-        " hold up the stream",
+        description="Deliveries after which such an event is given up to the quarantine (from"
+        " where it can be replayed)",
     )
     sweep_interval_seconds: float = Field(
         default=60.0, description="Time between the periodic recovery and lost-trigger sweeps"

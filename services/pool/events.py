@@ -75,12 +75,19 @@ _COMPLETED_STATUS = {
 
 
 async def add_completed(
-    conn: AsyncConnection, evaluation_id: str, status: EvaluationStatus, now: datetime
+    conn: AsyncConnection,
+    evaluation_id: str,
+    status: EvaluationStatus,
+    run_count: int,
+    now: datetime,
 ) -> None:
+    """The completion reports the runs recorded before it (``run_count``), so a consumer
+    applies it only once it holds them all."""
     message = events_pb2.EvaluationCompleted(
         evaluation_id=evaluation_id,
         status=_COMPLETED_STATUS[status],
         completed_at=to_timestamp(now),
+        run_count=run_count,
     )
     await outbox_add(
         conn,
@@ -100,8 +107,9 @@ def outbox_relay(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> OutboxRelay:
     """The pool's relay: it ensures the EVALUATIONS stream before its first batch, and
-    publishes one event at a time in outbox order, because the intelligence service applies
-    them in stream order (a completion must not overtake its runs). Like every relay it
+    publishes one event at a time in outbox order, so that they reach the stream in the order
+    they happened (the intelligence service waits for what an event depends on, per
+    evaluation, so fewer of them would come back). Like every relay it
     deletes rows sent more than ``retention`` ago on ``clock``, and quarantines a row after
     ``max_attempts`` failed publications (the events behind it then go on). Kick it after a commit
     (Pool's ``on_commit``); it polls as a fallback."""

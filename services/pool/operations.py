@@ -157,7 +157,9 @@ class Pool:
             if not await repo.evaluation_set_status_if(conn, ev.id, allowed, new, now):
                 raise FailedPrecondition(f"evaluation {ev.id} changed concurrently")
             if new is EvaluationStatus.CANCELLED:
-                await events.add_completed(conn, ev.id, EvaluationStatus.CANCELLED, now)
+                await events.add_completed(
+                    conn, ev.id, EvaluationStatus.CANCELLED, ev.runs_done, now
+                )
             result = await repo.evaluation_get(conn, ev.id)
         self.on_commit()
         if freed:
@@ -299,7 +301,9 @@ class Pool:
                 await repo.evaluation_set_status_if(
                     conn, ev.id, (EvaluationStatus.EXECUTING,), EvaluationStatus.COMPLETED, now
                 )
-                await events.add_completed(conn, ev.id, EvaluationStatus.COMPLETED, now)
+                await events.add_completed(
+                    conn, ev.id, EvaluationStatus.COMPLETED, ev.runs_done, now
+                )
                 released = True
                 log.info("evaluation completed", evaluation_id=ev.id, cron_id=cron_id)
             elif ev.schedule.debt(now, ev.runs_done) == 0:

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
-from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Nak, Term
+from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Handler, Nak, Term
 from dispo.libs.contracts import tasks
 from dispo.reconciler import arbitration, completion, recovery
 from dispo.reconciler.context import Context
@@ -45,7 +45,11 @@ def handler(
 FINISHED_BATCH = 256
 
 
-def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]]:
+def consumers(
+    ctx: Context, bus: Bus, durable: str, guard: Callable[[Handler], Handler] = lambda h: h
+) -> list[tuple[str, Consumer]]:
+    """The four consumers, each handler wrapped by ``guard`` (the service's quarantine)."""
+
     def park(kind: str) -> Callable[[task_pb2.Task], Awaitable[bool]]:
         async def work(env: task_pb2.Task) -> bool:
             return not env.nodes or await recovery.intake(ctx, env, kind)
@@ -56,6 +60,7 @@ def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]
         "finished facts",
         lambda envs: completion.on_statuses(ctx, envs),
         max_items=FINISHED_BATCH,
+        isolate=True,  # a terminal snapshot that cannot be recorded fails alone
     )
 
     async def finish(env: task_pb2.Task) -> None:  # recorded now or before: acked either way
@@ -68,7 +73,7 @@ def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]
                 tasks.TASKS.name,
                 durable=f"{durable}-fail",
                 subject=tasks.TASK_FAIL,
-                handler=handler(park("fail")),
+                handler=guard(handler(park("fail"))),
             ),
         ),
         (
@@ -77,7 +82,7 @@ def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]
                 tasks.TASKS.name,
                 durable=f"{durable}-demote",
                 subject=tasks.TASK_DEMOTE,
-                handler=handler(park("demote")),
+                handler=guard(handler(park("demote"))),
             ),
         ),
         (
@@ -86,7 +91,7 @@ def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]
                 tasks.TASKS.name,
                 durable=f"{durable}-claims",
                 subject=tasks.TASK_CREATE,
-                handler=handler(lambda env: arbitration.on_create(ctx, env)),
+                handler=guard(handler(lambda env: arbitration.on_create(ctx, env))),
             ),
         ),
         (
@@ -95,7 +100,7 @@ def consumers(ctx: Context, bus: Bus, durable: str) -> list[tuple[str, Consumer]
                 tasks.TASK_STATUS.name,
                 durable=f"{durable}-status",
                 subject=tasks.TASK_STATUS_TERMINAL,
-                handler=handler(finish),
+                handler=guard(handler(finish)),
                 batch=FINISHED_BATCH,
             ),
         ),

@@ -38,7 +38,7 @@ async def wire_recovery(rt: Runtime) -> Context:
         ),
         SERVICE_NAME,
     )
-    for name, consumer in consumers(ctx, rt.bus, settings.durable):
+    for name, consumer in consumers(ctx, rt.bus, settings.durable, rt.quarantine.wrap):
         rt.add_part(name, consumer.run, consumer.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)
     if settings.sweep_interval_seconds > 0:

@@ -45,9 +45,11 @@ def run_recorded(
     ).SerializeToString()
 
 
-def completed(evaluation_id: str, status: int = pool_pb2.EVALUATION_STATUS_COMPLETED) -> bytes:
+def completed(
+    evaluation_id: str, status: int = pool_pb2.EVALUATION_STATUS_COMPLETED, run_count: int = 0
+) -> bytes:
     return events_pb2.EvaluationCompleted(
-        evaluation_id=evaluation_id, status=status
+        evaluation_id=evaluation_id, status=status, run_count=run_count
     ).SerializeToString()
 
 
@@ -80,7 +82,7 @@ async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
             )
             await bus.publish(
                 "evaluation.completed",
-                completed(evaluation_id),
+                completed(evaluation_id, run_count=len(verdicts)),
                 msg_id=f"{evaluation_id}:completed",
             )
 
@@ -123,6 +125,11 @@ async def test_event_dispositions(app):
         == ACK
     )
     assert await events.handle("evaluation.run_recorded", run_recorded("later", "r1")) == ACK
+    # a completion reporting a run not stored yet waits for it, and gives up in the end
+    early = completed("later", pool_pb2.EVALUATION_STATUS_CANCELLED, run_count=2)
+    assert isinstance(await events.handle("evaluation.completed", early), Nak)
+    gave_up = await events.handle("evaluation.completed", early, deliveries=30)
+    assert isinstance(gave_up, Term) and "1 of the 2 runs" in gave_up.reason
     assert (
         await events.handle(
             "evaluation.completed", completed("later", pool_pb2.EVALUATION_STATUS_CANCELLED)
@@ -179,27 +186,30 @@ async def test_event_dispositions(app):
     )
 
 
-async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(app, bus):
-    """A completion never overtakes its runs, even with two consumers racing on one durable."""
+async def test_two_replicas_sharing_the_consumer_keep_each_evaluations_order(app, bus):
+    """A completion never overtakes its runs, nor a run its registration, even when they
+    reach the stream backwards and two consumers race on one durable."""
     await ensure_evaluation_stream(bus)
     await bus.publish(
-        "evaluation.started",
-        started("ordered", "2026-01", line=common.LINE_TRIAL),
-        msg_id="ordered:started",
+        "evaluation.completed", completed("ordered", run_count=40), msg_id="ordered:completed"
     )
-    for i in range(40):
+    for i in reversed(range(40)):
         await bus.publish(
             "evaluation.run_recorded",
             run_recorded("ordered", f"ordered-{i}"),
             msg_id=f"ordered-{i}",
         )
-    await bus.publish("evaluation.completed", completed("ordered"), msg_id="ordered:completed")
+    await bus.publish(
+        "evaluation.started",
+        started("ordered", "2026-01", line=common.LINE_TRIAL),
+        msg_id="ordered:started",
+    )
 
     dispositions = []
 
     async def recording(message):
         outcome = await app.events.handle_message(message)
-        dispositions.append(outcome)
+        dispositions.append((message.subject, outcome))
         return outcome
 
     replicas = []
@@ -214,11 +224,69 @@ async def test_two_replicas_sharing_the_consumer_apply_events_in_stream_order(ap
             evaluation = await app.repo.evaluation_get("ordered")
             return evaluation is not None and evaluation.status == EvaluationStatus.COMPLETED
 
-        await eventually(finished, timeout=20, wanted="the analysis finished")
+        await eventually(finished, timeout=30, wanted="the evaluation completed")
     finally:
         for replica in replicas:
             replica.stop()
         await asyncio.gather(*running)
 
     assert (await app.repo.evaluation_get("ordered")).run_count == 40
-    assert all(outcome == ACK for outcome in dispositions)
+    # a run applied after the completion would have been refused: none was
+    assert [d for d in dispositions if isinstance(d[1], Term)] == []
+    early = {subject for subject, outcome in dispositions if isinstance(outcome, Nak)}
+    assert "evaluation.completed" in early  # it did come first, and waited
+
+
+async def test_a_stuck_evaluation_holds_no_other_evaluations_events(make_app, bus, intel_engine):
+    """One evaluation's event keeps failing (it waits for a registration that never comes,
+    then goes to the quarantine); the events of every other evaluation, published behind
+    it, are applied meanwhile."""
+    app = make_app(unknown_evaluation_retry_seconds=0.2, unknown_evaluation_max_deliveries=10_000)
+    await ensure_evaluation_stream(bus)
+    await bus.publish("evaluation.run_recorded", run_recorded("stuck", "stuck-0"), msg_id="stuck-0")
+    others = [f"free-{i}" for i in range(8)]
+    for evaluation_id in others:
+        await bus.publish(
+            "evaluation.started",
+            started(evaluation_id, "2026-03", line=common.LINE_TRIAL),
+            msg_id=f"{evaluation_id}:started",
+        )
+        await bus.publish(
+            "evaluation.run_recorded",
+            run_recorded(evaluation_id, f"{evaluation_id}-0"),
+            msg_id=f"{evaluation_id}-0",
+        )
+        await bus.publish(
+            "evaluation.completed",
+            completed(evaluation_id, run_count=1),
+            msg_id=f"{evaluation_id}:completed",
+        )
+    stuck_deliveries = []
+
+    async def recording(message):
+        outcome = await app.events.handle_message(message)
+        if b"stuck" in message.data:
+            stuck_deliveries.append(outcome)
+        return outcome
+
+    feed = await consumer(bus, app.events, "intelligence-free")
+    feed.handler = recording
+    running = asyncio.create_task(feed.run())
+    try:
+
+        async def all_completed() -> bool:
+            for evaluation_id in others:
+                evaluation = await app.repo.evaluation_get(evaluation_id)
+                if evaluation is None or evaluation.status != EvaluationStatus.COMPLETED:
+                    return False
+            return True
+
+        await eventually(all_completed, timeout=30, wanted="every other evaluation completed")
+        # the stuck event is still being retried, not given up: it held nothing up
+        assert stuck_deliveries and all(isinstance(o, Nak) for o in stuck_deliveries)
+        assert await app.repo.evaluation_get("stuck") is None
+    finally:
+        feed.stop()
+        await running
+    for evaluation_id in others:
+        assert (await app.repo.evaluation_get(evaluation_id)).run_count == 1

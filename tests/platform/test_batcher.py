@@ -108,6 +108,51 @@ async def test_an_error_of_the_flush_reaches_every_caller_of_that_flush_only():
     assert all(isinstance(o, ConnectionError) for o in outcomes[3:])
 
 
+async def test_an_isolating_batcher_retries_a_failed_flush_one_item_at_a_time():
+    """One item that cannot be written fails alone: its batch mates are flushed again."""
+    batches: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def flush(items: list[int]) -> list[int]:
+        await gate.wait()
+        batches.append(list(items))
+        if 3 in items:
+            raise ValueError("3 cannot be stored")
+        return items
+
+    batcher = Batcher("isolating", flush, max_items=4, isolate=True)
+    calls = [asyncio.create_task(batcher.submit(0))]
+    await settle()
+    calls += [asyncio.create_task(batcher.submit(i)) for i in range(1, 5)]  # [0] [1,2,3,4]
+    await settle()
+    gate.set()
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+
+    assert outcomes[:3] == [0, 1, 2] and outcomes[4] == 4
+    assert isinstance(outcomes[3], ValueError)
+    assert batches == [[0], [1, 2, 3, 4], [1], [2], [3], [4]]
+
+
+async def test_an_isolating_batcher_does_not_retry_when_the_database_is_unreachable():
+    import asyncpg
+
+    batches: list[list[int]] = []
+
+    async def flush(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        raise asyncpg.exceptions.CannotConnectNowError("the database system is starting up")
+
+    batcher = Batcher("down", flush, max_items=4, isolate=True)
+    first = asyncio.create_task(batcher.submit(0))
+    await settle()
+    outcomes = await asyncio.gather(
+        first, *(batcher.submit(i) for i in range(1, 4)), return_exceptions=True
+    )
+    assert all(isinstance(o, asyncpg.exceptions.CannotConnectNowError) for o in outcomes)
+    assert len(batches) == len({tuple(b) for b in batches})  # each batch tried once
+    assert sum(len(b) for b in batches) == 4
+
+
 async def test_an_exception_returned_for_one_item_is_raised_by_that_caller_alone():
     async def flush(items: list[int]) -> list[int | BaseException]:
         return [ValueError(f"bad {i}") if i % 2 else i for i in items]

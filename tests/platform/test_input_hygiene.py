@@ -26,6 +26,7 @@ from dispo.libs.api.executor.v1 import executor_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2
 from dispo.libs.api.pool.v1 import pool_pb2
+from dispo.libs.api.quarantine.v1 import quarantine_pb2
 from dispo.libs.api.reconciler.v1 import drift_pb2, reconciler_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
@@ -33,16 +34,26 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-# The service that serves each generated service, and the schema it writes.
-SERVED_BY = {
-    "dispo.gateway.v1.GatewayService": "gateway",
-    "dispo.executor.v1.ExecutorService": "executor",
-    "dispo.intelligence.v1.IntelligenceService": "intelligence",
-    "dispo.pool.v1.PoolService": "pool",
-    "dispo.reconciler.v1.ReconcilerService": "reconciler",
-    "dispo.reconciler.v1.DriftService": "reconciler",
+# The services that serve each generated service (each one the schema it writes).
+CONSUMING = ("gateway", "executor", "intelligence", "reconciler")  # their own quarantine each
+SERVED_BY: dict[str, tuple[str, ...]] = {
+    "dispo.gateway.v1.GatewayService": ("gateway",),
+    "dispo.executor.v1.ExecutorService": ("executor",),
+    "dispo.intelligence.v1.IntelligenceService": ("intelligence",),
+    "dispo.pool.v1.PoolService": ("pool",),
+    "dispo.reconciler.v1.ReconcilerService": ("reconciler",),
+    "dispo.reconciler.v1.DriftService": ("reconciler",),
+    "dispo.quarantine.v1.QuarantineService": CONSUMING,
 }
-MODULES = (gateway_pb2, executor_pb2, intelligence_pb2, pool_pb2, reconciler_pb2, drift_pb2)
+MODULES = (
+    gateway_pb2,
+    executor_pb2,
+    intelligence_pb2,
+    pool_pb2,
+    reconciler_pb2,
+    drift_pb2,
+    quarantine_pb2,
+)
 EXAMPLES_PER_METHOD = 6
 # UNAVAILABLE too: PostgreSQL and NATS are up all along, so no input may be answered with it.
 BAD_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE)
@@ -57,12 +68,13 @@ STRUCT = "google.protobuf.Struct"
 
 def methods() -> list[tuple[str, MethodDescriptor]]:
     found = [
-        (SERVED_BY[service.full_name], method)
+        (server, method)
         for module in MODULES
         for service in module.DESCRIPTOR.services_by_name.values()
         for method in service.methods
+        for server in SERVED_BY[service.full_name]
     ]
-    assert {service for service, _ in found} == set(SERVED_BY.values())
+    assert {server for server, _ in found} == {s for servers in SERVED_BY.values() for s in servers}
     return found
 
 
@@ -228,7 +240,7 @@ class Stack:
         self.conn: asyncpg.Connection = self.loop.run_until_complete(asyncpg.connect(database_url))
         self.count_queries = {
             schema: self.loop.run_until_complete(self._count_query(schema))
-            for schema in set(SERVED_BY.values())
+            for schema in {s for servers in SERVED_BY.values() for s in servers}
         }
 
     async def _count_query(self, schema: str) -> str:
@@ -297,7 +309,7 @@ def property_of(
     def hostile(request: Request) -> None:
         before = stack.counts(service)
         code = stack.call(service, method, request.body)
-        seen.setdefault(method.full_name, set()).add(code.name)
+        seen.setdefault(f"{service}:{method.full_name}", set()).add(code.name)
         where = f"{method.full_name} with {request.message or request.body!r}"
         assert code not in BAD_CODES, f"{code.name} from {where}"
         if request.must_be_refused():
@@ -353,10 +365,9 @@ async def test_no_hostile_request_gets_internal_or_unknown_or_writes(
     finally:
         await asyncio.to_thread(stack.close)
 
-    # every method was called, and hostile values were refused somewhere in each service
-    assert set(seen) == {m.full_name for _, m in methods()}
-    for service in set(SERVED_BY.values()) - {"executor"}:
-        codes = set().union(
-            *(c for m, c in seen.items() if SERVED_BY[m.rsplit(".", 1)[0]] == service)
-        )
+    # every method of every server was called, and hostile values were refused somewhere in
+    # each service
+    assert set(seen) == {f"{s}:{m.full_name}" for s, m in methods()}
+    for service in {s for servers in SERVED_BY.values() for s in servers}:
+        codes = set().union(*(c for key, c in seen.items() if key.startswith(f"{service}:")))
         assert "INVALID_ARGUMENT" in codes, (service, codes)

@@ -119,9 +119,14 @@ class EvaluationCompleted(_message.Message):
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
+    RUN_COUNT_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
     status: _pool_pb2.EvaluationStatus.ValueType
     """EVALUATION_STATUS_COMPLETED or EVALUATION_STATUS_CANCELLED."""
+    run_count: _builtins.int
+    """Runs of the evaluation recorded (each published as an EvaluationRunRecorded) before
+    it ended: a consumer applies the completion only once it holds that many.
+    """
     @_builtins.property
     def completed_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -130,10 +135,11 @@ class EvaluationCompleted(_message.Message):
         evaluation_id: _builtins.str = ...,
         status: _pool_pb2.EvaluationStatus.ValueType = ...,
         completed_at: _timestamp_pb2.Timestamp | None = ...,
+        run_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "evaluation_id", b"evaluation_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "evaluation_id", b"evaluation_id", "run_count", b"run_count", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

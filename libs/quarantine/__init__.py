@@ -1,0 +1,47 @@
+"""Poison containment: the messages a service's consumers give up on, kept in the service's
+own schema and acted on over gRPC.
+
+    quarantine = Quarantine(engine, bus, clock, RetryBound(max_failures=5))
+    consumer = bus.consumer(STREAM, durable=name, subject=s, handler=quarantine.wrap(handle))
+    server: add_to_server(quarantine.servicer, server)   # dispo.quarantine.v1.QuarantineService
+
+:mod:`.guard` bounds a message's failures (backoff between them) and writes it to the
+quarantine when they run out; :mod:`.store` is the table; :mod:`.servicer` the gRPC API;
+:mod:`.schema` the DDL a service's migration runs. ``dispo.libs.service.Runtime.consumer``
+wires all of it for a service.
+"""
+
+from __future__ import annotations
+
+from dispo.libs.bus import Bus, Handler
+from dispo.libs.clock import Clock
+from dispo.libs.quarantine.guard import Guard, RetryBound
+from dispo.libs.quarantine.servicer import SERVICE_NAME, QuarantineServicer, add_to_server
+from dispo.libs.quarantine.store import Held, Poisoned, QuarantineStore, quarantine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+
+class Quarantine:
+    """One service's quarantine: its store, the guard its consumers share, its servicer."""
+
+    def __init__(self, engine: AsyncEngine, bus: Bus, clock: Clock, bound: RetryBound) -> None:
+        self.store = QuarantineStore(engine, clock)
+        self.guard = Guard(self.store, bound)
+        self.servicer = QuarantineServicer(self.store, bus)
+
+    def wrap(self, handler: Handler) -> Handler:
+        return self.guard.wrap(handler)
+
+
+__all__ = [
+    "SERVICE_NAME",
+    "Guard",
+    "Held",
+    "Poisoned",
+    "Quarantine",
+    "QuarantineServicer",
+    "QuarantineStore",
+    "RetryBound",
+    "add_to_server",
+    "quarantine",
+]

@@ -1,0 +1,82 @@
+"""``dispo.quarantine.v1.QuarantineService``: a service's quarantine over gRPC (list, get,
+replay, discard), served by every service with a JetStream consumer beside its own API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from dispo.libs.api.quarantine.v1 import quarantine_pb2 as pb
+from dispo.libs.api.quarantine.v1 import quarantine_pb2_grpc
+from dispo.libs.bus import Bus
+from dispo.libs.errors import InvalidArgument
+from dispo.libs.paging import decode_page_token, encode_page_token, page_size
+from dispo.libs.quarantine.store import Held, QuarantineStore
+from dispo.libs.timestamps import to_timestamp
+
+SERVICE_NAME = "dispo.quarantine.v1.QuarantineService"
+Context = grpc.aio.ServicerContext[Any, Any]
+MAX_PAGE_SIZE = 200
+
+
+def to_proto(held: Held) -> pb.QuarantinedMessage:
+    return pb.QuarantinedMessage(
+        id=held.id,
+        consumer=held.consumer,
+        stream=held.stream,
+        subject=held.subject,
+        stream_sequence=held.stream_sequence,
+        payload=held.payload,
+        error=held.error,
+        deliveries=held.deliveries,
+        replays=held.replays,
+        first_seen=to_timestamp(held.first_seen),
+        last_seen=to_timestamp(held.last_seen),
+    )
+
+
+def _message_id(value: int) -> int:
+    if value <= 0:
+        raise InvalidArgument("id", "required: the id of a quarantined message")
+    return value
+
+
+class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
+    def __init__(self, store: QuarantineStore, bus: Bus) -> None:
+        self.store = store
+        self.bus = bus
+
+    async def ListMessages(
+        self, request: pb.ListMessagesRequest, context: Context
+    ) -> pb.ListMessagesResponse:
+        limit = page_size(request.page, maximum=MAX_PAGE_SIZE)
+        after = decode_page_token(request.page.page_token, int)
+        rows, total = await self.store.page(
+            consumer=request.consumer, after_id=after[0] if after else None, limit=limit + 1
+        )
+        out = pb.ListMessagesResponse(total=total)
+        out.messages.extend(to_proto(h) for h in rows[:limit])
+        if len(rows) > limit:
+            out.page.next_page_token = encode_page_token(rows[limit - 1].id)
+        return out
+
+    async def GetMessage(
+        self, request: pb.GetMessageRequest, context: Context
+    ) -> pb.QuarantinedMessage:
+        return to_proto(await self.store.get(_message_id(request.id)))
+
+    async def ReplayMessage(
+        self, request: pb.ReplayMessageRequest, context: Context
+    ) -> pb.ReplayMessageResponse:
+        held, sequence = await self.store.replay(_message_id(request.id), self.bus)
+        return pb.ReplayMessageResponse(message=to_proto(held), new_stream_sequence=sequence)
+
+    async def DiscardMessage(
+        self, request: pb.DiscardMessageRequest, context: Context
+    ) -> pb.DiscardMessageResponse:
+        held = await self.store.discard(_message_id(request.id))
+        return pb.DiscardMessageResponse(message=to_proto(held))
+
+
+def add_to_server(servicer: QuarantineServicer, server: grpc.aio.Server) -> None:
+    quarantine_pb2_grpc.add_QuarantineServiceServicer_to_server(servicer, server)
