@@ -1,5 +1,5 @@
 """The OpenClaw driver: each cron is one OpenClaw automation, driven through the
-``openclaw cron`` CLI (ADR-0030).
+``openclaw cron`` CLI (ADR-0032).
 
 - create: ``cron add --declaration-key dispo-pool:<namespace>:<cron> --every <tick>s
   --command <wake>`` (an upsert: a second add with the same key updates the same automation;
