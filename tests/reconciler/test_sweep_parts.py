@@ -83,8 +83,9 @@ async def test_the_release_follows_each_health_pass_without_waiting_its_interval
 ):
     fake_downstream.healthy = False
     assert await recovery.intake(recon, demoted("d1"), "demote")
+    await eventually(_all_asleep(parts, manual_clock, health_passes=1))
     manual_clock.advance(seconds=1)  # a round: health finds the downstream down
-    await eventually(lambda: parts["health"].passes >= 2)
+    await eventually(_all_asleep(parts, manual_clock, health_passes=2))
     assert (await row(recon, "d1")).state is RecoveryState.DEMOTED
 
     fake_downstream.healthy = True
@@ -94,6 +95,13 @@ async def test_the_release_follows_each_health_pass_without_waiting_its_interval
     # Released within that one round: by the pass the health sweep kicked, as the round
     # used to run health before release.
     assert parts["release"].passes <= releases + 2
+
+
+def _all_asleep(parts, clock, *, health_passes: int):
+    """The health sweep has finished that many passes and every part waits on the clock
+    again: only then does advancing the clock start the next round (advanced earlier, a
+    part still in its pass would count its interval from the new time and never wake)."""
+    return lambda: parts["health"].passes >= health_passes and clock.waiting >= len(parts)
 
 
 def _redriven(recon):
