@@ -84,15 +84,23 @@ class MessageTooLarge(Exception):
         self.limit = limit
 
 
+# The header block around the lines (``NATS/1.0`` and its line end, the closing empty
+# line), what each ``Key: value`` line adds besides its key and value, and the message id's
+# whole line but its value: a message that carries only its id weighs that and the id.
+_HEADER_BLOCK = len(b"NATS/1.0\r\n") + len(b"\r\n")
+_HEADER_LINE = len(b": ") + len(b"\r\n")
+_MSG_ID_ONLY = _HEADER_BLOCK + len(MSG_ID_HEADER) + _HEADER_LINE
+
+
 def header_size(headers: dict[str, str]) -> int:
     """What ``headers`` add to a message's size as the server counts it against
     ``max_payload``: the header block (``NATS/1.0``, one ``Key: value`` line per header, an
     empty line)."""
     if not headers:
         return 0
-    block = len(b"NATS/1.0\r\n") + len(b"\r\n")
+    block = _HEADER_BLOCK
     for key, value in headers.items():
-        block += len(key.strip().encode()) + len(b": ") + len(value.strip().encode()) + 2
+        block += len(key.strip().encode()) + _HEADER_LINE + len(value.strip().encode())
     return block
 
 
@@ -183,7 +191,10 @@ class Bus:
         """What ``data`` (or that many bytes) published with ``msg_id`` (and ``headers``)
         weighs against :attr:`max_payload`."""
         size = data if isinstance(data, int) else len(data)
-        return size + header_size({**(headers or {}), MSG_ID_HEADER: msg_id})
+        if headers:
+            return size + header_size({**headers, MSG_ID_HEADER: msg_id})
+        # The message id alone (every outbox row, every envelope): no header dict to build.
+        return size + _MSG_ID_ONLY + len(msg_id.strip().encode())
 
     def check_size(
         self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
@@ -219,8 +230,11 @@ class Bus:
         raises
         :class:`MessageTooLarge` for the first message over the server's limit before
         sending any."""
+        limit = self.max_payload
         for subject, data, msg_id in messages:
-            self.check_size(subject, data, msg_id=msg_id)
+            size = self.message_size(data, msg_id=msg_id)
+            if size > limit:
+                raise MessageTooLarge(subject, size, limit)
         prefix = await self._ack_inbox()
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[PubAck]] = []
