@@ -1,7 +1,14 @@
 """PostgreSQL access: one async engine per service, confined to the service's own schema."""
 
-from dispo.libs.db.down import database_unreachable
+from dispo.libs.db.down import database_unreachable, error_chain
 from dispo.libs.db.engine import create_engine, normalize_url, session_factory
 from dispo.libs.db.migrations import migrate
 
-__all__ = ["create_engine", "database_unreachable", "normalize_url", "session_factory", "migrate"]
+__all__ = [
+    "create_engine",
+    "database_unreachable",
+    "error_chain",
+    "normalize_url",
+    "session_factory",
+    "migrate",
+]

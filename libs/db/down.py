@@ -7,6 +7,8 @@ bad query) is a bug and stays INTERNAL.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import asyncpg
 from sqlalchemy.exc import DBAPIError
 
@@ -22,23 +24,30 @@ _SERVER_GONE: tuple[type[BaseException], ...] = (
 _DRIVERS = ("asyncpg", "sqlalchemy")
 
 
+def error_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and what it wraps (its ``__cause__``, else its ``__context__``), outermost
+    first, each once: a driver's error inside SQLAlchemy's, or inside a handler's own."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
 def database_unreachable(error: BaseException) -> bool:
     """True when ``error`` (or what it wraps) says PostgreSQL cannot be reached.
 
     A socket error counts only when the driver raised it (connecting to a server that is
     not there), so an unrelated ``OSError`` in a handler is not mistaken for one.
     """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in error_chain(error):
         if isinstance(current, DBAPIError) and current.connection_invalidated:
             return True
         if isinstance(current, _SERVER_GONE):
             return True
         if isinstance(current, OSError) and _raised_in_driver(current):
             return True
-        current = current.__cause__ or current.__context__
     return False
 
 
@@ -52,4 +61,4 @@ def _raised_in_driver(error: BaseException) -> bool:
     return False
 
 
-__all__ = ["database_unreachable"]
+__all__ = ["database_unreachable", "error_chain"]

@@ -29,7 +29,7 @@ import asyncpg
 import nats.errors
 from dispo.libs.backoff import backoff
 from dispo.libs.bus import Disposition, Handler, Nak, Term
-from dispo.libs.db import database_unreachable
+from dispo.libs.db import database_unreachable, error_chain
 from dispo.libs.errors import Unavailable
 from dispo.libs.logging import get_logger
 from dispo.libs.quarantine.store import (
@@ -78,14 +78,7 @@ def not_the_messages_fault(error: BaseException) -> bool:
     (deadlock, serialization failure): the message is not at fault."""
     if isinstance(error, Unavailable | nats.errors.Error) or database_unreachable(error):
         return True
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, _CONTENDED):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(isinstance(current, _CONTENDED) for current in error_chain(error))
 
 
 class Guard:

@@ -311,3 +311,26 @@ async def test_racing_replays_and_discards_act_once(bus, quarantine, worker, stu
         lambda: worker.done.count(b"contested") == replays, timeout=20, wanted="replays handled"
     )
     assert await quarantine.store.all() == []
+
+
+def test_a_concurrent_transaction_anywhere_in_the_chain_is_not_the_message_s_fault():
+    """A deadlock or serialization failure wrapped by the handler's own error (as SQLAlchemy
+    and handlers wrap asyncpg's) passes next time; the message's own error does not."""
+    import asyncpg
+    from dispo.libs.quarantine.guard import not_the_messages_fault
+
+    def wrapped(inner: BaseException) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException as cause:
+                raise RuntimeError("handler failed") from cause
+        except RuntimeError as outer:
+            return outer
+
+    assert not_the_messages_fault(wrapped(asyncpg.exceptions.DeadlockDetectedError("d")))
+    assert not_the_messages_fault(wrapped(asyncpg.exceptions.SerializationError("s")))
+    assert not not_the_messages_fault(wrapped(ValueError("not a number")))
+    looped = ValueError("loop")
+    looped.__context__ = wrapped(looped)  # a chain that comes back to itself ends
+    assert not not_the_messages_fault(looped)
