@@ -108,8 +108,9 @@ async def test_an_error_of_the_flush_reaches_every_caller_of_that_flush_only():
     assert all(isinstance(o, ConnectionError) for o in outcomes[3:])
 
 
-async def test_an_isolating_batcher_retries_a_failed_flush_one_item_at_a_time():
-    """One item that cannot be written fails alone: its batch mates are flushed again."""
+async def test_an_isolating_batcher_halves_a_failed_flush_down_to_the_item_that_fails():
+    """One item that cannot be written fails alone: its batch mates are flushed again, in
+    halves, so a large batch costs a few flushes, not one per item."""
     batches: list[list[int]] = []
     gate = asyncio.Event()
 
@@ -130,7 +131,36 @@ async def test_an_isolating_batcher_retries_a_failed_flush_one_item_at_a_time():
 
     assert outcomes[:3] == [0, 1, 2] and outcomes[4] == 4
     assert isinstance(outcomes[3], ValueError)
-    assert batches == [[0], [1, 2, 3, 4], [1], [2], [3], [4]]
+    assert batches == [[0], [1, 2, 3, 4], [1, 2], [3, 4], [3], [4]]
+
+
+async def test_an_isolating_batcher_finds_each_failing_item_of_a_large_flush_in_few_flushes():
+    batches: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def flush(items: list[int]) -> list[int]:
+        await gate.wait()
+        batches.append(list(items))
+        if {5, 40} & set(items):
+            raise ValueError("5 and 40 cannot be stored")
+        return items
+
+    batcher = Batcher("isolating", flush, max_items=64, isolate=True)
+    calls = [asyncio.create_task(batcher.submit(0))]
+    await settle()
+    calls += [asyncio.create_task(batcher.submit(i)) for i in range(1, 65)]  # [0] [1..64]
+    await settle()
+    gate.set()
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+
+    failed = [i for i, o in enumerate(outcomes) if isinstance(o, ValueError)]
+    assert failed == [5, 40]
+    assert all(outcomes[i] == i for i in range(65) if i not in (5, 40))
+    stored = sorted(i for b in batches if not {5, 40} & set(b) for i in b)
+    assert stored == [i for i in range(65) if i not in (5, 40)]  # each stored once
+    # [0], the 64, its two halves (each holds one), then for each failing item the two
+    # halves of 16, 8, 4, 2 and 1: 24 flushes where one per item would take 66.
+    assert len(batches) == 2 + 2 + 2 * 5 * 2
 
 
 async def test_an_isolating_batcher_does_not_retry_when_the_database_is_unreachable():
