@@ -154,15 +154,6 @@ class QuarantineStore:
             ).scalar_one()
         return [_held(r) for r in rows], int(total)
 
-    async def count(self) -> dict[str, int]:
-        """Messages in quarantine per consumer."""
-        t = self.table
-        async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(select(t.c.consumer, func.count()).group_by(t.c.consumer))
-            ).all()
-        return {consumer: int(n) for consumer, n in rows}
-
     async def get(self, message_id: int) -> Held:
         async with self.engine.connect() as conn:
             return await self._get(conn, message_id, lock=False)
