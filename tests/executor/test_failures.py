@@ -189,10 +189,11 @@ async def test_connection_refused_dns_failure_and_connect_timeout_are_not_sent(
 
 async def test_no_answer_after_the_request_went_out_is_ambiguous(http, fake_server):
     arrived: list[str] = []
+    answer = asyncio.Event()  # set once the caller gave up: the server then stops at once
 
     async def late(request: web.Request) -> web.Response:
         arrived.append(request.path)
-        await asyncio.sleep(30)  # the effect is done; the answer comes too late
+        await answer.wait()  # the effect is done; the answer comes too late
         return web.json_response({})
 
     async def reset(request: web.Request) -> web.StreamResponse:
@@ -215,7 +216,10 @@ async def test_no_answer_after_the_request_went_out_is_ambiguous(http, fake_serv
         {("POST", "/late"): late, ("POST", "/reset"): reset, ("POST", "/closed"): closed}
     )
     d = downstream(server.url)
-    timed_out = await run_action(http, call("/late", timeout_ms=300), d)
+    try:
+        timed_out = await run_action(http, call("/late", timeout_ms=300), d)
+    finally:
+        answer.set()
     assert timed_out.outcome is C.AMBIGUOUS and "timeout after 0.3s" in timed_out.detail
     for path in ("/reset", "/closed"):
         result = await run_action(http, call(path), d)
