@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import httpx
 from dispo.executor.domain import ActionSpec
-from dispo.executor.failures import CallOutcome, classify_error, classify_status
+from dispo.executor.failures import CallOutcome, classify_error, classify_status, failure_text
 from dispo.libs.catalogue import Downstream
-from dispo.libs.error_text import truncate_error
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class Call:
 
 def failed(outcome: CallOutcome, detail: str, retry_after: str = "") -> Result:
     """A failed call's result; its detail starts with the class (``ambiguous: …``)."""
-    return Result(outcome, truncate_error(f"{outcome.value}: {detail}"), retry_after)
+    return Result(outcome, failure_text(outcome, detail), retry_after)
 
 
 async def run_action(

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 import httpx
 from dispo.executor.domain import RetryPolicy
 from dispo.libs.backoff import retry_after_seconds
+from dispo.libs.error_text import truncate_error
 
 
 class CallOutcome(enum.StrEnum):
@@ -37,6 +38,12 @@ class CallOutcome(enum.StrEnum):
     REFUSED = "refused"
     DEFINITE = "definite failure"
     AMBIGUOUS = "ambiguous"
+
+
+def failure_text(outcome: CallOutcome, detail: str) -> str:
+    """A failed call's ``last_error``: its class first, then what happened
+    (``ambiguous: timeout after 2s …``)."""
+    return truncate_error(f"{outcome}: {detail}")
 
 
 class Verdict(enum.Enum):

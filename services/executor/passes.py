@@ -22,7 +22,7 @@ from dispo.executor import repository_many as many
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, ready, to_cancel
 from dispo.executor.envelope import node_from_proto
-from dispo.executor.failures import CallOutcome
+from dispo.executor.failures import CallOutcome, failure_text
 from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak
@@ -406,8 +406,10 @@ class Passes:
                     move(
                         node,
                         NodeState.DEMOTED,
-                        last_error=f"{CallOutcome.NOT_SENT}: downstream"
-                        f" {node.spec.downstream} degraded (circuit open)",
+                        last_error=failure_text(
+                            CallOutcome.NOT_SENT,
+                            f"downstream {node.spec.downstream} degraded (circuit open)",
+                        ),
                     )
                     continue
                 launch.append(node)
