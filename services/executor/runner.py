@@ -203,8 +203,9 @@ class Executor:
 
     @staticmethod
     def _fields(move: Move, result: Result, now: datetime) -> tuple[NodeState, dict[str, Any]]:
-        """The node's new state and columns for ``move`` (the UNKNOWN moves are
-        :func:`outcome_unknown`'s)."""
+        """The node's new state and columns for a ``move`` that does not go through UNKNOWN
+        (those are :func:`outcome_unknown`'s)."""
+        assert not move.unknown
         if move.verdict is Verdict.SUCCEEDED:
             return NodeState.SUCCEEDED, {"finished_at": now, "last_error": "", "retryable": False}
         if move.verdict is Verdict.FAILED:
@@ -213,13 +214,11 @@ class Executor:
                 "last_error": result.detail,
                 "retryable": move.retryable,
             }
-        if move.verdict is Verdict.RETRY:
-            return NodeState.PENDING, {
-                "not_before": move.not_before,
-                "last_error": result.detail,
-                "retryable": True,
-            }
-        return NodeState.UNKNOWN, {}
+        return NodeState.PENDING, {
+            "not_before": move.not_before,
+            "last_error": result.detail,
+            "retryable": True,
+        }
 
     async def _record(self, task_id: str, node: NodeRun, owner: str, result: Result) -> None:
         """Record a finished call by its class (:mod:`dispo.executor.failures`): SUCCEEDED,
@@ -242,7 +241,6 @@ class Executor:
             now,
             result.retry_after,
         )
-        new, fields = self._fields(move, result, now)
         async with self.engine.begin() as conn:
             if move.unknown:
                 recorded = await outcome_unknown(
@@ -250,6 +248,7 @@ class Executor:
                 )
                 new = node.status
             else:
+                new, fields = self._fields(move, result, now)
                 recorded = await repo.node_set_status_if(
                     conn, task_id, node.node_id, NodeState.RUNNING, new, owner=owner, **fields
                 )
