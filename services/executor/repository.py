@@ -144,18 +144,20 @@ async def nodes_get(conn: AsyncConnection, env: task_pb2.Task) -> dict[str, Node
             text("SELECT * FROM node_runs WHERE task_id = :id"), {"id": env.task_id}
         )
     }
+    return node_runs_from_rows(env, rows)
+
+
+def node_runs_from_rows(env: task_pb2.Task, rows: dict[str, Any]) -> dict[str, NodeRun]:
+    """The task's nodes: specs from the envelope, state from its ``node_runs`` rows."""
     nodes: dict[str, NodeRun] = {}
     for node in env.nodes:
         run = node_from_proto(node)
         row = rows.get(run.node_id)
         if row is not None:
             run.status = NodeState(row.status)
-            run.attempts, run.round_attempts, run.not_before = (
-                row.attempts,
-                row.round_attempts,
-                row.not_before,
-            )
-            run.retryable, run.last_error = row.retryable, row.last_error
+            run.attempts, run.round_attempts = row.attempts, row.round_attempts
+            run.not_before, run.retryable = row.not_before, row.retryable
+            run.last_error = row.last_error
             run.started_at, run.finished_at = row.started_at, row.finished_at
         nodes[run.node_id] = run
     return nodes

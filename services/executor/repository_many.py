@@ -20,7 +20,7 @@ from typing import Any
 
 from dispo.executor.domain import NodeRun
 from dispo.executor.envelope import node_from_proto, overlay
-from dispo.executor.repository import TaskRow, outbox, task_from_row
+from dispo.executor.repository import TaskRow, node_runs_from_rows, outbox, task_from_row
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
@@ -185,22 +185,6 @@ async def tasks_open_many(
         },
     )
     return {row.task_id for row in opened}
-
-
-def node_runs_from_rows(env: task_pb2.Task, rows: dict[str, Any]) -> dict[str, NodeRun]:
-    """The task's nodes: specs from the envelope, state from its ``node_runs`` rows."""
-    nodes: dict[str, NodeRun] = {}
-    for node in env.nodes:
-        run = node_from_proto(node)
-        row = rows.get(run.node_id)
-        if row is not None:
-            run.status = NodeState(row.status)
-            run.attempts, run.round_attempts = row.attempts, row.round_attempts
-            run.not_before, run.retryable = row.not_before, row.retryable
-            run.last_error = row.last_error
-            run.started_at, run.finished_at = row.started_at, row.finished_at
-        nodes[run.node_id] = run
-    return nodes
 
 
 async def nodes_get_many(
