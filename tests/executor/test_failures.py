@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import struct
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from aiohttp import web
 from dispo.executor.actions import Call, run_action
+from dispo.executor.demo_downstream.app import reset_connection
 from dispo.executor.domain import ActionSpec, RetryPolicy
 from dispo.executor.failures import (
     MAX_RETRY_AFTER,
@@ -198,13 +198,7 @@ async def test_no_answer_after_the_request_went_out_is_ambiguous(http, fake_serv
 
     async def reset(request: web.Request) -> web.StreamResponse:
         arrived.append(request.path)
-        transport = request.transport
-        assert transport is not None
-        transport.get_extra_info("socket").setsockopt(
-            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-        )
-        transport.abort()  # RST before any answer
-        return web.Response()
+        return reset_connection(request)  # RST before any answer
 
     async def closed(request: web.Request) -> web.StreamResponse:
         arrived.append(request.path)

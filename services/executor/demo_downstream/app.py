@@ -52,7 +52,8 @@ class Rule:
         """Does this rule apply to a call of ``path`` (and count it)?"""
         if self.times == 0 or not _matches(self.path, path):
             return False
-        self.times -= 1 if self.times > 0 else 0
+        if self.times > 0:
+            self.times -= 1
         return True
 
 
@@ -85,7 +86,7 @@ def _matches(prefix: str, path: str) -> bool:
     return not prefix or path.startswith(prefix)
 
 
-def _reset(request: web.Request) -> web.StreamResponse:
+def reset_connection(request: web.Request) -> web.StreamResponse:
     """Reset the call's connection (RST, no answer at all)."""
     transport = request.transport
     assert transport is not None
@@ -178,7 +179,7 @@ def build_app() -> web.Application:
                 if rule.effect:
                     await perform(key, request)
                 if rule.status == 0:
-                    return _reset(request)
+                    return reset_connection(request)
                 headers = {"Retry-After": rule.retry_after} if rule.retry_after else None
                 return web.json_response({"error": "injected"}, status=rule.status, headers=headers)
         first = await perform(key, request)
