@@ -88,11 +88,10 @@ async def test_refused_without_effect_is_retried_after_the_retry_after(client, d
     views = {name: await client.wait(t.task_id, timeout=60) for name, t in tasks.items()}
 
     calls, effects = await downstream.calls(), await downstream.effects()
-    retries = {
-        task_pb2.Task.FromString(m.data).task_id: task_pb2.Task.FromString(m.data)
-        for m in await stream_messages(bus, "task.create")
-        if task_pb2.Task.FromString(m.data).generation == 1
-    }
+    published = [
+        task_pb2.Task.FromString(m.data) for m in await stream_messages(bus, "task.create")
+    ]
+    retries = {env.task_id: env for env in published if env.generation == 1}
     for name, task in tasks.items():
         view, key = views[name], f"{task.task_id}/step_once.call"
         assert view.status == "SUCCEEDED", dump(view)
