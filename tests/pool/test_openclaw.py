@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 from dispo.libs.stack.openclaw import OpenClawGateway
@@ -25,6 +26,18 @@ def cli_for(gateway: OpenClawGateway) -> OpenClawCli:
         gateway.install.env(gateway.home),
         timeout=SLOW,
     )
+
+
+class CountingCli(OpenClawCli):
+    """The real CLI, each call kept in ``calls`` as its first two words (and ``--set``)."""
+
+    def __init__(self, cli: OpenClawCli) -> None:
+        super().__init__(cli.argv, cli.connection, cli.env, cli.timeout)
+        self.calls: list[str] = []
+
+    async def __call__(self, *args: str) -> dict[str, Any]:
+        self.calls.append(" ".join([*args[:2], *(["--set"] if "--set" in args else [])]))
+        return await super().__call__(*args)
 
 
 def namespace() -> str:
@@ -54,10 +67,13 @@ async def test_driver_keeps_one_automation_per_cron_and_its_state_in_the_scratch
         asked.append(cron_id)
         return database.get(cron_id)
 
+    counted = CountingCli(cli)
     driver = OpenClawDriver(
-        cli, namespace=space, tick_seconds=3600, command=lambda c: "true", state_of=state_of
+        counted, namespace=space, tick_seconds=3600, command=lambda c: "true", state_of=state_of
     )
     await driver.create("cron-a", IDLE)
+    # A new automation's scratch is empty: written at once, not read first.
+    assert counted.calls == ["cron add", "cron scratch --set"]
     await driver.create("cron-a", IDLE)  # the same declaration key: the same automation
     [job] = (await automations(cli, space)).values()
     assert job["enabled"] and job["schedule"] == {**job["schedule"], "everyMs": 3_600_000}

@@ -164,6 +164,8 @@ class OpenClawDriver:
         if not job.get("id"):
             raise DriverError(f"openclaw cron add answered no job: {answer}")
         self._jobs[cron_id] = job["id"]
+        if answer.get("created") is True:  # a new automation: its scratch is known empty
+            self._scratch[cron_id] = (0, "")
         if job.get("enabled") is False:
             await self.cli("cron", "enable", job["id"])
         await self._write(cron_id, state)
@@ -265,9 +267,10 @@ class OpenClawDriver:
             revision, content = self._scratch[cron_id]
             if content == raw:
                 return
-            expected = ["--expected-revision", str(revision)] if revision else []
             try:
-                answer = await self.cli("cron", "scratch", job, "--set", raw, *expected)
+                answer = await self.cli(
+                    "cron", "scratch", job, "--set", raw, "--expected-revision", str(revision)
+                )
             except StateConflict:
                 self._scratch.pop(cron_id, None)
                 if self.state_of is not None:
