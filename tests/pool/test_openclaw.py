@@ -90,6 +90,15 @@ async def test_driver_keeps_one_automation_per_cron_and_its_state_in_the_scratch
     assert json.loads(scratch["scratch"]["content"]) == {"status": "busy", "eval_id": "ev-1"}
     assert scratch["scratch"]["revision"] == 3  # create, the other writer, the retry
 
+    # A driver that knows no job ids yet (a restarted pool): a state write and a wake-up of
+    # the same cron at once look the job up with one listing.
+    restarted = CountingCli(cli)
+    fresh = OpenClawDriver(restarted, namespace=space, tick_seconds=3600, command=lambda c: "true")
+    await fresh.write_state("cron-a", database["cron-a"])
+    await fresh.trigger("cron-a")
+    await fresh.drain()
+    assert sorted(restarted.calls) == ["cron list", "cron run", "cron scratch"]
+
     # Disabled behind the pool's back: not a live cron any more; creating it enables it.
     await cli("cron", "disable", job["id"])
     assert await driver.list() == []

@@ -143,6 +143,9 @@ class OpenClawDriver:
         self._pending: dict[str, dict] = {}  # cron id -> state to write
         self._writers: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # The `cron list` in flight for crons whose job id is not known here yet (after a
+        # restart every cron's first write or wake-up asks at once): one call serves them.
+        self._listing: asyncio.Future[dict[str, dict]] | None = None
 
     def key(self, cron_id: str) -> str:
         return self.prefix + cron_id
@@ -232,8 +235,19 @@ class OpenClawDriver:
         return jobs
 
     async def _job(self, cron_id: str) -> str | None:
-        if cron_id not in self._jobs:
-            await self._jobs_listed()
+        if cron_id in self._jobs:
+            return self._jobs[cron_id]
+        if self._listing is not None:  # join the listing in flight
+            await asyncio.shield(self._listing)
+            if cron_id in self._jobs:
+                return self._jobs[cron_id]
+        # A listing of our own: the one joined may have begun before this job existed.
+        listing = self._listing = asyncio.ensure_future(self._jobs_listed())
+        try:
+            await asyncio.shield(listing)
+        finally:
+            if self._listing is listing:
+                self._listing = None
         return self._jobs.get(cron_id)
 
     async def _read(self, cron_id: str, job: str) -> tuple[int, str]:
