@@ -47,6 +47,9 @@ class NullDriver:
     async def list(self) -> list[DriverCron]:
         return []
 
+    async def find(self, cron_id: str) -> DriverCron | None:
+        return None
+
     async def write_state(self, cron_id: str, state: dict) -> None: ...
     async def trigger(self, cron_id: str) -> None: ...
 

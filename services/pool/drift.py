@@ -52,23 +52,23 @@ async def apply_repair(
         raise InvalidArgument("cron_id", "required")
     now = pool.clock.now()
     await pool.driver.drain()
-    driver = {c.id: c for c in await pool.driver.list()}
+    found = await pool.driver.find(cron_id)  # one cron, not the whole listing
     async with pool.engine.connect() as conn:
         cron = await repo.cron_get(conn, cron_id)
     if kind is RepairKind.REMOVE_ORPHAN:
-        if cron is not None or cron_id not in driver:
+        if cron is not None or found is None:
             return False, "not an orphan any more"
         await pool.driver.remove(cron_id)
         return True, "removed from the driver"
     if cron is None:
         return False, "the pool has no such cron"
     if kind is RepairKind.RECREATE_MISSING:
-        if cron_id in driver or cron.status is CronStatus.STUCK:
+        if found is not None or cron.status is CronStatus.STUCK:
             return False, "the driver has it (or it is being replaced)"
         await pool.driver.create(cron_id, cron.driver_state())
         return True, "recreated in the driver"
     if kind is RepairKind.REWRITE_STATE:
-        if cron_id not in driver or driver[cron_id].state == cron.driver_state():
+        if found is None or found.state == cron.driver_state():
             return False, "states agree"
         await pool.driver.write_state(cron_id, cron.driver_state())
         return True, f"driver state set to {cron.driver_state()}"
@@ -90,7 +90,7 @@ async def apply_repair(
             )
             detail = f"cron released from {ev.status.value} evaluation"
         elif kind is RepairKind.REQUEUE_EVALUATION:
-            state = driver[cron_id].state if cron_id in driver else {}
+            state = found.state if found is not None else {}
             cron_holds = cron.status is CronStatus.BUSY and cron.evaluation_id == ev.id
             driver_holds = state.get("status") == "busy" and state.get("eval_id") == ev.id
             if ev.assigned_cron_id != cron_id or (cron_holds and driver_holds):

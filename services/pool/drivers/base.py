@@ -37,6 +37,10 @@ class Driver(Protocol):
 
     async def list(self) -> list[DriverCron]: ...
 
+    async def find(self, cron_id: str) -> DriverCron | None:
+        """The one cron as :meth:`list` would have it (None: the driver has no live one)."""
+        ...
+
     async def write_state(self, cron_id: str, state: dict) -> None: ...
 
     async def trigger(self, cron_id: str) -> None:

@@ -45,6 +45,11 @@ class Registry:
             rows = db.execute("SELECT id, state FROM crons ORDER BY id").fetchall()
         return [DriverCron(r[0], json.loads(r[1])) for r in rows]
 
+    def get(self, cron_id: str) -> DriverCron | None:
+        with self._connect() as db:
+            row = db.execute("SELECT id, state FROM crons WHERE id = ?", (cron_id,)).fetchone()
+        return DriverCron(row[0], json.loads(row[1])) if row else None
+
     def write_state(self, cron_id: str, state: str) -> None:
         with self._connect() as db:
             db.execute("UPDATE crons SET state = ? WHERE id = ?", (state, cron_id))
@@ -67,6 +72,9 @@ class LocalDriver:
 
     async def list(self) -> list[DriverCron]:
         return await asyncio.to_thread(self.registry.list)
+
+    async def find(self, cron_id: str) -> DriverCron | None:
+        return await asyncio.to_thread(self.registry.get, cron_id)
 
     async def write_state(self, cron_id: str, state: dict) -> None:
         await asyncio.to_thread(self.registry.write_state, cron_id, encode_state(state))

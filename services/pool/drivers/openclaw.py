@@ -189,19 +189,17 @@ class OpenClawDriver:
 
         async def state(cron_id: str) -> DriverCron | None:
             async with gate:
-                try:
-                    revision, content = await self._read(cron_id, live[cron_id])
-                except NotFoundError:  # removed meanwhile
-                    return None
-            self._scratch[cron_id] = (revision, content)
-            try:
-                parsed = json.loads(content) if content else {}
-            except ValueError:
-                parsed = {"unreadable": content[:100]}
-            return DriverCron(cron_id, parsed if isinstance(parsed, dict) else {})
+                return await self._cron(cron_id, live[cron_id])
 
         found = await asyncio.gather(*(state(c) for c in sorted(live)))
         return [c for c in found if c is not None]
+
+    async def find(self, cron_id: str) -> DriverCron | None:
+        """One cron as :meth:`list` would have it: one listing and one scratch read."""
+        job = (await self._jobs_listed()).get(cron_id)
+        if job is None or not job.get("enabled", True):
+            return None
+        return await self._cron(cron_id, job["id"])
 
     async def write_state(self, cron_id: str, state: dict) -> None:
         """Queued for this cron's writer (the newest state wins); returns at once."""
@@ -249,6 +247,19 @@ class OpenClawDriver:
             if self._listing is listing:
                 self._listing = None
         return self._jobs.get(cron_id)
+
+    async def _cron(self, cron_id: str, job: str) -> DriverCron | None:
+        """The cron with the state its scratch holds (None: the job is gone)."""
+        try:
+            revision, content = await self._read(cron_id, job)
+        except NotFoundError:  # removed meanwhile
+            return None
+        self._scratch[cron_id] = (revision, content)
+        try:
+            parsed = json.loads(content) if content else {}
+        except ValueError:
+            parsed = {"unreadable": content[:100]}
+        return DriverCron(cron_id, parsed if isinstance(parsed, dict) else {})
 
     async def _read(self, cron_id: str, job: str) -> tuple[int, str]:
         """The scratch's (revision, content); revision 0 and "" when it has none."""
