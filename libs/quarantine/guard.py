@@ -102,8 +102,6 @@ class Guard:
         return guarded
 
     async def handle(self, handler: Handler, message: Msg) -> Disposition:
-        meta = message.metadata
-        key = (meta.consumer or "", meta.sequence.stream)
         try:
             outcome = await handler(message)
         except Exception as error:
@@ -114,6 +112,7 @@ class Guard:
                     error=repr(error),
                 )
                 return Nak(self.later_delay)
+            key = _key(message)
             log.exception("handler failed", subject=message.subject, consumer=key[0])
             failing = self._failed(key)
             if failing.failures < self.bound.max_failures:
@@ -121,9 +120,13 @@ class Guard:
             why = f"{type(error).__name__}: {error}"
         else:
             if not isinstance(outcome, Term):
-                if not isinstance(outcome, Nak):
-                    self._failing.pop(key, None)
+                # Only a message that failed before has a count to forget. The key is read
+                # from the message's metadata (its reply subject parsed, some microseconds):
+                # a stream where nothing fails does not pay for it on every message.
+                if self._failing and not isinstance(outcome, Nak):
+                    self._failing.pop(_key(message), None)
                 return outcome
+            key = _key(message)
             failing = self._failed(key)
             why = outcome.reason
         return await self._quarantine(message, key, failing, why)
@@ -172,6 +175,12 @@ class Guard:
             error=why,
         )
         return Term(f"quarantined: {why}")
+
+
+def _key(message: Msg) -> tuple[str, int]:
+    """A message's failures are counted per consumer and stream sequence."""
+    meta = message.metadata
+    return (meta.consumer or "", meta.sequence.stream)
 
 
 def _int(value: str | None) -> int:

@@ -334,3 +334,22 @@ def test_a_concurrent_transaction_anywhere_in_the_chain_is_not_the_message_s_fau
     looped = ValueError("loop")
     looped.__context__ = wrapped(looped)  # a chain that comes back to itself ends
     assert not not_the_messages_fault(looped)
+
+
+async def test_a_handled_message_is_not_parsed_for_a_failure_count_while_nothing_fails(
+    quarantine, bus
+):
+    """The guard reads a message's consumer and sequence (its reply subject parsed) only
+    when there is a failure to count or to forget: the healthy path pays nothing for it. A
+    message with no JetStream metadata would raise if it were read."""
+    from nats.aio.msg import Msg
+
+    async def handled(message):
+        return ACK
+
+    async def later(message):
+        return Nak(1.0)
+
+    bare = Msg(bus.nc, subject=SUBJECT, reply="", data=b"ok")
+    assert await quarantine.guard.handle(handled, bare) == ACK
+    assert await quarantine.guard.handle(later, bare) == Nak(1.0)
