@@ -9,6 +9,7 @@ task.demote, the snapshot's version for a status event, the cause for a cancel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dispo.libs.api.common.v1 import common_pb2
@@ -172,14 +173,21 @@ _NODE_STATE = _largest_node_state()
 _TASK_STATE = _largest_task_state()
 
 
-def largest_envelope_size(env: task_pb2.Task) -> int:
-    """The most bytes ``env`` (as accepted) can become while it runs: every node with the
-    largest state the executor records (last error, retries, times), the task with the
-    largest status reason, and a redrive naming every node twice (reset and settled). An
-    envelope republished on task.create, task.fail or task.demote is never larger."""
-    ids = [n.node_id for n in env.nodes]
-    redrive = task_pb2.Redrive(reset_nodes=ids, settled_nodes=ids)
-    return env.ByteSize() + _TASK_STATE + redrive.ByteSize() + 6 + len(ids) * _NODE_STATE
+def _string_field_size(value: str) -> int:
+    """Bytes of one ``string`` field numbered below 16: its tag, its length, its text."""
+    length = len(value.encode())
+    return 1 + (length.bit_length() + 6) // 7 + length if length else 2
+
+
+def largest_envelope_size(size: int, node_ids: Sequence[str]) -> int:
+    """The most bytes an envelope of ``size`` bytes as accepted, with these nodes, can become
+    while it runs: every node with the largest state the executor records (last error,
+    retries, times), the task with the largest status reason, and a redrive naming every
+    node twice (reset and settled). An envelope republished on task.create, task.fail or
+    task.demote is never larger. Counted, not encoded: the caller has the envelope's bytes
+    already."""
+    redrive = 2 * sum(_string_field_size(i) for i in node_ids)  # reset_nodes, settled_nodes
+    return size + _TASK_STATE + redrive + 6 + len(node_ids) * _NODE_STATE
 
 
 def longest_envelope_id(task_id: str) -> str:

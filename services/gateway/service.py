@@ -117,14 +117,15 @@ class Gateway:
         nodes = expand(task_id, sub, self.catalogue, self.limits)
         now = self.clock.now()
         env = task_envelope(task_id, sub, nodes, now)
-        self._check_envelope_size(env)
+        view = env.SerializeToString()  # encoded once: stored, published, and measured
+        self._check_envelope_size(task_id, len(view), [n.node_id for n in nodes])
         new = repo.NewTask(
             task_id=task_id,
             business=sub.business,
             idempotency_key=sub.idempotency_key,
             request_hash=request_hash(sub),
             node_count=len(nodes),
-            view=env.SerializeToString(),
+            view=view,
             callback_url=sub.callback_url,
             created_at=now,
         )
@@ -133,18 +134,20 @@ class Gateway:
             log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
         return accepted
 
-    def _check_envelope_size(self, env: task_pb2.Task) -> None:
-        """Refuse a task whose envelope could not travel on the bus: as accepted, or as large
-        as it can grow while it runs (:func:`tasks.largest_envelope_size`), it must fit the
-        server's message size. Checked before anything is written, so that no task is
-        accepted that could never reach the executor or come back from it."""
+    def _check_envelope_size(self, task_id: str, size: int, node_ids: list[str]) -> None:
+        """Refuse a task whose envelope (``size`` bytes as accepted) could not travel on the
+        bus: as accepted, or as large as it can grow while it runs
+        (:func:`tasks.largest_envelope_size`), it must fit the server's message size. Checked
+        before anything is written, so that no task is accepted that could never reach the
+        executor or come back from it."""
         bus = self.relay.bus
         limit = bus.max_payload
         largest = bus.message_size(
-            tasks.largest_envelope_size(env), msg_id=tasks.longest_envelope_id(env.task_id)
+            tasks.largest_envelope_size(size, node_ids),
+            msg_id=tasks.longest_envelope_id(task_id),
         )
         if largest > limit:
-            size = bus.message_size(env.ByteSize(), msg_id=tasks.create_id(env.task_id, 0))
+            size = bus.message_size(size, msg_id=tasks.create_id(task_id, 0))
             raise ResourceExhausted(
                 f"the task's envelope is {size} bytes and can grow to {largest} bytes while it"
                 f" runs; the bus carries at most {limit} bytes per message",
