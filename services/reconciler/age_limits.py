@@ -8,7 +8,7 @@ task.close for the executor's own record. It is then resumable like any FAILED t
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from dispo.libs.logging import get_logger
 from dispo.reconciler import envelope as E
@@ -16,7 +16,7 @@ from dispo.reconciler import store
 from dispo.reconciler.context import Context
 from dispo.reconciler.recovery import closed, emit_terminal_failure
 from dispo.reconciler.states import RecoveryState
-from dispo.reconciler.store import RecoveryRow
+from dispo.reconciler.store import Filter, RecoveryRow
 
 log = get_logger(__name__)
 R = RecoveryState
@@ -48,8 +48,10 @@ async def expire_sweep(ctx: Context) -> int:
     ended = 0
     async with ctx.engine.begin() as conn:
         for state, limit in limits(ctx).items():
-            before = now - timedelta(seconds=limit)
-            for row in await store.parked_before(conn, state, before, ctx.settings.batch):
+            aged = Filter(states=(state,), min_age_seconds=limit)
+            for row in await store.task_list(
+                conn, aged, now, limit=ctx.settings.batch, for_update=True
+            ):
                 final = closed(row, limit_reason(row, limit, now), now)
                 if not await store.task_set_state_if(
                     conn,

@@ -44,7 +44,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         limit, after = cv.work_page(request.page)
         now = self.ctx.clock.now()
         async with self.ctx.engine.connect() as conn:
-            rows = await store.work_list(conn, f, now, after=after, limit=limit)
+            rows = await store.task_list(conn, f, now, limit=limit, after=after)
         return pb.ListFailedWorkResponse(
             work=[cv.work_to_proto(r, now) for r in rows], page=cv.work_next_page(rows, limit)
         )

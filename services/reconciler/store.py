@@ -75,10 +75,10 @@ class Filter:
     cell: str = ""
     downstream: str = ""
     error_class: str = ""
-    min_age_seconds: int = 0
+    min_age_seconds: float = 0
     # Empty: the parked states.
     states: tuple[RecoveryState, ...] = ()
-    max_age_seconds: int = 0
+    max_age_seconds: float = 0
 
 
 def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
@@ -120,32 +120,21 @@ async def task_list(
     *,
     limit: int,
     offset: int = 0,
+    after: tuple[datetime, str] | None = None,
     for_update: bool = False,
 ) -> list[RecoveryRow]:
+    """Rows matching ``f``, oldest parked first: from ``offset``, or from after the key
+    ``after`` (keyset pages); with ``for_update``, locked (SKIP LOCKED)."""
     where, params = _where(f, now)
+    if after is not None:
+        where += " AND (parked_at, task_id) > (:after_at, :after_id)"
+        params.update(after_at=after[0], after_id=after[1])
     sql = (
         f"SELECT * FROM recovery_tasks WHERE {where} ORDER BY parked_at, task_id LIMIT :limit OFFSET :offset"
         + (" FOR UPDATE SKIP LOCKED" if for_update else "")
     )
     rows = await conn.execute(text(sql), {**params, "limit": limit, "offset": offset})
     return [_row(r) for r in rows]
-
-
-async def work_list(
-    conn: AsyncConnection,
-    f: Filter,
-    now: datetime,
-    *,
-    after: tuple[datetime, str] | None,
-    limit: int,
-) -> list[RecoveryRow]:
-    """Rows matching ``f``, oldest parked first, from after the key ``after`` (keyset pages)."""
-    where, params = _where(f, now)
-    if after is not None:
-        where += " AND (parked_at, task_id) > (:after_at, :after_id)"
-        params.update(after_at=after[0], after_id=after[1])
-    sql = f"SELECT * FROM recovery_tasks WHERE {where} ORDER BY parked_at, task_id LIMIT :limit"
-    return [_row(r) for r in await conn.execute(text(sql), {**params, "limit": limit})]
 
 
 async def task_insert(conn: AsyncConnection, row: RecoveryRow) -> bool:
@@ -329,20 +318,6 @@ async def due_for(
             " ORDER BY next_redrive_at, task_id LIMIT :limit FOR UPDATE SKIP LOCKED"
         ),
         {"state": state.value, "now": now, "limit": limit},
-    )
-    return [_row(r) for r in rows]
-
-
-async def parked_before(
-    conn: AsyncConnection, state: RecoveryState, before: datetime, limit: int
-) -> list[RecoveryRow]:
-    """Rows in ``state`` parked at or before ``before``, oldest first, locked (SKIP LOCKED)."""
-    rows = await conn.execute(
-        text(
-            "SELECT * FROM recovery_tasks WHERE state = :state AND parked_at <= :before"
-            " ORDER BY parked_at, task_id LIMIT :limit FOR UPDATE SKIP LOCKED"
-        ),
-        {"state": state.value, "before": before, "limit": limit},
     )
     return [_row(r) for r in rows]
 
