@@ -34,14 +34,19 @@ def state_to_proto(state: RecoveryState) -> pb.RecoveryState.ValueType:
     return pb.RecoveryState.Value(f"RECOVERY_STATE_{state.name}")
 
 
-def state_from_proto(value: pb.RecoveryState.ValueType, field: str) -> RecoveryState:
+def _declared(enum_type: Any, value: int, field: str, what: str) -> str:
+    """The short name of a value a request names: a declared one, not UNSPECIFIED."""
     try:
-        name = pb.RecoveryState.Name(value).removeprefix("RECOVERY_STATE_")
+        name = short_name(enum_type, value)
     except ValueError:
-        raise InvalidArgument(field, f"unknown recovery state {value}") from None
+        raise InvalidArgument(field, f"unknown {what} {value}") from None
     if name == "UNSPECIFIED":
-        raise InvalidArgument(field, "RECOVERY_STATE_UNSPECIFIED is not a state")
-    return RecoveryState[name]
+        raise InvalidArgument(field, f"{enum_type.Name(value)} is not a {what}")
+    return name
+
+
+def state_from_proto(value: pb.RecoveryState.ValueType, field: str) -> RecoveryState:
+    return RecoveryState[_declared(pb.RecoveryState, value, field, "recovery state")]
 
 
 def _enum(enum_type: _EnumTypeWrapper[V], value: str) -> V:
@@ -75,13 +80,7 @@ def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
 
 
 def work_kind_from_proto(value: pb.WorkKind.ValueType, field: str) -> WorkKind:
-    try:
-        name = pb.WorkKind.Name(value).removeprefix("WORK_KIND_")
-    except ValueError:
-        raise InvalidArgument(field, f"unknown work kind {value}") from None
-    if name == "UNSPECIFIED":
-        raise InvalidArgument(field, "WORK_KIND_UNSPECIFIED is not a kind")
-    return WorkKind[name]
+    return WorkKind[_declared(pb.WorkKind, value, field, "work kind")]
 
 
 def work_filter_from_proto(f: pb.FailedWorkFilter) -> Filter:
