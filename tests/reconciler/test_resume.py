@@ -8,6 +8,7 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.reconciler import completion, recovery
 from dispo.reconciler.states import RecoveryState
+from dispo.reconciler.sweeps import run_sweeps
 
 from .conftest import TS, creates, envelope, node, outbox, row, status_of
 
@@ -80,7 +81,9 @@ async def test_a_resumed_task_that_finishes_is_resolved(recon, stub):
     assert (await row(recon, "p3")).state is RecoveryState.RESOLVED
 
 
-async def test_a_failed_task_with_unknown_nodes_resumes_only_after_a_decision(recon, stub):
+async def test_a_failed_task_with_unknown_nodes_resumes_only_after_a_decision(
+    recon, stub, manual_clock
+):
     """Its effect may have happened: an UNKNOWN node is never re-sent without a decision."""
     env = envelope(
         "u1",
@@ -90,20 +93,10 @@ async def test_a_failed_task_with_unknown_nodes_resumes_only_after_a_decision(re
         ],
     )
     assert await recovery.intake(recon, env, "fail")  # AWAITING_SETTLEMENT
-    async with recon.engine.begin() as conn:  # as an age limit leaves it (test_age_limits)
-        from dispo.reconciler import store
-
-        held = await store.task_get(conn, "u1", for_update=True)
-        ended = recovery.closed(held, "awaiting a decision too long", recon.clock.now())
-        assert await store.task_set_state_if(
-            conn,
-            "u1",
-            held.state,
-            RecoveryState.FAILED,
-            recon.clock.now(),
-            envelope=ended.envelope,
-            reason=ended.reason,
-        )
+    await run_sweeps(recon, "settle")  # no probe, not idempotent: AWAITING_DECISION
+    manual_clock.advance(seconds=recon.settings.decision_max_age_seconds + 1)
+    assert (await run_sweeps(recon, "expire"))["expire"] == 1  # FAILED, a.set_label UNKNOWN
+    assert (await row(recon, "u1")).state is RecoveryState.FAILED
 
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await stub.RedriveTask(pb.RedriveTaskRequest(task_id="u1", actor="ops"))
