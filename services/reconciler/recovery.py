@@ -200,7 +200,7 @@ async def redrive_row(
     env, reset = E.redrive(row.envelope, why, include_permanent=include_permanent or resume)
     release = trigger == "release"
     if not await store.task_redriven_if(
-        conn, row.task_id, row.state, row.generation, env, now, release=release, resume=resume
+        conn, row.task_id, row.state, row.generation, env, now, release=release
     ):
         log.info("redrive lost a race", task_id=row.task_id, state=row.state.value)
         return False

@@ -268,14 +268,13 @@ async def task_redriven_if(
     now: datetime,
     *,
     release: bool,
-    resume: bool = False,
 ) -> bool:
     """Move the row to REDRIVEN with the envelope sent, counting the redrive (or release).
-    A resume (an operator's redrive of a FAILED task) starts the redrive policy afresh: no
+    A resume (the redrive of a row ``expected`` FAILED) starts the redrive policy afresh: no
     redrive used, first parked now."""
     RECOVERY_TRANSITIONS.check(expected, RecoveryState.REDRIVEN)
     counter = "releases = releases + 1" if release else "redrives = redrives + 1"
-    if resume:
+    if expected is RecoveryState.FAILED:
         counter = "redrives = 0, first_parked_at = :now"
     result = await conn.execute(
         text(
