@@ -241,9 +241,10 @@ async def test_callback_down_then_up_is_notified_once(
     assert json.loads(message.data)["task_id"] == by_nats.task_id
 
 
-async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
-    pipeline, downstream, reconciler, database_url
-):
+async def demote_from_now_on(pipeline: Any, downstream: Any) -> None:
+    """The downstream down, and the pipeline's executor replaced by one whose breaker opens
+    after two failures and whose health checks run every 0.1 s: work for the downstream is
+    demoted at once, and released soon after the downstream is back."""
     await downstream.control(down=True)
     pipeline.executors[0].kill()
     await pipeline.start_executor(
@@ -251,6 +252,12 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
         DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
         DISPO_EXECUTOR_BREAKER_COOLDOWN_SECONDS="0.5",
     )
+
+
+async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
+    pipeline, downstream, reconciler, database_url
+):
+    await demote_from_now_on(pipeline, downstream)
     async with pipeline.client() as client:
         tasks = [
             await client.submit("tests", [cell("step", name=f"d{i}"), cell("noop")])

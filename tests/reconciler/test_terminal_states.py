@@ -171,13 +171,7 @@ async def test_demoted_past_its_age_limit_ends_failed_with_the_reason_then_resum
     pipeline, downstream, start_reconciler, database_url
 ):
     reconciler = await start_reconciler(DISPO_RECONCILER_DEMOTED_MAX_AGE_SECONDS="60")
-    await downstream.control(down=True)
-    pipeline.executors[0].kill()
-    await pipeline.start_executor(
-        DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS="0.1",
-        DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
-        DISPO_EXECUTOR_BREAKER_COOLDOWN_SECONDS="0.5",
-    )
+    await e2e.demote_from_now_on(pipeline, downstream)
     async with pipeline.client() as client:
         task = await client.submit(
             "tests", [cell("step", ref="d", name="d"), cell("step", ref="e", name="e").after("d")]
