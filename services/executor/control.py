@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dispo.executor import repository as repo
+from dispo.executor import repository_many as many
 from dispo.executor.domain import Next, decide, to_cancel
 from dispo.executor.runner import Executor
 from dispo.executor.states import TASK_ENDED, NodeState, TaskState
@@ -36,23 +37,22 @@ async def handle_close(
             expected=(TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED),
         ):
             return ACK
-        ended = []
+        changes = []
         if row.envelope is not None:
             for node in (await repo.nodes_get(conn, row.envelope)).values():
                 new = tasks.CLOSED_NODE.get(node.status.to_proto())
-                if new is None:
-                    continue
-                if await repo.node_set_status_if(
-                    conn,
-                    task_id,
-                    node.node_id,
-                    node.status,
-                    NodeState.from_proto(new),
-                    finished_at=now,
-                    last_error=tasks.closed_node_error(new, reason),
-                    retryable=node.status is NodeState.DEMOTED,
-                ):
-                    ended.append(node.node_id)
+                if new is not None:
+                    fields = {
+                        "finished_at": now,
+                        "last_error": tasks.closed_node_error(new, reason),
+                        "retryable": node.status is NodeState.DEMOTED,
+                    }
+                    to = NodeState.from_proto(new)
+                    changes.append(
+                        many.NodeChange(task_id, node.node_id, node.status, to, None, fields)
+                    )
+        applied = await many.nodes_set_status_if_many(conn, changes)
+        ended = [c.node_id for c, done in zip(changes, applied, strict=True) if done]
         await repo.task_version_at_least(conn, task_id, version)
     log.info("parked task closed", task_id=task_id, reason=reason, nodes_ended=ended)
     return ACK
