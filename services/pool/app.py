@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
@@ -31,11 +32,12 @@ def own_address(rt: Runtime) -> str:
     return f"{host}:{rt.server.port}"
 
 
-def openclaw_driver(settings: PoolSettings, rt: Runtime) -> OpenClawDriver:
+async def openclaw_driver(settings: PoolSettings, rt: Runtime) -> OpenClawDriver:
     if settings.openclaw_path:
         argv, env = [settings.openclaw_path], {"HOME": str(settings.openclaw_home)}
-    else:  # the OpenClaw of the cache, installed now if missing (once, a few minutes)
-        install = ensure_openclaw()
+    else:  # the OpenClaw of the cache, installed now if missing (once, a few minutes, off
+        # the event loop: the bus connection keeps answering its pings meanwhile)
+        install = await asyncio.to_thread(ensure_openclaw)
         argv, env = install.argv(), install.env(settings.openclaw_home)
     settings.openclaw_home.mkdir(parents=True, exist_ok=True)
     where = (
@@ -53,9 +55,9 @@ def openclaw_driver(settings: PoolSettings, rt: Runtime) -> OpenClawDriver:
     )
 
 
-def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
+async def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
     if settings.driver == "openclaw":
-        return openclaw_driver(settings, rt)
+        return await openclaw_driver(settings, rt)
 
     async def publish(subject: str, data: bytes) -> None:
         await rt.bus.nc.publish(subject, data)
@@ -102,7 +104,7 @@ async def setup(rt: Runtime) -> None:
     relay = outbox_relay(
         rt.engine, rt.bus, rt.clock, rt.settings.outbox_retention, rt.settings.outbox_max_attempts
     )
-    driver = make_driver(settings, rt)
+    driver = await make_driver(settings, rt)
     pool = Pool(rt.engine, driver, rt.clock, settings.policy(), on_commit=relay.kick)
     if isinstance(driver, OpenClawDriver):  # a lost compare-and-set asks the database again
         driver.state_of = pool.cron_driver_state
