@@ -68,14 +68,19 @@ async def drift_env(start_service, service_engine, database_url, file_clock, tmp
 
 
 async def _crons(stub, n: int):
-    reply = await eventually(
-        lambda: stub.ListCrons(pool_pb.ListCronsRequest()),
-        lambda reply: len(reply.crons) == n,
+    """The pool's ``n`` crons, once its driver has every one of them too: a cron is recorded
+    before the driver creates it, and a check in between would see it missing."""
+    await eventually(
+        lambda: stub.GetDriftView(pool_pb.GetDriftViewRequest()),
+        lambda v: (
+            len(v.db_crons) == n
+            and {c.cron_id for c in v.driver_crons} == {c.id for c in v.db_crons}
+        ),
         timeout=20,
-        wanted=f"{n} crons in the pool",
-        describe=lambda reply: f"{len(reply.crons)} crons",
+        wanted=f"{n} crons in the pool and in its driver",
+        describe=lambda v: f"{len(v.db_crons)} crons, {len(v.driver_crons)} in the driver",
     )
-    return reply.crons
+    return (await stub.ListCrons(pool_pb.ListCronsRequest())).crons
 
 
 async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
