@@ -52,7 +52,18 @@ def migration_chains() -> list[tuple[str, Path]]:
     return [*chains, ("reconciler", drift.MIGRATIONS)]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files marked ``long_file`` first (each file runs on one worker, in order): a long file
+    started last would leave the other worker idle while it ends."""
+    items.sort(key=lambda item: item.get_closest_marker("long_file") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "long_file: this file's tests take minutes; its file is scheduled first, so the"
+        " suite's workers do not wait on it at the end",
+    )
     config.addinivalue_line(
         "markers",
         "blank_database: the test's database has no Dispo schema yet (to watch migrations run)",

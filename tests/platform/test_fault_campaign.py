@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from dispo.libs.bench.fault_report import (
     NodeFacts,
     PhaseFacts,
@@ -22,6 +23,8 @@ from dispo.libs.bench.fault_report import (
     table,
 )
 from dispo.libs.bench.faults import FAULTS
+
+pytestmark = pytest.mark.long_file
 
 DISPO = str(Path(sys.executable).parent / "dispo")
 

@@ -14,6 +14,8 @@ from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.stack import SERVICES
 from support import eventually
 
+pytestmark = pytest.mark.long_file
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DEFAULT_PORTS = {

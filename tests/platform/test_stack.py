@@ -14,6 +14,8 @@ from dispo.libs.stack.stack import SERVICES, read_state
 from support import eventually
 from support.stack import DISPO, RunningStack, alive
 
+pytestmark = pytest.mark.long_file
+
 
 @pytest.fixture
 def stack(tmp_path):

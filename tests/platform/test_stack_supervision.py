@@ -16,6 +16,8 @@ from dispo.libs.stack.stack import NATS, POSTGRES, read_state
 from support import eventually
 from support.stack import RunningStack, alive, descendants
 
+pytestmark = pytest.mark.long_file
+
 
 @pytest.fixture
 def stack(tmp_path):

@@ -14,7 +14,7 @@ from dispo.pool.drivers.openclaw import OpenClawCli, OpenClawDriver
 
 # A CLI call starts a Node process loading a large bundle: seconds each on a busy machine.
 SLOW = 600.0
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.long_file]
 
 IDLE = {"status": "idle", "eval_id": ""}
 

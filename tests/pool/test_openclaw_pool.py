@@ -24,7 +24,7 @@ from support.stack import DISPO, alive
 from .test_openclaw import SLOW, automations, cli_for, namespace
 from .test_processes import create_request
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.long_file]
 
 
 async def pool_on(gateway, start_service, file_clock, space: str, **env: str):
