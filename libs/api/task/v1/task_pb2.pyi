@@ -108,7 +108,11 @@ class RetryState(_message.Message):
     round_attempts: _builtins.int
     """Attempts made in the current short-retry round; reset by a redrive."""
     retryable: _builtins.bool
-    """The last failure was retryable (5xx, 408, 429, timeout, connection error)."""
+    """The last failure may be tried again: the call was not sent, was refused without effect
+    (408, 429, 503), or was ambiguous for an idempotent action (docs/pipeline.md, "Failed
+    calls"). A redrive runs a FAILED node again when this is set, or when asked to include
+    permanent failures.
+    """
     @_builtins.property
     def not_before(self) -> _timestamp_pb2.Timestamp:
         """The node must not be attempted before this moment (jittered backoff)."""
