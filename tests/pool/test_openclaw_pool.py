@@ -1,5 +1,6 @@
 """A pool service on a real OpenClaw gateway: an evaluation driven to its end through real
-automations across a gateway restart, scaling and a disabled automation's repair, and
+automations across a gateway restart, scaling, a disabled automation's repair, a disabled
+automation holding work replaced by the stuck sweep, and
 ``dispo up --pool-driver openclaw`` starting a gateway of its own."""
 
 from __future__ import annotations
@@ -103,8 +104,22 @@ async def test_pool_drives_an_evaluation_through_real_automations_across_a_gatew
         assert sorted(ends) == sorted([pb.ASSIGNMENT_END_DONE, pb.ASSIGNMENT_END_COMPLETED])
 
 
-async def test_pool_scales_automations_and_repairs_a_disabled_one(
-    openclaw_gateway, start_service, file_clock
+def kill_wake(cron_id: str) -> None:
+    """Kill the ``dispo-pool-wake`` process an automation is running for ``cron_id``."""
+    wanted = ["dispo.pool.wake", "--cron", cron_id]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+        except OSError:
+            continue
+        if any(argv[i : i + 3] == wanted for i in range(len(argv))):
+            os.kill(int(pid), signal.SIGKILL)
+            return
+    raise AssertionError(f"no wake process for cron {cron_id}")
+
+
+async def test_pool_scales_automations_and_replaces_a_disabled_one_holding_work(
+    openclaw_gateway, start_service, file_clock, target
 ):
     cli = cli_for(openclaw_gateway)
     space = namespace()
@@ -142,6 +157,45 @@ async def test_pool_scales_automations_and_repairs_a_disabled_one(
         assert set(left) == {c.id for c in (await stub.ListCrons(pb.ListCronsRequest())).crons}
         reasons = [r.reason for r in (await stub.ListResizes(pb.ListResizesRequest())).resizes]
         assert "above_max" in reasons
+
+        # The last automation takes an evaluation; its wake dies mid-run (the target holds
+        # the call) and the automation is disabled in OpenClaw: the cron holds the work and
+        # nothing will wake it again.
+        [victim] = left
+        target.hold = asyncio.Event()
+        await stub.CreateEvaluation(
+            create_request(target.url, "claw-2", window_seconds=60, slot_count=1, runs_per_slot=1)
+        )
+        await eventually(lambda: target.waiting, lambda n: n == 1, timeout=SLOW)
+        kill_wake(victim)
+        target.hold = None
+        await cli("cron", "disable", left[victim]["id"])
+        [held] = (await stub.ListCrons(pb.ListCronsRequest())).crons
+        assert (held.id, held.status, held.evaluation_id) == (victim, pb.CRON_STATUS_BUSY, "claw-2")
+        view = await stub.GetDriftView(pb.GetDriftViewRequest())
+        assert [c.cron_id for c in view.driver_crons] == []  # the drift check sees it missing
+        # Left alone, the cron is silent for the stuck timeout: the stuck sweep removes its
+        # automation, adds a replacement and hands the evaluation to it, which completes it.
+        file_clock.advance(seconds=601)
+        done = await eventually(
+            lambda: get(stub, "claw-2"),
+            lambda e: e.status == pb.EVALUATION_STATUS_COMPLETED,
+            timeout=SLOW,
+        )
+        assert done.runs_done == 1 and done.assigned_cron_id == ""
+        [replacement] = (await automations(cli, space)).values()
+        assert replacement["declarationKey"] != left[victim]["declarationKey"]
+        assert replacement["enabled"]
+        ends = {
+            a.cron_id: a.end_reason
+            for a in (await stub.ListAssignments(pb.ListAssignmentsRequest())).assignments
+            if a.evaluation_id == "claw-2"
+        }
+        assert ends == {
+            victim: pb.ASSIGNMENT_END_STUCK,
+            replacement["name"]: pb.ASSIGNMENT_END_COMPLETED,
+        }
+        assert target.calls == 2  # the run lost with the killed wake, and its redo
 
 
 async def test_dispo_up_starts_a_gateway_for_the_pool(database_url, nats_url, tmp_path):
