@@ -32,7 +32,7 @@ import grpc
 from dispo.libs import quarantine
 from dispo.libs.bus import Bus, Consumer, Handler
 from dispo.libs.clock import Clock, clock_from_spec
-from dispo.libs.db import create_engine, migrate, session_factory
+from dispo.libs.db import create_engine, login_refused, migrate, session_factory
 from dispo.libs.grpcserver import create_server
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.outbox import OutboxRelay
@@ -175,14 +175,20 @@ class Runtime:
 
 
 async def until_reachable(
-    what: str, connect: Callable[[], Awaitable[T]], *, attempts: int = 120, delay: float = 0.5
+    what: str,
+    connect: Callable[[], Awaitable[T]],
+    *,
+    attempts: int = 120,
+    delay: float = 0.5,
+    final: Callable[[BaseException], bool] = lambda error: False,
 ) -> T:
-    """``connect()`` until it succeeds (PostgreSQL or NATS may start after the service)."""
+    """``connect()`` until it succeeds (PostgreSQL or NATS may start after the service);
+    an error ``final`` says waiting cannot cure (a refused login) is raised at once."""
     for attempt in range(attempts):
         try:
             return await connect()
         except Exception as error:
-            if attempt == attempts - 1:
+            if attempt == attempts - 1 or final(error):
                 raise
             log.info(f"waiting for {what}", error=repr(error))
             await asyncio.sleep(delay)
@@ -208,8 +214,8 @@ async def serve(
     Returns the names of parts that crashed (a crashed part stops the whole service)."""
     settings = settings or CommonSettings()
     server = server or server_settings(name)
-    engine = create_engine(settings.database_url, name)
-    await until_reachable("database", lambda: _ping(engine))
+    engine = create_engine(server.database_url or settings.database_url, name)
+    await until_reachable("database", lambda: _ping(engine), final=login_refused)
     if migrations is not None:
         await migrate(engine, name, migrations)
     bus = await until_reachable(

@@ -40,7 +40,9 @@ class CommonSettings(BaseSettings):
     database_url: str = Field(
         default="postgresql+asyncpg://postgres@127.0.0.1:5432/postgres",
         description="PostgreSQL URL (`postgresql://…` or `postgresql+asyncpg://…`);"
-        " `dispo up` starts an embedded one unless this is set",
+        " `dispo up` starts an embedded one unless this is set, and runs the database"
+        " bootstrap with it (a role that may create roles and schemas, docs/security.md);"
+        " a service uses it only without its own `DISPO_<SERVICE>_DATABASE_URL`",
     )
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
@@ -108,12 +110,19 @@ class CommonSettings(BaseSettings):
 
 
 class ServerSettings(BaseSettings):
-    """Where a service's gRPC server listens; subclass per service with its own prefix."""
+    """Where a service's gRPC server listens and how it logs in to PostgreSQL; subclass per
+    service with its own prefix."""
 
     host: str = Field(default="127.0.0.1", description="Address the service's gRPC server binds")
     port: int = Field(default=0, description="Port of the service's gRPC server")
     shutdown_grace_seconds: float = Field(
         default=5.0, description="How long a stopping server lets in-flight calls finish"
+    )
+    database_url: str = Field(
+        default="",
+        description="The service's own PostgreSQL URL: its role (owner of its schema, no"
+        " privilege on the others) and password; empty: `DISPO_DATABASE_URL` (`dispo up` hands"
+        " each service its role, made with a password kept in the data folder)",
     )
 
     @property
@@ -122,7 +131,8 @@ class ServerSettings(BaseSettings):
 
 
 def server_settings(service: str) -> ServerSettings:
-    """The listen settings of ``service`` (``DISPO_<SERVICE>_HOST`` / ``_PORT`` / ``_SHUTDOWN_GRACE_SECONDS``)."""
+    """The settings of ``service`` (``DISPO_<SERVICE>_HOST`` / ``_PORT`` /
+    ``_SHUTDOWN_GRACE_SECONDS`` / ``_DATABASE_URL``)."""
 
     class _Settings(ServerSettings):
         model_config = service_settings_config(service)

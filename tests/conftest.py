@@ -3,8 +3,13 @@
 Infrastructure starts once per test session (temporary folders, free ports) and only when a
 test asks for it. ``database_url`` and ``nats_url`` give each test a clean state: a database
 of its own, cloned from a template where every service's schema is already migrated (see
-``support.databases``; mark a test ``blank_database`` to get one with no Dispo schema), and
+``support.databases``; mark a test ``blank_database`` to get one with no Dispo table), and
 no JetStream stream left from earlier tests.
+
+PostgreSQL is protected as ``dispo up`` protects it: a password for every connection, and
+each service process logs in as its own role, which owns its schema and nothing else.
+``database_url`` is the superuser's URL, for test helpers that read or set up tables
+directly; ``role_url("executor")`` is the same database as a service's role.
 
     async def test_x(database_url, nats_url, start_service):
         gateway = await start_service("gateway")          # a real process, SERVING
@@ -26,10 +31,12 @@ import pytest
 from dispo.libs.bus import Bus
 from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate
+from dispo.libs.db.passwords import kept_passwords
+from dispo.libs.db.roles import Login, login_url, role_name
 from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.postgres import EmbeddedPostgres
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
-from dispo.libs.stack.stack import SERVICES
+from dispo.libs.stack.stack import SERVICES, service_env
 from hypothesis import settings
 from support.databases import TestDatabases
 from support.http import FakeServer, Routes
@@ -95,7 +102,9 @@ def infra() -> Iterator[Infra]:
         postgres.start()
         nats = NatsServer(base / "nats", log_file=base / "nats.log")
         nats.start()
-        databases = TestDatabases(postgres.url, migration_chains())
+        passwords = kept_passwords(postgres.passwords_file, SERVICES)
+        logins = {s: Login(role_name(s), passwords[s]) for s in SERVICES}
+        databases = TestDatabases(postgres.url, migration_chains(), logins)
         asyncio.run(databases.build_template())
         yield Infra(base, postgres, nats, databases)
         databases.close()
@@ -114,8 +123,9 @@ async def _delete_streams(url: str) -> None:
 
 @pytest.fixture
 async def database_url(infra: Infra, request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """This test's own database (postgresql:// URL), every service's schema migrated to head;
-    with the ``blank_database`` mark, one with no Dispo schema. Dropped after the test."""
+    """This test's own database (postgresql:// URL, as the superuser), every service's schema
+    migrated to head; with the ``blank_database`` mark, one with empty schemas. Dropped after
+    the test."""
     if not infra.postgres.running():
         infra.postgres.start()
     databases = infra.databases
@@ -144,13 +154,20 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
 
 
 @pytest.fixture
-async def service_engine(database_url: str):
-    """``await service_engine("gateway")``: an engine on that schema, migrated to head
-    (already there in a cloned database: the migration finds nothing to do)."""
+def role_url(infra: Infra, database_url: str) -> Callable[[str], str]:
+    """``role_url("executor")``: this test's database as that service's own role."""
+    return lambda service: login_url(database_url, infra.databases.logins[service])
+
+
+@pytest.fixture
+async def service_engine(role_url: Callable[[str], str]):
+    """``await service_engine("gateway")``: an engine on that schema as the service's own
+    role, migrated to head (already there in a cloned database: the migration finds nothing
+    to do)."""
     engines = []
 
     async def make(service: str, migrations: Path | None = None):
-        engine = create_engine(database_url, service)
+        engine = create_engine(role_url(service), service)
         await migrate(
             engine, service, migrations or REPO_ROOT / "services" / service / "migrations"
         )
@@ -199,10 +216,10 @@ def file_clock(tmp_path: Path) -> FileClockControl:
 
 @pytest.fixture
 async def start_service(
-    database_url: str, nats_url: str, tmp_path: Path
+    role_url: Callable[[str], str], nats_url: str, tmp_path: Path
 ) -> AsyncIterator[Callable[..., Awaitable[ManagedProcess]]]:
     """``await start_service("executor", env={...})``: a real service process, SERVING, on
-    this test's database; killed after the test."""
+    this test's database as its own role; killed after the test."""
     started: list[ManagedProcess] = []
 
     async def start(
@@ -210,8 +227,7 @@ async def start_service(
     ) -> ManagedProcess:
         port = free_port()
         full_env = {
-            "DISPO_DATABASE_URL": database_url,
-            "DISPO_NATS_URL": nats_url,
+            **service_env(name, role_url(name), nats_url),
             "DISPO_LOG_FORMAT": "json",
             "DISPO_LOG_LEVEL": "INFO",
             f"DISPO_{name.upper()}_HOST": "127.0.0.1",

@@ -1,6 +1,6 @@
 """PostgreSQL access: one async engine per service, confined to the service's own schema."""
 
-from dispo.libs.db.down import database_unreachable, error_chain
+from dispo.libs.db.down import database_unreachable, error_chain, login_refused
 from dispo.libs.db.engine import create_engine, normalize_url, session_factory
 from dispo.libs.db.migrations import migrate
 
@@ -8,6 +8,7 @@ __all__ = [
     "create_engine",
     "database_unreachable",
     "error_chain",
+    "login_refused",
     "normalize_url",
     "session_factory",
     "migrate",

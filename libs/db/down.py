@@ -51,6 +51,15 @@ def database_unreachable(error: BaseException) -> bool:
     return False
 
 
+def login_refused(error: BaseException) -> bool:
+    """True when PostgreSQL refused the login itself (a wrong or missing password, an
+    unknown role): waiting will not change that."""
+    return any(
+        isinstance(current, asyncpg.exceptions.InvalidAuthorizationSpecificationError)
+        for current in error_chain(error)
+    )
+
+
 def _raised_in_driver(error: BaseException) -> bool:
     tb = error.__traceback__
     while tb is not None:
@@ -61,4 +70,4 @@ def _raised_in_driver(error: BaseException) -> bool:
     return False
 
 
-__all__ = ["database_unreachable", "error_chain"]
+__all__ = ["database_unreachable", "error_chain", "login_refused"]

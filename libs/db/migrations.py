@@ -6,8 +6,10 @@ revision files) and an ``env.py`` that is just::
     from dispo.libs.db.migrations import run_env
     run_env()
 
-:func:`migrate` takes a PostgreSQL advisory lock per schema, creates the schema, and
-upgrades to head inside that transaction, with the version table in the schema itself.
+:func:`migrate` takes a PostgreSQL advisory lock per schema, creates the schema if it is
+missing, and upgrades to head inside that transaction, with the version table in the schema
+itself. A service migrates as its own role, which owns its schema but may create none: the
+bootstrap (:mod:`dispo.libs.db.roles`) has made the schema before.
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ async def migrate(
         await conn.execute(
             text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"dispo.migrate.{schema}"}
         )
-        await conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}"))
+        exists = await conn.scalar(
+            text("SELECT 1 FROM pg_namespace WHERE nspname = :schema"), {"schema": schema}
+        )
+        if not exists:  # (CREATE SCHEMA IF NOT EXISTS asks for the right to create one first)
+            await conn.execute(text(f"CREATE SCHEMA {_quoted(schema)}"))
         await conn.execute(text(f"SET LOCAL search_path TO {_quoted(schema)}"))
         await conn.run_sync(_upgrade, schema, script_location, revision)
 

@@ -17,6 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
+from dispo.libs.db.passwords import PASSWORDS_FILE, kept_passwords
+from dispo.libs.db.roles import (
+    Login,
+    bootstrap,
+    login_from_url,
+    login_url,
+    role_name,
+    without_password,
+)
 from dispo.libs.logging import get_logger
 from dispo.libs.settings import server_settings
 from dispo.libs.stack.cluster import NatsCluster
@@ -98,18 +108,21 @@ def replica_names(service: str, count: int) -> list[str]:
     return [service, *(f"{service}-{k}" for k in range(2, count + 1))]
 
 
+def service_env(service: str, database_url: str, nats_url: str) -> dict[str, str]:
+    """What every process of ``service`` is handed, by ``dispo up`` and the tests alike:
+    ``database_url``, its own database role's (never another service's, never the
+    superuser's), and where NATS is."""
+    return {"DISPO_DATABASE_URL": database_url, "DISPO_NATS_URL": nats_url}
+
+
 def service_specs(
     options: StackOptions,
-    database_url: str,
+    database_urls: dict[str, str],
     nats_url: str,
     pool_env: dict[str, str] | None = None,
 ) -> list[ProcessSpec]:
-    common = {
-        "DISPO_DATABASE_URL": database_url,
-        "DISPO_NATS_URL": nats_url,
-        "DISPO_LOG_FORMAT": "json",
-        **options.extra_env,
-    }
+    """``database_urls``: each service's own URL (its role)."""
+    common = {"DISPO_LOG_FORMAT": "json", **options.extra_env}
     if options.nats_nodes > 1:  # each stream on every node of the cluster
         common.setdefault("DISPO_STREAM_REPLICAS", str(options.nats_nodes))
     logs = options.data_dir / "logs"
@@ -138,6 +151,7 @@ def service_specs(
         for k, name in enumerate(replica_names(service, options.replicas.get(service, 1))):
             port = options.ports[service] if k == 0 else free_port()
             env = {
+                **service_env(service, database_urls[service], nats_url),
                 **common,
                 **((pool_env or {}) if service == "pool" else {}),
                 f"DISPO_{service.upper()}_HOST": options.host,
@@ -155,6 +169,7 @@ def service_specs(
             )
     if "pool" in options.services and options.pool_driver == "local":
         env = {
+            **service_env("pool", database_urls["pool"], nats_url),  # part of the pool
             **common,
             "DISPO_POOL_WORKER_POOL_ADDRESS": f"{options.host}:{options.ports['pool']}",
             "DISPO_POOL_WORKER_LOCAL_REGISTRY": local_crons,
@@ -238,21 +253,49 @@ class Stack:
         if "pool" in self.options.services and self.options.pool_driver == "openclaw":
             pool_env, gateway = await self._openclaw()
             infrastructure += gateway
-        specs = service_specs(self.options, database_url, nats_url, pool_env)
-        addresses = {spec.name: spec.address for spec in specs if spec.address}
+        addresses: dict[str, str] = {}
+        shown_url = without_password(database_url)
 
         def write_state() -> None:
-            self._write_state(addresses, database_url, nats_url)
+            self._write_state(addresses, shown_url, nats_url)
 
         self.infrastructure = Supervisor(infrastructure, on_spawn=write_state)
         await self.infrastructure.start_all()
         if self.nats_cluster is not None:  # JetStream answers once the nodes elect a leader
             await asyncio.to_thread(self.nats_cluster.wait_ready, 120.0)
+        database_urls = await self._database_roles(database_url)
+        specs = service_specs(self.options, database_urls, nats_url, pool_env)
+        addresses.update({spec.name: spec.address for spec in specs if spec.address})
         self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()
         self._ready = True
         write_state()
         return addresses
+
+    async def _database_roles(self, admin_url: str) -> dict[str, str]:
+        """Each service's own database URL: its ``DISPO_<SERVICE>_DATABASE_URL``, else its
+        role with a password kept in the data folder, both made sure of by the bootstrap
+        (run as ``admin_url``'s role). Against an external database where every service
+        has its own URL, the operator has bootstrapped it: nothing is run."""
+        services = [s for s in self.options.services if s in SERVICES]
+        given = {s: url for s in services if (url := server_settings(s).database_url)}
+        made = [s for s in services if s not in given]
+        if not made and self.postgres is None:
+            return given
+        passwords = await asyncio.to_thread(
+            kept_passwords, self.options.data_dir / PASSWORDS_FILE, made
+        )
+        logins = {s: Login(role_name(s), passwords[s]) for s in made}
+        logins |= {s: login_from_url(url) for s, url in given.items()}
+        try:
+            await bootstrap(admin_url, logins)
+        except asyncpg.PostgresError as error:
+            raise RuntimeError(
+                f"the database bootstrap failed on {without_password(admin_url)}: {error}."
+                " dispo up needs a superuser's DISPO_DATABASE_URL to make the services' roles,"
+                " or every service its own DISPO_<SERVICE>_DATABASE_URL (docs/security.md)"
+            ) from error
+        return {s: given.get(s) or login_url(admin_url, logins[s]) for s in services}
 
     async def _openclaw(self) -> tuple[dict[str, str], list[ProcessSpec]]:
         """The pool's settings for the openclaw driver, and the gateway to start (none when

@@ -4,13 +4,16 @@ import asyncio
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
+from dispo.libs.db.roles import without_password
 from dispo.libs.health import health_status
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.stack import SERVICES, read_state
+from sqlalchemy.engine import make_url
 from support import eventually
 from support.stack import DISPO, RunningStack, alive
 
@@ -45,6 +48,22 @@ async def test_up_status_restart_and_data_kept(stack):
             await http.get(f"http://127.0.0.1:{stack.env['DEMO_PORT']}/healthz")
         ).status_code == 200
 
+    # each service logs in to PostgreSQL as its own role; no process holds the superuser's
+    # password or another service's
+    passwords = stack.database_passwords()
+    for name in SERVICES:
+        pid = state["services"][name]["pid"]
+        environ = dict(
+            item.split("=", 1)
+            for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+            if "=" in item
+        )
+        assert make_url(environ["DISPO_DATABASE_URL"]).username == f"dispo_{name}"
+        held = {
+            key for key, password in passwords.items() if password in "\0".join(environ.values())
+        }
+        assert held == {name}, (name, held)
+
     # a crashed service is restarted
     executor = state["services"]["executor"]
     os.kill(executor["pid"], signal.SIGKILL)
@@ -61,7 +80,9 @@ async def test_up_status_restart_and_data_kept(stack):
     assert alive(read_state(stack.data_dir)["services"]["executor"]["pid"])
 
     # data written now survives a full stop and start
-    conn = await asyncpg.connect(state["database_url"])
+    conn = await asyncpg.connect(
+        state["database_url"], password=stack.database_passwords()["postgres"]
+    )
     await conn.execute(
         "CREATE TABLE public.kept (v text); INSERT INTO public.kept VALUES ('still here')"
     )
@@ -77,7 +98,9 @@ async def test_up_status_restart_and_data_kept(stack):
 
     await stack.up()
     state = read_state(stack.data_dir)
-    conn = await asyncpg.connect(state["database_url"])
+    conn = await asyncpg.connect(
+        state["database_url"], password=stack.database_passwords()["postgres"]
+    )
     assert await conn.fetchval("SELECT v FROM public.kept") == "still here"
     await conn.close()
     assert stack.status()[0] == 0
@@ -86,13 +109,16 @@ async def test_up_status_restart_and_data_kept(stack):
 
 @pytest.mark.blank_database  # the services create their schemas in it
 async def test_up_with_external_database_and_nats_starts_only_services(
-    infra, database_url, nats_url, tmp_path
+    infra, database_url, role_url, nats_url, tmp_path
 ):
     env = {
         **os.environ,
         "DISPO_DATA_DIR": str(tmp_path / "data"),
         "DISPO_GATEWAY_PORT": str(free_port()),
         "DISPO_EXECUTOR_PORT": str(free_port()),
+        # each service's own role (the cluster's roles are the session's)
+        "DISPO_GATEWAY_DATABASE_URL": role_url("gateway"),
+        "DISPO_EXECUTOR_DATABASE_URL": role_url("executor"),
     }
     up = subprocess.Popen(
         [
@@ -122,7 +148,7 @@ async def test_up_with_external_database_and_nats_starts_only_services(
         assert not (tmp_path / "data" / "nats").exists()
         state = read_state(tmp_path / "data")
         assert set(state["services"]) == {"gateway", "executor"}
-        assert state["database_url"] == database_url
+        assert state["database_url"] == without_password(database_url)  # kept out of state
         for info in state["services"].values():
             assert await health_status(info["address"]) == "SERVING"
         conn = await asyncpg.connect(database_url)

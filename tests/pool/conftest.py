@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from dispo.libs.stack.openclaw import OpenClawGateway, OpenClawUnavailable, ensure_openclaw
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
+from dispo.libs.stack.stack import service_env
 from dispo.pool.domain import (
     Evaluation,
     EvaluationStatus,
@@ -121,7 +122,7 @@ async def target(fake_server) -> AsyncIterator[Target]:
 
 
 @pytest.fixture
-async def pool_stack(start_service, file_clock, tmp_path, database_url, nats_url):
+async def pool_stack(start_service, file_clock, tmp_path, role_url, nats_url):
     """``await pool_stack(**pool_env)``: the pool service and a pool-worker process (local driver),
     sharing a file clock and a registry. Returns (pool service, worker)."""
     workers: list[ManagedProcess] = []
@@ -142,8 +143,7 @@ async def pool_stack(start_service, file_clock, tmp_path, database_url, nats_url
                 python_module("dispo.pool.worker"),
                 {
                     **file_clock.env,
-                    "DISPO_DATABASE_URL": database_url,
-                    "DISPO_NATS_URL": nats_url,
+                    **service_env("pool", role_url("pool"), nats_url),
                     "DISPO_LOG_FORMAT": "json",
                     "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
                     "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),

@@ -198,7 +198,7 @@ async def test_pool_scales_automations_and_replaces_a_disabled_one_holding_work(
         assert target.calls == 2  # the run lost with the killed wake, and its redo
 
 
-async def test_dispo_up_starts_a_gateway_for_the_pool(database_url, nats_url, tmp_path):
+async def test_dispo_up_starts_a_gateway_for_the_pool(database_url, role_url, nats_url, tmp_path):
     """``dispo up --pool-driver openclaw`` starts its own gateway (state under the data
     folder, a kept token), no pool-worker, and the pool's automations on it."""
     install = await asyncio.to_thread(ensure_openclaw)  # fails saying why if it cannot
@@ -207,6 +207,7 @@ async def test_dispo_up_starts_a_gateway_for_the_pool(database_url, nats_url, tm
         **os.environ,
         "DISPO_DATA_DIR": str(data),
         "DISPO_POOL_PORT": str(pool_port),
+        "DISPO_POOL_DATABASE_URL": role_url("pool"),
         "DISPO_POOL_MIN_SIZE": "2",
         "DISPO_POOL_TICK_SECONDS": "3600",
         "DISPO_POOL_OPENCLAW_TIMEOUT_SECONDS": str(SLOW),

@@ -6,7 +6,12 @@ afterwards, so no test sees another's rows and none pays for the migrations agai
 
 A background thread keeps a few clones ready ahead of the next tests and drops finished ones,
 so neither the copy nor the drop sits on a test's setup path. A test that needs a database
-with no Dispo schemas at all (to watch migrations run) asks for :meth:`blank`.
+with no Dispo tables at all (to watch migrations run) asks for :meth:`blank`.
+
+The protection is the real one: the server wants a password for every connection, and the
+template is made as ``dispo up`` makes a database, by the bootstrap (each service's role
+owning its schema, no privilege on the others), each chain then migrated as its owner's
+role. A clone keeps the schemas' owners and grants.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import itertools
 import os
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import asyncpg
 from dispo.libs.db import create_engine, migrate
+from dispo.libs.db.roles import SCHEMAS, Login, ensure_roles, ensure_schemas, login_url
 from sqlalchemy.engine import make_url
 
 TEMPLATE = "dispo_template"
@@ -44,14 +50,18 @@ async def _execute(url: str, *statements: str) -> None:
 
 
 class TestDatabases:
-    """Per-test databases on one PostgreSQL server (``server_url``: its maintenance database)."""
+    """Per-test databases on one PostgreSQL server (``server_url``: its maintenance database,
+    as the superuser), with ``logins`` the services' roles (service -> login)."""
 
     __test__ = False  # not a test class
 
-    def __init__(self, server_url: str, chains: Iterable[tuple[str, Path]]) -> None:
+    def __init__(
+        self, server_url: str, chains: Iterable[tuple[str, Path]], logins: Mapping[str, Login]
+    ) -> None:
         self.server_url = server_url
         # (schema, Alembic script location) in the order the template applies them.
         self.chains = list(chains)
+        self.logins = dict(logins)
         self._numbers = itertools.count()
         self._ready: queue.Queue[str] = queue.Queue(maxsize=SPARE)
         self._dropping: queue.Queue[str] = queue.Queue()
@@ -61,14 +71,17 @@ class TestDatabases:
         self._last_error: BaseException | None = None
 
     async def build_template(self) -> None:
-        """Create the template and migrate every chain into it; start the clone worker."""
+        """Create the roles and the template, bootstrap it and migrate every chain into it
+        as the chain's owner; start the clone worker."""
         await _execute(
             self.server_url,
             f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)',
             f'CREATE DATABASE "{TEMPLATE}"',
         )
-        url = database_url(self.server_url, TEMPLATE)
+        await self._bootstrap(TEMPLATE, roles=True)
+        owners = {schema.name: schema.owner for schema in SCHEMAS}
         for schema, location in self.chains:
+            url = self.role_url(TEMPLATE, owners[schema])
             engine = create_engine(url, schema)
             try:
                 await migrate(engine, schema, location)
@@ -87,16 +100,32 @@ class TestDatabases:
         return name
 
     async def blank(self) -> str:
-        """A fresh database without any Dispo schema (made now, not ahead)."""
+        """A fresh database without any Dispo table (made now, not ahead): bootstrapped, its
+        schemas empty, as ``dispo up`` leaves a new database before the services start."""
         name = self._new_name()
         await _execute(self.server_url, f'CREATE DATABASE "{name}"')
+        await self._bootstrap(name, roles=False)
         return name
+
+    async def _bootstrap(self, name: str, *, roles: bool) -> None:
+        conn = await asyncpg.connect(self.url(name))
+        try:
+            if roles:  # the server's, for every database
+                await ensure_roles(conn, self.logins)
+            await ensure_schemas(conn, self.logins)
+        finally:
+            await conn.close()
 
     def _new_name(self) -> str:
         return f"dispo_test_{os.getpid()}_{next(self._numbers)}"
 
     def url(self, name: str) -> str:
+        """Database ``name`` as the superuser."""
         return database_url(self.server_url, name)
+
+    def role_url(self, name: str, service: str) -> str:
+        """Database ``name`` as ``service``'s own role."""
+        return login_url(self.url(name), self.logins[service])
 
     def release(self, name: str) -> None:
         """Drop ``name`` in the background (its connections are closed by force)."""

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from dispo.libs.bench.machine import process_times
+from dispo.libs.db.passwords import PASSWORDS_FILE
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.ownership import start_ticks
 from dispo.libs.stack.stack import SERVICES
@@ -45,6 +46,11 @@ class RunningStack:
         for name in SERVICES:
             env[f"DISPO_{name.upper()}_PORT"] = str(free_port())
         return cls(root / "data", env)
+
+    def database_passwords(self) -> dict[str, str]:
+        """The passwords ``dispo up`` keeps: the superuser's (``postgres``) and each
+        service's role's."""
+        return json.loads((self.data_dir / PASSWORDS_FILE).read_text())
 
     def address(self, service: str) -> str:
         return f"127.0.0.1:{self.env[f'DISPO_{service.upper()}_PORT']}"
