@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from dispo.libs.db.roles import without_password
+from sqlalchemy.engine import make_url
+
 SCRATCH = "dispo_bench_ceiling"
 SCRIPT = "INSERT INTO commit_ceiling (client) VALUES (:client_id);\n"
 _TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.MULTILINE)
@@ -81,11 +84,13 @@ def commit_ceiling(
                         str(min(count, os.cpu_count() or 1)),
                         "-T",
                         str(max(1, round(seconds))),
-                        scratch,
+                        without_password(scratch),
                     ],
                     check=True,
                     capture_output=True,
                     text=True,
+                    # the password through the environment, not the command line
+                    env={**os.environ, "PGPASSWORD": make_url(url).password or ""},
                 )
                 results[str(count)] = round(parse_tps(done.stdout), 1)
     finally:
