@@ -37,7 +37,12 @@ class Schema:
 
 
 # Every schema and who may touch it. A schema shared for reading is one more line.
-SCHEMAS: tuple[Schema, ...] = tuple(Schema(service, service) for service in SERVICES)
+SCHEMAS: tuple[Schema, ...] = (
+    *(Schema(service, service) for service in SERVICES),
+    # The API tokens of callers and services: the gateway issues and revokes them, every
+    # other service only looks its callers up.
+    Schema("auth", "gateway", readers=tuple(s for s in SERVICES if s != "gateway")),
+)
 
 
 @dataclass(frozen=True)

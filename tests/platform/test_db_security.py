@@ -52,6 +52,32 @@ async def test_no_service_role_may_read_or_write_another_services_tables(databas
             await conn.close()
 
 
+async def test_a_shared_schema_is_read_by_its_readers_and_written_by_its_owner_alone(
+    database_url,
+):
+    conn = await asyncpg.connect(database_url)
+    try:
+        for schema in SCHEMAS:
+            owner = await conn.fetchval(
+                "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = $1",
+                schema.name,
+            )
+            assert owner == role_name(schema.owner), schema
+            for service in set(SERVICES) - {schema.owner}:
+                may_use, may_create = await conn.fetchrow(
+                    "SELECT has_schema_privilege($1, $2, 'USAGE'),"
+                    " has_schema_privilege($1, $2, 'CREATE')",
+                    role_name(service),
+                    schema.name,
+                )
+                assert (may_use, may_create) == (service in schema.readers, False), (
+                    schema,
+                    service,
+                )
+    finally:
+        await conn.close()
+
+
 async def test_the_executor_cannot_read_the_gateways_tasks(role_url):
     conn = await asyncpg.connect(role_url("executor"))
     try:
