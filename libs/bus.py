@@ -1,6 +1,7 @@
 """NATS JetStream: streams, de-duplicated publishing and durable pull consumers.
 
-    bus = await Bus.connect(settings.nats_servers, name="executor")
+    bus = await Bus.connect(settings.nats_servers, name="executor",
+                            credentials=settings.nats_credentials, inbox=inbox_prefix("executor"))
     await bus.ensure_stream("ORDERS", ["order.placed", "order.paid"])
     await bus.publish("order.placed", payload, msg_id=order_id)
     consumer = bus.consumer("ORDERS", durable="billing", subject="order.placed", handler=handle)
@@ -25,6 +26,11 @@ durable is created, or brought to this configuration (filters, ack wait, max del
 it exists with another one; what it already acknowledged stays acknowledged. A consumer
 that names ``max_ack_pending`` (the most messages in flight across every replica sharing
 the durable) brings the durable to that too.
+
+A process proves who it is with :class:`BusCredentials` (a user and password, a token, a
+credentials file or an NKey seed file; ``DISPO_NATS_*``). Credentials the server refuses
+raise :class:`BusCredentialsRefused` at once, naming who was refused, rather than retrying
+for ever; a publish or subscribe the server's permissions refuse is logged as an error.
 
 What happens to a message that keeps failing is the service's quarantine's business
 (:mod:`dispo.libs.quarantine`), which wraps the handler.
@@ -70,6 +76,57 @@ Disposition = Ack | Nak | Term
 Handler = Callable[[Msg], Awaitable[Disposition]]
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+def inbox_prefix(service: str) -> str:
+    """The reply subjects of ``service``'s connections, ``_INBOX.<service>``: its bus user
+    may subscribe to these and to no other service's replies."""
+    return f"_INBOX.{service}"
+
+
+@dataclass(frozen=True)
+class BusCredentials:
+    """How a process proves who it is to NATS: a user and password, a token, a credentials
+    file (a user JWT with its NKey seed) or an NKey seed file; all empty is anonymous."""
+
+    user: str = ""
+    password: str = ""
+    token: str = ""
+    creds_file: str = ""
+    nkey_seed_file: str = ""
+
+    def describe(self) -> str:
+        """Who these credentials say the process is, without their secret."""
+        if self.user:
+            return f"user {self.user!r}"
+        if self.creds_file:
+            return f"the credentials file {self.creds_file}"
+        if self.nkey_seed_file:
+            return f"the NKey seed file {self.nkey_seed_file}"
+        return "a token" if self.token else "an anonymous client"
+
+    def options(self) -> dict[str, Any]:
+        """Their options of ``nats.connect``."""
+        options: dict[str, Any] = {}
+        if self.user:
+            options.update(user=self.user, password=self.password)
+        if self.token:
+            options["token"] = self.token
+        if self.creds_file:
+            options["user_credentials"] = self.creds_file
+        if self.nkey_seed_file:
+            options["nkeys_seed"] = self.nkey_seed_file
+        return options
+
+
+class BusCredentialsRefused(Exception):
+    """The server refused this process's credentials (or their absence)."""
+
+
+def _refusal(error: Exception) -> bool:
+    return isinstance(error, nats.errors.AuthorizationError) or (
+        "authorization violation" in str(error).lower()
+    )
 
 
 class MessageTooLarge(Exception):
@@ -120,11 +177,17 @@ class Bus:
         servers: list[str] | str,
         *,
         name: str = "dispo",
+        credentials: BusCredentials | None = None,
+        inbox: str | None = None,
         replicas: int = 1,
         connect_timeout: float = 2.0,
         max_reconnect_attempts: int = -1,
     ) -> Bus:
-        """Connect, retrying for ever after a lost connection (reconnects are automatic)."""
+        """Connect as ``credentials`` (anonymous without), its replies on ``inbox`` (see
+        :func:`inbox_prefix`), retrying for ever after a lost connection (reconnects are
+        automatic). :class:`BusCredentialsRefused` if the server refuses the credentials."""
+        credentials = credentials or BusCredentials()
+        refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
 
         async def on_disconnect() -> None:
             log.warning("nats disconnected")
@@ -133,19 +196,45 @@ class Bus:
             log.info("nats reconnected")
 
         async def on_error(error: Exception) -> None:
-            log.debug("nats error", error=str(error))
+            if _refusal(error):
+                if not refused.done():
+                    refused.set_result(error)
+                log.error("nats refused the credentials", who=credentials.describe())
+            elif "permissions violation" in str(error).lower():
+                log.error("nats refused a publish or subscribe", error=str(error))
+            else:
+                log.debug("nats error", error=str(error))
 
-        nc = await nats.connect(
-            servers=servers,
-            name=name,
-            connect_timeout=connect_timeout,
-            reconnect_time_wait=0.5,
-            max_reconnect_attempts=max_reconnect_attempts,
-            allow_reconnect=True,
-            disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect,
-            error_cb=on_error,
-        )
+        options: dict[str, Any] = {
+            "servers": servers,
+            "name": name,
+            "connect_timeout": connect_timeout,
+            "reconnect_time_wait": 0.5,
+            "max_reconnect_attempts": max_reconnect_attempts,
+            "allow_reconnect": True,
+            "disconnected_cb": on_disconnect,
+            "reconnected_cb": on_reconnect,
+            "error_cb": on_error,
+            "inbox_prefix": inbox or "_INBOX",
+            **credentials.options(),
+        }
+        nc = NATS()
+        connecting: asyncio.Future[Any] = asyncio.ensure_future(nc.connect(**options))
+        await asyncio.wait([connecting, refused], return_when=asyncio.FIRST_COMPLETED)
+        if not connecting.done():  # the client would try again for ever
+            connecting.cancel()
+            with contextlib.suppress(BaseException):
+                await connecting
+            with contextlib.suppress(Exception):
+                await nc.close()
+            where = ", ".join([servers] if isinstance(servers, str) else servers)
+            raise BusCredentialsRefused(
+                f"NATS ({where}) refused {credentials.describe()}: {refused.result()}."
+                " Give the process its bus user's credentials (DISPO_NATS_USER and"
+                " DISPO_NATS_PASSWORD, DISPO_NATS_TOKEN, DISPO_NATS_CREDS_FILE or"
+                " DISPO_NATS_NKEY_SEED_FILE); `dispo up` hands them to what it starts"
+            )
+        connecting.result()
         return cls(nc, replicas)
 
     async def ensure_stream(

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import grpc
 from dispo.libs import quarantine
-from dispo.libs.bus import Bus, Consumer, Handler
+from dispo.libs.bus import Bus, BusCredentialsRefused, Consumer, Handler, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, login_refused, migrate, session_factory
 from dispo.libs.grpcserver import create_server
@@ -130,6 +130,7 @@ class Runtime:
                     base_seconds=self.settings.consumer_retry_base_seconds,
                     max_seconds=self.settings.consumer_retry_max_seconds,
                 ),
+                self.name,
             )
             servicer = self._quarantine.servicer
             self.add_servicer(
@@ -221,8 +222,13 @@ async def serve(
     bus = await until_reachable(
         "nats",
         lambda: Bus.connect(
-            settings.nats_servers, name=f"dispo-{name}", replicas=settings.stream_replicas
+            settings.nats_servers,
+            name=f"dispo-{name}",
+            credentials=settings.nats_credentials,
+            inbox=inbox_prefix(name),
+            replicas=settings.stream_replicas,
         ),
+        final=lambda error: isinstance(error, BusCredentialsRefused),
     )
     crashed: list[str] = []
     rt = Runtime(

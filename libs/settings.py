@@ -14,6 +14,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
+from dispo.libs.bus import BusCredentials
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -48,6 +49,23 @@ class CommonSettings(BaseSettings):
         default="nats://127.0.0.1:4222",
         description="NATS server URLs, comma-separated (several for a cluster);"
         " `dispo up` starts an embedded one unless this is set",
+    )
+    nats_user: str = Field(
+        default="",
+        description="This process's NATS user (with `DISPO_NATS_PASSWORD`); `dispo up` hands"
+        " each service it starts its own, made on first start",
+    )
+    nats_password: str = Field(default="", description="Password of `DISPO_NATS_USER`")
+    nats_token: str = Field(
+        default="", description="NATS token, for a server that authenticates by token"
+    )
+    nats_creds_file: str = Field(
+        default="",
+        description="NATS credentials file (user JWT and NKey seed), for a server with"
+        " decentralized (JWT) authentication",
+    )
+    nats_nkey_seed_file: str = Field(
+        default="", description="File holding this process's NKey seed, for NKey authentication"
     )
     stream_replicas: int = Field(
         default=1, description="JetStream replicas per stream (3 on a three-node cluster)"
@@ -107,6 +125,16 @@ class CommonSettings(BaseSettings):
     @property
     def nats_servers(self) -> list[str]:
         return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+
+    @property
+    def nats_credentials(self) -> BusCredentials:
+        return BusCredentials(
+            user=self.nats_user,
+            password=self.nats_password,
+            token=self.nats_token,
+            creds_file=self.nats_creds_file,
+            nkey_seed_file=self.nats_nkey_seed_file,
+        )
 
 
 class ServerSettings(BaseSettings):

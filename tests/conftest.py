@@ -6,6 +6,11 @@ of its own, cloned from a template where every service's schema is already migra
 ``support.databases``; mark a test ``blank_database`` to get one with no Dispo table), and
 no JetStream stream left from earlier tests.
 
+NATS is protected as ``dispo up`` protects it: one user per service with its permissions, no
+anonymous client; a service process connects as its service, the test's own ``bus`` as
+``admin``, and a permission the services lack shows as a violation in the server's log,
+which fails the session.
+
 PostgreSQL is protected as ``dispo up`` protects it: a password for every connection, and
 each service process logs in as its own role, which owns its schema and nothing else.
 ``database_url`` is the superuser's URL, for test helpers that read or set up tables
@@ -28,12 +33,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from dispo.libs.bus import Bus
+from dispo.libs.bus import Bus, BusCredentials
 from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate
 from dispo.libs.db.passwords import kept_passwords
 from dispo.libs.db.roles import Login, login_url, role_name
 from dispo.libs.stack.nats import NatsServer, free_port
+from dispo.libs.stack.nats_auth import ADMIN, NatsUsers
 from dispo.libs.stack.postgres import EmbeddedPostgres
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.libs.stack.stack import SERVICES, service_env
@@ -88,6 +94,13 @@ class Infra:
     def nats_url(self) -> str:
         return self.nats.url
 
+    @property
+    def nats_users(self) -> NatsUsers:
+        return self.nats.users
+
+    def nats_credentials(self, user: str = ADMIN) -> BusCredentials:
+        return self.nats.credentials(user)
+
     def restart_nats(self) -> None:
         """Bring NATS back on the same port with the same store (after ``nats.stop()``)."""
         self.nats.start()
@@ -100,7 +113,8 @@ def infra() -> Iterator[Infra]:
         # Throwaway cluster: no fsync (a crash of PostgreSQL still loses nothing committed).
         postgres = EmbeddedPostgres(base / "postgres", durable=False)
         postgres.start()
-        nats = NatsServer(base / "nats", log_file=base / "nats.log")
+        users = NatsUsers.kept(base / "nats-users.json")
+        nats = NatsServer(base / "nats", log_file=base / "nats.log", users=users)
         nats.start()
         passwords = kept_passwords(postgres.passwords_file, SERVICES)
         logins = {s: Login(role_name(s), passwords[s]) for s in SERVICES}
@@ -110,10 +124,15 @@ def infra() -> Iterator[Infra]:
         databases.close()
         nats.stop()
         postgres.stop("immediate")
+        log = (base / "nats.log").read_text(errors="replace").splitlines()
+        violations = [line for line in log if "Violation" in line or "authentication error" in line]
+        assert not violations, "the bus refused the services:\n" + "\n".join(violations[:20])
 
 
-async def _delete_streams(url: str) -> None:
-    bus = await Bus.connect([url], name="test-cleaner", max_reconnect_attempts=3)
+async def _delete_streams(url: str, credentials: BusCredentials) -> None:
+    bus = await Bus.connect(
+        [url], name="test-cleaner", credentials=credentials, max_reconnect_attempts=3
+    )
     try:
         for name in await bus.js.streams_info():
             await bus.js.delete_stream(name.config.name)
@@ -142,13 +161,14 @@ async def nats_url(infra: Infra) -> str:
     """NATS JetStream with no streams left from earlier tests."""
     if not infra.nats.running():
         infra.nats.start()
-    await _delete_streams(infra.nats_url)
+    await _delete_streams(infra.nats_url, infra.nats_credentials())
     return infra.nats_url
 
 
 @pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    connected = await Bus.connect([nats_url], name="test")
+async def bus(infra: Infra, nats_url: str) -> AsyncIterator[Bus]:
+    """The test's own connection to the bus, as ``admin`` (every subject)."""
+    connected = await Bus.connect([nats_url], name="test", credentials=infra.nats_credentials())
     yield connected
     await connected.close()
 
@@ -216,10 +236,10 @@ def file_clock(tmp_path: Path) -> FileClockControl:
 
 @pytest.fixture
 async def start_service(
-    role_url: Callable[[str], str], nats_url: str, tmp_path: Path
+    infra: Infra, role_url: Callable[[str], str], nats_url: str, tmp_path: Path
 ) -> AsyncIterator[Callable[..., Awaitable[ManagedProcess]]]:
     """``await start_service("executor", env={...})``: a real service process, SERVING, on
-    this test's database as its own role; killed after the test."""
+    this test's database as its own role, on the bus as its own user; killed after the test."""
     started: list[ManagedProcess] = []
 
     async def start(
@@ -227,7 +247,7 @@ async def start_service(
     ) -> ManagedProcess:
         port = free_port()
         full_env = {
-            **service_env(name, role_url(name), nats_url),
+            **service_env(name, role_url(name), nats_url, infra.nats_users),
             "DISPO_LOG_FORMAT": "json",
             "DISPO_LOG_LEVEL": "INFO",
             f"DISPO_{name.upper()}_HOST": "127.0.0.1",

@@ -26,7 +26,8 @@ async def outbox_subjects(database_url: str) -> dict[str, set[str]]:
 
 
 async def assert_outbox_subjects_declared(database_url: str, *, schemas: set[str]) -> None:
-    """Every subject in the outboxes of ``schemas`` is declared, and each of them wrote some."""
+    """Every subject in the outboxes of ``schemas`` is declared and one its service may
+    publish, and each of them wrote some."""
     found = await outbox_subjects(database_url)
     written = {table.split(".")[0]: subjects for table, subjects in found.items()}
     assert schemas <= {s for s, subjects in written.items() if subjects}, found
@@ -35,3 +36,10 @@ async def assert_outbox_subjects_declared(database_url: str, *, schemas: set[str
         for table, subjects in found.items()
     }
     assert not any(undeclared.values()), undeclared
+    # Each service's bus user may publish what its outbox wrote (the permissions follow the
+    # declared flows, so a publication the flows miss would be refused by the bus).
+    refused = {
+        table: sorted(s for s in subjects if not contracts.may_publish(table.split(".")[0], s))
+        for table, subjects in found.items()
+    }
+    assert not any(refused.values()), refused

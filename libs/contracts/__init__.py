@@ -1,6 +1,8 @@
 """The wire contracts, declared once: every stream, subject, message-id format and stream
-setting that a Dispo service publishes or consumes. Publishers and consumers import them
-from here; the shared outbox refuses a subject that no declared stream carries.
+setting that a Dispo service publishes or consumes, and which service publishes and
+consumes each subject (:data:`FLOWS`, from which each service's bus user gets its
+permissions). Publishers and consumers import them from here; the shared outbox refuses a
+subject that no declared stream carries.
 
     from dispo.libs.contracts import tasks
     await tasks.ensure_task_streams(bus)
@@ -13,6 +15,7 @@ import re
 
 from dispo.libs.contracts import evaluations, tasks
 from dispo.libs.contracts._streams import (
+    Flow,
     Stream,
     UndeclaredSubject,
     subject_matches,
@@ -26,6 +29,43 @@ STREAMS: tuple[Stream, ...] = (
     tasks.CALLBACKS,
     evaluations.EVALUATIONS,
 )
+
+
+# Who publishes and who consumes every subject of the platform.
+FLOWS: tuple[Flow, ...] = (*tasks.FLOWS, *evaluations.FLOWS)
+
+# The services that publish or consume on the bus: one bus user each.
+BUS_SERVICES: tuple[str, ...] = tuple(
+    sorted({s for flow in FLOWS for s in (*flow.publishers, *flow.consumers)})
+)
+
+
+def consumes(service: str) -> tuple[Flow, ...]:
+    """The flows ``service`` consumes."""
+    return tuple(flow for flow in FLOWS if service in flow.consumers)
+
+
+def publishes(service: str) -> tuple[str, ...]:
+    """The subject patterns ``service`` may publish: those it publishes, and those it alone
+    consumes, which its quarantine may replay (a replayed copy reaches no other service)."""
+    return tuple(
+        flow.subject for flow in FLOWS if service in flow.publishers or flow.consumers == (service,)
+    )
+
+
+def may_publish(service: str, subject: str) -> bool:
+    """True when ``service``'s bus user may publish ``subject``."""
+    return any(subject_matches(pattern, subject) for pattern in publishes(service))
+
+
+def streams_of(service: str) -> tuple[Stream, ...]:
+    """The streams ``service`` publishes to or consumes from (and ensures at start)."""
+    used = {
+        flow.stream.name
+        for flow in FLOWS
+        if flow.stream is not None and service in (*flow.publishers, *flow.consumers)
+    }
+    return tuple(stream for stream in STREAMS if stream.name in used)
 
 
 # Every declared subject pattern as one expression: the outbox checks each row it writes.
@@ -48,12 +88,19 @@ def require_declared(subject: str) -> None:
 
 
 __all__ = [
+    "BUS_SERVICES",
+    "FLOWS",
     "STREAMS",
+    "Flow",
     "Stream",
     "UndeclaredSubject",
+    "consumes",
     "declared",
     "evaluations",
+    "may_publish",
+    "publishes",
     "require_declared",
+    "streams_of",
     "subject_matches",
     "tasks",
 ]

@@ -1,4 +1,5 @@
-"""What a declared stream is, and whether a subject is declared."""
+"""What a declared stream is, who publishes and consumes each subject, and whether a
+subject is declared."""
 
 from __future__ import annotations
 
@@ -60,3 +61,16 @@ class Stream:
             max_age=self.max_age,
             duplicate_window=self.duplicate_window,
         )
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One subject pattern's traffic: the services that publish it and those that consume
+    it, from ``stream`` (a JetStream stream) or, when ``stream`` is None, as plain NATS
+    messages. Each service's bus user is allowed exactly this (ADR-0036); a subject no
+    service of Dispo consumes is read by callers outside it."""
+
+    subject: str
+    publishers: tuple[str, ...]
+    consumers: tuple[str, ...]
+    stream: Stream | None = None

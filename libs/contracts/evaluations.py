@@ -5,7 +5,7 @@ per evaluation (a completion reports its run count and waits for those runs)."""
 from __future__ import annotations
 
 from dispo.libs.bus import Bus
-from dispo.libs.contracts._streams import Stream
+from dispo.libs.contracts._streams import Flow, Stream
 
 EVALUATION_STARTED = "evaluation.started"  # EvaluationStarted
 EVALUATION_RUN_RECORDED = "evaluation.run_recorded"  # EvaluationRunRecorded
@@ -16,6 +16,14 @@ EVALUATIONS = Stream("EVALUATIONS", (EVALUATION_ALL,))
 
 # Core NATS (no stream): wakes one cron worker of the local driver, pool.wake.<cron_id>.
 POOL_WAKE = "pool.wake"
+
+
+# Who publishes and who consumes each subject. The pool's local-driver worker
+# (``dispo.pool.worker``) is part of the pool and connects as the pool.
+FLOWS = (
+    Flow(EVALUATION_ALL, ("pool",), ("intelligence",), EVALUATIONS),
+    Flow(f"{POOL_WAKE}.*", ("pool",), ("pool",)),
+)
 
 
 def pool_wake(cron_id: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Bus
-from dispo.libs.contracts._streams import Stream
+from dispo.libs.contracts._streams import Flow, Stream
 from dispo.libs.error_text import ERROR_TEXT_LIMIT
 from dispo.libs.proto_enums import task_status_name
 
@@ -66,6 +66,17 @@ STATUS_MAX_AGE = 7 * 24 * 3600.0
 TASKS = Stream("TASKS", (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE))
 TASK_STATUS = Stream("TASK_STATUS", (TASK_STATUS_ALL,), max_age=STATUS_MAX_AGE)
 CALLBACKS = Stream("CALLBACKS", (CALLBACK_ALL,), max_age=STATUS_MAX_AGE)
+
+# Who publishes and who consumes each subject (the bus users' permissions follow from it).
+FLOWS = (
+    Flow(TASK_CREATE, ("gateway", "executor", "reconciler"), ("executor", "reconciler"), TASKS),
+    Flow(TASK_FAIL, ("executor",), ("reconciler",), TASKS),
+    Flow(TASK_DEMOTE, ("executor",), ("reconciler",), TASKS),
+    Flow(TASK_CANCEL, ("gateway", "reconciler"), ("executor",), TASKS),
+    Flow(TASK_CLOSE, ("reconciler",), ("executor",), TASKS),
+    Flow(TASK_STATUS_ALL, ("executor", "reconciler"), ("gateway", "reconciler"), TASK_STATUS),
+    Flow(CALLBACK_ALL, ("reconciler",), (), CALLBACKS),  # read by the callers who asked
+)
 
 
 def task_status(task_id: str, status: int) -> str:

@@ -24,10 +24,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 class Quarantine:
     """One service's quarantine: its store, the guard its consumers share, its servicer."""
 
-    def __init__(self, engine: AsyncEngine, bus: Bus, clock: Clock, bound: RetryBound) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        bus: Bus,
+        clock: Clock,
+        bound: RetryBound,
+        service: str | None = None,
+    ) -> None:
         self.store = QuarantineStore(engine, clock)
         self.guard = Guard(self.store, bound)
-        self.servicer = QuarantineServicer(self.store, bus)
+        # Replays publish as ``service``'s bus user (None: one allowed every subject).
+        self.servicer = QuarantineServicer(self.store, bus, service)
 
     def wrap(self, handler: Handler) -> Handler:
         return self.guard.wrap(handler)

@@ -1,15 +1,19 @@
 """``dispo.quarantine.v1.QuarantineService``: a service's quarantine over gRPC (list, get,
-replay, discard), served by every service with a JetStream consumer beside its own API."""
+replay, discard), served by every service with a JetStream consumer beside its own API.
+
+A replay publishes the message again as the service's bus user: a subject that user may not
+publish (another service consumes it too) is refused with FAILED_PRECONDITION."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import grpc
+from dispo.libs import contracts
 from dispo.libs.api.quarantine.v1 import quarantine_pb2 as pb
 from dispo.libs.api.quarantine.v1 import quarantine_pb2_grpc
 from dispo.libs.bus import Bus
-from dispo.libs.errors import InvalidArgument
+from dispo.libs.errors import FailedPrecondition, InvalidArgument
 from dispo.libs.paging import decode_page_token, encode_page_token, page_size
 from dispo.libs.quarantine.store import Held, QuarantineStore
 from dispo.libs.timestamps import to_timestamp
@@ -42,9 +46,11 @@ def _message_id(value: int) -> int:
 
 
 class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
-    def __init__(self, store: QuarantineStore, bus: Bus) -> None:
+    def __init__(self, store: QuarantineStore, bus: Bus, service: str | None = None) -> None:
         self.store = store
         self.bus = bus
+        # The service whose bus user replays (None: a user allowed every subject).
+        self.service = service
 
     async def ListMessages(
         self, request: pb.ListMessagesRequest, context: Context
@@ -68,7 +74,16 @@ class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
     async def ReplayMessage(
         self, request: pb.ReplayMessageRequest, context: Context
     ) -> pb.ReplayMessageResponse:
-        held, sequence = await self.store.replay(_message_id(request.id), self.bus)
+        message_id = _message_id(request.id)
+        if self.service is not None:
+            held = await self.store.get(message_id)
+            if not contracts.may_publish(self.service, held.subject):
+                raise FailedPrecondition(
+                    f"message {message_id} is on {held.subject}, which the {self.service}'s"
+                    " bus user may not publish (another service consumes it too): only its"
+                    " publishers put it on the bus; discard it here"
+                )
+        held, sequence = await self.store.replay(message_id, self.bus)
         return pb.ReplayMessageResponse(message=to_proto(held), new_stream_sequence=sequence)
 
     async def DiscardMessage(

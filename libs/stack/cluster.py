@@ -1,13 +1,14 @@
 """A NATS JetStream cluster on loopback: ``size`` nodes of the ``nats-server`` binary, routed
 to each other, each keeping its own store.
 
-    cluster = NatsCluster(Path("data/nats"), size=3, log_dir=Path("data/logs"))
+    cluster = NatsCluster(Path("data/nats"), users, size=3, log_dir=Path("data/logs"))
     servers = cluster.start()        # "nats://127.0.0.1:p1,nats://127.0.0.1:p2,…" once JetStream answers
     cluster.nodes[0].stop(kill=True)  # SIGKILL one node; the others keep a quorum
     cluster.nodes[0].start()          # back with the same ports and store
 
 Streams on it are replicated when created with ``num_replicas`` > 1 (``DISPO_STREAM_REPLICAS``);
 a node is ready once its ``/healthz`` (monitoring port) says JetStream has a meta leader.
+Every node takes the same ``users`` (:class:`~dispo.libs.stack.nats_auth.NatsUsers`) alone.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 from pathlib import Path
 
 import httpx
+from dispo.libs.bus import BusCredentials
 from dispo.libs.stack.nats import NatsServer, free_port
+from dispo.libs.stack.nats_auth import ADMIN, NatsUsers
 from dispo.libs.stack.process import ProcessSpec
 
 
@@ -24,11 +27,13 @@ class NatsCluster:
     def __init__(
         self,
         root: Path,
+        users: NatsUsers,
         size: int = 3,
         log_dir: Path | None = None,
         name: str = "dispo",
     ) -> None:
         self.root = Path(root)
+        self.users = users
         self.size = size
         route_ports = [free_port() for _ in range(size)]
         self.monitor_ports = [free_port() for _ in range(size)]
@@ -51,9 +56,13 @@ class NatsCluster:
                     "-m",
                     str(self.monitor_ports[i]),
                 ],
+                users=users,
             )
             for i in range(size)
         ]
+
+    def credentials(self, user: str = ADMIN) -> BusCredentials:
+        return self.users.credentials(user)
 
     def node(self, name: str) -> NatsServer:
         """The node with this server name (as JetStream reports a stream's leader)."""

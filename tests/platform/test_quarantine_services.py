@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import grpc
+import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2, intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import events_pb2
@@ -171,6 +172,16 @@ async def test_every_consumer_quarantines_its_poison_and_goes_on(start_service, 
             timeout=20,
             wanted=f"{durable} settled",
         )
+    # The gateway's bus user may not publish task.status (the reconciler reads it too): its
+    # quarantine refuses to replay the status event, and keeps it.
+    [status] = (await quarantined(services["gateway"].address)).messages
+    async with grpc.aio.insecure_channel(services["gateway"].address) as channel:
+        stub = quarantine_pb2_grpc.QuarantineServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.ReplayMessage(pb.ReplayMessageRequest(id=status.id))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "task.status.x.failed" in (refused.value.details() or "")
+        assert (await stub.ListMessages(pb.ListMessagesRequest())).total == 1
 
 
 async def test_a_quarantined_evaluation_event_is_replayed_once_it_can_apply(start_service, bus):

@@ -20,19 +20,27 @@ class Resource:
             raise RuntimeError("close failed")
 
 
-async def run_service(database_url: str, nats_url: str, setup, stop: asyncio.Event) -> list[str]:
-    """Serve until ``stop`` is set (by the test's parts)."""
+async def run_service(infra, database_url: str, setup, stop: asyncio.Event) -> list[str]:
+    """Serve until ``stop`` is set (by the test's parts), on the bus as ``admin``."""
+    admin = infra.nats_credentials()
     return await serve(
         "runtime_test",
         setup,
         migrations=None,
         stop=stop,
-        settings=CommonSettings(database_url=database_url, nats_url=nats_url),
+        settings=CommonSettings(
+            database_url=database_url,
+            nats_url=infra.nats_url,
+            nats_user=admin.user,
+            nats_password=admin.password,
+        ),
         server=ServerSettings(port=0),
     )
 
 
-async def test_resources_close_after_every_part_in_the_order_registered(database_url, nats_url):
+async def test_resources_close_after_every_part_in_the_order_registered(
+    infra, database_url, nats_url
+):
     events: list[str] = []
     stop = asyncio.Event()
 
@@ -51,12 +59,14 @@ async def test_resources_close_after_every_part_in_the_order_registered(database
         rt.close_on_stop(Resource("broken", events, fails=True))
         rt.close_on_stop(lambda: events.append("closed by callable"), name="callable")
 
-    assert await run_service(database_url, nats_url, setup, stop) == []
+    assert await run_service(infra, database_url, setup, stop) == []
     # A resource that fails to close does not keep the next one open.
     assert events == ["part stopped", "closed http client", "closed broken", "closed by callable"]
 
 
-async def test_resources_registered_before_a_failing_setup_are_still_closed(database_url, nats_url):
+async def test_resources_registered_before_a_failing_setup_are_still_closed(
+    infra, database_url, nats_url
+):
     events: list[str] = []
 
     async def setup(rt: Runtime) -> None:
@@ -64,12 +74,12 @@ async def test_resources_registered_before_a_failing_setup_are_still_closed(data
         raise RuntimeError("setup failed")
 
     with pytest.raises(RuntimeError, match="setup failed"):
-        await run_service(database_url, nats_url, setup, asyncio.Event())
+        await run_service(infra, database_url, setup, asyncio.Event())
     assert events == ["closed channel"]
 
 
 async def test_a_periodic_part_runs_on_the_service_clock_and_stops_with_the_service(
-    database_url, nats_url
+    infra, database_url, nats_url
 ):
     passes: list[int] = []
     stop = asyncio.Event()
@@ -81,5 +91,5 @@ async def test_a_periodic_part_runs_on_the_service_clock_and_stops_with_the_serv
 
         rt.add_periodic("every hour", action, 3600)
 
-    assert await run_service(database_url, nats_url, setup, stop) == []
+    assert await run_service(infra, database_url, setup, stop) == []
     assert passes == [1]  # the first pass at once; stopped while waiting for the next

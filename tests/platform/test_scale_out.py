@@ -37,15 +37,21 @@ cells:
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    nats = NatsCluster(tmp_path / "nats", size=3, log_dir=tmp_path / "logs")
+def cluster(tmp_path, infra):
+    # The session's users, so the services started for the test connect to it as to it.
+    nats = NatsCluster(tmp_path / "nats", infra.nats_users, size=3, log_dir=tmp_path / "logs")
     nats.start()
     yield nats
     nats.stop(kill=True)
 
 
 async def stream_leader(cluster: NatsCluster, stream: str) -> str:
-    bus = await Bus.connect(cluster.urls, name="test-leader", max_reconnect_attempts=3)
+    bus = await Bus.connect(
+        cluster.urls,
+        name="test-leader",
+        credentials=cluster.credentials(),
+        max_reconnect_attempts=3,
+    )
     try:
         info = await bus.js.stream_info(stream)
         assert info.cluster is not None and info.config.num_replicas == 3

@@ -12,6 +12,7 @@ import pytest
 from dispo.libs.db.roles import without_password
 from dispo.libs.health import health_status
 from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.nats_auth import ADMIN
 from dispo.libs.stack.stack import SERVICES, read_state
 from sqlalchemy.engine import make_url
 from support import eventually
@@ -113,6 +114,8 @@ async def test_up_with_external_database_and_nats_starts_only_services(
 ):
     env = {
         **os.environ,
+        # An external bus: the services get the credentials of dispo up's environment.
+        **infra.nats_users.env(ADMIN),
         "DISPO_DATA_DIR": str(tmp_path / "data"),
         "DISPO_GATEWAY_PORT": str(free_port()),
         "DISPO_EXECUTOR_PORT": str(free_port()),

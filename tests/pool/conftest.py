@@ -122,7 +122,7 @@ async def target(fake_server) -> AsyncIterator[Target]:
 
 
 @pytest.fixture
-async def pool_stack(start_service, file_clock, tmp_path, role_url, nats_url):
+async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_url):
     """``await pool_stack(**pool_env)``: the pool service and a pool-worker process (local driver),
     sharing a file clock and a registry. Returns (pool service, worker)."""
     workers: list[ManagedProcess] = []
@@ -143,7 +143,7 @@ async def pool_stack(start_service, file_clock, tmp_path, role_url, nats_url):
                 python_module("dispo.pool.worker"),
                 {
                     **file_clock.env,
-                    **service_env("pool", role_url("pool"), nats_url),
+                    **service_env("pool", role_url("pool"), nats_url, infra.nats_users),
                     "DISPO_LOG_FORMAT": "json",
                     "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
                     "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),

@@ -198,13 +198,16 @@ async def test_pool_scales_automations_and_replaces_a_disabled_one_holding_work(
         assert target.calls == 2  # the run lost with the killed wake, and its redo
 
 
-async def test_dispo_up_starts_a_gateway_for_the_pool(database_url, role_url, nats_url, tmp_path):
+async def test_dispo_up_starts_a_gateway_for_the_pool(
+    infra, database_url, role_url, nats_url, tmp_path
+):
     """``dispo up --pool-driver openclaw`` starts its own gateway (state under the data
     folder, a kept token), no pool-worker, and the pool's automations on it."""
     install = await asyncio.to_thread(ensure_openclaw)  # fails saying why if it cannot
     data, port, pool_port = tmp_path / "data", free_port(), free_port()
     env = {
         **os.environ,
+        **infra.nats_users.env("pool"),  # an external bus: the pool's own user
         "DISPO_DATA_DIR": str(data),
         "DISPO_POOL_PORT": str(pool_port),
         "DISPO_POOL_DATABASE_URL": role_url("pool"),

@@ -15,7 +15,7 @@ import grpc
 import httpx
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.bus import Bus
+from dispo.libs.bus import Bus, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.evaluation import VERDICT_TO_PB
 from dispo.libs.logging import get_logger
@@ -171,7 +171,13 @@ async def main_async() -> None:
     settings.local_registry.parent.mkdir(parents=True, exist_ok=True)
     lock = open(settings.local_registry.with_suffix(".lock"), "w")
     await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
-    bus = await Bus.connect(common.nats_servers, name="dispo-pool-worker")
+    # The worker is part of the pool: it connects as the pool's bus user.
+    bus = await Bus.connect(
+        common.nats_servers,
+        name="dispo-pool-worker",
+        credentials=common.nats_credentials,
+        inbox=inbox_prefix("pool"),
+    )
     async with (
         grpc.aio.insecure_channel(settings.pool_address) as channel,
         httpx.AsyncClient(timeout=settings.http_timeout_seconds) as http,
