@@ -67,7 +67,7 @@ class Stream:
 class Flow:
     """One subject pattern's traffic: the services that publish it and those that consume
     it, from ``stream`` (a JetStream stream) or, when ``stream`` is None, as plain NATS
-    messages. Each service's bus user is allowed exactly this (ADR-0036); a subject no
+    messages. Each service's bus user is allowed exactly this (ADR-0037); a subject no
     service of Dispo consumes is read by callers outside it."""
 
     subject: str

@@ -1,5 +1,5 @@
 """The bus's users: one per service, allowed what the contracts say it publishes and
-consumes, and ``admin`` for operators' tools; anonymous clients are refused (ADR-0036).
+consumes, and ``admin`` for operators' tools; anonymous clients are refused (ADR-0037).
 
     users = NatsUsers.kept(data_dir / "nats" / "users.json")  # made on first start, 0600
     server = NatsServer(data_dir / "nats", users=users)      # its configuration carries them
