@@ -14,7 +14,13 @@ from dispo.pool import repository as repo
 from dispo.pool import sweeps
 from dispo.pool.drivers import Driver
 from dispo.pool.drivers.local import LocalDriver
-from dispo.pool.drivers.openclaw import OpenClawCli, OpenClawDriver, wake_command
+from dispo.pool.drivers.openclaw import (
+    PROVIDER,
+    OpenClawCli,
+    OpenClawDriver,
+    provider_config,
+    wake_command,
+)
 from dispo.pool.events import outbox_relay
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
@@ -47,11 +53,26 @@ async def openclaw_driver(settings: PoolSettings, rt: Runtime) -> OpenClawDriver
     )
     token = ["--token", settings.openclaw_token] if settings.openclaw_token else []
     cli = OpenClawCli(argv, [*where, *token], env, settings.openclaw_timeout_seconds)
+    agent_model = provider = ""
+    if settings.openclaw_payload == "agent":
+        if not (settings.openclaw_model_base_url and settings.openclaw_model_name):
+            raise ValueError(
+                "DISPO_POOL_OPENCLAW_PAYLOAD=agent needs DISPO_POOL_OPENCLAW_MODEL_BASE_URL"
+                " and DISPO_POOL_OPENCLAW_MODEL_NAME"
+            )
+        agent_model = f"{PROVIDER}/{settings.openclaw_model_name}"
+        provider = provider_config(
+            settings.openclaw_model_base_url,
+            settings.openclaw_model_name,
+            settings.openclaw_model_api_key,
+        )
     return OpenClawDriver(
         cli,
         namespace=settings.openclaw_namespace,
         tick_seconds=settings.tick_seconds,
         command=wake_command(settings.openclaw_wake_address or own_address(rt)),
+        agent_model=agent_model,
+        agent_provider=provider,
     )
 
 

@@ -62,6 +62,22 @@ class PoolSettings(BaseSettings):
         description="openclaw driver: the pool address an automation's command calls"
         " (default: this service's own)",
     )
+    openclaw_payload: Literal["command", "agent"] = Field(
+        default="command",
+        description="openclaw driver: what an automation runs: `command` (the wake command) or"
+        " `agent` (a turn of the OpenClaw agent, on the model below, asked to run it)",
+    )
+    openclaw_model_base_url: str = Field(
+        default="",
+        description="openclaw driver, agent payload: the OpenAI-compatible endpoint of the"
+        " agent's model (for example `http://127.0.0.1:4000/v1`)",
+    )
+    openclaw_model_name: str = Field(
+        default="", description="openclaw driver, agent payload: the model's name at that endpoint"
+    )
+    openclaw_model_api_key: str = Field(
+        default="", description="openclaw driver, agent payload: the endpoint's API key"
+    )
     openclaw_timeout_seconds: float = Field(
         default=90.0, description="openclaw driver: how long one CLI call may take"
     )

@@ -8,17 +8,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 
 import grpc
 import pytest
+from aiohttp import web
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.openclaw import ensure_openclaw
 from dispo.libs.stack.stack import read_state
-from dispo.pool.drivers.openclaw import OpenClawCli
+from dispo.pool.drivers.openclaw import PROVIDER, OpenClawCli
 from support import eventually
 from support.stack import DISPO, alive
 
@@ -250,3 +252,79 @@ async def test_dispo_up_starts_a_gateway_for_the_pool(
     finally:
         up.kill()
         up.wait()
+
+
+async def test_agent_payload_plans_the_next_step_on_a_model_and_reports_through_the_pool(
+    openclaw_gateway, start_service, file_clock, target, fake_server
+):
+    """Agent payload: the automation's turn asks a model (a local OpenAI-compatible server
+    playing it) what to do; the model calls the exec tool with the cron's wake command, the
+    gateway runs it, and the pool records the run it reported."""
+    asked: list[dict] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        asked.append({**body, "authorization": request.headers.get("Authorization", "")})
+        users = [m for m in body["messages"] if m.get("role") == "user"]
+        command = re.search(r"`([^`]+)`", str(users[0]["content"])) if users else None
+        if command and not any(m.get("role") == "tool" for m in body["messages"]):
+            call = {"name": "exec", "arguments": json.dumps({"command": command.group(1)})}
+            delta = {
+                "role": "assistant",
+                "tool_calls": [{"index": 0, "id": "call-1", "type": "function", "function": call}],
+            }
+            finish = "tool_calls"
+        else:
+            delta, finish = {"role": "assistant", "content": "done"}, "stop"
+        chunks = [
+            {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
+        ]  # fmt: skip
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in chunks:
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "model": body["model"], **chunk}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    model = await fake_server({("POST", "/v1/chat/completions"): chat})
+    cli = cli_for(openclaw_gateway)
+    space = namespace()
+    pool = await pool_on(
+        openclaw_gateway,
+        start_service,
+        file_clock,
+        space,
+        DISPO_POOL_MIN_SIZE="1",
+        DISPO_POOL_MAX_SIZE="1",
+        DISPO_POOL_OPENCLAW_PAYLOAD="agent",
+        DISPO_POOL_OPENCLAW_MODEL_BASE_URL=f"{model.url}/v1",
+        DISPO_POOL_OPENCLAW_MODEL_NAME="planner",
+        DISPO_POOL_OPENCLAW_MODEL_API_KEY="model-key",
+    )
+    [job] = (
+        await eventually(lambda: automations(cli, space), lambda a: len(a) == 1, timeout=SLOW)
+    ).values()
+    assert job["payload"]["kind"] == "agentTurn"
+    assert job["payload"]["model"] == f"{PROVIDER}/planner"
+    async with grpc.aio.insecure_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        await stub.CreateEvaluation(
+            create_request(target.url, "claw-3", window_seconds=60, slot_count=1, runs_per_slot=1)
+        )
+        done = await eventually(
+            lambda: get(stub, "claw-3"),
+            lambda e: e.status == pb.EVALUATION_STATUS_COMPLETED,
+            timeout=SLOW,
+        )
+    assert done.runs_done == 1 and target.calls == 1
+    # The turn: the model asked for the wake command, then got its output back (after the
+    # pool recorded the run).
+    await eventually(lambda: len(asked), lambda n: n >= 2, timeout=SLOW)
+    assert [body["model"] for body in asked[:2]] == ["planner", "planner"]
+    assert {body["authorization"] for body in asked} == {"Bearer model-key"}
+    assert not [m for m in asked[0]["messages"] if m.get("role") == "tool"]
+    [result] = [m for m in asked[1]["messages"] if m.get("role") == "tool"]
+    assert '"runs": 1' in str(result["content"])

@@ -2,7 +2,8 @@
 ``openclaw cron`` CLI (ADR-0032).
 
 - create: ``cron add --declaration-key dispo-pool:<namespace>:<cron> --every <tick>s
-  --command <wake>`` (an upsert: a second add with the same key updates the same automation;
+  --command <wake>`` — or, agent payload, ``--message <prompt> --model <provider/model>
+  --tools exec``, a turn of the OpenClaw agent asked to run the same command — (an upsert: a second add with the same key updates the same automation;
   a disabled one is enabled again), then the cron state into the automation's scratch.
 - remove: ``cron rm <job>``; an absent automation is not an error.
 - list: ``cron list --all --json``, this pool's automations by their declaration key, each
@@ -66,13 +67,14 @@ class OpenClawCli:
         self.env = env
         self.timeout = timeout
 
-    async def __call__(self, *args: str) -> dict[str, Any]:
+    async def __call__(self, *args: str, connect: bool = True) -> dict[str, Any]:
+        """``connect=False``: a local command (``config set``) takes no gateway address."""
         what = " ".join(args[:2])
         try:
             process = await asyncio.create_subprocess_exec(
                 *self.argv,
                 *args,
-                *self.connection,
+                *(self.connection if connect else []),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -118,6 +120,33 @@ def wake_command(pool_address: str) -> Callable[[str], str]:
     return command
 
 
+# The provider id the pool registers its model under in the gateway's configuration.
+PROVIDER = "dispo-pool"
+
+
+def agent_message(cron_id: str, command: str) -> str:
+    """The agent payload's prompt: plan the cron's next step by running its wake command."""
+    return (
+        f"You are the planner of cron {cron_id} of a Dispo evaluation pool. Plan the next step"
+        f" of the evaluation this cron holds or takes: run exactly this command, once, with the"
+        f" exec tool: `{command}`. It takes or continues the evaluation through the pool's gRPC"
+        " API and prints what it did as one JSON line. Reply with that line only."
+    )
+
+
+def provider_config(base_url: str, model: str, api_key: str) -> str:
+    """``models.providers.dispo-pool`` of the gateway's configuration: an OpenAI-compatible
+    endpoint serving ``model``."""
+    return json.dumps(
+        {
+            "baseUrl": base_url,
+            "apiKey": api_key,
+            "api": "openai-completions",
+            "models": [{"id": model, "name": model, "input": ["text"]}],
+        }
+    )
+
+
 class OpenClawDriver:
     name = "openclaw"
 
@@ -129,11 +158,20 @@ class OpenClawDriver:
         tick_seconds: float,
         command: Callable[[str], str],
         state_of: Callable[[str], Awaitable[dict | None]] | None = None,
+        agent_model: str = "",
+        agent_provider: str = "",
     ) -> None:
         self.cli = cli
         self.prefix = f"{KEY_PREFIX}:{namespace}:"
         self.tick_seconds = tick_seconds
         self.command = command
+        # Agent payload: the model (``<provider>/<model>``) whose turn runs the command; "":
+        # the command payload.
+        self.agent_model = agent_model
+        # Its provider entry (JSON), written into the gateway's configuration before the
+        # first automation is added.
+        self.agent_provider = agent_provider
+        self._configured: asyncio.Future[dict[str, Any]] | None = None
         # The cron's state in the pool's database now (None: the cron is gone), read again
         # after a lost compare-and-set; set by the pool service.
         self.state_of = state_of
@@ -153,13 +191,15 @@ class OpenClawDriver:
     # --- the driver port ---------------------------------------------------------------
 
     async def create(self, cron_id: str, state: dict) -> None:
+        if self.agent_provider:
+            await self._configure()
         answer = await self.cli(
             "cron", "add",
             "--name", cron_id,
             "--description", "a cron of the Dispo pool; its scratch is the pool's state",
             "--declaration-key", self.key(cron_id),
             "--every", f"{max(1, int(self.tick_seconds))}s",
-            "--command", self.command(cron_id),
+            *self._payload(cron_id),
             "--timeout-seconds", str(COMMAND_TIMEOUT_SECONDS),
             "--no-deliver",
         )  # fmt: skip
@@ -221,6 +261,35 @@ class OpenClawDriver:
             await asyncio.gather(*self._writers.values(), *self._background, return_exceptions=True)
 
     # --- parts -------------------------------------------------------------------------
+
+    async def _configure(self) -> None:
+        """Once (again after a failure): the agent's model as the gateway's provider
+        ``dispo-pool``, a local ``config set`` under the CLI's HOME — the gateway watches
+        that file and applies a change to ``models`` without a restart."""
+        if self._configured is None or (
+            self._configured.done() and self._configured.exception() is not None
+        ):
+            self._configured = asyncio.ensure_future(
+                self.cli(
+                    "config",
+                    "set",
+                    f"models.providers.{PROVIDER}",
+                    self.agent_provider,
+                    "--strict-json",
+                    "--merge",
+                    connect=False,
+                )  # fmt: skip
+            )
+        await asyncio.shield(self._configured)
+
+    def _payload(self, cron_id: str) -> tuple[str, ...]:
+        if not self.agent_model:
+            return ("--command", self.command(cron_id))
+        return (
+            "--message", agent_message(cron_id, self.command(cron_id)),
+            "--model", self.agent_model,
+            "--tools", "exec",
+        )  # fmt: skip
 
     async def _jobs_listed(self) -> dict[str, dict]:
         answer = await self.cli("cron", "list", "--all", "--json")
