@@ -15,8 +15,13 @@ from datetime import timedelta
 from typing import Literal
 
 from dispo.libs.bus import BusCredentials
+from dispo.libs.egress import AllowList
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The demo downstream the example catalogue calls, as `dispo up` starts it by default: the
+# one origin the embedded default lets callers' addresses name (``DISPO_EGRESS_ALLOW``).
+DEMO_DOWNSTREAM_ORIGIN = "http://127.0.0.1:8181"
 
 # Default gRPC ports of the five services on one machine.
 DEFAULT_PORTS = {
@@ -112,6 +117,13 @@ class CommonSettings(BaseSettings):
         default=".dispo",
         description="Where `dispo up` keeps PostgreSQL, NATS, logs and the pool's local crons",
     )
+    egress_allow: str = Field(
+        default=DEMO_DOWNSTREAM_ORIGIN,
+        description="Where callers' addresses may point: the origins (`scheme://host[:port]`,"
+        " `scheme://*.domain[:port]`, comma-separated) a task's `callback_url` and an"
+        " evaluation's `target_url` may name; checked at submission and before each callback."
+        " Default: the demo downstream only (`dispo up` puts in the one it starts)",
+    )
     cache_dir: str = Field(
         default="",
         description="Where programs installed on demand are kept (OpenClaw for the pool's"
@@ -121,6 +133,11 @@ class CommonSettings(BaseSettings):
     @property
     def outbox_retention(self) -> timedelta:
         return timedelta(seconds=self.outbox_retention_seconds)
+
+    @property
+    def egress(self) -> AllowList:
+        """:attr:`egress_allow` parsed (ValueError naming a wrong entry)."""
+        return AllowList.parse(self.egress_allow)
 
     @property
     def nats_servers(self) -> list[str]:

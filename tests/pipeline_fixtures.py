@@ -196,10 +196,19 @@ def catalogue_file(tmp_path: Path, downstream: Downstream) -> Path:
     return path
 
 
+@pytest.fixture
+def egress_allow(downstream: Downstream) -> str:
+    """``DISPO_EGRESS_ALLOW`` of the services a pipeline starts: the demo downstream (a test
+    that sends callbacks elsewhere overrides this fixture)."""
+    return downstream.url
+
+
 @dataclass
 class Pipeline:
     start_service: Any
     catalogue: Path
+    # DISPO_EGRESS_ALLOW for the gateway ("": the embedded default's, the demo downstream)
+    egress_allow: str = ""
     gateway: Any = None
     executors: list[Any] = field(default_factory=list)
 
@@ -209,6 +218,7 @@ class Pipeline:
             {
                 "DISPO_CATALOGUE": str(self.catalogue),
                 "DISPO_GATEWAY_WATCH_POLL_INTERVAL_SECONDS": "0.2",
+                **({"DISPO_EGRESS_ALLOW": self.egress_allow} if self.egress_allow else {}),
                 **env,
             },
         )
@@ -227,18 +237,22 @@ class Pipeline:
 
 
 @pytest.fixture
-async def pipeline(start_service: Any, catalogue_file: Path) -> AsyncIterator[Pipeline]:
+async def pipeline(
+    start_service: Any, catalogue_file: Path, egress_allow: str
+) -> AsyncIterator[Pipeline]:
     """Gateway and one executor running against the test catalogue."""
-    p = Pipeline(start_service, catalogue_file)
+    p = Pipeline(start_service, catalogue_file, egress_allow)
     await p.start_gateway()
     await p.start_executor()
     yield p
 
 
 @pytest.fixture
-async def gateway_only(start_service: Any, catalogue_file: Path) -> AsyncIterator[Pipeline]:
+async def gateway_only(
+    start_service: Any, catalogue_file: Path, egress_allow: str
+) -> AsyncIterator[Pipeline]:
     """Just the gateway (for what needs no executor: validation, queries)."""
-    p = Pipeline(start_service, catalogue_file)
+    p = Pipeline(start_service, catalogue_file, egress_allow)
     await p.start_gateway()
     yield p
 

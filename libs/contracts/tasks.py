@@ -57,8 +57,9 @@ def closed_node_error(status: int, reason: str) -> str:
     return DEPENDENCY_FAILED_ERROR if status == common_pb2.NODE_STATUS_DEPENDENCY_FAILED else reason
 
 
-# Completion notifications to a caller's nats:callback.<...> subject (reconciler).
-CALLBACK_ALL = "callback.>"
+# Completion notifications to a caller's nats:callbacks.<business>.<...> subject
+# (reconciler); a task's callback may name only its own business's (dispo.libs.egress).
+CALLBACK_ALL = "callbacks.>"
 
 # Status snapshots are for live views; the services' tables keep the history.
 STATUS_MAX_AGE = 7 * 24 * 3600.0

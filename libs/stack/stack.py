@@ -137,7 +137,11 @@ def service_specs(
     local_crons = str(options.data_dir / "pool" / "local-crons.sqlite")
     common["DISPO_POOL_LOCAL_REGISTRY"] = local_crons
     specs = []
-    if options.demo_port and "executor" in options.services:
+    demo = options.demo_port and "executor" in options.services
+    if demo and "DISPO_EGRESS_ALLOW" not in {**os.environ, **common}:
+        # The embedded default: callers' addresses may name the demo downstream it starts.
+        common["DISPO_EGRESS_ALLOW"] = f"http://{options.host}:{options.demo_port}"
+    if demo:
         specs.append(
             ProcessSpec(
                 DEMO_DOWNSTREAM,

@@ -13,6 +13,7 @@ import httpx
 from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome, classify_error, classify_status, failure_text
 from dispo.libs.catalogue import Downstream
+from dispo.libs.egress import EgressRefused, join
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ async def run_action(
             CallOutcome.NOT_SENT,
             f"downstream {call.spec.downstream!r} is not in this executor's registry",
         )
+    try:  # the downstream's origin whatever the path holds (a forged envelope included)
+        url = join(downstream.base_url, call.spec.path)
+    except EgressRefused as refused:
+        return failed(CallOutcome.DEFINITE, f"not sent: {refused}")
     timeout = (call.spec.timeout_ms or downstream.timeout_ms) / 1000
     headers = {
         "Content-Type": "application/json",
@@ -60,10 +65,11 @@ async def run_action(
     try:
         response = await client.request(
             call.spec.method,
-            downstream.base_url.rstrip("/") + call.spec.path,
+            url,
             content=call.body,
             headers=headers,
             timeout=timeout,
+            follow_redirects=False,
         )
     except Exception as error:
         return failed(classify_error(error), describe_error(error, timeout))

@@ -37,6 +37,7 @@ async def setup(rt: Runtime) -> None:
         submit_batch=settings.submit_batch,
         submit_flushes=settings.submit_flushes,
         status_batch=settings.status_batch,
+        egress=rt.settings.egress,
     )
 
     async def on_status(msg: Msg) -> Disposition:

@@ -13,12 +13,18 @@ from functools import cached_property
 from typing import Any
 
 from dispo.libs.catalogue import ActionDef, Catalogue, topological
+from dispo.libs.egress import AllowList, EgressRefused, check_callback
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from dispo.libs.payload import canonical_json
+from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 
 # Matched with fullmatch: ``$`` would let a trailing newline through.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+# The embedded default's allow-list (the demo downstream); services pass the configured one.
+DEFAULT_EGRESS = AllowList.parse(DEMO_DOWNSTREAM_ORIGIN)
+# Payload values that would be a path segment of their own meaning (RFC 3986 dot segments).
+_DOT_SEGMENTS = frozenset({".", ".."})
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,12 @@ def _type_ok(kind: str, value: Any) -> bool:
     return isinstance(value, list)
 
 
-def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
-    """Raise InvalidArgument / ResourceExhausted for the first class of problem found."""
+def validate(
+    sub: Submission, catalogue: Catalogue, limits: Limits, egress: AllowList = DEFAULT_EGRESS
+) -> None:
+    """Raise InvalidArgument / ResourceExhausted for the first class of problem found. A
+    ``callback_url`` must be on the ``egress`` allow-list, or a ``nats:`` subject of the
+    business's own (:func:`dispo.libs.egress.check_callback`)."""
     bad: list[FieldViolation] = []
     if not _NAME.fullmatch(sub.business or ""):
         bad.append(FieldViolation("business", "required; letters, digits, '_', '.', '-' (max 64)"))
@@ -90,11 +100,11 @@ def validate(sub: Submission, catalogue: Catalogue, limits: Limits) -> None:
         bad.append(
             FieldViolation("idempotency_key", f"longer than {limits.max_key_length} characters")
         )
-    if sub.callback_url and not (
-        sub.callback_url.startswith(("http://", "https://"))
-        or (sub.callback_url.startswith("nats:") and len(sub.callback_url) > 5)
-    ):
-        bad.append(FieldViolation("callback_url", "must be an http(s) URL or nats:<subject>"))
+    if sub.callback_url:
+        try:
+            check_callback(sub.callback_url, sub.business, egress)
+        except EgressRefused as refused:
+            bad.append(FieldViolation("callback_url", str(refused)))
     if not sub.cells:
         bad.append(FieldViolation("cells", "at least one cell is required"))
     if len(sub.cells) > limits.max_cells:
@@ -166,7 +176,14 @@ def _expand_template(
             name = key.removeprefix("payload.")
             if name not in payload:
                 raise InvalidArgument(f"{where}.payload.{name}", "required by the cell's action")
-            return urllib.parse.quote(str(payload[name]), safe="")
+            value = str(payload[name])
+            if value in _DOT_SEGMENTS:
+                raise InvalidArgument(
+                    f"{where}.payload.{name}", f"{value!r} cannot stand in the action's path"
+                )
+            # Every character but the unreserved ones encoded: '/', '?', '#', '@', '%' and
+            # control characters cannot change the path's shape, the host or the query.
+            return urllib.parse.quote(value, safe="")
         if key in values:
             return urllib.parse.quote(values[key], safe="/")
         return match.group(0)

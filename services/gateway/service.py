@@ -13,13 +13,14 @@ from typing import Any
 
 from dispo.gateway import repository as repo
 from dispo.gateway.convert import stored_status, task_envelope
-from dispo.gateway.expand import Limits, Submission, expand, validate
+from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
+from dispo.libs.egress import AllowList
 from dispo.libs.errors import FailedPrecondition, NotFound, ResourceExhausted
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay, OutboxRow
@@ -88,11 +89,13 @@ class Gateway:
         submit_linger: float = 0.0,
         status_batch: int = 1000,
         status_linger: float = 0.0,
+        egress: AllowList = DEFAULT_EGRESS,
     ) -> None:
         self.engine = engine
         self.relay = relay
         self.catalogue = catalogue
         self.limits = limits
+        self.egress = egress  # where a callback_url may point
         self.clock = clock
         self.watch_poll_interval = watch_poll_interval
         self._changed: dict[str, asyncio.Event] = {}
@@ -118,7 +121,7 @@ class Gateway:
     async def submit(self, sub: Submission) -> Accepted:
         """Validate and expand here; record the task (or find the one holding its
         idempotency key) in the next flush; answer once that flush committed."""
-        validate(sub, self.catalogue, self.limits)
+        validate(sub, self.catalogue, self.limits, self.egress)
         task_id = uuid.uuid4().hex
         nodes = expand(task_id, sub, self.catalogue, self.limits)
         now = self.clock.now()

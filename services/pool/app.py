@@ -126,7 +126,14 @@ async def setup(rt: Runtime) -> None:
         rt.engine, rt.bus, rt.clock, rt.settings.outbox_retention, rt.settings.outbox_max_attempts
     )
     driver = await make_driver(settings, rt)
-    pool = Pool(rt.engine, driver, rt.clock, settings.policy(), on_commit=relay.kick)
+    pool = Pool(
+        rt.engine,
+        driver,
+        rt.clock,
+        settings.policy(),
+        on_commit=relay.kick,
+        egress=rt.settings.egress,
+    )
     if isinstance(driver, OpenClawDriver):  # a lost compare-and-set asks the database again
         driver.state_of = pool.cron_driver_state
     rt.add_servicer(

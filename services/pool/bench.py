@@ -22,6 +22,7 @@ from pathlib import Path
 from dispo.libs.bench import latency_line
 from dispo.libs.clock import ManualClock
 from dispo.libs.db import create_engine, migrate
+from dispo.libs.egress import AllowList
 from dispo.libs.evaluation import Line, Verdict
 from dispo.pool.domain import (
     DriverCron,
@@ -37,6 +38,7 @@ from dispo.pool.sweeps import create_cron
 from sqlalchemy import text
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+TARGET = "http://127.0.0.1:9"  # the evaluations' target, never called
 
 
 class NullDriver:
@@ -61,7 +63,11 @@ async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
     await migrate(engine, "pool_bench", MIGRATIONS)
     clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
     pool = Pool(
-        engine, NullDriver(), clock, PoolPolicy(max_size=max(crons, 20), runs_per_wake=runs)
+        engine,
+        NullDriver(),
+        clock,
+        PoolPolicy(max_size=max(crons, 20), runs_per_wake=runs),
+        egress=AllowList.parse(TARGET),  # never called: the bench records runs itself
     )
     ids = [await create_cron(pool) for _ in range(crons)]
     case = (TestCase("c1"),)
@@ -74,7 +80,7 @@ async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
                 period="p",
                 configuration_json="{}",
                 analysis_model="",
-                target_url="http://127.0.0.1:9",
+                target_url=TARGET,
                 cases=case,
                 schedule=Schedule(clock.now(), 3600, 1, runs),
                 status=EvaluationStatus.QUEUED,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from dispo.libs.clock import Clock
+from dispo.libs.egress import AllowList
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.pool import events
@@ -27,7 +28,7 @@ from dispo.pool.domain import (
     RunResult,
 )
 from dispo.pool.drivers import Driver
-from dispo.pool.validation import validate_evaluation
+from dispo.pool.validation import DEFAULT_EGRESS, validate_evaluation
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
@@ -72,8 +73,10 @@ class Pool:
         clock: Clock,
         policy: PoolPolicy,
         on_commit: Callable[[], None] = lambda: None,
+        egress: AllowList = DEFAULT_EGRESS,
     ) -> None:
         self.engine = engine
+        self.egress = egress  # where an evaluation's target_url may point
         self.driver = driver
         self.clock = clock
         self.policy = policy
@@ -117,7 +120,7 @@ class Pool:
     async def create_evaluation(self, ev: Evaluation) -> Evaluation:
         if not ev.id:
             ev = replace(ev, id=f"ev-{uuid.uuid4().hex[:16]}")
-        validate_evaluation(ev)
+        validate_evaluation(ev, self.egress)
         now = self.clock.now()
         async with self.engine.begin() as conn:
             created = await repo.evaluation_insert(conn, ev, now)

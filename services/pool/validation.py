@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import urlparse
 
+from dispo.libs.egress import AllowList, EgressRefused, join
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from dispo.libs.evaluation import LINE_RULE, MAX_ID_CHARS, Line
 from dispo.libs.payload import PayloadError, parse_json_text
+from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.pool.domain import Evaluation
 from dispo.pool.scoring import validate_rule
 
@@ -19,9 +20,13 @@ MAX_CASE_BODY_BYTES = 16 * 1024
 MAX_WINDOW_SECONDS = 31 * 86400
 MAX_SLOTS = 10_000
 MAX_RUNS_PER_SLOT = 1_000
+# The embedded default's allow-list (the demo downstream); the service passes the configured one.
+DEFAULT_EGRESS = AllowList.parse(DEMO_DOWNSTREAM_ORIGIN)
 
 
-def validate_evaluation(ev: Evaluation) -> None:
+def validate_evaluation(ev: Evaluation, egress: AllowList = DEFAULT_EGRESS) -> None:
+    """Refuse a bad evaluation, naming every wrong field; its ``target_url`` must be on the
+    ``egress`` allow-list, and no case's path may lead away from it."""
     if len(ev.configuration_json.encode()) > MAX_CONFIGURATION_BYTES:
         raise ResourceExhausted(
             f"configuration_json exceeds {MAX_CONFIGURATION_BYTES} bytes", "configuration_json"
@@ -58,10 +63,12 @@ def validate_evaluation(ev: Evaluation) -> None:
         "analysis_model",
         f"at most {MAX_ID_CHARS} characters",
     )
-    url = urlparse(ev.target_url)
-    need(
-        url.scheme in ("http", "https") and bool(url.netloc), "target_url", "must be an http(s) URL"
-    )
+    try:
+        egress.check(ev.target_url)
+        target_ok = True
+    except EgressRefused as refused:
+        bad.append(FieldViolation("target_url", str(refused)))
+        target_ok = False
     need(bool(ev.cases), "cases", "at least one case")
     seen: set[str] = set()
     for i, case in enumerate(ev.cases):
@@ -73,6 +80,11 @@ def validate_evaluation(ev: Evaluation) -> None:
         seen.add(case.id)
         need(case.method in ("GET", "POST"), f"cases[{i}].method", "must be GET or POST")
         need(case.path.startswith("/"), f"cases[{i}].path", "must start with /")
+        if target_ok and case.path.startswith("/"):
+            try:
+                join(ev.target_url, case.path)
+            except EgressRefused as refused:
+                bad.append(FieldViolation(f"cases[{i}].path", str(refused)))
         need(
             len(case.body.encode()) <= MAX_CASE_BODY_BYTES,
             f"cases[{i}].body",

@@ -19,6 +19,7 @@ from typing import Any
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.backoff import backoff
 from dispo.libs.contracts import tasks
+from dispo.libs.egress import EgressRefused, check_callback
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.payload import canonical_json
@@ -31,7 +32,6 @@ from dispo.reconciler.probes import DeliveryResult, deliver_webhook, probe_effec
 from dispo.reconciler.states import PARKED, NotifyState, ReconcileState, RecoveryState
 
 log = get_logger(__name__)
-NATS_SCHEME = "nats:"
 
 
 async def on_status(ctx: Context, env: task_pb2.Task) -> bool:
@@ -112,8 +112,12 @@ async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
     env = task_pb2.Task.FromString(row.envelope)
     body = notification(env, row.finished_at)
     attempt = row.notify_attempts + 1
-    if row.callback_url.startswith(NATS_SCHEME):
-        subject = row.callback_url.removeprefix(NATS_SCHEME).lstrip("/")
+    try:  # again: the allow-list may have changed since the Submit
+        where = check_callback(row.callback_url, env.business, ctx.egress)
+    except EgressRefused as refused:
+        return DeliveryResult(False, None, truncate_error(f"not sent: callback_url {refused}"))
+    if isinstance(where, str):
+        subject = where
         if ctx.bus is None:
             return DeliveryResult(False, None, "no NATS connection")
         try:
@@ -130,7 +134,7 @@ async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
         return DeliveryResult(True)
     return await deliver_webhook(
         ctx.http,
-        row.callback_url,
+        where,
         body,
         task_id=row.task_id,
         attempt=attempt,

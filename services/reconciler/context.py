@@ -10,7 +10,9 @@ from datetime import datetime, timedelta
 import httpx
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
+from dispo.libs.egress import AllowList
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.reconciler.config import ReconcilerSettings, RecoveryConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -25,6 +27,8 @@ class Context:
     relay: OutboxRelay | None = None
     bus: Bus | None = None
     rng: random.Random = field(default_factory=random.Random)
+    # Where callbacks may go (DISPO_EGRESS_ALLOW), checked again before each delivery.
+    egress: AllowList = field(default_factory=lambda: AllowList.parse(DEMO_DOWNSTREAM_ORIGIN))
 
     def call_lease(self, now: datetime) -> datetime:
         """Until when a sweep holds the rows it claimed while it calls out for them (two

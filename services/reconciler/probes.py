@@ -9,6 +9,7 @@ import hmac
 from dataclasses import dataclass
 
 import httpx
+from dispo.libs.egress import EgressRefused, join
 from dispo.libs.error_text import truncate_error
 
 
@@ -25,10 +26,15 @@ async def probe_effect(
 ) -> ProbeResult:
     """GET the action's status probe: 200 with JSON {"done": true|false}."""
     try:
+        url = join(base_url, probe_path)
+    except EgressRefused as refused:
+        return ProbeResult(None, truncate_error(f"probe not sent: {refused}"))
+    try:
         response = await client.get(
-            base_url.rstrip("/") + probe_path,
+            url,
             timeout=timeout,
             headers={"Idempotency-Key": idempotency_key},
+            follow_redirects=False,
         )
     except (httpx.HTTPError, OSError) as error:
         return ProbeResult(None, truncate_error(f"probe failed: {error!r}"))
@@ -58,7 +64,7 @@ class DeliveryResult:
 
 async def deliver_webhook(
     client: httpx.AsyncClient,
-    url: str,
+    url: httpx.URL,
     body: bytes,
     *,
     task_id: str,
@@ -77,11 +83,21 @@ async def deliver_webhook(
         "Idempotency-Key": f"{task_id}/completion",
     }
     try:
-        response = await client.post(url, content=body, headers=headers, timeout=timeout)
+        # A redirect is never followed: its target was not checked against the allow-list.
+        response = await client.post(
+            url, content=body, headers=headers, timeout=timeout, follow_redirects=False
+        )
     except (httpx.HTTPError, OSError) as error:
         return DeliveryResult(False, None, truncate_error(f"delivery failed: {error!r}"))
     if 200 <= response.status_code < 300:
         return DeliveryResult(True, response.status_code)
+    if response.is_redirect:
+        location = response.headers.get("Location", "")
+        return DeliveryResult(
+            False,
+            response.status_code,
+            truncate_error(f"HTTP {response.status_code}: redirect to {location!r} not followed"),
+        )
     return DeliveryResult(
         False, response.status_code, truncate_error(f"HTTP {response.status_code}: {response.text}")
     )

@@ -31,7 +31,9 @@ async def wire_recovery(rt: Runtime) -> Context:
         httpx.AsyncClient(limits=httpx.Limits(max_connections=64)), name="http client"
     )
     relay = rt.outbox_relay(store.outbox)
-    ctx = Context(rt.engine, rt.clock, config, settings, http, relay, rt.bus)
+    ctx = Context(
+        rt.engine, rt.clock, config, settings, http, relay, rt.bus, egress=rt.settings.egress
+    )
     rt.add_servicer(
         lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(
             ReconcilerServicer(ctx), server

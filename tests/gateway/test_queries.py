@@ -13,7 +13,7 @@ from support import eventually
 async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, downstream):
     await downstream.control(fail={"status": 503, "times": 1, "path": "/step/g"})
     task = await client.submit(
-        "tests", [cell("step", name="g"), cell("noop")], callback_url="nats:callbacks.tests"
+        "tests", [cell("step", name="g"), cell("noop")], callback_url="nats:callbacks.tests.done"
     )
 
     await client.wait(task.task_id, timeout=30)
@@ -29,7 +29,7 @@ async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, 
     assert done.version > 0
     # "finished" is the gateway's completion fact; notifying the caller is the reconciler's
     assert done.completion.finished_at >= node.finished_at
-    assert done.completion.callback_url == "nats:callbacks.tests"
+    assert done.completion.callback_url == "nats:callbacks.tests.done"
 
 
 async def test_unknown_task_is_not_found(gateway_client):

@@ -39,7 +39,7 @@ def test_every_subject_the_services_publish_is_declared():
         tasks.TASK_CLOSE,
         tasks.task_status("0123abcd", TS.TASK_STATUS_RUNNING),
         tasks.task_status("0123abcd", TS.TASK_STATUS_SUCCEEDED),
-        "callback.orders.done",
+        "callbacks.orders.done",
         evaluations.EVALUATION_STARTED,
         evaluations.EVALUATION_RUN_RECORDED,
         evaluations.EVALUATION_COMPLETED,

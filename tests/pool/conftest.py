@@ -9,11 +9,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import grpc
 import pytest
 from aiohttp import web
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.egress import AllowList
+from dispo.libs.grpcserver import create_server
 from dispo.libs.stack.openclaw import OpenClawGateway, OpenClawUnavailable, ensure_openclaw
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.libs.stack.stack import service_env
+from dispo.pool.app import SERVICE_NAME
 from dispo.pool.domain import (
     Evaluation,
     EvaluationStatus,
@@ -25,14 +30,17 @@ from dispo.pool.domain import (
 )
 from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.operations import Pool
+from dispo.pool.servicer import PoolServicer
 from dispo.pool.sweeps import create_cron
 from support.http import FakeServer
+
+DEFAULT_TARGET = "http://127.0.0.1:9"
 
 
 def evaluation(
     evaluation_id: str,
     *,
-    target: str = "http://127.0.0.1:9/",
+    target: str = DEFAULT_TARGET,
     slots: int = 24,
     window: int = 86400,
     runs_per_slot: int = 1,
@@ -75,7 +83,24 @@ async def pool(pool_engine, manual_clock, tmp_path, bus, wakes) -> Pool:
         await bus.nc.publish(subject, data)
 
     driver = LocalDriver(tmp_path / "registry.sqlite", publish)
-    return Pool(pool_engine, driver, manual_clock, PoolPolicy())
+    # The evaluations' default target, a port where nothing listens.
+    return Pool(
+        pool_engine, driver, manual_clock, PoolPolicy(), egress=AllowList.parse(DEFAULT_TARGET)
+    )
+
+
+@pytest.fixture
+async def stub(pool: Pool) -> AsyncIterator[pool_pb2_grpc.PoolServiceStub]:
+    """The ``pool`` fixture's PoolService on a real gRPC server in this process."""
+    server = create_server(
+        "127.0.0.1:0",
+        [lambda s: pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(pool), s)],
+        [SERVICE_NAME],
+    )
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        yield pool_pb2_grpc.PoolServiceStub(channel)
+    await server.stop(0)
 
 
 async def add_crons(pool: Pool, n: int) -> list[str]:
@@ -122,9 +147,10 @@ async def target(fake_server) -> AsyncIterator[Target]:
 
 
 @pytest.fixture
-async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_url):
+async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_url, target):
     """``await pool_stack(**pool_env)``: the pool service and a pool-worker process (local driver),
-    sharing a file clock and a registry. Returns (pool service, worker)."""
+    sharing a file clock and a registry, ``target`` on their allow-list. Returns (pool
+    service, worker)."""
     workers: list[ManagedProcess] = []
     registry = tmp_path / "registry.sqlite"
 
@@ -134,6 +160,7 @@ async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_
             "DISPO_POOL_LOCAL_REGISTRY": str(registry),
             "DISPO_POOL_SWEEP_SECONDS": "30",
             "DISPO_POOL_SPAWN_WORKER": "false",
+            "DISPO_EGRESS_ALLOW": target.url,
             **pool_env,
         }
         service = await start_service("pool", env=env)
@@ -147,6 +174,7 @@ async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_
                     "DISPO_LOG_FORMAT": "json",
                     "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
                     "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
+                    "DISPO_EGRESS_ALLOW": target.url,
                 },
                 None,
                 tmp_path / "pool-worker.log",

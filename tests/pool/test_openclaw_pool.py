@@ -30,11 +30,12 @@ from .test_processes import create_request
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.long_file]
 
 
-async def pool_on(gateway, start_service, file_clock, space: str, **env: str):
+async def pool_on(gateway, start_service, file_clock, space: str, target=None, **env: str):
     return await start_service(
         "pool",
         env={
             **file_clock.env,
+            **({"DISPO_EGRESS_ALLOW": target.url} if target else {}),
             **gateway.cli_env(),
             "DISPO_POOL_DRIVER": "openclaw",
             "DISPO_POOL_OPENCLAW_NAMESPACE": space,
@@ -57,7 +58,7 @@ async def test_pool_drives_an_evaluation_through_real_automations_across_a_gatew
 ):
     cli = cli_for(openclaw_gateway)
     space = namespace()
-    pool = await pool_on(openclaw_gateway, start_service, file_clock, space)
+    pool = await pool_on(openclaw_gateway, start_service, file_clock, space, target)
     created = await eventually(lambda: automations(cli, space), lambda a: len(a) == 2, timeout=SLOW)
     async with grpc.aio.insecure_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)

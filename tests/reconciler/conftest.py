@@ -17,6 +17,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.catalogue import parse_catalogue
 from dispo.libs.clock import ManualClock
+from dispo.libs.egress import AllowList
 from dispo.libs.grpcserver import create_server
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.payload import canonical_json, json_payload
@@ -172,7 +173,11 @@ async def receiver(fake_server) -> CallbackReceiver:
 
 @pytest.fixture
 async def recon(
-    service_engine: Any, bus: Bus, manual_clock: ManualClock, fake_downstream: FakeDownstream
+    service_engine: Any,
+    bus: Bus,
+    manual_clock: ManualClock,
+    fake_downstream: FakeDownstream,
+    receiver: CallbackReceiver,
 ) -> AsyncIterator[Context]:
     engine = await service_engine("reconciler")
     await ensure_streams(bus)
@@ -200,6 +205,8 @@ async def recon(
             OutboxRelay(engine, store.outbox, bus),
             bus,
             random.Random(7),
+            # The callbacks' receiver, and a port where nothing listens.
+            egress=AllowList.parse(f"{receiver.server.url},http://127.0.0.1:9"),
         )
 
 

@@ -107,8 +107,8 @@ async def test_delivery_gives_up_visibly_after_max_attempts(recon, manual_clock,
 
 
 async def test_nats_callback_is_published_once_with_a_message_id(recon, bus, stub):
-    sub = await bus.nc.subscribe("callback.ecommerce")
-    await completion.on_status(recon, finished("nc", callback_url="nats:callback.ecommerce"))
+    sub = await bus.nc.subscribe("callbacks.ecommerce.done")
+    await completion.on_status(recon, finished("nc", callback_url="nats:callbacks.ecommerce.done"))
     assert (await run_sweeps(recon, "notify"))["notify"] == 1
     msg = await sub.next_msg(timeout=5)
     assert json.loads(msg.data)["task_id"] == "nc"

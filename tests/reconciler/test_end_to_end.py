@@ -65,7 +65,16 @@ class Reconciler:
 
 
 @pytest.fixture
-async def start_reconciler(start_service, file_clock, catalogue_file, tmp_path: Path):
+def egress_allow(downstream, receiver) -> str:
+    """The gateway's and the reconciler's allow-list: the demo downstream and the callbacks'
+    receiver (overrides the pipeline's)."""
+    return f"{downstream.url},{receiver.server.url}"
+
+
+@pytest.fixture
+async def start_reconciler(
+    start_service, file_clock, catalogue_file, tmp_path: Path, egress_allow: str
+):
     config = {
         **CONFIG,
         "redrive": {
@@ -92,6 +101,7 @@ async def start_reconciler(start_service, file_clock, catalogue_file, tmp_path: 
                 "DISPO_CATALOGUE": str(catalogue_file),
                 "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.5",
                 "DISPO_RECONCILER_CALLBACK_SECRET": "e2e-secret",
+                "DISPO_EGRESS_ALLOW": egress_allow,
                 **env,
             },
         )
@@ -192,14 +202,14 @@ async def test_callback_down_then_up_is_notified_once(
     import json
 
     # The receiver is not listening yet: the caller is down.
-    subscription = await bus.nc.subscribe("callback.tests")
+    subscription = await bus.nc.subscribe("callbacks.tests.done")
     try:
         async with pipeline.client() as client:
             task = await client.submit(
                 "tests", [cell("step", name="cb")], callback_url=receiver.url
             )
             by_nats = await client.submit(
-                "tests", [cell("noop")], callback_url="nats:callback.tests"
+                "tests", [cell("noop")], callback_url="nats:callbacks.tests.done"
             )
             await client.wait(task.task_id, timeout=30)
             await client.wait(by_nats.task_id, timeout=30)

@@ -42,6 +42,7 @@ async def drift_env(start_service, service_engine, database_url, file_clock, tmp
             **file_clock.env,
             "DISPO_POOL_LOCAL_REGISTRY": str(registry_path),
             "DISPO_POOL_SPAWN_WORKER": "false",
+            "DISPO_EGRESS_ALLOW": "http://127.0.0.1:9",  # the evaluations' target, never called
         },
     )
     reconciler_engine = await service_engine("reconciler", MIGRATIONS)
@@ -207,6 +208,7 @@ async def test_reconciler_process_serves_drift_checks_against_the_pool(
             **file_clock.env,
             "DISPO_POOL_LOCAL_REGISTRY": str(registry),
             "DISPO_POOL_SPAWN_WORKER": "false",
+            "DISPO_EGRESS_ALLOW": "http://127.0.0.1:9",  # the evaluations' target, never called
         },
     )
     reconciler = await start_service(
