@@ -245,6 +245,7 @@ async def test_spawned_worker_is_restarted_and_dies_with_the_pool(
             **file_clock.env,
             "DISPO_POOL_LOCAL_REGISTRY": str(tmp_path / "reg.sqlite"),
             "DISPO_POOL_SPAWN_WORKER": "true",
+            "DISPO_EGRESS_ALLOW": target.url,
         },
     )
     [worker_pid] = await eventually(lambda: _children(pool.process.pid))
