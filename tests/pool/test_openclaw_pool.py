@@ -126,7 +126,7 @@ async def test_pool_scales_automations_and_replaces_a_disabled_one_holding_work(
 ):
     cli = cli_for(openclaw_gateway)
     space = namespace()
-    pool = await pool_on(openclaw_gateway, start_service, file_clock, space)
+    pool = await pool_on(openclaw_gateway, start_service, file_clock, space, target)
     await eventually(lambda: automations(cli, space), lambda a: len(a) == 2, timeout=SLOW)
     async with grpc.aio.insecure_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
@@ -298,6 +298,7 @@ async def test_agent_payload_plans_the_next_step_on_a_model_and_reports_through_
         start_service,
         file_clock,
         space,
+        target,
         DISPO_POOL_MIN_SIZE="1",
         DISPO_POOL_MAX_SIZE="1",
         DISPO_POOL_OPENCLAW_PAYLOAD="agent",
