@@ -2,8 +2,10 @@
 
 ``create_server`` returns a started-but-not-serving-yet ``grpc.aio`` server with:
 the standard health service, server reflection (so ``grpcurl`` needs no proto files),
-an interceptor that checks every request (:func:`dispo.libs.validation.check_request`;
-undecodable bytes included) before the servicer sees it, logs each call and maps
+an interceptor that admits every call by its token (:class:`dispo.libs.auth.Authorizer`:
+UNAUTHENTICATED, PERMISSION_DENIED; health and reflection stay open), then checks every
+request (:func:`dispo.libs.validation.check_request`; undecodable bytes included) before
+the servicer sees it, logs each call and maps
 :mod:`dispo.libs.errors` to status codes, and an unreachable database
 (:func:`dispo.libs.db.database_unreachable`) to ``UNAVAILABLE``.
 """
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from dispo.libs.auth.scope import set_caller
+from dispo.libs.auth.server import Authorizer
 from dispo.libs.db.down import database_unreachable
 from dispo.libs.errors import DomainError, InvalidArgument, Unavailable
 from dispo.libs.logging import get_logger
@@ -63,9 +67,12 @@ def unreachable_database() -> Unavailable:
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Checks every request, logs every call and turns domain errors into statuses, a
-    database that is down into UNAVAILABLE (:func:`unreachable_database`); anything else is
-    INTERNAL."""
+    """Admits every call (``authorizer``), checks every request, logs every call and turns
+    domain errors into statuses, a database that is down into UNAVAILABLE
+    (:func:`unreachable_database`); anything else is INTERNAL."""
+
+    def __init__(self, authorizer: Authorizer) -> None:
+        self.authorizer = authorizer
 
     async def intercept_service(
         self,
@@ -77,7 +84,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(("/grpc.health", "/grpc.reflection")):
             return handler
-        return _wrap(handler, details.method)
+        return _wrap(handler, details.method, self.authorizer)
 
 
 @contextlib.asynccontextmanager
@@ -148,7 +155,9 @@ def _checked(request: Any) -> None:
         check_request(request)
 
 
-def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+def _wrap(
+    handler: grpc.RpcMethodHandler[Any, Any], method: str, authorizer: Authorizer
+) -> grpc.RpcMethodHandler[Any, Any]:
     # Under grpc.aio a handler's behaviours are coroutine functions and async generators;
     # the stubs describe the sync server's, so the behaviours are handled as Any here.
     behaviours: Any = handler
@@ -166,6 +175,7 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
 
         async def single(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             async with _mapped_errors(context, method):
+                set_caller(await authorizer.admit(method, context.invocation_metadata()))
                 if unary_request:
                     _checked(request)
                 return await inner(request, context)
@@ -184,6 +194,7 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         async with _mapped_errors(context, method):
+            set_caller(await authorizer.admit(method, context.invocation_metadata()))
             if unary_request:
                 _checked(request)
             async for item in inner_stream(request, context):
@@ -226,15 +237,17 @@ def create_server(
     address: str,
     register: Iterable[Callable[[grpc.aio.Server], None]],
     service_names: Iterable[str],
+    authorizer: Authorizer,
 ) -> Server:
     """Build a server listening on ``address`` ("host:0" picks a free port).
 
     ``register`` are callables such as ``lambda s: add_XServicer_to_server(impl, s)``;
     ``service_names`` are the full names they serve (``dispo.gateway.v1.GatewayService``),
-    listed by reflection and reported by health.
+    listed by reflection and reported by health. ``authorizer`` admits each call
+    (:mod:`dispo.libs.auth`): every server checks its callers' tokens.
     """
     server = grpc.aio.server(
-        interceptors=[ErrorMappingInterceptor()],
+        interceptors=[ErrorMappingInterceptor(authorizer)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+from dispo.libs.auth.channel import open_channel
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 UNREACHABLE = "UNREACHABLE"
@@ -12,7 +13,7 @@ UNREACHABLE = "UNREACHABLE"
 
 async def health_status(address: str, service: str = "", timeout: float = 1.0) -> str:
     """``SERVING``, ``NOT_SERVING``, … or ``UNREACHABLE`` when nothing answers."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address, "") as channel:  # health needs no token
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = await stub.Check(  # type: ignore[attr-defined]  # the stub package's HealthStub declares no methods

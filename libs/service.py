@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import grpc
 from dispo.libs import quarantine
+from dispo.libs.auth import Authorizer, TokenVerifier, open_channel
 from dispo.libs.bus import Bus, BusCredentialsRefused, Consumer, Handler, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, login_refused, migrate, session_factory
@@ -67,6 +68,9 @@ class Runtime:
     sessions: async_sessionmaker[AsyncSession]
     bus: Bus
     clock: Clock
+    # Checks the tokens of the calls this service serves (its cache is the one TokenService
+    # clears on a revoke).
+    verifier: TokenVerifier
     registrations: list[Callable[[grpc.aio.Server], None]] = field(default_factory=list)
     service_names: list[str] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
@@ -76,6 +80,13 @@ class Runtime:
     def add_servicer(self, register: Callable[[grpc.aio.Server], None], service_name: str) -> None:
         self.registrations.append(register)
         self.service_names.append(service_name)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """A channel to another service, its calls carrying this service's token
+        (``DISPO_SERVICE_TOKEN``); closed when the service stops."""
+        return self.close_on_stop(
+            open_channel(address, self.settings.service_token), name=f"channel to {address}"
+        )
 
     def add_part(
         self,
@@ -231,6 +242,7 @@ async def serve(
         final=lambda error: isinstance(error, BusCredentialsRefused),
     )
     crashed: list[str] = []
+    clock = clock_from_spec(settings.clock)
     rt = Runtime(
         name,
         settings,
@@ -238,11 +250,14 @@ async def serve(
         engine,
         session_factory(engine),
         bus,
-        clock_from_spec(settings.clock),
+        clock,
+        TokenVerifier(engine, clock, settings.auth_cache_seconds),
     )
     try:
         await setup(rt)
-        grpc_server = create_server(server.address, rt.registrations, rt.service_names)
+        grpc_server = create_server(
+            server.address, rt.registrations, rt.service_names, Authorizer(rt.verifier)
+        )
         await grpc_server.start()
         for part in rt.parts:
             part.task = asyncio.create_task(_run_part(part, stop, crashed), name=part.name)

@@ -124,6 +124,24 @@ class CommonSettings(BaseSettings):
         " evaluation's `target_url` may name; checked at submission and before each callback."
         " Default: the demo downstream only (`dispo up` puts in the one it starts)",
     )
+    token: str = Field(
+        default="",
+        description="The API token the `dispo` CLI and the SDK send (`authorization: Bearer …`);"
+        " the CLI's default is the admin token `dispo up` wrote in the data folder",
+    )
+    service_token: str = Field(
+        default="",
+        description="This process's service token, sent on its calls to other services"
+        " (`dispo up` and the test fixtures hand it over; on a cluster, make one with"
+        " `dispo tokens create --service <name>`)",
+    )
+    auth_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a server trusts a token it has checked before reading the token"
+        " store again: a revoked token is refused everywhere within this time, at once by the"
+        " gateway (0: read it on every call)",
+    )
     cache_dir: str = Field(
         default="",
         description="Where programs installed on demand are kept (OpenClaw for the pool's"

@@ -18,7 +18,10 @@ directly; ``role_url("executor")`` is the same database as a service's role.
 
     async def test_x(database_url, nats_url, start_service):
         gateway = await start_service("gateway")          # a real process, SERVING
-        async with grpc.aio.insecure_channel(gateway.address) as channel: ...
+        async with open_channel(gateway.address, tokens.admin) as channel: ...
+
+Every test database holds an admin token and each service's token (``tokens``,
+``support.auth``); ``start_service`` hands each process its own, as ``dispo up`` does.
         gateway.kill()                                     # SIGKILL
         await gateway.restart()
 """
@@ -33,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from dispo.libs.auth import MIGRATIONS as AUTH_MIGRATIONS
 from dispo.libs.bus import Bus, BusCredentials
 from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate
@@ -44,6 +48,7 @@ from dispo.libs.stack.postgres import EmbeddedPostgres
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.libs.stack.stack import SERVICES, service_env
 from hypothesis import settings
+from support.auth import TestTokens
 from support.databases import TestDatabases
 from support.http import FakeServer, Routes
 
@@ -62,7 +67,7 @@ def migration_chains() -> list[tuple[str, Path]]:
     from dispo.reconciler import drift
 
     chains = [(s, REPO_ROOT / "services" / s / "migrations") for s in SERVICES]
-    return [*chains, ("reconciler", drift.MIGRATIONS)]
+    return [("auth", AUTH_MIGRATIONS), *chains, ("reconciler", drift.MIGRATIONS)]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -89,6 +94,7 @@ class Infra:
     postgres: EmbeddedPostgres
     nats: NatsServer
     databases: TestDatabases
+    tokens: TestTokens
 
     @property
     def nats_url(self) -> str:
@@ -119,8 +125,9 @@ def infra() -> Iterator[Infra]:
         passwords = kept_passwords(postgres.passwords_file, SERVICES)
         logins = {s: Login(role_name(s), passwords[s]) for s in SERVICES}
         databases = TestDatabases(postgres.url, migration_chains(), logins)
-        asyncio.run(databases.build_template())
-        yield Infra(base, postgres, nats, databases)
+        tokens = TestTokens.make()
+        asyncio.run(databases.build_template(seed=tokens.seed))
+        yield Infra(base, postgres, nats, databases, tokens)
         databases.close()
         nats.stop()
         postgres.stop("immediate")
@@ -138,6 +145,12 @@ async def _delete_streams(url: str, credentials: BusCredentials) -> None:
             await bus.js.delete_stream(name.config.name)
     finally:
         await bus.close()
+
+
+@pytest.fixture(scope="session")
+def tokens(infra: Infra) -> TestTokens:
+    """The admin token and every service's token, in every test database."""
+    return infra.tokens
 
 
 @pytest.fixture
@@ -234,24 +247,29 @@ def file_clock(tmp_path: Path) -> FileClockControl:
     return FileClockControl(tmp_path / "clock")
 
 
-@pytest.fixture
-async def start_service(
-    infra: Infra, role_url: Callable[[str], str], nats_url: str, tmp_path: Path
-) -> AsyncIterator[Callable[..., Awaitable[ManagedProcess]]]:
-    """``await start_service("executor", env={...})``: a real service process, SERVING, on
-    this test's database as its own role, on the bus as its own user; killed after the test."""
-    started: list[ManagedProcess] = []
+@dataclass
+class ServiceProcesses:
+    """Real service processes on one database, each as its own database role and with its
+    own service token."""
+
+    role_url: Callable[[str], str]
+    nats_url: str
+    logs: Path
+    tokens: TestTokens
+    nats_users: NatsUsers | None = None
+    started: list[ManagedProcess] = field(default_factory=list)
 
     async def start(
-        name: str, env: dict[str, str] | None = None, *, wait: bool = True
+        self, name: str, env: dict[str, str] | None = None, *, wait: bool = True
     ) -> ManagedProcess:
         port = free_port()
         full_env = {
-            **service_env(name, role_url(name), nats_url, infra.nats_users),
+            **service_env(name, self.role_url(name), self.nats_url, self.nats_users),
             "DISPO_LOG_FORMAT": "json",
             "DISPO_LOG_LEVEL": "INFO",
             f"DISPO_{name.upper()}_HOST": "127.0.0.1",
             f"DISPO_{name.upper()}_PORT": str(port),
+            **self.tokens.service_env(name),
             **(env or {}),
         }
         service = ManagedProcess(
@@ -260,18 +278,77 @@ async def start_service(
                 python_module(f"dispo.{name}"),
                 full_env,
                 f"127.0.0.1:{port}",
-                tmp_path / f"{name}-{len(started)}.log",
+                self.logs / f"{name}-{len(self.started)}.log",
             )
         )
         service.spawn()
-        started.append(service)
+        self.started.append(service)
         if wait:
             await service.wait_ready()
         return service
 
-    yield start
-    for service in reversed(started):
-        service.kill()
+    def kill_all(self) -> None:
+        for service in reversed(self.started):
+            service.kill()
+
+
+@pytest.fixture
+async def start_service(
+    role_url: Callable[[str], str], nats_url: str, tmp_path: Path, infra: Infra
+) -> AsyncIterator[Callable[..., Awaitable[ManagedProcess]]]:
+    """``await start_service("executor", env={...})``: a real service process, SERVING, on
+    this test's database as its own role; killed after the test."""
+    services = ServiceProcesses(role_url, nats_url, tmp_path, infra.tokens, infra.nats_users)
+    yield services.start
+    services.kill_all()
+
+
+@pytest.fixture(scope="module")
+async def module_database(infra: Infra) -> AsyncIterator[str]:
+    """A database shared by the tests of one module (for a stack they all use)."""
+    if not infra.postgres.running():
+        infra.postgres.start()
+    name = await infra.databases.take()
+    yield infra.databases.url(name)
+    infra.databases.release(name)
+
+
+@pytest.fixture(scope="module")
+async def module_services(
+    infra: Infra, module_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ServiceProcesses]:
+    """``await module_services.start("gateway")``: service processes the tests of one module
+    share, on :func:`module_database`, with no stream left from earlier tests."""
+    if not infra.nats.running():
+        infra.nats.start()
+    await _delete_streams(infra.nats_url, infra.nats_credentials())
+    services = ServiceProcesses(
+        lambda service: login_url(module_database, infra.databases.logins[service]),
+        infra.nats_url,
+        tmp_path_factory.mktemp("services"),
+        infra.tokens,
+        infra.nats_users,
+    )
+    yield services
+    services.kill_all()
+
+
+@pytest.fixture
+async def authorizer(database_url: str):
+    """``create_server(..., authorizer(rules))``-ready: what a service checks calls with,
+    on this test's database (``support.auth.authorizer``); ``rules`` for test methods."""
+    from support.auth import authorizer as make
+
+    engines = []
+
+    def build(rules=None):
+        engine = create_engine(database_url, "auth")
+        engines.append(engine)
+        return make(engine, rules)
+
+    yield build
+    for engine in engines:
+        await engine.dispose()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from dispo.libs.sdk import AsyncClient
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from support import eventually
+from support.auth import session_tokens
 
 TEST_CATALOGUE = """
 downstreams:
@@ -211,6 +212,9 @@ class Pipeline:
     egress_allow: str = ""
     gateway: Any = None
     executors: list[Any] = field(default_factory=list)
+    # The admin token the pipeline's clients send (the tests act as an operator unless they
+    # ask for a business's token: support.auth.business_token).
+    token: str = field(default_factory=lambda: session_tokens().admin)
 
     async def start_gateway(self, **env: str) -> Any:
         self.gateway = await self.start_service(
@@ -232,8 +236,8 @@ class Pipeline:
         self.executors.append(executor)
         return executor
 
-    def client(self) -> AsyncClient:
-        return AsyncClient(self.gateway.address)
+    def client(self, token: str | None = None) -> AsyncClient:
+        return AsyncClient(self.gateway.address, token=token or self.token)
 
 
 @pytest.fixture

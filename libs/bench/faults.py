@@ -245,7 +245,7 @@ async def campaign(args: argparse.Namespace) -> dict[str, Any]:
         folder=Path(args.keep_folder).resolve() if args.keep_folder else None,
     ) as own:
         watching = asyncio.create_task(own.stack.watch())  # restarts whatever dies
-        clients = [AsyncClient(address) for address in own.gateways]
+        clients = [AsyncClient(address, token=own.token) for address in own.gateways]
         try:
             await control(own.downstream_url, dedupe=False)
             warm = load.Submitter(clients, f"{prefix}-warmup", lambda: [cell(SHAPE.cell)])

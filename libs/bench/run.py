@@ -48,6 +48,8 @@ class Target:
     gateways: list[str]
     pids: dict[str, int]
     database_url: str | None
+    # The token the load sends (empty: DISPO_TOKEN, as the SDK reads it).
+    token: str = ""
 
 
 @dataclass
@@ -59,6 +61,12 @@ class OwnStack:
     addresses: dict[str, str]
     gateways: list[str]
     downstream_url: str
+
+    @property
+    def token(self) -> str:
+        """The stack's admin token, which the load sends."""
+        assert self.stack.credentials is not None, "the stack has not started"
+        return self.stack.credentials.admin.secret
 
 
 @contextlib.asynccontextmanager
@@ -126,7 +134,7 @@ async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Tar
         nats_nodes=3 if args.cluster else 1,
     ) as own:
         assert own.stack.postgres is not None
-        yield Target(own.gateways, own.stack.pids(), own.stack.postgres.url)
+        yield Target(own.gateways, own.stack.pids(), own.stack.postgres.url, own.token)
 
 
 def git_commit() -> str | None:
@@ -166,7 +174,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     cell_name = args.cell or shape.cell
     stamp = datetime.now(UTC)
     business = f"{args.business}-{stamp:%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
-    clients = [AsyncClient(address) for address in target.gateways]
+    clients = [AsyncClient(address, token=target.token or None) for address in target.gateways]
     try:
         # Warm-up: a few tasks through every gateway, finished before measuring.
         warm = load.Submitter(clients, f"{business}-warmup", lambda: [cell(cell_name)])

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dispo.libs.auth.bootstrap import ADMIN_TOKEN_FILE
 from dispo.libs.settings import CommonSettings
 from dispo.libs.stack.ownership import (
     FolderLock,
@@ -41,6 +42,11 @@ def banner(options: StackOptions, addresses: dict[str, str]) -> list[str]:
     lines += [f"  {name:<16} {address}" for name, address in addresses.items()]
     if options.demo_port and "executor" in options.services:
         lines.append(f"  {'demo downstream':<16} http://{options.host}:{options.demo_port}")
+    token = data / ADMIN_TOKEN_FILE
+    lines.append(
+        f"The admin token is in {token} (owner-only); the dispo CLI reads it from there,"
+        f" grpcurl and the SDK take it from DISPO_TOKEN: export DISPO_TOKEN=$(cat {token})"
+    )
     return lines
 
 

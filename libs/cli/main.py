@@ -5,6 +5,7 @@ dispo up --detach                   the same in the background
 dispo up --pool-driver openclaw     the pool's crons as automations of an OpenClaw gateway
 dispo down                          stop a stack running in the background (or elsewhere)
 dispo status [--json]               health and address of each service
+dispo tokens create|list|revoke     API tokens (admin): see dispo.libs.cli.tokens
 dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
 dispo bench faults [options]        the fault campaign: what a crash loses, leaves or repeats
 """
@@ -20,6 +21,8 @@ import signal
 import sys
 from pathlib import Path
 
+from dispo.libs.auth import caller_token
+from dispo.libs.cli import tokens
 from dispo.libs.cli.lifecycle import (
     DOWN_TIMEOUT_SECONDS,
     banner,
@@ -121,6 +124,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if all(info["status"] == "SERVING" for info in report.values()) else 1
 
 
+def cmd_tokens(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args.data_dir)
+    gateway = args.gateway or service_addresses(data_dir)["gateway"]
+    token = caller_token(args.token, data_dir)
+    if not token:
+        print(
+            "no token: pass --token, set DISPO_TOKEN, or run dispo up (it writes an admin token"
+            f" to {data_dir / 'admin.token'})",
+            file=sys.stderr,
+        )
+        return 1
+    return tokens.run(args, gateway, token)
+
+
 BENCHMARKS = {
     "submit": "dispo.libs.bench.run",  # tasks through the pipeline: throughput, latency, CPU, ceiling
     "pool": "dispo.pool.bench",  # cron claims and run recordings under contention
@@ -140,6 +157,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispo", description="Dispo: durable execution platform")
     parser.add_argument("--data-dir", help="stack folder (default: $DISPO_DATA_DIR or ./.dispo)")
+    parser.add_argument(
+        "--token",
+        help="the API token calls carry (default: $DISPO_TOKEN, else the admin token"
+        " dispo up wrote in the data folder)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start PostgreSQL, NATS and the services; Ctrl-C stops all")
@@ -186,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="health and address of each service")
     status.add_argument("--json", action="store_true", help="one JSON object keyed by service")
     status.set_defaults(run=cmd_status)
+
+    tokens.add_parser(sub).set_defaults(run=cmd_tokens)
 
     bench = sub.add_parser(
         "bench", help="run a benchmark and print throughput and latency percentiles"

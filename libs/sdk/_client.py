@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
@@ -11,11 +12,18 @@ from typing import TypeVar
 import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.auth import open_channel, open_sync_channel
 from dispo.libs.proto_enums import task_status_name
 from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView
 from google.protobuf.message import Message
 
 Reply = TypeVar("Reply")
+
+
+def _token(token: str | None) -> str:
+    """The caller's token: ``token``, else ``DISPO_TOKEN`` (empty: calls carry none, and
+    the gateway answers UNAUTHENTICATED)."""
+    return token if token is not None else os.environ.get("DISPO_TOKEN", "").strip()
 
 
 def _submit_request(
@@ -54,12 +62,18 @@ def _list_request(
 
 
 class AsyncClient:
-    """``async with AsyncClient("127.0.0.1:50051") as dispo: ...``"""
+    """``async with AsyncClient("127.0.0.1:50051", token=...) as dispo: ...``
+
+    ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call."""
 
     def __init__(
-        self, address: str = "127.0.0.1:50051", *, channel: grpc.aio.Channel | None = None
+        self,
+        address: str = "127.0.0.1:50051",
+        *,
+        token: str | None = None,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
-        self._channel = channel or grpc.aio.insecure_channel(address)
+        self._channel = channel or open_channel(address, _token(token))
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncClient:
@@ -170,10 +184,12 @@ class AsyncClient:
 
 
 class Client:
-    """Blocking client: ``with Client("127.0.0.1:50051") as dispo: ...``"""
+    """Blocking client: ``with Client("127.0.0.1:50051", token=...) as dispo: ...``
 
-    def __init__(self, address: str = "127.0.0.1:50051") -> None:
-        self._channel = grpc.insecure_channel(address)
+    ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call."""
+
+    def __init__(self, address: str = "127.0.0.1:50051", *, token: str | None = None) -> None:
+        self._channel = open_sync_channel(address, _token(token))
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
     def __enter__(self) -> Client:

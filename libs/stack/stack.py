@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+from dispo.libs.auth.bootstrap import StackCredentials, prepare_token_store, stack_credentials
+from dispo.libs.clock import SystemClock
 from dispo.libs.db.passwords import PASSWORDS_FILE, kept_passwords
 from dispo.libs.db.roles import (
     Login,
@@ -28,6 +30,7 @@ from dispo.libs.db.roles import (
     without_password,
 )
 from dispo.libs.logging import get_logger
+from dispo.libs.service import until_reachable
 from dispo.libs.settings import server_settings
 from dispo.libs.stack.cluster import NatsCluster
 from dispo.libs.stack.nats import NatsServer, free_port
@@ -128,6 +131,7 @@ def service_specs(
     nats_url: str,
     pool_env: dict[str, str] | None = None,
     nats_users: NatsUsers | None = None,
+    credentials: StackCredentials | None = None,
 ) -> list[ProcessSpec]:
     """``database_urls``: each service's own URL (its role)."""
     common = {"DISPO_LOG_FORMAT": "json", **options.extra_env}
@@ -159,6 +163,15 @@ def service_specs(
                 new_session=True,
             )
         )
+
+    def token(name: str) -> dict[str, str]:
+        if credentials is None:
+            return {}
+        env = {"DISPO_SERVICE_TOKEN": credentials.service_token(name)}
+        if name == "gateway":  # the token store's writer stores the stack's tokens
+            env["DISPO_GATEWAY_AUTH_BOOTSTRAP_FILE"] = str(credentials.bootstrap_file)
+        return env
+
     for service in options.services:
         for k, name in enumerate(replica_names(service, options.replicas.get(service, 1))):
             port = options.ports[service] if k == 0 else free_port()
@@ -166,6 +179,7 @@ def service_specs(
                 **service_env(service, database_urls[service], nats_url, nats_users),
                 **common,
                 **((pool_env or {}) if service == "pool" else {}),
+                **token(service),
                 f"DISPO_{service.upper()}_HOST": options.host,
                 f"DISPO_{service.upper()}_PORT": str(port),
             }
@@ -183,6 +197,7 @@ def service_specs(
         env = {
             **service_env("pool", database_urls["pool"], nats_url, nats_users),  # part of the pool
             **common,
+            **token(POOL_WORKER),
             "DISPO_POOL_WORKER_POOL_ADDRESS": f"{options.host}:{options.ports['pool']}",
             "DISPO_POOL_WORKER_LOCAL_REGISTRY": local_crons,
         }
@@ -210,6 +225,8 @@ class Stack:
         self.supervisor: Supervisor | None = None
         self._lock = FolderLock(options.data_dir)
         self._ready = False
+        # The admin token and the services' tokens (dispo.libs.auth.bootstrap), once started.
+        self.credentials: StackCredentials | None = None
 
     def claim(self) -> list[Recorded] | None:
         """Make this process the one running the folder's stack, before starting anything.
@@ -274,6 +291,8 @@ class Stack:
             infrastructure += gateway
         addresses: dict[str, str] = {}
         shown_url = without_password(database_url)
+        credentials = await asyncio.to_thread(stack_credentials, data, [*SERVICES, POOL_WORKER])
+        self.credentials = credentials
 
         def write_state() -> None:
             self._write_state(addresses, shown_url, nats_url)
@@ -283,8 +302,18 @@ class Stack:
         if self.nats_cluster is not None:  # JetStream answers once the nodes elect a leader
             await asyncio.to_thread(self.nats_cluster.wait_ready, 120.0)
         database_urls = await self._database_roles(database_url)
-        specs = service_specs(self.options, database_urls, nats_url, pool_env, nats_users)
+        specs = service_specs(
+            self.options, database_urls, nats_url, pool_env, nats_users, credentials
+        )
         addresses.update({spec.name: spec.address for spec in specs if spec.address})
+        # Tokens are checked from the services' first call on, whichever of them run here: the
+        # token store is made and the stack's tokens stored as the gateway, its one writer.
+        await until_reachable(
+            "database",
+            lambda: prepare_token_store(
+                database_urls["gateway"], credentials.bootstrap_file, SystemClock()
+            ),
+        )
         self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()
         self._ready = True
@@ -296,7 +325,10 @@ class Stack:
         role with a password kept in the data folder, both made sure of by the bootstrap
         (run as ``admin_url``'s role). Against an external database where every service
         has its own URL, the operator has bootstrapped it: nothing is run."""
-        services = [s for s in self.options.services if s in SERVICES]
+        # The gateway's role owns the token store, which every service reads: it is made
+        # whichever services run here.
+        wanted = {*self.options.services, "gateway"}
+        services = [s for s in SERVICES if s in wanted]
         given = {s: url for s in services if (url := server_settings(s).database_url)}
         made = [s for s in services if s not in given]
         if not made and self.postgres is None:

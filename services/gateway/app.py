@@ -11,9 +11,14 @@ from dispo.gateway.servicer import GatewayServicer
 from dispo.gateway.settings import GatewaySettings
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.auth import MIGRATIONS as AUTH_MIGRATIONS
+from dispo.libs.auth import SCHEMA as AUTH_SCHEMA
+from dispo.libs.auth import servicer as tokens
+from dispo.libs.auth.bootstrap import apply_bootstrap
 from dispo.libs.bus import ACK, Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.contracts import tasks
+from dispo.libs.db import migrate
 from dispo.libs.service import Runtime, run_service
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -24,6 +29,10 @@ SERVICE_NAME = "dispo.gateway.v1.GatewayService"
 
 async def setup(rt: Runtime) -> None:
     settings = GatewaySettings()
+    # The token store: every service reads it, the gateway alone writes it (ADR 0038).
+    await migrate(rt.engine, AUTH_SCHEMA, AUTH_MIGRATIONS)
+    if settings.auth_bootstrap_file:
+        await apply_bootstrap(rt.engine, Path(settings.auth_bootstrap_file), rt.clock)
     await tasks.ensure_task_streams(rt.bus)
     catalogue = load_configured_catalogue()
     relay = rt.outbox_relay(repo.outbox)
@@ -62,6 +71,10 @@ async def setup(rt: Runtime) -> None:
             GatewayServicer(gateway, settings.max_page_size), server
         ),
         SERVICE_NAME,
+    )
+    token_servicer = tokens.TokenServicer(rt.engine, rt.clock, rt.verifier)
+    rt.add_servicer(
+        lambda server: tokens.add_to_server(token_servicer, server), tokens.SERVICE_NAME
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.add_part("status consumer", statuses.run, statuses.stop)

@@ -14,6 +14,7 @@ from dispo.gateway.convert import (
 from dispo.gateway.service import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.auth import business_filter, business_scope, require_visible
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.paging import decode_page_token, encode_page_token, page_size
@@ -31,9 +32,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.gateway = gateway
         self.max_page_size = max_page_size
 
+    async def _visible(self, task_id: str) -> str:
+        """``task_id`` if the caller may see it: another business's task is NOT_FOUND, as
+        one that does not exist (dispo.libs.auth.scope)."""
+        if business_scope() is not None:
+            record = await self.gateway.get_record(task_id)
+            require_visible(record.business, f"no task {task_id!r}")
+        return task_id
+
     async def Submit(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitResponse:
+        business_filter(request.business, "business")
         accepted = await self.gateway.submit(submission_from_proto(request))
         return gateway_pb2.SubmitResponse(
             task_id=accepted.task_id,
@@ -44,7 +54,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def GetTask(
         self, request: gateway_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.GetTaskResponse:
-        record = await self.gateway.get_record(_task_id(request.task_id))
+        task_id = _task_id(request.task_id)
+        record = await self.gateway.get_record(task_id)
+        require_visible(record.business, f"no task {task_id!r}")
         completion = gateway_pb2.Completion(callback_url=record.callback_url)
         if record.finished_at is not None:
             completion.finished_at.FromDatetime(record.finished_at)
@@ -63,7 +75,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 raise InvalidArgument(f"statuses[{i}]", "not a task status")
             statuses.append(stored_status(value))
         records = await self.gateway.list(
-            business=request.business,
+            business=business_filter(request.business, "business"),
             statuses=statuses,
             created_after=request.created_after.ToDatetime(tzinfo=UTC)
             if request.HasField("created_after")
@@ -94,13 +106,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelTaskResponse:
         return gateway_pb2.CancelTaskResponse(
-            task=await self.gateway.cancel(_task_id(request.task_id))
+            task=await self.gateway.cancel(await self._visible(_task_id(request.task_id)))
         )
 
     async def WatchTask(
         self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
-        async for view in self.gateway.watch(_task_id(request.task_id)):
+        async for view in self.gateway.watch(await self._visible(_task_id(request.task_id))):
             yield gateway_pb2.WatchTaskResponse(task=view)
 
     async def ListCells(

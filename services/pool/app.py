@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.auth.bootstrap import write_private
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause
 from dispo.libs.service import Runtime, run_service
@@ -66,11 +67,16 @@ async def openclaw_driver(settings: PoolSettings, rt: Runtime) -> OpenClawDriver
             settings.openclaw_model_name,
             settings.openclaw_model_api_key,
         )
+    # The automations' wake command calls the pool with the pool's own service token.
+    token_file = None
+    if rt.settings.service_token:
+        token_file = settings.openclaw_home.parent / "wake.token"
+        write_private(token_file, rt.settings.service_token)
     return OpenClawDriver(
         cli,
         namespace=settings.openclaw_namespace,
         tick_seconds=settings.tick_seconds,
-        command=wake_command(settings.openclaw_wake_address or own_address(rt)),
+        command=wake_command(settings.openclaw_wake_address or own_address(rt), token_file),
         agent_model=agent_model,
         agent_provider=provider,
     )

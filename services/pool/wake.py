@@ -13,19 +13,23 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import dispo.libs  # noqa: F401  # gRPC's fork mode, before grpc is imported
 import grpc
 import httpx
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.auth import open_channel
+from dispo.libs.auth.bootstrap import read_token_file
+from dispo.libs.settings import CommonSettings
 from dispo.pool.worker.loop import GONE, serve_cron
 
 GONE_EXIT = 3
 
 
-async def wake(cron_id: str, pool_address: str, http_timeout: float) -> int:
+async def wake(cron_id: str, pool_address: str, http_timeout: float, token: str) -> int:
     async with (
-        grpc.aio.insecure_channel(pool_address) as channel,
+        open_channel(pool_address, token) as channel,
         httpx.AsyncClient(timeout=http_timeout) as http,
     ):
         return await serve_cron(pool_pb2_grpc.PoolServiceStub(channel), http, cron_id)
@@ -36,11 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cron", required=True, help="the cron's id")
     parser.add_argument("--pool", required=True, help="the pool's gRPC address (host:port)")
     parser.add_argument(
+        "--token-file",
+        help="a file holding the token to call the pool with (default: DISPO_SERVICE_TOKEN)",
+    )
+    parser.add_argument(
         "--http-timeout", type=float, default=30.0, help="seconds one call to the target may take"
     )
     args = parser.parse_args(argv)
     try:
-        runs = asyncio.run(wake(args.cron, args.pool, args.http_timeout))
+        token = (
+            read_token_file(Path(args.token_file))
+            if args.token_file
+            else CommonSettings().service_token
+        )
+        runs = asyncio.run(wake(args.cron, args.pool, args.http_timeout, token))
     except grpc.aio.AioRpcError as error:
         print(json.dumps({"cron": args.cron, "code": error.code().name, "detail": error.details()}))
         return GONE_EXIT if error.code() in GONE else 1

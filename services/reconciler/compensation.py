@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.auth import open_channel
 from dispo.libs.backoff import backoff
 from dispo.libs.logging import get_logger
 from dispo.libs.payload import canonical_json
@@ -56,7 +57,7 @@ async def compensate_sweep(ctx: Context) -> int:
         rows = await arb.compensations_claim(conn, now, ctx.call_lease(now), ctx.settings.batch)
     if not rows:
         return 0
-    async with grpc.aio.insecure_channel(ctx.settings.gateway_address) as channel:
+    async with open_channel(ctx.settings.gateway_address, ctx.service_token) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         results = [await _submit(stub, row, ctx.settings.http_timeout_seconds) for row in rows]
     now = ctx.clock.now()

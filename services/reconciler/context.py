@@ -1,5 +1,5 @@
 """What every part of the reconciler works with: database, clock, policies, HTTP client,
-bus (for NATS callbacks) and the outbox relay to kick after a commit."""
+bus (for NATS callbacks), the outbox relay to kick after a commit, and its service token."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ class Context:
     rng: random.Random = field(default_factory=random.Random)
     # Where callbacks may go (DISPO_EGRESS_ALLOW), checked again before each delivery.
     egress: AllowList = field(default_factory=lambda: AllowList.parse(DEMO_DOWNSTREAM_ORIGIN))
+    # The reconciler's own token, on its calls to the gateway (DISPO_SERVICE_TOKEN).
+    service_token: str = ""
 
     def call_lease(self, now: datetime) -> datetime:
         """Until when a sweep holds the rows it claimed while it calls out for them (two

@@ -3,10 +3,12 @@ raises dispo.libs.errors for the interceptor to map to status codes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.auth import business_filter, business_scope, require_visible
 from dispo.libs.errors import InvalidArgument, NotFound
 from dispo.reconciler import arbitration_store as arb
 from dispo.reconciler import completion_store as cs
@@ -22,14 +24,33 @@ def _required(value: str, field: str) -> str:
     return value
 
 
+def _not_held(task_id: str) -> str:
+    return f"task {task_id!r} is not held by the reconciler"
+
+
+def _scoped(f: store.Filter, requested: str) -> store.Filter:
+    """A list filter as the caller may ask it: a business token's own business only."""
+    business = business_filter(requested, "filter.business")
+    return f if business == f.business else replace(f, business=business)
+
+
 class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
+    async def _visible(self, task_id: str) -> str:
+        """``task_id`` if the caller may see it: another business's task is NOT_FOUND, as
+        one the reconciler does not hold (dispo.libs.auth.scope)."""
+        if business_scope() is not None:
+            async with self.ctx.engine.connect() as conn:
+                row = await store.task_get(conn, task_id)
+            require_visible(row.business if row else "", _not_held(task_id))
+        return task_id
+
     async def ListRecoveryTasks(
         self, request: pb.ListRecoveryTasksRequest, context: Any
     ) -> pb.ListRecoveryTasksResponse:
-        f = cv.filter_from_proto(request.filter)
+        f = _scoped(cv.filter_from_proto(request.filter), request.filter.business)
         limit, offset = cv.page(request.page)
         async with self.ctx.engine.connect() as conn:
             rows = await store.task_list(conn, f, self.ctx.clock.now(), limit=limit, offset=offset)
@@ -40,7 +61,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
     async def ListFailedWork(
         self, request: pb.ListFailedWorkRequest, context: Any
     ) -> pb.ListFailedWorkResponse:
-        f = cv.work_filter_from_proto(request.filter)
+        f = _scoped(cv.work_filter_from_proto(request.filter), request.filter.business)
         limit, after = cv.work_page(request.page)
         now = self.ctx.clock.now()
         async with self.ctx.engine.connect() as conn:
@@ -56,7 +77,8 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         async with self.ctx.engine.connect() as conn:
             row = await store.task_get(conn, task_id)
             if row is None:
-                raise NotFound(f"task {task_id!r} is not held by the reconciler")
+                raise NotFound(_not_held(task_id))
+            require_visible(row.business, _not_held(task_id))
             history = await store.history_get(conn, task_id)
             redrives = await store.redrive_log_get(conn, task_id)
             settlements = await store.settlements_get(conn, task_id)
@@ -73,7 +95,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
     ) -> pb.RedriveTaskResponse:
         row = await operations.redrive_one(
             self.ctx,
-            _required(request.task_id, "task_id"),
+            await self._visible(_required(request.task_id, "task_id")),
             request.actor,
             request.reason,
             request.include_permanent,
@@ -163,10 +185,10 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         task_id = _required(request.task_id, "task_id")
         async with self.ctx.engine.connect() as conn:
             row = await cs.get(conn, task_id)
+            missing = f"no completion recorded for task {task_id!r} (not finished, or not seen yet)"
             if row is None:
-                raise NotFound(
-                    f"no completion recorded for task {task_id!r} (not finished, or not seen yet)"
-                )
+                raise NotFound(missing)
+            require_visible(row.business, missing)
             deliveries = await cs.deliveries_get(conn, task_id)
             findings = await cs.findings_list(conn, task_id, cv.MAX_PAGE, 0)
         return pb.GetCompletionResponse(

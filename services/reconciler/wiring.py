@@ -32,7 +32,15 @@ async def wire_recovery(rt: Runtime) -> Context:
     )
     relay = rt.outbox_relay(store.outbox)
     ctx = Context(
-        rt.engine, rt.clock, config, settings, http, relay, rt.bus, egress=rt.settings.egress
+        rt.engine,
+        rt.clock,
+        config,
+        settings,
+        http,
+        relay,
+        rt.bus,
+        egress=rt.settings.egress,
+        service_token=rt.settings.service_token,
     )
     rt.add_servicer(
         lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(

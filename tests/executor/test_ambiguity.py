@@ -7,12 +7,12 @@ UNKNOWN node by its status probe is in tests/reconciler/test_end_to_end.py."""
 
 from __future__ import annotations
 
-import grpc
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import cell
 from pipeline_fixtures import Pipeline, dump, stream_messages, wait_status, wait_until
 from support import eventually
+from support.auth import admin_channel
 
 
 async def test_not_sent_connection_refused_is_retried_and_the_effect_happens_once(
@@ -54,7 +54,7 @@ async def test_not_sent_breaker_open_demotes_without_a_call(
     executor = await pipeline.start_executor(DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS="0.1")
 
     async def demo_breaker() -> int:
-        async with grpc.aio.insecure_channel(executor.address) as channel:
+        async with admin_channel(executor.address) as channel:
             reply = await executor_pb2_grpc.ExecutorServiceStub(channel).ListDownstreams(
                 executor_pb2.ListDownstreamsRequest()
             )

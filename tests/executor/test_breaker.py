@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import grpc
 from aiohttp import web
 from dispo.executor.settings import ExecutorSettings
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.sdk import cell
 from pipeline_fixtures import Pipeline, dump, stream_messages, wait_status
+from support.auth import admin_channel
 
 CATALOGUE = """
 downstreams:
@@ -82,7 +82,7 @@ async def test_ten_percent_of_calls_timing_out_slows_the_downstream_but_stops_no
         key = f"{task.task_id}/effect.call"  # the node's idempotency key
         assert view.node_statuses == {"effect.call": "SUCCEEDED"}, dump(view)
         assert view.node("effect.call").attempts == calls.count(key) == 1 + timed_out.count(key)
-    async with grpc.aio.insecure_channel(executor.address) as channel:
+    async with admin_channel(executor.address) as channel:
         reply = await executor_pb2_grpc.ExecutorServiceStub(channel).ListDownstreams(
             executor_pb2.ListDownstreamsRequest()
         )

@@ -1,7 +1,6 @@
 """Execution guarantees through real processes: gateway, executor, demo downstream,
 PostgreSQL and NATS JetStream."""
 
-import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -10,6 +9,7 @@ from dispo.libs.payload import payload_data
 from dispo.libs.sdk import cell
 from pipeline_fixtures import dump, stream_messages, wait_status, wait_until
 from support import eventually
+from support.auth import admin_channel
 
 
 async def test_dependency_failure_blocks_dependant_but_not_independent_branch(client, downstream):
@@ -102,7 +102,7 @@ async def test_degraded_downstream_demotes_its_nodes_while_other_branches_finish
     assert view.node_statuses == {"step.call": "DEMOTED", "noop.noop": "SUCCEEDED"}, dump(view)
     [message] = await stream_messages(bus, "task.demote")
     assert task_pb2.Task.FromString(message.data).task_id == task.task_id
-    async with grpc.aio.insecure_channel(pipeline.executors[-1].address) as channel:
+    async with admin_channel(pipeline.executors[-1].address) as channel:
         reply = await executor_pb2_grpc.ExecutorServiceStub(channel).ListDownstreams(
             executor_pb2.ListDownstreamsRequest()
         )

@@ -4,6 +4,7 @@ example) against real gateway and executor processes and the demo downstream."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -26,7 +27,7 @@ def section(text: str, start: str, end: str) -> str:
     shutil.which("jq") is None,
     reason="the walk-through uses jq (Debian package jq; .ci/run installs it)",
 )
-async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path):
+async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path, tokens):
     catalogue = tmp_path / "catalogue.yaml"
     catalogue.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:8181", downstream.url))
     gateway = await start_service("gateway", {"DISPO_CATALOGUE": str(catalogue)})
@@ -50,7 +51,7 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": f"{BIN}:/usr/bin:/bin"},
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "DISPO_TOKEN": tokens.admin},
     )
     out = result.stdout + result.stderr
 
@@ -72,6 +73,7 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
     ran = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-c", example.replace("127.0.0.1:50051", gateway.address)],
+        env={**os.environ, "DISPO_TOKEN": tokens.admin},
         capture_output=True,
         text=True,
         timeout=60,

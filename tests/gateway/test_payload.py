@@ -25,6 +25,7 @@ from google.protobuf import json_format, struct_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from pipeline_fixtures import stream_messages
+from support.auth import admin_channel
 
 
 def struct(value: dict) -> struct_pb2.Struct:
@@ -123,7 +124,7 @@ async def test_the_downstream_receives_the_integer_as_an_integer(pipeline, downs
     """grpcurl's plain JSON (a Struct, numbers as doubles) and the SDK's exact bytes both
     reach the downstream as canonical JSON with 3, not 3.0; the path template too."""
     async with (
-        grpc.aio.insecure_channel(pipeline.gateway.address) as channel,
+        admin_channel(pipeline.gateway.address) as channel,
         pipeline.client() as client,
     ):
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
@@ -178,7 +179,7 @@ async def test_the_downstream_receives_the_integer_as_an_integer(pipeline, downs
 async def test_both_forms_of_one_payload_are_one_request(gateway_only):
     """The Struct's 3.0 and the exact 3 are the same canonical payload: the same
     idempotency key returns the same task, not a refusal for a different request."""
-    async with grpc.aio.insecure_channel(gateway_only.gateway.address) as channel:
+    async with admin_channel(gateway_only.gateway.address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         first = await _submit(
             stub,
@@ -210,7 +211,7 @@ async def test_both_forms_of_one_payload_are_one_request(gateway_only):
 async def test_bad_payloads_are_refused_at_the_edge_with_the_field(
     gateway_only, cell_request, field
 ):
-    async with grpc.aio.insecure_channel(gateway_only.gateway.address) as channel:
+    async with admin_channel(gateway_only.gateway.address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await _submit(stub, [cell_request])
@@ -221,7 +222,7 @@ async def test_bad_payloads_are_refused_at_the_edge_with_the_field(
 async def test_a_struct_with_infinity_is_refused_with_the_field(gateway_only):
     payload = struct({"name": "a", "level": 1})
     payload.fields["weight"].number_value = float("-inf")
-    async with grpc.aio.insecure_channel(gateway_only.gateway.address) as channel:
+    async with admin_channel(gateway_only.gateway.address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await _submit(stub, [gateway_pb2.CellRequest(cell="set_level", payload=payload)])

@@ -8,6 +8,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.sdk import DispoError, cell
 from pipeline_fixtures import dump
 from support import eventually
+from support.auth import admin_channel
 
 
 async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, downstream):
@@ -67,7 +68,7 @@ async def test_list_tasks_filters_and_pages(client):
 
 async def test_list_tasks_refuses_a_forged_cursor(gateway_only):
     pipeline = gateway_only
-    async with grpc.aio.insecure_channel(pipeline.gateway.address) as channel:
+    async with admin_channel(pipeline.gateway.address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.ListTasks(gateway_pb2.ListTasksRequest(page={"page_token": "garbage!"}))
@@ -142,7 +143,7 @@ async def test_watch_streams_changes_until_terminal(client):
 
 async def test_list_cells_reads_the_catalogue(gateway_only):
     pipeline = gateway_only
-    async with grpc.aio.insecure_channel(pipeline.gateway.address) as channel:
+    async with admin_channel(pipeline.gateway.address) as channel:
         reply = await gateway_pb2_grpc.GatewayServiceStub(channel).ListCells(
             gateway_pb2.ListCellsRequest()
         )

@@ -17,6 +17,7 @@ from dispo.intelligence.models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs.clock import Clock, ManualClock
 from support import eventually
+from support.auth import admin_channel
 from support.http import FakeServer
 
 CONFIG = {"target": "http://127.0.0.1:9/answer", "cases": ["c1", "c2", "c3"], "runs_per_slot": 2}
@@ -187,9 +188,8 @@ async def fake_llm(fake_server) -> AsyncIterator[FakeLLM]:
 
 
 @pytest.fixture
-async def serve_app():
+async def serve_app(authorizer):
     """``stub = await serve_app(app)``: the app's servicer on a real gRPC server (port 0)."""
-    import grpc
     from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
     from dispo.libs.grpcserver import create_server
 
@@ -204,10 +204,11 @@ async def serve_app():
                 )
             ],
             ["dispo.intelligence.v1.IntelligenceService"],
+            authorizer(),
         )
         await server.start()
         servers.append(server)
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+        channel = admin_channel(f"127.0.0.1:{server.port}")
         channels.append(channel)
         return intelligence_pb2_grpc.IntelligenceServiceStub(channel)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def walkthrough_commands() -> list[tuple[str, str | None]]:
     return commands
 
 
-async def test_the_walkthrough_runs_as_written(start_service):
+async def test_the_walkthrough_runs_as_written(start_service, tokens):
     service = await start_service("intelligence")
     commands = walkthrough_commands()
     assert len(commands) >= 12
@@ -43,7 +44,10 @@ async def test_the_walkthrough_runs_as_written(start_service):
         # Jobs run in the background: read again until they settle.
         done = await eventually(
             lambda shell=shell: subprocess.run(
-                ["bash", "-c", shell], capture_output=True, text=True
+                ["bash", "-c", shell],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "DISPO_TOKEN": tokens.admin},
             ),
             lambda done, command=command: (
                 "Trigger" in command

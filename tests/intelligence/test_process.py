@@ -14,6 +14,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from support import eventually
+from support.auth import admin_channel, session_tokens
 
 from .conftest import CONFIG
 
@@ -100,7 +101,7 @@ async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(
     start_service, fake_llm
 ):
     service = await start_service("intelligence", env=llm_env(fake_llm))
-    async with grpc.aio.insecure_channel(service.address) as channel:
+    async with admin_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "proc-1", line=common_pb2.LINE_FORMAL)  # formal: analysis starts by itself
         await wait_status(stub, "proc-1", pb.JOB_STATUS_COMPLETED)
@@ -124,6 +125,8 @@ async def test_real_process_serves_the_feed_and_jobs_over_grpc_and_reflection(
         [
             GRPCURL,
             "-plaintext",
+            "-H",
+            f"authorization: Bearer {session_tokens().admin}",
             "-d",
             '{"evaluation_id": "proc-1"}',
             service.address,
@@ -141,7 +144,7 @@ async def test_killed_mid_generation_the_job_is_recovered_after_restart(
 ):
     fake_llm.gate = asyncio.Event()
     service = await start_service("intelligence", env={**llm_env(fake_llm), **file_clock.env})
-    async with grpc.aio.insecure_channel(service.address) as channel:
+    async with admin_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "crash-1")
         await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="crash-1"))
@@ -154,7 +157,7 @@ async def test_killed_mid_generation_the_job_is_recovered_after_restart(
     service.spawn()
     await service.wait_ready()
 
-    async with grpc.aio.insecure_channel(service.address) as channel:
+    async with admin_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await wait_status(stub, "crash-1", pb.JOB_STATUS_COMPLETED)
         job = (await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="crash-1"))).job
@@ -167,7 +170,7 @@ async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(
     fake_llm.gate = asyncio.Event()
     env = llm_env(fake_llm, DISPO_INTELLIGENCE_JOBS_SHUTDOWN_GRACE_SECONDS="0.2")
     service = await start_service("intelligence", env=env)
-    async with grpc.aio.insecure_channel(service.address) as channel:
+    async with admin_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "stop-1")
         await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="stop-1"))
@@ -185,7 +188,7 @@ async def test_shutdown_stops_parts_upstream_first_and_hands_running_jobs_back(
 
     fake_llm.gate.set()
     await service.restart()
-    async with grpc.aio.insecure_channel(service.address) as channel:
+    async with admin_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await wait_status(stub, "stop-1", pb.JOB_STATUS_COMPLETED)
         job = (await stub.GetAnalysis(pb.GetJobRequest(evaluation_id="stop-1"))).job
@@ -197,7 +200,7 @@ async def test_a_job_that_never_settles_across_restarts_fails_after_three_recove
 ):
     fake_llm.gate = asyncio.Event()  # the model never answers: every attempt dies mid-generation
     service = await start_service("intelligence", env={**llm_env(fake_llm), **file_clock.env})
-    async with grpc.aio.insecure_channel(service.address) as channel:
+    async with admin_channel(service.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "doomed")
         await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="doomed"))
@@ -208,7 +211,7 @@ async def test_a_job_that_never_settles_across_restarts_fails_after_three_recove
         file_clock.advance(minutes=16)
         service.spawn()
         await service.wait_ready()
-        async with grpc.aio.insecure_channel(service.address) as channel:
+        async with admin_channel(service.address) as channel:
             stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
             if recovery <= 3:
                 await wait_status(stub, "doomed", pb.JOB_STATUS_GENERATING)
@@ -232,7 +235,7 @@ async def test_two_replicas_a_killed_owners_generation_is_taken_over_by_the_othe
     env = {**llm_env(fake_llm), **file_clock.env}
     owner = await start_service("intelligence", env=env)
     other = await start_service("intelligence", env=env)
-    async with grpc.aio.insecure_channel(owner.address) as channel:
+    async with admin_channel(owner.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         await feed(stub, "orphan")
         await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="orphan"))
@@ -241,7 +244,7 @@ async def test_two_replicas_a_killed_owners_generation_is_taken_over_by_the_othe
 
     owner.kill()  # its heartbeat stops with it
     fake_llm.gate.set()
-    async with grpc.aio.insecure_channel(other.address) as channel:
+    async with admin_channel(other.address) as channel:
         stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
         # Sixteen minutes without a heartbeat: the other replica's next sweep takes it over
         # (the boundary itself: test_replicas.py, on a manual clock).

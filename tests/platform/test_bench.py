@@ -180,7 +180,7 @@ async def bench_stack(start_service, downstream, infra, tmp_path):
     gateway = await start_service("gateway", env)
     executor = await start_service("executor", env)
     pids = {"gateway": gateway.pid, "executor": executor.pid, "nats": infra.nats.process.pid}
-    return Target([gateway.address], pids, None)
+    return Target([gateway.address], pids, None, infra.tokens.admin)
 
 
 def check_report(report: dict, tasks: int, shape: str) -> None:
@@ -222,7 +222,7 @@ async def test_each_shape_runs_through_a_real_stack(bench_stack, downstream, tmp
 
 async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
     gateway = gateway_only.gateway
-    target = Target([gateway.address], {"gateway": gateway.pid}, None)
+    target = Target([gateway.address], {"gateway": gateway.pid}, None, gateway_only.token)
     args = parser().parse_args(["--submit-only", "--tasks", "10", "--concurrency", "4"])
     report = await measure(args, target)
     assert report["statuses"] == {"ACCEPTED": 10}  # no executor: nothing ran, nothing waited
@@ -236,7 +236,7 @@ async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
 
 
 async def test_rate_mode_offers_the_asked_count_on_schedule_order(bench_stack):
-    async with AsyncClient(bench_stack.gateways[0]) as client:
+    async with AsyncClient(bench_stack.gateways[0], token=bench_stack.token) as client:
         submitter = load.Submitter([client], "rate-check", lambda: [cell("noop")])
         facts = await load.offer(submitter, 25, rate=200.0)
         outcomes = await load.outcomes(client, "rate-check", timeout=60)

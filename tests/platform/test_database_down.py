@@ -17,6 +17,7 @@ from dispo.libs.api.pool.v1 import pool_pb2, pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2, reconciler_pb2_grpc
 from dispo.libs.db import database_unreachable
 from dispo.libs.stack.nats import free_port
+from support.auth import admin_channel
 
 Call = Callable[[grpc.aio.Channel], Awaitable[object]]
 
@@ -47,7 +48,7 @@ async def test_a_service_answers_unavailable_while_postgres_is_down(
         env["DISPO_POOL_LOCAL_REGISTRY"] = str(tmp_path / "registry.sqlite")
     service = await start_service(name, env)
     call = CALLS[name]
-    async with grpc.aio.insecure_channel(service.address) as channel:
+    async with admin_channel(service.address) as channel:
         await call(channel)  # the database is up: answered
         infra.postgres.stop("immediate")  # a crash: connections cut, the socket gone
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import uvloop
+from dispo.libs.auth import Authorizer
 from dispo.libs.grpcserver import create_server
 from dispo.libs.health import health_status
 from dispo.libs.service import _loop_factory
@@ -17,7 +18,7 @@ def test_the_loop_is_uvloop_unless_turned_off():
 
 def test_a_grpc_server_answers_on_uvloop():
     async def serve_and_ask() -> tuple[str, str]:
-        server = create_server("127.0.0.1:0", [], ["dispo.test.v1.Nothing"])
+        server = create_server("127.0.0.1:0", [], ["dispo.test.v1.Nothing"], Authorizer.refusing())
         await server.start()
         await server.set_serving()
         try:

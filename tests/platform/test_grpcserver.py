@@ -5,11 +5,15 @@ import asyncio
 import grpc
 import pytest
 from dispo.libs import errors
+from dispo.libs.auth.rules import ADMIN
 from dispo.libs.grpcserver import create_server
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from support.auth import admin_channel
 
 METHOD = "/dispo.test.v1.Echo/Call"
+# The test service's methods, callable with an admin token like any operator RPC.
+ECHO_RULES = {f"/dispo.test.v1.Echo/{m}": ADMIN for m in ("Call", "Watch", "Get")}
 
 
 def echo_service(behaviour):
@@ -28,11 +32,16 @@ def echo_service(behaviour):
 
 
 @pytest.fixture
-async def serve():
+async def serve(authorizer):
     servers = []
 
     async def start(behaviour):
-        server = create_server("127.0.0.1:0", [echo_service(behaviour)], ["dispo.test.v1.Echo"])
+        server = create_server(
+            "127.0.0.1:0",
+            [echo_service(behaviour)],
+            ["dispo.test.v1.Echo"],
+            authorizer(ECHO_RULES),
+        )
         await server.start()
         await server.set_serving()
         servers.append(server)
@@ -44,7 +53,7 @@ async def serve():
 
 
 async def call(port, body=b"x", timeout=5.0):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with admin_channel(f"127.0.0.1:{port}") as channel:
         return await channel.unary_unary(METHOD)(body, timeout=timeout)
 
 
@@ -118,7 +127,7 @@ async def test_stop_lets_in_flight_calls_finish(serve):
     await stopping
 
 
-async def test_streams_deliver_items_then_the_mapped_error():
+async def test_streams_deliver_items_then_the_mapped_error(authorizer):
     async def watch(request: bytes, context):
         yield b"first"
         raise errors.NotFound("task vanished")
@@ -127,12 +136,15 @@ async def test_streams_deliver_items_then_the_mapped_error():
         "dispo.test.v1.Echo", {"Watch": grpc.unary_stream_rpc_method_handler(watch)}
     )
     server = create_server(
-        "127.0.0.1:0", [lambda s: s.add_generic_rpc_handlers((handler,))], ["dispo.test.v1.Echo"]
+        "127.0.0.1:0",
+        [lambda s: s.add_generic_rpc_handlers((handler,))],
+        ["dispo.test.v1.Echo"],
+        authorizer(ECHO_RULES),
     )
     await server.start()
     try:
         received = []
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        async with admin_channel(f"127.0.0.1:{server.port}") as channel:
             call = channel.unary_stream("/dispo.test.v1.Echo/Watch")(b"x", timeout=5)
             with pytest.raises(grpc.aio.AioRpcError) as raised:
                 async for item in call:
@@ -144,7 +156,7 @@ async def test_streams_deliver_items_then_the_mapped_error():
         await server.stop(0)
 
 
-async def test_undecodable_request_bytes_are_invalid_argument():
+async def test_undecodable_request_bytes_are_invalid_argument(authorizer):
     from dispo.libs.api.gateway.v1 import gateway_pb2
 
     async def get(request, context):
@@ -161,11 +173,14 @@ async def test_undecodable_request_bytes_are_invalid_argument():
         },
     )
     server = create_server(
-        "127.0.0.1:0", [lambda s: s.add_generic_rpc_handlers((handler,))], ["dispo.test.v1.Echo"]
+        "127.0.0.1:0",
+        [lambda s: s.add_generic_rpc_handlers((handler,))],
+        ["dispo.test.v1.Echo"],
+        authorizer(ECHO_RULES),
     )
     await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        async with admin_channel(f"127.0.0.1:{server.port}") as channel:
             method = channel.unary_unary("/dispo.test.v1.Echo/Get")
             # field 1 (task_id) as a string whose bytes are not UTF-8; then a truncated varint
             for body in (b"\x0a\x02\xff\xfe", b"\x08"):

@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 import grpc
 import pytest
+from dispo.libs.api.auth.v1 import auth_pb2
 from dispo.libs.api.executor.v1 import executor_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2
@@ -33,6 +34,7 @@ from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.auth import admin_sync_channel
 
 # The services that serve each generated service (each one the schema it writes).
 CONSUMING = ("gateway", "executor", "intelligence", "reconciler")  # their own quarantine each
@@ -44,8 +46,10 @@ SERVED_BY: dict[str, tuple[str, ...]] = {
     "dispo.reconciler.v1.ReconcilerService": ("reconciler",),
     "dispo.reconciler.v1.DriftService": ("reconciler",),
     "dispo.quarantine.v1.QuarantineService": CONSUMING,
+    "dispo.auth.v1.TokenService": ("gateway",),
 }
 MODULES = (
+    auth_pb2,
     gateway_pb2,
     executor_pb2,
     intelligence_pb2,
@@ -234,7 +238,7 @@ class Stack:
     """Calls the services (sync gRPC, from a worker thread) and counts their rows."""
 
     def __init__(self, addresses: dict[str, str], database_url: str) -> None:
-        self.channels = {name: grpc.insecure_channel(a) for name, a in addresses.items()}
+        self.channels = {name: admin_sync_channel(a) for name, a in addresses.items()}
         self.database_url = database_url
         self.loop = asyncio.new_event_loop()
         self.conn: asyncpg.Connection = self.loop.run_until_complete(asyncpg.connect(database_url))

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.auth import TokenVerifier
 from dispo.libs.clock import ManualClock
 from dispo.libs.contracts import UndeclaredSubject, tasks
 from dispo.libs.db import create_engine
@@ -201,6 +202,9 @@ async def test_every_service_relay_takes_the_retention_and_clock_of_its_runtime(
     monkeypatch, engine, bus, manual_clock
 ):
     monkeypatch.setenv("DISPO_OUTBOX_RETENTION_SECONDS", "7200")
-    rt = Runtime("gateway", CommonSettings(), ServerSettings(), engine, None, bus, manual_clock)
+    verifier = TokenVerifier(engine, manual_clock, 0)
+    rt = Runtime(
+        "gateway", CommonSettings(), ServerSettings(), engine, None, bus, manual_clock, verifier
+    )
     relay = rt.outbox_relay(outbox, ordered=True)
     assert (relay.retention, relay.clock, relay.ordered) == (timedelta(hours=2), manual_clock, True)

@@ -21,6 +21,7 @@ from dispo.libs.errors import Unavailable
 from dispo.libs.grpcserver import create_server
 from dispo.libs.quarantine import SERVICE_NAME, Quarantine, RetryBound, add_to_server
 from support import eventually
+from support.auth import admin_channel
 
 STREAM, SUBJECT = "WORK", "work.item"
 # Quick redeliveries: the bound is what the tests are about, not the waiting.
@@ -35,12 +36,15 @@ async def quarantine(service_engine, bus, manual_clock):
 
 
 @pytest.fixture
-async def stub(quarantine):
+async def stub(quarantine, authorizer):
     server = create_server(
-        "127.0.0.1:0", [lambda s: add_to_server(quarantine.servicer, s)], [SERVICE_NAME]
+        "127.0.0.1:0",
+        [lambda s: add_to_server(quarantine.servicer, s)],
+        [SERVICE_NAME],
+        authorizer(),
     )
     await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+    async with admin_channel(f"127.0.0.1:{server.port}") as channel:
         yield quarantine_pb2_grpc.QuarantineServiceStub(channel)
     await server.stop(0)
 

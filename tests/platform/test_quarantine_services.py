@@ -16,6 +16,7 @@ from dispo.libs.api.quarantine.v1 import quarantine_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import evaluations, tasks
 from support import eventually
+from support.auth import admin_channel
 
 GARBAGE = b"\xff\x00garbage"
 BOUNDED = {
@@ -97,7 +98,7 @@ async def start_consumers(start_service):
 
 
 async def quarantined(address: str) -> pb.ListMessagesResponse:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with admin_channel(address) as channel:
         return await quarantine_pb2_grpc.QuarantineServiceStub(channel).ListMessages(
             pb.ListMessagesRequest()
         )
@@ -126,7 +127,7 @@ async def test_every_consumer_quarantines_its_poison_and_goes_on(start_service, 
     )
     await bus.publish(evaluations.EVALUATION_STARTED, started("later"), msg_id="later:started")
 
-    async with grpc.aio.insecure_channel(services["intelligence"].address) as channel:
+    async with admin_channel(services["intelligence"].address) as channel:
         intelligence = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
 
         async def registered() -> bool:
@@ -175,7 +176,7 @@ async def test_every_consumer_quarantines_its_poison_and_goes_on(start_service, 
     # The gateway's bus user may not publish task.status (the reconciler reads it too): its
     # quarantine refuses to replay the status event, and keeps it.
     [status] = (await quarantined(services["gateway"].address)).messages
-    async with grpc.aio.insecure_channel(services["gateway"].address) as channel:
+    async with admin_channel(services["gateway"].address) as channel:
         stub = quarantine_pb2_grpc.QuarantineServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.ReplayMessage(pb.ReplayMessageRequest(id=status.id))
@@ -197,7 +198,7 @@ async def test_a_quarantined_evaluation_event_is_replayed_once_it_can_apply(star
     )
     await bus.publish(evaluations.EVALUATION_STARTED, started("early"), msg_id="early:started")
 
-    async with grpc.aio.insecure_channel(services["intelligence"].address) as channel:
+    async with admin_channel(services["intelligence"].address) as channel:
         stub = quarantine_pb2_grpc.QuarantineServiceStub(channel)
         intelligence = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
 

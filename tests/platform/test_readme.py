@@ -57,8 +57,10 @@ def stack_env(tmp_path):
 def localise(script: str, ports: dict[str, int], demo: int) -> str:
     for name, port in DEFAULT_PORTS.items():
         script = script.replace(f"127.0.0.1:{port}", f"127.0.0.1:{ports[name]}")
-    return script.replace("127.0.0.1:8181", f"127.0.0.1:{demo}").replace(
-        "export PATH=$PWD/.venv/bin:$PATH", ""
+    return (
+        script.replace("127.0.0.1:8181", f"127.0.0.1:{demo}")
+        .replace("export PATH=$PWD/.venv/bin:$PATH", "")
+        .replace(".dispo/admin.token", "$DISPO_DATA_DIR/admin.token")
     )
 
 
@@ -106,7 +108,7 @@ async def test_the_tour_runs_as_written(stack_env, tmp_path):
             [sys.executable, "-c", python],
             capture_output=True,
             text=True,
-            env=env,
+            env={**env, "DISPO_TOKEN": (Path(env["DISPO_DATA_DIR"]) / "admin.token").read_text()},
             timeout=60,
         )
         assert result.stdout.strip() == "SUCCEEDED", result.stdout + result.stderr

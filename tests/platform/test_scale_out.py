@@ -61,7 +61,7 @@ async def stream_leader(cluster: NatsCluster, stream: str) -> str:
 
 
 async def test_two_gateways_three_executors_survive_a_killed_nats_node_without_double_effects(
-    start_service, fake_server, cluster, tmp_path
+    start_service, fake_server, cluster, tmp_path, tokens
 ):
     seen_keys: set[str] = set()
 
@@ -90,7 +90,7 @@ async def test_two_gateways_three_executors_survive_a_killed_nats_node_without_d
     gateways = [await start_service("gateway", env) for _ in range(2)]
     for _ in range(3):
         await start_service("executor", env)
-    clients = [AsyncClient(g.address) for g in gateways]
+    clients = [AsyncClient(g.address, token=tokens.admin) for g in gateways]
     accepted: list[str] = []
 
     async def submit(i: int) -> None:

@@ -1,6 +1,7 @@
 """`dispo up` on a fresh folder: everything SERVING, crashes restarted, data kept across restarts."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -39,6 +40,21 @@ async def test_up_status_restart_and_data_kept(stack):
             "address": f"127.0.0.1:{stack.env[f'DISPO_{name.upper()}_PORT']}",
             "status": "SERVING",
         }
+
+    # the first start made an admin token, owner-only, said where, and the CLI reads it there;
+    # each process got its own service token
+    token_file = stack.data_dir / "admin.token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert str(token_file) in stack.output.read_text()
+    listed = stack.run("tokens", "--json", "list")
+    assert listed.returncode == 0, listed.stdout
+    made = json.loads(listed.stdout)
+    assert [t["kind"] for t in made].count("TOKEN_KIND_ADMIN") == 1
+    assert {t["service"] for t in made if t["kind"] == "TOKEN_KIND_SERVICE"} == {
+        *SERVICES,
+        "pool-worker",
+    }
+    first_token = stack.token
 
     # the pool's worker process and the demo downstream run beside the services
     state = read_state(stack.data_dir)
@@ -98,6 +114,7 @@ async def test_up_status_restart_and_data_kept(stack):
     assert code == 1 and {info["status"] for info in report.values()} == {"UNREACHABLE"}
 
     await stack.up()
+    assert stack.token == first_token  # made once, kept
     state = read_state(stack.data_dir)
     conn = await asyncpg.connect(
         state["database_url"], password=stack.database_passwords()["postgres"]

@@ -29,7 +29,7 @@ def stack(tmp_path):
 async def submit_and_finish(stack: RunningStack, key: str) -> str:
     """Submit a one-node task (retried under the same key while the gateway is unavailable)
     and wait for its end; its terminal status."""
-    async with AsyncClient(stack.address("gateway")) as client:
+    async with AsyncClient(stack.address("gateway"), token=stack.token) as client:
 
         async def submit():
             try:

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import grpc
 import pytest
 from aiohttp import web
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
@@ -32,6 +31,7 @@ from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.sweeps import create_cron
+from support.auth import admin_channel, session_tokens
 from support.http import FakeServer
 
 DEFAULT_TARGET = "http://127.0.0.1:9"
@@ -90,15 +90,16 @@ async def pool(pool_engine, manual_clock, tmp_path, bus, wakes) -> Pool:
 
 
 @pytest.fixture
-async def stub(pool: Pool) -> AsyncIterator[pool_pb2_grpc.PoolServiceStub]:
+async def stub(pool: Pool, authorizer) -> AsyncIterator[pool_pb2_grpc.PoolServiceStub]:
     """The ``pool`` fixture's PoolService on a real gRPC server in this process."""
     server = create_server(
         "127.0.0.1:0",
         [lambda s: pool_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(pool), s)],
         [SERVICE_NAME],
+        authorizer(),
     )
     await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+    async with admin_channel(f"127.0.0.1:{server.port}") as channel:
         yield pool_pb2_grpc.PoolServiceStub(channel)
     await server.stop(0)
 
@@ -175,6 +176,7 @@ async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_
                     "DISPO_POOL_WORKER_POOL_ADDRESS": service.address,
                     "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
                     "DISPO_EGRESS_ALLOW": target.url,
+                    **session_tokens().service_env("pool-worker"),
                 },
                 None,
                 tmp_path / "pool-worker.log",

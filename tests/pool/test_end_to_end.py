@@ -11,6 +11,7 @@ from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from outbox_subjects import assert_outbox_subjects_declared
 from support import eventually
+from support.auth import admin_channel
 
 
 async def test_formal_evaluation_completes_and_is_analysed(
@@ -20,8 +21,8 @@ async def test_formal_evaluation_completes_and_is_analysed(
     pool, _ = await pool_stack()
     target.answers["/broken"] = (500, {"error": "boom"})
     async with (
-        grpc.aio.insecure_channel(pool.address) as channel,
-        grpc.aio.insecure_channel(intelligence.address) as ichannel,
+        admin_channel(pool.address) as channel,
+        admin_channel(intelligence.address) as ichannel,
     ):
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         istub = intelligence_pb2_grpc.IntelligenceServiceStub(ichannel)

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 
-import grpc
 import pytest
 from aiohttp import web
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
@@ -22,6 +21,7 @@ from dispo.libs.stack.openclaw import ensure_openclaw
 from dispo.libs.stack.stack import read_state
 from dispo.pool.drivers.openclaw import PROVIDER, OpenClawCli
 from support import eventually
+from support.auth import admin_channel
 from support.stack import DISPO, alive
 
 from .test_openclaw import SLOW, automations, cli_for, namespace
@@ -60,7 +60,7 @@ async def test_pool_drives_an_evaluation_through_real_automations_across_a_gatew
     space = namespace()
     pool = await pool_on(openclaw_gateway, start_service, file_clock, space, target)
     created = await eventually(lambda: automations(cli, space), lambda a: len(a) == 2, timeout=SLOW)
-    async with grpc.aio.insecure_channel(pool.address) as channel:
+    async with admin_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         status = await stub.GetPoolStatus(pb.GetPoolStatusRequest())
         assert status.driver == pb.DRIVER_OPENCLAW and status.size == 2
@@ -128,7 +128,7 @@ async def test_pool_scales_automations_and_replaces_a_disabled_one_holding_work(
     space = namespace()
     pool = await pool_on(openclaw_gateway, start_service, file_clock, space, target)
     await eventually(lambda: automations(cli, space), lambda a: len(a) == 2, timeout=SLOW)
-    async with grpc.aio.insecure_channel(pool.address) as channel:
+    async with admin_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         # Scale up: a minimum of 3 adds one automation at the next sweep pass.
         await stub.SetPoolBounds(pb.SetPoolBoundsRequest(min_size=3, max_size=4))
@@ -242,7 +242,7 @@ async def test_dispo_up_starts_a_gateway_for_the_pool(
         created = await eventually(
             lambda: automations(cli, "default"), lambda a: len(a) == 2, timeout=SLOW
         )
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{pool_port}") as channel:
+        async with admin_channel(f"127.0.0.1:{pool_port}") as channel:
             stub = pool_pb2_grpc.PoolServiceStub(channel)
             status = await stub.GetPoolStatus(pb.GetPoolStatusRequest())
             crons = (await stub.ListCrons(pb.ListCronsRequest())).crons
@@ -311,7 +311,7 @@ async def test_agent_payload_plans_the_next_step_on_a_model_and_reports_through_
     ).values()
     assert job["payload"]["kind"] == "agentTurn"
     assert job["payload"]["model"] == f"{PROVIDER}/planner"
-    async with grpc.aio.insecure_channel(pool.address) as channel:
+    async with admin_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         await stub.CreateEvaluation(
             create_request(target.url, "claw-3", window_seconds=60, slot_count=1, runs_per_slot=1)

@@ -10,6 +10,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from support import eventually
+from support.auth import admin_channel
 from support.stack import alive
 
 
@@ -37,7 +38,7 @@ def create_request(target_url: str, evaluation_id: str, **schedule) -> pb.Create
 
 async def evaluation(address: str, evaluation_id: str) -> pb.Evaluation | None:
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with admin_channel(address) as channel:
             return await pool_pb2_grpc.PoolServiceStub(channel).GetEvaluation(
                 pb.GetEvaluationRequest(evaluation_id=evaluation_id), timeout=5
             )
@@ -49,7 +50,7 @@ async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(
     pool_stack, target, file_clock
 ):
     pool, worker = await pool_stack()
-    async with grpc.aio.insecure_channel(pool.address) as channel:
+    async with admin_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         status = await eventually(lambda: _size(stub, 5))
         assert status.driver == pb.DRIVER_LOCAL and status.idle == 5
@@ -95,7 +96,7 @@ async def test_pool_service_and_worker_killed_mid_evaluation_lose_nothing(
         lambda: _status(pool.address, "survivor", pb.EVALUATION_STATUS_COMPLETED), timeout=60
     )
     assert done.runs_done == done.runs_total == 10
-    async with grpc.aio.insecure_channel(pool.address) as channel:
+    async with admin_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         history = (
             await stub.ListAssignments(pb.ListAssignmentsRequest(evaluation_id="survivor"))
@@ -129,7 +130,7 @@ async def _status(address: str, evaluation_id: str, status: int):
 
 async def test_bad_requests_get_precise_statuses(pool_stack, target):
     pool, _ = await pool_stack()
-    async with grpc.aio.insecure_channel(pool.address) as channel:
+    async with admin_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as bad:
             await stub.CreateEvaluation(create_request("not-a-url", "x1"))
@@ -249,7 +250,7 @@ async def test_spawned_worker_is_restarted_and_dies_with_the_pool(
         },
     )
     [worker_pid] = await eventually(lambda: _children(pool.process.pid))
-    async with grpc.aio.insecure_channel(pool.address) as channel:
+    async with admin_channel(pool.address) as channel:
         stub = pool_pb2_grpc.PoolServiceStub(channel)
         await eventually(lambda: _size(stub, 5))
         await stub.CreateEvaluation(

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
@@ -27,6 +26,7 @@ from dispo.reconciler.context import Context
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
 from sqlalchemy import text
+from support.auth import admin_channel, session_tokens
 
 from .fakes import CallbackReceiver, FakeDownstream
 
@@ -207,11 +207,14 @@ async def recon(
             random.Random(7),
             # The callbacks' receiver, and a port where nothing listens.
             egress=AllowList.parse(f"{receiver.server.url},http://127.0.0.1:9"),
+            service_token=session_tokens().services["reconciler"],
         )
 
 
 @pytest.fixture
-async def stub(recon: Context) -> AsyncIterator[reconciler_pb2_grpc.ReconcilerServiceStub]:
+async def stub(
+    recon: Context, authorizer: Any
+) -> AsyncIterator[reconciler_pb2_grpc.ReconcilerServiceStub]:
     server = create_server(
         "127.0.0.1:0",
         [
@@ -220,9 +223,10 @@ async def stub(recon: Context) -> AsyncIterator[reconciler_pb2_grpc.ReconcilerSe
             )
         ],
         [SERVICE_NAME],
+        authorizer(),
     )
     await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+    async with admin_channel(f"127.0.0.1:{server.port}") as channel:
         yield reconciler_pb2_grpc.ReconcilerServiceStub(channel)
     await server.stop(0)
 

@@ -40,7 +40,7 @@ WAIT_FOR = {
 }
 
 
-async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path):
+async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_path, tokens):
     catalogue = tmp_path / "catalogue.yaml"
     catalogue.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:8181", downstream.url))
     policy = yaml.safe_load((ROOT / "services/reconciler/recovery.yaml").read_text())
@@ -65,7 +65,7 @@ async def test_the_walkthrough_runs_as_written(start_service, downstream, tmp_pa
     )
     commands = walkthrough_commands()
     assert len(commands) >= 14
-    env = {"PATH": f"{BIN}:/usr/bin:/bin"}
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "DISPO_TOKEN": tokens.admin}
     outputs = []
     for command, expect in commands:
         shell = (

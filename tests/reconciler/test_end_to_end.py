@@ -20,6 +20,7 @@ from dispo.libs.sdk import cell
 from outbox_subjects import assert_outbox_subjects_declared
 from pipeline_fixtures import dump, wait_status, wait_until
 from support import eventually
+from support.auth import admin_channel
 
 from .conftest import CONFIG
 
@@ -105,7 +106,7 @@ async def start_reconciler(
                 **env,
             },
         )
-        channel = grpc.aio.insecure_channel(process.address)
+        channel = admin_channel(process.address)
         channels.append(channel)
         return Reconciler(
             process, file_clock, channel, reconciler_pb2_grpc.ReconcilerServiceStub(channel)

@@ -5,12 +5,12 @@ import asyncio
 from pathlib import Path
 
 import asyncpg
-import grpc
 import yaml
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from support import eventually
+from support.auth import admin_channel
 
 from .conftest import CELLS, CONFIG, envelope, node
 
@@ -42,7 +42,7 @@ def reconciler_env(tmp_path: Path, file_clock, **extra: str) -> dict[str, str]:
 
 
 async def states(address: str) -> dict[str, int]:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with admin_channel(address) as channel:
         stub = reconciler_pb2_grpc.ReconcilerServiceStub(channel)
         reply = await stub.ListRecoveryTasks(
             pb.ListRecoveryTasksRequest(
@@ -119,7 +119,7 @@ async def test_killed_mid_redrive_loses_nothing_and_redrives_nothing_twice(
     sent = await eventually(lambda: _creates_at_least(bus, 12))
     assert sorted(e.task_id for e in sent) == ids  # every task exactly once
     assert {e.generation for e in sent} == {3}
-    async with grpc.aio.insecure_channel(reconciler.address) as channel:
+    async with admin_channel(reconciler.address) as channel:
         stub = reconciler_pb2_grpc.ReconcilerServiceStub(channel)
         for task_id in ids:
             detail = await stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task_id))

@@ -20,6 +20,7 @@ from dispo.pool.drivers.local import Registry
 from dispo.reconciler.drift import MIGRATIONS, SERVICE_NAME, DriftChecker, register
 from sqlalchemy import text
 from support import eventually
+from support.auth import admin_channel
 
 REQUEST = dict(
     series="s",
@@ -34,7 +35,7 @@ REQUEST = dict(
 
 
 @pytest.fixture
-async def drift_env(start_service, service_engine, database_url, file_clock, tmp_path):
+async def drift_env(start_service, service_engine, database_url, file_clock, tmp_path, authorizer):
     registry_path = tmp_path / "registry.sqlite"
     pool = await start_service(
         "pool",
@@ -47,14 +48,16 @@ async def drift_env(start_service, service_engine, database_url, file_clock, tmp
     )
     reconciler_engine = await service_engine("reconciler", MIGRATIONS)
     pool_db = create_engine(database_url, "pool")
-    channel = grpc.aio.insecure_channel(pool.address)
+    channel = admin_channel(pool.address)
     checker = DriftChecker(
         reconciler_engine, pool_pb2_grpc.PoolServiceStub(channel), FileClock(file_clock.path)
     )
-    server = create_server("127.0.0.1:0", [lambda s: register(s, checker)], [SERVICE_NAME])
+    server = create_server(
+        "127.0.0.1:0", [lambda s: register(s, checker)], [SERVICE_NAME], authorizer()
+    )
     await server.start()
     await server.set_serving(True)
-    drift_channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    drift_channel = admin_channel(f"127.0.0.1:{server.port}")
     yield (
         pool_pb2_grpc.PoolServiceStub(channel),
         drift_pb2_grpc.DriftServiceStub(drift_channel),
@@ -188,7 +191,7 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
 
 async def test_check_against_an_unreachable_pool_is_unavailable_and_records_nothing(service_engine):
     engine = await service_engine("reconciler", MIGRATIONS)
-    async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:
+    async with admin_channel("127.0.0.1:1") as channel:
         checker = DriftChecker(
             engine, pool_pb2_grpc.PoolServiceStub(channel), ManualClock(), timeout_seconds=1
         )
@@ -214,10 +217,10 @@ async def test_reconciler_process_serves_drift_checks_against_the_pool(
     reconciler = await start_service(
         "reconciler", env={**file_clock.env, "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": pool.address}
     )
-    async with grpc.aio.insecure_channel(pool.address) as channel:
+    async with admin_channel(pool.address) as channel:
         await _crons(pool_pb2_grpc.PoolServiceStub(channel), 5)
     Registry(registry).create("cron-stray", json.dumps({"status": "idle", "eval_id": ""}))
-    async with grpc.aio.insecure_channel(reconciler.address) as channel:
+    async with admin_channel(reconciler.address) as channel:
         drift = drift_pb2_grpc.DriftServiceStub(channel)
         result = await drift.RunDriftCheck(pb.RunDriftCheckRequest())
         assert [(r.kind, r.cron_id, r.outcome) for r in result.repairs] == [

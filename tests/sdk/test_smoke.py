@@ -40,7 +40,7 @@ async def test_async_client_submits_and_waits(client, downstream):
 
 async def test_sync_client_submit_get_wait_list_and_errors(pipeline):
     def use_sync_client():
-        with Client(pipeline.gateway.address) as dispo:
+        with Client(pipeline.gateway.address, token=pipeline.token) as dispo:
             task = dispo.submit("sync", [cell("noop")], idempotency_key="once")
             again = dispo.submit("sync", [cell("noop")], idempotency_key="once")
             done = dispo.wait(task.task_id, timeout=30)

@@ -22,7 +22,7 @@ import itertools
 import os
 import queue
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 import asyncpg
@@ -70,9 +70,10 @@ class TestDatabases:
         self._worker: threading.Thread | None = None
         self._last_error: BaseException | None = None
 
-    async def build_template(self) -> None:
+    async def build_template(self, seed: Callable[[str], Awaitable[None]] | None = None) -> None:
         """Create the roles and the template, bootstrap it and migrate every chain into it
-        as the chain's owner; start the clone worker."""
+        as the chain's owner, then ``seed(url)`` it (rows every test database starts with);
+        start the clone worker."""
         await _execute(
             self.server_url,
             f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)',
@@ -87,6 +88,8 @@ class TestDatabases:
                 await migrate(engine, schema, location)
             finally:
                 await engine.dispose()
+        if seed is not None:
+            await seed(self.role_url(TEMPLATE, "gateway"))  # the token store's writer
         self._worker = threading.Thread(target=self._work, name="test-databases", daemon=True)
         self._worker.start()
 

@@ -52,6 +52,11 @@ class RunningStack:
         service's role's."""
         return json.loads((self.data_dir / PASSWORDS_FILE).read_text())
 
+    @property
+    def token(self) -> str:
+        """The admin token the stack made on its first start."""
+        return (self.data_dir / "admin.token").read_text().strip()
+
     def address(self, service: str) -> str:
         return f"127.0.0.1:{self.env[f'DISPO_{service.upper()}_PORT']}"
 

@@ -27,6 +27,7 @@ import os
 import shlex
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from dispo.libs.logging import get_logger
@@ -108,13 +109,19 @@ class OpenClawCli:
         return answer
 
 
-def wake_command(pool_address: str) -> Callable[[str], str]:
+def wake_command(pool_address: str, token_file: Path | None = None) -> Callable[[str], str]:
     """The command payload of a cron's automation: this Python running the pool's wake
-    entry point (``dispo-pool-wake``) against ``pool_address``."""
+    entry point (``dispo-pool-wake``) against ``pool_address``, with the pool's own token
+    read from ``token_file`` (owner-only; the command names the file, never the secret)."""
+    token = ["--token-file", str(token_file)] if token_file is not None else []
 
     def command(cron_id: str) -> str:
         return shlex.join(
-            [sys.executable, "-m", "dispo.pool.wake", "--cron", cron_id, "--pool", pool_address]
+            [
+                sys.executable,
+                *("-m", "dispo.pool.wake", "--cron", cron_id, "--pool", pool_address),
+                *token,
+            ]
         )
 
     return command

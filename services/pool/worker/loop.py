@@ -15,6 +15,7 @@ import grpc
 import httpx
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.auth import open_channel
 from dispo.libs.bus import Bus, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.evaluation import VERDICT_TO_PB
@@ -179,7 +180,7 @@ async def main_async() -> None:
         inbox=inbox_prefix("pool"),
     )
     async with (
-        grpc.aio.insecure_channel(settings.pool_address) as channel,
+        open_channel(settings.pool_address, common.service_token) as channel,
         httpx.AsyncClient(timeout=settings.http_timeout_seconds) as http,
     ):
         worker = Worker(

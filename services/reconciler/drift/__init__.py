@@ -60,9 +60,7 @@ async def install(rt: Runtime) -> DriftChecker:
     """Wire the drift checks into a reconciler runtime."""
     settings = DriftSettings()
     await migrate(rt.engine, rt.name, MIGRATIONS)
-    channel = rt.close_on_stop(
-        grpc.aio.insecure_channel(settings.pool_address), name="pool channel"
-    )
+    channel = rt.channel(settings.pool_address)
     checker = DriftChecker(
         rt.engine, pool_pb2_grpc.PoolServiceStub(channel), rt.clock, settings.timeout_seconds
     )

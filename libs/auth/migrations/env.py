@@ -1,0 +1,3 @@
+from dispo.libs.db.migrations import run_env
+
+run_env()

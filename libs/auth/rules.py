@@ -1,0 +1,131 @@
+"""Who may call what: one rule per RPC of every service, declared here once.
+
+An admin token may call every RPC. A business token may call the RPCs marked ``BUSINESS``,
+and their servicers show and touch only its own business's work (:mod:`.scope`). A service
+token may call the RPCs that name its service: the calls services make to one another. An
+RPC with no rule here is refused to everyone, so an RPC added without one cannot be reached
+(tests/platform/test_auth_matrix.py walks every RPC the services serve).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dispo.libs.auth.tokens import Kind, Principal
+
+
+@dataclass(frozen=True)
+class Rule:
+    business: bool = False
+    services: frozenset[str] = field(default_factory=frozenset)
+
+    def admits(self, principal: Principal) -> bool:
+        if principal.kind is Kind.ADMIN:
+            return True
+        if principal.kind is Kind.BUSINESS:
+            return self.business
+        return principal.service in self.services
+
+    def needs(self) -> str:
+        who = ["an admin token"]
+        if self.business:
+            who.append("a business token")
+        who += [f"the service token of {s!r}" for s in sorted(self.services)]
+        return " or ".join(who)
+
+
+# Operators only.
+ADMIN = Rule()
+# Business tokens too, scoped to their own business by the servicer.
+BUSINESS = Rule(business=True)
+
+
+def internal(*services: str, business: bool = False) -> Rule:
+    """Called by these services (and by admins)."""
+    return Rule(business=business, services=frozenset(services))
+
+
+def _methods(service: str, **rules: Rule) -> dict[str, Rule]:
+    return {f"/{service}/{method}": rule for method, rule in rules.items()}
+
+
+RULES: dict[str, Rule] = {
+    **_methods(
+        "dispo.gateway.v1.GatewayService",
+        # The reconciler submits compensating cells for the business of the task they undo.
+        Submit=internal("reconciler", business=True),
+        GetTask=BUSINESS,
+        ListTasks=BUSINESS,
+        CancelTask=BUSINESS,
+        WatchTask=BUSINESS,
+        ListCells=BUSINESS,
+    ),
+    **_methods(
+        "dispo.auth.v1.TokenService", CreateToken=ADMIN, ListTokens=ADMIN, RevokeToken=ADMIN
+    ),
+    **_methods("dispo.executor.v1.ExecutorService", ListDownstreams=ADMIN),
+    **_methods(
+        "dispo.reconciler.v1.ReconcilerService",
+        ListRecoveryTasks=BUSINESS,
+        ListFailedWork=BUSINESS,
+        GetRecoveryTask=BUSINESS,
+        # A business resumes its own FAILED task; RedriveByFilter is the bulk redrive.
+        RedriveTask=BUSINESS,
+        RedriveByFilter=ADMIN,
+        AbandonTask=ADMIN,
+        ResolveNode=ADMIN,
+        ListDownstreams=ADMIN,
+        PauseDownstream=ADMIN,
+        ResumeDownstream=ADMIN,
+        GetCompletion=BUSINESS,
+        ListFindings=ADMIN,
+        ListVerdicts=ADMIN,
+        RunSweep=ADMIN,
+    ),
+    **_methods("dispo.reconciler.v1.DriftService", RunDriftCheck=ADMIN, ListRepairs=ADMIN),
+    # Evaluations and analysis jobs belong to no business: operators' work.
+    **_methods(
+        "dispo.intelligence.v1.IntelligenceService",
+        CreateEvaluation=ADMIN,
+        RecordRunResults=ADMIN,
+        CompleteEvaluation=ADMIN,
+        GetEvaluation=ADMIN,
+        AssignAnalysisModel=ADMIN,
+        ListAnalysisModels=ADMIN,
+        TriggerAnalysis=ADMIN,
+        TriggerComparison=ADMIN,
+        GetAnalysis=ADMIN,
+        GetComparison=ADMIN,
+        ListJobs=ADMIN,
+    ),
+    **_methods(
+        "dispo.pool.v1.PoolService",
+        GetPoolStatus=ADMIN,
+        ListCrons=ADMIN,
+        ListAssignments=ADMIN,
+        ListQueue=ADMIN,
+        ListResizes=ADMIN,
+        CreateEvaluation=ADMIN,
+        GetEvaluation=ADMIN,
+        PauseEvaluation=ADMIN,
+        ResumeEvaluation=ADMIN,
+        CancelEvaluation=ADMIN,
+        BoostEvaluation=ADMIN,
+        SetPoolBounds=ADMIN,
+        ForceRelease=ADMIN,
+        # The cron protocol: the pool-worker's crons, and the pool's own wake command (the
+        # openclaw driver's automations run it with the pool's token).
+        WakeCron=internal("pool", "pool-worker"),
+        RecordRun=internal("pool", "pool-worker"),
+        # The reconciler's drift checks.
+        GetDriftView=internal("reconciler"),
+        ApplyRepair=internal("reconciler"),
+    ),
+    **_methods(
+        "dispo.quarantine.v1.QuarantineService",
+        ListMessages=ADMIN,
+        GetMessage=ADMIN,
+        ReplayMessage=ADMIN,
+        DiscardMessage=ADMIN,
+    ),
+}

@@ -1,0 +1,81 @@
+"""API tokens as the platform sees them: who a bearer is, and how a secret is made and kept.
+
+A secret is 32 random bytes (:func:`secrets.token_urlsafe`) behind the ``dispo_`` prefix. It
+is shown once and only its SHA-256 is stored: for a secret of 256 random bits a plain hash
+is as good as a slow one (nothing to guess from a dictionary), and it lets every server
+look a token up by its hash in one indexed read (ADR 0038).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+PREFIX = "dispo_"
+
+
+class Kind(StrEnum):
+    """What a token may do (docs/security.md)."""
+
+    # A business line's token: its own tasks only.
+    BUSINESS = "business"
+    # An operator's token: every RPC.
+    ADMIN = "admin"
+    # A service's credential for its calls to other services.
+    SERVICE = "service"
+
+
+def new_secret() -> str:
+    return PREFIX + secrets.token_urlsafe(32)
+
+
+def new_token_id() -> str:
+    return "tok_" + secrets.token_hex(8)
+
+
+def secret_hash(secret: str) -> str:
+    """What the token store keeps of ``secret``: its SHA-256, in hex."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The bearer of a valid token: what a server knows about the caller of an RPC."""
+
+    token_id: str
+    kind: Kind
+    business: str = ""
+    service: str = ""
+    expires_at: datetime | None = None
+
+    def describe(self) -> str:
+        match self.kind:
+            case Kind.BUSINESS:
+                return f"a token of business {self.business!r}"
+            case Kind.SERVICE:
+                return f"the service token of {self.service!r}"
+            case _:
+                return "an admin token"
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """A row of the token store, without its hash."""
+
+    token_id: str
+    kind: Kind
+    business: str
+    service: str
+    label: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+    def principal(self) -> Principal:
+        return Principal(self.token_id, self.kind, self.business, self.service, self.expires_at)
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now

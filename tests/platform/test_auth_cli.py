@@ -1,0 +1,88 @@
+"""`dispo tokens` against a real gateway: a token is made, shown once, listed without its
+secret, revoked, and refused from then on; a token that expired is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.auth import open_channel
+
+DISPO = str(Path(sys.executable).parent / "dispo")
+
+
+def dispo(gateway: str, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DISPO, "--token", token, "tokens", "--gateway", gateway, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def list_cells(address: str, token: str) -> grpc.StatusCode:
+    async with open_channel(address, token) as channel:
+        try:
+            await gateway_pb2_grpc.GatewayServiceStub(channel).ListCells(
+                gateway_pb2.ListCellsRequest(), timeout=10
+            )
+        except grpc.aio.AioRpcError as error:
+            return error.code()
+    return grpc.StatusCode.OK
+
+
+async def test_create_list_revoke_through_the_cli(start_service, tokens, tmp_path):
+    gateway = (await start_service("gateway")).address
+
+    made = await asyncio.to_thread(
+        dispo, gateway, tokens.admin, "--json", "create", "--business", "shop", "--expires", "30d"
+    )
+    assert made.returncode == 0, made.stderr
+    created = json.loads(made.stdout)
+    secret, token_id = created["secret"], created["token"]["token_id"]
+    assert secret.startswith("dispo_") and created["token"]["business"] == "shop"
+    assert "expires_at" in created["token"]
+    assert await list_cells(gateway, secret) is grpc.StatusCode.OK
+
+    listed = await asyncio.to_thread(
+        dispo, gateway, tokens.admin, "--json", "list", "--business", "shop"
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert [t["token_id"] for t in json.loads(listed.stdout)] == [token_id]
+    assert secret not in listed.stdout
+
+    # a business token may not administer tokens
+    refused = await asyncio.to_thread(dispo, gateway, secret, "list")
+    assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr
+
+    revoked = await asyncio.to_thread(dispo, gateway, tokens.admin, "revoke", token_id)
+    assert revoked.returncode == 0, revoked.stderr
+    assert "revoked" in revoked.stdout
+    assert await list_cells(gateway, secret) is grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.parametrize("value", ["0d", "soon", "5w"])
+def test_an_expiry_that_is_not_a_duration_is_refused_before_any_call(value):
+    result = subprocess.run(
+        [
+            DISPO,
+            "tokens",
+            "--gateway",
+            "127.0.0.1:1",
+            "create",
+            "--business",
+            "b",
+            "--expires",
+            value,
+        ],
+        capture_output=True,
+        text=True,
+        env={"DISPO_TOKEN": "x", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 2 and "not a duration" in result.stderr

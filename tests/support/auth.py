@@ -1,0 +1,115 @@
+"""Tokens for the tests: every test database holds an admin token and one service token per
+process (seeded once into the template the databases are cloned from), so each test's
+clients and service processes authenticate as in a real stack.
+
+    tokens.admin                                  # the admin secret (fixture ``tokens``)
+    tokens.services["reconciler"]                 # what start_service hands the reconciler
+    async with admin_channel(service.address) as channel: ...   # an operator's channel
+    token_id, secret = await business_token(database_url, "ecommerce")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import grpc
+from dispo.libs.auth import (
+    RULES,
+    Authorizer,
+    Kind,
+    Rule,
+    TokenVerifier,
+    open_channel,
+    open_sync_channel,
+    store,
+)
+from dispo.libs.auth.tokens import TokenRecord, new_secret, new_token_id, secret_hash
+from dispo.libs.clock import SystemClock
+from dispo.libs.db import create_engine
+from dispo.libs.stack.stack import POOL_WORKER, SERVICES
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+CALLERS = (*SERVICES, POOL_WORKER)
+# This session's tokens, set by the ``infra`` fixture (tests/conftest.py).
+_session: list[TestTokens] = []
+
+
+@dataclass(frozen=True)
+class TestTokens:
+    __test__ = False  # not a test class
+
+    admin: str
+    services: dict[str, str]
+
+    @classmethod
+    def make(cls) -> TestTokens:
+        """New tokens for this session (:func:`session_tokens` returns them from now on)."""
+        made = cls(new_secret(), {name: new_secret() for name in CALLERS})
+        _session.append(made)
+        return made
+
+    async def seed(self, url: str) -> None:
+        """Store the tokens in the database at ``url``."""
+        entries = [(Kind.ADMIN, "", self.admin)] + [
+            (Kind.SERVICE, name, secret) for name, secret in self.services.items()
+        ]
+        engine = create_engine(url, "auth")
+        try:
+            async with engine.begin() as conn:
+                for kind, service, secret in entries:
+                    await store.token_insert(
+                        conn, record(kind, service=service), secret_hash(secret)
+                    )
+        finally:
+            await engine.dispose()
+
+    def service_env(self, name: str) -> dict[str, str]:
+        """The environment that hands ``name`` (a service or ``pool-worker``) its token."""
+        return {"DISPO_SERVICE_TOKEN": self.services[name]}
+
+
+def record(
+    kind: Kind, *, business: str = "", service: str = "", expires_at: datetime | None = None
+) -> TokenRecord:
+    return TokenRecord(
+        new_token_id(), kind, business, service, "test", datetime.now(UTC), expires_at, None
+    )
+
+
+async def business_token(
+    database_url: str, business: str, *, expires_at: datetime | None = None
+) -> tuple[str, str]:
+    """A new token of ``business`` in the test's database: (token id, secret)."""
+    secret = new_secret()
+    made = record(Kind.BUSINESS, business=business, expires_at=expires_at)
+    engine = create_engine(database_url, "auth")
+    try:
+        async with engine.begin() as conn:
+            await store.token_insert(conn, made, secret_hash(secret))
+    finally:
+        await engine.dispose()
+    return made.token_id, secret
+
+
+def authorizer(engine: AsyncEngine, rules: dict[str, Rule] | None = None) -> Authorizer:
+    """What a service's server checks calls with, for a server a test runs in-process on
+    ``engine`` (no cache, so a revoke shows at once); ``rules`` adds rules for test methods."""
+    return Authorizer(TokenVerifier(engine, SystemClock(), 0), {**RULES, **(rules or {})})
+
+
+def session_tokens() -> TestTokens:
+    """The tokens every test database of this session holds."""
+    if not _session:
+        raise RuntimeError("no test infrastructure yet: ask for a database or service fixture")
+    return _session[-1]
+
+
+def admin_channel(address: str) -> grpc.aio.Channel:
+    """A channel to ``address`` whose calls carry the session's admin token."""
+    return open_channel(address, session_tokens().admin)
+
+
+def admin_sync_channel(address: str) -> grpc.Channel:
+    """A blocking channel to ``address`` whose calls carry the session's admin token."""
+    return open_sync_channel(address, session_tokens().admin)
