@@ -22,6 +22,8 @@ class DomainError(Exception):
     """Base of all errors a caller should see with a specific gRPC status."""
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    # Seconds after which the same call may succeed (sent as a google.rpc.RetryInfo).
+    retry_after: float | None = None
 
     def __init__(self, message: str, violations: list[FieldViolation] | None = None) -> None:
         super().__init__(message)
@@ -61,12 +63,16 @@ class FailedPrecondition(DomainError):
 
 
 class ResourceExhausted(DomainError):
-    """Size or rate limits. Give the field when one field is too large."""
+    """Size or rate limits. Give the field when one field is too large, ``retry_after``
+    (seconds) when a rate limit says when to come back."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, field: str | None = None, *, retry_after: float | None = None
+    ) -> None:
         super().__init__(message, [FieldViolation(field, message)] if field else None)
+        self.retry_after = retry_after
 
 
 class Unauthenticated(DomainError):

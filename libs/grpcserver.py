@@ -34,12 +34,15 @@ from grpc_status import rpc_status
 
 log = get_logger(__name__)
 
-# Keep well under the 4 MiB default so size errors come from our validation, with a field.
+# Above the largest request the field limits admit (50 cells of 64 KiB, a pool evaluation's
+# 200 cases of 16 KiB), so that a field too large is refused by its own check, naming it;
+# the gateway keeps a task's envelope under it too (docs/security.md, Limits).
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
 def rich_status(error: DomainError) -> grpc.Status:
-    """The status a caller sees for ``error``: code, message and field violations."""
+    """The status a caller sees for ``error``: code, message, field violations and when to
+    retry (``google.rpc.RetryInfo``)."""
     detail = status_pb2.Status(code=error.code.value[0], message=error.message)
     if error.violations:
         bad_request = error_details_pb2.BadRequest(
@@ -53,6 +56,10 @@ def rich_status(error: DomainError) -> grpc.Status:
         packed = any_pb2.Any()
         packed.Pack(bad_request)
         detail.details.append(packed)
+    if error.retry_after is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(max(1, round(error.retry_after * 1e9)))
+        detail.details.add().Pack(retry)
     return rpc_status.to_status(detail)
 
 

@@ -68,7 +68,8 @@ async def setup(rt: Runtime) -> None:
     )
     rt.add_servicer(
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-            GatewayServicer(gateway, settings.max_page_size), server
+            GatewayServicer(gateway, settings.max_page_size, settings.caller_limits(rt.clock)),
+            server,
         ),
         SERVICE_NAME,
     )

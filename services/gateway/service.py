@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +22,7 @@ from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
 from dispo.libs.egress import AllowList
 from dispo.libs.errors import FailedPrecondition, NotFound, ResourceExhausted
+from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay, OutboxRow
 from dispo.libs.payload import canonical_json
@@ -150,7 +151,8 @@ class Gateway:
         before anything is written, so that no task is accepted that could never reach the
         executor or come back from it."""
         bus = self.relay.bus
-        limit = bus.max_payload
+        # Carried by the bus, and small enough for GetTask to answer with (docs/security.md).
+        limit = min(bus.max_payload, MAX_MESSAGE_BYTES)
         largest = bus.message_size(
             tasks.largest_envelope_size(size, node_ids),
             msg_id=tasks.longest_envelope_id(task_id),
@@ -303,7 +305,7 @@ class Gateway:
                 event.set()
         return [item.task_id in applied and newest[item.task_id] is item for item in items]
 
-    async def watch(self, task_id: str) -> AsyncIterator[task_pb2.Task]:
+    async def watch(self, task_id: str) -> AsyncGenerator[task_pb2.Task, None]:
         """The task now, then each new version, until a terminal status."""
         last = -1
         try:

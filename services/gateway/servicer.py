@@ -11,6 +11,7 @@ from dispo.gateway.convert import (
     stored_status,
     submission_from_proto,
 )
+from dispo.gateway.limits import CallerLimits, limited_business
 from dispo.gateway.service import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -28,9 +29,10 @@ def _task_id(value: str) -> str:
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
-    def __init__(self, gateway: Gateway, max_page_size: int) -> None:
+    def __init__(self, gateway: Gateway, max_page_size: int, limits: CallerLimits) -> None:
         self.gateway = gateway
         self.max_page_size = max_page_size
+        self.limits = limits
 
     async def _visible(self, task_id: str) -> str:
         """``task_id`` if the caller may see it: another business's task is NOT_FOUND, as
@@ -43,7 +45,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def Submit(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitResponse:
-        business_filter(request.business, "business")
+        business = business_filter(request.business, "business")
+        self.limits.admit_submit(limited_business(context, business))
         accepted = await self.gateway.submit(submission_from_proto(request))
         return gateway_pb2.SubmitResponse(
             task_id=accepted.task_id,
@@ -112,8 +115,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def WatchTask(
         self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
-        async for view in self.gateway.watch(await self._visible(_task_id(request.task_id))):
-            yield gateway_pb2.WatchTaskResponse(task=view)
+        views = self.gateway.watch(await self._visible(_task_id(request.task_id)))
+        try:
+            first = await anext(views, None)  # NOT_FOUND before any stream is held
+            if first is None:
+                return
+            with self.limits.watching(limited_business(context, first.business)):
+                yield gateway_pb2.WatchTaskResponse(task=first)
+                async for view in views:
+                    yield gateway_pb2.WatchTaskResponse(task=view)
+        finally:
+            await views.aclose()
 
     async def ListCells(
         self, request: gateway_pb2.ListCellsRequest, context: grpc.aio.ServicerContext

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dispo.gateway import limits
 from dispo.gateway.expand import Limits
+from dispo.libs.clock import Clock
 from dispo.libs.settings import service_settings_config
 from pydantic import Field
 from pydantic_settings import BaseSettings
@@ -45,6 +47,30 @@ class GatewaySettings(BaseSettings):
     submit_flushes: int = Field(
         default=2, ge=1, description="Most Submit transactions in progress at once"
     )
+    submit_rate_per_second: float = Field(
+        default=limits.SUBMIT_RATE_PER_SECOND,
+        ge=0,
+        description="Submits a second one business may make to one gateway process (a token"
+        " bucket; 0: no limit); beyond it RESOURCE_EXHAUSTED with a RetryInfo",
+    )
+    submit_burst: int = Field(
+        default=limits.SUBMIT_BURST,
+        ge=1,
+        description="Submits a business may make at once above its rate (the bucket's size)",
+    )
+    max_watches_per_business: int = Field(
+        default=limits.MAX_WATCHES_PER_BUSINESS,
+        ge=1,
+        description="WatchTask streams one business may hold open on one gateway process",
+    )
+
+    def caller_limits(self, clock: Clock) -> limits.CallerLimits:
+        return limits.CallerLimits(
+            clock,
+            submit_rate=self.submit_rate_per_second,
+            submit_burst=self.submit_burst,
+            max_watches=self.max_watches_per_business,
+        )
 
     def limits(self) -> Limits:
         return Limits(

@@ -200,6 +200,10 @@ class PoolPolicy:
     stuck_seconds: float = 600.0  # 10 minutes without activity → stuck
     hold_seconds: float = 7200.0  # 2 hours holding a cron → force release
     runs_per_wake: int = 50  # runs a cron performs per wake at most
+    # What one evaluation may ask for: runs in all (slot_count × runs_per_slot), and runs a
+    # second over its window.
+    max_runs_per_evaluation: int = 100_000
+    max_runs_per_second: float = 10.0
 
     @property
     def stuck_after(self) -> timedelta:

@@ -120,7 +120,7 @@ class Pool:
     async def create_evaluation(self, ev: Evaluation) -> Evaluation:
         if not ev.id:
             ev = replace(ev, id=f"ev-{uuid.uuid4().hex[:16]}")
-        validate_evaluation(ev, self.egress)
+        validate_evaluation(ev, self.egress, self.policy)
         now = self.clock.now()
         async with self.engine.begin() as conn:
             created = await repo.evaluation_insert(conn, ev, now)

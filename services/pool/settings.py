@@ -103,6 +103,17 @@ class PoolSettings(BaseSettings):
     runs_per_wake: int = Field(
         default=PoolPolicy.runs_per_wake, description="Runs a cron performs per wake at most"
     )
+    max_runs_per_evaluation: int = Field(
+        default=PoolPolicy.max_runs_per_evaluation,
+        ge=1,
+        description="Most runs one evaluation may ask for (slot_count × runs_per_slot)",
+    )
+    max_runs_per_second: float = Field(
+        default=PoolPolicy.max_runs_per_second,
+        gt=0,
+        description="Most runs a second one evaluation may ask for over its window"
+        " (runs ÷ window_seconds)",
+    )
     sweep_seconds: float = Field(
         default=30.0,
         description="How often (clock time) the pool runs its stuck, hold and scale sweeps",
@@ -119,6 +130,8 @@ class PoolSettings(BaseSettings):
             stuck_seconds=self.stuck_seconds,
             hold_seconds=self.hold_seconds,
             runs_per_wake=self.runs_per_wake,
+            max_runs_per_evaluation=self.max_runs_per_evaluation,
+            max_runs_per_second=self.max_runs_per_second,
         )
 
 

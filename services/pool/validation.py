@@ -9,7 +9,7 @@ from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from dispo.libs.evaluation import LINE_RULE, MAX_ID_CHARS, Line
 from dispo.libs.payload import PayloadError, parse_json_text
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
-from dispo.pool.domain import Evaluation
+from dispo.pool.domain import Evaluation, PoolPolicy
 from dispo.pool.scoring import validate_rule
 
 ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # the whole id: fullmatch
@@ -22,11 +22,15 @@ MAX_SLOTS = 10_000
 MAX_RUNS_PER_SLOT = 1_000
 # The embedded default's allow-list (the demo downstream); the service passes the configured one.
 DEFAULT_EGRESS = AllowList.parse(DEMO_DOWNSTREAM_ORIGIN)
+DEFAULT_POLICY = PoolPolicy()
 
 
-def validate_evaluation(ev: Evaluation, egress: AllowList = DEFAULT_EGRESS) -> None:
+def validate_evaluation(
+    ev: Evaluation, egress: AllowList = DEFAULT_EGRESS, policy: PoolPolicy = DEFAULT_POLICY
+) -> None:
     """Refuse a bad evaluation, naming every wrong field; its ``target_url`` must be on the
-    ``egress`` allow-list, and no case's path may lead away from it."""
+    ``egress`` allow-list, no case's path may lead away from it, and it may ask for no more
+    runs, in all and a second, than ``policy`` allows."""
     if len(ev.configuration_json.encode()) > MAX_CONFIGURATION_BYTES:
         raise ResourceExhausted(
             f"configuration_json exceeds {MAX_CONFIGURATION_BYTES} bytes", "configuration_json"
@@ -106,5 +110,30 @@ def validate_evaluation(ev: Evaluation, egress: AllowList = DEFAULT_EGRESS) -> N
         "runs_per_slot",
         f"must be in 1..{MAX_RUNS_PER_SLOT}",
     )
+    if not bad:
+        _check_runs(ev, policy, bad)
     if bad:
         raise InvalidArgument(violations=bad)
+
+
+def _check_runs(ev: Evaluation, policy: PoolPolicy, bad: list[FieldViolation]) -> None:
+    """The work one evaluation asks for: runs in all, and runs a second over its window."""
+    s = ev.schedule
+    runs = s.slot_count * s.runs_per_slot
+    if runs > policy.max_runs_per_evaluation:
+        bad.append(
+            FieldViolation(
+                "runs_per_slot",
+                f"slot_count × runs_per_slot is {runs} runs; the limit is"
+                f" {policy.max_runs_per_evaluation} runs per evaluation",
+            )
+        )
+    elif runs / s.window_seconds > policy.max_runs_per_second:
+        bad.append(
+            FieldViolation(
+                "window_seconds",
+                f"{runs} runs in {s.window_seconds} s is {runs / s.window_seconds:.4g} runs a"
+                f" second; the limit is {policy.max_runs_per_second:g} a second per"
+                " evaluation: widen the window or ask for fewer runs",
+            )
+        )
