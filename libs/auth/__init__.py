@@ -1,5 +1,5 @@
 """Who calls: API tokens, the one check every gRPC server makes, and the channels that send
-them (docs/security.md, ADR 0038).
+them (docs/security.md, ADR-0040).
 
 - :mod:`.tokens`: the domain (kinds, principal, secret and hash);
 - :mod:`.store`: ``auth.tokens``, written by the gateway, read by every service;

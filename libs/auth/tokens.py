@@ -3,7 +3,7 @@
 A secret is 32 random bytes (:func:`secrets.token_urlsafe`) behind the ``dispo_`` prefix. It
 is shown once and only its SHA-256 is stored: for a secret of 256 random bits a plain hash
 is as good as a slow one (nothing to guess from a dictionary), and it lets every server
-look a token up by its hash in one indexed read (ADR 0038).
+look a token up by its hash in one indexed read (ADR-0040).
 """
 
 from __future__ import annotations

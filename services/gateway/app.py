@@ -29,7 +29,7 @@ SERVICE_NAME = "dispo.gateway.v1.GatewayService"
 
 async def setup(rt: Runtime) -> None:
     settings = GatewaySettings()
-    # The token store: every service reads it, the gateway alone writes it (ADR 0038).
+    # The token store: every service reads it, the gateway alone writes it (ADR-0040).
     await migrate(rt.engine, AUTH_SCHEMA, AUTH_MIGRATIONS)
     if settings.auth_bootstrap_file:
         await apply_bootstrap(rt.engine, Path(settings.auth_bootstrap_file), rt.clock)

@@ -33,7 +33,7 @@ class GatewaySettings(BaseSettings):
     auth_bootstrap_file: str = Field(
         default="",
         description="Tokens to store on start unless their ids exist (ids, kinds and hashes;"
-        " `dispo up` writes it in the data folder, ADR 0038)",
+        " `dispo up` writes it in the data folder, ADR-0040)",
     )
     submit_batch: int = Field(
         default=500, ge=1, description="Most Submits recorded by one transaction (group commit)"

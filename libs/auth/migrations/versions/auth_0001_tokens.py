@@ -1,4 +1,4 @@
-"""The token store: API tokens by the SHA-256 of their secret (dispo.libs.auth, ADR 0038).
+"""The token store: API tokens by the SHA-256 of their secret (dispo.libs.auth, ADR-0040).
 
 Every service reads it to check the callers of its RPCs; only the gateway writes it: the
 schema is the gateway's role's, and the other services' roles are granted SELECT on its
