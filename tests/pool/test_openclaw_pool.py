@@ -214,6 +214,9 @@ async def test_dispo_up_starts_a_gateway_for_the_pool(
         "DISPO_DATA_DIR": str(data),
         "DISPO_POOL_PORT": str(pool_port),
         "DISPO_POOL_DATABASE_URL": role_url("pool"),
+        # dispo up also stores its tokens as the gateway (the token store's one writer),
+        # whichever services it runs: the gateway's role too stays the session's.
+        "DISPO_GATEWAY_DATABASE_URL": role_url("gateway"),
         "DISPO_POOL_MIN_SIZE": "2",
         "DISPO_POOL_TICK_SECONDS": "3600",
         "DISPO_POOL_OPENCLAW_TIMEOUT_SECONDS": str(SLOW),
