@@ -16,7 +16,6 @@ The files are made once; later starts reuse them.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, 
 from dispo.libs.clock import Clock
 from dispo.libs.db import create_engine, migrate
 from dispo.libs.logging import get_logger
+from dispo.libs.private_files import write_private
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
@@ -53,17 +53,6 @@ class StackCredentials:
 
     def service_token(self, service: str) -> str:
         return self.services[service].secret
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (never, even briefly, by others)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.unlink(missing_ok=True)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    temporary.replace(path)
 
 
 def _credential(data: dict[str, str]) -> Credential:
@@ -96,6 +85,7 @@ def stack_credentials(data_dir: Path, services: list[str]) -> StackCredentials:
     admin = _credential(admin_data)
     creds = {name: _credential(data) for name, data in service_data.items()}
     if changed:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_private(path, json.dumps({"admin": admin_data, "services": service_data}, indent=2))
         entries = [admin, *creds.values()]
         write_private(

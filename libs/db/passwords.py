@@ -12,11 +12,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
-import os
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
+
+from dispo.libs.private_files import kept_secrets
 
 PASSWORDS_FILE = "postgres-passwords.json"
 # PostgreSQL's own default for the verifiers it makes.
@@ -30,18 +30,7 @@ def new_password() -> str:
 def kept_passwords(path: Path, names: Iterable[str]) -> dict[str, str]:
     """Every password the file at ``path`` keeps, with one made for each of ``names`` it
     lacks (the file is created, or rewritten whole, with mode 0600)."""
-    kept: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
-    missing = [name for name in names if name not in kept]
-    if missing:
-        kept |= {name: new_password() for name in missing}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        written = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(kept, out, indent=2)
-        written.replace(path)  # readers never see half a file
-    path.chmod(0o600)
-    return kept
+    return kept_secrets(path, names, new_password)
 
 
 def scram_verifier(password: str, *, salt: bytes | None = None) -> str:

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dispo.libs.bus import BusCredentials
-from dispo.libs.stack.nats_auth import ADMIN, NatsUsers, write_private
+from dispo.libs.private_files import write_private
+from dispo.libs.stack.nats_auth import ADMIN, NatsUsers
 from dispo.libs.stack.process import ProcessSpec, wait_tcp
 
 

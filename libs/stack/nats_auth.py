@@ -21,7 +21,6 @@ server or cluster, each password read from the server's environment
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 
 from dispo.libs import contracts
 from dispo.libs.bus import BusCredentials, inbox_prefix
+from dispo.libs.private_files import kept_secrets
 
 ADMIN = "admin"
 # Every user of the bus: one per service that publishes or consumes, and the operators'.
@@ -97,18 +97,6 @@ def _render(value: Any, indent: str = "") -> str:
     return json.dumps(value)
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path``, readable and writable by its owner only from the start
-    (written beside it, then moved over it: a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    written = path.with_name(path.name + ".tmp")
-    fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(written, 0o600)  # a leftover of an earlier write may have had other bits
-    os.replace(written, path)
-
-
 @dataclass(frozen=True)
 class NatsUsers:
     """The users of one embedded bus and their passwords, kept in ``path``."""
@@ -122,13 +110,8 @@ class NatsUsers:
         password each; a user added since (a new service) gets one, the others keep theirs.
         Delete the file while the stack is stopped to give every user a new password."""
         path = Path(path)
-        kept = json.loads(path.read_text()) if path.exists() else {}
-        passwords = {user: kept.get(user) or secrets.token_hex(24) for user in USERS}
-        if passwords != kept:
-            write_private(path, json.dumps(passwords, indent=2) + "\n")
-        else:
-            os.chmod(path, 0o600)
-        return cls(path, passwords)
+        kept = kept_secrets(path, USERS, lambda: secrets.token_hex(24))
+        return cls(path, {user: kept[user] for user in USERS})
 
     def credentials(self, user: str) -> BusCredentials:
         return BusCredentials(user=user, password=self.passwords[user])

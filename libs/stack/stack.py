@@ -30,6 +30,7 @@ from dispo.libs.db.roles import (
     without_password,
 )
 from dispo.libs.logging import get_logger
+from dispo.libs.private_files import write_private
 from dispo.libs.service import until_reachable
 from dispo.libs.settings import server_settings
 from dispo.libs.stack.cluster import NatsCluster
@@ -448,9 +449,7 @@ class Stack:
 def _kept_token(path: Path) -> str:
     """The stack's gateway token, made once and kept beside its state."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_hex(16))
-        path.chmod(0o600)
+        write_private(path, secrets.token_hex(16))
     return path.read_text().strip()
 
 

@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.auth.bootstrap import write_private
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause
+from dispo.libs.private_files import write_private
 from dispo.libs.service import Runtime, run_service
 from dispo.libs.stack.openclaw import ensure_openclaw
 from dispo.pool import repository as repo
