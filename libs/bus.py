@@ -244,8 +244,13 @@ class Bus:
         *,
         max_age: float | None = None,
         duplicate_window: float = 120.0,
+        patience: float = 60.0,
     ) -> None:
-        """Create the stream or bring its subjects and limits to this configuration."""
+        """Create the stream or bring its subjects and limits to this configuration.
+
+        A cluster still placing a stream's replicas, or one whose meta leader is moving,
+        leaves a JetStream request unanswered or answers 503; those are tried again until
+        ``patience`` seconds have passed (every step is safe to repeat)."""
         config = StreamConfig(
             name=name,
             subjects=subjects,
@@ -254,6 +259,18 @@ class Bus:
             duplicate_window=duplicate_window,
             max_age=max_age,
         )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        while True:
+            try:
+                return await self._ensure_stream(name, config)
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as error:
+                if loop.time() >= deadline:
+                    raise
+                log.warning("stream not settled yet; trying again", stream=name, error=repr(error))
+                await asyncio.sleep(0.5)
+
+    async def _ensure_stream(self, name: str, config: StreamConfig) -> None:
         try:
             current = await self.js.stream_info(name)
         except NotFoundError:
@@ -262,7 +279,7 @@ class Bus:
                 return
             except nats.js.errors.BadRequestError:
                 current = await self.js.stream_info(name)  # a replica created it first
-        wanted = sorted(set(current.config.subjects or []) | set(subjects))
+        wanted = sorted(set(current.config.subjects or []) | set(config.subjects or []))
         if wanted != sorted(current.config.subjects or []):
             config.subjects = wanted
             await self.js.update_stream(config)

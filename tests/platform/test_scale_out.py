@@ -9,6 +9,7 @@ import asyncio
 from collections import Counter
 
 import pytest
+import structlog
 from aiohttp import web
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bus import Bus
@@ -56,6 +57,34 @@ async def stream_leader(cluster: NatsCluster, stream: str) -> str:
         info = await bus.js.stream_info(stream)
         assert info.cluster is not None and info.config.num_replicas == 3
         return info.cluster.leader
+    finally:
+        await bus.close()
+
+
+async def test_a_stream_declared_without_a_quorum_is_made_once_the_cluster_has_one(cluster):
+    """A service starting while the cluster cannot answer JetStream (two of its three nodes
+    down, no meta leader) waits for it instead of failing its start: the declaration is
+    tried again until the nodes are back, and the stream then has its three replicas."""
+    for node in cluster.nodes[1:]:
+        node.stop(kill=True)
+    bus = await Bus.connect(
+        cluster.urls, name="test-quorum", credentials=cluster.credentials(), replicas=3
+    )
+    try:
+        with structlog.testing.capture_logs() as logs:
+            declaring = asyncio.create_task(
+                bus.ensure_stream("QUORUM", ["quorum.>"], patience=300.0)
+            )
+            await eventually(
+                lambda: [e for e in logs if e["event"] == "stream not settled yet; trying again"],
+                timeout=60.0,
+                wanted="a declaration tried again",
+            )
+            assert not declaring.done()
+            await asyncio.to_thread(cluster.start, 120.0)
+            await asyncio.wait_for(declaring, 120.0)
+        info = await bus.js.stream_info("QUORUM")
+        assert info.config.num_replicas == 3 and info.config.subjects == ["quorum.>"]
     finally:
         await bus.close()
 
