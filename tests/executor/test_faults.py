@@ -105,8 +105,15 @@ async def test_two_executors_given_every_task_of_a_batch_run_each_effect_once(
     """Each executor opens a batch of passes in one transaction; with every task.create
     delivered to both (two durables), the batches overlap task by task, and still every
     node runs once: the HTTP calls counted by the downstream, the noop nodes by their
-    attempts."""
-    await pipeline.start_executor(DISPO_EXECUTOR_DURABLE="executor-twin")
+    attempts.
+
+    Both run with leases far longer than the test: a heartbeat starved on a loaded machine
+    must not hand a task to the twin mid-call (a legitimate re-run under the same key, but
+    not what is tested here; the kill tests cover lease expiry)."""
+    long_lease = {"DISPO_EXECUTOR_LEASE_TTL_SECONDS": "120"}
+    pipeline.executors[0].kill()  # idle: it holds no lease
+    await pipeline.start_executor(**long_lease)
+    await pipeline.start_executor(DISPO_EXECUTOR_DURABLE="executor-twin", **long_lease)
     count = 40
     async with pipeline.client() as client:
         submitted = await asyncio.gather(
