@@ -171,7 +171,8 @@ async def test_pool_scales_automations_and_replaces_a_disabled_one_holding_work(
         )
         await eventually(lambda: target.waiting, lambda n: n == 1, timeout=SLOW)
         kill_wake(victim)
-        target.hold = None
+        held_call, target.hold = target.hold, None
+        held_call.set()  # the killed wake's call ends (its answer goes nowhere)
         await cli("cron", "disable", left[victim]["id"])
         [held] = (await stub.ListCrons(pb.ListCronsRequest())).crons
         assert (held.id, held.status, held.evaluation_id) == (victim, pb.CRON_STATUS_BUSY, "claw-2")
