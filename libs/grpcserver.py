@@ -1,7 +1,8 @@
 """gRPC server bootstrap shared by every service.
 
 ``create_server`` returns a started-but-not-serving-yet ``grpc.aio`` server with:
-the standard health service, server reflection (so ``grpcurl`` needs no proto files),
+the standard health service, server reflection serving the protos with their comments
+(:mod:`dispo.libs.reflection`: ``grpcurl`` needs no proto files and ``describe`` explains),
 an interceptor that admits every call by its token (:class:`dispo.libs.auth.Authorizer`:
 UNAUTHENTICATED, PERMISSION_DENIED; health and reflection stay open), then checks every
 request (:func:`dispo.libs.validation.check_request`; undecodable bytes included) before
@@ -24,6 +25,7 @@ from dispo.libs.auth.server import Authorizer
 from dispo.libs.db.down import database_unreachable
 from dispo.libs.errors import DomainError, InvalidArgument, Unavailable
 from dispo.libs.logging import get_logger
+from dispo.libs.reflection import enable_documented_reflection
 from dispo.libs.validation import check_request
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
@@ -265,7 +267,7 @@ def create_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = tuple(service_names)
-    reflection.enable_server_reflection(
+    enable_documented_reflection(
         (
             *names,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

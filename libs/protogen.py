@@ -6,6 +6,11 @@
 protoc writes modules named after the proto path (``dispo/gateway/v1/gateway_pb2.py``
 importing ``dispo.common.v1``); they are placed under ``dispo.libs.api`` and their
 imports rewritten to match, so every service imports one copy of the contracts.
+
+Beside them it writes ``descriptors.binpb``: every proto and what it imports as one
+``FileDescriptorSet`` *with* the protos' comments (``--include_source_info``), which the
+generated modules leave out. Server reflection serves it (:mod:`dispo.libs.reflection`), so
+``grpcurl describe`` shows what each element means.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ PROTO_ROOT = REPO_ROOT / "protos"
 API_DIR = REPO_ROOT / "libs" / "api"
 _IMPORT = re.compile(r"^(from|import) dispo\.(?!libs\.)", re.MULTILINE)
 _BIN = Path(sys.executable).parent
+DESCRIPTOR_SET = "descriptors.binpb"
 _API_INIT = '"""Generated from protos/ by `python -m dispo.libs.protogen`. Do not edit."""\n'
 
 
@@ -44,6 +50,9 @@ def generate(out_dir: Path) -> None:
             f"--grpc_python_out={raw}",
             f"--mypy_out={raw}",
             f"--mypy_grpc_out={raw}",
+            "--include_imports",
+            "--include_source_info",
+            f"--descriptor_set_out={Path(raw) / DESCRIPTOR_SET}",
             *protos,
         ]
         if protoc.main(args) != 0:
@@ -51,6 +60,7 @@ def generate(out_dir: Path) -> None:
         generated = Path(raw) / "dispo"
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "__init__.py").write_text(_API_INIT)
+        shutil.copyfile(Path(raw) / DESCRIPTOR_SET, out_dir / DESCRIPTOR_SET)
         for path in sorted(generated.rglob("*")):
             target = out_dir / path.relative_to(generated)
             if path.is_dir():

@@ -67,6 +67,7 @@ def test_the_wheel_ships_every_file_of_the_package_roots(wheel):
     assert "dispo/libs/catalogue/content_governance.yaml" in expected
     assert "dispo/executor/migrations/script.py.mako" in expected
     assert "dispo/libs/api/gateway/v1/gateway_pb2.pyi" in expected
+    assert "dispo/libs/api/descriptors.binpb" in expected  # what reflection serves
     missing = expected - set(wheel.namelist())
     assert not missing, f"not in the wheel (package discovery or package-data): {sorted(missing)}"
 
