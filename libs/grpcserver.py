@@ -8,7 +8,8 @@ UNAUTHENTICATED, PERMISSION_DENIED; health and reflection stay open), then check
 request (:func:`dispo.libs.validation.check_request`; undecodable bytes included) before
 the servicer sees it, logs each call and maps
 :mod:`dispo.libs.errors` to status codes, and an unreachable database
-(:func:`dispo.libs.db.database_unreachable`) to ``UNAVAILABLE``.
+(:func:`dispo.libs.db.database_unreachable`) to ``UNAVAILABLE``. Given a :class:`dispo.libs.tls.ServerTLS` it listens for TLS only (mTLS
+when that asks for client certificates): a plaintext caller is refused at the handshake.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dispo.libs.db.down import database_unreachable
 from dispo.libs.errors import DomainError, InvalidArgument, Unavailable
 from dispo.libs.logging import get_logger
 from dispo.libs.reflection import enable_documented_reflection
+from dispo.libs.tls import ServerTLS
 from dispo.libs.validation import check_request
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
@@ -247,13 +249,15 @@ def create_server(
     register: Iterable[Callable[[grpc.aio.Server], None]],
     service_names: Iterable[str],
     authorizer: Authorizer,
+    tls: ServerTLS | None = None,
 ) -> Server:
     """Build a server listening on ``address`` ("host:0" picks a free port).
 
     ``register`` are callables such as ``lambda s: add_XServicer_to_server(impl, s)``;
     ``service_names`` are the full names they serve (``dispo.gateway.v1.GatewayService``),
     listed by reflection and reported by health. ``authorizer`` admits each call
-    (:mod:`dispo.libs.auth`): every server checks its callers' tokens.
+    (:mod:`dispo.libs.auth`): every server checks its callers' tokens. ``tls``: listen for
+    TLS only (health and reflection too), else plaintext.
     """
     server = grpc.aio.server(
         interceptors=[ErrorMappingInterceptor(authorizer)],
@@ -275,7 +279,11 @@ def create_server(
         ),
         server,
     )
-    port = server.add_insecure_port(address)
+    port = (
+        server.add_secure_port(address, tls.credentials())
+        if tls is not None
+        else server.add_insecure_port(address)
+    )
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     return Server(server, port, health_servicer, names)

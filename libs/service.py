@@ -38,7 +38,7 @@ from dispo.libs.grpcserver import create_server
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.periodic import Periodic
-from dispo.libs.settings import CommonSettings, ServerSettings, server_settings
+from dispo.libs.settings import CommonSettings, ServerSettings, TLSSettings, server_settings
 from sqlalchemy import Table, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -226,6 +226,9 @@ async def serve(
     Returns the names of parts that crashed (a crashed part stops the whole service)."""
     settings = settings or CommonSettings()
     server = server or server_settings(name)
+    tls = TLSSettings().server  # a wrong configuration stops the service before it connects
+    if tls is not None:
+        tls.credentials()  # its files are readable
     engine = create_engine(server.database_url or settings.database_url, name)
     await until_reachable("database", lambda: _ping(engine), final=login_refused)
     if migrations is not None:
@@ -256,13 +259,22 @@ async def serve(
     try:
         await setup(rt)
         grpc_server = create_server(
-            server.address, rt.registrations, rt.service_names, Authorizer(rt.verifier)
+            server.address,
+            rt.registrations,
+            rt.service_names,
+            Authorizer(rt.verifier),
+            tls,
         )
         await grpc_server.start()
         for part in rt.parts:
             part.task = asyncio.create_task(_run_part(part, stop, crashed), name=part.name)
         await grpc_server.set_serving(True)
-        log.info("serving", address=f"{server.host}:{grpc_server.port}", services=rt.service_names)
+        log.info(
+            "serving",
+            address=f"{server.host}:{grpc_server.port}",
+            services=rt.service_names,
+            tls="mtls" if tls and tls.client_auth else "tls" if tls else "plaintext",
+        )
         await stop.wait()
         log.info("stopping")
         await grpc_server.stop(server.shutdown_grace_seconds)

@@ -11,11 +11,13 @@ once, in the policy, and the setting's default refers to it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Literal
 
 from dispo.libs.bus import BusCredentials
 from dispo.libs.egress import AllowList
+from dispo.libs.tls import ClientTLS, ServerTLS
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -170,6 +172,61 @@ class CommonSettings(BaseSettings):
             creds_file=self.nats_creds_file,
             nkey_seed_file=self.nats_nkey_seed_file,
         )
+
+
+class TLSSettings(BaseSettings):
+    """Transport security of this process's gRPC server and channels (:mod:`dispo.libs.tls`);
+    none set: plaintext."""
+
+    model_config = SettingsConfigDict(env_prefix="DISPO_TLS_", extra="ignore")
+
+    cert_file: str = Field(
+        default="",
+        description="This process's gRPC server certificate (PEM, its chain after it); with"
+        " `DISPO_TLS_KEY_FILE` the server takes TLS only and refuses plaintext"
+        " (`dispo up --tls` hands over the one it made)",
+    )
+    key_file: str = Field(default="", description="The private key of `DISPO_TLS_CERT_FILE` (PEM)")
+    ca_file: str = Field(
+        default="",
+        description="CA certificates (PEM) this process's channels verify servers against; set:"
+        " every channel it opens (CLI, SDK, service to service) uses TLS only. With"
+        " `DISPO_TLS_CLIENT_AUTH` its server checks client certificates against them too",
+    )
+    client_auth: bool = Field(
+        default=False,
+        description="mTLS: the server refuses a client without a certificate signed by"
+        " `DISPO_TLS_CA_FILE`",
+    )
+    client_cert_file: str = Field(
+        default="",
+        description="The certificate (PEM) this process's channels present to a server that"
+        " requires one (mTLS)",
+    )
+    client_key_file: str = Field(
+        default="", description="The private key of `DISPO_TLS_CLIENT_CERT_FILE` (PEM)"
+    )
+
+    @classmethod
+    def of(cls, environ: Mapping[str, str]) -> TLSSettings:
+        """The settings ``environ`` holds (a child process's environment), not this process's."""
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        values = {name: info.default for name, info in cls.model_fields.items()}
+        values |= {n: environ[k] for n in values if (k := f"{prefix}{n}".upper()) in environ}
+        return cls.model_validate(values)
+
+    @property
+    def server(self) -> ServerTLS | None:
+        """The server's TLS, None for plaintext (ValueError for half a configuration)."""
+        if not (self.cert_file or self.key_file):
+            if self.client_auth:
+                raise ValueError("DISPO_TLS_CLIENT_AUTH needs DISPO_TLS_CERT_FILE and _KEY_FILE")
+            return None
+        return ServerTLS(self.cert_file, self.key_file, self.ca_file, self.client_auth)
+
+    @property
+    def client(self) -> ClientTLS:
+        return ClientTLS(self.ca_file, self.client_cert_file, self.client_key_file)
 
 
 class ServerSettings(BaseSettings):

@@ -31,6 +31,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 # not here: each service reads it under its own prefix (one row per field, for all).
 SETTINGS = (
     "dispo.libs.settings:CommonSettings",
+    "dispo.libs.settings:TLSSettings",
     "dispo.libs.catalogue:CatalogueSettings",
     "dispo.gateway.settings:GatewaySettings",
     "dispo.executor.settings:ExecutorSettings",

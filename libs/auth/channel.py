@@ -5,6 +5,9 @@ here and carries its token as ``authorization: Bearer <token>`` on every call.
     with open_sync_channel("127.0.0.1:50051", token) as channel: ...
 
 ``token`` may be empty (health checks need none): the calls then carry no credentials.
+``tls`` (:class:`dispo.libs.tls.ClientTLS`) makes the channel TLS only, verifying the
+server against its CA and presenting its client certificate if it has one; by default it is
+this process's ``DISPO_TLS_*`` settings (none: plaintext; ``PLAINTEXT`` asks for plaintext).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 
 import grpc
 from dispo.libs.auth.server import METADATA_KEY
+from dispo.libs.settings import TLSSettings
+from dispo.libs.tls import ClientTLS
 
 Options = Sequence[tuple[str, Any]]
 
@@ -61,14 +66,30 @@ class _AioStreamStream(_AioBearer, grpc.aio.StreamStreamClientInterceptor):
         return await continuation(self._details(details), requests)
 
 
-def open_channel(address: str, token: str, *, options: Options | None = None) -> grpc.aio.Channel:
-    """An asyncio channel to ``address`` whose calls carry ``token``."""
+def _tls(tls: ClientTLS | None) -> ClientTLS:
+    return tls if tls is not None else TLSSettings().client
+
+
+def open_channel(
+    address: str,
+    token: str,
+    *,
+    options: Options | None = None,
+    tls: ClientTLS | None = None,
+) -> grpc.aio.Channel:
+    """An asyncio channel to ``address`` whose calls carry ``token``, over ``tls`` (default:
+    this process's settings)."""
     interceptors: list[Any] | None = None
     if token:
         interceptors = [
             kind(token)
             for kind in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)
         ]
+    transport = _tls(tls)
+    if transport.enabled:
+        return grpc.aio.secure_channel(
+            address, transport.credentials(), options=options, interceptors=interceptors
+        )
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
@@ -114,7 +135,19 @@ class _SyncBearer(
         return continuation(self._details(details), requests)
 
 
-def open_sync_channel(address: str, token: str, *, options: Options | None = None) -> grpc.Channel:
-    """A blocking channel to ``address`` whose calls carry ``token``."""
-    channel = grpc.insecure_channel(address, options=options)
+def open_sync_channel(
+    address: str,
+    token: str,
+    *,
+    options: Options | None = None,
+    tls: ClientTLS | None = None,
+) -> grpc.Channel:
+    """A blocking channel to ``address`` whose calls carry ``token``, over ``tls`` (default:
+    this process's settings)."""
+    transport = _tls(tls)
+    channel = (
+        grpc.secure_channel(address, transport.credentials(), options=options)
+        if transport.enabled
+        else grpc.insecure_channel(address, options=options)
+    )
     return grpc.intercept_channel(channel, _SyncBearer(token)) if token else channel

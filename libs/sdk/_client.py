@@ -15,6 +15,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel, open_sync_channel
 from dispo.libs.proto_enums import task_status_name
 from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView
+from dispo.libs.tls import ClientTLS
 from google.protobuf.message import Message
 
 Reply = TypeVar("Reply")
@@ -64,7 +65,9 @@ def _list_request(
 class AsyncClient:
     """``async with AsyncClient("127.0.0.1:50051", token=...) as dispo: ...``
 
-    ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call."""
+    ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
+    ``tls`` the channel's TLS (default: ``DISPO_TLS_CA_FILE`` and the client certificate
+    settings, plaintext without them)."""
 
     def __init__(
         self,
@@ -72,8 +75,9 @@ class AsyncClient:
         *,
         token: str | None = None,
         channel: grpc.aio.Channel | None = None,
+        tls: ClientTLS | None = None,
     ) -> None:
-        self._channel = channel or open_channel(address, _token(token))
+        self._channel = channel or open_channel(address, _token(token), tls=tls)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncClient:
@@ -186,10 +190,17 @@ class AsyncClient:
 class Client:
     """Blocking client: ``with Client("127.0.0.1:50051", token=...) as dispo: ...``
 
-    ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call."""
+    ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
+    ``tls`` the channel's TLS (default: the ``DISPO_TLS_*`` settings, as :class:`AsyncClient`)."""
 
-    def __init__(self, address: str = "127.0.0.1:50051", *, token: str | None = None) -> None:
-        self._channel = open_sync_channel(address, _token(token))
+    def __init__(
+        self,
+        address: str = "127.0.0.1:50051",
+        *,
+        token: str | None = None,
+        tls: ClientTLS | None = None,
+    ) -> None:
+        self._channel = open_sync_channel(address, _token(token), tls=tls)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
 
     def __enter__(self) -> Client:

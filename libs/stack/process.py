@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 from dispo.libs.health import wait_until_serving
 from dispo.libs.logging import get_logger
+from dispo.libs.settings import TLSSettings
 
 log = get_logger(__name__)
 
@@ -149,10 +150,12 @@ class ManagedProcess:
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until its gRPC health is SERVING (or its HTTP health answers 200); on a timeout
-        the error carries the end of its log."""
+        the error carries the end of its log. Health is asked over the TLS the process's own
+        settings give its channels (its peers call it so)."""
         try:
             if self.spec.address is not None:
-                await wait_until_serving(self.spec.address, timeout)
+                tls = TLSSettings.of({**os.environ, **self.spec.env}).client
+                await wait_until_serving(self.spec.address, timeout, tls=tls)
             elif self.spec.http_health is not None:
                 await wait_http_ok(self.spec.http_health, timeout)
             elif self.spec.ready is not None:
