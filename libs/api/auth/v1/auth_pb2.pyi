@@ -32,6 +32,7 @@ class _TokenKind:
 class _TokenKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TokenKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     TOKEN_KIND_UNSPECIFIED: _TokenKind.ValueType  # 0
+    """No kind: INVALID_ARGUMENT in CreateToken."""
     TOKEN_KIND_BUSINESS: _TokenKind.ValueType  # 1
     """A business line's token: its own tasks only (docs/security.md)."""
     TOKEN_KIND_ADMIN: _TokenKind.ValueType  # 2
@@ -39,9 +40,11 @@ class _TokenKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TokenKind.V
     TOKEN_KIND_SERVICE: _TokenKind.ValueType  # 3
     """A service's credential for the calls it makes to other services."""
 
-class TokenKind(_TokenKind, metaclass=_TokenKindEnumTypeWrapper): ...
+class TokenKind(_TokenKind, metaclass=_TokenKindEnumTypeWrapper):
+    """Whose token it is, which decides what it may call (dispo.libs.auth.rules)."""
 
 TOKEN_KIND_UNSPECIFIED: TokenKind.ValueType  # 0
+"""No kind: INVALID_ARGUMENT in CreateToken."""
 TOKEN_KIND_BUSINESS: TokenKind.ValueType  # 1
 """A business line's token: its own tasks only (docs/security.md)."""
 TOKEN_KIND_ADMIN: TokenKind.ValueType  # 2
@@ -52,6 +55,8 @@ Global___TokenKind: _TypeAlias = TokenKind  # noqa: Y015
 
 @_typing.final
 class Token(_message.Message):
+    """A token as the store keeps it, without its secret."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_ID_FIELD_NUMBER: _builtins.int
@@ -63,7 +68,9 @@ class Token(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     REVOKED_AT_FIELD_NUMBER: _builtins.int
     token_id: _builtins.str
+    """Its id ("tok_" and 16 hex characters): what RevokeToken takes; not a credential."""
     kind: Global___TokenKind.ValueType
+    """Whose token it is."""
     business: _builtins.str
     """The business a business token is bound to."""
     service: _builtins.str
@@ -71,7 +78,9 @@ class Token(_message.Message):
     label: _builtins.str
     """Free text naming who holds it."""
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When CreateToken made it."""
+
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """Unset: it does not expire."""
@@ -102,6 +111,8 @@ Global___Token: _TypeAlias = Token  # noqa: Y015
 
 @_typing.final
 class CreateTokenRequest(_message.Message):
+    """The token to make."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KIND_FIELD_NUMBER: _builtins.int
@@ -110,13 +121,15 @@ class CreateTokenRequest(_message.Message):
     LABEL_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
     kind: Global___TokenKind.ValueType
+    """Required: business, admin or service."""
     business: _builtins.str
     """Required for a business token, empty otherwise."""
     service: _builtins.str
     """Required for a service token, empty otherwise."""
     label: _builtins.str
+    """Free text naming who will hold it, at most 200 characters."""
     ttl_seconds: _builtins.int
-    """Seconds from now until it expires; 0: it does not expire."""
+    """Seconds from now until it expires, at most ten years; 0: it does not expire."""
     def __init__(
         self,
         *,
@@ -136,6 +149,8 @@ Global___CreateTokenRequest: _TypeAlias = CreateTokenRequest  # noqa: Y015
 
 @_typing.final
 class CreateTokenResponse(_message.Message):
+    """The token made, and its secret."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_FIELD_NUMBER: _builtins.int
@@ -143,7 +158,9 @@ class CreateTokenResponse(_message.Message):
     secret: _builtins.str
     """The bearer token itself: shown here once, stored nowhere."""
     @_builtins.property
-    def token(self) -> Global___Token: ...
+    def token(self) -> Global___Token:
+        """The token's record."""
+
     def __init__(
         self,
         *,
@@ -160,6 +177,8 @@ Global___CreateTokenResponse: _TypeAlias = CreateTokenResponse  # noqa: Y015
 
 @_typing.final
 class ListTokensRequest(_message.Message):
+    """Which tokens ListTokens returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     BUSINESS_FIELD_NUMBER: _builtins.int
@@ -184,11 +203,15 @@ Global___ListTokensRequest: _TypeAlias = ListTokensRequest  # noqa: Y015
 
 @_typing.final
 class ListTokensResponse(_message.Message):
+    """The matching tokens."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKENS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___Token]: ...
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___Token]:
+        """Newest first, without secrets."""
+
     def __init__(
         self,
         *,
@@ -204,10 +227,13 @@ Global___ListTokensResponse: _TypeAlias = ListTokensResponse  # noqa: Y015
 
 @_typing.final
 class RevokeTokenRequest(_message.Message):
+    """Which token to revoke."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_ID_FIELD_NUMBER: _builtins.int
     token_id: _builtins.str
+    """Required: the token's id (Token.token_id), not its secret."""
     def __init__(
         self,
         *,
@@ -223,11 +249,15 @@ Global___RevokeTokenRequest: _TypeAlias = RevokeTokenRequest  # noqa: Y015
 
 @_typing.final
 class RevokeTokenResponse(_message.Message):
+    """The revoked token."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def token(self) -> Global___Token: ...
+    def token(self) -> Global___Token:
+        """Its record, revoked_at set."""
+
     def __init__(
         self,
         *,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class TokenServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Issuing and revoking API tokens (on the gateway's port). Callers: admin tokens only.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -52,7 +53,8 @@ class TokenServiceStub:
 
 
 class TokenServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Issuing and revoking API tokens (on the gateway's port). Callers: admin tokens only.
+    """
 
     def CreateToken(self, request, context):
         """A new token; the response carries its secret, which is never shown again.
@@ -103,7 +105,8 @@ def add_TokenServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TokenService:
-    """Missing associated documentation comment in .proto file."""
+    """Issuing and revoking API tokens (on the gateway's port). Callers: admin tokens only.
+    """
 
     @staticmethod
     def CreateToken(request,

@@ -32,6 +32,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class TokenServiceStub:
+    """Issuing and revoking API tokens (on the gateway's port). Callers: admin tokens only."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -47,6 +49,8 @@ class TokenServiceStub:
 
 @_typing.type_check_only
 class TokenServiceAsyncStub(TokenServiceStub):
+    """Issuing and revoking API tokens (on the gateway's port). Callers: admin tokens only."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateToken: _aio.UnaryUnaryMultiCallable[_auth_pb2.CreateTokenRequest, _auth_pb2.CreateTokenResponse]  # type: ignore[assignment]
     """A new token; the response carries its secret, which is never shown again."""
@@ -58,6 +62,8 @@ class TokenServiceAsyncStub(TokenServiceStub):
     """
 
 class TokenServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Issuing and revoking API tokens (on the gateway's port). Callers: admin tokens only."""
+
     @_abc_1.abstractmethod
     def CreateToken(
         self,

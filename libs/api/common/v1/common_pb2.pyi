@@ -26,6 +26,7 @@ class _TaskStatus:
 class _TaskStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     TASK_STATUS_UNSPECIFIED: _TaskStatus.ValueType  # 0
+    """Never a task's status; as a filter, INVALID_ARGUMENT."""
     TASK_STATUS_ACCEPTED: _TaskStatus.ValueType  # 1
     """Durably accepted by the gateway, not yet picked up by an executor."""
     TASK_STATUS_RUNNING: _TaskStatus.ValueType  # 2
@@ -45,6 +46,7 @@ class TaskStatus(_TaskStatus, metaclass=_TaskStatusEnumTypeWrapper):
     """Lifecycle of a task as a whole."""
 
 TASK_STATUS_UNSPECIFIED: TaskStatus.ValueType  # 0
+"""Never a task's status; as a filter, INVALID_ARGUMENT."""
 TASK_STATUS_ACCEPTED: TaskStatus.ValueType  # 1
 """Durably accepted by the gateway, not yet picked up by an executor."""
 TASK_STATUS_RUNNING: TaskStatus.ValueType  # 2
@@ -68,10 +70,15 @@ class _NodeStatus:
 class _NodeStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NodeStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     NODE_STATUS_UNSPECIFIED: _NodeStatus.ValueType  # 0
+    """Never a node's status."""
     NODE_STATUS_PENDING: _NodeStatus.ValueType  # 1
+    """Not started: waiting for the nodes it depends on, or for its backoff to pass."""
     NODE_STATUS_RUNNING: _NodeStatus.ValueType  # 2
+    """Its downstream call is in flight."""
     NODE_STATUS_SUCCEEDED: _NodeStatus.ValueType  # 3
+    """The downstream confirmed the effect; never run again, not even by a redrive."""
     NODE_STATUS_FAILED: _NodeStatus.ValueType  # 4
+    """The call failed and its short retries are spent (or the failure is permanent)."""
     NODE_STATUS_UNKNOWN: _NodeStatus.ValueType  # 5
     """The downstream call may have happened but its result was not recorded."""
     NODE_STATUS_DEPENDENCY_FAILED: _NodeStatus.ValueType  # 6
@@ -79,15 +86,21 @@ class _NodeStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NodeStatus
     NODE_STATUS_DEMOTED: _NodeStatus.ValueType  # 7
     """Its downstream is degraded; parked."""
     NODE_STATUS_CANCELLED: _NodeStatus.ValueType  # 8
+    """A caller cancelled the task before this node started."""
 
 class NodeStatus(_NodeStatus, metaclass=_NodeStatusEnumTypeWrapper):
     """Lifecycle of one node (one action run) of a task's DAG."""
 
 NODE_STATUS_UNSPECIFIED: NodeStatus.ValueType  # 0
+"""Never a node's status."""
 NODE_STATUS_PENDING: NodeStatus.ValueType  # 1
+"""Not started: waiting for the nodes it depends on, or for its backoff to pass."""
 NODE_STATUS_RUNNING: NodeStatus.ValueType  # 2
+"""Its downstream call is in flight."""
 NODE_STATUS_SUCCEEDED: NodeStatus.ValueType  # 3
+"""The downstream confirmed the effect; never run again, not even by a redrive."""
 NODE_STATUS_FAILED: NodeStatus.ValueType  # 4
+"""The call failed and its short retries are spent (or the failure is permanent)."""
 NODE_STATUS_UNKNOWN: NodeStatus.ValueType  # 5
 """The downstream call may have happened but its result was not recorded."""
 NODE_STATUS_DEPENDENCY_FAILED: NodeStatus.ValueType  # 6
@@ -95,6 +108,7 @@ NODE_STATUS_DEPENDENCY_FAILED: NodeStatus.ValueType  # 6
 NODE_STATUS_DEMOTED: NodeStatus.ValueType  # 7
 """Its downstream is degraded; parked."""
 NODE_STATUS_CANCELLED: NodeStatus.ValueType  # 8
+"""A caller cancelled the task before this node started."""
 Global___NodeStatus: _TypeAlias = NodeStatus  # noqa: Y015
 
 class _Line:
@@ -104,8 +118,11 @@ class _Line:
 class _LineEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Line.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     LINE_UNSPECIFIED: _Line.ValueType  # 0
+    """No line named: INVALID_ARGUMENT where a line is required."""
     LINE_FORMAL: _Line.ValueType  # 1
+    """The formal line: analysed automatically once complete; compared period over period."""
     LINE_TRIAL: _Line.ValueType  # 2
+    """The trial line: analysed only when TriggerAnalysis asks."""
 
 class Line(_Line, metaclass=_LineEnumTypeWrapper):
     """The line an evaluation runs on (pool and intelligence). Formal-line evaluations are
@@ -113,8 +130,11 @@ class Line(_Line, metaclass=_LineEnumTypeWrapper):
     """
 
 LINE_UNSPECIFIED: Line.ValueType  # 0
+"""No line named: INVALID_ARGUMENT where a line is required."""
 LINE_FORMAL: Line.ValueType  # 1
+"""The formal line: analysed automatically once complete; compared period over period."""
 LINE_TRIAL: Line.ValueType  # 2
+"""The trial line: analysed only when TriggerAnalysis asks."""
 Global___Line: _TypeAlias = Line  # noqa: Y015
 
 class _Verdict:
@@ -124,6 +144,7 @@ class _Verdict:
 class _VerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Verdict.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     VERDICT_UNSPECIFIED: _Verdict.ValueType  # 0
+    """No verdict: INVALID_ARGUMENT in a recorded run."""
     VERDICT_PASS: _Verdict.ValueType  # 1
     """Every rule of the test case held."""
     VERDICT_FAIL: _Verdict.ValueType  # 2
@@ -135,6 +156,7 @@ class Verdict(_Verdict, metaclass=_VerdictEnumTypeWrapper):
     """The verdict of one run of an evaluation (pool and intelligence)."""
 
 VERDICT_UNSPECIFIED: Verdict.ValueType  # 0
+"""No verdict: INVALID_ARGUMENT in a recorded run."""
 VERDICT_PASS: Verdict.ValueType  # 1
 """Every rule of the test case held."""
 VERDICT_FAIL: Verdict.ValueType  # 2
@@ -176,8 +198,11 @@ class Payload(_message.Message):
     METADATA_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
+    """The encoded value: canonical JSON bytes."""
     @_builtins.property
-    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.bytes]: ...
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.bytes]:
+        """How data is encoded; Dispo writes "encoding" = "json/plain"."""
+
     def __init__(
         self,
         *,
@@ -220,6 +245,8 @@ Global___PageRequest: _TypeAlias = PageRequest  # noqa: Y015
 
 @_typing.final
 class PageResponse(_message.Message):
+    """Where the next page of a List call starts."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int

@@ -30,27 +30,35 @@ class _BreakerState:
 class _BreakerStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BreakerState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     BREAKER_STATE_UNSPECIFIED: _BreakerState.ValueType  # 0
+    """Never reported."""
     BREAKER_STATE_CLOSED: _BreakerState.ValueType  # 1
     """Calls flow."""
     BREAKER_STATE_OPEN: _BreakerState.ValueType  # 2
     """Calls are refused until open_until: work for the downstream is demoted."""
     BREAKER_STATE_HALF_OPEN: _BreakerState.ValueType  # 3
-    """The cooldown has passed: one probe call decides (success closes, failure reopens)."""
+    """The cooldown has passed or the health check passes again: a bounded number of trial
+    calls decide (all succeed: it closes; one fails: it opens again).
+    """
 
 class BreakerState(_BreakerState, metaclass=_BreakerStateEnumTypeWrapper):
     """The executor's circuit breaker for one downstream."""
 
 BREAKER_STATE_UNSPECIFIED: BreakerState.ValueType  # 0
+"""Never reported."""
 BREAKER_STATE_CLOSED: BreakerState.ValueType  # 1
 """Calls flow."""
 BREAKER_STATE_OPEN: BreakerState.ValueType  # 2
 """Calls are refused until open_until: work for the downstream is demoted."""
 BREAKER_STATE_HALF_OPEN: BreakerState.ValueType  # 3
-"""The cooldown has passed: one probe call decides (success closes, failure reopens)."""
+"""The cooldown has passed or the health check passes again: a bounded number of trial
+calls decide (all succeed: it closes; one fails: it opens again).
+"""
 Global___BreakerState: _TypeAlias = BreakerState  # noqa: Y015
 
 @_typing.final
 class ListDownstreamsRequest(_message.Message):
+    """ListDownstreams takes nothing: every downstream is listed."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -66,6 +74,8 @@ Global___ListDownstreamsRequest: _TypeAlias = ListDownstreamsRequest  # noqa: Y0
 
 @_typing.final
 class Downstream(_message.Message):
+    """One downstream of the registry (the catalogue's downstreams section)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -77,14 +87,23 @@ class Downstream(_message.Message):
     RECENT_FAILURES_FIELD_NUMBER: _builtins.int
     OPEN_UNTIL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Its catalogue name, as actions name it."""
     base_url: _builtins.str
+    """The URL action paths are appended to."""
     timeout_ms: _builtins.int
+    """Default timeout of one call, in milliseconds."""
     max_concurrency: _builtins.int
+    """Most calls in flight to it at once from this executor process."""
     health_url: _builtins.str
+    """The URL whose GET tells whether it is healthy (empty: none)."""
     breaker_state: Global___BreakerState.ValueType
+    """Its circuit breaker now."""
     recent_failures: _builtins.int
+    """Failed calls within the breaker's current window."""
     @_builtins.property
-    def open_until(self) -> _timestamp_pb2.Timestamp: ...
+    def open_until(self) -> _timestamp_pb2.Timestamp:
+        """When an OPEN breaker's cooldown ends; unset when not OPEN."""
+
     def __init__(
         self,
         *,
@@ -107,11 +126,15 @@ Global___Downstream: _TypeAlias = Downstream  # noqa: Y015
 
 @_typing.final
 class ListDownstreamsResponse(_message.Message):
+    """The registry."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DOWNSTREAMS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def downstreams(self) -> _containers.RepeatedCompositeFieldContainer[Global___Downstream]: ...
+    def downstreams(self) -> _containers.RepeatedCompositeFieldContainer[Global___Downstream]:
+        """Every downstream, with its breaker."""
+
     def __init__(
         self,
         *,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class ExecutorServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The executor's operational surface (port 50052 under dispo up).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -42,10 +43,13 @@ class ExecutorServiceStub:
 
 
 class ExecutorServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The executor's operational surface (port 50052 under dispo up).
+    """
 
     def ListDownstreams(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every downstream of the executor's registry with its circuit breaker as this executor
+        process sees it. Callers: admin.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -67,7 +71,8 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ExecutorService:
-    """Missing associated documentation comment in .proto file."""
+    """The executor's operational surface (port 50052 under dispo up).
+    """
 
     @staticmethod
     def ListDownstreams(request,

@@ -30,23 +30,38 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ExecutorServiceStub:
+    """The executor's operational surface (port 50052 under dispo up)."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ExecutorServiceAsyncStub: ...
     ListDownstreams: _grpc.UnaryUnaryMultiCallable[_executor_pb2.ListDownstreamsRequest, _executor_pb2.ListDownstreamsResponse]
+    """Every downstream of the executor's registry with its circuit breaker as this executor
+    process sees it. Callers: admin.
+    """
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
+    """The executor's operational surface (port 50052 under dispo up)."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListDownstreams: _aio.UnaryUnaryMultiCallable[_executor_pb2.ListDownstreamsRequest, _executor_pb2.ListDownstreamsResponse]  # type: ignore[assignment]
+    """Every downstream of the executor's registry with its circuit breaker as this executor
+    process sees it. Callers: admin.
+    """
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The executor's operational surface (port 50052 under dispo up)."""
+
     @_abc_1.abstractmethod
     def ListDownstreams(
         self,
         request: _executor_pb2.ListDownstreamsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_executor_pb2.ListDownstreamsResponse, _abc.Awaitable[_executor_pb2.ListDownstreamsResponse]]: ...
+    ) -> _typing.Union[_executor_pb2.ListDownstreamsResponse, _abc.Awaitable[_executor_pb2.ListDownstreamsResponse]]:
+        """Every downstream of the executor's registry with its circuit breaker as this executor
+        process sees it. Callers: admin.
+        """
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -34,25 +34,37 @@ class _FieldType:
 class _FieldTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FieldType.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     FIELD_TYPE_UNSPECIFIED: _FieldType.ValueType  # 0
+    """Never sent by the gateway."""
     FIELD_TYPE_STRING: _FieldType.ValueType  # 1
+    """A JSON string."""
     FIELD_TYPE_INTEGER: _FieldType.ValueType  # 2
     """A JSON number without a fraction."""
     FIELD_TYPE_NUMBER: _FieldType.ValueType  # 3
+    """Any JSON number (integer or with a fraction)."""
     FIELD_TYPE_BOOLEAN: _FieldType.ValueType  # 4
+    """JSON true or false."""
     FIELD_TYPE_OBJECT: _FieldType.ValueType  # 5
+    """A JSON object."""
     FIELD_TYPE_LIST: _FieldType.ValueType  # 6
+    """A JSON array."""
 
 class FieldType(_FieldType, metaclass=_FieldTypeEnumTypeWrapper):
     """The JSON type a cell's payload field must have."""
 
 FIELD_TYPE_UNSPECIFIED: FieldType.ValueType  # 0
+"""Never sent by the gateway."""
 FIELD_TYPE_STRING: FieldType.ValueType  # 1
+"""A JSON string."""
 FIELD_TYPE_INTEGER: FieldType.ValueType  # 2
 """A JSON number without a fraction."""
 FIELD_TYPE_NUMBER: FieldType.ValueType  # 3
+"""Any JSON number (integer or with a fraction)."""
 FIELD_TYPE_BOOLEAN: FieldType.ValueType  # 4
+"""JSON true or false."""
 FIELD_TYPE_OBJECT: FieldType.ValueType  # 5
+"""A JSON object."""
 FIELD_TYPE_LIST: FieldType.ValueType  # 6
+"""A JSON array."""
 Global___FieldType: _TypeAlias = FieldType  # noqa: Y015
 
 class _ActionKind:
@@ -62,6 +74,7 @@ class _ActionKind:
 class _ActionKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ActionKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     ACTION_KIND_UNSPECIFIED: _ActionKind.ValueType  # 0
+    """Never sent by the gateway."""
     ACTION_KIND_HTTP: _ActionKind.ValueType  # 1
     """Call the downstream over HTTP."""
     ACTION_KIND_NOOP: _ActionKind.ValueType  # 2
@@ -71,6 +84,7 @@ class ActionKind(_ActionKind, metaclass=_ActionKindEnumTypeWrapper):
     """What one catalogue action does."""
 
 ACTION_KIND_UNSPECIFIED: ActionKind.ValueType  # 0
+"""Never sent by the gateway."""
 ACTION_KIND_HTTP: ActionKind.ValueType  # 1
 """Call the downstream over HTTP."""
 ACTION_KIND_NOOP: ActionKind.ValueType  # 2
@@ -106,7 +120,9 @@ class CellRequest(_message.Message):
 
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """refs of cells that must complete before this one starts."""
+        """refs of cells of this submission that must succeed before this one starts; a cycle is
+        INVALID_ARGUMENT.
+        """
 
     def __init__(
         self,
@@ -129,6 +145,8 @@ Global___CellRequest: _TypeAlias = CellRequest  # noqa: Y015
 
 @_typing.final
 class SubmitRequest(_message.Message):
+    """An intent: the cells one business wants done, with their order."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     BUSINESS_FIELD_NUMBER: _builtins.int
@@ -136,13 +154,24 @@ class SubmitRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     CALLBACK_URL_FIELD_NUMBER: _builtins.int
     business: _builtins.str
-    """Calling business line, e.g. "ecommerce"."""
+    """Calling business line, e.g. "ecommerce": required; letters, digits, '_', '.', '-', at
+    most 64. A business token may only name its own business (or leave it empty).
+    """
     idempotency_key: _builtins.str
-    """Same key (per business) = same task. Empty: no de-duplication."""
+    """Same key (per business) = same task: a repeat returns the first submission's task and
+    duplicate = true. At most 128 characters. Empty: no de-duplication.
+    """
     callback_url: _builtins.str
-    """Recorded for completion notification."""
+    """Where the reconciler notifies the caller once the task is terminal: an http(s) URL on
+    the egress allow-list (a signed POST of the final task) or nats:callbacks.<business>.…
+    (a message on the CALLBACKS stream). Empty: no notification.
+    """
     @_builtins.property
-    def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellRequest]: ...
+    def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellRequest]:
+        """The cells to run, at least one and at most 50 (the gateway's max_cells setting);
+        together they expand to at most 200 nodes.
+        """
+
     def __init__(
         self,
         *,
@@ -161,12 +190,15 @@ Global___SubmitRequest: _TypeAlias = SubmitRequest  # noqa: Y015
 
 @_typing.final
 class SubmitResponse(_message.Message):
+    """What Submit answers once the task is durably recorded."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """The task's id (32 hex characters): what GetTask, WatchTask and CancelTask take."""
     status: _common_pb2.TaskStatus.ValueType
     """ACCEPTED on first acceptance; for a repeated key, the task's current status."""
     duplicate: _builtins.bool
@@ -188,10 +220,13 @@ Global___SubmitResponse: _TypeAlias = SubmitResponse  # noqa: Y015
 
 @_typing.final
 class GetTaskRequest(_message.Message):
+    """Which task GetTask reads."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """Required: the id Submit returned."""
     def __init__(
         self,
         *,
@@ -207,6 +242,8 @@ Global___GetTaskRequest: _TypeAlias = GetTaskRequest  # noqa: Y015
 
 @_typing.final
 class GetTaskResponse(_message.Message):
+    """One task as the gateway knows it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
@@ -216,7 +253,9 @@ class GetTaskResponse(_message.Message):
         """The gateway's view: every node with status, attempts, last error and timestamps."""
 
     @_builtins.property
-    def completion(self) -> Global___Completion: ...
+    def completion(self) -> Global___Completion:
+        """When the task ended (unset while it runs) and where its caller is notified."""
+
     def __init__(
         self,
         *,
@@ -245,7 +284,9 @@ class Completion(_message.Message):
     callback_url: _builtins.str
     """http(s)://… (webhook) or nats:<subject>; empty when the caller wants no notification."""
     @_builtins.property
-    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def finished_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway recorded the terminal status; unset while the task is not terminal."""
+
     def __init__(
         self,
         *,
@@ -262,6 +303,8 @@ Global___Completion: _TypeAlias = Completion  # noqa: Y015
 
 @_typing.final
 class ListTasksRequest(_message.Message):
+    """Which tasks ListTasks returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     BUSINESS_FIELD_NUMBER: _builtins.int
@@ -270,18 +313,25 @@ class ListTasksRequest(_message.Message):
     CREATED_BEFORE_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     business: _builtins.str
+    """The business whose tasks to list. Empty: a business token's own business; for an admin,
+    every business.
+    """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.TaskStatus.ValueType]:
-        """Any of these statuses (empty = all)."""
+        """Any of these statuses (empty = all); TASK_STATUS_UNSPECIFIED is INVALID_ARGUMENT."""
 
     @_builtins.property
     def created_after(self) -> _timestamp_pb2.Timestamp:
-        """created_at within [created_after, created_before) when set."""
+        """Only tasks created at or after this instant, when set."""
 
     @_builtins.property
-    def created_before(self) -> _timestamp_pb2.Timestamp: ...
+    def created_before(self) -> _timestamp_pb2.Timestamp:
+        """Only tasks created before this instant, when set."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageRequest: ...
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size (default 50, at most the gateway's max_page_size, 500) and the cursor."""
+
     def __init__(
         self,
         *,
@@ -313,14 +363,23 @@ class TaskSummary(_message.Message):
     NODE_COUNT_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """The task's id."""
     business: _builtins.str
+    """The business that submitted it."""
     status: _common_pb2.TaskStatus.ValueType
+    """Its status as the gateway last recorded it."""
     node_count: _builtins.int
+    """Nodes of its DAG (actions of all its cells)."""
     cancel_requested: _builtins.bool
+    """True once CancelTask was called for it (running nodes may still be finishing)."""
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When Submit accepted it."""
+
     @_builtins.property
-    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When its status or nodes last changed."""
+
     def __init__(
         self,
         *,
@@ -342,14 +401,20 @@ Global___TaskSummary: _TypeAlias = TaskSummary  # noqa: Y015
 
 @_typing.final
 class ListTasksResponse(_message.Message):
+    """One page of ListTasks."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASKS_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskSummary]: ...
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskSummary]:
+        """The tasks of this page."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageResponse: ...
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
     def __init__(
         self,
         *,
@@ -366,10 +431,13 @@ Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
 
 @_typing.final
 class CancelTaskRequest(_message.Message):
+    """Which task CancelTask stops."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """Required: the id Submit returned."""
     def __init__(
         self,
         *,
@@ -385,11 +453,15 @@ Global___CancelTaskRequest: _TypeAlias = CancelTaskRequest  # noqa: Y015
 
 @_typing.final
 class CancelTaskResponse(_message.Message):
+    """The task right after the cancel was recorded."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def task(self) -> _task_pb2.Task: ...
+    def task(self) -> _task_pb2.Task:
+        """The task with cancel_requested set; its nodes reach CANCELLED as the executor stops them."""
+
     def __init__(
         self,
         *,
@@ -405,10 +477,13 @@ Global___CancelTaskResponse: _TypeAlias = CancelTaskResponse  # noqa: Y015
 
 @_typing.final
 class WatchTaskRequest(_message.Message):
+    """Which task WatchTask follows."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """Required: the id Submit returned."""
     def __init__(
         self,
         *,
@@ -424,11 +499,15 @@ Global___WatchTaskRequest: _TypeAlias = WatchTaskRequest  # noqa: Y015
 
 @_typing.final
 class WatchTaskResponse(_message.Message):
+    """One item of the WatchTask stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def task(self) -> _task_pb2.Task: ...
+    def task(self) -> _task_pb2.Task:
+        """The whole task (every node) at this change."""
+
     def __init__(
         self,
         *,
@@ -444,6 +523,8 @@ Global___WatchTaskResponse: _TypeAlias = WatchTaskResponse  # noqa: Y015
 
 @_typing.final
 class ListCellsRequest(_message.Message):
+    """ListCells takes nothing: the whole catalogue is returned."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -459,14 +540,19 @@ Global___ListCellsRequest: _TypeAlias = ListCellsRequest  # noqa: Y015
 
 @_typing.final
 class CellField(_message.Message):
+    """One field a cell's payload may carry."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     TYPE_FIELD_NUMBER: _builtins.int
     REQUIRED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The payload key, e.g. "content_id"."""
     type: Global___FieldType.ValueType
+    """The JSON type its value must have."""
     required: _builtins.bool
+    """True when a payload without it is INVALID_ARGUMENT."""
     def __init__(
         self,
         *,
@@ -484,6 +570,8 @@ Global___CellField: _TypeAlias = CellField  # noqa: Y015
 
 @_typing.final
 class CellAction(_message.Message):
+    """One downstream call of a cell: it becomes the node <cell_ref>.<name> of a task."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -493,12 +581,23 @@ class CellAction(_message.Message):
     IDEMPOTENT_FIELD_NUMBER: _builtins.int
     HAS_PROBE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The action's name within its cell, e.g. "set_label"."""
     kind: Global___ActionKind.ValueType
+    """What running it does."""
     downstream: _builtins.str
+    """The catalogue's name of the downstream it calls (empty for a noop action)."""
     idempotent: _builtins.bool
+    """True when calling it twice has the effect of calling it once: an outcome left UNKNOWN
+    is then settled by running it again.
+    """
     has_probe: _builtins.bool
+    """True when the catalogue gives it a status probe, which settles an UNKNOWN outcome by
+    asking the downstream whether the call took effect.
+    """
     @_builtins.property
-    def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of actions of the same cell that must succeed before this one runs."""
+
     def __init__(
         self,
         *,
@@ -519,6 +618,8 @@ Global___CellAction: _TypeAlias = CellAction  # noqa: Y015
 
 @_typing.final
 class Cell(_message.Message):
+    """A business action of the catalogue."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -526,11 +627,17 @@ class Cell(_message.Message):
     FIELDS_FIELD_NUMBER: _builtins.int
     ACTIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The name a submission uses (CellRequest.cell), e.g. "update_quality_level"."""
     description: _builtins.str
+    """What it does, in a sentence, from the catalogue."""
     @_builtins.property
-    def fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellField]: ...
+    def fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellField]:
+        """The payload fields it accepts."""
+
     @_builtins.property
-    def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellAction]: ...
+    def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellAction]:
+        """Its downstream calls, which become the nodes of a task."""
+
     def __init__(
         self,
         *,
@@ -549,11 +656,15 @@ Global___Cell: _TypeAlias = Cell  # noqa: Y015
 
 @_typing.final
 class ListCellsResponse(_message.Message):
+    """The catalogue."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CELLS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cell]: ...
+    def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cell]:
+        """Every cell, sorted by name."""
+
     def __init__(
         self,
         *,

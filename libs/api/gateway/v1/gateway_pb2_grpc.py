@@ -26,7 +26,10 @@ if _version_not_supported:
 
 
 class GatewayServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """What business systems call to submit tasks and follow them (port 50051 under dispo up).
+    Every call carries a token (metadata "authorization: Bearer <secret>"); a business token
+    sees and touches only its own business's tasks: another business's task is NOT_FOUND.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -67,43 +70,62 @@ class GatewayServiceStub:
 
 
 class GatewayServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """What business systems call to submit tasks and follow them (port 50051 under dispo up).
+    Every call carries a token (metadata "authorization: Bearer <secret>"); a business token
+    sees and touches only its own business's tasks: another business's task is NOT_FOUND.
+    """
 
     def Submit(self, request, context):
-        """Accept an intent. Same (business, idempotency_key) returns the same task.
+        """Accept an intent: validate it against the catalogue, expand it into a DAG and record
+        it durably before answering. The same (business, idempotency_key) returns the same task
+        (duplicate = true), never a second one. Bad input is INVALID_ARGUMENT with a
+        google.rpc.BadRequest naming each offending field, and writes nothing; too many cells
+        or too large a payload is RESOURCE_EXHAUSTED, as is a business over its Submit rate
+        (with google.rpc.RetryInfo). Callers: admin, a business token (its own business), the
+        reconciler's service token (compensating cells).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTask(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One task with every node: status, attempts, last error, times. NOT_FOUND for an unknown
+        task or another business's. Callers: admin, a business token.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListTasks(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Summaries of a business's tasks, filtered by status and creation time, a page at a
+        time. Callers: admin (any business, or all with business empty), a business token (its
+        own only; naming another is PERMISSION_DENIED).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CancelTask(self, request, context):
-        """Pending nodes become CANCELLED; running ones finish.
+        """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
+        task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
+        admin, a business token (its own tasks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchTask(self, request, context):
-        """The task now, then every change, until it reaches a terminal status.
+        """A server stream: the task now, then the task at every change, ending after it reaches
+        SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
+        (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListCells(self, request, context):
-        """The loaded cell catalogue.
+        """The loaded cell catalogue: every cell a submission may name, its payload fields and its
+        actions. Callers: admin, a business token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,7 +173,10 @@ def add_GatewayServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class GatewayService:
-    """Missing associated documentation comment in .proto file."""
+    """What business systems call to submit tasks and follow them (port 50051 under dispo up).
+    Every call carries a token (metadata "authorization: Bearer <secret>"); a business token
+    sees and touches only its own business's tasks: another business's task is NOT_FOUND.
+    """
 
     @staticmethod
     def Submit(request,

@@ -31,57 +31,130 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class GatewayServiceStub:
+    """What business systems call to submit tasks and follow them (port 50051 under dispo up).
+    Every call carries a token (metadata "authorization: Bearer <secret>"); a business token
+    sees and touches only its own business's tasks: another business's task is NOT_FOUND.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> GatewayServiceAsyncStub: ...
     Submit: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SubmitRequest, _gateway_pb2.SubmitResponse]
-    """Accept an intent. Same (business, idempotency_key) returns the same task."""
+    """Accept an intent: validate it against the catalogue, expand it into a DAG and record
+    it durably before answering. The same (business, idempotency_key) returns the same task
+    (duplicate = true), never a second one. Bad input is INVALID_ARGUMENT with a
+    google.rpc.BadRequest naming each offending field, and writes nothing; too many cells
+    or too large a payload is RESOURCE_EXHAUSTED, as is a business over its Submit rate
+    (with google.rpc.RetryInfo). Callers: admin, a business token (its own business), the
+    reconciler's service token (compensating cells).
+    """
     GetTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRequest, _gateway_pb2.GetTaskResponse]
+    """One task with every node: status, attempts, last error, times. NOT_FOUND for an unknown
+    task or another business's. Callers: admin, a business token.
+    """
     ListTasks: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]
+    """Summaries of a business's tasks, filtered by status and creation time, a page at a
+    time. Callers: admin (any business, or all with business empty), a business token (its
+    own only; naming another is PERMISSION_DENIED).
+    """
     CancelTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRequest, _gateway_pb2.CancelTaskResponse]
-    """Pending nodes become CANCELLED; running ones finish."""
+    """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
+    task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
+    admin, a business token (its own tasks).
+    """
     WatchTask: _grpc.UnaryStreamMultiCallable[_gateway_pb2.WatchTaskRequest, _gateway_pb2.WatchTaskResponse]
-    """The task now, then every change, until it reaches a terminal status."""
+    """A server stream: the task now, then the task at every change, ending after it reaches
+    SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
+    (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+    """
     ListCells: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListCellsRequest, _gateway_pb2.ListCellsResponse]
-    """The loaded cell catalogue."""
+    """The loaded cell catalogue: every cell a submission may name, its payload fields and its
+    actions. Callers: admin, a business token.
+    """
 
 @_typing.type_check_only
 class GatewayServiceAsyncStub(GatewayServiceStub):
+    """What business systems call to submit tasks and follow them (port 50051 under dispo up).
+    Every call carries a token (metadata "authorization: Bearer <secret>"); a business token
+    sees and touches only its own business's tasks: another business's task is NOT_FOUND.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Submit: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitRequest, _gateway_pb2.SubmitResponse]  # type: ignore[assignment]
-    """Accept an intent. Same (business, idempotency_key) returns the same task."""
+    """Accept an intent: validate it against the catalogue, expand it into a DAG and record
+    it durably before answering. The same (business, idempotency_key) returns the same task
+    (duplicate = true), never a second one. Bad input is INVALID_ARGUMENT with a
+    google.rpc.BadRequest naming each offending field, and writes nothing; too many cells
+    or too large a payload is RESOURCE_EXHAUSTED, as is a business over its Submit rate
+    (with google.rpc.RetryInfo). Callers: admin, a business token (its own business), the
+    reconciler's service token (compensating cells).
+    """
     GetTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRequest, _gateway_pb2.GetTaskResponse]  # type: ignore[assignment]
+    """One task with every node: status, attempts, last error, times. NOT_FOUND for an unknown
+    task or another business's. Callers: admin, a business token.
+    """
     ListTasks: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]  # type: ignore[assignment]
+    """Summaries of a business's tasks, filtered by status and creation time, a page at a
+    time. Callers: admin (any business, or all with business empty), a business token (its
+    own only; naming another is PERMISSION_DENIED).
+    """
     CancelTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRequest, _gateway_pb2.CancelTaskResponse]  # type: ignore[assignment]
-    """Pending nodes become CANCELLED; running ones finish."""
+    """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
+    task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
+    admin, a business token (its own tasks).
+    """
     WatchTask: _aio.UnaryStreamMultiCallable[_gateway_pb2.WatchTaskRequest, _gateway_pb2.WatchTaskResponse]  # type: ignore[assignment]
-    """The task now, then every change, until it reaches a terminal status."""
+    """A server stream: the task now, then the task at every change, ending after it reaches
+    SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
+    (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+    """
     ListCells: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListCellsRequest, _gateway_pb2.ListCellsResponse]  # type: ignore[assignment]
-    """The loaded cell catalogue."""
+    """The loaded cell catalogue: every cell a submission may name, its payload fields and its
+    actions. Callers: admin, a business token.
+    """
 
 class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
+    """What business systems call to submit tasks and follow them (port 50051 under dispo up).
+    Every call carries a token (metadata "authorization: Bearer <secret>"); a business token
+    sees and touches only its own business's tasks: another business's task is NOT_FOUND.
+    """
+
     @_abc_1.abstractmethod
     def Submit(
         self,
         request: _gateway_pb2.SubmitRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.SubmitResponse, _abc.Awaitable[_gateway_pb2.SubmitResponse]]:
-        """Accept an intent. Same (business, idempotency_key) returns the same task."""
+        """Accept an intent: validate it against the catalogue, expand it into a DAG and record
+        it durably before answering. The same (business, idempotency_key) returns the same task
+        (duplicate = true), never a second one. Bad input is INVALID_ARGUMENT with a
+        google.rpc.BadRequest naming each offending field, and writes nothing; too many cells
+        or too large a payload is RESOURCE_EXHAUSTED, as is a business over its Submit rate
+        (with google.rpc.RetryInfo). Callers: admin, a business token (its own business), the
+        reconciler's service token (compensating cells).
+        """
 
     @_abc_1.abstractmethod
     def GetTask(
         self,
         request: _gateway_pb2.GetTaskRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_gateway_pb2.GetTaskResponse, _abc.Awaitable[_gateway_pb2.GetTaskResponse]]: ...
+    ) -> _typing.Union[_gateway_pb2.GetTaskResponse, _abc.Awaitable[_gateway_pb2.GetTaskResponse]]:
+        """One task with every node: status, attempts, last error, times. NOT_FOUND for an unknown
+        task or another business's. Callers: admin, a business token.
+        """
 
     @_abc_1.abstractmethod
     def ListTasks(
         self,
         request: _gateway_pb2.ListTasksRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_gateway_pb2.ListTasksResponse, _abc.Awaitable[_gateway_pb2.ListTasksResponse]]: ...
+    ) -> _typing.Union[_gateway_pb2.ListTasksResponse, _abc.Awaitable[_gateway_pb2.ListTasksResponse]]:
+        """Summaries of a business's tasks, filtered by status and creation time, a page at a
+        time. Callers: admin (any business, or all with business empty), a business token (its
+        own only; naming another is PERMISSION_DENIED).
+        """
 
     @_abc_1.abstractmethod
     def CancelTask(
@@ -89,7 +162,10 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.CancelTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.CancelTaskResponse, _abc.Awaitable[_gateway_pb2.CancelTaskResponse]]:
-        """Pending nodes become CANCELLED; running ones finish."""
+        """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
+        task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
+        admin, a business token (its own tasks).
+        """
 
     @_abc_1.abstractmethod
     def WatchTask(
@@ -97,7 +173,10 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.WatchTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_gateway_pb2.WatchTaskResponse], _abc.AsyncIterator[_gateway_pb2.WatchTaskResponse]]:
-        """The task now, then every change, until it reaches a terminal status."""
+        """A server stream: the task now, then the task at every change, ending after it reaches
+        SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
+        (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+        """
 
     @_abc_1.abstractmethod
     def ListCells(
@@ -105,6 +184,8 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.ListCellsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.ListCellsResponse, _abc.Awaitable[_gateway_pb2.ListCellsResponse]]:
-        """The loaded cell catalogue."""
+        """The loaded cell catalogue: every cell a submission may name, its payload fields and its
+        actions. Callers: admin, a business token.
+        """
 
 def add_GatewayServiceServicer_to_server(servicer: GatewayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -40,14 +40,21 @@ class EvaluationStarted(_message.Message):
     ANALYSIS_MODEL_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """The evaluation's id (the same in the pool and in intelligence)."""
     series: _builtins.str
+    """Its series."""
     line: _common_pb2.Line.ValueType
+    """Its line."""
     period: _builtins.str
+    """The period it measures."""
     configuration_json: _builtins.str
+    """The evaluated system's configuration as JSON text."""
     analysis_model: _builtins.str
     """Optional override of the analysis model; "" = none."""
     @_builtins.property
-    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When a cron first took it."""
+
     def __init__(
         self,
         *,
@@ -82,14 +89,23 @@ class EvaluationRunRecorded(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _builtins.int
     RECORDED_AT_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """The evaluation the run belongs to."""
     run_id: _builtins.str
+    """The run's id, "<evaluation_id>-r<run_index>": stored once by consumers."""
     case_id: _builtins.str
+    """The test case it ran."""
     verdict: _common_pb2.Verdict.ValueType
+    """Its verdict."""
     score: _builtins.float
+    """Share of the case's rules that held, 0..1."""
     latency_ms: _builtins.int
+    """How long the target took to answer, in milliseconds."""
     failure_reason: _builtins.str
+    """Why it failed; empty on a pass."""
     @_builtins.property
-    def recorded_at(self) -> _timestamp_pb2.Timestamp: ...
+    def recorded_at(self) -> _timestamp_pb2.Timestamp:
+        """When the pool recorded it."""
+
     def __init__(
         self,
         *,
@@ -121,6 +137,7 @@ class EvaluationCompleted(_message.Message):
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
     RUN_COUNT_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """The evaluation that ended."""
     status: _pool_pb2.EvaluationStatus.ValueType
     """EVALUATION_STATUS_COMPLETED or EVALUATION_STATUS_CANCELLED."""
     run_count: _builtins.int
@@ -128,7 +145,9 @@ class EvaluationCompleted(_message.Message):
     it ended: a consumer applies the completion only once it holds that many.
     """
     @_builtins.property
-    def completed_at(self) -> _timestamp_pb2.Timestamp: ...
+    def completed_at(self) -> _timestamp_pb2.Timestamp:
+        """When it ended."""
+
     def __init__(
         self,
         *,

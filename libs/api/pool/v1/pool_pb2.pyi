@@ -32,22 +32,37 @@ class _EvaluationStatus:
 class _EvaluationStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EvaluationStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     EVALUATION_STATUS_UNSPECIFIED: _EvaluationStatus.ValueType  # 0
+    """Never an evaluation's status."""
     EVALUATION_STATUS_QUEUED: _EvaluationStatus.ValueType  # 1
+    """Created, never served; waiting for its first cron."""
     EVALUATION_STATUS_EXECUTING: _EvaluationStatus.ValueType  # 2
+    """In its window; served by a cron whenever it owes runs."""
     EVALUATION_STATUS_PAUSED: _EvaluationStatus.ValueType  # 3
+    """Skipped by the queue until ResumeEvaluation."""
     EVALUATION_STATUS_STUCK: _EvaluationStatus.ValueType  # 4
+    """Its cron went silent; it is handed to a replacement cron."""
     EVALUATION_STATUS_COMPLETED: _EvaluationStatus.ValueType  # 5
+    """Terminal: its last run was recorded."""
     EVALUATION_STATUS_CANCELLED: _EvaluationStatus.ValueType  # 6
+    """Terminal: CancelEvaluation ended it."""
 
-class EvaluationStatus(_EvaluationStatus, metaclass=_EvaluationStatusEnumTypeWrapper): ...
+class EvaluationStatus(_EvaluationStatus, metaclass=_EvaluationStatusEnumTypeWrapper):
+    """Lifecycle of an evaluation (docs/pool.md, Concepts)."""
 
 EVALUATION_STATUS_UNSPECIFIED: EvaluationStatus.ValueType  # 0
+"""Never an evaluation's status."""
 EVALUATION_STATUS_QUEUED: EvaluationStatus.ValueType  # 1
+"""Created, never served; waiting for its first cron."""
 EVALUATION_STATUS_EXECUTING: EvaluationStatus.ValueType  # 2
+"""In its window; served by a cron whenever it owes runs."""
 EVALUATION_STATUS_PAUSED: EvaluationStatus.ValueType  # 3
+"""Skipped by the queue until ResumeEvaluation."""
 EVALUATION_STATUS_STUCK: EvaluationStatus.ValueType  # 4
+"""Its cron went silent; it is handed to a replacement cron."""
 EVALUATION_STATUS_COMPLETED: EvaluationStatus.ValueType  # 5
+"""Terminal: its last run was recorded."""
 EVALUATION_STATUS_CANCELLED: EvaluationStatus.ValueType  # 6
+"""Terminal: CancelEvaluation ended it."""
 Global___EvaluationStatus: _TypeAlias = EvaluationStatus  # noqa: Y015
 
 class _CronStatus:
@@ -57,16 +72,29 @@ class _CronStatus:
 class _CronStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CronStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     CRON_STATUS_UNSPECIFIED: _CronStatus.ValueType  # 0
+    """Never a cron's status."""
     CRON_STATUS_IDLE: _CronStatus.ValueType  # 1
+    """Holds no evaluation; takes the top queue item when it wakes."""
     CRON_STATUS_BUSY: _CronStatus.ValueType  # 2
+    """Holds one evaluation."""
     CRON_STATUS_STUCK: _CronStatus.ValueType  # 3
+    """No activity for the stuck threshold (10 minutes by default); its evaluation is
+    reassigned.
+    """
 
-class CronStatus(_CronStatus, metaclass=_CronStatusEnumTypeWrapper): ...
+class CronStatus(_CronStatus, metaclass=_CronStatusEnumTypeWrapper):
+    """What a cron is doing."""
 
 CRON_STATUS_UNSPECIFIED: CronStatus.ValueType  # 0
+"""Never a cron's status."""
 CRON_STATUS_IDLE: CronStatus.ValueType  # 1
+"""Holds no evaluation; takes the top queue item when it wakes."""
 CRON_STATUS_BUSY: CronStatus.ValueType  # 2
+"""Holds one evaluation."""
 CRON_STATUS_STUCK: CronStatus.ValueType  # 3
+"""No activity for the stuck threshold (10 minutes by default); its evaluation is
+reassigned.
+"""
 Global___CronStatus: _TypeAlias = CronStatus  # noqa: Y015
 
 class _RuleKind:
@@ -76,6 +104,7 @@ class _RuleKind:
 class _RuleKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RuleKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     RULE_KIND_UNSPECIFIED: _RuleKind.ValueType  # 0
+    """No kind: INVALID_ARGUMENT."""
     RULE_KIND_STATUS: _RuleKind.ValueType  # 1
     """value = the expected HTTP status code."""
     RULE_KIND_JSON_EQUALS: _RuleKind.ValueType  # 2
@@ -83,13 +112,15 @@ class _RuleKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RuleKind.Val
     RULE_KIND_JSON_CONTAINS: _RuleKind.ValueType  # 3
     """path = a JSON path into the body, value = a substring of it."""
     RULE_KIND_REGEX: _RuleKind.ValueType  # 4
-    """value = a pattern the body must match."""
+    """value = an RE2 pattern the body must match (linear time)."""
     RULE_KIND_LATENCY_MS: _RuleKind.ValueType  # 5
     """value = the latency budget in milliseconds."""
 
-class RuleKind(_RuleKind, metaclass=_RuleKindEnumTypeWrapper): ...
+class RuleKind(_RuleKind, metaclass=_RuleKindEnumTypeWrapper):
+    """How one rule judges a run's HTTP answer."""
 
 RULE_KIND_UNSPECIFIED: RuleKind.ValueType  # 0
+"""No kind: INVALID_ARGUMENT."""
 RULE_KIND_STATUS: RuleKind.ValueType  # 1
 """value = the expected HTTP status code."""
 RULE_KIND_JSON_EQUALS: RuleKind.ValueType  # 2
@@ -97,7 +128,7 @@ RULE_KIND_JSON_EQUALS: RuleKind.ValueType  # 2
 RULE_KIND_JSON_CONTAINS: RuleKind.ValueType  # 3
 """path = a JSON path into the body, value = a substring of it."""
 RULE_KIND_REGEX: RuleKind.ValueType  # 4
-"""value = a pattern the body must match."""
+"""value = an RE2 pattern the body must match (linear time)."""
 RULE_KIND_LATENCY_MS: RuleKind.ValueType  # 5
 """value = the latency budget in milliseconds."""
 Global___RuleKind: _TypeAlias = RuleKind  # noqa: Y015
@@ -109,6 +140,7 @@ class _AssignmentEnd:
 class _AssignmentEndEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AssignmentEnd.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     ASSIGNMENT_END_UNSPECIFIED: _AssignmentEnd.ValueType  # 0
+    """Still held."""
     ASSIGNMENT_END_DONE: _AssignmentEnd.ValueType  # 1
     """No runs owed right now: the cron went back to the pool."""
     ASSIGNMENT_END_COMPLETED: _AssignmentEnd.ValueType  # 2
@@ -126,6 +158,7 @@ class AssignmentEnd(_AssignmentEnd, metaclass=_AssignmentEndEnumTypeWrapper):
     """Why a cron stopped holding an evaluation."""
 
 ASSIGNMENT_END_UNSPECIFIED: AssignmentEnd.ValueType  # 0
+"""Still held."""
 ASSIGNMENT_END_DONE: AssignmentEnd.ValueType  # 1
 """No runs owed right now: the cron went back to the pool."""
 ASSIGNMENT_END_COMPLETED: AssignmentEnd.ValueType  # 2
@@ -147,6 +180,7 @@ class _Driver:
 class _DriverEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Driver.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     DRIVER_UNSPECIFIED: _Driver.ValueType  # 0
+    """Never reported."""
     DRIVER_LOCAL: _Driver.ValueType  # 1
     """A SQLite registry watched by the pool-worker process."""
     DRIVER_OPENCLAW: _Driver.ValueType  # 2
@@ -156,6 +190,7 @@ class Driver(_Driver, metaclass=_DriverEnumTypeWrapper):
     """What creates, removes, wakes and stores the state of crons (DISPO_POOL_DRIVER)."""
 
 DRIVER_UNSPECIFIED: Driver.ValueType  # 0
+"""Never reported."""
 DRIVER_LOCAL: Driver.ValueType  # 1
 """A SQLite registry watched by the pool-worker process."""
 DRIVER_OPENCLAW: Driver.ValueType  # 2
@@ -169,6 +204,7 @@ class _RepairKind:
 class _RepairKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RepairKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     REPAIR_KIND_UNSPECIFIED: _RepairKind.ValueType  # 0
+    """No kind: INVALID_ARGUMENT in ApplyRepair; as a filter, every kind."""
     REPAIR_KIND_REMOVE_ORPHAN: _RepairKind.ValueType  # 1
     """A cron the driver has and the DB does not: removed from the driver."""
     REPAIR_KIND_RECREATE_MISSING: _RepairKind.ValueType  # 2
@@ -180,9 +216,11 @@ class _RepairKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RepairKind
     REPAIR_KIND_REWRITE_STATE: _RepairKind.ValueType  # 5
     """The driver's state of a cron differs from the DB: rewritten from the DB."""
 
-class RepairKind(_RepairKind, metaclass=_RepairKindEnumTypeWrapper): ...
+class RepairKind(_RepairKind, metaclass=_RepairKindEnumTypeWrapper):
+    """A fix a drift check can ask the pool for."""
 
 REPAIR_KIND_UNSPECIFIED: RepairKind.ValueType  # 0
+"""No kind: INVALID_ARGUMENT in ApplyRepair; as a filter, every kind."""
 REPAIR_KIND_REMOVE_ORPHAN: RepairKind.ValueType  # 1
 """A cron the driver has and the DB does not: removed from the driver."""
 REPAIR_KIND_RECREATE_MISSING: RepairKind.ValueType  # 2
@@ -205,8 +243,11 @@ class Rule(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
     kind: Global___RuleKind.ValueType
+    """How the answer is judged."""
     path: _builtins.str
+    """A JSON path into the body ("$.ok"), for the JSON rules; empty otherwise."""
     value: _builtins.str
+    """What the answer must show; its meaning depends on kind (above)."""
     def __init__(
         self,
         *,
@@ -224,6 +265,8 @@ Global___Rule: _TypeAlias = Rule  # noqa: Y015
 
 @_typing.final
 class TestCase(_message.Message):
+    """One request an evaluation makes to its target, with the rules its answer is scored by."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -232,14 +275,17 @@ class TestCase(_message.Message):
     BODY_FIELD_NUMBER: _builtins.int
     RULES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """Required, unique within the evaluation, at most 128 characters."""
     method: _builtins.str
     """GET (default) or POST."""
     path: _builtins.str
     """Appended to the evaluation's target_url."""
     body: _builtins.str
-    """Request body (POST), sent as JSON."""
+    """Request body (POST), sent as JSON, at most 16 KiB."""
     @_builtins.property
-    def rules(self) -> _containers.RepeatedCompositeFieldContainer[Global___Rule]: ...
+    def rules(self) -> _containers.RepeatedCompositeFieldContainer[Global___Rule]:
+        """How a run of this case is scored, at most 20; none: a 2xx answer passes."""
+
     def __init__(
         self,
         *,
@@ -259,6 +305,8 @@ Global___TestCase: _TypeAlias = TestCase  # noqa: Y015
 
 @_typing.final
 class Evaluation(_message.Message):
+    """An evaluation as the pool records it: what it runs and how far it got."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -283,32 +331,61 @@ class Evaluation(_message.Message):
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
     WAITING_SINCE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """Its id: [a-z0-9][a-z0-9-]{0,63}."""
     series: _builtins.str
+    """The series it belongs to (e.g. "capital-bot"); periods of a series are compared."""
     line: _common_pb2.Line.ValueType
+    """Formal or trial line."""
     period: _builtins.str
+    """Which period of the series it measures, e.g. "2026-12"; ordered as a string."""
     configuration_json: _builtins.str
+    """The evaluated system's configuration as JSON text (at most 64 KiB); evaluations with
+    equal configurations are compared.
+    """
     analysis_model: _builtins.str
+    """The analysis model the intelligence service uses for it; empty: its default."""
     target_url: _builtins.str
+    """Base URL of the system under evaluation; must be on the egress allow-list."""
     window_seconds: _builtins.int
+    """Length of its window, in seconds, from its creation."""
     slot_count: _builtins.int
+    """Equal slots the window is divided into."""
     runs_per_slot: _builtins.int
+    """Runs that fall due as each slot starts."""
     status: Global___EvaluationStatus.ValueType
+    """Where it is in its lifecycle."""
     priority_boost: _builtins.int
+    """Operator boost (0..1000): a higher boost is served before any lower one."""
     runs_done: _builtins.int
+    """Runs recorded so far."""
     runs_total: _builtins.int
+    """Runs it makes in all: slot_count × runs_per_slot."""
     debt: _builtins.int
     """Runs due so far minus runs done."""
     assigned_cron_id: _builtins.str
+    """The cron holding it; empty when none does."""
     @_builtins.property
-    def cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___TestCase]: ...
+    def cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___TestCase]:
+        """The requests it makes; run n uses case n mod len(cases)."""
+
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When CreateEvaluation accepted it (its window starts then)."""
+
     @_builtins.property
-    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When a cron first took it; unset while QUEUED."""
+
     @_builtins.property
-    def completed_at(self) -> _timestamp_pb2.Timestamp: ...
+    def completed_at(self) -> _timestamp_pb2.Timestamp:
+        """When it became terminal; unset until then."""
+
     @_builtins.property
-    def waiting_since(self) -> _timestamp_pb2.Timestamp: ...
+    def waiting_since(self) -> _timestamp_pb2.Timestamp:
+        """Since when it has waited in the queue (reset each time it goes back); unset while a
+        cron holds it.
+        """
+
     def __init__(
         self,
         *,
@@ -344,6 +421,8 @@ Global___Evaluation: _TypeAlias = Evaluation  # noqa: Y015
 
 @_typing.final
 class Cron(_message.Message):
+    """One worker slot of the pool."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -352,12 +431,19 @@ class Cron(_message.Message):
     LAST_ACTIVITY_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """Its id, as the driver knows it."""
     status: Global___CronStatus.ValueType
+    """What it is doing."""
     evaluation_id: _builtins.str
+    """The evaluation it holds; empty when idle."""
     @_builtins.property
-    def last_activity(self) -> _timestamp_pb2.Timestamp: ...
+    def last_activity(self) -> _timestamp_pb2.Timestamp:
+        """Its last wake or recorded run: the stuck sweep measures silence from here."""
+
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When the scaler made it."""
+
     def __init__(
         self,
         *,
@@ -377,6 +463,8 @@ Global___Cron: _TypeAlias = Cron  # noqa: Y015
 
 @_typing.final
 class Assignment(_message.Message):
+    """One period during which a cron held an evaluation."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -386,14 +474,21 @@ class Assignment(_message.Message):
     ENDED_AT_FIELD_NUMBER: _builtins.int
     END_REASON_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Its id in the assignment history."""
     cron_id: _builtins.str
+    """The cron that held it."""
     evaluation_id: _builtins.str
+    """The evaluation held."""
     end_reason: Global___AssignmentEnd.ValueType
     """ASSIGNMENT_END_UNSPECIFIED while held."""
     @_builtins.property
-    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When the cron took it."""
+
     @_builtins.property
-    def ended_at(self) -> _timestamp_pb2.Timestamp: ...
+    def ended_at(self) -> _timestamp_pb2.Timestamp:
+        """When the cron let it go; unset while held."""
+
     def __init__(
         self,
         *,
@@ -414,6 +509,8 @@ Global___Assignment: _TypeAlias = Assignment  # noqa: Y015
 
 @_typing.final
 class Resize(_message.Message):
+    """One change of the pool's size by the scaler."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -422,11 +519,19 @@ class Resize(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Its id in the resize history."""
     from_size: _builtins.int
+    """Crons before."""
     to_size: _builtins.int
+    """Crons after."""
     reason: _builtins.str
+    """Why: below_min, above_max, busy_ratio (busy/total over the scale-up ratio) or
+    idle_surplus (idle crons over the scale-down factor × min_size).
+    """
     @_builtins.property
-    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When it happened."""
+
     def __init__(
         self,
         *,
@@ -446,6 +551,8 @@ Global___Resize: _TypeAlias = Resize  # noqa: Y015
 
 @_typing.final
 class QueueItem(_message.Message):
+    """An evaluation waiting for a cron, with the keys the queue orders by."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
@@ -455,12 +562,19 @@ class QueueItem(_message.Message):
     DEBT_FIELD_NUMBER: _builtins.int
     WAITING_SINCE_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """The waiting evaluation."""
     status: Global___EvaluationStatus.ValueType
+    """QUEUED, EXECUTING (between slots) or STUCK."""
     priority_boost: _builtins.int
+    """First sort key: higher first."""
     slot_due: _builtins.bool
+    """Second key: its current slot has started and none of its runs is done."""
     debt: _builtins.int
+    """Third key: runs due minus runs done, larger first."""
     @_builtins.property
-    def waiting_since(self) -> _timestamp_pb2.Timestamp: ...
+    def waiting_since(self) -> _timestamp_pb2.Timestamp:
+        """Fourth key: longer waiting first."""
+
     def __init__(
         self,
         *,
@@ -481,6 +595,8 @@ Global___QueueItem: _TypeAlias = QueueItem  # noqa: Y015
 
 @_typing.final
 class GetPoolStatusRequest(_message.Message):
+    """GetPoolStatus takes nothing."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -496,6 +612,8 @@ Global___GetPoolStatusRequest: _TypeAlias = GetPoolStatusRequest  # noqa: Y015
 
 @_typing.final
 class PoolStatus(_message.Message):
+    """The pool at a glance."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DRIVER_FIELD_NUMBER: _builtins.int
@@ -509,16 +627,25 @@ class PoolStatus(_message.Message):
     OLDEST_WAIT_SECONDS_FIELD_NUMBER: _builtins.int
     STUCK_EVALUATIONS_FIELD_NUMBER: _builtins.int
     driver: Global___Driver.ValueType
+    """Where its crons run."""
     size: _builtins.int
+    """Crons in all."""
     busy: _builtins.int
+    """Crons holding an evaluation."""
     idle: _builtins.int
+    """Crons holding none."""
     stuck: _builtins.int
+    """Crons silent past the stuck threshold."""
     min_size: _builtins.int
+    """Fewest crons the scaler keeps (default 5)."""
     max_size: _builtins.int
+    """Most crons the scaler runs (default 20)."""
     queue_depth: _builtins.int
+    """Evaluations waiting for a cron."""
     oldest_wait_seconds: _builtins.int
     """Seconds the longest-waiting queue item has waited (0 when the queue is empty)."""
     stuck_evaluations: _builtins.int
+    """Evaluations in STUCK, waiting for a replacement cron."""
     def __init__(
         self,
         *,
@@ -543,6 +670,8 @@ Global___PoolStatus: _TypeAlias = PoolStatus  # noqa: Y015
 
 @_typing.final
 class ListCronsRequest(_message.Message):
+    """ListCrons takes nothing: every cron is listed."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -558,11 +687,15 @@ Global___ListCronsRequest: _TypeAlias = ListCronsRequest  # noqa: Y015
 
 @_typing.final
 class ListCronsResponse(_message.Message):
+    """The pool's crons."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CRONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def crons(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cron]: ...
+    def crons(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cron]:
+        """Every cron of the database."""
+
     def __init__(
         self,
         *,
@@ -578,16 +711,19 @@ Global___ListCronsResponse: _TypeAlias = ListCronsResponse  # noqa: Y015
 
 @_typing.final
 class ListAssignmentsRequest(_message.Message):
+    """Which assignments ListAssignments returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CRON_ID_FIELD_NUMBER: _builtins.int
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     cron_id: _builtins.str
-    """Optional filters."""
+    """Only this cron's; empty: every cron's."""
     evaluation_id: _builtins.str
+    """Only this evaluation's; empty: every evaluation's."""
     limit: _builtins.int
-    """At most this many (newest first); 0 = 100."""
+    """At most this many (newest first); 0 = 100, at most 1000."""
     def __init__(
         self,
         *,
@@ -605,11 +741,15 @@ Global___ListAssignmentsRequest: _TypeAlias = ListAssignmentsRequest  # noqa: Y0
 
 @_typing.final
 class ListAssignmentsResponse(_message.Message):
+    """Assignment history."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Assignment]: ...
+    def assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Assignment]:
+        """Newest first."""
+
     def __init__(
         self,
         *,
@@ -625,10 +765,13 @@ Global___ListAssignmentsResponse: _TypeAlias = ListAssignmentsResponse  # noqa: 
 
 @_typing.final
 class ListQueueRequest(_message.Message):
+    """How much of the queue ListQueue returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     LIMIT_FIELD_NUMBER: _builtins.int
     limit: _builtins.int
+    """At most this many items; 0 = 100, at most 1000."""
     def __init__(
         self,
         *,
@@ -644,11 +787,15 @@ Global___ListQueueRequest: _TypeAlias = ListQueueRequest  # noqa: Y015
 
 @_typing.final
 class ListQueueResponse(_message.Message):
+    """The queue, in the order crons will take it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ITEMS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueItem]: ...
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueItem]:
+        """First served first."""
+
     def __init__(
         self,
         *,
@@ -664,10 +811,13 @@ Global___ListQueueResponse: _TypeAlias = ListQueueResponse  # noqa: Y015
 
 @_typing.final
 class ListResizesRequest(_message.Message):
+    """How much of the resize history ListResizes returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     LIMIT_FIELD_NUMBER: _builtins.int
     limit: _builtins.int
+    """At most this many; 0 = 100, at most 1000."""
     def __init__(
         self,
         *,
@@ -683,11 +833,15 @@ Global___ListResizesRequest: _TypeAlias = ListResizesRequest  # noqa: Y015
 
 @_typing.final
 class ListResizesResponse(_message.Message):
+    """Resize history."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RESIZES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def resizes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Resize]: ...
+    def resizes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Resize]:
+        """Newest first."""
+
     def __init__(
         self,
         *,
@@ -703,6 +857,10 @@ Global___ListResizesResponse: _TypeAlias = ListResizesResponse  # noqa: Y015
 
 @_typing.final
 class CreateEvaluationRequest(_message.Message):
+    """An evaluation to run. Its runs (slot_count × runs_per_slot) are bounded per evaluation
+    and per second of its window (DISPO_POOL_MAX_RUNS_PER_EVALUATION, _PER_SECOND).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
@@ -719,20 +877,29 @@ class CreateEvaluationRequest(_message.Message):
     evaluation_id: _builtins.str
     """Optional caller-chosen id ([a-z0-9-], up to 64); a repeat with the same id is ALREADY_EXISTS."""
     series: _builtins.str
+    """Required, at most 128 characters: the series it belongs to."""
     line: _common_pb2.Line.ValueType
     """Required: LINE_FORMAL or LINE_TRIAL."""
     period: _builtins.str
+    """Required, at most 128 characters: the period it measures, in a sortable form
+    ("2026-12", "2026-W07").
+    """
     configuration_json: _builtins.str
+    """The evaluated system's configuration as JSON text, at most 64 KiB; optional."""
     analysis_model: _builtins.str
+    """Override of the intelligence service's default analysis model; empty: the default."""
     target_url: _builtins.str
+    """Required: base URL of the system under evaluation, on the egress allow-list."""
     window_seconds: _builtins.int
-    """Default 86400 (24 h)."""
+    """Default 86400 (24 h); at most 31 days."""
     slot_count: _builtins.int
-    """Default 24."""
+    """Default 24; at most 10000."""
     runs_per_slot: _builtins.int
-    """Default 1."""
+    """Default 1; at most 1000."""
     @_builtins.property
-    def cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___TestCase]: ...
+    def cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___TestCase]:
+        """Required: 1 to 200 test cases."""
+
     def __init__(
         self,
         *,
@@ -758,10 +925,13 @@ Global___CreateEvaluationRequest: _TypeAlias = CreateEvaluationRequest  # noqa: 
 
 @_typing.final
 class GetEvaluationRequest(_message.Message):
+    """Which evaluation GetEvaluation reads."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: the evaluation's id."""
     def __init__(
         self,
         *,
@@ -777,10 +947,13 @@ Global___GetEvaluationRequest: _TypeAlias = GetEvaluationRequest  # noqa: Y015
 
 @_typing.final
 class EvaluationRef(_message.Message):
+    """The evaluation an operator command acts on."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: the evaluation's id."""
     def __init__(
         self,
         *,
@@ -796,11 +969,14 @@ Global___EvaluationRef: _TypeAlias = EvaluationRef  # noqa: Y015
 
 @_typing.final
 class BoostEvaluationRequest(_message.Message):
+    """A new priority boost for an evaluation."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     PRIORITY_BOOST_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: the evaluation's id; a terminal one is FAILED_PRECONDITION."""
     priority_boost: _builtins.int
     """0..1000; replaces the current boost."""
     def __init__(
@@ -819,12 +995,16 @@ Global___BoostEvaluationRequest: _TypeAlias = BoostEvaluationRequest  # noqa: Y0
 
 @_typing.final
 class SetPoolBoundsRequest(_message.Message):
+    """New size bounds of the pool."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MIN_SIZE_FIELD_NUMBER: _builtins.int
     MAX_SIZE_FIELD_NUMBER: _builtins.int
     min_size: _builtins.int
+    """Fewest crons, 1..100, at most max_size."""
     max_size: _builtins.int
+    """Most crons, 1..100."""
     def __init__(
         self,
         *,
@@ -841,13 +1021,16 @@ Global___SetPoolBoundsRequest: _TypeAlias = SetPoolBoundsRequest  # noqa: Y015
 
 @_typing.final
 class ForceReleaseRequest(_message.Message):
+    """What ForceRelease frees."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CRON_ID_FIELD_NUMBER: _builtins.int
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     cron_id: _builtins.str
-    """One of the two."""
+    """The cron to release (one of the two)."""
     evaluation_id: _builtins.str
+    """Or the evaluation whose cron to release."""
     def __init__(
         self,
         *,
@@ -864,12 +1047,16 @@ Global___ForceReleaseRequest: _TypeAlias = ForceReleaseRequest  # noqa: Y015
 
 @_typing.final
 class ForceReleaseResponse(_message.Message):
+    """What ForceRelease freed."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CRON_ID_FIELD_NUMBER: _builtins.int
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     cron_id: _builtins.str
+    """The released cron, idle now."""
     evaluation_id: _builtins.str
+    """The evaluation it held, back in the queue."""
     def __init__(
         self,
         *,
@@ -886,10 +1073,13 @@ Global___ForceReleaseResponse: _TypeAlias = ForceReleaseResponse  # noqa: Y015
 
 @_typing.final
 class WakeCronRequest(_message.Message):
+    """A cron reporting that it woke."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CRON_ID_FIELD_NUMBER: _builtins.int
     cron_id: _builtins.str
+    """Required: the waking cron's id."""
     def __init__(
         self,
         *,
@@ -905,6 +1095,8 @@ Global___WakeCronRequest: _TypeAlias = WakeCronRequest  # noqa: Y015
 
 @_typing.final
 class WakeCronResponse(_message.Message):
+    """What the woken cron is to do."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ASSIGNED_FIELD_NUMBER: _builtins.int
@@ -914,10 +1106,13 @@ class WakeCronResponse(_message.Message):
     assigned: _builtins.bool
     """False: the cron is idle and the queue had nothing for it."""
     next_run_index: _builtins.int
-    """Index of the next run to perform, and how many to perform in this wake."""
+    """Index of the next run to perform."""
     runs_owed: _builtins.int
+    """How many runs to perform in this wake (at most DISPO_POOL_RUNS_PER_WAKE, 50)."""
     @_builtins.property
-    def evaluation(self) -> Global___Evaluation: ...
+    def evaluation(self) -> Global___Evaluation:
+        """The evaluation it holds, when assigned."""
+
     def __init__(
         self,
         *,
@@ -936,6 +1131,8 @@ Global___WakeCronResponse: _TypeAlias = WakeCronResponse  # noqa: Y015
 
 @_typing.final
 class RecordRunRequest(_message.Message):
+    """One finished run, reported by the cron that made it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CRON_ID_FIELD_NUMBER: _builtins.int
@@ -947,14 +1144,21 @@ class RecordRunRequest(_message.Message):
     LATENCY_MS_FIELD_NUMBER: _builtins.int
     FAILURE_REASON_FIELD_NUMBER: _builtins.int
     cron_id: _builtins.str
+    """Required: the cron that made the run; it must hold the evaluation."""
     evaluation_id: _builtins.str
+    """Required: the evaluation the run belongs to."""
     run_index: _builtins.int
+    """The run's index: the evaluation's next one, or one already recorded (a repeat)."""
     case_id: _builtins.str
+    """The test case it ran (case run_index mod len(cases))."""
     verdict: _common_pb2.Verdict.ValueType
     """Required."""
     score: _builtins.float
+    """Share of the case's rules that held, 0..1."""
     latency_ms: _builtins.int
+    """How long the target took to answer, in milliseconds."""
     failure_reason: _builtins.str
+    """Why it failed (the rules that did not hold, or the call's error); empty on a pass."""
     def __init__(
         self,
         *,
@@ -977,6 +1181,8 @@ Global___RecordRunRequest: _TypeAlias = RecordRunRequest  # noqa: Y015
 
 @_typing.final
 class RecordRunResponse(_message.Message):
+    """What the pool recorded."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_ID_FIELD_NUMBER: _builtins.int
@@ -985,12 +1191,15 @@ class RecordRunResponse(_message.Message):
     NEXT_RUN_INDEX_FIELD_NUMBER: _builtins.int
     EVALUATION_STATUS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
+    """The run's id: "<evaluation_id>-r<run_index>"."""
     duplicate: _builtins.bool
     """True when this call repeated an already recorded run (nothing changed)."""
     continue_evaluation: _builtins.bool
     """True while the cron still holds the evaluation and owes more runs."""
     next_run_index: _builtins.int
+    """The index the cron's next run takes."""
     evaluation_status: Global___EvaluationStatus.ValueType
+    """The evaluation's status after this run (COMPLETED after its last)."""
     def __init__(
         self,
         *,
@@ -1010,6 +1219,8 @@ Global___RecordRunResponse: _TypeAlias = RecordRunResponse  # noqa: Y015
 
 @_typing.final
 class GetDriftViewRequest(_message.Message):
+    """GetDriftView takes nothing."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -1025,11 +1236,14 @@ Global___GetDriftViewRequest: _TypeAlias = GetDriftViewRequest  # noqa: Y015
 
 @_typing.final
 class DriverCronState(_message.Message):
+    """A cron as the driver has it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CRON_ID_FIELD_NUMBER: _builtins.int
     STATE_JSON_FIELD_NUMBER: _builtins.int
     cron_id: _builtins.str
+    """The cron's id in the driver."""
     state_json: _builtins.str
     """The driver's JSON state of the cron ({"status": ..., "eval_id": ...})."""
     def __init__(
@@ -1056,8 +1270,11 @@ class EvaluationAssignment(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     ASSIGNED_CRON_ID_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """The evaluation's id."""
     status: Global___EvaluationStatus.ValueType
+    """Its status in the pool's database."""
     assigned_cron_id: _builtins.str
+    """The cron the database says holds it; empty: none."""
     def __init__(
         self,
         *,
@@ -1075,6 +1292,8 @@ Global___EvaluationAssignment: _TypeAlias = EvaluationAssignment  # noqa: Y015
 
 @_typing.final
 class DriftView(_message.Message):
+    """Both views a drift check compares, read at one moment."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DRIVER_FIELD_NUMBER: _builtins.int
@@ -1083,16 +1302,23 @@ class DriftView(_message.Message):
     EVALUATIONS_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
     driver: Global___Driver.ValueType
+    """The driver whose crons are listed."""
     @_builtins.property
-    def db_crons(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cron]: ...
+    def db_crons(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cron]:
+        """Crons as the pool's database records them."""
+
     @_builtins.property
-    def driver_crons(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriverCronState]: ...
+    def driver_crons(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriverCronState]:
+        """Crons as the driver actually has them."""
+
     @_builtins.property
     def evaluations(self) -> _containers.RepeatedCompositeFieldContainer[Global___EvaluationAssignment]:
         """Evaluations holding a cron, plus terminal evaluations some cron still names."""
 
     @_builtins.property
-    def observed_at(self) -> _timestamp_pb2.Timestamp: ...
+    def observed_at(self) -> _timestamp_pb2.Timestamp:
+        """When both views were read."""
+
     def __init__(
         self,
         *,
@@ -1112,14 +1338,19 @@ Global___DriftView: _TypeAlias = DriftView  # noqa: Y015
 
 @_typing.final
 class ApplyRepairRequest(_message.Message):
+    """One repair to apply."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KIND_FIELD_NUMBER: _builtins.int
     CRON_ID_FIELD_NUMBER: _builtins.int
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     kind: Global___RepairKind.ValueType
+    """Required: what to fix."""
     cron_id: _builtins.str
+    """Required: the cron concerned."""
     evaluation_id: _builtins.str
+    """The evaluation concerned: required for RELEASE_FINISHED and REQUEUE_EVALUATION."""
     def __init__(
         self,
         *,
@@ -1137,6 +1368,8 @@ Global___ApplyRepairRequest: _TypeAlias = ApplyRepairRequest  # noqa: Y015
 
 @_typing.final
 class ApplyRepairResponse(_message.Message):
+    """What the pool did."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     APPLIED_FIELD_NUMBER: _builtins.int
@@ -1144,6 +1377,7 @@ class ApplyRepairResponse(_message.Message):
     applied: _builtins.bool
     """False when the drift had already gone by the time the repair ran (nothing changed)."""
     detail: _builtins.str
+    """What was done, or why nothing was."""
     def __init__(
         self,
         *,

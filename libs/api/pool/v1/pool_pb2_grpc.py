@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class PoolServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The cron pool's API (port 50055 under dispo up). Evaluations belong to no business:
+    every call but the cron protocol and the drift calls is for admin tokens only.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -122,7 +124,9 @@ class PoolServiceStub:
 
 
 class PoolServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The cron pool's API (port 50055 under dispo up). Evaluations belong to no business:
+    every call but the cron protocol and the drift calls is for admin tokens only.
+    """
 
     def GetPoolStatus(self, request, context):
         """Size, busy, idle, stuck, queue depth and oldest wait.
@@ -132,7 +136,8 @@ class PoolServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListCrons(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every cron the pool's database records, with its status and evaluation.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -152,37 +157,46 @@ class PoolServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListResizes(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The scaler's resizes of the pool, newest first, each with its reason.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateEvaluation(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Queue an evaluation: checked whole (INVALID_ARGUMENT naming each bad field; too many
+        runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetEvaluation(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One evaluation with its progress. NOT_FOUND for an unknown id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PauseEvaluation(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Take an evaluation out of the queue (its cron lets it go); FAILED_PRECONDITION when it
+        is terminal.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeEvaluation(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Put a paused evaluation back in the queue; FAILED_PRECONDITION when it is not paused.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CancelEvaluation(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """End an evaluation for good (CANCELLED, its cron released); FAILED_PRECONDITION when it
+        is already terminal.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -211,14 +225,15 @@ class PoolServiceServicer:
     def WakeCron(self, request, context):
         """--- cron protocol ---
         A cron woke: records its activity; an idle cron takes the top queue item (exactly one
-        cron gets it), a busy cron gets its evaluation and the runs it owes back.
+        cron gets it), a busy cron gets its evaluation and the runs it owes back. Callers: the
+        pool-worker's and the pool's own service tokens, admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RecordRun(self, request, context):
-        """A cron finished one run; idempotent on (evaluation_id, run_index).
+        """A cron finished one run; idempotent on (evaluation_id, run_index). Callers: as WakeCron.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -226,14 +241,17 @@ class PoolServiceServicer:
 
     def GetDriftView(self, request, context):
         """--- drift support (reconciler) ---
-        The pool's database view and the driver's actual crons, side by side.
+        The pool's database view and the driver's actual crons, side by side. Callers: the
+        reconciler's service token, admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ApplyRepair(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Apply one repair the reconciler's drift check decided, re-checked under the pool's own
+        guards first. Callers: the reconciler's service token, admin.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -335,7 +353,9 @@ def add_PoolServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PoolService:
-    """Missing associated documentation comment in .proto file."""
+    """The cron pool's API (port 50055 under dispo up). Evaluations belong to no business:
+    every call but the cron protocol and the drift calls is for admin tokens only.
+    """
 
     @staticmethod
     def GetPoolStatus(request,

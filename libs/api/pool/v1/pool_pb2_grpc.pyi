@@ -31,6 +31,10 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class PoolServiceStub:
+    """The cron pool's API (port 50055 under dispo up). Evaluations belong to no business:
+    every call but the cron protocol and the drift calls is for admin tokens only.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -38,16 +42,29 @@ class PoolServiceStub:
     GetPoolStatus: _grpc.UnaryUnaryMultiCallable[_pool_pb2.GetPoolStatusRequest, _pool_pb2.PoolStatus]
     """Size, busy, idle, stuck, queue depth and oldest wait."""
     ListCrons: _grpc.UnaryUnaryMultiCallable[_pool_pb2.ListCronsRequest, _pool_pb2.ListCronsResponse]
+    """Every cron the pool's database records, with its status and evaluation."""
     ListAssignments: _grpc.UnaryUnaryMultiCallable[_pool_pb2.ListAssignmentsRequest, _pool_pb2.ListAssignmentsResponse]
     """Assignment history (which cron held which evaluation, when, and why it ended)."""
     ListQueue: _grpc.UnaryUnaryMultiCallable[_pool_pb2.ListQueueRequest, _pool_pb2.ListQueueResponse]
     """Evaluations waiting for a cron, in the order crons will take them."""
     ListResizes: _grpc.UnaryUnaryMultiCallable[_pool_pb2.ListResizesRequest, _pool_pb2.ListResizesResponse]
+    """The scaler's resizes of the pool, newest first, each with its reason."""
     CreateEvaluation: _grpc.UnaryUnaryMultiCallable[_pool_pb2.CreateEvaluationRequest, _pool_pb2.Evaluation]
+    """Queue an evaluation: checked whole (INVALID_ARGUMENT naming each bad field; too many
+    runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once.
+    """
     GetEvaluation: _grpc.UnaryUnaryMultiCallable[_pool_pb2.GetEvaluationRequest, _pool_pb2.Evaluation]
+    """One evaluation with its progress. NOT_FOUND for an unknown id."""
     PauseEvaluation: _grpc.UnaryUnaryMultiCallable[_pool_pb2.EvaluationRef, _pool_pb2.Evaluation]
+    """Take an evaluation out of the queue (its cron lets it go); FAILED_PRECONDITION when it
+    is terminal.
+    """
     ResumeEvaluation: _grpc.UnaryUnaryMultiCallable[_pool_pb2.EvaluationRef, _pool_pb2.Evaluation]
+    """Put a paused evaluation back in the queue; FAILED_PRECONDITION when it is not paused."""
     CancelEvaluation: _grpc.UnaryUnaryMultiCallable[_pool_pb2.EvaluationRef, _pool_pb2.Evaluation]
+    """End an evaluation for good (CANCELLED, its cron released); FAILED_PRECONDITION when it
+    is already terminal.
+    """
     BoostEvaluation: _grpc.UnaryUnaryMultiCallable[_pool_pb2.BoostEvaluationRequest, _pool_pb2.Evaluation]
     """Operator priority boost: a higher boost is served before any lower one."""
     SetPoolBounds: _grpc.UnaryUnaryMultiCallable[_pool_pb2.SetPoolBoundsRequest, _pool_pb2.PoolStatus]
@@ -57,32 +74,54 @@ class PoolServiceStub:
     WakeCron: _grpc.UnaryUnaryMultiCallable[_pool_pb2.WakeCronRequest, _pool_pb2.WakeCronResponse]
     """--- cron protocol ---
     A cron woke: records its activity; an idle cron takes the top queue item (exactly one
-    cron gets it), a busy cron gets its evaluation and the runs it owes back.
+    cron gets it), a busy cron gets its evaluation and the runs it owes back. Callers: the
+    pool-worker's and the pool's own service tokens, admin.
     """
     RecordRun: _grpc.UnaryUnaryMultiCallable[_pool_pb2.RecordRunRequest, _pool_pb2.RecordRunResponse]
-    """A cron finished one run; idempotent on (evaluation_id, run_index)."""
+    """A cron finished one run; idempotent on (evaluation_id, run_index). Callers: as WakeCron."""
     GetDriftView: _grpc.UnaryUnaryMultiCallable[_pool_pb2.GetDriftViewRequest, _pool_pb2.DriftView]
     """--- drift support (reconciler) ---
-    The pool's database view and the driver's actual crons, side by side.
+    The pool's database view and the driver's actual crons, side by side. Callers: the
+    reconciler's service token, admin.
     """
     ApplyRepair: _grpc.UnaryUnaryMultiCallable[_pool_pb2.ApplyRepairRequest, _pool_pb2.ApplyRepairResponse]
+    """Apply one repair the reconciler's drift check decided, re-checked under the pool's own
+    guards first. Callers: the reconciler's service token, admin.
+    """
 
 @_typing.type_check_only
 class PoolServiceAsyncStub(PoolServiceStub):
+    """The cron pool's API (port 50055 under dispo up). Evaluations belong to no business:
+    every call but the cron protocol and the drift calls is for admin tokens only.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetPoolStatus: _aio.UnaryUnaryMultiCallable[_pool_pb2.GetPoolStatusRequest, _pool_pb2.PoolStatus]  # type: ignore[assignment]
     """Size, busy, idle, stuck, queue depth and oldest wait."""
     ListCrons: _aio.UnaryUnaryMultiCallable[_pool_pb2.ListCronsRequest, _pool_pb2.ListCronsResponse]  # type: ignore[assignment]
+    """Every cron the pool's database records, with its status and evaluation."""
     ListAssignments: _aio.UnaryUnaryMultiCallable[_pool_pb2.ListAssignmentsRequest, _pool_pb2.ListAssignmentsResponse]  # type: ignore[assignment]
     """Assignment history (which cron held which evaluation, when, and why it ended)."""
     ListQueue: _aio.UnaryUnaryMultiCallable[_pool_pb2.ListQueueRequest, _pool_pb2.ListQueueResponse]  # type: ignore[assignment]
     """Evaluations waiting for a cron, in the order crons will take them."""
     ListResizes: _aio.UnaryUnaryMultiCallable[_pool_pb2.ListResizesRequest, _pool_pb2.ListResizesResponse]  # type: ignore[assignment]
+    """The scaler's resizes of the pool, newest first, each with its reason."""
     CreateEvaluation: _aio.UnaryUnaryMultiCallable[_pool_pb2.CreateEvaluationRequest, _pool_pb2.Evaluation]  # type: ignore[assignment]
+    """Queue an evaluation: checked whole (INVALID_ARGUMENT naming each bad field; too many
+    runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once.
+    """
     GetEvaluation: _aio.UnaryUnaryMultiCallable[_pool_pb2.GetEvaluationRequest, _pool_pb2.Evaluation]  # type: ignore[assignment]
+    """One evaluation with its progress. NOT_FOUND for an unknown id."""
     PauseEvaluation: _aio.UnaryUnaryMultiCallable[_pool_pb2.EvaluationRef, _pool_pb2.Evaluation]  # type: ignore[assignment]
+    """Take an evaluation out of the queue (its cron lets it go); FAILED_PRECONDITION when it
+    is terminal.
+    """
     ResumeEvaluation: _aio.UnaryUnaryMultiCallable[_pool_pb2.EvaluationRef, _pool_pb2.Evaluation]  # type: ignore[assignment]
+    """Put a paused evaluation back in the queue; FAILED_PRECONDITION when it is not paused."""
     CancelEvaluation: _aio.UnaryUnaryMultiCallable[_pool_pb2.EvaluationRef, _pool_pb2.Evaluation]  # type: ignore[assignment]
+    """End an evaluation for good (CANCELLED, its cron released); FAILED_PRECONDITION when it
+    is already terminal.
+    """
     BoostEvaluation: _aio.UnaryUnaryMultiCallable[_pool_pb2.BoostEvaluationRequest, _pool_pb2.Evaluation]  # type: ignore[assignment]
     """Operator priority boost: a higher boost is served before any lower one."""
     SetPoolBounds: _aio.UnaryUnaryMultiCallable[_pool_pb2.SetPoolBoundsRequest, _pool_pb2.PoolStatus]  # type: ignore[assignment]
@@ -92,17 +131,26 @@ class PoolServiceAsyncStub(PoolServiceStub):
     WakeCron: _aio.UnaryUnaryMultiCallable[_pool_pb2.WakeCronRequest, _pool_pb2.WakeCronResponse]  # type: ignore[assignment]
     """--- cron protocol ---
     A cron woke: records its activity; an idle cron takes the top queue item (exactly one
-    cron gets it), a busy cron gets its evaluation and the runs it owes back.
+    cron gets it), a busy cron gets its evaluation and the runs it owes back. Callers: the
+    pool-worker's and the pool's own service tokens, admin.
     """
     RecordRun: _aio.UnaryUnaryMultiCallable[_pool_pb2.RecordRunRequest, _pool_pb2.RecordRunResponse]  # type: ignore[assignment]
-    """A cron finished one run; idempotent on (evaluation_id, run_index)."""
+    """A cron finished one run; idempotent on (evaluation_id, run_index). Callers: as WakeCron."""
     GetDriftView: _aio.UnaryUnaryMultiCallable[_pool_pb2.GetDriftViewRequest, _pool_pb2.DriftView]  # type: ignore[assignment]
     """--- drift support (reconciler) ---
-    The pool's database view and the driver's actual crons, side by side.
+    The pool's database view and the driver's actual crons, side by side. Callers: the
+    reconciler's service token, admin.
     """
     ApplyRepair: _aio.UnaryUnaryMultiCallable[_pool_pb2.ApplyRepairRequest, _pool_pb2.ApplyRepairResponse]  # type: ignore[assignment]
+    """Apply one repair the reconciler's drift check decided, re-checked under the pool's own
+    guards first. Callers: the reconciler's service token, admin.
+    """
 
 class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The cron pool's API (port 50055 under dispo up). Evaluations belong to no business:
+    every call but the cron protocol and the drift calls is for admin tokens only.
+    """
+
     @_abc_1.abstractmethod
     def GetPoolStatus(
         self,
@@ -116,7 +164,8 @@ class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _pool_pb2.ListCronsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_pool_pb2.ListCronsResponse, _abc.Awaitable[_pool_pb2.ListCronsResponse]]: ...
+    ) -> _typing.Union[_pool_pb2.ListCronsResponse, _abc.Awaitable[_pool_pb2.ListCronsResponse]]:
+        """Every cron the pool's database records, with its status and evaluation."""
 
     @_abc_1.abstractmethod
     def ListAssignments(
@@ -139,42 +188,54 @@ class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _pool_pb2.ListResizesRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_pool_pb2.ListResizesResponse, _abc.Awaitable[_pool_pb2.ListResizesResponse]]: ...
+    ) -> _typing.Union[_pool_pb2.ListResizesResponse, _abc.Awaitable[_pool_pb2.ListResizesResponse]]:
+        """The scaler's resizes of the pool, newest first, each with its reason."""
 
     @_abc_1.abstractmethod
     def CreateEvaluation(
         self,
         request: _pool_pb2.CreateEvaluationRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]: ...
+    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]:
+        """Queue an evaluation: checked whole (INVALID_ARGUMENT naming each bad field; too many
+        runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once.
+        """
 
     @_abc_1.abstractmethod
     def GetEvaluation(
         self,
         request: _pool_pb2.GetEvaluationRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]: ...
+    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]:
+        """One evaluation with its progress. NOT_FOUND for an unknown id."""
 
     @_abc_1.abstractmethod
     def PauseEvaluation(
         self,
         request: _pool_pb2.EvaluationRef,
         context: _ServicerContext,
-    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]: ...
+    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]:
+        """Take an evaluation out of the queue (its cron lets it go); FAILED_PRECONDITION when it
+        is terminal.
+        """
 
     @_abc_1.abstractmethod
     def ResumeEvaluation(
         self,
         request: _pool_pb2.EvaluationRef,
         context: _ServicerContext,
-    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]: ...
+    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]:
+        """Put a paused evaluation back in the queue; FAILED_PRECONDITION when it is not paused."""
 
     @_abc_1.abstractmethod
     def CancelEvaluation(
         self,
         request: _pool_pb2.EvaluationRef,
         context: _ServicerContext,
-    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]: ...
+    ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]:
+        """End an evaluation for good (CANCELLED, its cron released); FAILED_PRECONDITION when it
+        is already terminal.
+        """
 
     @_abc_1.abstractmethod
     def BoostEvaluation(
@@ -208,7 +269,8 @@ class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_pool_pb2.WakeCronResponse, _abc.Awaitable[_pool_pb2.WakeCronResponse]]:
         """--- cron protocol ---
         A cron woke: records its activity; an idle cron takes the top queue item (exactly one
-        cron gets it), a busy cron gets its evaluation and the runs it owes back.
+        cron gets it), a busy cron gets its evaluation and the runs it owes back. Callers: the
+        pool-worker's and the pool's own service tokens, admin.
         """
 
     @_abc_1.abstractmethod
@@ -217,7 +279,7 @@ class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _pool_pb2.RecordRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pool_pb2.RecordRunResponse, _abc.Awaitable[_pool_pb2.RecordRunResponse]]:
-        """A cron finished one run; idempotent on (evaluation_id, run_index)."""
+        """A cron finished one run; idempotent on (evaluation_id, run_index). Callers: as WakeCron."""
 
     @_abc_1.abstractmethod
     def GetDriftView(
@@ -226,7 +288,8 @@ class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_pool_pb2.DriftView, _abc.Awaitable[_pool_pb2.DriftView]]:
         """--- drift support (reconciler) ---
-        The pool's database view and the driver's actual crons, side by side.
+        The pool's database view and the driver's actual crons, side by side. Callers: the
+        reconciler's service token, admin.
         """
 
     @_abc_1.abstractmethod
@@ -234,6 +297,9 @@ class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _pool_pb2.ApplyRepairRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_pool_pb2.ApplyRepairResponse, _abc.Awaitable[_pool_pb2.ApplyRepairResponse]]: ...
+    ) -> _typing.Union[_pool_pb2.ApplyRepairResponse, _abc.Awaitable[_pool_pb2.ApplyRepairResponse]]:
+        """Apply one repair the reconciler's drift check decided, re-checked under the pool's own
+        guards first. Callers: the reconciler's service token, admin.
+        """
 
 def add_PoolServiceServicer_to_server(servicer: PoolServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,6 +26,8 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class QuarantinedMessage(_message.Message):
+    """A message a consumer gave up on, as kept in the quarantine."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -40,12 +42,17 @@ class QuarantinedMessage(_message.Message):
     FIRST_SEEN_FIELD_NUMBER: _builtins.int
     LAST_SEEN_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Its id in this service's quarantine: what Get, Replay and Discard take."""
     consumer: _builtins.str
     """The durable consumer that gave up on it."""
     stream: _builtins.str
+    """The JetStream stream it was read from, e.g. "TASKS"."""
     subject: _builtins.str
+    """The subject it was published on, e.g. "task.create"."""
     stream_sequence: _builtins.int
+    """Its sequence number in that stream."""
     payload: _builtins.bytes
+    """The message body exactly as it was published."""
     error: _builtins.str
     """Why it was given up: the last handler error, or the reason it was refused."""
     deliveries: _builtins.int
@@ -57,7 +64,9 @@ class QuarantinedMessage(_message.Message):
         """First failed delivery (of the first copy, for a replayed message) and last one."""
 
     @_builtins.property
-    def last_seen(self) -> _timestamp_pb2.Timestamp: ...
+    def last_seen(self) -> _timestamp_pb2.Timestamp:
+        """Its last failed delivery before it was quarantined."""
+
     def __init__(
         self,
         *,
@@ -83,6 +92,8 @@ Global___QuarantinedMessage: _TypeAlias = QuarantinedMessage  # noqa: Y015
 
 @_typing.final
 class ListMessagesRequest(_message.Message):
+    """Which quarantined messages ListMessages returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PAGE_FIELD_NUMBER: _builtins.int
@@ -90,7 +101,9 @@ class ListMessagesRequest(_message.Message):
     consumer: _builtins.str
     """Only this consumer's messages; empty: every consumer's."""
     @_builtins.property
-    def page(self) -> _common_pb2.PageRequest: ...
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size and cursor."""
+
     def __init__(
         self,
         *,
@@ -107,6 +120,8 @@ Global___ListMessagesRequest: _TypeAlias = ListMessagesRequest  # noqa: Y015
 
 @_typing.final
 class ListMessagesResponse(_message.Message):
+    """One page of quarantined messages."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
@@ -115,9 +130,13 @@ class ListMessagesResponse(_message.Message):
     total: _builtins.int
     """Messages in quarantine matching the request, across every page."""
     @_builtins.property
-    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuarantinedMessage]: ...
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuarantinedMessage]:
+        """This page's messages, oldest first."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageResponse: ...
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
     def __init__(
         self,
         *,
@@ -135,10 +154,13 @@ Global___ListMessagesResponse: _TypeAlias = ListMessagesResponse  # noqa: Y015
 
 @_typing.final
 class GetMessageRequest(_message.Message):
+    """Which message GetMessage reads."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Required: QuarantinedMessage.id."""
     def __init__(
         self,
         *,
@@ -154,10 +176,13 @@ Global___GetMessageRequest: _TypeAlias = GetMessageRequest  # noqa: Y015
 
 @_typing.final
 class ReplayMessageRequest(_message.Message):
+    """Which message ReplayMessage publishes again."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Required: QuarantinedMessage.id."""
     def __init__(
         self,
         *,
@@ -173,6 +198,8 @@ Global___ReplayMessageRequest: _TypeAlias = ReplayMessageRequest  # noqa: Y015
 
 @_typing.final
 class ReplayMessageResponse(_message.Message):
+    """The replayed message and where its copy went."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGE_FIELD_NUMBER: _builtins.int
@@ -199,10 +226,13 @@ Global___ReplayMessageResponse: _TypeAlias = ReplayMessageResponse  # noqa: Y015
 
 @_typing.final
 class DiscardMessageRequest(_message.Message):
+    """Which message DiscardMessage removes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Required: QuarantinedMessage.id."""
     def __init__(
         self,
         *,
@@ -218,11 +248,15 @@ Global___DiscardMessageRequest: _TypeAlias = DiscardMessageRequest  # noqa: Y015
 
 @_typing.final
 class DiscardMessageResponse(_message.Message):
+    """The discarded message."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def message(self) -> Global___QuarantinedMessage: ...
+    def message(self) -> Global___QuarantinedMessage:
+        """The message as it was when it was removed."""
+
     def __init__(
         self,
         *,

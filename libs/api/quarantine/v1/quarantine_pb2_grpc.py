@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class QuarantineServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """A consuming service's quarantine, on that service's port. Callers: admin.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -57,7 +58,8 @@ class QuarantineServiceStub:
 
 
 class QuarantineServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """A consuming service's quarantine, on that service's port. Callers: admin.
+    """
 
     def ListMessages(self, request, context):
         """Oldest first, paged; `total` counts every match, not only this page.
@@ -67,7 +69,8 @@ class QuarantineServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetMessage(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One quarantined message with its payload. NOT_FOUND for an unknown id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -121,7 +124,8 @@ def add_QuarantineServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class QuarantineService:
-    """Missing associated documentation comment in .proto file."""
+    """A consuming service's quarantine, on that service's port. Callers: admin.
+    """
 
     @staticmethod
     def ListMessages(request,

@@ -31,6 +31,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class QuarantineServiceStub:
+    """A consuming service's quarantine, on that service's port. Callers: admin."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -38,6 +40,7 @@ class QuarantineServiceStub:
     ListMessages: _grpc.UnaryUnaryMultiCallable[_quarantine_pb2.ListMessagesRequest, _quarantine_pb2.ListMessagesResponse]
     """Oldest first, paged; `total` counts every match, not only this page."""
     GetMessage: _grpc.UnaryUnaryMultiCallable[_quarantine_pb2.GetMessageRequest, _quarantine_pb2.QuarantinedMessage]
+    """One quarantined message with its payload. NOT_FOUND for an unknown id."""
     ReplayMessage: _grpc.UnaryUnaryMultiCallable[_quarantine_pb2.ReplayMessageRequest, _quarantine_pb2.ReplayMessageResponse]
     """Publishes the stored payload again on its subject (under a message id of its own, so
     every consumer of the subject gets it once more), then removes it from the quarantine.
@@ -49,10 +52,13 @@ class QuarantineServiceStub:
 
 @_typing.type_check_only
 class QuarantineServiceAsyncStub(QuarantineServiceStub):
+    """A consuming service's quarantine, on that service's port. Callers: admin."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListMessages: _aio.UnaryUnaryMultiCallable[_quarantine_pb2.ListMessagesRequest, _quarantine_pb2.ListMessagesResponse]  # type: ignore[assignment]
     """Oldest first, paged; `total` counts every match, not only this page."""
     GetMessage: _aio.UnaryUnaryMultiCallable[_quarantine_pb2.GetMessageRequest, _quarantine_pb2.QuarantinedMessage]  # type: ignore[assignment]
+    """One quarantined message with its payload. NOT_FOUND for an unknown id."""
     ReplayMessage: _aio.UnaryUnaryMultiCallable[_quarantine_pb2.ReplayMessageRequest, _quarantine_pb2.ReplayMessageResponse]  # type: ignore[assignment]
     """Publishes the stored payload again on its subject (under a message id of its own, so
     every consumer of the subject gets it once more), then removes it from the quarantine.
@@ -63,6 +69,8 @@ class QuarantineServiceAsyncStub(QuarantineServiceStub):
     """Removes it for good: nothing is published."""
 
 class QuarantineServiceServicer(metaclass=_abc_1.ABCMeta):
+    """A consuming service's quarantine, on that service's port. Callers: admin."""
+
     @_abc_1.abstractmethod
     def ListMessages(
         self,
@@ -76,7 +84,8 @@ class QuarantineServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _quarantine_pb2.GetMessageRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_quarantine_pb2.QuarantinedMessage, _abc.Awaitable[_quarantine_pb2.QuarantinedMessage]]: ...
+    ) -> _typing.Union[_quarantine_pb2.QuarantinedMessage, _abc.Awaitable[_quarantine_pb2.QuarantinedMessage]]:
+        """One quarantined message with its payload. NOT_FOUND for an unknown id."""
 
     @_abc_1.abstractmethod
     def ReplayMessage(

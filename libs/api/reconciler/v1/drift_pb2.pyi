@@ -32,6 +32,7 @@ class _RepairOutcome:
 class _RepairOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RepairOutcome.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     REPAIR_OUTCOME_UNSPECIFIED: _RepairOutcome.ValueType  # 0
+    """Never recorded."""
     REPAIR_OUTCOME_APPLIED: _RepairOutcome.ValueType  # 1
     """The pool repaired the drift."""
     REPAIR_OUTCOME_SKIPPED: _RepairOutcome.ValueType  # 2
@@ -39,9 +40,11 @@ class _RepairOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RepairO
     REPAIR_OUTCOME_FAILED: _RepairOutcome.ValueType  # 3
     """The pool could not be asked, or refused (detail says why)."""
 
-class RepairOutcome(_RepairOutcome, metaclass=_RepairOutcomeEnumTypeWrapper): ...
+class RepairOutcome(_RepairOutcome, metaclass=_RepairOutcomeEnumTypeWrapper):
+    """What came of one repair."""
 
 REPAIR_OUTCOME_UNSPECIFIED: RepairOutcome.ValueType  # 0
+"""Never recorded."""
 REPAIR_OUTCOME_APPLIED: RepairOutcome.ValueType  # 1
 """The pool repaired the drift."""
 REPAIR_OUTCOME_SKIPPED: RepairOutcome.ValueType  # 2
@@ -52,6 +55,8 @@ Global___RepairOutcome: _TypeAlias = RepairOutcome  # noqa: Y015
 
 @_typing.final
 class Repair(_message.Message):
+    """One repair a drift check decided, as the reconciler recorded it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -64,16 +69,25 @@ class Repair(_message.Message):
     DETAIL_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Its id in the repair log."""
     check_id: _builtins.str
+    """The check that decided it ("drift-" and 12 hex characters)."""
     kind: _pool_pb2.RepairKind.ValueType
+    """What was to be fixed."""
     cron_id: _builtins.str
+    """The cron concerned."""
     evaluation_id: _builtins.str
+    """The evaluation concerned; empty when none."""
     reason: _builtins.str
     """Why the check decided on this repair."""
     outcome: Global___RepairOutcome.ValueType
+    """What came of it."""
     detail: _builtins.str
+    """The pool's answer (what it did, or why not)."""
     @_builtins.property
-    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When it was applied."""
+
     def __init__(
         self,
         *,
@@ -97,6 +111,8 @@ Global___Repair: _TypeAlias = Repair  # noqa: Y015
 
 @_typing.final
 class RunDriftCheckRequest(_message.Message):
+    """RunDriftCheck takes nothing."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -112,6 +128,8 @@ Global___RunDriftCheckRequest: _TypeAlias = RunDriftCheckRequest  # noqa: Y015
 
 @_typing.final
 class DriftCheckResult(_message.Message):
+    """What one drift check found and did."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CHECK_ID_FIELD_NUMBER: _builtins.int
@@ -120,12 +138,19 @@ class DriftCheckResult(_message.Message):
     REPAIRS_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
     check_id: _builtins.str
+    """The check's id ("drift-" and 12 hex characters)."""
     crons_in_db: _builtins.int
+    """Crons the pool's database records."""
     crons_in_driver: _builtins.int
+    """Crons the pool's driver actually has."""
     @_builtins.property
-    def repairs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Repair]: ...
+    def repairs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Repair]:
+        """The repairs it made (empty when the two views agree)."""
+
     @_builtins.property
-    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When the check ran."""
+
     def __init__(
         self,
         *,
@@ -145,6 +170,8 @@ Global___DriftCheckResult: _TypeAlias = DriftCheckResult  # noqa: Y015
 
 @_typing.final
 class ListRepairsRequest(_message.Message):
+    """Which repairs ListRepairs returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KIND_FIELD_NUMBER: _builtins.int
@@ -152,7 +179,7 @@ class ListRepairsRequest(_message.Message):
     kind: _pool_pb2.RepairKind.ValueType
     """Optional filter by kind (unspecified: every kind)."""
     limit: _builtins.int
-    """0 = 100."""
+    """At most this many; 0 = 100."""
     def __init__(
         self,
         *,
@@ -169,11 +196,15 @@ Global___ListRepairsRequest: _TypeAlias = ListRepairsRequest  # noqa: Y015
 
 @_typing.final
 class ListRepairsResponse(_message.Message):
+    """Past repairs."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     REPAIRS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def repairs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Repair]: ...
+    def repairs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Repair]:
+        """Newest first."""
+
     def __init__(
         self,
         *,

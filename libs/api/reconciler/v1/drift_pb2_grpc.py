@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DriftServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The reconciler's drift checks of the cron pool (on the reconciler's port). Callers: admin.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,7 +48,8 @@ class DriftServiceStub:
 
 
 class DriftServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The reconciler's drift checks of the cron pool (on the reconciler's port). Callers: admin.
+    """
 
     def RunDriftCheck(self, request, context):
         """Run one drift check now (the same sweep that runs every 5 minutes).
@@ -85,7 +87,8 @@ def add_DriftServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DriftService:
-    """Missing associated documentation comment in .proto file."""
+    """The reconciler's drift checks of the cron pool (on the reconciler's port). Callers: admin.
+    """
 
     @staticmethod
     def RunDriftCheck(request,

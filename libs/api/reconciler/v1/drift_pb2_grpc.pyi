@@ -31,6 +31,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class DriftServiceStub:
+    """The reconciler's drift checks of the cron pool (on the reconciler's port). Callers: admin."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -42,6 +44,8 @@ class DriftServiceStub:
 
 @_typing.type_check_only
 class DriftServiceAsyncStub(DriftServiceStub):
+    """The reconciler's drift checks of the cron pool (on the reconciler's port). Callers: admin."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     RunDriftCheck: _aio.UnaryUnaryMultiCallable[_drift_pb2.RunDriftCheckRequest, _drift_pb2.DriftCheckResult]  # type: ignore[assignment]
     """Run one drift check now (the same sweep that runs every 5 minutes)."""
@@ -49,6 +53,8 @@ class DriftServiceAsyncStub(DriftServiceStub):
     """Repairs recorded by past checks, newest first."""
 
 class DriftServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The reconciler's drift checks of the cron pool (on the reconciler's port). Callers: admin."""
+
     @_abc_1.abstractmethod
     def RunDriftCheck(
         self,

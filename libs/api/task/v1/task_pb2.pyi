@@ -58,12 +58,13 @@ class ActionSpec(_message.Message):
     downstream: _builtins.str
     """Name of the downstream in the executor's registry (empty for noop)."""
     method: _builtins.str
-    """HTTP method and path (appended to the downstream's base URL). The catalogue's
-    placeholders ({task_id}, {node_id}, {idempotency_key}, {payload.<field>}) are already
-    expanded by the gateway: the path is sent as written here, with the cell's payload
-    bytes as the JSON body, verbatim.
-    """
+    """HTTP method of the call, e.g. "POST"."""
     path: _builtins.str
+    """Path appended to the downstream's base URL. The catalogue's placeholders ({task_id},
+    {node_id}, {idempotency_key}, {payload.<field>}) are already expanded by the gateway:
+    the path is sent as written here, with the cell's payload bytes as the JSON body,
+    verbatim.
+    """
     probe_path: _builtins.str
     """Path of a status probe (expanded like `path`): GET it to learn whether the node's
     effect happened (200 with JSON {"done": true|false}). Empty when there is none.
@@ -135,6 +136,8 @@ Global___RetryState: _TypeAlias = RetryState  # noqa: Y015
 
 @_typing.final
 class Node(_message.Message):
+    """One vertex of a task's DAG: one action of one cell, with its own state machine."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_ID_FIELD_NUMBER: _builtins.int
@@ -152,10 +155,13 @@ class Node(_message.Message):
     node_id: _builtins.str
     """Unique within the task: "<cell_ref>.<action>"."""
     cell_ref: _builtins.str
-    """The submission's cell reference and catalogue cell name this node came from."""
+    """The submission's reference of the cell this node came from (CellRequest.ref)."""
     cell: _builtins.str
+    """The catalogue name of that cell."""
     action: _builtins.str
+    """The name of the cell's action this node runs."""
     status: _common_pb2.NodeStatus.ValueType
+    """Where the node is in its lifecycle."""
     idempotency_key: _builtins.str
     """The stable idempotency key every attempt of this node sends downstream:
     "<task_id>/<node_id>".
@@ -167,13 +173,21 @@ class Node(_message.Message):
         """node_ids this node waits for."""
 
     @_builtins.property
-    def spec(self) -> Global___ActionSpec: ...
+    def spec(self) -> Global___ActionSpec:
+        """The call to make, resolved from the catalogue at submit time."""
+
     @_builtins.property
-    def retry(self) -> Global___RetryState: ...
+    def retry(self) -> Global___RetryState:
+        """Attempts so far and when the next may start."""
+
     @_builtins.property
-    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When its first attempt started; unset while PENDING."""
+
     @_builtins.property
-    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def finished_at(self) -> _timestamp_pb2.Timestamp:
+        """When it reached its current final status; unset until then."""
+
     def __init__(
         self,
         *,
@@ -239,6 +253,8 @@ Global___Redrive: _TypeAlias = Redrive  # noqa: Y015
 
 @_typing.final
 class Task(_message.Message):
+    """A task: what GetTask and WatchTask return and what travels on the task subjects."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
@@ -277,14 +293,17 @@ class Task(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     REDRIVE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
-    """Identity and orchestration."""
+    """The task's id (32 hex characters), given by the gateway at acceptance."""
     business: _builtins.str
+    """The business that submitted it."""
     idempotency_key: _builtins.str
+    """The caller's idempotency key of its Submit (empty when none was given)."""
     callback_url: _builtins.str
     """Where the caller wants to hear about completion (recorded, not yet called)."""
     generation: _builtins.int
     """Publication counter; see the re-publication rule above."""
     status: _common_pb2.TaskStatus.ValueType
+    """The task's status as a whole."""
     cancel_requested: _builtins.bool
     """A caller asked to cancel: pending nodes become CANCELLED, running ones finish."""
     version: _builtins.int
@@ -294,7 +313,9 @@ class Task(_message.Message):
     status_reason: _builtins.str
     """Why the task is in its current status (e.g. which downstream demoted it)."""
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway accepted it."""
+
     @_builtins.property
     def payloads(self) -> _containers.MessageMap[_builtins.str, _common_pb2.Payload]:
         """Business payload per cell reference: the cell's request body as canonical JSON
@@ -307,7 +328,9 @@ class Task(_message.Message):
         """The DAG, in topological order."""
 
     @_builtins.property
-    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When its status or a node last changed."""
+
     @_builtins.property
     def redrive(self) -> Global___Redrive:
         """Set on a redrive only; see Redrive."""
@@ -357,9 +380,11 @@ class CloseRequest(_message.Message):
     GENERATION_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """The task to close."""
     status: _common_pb2.TaskStatus.ValueType
     """Only TASK_STATUS_FAILED is accepted."""
     reason: _builtins.str
+    """Why it was closed, recorded as the task's status_reason."""
     generation: _builtins.int
     """The generation of the envelope the closer holds."""
     version: _builtins.int
@@ -392,8 +417,11 @@ class CancelRequest(_message.Message):
     TASK_ID_FIELD_NUMBER: _builtins.int
     REQUESTED_AT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """The task to cancel."""
     @_builtins.property
-    def requested_at(self) -> _timestamp_pb2.Timestamp: ...
+    def requested_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway recorded the caller's CancelTask."""
+
     def __init__(
         self,
         *,
