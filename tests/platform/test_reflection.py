@@ -1,5 +1,5 @@
-"""The protos explain themselves: server reflection serves their comments (``uncommented``
-finds an element without one), so ``grpcurl describe`` shows what a field means."""
+"""The protos explain themselves: every public element of protos/ carries a comment, and
+server reflection serves those comments, so ``grpcurl describe`` shows what a field means."""
 
 from __future__ import annotations
 
@@ -74,6 +74,11 @@ def dispo_files() -> list[descriptor_pb2.FileDescriptorProto]:
     files = [f for f in descriptor_set().file if f.name.startswith("dispo/")]
     assert len(files) == len(list((Path(__file__).parents[2] / "protos").rglob("*.proto")))
     return files
+
+
+def test_every_public_element_of_the_protos_has_a_comment():
+    missing = [name for file in dispo_files() for name in uncommented(file)]
+    assert not missing, "without a comment in protos/:\n  " + "\n  ".join(missing)
 
 
 def test_an_element_without_a_comment_is_found():

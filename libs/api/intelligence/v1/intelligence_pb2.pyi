@@ -30,18 +30,29 @@ class _EvaluationStatus:
 class _EvaluationStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EvaluationStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     EVALUATION_STATUS_UNSPECIFIED: _EvaluationStatus.ValueType  # 0
+    """Never an evaluation's status."""
     EVALUATION_STATUS_RUNNING: _EvaluationStatus.ValueType  # 1
+    """Registered; runs may still be recorded."""
     EVALUATION_STATUS_COMPLETED: _EvaluationStatus.ValueType  # 2
+    """Terminal: every run is in; it can be analysed and compared."""
     EVALUATION_STATUS_FAILED: _EvaluationStatus.ValueType  # 3
+    """Terminal: the evaluator gave up on it; it can still be analysed."""
     EVALUATION_STATUS_CANCELLED: _EvaluationStatus.ValueType  # 4
+    """Terminal: stopped before its end."""
 
-class EvaluationStatus(_EvaluationStatus, metaclass=_EvaluationStatusEnumTypeWrapper): ...
+class EvaluationStatus(_EvaluationStatus, metaclass=_EvaluationStatusEnumTypeWrapper):
+    """Lifecycle of an evaluation in the read model."""
 
 EVALUATION_STATUS_UNSPECIFIED: EvaluationStatus.ValueType  # 0
+"""Never an evaluation's status."""
 EVALUATION_STATUS_RUNNING: EvaluationStatus.ValueType  # 1
+"""Registered; runs may still be recorded."""
 EVALUATION_STATUS_COMPLETED: EvaluationStatus.ValueType  # 2
+"""Terminal: every run is in; it can be analysed and compared."""
 EVALUATION_STATUS_FAILED: EvaluationStatus.ValueType  # 3
+"""Terminal: the evaluator gave up on it; it can still be analysed."""
 EVALUATION_STATUS_CANCELLED: EvaluationStatus.ValueType  # 4
+"""Terminal: stopped before its end."""
 Global___EvaluationStatus: _TypeAlias = EvaluationStatus  # noqa: Y015
 
 class _JobKind:
@@ -51,14 +62,21 @@ class _JobKind:
 class _JobKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     JOB_KIND_UNSPECIFIED: _JobKind.ValueType  # 0
+    """Any kind (as a ListJobs filter)."""
     JOB_KIND_ANALYSIS: _JobKind.ValueType  # 1
+    """Statistics and a narrative of one evaluation."""
     JOB_KIND_COMPARISON: _JobKind.ValueType  # 2
+    """The evaluation against the previous completed period of its series and line."""
 
-class JobKind(_JobKind, metaclass=_JobKindEnumTypeWrapper): ...
+class JobKind(_JobKind, metaclass=_JobKindEnumTypeWrapper):
+    """The two kinds of job settled over an evaluation."""
 
 JOB_KIND_UNSPECIFIED: JobKind.ValueType  # 0
+"""Any kind (as a ListJobs filter)."""
 JOB_KIND_ANALYSIS: JobKind.ValueType  # 1
+"""Statistics and a narrative of one evaluation."""
 JOB_KIND_COMPARISON: JobKind.ValueType  # 2
+"""The evaluation against the previous completed period of its series and line."""
 Global___JobKind: _TypeAlias = JobKind  # noqa: Y015
 
 class _JobStatus:
@@ -68,18 +86,29 @@ class _JobStatus:
 class _JobStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobStatus.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     JOB_STATUS_UNSPECIFIED: _JobStatus.ValueType  # 0
+    """Any status (as a ListJobs filter)."""
     JOB_STATUS_QUEUED: _JobStatus.ValueType  # 1
+    """Waiting for a replica to claim it."""
     JOB_STATUS_GENERATING: _JobStatus.ValueType  # 2
+    """Claimed by one replica, which extends its claim while it works."""
     JOB_STATUS_COMPLETED: _JobStatus.ValueType  # 3
+    """Terminal: its result is stored."""
     JOB_STATUS_FAILED: _JobStatus.ValueType  # 4
+    """Terminal: error says why; TriggerAnalysis / TriggerComparison starts it again."""
 
-class JobStatus(_JobStatus, metaclass=_JobStatusEnumTypeWrapper): ...
+class JobStatus(_JobStatus, metaclass=_JobStatusEnumTypeWrapper):
+    """Lifecycle of a job row (the row is the authority)."""
 
 JOB_STATUS_UNSPECIFIED: JobStatus.ValueType  # 0
+"""Any status (as a ListJobs filter)."""
 JOB_STATUS_QUEUED: JobStatus.ValueType  # 1
+"""Waiting for a replica to claim it."""
 JOB_STATUS_GENERATING: JobStatus.ValueType  # 2
+"""Claimed by one replica, which extends its claim while it works."""
 JOB_STATUS_COMPLETED: JobStatus.ValueType  # 3
+"""Terminal: its result is stored."""
 JOB_STATUS_FAILED: JobStatus.ValueType  # 4
+"""Terminal: error says why; TriggerAnalysis / TriggerComparison starts it again."""
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
 
 class _AnalysisModelKind:
@@ -89,14 +118,17 @@ class _AnalysisModelKind:
 class _AnalysisModelKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AnalysisModelKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     ANALYSIS_MODEL_KIND_UNSPECIFIED: _AnalysisModelKind.ValueType  # 0
+    """Never reported."""
     ANALYSIS_MODEL_KIND_BUILTIN: _AnalysisModelKind.ValueType  # 1
     """The built-in deterministic model (stats)."""
     ANALYSIS_MODEL_KIND_CHAT_COMPLETIONS: _AnalysisModelKind.ValueType  # 2
     """An OpenAI-compatible chat-completions endpoint."""
 
-class AnalysisModelKind(_AnalysisModelKind, metaclass=_AnalysisModelKindEnumTypeWrapper): ...
+class AnalysisModelKind(_AnalysisModelKind, metaclass=_AnalysisModelKindEnumTypeWrapper):
+    """Where an analysis model's narrative comes from."""
 
 ANALYSIS_MODEL_KIND_UNSPECIFIED: AnalysisModelKind.ValueType  # 0
+"""Never reported."""
 ANALYSIS_MODEL_KIND_BUILTIN: AnalysisModelKind.ValueType  # 1
 """The built-in deterministic model (stats)."""
 ANALYSIS_MODEL_KIND_CHAT_COMPLETIONS: AnalysisModelKind.ValueType  # 2
@@ -110,20 +142,31 @@ class _Direction:
 class _DirectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Direction.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     DIRECTION_UNSPECIFIED: _Direction.ValueType  # 0
+    """Never reported."""
     DIRECTION_IMPROVED: _Direction.ValueType  # 1
+    """It moved the good way."""
     DIRECTION_REGRESSED: _Direction.ValueType  # 2
+    """It moved the bad way."""
     DIRECTION_UNCHANGED: _Direction.ValueType  # 3
+    """It did not move (within 1e-9)."""
 
-class Direction(_Direction, metaclass=_DirectionEnumTypeWrapper): ...
+class Direction(_Direction, metaclass=_DirectionEnumTypeWrapper):
+    """Which way a metric moved from the baseline period, by whether higher is better for it."""
 
 DIRECTION_UNSPECIFIED: Direction.ValueType  # 0
+"""Never reported."""
 DIRECTION_IMPROVED: Direction.ValueType  # 1
+"""It moved the good way."""
 DIRECTION_REGRESSED: Direction.ValueType  # 2
+"""It moved the bad way."""
 DIRECTION_UNCHANGED: Direction.ValueType  # 3
+"""It did not move (within 1e-9)."""
 Global___Direction: _TypeAlias = Direction  # noqa: Y015
 
 @_typing.final
 class Evaluation(_message.Message):
+    """An evaluation as the read model holds it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
@@ -138,21 +181,33 @@ class Evaluation(_message.Message):
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
     FINGERPRINT_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Its id (the pool's, for evaluations the pool runs)."""
     series: _builtins.str
+    """The series it belongs to."""
     line: _common_pb2.Line.ValueType
+    """Its line."""
     status: Global___EvaluationStatus.ValueType
+    """Where it is in its lifecycle."""
     period: _builtins.str
+    """The period it measures; periods of a series are ordered as strings."""
     configuration_json: _builtins.str
     """The evaluation configuration as a JSON object."""
     analysis_model: _builtins.str
     """Analysis-model override; empty = the service default."""
     run_count: _builtins.int
+    """Runs recorded so far."""
     fingerprint: _builtins.str
-    """Fingerprint of the configuration: periods compare only with equal fingerprints."""
+    """Fingerprint of the configuration (SHA-256 of its canonical JSON, 16 hex digits):
+    periods compare only with equal fingerprints.
+    """
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was registered."""
+
     @_builtins.property
-    def completed_at(self) -> _timestamp_pb2.Timestamp: ...
+    def completed_at(self) -> _timestamp_pb2.Timestamp:
+        """When it became terminal; unset while RUNNING."""
+
     def __init__(
         self,
         *,
@@ -178,6 +233,8 @@ Global___Evaluation: _TypeAlias = Evaluation  # noqa: Y015
 
 @_typing.final
 class RunResult(_message.Message):
+    """One run of an evaluation: one test case against the evaluated system."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_ID_FIELD_NUMBER: _builtins.int
@@ -188,13 +245,21 @@ class RunResult(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _builtins.int
     RECORDED_AT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
+    """Required, unique per evaluation: a run_id already stored is skipped."""
     case_id: _builtins.str
+    """The test case it ran."""
     verdict: _common_pb2.Verdict.ValueType
+    """Required: its verdict."""
     score: _builtins.float
+    """Its score, 0..1 (the share of the case's rules that held)."""
     latency_ms: _builtins.int
+    """How long the evaluated system took to answer, in milliseconds."""
     failure_reason: _builtins.str
+    """Why it failed; empty on a pass. Failures are clustered by it."""
     @_builtins.property
-    def recorded_at(self) -> _timestamp_pb2.Timestamp: ...
+    def recorded_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was made, as the evaluator says."""
+
     def __init__(
         self,
         *,
@@ -216,6 +281,8 @@ Global___RunResult: _TypeAlias = RunResult  # noqa: Y015
 
 @_typing.final
 class CreateEvaluationRequest(_message.Message):
+    """An evaluation to register."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
@@ -225,11 +292,17 @@ class CreateEvaluationRequest(_message.Message):
     CONFIGURATION_JSON_FIELD_NUMBER: _builtins.int
     ANALYSIS_MODEL_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required, at most 128 characters."""
     series: _builtins.str
+    """Required, at most 128 characters: the series it belongs to."""
     line: _common_pb2.Line.ValueType
+    """Required: LINE_FORMAL or LINE_TRIAL."""
     period: _builtins.str
+    """Required, at most 128 characters, in a sortable form ("2026-W07")."""
     configuration_json: _builtins.str
+    """The configuration as a JSON object, at most 64 KiB; empty: {}."""
     analysis_model: _builtins.str
+    """Override of the default analysis model; empty: the default."""
     def __init__(
         self,
         *,
@@ -250,13 +323,20 @@ Global___CreateEvaluationRequest: _TypeAlias = CreateEvaluationRequest  # noqa: 
 
 @_typing.final
 class RecordRunResultsRequest(_message.Message):
+    """Runs to add to a running evaluation."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     RUNS_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: a RUNNING evaluation (a repeat of runs already stored is answered as
+    duplicates even after it ended; new runs then are FAILED_PRECONDITION).
+    """
     @_builtins.property
-    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunResult]: ...
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunResult]:
+        """At most 1000 per call (RESOURCE_EXHAUSTED beyond)."""
+
     def __init__(
         self,
         *,
@@ -273,6 +353,8 @@ Global___RecordRunResultsRequest: _TypeAlias = RecordRunResultsRequest  # noqa: 
 
 @_typing.final
 class RecordRunResultsResponse(_message.Message):
+    """What RecordRunResults stored."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RECORDED_FIELD_NUMBER: _builtins.int
@@ -280,6 +362,7 @@ class RecordRunResultsResponse(_message.Message):
     recorded: _builtins.int
     """Runs newly stored by this call (run_ids already known are skipped)."""
     duplicates: _builtins.int
+    """Runs of this call whose run_id was already stored (nothing changed for them)."""
     def __init__(
         self,
         *,
@@ -296,11 +379,14 @@ Global___RecordRunResultsResponse: _TypeAlias = RecordRunResultsResponse  # noqa
 
 @_typing.final
 class CompleteEvaluationRequest(_message.Message):
+    """The end of an evaluation."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: a RUNNING evaluation (repeating the same completion changes nothing)."""
     status: Global___EvaluationStatus.ValueType
     """COMPLETED, FAILED or CANCELLED."""
     def __init__(
@@ -319,10 +405,13 @@ Global___CompleteEvaluationRequest: _TypeAlias = CompleteEvaluationRequest  # no
 
 @_typing.final
 class GetEvaluationRequest(_message.Message):
+    """Which evaluation GetEvaluation reads."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: the evaluation's id."""
     def __init__(
         self,
         *,
@@ -338,12 +427,16 @@ Global___GetEvaluationRequest: _TypeAlias = GetEvaluationRequest  # noqa: Y015
 
 @_typing.final
 class AssignAnalysisModelRequest(_message.Message):
+    """A new analysis-model override."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     ANALYSIS_MODEL_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: the evaluation's id."""
     analysis_model: _builtins.str
+    """A model ListAnalysisModels lists; empty: back to the default."""
     def __init__(
         self,
         *,
@@ -360,6 +453,8 @@ Global___AssignAnalysisModelRequest: _TypeAlias = AssignAnalysisModelRequest  # 
 
 @_typing.final
 class ListAnalysisModelsRequest(_message.Message):
+    """ListAnalysisModels takes nothing."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -375,14 +470,19 @@ Global___ListAnalysisModelsRequest: _TypeAlias = ListAnalysisModelsRequest  # no
 
 @_typing.final
 class AnalysisModelInfo(_message.Message):
+    """One analysis model."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     IS_DEFAULT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Its name, as analysis_model fields take it ("stats" for the built-in one)."""
     kind: Global___AnalysisModelKind.ValueType
+    """Built in, or an OpenAI-compatible endpoint (DISPO_INTELLIGENCE_MODELS)."""
     is_default: _builtins.bool
+    """True for the model an evaluation without an override uses."""
     def __init__(
         self,
         *,
@@ -400,11 +500,15 @@ Global___AnalysisModelInfo: _TypeAlias = AnalysisModelInfo  # noqa: Y015
 
 @_typing.final
 class ListAnalysisModelsResponse(_message.Message):
+    """The usable analysis models."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MODELS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___AnalysisModelInfo]: ...
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___AnalysisModelInfo]:
+        """Sorted by name."""
+
     def __init__(
         self,
         *,
@@ -420,6 +524,8 @@ Global___ListAnalysisModelsResponse: _TypeAlias = ListAnalysisModelsResponse  # 
 
 @_typing.final
 class Job(_message.Message):
+    """A durable job: one row per (kind, evaluation)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KIND_FIELD_NUMBER: _builtins.int
@@ -436,8 +542,11 @@ class Job(_message.Message):
     STARTED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     kind: Global___JobKind.ValueType
+    """Analysis or comparison."""
     evaluation_id: _builtins.str
+    """The evaluation it is about."""
     status: Global___JobStatus.ValueType
+    """Where it is in its lifecycle."""
     error: _builtins.str
     """Why the job failed (at most 500 characters)."""
     attempts: _builtins.int
@@ -445,16 +554,27 @@ class Job(_message.Message):
     recovery_attempts: _builtins.int
     """Times restart recovery re-queued it (capped at 3, then the job fails)."""
     analysis_model: _builtins.str
+    """The analysis model it runs on, resolved when it was started."""
     baseline_evaluation_id: _builtins.str
+    """For a comparison: the earlier period's evaluation it compares against."""
     fingerprint: _builtins.str
+    """The configuration fingerprint shared by the evaluation and its baseline."""
     @_builtins.property
-    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was first started."""
+
     @_builtins.property
-    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When its row last changed."""
+
     @_builtins.property
-    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When a replica last claimed it; unset while QUEUED."""
+
     @_builtins.property
-    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def finished_at(self) -> _timestamp_pb2.Timestamp:
+        """When it became terminal; unset until then."""
+
     def __init__(
         self,
         *,
@@ -482,10 +602,13 @@ Global___Job: _TypeAlias = Job  # noqa: Y015
 
 @_typing.final
 class TriggerJobRequest(_message.Message):
+    """Which evaluation's job to start."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: a terminal evaluation's id."""
     def __init__(
         self,
         *,
@@ -501,6 +624,8 @@ Global___TriggerJobRequest: _TypeAlias = TriggerJobRequest  # noqa: Y015
 
 @_typing.final
 class TriggerJobResponse(_message.Message):
+    """The job started, or the one already there."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
@@ -508,7 +633,9 @@ class TriggerJobResponse(_message.Message):
     started: _builtins.bool
     """False when an existing queued, generating or completed job was returned instead."""
     @_builtins.property
-    def job(self) -> Global___Job: ...
+    def job(self) -> Global___Job:
+        """The job's row."""
+
     def __init__(
         self,
         *,
@@ -525,10 +652,13 @@ Global___TriggerJobResponse: _TypeAlias = TriggerJobResponse  # noqa: Y015
 
 @_typing.final
 class GetJobRequest(_message.Message):
+    """Whose job GetAnalysis / GetComparison reads."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """Required: the evaluation's id."""
     def __init__(
         self,
         *,
@@ -544,6 +674,8 @@ Global___GetJobRequest: _TypeAlias = GetJobRequest  # noqa: Y015
 
 @_typing.final
 class ScoreDistribution(_message.Message):
+    """The distribution of run scores (each 0..1)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MEAN_FIELD_NUMBER: _builtins.int
@@ -554,12 +686,19 @@ class ScoreDistribution(_message.Message):
     P75_FIELD_NUMBER: _builtins.int
     MAX_FIELD_NUMBER: _builtins.int
     mean: _builtins.float
+    """Mean score."""
     stddev: _builtins.float
+    """Population standard deviation."""
     min: _builtins.float
+    """Lowest score."""
     p25: _builtins.float
+    """25th percentile."""
     p50: _builtins.float
+    """Median."""
     p75: _builtins.float
+    """75th percentile."""
     max: _builtins.float
+    """Highest score."""
     def __init__(
         self,
         *,
@@ -581,6 +720,8 @@ Global___ScoreDistribution: _TypeAlias = ScoreDistribution  # noqa: Y015
 
 @_typing.final
 class LatencyPercentiles(_message.Message):
+    """Run latencies, in milliseconds."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MEAN_MS_FIELD_NUMBER: _builtins.int
@@ -590,11 +731,17 @@ class LatencyPercentiles(_message.Message):
     P99_MS_FIELD_NUMBER: _builtins.int
     MAX_MS_FIELD_NUMBER: _builtins.int
     mean_ms: _builtins.float
+    """Mean latency."""
     p50_ms: _builtins.int
+    """Median."""
     p90_ms: _builtins.int
+    """90th percentile."""
     p95_ms: _builtins.int
+    """95th percentile."""
     p99_ms: _builtins.int
+    """99th percentile."""
     max_ms: _builtins.int
+    """Slowest run."""
     def __init__(
         self,
         *,
@@ -615,6 +762,8 @@ Global___LatencyPercentiles: _TypeAlias = LatencyPercentiles  # noqa: Y015
 
 @_typing.final
 class FailureCluster(_message.Message):
+    """Failing runs grouped by what their failure reasons say."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SIGNATURE_FIELD_NUMBER: _builtins.int
@@ -624,9 +773,11 @@ class FailureCluster(_message.Message):
     signature: _builtins.str
     """The failure reason with ids, numbers and quoted text masked."""
     count: _builtins.int
+    """Failing runs in this cluster."""
     share: _builtins.float
     """count / failing runs."""
     example: _builtins.str
+    """One failure reason of the cluster, as recorded."""
     def __init__(
         self,
         *,
@@ -645,6 +796,8 @@ Global___FailureCluster: _TypeAlias = FailureCluster  # noqa: Y015
 
 @_typing.final
 class WorstCase(_message.Message):
+    """A test case that failed at least once, among the worst five."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CASE_ID_FIELD_NUMBER: _builtins.int
@@ -653,10 +806,15 @@ class WorstCase(_message.Message):
     PASS_RATE_FIELD_NUMBER: _builtins.int
     MEAN_SCORE_FIELD_NUMBER: _builtins.int
     case_id: _builtins.str
+    """The case."""
     runs: _builtins.int
+    """Its runs."""
     failures: _builtins.int
+    """Its runs that did not pass (FAIL or ERROR)."""
     pass_rate: _builtins.float
+    """Its passing share, 0..1 (the lowest first)."""
     mean_score: _builtins.float
+    """Its mean score, 0..1."""
     def __init__(
         self,
         *,
@@ -676,6 +834,8 @@ Global___WorstCase: _TypeAlias = WorstCase  # noqa: Y015
 
 @_typing.final
 class AnalysisStats(_message.Message):
+    """The deterministic statistics of one evaluation's runs."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_COUNT_FIELD_NUMBER: _builtins.int
@@ -688,18 +848,31 @@ class AnalysisStats(_message.Message):
     FAILURE_CLUSTERS_FIELD_NUMBER: _builtins.int
     WORST_CASES_FIELD_NUMBER: _builtins.int
     run_count: _builtins.int
+    """Runs analysed."""
     case_count: _builtins.int
+    """Distinct test cases among them."""
     pass_rate: _builtins.float
+    """Share of runs that passed, 0..1."""
     fail_rate: _builtins.float
+    """Share of runs that failed their rules, 0..1."""
     error_rate: _builtins.float
+    """Share of runs whose call itself failed, 0..1."""
     @_builtins.property
-    def score(self) -> Global___ScoreDistribution: ...
+    def score(self) -> Global___ScoreDistribution:
+        """Distribution of scores."""
+
     @_builtins.property
-    def latency(self) -> Global___LatencyPercentiles: ...
+    def latency(self) -> Global___LatencyPercentiles:
+        """Latency percentiles."""
+
     @_builtins.property
-    def failure_clusters(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailureCluster]: ...
+    def failure_clusters(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailureCluster]:
+        """Failure reasons clustered, largest first."""
+
     @_builtins.property
-    def worst_cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorstCase]: ...
+    def worst_cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorstCase]:
+        """The five cases with the lowest pass rate."""
+
     def __init__(
         self,
         *,
@@ -723,14 +896,19 @@ Global___AnalysisStats: _TypeAlias = AnalysisStats  # noqa: Y015
 
 @_typing.final
 class Analysis(_message.Message):
+    """An evaluation's analysis."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
     NARRATIVE_FIELD_NUMBER: _builtins.int
     narrative: _builtins.str
+    """The analysis model's text about the statistics; set when the job completed."""
     @_builtins.property
-    def job(self) -> Global___Job: ...
+    def job(self) -> Global___Job:
+        """The job and its status."""
+
     @_builtins.property
     def stats(self) -> Global___AnalysisStats:
         """Set when the job completed."""
@@ -752,6 +930,8 @@ Global___Analysis: _TypeAlias = Analysis  # noqa: Y015
 
 @_typing.final
 class MetricDelta(_message.Message):
+    """One metric in the baseline period and now."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     METRIC_FIELD_NUMBER: _builtins.int
@@ -761,12 +941,17 @@ class MetricDelta(_message.Message):
     RELATIVE_DELTA_FIELD_NUMBER: _builtins.int
     DIRECTION_FIELD_NUMBER: _builtins.int
     metric: _builtins.str
+    """Its path in AnalysisStats, e.g. "pass_rate", "score.mean", "latency.p90_ms"."""
     baseline: _builtins.float
+    """Its value in the baseline period."""
     current: _builtins.float
+    """Its value in this evaluation."""
     absolute_delta: _builtins.float
+    """current - baseline."""
     relative_delta: _builtins.float
     """(current - baseline) / |baseline|; unset when the baseline is 0."""
     direction: Global___Direction.ValueType
+    """Whether the change is for the better."""
     def __init__(
         self,
         *,
@@ -789,6 +974,8 @@ Global___MetricDelta: _TypeAlias = MetricDelta  # noqa: Y015
 
 @_typing.final
 class Comparison(_message.Message):
+    """An evaluation compared with the previous completed period of its series and line."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
@@ -800,15 +987,27 @@ class Comparison(_message.Message):
     DELTAS_FIELD_NUMBER: _builtins.int
     NARRATIVE_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
+    """The evaluation compared."""
     period: _builtins.str
+    """Its period."""
     baseline_evaluation_id: _builtins.str
+    """The baseline: the latest completed evaluation of an earlier period with the same
+    series, line and fingerprint.
+    """
     baseline_period: _builtins.str
+    """The baseline's period."""
     fingerprint: _builtins.str
+    """The configuration fingerprint both share."""
     narrative: _builtins.str
+    """The analysis model's text about the changes; set when the job completed."""
     @_builtins.property
-    def job(self) -> Global___Job: ...
+    def job(self) -> Global___Job:
+        """The job and its status."""
+
     @_builtins.property
-    def deltas(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricDelta]: ...
+    def deltas(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricDelta]:
+        """Every compared metric; set when the job completed."""
+
     def __init__(
         self,
         *,
@@ -831,6 +1030,8 @@ Global___Comparison: _TypeAlias = Comparison  # noqa: Y015
 
 @_typing.final
 class ListJobsRequest(_message.Message):
+    """Which jobs ListJobs returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_ID_FIELD_NUMBER: _builtins.int
@@ -838,11 +1039,15 @@ class ListJobsRequest(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
-    """Filters; empty / unspecified = any."""
+    """Only this evaluation's jobs; empty: any."""
     kind: Global___JobKind.ValueType
+    """Only this kind; unspecified: any."""
     status: Global___JobStatus.ValueType
+    """Only this status; unspecified: any."""
     @_builtins.property
-    def page(self) -> _common_pb2.PageRequest: ...
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size and cursor."""
+
     def __init__(
         self,
         *,
@@ -861,14 +1066,20 @@ Global___ListJobsRequest: _TypeAlias = ListJobsRequest  # noqa: Y015
 
 @_typing.final
 class ListJobsResponse(_message.Message):
+    """One page of jobs."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOBS_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]: ...
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]:
+        """This page's jobs."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageResponse: ...
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
     def __init__(
         self,
         *,

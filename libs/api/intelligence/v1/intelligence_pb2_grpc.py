@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class IntelligenceServiceStub:
-    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """The intelligence service's API (port 50054 under dispo up). Evaluations and jobs belong
+    to no business: every call is for admin tokens only.
+    --- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
     """
 
     def __init__(self, channel):
@@ -93,7 +95,9 @@ class IntelligenceServiceStub:
 
 
 class IntelligenceServiceServicer:
-    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """The intelligence service's API (port 50054 under dispo up). Evaluations and jobs belong
+    to no business: every call is for admin tokens only.
+    --- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
     """
 
     def CreateEvaluation(self, request, context):
@@ -120,7 +124,8 @@ class IntelligenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetEvaluation(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One evaluation of the read model. NOT_FOUND for an unknown id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -133,7 +138,8 @@ class IntelligenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListAnalysisModels(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The analysis models this service can use: the built-in stats and the configured ones.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -157,19 +163,24 @@ class IntelligenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetAnalysis(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The evaluation's analysis job and, once it completed, its statistics and narrative.
+        NOT_FOUND when no analysis was started.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetComparison(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The evaluation's comparison job and, once it completed, its deltas and narrative.
+        NOT_FOUND when no comparison was started.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Jobs, filtered by evaluation, kind and status, a page at a time.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -241,7 +252,9 @@ def add_IntelligenceServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class IntelligenceService:
-    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """The intelligence service's API (port 50054 under dispo up). Evaluations and jobs belong
+    to no business: every call is for admin tokens only.
+    --- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
     """
 
     @staticmethod

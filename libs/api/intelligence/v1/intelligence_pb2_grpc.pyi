@@ -29,7 +29,10 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class IntelligenceServiceStub:
-    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---"""
+    """The intelligence service's API (port 50054 under dispo up). Evaluations and jobs belong
+    to no business: every call is for admin tokens only.
+    --- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -46,9 +49,11 @@ class IntelligenceServiceStub:
     resolvable analysis model starts its analysis by itself.
     """
     GetEvaluation: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.GetEvaluationRequest, _intelligence_pb2.Evaluation]
+    """One evaluation of the read model. NOT_FOUND for an unknown id."""
     AssignAnalysisModel: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.AssignAnalysisModelRequest, _intelligence_pb2.Evaluation]
     """Set (or clear, with an empty model) the evaluation's analysis-model override."""
     ListAnalysisModels: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.ListAnalysisModelsRequest, _intelligence_pb2.ListAnalysisModelsResponse]
+    """The analysis models this service can use: the built-in stats and the configured ones."""
     TriggerAnalysis: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.TriggerJobRequest, _intelligence_pb2.TriggerJobResponse]
     """--- Jobs ---
 
@@ -60,12 +65,22 @@ class IntelligenceServiceStub:
     period comparison job.
     """
     GetAnalysis: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.GetJobRequest, _intelligence_pb2.Analysis]
+    """The evaluation's analysis job and, once it completed, its statistics and narrative.
+    NOT_FOUND when no analysis was started.
+    """
     GetComparison: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.GetJobRequest, _intelligence_pb2.Comparison]
+    """The evaluation's comparison job and, once it completed, its deltas and narrative.
+    NOT_FOUND when no comparison was started.
+    """
     ListJobs: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.ListJobsRequest, _intelligence_pb2.ListJobsResponse]
+    """Jobs, filtered by evaluation, kind and status, a page at a time."""
 
 @_typing.type_check_only
 class IntelligenceServiceAsyncStub(IntelligenceServiceStub):
-    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---"""
+    """The intelligence service's API (port 50054 under dispo up). Evaluations and jobs belong
+    to no business: every call is for admin tokens only.
+    --- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateEvaluation: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.CreateEvaluationRequest, _intelligence_pb2.Evaluation]  # type: ignore[assignment]
@@ -79,9 +94,11 @@ class IntelligenceServiceAsyncStub(IntelligenceServiceStub):
     resolvable analysis model starts its analysis by itself.
     """
     GetEvaluation: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.GetEvaluationRequest, _intelligence_pb2.Evaluation]  # type: ignore[assignment]
+    """One evaluation of the read model. NOT_FOUND for an unknown id."""
     AssignAnalysisModel: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.AssignAnalysisModelRequest, _intelligence_pb2.Evaluation]  # type: ignore[assignment]
     """Set (or clear, with an empty model) the evaluation's analysis-model override."""
     ListAnalysisModels: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.ListAnalysisModelsRequest, _intelligence_pb2.ListAnalysisModelsResponse]  # type: ignore[assignment]
+    """The analysis models this service can use: the built-in stats and the configured ones."""
     TriggerAnalysis: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.TriggerJobRequest, _intelligence_pb2.TriggerJobResponse]  # type: ignore[assignment]
     """--- Jobs ---
 
@@ -93,11 +110,21 @@ class IntelligenceServiceAsyncStub(IntelligenceServiceStub):
     period comparison job.
     """
     GetAnalysis: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.GetJobRequest, _intelligence_pb2.Analysis]  # type: ignore[assignment]
+    """The evaluation's analysis job and, once it completed, its statistics and narrative.
+    NOT_FOUND when no analysis was started.
+    """
     GetComparison: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.GetJobRequest, _intelligence_pb2.Comparison]  # type: ignore[assignment]
+    """The evaluation's comparison job and, once it completed, its deltas and narrative.
+    NOT_FOUND when no comparison was started.
+    """
     ListJobs: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.ListJobsRequest, _intelligence_pb2.ListJobsResponse]  # type: ignore[assignment]
+    """Jobs, filtered by evaluation, kind and status, a page at a time."""
 
 class IntelligenceServiceServicer(metaclass=_abc_1.ABCMeta):
-    """--- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---"""
+    """The intelligence service's API (port 50054 under dispo up). Evaluations and jobs belong
+    to no business: every call is for admin tokens only.
+    --- Evaluation feed: any evaluator (and the cron pool's events) feeds the read model. ---
+    """
 
     @_abc_1.abstractmethod
     def CreateEvaluation(
@@ -132,7 +159,8 @@ class IntelligenceServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _intelligence_pb2.GetEvaluationRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_intelligence_pb2.Evaluation, _abc.Awaitable[_intelligence_pb2.Evaluation]]: ...
+    ) -> _typing.Union[_intelligence_pb2.Evaluation, _abc.Awaitable[_intelligence_pb2.Evaluation]]:
+        """One evaluation of the read model. NOT_FOUND for an unknown id."""
 
     @_abc_1.abstractmethod
     def AssignAnalysisModel(
@@ -147,7 +175,8 @@ class IntelligenceServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _intelligence_pb2.ListAnalysisModelsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_intelligence_pb2.ListAnalysisModelsResponse, _abc.Awaitable[_intelligence_pb2.ListAnalysisModelsResponse]]: ...
+    ) -> _typing.Union[_intelligence_pb2.ListAnalysisModelsResponse, _abc.Awaitable[_intelligence_pb2.ListAnalysisModelsResponse]]:
+        """The analysis models this service can use: the built-in stats and the configured ones."""
 
     @_abc_1.abstractmethod
     def TriggerAnalysis(
@@ -176,20 +205,27 @@ class IntelligenceServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _intelligence_pb2.GetJobRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_intelligence_pb2.Analysis, _abc.Awaitable[_intelligence_pb2.Analysis]]: ...
+    ) -> _typing.Union[_intelligence_pb2.Analysis, _abc.Awaitable[_intelligence_pb2.Analysis]]:
+        """The evaluation's analysis job and, once it completed, its statistics and narrative.
+        NOT_FOUND when no analysis was started.
+        """
 
     @_abc_1.abstractmethod
     def GetComparison(
         self,
         request: _intelligence_pb2.GetJobRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_intelligence_pb2.Comparison, _abc.Awaitable[_intelligence_pb2.Comparison]]: ...
+    ) -> _typing.Union[_intelligence_pb2.Comparison, _abc.Awaitable[_intelligence_pb2.Comparison]]:
+        """The evaluation's comparison job and, once it completed, its deltas and narrative.
+        NOT_FOUND when no comparison was started.
+        """
 
     @_abc_1.abstractmethod
     def ListJobs(
         self,
         request: _intelligence_pb2.ListJobsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_intelligence_pb2.ListJobsResponse, _abc.Awaitable[_intelligence_pb2.ListJobsResponse]]: ...
+    ) -> _typing.Union[_intelligence_pb2.ListJobsResponse, _abc.Awaitable[_intelligence_pb2.ListJobsResponse]]:
+        """Jobs, filtered by evaluation, kind and status, a page at a time."""
 
 def add_IntelligenceServiceServicer_to_server(servicer: IntelligenceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

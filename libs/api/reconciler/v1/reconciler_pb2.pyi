@@ -36,6 +36,7 @@ class _RecoveryState:
 class _RecoveryStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecoveryState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     RECOVERY_STATE_UNSPECIFIED: _RecoveryState.ValueType  # 0
+    """Never a task's state; as a filter value, INVALID_ARGUMENT."""
     RECOVERY_STATE_PARKED_FAILED: _RecoveryState.ValueType  # 1
     """Waiting for its automatic redrive (next_redrive_at)."""
     RECOVERY_STATE_AWAITING_SETTLEMENT: _RecoveryState.ValueType  # 2
@@ -53,9 +54,11 @@ class _RecoveryStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Recover
     RECOVERY_STATE_ABANDONED: _RecoveryState.ValueType  # 8
     """Terminal: an operator abandoned it (the task is cancelled)."""
 
-class RecoveryState(_RecoveryState, metaclass=_RecoveryStateEnumTypeWrapper): ...
+class RecoveryState(_RecoveryState, metaclass=_RecoveryStateEnumTypeWrapper):
+    """Where a task stands in the reconciler (its state machine: services/reconciler/states.py)."""
 
 RECOVERY_STATE_UNSPECIFIED: RecoveryState.ValueType  # 0
+"""Never a task's state; as a filter value, INVALID_ARGUMENT."""
 RECOVERY_STATE_PARKED_FAILED: RecoveryState.ValueType  # 1
 """Waiting for its automatic redrive (next_redrive_at)."""
 RECOVERY_STATE_AWAITING_SETTLEMENT: RecoveryState.ValueType  # 2
@@ -81,6 +84,7 @@ class _RecoveryKind:
 class _RecoveryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecoveryKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     RECOVERY_KIND_UNSPECIFIED: _RecoveryKind.ValueType  # 0
+    """Never recorded."""
     RECOVERY_KIND_FAIL: _RecoveryKind.ValueType  # 1
     """On task.fail: short retries spent, a node's outcome is UNKNOWN, or the task ended
     FAILED (a permanent failure).
@@ -92,6 +96,7 @@ class RecoveryKind(_RecoveryKind, metaclass=_RecoveryKindEnumTypeWrapper):
     """How a task last arrived at the reconciler."""
 
 RECOVERY_KIND_UNSPECIFIED: RecoveryKind.ValueType  # 0
+"""Never recorded."""
 RECOVERY_KIND_FAIL: RecoveryKind.ValueType  # 1
 """On task.fail: short retries spent, a node's outcome is UNKNOWN, or the task ended
 FAILED (a permanent failure).
@@ -107,6 +112,7 @@ class _RedriveTrigger:
 class _RedriveTriggerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RedriveTrigger.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     REDRIVE_TRIGGER_UNSPECIFIED: _RedriveTrigger.ValueType  # 0
+    """Never recorded."""
     REDRIVE_TRIGGER_AUTO: _RedriveTrigger.ValueType  # 1
     """The redrive policy's backoff came due."""
     REDRIVE_TRIGGER_MANUAL: _RedriveTrigger.ValueType  # 2
@@ -126,6 +132,7 @@ class RedriveTrigger(_RedriveTrigger, metaclass=_RedriveTriggerEnumTypeWrapper):
     """What caused a redrive."""
 
 REDRIVE_TRIGGER_UNSPECIFIED: RedriveTrigger.ValueType  # 0
+"""Never recorded."""
 REDRIVE_TRIGGER_AUTO: RedriveTrigger.ValueType  # 1
 """The redrive policy's backoff came due."""
 REDRIVE_TRIGGER_MANUAL: RedriveTrigger.ValueType  # 2
@@ -149,17 +156,25 @@ class _SettlementMethod:
 class _SettlementMethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SettlementMethod.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     SETTLEMENT_METHOD_UNSPECIFIED: _SettlementMethod.ValueType  # 0
+    """Never recorded."""
     SETTLEMENT_METHOD_PROBE: _SettlementMethod.ValueType  # 1
+    """The action's status probe answered done or not done."""
     SETTLEMENT_METHOD_IDEMPOTENT_RERUN: _SettlementMethod.ValueType  # 2
+    """No probe, but the action is idempotent: it runs again under its idempotency key."""
     SETTLEMENT_METHOD_OPERATOR: _SettlementMethod.ValueType  # 3
+    """An operator decided with ResolveNode."""
 
 class SettlementMethod(_SettlementMethod, metaclass=_SettlementMethodEnumTypeWrapper):
     """How an UNKNOWN node was settled."""
 
 SETTLEMENT_METHOD_UNSPECIFIED: SettlementMethod.ValueType  # 0
+"""Never recorded."""
 SETTLEMENT_METHOD_PROBE: SettlementMethod.ValueType  # 1
+"""The action's status probe answered done or not done."""
 SETTLEMENT_METHOD_IDEMPOTENT_RERUN: SettlementMethod.ValueType  # 2
+"""No probe, but the action is idempotent: it runs again under its idempotency key."""
 SETTLEMENT_METHOD_OPERATOR: SettlementMethod.ValueType  # 3
+"""An operator decided with ResolveNode."""
 Global___SettlementMethod: _TypeAlias = SettlementMethod  # noqa: Y015
 
 class _NotifyState:
@@ -169,21 +184,29 @@ class _NotifyState:
 class _NotifyStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NotifyState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     NOTIFY_STATE_UNSPECIFIED: _NotifyState.ValueType  # 0
+    """Never recorded."""
     NOTIFY_STATE_NONE: _NotifyState.ValueType  # 1
     """No callback was asked for."""
     NOTIFY_STATE_PENDING: _NotifyState.ValueType  # 2
+    """Not delivered yet; attempts go on with backoff."""
     NOTIFY_STATE_DELIVERED: _NotifyState.ValueType  # 3
+    """The callback answered 2xx (or the NATS publication was acknowledged)."""
     NOTIFY_STATE_GAVE_UP: _NotifyState.ValueType  # 4
+    """All the notify policy's max_attempts failed; deliveries say why."""
 
 class NotifyState(_NotifyState, metaclass=_NotifyStateEnumTypeWrapper):
     """Completion fact 2: delivery of the completion notification ("caller notified")."""
 
 NOTIFY_STATE_UNSPECIFIED: NotifyState.ValueType  # 0
+"""Never recorded."""
 NOTIFY_STATE_NONE: NotifyState.ValueType  # 1
 """No callback was asked for."""
 NOTIFY_STATE_PENDING: NotifyState.ValueType  # 2
+"""Not delivered yet; attempts go on with backoff."""
 NOTIFY_STATE_DELIVERED: NotifyState.ValueType  # 3
+"""The callback answered 2xx (or the NATS publication was acknowledged)."""
 NOTIFY_STATE_GAVE_UP: NotifyState.ValueType  # 4
+"""All the notify policy's max_attempts failed; deliveries say why."""
 Global___NotifyState: _TypeAlias = NotifyState  # noqa: Y015
 
 class _ReconcileState:
@@ -193,21 +216,33 @@ class _ReconcileState:
 class _ReconcileStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReconcileState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     RECONCILE_STATE_UNSPECIFIED: _ReconcileState.ValueType  # 0
+    """Never recorded."""
     RECONCILE_STATE_PENDING: _ReconcileState.ValueType  # 1
+    """The reconcile sweep has not looked yet (it waits its delay after the finish)."""
     RECONCILE_STATE_MATCHED: _ReconcileState.ValueType  # 2
+    """Every probed node agrees with what Dispo recorded."""
     RECONCILE_STATE_MISMATCH: _ReconcileState.ValueType  # 3
+    """At least one probe disagreed or never answered; findings say which."""
     RECONCILE_STATE_NOT_SAMPLED: _ReconcileState.ValueType  # 4
+    """The task fell outside the sweep's sample (sample_percent)."""
     RECONCILE_STATE_NOTHING_TO_PROBE: _ReconcileState.ValueType  # 5
+    """None of its nodes' actions has a status probe."""
 
 class ReconcileState(_ReconcileState, metaclass=_ReconcileStateEnumTypeWrapper):
     """Completion fact 3: the reconcile sweep over a finished task ("external state reconciled")."""
 
 RECONCILE_STATE_UNSPECIFIED: ReconcileState.ValueType  # 0
+"""Never recorded."""
 RECONCILE_STATE_PENDING: ReconcileState.ValueType  # 1
+"""The reconcile sweep has not looked yet (it waits its delay after the finish)."""
 RECONCILE_STATE_MATCHED: ReconcileState.ValueType  # 2
+"""Every probed node agrees with what Dispo recorded."""
 RECONCILE_STATE_MISMATCH: ReconcileState.ValueType  # 3
+"""At least one probe disagreed or never answered; findings say which."""
 RECONCILE_STATE_NOT_SAMPLED: ReconcileState.ValueType  # 4
+"""The task fell outside the sweep's sample (sample_percent)."""
 RECONCILE_STATE_NOTHING_TO_PROBE: ReconcileState.ValueType  # 5
+"""None of its nodes' actions has a status probe."""
 Global___ReconcileState: _TypeAlias = ReconcileState  # noqa: Y015
 
 class _CompensationState:
@@ -217,7 +252,9 @@ class _CompensationState:
 class _CompensationStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CompensationState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     COMPENSATION_STATE_UNSPECIFIED: _CompensationState.ValueType  # 0
+    """Never recorded."""
     COMPENSATION_STATE_PENDING: _CompensationState.ValueType  # 1
+    """Not submitted yet (the gateway was unreachable: retried with backoff)."""
     COMPENSATION_STATE_SUBMITTED: _CompensationState.ValueType  # 2
     """submitted_task_id is the new task."""
     COMPENSATION_STATE_FAILED: _CompensationState.ValueType  # 3
@@ -227,7 +264,9 @@ class CompensationState(_CompensationState, metaclass=_CompensationStateEnumType
     """A compensating cell submitted to the gateway for an arbitration loser."""
 
 COMPENSATION_STATE_UNSPECIFIED: CompensationState.ValueType  # 0
+"""Never recorded."""
 COMPENSATION_STATE_PENDING: CompensationState.ValueType  # 1
+"""Not submitted yet (the gateway was unreachable: retried with backoff)."""
 COMPENSATION_STATE_SUBMITTED: CompensationState.ValueType  # 2
 """submitted_task_id is the new task."""
 COMPENSATION_STATE_FAILED: CompensationState.ValueType  # 3
@@ -241,6 +280,7 @@ class _WorkKind:
 class _WorkKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WorkKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     WORK_KIND_UNSPECIFIED: _WorkKind.ValueType  # 0
+    """Never reported; as a filter value, INVALID_ARGUMENT."""
     WORK_KIND_FAILED: _WorkKind.ValueType  # 1
     """Ended FAILED: a permanent failure, a spent redrive policy or an age limit
     (RECOVERY_STATE_FAILED). An operator resumes it with RedriveTask.
@@ -260,6 +300,7 @@ class WorkKind(_WorkKind, metaclass=_WorkKindEnumTypeWrapper):
     """What an entry of ListFailedWork is, by the recovery state of its task."""
 
 WORK_KIND_UNSPECIFIED: WorkKind.ValueType  # 0
+"""Never reported; as a filter value, INVALID_ARGUMENT."""
 WORK_KIND_FAILED: WorkKind.ValueType  # 1
 """Ended FAILED: a permanent failure, a spent redrive policy or an age limit
 (RECOVERY_STATE_FAILED). An operator resumes it with RedriveTask.
@@ -283,14 +324,17 @@ class _Resolution:
 class _ResolutionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Resolution.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     RESOLUTION_UNSPECIFIED: _Resolution.ValueType  # 0
+    """No answer: INVALID_ARGUMENT."""
     RESOLUTION_DONE: _Resolution.ValueType  # 1
     """The effect happened: the node is recorded SUCCEEDED."""
     RESOLUTION_RETRY: _Resolution.ValueType  # 2
     """The effect did not happen: the node runs again."""
 
-class Resolution(_Resolution, metaclass=_ResolutionEnumTypeWrapper): ...
+class Resolution(_Resolution, metaclass=_ResolutionEnumTypeWrapper):
+    """An operator's answer about an UNKNOWN node: did its effect happen?"""
 
 RESOLUTION_UNSPECIFIED: Resolution.ValueType  # 0
+"""No answer: INVALID_ARGUMENT."""
 RESOLUTION_DONE: Resolution.ValueType  # 1
 """The effect happened: the node is recorded SUCCEEDED."""
 RESOLUTION_RETRY: Resolution.ValueType  # 2
@@ -306,14 +350,23 @@ class _SweepEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Sweep.ValueType
     SWEEP_UNSPECIFIED: _Sweep.ValueType  # 0
     """Every sweep, as SWEEP_ALL."""
     SWEEP_ALL: _Sweep.ValueType  # 1
+    """Every sweep, in dependency order."""
     SWEEP_ARBITRATE: _Sweep.ValueType  # 2
+    """Decide conflicts between open claims of different businesses."""
     SWEEP_COMPENSATE: _Sweep.ValueType  # 3
+    """Submit the compensating cells of arbitration losers."""
     SWEEP_SETTLE: _Sweep.ValueType  # 4
+    """Settle UNKNOWN nodes by probe or idempotent re-run."""
     SWEEP_REDRIVE: _Sweep.ValueType  # 5
+    """Redrive parked failed tasks whose backoff came due."""
     SWEEP_HEALTH: _Sweep.ValueType  # 6
+    """Probe the health URL of every downstream with demoted work."""
     SWEEP_RELEASE: _Sweep.ValueType  # 7
+    """Release demoted tasks of healthy, unpaused downstreams at their rate."""
     SWEEP_NOTIFY: _Sweep.ValueType  # 8
+    """Deliver pending completion notifications."""
     SWEEP_RECONCILE: _Sweep.ValueType  # 9
+    """Probe finished tasks' nodes and record findings."""
     SWEEP_EXPIRE: _Sweep.ValueType  # 10
     """Parked work past its age limit (DEMOTED, AWAITING_DECISION) ends FAILED."""
 
@@ -323,20 +376,31 @@ class Sweep(_Sweep, metaclass=_SweepEnumTypeWrapper):
 SWEEP_UNSPECIFIED: Sweep.ValueType  # 0
 """Every sweep, as SWEEP_ALL."""
 SWEEP_ALL: Sweep.ValueType  # 1
+"""Every sweep, in dependency order."""
 SWEEP_ARBITRATE: Sweep.ValueType  # 2
+"""Decide conflicts between open claims of different businesses."""
 SWEEP_COMPENSATE: Sweep.ValueType  # 3
+"""Submit the compensating cells of arbitration losers."""
 SWEEP_SETTLE: Sweep.ValueType  # 4
+"""Settle UNKNOWN nodes by probe or idempotent re-run."""
 SWEEP_REDRIVE: Sweep.ValueType  # 5
+"""Redrive parked failed tasks whose backoff came due."""
 SWEEP_HEALTH: Sweep.ValueType  # 6
+"""Probe the health URL of every downstream with demoted work."""
 SWEEP_RELEASE: Sweep.ValueType  # 7
+"""Release demoted tasks of healthy, unpaused downstreams at their rate."""
 SWEEP_NOTIFY: Sweep.ValueType  # 8
+"""Deliver pending completion notifications."""
 SWEEP_RECONCILE: Sweep.ValueType  # 9
+"""Probe finished tasks' nodes and record findings."""
 SWEEP_EXPIRE: Sweep.ValueType  # 10
 """Parked work past its age limit (DEMOTED, AWAITING_DECISION) ends FAILED."""
 Global___Sweep: _TypeAlias = Sweep  # noqa: Y015
 
 @_typing.final
 class RecoveryFilter(_message.Message):
+    """Which recovery entries a list or bulk redrive covers; empty fields match everything."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     BUSINESS_FIELD_NUMBER: _builtins.int
@@ -346,8 +410,13 @@ class RecoveryFilter(_message.Message):
     MIN_AGE_SECONDS_FIELD_NUMBER: _builtins.int
     STATES_FIELD_NUMBER: _builtins.int
     business: _builtins.str
+    """Only this business's tasks; a business token sees its own only (naming another is
+    PERMISSION_DENIED).
+    """
     cell: _builtins.str
+    """Only tasks with a cell of this catalogue name."""
     downstream: _builtins.str
+    """Only tasks whose stuck nodes use (a demoted task: wait for) this downstream."""
     error_class: _builtins.str
     """unknown_outcome, degraded, timeout, connection, http_5xx, http_429, http_408,
     http_4xx, permanent, other.
@@ -378,6 +447,8 @@ Global___RecoveryFilter: _TypeAlias = RecoveryFilter  # noqa: Y015
 
 @_typing.final
 class RecoveryTask(_message.Message):
+    """A task as the reconciler holds it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
@@ -398,31 +469,51 @@ class RecoveryTask(_message.Message):
     LAST_REDRIVE_AT_FIELD_NUMBER: _builtins.int
     UNDECIDED_NODES_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """The task's id (the gateway's)."""
     business: _builtins.str
+    """The business that submitted it."""
     state: Global___RecoveryState.ValueType
+    """Where it stands in the reconciler."""
     kind: Global___RecoveryKind.ValueType
     """How it last arrived."""
     error_class: _builtins.str
+    """The class of its last failure (see RecoveryFilter.error_class)."""
     reason: _builtins.str
+    """Why it is here, in words (which nodes failed, with what; or what it waits for)."""
     generation: _builtins.int
+    """The envelope generation it last arrived with or was redriven under."""
     redrives: _builtins.int
+    """Redrives so far (automatic and manual) counted against its redrive policy."""
     releases: _builtins.int
+    """Times the release sweep let it go after a demotion."""
     @_builtins.property
-    def cells(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def cells(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Catalogue names of its cells."""
+
     @_builtins.property
     def downstreams(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Downstreams its stuck nodes use (for a demoted task: the ones it waits for)."""
 
     @_builtins.property
-    def task_created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def task_created_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway accepted the task."""
+
     @_builtins.property
-    def first_parked_at(self) -> _timestamp_pb2.Timestamp: ...
+    def first_parked_at(self) -> _timestamp_pb2.Timestamp:
+        """When it first reached the reconciler (max_age counts from here)."""
+
     @_builtins.property
-    def parked_at(self) -> _timestamp_pb2.Timestamp: ...
+    def parked_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was last parked (ages and age limits count from here)."""
+
     @_builtins.property
-    def next_redrive_at(self) -> _timestamp_pb2.Timestamp: ...
+    def next_redrive_at(self) -> _timestamp_pb2.Timestamp:
+        """When its automatic redrive is due (PARKED_FAILED); unset otherwise."""
+
     @_builtins.property
-    def last_redrive_at(self) -> _timestamp_pb2.Timestamp: ...
+    def last_redrive_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was last redriven; unset if never."""
+
     @_builtins.property
     def undecided_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The nodes an operator must decide on (AWAITING_DECISION)."""
@@ -458,14 +549,20 @@ Global___RecoveryTask: _TypeAlias = RecoveryTask  # noqa: Y015
 
 @_typing.final
 class ListRecoveryTasksRequest(_message.Message):
+    """Which recovery entries ListRecoveryTasks returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FILTER_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def filter(self) -> Global___RecoveryFilter: ...
+    def filter(self) -> Global___RecoveryFilter:
+        """What to match."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageRequest: ...
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size and cursor."""
+
     def __init__(
         self,
         *,
@@ -482,14 +579,20 @@ Global___ListRecoveryTasksRequest: _TypeAlias = ListRecoveryTasksRequest  # noqa
 
 @_typing.final
 class ListRecoveryTasksResponse(_message.Message):
+    """One page of recovery entries."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASKS_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecoveryTask]: ...
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecoveryTask]:
+        """This page's entries."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageResponse: ...
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
     def __init__(
         self,
         *,
@@ -506,6 +609,8 @@ Global___ListRecoveryTasksResponse: _TypeAlias = ListRecoveryTasksResponse  # no
 
 @_typing.final
 class FailedWorkFilter(_message.Message):
+    """Which entries ListFailedWork returns; empty fields match everything."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KINDS_FIELD_NUMBER: _builtins.int
@@ -514,11 +619,15 @@ class FailedWorkFilter(_message.Message):
     MIN_AGE_SECONDS_FIELD_NUMBER: _builtins.int
     MAX_AGE_SECONDS_FIELD_NUMBER: _builtins.int
     business: _builtins.str
+    """Only this business's work; a business token sees its own only (naming another is
+    PERMISSION_DENIED).
+    """
     downstream: _builtins.str
     """Work that uses (a demoted task: waits for) this downstream."""
     min_age_seconds: _builtins.int
-    """Parked at least / at most this many seconds ago (0: no bound)."""
+    """Parked at least this many seconds ago (0: no bound)."""
     max_age_seconds: _builtins.int
+    """Parked at most this many seconds ago (0: no bound)."""
     @_builtins.property
     def kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___WorkKind.ValueType]:
         """Any of these kinds (empty: every kind)."""
@@ -542,16 +651,21 @@ Global___FailedWorkFilter: _TypeAlias = FailedWorkFilter  # noqa: Y015
 
 @_typing.final
 class FailedWork(_message.Message):
+    """One entry of ListFailedWork."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KIND_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     AGE_SECONDS_FIELD_NUMBER: _builtins.int
     kind: Global___WorkKind.ValueType
+    """What it is, by its task's recovery state."""
     age_seconds: _builtins.int
     """Seconds since it was parked (task.parked_at), on the reconciler's clock."""
     @_builtins.property
-    def task(self) -> Global___RecoveryTask: ...
+    def task(self) -> Global___RecoveryTask:
+        """The reconciler's entry of the task."""
+
     def __init__(
         self,
         *,
@@ -569,14 +683,20 @@ Global___FailedWork: _TypeAlias = FailedWork  # noqa: Y015
 
 @_typing.final
 class ListFailedWorkRequest(_message.Message):
+    """Which entries ListFailedWork returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FILTER_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def filter(self) -> Global___FailedWorkFilter: ...
+    def filter(self) -> Global___FailedWorkFilter:
+        """What to match."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageRequest: ...
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size and cursor."""
+
     def __init__(
         self,
         *,
@@ -593,14 +713,20 @@ Global___ListFailedWorkRequest: _TypeAlias = ListFailedWorkRequest  # noqa: Y015
 
 @_typing.final
 class ListFailedWorkResponse(_message.Message):
+    """One page of failed and parked work."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     WORK_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def work(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailedWork]: ...
+    def work(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailedWork]:
+        """This page's entries, oldest parked first."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageResponse: ...
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
     def __init__(
         self,
         *,
@@ -617,10 +743,13 @@ Global___ListFailedWorkResponse: _TypeAlias = ListFailedWorkResponse  # noqa: Y0
 
 @_typing.final
 class GetRecoveryTaskRequest(_message.Message):
+    """Which task GetRecoveryTask reads."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """Required: the task's id."""
     def __init__(
         self,
         *,
@@ -636,6 +765,8 @@ Global___GetRecoveryTaskRequest: _TypeAlias = GetRecoveryTaskRequest  # noqa: Y0
 
 @_typing.final
 class NodeFailure(_message.Message):
+    """One node of a failure picture."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_ID_FIELD_NUMBER: _builtins.int
@@ -644,10 +775,15 @@ class NodeFailure(_message.Message):
     DOWNSTREAM_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
+    """The node, "<cell_ref>.<action>"."""
     status: _common_pb2.NodeStatus.ValueType
+    """Its status when the task arrived."""
     attempts: _builtins.int
+    """Downstream calls made for it so far."""
     downstream: _builtins.str
+    """The downstream it calls."""
     last_error: _builtins.str
+    """Its last error text (at most 500 characters)."""
     def __init__(
         self,
         *,
@@ -667,6 +803,8 @@ Global___NodeFailure: _TypeAlias = NodeFailure  # noqa: Y015
 
 @_typing.final
 class FailureRecord(_message.Message):
+    """One arrival of the task at the reconciler, with its node picture."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KIND_FIELD_NUMBER: _builtins.int
@@ -676,13 +814,21 @@ class FailureRecord(_message.Message):
     ERROR_CLASS_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     kind: Global___RecoveryKind.ValueType
+    """On task.fail or task.demote."""
     generation: _builtins.int
+    """The envelope generation that arrived."""
     reason: _builtins.str
+    """Why, in words."""
     error_class: _builtins.str
+    """The failure's class (see RecoveryFilter.error_class)."""
     @_builtins.property
-    def received_at(self) -> _timestamp_pb2.Timestamp: ...
+    def received_at(self) -> _timestamp_pb2.Timestamp:
+        """When it arrived."""
+
     @_builtins.property
-    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeFailure]: ...
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeFailure]:
+        """The nodes that were not SUCCEEDED."""
+
     def __init__(
         self,
         *,
@@ -703,6 +849,8 @@ Global___FailureRecord: _TypeAlias = FailureRecord  # noqa: Y015
 
 @_typing.final
 class RedriveRecord(_message.Message):
+    """One redrive of the task, as the redrive log records it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     GENERATION_FIELD_NUMBER: _builtins.int
@@ -713,14 +861,23 @@ class RedriveRecord(_message.Message):
     AT_FIELD_NUMBER: _builtins.int
     NODES_RESET_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
+    """The generation it was published under (task.create, message id <task_id>:g<generation>)."""
     trigger: Global___RedriveTrigger.ValueType
+    """What caused it."""
     actor: _builtins.str
+    """Who asked (an operator's name, or the sweep's)."""
     reason: _builtins.str
+    """Why, as given."""
     downstream: _builtins.str
+    """For a release: the downstream that recovered."""
     @_builtins.property
-    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When it was published."""
+
     @_builtins.property
-    def nodes_reset(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def nodes_reset(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The nodes it asked the executor to run again."""
+
     def __init__(
         self,
         *,
@@ -742,6 +899,8 @@ Global___RedriveRecord: _TypeAlias = RedriveRecord  # noqa: Y015
 
 @_typing.final
 class Settlement(_message.Message):
+    """How one UNKNOWN node was settled."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_ID_FIELD_NUMBER: _builtins.int
@@ -752,14 +911,21 @@ class Settlement(_message.Message):
     ACTOR_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
+    """The node."""
     generation: _builtins.int
+    """The generation of the envelope it was settled in."""
     method: Global___SettlementMethod.ValueType
+    """By probe, idempotent re-run or operator."""
     outcome: _common_pb2.NodeStatus.ValueType
     """NODE_STATUS_SUCCEEDED, or NODE_STATUS_PENDING (runnable again)."""
     reason: _builtins.str
+    """Why (the probe's answer, or the operator's reason)."""
     actor: _builtins.str
+    """Who settled it (an operator's name, or the sweep's)."""
     @_builtins.property
-    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When."""
+
     def __init__(
         self,
         *,
@@ -781,6 +947,8 @@ Global___Settlement: _TypeAlias = Settlement  # noqa: Y015
 
 @_typing.final
 class GetRecoveryTaskResponse(_message.Message):
+    """Everything the reconciler knows of one task."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
@@ -789,17 +957,25 @@ class GetRecoveryTaskResponse(_message.Message):
     REDRIVES_FIELD_NUMBER: _builtins.int
     SETTLEMENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def task(self) -> Global___RecoveryTask: ...
+    def task(self) -> Global___RecoveryTask:
+        """Its entry."""
+
     @_builtins.property
     def envelope(self) -> _task_pb2.Task:
         """The envelope as last received or redriven."""
 
     @_builtins.property
-    def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailureRecord]: ...
+    def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailureRecord]:
+        """Every arrival, oldest first."""
+
     @_builtins.property
-    def redrives(self) -> _containers.RepeatedCompositeFieldContainer[Global___RedriveRecord]: ...
+    def redrives(self) -> _containers.RepeatedCompositeFieldContainer[Global___RedriveRecord]:
+        """Every redrive, oldest first."""
+
     @_builtins.property
-    def settlements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Settlement]: ...
+    def settlements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Settlement]:
+        """Every settlement of an UNKNOWN node, oldest first."""
+
     def __init__(
         self,
         *,
@@ -819,6 +995,8 @@ Global___GetRecoveryTaskResponse: _TypeAlias = GetRecoveryTaskResponse  # noqa: 
 
 @_typing.final
 class RedriveTaskRequest(_message.Message):
+    """Which task RedriveTask resumes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
@@ -826,9 +1004,11 @@ class RedriveTaskRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     INCLUDE_PERMANENT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """Required: the task's id."""
     actor: _builtins.str
-    """Who asks, and why (recorded in the redrive log)."""
+    """Who asks (recorded in the redrive log)."""
     reason: _builtins.str
+    """Why (recorded in the redrive log)."""
     include_permanent: _builtins.bool
     """Also retry nodes that failed permanently (4xx), e.g. after a downstream fix."""
     def __init__(
@@ -849,11 +1029,15 @@ Global___RedriveTaskRequest: _TypeAlias = RedriveTaskRequest  # noqa: Y015
 
 @_typing.final
 class RedriveTaskResponse(_message.Message):
+    """The task after its redrive was recorded."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def task(self) -> Global___RecoveryTask: ...
+    def task(self) -> Global___RecoveryTask:
+        """Its entry, REDRIVEN (published back to task.create)."""
+
     def __init__(
         self,
         *,
@@ -869,6 +1053,8 @@ Global___RedriveTaskResponse: _TypeAlias = RedriveTaskResponse  # noqa: Y015
 
 @_typing.final
 class RedriveByFilterRequest(_message.Message):
+    """A bulk redrive."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FILTER_FIELD_NUMBER: _builtins.int
@@ -881,9 +1067,13 @@ class RedriveByFilterRequest(_message.Message):
     limit: _builtins.int
     """At most this many tasks (0: 1000)."""
     actor: _builtins.str
+    """Who asks (recorded in the redrive log)."""
     reason: _builtins.str
+    """Why (recorded in the redrive log)."""
     @_builtins.property
-    def filter(self) -> Global___RecoveryFilter: ...
+    def filter(self) -> Global___RecoveryFilter:
+        """Which parked tasks to redrive."""
+
     def __init__(
         self,
         *,
@@ -903,14 +1093,19 @@ Global___RedriveByFilterRequest: _TypeAlias = RedriveByFilterRequest  # noqa: Y0
 
 @_typing.final
 class RedriveByFilterResponse(_message.Message):
+    """What RedriveByFilter scheduled."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SCHEDULED_FIELD_NUMBER: _builtins.int
     TASK_IDS_FIELD_NUMBER: _builtins.int
     LAST_DUE_AT_FIELD_NUMBER: _builtins.int
     scheduled: _builtins.int
+    """Tasks scheduled."""
     @_builtins.property
-    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Their ids, in the order they are due."""
+
     @_builtins.property
     def last_due_at(self) -> _timestamp_pb2.Timestamp:
         """When the last of them is due."""
@@ -932,14 +1127,19 @@ Global___RedriveByFilterResponse: _TypeAlias = RedriveByFilterResponse  # noqa: 
 
 @_typing.final
 class AbandonTaskRequest(_message.Message):
+    """Which parked task AbandonTask gives up."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """Required: the task's id."""
     actor: _builtins.str
+    """Who gives it up (recorded)."""
     reason: _builtins.str
+    """Why (recorded)."""
     def __init__(
         self,
         *,
@@ -957,11 +1157,15 @@ Global___AbandonTaskRequest: _TypeAlias = AbandonTaskRequest  # noqa: Y015
 
 @_typing.final
 class AbandonTaskResponse(_message.Message):
+    """The abandoned task."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def task(self) -> Global___RecoveryTask: ...
+    def task(self) -> Global___RecoveryTask:
+        """Its entry, ABANDONED."""
+
     def __init__(
         self,
         *,
@@ -977,6 +1181,8 @@ Global___AbandonTaskResponse: _TypeAlias = AbandonTaskResponse  # noqa: Y015
 
 @_typing.final
 class ResolveNodeRequest(_message.Message):
+    """An operator's decision on one UNKNOWN node of an AWAITING_DECISION task."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
@@ -985,9 +1191,13 @@ class ResolveNodeRequest(_message.Message):
     ACTOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """Required: the task's id."""
     node_id: _builtins.str
+    """Required: the UNKNOWN node (RecoveryTask.undecided_nodes)."""
     resolution: Global___Resolution.ValueType
+    """Required: done or retry."""
     actor: _builtins.str
+    """Who decides (recorded with the settlement)."""
     reason: _builtins.str
     """Required: why (recorded with the settlement)."""
     def __init__(
@@ -1009,6 +1219,8 @@ Global___ResolveNodeRequest: _TypeAlias = ResolveNodeRequest  # noqa: Y015
 
 @_typing.final
 class ResolveNodeResponse(_message.Message):
+    """The task after the decision."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
@@ -1016,7 +1228,9 @@ class ResolveNodeResponse(_message.Message):
     redriven: _builtins.bool
     """True when this decision settled the last UNKNOWN node and the task was redriven."""
     @_builtins.property
-    def task(self) -> Global___RecoveryTask: ...
+    def task(self) -> Global___RecoveryTask:
+        """Its entry."""
+
     def __init__(
         self,
         *,
@@ -1033,6 +1247,8 @@ Global___ResolveNodeResponse: _TypeAlias = ResolveNodeResponse  # noqa: Y015
 
 @_typing.final
 class DownstreamState(_message.Message):
+    """A downstream as the reconciler sees it: health, pause and the work waiting for it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -1051,26 +1267,41 @@ class DownstreamState(_message.Message):
     OLDEST_FAILED_AGE_SECONDS_FIELD_NUMBER: _builtins.int
     RELEASE_RATE_PER_SECOND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Its catalogue name."""
     healthy: _builtins.bool
-    """From the reconciler's last health probe (unset until probed)."""
+    """From the reconciler's last health probe (false until probed)."""
     probed: _builtins.bool
+    """True once the health sweep has probed it."""
     probe_error: _builtins.str
+    """Why the last probe failed; empty when it passed."""
     paused: _builtins.bool
+    """True while an operator holds its demoted tasks (PauseDownstream)."""
     paused_reason: _builtins.str
+    """The pause's reason, as given."""
     paused_by: _builtins.str
+    """Who paused it."""
     demoted_depth: _builtins.int
-    """Demoted tasks waiting for this downstream, and the oldest one's age."""
+    """Demoted tasks waiting for this downstream."""
     oldest_demoted_age_seconds: _builtins.int
+    """Its age, in seconds."""
     failed_depth: _builtins.int
-    """Failed tasks whose stuck nodes use this downstream, and the oldest one's age."""
+    """Failed tasks whose stuck nodes use this downstream."""
     oldest_failed_age_seconds: _builtins.int
+    """Its age, in seconds."""
     release_rate_per_second: _builtins.float
+    """Most demoted tasks the release sweep releases to it per second (the release policy)."""
     @_builtins.property
-    def last_probe_at(self) -> _timestamp_pb2.Timestamp: ...
+    def last_probe_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was last probed."""
+
     @_builtins.property
-    def oldest_demoted_at(self) -> _timestamp_pb2.Timestamp: ...
+    def oldest_demoted_at(self) -> _timestamp_pb2.Timestamp:
+        """When the oldest of them was parked."""
+
     @_builtins.property
-    def oldest_failed_at(self) -> _timestamp_pb2.Timestamp: ...
+    def oldest_failed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the oldest of them was parked."""
+
     def __init__(
         self,
         *,
@@ -1100,6 +1331,8 @@ Global___DownstreamState: _TypeAlias = DownstreamState  # noqa: Y015
 
 @_typing.final
 class ListDownstreamsRequest(_message.Message):
+    """ListDownstreams takes nothing: every known downstream is listed."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -1115,11 +1348,15 @@ Global___ListDownstreamsRequest: _TypeAlias = ListDownstreamsRequest  # noqa: Y0
 
 @_typing.final
 class ListDownstreamsResponse(_message.Message):
+    """The downstreams."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DOWNSTREAMS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def downstreams(self) -> _containers.RepeatedCompositeFieldContainer[Global___DownstreamState]: ...
+    def downstreams(self) -> _containers.RepeatedCompositeFieldContainer[Global___DownstreamState]:
+        """Every downstream of the catalogue."""
+
     def __init__(
         self,
         *,
@@ -1135,14 +1372,19 @@ Global___ListDownstreamsResponse: _TypeAlias = ListDownstreamsResponse  # noqa: 
 
 @_typing.final
 class PauseDownstreamRequest(_message.Message):
+    """A downstream to pause."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: its catalogue name."""
     actor: _builtins.str
+    """Who pauses it (recorded)."""
     reason: _builtins.str
+    """Why (recorded)."""
     def __init__(
         self,
         *,
@@ -1160,11 +1402,15 @@ Global___PauseDownstreamRequest: _TypeAlias = PauseDownstreamRequest  # noqa: Y0
 
 @_typing.final
 class PauseDownstreamResponse(_message.Message):
+    """The paused downstream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DOWNSTREAM_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def downstream(self) -> Global___DownstreamState: ...
+    def downstream(self) -> Global___DownstreamState:
+        """Its state, paused."""
+
     def __init__(
         self,
         *,
@@ -1180,12 +1426,16 @@ Global___PauseDownstreamResponse: _TypeAlias = PauseDownstreamResponse  # noqa: 
 
 @_typing.final
 class ResumeDownstreamRequest(_message.Message):
+    """A downstream to resume."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Required: its catalogue name."""
     actor: _builtins.str
+    """Who resumes it (recorded)."""
     def __init__(
         self,
         *,
@@ -1202,11 +1452,15 @@ Global___ResumeDownstreamRequest: _TypeAlias = ResumeDownstreamRequest  # noqa: 
 
 @_typing.final
 class ResumeDownstreamResponse(_message.Message):
+    """The resumed downstream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DOWNSTREAM_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def downstream(self) -> Global___DownstreamState: ...
+    def downstream(self) -> Global___DownstreamState:
+        """Its state, no longer paused."""
+
     def __init__(
         self,
         *,
@@ -1222,10 +1476,13 @@ Global___ResumeDownstreamResponse: _TypeAlias = ResumeDownstreamResponse  # noqa
 
 @_typing.final
 class GetCompletionRequest(_message.Message):
+    """Which task's completion GetCompletion reads."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """Required: the task's id."""
     def __init__(
         self,
         *,
@@ -1241,6 +1498,8 @@ Global___GetCompletionRequest: _TypeAlias = GetCompletionRequest  # noqa: Y015
 
 @_typing.final
 class Delivery(_message.Message):
+    """One attempt to notify the caller."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ATTEMPT_FIELD_NUMBER: _builtins.int
@@ -1250,12 +1509,19 @@ class Delivery(_message.Message):
     STATUS_CODE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     attempt: _builtins.int
+    """1 for the first attempt."""
     target: _builtins.str
+    """Where it was sent (the callback_url)."""
     ok: _builtins.bool
+    """True when it was delivered."""
     status_code: _builtins.int
+    """The HTTP status the callback answered (0 for no answer or a NATS callback)."""
     error: _builtins.str
+    """Why it failed; empty when ok."""
     @_builtins.property
-    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When."""
+
     def __init__(
         self,
         *,
@@ -1276,6 +1542,8 @@ Global___Delivery: _TypeAlias = Delivery  # noqa: Y015
 
 @_typing.final
 class Finding(_message.Message):
+    """A disagreement the reconcile sweep found between Dispo and a downstream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -1287,17 +1555,23 @@ class Finding(_message.Message):
     DETAIL_FIELD_NUMBER: _builtins.int
     FOUND_AT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Its id."""
     task_id: _builtins.str
+    """The task."""
     node_id: _builtins.str
+    """The node probed."""
     downstream: _builtins.str
+    """The downstream asked."""
     recorded_status: _common_pb2.NodeStatus.ValueType
-    """What Dispo recorded and what the downstream's probe reported ("done", "not done",
-    "unreachable").
-    """
+    """What Dispo recorded for the node."""
     observed: _builtins.str
+    """What the downstream's probe reported: "done", "not done" or "unreachable"."""
     detail: _builtins.str
+    """The probe's answer or error, in words."""
     @_builtins.property
-    def found_at(self) -> _timestamp_pb2.Timestamp: ...
+    def found_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was found."""
+
     def __init__(
         self,
         *,
@@ -1320,6 +1594,8 @@ Global___Finding: _TypeAlias = Finding  # noqa: Y015
 
 @_typing.final
 class Completion(_message.Message):
+    """The three completion facts of a finished task."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
@@ -1335,23 +1611,35 @@ class Completion(_message.Message):
     RECONCILE_STATE_FIELD_NUMBER: _builtins.int
     RECONCILED_AT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """The task."""
     business: _builtins.str
+    """Its business."""
     status: _common_pb2.TaskStatus.ValueType
     """Fact 1: the task finished (terminal status, when, why)."""
     status_reason: _builtins.str
+    """Why it ended so."""
     callback_url: _builtins.str
     """Fact 2: the caller was notified."""
     notify_state: Global___NotifyState.ValueType
+    """Where the notification stands."""
     notify_attempts: _builtins.int
+    """Attempts made so far."""
     notify_last_error: _builtins.str
+    """The last failed attempt's error."""
     reconcile_state: Global___ReconcileState.ValueType
     """Fact 3: the external state was reconciled."""
     @_builtins.property
-    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def finished_at(self) -> _timestamp_pb2.Timestamp:
+        """When its terminal status reached the reconciler."""
+
     @_builtins.property
-    def notified_at(self) -> _timestamp_pb2.Timestamp: ...
+    def notified_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was delivered; unset until then."""
+
     @_builtins.property
-    def reconciled_at(self) -> _timestamp_pb2.Timestamp: ...
+    def reconciled_at(self) -> _timestamp_pb2.Timestamp:
+        """When the reconcile sweep decided; unset while PENDING."""
+
     def __init__(
         self,
         *,
@@ -1378,17 +1666,25 @@ Global___Completion: _TypeAlias = Completion  # noqa: Y015
 
 @_typing.final
 class GetCompletionResponse(_message.Message):
+    """A task's completion with its detail."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     COMPLETION_FIELD_NUMBER: _builtins.int
     DELIVERIES_FIELD_NUMBER: _builtins.int
     FINDINGS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def completion(self) -> Global___Completion: ...
+    def completion(self) -> Global___Completion:
+        """The three facts."""
+
     @_builtins.property
-    def deliveries(self) -> _containers.RepeatedCompositeFieldContainer[Global___Delivery]: ...
+    def deliveries(self) -> _containers.RepeatedCompositeFieldContainer[Global___Delivery]:
+        """Every notification attempt, oldest first."""
+
     @_builtins.property
-    def findings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Finding]: ...
+    def findings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Finding]:
+        """Every disagreement the reconcile sweep found for it."""
+
     def __init__(
         self,
         *,
@@ -1406,14 +1702,18 @@ Global___GetCompletionResponse: _TypeAlias = GetCompletionResponse  # noqa: Y015
 
 @_typing.final
 class ListFindingsRequest(_message.Message):
+    """Which findings ListFindings returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
-    """Empty: all tasks."""
+    """Only this task's; empty: all tasks."""
     @_builtins.property
-    def page(self) -> _common_pb2.PageRequest: ...
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size and cursor."""
+
     def __init__(
         self,
         *,
@@ -1430,14 +1730,20 @@ Global___ListFindingsRequest: _TypeAlias = ListFindingsRequest  # noqa: Y015
 
 @_typing.final
 class ListFindingsResponse(_message.Message):
+    """One page of findings."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FINDINGS_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def findings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Finding]: ...
+    def findings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Finding]:
+        """This page's findings."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageResponse: ...
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
     def __init__(
         self,
         *,
@@ -1454,6 +1760,8 @@ Global___ListFindingsResponse: _TypeAlias = ListFindingsResponse  # noqa: Y015
 
 @_typing.final
 class Verdict(_message.Message):
+    """One arbitration decision between tasks of different businesses claiming the same target."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -1465,15 +1773,23 @@ class Verdict(_message.Message):
     DECIDED_AT_FIELD_NUMBER: _builtins.int
     COMPENSATIONS_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Its id."""
     target: _builtins.str
     """The conflict key and its value, e.g. "content_id=c-42"."""
     effect: _builtins.str
+    """The effect the tasks contended for (the conflict's effect, e.g. "quality_level")."""
     winner_task_id: _builtins.str
+    """The task that goes on."""
     reason: _builtins.str
+    """Why the winner won (the priority rule, or the earlier acceptance)."""
     @_builtins.property
-    def loser_task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def loser_task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tasks cancelled in its favour."""
+
     @_builtins.property
-    def decided_at(self) -> _timestamp_pb2.Timestamp: ...
+    def decided_at(self) -> _timestamp_pb2.Timestamp:
+        """When the arbitration sweep decided."""
+
     @_builtins.property
     def compensations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Compensation]:
         """Compensating cells submitted for losers whose conflict declares one."""
@@ -1500,6 +1816,8 @@ Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
 
 @_typing.final
 class Compensation(_message.Message):
+    """A compensating cell submitted for one arbitration loser."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
@@ -1509,11 +1827,17 @@ class Compensation(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    """The losing task it undoes."""
     cell: _builtins.str
+    """The compensating cell's catalogue name."""
     state: Global___CompensationState.ValueType
+    """Where its submission stands."""
     submitted_task_id: _builtins.str
+    """The task the gateway made for it, once SUBMITTED."""
     error: _builtins.str
+    """The gateway's refusal, once FAILED."""
     attempts: _builtins.int
+    """Submissions tried so far."""
     def __init__(
         self,
         *,
@@ -1534,16 +1858,21 @@ Global___Compensation: _TypeAlias = Compensation  # noqa: Y015
 
 @_typing.final
 class ListVerdictsRequest(_message.Message):
+    """Which verdicts ListVerdicts returns."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TARGET_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     target: _builtins.str
-    """Filters (empty: all)."""
+    """Only this target's (e.g. "content_id=c-42"); empty: all."""
     task_id: _builtins.str
+    """Only verdicts this task won or lost; empty: all."""
     @_builtins.property
-    def page(self) -> _common_pb2.PageRequest: ...
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size and cursor."""
+
     def __init__(
         self,
         *,
@@ -1561,14 +1890,20 @@ Global___ListVerdictsRequest: _TypeAlias = ListVerdictsRequest  # noqa: Y015
 
 @_typing.final
 class ListVerdictsResponse(_message.Message):
+    """One page of verdicts."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERDICTS_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Verdict]: ...
+    def verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Verdict]:
+        """This page's verdicts."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageResponse: ...
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
     def __init__(
         self,
         *,
@@ -1585,10 +1920,13 @@ Global___ListVerdictsResponse: _TypeAlias = ListVerdictsResponse  # noqa: Y015
 
 @_typing.final
 class RunSweepRequest(_message.Message):
+    """Which sweep RunSweep runs."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SWEEP_FIELD_NUMBER: _builtins.int
     sweep: Global___Sweep.ValueType
+    """The sweep; unspecified: every sweep."""
     def __init__(
         self,
         *,
@@ -1604,6 +1942,8 @@ Global___RunSweepRequest: _TypeAlias = RunSweepRequest  # noqa: Y015
 
 @_typing.final
 class RunSweepResponse(_message.Message):
+    """What the sweep did."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final

@@ -26,7 +26,10 @@ if _version_not_supported:
 
 
 class ReconcilerServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The reconciler's API (port 50053 under dispo up). A business token may list and read its
+    own business's recovery entries and completions and resume its own FAILED tasks
+    (RedriveTask); everything else is for admin tokens.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -107,11 +110,14 @@ class ReconcilerServiceStub:
 
 
 class ReconcilerServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The reconciler's API (port 50053 under dispo up). A business token may list and read its
+    own business's recovery entries and completions and resume its own FAILED tasks
+    (RedriveTask); everything else is for admin tokens.
+    """
 
     def ListRecoveryTasks(self, request, context):
         """Failed and demoted tasks the reconciler holds (filters: business, cell, downstream,
-        error class, age, state).
+        error class, age, state). Callers: admin, a business token (its own).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,14 +126,16 @@ class ReconcilerServiceServicer:
     def ListFailedWork(self, request, context):
         """Failed and parked work in one list: tasks that ended FAILED (from any cause),
         failed ones waiting for an automatic redrive, demoted ones and those with UNKNOWN
-        nodes; filtered by kind, business, downstream and age, oldest parked first.
+        nodes; filtered by kind, business, downstream and age, oldest parked first. Callers:
+        admin, a business token (its own).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetRecoveryTask(self, request, context):
-        """One task with its envelope, failure history, redrives and settlements.
+        """One task with its envelope, failure history, redrives and settlements. NOT_FOUND for a
+        task the reconciler does not hold. Callers: admin, a business token (its own).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -137,7 +145,9 @@ class ReconcilerServiceServicer:
         """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable), or resume
         a FAILED task from its failure (every FAILED node and the DEPENDENCY_FAILED ones behind
         it run again under a new generation; SUCCEEDED nodes never; UNKNOWN ones must be decided
-        with ResolveNode first). See docs/adr/0033.
+        with ResolveNode first). See docs/adr/0033. FAILED_PRECONDITION when the task is in no
+        state to be redriven (running again already, resolved, abandoned). Callers: admin, a
+        business token (its own tasks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,6 +155,7 @@ class ReconcilerServiceServicer:
 
     def RedriveByFilter(self, request, context):
         """Schedule every matching parked task for redrive, spaced to at most rate_per_second.
+        Callers: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -152,6 +163,7 @@ class ReconcilerServiceServicer:
 
     def AbandonTask(self, request, context):
         """Give up on a parked task: it is cancelled through the executor's normal path.
+        Callers: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -159,53 +171,60 @@ class ReconcilerServiceServicer:
 
     def ResolveNode(self, request, context):
         """An operator's decision on an UNKNOWN node that could not be settled automatically.
+        Callers: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListDownstreams(self, request, context):
-        """Per downstream: health, pause, demoted / failed queue depth and oldest age.
+        """Per downstream: health, pause, demoted / failed queue depth and oldest age. Callers:
+        admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PauseDownstream(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Hold a downstream's demoted tasks even when it is healthy (e.g. during a deploy).
+        Callers: admin.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeDownstream(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Let the release sweep release a paused downstream's demoted tasks again. Callers: admin.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetCompletion(self, request, context):
-        """The three completion facts of a finished task, with deliveries and findings.
+        """The three completion facts of a finished task, with deliveries and findings. NOT_FOUND
+        until the task's terminal status reached the reconciler. Callers: admin, a business
+        token (its own tasks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListFindings(self, request, context):
-        """Mismatches found by the reconcile sweep.
+        """Mismatches found by the reconcile sweep. Callers: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListVerdicts(self, request, context):
-        """Arbitration verdicts.
+        """Arbitration verdicts. Callers: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RunSweep(self, request, context):
-        """Run one periodic sweep now (operators, walk-throughs and tests).
+        """Run one periodic sweep now (operators, walk-throughs and tests). Callers: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -293,7 +312,10 @@ def add_ReconcilerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ReconcilerService:
-    """Missing associated documentation comment in .proto file."""
+    """The reconciler's API (port 50053 under dispo up). A business token may list and read its
+    own business's recovery entries and completions and resume its own FAILED tasks
+    (RedriveTask); everything else is for admin tokens.
+    """
 
     @staticmethod
     def ListRecoveryTasks(request,

@@ -34,86 +34,141 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ReconcilerServiceStub:
+    """The reconciler's API (port 50053 under dispo up). A business token may list and read its
+    own business's recovery entries and completions and resume its own FAILED tasks
+    (RedriveTask); everything else is for admin tokens.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ReconcilerServiceAsyncStub: ...
     ListRecoveryTasks: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ListRecoveryTasksRequest, _reconciler_pb2.ListRecoveryTasksResponse]
     """Failed and demoted tasks the reconciler holds (filters: business, cell, downstream,
-    error class, age, state).
+    error class, age, state). Callers: admin, a business token (its own).
     """
     ListFailedWork: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ListFailedWorkRequest, _reconciler_pb2.ListFailedWorkResponse]
     """Failed and parked work in one list: tasks that ended FAILED (from any cause),
     failed ones waiting for an automatic redrive, demoted ones and those with UNKNOWN
-    nodes; filtered by kind, business, downstream and age, oldest parked first.
+    nodes; filtered by kind, business, downstream and age, oldest parked first. Callers:
+    admin, a business token (its own).
     """
     GetRecoveryTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.GetRecoveryTaskRequest, _reconciler_pb2.GetRecoveryTaskResponse]
-    """One task with its envelope, failure history, redrives and settlements."""
+    """One task with its envelope, failure history, redrives and settlements. NOT_FOUND for a
+    task the reconciler does not hold. Callers: admin, a business token (its own).
+    """
     RedriveTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveTaskRequest, _reconciler_pb2.RedriveTaskResponse]
     """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable), or resume
     a FAILED task from its failure (every FAILED node and the DEPENDENCY_FAILED ones behind
     it run again under a new generation; SUCCEEDED nodes never; UNKNOWN ones must be decided
-    with ResolveNode first). See docs/adr/0033.
+    with ResolveNode first). See docs/adr/0033. FAILED_PRECONDITION when the task is in no
+    state to be redriven (running again already, resolved, abandoned). Callers: admin, a
+    business token (its own tasks).
     """
     RedriveByFilter: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveByFilterRequest, _reconciler_pb2.RedriveByFilterResponse]
-    """Schedule every matching parked task for redrive, spaced to at most rate_per_second."""
+    """Schedule every matching parked task for redrive, spaced to at most rate_per_second.
+    Callers: admin.
+    """
     AbandonTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.AbandonTaskRequest, _reconciler_pb2.AbandonTaskResponse]
-    """Give up on a parked task: it is cancelled through the executor's normal path."""
+    """Give up on a parked task: it is cancelled through the executor's normal path.
+    Callers: admin.
+    """
     ResolveNode: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ResolveNodeRequest, _reconciler_pb2.ResolveNodeResponse]
-    """An operator's decision on an UNKNOWN node that could not be settled automatically."""
+    """An operator's decision on an UNKNOWN node that could not be settled automatically.
+    Callers: admin.
+    """
     ListDownstreams: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ListDownstreamsRequest, _reconciler_pb2.ListDownstreamsResponse]
-    """Per downstream: health, pause, demoted / failed queue depth and oldest age."""
+    """Per downstream: health, pause, demoted / failed queue depth and oldest age. Callers:
+    admin.
+    """
     PauseDownstream: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.PauseDownstreamRequest, _reconciler_pb2.PauseDownstreamResponse]
+    """Hold a downstream's demoted tasks even when it is healthy (e.g. during a deploy).
+    Callers: admin.
+    """
     ResumeDownstream: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ResumeDownstreamRequest, _reconciler_pb2.ResumeDownstreamResponse]
+    """Let the release sweep release a paused downstream's demoted tasks again. Callers: admin."""
     GetCompletion: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.GetCompletionRequest, _reconciler_pb2.GetCompletionResponse]
-    """The three completion facts of a finished task, with deliveries and findings."""
+    """The three completion facts of a finished task, with deliveries and findings. NOT_FOUND
+    until the task's terminal status reached the reconciler. Callers: admin, a business
+    token (its own tasks).
+    """
     ListFindings: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ListFindingsRequest, _reconciler_pb2.ListFindingsResponse]
-    """Mismatches found by the reconcile sweep."""
+    """Mismatches found by the reconcile sweep. Callers: admin."""
     ListVerdicts: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ListVerdictsRequest, _reconciler_pb2.ListVerdictsResponse]
-    """Arbitration verdicts."""
+    """Arbitration verdicts. Callers: admin."""
     RunSweep: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.RunSweepRequest, _reconciler_pb2.RunSweepResponse]
-    """Run one periodic sweep now (operators, walk-throughs and tests)."""
+    """Run one periodic sweep now (operators, walk-throughs and tests). Callers: admin."""
 
 @_typing.type_check_only
 class ReconcilerServiceAsyncStub(ReconcilerServiceStub):
+    """The reconciler's API (port 50053 under dispo up). A business token may list and read its
+    own business's recovery entries and completions and resume its own FAILED tasks
+    (RedriveTask); everything else is for admin tokens.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListRecoveryTasks: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListRecoveryTasksRequest, _reconciler_pb2.ListRecoveryTasksResponse]  # type: ignore[assignment]
     """Failed and demoted tasks the reconciler holds (filters: business, cell, downstream,
-    error class, age, state).
+    error class, age, state). Callers: admin, a business token (its own).
     """
     ListFailedWork: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListFailedWorkRequest, _reconciler_pb2.ListFailedWorkResponse]  # type: ignore[assignment]
     """Failed and parked work in one list: tasks that ended FAILED (from any cause),
     failed ones waiting for an automatic redrive, demoted ones and those with UNKNOWN
-    nodes; filtered by kind, business, downstream and age, oldest parked first.
+    nodes; filtered by kind, business, downstream and age, oldest parked first. Callers:
+    admin, a business token (its own).
     """
     GetRecoveryTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.GetRecoveryTaskRequest, _reconciler_pb2.GetRecoveryTaskResponse]  # type: ignore[assignment]
-    """One task with its envelope, failure history, redrives and settlements."""
+    """One task with its envelope, failure history, redrives and settlements. NOT_FOUND for a
+    task the reconciler does not hold. Callers: admin, a business token (its own).
+    """
     RedriveTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveTaskRequest, _reconciler_pb2.RedriveTaskResponse]  # type: ignore[assignment]
     """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable), or resume
     a FAILED task from its failure (every FAILED node and the DEPENDENCY_FAILED ones behind
     it run again under a new generation; SUCCEEDED nodes never; UNKNOWN ones must be decided
-    with ResolveNode first). See docs/adr/0033.
+    with ResolveNode first). See docs/adr/0033. FAILED_PRECONDITION when the task is in no
+    state to be redriven (running again already, resolved, abandoned). Callers: admin, a
+    business token (its own tasks).
     """
     RedriveByFilter: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.RedriveByFilterRequest, _reconciler_pb2.RedriveByFilterResponse]  # type: ignore[assignment]
-    """Schedule every matching parked task for redrive, spaced to at most rate_per_second."""
+    """Schedule every matching parked task for redrive, spaced to at most rate_per_second.
+    Callers: admin.
+    """
     AbandonTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.AbandonTaskRequest, _reconciler_pb2.AbandonTaskResponse]  # type: ignore[assignment]
-    """Give up on a parked task: it is cancelled through the executor's normal path."""
+    """Give up on a parked task: it is cancelled through the executor's normal path.
+    Callers: admin.
+    """
     ResolveNode: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ResolveNodeRequest, _reconciler_pb2.ResolveNodeResponse]  # type: ignore[assignment]
-    """An operator's decision on an UNKNOWN node that could not be settled automatically."""
+    """An operator's decision on an UNKNOWN node that could not be settled automatically.
+    Callers: admin.
+    """
     ListDownstreams: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListDownstreamsRequest, _reconciler_pb2.ListDownstreamsResponse]  # type: ignore[assignment]
-    """Per downstream: health, pause, demoted / failed queue depth and oldest age."""
+    """Per downstream: health, pause, demoted / failed queue depth and oldest age. Callers:
+    admin.
+    """
     PauseDownstream: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.PauseDownstreamRequest, _reconciler_pb2.PauseDownstreamResponse]  # type: ignore[assignment]
+    """Hold a downstream's demoted tasks even when it is healthy (e.g. during a deploy).
+    Callers: admin.
+    """
     ResumeDownstream: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ResumeDownstreamRequest, _reconciler_pb2.ResumeDownstreamResponse]  # type: ignore[assignment]
+    """Let the release sweep release a paused downstream's demoted tasks again. Callers: admin."""
     GetCompletion: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.GetCompletionRequest, _reconciler_pb2.GetCompletionResponse]  # type: ignore[assignment]
-    """The three completion facts of a finished task, with deliveries and findings."""
+    """The three completion facts of a finished task, with deliveries and findings. NOT_FOUND
+    until the task's terminal status reached the reconciler. Callers: admin, a business
+    token (its own tasks).
+    """
     ListFindings: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListFindingsRequest, _reconciler_pb2.ListFindingsResponse]  # type: ignore[assignment]
-    """Mismatches found by the reconcile sweep."""
+    """Mismatches found by the reconcile sweep. Callers: admin."""
     ListVerdicts: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ListVerdictsRequest, _reconciler_pb2.ListVerdictsResponse]  # type: ignore[assignment]
-    """Arbitration verdicts."""
+    """Arbitration verdicts. Callers: admin."""
     RunSweep: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.RunSweepRequest, _reconciler_pb2.RunSweepResponse]  # type: ignore[assignment]
-    """Run one periodic sweep now (operators, walk-throughs and tests)."""
+    """Run one periodic sweep now (operators, walk-throughs and tests). Callers: admin."""
 
 class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The reconciler's API (port 50053 under dispo up). A business token may list and read its
+    own business's recovery entries and completions and resume its own FAILED tasks
+    (RedriveTask); everything else is for admin tokens.
+    """
+
     @_abc_1.abstractmethod
     def ListRecoveryTasks(
         self,
@@ -121,7 +176,7 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.ListRecoveryTasksResponse, _abc.Awaitable[_reconciler_pb2.ListRecoveryTasksResponse]]:
         """Failed and demoted tasks the reconciler holds (filters: business, cell, downstream,
-        error class, age, state).
+        error class, age, state). Callers: admin, a business token (its own).
         """
 
     @_abc_1.abstractmethod
@@ -132,7 +187,8 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_reconciler_pb2.ListFailedWorkResponse, _abc.Awaitable[_reconciler_pb2.ListFailedWorkResponse]]:
         """Failed and parked work in one list: tasks that ended FAILED (from any cause),
         failed ones waiting for an automatic redrive, demoted ones and those with UNKNOWN
-        nodes; filtered by kind, business, downstream and age, oldest parked first.
+        nodes; filtered by kind, business, downstream and age, oldest parked first. Callers:
+        admin, a business token (its own).
         """
 
     @_abc_1.abstractmethod
@@ -141,7 +197,9 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.GetRecoveryTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.GetRecoveryTaskResponse, _abc.Awaitable[_reconciler_pb2.GetRecoveryTaskResponse]]:
-        """One task with its envelope, failure history, redrives and settlements."""
+        """One task with its envelope, failure history, redrives and settlements. NOT_FOUND for a
+        task the reconciler does not hold. Callers: admin, a business token (its own).
+        """
 
     @_abc_1.abstractmethod
     def RedriveTask(
@@ -152,7 +210,9 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Redrive one parked task now (FAILED nodes and DEMOTED nodes become runnable), or resume
         a FAILED task from its failure (every FAILED node and the DEPENDENCY_FAILED ones behind
         it run again under a new generation; SUCCEEDED nodes never; UNKNOWN ones must be decided
-        with ResolveNode first). See docs/adr/0033.
+        with ResolveNode first). See docs/adr/0033. FAILED_PRECONDITION when the task is in no
+        state to be redriven (running again already, resolved, abandoned). Callers: admin, a
+        business token (its own tasks).
         """
 
     @_abc_1.abstractmethod
@@ -161,7 +221,9 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.RedriveByFilterRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.RedriveByFilterResponse, _abc.Awaitable[_reconciler_pb2.RedriveByFilterResponse]]:
-        """Schedule every matching parked task for redrive, spaced to at most rate_per_second."""
+        """Schedule every matching parked task for redrive, spaced to at most rate_per_second.
+        Callers: admin.
+        """
 
     @_abc_1.abstractmethod
     def AbandonTask(
@@ -169,7 +231,9 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.AbandonTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.AbandonTaskResponse, _abc.Awaitable[_reconciler_pb2.AbandonTaskResponse]]:
-        """Give up on a parked task: it is cancelled through the executor's normal path."""
+        """Give up on a parked task: it is cancelled through the executor's normal path.
+        Callers: admin.
+        """
 
     @_abc_1.abstractmethod
     def ResolveNode(
@@ -177,7 +241,9 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.ResolveNodeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.ResolveNodeResponse, _abc.Awaitable[_reconciler_pb2.ResolveNodeResponse]]:
-        """An operator's decision on an UNKNOWN node that could not be settled automatically."""
+        """An operator's decision on an UNKNOWN node that could not be settled automatically.
+        Callers: admin.
+        """
 
     @_abc_1.abstractmethod
     def ListDownstreams(
@@ -185,21 +251,27 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.ListDownstreamsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.ListDownstreamsResponse, _abc.Awaitable[_reconciler_pb2.ListDownstreamsResponse]]:
-        """Per downstream: health, pause, demoted / failed queue depth and oldest age."""
+        """Per downstream: health, pause, demoted / failed queue depth and oldest age. Callers:
+        admin.
+        """
 
     @_abc_1.abstractmethod
     def PauseDownstream(
         self,
         request: _reconciler_pb2.PauseDownstreamRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_reconciler_pb2.PauseDownstreamResponse, _abc.Awaitable[_reconciler_pb2.PauseDownstreamResponse]]: ...
+    ) -> _typing.Union[_reconciler_pb2.PauseDownstreamResponse, _abc.Awaitable[_reconciler_pb2.PauseDownstreamResponse]]:
+        """Hold a downstream's demoted tasks even when it is healthy (e.g. during a deploy).
+        Callers: admin.
+        """
 
     @_abc_1.abstractmethod
     def ResumeDownstream(
         self,
         request: _reconciler_pb2.ResumeDownstreamRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_reconciler_pb2.ResumeDownstreamResponse, _abc.Awaitable[_reconciler_pb2.ResumeDownstreamResponse]]: ...
+    ) -> _typing.Union[_reconciler_pb2.ResumeDownstreamResponse, _abc.Awaitable[_reconciler_pb2.ResumeDownstreamResponse]]:
+        """Let the release sweep release a paused downstream's demoted tasks again. Callers: admin."""
 
     @_abc_1.abstractmethod
     def GetCompletion(
@@ -207,7 +279,10 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.GetCompletionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.GetCompletionResponse, _abc.Awaitable[_reconciler_pb2.GetCompletionResponse]]:
-        """The three completion facts of a finished task, with deliveries and findings."""
+        """The three completion facts of a finished task, with deliveries and findings. NOT_FOUND
+        until the task's terminal status reached the reconciler. Callers: admin, a business
+        token (its own tasks).
+        """
 
     @_abc_1.abstractmethod
     def ListFindings(
@@ -215,7 +290,7 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.ListFindingsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.ListFindingsResponse, _abc.Awaitable[_reconciler_pb2.ListFindingsResponse]]:
-        """Mismatches found by the reconcile sweep."""
+        """Mismatches found by the reconcile sweep. Callers: admin."""
 
     @_abc_1.abstractmethod
     def ListVerdicts(
@@ -223,7 +298,7 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.ListVerdictsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.ListVerdictsResponse, _abc.Awaitable[_reconciler_pb2.ListVerdictsResponse]]:
-        """Arbitration verdicts."""
+        """Arbitration verdicts. Callers: admin."""
 
     @_abc_1.abstractmethod
     def RunSweep(
@@ -231,6 +306,6 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _reconciler_pb2.RunSweepRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.RunSweepResponse, _abc.Awaitable[_reconciler_pb2.RunSweepResponse]]:
-        """Run one periodic sweep now (operators, walk-throughs and tests)."""
+        """Run one periodic sweep now (operators, walk-throughs and tests). Callers: admin."""
 
 def add_ReconcilerServiceServicer_to_server(servicer: ReconcilerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
