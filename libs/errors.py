@@ -87,3 +87,14 @@ class Unavailable(DomainError):
     """A dependency (database, bus) is down; the caller may retry."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+def repeated_differently(subject: str, field: str) -> FailedPrecondition:
+    """A create repeated with the id of an existing item but a different request: the
+    identical request returns the item (the repeat is a no-op), this one is refused naming
+    the first field that differs."""
+    return FailedPrecondition(
+        f"{subject} already exists with a different {field}; repeat the original request, "
+        "or use a new id",
+        [FieldViolation(field, "differs from the existing one's")],
+    )

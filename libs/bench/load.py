@@ -140,9 +140,9 @@ async def outcomes(
     return [
         Outcome(
             summary.task_id,
-            common_pb2.TaskStatus.Name(summary.status).removeprefix("TASK_STATUS_"),
-            summary.created_at.ToMicroseconds() / 1e6,
-            summary.updated_at.ToMicroseconds() / 1e6,
+            summary.status,
+            summary.raw.created_at.ToMicroseconds() / 1e6,
+            summary.raw.updated_at.ToMicroseconds() / 1e6,
         )
         async for summary in client.list(business=business, page_size=500)
     ]

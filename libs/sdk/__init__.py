@@ -20,6 +20,8 @@ from dispo.libs.sdk._types import (
     DispoError,
     NodeView,
     Submitted,
+    TaskPage,
+    TaskSummary,
     TaskView,
     cell,
 )
@@ -32,6 +34,8 @@ __all__ = [
     "DispoError",
     "NodeView",
     "Submitted",
+    "TaskPage",
+    "TaskSummary",
     "TaskView",
     "TERMINAL",
     "cell",

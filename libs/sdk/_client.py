@@ -14,7 +14,14 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel, open_sync_channel
 from dispo.libs.proto_enums import task_status_name
-from dispo.libs.sdk._types import CellSpec, DispoError, Submitted, TaskView
+from dispo.libs.sdk._types import (
+    CellSpec,
+    DispoError,
+    Submitted,
+    TaskPage,
+    TaskSummary,
+    TaskView,
+)
 from dispo.libs.tls import ClientTLS
 from google.protobuf.message import Message
 
@@ -42,6 +49,12 @@ def _submitted(reply: gateway_pb2.SubmitResponse) -> Submitted:
     return Submitted(reply.task_id, task_status_name(reply.status), reply.duplicate)
 
 
+ORDERS = {
+    "newest": gateway_pb2.TASK_ORDER_NEWEST_FIRST,
+    "oldest": gateway_pb2.TASK_ORDER_OLDEST_FIRST,
+}
+
+
 def _list_request(
     business: str,
     statuses: Sequence[str],
@@ -49,11 +62,15 @@ def _list_request(
     created_before: datetime | None,
     page_size: int,
     page_token: str,
+    order: str,
 ) -> gateway_pb2.ListTasksRequest:
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     request = gateway_pb2.ListTasksRequest(
         business=business,
         statuses=[common_pb2.TaskStatus.Value(f"TASK_STATUS_{s}") for s in statuses],
         page=common_pb2.PageRequest(page_size=page_size, page_token=page_token),
+        order=ORDERS[order],
     )
     if created_after:
         request.created_after.FromDatetime(created_after)
@@ -129,6 +146,28 @@ class AsyncClient:
         )
         return TaskView.from_proto(reply.task)
 
+    async def list_page(
+        self,
+        *,
+        business: str = "",
+        statuses: Sequence[str] = (),
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+        order: str = "newest",
+        timeout: float | None = 10.0,
+    ) -> TaskPage:
+        """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest"."""
+        reply = await self._call(
+            self._stub.ListTasks,
+            _list_request(
+                business, statuses, created_after, created_before, page_size, page_token, order
+            ),
+            timeout,
+        )
+        return TaskPage.from_proto(reply)
+
     async def list(
         self,
         *,
@@ -137,19 +176,25 @@ class AsyncClient:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         page_size: int = 100,
-    ) -> AsyncIterator[gateway_pb2.TaskSummary]:
-        """Every matching task summary, following the cursor."""
+        order: str = "newest",
+    ) -> AsyncIterator[TaskSummary]:
+        """Every matching task, newest first unless ``order="oldest"``, following the cursor."""
         token = ""
         while True:
-            reply = await self._call(
-                self._stub.ListTasks,
-                _list_request(business, statuses, created_after, created_before, page_size, token),
-                None,
+            page = await self.list_page(
+                business=business,
+                statuses=statuses,
+                created_after=created_after,
+                created_before=created_before,
+                page_size=page_size,
+                page_token=token,
+                order=order,
+                timeout=None,
             )
-            for item in reply.tasks:
+            for item in page.tasks:
                 yield item
-            token = reply.page.next_page_token
-            if not token:
+            token = page.next_page_token
+            if not page.more:
                 return
 
     async def watch(self, task_id: str) -> AsyncIterator[TaskView]:
@@ -247,6 +292,28 @@ class Client:
         )
         return TaskView.from_proto(reply.task)
 
+    def list_page(
+        self,
+        *,
+        business: str = "",
+        statuses: Sequence[str] = (),
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+        order: str = "newest",
+        timeout: float | None = 10.0,
+    ) -> TaskPage:
+        """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest"."""
+        reply = self._call(
+            self._stub.ListTasks,
+            _list_request(
+                business, statuses, created_after, created_before, page_size, page_token, order
+            ),
+            timeout,
+        )
+        return TaskPage.from_proto(reply)
+
     def list(
         self,
         *,
@@ -255,16 +322,23 @@ class Client:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         page_size: int = 100,
-    ) -> Iterator[gateway_pb2.TaskSummary]:
+        order: str = "newest",
+    ) -> Iterator[TaskSummary]:
+        """Every matching task, newest first unless ``order="oldest"``, following the cursor."""
         token = ""
         while True:
-            reply = self._call(
-                self._stub.ListTasks,
-                _list_request(business, statuses, created_after, created_before, page_size, token),
+            page = self.list_page(
+                business=business,
+                statuses=statuses,
+                created_after=created_after,
+                created_before=created_before,
+                page_size=page_size,
+                page_token=token,
+                order=order,
             )
-            yield from reply.tasks
-            token = reply.page.next_page_token
-            if not token:
+            yield from page.tasks
+            token = page.next_page_token
+            if not page.more:
                 return
 
     def watch(self, task_id: str, *, timeout: float | None = None) -> Iterator[TaskView]:

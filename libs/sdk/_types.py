@@ -150,6 +150,55 @@ class TaskView:
         )
 
 
+@dataclass(frozen=True)
+class TaskSummary:
+    """A row of :meth:`Client.list`: a task without its nodes, its fields named and typed
+    as :class:`TaskView`'s (``status`` is the status name)."""
+
+    task_id: str
+    business: str
+    status: str
+    cancel_requested: bool
+    node_count: int
+    created_at: datetime | None
+    updated_at: datetime | None
+    raw: gateway_pb2.TaskSummary = field(repr=False, compare=False)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @classmethod
+    def from_proto(cls, summary: gateway_pb2.TaskSummary) -> TaskSummary:
+        return cls(
+            summary.task_id,
+            summary.business,
+            task_status_name(summary.status),
+            summary.cancel_requested,
+            summary.node_count,
+            _time(summary, "created_at"),
+            _time(summary, "updated_at"),
+            summary,
+        )
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of ListTasks: ``more`` when another follows, from ``next_page_token``."""
+
+    tasks: tuple[TaskSummary, ...]
+    next_page_token: str
+    more: bool
+
+    @classmethod
+    def from_proto(cls, reply: gateway_pb2.ListTasksResponse) -> TaskPage:
+        return cls(
+            tuple(TaskSummary.from_proto(t) for t in reply.tasks),
+            reply.page.next_page_token,
+            reply.more,
+        )
+
+
 class DispoError(Exception):
     """A call the gateway refused: ``code`` (grpc.StatusCode) and per-field ``violations``."""
 

@@ -261,7 +261,10 @@ async def task_list(
     created_before: datetime | None,
     after: tuple[datetime, str] | None,
     limit: int,
+    newest_first: bool = True,
 ) -> list[TaskSummary]:
+    """Matching tasks by (created_at, task_id), newest first unless ``newest_first`` is
+    False; ``after`` is the key of the last row of the previous page."""
     clauses: list[str] = []
     params: dict[str, Any] = {"limit": limit}
     if business:
@@ -277,13 +280,14 @@ async def task_list(
         clauses.append("created_at < :before_t")
         params["before_t"] = created_before
     if after is not None:
-        clauses.append("(created_at, task_id) > (:cur_t, :cur_id)")
+        clauses.append(f"(created_at, task_id) {'<' if newest_first else '>'} (:cur_t, :cur_id)")
         params["cur_t"], params["cur_id"] = after
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    direction = "DESC" if newest_first else "ASC"
     rows = await conn.execute(
         text(
             f"SELECT {_SUMMARY_COLUMNS} FROM tasks {where}"
-            " ORDER BY created_at, task_id LIMIT :limit"
+            f" ORDER BY created_at {direction}, task_id {direction} LIMIT :limit"
         ),
         params,
     )

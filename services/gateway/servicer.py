@@ -18,7 +18,12 @@ from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import business_filter, business_scope, require_visible
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.errors import InvalidArgument
-from dispo.libs.paging import decode_page_token, encode_page_token, page_size
+from dispo.libs.paging import (
+    decode_page_token,
+    encode_page_token,
+    invalid_page_token,
+    page_size,
+)
 from dispo.libs.proto_enums import from_short_name
 
 
@@ -26,6 +31,22 @@ def _task_id(value: str) -> str:
     if not value:
         raise InvalidArgument("task_id", "required")
     return value
+
+
+def _order_name(newest_first: bool) -> str:
+    return "newest" if newest_first else "oldest"
+
+
+def _cursor(token: str, newest_first: bool) -> tuple[datetime, str] | None:
+    """The (created_at, task_id) a ListTasks page continues after; a token of the other
+    order is not one of this list's."""
+    decoded = decode_page_token(token, str, datetime, str)
+    if decoded is None:
+        return None
+    order, created_at, task_id = decoded
+    if order != _order_name(newest_first):
+        raise invalid_page_token()
+    return created_at, task_id
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -69,6 +90,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListTasksResponse:
         size = page_size(request.page, maximum=self.max_page_size)
+        newest_first = request.order != gateway_pb2.TASK_ORDER_OLDEST_FIRST
         statuses = []
         for i, value in enumerate(request.statuses):
             if (
@@ -86,7 +108,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             created_before=request.created_before.ToDatetime(tzinfo=UTC)
             if request.HasField("created_before")
             else None,
-            after=decode_page_token(request.page.page_token, datetime, str),
+            after=_cursor(request.page.page_token, newest_first),
+            newest_first=newest_first,
             limit=size + 1,
         )
         out = gateway_pb2.ListTasksResponse()
@@ -102,7 +125,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             item.updated_at.FromDatetime(record.updated_at)
         if len(records) > size:
             last = records[size - 1]
-            out.page.next_page_token = encode_page_token(last.created_at, last.task_id)
+            out.more = True
+            out.page.next_page_token = encode_page_token(
+                _order_name(newest_first), last.created_at, last.task_id
+            )
         return out
 
     async def CancelTask(

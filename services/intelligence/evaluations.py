@@ -71,15 +71,20 @@ class Evaluation:
     def fingerprint(self) -> str:
         return configuration_fingerprint(self.configuration)
 
-    def same_registration(self, other: Evaluation) -> bool:
-        """Whether ``other`` registers the same evaluation (a repeated create is a no-op)."""
-        return (self.series, self.line, self.period, self.configuration, self.analysis_model) == (
-            other.series,
-            other.line,
-            other.period,
-            other.configuration,
-            other.analysis_model,
-        )
+    def differing_field(self, other: Evaluation) -> str | None:
+        """The first field (by its CreateEvaluationRequest name) in which ``other`` registers
+        something else than this evaluation; None for the same registration (a repeated
+        create is a no-op)."""
+        for name, mine, theirs in (
+            ("series", self.series, other.series),
+            ("line", self.line, other.line),
+            ("period", self.period, other.period),
+            ("configuration_json", self.configuration, other.configuration),
+            ("analysis_model", self.analysis_model, other.analysis_model),
+        ):
+            if mine != theirs:
+                return name
+        return None
 
 
 @dataclass(frozen=True)

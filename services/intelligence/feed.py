@@ -10,7 +10,12 @@ from dispo.intelligence.models import ModelRegistry
 from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.runtime import IntelligenceJobs
 from dispo.libs.clock import Clock
-from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from dispo.libs.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    repeated_differently,
+)
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
@@ -39,11 +44,9 @@ class EvaluationFeed:
         """Register a running evaluation; the same registration again is a no-op."""
         created = await self.repo.evaluation_insert(evaluation, self.clock.now())
         existing = await self.get(evaluation.evaluation_id)
-        if not created and not existing.same_registration(evaluation):
-            raise AlreadyExists(
-                f"evaluation {evaluation.evaluation_id!r} already exists with a different "
-                "series, line, period, configuration or analysis model"
-            )
+        differing = None if created else existing.differing_field(evaluation)
+        if differing is not None:
+            raise repeated_differently(f"evaluation {evaluation.evaluation_id!r}", differing)
         if created:
             log.info(
                 "evaluation registered",

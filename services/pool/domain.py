@@ -262,6 +262,25 @@ class Evaluation:
     started_at: datetime | None = None
     completed_at: datetime | None = None
 
+    def differing_field(self, other: Evaluation) -> str | None:
+        """The first field (by its CreateEvaluationRequest name) in which ``other`` asks for
+        something else than this evaluation was created with; None for the same request."""
+        for name, mine, theirs in (
+            ("series", self.series, other.series),
+            ("line", self.line, other.line),
+            ("period", self.period, other.period),
+            ("configuration_json", self.configuration_json, other.configuration_json),
+            ("analysis_model", self.analysis_model, other.analysis_model),
+            ("target_url", self.target_url, other.target_url),
+            ("cases", self.cases, other.cases),
+            ("window_seconds", self.schedule.window_seconds, other.schedule.window_seconds),
+            ("slot_count", self.schedule.slot_count, other.schedule.slot_count),
+            ("runs_per_slot", self.schedule.runs_per_slot, other.schedule.runs_per_slot),
+        ):
+            if mine != theirs:
+                return name
+        return None
+
     def case_for_run(self, run_index: int) -> TestCase:
         return self.cases[run_index % len(self.cases)]
 

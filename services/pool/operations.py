@@ -13,7 +13,7 @@ from datetime import datetime
 
 from dispo.libs.clock import Clock
 from dispo.libs.egress import AllowList
-from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
+from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound, repeated_differently
 from dispo.libs.logging import get_logger
 from dispo.pool import events
 from dispo.pool import repository as repo
@@ -124,6 +124,13 @@ class Pool:
         now = self.clock.now()
         async with self.engine.begin() as conn:
             created = await repo.evaluation_insert(conn, ev, now)
+            if created is None:  # a repeat: the same request is answered with what exists
+                existing = await repo.evaluation_get(conn, ev.id)
+                assert existing is not None  # evaluations are never deleted
+                differing = existing.differing_field(ev)
+                if differing is not None:
+                    raise repeated_differently(f"evaluation {ev.id!r}", differing)
+                return existing
         log.info("evaluation created", evaluation_id=ev.id)
         await self.wake_idle_crons()
         return created

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from dispo.libs.errors import AlreadyExists
 from dispo.libs.evaluation import Line
 from dispo.libs.outbox import outbox_table
 from dispo.pool.domain import (
@@ -34,7 +33,6 @@ from dispo.pool.domain import (
     TestCase,
 )
 from sqlalchemy import MetaData, text
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 # The events of the pool, written in the transaction that changes what they report
@@ -125,38 +123,38 @@ def _cron(row) -> Cron:
 # --- evaluations -----------------------------------------------------------------------
 
 
-async def evaluation_insert(conn: AsyncConnection, ev: Evaluation, now: datetime) -> Evaluation:
-    """Insert a queued evaluation; returns the row as stored (window starting ``now``)."""
-    try:
-        async with conn.begin_nested():
-            row = (
-                await conn.execute(
-                    text(f"""
-                INSERT INTO evaluations AS e (id, series, line, period, configuration_json, analysis_model,
-                    target_url, cases, window_start, window_seconds, slot_count, runs_per_slot, status,
-                    waiting_since, created_at)
-                VALUES (:id, :series, :line, :period, :cfg, :model, :target, CAST(:cases AS jsonb), :now,
-                    :window, :slots, :rps, 'queued', :now, :now)
-                RETURNING {_EVAL_COLUMNS}"""),
-                    {
-                        "id": ev.id,
-                        "series": ev.series,
-                        "line": ev.line.value,
-                        "period": ev.period,
-                        "cfg": ev.configuration_json,
-                        "model": ev.analysis_model,
-                        "target": ev.target_url,
-                        "cases": _cases_to_json(ev.cases),
-                        "now": now,
-                        "window": ev.schedule.window_seconds,
-                        "slots": ev.schedule.slot_count,
-                        "rps": ev.schedule.runs_per_slot,
-                    },
-                )
-            ).one()
-    except IntegrityError:
-        raise AlreadyExists(f"evaluation {ev.id!r} already exists") from None
-    return _evaluation(row)
+async def evaluation_insert(
+    conn: AsyncConnection, ev: Evaluation, now: datetime
+) -> Evaluation | None:
+    """Insert a queued evaluation; returns the row as stored (window starting ``now``), or
+    None when an evaluation with its id exists (nothing changed)."""
+    row = (
+        await conn.execute(
+            text(f"""
+        INSERT INTO evaluations AS e (id, series, line, period, configuration_json, analysis_model,
+            target_url, cases, window_start, window_seconds, slot_count, runs_per_slot, status,
+            waiting_since, created_at)
+        VALUES (:id, :series, :line, :period, :cfg, :model, :target, CAST(:cases AS jsonb), :now,
+            :window, :slots, :rps, 'queued', :now, :now)
+        ON CONFLICT (id) DO NOTHING
+        RETURNING {_EVAL_COLUMNS}"""),
+            {
+                "id": ev.id,
+                "series": ev.series,
+                "line": ev.line.value,
+                "period": ev.period,
+                "cfg": ev.configuration_json,
+                "model": ev.analysis_model,
+                "target": ev.target_url,
+                "cases": _cases_to_json(ev.cases),
+                "now": now,
+                "window": ev.schedule.window_seconds,
+                "slots": ev.schedule.slot_count,
+                "rps": ev.schedule.runs_per_slot,
+            },
+        )
+    ).first()
+    return _evaluation(row) if row else None
 
 
 async def evaluation_get(

@@ -1,6 +1,6 @@
 """GetTask, ListTasks, CancelTask, WatchTask and ListCells through the real gateway."""
 
-from datetime import UTC, timedelta
+from datetime import timedelta
 
 import grpc
 import pytest
@@ -51,16 +51,31 @@ async def test_list_tasks_filters_and_pages(client):
         await client.wait(task_id, timeout=30)
 
     listed = [t async for t in client.list(business="a", page_size=2)]
-    assert [t.task_id for t in listed] == ids["a"]
-    assert {t.status for t in listed} == {3}  # TASK_STATUS_SUCCEEDED
+    assert [t.task_id for t in listed] == ids["a"][::-1]  # newest first
+    assert {(t.status, t.node_count, t.terminal) for t in listed} == {("SUCCEEDED", 1, True)}
+    oldest = [t async for t in client.list(business="a", page_size=2, order="oldest")]
+    assert [t.task_id for t in oldest] == ids["a"]
     assert [t async for t in client.list(statuses=["FAILED"])] == []
     assert len([t async for t in client.list(statuses=["SUCCEEDED"], page_size=3)]) == 10
-    first, last = (
-        listed[0].created_at.ToDatetime(tzinfo=UTC),
-        listed[-1].created_at.ToDatetime(tzinfo=UTC),
-    )
+    page = await client.list_page(business="a", page_size=4)
+    assert ([t.task_id for t in page.tasks], page.more) == (ids["a"][:0:-1], True)
+    last_page = await client.list_page(business="a", page_size=4, page_token=page.next_page_token)
+    assert ([t.task_id for t in last_page.tasks], last_page.more) == ([ids["a"][0]], False)
+    assert last_page.next_page_token == ""
+    exact = await client.list_page(business="a", page_size=5)
+    assert (len(exact.tasks), exact.more) == (5, False)
+    with pytest.raises(DispoError) as other_order:  # a cursor belongs to its order
+        await client.list_page(business="a", page_token=page.next_page_token, order="oldest")
+    assert other_order.value.violations == {
+        "page.page_token": "not a token from a previous response"
+    }
+    first, last = oldest[0].created_at, oldest[-1].created_at
+    assert first is not None and last is not None
     window = [
-        t.task_id async for t in client.list(business="a", created_after=first, created_before=last)
+        t.task_id
+        async for t in client.list(
+            business="a", created_after=first, created_before=last, order="oldest"
+        )
     ]
     assert window == ids["a"][:-1]  # [after, before)
     assert [t async for t in client.list(created_after=last + timedelta(days=1))] == []
@@ -72,7 +87,13 @@ async def test_list_tasks_refuses_a_forged_cursor(gateway_only):
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.ListTasks(gateway_pb2.ListTasksRequest(page={"page_token": "garbage!"}))
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.aio.AioRpcError) as bad_order:
+            await stub.ListTasks(gateway_pb2.ListTasksRequest(order=7))  # type: ignore[arg-type]
+    assert bad_order.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert DispoError.from_rpc(bad_order.value).violations == {
+        "order": "must be TASK_ORDER_NEWEST_FIRST or TASK_ORDER_OLDEST_FIRST"
+    }
 
 
 async def test_cancel_cancels_pending_nodes_and_lets_the_running_one_finish(client, downstream):

@@ -268,7 +268,8 @@ async def test_bad_input_gets_precise_statuses_and_changes_nothing(app, serve_ap
                 evaluation_id="b1", series="other", line=common_pb2.LINE_FORMAL, period="2026-01"
             )
         )
-    assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert violations(caught.value) == {"series": "differs from the existing one's"}
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.CompleteEvaluation(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
-from dispo.libs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
+from dispo.libs.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from dispo.pool.domain import EvaluationStatus, Rule, RunResult, TestCase, Verdict
 from dispo.pool.events import outbox_relay
 
@@ -120,9 +120,23 @@ async def test_bad_input_is_refused_and_changes_nothing(pool):
         await pool.create_evaluation(
             replace(big, configuration_json='{"x": "' + "a" * 70000 + '"}')
         )
-    await pool.create_evaluation(evaluation("dup"))
-    with pytest.raises(AlreadyExists):
-        await pool.create_evaluation(evaluation("dup"))
+    first = await pool.create_evaluation(evaluation("dup"))
+    again = await pool.create_evaluation(evaluation("dup"))  # the same request: the same one
+    assert (again.id, again.created_at, again.schedule) == (
+        first.id,
+        first.created_at,
+        first.schedule,
+    )
+    for changed, field in [
+        (replace(evaluation("dup"), period="2026-W02"), "period"),
+        (evaluation("dup", slots=12), "slot_count"),
+        (evaluation("dup", cases=(TestCase("c2", "GET", "/answer", "", ()),)), "cases"),
+    ]:
+        with pytest.raises(FailedPrecondition) as refused:
+            await pool.create_evaluation(changed)
+        assert [v.field for v in refused.value.violations] == [field]
+        assert field in refused.value.message
+    assert (await pool.get_evaluation("dup")).schedule == first.schedule  # nothing changed
     status = await pool.status()
     assert status.queue_depth == 1
     with pytest.raises(InvalidArgument):

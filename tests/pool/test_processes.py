@@ -9,6 +9,7 @@ import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.sdk import DispoError
 from support import eventually
 from support.auth import admin_channel
 from support.stack import alive
@@ -196,10 +197,15 @@ async def test_bad_requests_get_precise_statuses(pool_stack, target):
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await stub.GetEvaluation(pb.GetEvaluationRequest(evaluation_id="nope"))
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-        await stub.CreateEvaluation(create_request(target.url, "twice"))
-        with pytest.raises(grpc.aio.AioRpcError) as dup:
-            await stub.CreateEvaluation(create_request(target.url, "twice"))
-        assert dup.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        created = await stub.CreateEvaluation(create_request(target.url, "twice"))
+        again = await stub.CreateEvaluation(create_request(target.url, "twice"))
+        assert (again.id, again.created_at) == (created.id, created.created_at)
+        with pytest.raises(grpc.aio.AioRpcError) as changed:
+            await stub.CreateEvaluation(create_request(target.url, "twice", runs_per_slot=2))
+        assert changed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert DispoError.from_rpc(changed.value).violations == {
+            "runs_per_slot": "differs from the existing one's"
+        }
         with pytest.raises(grpc.aio.AioRpcError) as big:
             await stub.CreateEvaluation(
                 create_request(

@@ -27,6 +27,30 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _TaskOrder:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TaskOrderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskOrder.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TASK_ORDER_UNSPECIFIED: _TaskOrder.ValueType  # 0
+    """Newest first, as TASK_ORDER_NEWEST_FIRST."""
+    TASK_ORDER_NEWEST_FIRST: _TaskOrder.ValueType  # 1
+    """The most recently created first (the default)."""
+    TASK_ORDER_OLDEST_FIRST: _TaskOrder.ValueType  # 2
+    """The earliest created first."""
+
+class TaskOrder(_TaskOrder, metaclass=_TaskOrderEnumTypeWrapper):
+    """The order of ListTasks: by created_at, then task_id."""
+
+TASK_ORDER_UNSPECIFIED: TaskOrder.ValueType  # 0
+"""Newest first, as TASK_ORDER_NEWEST_FIRST."""
+TASK_ORDER_NEWEST_FIRST: TaskOrder.ValueType  # 1
+"""The most recently created first (the default)."""
+TASK_ORDER_OLDEST_FIRST: TaskOrder.ValueType  # 2
+"""The earliest created first."""
+Global___TaskOrder: _TypeAlias = TaskOrder  # noqa: Y015
+
 class _FieldType:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -312,10 +336,13 @@ class ListTasksRequest(_message.Message):
     CREATED_AFTER_FIELD_NUMBER: _builtins.int
     CREATED_BEFORE_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """The business whose tasks to list. Empty: a business token's own business; for an admin,
     every business.
     """
+    order: Global___TaskOrder.ValueType
+    """Newest first unless TASK_ORDER_OLDEST_FIRST. A page token belongs to one order."""
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.TaskStatus.ValueType]:
         """Any of these statuses (empty = all); TASK_STATUS_UNSPECIFIED is INVALID_ARGUMENT."""
@@ -340,10 +367,11 @@ class ListTasksRequest(_message.Message):
         created_after: _timestamp_pb2.Timestamp | None = ...,
         created_before: _timestamp_pb2.Timestamp | None = ...,
         page: _common_pb2.PageRequest | None = ...,
+        order: Global___TaskOrder.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "page", b"page"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "page", b"page", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "order", b"order", "page", b"page", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -407,6 +435,9 @@ class ListTasksResponse(_message.Message):
 
     TASKS_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
+    more: _builtins.bool
+    """True when another page follows (page.next_page_token is then set)."""
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskSummary]:
         """The tasks of this page."""
@@ -420,10 +451,11 @@ class ListTasksResponse(_message.Message):
         *,
         tasks: _abc.Iterable[Global___TaskSummary] | None = ...,
         page: _common_pb2.PageResponse | None = ...,
+        more: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["more", b"more", "page", b"page", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -97,8 +97,9 @@ class GatewayServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTasks(self, request, context):
-        """Summaries of a business's tasks, filtered by status and creation time, a page at a
-        time. Callers: admin (any business, or all with business empty), a business token (its
+        """Summaries of a business's tasks, filtered by status and creation time, newest first
+        (or oldest first, by order), a page at a time; more says whether another page follows.
+        Callers: admin (any business, or all with business empty), a business token (its
         own only; naming another is PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

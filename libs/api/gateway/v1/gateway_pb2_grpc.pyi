@@ -54,8 +54,9 @@ class GatewayServiceStub:
     task or another business's. Callers: admin, a business token.
     """
     ListTasks: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]
-    """Summaries of a business's tasks, filtered by status and creation time, a page at a
-    time. Callers: admin (any business, or all with business empty), a business token (its
+    """Summaries of a business's tasks, filtered by status and creation time, newest first
+    (or oldest first, by order), a page at a time; more says whether another page follows.
+    Callers: admin (any business, or all with business empty), a business token (its
     own only; naming another is PERMISSION_DENIED).
     """
     CancelTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRequest, _gateway_pb2.CancelTaskResponse]
@@ -95,8 +96,9 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     task or another business's. Callers: admin, a business token.
     """
     ListTasks: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]  # type: ignore[assignment]
-    """Summaries of a business's tasks, filtered by status and creation time, a page at a
-    time. Callers: admin (any business, or all with business empty), a business token (its
+    """Summaries of a business's tasks, filtered by status and creation time, newest first
+    (or oldest first, by order), a page at a time; more says whether another page follows.
+    Callers: admin (any business, or all with business empty), a business token (its
     own only; naming another is PERMISSION_DENIED).
     """
     CancelTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRequest, _gateway_pb2.CancelTaskResponse]  # type: ignore[assignment]
@@ -151,8 +153,9 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.ListTasksRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.ListTasksResponse, _abc.Awaitable[_gateway_pb2.ListTasksResponse]]:
-        """Summaries of a business's tasks, filtered by status and creation time, a page at a
-        time. Callers: admin (any business, or all with business empty), a business token (its
+        """Summaries of a business's tasks, filtered by status and creation time, newest first
+        (or oldest first, by order), a page at a time; more says whether another page follows.
+        Callers: admin (any business, or all with business empty), a business token (its
         own only; naming another is PERMISSION_DENIED).
         """
 

@@ -102,7 +102,8 @@ class IntelligenceServiceServicer:
 
     def CreateEvaluation(self, request, context):
         """Register a running evaluation. Repeating it with the same content returns the same
-        evaluation; the same id with different content is ALREADY_EXISTS.
+        evaluation; the same id with different content is FAILED_PRECONDITION naming the
+        first field that differs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -40,7 +40,8 @@ class IntelligenceServiceStub:
     def __new__(cls, channel: _aio.Channel) -> IntelligenceServiceAsyncStub: ...
     CreateEvaluation: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.CreateEvaluationRequest, _intelligence_pb2.Evaluation]
     """Register a running evaluation. Repeating it with the same content returns the same
-    evaluation; the same id with different content is ALREADY_EXISTS.
+    evaluation; the same id with different content is FAILED_PRECONDITION naming the
+    first field that differs.
     """
     RecordRunResults: _grpc.UnaryUnaryMultiCallable[_intelligence_pb2.RecordRunResultsRequest, _intelligence_pb2.RecordRunResultsResponse]
     """Record run results of a running evaluation; a run_id already recorded is skipped."""
@@ -85,7 +86,8 @@ class IntelligenceServiceAsyncStub(IntelligenceServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateEvaluation: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.CreateEvaluationRequest, _intelligence_pb2.Evaluation]  # type: ignore[assignment]
     """Register a running evaluation. Repeating it with the same content returns the same
-    evaluation; the same id with different content is ALREADY_EXISTS.
+    evaluation; the same id with different content is FAILED_PRECONDITION naming the
+    first field that differs.
     """
     RecordRunResults: _aio.UnaryUnaryMultiCallable[_intelligence_pb2.RecordRunResultsRequest, _intelligence_pb2.RecordRunResultsResponse]  # type: ignore[assignment]
     """Record run results of a running evaluation; a run_id already recorded is skipped."""
@@ -133,7 +135,8 @@ class IntelligenceServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_intelligence_pb2.Evaluation, _abc.Awaitable[_intelligence_pb2.Evaluation]]:
         """Register a running evaluation. Repeating it with the same content returns the same
-        evaluation; the same id with different content is ALREADY_EXISTS.
+        evaluation; the same id with different content is FAILED_PRECONDITION naming the
+        first field that differs.
         """
 
     @_abc_1.abstractmethod

@@ -875,7 +875,10 @@ class CreateEvaluationRequest(_message.Message):
     SLOT_COUNT_FIELD_NUMBER: _builtins.int
     RUNS_PER_SLOT_FIELD_NUMBER: _builtins.int
     evaluation_id: _builtins.str
-    """Optional caller-chosen id ([a-z0-9-], up to 64); a repeat with the same id is ALREADY_EXISTS."""
+    """Optional caller-chosen id ([a-z0-9-], up to 64). The same request again returns the
+    existing evaluation; a different request with an existing id is FAILED_PRECONDITION
+    naming the first field that differs.
+    """
     series: _builtins.str
     """Required, at most 128 characters: the series it belongs to."""
     line: _common_pb2.Line.ValueType

@@ -165,7 +165,8 @@ class PoolServiceServicer:
 
     def CreateEvaluation(self, request, context):
         """Queue an evaluation: checked whole (INVALID_ARGUMENT naming each bad field; too many
-        runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once.
+        runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once. Idempotent
+        on evaluation_id (see CreateEvaluationRequest).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

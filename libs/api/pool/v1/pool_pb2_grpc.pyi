@@ -51,7 +51,8 @@ class PoolServiceStub:
     """The scaler's resizes of the pool, newest first, each with its reason."""
     CreateEvaluation: _grpc.UnaryUnaryMultiCallable[_pool_pb2.CreateEvaluationRequest, _pool_pb2.Evaluation]
     """Queue an evaluation: checked whole (INVALID_ARGUMENT naming each bad field; too many
-    runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once.
+    runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once. Idempotent
+    on evaluation_id (see CreateEvaluationRequest).
     """
     GetEvaluation: _grpc.UnaryUnaryMultiCallable[_pool_pb2.GetEvaluationRequest, _pool_pb2.Evaluation]
     """One evaluation with its progress. NOT_FOUND for an unknown id."""
@@ -108,7 +109,8 @@ class PoolServiceAsyncStub(PoolServiceStub):
     """The scaler's resizes of the pool, newest first, each with its reason."""
     CreateEvaluation: _aio.UnaryUnaryMultiCallable[_pool_pb2.CreateEvaluationRequest, _pool_pb2.Evaluation]  # type: ignore[assignment]
     """Queue an evaluation: checked whole (INVALID_ARGUMENT naming each bad field; too many
-    runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once.
+    runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once. Idempotent
+    on evaluation_id (see CreateEvaluationRequest).
     """
     GetEvaluation: _aio.UnaryUnaryMultiCallable[_pool_pb2.GetEvaluationRequest, _pool_pb2.Evaluation]  # type: ignore[assignment]
     """One evaluation with its progress. NOT_FOUND for an unknown id."""
@@ -198,7 +200,8 @@ class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_pool_pb2.Evaluation, _abc.Awaitable[_pool_pb2.Evaluation]]:
         """Queue an evaluation: checked whole (INVALID_ARGUMENT naming each bad field; too many
-        runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once.
+        runs, cases or bytes is RESOURCE_EXHAUSTED) and waking an idle cron at once. Idempotent
+        on evaluation_id (see CreateEvaluationRequest).
         """
 
     @_abc_1.abstractmethod
