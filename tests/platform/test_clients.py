@@ -1,0 +1,114 @@
+"""Clients in other languages: the Node.js example (examples/node) against a real stack —
+gateway, executor and reconciler processes on the example catalogue and the demo downstream,
+called with a business's own token."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from dispo.libs.catalogue import EXAMPLE
+from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.openclaw import OpenClawUnavailable, node_binary
+from pipeline_fixtures import EXECUTOR_TEST_ENV, Downstream
+from support.auth import business_token
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_DIR = ROOT / "examples" / "node"
+BUSINESS = "node-example"
+
+
+def npm_ci(node: Path) -> None:
+    """Install the example's locked dependencies when they are missing (npm ci, the
+    versions of package-lock.json)."""
+    if (EXAMPLE_DIR / "node_modules" / "@grpc" / "grpc-js").exists():
+        return
+    npm = node.parent.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
+    done = subprocess.run(
+        [str(node), str(npm), "ci", "--no-audit", "--no-fund"],
+        cwd=EXAMPLE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PATH": f"{node.parent}{os.pathsep}{os.environ['PATH']}"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def node() -> Path:
+    try:
+        found = node_binary()
+    except OpenClawUnavailable as missing:
+        pytest.skip(f"no Node.js: {missing}")
+    npm_ci(found)
+    return found
+
+
+@pytest.fixture(scope="module")
+async def stack(module_services, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("node-client")
+    downstream = Downstream(free_port(), folder / "downstream.log")
+    downstream.spawn()
+    await downstream.wait_ready(15)
+    catalogue = folder / "catalogue.yaml"
+    catalogue.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:8181", downstream.url))
+    env = {"DISPO_CATALOGUE": str(catalogue)}
+    gateway, _, reconciler = await asyncio.gather(
+        module_services.start(
+            "gateway", {**env, "DISPO_GATEWAY_WATCH_POLL_INTERVAL_SECONDS": "0.2"}
+        ),
+        module_services.start("executor", {**env, **EXECUTOR_TEST_ENV}),
+        module_services.start("reconciler", env),
+    )
+    yield gateway, reconciler, downstream
+    downstream.kill()
+
+
+async def test_the_node_client_submits_watches_lists_cancels_resumes_and_reads_errors(
+    node, stack, module_database
+):
+    gateway, reconciler, downstream = stack
+    # The cancelled task's review call stays open; the failing task's first label call is
+    # refused with a 400 (a permanent failure: the task ends FAILED), its resume succeeds.
+    await downstream.control(hold={"path": "/reviews/held-"})
+    await downstream.control(fail={"status": 400, "times": 1, "path": "/labels/fails-"})
+    _, token = await business_token(module_database, BUSINESS)
+
+    ran = await asyncio.to_thread(
+        subprocess.run,
+        [str(node), "client.mjs"],
+        cwd=EXAMPLE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": os.environ["PATH"],
+            "DISPO_TOKEN": token,
+            "DISPO_GATEWAY": gateway.address,
+            "DISPO_RECONCILER": reconciler.address,
+            "DISPO_BUSINESS": BUSINESS,
+            "DISPO_RUN": "r1",
+        },
+    )
+    out = ran.stdout
+    assert ran.returncode == 0, out + ran.stderr
+
+    assert "TASK_STATUS_ACCEPTED duplicate=false" in out, out
+    assert "submitted again: same task true duplicate=true" in out
+    assert (
+        "to TASK_STATUS_SUCCEEDED: update_quality_level.set_label=NODE_STATUS_SUCCEEDED"
+        " update_quality_level.audit=NODE_STATUS_SUCCEEDED notify_owner.send=NODE_STATUS_SUCCEEDED"
+    ) in out
+    assert "cancel requested for " in out and ": true" in out.split("cancel requested for ")[1]
+    assert " to TASK_STATUS_FAILED\n" in out
+    assert "resumed " in out and "RECOVERY_STATE_REDRIVEN" in out
+    assert "to TASK_STATUS_SUCCEEDED after the resume" in out
+    assert f"listed 3 tasks of {BUSINESS}, this run's among them: true" in out
+    assert "refused: INVALID_ARGUMENT:" in out
+    assert "  idempotency_key: longer than 128 characters\n" in out
+    assert "  cells[0].cell: unknown cell 'delete_everything'\n" in out
