@@ -1,4 +1,4 @@
-"""Transport security of every gRPC server and channel Dispo opens (docs/security.md, ADR-0041).
+"""Transport security of every gRPC server and channel Dispo opens (docs/security.md, ADR-0042).
 
 Each process is configured by its ``DISPO_TLS_*`` settings
 (:class:`dispo.libs.settings.TLSSettings`):
@@ -11,7 +11,7 @@ Each process is configured by its ``DISPO_TLS_*`` settings
   :mod:`dispo.libs.auth.channel` applies it to every channel.
 
 Without these settings servers and channels are plaintext. ``dispo up --tls`` makes a local
-CA and certificates for them (:mod:`dispo.libs.stack.certificates`).
+CA and certificates (:class:`LocalCertificates`, made by :mod:`dispo.libs.stack.certificates`).
 """
 
 from __future__ import annotations
@@ -90,4 +90,48 @@ class ClientTLS:
 PLAINTEXT = ClientTLS()
 
 
-__all__ = ["PLAINTEXT", "ClientTLS", "ServerTLS"]
+@dataclass(frozen=True)
+class LocalCertificates:
+    """The files of a local CA and the certificates it signed, in one folder."""
+
+    folder: Path
+
+    @property
+    def ca_file(self) -> Path:
+        return self.folder / "ca.pem"
+
+    @property
+    def ca_key_file(self) -> Path:
+        return self.folder / "ca.key"
+
+    @property
+    def cert_file(self) -> Path:
+        return self.folder / "server.pem"
+
+    @property
+    def key_file(self) -> Path:
+        return self.folder / "server.key"
+
+    @property
+    def client_cert_file(self) -> Path:
+        return self.folder / "client.pem"
+
+    @property
+    def client_key_file(self) -> Path:
+        return self.folder / "client.key"
+
+    def env(self) -> dict[str, str]:
+        """The settings that hand these files to a process (server and client alike)."""
+        return {
+            "DISPO_TLS_CERT_FILE": str(self.cert_file),
+            "DISPO_TLS_KEY_FILE": str(self.key_file),
+            "DISPO_TLS_CA_FILE": str(self.ca_file),
+            "DISPO_TLS_CLIENT_CERT_FILE": str(self.client_cert_file),
+            "DISPO_TLS_CLIENT_KEY_FILE": str(self.client_key_file),
+        }
+
+    def client(self) -> ClientTLS:
+        return ClientTLS(str(self.ca_file), str(self.client_cert_file), str(self.client_key_file))
+
+
+__all__ = ["PLAINTEXT", "ClientTLS", "LocalCertificates", "ServerTLS"]

@@ -47,6 +47,15 @@ def banner(options: StackOptions, addresses: dict[str, str]) -> list[str]:
         f"The admin token is in {token} (owner-only); the dispo CLI reads it from there,"
         f" grpcurl and the SDK take it from DISPO_TOKEN: export DISPO_TOKEN=$(cat {token})"
     )
+    if (tls := options.certificates) is not None:
+        lines.append(
+            f"TLS only: the local CA is {tls.ca_file}, the servers' certificate {tls.cert_file},"
+            f" a client certificate {tls.client_cert_file} (keys beside them, owner-only); the"
+            " dispo CLI finds them, the SDK takes them from DISPO_TLS_CA_FILE (and"
+            " DISPO_TLS_CLIENT_CERT_FILE / DISPO_TLS_CLIENT_KEY_FILE for mTLS), grpcurl from"
+            f" -cacert {tls.ca_file} instead of -plaintext (and -cert/-key of the client"
+            " certificate for mTLS)"
+        )
     return lines
 
 

@@ -3,6 +3,7 @@
 dispo up [--data-dir .dispo]        start PostgreSQL, NATS and the five services
 dispo up --detach                   the same in the background
 dispo up --pool-driver openclaw     the pool's crons as automations of an OpenClaw gateway
+dispo up --tls                      every server and channel over TLS, with a local CA
 dispo down                          stop a stack running in the background (or elsewhere)
 dispo status [--json]               health and address of each service
 dispo tokens create|list|revoke     API tokens (admin): see dispo.libs.cli.tokens
@@ -34,7 +35,7 @@ from dispo.libs.health import health_status
 from dispo.libs.logging import configure_logging
 from dispo.libs.settings import CommonSettings, server_settings
 from dispo.libs.stack.ownership import StackRunning
-from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, read_state
+from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, caller_tls, read_state
 
 
 def _data_dir(value: str | None) -> Path:
@@ -53,6 +54,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         openclaw_url=args.openclaw_url,
         openclaw_token=args.openclaw_token,
         openclaw_port=args.openclaw_port,
+        tls=args.tls,
     )
     if args.detach:
         return detach(options, [a for a in args.argv if a != "--detach"])
@@ -106,10 +108,12 @@ def service_addresses(data_dir: Path) -> dict[str, str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    addresses = service_addresses(_data_dir(args.data_dir))
+    data_dir = _data_dir(args.data_dir)
+    addresses = service_addresses(data_dir)
+    tls = caller_tls(data_dir)
 
     async def probe() -> dict[str, dict[str, str]]:
-        statuses = await asyncio.gather(*(health_status(a) for a in addresses.values()))
+        statuses = await asyncio.gather(*(health_status(a, tls=tls) for a in addresses.values()))
         return {
             name: {"address": address, "status": status}
             for (name, address), status in zip(addresses.items(), statuses, strict=True)
@@ -135,7 +139,7 @@ def cmd_tokens(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    return tokens.run(args, gateway, token)
+    return tokens.run(args, gateway, token, caller_tls(data_dir))
 
 
 BENCHMARKS = {
@@ -188,6 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--openclaw-token", help="the OpenClaw gateway's token")
     up.add_argument(
         "--openclaw-port", type=int, default=18789, help="port of the gateway the stack starts"
+    )
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve and call over TLS only, with a local CA and certificates made in the data"
+        " folder (tls/) and kept; mTLS when DISPO_TLS_CLIENT_AUTH=true",
     )
     up.add_argument(
         "--detach",

@@ -21,6 +21,7 @@ import grpc
 from dispo.libs.api.auth.v1 import auth_pb2 as pb
 from dispo.libs.api.auth.v1 import auth_pb2_grpc
 from dispo.libs.auth import open_sync_channel
+from dispo.libs.tls import ClientTLS
 from google.protobuf.json_format import MessageToDict
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -49,8 +50,8 @@ def _line(token: pb.Token) -> str:
     return f"{token.token_id:<22} {kind:<9} {bound:<16} expires {expires}{revoked}  {token.label}"
 
 
-def run(args: argparse.Namespace, gateway: str, token: str) -> int:
-    with open_sync_channel(gateway, token) as channel:
+def run(args: argparse.Namespace, gateway: str, token: str, tls: ClientTLS | None = None) -> int:
+    with open_sync_channel(gateway, token, tls=tls) as channel:
         stub = auth_pb2_grpc.TokenServiceStub(channel)
         try:
             return _run(args, stub)

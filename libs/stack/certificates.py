@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -17,56 +16,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from dispo.libs.private_files import write_private
-from dispo.libs.tls import ClientTLS
+from dispo.libs.tls import LocalCertificates
 
 CA_DAYS = 3650
 LEAF_DAYS = 397
 # A certificate closer than this to its end is made again on start (the CA's too).
 RENEW_BEFORE = datetime.timedelta(days=30)
-
-
-@dataclass(frozen=True)
-class LocalCertificates:
-    """The files of a local CA and the certificates it signed, in one folder."""
-
-    folder: Path
-
-    @property
-    def ca_file(self) -> Path:
-        return self.folder / "ca.pem"
-
-    @property
-    def ca_key_file(self) -> Path:
-        return self.folder / "ca.key"
-
-    @property
-    def cert_file(self) -> Path:
-        return self.folder / "server.pem"
-
-    @property
-    def key_file(self) -> Path:
-        return self.folder / "server.key"
-
-    @property
-    def client_cert_file(self) -> Path:
-        return self.folder / "client.pem"
-
-    @property
-    def client_key_file(self) -> Path:
-        return self.folder / "client.key"
-
-    def env(self) -> dict[str, str]:
-        """The settings that hand these files to a process (server and client alike)."""
-        return {
-            "DISPO_TLS_CERT_FILE": str(self.cert_file),
-            "DISPO_TLS_KEY_FILE": str(self.key_file),
-            "DISPO_TLS_CA_FILE": str(self.ca_file),
-            "DISPO_TLS_CLIENT_CERT_FILE": str(self.client_cert_file),
-            "DISPO_TLS_CLIENT_KEY_FILE": str(self.client_key_file),
-        }
-
-    def client(self) -> ClientTLS:
-        return ClientTLS(str(self.ca_file), str(self.client_cert_file), str(self.client_key_file))
 
 
 def _now() -> datetime.datetime:
@@ -206,4 +161,4 @@ def local_certificates(folder: Path, hosts: Sequence[str]) -> LocalCertificates:
     return files
 
 
-__all__ = ["LocalCertificates", "local_certificates"]
+__all__ = ["local_certificates"]

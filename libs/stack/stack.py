@@ -32,7 +32,7 @@ from dispo.libs.db.roles import (
 from dispo.libs.logging import get_logger
 from dispo.libs.private_files import write_private
 from dispo.libs.service import until_reachable
-from dispo.libs.settings import server_settings
+from dispo.libs.settings import TLSSettings, server_settings
 from dispo.libs.stack.cluster import NatsCluster
 from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.nats_auth import NatsUsers
@@ -45,6 +45,7 @@ from dispo.libs.stack.ownership import (
 )
 from dispo.libs.stack.process import ProcessSpec, python_module
 from dispo.libs.stack.supervisor import Supervisor
+from dispo.libs.tls import ClientTLS, LocalCertificates
 
 if TYPE_CHECKING:
     from dispo.libs.stack.postgres import EmbeddedPostgres
@@ -75,6 +76,8 @@ OPENCLAW = "openclaw"
 INFRASTRUCTURE_SHUTDOWN_ORDER = [OPENCLAW, NATS, POSTGRES]
 STOP_ORDER = SHUTDOWN_ORDER + INFRASTRUCTURE_SHUTDOWN_ORDER
 STATE_FILE = "stack.json"
+# Where `dispo up --tls` keeps its local CA and certificates.
+TLS_FOLDER = "tls"
 
 
 @dataclass
@@ -106,6 +109,19 @@ class StackOptions:
     openclaw_url: str | None = None
     openclaw_token: str | None = None
     openclaw_port: int = 18789
+    # TLS for every server and channel, with a local CA and certificates made in the data
+    # folder on the first start with it and kept (``dispo up --tls``); mTLS besides when
+    # DISPO_TLS_CLIENT_AUTH is set.
+    tls: bool = False
+
+    @property
+    def certificates(self) -> LocalCertificates | None:
+        return LocalCertificates(self.data_dir / TLS_FOLDER) if self.tls else None
+
+    @property
+    def tls_hosts(self) -> list[str]:
+        """The names the servers' certificate carries: loopback and the host they bind."""
+        return list(dict.fromkeys(["127.0.0.1", "localhost", self.host]))
 
 
 def replica_names(service: str, count: int) -> list[str]:
@@ -136,6 +152,8 @@ def service_specs(
 ) -> list[ProcessSpec]:
     """``database_urls``: each service's own URL (its role)."""
     common = {"DISPO_LOG_FORMAT": "json", **options.extra_env}
+    if options.certificates is not None:  # every process serves and calls over TLS
+        common.update(options.certificates.env())
     if options.nats_nodes > 1:  # each stream on every node of the cluster
         common.setdefault("DISPO_STREAM_REPLICAS", str(options.nats_nodes))
     logs = options.data_dir / "logs"
@@ -286,6 +304,10 @@ class Stack:
             infrastructure.append(self.nats.spec(NATS))
             nats_url = self.nats.url
         assert nats_url is not None  # given, or the embedded one's
+        if self.options.tls:  # made on the first start with --tls, kept for the next
+            from dispo.libs.stack.certificates import local_certificates  # (cryptography)
+
+            await asyncio.to_thread(local_certificates, data / TLS_FOLDER, self.options.tls_hosts)
         pool_env: dict[str, str] = {}
         if "pool" in self.options.services and self.options.pool_driver == "openclaw":
             pool_env, gateway = await self._openclaw()
@@ -372,7 +394,10 @@ class Stack:
             token=token,
         )
         env.update(gateway.cli_env())
-        return env, [dataclasses.replace(gateway.process.spec, name=OPENCLAW)]
+        spec = gateway.process.spec
+        if options.certificates is not None:  # the wake commands it runs call the pool
+            spec = dataclasses.replace(spec, env={**spec.env, **options.certificates.env()})
+        return env, [dataclasses.replace(spec, name=OPENCLAW)]
 
     async def watch(self) -> None:
         """Restart any process of the stack that exits, until :meth:`stop`."""
@@ -405,6 +430,16 @@ class Stack:
             "ready": self._ready,
             "database_url": database_url,
             "nats_url": nats_url,
+            # What a caller presents and trusts (the CLI reads it: caller_tls).
+            "tls": (
+                {
+                    "ca_file": str(certificates.ca_file),
+                    "client_cert_file": str(certificates.client_cert_file),
+                    "client_key_file": str(certificates.client_key_file),
+                }
+                if (certificates := self.options.certificates) is not None
+                else None
+            ),
             "services": {
                 name: {"address": address, **process(supervisor, name)}
                 for name, address in addresses.items()
@@ -464,3 +499,16 @@ def stop_stale(data_dir: Path, state: dict[str, Any]) -> list[Recorded]:
 def read_state(data_dir: Path) -> dict[str, Any] | None:
     path = data_dir / STATE_FILE
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def caller_tls(data_dir: Path) -> ClientTLS | None:
+    """The TLS a command-line caller of the stack in ``data_dir`` uses: its own
+    ``DISPO_TLS_*`` settings when they name a CA, else the CA and client certificate of the
+    stack running there with TLS; None otherwise (the settings' own: plaintext)."""
+    settings = TLSSettings()
+    if settings.ca_file:
+        return settings.client
+    tls = (read_state(data_dir) or {}).get("tls")
+    if not tls:
+        return None
+    return ClientTLS(tls["ca_file"], tls["client_cert_file"], tls["client_key_file"])

@@ -1,21 +1,35 @@
 """Transport security: a TLS server answers TLS clients only, with mTLS only clients holding a
-certificate of its CA, and a certificate of another CA is refused either way."""
+certificate of its CA, and a certificate of another CA is refused either way; `dispo up --tls`
+makes and keeps its certificates and the CLI and SDK find them."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
 from dispo.libs.auth import open_channel
 from dispo.libs.auth.server import Authorizer
+from dispo.libs.cli.lifecycle import banner
+from dispo.libs.db.passwords import PASSWORDS_FILE
 from dispo.libs.grpcserver import create_server
+from dispo.libs.private_files import write_private
 from dispo.libs.sdk import AsyncClient, Client, DispoError, cells
-from dispo.libs.stack.certificates import LocalCertificates, local_certificates
-from dispo.libs.tls import PLAINTEXT, ClientTLS, ServerTLS
+from dispo.libs.settings import TLSSettings
+from dispo.libs.stack.certificates import local_certificates
+from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.stack import Stack, StackOptions, caller_tls
+from dispo.libs.tls import PLAINTEXT, ClientTLS, LocalCertificates, ServerTLS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 HOSTS = ["127.0.0.1", "localhost"]
+DISPO = str(Path(sys.executable).parent / "dispo")
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +78,32 @@ async def test_a_tls_server_answers_tls_clients_only(certificates, other_ca):
         await server.stop(0)
 
 
-def tls_env(files: LocalCertificates, *, client_auth: bool) -> dict[str, str]:
-    return {**files.env(), "DISPO_TLS_CLIENT_AUTH": str(client_auth).lower()}
+@pytest.fixture(scope="module")
+async def stack(infra, module_database, tmp_path_factory) -> AsyncIterator[Stack]:
+    """``DISPO_TLS_CLIENT_AUTH=true dispo up --tls --services gateway`` on the session's
+    PostgreSQL (the roles' passwords it keeps are the session's) and NATS."""
+    data = tmp_path_factory.mktemp("stack") / "data"
+    passwords = {s: login.password for s, login in infra.databases.logins.items()}
+    write_private(data / PASSWORDS_FILE, json.dumps(passwords))
+    options = StackOptions(
+        data,
+        database_url=module_database,
+        nats_url=infra.nats_url,
+        ports={"gateway": free_port()},
+        services=("gateway",),
+        demo_port=0,
+        extra_env={**infra.nats_users.env("gateway"), "DISPO_TLS_CLIENT_AUTH": "true"},
+        tls=True,
+    )
+    running = Stack(options)
+    # started once SERVING, asked over mTLS as its readiness check does
+    addresses = await running.start()
+    assert set(addresses) == {"gateway"}
+    yield running
+    assert await running.stop() == []
 
 
-async def submit(address: str, token: str, tls: ClientTLS, key: str) -> str:
+async def submit(address: str, token: str, tls: ClientTLS | None, key: str) -> str:
     async with AsyncClient(address, token=token, tls=tls) as dispo:
         done = await dispo.submit(
             "ecommerce", [cells.update_quality_level(content_id=key, level=2)], idempotency_key=key
@@ -84,25 +119,42 @@ async def refused(address: str, token: str, tls: ClientTLS) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-async def test_mtls_admits_only_clients_with_a_certificate_of_its_ca(
-    module_services, tokens, certificates, other_ca
-):
-    # started and found SERVING over mTLS, as dispo up's readiness check asks
-    gateway = await module_services.start("gateway", tls_env(certificates, client_auth=True))
-    address = gateway.address
+async def test_dispo_up_tls_serves_mtls_and_the_cli_and_sdk_find_the_certificates(stack, other_ca):
+    data = stack.options.data_dir
+    certificates = stack.options.certificates
+    assert certificates is not None and certificates.folder == data / "tls"
+    address = stack.options.host + f":{stack.options.ports['gateway']}"
+    admin = stack.credentials.admin.secret
 
-    task_id = await submit(address, tokens.admin, certificates.client(), "tls-1")
-    # the blocking client too, its settings from the environment a caller would set
-    with Client(address, token=tokens.admin, tls=certificates.client()) as dispo:
+    # the SDK with what the CLI finds for the running stack, and the blocking client with
+    # the settings a caller exports
+    tls = caller_tls(data)
+    assert tls == certificates.client()
+    task_id = await submit(address, admin, tls, "tls-1")
+    with Client(address, token=admin, tls=TLSSettings.of(certificates.env()).client) as dispo:
         seen = await asyncio.to_thread(dispo.get, task_id)
     assert seen.task_id == task_id
 
+    # the CLI, run as a user runs it, finds the certificates in the data folder
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [DISPO, "--data-dir", str(data), "status", "--json"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DISPO_TLS_")},
+        timeout=120,
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["gateway"]["status"] == "SERVING"
+
+    # mTLS: no client certificate, one of another CA, or no TLS at all: refused
     without_certificate = ClientTLS(str(certificates.ca_file))
     other_certificate = ClientTLS(
         str(certificates.ca_file), str(other_ca.client_cert_file), str(other_ca.client_key_file)
     )
-    for tls in (without_certificate, other_certificate, PLAINTEXT):
-        assert await refused(address, tokens.admin, tls) is grpc.StatusCode.UNAVAILABLE, tls
+    for refused_tls in (without_certificate, other_certificate, PLAINTEXT):
+        assert await refused(address, admin, refused_tls) is grpc.StatusCode.UNAVAILABLE
+    assert "-cacert" in "\n".join(banner(stack.options, {"gateway": address}))
 
 
 def test_local_certificates_are_owner_only_and_kept(tmp_path):
