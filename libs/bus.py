@@ -32,6 +32,9 @@ credentials file or an NKey seed file; ``DISPO_NATS_*``). Credentials the server
 raise :class:`BusCredentialsRefused` at once, naming who was refused, rather than retrying
 for ever; a publish or subscribe the server's permissions refuse is logged as an error.
 
+A message whose headers carry a trace context (``traceparent``; :mod:`dispo.libs.tracing`)
+is handled in a span continuing it.
+
 What happens to a message that keeps failing is the service's quarantine's business
 (:mod:`dispo.libs.quarantine`), which wraps the handler.
 """
@@ -47,6 +50,7 @@ from typing import Any
 
 import nats
 from dispo.libs.logging import get_logger
+from dispo.libs.tracing import continued
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -327,18 +331,24 @@ class Bus:
         )
 
     async def publish_many(
-        self, messages: Sequence[tuple[str, bytes, str]], *, timeout: float = 5.0
+        self,
+        messages: Sequence[tuple[str, bytes, str]],
+        *,
+        headers: Sequence[dict[str, str] | None] | None = None,
+        timeout: float = 5.0,
     ) -> list[PubAck]:
         """Publish ``(subject, data, msg_id)`` messages at once and wait for every ack:
         one pipelined write, the acks gathered on one reply subscription (rather than a
-        request each). Raises the first refusal (the server's APIError for that message,
+        request each). ``headers``, where given, are each message's own (a trace context),
+        in the same order. Raises the first refusal (the server's APIError for that message,
         NoStreamResponseError), or TimeoutError if any is not answered within ``timeout``;
         raises
         :class:`MessageTooLarge` for the first message over the server's limit before
         sending any."""
         limit = self.max_payload
-        for subject, data, msg_id in messages:
-            size = self.message_size(data, msg_id=msg_id)
+        extra: Sequence[dict[str, str] | None] = headers or [None] * len(messages)
+        for (subject, data, msg_id), more in zip(messages, extra, strict=True):
+            size = self.message_size(data, msg_id=msg_id, headers=more)
             if size > limit:
                 raise MessageTooLarge(subject, size, limit)
         prefix = await self._ack_inbox()
@@ -346,14 +356,15 @@ class Bus:
         futures: list[asyncio.Future[PubAck]] = []
         replies: list[str] = []
         try:
-            for subject, data, msg_id in messages:
+            for (subject, data, msg_id), more in zip(messages, extra, strict=True):
                 self._ack_count += 1
                 reply = f"{prefix}.{self._ack_count}"
                 future: asyncio.Future[PubAck] = loop.create_future()
                 self._acks[reply] = future
                 futures.append(future)
                 replies.append(reply)
-                await self.nc.publish(subject, data, reply=reply, headers={MSG_ID_HEADER: msg_id})
+                sent = {**more, MSG_ID_HEADER: msg_id} if more else {MSG_ID_HEADER: msg_id}
+                await self.nc.publish(subject, data, reply=reply, headers=sent)
             return list(await asyncio.wait_for(asyncio.gather(*futures), timeout))
         finally:
             for future in futures:
@@ -557,7 +568,8 @@ class Consumer:
 
     async def _handle(self, message: Msg) -> None:
         try:
-            outcome: Disposition = await self.handler(message)
+            with continued(message.headers, message.subject):
+                outcome: Disposition = await self.handler(message)
         except Exception:
             log.exception("handler failed", subject=message.subject, durable=self.durable)
             outcome = Nak(self.error_delay)

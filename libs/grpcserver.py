@@ -6,7 +6,8 @@ the standard health service, server reflection serving the protos with their com
 an interceptor that admits every call by its token (:class:`dispo.libs.auth.Authorizer`:
 UNAUTHENTICATED, PERMISSION_DENIED; health and reflection stay open), then checks every
 request (:func:`dispo.libs.validation.check_request`; undecodable bytes included) before
-the servicer sees it, logs each call and maps
+the servicer sees it, opens the call's server span (:func:`dispo.libs.tracing.server_span`,
+continuing the caller's ``traceparent``), logs each call and maps
 :mod:`dispo.libs.errors` to status codes, and an unreachable database
 (:func:`dispo.libs.db.database_unreachable`) to ``UNAVAILABLE``. Given a :class:`dispo.libs.tls.ServerTLS` it listens for TLS only (mTLS
 when that asks for client certificates): a plaintext caller is refused at the handshake.
@@ -28,6 +29,7 @@ from dispo.libs.errors import DomainError, InvalidArgument, Unavailable
 from dispo.libs.logging import get_logger
 from dispo.libs.reflection import enable_documented_reflection
 from dispo.libs.tls import ServerTLS
+from dispo.libs.tracing import server_span
 from dispo.libs.validation import check_request
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
@@ -185,11 +187,13 @@ def _wrap(
         unary_request = bool(handler.unary_unary)
 
         async def single(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            async with _mapped_errors(context, method):
-                set_caller(await authorizer.admit(method, context.invocation_metadata()))
-                if unary_request:
-                    _checked(request)
-                return await inner(request, context)
+            metadata = context.invocation_metadata()
+            with server_span(method, metadata):
+                async with _mapped_errors(context, method):
+                    set_caller(await authorizer.admit(method, metadata))
+                    if unary_request:
+                        _checked(request)
+                    return await inner(request, context)
 
         factory = (
             grpc.unary_unary_rpc_method_handler
@@ -204,12 +208,14 @@ def _wrap(
     async def streaming(
         request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
-        async with _mapped_errors(context, method):
-            set_caller(await authorizer.admit(method, context.invocation_metadata()))
-            if unary_request:
-                _checked(request)
-            async for item in inner_stream(request, context):
-                yield item
+        metadata = context.invocation_metadata()
+        with server_span(method, metadata):
+            async with _mapped_errors(context, method):
+                set_caller(await authorizer.admit(method, metadata))
+                if unary_request:
+                    _checked(request)
+                async for item in inner_stream(request, context):
+                    yield item
 
     factory = (
         grpc.unary_stream_rpc_method_handler

@@ -13,6 +13,11 @@ and after ``DISPO_OUTBOX_MAX_ATTEMPTS`` the row is quarantined: kept in the tabl
 with its last error, skipped by the relay, logged, and listed by :func:`outbox_quarantined`
 (:func:`outbox_replay` puts a row back, :func:`outbox_discard` deletes it).
 
+A traced outbox (``outbox_table(metadata, traced=True)``) keeps with each row the trace
+context of the work that wrote it (``trace``: :func:`dispo.libs.tracing.current`) and
+publishes it as the message's ``traceparent`` headers; a row without one is published with
+its message id alone, as on an untraced outbox.
+
     outbox = outbox_table(metadata)                   # in the service's tables module
     await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
     await outbox_add_many(conn, outbox, [OutboxRow(subject, msg_id, payload, now), ...])
@@ -38,6 +43,7 @@ from dispo.libs.contracts import require_declared
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause, Periodic
+from dispo.libs.tracing import headers_of
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -69,9 +75,13 @@ RETRY_CAP_SECONDS = 60.0
 _UNSENT = "sent_at IS NULL AND quarantined_at IS NULL"
 
 
-def outbox_table(metadata: MetaData, name: str = "outbox") -> Table:
+def outbox_table(metadata: MetaData, name: str = "outbox", *, traced: bool = False) -> Table:
     """The outbox of one service. ``attempts``, ``last_error`` and ``next_attempt_at`` are
-    the failed publications of a row; ``quarantined_at`` marks a row set aside."""
+    the failed publications of a row; ``quarantined_at`` marks a row set aside. A ``traced``
+    outbox (its service's migration added the column, :data:`TRACE_UPGRADE`) keeps in
+    ``trace`` the trace context of the work that wrote the row (:mod:`dispo.libs.tracing`),
+    published as the message's headers."""
+    traces = [Column("trace", Text)] if traced else []
     return Table(
         name,
         metadata,
@@ -85,6 +95,7 @@ def outbox_table(metadata: MetaData, name: str = "outbox") -> Table:
         Column("last_error", Text),
         Column("next_attempt_at", DateTime(timezone=True)),
         Column("quarantined_at", DateTime(timezone=True)),
+        *traces,
         Index(f"{name}_unsent", "id", postgresql_where=text(_UNSENT)),
         Index(f"{name}_quarantined", "id", postgresql_where=text("quarantined_at IS NOT NULL")),
     )
@@ -109,6 +120,11 @@ QUARANTINE_DOWNGRADE = (
 )
 
 
+# The schema step that gave an outbox its trace context (frozen, as above).
+TRACE_UPGRADE = ("ALTER TABLE outbox ADD COLUMN trace text",)
+TRACE_DOWNGRADE = ("ALTER TABLE outbox DROP COLUMN trace",)
+
+
 def quarantine_upgrade() -> None:
     """A service migration's ``upgrade``: :data:`QUARANTINE_UPGRADE` on its outbox."""
     from alembic import op
@@ -125,16 +141,45 @@ def quarantine_downgrade() -> None:
         op.execute(statement)
 
 
+def trace_upgrade() -> None:
+    """A service migration's ``upgrade``: :data:`TRACE_UPGRADE` on its outbox."""
+    from alembic import op
+
+    for statement in TRACE_UPGRADE:
+        op.execute(statement)
+
+
+def trace_downgrade() -> None:
+    """A service migration's ``downgrade``: :data:`TRACE_DOWNGRADE` on its outbox."""
+    from alembic import op
+
+    for statement in TRACE_DOWNGRADE:
+        op.execute(statement)
+
+
 async def outbox_add(
-    conn: AsyncConnection, table: Table, subject: str, msg_id: str, payload: bytes, now: datetime
+    conn: AsyncConnection,
+    table: Table,
+    subject: str,
+    msg_id: str,
+    payload: bytes,
+    now: datetime,
+    trace: str | None = None,
 ) -> None:
     """Write one event row in the caller's transaction. The subject must be carried by a
     stream declared in :mod:`dispo.libs.contracts` (else :class:`UndeclaredSubject`, and
-    nothing is written): an event no stream stores would be published into the void."""
+    nothing is written): an event no stream stores would be published into the void.
+    ``trace`` (:func:`dispo.libs.tracing.current`) is kept on a traced outbox."""
     require_declared(subject)
-    await conn.execute(
-        table.insert().values(subject=subject, msg_id=msg_id, payload=payload, created_at=now)
-    )
+    values: dict[str, Any] = {
+        "subject": subject,
+        "msg_id": msg_id,
+        "payload": payload,
+        "created_at": now,
+    }
+    if trace is not None and "trace" in table.c:
+        values["trace"] = trace
+    await conn.execute(table.insert().values(**values))
 
 
 class OutboxRow(NamedTuple):
@@ -144,6 +189,8 @@ class OutboxRow(NamedTuple):
     msg_id: str
     payload: bytes
     created_at: datetime
+    # The trace context to publish with it (kept on a traced outbox only).
+    trace: str | None = None
 
 
 async def outbox_add_many(conn: AsyncConnection, table: Table, rows: Sequence[OutboxRow]) -> None:
@@ -155,34 +202,40 @@ async def outbox_add_many(conn: AsyncConnection, table: Table, rows: Sequence[Ou
         require_declared(row.subject)
     if not rows:
         return
-    await conn.execute(
-        _insert_many(table),
-        {
-            "subjects": [r.subject for r in rows],
-            "msg_ids": [r.msg_id for r in rows],
-            "payloads": [r.payload for r in rows],
-            "created": [r.created_at for r in rows],
-        },
-    )
+    params = {
+        "subjects": [r.subject for r in rows],
+        "msg_ids": [r.msg_id for r in rows],
+        "payloads": [r.payload for r in rows],
+        "created": [r.created_at for r in rows],
+    }
+    # The trace column only when a row carries a context: untraced work writes what it did.
+    traced = "trace" in table.c and any(r.trace is not None for r in rows)
+    if traced:
+        params["traces"] = [r.trace for r in rows]
+    await conn.execute(_insert_many(table, traced), params)
 
 
-def _insert_many(table: Table) -> TextClause:
-    """The multi-row insert of ``table``: the rows as arrays, one statement text whatever
-    their number (prepared once per connection). ``WITH ORDINALITY`` keeps their order."""
-    statement = _INSERT_MANY.get(table.fullname)
+def _insert_many(table: Table, traced: bool = False) -> TextClause:
+    """The multi-row insert of ``table`` (with the ``trace`` column when ``traced``): the
+    rows as arrays, one statement text whatever their number (prepared once per
+    connection). ``WITH ORDINALITY`` keeps their order."""
+    statement = _INSERT_MANY.get((table.fullname, traced))
     if statement is None:
-        statement = text(
-            f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at)"
-            " SELECT subject, msg_id, payload, created_at FROM unnest("
-            "CAST(:subjects AS text[]), CAST(:msg_ids AS text[]),"
-            " CAST(:payloads AS bytea[]), CAST(:created AS timestamptz[]))"
-            " WITH ORDINALITY AS r(subject, msg_id, payload, created_at, n) ORDER BY n"
+        trace, traces, name = (
+            (", trace", ", CAST(:traces AS text[])", ", trace") if traced else ("", "", "")
         )
-        _INSERT_MANY[table.fullname] = statement
+        statement = text(
+            f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace})"
+            f" SELECT subject, msg_id, payload, created_at{trace} FROM unnest("
+            "CAST(:subjects AS text[]), CAST(:msg_ids AS text[]),"
+            f" CAST(:payloads AS bytea[]), CAST(:created AS timestamptz[]){traces})"
+            f" WITH ORDINALITY AS r(subject, msg_id, payload, created_at{name}, n) ORDER BY n"
+        )
+        _INSERT_MANY[(table.fullname, traced)] = statement
     return statement
 
 
-_INSERT_MANY: dict[str, TextClause] = {}
+_INSERT_MANY: dict[tuple[str, bool], TextClause] = {}
 
 
 async def outbox_prune(
@@ -302,7 +355,9 @@ class _Split:
             self.failed.extend(_Failure(r, self.outage) for r in rows)
             return
         try:
-            await self.bus.publish_many([(r.subject, r.payload, r.msg_id) for r in rows])
+            await self.bus.publish_many(
+                [(r.subject, r.payload, r.msg_id) for r in rows], **_trace_headers(rows)
+            )
         except Exception as error:
             if isinstance(error, TimeoutError):
                 self.timeouts += 1
@@ -319,6 +374,14 @@ class _Split:
 
 
 _MOST_TIMEOUTS = 8
+
+
+def _trace_headers(rows: Sequence[Any]) -> dict[str, Any]:
+    """``publish_many``'s ``headers`` for rows of which some carry a trace context; nothing
+    (no header built) when none does."""
+    if not any(getattr(r, "trace", None) for r in rows):
+        return {}
+    return {"headers": [headers_of(r.trace) if r.trace else None for r in rows]}
 
 
 class OutboxRelay:
@@ -405,8 +468,17 @@ class OutboxRelay:
             await self._prepare()
             self._prepare = None
         now = self.clock.now()
+        traces = [t.c.trace] if "trace" in t.c else []
         query = (
-            select(t.c.id, t.c.subject, t.c.msg_id, t.c.payload, t.c.attempts, t.c.next_attempt_at)
+            select(
+                t.c.id,
+                t.c.subject,
+                t.c.msg_id,
+                t.c.payload,
+                t.c.attempts,
+                t.c.next_attempt_at,
+                *traces,
+            )
             .where(text(_UNSENT))
             .order_by(t.c.id)
             .limit(self.batch)
@@ -443,8 +515,14 @@ class OutboxRelay:
         for row in rows:
             if row.next_attempt_at is not None and row.next_attempt_at > now:
                 break
+            trace = getattr(row, "trace", None)
             try:
-                await self.bus.publish(row.subject, row.payload, msg_id=row.msg_id)
+                await self.bus.publish(
+                    row.subject,
+                    row.payload,
+                    msg_id=row.msg_id,
+                    headers=headers_of(trace) if trace else None,
+                )
             except Exception as error:
                 return sent, [_Failure(row, error)]
             sent.append(row)
@@ -459,7 +537,10 @@ class OutboxRelay:
         fresh: list[Any] = []
         suspect: list[Any] = []
         for row in rows:
-            size = self.bus.message_size(row.payload, msg_id=row.msg_id)
+            trace = getattr(row, "trace", None)
+            size = self.bus.message_size(
+                row.payload, msg_id=row.msg_id, headers=headers_of(trace) if trace else None
+            )
             if size > limit:
                 split.failed.append(_Failure(row, MessageTooLarge(row.subject, size, limit)))
             else:

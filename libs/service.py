@@ -39,6 +39,7 @@ from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.periodic import Periodic
 from dispo.libs.settings import CommonSettings, ServerSettings, TLSSettings, server_settings
+from dispo.libs.tracing import configure_tracing
 from sqlalchemy import Table, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -334,6 +335,7 @@ def run_service(
     """Process entry point: run until SIGTERM or SIGINT, then shut down in order."""
     settings = CommonSettings()
     configure_logging(settings.log_format, settings.log_level, service=name)
+    configure_tracing(name, settings.otlp_endpoint)
 
     async def main() -> list[str]:
         stop = asyncio.Event()

@@ -144,6 +144,11 @@ class CommonSettings(BaseSettings):
         " store again: a revoked token is refused everywhere within this time, at once by the"
         " gateway (0: read it on every call)",
     )
+    otlp_endpoint: str = Field(
+        default="",
+        description="Base URL of an OTLP/HTTP receiver (`http://127.0.0.1:4318`) each service"
+        " exports its trace spans to (`/v1/traces`); empty: no tracing",
+    )
     cache_dir: str = Field(
         default="",
         description="Where programs installed on demand are kept (OpenClaw for the pool's"

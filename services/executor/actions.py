@@ -1,6 +1,7 @@
 """Running one node's action: the ``http`` and ``noop`` kinds.
 
-Every http call carries the node's stable ``Idempotency-Key`` (the same on every attempt).
+Every http call carries the node's stable ``Idempotency-Key`` (the same on every attempt),
+and the node run's ``traceparent`` where a trace is under way (:mod:`dispo.libs.tracing`).
 Its answer or transport error is classified by :mod:`dispo.executor.failures`: whether the
 call may have had its effect decides whether it may be sent again.
 """
@@ -14,6 +15,7 @@ from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome, classify_error, classify_status, failure_text
 from dispo.libs.catalogue import Downstream
 from dispo.libs.egress import EgressRefused, join
+from dispo.libs.tracing import inject
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ async def run_action(
         "X-Dispo-Task-Id": call.task_id,
         "X-Dispo-Node-Id": call.node_id,
     }
+    inject(headers)  # the node run's `traceparent`, when a trace is under way
     try:
         response = await client.request(
             call.spec.method,

@@ -37,6 +37,7 @@ from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.tracing import span
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
@@ -175,6 +176,18 @@ class Executor:
         return step
 
     async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
+        attributes = {
+            "dispo.task_id": env.task_id,
+            "dispo.node_id": node.node_id,
+            "dispo.cell": node.cell,
+            "dispo.action": node.action,
+            "dispo.downstream": node.spec.downstream,
+            "dispo.attempt": node.attempts + 1,
+        }
+        with span("node run", attributes):
+            return await self._run_node_traced(env, node, owner)
+
+    async def _run_node_traced(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
         task_id = env.task_id
         downstream = self.registry.get(node.spec.downstream)
         limit = self.limits.get(node.spec.downstream)

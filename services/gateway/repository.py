@@ -13,7 +13,7 @@ from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
-outbox = outbox_table(metadata)
+outbox = outbox_table(metadata, traced=True)
 
 
 @dataclass
@@ -100,6 +100,8 @@ class NewTask:
     view: bytes
     callback_url: str
     created_at: datetime
+    # The Submit's trace context (None: none to carry), for its task.create row.
+    trace: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay, OutboxRow
 from dispo.libs.payload import canonical_json
+from dispo.libs.tracing import current
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
@@ -138,6 +139,7 @@ class Gateway:
             view=view,
             callback_url=sub.callback_url,
             created_at=now,
+            trace=current(),
         )
         accepted = await self.submits.submit(new)
         if not accepted.duplicate:
@@ -187,7 +189,11 @@ class Gateway:
                 conn,
                 [
                     OutboxRow(
-                        tasks.TASK_CREATE, tasks.create_id(t.task_id, 0), t.view, t.created_at
+                        tasks.TASK_CREATE,
+                        tasks.create_id(t.task_id, 0),
+                        t.view,
+                        t.created_at,
+                        t.trace,
                     )
                     for t in items
                     if t.task_id in inserted

@@ -235,6 +235,10 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, tmp_path, 
     assert {m: s[:3] for m, s in (await state(engine)).items()} == {"big": (True, 0, False)}
 
 
+# The services whose outbox carries the trace context of the work that wrote each row.
+TRACED = {"gateway"}
+
+
 @pytest.mark.parametrize("service", ["gateway", "executor", "reconciler", "pool"])
 async def test_every_service_outbox_is_migrated_to_the_shared_shape(service_engine, service):
     engine = await service_engine(service)
@@ -259,7 +263,9 @@ async def test_every_service_outbox_is_migrated_to_the_shared_shape(service_engi
                 )
             ).all()
         )
-    assert set(columns) == {c.name for c in outbox.columns}
+    # The shared shape; a traced outbox (libs/tracing.py) has its trace column besides.
+    shape = outbox_table(MetaData(), traced=service in TRACED)
+    assert set(columns) == {c.name for c in shape.columns}
     assert "WHERE ((sent_at IS NULL) AND (quarantined_at IS NULL))" in indexes["outbox_unsent"]
     assert "WHERE (quarantined_at IS NOT NULL)" in indexes["outbox_quarantined"]
 
