@@ -130,6 +130,34 @@ const cell = (name, payload, depends_on = []) => ({
 });
 const nodes = (task) => task.nodes.map((n) => `${n.node_id}=${n.status}`).join(" ");
 
+// Resume a FAILED task through the reconciler (once it holds it), then watch it to its end.
+async function resume(failed) {
+  let resumed;
+  for (let attempt = 0; !resumed; attempt++) {
+    try {
+      resumed = await call(reconciler, "RedriveTask", {
+        task_id: failed.task_id,
+        actor: "node-example",
+        reason: "the downstream was fixed",
+        include_permanent: true,
+      });
+    } catch (error) {
+      // NOT_FOUND until the reconciler has recorded the failure.
+      if (error.code !== grpc.status.NOT_FOUND || attempt >= 100) throw error;
+      await new Promise((r) => setTimeout(r, 100 * Math.min(attempt + 1, 10)));
+    }
+  }
+  console.log(`resumed ${resumed.task.task_id}: ${resumed.task.state}`);
+  // Until the executor takes the redrive, the task is still the FAILED one: a watch of it
+  // ends at once. Watch again until a newer generation has ended.
+  let after = failed;
+  while (after.status === "TASK_STATUS_FAILED" && after.generation === failed.generation) {
+    await new Promise((r) => setTimeout(r, 100));
+    after = await watch(failed.task_id);
+  }
+  console.log(`watched ${after.task_id} to ${after.status} after the resume`);
+}
+
 async function main() {
   // 1. Submit a two-cell task (the second after the first) under an idempotency key; the
   //    same key again is the same task.
@@ -159,8 +187,14 @@ async function main() {
     ],
   });
   await watch(held.task_id, (task) => task.nodes.some((n) => n.status === "NODE_STATUS_RUNNING"));
-  const cancelled = (await call(gateway, "CancelTask", { task_id: held.task_id })).task;
-  console.log(`cancel requested for ${cancelled.task_id}: ${cancelled.cancel_requested}`);
+  try {
+    const cancelled = (await call(gateway, "CancelTask", { task_id: held.task_id })).task;
+    console.log(`cancel requested for ${cancelled.task_id}: ${cancelled.cancel_requested}`);
+  } catch (error) {
+    // A task that finished first cannot be cancelled any more.
+    if (error.code !== grpc.status.FAILED_PRECONDITION) throw error;
+    console.log(`not cancelled: ${readable(error)}`);
+  }
 
   // 4. A task that fails, resumed through the reconciler once it holds it.
   const failing = await call(gateway, "Submit", {
@@ -169,30 +203,7 @@ async function main() {
   });
   const failed = await watch(failing.task_id);
   console.log(`watched ${failed.task_id} to ${failed.status}`);
-  let resumed;
-  for (let attempt = 0; !resumed; attempt++) {
-    try {
-      resumed = await call(reconciler, "RedriveTask", {
-        task_id: failing.task_id,
-        actor: "node-example",
-        reason: "the downstream was fixed",
-        include_permanent: true,
-      });
-    } catch (error) {
-      // NOT_FOUND until the reconciler has recorded the failure.
-      if (error.code !== grpc.status.NOT_FOUND || attempt >= 100) throw error;
-      await new Promise((r) => setTimeout(r, 100 * Math.min(attempt + 1, 10)));
-    }
-  }
-  console.log(`resumed ${resumed.task.task_id}: ${resumed.task.state}`);
-  // Until the executor takes the redrive, the task is still the FAILED one: a watch of it
-  // ends at once. Watch again until a newer generation has ended.
-  let after = failed;
-  while (after.status === "TASK_STATUS_FAILED" && after.generation === failed.generation) {
-    await new Promise((r) => setTimeout(r, 100));
-    after = await watch(failing.task_id);
-  }
-  console.log(`watched ${after.task_id} to ${after.status} after the resume`);
+  if (failed.status === "TASK_STATUS_FAILED") await resume(failed);
 
   // 5. The business's tasks, a page at a time.
   const ids = [];
