@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +61,7 @@ def generate(out_dir: Path) -> None:
         generated = Path(raw) / "dispo"
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "__init__.py").write_text(_API_INIT)
-        shutil.copyfile(Path(raw) / DESCRIPTOR_SET, out_dir / DESCRIPTOR_SET)
+        (out_dir / DESCRIPTOR_SET).write_bytes(_as_generated(Path(raw) / DESCRIPTOR_SET))
         for path in sorted(generated.rglob("*")):
             target = out_dir / path.relative_to(generated)
             if path.is_dir():
@@ -69,6 +70,24 @@ def generate(out_dir: Path) -> None:
                 continue
             text = _IMPORT.sub(r"\1 dispo.libs.api.", path.read_text())
             target.write_text(text)
+
+
+def _as_generated(path: Path) -> bytes:
+    """The descriptor set at ``path`` without the ``json_name`` protoc adds to every field.
+    The generated modules leave it out, and with it reflection clients (grpcurl) would print
+    camelCase names (``taskId``) instead of the proto names every example shows."""
+    from google.protobuf import descriptor_pb2
+
+    def strip(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+        for message in messages:
+            for field in message.field:
+                field.ClearField("json_name")
+            strip(message.nested_type)
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes())
+    for file in files.file:
+        strip(file.message_type)
+    return files.SerializeToString(deterministic=True)
 
 
 def _same_tree(a: Path, b: Path) -> list[str]:
