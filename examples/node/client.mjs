@@ -5,8 +5,8 @@
 //   DISPO_TOKEN=... node client.mjs            # against the stack `dispo up` started
 //
 // Environment: DISPO_TOKEN (required; a business token or the admin token),
-// DISPO_GATEWAY (127.0.0.1:50051), DISPO_RECONCILER (127.0.0.1:50053), DISPO_BUSINESS
-// (ecommerce), DISPO_RUN (a suffix making this run's idempotency keys and payloads its own;
+// GATEWAY (127.0.0.1:50051), RECONCILER (127.0.0.1:50053), BUSINESS
+// (ecommerce), RUN (a suffix making this run's idempotency keys and payloads its own;
 // default: the time). The cells are the example catalogue's (libs/catalogue/
 // content_governance.yaml), which `dispo up` loads, calling its demo downstream.
 import path from "node:path";
@@ -17,11 +17,11 @@ import protoLoader from "@grpc/proto-loader";
 import protobuf from "protobufjs";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const PROTOS = process.env.DISPO_PROTOS ?? path.resolve(HERE, "../../protos");
-const GATEWAY = process.env.DISPO_GATEWAY ?? "127.0.0.1:50051";
-const RECONCILER = process.env.DISPO_RECONCILER ?? "127.0.0.1:50053";
-const BUSINESS = process.env.DISPO_BUSINESS ?? "ecommerce";
-const RUN = process.env.DISPO_RUN ?? String(Date.now());
+const PROTOS = process.env.PROTOS ?? path.resolve(HERE, "../../protos");
+const GATEWAY = process.env.GATEWAY ?? "127.0.0.1:50051";
+const RECONCILER = process.env.RECONCILER ?? "127.0.0.1:50053";
+const BUSINESS = process.env.BUSINESS ?? "ecommerce";
+const RUN = process.env.RUN ?? String(Date.now());
 const TOKEN = process.env.DISPO_TOKEN;
 if (!TOKEN) {
   console.error("set DISPO_TOKEN (dispo up wrote the admin token to .dispo/admin.token)");

@@ -89,10 +89,10 @@ async def test_the_node_client_submits_watches_lists_cancels_resumes_and_reads_e
         env={
             "PATH": os.environ["PATH"],
             "DISPO_TOKEN": token,
-            "DISPO_GATEWAY": gateway.address,
-            "DISPO_RECONCILER": reconciler.address,
-            "DISPO_BUSINESS": BUSINESS,
-            "DISPO_RUN": "r1",
+            "GATEWAY": gateway.address,
+            "RECONCILER": reconciler.address,
+            "BUSINESS": BUSINESS,
+            "RUN": "r1",
         },
     )
     out = ran.stdout
