@@ -137,6 +137,12 @@ class CommonSettings(BaseSettings):
         " (`dispo up` and the test fixtures hand it over; on a cluster, make one with"
         " `dispo tokens create --service <name>`)",
     )
+    signing_key: str = Field(
+        default="",
+        description="The key webhook signing secrets are derived from (64 hex digits), held by"
+        " the gateway (it makes a business's secret) and the reconciler (it signs callbacks)"
+        " only; no default: `dispo up` makes one in the data folder (docs/security.md)",
+    )
     auth_cache_seconds: float = Field(
         default=5.0,
         ge=0,

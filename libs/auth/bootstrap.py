@@ -4,7 +4,9 @@ In the data folder, owner-only (0600, in a 0700 folder):
 
 - ``admin.token``: the first admin token, which the CLI reads by default;
 - ``auth/credentials.json``: that token and one service token per process of the stack,
-  each handed to its process as ``DISPO_SERVICE_TOKEN``;
+  each handed to its process as ``DISPO_SERVICE_TOKEN``, and the signing key of webhook
+  callbacks (:mod:`.signing`), handed to the gateway and the reconciler only as
+  ``DISPO_SIGNING_KEY``;
 - ``auth/bootstrap.json``: their ids, kinds and hashes only. The stack stores them before it
   starts the services, with the gateway's database credentials (:func:`prepare_token_store`),
   and so does the gateway on start (``DISPO_GATEWAY_AUTH_BOOTSTRAP_FILE``): each inserts a
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dispo.libs.auth import store
+from dispo.libs.auth.signing import new_key
 from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.clock import Clock
 from dispo.libs.db import create_engine, migrate
@@ -50,6 +53,8 @@ class StackCredentials:
     services: dict[str, Credential]
     admin_token_file: Path
     bootstrap_file: Path
+    # DISPO_SIGNING_KEY of the gateway and the reconciler.
+    signing_key: str = ""
 
     def service_token(self, service: str) -> str:
         return self.services[service].secret
@@ -73,6 +78,8 @@ def stack_credentials(data_dir: Path, services: list[str]) -> StackCredentials:
         "kind": Kind.ADMIN.value,
     }
     service_data: dict[str, dict[str, str]] = dict(known.get("services", {}))
+    signing_key = known.get("signing_key") or new_key()  # a folder from before it: made now
+    changed = changed or "signing_key" not in known
     for name in services:
         if name not in service_data:
             changed = True
@@ -86,7 +93,13 @@ def stack_credentials(data_dir: Path, services: list[str]) -> StackCredentials:
     creds = {name: _credential(data) for name, data in service_data.items()}
     if changed:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(path, json.dumps({"admin": admin_data, "services": service_data}, indent=2))
+        write_private(
+            path,
+            json.dumps(
+                {"admin": admin_data, "services": service_data, "signing_key": signing_key},
+                indent=2,
+            ),
+        )
         entries = [admin, *creds.values()]
         write_private(
             data_dir / BOOTSTRAP_FILE,
@@ -106,7 +119,7 @@ def stack_credentials(data_dir: Path, services: list[str]) -> StackCredentials:
     admin_file = data_dir / ADMIN_TOKEN_FILE
     if not admin_file.exists() or admin_file.read_text().strip() != admin.secret:
         write_private(admin_file, admin.secret + "\n")
-    return StackCredentials(admin, creds, admin_file, data_dir / BOOTSTRAP_FILE)
+    return StackCredentials(admin, creds, admin_file, data_dir / BOOTSTRAP_FILE, signing_key)
 
 
 async def apply_bootstrap(engine: AsyncEngine, path: Path, clock: Clock) -> int:

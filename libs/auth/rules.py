@@ -61,7 +61,13 @@ RULES: dict[str, Rule] = {
         ListCells=BUSINESS,
     ),
     **_methods(
-        "dispo.auth.v1.TokenService", CreateToken=ADMIN, ListTokens=ADMIN, RevokeToken=ADMIN
+        "dispo.auth.v1.TokenService",
+        CreateToken=ADMIN,
+        ListTokens=ADMIN,
+        RevokeToken=ADMIN,
+        RotateSigningSecret=ADMIN,
+        FinishSigningSecretRotation=ADMIN,
+        ListSigningSecrets=ADMIN,
     ),
     **_methods("dispo.executor.v1.ExecutorService", ListDownstreams=ADMIN),
     **_methods(

@@ -1,23 +1,31 @@
-"""dispo.auth.v1.TokenService: create, list and revoke API tokens (the gateway serves it;
-admin tokens only, :mod:`.rules`)."""
+"""dispo.auth.v1.TokenService: create, list and revoke API tokens, and make and rotate the
+businesses' webhook signing secrets (:mod:`.signing`). The gateway serves it; admin tokens
+only (:mod:`.rules`)."""
 
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
 from dispo.libs.api.auth.v1 import auth_pb2 as pb
 from dispo.libs.api.auth.v1 import auth_pb2_grpc
 from dispo.libs.auth import store
+from dispo.libs.auth.signing import (
+    SigningKey,
+    SigningSecretRecord,
+    new_salt,
+    new_secret_id,
+)
 from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import Clock
-from dispo.libs.errors import InvalidArgument, NotFound
+from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.validation import identifier
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
@@ -31,6 +39,9 @@ _KINDS = {
     pb.TOKEN_KIND_SERVICE: Kind.SERVICE,
 }
 _KIND_VALUES = {kind: value for value, kind in _KINDS.items()}
+# How long a previous signing secret stays valid when a rotation is not finished first.
+DEFAULT_GRACE_SECONDS = 86400
+MAX_GRACE_SECONDS = 30 * 86400
 
 
 def token_to_proto(record: TokenRecord) -> pb.Token:
@@ -49,11 +60,52 @@ def token_to_proto(record: TokenRecord) -> pb.Token:
     return out
 
 
+def signing_secret_to_proto(record: SigningSecretRecord) -> pb.SigningSecret:
+    out = pb.SigningSecret(secret_id=record.secret_id, business=record.business)
+    out.created_at.FromDatetime(record.created_at)
+    if record.retires_at is not None:
+        out.retires_at.FromDatetime(record.retires_at)
+    return out
+
+
+def _when(moment: datetime) -> str:
+    return moment.isoformat(timespec="seconds")
+
+
 class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
-    def __init__(self, engine: AsyncEngine, clock: Clock, verifier: TokenVerifier) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        clock: Clock,
+        verifier: TokenVerifier,
+        signing_key: SigningKey | None = None,
+    ) -> None:
         self.engine = engine
         self.clock = clock
         self.verifier = verifier
+        # None: no DISPO_SIGNING_KEY, so no signing secret can be made here.
+        self.signing_key = signing_key
+
+    def _new_signing_secret(
+        self, key: SigningKey, business: str
+    ) -> tuple[SigningSecretRecord, str]:
+        record = SigningSecretRecord(
+            new_secret_id(), business, new_salt(), key.key_id, self.clock.now(), None
+        )
+        return record, key.derive(business, record.secret_id, record.salt)
+
+    async def _first_signing_secret(
+        self, conn: AsyncConnection, business: str
+    ) -> tuple[SigningSecretRecord, str] | None:
+        """The business's first signing secret, made with its token; None if it has one
+        (or this gateway has no signing key)."""
+        if self.signing_key is None:
+            log.warning("no signing secret made: DISPO_SIGNING_KEY is not set", business=business)
+            return None
+        record, secret = self._new_signing_secret(self.signing_key, business)
+        if not await store.signing_secret_insert_if_none(conn, record):
+            return None
+        return record, secret
 
     def _record(self, request: pb.CreateTokenRequest) -> TokenRecord:
         kind = _KINDS.get(request.kind)
@@ -87,16 +139,24 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
     ) -> pb.CreateTokenResponse:
         record = self._record(request)
         secret = new_secret()
+        signing = None
         async with self.engine.begin() as conn:
             await store.token_insert(conn, record, secret_hash(secret))
+            if record.kind is Kind.BUSINESS:
+                signing = await self._first_signing_secret(conn, record.business)
         log.info(
             "token created",
             token_id=record.token_id,
             kind=record.kind.value,
             business=record.business,
             service=record.service,
+            signing_secret=signing[0].secret_id if signing else "",
         )
-        return pb.CreateTokenResponse(token=token_to_proto(record), secret=secret)
+        reply = pb.CreateTokenResponse(token=token_to_proto(record), secret=secret)
+        if signing is not None:
+            reply.signing_secret = signing[1]
+            reply.signing_secret_info.CopyFrom(signing_secret_to_proto(signing[0]))
+        return reply
 
     async def ListTokens(
         self, request: pb.ListTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -119,6 +179,74 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         self.verifier.forget(record.token_id)
         log.info("token revoked", token_id=record.token_id)
         return pb.RevokeTokenResponse(token=token_to_proto(record))
+
+    async def RotateSigningSecret(
+        self, request: pb.RotateSigningSecretRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RotateSigningSecretResponse:
+        business = identifier(request.business, "business", NAME_PATTERN)
+        if not 0 <= request.grace_seconds <= MAX_GRACE_SECONDS:
+            raise InvalidArgument(
+                "grace_seconds", f"0 to {MAX_GRACE_SECONDS} (0: {DEFAULT_GRACE_SECONDS})"
+            )
+        if self.signing_key is None:
+            raise FailedPrecondition(
+                "this gateway has no signing key (DISPO_SIGNING_KEY): it cannot make signing"
+                " secrets"
+            )
+        grace = timedelta(seconds=request.grace_seconds or DEFAULT_GRACE_SECONDS)
+        new, secret = self._new_signing_secret(self.signing_key, business)
+        async with self.engine.begin() as conn:
+            valid = await store.signing_secrets_valid(conn, [business], new.created_at, lock=True)
+            rotating = [r for r in valid if r.retires_at is not None]
+            if rotating:
+                raise FailedPrecondition(
+                    f"business {business!r} is in a rotation: its previous signing secret is"
+                    f" valid until {_when(rotating[0].retires_at or new.created_at)}; finish"
+                    f" it first (`dispo tokens finish-rotation --business {business}`)"
+                )
+            previous = None
+            for current in valid:  # at most one: the current secret
+                previous = replace(current, retires_at=new.created_at + grace)
+                await store.signing_secret_retire_current_if(
+                    conn, current.secret_id, previous.retires_at or new.created_at
+                )
+            if not await store.signing_secret_insert_if_none(conn, new):
+                raise FailedPrecondition(
+                    f"business {business!r}'s signing secret was made by another call at the"
+                    " same moment; rotate it if you need a new one"
+                )
+        log.info(
+            "signing secret rotated",
+            business=business,
+            secret_id=new.secret_id,
+            previous=previous.secret_id if previous else "",
+        )
+        reply = pb.RotateSigningSecretResponse(current=signing_secret_to_proto(new), secret=secret)
+        if previous is not None:
+            reply.previous.CopyFrom(signing_secret_to_proto(previous))
+        return reply
+
+    async def FinishSigningSecretRotation(
+        self,
+        request: pb.FinishSigningSecretRotationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.FinishSigningSecretRotationResponse:
+        business = identifier(request.business, "business", NAME_PATTERN)
+        now = self.clock.now()
+        async with self.engine.begin() as conn:
+            retired = await store.signing_secrets_retire_previous(conn, business, now)
+            valid = await store.signing_secrets_valid(conn, [business], now)
+        if not retired:
+            raise FailedPrecondition(f"business {business!r} has no rotation in progress")
+        log.info("signing secret rotation finished", business=business)
+        return pb.FinishSigningSecretRotationResponse(current=signing_secret_to_proto(valid[0]))
+
+    async def ListSigningSecrets(
+        self, request: pb.ListSigningSecretsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListSigningSecretsResponse:
+        async with self.engine.connect() as conn:
+            records = await store.signing_secret_list(conn, request.business, self.clock.now())
+        return pb.ListSigningSecretsResponse(secrets=[signing_secret_to_proto(r) for r in records])
 
 
 def add_to_server(servicer: TokenServicer, server: grpc.aio.Server) -> None:

@@ -1,5 +1,6 @@
 """SQL of the token store: ``auth.tokens``, written by the gateway only and read by every
-service (each looks up the bearer of a call by its hash). Names are schema-qualified: every
+service (each looks up the bearer of a call by its hash), and ``auth.signing_secrets`` (the
+gateway writes them, the reconciler signs with them). Names are schema-qualified: every
 service's engine has its own schema first on its search path."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from dispo.libs.auth.signing import SigningSecretRecord
 from dispo.libs.auth.tokens import Kind, TokenRecord
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -114,3 +116,109 @@ async def token_revoke_if_live(
         {"id": token_id, "now": now},
     )
     return await token_get(conn, token_id)
+
+
+# Webhook signing secrets (dispo.libs.auth.signing): salts, never secrets.
+_SECRET_COLUMNS = "id, business, salt, key_id, created_at, retires_at"
+
+
+def _secret_record(row: Any) -> SigningSecretRecord:
+    return SigningSecretRecord(
+        row.id, row.business, bytes(row.salt), row.key_id, row.created_at, row.retires_at
+    )
+
+
+async def signing_secret_insert_if_none(conn: AsyncConnection, record: SigningSecretRecord) -> bool:
+    """Insert ``record`` as its business's current secret unless the business has one.
+    True if inserted."""
+    result = await conn.execute(
+        text(
+            "INSERT INTO auth.signing_secrets (id, business, salt, key_id, created_at)"
+            " VALUES (:id, :business, :salt, :key_id, :created_at)"
+            " ON CONFLICT (business) WHERE retires_at IS NULL DO NOTHING RETURNING id"
+        ),
+        {
+            "id": record.secret_id,
+            "business": record.business,
+            "salt": record.salt,
+            "key_id": record.key_id,
+            "created_at": record.created_at,
+        },
+    )
+    return result.first() is not None
+
+
+async def signing_secrets_valid(
+    conn: AsyncConnection, businesses: list[str], now: datetime, *, lock: bool = False
+) -> list[SigningSecretRecord]:
+    """The secrets of ``businesses`` valid at ``now``: current ones and previous ones not yet
+    retired, newest first per business (``lock``: FOR UPDATE, to rotate)."""
+    rows = await conn.execute(
+        text(
+            f"SELECT {_SECRET_COLUMNS} FROM auth.signing_secrets"
+            " WHERE business = ANY(:businesses) AND (retires_at IS NULL OR retires_at > :now)"
+            " ORDER BY business, created_at DESC, id" + (" FOR UPDATE" if lock else "")
+        ),
+        {"businesses": businesses, "now": now},
+    )
+    return [_secret_record(r) for r in rows]
+
+
+async def signing_secret_exists(conn: AsyncConnection, business: str) -> bool:
+    """Whether ``business`` has a current signing secret."""
+    row = (
+        await conn.execute(
+            text(
+                "SELECT 1 FROM auth.signing_secrets"
+                " WHERE business = :business AND retires_at IS NULL"
+            ),
+            {"business": business},
+        )
+    ).first()
+    return row is not None
+
+
+async def signing_secret_retire_current_if(
+    conn: AsyncConnection, secret_id: str, retires_at: datetime
+) -> bool:
+    """Make the current secret ``secret_id`` a previous one, valid until ``retires_at``.
+    False if it is not current any more (a rotation that raced this one)."""
+    result = await conn.execute(
+        text(
+            "UPDATE auth.signing_secrets SET retires_at = :at"
+            " WHERE id = :id AND retires_at IS NULL RETURNING id"
+        ),
+        {"id": secret_id, "at": retires_at},
+    )
+    return result.first() is not None
+
+
+async def signing_secrets_retire_previous(
+    conn: AsyncConnection, business: str, now: datetime
+) -> int:
+    """End ``business``'s rotation: its previous secrets not yet retired retire at ``now``.
+    How many did."""
+    result = await conn.execute(
+        text(
+            "UPDATE auth.signing_secrets SET retires_at = :now"
+            " WHERE business = :business AND retires_at > :now RETURNING id"
+        ),
+        {"business": business, "now": now},
+    )
+    return len(result.all())
+
+
+async def signing_secret_list(
+    conn: AsyncConnection, business: str, now: datetime
+) -> list[SigningSecretRecord]:
+    """The secrets valid at ``now`` of ``business`` (empty: of every business)."""
+    clause = "business = :business AND " if business else ""
+    rows = await conn.execute(
+        text(
+            f"SELECT {_SECRET_COLUMNS} FROM auth.signing_secrets"
+            f" WHERE {clause}(retires_at IS NULL OR retires_at > :now)"
+            " ORDER BY business, created_at DESC, id"
+        ),
+        {"business": business, "now": now},
+    )
+    return [_secret_record(r) for r in rows]

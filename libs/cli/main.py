@@ -6,7 +6,8 @@ dispo up --pool-driver openclaw     the pool's crons as automations of an OpenCl
 dispo up --tls                      every server and channel over TLS, with a local CA
 dispo down                          stop a stack running in the background (or elsewhere)
 dispo status [--json]               health and address of each service
-dispo tokens create|list|revoke     API tokens (admin): see dispo.libs.cli.tokens
+dispo tokens create|list|revoke     API tokens and webhook signing secrets (admin): see
+                                    dispo.libs.cli.tokens
 dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
 dispo bench faults [options]        the fault campaign: what a crash loses, leaves or repeats
 """

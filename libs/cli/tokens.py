@@ -1,9 +1,14 @@
-"""``dispo tokens``: issue, list and revoke API tokens through the gateway's TokenService.
+"""``dispo tokens``: issue, list and revoke API tokens, and rotate the businesses' webhook
+signing secrets, through the gateway's TokenService.
 
-dispo tokens create --business ecommerce [--expires 30d] [--label …]   a business's token
+dispo tokens create --business ecommerce [--expires 30d] [--label …]   a business's token (its
+                                                                       first: and its signing secret)
 dispo tokens create --admin | --service reconciler                     an operator's, a service's
 dispo tokens list [--business ecommerce] [--all]                       without secrets
 dispo tokens revoke tok_…                                              refused from now on
+dispo tokens rotate-secret --business ecommerce [--grace 24h]          a new signing secret
+dispo tokens finish-rotation --business ecommerce                      the previous one retires
+dispo tokens secrets [--business ecommerce]                            valid signing secrets
 
 The caller's own token is ``--token``, else ``DISPO_TOKEN``, else the admin token ``dispo up``
 wrote in the data folder; the gateway is the running stack's, else ``DISPO_GATEWAY_*``.
@@ -50,6 +55,56 @@ def _line(token: pb.Token) -> str:
     return f"{token.token_id:<22} {kind:<9} {bound:<16} expires {expires}{revoked}  {token.label}"
 
 
+def _show_secret(item: Any) -> dict[str, Any]:
+    return MessageToDict(item, preserving_proto_field_name=True)
+
+
+def _secret_line(item: pb.SigningSecret) -> str:
+    state = (
+        "previous, valid until " + item.retires_at.ToJsonString()
+        if item.HasField("retires_at")
+        else "current"
+    )
+    return f"{item.secret_id:<22} {item.business:<16} {state}"
+
+
+def _run_secrets(args: argparse.Namespace, stub: auth_pb2_grpc.TokenServiceStub) -> int:
+    if args.tokens_command == "rotate-secret":
+        rotated = stub.RotateSigningSecret(
+            pb.RotateSigningSecretRequest(business=args.business, grace_seconds=args.grace or 0),
+            timeout=10,
+        )
+        if args.json:
+            print(json.dumps(_show_secret(rotated), indent=2))
+            return 0
+        print(rotated.secret)
+        lines = [_secret_line(rotated.current)]
+        if rotated.HasField("previous"):
+            lines.append(_secret_line(rotated.previous))
+        lines.append("(the secret above is shown this once)")
+        print("\n".join(lines), file=sys.stderr)
+        return 0
+    if args.tokens_command == "finish-rotation":
+        done = stub.FinishSigningSecretRotation(
+            pb.FinishSigningSecretRotationRequest(business=args.business), timeout=10
+        )
+        print(
+            json.dumps(_show_secret(done.current), indent=2)
+            if args.json
+            else _secret_line(done.current)
+        )
+        return 0
+    listed = stub.ListSigningSecrets(
+        pb.ListSigningSecretsRequest(business=args.business or ""), timeout=10
+    )
+    if args.json:
+        print(json.dumps([_show_secret(s) for s in listed.secrets], indent=2))
+    else:
+        for item in listed.secrets:
+            print(_secret_line(item))
+    return 0
+
+
 def run(args: argparse.Namespace, gateway: str, token: str, tls: ClientTLS | None = None) -> int:
     with open_sync_channel(gateway, token, tls=tls) as channel:
         stub = auth_pb2_grpc.TokenServiceStub(channel)
@@ -61,6 +116,8 @@ def run(args: argparse.Namespace, gateway: str, token: str, tls: ClientTLS | Non
 
 
 def _run(args: argparse.Namespace, stub: auth_pb2_grpc.TokenServiceStub) -> int:
+    if args.tokens_command in ("rotate-secret", "finish-rotation", "secrets"):
+        return _run_secrets(args, stub)
     if args.tokens_command == "create":
         kind = (
             pb.TOKEN_KIND_ADMIN
@@ -80,10 +137,21 @@ def _run(args: argparse.Namespace, stub: auth_pb2_grpc.TokenServiceStub) -> int:
             timeout=10,
         )
         if args.json:
-            print(json.dumps({"token": _show(reply.token), "secret": reply.secret}, indent=2))
+            shown: dict[str, Any] = {"token": _show(reply.token), "secret": reply.secret}
+            if reply.signing_secret:
+                shown["signing_secret"] = reply.signing_secret
+                shown["signing_secret_info"] = _show_secret(reply.signing_secret_info)
+            print(json.dumps(shown, indent=2))
         else:
             print(reply.secret)
-            print(f"{_line(reply.token)}\n(the secret above is shown this once)", file=sys.stderr)
+            note = f"{_line(reply.token)}\n(the secret above is shown this once)"
+            if reply.signing_secret:
+                print(reply.signing_secret)
+                note += (
+                    "\nthe second line is the business's webhook signing secret, also shown"
+                    " this once (docs/security.md)"
+                )
+            print(note, file=sys.stderr)
         return 0
     if args.tokens_command == "list":
         listed = stub.ListTokens(
@@ -120,5 +188,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     listing.add_argument("--all", action="store_true", help="revoked tokens too")
     revoke = actions.add_parser("revoke", help="refuse the token from now on")
     revoke.add_argument("token_id")
+    rotate = actions.add_parser(
+        "rotate-secret",
+        help="a new webhook signing secret for a business, printed once (its first, if none);"
+        " the previous one stays valid until finish-rotation or the grace period ends",
+    )
+    rotate.add_argument("--business", required=True)
+    rotate.add_argument(
+        "--grace",
+        type=duration_seconds,
+        help="how long the previous secret stays valid at most (default 24h)",
+    )
+    finish = actions.add_parser(
+        "finish-rotation", help="the previous signing secret stops signing callbacks now"
+    )
+    finish.add_argument("--business", required=True)
+    listed = actions.add_parser("secrets", help="valid signing secrets, without the secrets")
+    listed.add_argument("--business", help="only this business's")
     parser: argparse.ArgumentParser = tokens
     return parser

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from dispo.libs.auth.bootstrap import StackCredentials, prepare_token_store, stack_credentials
+from dispo.libs.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
 from dispo.libs.clock import SystemClock
 from dispo.libs.db.passwords import PASSWORDS_FILE, kept_passwords
 from dispo.libs.db.roles import (
@@ -189,6 +190,8 @@ def service_specs(
         env = {"DISPO_SERVICE_TOKEN": credentials.service_token(name)}
         if name == "gateway":  # the token store's writer stores the stack's tokens
             env["DISPO_GATEWAY_AUTH_BOOTSTRAP_FILE"] = str(credentials.bootstrap_file)
+        if name in SIGNING_KEY_HOLDERS:  # one set in the environment is the operator's
+            env[KEY_ENV] = os.environ.get(KEY_ENV) or credentials.signing_key
         return env
 
     for service in options.services:

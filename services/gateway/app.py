@@ -15,6 +15,7 @@ from dispo.libs.auth import MIGRATIONS as AUTH_MIGRATIONS
 from dispo.libs.auth import SCHEMA as AUTH_SCHEMA
 from dispo.libs.auth import servicer as tokens
 from dispo.libs.auth.bootstrap import apply_bootstrap
+from dispo.libs.auth.signing import configured_key
 from dispo.libs.bus import ACK, Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.contracts import tasks
@@ -29,6 +30,7 @@ SERVICE_NAME = "dispo.gateway.v1.GatewayService"
 
 async def setup(rt: Runtime) -> None:
     settings = GatewaySettings()
+    signing_key = configured_key(rt.settings.signing_key)  # a malformed key stops the start
     # The token store: every service reads it, the gateway alone writes it (ADR-0040).
     await migrate(rt.engine, AUTH_SCHEMA, AUTH_MIGRATIONS)
     if settings.auth_bootstrap_file:
@@ -73,7 +75,7 @@ async def setup(rt: Runtime) -> None:
         ),
         SERVICE_NAME,
     )
-    token_servicer = tokens.TokenServicer(rt.engine, rt.clock, rt.verifier)
+    token_servicer = tokens.TokenServicer(rt.engine, rt.clock, rt.verifier, signing_key)
     rt.add_servicer(
         lambda server: tokens.add_to_server(token_servicer, server), tokens.SERVICE_NAME
     )

@@ -16,12 +16,13 @@ from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.auth import store as auth_store
 from dispo.libs.batcher import Batcher
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
-from dispo.libs.egress import AllowList
-from dispo.libs.errors import FailedPrecondition, NotFound, ResourceExhausted
+from dispo.libs.egress import NATS_SCHEME, AllowList
+from dispo.libs.errors import FailedPrecondition, FieldViolation, NotFound, ResourceExhausted
 from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import OutboxRelay, OutboxRow
@@ -101,6 +102,9 @@ class Gateway:
         self.clock = clock
         self.watch_poll_interval = watch_poll_interval
         self._changed: dict[str, asyncio.Event] = {}
+        # Businesses seen with a signing secret: a current secret is never removed, so a
+        # business found once needs no second read.
+        self._signed: set[str] = set()
         # Group commit of accepted tasks (ADR 0022): one transaction per flush.
         self.submits: Batcher[repo.NewTask, Accepted] = Batcher(
             "submits",
@@ -124,6 +128,7 @@ class Gateway:
         """Validate and expand here; record the task (or find the one holding its
         idempotency key) in the next flush; answer once that flush committed."""
         validate(sub, self.catalogue, self.limits, self.egress)
+        await self._require_signing_secret(sub)
         task_id = uuid.uuid4().hex
         nodes = expand(task_id, sub, self.catalogue, self.limits)
         now = self.clock.now()
@@ -145,6 +150,27 @@ class Gateway:
         if not accepted.duplicate:
             log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
         return accepted
+
+    async def _require_signing_secret(self, sub: Submission) -> None:
+        """A webhook callback is signed with the business's signing secret, so a business
+        without one cannot ask for one (FAILED_PRECONDITION naming ``callback_url``; nothing is
+        written). A ``nats:`` callback needs none: the bus's permissions say who published."""
+        if not sub.callback_url or sub.callback_url.startswith(NATS_SCHEME):
+            return
+        if sub.business in self._signed:
+            return
+        async with self.engine.connect() as conn:
+            found = await auth_store.signing_secret_exists(conn, sub.business)
+        if not found:
+            why = (
+                f"business {sub.business!r} has no webhook signing secret to sign the callback"
+                f" with; make one with `dispo tokens rotate-secret --business {sub.business}`"
+                " (a business's first token makes it too), or use a nats: callback"
+            )
+            raise FailedPrecondition(f"callback_url: {why}", [FieldViolation("callback_url", why)])
+        if len(self._signed) >= 100_000:
+            self._signed.clear()
+        self._signed.add(sub.business)
 
     def _check_envelope_size(self, task_id: str, size: int, node_ids: list[str]) -> None:
         """Refuse a task whose envelope (``size`` bytes as accepted) could not travel on the

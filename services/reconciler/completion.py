@@ -2,7 +2,8 @@
 
 1. *finished* — the first terminal status snapshot of a task (task.status.<task_id>);
 2. *notified* — the completion notification delivered to the caller's callback: an HTTP
-   webhook (POST, HMAC-SHA256 signed, retried with backoff) or a NATS subject
+   webhook (POST, HMAC-SHA256 signed with each valid signing secret of the task's business,
+   retried with backoff) or a NATS subject
    (``nats:<subject>``, published with a message id); every attempt is recorded;
 3. *reconciled* — the reconcile sweep probed the finished task's nodes whose actions
    have status probes and recorded any disagreement as a finding.
@@ -17,9 +18,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.auth import store as auth_store
+from dispo.libs.auth.signing import SigningSecretRecord
 from dispo.libs.backoff import backoff
 from dispo.libs.contracts import tasks
-from dispo.libs.egress import EgressRefused, check_callback
+from dispo.libs.egress import NATS_SCHEME, EgressRefused, check_callback
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.payload import canonical_json
@@ -108,7 +111,30 @@ def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
     return canonical_json(body)
 
 
-async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
+def signing_secrets(
+    ctx: Context, business: str, records: Sequence[SigningSecretRecord]
+) -> list[str] | str:
+    """The secrets a webhook of ``business`` is signed with, newest first, from its valid
+    records; or why it cannot be signed (it is then not sent: never unsigned)."""
+    key = ctx.signing_key
+    if key is None:
+        return "not sent: the reconciler has no signing key (DISPO_SIGNING_KEY)"
+    if not records:
+        return f"not sent: business {business!r} has no webhook signing secret"
+    # A secret made under another key cannot be derived here (the key was changed: the
+    # business's rotation to a secret under the new one leaves the old one out).
+    usable = [r for r in records if r.key_id == key.key_id]
+    if not usable:
+        return (
+            f"not sent: signing secret {records[0].secret_id} was made under another signing"
+            f" key (key id {records[0].key_id}; this reconciler's is {key.key_id})"
+        )
+    return [key.derive(business, r.secret_id, r.salt) for r in usable]
+
+
+async def _deliver(
+    ctx: Context, row: Any, now: datetime, secrets: dict[str, list[SigningSecretRecord]]
+) -> DeliveryResult:
     env = task_pb2.Task.FromString(row.envelope)
     body = notification(env, row.finished_at)
     attempt = row.notify_attempts + 1
@@ -132,16 +158,23 @@ async def _deliver(ctx: Context, row: Any, now: datetime) -> DeliveryResult:
                 False, None, truncate_error(f"publish to {subject} failed: {error!r}")
             )
         return DeliveryResult(True)
+    signing = signing_secrets(ctx, env.business, secrets.get(env.business, []))
+    if isinstance(signing, str):
+        return DeliveryResult(False, None, signing)
     return await deliver_webhook(
         ctx.http,
         where,
         body,
         task_id=row.task_id,
         attempt=attempt,
-        secret=ctx.settings.callback_secret,
+        secrets=signing,
         timestamp=str(int(now.timestamp())),
         timeout=ctx.settings.http_timeout_seconds,
     )
+
+
+def _webhook(row: Any) -> bool:
+    return not str(row.callback_url).startswith(NATS_SCHEME)
 
 
 async def notify_sweep(ctx: Context) -> int:
@@ -150,7 +183,16 @@ async def notify_sweep(ctx: Context) -> int:
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         rows = await cs.claim_notify(conn, now, ctx.call_lease(now), ctx.settings.batch)
-    results = await asyncio.gather(*(_deliver(ctx, row, now) for row in rows))
+        businesses = sorted(
+            {task_pb2.Task.FromString(r.envelope).business for r in rows if _webhook(r)}
+        )
+        records = (
+            await auth_store.signing_secrets_valid(conn, businesses, now) if businesses else []
+        )
+    secrets: dict[str, list[SigningSecretRecord]] = {}
+    for record in records:  # newest first per business
+        secrets.setdefault(record.business, []).append(record)
+    results = await asyncio.gather(*(_deliver(ctx, row, now, secrets) for row in rows))
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         for row, result in zip(rows, results, strict=False):

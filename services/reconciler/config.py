@@ -42,10 +42,6 @@ class ReconcilerSettings(BaseSettings):
         description="Time between two rounds of the sweeps (0: sweeps run only through RunSweep)",
     )
     batch: int = Field(default=100, description="Rows one sweep handles at most")
-    callback_secret: str = Field(
-        default="dispo-dev-secret",
-        description="Secret of the HMAC-SHA256 signatures on webhook callbacks",
-    )
     http_timeout_seconds: float = Field(
         default=5.0, description="Timeout of probes, health checks and callbacks"
     )

@@ -1,5 +1,6 @@
 """What every part of the reconciler works with: database, clock, policies, HTTP client,
-bus (for NATS callbacks), the outbox relay to kick after a commit, and its service token."""
+bus (for NATS callbacks), the outbox relay to kick after a commit, its service token and the
+signing key of webhook callbacks."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import httpx
+from dispo.libs.auth.signing import SigningKey
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.egress import AllowList
@@ -31,6 +33,9 @@ class Context:
     egress: AllowList = field(default_factory=lambda: AllowList.parse(DEMO_DOWNSTREAM_ORIGIN))
     # The reconciler's own token, on its calls to the gateway (DISPO_SERVICE_TOKEN).
     service_token: str = ""
+    # What webhook callbacks' signing secrets are derived with (DISPO_SIGNING_KEY); None:
+    # webhooks are not sent (never unsigned).
+    signing_key: SigningKey | None = None
 
     def call_lease(self, now: datetime) -> datetime:
         """Until when a sweep holds the rows it claimed while it calls out for them (two

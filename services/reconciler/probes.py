@@ -4,11 +4,10 @@ webhook deliveries. Each returns a plain result; none raises for a network probl
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass
 
 import httpx
+from dispo.libs.auth.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
 from dispo.libs.egress import EgressRefused, join
 from dispo.libs.error_text import truncate_error
 
@@ -49,12 +48,6 @@ async def probe_effect(
     return ProbeResult(done, f"probe reports done={str(done).lower()}")
 
 
-def signature(secret: str, timestamp: str, body: bytes) -> str:
-    """``sha256=<hex>`` of HMAC-SHA256(secret, "<timestamp>." + body)."""
-    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
-    return f"sha256={mac.hexdigest()}"
-
-
 @dataclass(frozen=True)
 class DeliveryResult:
     ok: bool
@@ -69,7 +62,7 @@ async def deliver_webhook(
     *,
     task_id: str,
     attempt: int,
-    secret: str,
+    secrets: list[str],
     timestamp: str,
     timeout: float,
 ) -> DeliveryResult:
@@ -77,8 +70,10 @@ async def deliver_webhook(
         "Content-Type": "application/json",
         "X-Dispo-Task-Id": task_id,
         "X-Dispo-Delivery-Attempt": str(attempt),
-        "X-Dispo-Timestamp": timestamp,
-        "X-Dispo-Signature": signature(secret, timestamp, body),
+        TIMESTAMP_HEADER: timestamp,
+        # One signature per valid secret of the business, newest first (two during a
+        # rotation); a receiver accepts the body if one matches a secret it holds.
+        SIGNATURE_HEADER: signature_header(secrets, timestamp, body),
         # The same on every attempt: a receiver that saw it already can ignore a repeat.
         "Idempotency-Key": f"{task_id}/completion",
     }

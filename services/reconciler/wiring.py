@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import httpx
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.auth.signing import configured_key
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
 from dispo.libs.service import Runtime
@@ -41,6 +42,7 @@ async def wire_recovery(rt: Runtime) -> Context:
         rt.bus,
         egress=rt.settings.egress,
         service_token=rt.settings.service_token,
+        signing_key=configured_key(rt.settings.signing_key),
     )
     rt.add_servicer(
         lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(

@@ -9,6 +9,7 @@ import pytest
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.sdk import DispoError, cell
 from sqlalchemy import text
+from support.auth import signing_secret
 
 from .test_submit import counts
 
@@ -48,7 +49,10 @@ REFUSED_CALLBACKS = [
 ]
 
 
-async def test_callbacks_off_the_list_are_refused_naming_the_field(gateway_client, service_engine):
+async def test_callbacks_off_the_list_are_refused_naming_the_field(
+    gateway_client, service_engine, database_url
+):
+    await signing_secret(database_url, "tests")  # the listed webhooks are signed with it
     for url in REFUSED_CALLBACKS:
         with pytest.raises(DispoError) as refused:
             await gateway_client.submit("tests", [cell("noop")], callback_url=url)

@@ -1,5 +1,6 @@
 """`dispo tokens` against a real gateway: a token is made, shown once, listed without its
-secret, revoked, and refused from then on; a token that expired is refused."""
+secret, revoked, and refused from then on; a token that expired is refused; a business's
+first token brings its webhook signing secret, which `rotate-secret` rotates."""
 
 from __future__ import annotations
 
@@ -49,6 +50,16 @@ async def test_create_list_revoke_through_the_cli(start_service, tokens, tmp_pat
     assert secret.startswith("dispo_") and created["token"]["business"] == "shop"
     assert "expires_at" in created["token"]
     assert await list_cells(gateway, secret) is grpc.StatusCode.OK
+    # the business's first token made its webhook signing secret, shown this once
+    first = created["signing_secret"]
+    assert first.startswith("whsec_") and created["signing_secret_info"]["business"] == "shop"
+
+    rotated = await asyncio.to_thread(
+        dispo, gateway, tokens.admin, "rotate-secret", "--business", "shop", "--grace", "1h"
+    )
+    assert rotated.returncode == 0, rotated.stderr
+    assert rotated.stdout.startswith("whsec_") and first not in rotated.stdout
+    assert "previous, valid until" in rotated.stderr
 
     listed = await asyncio.to_thread(
         dispo, gateway, tokens.admin, "--json", "list", "--business", "shop"

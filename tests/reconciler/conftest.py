@@ -26,7 +26,7 @@ from dispo.reconciler.context import Context
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
 from sqlalchemy import text
-from support.auth import admin_channel, session_tokens
+from support.auth import admin_channel, session_tokens, signing_secret
 
 from .fakes import CallbackReceiver, FakeDownstream
 
@@ -172,7 +172,14 @@ async def receiver(fake_server) -> CallbackReceiver:
 
 
 @pytest.fixture
+async def ecommerce_secret(database_url: str) -> str:
+    """The webhook signing secret of business ``ecommerce`` (the envelopes' business)."""
+    return await signing_secret(database_url, "ecommerce")
+
+
+@pytest.fixture
 async def recon(
+    ecommerce_secret: str,
     service_engine: Any,
     bus: Bus,
     manual_clock: ManualClock,
@@ -192,9 +199,7 @@ async def recon(
             "cells": CELLS,
         }
     )
-    settings = ReconcilerSettings(
-        batch=100, http_timeout_seconds=2.0, callback_secret="test-secret", sweep_interval_seconds=0
-    )
+    settings = ReconcilerSettings(batch=100, http_timeout_seconds=2.0, sweep_interval_seconds=0)
     async with httpx.AsyncClient() as http:
         yield Context(
             engine,
@@ -208,6 +213,7 @@ async def recon(
             # The callbacks' receiver, and a port where nothing listens.
             egress=AllowList.parse(f"{receiver.server.url},http://127.0.0.1:9"),
             service_token=session_tokens().services["reconciler"],
+            signing_key=session_tokens().key,
         )
 
 

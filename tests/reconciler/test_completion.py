@@ -6,8 +6,8 @@ import json
 
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.libs.auth.signing import signature
 from dispo.reconciler import completion
-from dispo.reconciler.probes import signature
 from dispo.reconciler.sweeps import run_sweeps
 
 from .conftest import TS, envelope, node
@@ -54,7 +54,7 @@ async def test_finished_is_recorded_once_and_non_terminal_snapshots_are_ignored(
 
 
 async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(
-    recon, manual_clock, receiver, stub
+    recon, manual_clock, receiver, stub, ecommerce_secret
 ):
     receiver_port_reserved = receiver  # not started: connection refused
     await completion.on_status(recon, finished("cb", callback_url=receiver.url))
@@ -81,7 +81,7 @@ async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(
     assert {n["node_id"]: n["status"] for n in body["nodes"]}["b.skip"] == "CANCELLED"
     headers = got["headers"]
     assert headers["X-Dispo-Signature"] == signature(
-        "test-secret", headers["X-Dispo-Timestamp"], got["body"]
+        ecommerce_secret, headers["X-Dispo-Timestamp"], got["body"]
     )
     assert (
         headers["Idempotency-Key"] == "cb/completion" and headers["X-Dispo-Delivery-Attempt"] == "3"

@@ -16,11 +16,12 @@ import yaml
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.auth.signing import signature
 from dispo.libs.sdk import cell
 from outbox_subjects import assert_outbox_subjects_declared
 from pipeline_fixtures import dump, wait_status, wait_until
 from support import eventually
-from support.auth import admin_channel
+from support.auth import admin_channel, signing_secret
 
 from .conftest import CONFIG
 
@@ -101,7 +102,6 @@ async def start_reconciler(
                 "DISPO_RECONCILER_CONFIG": str(path),
                 "DISPO_CATALOGUE": str(catalogue_file),
                 "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.5",
-                "DISPO_RECONCILER_CALLBACK_SECRET": "e2e-secret",
                 "DISPO_EGRESS_ALLOW": egress_allow,
                 **env,
             },
@@ -198,10 +198,11 @@ async def test_spent_policy_shows_the_task_failed_with_the_reason_through_the_ga
 
 
 async def test_callback_down_then_up_is_notified_once(
-    pipeline, downstream, reconciler, bus, receiver
+    pipeline, downstream, reconciler, bus, receiver, database_url
 ):
     import json
 
+    secret = await signing_secret(database_url, "tests")
     # The receiver is not listening yet: the caller is down.
     subscription = await bus.nc.subscribe("callbacks.tests.done")
     try:
@@ -244,6 +245,10 @@ async def test_callback_down_then_up_is_notified_once(
         await subscription.unsubscribe()
     assert len(receiver.received) == 1
     assert json.loads(receiver.received[0]["body"])["task_id"] == task.task_id
+    headers = receiver.received[0]["headers"]
+    assert headers["X-Dispo-Signature"] == signature(
+        secret, headers["X-Dispo-Timestamp"], receiver.received[0]["body"]
+    )
     assert reply.completion.notify_state == pb.NOTIFY_STATE_DELIVERED and reply.completion.HasField(
         "notified_at"
     )

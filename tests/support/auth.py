@@ -6,6 +6,7 @@ clients and service processes authenticate as in a real stack.
     tokens.services["reconciler"]                 # what start_service hands the reconciler
     async with admin_channel(service.address) as channel: ...   # an operator's channel
     token_id, secret = await business_token(database_url, "ecommerce")
+    secret = await signing_secret(database_url, "ecommerce")   # the webhook signing secret
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from dispo.libs.auth import (
     open_sync_channel,
     store,
 )
+from dispo.libs.auth.signing import (
+    KEY_ENV,
+    SIGNING_KEY_HOLDERS,
+    SigningKey,
+    SigningSecretRecord,
+    new_key,
+    new_salt,
+    new_secret_id,
+)
 from dispo.libs.auth.tokens import TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.clock import SystemClock
 from dispo.libs.db import create_engine
@@ -41,11 +51,13 @@ class TestTokens:
 
     admin: str
     services: dict[str, str]
+    # DISPO_SIGNING_KEY of the gateways and reconcilers the tests start.
+    signing_key: str
 
     @classmethod
     def make(cls) -> TestTokens:
         """New tokens for this session (:func:`session_tokens` returns them from now on)."""
-        made = cls(new_secret(), {name: new_secret() for name in CALLERS})
+        made = cls(new_secret(), {name: new_secret() for name in CALLERS}, new_key())
         _session.append(made)
         return made
 
@@ -65,8 +77,16 @@ class TestTokens:
             await engine.dispose()
 
     def service_env(self, name: str) -> dict[str, str]:
-        """The environment that hands ``name`` (a service or ``pool-worker``) its token."""
-        return {"DISPO_SERVICE_TOKEN": self.services[name]}
+        """The environment that hands ``name`` (a service or ``pool-worker``) its token, and
+        the gateway and the reconciler the signing key, as ``dispo up`` does."""
+        env = {"DISPO_SERVICE_TOKEN": self.services[name]}
+        if name in SIGNING_KEY_HOLDERS:
+            env[KEY_ENV] = self.signing_key
+        return env
+
+    @property
+    def key(self) -> SigningKey:
+        return SigningKey.parse(self.signing_key)
 
 
 def record(
@@ -90,6 +110,23 @@ async def business_token(
     finally:
         await engine.dispose()
     return made.token_id, secret
+
+
+async def signing_secret(database_url: str, business: str) -> str:
+    """A current webhook signing secret for ``business`` in the test's database, made under
+    the session's signing key (unless it has one): the secret."""
+    key = session_tokens().key
+    made = SigningSecretRecord(
+        new_secret_id(), business, new_salt(), key.key_id, datetime.now(UTC), None
+    )
+    engine = create_engine(database_url, "auth")
+    try:
+        async with engine.begin() as conn:
+            if not await store.signing_secret_insert_if_none(conn, made):
+                raise RuntimeError(f"{business!r} has a signing secret already")
+    finally:
+        await engine.dispose()
+    return key.derive(business, made.secret_id, made.salt)
 
 
 def authorizer(engine: AsyncEngine, rules: dict[str, Rule] | None = None) -> Authorizer:

@@ -155,21 +155,33 @@ class CreateTokenResponse(_message.Message):
 
     TOKEN_FIELD_NUMBER: _builtins.int
     SECRET_FIELD_NUMBER: _builtins.int
+    SIGNING_SECRET_FIELD_NUMBER: _builtins.int
+    SIGNING_SECRET_INFO_FIELD_NUMBER: _builtins.int
     secret: _builtins.str
     """The bearer token itself: shown here once, stored nowhere."""
+    signing_secret: _builtins.str
+    """The business's webhook signing secret, when this call made its first one (a business
+    token for a business that had none): shown here once, stored nowhere. Empty otherwise.
+    """
     @_builtins.property
     def token(self) -> Global___Token:
         """The token's record."""
+
+    @_builtins.property
+    def signing_secret_info(self) -> Global___SigningSecret:
+        """What signing_secret is, when it is set."""
 
     def __init__(
         self,
         *,
         token: Global___Token | None = ...,
         secret: _builtins.str = ...,
+        signing_secret: _builtins.str = ...,
+        signing_secret_info: Global___SigningSecret | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["signing_secret_info", b"signing_secret_info", "token", b"token"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret", "signing_secret", b"signing_secret", "signing_secret_info", b"signing_secret_info", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -270,3 +282,199 @@ class RevokeTokenResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeTokenResponse: _TypeAlias = RevokeTokenResponse  # noqa: Y015
+
+@_typing.final
+class SigningSecret(_message.Message):
+    """A business's webhook signing secret, without the secret: callbacks to a webhook carry one
+    signature per valid secret (docs/security.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRET_ID_FIELD_NUMBER: _builtins.int
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    RETIRES_AT_FIELD_NUMBER: _builtins.int
+    secret_id: _builtins.str
+    """The secret's id (whs_…), never the secret."""
+    business: _builtins.str
+    """The business whose webhook callbacks it signs."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was made."""
+
+    @_builtins.property
+    def retires_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset: the current secret. Set: a previous secret, valid until then."""
+
+    def __init__(
+        self,
+        *,
+        secret_id: _builtins.str = ...,
+        business: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        retires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "retires_at", b"retires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_at", b"created_at", "retires_at", b"retires_at", "secret_id", b"secret_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SigningSecret: _TypeAlias = SigningSecret  # noqa: Y015
+
+@_typing.final
+class RotateSigningSecretRequest(_message.Message):
+    """Which business's signing secret RotateSigningSecret replaces, and for how long the old
+    one stays valid.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    business: _builtins.str
+    """The business whose secret is rotated (or made, if it has none)."""
+    grace_seconds: _builtins.int
+    """How long the previous secret stays valid if the rotation is not finished first;
+    0: 24 hours; at most 30 days.
+    """
+    def __init__(
+        self,
+        *,
+        business: _builtins.str = ...,
+        grace_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "grace_seconds", b"grace_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateSigningSecretRequest: _TypeAlias = RotateSigningSecretRequest  # noqa: Y015
+
+@_typing.final
+class RotateSigningSecretResponse(_message.Message):
+    """The new secret, shown once, and the one it replaces."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURRENT_FIELD_NUMBER: _builtins.int
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """The new secret itself: shown here once, stored nowhere."""
+    @_builtins.property
+    def current(self) -> Global___SigningSecret:
+        """The new current secret."""
+
+    @_builtins.property
+    def previous(self) -> Global___SigningSecret:
+        """The secret it replaces, valid until its retires_at; unset when the business had none."""
+
+    def __init__(
+        self,
+        *,
+        current: Global___SigningSecret | None = ...,
+        previous: Global___SigningSecret | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "previous", b"previous"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "previous", b"previous", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateSigningSecretResponse: _TypeAlias = RotateSigningSecretResponse  # noqa: Y015
+
+@_typing.final
+class FinishSigningSecretRotationRequest(_message.Message):
+    """Whose rotation FinishSigningSecretRotation ends."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    business: _builtins.str
+    """The business in a rotation."""
+    def __init__(
+        self,
+        *,
+        business: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FinishSigningSecretRotationRequest: _TypeAlias = FinishSigningSecretRotationRequest  # noqa: Y015
+
+@_typing.final
+class FinishSigningSecretRotationResponse(_message.Message):
+    """The secret left signing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURRENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def current(self) -> Global___SigningSecret:
+        """The secret that alone signs from now on."""
+
+    def __init__(
+        self,
+        *,
+        current: Global___SigningSecret | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["current", b"current"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FinishSigningSecretRotationResponse: _TypeAlias = FinishSigningSecretRotationResponse  # noqa: Y015
+
+@_typing.final
+class ListSigningSecretsRequest(_message.Message):
+    """Which signing secrets ListSigningSecrets returns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    business: _builtins.str
+    """Only this business's secrets; empty: every business's."""
+    def __init__(
+        self,
+        *,
+        business: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSigningSecretsRequest: _TypeAlias = ListSigningSecretsRequest  # noqa: Y015
+
+@_typing.final
+class ListSigningSecretsResponse(_message.Message):
+    """The valid signing secrets, by business, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECRETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def secrets(self) -> _containers.RepeatedCompositeFieldContainer[Global___SigningSecret]:
+        """Current and previous secrets not yet retired, without the secrets."""
+
+    def __init__(
+        self,
+        *,
+        secrets: _abc.Iterable[Global___SigningSecret] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secrets", b"secrets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSigningSecretsResponse: _TypeAlias = ListSigningSecretsResponse  # noqa: Y015

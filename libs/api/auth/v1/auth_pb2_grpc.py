@@ -50,6 +50,21 @@ class TokenServiceStub:
                 request_serializer=dispo_dot_auth_dot_v1_dot_auth__pb2.RevokeTokenRequest.SerializeToString,
                 response_deserializer=dispo_dot_auth_dot_v1_dot_auth__pb2.RevokeTokenResponse.FromString,
                 _registered_method=True)
+        self.RotateSigningSecret = channel.unary_unary(
+                '/dispo.auth.v1.TokenService/RotateSigningSecret',
+                request_serializer=dispo_dot_auth_dot_v1_dot_auth__pb2.RotateSigningSecretRequest.SerializeToString,
+                response_deserializer=dispo_dot_auth_dot_v1_dot_auth__pb2.RotateSigningSecretResponse.FromString,
+                _registered_method=True)
+        self.FinishSigningSecretRotation = channel.unary_unary(
+                '/dispo.auth.v1.TokenService/FinishSigningSecretRotation',
+                request_serializer=dispo_dot_auth_dot_v1_dot_auth__pb2.FinishSigningSecretRotationRequest.SerializeToString,
+                response_deserializer=dispo_dot_auth_dot_v1_dot_auth__pb2.FinishSigningSecretRotationResponse.FromString,
+                _registered_method=True)
+        self.ListSigningSecrets = channel.unary_unary(
+                '/dispo.auth.v1.TokenService/ListSigningSecrets',
+                request_serializer=dispo_dot_auth_dot_v1_dot_auth__pb2.ListSigningSecretsRequest.SerializeToString,
+                response_deserializer=dispo_dot_auth_dot_v1_dot_auth__pb2.ListSigningSecretsResponse.FromString,
+                _registered_method=True)
 
 
 class TokenServiceServicer:
@@ -78,6 +93,31 @@ class TokenServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RotateSigningSecret(self, request, context):
+        """A new webhook signing secret for a business, shown once in the response. The current
+        one becomes the previous one and stays valid until the rotation is finished or its
+        grace period ends; a business without a secret gets its first. FAILED_PRECONDITION
+        while a rotation of the business is in progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishSigningSecretRotation(self, request, context):
+        """Ends a business's rotation: its previous secret stops signing callbacks now.
+        FAILED_PRECONDITION when no rotation is in progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSigningSecrets(self, request, context):
+        """The valid signing secrets without the secrets themselves, by business, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -95,6 +135,21 @@ def add_TokenServiceServicer_to_server(servicer, server):
                     servicer.RevokeToken,
                     request_deserializer=dispo_dot_auth_dot_v1_dot_auth__pb2.RevokeTokenRequest.FromString,
                     response_serializer=dispo_dot_auth_dot_v1_dot_auth__pb2.RevokeTokenResponse.SerializeToString,
+            ),
+            'RotateSigningSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateSigningSecret,
+                    request_deserializer=dispo_dot_auth_dot_v1_dot_auth__pb2.RotateSigningSecretRequest.FromString,
+                    response_serializer=dispo_dot_auth_dot_v1_dot_auth__pb2.RotateSigningSecretResponse.SerializeToString,
+            ),
+            'FinishSigningSecretRotation': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishSigningSecretRotation,
+                    request_deserializer=dispo_dot_auth_dot_v1_dot_auth__pb2.FinishSigningSecretRotationRequest.FromString,
+                    response_serializer=dispo_dot_auth_dot_v1_dot_auth__pb2.FinishSigningSecretRotationResponse.SerializeToString,
+            ),
+            'ListSigningSecrets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSigningSecrets,
+                    request_deserializer=dispo_dot_auth_dot_v1_dot_auth__pb2.ListSigningSecretsRequest.FromString,
+                    response_serializer=dispo_dot_auth_dot_v1_dot_auth__pb2.ListSigningSecretsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +234,87 @@ class TokenService:
             '/dispo.auth.v1.TokenService/RevokeToken',
             dispo_dot_auth_dot_v1_dot_auth__pb2.RevokeTokenRequest.SerializeToString,
             dispo_dot_auth_dot_v1_dot_auth__pb2.RevokeTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateSigningSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.auth.v1.TokenService/RotateSigningSecret',
+            dispo_dot_auth_dot_v1_dot_auth__pb2.RotateSigningSecretRequest.SerializeToString,
+            dispo_dot_auth_dot_v1_dot_auth__pb2.RotateSigningSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishSigningSecretRotation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.auth.v1.TokenService/FinishSigningSecretRotation',
+            dispo_dot_auth_dot_v1_dot_auth__pb2.FinishSigningSecretRotationRequest.SerializeToString,
+            dispo_dot_auth_dot_v1_dot_auth__pb2.FinishSigningSecretRotationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSigningSecrets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.auth.v1.TokenService/ListSigningSecrets',
+            dispo_dot_auth_dot_v1_dot_auth__pb2.ListSigningSecretsRequest.SerializeToString,
+            dispo_dot_auth_dot_v1_dot_auth__pb2.ListSigningSecretsResponse.FromString,
             options,
             channel_credentials,
             insecure,

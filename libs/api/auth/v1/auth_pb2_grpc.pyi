@@ -46,6 +46,18 @@ class TokenServiceStub:
     """From now on the token is refused (after at most DISPO_AUTH_CACHE_SECONDS on services
     that had it in their cache). Revoking a revoked token changes nothing.
     """
+    RotateSigningSecret: _grpc.UnaryUnaryMultiCallable[_auth_pb2.RotateSigningSecretRequest, _auth_pb2.RotateSigningSecretResponse]
+    """A new webhook signing secret for a business, shown once in the response. The current
+    one becomes the previous one and stays valid until the rotation is finished or its
+    grace period ends; a business without a secret gets its first. FAILED_PRECONDITION
+    while a rotation of the business is in progress.
+    """
+    FinishSigningSecretRotation: _grpc.UnaryUnaryMultiCallable[_auth_pb2.FinishSigningSecretRotationRequest, _auth_pb2.FinishSigningSecretRotationResponse]
+    """Ends a business's rotation: its previous secret stops signing callbacks now.
+    FAILED_PRECONDITION when no rotation is in progress.
+    """
+    ListSigningSecrets: _grpc.UnaryUnaryMultiCallable[_auth_pb2.ListSigningSecretsRequest, _auth_pb2.ListSigningSecretsResponse]
+    """The valid signing secrets without the secrets themselves, by business, newest first."""
 
 @_typing.type_check_only
 class TokenServiceAsyncStub(TokenServiceStub):
@@ -60,6 +72,18 @@ class TokenServiceAsyncStub(TokenServiceStub):
     """From now on the token is refused (after at most DISPO_AUTH_CACHE_SECONDS on services
     that had it in their cache). Revoking a revoked token changes nothing.
     """
+    RotateSigningSecret: _aio.UnaryUnaryMultiCallable[_auth_pb2.RotateSigningSecretRequest, _auth_pb2.RotateSigningSecretResponse]  # type: ignore[assignment]
+    """A new webhook signing secret for a business, shown once in the response. The current
+    one becomes the previous one and stays valid until the rotation is finished or its
+    grace period ends; a business without a secret gets its first. FAILED_PRECONDITION
+    while a rotation of the business is in progress.
+    """
+    FinishSigningSecretRotation: _aio.UnaryUnaryMultiCallable[_auth_pb2.FinishSigningSecretRotationRequest, _auth_pb2.FinishSigningSecretRotationResponse]  # type: ignore[assignment]
+    """Ends a business's rotation: its previous secret stops signing callbacks now.
+    FAILED_PRECONDITION when no rotation is in progress.
+    """
+    ListSigningSecrets: _aio.UnaryUnaryMultiCallable[_auth_pb2.ListSigningSecretsRequest, _auth_pb2.ListSigningSecretsResponse]  # type: ignore[assignment]
+    """The valid signing secrets without the secrets themselves, by business, newest first."""
 
 class TokenServiceServicer(metaclass=_abc_1.ABCMeta):
     """Issuing and revoking API tokens (on the gateway's port). Callers: admin tokens only."""
@@ -89,5 +113,35 @@ class TokenServiceServicer(metaclass=_abc_1.ABCMeta):
         """From now on the token is refused (after at most DISPO_AUTH_CACHE_SECONDS on services
         that had it in their cache). Revoking a revoked token changes nothing.
         """
+
+    @_abc_1.abstractmethod
+    def RotateSigningSecret(
+        self,
+        request: _auth_pb2.RotateSigningSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_auth_pb2.RotateSigningSecretResponse, _abc.Awaitable[_auth_pb2.RotateSigningSecretResponse]]:
+        """A new webhook signing secret for a business, shown once in the response. The current
+        one becomes the previous one and stays valid until the rotation is finished or its
+        grace period ends; a business without a secret gets its first. FAILED_PRECONDITION
+        while a rotation of the business is in progress.
+        """
+
+    @_abc_1.abstractmethod
+    def FinishSigningSecretRotation(
+        self,
+        request: _auth_pb2.FinishSigningSecretRotationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_auth_pb2.FinishSigningSecretRotationResponse, _abc.Awaitable[_auth_pb2.FinishSigningSecretRotationResponse]]:
+        """Ends a business's rotation: its previous secret stops signing callbacks now.
+        FAILED_PRECONDITION when no rotation is in progress.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSigningSecrets(
+        self,
+        request: _auth_pb2.ListSigningSecretsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_auth_pb2.ListSigningSecretsResponse, _abc.Awaitable[_auth_pb2.ListSigningSecretsResponse]]:
+        """The valid signing secrets without the secrets themselves, by business, newest first."""
 
 def add_TokenServiceServicer_to_server(servicer: TokenServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
