@@ -1,10 +1,21 @@
-"""compose.yaml stays consistent with the settings the services actually read."""
+"""compose.yaml stays consistent with the settings the services actually read, and with the
+security model: each service's own database role, bus user and service token, every secret
+from the env file `compose_env generate` makes (none in the file), and the init container
+that applies them from the same variables."""
 
+import re
 from pathlib import Path
 
 import yaml
 from dispo.libs import settings_doc
-from dispo.libs.settings import ServerSettings
+from dispo.libs.auth import store
+from dispo.libs.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
+from dispo.libs.auth.tokens import Kind, secret_hash
+from dispo.libs.db import create_engine
+from dispo.libs.db.roles import role_name
+from dispo.libs.settings import CommonSettings, ServerSettings
+from dispo.libs.stack import compose_env
+from dispo.libs.stack.nats_auth import USERS
 from dispo.libs.stack.stack import SERVICES
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
@@ -62,3 +73,98 @@ def test_executor_runs_several_replicas():
 def test_unknown_variable_would_be_caught():
     assert "DISPO_GATEWAY_PORT" in known_variables()
     assert "DISPO_GATEWAY_PROT" not in known_variables()
+
+
+# A variable compose must be given: ``${NAME:?why}`` (compose refuses to start without it).
+REQUIRED = re.compile(r"\$\{([A-Z0-9_]+):\?[^}]+\}")
+ANY_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def variable(value: str) -> str:
+    """The one required variable ``value`` consists of."""
+    found = REQUIRED.fullmatch(value)
+    assert found, f"{value!r} is not a required variable"
+    return found.group(1)
+
+
+def setting(name: str) -> str:
+    """The environment name of a CommonSettings field (a name the services read)."""
+    assert name in CommonSettings.model_fields
+    return f"{CommonSettings.model_config.get('env_prefix', '')}{name}".upper()
+
+
+def test_no_secret_is_in_the_file_each_comes_from_the_generated_env_file():
+    lines = COMPOSE.read_text().splitlines()
+    text = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    required = set(REQUIRED.findall(text))
+    assert set(ANY_VARIABLE.findall(text)) == required, "a variable with a default"
+    # every variable the file needs is made by `generate`, and it makes nothing unused
+    assert required == set(compose_env.generate())
+    for url in re.findall(r"postgresql://[^\s\"']+", text):
+        assert re.match(r"postgresql://\w+:\$\{\w+:\?", url), f"a literal password: {url}"
+    assert compose()["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] == (
+        "${POSTGRES_PASSWORD:?" + text.split("${POSTGRES_PASSWORD:?")[1].split("}")[0] + "}"
+    )
+
+
+def test_each_service_has_its_own_role_bus_user_and_token_from_the_names_the_settings_read():
+    services = compose()["services"]
+    init = services["dispo-init"]["environment"]
+    database, user, password, token = (
+        setting(n) for n in ("database_url", "nats_user", "nats_password", "service_token")
+    )
+    assert setting("signing_key") == KEY_ENV
+    for name in SERVICES:
+        env = services[name]["environment"]
+        role, secret = re.fullmatch(r"postgresql://(\w+):(\$\{[^}]+\})@.*", env[database]).groups()
+        assert role == role_name(name) and variable(secret) == compose_env.db_password(name)
+        # the init container makes the role with the very URL the service logs in with
+        assert env[database] == init[f"DISPO_{name.upper()}_DATABASE_URL"]
+        assert env[user] == name
+        assert variable(env[password]) == compose_env.nats_password(name)
+        # and stores the hash of the very token the service sends
+        assert variable(env[token]) == compose_env.service_token(name)
+        assert init[compose_env.service_token(name)] == env[token]
+        assert (KEY_ENV in env) == (name in SIGNING_KEY_HOLDERS), name
+        if KEY_ENV in env:
+            assert env[KEY_ENV] == init[compose_env.SIGNING_KEY]
+        assert services[name]["depends_on"]["dispo-init"] == {
+            "condition": "service_completed_successfully"
+        }
+    assert variable(init[compose_env.ADMIN_TOKEN]) == compose_env.ADMIN_TOKEN
+
+
+def test_the_bus_nodes_take_the_users_the_init_container_writes():
+    services = compose()["services"]
+    init = services["dispo-init"]
+    assert init["command"] == ["python", "-m", "dispo.libs.stack.compose_env", "init"]
+    auth_file = init["environment"][compose_env.NATS_AUTH_FILE_ENV]
+    auth_block = compose_env.nats_authorization()
+    for node in (n for n in services if n.startswith("nats-")):
+        spec = services[node]
+        command = spec["command"]
+        assert command[command.index("-c") + 1] == auth_file
+        volume = next(v for v in spec["volumes"] if v.split(":")[1] == str(Path(auth_file).parent))
+        assert volume.split(":")[0] in {v.split(":")[0] for v in init["volumes"]}
+        # every user's password, under the name the authorization block reads
+        assert set(spec["environment"]) == {compose_env.nats_password(u) for u in USERS}
+        for key, value in spec["environment"].items():
+            assert variable(value) == key and f"${key}" in auth_block
+
+
+async def test_init_stores_the_tokens_once_as_the_gateways_role(role_url):
+    values = compose_env.generate()
+    gateway = role_url("gateway")
+    assert await compose_env.store_tokens(gateway, values) == 1 + len(SERVICES)
+    assert await compose_env.store_tokens(gateway, values) == 0  # idempotent
+    engine = create_engine(gateway, "auth")
+    try:
+        async with engine.connect() as conn:
+            admin = await store.token_by_hash(conn, secret_hash(values[compose_env.ADMIN_TOKEN]))
+            pool = await store.token_by_hash(
+                conn, secret_hash(values[compose_env.service_token("pool")])
+            )
+    finally:
+        await engine.dispose()
+    assert admin is not None and admin.kind is Kind.ADMIN
+    assert pool is not None and (pool.kind, pool.service) == (Kind.SERVICE, "pool")
