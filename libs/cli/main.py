@@ -1,30 +1,39 @@
-"""``dispo``: run the stack and look at it.
+"""``dispo``: run the stack, submit work and operate it (docs/cli.md lists every command).
 
-dispo up [--data-dir .dispo]        start PostgreSQL, NATS and the five services
-dispo up --detach                   the same in the background
-dispo up --pool-driver openclaw     the pool's crons as automations of an OpenClaw gateway
-dispo up --tls                      every server and channel over TLS, with a local CA
-dispo down                          stop a stack running in the background (or elsewhere)
-dispo status [--json]               health and address of each service
-dispo tokens create|list|revoke     API tokens and webhook signing secrets (admin): see
-                                    dispo.libs.cli.tokens
-dispo bench submit|pool [options]   benchmarks: throughput and latency percentiles
-dispo bench faults [options]        the fault campaign: what a crash loses, leaves or repeats
+dispo up [--detach] [--tls] | down | status  the stack on this machine
+dispo submit FILE|- [--wait]                  a task from JSON or YAML
+dispo tasks list|show|watch|cancel            the gateway's tasks
+dispo failed list|show|resume|abandon|resolve the reconciler's failed, parked and uncertain work
+dispo downstreams list|pause|resume           downstream health and pauses
+dispo pool status|queue|evaluations|boost|bounds   the cron pool
+dispo jobs list|show|trigger                  intelligence analysis and comparison jobs
+dispo quarantine list|show|replay|discard     messages a service's consumers set aside
+dispo tokens create|list|revoke               API tokens (admin)
+dispo bench submit|pool|faults [options]      benchmarks
+
+Every command takes ``--json``; the exit codes are in :mod:`dispo.libs.cli._common`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import os
 import signal
 import sys
-from pathlib import Path
+from enum import StrEnum
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
 
-from dispo.libs.auth import caller_token
-from dispo.libs.cli import tokens
+import typer
+from dispo.libs.cli import operate, tasks, tokens
+from dispo.libs.cli._common import (
+    Target,
+    data_dir,
+    out,
+    service_addresses,
+)
 from dispo.libs.cli.lifecycle import (
     DOWN_TIMEOUT_SECONDS,
     banner,
@@ -34,32 +43,132 @@ from dispo.libs.cli.lifecycle import (
 )
 from dispo.libs.health import health_status
 from dispo.libs.logging import configure_logging
-from dispo.libs.settings import CommonSettings, server_settings
 from dispo.libs.stack.ownership import StackRunning
-from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, caller_tls, read_state
+from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, caller_tls
+
+app = typer.Typer(
+    name="dispo",
+    help="Dispo: durable execution platform. Exit codes: 0 ok, 1 the task ended failed or"
+    " cancelled, 2 usage, 3 unreachable, 4 refused.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 
-def _data_dir(value: str | None) -> Path:
-    return Path(value or CommonSettings().data_dir).resolve()
+class PoolDriver(StrEnum):
+    local = "local"
+    openclaw = "openclaw"
 
 
-def cmd_up(args: argparse.Namespace) -> int:
+# The command line as given (``dispo up --detach`` starts ``dispo up`` with the rest of it).
+_ARGV: list[str] = []
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            print(f"dispo {version('dispo')}")
+        except PackageNotFoundError:
+            print("dispo (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    data_dir_: Annotated[
+        str | None,
+        typer.Option(
+            "--data-dir", help="stack folder (default: $DISPO_DATA_DIR or ./.dispo)", metavar="DIR"
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="the API token calls carry (default: $DISPO_TOKEN, else the admin token"
+            " dispo up wrote in the data folder)"
+        ),
+    ] = None,
+    _show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    ctx.obj = Target(data_dir(data_dir_), token)
+
+
+@app.command()
+def up(
+    ctx: typer.Context,
+    database_url: Annotated[
+        str | None, typer.Option(help="use this PostgreSQL instead of the embedded one")
+    ] = None,
+    nats_url: Annotated[
+        str | None,
+        typer.Option(help="use these NATS servers (comma-separated) instead of the embedded one"),
+    ] = None,
+    nats_port: Annotated[int, typer.Option(help="port of the embedded nats-server")] = 4222,
+    services: Annotated[
+        str | None, typer.Option(help=f"comma-separated subset of {','.join(SERVICES)}")
+    ] = None,
+    demo_port: Annotated[
+        int,
+        typer.Option(
+            help="port of the demo downstream the example catalogue calls (0: don't start it)"
+        ),
+    ] = 8181,
+    pool_driver: Annotated[
+        PoolDriver,
+        typer.Option(
+            help="where the pool's crons run: the pool-worker (local) or an OpenClaw gateway"
+            " (started by the stack unless --openclaw-url names one)",
+        ),
+    ] = PoolDriver.local,
+    openclaw_url: Annotated[
+        str | None, typer.Option(help="attach to this OpenClaw gateway (ws://...)")
+    ] = None,
+    openclaw_token: Annotated[str | None, typer.Option(help="the OpenClaw gateway's token")] = None,
+    openclaw_port: Annotated[
+        int, typer.Option(help="port of the gateway the stack starts")
+    ] = 18789,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls",
+            help="serve and call over TLS only, with a local CA and certificates made in the"
+            " data folder (tls/) and kept; mTLS when DISPO_TLS_CLIENT_AUTH=true",
+        ),
+    ] = False,
+    detach_: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="run in the background (output in logs/up.log); `dispo down` stops it",
+        ),
+    ] = False,
+) -> None:
+    """Start PostgreSQL, NATS and the services; Ctrl-C stops all."""
     options = StackOptions(
-        data_dir=_data_dir(args.data_dir),
-        database_url=args.database_url or os.environ.get("DISPO_DATABASE_URL"),
-        nats_url=args.nats_url or os.environ.get("DISPO_NATS_URL"),
-        nats_port=args.nats_port,
-        services=tuple(args.services.split(",")) if args.services else SERVICES,
-        demo_port=args.demo_port,
-        pool_driver=args.pool_driver,
-        openclaw_url=args.openclaw_url,
-        openclaw_token=args.openclaw_token,
-        openclaw_port=args.openclaw_port,
-        tls=args.tls,
+        data_dir=ctx.obj.data_dir,
+        database_url=database_url or os.environ.get("DISPO_DATABASE_URL"),
+        nats_url=nats_url or os.environ.get("DISPO_NATS_URL"),
+        nats_port=nats_port,
+        services=tuple(services.split(",")) if services else SERVICES,
+        demo_port=demo_port,
+        pool_driver=pool_driver.value,
+        openclaw_url=openclaw_url,
+        openclaw_token=openclaw_token,
+        openclaw_port=openclaw_port,
+        tls=tls,
     )
-    if args.detach:
-        return detach(options, [a for a in args.argv if a != "--detach"])
-    return asyncio.run(_up(options))
+    if detach_:
+        raise typer.Exit(detach(options, [a for a in _ARGV if a != "--detach"]))
+    raise typer.Exit(asyncio.run(_up(options)))
 
 
 async def _up(options: StackOptions) -> int:
@@ -96,22 +205,27 @@ async def _up(options: StackOptions) -> int:
     return 0
 
 
-def cmd_down(args: argparse.Namespace) -> int:
-    return down(_data_dir(args.data_dir), args.timeout)
+@app.command(name="down")
+def down_(
+    ctx: typer.Context,
+    timeout: Annotated[
+        float, typer.Option(help="seconds to let it stop in order before killing it")
+    ] = DOWN_TIMEOUT_SECONDS,
+) -> None:
+    """Stop the stack running in the data folder."""
+    raise typer.Exit(down(ctx.obj.data_dir, timeout))
 
 
-def service_addresses(data_dir: Path) -> dict[str, str]:
-    """From the running stack's state file, else from DISPO_<SERVICE>_HOST/PORT settings."""
-    state = read_state(data_dir)
-    if state:
-        return {name: info["address"] for name, info in state["services"].items()}
-    return {name: server_settings(name).address for name in SERVICES}
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    data_dir = _data_dir(args.data_dir)
-    addresses = service_addresses(data_dir)
-    tls = caller_tls(data_dir)
+@app.command()
+def status(
+    ctx: typer.Context,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="one JSON object keyed by service")
+    ] = False,
+) -> None:
+    """Health and address of each service (exit 1 when one is not serving)."""
+    addresses = service_addresses(ctx.obj.data_dir)
+    tls = caller_tls(ctx.obj.data_dir)
 
     async def probe() -> dict[str, dict[str, str]]:
         statuses = await asyncio.gather(*(health_status(a, tls=tls) for a in addresses.values()))
@@ -121,26 +235,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         }
 
     report = asyncio.run(probe())
-    if args.json:
+    if as_json:
         print(json.dumps(report, indent=2))
     else:
         for name, info in report.items():
-            print(f"{name:<13} {info['address']:<22} {info['status']}")
-    return 0 if all(info["status"] == "SERVING" for info in report.values()) else 1
-
-
-def cmd_tokens(args: argparse.Namespace) -> int:
-    data_dir = _data_dir(args.data_dir)
-    gateway = args.gateway or service_addresses(data_dir)["gateway"]
-    token = caller_token(args.token, data_dir)
-    if not token:
-        print(
-            "no token: pass --token, set DISPO_TOKEN, or run dispo up (it writes an admin token"
-            f" to {data_dir / 'admin.token'})",
-            file=sys.stderr,
-        )
-        return 1
-    return tokens.run(args, gateway, token, caller_tls(data_dir))
+            out.print(f"{name:<13} {info['address']:<22} {info['status']}", highlight=False)
+    raise typer.Exit(0 if all(info["status"] == "SERVING" for info in report.values()) else 1)
 
 
 BENCHMARKS = {
@@ -150,92 +250,40 @@ BENCHMARKS = {
 }
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+Benchmark = StrEnum("Benchmark", {name: name for name in BENCHMARKS})  # type: ignore[misc]
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def bench(
+    ctx: typer.Context,
+    benchmark: Annotated[
+        Benchmark,
+        typer.Argument(help="submit, pool or faults; its own options follow (--help lists them)"),
+    ],
+) -> None:
+    """Run a benchmark and print throughput and latency percentiles."""
     import importlib
 
-    module = importlib.import_module(BENCHMARKS[args.benchmark])
-    sys.argv = [f"dispo bench {args.benchmark}", *args.options]
+    module = importlib.import_module(BENCHMARKS[benchmark.value])
+    sys.argv = [f"dispo bench {benchmark.value}", *ctx.args]
     module.main()
-    return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dispo", description="Dispo: durable execution platform")
-    parser.add_argument("--data-dir", help="stack folder (default: $DISPO_DATA_DIR or ./.dispo)")
-    parser.add_argument(
-        "--token",
-        help="the API token calls carry (default: $DISPO_TOKEN, else the admin token"
-        " dispo up wrote in the data folder)",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    up = sub.add_parser("up", help="start PostgreSQL, NATS and the services; Ctrl-C stops all")
-    up.add_argument("--database-url", help="use this PostgreSQL instead of the embedded one")
-    up.add_argument(
-        "--nats-url", help="use these NATS servers (comma-separated) instead of the embedded one"
-    )
-    up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server")
-    up.add_argument("--services", help=f"comma-separated subset of {','.join(SERVICES)}")
-    up.add_argument(
-        "--demo-port",
-        type=int,
-        default=8181,
-        help="port of the demo downstream the example catalogue calls (0: don't start it)",
-    )
-    up.add_argument(
-        "--pool-driver",
-        choices=("local", "openclaw"),
-        default="local",
-        help="where the pool's crons run: the pool-worker (local) or an OpenClaw gateway"
-        " (started by the stack unless --openclaw-url names one)",
-    )
-    up.add_argument("--openclaw-url", help="attach to this OpenClaw gateway (ws://...)")
-    up.add_argument("--openclaw-token", help="the OpenClaw gateway's token")
-    up.add_argument(
-        "--openclaw-port", type=int, default=18789, help="port of the gateway the stack starts"
-    )
-    up.add_argument(
-        "--tls",
-        action="store_true",
-        help="serve and call over TLS only, with a local CA and certificates made in the data"
-        " folder (tls/) and kept; mTLS when DISPO_TLS_CLIENT_AUTH=true",
-    )
-    up.add_argument(
-        "--detach",
-        action="store_true",
-        help="run in the background (output in logs/up.log); `dispo down` stops it",
-    )
-    up.set_defaults(run=cmd_up)
-
-    down_ = sub.add_parser("down", help="stop the stack running in the data folder")
-    down_.add_argument(
-        "--timeout",
-        type=float,
-        default=DOWN_TIMEOUT_SECONDS,
-        help="seconds to let it stop in order before killing it",
-    )
-    down_.set_defaults(run=cmd_down)
-
-    status = sub.add_parser("status", help="health and address of each service")
-    status.add_argument("--json", action="store_true", help="one JSON object keyed by service")
-    status.set_defaults(run=cmd_status)
-
-    tokens.add_parser(sub).set_defaults(run=cmd_tokens)
-
-    bench = sub.add_parser(
-        "bench", help="run a benchmark and print throughput and latency percentiles"
-    )
-    bench.add_argument("benchmark", choices=sorted(BENCHMARKS))
-    bench.add_argument(
-        "options", nargs=argparse.REMAINDER, help="passed to the benchmark (--help for its own)"
-    )
-    bench.set_defaults(run=cmd_bench)
-    return parser
+app.add_typer(tasks.tasks_app, name="tasks")
+app.command(name="submit")(tasks.submit)
+app.add_typer(operate.failed_app, name="failed")
+app.add_typer(operate.downstreams_app, name="downstreams")
+app.add_typer(operate.pool_app, name="pool")
+app.add_typer(operate.jobs_app, name="jobs")
+app.add_typer(operate.quarantine_app, name="quarantine")
+app.add_typer(tokens.tokens_app, name="tokens")
 
 
 def main(argv: list[str] | None = None) -> None:
     configure_logging("console", os.environ.get("DISPO_LOG_LEVEL", "WARNING"))
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
-    args.argv = argv
-    sys.exit(args.run(args))
+    _ARGV[:] = argv
+    app(args=argv, prog_name="dispo")

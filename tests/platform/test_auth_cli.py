@@ -70,7 +70,7 @@ async def test_create_list_revoke_through_the_cli(start_service, tokens, tmp_pat
 
     # a business token may not administer tokens
     refused = await asyncio.to_thread(dispo, gateway, secret, "list")
-    assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr
+    assert refused.returncode == 4 and "PERMISSION_DENIED" in refused.stderr
 
     revoked = await asyncio.to_thread(dispo, gateway, tokens.admin, "revoke", token_id)
     assert revoked.returncode == 0, revoked.stderr
