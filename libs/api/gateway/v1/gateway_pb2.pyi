@@ -188,7 +188,8 @@ class SubmitRequest(_message.Message):
     callback_url: _builtins.str
     """Where the reconciler notifies the caller once the task is terminal: an http(s) URL on
     the egress allow-list (a signed POST of the final task) or nats:callbacks.<business>.…
-    (a message on the CALLBACKS stream). Empty: no notification.
+    (a message on the CALLBACKS stream). Empty: no notification. An http(s) URL needs the
+    business's webhook signing secret: FAILED_PRECONDITION naming callback_url otherwise.
     """
     @_builtins.property
     def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellRequest]:
