@@ -35,6 +35,7 @@ as the previous one ended rather than on a timer.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
@@ -92,7 +93,10 @@ class Batcher(Generic[T, R]):
         self._queue.append((item, future))
         if self._running < self.concurrency:
             self._running += 1
-            flusher = asyncio.create_task(self._run(), name=f"{self.name} flush")
+            # A flush serves many submitters: none of their log bindings (dispo.libs.logging).
+            flusher = asyncio.create_task(
+                self._run(), name=f"{self.name} flush", context=contextvars.Context()
+            )
             self._flushers.add(flusher)
             flusher.add_done_callback(self._flushers.discard)
         return await future

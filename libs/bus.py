@@ -46,7 +46,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import nats
 from dispo.libs.logging import get_logger
@@ -174,6 +174,8 @@ class Bus:
         self._ack_prefix: str | None = None
         self._acks: dict[str, asyncio.Future[PubAck]] = {}
         self._ack_count = 0
+        # Every consumer made on this connection (its backlog is read for the metrics).
+        self.consumers: list[Consumer] = []
 
     @classmethod
     async def connect(
@@ -413,7 +415,7 @@ class Bus:
         error_delay: float = 1.0,
         max_ack_pending: int | None = None,
     ) -> Consumer:
-        return Consumer(
+        consumer = Consumer(
             self,
             stream,
             durable,
@@ -425,10 +427,21 @@ class Bus:
             error_delay,
             max_ack_pending,
         )
+        self.consumers.append(consumer)
+        return consumer
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.nc.drain()
+
+
+class ConsumerBacklog(NamedTuple):
+    """A durable consumer's messages not delivered yet, delivered and not acknowledged, and
+    in hand after more than one delivery."""
+
+    pending: int
+    ack_pending: int
+    redelivered: int
 
 
 class Consumer:
@@ -477,6 +490,13 @@ class Consumer:
     @property
     def in_hand(self) -> int:
         return len(self._in_hand)
+
+    async def backlog(self) -> ConsumerBacklog:
+        """The durable's counts on the server (one JetStream API call)."""
+        info = await self.bus.js.consumer_info(self.stream, self.durable)
+        return ConsumerBacklog(
+            info.num_pending or 0, info.num_ack_pending or 0, info.num_redelivered or 0
+        )
 
     def stop(self) -> None:
         """Finish the messages in hand, then return from :meth:`run`."""

@@ -26,7 +26,7 @@ from dispo.libs.auth.scope import set_caller
 from dispo.libs.auth.server import Authorizer
 from dispo.libs.db.down import database_unreachable
 from dispo.libs.errors import DomainError, InvalidArgument, Unavailable
-from dispo.libs.logging import get_logger
+from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.reflection import enable_documented_reflection
 from dispo.libs.tls import ServerTLS
 from dispo.libs.tracing import server_span
@@ -137,6 +137,10 @@ async def _abort(
     await context.abort_with_status(rich_status(error))
 
 
+# Request fields bound to every log line of the call.
+LOGGED_FIELDS = ("task_id", "node_id", "business")
+
+
 @dataclass(frozen=True)
 class _Undecodable:
     """What the request deserializer hands on for bytes that are not the request message:
@@ -159,13 +163,21 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 
 
 def _checked(request: Any) -> None:
-    """Refuse an undecodable or unhygienic request (:mod:`dispo.libs.validation`)."""
+    """Refuse an undecodable or unhygienic request (:mod:`dispo.libs.validation`); bind the
+    ids it names to the call's log lines."""
     if isinstance(request, _Undecodable):
         raise InvalidArgument(
             description=f"the request is not a valid message of this method: {request.error}"
         )
     if isinstance(request, Message):
         check_request(request)
+        bind_ids(**_logged_ids(request))
+
+
+def _logged_ids(request: Message) -> dict[str, str]:
+    fields = request.DESCRIPTOR.fields_by_name
+    values = {name: getattr(request, name) for name in LOGGED_FIELDS if name in fields}
+    return {name: value for name, value in values.items() if isinstance(value, str)}
 
 
 def _wrap(

@@ -1,7 +1,11 @@
 """structlog set-up: JSON lines for services, readable key-value for people.
 
-Bind ``task_id`` (and other ids) with ``structlog.contextvars.bind_contextvars`` or
-``log.bind`` so every line about a task carries it.
+Every line about a task carries ``task_id`` (and ``node_id``, ``business`` where they
+apply): :func:`bind_ids` binds them once where a message or a call for a task is handled,
+for every line logged until that handling ends. A consumer handles each message on an
+asyncio task of its own and gRPC each call, so a binding ends with its message or call
+(and :mod:`dispo.libs.grpcserver` binds the ids a request names). Work shared by many
+tasks (a batcher's flush) runs with none bound.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ def _add_service(service: str) -> structlog.typing.Processor:
         return event
 
     return add
+
+
+def bind_ids(**ids: object) -> None:
+    """Bind the non-empty ``ids`` (``task_id=…, business=…, node_id=…``) to every line the
+    current asyncio task logs from now on, and the tasks it starts."""
+    structlog.contextvars.bind_contextvars(**{k: v for k, v in ids.items() if v})
 
 
 def get_logger(name: str | None = None, **initial: object) -> structlog.stdlib.BoundLogger:

@@ -261,6 +261,35 @@ async def outbox_prune(
     return (await conn.execute(delete(t).where(t.c.id.in_(expired.scalar_subquery())))).rowcount
 
 
+class OutboxBacklog(NamedTuple):
+    """What an outbox holds back: rows not published yet, the oldest one's creation time
+    (None when there is none), rows set aside."""
+
+    unsent: int
+    oldest_unsent: datetime | None
+    quarantined: int
+
+
+async def outbox_backlog(conn: AsyncConnection, table: Table) -> OutboxBacklog:
+    """:class:`OutboxBacklog` of ``table``, from its two partial indexes (the oldest row by
+    id: rows are numbered as they are written)."""
+    t = table
+    unsent = t.c.sent_at.is_(None) & t.c.quarantined_at.is_(None)
+    row = (
+        await conn.execute(
+            select(
+                select(func.count()).select_from(t).where(unsent).scalar_subquery(),
+                select(t.c.created_at).where(unsent).order_by(t.c.id).limit(1).scalar_subquery(),
+                select(func.count())
+                .select_from(t)
+                .where(t.c.quarantined_at.is_not(None))
+                .scalar_subquery(),
+            )
+        )
+    ).one()
+    return OutboxBacklog(int(row[0]), row[1], int(row[2]))
+
+
 class QuarantinedRow(NamedTuple):
     """A row the relay set aside: what an operator needs to judge it (not its payload)."""
 

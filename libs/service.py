@@ -29,14 +29,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-from dispo.libs import quarantine
+from dispo.libs import metrics, quarantine
 from dispo.libs.auth import Authorizer, TokenVerifier, open_channel
 from dispo.libs.bus import Bus, BusCredentialsRefused, Consumer, Handler, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, login_refused, migrate, session_factory
 from dispo.libs.grpcserver import create_server
 from dispo.libs.logging import configure_logging, get_logger
-from dispo.libs.outbox import OutboxRelay
+from dispo.libs.metrics import Metrics, Sample
+from dispo.libs.outbox import OutboxRelay, outbox_backlog
 from dispo.libs.periodic import Periodic
 from dispo.libs.settings import CommonSettings, ServerSettings, TLSSettings, server_settings
 from dispo.libs.tracing import configure_tracing
@@ -77,6 +78,11 @@ class Runtime:
     parts: list[Part] = field(default_factory=list)
     closers: list[tuple[str, Close]] = field(default_factory=list)
     _quarantine: quarantine.Quarantine | None = None
+    # The service's metrics: its families, and the probes read when Prometheus scrapes.
+    metrics: Metrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(self.name, self.settings.metrics_cache_seconds)
 
     def add_servicer(self, register: Callable[[grpc.aio.Server], None], service_name: str) -> None:
         self.registrations.append(register)
@@ -145,6 +151,7 @@ class Runtime:
                 self.name,
             )
             servicer = self._quarantine.servicer
+            self.metrics.probe(self._quarantine_size)
             self.add_servicer(
                 lambda server: quarantine.add_to_server(servicer, server), quarantine.SERVICE_NAME
             )
@@ -176,7 +183,7 @@ class Runtime:
         a row after ``DISPO_OUTBOX_MAX_ATTEMPTS`` failed publications. ``options`` are the
         relay's (``ordered``, ``prepare``, ``batch``...). Add it as a part where its stop
         order fits."""
-        return OutboxRelay(
+        relay = OutboxRelay(
             self.engine,
             table,
             self.bus,
@@ -185,6 +192,37 @@ class Runtime:
             max_attempts=self.settings.outbox_max_attempts,
             **options,
         )
+        self.metrics.probe(lambda: self._outbox_samples(table))
+        return relay
+
+    async def _quarantine_size(self) -> list[Sample]:
+        assert self._quarantine is not None
+        return [metrics.QUARANTINED.sample(await self._quarantine.store.size())]
+
+    async def _outbox_samples(self, table: Table) -> list[Sample]:
+        async with self.engine.connect() as conn:
+            backlog = await outbox_backlog(conn, table)
+        oldest = backlog.oldest_unsent
+        age = (self.clock.now() - oldest).total_seconds() if oldest is not None else 0.0
+        return [
+            metrics.OUTBOX_UNSENT.sample(backlog.unsent, table.name),
+            metrics.OUTBOX_OLDEST.sample(max(0.0, age), table.name),
+            metrics.OUTBOX_QUARANTINED.sample(backlog.quarantined, table.name),
+        ]
+
+
+async def _consumer_samples(consumers: Sequence[Consumer]) -> list[Sample]:
+    """The backlog of each of the service's durable consumers (one API call each)."""
+    backlogs = await asyncio.gather(*(c.backlog() for c in consumers))
+    return [
+        sample
+        for consumer, backlog in zip(consumers, backlogs, strict=True)
+        for sample in (
+            metrics.CONSUMER_PENDING.sample(backlog.pending, consumer.durable),
+            metrics.CONSUMER_ACK_PENDING.sample(backlog.ack_pending, consumer.durable),
+            metrics.CONSUMER_REDELIVERED.sample(backlog.redelivered, consumer.durable),
+        )
+    ]
 
 
 async def until_reachable(
@@ -257,6 +295,7 @@ async def serve(
         clock,
         TokenVerifier(engine, clock, settings.auth_cache_seconds),
     )
+    rt.metrics.probe(lambda: _consumer_samples(bus.consumers))
     try:
         await setup(rt)
         grpc_server = create_server(
@@ -267,6 +306,9 @@ async def serve(
             tls,
         )
         await grpc_server.start()
+        if server.metrics_port:
+            port = rt.metrics.start(server.host, server.metrics_port)
+            log.info("metrics served", address=f"http://{server.host}:{port}/metrics")
         for part in rt.parts:
             part.task = asyncio.create_task(_run_part(part, stop, crashed), name=part.name)
         await grpc_server.set_serving(True)
@@ -282,6 +324,7 @@ async def serve(
         for part in rt.parts:
             await _stop_part(part)
     finally:
+        rt.metrics.stop()
         await close_all(rt.closers)
         await bus.close()
         await engine.dispose()

@@ -34,6 +34,15 @@ DEFAULT_PORTS = {
     "pool": 50055,
 }
 
+# Default metrics ports `dispo up` gives the services (DISPO_<SERVICE>_METRICS_PORT).
+DEFAULT_METRICS_PORTS = {
+    "gateway": 9151,
+    "executor": 9152,
+    "reconciler": 9153,
+    "intelligence": 9154,
+    "pool": 9155,
+}
+
 
 def service_settings_config(service: str) -> SettingsConfigDict:
     """Config for a service's own settings class: env prefix ``DISPO_<SERVICE>_``."""
@@ -114,6 +123,12 @@ class CommonSettings(BaseSettings):
     uvloop: bool = Field(
         default=True,
         description="Run a service's event loop on uvloop (`false`: the standard asyncio loop)",
+    )
+    metrics_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a service serves the backlog and age gauges it read for a"
+        " scrape before reading its tables again (however many scrapes arrive)",
     )
     data_dir: str = Field(
         default=".dispo",
@@ -248,6 +263,13 @@ class ServerSettings(BaseSettings):
     port: int = Field(default=0, description="Port of the service's gRPC server")
     shutdown_grace_seconds: float = Field(
         default=5.0, description="How long a stopping server lets in-flight calls finish"
+    )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        description="Port of the service's Prometheus metrics endpoint (`/metrics`, on its"
+        " host); 0: none. `dispo up` serves them on 9151 (gateway) to 9155 (pool), in the"
+        " order of the gRPC ports (docs/metrics.md)",
     )
     database_url: str = Field(
         default="",

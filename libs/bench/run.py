@@ -103,6 +103,7 @@ async def start_stack(
             data_dir=root,
             nats_port=free_port(),
             ports={name: free_port() for name in services},
+            metrics_ports={name: free_port() for name in services},
             services=services,
             demo_port=demo_port if downstream else 0,
             extra_env={

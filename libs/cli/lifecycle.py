@@ -35,11 +35,18 @@ def _dispo(data_dir: Path, command: str) -> str:
     return f"dispo {where}{command}"
 
 
-def banner(options: StackOptions, addresses: dict[str, str]) -> list[str]:
-    """What ``dispo up`` prints once the stack is up."""
+def banner(
+    options: StackOptions, addresses: dict[str, str], metrics: dict[str, str] | None = None
+) -> list[str]:
+    """What ``dispo up`` prints once the stack is up: each service's address and where it
+    serves its metrics."""
     data = options.data_dir
+    metrics = metrics or {}
     lines = [f"Dispo is up (data in {data}, logs in {data / 'logs'}):"]
-    lines += [f"  {name:<16} {address}" for name, address in addresses.items()]
+    lines += [
+        f"  {name:<16} {address:<22} {('metrics ' + metrics[name]) if name in metrics else ''}".rstrip()
+        for name, address in addresses.items()
+    ]
     if options.demo_port and "executor" in options.services:
         lines.append(f"  {'demo downstream':<16} http://{options.host}:{options.demo_port}")
     token = data / ADMIN_TOKEN_FILE

@@ -44,7 +44,7 @@ from dispo.libs.cli.lifecycle import (
 from dispo.libs.health import health_status
 from dispo.libs.logging import configure_logging
 from dispo.libs.stack.ownership import StackRunning
-from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, caller_tls
+from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, caller_tls, service_metrics
 
 app = typer.Typer(
     name="dispo",
@@ -188,7 +188,7 @@ async def _up(options: StackOptions) -> int:
         print(f"; stopped {', '.join(stopped)}" if stopped else "", flush=True)
     try:
         addresses = await stack.start()
-        print("\n".join(banner(options, addresses)))
+        print("\n".join(banner(options, addresses, stack.metrics_addresses())))
         print("Ctrl-C stops everything.", flush=True)
         watcher = asyncio.create_task(stack.watch())
         await stop.wait()
@@ -226,11 +226,12 @@ def status(
     """Health and address of each service (exit 1 when one is not serving)."""
     addresses = service_addresses(ctx.obj.data_dir)
     tls = caller_tls(ctx.obj.data_dir)
+    metrics = service_metrics(ctx.obj.data_dir)
 
     async def probe() -> dict[str, dict[str, str]]:
         statuses = await asyncio.gather(*(health_status(a, tls=tls) for a in addresses.values()))
         return {
-            name: {"address": address, "status": status}
+            name: {"address": address, "status": status, "metrics": metrics.get(name, "")}
             for (name, address), status in zip(addresses.items(), statuses, strict=True)
         }
 
@@ -239,7 +240,8 @@ def status(
         print(json.dumps(report, indent=2))
     else:
         for name, info in report.items():
-            out.print(f"{name:<13} {info['address']:<22} {info['status']}", highlight=False)
+            line = f"{name:<13} {info['address']:<22} {info['status']:<13} {info['metrics']}"
+            out.print(line.rstrip(), highlight=False)
     raise typer.Exit(0 if all(info["status"] == "SERVING" for info in report.values()) else 1)
 
 

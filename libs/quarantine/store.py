@@ -154,6 +154,12 @@ class QuarantineStore:
             ).scalar_one()
         return [_held(r) for r in rows], int(total)
 
+    async def size(self) -> int:
+        """How many messages the quarantine holds."""
+        async with self.engine.connect() as conn:
+            total = (await conn.execute(select(func.count()).select_from(self.table))).scalar_one()
+        return int(total)
+
     async def get(self, message_id: int) -> Held:
         async with self.engine.connect() as conn:
             return await self._get(conn, message_id, lock=False)

@@ -50,6 +50,8 @@ class ProcessSpec:
     parent_death_signal: int | None = None
     # The system user it runs as (None: this process's).
     user: str | None = None
+    # Where it serves Prometheus metrics (None: it does not).
+    metrics: str | None = None
 
 
 def python_module(module: str) -> list[str]:

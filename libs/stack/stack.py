@@ -33,7 +33,7 @@ from dispo.libs.db.roles import (
 from dispo.libs.logging import get_logger
 from dispo.libs.private_files import write_private
 from dispo.libs.service import until_reachable
-from dispo.libs.settings import TLSSettings, server_settings
+from dispo.libs.settings import DEFAULT_METRICS_PORTS, TLSSettings, server_settings
 from dispo.libs.stack.cluster import NatsCluster
 from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.nats_auth import NatsUsers
@@ -92,6 +92,8 @@ class StackOptions:
     ports: dict[str, int] = field(
         default_factory=lambda: {n: server_settings(n).port for n in SERVICES}
     )
+    # Ports of the services' metrics endpoints: DISPO_<SERVICE>_METRICS_PORT, else 9151…
+    metrics_ports: dict[str, int] = field(default_factory=lambda: default_metrics_ports())
     services: tuple[str, ...] = SERVICES
     # Port of the demo downstream (0: do not start it).
     demo_port: int = 8181
@@ -123,6 +125,15 @@ class StackOptions:
     def tls_hosts(self) -> list[str]:
         """The names the servers' certificate carries: loopback and the host they bind."""
         return list(dict.fromkeys(["127.0.0.1", "localhost", self.host]))
+
+
+def default_metrics_ports() -> dict[str, int]:
+    """Each service's metrics port: its ``DISPO_<SERVICE>_METRICS_PORT``, else its default."""
+    return {n: server_settings(n).metrics_port or DEFAULT_METRICS_PORTS[n] for n in SERVICES}
+
+
+def metrics_url(host: str, port: int) -> str:
+    return f"http://{host}:{port}/metrics"
 
 
 def replica_names(service: str, count: int) -> list[str]:
@@ -197,6 +208,7 @@ def service_specs(
     for service in options.services:
         for k, name in enumerate(replica_names(service, options.replicas.get(service, 1))):
             port = options.ports[service] if k == 0 else free_port()
+            metrics_port = options.metrics_ports[service] if k == 0 else free_port()
             env = {
                 **service_env(service, database_urls[service], nats_url, nats_users),
                 **common,
@@ -204,6 +216,7 @@ def service_specs(
                 **token(service),
                 f"DISPO_{service.upper()}_HOST": options.host,
                 f"DISPO_{service.upper()}_PORT": str(port),
+                f"DISPO_{service.upper()}_METRICS_PORT": str(metrics_port),
             }
             specs.append(
                 ProcessSpec(
@@ -213,6 +226,7 @@ def service_specs(
                     f"{options.host}:{port}",
                     logs / f"{name}.log",
                     new_session=True,
+                    metrics=metrics_url(options.host, metrics_port),
                 )
             )
     if "pool" in options.services and options.pool_driver == "local":
@@ -407,6 +421,11 @@ class Stack:
         assert self.supervisor is not None, "start() first"
         await asyncio.gather(self.infrastructure.watch(), self.supervisor.watch())
 
+    def metrics_addresses(self) -> dict[str, str]:
+        """Where each service process of the stack serves its metrics, by name."""
+        children = self.supervisor.children if self.supervisor is not None else {}
+        return {n: c.process.spec.metrics for n, c in children.items() if c.process.spec.metrics}
+
     def pids(self) -> dict[str, int]:
         """The pid of every process of the stack that is running, by name: services,
         companions, ``postgres`` (the postmaster) and ``nats`` (or ``nats-0``… of a cluster)."""
@@ -444,7 +463,11 @@ class Stack:
                 else None
             ),
             "services": {
-                name: {"address": address, **process(supervisor, name)}
+                name: {
+                    "address": address,
+                    "metrics": supervisor.children[name].process.spec.metrics,
+                    **process(supervisor, name),
+                }
                 for name, address in addresses.items()
             },
             "companions": {
@@ -497,6 +520,16 @@ def stop_stale(data_dir: Path, state: dict[str, Any]) -> list[Recorded]:
     stopped = stop_recorded(state, STOP_ORDER, {POSTGRES: signal.SIGINT})
     (data_dir / STATE_FILE).unlink(missing_ok=True)
     return stopped
+
+
+def service_metrics(data_dir: Path) -> dict[str, str]:
+    """Where each service serves its metrics: from the running stack's state file, else
+    from the ``DISPO_<SERVICE>_METRICS_PORT`` settings (none where it is 0)."""
+    state = read_state(data_dir)
+    if state:
+        return {n: info["metrics"] for n, info in state["services"].items() if info.get("metrics")}
+    found = {n: server_settings(n) for n in SERVICES}
+    return {n: metrics_url(s.host, s.metrics_port) for n, s in found.items() if s.metrics_port}
 
 
 def read_state(data_dir: Path) -> dict[str, Any] | None:

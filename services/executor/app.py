@@ -10,10 +10,12 @@ from pathlib import Path
 import httpx
 from dispo.executor import control
 from dispo.executor import repository as repo
+from dispo.executor.breaker import BreakerState
 from dispo.executor.envelope import envelope_problem
 from dispo.executor.runner import Executor
 from dispo.executor.servicer import ExecutorServicer
 from dispo.executor.settings import ExecutorSettings
+from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -21,7 +23,7 @@ from dispo.libs.bus import Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
-from dispo.libs.logging import get_logger
+from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.service import Runtime, run_service
 from google.protobuf.message import DecodeError
@@ -33,6 +35,8 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.executor.v1.ExecutorService"
 # Seconds a downstream health URL has to answer before it counts as unhealthy.
 HEALTH_TIMEOUT_SECONDS = 2.0
+# dispo_breaker_state's values.
+BREAKER_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
 def build_executor(
@@ -57,6 +61,7 @@ async def setup(rt: Runtime) -> None:
             env = task_pb2.Task.FromString(msg.data)
         except DecodeError:
             return Term("malformed task envelope")
+        bind_ids(task_id=env.task_id, business=env.business)
         problem = envelope_problem(env)
         if problem is not None:
             log.warning("task envelope refused", task_id=env.task_id, problem=problem)
@@ -70,6 +75,7 @@ async def setup(rt: Runtime) -> None:
             return Term("malformed cancel request")
         if not request.task_id:
             return Term("cancel without task_id")
+        bind_ids(task_id=request.task_id)
         return await control.handle_cancel(executor, request.task_id)
 
     async def on_close(msg: Msg) -> Disposition:
@@ -79,6 +85,7 @@ async def setup(rt: Runtime) -> None:
             return Term("malformed close request")
         if not request.task_id or request.status != common_pb2.TASK_STATUS_FAILED:
             return Term("close request needs task_id and status FAILED")
+        bind_ids(task_id=request.task_id)
         return await control.handle_close(
             executor, request.task_id, request.reason, request.generation, request.version
         )
@@ -105,6 +112,7 @@ async def setup(rt: Runtime) -> None:
         handler=on_close,
         ack_wait=settings.ack_wait_seconds,
     )
+    rt.metrics.probe(lambda: breaker_samples(executor))
     rt.add_servicer(
         lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
             ExecutorServicer(executor), server
@@ -138,6 +146,14 @@ async def check_downstreams(ex: Executor) -> None:
         else:
             log.warning("downstream unhealthy", downstream=name, reason=why)
             ex.breakers[name].trip(ex.clock.now())
+
+
+async def breaker_samples(ex: Executor) -> list[metrics.Sample]:
+    """The state of every downstream's breaker in this executor (read at scrape time)."""
+    return [
+        metrics.BREAKER_STATE.sample(BREAKER_VALUES[breaker.state], name)
+        for name, breaker in ex.breakers.items()
+    ]
 
 
 async def serve_demo(address: str) -> None:

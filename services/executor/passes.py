@@ -24,6 +24,7 @@ from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, rea
 from dispo.executor.envelope import node_from_proto
 from dispo.executor.failures import CallOutcome, failure_text
 from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
+from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.contracts import tasks
@@ -403,6 +404,7 @@ class Passes:
                 breaker = self.breakers.get(node.spec.downstream)
                 if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
                     # Refused by the breaker, so not sent: it may go out once released.
+                    metrics.node_demoted(node.action, node.spec.downstream)
                     move(
                         node,
                         NodeState.DEMOTED,

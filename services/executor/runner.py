@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,12 +31,13 @@ from dispo.executor.envelope import payload_of
 from dispo.executor.failures import CallOutcome, Move, Verdict, breaker_counts, next_move
 from dispo.executor.passes import Opening, Pass, Passes, Step, Stepping, outcome_unknown
 from dispo.executor.states import NodeState
+from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
 from dispo.libs.bus import Disposition, Nak
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
-from dispo.libs.logging import get_logger
+from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.tracing import span
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -189,6 +191,7 @@ class Executor:
 
     async def _run_node_traced(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
         task_id = env.task_id
+        bind_ids(node_id=node.node_id)  # this node's own asyncio task: its lines only
         downstream = self.registry.get(node.spec.downstream)
         limit = self.limits.get(node.spec.downstream)
         async with limit if limit is not None else contextlib.nullcontext():
@@ -206,12 +209,14 @@ class Executor:
                 node.spec,
                 payload_of(env, node.cell_ref),
             )
+            sent = time.perf_counter()
             try:
                 result = await run_action(self.http, call, downstream)
             except Exception as error:  # a bug must not leave the node RUNNING for ever;
                 # whether the call went out is not known
                 result = failed(CallOutcome.AMBIGUOUS, f"action error: {error!r}")
-        await self._record(task_id, node, owner, result)
+            took = time.perf_counter() - sent
+        await self._record(task_id, node, owner, result, took)
         return True
 
     @staticmethod
@@ -233,7 +238,9 @@ class Executor:
             "retryable": True,
         }
 
-    async def _record(self, task_id: str, node: NodeRun, owner: str, result: Result) -> None:
+    async def _record(
+        self, task_id: str, node: NodeRun, owner: str, result: Result, took: float
+    ) -> None:
         """Record a finished call by its class (:mod:`dispo.executor.failures`): SUCCEEDED,
         FAILED, a short retry (PENDING after the backoff, or the Retry-After asked for), or,
         for an ambiguous call of an action that is not idempotent, UNKNOWN — the same move
@@ -274,6 +281,9 @@ class Executor:
                 return
             await repo.emit_status(conn, task_id, now)
         self.relay.kick()
+        metrics.node_ran(
+            node.action, node.spec.downstream, new.value, took, move.verdict is Verdict.RETRY
+        )
         log.info(
             "node finished",
             task_id=task_id,

@@ -20,6 +20,7 @@ from dispo.libs.bus import ACK, Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.contracts import tasks
 from dispo.libs.db import migrate
+from dispo.libs.logging import bind_ids
 from dispo.libs.service import Runtime, run_service
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -58,6 +59,7 @@ async def setup(rt: Runtime) -> None:
             return Term("malformed status event")
         if not env.task_id or env.version <= 0:
             return Term("status event without task_id or version")
+        bind_ids(task_id=env.task_id, business=env.business)
         await gateway.apply_status(env, msg.data)
         return ACK
 

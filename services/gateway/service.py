@@ -14,6 +14,7 @@ from typing import Any
 from dispo.gateway import repository as repo
 from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
+from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.auth import store as auth_store
@@ -24,7 +25,7 @@ from dispo.libs.contracts import tasks
 from dispo.libs.egress import NATS_SCHEME, AllowList
 from dispo.libs.errors import FailedPrecondition, FieldViolation, NotFound, ResourceExhausted
 from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
-from dispo.libs.logging import get_logger
+from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay, OutboxRow
 from dispo.libs.payload import canonical_json
 from dispo.libs.tracing import current
@@ -130,6 +131,7 @@ class Gateway:
         validate(sub, self.catalogue, self.limits, self.egress)
         await self._require_signing_secret(sub)
         task_id = uuid.uuid4().hex
+        bind_ids(task_id=task_id, business=sub.business)
         nodes = expand(task_id, sub, self.catalogue, self.limits)
         now = self.clock.now()
         env = task_envelope(task_id, sub, nodes, now)
@@ -148,6 +150,7 @@ class Gateway:
         )
         accepted = await self.submits.submit(new)
         if not accepted.duplicate:
+            metrics.task_accepted(sub.business, (c.cell for c in sub.cells))
             log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
         return accepted
 
@@ -315,7 +318,10 @@ class Gateway:
             stored_status(env.status),
             env.SerializeToString() if data is None else data,
         )
-        return await self.statuses.submit(snapshot)
+        applied = await self.statuses.submit(snapshot)
+        if applied and snapshot.status in repo.TERMINAL:
+            metrics.task_finished(env.business, snapshot.status, (n.cell for n in env.nodes))
+        return applied
 
     async def _apply_all(self, items: Sequence[repo.Snapshot]) -> Sequence[bool]:
         """One flush of status events: per task only the newest snapshot matters; all of

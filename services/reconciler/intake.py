@@ -12,6 +12,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Handler, Nak, Term
 from dispo.libs.contracts import tasks
+from dispo.libs.logging import bind_ids
 from dispo.reconciler import arbitration, completion, recovery
 from dispo.reconciler.context import Context
 from google.protobuf.message import DecodeError
@@ -35,6 +36,7 @@ def handler(
         env = _decode(msg)
         if isinstance(env, Term):
             return env
+        bind_ids(task_id=env.task_id, business=env.business)
         outcome = await work(env)
         return Nak(0.2) if outcome is False else ACK
 

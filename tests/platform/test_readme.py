@@ -48,6 +48,7 @@ def stack_env(tmp_path):
     catalogue.write_text(EXAMPLE.read_text().replace("127.0.0.1:8181", f"127.0.0.1:{demo}"))
     env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"), "PATH": f"{BIN}:/usr/bin:/bin"}
     env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
     env["DISPO_CATALOGUE"] = str(catalogue)
     env["DISPO_RECONCILER_DRIFT_POOL_ADDRESS"] = f"127.0.0.1:{ports['pool']}"
     env["DISPO_RECONCILER_GATEWAY_ADDRESS"] = f"127.0.0.1:{ports['gateway']}"

@@ -136,6 +136,8 @@ async def test_up_with_external_database_and_nats_starts_only_services(
         "DISPO_DATA_DIR": str(tmp_path / "data"),
         "DISPO_GATEWAY_PORT": str(free_port()),
         "DISPO_EXECUTOR_PORT": str(free_port()),
+        "DISPO_GATEWAY_METRICS_PORT": str(free_port()),
+        "DISPO_EXECUTOR_METRICS_PORT": str(free_port()),
         # each service's own role (the cluster's roles are the session's)
         "DISPO_GATEWAY_DATABASE_URL": role_url("gateway"),
         "DISPO_EXECUTOR_DATABASE_URL": role_url("executor"),

@@ -214,6 +214,7 @@ async def test_dispo_up_starts_a_gateway_for_the_pool(
         **infra.nats_users.env("pool"),  # an external bus: the pool's own user
         "DISPO_DATA_DIR": str(data),
         "DISPO_POOL_PORT": str(pool_port),
+        "DISPO_POOL_METRICS_PORT": str(free_port()),
         "DISPO_POOL_DATABASE_URL": role_url("pool"),
         # dispo up also stores its tokens as the gateway (the token store's one writer),
         # whichever services it runs: the gateway's role too stays the session's.

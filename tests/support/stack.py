@@ -45,6 +45,7 @@ class RunningStack:
         }
         for name in SERVICES:
             env[f"DISPO_{name.upper()}_PORT"] = str(free_port())
+            env[f"DISPO_{name.upper()}_METRICS_PORT"] = str(free_port())
         return cls(root / "data", env)
 
     def database_passwords(self) -> dict[str, str]:

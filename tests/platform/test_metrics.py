@@ -1,0 +1,227 @@
+"""Every service serves its Prometheus metrics; the counters move where the events happen,
+with the right labels; docs/metrics.md lists exactly the families the services export.
+
+One stack of the five services for the module (real processes, as ``dispo up`` runs them),
+each with its metrics endpoint on a free port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from dispo.libs import metrics
+from dispo.libs.sdk import AsyncClient, DispoError, cell
+from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.process import ManagedProcess
+from dispo.libs.stack.stack import SERVICES
+from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE, Downstream
+from prometheus_client.parser import text_string_to_metric_families
+from support import eventually
+from support.auth import session_tokens
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@dataclass
+class Stack:
+    processes: dict[str, ManagedProcess]
+    metrics: dict[str, str]
+    downstream: Downstream
+
+    def client(self) -> AsyncClient:
+        return AsyncClient(self.processes["gateway"].address, token=session_tokens().admin)
+
+    async def scrape(self, service: str) -> Samples:
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(self.metrics[service])
+        answer.raise_for_status()
+        return {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(answer.text)
+            for sample in family.samples
+        }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    module_services: Any, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    root = tmp_path_factory.mktemp("metrics")
+    downstream = Downstream(free_port(), root / "downstream.log")
+    downstream.spawn()
+    await downstream.wait_ready(15)
+    catalogue = root / "catalogue.yaml"
+    catalogue.write_text(TEST_CATALOGUE.format(url=downstream.url))
+    ports = {name: free_port() for name in SERVICES}
+    common = {"DISPO_CATALOGUE": str(catalogue), "DISPO_METRICS_CACHE_SECONDS": "0"}
+    env = {
+        "gateway": {"DISPO_EGRESS_ALLOW": downstream.url},
+        "executor": EXECUTOR_TEST_ENV,
+        "reconciler": {"DISPO_RECONCILER_DRIFT_INTERVAL_SECONDS": "3600"},
+        "intelligence": {},
+        "pool": {"DISPO_POOL_LOCAL_REGISTRY": str(root / "registry.sqlite")},
+    }
+    processes = dict(
+        zip(
+            SERVICES,
+            await asyncio.gather(
+                *(
+                    module_services.start(
+                        name,
+                        {
+                            **common,
+                            **env[name],
+                            f"DISPO_{name.upper()}_METRICS_PORT": str(ports[name]),
+                        },
+                    )
+                    for name in SERVICES
+                )
+            ),
+            strict=True,
+        )
+    )
+    yield Stack(
+        processes,
+        {name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()},
+        downstream,
+    )
+    downstream.kill()
+
+
+# A family each service's scrape-time probes always fill in.
+PROBED = {
+    "gateway": "dispo_outbox_unsent_rows",
+    "executor": "dispo_breaker_state",
+    "reconciler": "dispo_consumer_pending_messages",
+    "intelligence": "dispo_consumer_pending_messages",
+    "pool": "process_cpu_seconds_total",
+}
+
+
+async def test_every_service_serves_its_families(stack: Stack) -> None:
+    for service in SERVICES:
+        samples = await stack.scrape(service)
+        names = {name for name, _ in samples}
+        assert {"process_cpu_seconds_total", PROBED[service]} <= names, (service, names)
+    executor = await stack.scrape("executor")
+    assert value(executor, "dispo_breaker_state", downstream="demo") == 0  # closed
+
+
+async def test_a_task_and_a_failing_task_move_the_counters_with_their_labels(
+    stack: Stack,
+) -> None:
+    before = {s: await stack.scrape(s) for s in ("gateway", "executor")}
+    # the first call answers 500 (a short retry), the second succeeds; the other task's call
+    # is refused for good (400)
+    await stack.downstream.control(fail={"path": "/step/flaky", "status": 500, "times": 1})
+    await stack.downstream.control(fail={"path": "/step/broken", "status": 400, "times": 1})
+    async with stack.client() as client:
+        ok = await client.submit("metrics", [cell("step", name="flaky")])
+        bad = await client.submit("metrics", [cell("step", name="broken"), cell("noop")])
+        assert (await client.wait(ok.task_id, timeout=60)).status == "SUCCEEDED"
+        assert (await client.wait(bad.task_id, timeout=60)).status == "FAILED"
+
+    def moved(service: str, now: Samples, name: str, **labels: str) -> float:
+        return value(now, name, **labels) - value(before[service], name, **labels)
+
+    gateway = await eventually(
+        lambda: stack.scrape("gateway"),
+        lambda s: (
+            moved("gateway", s, "dispo_tasks_finished_total", business="metrics", status="failed")
+            == 1
+        ),
+        wanted="the failed task counted by the gateway",
+    )
+    assert moved("gateway", gateway, "dispo_tasks_accepted_total", business="metrics") == 2
+    assert (
+        moved("gateway", gateway, "dispo_cells_accepted_total", business="metrics", cell="step")
+        == 2
+    )
+    assert (
+        moved("gateway", gateway, "dispo_cells_accepted_total", business="metrics", cell="noop")
+        == 1
+    )
+    assert (
+        moved(
+            "gateway", gateway, "dispo_tasks_finished_total", business="metrics", status="succeeded"
+        )
+        == 1
+    )
+    assert (
+        moved(
+            "gateway",
+            gateway,
+            "dispo_cells_finished_total",
+            business="metrics",
+            cell="noop",
+            status="failed",
+        )
+        == 1
+    )
+
+    executor = await stack.scrape("executor")
+    call = {"action": "call", "downstream": "demo"}
+    assert moved("executor", executor, "dispo_node_runs_total", **call, status="pending") == 1
+    assert moved("executor", executor, "dispo_node_runs_total", **call, status="succeeded") == 1
+    assert moved("executor", executor, "dispo_node_runs_total", **call, status="failed") == 1
+    assert moved("executor", executor, "dispo_node_retries_total", **call) == 1
+    assert moved("executor", executor, "dispo_node_run_duration_seconds_count", **call) == 3
+
+
+def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """docs/metrics.md's table rows: name -> (type, labels)."""
+    rows = re.findall(r"^\| `([a-z_]+)` \| (\w+) \| ([^|]*) \|", DOCS.read_text(), re.M)
+    return {name: (kind, tuple(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
+
+
+def test_docs_list_every_family_with_its_type_and_labels() -> None:
+    declared = {d.name: (d.kind, d.labels) for d in metrics.DECLARED}
+    assert documented() == declared
+
+
+def lines_about(log: Path, task_id: str) -> list[dict[str, Any]]:
+    """The JSON lines of a service's log that mention ``task_id`` anywhere."""
+    return [json.loads(line) for line in log.read_text().splitlines() if task_id in line]
+
+
+async def test_every_log_line_about_a_task_carries_its_ids(stack: Stack) -> None:
+    async with stack.client() as client:
+        task = await client.submit("logs", [cell("step", name="logged")])
+        assert (await client.wait(task.task_id, timeout=60)).status == "SUCCEEDED"
+        with pytest.raises(DispoError, match="already SUCCEEDED"):
+            await client.cancel(task.task_id)
+    gateway = stack.processes["gateway"].log_path
+    executor = stack.processes["executor"].log_path
+
+    # a line logged without naming the task carries it: the refused call's, bound from the
+    # request
+    refused = await eventually(
+        lambda: [line for line in lines_about(gateway, task.task_id) if line["event"] == "rpc"],
+        wanted="the refused cancel logged",
+    )
+    assert refused[0]["task_id"] == task.task_id and refused[0]["code"] == "FAILED_PRECONDITION"
+    # the node's lines carry the node and the business, bound where task.create was handled
+    finished = await eventually(
+        lambda: [
+            line for line in lines_about(executor, task.task_id) if line["event"] == "node finished"
+        ],
+        wanted="the node's result logged",
+    )
+    assert (finished[0]["node_id"], finished[0]["business"]) == ("step.call", "logs")
+    for log in (gateway, executor):
+        lines = lines_about(log, task.task_id)
+        assert lines and all(line.get("task_id") == task.task_id for line in lines), lines
