@@ -39,7 +39,14 @@ async def test_up_status_restart_and_data_kept(stack):
         assert report[name] == {
             "address": f"127.0.0.1:{stack.env[f'DISPO_{name.upper()}_PORT']}",
             "status": "SERVING",
+            "metrics": f"http://127.0.0.1:{stack.env[f'DISPO_{name.upper()}_METRICS_PORT']}/metrics",
         }
+    # dispo up printed them too, and each answers
+    shown = stack.output.read_text()
+    async with httpx.AsyncClient() as http:
+        for info in report.values():
+            assert info["metrics"] in shown
+            assert "process_cpu_seconds_total" in (await http.get(info["metrics"])).text
 
     # the first start made an admin token, owner-only, said where, and the CLI reads it there;
     # each process got its own service token
