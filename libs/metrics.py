@@ -90,7 +90,8 @@ class Labelled(Generic[M]):
     def __call__(self, *values: str) -> M:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = self.metric.labels(*values)
+            metric = self.metric
+            child = self._children[values] = metric.labels(*values) if values else metric
         return child
 
 
@@ -234,6 +235,68 @@ BREAKER_STATE = _gauge(
 )
 
 
+# ---- reconciler --------------------------------------------------------------------------
+_REDRIVES = _counter(
+    "reconciler",
+    "dispo_redrives",
+    "Tasks sent back to the executor from where they stopped, by what redrove them"
+    " (schedule, manual, release, ...)",
+    ("trigger",),
+)
+RECOVERY_BACKLOG = _gauge(
+    "reconciler",
+    "dispo_recovery_backlog_tasks",
+    "Tasks held by the reconciler, by kind of work: failed (for an operator), awaiting_redrive,"
+    " demoted (parked), unknown_outcome (uncertain nodes to settle)",
+    ("kind",),
+)
+RECOVERY_OLDEST = _gauge(
+    "reconciler",
+    "dispo_recovery_oldest_age_seconds",
+    "Time the oldest task of each kind of work has been held (0 when none)",
+    ("kind",),
+)
+
+# ---- pool --------------------------------------------------------------------------------
+POOL_CRONS = _gauge(
+    "pool", "dispo_pool_crons", "Crons of the pool by status (busy, idle, stuck)", ("status",)
+)
+POOL_QUEUE_DEPTH = _gauge(
+    "pool", "dispo_pool_queue_depth", "Evaluations waiting in the queue for a cron"
+)
+POOL_OLDEST_WAIT = _gauge(
+    "pool",
+    "dispo_pool_queue_oldest_wait_seconds",
+    "Time the longest-waiting evaluation of the queue has waited (0 when none)",
+)
+_CRONS_STUCK = _counter(
+    "pool",
+    "dispo_pool_crons_stuck",
+    "Crons found stuck (silent too long) and replaced; its rate is the stuck rate",
+    (),
+)
+
+# ---- intelligence ------------------------------------------------------------------------
+INTELLIGENCE_JOBS = _gauge(
+    "intelligence",
+    "dispo_intelligence_jobs",
+    "Analysis and comparison jobs not completed, by kind and status (queued, generating, failed)",
+    ("kind", "status"),
+)
+_JOBS_SETTLED = _counter(
+    "intelligence",
+    "dispo_intelligence_jobs_settled",
+    "Jobs executed to an end, by kind and outcome (completed, failed, skipped, lost)",
+    ("kind", "outcome"),
+)
+_JOB_DURATION = _histogram(
+    "intelligence",
+    "dispo_intelligence_job_duration_seconds",
+    "Time of one job's execution, from its claim to its settlement",
+    ("kind", "outcome"),
+)
+
+
 # ---- recorders (one call where the event happens; kept cheap for the hot path) -----------
 def task_accepted(business: str, cells: Iterable[str]) -> None:
     _TASKS_ACCEPTED(business).inc()
@@ -353,3 +416,16 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def task_redriven(trigger: str) -> None:
+    _REDRIVES(trigger).inc()
+
+
+def cron_stuck() -> None:
+    _CRONS_STUCK().inc()
+
+
+def job_settled(kind: str, outcome: str, seconds: float) -> None:
+    _JOBS_SETTLED(kind, outcome).inc()
+    _JOB_DURATION(kind, outcome).observe(seconds)

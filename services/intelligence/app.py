@@ -21,6 +21,7 @@ from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.runtime import IntelligenceJobs
 from dispo.intelligence.servicer import IntelligenceServicer
 from dispo.intelligence.settings import IntelligenceSettings
+from dispo.libs import metrics
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.clock import Clock
 from dispo.libs.logging import get_logger
@@ -67,6 +68,12 @@ def build(
     )
 
 
+async def job_samples(repo: IntelligenceRepository) -> list[metrics.Sample]:
+    """The jobs not completed, by kind and status."""
+    counts = await repo.job_counts_unfinished()
+    return [metrics.INTELLIGENCE_JOBS.sample(n, kind, status) for kind, status, n in counts]
+
+
 async def setup(rt: Runtime) -> None:
     app = build(rt.engine, rt.clock)
     rt.add_servicer(
@@ -76,6 +83,7 @@ async def setup(rt: Runtime) -> None:
         SERVICE_NAME,
     )
 
+    rt.metrics.probe(lambda: job_samples(app.repo))
     report = await app.jobs.recover()
     log.info("restart recovery", requeued=len(report.requeued), failed=len(report.failed))
     await app.jobs.sweep_lost_triggers()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from dispo.intelligence.jobs import (
 from dispo.intelligence.models import ModelRegistry
 from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.retries import GaveUp, RetryPolicy, call_with_retries
+from dispo.libs import metrics
 from dispo.libs.clock import Clock
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
@@ -105,8 +107,11 @@ async def execute(
     if not await repo.job_claim_if_queued(kind, evaluation_id, token, clock.now()):
         bound.debug("claim lost")
         return JobOutcome.LOST
+    claimed = time.perf_counter()
     async with ClaimHeartbeat(deps, kind, evaluation_id, token, bound):
-        return await _run_claimed(kind, evaluation_id, deps, adapter, token, bound)
+        outcome = await _run_claimed(kind, evaluation_id, deps, adapter, token, bound)
+    metrics.job_settled(kind.value, outcome.value, time.perf_counter() - claimed)
+    return outcome
 
 
 async def _run_claimed(

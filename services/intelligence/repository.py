@@ -259,6 +259,14 @@ class IntelligenceRepository:
 
     # --- jobs ----------------------------------------------------------------------------
 
+    async def job_counts_unfinished(self) -> list[tuple[str, str, int]]:
+        """(kind, status, count) of the jobs not completed (the index on status)."""
+        rows = await self._all(
+            """SELECT kind, status, count(*) AS n FROM intelligence_jobs
+               WHERE status IN ('queued', 'generating', 'failed') GROUP BY kind, status"""
+        )
+        return [(r["kind"], r["status"], int(r["n"])) for r in rows]
+
     async def job_get(self, kind: JobKind, evaluation_id: str) -> Job | None:
         row = await self._one(
             f"SELECT {_JOB_COLUMNS} FROM intelligence_jobs WHERE kind = :kind AND evaluation_id = :id",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from dispo.libs import metrics
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause
@@ -126,6 +127,17 @@ class SweepPass:
         return max(0.001, min(self.settings.sweep_seconds, (due - now).total_seconds()))
 
 
+async def pool_samples(pool: Pool) -> list[metrics.Sample]:
+    """Crons by status, queue depth and the oldest wait (GetPoolStatus's reading)."""
+    s = await pool.status()
+    crons = [metrics.POOL_CRONS.sample(n, status.value) for status, n in s.counts.items()]
+    return [
+        *crons,
+        metrics.POOL_QUEUE_DEPTH.sample(s.queue_depth),
+        metrics.POOL_OLDEST_WAIT.sample(s.oldest_wait_seconds),
+    ]
+
+
 async def setup(rt: Runtime) -> None:
     settings = PoolSettings()
     relay = outbox_relay(
@@ -147,6 +159,7 @@ async def setup(rt: Runtime) -> None:
         SERVICE_NAME,
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
+    rt.metrics.probe(lambda: pool_samples(pool))
     rt.add_periodic("sweeps", SweepPass(pool, settings), settings.sweep_seconds)
     if settings.driver == "local" and settings.spawn_worker:
         worker = WorkerSupervisor(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field, replace
 
+from dispo.libs import metrics
 from dispo.libs.logging import get_logger
 from dispo.pool import repository as repo
 from dispo.pool.domain import AssignmentEnd, CronStatus, EvaluationStatus, plan_resize
@@ -62,6 +63,7 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
             if not await repo.cron_mark_stuck_if_silent(conn, cron, cutoff):
                 continue  # it woke up meanwhile
             report.stuck_crons.append(cron.id)
+            metrics.cron_stuck()
             if cron.evaluation_id:
                 await repo.evaluation_unassign_if(
                     conn, cron.evaluation_id, cron.id, now, EvaluationStatus.STUCK

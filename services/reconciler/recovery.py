@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
@@ -222,6 +223,7 @@ async def redrive_row(
         env.SerializeToString(),
         now,
     )
+    metrics.task_redriven(trigger)
     log.info(
         "task redriven",
         task_id=row.task_id,

@@ -12,7 +12,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import outbox_add, outbox_table
-from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, RecoveryState
+from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, WORK_KIND_STATES, RecoveryState
 from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -520,6 +520,20 @@ async def demoted_releasable(
         {"name": downstream, "limit": limit},
     )
     return [_row(r) for r in rows]
+
+
+async def backlog_by_state(conn: AsyncConnection) -> dict[RecoveryState, tuple[int, datetime]]:
+    """How many tasks each held state has, and the oldest one's parked_at (the index on
+    (state, parked_at))."""
+    held = [s.value for states in WORK_KIND_STATES.values() for s in states]
+    rows = await conn.execute(
+        text(
+            "SELECT state, count(*) AS n, min(parked_at) AS oldest FROM recovery_tasks"
+            " WHERE state = ANY(:held) GROUP BY state"
+        ),
+        {"held": held},
+    )
+    return {RecoveryState(r.state): (int(r.n), r.oldest) for r in rows}
 
 
 async def queue_depths(conn: AsyncConnection) -> dict[str, Any]:

@@ -4,6 +4,7 @@ the sweep parts and the ReconcilerService servicer."""
 from __future__ import annotations
 
 import httpx
+from dispo.libs import metrics
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth.signing import configured_key
 from dispo.libs.bus import Bus
@@ -14,6 +15,7 @@ from dispo.reconciler.config import ReconcilerSettings, load_config
 from dispo.reconciler.context import Context
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.servicer import ReconcilerServicer
+from dispo.reconciler.states import WORK_KIND_STATES
 from dispo.reconciler.sweeps import sweep_parts
 
 SERVICE_NAME = "dispo.reconciler.v1.ReconcilerService"
@@ -53,7 +55,23 @@ async def wire_recovery(rt: Runtime) -> Context:
     for name, consumer in consumers(ctx, rt.bus, settings.durable, rt.quarantine.wrap):
         rt.add_part(name, consumer.run, consumer.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)
+    rt.metrics.probe(lambda: backlog_samples(ctx))
     if settings.sweep_interval_seconds > 0:
         for sweep in sweep_parts(ctx, settings.sweep_interval_seconds).values():
             rt.add_part(sweep.name, sweep.run, sweep.stop)
     return ctx
+
+
+async def backlog_samples(ctx: Context) -> list[metrics.Sample]:
+    """Failed, parked and uncertain work held here: count and oldest age per kind."""
+    async with ctx.engine.connect() as conn:
+        by_state = await store.backlog_by_state(conn)
+    now = ctx.clock.now()
+    samples = []
+    for kind, states in WORK_KIND_STATES.items():
+        held = [by_state[s] for s in states if s in by_state]
+        oldest = min((at for _, at in held), default=None)
+        age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+        samples.append(metrics.RECOVERY_BACKLOG.sample(sum(n for n, _ in held), kind.value))
+        samples.append(metrics.RECOVERY_OLDEST.sample(age, kind.value))
+    return samples

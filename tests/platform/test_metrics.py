@@ -106,9 +106,9 @@ async def stack(
 PROBED = {
     "gateway": "dispo_outbox_unsent_rows",
     "executor": "dispo_breaker_state",
-    "reconciler": "dispo_consumer_pending_messages",
+    "reconciler": "dispo_recovery_backlog_tasks",
     "intelligence": "dispo_consumer_pending_messages",
-    "pool": "process_cpu_seconds_total",
+    "pool": "dispo_pool_queue_depth",
 }
 
 
@@ -124,7 +124,7 @@ async def test_every_service_serves_its_families(stack: Stack) -> None:
 async def test_a_task_and_a_failing_task_move_the_counters_with_their_labels(
     stack: Stack,
 ) -> None:
-    before = {s: await stack.scrape(s) for s in ("gateway", "executor")}
+    before = {s: await stack.scrape(s) for s in ("gateway", "executor", "reconciler")}
     # the first call answers 500 (a short retry), the second succeeds; the other task's call
     # is refused for good (400)
     await stack.downstream.control(fail={"path": "/step/flaky", "status": 500, "times": 1})
@@ -173,6 +173,12 @@ async def test_a_task_and_a_failing_task_move_the_counters_with_their_labels(
         == 1
     )
 
+    # the failed task is held by the reconciler for an operator: its backlog gauge moved
+    await eventually(
+        lambda: stack.scrape("reconciler"),
+        lambda s: moved("reconciler", s, "dispo_recovery_backlog_tasks", kind="failed") == 1,
+        wanted="the failed task in the reconciler's backlog",
+    )
     executor = await stack.scrape("executor")
     call = {"action": "call", "downstream": "demo"}
     assert moved("executor", executor, "dispo_node_runs_total", **call, status="pending") == 1
