@@ -141,13 +141,15 @@ class QuarantineStore:
     async def page(
         self, *, consumer: str, after_id: int | None, limit: int
     ) -> tuple[list[Held], int]:
-        """Up to ``limit`` rows after ``after_id``, oldest first, and how many match in all."""
+        """Up to ``limit`` rows after ``after_id``, oldest first, and how many match in all,
+        both from one snapshot (a message quarantined meanwhile is in neither or both)."""
         t = self.table
         where = [t.c.consumer == consumer] if consumer else []
         query = select(t).where(*where)
         if after_id is not None:
             query = query.where(t.c.id > after_id)
         async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="REPEATABLE READ")
             rows = (await conn.execute(query.order_by(t.c.id).limit(limit))).all()
             total = (
                 await conn.execute(select(func.count()).select_from(t).where(*where))
