@@ -7,12 +7,14 @@ here and carries its token as ``authorization: Bearer <token>`` on every call.
 ``token`` may be empty (health checks need none): the calls then carry no credentials.
 ``tls`` (:class:`dispo.libs.tls.ClientTLS`) makes the channel TLS only, verifying the
 server against its CA and presenting its client certificate if it has one; by default it is
-this process's ``DISPO_TLS_*`` settings (none: plaintext; ``PLAINTEXT`` asks for plaintext).
+this process's ``DISPO_TLS_*`` settings, read once (none: plaintext; ``PLAINTEXT`` asks for
+plaintext).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,8 +68,16 @@ class _AioStreamStream(_AioBearer, grpc.aio.StreamStreamClientInterceptor):
         return await continuation(self._details(details), requests)
 
 
+@functools.cache
+def _process_tls() -> ClientTLS:
+    """This process's ``DISPO_TLS_*`` settings, read from its environment on the first
+    channel (a health poll or a sweep opens one each time): they do not change while it
+    runs, as its server's do not."""
+    return TLSSettings().client
+
+
 def _tls(tls: ClientTLS | None) -> ClientTLS:
-    return tls if tls is not None else TLSSettings().client
+    return tls if tls is not None else _process_tls()
 
 
 def open_channel(
