@@ -19,7 +19,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.auth import store as auth_store
-from dispo.libs.auth.signing import SigningSecretRecord
+from dispo.libs.auth.signing import SigningKey, SigningSecretRecord
 from dispo.libs.backoff import backoff
 from dispo.libs.contracts import tasks
 from dispo.libs.egress import NATS_SCHEME, EgressRefused, check_callback
@@ -112,11 +112,11 @@ def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
 
 
 def signing_secrets(
-    ctx: Context, business: str, records: Sequence[SigningSecretRecord]
+    key: SigningKey | None, business: str, records: Sequence[SigningSecretRecord]
 ) -> list[str] | str:
-    """The secrets a webhook of ``business`` is signed with, newest first, from its valid
-    records; or why it cannot be signed (it is then not sent: never unsigned)."""
-    key = ctx.signing_key
+    """The secrets a webhook of ``business`` is signed with under ``key``, newest first,
+    from its valid records; or why it cannot be signed (it is then not sent: never
+    unsigned)."""
     if key is None:
         return "not sent: the reconciler has no signing key (DISPO_SIGNING_KEY)"
     if not records:
@@ -132,8 +132,19 @@ def signing_secrets(
     return [key.derive(business, r.secret_id, r.salt) for r in usable]
 
 
+def signing_by_business(
+    key: SigningKey | None, businesses: Sequence[str], records: Sequence[SigningSecretRecord]
+) -> dict[str, list[str] | str]:
+    """:func:`signing_secrets` of each of ``businesses``, from their valid ``records``
+    (newest first per business)."""
+    by_business: dict[str, list[SigningSecretRecord]] = {b: [] for b in businesses}
+    for record in records:
+        by_business[record.business].append(record)
+    return {b: signing_secrets(key, b, found) for b, found in by_business.items()}
+
+
 async def _deliver(
-    ctx: Context, row: Any, now: datetime, secrets: dict[str, list[SigningSecretRecord]]
+    ctx: Context, row: Any, now: datetime, signing: dict[str, list[str] | str]
 ) -> DeliveryResult:
     env = task_pb2.Task.FromString(row.envelope)
     body = notification(env, row.finished_at)
@@ -158,16 +169,16 @@ async def _deliver(
                 False, None, truncate_error(f"publish to {subject} failed: {error!r}")
             )
         return DeliveryResult(True)
-    signing = signing_secrets(ctx, env.business, secrets.get(env.business, []))
-    if isinstance(signing, str):
-        return DeliveryResult(False, None, signing)
+    secrets = signing[row.business]
+    if isinstance(secrets, str):
+        return DeliveryResult(False, None, secrets)
     return await deliver_webhook(
         ctx.http,
         where,
         body,
         task_id=row.task_id,
         attempt=attempt,
-        secrets=signing,
+        secrets=secrets,
         timestamp=str(int(now.timestamp())),
         timeout=ctx.settings.http_timeout_seconds,
     )
@@ -183,16 +194,13 @@ async def notify_sweep(ctx: Context) -> int:
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         rows = await cs.claim_notify(conn, now, ctx.call_lease(now), ctx.settings.batch)
-        businesses = sorted(
-            {task_pb2.Task.FromString(r.envelope).business for r in rows if _webhook(r)}
-        )
+        # the signing secrets of the batch's webhooks: one read, derived once per business
+        businesses = sorted({r.business for r in rows if _webhook(r)})
         records = (
             await auth_store.signing_secrets_valid(conn, businesses, now) if businesses else []
         )
-    secrets: dict[str, list[SigningSecretRecord]] = {}
-    for record in records:  # newest first per business
-        secrets.setdefault(record.business, []).append(record)
-    results = await asyncio.gather(*(_deliver(ctx, row, now, secrets) for row in rows))
+    signing = signing_by_business(ctx.signing_key, businesses, records)
+    results = await asyncio.gather(*(_deliver(ctx, row, now, signing) for row in rows))
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
         for row, result in zip(rows, results, strict=False):

@@ -3,10 +3,11 @@ subject; each attempt recorded), reconciled (probes sampled, mismatches as findi
 
 import asyncio
 import json
+from datetime import UTC, datetime
 
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
-from dispo.libs.auth.signing import signature
+from dispo.libs.auth.signing import SigningKey, SigningSecretRecord, signature
 from dispo.reconciler import completion
 from dispo.reconciler.sweeps import run_sweeps
 
@@ -242,3 +243,31 @@ async def test_the_status_consumer_records_terminal_snapshots_from_the_bus(recon
 
         recorded = (await conn.execute(text("SELECT task_id, status FROM completions"))).all()
     assert sorted(recorded) == [(t, "succeeded") for t in ids]
+
+
+def test_each_business_of_a_batch_is_signed_with_its_own_secrets_or_not_sent():
+    key, other_key = SigningKey(bytes(32)), SigningKey(bytes([1]) * 32)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def record(secret_id, business, made_under=key, retires_at=None):
+        return SigningSecretRecord(
+            secret_id, business, secret_id.encode(), made_under.key_id, at, retires_at
+        )
+
+    current, previous = record("s2", "rotating"), record("s1", "rotating", retires_at=at)
+    stale = record("s3", "rekeyed", made_under=other_key)
+    signing = completion.signing_by_business(
+        key,
+        ["rotating", "rekeyed", "unsigned", "one"],
+        [current, previous, stale, record("s4", "one")],
+    )
+    assert signing["rotating"] == [
+        key.derive("rotating", "s2", b"s2"),
+        key.derive("rotating", "s1", b"s1"),
+    ]
+    assert signing["one"] == [key.derive("one", "s4", b"s4")]
+    assert signing["unsigned"] == "not sent: business 'unsigned' has no webhook signing secret"
+    assert signing["rekeyed"].startswith("not sent: signing secret s3 was made under another")
+    assert completion.signing_by_business(None, ["one"], [record("s4", "one")]) == {
+        "one": "not sent: the reconciler has no signing key (DISPO_SIGNING_KEY)"
+    }
