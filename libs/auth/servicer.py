@@ -197,18 +197,18 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         new, secret = self._new_signing_secret(self.signing_key, business)
         async with self.engine.begin() as conn:
             valid = await store.signing_secrets_valid(conn, [business], new.created_at, lock=True)
-            rotating = [r for r in valid if r.retires_at is not None]
-            if rotating:
+            retiring = [r.retires_at for r in valid if r.retires_at is not None]
+            if retiring:
                 raise FailedPrecondition(
                     f"business {business!r} is in a rotation: its previous signing secret is"
-                    f" valid until {_when(rotating[0].retires_at or new.created_at)}; finish"
-                    f" it first (`dispo tokens finish-rotation --business {business}`)"
+                    f" valid until {_when(retiring[0])}; finish it first"
+                    f" (`dispo tokens finish-rotation --business {business}`)"
                 )
             previous = None
-            for current in valid:  # at most one: the current secret
-                previous = replace(current, retires_at=new.created_at + grace)
+            if valid:  # its current secret, alone: it stays valid for the grace period
+                previous = replace(valid[0], retires_at=new.created_at + grace)
                 await store.signing_secret_retire_current_if(
-                    conn, current.secret_id, previous.retires_at or new.created_at
+                    conn, previous.secret_id, new.created_at + grace
                 )
             if not await store.signing_secret_insert_if_none(conn, new):
                 raise FailedPrecondition(
@@ -245,7 +245,9 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         self, request: pb.ListSigningSecretsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ListSigningSecretsResponse:
         async with self.engine.connect() as conn:
-            records = await store.signing_secret_list(conn, request.business, self.clock.now())
+            records = await store.signing_secrets_valid(
+                conn, [request.business] if request.business else None, self.clock.now()
+            )
         return pb.ListSigningSecretsResponse(secrets=[signing_secret_to_proto(r) for r in records])
 
 

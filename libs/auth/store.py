@@ -149,14 +149,16 @@ async def signing_secret_insert_if_none(conn: AsyncConnection, record: SigningSe
 
 
 async def signing_secrets_valid(
-    conn: AsyncConnection, businesses: list[str], now: datetime, *, lock: bool = False
+    conn: AsyncConnection, businesses: list[str] | None, now: datetime, *, lock: bool = False
 ) -> list[SigningSecretRecord]:
-    """The secrets of ``businesses`` valid at ``now``: current ones and previous ones not yet
-    retired, newest first per business (``lock``: FOR UPDATE, to rotate)."""
+    """The secrets of ``businesses`` (None: of every business) valid at ``now``: current
+    ones and previous ones not yet retired, by business, newest first (``lock``: FOR
+    UPDATE, to rotate)."""
+    clause = "" if businesses is None else "business = ANY(:businesses) AND "
     rows = await conn.execute(
         text(
             f"SELECT {_SECRET_COLUMNS} FROM auth.signing_secrets"
-            " WHERE business = ANY(:businesses) AND (retires_at IS NULL OR retires_at > :now)"
+            f" WHERE {clause}(retires_at IS NULL OR retires_at > :now)"
             " ORDER BY business, created_at DESC, id" + (" FOR UPDATE" if lock else "")
         ),
         {"businesses": businesses, "now": now},
@@ -206,19 +208,3 @@ async def signing_secrets_retire_previous(
         {"business": business, "now": now},
     )
     return len(result.all())
-
-
-async def signing_secret_list(
-    conn: AsyncConnection, business: str, now: datetime
-) -> list[SigningSecretRecord]:
-    """The secrets valid at ``now`` of ``business`` (empty: of every business)."""
-    clause = "business = :business AND " if business else ""
-    rows = await conn.execute(
-        text(
-            f"SELECT {_SECRET_COLUMNS} FROM auth.signing_secrets"
-            f" WHERE {clause}(retires_at IS NULL OR retires_at > :now)"
-            " ORDER BY business, created_at DESC, id"
-        ),
-        {"business": business, "now": now},
-    )
-    return [_secret_record(r) for r in rows]

@@ -180,6 +180,13 @@ async def test_callbacks_verify_with_the_secrets_of_their_business_through_a_rot
     )
     listed = await tokens.ListSigningSecrets(auth_pb2.ListSigningSecretsRequest(business="signed"))
     assert [s.secret_id for s in listed.secrets] == [rotated.current.secret_id]
+    every = await tokens.ListSigningSecrets(auth_pb2.ListSigningSecretsRequest())
+    assert [
+        (s.business, s.secret_id) for s in every.secrets if s.business in ("elsewhere", "signed")
+    ] == [
+        ("elsewhere", other.signing_secret_info.secret_id),
+        ("signed", rotated.current.secret_id),
+    ]
     got = await callback()
     assert verify(second, got.headers, got.body)
     assert not verify(first, got.headers, got.body)
