@@ -18,6 +18,8 @@ The files are made once; later starts reuse them.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,25 +124,31 @@ def stack_credentials(data_dir: Path, services: list[str]) -> StackCredentials:
     return StackCredentials(admin, creds, admin_file, data_dir / BOOTSTRAP_FILE, signing_key)
 
 
-async def apply_bootstrap(engine: AsyncEngine, path: Path, clock: Clock) -> int:
-    """Insert the tokens ``path`` lists unless their ids exist; how many were inserted."""
-    entries = json.loads(path.read_text())
+# A token stored by value: (token_id, kind, service, the SHA-256 of its secret).
+StoredToken = tuple[str, Kind, str, str]
+
+
+async def insert_tokens(
+    engine: AsyncEngine, tokens: Iterable[StoredToken], label: str, clock: Clock
+) -> int:
+    """Insert each of ``tokens`` unless one with its id exists (a token revoked once stays
+    revoked); how many were inserted."""
     now = clock.now()
     inserted = 0
     async with engine.begin() as conn:
-        for entry in entries:
-            record = TokenRecord(
-                entry["token_id"],
-                Kind(entry["kind"]),
-                "",
-                entry.get("service", ""),
-                "made by dispo up",
-                now,
-                None,
-                None,
-            )
-            if await store.token_insert_if_absent(conn, record, entry["secret_sha256"]):
-                inserted += 1
+        for token_id, kind, service, hashed in tokens:
+            record = TokenRecord(token_id, kind, "", service, label, now, None, None)
+            inserted += await store.token_insert_if_absent(conn, record, hashed)
+    return inserted
+
+
+async def apply_bootstrap(engine: AsyncEngine, path: Path, clock: Clock) -> int:
+    """Insert the tokens ``path`` lists unless their ids exist; how many were inserted."""
+    entries = json.loads(path.read_text())
+    tokens = [
+        (e["token_id"], Kind(e["kind"]), e.get("service", ""), e["secret_sha256"]) for e in entries
+    ]
+    inserted = await insert_tokens(engine, tokens, "made by dispo up", clock)
     if inserted:
         log.info("bootstrap tokens stored", inserted=inserted, file=str(path))
     return inserted
@@ -151,12 +159,19 @@ def read_token_file(path: Path) -> str:
     return path.read_text().strip()
 
 
-async def prepare_token_store(database_url: str, bootstrap_file: Path, clock: Clock) -> None:
-    """Create the token store (its migrations) and store the stack's tokens, as the gateway
-    does on start: a stack without a gateway (``dispo up --services pool``) checks tokens too."""
+@asynccontextmanager
+async def token_store(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on the token store, its migrations applied, for the length of the block."""
     engine = create_engine(database_url, SCHEMA, pool_size=1)
     try:
         await migrate(engine, SCHEMA, MIGRATIONS)
-        await apply_bootstrap(engine, bootstrap_file, clock)
+        yield engine
     finally:
         await engine.dispose()
+
+
+async def prepare_token_store(database_url: str, bootstrap_file: Path, clock: Clock) -> None:
+    """Create the token store (its migrations) and store the stack's tokens, as the gateway
+    does on start: a stack without a gateway (``dispo up --services pool``) checks tokens too."""
+    async with token_store(database_url) as engine:
+        await apply_bootstrap(engine, bootstrap_file, clock)

@@ -25,12 +25,10 @@ import secrets
 import sys
 from pathlib import Path
 
-from dispo.libs.auth import store
-from dispo.libs.auth.bootstrap import MIGRATIONS, SCHEMA
+from dispo.libs.auth.bootstrap import insert_tokens, token_store
 from dispo.libs.auth.signing import new_key
-from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, secret_hash
+from dispo.libs.auth.tokens import Kind, new_secret, secret_hash
 from dispo.libs.clock import SystemClock
-from dispo.libs.db import create_engine, migrate
 from dispo.libs.db.roles import SERVICES, bootstrap, login_from_url
 from dispo.libs.settings import CommonSettings, server_settings
 from dispo.libs.stack.nats_auth import USERS, Variable, server_config
@@ -74,22 +72,13 @@ def token_id(secret: str) -> str:
 async def store_tokens(gateway_url: str, environ: dict[str, str]) -> int:
     """The token store (its migrations) with the admin token and each service's token of
     ``environ``, as the gateway's role; how many were stored now."""
-    now = SystemClock().now()
-    entries = [(Kind.ADMIN, "", environ[ADMIN_TOKEN])]
-    entries += [(Kind.SERVICE, s, environ[service_token(s)]) for s in SERVICES]
-    engine = create_engine(gateway_url, SCHEMA, pool_size=1)
-    stored = 0
-    try:
-        await migrate(engine, SCHEMA, MIGRATIONS)
-        async with engine.begin() as conn:
-            for kind, service, secret in entries:
-                record = TokenRecord(
-                    token_id(secret), kind, "", service, "made by compose", now, None, None
-                )
-                stored += await store.token_insert_if_absent(conn, record, secret_hash(secret))
-    finally:
-        await engine.dispose()
-    return stored
+    given = [(Kind.ADMIN, "", environ[ADMIN_TOKEN])]
+    given += [(Kind.SERVICE, s, environ[service_token(s)]) for s in SERVICES]
+    tokens = [
+        (token_id(secret), kind, service, secret_hash(secret)) for kind, service, secret in given
+    ]
+    async with token_store(gateway_url) as engine:
+        return await insert_tokens(engine, tokens, "made by compose", SystemClock())
 
 
 def nats_authorization() -> str:
