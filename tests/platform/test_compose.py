@@ -110,6 +110,10 @@ def test_no_secret_is_in_the_file_each_comes_from_the_generated_env_file():
 def test_each_service_has_its_own_role_bus_user_and_token_from_the_names_the_settings_read():
     services = compose()["services"]
     init = services["dispo-init"]["environment"]
+    # the signing key is the gateway's and the reconciler's alone: not the init container's
+    signing_key = compose()["x-signing-key"]
+    assert variable(signing_key) == compose_env.SIGNING_KEY
+    assert compose_env.SIGNING_KEY not in init and KEY_ENV not in init
     database, user, password, token = (
         setting(n) for n in ("database_url", "nats_user", "nats_password", "service_token")
     )
@@ -127,7 +131,7 @@ def test_each_service_has_its_own_role_bus_user_and_token_from_the_names_the_set
         assert init[compose_env.service_token(name)] == env[token]
         assert (KEY_ENV in env) == (name in SIGNING_KEY_HOLDERS), name
         if KEY_ENV in env:
-            assert env[KEY_ENV] == init[compose_env.SIGNING_KEY]
+            assert env[KEY_ENV] == signing_key
         assert services[name]["depends_on"]["dispo-init"] == {
             "condition": "service_completed_successfully"
         }
