@@ -128,13 +128,14 @@ class SweepPass:
 
 
 async def pool_samples(pool: Pool) -> list[metrics.Sample]:
-    """Crons by status, queue depth and the oldest wait (GetPoolStatus's reading)."""
-    s = await pool.status()
-    crons = [metrics.POOL_CRONS.sample(n, status.value) for status, n in s.counts.items()]
+    """Crons by status, queue depth and the oldest wait (the pool's load, as GetPoolStatus
+    reports it)."""
+    load = await pool.load()
+    crons = [metrics.POOL_CRONS.sample(n, status.value) for status, n in load.counts.items()]
     return [
         *crons,
-        metrics.POOL_QUEUE_DEPTH.sample(s.queue_depth),
-        metrics.POOL_OLDEST_WAIT.sample(s.oldest_wait_seconds),
+        metrics.POOL_QUEUE_DEPTH.sample(load.queue_depth),
+        metrics.POOL_OLDEST_WAIT.sample(load.oldest_wait_seconds),
     ]
 
 

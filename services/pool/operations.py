@@ -51,6 +51,23 @@ class RecordResult:
 
 
 @dataclass(frozen=True)
+class Load:
+    """What the pool carries: its crons by status, the queue's depth and the longest wait
+    in it (seconds)."""
+
+    counts: dict[CronStatus, int]
+    queue_depth: int
+    oldest_wait_seconds: int
+
+
+async def _load(conn: AsyncConnection, now: datetime) -> Load:
+    counts = await repo.cron_counts(conn)
+    depth, oldest = await repo.queue_depth(conn, now)
+    wait = int((now - oldest).total_seconds()) if oldest else 0
+    return Load(counts, depth, max(0, wait))
+
+
+@dataclass(frozen=True)
 class Status:
     driver: str
     counts: dict[CronStatus, int]
@@ -381,15 +398,26 @@ class Pool:
         async with self.engine.begin() as conn:
             await repo.bounds_set(conn, min_size, max_size)
 
-    async def status(self) -> Status:
-        now = self.clock.now()
+    async def load(self) -> Load:
+        """The crons and the queue (two indexed reads; the metrics' scrape-time reading)."""
         async with self.engine.connect() as conn:
-            counts = await repo.cron_counts(conn)
+            return await _load(conn, self.clock.now())
+
+    async def status(self) -> Status:
+        """:meth:`load`, the size bounds and the stuck evaluations (GetPoolStatus)."""
+        async with self.engine.connect() as conn:
+            load = await _load(conn, self.clock.now())
             lo, hi = await self.bounds(conn)
-            depth, oldest = await repo.queue_depth(conn, now)
             stuck = await repo.evaluation_count_by_status(conn, EvaluationStatus.STUCK)
-        wait = int((now - oldest).total_seconds()) if oldest else 0
-        return Status(self.driver.name, counts, lo, hi, depth, max(0, wait), stuck)
+        return Status(
+            self.driver.name,
+            load.counts,
+            lo,
+            hi,
+            load.queue_depth,
+            load.oldest_wait_seconds,
+            stuck,
+        )
 
     async def crons(self) -> list[Cron]:
         async with self.engine.connect() as conn:
