@@ -131,7 +131,6 @@ class Gateway:
         validate(sub, self.catalogue, self.limits, self.egress)
         await self._require_signing_secret(sub)
         task_id = uuid.uuid4().hex
-        bind_ids(task_id=task_id, business=sub.business)
         nodes = expand(task_id, sub, self.catalogue, self.limits)
         now = self.clock.now()
         env = task_envelope(task_id, sub, nodes, now)
@@ -149,6 +148,8 @@ class Gateway:
             trace=current(),
         )
         accepted = await self.submits.submit(new)
+        # The task the call answers with: a repeated key's is the one recorded first.
+        bind_ids(task_id=accepted.task_id, business=sub.business)
         if not accepted.duplicate:
             metrics.task_accepted(sub.business, (c.cell for c in sub.cells))
             log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
