@@ -32,6 +32,7 @@ from dispo.libs.tls import ServerTLS
 from dispo.libs.tracing import server_span
 from dispo.libs.validation import check_request
 from google.protobuf import any_pb2
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -171,13 +172,29 @@ def _checked(request: Any) -> None:
         )
     if isinstance(request, Message):
         check_request(request)
-        bind_ids(**_logged_ids(request))
+        names = _logged_names(request)
+        if names:
+            bind_ids(**{name: getattr(request, name) for name in names})
 
 
-def _logged_ids(request: Message) -> dict[str, str]:
-    fields = request.DESCRIPTOR.fields_by_name
-    values = {name: getattr(request, name) for name in LOGGED_FIELDS if name in fields}
-    return {name: value for name, value in values.items() if isinstance(value, str)}
+def _logged_names(request: Message) -> tuple[str, ...]:
+    """The :data:`LOGGED_FIELDS` a request's message type has as string fields of its own,
+    found once per type (every call of a method asks again)."""
+    kind = type(request)
+    names = _LOGGED_NAMES.get(kind)
+    if names is None:
+        fields = request.DESCRIPTOR.fields_by_name
+        names = _LOGGED_NAMES[kind] = tuple(
+            name
+            for name in LOGGED_FIELDS
+            if name in fields
+            and fields[name].type == FieldDescriptor.TYPE_STRING
+            and not fields[name].is_repeated
+        )
+    return names
+
+
+_LOGGED_NAMES: dict[type[Message], tuple[str, ...]] = {}
 
 
 def _wrap(
