@@ -125,36 +125,31 @@ TRACE_UPGRADE = ("ALTER TABLE outbox ADD COLUMN trace text",)
 TRACE_DOWNGRADE = ("ALTER TABLE outbox DROP COLUMN trace",)
 
 
-def quarantine_upgrade() -> None:
-    """A service migration's ``upgrade``: :data:`QUARANTINE_UPGRADE` on its outbox."""
+def _migrate(statements: Sequence[str]) -> None:
     from alembic import op
 
-    for statement in QUARANTINE_UPGRADE:
+    for statement in statements:
         op.execute(statement)
+
+
+def quarantine_upgrade() -> None:
+    """A service migration's ``upgrade``: :data:`QUARANTINE_UPGRADE` on its outbox."""
+    _migrate(QUARANTINE_UPGRADE)
 
 
 def quarantine_downgrade() -> None:
     """A service migration's ``downgrade``: :data:`QUARANTINE_DOWNGRADE` on its outbox."""
-    from alembic import op
-
-    for statement in QUARANTINE_DOWNGRADE:
-        op.execute(statement)
+    _migrate(QUARANTINE_DOWNGRADE)
 
 
 def trace_upgrade() -> None:
     """A service migration's ``upgrade``: :data:`TRACE_UPGRADE` on its outbox."""
-    from alembic import op
-
-    for statement in TRACE_UPGRADE:
-        op.execute(statement)
+    _migrate(TRACE_UPGRADE)
 
 
 def trace_downgrade() -> None:
     """A service migration's ``downgrade``: :data:`TRACE_DOWNGRADE` on its outbox."""
-    from alembic import op
-
-    for statement in TRACE_DOWNGRADE:
-        op.execute(statement)
+    _migrate(TRACE_DOWNGRADE)
 
 
 async def outbox_add(
@@ -384,8 +379,10 @@ class _Split:
             self.failed.extend(_Failure(r, self.outage) for r in rows)
             return
         try:
+            headers = [_headers(r) for r in rows]
             await self.bus.publish_many(
-                [(r.subject, r.payload, r.msg_id) for r in rows], **_trace_headers(rows)
+                [(r.subject, r.payload, r.msg_id) for r in rows],
+                headers=headers if any(headers) else None,
             )
         except Exception as error:
             if isinstance(error, TimeoutError):
@@ -405,12 +402,11 @@ class _Split:
 _MOST_TIMEOUTS = 8
 
 
-def _trace_headers(rows: Sequence[Any]) -> dict[str, Any]:
-    """``publish_many``'s ``headers`` for rows of which some carry a trace context; nothing
-    (no header built) when none does."""
-    if not any(getattr(r, "trace", None) for r in rows):
-        return {}
-    return {"headers": [headers_of(r.trace) if r.trace else None for r in rows]}
+def _headers(row: Any) -> dict[str, str] | None:
+    """The headers a row's message carries besides its id: its trace context, if the row
+    keeps one (a traced outbox's, :func:`outbox_table`)."""
+    trace = getattr(row, "trace", None)
+    return headers_of(trace) if trace else None
 
 
 class OutboxRelay:
@@ -544,13 +540,9 @@ class OutboxRelay:
         for row in rows:
             if row.next_attempt_at is not None and row.next_attempt_at > now:
                 break
-            trace = getattr(row, "trace", None)
             try:
                 await self.bus.publish(
-                    row.subject,
-                    row.payload,
-                    msg_id=row.msg_id,
-                    headers=headers_of(trace) if trace else None,
+                    row.subject, row.payload, msg_id=row.msg_id, headers=_headers(row)
                 )
             except Exception as error:
                 return sent, [_Failure(row, error)]
@@ -566,10 +558,7 @@ class OutboxRelay:
         fresh: list[Any] = []
         suspect: list[Any] = []
         for row in rows:
-            trace = getattr(row, "trace", None)
-            size = self.bus.message_size(
-                row.payload, msg_id=row.msg_id, headers=headers_of(trace) if trace else None
-            )
+            size = self.bus.message_size(row.payload, msg_id=row.msg_id, headers=_headers(row))
             if size > limit:
                 split.failed.append(_Failure(row, MessageTooLarge(row.subject, size, limit)))
             else:
