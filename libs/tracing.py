@@ -1,6 +1,5 @@
 """Tracing with OpenTelemetry: one trace from a caller's gRPC call to the downstream calls
-it caused, across the gateway, the bus, the executor, the reconciler's redrives and the
-callbacks.
+it caused, across the gateway, its outbox, the bus and the executor.
 
     configure_tracing("gateway", settings.otlp_endpoint)   # once per process (run_service)
     with server_span(method, context.invocation_metadata()):   # the one server interceptor
@@ -12,7 +11,7 @@ callbacks.
 The trace context travels as W3C Trace Context (``traceparent``, ``tracestate``): in the
 gRPC metadata of a call, in a ``trace`` column of an outbox row (:func:`current` encodes it,
 :func:`headers_of` turns it into message headers), in the NATS headers of a message, and in
-the ``traceparent`` header of a downstream call or a callback.
+the ``traceparent`` header of a downstream call.
 
 Off unless ``DISPO_OTLP_ENDPOINT`` names an OTLP/HTTP receiver: then every helper here
 returns at its first check (:data:`ENABLED` false), nothing is carried and no header is
@@ -89,13 +88,6 @@ def continued(
     return _tracer.start_as_current_span(name, context=_parent(headers), kind=SpanKind.CONSUMER)
 
 
-def continued_from(carried: str | None, name: str) -> contextlib.AbstractContextManager[Any]:
-    """:func:`continued` from a context :func:`current` encoded (a stored row's)."""
-    if not ENABLED or not carried:
-        return _NOTHING
-    return continued(headers_of(carried), name)
-
-
 def span(
     name: str, attributes: Mapping[str, Any] | None = None
 ) -> contextlib.AbstractContextManager[Any]:
@@ -137,7 +129,6 @@ __all__ = [
     "TRACESTATE",
     "configure_tracing",
     "continued",
-    "continued_from",
     "current",
     "headers_of",
     "inject",
