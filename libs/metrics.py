@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Generic, NamedTuple, TypeVar
 from wsgiref.simple_server import WSGIServer
 
@@ -125,6 +126,12 @@ class Sample(NamedTuple):
     gauge: Gauge
     label_values: tuple[str, ...]
     value: float
+
+
+def age_seconds(now: datetime, since: datetime | None) -> float:
+    """An age gauge's value: seconds from ``since`` to ``now``, 0 when there is nothing
+    (``since`` None) or it is stamped later than ``now`` (another clock)."""
+    return max(0.0, (now - since).total_seconds()) if since is not None else 0.0
 
 
 def _gauge(service: str, name: str, help: str, labels: tuple[str, ...] = ()) -> Gauge:

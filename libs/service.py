@@ -202,11 +202,10 @@ class Runtime:
     async def _outbox_samples(self, table: Table) -> list[Sample]:
         async with self.engine.connect() as conn:
             backlog = await outbox_backlog(conn, table)
-        oldest = backlog.oldest_unsent
-        age = (self.clock.now() - oldest).total_seconds() if oldest is not None else 0.0
+        age = metrics.age_seconds(self.clock.now(), backlog.oldest_unsent)
         return [
             metrics.OUTBOX_UNSENT.sample(backlog.unsent, table.name),
-            metrics.OUTBOX_OLDEST.sample(max(0.0, age), table.name),
+            metrics.OUTBOX_OLDEST.sample(age, table.name),
             metrics.OUTBOX_QUARANTINED.sample(backlog.quarantined, table.name),
         ]
 

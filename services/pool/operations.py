@@ -15,6 +15,7 @@ from dispo.libs.clock import Clock
 from dispo.libs.egress import AllowList
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound, repeated_differently
 from dispo.libs.logging import get_logger
+from dispo.libs.metrics import age_seconds
 from dispo.pool import events
 from dispo.pool import repository as repo
 from dispo.pool.domain import (
@@ -63,8 +64,7 @@ class Load:
 async def _load(conn: AsyncConnection, now: datetime) -> Load:
     counts = await repo.cron_counts(conn)
     depth, oldest = await repo.queue_depth(conn, now)
-    wait = int((now - oldest).total_seconds()) if oldest else 0
-    return Load(counts, depth, max(0, wait))
+    return Load(counts, depth, int(age_seconds(now, oldest)))
 
 
 @dataclass(frozen=True)

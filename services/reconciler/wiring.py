@@ -71,7 +71,6 @@ async def backlog_samples(ctx: Context) -> list[metrics.Sample]:
     for kind, states in WORK_KIND_STATES.items():
         held = [by_state[s] for s in states if s in by_state]
         oldest = min((at for _, at in held), default=None)
-        age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
         samples.append(metrics.RECOVERY_BACKLOG.sample(sum(n for n, _ in held), kind.value))
-        samples.append(metrics.RECOVERY_OLDEST.sample(age, kind.value))
+        samples.append(metrics.RECOVERY_OLDEST.sample(metrics.age_seconds(now, oldest), kind.value))
     return samples
