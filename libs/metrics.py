@@ -328,6 +328,19 @@ def node_demoted(action: str, downstream: str) -> None:
     _NODE_DEMOTIONS(action, downstream).inc()
 
 
+def task_redriven(trigger: str) -> None:
+    _REDRIVES(trigger).inc()
+
+
+def cron_stuck() -> None:
+    _CRONS_STUCK().inc()
+
+
+def job_settled(kind: str, outcome: str, seconds: float) -> None:
+    _JOBS_SETTLED(kind, outcome).inc()
+    _JOB_DURATION(kind, outcome).observe(seconds)
+
+
 # ---- scrape-time probes and the endpoint -------------------------------------------------
 Probe = Callable[[], Awaitable[Iterable[Sample]]]
 
@@ -423,16 +436,3 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-
-def task_redriven(trigger: str) -> None:
-    _REDRIVES(trigger).inc()
-
-
-def cron_stuck() -> None:
-    _CRONS_STUCK().inc()
-
-
-def job_settled(kind: str, outcome: str, seconds: float) -> None:
-    _JOBS_SETTLED(kind, outcome).inc()
-    _JOB_DURATION(kind, outcome).observe(seconds)
