@@ -69,7 +69,8 @@ async def stack(
     ports = {name: free_port() for name in SERVICES}
     common = {"DISPO_CATALOGUE": str(catalogue), "DISPO_METRICS_CACHE_SECONDS": "0"}
     env = {
-        "gateway": {"DISPO_EGRESS_ALLOW": downstream.url},
+        # at debug, every call's rpc line is logged (a Submit's among them)
+        "gateway": {"DISPO_EGRESS_ALLOW": downstream.url, "DISPO_LOG_LEVEL": "debug"},
         "executor": EXECUTOR_TEST_ENV,
         "reconciler": {"DISPO_RECONCILER_DRIFT_INTERVAL_SECONDS": "3600"},
         "intelligence": {},
@@ -204,10 +205,24 @@ def lines_about(log: Path, task_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if task_id in line]
 
 
+def rpc_lines(log: Path, method: str, business: str) -> list[dict[str, Any]]:
+    """The rpc lines of a service's log for calls of ``method`` naming ``business``."""
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return [
+        line
+        for line in lines
+        if line["event"] == "rpc"
+        and line["method"].endswith(f"/{method}")
+        and line.get("business") == business
+    ]
+
+
 async def test_every_log_line_about_a_task_carries_its_ids(stack: Stack) -> None:
     async with stack.client() as client:
-        task = await client.submit("logs", [cell("step", name="logged")])
+        task = await client.submit("logs", [cell("step", name="logged")], idempotency_key="logs")
         assert (await client.wait(task.task_id, timeout=60)).status == "SUCCEEDED"
+        again = await client.submit("logs", [cell("step", name="logged")], idempotency_key="logs")
+        assert again.task_id == task.task_id
         with pytest.raises(DispoError, match="already SUCCEEDED"):
             await client.cancel(task.task_id)
     gateway = stack.processes["gateway"].log_path
@@ -216,10 +231,21 @@ async def test_every_log_line_about_a_task_carries_its_ids(stack: Stack) -> None
     # a line logged without naming the task carries it: the refused call's, bound from the
     # request
     refused = await eventually(
-        lambda: [line for line in lines_about(gateway, task.task_id) if line["event"] == "rpc"],
+        lambda: [
+            line
+            for line in lines_about(gateway, task.task_id)
+            if line["event"] == "rpc" and line["code"] != "OK"
+        ],
         wanted="the refused cancel logged",
     )
     assert refused[0]["task_id"] == task.task_id and refused[0]["code"] == "FAILED_PRECONDITION"
+    # the repeated Submit is logged with the task it answered with, as the first one is
+    submits = await eventually(
+        lambda: rpc_lines(gateway, "Submit", "logs"),
+        lambda lines: len(lines) == 2,
+        wanted="both Submits logged",
+    )
+    assert [line["task_id"] for line in submits] == [task.task_id] * 2, submits
     # the node's lines carry the node and the business, bound where task.create was handled
     finished = await eventually(
         lambda: [
