@@ -15,8 +15,8 @@ from pathlib import Path
 
 def write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` with mode 0600 from the start (written beside it under a
-    name of this process, then moved over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    name of this process, then moved over it); a folder it makes for it is 0700."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     written = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:

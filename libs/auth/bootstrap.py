@@ -94,7 +94,6 @@ def stack_credentials(data_dir: Path, services: list[str]) -> StackCredentials:
     admin = _credential(admin_data)
     creds = {name: _credential(data) for name, data in service_data.items()}
     if changed:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_private(
             path,
             json.dumps(

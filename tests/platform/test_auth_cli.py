@@ -14,6 +14,7 @@ import grpc
 import pytest
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel
+from dispo.libs.auth.bootstrap import stack_credentials
 
 DISPO = str(Path(sys.executable).parent / "dispo")
 
@@ -97,3 +98,13 @@ def test_an_expiry_that_is_not_a_duration_is_refused_before_any_call(value):
         env={"DISPO_TOKEN": "x", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 2 and "not a duration" in result.stderr
+
+
+def test_the_stack_credentials_are_owner_only_in_an_owner_only_folder(tmp_path):
+    data = tmp_path / "data"
+    made = stack_credentials(data, ["gateway", "reconciler"])
+    files = [made.admin_token_file, made.bootstrap_file, data / "auth" / "credentials.json"]
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in files)
+    assert (data / "auth").stat().st_mode & 0o777 == 0o700
+    # the next start keeps them
+    assert stack_credentials(data, ["gateway", "reconciler"]) == made
