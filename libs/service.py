@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 
 import grpc
 from dispo.libs import metrics, quarantine
-from dispo.libs.auth import Authorizer, TokenVerifier, open_channel
+from dispo.libs.auth import Authorizer, open_channel
+from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.bus import Bus, BusCredentialsRefused, Consumer, Handler, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, login_refused, migrate, session_factory

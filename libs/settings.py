@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from dispo.libs.bus import BusCredentials
-from dispo.libs.egress import AllowList
 from dispo.libs.tls import ClientTLS, ServerTLS
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    # Imported where used: every process reads these settings, the CLI too, and it needs
+    # neither the NATS client nor the HTTP client these bring.
+    from dispo.libs.bus import BusCredentials
+    from dispo.libs.egress import AllowList
 
 # The demo downstream the example catalogue calls, as `dispo up` starts it by default: the
 # one origin the embedded default lets callers' addresses name (``DISPO_EGRESS_ALLOW``).
@@ -183,6 +187,8 @@ class CommonSettings(BaseSettings):
     @property
     def egress(self) -> AllowList:
         """:attr:`egress_allow` parsed (ValueError naming a wrong entry)."""
+        from dispo.libs.egress import AllowList
+
         return AllowList.parse(self.egress_allow)
 
     @property
@@ -191,6 +197,8 @@ class CommonSettings(BaseSettings):
 
     @property
     def nats_credentials(self) -> BusCredentials:
+        from dispo.libs.bus import BusCredentials
+
         return BusCredentials(
             user=self.nats_user,
             password=self.nats_password,

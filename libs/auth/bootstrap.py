@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dispo.libs.auth import store
+from dispo.libs.auth.caller import ADMIN_TOKEN_FILE
 from dispo.libs.auth.signing import new_key
 from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.clock import Clock
@@ -36,7 +37,6 @@ log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SCHEMA = "auth"
-ADMIN_TOKEN_FILE = "admin.token"
 CREDENTIALS_FILE = Path("auth") / "credentials.json"
 BOOTSTRAP_FILE = Path("auth") / "bootstrap.json"
 

@@ -26,7 +26,7 @@ import typer
 from dispo.libs.auth import caller_token, open_sync_channel
 from dispo.libs.sdk import Client, DispoError
 from dispo.libs.settings import CommonSettings, server_settings
-from dispo.libs.stack.stack import SERVICES, caller_tls, read_state
+from dispo.libs.stack.state import SERVICES, caller_tls, read_state
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp

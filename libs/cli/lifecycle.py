@@ -9,9 +9,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dispo.libs.auth.bootstrap import ADMIN_TOKEN_FILE
+from dispo.libs.auth.caller import ADMIN_TOKEN_FILE
 from dispo.libs.settings import CommonSettings
 from dispo.libs.stack.ownership import (
     FolderLock,
@@ -21,7 +21,10 @@ from dispo.libs.stack.ownership import (
     recorded,
     wait_exit,
 )
-from dispo.libs.stack.stack import STOP_ORDER, StackOptions, read_state, stop_stale
+from dispo.libs.stack.state import STOP_ORDER, read_state, stop_stale
+
+if TYPE_CHECKING:
+    from dispo.libs.stack.stack import StackOptions
 
 # How long `dispo down` lets dispo up stop everything in order before it kills it.
 DOWN_TIMEOUT_SECONDS = 120.0

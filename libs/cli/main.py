@@ -24,7 +24,7 @@ import signal
 import sys
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from dispo.libs.cli import operate, tasks, tokens
@@ -44,7 +44,10 @@ from dispo.libs.cli.lifecycle import (
 from dispo.libs.health import health_status
 from dispo.libs.logging import configure_logging
 from dispo.libs.stack.ownership import StackRunning
-from dispo.libs.stack.stack import SERVICES, Stack, StackOptions, caller_tls, service_metrics
+from dispo.libs.stack.state import SERVICES, caller_tls, service_metrics
+
+if TYPE_CHECKING:
+    from dispo.libs.stack.stack import Stack
 
 app = typer.Typer(
     name="dispo",
@@ -153,6 +156,10 @@ def up(
     ] = False,
 ) -> None:
     """Start PostgreSQL, NATS and the services; Ctrl-C stops all."""
+    # Only here: what starts a stack (the database layer, the bus, the services' processes)
+    # is none of the business of the commands that call one.
+    from dispo.libs.stack.stack import Stack, StackOptions
+
     options = StackOptions(
         data_dir=ctx.obj.data_dir,
         database_url=database_url or os.environ.get("DISPO_DATABASE_URL"),
@@ -168,11 +175,11 @@ def up(
     )
     if detach_:
         raise typer.Exit(detach(options, [a for a in _ARGV if a != "--detach"]))
-    raise typer.Exit(asyncio.run(_up(options)))
+    raise typer.Exit(asyncio.run(_up(Stack(options))))
 
 
-async def _up(options: StackOptions) -> int:
-    stack = Stack(options)
+async def _up(stack: Stack) -> int:
+    options = stack.options
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -38,7 +38,7 @@ from dispo.libs.cli._common import (
     usage,
     when,
 )
-from dispo.libs.stack.stack import SERVICES
+from dispo.libs.stack.state import SERVICES
 from google.protobuf.json_format import ParseDict, ParseError
 from google.protobuf.message import Message
 from rich.progress import Progress

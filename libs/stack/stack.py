@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import secrets
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from dispo.libs.db.roles import (
 from dispo.libs.logging import get_logger
 from dispo.libs.private_files import write_private
 from dispo.libs.service import until_reachable
-from dispo.libs.settings import DEFAULT_METRICS_PORTS, TLSSettings, server_settings
+from dispo.libs.settings import DEFAULT_METRICS_PORTS, server_settings
 from dispo.libs.stack.cluster import NatsCluster
 from dispo.libs.stack.nats import NatsServer, free_port
 from dispo.libs.stack.nats_auth import NatsUsers
@@ -42,41 +41,30 @@ from dispo.libs.stack.ownership import (
     Recorded,
     StackRunning,
     start_ticks,
-    stop_recorded,
 )
 from dispo.libs.stack.process import ProcessSpec, python_module
+from dispo.libs.stack.state import (
+    DEMO_DOWNSTREAM,
+    INFRASTRUCTURE_SHUTDOWN_ORDER,
+    NATS,
+    OPENCLAW,
+    POOL_WORKER,
+    POSTGRES,
+    SERVICES,
+    SHUTDOWN_ORDER,
+    STATE_FILE,
+    metrics_url,
+    read_state,
+    stop_stale,
+)
 from dispo.libs.stack.supervisor import Supervisor
-from dispo.libs.tls import ClientTLS, LocalCertificates
+from dispo.libs.tls import LocalCertificates
 
 if TYPE_CHECKING:
     from dispo.libs.stack.postgres import EmbeddedPostgres
 
 log = get_logger(__name__)
 
-SERVICES = ("gateway", "executor", "reconciler", "intelligence", "pool")
-# Processes that serve the services rather than callers: the pool's local-driver crons,
-# and the demo downstream the example catalogue points at.
-POOL_WORKER = "pool-worker"
-DEMO_DOWNSTREAM = "demo-downstream"
-# Stop the entry point first so nothing new arrives while the rest drains.
-SHUTDOWN_ORDER = [
-    "gateway",
-    POOL_WORKER,
-    "pool",
-    "intelligence",
-    "reconciler",
-    "executor",
-    DEMO_DOWNSTREAM,
-]
-# The infrastructure the stack starts itself (unless given external URLs), stopped after
-# the services, PostgreSQL last.
-NATS = "nats"
-POSTGRES = "postgres"
-# The OpenClaw gateway the pool's openclaw driver uses, when the stack starts it.
-OPENCLAW = "openclaw"
-INFRASTRUCTURE_SHUTDOWN_ORDER = [OPENCLAW, NATS, POSTGRES]
-STOP_ORDER = SHUTDOWN_ORDER + INFRASTRUCTURE_SHUTDOWN_ORDER
-STATE_FILE = "stack.json"
 # Where `dispo up --tls` keeps its local CA and certificates.
 TLS_FOLDER = "tls"
 
@@ -130,10 +118,6 @@ class StackOptions:
 def default_metrics_ports() -> dict[str, int]:
     """Each service's metrics port: its ``DISPO_<SERVICE>_METRICS_PORT``, else its default."""
     return {n: server_settings(n).metrics_port or DEFAULT_METRICS_PORTS[n] for n in SERVICES}
-
-
-def metrics_url(host: str, port: int) -> str:
-    return f"http://{host}:{port}/metrics"
 
 
 def replica_names(service: str, count: int) -> list[str]:
@@ -512,39 +496,3 @@ def _kept_token(path: Path) -> str:
     if not path.exists():
         write_private(path, secrets.token_hex(16))
     return path.read_text().strip()
-
-
-def stop_stale(data_dir: Path, state: dict[str, Any]) -> list[Recorded]:
-    """Stop, in order, what still runs of the stale stack ``state`` describes and remove its
-    state file (the caller holds the folder's lock); returns what was stopped."""
-    stopped = stop_recorded(state, STOP_ORDER, {POSTGRES: signal.SIGINT})
-    (data_dir / STATE_FILE).unlink(missing_ok=True)
-    return stopped
-
-
-def service_metrics(data_dir: Path) -> dict[str, str]:
-    """Where each service serves its metrics: from the running stack's state file, else
-    from the ``DISPO_<SERVICE>_METRICS_PORT`` settings (none where it is 0)."""
-    state = read_state(data_dir)
-    if state:
-        return {n: info["metrics"] for n, info in state["services"].items() if info.get("metrics")}
-    found = {n: server_settings(n) for n in SERVICES}
-    return {n: metrics_url(s.host, s.metrics_port) for n, s in found.items() if s.metrics_port}
-
-
-def read_state(data_dir: Path) -> dict[str, Any] | None:
-    path = data_dir / STATE_FILE
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def caller_tls(data_dir: Path) -> ClientTLS | None:
-    """The TLS a command-line caller of the stack in ``data_dir`` uses: its own
-    ``DISPO_TLS_*`` settings when they name a CA, else the CA and client certificate of the
-    stack running there with TLS; None otherwise (the settings' own: plaintext)."""
-    settings = TLSSettings()
-    if settings.ca_file:
-        return settings.client
-    tls = (read_state(data_dir) or {}).get("tls")
-    if not tls:
-        return None
-    return ClientTLS(tls["ca_file"], tls["client_cert_file"], tls["client_key_file"])

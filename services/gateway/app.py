@@ -11,9 +11,9 @@ from dispo.gateway.servicer import GatewayServicer
 from dispo.gateway.settings import GatewaySettings
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.auth import MIGRATIONS as AUTH_MIGRATIONS
-from dispo.libs.auth import SCHEMA as AUTH_SCHEMA
 from dispo.libs.auth import servicer as tokens
+from dispo.libs.auth.bootstrap import MIGRATIONS as AUTH_MIGRATIONS
+from dispo.libs.auth.bootstrap import SCHEMA as AUTH_SCHEMA
 from dispo.libs.auth.bootstrap import apply_bootstrap
 from dispo.libs.auth.signing import configured_key
 from dispo.libs.bus import ACK, Disposition, Term

@@ -17,6 +17,17 @@ from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE, Downstream
 
 DISPO = str(Path(sys.executable).parent / "dispo")
 TASK_KEYS = {"task_id", "business", "status", "nodes", "version", "cancel_requested"}
+# What starts or serves a stack, which no command that calls one needs to import.
+SERVER_SIDE = (
+    "sqlalchemy",
+    "alembic",
+    "asyncpg",
+    "nats",
+    "dispo.libs.db",
+    "dispo.libs.bus",
+    "dispo.libs.service",
+    "dispo.libs.stack.stack",
+)
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +192,35 @@ async def test_refused_unreachable_and_usage_errors_say_what_to_do(cli_env, tmp_
     assert bad_file.returncode == 2 and "'cellz'" in bad_file.stderr
     version = await dispo(cli_env, "--version")
     assert version.returncode == 0 and version.stdout.startswith("dispo ")
+
+
+def test_the_commands_that_call_a_stack_import_neither_the_database_layer_nor_the_bus(tmp_path):
+    """Each `dispo` call is a process of its own: what it imports it pays for every time."""
+    commands = [
+        ["--version"],
+        ["tasks", "show", "t-1"],  # through the SDK's client
+        ["failed", "list"],  # through a channel of the CLI's own
+        ["tokens", "list"],
+        ["status"],
+    ]
+    probe = (
+        "import json, sys\n"
+        "from dispo.libs.cli.main import main\n"
+        "codes = []\n"
+        f"for argv in {commands!r}:\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as end:\n"
+        "        codes.append(end.code)\n"
+        f"print(json.dumps([codes, [m for m in {SERVER_SIDE!r} if m in sys.modules]]))\n"
+    )
+    nothing = str(free_port())  # no stack anywhere: every call is unreachable
+    env = {"PATH": os.environ["PATH"], "DISPO_DATA_DIR": str(tmp_path), "DISPO_TOKEN": "t"}
+    env |= {f"DISPO_{s.upper()}_PORT": nothing for s in ("gateway", "reconciler")}
+    ran = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    codes, imported = json.loads(ran.stdout.splitlines()[-1])
+    assert codes == [0, 3, 3, 3, 1]  # each ran: ok, unreachable (3), and status not serving
+    assert imported == []

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
-from dispo.libs.auth import TokenVerifier
+from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import ManualClock
 from dispo.libs.contracts import UndeclaredSubject, tasks
 from dispo.libs.db import create_engine

@@ -24,7 +24,8 @@ from dispo.libs.sdk import AsyncClient, Client, DispoError, cells
 from dispo.libs.settings import TLSSettings
 from dispo.libs.stack.certificates import local_certificates
 from dispo.libs.stack.nats import free_port
-from dispo.libs.stack.stack import Stack, StackOptions, caller_tls
+from dispo.libs.stack.stack import Stack, StackOptions
+from dispo.libs.stack.state import caller_tls
 from dispo.libs.tls import PLAINTEXT, ClientTLS, LocalCertificates, ServerTLS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 

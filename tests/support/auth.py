@@ -20,7 +20,6 @@ from dispo.libs.auth import (
     Authorizer,
     Kind,
     Rule,
-    TokenVerifier,
     open_channel,
     open_sync_channel,
     store,
@@ -35,6 +34,7 @@ from dispo.libs.auth.signing import (
     new_secret_id,
 )
 from dispo.libs.auth.tokens import TokenRecord, new_secret, new_token_id, secret_hash
+from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import SystemClock
 from dispo.libs.db import create_engine
 from dispo.libs.stack.stack import POOL_WORKER, SERVICES
