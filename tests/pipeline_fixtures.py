@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,13 +182,29 @@ class Downstream(ManagedProcess):
         )
 
 
+@asynccontextmanager
+async def running_downstream(folder: Path) -> AsyncIterator[Downstream]:
+    """The demo downstream on a free port, logging to ``folder``, killed on exit."""
+    d = Downstream(free_port(), folder / "downstream.log")
+    d.spawn()
+    try:
+        await d.wait_ready(15)
+        yield d
+    finally:
+        d.kill()
+
+
 @pytest.fixture
 async def downstream(tmp_path: Path) -> AsyncIterator[Downstream]:
-    d = Downstream(free_port(), tmp_path / "downstream.log")
-    d.spawn()
-    await d.wait_ready(15)
-    yield d
-    d.kill()
+    async with running_downstream(tmp_path) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+async def module_downstream(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Downstream]:
+    """The demo downstream the tests of one module share (beside :func:`module_services`)."""
+    async with running_downstream(tmp_path_factory.mktemp("downstream")) as d:
+        yield d
 
 
 @pytest.fixture

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from dispo.libs.catalogue import EXAMPLE
-from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.openclaw import OpenClawUnavailable, node_binary
-from pipeline_fixtures import EXECUTOR_TEST_ENV, Downstream
+from pipeline_fixtures import Pipeline
 from support.auth import business_token
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,23 +49,18 @@ def node() -> Path:
 
 
 @pytest.fixture(scope="module")
-async def stack(module_services, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("node-client")
-    downstream = Downstream(free_port(), folder / "downstream.log")
-    downstream.spawn()
-    await downstream.wait_ready(15)
-    catalogue = folder / "catalogue.yaml"
-    catalogue.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:8181", downstream.url))
-    env = {"DISPO_CATALOGUE": str(catalogue)}
-    gateway, _, reconciler = await asyncio.gather(
-        module_services.start(
-            "gateway", {**env, "DISPO_GATEWAY_WATCH_POLL_INTERVAL_SECONDS": "0.2"}
-        ),
-        module_services.start("executor", {**env, **EXECUTOR_TEST_ENV}),
-        module_services.start("reconciler", env),
+async def stack(module_services, module_downstream, tmp_path_factory):
+    catalogue = tmp_path_factory.mktemp("node-client") / "catalogue.yaml"
+    catalogue.write_text(
+        EXAMPLE.read_text().replace("http://127.0.0.1:8181", module_downstream.url)
     )
-    yield gateway, reconciler, downstream
-    downstream.kill()
+    pipeline = Pipeline(module_services.start, catalogue, module_downstream.url)
+    _, _, reconciler = await asyncio.gather(
+        pipeline.start_gateway(),
+        pipeline.start_executor(),
+        module_services.start("reconciler", {"DISPO_CATALOGUE": str(catalogue)}),
+    )
+    return pipeline.gateway, reconciler, module_downstream
 
 
 async def test_the_node_client_submits_watches_lists_cancels_resumes_and_reads_errors(
