@@ -1,6 +1,6 @@
 """The README's five-minute tour, run as written against `dispo up` (ports moved to free ones),
-then docs/pipeline.md's walk-through on the same stack, and both again: the guides can be
-run in sequence, twice, on one stack."""
+then docs/pipeline.md's walk-through on the same stack, then what a second run of the two
+meets from the first: the guides can be run in sequence, twice, on one stack."""
 
 import asyncio
 import os
@@ -87,30 +87,71 @@ async def test_the_tour_runs_as_written(stack_env, tmp_path):
             return "Ctrl-C stops everything" in output.read_text()
 
         await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-        token = (Path(env["DISPO_DATA_DIR"]) / "admin.token").read_text()
-        # The guides in sequence, twice, on one stack: each uses its own keys and ids, and a
-        # second run meets what the first left (the same keys, the same ids) without error.
-        for _ in range(2):
-            await run_the_tour(blocks, env, ports, demo, tmp_path, token)
-            if shutil.which("jq") is not None:  # the pipeline guide picks ids with jq
-                await run_the_pipeline_guide(env, ports, demo, tmp_path, token)
+        # the tour exports DISPO_TOKEN itself; the Python examples and the pipeline guide
+        # (and a second run, in the same terminal) have it from there
+        exported = {**env, "DISPO_TOKEN": (Path(env["DISPO_DATA_DIR"]) / "admin.token").read_text()}
+        jq = shutil.which("jq") is not None  # the pipeline guide picks ids with jq
+        # The guides in sequence on one stack: each uses its own keys and ids.
+        await run_the_tour(blocks, env, exported, ports, demo, tmp_path)
+        if jq:
+            await run_the_pipeline_guide(exported, ports, demo, tmp_path)
+        # Then again what a second run of them meets from the first (the same keys, the same
+        # evaluation id): it answers as the first time, and no call of it is refused (set -e).
+        await run_the_tour_again(blocks, exported, ports, demo, tmp_path)
+        if jq:
+            await run_the_pipeline_guide_again(exported, ports, demo, tmp_path)
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
 
 
-async def run_the_tour(
-    blocks: list[str], env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path, token: str
-) -> None:
-    script = localise("\n".join(blocks), ports, demo)
-    result = await asyncio.to_thread(
+# A block naming an idempotency key or an evaluation id makes what a second run of its guide
+# meets again (the same task, the same evaluation). Every other block makes new work each
+# time it runs (a task without a key gets a new id) or only reads, so running it twice
+# repeats the first run.
+KEYED = re.compile(r"idempotency_key|evaluation_id")
+
+
+def keyed(blocks: list[str]) -> list[str]:
+    return [block for block in blocks if KEYED.search(block)]
+
+
+async def shell(
+    blocks: list[str], env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path, *flags: str
+) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
         subprocess.run,
-        ["timeout", "180", "bash", "-u", "-c", script],
+        ["timeout", "180", "bash", "-u", *flags, "-c", localise("\n".join(blocks), ports, demo)],
         capture_output=True,
         text=True,
         env=env,
         cwd=cwd,
     )
+
+
+async def python(script: str, env: dict[str, str], ports: dict[str, int], demo: int) -> str:
+    """What ``script`` printed; it must end without error."""
+    ran = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", localise(script, ports, demo)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    return ran.stdout
+
+
+async def run_the_tour(
+    blocks: list[str],
+    env: dict[str, str],
+    exported: dict[str, str],
+    ports: dict[str, int],
+    demo: int,
+    cwd: Path,
+) -> None:
+    result = await shell(blocks, env, ports, demo, cwd)
     out = result.stdout + result.stderr
 
     assert out.count("SERVING") >= len(SERVICES), out
@@ -120,51 +161,64 @@ async def run_the_tour(
     )  # first task and the released one
     assert '"demoted_depth": 1' in out, out
     assert "JOB_STATUS_COMPLETED" in out and '"pass_rate": 1' in out, out
-
-    python = localise(python_block(), ports, demo)
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", python],
-        capture_output=True,
-        text=True,
-        env={**env, "DISPO_TOKEN": token},
-        timeout=60,
-    )
-    assert result.stdout.strip() == "SUCCEEDED", result.stdout + result.stderr
+    assert (await python(python_block(), exported, ports, demo)).strip() == "SUCCEEDED"
 
 
-async def run_the_pipeline_guide(
-    env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path, token: str
+async def run_the_tour_again(
+    blocks: list[str], env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path
 ) -> None:
-    """docs/pipeline.md's walk-through and its Python example (each also run on a fresh
-    stack by tests/gateway/test_docs.py), here after the tour on the tour's stack."""
+    """The tour's keyed blocks (the content-42 task, the tour-1 evaluation) and its Python
+    example (the content-44 task) a second time."""
+    again = keyed(blocks)
+    assert len(again) == 2, again
+    result = await shell(again, env, ports, demo, cwd, "-e", "-o", "pipefail")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert '"status": "TASK_STATUS_SUCCEEDED"' in out, out
+    assert "JOB_STATUS_COMPLETED" in out and '"pass_rate": 1' in out, out
+    assert KEYED.search(python_block())
+    assert (await python(python_block(), env, ports, demo)).strip() == "SUCCEEDED"
+
+
+def pipeline_guide() -> tuple[list[str], str]:
+    """docs/pipeline.md's walk-through (the blocks after `dispo up`) and its Python example."""
     text = (ROOT / "docs" / "pipeline.md").read_text()
     walkthrough = text.split("## Five minutes", 1)[1].split("### From Python", 1)[0]
     blocks = re.findall(r"```sh\n(.*?)```", walkthrough, re.S)[1:]  # the first is `dispo up`
-    result = await asyncio.to_thread(
-        subprocess.run,
-        ["timeout", "120", "bash", "-u", "-c", localise("\n".join(blocks), ports, demo)],
-        capture_output=True,
-        text=True,
-        env={**env, "DISPO_TOKEN": token},
-        cwd=cwd,
+    [example] = re.findall(
+        r"```python\n(.*?)```", text.split("### From Python", 1)[1].split("## ", 1)[0], re.S
     )
+    return blocks, example
+
+
+async def run_the_pipeline_guide(
+    env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path
+) -> None:
+    """docs/pipeline.md's walk-through and its Python example (each also run on a fresh
+    stack by tests/gateway/test_docs.py), here after the tour on the tour's stack."""
+    blocks, example = pipeline_guide()
+    result = await shell(blocks, env, ports, demo, cwd)
     out = result.stdout + result.stderr
     assert '"duplicate": true' in out and '"status": "TASK_STATUS_SUCCEEDED"' in out, out
     assert '{"start_review.open_ticket":"NODE_STATUS_SUCCEEDED"}' in out, out
     assert '["NODE_STATUS_CANCELLED","NODE_STATUS_CANCELLED"]' in out, out
-    [example] = re.findall(
-        r"```python\n(.*?)```", text.split("### From Python", 1)[1].split("## ", 1)[0], re.S
-    )
-    ran = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", localise(example, ports, demo)],
-        capture_output=True,
-        text=True,
-        env={**env, "DISPO_TOKEN": token},
-        timeout=60,
-    )
-    assert ran.stdout.startswith("SUCCEEDED {"), ran.stdout + ran.stderr
+    assert (await python(example, env, ports, demo)).startswith("SUCCEEDED {")
+
+
+async def run_the_pipeline_guide_again(
+    env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path
+) -> None:
+    """The walk-through's keyed block (the content-42-pipeline task) and its Python example
+    (content-44-pipeline) a second time."""
+    blocks, example = pipeline_guide()
+    again = keyed(blocks)
+    assert len(again) == 1, again
+    result = await shell(again, env, ports, demo, cwd, "-e", "-o", "pipefail")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert '"duplicate": true' in out and '"status": "TASK_STATUS_SUCCEEDED"' in out, out
+    assert KEYED.search(example)
+    assert (await python(example, env, ports, demo)).startswith("SUCCEEDED {")
 
 
 def test_ci_runs_the_readme_commands():
