@@ -73,34 +73,26 @@ def stack_credentials(data_dir: Path, services: list[str]) -> StackCredentials:
     named before is added, the others are kept."""
     path = data_dir / CREDENTIALS_FILE
     known = json.loads(path.read_text()) if path.exists() else {}
-    changed = not known
     admin_data = known.get("admin") or {
         "token_id": new_token_id(),
         "secret": new_secret(),
         "kind": Kind.ADMIN.value,
     }
     service_data: dict[str, dict[str, str]] = dict(known.get("services", {}))
-    signing_key = known.get("signing_key") or new_key()  # a folder from before it: made now
-    changed = changed or "signing_key" not in known
     for name in services:
         if name not in service_data:
-            changed = True
             service_data[name] = {
                 "token_id": new_token_id(),
                 "secret": new_secret(),
                 "kind": Kind.SERVICE.value,
                 "service": name,
             }
+    signing_key = known.get("signing_key") or new_key()  # a folder from before it: made now
+    kept = {"admin": admin_data, "services": service_data, "signing_key": signing_key}
     admin = _credential(admin_data)
     creds = {name: _credential(data) for name, data in service_data.items()}
-    if changed:
-        write_private(
-            path,
-            json.dumps(
-                {"admin": admin_data, "services": service_data, "signing_key": signing_key},
-                indent=2,
-            ),
-        )
+    if kept != known:  # something was made: both files are written again
+        write_private(path, json.dumps(kept, indent=2))
         entries = [admin, *creds.values()]
         write_private(
             data_dir / BOOTSTRAP_FILE,

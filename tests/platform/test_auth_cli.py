@@ -108,3 +108,10 @@ def test_the_stack_credentials_are_owner_only_in_an_owner_only_folder(tmp_path):
     assert (data / "auth").stat().st_mode & 0o777 == 0o700
     # the next start keeps them
     assert stack_credentials(data, ["gateway", "reconciler"]) == made
+    # what one start had to make again (here the signing key) the starts after it keep
+    kept = json.loads(files[2].read_text())
+    files[2].write_text(json.dumps({**kept, "signing_key": ""}))
+    again = stack_credentials(data, ["gateway", "reconciler"])
+    assert again.signing_key not in ("", made.signing_key)
+    assert stack_credentials(data, ["gateway", "reconciler"]) == again
+    assert again.admin == made.admin and again.services == made.services
