@@ -42,7 +42,6 @@ from dispo.libs.cli.lifecycle import (
     down,
 )
 from dispo.libs.health import health_status
-from dispo.libs.logging import configure_logging
 from dispo.libs.stack.ownership import StackRunning
 from dispo.libs.stack.state import SERVICES, caller_tls, service_metrics
 
@@ -156,6 +155,7 @@ def up(
     ] = False,
 ) -> None:
     """Start PostgreSQL, NATS and the services; Ctrl-C stops all."""
+    _log_to_console()
     # Only here: what starts a stack (the database layer, the bus, the services' processes)
     # is none of the business of the commands that call one.
     from dispo.libs.stack.stack import Stack, StackOptions
@@ -276,6 +276,7 @@ def bench(
     """Run a benchmark and print throughput and latency percentiles."""
     import importlib
 
+    _log_to_console()
     module = importlib.import_module(BENCHMARKS[benchmark.value])
     sys.argv = [f"dispo bench {benchmark.value}", *ctx.args]
     module.main()
@@ -291,8 +292,16 @@ app.add_typer(operate.quarantine_app, name="quarantine")
 app.add_typer(tokens.tokens_app, name="tokens")
 
 
-def main(argv: list[str] | None = None) -> None:
+def _log_to_console() -> None:
+    """Log lines of what a command runs in this process (the stack, a benchmark), readable,
+    at ``DISPO_LOG_LEVEL``. Only the commands that run something log: the ones that call a
+    stack print their replies and do not import the logging set-up."""
+    from dispo.libs.logging import configure_logging
+
     configure_logging("console", os.environ.get("DISPO_LOG_LEVEL", "WARNING"))
+
+
+def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     _ARGV[:] = argv
     app(args=argv, prog_name="dispo")

@@ -17,8 +17,9 @@ from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE, Downstream
 
 DISPO = str(Path(sys.executable).parent / "dispo")
 TASK_KEYS = {"task_id", "business", "status", "nodes", "version", "cancel_requested"}
-# What starts or serves a stack, which no command that calls one needs to import.
+# What starts, serves or logs for a stack, which no command that calls one needs to import.
 SERVER_SIDE = (
+    "structlog",
     "sqlalchemy",
     "alembic",
     "asyncpg",
