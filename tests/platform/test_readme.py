@@ -194,14 +194,21 @@ def pipeline_guide() -> tuple[list[str], str]:
 async def run_the_pipeline_guide(
     env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path
 ) -> None:
-    """docs/pipeline.md's walk-through and its Python example (each also run on a fresh
-    stack by tests/gateway/test_docs.py), here after the tour on the tour's stack."""
+    """docs/pipeline.md's walk-through and its Python example, run as written after the
+    tour on the tour's stack (the `dispo up` the guide starts with)."""
     blocks, example = pipeline_guide()
+    assert len(blocks) == 4, blocks
     result = await shell(blocks, env, ports, demo, cwd)
     out = result.stdout + result.stderr
     assert '"duplicate": true' in out and '"status": "TASK_STATUS_SUCCEEDED"' in out, out
-    assert '{"start_review.open_ticket":"NODE_STATUS_SUCCEEDED"}' in out, out
+    assert (
+        '[{"label.set_label":"NODE_STATUS_FAILED"},{"label.audit":"NODE_STATUS_DEPENDENCY_FAILED"},'
+        '{"start_review.open_ticket":"NODE_STATUS_SUCCEEDED"},'
+        '{"notify_owner.send":"NODE_STATUS_DEPENDENCY_FAILED"}]'
+    ) in out, out
     assert '["NODE_STATUS_CANCELLED","NODE_STATUS_CANCELLED"]' in out, out
+    assert "Code: InvalidArgument" in out, out
+    assert "cells[0].cell: unknown cell 'delete_everything'" in out, out
     assert (await python(example, env, ports, demo)).startswith("SUCCEEDED {")
 
 
