@@ -10,11 +10,13 @@ dispo quarantine list|show|replay|discard       QuarantineService of one service
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import grpc
 import typer
 import yaml
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
@@ -58,6 +60,9 @@ quarantine_app = typer.Typer(
 
 Column = tuple[str, Callable[[Any], Any]]
 T = TypeVar("T")
+S = TypeVar("S")
+# How long one call may take.
+CALL_SECONDS = 10
 
 
 def table(rows: Sequence[Any], columns: Sequence[Column]) -> Table:
@@ -79,8 +84,18 @@ def fields(message: Message) -> Table:
     return drawn
 
 
-def _reconciler(ctx: typer.Context) -> Any:
-    return target(ctx).channel("reconciler")
+@contextmanager
+def _stub(ctx: typer.Context, service: str, stub: Callable[[grpc.Channel], S]) -> Iterator[S]:
+    """``service``'s stub on a channel to the command's stack; a call on it that fails ends
+    the command (3 or 4)."""
+    with target(ctx).channel(service) as channel:
+        yield stub(channel)
+
+
+def _reconciler(
+    ctx: typer.Context,
+) -> AbstractContextManager[reconciler_pb2_grpc.ReconcilerServiceStub]:
+    return _stub(ctx, "reconciler", reconciler_pb2_grpc.ReconcilerServiceStub)
 
 
 # --- failed -------------------------------------------------------------------------------
@@ -146,10 +161,8 @@ def failed_list(
     """Failed, parked and uncertain work, oldest parked first."""
     request = rpb.ListFailedWorkRequest(filter=_work_filter(kind, business, downstream, min_age))
     request.page.page_size, request.page.page_token = limit, page_token
-    with _reconciler(ctx) as channel:
-        reply = reconciler_pb2_grpc.ReconcilerServiceStub(channel).ListFailedWork(
-            request, timeout=10
-        )
+    with _reconciler(ctx) as reconciler:
+        reply = reconciler.ListFailedWork(request, timeout=CALL_SECONDS)
     show(reply, as_json, lambda r: table(r.work, _WORK_COLUMNS))
     if not as_json and reply.page.next_page_token:
         out.print(f"more: --page-token {reply.page.next_page_token}", style="dim", highlight=False)
@@ -162,9 +175,9 @@ def failed_show(
     as_json: JSON_OPTION = False,
 ) -> None:
     """One task the reconciler holds: its envelope, failures, redrives and settlements."""
-    with _reconciler(ctx) as channel:
-        reply = reconciler_pb2_grpc.ReconcilerServiceStub(channel).GetRecoveryTask(
-            rpb.GetRecoveryTaskRequest(task_id=task_id), timeout=10
+    with _reconciler(ctx) as reconciler:
+        reply = reconciler.GetRecoveryTask(
+            rpb.GetRecoveryTaskRequest(task_id=task_id), timeout=CALL_SECONDS
         )
     show(reply, as_json, lambda r: fields(r.task))
 
@@ -192,8 +205,7 @@ def failed_resume(
     when there are several)."""
     if bool(task_ids) == all_:
         usage("name the tasks, or say --all (with filters)")
-    with _reconciler(ctx) as channel:
-        stub = reconciler_pb2_grpc.ReconcilerServiceStub(channel)
+    with _reconciler(ctx) as stub:
         ids = list(task_ids or []) or _every_listed(
             stub, _work_filter(kind, business, downstream, min_age)
         )
@@ -209,7 +221,7 @@ def failed_resume(
                             reason=reason,
                             include_permanent=include_permanent,
                         ),
-                        timeout=10,
+                        timeout=CALL_SECONDS,
                     )
                 )
                 progress.advance(bar)
@@ -227,7 +239,7 @@ def _every_listed(
     while True:
         request = rpb.ListFailedWorkRequest(filter=filter_)
         request.page.page_size, request.page.page_token = 500, token
-        reply = stub.ListFailedWork(request, timeout=10)
+        reply = stub.ListFailedWork(request, timeout=CALL_SECONDS)
         ids += [w.task.task_id for w in reply.work]
         token = reply.page.next_page_token
         if not token:
@@ -251,9 +263,10 @@ def failed_abandon(
     as_json: JSON_OPTION = False,
 ) -> None:
     """Give up on a parked task: it is cancelled through the executor's normal path."""
-    with _reconciler(ctx) as channel:
-        reply = reconciler_pb2_grpc.ReconcilerServiceStub(channel).AbandonTask(
-            rpb.AbandonTaskRequest(task_id=task_id, actor=actor(), reason=reason), timeout=10
+    with _reconciler(ctx) as reconciler:
+        reply = reconciler.AbandonTask(
+            rpb.AbandonTaskRequest(task_id=task_id, actor=actor(), reason=reason),
+            timeout=CALL_SECONDS,
         )
     show(reply, as_json, lambda r: table([r.task], _RECOVERY_COLUMNS))
 
@@ -278,8 +291,8 @@ def failed_resolve(
     if done is None:
         usage("say --done or --retry")
     resolution = rpb.RESOLUTION_DONE if done else rpb.RESOLUTION_RETRY
-    with _reconciler(ctx) as channel:
-        reply = reconciler_pb2_grpc.ReconcilerServiceStub(channel).ResolveNode(
+    with _reconciler(ctx) as reconciler:
+        reply = reconciler.ResolveNode(
             rpb.ResolveNodeRequest(
                 task_id=task_id,
                 node_id=node_id,
@@ -287,7 +300,7 @@ def failed_resolve(
                 actor=actor(),
                 reason=reason,
             ),
-            timeout=10,
+            timeout=CALL_SECONDS,
         )
     show(reply, as_json, lambda r: table([r.task], _RECOVERY_COLUMNS))
 
@@ -309,10 +322,8 @@ _DOWNSTREAM_COLUMNS: list[Column] = [
 @downstreams_app.command(name="list")
 def downstreams_list(ctx: typer.Context, as_json: JSON_OPTION = False) -> None:
     """Each downstream: health, pause, demoted and failed backlog."""
-    with _reconciler(ctx) as channel:
-        reply = reconciler_pb2_grpc.ReconcilerServiceStub(channel).ListDownstreams(
-            rpb.ListDownstreamsRequest(), timeout=10
-        )
+    with _reconciler(ctx) as reconciler:
+        reply = reconciler.ListDownstreams(rpb.ListDownstreamsRequest(), timeout=CALL_SECONDS)
     show(reply, as_json, lambda r: table(r.downstreams, _DOWNSTREAM_COLUMNS))
 
 
@@ -324,9 +335,10 @@ def downstreams_pause(
     as_json: JSON_OPTION = False,
 ) -> None:
     """Hold the work of a downstream (nothing is released to it until resumed)."""
-    with _reconciler(ctx) as channel:
-        reply = reconciler_pb2_grpc.ReconcilerServiceStub(channel).PauseDownstream(
-            rpb.PauseDownstreamRequest(name=name, actor=actor(), reason=reason), timeout=10
+    with _reconciler(ctx) as reconciler:
+        reply = reconciler.PauseDownstream(
+            rpb.PauseDownstreamRequest(name=name, actor=actor(), reason=reason),
+            timeout=CALL_SECONDS,
         )
     show(reply, as_json, lambda r: table([r.downstream], _DOWNSTREAM_COLUMNS))
 
@@ -338,9 +350,9 @@ def downstreams_resume(
     as_json: JSON_OPTION = False,
 ) -> None:
     """Release a paused downstream's work again."""
-    with _reconciler(ctx) as channel:
-        reply = reconciler_pb2_grpc.ReconcilerServiceStub(channel).ResumeDownstream(
-            rpb.ResumeDownstreamRequest(name=name, actor=actor()), timeout=10
+    with _reconciler(ctx) as reconciler:
+        reply = reconciler.ResumeDownstream(
+            rpb.ResumeDownstreamRequest(name=name, actor=actor()), timeout=CALL_SECONDS
         )
     show(reply, as_json, lambda r: table([r.downstream], _DOWNSTREAM_COLUMNS))
 
@@ -348,8 +360,8 @@ def downstreams_resume(
 # --- pool ---------------------------------------------------------------------------------
 
 
-def _pool(ctx: typer.Context) -> Any:
-    return target(ctx).channel("pool")
+def _pool(ctx: typer.Context) -> AbstractContextManager[pool_pb2_grpc.PoolServiceStub]:
+    return _stub(ctx, "pool", pool_pb2_grpc.PoolServiceStub)
 
 
 def _status_table(status: ppb.PoolStatus) -> Table:
@@ -359,10 +371,8 @@ def _status_table(status: ppb.PoolStatus) -> Table:
 @pool_app.command(name="status")
 def pool_status(ctx: typer.Context, as_json: JSON_OPTION = False) -> None:
     """Size, busy, idle, stuck, bounds, queue depth and oldest wait."""
-    with _pool(ctx) as channel:
-        reply = pool_pb2_grpc.PoolServiceStub(channel).GetPoolStatus(
-            ppb.GetPoolStatusRequest(), timeout=10
-        )
+    with _pool(ctx) as pool:
+        reply = pool.GetPoolStatus(ppb.GetPoolStatusRequest(), timeout=CALL_SECONDS)
     show(reply, as_json, _status_table)
 
 
@@ -373,10 +383,8 @@ def pool_queue(
     as_json: JSON_OPTION = False,
 ) -> None:
     """Evaluations waiting for a cron, in the order crons will take them."""
-    with _pool(ctx) as channel:
-        reply = pool_pb2_grpc.PoolServiceStub(channel).ListQueue(
-            ppb.ListQueueRequest(limit=limit), timeout=10
-        )
+    with _pool(ctx) as pool:
+        reply = pool.ListQueue(ppb.ListQueueRequest(limit=limit), timeout=CALL_SECONDS)
     columns: list[Column] = [
         ("evaluation", lambda i: i.evaluation_id),
         ("status", lambda i: enum_name(ppb.EvaluationStatus, i.status, "EVALUATION_STATUS_")),
@@ -401,8 +409,8 @@ _EVALUATION_COLUMNS: list[Column] = [
 
 
 def _evaluation_call(ctx: typer.Context, method: str, request: Message, as_json: bool) -> None:
-    with _pool(ctx) as channel:
-        reply = getattr(pool_pb2_grpc.PoolServiceStub(channel), method)(request, timeout=10)
+    with _pool(ctx) as pool:
+        reply = getattr(pool, method)(request, timeout=CALL_SECONDS)
     show(reply, as_json, lambda e: table([e], _EVALUATION_COLUMNS))
 
 
@@ -488,9 +496,9 @@ def pool_bounds(
     as_json: JSON_OPTION = False,
 ) -> None:
     """Change the pool's size bounds; the scaler applies them at once."""
-    with _pool(ctx) as channel:
-        reply = pool_pb2_grpc.PoolServiceStub(channel).SetPoolBounds(
-            ppb.SetPoolBoundsRequest(min_size=min_size, max_size=max_size), timeout=10
+    with _pool(ctx) as pool:
+        reply = pool.SetPoolBounds(
+            ppb.SetPoolBoundsRequest(min_size=min_size, max_size=max_size), timeout=CALL_SECONDS
         )
     show(reply, as_json, _status_table)
 
@@ -517,8 +525,10 @@ _JOB_COLUMNS: list[Column] = [
 KIND_ARG = Annotated[str, typer.Option("--kind", help="analysis or comparison")]
 
 
-def _intelligence(ctx: typer.Context) -> Any:
-    return target(ctx).channel("intelligence")
+def _intelligence(
+    ctx: typer.Context,
+) -> AbstractContextManager[intelligence_pb2_grpc.IntelligenceServiceStub]:
+    return _stub(ctx, "intelligence", intelligence_pb2_grpc.IntelligenceServiceStub)
 
 
 def _pick(table_: Mapping[str, T], value: str, option: str) -> T:
@@ -546,8 +556,8 @@ def jobs_list(
         status=_pick(_JOB_STATUSES, status, "--status") if status else ipb.JOB_STATUS_UNSPECIFIED,
     )
     request.page.page_size, request.page.page_token = limit, page_token
-    with _intelligence(ctx) as channel:
-        reply = intelligence_pb2_grpc.IntelligenceServiceStub(channel).ListJobs(request, timeout=10)
+    with _intelligence(ctx) as intelligence:
+        reply = intelligence.ListJobs(request, timeout=CALL_SECONDS)
     show(reply, as_json, lambda r: table(r.jobs, _JOB_COLUMNS))
 
 
@@ -564,9 +574,10 @@ def jobs_show(
         if _pick(_JOB_KINDS, kind, "--kind") == ipb.JOB_KIND_COMPARISON
         else "GetAnalysis"
     )
-    with _intelligence(ctx) as channel:
-        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
-        reply = getattr(stub, method)(ipb.GetJobRequest(evaluation_id=evaluation_id), timeout=10)
+    with _intelligence(ctx) as stub:
+        reply = getattr(stub, method)(
+            ipb.GetJobRequest(evaluation_id=evaluation_id), timeout=CALL_SECONDS
+        )
     show(reply, as_json, fields)
 
 
@@ -583,10 +594,9 @@ def jobs_trigger(
         if _pick(_JOB_KINDS, kind, "--kind") == ipb.JOB_KIND_COMPARISON
         else "TriggerAnalysis"
     )
-    with _intelligence(ctx) as channel:
-        stub = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+    with _intelligence(ctx) as stub:
         reply = getattr(stub, method)(
-            ipb.TriggerJobRequest(evaluation_id=evaluation_id), timeout=10
+            ipb.TriggerJobRequest(evaluation_id=evaluation_id), timeout=CALL_SECONDS
         )
     show(reply, as_json, lambda r: table([r.job], _JOB_COLUMNS))
 
@@ -606,8 +616,10 @@ _MESSAGE_COLUMNS: list[Column] = [
 ]
 
 
-def _quarantine(ctx: typer.Context, service: Service) -> Any:
-    return target(ctx).channel(service.value)
+def _quarantine(
+    ctx: typer.Context, service: Service
+) -> AbstractContextManager[quarantine_pb2_grpc.QuarantineServiceStub]:
+    return _stub(ctx, service.value, quarantine_pb2_grpc.QuarantineServiceStub)
 
 
 @quarantine_app.command(name="list")
@@ -622,8 +634,8 @@ def quarantine_list(
     """Messages in a service's quarantine, oldest first."""
     request = qpb.ListMessagesRequest(consumer=consumer)
     request.page.page_size, request.page.page_token = limit, page_token
-    with _quarantine(ctx, service) as channel:
-        reply = quarantine_pb2_grpc.QuarantineServiceStub(channel).ListMessages(request, timeout=10)
+    with _quarantine(ctx, service) as quarantine:
+        reply = quarantine.ListMessages(request, timeout=CALL_SECONDS)
     show(reply, as_json, lambda r: table(r.messages, _MESSAGE_COLUMNS))
     if not as_json:
         out.print(f"{reply.total} in quarantine", style="dim")
@@ -640,10 +652,8 @@ def quarantine_show(
     as_json: JSON_OPTION = False,
 ) -> None:
     """One quarantined message."""
-    with _quarantine(ctx, service) as channel:
-        reply = quarantine_pb2_grpc.QuarantineServiceStub(channel).GetMessage(
-            qpb.GetMessageRequest(id=message_id), timeout=10
-        )
+    with _quarantine(ctx, service) as quarantine:
+        reply = quarantine.GetMessage(qpb.GetMessageRequest(id=message_id), timeout=CALL_SECONDS)
     show(reply, as_json, fields)
 
 
@@ -655,9 +665,9 @@ def quarantine_replay(
     as_json: JSON_OPTION = False,
 ) -> None:
     """Publish a quarantined message again on its subject, and take it out."""
-    with _quarantine(ctx, service) as channel:
-        reply = quarantine_pb2_grpc.QuarantineServiceStub(channel).ReplayMessage(
-            qpb.ReplayMessageRequest(id=message_id), timeout=10
+    with _quarantine(ctx, service) as quarantine:
+        reply = quarantine.ReplayMessage(
+            qpb.ReplayMessageRequest(id=message_id), timeout=CALL_SECONDS
         )
     show(reply, as_json, lambda r: table([r.message], _MESSAGE_COLUMNS))
 
@@ -670,8 +680,8 @@ def quarantine_discard(
     as_json: JSON_OPTION = False,
 ) -> None:
     """Remove a quarantined message for good (nothing is published)."""
-    with _quarantine(ctx, service) as channel:
-        reply = quarantine_pb2_grpc.QuarantineServiceStub(channel).DiscardMessage(
-            qpb.DiscardMessageRequest(id=message_id), timeout=10
+    with _quarantine(ctx, service) as quarantine:
+        reply = quarantine.DiscardMessage(
+            qpb.DiscardMessageRequest(id=message_id), timeout=CALL_SECONDS
         )
     show(reply, as_json, lambda r: table([r.message], _MESSAGE_COLUMNS))
