@@ -1,17 +1,21 @@
 """Tracing with OpenTelemetry: one trace from a caller's gRPC call to the downstream calls
-it caused, across the gateway, its outbox, the bus and the executor.
+it caused, across the gateway, its outbox, the bus and the executor, and on through the
+executor's events to the reconciler: its redrives (back to the executor) and the callback.
 
     configure_tracing("gateway", settings.otlp_endpoint)   # once per process (run_service)
     with server_span(method, context.invocation_metadata()):   # the one server interceptor
         carried = current()                # "traceparent[\\ntracestate]" or None: an outbox row's
     with continued(msg.headers, name):     # a consumer continues the publisher's trace
+    with resumed(row.trace, "redrive"):    # later work continues the trace a row kept
         with span("node run", {...}):      # a span of this service's own work
             inject(headers)                # the outgoing HTTP call's `traceparent`
 
 The trace context travels as W3C Trace Context (``traceparent``, ``tracestate``): in the
 gRPC metadata of a call, in a ``trace`` column of an outbox row (:func:`current` encodes it,
 :func:`headers_of` turns it into message headers), in the NATS headers of a message, and in
-the ``traceparent`` header of a downstream call.
+the ``traceparent`` header of a downstream call or a callback. Work done later than the
+message that caused it (a redrive, a callback) keeps the context on its own row and resumes
+it (:func:`resumed`).
 
 Off unless ``DISPO_OTLP_ENDPOINT`` names an OTLP/HTTP receiver: then every helper here
 returns at its first check (:data:`ENABLED` false), nothing is carried and no header is
@@ -88,6 +92,15 @@ def continued(
     return _tracer.start_as_current_span(name, context=_parent(headers), kind=SpanKind.CONSUMER)
 
 
+def resumed(carried: str | None, name: str) -> contextlib.AbstractContextManager[Any]:
+    """The span of work a stored row stands for, done after the message or call that
+    recorded it: a child of the context :func:`current` encoded then (``carried``; nothing
+    without one). It continues that trace whatever span is current."""
+    if not ENABLED or not carried:
+        return _NOTHING
+    return _tracer.start_as_current_span(name, context=_parent(headers_of(carried)))
+
+
 def span(
     name: str, attributes: Mapping[str, Any] | None = None
 ) -> contextlib.AbstractContextManager[Any]:
@@ -132,6 +145,7 @@ __all__ = [
     "current",
     "headers_of",
     "inject",
+    "resumed",
     "server_span",
     "span",
 ]

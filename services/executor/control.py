@@ -12,6 +12,7 @@ from dispo.libs.bus import ACK, Disposition
 from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
+from dispo.libs.tracing import current
 
 log = get_logger(__name__)
 
@@ -81,7 +82,7 @@ async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
         await repo.task_set_cancel_requested(conn, task_id)
         if row.leased_by_other("", now) or row.envelope is None:
             # The running pass sees the flag between rounds.
-            await repo.emit_status(conn, task_id, now)
+            await repo.emit_status(conn, task_id, now, current())
             return ACK
         nodes = await repo.nodes_get(conn, row.envelope)
         for node_id in to_cancel(nodes):
@@ -94,6 +95,6 @@ async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
             await repo.task_set_status(
                 conn, task_id, decision.status, decision.reason, now, expected=(row.status,)
             )
-        await repo.emit_status(conn, task_id, now)
+        await repo.emit_status(conn, task_id, now, current())
     ex.relay.kick()
     return ACK

@@ -67,14 +67,18 @@ class Stepping:
     row: repo.TaskRow
     nodes: dict[str, NodeRun]
     changed: bool = False
+    # The trace context of the message the pass serves (its events carry it).
+    trace: str | None = None
 
 
 @dataclass(frozen=True)
 class Opening:
-    """A task.create to open a pass for, under the lease owner ``owner``."""
+    """A task.create to open a pass for, under the lease owner ``owner``, with the trace
+    context it came with."""
 
     env: task_pb2.Task
     owner: str
+    trace: str | None = None
 
 
 class Passes:
@@ -159,7 +163,7 @@ class Passes:
             else:  # recorded just now, as the envelope says
                 nodes = {n.node_id: node_from_proto(n) for n in o.env.nodes}
                 changed = False
-            steppings.append(Stepping(o.env, o.owner, Pass(), row, nodes, changed))
+            steppings.append(Stepping(o.env, o.owner, Pass(), row, nodes, changed, o.trace))
             stepped.append(i)
         for i, step in zip(stepped, await self.step_many(conn, steppings, now), strict=True):
             results[i] = step
@@ -172,13 +176,17 @@ class Passes:
     ) -> Step | BaseException:
         try:
             async with conn.begin_nested():
-                opened = await self.open_one(conn, opening.env, opening.owner, now)
+                opened = await self.open_one(conn, opening.env, opening.owner, now, opening.trace)
                 if not isinstance(opened, tuple):
                     return Step(Pass(), disposition=opened)
                 row, nodes, recovered = opened
                 [step] = await self.step_many(
                     conn,
-                    [Stepping(opening.env, opening.owner, Pass(), row, nodes, recovered)],
+                    [
+                        Stepping(
+                            opening.env, opening.owner, Pass(), row, nodes, recovered, opening.trace
+                        )
+                    ],
                     now,
                 )
                 return step
@@ -186,10 +194,15 @@ class Passes:
             return error
 
     async def open_one(
-        self, conn: AsyncConnection, env: task_pb2.Task, owner: str, now: datetime
+        self,
+        conn: AsyncConnection,
+        env: task_pb2.Task,
+        owner: str,
+        now: datetime,
+        trace: str | None = None,
     ) -> Disposition | tuple[repo.TaskRow, dict[str, NodeRun], bool]:
         """Record the envelope, take the lease, recover interrupted nodes, for one task, in
-        every case. Returns a disposition when there is nothing to run, else the task row
+        every case (a status event written here carries ``trace``). Returns a disposition when there is nothing to run, else the task row
         (locked, leased to ``owner``), its nodes and whether recovery changed nodes."""
         task_id = env.task_id
         row = await repo.task_get(conn, task_id, for_update=True)
@@ -233,7 +246,7 @@ class Passes:
                         finished_at=now,
                     )
                 if pending:
-                    await repo.emit_status(conn, task_id, now)
+                    await repo.emit_status(conn, task_id, now, trace)
             return ACK
         if row.leased_by_other(owner, now):
             return self._leased(row, now)
@@ -359,7 +372,8 @@ class Passes:
             items[i].env.task_id for i in range(len(items)) if steps[i] is None and items[i].changed
         ]
         if emitting:
-            await many.emit_status_many(conn, emitting, now, events)
+            traces = {it.env.task_id: it.trace for it in items}
+            await many.emit_status_many(conn, emitting, now, events, traces)
         return [
             step if step is not None else Step(items[i].state, launch=launch[i])
             for i, step in enumerate(steps)

@@ -22,7 +22,7 @@ from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
-outbox = outbox_table(metadata)
+outbox = outbox_table(metadata, traced=True)
 
 
 @dataclass
@@ -375,10 +375,14 @@ async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_p
     return env
 
 
-async def emit_status(conn: AsyncConnection, task_id: str, now: datetime) -> task_pb2.Task:
-    """Record a status event for the task's current state in the outbox (same transaction).
-    Returns the whole envelope (payloads included) for a republication; the status event
-    itself carries node states only."""
+async def emit_status(
+    conn: AsyncConnection, task_id: str, now: datetime, trace: str | None
+) -> task_pb2.Task:
+    """Record a status event for the task's current state in the outbox (same transaction),
+    with ``trace``, the trace context of the work that changed it
+    (:func:`dispo.libs.tracing.current` where that work runs). Returns the whole envelope
+    (payloads included) for a republication; the status event itself carries node states
+    only."""
     env = await snapshot(conn, task_id, now)
     await outbox_add(
         conn,
@@ -387,5 +391,6 @@ async def emit_status(conn: AsyncConnection, task_id: str, now: datetime) -> tas
         tasks.status_id(task_id, env.version),
         tasks.status_snapshot(env).SerializeToString(),
         now,
+        trace,
     )
     return env

@@ -13,7 +13,7 @@ behind each other instead of deadlocking.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -395,22 +395,26 @@ async def emit_status_many(
     task_ids: Sequence[str],
     now: datetime,
     events: Sequence[tuple[str, str, str]] = (),
+    traces: Mapping[str, str | None] | None = None,
 ) -> dict[str, task_pb2.Task]:
     """A status event for each task's current state, then ``events`` — ``(task_id,
     subject, msg_id)``, each carrying its task's whole envelope (a task in ``events`` must
-    be in ``task_ids``) — written to the outbox with one statement. Returns the envelopes."""
+    be in ``task_ids``) — written to the outbox with one statement, each with its task's
+    trace context from ``traces`` (by task id). Returns the envelopes."""
     snaps = await snapshots_many(conn, task_ids, now)
+    trace = (traces or {}).get
     rows = [
         OutboxRow(
             tasks.task_status(task_id, env.status),
             tasks.status_id(task_id, env.version),
             tasks.status_snapshot(env).SerializeToString(),
             now,
+            trace(task_id),
         )
         for task_id, env in snaps.items()
     ]
     rows.extend(
-        OutboxRow(subject, msg_id, snaps[task_id].SerializeToString(), now)
+        OutboxRow(subject, msg_id, snaps[task_id].SerializeToString(), now, trace(task_id))
         for task_id, subject, msg_id in events
     )
     await outbox_add_many(conn, outbox, rows)

@@ -39,7 +39,7 @@ from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
-from dispo.libs.tracing import span
+from dispo.libs.tracing import current, span
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
@@ -103,7 +103,7 @@ class Executor:
         owner = f"{self.config.instance}:{uuid.uuid4().hex[:8]}"
         # Opened with the other task.create messages in hand, in one transaction; the
         # answer comes once that transaction committed.
-        step = await self.openings.submit(Opening(env, owner))
+        step = await self.openings.submit(Opening(env, owner, current()))
         if step.disposition is not None:
             return step.disposition
         heartbeat = asyncio.create_task(self._heartbeat(env.task_id, owner))
@@ -174,7 +174,8 @@ class Executor:
         if row.lease_owner != owner:
             return Step(state, lease_lost=True)
         nodes = await repo.nodes_get(conn, env)
-        [step] = await self.passes.step_many(conn, [Stepping(env, owner, state, row, nodes)], now)
+        stepping = Stepping(env, owner, state, row, nodes, trace=current())
+        [step] = await self.passes.step_many(conn, [stepping], now)
         return step
 
     async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
@@ -200,7 +201,7 @@ class Executor:
                 if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
                     log.info("node claim lost", task_id=task_id, node_id=node.node_id)
                     return False
-                await repo.emit_status(conn, task_id, now)
+                await repo.emit_status(conn, task_id, now, current())
             self.relay.kick()
             call = Call(
                 task_id,
@@ -279,7 +280,7 @@ class Executor:
                     node_id=node.node_id,
                 )
                 return
-            await repo.emit_status(conn, task_id, now)
+            await repo.emit_status(conn, task_id, now, current())
         self.relay.kick()
         metrics.node_ran(
             node.action, node.spec.downstream, new.value, took, move.verdict is Verdict.RETRY

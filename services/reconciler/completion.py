@@ -27,6 +27,7 @@ from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.payload import canonical_json
 from dispo.libs.proto_enums import node_status_name, task_status_name
+from dispo.libs.tracing import inject, resumed
 from dispo.reconciler import completion_store as cs
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
@@ -44,21 +45,26 @@ async def on_status(ctx: Context, env: task_pb2.Task) -> bool:
     return recorded
 
 
-async def on_statuses(ctx: Context, envs: Sequence[task_pb2.Task]) -> list[bool]:
+async def on_statuses(
+    ctx: Context, envs: Sequence[task_pb2.Task], traces: Sequence[str | None] = ()
+) -> list[bool]:
     """:func:`on_status` for many snapshots in one transaction (two statements, whatever
-    their number); one answer per snapshot, in order. Of two terminal snapshots of one
+    their number); one answer per snapshot, in order; ``traces``, the trace context each
+    came with, is kept for the callback. Of two terminal snapshots of one
     task, the first is the fact, as it would be one after the other. A held task that
     finished SUCCEEDED or CANCELLED is resolved; one that ended FAILED stays held (its
     task.fail makes it FAILED, for an operator to resume)."""
     now = ctx.clock.now()
+    carried = list(traces) or [None] * len(envs)
     facts = [
         cs.Finished(
             env,
             task_status_name(env.status),
             E.moment(env.updated_at, now),
             NotifyState.PENDING if env.callback_url else NotifyState.NONE,
+            trace,
         )
-        for env in envs
+        for env, trace in zip(envs, carried, strict=True)
         if env.status in E.TERMINAL_TASK
     ]
     if not facts:
@@ -146,6 +152,14 @@ def signing_by_business(
 async def _deliver(
     ctx: Context, row: Any, now: datetime, signing: dict[str, list[str] | str]
 ) -> DeliveryResult:
+    """One attempt at the notification, as a span of the task's trace."""
+    with resumed(row.trace, "callback"):
+        return await _deliver_traced(ctx, row, now, signing)
+
+
+async def _deliver_traced(
+    ctx: Context, row: Any, now: datetime, signing: dict[str, list[str] | str]
+) -> DeliveryResult:
     env = task_pb2.Task.FromString(row.envelope)
     body = notification(env, row.finished_at)
     attempt = row.notify_attempts + 1
@@ -157,12 +171,11 @@ async def _deliver(
         subject = where
         if ctx.bus is None:
             return DeliveryResult(False, None, "no NATS connection")
+        headers = {"X-Dispo-Task-Id": row.task_id}
+        inject(headers)
         try:
             await ctx.bus.publish(
-                subject,
-                body,
-                msg_id=tasks.completion_id(row.task_id),
-                headers={"X-Dispo-Task-Id": row.task_id},
+                subject, body, msg_id=tasks.completion_id(row.task_id), headers=headers
             )
         except Exception as error:  # no stream for the subject, NATS down
             return DeliveryResult(

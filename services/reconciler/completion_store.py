@@ -27,6 +27,8 @@ class Finished:
     status: str
     finished_at: datetime
     notify: NotifyState
+    # The trace context the snapshot came with: the callback continues it.
+    trace: str | None = None
 
 
 async def finished_add_many(
@@ -45,14 +47,15 @@ async def finished_add_many(
     result = await conn.execute(
         text(
             "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
-            " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at)"
+            " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at, trace)"
             " SELECT v.task_id, v.business, v.status, v.reason, v.version, v.envelope, v.finished_at, :now,"
             " v.callback, v.notify, CASE WHEN v.notify = 'pending' THEN CAST(:now AS timestamptz) END,"
-            " 'pending', :reconcile_at"
+            " 'pending', :reconcile_at, v.trace"
             " FROM unnest(CAST(:ids AS text[]), CAST(:business AS text[]), CAST(:status AS text[]),"
             " CAST(:reason AS text[]), CAST(:version AS bigint[]), CAST(:env AS bytea[]),"
-            " CAST(:finished_at AS timestamptz[]), CAST(:callback AS text[]), CAST(:notify AS text[]))"
-            " AS v(task_id, business, status, reason, version, envelope, finished_at, callback, notify)"
+            " CAST(:finished_at AS timestamptz[]), CAST(:callback AS text[]), CAST(:notify AS text[]),"
+            " CAST(:trace AS text[]))"
+            " AS v(task_id, business, status, reason, version, envelope, finished_at, callback, notify, trace)"
             " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
         ),
         {
@@ -65,6 +68,7 @@ async def finished_add_many(
             "finished_at": [f.finished_at for f in rows],
             "callback": [f.env.callback_url for f in rows],
             "notify": [f.notify.value for f in rows],
+            "trace": [f.trace for f in rows],
             "now": now,
             "reconcile_at": reconcile_at,
         },

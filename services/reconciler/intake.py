@@ -13,6 +13,7 @@ from dispo.libs.batcher import Batcher
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Handler, Nak, Term
 from dispo.libs.contracts import tasks
 from dispo.libs.logging import bind_ids
+from dispo.libs.tracing import current
 from dispo.reconciler import arbitration, completion, recovery
 from dispo.reconciler.context import Context
 from google.protobuf.message import DecodeError
@@ -58,15 +59,15 @@ def consumers(
 
         return work
 
-    finished: Batcher[task_pb2.Task, bool] = Batcher(
+    finished: Batcher[tuple[task_pb2.Task, str | None], bool] = Batcher(
         "finished facts",
-        lambda envs: completion.on_statuses(ctx, envs),
+        lambda items: completion.on_statuses(ctx, [e for e, _ in items], [t for _, t in items]),
         max_items=FINISHED_BATCH,
         isolate=True,  # a terminal snapshot that cannot be recorded fails alone
     )
 
     async def finish(env: task_pb2.Task) -> None:  # recorded now or before: acked either way
-        await finished.submit(env)
+        await finished.submit((env, current()))  # the trace the callback continues
 
     return [
         (

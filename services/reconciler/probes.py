@@ -1,5 +1,5 @@
 """Talking to downstreams and callers over HTTP: health checks, effect probes and signed
-webhook deliveries. Each returns a plain result; none raises for a network problem.
+webhook deliveries (with the current trace context, :mod:`dispo.libs.tracing`). Each returns a plain result; none raises for a network problem.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import httpx
 from dispo.libs.auth.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
 from dispo.libs.egress import EgressRefused, join
 from dispo.libs.error_text import truncate_error
+from dispo.libs.tracing import inject
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ async def deliver_webhook(
         # The same on every attempt: a receiver that saw it already can ignore a repeat.
         "Idempotency-Key": f"{task_id}/completion",
     }
+    inject(headers)  # the callback's traceparent: a span of the task's own trace
     try:
         # A redirect is never followed: its target was not checked against the allow-list.
         response = await client.post(

@@ -14,6 +14,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
+from dispo.libs.tracing import current, resumed
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
 from dispo.reconciler.context import Context
@@ -93,6 +94,7 @@ def _picture(
         redrive_trigger="auto",
         last_redrive_at=old.last_redrive_at if old else None,
         updated_at=now,
+        trace=current() or (old.trace if old else None),
     )
     if ended:
         reason = f"{env.status_reason}; last error {_last_error(env)}"
@@ -164,6 +166,7 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
         tasks.status_id(row.task_id, snap.version, "reconciler"),
         snap.SerializeToString(),
         now,
+        row.trace,
     )
     close = task_pb2.CloseRequest(
         task_id=row.task_id,
@@ -178,6 +181,7 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
         tasks.close_id(row.task_id, row.generation),
         close.SerializeToString(),
         now,
+        row.trace,
     )
 
 
@@ -195,7 +199,34 @@ async def redrive_row(
 ) -> bool:
     """Send a parked task back to task.create (generation + 1) from where it stopped; a
     FAILED one is resumed: every FAILED node reset, and the redrive policy starts afresh.
-    False when the row was not in the state / generation read (a lost race)."""
+    False when the row was not in the state / generation read (a lost race). The redrive
+    is a span of the trace the task was parked in, and its task.create carries it on."""
+    with resumed(row.trace, "redrive"):
+        return await _redrive_row(
+            ctx,
+            conn,
+            row,
+            trigger,
+            now,
+            actor=actor,
+            reason=reason,
+            downstream=downstream,
+            include_permanent=include_permanent,
+        )
+
+
+async def _redrive_row(
+    ctx: Context,
+    conn: AsyncConnection,
+    row: RecoveryRow,
+    trigger: str,
+    now: datetime,
+    *,
+    actor: str,
+    reason: str,
+    downstream: str,
+    include_permanent: bool,
+) -> bool:
     why = f"redriven by the reconciler ({trigger}{': ' + reason if reason else ''})"
     resume = row.state is R.FAILED
     env, reset = E.redrive(row.envelope, why, include_permanent=include_permanent or resume)
@@ -222,6 +253,7 @@ async def redrive_row(
         tasks.create_id(row.task_id, env.generation),
         env.SerializeToString(),
         now,
+        current(),
     )
     metrics.task_redriven(trigger)
     log.info(

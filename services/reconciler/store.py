@@ -17,7 +17,7 @@ from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
-outbox = outbox_table(metadata)
+outbox = outbox_table(metadata, traced=True)
 
 
 @dataclass
@@ -42,6 +42,9 @@ class RecoveryRow:
     redrive_trigger: str
     last_redrive_at: datetime | None
     updated_at: datetime
+    # The trace context of the event that parked the task (dispo.libs.tracing): its
+    # redrives continue that trace.
+    trace: str | None = None
 
 
 def _row(r: Any) -> RecoveryRow:
@@ -66,6 +69,7 @@ def _row(r: Any) -> RecoveryRow:
         r.redrive_trigger,
         r.last_redrive_at,
         r.updated_at,
+        r.trace,
     )
 
 
@@ -141,10 +145,11 @@ async def task_insert(conn: AsyncConnection, row: RecoveryRow) -> bool:
     result = await conn.execute(
         text(
             "INSERT INTO recovery_tasks (task_id, business, state, kind, cells, downstreams, error_class, reason, envelope,"
-            " generation, version, task_created_at, first_parked_at, parked_at, next_redrive_at, redrive_trigger, updated_at)"
+            " generation, version, task_created_at, first_parked_at, parked_at, next_redrive_at, redrive_trigger, updated_at,"
+            " trace)"
             " VALUES (:task_id, :business, :state, :kind, :cells, :downstreams, :error_class, :reason, :envelope,"
             " :generation, :version, :task_created_at, :first_parked_at, :parked_at, :next_redrive_at, :redrive_trigger,"
-            " :updated_at) ON CONFLICT (task_id) DO NOTHING"
+            " :updated_at, :trace) ON CONFLICT (task_id) DO NOTHING"
         ),
         _params(row),
     )
@@ -170,6 +175,7 @@ def _params(row: RecoveryRow) -> dict[str, Any]:
         "next_redrive_at": row.next_redrive_at,
         "redrive_trigger": row.redrive_trigger,
         "updated_at": row.updated_at,
+        "trace": row.trace,
     }
 
 
@@ -183,7 +189,7 @@ async def task_repark_if(
             "UPDATE recovery_tasks SET state = :state, kind = :kind, cells = :cells, downstreams = :downstreams,"
             " error_class = :error_class, reason = :reason, envelope = :envelope, generation = :generation,"
             " version = :version, parked_at = :parked_at, next_redrive_at = :next_redrive_at,"
-            " redrive_trigger = :redrive_trigger, updated_at = :updated_at"
+            " redrive_trigger = :redrive_trigger, updated_at = :updated_at, trace = :trace"
             " WHERE task_id = :task_id AND state = :expected AND generation = :expected_generation"
         ),
         {**_params(row), "expected": expected.value, "expected_generation": expected_generation},
@@ -432,9 +438,16 @@ async def settlements_get(conn: AsyncConnection, task_id: str) -> list[Any]:
 
 
 async def emit(
-    conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime
+    conn: AsyncConnection,
+    subject: str,
+    msg_id: str,
+    payload: bytes,
+    now: datetime,
+    trace: str | None = None,
 ) -> None:
-    await outbox_add(conn, outbox, subject, msg_id, payload, now)
+    """An event in the outbox, in the caller's transaction, with the trace context of the
+    work it stems from (``trace``, published as its headers)."""
+    await outbox_add(conn, outbox, subject, msg_id, payload, now, trace)
 
 
 # ---- downstreams ------------------------------------------------------------------------
