@@ -23,7 +23,7 @@ from dispo.pool.drivers.openclaw import (
     provider_config,
     wake_command,
 )
-from dispo.pool.events import outbox_relay
+from dispo.pool.events import relay_options
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.settings import PoolSettings
@@ -141,9 +141,7 @@ async def pool_samples(pool: Pool) -> list[metrics.Sample]:
 
 async def setup(rt: Runtime) -> None:
     settings = PoolSettings()
-    relay = outbox_relay(
-        rt.engine, rt.bus, rt.clock, rt.settings.outbox_retention, rt.settings.outbox_max_attempts
-    )
+    relay = rt.outbox_relay(repo.outbox, **relay_options(rt.bus))
     driver = await make_driver(settings, rt)
     pool = Pool(
         rt.engine,

@@ -7,6 +7,7 @@ they report; the relay publishes them with their message id and marks them sent.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import Bus
@@ -99,6 +100,19 @@ async def add_completed(
     )
 
 
+def relay_options(bus: Bus) -> dict[str, Any]:
+    """How the pool's relay publishes: it ensures the EVALUATIONS stream before its first
+    batch, and publishes one event at a time in outbox order, so that they reach the stream
+    in the order they happened (the intelligence service waits for what an event depends
+    on, per evaluation, so fewer of them would come back)."""
+    return {
+        "batch": 100,
+        "poll_interval": 0.5,
+        "ordered": True,
+        "prepare": lambda: contract.ensure_evaluation_stream(bus),
+    }
+
+
 def outbox_relay(
     engine: AsyncEngine,
     bus: Bus,
@@ -106,22 +120,17 @@ def outbox_relay(
     retention: timedelta = DEFAULT_RETENTION,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> OutboxRelay:
-    """The pool's relay: it ensures the EVALUATIONS stream before its first batch, and
-    publishes one event at a time in outbox order, so that they reach the stream in the order
-    they happened (the intelligence service waits for what an event depends on, per
-    evaluation, so fewer of them would come back). Like every relay it
-    deletes rows sent more than ``retention`` ago on ``clock``, and quarantines a row after
-    ``max_attempts`` failed publications (the events behind it then go on). Kick it after a commit
-    (Pool's ``on_commit``); it polls as a fallback."""
+    """The pool's relay (:func:`relay_options`) outside a service process (the service's
+    is ``rt.outbox_relay(repo.outbox, **relay_options(rt.bus))``, with its gauges). Like
+    every relay it deletes rows sent more than ``retention`` ago on ``clock``, and
+    quarantines a row after ``max_attempts`` failed publications (the events behind it then
+    go on). Kick it after a commit (Pool's ``on_commit``); it polls as a fallback."""
     return OutboxRelay(
         engine,
         repo.outbox,
         bus,
-        batch=100,
-        poll_interval=0.5,
-        ordered=True,
-        prepare=lambda: contract.ensure_evaluation_stream(bus),
         clock=clock,
         retention=retention,
         max_attempts=max_attempts,
+        **relay_options(bus),
     )

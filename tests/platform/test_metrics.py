@@ -113,11 +113,23 @@ PROBED = {
 }
 
 
+# The services that write an outbox (the intelligence service publishes nothing).
+OUTBOXES = ("gateway", "executor", "reconciler", "pool")
+OUTBOX_GAUGES = (
+    "dispo_outbox_unsent_rows",
+    "dispo_outbox_oldest_unsent_age_seconds",
+    "dispo_outbox_quarantined_rows",
+)
+
+
 async def test_every_service_serves_its_families(stack: Stack) -> None:
     for service in SERVICES:
         samples = await stack.scrape(service)
         names = {name for name, _ in samples}
         assert {"process_cpu_seconds_total", PROBED[service]} <= names, (service, names)
+        outbox = {name for name, labels in samples if labels == frozenset({("outbox", "outbox")})}
+        expected = set(OUTBOX_GAUGES) if service in OUTBOXES else set()
+        assert outbox == expected, (service, outbox)
     executor = await stack.scrape("executor")
     assert value(executor, "dispo_breaker_state", downstream="demo") == 0  # closed
 
