@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Literal
 
 from dispo.libs.tls import ClientTLS, ServerTLS
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -51,6 +51,10 @@ DEFAULT_METRICS_PORTS = {
 def service_settings_config(service: str) -> SettingsConfigDict:
     """Config for a service's own settings class: env prefix ``DISPO_<SERVICE>_``."""
     return SettingsConfigDict(env_prefix=f"DISPO_{service.upper()}_", extra="ignore")
+
+
+# The levels DISPO_LOG_LEVEL takes, lowest first.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class CommonSettings(BaseSettings):
@@ -93,7 +97,24 @@ class CommonSettings(BaseSettings):
     log_format: Literal["json", "console"] = Field(
         default="json", description="`json` for services, `console` for people at a terminal"
     )
-    log_level: str = Field(default="INFO", description="Lowest level logged")
+    log_level: str = Field(
+        default="INFO",
+        description="Lowest level a process logs: `DEBUG`, `INFO`, `WARNING`, `ERROR` or"
+        " `CRITICAL` (any case). Every service logs at `INFO` unless this says otherwise, also"
+        " under `dispo up`, which passes it on to the services it starts (their lines in"
+        " `<data dir>/logs/<service>.log`); `WARNING` keeps only what needs attention, `DEBUG`"
+        " adds a line per gRPC call that succeeded."
+        " `dispo up`'s own lines"
+        " and `dispo bench`'s, with the stack a benchmark starts, default to `WARNING`",
+    )
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, level: str) -> str:
+        if level.upper() not in LOG_LEVELS:
+            raise ValueError(f"{level!r} is not one of {', '.join(LOG_LEVELS)}")
+        return level.upper()
+
     clock: str = Field(
         default="system",
         description="`system`, or `file:<path>`: a clock driven by a file (tests of real processes)",

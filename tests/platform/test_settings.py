@@ -17,10 +17,11 @@ from dispo.gateway.settings import GatewaySettings
 from dispo.intelligence.runtime import RecoveryPolicy
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs import settings_doc
-from dispo.libs.settings import ServerSettings
+from dispo.libs.settings import CommonSettings, ServerSettings
 from dispo.libs.stack.stack import SERVICES
 from dispo.pool.domain import PoolPolicy
 from dispo.pool.settings import PoolSettings
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +124,16 @@ def test_policies_follow_the_environment(monkeypatch):
     assert (config.lease_ttl, config.retry.max_delay, config.breaker_cooldown) == (1.5, 0.2, 0.5)
     assert PoolSettings().policy().stuck_after == timedelta(seconds=5)
     assert IntelligenceSettings().recovery_policy().queued_idle == timedelta(seconds=3)
+
+
+def test_the_log_level_takes_a_level_name_in_any_case(monkeypatch):
+    monkeypatch.setenv("DISPO_LOG_LEVEL", "warning")
+    assert CommonSettings().log_level == "WARNING"
+    monkeypatch.setenv("DISPO_LOG_LEVEL", "LOUD")
+    with pytest.raises(ValidationError, match="'LOUD' is not one of DEBUG, INFO, WARNING"):
+        CommonSettings()
+    monkeypatch.delenv("DISPO_LOG_LEVEL")
+    assert CommonSettings().log_level == "INFO"
 
 
 def known_variables() -> set[str]:
