@@ -12,6 +12,7 @@ NOT_FOUND, FAILED_PRECONDITION, ...).
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -35,8 +36,21 @@ from rich.console import Console
 OK, ENDED_BADLY, USAGE, UNREACHABLE, REFUSED = 0, 1, 2, 3, 4
 UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# The width a table is laid out in when the output is not a terminal (a pipe, a file): wide
+# enough that no id or reason is folded or cut; a script gets the lines whole.
+PIPED_WIDTH = 4096
+
+
+def console(stderr: bool = False) -> Console:
+    """A console at the terminal's width, or :data:`PIPED_WIDTH` wide when the stream is not
+    a terminal and ``COLUMNS`` does not say otherwise (Rich would assume 80 columns)."""
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, soft_wrap=True, width=PIPED_WIDTH if piped else None)
+
+
+out = console()
+err = console(stderr=True)
 
 Reply = TypeVar("Reply")
 JSON_OPTION = Annotated[

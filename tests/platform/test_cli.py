@@ -10,10 +10,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from dispo.libs.bus import Bus
+from dispo.libs.contracts import tasks
 from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.process import ManagedProcess
 from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE, Downstream
+from support import eventually
 
 DISPO = str(Path(sys.executable).parent / "dispo")
 TASK_KEYS = {"task_id", "business", "status", "nodes", "version", "cancel_requested"}
@@ -41,12 +46,17 @@ async def downstream(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-async def cli_env(module_services, downstream, tokens, tmp_path_factory):
-    """The environment the CLI finds the module's gateway and the admin token in."""
+def catalogue(downstream, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("catalogue") / "catalogue.yaml"
+    path.write_text(TEST_CATALOGUE.format(url=downstream.url))
+    return path
+
+
+@pytest.fixture(scope="module")
+async def cli_env(module_services, downstream, catalogue, tokens, tmp_path_factory):
+    """The environment the CLI finds the module's gateway and executor and the admin token in."""
     folder = tmp_path_factory.mktemp("cli")
-    catalogue = folder / "catalogue.yaml"
-    catalogue.write_text(TEST_CATALOGUE.format(url=downstream.url))
-    gateway, _ = await asyncio.gather(
+    gateway, executor = await asyncio.gather(
         module_services.start(
             "gateway",
             {
@@ -57,14 +67,42 @@ async def cli_env(module_services, downstream, tokens, tmp_path_factory):
         ),
         module_services.start("executor", {**EXECUTOR_TEST_ENV, "DISPO_CATALOGUE": str(catalogue)}),
     )
-    host, port = gateway.address.rsplit(":", 1)
     return {
         "PATH": os.environ["PATH"],
-        "DISPO_DATA_DIR": str(folder / "data"),  # no stack there: the address from settings
-        "DISPO_GATEWAY_HOST": host,
-        "DISPO_GATEWAY_PORT": port,
+        "DISPO_DATA_DIR": str(folder / "data"),  # no stack there: the addresses from settings
         "DISPO_TOKEN": tokens.admin,
+        **addresses(gateway=gateway, executor=executor),
     }
+
+
+def addresses(**services: ManagedProcess) -> dict[str, str]:
+    """The DISPO_<SERVICE>_HOST/PORT settings a command finds ``services`` by."""
+    found = {}
+    for name, process in services.items():
+        host, port = process.address.rsplit(":", 1)
+        found[f"DISPO_{name.upper()}_HOST"], found[f"DISPO_{name.upper()}_PORT"] = host, port
+    return found
+
+
+@pytest.fixture(scope="module")
+async def operators_env(module_services, cli_env, downstream, catalogue, tmp_path_factory):
+    """:func:`cli_env` with the reconciler, the pool (no worker: its queue stays as made)
+    and the intelligence service of the module too."""
+    folder = tmp_path_factory.mktemp("operators")
+    common = {"DISPO_CATALOGUE": str(catalogue), "DISPO_EGRESS_ALLOW": downstream.url}
+    reconciler, pool, intelligence = await asyncio.gather(
+        module_services.start("reconciler", common),
+        module_services.start(
+            "pool",
+            {
+                **common,
+                "DISPO_POOL_LOCAL_REGISTRY": str(folder / "registry.sqlite"),
+                "DISPO_POOL_SPAWN_WORKER": "false",
+            },
+        ),
+        module_services.start("intelligence", common),
+    )
+    return {**cli_env, **addresses(reconciler=reconciler, pool=pool, intelligence=intelligence)}
 
 
 def run(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -225,3 +263,168 @@ def test_the_commands_that_call_a_stack_import_neither_the_database_layer_nor_th
     codes, imported = json.loads(ran.stdout.splitlines()[-1])
     assert codes == [0, 3, 3, 3, 1]  # each ran: ok, unreachable (3), and status not serving
     assert imported == []
+
+
+# ---- the operators' commands, against the reconciler, the pool and the intelligence service
+
+
+async def dispo_json(env: dict[str, str], *args: str, stdin: str = "") -> Any:
+    """The ``--json`` reply of a command that must succeed."""
+    done = await dispo(env, *args, "--json", stdin=stdin)
+    assert done.returncode == 0, (args, done.stderr)
+    return json.loads(done.stdout)
+
+
+async def test_failed_work_is_listed_shown_resumed_and_refused_with_the_codes(
+    operators_env, downstream
+):
+    env = operators_env
+    await downstream.control(fail={"path": "/step/refused", "status": 400, "times": 1})
+    ended = await dispo(
+        env,
+        "submit", "-", "--wait", "--json",
+        stdin=submission("cli-failed", {"cell": "step", "payload": {"name": "refused"}}),
+    )  # fmt: skip
+    assert ended.returncode == 1, ended.stderr  # it ended FAILED
+    task_id = json.loads(ended.stdout)["task"]["task_id"]
+
+    page = await eventually(
+        lambda: dispo_json(env, "failed", "list", "--business", "cli-failed"),
+        lambda page: page["work"],
+        wanted="the failed task held by the reconciler",
+    )
+    assert set(page) == {"work", "page"}
+    [work] = page["work"]
+    assert (work["task"]["task_id"], work["kind"]) == (task_id, "WORK_KIND_FAILED")
+    assert work["task"]["state"] == "RECOVERY_STATE_FAILED"
+    # piped, the table is not folded at 80 columns: the id and the reason on one line
+    listed = await dispo(env, "failed", "list", "--business", "cli-failed")
+    assert listed.returncode == 0, listed.stderr
+    [line] = [line for line in listed.stdout.splitlines() if task_id in line]
+    assert "FAILED" in line and work["task"]["reason"][:80] in line, listed.stdout
+    shown = await dispo(env, "failed", "show", task_id)
+    assert shown.returncode == 0 and task_id in shown.stdout
+    assert "RECOVERY_STATE_FAILED" in shown.stdout and "cli-failed" in shown.stdout
+
+    # usage (2) and a refusal (4), each saying why
+    neither, undecided, not_unknown = await asyncio.gather(
+        dispo(env, "failed", "resume"),
+        dispo(env, "failed", "resolve", task_id, "step.call"),
+        dispo(env, "failed", "resolve", task_id, "step.call", "--done", "--reason", "seen"),
+    )
+    assert neither.returncode == 2 and "--all" in neither.stderr
+    assert undecided.returncode == 2 and "--done or --retry" in undecided.stderr
+    assert not_unknown.returncode == 4, not_unknown.stderr
+
+    # resumed, the call answers this time: the task succeeds, and is no longer the
+    # reconciler's to abandon
+    resumed = await dispo_json(env, "failed", "resume", task_id, "--reason", "fixed")
+    [item] = resumed["items"]
+    assert (item["task"]["task_id"], item["task"]["state"]) == (task_id, "RECOVERY_STATE_REDRIVEN")
+    await eventually(
+        lambda: dispo_json(env, "failed", "show", task_id),
+        lambda held: held["task"]["state"] == "RECOVERY_STATE_RESOLVED",
+        wanted="the resumed task resolved",
+    )
+    abandoned = await dispo(env, "failed", "abandon", task_id)
+    assert abandoned.returncode == 4 and "FAILED_PRECONDITION" in abandoned.stderr
+
+
+async def test_downstreams_are_listed_paused_and_resumed(operators_env):
+    env = operators_env
+    listed = await dispo_json(env, "downstreams", "list")
+    assert {d["name"] for d in listed["downstreams"]} >= {"demo", "narrow"}
+    paused = await dispo_json(env, "downstreams", "pause", "narrow", "--reason", "maintenance")
+    assert (paused["downstream"]["name"], paused["downstream"]["paused"]) == ("narrow", True)
+    table = await dispo(env, "downstreams", "list")
+    [line] = [line for line in table.stdout.splitlines() if line.startswith("narrow")]
+    assert "paused: maintenance" in line, table.stdout
+    resumed = await dispo_json(env, "downstreams", "resume", "narrow")
+    assert resumed["downstream"]["paused"] is False
+    unknown = await dispo(env, "downstreams", "pause", "nowhere")
+    assert unknown.returncode == 4, unknown.stderr
+
+
+def evaluation(evaluation_id: str, target_url: str) -> str:
+    return json.dumps(
+        {
+            "evaluation_id": evaluation_id,
+            "series": "cli-bot",
+            "line": "LINE_FORMAL",
+            "period": "2026-12",
+            "target_url": target_url,
+            "window_seconds": 60,
+            "slot_count": 1,
+            "runs_per_slot": 1,
+            "cases": [
+                {
+                    "id": "health",
+                    "path": "/healthz",
+                    "rules": [{"kind": "RULE_KIND_STATUS", "value": "200"}],
+                }
+            ],
+        }
+    )
+
+
+async def test_pool_and_jobs_commands_show_and_change_the_pool(operators_env, downstream):
+    env = operators_env
+    bounds = await dispo_json(env, "pool", "bounds", "6", "9")
+    assert (bounds["min_size"], bounds["max_size"]) == (6, 9)
+    backwards = await dispo(env, "pool", "bounds", "9", "3")
+    assert backwards.returncode == 4 and "INVALID_ARGUMENT" in backwards.stderr
+
+    created = await dispo_json(
+        env, "pool", "evaluations", "create", "-", stdin=evaluation("cli-eval-1", downstream.url)
+    )
+    assert created["id"] == "cli-eval-1" and created["status"] == "EVALUATION_STATUS_QUEUED"
+    boosted = await dispo_json(env, "pool", "boost", "cli-eval-1", "7")
+    assert boosted["priority_boost"] == 7
+    queue = await dispo_json(env, "pool", "queue")
+    assert [(i["evaluation_id"], i["priority_boost"]) for i in queue["items"]] == [
+        ("cli-eval-1", 7)
+    ]
+    drawn = await dispo(env, "pool", "queue")
+    [line] = [line for line in drawn.stdout.splitlines() if "cli-eval-1" in line]
+    assert "QUEUED" in line and " 7 " in f"{line} "
+    shown = await dispo(env, "pool", "evaluations", "show", "cli-eval-1")
+    assert shown.returncode == 0 and "cli-bot" in shown.stdout
+    missing = await dispo(env, "pool", "evaluations", "show", "no-such-evaluation")
+    assert missing.returncode == 4 and "NOT_FOUND" in missing.stderr
+
+    jobs = await dispo_json(env, "jobs", "list")
+    assert set(jobs) >= {"jobs", "page"}
+    no_job, bad_kind = await asyncio.gather(
+        dispo(env, "jobs", "show", "no-such-evaluation"),
+        dispo(env, "jobs", "list", "--kind", "poetry"),
+    )
+    assert no_job.returncode == 4 and "NOT_FOUND" in no_job.stderr
+    assert bad_kind.returncode == 2 and "analysis, comparison" in bad_kind.stderr
+
+
+async def test_quarantine_commands_list_show_and_discard_a_message(operators_env, infra):
+    env = operators_env
+    bus = await Bus.connect([infra.nats_url], name="test", credentials=infra.nats_credentials())
+    try:
+        await bus.publish(tasks.TASK_CREATE, b"\xff\x00garbage", msg_id="cli-garbage")
+    finally:
+        await bus.close()
+    listed = await eventually(
+        lambda: dispo_json(env, "quarantine", "list", "--service", "executor"),
+        lambda page: page["messages"],
+        wanted="the garbage quarantined by the executor",
+    )
+    [message] = listed["messages"]
+    assert message["subject"] == tasks.TASK_CREATE and listed["total"] == "1"  # an int64
+    drawn = await dispo(env, "quarantine", "list")  # the executor's by default
+    assert "1 in quarantine" in drawn.stdout and tasks.TASK_CREATE in drawn.stdout
+    shown = await dispo_json(env, "quarantine", "show", str(message["id"]))
+    assert (shown["id"], shown["subject"]) == (message["id"], tasks.TASK_CREATE)
+    discarded = await dispo_json(env, "quarantine", "discard", str(message["id"]))
+    assert discarded["message"]["id"] == message["id"]
+    gone, bad_service = await asyncio.gather(
+        dispo(env, "quarantine", "show", str(message["id"])),
+        dispo(env, "quarantine", "list", "--service", "nowhere"),
+    )
+    assert gone.returncode == 4 and "NOT_FOUND" in gone.stderr
+    assert bad_service.returncode == 2
