@@ -1,14 +1,19 @@
 """The README's five-minute tour, run as written against `dispo up` (ports moved to free ones),
-then docs/pipeline.md's walk-through on the same stack, then what a second run of the two
-meets from the first: the guides can be run in sequence, twice, on one stack."""
+then the guides' walk-throughs on the same stack — docs/pipeline.md, docs/intelligence.md,
+docs/pool.md, docs/recovery.md — and the README's own cell and downstream; then what a second
+run of them meets from the first: the guides can be run in sequence, twice, on one stack.
+The stack is started as the README's "Add your own cell and downstream" says, with its
+catalogue and allow list (and the pool guide's target on it)."""
 
 import asyncio
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,55 +33,118 @@ DEFAULT_PORTS = {
     "intelligence": 50054,
     "pool": 50055,
 }
+DEMO, OWN, SITE = 8181, 8282, 18000  # the demo downstream, "your service", the pool's target
+
+
+def readme_section(title: str) -> str:
+    return (ROOT / "README.md").read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def sh_blocks(text: str) -> list[str]:
+    return re.findall(r"```sh\n(.*?)```", text, re.S)
 
 
 def tour_blocks() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    tour = readme.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sh\n(.*?)```", tour, re.S)
+    return sh_blocks(readme_section("A five-minute tour"))
 
 
 def python_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    tour = readme.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
-    [block] = re.findall(r"```python\n(.*?)```", tour, re.S)
+    [block] = re.findall(r"```python\n(.*?)```", readme_section("A five-minute tour"), re.S)
     return block
 
 
-@pytest.fixture
-def stack_env(tmp_path):
-    ports = {name: free_port() for name in SERVICES}
-    demo = free_port()
-    catalogue = tmp_path / "catalogue.yaml"
-    catalogue.write_text(EXAMPLE.read_text().replace("127.0.0.1:8181", f"127.0.0.1:{demo}"))
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / "data"), "PATH": f"{BIN}:/usr/bin:/bin"}
-    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in ports.items()}
-    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
-    env["DISPO_CATALOGUE"] = str(catalogue)
-    env["DISPO_RECONCILER_DRIFT_POOL_ADDRESS"] = f"127.0.0.1:{ports['pool']}"
-    env["DISPO_RECONCILER_GATEWAY_ADDRESS"] = f"127.0.0.1:{ports['gateway']}"
-    return env, ports, demo
+def own_cell_blocks() -> tuple[str, str, str]:
+    """The README's catalogue block, its start block and its submit block."""
+    catalogue, start, submit = sh_blocks(readme_section("Add your own cell and downstream"))
+    return catalogue, start, submit
 
 
-def localise(script: str, ports: dict[str, int], demo: int) -> str:
-    for name, port in DEFAULT_PORTS.items():
-        script = script.replace(f"127.0.0.1:{port}", f"127.0.0.1:{ports[name]}")
-    return (
-        script.replace("127.0.0.1:8181", f"127.0.0.1:{demo}")
-        .replace("export PATH=$PWD/.venv/bin:$PATH", "")
-        .replace(".dispo/admin.token", "$DISPO_DATA_DIR/admin.token")
+def walkthrough(guide: str) -> list[str]:
+    """The blocks of a guide's "Walk-through with grpcurl", without the `dispo up` it starts
+    with (the stack is up)."""
+    text = (ROOT / "docs" / guide).read_text()
+    blocks = sh_blocks(text.split("## Walk-through", 1)[1].split("\n## ", 1)[0])
+    return [
+        "\n".join(line for line in block.splitlines() if not line.startswith("dispo up"))
+        for block in blocks
+    ]
+
+
+def failures_foretold(blocks: list[str]) -> list[str]:
+    """The codes the blocks' `# fails: <Code>` comments say the next command answers."""
+    return re.findall(r"^# fails: (\w+)$", "\n".join(blocks), re.M)
+
+
+class Stack:
+    """Where the test's stack listens: each documented port and its free stand-in."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.ports = {name: free_port() for name in SERVICES}
+        self.moved = {port: self.ports[name] for name, port in DEFAULT_PORTS.items()}
+        self.moved |= {DEMO: free_port(), OWN: free_port(), SITE: free_port()}
+
+    def localise(self, script: str) -> str:
+        for documented, port in self.moved.items():
+            script = script.replace(f"127.0.0.1:{documented}", f"127.0.0.1:{port}")
+            script = script.replace(f"--port {documented}", f"--port {port}")
+        return (
+            script.replace(f"http.server {SITE}", f"http.server {self.moved[SITE]}")
+            .replace("export PATH=$PWD/.venv/bin:$PATH", "")
+            .replace("libs/catalogue/content_governance.yaml", str(EXAMPLE))
+        )
+
+    def calls(self, port: int) -> dict[str, int]:
+        """The calls a demo downstream counted, by idempotency key."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.moved[port]}/calls") as answer:
+            return json.load(answer)["calls"]
+
+
+@pytest.mark.timeout(600)  # one stack for the tour and every guide, twice
+async def test_the_tour_and_the_guides_run_twice_on_one_stack(tmp_path):
+    stack = Stack(tmp_path)
+    catalogue, start, _ = own_cell_blocks()
+    # The README's catalogue, written as it says (the example's demo downstream moved too).
+    made = await shell([catalogue], os.environ, stack, "-e")
+    assert made.returncode == 0, made.stdout + made.stderr
+    mine = tmp_path / "my-catalogue.yaml"
+    mine.write_text(mine.read_text().replace("127.0.0.1:8181", f"127.0.0.1:{stack.moved[DEMO]}"))
+    # Its start block: "your service" in the background, then `dispo up` with the settings
+    # the block gives it, and the pool guide's target added to the allow list.
+    serve, up_line = [line for line in start.splitlines() if line.strip()]
+    assert serve.split("#")[0].strip().endswith("&") and up_line.endswith(" dispo up"), start
+    settings = dict(re.findall(r"(DISPO_\w+)=(\S+)", stack.localise(up_line)))
+    assert set(settings) == {"DISPO_CATALOGUE", "DISPO_EGRESS_ALLOW"}, up_line
+    [pool_target] = re.findall(
+        r"export DISPO_EGRESS_ALLOW=(\S+)", "\n".join(walkthrough("pool.md"))
     )
-
-
-async def test_the_tour_runs_as_written(stack_env, tmp_path):
-    env, ports, demo = stack_env
-    blocks = tour_blocks()
-    assert len(blocks) == 5
+    settings["DISPO_EGRESS_ALLOW"] += "," + stack.localise(pool_target)
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
+    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
+    env |= settings
+    env["DISPO_RECONCILER_DRIFT_POOL_ADDRESS"] = f"127.0.0.1:{stack.ports['pool']}"
+    env["DISPO_RECONCILER_GATEWAY_ADDRESS"] = f"127.0.0.1:{stack.ports['gateway']}"
+    own = subprocess.Popen(
+        ["bash", "-c", "exec " + stack.localise(serve.split("&")[0])],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     output = tmp_path / "up.out"
     with open(output, "wb") as out:
         up = subprocess.Popen(
-            [str(BIN / "dispo"), "up", "--nats-port", str(free_port()), "--demo-port", str(demo)],
+            [
+                str(BIN / "dispo"),
+                "up",
+                "--nats-port",
+                str(free_port()),
+                "--demo-port",
+                str(stack.moved[DEMO]),
+            ],
             env=env,
+            cwd=tmp_path,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -87,22 +155,33 @@ async def test_the_tour_runs_as_written(stack_env, tmp_path):
             return "Ctrl-C stops everything" in output.read_text()
 
         await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-        # the tour exports DISPO_TOKEN itself; the Python examples and the pipeline guide
-        # (and a second run, in the same terminal) have it from there
-        exported = {**env, "DISPO_TOKEN": (Path(env["DISPO_DATA_DIR"]) / "admin.token").read_text()}
+        # the tour exports DISPO_TOKEN itself; the Python examples and the guides (and a
+        # second run, in the same terminal) have it from there
+        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
         jq = shutil.which("jq") is not None  # the pipeline guide picks ids with jq
         # The guides in sequence on one stack: each uses its own keys and ids.
-        await run_the_tour(blocks, env, exported, ports, demo, tmp_path)
+        await run_the_tour(env, exported, stack)
         if jq:
-            await run_the_pipeline_guide(exported, ports, demo, tmp_path)
+            await run_the_pipeline_guide(exported, stack)
+        await run_the_recovery_guide(exported, stack)
+        await run_the_intelligence_guide(exported, stack)
+        await run_the_pool_guide(exported, stack)
+        await run_your_own_cell(exported, stack)
         # Then again what a second run of them meets from the first (the same keys, the same
-        # evaluation id): it answers as the first time, and no call of it is refused (set -e).
-        await run_the_tour_again(blocks, exported, ports, demo, tmp_path)
+        # evaluation ids): it answers as the first time, and no call of it is refused (set -e)
+        # but those its guide says are. The recovery guide submits without a key: a second run
+        # of it makes a new task, its first run again.
+        await run_the_tour_again(exported, stack)
         if jq:
-            await run_the_pipeline_guide_again(exported, ports, demo, tmp_path)
+            await run_the_pipeline_guide_again(exported, stack)
+        await run_the_intelligence_guide(exported, stack)
+        await run_the_pool_guide(exported, stack)
+        await run_your_own_cell(exported, stack)
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
+        own.terminate()
+        await asyncio.to_thread(own.wait, 10)
 
 
 # A block naming an idempotency key or an evaluation id makes what a second run of its guide
@@ -117,23 +196,25 @@ def keyed(blocks: list[str]) -> list[str]:
 
 
 async def shell(
-    blocks: list[str], env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path, *flags: str
+    blocks: list[str], env: dict[str, str], stack: Stack, *flags: str
 ) -> subprocess.CompletedProcess[str]:
+    """The blocks as one script; what it starts in the background stops with it."""
+    script = "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + "\n".join(blocks)
     return await asyncio.to_thread(
         subprocess.run,
-        ["timeout", "180", "bash", "-u", *flags, "-c", localise("\n".join(blocks), ports, demo)],
+        ["timeout", "180", "bash", "-u", *flags, "-c", stack.localise(script)],
         capture_output=True,
         text=True,
         env=env,
-        cwd=cwd,
+        cwd=stack.cwd,
     )
 
 
-async def python(script: str, env: dict[str, str], ports: dict[str, int], demo: int) -> str:
+async def python(script: str, env: dict[str, str], stack: Stack) -> str:
     """What ``script`` printed; it must end without error."""
     ran = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-c", localise(script, ports, demo)],
+        [sys.executable, "-c", stack.localise(script)],
         capture_output=True,
         text=True,
         env=env,
@@ -143,15 +224,10 @@ async def python(script: str, env: dict[str, str], ports: dict[str, int], demo: 
     return ran.stdout
 
 
-async def run_the_tour(
-    blocks: list[str],
-    env: dict[str, str],
-    exported: dict[str, str],
-    ports: dict[str, int],
-    demo: int,
-    cwd: Path,
-) -> None:
-    result = await shell(blocks, env, ports, demo, cwd)
+async def run_the_tour(env: dict[str, str], exported: dict[str, str], stack: Stack) -> None:
+    blocks = tour_blocks()
+    assert len(blocks) == 5
+    result = await shell(blocks, env, stack)
     out = result.stdout + result.stderr
 
     assert out.count("SERVING") >= len(SERVICES), out
@@ -161,44 +237,40 @@ async def run_the_tour(
     )  # first task and the released one
     assert '"demoted_depth": 1' in out, out
     assert "JOB_STATUS_COMPLETED" in out and '"pass_rate": 1' in out, out
-    assert (await python(python_block(), exported, ports, demo)).strip() == "SUCCEEDED"
+    assert (await python(python_block(), exported, stack)).strip() == "SUCCEEDED"
 
 
-async def run_the_tour_again(
-    blocks: list[str], env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path
-) -> None:
+async def run_the_tour_again(env: dict[str, str], stack: Stack) -> None:
     """The tour's keyed blocks (the content-42 task, the tour-1 evaluation) and its Python
     example (the content-44 task) a second time."""
-    again = keyed(blocks)
+    again = keyed(tour_blocks())
     assert len(again) == 2, again
-    result = await shell(again, env, ports, demo, cwd, "-e", "-o", "pipefail")
+    result = await shell(again, env, stack, "-e", "-o", "pipefail")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert '"status": "TASK_STATUS_SUCCEEDED"' in out, out
     assert "JOB_STATUS_COMPLETED" in out and '"pass_rate": 1' in out, out
     assert KEYED.search(python_block())
-    assert (await python(python_block(), env, ports, demo)).strip() == "SUCCEEDED"
+    assert (await python(python_block(), env, stack)).strip() == "SUCCEEDED"
 
 
 def pipeline_guide() -> tuple[list[str], str]:
     """docs/pipeline.md's walk-through (the blocks after `dispo up`) and its Python example."""
     text = (ROOT / "docs" / "pipeline.md").read_text()
     walkthrough = text.split("## Five minutes", 1)[1].split("### From Python", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)```", walkthrough, re.S)[1:]  # the first is `dispo up`
+    blocks = sh_blocks(walkthrough)[1:]  # the first is `dispo up`
     [example] = re.findall(
         r"```python\n(.*?)```", text.split("### From Python", 1)[1].split("## ", 1)[0], re.S
     )
     return blocks, example
 
 
-async def run_the_pipeline_guide(
-    env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path
-) -> None:
+async def run_the_pipeline_guide(env: dict[str, str], stack: Stack) -> None:
     """docs/pipeline.md's walk-through and its Python example, run as written after the
     tour on the tour's stack (the `dispo up` the guide starts with)."""
     blocks, example = pipeline_guide()
     assert len(blocks) == 4, blocks
-    result = await shell(blocks, env, ports, demo, cwd)
+    result = await shell(blocks, env, stack)
     out = result.stdout + result.stderr
     assert '"duplicate": true' in out and '"status": "TASK_STATUS_SUCCEEDED"' in out, out
     assert (
@@ -209,29 +281,92 @@ async def run_the_pipeline_guide(
     assert '["NODE_STATUS_CANCELLED","NODE_STATUS_CANCELLED"]' in out, out
     assert "Code: InvalidArgument" in out, out
     assert "cells[0].cell: unknown cell 'delete_everything'" in out, out
-    assert (await python(example, env, ports, demo)).startswith("SUCCEEDED {")
+    assert (await python(example, env, stack)).startswith("SUCCEEDED {")
 
 
-async def run_the_pipeline_guide_again(
-    env: dict[str, str], ports: dict[str, int], demo: int, cwd: Path
-) -> None:
+async def run_the_pipeline_guide_again(env: dict[str, str], stack: Stack) -> None:
     """The walk-through's keyed block (the content-42-pipeline task) and its Python example
     (content-44-pipeline) a second time."""
     blocks, example = pipeline_guide()
     again = keyed(blocks)
     assert len(again) == 1, again
-    result = await shell(again, env, ports, demo, cwd, "-e", "-o", "pipefail")
+    result = await shell(again, env, stack, "-e", "-o", "pipefail")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert '"duplicate": true' in out and '"status": "TASK_STATUS_SUCCEEDED"' in out, out
     assert KEYED.search(example)
-    assert (await python(example, env, ports, demo)).startswith("SUCCEEDED {")
+    assert (await python(example, env, stack)).startswith("SUCCEEDED {")
+
+
+async def run_guide(guide: str, env: dict[str, str], stack: Stack, *extra: str) -> str:
+    """A guide's walk-through as one script, whole, each time: what it printed. Every call
+    it says fails fails with the code it names, and no other call fails."""
+    blocks = walkthrough(guide)
+    result = await shell([*blocks, *extra], env, stack)
+    out = result.stdout + result.stderr
+    assert result.returncode != 124, out  # timed out: a wait of it never ended
+    expected = failures_foretold(blocks)
+    assert re.findall(r"^  Code: (\w+)$", out, re.M) == expected, out
+    return out
+
+
+async def run_the_recovery_guide(env: dict[str, str], stack: Stack) -> None:
+    """docs/recovery.md: a task whose label call is refused four times, parked, redriven by
+    hand; a new task each run (it has no key)."""
+    assert not keyed(walkthrough("recovery.md"))
+    out = await run_guide("recovery.md", env, stack, 'echo "task: $TASK"')
+    assert "dispo.reconciler.v1.ReconcilerService" in out, out
+    assert '"error_class": "http_5xx"' in out, out
+    assert '"state": "RECOVERY_STATE_REDRIVEN"' in out, out  # RedriveTask's answer
+    assert '"status": "TASK_STATUS_SUCCEEDED"' in out, out
+    assert '"paused": true' in out, out
+    [task] = re.findall(r"^task: ([0-9a-f]{32})$", out, re.M)
+    calls = stack.calls(DEMO)
+    # 4 refused, 1 after the redrive; the node after it once
+    assert calls[f"{task}/update_quality_level.set_label"] == 5, calls
+    assert calls[f"{task}/update_quality_level.audit"] == 1, calls
+
+
+async def run_the_intelligence_guide(env: dict[str, str], stack: Stack) -> None:
+    """docs/intelligence.md: two periods of the nightly series (the same evaluations again
+    on a second run) and a trial evaluation of its own each run."""
+    out = await run_guide("intelligence.md", env, stack)
+    assert "no baseline for evaluation 'nightly-w01'" in out, out
+    assert '"baseline_evaluation_id": "nightly-w01"' in out, out
+    assert "DIRECTION_IMPROVED" in out, out
+    assert '"started": true' in out, out
+
+
+async def run_the_pool_guide(env: dict[str, str], stack: Stack) -> None:
+    """docs/pool.md: the demo-1 evaluation (the same one on a second run), an operated
+    evaluation of its own each run, a drift repaired, a refusal."""
+    out = await run_guide("pool.md", env, stack)
+    assert '"end_reason": "ASSIGNMENT_END_DONE"' in out, out
+    assert '"status": "EVALUATION_STATUS_COMPLETED"' in out and '"runs_done": 4' in out, out
+    assert '"status": "EVALUATION_STATUS_CANCELLED"' in out, out
+    assert '"cron_id": "cron-stray"' in out and "REPAIR_OUTCOME_APPLIED" in out, out
+    assert "Code: InvalidArgument" in out, out
+
+
+async def run_your_own_cell(env: dict[str, str], stack: Stack) -> None:
+    """The README's own cell on its own downstream, with the callback there too; the same
+    task on a second run (its key)."""
+    _, _, submit = own_cell_blocks()
+    assert keyed([submit])
+    result = await shell([submit], env, stack, "-e", "-o", "pipefail")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert re.search(r"^1$", out, re.M), out  # ListCells names the new cell
+    # one task, the same on a second run: its archive call and its callback, once each
+    [task] = set(re.findall(r'"([0-9a-f]{32})/archive_content\.archive"', out))
+    calls = stack.calls(OWN)
+    assert calls.get(f"{task}/archive_content.archive") == 1, (out, calls)
+    assert calls.get(f"{task}/completion") == 1, (out, calls)
 
 
 def test_ci_runs_the_readme_commands():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
-    install, test = (block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.S))
+    section = readme_section("Two commands")
+    install, test = (block.strip() for block in sh_blocks(section))
     install = install.removesuffix(" && .venv/bin/dispo up")
     assert "[local,dev]" in install, install  # the extras that bring the embedded stack
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
