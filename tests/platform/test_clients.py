@@ -64,16 +64,14 @@ async def stack(module_services, module_downstream, tmp_path_factory):
     return pipeline.gateway, reconciler, module_downstream
 
 
-async def test_the_node_client_submits_watches_lists_cancels_resumes_and_reads_errors(
-    node, stack, module_database
-):
-    gateway, reconciler, downstream = stack
-    # The cancelled task's review call stays open; the failing task's first label call is
-    # refused with a 400 (a permanent failure: the task ends FAILED), its resume succeeds.
+async def run_client(node: Path, token: str, gateway, reconciler, downstream) -> str:
+    """What one run of the example printed (run ``RUN`` = r1, so its keys are the same each
+    time); it must end without error. The cancelled task's review call is held open, and the
+    failing task's first label call refused with a 400 (a permanent failure: the task ends
+    FAILED), its resume succeeds."""
+    await downstream.control(release=True)
     await downstream.control(hold={"path": "/reviews/held-"})
     await downstream.control(fail={"status": 400, "times": 1, "path": "/labels/fails-"})
-    _, token = await business_token(module_database, BUSINESS)
-
     ran = await asyncio.to_thread(
         subprocess.run,
         [str(node), "client.mjs"],
@@ -90,10 +88,8 @@ async def test_the_node_client_submits_watches_lists_cancels_resumes_and_reads_e
             "RUN": "r1",
         },
     )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
     out = ran.stdout
-    assert ran.returncode == 0, out + ran.stderr
-
-    assert "TASK_STATUS_ACCEPTED duplicate=false" in out, out
     assert "submitted again: same task true duplicate=true" in out
     assert (
         "to TASK_STATUS_SUCCEEDED: update_quality_level.set_label=NODE_STATUS_SUCCEEDED"
@@ -103,7 +99,30 @@ async def test_the_node_client_submits_watches_lists_cancels_resumes_and_reads_e
     assert " to TASK_STATUS_FAILED\n" in out
     assert "resumed " in out and "RECOVERY_STATE_REDRIVEN" in out
     assert "to TASK_STATUS_SUCCEEDED after the resume" in out
-    assert f"listed 3 tasks of {BUSINESS}, this run's among them: true" in out
     assert "refused: INVALID_ARGUMENT:" in out
     assert "  idempotency_key: longer than 128 characters\n" in out
     assert "  cells[0].cell: unknown cell 'delete_everything'\n" in out
+    return out
+
+
+async def test_the_node_client_submits_watches_lists_cancels_resumes_and_reads_errors_twice(
+    node, stack, module_database
+):
+    """The example run twice against the same stack with the same keys: the second run's
+    keyed task is the first run's (a duplicate), its other tasks are new, and every step
+    works again."""
+    gateway, reconciler, downstream = stack
+    _, token = await business_token(module_database, BUSINESS)
+
+    first = await run_client(node, token, gateway, reconciler, downstream)
+    [keyed] = re.findall(
+        r"^submitted ([0-9a-f]{32}) TASK_STATUS_ACCEPTED duplicate=false$", first, re.M
+    )
+    assert f"listed 3 tasks of {BUSINESS}, this run's among them: true" in first
+
+    second = await run_client(node, token, gateway, reconciler, downstream)
+    assert re.search(rf"^submitted {keyed} TASK_STATUS_[A-Z]+ duplicate=true$", second, re.M), (
+        second
+    )
+    # the keyed task once, the cancelled and the resumed task of each run
+    assert f"listed 5 tasks of {BUSINESS}, this run's among them: true" in second
