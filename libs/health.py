@@ -29,6 +29,19 @@ async def health_status(
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
+async def http_health_status(url: str, timeout: float = 1.0) -> str:
+    """The gRPC health words for a process without gRPC whose ``url`` answers 200 once it
+    serves (the web console): ``SERVING``, ``NOT_SERVING``, or ``UNREACHABLE``."""
+    import httpx  # only where asked: the CLI's other commands need no HTTP client
+
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            reply = await client.get(url)
+    except httpx.HTTPError:
+        return UNREACHABLE
+    return "SERVING" if reply.status_code == 200 else "NOT_SERVING"
+
+
 async def wait_until_serving(
     address: str, timeout: float = 60.0, interval: float = 0.2, *, tls: ClientTLS | None = None
 ) -> None:

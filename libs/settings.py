@@ -38,6 +38,9 @@ DEFAULT_PORTS = {
     "pool": 50055,
 }
 
+# Default port of the web console (dispo.console) on one machine.
+DEFAULT_CONSOLE_PORT = 8180
+
 # Default metrics ports `dispo up` gives the services (DISPO_<SERVICE>_METRICS_PORT).
 DEFAULT_METRICS_PORTS = {
     "gateway": 9151,
@@ -282,6 +285,40 @@ class TLSSettings(BaseSettings):
     @property
     def client(self) -> ClientTLS:
         return ClientTLS(self.ca_file, self.client_cert_file, self.client_key_file)
+
+
+def _local_address(service: str) -> str:
+    """Where ``service`` listens on one machine by default."""
+    return f"127.0.0.1:{DEFAULT_PORTS[service]}"
+
+
+class ConsoleSettings(BaseSettings):
+    """The web console (``dispo.console``, ``DISPO_CONSOLE_*``): where it listens, where the
+    services it calls are."""
+
+    model_config = service_settings_config("console")
+
+    host: str = Field(
+        default="127.0.0.1", description="Address the web console's HTTP server binds"
+    )
+    port: int = Field(
+        default=DEFAULT_CONSOLE_PORT,
+        ge=0,
+        description="Port of the web console (`dispo up` starts it there; `--console-port 0`:"
+        " not at all)",
+    )
+    gateway_address: str = Field(
+        default=_local_address("gateway"), description="The gateway's gRPC address, for the console"
+    )
+    reconciler_address: str = Field(
+        default=_local_address("reconciler"),
+        description="The reconciler's gRPC address, for the console",
+    )
+    refresh_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the console's pages are sent fresh figures (server-sent events)",
+    )
 
 
 class ServerSettings(BaseSettings):

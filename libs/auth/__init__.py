@@ -21,7 +21,7 @@ token store is imported from its module (``store``, ``verifier.TokenVerifier``,
 from __future__ import annotations
 
 from dispo.libs.auth.caller import TOKEN_ENV, caller_token
-from dispo.libs.auth.channel import open_channel, open_sync_channel
+from dispo.libs.auth.channel import bearer, open_channel, open_sync_channel
 from dispo.libs.auth.rules import RULES, Rule
 from dispo.libs.auth.scope import business_filter, business_scope, caller, require_visible
 from dispo.libs.auth.server import Authorizer
@@ -34,6 +34,7 @@ __all__ = [
     "Kind",
     "Principal",
     "Rule",
+    "bearer",
     "business_filter",
     "business_scope",
     "caller",

@@ -31,6 +31,12 @@ def _with_token(metadata: Any, token: str) -> list[tuple[str, str | bytes]]:
     return [*pairs, (METADATA_KEY, f"Bearer {token}")]
 
 
+def bearer(token: str) -> list[tuple[str, str | bytes]]:
+    """The metadata of one call made for ``token``'s holder on a channel opened without a
+    token (the console forwards each of its users' tokens on shared channels)."""
+    return _with_token((), token)
+
+
 class _AioBearer:
     """Adds the token to a call's metadata (grpc.aio takes one interceptor per kind of call:
     an interceptor of several kinds would be used for the first kind only)."""

@@ -52,6 +52,11 @@ def banner(
     ]
     if options.demo_port and "executor" in options.services:
         lines.append(f"  {'demo downstream':<16} http://{options.host}:{options.demo_port}")
+    if options.console_port and "gateway" in options.services:
+        lines.append(
+            f"  {'console':<16} http://{options.host}:{options.console_port}"
+            " (sign in with the admin token below, or a business token)"
+        )
     token = data / ADMIN_TOKEN_FILE
     lines.append(
         f"The admin token is in {token} (owner-only); the dispo CLI reads it from there,"
@@ -79,6 +84,7 @@ def describe_running(running: StackRunning) -> str:
     else:
         where = {name: info["address"] for name, info in state.get("services", {}).items()}
         where |= {"postgres": state.get("database_url", ""), "nats": state.get("nats_url", "")}
+        where |= {"console": state.get("console") or ""}
         for process in recorded(state, STOP_ORDER):
             lines.append(
                 f"  {process.name:<16} {where.get(process.name, ''):<40} pid {process.pid}"

@@ -41,9 +41,10 @@ from dispo.libs.cli.lifecycle import (
     detach,
     down,
 )
-from dispo.libs.health import health_status
+from dispo.libs.health import health_status, http_health_status
+from dispo.libs.settings import DEFAULT_CONSOLE_PORT
 from dispo.libs.stack.ownership import StackRunning
-from dispo.libs.stack.state import SERVICES, caller_tls, service_metrics
+from dispo.libs.stack.state import CONSOLE, SERVICES, caller_tls, read_state, service_metrics
 
 if TYPE_CHECKING:
     from dispo.libs.stack.stack import Stack
@@ -124,6 +125,13 @@ def up(
             help="port of the demo downstream the example catalogue calls (0: don't start it)"
         ),
     ] = 8181,
+    console_port: Annotated[
+        int,
+        typer.Option(
+            envvar="DISPO_CONSOLE_PORT",
+            help="port of the web console, started with the gateway (0: don't start it)",
+        ),
+    ] = DEFAULT_CONSOLE_PORT,
     pool_driver: Annotated[
         PoolDriver,
         typer.Option(
@@ -167,6 +175,7 @@ def up(
         nats_port=nats_port,
         services=tuple(services.split(",")) if services else SERVICES,
         demo_port=demo_port,
+        console_port=console_port,
         pool_driver=pool_driver.value,
         openclaw_url=openclaw_url,
         openclaw_token=openclaw_token,
@@ -235,12 +244,21 @@ def status(
     tls = caller_tls(ctx.obj.data_dir)
     metrics = service_metrics(ctx.obj.data_dir)
 
+    console = (read_state(ctx.obj.data_dir) or {}).get("console")
+
     async def probe() -> dict[str, dict[str, str]]:
         statuses = await asyncio.gather(*(health_status(a, tls=tls) for a in addresses.values()))
-        return {
+        report = {
             name: {"address": address, "status": status, "metrics": metrics.get(name, "")}
             for (name, address), status in zip(addresses.items(), statuses, strict=True)
         }
+        if console:  # the stack runs one: its HTTP health
+            report[CONSOLE] = {
+                "address": console,
+                "status": await http_health_status(f"{console}/healthz"),
+                "metrics": "",
+            }
+        return report
 
     report = asyncio.run(probe())
     if as_json:

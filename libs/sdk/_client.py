@@ -55,7 +55,7 @@ ORDERS = {
 }
 
 
-def _list_request(
+def list_request(
     business: str,
     statuses: Sequence[str],
     created_after: datetime | None,
@@ -64,6 +64,7 @@ def _list_request(
     page_token: str,
     order: str,
 ) -> gateway_pb2.ListTasksRequest:
+    """The ListTasks request for these filters (the clients' and the web console's)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     request = gateway_pb2.ListTasksRequest(
@@ -161,7 +162,7 @@ class AsyncClient:
         """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest"."""
         reply = await self._call(
             self._stub.ListTasks,
-            _list_request(
+            list_request(
                 business, statuses, created_after, created_before, page_size, page_token, order
             ),
             timeout,
@@ -307,7 +308,7 @@ class Client:
         """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest"."""
         reply = self._call(
             self._stub.ListTasks,
-            _list_request(
+            list_request(
                 business, statuses, created_after, created_before, page_size, page_token, order
             ),
             timeout,

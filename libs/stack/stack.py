@@ -44,6 +44,7 @@ from dispo.libs.stack.ownership import (
 )
 from dispo.libs.stack.process import ProcessSpec, python_module
 from dispo.libs.stack.state import (
+    CONSOLE,
     DEMO_DOWNSTREAM,
     INFRASTRUCTURE_SHUTDOWN_ORDER,
     NATS,
@@ -85,6 +86,9 @@ class StackOptions:
     services: tuple[str, ...] = SERVICES
     # Port of the demo downstream (0: do not start it).
     demo_port: int = 8181
+    # Port of the web console, started beside the gateway (0: do not start it; `dispo up`
+    # gives DISPO_CONSOLE_PORT, else 8180).
+    console_port: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
     # Processes per service (default 1): replica 1 is named as the service and listens on
     # its port, replica k > 1 is ``<service>-k`` on a free port. Executor replicas share
@@ -213,6 +217,8 @@ def service_specs(
                     metrics=metrics_url(options.host, metrics_port),
                 )
             )
+    if options.console_port and "gateway" in options.services:
+        specs.append(console_spec(options, common, logs))
     if "pool" in options.services and options.pool_driver == "local":
         env = {
             **service_env("pool", database_urls["pool"], nats_url, nats_users),  # part of the pool
@@ -232,6 +238,34 @@ def service_specs(
             )
         )
     return specs
+
+
+def console_spec(options: StackOptions, common: dict[str, str], logs: Path) -> ProcessSpec:
+    """The web console on ``console_port``, calling the services of this stack (its users'
+    tokens on its calls: it is handed none of its own)."""
+    url = console_address(options)
+    env = {
+        **common,
+        "DISPO_CONSOLE_HOST": options.host,
+        "DISPO_CONSOLE_PORT": str(options.console_port),
+        **{
+            f"DISPO_CONSOLE_{service.upper()}_ADDRESS": f"{options.host}:{options.ports[service]}"
+            for service in ("gateway", "reconciler")
+        },
+    }
+    return ProcessSpec(
+        CONSOLE,
+        python_module("dispo.console"),
+        env,
+        None,
+        logs / f"{CONSOLE}.log",
+        http_health=f"{url}/healthz",
+        new_session=True,
+    )
+
+
+def console_address(options: StackOptions) -> str:
+    return f"http://{options.host}:{options.console_port}"
 
 
 class Stack:
@@ -454,6 +488,8 @@ class Stack:
                 }
                 for name, address in addresses.items()
             },
+            # Where the web console answers (None when the stack runs none).
+            "console": (console_address(self.options) if CONSOLE in supervisor.children else None),
             "companions": {
                 name: process(supervisor, name)
                 for name in supervisor.children

@@ -20,8 +20,11 @@ SERVICES = ("gateway", "executor", "reconciler", "intelligence", "pool")
 # and the demo downstream the example catalogue points at.
 POOL_WORKER = "pool-worker"
 DEMO_DOWNSTREAM = "demo-downstream"
-# Stop the entry point first so nothing new arrives while the rest drains.
+# The web console: people's way in, over the services' APIs (HTTP, not gRPC).
+CONSOLE = "console"
+# Stop the ways in first so nothing new arrives while the rest drains.
 SHUTDOWN_ORDER = [
+    CONSOLE,
     "gateway",
     POOL_WORKER,
     "pool",

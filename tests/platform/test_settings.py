@@ -89,7 +89,7 @@ def test_every_duration_setting_is_in_seconds_and_named_so():
 
 
 def source_files() -> list[Path]:
-    dirs = [ROOT / "libs", *(ROOT / "services" / s for s in SERVICES)]
+    dirs = [ROOT / "libs", *(ROOT / "services" / s for s in SERVICES), ROOT / "services/console"]
     return [
         p
         for d in dirs

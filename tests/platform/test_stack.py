@@ -34,7 +34,9 @@ async def test_up_status_restart_and_data_kept(stack):
 
     code, report = stack.status()
     assert code == 0
-    assert set(report) == set(SERVICES)
+    assert set(report) == {*SERVICES, "console"}
+    console = f"http://127.0.0.1:{stack.env['DISPO_CONSOLE_PORT']}"
+    assert report.pop("console") == {"address": console, "status": "SERVING", "metrics": ""}
     for name in SERVICES:
         assert report[name] == {
             "address": f"127.0.0.1:{stack.env[f'DISPO_{name.upper()}_PORT']}",
@@ -43,6 +45,7 @@ async def test_up_status_restart_and_data_kept(stack):
         }
     # dispo up printed them too, and each answers
     shown = stack.output.read_text()
+    assert f"console          {console}" in shown
     async with httpx.AsyncClient() as http:
         for info in report.values():
             assert info["metrics"] in shown
@@ -65,12 +68,15 @@ async def test_up_status_restart_and_data_kept(stack):
 
     # the pool's worker process and the demo downstream run beside the services
     state = read_state(stack.data_dir)
-    assert {"pool-worker", "demo-downstream"} == set(state["companions"])
+    assert {"pool-worker", "demo-downstream", "console"} == set(state["companions"])
     assert all(alive(info["pid"]) for info in state["companions"].values())
     async with httpx.AsyncClient() as http:
         assert (
             await http.get(f"http://127.0.0.1:{stack.env['DEMO_PORT']}/healthz")
         ).status_code == 200
+        # the console calls this stack's gateway with the token it is given
+        page = await http.get(f"{console}/tasks", cookies={"dispo_token": stack.token})
+        assert page.status_code == 200 and "SUCCEEDED" in page.text
 
     # each service logs in to PostgreSQL as its own role; no process holds the superuser's
     # password or another service's
@@ -156,6 +162,8 @@ async def test_up_with_external_database_and_nats_starts_only_services(
             "--services",
             "gateway,executor",
             "--demo-port",
+            "0",
+            "--console-port",
             "0",
             "--database-url",
             database_url,

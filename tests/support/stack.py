@@ -42,6 +42,7 @@ class RunningStack:
             "DISPO_DATA_DIR": str(root / "data"),
             "NATS_PORT": str(free_port()),
             "DEMO_PORT": str(free_port()),
+            "DISPO_CONSOLE_PORT": str(free_port()),  # dispo up's --console-port
         }
         for name in SERVICES:
             env[f"DISPO_{name.upper()}_PORT"] = str(free_port())

@@ -1,0 +1,3 @@
+from dispo.console.app import main
+
+main()

@@ -1,0 +1,334 @@
+"""The web console: a backend-for-frontend over the services' gRPC APIs (docs/console.md).
+
+Starlette serves Jinja2 pages that HTMX keeps fresh over server-sent events; the graph of a
+task is drawn by Cytoscape.js. The browser libraries are vendored under ``static/vendor``
+(``vendor.sh`` refreshes them from the npm registry); nothing is fetched at run time.
+
+The console keeps no state and no tables: a user signs in with an API token (the same as
+the CLI's: a business token sees its business's work, operator actions need an admin token),
+kept in an HTTP-only cookie and forwarded on every call it makes for that user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import grpc
+import uvicorn
+from dispo.console.backend import COUNT_LIMIT, COUNTED, Backend
+from dispo.console.views import (
+    COLOURS,
+    SINCE,
+    TaskFilter,
+    completion_facts,
+    graph_elements,
+    history,
+    may_resume,
+    recovery_state,
+)
+from dispo.libs.logging import configure_logging, get_logger
+from dispo.libs.sdk import DispoError, TaskSummary, TaskView
+from dispo.libs.settings import CommonSettings, ConsoleSettings
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+log = get_logger(__name__)
+HERE = Path(__file__).resolve().parent
+TOKEN_COOKIE = "dispo_token"
+# Who the services record as the actor of an operator action taken here.
+ACTOR = "console"
+# The HTTP status a refused call is shown with.
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+templates = Jinja2Templates(directory=HERE / "templates")
+templates.env.globals.update(colours=COLOURS, counted=COUNTED, since_choices=SINCE)
+
+
+def _when(value: datetime | None) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
+templates.env.filters["when"] = _when
+
+
+def _backend(request: Request) -> Backend:
+    backend: Backend = request.app.state.backend
+    return backend
+
+
+def _token(request: Request) -> str:
+    return request.cookies.get(TOKEN_COOKIE, "")
+
+
+class SignIn(Exception):
+    """The request carries no token, or one the services refused: to the sign-in page."""
+
+
+def _signed_in(request: Request) -> str:
+    token = _token(request)
+    if not token:
+        raise SignIn
+    return token
+
+
+async def _refused(request: Request, error: Exception) -> Response:
+    assert isinstance(error, DispoError)
+    if error.code == grpc.StatusCode.UNAUTHENTICATED:
+        return await _to_sign_in(request, error)
+    return templates.TemplateResponse(
+        request,
+        "error.html",
+        {"error": error, "violations": error.violations},
+        status_code=HTTP_STATUS.get(error.code, 502),
+    )
+
+
+async def _to_sign_in(request: Request, _: Exception) -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(TOKEN_COOKIE)
+    return response
+
+
+async def login_page(request: Request) -> Response:
+    return templates.TemplateResponse(request, "login.html", {})
+
+
+async def login(request: Request) -> Response:
+    form = await request.form()
+    token = str(form.get("token", "")).strip()
+    if not token:
+        return templates.TemplateResponse(
+            request, "login.html", {"message": "a token is required"}, status_code=400
+        )
+    response = RedirectResponse("/tasks", status_code=303)
+    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return response
+
+
+async def logout(request: Request) -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(TOKEN_COOKIE)
+    return response
+
+
+async def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok")
+
+
+def _filter(request: Request) -> TaskFilter:
+    return TaskFilter.parse(request.query_params, request.query_params.getlist("status"))
+
+
+async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
+    found = _filter(request)
+    backend = _backend(request)
+    after = found.created_after(datetime.now(UTC))
+    rows: list[TaskSummary | TaskView]
+    counts: dict[str, int] = {}
+    if found.task_id:
+        detail = await backend.task(token, found.task_id)
+        rows = [detail.task]
+    else:
+        page, counts = await asyncio.gather(
+            backend.tasks(
+                token, business=found.business, statuses=found.statuses, created_after=after
+            ),
+            backend.counts(token, business=found.business, created_after=after),
+        )
+        rows = list(page.tasks)
+    return {"filter": found, "rows": rows, "counts": counts, "count_limit": COUNT_LIMIT}
+
+
+async def tasks_page(request: Request) -> Response:
+    token = _signed_in(request)
+    context = await _tasks_context(request, token)
+    context["stream"] = f"/tasks/stream?{request.url.query}"
+    return templates.TemplateResponse(request, "tasks.html", context)
+
+
+def _event(name: str, html: str) -> str:
+    """One server-sent event whose data is ``html`` (HTMX swaps it in)."""
+    lines = "".join(f"data: {line}\n" for line in html.splitlines() or [""])
+    return f"event: {name}\n{lines}\n"
+
+
+def _stream(request: Request, render: Any, interval: float) -> StreamingResponse:
+    """Server-sent events: what ``render()`` returns (``[(event, html)]``) every ``interval``
+    seconds, until the page is closed; a refused call ends the stream (the page reloads)."""
+
+    async def events() -> AsyncIterator[str]:
+        while not await request.is_disconnected():
+            try:
+                sent = await render()
+            except DispoError as error:
+                yield _event("refused", error.message)
+                return
+            for name, html in sent:
+                yield _event(name, html)
+            await asyncio.sleep(interval)
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"cache-control": "no-store"}
+    )
+
+
+def _fragment(request: Request, name: str, context: dict[str, Any]) -> str:
+    return templates.get_template(name).render({"request": request, **context})
+
+
+async def tasks_stream(request: Request) -> Response:
+    token = _signed_in(request)
+
+    async def render() -> list[tuple[str, str]]:
+        context = await _tasks_context(request, token)
+        return [
+            ("counts", _fragment(request, "_counts.html", context)),
+            ("rows", _fragment(request, "_task_rows.html", context)),
+        ]
+
+    return _stream(request, render, request.app.state.settings.refresh_seconds)
+
+
+async def _task_context(request: Request, token: str) -> dict[str, Any]:
+    detail = await _backend(request).task(token, request.path_params["task_id"])
+    return {
+        "detail": detail,
+        "task": detail.task,
+        "elements": graph_elements(detail.task),
+        "history": history(detail),
+        "facts": completion_facts(detail),
+        "recovery_state": recovery_state(detail),
+        "resumable": may_resume(detail),
+        "notice": request.query_params.get("notice", ""),
+        "problem": request.query_params.get("error", ""),
+    }
+
+
+async def task_page(request: Request) -> Response:
+    context = await _task_context(request, _signed_in(request))
+    return templates.TemplateResponse(request, "task.html", context)
+
+
+async def task_stream(request: Request) -> Response:
+    token = _signed_in(request)
+
+    async def render() -> list[tuple[str, str]]:
+        context = await _task_context(request, token)
+        return [
+            ("detail", _fragment(request, "_task_detail.html", context)),
+            ("graph", json.dumps(context["elements"])),
+        ]
+
+    return _stream(request, render, request.app.state.settings.refresh_seconds)
+
+
+def _back(request: Request, **message: str) -> Response:
+    """After an action: back to the task page, saying what happened (HTMX goes where
+    ``HX-Redirect`` says; a plain form follows the 303)."""
+    where = f"/tasks/{request.path_params['task_id']}?{urlencode(message)}"
+    if request.headers.get("HX-Request"):  # a redirect would be followed inside the request
+        return Response(status_code=204, headers={"HX-Redirect": where})
+    return RedirectResponse(where, status_code=303)
+
+
+async def _act(request: Request, action: str) -> Response:
+    token = _signed_in(request)
+    backend = _backend(request)
+    task_id = request.path_params["task_id"]
+    form = await request.form()
+    try:
+        if action == "cancel":
+            await backend.cancel(token, task_id)
+        elif action == "resume":
+            await backend.resume(token, task_id, ACTOR)
+        else:
+            node_id = str(form.get("node_id", ""))
+            done = str(form.get("resolution", "")) == "done"
+            await backend.resolve(token, task_id, node_id, done, ACTOR)
+    except DispoError as error:
+        if error.code == grpc.StatusCode.UNAUTHENTICATED:
+            raise
+        return _back(request, error=f"{action}: {error.code.name}: {error.message}")
+    return _back(request, notice=f"{action}: done")
+
+
+async def cancel(request: Request) -> Response:
+    return await _act(request, "cancel")
+
+
+async def resume(request: Request) -> Response:
+    return await _act(request, "resume")
+
+
+async def resolve(request: Request) -> Response:
+    return await _act(request, "resolve")
+
+
+async def home(request: Request) -> Response:
+    return RedirectResponse("/tasks", status_code=303)
+
+
+def create_app(settings: ConsoleSettings) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.settings = settings
+        app.state.backend = Backend(settings)
+        try:
+            yield
+        finally:
+            await app.state.backend.close()
+
+    routes = [
+        Route("/", home),
+        Route("/healthz", healthz),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/tasks", tasks_page),
+        Route("/tasks/stream", tasks_stream),
+        Route("/tasks/{task_id}", task_page),
+        Route("/tasks/{task_id}/stream", task_stream),
+        Route("/tasks/{task_id}/cancel", cancel, methods=["POST"]),
+        Route("/tasks/{task_id}/resume", resume, methods=["POST"]),
+        Route("/tasks/{task_id}/resolve", resolve, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={DispoError: _refused, SignIn: _to_sign_in},
+    )
+
+
+def main() -> None:
+    common = CommonSettings()
+    configure_logging(common.log_format, common.log_level, service="console")
+    settings = ConsoleSettings()
+    log.info("serving", address=f"http://{settings.host}:{settings.port}")
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        # Open event streams do not hold a stop up.
+        timeout_graceful_shutdown=2,
+    )
+    uvicorn.Server(config).run()

@@ -1,0 +1,155 @@
+"""The console's one way out: the services' gRPC APIs, through their typed stubs.
+
+One channel per service, opened without a token: each call carries the token of the user
+it is made for (:func:`dispo.libs.auth.bearer`), so what a page shows is what that token may
+see, exactly as for the CLI. A refused or failed call raises :class:`DispoError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+import grpc
+from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
+from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.auth import bearer, open_channel
+from dispo.libs.sdk import DispoError, TaskPage, TaskView
+from dispo.libs.sdk._client import list_request
+from dispo.libs.settings import ConsoleSettings
+from google.protobuf.message import Message
+
+Reply = TypeVar("Reply")
+# How long one call may take.
+CALL_SECONDS = 10.0
+# The statuses the Tasks page counts, and how far it counts each (more shows as "500+").
+COUNTED = ("ACCEPTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "RETRY_EXHAUSTED", "DEMOTED")
+COUNT_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class TaskDetail:
+    """What the Task page shows: the gateway's view, and the reconciler's record of it
+    (None when the reconciler holds none: it never failed) and its completion facts (None
+    until the task ended)."""
+
+    task: TaskView
+    recovery: rpb.GetRecoveryTaskResponse | None
+    completion: rpb.GetCompletionResponse | None
+
+
+class Backend:
+    def __init__(self, settings: ConsoleSettings) -> None:
+        self._channels = [
+            gateway := open_channel(settings.gateway_address, ""),
+            reconciler := open_channel(settings.reconciler_address, ""),
+        ]
+        self.gateway = gateway_pb2_grpc.GatewayServiceStub(gateway)
+        self.reconciler = reconciler_pb2_grpc.ReconcilerServiceStub(reconciler)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(channel.close() for channel in self._channels))
+
+    async def _call(
+        self, method: Callable[..., Awaitable[Reply]], request: Message, token: str
+    ) -> Reply:
+        try:
+            return await method(request, timeout=CALL_SECONDS, metadata=bearer(token))
+        except grpc.aio.AioRpcError as error:
+            raise DispoError.from_rpc(error) from None
+
+    async def _found(
+        self, method: Callable[..., Awaitable[Reply]], request: Message, token: str
+    ) -> Reply | None:
+        """The reply, None when the service holds no such item."""
+        try:
+            return await self._call(method, request, token)
+        except DispoError as error:
+            if error.code == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    async def tasks(
+        self,
+        token: str,
+        *,
+        business: str = "",
+        statuses: tuple[str, ...] = (),
+        created_after: datetime | None = None,
+        page_size: int = 50,
+        page_token: str = "",
+    ) -> TaskPage:
+        """A page of the tasks the token may see, newest first."""
+        request = list_request(
+            business, statuses, created_after, None, page_size, page_token, "newest"
+        )
+        return TaskPage.from_proto(await self._call(self.gateway.ListTasks, request, token))
+
+    async def counts(
+        self, token: str, *, business: str = "", created_after: datetime | None = None
+    ) -> dict[str, int]:
+        """How many tasks are in each status, up to :data:`COUNT_LIMIT` + 1 each."""
+        pages = await asyncio.gather(
+            *(
+                self.tasks(
+                    token,
+                    business=business,
+                    statuses=(status,),
+                    created_after=created_after,
+                    page_size=COUNT_LIMIT,
+                )
+                for status in COUNTED
+            )
+        )
+        return {
+            status: len(page.tasks) + (1 if page.more else 0)
+            for status, page in zip(COUNTED, pages, strict=True)
+        }
+
+    async def task(self, token: str, task_id: str) -> TaskDetail:
+        reply = await self._call(
+            self.gateway.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), token
+        )
+        view = TaskView.from_proto(reply.task, reply.completion)
+        recovery, completion = await asyncio.gather(
+            self._found(
+                self.reconciler.GetRecoveryTask,
+                rpb.GetRecoveryTaskRequest(task_id=task_id),
+                token,
+            ),
+            self._found(
+                self.reconciler.GetCompletion, rpb.GetCompletionRequest(task_id=task_id), token
+            ),
+        )
+        return TaskDetail(view, recovery, completion)
+
+    async def cancel(self, token: str, task_id: str) -> None:
+        await self._call(
+            self.gateway.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), token
+        )
+
+    async def resume(self, token: str, task_id: str, actor: str) -> None:
+        """Redrive the task from its failure (its FAILED and waiting nodes run again)."""
+        await self._call(
+            self.reconciler.RedriveTask,
+            rpb.RedriveTaskRequest(task_id=task_id, actor=actor, reason="resumed from the console"),
+            token,
+        )
+
+    async def resolve(self, token: str, task_id: str, node_id: str, done: bool, actor: str) -> None:
+        """An operator's answer for an UNKNOWN node: its effect happened, or it runs again."""
+        await self._call(
+            self.reconciler.ResolveNode,
+            rpb.ResolveNodeRequest(
+                task_id=task_id,
+                node_id=node_id,
+                resolution=rpb.RESOLUTION_DONE if done else rpb.RESOLUTION_RETRY,
+                actor=actor,
+                reason="resolved from the console",
+            ),
+            token,
+        )

@@ -1,0 +1,178 @@
+"""What the console's pages show, from the services' replies: no I/O here.
+
+The DAG as Cytoscape.js elements (a node per DAG node, coloured by status; an edge from each
+dependency to the node waiting for it), a task's history as one timeline, and the Tasks
+page's filters read from a query string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dispo.console.backend import COUNTED, TaskDetail
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
+from dispo.libs.proto_enums import short_name
+from dispo.libs.sdk import TaskView
+from google.protobuf.timestamp_pb2 import Timestamp
+
+# One colour per task and node status, the same on every page (and in the graph).
+COLOURS = {
+    "ACCEPTED": "#8c8c8c",
+    "PENDING": "#8c8c8c",
+    "RUNNING": "#1f77b4",
+    "SUCCEEDED": "#2ca02c",
+    "FAILED": "#d62728",
+    "UNKNOWN": "#ff7f0e",
+    "DEPENDENCY_FAILED": "#e377c2",
+    "DEMOTED": "#9467bd",
+    "RETRY_EXHAUSTED": "#8c564b",
+    "CANCELLED": "#7f7f7f",
+}
+# The Tasks page's "since" choices, in seconds back from now.
+SINCE = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400}
+
+
+def graph_elements(task: TaskView) -> list[dict[str, Any]]:
+    """The task's DAG as Cytoscape.js elements."""
+    nodes = [
+        {
+            "data": {
+                "id": n.node_id,
+                "label": n.node_id,
+                "status": n.status,
+                "colour": COLOURS.get(n.status, "#000000"),
+            }
+        }
+        for n in task.nodes
+    ]
+    edges = [
+        {"data": {"id": f"{dep}->{n.node_id}", "source": dep, "target": n.node_id}}
+        for n in task.nodes
+        for dep in n.depends_on
+    ]
+    return nodes + edges
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One line of a task's history."""
+
+    at: datetime | None
+    what: str
+    detail: str = ""
+
+
+def _at(stamp: Timestamp, present: bool = True) -> datetime | None:
+    if not present or (stamp.seconds == 0 and stamp.nanos == 0):
+        return None
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def history(detail: TaskDetail) -> list[Moment]:
+    """The task's events, oldest first: accepted, each node's start and end, each failure the
+    reconciler received, each redrive, each settlement, each delivery to the caller."""
+    raw = detail.task.raw
+    moments = [Moment(_at(raw.created_at), "accepted", f"business {raw.business}")]
+    for node in raw.nodes:
+        view = detail.task.node(node.node_id)
+        if node.HasField("started_at"):
+            moments.append(Moment(_at(node.started_at), f"{node.node_id} started"))
+        if node.HasField("finished_at"):
+            moments.append(
+                Moment(_at(node.finished_at), f"{node.node_id} {view.status}", node.last_error)
+            )
+    if detail.recovery is not None:
+        for failure in detail.recovery.history:
+            kind = short_name(rpb.RecoveryKind, failure.kind)
+            moments.append(
+                Moment(
+                    _at(failure.received_at),
+                    f"reconciler received {kind} (generation {failure.generation})",
+                    failure.reason,
+                )
+            )
+        for redrive in detail.recovery.redrives:
+            trigger = short_name(rpb.RedriveTrigger, redrive.trigger)
+            moments.append(
+                Moment(
+                    _at(redrive.at) if redrive.HasField("at") else None,
+                    f"redriven ({trigger}, generation {redrive.generation})",
+                    redrive.actor,
+                )
+            )
+    if detail.completion is not None:
+        for delivery in detail.completion.deliveries:
+            outcome = "delivered" if delivery.ok else f"delivery failed ({delivery.error})"
+            moments.append(Moment(_at(delivery.at), f"caller notified: {outcome}", delivery.target))
+    timed = sorted((m for m in moments if m.at is not None), key=lambda m: m.at or datetime.min)
+    return timed + [m for m in moments if m.at is None]
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """The Tasks page's search: a task id or a business, statuses, and how far back."""
+
+    query: str = ""
+    statuses: tuple[str, ...] = ()
+    since: str = ""
+
+    @classmethod
+    def parse(cls, params: Mapping[str, Any], statuses: list[str]) -> TaskFilter:
+        """From the page's query string; unknown statuses and periods are dropped."""
+        return cls(
+            str(params.get("q", "")).strip(),
+            tuple(s for s in statuses if s in COUNTED),
+            since if (since := str(params.get("since", ""))) in SINCE else "",
+        )
+
+    @property
+    def task_id(self) -> str:
+        """The query when it is a task id (32 hex digits), else empty."""
+        q = self.query.lower()
+        return q if len(q) == 32 and all(c in "0123456789abcdef" for c in q) else ""
+
+    @property
+    def business(self) -> str:
+        return "" if self.task_id else self.query
+
+    def created_after(self, now: datetime) -> datetime | None:
+        return now - timedelta(seconds=SINCE[self.since]) if self.since else None
+
+
+def completion_facts(detail: TaskDetail) -> list[tuple[str, str]]:
+    """The three completion facts: finished (the gateway's), caller notified and external
+    state reconciled (the reconciler's); empty while the task runs."""
+    facts = []
+    finished = detail.task.completion.finished_at if detail.task.completion else None
+    if finished is not None:
+        facts.append(("finished", f"{finished:%Y-%m-%d %H:%M:%S} UTC"))
+    if detail.completion is not None:
+        c = detail.completion.completion
+        notified = short_name(rpb.NotifyState, c.notify_state)
+        if c.HasField("notified_at"):
+            notified += f" at {_at(c.notified_at):%Y-%m-%d %H:%M:%S} UTC"
+        if c.notify_last_error:
+            notified += f" (last error: {c.notify_last_error})"
+        facts.append(("caller notified", notified))
+        reconciled = short_name(rpb.ReconcileState, c.reconcile_state)
+        if c.HasField("reconciled_at"):
+            reconciled += f" at {_at(c.reconciled_at):%Y-%m-%d %H:%M:%S} UTC"
+        facts.append(("reconciled", reconciled))
+    return facts
+
+
+def recovery_state(detail: TaskDetail) -> str:
+    """The reconciler's state of the task (PARKED_FAILED, AWAITING_DECISION…), empty when
+    it holds none."""
+    if detail.recovery is None:
+        return ""
+    return short_name(rpb.RecoveryState, detail.recovery.task.state)
+
+
+def may_resume(detail: TaskDetail) -> bool:
+    """A resume from failure is on offer: the reconciler holds the task failed or parked
+    (it takes the resume; until the failure reached it, it would refuse one)."""
+    return recovery_state(detail) in {"FAILED", "PARKED_FAILED", "DEMOTED"}

@@ -1,0 +1,207 @@
+"""The web console in a real browser (Debian's headless Chromium, driven by Playwright) against
+real gateway, executor and reconciler processes and the console process in front of them:
+signing in, the Tasks page kept live, a task's DAG as Cytoscape draws it, resuming a failed
+task from its page. The screenshots in docs/screenshots/ are taken by this run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dispo.libs.sdk import CellSpec
+from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
+from pipeline_fixtures import TEST_CATALOGUE, Pipeline
+from playwright.async_api import Browser, BrowserContext, Page, expect
+from support.auth import business_token
+from support.browser import chromium
+from support.waiting import eventually
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+BUSINESS = "console-shop"
+
+
+class Console:
+    def __init__(self, url: str, pipeline: Pipeline, downstream: Any) -> None:
+        self.url = url
+        self.pipeline = pipeline
+        self.downstream = downstream
+
+
+@pytest.fixture(scope="module")
+async def console(module_services, module_downstream, tmp_path_factory) -> Console:
+    folder = tmp_path_factory.mktemp("console")
+    catalogue = folder / "catalogue.yaml"
+    catalogue.write_text(TEST_CATALOGUE.format(url=module_downstream.url))
+    pipeline = Pipeline(module_services.start, catalogue, module_downstream.url)
+    _, _, reconciler = await asyncio.gather(
+        pipeline.start_gateway(),
+        pipeline.start_executor(),
+        module_services.start("reconciler", {"DISPO_CATALOGUE": str(catalogue)}),
+    )
+    port = free_port()
+    process = ManagedProcess(
+        ProcessSpec(
+            "console",
+            python_module("dispo.console"),
+            {
+                "DISPO_CONSOLE_PORT": str(port),
+                "DISPO_CONSOLE_GATEWAY_ADDRESS": pipeline.gateway.address,
+                "DISPO_CONSOLE_RECONCILER_ADDRESS": reconciler.address,
+                "DISPO_CONSOLE_REFRESH_SECONDS": "0.3",
+            },
+            None,
+            folder / "console.log",
+            http_health=f"http://127.0.0.1:{port}/healthz",
+        )
+    )
+    process.spawn()
+    module_services.started.append(process)  # killed with the services
+    await process.wait_ready()
+    return Console(f"http://127.0.0.1:{port}", pipeline, module_downstream)
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with chromium() as found:
+        yield found
+
+
+class Watched:
+    """A page and what went wrong in it: console errors and uncaught exceptions."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.errors: list[str] = []
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+        page.on("dialog", lambda d: asyncio.ensure_future(d.accept()))  # the confirmations
+
+
+async def signed_in(browser: Browser, console: Console, token: str) -> BrowserContext:
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    await context.add_cookies([{"name": "dispo_token", "value": token, "url": console.url}])
+    return context
+
+
+async def graph(page: Page) -> dict[str, Any]:
+    """The DAG as the page's Cytoscape model holds it: each node's status, and the edges."""
+    model: dict[str, Any] = await page.evaluate(
+        """() => ({
+            nodes: Object.fromEntries(window.dagGraph.nodes().map(n => [n.id(), n.data('status')])),
+            edges: window.dagGraph.edges().map(e => [e.source().id(), e.target().id()]).sort(),
+        })"""
+    )
+    return model
+
+
+async def test_signing_in_with_a_token_and_out_and_a_refused_token(browser, console):
+    context = await browser.new_context()
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/tasks")
+    assert page.url == f"{console.url}/login"  # no token yet
+    await page.fill("input[name=token]", "not-a-token")
+    await page.click("button[type=submit]")
+    assert page.url == f"{console.url}/login"  # the gateway refused it: signed out again
+    assert not await context.cookies()
+
+    await page.fill("input[name=token]", console.pipeline.token)
+    await page.click("button[type=submit]")
+    assert page.url == f"{console.url}/tasks"
+    await page.wait_for_selector("#counts [data-status=SUCCEEDED]")
+    await page.click("text=Sign out")
+    assert page.url == f"{console.url}/login"
+    assert watched.errors == []
+    await context.close()
+
+
+async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
+    browser, console, module_database
+):
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/tasks")
+    first = CellSpec("step", {"name": "console-first"}, ref="first")
+    second = CellSpec("step", {"name": "console-second"}, ref="second").after(first)
+    done = CellSpec("noop", ref="done").after(first, second)
+    async with console.pipeline.client() as client:
+        submitted = await client.submit(BUSINESS, [first, second, done], idempotency_key="k-1")
+        await client.wait(submitted.task_id)
+
+    # The page was open before the task existed: it comes in on the live feed, SUCCEEDED.
+    row = page.locator(f"tr[data-task='{submitted.task_id}']")
+    await row.locator("text=SUCCEEDED").wait_for()
+    succeeded = page.locator("#counts [data-status=SUCCEEDED]")
+    assert int(await succeeded.get_attribute("data-count") or 0) >= 1
+    await page.screenshot(path=SCREENSHOTS / "tasks.png")
+
+    await row.locator("a").click()
+    await page.wait_for_function("() => window.dagGraph !== undefined")
+    assert await graph(page) == {
+        "nodes": {"first.call": "SUCCEEDED", "second.call": "SUCCEEDED", "done.noop": "SUCCEEDED"},
+        "edges": [
+            ["first.call", "done.noop"],
+            ["first.call", "second.call"],
+            ["second.call", "done.noop"],
+        ],
+    }
+    assert await page.locator("#task-status").inner_text() == "SUCCEEDED"
+    assert "k-1" in await page.locator("#detail").inner_text()  # the idempotency key
+    # the gateway records the finish as the task's status reaches it: shown once it has
+    await expect(page.locator("#facts")).to_contain_text("finished")
+    await page.screenshot(path=SCREENSHOTS / "task.png", full_page=True)
+
+    # Searched by its id, by its business; another business's token sees none of it.
+    await page.goto(f"{console.url}/tasks?q={submitted.task_id}")
+    assert await page.locator("tr[data-task]").count() == 1
+    await page.goto(f"{console.url}/tasks?q={BUSINESS}&status=FAILED")
+    assert await page.locator(f"tr[data-task='{submitted.task_id}']").count() == 0
+    assert watched.errors == []
+    await context.close()
+
+    _, other = await business_token(module_database, "console-other")
+    context = await signed_in(browser, console, other)
+    page = await context.new_page()
+    await page.goto(f"{console.url}/tasks")
+    assert await page.locator(f"tr[data-task='{submitted.task_id}']").count() == 0
+    reply = await page.goto(f"{console.url}/tasks/{submitted.task_id}")
+    assert reply is not None and reply.status in (403, 404)
+    await context.close()
+
+
+async def test_a_failed_task_is_resumed_from_its_page(browser, console):
+    # The first call of this cell is refused with a 400: a permanent failure, the task FAILED.
+    await console.downstream.control(fail={"status": 400, "times": 1, "path": "/step/resumed-"})
+    async with console.pipeline.client() as client:
+        submitted = await client.submit(BUSINESS, [CellSpec("step", {"name": "resumed-1"})])
+        failed = await client.wait(submitted.task_id)
+    assert failed.status == "FAILED"
+
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/tasks/{submitted.task_id}")
+    await page.wait_for_function("() => window.dagGraph !== undefined")
+    assert (await graph(page))["nodes"] == {"step.call": "FAILED"}
+    assert "HTTP 400" in await page.locator("#detail").inner_text()  # the node's last error
+    # The offer to resume comes once the reconciler holds the failure (the live feed).
+    await page.locator("#resume").click()  # confirmed (the dialog is accepted)
+    await page.locator("#notice").wait_for()
+    assert await page.locator("#notice").inner_text() == "resume: done"
+
+    await eventually(
+        lambda: graph(page),
+        lambda model: model["nodes"] == {"step.call": "SUCCEEDED"},
+        timeout=30,
+        wanted="the graph to show the resumed node SUCCEEDED",
+    )
+    async with console.pipeline.client() as client:
+        assert (await client.wait(submitted.task_id)).status == "SUCCEEDED"
+    await expect(page.locator("#history")).to_contain_text("redriven (RESUME")
+    assert watched.errors == []
+    await context.close()
