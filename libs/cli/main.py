@@ -281,8 +281,13 @@ Benchmark = StrEnum("Benchmark", {name: name for name in BENCHMARKS})  # type: i
 
 
 @app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
+    # Everything after the benchmark's name is its own (``dispo bench submit --help`` is the
+    # benchmark's help); ``dispo bench --help`` is this command's.
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+    },
 )
 def bench(
     ctx: typer.Context,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from dispo.libs.bus import Bus
+from dispo.libs.cli.main import main
 from dispo.libs.contracts import tasks
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.process import ManagedProcess
@@ -231,6 +232,24 @@ async def test_refused_unreachable_and_usage_errors_say_what_to_do(cli_env, tmp_
     assert bad_file.returncode == 2 and "'cellz'" in bad_file.stderr
     version = await dispo(cli_env, "--version")
     assert version.returncode == 0 and version.stdout.startswith("dispo ")
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``dispo argv`` run in this process (for what needs no stack): exit code, out, err."""
+    with pytest.raises(SystemExit) as end:
+        main(list(argv))
+    printed = capsys.readouterr()
+    return int(end.value.code or 0), printed.out, printed.err
+
+
+def test_bench_help_is_its_own_and_a_benchmarks_options_go_to_the_benchmark(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # a benchmark parses sys.argv
+    code, own, _ = in_process(capsys, "bench", "--help")
+    assert code == 0 and own.startswith("Usage: dispo bench") and "submit|pool|faults" in own
+    code, theirs, _ = in_process(capsys, "bench", "pool", "--help")  # its own parser's help
+    assert code == 0 and theirs.startswith("usage: dispo bench pool") and "--crons" in theirs
+    code, _, why = in_process(capsys, "bench", "poetry")
+    assert code == 2 and "'poetry' is not one of" in why
 
 
 def test_the_commands_that_call_a_stack_import_neither_the_database_layer_nor_the_bus(tmp_path):
