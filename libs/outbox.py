@@ -24,6 +24,8 @@ its message id alone, as on an untraced outbox.
     relay = rt.outbox_relay(outbox)                   # OutboxRelay on the service's engine, bus, clock
     rt.add_part("outbox relay", relay.run, relay.stop)   # publishes, and prunes rows long sent
     relay.kick()                                      # after commit: publish now, not at the next poll
+    ids = await outbox_add_many(conn, outbox, rows)   # ... or, with the rows in hand:
+    relay.publish_committed(ids, rows)                # after commit: published without a pass
     await outbox_quarantined(conn, outbox)            # the rows set aside, oldest first
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -188,15 +191,18 @@ class OutboxRow(NamedTuple):
     trace: str | None = None
 
 
-async def outbox_add_many(conn: AsyncConnection, table: Table, rows: Sequence[OutboxRow]) -> None:
+async def outbox_add_many(
+    conn: AsyncConnection, table: Table, rows: Sequence[OutboxRow]
+) -> list[int]:
     """Write many event rows in the caller's transaction with one statement, in the order
-    given (the relay publishes in outbox order). Every subject is checked first, as in
+    given (the relay publishes in outbox order); returns their ids, in the same order (for
+    :meth:`OutboxRelay.publish_committed`). Every subject is checked first, as in
     :func:`outbox_add`: one undeclared subject refuses the whole call, and nothing is written.
     """
     for row in rows:
         require_declared(row.subject)
     if not rows:
-        return
+        return []
     params = {
         "subjects": [r.subject for r in rows],
         "msg_ids": [r.msg_id for r in rows],
@@ -207,7 +213,8 @@ async def outbox_add_many(conn: AsyncConnection, table: Table, rows: Sequence[Ou
     traced = "trace" in table.c and any(r.trace is not None for r in rows)
     if traced:
         params["traces"] = [r.trace for r in rows]
-    await conn.execute(_insert_many(table, traced), params)
+    # Ids are numbered in insertion order, and the rows go in in the order given.
+    return sorted((await conn.execute(_insert_many(table, traced), params)).scalars())
 
 
 def _insert_many(table: Table, traced: bool = False) -> TextClause:
@@ -225,6 +232,7 @@ def _insert_many(table: Table, traced: bool = False) -> TextClause:
             "CAST(:subjects AS text[]), CAST(:msg_ids AS text[]),"
             f" CAST(:payloads AS bytea[]), CAST(:created AS timestamptz[]){traces})"
             f" WITH ORDINALITY AS r(subject, msg_id, payload, created_at{name}, n) ORDER BY n"
+            " RETURNING id"
         )
         _INSERT_MANY[(table.fullname, traced)] = statement
     return statement
@@ -343,6 +351,16 @@ async def outbox_discard(conn: AsyncConnection, table: Table, ids: Sequence[int]
     ).rowcount
 
 
+class _Committed(NamedTuple):
+    """A row handed to :meth:`OutboxRelay.publish_committed`: what a pass would read back."""
+
+    id: int
+    subject: str
+    msg_id: str
+    payload: bytes
+    trace: str | None
+
+
 class _Failure(NamedTuple):
     row: Any
     error: BaseException
@@ -437,6 +455,15 @@ class OutboxRelay:
     on the clock, so it does not make the next batch fail; after ``max_attempts`` it is
     quarantined (logged, listed by :func:`outbox_quarantined`).
 
+    Publication after commit: a service that has the rows it just committed in hand gives
+    them to :meth:`publish_committed` instead of kicking a pass. While the relay runs, its
+    direct publisher sends whatever has been handed over since its last send with one
+    pipelined publish and marks it sent with one statement, so the rows are never read back
+    and a burst of small transactions goes out as one batch. A pass never takes a row the
+    direct publisher holds. What the direct publisher cannot send (the bus down, a refusal, a
+    row over the size limit) it leaves unsent and kicks a pass, which counts the failure as
+    above; the pass remains what publishes after a crash, an outage, or for another replica.
+
     Retention: while it runs, the relay also deletes rows sent more than ``retention`` ago,
     at most ``prune_batch`` per transaction, one pass after another while passes delete
     something, then a pause of ``prune_interval`` clock seconds (:meth:`prune_once` is one
@@ -475,12 +502,86 @@ class OutboxRelay:
         self.max_attempts = max_attempts
         self._kick = asyncio.Event()
         self._stopping = asyncio.Event()
+        # Rows handed over after their commit, waiting for the direct publisher; the ids it
+        # holds (queued or being sent), which a pass leaves alone.
+        self._committed: deque[_Committed] = deque()
+        self._held: set[int] = set()
+        self._direct_wake = asyncio.Event()
+        self._direct_running = False
+        # Rows the direct publisher sent and marked sent so far (for reports and tests).
+        self.published_directly = 0
         self._pruning = Periodic(
             f"{table.name} prune", self._prune_pass, prune_interval, self.clock
         )
 
     def kick(self) -> None:
         self._kick.set()
+
+    def publish_committed(self, ids: Sequence[int], rows: Sequence[OutboxRow]) -> None:
+        """Publish rows a transaction of this process has just committed (``ids`` as
+        :func:`outbox_add_many` returned them for ``rows``) without a pass reading them back;
+        returns at once. An ordered relay, or one not running, takes a pass instead."""
+        if self.ordered or not self._direct_running:
+            self.kick()
+            return
+        for row_id, row in zip(ids, rows, strict=True):
+            self._committed.append(
+                _Committed(row_id, row.subject, row.msg_id, row.payload, row.trace)
+            )
+            self._held.add(row_id)
+        self._direct_wake.set()
+
+    async def _publish_directly(self) -> None:
+        """The direct publisher: while the relay runs, send what was handed over."""
+        while not self._stopping.is_set():
+            await self._wait_for(self._direct_wake, None)
+            self._direct_wake.clear()
+            while self._committed and not self._stopping.is_set():
+                rows = [
+                    self._committed.popleft() for _ in range(min(self.batch, len(self._committed)))
+                ]
+                try:
+                    await self._send_committed(rows)
+                finally:
+                    self._held.difference_update(r.id for r in rows)
+
+    async def _send_committed(self, rows: list[_Committed]) -> None:
+        """One pipelined publish of ``rows``, then one statement marking them sent. Anything
+        that fails leaves the rows to a pass (kicked): it publishes them again, a no-op by
+        message id for those that went out, and counts the failures."""
+        if not self.bus.nc.is_connected:  # see relay_once: wait for the connection
+            self.kick()
+            return
+        try:
+            headers = [_headers(r) for r in rows]
+            await self.bus.publish_many(
+                [(r.subject, r.payload, r.msg_id) for r in rows],
+                headers=headers if any(headers) else None,
+            )
+        except Exception as error:
+            log.info(
+                "outbox rows left to the relay's pass",
+                table=self.table.name,
+                rows=len(rows),
+                error=repr(error),
+            )
+            self.kick()
+            return
+        t = self.table
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                await conn.execute(
+                    update(t)
+                    .where(text("id = ANY(CAST(:sent AS bigint[]))"), t.c.sent_at.is_(None))
+                    .values(sent_at=self.clock.now()),
+                    {"sent": [r.id for r in rows]},
+                )
+        except Exception as error:  # PostgreSQL down: a pass sends them again, a no-op
+            log.warning("outbox rows not marked sent", table=self.table.name, error=repr(error))
+            self.kick()
+            return
+        self.published_directly += len(rows)
 
     async def relay_once(self) -> int:
         """Publish up to one batch of unsent rows; returns how many were published."""
@@ -511,6 +612,10 @@ class OutboxRelay:
         )
         if not self.ordered:  # an ordered relay must see a row that is not due: it waits
             query = query.where((t.c.next_attempt_at.is_(None)) | (t.c.next_attempt_at <= now))
+        if self._held:  # the direct publisher's rows
+            query = query.where(
+                text("id <> ALL(CAST(:held AS bigint[]))").bindparams(held=list(self._held))
+            )
         async with self.engine.begin() as conn:
             rows = (await conn.execute(query)).all()
             if not rows:
@@ -612,12 +717,16 @@ class OutboxRelay:
 
     async def run(self) -> None:
         pruning = asyncio.create_task(self._pruning.run(), name=self._pruning.name)
+        direct = asyncio.create_task(self._publish_directly(), name=f"{self.table.name} direct")
+        self._direct_running = True
         try:
             await self._relay_loop()
         finally:
-            pruning.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pruning
+            self._direct_running = False
+            for part in (pruning, direct):
+                part.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await part
 
     async def _prune_pass(self) -> Pause | None:
         """One prune; a pass that deleted something may have left a backlog: the next pass
@@ -642,8 +751,12 @@ class OutboxRelay:
                 await self._wait(self.poll_interval if self.bus.nc.is_connected else 0.2)
 
     async def _wait(self, seconds: float) -> None:
+        await self._wait_for(self._kick, seconds)
+
+    async def _wait_for(self, event: asyncio.Event, seconds: float | None) -> None:
+        """Until ``event`` is set, the relay stops, or ``seconds`` pass (None: no limit)."""
         waiters = [
-            asyncio.ensure_future(self._kick.wait()),
+            asyncio.ensure_future(event.wait()),
             asyncio.ensure_future(self._stopping.wait()),
         ]
         with contextlib.suppress(TimeoutError):

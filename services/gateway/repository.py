@@ -302,5 +302,5 @@ async def emit(
     await outbox_add(conn, outbox, subject, msg_id, payload, now)
 
 
-async def emit_many(conn: AsyncConnection, rows: list[OutboxRow]) -> None:
-    await outbox_add_many(conn, outbox, rows)
+async def emit_many(conn: AsyncConnection, rows: list[OutboxRow]) -> list[int]:
+    return await outbox_add_many(conn, outbox, rows)

@@ -89,7 +89,7 @@ class Gateway:
         watch_poll_interval: float,
         *,
         submit_batch: int = 500,
-        submit_flushes: int = 2,
+        submit_flushes: int = 1,
         submit_linger: float = 0.0,
         status_batch: int = 1000,
         status_linger: float = 0.0,
@@ -215,24 +215,17 @@ class Gateway:
         fresh.sort(key=lambda t: (t.business, t.idempotency_key))
         async with self.engine.begin() as conn:
             inserted = await repo.tasks_insert_new(conn, fresh)
-            await repo.emit_many(
-                conn,
-                [
-                    OutboxRow(
-                        tasks.TASK_CREATE,
-                        tasks.create_id(t.task_id, 0),
-                        t.view,
-                        t.created_at,
-                        t.trace,
-                    )
-                    for t in items
-                    if t.task_id in inserted
-                ],
-            )
+            creates = [
+                OutboxRow(
+                    tasks.TASK_CREATE, tasks.create_id(t.task_id, 0), t.view, t.created_at, t.trace
+                )
+                for t in items
+                if t.task_id in inserted
+            ]
+            ids = await repo.emit_many(conn, creates)
             taken = [key for key, t in first.items() if t.task_id not in inserted]
             holders = await repo.tasks_by_keys(conn, taken)
-        if inserted:
-            self.relay.kick()
+        self.relay.publish_committed(ids, creates)
         answers: list[Accepted | BaseException] = []
         for t in items:
             if t.task_id in inserted:

@@ -45,7 +45,10 @@ class GatewaySettings(BaseSettings):
         " one statement",
     )
     submit_flushes: int = Field(
-        default=2, ge=1, description="Most Submit transactions in progress at once"
+        default=1,
+        ge=1,
+        description="Most Submit transactions in progress at once (one: the Submits arriving"
+        " during a flush all go in the next, the fewest transactions for the CPU)",
     )
     submit_rate_per_second: float = Field(
         default=limits.SUBMIT_RATE_PER_SECOND,

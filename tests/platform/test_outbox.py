@@ -208,3 +208,87 @@ async def test_every_service_relay_takes_the_retention_and_clock_of_its_runtime(
     )
     relay = rt.outbox_relay(outbox, ordered=True)
     assert (relay.retention, relay.clock, relay.ordered) == (timedelta(hours=2), manual_clock, True)
+
+
+async def sent_times(engine) -> list:
+    async with engine.connect() as conn:
+        return list(
+            (
+                await conn.execute(
+                    outbox.select().with_only_columns(outbox.c.sent_at).order_by(outbox.c.id)
+                )
+            ).scalars()
+        )
+
+
+async def commit_rows(engine, clock: ManualClock, names: list[str]):
+    rows = [OutboxRow(tasks.TASK_CLOSE, name, b"x", clock.now()) for name in names]
+    async with engine.begin() as conn:
+        ids = await outbox_add_many(conn, outbox, rows)
+    return ids, rows
+
+
+async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, bus, manual_clock):
+    """The direct publisher sends what was committed and marks it sent; no pass is due (an
+    hour between polls, no kick), so nothing else could have."""
+    await tasks.TASKS.ensure(bus)
+    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, poll_interval=3600)
+    running = asyncio.create_task(relay.run())
+    try:
+        await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
+        ids, rows = await commit_rows(engine, manual_clock, ["a", "b", "c"])
+        assert len(ids) == 3 and ids == sorted(ids)
+        relay.publish_committed(ids, rows)
+
+        async def all_sent() -> bool:
+            return await sent_times(engine) == [manual_clock.now()] * 3
+
+        await eventually(all_sent, timeout=10, interval=0.02, wanted="the rows marked sent")
+        assert relay.published_directly == 3
+        assert (await bus.js.stream_info("TASKS")).state.messages == 3
+        last = await bus.js.get_last_msg("TASKS", tasks.TASK_CLOSE)
+        assert last.headers and last.headers["Nats-Msg-Id"] == "c"
+    finally:
+        relay.stop()
+        await asyncio.wait_for(running, 10)
+
+
+async def test_rows_the_direct_publisher_cannot_send_are_left_to_a_pass(engine, bus, manual_clock):
+    """No stream takes the subject yet: the direct publish fails, the rows stay unsent, and
+    the pass it kicks publishes them once the stream exists."""
+    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, poll_interval=3600)
+    running = asyncio.create_task(relay.run())
+    try:
+        await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
+        ids, rows = await commit_rows(engine, manual_clock, ["a", "b"])
+        relay.publish_committed(ids, rows)
+        await eventually(
+            lambda: not relay._held, timeout=10, interval=0.02, wanted="the publish tried"
+        )
+        assert relay.published_directly == 0
+        assert await sent_times(engine) == [None, None]
+        await tasks.TASKS.ensure(bus)
+
+        async def all_sent() -> bool:
+            return None not in await sent_times(engine)
+
+        await eventually(all_sent, timeout=20, interval=0.05, wanted="the pass publishing them")
+        assert relay.published_directly == 0
+        assert (await bus.js.stream_info("TASKS")).state.messages == 2
+    finally:
+        relay.stop()
+        await asyncio.wait_for(running, 10)
+
+
+async def test_a_pass_leaves_the_rows_the_direct_publisher_holds(engine, bus, manual_clock):
+    """Handed over to a relay whose direct publisher has not run yet, the rows are its own:
+    a pass in between publishes nothing."""
+    await tasks.TASKS.ensure(bus)
+    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock)
+    relay._direct_running = True  # as while run() runs, with its publisher not scheduled yet
+    ids, rows = await commit_rows(engine, manual_clock, ["a", "b"])
+    relay.publish_committed(ids, rows)
+    assert await relay.relay_once() == 0
+    assert await sent_times(engine) == [None, None]
+    relay._held.clear()
+    assert await relay.relay_once() == 2
