@@ -24,8 +24,9 @@ its message id alone, as on an untraced outbox.
     relay = rt.outbox_relay(outbox)                   # OutboxRelay on the service's engine, bus, clock
     rt.add_part("outbox relay", relay.run, relay.stop)   # publishes, and prunes rows long sent
     relay.kick()                                      # after commit: publish now, not at the next poll
-    ids = await outbox_add_many(conn, outbox, rows)   # ... or, with the rows in hand:
-    relay.publish_committed(ids, rows)                # after commit: published without a pass
+    staged = Staged()                                 # ... or, with the rows in hand:
+    await outbox_add_many(conn, outbox, rows, staged)  # inside the transaction, then after commit:
+    relay.publish_committed(staged)                   # published without a pass
     await outbox_quarantined(conn, outbox)            # the rows set aside, oldest first
 """
 
@@ -191,12 +192,26 @@ class OutboxRow(NamedTuple):
     trace: str | None = None
 
 
+class Staged:
+    """The rows one transaction wrote with :func:`outbox_add_many`, for
+    :meth:`OutboxRelay.publish_committed` once it committed. ``unstaged``: the transaction
+    also wrote rows without it (:func:`outbox_add`), which a pass publishes."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.rows: list[OutboxRow] = []
+        self.unstaged = False
+
+
 async def outbox_add_many(
-    conn: AsyncConnection, table: Table, rows: Sequence[OutboxRow]
+    conn: AsyncConnection,
+    table: Table,
+    rows: Sequence[OutboxRow],
+    staged: Staged | None = None,
 ) -> list[int]:
     """Write many event rows in the caller's transaction with one statement, in the order
-    given (the relay publishes in outbox order); returns their ids, in the same order (for
-    :meth:`OutboxRelay.publish_committed`). Every subject is checked first, as in
+    given (the relay publishes in outbox order); returns their ids, in the same order, and
+    adds the rows to ``staged`` if given. Every subject is checked first, as in
     :func:`outbox_add`: one undeclared subject refuses the whole call, and nothing is written.
     """
     for row in rows:
@@ -214,7 +229,11 @@ async def outbox_add_many(
     if traced:
         params["traces"] = [r.trace for r in rows]
     # Ids are numbered in insertion order, and the rows go in in the order given.
-    return sorted((await conn.execute(_insert_many(table, traced), params)).scalars())
+    ids = sorted((await conn.execute(_insert_many(table, traced), params)).scalars())
+    if staged is not None:
+        staged.ids.extend(ids)
+        staged.rows.extend(rows)
+    return ids
 
 
 def _insert_many(table: Table, traced: bool = False) -> TextClause:
@@ -517,14 +536,17 @@ class OutboxRelay:
     def kick(self) -> None:
         self._kick.set()
 
-    def publish_committed(self, ids: Sequence[int], rows: Sequence[OutboxRow]) -> None:
-        """Publish rows a transaction of this process has just committed (``ids`` as
-        :func:`outbox_add_many` returned them for ``rows``) without a pass reading them back;
-        returns at once. An ordered relay, or one not running, takes a pass instead."""
+    def publish_committed(self, staged: Staged) -> None:
+        """Publish the rows a transaction of this process has just committed (``staged``)
+        without a pass reading them back; returns at once. An ordered relay, or one not
+        running, takes a pass instead, as do rows the transaction did not stage."""
         if self.ordered or not self._direct_running:
-            self.kick()
+            if staged.rows or staged.unstaged:
+                self.kick()
             return
-        for row_id, row in zip(ids, rows, strict=True):
+        if staged.unstaged:
+            self.kick()
+        for row_id, row in zip(staged.ids, staged.rows, strict=True):
             self._committed.append(
                 _Committed(row_id, row.subject, row.msg_id, row.payload, row.trace)
             )

@@ -30,6 +30,7 @@ from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
+from dispo.libs.outbox import Staged
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
@@ -90,14 +91,20 @@ class Passes:
 
     # ---- opening ------------------------------------------------------------------------
     async def open_many(
-        self, conn: AsyncConnection, openings: Sequence[Opening], now: datetime
+        self,
+        conn: AsyncConnection,
+        openings: Sequence[Opening],
+        now: datetime,
+        staged: Staged | None = None,
     ) -> list[Step | BaseException]:
         """Open a pass over each task and take its first step. The common cases — a task
         first seen, or seen again at its recorded generation, free to lease — take a few
         statements for all of them; a task leased by another pass, finished, or seen at a
         stale generation is answered from its row; the rare ones (a redrive, a task
         cancelled, or cancelled before it arrived, a repeat of a task in the same batch) go
-        one by one, each in a savepoint of the same transaction."""
+        one by one, each in a savepoint of the same transaction. The common cases' outbox
+        rows are staged in ``staged`` (the rare ones', written in a savepoint that may roll
+        back, are not: ``staged.unstaged`` says there may be some)."""
         first: dict[str, int] = {}
         for i, o in enumerate(openings):
             first.setdefault(o.env.task_id, i)
@@ -165,8 +172,12 @@ class Passes:
                 changed = False
             steppings.append(Stepping(o.env, o.owner, Pass(), row, nodes, changed, o.trace))
             stepped.append(i)
-        for i, step in zip(stepped, await self.step_many(conn, steppings, now), strict=True):
+        for i, step in zip(
+            stepped, await self.step_many(conn, steppings, now, staged), strict=True
+        ):
             results[i] = step
+        if slow and staged is not None:
+            staged.unstaged = True
         for i in slow:
             results[i] = await self._open_one(conn, openings[i], now)
         return [r if r is not None else RuntimeError("not opened") for r in results]
@@ -297,7 +308,11 @@ class Passes:
 
     # ---- stepping -----------------------------------------------------------------------
     async def step_many(
-        self, conn: AsyncConnection, items: Sequence[Stepping], now: datetime
+        self,
+        conn: AsyncConnection,
+        items: Sequence[Stepping],
+        now: datetime,
+        staged: Staged | None = None,
     ) -> list[Step]:
         """One scheduling step for each task, in the caller's transaction: apply a cancel,
         doom nodes behind a failure, demote nodes behind an open breaker, pick the ready
@@ -306,7 +321,8 @@ class Passes:
         ``noop`` nodes make no external call, so they are claimed and recorded right here,
         under the task's lock and lease (the same guarded claim and record as any node);
         what they unblock is scheduled in the same step. A node write that loses its race
-        (impossible while the lock and lease hold) ends that task's pass."""
+        (impossible while the lock and lease hold) ends that task's pass. The status events
+        are staged in ``staged``, if given."""
         steps: list[Step | None] = [None] * len(items)
         launch: dict[int, list[NodeRun]] = {}
         active = list(range(len(items)))
@@ -373,7 +389,7 @@ class Passes:
         ]
         if emitting:
             traces = {it.env.task_id: it.trace for it in items}
-            await many.emit_status_many(conn, emitting, now, events, traces)
+            await many.emit_status_many(conn, emitting, now, events, traces, staged)
         return [
             step if step is not None else Step(items[i].state, launch=launch[i])
             for i, step in enumerate(steps)

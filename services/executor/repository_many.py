@@ -24,7 +24,7 @@ from dispo.executor.repository import TaskRow, node_runs_from_rows, outbox, task
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
-from dispo.libs.outbox import OutboxRow, outbox_add_many
+from dispo.libs.outbox import OutboxRow, Staged, outbox_add_many
 from dispo.libs.timestamps import to_timestamp
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -396,11 +396,13 @@ async def emit_status_many(
     now: datetime,
     events: Sequence[tuple[str, str, str]] = (),
     traces: Mapping[str, str | None] | None = None,
+    staged: Staged | None = None,
 ) -> dict[str, task_pb2.Task]:
     """A status event for each task's current state, then ``events`` — ``(task_id,
     subject, msg_id)``, each carrying its task's whole envelope (a task in ``events`` must
     be in ``task_ids``) — written to the outbox with one statement, each with its task's
-    trace context from ``traces`` (by task id). Returns the envelopes."""
+    trace context from ``traces`` (by task id), and staged in ``staged``, if given, for
+    publication after commit. Returns the envelopes."""
     snaps = await snapshots_many(conn, task_ids, now)
     trace = (traces or {}).get
     rows = [
@@ -417,5 +419,5 @@ async def emit_status_many(
         OutboxRow(subject, msg_id, snaps[task_id].SerializeToString(), now, trace(task_id))
         for task_id, subject, msg_id in events
     )
-    await outbox_add_many(conn, outbox, rows)
+    await outbox_add_many(conn, outbox, rows, staged)
     return snaps

@@ -38,7 +38,7 @@ from dispo.libs.bus import Disposition, Nak
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.logging import bind_ids, get_logger
-from dispo.libs.outbox import OutboxRelay
+from dispo.libs.outbox import OutboxRelay, Staged
 from dispo.libs.tracing import current, span
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -116,9 +116,10 @@ class Executor:
 
     async def _open_flush(self, openings: list[Opening]) -> Sequence[Step | BaseException]:
         now = self.clock.now()
+        staged = Staged()
         async with self.engine.begin() as conn:
-            steps = await self.passes.open_many(conn, openings, now)
-        self.relay.kick()
+            steps = await self.passes.open_many(conn, openings, now, staged)
+        self.relay.publish_committed(staged)
         return steps
 
     async def _heartbeat(self, task_id: str, owner: str) -> None:
@@ -160,22 +161,29 @@ class Executor:
                     await asyncio.gather(*state.in_flight.values(), return_exceptions=True)
                     raise error  # nak; the lease expires; recovery
                 state.ran += 1 if finished.result() else 0
+            staged = Staged()
             async with self.engine.begin() as conn:
-                step = await self._step(conn, env, owner, state, self.clock.now())
-            self.relay.kick()
+                step = await self._step(conn, env, owner, state, self.clock.now(), staged)
+            self.relay.publish_committed(staged)
 
     async def _step(
-        self, conn: AsyncConnection, env: task_pb2.Task, owner: str, state: Pass, now: datetime
+        self,
+        conn: AsyncConnection,
+        env: task_pb2.Task,
+        owner: str,
+        state: Pass,
+        now: datetime,
+        staged: Staged,
     ) -> Step:
         """The pass's next scheduling step (:meth:`Passes.step_many`), in the caller's
-        transaction, if it still holds the lease."""
+        transaction, if it still holds the lease; its outbox rows staged in ``staged``."""
         row = await repo.task_get(conn, env.task_id, for_update=True)
         assert row is not None
         if row.lease_owner != owner:
             return Step(state, lease_lost=True)
         nodes = await repo.nodes_get(conn, env)
         stepping = Stepping(env, owner, state, row, nodes, trace=current())
-        [step] = await self.passes.step_many(conn, [stepping], now)
+        [step] = await self.passes.step_many(conn, [stepping], now, staged)
         return step
 
     async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
-from dispo.libs.outbox import OutboxRow, outbox_add, outbox_add_many, outbox_table
+from dispo.libs.outbox import OutboxRow, Staged, outbox_add, outbox_add_many, outbox_table
 from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -302,5 +302,5 @@ async def emit(
     await outbox_add(conn, outbox, subject, msg_id, payload, now)
 
 
-async def emit_many(conn: AsyncConnection, rows: list[OutboxRow]) -> list[int]:
-    return await outbox_add_many(conn, outbox, rows)
+async def emit_many(conn: AsyncConnection, rows: list[OutboxRow], staged: Staged) -> None:
+    await outbox_add_many(conn, outbox, rows, staged)

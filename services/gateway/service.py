@@ -26,7 +26,7 @@ from dispo.libs.egress import NATS_SCHEME, AllowList
 from dispo.libs.errors import FailedPrecondition, FieldViolation, NotFound, ResourceExhausted
 from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import bind_ids, get_logger
-from dispo.libs.outbox import OutboxRelay, OutboxRow
+from dispo.libs.outbox import OutboxRelay, OutboxRow, Staged
 from dispo.libs.payload import canonical_json
 from dispo.libs.tracing import current
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -213,6 +213,7 @@ class Gateway:
         # In key order: two flushes inserting the same keys wait for each other in the same
         # order, never in a cycle.
         fresh.sort(key=lambda t: (t.business, t.idempotency_key))
+        staged = Staged()
         async with self.engine.begin() as conn:
             inserted = await repo.tasks_insert_new(conn, fresh)
             creates = [
@@ -222,10 +223,10 @@ class Gateway:
                 for t in items
                 if t.task_id in inserted
             ]
-            ids = await repo.emit_many(conn, creates)
+            await repo.emit_many(conn, creates, staged)
             taken = [key for key, t in first.items() if t.task_id not in inserted]
             holders = await repo.tasks_by_keys(conn, taken)
-        self.relay.publish_committed(ids, creates)
+        self.relay.publish_committed(staged)
         answers: list[Accepted | BaseException] = []
         for t in items:
             if t.task_id in inserted:
