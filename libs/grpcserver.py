@@ -87,6 +87,11 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, authorizer: Authorizer) -> None:
         self.authorizer = authorizer
+        # Each method's handler as registered, and its wrapping: built once per method,
+        # not once per call.
+        self._wrapped: dict[
+            str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]
+        ] = {}
 
     async def intercept_service(
         self,
@@ -98,7 +103,12 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(("/grpc.health", "/grpc.reflection")):
             return handler
-        return _wrap(handler, details.method, self.authorizer)
+        known = self._wrapped.get(details.method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        wrapped = _wrap(handler, details.method, self.authorizer)
+        self._wrapped[details.method] = (handler, wrapped)
+        return wrapped
 
 
 @contextlib.asynccontextmanager

@@ -314,16 +314,23 @@ async def reconcile_sweep(ctx: Context) -> int:
         )
     outcomes = await asyncio.gather(*(_reconcile_one(ctx, row) for row in rows))
     now = ctx.clock.now()
+    retry_at = now + timedelta(seconds=policy.retry_delay)
     async with ctx.engine.begin() as conn:
-        for row, (state, findings) in zip(rows, outcomes, strict=False):
-            next_at = (
-                now + timedelta(seconds=policy.retry_delay)
-                if state is ReconcileState.PENDING
-                else None
-            )
-            if not await cs.reconcile_set_if(
-                conn, row.task_id, row.reconcile_attempts, state, now, next_at
-            ):
+        moved = await cs.reconcile_set_many(
+            conn,
+            [
+                (
+                    row.task_id,
+                    row.reconcile_attempts,
+                    state,
+                    retry_at if state is ReconcileState.PENDING else None,
+                )
+                for row, (state, _) in zip(rows, outcomes, strict=True)
+            ],
+            now,
+        )
+        for row, (_, findings) in zip(rows, outcomes, strict=True):
+            if row.task_id not in moved:
                 continue
             for node, observed, detail in findings:
                 await cs.finding_add(

@@ -180,25 +180,38 @@ async def claim_reconcile(
     )
 
 
-async def reconcile_set_if(
+async def reconcile_set_many(
     conn: AsyncConnection,
-    task_id: str,
-    attempts_read: int,
-    new: ReconcileState,
+    outcomes: Sequence[tuple[str, int, ReconcileState, datetime | None]],
     now: datetime,
-    next_at: datetime | None,
-) -> bool:
-    RECONCILE_TRANSITIONS.check(ReconcileState.PENDING, new)
+) -> set[str]:
+    """Record a reconcile sweep's outcomes — ``(task_id, attempts_read, new state, next
+    attempt at)`` — with one statement; each row moves only if it is still ``pending`` at
+    the attempts read (another sweep did not get there first). Returns the ids moved."""
+    for _, _, new, _ in outcomes:
+        RECONCILE_TRANSITIONS.check(ReconcileState.PENDING, new)
+    if not outcomes:
+        return set()
     result = await conn.execute(
         text(
-            "UPDATE completions SET reconcile_state = :new, reconcile_attempts = reconcile_attempts + 1,"
-            " reconcile_next_at = :next,"
-            " reconciled_at = CASE WHEN :new = 'pending' THEN NULL ELSE CAST(:now AS timestamptz) END"
-            " WHERE task_id = :id AND reconcile_state = 'pending' AND reconcile_attempts = :attempts"
+            "UPDATE completions c SET reconcile_state = o.new,"
+            " reconcile_attempts = c.reconcile_attempts + 1, reconcile_next_at = o.next,"
+            " reconciled_at = CASE WHEN o.new = 'pending' THEN NULL"
+            " ELSE CAST(:now AS timestamptz) END"
+            " FROM unnest(CAST(:ids AS text[]), CAST(:attempts AS integer[]),"
+            " CAST(:news AS text[]), CAST(:nexts AS timestamptz[])) AS o(id, attempts, new, next)"
+            " WHERE c.task_id = o.id AND c.reconcile_state = 'pending'"
+            " AND c.reconcile_attempts = o.attempts RETURNING c.task_id"
         ),
-        {"id": task_id, "attempts": attempts_read, "new": new.value, "now": now, "next": next_at},
+        {
+            "ids": [o[0] for o in outcomes],
+            "attempts": [o[1] for o in outcomes],
+            "news": [o[2].value for o in outcomes],
+            "nexts": [o[3] for o in outcomes],
+            "now": now,
+        },
     )
-    return result.rowcount == 1
+    return {row.task_id for row in result}
 
 
 async def finding_add(

@@ -9,6 +9,8 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.auth.signing import SigningKey, SigningSecretRecord, signature
 from dispo.reconciler import completion
+from dispo.reconciler import completion_store as cs
+from dispo.reconciler.states import ReconcileState
 from dispo.reconciler.sweeps import run_sweeps
 
 from .conftest import TS, envelope, node
@@ -147,6 +149,31 @@ async def test_reconciliation_pass_records_mismatches_as_findings(
         "bad/a.set": 1,
         "bad/b.skip": 1,
     }
+
+
+async def test_a_sweep_outcome_moves_a_task_once_per_attempt_read(recon, manual_clock):
+    """Two sweeps that read the same attempt: the first outcome recorded wins, the second
+    moves nothing; an outcome for a task not pending (or unknown) moves nothing either."""
+    await completion.on_status(recon, finished("twice"))
+    await completion.on_status(recon, finished("done"))
+    now = manual_clock.now()
+    async with recon.engine.begin() as conn:
+        first = await cs.reconcile_set_many(
+            conn,
+            [
+                ("twice", 0, ReconcileState.PENDING, now),
+                ("done", 0, ReconcileState.MATCHED, None),
+                ("nobody", 0, ReconcileState.MATCHED, None),
+            ],
+            now,
+        )
+        again = await cs.reconcile_set_many(
+            conn,
+            [("twice", 0, ReconcileState.MATCHED, None), ("done", 1, ReconcileState.MATCHED, None)],
+            now,
+        )
+        later = await cs.reconcile_set_many(conn, [("twice", 1, ReconcileState.MATCHED, None)], now)
+    assert (first, again, later) == ({"twice", "done"}, set(), {"twice"})
 
 
 async def test_unanswered_probes_are_retried_then_reported(
