@@ -314,6 +314,10 @@ class ConsoleSettings(BaseSettings):
         default=_local_address("reconciler"),
         description="The reconciler's gRPC address, for the console",
     )
+    executor_address: str = Field(
+        default=_local_address("executor"),
+        description="The executor's gRPC address, for the console (downstreams' breakers)",
+    )
     refresh_seconds: float = Field(
         default=2.0,
         gt=0,

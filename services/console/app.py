@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,12 +26,18 @@ from dispo.console.backend import COUNT_LIMIT, COUNTED, Backend
 from dispo.console.views import (
     COLOURS,
     SINCE,
+    WORK_KINDS,
     TaskFilter,
+    age,
     completion_facts,
+    downstream_rows,
+    failed_groups,
     graph_elements,
     history,
     may_resume,
+    parked,
     recovery_state,
+    work_kind,
 )
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.sdk import DispoError, TaskSummary, TaskView
@@ -48,6 +54,8 @@ HERE = Path(__file__).resolve().parent
 TOKEN_COOKIE = "dispo_token"
 # Who the services record as the actor of an operator action taken here.
 ACTOR = "console"
+# How many tasks a second a bulk resume redrives, unless the form says.
+BULK_RATE = 5.0
 # The HTTP status a refused call is shown with.
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -59,7 +67,14 @@ HTTP_STATUS = {
 }
 
 templates = Jinja2Templates(directory=HERE / "templates")
-templates.env.globals.update(colours=COLOURS, counted=COUNTED, since_choices=SINCE)
+templates.env.globals.update(
+    colours=COLOURS,
+    counted=COUNTED,
+    since_choices=SINCE,
+    age=age,
+    work_kind=work_kind,
+    parked=parked,
+)
 
 
 def _when(value: datetime | None) -> str:
@@ -217,8 +232,7 @@ async def _task_context(request: Request, token: str) -> dict[str, Any]:
         "facts": completion_facts(detail),
         "recovery_state": recovery_state(detail),
         "resumable": may_resume(detail),
-        "notice": request.query_params.get("notice", ""),
-        "problem": request.query_params.get("error", ""),
+        **_messages(request),
     }
 
 
@@ -240,46 +254,130 @@ async def task_stream(request: Request) -> Response:
     return _stream(request, render, request.app.state.settings.refresh_seconds)
 
 
-def _back(request: Request, **message: str) -> Response:
-    """After an action: back to the task page, saying what happened (HTMX goes where
+def _back(request: Request, page: str, **message: str) -> Response:
+    """After an action: back to ``page``, saying what happened (HTMX goes where
     ``HX-Redirect`` says; a plain form follows the 303)."""
-    where = f"/tasks/{request.path_params['task_id']}?{urlencode(message)}"
+    where = f"{page}?{urlencode(message)}"
     if request.headers.get("HX-Request"):  # a redirect would be followed inside the request
         return Response(status_code=204, headers={"HX-Redirect": where})
     return RedirectResponse(where, status_code=303)
 
 
-async def _act(request: Request, action: str) -> Response:
-    token = _signed_in(request)
-    backend = _backend(request)
-    task_id = request.path_params["task_id"]
-    form = await request.form()
-    try:
-        if action == "cancel":
-            await backend.cancel(token, task_id)
-        elif action == "resume":
-            await backend.resume(token, task_id, ACTOR)
-        else:
-            node_id = str(form.get("node_id", ""))
-            done = str(form.get("resolution", "")) == "done"
-            await backend.resolve(token, task_id, node_id, done, ACTOR)
-    except DispoError as error:
-        if error.code == grpc.StatusCode.UNAUTHENTICATED:
-            raise
-        return _back(request, error=f"{action}: {error.code.name}: {error.message}")
-    return _back(request, notice=f"{action}: done")
+Action = Callable[[Backend, str, Mapping[str, str]], Awaitable[Any]]
 
 
-async def cancel(request: Request) -> Response:
-    return await _act(request, "cancel")
+def _action(name: str, page: Callable[[Request], str], act: Action) -> Callable[..., Any]:
+    """A POST route: ``act(backend, token, form and path fields)``, then back to ``page``
+    with what happened (a refusal said there; an unaccepted token signs the user out)."""
+
+    async def route(request: Request) -> Response:
+        token = _signed_in(request)
+        form = await request.form()
+        fields = {**{k: str(v) for k, v in form.items()}, **request.path_params}
+        try:
+            done = await act(_backend(request), token, fields)
+        except DispoError as error:
+            if error.code == grpc.StatusCode.UNAUTHENTICATED:
+                raise
+            return _back(
+                request, page(request), error=f"{name}: {error.code.name}: {error.message}"
+            )
+        return _back(request, page(request), notice=f"{name}: {done or 'done'}")
+
+    return route
 
 
-async def resume(request: Request) -> Response:
-    return await _act(request, "resume")
+def _task(request: Request) -> str:
+    return f"/tasks/{request.path_params['task_id']}"
 
 
-async def resolve(request: Request) -> Response:
-    return await _act(request, "resolve")
+def _page(path: str) -> Callable[[Request], str]:
+    return lambda _: path
+
+
+async def _resumed(backend: Backend, token: str, f: Mapping[str, str]) -> str:
+    rate = float(f.get("rate") or BULK_RATE)
+    reply = await backend.resume_matching(
+        token, f.get("downstream", ""), f.get("business", ""), rate, ACTOR
+    )
+    return f"{reply.scheduled} task(s) scheduled, {rate:g} a second"
+
+
+cancel = _action("cancel", _task, lambda b, t, f: b.cancel(t, f["task_id"]))
+resume = _action("resume", _task, lambda b, t, f: b.resume(t, f["task_id"], ACTOR))
+resolve = _action(
+    "resolve",
+    _task,
+    lambda b, t, f: b.resolve(t, f["task_id"], f["node_id"], f["resolution"] == "done", ACTOR),
+)
+failed_resume = _action(
+    "resume", _page("/failed"), lambda b, t, f: b.resume(t, f["task_id"], ACTOR)
+)
+failed_abandon = _action(
+    "abandon", _page("/failed"), lambda b, t, f: b.abandon(t, f["task_id"], ACTOR)
+)
+failed_resume_matching = _action("resume matching", _page("/failed"), _resumed)
+pause = _action("pause", _page("/downstreams"), lambda b, t, f: b.pause(t, f["name"], ACTOR))
+unpause = _action("resume", _page("/downstreams"), lambda b, t, f: b.unpause(t, f["name"], ACTOR))
+
+
+def _messages(request: Request) -> dict[str, str]:
+    return {
+        "notice": request.query_params.get("notice", ""),
+        "problem": request.query_params.get("error", ""),
+    }
+
+
+Context = Callable[[Request, str], Awaitable[dict[str, Any]]]
+
+
+def _live(
+    template: str, context: Context, fragments: dict[str, str]
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """A page's route and its event stream's: the page renders ``template``; the stream
+    sends each of ``fragments`` (event name: template) afresh. Both from ``context``."""
+
+    async def page(request: Request) -> Response:
+        token = _signed_in(request)
+        found = {**await context(request, token), **_messages(request)}
+        found["stream"] = f"{request.url.path}/stream?{request.url.query}"
+        return templates.TemplateResponse(request, template, found)
+
+    async def stream(request: Request) -> Response:
+        token = _signed_in(request)
+
+        async def render() -> list[tuple[str, str]]:
+            found = await context(request, token)
+            return [(name, _fragment(request, f, found)) for name, f in fragments.items()]
+
+        return _stream(request, render, request.app.state.settings.refresh_seconds)
+
+    return page, stream
+
+
+async def _failed_context(request: Request, token: str) -> dict[str, Any]:
+    downstream = request.query_params.get("downstream", "")
+    kind = request.query_params.get("kind", "")
+    kinds = (WORK_KINDS[kind],) if kind in WORK_KINDS else ()
+    work = await _backend(request).failed_work(token, kinds=kinds, downstream=downstream)
+    return {
+        "work": work,
+        "groups": failed_groups(work),
+        "downstream": downstream,
+        "kind": kind,
+        "kinds": WORK_KINDS,
+        "bulk_rate": BULK_RATE,
+    }
+
+
+async def _downstreams_context(request: Request, token: str) -> dict[str, Any]:
+    return {"downstreams": downstream_rows(await _backend(request).downstreams(token))}
+
+
+failed_page, failed_stream = _live("failed.html", _failed_context, {"work": "_failed_rows.html"})
+downstreams_page, downstreams_stream = _live(
+    "downstreams.html", _downstreams_context, {"downstreams": "_downstream_rows.html"}
+)
 
 
 async def home(request: Request) -> Response:
@@ -309,6 +407,15 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/tasks/{task_id}/cancel", cancel, methods=["POST"]),
         Route("/tasks/{task_id}/resume", resume, methods=["POST"]),
         Route("/tasks/{task_id}/resolve", resolve, methods=["POST"]),
+        Route("/failed", failed_page),
+        Route("/failed/stream", failed_stream),
+        Route("/failed/resume", failed_resume_matching, methods=["POST"]),
+        Route("/failed/{task_id}/resume", failed_resume, methods=["POST"]),
+        Route("/failed/{task_id}/abandon", failed_abandon, methods=["POST"]),
+        Route("/downstreams", downstreams_page),
+        Route("/downstreams/stream", downstreams_stream),
+        Route("/downstreams/{name}/pause", pause, methods=["POST"]),
+        Route("/downstreams/{name}/resume", unpause, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(

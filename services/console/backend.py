@@ -14,6 +14,8 @@ from datetime import datetime
 from typing import TypeVar
 
 import grpc
+from dispo.libs.api.executor.v1 import executor_pb2 as epb
+from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
@@ -29,6 +31,8 @@ CALL_SECONDS = 10.0
 # The statuses the Tasks page counts, and how far it counts each (more shows as "500+").
 COUNTED = ("ACCEPTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "RETRY_EXHAUSTED", "DEMOTED")
 COUNT_LIMIT = 500
+# How many items of the reconciler's queues the Failed page shows.
+FAILED_PAGE = 200
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,11 @@ class Backend:
         self._channels = [
             gateway := open_channel(settings.gateway_address, ""),
             reconciler := open_channel(settings.reconciler_address, ""),
+            executor := open_channel(settings.executor_address, ""),
         ]
         self.gateway = gateway_pb2_grpc.GatewayServiceStub(gateway)
         self.reconciler = reconciler_pb2_grpc.ReconcilerServiceStub(reconciler)
+        self.executor = executor_pb2_grpc.ExecutorServiceStub(executor)
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self._channels))
@@ -151,5 +157,72 @@ class Backend:
                 actor=actor,
                 reason="resolved from the console",
             ),
+            token,
+        )
+
+    async def failed_work(
+        self,
+        token: str,
+        *,
+        kinds: tuple[rpb.WorkKind.ValueType, ...] = (),
+        downstream: str = "",
+        business: str = "",
+    ) -> list[rpb.FailedWork]:
+        """The reconciler's queues: failed, awaiting redrive, demoted and unknown-outcome work,
+        oldest first (one page)."""
+        request = rpb.ListFailedWorkRequest(
+            filter=rpb.FailedWorkFilter(kinds=kinds, downstream=downstream, business=business)
+        )
+        request.page.page_size = FAILED_PAGE
+        reply = await self._call(self.reconciler.ListFailedWork, request, token)
+        return list(reply.work)
+
+    async def abandon(self, token: str, task_id: str, actor: str) -> None:
+        await self._call(
+            self.reconciler.AbandonTask,
+            rpb.AbandonTaskRequest(
+                task_id=task_id, actor=actor, reason="abandoned from the console"
+            ),
+            token,
+        )
+
+    async def resume_matching(
+        self, token: str, downstream: str, business: str, rate: float, actor: str
+    ) -> rpb.RedriveByFilterResponse:
+        """Redrive every parked task the filter matches, ``rate`` a second."""
+        return await self._call(
+            self.reconciler.RedriveByFilter,
+            rpb.RedriveByFilterRequest(
+                filter=rpb.RecoveryFilter(downstream=downstream, business=business),
+                rate_per_second=rate,
+                actor=actor,
+                reason="resumed from the console",
+            ),
+            token,
+        )
+
+    async def downstreams(
+        self, token: str
+    ) -> list[tuple[rpb.DownstreamState, epb.Downstream | None]]:
+        """Each downstream as the reconciler sees it (health, pause, depths, release rate),
+        with the executor's breaker of it."""
+        states, breakers = await asyncio.gather(
+            self._call(self.reconciler.ListDownstreams, rpb.ListDownstreamsRequest(), token),
+            self._call(self.executor.ListDownstreams, epb.ListDownstreamsRequest(), token),
+        )
+        by_name = {d.name: d for d in breakers.downstreams}
+        return [(state, by_name.get(state.name)) for state in states.downstreams]
+
+    async def pause(self, token: str, name: str, actor: str) -> None:
+        await self._call(
+            self.reconciler.PauseDownstream,
+            rpb.PauseDownstreamRequest(name=name, actor=actor, reason="paused from the console"),
+            token,
+        )
+
+    async def unpause(self, token: str, name: str, actor: str) -> None:
+        await self._call(
+            self.reconciler.ResumeDownstream,
+            rpb.ResumeDownstreamRequest(name=name, actor=actor),
             token,
         )

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dispo.console.backend import COUNTED, TaskDetail
+from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.proto_enums import short_name
 from dispo.libs.sdk import TaskView
@@ -176,3 +177,93 @@ def may_resume(detail: TaskDetail) -> bool:
     """A resume from failure is on offer: the reconciler holds the task failed or parked
     (it takes the resume; until the failure reached it, it would refuse one)."""
     return recovery_state(detail) in {"FAILED", "PARKED_FAILED", "DEMOTED"}
+
+
+# The reconciler's queues by the names the Failed page's filter uses.
+WORK_KINDS = {
+    "failed": rpb.WORK_KIND_FAILED,
+    "awaiting_redrive": rpb.WORK_KIND_AWAITING_REDRIVE,
+    "demoted": rpb.WORK_KIND_DEMOTED,
+    "unknown_outcome": rpb.WORK_KIND_UNKNOWN_OUTCOME,
+}
+
+
+@dataclass(frozen=True)
+class Group:
+    """The work of one kind waiting on one downstream: how much, and the oldest's age."""
+
+    kind: str
+    downstream: str
+    count: int
+    oldest_age_seconds: int
+
+
+def work_kind(work: rpb.FailedWork) -> str:
+    return short_name(rpb.WorkKind, work.kind)
+
+
+def parked(work: rpb.FailedWork) -> bool:
+    """Parked (waiting for a redrive, a settlement, a decision or a release): it may be
+    abandoned. A task held FAILED has ended; it can only be resumed."""
+    return work.task.state != rpb.RECOVERY_STATE_FAILED
+
+
+def failed_groups(work: list[rpb.FailedWork]) -> list[Group]:
+    """The queues by kind and downstream (a task with several downstreams counts in each),
+    the oldest first."""
+    found: dict[tuple[str, str], list[int]] = {}
+    for item in work:
+        for downstream in item.task.downstreams or [""]:
+            found.setdefault((work_kind(item), downstream), []).append(item.age_seconds)
+    groups = [Group(k, d, len(ages), max(ages)) for (k, d), ages in found.items()]
+    return sorted(groups, key=lambda g: -g.oldest_age_seconds)
+
+
+def age(seconds: int) -> str:
+    """``95`` as ``1m 35s``, ``7300`` as ``2h 1m``."""
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+@dataclass(frozen=True)
+class DownstreamRow:
+    """One downstream on the Downstreams page."""
+
+    name: str
+    healthy: str
+    breaker: str
+    paused: bool
+    paused_reason: str
+    demoted_depth: int
+    oldest_demoted: str
+    failed_depth: int
+    release_rate_per_second: float
+
+
+def downstream_rows(
+    found: list[tuple[rpb.DownstreamState, epb.Downstream | None]],
+) -> list[DownstreamRow]:
+    rows = []
+    for state, breaker in found:
+        health = ("healthy" if state.healthy else "unhealthy") if state.probed else "not probed"
+        if state.probe_error:
+            health += f" ({state.probe_error})"
+        rows.append(
+            DownstreamRow(
+                state.name,
+                health,
+                short_name(epb.BreakerState, breaker.breaker_state) if breaker else "",
+                state.paused,
+                state.paused_reason,
+                state.demoted_depth,
+                age(state.oldest_demoted_age_seconds) if state.demoted_depth else "",
+                state.failed_depth,
+                state.release_rate_per_second,
+            )
+        )
+    return rows

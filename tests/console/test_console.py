@@ -1,7 +1,7 @@
 """The web console in a real browser (Debian's headless Chromium, driven by Playwright) against
 real gateway, executor and reconciler processes and the console process in front of them:
 signing in, the Tasks page kept live, a task's DAG as Cytoscape draws it, resuming a failed
-task from its page. The screenshots in docs/screenshots/ are taken by this run."""
+task from its page, abandoning one from the Failed page, pausing a downstream. The screenshots in docs/screenshots/ are taken by this run."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ async def console(module_services, module_downstream, tmp_path_factory) -> Conso
                 "DISPO_CONSOLE_PORT": str(port),
                 "DISPO_CONSOLE_GATEWAY_ADDRESS": pipeline.gateway.address,
                 "DISPO_CONSOLE_RECONCILER_ADDRESS": reconciler.address,
+                "DISPO_CONSOLE_EXECUTOR_ADDRESS": pipeline.executors[0].address,
                 "DISPO_CONSOLE_REFRESH_SECONDS": "0.3",
             },
             None,
@@ -203,5 +204,42 @@ async def test_a_failed_task_is_resumed_from_its_page(browser, console):
     async with console.pipeline.client() as client:
         assert (await client.wait(submitted.task_id)).status == "SUCCEEDED"
     await expect(page.locator("#history")).to_contain_text("redriven (RESUME")
+    assert watched.errors == []
+    await context.close()
+
+
+async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_paused(browser, console):
+    await console.downstream.control(fail={"status": 400, "times": 1, "path": "/step/given-up-"})
+    async with console.pipeline.client() as client:
+        submitted = await client.submit(BUSINESS, [CellSpec("step", {"name": "given-up-1"})])
+        assert (await client.wait(submitted.task_id)).status == "FAILED"
+
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/failed")
+    row = page.locator(f"#work tr[data-task='{submitted.task_id}']")  # once the reconciler has it
+    await expect(row).to_contain_text("FAILED")
+    await expect(row).to_contain_text("demo")
+    await expect(page.locator("#groups")).to_contain_text("FAILED")
+    await page.screenshot(path=SCREENSHOTS / "failed.png", full_page=True)
+    # held FAILED, it has ended: resumed, not abandoned
+    assert await row.locator("button.abandon").count() == 0
+    await row.locator("button.resume").click()  # confirmed
+    await expect(page.locator("#notice")).to_have_text("resume: done")
+    await expect(page.locator(f"#work tr[data-task='{submitted.task_id}']")).to_have_count(0)
+    async with console.pipeline.client() as client:
+        assert (await client.wait(submitted.task_id)).status == "SUCCEEDED"
+
+    await page.goto(f"{console.url}/downstreams")
+    demo = page.locator("tr[data-downstream=demo]")
+    await expect(demo).to_contain_text("CLOSED")  # the executor's breaker
+    await demo.locator("button.pause").click()
+    await expect(page.locator("#notice")).to_have_text("pause: done")
+    await expect(demo.locator(".paused")).to_contain_text("paused")
+    await page.screenshot(path=SCREENSHOTS / "downstreams.png")
+    await demo.locator("button.unpause").click()
+    await expect(page.locator("#notice")).to_have_text("resume: done")
+    await expect(demo.locator(".paused")).to_have_text("no")
     assert watched.errors == []
     await context.close()
