@@ -8,10 +8,11 @@ dispo downstreams list|pause|resume           downstream health and pauses
 dispo pool status|queue|evaluations|boost|bounds   the cron pool
 dispo jobs list|show|trigger                  intelligence analysis and comparison jobs
 dispo quarantine list|show|replay|discard     messages a service's consumers set aside
-dispo tokens create|list|revoke               API tokens (admin)
+dispo tokens create|list|revoke|rotate-secret|finish-rotation|secrets   API tokens (admin)
 dispo bench submit|pool|faults [options]      benchmarks
 
-Every command takes ``--json``; the exit codes are in :mod:`dispo.libs.cli._common`.
+Every command that calls the stack takes ``--json`` (a test checks); the exit codes are in
+:mod:`dispo.libs.cli._common`.
 """
 
 from __future__ import annotations

@@ -454,22 +454,22 @@ def _read_text(source: str) -> str:
         usage(f"cannot read {source}: {error.strerror}")
 
 
+def _evaluation_command(method: str, doc: str) -> Callable[..., None]:
+    def command(
+        ctx: typer.Context, evaluation_id: EVALUATION_ID, as_json: JSON_OPTION = False
+    ) -> None:
+        _evaluation_call(ctx, method, ppb.EvaluationRef(evaluation_id=evaluation_id), as_json)
+
+    command.__doc__ = doc
+    return command
+
+
 for _name, _method, _doc in (
     ("pause", "PauseEvaluation", "Hold an evaluation out of the queue."),
     ("resume", "ResumeEvaluation", "Put a paused evaluation back in the queue."),
     ("cancel", "CancelEvaluation", "Cancel an evaluation."),
 ):
-
-    def _command(
-        ctx: typer.Context,
-        evaluation_id: EVALUATION_ID,
-        as_json: JSON_OPTION = False,
-        _method: str = _method,
-    ) -> None:
-        _evaluation_call(ctx, _method, ppb.EvaluationRef(evaluation_id=evaluation_id), as_json)
-
-    _command.__doc__ = _doc
-    evaluations_app.command(name=_name)(_command)
+    evaluations_app.command(name=_name)(_evaluation_command(_method, _doc))
 
 
 @pool_app.command(name="boost")

@@ -5,16 +5,19 @@ its tables, its --json shape and its exit codes (0 ok, 1 the task ended failed o
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer.main
 from dispo.libs.bus import Bus
-from dispo.libs.cli.main import main
+from dispo.libs.cli.main import app
 from dispo.libs.contracts import tasks
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.process import ManagedProcess
@@ -234,10 +237,16 @@ async def test_refused_unreachable_and_usage_errors_say_what_to_do(cli_env, tmp_
     assert version.returncode == 0 and version.stdout.startswith("dispo ")
 
 
+@functools.cache
+def dispo_command() -> Any:
+    """The ``dispo`` command, built once from its app."""
+    return typer.main.get_command(app)
+
+
 def in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """``dispo argv`` run in this process (for what needs no stack): exit code, out, err."""
     with pytest.raises(SystemExit) as end:
-        main(list(argv))
+        dispo_command().main(args=list(argv), prog_name="dispo")
     printed = capsys.readouterr()
     return int(end.value.code or 0), printed.out, printed.err
 
@@ -250,6 +259,31 @@ def test_bench_help_is_its_own_and_a_benchmarks_options_go_to_the_benchmark(caps
     assert code == 0 and theirs.startswith("usage: dispo bench pool") and "--crons" in theirs
     code, _, why = in_process(capsys, "bench", "poetry")
     assert code == 2 and "'poetry' is not one of" in why
+
+
+def commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Each leaf command of ``dispo``, as the words that name it."""
+    subcommands = getattr(command, "commands", None)
+    if not subcommands:
+        yield path
+        return
+    for name, sub in subcommands.items():
+        yield from commands(sub, (*path, name))
+
+
+# The commands that call no stack's RPC, so have no reply to print as JSON.
+NO_REPLY = {("up",), ("down",), ("bench",)}
+
+
+def test_every_command_has_help_with_only_its_own_options_and_json_for_a_reply(capsys):
+    every = list(commands(dispo_command()))
+    assert ("pool", "evaluations", "pause") in every and len(every) > 30
+    for words in every:
+        code, shown, why = in_process(capsys, *words, "--help")
+        assert code == 0 and shown.startswith(f"Usage: dispo {' '.join(words)} "), (words, why)
+        options = [line.split()[0] for line in shown.splitlines() if line.startswith("  -")]
+        assert not [o for o in options if o.startswith("---")], (words, options)  # internal
+        assert ("--json" in options) == (words not in NO_REPLY), (words, options)
 
 
 def test_the_commands_that_call_a_stack_import_neither_the_database_layer_nor_the_bus(tmp_path):
