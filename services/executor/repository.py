@@ -16,7 +16,7 @@ from dispo.executor.envelope import node_from_proto, overlay
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
-from dispo.libs.outbox import outbox_add, outbox_table
+from dispo.libs.outbox import OutboxRow, Staged, outbox_add_many, outbox_table
 from dispo.libs.timestamps import to_timestamp
 from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -376,21 +376,24 @@ async def snapshot(conn: AsyncConnection, task_id: str, now: datetime) -> task_p
 
 
 async def emit_status(
-    conn: AsyncConnection, task_id: str, now: datetime, trace: str | None
+    conn: AsyncConnection,
+    task_id: str,
+    now: datetime,
+    trace: str | None,
+    staged: Staged | None = None,
 ) -> task_pb2.Task:
     """Record a status event for the task's current state in the outbox (same transaction),
     with ``trace``, the trace context of the work that changed it
-    (:func:`dispo.libs.tracing.current` where that work runs). Returns the whole envelope
-    (payloads included) for a republication; the status event itself carries node states
-    only."""
+    (:func:`dispo.libs.tracing.current` where that work runs), staged in ``staged`` if given
+    (for publication after commit). Returns the whole envelope (payloads included) for a
+    republication; the status event itself carries node states only."""
     env = await snapshot(conn, task_id, now)
-    await outbox_add(
-        conn,
-        outbox,
+    row = OutboxRow(
         tasks.task_status(task_id, env.status),
         tasks.status_id(task_id, env.version),
         tasks.status_snapshot(env).SerializeToString(),
         now,
         trace,
     )
+    await outbox_add_many(conn, outbox, [row], staged)
     return env

@@ -205,12 +205,13 @@ class Executor:
         limit = self.limits.get(node.spec.downstream)
         async with limit if limit is not None else contextlib.nullcontext():
             now = self.clock.now()
+            staged = Staged()
             async with self.engine.begin() as conn:
                 if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
                     log.info("node claim lost", task_id=task_id, node_id=node.node_id)
                     return False
-                await repo.emit_status(conn, task_id, now, current())
-            self.relay.kick()
+                await repo.emit_status(conn, task_id, now, current(), staged)
+            self.relay.publish_committed(staged)
             call = Call(
                 task_id,
                 node.node_id,
@@ -270,6 +271,7 @@ class Executor:
             now,
             result.retry_after,
         )
+        staged = Staged()
         async with self.engine.begin() as conn:
             if move.unknown:
                 recorded = await outcome_unknown(
@@ -288,8 +290,8 @@ class Executor:
                     node_id=node.node_id,
                 )
                 return
-            await repo.emit_status(conn, task_id, now, current())
-        self.relay.kick()
+            await repo.emit_status(conn, task_id, now, current(), staged)
+        self.relay.publish_committed(staged)
         metrics.node_ran(
             node.action, node.spec.downstream, new.value, took, move.verdict is Verdict.RETRY
         )
