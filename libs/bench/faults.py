@@ -59,6 +59,7 @@ from dispo.libs.bench.run import OwnStack, git_commit, start_stack, write_result
 from dispo.libs.bench.shapes import SHAPES, catalogue_yaml
 from dispo.libs.proto_enums import node_status_name
 from dispo.libs.sdk import AsyncClient, DispoError, cell
+from dispo.libs.stack.process import ExitedBeforeReady
 
 SHAPE = SHAPES["mixed"]
 SERVICES = ("gateway", "executor", "reconciler")
@@ -129,9 +130,14 @@ async def whole(own: OwnStack, timeout: float) -> None:
     async with asyncio.timeout(timeout):
         for supervisor in (own.stack.infrastructure, own.stack.supervisor):
             for child in (supervisor.children if supervisor else {}).values():
-                while not child.process.running():
-                    await asyncio.sleep(0.1)
-                await child.process.wait_ready(timeout)
+                while True:
+                    while not child.process.running():
+                        await asyncio.sleep(0.1)
+                    try:
+                        await child.process.wait_ready(timeout)
+                        break
+                    except ExitedBeforeReady:  # its supervisor starts it again
+                        continue
 
 
 async def settle(client: AsyncClient, business: str, timeout: float) -> None:

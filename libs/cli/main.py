@@ -45,6 +45,7 @@ from dispo.libs.cli.lifecycle import (
 from dispo.libs.health import health_status, http_health_status
 from dispo.libs.settings import DEFAULT_CONSOLE_PORT
 from dispo.libs.stack.ownership import StackRunning
+from dispo.libs.stack.process import ExitedBeforeReady
 from dispo.libs.stack.state import CONSOLE, SERVICES, caller_tls, read_state, service_metrics
 
 if TYPE_CHECKING:
@@ -204,7 +205,11 @@ async def _up(stack: Stack) -> int:
         stopped = [f"{p.name} (pid {p.pid})" for p in stale]
         print(f"; stopped {', '.join(stopped)}" if stopped else "", flush=True)
     try:
-        addresses = await stack.start()
+        try:
+            addresses = await stack.start()
+        except ExitedBeforeReady as error:  # what it printed says why, e.g. a port taken
+            print(f"the stack did not start: {error}", file=sys.stderr, flush=True)
+            return 1
         print("\n".join(banner(options, addresses, stack.metrics_addresses())))
         print("Ctrl-C stops everything.", flush=True)
         watcher = asyncio.create_task(stack.watch())

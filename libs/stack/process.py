@@ -1,5 +1,6 @@
 """One child process: started from a spec with its output appended to a log, ready once its
-health answers, stopped gracefully (SIGTERM, then SIGKILL after a grace) or killed outright.
+health answers (a process that exits first fails the wait at once), stopped gracefully
+(SIGTERM, then SIGKILL after a grace) or killed outright.
 
 The stack's :class:`~dispo.libs.stack.supervisor.Supervisor` runs its children with it, and
 the tests start their service processes with it, so both start, wait for and stop a process
@@ -105,6 +106,22 @@ async def wait_http_ok(url: str, timeout: float, interval: float = 0.05) -> None
             await asyncio.sleep(interval)
 
 
+class ExitedBeforeReady(RuntimeError):
+    """A process ended while it was awaited to be ready: it names the process, how it ended
+    and the end of its log (where a crash at start, e.g. a port it could not bind, shows)."""
+
+    def __init__(self, name: str, code: int, log_path: Path, log_tail: str) -> None:
+        self.name = name
+        self.code = code
+        self.log_path = log_path
+        ended = (
+            f"was killed by {signal.Signals(-code).name}"
+            if code < 0
+            else f"exited with code {code}"
+        )
+        super().__init__(f"{name} {ended} before it was ready\n--- {log_path} ---\n{log_tail}")
+
+
 class ManagedProcess:
     """A child process made from ``spec``; :meth:`spawn` again after it ended to restart it."""
 
@@ -151,9 +168,25 @@ class ManagedProcess:
             )
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until its gRPC health is SERVING (or its HTTP health answers 200); on a timeout
-        the error carries the end of its log. Health is asked over the TLS the process's own
-        settings give its channels (its peers call it so)."""
+        """Until its gRPC health is SERVING (or its HTTP health answers 200). If it exits
+        first, :class:`ExitedBeforeReady` at once; on a timeout the error carries the end
+        of its log. Health is asked over the TLS the process's own settings give its
+        channels (its peers call it so)."""
+        ready = asyncio.ensure_future(self._until_ready(timeout))
+        if self.process is None:  # nothing of its own to watch
+            return await ready
+        exited = asyncio.ensure_future(self.wait())
+        try:
+            await asyncio.wait({ready, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            exited.cancel()
+            await asyncio.gather(ready, exited, return_exceptions=True)
+        if not ready.cancelled():  # ready (or timed out) first, or as it exited
+            return ready.result()
+        raise ExitedBeforeReady(self.name, exited.result(), self.log_path, self.log_tail())
+
+    async def _until_ready(self, timeout: float) -> None:
         try:
             if self.spec.address is not None:
                 tls = TLSSettings.of({**os.environ, **self.spec.env}).client

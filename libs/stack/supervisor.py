@@ -1,5 +1,6 @@
 """Runs the stack's processes: starts them, waits until ready, restarts any that dies (with
-growing back-off, logged), stops them in order.
+growing back-off, logged), stops them in order. A child that exits before it was ever ready
+is not restarted: the start fails at once, naming it, how it ended and its log's end.
 
 Its children die with it however it ends, a SIGKILL included: each is sent a parent-death
 signal (SIGKILL unless its spec names another). The kernel sends it when the spawning
@@ -15,9 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dispo.libs.logging import get_logger
-from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
+from dispo.libs.stack.process import (
+    ExitedBeforeReady,
+    ManagedProcess,
+    ProcessSpec,
+    python_module,
+)
 
-__all__ = ["ProcessSpec", "Supervised", "Supervisor", "python_module"]
+__all__ = ["ExitedBeforeReady", "ProcessSpec", "Supervised", "Supervisor", "python_module"]
 
 log = get_logger(__name__)
 
@@ -61,9 +67,25 @@ class Supervisor:
         self._stopping = False
 
     async def start_all(self, timeout: float = 120.0) -> None:
+        """Spawn every child and wait until all are ready. The first to fail fails the start
+        (the others' waits end; :meth:`stop_all` stops them): one that exits first with
+        :class:`ExitedBeforeReady`, one not ready in ``timeout`` with :class:`TimeoutError`."""
         for child in self.children.values():
             self._spawn(child)
-        await asyncio.gather(*(c.process.wait_ready(timeout) for c in self.children.values()))
+        waits = [
+            asyncio.ensure_future(c.process.wait_ready(timeout)) for c in self.children.values()
+        ]
+        if not waits:
+            return
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        for waiting in waits:
+            if not waiting.cancelled() and (error := waiting.exception()) is not None:
+                raise error
 
     def _spawn(self, child: Supervised) -> None:
         child.process.spawn()

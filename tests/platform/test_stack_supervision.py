@@ -3,6 +3,7 @@ and the stack keeps taking work; killed itself, it leaves no process behind."""
 
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -10,9 +11,11 @@ from urllib.parse import parse_qs, urlparse
 import grpc
 import pytest
 from dispo.libs.sdk import AsyncClient, DispoError, cells
+from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.postgres import EmbeddedPostgres
-from dispo.libs.stack.process import ManagedProcess
+from dispo.libs.stack.process import ExitedBeforeReady, ManagedProcess, ProcessSpec, python_module
 from dispo.libs.stack.stack import NATS, POSTGRES, read_state
+from dispo.libs.stack.supervisor import Supervisor
 from support import eventually
 from support.stack import RunningStack, alive, descendants
 
@@ -141,3 +144,42 @@ async def test_postgres_starts_over_what_an_earlier_run_left(tmp_path):
         stranger.kill()
         stranger.wait()
         server.kill()
+
+
+async def test_a_child_that_exits_before_it_is_ready_fails_the_start_at_once(tmp_path):
+    """The demo downstream finds its port taken and exits; the start fails with that, not
+    after the ready timeout, though another child is still not ready."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        crashing = ProcessSpec(
+            "demo-downstream",
+            [*python_module("dispo.executor.demo_downstream"), "--port", str(port)],
+            {},
+            None,
+            tmp_path / "demo-downstream.log",
+            http_health=f"http://127.0.0.1:{port}/healthz",
+        )
+        never_ready = ProcessSpec(
+            "never-ready",
+            ["sleep", "600"],
+            {},
+            None,
+            tmp_path / "never-ready.log",
+            http_health=f"http://127.0.0.1:{free_port()}/healthz",
+        )
+        supervisor = Supervisor([crashing, never_ready])
+        try:
+            with pytest.raises(ExitedBeforeReady) as failed:
+                await supervisor.start_all(timeout=3600)
+            assert supervisor.children["never-ready"].process.running()
+        finally:
+            assert await supervisor.stop_all([]) == []
+
+    assert (failed.value.name, failed.value.code) == ("demo-downstream", 1)
+    message = str(failed.value)
+    assert message.startswith("demo-downstream exited with code 1 before it was ready")
+    assert str(tmp_path / "demo-downstream.log") in message
+    assert "address already in use" in message  # the end of its log says why
+    assert not supervisor.children["never-ready"].process.running()
