@@ -9,13 +9,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dispo.libs.bus import BusCredentials
 from dispo.libs.private_files import write_private
 from dispo.libs.stack.nats_auth import ADMIN, NatsUsers
-from dispo.libs.stack.process import ProcessSpec, wait_tcp
+from dispo.libs.stack.process import ExitedBeforeReady, ProcessSpec, log_tail, wait_tcp
 
 
 def nats_server_binary() -> str:
@@ -33,9 +33,14 @@ def free_port() -> int:
         return port
 
 
-def wait_for_port(port: int, timeout: float = 15.0) -> None:
+def wait_for_port(
+    port: int, timeout: float = 15.0, check: Callable[[], None] = lambda: None
+) -> None:
+    """Until something listens on ``port``, calling ``check`` before each try (it raises to
+    give up, e.g. when the process meant to listen there has exited)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        check()
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
@@ -105,8 +110,14 @@ class NatsServer:
         if self.log_file:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)
-        wait_for_port(self.port)
+        process = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)
+        self.process = process
+
+        def exited() -> None:
+            if (code := process.poll()) is not None:
+                raise ExitedBeforeReady("nats-server", code, self.log_file, log_tail(self.log_file))
+
+        wait_for_port(self.port, check=exited)
         return self.url
 
     def spec(self, name: str = "nats") -> ProcessSpec:

@@ -110,7 +110,7 @@ class ExitedBeforeReady(RuntimeError):
     """A process ended while it was awaited to be ready: it names the process, how it ended
     and the end of its log (where a crash at start, e.g. a port it could not bind, shows)."""
 
-    def __init__(self, name: str, code: int, log_path: Path, log_tail: str) -> None:
+    def __init__(self, name: str, code: int, log_path: Path | None, log_tail: str) -> None:
         self.name = name
         self.code = code
         self.log_path = log_path
@@ -119,7 +119,9 @@ class ExitedBeforeReady(RuntimeError):
             if code < 0
             else f"exited with code {code}"
         )
-        super().__init__(f"{name} {ended} before it was ready\n--- {log_path} ---\n{log_tail}")
+        super().__init__(
+            f"{name} {ended} before it was ready\n--- {log_path or 'no log'} ---\n{log_tail}"
+        )
 
 
 class ManagedProcess:
@@ -248,6 +250,11 @@ class ManagedProcess:
         await self.wait_ready(timeout)
 
     def log_tail(self, lines: int = 40) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
+
+
+def log_tail(path: Path | None, lines: int = 40) -> str:
+    """The last ``lines`` of the log at ``path`` ("" if there is none)."""
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -11,7 +11,8 @@ from urllib.parse import parse_qs, urlparse
 import grpc
 import pytest
 from dispo.libs.sdk import AsyncClient, DispoError, cells
-from dispo.libs.stack.nats import free_port
+from dispo.libs.stack.nats import NatsServer, free_port
+from dispo.libs.stack.nats_auth import NatsUsers
 from dispo.libs.stack.postgres import EmbeddedPostgres
 from dispo.libs.stack.process import ExitedBeforeReady, ManagedProcess, ProcessSpec, python_module
 from dispo.libs.stack.stack import NATS, POSTGRES, read_state
@@ -183,3 +184,24 @@ async def test_a_child_that_exits_before_it_is_ready_fails_the_start_at_once(tmp
     assert str(tmp_path / "demo-downstream.log") in message
     assert "address already in use" in message  # the end of its log says why
     assert not supervisor.children["never-ready"].process.running()
+
+
+def test_a_nats_server_that_cannot_listen_fails_its_start_at_once(tmp_path):
+    """Started as a plain child (the tests' shared server), it exits on a port the test has
+    bound, and the start says so instead of waiting for the port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: nothing answers there
+        port = taken.getsockname()[1]
+        server = NatsServer(
+            tmp_path / "store",
+            port,
+            tmp_path / "nats.log",
+            users=NatsUsers.kept(tmp_path / "users.json"),
+        )
+        with pytest.raises(ExitedBeforeReady) as failed:
+            server.start()
+
+    assert failed.value.name == "nats-server" and failed.value.code != 0
+    message = str(failed.value)
+    assert f"nats-server exited with code {failed.value.code} before it was ready" in message
+    assert "address already in use" in message
