@@ -38,7 +38,8 @@ class Submitter:
 
     With ``retry_seconds`` a Submit answered UNAVAILABLE or DEADLINE_EXCEEDED is sent again
     under the same key (every ``retry_interval`` seconds, as a careful caller would) until
-    that long after its first send; its figures then span every try."""
+    that long after its first send; its figures then span every try. ``answered`` is called
+    after each Submit's answer (a progress bar's step)."""
 
     def __init__(
         self,
@@ -48,12 +49,14 @@ class Submitter:
         *,
         retry_seconds: float = 0.0,
         retry_interval: float = 0.5,
+        answered: Callable[[], None] = lambda: None,
     ) -> None:
         self.clients = list(clients)
         self.business = business
         self.cells = cells
         self.retry_seconds = retry_seconds
         self.retry_interval = retry_interval
+        self.answered = answered
         self.start()
 
     def start(self, offered_rate: float | None = None) -> None:
@@ -84,6 +87,7 @@ class Submitter:
         self.facts.submissions.append(
             Submission(sent - self._origin, time.perf_counter() - sent, task_id, error, lag, tries)
         )
+        self.answered()
 
 
 async def saturate(submitter: Submitter, count: int, concurrency: int) -> LoadFacts:

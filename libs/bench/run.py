@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from dispo.libs.bench import ceiling, load, machine
 from dispo.libs.bench.report import CLIENT, build_report, render, result_name, table_row
 from dispo.libs.bench.shapes import SHAPES, Shape, catalogue_yaml
+from dispo.libs.cli._common import progress_bar
 from dispo.libs.sdk import AsyncClient, cell
 
 if TYPE_CHECKING:
@@ -196,13 +197,16 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         def cpu() -> dict[str, float]:
             return {**machine.tree_cpu_seconds(target.pids), CLIENT: machine.self_cpu_seconds()}
 
-        submitter = load.Submitter(clients, business, lambda: [cell(cell_name)])
         cpu_before, busy_before = cpu(), machine.busy_cpu_seconds()
         wall_before = time.monotonic()
-        if args.rate:
-            facts = await load.offer(submitter, args.tasks, args.rate)
-        else:
-            facts = await load.saturate(submitter, args.tasks, args.concurrency)
+        with progress_bar(args.tasks, "submitting") as answered:
+            submitter = load.Submitter(
+                clients, business, lambda: [cell(cell_name)], answered=answered
+            )
+            if args.rate:
+                facts = await load.offer(submitter, args.tasks, args.rate)
+            else:
+                facts = await load.saturate(submitter, args.tasks, args.concurrency)
         # Submit-only: the tasks as they are once every Submit is answered, no waiting.
         wait = 0 if args.submit_only else args.timeout
         outcomes = await load.outcomes(clients[0], business, timeout=wait)

@@ -32,6 +32,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 OK, ENDED_BADLY, USAGE, UNREACHABLE, REFUSED = 0, 1, 2, 3, 4
 UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -56,6 +57,21 @@ Reply = TypeVar("Reply")
 JSON_OPTION = Annotated[
     bool, typer.Option("--json", help="print the reply as JSON (the proto's JSON form)")
 ]
+
+
+@contextmanager
+def progress_bar(
+    total: int, label: str, *, disable: bool = False, console: Console | None = None
+) -> Iterator[Callable[[], None]]:
+    """A bar of ``total`` steps on standard error while a long operation runs (its callable
+    advances it one step); gone once done, and never drawn when the stream is not a terminal,
+    so a pipe gets only the output."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(
+        *columns, TimeElapsedColumn(), console=console or err, transient=True, disable=disable
+    ) as progress:
+        bar = progress.add_task(label, total=total)
+        yield lambda: progress.advance(bar)
 
 
 def data_dir(value: str | None) -> Path:

@@ -35,6 +35,7 @@ from dispo.libs.cli._common import (
     emit_json,
     enum_name,
     out,
+    progress_bar,
     show,
     target,
     usage,
@@ -43,7 +44,6 @@ from dispo.libs.cli._common import (
 from dispo.libs.stack.state import SERVICES
 from google.protobuf.json_format import ParseDict, ParseError
 from google.protobuf.message import Message
-from rich.progress import Progress
 from rich.table import Table
 
 failed_app = typer.Typer(
@@ -210,8 +210,7 @@ def failed_resume(
             stub, _work_filter(kind, business, downstream, min_age)
         )
         replies = []
-        with Progress(console=out, transient=True, disable=as_json or len(ids) < 2) as progress:
-            bar = progress.add_task("resuming", total=len(ids))
+        with progress_bar(len(ids), "resuming", disable=as_json or len(ids) < 2) as advance:
             for task_id in ids:
                 replies.append(
                     stub.RedriveTask(
@@ -224,7 +223,7 @@ def failed_resume(
                         timeout=CALL_SECONDS,
                     )
                 )
-                progress.advance(bar)
+                advance()
     if as_json:
         emit_json({"items": [as_dict(r) for r in replies]})
     else:

@@ -237,11 +237,14 @@ async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
 
 async def test_rate_mode_offers_the_asked_count_on_schedule_order(bench_stack):
     async with AsyncClient(bench_stack.gateways[0], token=bench_stack.token) as client:
-        submitter = load.Submitter([client], "rate-check", lambda: [cell("noop")])
+        answers: list[None] = []
+        submitter = load.Submitter(
+            [client], "rate-check", lambda: [cell("noop")], answered=lambda: answers.append(None)
+        )
         facts = await load.offer(submitter, 25, rate=200.0)
         outcomes = await load.outcomes(client, "rate-check", timeout=60)
     assert facts.offered_rate == 200.0
-    assert len(facts.submissions) == 25
+    assert len(facts.submissions) == len(answers) == 25  # each answer a step of the bar
     assert len({s.task_id for s in facts.accepted}) == 25
     # Open loop on schedule: the i-th send is never before i / rate (all at once would be).
     sends = sorted(s.sent_at for s in facts.submissions)

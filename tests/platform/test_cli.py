@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import json
 import os
 import subprocess
@@ -17,11 +18,13 @@ from typing import Any
 import pytest
 import typer.main
 from dispo.libs.bus import Bus
+from dispo.libs.cli._common import progress_bar
 from dispo.libs.cli.main import app
 from dispo.libs.contracts import tasks
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.process import ManagedProcess
 from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE, Downstream
+from rich.console import Console
 from support import eventually
 
 DISPO = str(Path(sys.executable).parent / "dispo")
@@ -284,6 +287,17 @@ def test_every_command_has_help_with_only_its_own_options_and_json_for_a_reply(c
         options = [line.split()[0] for line in shown.splitlines() if line.startswith("  -")]
         assert not [o for o in options if o.startswith("---")], (words, options)  # internal
         assert ("--json" in options) == (words not in NO_REPLY), (words, options)
+
+
+def test_a_progress_bar_counts_its_steps_at_a_terminal_and_draws_nothing_in_a_pipe():
+    terminal, pipe = io.StringIO(), io.StringIO()
+    for stream, is_terminal in ((terminal, True), (pipe, False)):
+        drawn_on = Console(file=stream, force_terminal=is_terminal, width=80)
+        with progress_bar(3, "resuming", console=drawn_on) as advance:
+            for _ in range(3):
+                advance()
+    assert "resuming" in terminal.getvalue() and "3/3" in terminal.getvalue()
+    assert pipe.getvalue().strip() == ""  # no bar, no count
 
 
 def test_the_commands_that_call_a_stack_import_neither_the_database_layer_nor_the_bus(tmp_path):
