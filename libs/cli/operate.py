@@ -289,6 +289,8 @@ def failed_resolve(
     """Decide an UNKNOWN node that could not be settled automatically."""
     if done is None:
         usage("say --done or --retry")
+    if not reason.strip():
+        usage("say why with --reason (it is recorded with the decision)")
     resolution = rpb.RESOLUTION_DONE if done else rpb.RESOLUTION_RETRY
     with _reconciler(ctx) as reconciler:
         reply = reconciler.ResolveNode(

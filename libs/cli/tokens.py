@@ -25,6 +25,7 @@ from dispo.libs.api.auth.v1 import auth_pb2 as pb
 from dispo.libs.api.auth.v1 import auth_pb2_grpc
 from dispo.libs.cli._common import (
     JSON_OPTION,
+    REFUSED,
     as_dict,
     duration_seconds,
     err,
@@ -56,7 +57,7 @@ def _stub(ctx: typer.Context) -> Iterator[auth_pb2_grpc.TokenServiceStub]:
     where = target(ctx)
     if not where.token():
         fail(
-            4,
+            REFUSED,
             "no token",
             "pass --token, set DISPO_TOKEN, or run dispo up (it writes an admin token to"
             f" {where.data_dir / 'admin.token'})",

@@ -289,6 +289,15 @@ def test_every_command_has_help_with_only_its_own_options_and_json_for_a_reply(c
         assert ("--json" in options) == (words not in NO_REPLY), (words, options)
 
 
+def test_resolve_without_a_reason_is_usage_before_any_call(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISPO_DATA_DIR", str(tmp_path))  # no stack: a call would exit 3
+    monkeypatch.setenv("DISPO_RECONCILER_PORT", str(free_port()))
+    code, _, why = in_process(capsys, "failed", "resolve", "t-1", "n-1", "--done")
+    assert code == 2 and "--reason" in why
+    code, _, why = in_process(capsys, "failed", "resolve", "t-1", "n-1", "--done", "--reason", "x")
+    assert code == 3, why  # with a reason it is sent (and nothing answers)
+
+
 def test_a_progress_bar_counts_its_steps_at_a_terminal_and_draws_nothing_in_a_pipe():
     terminal, pipe = io.StringIO(), io.StringIO()
     for stream, is_terminal in ((terminal, True), (pipe, False)):
