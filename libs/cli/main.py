@@ -45,7 +45,6 @@ from dispo.libs.cli.lifecycle import (
 from dispo.libs.health import health_status, http_health_status
 from dispo.libs.settings import DEFAULT_CONSOLE_PORT
 from dispo.libs.stack.ownership import StackRunning
-from dispo.libs.stack.process import ExitedBeforeReady
 from dispo.libs.stack.state import CONSOLE, SERVICES, caller_tls, read_state, service_metrics
 
 if TYPE_CHECKING:
@@ -190,6 +189,8 @@ def up(
 
 
 async def _up(stack: Stack) -> int:
+    from dispo.libs.stack.process import ExitedBeforeReady  # with the stack: logs, processes
+
     options = stack.options
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
