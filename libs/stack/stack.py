@@ -193,6 +193,21 @@ def service_specs(
             env[KEY_ENV] = os.environ.get(KEY_ENV) or credentials.signing_key
         return env
 
+    def peers(service: str) -> dict[str, str]:
+        """Where ``service`` calls the other services of this stack: on the ports the stack
+        gave them (a setting the operator made in the environment is left as it is)."""
+        wanted = {
+            "reconciler": {
+                "DISPO_RECONCILER_GATEWAY_ADDRESS": "gateway",
+                "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": "pool",
+            }
+        }.get(service, {})
+        return {
+            setting: f"{options.host}:{options.ports[peer]}"
+            for setting, peer in wanted.items()
+            if peer in options.services and setting not in {**os.environ, **common}
+        }
+
     for service in options.services:
         for k, name in enumerate(replica_names(service, options.replicas.get(service, 1))):
             port = options.ports[service] if k == 0 else free_port()
@@ -200,6 +215,7 @@ def service_specs(
             env = {
                 **service_env(service, database_urls[service], nats_url, nats_users),
                 **common,
+                **peers(service),
                 **((pool_env or {}) if service == "pool" else {}),
                 **token(service),
                 f"DISPO_{service.upper()}_HOST": options.host,

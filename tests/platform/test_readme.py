@@ -124,8 +124,6 @@ async def test_the_tour_and_the_guides_run_twice_on_one_stack(tmp_path):
     env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
     env |= settings
     env["DISPO_CONSOLE_PORT"] = str(free_port())
-    env["DISPO_RECONCILER_DRIFT_POOL_ADDRESS"] = f"127.0.0.1:{stack.ports['pool']}"
-    env["DISPO_RECONCILER_GATEWAY_ADDRESS"] = f"127.0.0.1:{stack.ports['gateway']}"
     own = subprocess.Popen(
         ["bash", "-c", "exec " + stack.localise(serve.split("&")[0])],
         env=env,

@@ -14,7 +14,7 @@ from dispo.libs.db.roles import without_password
 from dispo.libs.health import health_status
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.nats_auth import ADMIN
-from dispo.libs.stack.stack import SERVICES, read_state
+from dispo.libs.stack.stack import SERVICES, StackOptions, read_state, service_specs
 from sqlalchemy.engine import make_url
 from support import eventually
 from support.stack import DISPO, RunningStack, alive
@@ -198,3 +198,25 @@ async def test_up_with_external_database_and_nats_starts_only_services(
     finally:
         if up.poll() is None:
             up.kill()
+
+
+def test_the_reconciler_calls_the_gateway_and_pool_on_the_ports_the_stack_gave_them(
+    tmp_path, monkeypatch
+):
+    """Not the default ports: a stack on ports of its own hands the reconciler its gateway's
+    and pool's; a setting the operator made in the environment stays theirs."""
+
+    ports = {name: 41000 + i for i, name in enumerate(SERVICES)}
+    options = StackOptions(tmp_path, ports=ports, demo_port=0)
+    urls = dict.fromkeys(SERVICES, "postgresql://x@127.0.0.1/x")
+    monkeypatch.delenv("DISPO_RECONCILER_GATEWAY_ADDRESS", raising=False)
+    monkeypatch.delenv("DISPO_RECONCILER_DRIFT_POOL_ADDRESS", raising=False)
+    [reconciler] = [s for s in service_specs(options, urls, "nats://x") if s.name == "reconciler"]
+    assert reconciler.env["DISPO_RECONCILER_GATEWAY_ADDRESS"] == f"127.0.0.1:{ports['gateway']}"
+    assert reconciler.env["DISPO_RECONCILER_DRIFT_POOL_ADDRESS"] == f"127.0.0.1:{ports['pool']}"
+
+    monkeypatch.setenv("DISPO_RECONCILER_GATEWAY_ADDRESS", "gateway.internal:50051")
+    alone = StackOptions(tmp_path, ports=ports, demo_port=0, services=("reconciler",))
+    [reconciler] = service_specs(alone, urls, "nats://x")
+    assert "DISPO_RECONCILER_GATEWAY_ADDRESS" not in reconciler.env  # the environment's
+    assert "DISPO_RECONCILER_DRIFT_POOL_ADDRESS" not in reconciler.env  # no pool here
