@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from dispo.libs.cli import operate, tasks, tokens
 from dispo.libs.cli._common import (
+    ENDED_BADLY,
+    OK,
+    UNREACHABLE,
     Target,
     data_dir,
     out,
@@ -246,7 +249,8 @@ def status(
         bool, typer.Option("--json", help="one JSON object keyed by service")
     ] = False,
 ) -> None:
-    """Health and address of each service (exit 1 when one is not serving)."""
+    """Health and address of each service (exit 3 when one does not answer, 1 when one
+    answers but is not serving)."""
     addresses = service_addresses(ctx.obj.data_dir)
     tls = caller_tls(ctx.obj.data_dir)
     metrics = service_metrics(ctx.obj.data_dir)
@@ -274,7 +278,10 @@ def status(
         for name, info in report.items():
             line = f"{name:<13} {info['address']:<22} {info['status']:<13} {info['metrics']}"
             out.print(line.rstrip(), highlight=False)
-    raise typer.Exit(0 if all(info["status"] == "SERVING" for info in report.values()) else 1)
+    found = {info["status"] for info in report.values()}
+    raise typer.Exit(
+        OK if found <= {"SERVING"} else UNREACHABLE if "UNREACHABLE" in found else ENDED_BADLY
+    )
 
 
 BENCHMARKS = {

@@ -337,7 +337,7 @@ def test_the_commands_that_call_a_stack_import_neither_the_database_layer_nor_th
     )
     assert ran.returncode == 0, ran.stderr
     codes, imported = json.loads(ran.stdout.splitlines()[-1])
-    assert codes == [0, 3, 3, 3, 1]  # each ran: ok, unreachable (3), and status not serving
+    assert codes == [0, 3, 3, 3, 3]  # each ran: ok, then unreachable (3), status included
     assert imported == []
 
 

@@ -124,7 +124,7 @@ async def test_up_status_restart_and_data_kept(stack):
     assert not any(alive(pid) for pid in pids if pid != executor["pid"])
     assert read_state(stack.data_dir) is None
     code, report = stack.status()
-    assert code == 1 and {info["status"] for info in report.values()} == {"UNREACHABLE"}
+    assert code == 3 and {info["status"] for info in report.values()} == {"UNREACHABLE"}
 
     await stack.up()
     assert stack.token == first_token  # made once, kept

@@ -66,7 +66,7 @@ async def test_detached_stack_refuses_a_second_up_and_stops_with_down(stack):
     assert not alive(owner) and not any(alive(pid) for pid in pids.values())
     assert read_state(stack.data_dir) is None
     code, report = stack.status()
-    assert code == 1 and {info["status"] for info in report.values()} == {"UNREACHABLE"}
+    assert code == 3 and {info["status"] for info in report.values()} == {"UNREACHABLE"}
 
     again = stack.run("down")
     assert again.returncode == 0 and "no stack is running" in again.stdout
