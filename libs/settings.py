@@ -318,6 +318,10 @@ class ConsoleSettings(BaseSettings):
         default=_local_address("executor"),
         description="The executor's gRPC address, for the console (downstreams' breakers)",
     )
+    pool_address: str = Field(
+        default=_local_address("pool"),
+        description="The pool's gRPC address, for the console (the Cron pool page)",
+    )
     refresh_seconds: float = Field(
         default=2.0,
         gt=0,

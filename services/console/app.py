@@ -25,17 +25,21 @@ import uvicorn
 from dispo.console.backend import COUNT_LIMIT, COUNTED, Backend
 from dispo.console.views import (
     COLOURS,
+    MAX_BOOST,
     SINCE,
     WORK_KINDS,
     TaskFilter,
     age,
     completion_facts,
+    cron_rows,
     downstream_rows,
     failed_groups,
     graph_elements,
     history,
     may_resume,
     parked,
+    pool_figures,
+    queue_rows,
     recovery_state,
     work_kind,
 )
@@ -321,6 +325,21 @@ pause = _action("pause", _page("/downstreams"), lambda b, t, f: b.pause(t, f["na
 unpause = _action("resume", _page("/downstreams"), lambda b, t, f: b.unpause(t, f["name"], ACTOR))
 
 
+async def _boosted(backend: Backend, token: str, f: Mapping[str, str]) -> str:
+    text = f.get("boost", "").strip()
+    if not text.isdigit():
+        raise DispoError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"priority_boost: a whole number 0..{MAX_BOOST}, not {text!r}",
+            {"priority_boost": f"a whole number 0..{MAX_BOOST}"},
+        )
+    found = await backend.boost(token, f["evaluation_id"], int(text))
+    return f"{found.id} at priority boost {found.priority_boost}"
+
+
+boost = _action("boost", _page("/pool"), _boosted)
+
+
 def _messages(request: Request) -> dict[str, str]:
     return {
         "notice": request.query_params.get("notice", ""),
@@ -374,9 +393,23 @@ async def _downstreams_context(request: Request, token: str) -> dict[str, Any]:
     return {"downstreams": downstream_rows(await _backend(request).downstreams(token))}
 
 
+async def _pool_context(request: Request, token: str) -> dict[str, Any]:
+    state = await _backend(request).pool_state(token)
+    return {
+        "status": state.status,
+        "crons": cron_rows(state),
+        "queue": queue_rows(state),
+        "figures": pool_figures(state.status),
+        "max_boost": MAX_BOOST,
+    }
+
+
 failed_page, failed_stream = _live("failed.html", _failed_context, {"work": "_failed_rows.html"})
 downstreams_page, downstreams_stream = _live(
     "downstreams.html", _downstreams_context, {"downstreams": "_downstream_rows.html"}
+)
+pool_page, pool_stream = _live(
+    "pool.html", _pool_context, {"pool": "_pool_rows.html", "figures": "_pool_figures.json"}
 )
 
 
@@ -416,6 +449,9 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/downstreams/stream", downstreams_stream),
         Route("/downstreams/{name}/pause", pause, methods=["POST"]),
         Route("/downstreams/{name}/resume", unpause, methods=["POST"]),
+        Route("/pool", pool_page),
+        Route("/pool/stream", pool_stream),
+        Route("/pool/{evaluation_id}/boost", boost, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(

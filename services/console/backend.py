@@ -17,6 +17,8 @@ import grpc
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.api.pool.v1 import pool_pb2 as ppb
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth import bearer, open_channel
@@ -33,6 +35,18 @@ COUNTED = ("ACCEPTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "RETRY_EXH
 COUNT_LIMIT = 500
 # How many items of the reconciler's queues the Failed page shows.
 FAILED_PAGE = 200
+# How many of the pool's queued evaluations the Cron pool page shows.
+QUEUE_PAGE = 200
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """What the Cron pool page shows: the pool's figures, its crons and its queue (in the
+    order crons take it)."""
+
+    status: ppb.PoolStatus
+    crons: list[ppb.Cron]
+    queue: list[ppb.QueueItem]
 
 
 @dataclass(frozen=True)
@@ -52,10 +66,12 @@ class Backend:
             gateway := open_channel(settings.gateway_address, ""),
             reconciler := open_channel(settings.reconciler_address, ""),
             executor := open_channel(settings.executor_address, ""),
+            pool := open_channel(settings.pool_address, ""),
         ]
         self.gateway = gateway_pb2_grpc.GatewayServiceStub(gateway)
         self.reconciler = reconciler_pb2_grpc.ReconcilerServiceStub(reconciler)
         self.executor = executor_pb2_grpc.ExecutorServiceStub(executor)
+        self.pool = pool_pb2_grpc.PoolServiceStub(pool)
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self._channels))
@@ -224,5 +240,21 @@ class Backend:
         await self._call(
             self.reconciler.ResumeDownstream,
             rpb.ResumeDownstreamRequest(name=name, actor=actor),
+            token,
+        )
+
+    async def pool_state(self, token: str) -> PoolState:
+        status, crons, queue = await asyncio.gather(
+            self._call(self.pool.GetPoolStatus, ppb.GetPoolStatusRequest(), token),
+            self._call(self.pool.ListCrons, ppb.ListCronsRequest(), token),
+            self._call(self.pool.ListQueue, ppb.ListQueueRequest(limit=QUEUE_PAGE), token),
+        )
+        return PoolState(status, list(crons.crons), list(queue.items))
+
+    async def boost(self, token: str, evaluation_id: str, boost: int) -> ppb.Evaluation:
+        """Set the evaluation's priority boost (a higher one is served first)."""
+        return await self._call(
+            self.pool.BoostEvaluation,
+            ppb.BoostEvaluationRequest(evaluation_id=evaluation_id, priority_boost=boost),
             token,
         )

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dispo.console.backend import COUNTED, TaskDetail
+from dispo.console.backend import COUNTED, PoolState, TaskDetail
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
+from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.proto_enums import short_name
 from dispo.libs.sdk import TaskView
@@ -267,3 +268,65 @@ def downstream_rows(
             )
         )
     return rows
+
+
+# The most a priority boost may be (the pool refuses more).
+MAX_BOOST = 1000
+
+
+@dataclass(frozen=True)
+class CronRow:
+    """One cron on the Cron pool page: IDLE, BUSY or STUCK, and the evaluation it holds."""
+
+    cron_id: str
+    status: str
+    evaluation_id: str
+    last_activity: datetime | None
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queued evaluation on the Cron pool page, in the order crons take them."""
+
+    evaluation_id: str
+    status: str
+    priority_boost: int
+    slot_due: bool
+    debt: int
+    waiting_since: datetime | None
+
+
+def cron_rows(state: PoolState) -> list[CronRow]:
+    """The crons, stuck first, then busy, then idle (each by id)."""
+    order = {"STUCK": 0, "BUSY": 1, "IDLE": 2}
+    rows = [
+        CronRow(
+            c.id,
+            short_name(ppb.CronStatus, c.status),
+            c.evaluation_id,
+            _at(c.last_activity, c.HasField("last_activity")),
+        )
+        for c in state.crons
+    ]
+    return sorted(rows, key=lambda r: (order.get(r.status, 3), r.cron_id))
+
+
+def queue_rows(state: PoolState) -> list[QueueRow]:
+    return [
+        QueueRow(
+            i.evaluation_id,
+            short_name(ppb.EvaluationStatus, i.status),
+            i.priority_boost,
+            i.slot_due,
+            i.debt,
+            _at(i.waiting_since, i.HasField("waiting_since")),
+        )
+        for i in state.queue
+    ]
+
+
+def pool_figures(status: ppb.PoolStatus) -> dict[str, float]:
+    """One point of the page's chart: the share of crons busy (0 with no cron), and how
+    many evaluations wait."""
+    busy = status.busy / status.size if status.size else 0.0
+    return {"utilisation": round(busy, 3), "queue_depth": status.queue_depth}

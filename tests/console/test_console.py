@@ -1,7 +1,9 @@
 """The web console in a real browser (Debian's headless Chromium, driven by Playwright) against
 real gateway, executor and reconciler processes and the console process in front of them:
 signing in, the Tasks page kept live, a task's DAG as Cytoscape draws it, resuming a failed
-task from its page, abandoning one from the Failed page, pausing a downstream. The screenshots in docs/screenshots/ are taken by this run."""
+task from its page, abandoning one from the Failed page, pausing a downstream, boosting an
+evaluation on the Cron pool page (the pool runs with no worker: its queue stays as made). The
+screenshots in docs/screenshots/ are taken by this run."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.pool.v1 import pool_pb2 as ppb
+from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.sdk import CellSpec
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from pipeline_fixtures import TEST_CATALOGUE, Pipeline
 from playwright.async_api import Browser, BrowserContext, Page, expect
-from support.auth import business_token
+from support.auth import admin_channel, business_token
 from support.browser import chromium
 from support.waiting import eventually
 
@@ -25,10 +30,11 @@ BUSINESS = "console-shop"
 
 
 class Console:
-    def __init__(self, url: str, pipeline: Pipeline, downstream: Any) -> None:
+    def __init__(self, url: str, pipeline: Pipeline, downstream: Any, pool: str) -> None:
         self.url = url
         self.pipeline = pipeline
         self.downstream = downstream
+        self.pool = pool
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +43,18 @@ async def console(module_services, module_downstream, tmp_path_factory) -> Conso
     catalogue = folder / "catalogue.yaml"
     catalogue.write_text(TEST_CATALOGUE.format(url=module_downstream.url))
     pipeline = Pipeline(module_services.start, catalogue, module_downstream.url)
-    _, _, reconciler = await asyncio.gather(
+    _, _, reconciler, pool = await asyncio.gather(
         pipeline.start_gateway(),
         pipeline.start_executor(),
         module_services.start("reconciler", {"DISPO_CATALOGUE": str(catalogue)}),
+        module_services.start(
+            "pool",
+            {
+                "DISPO_EGRESS_ALLOW": module_downstream.url,
+                "DISPO_POOL_LOCAL_REGISTRY": str(folder / "registry.sqlite"),
+                "DISPO_POOL_SPAWN_WORKER": "false",
+            },
+        ),
     )
     port = free_port()
     process = ManagedProcess(
@@ -52,6 +66,7 @@ async def console(module_services, module_downstream, tmp_path_factory) -> Conso
                 "DISPO_CONSOLE_GATEWAY_ADDRESS": pipeline.gateway.address,
                 "DISPO_CONSOLE_RECONCILER_ADDRESS": reconciler.address,
                 "DISPO_CONSOLE_EXECUTOR_ADDRESS": pipeline.executors[0].address,
+                "DISPO_CONSOLE_POOL_ADDRESS": pool.address,
                 "DISPO_CONSOLE_REFRESH_SECONDS": "0.3",
             },
             None,
@@ -62,7 +77,7 @@ async def console(module_services, module_downstream, tmp_path_factory) -> Conso
     process.spawn()
     module_services.started.append(process)  # killed with the services
     await process.wait_ready()
-    return Console(f"http://127.0.0.1:{port}", pipeline, module_downstream)
+    return Console(f"http://127.0.0.1:{port}", pipeline, module_downstream, pool.address)
 
 
 @pytest.fixture(scope="module")
@@ -242,4 +257,76 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await expect(page.locator("#notice")).to_have_text("resume: done")
     await expect(demo.locator(".paused")).to_have_text("no")
     assert watched.errors == []
+    await context.close()
+
+
+async def test_an_evaluation_is_queued_live_and_boosted_from_the_cron_pool_page(
+    browser, console, module_database
+):
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/pool")
+    await expect(page.locator("#queue")).to_contain_text("Nothing queued.")
+    async with admin_channel(console.pool) as channel:
+        pool = pool_pb2_grpc.PoolServiceStub(channel)
+        request = ppb.CreateEvaluationRequest(
+            evaluation_id="console-eval-1",
+            series="console-bot",
+            line=common_pb2.LINE_FORMAL,
+            period="2026-12",
+            target_url=console.downstream.url,
+            window_seconds=60,
+            slot_count=1,
+            runs_per_slot=1,
+        )
+        request.cases.add(id="health", path="/healthz").rules.add(
+            kind=ppb.RULE_KIND_STATUS, value="200"
+        )
+        await pool.CreateEvaluation(request)
+
+        # The page was open before the evaluation existed: it comes in on the live feed.
+        row = page.locator("#queue tr[data-evaluation=console-eval-1]")
+        await expect(row).to_contain_text("QUEUED")
+        await expect(row.locator(".boost")).to_have_text("0")
+        await expect(page.locator("#pool-status [data-figure=queue_depth]")).to_have_attribute(
+            "data-count", "1"
+        )
+        # The chart gains a point per update, the queue depth among them.
+        await eventually(
+            lambda: page.evaluate("() => window.poolChart.data.datasets[1].data"),
+            lambda depths: len(depths) >= 2 and depths[-1] == 1,
+            timeout=30,
+            wanted="the chart to plot the queue depth of 1",
+        )
+        await page.screenshot(path=SCREENSHOTS / "pool.png", full_page=True)
+
+        await row.locator("input[name=boost]").fill("7")
+        await row.locator("button.boost-set").click()  # confirmed
+        await expect(page.locator("#notice")).to_have_text(
+            "boost: console-eval-1 at priority boost 7"
+        )
+        await expect(page.locator("#queue tr[data-evaluation=console-eval-1] .boost")).to_have_text(
+            "7"
+        )
+        found = await pool.GetEvaluation(ppb.GetEvaluationRequest(evaluation_id="console-eval-1"))
+        assert found.priority_boost == 7
+
+        # Not a whole number (the form's own field allows none): refused naming the field.
+        refused = await page.request.post(
+            f"{console.url}/pool/console-eval-1/boost", form={"boost": "lots"}
+        )
+        assert refused.url.startswith(f"{console.url}/pool?error=")
+        assert "boost: INVALID_ARGUMENT: priority_boost" in await refused.text()
+        found = await pool.GetEvaluation(ppb.GetEvaluationRequest(evaluation_id="console-eval-1"))
+        assert found.priority_boost == 7
+    assert watched.errors == []
+    await context.close()
+
+    # The pool answers admins only: a business's token is refused the page.
+    _, other = await business_token(module_database, "console-pool")
+    context = await signed_in(browser, console, other)
+    page = await context.new_page()
+    reply = await page.goto(f"{console.url}/pool")
+    assert reply is not None and reply.status == 403
     await context.close()

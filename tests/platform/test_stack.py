@@ -77,6 +77,9 @@ async def test_up_status_restart_and_data_kept(stack):
         # the console calls this stack's gateway with the token it is given
         page = await http.get(f"{console}/tasks", cookies={"dispo_token": stack.token})
         assert page.status_code == 200 and "SUCCEEDED" in page.text
+        # and this stack's pool (the Cron pool page)
+        pool = await http.get(f"{console}/pool", cookies={"dispo_token": stack.token})
+        assert pool.status_code == 200 and 'data-figure="busy"' in pool.text
 
     # each service logs in to PostgreSQL as its own role; no process holds the superuser's
     # password or another service's
