@@ -322,6 +322,10 @@ class ConsoleSettings(BaseSettings):
         default=_local_address("pool"),
         description="The pool's gRPC address, for the console (the Cron pool page)",
     )
+    intelligence_address: str = Field(
+        default=_local_address("intelligence"),
+        description="The intelligence service's gRPC address, for the console (the Intelligence page)",
+    )
     refresh_seconds: float = Field(
         default=2.0,
         gt=0,

@@ -266,7 +266,7 @@ def console_spec(options: StackOptions, common: dict[str, str], logs: Path) -> P
         "DISPO_CONSOLE_PORT": str(options.console_port),
         **{
             f"DISPO_CONSOLE_{service.upper()}_ADDRESS": f"{options.host}:{options.ports[service]}"
-            for service in ("gateway", "reconciler", "executor", "pool")
+            for service in ("gateway", "reconciler", "executor", "pool", "intelligence")
         },
     }
     return ProcessSpec(

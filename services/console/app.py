@@ -25,17 +25,24 @@ import uvicorn
 from dispo.console.backend import COUNT_LIMIT, COUNTED, Backend
 from dispo.console.views import (
     COLOURS,
+    JOB_COLOURS,
+    JOB_KINDS,
     MAX_BOOST,
     SINCE,
     WORK_KINDS,
     TaskFilter,
     age,
+    analysis_figures,
     completion_facts,
     cron_rows,
+    direction,
     downstream_rows,
     failed_groups,
     graph_elements,
     history,
+    job_counts,
+    job_row,
+    job_rows,
     may_resume,
     parked,
     pool_figures,
@@ -76,6 +83,8 @@ templates.env.globals.update(
     counted=COUNTED,
     since_choices=SINCE,
     age=age,
+    job_colours=JOB_COLOURS,
+    direction=direction,
     work_kind=work_kind,
     parked=parked,
 )
@@ -404,6 +413,44 @@ async def _pool_context(request: Request, token: str) -> dict[str, Any]:
     }
 
 
+async def _intelligence_context(request: Request, token: str) -> dict[str, Any]:
+    rows = job_rows(await _backend(request).jobs(token))
+    return {"jobs": rows, "counts": job_counts(rows)}
+
+
+async def _job_context(request: Request, token: str) -> dict[str, Any]:
+    kind, evaluation_id = request.path_params["kind"], request.path_params["evaluation_id"]
+    if kind not in JOB_KINDS:
+        raise DispoError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"kind: one of {', '.join(JOB_KINDS)}, not {kind!r}",
+            {"kind": f"one of {', '.join(JOB_KINDS)}"},
+        )
+    backend = _backend(request)
+    if kind == "analysis":
+        analysis = await backend.analysis(token, evaluation_id)
+        completed = analysis.HasField("stats")
+        return {
+            "kind": kind,
+            "job": job_row(analysis.job),
+            "narrative": analysis.narrative,
+            "figures": analysis_figures(analysis.stats) if completed else [],
+            "clusters": list(analysis.stats.failure_clusters),
+            "worst": list(analysis.stats.worst_cases),
+            "comparison": None,
+        }
+    comparison = await backend.comparison(token, evaluation_id)
+    return {
+        "kind": kind,
+        "job": job_row(comparison.job),
+        "narrative": comparison.narrative,
+        "figures": [],
+        "clusters": [],
+        "worst": [],
+        "comparison": comparison,
+    }
+
+
 failed_page, failed_stream = _live("failed.html", _failed_context, {"work": "_failed_rows.html"})
 downstreams_page, downstreams_stream = _live(
     "downstreams.html", _downstreams_context, {"downstreams": "_downstream_rows.html"}
@@ -411,6 +458,11 @@ downstreams_page, downstreams_stream = _live(
 pool_page, pool_stream = _live(
     "pool.html", _pool_context, {"pool": "_pool_rows.html", "figures": "_pool_figures.json"}
 )
+
+intelligence_page, intelligence_stream = _live(
+    "intelligence.html", _intelligence_context, {"jobs": "_job_rows.html"}
+)
+job_page, job_stream = _live("job.html", _job_context, {"job": "_job_detail.html"})
 
 
 async def home(request: Request) -> Response:
@@ -452,6 +504,10 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/pool", pool_page),
         Route("/pool/stream", pool_stream),
         Route("/pool/{evaluation_id}/boost", boost, methods=["POST"]),
+        Route("/intelligence", intelligence_page),
+        Route("/intelligence/stream", intelligence_stream),
+        Route("/intelligence/{kind}/{evaluation_id}", job_page),
+        Route("/intelligence/{kind}/{evaluation_id}/stream", job_stream),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(

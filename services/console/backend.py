@@ -17,6 +17,8 @@ import grpc
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
+from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
@@ -37,6 +39,8 @@ COUNT_LIMIT = 500
 FAILED_PAGE = 200
 # How many of the pool's queued evaluations the Cron pool page shows.
 QUEUE_PAGE = 200
+# How many analysis and comparison jobs the Intelligence page shows.
+JOBS_PAGE = 200
 
 
 @dataclass(frozen=True)
@@ -67,11 +71,13 @@ class Backend:
             reconciler := open_channel(settings.reconciler_address, ""),
             executor := open_channel(settings.executor_address, ""),
             pool := open_channel(settings.pool_address, ""),
+            intelligence := open_channel(settings.intelligence_address, ""),
         ]
         self.gateway = gateway_pb2_grpc.GatewayServiceStub(gateway)
         self.reconciler = reconciler_pb2_grpc.ReconcilerServiceStub(reconciler)
         self.executor = executor_pb2_grpc.ExecutorServiceStub(executor)
         self.pool = pool_pb2_grpc.PoolServiceStub(pool)
+        self.intelligence = intelligence_pb2_grpc.IntelligenceServiceStub(intelligence)
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self._channels))
@@ -258,3 +264,19 @@ class Backend:
             ppb.BoostEvaluationRequest(evaluation_id=evaluation_id, priority_boost=boost),
             token,
         )
+
+    async def jobs(self, token: str) -> list[ipb.Job]:
+        """The analysis and comparison jobs, as the intelligence service lists them."""
+        request = ipb.ListJobsRequest()
+        request.page.page_size = JOBS_PAGE
+        return list((await self._call(self.intelligence.ListJobs, request, token)).jobs)
+
+    async def analysis(self, token: str, evaluation_id: str) -> ipb.Analysis:
+        """An evaluation's analysis job, with its statistics and narrative once completed."""
+        request = ipb.GetJobRequest(evaluation_id=evaluation_id)
+        return await self._call(self.intelligence.GetAnalysis, request, token)
+
+    async def comparison(self, token: str, evaluation_id: str) -> ipb.Comparison:
+        """An evaluation's comparison job, with its deltas and narrative once completed."""
+        request = ipb.GetJobRequest(evaluation_id=evaluation_id)
+        return await self._call(self.intelligence.GetComparison, request, token)

@@ -14,6 +14,7 @@ from typing import Any
 
 from dispo.console.backend import COUNTED, PoolState, TaskDetail
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
+from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.proto_enums import short_name
@@ -330,3 +331,78 @@ def pool_figures(status: ppb.PoolStatus) -> dict[str, float]:
     many evaluations wait."""
     busy = status.busy / status.size if status.size else 0.0
     return {"utilisation": round(busy, 3), "queue_depth": status.queue_depth}
+
+
+# A job's status in the colour of the task status it is like.
+JOB_COLOURS = {
+    "QUEUED": COLOURS["PENDING"],
+    "GENERATING": COLOURS["RUNNING"],
+    "COMPLETED": COLOURS["SUCCEEDED"],
+    "FAILED": COLOURS["FAILED"],
+}
+# The Intelligence page's kinds, as its links and the service name them.
+JOB_KINDS = {"analysis": ipb.JOB_KIND_ANALYSIS, "comparison": ipb.JOB_KIND_COMPARISON}
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One analysis or comparison job on the Intelligence page."""
+
+    kind: str
+    evaluation_id: str
+    status: str
+    attempts: int
+    analysis_model: str
+    baseline_evaluation_id: str
+    updated_at: datetime | None
+    error: str
+
+
+def job_row(job: ipb.Job) -> JobRow:
+    return JobRow(
+        short_name(ipb.JobKind, job.kind).lower(),
+        job.evaluation_id,
+        short_name(ipb.JobStatus, job.status),
+        job.attempts,
+        job.analysis_model,
+        job.baseline_evaluation_id,
+        _at(job.updated_at, job.HasField("updated_at")),
+        job.error,
+    )
+
+
+def job_rows(jobs: list[ipb.Job]) -> list[JobRow]:
+    """The jobs, the last changed first."""
+    never = datetime.min.replace(tzinfo=UTC)
+    rows = [job_row(j) for j in jobs]
+    return sorted(rows, key=lambda r: (r.updated_at or never, r.evaluation_id), reverse=True)
+
+
+def job_counts(rows: list[JobRow]) -> dict[str, int]:
+    """How many jobs are in each status (every status, 0 included)."""
+    return {status: sum(r.status == status for r in rows) for status in JOB_COLOURS}
+
+
+def _share(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def analysis_figures(stats: ipb.AnalysisStats) -> list[tuple[str, str]]:
+    """A completed analysis's statistics, as the job page lists them."""
+    score, latency = stats.score, stats.latency
+    return [
+        ("runs", str(stats.run_count)),
+        ("cases", str(stats.case_count)),
+        ("pass rate", _share(stats.pass_rate)),
+        ("fail rate", _share(stats.fail_rate)),
+        ("error rate", _share(stats.error_rate)),
+        ("score", f"mean {score.mean:.3f}, p50 {score.p50:.3f}, min {score.min:.3f}"),
+        (
+            "latency",
+            f"p50 {latency.p50_ms} ms, p90 {latency.p90_ms} ms, p99 {latency.p99_ms} ms",
+        ),
+    ]
+
+
+def direction(delta: ipb.MetricDelta) -> str:
+    return short_name(ipb.Direction, delta.direction)

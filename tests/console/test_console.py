@@ -2,18 +2,23 @@
 real gateway, executor and reconciler processes and the console process in front of them:
 signing in, the Tasks page kept live, a task's DAG as Cytoscape draws it, resuming a failed
 task from its page, abandoning one from the Failed page, pausing a downstream, boosting an
-evaluation on the Cron pool page (the pool runs with no worker: its queue stays as made). The
-screenshots in docs/screenshots/ are taken by this run."""
+evaluation on the Cron pool page (the pool runs with no worker: its queue stays as made), an
+analysis job on the Intelligence page (the intelligence service runs on a stand-in model
+server). The screenshots in docs/screenshots/ are taken by this run."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
+from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.sdk import CellSpec
@@ -23,27 +28,51 @@ from pipeline_fixtures import TEST_CATALOGUE, Pipeline
 from playwright.async_api import Browser, BrowserContext, Page, expect
 from support.auth import admin_channel, business_token
 from support.browser import chromium
+from support.http import FakeServer
 from support.waiting import eventually
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 BUSINESS = "console-shop"
+# What the stand-in analysis model answers every request with.
+NARRATIVE = "Half the runs passed; c2 fails its rules."
 
 
 class Console:
-    def __init__(self, url: str, pipeline: Pipeline, downstream: Any, pool: str) -> None:
+    def __init__(
+        self, url: str, pipeline: Pipeline, downstream: Any, pool: str, intelligence: str
+    ) -> None:
         self.url = url
         self.pipeline = pipeline
         self.downstream = downstream
         self.pool = pool
+        self.intelligence = intelligence
 
 
 @pytest.fixture(scope="module")
-async def console(module_services, module_downstream, tmp_path_factory) -> Console:
+async def analysis_model() -> AsyncIterator[str]:
+    """An OpenAI-compatible model server (a party outside Dispo) answering :data:`NARRATIVE`;
+    its base URL."""
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        message = {"role": "assistant", "content": NARRATIVE}
+        choice = {"index": 0, "finish_reason": "stop", "message": message}
+        return web.json_response({"id": "c-1", "model": body["model"], "choices": [choice]})
+
+    server = FakeServer({("POST", "/v1/chat/completions"): completions})
+    await server.start()
+    yield f"{server.url}/v1"
+    await server.stop()
+
+
+@pytest.fixture(scope="module")
+async def console(module_services, module_downstream, analysis_model, tmp_path_factory) -> Console:
     folder = tmp_path_factory.mktemp("console")
     catalogue = folder / "catalogue.yaml"
     catalogue.write_text(TEST_CATALOGUE.format(url=module_downstream.url))
     pipeline = Pipeline(module_services.start, catalogue, module_downstream.url)
-    _, _, reconciler, pool = await asyncio.gather(
+    model = {"name": "stand-in", "base_url": analysis_model, "model": "stand-in-1"}
+    _, _, reconciler, pool, intelligence = await asyncio.gather(
         pipeline.start_gateway(),
         pipeline.start_executor(),
         module_services.start("reconciler", {"DISPO_CATALOGUE": str(catalogue)}),
@@ -53,6 +82,13 @@ async def console(module_services, module_downstream, tmp_path_factory) -> Conso
                 "DISPO_EGRESS_ALLOW": module_downstream.url,
                 "DISPO_POOL_LOCAL_REGISTRY": str(folder / "registry.sqlite"),
                 "DISPO_POOL_SPAWN_WORKER": "false",
+            },
+        ),
+        module_services.start(
+            "intelligence",
+            {
+                "DISPO_INTELLIGENCE_MODELS": json.dumps([model]),
+                "DISPO_INTELLIGENCE_DEFAULT_ANALYSIS_MODEL": "stand-in",
             },
         ),
     )
@@ -67,6 +103,7 @@ async def console(module_services, module_downstream, tmp_path_factory) -> Conso
                 "DISPO_CONSOLE_RECONCILER_ADDRESS": reconciler.address,
                 "DISPO_CONSOLE_EXECUTOR_ADDRESS": pipeline.executors[0].address,
                 "DISPO_CONSOLE_POOL_ADDRESS": pool.address,
+                "DISPO_CONSOLE_INTELLIGENCE_ADDRESS": intelligence.address,
                 "DISPO_CONSOLE_REFRESH_SECONDS": "0.3",
             },
             None,
@@ -77,7 +114,13 @@ async def console(module_services, module_downstream, tmp_path_factory) -> Conso
     process.spawn()
     module_services.started.append(process)  # killed with the services
     await process.wait_ready()
-    return Console(f"http://127.0.0.1:{port}", pipeline, module_downstream, pool.address)
+    return Console(
+        f"http://127.0.0.1:{port}",
+        pipeline,
+        module_downstream,
+        pool.address,
+        intelligence.address,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -329,4 +372,71 @@ async def test_an_evaluation_is_queued_live_and_boosted_from_the_cron_pool_page(
     page = await context.new_page()
     reply = await page.goto(f"{console.url}/pool")
     assert reply is not None and reply.status == 403
+    await context.close()
+
+
+async def test_an_analysis_job_comes_in_live_and_its_analysis_is_shown(browser, console):
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/intelligence")
+    async with admin_channel(console.intelligence) as channel:
+        intelligence = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        # A trial evaluation: nothing is analysed by itself, the analysis is triggered.
+        await intelligence.CreateEvaluation(
+            ipb.CreateEvaluationRequest(
+                evaluation_id="console-intel-1",
+                series="console-bot",
+                line=common_pb2.LINE_TRIAL,
+                period="2026-12",
+                configuration_json=json.dumps({"target": "console"}),
+            )
+        )
+        runs = [
+            ipb.RunResult(
+                run_id="r1", case_id="c1", verdict=common_pb2.VERDICT_PASS, score=1, latency_ms=10
+            ),
+            ipb.RunResult(
+                run_id="r2",
+                case_id="c2",
+                verdict=common_pb2.VERDICT_FAIL,
+                score=0,
+                latency_ms=30,
+                failure_reason="expected 200, got 500",
+            ),
+        ]
+        await intelligence.RecordRunResults(
+            ipb.RecordRunResultsRequest(evaluation_id="console-intel-1", runs=runs)
+        )
+        await intelligence.CompleteEvaluation(
+            ipb.CompleteEvaluationRequest(
+                evaluation_id="console-intel-1", status=ipb.EVALUATION_STATUS_COMPLETED
+            )
+        )
+        await intelligence.TriggerAnalysis(ipb.TriggerJobRequest(evaluation_id="console-intel-1"))
+
+    # The page was open before the job existed: it comes in on the live feed, and completes.
+    row = page.locator("tr[data-job='analysis/console-intel-1']")
+    await expect(row.locator(".job-status")).to_have_text("COMPLETED", timeout=30_000)
+    await expect(row).to_contain_text("stand-in")
+    completed = page.locator("#job-counts [data-status=COMPLETED]")
+    assert int(await completed.get_attribute("data-count") or 0) >= 1
+    await page.screenshot(path=SCREENSHOTS / "intelligence.png", full_page=True)
+
+    await row.locator("a").click()
+    assert page.url == f"{console.url}/intelligence/analysis/console-intel-1"
+    assert await page.locator("#job-status").inner_text() == "COMPLETED"
+    assert await page.locator("#narrative").inner_text() == NARRATIVE
+    figures = page.locator("#figures tr")
+    await expect(figures.filter(has_text="pass rate")).to_contain_text("50.0%")
+    await expect(figures.filter(has_text="runs")).to_contain_text("2")
+    await expect(page.locator("#worst")).to_contain_text("c2")
+    assert watched.errors == []
+
+    # A kind the service has not: refused naming the field; an evaluation it has not: 404.
+    reply = await page.goto(f"{console.url}/intelligence/poetry/console-intel-1")
+    assert reply is not None and reply.status == 400
+    assert "kind" in await page.locator("main").inner_text()
+    reply = await page.goto(f"{console.url}/intelligence/analysis/no-such-evaluation")
+    assert reply is not None and reply.status == 404
     await context.close()

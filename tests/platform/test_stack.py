@@ -223,3 +223,14 @@ def test_the_reconciler_calls_the_gateway_and_pool_on_the_ports_the_stack_gave_t
     [reconciler] = service_specs(alone, urls, "nats://x")
     assert "DISPO_RECONCILER_GATEWAY_ADDRESS" not in reconciler.env  # the environment's
     assert "DISPO_RECONCILER_DRIFT_POOL_ADDRESS" not in reconciler.env  # no pool here
+
+
+def test_the_console_calls_each_service_on_the_port_the_stack_gave_it(tmp_path):
+    """The console's pages call the stack's services, the intelligence service among them."""
+    ports = {name: 42000 + i for i, name in enumerate(SERVICES)}
+    options = StackOptions(tmp_path, ports=ports, demo_port=0, console_port=42100)
+    urls = dict.fromkeys(SERVICES, "postgresql://x@127.0.0.1/x")
+    [console] = [s for s in service_specs(options, urls, "nats://x") if s.name == "console"]
+    for service in ("gateway", "reconciler", "executor", "pool", "intelligence"):
+        wanted = f"127.0.0.1:{ports[service]}"
+        assert console.env[f"DISPO_CONSOLE_{service.upper()}_ADDRESS"] == wanted
