@@ -529,6 +529,11 @@ class OutboxRelay:
         self._direct_running = False
         # Rows the direct publisher sent and marked sent so far (for reports and tests).
         self.published_directly = 0
+        # Its one statement, built once.
+        self._mark_sent = text(
+            f"UPDATE {table.fullname} SET sent_at = :now"
+            " WHERE id = ANY(CAST(:sent AS bigint[])) AND sent_at IS NULL"
+        )
         self._pruning = Periodic(
             f"{table.name} prune", self._prune_pass, prune_interval, self.clock
         )
@@ -589,15 +594,12 @@ class OutboxRelay:
             )
             self.kick()
             return
-        t = self.table
         try:
             async with self.engine.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
                 await conn.execute(
-                    update(t)
-                    .where(text("id = ANY(CAST(:sent AS bigint[]))"), t.c.sent_at.is_(None))
-                    .values(sent_at=self.clock.now()),
-                    {"sent": [r.id for r in rows]},
+                    self._mark_sent,
+                    {"sent": [r.id for r in rows], "now": self.clock.now()},
                 )
         except Exception as error:  # PostgreSQL down: a pass sends them again, a no-op
             log.warning("outbox rows not marked sent", table=self.table.name, error=repr(error))
