@@ -12,8 +12,21 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO, cast
 
 import structlog
+
+
+class _CurrentStderr:
+    """Standard error as it is when a line is written, not when logging was set up: a
+    stream replaced since (a test's capture, a daemon's redirection) and closed is never
+    written to."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def configure_logging(fmt: str = "json", level: str = "INFO", service: str | None = None) -> None:
@@ -34,7 +47,7 @@ def configure_logging(fmt: str = "json", level: str = "INFO", service: str | Non
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=True,
     )
 

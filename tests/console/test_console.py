@@ -287,7 +287,13 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await expect(page.locator("#notice")).to_have_text("resume: done")
     await expect(page.locator(f"#work tr[data-task='{submitted.task_id}']")).to_have_count(0)
     async with console.pipeline.client() as client:
-        assert (await client.wait(submitted.task_id)).status == "SUCCEEDED"
+
+        async def status() -> str:  # FAILED until the redrive reaches the view
+            return (await client.get(submitted.task_id)).status
+
+        await eventually(
+            status, lambda s: s == "SUCCEEDED", timeout=60, wanted="the resumed task SUCCEEDED"
+        )
 
     await page.goto(f"{console.url}/downstreams")
     demo = page.locator("tr[data-downstream=demo]")

@@ -236,7 +236,7 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, tmp_path, 
 
 
 # The services whose outbox carries the trace context of the work that wrote each row.
-TRACED = {"gateway"}
+TRACED = {"gateway", "executor", "reconciler"}
 
 
 @pytest.mark.parametrize("service", ["gateway", "executor", "reconciler", "pool"])
