@@ -416,11 +416,7 @@ class _Split:
             self.failed.extend(_Failure(r, self.outage) for r in rows)
             return
         try:
-            headers = [_headers(r) for r in rows]
-            await self.bus.publish_many(
-                [(r.subject, r.payload, r.msg_id) for r in rows],
-                headers=headers if any(headers) else None,
-            )
+            await _publish(self.bus, rows)
         except Exception as error:
             if isinstance(error, TimeoutError):
                 self.timeouts += 1
@@ -437,6 +433,16 @@ class _Split:
 
 
 _MOST_TIMEOUTS = 8
+
+
+async def _publish(bus: Bus, rows: Sequence[Any]) -> None:
+    """Rows (a pass's or the direct publisher's) with one pipelined publish, each with its
+    message id and, where it keeps one, its trace context."""
+    headers = [_headers(r) for r in rows]
+    await bus.publish_many(
+        [(r.subject, r.payload, r.msg_id) for r in rows],
+        headers=headers if any(headers) else None,
+    )
 
 
 def _headers(row: Any) -> dict[str, str] | None:
@@ -580,11 +586,7 @@ class OutboxRelay:
             self.kick()
             return
         try:
-            headers = [_headers(r) for r in rows]
-            await self.bus.publish_many(
-                [(r.subject, r.payload, r.msg_id) for r in rows],
-                headers=headers if any(headers) else None,
-            )
+            await _publish(self.bus, rows)
         except Exception as error:
             log.info(
                 "outbox rows left to the relay's pass",

@@ -45,6 +45,7 @@ from dispo.libs.cli.lifecycle import (
     detach,
     down,
 )
+from dispo.libs.health import UNREACHABLE as NOT_ANSWERING
 from dispo.libs.health import health_status, http_health_status
 from dispo.libs.settings import DEFAULT_CONSOLE_PORT
 from dispo.libs.stack.ownership import StackRunning
@@ -280,7 +281,7 @@ def status(
             out.print(line.rstrip(), highlight=False)
     found = {info["status"] for info in report.values()}
     raise typer.Exit(
-        OK if found <= {"SERVING"} else UNREACHABLE if "UNREACHABLE" in found else ENDED_BADLY
+        OK if found <= {"SERVING"} else UNREACHABLE if NOT_ANSWERING in found else ENDED_BADLY
     )
 
 

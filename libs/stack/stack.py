@@ -109,6 +109,10 @@ class StackOptions:
     # DISPO_TLS_CLIENT_AUTH is set.
     tls: bool = False
 
+    def address(self, service: str) -> str:
+        """Where ``service`` (its first replica) listens for gRPC in this stack."""
+        return f"{self.host}:{self.ports[service]}"
+
     @property
     def certificates(self) -> LocalCertificates | None:
         return LocalCertificates(self.data_dir / TLS_FOLDER) if self.tls else None
@@ -140,6 +144,16 @@ def service_env(
     if nats_users is not None:
         env.update(nats_users.env(service))
     return env
+
+
+# The settings that tell a service where it calls another one of the stack, by service:
+# setting -> the service it names. The stack hands each the address it gave that service.
+PEERS = {
+    "reconciler": {
+        "DISPO_RECONCILER_GATEWAY_ADDRESS": "gateway",
+        "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": "pool",
+    },
+}
 
 
 def service_specs(
@@ -194,18 +208,12 @@ def service_specs(
         return env
 
     def peers(service: str) -> dict[str, str]:
-        """Where ``service`` calls the other services of this stack: on the ports the stack
-        gave them (a setting the operator made in the environment is left as it is)."""
-        wanted = {
-            "reconciler": {
-                "DISPO_RECONCILER_GATEWAY_ADDRESS": "gateway",
-                "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": "pool",
-            }
-        }.get(service, {})
+        """Where ``service`` calls the other services of this stack (:data:`PEERS`), unless
+        the operator set it in the environment."""
         return {
-            setting: f"{options.host}:{options.ports[peer]}"
-            for setting, peer in wanted.items()
-            if peer in options.services and setting not in {**os.environ, **common}
+            setting: options.address(peer)
+            for setting, peer in PEERS.get(service, {}).items()
+            if peer in options.services and setting not in os.environ and setting not in common
         }
 
     for service in options.services:
@@ -240,7 +248,7 @@ def service_specs(
             **service_env("pool", database_urls["pool"], nats_url, nats_users),  # part of the pool
             **common,
             **token(POOL_WORKER),
-            "DISPO_POOL_WORKER_POOL_ADDRESS": f"{options.host}:{options.ports['pool']}",
+            "DISPO_POOL_WORKER_POOL_ADDRESS": options.address("pool"),
             "DISPO_POOL_WORKER_LOCAL_REGISTRY": local_crons,
         }
         specs.append(
@@ -265,7 +273,7 @@ def console_spec(options: StackOptions, common: dict[str, str], logs: Path) -> P
         "DISPO_CONSOLE_HOST": options.host,
         "DISPO_CONSOLE_PORT": str(options.console_port),
         **{
-            f"DISPO_CONSOLE_{service.upper()}_ADDRESS": f"{options.host}:{options.ports[service]}"
+            f"DISPO_CONSOLE_{service.upper()}_ADDRESS": options.address(service)
             for service in ("gateway", "reconciler", "executor", "pool", "intelligence")
         },
     }
