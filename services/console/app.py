@@ -15,6 +15,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,25 +23,37 @@ from urllib.parse import urlencode
 
 import grpc
 import uvicorn
-from dispo.console.backend import COUNT_LIMIT, COUNTED, Backend
+from dispo.console.backend import (
+    COUNT_LIMIT,
+    COUNTED,
+    JOB_COUNT_LIMIT,
+    JOBS_PAGE,
+    JOBS_PAGE_MAX,
+    Backend,
+)
 from dispo.console.views import (
     COLOURS,
+    EVALUATION_ACTIONS,
     JOB_COLOURS,
     JOB_KINDS,
+    JOB_STATUSES,
     MAX_BOOST,
     SINCE,
     WORK_KINDS,
+    JobFilter,
+    ResumeProgress,
     TaskFilter,
     age,
     analysis_figures,
+    assignment_rows,
     completion_facts,
     cron_rows,
     direction,
     downstream_rows,
     failed_groups,
+    first_due,
     graph_elements,
     history,
-    job_counts,
     job_row,
     job_rows,
     may_resume,
@@ -48,9 +61,12 @@ from dispo.console.views import (
     pool_figures,
     queue_rows,
     recovery_state,
+    resume_progress,
     work_kind,
 )
+from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.logging import configure_logging, get_logger
+from dispo.libs.proto_enums import short_name
 from dispo.libs.sdk import DispoError, TaskSummary, TaskView
 from dispo.libs.settings import CommonSettings, ConsoleSettings
 from starlette.applications import Starlette
@@ -124,7 +140,7 @@ async def _refused(request: Request, error: Exception) -> Response:
     return templates.TemplateResponse(
         request,
         "error.html",
-        {"error": error, "violations": error.violations},
+        {"error": error, "violations": error.violations, **_messages(request)},
         status_code=HTTP_STATUS.get(error.code, 502),
     )
 
@@ -268,12 +284,21 @@ async def task_stream(request: Request) -> Response:
 
 
 def _back(request: Request, page: str, **message: str) -> Response:
-    """After an action: back to ``page``, saying what happened (HTMX goes where
-    ``HX-Redirect`` says; a plain form follows the 303)."""
+    """After an action: back to ``page``, saying what happened (and any other query fields
+    the page reads; HTMX goes where ``HX-Redirect`` says, a plain form follows the 303)."""
     where = f"{page}?{urlencode(message)}"
     if request.headers.get("HX-Request"):  # a redirect would be followed inside the request
         return Response(status_code=204, headers={"HX-Redirect": where})
     return RedirectResponse(where, status_code=303)
+
+
+@dataclass(frozen=True)
+class Done:
+    """What an action did, in words, and the query fields the page it returns to shows
+    more of it with."""
+
+    message: str
+    query: Mapping[str, str]
 
 
 Action = Callable[[Backend, str, Mapping[str, str]], Awaitable[Any]]
@@ -295,6 +320,8 @@ def _action(name: str, page: Callable[[Request], str], act: Action) -> Callable[
             return _back(
                 request, page(request), error=f"{name}: {error.code.name}: {error.message}"
             )
+        if isinstance(done, Done):
+            return _back(request, page(request), notice=f"{name}: {done.message}", **done.query)
         return _back(request, page(request), notice=f"{name}: {done or 'done'}")
 
     return route
@@ -308,12 +335,30 @@ def _page(path: str) -> Callable[[Request], str]:
     return lambda _: path
 
 
-async def _resumed(backend: Backend, token: str, f: Mapping[str, str]) -> str:
-    rate = float(f.get("rate") or BULK_RATE)
-    reply = await backend.resume_matching(
-        token, f.get("downstream", ""), f.get("business", ""), rate, ACTOR
-    )
-    return f"{reply.scheduled} task(s) scheduled, {rate:g} a second"
+async def _resumed(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
+    try:
+        rate = float(f.get("rate") or BULK_RATE)
+    except ValueError:
+        what = "a number of redrives a second"
+        raise DispoError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"rate_per_second: {what}, not {f.get('rate')!r}",
+            {"rate_per_second": what},
+        ) from None
+    downstream, business = f.get("downstream", ""), f.get("business", "")
+    reply = await backend.resume_matching(token, downstream, business, rate, ACTOR)
+    # The page follows the resume from the first redrive's due time on (the reconciler's
+    # clock; no later than this one's now, should the two differ).
+    since = datetime.now(UTC)
+    if reply.HasField("last_due_at"):
+        since = min(since, first_due(reply.last_due_at.ToDatetime(UTC), reply.scheduled, rate))
+    progress = {
+        "resumed": str(reply.scheduled),
+        "resumed_since": since.isoformat(),
+        "resumed_downstream": downstream,
+        "resumed_business": business,
+    }
+    return Done(f"{reply.scheduled} task(s) scheduled, {rate:g} a second", progress)
 
 
 cancel = _action("cancel", _task, lambda b, t, f: b.cancel(t, f["task_id"]))
@@ -334,19 +379,43 @@ pause = _action("pause", _page("/downstreams"), lambda b, t, f: b.pause(t, f["na
 unpause = _action("resume", _page("/downstreams"), lambda b, t, f: b.unpause(t, f["name"], ACTOR))
 
 
-async def _boosted(backend: Backend, token: str, f: Mapping[str, str]) -> str:
-    text = f.get("boost", "").strip()
+def _whole(
+    fields: Mapping[str, str], name: str, field: str = "", what: str = "a whole number"
+) -> int:
+    """The form's field ``name``, a whole number; refused (INVALID_ARGUMENT naming the
+    request's ``field``, ``name`` unless given) when it is not."""
+    text, field = fields.get(name, "").strip(), field or name
     if not text.isdigit():
         raise DispoError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"priority_boost: a whole number 0..{MAX_BOOST}, not {text!r}",
-            {"priority_boost": f"a whole number 0..{MAX_BOOST}"},
+            grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {what}, not {text!r}", {field: what}
         )
-    found = await backend.boost(token, f["evaluation_id"], int(text))
+    return int(text)
+
+
+async def _boosted(backend: Backend, token: str, f: Mapping[str, str]) -> str:
+    value = _whole(f, "boost", "priority_boost", f"a whole number 0..{MAX_BOOST}")
+    found = await backend.boost(token, f["evaluation_id"], value)
     return f"{found.id} at priority boost {found.priority_boost}"
 
 
 boost = _action("boost", _page("/pool"), _boosted)
+
+
+def _evaluation_action(action: str) -> Callable[..., Any]:
+    async def act(backend: Backend, token: str, f: Mapping[str, str]) -> str:
+        found = await backend.evaluation_action(token, action, f.get("evaluation_id", "").strip())
+        return f"{found.id} {short_name(ppb.EvaluationStatus, found.status)}"
+
+    return _action(action, _page("/pool"), act)
+
+
+async def _bounded(backend: Backend, token: str, f: Mapping[str, str]) -> str:
+    status = await backend.set_bounds(token, _whole(f, "min_size"), _whole(f, "max_size"))
+    return f"bounds {status.min_size}..{status.max_size}, size {status.size}"
+
+
+evaluation_actions = {action: _evaluation_action(action) for action in EVALUATION_ACTIONS}
+bounds = _action("bounds", _page("/pool"), _bounded)
 
 
 def _messages(request: Request) -> dict[str, str]:
@@ -387,8 +456,12 @@ async def _failed_context(request: Request, token: str) -> dict[str, Any]:
     downstream = request.query_params.get("downstream", "")
     kind = request.query_params.get("kind", "")
     kinds = (WORK_KINDS[kind],) if kind in WORK_KINDS else ()
-    work = await _backend(request).failed_work(token, kinds=kinds, downstream=downstream)
+    work, progress = await asyncio.gather(
+        _backend(request).failed_work(token, kinds=kinds, downstream=downstream),
+        _progress(request, token),
+    )
     return {
+        "progress": progress,
         "work": work,
         "groups": failed_groups(work),
         "downstream": downstream,
@@ -396,6 +469,23 @@ async def _failed_context(request: Request, token: str) -> dict[str, Any]:
         "kinds": WORK_KINDS,
         "bulk_rate": BULK_RATE,
     }
+
+
+async def _progress(request: Request, token: str) -> ResumeProgress | None:
+    """A bulk resume's progress, when the page follows one (the query fields *Resume
+    matching* returns with); None otherwise."""
+    params = request.query_params
+    scheduled, since = params.get("resumed", ""), params.get("resumed_since", "")
+    if not scheduled.isdigit() or not since:
+        return None
+    try:
+        started = datetime.fromisoformat(since)
+    except ValueError:
+        return None
+    tasks = await _backend(request).resumed(
+        token, params.get("resumed_downstream", ""), params.get("resumed_business", "")
+    )
+    return resume_progress(int(scheduled), started, tasks)
 
 
 async def _downstreams_context(request: Request, token: str) -> dict[str, Any]:
@@ -408,14 +498,39 @@ async def _pool_context(request: Request, token: str) -> dict[str, Any]:
         "status": state.status,
         "crons": cron_rows(state),
         "queue": queue_rows(state),
+        "assignments": assignment_rows(state),
         "figures": pool_figures(state.status),
         "max_boost": MAX_BOOST,
+        "evaluation_actions": EVALUATION_ACTIONS,
     }
 
 
 async def _intelligence_context(request: Request, token: str) -> dict[str, Any]:
-    rows = job_rows(await _backend(request).jobs(token))
-    return {"jobs": rows, "counts": job_counts(rows)}
+    found = JobFilter.parse(request.query_params, JOBS_PAGE, JOBS_PAGE_MAX)
+    backend = _backend(request)
+    page, counts = await asyncio.gather(
+        backend.jobs(
+            token,
+            evaluation_id=found.evaluation_id,
+            kind=found.kind_pb,
+            status=found.status_pb,
+            page_size=found.limit,
+            page_token=found.page_token,
+        ),
+        backend.job_counts(
+            token, JOB_STATUSES, evaluation_id=found.evaluation_id, kind=found.kind_pb
+        ),
+    )
+    following = page.page.next_page_token
+    return {
+        "filter": found,
+        "jobs": job_rows(list(page.jobs)),
+        "counts": counts,
+        "count_limit": JOB_COUNT_LIMIT,
+        "job_kinds": JOB_KINDS,
+        "next_page": f"/intelligence?{found.query(following)}" if following else "",
+        "first_page": f"/intelligence?{found.query()}" if found.page_token else "",
+    }
 
 
 async def _job_context(request: Request, token: str) -> dict[str, Any]:
@@ -503,6 +618,11 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/downstreams/{name}/resume", unpause, methods=["POST"]),
         Route("/pool", pool_page),
         Route("/pool/stream", pool_stream),
+        Route("/pool/bounds", bounds, methods=["POST"]),
+        *(
+            Route(f"/pool/{action}", route, methods=["POST"])
+            for action, route in evaluation_actions.items()
+        ),
         Route("/pool/{evaluation_id}/boost", boost, methods=["POST"]),
         Route("/intelligence", intelligence_page),
         Route("/intelligence/stream", intelligence_stream),

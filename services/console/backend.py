@@ -39,8 +39,15 @@ COUNT_LIMIT = 500
 FAILED_PAGE = 200
 # How many of the pool's queued evaluations the Cron pool page shows.
 QUEUE_PAGE = 200
-# How many analysis and comparison jobs the Intelligence page shows.
-JOBS_PAGE = 200
+# How many analysis and comparison jobs a page of the Intelligence page shows, unless it
+# asks for another size (at most JOBS_PAGE_MAX), and how far it counts each status.
+JOBS_PAGE = 50
+JOBS_PAGE_MAX = 500
+JOB_COUNT_LIMIT = 500
+# How many of the pool's latest assignments the Cron pool page shows.
+ASSIGNMENTS_PAGE = 20
+# How many tasks a bulk resume's progress follows (the reconciler's page).
+RESUMED_PAGE = 500
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class PoolState:
     status: ppb.PoolStatus
     crons: list[ppb.Cron]
     queue: list[ppb.QueueItem]
+    assignments: list[ppb.Assignment]
 
 
 @dataclass(frozen=True)
@@ -223,6 +231,25 @@ class Backend:
             token,
         )
 
+    async def resumed(self, token: str, downstream: str, business: str) -> list[rpb.RecoveryTask]:
+        """The tasks of a downstream and business in the states a resume leads through
+        (still parked, redriven, resolved, failed again): a bulk resume's progress."""
+        request = rpb.ListRecoveryTasksRequest(
+            filter=rpb.RecoveryFilter(
+                downstream=downstream,
+                business=business,
+                states=(
+                    rpb.RECOVERY_STATE_PARKED_FAILED,
+                    rpb.RECOVERY_STATE_DEMOTED,
+                    rpb.RECOVERY_STATE_REDRIVEN,
+                    rpb.RECOVERY_STATE_RESOLVED,
+                    rpb.RECOVERY_STATE_FAILED,
+                ),
+            )
+        )
+        request.page.page_size = RESUMED_PAGE
+        return list((await self._call(self.reconciler.ListRecoveryTasks, request, token)).tasks)
+
     async def downstreams(
         self, token: str
     ) -> list[tuple[rpb.DownstreamState, epb.Downstream | None]]:
@@ -250,12 +277,37 @@ class Backend:
         )
 
     async def pool_state(self, token: str) -> PoolState:
-        status, crons, queue = await asyncio.gather(
+        status, crons, queue, assignments = await asyncio.gather(
             self._call(self.pool.GetPoolStatus, ppb.GetPoolStatusRequest(), token),
             self._call(self.pool.ListCrons, ppb.ListCronsRequest(), token),
             self._call(self.pool.ListQueue, ppb.ListQueueRequest(limit=QUEUE_PAGE), token),
+            self._call(
+                self.pool.ListAssignments, ppb.ListAssignmentsRequest(limit=ASSIGNMENTS_PAGE), token
+            ),
         )
-        return PoolState(status, list(crons.crons), list(queue.items))
+        return PoolState(
+            status, list(crons.crons), list(queue.items), list(assignments.assignments)
+        )
+
+    async def evaluation_action(
+        self, token: str, action: str, evaluation_id: str
+    ) -> ppb.Evaluation:
+        """``pause`` (out of the queue, its cron lets it go), ``resume`` (a paused one back
+        in the queue) or ``cancel`` (ended for good) an evaluation."""
+        method = {
+            "pause": self.pool.PauseEvaluation,
+            "resume": self.pool.ResumeEvaluation,
+            "cancel": self.pool.CancelEvaluation,
+        }[action]
+        return await self._call(method, ppb.EvaluationRef(evaluation_id=evaluation_id), token)
+
+    async def set_bounds(self, token: str, min_size: int, max_size: int) -> ppb.PoolStatus:
+        """The pool's new size bounds; its scaler applies them at once."""
+        return await self._call(
+            self.pool.SetPoolBounds,
+            ppb.SetPoolBoundsRequest(min_size=min_size, max_size=max_size),
+            token,
+        )
 
     async def boost(self, token: str, evaluation_id: str, boost: int) -> ppb.Evaluation:
         """Set the evaluation's priority boost (a higher one is served first)."""
@@ -265,11 +317,47 @@ class Backend:
             token,
         )
 
-    async def jobs(self, token: str) -> list[ipb.Job]:
-        """The analysis and comparison jobs, as the intelligence service lists them."""
-        request = ipb.ListJobsRequest()
-        request.page.page_size = JOBS_PAGE
-        return list((await self._call(self.intelligence.ListJobs, request, token)).jobs)
+    async def jobs(
+        self,
+        token: str,
+        *,
+        evaluation_id: str = "",
+        kind: ipb.JobKind.ValueType = ipb.JOB_KIND_UNSPECIFIED,
+        status: ipb.JobStatus.ValueType = ipb.JOB_STATUS_UNSPECIFIED,
+        page_size: int = JOBS_PAGE,
+        page_token: str = "",
+    ) -> ipb.ListJobsResponse:
+        """A page of the analysis and comparison jobs, as the intelligence service lists
+        them (its ``page.next_page_token`` names the next page)."""
+        request = ipb.ListJobsRequest(evaluation_id=evaluation_id, kind=kind, status=status)
+        request.page.page_size, request.page.page_token = page_size, page_token
+        return await self._call(self.intelligence.ListJobs, request, token)
+
+    async def job_counts(
+        self,
+        token: str,
+        statuses: dict[str, ipb.JobStatus.ValueType],
+        *,
+        evaluation_id: str = "",
+        kind: ipb.JobKind.ValueType = ipb.JOB_KIND_UNSPECIFIED,
+    ) -> dict[str, int]:
+        """How many jobs are in each of ``statuses``, up to :data:`JOB_COUNT_LIMIT` + 1 each."""
+        pages = await asyncio.gather(
+            *(
+                self.jobs(
+                    token,
+                    evaluation_id=evaluation_id,
+                    kind=kind,
+                    status=status,
+                    page_size=JOB_COUNT_LIMIT,
+                )
+                for status in statuses.values()
+            )
+        )
+        return {
+            name: len(page.jobs) + (1 if page.page.next_page_token else 0)
+            for name, page in zip(statuses, pages, strict=True)
+        }
 
     async def analysis(self, token: str, evaluation_id: str) -> ipb.Analysis:
         """An evaluation's analysis job, with its statistics and narrative once completed."""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from dispo.console.backend import COUNTED, PoolState, TaskDetail
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
@@ -326,6 +327,40 @@ def queue_rows(state: PoolState) -> list[QueueRow]:
     ]
 
 
+@dataclass(frozen=True)
+class AssignmentRow:
+    """One of the pool's latest assignments: which cron held which evaluation, and how it
+    ended (empty while held)."""
+
+    cron_id: str
+    evaluation_id: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    end_reason: str
+
+
+def assignment_rows(state: PoolState) -> list[AssignmentRow]:
+    """The latest assignments, newest first (as the pool lists them)."""
+    return [
+        AssignmentRow(
+            a.cron_id,
+            a.evaluation_id,
+            _at(a.started_at, a.HasField("started_at")),
+            _at(a.ended_at, a.HasField("ended_at")),
+            short_name(ppb.AssignmentEnd, a.end_reason) if a.end_reason else "",
+        )
+        for a in state.assignments
+    ]
+
+
+# The evaluation actions of the Cron pool page, and what each asks before it acts.
+EVALUATION_ACTIONS = {
+    "pause": "Pause {id}? It leaves the queue (its cron lets it go) until resumed.",
+    "resume": "Resume {id}? It goes back into the queue.",
+    "cancel": "Cancel {id}? It ends for good (CANCELLED).",
+}
+
+
 def pool_figures(status: ppb.PoolStatus) -> dict[str, float]:
     """One point of the page's chart: the share of crons busy (0 with no cron), and how
     many evaluations wait."""
@@ -378,9 +413,58 @@ def job_rows(jobs: list[ipb.Job]) -> list[JobRow]:
     return sorted(rows, key=lambda r: (r.updated_at or never, r.evaluation_id), reverse=True)
 
 
-def job_counts(rows: list[JobRow]) -> dict[str, int]:
-    """How many jobs are in each status (every status, 0 included)."""
-    return {status: sum(r.status == status for r in rows) for status in JOB_COLOURS}
+# The Intelligence page's status filter, as its query string and the service name them.
+JOB_STATUSES = {
+    "QUEUED": ipb.JOB_STATUS_QUEUED,
+    "GENERATING": ipb.JOB_STATUS_GENERATING,
+    "COMPLETED": ipb.JOB_STATUS_COMPLETED,
+    "FAILED": ipb.JOB_STATUS_FAILED,
+}
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """The Intelligence page's filters (as ``dispo jobs list`` has them) and its page:
+    an evaluation id, a kind, a status, the page size and the page token."""
+
+    evaluation_id: str = ""
+    kind: str = ""
+    status: str = ""
+    limit: int = 0
+    page_token: str = ""
+
+    @classmethod
+    def parse(cls, params: Mapping[str, Any], default_limit: int, max_limit: int) -> JobFilter:
+        """From the page's query string; an unknown kind or status is dropped, the page size
+        kept within 1..``max_limit``."""
+        text = str(params.get("limit", ""))
+        limit = min(max(int(text), 1), max_limit) if text.isdigit() else default_limit
+        return cls(
+            str(params.get("evaluation", "")).strip(),
+            kind if (kind := str(params.get("kind", ""))) in JOB_KINDS else "",
+            status if (status := str(params.get("status", ""))) in JOB_STATUSES else "",
+            limit,
+            str(params.get("page", "")),
+        )
+
+    @property
+    def kind_pb(self) -> ipb.JobKind.ValueType:
+        return JOB_KINDS.get(self.kind, ipb.JOB_KIND_UNSPECIFIED)
+
+    @property
+    def status_pb(self) -> ipb.JobStatus.ValueType:
+        return JOB_STATUSES.get(self.status, ipb.JOB_STATUS_UNSPECIFIED)
+
+    def query(self, page_token: str = "") -> str:
+        """The query string of these filters at the page ``page_token`` names."""
+        fields = {
+            "evaluation": self.evaluation_id,
+            "kind": self.kind,
+            "status": self.status,
+            "limit": str(self.limit),
+            "page": page_token,
+        }
+        return urlencode({k: v for k, v in fields.items() if v})
 
 
 def _share(value: float) -> str:
@@ -406,3 +490,41 @@ def analysis_figures(stats: ipb.AnalysisStats) -> list[tuple[str, str]]:
 
 def direction(delta: ipb.MetricDelta) -> str:
     return short_name(ipb.Direction, delta.direction)
+
+
+@dataclass(frozen=True)
+class ResumeProgress:
+    """How far a bulk resume (*Resume matching*) has come: of the ``scheduled`` tasks, how
+    many the reconciler has redriven and they run again, how many finished (RESOLVED) and
+    how many failed again; the rest still wait their turn."""
+
+    scheduled: int
+    running: int
+    finished: int
+    failed: int
+
+    @property
+    def waiting(self) -> int:
+        return max(self.scheduled - self.running - self.finished - self.failed, 0)
+
+    @property
+    def done(self) -> bool:
+        return self.waiting == 0 and self.running == 0
+
+
+def resume_progress(
+    scheduled: int, since: datetime, tasks: list[rpb.RecoveryTask]
+) -> ResumeProgress:
+    """The progress of a bulk resume whose first redrive was due at ``since`` (the
+    reconciler's clock): the tasks redriven since then, by where they are now."""
+    at = [(t, _at(t.last_redrive_at, t.HasField("last_redrive_at"))) for t in tasks]
+    redriven = [t for t, when in at if when is not None and when >= since]
+    running = sum(t.state == rpb.RECOVERY_STATE_REDRIVEN for t in redriven)
+    finished = sum(t.state == rpb.RECOVERY_STATE_RESOLVED for t in redriven)
+    return ResumeProgress(scheduled, running, finished, len(redriven) - running - finished)
+
+
+def first_due(last_due: datetime, scheduled: int, rate: float) -> datetime:
+    """When the first of ``scheduled`` redrives spaced ``1 / rate`` seconds apart is due,
+    the last being due at ``last_due``."""
+    return last_due - timedelta(seconds=max(scheduled - 1, 0) / rate)

@@ -1,10 +1,13 @@
 """The web console in a real browser (Debian's headless Chromium, driven by Playwright) against
-real gateway, executor and reconciler processes and the console process in front of them:
-signing in, the Tasks page kept live, a task's DAG as Cytoscape draws it, resuming a failed
-task from its page, abandoning one from the Failed page, pausing a downstream, boosting an
-evaluation on the Cron pool page (the pool runs with no worker: its queue stays as made), an
-analysis job on the Intelligence page (the intelligence service runs on a stand-in model
-server). The screenshots in docs/screenshots/ are taken by this run."""
+real gateway, executor, reconciler, pool and intelligence processes and the console process in
+front of them: signing in (and out, a revoked token signing the browser out of an open list),
+the Tasks page kept live, a task's DAG as Cytoscape draws it, resuming a failed task from its
+page, abandoning one from the Failed page and resuming parked ones by filter, pausing a
+downstream, an evaluation running on the pool's one cron (its worker spawned by the pool,
+calling a target the test holds open) and others queued, boosted, paused and cancelled on the
+Cron pool page, analysis and comparison jobs on the Intelligence page (the intelligence
+service runs on a stand-in model server). The screenshots in docs/screenshots/ are taken by
+this run."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
@@ -39,13 +43,50 @@ NARRATIVE = "Half the runs passed; c2 fails its rules."
 
 class Console:
     def __init__(
-        self, url: str, pipeline: Pipeline, downstream: Any, pool: str, intelligence: str
+        self,
+        url: str,
+        pipeline: Pipeline,
+        downstream: Any,
+        pool: str,
+        intelligence: str,
+        target: HeldTarget,
     ) -> None:
         self.url = url
         self.pipeline = pipeline
         self.downstream = downstream
         self.pool = pool
         self.intelligence = intelligence
+        self.target = target
+
+
+class HeldTarget:
+    """A real HTTP server playing the system the pool's evaluations call (a party outside
+    Dispo): it answers 200 at once, or, while held, keeps each call open until released."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+        self.released.set()
+        self.waiting = 0
+        self.server = FakeServer({("*", "/{tail:.*}"): self._answer})
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def hold(self) -> None:
+        self.released = asyncio.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        released = self.released
+        self.waiting += 1
+        try:
+            await released.wait()
+        finally:
+            self.waiting -= 1
+        return web.json_response({"ok": True})
 
 
 @pytest.fixture(scope="module")
@@ -66,22 +107,44 @@ async def analysis_model() -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="module")
-async def console(module_services, module_downstream, analysis_model, tmp_path_factory) -> Console:
+async def target() -> AsyncIterator[HeldTarget]:
+    found = HeldTarget()
+    await found.server.start()
+    yield found
+    found.release()
+    await found.server.stop()
+
+
+@pytest.fixture(scope="module")
+async def console(
+    module_services, module_downstream, analysis_model, target, tmp_path_factory
+) -> Console:
     folder = tmp_path_factory.mktemp("console")
     catalogue = folder / "catalogue.yaml"
     catalogue.write_text(TEST_CATALOGUE.format(url=module_downstream.url))
+    # Parked tasks wait an hour for their automatic redrive: only an operator redrives them.
+    recovery = folder / "recovery.yaml"
+    recovery.write_text(
+        json.dumps({"redrive": {"default": {"base_delay": 3600, "max_delay": 3600, "jitter": 0}}})
+    )
     pipeline = Pipeline(module_services.start, catalogue, module_downstream.url)
     model = {"name": "stand-in", "base_url": analysis_model, "model": "stand-in-1"}
     _, _, reconciler, pool, intelligence = await asyncio.gather(
         pipeline.start_gateway(),
         pipeline.start_executor(),
-        module_services.start("reconciler", {"DISPO_CATALOGUE": str(catalogue)}),
+        module_services.start(
+            "reconciler",
+            {"DISPO_CATALOGUE": str(catalogue), "DISPO_RECONCILER_CONFIG": str(recovery)},
+        ),
+        # One cron, run by the worker the pool spawns: what it holds, the rest waits for.
         module_services.start(
             "pool",
             {
-                "DISPO_EGRESS_ALLOW": module_downstream.url,
+                "DISPO_EGRESS_ALLOW": f"{module_downstream.url},{target.url}",
                 "DISPO_POOL_LOCAL_REGISTRY": str(folder / "registry.sqlite"),
-                "DISPO_POOL_SPAWN_WORKER": "false",
+                "DISPO_POOL_SPAWN_WORKER": "true",
+                "DISPO_POOL_MIN_SIZE": "1",
+                "DISPO_POOL_MAX_SIZE": "1",
             },
         ),
         module_services.start(
@@ -120,6 +183,7 @@ async def console(module_services, module_downstream, analysis_model, tmp_path_f
         module_downstream,
         pool.address,
         intelligence.address,
+        target,
     )
 
 
@@ -309,7 +373,60 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await context.close()
 
 
-async def test_an_evaluation_is_queued_live_and_boosted_from_the_cron_pool_page(
+def evaluation_request(console: Console, evaluation_id: str) -> ppb.CreateEvaluationRequest:
+    """One run, due at once, against the test's target (a trial: nothing analyses it)."""
+    request = ppb.CreateEvaluationRequest(
+        evaluation_id=evaluation_id,
+        series="console-bot",
+        line=common_pb2.LINE_TRIAL,
+        period="2026-12",
+        target_url=console.target.url,
+        window_seconds=60,
+        slot_count=1,
+        runs_per_slot=1,
+    )
+    request.cases.add(id="answer", path="/answer").rules.add(kind=ppb.RULE_KIND_STATUS, value="200")
+    return request
+
+
+async def evaluation_status(pool: pool_pb2_grpc.PoolServiceStub, evaluation_id: str) -> str:
+    found = await pool.GetEvaluation(ppb.GetEvaluationRequest(evaluation_id=evaluation_id))
+    return ppb.EvaluationStatus.Name(found.status)
+
+
+async def test_a_running_evaluation_holds_its_cron_until_it_completes(browser, console):
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/pool")
+    cron = page.locator("#crons tr[data-cron]")
+    await expect(cron.locator(".cron-status")).to_have_text("IDLE")  # the one cron
+    console.target.hold()  # the evaluation's call stays open until released
+    async with admin_channel(console.pool) as channel:
+        pool = pool_pb2_grpc.PoolServiceStub(channel)
+        await pool.CreateEvaluation(evaluation_request(console, "console-run-1"))
+
+        # The cron takes it at once; the page, open before, shows it busy with it.
+        await expect(cron.locator(".cron-status")).to_have_text("BUSY")
+        await expect(cron.locator(".cron-evaluation")).to_have_text("console-run-1")
+        await expect(page.locator("#pool-status [data-figure=busy]")).to_have_text("busy 1")
+        held = page.locator("#assignments tr[data-evaluation=console-run-1]").first
+        await expect(held.locator(".end-reason")).to_have_text("held")
+        await eventually(
+            lambda: console.target.waiting >= 1, wanted="the evaluation's run in flight"
+        )
+        assert await evaluation_status(pool, "console-run-1") == "EVALUATION_STATUS_EXECUTING"
+
+        console.target.release()  # its one run answers: the evaluation completes
+        await expect(held.locator(".end-reason")).to_have_text("COMPLETED")
+        await expect(cron.locator(".cron-status")).to_have_text("IDLE")
+        await expect(cron.locator(".cron-evaluation")).to_have_text("")
+        assert await evaluation_status(pool, "console-run-1") == "EVALUATION_STATUS_COMPLETED"
+    assert watched.errors == []
+    await context.close()
+
+
+async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page(
     browser, console, module_database
 ):
     context = await signed_in(browser, console, console.pipeline.token)
@@ -317,22 +434,14 @@ async def test_an_evaluation_is_queued_live_and_boosted_from_the_cron_pool_page(
     page = watched.page
     await page.goto(f"{console.url}/pool")
     await expect(page.locator("#queue")).to_contain_text("Nothing queued.")
+    console.target.hold()
     async with admin_channel(console.pool) as channel:
         pool = pool_pb2_grpc.PoolServiceStub(channel)
-        request = ppb.CreateEvaluationRequest(
-            evaluation_id="console-eval-1",
-            series="console-bot",
-            line=common_pb2.LINE_FORMAL,
-            period="2026-12",
-            target_url=console.downstream.url,
-            window_seconds=60,
-            slot_count=1,
-            runs_per_slot=1,
-        )
-        request.cases.add(id="health", path="/healthz").rules.add(
-            kind=ppb.RULE_KIND_STATUS, value="200"
-        )
-        await pool.CreateEvaluation(request)
+        # The one cron is held by the first; the second waits in the queue.
+        await pool.CreateEvaluation(evaluation_request(console, "console-hold-1"))
+        cron = page.locator("#crons tr[data-cron]")
+        await expect(cron.locator(".cron-evaluation")).to_have_text("console-hold-1")
+        await pool.CreateEvaluation(evaluation_request(console, "console-eval-1"))
 
         # The page was open before the evaluation existed: it comes in on the live feed.
         row = page.locator("#queue tr[data-evaluation=console-eval-1]")
@@ -369,15 +478,53 @@ async def test_an_evaluation_is_queued_live_and_boosted_from_the_cron_pool_page(
         assert "boost: INVALID_ARGUMENT: priority_boost" in await refused.text()
         found = await pool.GetEvaluation(ppb.GetEvaluationRequest(evaluation_id="console-eval-1"))
         assert found.priority_boost == 7
+
+        # Paused from its row: out of the queue; resumed by its id: back in it.
+        await row.locator("button.pause").click()  # confirmed
+        await expect(page.locator("#notice")).to_have_text("pause: console-eval-1 PAUSED")
+        await expect(row).to_have_count(0)
+        assert await evaluation_status(pool, "console-eval-1") == "EVALUATION_STATUS_PAUSED"
+        await page.fill("#evaluation-id", "console-eval-1")
+        await page.locator("#evaluation-form button.resume").click()  # confirmed
+        await expect(page.locator("#notice")).to_contain_text("resume: console-eval-1")
+        await expect(row).to_contain_text("QUEUED")
+
+        # The held one cancelled from its cron's row: ended for good, its cron let go.
+        await cron.locator("button.cancel").click()  # confirmed
+        await expect(page.locator("#notice")).to_have_text("cancel: console-hold-1 CANCELLED")
+        assert await evaluation_status(pool, "console-hold-1") == "EVALUATION_STATUS_CANCELLED"
+        # A cancelled evaluation is not paused: its resume is refused, and said on the page.
+        await page.fill("#evaluation-id", "console-hold-1")
+        await page.locator("#evaluation-form button.resume").click()  # confirmed
+        await expect(page.locator("#problem")).to_contain_text("resume: FAILED_PRECONDITION")
+        assert await evaluation_status(pool, "console-hold-1") == "EVALUATION_STATUS_CANCELLED"
+
+        # Bounds the pool refuses (fewest above most): said on the page, nothing changed.
+        bounds = page.locator("#bounds-form")
+        await bounds.locator("input[name=min_size]").fill("3")
+        await bounds.locator("input[name=max_size]").fill("2")
+        await bounds.locator("#bounds-set").click()  # confirmed
+        await expect(page.locator("#problem")).to_contain_text("bounds: INVALID_ARGUMENT")
+        status = await pool.GetPoolStatus(ppb.GetPoolStatusRequest())
+        assert (status.min_size, status.max_size) == (1, 1)
+    console.target.release()
     assert watched.errors == []
     await context.close()
 
-    # The pool answers admins only: a business's token is refused the page.
+    # The pool answers admins only: a business's token is refused the page and its actions.
     _, other = await business_token(module_database, "console-pool")
     context = await signed_in(browser, console, other)
     page = await context.new_page()
     reply = await page.goto(f"{console.url}/pool")
     assert reply is not None and reply.status == 403
+    refused = await page.request.post(
+        f"{console.url}/pool/cancel", form={"evaluation_id": "console-eval-1"}
+    )
+    assert refused.status == 403  # back to the page, which the token may not see either
+    assert "cancel: PERMISSION_DENIED" in await refused.text()
+    async with admin_channel(console.pool) as channel:
+        pool = pool_pb2_grpc.PoolServiceStub(channel)
+        assert await evaluation_status(pool, "console-eval-1") != "EVALUATION_STATUS_CANCELLED"
     await context.close()
 
 
@@ -445,4 +592,171 @@ async def test_an_analysis_job_comes_in_live_and_its_analysis_is_shown(browser, 
     assert "kind" in await page.locator("main").inner_text()
     reply = await page.goto(f"{console.url}/intelligence/analysis/no-such-evaluation")
     assert reply is not None and reply.status == 404
+    await context.close()
+
+
+async def feed_evaluation(
+    intelligence: intelligence_pb2_grpc.IntelligenceServiceStub,
+    evaluation_id: str,
+    period: str,
+    verdicts: list[common_pb2.Verdict.ValueType],
+) -> None:
+    """A completed formal evaluation of the series ``console-cmp``: the intelligence service
+    analyses it by itself, then compares it with the period before it."""
+    await intelligence.CreateEvaluation(
+        ipb.CreateEvaluationRequest(
+            evaluation_id=evaluation_id,
+            series="console-cmp",
+            line=common_pb2.LINE_FORMAL,
+            period=period,
+            configuration_json=json.dumps({"target": "console"}),
+        )
+    )
+    runs = [
+        ipb.RunResult(
+            run_id=f"{evaluation_id}-{i}",
+            case_id=f"c{i}",
+            verdict=verdict,
+            score=1 if verdict == common_pb2.VERDICT_PASS else 0,
+            latency_ms=10,
+        )
+        for i, verdict in enumerate(verdicts)
+    ]
+    await intelligence.RecordRunResults(
+        ipb.RecordRunResultsRequest(evaluation_id=evaluation_id, runs=runs)
+    )
+    await intelligence.CompleteEvaluation(
+        ipb.CompleteEvaluationRequest(
+            evaluation_id=evaluation_id, status=ipb.EVALUATION_STATUS_COMPLETED
+        )
+    )
+
+
+async def test_comparison_jobs_are_filtered_paged_and_shown_to_admins_only(
+    browser, console, module_database
+):
+    async with admin_channel(console.intelligence) as channel:
+        intelligence = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
+        passed, failed = common_pb2.VERDICT_PASS, common_pb2.VERDICT_FAIL
+        await feed_evaluation(intelligence, "console-cmp-base", "2026-11", [passed, failed])
+        await feed_evaluation(intelligence, "console-cmp-now", "2026-12", [passed, passed])
+
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    # The comparisons only: the later period's against the earlier; the earlier has none.
+    await page.goto(f"{console.url}/intelligence?kind=comparison")
+    now = page.locator("tr[data-job='comparison/console-cmp-now'] .job-status")
+    await expect(now).to_have_text("COMPLETED", timeout=60_000)
+    base = page.locator("tr[data-job='comparison/console-cmp-base'] .job-status")
+    await expect(base).to_have_text("FAILED", timeout=60_000)
+    assert await page.locator("tr[data-job^='analysis/']").count() == 0
+    counts = page.locator("#job-counts")
+    await expect(counts.locator("[data-status=COMPLETED]")).to_have_attribute("data-count", "1")
+    await expect(counts.locator("[data-status=FAILED]")).to_have_attribute("data-count", "1")
+
+    # A job a page: the next page (the service's page token) holds the other.
+    await page.goto(f"{console.url}/intelligence?kind=comparison&limit=1")
+    first = await page.locator("tr[data-job]").get_attribute("data-job")
+    assert await page.locator("tr[data-job]").count() == 1
+    await page.locator("#next-page").click()
+    await expect(page.locator("tr[data-job]")).to_have_count(1)
+    second = await page.locator("tr[data-job]").get_attribute("data-job")
+    assert {first, second} == {"comparison/console-cmp-now", "comparison/console-cmp-base"}
+    assert await page.locator("#next-page").count() == 0  # the last page
+    await page.locator("#first-page").click()
+    assert await page.locator("tr[data-job]").get_attribute("data-job") == first
+
+    # By status (and by evaluation): the completed comparison alone; its page.
+    await page.goto(f"{console.url}/intelligence?kind=comparison&status=COMPLETED")
+    assert [
+        await r.get_attribute("data-job") for r in await page.locator("tr[data-job]").all()
+    ] == ["comparison/console-cmp-now"]
+    await page.goto(f"{console.url}/intelligence?evaluation=console-cmp-now")
+    await expect(page.locator("tr[data-job]")).to_have_count(2)  # its analysis and comparison
+    await page.locator("tr[data-job='comparison/console-cmp-now'] a").click()
+    assert page.url == f"{console.url}/intelligence/comparison/console-cmp-now"
+    assert await page.locator("#job-status").inner_text() == "COMPLETED"
+    assert await page.locator("#narrative").inner_text() == NARRATIVE
+    await expect(page.locator("#job-facts")).to_contain_text("console-cmp-base")  # the baseline
+    pass_rate = page.locator("#deltas tr").filter(has_text="pass_rate")
+    await expect(pass_rate.locator("td")).to_have_text(
+        ["pass_rate", "0.5", "1", "+0.5", "IMPROVED"]
+    )
+    await page.screenshot(path=SCREENSHOTS / "comparison.png", full_page=True)
+    assert watched.errors == []
+    await context.close()
+
+    # Evaluations and jobs belong to no business: a business's token is refused the pages,
+    # and the page says so.
+    _, other = await business_token(module_database, "console-intel")
+    context = await signed_in(browser, console, other)
+    page = await context.new_page()
+    for path in ("/intelligence", "/intelligence/comparison/console-cmp-now"):
+        reply = await page.goto(f"{console.url}{path}")
+        assert reply is not None and reply.status == 403
+        await expect(page.locator("h1")).to_have_text("PERMISSION_DENIED")
+    await context.close()
+
+
+async def test_parked_tasks_of_a_downstream_are_resumed_by_filter_with_progress(browser, console):
+    # Every call of these cells fails with a 503 until the switch is reset: their retries are
+    # exhausted and the reconciler parks them (their automatic redrive an hour away).
+    await console.downstream.control(fail={"status": 503, "times": 1000, "path": "/step/bulk-"})
+    async with console.pipeline.client() as client:
+        ids = [
+            (await client.submit("console-bulk", [CellSpec("step", {"name": f"bulk-{i}"})])).task_id
+            for i in range(3)
+        ]
+
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/failed?downstream=demo")
+    for task_id in ids:
+        row = page.locator(f"#work tr[data-task='{task_id}']")
+        await expect(row).to_contain_text("AWAITING_REDRIVE", timeout=60_000)
+    await console.downstream.control(reset=True)  # the downstream answers again
+
+    # A rate that is no number: refused naming the field.
+    refused = await page.request.post(
+        f"{console.url}/failed/resume",
+        form={"downstream": "demo", "business": "console-bulk", "rate": "fast"},
+    )
+    assert "resume matching: INVALID_ARGUMENT: rate_per_second" in await refused.text()
+    await page.fill("#resume-form input[name=business]", "console-bulk")
+    await page.fill("#resume-form input[name=rate]", "2")
+    await page.locator("#resume-matching").click()  # confirmed
+    await expect(page.locator("#notice")).to_have_text(
+        "resume matching: 3 task(s) scheduled, 2 a second"
+    )
+    # The page follows the resume: each task redriven in turn, until all three finished.
+    progress = page.locator("#progress")
+    await expect(progress).to_have_attribute("data-finished", "3", timeout=60_000)
+    await expect(progress).to_have_attribute("data-done", "yes")
+    await expect(progress).to_contain_text("0 waiting their turn")
+    for task_id in ids:
+        await expect(page.locator(f"#work tr[data-task='{task_id}']")).to_have_count(0)
+    async with console.pipeline.client() as client:
+        assert {(await client.get(task_id)).status for task_id in ids} == {"SUCCEEDED"}
+    assert watched.errors == []
+    await context.close()
+
+
+async def test_a_token_revoked_while_a_list_is_open_signs_the_browser_out(
+    browser, console, module_database
+):
+    token_id, token = await business_token(module_database, BUSINESS)
+    context = await signed_in(browser, console, token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/failed")
+    assert page.url == f"{console.url}/failed"
+    await expect(page.locator("#groups")).to_be_visible()
+    async with admin_channel(console.pipeline.gateway.address) as channel:
+        tokens = auth_pb2_grpc.TokenServiceStub(channel)
+        await tokens.RevokeToken(auth_pb2.RevokeTokenRequest(token_id=token_id))
+    # The live feed is refused (once the reconciler's cache of the token lapses): signed out.
+    await page.wait_for_url(f"{console.url}/login", timeout=30_000)
+    assert not await context.cookies()
     await context.close()
