@@ -56,6 +56,7 @@ RULES: dict[str, Rule] = {
         Submit=internal("reconciler", business=True),
         GetTask=BUSINESS,
         ListTasks=BUSINESS,
+        CountTasks=BUSINESS,
         CancelTask=BUSINESS,
         WatchTask=BUSINESS,
         ListCells=BUSINESS,

@@ -2,7 +2,7 @@
 
 dispo up [--detach] [--tls] | down | status  the stack on this machine
 dispo submit FILE|- [--wait]                  a task from JSON or YAML
-dispo tasks list|show|watch|cancel            the gateway's tasks
+dispo tasks list|count|show|watch|cancel      the gateway's tasks
 dispo failed list|show|resume|abandon|resolve the reconciler's failed, parked and uncertain work
 dispo downstreams list|pause|resume           downstream health and pauses
 dispo pool status|queue|evaluations|boost|bounds   the cron pool

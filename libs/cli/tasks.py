@@ -41,7 +41,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 tasks_app = typer.Typer(
-    help="The gateway's tasks: list, show, watch, cancel.", no_args_is_help=True
+    help="The gateway's tasks: list, count, show, watch, cancel.", no_args_is_help=True
 )
 
 _SUBMIT_KEYS = {"business", "cells", "idempotency_key", "callback_url"}
@@ -204,6 +204,18 @@ def dependency_tree(view: TaskView) -> Tree:
     return tree
 
 
+SINCE_OPTION = Annotated[
+    str | None,
+    typer.Option("--since", help="created since: a duration back (15m, 2h, 3d) or an ISO time"),
+]
+KEY_OPTION = Annotated[
+    str,
+    typer.Option(
+        "--idempotency-key", "--key", help="only the task submitted with this key (one a business)"
+    ),
+]
+
+
 @tasks_app.command(name="list")
 def list_(
     ctx: typer.Context,
@@ -212,10 +224,8 @@ def list_(
         typer.Option(help="only tasks in this status (repeat for several): SUCCEEDED, FAILED, …"),
     ] = None,
     business: Annotated[str, typer.Option(help="only this business's tasks")] = "",
-    since_: Annotated[
-        str | None,
-        typer.Option("--since", help="created since: a duration back (15m, 2h, 3d) or an ISO time"),
-    ] = None,
+    since_: SINCE_OPTION = None,
+    key: KEY_OPTION = "",
     limit: Annotated[int, typer.Option(help="tasks per page", min=1, max=500)] = 20,
     page_token: Annotated[
         str, typer.Option(help="the page after this one (from a --json page)")
@@ -233,6 +243,7 @@ def list_(
             page_size=limit,
             page_token=page_token,
             order="oldest" if oldest_first else "newest",
+            idempotency_key=key,
         )
     if as_json:
         reply = gateway_pb2.ListTasksResponse(tasks=[t.raw for t in page.tasks], more=page.more)
@@ -242,6 +253,36 @@ def list_(
     out.print(_task_table(page))
     if page.more:
         out.print(f"more: --page-token {page.next_page_token}", style="dim", highlight=False)
+
+
+@tasks_app.command()
+def count(
+    ctx: typer.Context,
+    business: Annotated[str, typer.Option(help="only this business's tasks")] = "",
+    since_: SINCE_OPTION = None,
+    key: KEY_OPTION = "",
+    as_json: JSON_OPTION = False,
+) -> None:
+    """How many tasks are in each status, exactly (the gateway's CountTasks)."""
+    with target(ctx).client() as client:
+        counts = client.count(
+            business=business,
+            created_after=since(since_) if since_ else None,
+            idempotency_key=key,
+        )
+    if as_json:
+        reply = gateway_pb2.CountTasksResponse(total=sum(counts.values()))
+        for name, n in counts.items():
+            reply.counts.add(status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{name}"), count=n)
+        emit_json(reply)
+        return
+    table = Table(box=None, pad_edge=False)
+    table.add_column("status")
+    table.add_column("tasks", justify="right")
+    for name, n in counts.items():
+        table.add_row(_styled(name), str(n))
+    table.add_row("total", str(sum(counts.values())), style="bold")
+    out.print(table)
 
 
 def _known_statuses(statuses: list[str]) -> list[str]:

@@ -63,6 +63,7 @@ def list_request(
     page_size: int,
     page_token: str,
     order: str,
+    idempotency_key: str = "",
 ) -> gateway_pb2.ListTasksRequest:
     """The ListTasks request for these filters (the clients' and the web console's)."""
     if order not in ORDERS:
@@ -72,12 +73,33 @@ def list_request(
         statuses=[common_pb2.TaskStatus.Value(f"TASK_STATUS_{s}") for s in statuses],
         page=common_pb2.PageRequest(page_size=page_size, page_token=page_token),
         order=ORDERS[order],
+        idempotency_key=idempotency_key,
     )
     if created_after:
         request.created_after.FromDatetime(created_after)
     if created_before:
         request.created_before.FromDatetime(created_before)
     return request
+
+
+def count_request(
+    business: str,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    idempotency_key: str,
+) -> gateway_pb2.CountTasksRequest:
+    """The CountTasks request for these filters (the clients' and the web console's)."""
+    request = gateway_pb2.CountTasksRequest(business=business, idempotency_key=idempotency_key)
+    if created_after:
+        request.created_after.FromDatetime(created_after)
+    if created_before:
+        request.created_before.FromDatetime(created_before)
+    return request
+
+
+def counts_of(reply: gateway_pb2.CountTasksResponse) -> dict[str, int]:
+    """CountTasks' counts by status name ("SUCCEEDED": 3), every status, in the enum's order."""
+    return {task_status_name(c.status): c.count for c in reply.counts}
 
 
 class AsyncClient:
@@ -157,13 +179,22 @@ class AsyncClient:
         page_size: int = 100,
         page_token: str = "",
         order: str = "newest",
+        idempotency_key: str = "",
         timeout: float | None = 10.0,
     ) -> TaskPage:
-        """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest"."""
+        """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest";
+        with ``idempotency_key``, the task submitted with that key (one per business)."""
         reply = await self._call(
             self._stub.ListTasks,
             list_request(
-                business, statuses, created_after, created_before, page_size, page_token, order
+                business,
+                statuses,
+                created_after,
+                created_before,
+                page_size,
+                page_token,
+                order,
+                idempotency_key,
             ),
             timeout,
         )
@@ -178,6 +209,7 @@ class AsyncClient:
         created_before: datetime | None = None,
         page_size: int = 100,
         order: str = "newest",
+        idempotency_key: str = "",
     ) -> AsyncIterator[TaskSummary]:
         """Every matching task, newest first unless ``order="oldest"``, following the cursor."""
         token = ""
@@ -190,6 +222,7 @@ class AsyncClient:
                 page_size=page_size,
                 page_token=token,
                 order=order,
+                idempotency_key=idempotency_key,
                 timeout=None,
             )
             for item in page.tasks:
@@ -197,6 +230,20 @@ class AsyncClient:
             token = page.next_page_token
             if not page.more:
                 return
+
+    async def count(
+        self,
+        *,
+        business: str = "",
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        idempotency_key: str = "",
+        timeout: float = 10.0,
+    ) -> dict[str, int]:
+        """How many matching tasks are in each status, exactly: every status name, 0
+        included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
+        request = count_request(business, created_after, created_before, idempotency_key)
+        return counts_of(await self._call(self._stub.CountTasks, request, timeout))
 
     async def watch(self, task_id: str) -> AsyncIterator[TaskView]:
         """Each change of the task until it is terminal."""
@@ -303,13 +350,22 @@ class Client:
         page_size: int = 100,
         page_token: str = "",
         order: str = "newest",
+        idempotency_key: str = "",
         timeout: float | None = 10.0,
     ) -> TaskPage:
-        """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest"."""
+        """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest";
+        with ``idempotency_key``, the task submitted with that key (one per business)."""
         reply = self._call(
             self._stub.ListTasks,
             list_request(
-                business, statuses, created_after, created_before, page_size, page_token, order
+                business,
+                statuses,
+                created_after,
+                created_before,
+                page_size,
+                page_token,
+                order,
+                idempotency_key,
             ),
             timeout,
         )
@@ -324,6 +380,7 @@ class Client:
         created_before: datetime | None = None,
         page_size: int = 100,
         order: str = "newest",
+        idempotency_key: str = "",
     ) -> Iterator[TaskSummary]:
         """Every matching task, newest first unless ``order="oldest"``, following the cursor."""
         token = ""
@@ -336,11 +393,26 @@ class Client:
                 page_size=page_size,
                 page_token=token,
                 order=order,
+                idempotency_key=idempotency_key,
             )
             yield from page.tasks
             token = page.next_page_token
             if not page.more:
                 return
+
+    def count(
+        self,
+        *,
+        business: str = "",
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        idempotency_key: str = "",
+        timeout: float = 10.0,
+    ) -> dict[str, int]:
+        """How many matching tasks are in each status, exactly: every status name, 0
+        included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
+        request = count_request(business, created_after, created_before, idempotency_key)
+        return counts_of(self._call(self._stub.CountTasks, request, timeout))
 
     def watch(self, task_id: str, *, timeout: float | None = None) -> Iterator[TaskView]:
         try:

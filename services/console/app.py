@@ -24,7 +24,6 @@ from urllib.parse import urlencode
 import grpc
 import uvicorn
 from dispo.console.backend import (
-    COUNT_LIMIT,
     COUNTED,
     JOB_COUNT_LIMIT,
     JOBS_PAGE,
@@ -191,14 +190,19 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
         detail = await backend.task(token, found.task_id)
         rows = [detail.task]
     else:
+        business, key = found.business, found.key
         page, counts = await asyncio.gather(
             backend.tasks(
-                token, business=found.business, statuses=found.statuses, created_after=after
+                token,
+                business=business,
+                statuses=found.statuses,
+                created_after=after,
+                idempotency_key=key,
             ),
-            backend.counts(token, business=found.business, created_after=after),
+            backend.counts(token, business=business, created_after=after, idempotency_key=key),
         )
         rows = list(page.tasks)
-    return {"filter": found, "rows": rows, "counts": counts, "count_limit": COUNT_LIMIT}
+    return {"filter": found, "rows": rows, "counts": counts}
 
 
 async def tasks_page(request: Request) -> Response:

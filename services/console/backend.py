@@ -25,16 +25,15 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth import bearer, open_channel
 from dispo.libs.sdk import DispoError, TaskPage, TaskView
-from dispo.libs.sdk._client import list_request
+from dispo.libs.sdk._client import count_request, counts_of, list_request
 from dispo.libs.settings import ConsoleSettings
 from google.protobuf.message import Message
 
 Reply = TypeVar("Reply")
 # How long one call may take.
 CALL_SECONDS = 10.0
-# The statuses the Tasks page counts, and how far it counts each (more shows as "500+").
+# The statuses the Tasks page counts and filters by.
 COUNTED = ("ACCEPTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "RETRY_EXHAUSTED", "DEMOTED")
-COUNT_LIMIT = 500
 # How many items of the reconciler's queues the Failed page shows.
 FAILED_PAGE = 200
 # How many of the pool's queued evaluations the Cron pool page shows.
@@ -116,35 +115,34 @@ class Backend:
         business: str = "",
         statuses: tuple[str, ...] = (),
         created_after: datetime | None = None,
+        idempotency_key: str = "",
         page_size: int = 50,
         page_token: str = "",
     ) -> TaskPage:
         """A page of the tasks the token may see, newest first."""
         request = list_request(
-            business, statuses, created_after, None, page_size, page_token, "newest"
+            business,
+            statuses,
+            created_after,
+            None,
+            page_size,
+            page_token,
+            "newest",
+            idempotency_key,
         )
         return TaskPage.from_proto(await self._call(self.gateway.ListTasks, request, token))
 
     async def counts(
-        self, token: str, *, business: str = "", created_after: datetime | None = None
+        self,
+        token: str,
+        *,
+        business: str = "",
+        created_after: datetime | None = None,
+        idempotency_key: str = "",
     ) -> dict[str, int]:
-        """How many tasks are in each status, up to :data:`COUNT_LIMIT` + 1 each."""
-        pages = await asyncio.gather(
-            *(
-                self.tasks(
-                    token,
-                    business=business,
-                    statuses=(status,),
-                    created_after=created_after,
-                    page_size=COUNT_LIMIT,
-                )
-                for status in COUNTED
-            )
-        )
-        return {
-            status: len(page.tasks) + (1 if page.more else 0)
-            for status, page in zip(COUNTED, pages, strict=True)
-        }
+        """How many of the tasks the token may see are in each status, exactly (one call)."""
+        request = count_request(business, created_after, None, idempotency_key)
+        return counts_of(await self._call(self.gateway.CountTasks, request, token))
 
     async def task(self, token: str, task_id: str) -> TaskDetail:
         reply = await self._call(

@@ -117,11 +117,14 @@ def history(detail: TaskDetail) -> list[Moment]:
 
 @dataclass(frozen=True)
 class TaskFilter:
-    """The Tasks page's search: a task id or a business, statuses, and how far back."""
+    """The Tasks page's search: a task id or a business, an idempotency key, statuses, and
+    how far back."""
 
     query: str = ""
     statuses: tuple[str, ...] = ()
     since: str = ""
+    # The idempotency key the task was submitted with (with a business, that business's).
+    key: str = ""
 
     @classmethod
     def parse(cls, params: Mapping[str, Any], statuses: list[str]) -> TaskFilter:
@@ -130,7 +133,13 @@ class TaskFilter:
             str(params.get("q", "")).strip(),
             tuple(s for s in statuses if s in COUNTED),
             since if (since := str(params.get("since", ""))) in SINCE else "",
+            str(params.get("key", "")).strip(),
         )
+
+    def link(self, status: str) -> str:
+        """The Tasks page of this search, in ``status`` only."""
+        kept = {"q": self.query, "key": self.key, "since": self.since}
+        return "/tasks?" + urlencode({**{k: v for k, v in kept.items() if v}, "status": status})
 
     @property
     def task_id(self) -> str:

@@ -254,46 +254,80 @@ async def task_set_view(
     )
 
 
+@dataclass(frozen=True)
+class TaskFilter:
+    """Which tasks a list or a count takes: each field set narrows it ("" and None: any)."""
+
+    business: str = ""
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    idempotency_key: str = ""
+
+    def where(self, params: dict[str, Any]) -> list[str]:
+        """The SQL conditions, their values added to ``params``. A business and a key use the
+        unique (business, idempotency_key) index, a key alone ix_tasks_idempotency_key, a
+        business and a window ix_tasks_business_created, a window alone ix_tasks_created."""
+        clauses: list[str] = []
+        if self.business:
+            clauses.append("business = :business")
+            params["business"] = self.business
+        if self.idempotency_key:
+            clauses.append("idempotency_key = :key")
+            params["key"] = self.idempotency_key
+        if self.created_after is not None:
+            clauses.append("created_at >= :after_t")
+            params["after_t"] = self.created_after
+        if self.created_before is not None:
+            clauses.append("created_at < :before_t")
+            params["before_t"] = self.created_before
+        return clauses
+
+
+def _where(clauses: list[str]) -> str:
+    return f"WHERE {' AND '.join(clauses)}" if clauses else ""
+
+
 async def task_list(
     conn: AsyncConnection,
+    matching: TaskFilter,
     *,
-    business: str,
     statuses: list[str],
-    created_after: datetime | None,
-    created_before: datetime | None,
     after: tuple[datetime, str] | None,
     limit: int,
     newest_first: bool = True,
 ) -> list[TaskSummary]:
     """Matching tasks by (created_at, task_id), newest first unless ``newest_first`` is
     False; ``after`` is the key of the last row of the previous page."""
-    clauses: list[str] = []
     params: dict[str, Any] = {"limit": limit}
-    if business:
-        clauses.append("business = :business")
-        params["business"] = business
+    clauses = matching.where(params)
     if statuses:
         clauses.append("status = ANY(:statuses)")
         params["statuses"] = statuses
-    if created_after is not None:
-        clauses.append("created_at >= :after_t")
-        params["after_t"] = created_after
-    if created_before is not None:
-        clauses.append("created_at < :before_t")
-        params["before_t"] = created_before
     if after is not None:
         clauses.append(f"(created_at, task_id) {'<' if newest_first else '>'} (:cur_t, :cur_id)")
         params["cur_t"], params["cur_id"] = after
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     direction = "DESC" if newest_first else "ASC"
     rows = await conn.execute(
         text(
-            f"SELECT {_SUMMARY_COLUMNS} FROM tasks {where}"
+            f"SELECT {_SUMMARY_COLUMNS} FROM tasks {_where(clauses)}"
             f" ORDER BY created_at {direction}, task_id {direction} LIMIT :limit"
         ),
         params,
     )
     return [TaskSummary(*r) for r in rows]
+
+
+async def task_counts(conn: AsyncConnection, matching: TaskFilter) -> dict[str, int]:
+    """How many matching tasks each stored status holds (statuses holding none are absent),
+    with one statement."""
+    params: dict[str, Any] = {}
+    rows = await conn.execute(
+        text(
+            f"SELECT status, count(*) FROM tasks {_where(matching.where(params))} GROUP BY status"
+        ),
+        params,
+    )
+    return {status: count for status, count in rows}
 
 
 async def emit(

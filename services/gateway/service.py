@@ -269,9 +269,14 @@ class Gateway:
         view.cancel_requested = view.cancel_requested or record.cancel_requested
         return view
 
-    async def list(self, **filters: Any) -> list[repo.TaskSummary]:
+    async def list(self, matching: repo.TaskFilter, **page: Any) -> list[repo.TaskSummary]:
         async with self.engine.connect() as conn:
-            return await repo.task_list(conn, **filters)
+            return await repo.task_list(conn, matching, **page)
+
+    async def counts(self, matching: repo.TaskFilter) -> dict[str, int]:
+        """How many matching tasks each status holds (stored names; absent: none)."""
+        async with self.engine.connect() as conn:
+            return await repo.task_counts(conn, matching)
 
     async def cancel(self, task_id: str) -> task_pb2.Task:
         now = self.clock.now()

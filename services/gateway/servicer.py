@@ -12,6 +12,7 @@ from dispo.gateway.convert import (
     submission_from_proto,
 )
 from dispo.gateway.limits import CallerLimits, limited_business
+from dispo.gateway.repository import TaskFilter
 from dispo.gateway.service import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -47,6 +48,25 @@ def _cursor(token: str, newest_first: bool) -> tuple[datetime, str] | None:
     if order != _order_name(newest_first):
         raise invalid_page_token()
     return created_at, task_id
+
+
+def _task_filter(
+    request: gateway_pb2.ListTasksRequest | gateway_pb2.CountTasksRequest, max_key_length: int
+) -> TaskFilter:
+    """The tasks a ListTasks or CountTasks request takes, confined to the caller's business
+    for a business token (PERMISSION_DENIED naming ``business`` for another)."""
+    if len(request.idempotency_key) > max_key_length:
+        raise InvalidArgument("idempotency_key", f"longer than {max_key_length} characters")
+    return TaskFilter(
+        business=business_filter(request.business, "business"),
+        created_after=request.created_after.ToDatetime(tzinfo=UTC)
+        if request.HasField("created_after")
+        else None,
+        created_before=request.created_before.ToDatetime(tzinfo=UTC)
+        if request.HasField("created_before")
+        else None,
+        idempotency_key=request.idempotency_key,
+    )
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -100,14 +120,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 raise InvalidArgument(f"statuses[{i}]", "not a task status")
             statuses.append(stored_status(value))
         records = await self.gateway.list(
-            business=business_filter(request.business, "business"),
+            _task_filter(request, self.gateway.limits.max_key_length),
             statuses=statuses,
-            created_after=request.created_after.ToDatetime(tzinfo=UTC)
-            if request.HasField("created_after")
-            else None,
-            created_before=request.created_before.ToDatetime(tzinfo=UTC)
-            if request.HasField("created_before")
-            else None,
             after=_cursor(request.page.page_token, newest_first),
             newest_first=newest_first,
             limit=size + 1,
@@ -129,6 +143,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             out.page.next_page_token = encode_page_token(
                 _order_name(newest_first), last.created_at, last.task_id
             )
+        return out
+
+    async def CountTasks(
+        self, request: gateway_pb2.CountTasksRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.CountTasksResponse:
+        counts = await self.gateway.counts(
+            _task_filter(request, self.gateway.limits.max_key_length)
+        )
+        out = gateway_pb2.CountTasksResponse()
+        for value in common_pb2.TaskStatus.values():
+            if value != common_pb2.TASK_STATUS_UNSPECIFIED:
+                out.counts.add(status=value, count=counts.get(stored_status(value), 0))
+        out.total = sum(c.count for c in out.counts)
         return out
 
     async def CancelTask(

@@ -35,6 +35,8 @@ from support.browser import chromium
 from support.http import FakeServer
 from support.waiting import eventually
 
+# Every task status, as the counts panel names them.
+STATUSES = [common_pb2.TaskStatus.Name(v).removeprefix("TASK_STATUS_") for v in range(1, 8)]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 BUSINESS = "console-shop"
 # What the stand-in analysis model answers every request with.
@@ -249,6 +251,9 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     watched = Watched(await context.new_page())
     page = watched.page
     await page.goto(f"{console.url}/tasks")
+    searched = Watched(await context.new_page())  # a search by idempotency key, open before
+    await searched.page.goto(f"{console.url}/tasks?key=k-1")
+    assert await searched.page.locator("tr[data-task]").count() == 0
     first = CellSpec("step", {"name": "console-first"}, ref="first")
     second = CellSpec("step", {"name": "console-second"}, ref="second").after(first)
     done = CellSpec("noop", ref="done").after(first, second)
@@ -262,6 +267,18 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     succeeded = page.locator("#counts [data-status=SUCCEEDED]")
     assert int(await succeeded.get_attribute("data-count") or 0) >= 1
     await page.screenshot(path=SCREENSHOTS / "tasks.png")
+    # The key's search finds the task, live, and counts it exactly: one SUCCEEDED, no other.
+    await expect(searched.page.locator(f"tr[data-task='{submitted.task_id}']")).to_have_count(1)
+    await expect(searched.page.locator("tr[data-task]")).to_have_count(1)
+    counted = searched.page.locator("#counts [data-status=SUCCEEDED]")
+    await expect(counted).to_have_attribute("data-count", "1")
+    counts = searched.page.locator("#counts [data-status]")
+    assert {
+        await c.get_attribute("data-status"): await c.get_attribute("data-count")
+        for c in await counts.all()
+    } == {s: "1" if s == "SUCCEEDED" else "0" for s in STATUSES}
+    assert searched.errors == []
+    await searched.page.close()
 
     await row.locator("a").click()
     await page.wait_for_function("() => window.dagGraph !== undefined")

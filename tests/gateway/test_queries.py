@@ -1,14 +1,16 @@
-"""GetTask, ListTasks, CancelTask, WatchTask and ListCells through the real gateway."""
+"""GetTask, ListTasks, CountTasks, CancelTask, WatchTask and ListCells through the real
+gateway."""
 
 from datetime import timedelta
 
 import grpc
 import pytest
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.sdk import DispoError, cell
 from pipeline_fixtures import dump
 from support import eventually
-from support.auth import admin_channel
+from support.auth import admin_channel, business_token
 
 
 async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, downstream):
@@ -94,6 +96,88 @@ async def test_list_tasks_refuses_a_forged_cursor(gateway_only):
     assert DispoError.from_rpc(bad_order.value).violations == {
         "order": "must be TASK_ORDER_NEWEST_FIRST or TASK_ORDER_OLDEST_FIRST"
     }
+
+
+def status_counts(**given: int) -> dict[str, int]:
+    """CountTasks' answer: every status, ``given`` ones as given, the others 0."""
+    names = [common_pb2.TaskStatus.Name(v).removeprefix("TASK_STATUS_") for v in range(1, 8)]
+    return {name: given.get(name, 0) for name in names}
+
+
+async def test_tasks_are_found_by_idempotency_key_and_counted_exactly_by_status(
+    pipeline, downstream, database_url
+):
+    await downstream.control(
+        fail={"status": 400, "times": 2, "path": "/step/bad-"}, hold={"path": "/step/held"}
+    )
+    async with pipeline.client() as admin:
+        ok = [
+            await admin.submit("count-a", [cell("noop")], idempotency_key=f"k-{i}")
+            for i in range(3)
+        ]
+        failing = [await admin.submit("count-a", [cell("step", name=f"bad-{i}")]) for i in range(2)]
+        held = await admin.submit(
+            "count-a",
+            [
+                cell("step", ref="first", name="held"),
+                cell("step", ref="second", name="after").after("first"),
+            ],
+        )
+        theirs = await admin.submit("count-b", [cell("noop")], idempotency_key="k-0")
+        for task in [*ok, *failing, theirs]:
+            await admin.wait(task.task_id, timeout=30)
+        await downstream.wait_held()
+        await admin.cancel(held.task_id)
+        await wait_for_cancel_flag(admin, held.task_id)
+        assert await admin.count(business="count-a") == status_counts(
+            SUCCEEDED=3, FAILED=2, RUNNING=1
+        )
+        await downstream.control(release=True)
+        assert (await admin.wait(held.task_id, timeout=30)).status == "CANCELLED"
+
+        assert await admin.count(business="count-a") == status_counts(
+            SUCCEEDED=3, FAILED=2, CANCELLED=1
+        )
+        assert await admin.count() == status_counts(SUCCEEDED=4, FAILED=2, CANCELLED=1)
+        assert await admin.count(idempotency_key="k-0") == status_counts(SUCCEEDED=2)
+        created = {t.task_id: t.created_at async for t in admin.list(business="count-a")}
+        first, later = created[ok[0].task_id], created[ok[1].task_id]
+        assert first is not None and later is not None
+        assert await admin.count(
+            business="count-a", created_after=first, created_before=later
+        ) == status_counts(SUCCEEDED=1)  # [after, before)
+
+        by_key = [t.task_id async for t in admin.list(idempotency_key="k-1")]
+        assert by_key == [ok[1].task_id]
+        assert [t.task_id async for t in admin.list(idempotency_key="k-0")] == [
+            theirs.task_id,
+            ok[0].task_id,
+        ]  # the key is unique per business: one task of each, newest first
+        assert [t.task_id async for t in admin.list(business="count-a", idempotency_key="k-0")] == [
+            ok[0].task_id
+        ]
+        assert [t async for t in admin.list(idempotency_key="k-0", statuses=["FAILED"])] == []
+        assert [t async for t in admin.list(idempotency_key="no-such-key")] == []
+
+        too_long = "k" * 129
+        for call in (admin.list_page, admin.count):
+            with pytest.raises(DispoError) as refused:
+                await call(idempotency_key=too_long)
+            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.violations == {"idempotency_key": "longer than 128 characters"}
+
+    # A business token lists and counts its own business only, the key included.
+    _, secret = await business_token(database_url, "count-b")
+    async with pipeline.client(secret) as own:
+        assert [t.task_id async for t in own.list(idempotency_key="k-0")] == [theirs.task_id]
+        assert [t async for t in own.list(idempotency_key="k-1")] == []
+        assert await own.count() == status_counts(SUCCEEDED=1)
+        assert await own.count(idempotency_key="k-1") == status_counts()
+        for call in (own.list_page, own.count):
+            with pytest.raises(DispoError) as denied:
+                await call(business="count-a", idempotency_key="k-1")
+            assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED
+            assert set(denied.value.violations) == {"business"}
 
 
 async def test_cancel_cancels_pending_nodes_and_lets_the_running_one_finish(client, downstream):

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import typer.main
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.cli._common import progress_bar
 from dispo.libs.cli.main import app
@@ -177,6 +178,41 @@ async def test_submit_wait_shows_the_task_and_exits_0_and_list_is_newest_first(c
 
     show = await dispo(cli_env, "tasks", "show", reply["task"]["task_id"])
     assert show.returncode == 0 and "only.noop" in show.stdout and "SUCCEEDED" in show.stdout
+
+
+async def test_tasks_are_found_by_idempotency_key_and_counted_by_status(cli_env):
+    keyed = json.dumps(
+        {"business": "cli-k", "idempotency_key": "cli-key-1", "cells": [{"cell": "noop"}]}
+    )
+    submitted = await asyncio.gather(
+        dispo(cli_env, "submit", "-", "--wait", "--json", stdin=keyed),
+        dispo(cli_env, "submit", "-", "--wait", stdin=submission("cli-k", {"cell": "noop"})),
+    )
+    assert [s.returncode for s in submitted] == [0, 0], [s.stderr for s in submitted]
+    task_id = json.loads(submitted[0].stdout)["task"]["task_id"]
+
+    found, table, counted, shown, too_long = await asyncio.gather(
+        dispo(cli_env, "tasks", "list", "--idempotency-key", "cli-key-1", "--json"),
+        dispo(cli_env, "tasks", "list", "--key", "cli-key-1"),
+        dispo(cli_env, "tasks", "count", "--business", "cli-k", "--json"),
+        dispo(cli_env, "tasks", "count", "--business", "cli-k", "--key", "cli-key-1"),
+        dispo(cli_env, "tasks", "count", "--key", "k" * 129),
+    )
+    assert [t["task_id"] for t in json.loads(found.stdout)["tasks"]] == [task_id], found.stderr
+    assert table.returncode == 0 and task_id in table.stdout
+    reply = json.loads(counted.stdout)
+    assert reply["total"] == "2"  # int64 in proto JSON is a string
+    counts = {c["status"]: int(c["count"]) for c in reply["counts"]}
+    assert counts == {
+        name: 2 if name == "TASK_STATUS_SUCCEEDED" else 0
+        for name in common_pb2.TaskStatus.keys()[1:]
+    }
+    assert shown.returncode == 0
+    assert [line.split() for line in shown.stdout.splitlines()][1:] == [
+        ["ACCEPTED", "0"], ["RUNNING", "0"], ["SUCCEEDED", "1"], ["FAILED", "0"],
+        ["CANCELLED", "0"], ["RETRY_EXHAUSTED", "0"], ["DEMOTED", "0"], ["total", "1"],
+    ]  # fmt: skip
+    assert too_long.returncode == 4 and "idempotency_key: longer than 128" in too_long.stderr
 
 
 async def test_a_cancelled_task_exits_1_for_submit_wait_and_watch(cli_env, downstream):

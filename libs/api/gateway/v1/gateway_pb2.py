@@ -28,19 +28,19 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64ispo/gateway/v1/gateway.proto\x12\x10\x64ispo.gateway.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x18\x64ispo/task/v1/task.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x88\x01\n\x0b\x43\x65llRequest\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12*\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x16\n\x0cpayload_json\x18\x05 \x01(\x0cH\x00\x12\x12\n\ndepends_on\x18\x04 \x03(\tB\x06\n\x04\x62ody\"~\n\rSubmitRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12,\n\x05\x63\x65lls\x18\x02 \x03(\x0b\x32\x1d.dispo.gateway.v1.CellRequest\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61llback_url\x18\x04 \x01(\t\"a\n\x0eSubmitResponse\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"f\n\x0fGetTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.dispo.task.v1.Task\x12\x30\n\ncompletion\x18\x02 \x01(\x0b\x32\x1c.dispo.gateway.v1.Completion\"S\n\nCompletion\x12/\n\x0b\x66inished_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63\x61llback_url\x18\x02 \x01(\t\"\x92\x02\n\x10ListTasksRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12-\n\x08statuses\x18\x02 \x03(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x04page\x18\x05 \x01(\x0b\x32\x1c.dispo.common.v1.PageRequest\x12*\n\x05order\x18\x06 \x01(\x0e\x32\x1b.dispo.gateway.v1.TaskOrder\"\xeb\x01\n\x0bTaskSummary\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08\x62usiness\x18\x02 \x01(\t\x12+\n\x06status\x18\x03 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nnode_count\x18\x06 \x01(\x05\x12\x18\n\x10\x63\x61ncel_requested\x18\x07 \x01(\x08\"|\n\x11ListTasksResponse\x12,\n\x05tasks\x18\x01 \x03(\x0b\x32\x1d.dispo.gateway.v1.TaskSummary\x12+\n\x04page\x18\x02 \x01(\x0b\x32\x1d.dispo.common.v1.PageResponse\x12\x0c\n\x04more\x18\x03 \x01(\x08\"$\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"7\n\x12\x43\x61ncelTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.dispo.task.v1.Task\"#\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"6\n\x11WatchTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.dispo.task.v1.Task\"\x12\n\x10ListCellsRequest\"V\n\tCellField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.dispo.gateway.v1.FieldType\x12\x10\n\x08required\x18\x03 \x01(\x08\"\x95\x01\n\nCellAction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.dispo.gateway.v1.ActionKind\x12\x12\n\ndownstream\x18\x03 \x01(\t\x12\x12\n\ndepends_on\x18\x04 \x03(\t\x12\x12\n\nidempotent\x18\x05 \x01(\x08\x12\x11\n\thas_probe\x18\x06 \x01(\x08\"\x85\x01\n\x04\x43\x65ll\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\x06\x66ields\x18\x03 \x03(\x0b\x32\x1b.dispo.gateway.v1.CellField\x12-\n\x07\x61\x63tions\x18\x04 \x03(\x0b\x32\x1c.dispo.gateway.v1.CellAction\":\n\x11ListCellsResponse\x12%\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x16.dispo.gateway.v1.Cell*a\n\tTaskOrder\x12\x1a\n\x16TASK_ORDER_UNSPECIFIED\x10\x00\x12\x1b\n\x17TASK_ORDER_NEWEST_FIRST\x10\x01\x12\x1b\n\x17TASK_ORDER_OLDEST_FIRST\x10\x02*\xb1\x01\n\tFieldType\x12\x1a\n\x16\x46IELD_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46IELD_TYPE_STRING\x10\x01\x12\x16\n\x12\x46IELD_TYPE_INTEGER\x10\x02\x12\x15\n\x11\x46IELD_TYPE_NUMBER\x10\x03\x12\x16\n\x12\x46IELD_TYPE_BOOLEAN\x10\x04\x12\x15\n\x11\x46IELD_TYPE_OBJECT\x10\x05\x12\x13\n\x0f\x46IELD_TYPE_LIST\x10\x06*U\n\nActionKind\x12\x1b\n\x17\x41\x43TION_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41\x43TION_KIND_HTTP\x10\x01\x12\x14\n\x10\x41\x43TION_KIND_NOOP\x10\x02\x32\x8a\x04\n\x0eGatewayService\x12K\n\x06Submit\x12\x1f.dispo.gateway.v1.SubmitRequest\x1a .dispo.gateway.v1.SubmitResponse\x12N\n\x07GetTask\x12 .dispo.gateway.v1.GetTaskRequest\x1a!.dispo.gateway.v1.GetTaskResponse\x12T\n\tListTasks\x12\".dispo.gateway.v1.ListTasksRequest\x1a#.dispo.gateway.v1.ListTasksResponse\x12W\n\nCancelTask\x12#.dispo.gateway.v1.CancelTaskRequest\x1a$.dispo.gateway.v1.CancelTaskResponse\x12V\n\tWatchTask\x12\".dispo.gateway.v1.WatchTaskRequest\x1a#.dispo.gateway.v1.WatchTaskResponse0\x01\x12T\n\tListCells\x12\".dispo.gateway.v1.ListCellsRequest\x1a#.dispo.gateway.v1.ListCellsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64ispo/gateway/v1/gateway.proto\x12\x10\x64ispo.gateway.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x18\x64ispo/task/v1/task.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x88\x01\n\x0b\x43\x65llRequest\x12\x0c\n\x04\x63\x65ll\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12*\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x16\n\x0cpayload_json\x18\x05 \x01(\x0cH\x00\x12\x12\n\ndepends_on\x18\x04 \x03(\tB\x06\n\x04\x62ody\"~\n\rSubmitRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12,\n\x05\x63\x65lls\x18\x02 \x03(\x0b\x32\x1d.dispo.gateway.v1.CellRequest\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61llback_url\x18\x04 \x01(\t\"a\n\x0eSubmitResponse\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"f\n\x0fGetTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.dispo.task.v1.Task\x12\x30\n\ncompletion\x18\x02 \x01(\x0b\x32\x1c.dispo.gateway.v1.Completion\"S\n\nCompletion\x12/\n\x0b\x66inished_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63\x61llback_url\x18\x02 \x01(\t\"\xab\x02\n\x10ListTasksRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12-\n\x08statuses\x18\x02 \x03(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x04page\x18\x05 \x01(\x0b\x32\x1c.dispo.common.v1.PageRequest\x12*\n\x05order\x18\x06 \x01(\x0e\x32\x1b.dispo.gateway.v1.TaskOrder\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\"\xeb\x01\n\x0bTaskSummary\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08\x62usiness\x18\x02 \x01(\t\x12+\n\x06status\x18\x03 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nnode_count\x18\x06 \x01(\x05\x12\x18\n\x10\x63\x61ncel_requested\x18\x07 \x01(\x08\"|\n\x11ListTasksResponse\x12,\n\x05tasks\x18\x01 \x03(\x0b\x32\x1d.dispo.gateway.v1.TaskSummary\x12+\n\x04page\x18\x02 \x01(\x0b\x32\x1d.dispo.common.v1.PageResponse\x12\x0c\n\x04more\x18\x03 \x01(\x08\"\xa5\x01\n\x11\x43ountTasksRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x31\n\rcreated_after\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\"I\n\x0bStatusCount\x12+\n\x06status\x18\x01 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"R\n\x12\x43ountTasksResponse\x12-\n\x06\x63ounts\x18\x01 \x03(\x0b\x32\x1d.dispo.gateway.v1.StatusCount\x12\r\n\x05total\x18\x02 \x01(\x03\"$\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"7\n\x12\x43\x61ncelTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.dispo.task.v1.Task\"#\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"6\n\x11WatchTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.dispo.task.v1.Task\"\x12\n\x10ListCellsRequest\"V\n\tCellField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.dispo.gateway.v1.FieldType\x12\x10\n\x08required\x18\x03 \x01(\x08\"\x95\x01\n\nCellAction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.dispo.gateway.v1.ActionKind\x12\x12\n\ndownstream\x18\x03 \x01(\t\x12\x12\n\ndepends_on\x18\x04 \x03(\t\x12\x12\n\nidempotent\x18\x05 \x01(\x08\x12\x11\n\thas_probe\x18\x06 \x01(\x08\"\x85\x01\n\x04\x43\x65ll\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\x06\x66ields\x18\x03 \x03(\x0b\x32\x1b.dispo.gateway.v1.CellField\x12-\n\x07\x61\x63tions\x18\x04 \x03(\x0b\x32\x1c.dispo.gateway.v1.CellAction\":\n\x11ListCellsResponse\x12%\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x16.dispo.gateway.v1.Cell*a\n\tTaskOrder\x12\x1a\n\x16TASK_ORDER_UNSPECIFIED\x10\x00\x12\x1b\n\x17TASK_ORDER_NEWEST_FIRST\x10\x01\x12\x1b\n\x17TASK_ORDER_OLDEST_FIRST\x10\x02*\xb1\x01\n\tFieldType\x12\x1a\n\x16\x46IELD_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46IELD_TYPE_STRING\x10\x01\x12\x16\n\x12\x46IELD_TYPE_INTEGER\x10\x02\x12\x15\n\x11\x46IELD_TYPE_NUMBER\x10\x03\x12\x16\n\x12\x46IELD_TYPE_BOOLEAN\x10\x04\x12\x15\n\x11\x46IELD_TYPE_OBJECT\x10\x05\x12\x13\n\x0f\x46IELD_TYPE_LIST\x10\x06*U\n\nActionKind\x12\x1b\n\x17\x41\x43TION_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41\x43TION_KIND_HTTP\x10\x01\x12\x14\n\x10\x41\x43TION_KIND_NOOP\x10\x02\x32\xe3\x04\n\x0eGatewayService\x12K\n\x06Submit\x12\x1f.dispo.gateway.v1.SubmitRequest\x1a .dispo.gateway.v1.SubmitResponse\x12N\n\x07GetTask\x12 .dispo.gateway.v1.GetTaskRequest\x1a!.dispo.gateway.v1.GetTaskResponse\x12T\n\tListTasks\x12\".dispo.gateway.v1.ListTasksRequest\x1a#.dispo.gateway.v1.ListTasksResponse\x12W\n\nCountTasks\x12#.dispo.gateway.v1.CountTasksRequest\x1a$.dispo.gateway.v1.CountTasksResponse\x12W\n\nCancelTask\x12#.dispo.gateway.v1.CancelTaskRequest\x1a$.dispo.gateway.v1.CancelTaskResponse\x12V\n\tWatchTask\x12\".dispo.gateway.v1.WatchTaskRequest\x1a#.dispo.gateway.v1.WatchTaskResponse0\x01\x12T\n\tListCells\x12\".dispo.gateway.v1.ListCellsRequest\x1a#.dispo.gateway.v1.ListCellsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dispo.gateway.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKORDER']._serialized_start=2046
-  _globals['_TASKORDER']._serialized_end=2143
-  _globals['_FIELDTYPE']._serialized_start=2146
-  _globals['_FIELDTYPE']._serialized_end=2323
-  _globals['_ACTIONKIND']._serialized_start=2325
-  _globals['_ACTIONKIND']._serialized_end=2410
+  _globals['_TASKORDER']._serialized_start=2398
+  _globals['_TASKORDER']._serialized_end=2495
+  _globals['_FIELDTYPE']._serialized_start=2498
+  _globals['_FIELDTYPE']._serialized_end=2675
+  _globals['_ACTIONKIND']._serialized_start=2677
+  _globals['_ACTIONKIND']._serialized_end=2762
   _globals['_CELLREQUEST']._serialized_start=172
   _globals['_CELLREQUEST']._serialized_end=308
   _globals['_SUBMITREQUEST']._serialized_start=310
@@ -54,29 +54,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETION']._serialized_start=676
   _globals['_COMPLETION']._serialized_end=759
   _globals['_LISTTASKSREQUEST']._serialized_start=762
-  _globals['_LISTTASKSREQUEST']._serialized_end=1036
-  _globals['_TASKSUMMARY']._serialized_start=1039
-  _globals['_TASKSUMMARY']._serialized_end=1274
-  _globals['_LISTTASKSRESPONSE']._serialized_start=1276
-  _globals['_LISTTASKSRESPONSE']._serialized_end=1400
-  _globals['_CANCELTASKREQUEST']._serialized_start=1402
-  _globals['_CANCELTASKREQUEST']._serialized_end=1438
-  _globals['_CANCELTASKRESPONSE']._serialized_start=1440
-  _globals['_CANCELTASKRESPONSE']._serialized_end=1495
-  _globals['_WATCHTASKREQUEST']._serialized_start=1497
-  _globals['_WATCHTASKREQUEST']._serialized_end=1532
-  _globals['_WATCHTASKRESPONSE']._serialized_start=1534
-  _globals['_WATCHTASKRESPONSE']._serialized_end=1588
-  _globals['_LISTCELLSREQUEST']._serialized_start=1590
-  _globals['_LISTCELLSREQUEST']._serialized_end=1608
-  _globals['_CELLFIELD']._serialized_start=1610
-  _globals['_CELLFIELD']._serialized_end=1696
-  _globals['_CELLACTION']._serialized_start=1699
-  _globals['_CELLACTION']._serialized_end=1848
-  _globals['_CELL']._serialized_start=1851
-  _globals['_CELL']._serialized_end=1984
-  _globals['_LISTCELLSRESPONSE']._serialized_start=1986
-  _globals['_LISTCELLSRESPONSE']._serialized_end=2044
-  _globals['_GATEWAYSERVICE']._serialized_start=2413
-  _globals['_GATEWAYSERVICE']._serialized_end=2935
+  _globals['_LISTTASKSREQUEST']._serialized_end=1061
+  _globals['_TASKSUMMARY']._serialized_start=1064
+  _globals['_TASKSUMMARY']._serialized_end=1299
+  _globals['_LISTTASKSRESPONSE']._serialized_start=1301
+  _globals['_LISTTASKSRESPONSE']._serialized_end=1425
+  _globals['_COUNTTASKSREQUEST']._serialized_start=1428
+  _globals['_COUNTTASKSREQUEST']._serialized_end=1593
+  _globals['_STATUSCOUNT']._serialized_start=1595
+  _globals['_STATUSCOUNT']._serialized_end=1668
+  _globals['_COUNTTASKSRESPONSE']._serialized_start=1670
+  _globals['_COUNTTASKSRESPONSE']._serialized_end=1752
+  _globals['_CANCELTASKREQUEST']._serialized_start=1754
+  _globals['_CANCELTASKREQUEST']._serialized_end=1790
+  _globals['_CANCELTASKRESPONSE']._serialized_start=1792
+  _globals['_CANCELTASKRESPONSE']._serialized_end=1847
+  _globals['_WATCHTASKREQUEST']._serialized_start=1849
+  _globals['_WATCHTASKREQUEST']._serialized_end=1884
+  _globals['_WATCHTASKRESPONSE']._serialized_start=1886
+  _globals['_WATCHTASKRESPONSE']._serialized_end=1940
+  _globals['_LISTCELLSREQUEST']._serialized_start=1942
+  _globals['_LISTCELLSREQUEST']._serialized_end=1960
+  _globals['_CELLFIELD']._serialized_start=1962
+  _globals['_CELLFIELD']._serialized_end=2048
+  _globals['_CELLACTION']._serialized_start=2051
+  _globals['_CELLACTION']._serialized_end=2200
+  _globals['_CELL']._serialized_start=2203
+  _globals['_CELL']._serialized_end=2336
+  _globals['_LISTCELLSRESPONSE']._serialized_start=2338
+  _globals['_LISTCELLSRESPONSE']._serialized_end=2396
+  _globals['_GATEWAYSERVICE']._serialized_start=2765
+  _globals['_GATEWAYSERVICE']._serialized_end=3376
 # @@protoc_insertion_point(module_scope)

@@ -338,12 +338,18 @@ class ListTasksRequest(_message.Message):
     CREATED_BEFORE_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """The business whose tasks to list. Empty: a business token's own business; for an admin,
     every business.
     """
     order: Global___TaskOrder.ValueType
     """Newest first unless TASK_ORDER_OLDEST_FIRST. A page token belongs to one order."""
+    idempotency_key: _builtins.str
+    """Only the task submitted with this idempotency key (SubmitRequest.idempotency_key), when
+    set: a key is unique per business, so this finds at most one task of each business. At
+    most 128 characters (INVALID_ARGUMENT beyond). Empty: any key, or none.
+    """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.TaskStatus.ValueType]:
         """Any of these statuses (empty = all); TASK_STATUS_UNSPECIFIED is INVALID_ARGUMENT."""
@@ -369,10 +375,11 @@ class ListTasksRequest(_message.Message):
         created_before: _timestamp_pb2.Timestamp | None = ...,
         page: _common_pb2.PageRequest | None = ...,
         order: Global___TaskOrder.ValueType = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "page", b"page"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "order", b"order", "page", b"page", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "order", b"order", "page", b"page", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -461,6 +468,102 @@ class ListTasksResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
+
+@_typing.final
+class CountTasksRequest(_message.Message):
+    """Which tasks CountTasks counts: ListTasksRequest's filters, meaning the same."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    CREATED_BEFORE_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    business: _builtins.str
+    """The business whose tasks to count. Empty: a business token's own business; for an
+    admin, every business.
+    """
+    idempotency_key: _builtins.str
+    """Only the task submitted with this idempotency key (at most one of each business), when
+    set. At most 128 characters.
+    """
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Only tasks created at or after this instant, when set."""
+
+    @_builtins.property
+    def created_before(self) -> _timestamp_pb2.Timestamp:
+        """Only tasks created before this instant, when set."""
+
+    def __init__(
+        self,
+        *,
+        business: _builtins.str = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
+        created_before: _timestamp_pb2.Timestamp | None = ...,
+        idempotency_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CountTasksRequest: _TypeAlias = CountTasksRequest  # noqa: Y015
+
+@_typing.final
+class StatusCount(_message.Message):
+    """How many of the matching tasks one status holds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    status: _common_pb2.TaskStatus.ValueType
+    """The status, as the gateway last recorded it for each task counted."""
+    count: _builtins.int
+    """How many matching tasks are in it, exactly (0 included)."""
+    def __init__(
+        self,
+        *,
+        status: _common_pb2.TaskStatus.ValueType = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusCount: _TypeAlias = StatusCount  # noqa: Y015
+
+@_typing.final
+class CountTasksResponse(_message.Message):
+    """The counts of CountTasks, all read in one statement (one instant of the table)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNTS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    """Every matching task: the sum of counts."""
+    @_builtins.property
+    def counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___StatusCount]:
+        """One entry per task status, in the order of dispo.common.v1.TaskStatus, zeros included."""
+
+    def __init__(
+        self,
+        *,
+        counts: _abc.Iterable[Global___StatusCount] | None = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CountTasksResponse: _TypeAlias = CountTasksResponse  # noqa: Y015
 
 @_typing.final
 class CancelTaskRequest(_message.Message):

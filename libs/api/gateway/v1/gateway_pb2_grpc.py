@@ -52,6 +52,11 @@ class GatewayServiceStub:
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTasksRequest.SerializeToString,
                 response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTasksResponse.FromString,
                 _registered_method=True)
+        self.CountTasks = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/CountTasks',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CountTasksRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CountTasksResponse.FromString,
+                _registered_method=True)
         self.CancelTask = channel.unary_unary(
                 '/dispo.gateway.v1.GatewayService/CancelTask',
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskRequest.SerializeToString,
@@ -106,6 +111,17 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountTasks(self, request, context):
+        """How many tasks are in each status, exactly, among those the filters match (the
+        filters of ListTasks but status and paging). Counting reads every matching task: a
+        business and a creation window keep it to the ones wanted. Callers: admin (any
+        business, or all with business empty), a business token (its own only; naming another
+        is PERMISSION_DENIED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CancelTask(self, request, context):
         """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
         task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
@@ -149,6 +165,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.ListTasks,
                     request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTasksRequest.FromString,
                     response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTasksResponse.SerializeToString,
+            ),
+            'CountTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountTasks,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CountTasksRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CountTasksResponse.SerializeToString,
             ),
             'CancelTask': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelTask,
@@ -250,6 +271,33 @@ class GatewayService:
             '/dispo.gateway.v1.GatewayService/ListTasks',
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTasksRequest.SerializeToString,
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/CountTasks',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.CountTasksRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.CountTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,13 @@ class GatewayServiceStub:
     Callers: admin (any business, or all with business empty), a business token (its
     own only; naming another is PERMISSION_DENIED).
     """
+    CountTasks: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CountTasksRequest, _gateway_pb2.CountTasksResponse]
+    """How many tasks are in each status, exactly, among those the filters match (the
+    filters of ListTasks but status and paging). Counting reads every matching task: a
+    business and a creation window keep it to the ones wanted. Callers: admin (any
+    business, or all with business empty), a business token (its own only; naming another
+    is PERMISSION_DENIED).
+    """
     CancelTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRequest, _gateway_pb2.CancelTaskResponse]
     """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
     task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
@@ -100,6 +107,13 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     (or oldest first, by order), a page at a time; more says whether another page follows.
     Callers: admin (any business, or all with business empty), a business token (its
     own only; naming another is PERMISSION_DENIED).
+    """
+    CountTasks: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CountTasksRequest, _gateway_pb2.CountTasksResponse]  # type: ignore[assignment]
+    """How many tasks are in each status, exactly, among those the filters match (the
+    filters of ListTasks but status and paging). Counting reads every matching task: a
+    business and a creation window keep it to the ones wanted. Callers: admin (any
+    business, or all with business empty), a business token (its own only; naming another
+    is PERMISSION_DENIED).
     """
     CancelTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRequest, _gateway_pb2.CancelTaskResponse]  # type: ignore[assignment]
     """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
@@ -157,6 +171,19 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         (or oldest first, by order), a page at a time; more says whether another page follows.
         Callers: admin (any business, or all with business empty), a business token (its
         own only; naming another is PERMISSION_DENIED).
+        """
+
+    @_abc_1.abstractmethod
+    def CountTasks(
+        self,
+        request: _gateway_pb2.CountTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.CountTasksResponse, _abc.Awaitable[_gateway_pb2.CountTasksResponse]]:
+        """How many tasks are in each status, exactly, among those the filters match (the
+        filters of ListTasks but status and paging). Counting reads every matching task: a
+        business and a creation window keep it to the ones wanted. Callers: admin (any
+        business, or all with business empty), a business token (its own only; naming another
+        is PERMISSION_DENIED).
         """
 
     @_abc_1.abstractmethod
