@@ -189,6 +189,7 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
     if found.task_id:
         detail = await backend.task(token, found.task_id)
         rows = [detail.task]
+        counts = {detail.task.status: 1}  # the one task the search matches
     else:
         business, key = found.business, found.key
         page, counts = await asyncio.gather(

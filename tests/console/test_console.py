@@ -299,6 +299,7 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     # Searched by its id, by its business; another business's token sees none of it.
     await page.goto(f"{console.url}/tasks?q={submitted.task_id}")
     assert await page.locator("tr[data-task]").count() == 1
+    assert await page.locator("#counts [data-count='1']").all_inner_texts() == ["SUCCEEDED 1"]
     await page.goto(f"{console.url}/tasks?q={BUSINESS}&status=FAILED")
     assert await page.locator(f"tr[data-task='{submitted.task_id}']").count() == 0
     assert watched.errors == []

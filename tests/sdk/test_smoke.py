@@ -38,20 +38,23 @@ async def test_async_client_submits_and_waits(client, downstream):
     )
 
 
-async def test_sync_client_submit_get_wait_list_and_errors(pipeline):
+async def test_sync_client_submit_get_wait_list_count_and_errors(pipeline):
     def use_sync_client():
         with Client(pipeline.gateway.address, token=pipeline.token) as dispo:
             task = dispo.submit("sync", [cell("noop")], idempotency_key="once")
             again = dispo.submit("sync", [cell("noop")], idempotency_key="once")
             done = dispo.wait(task.task_id, timeout=30)
             listed = [t.task_id for t in dispo.list(business="sync")]
+            keyed = [t.task_id for t in dispo.list(idempotency_key="once")]
+            counts = dispo.count(business="sync", idempotency_key="once")
             with pytest.raises(DispoError) as refused:
                 dispo.submit("sync", [cell("nope")])
-            return task, again, done, listed, refused.value
+            return task, again, done, listed, keyed, counts, refused.value
 
-    task, again, done, listed, refused = await asyncio.to_thread(use_sync_client)
+    task, again, done, listed, keyed, counts, refused = await asyncio.to_thread(use_sync_client)
 
     assert again.task_id == task.task_id and again.duplicate
-    assert done.status == "SUCCEEDED" and listed == [task.task_id]
+    assert done.status == "SUCCEEDED" and listed == keyed == [task.task_id]
+    assert {s: n for s, n in counts.items() if n} == {"SUCCEEDED": 1} and len(counts) == 7
     assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.violations == {"cells[0].cell": "unknown cell 'nope'"}
