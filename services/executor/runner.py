@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 from dispo.executor import repository as repo
+from dispo.executor import repository_many as many
 from dispo.executor.actions import Call, Result, failed, run_action
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import NodeRun, RetryPolicy
@@ -40,7 +41,7 @@ from dispo.libs.clock import Clock
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay, Staged
 from dispo.libs.tracing import current, span
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 
@@ -58,6 +59,43 @@ class ExecutorConfig:
     # Group commit of the database work: tasks per transaction, transactions at once.
     flush_max_items: int = 200
     flush_concurrency: int = 2
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A node about to be called, claimed for its pass's lease owner ``owner``."""
+
+    task_id: str
+    node_id: str
+    owner: str
+    trace: str | None = None
+
+
+@dataclass
+class Recording:
+    """A finished call and what to record for it: ``change`` (RUNNING → ``new``), or None
+    for the move through UNKNOWN; ``recorded`` once the write committed."""
+
+    node: NodeRun
+    result: Result
+    move: Move
+    new: NodeState
+    change: many.NodeChange | None
+    took: float
+    recorded: bool = False
+
+
+@dataclass
+class Advance:
+    """A pass's finished calls to record, then (unless ``final``: the pass stops) its next
+    step."""
+
+    env: task_pb2.Task
+    owner: str
+    state: Pass
+    calls: list[Recording]
+    trace: str | None = None
+    final: bool = False
 
 
 class Executor:
@@ -97,6 +135,22 @@ class Executor:
             concurrency=config.flush_concurrency,
             isolate=True,  # a task.create that cannot be opened fails alone
         )
+        # Node claims, and finished calls recorded with the next step of their pass: the
+        # same group commit across every pass in hand.
+        self.claims: Batcher[Claim, bool] = Batcher(
+            "node claims",
+            self._claim_flush,
+            max_items=config.flush_max_items,
+            concurrency=config.flush_concurrency,
+            isolate=True,
+        )
+        self.advances: Batcher[Advance, Step] = Batcher(
+            "pass steps",
+            self._advance_flush,
+            max_items=config.flush_max_items,
+            concurrency=config.flush_concurrency,
+            isolate=True,
+        )
 
     # ---- task.create -------------------------------------------------------------------
     async def handle_create(self, env: task_pb2.Task) -> Disposition:
@@ -134,8 +188,9 @@ class Executor:
                         return
 
     async def _loop(self, env: task_pb2.Task, owner: str, step: Step) -> Disposition:
-        """Launch what each step found ready; after each finished node take another step,
-        until a step finds nothing to run and settles the task."""
+        """Launch what each step found ready; after each finished node record its call and
+        take another step (one flush, with the other passes' at that moment), until a step
+        finds nothing to run and settles the task."""
         state = step.state
         while True:
             for node in step.launch:
@@ -145,48 +200,136 @@ class Executor:
                 )
             if step.lease_lost:
                 log.warning("lease lost; stopping pass", task_id=env.task_id)
-                await asyncio.gather(*state.in_flight.values(), return_exceptions=True)
-                return Nak(
-                    delay=1.0
-                )  # whoever holds the task now finishes it; the message comes back
+                await self._record_rest(env, owner, state)
+                return Nak(delay=1.0)  # whoever holds the task now finishes it; it comes back
             if step.disposition is not None:
                 return step.disposition
             done, _ = await asyncio.wait(
                 state.in_flight.values(), return_when=asyncio.FIRST_COMPLETED
             )
+            calls: list[Recording] = []
             for node_id in [n for n, t in state.in_flight.items() if t in done]:
                 finished = state.in_flight.pop(node_id)
                 error = finished.exception()
                 if error is not None:  # e.g. the database went away mid-pass:
-                    await asyncio.gather(*state.in_flight.values(), return_exceptions=True)
+                    await self._record_rest(env, owner, state, calls)
                     raise error  # nak; the lease expires; recovery
-                state.ran += 1 if finished.result() else 0
-            staged = Staged()
-            async with self.engine.begin() as conn:
-                step = await self._step(conn, env, owner, state, self.clock.now(), staged)
-            self.relay.publish_committed(staged)
+                call = finished.result()
+                if call is not None:
+                    state.ran += 1
+                    calls.append(call)
+            step = await self.advances.submit(Advance(env, owner, state, calls, current()))
+            self._recorded(env.task_id, calls)
 
-    async def _step(
+    async def _gather(self, state: Pass) -> list[Recording | None]:
+        """The calls still in flight, once they ended (a failed one as None)."""
+        running = list(state.in_flight.values())
+        state.in_flight.clear()
+        ended = await asyncio.gather(*running, return_exceptions=True)
+        return [c if isinstance(c, Recording) else None for c in ended]
+
+    async def _record_rest(
         self,
-        conn: AsyncConnection,
         env: task_pb2.Task,
         owner: str,
         state: Pass,
-        now: datetime,
-        staged: Staged,
-    ) -> Step:
-        """The pass's next scheduling step (:meth:`Passes.step_many`), in the caller's
-        transaction, if it still holds the lease; its outbox rows staged in ``staged``."""
-        row = await repo.task_get(conn, env.task_id, for_update=True)
-        assert row is not None
-        if row.lease_owner != owner:
-            return Step(state, lease_lost=True)
-        nodes = await repo.nodes_get(conn, env)
-        stepping = Stepping(env, owner, state, row, nodes, trace=current())
-        [step] = await self.passes.step_many(conn, [stepping], now, staged)
-        return step
+        calls: list[Recording] | None = None,
+    ) -> None:
+        """The pass stops: record the calls that ended and those still in flight once they
+        end (each guarded by its run's owner), without another step."""
+        calls = (calls or []) + [c for c in await self._gather(state) if c]
+        if not calls:
+            return
+        with contextlib.suppress(Exception):  # unrecorded, a node stays RUNNING: recovery
+            await self.advances.submit(Advance(env, owner, state, calls, current(), final=True))
+            self._recorded(env.task_id, calls)
 
-    async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
+    async def _advance_flush(self, advances: list[Advance]) -> Sequence[Step | BaseException]:
+        """Record the passes' finished calls and take their next steps, in one transaction:
+        the task rows locked (in task_id order), each call's node moved from RUNNING under
+        its run's owner, then :meth:`Passes.step_many` for the passes still holding their
+        lease; one status event per task."""
+        now = self.clock.now()
+        staged = Staged()
+        results: list[Step | BaseException | None] = [None] * len(advances)
+        seen: set[str] = set()
+        for i, a in enumerate(advances):
+            if a.env.task_id in seen:  # one pass per task: a second is a bug, failed alone
+                results[i] = RuntimeError(f"two passes of task {a.env.task_id} in one flush")
+            seen.add(a.env.task_id)
+        todo = [i for i, r in enumerate(results) if r is None]
+        recorded: dict[int, list[bool]] = {}
+        async with self.engine.begin() as conn:
+            rows, _ = await many.tasks_lock_many(conn, [advances[i].env.task_id for i in todo])
+            writes = [(i, c) for i in todo for c in advances[i].calls if c.change is not None]
+            applied = await many.nodes_set_status_if_many(
+                conn, [c.change for _, c in writes if c.change is not None]
+            )
+            done = dict(zip([id(c) for _, c in writes], applied, strict=True))
+            for i in todo:
+                a = advances[i]
+                for c in a.calls:
+                    if c.change is None:  # UNKNOWN (then PENDING again if idempotent)
+                        done[id(c)] = await outcome_unknown(
+                            conn,
+                            a.env.task_id,
+                            c.node,
+                            now,
+                            c.result.detail,
+                            owner=a.owner,
+                            not_before=c.move.not_before,
+                        )
+                recorded[i] = [done[id(c)] for c in a.calls]
+            stepping: list[int] = []
+            steppings: list[Stepping] = []
+            emitting: list[str] = []
+            for i in todo:
+                a = advances[i]
+                row = rows.get(a.env.task_id)
+                changed = any(recorded[i])
+                if a.final or row is None or row.lease_owner != a.owner:
+                    if not a.final:
+                        results[i] = Step(a.state, lease_lost=True)
+                    if changed:
+                        emitting.append(a.env.task_id)
+                    continue
+                row.envelope = a.env
+                stepping.append(i)
+                steppings.append(Stepping(a.env, a.owner, a.state, row, {}, changed, a.trace))
+            known = await many.nodes_get_many(conn, [s.env for s in steppings])
+            for s in steppings:
+                s.nodes = known[s.env.task_id]
+            for i, step in zip(
+                stepping, await self.passes.step_many(conn, steppings, now, staged), strict=True
+            ):
+                results[i] = step
+            if emitting:
+                traces = {advances[i].env.task_id: advances[i].trace for i in todo}
+                await many.emit_status_many(conn, emitting, now, (), traces, staged)
+        self.relay.publish_committed(staged)
+        for i in todo:  # known once committed
+            for c, ok in zip(advances[i].calls, recorded[i], strict=True):
+                c.recorded = ok
+        return [r if r is not None else Step(advances[i].state) for i, r in enumerate(results)]
+
+    async def _claim_flush(self, claims: list[Claim]) -> Sequence[bool]:
+        """PENDING → RUNNING for nodes about to be called, in one transaction (the task rows
+        locked first, in task_id order), with one status event per task that claimed one."""
+        now = self.clock.now()
+        staged = Staged()
+        async with self.engine.begin() as conn:
+            await many.tasks_lock_many(conn, [c.task_id for c in claims])
+            won = await many.nodes_claim_if_pending_many(
+                conn, [(c.task_id, c.node_id, c.owner) for c in claims], now
+            )
+            emitting = sorted({c.task_id for c in claims if (c.task_id, c.node_id) in won})
+            if emitting:
+                traces = {c.task_id: c.trace for c in claims}
+                await many.emit_status_many(conn, emitting, now, (), traces, staged)
+        self.relay.publish_committed(staged)
+        return [(c.task_id, c.node_id) in won for c in claims]
+
+    async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> Recording | None:
         attributes = {
             "dispo.task_id": env.task_id,
             "dispo.node_id": node.node_id,
@@ -198,20 +341,18 @@ class Executor:
         with span("node run", attributes):
             return await self._run_node_traced(env, node, owner)
 
-    async def _run_node_traced(self, env: task_pb2.Task, node: NodeRun, owner: str) -> bool:
+    async def _run_node_traced(
+        self, env: task_pb2.Task, node: NodeRun, owner: str
+    ) -> Recording | None:
+        """Claim the node, make its call and say what to record (None: the claim was lost)."""
         task_id = env.task_id
         bind_ids(node_id=node.node_id)  # this node's own asyncio task: its lines only
         downstream = self.registry.get(node.spec.downstream)
         limit = self.limits.get(node.spec.downstream)
         async with limit if limit is not None else contextlib.nullcontext():
-            now = self.clock.now()
-            staged = Staged()
-            async with self.engine.begin() as conn:
-                if not await repo.node_claim_if_pending(conn, task_id, node.node_id, owner, now):
-                    log.info("node claim lost", task_id=task_id, node_id=node.node_id)
-                    return False
-                await repo.emit_status(conn, task_id, now, current(), staged)
-            self.relay.publish_committed(staged)
+            if not await self.claims.submit(Claim(task_id, node.node_id, owner, current())):
+                log.info("node claim lost", task_id=task_id, node_id=node.node_id)
+                return None
             call = Call(
                 task_id,
                 node.node_id,
@@ -226,8 +367,7 @@ class Executor:
                 # whether the call went out is not known
                 result = failed(CallOutcome.AMBIGUOUS, f"action error: {error!r}")
             took = time.perf_counter() - sent
-        await self._record(task_id, node, owner, result, took)
-        return True
+        return self._recording(task_id, node, owner, result, took)
 
     @staticmethod
     def _fields(move: Move, result: Result, now: datetime) -> tuple[NodeState, dict[str, Any]]:
@@ -248,13 +388,14 @@ class Executor:
             "retryable": True,
         }
 
-    async def _record(
+    def _recording(
         self, task_id: str, node: NodeRun, owner: str, result: Result, took: float
-    ) -> None:
-        """Record a finished call by its class (:mod:`dispo.executor.failures`): SUCCEEDED,
-        FAILED, a short retry (PENDING after the backoff, or the Retry-After asked for), or,
-        for an ambiguous call of an action that is not idempotent, UNKNOWN — the same move
-        as for a node an executor stopped in the middle of (:func:`passes.outcome_unknown`)."""
+    ) -> Recording:
+        """What to record for a finished call, by its class (:mod:`dispo.executor.failures`):
+        SUCCEEDED, FAILED, a short retry (PENDING after the backoff, or the Retry-After asked
+        for), or, for an ambiguous call of an action that is not idempotent, UNKNOWN — the
+        same move as for a node an executor stopped in the middle of
+        (:func:`passes.outcome_unknown`). The call counts for the downstream's breaker now."""
         now = self.clock.now()
         breaker = self.breakers.get(node.spec.downstream)
         if breaker is not None and node.spec.kind == "http":
@@ -271,35 +412,32 @@ class Executor:
             now,
             result.retry_after,
         )
-        staged = Staged()
-        async with self.engine.begin() as conn:
-            if move.unknown:
-                recorded = await outcome_unknown(
-                    conn, task_id, node, now, result.detail, owner=owner, not_before=move.not_before
-                )
-                new = node.status
-            else:
-                new, fields = self._fields(move, result, now)
-                recorded = await repo.node_set_status_if(
-                    conn, task_id, node.node_id, NodeState.RUNNING, new, owner=owner, **fields
-                )
-            if not recorded:
+        if move.unknown:
+            return Recording(node, result, move, node.status, None, took)
+        new, fields = self._fields(move, result, now)
+        change = many.NodeChange(task_id, node.node_id, NodeState.RUNNING, new, owner, fields)
+        return Recording(node, result, move, new, change, took)
+
+    @staticmethod
+    def _recorded(task_id: str, calls: list[Recording]) -> None:
+        for c in calls:
+            if not c.recorded:
                 log.warning(
                     "node result lost a race (lease expired?)",
                     task_id=task_id,
-                    node_id=node.node_id,
+                    node_id=c.node.node_id,
                 )
-                return
-            await repo.emit_status(conn, task_id, now, current(), staged)
-        self.relay.publish_committed(staged)
-        metrics.node_ran(
-            node.action, node.spec.downstream, new.value, took, move.verdict is Verdict.RETRY
-        )
-        log.info(
-            "node finished",
-            task_id=task_id,
-            node_id=node.node_id,
-            status=new.value,
-            outcome=result.outcome.value,
-            error=result.detail,
-        )
+                continue
+            new = c.node.status if c.change is None else c.new
+            metrics.node_ran(
+                c.node.action, c.node.spec.downstream, new.value, c.took,
+                c.move.verdict is Verdict.RETRY,
+            )  # fmt: skip
+            log.info(
+                "node finished",
+                task_id=task_id,
+                node_id=c.node.node_id,
+                status=new.value,
+                outcome=c.result.outcome.value,
+                error=c.result.detail,
+            )
