@@ -8,14 +8,16 @@ call may have had its effect decides whether it may be sent again.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome, classify_error, classify_status, failure_text
 from dispo.libs.catalogue import Downstream
 from dispo.libs.egress import EgressRefused, join
 from dispo.libs.tracing import inject
+from yarl import URL
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,19 @@ def failed(outcome: CallOutcome, detail: str, retry_after: str = "") -> Result:
     return Result(outcome, failure_text(outcome, detail), retry_after)
 
 
+def http_session(max_connections: int = 256) -> aiohttp.ClientSession:
+    """The executor's client for action calls: a pool of keep-alive connections, no
+    cookies kept between calls (each node's call stands alone), no proxy taken from the
+    environment (the egress policy checks where a call goes, :mod:`dispo.libs.egress`)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+    )
+
+
 async def run_action(
-    client: httpx.AsyncClient, call: Call, downstream: Downstream | None
+    client: aiohttp.ClientSession, call: Call, downstream: Downstream | None
 ) -> Result:
     if call.spec.kind == "noop":
         return Result(CallOutcome.SUCCESS)
@@ -66,32 +79,32 @@ async def run_action(
     }
     inject(headers)  # the node run's `traceparent`, when a trace is under way
     try:
-        response = await client.request(
+        # ``encoded``: the URL goes out exactly as the egress policy checked it.
+        async with client.request(
             call.spec.method,
-            url,
-            content=call.body,
+            URL(str(url), encoded=True),
+            data=call.body,
             headers=headers,
-            timeout=timeout,
-            follow_redirects=False,
-        )
+            timeout=aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout),
+            allow_redirects=False,
+        ) as response:
+            outcome = classify_status(response.status)
+            if outcome is CallOutcome.SUCCESS:
+                await response.read()  # the connection goes back to the pool
+                return Result(outcome)
+            body = (await response.read()).decode("utf-8", "replace")
+            retry_after = response.headers.get("Retry-After", "")
     except Exception as error:
         return failed(classify_error(error), describe_error(error, timeout))
-    outcome = classify_status(response.status_code)
-    if outcome is CallOutcome.SUCCESS:
-        return Result(outcome)
-    return failed(
-        outcome,
-        f"HTTP {response.status_code}: {response.text}",
-        response.headers.get("Retry-After", ""),
-    )
+    return failed(outcome, f"HTTP {response.status}: {body}", retry_after)
 
 
 def describe_error(error: BaseException, timeout: float) -> str:
     """What went wrong with a call that raised, in words an operator reads in ``last_error``."""
-    if isinstance(error, httpx.ConnectTimeout | httpx.PoolTimeout):
+    if isinstance(error, aiohttp.ConnectionTimeoutError):  # a free connection or a connect
         return f"connect timeout after {timeout:g}s"
-    if isinstance(error, httpx.TimeoutException):
+    if isinstance(error, TimeoutError | asyncio.TimeoutError):
         return f"timeout after {timeout:g}s with the request under way"
-    if isinstance(error, httpx.TransportError | OSError):
+    if isinstance(error, aiohttp.ClientError | OSError):
         return f"connection error: {error!r}"
     return f"action error: {error!r}"

@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import aiohttp
 import httpx
 from dispo.executor import control
 from dispo.executor import repository as repo
+from dispo.executor.actions import http_session
 from dispo.executor.breaker import BreakerState
 from dispo.executor.envelope import envelope_problem
 from dispo.executor.runner import Executor
@@ -40,21 +42,24 @@ BREAKER_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerStat
 
 
 def build_executor(
-    rt: Runtime, settings: ExecutorSettings, http: httpx.AsyncClient
+    rt: Runtime,
+    settings: ExecutorSettings,
+    calls: aiohttp.ClientSession,
+    health: httpx.AsyncClient,
 ) -> tuple[Executor, OutboxRelay]:
     registry = load_configured_catalogue().downstreams
     relay = rt.outbox_relay(repo.outbox)
-    return Executor(rt.engine, relay, registry, rt.clock, settings.config(), http), relay
+    config = settings.config()
+    return Executor(rt.engine, relay, registry, rt.clock, config, calls, health), relay
 
 
 async def setup(rt: Runtime) -> None:
     settings = ExecutorSettings()
     await tasks.ensure_task_streams(rt.bus)
-    http = rt.close_on_stop(
-        httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64)),
-        name="http client",
-    )
-    executor, relay = build_executor(rt, settings, http)
+    calls = rt.close_on_stop(http_session(), name="action calls client")
+    # Health checks use the shared probe (:mod:`dispo.libs.downstream_health`).
+    health = rt.close_on_stop(httpx.AsyncClient(), name="health check client")
+    executor, relay = build_executor(rt, settings, calls, health)
 
     async def on_create(msg: Msg) -> Disposition:
         try:
@@ -140,7 +145,7 @@ async def check_downstreams(ex: Executor) -> None:
     for name, downstream in ex.registry.items():
         if not downstream.health_url:
             continue
-        healthy, why = await check_health(ex.http, downstream.health_url, HEALTH_TIMEOUT_SECONDS)
+        healthy, why = await check_health(ex.health, downstream.health_url, HEALTH_TIMEOUT_SECONDS)
         if healthy:
             ex.breakers[name].health_ok()
         else:

@@ -26,7 +26,7 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import httpx
+import aiohttp
 from dispo.executor.domain import RetryPolicy
 from dispo.libs.backoff import retry_after_seconds
 from dispo.libs.error_text import truncate_error
@@ -60,13 +60,13 @@ DEFINITE_SERVER_STATUSES = frozenset({501, 505})
 
 # Transport errors raised before any byte of the request could reach the downstream.
 _NOT_SENT_ERRORS: tuple[type[BaseException], ...] = (
-    httpx.ConnectTimeout,  # a TimeoutException: checked before the ambiguous ones
-    httpx.PoolTimeout,
-    httpx.ConnectError,  # connection refused, DNS failure, unreachable
-    httpx.ProxyError,
-    httpx.UnsupportedProtocol,
-    httpx.LocalProtocolError,  # the request could not be formed
-    httpx.InvalidURL,
+    # No free connection or no connection within the timeout (a TimeoutError too: checked
+    # before the ambiguous ones).
+    aiohttp.ConnectionTimeoutError,
+    # Connection refused, DNS failure, unreachable, a TLS handshake refused: all before a
+    # byte of the request was written.
+    aiohttp.ClientConnectorError,
+    aiohttp.InvalidURL,  # the request could not be formed
     ConnectionRefusedError,
     socket.gaierror,
 )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import aiohttp
 import httpx
 from dispo.executor import repository as repo
 from dispo.executor import repository_many as many
@@ -106,14 +107,16 @@ class Executor:
         registry: dict[str, Downstream],
         clock: Clock,
         config: ExecutorConfig,
-        http: httpx.AsyncClient,
+        http: aiohttp.ClientSession,
+        health: httpx.AsyncClient,
     ) -> None:
         self.engine = engine
         self.relay = relay
         self.registry = registry
         self.clock = clock
         self.config = config
-        self.http = http
+        self.http = http  # action calls
+        self.health = health  # downstream health checks
         self.breakers = {
             name: Breaker(
                 config.breaker_threshold,

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from aiohttp import web
-from dispo.executor.actions import Call, run_action
+from dispo.executor.actions import Call, http_session, run_action
 from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome
 from dispo.libs.catalogue import Downstream
@@ -34,7 +33,7 @@ async def servers(fake_server):
 async def test_a_path_that_would_leave_the_downstream_is_not_sent(fake_server, path):
     downstream, elsewhere = await servers(fake_server)
     registry = Downstream("demo", f"{downstream.url}/api")
-    async with httpx.AsyncClient() as client:
+    async with http_session() as client:
         result = await run_action(client, call(path.format(port=elsewhere.port)), registry)
     assert result.outcome is CallOutcome.DEFINITE and "not sent" in result.detail
     assert downstream.requests == [] and elsewhere.requests == []
@@ -42,7 +41,7 @@ async def test_a_path_that_would_leave_the_downstream_is_not_sent(fake_server, p
 
 async def test_a_redirect_is_not_followed(fake_server):
     downstream, elsewhere = await servers(fake_server)
-    async with httpx.AsyncClient() as client:
+    async with http_session() as client:
         result = await run_action(client, call("/moved"), Downstream("demo", downstream.url))
         sent = await run_action(client, call("/labels/c-1"), Downstream("demo", downstream.url))
     assert result.outcome is CallOutcome.DEFINITE and "HTTP 307" in result.detail

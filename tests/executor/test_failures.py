@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
-import httpx
+import aiohttp
 import pytest
 from aiohttp import web
-from dispo.executor.actions import Call, run_action
+from dispo.executor.actions import Call, http_session, run_action
 from dispo.executor.demo_downstream.app import reset_connection
 from dispo.executor.domain import ActionSpec, RetryPolicy
 from dispo.executor.failures import (
@@ -138,8 +138,8 @@ def downstream(url: str) -> Downstream:
 
 
 @pytest.fixture
-async def http() -> Iterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with http_session() as client:
         yield client
 
 

@@ -8,7 +8,15 @@ import socket
 
 import httpx
 import pytest
-from dispo.libs.egress import AllowList, EgressRefused, Origin, callback_subject, join, origin_of
+from dispo.libs.egress import (
+    AllowList,
+    EgressRefused,
+    Origin,
+    callback_subject,
+    join,
+    origin_of,
+)
+from yarl import URL
 
 ALLOW = AllowList.parse(
     "http://127.0.0.1:8181, https://hooks.example.com http://[::1]:8182,"
@@ -74,6 +82,12 @@ def test_allowed_urls_go_where_the_client_sends_them(url, origin):
         host = ipaddress.IPv6Address(host).compressed
     port = request.url.port or {"http": 80, "https": 443}[request.url.scheme]
     assert (host, port) == (origin.host, origin.port)
+    # And what the executor's action client (aiohttp) sends it to: the same.
+    sent = URL(str(checked), encoded=True)
+    host = sent.raw_host or ""
+    if ":" in host:
+        host = ipaddress.IPv6Address(host).compressed
+    assert (host, sent.port) == (origin.host, origin.port)
 
 
 @pytest.mark.parametrize("url, reason", REFUSED.items())
