@@ -40,7 +40,8 @@ log = get_logger(__name__)
 class Pass:
     """What one pass over a task has done so far."""
 
-    in_flight: dict[str, asyncio.Task[bool]] = field(default_factory=dict)
+    # The node calls under way, by node id (each ends with what to record for it).
+    in_flight: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     attempted: set[str] = field(default_factory=set)
     ran: int = 0
 
