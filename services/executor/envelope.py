@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from dispo.executor.domain import ActionSpec, NodeRun
 from dispo.executor.states import NodeState
@@ -46,7 +46,18 @@ def node_from_proto(node: task_pb2.Node) -> NodeRun:
 
 def overlay(node: task_pb2.Node, run: NodeRun) -> None:
     """Write ``run``'s mutable state onto the envelope's node."""
-    node.status = run.status.to_proto()
+    _overlay(node, run.status, run)
+
+
+def overlay_row(node: task_pb2.Node, row: Any) -> None:
+    """Write a ``node_runs`` row's state onto the envelope's node (as :func:`overlay`, without
+    making a :class:`NodeRun` of it: a status snapshot needs no action spec)."""
+    _overlay(node, NodeState(row.status), row)
+
+
+def _overlay(node: task_pb2.Node, status: NodeState, run: Any) -> None:
+    """``run``: a NodeRun or a node_runs row (the same attribute names)."""
+    node.status = status.to_proto()
     node.retry.attempts = run.attempts
     node.retry.round_attempts = run.round_attempts
     node.retry.retryable = run.retryable

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.executor.domain import NodeRun
-from dispo.executor.envelope import node_from_proto, overlay
+from dispo.executor.envelope import node_from_proto, overlay_row
 from dispo.executor.repository import TaskRow, node_runs_from_rows, outbox, task_from_row
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
@@ -191,16 +191,24 @@ async def nodes_get_many(
     conn: AsyncConnection, envs: Sequence[task_pb2.Task]
 ) -> dict[str, dict[str, NodeRun]]:
     """Each task's nodes, by task id (one statement for all)."""
-    if not envs:
+    by_task = await node_rows_many(conn, [e.task_id for e in envs])
+    return {e.task_id: node_runs_from_rows(e, by_task[e.task_id]) for e in envs}
+
+
+async def node_rows_many(
+    conn: AsyncConnection, task_ids: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Each task's ``node_runs`` rows by node id, by task id (one statement for all)."""
+    if not task_ids:
         return {}
-    by_task: dict[str, dict[str, Any]] = {e.task_id: {} for e in envs}
+    by_task: dict[str, dict[str, Any]] = {t: {} for t in task_ids}
     rows = await conn.execute(
         text("SELECT * FROM node_runs WHERE task_id = ANY(CAST(:ids AS text[]))"),
         {"ids": list(by_task)},
     )
     for row in rows:
         by_task[row.task_id][row.node_id] = row
-    return {e.task_id: node_runs_from_rows(e, by_task[e.task_id]) for e in envs}
+    return by_task
 
 
 @dataclass(frozen=True)
@@ -369,15 +377,16 @@ async def snapshots_many(
         {"ids": sorted(set(task_ids)), "now": now},
     )
     recorded = [task_from_row(row) for row in rows]
-    envs = [t.envelope for t in recorded if t.envelope is not None]
-    nodes = await nodes_get_many(conn, envs)
+    nodes = await node_rows_many(conn, [t.task_id for t in recorded if t.envelope is not None])
     snaps: dict[str, task_pb2.Task] = {}
     for task in recorded:
         env = task_pb2.Task()
         if task.envelope is not None:
             env.CopyFrom(task.envelope)
+            node_rows = nodes[task.task_id]
             for node in env.nodes:
-                overlay(node, nodes[task.task_id][node.node_id])
+                if node.node_id in node_rows:  # else the envelope's own state stands
+                    overlay_row(node, node_rows[node.node_id])
         env.ClearField("redrive")  # an instruction to this executor, not part of its record
         env.task_id = task.task_id
         env.status = task.status.to_proto()
