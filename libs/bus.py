@@ -27,6 +27,10 @@ it exists with another one; what it already acknowledged stays acknowledged. A c
 that names ``max_ack_pending`` (the most messages in flight across every replica sharing
 the durable) brings the durable to that too.
 
+:meth:`Bus.read_subject` reads back what a stream holds on one subject (a task's status
+snapshots, say), in stream order from a sequence, bounded by a count and a deadline, with an
+ephemeral consumer it deletes after the read.
+
 A process proves who it is with :class:`BusCredentials` (a user and password, a token, a
 credentials file or an NKey seed file; ``DISPO_NATS_*``). Credentials the server refuses
 raise :class:`BusCredentialsRefused` at once, naming who was refused, rather than retrying
@@ -44,8 +48,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import nats
@@ -402,6 +408,51 @@ class Bus:
         except Exception as error:  # an answer that is not one
             future.set_exception(error)
 
+    async def read_subject(
+        self,
+        stream: str,
+        subject: str,
+        *,
+        start_sequence: int = 1,
+        limit: int,
+        timeout: float = 5.0,
+    ) -> list[StoredMessage]:
+        """The messages ``stream`` holds on ``subject`` (a subject or a filter), in stream
+        order from ``start_sequence`` (inclusive), at most ``limit``; nothing is acknowledged
+        and nothing stays behind. One ephemeral consumer is created for the read (filtered by
+        the server, in memory, no acks) and deleted after it; should this process die in the
+        middle, the server drops it once idle for a few seconds. Raises TimeoutError if the
+        server has not delivered them within ``timeout``."""
+        config = ConsumerConfig(
+            name=f"read-{uuid.uuid4().hex}",
+            filter_subject=subject,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=max(1, start_sequence),
+            ack_policy=AckPolicy.NONE,
+            mem_storage=True,
+            num_replicas=1,
+            inactive_threshold=max(timeout, 5.0),
+        )
+        async with asyncio.timeout(timeout):
+            info = await self.js.add_consumer(stream, config=config)
+            name = info.name
+            try:
+                wanted = min(limit, info.num_pending or 0)
+                out: list[StoredMessage] = []
+                if wanted:
+                    sub = await self.js.pull_subscribe_bind(consumer=name, stream=stream)
+                    try:
+                        while len(out) < wanted:
+                            for message in await sub.fetch(wanted - len(out), timeout=timeout):
+                                out.append(StoredMessage.of(message))
+                    finally:
+                        with contextlib.suppress(Exception):
+                            await sub.unsubscribe()
+                return out
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.js.delete_consumer(stream, name)
+
     def consumer(
         self,
         stream: str,
@@ -433,6 +484,33 @@ class Bus:
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.nc.drain()
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """One message as a stream stored it (:meth:`Bus.read_subject`)."""
+
+    sequence: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    time: datetime
+
+    @property
+    def msg_id(self) -> str:
+        """The id it was published with (empty without one)."""
+        return self.headers.get(MSG_ID_HEADER, "")
+
+    @classmethod
+    def of(cls, message: Msg) -> StoredMessage:
+        meta = message.metadata
+        return cls(
+            meta.sequence.stream,
+            message.subject,
+            message.data,
+            dict(message.headers or {}),
+            meta.timestamp,
+        )
 
 
 class ConsumerBacklog(NamedTuple):

@@ -59,6 +59,7 @@ RULES: dict[str, Rule] = {
         CountTasks=BUSINESS,
         CancelTask=BUSINESS,
         WatchTask=BUSINESS,
+        ListTaskEvents=BUSINESS,
         ListCells=BUSINESS,
     ),
     **_methods(

@@ -131,6 +131,19 @@ def status_id(task_id: str, version: int, publisher: str = "") -> str:
     return f"{task_id}:{publisher + ':' if publisher else ''}v{version}"
 
 
+def status_publisher(task_id: str, msg_id: str) -> str:
+    """Who published a status snapshot of ``task_id``, from its message id
+    (:func:`status_id`): the publisher it names, else ``"executor"``; empty for an id that
+    is not a status id of that task."""
+    rest = msg_id.removeprefix(f"{task_id}:")
+    if rest == msg_id:
+        return ""
+    publisher, _, version = rest.rpartition(":")
+    if not version.startswith("v"):
+        return ""
+    return publisher or "executor"
+
+
 def completion_id(task_id: str) -> str:
     """The completion notification published to a caller's NATS subject."""
     return f"{task_id}:completion"

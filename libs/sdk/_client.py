@@ -18,6 +18,8 @@ from dispo.libs.sdk._types import (
     CellSpec,
     DispoError,
     Submitted,
+    TaskEvent,
+    TaskEventPage,
     TaskPage,
     TaskSummary,
     TaskView,
@@ -95,6 +97,15 @@ def count_request(
     if created_before:
         request.created_before.FromDatetime(created_before)
     return request
+
+
+def events_request(
+    task_id: str, page_size: int, page_token: str
+) -> gateway_pb2.ListTaskEventsRequest:
+    """The ListTaskEvents request for one page of a task's history."""
+    return gateway_pb2.ListTaskEventsRequest(
+        task_id=task_id, page=common_pb2.PageRequest(page_size=page_size, page_token=page_token)
+    )
 
 
 def counts_of(reply: gateway_pb2.CountTasksResponse) -> dict[str, int]:
@@ -244,6 +255,27 @@ class AsyncClient:
         included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
         request = count_request(business, created_after, created_before, idempotency_key)
         return counts_of(await self._call(self._stub.CountTasks, request, timeout))
+
+    async def events_page(
+        self, task_id: str, *, page_size: int = 100, page_token: str = "", timeout: float = 10.0
+    ) -> TaskEventPage:
+        """One page of the task's history, oldest first: each status snapshot published
+        for it, with the nodes that changed (the status stream keeps 7 days of them)."""
+        request = events_request(task_id, page_size, page_token)
+        return TaskEventPage.from_proto(
+            await self._call(self._stub.ListTaskEvents, request, timeout)
+        )
+
+    async def events(self, task_id: str, *, page_size: int = 100) -> list[TaskEvent]:
+        """The task's whole history as stored now, oldest first, following the pages."""
+        out: list[TaskEvent] = []
+        token = ""
+        while True:
+            page = await self.events_page(task_id, page_size=page_size, page_token=token)
+            out.extend(page.events)
+            token = page.next_page_token
+            if not page.more:
+                return out
 
     async def watch(self, task_id: str) -> AsyncIterator[TaskView]:
         """Each change of the task until it is terminal."""
@@ -413,6 +445,25 @@ class Client:
         included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
         request = count_request(business, created_after, created_before, idempotency_key)
         return counts_of(self._call(self._stub.CountTasks, request, timeout))
+
+    def events_page(
+        self, task_id: str, *, page_size: int = 100, page_token: str = "", timeout: float = 10.0
+    ) -> TaskEventPage:
+        """One page of the task's history, oldest first: each status snapshot published
+        for it, with the nodes that changed (the status stream keeps 7 days of them)."""
+        request = events_request(task_id, page_size, page_token)
+        return TaskEventPage.from_proto(self._call(self._stub.ListTaskEvents, request, timeout))
+
+    def events(self, task_id: str, *, page_size: int = 100) -> list[TaskEvent]:
+        """The task's whole history as stored now, oldest first, following the pages."""
+        out: list[TaskEvent] = []
+        token = ""
+        while True:
+            page = self.events_page(task_id, page_size=page_size, page_token=token)
+            out.extend(page.events)
+            token = page.next_page_token
+            if not page.more:
+                return out
 
     def watch(self, task_id: str, *, timeout: float | None = None) -> Iterator[TaskView]:
         try:

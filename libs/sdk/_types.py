@@ -199,6 +199,80 @@ class TaskPage:
         )
 
 
+@dataclass(frozen=True)
+class NodeChange:
+    """How one node differs from the snapshot before (status names; ``old_status`` is ""
+    in a task's first event)."""
+
+    node_id: str
+    old_status: str
+    new_status: str
+    old_attempts: int
+    new_attempts: int
+    last_error: str
+
+    @classmethod
+    def from_proto(cls, change: gateway_pb2.NodeChange) -> NodeChange:
+        return cls(
+            change.node_id,
+            node_status_name(change.old_status) if change.old_status else "",
+            node_status_name(change.new_status),
+            change.old_attempts,
+            change.new_attempts,
+            change.last_error,
+        )
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """One status snapshot of a task's history (ListTaskEvents): when the stream stored it,
+    who published it, the task's status (``previous_status`` "" for the first) and the
+    nodes that changed."""
+
+    sequence: int
+    time: datetime | None
+    version: int
+    publisher: str
+    status: str
+    status_reason: str
+    previous_status: str
+    changes: tuple[NodeChange, ...]
+    raw: gateway_pb2.TaskEvent = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, event: gateway_pb2.TaskEvent) -> TaskEvent:
+        return cls(
+            event.sequence,
+            _time(event, "time"),
+            event.version,
+            event.publisher,
+            task_status_name(event.status),
+            event.status_reason,
+            task_status_name(event.previous_status) if event.previous_status else "",
+            tuple(NodeChange.from_proto(c) for c in event.changes),
+            event,
+        )
+
+
+@dataclass(frozen=True)
+class TaskEventPage:
+    """One page of a task's history: ``more`` when another was already stored;
+    ``next_page_token`` continues after its last event (set on the last page too, for the
+    events a running task publishes later)."""
+
+    events: tuple[TaskEvent, ...]
+    next_page_token: str
+    more: bool
+
+    @classmethod
+    def from_proto(cls, reply: gateway_pb2.ListTaskEventsResponse) -> TaskEventPage:
+        return cls(
+            tuple(TaskEvent.from_proto(e) for e in reply.events),
+            reply.page.next_page_token,
+            reply.more,
+        )
+
+
 class DispoError(Exception):
     """A call the gateway refused: ``code`` (grpc.StatusCode) and per-field ``violations``."""
 

@@ -9,8 +9,9 @@ Each service's permissions are derived from :data:`dispo.libs.contracts.FLOWS`:
 
 - publish: the subjects it publishes and those it alone consumes (its quarantine replays
   them); on the JetStream API, the info and creation of the streams it uses and the update
-  of those it publishes to; the info, creation and next-message requests of consumers of
-  the streams it consumes, and the acknowledgements of their messages;
+  of those it publishes to; the info, creation, next-message and deletion requests of
+  consumers of the streams it consumes (a read of a subject's messages deletes its
+  ephemeral consumer after it: :meth:`dispo.libs.bus.Bus.read_subject`), and the acknowledgements of their messages;
 - subscribe: its own replies (``_INBOX.<service>.>``) and the plain NATS subjects it consumes.
 
 ``python -m dispo.libs.stack.nats_auth`` prints that ``authorization`` block for an external
@@ -57,6 +58,7 @@ def permissions(service: str) -> dict[str, dict[str, list[str]]]:
                 f"$JS.API.CONSUMER.INFO.{name}.*",
                 f"$JS.API.CONSUMER.CREATE.{name}.>",
                 f"$JS.API.CONSUMER.MSG.NEXT.{name}.*",
+                f"$JS.API.CONSUMER.DELETE.{name}.*",
                 f"$JS.ACK.{name}.>",
             ]
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}

@@ -72,7 +72,13 @@ async def setup(rt: Runtime) -> None:
     )
     rt.add_servicer(
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-            GatewayServicer(gateway, settings.max_page_size, settings.caller_limits(rt.clock)),
+            GatewayServicer(
+                gateway,
+                settings.max_page_size,
+                settings.caller_limits(rt.clock),
+                rt.bus,
+                settings.events_read_timeout_seconds,
+            ),
             server,
         ),
         SERVICE_NAME,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -11,14 +12,18 @@ from dispo.gateway.convert import (
     stored_status,
     submission_from_proto,
 )
+from dispo.gateway.events import task_event
 from dispo.gateway.limits import CallerLimits, limited_business
 from dispo.gateway.repository import TaskFilter
 from dispo.gateway.service import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.auth import business_filter, business_scope, require_visible
+from dispo.libs.bus import Bus
 from dispo.libs.catalogue import Catalogue
-from dispo.libs.errors import InvalidArgument
+from dispo.libs.contracts import tasks
+from dispo.libs.errors import InvalidArgument, Unavailable
 from dispo.libs.paging import (
     decode_page_token,
     encode_page_token,
@@ -26,11 +31,26 @@ from dispo.libs.paging import (
     page_size,
 )
 from dispo.libs.proto_enums import from_short_name
+from google.protobuf.message import DecodeError
 
 
 def _task_id(value: str) -> str:
     if not value:
         raise InvalidArgument("task_id", "required")
+    return value
+
+
+# A task id is one token of a status subject: no dots, no wildcards (Submit makes 32 hex).
+_TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _event_task_id(value: str) -> str:
+    """The task id of ListTaskEvents, checked to be one subject token it can filter on."""
+    _task_id(value)
+    if len(value) > 64:
+        raise InvalidArgument("task_id", "longer than 64 characters")
+    if not _TASK_ID.fullmatch(value):
+        raise InvalidArgument("task_id", "only letters, digits, '_' and '-'")
     return value
 
 
@@ -70,10 +90,19 @@ def _task_filter(
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
-    def __init__(self, gateway: Gateway, max_page_size: int, limits: CallerLimits) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        max_page_size: int,
+        limits: CallerLimits,
+        bus: Bus,
+        events_timeout: float = 5.0,
+    ) -> None:
         self.gateway = gateway
         self.max_page_size = max_page_size
         self.limits = limits
+        self.bus = bus
+        self.events_timeout = events_timeout
 
     async def _visible(self, task_id: str) -> str:
         """``task_id`` if the caller may see it: another business's task is NOT_FOUND, as
@@ -179,6 +208,55 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     yield gateway_pb2.WatchTaskResponse(task=view)
         finally:
             await views.aclose()
+
+    async def ListTaskEvents(
+        self, request: gateway_pb2.ListTaskEventsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListTaskEventsResponse:
+        task_id = _event_task_id(request.task_id)
+        size = page_size(request.page, maximum=self.max_page_size)
+        decoded = decode_page_token(request.page.page_token, str, int)
+        if decoded is not None and (decoded[0] != task_id or decoded[1] < 1):
+            raise invalid_page_token()  # another task's token
+        after = decoded[1] if decoded is not None else 0
+        record = await self.gateway.get_record(task_id)  # NOT_FOUND as GetTask answers
+        require_visible(record.business, f"no task {task_id!r}")
+        # From the last event of the page before (the baseline of its successor's changes),
+        # one more than the page to know whether another follows.
+        try:
+            stored = await self.bus.read_subject(
+                tasks.TASK_STATUS.name,
+                tasks.task_status_of(task_id),
+                start_sequence=after or 1,
+                limit=size + 1 + (1 if after else 0),
+                timeout=self.events_timeout,
+            )
+        except TimeoutError:
+            raise Unavailable("the status stream did not answer in time; try again") from None
+        previous: task_pb2.Task | None = None
+        out = gateway_pb2.ListTaskEventsResponse()
+        for message in stored:
+            try:
+                snapshot = task_pb2.Task.FromString(message.data)
+            except DecodeError:  # the view skips it too
+                continue
+            if message.sequence <= after:
+                previous = snapshot
+                continue
+            if len(out.events) == size:
+                out.more = True
+                break
+            event = task_event(
+                previous,
+                snapshot,
+                sequence=message.sequence,
+                publisher=tasks.status_publisher(task_id, message.msg_id),
+            )
+            event.time.FromDatetime(message.time)
+            out.events.append(event)
+            previous = snapshot
+        if out.events:
+            out.page.next_page_token = encode_page_token(task_id, out.events[-1].sequence)
+        return out
 
     async def ListCells(
         self, request: gateway_pb2.ListCellsRequest, context: grpc.aio.ServicerContext

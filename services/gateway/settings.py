@@ -29,7 +29,13 @@ class GatewaySettings(BaseSettings):
         description="WatchTask re-reads the task at least this often (changes applied by"
         " another replica)",
     )
-    max_page_size: int = Field(default=500, description="Largest ListTasks page")
+    max_page_size: int = Field(default=500, description="Largest ListTasks and ListTaskEvents page")
+    events_read_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Longest a ListTaskEvents call waits for the status stream to deliver a"
+        " task's snapshots (UNAVAILABLE beyond: try again)",
+    )
     auth_bootstrap_file: str = Field(
         default="",
         description="Tokens to store on start unless their ids exist (ids, kinds and hashes;"

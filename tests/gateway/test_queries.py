@@ -1,5 +1,5 @@
-"""GetTask, ListTasks, CountTasks, CancelTask, WatchTask and ListCells through the real
-gateway."""
+"""GetTask, ListTaskEvents, ListTasks, CountTasks, CancelTask, WatchTask and ListCells
+through the real gateway."""
 
 from datetime import timedelta
 
@@ -13,7 +13,9 @@ from support import eventually
 from support.auth import admin_channel, business_token
 
 
-async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, downstream):
+async def test_get_task_and_its_events_show_every_node_with_attempts_errors_and_times(
+    pipeline, client, downstream, database_url, bus
+):
     await downstream.control(fail={"status": 503, "times": 1, "path": "/step/g"})
     task = await client.submit(
         "tests", [cell("step", name="g"), cell("noop")], callback_url="nats:callbacks.tests.done"
@@ -21,6 +23,7 @@ async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, 
 
     await client.wait(task.task_id, timeout=30)
     done = await client.get(task.task_id)
+    await check_events(pipeline, client, database_url, bus, done)
 
     node = done.node("step.call")
     assert (node.status, node.attempts) == ("SUCCEEDED", 2)
@@ -33,6 +36,76 @@ async def test_get_task_shows_every_node_with_attempts_errors_and_times(client, 
     # "finished" is the gateway's completion fact; notifying the caller is the reconciler's
     assert done.completion.finished_at >= node.finished_at
     assert done.completion.callback_url == "nats:callbacks.tests.done"
+
+
+async def check_events(pipeline, client, database_url, bus, done):
+    """ListTaskEvents of a finished task whose step.call failed once with a 503: every
+    snapshot in order, the retry visible as node transitions, pages that join up; another
+    business's token is NOT_FOUND, bad input names its field."""
+    task_id = done.task_id
+    events = await client.events(task_id)
+    # Each read's consumer is gone after it (the gateway's bus user may delete it).
+    assert [c.name for c in await bus.js.consumers_info("TASK_STATUS")] == ["gateway-status"]
+    assert [e.sequence for e in events] == sorted({e.sequence for e in events})
+    assert [e.version for e in events] == sorted({e.version for e in events})
+    assert events[-1].version == done.version
+    assert events[0].previous_status == ""
+    assert events[-1].status == "SUCCEEDED"
+    assert {e.publisher for e in events} == {"executor"}
+    for before, after in zip(events, events[1:], strict=False):
+        assert after.previous_status == before.status
+    assert all(e.time is not None for e in events)
+    # Each node's changes, chained: each starts where the one before ended.
+    call = [c for e in events for c in e.changes if c.node_id == "step.call"]
+    assert [(c.old_status, c.new_status, c.new_attempts) for c in call] == [
+        ("", "PENDING", 0),
+        ("PENDING", "RUNNING", 1),
+        ("RUNNING", "PENDING", 1),  # the 503: back to wait for its retry
+        ("PENDING", "RUNNING", 2),
+        ("RUNNING", "SUCCEEDED", 2),
+    ], call
+    for before, after in zip(call, call[1:], strict=False):
+        assert after.old_attempts == before.new_attempts
+    assert "HTTP 503" in call[2].last_error and call[1].last_error == ""
+    noop = [c for e in events for c in e.changes if c.node_id == "noop.noop"]
+    assert [(c.old_status, c.new_status) for c in noop] == [("", "SUCCEEDED")]
+
+    # Pages of one event join up into the same history.
+    paged, token = [], ""
+    while True:
+        page = await client.events_page(task_id, page_size=1, page_token=token)
+        paged.extend(page.events)
+        assert len(page.events) <= 1
+        token = page.next_page_token
+        if not page.more:
+            break
+    assert paged == events
+    assert token  # the last page's token continues after its event
+    later = await client.events_page(task_id, page_token=token)
+    assert (later.events, later.more, later.next_page_token) == ((), False, "")
+
+    _, secret = await business_token(database_url, "events-other")
+    async with pipeline.client(secret) as other:
+        for missing in (task_id, "0" * 32):
+            with pytest.raises(DispoError) as hidden:
+                await other.events(missing)
+            assert hidden.value.code == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(DispoError) as as_get:
+                await other.get(missing)
+            assert as_get.value.message == hidden.value.message
+    for task, page_size, bad_token, field in (
+        ("", 1, "", "task_id"),
+        ("a" * 65, 1, "", "task_id"),
+        ("a.b", 1, "", "task_id"),
+        ("a*", 1, "", "task_id"),
+        (task_id, -1, "", "page.page_size"),
+        (task_id, 1, "garbage!", "page.page_token"),
+        ("0" * 32, 1, token, "page.page_token"),  # another task's token
+    ):
+        with pytest.raises(DispoError) as refused:
+            await client.events_page(task, page_size=page_size, page_token=bad_token)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert set(refused.value.violations) == {field}
 
 
 async def test_unknown_task_is_not_found(gateway_client):

@@ -658,6 +658,175 @@ class WatchTaskResponse(_message.Message):
 Global___WatchTaskResponse: _TypeAlias = WatchTaskResponse  # noqa: Y015
 
 @_typing.final
+class ListTaskEventsRequest(_message.Message):
+    """Which task's history ListTaskEvents reads, and which page."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Required: the id Submit returned (at most 64 letters, digits, '_' or '-')."""
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size (default 50, at most the gateway's max_page_size, 500) and the cursor: a
+        page_token continues after the last event of the page that returned it.
+        """
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTaskEventsRequest: _TypeAlias = ListTaskEventsRequest  # noqa: Y015
+
+@_typing.final
+class NodeChange(_message.Message):
+    """How one node differs between a status snapshot and the one before it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    OLD_STATUS_FIELD_NUMBER: _builtins.int
+    NEW_STATUS_FIELD_NUMBER: _builtins.int
+    OLD_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    NEW_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    """The node, "<cell_ref>.<action>"."""
+    old_status: _common_pb2.NodeStatus.ValueType
+    """Its status in the snapshot before; NODE_STATUS_UNSPECIFIED in the task's first event
+    (or when the node was not in the snapshot before).
+    """
+    new_status: _common_pb2.NodeStatus.ValueType
+    """Its status in this snapshot."""
+    old_attempts: _builtins.int
+    """Downstream calls made for it by the snapshot before (0 in the first event)."""
+    new_attempts: _builtins.int
+    """Downstream calls made for it by this snapshot (RetryState.attempts)."""
+    last_error: _builtins.str
+    """Its last error in this snapshot (empty when it has none)."""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        old_status: _common_pb2.NodeStatus.ValueType = ...,
+        new_status: _common_pb2.NodeStatus.ValueType = ...,
+        old_attempts: _builtins.int = ...,
+        new_attempts: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_error", b"last_error", "new_attempts", b"new_attempts", "new_status", b"new_status", "node_id", b"node_id", "old_attempts", b"old_attempts", "old_status", b"old_status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeChange: _TypeAlias = NodeChange  # noqa: Y015
+
+@_typing.final
+class TaskEvent(_message.Message):
+    """One status snapshot of the task as the stream stored it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    PUBLISHER_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    STATUS_REASON_FIELD_NUMBER: _builtins.int
+    PREVIOUS_STATUS_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """The snapshot's sequence in the TASK_STATUS stream: events of one task ascend by it."""
+    version: _builtins.int
+    """The snapshot's task version (Task.version), which each publication increments."""
+    publisher: _builtins.str
+    """Who published it, from its message id: "executor", or the publisher the id names
+    ("reconciler" for a terminal failure it decided).
+    """
+    status: _common_pb2.TaskStatus.ValueType
+    """The task's status in this snapshot."""
+    status_reason: _builtins.str
+    """Why the task is in that status, when the publisher said (Task.status_reason)."""
+    previous_status: _common_pb2.TaskStatus.ValueType
+    """The task's status in the snapshot before; TASK_STATUS_UNSPECIFIED for the first."""
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """When the stream stored the snapshot."""
+
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeChange]:
+        """The nodes whose status, attempts or last error differ from the snapshot before, in the
+        task's node order; every node in the first event.
+        """
+
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+        version: _builtins.int = ...,
+        publisher: _builtins.str = ...,
+        status: _common_pb2.TaskStatus.ValueType = ...,
+        status_reason: _builtins.str = ...,
+        previous_status: _common_pb2.TaskStatus.ValueType = ...,
+        changes: _abc.Iterable[Global___NodeChange] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "previous_status", b"previous_status", "publisher", b"publisher", "sequence", b"sequence", "status", b"status", "status_reason", b"status_reason", "time", b"time", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskEvent: _TypeAlias = TaskEvent  # noqa: Y015
+
+@_typing.final
+class ListTaskEventsResponse(_message.Message):
+    """One page of a task's history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
+    more: _builtins.bool
+    """True when more events were already stored when this page was read."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskEvent]:
+        """The events of this page, oldest first."""
+
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token continues after this page's last event. It is set on every page with
+        an event, the last one too: a task still running publishes more, which that token reads
+        later. Empty when the page has no event (then reuse the token that asked for it).
+        """
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___TaskEvent] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+        more: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "more", b"more", "page", b"page"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTaskEventsResponse: _TypeAlias = ListTaskEventsResponse  # noqa: Y015
+
+@_typing.final
 class ListCellsRequest(_message.Message):
     """ListCells takes nothing: the whole catalogue is returned."""
 

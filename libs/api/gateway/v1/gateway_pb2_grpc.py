@@ -67,6 +67,11 @@ class GatewayServiceStub:
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.WatchTaskRequest.SerializeToString,
                 response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.WatchTaskResponse.FromString,
                 _registered_method=True)
+        self.ListTaskEvents = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/ListTaskEvents',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTaskEventsRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTaskEventsResponse.FromString,
+                _registered_method=True)
         self.ListCells = channel.unary_unary(
                 '/dispo.gateway.v1.GatewayService/ListCells',
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListCellsRequest.SerializeToString,
@@ -140,6 +145,20 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTaskEvents(self, request, context):
+        """The task's history, oldest first, a page at a time: every status snapshot the executor
+        and the reconciler published for it (task.status.<task_id>.<status>), read back from
+        the TASK_STATUS stream, each with what changed since the snapshot before it. Nothing is
+        stored again for this: the stream keeps a snapshot for its max age (7 days), and older
+        events are gone (a task older than that has a history that starts later, or none).
+        NOT_FOUND for an unknown task or another business's, as GetTask answers; a malformed
+        task_id, page size or page token is INVALID_ARGUMENT naming the field. Callers: admin,
+        a business token (its own tasks).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListCells(self, request, context):
         """The loaded cell catalogue: every cell a submission may name, its payload fields and its
         actions. Callers: admin, a business token.
@@ -180,6 +199,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.WatchTask,
                     request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.WatchTaskRequest.FromString,
                     response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.WatchTaskResponse.SerializeToString,
+            ),
+            'ListTaskEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTaskEvents,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTaskEventsRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTaskEventsResponse.SerializeToString,
             ),
             'ListCells': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCells,
@@ -352,6 +376,33 @@ class GatewayService:
             '/dispo.gateway.v1.GatewayService/WatchTask',
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.WatchTaskRequest.SerializeToString,
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.WatchTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTaskEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/ListTaskEvents',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTaskEventsRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListTaskEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,6 +76,16 @@ class GatewayServiceStub:
     SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
     (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
     """
+    ListTaskEvents: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListTaskEventsRequest, _gateway_pb2.ListTaskEventsResponse]
+    """The task's history, oldest first, a page at a time: every status snapshot the executor
+    and the reconciler published for it (task.status.<task_id>.<status>), read back from
+    the TASK_STATUS stream, each with what changed since the snapshot before it. Nothing is
+    stored again for this: the stream keeps a snapshot for its max age (7 days), and older
+    events are gone (a task older than that has a history that starts later, or none).
+    NOT_FOUND for an unknown task or another business's, as GetTask answers; a malformed
+    task_id, page size or page token is INVALID_ARGUMENT naming the field. Callers: admin,
+    a business token (its own tasks).
+    """
     ListCells: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListCellsRequest, _gateway_pb2.ListCellsResponse]
     """The loaded cell catalogue: every cell a submission may name, its payload fields and its
     actions. Callers: admin, a business token.
@@ -124,6 +134,16 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     """A server stream: the task now, then the task at every change, ending after it reaches
     SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
     (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+    """
+    ListTaskEvents: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListTaskEventsRequest, _gateway_pb2.ListTaskEventsResponse]  # type: ignore[assignment]
+    """The task's history, oldest first, a page at a time: every status snapshot the executor
+    and the reconciler published for it (task.status.<task_id>.<status>), read back from
+    the TASK_STATUS stream, each with what changed since the snapshot before it. Nothing is
+    stored again for this: the stream keeps a snapshot for its max age (7 days), and older
+    events are gone (a task older than that has a history that starts later, or none).
+    NOT_FOUND for an unknown task or another business's, as GetTask answers; a malformed
+    task_id, page size or page token is INVALID_ARGUMENT naming the field. Callers: admin,
+    a business token (its own tasks).
     """
     ListCells: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListCellsRequest, _gateway_pb2.ListCellsResponse]  # type: ignore[assignment]
     """The loaded cell catalogue: every cell a submission may name, its payload fields and its
@@ -206,6 +226,22 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         """A server stream: the task now, then the task at every change, ending after it reaches
         SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
         (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+        """
+
+    @_abc_1.abstractmethod
+    def ListTaskEvents(
+        self,
+        request: _gateway_pb2.ListTaskEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListTaskEventsResponse, _abc.Awaitable[_gateway_pb2.ListTaskEventsResponse]]:
+        """The task's history, oldest first, a page at a time: every status snapshot the executor
+        and the reconciler published for it (task.status.<task_id>.<status>), read back from
+        the TASK_STATUS stream, each with what changed since the snapshot before it. Nothing is
+        stored again for this: the stream keeps a snapshot for its max age (7 days), and older
+        events are gone (a task older than that has a history that starts later, or none).
+        NOT_FOUND for an unknown task or another business's, as GetTask answers; a malformed
+        task_id, page size or page token is INVALID_ARGUMENT naming the field. Callers: admin,
+        a business token (its own tasks).
         """
 
     @_abc_1.abstractmethod
