@@ -33,7 +33,7 @@ from dispo.libs.cli._common import (
     target,
     usage,
 )
-from dispo.libs.sdk import TERMINAL, CellSpec, TaskView
+from dispo.libs.sdk import TERMINAL, CellSpec, NodeChange, TaskView
 from dispo.libs.sdk._types import TaskPage
 from rich.console import Group
 from rich.table import Table
@@ -41,7 +41,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 tasks_app = typer.Typer(
-    help="The gateway's tasks: list, count, show, watch, cancel.", no_args_is_help=True
+    help="The gateway's tasks: list, count, show, events, watch, cancel.", no_args_is_help=True
 )
 
 _SUBMIT_KEYS = {"business", "cells", "idempotency_key", "callback_url"}
@@ -319,6 +319,55 @@ def show(
     with target(ctx).client() as client:
         view = client.get(task_id)
     _print_task(view, as_json)
+
+
+@tasks_app.command()
+def events(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="the task's id")],
+    limit: Annotated[int, typer.Option(help="events per page", min=1, max=500)] = 100,
+    page_token: Annotated[
+        str, typer.Option(help="the events after this page (from a --json page)")
+    ] = "",
+    as_json: JSON_OPTION = False,
+) -> None:
+    """A task's history, oldest first: each status change, and what it changed in the
+    nodes (the status stream keeps 7 days of it)."""
+    with target(ctx).client() as client:
+        page = client.events_page(task_id, page_size=limit, page_token=page_token)
+    if as_json:
+        reply = gateway_pb2.ListTaskEventsResponse(
+            events=[e.raw for e in page.events], more=page.more
+        )
+        reply.page.next_page_token = page.next_page_token
+        emit_json(reply)
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("time", "version", "by", "status", "changes"):
+        table.add_column(column)
+    for event in page.events:
+        status = _styled(event.status)
+        if event.status_reason:
+            status.append(f" ({event.status_reason})", style="dim")
+        table.add_row(
+            moment(event.time),
+            str(event.version),
+            event.publisher,
+            status,
+            "\n".join(_change_line(c) for c in event.changes),
+        )
+    out.print(table)
+    if page.more:
+        out.print(f"more: --page-token {page.next_page_token}", style="dim", highlight=False)
+
+
+def _change_line(change: NodeChange) -> str:
+    moved = f"{change.old_status} → {change.new_status}" if change.old_status else change.new_status
+    attempts = (
+        f", attempts {change.new_attempts}" if change.new_attempts != change.old_attempts else ""
+    )
+    error = f": {change.last_error}" if change.last_error else ""
+    return f"{change.node_id} {moved}{attempts}{error}"
 
 
 @tasks_app.command()

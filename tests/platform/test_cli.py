@@ -179,6 +179,19 @@ async def test_submit_wait_shows_the_task_and_exits_0_and_list_is_newest_first(c
     show = await dispo(cli_env, "tasks", "show", reply["task"]["task_id"])
     assert show.returncode == 0 and "only.noop" in show.stdout and "SUCCEEDED" in show.stdout
 
+    # The task's history: each snapshot, what it changed, the last one SUCCEEDED.
+    history, table = await asyncio.gather(
+        dispo(cli_env, "tasks", "events", reply["task"]["task_id"], "--json"),
+        dispo(cli_env, "tasks", "events", reply["task"]["task_id"]),
+    )
+    assert history.returncode == 0, history.stderr
+    events = json.loads(history.stdout)
+    assert set(events) == {"events", "page", "more"} and events["more"] is False
+    assert events["events"][-1]["status"] == "TASK_STATUS_SUCCEEDED"
+    assert [c["node_id"] for e in events["events"] for c in e["changes"]][0] == "only.noop"
+    assert table.returncode == 0, table.stderr
+    assert "only.noop" in table.stdout and "SUCCEEDED" in table.stdout
+
 
 async def test_tasks_are_found_by_idempotency_key_and_counted_by_status(cli_env):
     keyed = json.dumps(
