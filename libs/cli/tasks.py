@@ -33,7 +33,7 @@ from dispo.libs.cli._common import (
     target,
     usage,
 )
-from dispo.libs.sdk import TERMINAL, CellSpec, NodeChange, TaskView
+from dispo.libs.sdk import TERMINAL, CellSpec, TaskView
 from dispo.libs.sdk._types import TaskPage
 from rich.console import Group
 from rich.table import Table
@@ -354,20 +354,11 @@ def events(
             str(event.version),
             event.publisher,
             status,
-            "\n".join(_change_line(c) for c in event.changes),
+            "\n".join(c.describe() for c in event.changes),
         )
     out.print(table)
     if page.more:
         out.print(f"more: --page-token {page.next_page_token}", style="dim", highlight=False)
-
-
-def _change_line(change: NodeChange) -> str:
-    moved = f"{change.old_status} → {change.new_status}" if change.old_status else change.new_status
-    attempts = (
-        f", attempts {change.new_attempts}" if change.new_attempts != change.old_attempts else ""
-    )
-    error = f": {change.last_error}" if change.last_error else ""
-    return f"{change.node_id} {moved}{attempts}{error}"
 
 
 @tasks_app.command()

@@ -211,6 +211,13 @@ class NodeChange:
     new_attempts: int
     last_error: str
 
+    def describe(self) -> str:
+        """In a line: ``step.call RUNNING → PENDING, attempts 1: refused: HTTP 503``."""
+        moved = f"{self.old_status} → {self.new_status}" if self.old_status else self.new_status
+        tried = f", attempts {self.new_attempts}" if self.new_attempts != self.old_attempts else ""
+        error = f": {self.last_error}" if self.last_error else ""
+        return f"{self.node_id} {moved}{tried}{error}"
+
     @classmethod
     def from_proto(cls, change: gateway_pb2.NodeChange) -> NodeChange:
         return cls(

@@ -24,8 +24,8 @@ from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth import bearer, open_channel
-from dispo.libs.sdk import DispoError, TaskPage, TaskView
-from dispo.libs.sdk._client import count_request, counts_of, list_request
+from dispo.libs.sdk import DispoError, TaskEventPage, TaskPage, TaskView
+from dispo.libs.sdk._client import count_request, counts_of, events_request, list_request
 from dispo.libs.settings import ConsoleSettings
 from google.protobuf.message import Message
 
@@ -60,6 +60,10 @@ class PoolState:
     assignments: list[ppb.Assignment]
 
 
+# The most status snapshots the Task page lists (one ListTaskEvents page).
+EVENTS_SHOWN = 500
+
+
 @dataclass(frozen=True)
 class TaskDetail:
     """What the Task page shows: the gateway's view, and the reconciler's record of it
@@ -69,6 +73,9 @@ class TaskDetail:
     task: TaskView
     recovery: rpb.GetRecoveryTaskResponse | None
     completion: rpb.GetCompletionResponse | None
+    # The task's status snapshots as the status stream holds them (ListTaskEvents), oldest
+    # first: the first EVENTS_SHOWN of them (events.more says whether others follow).
+    events: TaskEventPage | None = None
 
 
 class Backend:
@@ -149,7 +156,7 @@ class Backend:
             self.gateway.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), token
         )
         view = TaskView.from_proto(reply.task, reply.completion)
-        recovery, completion = await asyncio.gather(
+        recovery, completion, events = await asyncio.gather(
             self._found(
                 self.reconciler.GetRecoveryTask,
                 rpb.GetRecoveryTaskRequest(task_id=task_id),
@@ -158,8 +165,11 @@ class Backend:
             self._found(
                 self.reconciler.GetCompletion, rpb.GetCompletionRequest(task_id=task_id), token
             ),
+            self._call(
+                self.gateway.ListTaskEvents, events_request(task_id, EVENTS_SHOWN, ""), token
+            ),
         )
-        return TaskDetail(view, recovery, completion)
+        return TaskDetail(view, recovery, completion, TaskEventPage.from_proto(events))
 
     async def cancel(self, token: str, task_id: str) -> None:
         await self._call(

@@ -76,18 +76,26 @@ def _at(stamp: Timestamp, present: bool = True) -> datetime | None:
 
 
 def history(detail: TaskDetail) -> list[Moment]:
-    """The task's events, oldest first: accepted, each node's start and end, each failure the
-    reconciler received, each redrive, each settlement, each delivery to the caller."""
+    """The task's events, oldest first: accepted, each status snapshot the status stream
+    holds (ListTaskEvents: the task's status and the nodes it changed), and what only the
+    reconciler records: each failure it received (parked, failed), each redrive, each
+    delivery to the caller."""
     raw = detail.task.raw
     moments = [Moment(_at(raw.created_at), "accepted", f"business {raw.business}")]
-    for node in raw.nodes:
-        view = detail.task.node(node.node_id)
-        if node.HasField("started_at"):
-            moments.append(Moment(_at(node.started_at), f"{node.node_id} started"))
-        if node.HasField("finished_at"):
+    if detail.events is not None:
+        for event in detail.events.events:
+            changed = [c.describe() for c in event.changes]
+            if event.status_reason:
+                changed.append(event.status_reason)
             moments.append(
-                Moment(_at(node.finished_at), f"{node.node_id} {view.status}", node.last_error)
+                Moment(
+                    event.time,
+                    f"{event.status} (version {event.version}, {event.publisher})",
+                    "; ".join(changed),
+                )
             )
+        if detail.events.more:
+            moments.append(Moment(None, "later events not shown", "dispo tasks events lists them"))
     if detail.recovery is not None:
         for failure in detail.recovery.history:
             kind = short_name(rpb.RecoveryKind, failure.kind)

@@ -16,7 +16,8 @@ def node_changes(
     previous: task_pb2.Task | None, current: task_pb2.Task
 ) -> list[gateway_pb2.NodeChange]:
     """The nodes of ``current`` whose status, attempts or last error differ from
-    ``previous`` (every node when there is no snapshot before), in ``current``'s order."""
+    ``previous`` (every node when there is no snapshot before), in ``current``'s order; each
+    with its last error when that is new in ``current`` (a failure), else none."""
     before = {n.node_id: n for n in previous.nodes} if previous is not None else {}
     changes = []
     for node in current.nodes:
@@ -37,7 +38,9 @@ def node_changes(
                 new_status=node.status,
                 old_attempts=old_attempts,
                 new_attempts=node.retry.attempts,
-                last_error=node.last_error,
+                last_error=node.last_error
+                if old is None or old.last_error != node.last_error
+                else "",
             )
         )
     return changes

@@ -344,6 +344,20 @@ async def test_a_failed_task_is_resumed_from_its_page(browser, console):
     async with console.pipeline.client() as client:
         assert (await client.wait(submitted.task_id)).status == "SUCCEEDED"
     await expect(page.locator("#history")).to_contain_text("redriven (RESUME")
+    # The history is the task's status snapshots, the reconciler's redrive among them: the
+    # 400 ends the task FAILED, the redrive runs the node again, and it succeeds.
+    await expect(page.locator("#history")).to_contain_text("SUCCEEDED (version")
+    lines = await page.locator("#history tr").all_inner_texts()
+    failed = next(i for i, line in enumerate(lines) if "FAILED (version" in line)
+    redriven = next(i for i, line in enumerate(lines) if "redriven (RESUME" in line)
+    succeeded = next(i for i, line in enumerate(lines) if "SUCCEEDED (version" in line)
+    assert failed < redriven < succeeded, lines
+    before, after = "\n".join(lines[:failed]), "\n".join(lines[redriven:])
+    assert "step.call RUNNING → FAILED: definite failure: HTTP 400" in before, lines
+    assert any(
+        line.endswith("step.call FAILED → RUNNING, attempts 2") for line in lines[redriven:]
+    ), lines  # the error it had is not said again
+    assert "step.call RUNNING → SUCCEEDED" in after, lines
     assert watched.errors == []
     await context.close()
 

@@ -712,7 +712,9 @@ class NodeChange(_message.Message):
     new_attempts: _builtins.int
     """Downstream calls made for it by this snapshot (RetryState.attempts)."""
     last_error: _builtins.str
-    """Its last error in this snapshot (empty when it has none)."""
+    """Its last error when this snapshot brought it (a new failure, as RUNNING → PENDING
+    for a retry); empty when the node has none or kept the one it had before.
+    """
     def __init__(
         self,
         *,
