@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
@@ -45,6 +45,7 @@ JOBS_PAGE_MAX = 500
 JOB_COUNT_LIMIT = 500
 # How many of the pool's latest assignments the Cron pool page shows.
 ASSIGNMENTS_PAGE = 20
+RESIZES_PAGE = 20
 # How many tasks a bulk resume's progress follows (the reconciler's page).
 RESUMED_PAGE = 500
 
@@ -58,6 +59,8 @@ class PoolState:
     crons: list[ppb.Cron]
     queue: list[ppb.QueueItem]
     assignments: list[ppb.Assignment]
+    # The scaler's latest resizes, newest first (ListResizes).
+    resizes: list[ppb.Resize] = field(default_factory=list)
 
 
 # The most status snapshots the Task page lists (one ListTaskEvents page).
@@ -285,16 +288,21 @@ class Backend:
         )
 
     async def pool_state(self, token: str) -> PoolState:
-        status, crons, queue, assignments = await asyncio.gather(
+        status, crons, queue, assignments, resizes = await asyncio.gather(
             self._call(self.pool.GetPoolStatus, ppb.GetPoolStatusRequest(), token),
             self._call(self.pool.ListCrons, ppb.ListCronsRequest(), token),
             self._call(self.pool.ListQueue, ppb.ListQueueRequest(limit=QUEUE_PAGE), token),
             self._call(
                 self.pool.ListAssignments, ppb.ListAssignmentsRequest(limit=ASSIGNMENTS_PAGE), token
             ),
+            self._call(self.pool.ListResizes, ppb.ListResizesRequest(limit=RESIZES_PAGE), token),
         )
         return PoolState(
-            status, list(crons.crons), list(queue.items), list(assignments.assignments)
+            status,
+            list(crons.crons),
+            list(queue.items),
+            list(assignments.assignments),
+            list(resizes.resizes),
         )
 
     async def evaluation_action(

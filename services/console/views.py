@@ -379,10 +379,28 @@ EVALUATION_ACTIONS = {
 
 
 def pool_figures(status: ppb.PoolStatus) -> dict[str, float]:
-    """One point of the page's chart: the share of crons busy (0 with no cron), and how
-    many evaluations wait."""
+    """One point of the page's chart: the share of crons busy (0 with no cron), how many
+    evaluations wait, and the pool's size (a step in it is a resize)."""
     busy = status.busy / status.size if status.size else 0.0
-    return {"utilisation": round(busy, 3), "queue_depth": status.queue_depth}
+    return {"utilisation": round(busy, 3), "queue_depth": status.queue_depth, "size": status.size}
+
+
+@dataclass(frozen=True)
+class ResizeRow:
+    """A row of the Cron pool page's latest resizes."""
+
+    at: datetime | None
+    from_size: int
+    to_size: int
+    reason: str
+
+
+def resize_rows(state: PoolState) -> list[ResizeRow]:
+    """The scaler's latest resizes, newest first (as the pool lists them)."""
+    return [
+        ResizeRow(_at(r.at, r.HasField("at")), r.from_size, r.to_size, r.reason)
+        for r in state.resizes
+    ]
 
 
 # A job's status in the colour of the task status it is like.

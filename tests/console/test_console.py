@@ -489,6 +489,18 @@ async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page
             timeout=30,
             wanted="the chart to plot the queue depth of 1",
         )
+        # Resizes: the pool's size is plotted (a step is a resize) and its latest resizes
+        # listed with their reasons, as the pool's ListResizes has them.
+        status = await pool.GetPoolStatus(ppb.GetPoolStatusRequest())
+        sizes = await page.evaluate("() => window.poolChart.data.datasets[2].data")
+        assert sizes[-1] == status.size
+        resized = (await pool.ListResizes(ppb.ListResizesRequest(limit=20))).resizes
+        assert resized, "the scaler brought the pool to its least size"
+        shown = page.locator("#resizes tr[data-resize]")
+        await expect(shown).to_have_count(len(resized))
+        assert await shown.locator(".resize-reason").all_inner_texts() == [
+            r.reason for r in resized
+        ]
         await page.screenshot(path=SCREENSHOTS / "pool.png", full_page=True)
 
         await row.locator("input[name=boost]").fill("7")
