@@ -58,9 +58,9 @@ from dispo.console.views import (
     may_resume,
     parked,
     pool_figures,
-    resize_rows,
     queue_rows,
     recovery_state,
+    resize_rows,
     resume_progress,
     work_kind,
 )
