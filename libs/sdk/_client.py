@@ -266,13 +266,13 @@ class AsyncClient:
             await self._call(self._stub.ListTaskEvents, request, timeout)
         )
 
-    async def events(self, task_id: str, *, page_size: int = 100) -> list[TaskEvent]:
+    async def events(self, task_id: str, *, page_size: int = 100) -> tuple[TaskEvent, ...]:
         """The task's whole history as stored now, oldest first, following the pages."""
-        out: list[TaskEvent] = []
+        out: tuple[TaskEvent, ...] = ()
         token = ""
         while True:
             page = await self.events_page(task_id, page_size=page_size, page_token=token)
-            out.extend(page.events)
+            out += page.events
             token = page.next_page_token
             if not page.more:
                 return out
@@ -454,13 +454,13 @@ class Client:
         request = events_request(task_id, page_size, page_token)
         return TaskEventPage.from_proto(self._call(self._stub.ListTaskEvents, request, timeout))
 
-    def events(self, task_id: str, *, page_size: int = 100) -> list[TaskEvent]:
+    def events(self, task_id: str, *, page_size: int = 100) -> tuple[TaskEvent, ...]:
         """The task's whole history as stored now, oldest first, following the pages."""
-        out: list[TaskEvent] = []
+        out: tuple[TaskEvent, ...] = ()
         token = ""
         while True:
             page = self.events_page(task_id, page_size=page_size, page_token=token)
-            out.extend(page.events)
+            out += page.events
             token = page.next_page_token
             if not page.more:
                 return out

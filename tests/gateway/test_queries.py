@@ -80,7 +80,7 @@ async def check_events(pipeline, client, database_url, bus, done):
         token = page.next_page_token
         if not page.more:
             break
-    assert paged == events
+    assert tuple(paged) == events
     assert token  # the last page's token continues after its event
     later = await client.events_page(task_id, page_token=token)
     assert (later.events, later.more, later.next_page_token) == ((), False, "")
