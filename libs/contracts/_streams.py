@@ -74,3 +74,6 @@ class Flow:
     publishers: tuple[str, ...]
     consumers: tuple[str, ...]
     stream: Stream | None = None
+    # Consumers that also read the stream's stored messages back (Bus.read_subject): their
+    # bus users may delete the stream's consumers (each read's ephemeral one, after it).
+    readers: tuple[str, ...] = ()

@@ -75,7 +75,14 @@ FLOWS = (
     Flow(TASK_DEMOTE, ("executor",), ("reconciler",), TASKS),
     Flow(TASK_CANCEL, ("gateway", "reconciler"), ("executor",), TASKS),
     Flow(TASK_CLOSE, ("reconciler",), ("executor",), TASKS),
-    Flow(TASK_STATUS_ALL, ("executor", "reconciler"), ("gateway", "reconciler"), TASK_STATUS),
+    # The gateway also reads one task's snapshots back (ListTaskEvents, Bus.read_subject).
+    Flow(
+        TASK_STATUS_ALL,
+        ("executor", "reconciler"),
+        ("gateway", "reconciler"),
+        TASK_STATUS,
+        readers=("gateway",),
+    ),
     Flow(CALLBACK_ALL, ("reconciler",), (), CALLBACKS),  # read by the callers who asked
 )
 

@@ -9,9 +9,10 @@ Each service's permissions are derived from :data:`dispo.libs.contracts.FLOWS`:
 
 - publish: the subjects it publishes and those it alone consumes (its quarantine replays
   them); on the JetStream API, the info and creation of the streams it uses and the update
-  of those it publishes to; the info, creation, next-message and deletion requests of
-  consumers of the streams it consumes (a read of a subject's messages deletes its
-  ephemeral consumer after it: :meth:`dispo.libs.bus.Bus.read_subject`), and the acknowledgements of their messages;
+  of those it publishes to; the info, creation and next-message requests of consumers of
+  the streams it consumes, and the deletion of consumers of a stream whose messages it reads
+  back (a flow's ``readers``: :meth:`dispo.libs.bus.Bus.read_subject` deletes the ephemeral
+  consumer of each read after it), and the acknowledgements of their messages;
 - subscribe: its own replies (``_INBOX.<service>.>``) and the plain NATS subjects it consumes.
 
 ``python -m dispo.libs.stack.nats_auth`` prints that ``authorization`` block for an external
@@ -58,9 +59,16 @@ def permissions(service: str) -> dict[str, dict[str, list[str]]]:
                 f"$JS.API.CONSUMER.INFO.{name}.*",
                 f"$JS.API.CONSUMER.CREATE.{name}.>",
                 f"$JS.API.CONSUMER.MSG.NEXT.{name}.*",
-                f"$JS.API.CONSUMER.DELETE.{name}.*",
                 f"$JS.ACK.{name}.>",
             ]
+    # A reader deletes the ephemeral consumer of each read after it (Bus.read_subject).
+    publish += sorted(
+        {
+            f"$JS.API.CONSUMER.DELETE.{flow.stream.name}.*"
+            for flow in contracts.FLOWS
+            if flow.stream is not None and service in flow.readers
+        }
+    )
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
 
 

@@ -132,6 +132,7 @@ async def test_the_executor_user_reaches_only_what_its_flows_declare(server, adm
             "$JS.API.STREAM.DELETE.TASKS",
             "$JS.API.STREAM.PURGE.TASK_STATUS",
             "$JS.API.CONSUMER.CREATE.EVALUATIONS.spy",  # reading a stream it does not use
+            "$JS.API.CONSUMER.DELETE.TASKS.reconciler-fail",  # it reads nothing back
         )
         for subject in forged:
             await executor.publish(subject)
@@ -159,6 +160,14 @@ def test_each_user_is_allowed_its_flows_and_the_users_are_kept_private(tmp_path)
     assert not contracts.may_publish("executor", evaluations.EVALUATION_COMPLETED)
     # A subject one service alone consumes, its quarantine may replay.
     assert contracts.may_publish("intelligence", evaluations.EVALUATION_COMPLETED)
+    # Deleting consumers: the gateway on the status stream it reads back, and no one else.
+    deleting = {
+        service: [p for p in permissions(service)["publish"]["allow"] if ".CONSUMER.DELETE." in p]
+        for service in SERVICES
+    }
+    assert deleting == {
+        s: ["$JS.API.CONSUMER.DELETE.TASK_STATUS.*"] if s == "gateway" else [] for s in SERVICES
+    }
     # Every declared subject pattern has its flow, and every flow a declared publisher.
     declared = {(s.name, p) for s in contracts.STREAMS for p in s.subjects}
     flowing = {(f.stream.name, f.subject) for f in contracts.FLOWS if f.stream is not None}
