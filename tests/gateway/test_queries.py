@@ -57,17 +57,17 @@ async def check_events(pipeline, client, database_url, bus, done):
     assert all(e.time is not None for e in events)
     # Each node's changes, chained: each starts where the one before ended.
     call = [c for e in events for c in e.changes if c.node_id == "step.call"]
-    assert [(c.old_status, c.new_status, c.new_attempts) for c in call] == [
-        ("", "PENDING", 0),
-        ("PENDING", "RUNNING", 1),
-        ("RUNNING", "PENDING", 1),  # the 503: back to wait for its retry
-        ("PENDING", "RUNNING", 2),
-        ("RUNNING", "SUCCEEDED", 2),
-    ], call
+    # (How many snapshots a run takes is the executor's business: it may publish several
+    # of a node's steps at once. What they say must join up.)
+    assert call[0].old_status == ""
     for before, after in zip(call, call[1:], strict=False):
-        assert after.old_attempts == before.new_attempts
-    assert "HTTP 503" in call[2].last_error  # said once, when it happened
-    assert [c.last_error for i, c in enumerate(call) if i != 2] == ["", "", "", ""]
+        assert (after.old_status, after.old_attempts) == (before.new_status, before.new_attempts)
+    assert (call[-1].new_status, call[-1].new_attempts) == ("SUCCEEDED", 2), call
+    # The 503 is said once, with the first attempt; the retry is the second.
+    errors = [c for c in call if c.last_error]
+    assert len(errors) == 1 and "HTTP 503" in errors[0].last_error, call
+    assert errors[0].new_attempts == 1 and errors[0].new_status != "SUCCEEDED", call
+    assert any((c.old_attempts, c.new_attempts) == (1, 2) for c in call), call
     noop = [c for e in events for c in e.changes if c.node_id == "noop.noop"]
     assert [(c.old_status, c.new_status) for c in noop] == [("", "SUCCEEDED")]
 
