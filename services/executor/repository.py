@@ -8,7 +8,7 @@ caller as ``False``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from dispo.executor.domain import NodeRun
@@ -241,18 +241,6 @@ async def nodes_redrive(conn: AsyncConnection, env: task_pb2.Task) -> list[str]:
         {"id": env.task_id, "gen": env.generation},
     )
     return reset
-
-
-async def lease_extend(
-    conn: AsyncConnection, task_id: str, owner: str, now: datetime, ttl: float
-) -> bool:
-    result = await conn.execute(
-        text(
-            "UPDATE task_runs SET lease_until = :until WHERE task_id = :id AND lease_owner = :owner"
-        ),
-        {"id": task_id, "owner": owner, "until": now + timedelta(seconds=ttl)},
-    )
-    return result.rowcount == 1
 
 
 async def node_set_status_if(

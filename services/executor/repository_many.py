@@ -211,6 +211,30 @@ async def node_rows_many(
     return by_task
 
 
+async def leases_extend_many(
+    conn: AsyncConnection, leases: Sequence[tuple[str, str]], now: datetime, ttl: float
+) -> set[str]:
+    """Extend each ``(task_id, owner)`` lease still held by that owner to ``ttl`` from
+    ``now`` (the rows locked in ``task_id`` order first); returns the ids extended (a
+    missing one was lost)."""
+    if not leases:
+        return set()
+    await tasks_lock_many(conn, [task_id for task_id, _ in leases])
+    rows = await conn.execute(
+        text(
+            "UPDATE task_runs t SET lease_until = :until"
+            " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[])) AS u(id, owner)"
+            " WHERE t.task_id = u.id AND t.lease_owner = u.owner RETURNING t.task_id"
+        ),
+        {
+            "ids": [task_id for task_id, _ in leases],
+            "owners": [owner for _, owner in leases],
+            "until": now + timedelta(seconds=ttl),
+        },
+    )
+    return {row.task_id for row in rows}
+
+
 @dataclass(frozen=True)
 class NodeChange:
     """One guarded node write: ``expected`` → ``new`` (and ``fields``), by ``owner`` when the

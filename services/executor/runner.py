@@ -24,7 +24,6 @@ from typing import Any
 
 import aiohttp
 import httpx
-from dispo.executor import repository as repo
 from dispo.executor import repository_many as many
 from dispo.executor.actions import Call, Result, failed, run_action
 from dispo.executor.breaker import Breaker
@@ -147,6 +146,13 @@ class Executor:
             concurrency=config.flush_concurrency,
             isolate=True,
         )
+        # Lease heartbeats of passes that last, extended together.
+        self.extensions: Batcher[tuple[str, str], bool] = Batcher(
+            "lease extensions",
+            self._extend_flush,
+            max_items=config.flush_max_items,
+            concurrency=1,
+        )
         self.advances: Batcher[Advance, Step] = Batcher(
             "pass steps",
             self._advance_flush,
@@ -183,12 +189,17 @@ class Executor:
         while True:
             await self.clock.sleep(self.config.lease_ttl / 3)
             with contextlib.suppress(Exception):
-                async with self.engine.begin() as conn:
-                    if not await repo.lease_extend(
-                        conn, task_id, owner, self.clock.now(), self.config.lease_ttl
-                    ):
-                        log.warning("lease lost", task_id=task_id)
-                        return
+                if not await self.extensions.submit((task_id, owner)):
+                    log.warning("lease lost", task_id=task_id)
+                    return
+
+    async def _extend_flush(self, leases: list[tuple[str, str]]) -> Sequence[bool]:
+        """The leases due for a heartbeat, extended in one transaction."""
+        async with self.engine.begin() as conn:
+            extended = await many.leases_extend_many(
+                conn, leases, self.clock.now(), self.config.lease_ttl
+            )
+        return [task_id in extended for task_id, _ in leases]
 
     async def _loop(self, env: task_pb2.Task, owner: str, step: Step) -> Disposition:
         """Launch what each step found ready; after each finished node record its call and

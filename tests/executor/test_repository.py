@@ -419,3 +419,29 @@ async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_
             await bulk.tasks_settle_many(
                 conn, [bulk.Settlement("t3", "me", TaskState.ACCEPTED)], NOW
             )
+
+
+async def test_lease_heartbeats_extend_only_the_leases_their_owners_hold(service_engine):
+    engine = await service_engine("executor")
+    later = datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
+    async with engine.begin() as conn:
+        for task_id in ("t1", "t2", "t3"):
+            await repo.task_insert(conn, envelope(task_id), task_id, NOW)
+        await bulk.tasks_open_many(conn, [("t1", "a"), ("t2", "b"), ("t3", "a")], NOW, 10)
+
+    # Two heartbeat flushes racing over overlapping tasks, in opposite orders: no deadlock,
+    # and only a lease's holder extends it (t2 is b's; "gone" was never recorded).
+    async def beat(leases):
+        async with engine.begin() as conn:
+            return await bulk.leases_extend_many(conn, leases, later, 10)
+
+    first, second = await asyncio.gather(
+        beat([("t1", "a"), ("t2", "a"), ("t3", "a")]),
+        beat([("t3", "a"), ("gone", "a"), ("t2", "b"), ("t1", "b")]),
+    )
+    assert (first, second) == ({"t1", "t3"}, {"t3", "t2"})
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("SELECT task_id, lease_owner, lease_until FROM task_runs"))
+        leases = {r.task_id: (r.lease_owner, r.lease_until) for r in rows}
+    expected = datetime(2026, 1, 1, 0, 0, 40, tzinfo=UTC)
+    assert leases == {"t1": ("a", expected), "t2": ("b", expected), "t3": ("a", expected)}
