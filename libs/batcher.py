@@ -1,6 +1,7 @@
 """Group commit: many concurrent callers, one flush for all of them.
 
-Each caller awaits :meth:`Batcher.submit` with one item; the items waiting are handed to
+Each caller awaits :meth:`Batcher.submit` with one item (or :meth:`Batcher.submit_all`
+with several, each answered on its own); the items waiting are handed to
 the ``flush`` function together (one transaction, one multi-row statement) and every caller
 gets its own result::
 
@@ -86,11 +87,32 @@ class Batcher(Generic[T, R]):
 
     async def submit(self, item: T) -> R:
         """Queue ``item`` for the next flush and return its result once flushed."""
+        (future,) = await self._queued_when_room([item])
+        return await future
+
+    async def submit_all(self, items: Sequence[T]) -> list[R | BaseException]:
+        """Queue ``items`` together, in order, and return once every one was flushed: each
+        one's result, or the exception that item failed with in its place. They share
+        flushes with each other and with every other caller's (as many as ``max_items``
+        lets: a long list spans flushes, in order)."""
+        futures = await self._queued_when_room(items)
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    async def _queued_when_room(self, items: Sequence[T]) -> list[asyncio.Future[R]]:
+        # Backpressure by the queue's length before the items: a list may take the queue
+        # past ``max_pending`` by its own length.
         if len(self._queue) >= self.max_pending:
             async with self._room:
                 await self._room.wait_for(lambda: len(self._queue) < self.max_pending)
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append((item, future))
+        return self._queued(items)
+
+    def _queued(self, items: Sequence[T]) -> list[asyncio.Future[R]]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[R]] = []
+        for item in items:
+            future: asyncio.Future[R] = loop.create_future()
+            self._queue.append((item, future))
+            futures.append(future)
         if self._running < self.concurrency:
             self._running += 1
             # A flush serves many submitters: none of their log bindings (dispo.libs.logging).
@@ -99,7 +121,7 @@ class Batcher(Generic[T, R]):
             )
             self._flushers.add(flusher)
             flusher.add_done_callback(self._flushers.discard)
-        return await future
+        return futures
 
     async def _run(self) -> None:
         try:

@@ -89,6 +89,18 @@ class Unavailable(DomainError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+def within(prefix: str, error: DomainError) -> DomainError:
+    """``error``, raised about one part of a larger request, naming its fields under
+    ``prefix`` (``requests[3]``: ``cells[0].cell`` becomes ``requests[3].cells[0].cell``);
+    an error that named no field names ``prefix`` itself."""
+    error.violations = [
+        FieldViolation(f"{prefix}.{v.field}", v.description) for v in error.violations
+    ] or [FieldViolation(prefix, error.message)]
+    error.message = f"{prefix}: {error.message}"
+    error.args = (error.message,)
+    return error
+
+
 def repeated_differently(subject: str, field: str) -> FailedPrecondition:
     """A create repeated with the id of an existing item but a different request: the
     identical request returns the item (the repeat is a no-op), this one is refused naming

@@ -1,7 +1,7 @@
 """Rate and concurrency limits per key (a business), in one process, on an injectable clock.
 
 :class:`TokenBuckets` — ``rate`` tokens a second per key, at most ``burst`` held; a call
-takes one or learns how long until one is there. :class:`Slots` — at most ``cap`` things
+takes one (or several at once) or learns how long until they are there. :class:`Slots` — at most ``cap`` things
 held at once per key. Both are plain data in the event loop's thread: O(1) per call, no
 lock (asyncio runs one callback at a time), and time comes from the :class:`Clock`, so
 tests move a :class:`~dispo.libs.clock.ManualClock` instead of sleeping::
@@ -33,26 +33,36 @@ class TokenBuckets:
         # key -> (tokens after the last take, when)
         self._buckets: dict[str, tuple[float, datetime]] = {}
 
-    def take(self, key: str) -> float:
-        """Take a token for ``key``: 0.0 when taken, else the seconds until one is there
-        (nothing taken then)."""
+    def take(self, key: str, count: int = 1) -> float:
+        """Take ``count`` tokens for ``key`` at once: 0.0 when taken, else the seconds until
+        that many are there (nothing taken then; ``inf`` when ``count`` exceeds the burst,
+        which never holds that many)."""
         if self.rate == 0:
             return 0.0
+        if count > self.burst:
+            return float("inf")
         now = self.clock.now()
         bucket = self._buckets.get(key)
         if bucket is None:
             if len(self._buckets) >= self.max_keys:
                 self._forget(now)
-            self._buckets[key] = (self.burst - 1.0, now)
+            self._buckets[key] = (self.burst - count, now)
             return 0.0
         # A clock set back refills nothing (and does not drain either).
         elapsed = (now - bucket[1]).total_seconds()
         tokens = min(self.burst, bucket[0] + max(0.0, elapsed) * self.rate)
-        if tokens >= 1.0:
-            self._buckets[key] = (tokens - 1.0, now)
+        if tokens >= count:
+            self._buckets[key] = (tokens - count, now)
             return 0.0
         self._buckets[key] = (tokens, now)
-        return (1.0 - tokens) / self.rate
+        return (count - tokens) / self.rate
+
+    def give_back(self, key: str, count: int) -> None:
+        """Return ``count`` tokens just taken for ``key`` (a call refused for another reason
+        after taking them); never more than the burst."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            self._buckets[key] = (min(self.burst, bucket[0] + count), bucket[1])
 
     def _forget(self, now: datetime) -> None:
         """Drop the buckets that have refilled (a new one would be the same); if that is not

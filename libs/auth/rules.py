@@ -54,6 +54,7 @@ RULES: dict[str, Rule] = {
         "dispo.gateway.v1.GatewayService",
         # The reconciler submits compensating cells for the business of the task they undo.
         Submit=internal("reconciler", business=True),
+        SubmitMany=internal("reconciler", business=True),
         GetTask=BUSINESS,
         ListTasks=BUSINESS,
         CountTasks=BUSINESS,

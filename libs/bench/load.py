@@ -1,8 +1,9 @@
 """The load generator: Submits over gRPC, spread round-robin over the gateways, in one of
 two modes, then the outcome of every task as the gateway records it.
 
-- :func:`saturate` — closed loop: ``concurrency`` callers each submit their next task as soon
-  as the previous one is answered, until ``count`` are sent;
+- :func:`saturate` — closed loop: ``concurrency`` callers each submit their next task (or
+  their next ``batch`` of tasks, by one SubmitMany) as soon as the previous call is answered,
+  until ``count`` are sent;
 - :func:`offer` — open loop: task ``i`` is sent at ``i / rate`` seconds whatever the answers
   (so a slow stack shows as latency, not as a lower offered rate);
 - :func:`outcomes` — once no task of the run's business is left unfinished, every task's
@@ -19,7 +20,7 @@ from typing import cast
 import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bench.report import TERMINAL, LoadFacts, Outcome, Submission
-from dispo.libs.sdk import AsyncClient, CellSpec, DispoError
+from dispo.libs.sdk import AsyncClient, CellSpec, DispoError, TaskRequest
 
 UNFINISHED = [
     name.removeprefix("TASK_STATUS_")
@@ -65,16 +66,29 @@ class Submitter:
         self._origin = time.perf_counter()
 
     async def submit(self, i: int, lag: float = 0.0) -> None:
-        client = self.clients[i % len(self.clients)]
+        """Task ``i`` by one Submit."""
+        await self.submit_all([i], lag)
+
+    async def submit_all(self, indices: Sequence[int], lag: float = 0.0) -> None:
+        """Tasks ``indices``: one by Submit, several by one SubmitMany; each task's figures
+        are the call's."""
+        client = self.clients[indices[0] % len(self.clients)]
         sent = time.perf_counter()
-        task_id, error, tries = "", "", 0
+        task_ids, error, tries = [""] * len(indices), "", 0
         while True:
             tries += 1
             try:
-                accepted = await client.submit(
-                    self.business, self.cells(), idempotency_key=f"{self.business}-{i}"
-                )
-                task_id, error = accepted.task_id, ""
+                if len(indices) == 1:
+                    answers = [
+                        await client.submit(
+                            self.business, self.cells(), idempotency_key=self._key(indices[0])
+                        )
+                    ]
+                else:
+                    answers = await client.submit_many(
+                        [TaskRequest(self.business, self.cells(), self._key(i)) for i in indices]
+                    )
+                task_ids, error = [a.task_id for a in answers], ""
                 break
             except DispoError as failure:
                 error = failure.code.name
@@ -84,19 +98,26 @@ class Submitter:
                 ):
                     break
             await asyncio.sleep(self.retry_interval)
-        self.facts.submissions.append(
-            Submission(sent - self._origin, time.perf_counter() - sent, task_id, error, lag, tries)
-        )
-        self.answered()
+        seconds = time.perf_counter() - sent
+        for task_id in task_ids:
+            self.facts.submissions.append(
+                Submission(sent - self._origin, seconds, task_id, error, lag, tries)
+            )
+            self.answered()
+
+    def _key(self, i: int) -> str:
+        return f"{self.business}-{i}"
 
 
-async def saturate(submitter: Submitter, count: int, concurrency: int) -> LoadFacts:
+async def saturate(submitter: Submitter, count: int, concurrency: int, batch: int = 1) -> LoadFacts:
+    """``concurrency`` calls in flight, each of ``batch`` tasks (one Submit each, or one
+    SubmitMany of ``batch``), until ``count`` tasks are sent."""
     submitter.start()
-    next_index = iter(range(count))
+    batches = iter([list(range(i, min(count, i + batch))) for i in range(0, count, batch)])
 
     async def caller() -> None:
-        for i in next_index:
-            await submitter.submit(i)
+        for indices in batches:
+            await submitter.submit_all(indices)
 
     await asyncio.gather(*(caller() for _ in range(max(1, concurrency))))
     return submitter.facts

@@ -221,6 +221,12 @@ def machine_text(machine: Mapping[str, Any]) -> str:
     )
 
 
+def submit_label(config: Mapping[str, Any]) -> str:
+    """What the Submit latency measures: a Submit, or a SubmitMany call of ``batch`` tasks."""
+    batch = config.get("batch") or 1
+    return "Submit" if batch == 1 else f"SubmitMany({batch}) per call"
+
+
 def render(report: Mapping[str, Any]) -> list[str]:
     """The report as lines for a terminal."""
     machine, config, through = report["machine"], report["config"], report["throughput"]
@@ -235,7 +241,7 @@ def render(report: Mapping[str, Any]) -> list[str]:
         f" = {_rate(through['submitted_per_s'])}",
         f"completed                {through['completed']} = {_rate(through['completed_per_s'])}"
         f" ({_rate(through['node_runs_per_s'])} node runs)",
-        latency_text("Submit", report["latency"]["submit"]),
+        latency_text(submit_label(config), report["latency"]["submit"]),
         latency_text("submit→terminal", report["latency"]["submit_to_terminal"]),
     ]
     if report["latency"]["send_lag"]:
@@ -270,6 +276,8 @@ def result_name(report: Mapping[str, Any]) -> str:
     mode = f"rate{config['rate']:g}" if config.get("rate") else "saturation"
     if config.get("submit_only"):
         mode += "-submit"
+    if (config.get("batch") or 1) > 1:
+        mode += f"-batch{config['batch']}"
     scale = f"g{config['gateways']}" + (
         f"e{config['executors']}" if config.get("executors") else ""
     )
@@ -293,6 +301,8 @@ def table_row(report: Mapping[str, Any]) -> str:
         f"{config['rate']:g}/s offered" if config.get("rate") else f"c={config['concurrency']}"
     )
     run += f", {config['tasks']} tasks" + (", Submit only" if config.get("submit_only") else "")
+    if (config.get("batch") or 1) > 1:
+        run += f", SubmitMany of {config['batch']}"
     run += f", {config['gateways']} gw"
     if config.get("executors"):
         run += f" / {config['executors']} ex"

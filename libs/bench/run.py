@@ -1,6 +1,7 @@
 """``dispo bench submit``: tasks through the real pipeline, measured against the machine.
 
     dispo bench submit --start --tasks 3000 --concurrency 32            # saturation, noop
+    dispo bench submit --start --tasks 3000 --concurrency 32 --batch 20 # SubmitMany of 20
     dispo bench submit --start --shape http --rate 300 --tasks 3000     # fixed offered rate
     dispo bench submit --start --gateways 2 --executors 3 --cluster     # scale-out, NATS cluster
     dispo bench submit --address 127.0.0.1:50051 --tasks 2000           # a running stack
@@ -165,6 +166,8 @@ def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str,
         "mode": "rate" if args.rate else "saturation",
         "tasks": args.tasks,
         "concurrency": None if args.rate else args.concurrency,
+        # Tasks per call: 1 = Submit, more = SubmitMany (latency figures are then per call).
+        "batch": args.batch,
         "rate": args.rate,
         "gateways": args.gateways if args.start else len(args.address.split(",")),
         "executors": (0 if args.submit_only else args.executors) if args.start else None,
@@ -206,7 +209,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             if args.rate:
                 facts = await load.offer(submitter, args.tasks, args.rate)
             else:
-                facts = await load.saturate(submitter, args.tasks, args.concurrency)
+                facts = await load.saturate(submitter, args.tasks, args.concurrency, args.batch)
         # Submit-only: the tasks as they are once every Submit is answered, no waiting.
         wait = 0 if args.submit_only else args.timeout
         outcomes = await load.outcomes(clients[0], business, timeout=wait)
@@ -267,6 +270,13 @@ def parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=32, help="Submits in flight (saturation mode)"
     )
     p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="tasks per call: 1 = Submit, N > 1 = SubmitMany of N (concurrency counts calls;"
+        " saturation mode only)",
+    )
+    p.add_argument(
         "--rate", type=float, help="offered Submits per second, open loop (instead of saturation)"
     )
     p.add_argument("--gateways", type=int, default=1, help="gateway processes (with --start)")
@@ -301,7 +311,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.batch < 1 or (args.batch > 1 and args.rate):
+        p.error("--batch must be at least 1, and above 1 only in saturation mode (no --rate)")
     began = time.perf_counter()
     report = asyncio.run(bench(args))
     print("\n".join(render(report)))

@@ -8,6 +8,9 @@ A submission file is the SubmitRequest as grpcurl takes it, in JSON or YAML::
       - {cell: update_quality_level, payload: {content_id: content-42, level: 3}}
       - {cell: notify_owner, payload: {owner_id: user-7, message: label raised},
          depends_on: [update_quality_level]}
+
+A file of several tasks is the SubmitManyRequest: ``requests:`` and a list of those
+(at most 500), submitted by one SubmitMany, all or none.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dispo.libs.cli._common import (
     target,
     usage,
 )
-from dispo.libs.sdk import TERMINAL, CellSpec, TaskView
+from dispo.libs.sdk import TERMINAL, CellSpec, TaskRequest, TaskView
 from dispo.libs.sdk._types import TaskPage
 from rich.console import Group
 from rich.table import Table
@@ -58,8 +61,9 @@ _STYLES = {
 }
 
 
-def _read(source: str) -> dict[str, Any]:
-    """The submission in ``source`` (a path, or ``-`` for standard input), JSON or YAML."""
+def _read(source: str) -> tuple[list[dict[str, Any]], bool]:
+    """The submissions in ``source`` (a path, or ``-`` for standard input), JSON or YAML:
+    one object, or ``requests`` and a list of them (then True: for SubmitMany)."""
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text()
     except OSError as error:
@@ -72,11 +76,24 @@ def _read(source: str) -> dict[str, Any]:
         except yaml.YAMLError as error:
             usage(f"{source} is neither JSON nor YAML: {error}")
     if not isinstance(data, dict):
-        usage(f"{source} must hold one object (business, cells, …)")
+        usage(f"{source} must hold one object (business, cells, …, or requests)")
+    if set(data) == {"requests"}:
+        items = data["requests"]
+        if not isinstance(items, list) or not items:
+            usage(f"{source}: requests must be a list of submissions")
+        for i, item in enumerate(items):
+            _known(item, f"{source}: requests[{i}]")
+        return items, True
+    _known(data, source)
+    return [data], False
+
+
+def _known(data: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        usage(f"{where} must be an object (business, cells, …)")
     unknown = sorted(set(data) - _SUBMIT_KEYS)
     if unknown:
-        usage(f"{source}: unknown field {unknown[0]!r} (known: {', '.join(sorted(_SUBMIT_KEYS))})")
-    return data
+        usage(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(_SUBMIT_KEYS))})")
 
 
 def _cells(data: dict[str, Any], source: str) -> list[CellSpec]:
@@ -108,8 +125,12 @@ def submit(
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 300.0,
     as_json: JSON_OPTION = False,
 ) -> None:
-    """Submit a task (exit 1 with --wait when it ends FAILED or CANCELLED)."""
-    data = _read(source)
+    """Submit a task, or the tasks of a file of requests in one call (exit 1 with --wait
+    when one ends FAILED or CANCELLED)."""
+    found, many = _read(source)
+    if many:
+        raise typer.Exit(_submit_many(ctx, found, source, wait, timeout, as_json))
+    data = found[0]
     cells = _cells(data, source)
     with target(ctx).client() as client:
         submitted = client.submit(
@@ -136,6 +157,56 @@ def submit(
         client.wait(submitted.task_id, timeout=timeout)
         done = client.get(submitted.task_id)
     raise typer.Exit(_print_task(done, as_json))
+
+
+def _submit_many(
+    ctx: typer.Context,
+    found: list[dict[str, Any]],
+    source: str,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> int:
+    requests = [
+        TaskRequest(
+            str(data.get("business", "")),
+            _cells(data, f"{source}: requests[{i}]"),
+            idempotency_key=str(data.get("idempotency_key", "")),
+            callback_url=str(data.get("callback_url", "")),
+        )
+        for i, data in enumerate(found)
+    ]
+    with target(ctx).client() as client:
+        submitted = client.submit_many(requests)
+        if not wait:
+            if as_json:
+                emit_json(
+                    gateway_pb2.SubmitManyResponse(
+                        responses=[
+                            gateway_pb2.SubmitResponse(
+                                task_id=s.task_id,
+                                status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{s.status}"),
+                                duplicate=s.duplicate,
+                            )
+                            for s in submitted
+                        ]
+                    )
+                )
+            else:
+                for s in submitted:
+                    again = " (the same idempotency key: the earlier task)" if s.duplicate else ""
+                    out.print(f"{s.task_id}  {s.status}{again}", highlight=False)
+            return OK
+        views = []
+        for s in submitted:
+            client.wait(s.task_id, timeout=timeout)
+            views.append(client.get(s.task_id))
+    if as_json:
+        emit_json([gateway_pb2.GetTaskResponse(task=v.raw) for v in views])
+    else:
+        for v in views:
+            out.print(Text.assemble(v.task_id, "  ", _styled(v.status)))
+    return max(_final_code(v) for v in views)
 
 
 def _final_code(view: TaskView) -> int:

@@ -21,6 +21,7 @@ from dispo.libs.sdk._types import (
     TaskEvent,
     TaskEventPage,
     TaskPage,
+    TaskRequest,
     TaskSummary,
     TaskView,
 )
@@ -49,6 +50,19 @@ def _submit_request(
 
 def _submitted(reply: gateway_pb2.SubmitResponse) -> Submitted:
     return Submitted(reply.task_id, task_status_name(reply.status), reply.duplicate)
+
+
+def _submit_many_request(requests: Sequence[TaskRequest]) -> gateway_pb2.SubmitManyRequest:
+    return gateway_pb2.SubmitManyRequest(
+        requests=[
+            _submit_request(r.business, r.cells, r.idempotency_key, r.callback_url)
+            for r in requests
+        ]
+    )
+
+
+def _all_submitted(reply: gateway_pb2.SubmitManyResponse) -> list[Submitted]:
+    return [_submitted(r) for r in reply.responses]
 
 
 ORDERS = {
@@ -166,6 +180,16 @@ class AsyncClient:
                 _submit_request(business, cells, idempotency_key, callback_url),
                 timeout,
             )
+        )
+
+    async def submit_many(
+        self, requests: Sequence[TaskRequest], *, timeout: float = 30.0
+    ) -> list[Submitted]:
+        """Submit every task of ``requests`` in one call (at most 500), all or none: one
+        invalid task refuses the call, naming ``requests[i]``, and records nothing. One
+        :class:`Submitted` per task, in order."""
+        return _all_submitted(
+            await self._call(self._stub.SubmitMany, _submit_many_request(requests), timeout)
         )
 
     async def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
@@ -360,6 +384,16 @@ class Client:
                 _submit_request(business, cells, idempotency_key, callback_url),
                 timeout,
             )
+        )
+
+    def submit_many(
+        self, requests: Sequence[TaskRequest], *, timeout: float = 30.0
+    ) -> list[Submitted]:
+        """Submit every task of ``requests`` in one call (at most 500), all or none: one
+        invalid task refuses the call, naming ``requests[i]``, and records nothing. One
+        :class:`Submitted` per task, in order."""
+        return _all_submitted(
+            self._call(self._stub.SubmitMany, _submit_many_request(requests), timeout)
         )
 
     def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:

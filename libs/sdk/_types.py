@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -53,6 +54,16 @@ class CellSpec:
 def cell(name: str, /, *, ref: str = "", **payload: Any) -> CellSpec:
     """Any catalogue cell by name (for cells without a typed builder)."""
     return CellSpec(name, {k: v for k, v in payload.items() if v is not None}, ref)
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """One task of a ``submit_many``: what ``submit`` takes as its arguments."""
+
+    business: str
+    cells: Sequence[CellSpec]
+    idempotency_key: str = ""
+    callback_url: str = ""
 
 
 @dataclass(frozen=True)

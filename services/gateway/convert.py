@@ -29,7 +29,11 @@ def payload_from_proto(cell: gateway_pb2.CellRequest, where: str) -> dict[str, A
     return {}
 
 
-def submission_from_proto(request: gateway_pb2.SubmitRequest) -> Submission:
+def submission_from_proto(
+    request: gateway_pb2.SubmitRequest, business: str | None = None
+) -> Submission:
+    """The submission ``request`` states, for ``business`` when given (the business the
+    caller's token acts for, which an empty ``request.business`` leaves to it)."""
     cells, bad = [], []
     for i, c in enumerate(request.cells):
         try:
@@ -41,7 +45,7 @@ def submission_from_proto(request: gateway_pb2.SubmitRequest) -> Submission:
     if bad:
         raise InvalidArgument(violations=bad)
     return Submission(
-        business=request.business,
+        business=request.business if business is None else business,
         cells=cells,
         idempotency_key=request.idempotency_key,
         callback_url=request.callback_url,

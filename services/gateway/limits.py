@@ -21,6 +21,8 @@ from dispo.libs.ratelimit import Slots, TokenBuckets
 SUBMIT_RATE_PER_SECOND = 100.0
 SUBMIT_BURST = 200
 MAX_WATCHES_PER_BUSINESS = 100
+# The most tasks one SubmitMany may carry (gateway.proto says so too).
+MAX_SUBMIT_MANY = 500
 
 
 def limited_business(context: Any, requested: str) -> str:
@@ -42,9 +44,16 @@ class CallerLimits:
         self.submits = TokenBuckets(submit_rate, submit_burst, clock)
         self.watches = Slots(max_watches)
 
-    def admit_submit(self, business: str) -> None:
-        """Take one of ``business``'s Submit tokens, or refuse with when to retry."""
-        wait = self.submits.take(business)
+    def admit_submit(self, business: str, count: int = 1) -> None:
+        """Take ``count`` of ``business``'s Submit tokens (one per task: a SubmitMany takes
+        all of its items' at once, or none), or refuse with when to retry."""
+        wait = self.submits.take(business, count)
+        if wait == float("inf"):
+            raise ResourceExhausted(
+                f"a call of {count} tasks is more than business {business!r} may submit at once"
+                f" on this gateway (bursts of {self.submits.burst:g}); send fewer per call",
+                field="requests",
+            )
         if wait:
             raise ResourceExhausted(
                 f"business {business!r} is over its Submit rate on this gateway"
@@ -52,6 +61,19 @@ class CallerLimits:
                 f" retry in {wait:.3f} s",
                 retry_after=wait,
             )
+
+    def admit_submits(self, counts: dict[str, int]) -> None:
+        """:meth:`admit_submit` of several businesses' tasks at once (a SubmitMany of an
+        admin may name several): all of them taken, or none."""
+        taken: list[tuple[str, int]] = []
+        try:
+            for business, count in counts.items():
+                self.admit_submit(business, count)
+                taken.append((business, count))
+        except ResourceExhausted:
+            for business, count in taken:
+                self.submits.give_back(business, count)
+            raise
 
     @contextlib.contextmanager
     def watching(self, business: str) -> Iterator[None]:

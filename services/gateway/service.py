@@ -128,6 +128,28 @@ class Gateway:
     async def submit(self, sub: Submission) -> Accepted:
         """Validate and expand here; record the task (or find the one holding its
         idempotency key) in the next flush; answer once that flush committed."""
+        new = await self.prepare(sub)
+        accepted = await self.submits.submit(new)
+        # The task the call answers with: a repeated key's is the one recorded first.
+        bind_ids(task_id=accepted.task_id, business=sub.business)
+        self._accepted(sub, new, accepted)
+        return accepted
+
+    async def submit_all(
+        self, subs: Sequence[Submission], news: Sequence[repo.NewTask]
+    ) -> list[Accepted | BaseException]:
+        """Record ``news`` (each :meth:`prepare` of the submission at its place) through the
+        same flushes as Submits, together; answer once all are committed, each with its
+        acceptance or the error it alone failed with (a key used with another request)."""
+        answers = await self.submits.submit_all(news)
+        for sub, new, accepted in zip(subs, news, answers, strict=True):
+            if isinstance(accepted, Accepted):
+                self._accepted(sub, new, accepted)
+        return answers
+
+    async def prepare(self, sub: Submission) -> repo.NewTask:
+        """The task ``sub`` asks for, validated and expanded, ready to record: bad input
+        raises here, before anything is written."""
         validate(sub, self.catalogue, self.limits, self.egress)
         await self._require_signing_secret(sub)
         task_id = uuid.uuid4().hex
@@ -136,7 +158,7 @@ class Gateway:
         env = task_envelope(task_id, sub, nodes, now)
         view = env.SerializeToString()  # encoded once: stored, published, and measured
         self._check_envelope_size(task_id, len(view), [n.node_id for n in nodes])
-        new = repo.NewTask(
+        return repo.NewTask(
             task_id=task_id,
             business=sub.business,
             idempotency_key=sub.idempotency_key,
@@ -147,13 +169,17 @@ class Gateway:
             created_at=now,
             trace=current(),
         )
-        accepted = await self.submits.submit(new)
-        # The task the call answers with: a repeated key's is the one recorded first.
-        bind_ids(task_id=accepted.task_id, business=sub.business)
+
+    @staticmethod
+    def _accepted(sub: Submission, new: repo.NewTask, accepted: Accepted) -> None:
         if not accepted.duplicate:
             metrics.task_accepted(sub.business, (c.cell for c in sub.cells))
-            log.info("task accepted", task_id=task_id, business=sub.business, nodes=len(nodes))
-        return accepted
+            log.info(
+                "task accepted",
+                task_id=new.task_id,
+                business=sub.business,
+                nodes=new.node_count,
+            )
 
     async def _require_signing_secret(self, sub: Submission) -> None:
         """A webhook callback is signed with the business's signing secret, so a business
@@ -247,8 +273,9 @@ class Gateway:
     @staticmethod
     def _same(existing: repo.KeyHolder, digest: str) -> Accepted | FailedPrecondition:
         if existing.request_hash != digest:
+            why = f"already used for task {existing.task_id} with a different request"
             return FailedPrecondition(
-                f"idempotency key already used for task {existing.task_id} with a different request"
+                f"idempotency key {why}", [FieldViolation("idempotency_key", why)]
             )
         return Accepted(existing.task_id, existing.status, True)
 

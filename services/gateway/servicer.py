@@ -13,9 +13,9 @@ from dispo.gateway.convert import (
     submission_from_proto,
 )
 from dispo.gateway.events import task_event
-from dispo.gateway.limits import CallerLimits, limited_business
+from dispo.gateway.limits import MAX_SUBMIT_MANY, CallerLimits, limited_business
 from dispo.gateway.repository import TaskFilter
-from dispo.gateway.service import Gateway
+from dispo.gateway.service import Accepted, Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -23,7 +23,7 @@ from dispo.libs.auth import business_filter, business_scope, require_visible
 from dispo.libs.bus import Bus
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
-from dispo.libs.errors import InvalidArgument, Unavailable
+from dispo.libs.errors import DomainError, InvalidArgument, Unavailable, within
 from dispo.libs.paging import (
     decode_page_token,
     encode_page_token,
@@ -52,6 +52,14 @@ def _event_task_id(value: str) -> str:
     if not _TASK_ID.fullmatch(value):
         raise InvalidArgument("task_id", "only letters, digits, '_' and '-'")
     return value
+
+
+def _submit_response(accepted: Accepted) -> gateway_pb2.SubmitResponse:
+    return gateway_pb2.SubmitResponse(
+        task_id=accepted.task_id,
+        status=status_value(accepted.status),
+        duplicate=accepted.duplicate,
+    )
 
 
 def _order_name(newest_first: bool) -> str:
@@ -117,12 +125,52 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.SubmitResponse:
         business = business_filter(request.business, "business")
         self.limits.admit_submit(limited_business(context, business))
-        accepted = await self.gateway.submit(submission_from_proto(request))
-        return gateway_pb2.SubmitResponse(
-            task_id=accepted.task_id,
-            status=status_value(accepted.status),
-            duplicate=accepted.duplicate,
-        )
+        sub = submission_from_proto(request, business)
+        return _submit_response(await self.gateway.submit(sub))
+
+    async def SubmitMany(
+        self, request: gateway_pb2.SubmitManyRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SubmitManyResponse:
+        """Each item as Submit takes it (authorised, counted, validated, prepared) before any
+        is recorded: a refusal of one item refuses the call, naming ``requests[i]``."""
+        items = request.requests
+        if not items:
+            raise InvalidArgument("requests", "at least one request is required")
+        if len(items) > MAX_SUBMIT_MANY:
+            raise InvalidArgument("requests", f"at most {MAX_SUBMIT_MANY} requests per call")
+        businesses = [
+            business_filter(item.business, f"requests[{i}].business")
+            for i, item in enumerate(items)
+        ]
+        counts: dict[str, int] = {}
+        for business in businesses:
+            limited = limited_business(context, business)
+            counts[limited] = counts.get(limited, 0) + 1
+        self.limits.admit_submits(counts)
+        subs, news, invalid = [], [], []
+        refused: DomainError | None = None
+        for i, (item, business) in enumerate(zip(items, businesses, strict=True)):
+            try:
+                sub = submission_from_proto(item, business)
+                news.append(await self.gateway.prepare(sub))
+                subs.append(sub)
+            except InvalidArgument as error:
+                invalid += within(f"requests[{i}]", error).violations
+            except DomainError as error:
+                refused = refused or within(f"requests[{i}]", error)
+        if invalid:
+            raise InvalidArgument(violations=invalid)
+        if refused is not None:
+            raise refused
+        answers = await self.gateway.submit_all(subs, news)
+        out = gateway_pb2.SubmitManyResponse()
+        for i, accepted in enumerate(answers):
+            if isinstance(accepted, DomainError):
+                raise within(f"requests[{i}]", accepted)
+            if isinstance(accepted, BaseException):
+                raise accepted
+            out.responses.append(_submit_response(accepted))
+        return out
 
     async def GetTask(
         self, request: gateway_pb2.GetTaskRequest, context: grpc.aio.ServicerContext

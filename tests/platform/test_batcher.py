@@ -269,3 +269,20 @@ def test_bounds_are_checked():
 
     with pytest.raises(ValueError):
         Batcher("bad", flush, max_items=10, max_pending=5)
+
+
+async def test_a_list_of_items_shares_flushes_and_gets_each_result_or_error_in_order():
+    async def flush(items: list[int]) -> list[int | BaseException]:
+        flushed.append(list(items))
+        return [ValueError(i) if i < 0 else i * 2 for i in items]
+
+    flushed: list[list[int]] = []
+    batcher = Batcher("test", flush, max_items=3)
+    results = await batcher.submit_all([1, -2, 3, 4])
+    assert [r if isinstance(r, int) else repr(r) for r in results] == [
+        2,
+        "ValueError(-2)",
+        6,
+        8,
+    ]
+    assert flushed == [[1, -2, 3], [4]]

@@ -234,6 +234,17 @@ async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
     assert isinstance(report["cpu"]["per_process"]["gateway"]["ms_per_task"], float)
     assert result_name(report).endswith("-noop-saturation-submit-g1.json")
 
+    # By SubmitMany: 10 tasks in calls of 4 (the last of 2), latency figures per task.
+    args = parser().parse_args(
+        ["--submit-only", "--tasks", "10", "--concurrency", "2", "--batch", "4"]
+    )
+    report = await measure(args, target)
+    assert report["config"]["batch"] == 4
+    assert report["statuses"] == {"ACCEPTED": 10}
+    assert report["latency"]["submit"]["n"] == 10
+    assert "SubmitMany(4) per call" in "\n".join(render(report))
+    assert result_name(report).endswith("-noop-saturation-submit-batch4-g1.json")
+
 
 async def test_rate_mode_offers_the_asked_count_on_schedule_order(bench_stack):
     async with AsyncClient(bench_stack.gateways[0], token=bench_stack.token) as client:

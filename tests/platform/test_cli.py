@@ -270,6 +270,45 @@ async def test_a_cancelled_task_exits_1_for_submit_wait_and_watch(cli_env, downs
     assert again.returncode == 4 and "FAILED_PRECONDITION" in again.stderr
 
 
+async def test_a_file_of_requests_is_submitted_by_one_call_all_or_none(cli_env):
+    many = json.dumps(
+        {
+            "requests": [
+                {"business": "cli-m", "idempotency_key": "m-1", "cells": [{"cell": "noop"}]},
+                {"business": "cli-m", "cells": [{"cell": "noop"}]},
+                {"business": "cli-m", "idempotency_key": "m-1", "cells": [{"cell": "noop"}]},
+            ]
+        }
+    )
+    bad = json.dumps(
+        {"requests": [{"business": "cli-m", "cells": [{"cell": "noop"}]}, {"business": "cli-m"}]}
+    )
+    invalid = json.dumps(
+        {
+            "requests": [
+                {"business": "cli-m", "cells": [{"cell": "noop"}]},
+                {"business": "cli-m", "cells": [{"cell": "delete_everything"}]},
+            ]
+        }
+    )
+    accepted, waited, bad_file, refused = await asyncio.gather(
+        dispo(cli_env, "submit", "-", "--json", stdin=many),
+        dispo(cli_env, "submit", "-", "--wait", stdin=many),
+        dispo(cli_env, "submit", "-", stdin=bad),
+        dispo(cli_env, "submit", "-", stdin=invalid),
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    responses = json.loads(accepted.stdout)["responses"]
+    assert responses[2]["task_id"] == responses[0]["task_id"] and responses[2]["duplicate"]
+    assert waited.returncode == 0, waited.stderr
+    assert waited.stdout.count("SUCCEEDED") == 3 and responses[0]["task_id"] in waited.stdout
+    assert bad_file.returncode == 2 and "requests[1]: cells must be a list" in bad_file.stderr
+    assert refused.returncode == 4 and "requests[1].cells[0].cell" in refused.stderr
+    counted = await dispo(cli_env, "tasks", "count", "--business", "cli-m", "--json")
+    # m-1 once, and the keyless task of each of the two calls that were accepted.
+    assert int(json.loads(counted.stdout)["total"]) == 3
+
+
 async def test_refused_unreachable_and_usage_errors_say_what_to_do(cli_env, tmp_path):
     bad_token, bad_cell, unreachable, bad_option, bad_file = await asyncio.gather(
         dispo({**cli_env, "DISPO_TOKEN": "dispo_not-a-token"}, "tasks", "list"),

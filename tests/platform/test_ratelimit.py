@@ -66,3 +66,16 @@ def test_slots_cap_what_is_held_per_key():
     slots.release("a")
     slots.release("a")
     assert slots.held("a") == 0
+
+
+def test_several_tokens_are_taken_at_once_or_none_and_can_be_given_back():
+    clock = ManualClock()
+    buckets = TokenBuckets(rate=10, burst=5, clock=clock)
+    assert buckets.take("shop", 3) == 0.0
+    assert buckets.take("shop", 3) == pytest.approx(0.1)  # two there; none taken
+    assert buckets.take("shop", 2) == 0.0
+    buckets.give_back("shop", 4)
+    assert buckets.take("shop", 4) == 0.0
+    assert buckets.take("shop") == pytest.approx(0.1)
+    assert buckets.take("other", 6) == float("inf")  # more than a burst: never
+    assert buckets.take("other", 5) == 0.0

@@ -244,6 +244,54 @@ class SubmitResponse(_message.Message):
 Global___SubmitResponse: _TypeAlias = SubmitResponse  # noqa: Y015
 
 @_typing.final
+class SubmitManyRequest(_message.Message):
+    """Several Submits in one call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitRequest]:
+        """The tasks to submit, each exactly as a SubmitRequest: at least one and at most 500."""
+
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___SubmitRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitManyRequest: _TypeAlias = SubmitManyRequest  # noqa: Y015
+
+@_typing.final
+class SubmitManyResponse(_message.Message):
+    """What SubmitMany answers once every task is durably recorded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitResponse]:
+        """One per request, in the order of the requests, as Submit would answer it."""
+
+    def __init__(
+        self,
+        *,
+        responses: _abc.Iterable[Global___SubmitResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitManyResponse: _TypeAlias = SubmitManyResponse  # noqa: Y015
+
+@_typing.final
 class GetTaskRequest(_message.Message):
     """Which task GetTask reads."""
 

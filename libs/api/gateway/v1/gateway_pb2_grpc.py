@@ -42,6 +42,11 @@ class GatewayServiceStub:
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitResponse.FromString,
                 _registered_method=True)
+        self.SubmitMany = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/SubmitMany',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyResponse.FromString,
+                _registered_method=True)
         self.GetTask = channel.unary_unary(
                 '/dispo.gateway.v1.GatewayService/GetTask',
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetTaskRequest.SerializeToString,
@@ -93,6 +98,26 @@ class GatewayServiceServicer:
         or too large a payload is RESOURCE_EXHAUSTED, as is a business over its Submit rate
         (with google.rpc.RetryInfo). Callers: admin, a business token (its own business), the
         reconciler's service token (compensating cells).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitMany(self, request, context):
+        """Submit several tasks in one call: at most 500 (SubmitManyRequest). Each item is
+        validated, authorised, rate-limited and recorded exactly as a Submit of it, and the
+        answer comes once all of them are durably recorded, one SubmitResponse per item in
+        order. All or nothing before writing: if any item is invalid the whole call is
+        INVALID_ARGUMENT with a google.rpc.BadRequest naming the item's fields with its index
+        ("requests[3].cells[0].cell"), an item of another business is PERMISSION_DENIED naming
+        requests[i].business, an item over a size limit or past the business's Submit rate
+        (each item counts as one Submit) is RESOURCE_EXHAUSTED, and nothing is written. An
+        empty list, or one over the bound, is INVALID_ARGUMENT naming requests. Idempotency
+        keys are resolved as across Submits: two items of one call with the same key are one
+        task, the second answered duplicate = true. A key already used with a different
+        request is FAILED_PRECONDITION naming requests[i].idempotency_key; that is known only
+        at commit, so the call's other items are then recorded, and repeating the call
+        without that item answers them as duplicates. Callers: as Submit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -175,6 +200,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitRequest.FromString,
                     response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitResponse.SerializeToString,
             ),
+            'SubmitMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitMany,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyResponse.SerializeToString,
+            ),
             'GetTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTask,
                     request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetTaskRequest.FromString,
@@ -241,6 +271,33 @@ class GatewayService:
             '/dispo.gateway.v1.GatewayService/Submit',
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitRequest.SerializeToString,
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/SubmitMany',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

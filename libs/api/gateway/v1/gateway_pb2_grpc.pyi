@@ -49,6 +49,22 @@ class GatewayServiceStub:
     (with google.rpc.RetryInfo). Callers: admin, a business token (its own business), the
     reconciler's service token (compensating cells).
     """
+    SubmitMany: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SubmitManyRequest, _gateway_pb2.SubmitManyResponse]
+    """Submit several tasks in one call: at most 500 (SubmitManyRequest). Each item is
+    validated, authorised, rate-limited and recorded exactly as a Submit of it, and the
+    answer comes once all of them are durably recorded, one SubmitResponse per item in
+    order. All or nothing before writing: if any item is invalid the whole call is
+    INVALID_ARGUMENT with a google.rpc.BadRequest naming the item's fields with its index
+    ("requests[3].cells[0].cell"), an item of another business is PERMISSION_DENIED naming
+    requests[i].business, an item over a size limit or past the business's Submit rate
+    (each item counts as one Submit) is RESOURCE_EXHAUSTED, and nothing is written. An
+    empty list, or one over the bound, is INVALID_ARGUMENT naming requests. Idempotency
+    keys are resolved as across Submits: two items of one call with the same key are one
+    task, the second answered duplicate = true. A key already used with a different
+    request is FAILED_PRECONDITION naming requests[i].idempotency_key; that is known only
+    at commit, so the call's other items are then recorded, and repeating the call
+    without that item answers them as duplicates. Callers: as Submit.
+    """
     GetTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRequest, _gateway_pb2.GetTaskResponse]
     """One task with every node: status, attempts, last error, times. NOT_FOUND for an unknown
     task or another business's. Callers: admin, a business token.
@@ -107,6 +123,22 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     or too large a payload is RESOURCE_EXHAUSTED, as is a business over its Submit rate
     (with google.rpc.RetryInfo). Callers: admin, a business token (its own business), the
     reconciler's service token (compensating cells).
+    """
+    SubmitMany: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitManyRequest, _gateway_pb2.SubmitManyResponse]  # type: ignore[assignment]
+    """Submit several tasks in one call: at most 500 (SubmitManyRequest). Each item is
+    validated, authorised, rate-limited and recorded exactly as a Submit of it, and the
+    answer comes once all of them are durably recorded, one SubmitResponse per item in
+    order. All or nothing before writing: if any item is invalid the whole call is
+    INVALID_ARGUMENT with a google.rpc.BadRequest naming the item's fields with its index
+    ("requests[3].cells[0].cell"), an item of another business is PERMISSION_DENIED naming
+    requests[i].business, an item over a size limit or past the business's Submit rate
+    (each item counts as one Submit) is RESOURCE_EXHAUSTED, and nothing is written. An
+    empty list, or one over the bound, is INVALID_ARGUMENT naming requests. Idempotency
+    keys are resolved as across Submits: two items of one call with the same key are one
+    task, the second answered duplicate = true. A key already used with a different
+    request is FAILED_PRECONDITION naming requests[i].idempotency_key; that is known only
+    at commit, so the call's other items are then recorded, and repeating the call
+    without that item answers them as duplicates. Callers: as Submit.
     """
     GetTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRequest, _gateway_pb2.GetTaskResponse]  # type: ignore[assignment]
     """One task with every node: status, attempts, last error, times. NOT_FOUND for an unknown
@@ -169,6 +201,28 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         or too large a payload is RESOURCE_EXHAUSTED, as is a business over its Submit rate
         (with google.rpc.RetryInfo). Callers: admin, a business token (its own business), the
         reconciler's service token (compensating cells).
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitMany(
+        self,
+        request: _gateway_pb2.SubmitManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.SubmitManyResponse, _abc.Awaitable[_gateway_pb2.SubmitManyResponse]]:
+        """Submit several tasks in one call: at most 500 (SubmitManyRequest). Each item is
+        validated, authorised, rate-limited and recorded exactly as a Submit of it, and the
+        answer comes once all of them are durably recorded, one SubmitResponse per item in
+        order. All or nothing before writing: if any item is invalid the whole call is
+        INVALID_ARGUMENT with a google.rpc.BadRequest naming the item's fields with its index
+        ("requests[3].cells[0].cell"), an item of another business is PERMISSION_DENIED naming
+        requests[i].business, an item over a size limit or past the business's Submit rate
+        (each item counts as one Submit) is RESOURCE_EXHAUSTED, and nothing is written. An
+        empty list, or one over the bound, is INVALID_ARGUMENT naming requests. Idempotency
+        keys are resolved as across Submits: two items of one call with the same key are one
+        task, the second answered duplicate = true. A key already used with a different
+        request is FAILED_PRECONDITION naming requests[i].idempotency_key; that is known only
+        at commit, so the call's other items are then recorded, and repeating the call
+        without that item answers them as duplicates. Callers: as Submit.
         """
 
     @_abc_1.abstractmethod
