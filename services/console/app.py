@@ -30,6 +30,7 @@ from dispo.console.backend import (
     JOBS_PAGE_MAX,
     Backend,
 )
+from dispo.console.origin import SameOriginWrites
 from dispo.console.views import (
     COLOURS,
     EVALUATION_ACTIONS,
@@ -70,6 +71,7 @@ from dispo.libs.proto_enums import short_name
 from dispo.libs.sdk import DispoError, TaskSummary, TaskView
 from dispo.libs.settings import CommonSettings, ConsoleSettings
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -639,6 +641,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     ]
     return Starlette(
         routes=routes,
+        middleware=[Middleware(SameOriginWrites)],
         lifespan=lifespan,
         exception_handlers={DispoError: _refused, SignIn: _to_sign_in},
     )

@@ -392,6 +392,15 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await page.goto(f"{console.url}/downstreams")
     demo = page.locator("tr[data-downstream=demo]")
     await expect(demo).to_contain_text("CLOSED")  # the executor's breaker
+    # A form sent from another site's page, or with no origin at all, is refused before
+    # any route (the signed-in cookie rides along here): nothing is paused.
+    for headers in ({"Origin": console.downstream.url}, {}):
+        forged = await page.request.post(
+            f"{console.url}/downstreams/demo/pause", headers=headers, max_redirects=0
+        )
+        assert forged.status == 403 and "another site" in await forged.text()
+    await page.reload()
+    await expect(demo.locator(".paused")).to_have_text("no")
     await demo.locator("button.pause").click()
     await expect(page.locator("#notice")).to_have_text("pause: done")
     await expect(demo.locator(".paused")).to_contain_text("paused")
@@ -401,6 +410,11 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await expect(demo.locator(".paused")).to_have_text("no")
     assert watched.errors == []
     await context.close()
+
+
+def from_the_console(console: Console) -> dict[str, str]:
+    """The Origin a browser sends with a form of the console's own pages."""
+    return {"Origin": console.url}
 
 
 def evaluation_request(console: Console, evaluation_id: str) -> ppb.CreateEvaluationRequest:
@@ -514,7 +528,9 @@ async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page
 
         # Not a whole number (the form's own field allows none): refused naming the field.
         refused = await page.request.post(
-            f"{console.url}/pool/console-eval-1/boost", form={"boost": "lots"}
+            f"{console.url}/pool/console-eval-1/boost",
+            form={"boost": "lots"},
+            headers=from_the_console(console),
         )
         assert refused.url.startswith(f"{console.url}/pool?error=")
         assert "boost: INVALID_ARGUMENT: priority_boost" in await refused.text()
@@ -560,7 +576,9 @@ async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page
     reply = await page.goto(f"{console.url}/pool")
     assert reply is not None and reply.status == 403
     refused = await page.request.post(
-        f"{console.url}/pool/cancel", form={"evaluation_id": "console-eval-1"}
+        f"{console.url}/pool/cancel",
+        form={"evaluation_id": "console-eval-1"},
+        headers=from_the_console(console),
     )
     assert refused.status == 403  # back to the page, which the token may not see either
     assert "cancel: PERMISSION_DENIED" in await refused.text()
@@ -764,6 +782,7 @@ async def test_parked_tasks_of_a_downstream_are_resumed_by_filter_with_progress(
     refused = await page.request.post(
         f"{console.url}/failed/resume",
         form={"downstream": "demo", "business": "console-bulk", "rate": "fast"},
+        headers=from_the_console(console),
     )
     assert "resume matching: INVALID_ARGUMENT: rate_per_second" in await refused.text()
     await page.fill("#resume-form input[name=business]", "console-bulk")
