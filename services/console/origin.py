@@ -1,7 +1,7 @@
 """Cross-site request forgery: a form sent to the console from another site's page is
 refused before it reaches a route.
 
-The session cookie is ``SameSite=Strict`` already, so a browser does not attach it to a
+The sign-in cookie is ``SameSite=Strict`` already, so a browser does not attach it to a
 cross-site request; this is the second, independent check (OWASP's "verifying origin with
 standard headers"): every state-changing request (any method but GET, HEAD, OPTIONS) must
 carry an ``Origin`` — or, failing that, a ``Referer`` — whose host and port are the
