@@ -36,7 +36,8 @@ from dispo.libs.cli._common import (
     target,
     usage,
 )
-from dispo.libs.sdk import TERMINAL, CellSpec, TaskRequest, TaskView
+from dispo.libs.proto_enums import from_short_name
+from dispo.libs.sdk import TERMINAL, CellSpec, Submitted, TaskRequest, TaskView
 from dispo.libs.sdk._types import TaskPage
 from rich.console import Group
 from rich.table import Table
@@ -141,18 +142,9 @@ def submit(
         )
         if not wait:
             if as_json:
-                emit_json(
-                    gateway_pb2.SubmitResponse(
-                        task_id=submitted.task_id,
-                        status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{submitted.status}"),
-                        duplicate=submitted.duplicate,
-                    )
-                )
+                emit_json(_submit_response(submitted))
             else:
-                again = (
-                    " (the same idempotency key: the earlier task)" if submitted.duplicate else ""
-                )
-                out.print(f"{submitted.task_id}  {submitted.status}{again}", highlight=False)
+                _print_submitted(submitted)
             return
         client.wait(submitted.task_id, timeout=timeout)
         done = client.get(submitted.task_id)
@@ -182,20 +174,12 @@ def _submit_many(
             if as_json:
                 emit_json(
                     gateway_pb2.SubmitManyResponse(
-                        responses=[
-                            gateway_pb2.SubmitResponse(
-                                task_id=s.task_id,
-                                status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{s.status}"),
-                                duplicate=s.duplicate,
-                            )
-                            for s in submitted
-                        ]
+                        responses=[_submit_response(s) for s in submitted]
                     )
                 )
             else:
                 for s in submitted:
-                    again = " (the same idempotency key: the earlier task)" if s.duplicate else ""
-                    out.print(f"{s.task_id}  {s.status}{again}", highlight=False)
+                    _print_submitted(s)
             return OK
         views = []
         for s in submitted:
@@ -207,6 +191,19 @@ def _submit_many(
         for v in views:
             out.print(Text.assemble(v.task_id, "  ", _styled(v.status)))
     return max(_final_code(v) for v in views)
+
+
+def _submit_response(submitted: Submitted) -> gateway_pb2.SubmitResponse:
+    return gateway_pb2.SubmitResponse(
+        task_id=submitted.task_id,
+        status=from_short_name(common_pb2.TaskStatus, submitted.status),
+        duplicate=submitted.duplicate,
+    )
+
+
+def _print_submitted(submitted: Submitted) -> None:
+    again = " (the same idempotency key: the earlier task)" if submitted.duplicate else ""
+    out.print(f"{submitted.task_id}  {submitted.status}{again}", highlight=False)
 
 
 def _final_code(view: TaskView) -> int:
@@ -344,7 +341,7 @@ def count(
     if as_json:
         reply = gateway_pb2.CountTasksResponse(total=sum(counts.values()))
         for name, n in counts.items():
-            reply.counts.add(status=common_pb2.TaskStatus.Value(f"TASK_STATUS_{name}"), count=n)
+            reply.counts.add(status=from_short_name(common_pb2.TaskStatus, name), count=n)
         emit_json(reply)
         return
     table = Table(box=None, pad_edge=False)

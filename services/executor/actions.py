@@ -8,7 +8,6 @@ call may have had its effect decides whether it may be sent again.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import aiohttp
@@ -103,7 +102,7 @@ def describe_error(error: BaseException, timeout: float) -> str:
     """What went wrong with a call that raised, in words an operator reads in ``last_error``."""
     if isinstance(error, aiohttp.ConnectionTimeoutError):  # a free connection or a connect
         return f"connect timeout after {timeout:g}s"
-    if isinstance(error, TimeoutError | asyncio.TimeoutError):
+    if isinstance(error, TimeoutError):  # asyncio's too
         return f"timeout after {timeout:g}s with the request under way"
     if isinstance(error, aiohttp.ClientError | OSError):
         return f"connection error: {error!r}"

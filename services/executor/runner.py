@@ -17,10 +17,10 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -44,6 +44,9 @@ from dispo.libs.tracing import current, span
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -73,13 +76,12 @@ class Claim:
 
 @dataclass
 class Recording:
-    """A finished call and what to record for it: ``change`` (RUNNING → ``new``), or None
-    for the move through UNKNOWN; ``recorded`` once the write committed."""
+    """A finished call and what to record for it: ``change`` (from RUNNING), or None for
+    the move through UNKNOWN; ``recorded`` once the write committed."""
 
     node: NodeRun
     result: Result
     move: Move
-    new: NodeState
     change: many.NodeChange | None
     took: float
     recorded: bool = False
@@ -130,35 +132,34 @@ class Executor:
             name: asyncio.Semaphore(max(1, d.max_concurrency)) for name, d in registry.items()
         }
         self.passes = Passes(self.breakers, config.lease_ttl)
-        self.openings: Batcher[Opening, Step] = Batcher(
-            "task openings",
-            self._open_flush,
-            max_items=config.flush_max_items,
-            concurrency=config.flush_concurrency,
-            isolate=True,  # a task.create that cannot be opened fails alone
+        # The database work of every pass in hand is group-committed, one Batcher per kind:
+        # openings of task.create messages (one that cannot be opened fails alone), node
+        # claims, finished calls recorded with their pass's next step, lease heartbeats.
+        self.openings: Batcher[Opening, Step] = self._group_commit(
+            "task openings", self._open_flush
         )
-        # Node claims, and finished calls recorded with the next step of their pass: the
-        # same group commit across every pass in hand.
-        self.claims: Batcher[Claim, bool] = Batcher(
-            "node claims",
-            self._claim_flush,
-            max_items=config.flush_max_items,
-            concurrency=config.flush_concurrency,
-            isolate=True,
+        self.claims: Batcher[Claim, bool] = self._group_commit("node claims", self._claim_flush)
+        self.advances: Batcher[Advance, Step] = self._group_commit(
+            "pass steps", self._advance_flush
         )
-        # Lease heartbeats of passes that last, extended together.
-        self.extensions: Batcher[tuple[str, str], bool] = Batcher(
-            "lease extensions",
-            self._extend_flush,
-            max_items=config.flush_max_items,
-            concurrency=1,
+        self.extensions: Batcher[tuple[str, str], bool] = self._group_commit(
+            "lease extensions", self._extend_flush, concurrency=1, isolate=False
         )
-        self.advances: Batcher[Advance, Step] = Batcher(
-            "pass steps",
-            self._advance_flush,
-            max_items=config.flush_max_items,
-            concurrency=config.flush_concurrency,
-            isolate=True,
+
+    def _group_commit(
+        self,
+        name: str,
+        flush: Callable[[list[T]], Awaitable[Sequence[R | BaseException]]],
+        *,
+        concurrency: int | None = None,
+        isolate: bool = True,
+    ) -> Batcher[T, R]:
+        return Batcher(
+            name,
+            flush,
+            max_items=self.config.flush_max_items,
+            concurrency=concurrency or self.config.flush_concurrency,
+            isolate=isolate,
         )
 
     # ---- task.create -------------------------------------------------------------------
@@ -275,11 +276,11 @@ class Executor:
         recorded: dict[int, list[bool]] = {}
         async with self.engine.begin() as conn:
             rows, _ = await many.tasks_lock_many(conn, [advances[i].env.task_id for i in todo])
-            writes = [(i, c) for i in todo for c in advances[i].calls if c.change is not None]
-            applied = await many.nodes_set_status_if_many(
-                conn, [c.change for _, c in writes if c.change is not None]
-            )
-            done = dict(zip([id(c) for _, c in writes], applied, strict=True))
+            writes = [
+                (id(c), c.change) for i in todo for c in advances[i].calls if c.change is not None
+            ]
+            applied = await many.nodes_set_status_if_many(conn, [change for _, change in writes])
+            done = dict(zip([key for key, _ in writes], applied, strict=True))
             for i in todo:
                 a = advances[i]
                 for c in a.calls:
@@ -427,10 +428,10 @@ class Executor:
             result.retry_after,
         )
         if move.unknown:
-            return Recording(node, result, move, node.status, None, took)
+            return Recording(node, result, move, None, took)
         new, fields = self._fields(move, result, now)
         change = many.NodeChange(task_id, node.node_id, NodeState.RUNNING, new, owner, fields)
-        return Recording(node, result, move, new, change, took)
+        return Recording(node, result, move, change, took)
 
     @staticmethod
     def _recorded(task_id: str, calls: list[Recording]) -> None:
@@ -442,7 +443,8 @@ class Executor:
                     node_id=c.node.node_id,
                 )
                 continue
-            new = c.node.status if c.change is None else c.new
+            # Through UNKNOWN, outcome_unknown set the node's status.
+            new = c.node.status if c.change is None else c.change.new
             metrics.node_ran(
                 c.node.action, c.node.spec.downstream, new.value, c.took,
                 c.move.verdict is Verdict.RETRY,
