@@ -381,7 +381,9 @@ class Passes:
             for i in range(len(items))
             if steps[i] is None and not launch[i] and not items[i].state.in_flight
         ]
-        settled, emitting, events = await self._settle_many(conn, [items[i] for i in settling], now)
+        settled, emitting, events, rows = await self._settle_many(
+            conn, [items[i] for i in settling], now
+        )
         for i, disposition in zip(settling, settled, strict=True):
             steps[i] = Step(items[i].state, disposition=disposition)
         # One status write for the batch: the settled tasks and those still running that changed.
@@ -390,7 +392,7 @@ class Passes:
         ]
         if emitting:
             traces = {it.env.task_id: it.trace for it in items}
-            await many.emit_status_many(conn, emitting, now, events, traces, staged)
+            await many.emit_status_many(conn, emitting, now, events, traces, staged, rows)
         return [
             step if step is not None else Step(items[i].state, launch=launch[i])
             for i, step in enumerate(steps)
@@ -472,10 +474,11 @@ class Passes:
 
     async def _settle_many(
         self, conn: AsyncConnection, items: Sequence[Stepping], now: datetime
-    ) -> tuple[list[Disposition], list[str], list[tuple[str, str, str]]]:
+    ) -> tuple[list[Disposition], list[str], list[tuple[str, str, str]], dict[str, many.TaskRow]]:
         """Nothing more can run in these passes: finish, re-publish for a retry, demote or
-        fail each task. Returns the dispositions, the tasks whose status event is due and the
-        events to publish with their envelopes (for :func:`many.emit_status_many`)."""
+        fail each task. Returns the dispositions, the tasks whose status event is due, the
+        events to publish with their envelopes and the settled rows (all three for
+        :func:`many.emit_status_many`)."""
         decisions = [decide(it.nodes, now, it.row.cancel_requested) for it in items]
         settlements: list[many.Settlement] = []
         dispositions: list[Disposition] = []
@@ -483,23 +486,28 @@ class Passes:
             tid = it.env.task_id
             if decision.next is Next.RETRY and it.state.ran == 0:
                 # Nothing could run yet: the message came back before the backoff passed.
-                settlements.append(many.Settlement(tid, it.owner))
+                settlements.append(many.Settlement(tid, it.owner, emit=it.changed))
                 wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
                 dispositions.append(Nak(delay=max(0.05, wait)))
                 continue
             # The pass made the task RUNNING when it took the lease, and holds the lease still.
             settlements.append(
                 many.Settlement(
-                    tid, it.owner, decision.status, decision.reason, decision.next is Next.RETRY
+                    tid,
+                    it.owner,
+                    decision.status,
+                    decision.reason,
+                    decision.next is Next.RETRY,
+                    emit=True,
                 )
             )
             dispositions.append(ACK)
-        generations = await many.tasks_settle_many(conn, settlements, now)
+        rows = await many.tasks_settle_many(conn, settlements, now)
         emitting: list[str] = []
         events: list[tuple[str, str, str]] = []
         for k, (it, decision, s) in enumerate(zip(items, decisions, settlements, strict=True)):
             tid = it.env.task_id
-            if tid not in generations:  # the row is locked here: another writer cannot have won
+            if tid not in rows:  # the row is locked here: another writer cannot have won
                 log.warning("task settle lost a race (lease lost?)", task_id=tid)
                 dispositions[k] = Nak(delay=1.0)
                 continue
@@ -508,7 +516,7 @@ class Passes:
                     emitting.append(tid)
                 continue
             emitting.append(tid)
-            generation = generations[tid]
+            generation = rows[tid].generation
             if decision.next is Next.RETRY:
                 events.append((tid, tasks.TASK_CREATE, tasks.create_id(tid, generation)))
             elif decision.next is Next.DEMOTE:
@@ -524,7 +532,7 @@ class Passes:
                 status=decision.status.value,
                 reason=decision.reason,
             )
-        return dispositions, emitting, events
+        return dispositions, emitting, events, rows
 
 
 async def recover(

@@ -349,13 +349,17 @@ class Settlement:
     status: TaskState | None = None
     reason: str = ""
     bump: bool = False
+    # A status event follows in the same transaction: take its new version here too.
+    emit: bool = False
 
 
 async def tasks_settle_many(
     conn: AsyncConnection, settlements: Sequence[Settlement], now: datetime
-) -> dict[str, int]:
+) -> dict[str, TaskRow]:
     """Apply ``settlements``, each guarded by its lease owner and (with a status) by the
-    task being RUNNING; returns the ids settled with their generation now."""
+    task being RUNNING; returns the tasks settled, as recorded now. A settlement with
+    ``emit`` takes its status event's version number in the same write (hand the rows to
+    :func:`emit_status_many` as ``settled``)."""
     for s in settlements:
         if s.status is not None:
             TASK_TRANSITIONS.check((TaskState.RUNNING,), s.status)
@@ -366,12 +370,13 @@ async def tasks_settle_many(
             "UPDATE task_runs t SET lease_owner = NULL, lease_until = NULL,"
             " status = COALESCE(u.status, t.status),"
             " status_reason = CASE WHEN u.status IS NULL THEN t.status_reason ELSE u.reason END,"
-            " updated_at = :now, generation = t.generation + u.bump"
+            " updated_at = :now, generation = t.generation + u.bump,"
+            " version = t.version + u.emit"
             " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[]),"
-            " CAST(:statuses AS text[]), CAST(:reasons AS text[]), CAST(:bumps AS integer[]))"
-            " AS u(id, owner, status, reason, bump)"
+            " CAST(:statuses AS text[]), CAST(:reasons AS text[]), CAST(:bumps AS integer[]),"
+            " CAST(:emits AS integer[])) AS u(id, owner, status, reason, bump, emit)"
             " WHERE t.task_id = u.id AND t.lease_owner = u.owner"
-            " AND (u.status IS NULL OR t.status = :running) RETURNING t.task_id, t.generation"
+            " AND (u.status IS NULL OR t.status = :running) RETURNING t.*"
         ),
         {
             "ids": [s.task_id for s in settlements],
@@ -379,28 +384,37 @@ async def tasks_settle_many(
             "statuses": [s.status.value if s.status is not None else None for s in settlements],
             "reasons": [s.reason for s in settlements],
             "bumps": [1 if s.bump else 0 for s in settlements],
+            "emits": [1 if s.emit else 0 for s in settlements],
             "now": now,
             "running": TaskState.RUNNING.value,
         },
     )
-    return {row.task_id: row.generation for row in rows}
+    return {row.task_id: task_from_row(row) for row in rows}
 
 
 async def snapshots_many(
-    conn: AsyncConnection, task_ids: Sequence[str], now: datetime
+    conn: AsyncConnection,
+    task_ids: Sequence[str],
+    now: datetime,
+    settled: Mapping[str, TaskRow] | None = None,
 ) -> dict[str, task_pb2.Task]:
     """Each task as recorded now, with a new version number (one per status change), as
-    :func:`dispo.executor.repository.snapshot` for one."""
-    if not task_ids:
+    :func:`dispo.executor.repository.snapshot` for one. A task in ``settled`` took its new
+    version in that write (:func:`tasks_settle_many` with ``emit``) and is not written again."""
+    settled = settled or {}
+    recorded = [settled[task_id] for task_id in sorted(set(task_ids)) if task_id in settled]
+    rest = sorted({task_id for task_id in task_ids if task_id not in settled})
+    if rest:
+        rows = await conn.execute(
+            text(
+                "UPDATE task_runs SET version = version + 1, updated_at = :now"
+                " WHERE task_id = ANY(CAST(:ids AS text[])) RETURNING *"
+            ),
+            {"ids": rest, "now": now},
+        )
+        recorded += [task_from_row(row) for row in rows]
+    if not recorded:
         return {}
-    rows = await conn.execute(
-        text(
-            "UPDATE task_runs SET version = version + 1, updated_at = :now"
-            " WHERE task_id = ANY(CAST(:ids AS text[])) RETURNING *"
-        ),
-        {"ids": sorted(set(task_ids)), "now": now},
-    )
-    recorded = [task_from_row(row) for row in rows]
     nodes = await node_rows_many(conn, [t.task_id for t in recorded if t.envelope is not None])
     snaps: dict[str, task_pb2.Task] = {}
     for task in recorded:
@@ -430,13 +444,15 @@ async def emit_status_many(
     events: Sequence[tuple[str, str, str]] = (),
     traces: Mapping[str, str | None] | None = None,
     staged: Staged | None = None,
+    settled: Mapping[str, TaskRow] | None = None,
 ) -> dict[str, task_pb2.Task]:
     """A status event for each task's current state, then ``events`` — ``(task_id,
     subject, msg_id)``, each carrying its task's whole envelope (a task in ``events`` must
     be in ``task_ids``) — written to the outbox with one statement, each with its task's
     trace context from ``traces`` (by task id), and staged in ``staged``, if given, for
-    publication after commit. Returns the envelopes."""
-    snaps = await snapshots_many(conn, task_ids, now)
+    publication after commit. ``settled``: as for :func:`snapshots_many`. Returns the
+    envelopes."""
+    snaps = await snapshots_many(conn, task_ids, now, settled)
     trace = (traces or {}).get
     rows = [
         OutboxRow(

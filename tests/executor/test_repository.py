@@ -414,7 +414,20 @@ async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_
             ],
             NOW,
         )
-        assert settled == {"t1": 0}  # t2's lease is not other's
+        assert {k: row.generation for k, row in settled.items()} == {"t1": 0}  # t2: not other's
+        assert settled["t1"].status is TaskState.SUCCEEDED and settled["t1"].lease_owner is None
+        # The settle took the status event's version; the event does not bump it again.
+        before = settled["t1"].version
+        snaps = await bulk.emit_status_many(conn, ["t1"], NOW, settled=settled)
+        assert snaps["t1"].version == before
+        assert (await repo.task_get(conn, "t1")).version == before
+        kept = await bulk.tasks_settle_many(
+            conn, [bulk.Settlement("t2", "me", emit=True), bulk.Settlement("t3", "me")], NOW
+        )
+        t3_version = (await repo.task_get(conn, "t3")).version
+        assert kept["t2"].version == (await repo.task_get(conn, "t2")).version
+        assert kept["t3"].version == t3_version and kept["t3"].lease_owner is None
+        assert kept["t2"].version == kept["t3"].version + 1  # both opened alike; t2 emits
         with pytest.raises(IllegalTransition):
             await bulk.tasks_settle_many(
                 conn, [bulk.Settlement("t3", "me", TaskState.ACCEPTED)], NOW
