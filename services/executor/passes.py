@@ -511,11 +511,10 @@ class Passes:
                 log.warning("task settle lost a race (lease lost?)", task_id=tid)
                 dispositions[k] = Nak(delay=1.0)
                 continue
+            if s.emit:
+                emitting.append(tid)
             if s.status is None:
-                if it.changed:
-                    emitting.append(tid)
                 continue
-            emitting.append(tid)
             generation = rows[tid].generation
             if decision.next is Next.RETRY:
                 events.append((tid, tasks.TASK_CREATE, tasks.create_id(tid, generation)))
@@ -532,7 +531,7 @@ class Passes:
                 status=decision.status.value,
                 reason=decision.reason,
             )
-        return dispositions, emitting, events, rows
+        return dispositions, emitting, events, {tid: rows[tid] for tid in emitting}
 
 
 async def recover(

@@ -409,7 +409,7 @@ async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_
         settled = await bulk.tasks_settle_many(
             conn,
             [
-                bulk.Settlement("t1", "me", TaskState.SUCCEEDED),
+                bulk.Settlement("t1", "me", TaskState.SUCCEEDED, emit=True),
                 bulk.Settlement("t2", "other", TaskState.SUCCEEDED),
             ],
             NOW,
