@@ -202,6 +202,11 @@ class Staged:
         self.rows: list[OutboxRow] = []
         self.unstaged = False
 
+    def add(self, ids: Sequence[int], rows: Sequence[OutboxRow]) -> None:
+        """Rows written with these ids (in the same order)."""
+        self.ids.extend(ids)
+        self.rows.extend(rows)
+
 
 async def outbox_add_many(
     conn: AsyncConnection,
@@ -231,9 +236,24 @@ async def outbox_add_many(
     # Ids are numbered in insertion order, and the rows go in in the order given.
     ids = sorted((await conn.execute(_insert_many(table, traced), params)).scalars())
     if staged is not None:
-        staged.ids.extend(ids)
-        staged.rows.extend(rows)
+        staged.add(ids, rows)
     return ids
+
+
+def outbox_insert_from(table: Table, select: str) -> str:
+    """SQL inserting into ``table`` the rows ``select`` yields — its columns, in order,
+    ``subject, msg_id, payload, created_at, trace`` (trace NULL for none; a traced outbox
+    only) — and returning ``id, msg_id``: the last part of a statement that writes its own
+    rows and their events together (``WITH written AS (INSERT ... RETURNING ...)``), so a
+    write and its events are one statement, atomic on its own, with no transaction around
+    it. ``select`` must order its rows (``ORDER BY``): ids are numbered in that order, the
+    order the relay publishes in. The caller checks each subject with
+    :func:`~dispo.libs.contracts.require_declared` first, as :func:`outbox_add_many` does."""
+    trace = ", trace" if "trace" in table.c else ""
+    return (
+        f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace})"
+        f" {select} RETURNING id, msg_id"
+    )
 
 
 def _insert_many(table: Table, traced: bool = False) -> TextClause:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -379,6 +380,7 @@ def run_service(
     settings = CommonSettings()
     configure_logging(settings.log_format, settings.log_level, service=name)
     configure_tracing(name, settings.otlp_endpoint)
+    _tune_gc()
 
     async def main() -> list[str]:
         stop = asyncio.Event()
@@ -390,6 +392,23 @@ def run_service(
     with asyncio.Runner(loop_factory=_loop_factory(settings.uvloop)) as runner:
         if runner.run(main()):
             raise SystemExit(1)
+
+
+# Allocations (net) between two young-generation collections: ten times Python's 700. A
+# service allocates short-lived objects per message and statement; the default ran the
+# collector thousands of times a second under load (4-5 % of a service's CPU in a profile).
+GC_YOUNG_THRESHOLD = 7000
+
+
+def _tune_gc() -> None:
+    """Fewer garbage collections: what the process holds once its modules are imported
+    (code, protobuf descriptors, SQLAlchemy's compiled machinery) is moved out of the
+    collector's sight (``gc.freeze``), so a full collection scans the objects the service
+    made since, and the young generation is collected less often."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def _loop_factory(uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop] | None:

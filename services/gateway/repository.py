@@ -7,8 +7,14 @@ from datetime import datetime
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.contracts import tasks
-from dispo.libs.outbox import OutboxRow, Staged, outbox_add, outbox_add_many, outbox_table
+from dispo.libs.contracts import require_declared, tasks
+from dispo.libs.outbox import (
+    OutboxRow,
+    Staged,
+    outbox_add,
+    outbox_insert_from,
+    outbox_table,
+)
 from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -113,28 +119,42 @@ class KeyHolder:
     status: str
 
 
-_INSERT_MANY = text(
-    "INSERT INTO tasks (task_id, business, idempotency_key, request_hash, status, node_count,"
-    " view, callback_url, created_at, updated_at)"
+# The accepted tasks and their task.create rows, with one statement: the tasks whose key is
+# free are inserted, and each inserted task's envelope (its stored view, not sent twice) goes
+# to the outbox, in the order given.
+_ACCEPT_MANY = text(
+    "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
+    " status, node_count, view, callback_url, created_at, updated_at)"
     " SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback, created,"
     " created FROM unnest(CAST(:ids AS text[]), CAST(:businesses AS text[]),"
     " CAST(:keys AS text[]), CAST(:hashes AS text[]), CAST(:nodes AS integer[]),"
     " CAST(:views AS bytea[]), CAST(:callbacks AS text[]), CAST(:created AS timestamptz[]))"
     " WITH ORDINALITY AS r(id, business, key, hash, nodes, view, callback, created, n)"
     " ORDER BY n"
-    " ON CONFLICT (business, idempotency_key) DO NOTHING RETURNING task_id"
+    " ON CONFLICT (business, idempotency_key) DO NOTHING RETURNING task_id, view, created_at) "
+    + outbox_insert_from(
+        outbox,
+        "SELECT :subject, e.msg_id, i.view, i.created_at, e.trace"
+        " FROM unnest(CAST(:ids AS text[]), CAST(:msg_ids AS text[]),"
+        " CAST(:traces AS text[])) WITH ORDINALITY AS e(id, msg_id, trace, n)"
+        " JOIN inserted i ON i.task_id = e.id ORDER BY e.n",
+    )
 )
 
 
-async def tasks_insert_new(conn: AsyncConnection, rows: list[NewTask]) -> set[str]:
-    """Insert the accepted tasks with one statement, in the order given; returns the ids
-    inserted. A row whose (business, idempotency_key) is taken already, by a committed task
-    or an earlier row of the same call, is skipped (a concurrent transaction holding the key
-    is waited for). Rows without a key never conflict."""
+async def tasks_accept_many(conn: AsyncConnection, rows: list[NewTask], staged: Staged) -> set[str]:
+    """Insert the accepted tasks and their task.create events with one statement (atomic by
+    itself: run it outside a transaction, it commits alone), in the order given; returns the
+    ids inserted, their events staged in ``staged``. A row whose (business, idempotency_key)
+    is taken already, by a committed task or an earlier row of the same call, is skipped
+    with its event (a concurrent transaction holding the key is waited for). Rows without a
+    key never conflict."""
     if not rows:
         return set()
+    require_declared(tasks.TASK_CREATE)
+    msg_ids = [tasks.create_id(r.task_id, 0) for r in rows]
     result = await conn.execute(
-        _INSERT_MANY,
+        _ACCEPT_MANY,
         {
             "ids": [r.task_id for r in rows],
             "businesses": [r.business for r in rows],
@@ -144,9 +164,23 @@ async def tasks_insert_new(conn: AsyncConnection, rows: list[NewTask]) -> set[st
             "views": [r.view for r in rows],
             "callbacks": [r.callback_url for r in rows],
             "created": [r.created_at for r in rows],
+            "subject": tasks.TASK_CREATE,
+            "msg_ids": msg_ids,
+            "traces": [r.trace for r in rows],
         },
     )
-    return set(result.scalars())
+    written = {msg_id: row_id for row_id, msg_id in result}
+    inserted: set[str] = set()
+    ids: list[int] = []
+    events: list[OutboxRow] = []
+    for r, msg_id in zip(rows, msg_ids, strict=True):
+        row_id = written.get(msg_id)
+        if row_id is not None:
+            inserted.add(r.task_id)
+            ids.append(row_id)
+            events.append(OutboxRow(tasks.TASK_CREATE, msg_id, r.view, r.created_at, r.trace))
+    staged.add(ids, events)
+    return inserted
 
 
 _BY_KEYS = text(
@@ -334,7 +368,3 @@ async def emit(
     conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime
 ) -> None:
     await outbox_add(conn, outbox, subject, msg_id, payload, now)
-
-
-async def emit_many(conn: AsyncConnection, rows: list[OutboxRow], staged: Staged) -> None:
-    await outbox_add_many(conn, outbox, rows, staged)

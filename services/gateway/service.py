@@ -26,7 +26,7 @@ from dispo.libs.egress import NATS_SCHEME, AllowList
 from dispo.libs.errors import FailedPrecondition, FieldViolation, NotFound, ResourceExhausted
 from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import bind_ids, get_logger
-from dispo.libs.outbox import OutboxRelay, OutboxRow, Staged
+from dispo.libs.outbox import OutboxRelay, Staged
 from dispo.libs.payload import canonical_json
 from dispo.libs.tracing import current
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -224,9 +224,9 @@ class Gateway:
             )
 
     async def _accept_all(self, items: list[repo.NewTask]) -> list[Accepted | BaseException]:
-        """One flush of Submits: every task whose key is free inserted with one statement,
-        their task.create rows with another, the holders of the taken keys read with a
-        third, one commit. Duplicates within the flush are answered exactly as across
+        """One flush of Submits: every task whose key is free inserted with its task.create
+        row by one statement that commits alone, then the holders of the taken keys (if any)
+        read with another. Duplicates within the flush are answered exactly as across
         flushes: the first Submit of a key in the flush is the one inserted."""
         first: dict[tuple[str, str], repo.NewTask] = {}
         fresh: list[repo.NewTask] = []
@@ -240,19 +240,15 @@ class Gateway:
         # order, never in a cycle.
         fresh.sort(key=lambda t: (t.business, t.idempotency_key))
         staged = Staged()
-        async with self.engine.begin() as conn:
-            inserted = await repo.tasks_insert_new(conn, fresh)
-            creates = [
-                OutboxRow(
-                    tasks.TASK_CREATE, tasks.create_id(t.task_id, 0), t.view, t.created_at, t.trace
-                )
-                for t in items
-                if t.task_id in inserted
-            ]
-            await repo.emit_many(conn, creates, staged)
+        # One statement, its own transaction: no BEGIN and COMMIT round trips around it.
+        async with self.engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            inserted = await repo.tasks_accept_many(conn, fresh, staged)
+            self.relay.publish_committed(staged)
+            # The keys found taken: their holders are committed (the insert waited for any
+            # transaction holding one), so a read after it finds them.
             taken = [key for key, t in first.items() if t.task_id not in inserted]
             holders = await repo.tasks_by_keys(conn, taken)
-        self.relay.publish_committed(staged)
         answers: list[Accepted | BaseException] = []
         for t in items:
             if t.task_id in inserted:

@@ -123,20 +123,25 @@ async def test_colliding_keys_across_concurrent_flushes_give_one_task_per_key(ma
 async def test_a_flush_cut_by_a_postgres_crash_leaves_nothing_behind(make_gateway, infra):
     gateway = make_gateway(submit_linger=0.1)
     subs = [submission(f"k{i}", "one") for i in range(10)] + [submission("", "one")]
+    written: list[str] = []
 
-    def crash_after_the_task_insert(conn, cursor, statement, *args) -> None:
-        if statement.lstrip().startswith("INSERT INTO tasks"):
-            infra.postgres.stop("immediate")  # the tasks written, the outbox rows not yet
+    def crash_as_the_flush_writes(conn, cursor, statement, *args) -> None:
+        if "INSERT INTO tasks" in statement:
+            written.append(statement)
+            infra.postgres.stop("immediate")  # the statement is sent to a server going down
 
-    event.listen(gateway.engine.sync_engine, "after_cursor_execute", crash_after_the_task_insert)
+    event.listen(gateway.engine.sync_engine, "before_cursor_execute", crash_as_the_flush_writes)
     try:
         answers = await asyncio.gather(*(gateway.submit(s) for s in subs), return_exceptions=True)
     finally:
         event.remove(
-            gateway.engine.sync_engine, "after_cursor_execute", crash_after_the_task_insert
+            gateway.engine.sync_engine, "before_cursor_execute", crash_as_the_flush_writes
         )
         infra.postgres.start()
 
+    # The tasks and their task.create rows are written by one statement: the flush's write.
+    [statement] = written
+    assert "INSERT INTO outbox" in statement
     assert gateway.submits.flushes == 0
     for answer in answers:
         # What the gRPC interceptor answers UNAVAILABLE: retry, nothing was written.
@@ -147,3 +152,33 @@ async def test_a_flush_cut_by_a_postgres_crash_leaves_nothing_behind(make_gatewa
     assert [a.duplicate for a in retried] == [False] * len(subs)
     by_key, creates = await stored(gateway)
     assert sum(len(ids) for ids in by_key.values()) == len(subs) == len(creates)
+
+
+async def test_a_postgres_crash_right_after_the_flush_leaves_every_task_with_its_create(
+    make_gateway, infra
+):
+    gateway = make_gateway(submit_linger=0.1)
+    subs = [submission(f"k{i}", "one") for i in range(10)] + [submission("", "one")]
+
+    def crash_after_the_write(conn, cursor, statement, *args) -> None:
+        if "INSERT INTO tasks" in statement:
+            infra.postgres.stop("immediate")  # committed by itself, nothing after it ran
+
+    event.listen(gateway.engine.sync_engine, "after_cursor_execute", crash_after_the_write)
+    try:
+        answers = await asyncio.gather(*(gateway.submit(s) for s in subs), return_exceptions=True)
+    finally:
+        event.remove(gateway.engine.sync_engine, "after_cursor_execute", crash_after_the_write)
+        infra.postgres.start()
+
+    # The write committed: every Submit is answered with its task, and each task has the
+    # task.create event that takes it to an executor.
+    assert [type(a) for a in answers] == [Accepted] * len(subs), answers
+    try:
+        by_key, creates = await stored(gateway)
+    except Exception as error:  # the pool's connections died with the server: one error
+        assert database_unreachable(error), repr(error)
+        by_key, creates = await stored(gateway)
+    ids = sorted(i for found in by_key.values() for i in found)
+    assert ids == sorted(a.task_id for a in answers if isinstance(a, Accepted))
+    assert sorted(creates) == sorted(tasks.create_id(i, 0) for i in ids)
