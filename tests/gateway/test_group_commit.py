@@ -134,9 +134,7 @@ async def test_a_flush_cut_by_a_postgres_crash_leaves_nothing_behind(make_gatewa
     try:
         answers = await asyncio.gather(*(gateway.submit(s) for s in subs), return_exceptions=True)
     finally:
-        event.remove(
-            gateway.engine.sync_engine, "before_cursor_execute", crash_as_the_flush_writes
-        )
+        event.remove(gateway.engine.sync_engine, "before_cursor_execute", crash_as_the_flush_writes)
         infra.postgres.start()
 
     # The tasks and their task.create rows are written by one statement: the flush's write.
