@@ -116,8 +116,12 @@ class Passes:
         # leased by another pass, finished or stale is answered from that read (those
         # facts only move forward), so its row is not held here while the pass owning it
         # needs it; the others are locked, and looked at again under the lock.
+        # A task first seen is recorded already opened by its pass (leased, RUNNING).
         inserted = await many.tasks_insert_many(
-            conn, [openings[i].env for i in first.values()], now
+            conn,
+            [(openings[i].env, openings[i].owner) for i in first.values()],
+            now,
+            self.lease_ttl,
         )
         fast: list[int] = []
         slow: list[int] = []
@@ -145,8 +149,15 @@ class Passes:
                     (fast if found == "fast" else slow).append(i)
                 else:
                     results[i] = Step(Pass(), disposition=found)
-        opened = await many.tasks_open_many(
-            conn, [(openings[i].env.task_id, openings[i].owner) for i in fast], now, self.lease_ttl
+        opened = inserted | await many.tasks_open_many(
+            conn,
+            [
+                (openings[i].env.task_id, openings[i].owner)
+                for i in fast
+                if openings[i].env.task_id not in inserted
+            ],
+            now,
+            self.lease_ttl,
         )
         known = await many.nodes_get_many(
             conn, [openings[i].env for i in fast if openings[i].env.task_id not in inserted]

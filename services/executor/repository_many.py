@@ -80,36 +80,66 @@ async def tasks_lock_many(
 
 
 async def tasks_insert_many(
-    conn: AsyncConnection, envs: Sequence[task_pb2.Task], now: datetime
+    conn: AsyncConnection,
+    openings: Sequence[tuple[task_pb2.Task, str]],
+    now: datetime,
+    ttl: float,
 ) -> set[str]:
-    """Record tasks first seen, with their nodes; returns the ids inserted here (a task
-    another transaction recorded first is left as it is, and its id is not returned)."""
-    envs = sorted(envs, key=lambda e: e.task_id)  # insertion order is lock order
-    if not envs:
+    """Record tasks first seen, with their nodes, each ``(envelope, owner)`` already opened:
+    RUNNING under ``owner``'s lease for ``ttl`` from ``now`` (ACCEPTED → RUNNING, as
+    :func:`tasks_open_many` would take it, in the same statement as the insert). One
+    statement for the tasks and their nodes; returns the ids inserted here (a task another
+    transaction recorded first is left as it is, with its nodes, and its id is not
+    returned)."""
+    TASK_TRANSITIONS.check((TaskState.ACCEPTED,), TaskState.RUNNING)
+    openings = sorted(openings, key=lambda o: o[0].task_id)  # insertion order is lock order
+    if not openings:
         return set()
+    envs = [env for env, _ in openings]
     inserted = await conn.execute(
         text(
-            "INSERT INTO task_runs (task_id, status, generation, cancel_requested, envelope,"
-            " created_at, updated_at)"
-            " SELECT id, 'accepted', gen, cancel, env, :now, :now FROM unnest("
+            "WITH inserted AS (INSERT INTO task_runs (task_id, status, generation,"
+            " cancel_requested, envelope, lease_owner, lease_until, created_at, updated_at)"
+            " SELECT id, :running, gen, cancel, env, owner, :until, :now, :now FROM unnest("
             "CAST(:ids AS text[]), CAST(:gens AS bigint[]), CAST(:cancels AS boolean[]),"
-            " CAST(:envs AS bytea[])) WITH ORDINALITY AS u(id, gen, cancel, env, n) ORDER BY n"
-            " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
+            " CAST(:envs AS bytea[]), CAST(:owners AS text[]))"
+            " WITH ORDINALITY AS u(id, gen, cancel, env, owner, n) ORDER BY n"
+            " ON CONFLICT (task_id) DO NOTHING RETURNING task_id),"
+            f" nodes AS ({_NODES_INSERT} JOIN inserted i ON i.task_id = r.task"
+            " ON CONFLICT DO NOTHING)"
+            " SELECT task_id FROM inserted"
         ),
         {
             "ids": [e.task_id for e in envs],
             "gens": [e.generation for e in envs],
             "cancels": [e.cancel_requested for e in envs],
             "envs": [e.SerializeToString() for e in envs],
+            "owners": [owner for _, owner in openings],
+            "running": TaskState.RUNNING.value,
+            "until": now + timedelta(seconds=ttl),
             "now": now,
+            **_node_columns(envs),
         },
     )
-    ids = {row.task_id for row in inserted}
-    await nodes_insert_many(conn, [e for e in envs if e.task_id in ids])
-    return ids
+    return {row.task_id for row in inserted}
 
 
-async def nodes_insert_many(conn: AsyncConnection, envs: Sequence[task_pb2.Task]) -> None:
+# The nodes of tasks being recorded, from the columns of :func:`_node_columns` (``r``).
+_NODES_INSERT = (
+    "INSERT INTO node_runs (task_id, node_id, position, status, attempts, round_attempts,"
+    " not_before, retryable, last_error, started_at, finished_at)"
+    " SELECT r.task, r.node, r.pos, r.status, r.att, r.round, r.nb, r.retr, r.err, r.sa, r.fa"
+    " FROM unnest(CAST(:task AS text[]), CAST(:node AS text[]), CAST(:pos AS integer[]),"
+    " CAST(:status AS text[]), CAST(:att AS integer[]), CAST(:round AS integer[]),"
+    " CAST(:nb AS timestamptz[]), CAST(:retr AS boolean[]), CAST(:err AS text[]),"
+    " CAST(:sa AS timestamptz[]), CAST(:fa AS timestamptz[]))"
+    " AS r(task, node, pos, status, att, round, nb, retr, err, sa, fa)"
+)
+
+
+def _node_columns(envs: Sequence[task_pb2.Task]) -> dict[str, list[Any]]:
+    """The nodes of ``envs`` as the arrays :data:`_NODES_INSERT` reads, as each envelope
+    states them."""
     cols: dict[str, list[Any]] = {
         k: [] for k in ("task", "node", "pos", "status", "att", "round", "nb", "retr", "err")
     }
@@ -131,19 +161,7 @@ async def nodes_insert_many(conn: AsyncConnection, envs: Sequence[task_pb2.Task]
                 ("fa", run.finished_at),
             ):
                 cols[key].append(value)
-    if not cols["task"]:
-        return
-    await conn.execute(
-        text(
-            "INSERT INTO node_runs (task_id, node_id, position, status, attempts, round_attempts,"
-            " not_before, retryable, last_error, started_at, finished_at) SELECT * FROM unnest("
-            "CAST(:task AS text[]), CAST(:node AS text[]), CAST(:pos AS integer[]),"
-            " CAST(:status AS text[]), CAST(:att AS integer[]), CAST(:round AS integer[]),"
-            " CAST(:nb AS timestamptz[]), CAST(:retr AS boolean[]), CAST(:err AS text[]),"
-            " CAST(:sa AS timestamptz[]), CAST(:fa AS timestamptz[])) ON CONFLICT DO NOTHING"
-        ),
-        cols,
-    )
+    return cols
 
 
 # A pass may start on a task in these states (and makes it RUNNING); a FAILED one only

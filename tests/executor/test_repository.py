@@ -1,7 +1,7 @@
 """The executor's guarded writes against real PostgreSQL, including true races."""
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from dispo.executor import repository as repo
@@ -50,6 +50,35 @@ async def test_exactly_one_of_concurrent_lease_takers_wins(service_engine):
     results = await asyncio.gather(*(take(f"o{i}") for i in range(8)))
 
     assert sorted(results) == [False] * 7 + [True]
+
+
+async def test_concurrent_first_recordings_of_a_task_open_it_once_with_its_nodes(service_engine):
+    engine = await service_engine("executor")
+    two = envelope("t2")
+    two.nodes.add(node_id="b.y", status=common_pb2.NODE_STATUS_PENDING)
+
+    async def record(owner):
+        async with engine.begin() as conn:
+            return await bulk.tasks_insert_many(conn, [(two, owner), (envelope(), owner)], NOW, 10)
+
+    results = await asyncio.gather(*(record(f"o{i}") for i in range(6)))
+
+    # One transaction recorded both tasks; the others found them recorded and left them.
+    assert sorted(map(sorted, results)) == [[]] * 5 + [["t1", "t2"]]
+    winner = f"o{[bool(r) for r in results].index(True)}"
+    async with engine.connect() as conn:
+        tasks = (
+            await conn.execute(
+                text("SELECT task_id, status, lease_owner, lease_until FROM task_runs")
+            )
+        ).all()
+        nodes = (
+            await conn.execute(text("SELECT task_id, node_id, status FROM node_runs ORDER BY 1, 2"))
+        ).all()
+    # Recorded opened: RUNNING under the winner's lease, with the envelope's nodes.
+    expiry = NOW + timedelta(seconds=10)
+    assert sorted(tasks) == [("t1", "running", winner, expiry), ("t2", "running", winner, expiry)]
+    assert nodes == [("t1", "a.x", "pending"), ("t2", "a.x", "pending"), ("t2", "b.y", "pending")]
 
 
 async def test_exactly_one_of_concurrent_node_claims_wins_and_only_the_owner_records(
