@@ -78,6 +78,14 @@ RETRY_CAP_SECONDS = 60.0
 
 _UNSENT = "sent_at IS NULL AND quarantined_at IS NULL"
 
+# Seconds a row the direct publisher sent waits for the next transaction's outbox write to
+# mark it sent (:meth:`OutboxRelay.staged`) before the publisher marks it with a statement
+# of its own: under load every flush marks the rows sent before it, with no statement more.
+MARK_DELAY = 0.05
+# Seconds after which rows handed to a transaction that never reported back (it failed)
+# are marked by the publisher.
+MARK_RETAKE = 5.0
+
 
 def outbox_table(metadata: MetaData, name: str = "outbox", *, traced: bool = False) -> Table:
     """The outbox of one service. ``attempts``, ``last_error`` and ``next_attempt_at`` are
@@ -195,12 +203,24 @@ class OutboxRow(NamedTuple):
 class Staged:
     """The rows one transaction wrote with :func:`outbox_add_many`, for
     :meth:`OutboxRelay.publish_committed` once it committed. ``unstaged``: the transaction
-    also wrote rows without it (:func:`outbox_add`), which a pass publishes."""
+    also wrote rows without it (:func:`outbox_add`), which a pass publishes.
 
-    def __init__(self) -> None:
+    ``marking``: rows the relay published already (:meth:`OutboxRelay.staged`), marked sent
+    by this transaction's outbox write (``marked`` once it wrote them into its statement),
+    so that marking them costs no statement of its own."""
+
+    def __init__(self, marking: Sequence[int] = ()) -> None:
         self.ids: list[int] = []
         self.rows: list[OutboxRow] = []
         self.unstaged = False
+        self.marking: list[int] = list(marking)
+        self.marked: list[int] = []
+
+    def mark_params(self, now: datetime) -> dict[str, Any]:
+        """The parameters of :func:`outbox_mark_cte` in the statement about to run: every
+        row of ``marking``, marked sent at ``now``."""
+        self.marked = self.marking
+        return {"marking": self.marking, "marked_at": now}
 
     def add(self, ids: Sequence[int], rows: Sequence[OutboxRow]) -> None:
         """Rows written with these ids (in the same order)."""
@@ -233,8 +253,11 @@ async def outbox_add_many(
     traced = "trace" in table.c and any(r.trace is not None for r in rows)
     if traced:
         params["traces"] = [r.trace for r in rows]
+    marking = staged is not None and bool(staged.marking)
+    if staged is not None and marking:
+        params.update(staged.mark_params(rows[0].created_at))
     # Ids are numbered in insertion order, and the rows go in in the order given.
-    ids = sorted((await conn.execute(_insert_many(table, traced), params)).scalars())
+    ids = sorted((await conn.execute(_insert_many(table, traced, marking), params)).scalars())
     if staged is not None:
         staged.add(ids, rows)
     return ids
@@ -256,28 +279,48 @@ def outbox_insert_from(table: Table, select: str) -> str:
     )
 
 
-def _insert_many(table: Table, traced: bool = False) -> TextClause:
-    """The multi-row insert of ``table`` (with the ``trace`` column when ``traced``): the
-    rows as arrays, one statement text whatever their number (prepared once per
-    connection). ``WITH ORDINALITY`` keeps their order."""
-    statement = _INSERT_MANY.get((table.fullname, traced))
+def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> TextClause:
+    """The multi-row insert of ``table`` (with the ``trace`` column when ``traced``, after
+    :func:`outbox_mark_cte` when ``marking``): the rows as arrays, one statement text
+    whatever their number (prepared once per connection). ``WITH ORDINALITY`` keeps their
+    order."""
+    statement = _INSERT_MANY.get((table.fullname, traced, marking))
     if statement is None:
         trace, traces, name = (
             (", trace", ", CAST(:traces AS text[])", ", trace") if traced else ("", "", "")
         )
         statement = text(
-            f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace})"
+            (f"WITH {outbox_mark_cte(table)} " if marking else "")
+            + f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace})"
             f" SELECT subject, msg_id, payload, created_at{trace} FROM unnest("
             "CAST(:subjects AS text[]), CAST(:msg_ids AS text[]),"
             f" CAST(:payloads AS bytea[]), CAST(:created AS timestamptz[]){traces})"
             f" WITH ORDINALITY AS r(subject, msg_id, payload, created_at{name}, n) ORDER BY n"
             " RETURNING id"
         )
-        _INSERT_MANY[(table.fullname, traced)] = statement
+        _INSERT_MANY[(table.fullname, traced, marking)] = statement
     return statement
 
 
-_INSERT_MANY: dict[tuple[str, bool], TextClause] = {}
+_INSERT_MANY: dict[tuple[str, bool, bool], TextClause] = {}
+
+
+def _mark_sent_sql(table: Table) -> str:
+    """Rows of ``:marking`` not marked yet, marked sent at ``:marked_at``; locked in id
+    order first, so that two statements marking overlapping rows wait for each other
+    rather than deadlock."""
+    return (
+        f"UPDATE {table.fullname} SET sent_at = :marked_at WHERE id IN (SELECT id FROM"
+        f" {table.fullname} WHERE id = ANY(CAST(:marking AS bigint[])) AND sent_at IS NULL"
+        " ORDER BY id FOR UPDATE)"
+    )
+
+
+def outbox_mark_cte(table: Table) -> str:
+    """A ``WITH`` item (``marked AS (...)``) marking sent the rows the relay published
+    already: put it in the statement that writes a transaction's outbox rows, with
+    :meth:`Staged.mark_params` among its parameters."""
+    return f"marked AS ({_mark_sent_sql(table)})"
 
 
 async def outbox_prune(
@@ -530,6 +573,7 @@ class OutboxRelay:
         prune_batch: int = 1000,
         prune_interval: float = 300.0,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        mark_delay: float = MARK_DELAY,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -553,13 +597,15 @@ class OutboxRelay:
         self._held: set[int] = set()
         self._direct_wake = asyncio.Event()
         self._direct_running = False
-        # Rows the direct publisher sent and marked sent so far (for reports and tests).
+        # Rows the direct publisher sent so far (for reports and tests).
         self.published_directly = 0
-        # Its one statement, built once.
-        self._mark_sent = text(
-            f"UPDATE {table.fullname} SET sent_at = :now"
-            " WHERE id = ANY(CAST(:sent AS bigint[])) AND sent_at IS NULL"
-        )
+        # Rows it sent and nothing marked sent yet, by id: the loop time they were sent
+        # (waiting for the next transaction's outbox write, :meth:`staged`), or handed to
+        # a transaction (``_marking``: the time it took them). Both stay held.
+        self._unmarked: dict[int, float] = {}
+        self._marking: dict[int, float] = {}
+        self.mark_delay = mark_delay
+        self._mark_sent = text(_mark_sent_sql(table))
         self._pruning = Periodic(
             f"{table.name} prune", self._prune_pass, prune_interval, self.clock
         )
@@ -567,10 +613,25 @@ class OutboxRelay:
     def kick(self) -> None:
         self._kick.set()
 
+    def staged(self) -> Staged:
+        """A :class:`Staged` for a transaction about to write outbox rows, which also marks
+        sent the rows the direct publisher sent since the last one (hand it to
+        :meth:`publish_committed` after the commit). A transaction that fails, or writes
+        no outbox row, leaves them to the direct publisher, which marks them itself after
+        :data:`MARK_RETAKE` seconds."""
+        marking = list(self._unmarked)
+        now = asyncio.get_running_loop().time()
+        self._marking.update(dict.fromkeys(marking, now))
+        self._unmarked.clear()
+        return Staged(marking)
+
     def publish_committed(self, staged: Staged) -> None:
         """Publish the rows a transaction of this process has just committed (``staged``)
         without a pass reading them back; returns at once. An ordered relay, or one not
         running, takes a pass instead, as do rows the transaction did not stage."""
+        self._marked(staged.marked)
+        if staged.marking and not staged.marked:  # no outbox write took them: back in line
+            self._unmark(staged.marking)
         if self.ordered or not self._direct_running:
             if staged.rows or staged.unstaged:
                 self.kick()
@@ -584,27 +645,53 @@ class OutboxRelay:
             self._held.add(row_id)
         self._direct_wake.set()
 
+    def _marked(self, ids: Sequence[int]) -> None:
+        for row_id in ids:
+            self._marking.pop(row_id, None)
+            self._unmarked.pop(row_id, None)
+            self._held.discard(row_id)
+
+    def _unmark(self, ids: Sequence[int]) -> None:
+        """Rows a transaction took to mark and did not: the next one takes them."""
+        now = asyncio.get_running_loop().time()
+        for row_id in ids:
+            if self._marking.pop(row_id, None) is not None:
+                self._unmarked[row_id] = now
+
     async def _publish_directly(self) -> None:
-        """The direct publisher: while the relay runs, send what was handed over."""
+        """The direct publisher: while the relay runs, send what was handed over; mark sent
+        what no transaction marked for it soon enough."""
+        loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
-            await self._wait_for(self._direct_wake, None)
+            wait = None
+            if self._unmarked or self._marking:
+                due = min(
+                    [t + self.mark_delay for t in self._unmarked.values()]
+                    + [t + MARK_RETAKE for t in self._marking.values()]
+                )
+                wait = max(0.0, due - loop.time())
+            await self._wait_for(self._direct_wake, wait)
             self._direct_wake.clear()
             while self._committed and not self._stopping.is_set():
                 rows = [
                     self._committed.popleft() for _ in range(min(self.batch, len(self._committed)))
                 ]
-                try:
-                    await self._send_committed(rows)
-                finally:
+                if not await self._send_committed(rows):
                     self._held.difference_update(r.id for r in rows)
+            now = loop.time()
+            overdue = [i for i, t in self._unmarked.items() if now - t >= self.mark_delay]
+            overdue += [i for i, t in self._marking.items() if now - t >= MARK_RETAKE]
+            if overdue:
+                await self._mark_overdue(overdue)
 
-    async def _send_committed(self, rows: list[_Committed]) -> None:
-        """One pipelined publish of ``rows``, then one statement marking them sent. Anything
-        that fails leaves the rows to a pass (kicked): it publishes them again, a no-op by
-        message id for those that went out, and counts the failures."""
+    async def _send_committed(self, rows: list[_Committed]) -> bool:
+        """One pipelined publish of ``rows``; True if it went out (the rows are then marked
+        sent by the next transaction's outbox write, or by :meth:`_mark_overdue`).
+        Anything that fails leaves the rows to a pass (kicked): it publishes them again, a
+        no-op by message id for those that went out, and counts the failures."""
         if not self.bus.nc.is_connected:  # see relay_once: wait for the connection
             self.kick()
-            return
+            return False
         try:
             await _publish(self.bus, rows)
         except Exception as error:
@@ -615,19 +702,30 @@ class OutboxRelay:
                 error=repr(error),
             )
             self.kick()
-            return
+            return False
+        now = asyncio.get_running_loop().time()
+        self._unmarked.update((r.id, now) for r in rows)
+        self.published_directly += len(rows)
+        return True
+
+    async def _mark_overdue(self, ids: list[int]) -> None:
+        """Mark sent with a statement of their own the rows no transaction marked in time.
+        PostgreSQL down: they are left to a pass, which sends them again (a no-op)."""
         try:
             async with self.engine.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
                 await conn.execute(
-                    self._mark_sent,
-                    {"sent": [r.id for r in rows], "now": self.clock.now()},
+                    self._mark_sent, {"marking": sorted(ids), "marked_at": self.clock.now()}
                 )
-        except Exception as error:  # PostgreSQL down: a pass sends them again, a no-op
+        except Exception as error:
             log.warning("outbox rows not marked sent", table=self.table.name, error=repr(error))
+            for row_id in ids:
+                self._marking.pop(row_id, None)
+                self._unmarked.pop(row_id, None)
+                self._held.discard(row_id)
             self.kick()
             return
-        self.published_directly += len(rows)
+        self._marked(ids)
 
     async def relay_once(self) -> int:
         """Publish up to one batch of unsent rows; returns how many were published."""
@@ -773,6 +871,9 @@ class OutboxRelay:
                 part.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await part
+            if self._unmarked or self._marking:  # sent: not to be sent again after a restart
+                with contextlib.suppress(Exception):
+                    await self._mark_overdue([*self._unmarked, *self._marking])
 
     async def _prune_pass(self) -> Pause | None:
         """One prune; a pass that deleted something may have left a backlog: the next pass

@@ -39,7 +39,7 @@ from dispo.libs.bus import Disposition, Nak
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.logging import bind_ids, get_logger
-from dispo.libs.outbox import OutboxRelay, Staged
+from dispo.libs.outbox import OutboxRelay
 from dispo.libs.tracing import current, span
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -180,7 +180,7 @@ class Executor:
 
     async def _open_flush(self, openings: list[Opening]) -> Sequence[Step | BaseException]:
         now = self.clock.now()
-        staged = Staged()
+        staged = self.relay.staged()
         async with self.engine.begin() as conn:
             steps = await self.passes.open_many(conn, openings, now, staged)
         self.relay.publish_committed(staged)
@@ -265,7 +265,7 @@ class Executor:
         its run's owner, then :meth:`Passes.step_many` for the passes still holding their
         lease; one status event per task."""
         now = self.clock.now()
-        staged = Staged()
+        staged = self.relay.staged()
         results: list[Step | BaseException | None] = [None] * len(advances)
         seen: set[str] = set()
         for i, a in enumerate(advances):
@@ -331,7 +331,7 @@ class Executor:
         """PENDING → RUNNING for nodes about to be called, in one transaction (the task rows
         locked first, in task_id order), with one status event per task that claimed one."""
         now = self.clock.now()
-        staged = Staged()
+        staged = self.relay.staged()
         async with self.engine.begin() as conn:
             await many.tasks_lock_many(conn, [c.task_id for c in claims])
             won = await many.nodes_claim_if_pending_many(

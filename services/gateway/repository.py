@@ -13,6 +13,7 @@ from dispo.libs.outbox import (
     Staged,
     outbox_add,
     outbox_insert_from,
+    outbox_mark_cte,
     outbox_table,
 )
 from sqlalchemy import MetaData, text
@@ -121,7 +122,7 @@ class KeyHolder:
 
 # The accepted tasks and their task.create rows, with one statement: the tasks whose key is
 # free are inserted, and each inserted task's envelope (its stored view, not sent twice) goes
-# to the outbox, in the order given.
+# to the outbox, in the order given; the rows the relay published since are marked sent.
 _ACCEPT_MANY = text(
     "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
     " status, node_count, view, callback_url, created_at, updated_at)"
@@ -131,7 +132,8 @@ _ACCEPT_MANY = text(
     " CAST(:views AS bytea[]), CAST(:callbacks AS text[]), CAST(:created AS timestamptz[]))"
     " WITH ORDINALITY AS r(id, business, key, hash, nodes, view, callback, created, n)"
     " ORDER BY n"
-    " ON CONFLICT (business, idempotency_key) DO NOTHING RETURNING task_id, view, created_at) "
+    " ON CONFLICT (business, idempotency_key) DO NOTHING RETURNING task_id, view, created_at),"
+    f" {outbox_mark_cte(outbox)} "
     + outbox_insert_from(
         outbox,
         "SELECT :subject, e.msg_id, i.view, i.created_at, e.trace"
@@ -167,6 +169,7 @@ async def tasks_accept_many(conn: AsyncConnection, rows: list[NewTask], staged: 
             "subject": tasks.TASK_CREATE,
             "msg_ids": msg_ids,
             "traces": [r.trace for r in rows],
+            **staged.mark_params(rows[0].created_at),
         },
     )
     written = {msg_id: row_id for row_id, msg_id in result}

@@ -26,7 +26,7 @@ from dispo.libs.egress import NATS_SCHEME, AllowList
 from dispo.libs.errors import FailedPrecondition, FieldViolation, NotFound, ResourceExhausted
 from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import bind_ids, get_logger
-from dispo.libs.outbox import OutboxRelay, Staged
+from dispo.libs.outbox import OutboxRelay
 from dispo.libs.payload import canonical_json
 from dispo.libs.tracing import current
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -239,7 +239,7 @@ class Gateway:
         # In key order: two flushes inserting the same keys wait for each other in the same
         # order, never in a cycle.
         fresh.sort(key=lambda t: (t.business, t.idempotency_key))
-        staged = Staged()
+        staged = self.relay.staged()
         # One statement, its own transaction: no BEGIN and COMMIT round trips around it.
         async with self.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")

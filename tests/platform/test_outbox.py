@@ -262,6 +262,52 @@ async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, bus, 
         await asyncio.wait_for(running, 10)
 
 
+async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(engine, bus, manual_clock):
+    """Under load the direct publisher marks nothing with a statement of its own: the next
+    transaction that writes outbox rows marks the ones sent before it. Rows no transaction
+    took (a transaction that wrote none gives them back) are marked when the relay stops."""
+    await tasks.TASKS.ensure(bus)
+    statements: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    relay = OutboxRelay(
+        engine, outbox, bus, clock=manual_clock, poll_interval=3600, mark_delay=3600
+    )
+    running = asyncio.create_task(relay.run())
+    try:
+        await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
+        ids, staged = await commit_rows(engine, manual_clock, ["a", "b", "c"])
+        relay.publish_committed(staged)
+        await eventually(
+            lambda: relay.published_directly == 3, timeout=10, interval=0.02, wanted="sent"
+        )
+        assert await sent_times(engine) == [None] * 3  # sent, waiting for the next write
+        idle = relay.staged()  # a transaction that writes no outbox row gives them back
+        assert idle.marking == ids
+        relay.publish_committed(idle)
+
+        statements.clear()
+        marked_at = manual_clock.advance(seconds=5)
+        rows = [OutboxRow(tasks.TASK_CLOSE, "d", b"x", marked_at)]
+        second = relay.staged()
+        assert second.marking == ids
+        async with engine.begin() as conn:
+            await outbox_add_many(conn, outbox, rows, second)
+        relay.publish_committed(second)
+        # Marked by the insert of d, at its time: one statement, no UPDATE of its own.
+        assert await sent_times(engine) == [marked_at] * 3 + [None]
+        [write] = [q for q in statements if "outbox" in q and not q.startswith("SELECT")]
+        assert write.startswith("WITH marked AS (UPDATE") and "INSERT INTO" in write
+        await eventually(
+            lambda: relay.published_directly == 4, timeout=10, interval=0.02, wanted="d sent"
+        )
+        assert relay.staged().marking == [ids[-1] + 1]  # d: taken, and never written back
+    finally:
+        relay.stop()
+        await asyncio.wait_for(running, 10)
+    assert None not in await sent_times(engine)  # d marked as the relay stopped
+    assert (await bus.js.stream_info("TASKS")).state.messages == 4
+
+
 async def test_rows_the_direct_publisher_cannot_send_are_left_to_a_pass(engine, bus, manual_clock):
     """No stream takes the subject yet: the direct publish fails, the rows stay unsent, and
     the pass it kicks publishes them once the stream exists."""
