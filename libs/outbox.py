@@ -44,6 +44,7 @@ from dispo.libs.backoff import backoff
 from dispo.libs.bus import Bus, MessageTooLarge
 from dispo.libs.clock import Clock, SystemClock
 from dispo.libs.contracts import require_declared
+from dispo.libs.db.driver import Statement
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause, Periodic
@@ -65,7 +66,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql.elements import TextClause
 
 log = get_logger(__name__)
 
@@ -257,7 +257,7 @@ async def outbox_add_many(
     if staged is not None and marking:
         params.update(staged.mark_params(rows[0].created_at))
     # Ids are numbered in insertion order, and the rows go in in the order given.
-    ids = sorted((await conn.execute(_insert_many(table, traced, marking), params)).scalars())
+    ids = sorted(await _insert_many(table, traced, marking).scalars(conn, params))
     if staged is not None:
         staged.add(ids, rows)
     return ids
@@ -279,7 +279,7 @@ def outbox_insert_from(table: Table, select: str) -> str:
     )
 
 
-def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> TextClause:
+def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> Statement:
     """The multi-row insert of ``table`` (with the ``trace`` column when ``traced``, after
     :func:`outbox_mark_cte` when ``marking``): the rows as arrays, one statement text
     whatever their number (prepared once per connection). ``WITH ORDINALITY`` keeps their
@@ -289,7 +289,7 @@ def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> T
         trace, traces, name = (
             (", trace", ", CAST(:traces AS text[])", ", trace") if traced else ("", "", "")
         )
-        statement = text(
+        statement = Statement(
             (f"WITH {outbox_mark_cte(table)} " if marking else "")
             + f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace})"
             f" SELECT subject, msg_id, payload, created_at{trace} FROM unnest("
@@ -302,7 +302,7 @@ def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> T
     return statement
 
 
-_INSERT_MANY: dict[tuple[str, bool, bool], TextClause] = {}
+_INSERT_MANY: dict[tuple[str, bool, bool], Statement] = {}
 
 
 def _mark_sent_sql(table: Table) -> str:

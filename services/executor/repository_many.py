@@ -24,9 +24,9 @@ from dispo.executor.repository import TaskRow, node_runs_from_rows, outbox, task
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
+from dispo.libs.db.driver import fetch
 from dispo.libs.outbox import OutboxRow, Staged, outbox_add_many
 from dispo.libs.timestamps import to_timestamp
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 # A task's (id, node id): the key of a node run.
@@ -51,8 +51,9 @@ async def tasks_lock_many(
     ids = sorted(set(task_ids))
     if not ids:
         return {}, set()
-    rows = await conn.execute(
-        text(
+    rows = await fetch(
+        conn,
+        (
             "SELECT task_id, status, generation, version, cancel_requested, lease_owner,"
             " lease_until, status_reason, envelope IS NULL AS bare FROM task_runs"
             " WHERE task_id = ANY(CAST(:ids AS text[])) ORDER BY task_id"
@@ -96,8 +97,9 @@ async def tasks_insert_many(
     if not openings:
         return set()
     envs = [env for env, _ in openings]
-    inserted = await conn.execute(
-        text(
+    inserted = await fetch(
+        conn,
+        (
             "WITH inserted AS (INSERT INTO task_runs (task_id, status, generation,"
             " cancel_requested, envelope, lease_owner, lease_until, created_at, updated_at)"
             " SELECT id, :running, gen, cancel, env, owner, :until, :now, :now FROM unnest("
@@ -184,8 +186,9 @@ async def tasks_open_many(
     TASK_TRANSITIONS.check(OPENABLE, TaskState.RUNNING)
     if not leases:
         return set()
-    opened = await conn.execute(
-        text(
+    opened = await fetch(
+        conn,
+        (
             "UPDATE task_runs t SET lease_owner = u.owner, lease_until = :until,"
             " status = :running, status_reason = '', updated_at = :now"
             " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[])) AS u(id, owner)"
@@ -220,8 +223,9 @@ async def node_rows_many(
     if not task_ids:
         return {}
     by_task: dict[str, dict[str, Any]] = {t: {} for t in task_ids}
-    rows = await conn.execute(
-        text("SELECT * FROM node_runs WHERE task_id = ANY(CAST(:ids AS text[]))"),
+    rows = await fetch(
+        conn,
+        ("SELECT * FROM node_runs WHERE task_id = ANY(CAST(:ids AS text[]))"),
         {"ids": list(by_task)},
     )
     for row in rows:
@@ -238,8 +242,9 @@ async def leases_extend_many(
     if not leases:
         return set()
     await tasks_lock_many(conn, [task_id for task_id, _ in leases])
-    rows = await conn.execute(
-        text(
+    rows = await fetch(
+        conn,
+        (
             "UPDATE task_runs t SET lease_until = :until"
             " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[])) AS u(id, owner)"
             " WHERE t.task_id = u.id AND t.lease_owner = u.owner RETURNING t.task_id"
@@ -306,8 +311,9 @@ async def nodes_set_status_if_many(
             params[name] = [c.fields[name] for c in group]
         arrays = ", ".join(f"CAST(:{c} AS {t}[])" for c, t in zip(columns, types, strict=True))
         sets = "".join(f", {name} = u.{name}" for name in names)
-        rows = await conn.execute(
-            text(
+        rows = await fetch(
+            conn,
+            (
                 f"UPDATE node_runs r SET status = :new{sets}"
                 f" FROM unnest({arrays}) AS u({', '.join(columns)})"
                 " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = :expected"
@@ -335,8 +341,9 @@ async def nodes_claim_if_pending_many(
     NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
     if not claims:
         return {}
-    rows = await conn.execute(
-        text(
+    rows = await fetch(
+        conn,
+        (
             "UPDATE node_runs r SET status = 'running', run_owner = u.owner,"
             " attempts = r.attempts + 1, round_attempts = r.round_attempts + 1,"
             " started_at = :now, finished_at = NULL, not_before = NULL"
@@ -383,8 +390,9 @@ async def tasks_settle_many(
             TASK_TRANSITIONS.check((TaskState.RUNNING,), s.status)
     if not settlements:
         return {}
-    rows = await conn.execute(
-        text(
+    rows = await fetch(
+        conn,
+        (
             "UPDATE task_runs t SET lease_owner = NULL, lease_until = NULL,"
             " status = COALESCE(u.status, t.status),"
             " status_reason = CASE WHEN u.status IS NULL THEN t.status_reason ELSE u.reason END,"
@@ -423,8 +431,9 @@ async def snapshots_many(
     recorded = [settled[task_id] for task_id in sorted(set(task_ids)) if task_id in settled]
     rest = sorted({task_id for task_id in task_ids if task_id not in settled})
     if rest:
-        rows = await conn.execute(
-            text(
+        rows = await fetch(
+            conn,
+            (
                 "UPDATE task_runs SET version = version + 1, updated_at = :now"
                 " WHERE task_id = ANY(CAST(:ids AS text[])) RETURNING *"
             ),

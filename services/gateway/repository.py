@@ -8,6 +8,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import require_declared, tasks
+from dispo.libs.db.driver import Statement
 from dispo.libs.outbox import (
     OutboxRow,
     Staged,
@@ -123,7 +124,7 @@ class KeyHolder:
 # The accepted tasks and their task.create rows, with one statement: the tasks whose key is
 # free are inserted, and each inserted task's envelope (its stored view, not sent twice) goes
 # to the outbox, in the order given; the rows the relay published since are marked sent.
-_ACCEPT_MANY = text(
+_ACCEPT_MANY = Statement(
     "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
     " status, node_count, view, callback_url, created_at, updated_at)"
     " SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback, created,"
@@ -155,8 +156,8 @@ async def tasks_accept_many(conn: AsyncConnection, rows: list[NewTask], staged: 
         return set()
     require_declared(tasks.TASK_CREATE)
     msg_ids = [tasks.create_id(r.task_id, 0) for r in rows]
-    result = await conn.execute(
-        _ACCEPT_MANY,
+    result = await _ACCEPT_MANY.fetch(
+        conn,
         {
             "ids": [r.task_id for r in rows],
             "businesses": [r.business for r in rows],
@@ -186,7 +187,7 @@ async def tasks_accept_many(conn: AsyncConnection, rows: list[NewTask], staged: 
     return inserted
 
 
-_BY_KEYS = text(
+_BY_KEYS = Statement(
     "SELECT t.business, t.idempotency_key, t.task_id, t.request_hash, t.status FROM tasks t"
     " JOIN unnest(CAST(:businesses AS text[]), CAST(:keys AS text[])) AS k(business, key)"
     " ON t.business = k.business AND t.idempotency_key = k.key"
@@ -199,8 +200,8 @@ async def tasks_by_keys(
     """The tasks holding these (business, idempotency_key) pairs, with one statement."""
     if not keys:
         return {}
-    rows = await conn.execute(
-        _BY_KEYS, {"businesses": [b for b, _ in keys], "keys": [k for _, k in keys]}
+    rows = await _BY_KEYS.fetch(
+        conn, {"businesses": [b for b, _ in keys], "keys": [k for _, k in keys]}
     )
     return {
         (r.business, r.idempotency_key): KeyHolder(r.task_id, r.request_hash, r.status)
@@ -225,7 +226,7 @@ class Snapshot:
     view: bytes  # the event's own bytes: stored as they came
 
 
-_APPLY_SNAPSHOTS = text(
+_APPLY_SNAPSHOTS = Statement(
     "UPDATE tasks t SET accepted = COALESCE(t.accepted, t.view), view = n.view,"
     " status = n.status, version = n.version, updated_at = :now,"
     f" finished_at = {_finish('n.status', 't.finished_at')}"
@@ -244,8 +245,8 @@ async def tasks_apply_snapshots(
     The first snapshot of a task keeps the view as accepted (its payloads) in ``accepted``."""
     if not snapshots:
         return set()
-    result = await conn.execute(
-        _APPLY_SNAPSHOTS,
+    result = await _APPLY_SNAPSHOTS.scalars(
+        conn,
         {
             "ids": [s.task_id for s in snapshots],
             "versions": [s.version for s in snapshots],
@@ -254,7 +255,7 @@ async def tasks_apply_snapshots(
             "now": now,
         },
     )
-    return set(result.scalars())
+    return set(result)
 
 
 async def task_request_cancel(conn: AsyncConnection, task_id: str, now: datetime) -> bool:

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.db.driver import fetch
 from dispo.libs.error_text import truncate_error
 from dispo.reconciler.states import (
     NOTIFY_TRANSITIONS,
@@ -44,8 +45,9 @@ async def finished_add_many(
     if not first:
         return set()
     rows = [first[task_id] for task_id in sorted(first)]  # locks in task id order: no deadlock
-    result = await conn.execute(
-        text(
+    result = await fetch(
+        conn,
+        (
             "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
             " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at, trace)"
             " SELECT v.task_id, v.business, v.status, v.reason, v.version, v.envelope, v.finished_at, :now,"
@@ -73,7 +75,7 @@ async def finished_add_many(
             "reconcile_at": reconcile_at,
         },
     )
-    return set(result.scalars())
+    return {row[0] for row in result}
 
 
 async def get(conn: AsyncConnection, task_id: str) -> Any:

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.db.driver import fetch
 from dispo.libs.outbox import outbox_add, outbox_table
 from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, WORK_KIND_STATES, RecoveryState
 from sqlalchemy import MetaData, text
@@ -244,8 +245,9 @@ async def tasks_set_state_if(
     if not reasons:
         return set()
     ids = sorted(reasons)
-    result = await conn.execute(
-        text(
+    result = await fetch(
+        conn,
+        (
             "WITH moving AS (SELECT task_id FROM recovery_tasks"
             "  WHERE task_id = ANY(:ids) AND state = ANY(:expected) ORDER BY task_id FOR UPDATE)"
             " UPDATE recovery_tasks r SET state = :new, updated_at = :now, reason = v.reason,"
@@ -262,7 +264,7 @@ async def tasks_set_state_if(
             "now": now,
         },
     )
-    return set(result.scalars())
+    return {row[0] for row in result}
 
 
 async def task_redriven_if(
