@@ -24,6 +24,12 @@ _SERVER_GONE: tuple[type[BaseException], ...] = (
 _DRIVERS = ("asyncpg", "sqlalchemy")
 
 
+class ConnectionLost(Exception):
+    """A statement found its connection to PostgreSQL closed (the server went away): raised
+    by :mod:`dispo.libs.db.driver` once the connection is out of the pool, as SQLAlchemy
+    marks its own (``connection_invalidated``)."""
+
+
 def error_chain(error: BaseException) -> Iterator[BaseException]:
     """``error`` and what it wraps (its ``__cause__``, else its ``__context__``), outermost
     first, each once: a driver's error inside SQLAlchemy's, or inside a handler's own."""
@@ -43,6 +49,8 @@ def database_unreachable(error: BaseException) -> bool:
     """
     for current in error_chain(error):
         if isinstance(current, DBAPIError) and current.connection_invalidated:
+            return True
+        if isinstance(current, ConnectionLost):
             return True
         if isinstance(current, _SERVER_GONE):
             return True
@@ -70,4 +78,4 @@ def _raised_in_driver(error: BaseException) -> bool:
     return False
 
 
-__all__ = ["database_unreachable", "error_chain", "login_refused"]
+__all__ = ["ConnectionLost", "database_unreachable", "error_chain", "login_refused"]

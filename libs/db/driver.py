@@ -20,7 +20,8 @@ every batch of messages or requests are :class:`Statement` objects instead:
   attribute (``row.task_id``), as SQLAlchemy's rows;
 - a failure that closed the connection (PostgreSQL gone) invalidates it in SQLAlchemy's
   pool, as SQLAlchemy does after its own statements, so the next checkout connects afresh;
-  the error itself is the driver's (:func:`dispo.libs.db.database_unreachable` knows it);
+  the failure is then a :class:`~dispo.libs.db.down.ConnectionLost`, which
+  :func:`dispo.libs.db.database_unreachable` knows;
 - the engine's ``before_cursor_execute`` and ``after_cursor_execute`` listeners hear of it,
   as of SQLAlchemy's own statements.
 
@@ -30,11 +31,13 @@ stays SQLAlchemy's.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
+from dispo.libs.db.down import ConnectionLost
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 # A ``:name`` parameter; not the second colon of a ``::type`` cast, nor a name inside one.
@@ -54,7 +57,7 @@ class Row(asyncpg.Record):  # type: ignore[misc]  # asyncpg ships no type hints
             raise AttributeError(name) from None
 
 
-async def _begun(conn: AsyncConnection) -> asyncpg.Connection:
+async def _begun(conn: AsyncConnection) -> tuple[Any, asyncpg.Connection]:
     """The asyncpg connection under ``conn``, in ``conn``'s transaction: a SQLAlchemy
     transaction that has not run a statement yet has not sent its ``BEGIN``, so it is begun
     here. A failure that closed the connection invalidates it in the pool."""
@@ -64,10 +67,10 @@ async def _begun(conn: AsyncConnection) -> asyncpg.Connection:
     try:
         if conn.in_transaction() and adapted._transaction is None:
             await adapted._start_transaction()  # a no-op on an AUTOCOMMIT connection
-    except BaseException:
-        await _invalidate_if_closed(conn, db)
+    except BaseException as error:
+        await _invalidate_if_closed(conn, fairy, db, error)
         raise
-    return db
+    return fairy, db
 
 
 def _announce(conn: AsyncConnection, event: str, sql: str, args: list[Any]) -> None:
@@ -80,9 +83,19 @@ def _announce(conn: AsyncConnection, event: str, sql: str, args: list[Any]) -> N
         listeners(sync, None, sql, args, None, False)
 
 
-async def _invalidate_if_closed(conn: AsyncConnection, db: asyncpg.Connection) -> None:
-    if db.is_closed():  # PostgreSQL gone: not back into the pool
-        await conn.invalidate()
+async def _invalidate_if_closed(
+    conn: AsyncConnection, fairy: Any, db: asyncpg.Connection, error: BaseException
+) -> None:
+    """PostgreSQL gone (the connection closed): as SQLAlchemy does on a disconnect, the
+    connection leaves the pool and every connection the pool made before now is made
+    afresh at its next checkout (they went with the server); the failure is a
+    :class:`ConnectionLost`, which says so whatever the driver raised."""
+    if not db.is_closed():
+        return
+    conn.sync_engine.pool._invalidate(fairy, error, _checkin=False)
+    await conn.invalidate()
+    if not isinstance(error, ConnectionLost | asyncio.CancelledError):
+        raise ConnectionLost(f"the connection to PostgreSQL closed: {error!r}") from error
 
 
 class Statement:
@@ -112,12 +125,12 @@ class Statement:
     ) -> list[Row]:
         """Run it and return its rows (none for a statement without ``RETURNING``)."""
         args = self.arguments(params or {})
-        db = await _begun(conn)
+        fairy, db = await _begun(conn)
         _announce(conn, "before_cursor_execute", self.sql, args)
         try:
             rows: list[Row] = await db.fetch(self.sql, *args, record_class=Row)
-        except BaseException:
-            await _invalidate_if_closed(conn, db)
+        except BaseException as error:
+            await _invalidate_if_closed(conn, fairy, db, error)
             raise
         _announce(conn, "after_cursor_execute", self.sql, args)
         return rows

@@ -4,6 +4,8 @@ a server that went away leaves no dead connection in the pool."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from dispo.libs.db import create_engine, database_unreachable
 from dispo.libs.db.driver import Statement
@@ -92,10 +94,14 @@ async def test_a_failed_statement_rolls_back_its_transaction(engine):
     assert await names(engine) == ["next"]
 
 
-async def test_postgres_gone_is_unreachable_and_leaves_no_dead_connection(engine, infra):
-    async with engine.begin() as conn:
+@pytest.mark.parametrize("noticed", [False, True], ids=["unnoticed", "noticed"])
+async def test_postgres_gone_is_unreachable_and_leaves_no_dead_connection(engine, infra, noticed):
+    async with engine.begin() as conn, engine.connect() as other:
         await INSERT.fetch(conn, {"name": "before", "size": 1})
+        await NAMES.fetch(other)  # the pool holds two connections
     infra.postgres.stop("immediate")
+    if noticed:  # the driver has read the server's goodbye: the pooled connection is closed
+        await asyncio.sleep(0.5)
     try:
         with pytest.raises(Exception) as raised:
             async with engine.begin() as conn:
@@ -103,9 +109,10 @@ async def test_postgres_gone_is_unreachable_and_leaves_no_dead_connection(engine
         assert database_unreachable(raised.value), repr(raised.value)
     finally:
         infra.postgres.start()
-    # The pool held one connection, now invalidated: the next checkout connects afresh.
-    async with engine.begin() as conn:
+    # Every connection of the pool went with the server: each checkout connects afresh.
+    async with engine.begin() as conn, engine.connect() as other:
         await INSERT.fetch(conn, {"name": "after", "size": 1})
+        assert await NAMES.scalars(other) == ["before"]
     assert await names(engine) == ["before", "after"]
 
 
