@@ -69,6 +69,7 @@ async def setup(rt: Runtime) -> None:
         subject=tasks.TASK_STATUS_ALL,
         handler=on_status,
         batch=settings.status_batch,
+        ack_wait=settings.status_ack_wait_seconds,
     )
     rt.add_servicer(
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(

@@ -50,6 +50,12 @@ class GatewaySettings(BaseSettings):
         description="Status events in hand at once; the view takes each flush of them with"
         " one statement",
     )
+    status_ack_wait_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="JetStream ack wait of the status consumer: the status events a crashed"
+        " gateway held come back after this (a live one extends it while it works)",
+    )
     submit_flushes: int = Field(
         default=1,
         ge=1,
