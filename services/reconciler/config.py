@@ -49,6 +49,12 @@ class ReconcilerSettings(BaseSettings):
         default="reconciler",
         description="Durable consumer name prefix (replicas share the consumers)",
     )
+    ack_wait_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="JetStream ack wait of the reconciler's consumers: the messages a crashed"
+        " reconciler held come back after this (a live one extends it while it works)",
+    )
     gateway_address: str = Field(
         default=f"127.0.0.1:{DEFAULT_PORTS['gateway']}",
         description="The gateway's gRPC address, where compensating cells are submitted",

@@ -49,9 +49,14 @@ FINISHED_BATCH = 256
 
 
 def consumers(
-    ctx: Context, bus: Bus, durable: str, guard: Callable[[Handler], Handler] = lambda h: h
+    ctx: Context,
+    bus: Bus,
+    durable: str,
+    guard: Callable[[Handler], Handler] = lambda h: h,
+    ack_wait: float = 5.0,
 ) -> list[tuple[str, Consumer]]:
-    """The four consumers, each handler wrapped by ``guard`` (the service's quarantine)."""
+    """The four consumers, each handler wrapped by ``guard`` (the service's quarantine),
+    each durable with ``ack_wait``."""
 
     def park(kind: str) -> Callable[[task_pb2.Task], Awaitable[bool]]:
         async def work(env: task_pb2.Task) -> bool:
@@ -76,6 +81,7 @@ def consumers(
                 tasks.TASKS.name,
                 durable=f"{durable}-fail",
                 subject=tasks.TASK_FAIL,
+                ack_wait=ack_wait,
                 handler=guard(handler(park("fail"))),
             ),
         ),
@@ -85,6 +91,7 @@ def consumers(
                 tasks.TASKS.name,
                 durable=f"{durable}-demote",
                 subject=tasks.TASK_DEMOTE,
+                ack_wait=ack_wait,
                 handler=guard(handler(park("demote"))),
             ),
         ),
@@ -94,6 +101,7 @@ def consumers(
                 tasks.TASKS.name,
                 durable=f"{durable}-claims",
                 subject=tasks.TASK_CREATE,
+                ack_wait=ack_wait,
                 handler=guard(handler(lambda env: arbitration.on_create(ctx, env))),
             ),
         ),
@@ -103,6 +111,7 @@ def consumers(
                 tasks.TASK_STATUS.name,
                 durable=f"{durable}-status",
                 subject=tasks.TASK_STATUS_TERMINAL,
+                ack_wait=ack_wait,
                 handler=guard(handler(finish)),
                 batch=FINISHED_BATCH,
             ),

@@ -52,7 +52,9 @@ async def wire_recovery(rt: Runtime) -> Context:
         ),
         SERVICE_NAME,
     )
-    for name, consumer in consumers(ctx, rt.bus, settings.durable, rt.quarantine.wrap):
+    for name, consumer in consumers(
+        ctx, rt.bus, settings.durable, rt.quarantine.wrap, settings.ack_wait_seconds
+    ):
         rt.add_part(name, consumer.run, consumer.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.metrics.probe(lambda: backlog_samples(ctx))

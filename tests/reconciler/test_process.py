@@ -2,6 +2,7 @@
 nothing and redrives nothing twice."""
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import asyncpg
@@ -9,6 +10,8 @@ import yaml
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.contracts import tasks
+from nats.js.errors import NotFoundError
 from support import eventually
 from support.auth import admin_channel
 
@@ -142,3 +145,27 @@ async def _at_least(address, state, n):
 async def _creates_at_least(bus, n):
     sent = await task_creates(bus)
     return sent if len(sent) >= n else None
+
+
+async def test_the_consumers_take_the_reconcilers_ack_wait(
+    start_service, bus, file_clock, tmp_path
+):
+    """A crashed reconciler's messages in hand come back after 5 s, not the bus's 30 s."""
+    await start_service("reconciler", reconciler_env(tmp_path, file_clock))
+    durables = {
+        "reconciler-fail": tasks.TASKS.name,
+        "reconciler-demote": tasks.TASKS.name,
+        "reconciler-claims": tasks.TASKS.name,
+        "reconciler-status": tasks.TASK_STATUS.name,
+    }
+
+    async def ack_waits() -> dict[str, float]:
+        found = {}
+        for durable, stream in durables.items():
+            with contextlib.suppress(NotFoundError):
+                info = await bus.js.consumer_info(stream, durable)
+                found[durable] = info.config.ack_wait
+        return found
+
+    waits = await eventually(ack_waits, lambda w: len(w) == 4, wanted="the four durables")
+    assert waits == dict.fromkeys(durables, 5.0)
