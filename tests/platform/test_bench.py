@@ -169,6 +169,11 @@ def test_parse_tps_refuses_output_without_a_figure():
     assert ceiling.parse_tps("tps = 812.5 (without initial connection time)\n") == 812.5
     with pytest.raises(ValueError):
         ceiling.parse_tps("connection refused")
+    # Nothing committed in the duration (a machine too busy): no rate printed, none reached.
+    idle = "number of clients: 32\nduration: 1 s\nnumber of transactions actually processed: 0\n"
+    assert ceiling.parse_tps(idle) == 0.0
+    with pytest.raises(ValueError):
+        ceiling.parse_tps("number of transactions actually processed: 10\n")
 
 
 @pytest.fixture
