@@ -254,7 +254,8 @@ async def outbox_add_many(
     if traced:
         params["traces"] = [r.trace for r in rows]
     marking = staged is not None and bool(staged.marking)
-    if staged is not None and marking:
+    if marking:
+        assert staged is not None
         params.update(staged.mark_params(rows[0].created_at))
     # Ids are numbered in insertion order, and the rows go in in the order given.
     ids = sorted(await _insert_many(table, traced, marking).scalars(conn, params))
@@ -719,10 +720,7 @@ class OutboxRelay:
                 )
         except Exception as error:
             log.warning("outbox rows not marked sent", table=self.table.name, error=repr(error))
-            for row_id in ids:
-                self._marking.pop(row_id, None)
-                self._unmarked.pop(row_id, None)
-                self._held.discard(row_id)
+            self._marked(ids)  # let go of them: a pass sends them again
             self.kick()
             return
         self._marked(ids)

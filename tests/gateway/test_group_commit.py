@@ -120,22 +120,31 @@ async def test_colliding_keys_across_concurrent_flushes_give_one_task_per_key(ma
     assert sorted(creates) == sorted(tasks.create_id(task_id, 0) for task_id in winners.values())
 
 
-async def test_a_flush_cut_by_a_postgres_crash_leaves_nothing_behind(make_gateway, infra):
-    gateway = make_gateway(submit_linger=0.1)
-    subs = [submission(f"k{i}", "one") for i in range(10)] + [submission("", "one")]
+async def submit_crashing_postgres(gateway, infra, subs, when: str) -> tuple[list, list[str]]:
+    """Submit ``subs`` together while PostgreSQL stops (immediately) ``when`` ("before" or
+    "after") the flush's write runs; restarted after. The answers, and the writes seen."""
     written: list[str] = []
+    hook = f"{when}_cursor_execute"
 
-    def crash_as_the_flush_writes(conn, cursor, statement, *args) -> None:
+    def crash(conn, cursor, statement, *args) -> None:
         if "INSERT INTO tasks" in statement:
             written.append(statement)
-            infra.postgres.stop("immediate")  # the statement is sent to a server going down
+            infra.postgres.stop("immediate")
 
-    event.listen(gateway.engine.sync_engine, "before_cursor_execute", crash_as_the_flush_writes)
+    event.listen(gateway.engine.sync_engine, hook, crash)
     try:
         answers = await asyncio.gather(*(gateway.submit(s) for s in subs), return_exceptions=True)
     finally:
-        event.remove(gateway.engine.sync_engine, "before_cursor_execute", crash_as_the_flush_writes)
+        event.remove(gateway.engine.sync_engine, hook, crash)
         infra.postgres.start()
+    return answers, written
+
+
+async def test_a_flush_cut_by_a_postgres_crash_leaves_nothing_behind(make_gateway, infra):
+    gateway = make_gateway(submit_linger=0.1)
+    subs = [submission(f"k{i}", "one") for i in range(10)] + [submission("", "one")]
+    # The statement is sent to a server going down.
+    answers, written = await submit_crashing_postgres(gateway, infra, subs, "before")
 
     # The tasks and their task.create rows are written by one statement: the flush's write.
     [statement] = written
@@ -158,16 +167,8 @@ async def test_a_postgres_crash_right_after_the_flush_leaves_every_task_with_its
     gateway = make_gateway(submit_linger=0.1)
     subs = [submission(f"k{i}", "one") for i in range(10)] + [submission("", "one")]
 
-    def crash_after_the_write(conn, cursor, statement, *args) -> None:
-        if "INSERT INTO tasks" in statement:
-            infra.postgres.stop("immediate")  # committed by itself, nothing after it ran
-
-    event.listen(gateway.engine.sync_engine, "after_cursor_execute", crash_after_the_write)
-    try:
-        answers = await asyncio.gather(*(gateway.submit(s) for s in subs), return_exceptions=True)
-    finally:
-        event.remove(gateway.engine.sync_engine, "after_cursor_execute", crash_after_the_write)
-        infra.postgres.start()
+    # The write committed by itself; nothing after it ran.
+    answers, _ = await submit_crashing_postgres(gateway, infra, subs, "after")
 
     # The write committed: every Submit is answered with its task, and each task has the
     # task.create event that takes it to an executor.
