@@ -85,6 +85,14 @@ async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
                 completed(evaluation_id, run_count=len(verdicts)),
                 msg_id=f"{evaluation_id}:completed",
             )
+            # Events are handled concurrently: a period's comparison reads the baseline that is
+            # completed when it runs, so the next period starts only after this one is done.
+            await eventually(
+                lambda e_id=evaluation_id: app.repo.evaluation_get(e_id),
+                lambda e: e is not None and e.status == EvaluationStatus.COMPLETED,
+                timeout=20,
+                wanted=f"{evaluation_id} completed",
+            )
 
         async def chain_done() -> bool:
             job = await app.repo.job_get(JobKind.COMPARISON, "ev2")
