@@ -48,8 +48,8 @@ async def on_status(ctx: Context, env: task_pb2.Task) -> bool:
 async def on_statuses(
     ctx: Context, envs: Sequence[task_pb2.Task], traces: Sequence[str | None] = ()
 ) -> list[bool]:
-    """:func:`on_status` for many snapshots in one transaction (two statements, whatever
-    their number); one answer per snapshot, in order; ``traces``, the trace context each
+    """:func:`on_status` for many snapshots in one statement, whatever their number (the
+    facts and the held tasks resolved together); one answer per snapshot, in order; ``traces``, the trace context each
     came with, is kept for the callback. Of two terminal snapshots of one
     task, the first is the fact, as it would be one after the other. A held task that
     finished SUCCEEDED or CANCELLED is resolved; one that ended FAILED stays held (its
@@ -78,11 +78,12 @@ async def on_statuses(
             truncate_error(f"task finished {fact.status}: {fact.env.status_reason}"),
         )
     reconcile_at = now + timedelta(seconds=ctx.config.reconcile.delay)
-    async with ctx.engine.begin() as conn:
-        recorded = await cs.finished_add_many(conn, facts, now, reconcile_at)
-        await store.tasks_set_state_if(
-            conn, reasons, (*PARKED, RecoveryState.REDRIVEN), RecoveryState.RESOLVED, now
-        )
+    resolving = store.tasks_set_state_if_part(
+        reasons, (*PARKED, RecoveryState.REDRIVEN), RecoveryState.RESOLVED, now
+    )
+    async with ctx.engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        recorded = await cs.finished_add_many(conn, facts, now, reconcile_at, resolving)
     answers = []
     for env in envs:
         first = env.task_id in recorded and env.status in E.TERMINAL_TASK

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,22 +33,31 @@ class Finished:
 
 
 async def finished_add_many(
-    conn: AsyncConnection, facts: Sequence[Finished], now: datetime, reconcile_at: datetime
+    conn: AsyncConnection,
+    facts: Sequence[Finished],
+    now: datetime,
+    reconcile_at: datetime,
+    alongside: tuple[str, Mapping[str, Any]] | None = None,
 ) -> set[str]:
     """Record "task finished" once per task (the first terminal snapshot is the fact), for
     many tasks in one statement; returns the task ids recorded now (not those recorded
     before). Of two facts of one task in ``facts``, the first is the one recorded. Rows go
-    in in task id order, so replicas inserting overlapping batches do not deadlock."""
+    in in task id order, so replicas inserting overlapping batches do not deadlock.
+
+    ``alongside``, a data-modifying statement and its parameters, runs as a ``WITH`` item of
+    the same statement: both take effect or neither, with no transaction around them."""
     first: dict[str, Finished] = {}
     for fact in facts:
         first.setdefault(fact.env.task_id, fact)
     if not first:
         return set()
     rows = [first[task_id] for task_id in sorted(first)]  # locks in task id order: no deadlock
+    along_sql, along_params = alongside or ("", {})
     result = await fetch(
         conn,
         (
-            "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
+            (f"WITH alongside AS ({along_sql}) " if along_sql else "")
+            + "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
             " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at, trace)"
             " SELECT v.task_id, v.business, v.status, v.reason, v.version, v.envelope, v.finished_at, :now,"
             " v.callback, v.notify, CASE WHEN v.notify = 'pending' THEN CAST(:now AS timestamptz) END,"
@@ -73,6 +82,7 @@ async def finished_add_many(
             "trace": [f.trace for f in rows],
             "now": now,
             "reconcile_at": reconcile_at,
+            **along_params,
         },
     )
     return {row[0] for row in result}

@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.db.driver import fetch
 from dispo.libs.outbox import outbox_add, outbox_table
 from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, WORK_KIND_STATES, RecoveryState
 from sqlalchemy import MetaData, text
@@ -230,41 +229,39 @@ async def task_set_state_if(
     return (await conn.execute(text(sql), params)).rowcount == 1
 
 
-async def tasks_set_state_if(
-    conn: AsyncConnection,
+def tasks_set_state_if_part(
     reasons: dict[str, str],
     expected: tuple[RecoveryState, ...],
     new: RecoveryState,
     now: datetime,
-) -> set[str]:
-    """:func:`task_set_state_if` for many rows in one statement: each task in ``reasons``
-    moves from ``expected`` to ``new`` with its reason and no next redrive; returns the
-    task ids moved. Rows are locked in task id order, so two such statements do not
-    deadlock."""
+) -> tuple[str, dict[str, Any]] | None:
+    """:func:`task_set_state_if` for many rows, as one data-modifying statement and its
+    parameters, to be run as a ``WITH`` item of another statement (it returns nothing the
+    other reads): each task in ``reasons`` moves from ``expected`` to ``new`` with its
+    reason and no next redrive. Rows are locked in task id order, so two such statements do
+    not deadlock. None when ``reasons`` is empty. Its parameters are named ``state_*``
+    (``now`` besides), so they do not meet the other statement's."""
     RECOVERY_TRANSITIONS.check(list(expected), new)
     if not reasons:
-        return set()
+        return None
     ids = sorted(reasons)
-    result = await fetch(
-        conn,
-        (
-            "WITH moving AS (SELECT task_id FROM recovery_tasks"
-            "  WHERE task_id = ANY(:ids) AND state = ANY(:expected) ORDER BY task_id FOR UPDATE)"
-            " UPDATE recovery_tasks r SET state = :new, updated_at = :now, reason = v.reason,"
-            " next_redrive_at = NULL"
-            " FROM moving JOIN unnest(CAST(:ids AS text[]), CAST(:reasons AS text[])) AS v(task_id, reason)"
-            " ON v.task_id = moving.task_id"
-            " WHERE r.task_id = moving.task_id RETURNING r.task_id"
-        ),
+    return (
+        "WITH moving AS (SELECT task_id FROM recovery_tasks"
+        "  WHERE task_id = ANY(:state_ids) AND state = ANY(:state_expected)"
+        "  ORDER BY task_id FOR UPDATE)"
+        " UPDATE recovery_tasks r SET state = :state_new, updated_at = :now,"
+        " reason = v.reason, next_redrive_at = NULL"
+        " FROM moving JOIN unnest(CAST(:state_ids AS text[]), CAST(:state_reasons AS text[]))"
+        " AS v(task_id, reason) ON v.task_id = moving.task_id"
+        " WHERE r.task_id = moving.task_id",
         {
-            "ids": ids,
-            "reasons": [reasons[i] for i in ids],
-            "expected": [s.value for s in expected],
-            "new": new.value,
+            "state_ids": ids,
+            "state_reasons": [reasons[i] for i in ids],
+            "state_expected": [s.value for s in expected],
+            "state_new": new.value,
             "now": now,
         },
     )
-    return {row[0] for row in result}
 
 
 async def task_redriven_if(
