@@ -71,6 +71,9 @@ class Stepping:
     changed: bool = False
     # The trace context of the message the pass serves (its events carry it).
     trace: str | None = None
+    # The task was first recorded in this transaction, from its envelope: ``nodes`` is
+    # what its node rows hold, kept so by the step's writes (its snapshot need not read them).
+    recorded_here: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,13 +179,14 @@ class Passes:
                 None, None, None, "",
             )  # fmt: skip
             row.envelope, row.lease_owner, row.status = o.env, o.owner, TaskState.RUNNING
-            if tid in known:
-                nodes = known[tid]
-                changed = await recover(conn, tid, nodes, now)
-            else:  # recorded just now, as the envelope says
+            fresh = tid not in known
+            if fresh:  # recorded just now, as the envelope says
                 nodes = {n.node_id: node_from_proto(n) for n in o.env.nodes}
                 changed = False
-            steppings.append(Stepping(o.env, o.owner, Pass(), row, nodes, changed, o.trace))
+            else:
+                nodes = known[tid]
+                changed = await recover(conn, tid, nodes, now)
+            steppings.append(Stepping(o.env, o.owner, Pass(), row, nodes, changed, o.trace, fresh))
             stepped.append(i)
         for i, step in zip(
             stepped, await self.step_many(conn, steppings, now, staged), strict=True
@@ -331,7 +335,7 @@ class Passes:
         ones; with nothing ready and nothing in flight, settle the task.
 
         ``noop`` nodes make no external call, so they are claimed and recorded right here,
-        under the task's lock and lease (the same guarded claim and record as any node);
+        under the task's lock and lease, in one write (the same guard as any node's claim);
         what they unblock is scheduled in the same step. A node write that loses its race
         (impossible while the lock and lease hold) ends that task's pass. The status events
         are staged in ``staged``, if given."""
@@ -351,8 +355,7 @@ class Passes:
                 for i, node in noops
                 if i not in lost
             ]
-            won = await many.nodes_claim_if_pending_many(conn, claims, now)
-            records: list[tuple[int, many.NodeChange, NodeRun]] = []
+            won = await many.nodes_run_noop_many(conn, claims, now)
             for i, node in noops:
                 if i in lost:
                     continue
@@ -361,29 +364,11 @@ class Passes:
                 if claim is None:
                     log.info("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
                     continue
-                node.status, node.started_at, node.not_before = NodeState.RUNNING, now, None
+                node.status, node.started_at, node.not_before = NodeState.SUCCEEDED, now, None
                 node.attempts, node.round_attempts = claim.attempts, claim.round_attempts
-                fields = {"finished_at": now, "last_error": "", "retryable": False}
-                records.append(
-                    (
-                        i,
-                        many.NodeChange(
-                            items[i].env.task_id,
-                            node.node_id,
-                            NodeState.RUNNING,
-                            NodeState.SUCCEEDED,
-                            owner=items[i].owner,
-                            fields=fields,
-                        ),
-                        node,
-                    )
-                )
-            lost |= await self._apply(conn, items, records)
-            for i, _, node in records:
-                if i not in lost:
-                    node.status, node.finished_at = NodeState.SUCCEEDED, now
-                    node.last_error, node.retryable = "", False
-                    items[i].state.ran += 1
+                node.finished_at, node.last_error, node.retryable = now, "", False
+                items[i].changed = True
+                items[i].state.ran += 1
             for i in lost:
                 steps[i] = Step(items[i].state, lease_lost=True)
             active = sorted({i for i, _ in noops} - lost)
@@ -403,7 +388,8 @@ class Passes:
         ]
         if emitting:
             traces = {it.env.task_id: it.trace for it in items}
-            await many.emit_status_many(conn, emitting, now, events, traces, staged, rows)
+            known = {it.env.task_id: it.nodes for it in items if it.recorded_here}
+            await many.emit_status_many(conn, emitting, now, events, traces, staged, rows, known)
         return [
             step if step is not None else Step(items[i].state, launch=launch[i])
             for i, step in enumerate(steps)
@@ -423,6 +409,8 @@ class Passes:
                 (many.NodeChange(task_id, node.node_id, node.status, new, None, fields), node)
             )
             node.status = new
+            for name, value in fields.items():  # as the row will hold it
+                setattr(node, name, value)
 
         if item.row.cancel_requested:
             for node_id in to_cancel(nodes):

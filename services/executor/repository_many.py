@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.executor.domain import NodeRun
-from dispo.executor.envelope import node_from_proto, overlay_row
+from dispo.executor.envelope import node_from_proto, overlay, overlay_row
 from dispo.executor.repository import TaskRow, node_runs_from_rows, outbox, task_from_row
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
@@ -364,6 +364,43 @@ async def nodes_claim_if_pending_many(
     return {(r.task_id, r.node_id): Claimed(r.attempts, r.round_attempts) for r in rows}
 
 
+async def nodes_run_noop_many(
+    conn: AsyncConnection, claims: Sequence[tuple[str, str, str]], now: datetime
+) -> dict[NodeKey, Claimed]:
+    """Claim and record each ``(task_id, node_id, owner)`` of a ``noop`` node at once:
+    PENDING → RUNNING → SUCCEEDED in one statement, guarded as
+    :func:`nodes_claim_if_pending_many` (the lease holder, no cancel requested). A noop
+    makes no call between the two, and both moves commit together in the caller's
+    transaction, so no one can see the node RUNNING in between: one write is the same
+    record as two. Returns the claims won with the node's new attempt counts."""
+    NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
+    NODE_TRANSITIONS.check(NodeState.RUNNING, NodeState.SUCCEEDED)
+    if not claims:
+        return {}
+    rows = await fetch(
+        conn,
+        (
+            "UPDATE node_runs r SET status = 'succeeded', run_owner = u.owner,"
+            " attempts = r.attempts + 1, round_attempts = r.round_attempts + 1,"
+            " started_at = :now, finished_at = :now, not_before = NULL, last_error = '',"
+            " retryable = false"
+            " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:owners AS text[]))"
+            " AS u(task, node, owner)"
+            " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = 'pending'"
+            " AND EXISTS (SELECT 1 FROM task_runs t WHERE t.task_id = u.task"
+            " AND t.lease_owner = u.owner AND NOT t.cancel_requested)"
+            " RETURNING r.task_id, r.node_id, r.attempts, r.round_attempts"
+        ),
+        {
+            "tasks": [c[0] for c in claims],
+            "nodes": [c[1] for c in claims],
+            "owners": [c[2] for c in claims],
+            "now": now,
+        },
+    )
+    return {(r.task_id, r.node_id): Claimed(r.attempts, r.round_attempts) for r in rows}
+
+
 @dataclass(frozen=True)
 class Settlement:
     """The end of a pass over one task: release ``owner``'s lease and, unless ``status`` is
@@ -423,10 +460,14 @@ async def snapshots_many(
     task_ids: Sequence[str],
     now: datetime,
     settled: Mapping[str, TaskRow] | None = None,
+    nodes_known: Mapping[str, Mapping[str, NodeRun]] | None = None,
 ) -> dict[str, task_pb2.Task]:
     """Each task as recorded now, with a new version number (one per status change), as
     :func:`dispo.executor.repository.snapshot` for one. A task in ``settled`` took its new
-    version in that write (:func:`tasks_settle_many` with ``emit``) and is not written again."""
+    version in that write (:func:`tasks_settle_many` with ``emit``) and is not written again.
+    A task in ``nodes_known`` has its nodes as its node rows hold them (the caller wrote
+    every one in this transaction): they are not read again."""
+    nodes_known = nodes_known or {}
     settled = settled or {}
     recorded = [settled[task_id] for task_id in sorted(set(task_ids)) if task_id in settled]
     rest = sorted({task_id for task_id in task_ids if task_id not in settled})
@@ -442,16 +483,25 @@ async def snapshots_many(
         recorded += [task_from_row(row) for row in rows]
     if not recorded:
         return {}
-    nodes = await node_rows_many(conn, [t.task_id for t in recorded if t.envelope is not None])
+    nodes = await node_rows_many(
+        conn,
+        [t.task_id for t in recorded if t.envelope is not None and t.task_id not in nodes_known],
+    )
     snaps: dict[str, task_pb2.Task] = {}
     for task in recorded:
         env = task_pb2.Task()
         if task.envelope is not None:
             env.CopyFrom(task.envelope)
-            node_rows = nodes[task.task_id]
-            for node in env.nodes:
-                if node.node_id in node_rows:  # else the envelope's own state stands
-                    overlay_row(node, node_rows[node.node_id])
+            runs = nodes_known.get(task.task_id)
+            if runs is not None:
+                for node in env.nodes:
+                    if node.node_id in runs:
+                        overlay(node, runs[node.node_id])
+            else:
+                node_rows = nodes[task.task_id]
+                for node in env.nodes:
+                    if node.node_id in node_rows:  # else the envelope's own state stands
+                        overlay_row(node, node_rows[node.node_id])
         env.ClearField("redrive")  # an instruction to this executor, not part of its record
         env.task_id = task.task_id
         env.status = task.status.to_proto()
@@ -472,14 +522,15 @@ async def emit_status_many(
     traces: Mapping[str, str | None] | None = None,
     staged: Staged | None = None,
     settled: Mapping[str, TaskRow] | None = None,
+    nodes_known: Mapping[str, Mapping[str, NodeRun]] | None = None,
 ) -> dict[str, task_pb2.Task]:
     """A status event for each task's current state, then ``events`` — ``(task_id,
     subject, msg_id)``, each carrying its task's whole envelope (a task in ``events`` must
     be in ``task_ids``) — written to the outbox with one statement, each with its task's
     trace context from ``traces`` (by task id), and staged in ``staged``, if given, for
-    publication after commit. ``settled``: as for :func:`snapshots_many`. Returns the
-    envelopes."""
-    snaps = await snapshots_many(conn, task_ids, now, settled)
+    publication after commit. ``settled`` and ``nodes_known``: as for
+    :func:`snapshots_many`. Returns the envelopes."""
+    snaps = await snapshots_many(conn, task_ids, now, settled, nodes_known)
     trace = (traces or {}).get
     rows = [
         OutboxRow(

@@ -6,6 +6,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from dispo.executor import repository as repo
 from dispo.executor import repository_many as bulk
+from dispo.executor.breaker import Breaker
+from dispo.executor.envelope import overlay_row
 from dispo.executor.passes import Opening, Passes, Step
 from dispo.executor.states import CHECKED_COLUMNS, NodeState, TaskState
 from dispo.libs.api.common.v1 import common_pb2
@@ -487,3 +489,58 @@ async def test_lease_heartbeats_extend_only_the_leases_their_owners_hold(service
         leases = {r.task_id: (r.lease_owner, r.lease_until) for r in rows}
     expected = datetime(2026, 1, 1, 0, 0, 40, tzinfo=UTC)
     assert leases == {"t1": ("a", expected), "t2": ("b", expected), "t3": ("a", expected)}
+
+
+async def test_first_recorded_tasks_publish_the_node_states_their_rows_hold(service_engine):
+    """The status snapshot of a task recorded in the same pass is built from the pass's own
+    node states, not a re-read: it must say what the rows say, field by field, for nodes
+    run (noop), demoted behind an open breaker and launched, beside a task seen before
+    (whose nodes are read)."""
+    engine = await service_engine("executor")
+
+    def with_http(task_id: str, downstream: str) -> task_pb2.Task:
+        env = envelope(task_id)
+        env.nodes.add(
+            node_id="b.y",
+            depends_on=["a.x"],
+            status=common_pb2.NODE_STATUS_PENDING,
+            spec=task_pb2.ActionSpec(kind="http", downstream=downstream, method="POST", path="/"),
+        )
+        return env
+
+    seen = with_http("seen", "flaky")
+    async with engine.begin() as conn:  # a first pass ran a.x and left b.y to launch
+        [first] = await Passes({}, lease_ttl=10).open_many(conn, [Opening(seen, "first")], NOW)
+    assert [n.node_id for n in first.launch] == ["b.y"]
+    later = NOW + timedelta(seconds=30)  # its lease has expired
+    breakers = {"down": Breaker(), "flaky": Breaker(), "up": Breaker()}
+    breakers["down"].trip(later)
+    breakers["flaky"].trip(later)
+    batch = [envelope("noop"), with_http("demoted", "down"), with_http("launched", "up"), seen]
+    async with engine.begin() as conn:
+        steps = await Passes(breakers, lease_ttl=10).open_many(
+            conn, [Opening(e, "me") for e in batch], later
+        )
+    assert [s.disposition for s in steps] == [ACK, ACK, None, ACK]
+    assert [n.node_id for n in steps[2].launch] == ["b.y"]
+    async with engine.connect() as conn:
+        events = (
+            await conn.execute(
+                text("SELECT payload FROM outbox WHERE subject LIKE 'task.status.%' ORDER BY id")
+            )
+        ).all()
+        rows = {
+            (r.task_id, r.node_id): r for r in await conn.execute(text("SELECT * FROM node_runs"))
+        }
+    snapshots = [task_pb2.Task.FromString(e.payload) for e in events]
+    published = {s.task_id: s for s in snapshots if s.updated_at.ToDatetime(UTC) == later}
+    assert set(published) == {"noop", "demoted", "launched", "seen"}
+    for task_id in ("demoted", "seen"):
+        node = {n.node_id: n for n in published[task_id].nodes}["b.y"]
+        assert node.status == common_pb2.NODE_STATUS_DEMOTED and "circuit open" in node.last_error
+    for snapshot in published.values():
+        expected = task_pb2.Task()
+        expected.CopyFrom(snapshot)
+        for node in expected.nodes:
+            overlay_row(node, rows[(snapshot.task_id, node.node_id)])
+        assert snapshot == expected, snapshot.task_id
