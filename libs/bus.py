@@ -528,6 +528,11 @@ class Consumer:
     one slow message does not hold back the messages behind it, and a busy consumer pulls
     in batches rather than one message per pull.
 
+    While it keeps up (its last pull brought fewer messages than it asked for), it leaves
+    one pull request standing on the server instead (:class:`_StandingPull`): each message
+    is then delivered as it is stored, with no request and no "no messages" answer of its
+    own, which at a steady rate were two of the few NATS messages a task costs.
+
     One keepalive loop per consumer extends the ack deadline of every message in hand for
     longer than a third of ``ack_wait`` (a message handled sooner costs nothing)."""
 
@@ -608,6 +613,8 @@ class Consumer:
 
     async def _consume(self, config: ConsumerConfig) -> None:
         subscription = None
+        standing: _StandingPull | None = None
+        short = False  # the last pull brought fewer messages than it asked for
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             free = self.batch - len(self._tasks)
@@ -616,14 +623,21 @@ class Consumer:
                 await self._slot_freed.wait()
                 continue
             try:
-                if subscription is None:
+                if subscription is None or standing is None:
                     subscription = await self._subscribe(config)
-                messages = await subscription.fetch(free, timeout=1.0)
+                    standing = _StandingPull(subscription)
+                if short:
+                    messages = await standing.take(free, PULL_EXPIRES)
+                else:
+                    messages = await subscription.fetch(free, timeout=PULL_EXPIRES)
+                short = len(messages) < free
             except TimeoutError:
+                short = True
                 continue
             except Exception as error:  # NATS down or restarting: wait and try again
                 log.warning("fetch failed", durable=self.durable, error=repr(error))
-                subscription = None
+                subscription = standing = None
+                short = False
                 await self._pause(0.5)
                 continue
             now = loop.time()
@@ -699,6 +713,59 @@ class Consumer:
                     self._in_hand[key] = (message, now)
                 with contextlib.suppress(Exception):
                     await message.in_progress()
+
+
+# How long one pull request waits on the server for messages (then it is asked again).
+PULL_EXPIRES = 1.0
+
+
+class _StandingPull:
+    """One pull request left standing on the server for a bound pull subscription, asked
+    for again once it expired or was filled: messages come as they are stored, each with
+    no request of its own. nats-py (pinned) has no such call, so this sends the request
+    and reads the subscription's queue as its ``fetch`` does. Messages that earlier
+    ``fetch`` requests left coming are taken too; an answer ending a request (expired,
+    filled, interrupted) asks for a new one."""
+
+    def __init__(self, subscription: JetStreamContext.PullSubscription) -> None:
+        self.subscription = subscription
+        self.wanted = 0  # messages the standing request may still bring
+        self.until = 0.0  # loop time it expires at
+
+    async def take(self, free: int, expires: float) -> list[Msg]:
+        """The messages waiting, or else the next one to come within ``expires`` seconds
+        (then any that came with it); raises ``TimeoutError`` when none came."""
+        messages = self._waiting()
+        if messages:
+            self.wanted -= len(messages)
+            return messages
+        loop = asyncio.get_running_loop()
+        if self.wanted <= 0 or loop.time() >= self.until - 0.05:
+            sub: Any = self.subscription
+            request = {"batch": free, "expires": int(expires * 1e9)}
+            await sub._nc.publish(sub._nms, json.dumps(request).encode(), sub._deliver)
+            self.wanted, self.until = free, loop.time() + expires
+        first = await self.subscription._sub.next_msg(timeout=max(0.01, self.until - loop.time()))
+        if JetStreamContext.is_status_msg(first):
+            self.wanted = 0  # an answer that ends a request (or a heartbeat): ask again
+            return []
+        messages = [first, *self._waiting()]
+        self.wanted -= len(messages)
+        return messages
+
+    def _waiting(self) -> list[Msg]:
+        """The messages already in the subscription's queue (status answers dropped: they
+        end requests that were asked for again since)."""
+        sub: Any = self.subscription._sub
+        queue = sub._pending_queue
+        messages = []
+        while not queue.empty():
+            message = queue.get_nowait()
+            queue.task_done()
+            sub._pending_size -= len(message.data)
+            if not JetStreamContext.is_status_msg(message):
+                messages.append(message)
+        return messages
 
 
 def _api_error(error: dict[str, Any]) -> APIError:

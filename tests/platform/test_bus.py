@@ -126,6 +126,46 @@ async def test_consumer_survives_a_nats_restart(infra, bus):
     assert seen == [b"before", b"after"]
 
 
+async def test_a_consumer_keeping_up_leaves_a_pull_request_standing(bus):
+    """Messages that come one at a time to a consumer that keeps up are delivered on a
+    standing pull request, not one request each; once that request expires it is asked
+    again, and nothing is missed or delivered twice."""
+    await bus.ensure_stream("TASKS", ["task.create"])
+    seen: list[bytes] = []
+
+    async def handler(message):
+        seen.append(message.data)
+        return ACK
+
+    consumer = bus.consumer(
+        "TASKS", durable="worker", subject="task.create", handler=handler, batch=8
+    )
+    task = asyncio.create_task(consumer.run())
+    requests: list[bytes] = []
+
+    async def counted(message):
+        requests.append(message.data)
+
+    watch = await bus.nc.subscribe("$JS.API.CONSUMER.MSG.NEXT.TASKS.worker", cb=counted)
+    try:
+        await bus.publish("task.create", b"m0", msg_id="m0")
+        await eventually(lambda: b"m0" in seen, timeout=15, interval=0.01, wanted="m0 seen")
+        requests.clear()
+        for i in range(1, 31):
+            await bus.publish("task.create", f"m{i}".encode(), msg_id=f"m{i}")
+            await eventually(lambda i=i: len(seen) > i, timeout=15, interval=0.005)
+        await bus.nc.flush()
+        assert len(requests) < 15, requests  # asked for each message, it would be 30 or more
+        await asyncio.sleep(1.5)  # the standing request expires
+        await bus.publish("task.create", b"late", msg_id="late")
+        await eventually(lambda: b"late" in seen, timeout=15, wanted="'late' seen")
+    finally:
+        await watch.unsubscribe()
+        consumer.stop()
+        await task
+    assert seen == [f"m{i}".encode() for i in range(31)] + [b"late"]
+
+
 async def test_a_consumer_gets_only_what_its_filters_match(bus):
     await bus.ensure_stream("TASK_STATUS", ["task.status.>"])
     for subject in ("a.running", "a.succeeded", "b.failed", "c.running", "c.cancelled"):
