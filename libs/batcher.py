@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from dispo.libs.db.down import database_unreachable
+from dispo.libs.db.down import ConnectionLost, database_unreachable, interrupted
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
@@ -146,6 +146,16 @@ class Batcher(Generic[T, R]):
                 raise RuntimeError(
                     f"{self.name}: flush returned {len(results)} results for {len(items)} items"
                 )
+        except asyncio.CancelledError as cancelled:
+            if not interrupted():
+                raise  # the flusher itself is cancelled (the service stops)
+            # Raised inside the flush with no one cancelling it (a connection closed under a
+            # statement): a failure of this flush, which its callers must hear of.
+            error = ConnectionLost(f"{self.name}: flush interrupted: {cancelled!r}")
+            for _, future in taken:
+                if not future.done():
+                    future.set_exception(error)
+            return
         except Exception as error:
             log.debug("batch flush failed", batcher=self.name, items=len(items), error=repr(error))
             if self.isolate and len(taken) > 1 and not database_unreachable(error):

@@ -15,6 +15,7 @@ when that asks for client certificates): a plaintext caller is refused at the ha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -24,7 +25,7 @@ from typing import Any
 import grpc
 from dispo.libs.auth.scope import set_caller
 from dispo.libs.auth.server import Authorizer
-from dispo.libs.db.down import database_unreachable
+from dispo.libs.db.down import database_unreachable, interrupted
 from dispo.libs.errors import DomainError, InvalidArgument, Unavailable
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.reflection import enable_documented_reflection
@@ -80,6 +81,17 @@ def unreachable_database() -> Unavailable:
     )
 
 
+def interrupted_call() -> Unavailable:
+    """What a caller sees when its call was interrupted inside the service (a connection
+    closed under it): as for :func:`unreachable_database`, nothing is known of what was
+    written, and a retry is safe."""
+    return Unavailable(
+        "the call was interrupted inside the service (a connection closed under it); whether"
+        " this request took effect is not known: retry it (with the same idempotency key"
+        " where it has one)"
+    )
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Admits every call (``authorizer``), checks every request, logs every call and turns
     domain errors into statuses, a database that is down into UNAVAILABLE
@@ -123,6 +135,11 @@ async def _mapped_errors(
         await _abort(context, method, error, started)
     except grpc.aio.BaseError:  # already an abort (or a status) from the servicer
         raise
+    except asyncio.CancelledError:
+        if not interrupted():
+            raise  # the call itself was cancelled (the caller went, its deadline passed)
+        log.warning("rpc interrupted", method=method)
+        await _abort(context, method, interrupted_call(), started)
     except Exception as error:
         if database_unreachable(error):
             log.warning("database unreachable", method=method, error=type(error).__name__)

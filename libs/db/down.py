@@ -7,6 +7,7 @@ bad query) is a bug and stays INTERNAL.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import asyncpg
@@ -28,6 +29,15 @@ class ConnectionLost(Exception):
     """A statement found its connection to PostgreSQL closed (the server went away): raised
     by :mod:`dispo.libs.db.driver` once the connection is out of the pool, as SQLAlchemy
     marks its own (``connection_invalidated``)."""
+
+
+def interrupted() -> bool:
+    """Inside ``except asyncio.CancelledError``: True when no one cancelled the current task,
+    so the error was raised by a library rather than by a cancellation. The database driver
+    does so when a connection closes under a statement (sqlalchemy#6592, #11821); it is then
+    a failure of that call, to be answered as one, not a reason to stop."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
 
 
 def error_chain(error: BaseException) -> Iterator[BaseException]:

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
-from dispo.libs.db.down import ConnectionLost
+from dispo.libs.db.down import ConnectionLost, interrupted
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 # A ``:name`` parameter; not the second colon of a ``::type`` cast, nor a name inside one.
@@ -94,8 +94,11 @@ async def _invalidate_if_closed(
         return
     conn.sync_engine.pool._invalidate(fairy, error, _checkin=False)
     await conn.invalidate()
-    if not isinstance(error, ConnectionLost | asyncio.CancelledError):
-        raise ConnectionLost(f"the connection to PostgreSQL closed: {error!r}") from error
+    if isinstance(error, ConnectionLost):
+        return
+    if isinstance(error, asyncio.CancelledError) and not interrupted():
+        return  # a cancellation of the caller: it goes on as one
+    raise ConnectionLost(f"the connection to PostgreSQL closed: {error!r}") from error
 
 
 class Statement:

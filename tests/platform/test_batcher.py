@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 from dispo.libs.batcher import Batcher
+from dispo.libs.db.down import ConnectionLost, database_unreachable
 
 
 class Gate:
@@ -286,3 +287,36 @@ async def test_a_list_of_items_shares_flushes_and_gets_each_result_or_error_in_o
         8,
     ]
     assert flushed == [[1, -2, 3], [4]]
+
+
+async def test_a_cancelled_error_raised_inside_a_flush_fails_its_callers_as_a_lost_connection():
+    """A driver raising CancelledError though no one cancelled the flush (a connection
+    closed under a statement) fails that flush's callers with a retryable error instead of
+    leaving them waiting for ever; the next flush runs as usual."""
+    interrupt = True
+
+    async def flush(items: list[int]) -> list[int]:
+        if interrupt:
+            raise asyncio.CancelledError()
+        return items
+
+    batcher = Batcher("interrupted", flush, max_items=10)
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True), 5
+    )
+    assert all(isinstance(o, ConnectionLost) for o in outcomes), outcomes
+    assert database_unreachable(outcomes[0])
+    interrupt = False
+    assert await asyncio.wait_for(batcher.submit(7), 5) == 7
+
+
+async def test_a_flusher_that_is_cancelled_stops():
+    gate = Gate()
+    batcher = Batcher("stopping", gate.flush, max_items=10)
+    call = asyncio.create_task(batcher.submit(1))
+    await settle()
+    [flusher] = batcher._flushers
+    flusher.cancel()
+    await asyncio.gather(flusher, return_exceptions=True)
+    assert flusher.cancelled()
+    call.cancel()

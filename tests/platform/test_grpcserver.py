@@ -108,6 +108,38 @@ async def test_unexpected_exception_is_internal_without_leaking(serve):
     assert "secret" not in raised.value.details()
 
 
+async def test_a_cancelled_error_no_one_asked_for_is_unavailable_not_cancelled(serve):
+    """A library raising CancelledError inside a call no one cancelled (the database driver,
+    a connection closed under a statement) answers UNAVAILABLE, retryable, saying what is
+    known; a call its caller abandons is still cancelled."""
+
+    async def interrupted(_):
+        raise asyncio.CancelledError()
+
+    server = await serve(interrupted)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call(server.port)
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "interrupted" in raised.value.details() and "retry" in raised.value.details()
+
+    entered, abandoned = asyncio.Event(), asyncio.Event()
+
+    async def slow(_):
+        entered.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
+        return b""
+
+    server = await serve(slow)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call(server.port, timeout=0.5)
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.wait_for(abandoned.wait(), 5)  # the handler was cancelled, not answered
+
+
 async def test_stop_lets_in_flight_calls_finish(serve):
     entered = asyncio.Event()
     release = asyncio.Event()
