@@ -61,9 +61,31 @@ class IntelligenceJobs:
         outcome = await execute(kind, evaluation_id, self.deps, ADAPTERS[kind])
         if kind == JobKind.ANALYSIS and outcome == JobOutcome.COMPLETED:
             evaluation = await self.deps.repo.evaluation_get(evaluation_id)
-            if evaluation is not None and auto_intelligence_eligible(evaluation, self.deps.models):
+            if (
+                evaluation is not None
+                and auto_intelligence_eligible(evaluation, self.deps.models)
+                and not await self._baseline_to_come(evaluation)
+            ):
                 self.start(JobKind.COMPARISON, evaluation_id)
         return outcome
+
+    async def _baseline_to_come(self, evaluation: Evaluation) -> bool:
+        """An automatic comparison waits while an earlier period that would be its baseline
+        is still running (its events may come after this one's, or the pool runs periods
+        side by side): the lost-trigger sweep starts it once that period is done. A caller's
+        trigger does not wait: it is answered with what is there now."""
+        repo = self.deps.repo
+        waiting_for = await repo.evaluation_baseline_to_come(
+            evaluation, await repo.evaluation_find_baseline(evaluation)
+        )
+        if waiting_for is not None:
+            log.info(
+                "automatic comparison waits for its baseline period",
+                evaluation_id=evaluation.evaluation_id,
+                baseline_to_come=waiting_for.evaluation_id,
+                period=waiting_for.period,
+            )
+        return waiting_for is not None
 
     def on_evaluation_completed(self, evaluation: Evaluation) -> bool:
         """Automatic analysis of a completed evaluation; ``True`` when one was started."""
@@ -117,7 +139,8 @@ class IntelligenceJobs:
 
     async def sweep_lost_triggers(self) -> list[tuple[JobKind, str]]:
         """Start automatic jobs whose trigger a crash lost (completed evaluation without analysis,
-        completed analysis without comparison); one batch of each."""
+        completed analysis without comparison), and comparisons that waited for their
+        baseline period; one batch of each."""
         started: list[tuple[JobKind, str]] = []
         for kind, prerequisite in (
             (JobKind.ANALYSIS, None),
@@ -126,9 +149,11 @@ class IntelligenceJobs:
             for evaluation in await self.deps.repo.evaluations_completed_without_job(
                 kind, prerequisite, self.policy.batch
             ):
-                if auto_intelligence_eligible(evaluation, self.deps.models) and self.start(
-                    kind, evaluation.evaluation_id
-                ):
+                if not auto_intelligence_eligible(evaluation, self.deps.models):
+                    continue
+                if kind == JobKind.COMPARISON and await self._baseline_to_come(evaluation):
+                    continue
+                if self.start(kind, evaluation.evaluation_id):
                     started.append((kind, evaluation.evaluation_id))
         return started
 

@@ -136,6 +136,30 @@ async def test_comparison_refuses_a_baseline_without_runs(app):
     assert job.baseline_evaluation_id == "e1"
 
 
+async def test_a_comparison_waits_for_an_earlier_period_still_running(app):
+    """A period that completes before the one before it (events handled concurrently, or
+    periods run side by side) does not fail its comparison for want of a baseline: it
+    waits, and the sweep runs it once the earlier period is done, against that period."""
+    await add_evaluation(
+        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+    )
+    await add_evaluation(app, "w02", period="2026-W02", runs=RUNS_GOOD)  # still running
+    await add_evaluation(
+        app, "w03", period="2026-W03", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
+    )
+    await app.jobs.wait_idle()
+    assert (await app.repo.job_get(JobKind.ANALYSIS, "w03")).status == JobStatus.COMPLETED
+    assert await app.repo.job_get(JobKind.COMPARISON, "w03") is None  # waiting, not failed
+    assert await app.jobs.sweep_lost_triggers() == []  # still waiting
+
+    await app.feed.complete("w02", EvaluationStatus.COMPLETED)
+    await app.jobs.wait_idle()
+    assert (await app.jobs.sweep_lost_triggers()) == [(JobKind.COMPARISON, "w03")]
+    await app.jobs.wait_idle()
+    job = await app.repo.job_get(JobKind.COMPARISON, "w03")
+    assert job.status == JobStatus.COMPLETED and job.baseline_evaluation_id == "w02"
+
+
 async def test_lost_automatic_triggers_are_swept_up(app):
     await add_evaluation(app, "lost", runs=RUNS_GOOD)
     # the completion is recorded but the process dies before the analysis row exists
