@@ -151,10 +151,7 @@ class Batcher(Generic[T, R]):
                 raise  # the flusher itself is cancelled (the service stops)
             # Raised inside the flush with no one cancelling it (a connection closed under a
             # statement): a failure of this flush, which its callers must hear of.
-            error = ConnectionLost(f"{self.name}: flush interrupted: {cancelled!r}")
-            for _, future in taken:
-                if not future.done():
-                    future.set_exception(error)
+            _fail(taken, ConnectionLost(f"{self.name}: flush interrupted: {cancelled!r}"))
             return
         except Exception as error:
             log.debug("batch flush failed", batcher=self.name, items=len(items), error=repr(error))
@@ -163,9 +160,7 @@ class Batcher(Generic[T, R]):
                 await self._flush_batch(taken[:half])
                 await self._flush_batch(taken[half:])
                 return
-            for _, future in taken:
-                if not future.done():
-                    future.set_exception(error)
+            _fail(taken, error)
             return
         self.flushes += 1
         self.flushed_items += len(items)
@@ -181,3 +176,10 @@ class Batcher(Generic[T, R]):
         """Wait until every queued item has been flushed."""
         while self._flushers:
             await asyncio.gather(*list(self._flushers), return_exceptions=True)
+
+
+def _fail(taken: Sequence[tuple[object, asyncio.Future[R]]], error: BaseException) -> None:
+    """Every caller of a flush still waiting raises ``error``."""
+    for _, future in taken:
+        if not future.done():
+            future.set_exception(error)

@@ -612,8 +612,7 @@ class Consumer:
                 await keepalive
 
     async def _consume(self, config: ConsumerConfig) -> None:
-        subscription = None
-        standing: _StandingPull | None = None
+        standing: _StandingPull | None = None  # its subscription, bound to the durable
         short = False  # the last pull brought fewer messages than it asked for
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
@@ -623,21 +622,19 @@ class Consumer:
                 await self._slot_freed.wait()
                 continue
             try:
-                if subscription is None or standing is None:
-                    subscription = await self._subscribe(config)
-                    standing = _StandingPull(subscription)
+                if standing is None:
+                    standing = _StandingPull(await self._subscribe(config))
                 if short:
                     messages = await standing.take(free, PULL_EXPIRES)
                 else:
-                    messages = await subscription.fetch(free, timeout=PULL_EXPIRES)
+                    messages = await standing.subscription.fetch(free, timeout=PULL_EXPIRES)
                 short = len(messages) < free
             except TimeoutError:
                 short = True
                 continue
             except Exception as error:  # NATS down or restarting: wait and try again
                 log.warning("fetch failed", durable=self.durable, error=repr(error))
-                subscription = standing = None
-                short = False
+                standing, short = None, False
                 await self._pause(0.5)
                 continue
             now = loop.time()
@@ -648,9 +645,9 @@ class Consumer:
                 handling.add_done_callback(self._done)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if subscription is not None:
+        if standing is not None:
             with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+                await standing.subscription.unsubscribe()
 
     def _done(self, handling: asyncio.Task[None]) -> None:
         self._tasks.discard(handling)

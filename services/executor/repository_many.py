@@ -339,29 +339,7 @@ async def nodes_claim_if_pending_many(
     and not once a cancel is requested (the claim exactly one contender wins); returns the
     claims won with the node's new attempt counts."""
     NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
-    if not claims:
-        return {}
-    rows = await fetch(
-        conn,
-        (
-            "UPDATE node_runs r SET status = 'running', run_owner = u.owner,"
-            " attempts = r.attempts + 1, round_attempts = r.round_attempts + 1,"
-            " started_at = :now, finished_at = NULL, not_before = NULL"
-            " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:owners AS text[]))"
-            " AS u(task, node, owner)"
-            " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = 'pending'"
-            " AND EXISTS (SELECT 1 FROM task_runs t WHERE t.task_id = u.task"
-            " AND t.lease_owner = u.owner AND NOT t.cancel_requested)"
-            " RETURNING r.task_id, r.node_id, r.attempts, r.round_attempts"
-        ),
-        {
-            "tasks": [c[0] for c in claims],
-            "nodes": [c[1] for c in claims],
-            "owners": [c[2] for c in claims],
-            "now": now,
-        },
-    )
-    return {(r.task_id, r.node_id): Claimed(r.attempts, r.round_attempts) for r in rows}
+    return await _claim_many(conn, claims, now, "status = 'running', finished_at = NULL")
 
 
 async def nodes_run_noop_many(
@@ -369,21 +347,32 @@ async def nodes_run_noop_many(
 ) -> dict[NodeKey, Claimed]:
     """Claim and record each ``(task_id, node_id, owner)`` of a ``noop`` node at once:
     PENDING → RUNNING → SUCCEEDED in one statement, guarded as
-    :func:`nodes_claim_if_pending_many` (the lease holder, no cancel requested). A noop
-    makes no call between the two, and both moves commit together in the caller's
-    transaction, so no one can see the node RUNNING in between: one write is the same
-    record as two. Returns the claims won with the node's new attempt counts."""
+    :func:`nodes_claim_if_pending_many`. A noop makes no call between the two, and both
+    moves commit together in the caller's transaction, so no one can see the node RUNNING
+    in between: one write is the same record as two."""
     NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
     NODE_TRANSITIONS.check(NodeState.RUNNING, NodeState.SUCCEEDED)
+    return await _claim_many(
+        conn,
+        claims,
+        now,
+        "status = 'succeeded', finished_at = :now, last_error = '', retryable = false",
+    )
+
+
+async def _claim_many(
+    conn: AsyncConnection, claims: Sequence[tuple[str, str, str]], now: datetime, outcome: str
+) -> dict[NodeKey, Claimed]:
+    """The guarded claim of :func:`nodes_claim_if_pending_many`, setting ``outcome`` (the
+    node's status and result columns) besides the claim's own."""
     if not claims:
         return {}
     rows = await fetch(
         conn,
         (
-            "UPDATE node_runs r SET status = 'succeeded', run_owner = u.owner,"
+            f"UPDATE node_runs r SET {outcome}, run_owner = u.owner,"
             " attempts = r.attempts + 1, round_attempts = r.round_attempts + 1,"
-            " started_at = :now, finished_at = :now, not_before = NULL, last_error = '',"
-            " retryable = false"
+            " started_at = :now, not_before = NULL"
             " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:owners AS text[]))"
             " AS u(task, node, owner)"
             " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = 'pending'"
@@ -492,16 +481,13 @@ async def snapshots_many(
         env = task_pb2.Task()
         if task.envelope is not None:
             env.CopyFrom(task.envelope)
-            runs = nodes_known.get(task.task_id)
-            if runs is not None:
-                for node in env.nodes:
-                    if node.node_id in runs:
-                        overlay(node, runs[node.node_id])
-            else:
-                node_rows = nodes[task.task_id]
-                for node in env.nodes:
-                    if node.node_id in node_rows:  # else the envelope's own state stands
-                        overlay_row(node, node_rows[node.node_id])
+            known = nodes_known.get(task.task_id)
+            states, apply = (
+                (known, overlay) if known is not None else (nodes[task.task_id], overlay_row)
+            )
+            for node in env.nodes:
+                if node.node_id in states:  # else the envelope's own state stands
+                    apply(node, states[node.node_id])
         env.ClearField("redrive")  # an instruction to this executor, not part of its record
         env.task_id = task.task_id
         env.status = task.status.to_proto()

@@ -170,26 +170,25 @@ class IntelligenceRepository:
         )
         return _evaluation(row) if row else None
 
-    async def evaluation_baseline_to_come(
-        self, evaluation: Evaluation, baseline: Evaluation | None
-    ) -> Evaluation | None:
-        """A period of the evaluation's series and line, with the same configuration
-        fingerprint, between ``baseline`` (or the beginning) and the evaluation's period,
-        still running: once it completes it is the baseline."""
+    async def evaluation_baseline_to_come(self, evaluation: Evaluation) -> Evaluation | None:
+        """The latest period before the evaluation's, of its series and line and with its
+        configuration fingerprint, when that period is still running (once it completes it
+        is the baseline :meth:`evaluation_find_baseline` finds); None when the latest such
+        period is completed, or there is none. Of a completed and a running evaluation of one
+        period, the completed one counts."""
         row = await self._one(
             f"""SELECT {_EVALUATION_COLUMNS} FROM evaluations c
                 WHERE c.series = :series AND c.line = :line AND c.fingerprint = :fingerprint
-                  AND c.status = 'running' AND c.period < :period AND c.period > :after
+                  AND c.status IN ('completed', 'running') AND c.period < :period
                   AND c.evaluation_id <> :exclude
-                ORDER BY c.period DESC, c.evaluation_id DESC LIMIT 1""",
+                ORDER BY c.period DESC, c.status = 'completed' DESC LIMIT 1""",
             series=evaluation.series,
             line=evaluation.line.value,
             fingerprint=evaluation.fingerprint,
             period=evaluation.period,
-            after=baseline.period if baseline is not None else "",
             exclude=evaluation.evaluation_id,
         )
-        return _evaluation(row) if row else None
+        return _evaluation(row) if row and row.status == "running" else None
 
     async def evaluations_completed_without_job(
         self, kind: JobKind, prerequisite: JobKind | None, limit: int

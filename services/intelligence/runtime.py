@@ -74,10 +74,7 @@ class IntelligenceJobs:
         is still running (its events may come after this one's, or the pool runs periods
         side by side): the lost-trigger sweep starts it once that period is done. A caller's
         trigger does not wait: it is answered with what is there now."""
-        repo = self.deps.repo
-        waiting_for = await repo.evaluation_baseline_to_come(
-            evaluation, await repo.evaluation_find_baseline(evaluation)
-        )
+        waiting_for = await self.deps.repo.evaluation_baseline_to_come(evaluation)
         if waiting_for is not None:
             log.info(
                 "automatic comparison waits for its baseline period",

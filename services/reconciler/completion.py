@@ -49,9 +49,9 @@ async def on_statuses(
     ctx: Context, envs: Sequence[task_pb2.Task], traces: Sequence[str | None] = ()
 ) -> list[bool]:
     """:func:`on_status` for many snapshots in one statement, whatever their number (the
-    facts and the held tasks resolved together); one answer per snapshot, in order; ``traces``, the trace context each
-    came with, is kept for the callback. Of two terminal snapshots of one
-    task, the first is the fact, as it would be one after the other. A held task that
+    facts and the held tasks resolved together); one answer per snapshot, in order;
+    ``traces``, the trace context each came with, is kept for the callback. Of two terminal
+    snapshots of one task, the first is the fact, as it would be one after the other. A held task that
     finished SUCCEEDED or CANCELLED is resolved; one that ended FAILED stays held (its
     task.fail makes it FAILED, for an operator to resume)."""
     now = ctx.clock.now()
