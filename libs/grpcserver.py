@@ -51,6 +51,12 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 def rich_status(error: DomainError) -> grpc.Status:
     """The status a caller sees for ``error``: code, message, field violations and when to
     retry (``google.rpc.RetryInfo``)."""
+    return rpc_status.to_status(status_of(error))
+
+
+def status_of(error: DomainError) -> status_pb2.Status:
+    """``error`` as a ``google.rpc.Status``: what :func:`rich_status` sends as a call's
+    status, and what an answer carries for one item refused on its own (SubmitEach)."""
     detail = status_pb2.Status(code=error.code.value[0], message=error.message)
     if error.violations:
         bad_request = error_details_pb2.BadRequest(
@@ -68,7 +74,7 @@ def rich_status(error: DomainError) -> grpc.Status:
         retry = error_details_pb2.RetryInfo()
         retry.retry_delay.FromNanoseconds(max(1, round(error.retry_after * 1e9)))
         detail.details.add().Pack(retry)
-    return rpc_status.to_status(detail)
+    return detail
 
 
 def unreachable_database() -> Unavailable:
@@ -351,4 +357,4 @@ def create_server(
     return Server(server, port, health_servicer, names)
 
 
-__all__ = ["Server", "create_server", "rich_status"]
+__all__ = ["Server", "create_server", "rich_status", "status_of"]

@@ -55,6 +55,7 @@ RULES: dict[str, Rule] = {
         # The reconciler submits compensating cells for the business of the task they undo.
         Submit=internal("reconciler", business=True),
         SubmitMany=internal("reconciler", business=True),
+        SubmitEach=internal("reconciler", business=True),
         GetTask=BUSINESS,
         ListTasks=BUSINESS,
         CountTasks=BUSINESS,

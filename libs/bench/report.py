@@ -222,9 +222,12 @@ def machine_text(machine: Mapping[str, Any]) -> str:
 
 
 def submit_label(config: Mapping[str, Any]) -> str:
-    """What the Submit latency measures: a Submit, or a SubmitMany call of ``batch`` tasks."""
+    """What the Submit latency measures: a Submit, the SDK's submit() of one task (gathered
+    with others into SubmitEach calls), or a SubmitMany call of ``batch`` tasks."""
     batch = config.get("batch") or 1
-    return "Submit" if batch == 1 else f"SubmitMany({batch}) per call"
+    if batch > 1:
+        return f"SubmitMany({batch}) per call"
+    return "submit() gathered" if config.get("gather") else "Submit"
 
 
 def render(report: Mapping[str, Any]) -> list[str]:
@@ -278,6 +281,8 @@ def result_name(report: Mapping[str, Any]) -> str:
         mode += "-submit"
     if (config.get("batch") or 1) > 1:
         mode += f"-batch{config['batch']}"
+    if config.get("gather"):
+        mode += "-gathered"
     scale = f"g{config['gateways']}" + (
         f"e{config['executors']}" if config.get("executors") else ""
     )
@@ -303,6 +308,8 @@ def table_row(report: Mapping[str, Any]) -> str:
     run += f", {config['tasks']} tasks" + (", Submit only" if config.get("submit_only") else "")
     if (config.get("batch") or 1) > 1:
         run += f", SubmitMany of {config['batch']}"
+    if config.get("gather"):
+        run += ", submits gathered into SubmitEach"
     run += f", {config['gateways']} gw"
     if config.get("executors"):
         run += f" / {config['executors']} ex"

@@ -168,6 +168,8 @@ def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str,
         "concurrency": None if args.rate else args.concurrency,
         # Tasks per call: 1 = Submit, more = SubmitMany (latency figures are then per call).
         "batch": args.batch,
+        # One task per submit(), gathered by the SDK into SubmitEach calls (not --unary).
+        "gather": args.batch == 1 and not args.unary,
         "rate": args.rate,
         "gateways": args.gateways if args.start else len(args.address.split(",")),
         "executors": (0 if args.submit_only else args.executors) if args.start else None,
@@ -185,7 +187,10 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     cell_name = args.cell or shape.cell
     stamp = datetime.now(UTC)
     business = f"{args.business}-{stamp:%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
-    clients = [AsyncClient(address, token=target.token or None) for address in target.gateways]
+    clients = [
+        AsyncClient(address, token=target.token or None, gather=not args.unary)
+        for address in target.gateways
+    ]
     try:
         # Warm-up: a few tasks through every gateway, finished before measuring.
         warm = load.Submitter(clients, f"{business}-warmup", lambda: [cell(cell_name)])
@@ -275,6 +280,12 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         help="tasks per call: 1 = Submit, N > 1 = SubmitMany of N (concurrency counts calls;"
         " saturation mode only)",
+    )
+    p.add_argument(
+        "--unary",
+        action="store_true",
+        help="one Submit call per task, as a client without the SDK sends them (default: the"
+        " SDK's submit(), which gathers the submits in flight into SubmitEach calls)",
     )
     p.add_argument(
         "--rate", type=float, help="offered Submits per second, open loop (instead of saturation)"

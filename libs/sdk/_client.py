@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
@@ -13,6 +14,7 @@ import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel, open_sync_channel
+from dispo.libs.batcher import Batcher
 from dispo.libs.proto_enums import task_status_name
 from dispo.libs.sdk._types import (
     CellSpec,
@@ -63,6 +65,29 @@ def _submit_many_request(requests: Sequence[TaskRequest]) -> gateway_pb2.SubmitM
 
 def _all_submitted(reply: gateway_pb2.SubmitManyResponse) -> list[Submitted]:
     return [_submitted(r) for r in reply.responses]
+
+
+# Gathered submits (AsyncClient.submit): the most tasks one SubmitEach carries, and the most
+# such calls in flight at once.
+GATHER_MAX = 100
+GATHER_CALLS = 4
+# What a SubmitEach refused as a whole answers when nothing of it was written: its items are
+# then sent again one Submit each.
+_NOTHING_WRITTEN = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class _Gathered:
+    """A submit waiting to be sent: its request, and when its caller stops waiting."""
+
+    request: gateway_pb2.SubmitRequest
+    deadline: float
 
 
 ORDERS = {
@@ -132,7 +157,15 @@ class AsyncClient:
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
     ``tls`` the channel's TLS (default: ``DISPO_TLS_CA_FILE`` and the client certificate
-    settings, plaintext without them)."""
+    settings, plaintext without them).
+
+    :meth:`submit` calls made while others are on their way are gathered into one
+    SubmitEach call (``gather``, on by default; ADR-0056): a submit alone is sent at once
+    as a Submit, and those arriving meanwhile go together in the next call (at most
+    ``GATHER_MAX`` tasks, ``GATHER_CALLS`` calls in flight). Each caller gets exactly what
+    its own Submit would answer or raise; the gRPC call's own cost, most of a Submit's, is
+    paid once per call instead of once per task. ``gather=False`` sends every submit by a
+    Submit of its own."""
 
     def __init__(
         self,
@@ -141,9 +174,20 @@ class AsyncClient:
         token: str | None = None,
         channel: grpc.aio.Channel | None = None,
         tls: ClientTLS | None = None,
+        gather: bool = True,
     ) -> None:
         self._channel = channel or open_channel(address, _token(token), tls=tls)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+        self.gathered: Batcher[_Gathered, Submitted] | None = (
+            Batcher(
+                "submits",
+                self._submit_gathered,
+                max_items=GATHER_MAX,
+                concurrency=GATHER_CALLS,
+            )
+            if gather
+            else None
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -174,13 +218,48 @@ class AsyncClient:
         callback_url: str = "",
         timeout: float = 10.0,
     ) -> Submitted:
-        return _submitted(
-            await self._call(
-                self._stub.Submit,
-                _submit_request(business, cells, idempotency_key, callback_url),
-                timeout,
+        """Submit one task: its :class:`Submitted` once it is durably recorded, or the
+        :class:`DispoError` the gateway refused it with (gathered with concurrent submits
+        into one call unless the client was made with ``gather=False``)."""
+        request = _submit_request(business, cells, idempotency_key, callback_url)
+        if self.gathered is None:
+            return _submitted(await self._call(self._stub.Submit, request, timeout))
+        item = _Gathered(request, time.monotonic() + timeout)
+        try:
+            return await asyncio.wait_for(self.gathered.submit(item), timeout)
+        except TimeoutError:
+            raise DispoError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", {}) from None
+
+    async def _submit_gathered(self, items: list[_Gathered]) -> list[Submitted | DispoError]:
+        """One call for ``items``: a Submit for one, a SubmitEach for several. A SubmitEach
+        refused as a whole before anything was written (an item failing the request hygiene
+        every call passes, a message over gRPC's size limit, a gateway without SubmitEach)
+        is sent again as one Submit per item, so each caller hears of its own request only;
+        any other failure of the call is every item's (as it would be each Submit's)."""
+        timeout = max(item.deadline for item in items) - time.monotonic()
+        if len(items) == 1:
+            return [await self._submit_alone(items[0], timeout)]
+        request = gateway_pb2.SubmitEachRequest(requests=[item.request for item in items])
+        try:
+            reply = await self._stub.SubmitEach(request, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            if error.code() not in _NOTHING_WRITTEN:
+                raise DispoError.from_rpc(error) from None
+            return list(
+                await asyncio.gather(*(self._submit_alone(item, timeout) for item in items))
             )
-        )
+        return [
+            _submitted(o.accepted)
+            if o.WhichOneof("outcome") == "accepted"
+            else DispoError.from_status(o.refused)
+            for o in reply.outcomes
+        ]
+
+    async def _submit_alone(self, item: _Gathered, timeout: float) -> Submitted | DispoError:
+        try:
+            return _submitted(await self._call(self._stub.Submit, item.request, timeout))
+        except DispoError as error:
+            return error
 
     async def submit_many(
         self, requests: Sequence[TaskRequest], *, timeout: float = 30.0

@@ -12,7 +12,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.payload import canonical_json
 from dispo.libs.proto_enums import node_status_name, task_status_name
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -302,13 +302,26 @@ class DispoError(Exception):
 
     @classmethod
     def from_rpc(cls, error: grpc.RpcError) -> DispoError:
-        violations: dict[str, str] = {}
         # A sync client's error is a grpc.Call; an AioRpcError has the same methods.
         call = cast(grpc.Call, error)
         status = rpc_status.from_call(call) if hasattr(error, "trailing_metadata") else None
-        for detail in status.details if status else []:
-            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
-                violations.update({v.field: v.description for v in bad.field_violations})
-        return cls(error.code(), error.details() or "", violations)
+        return cls(error.code(), error.details() or "", _violations(status))
+
+    @classmethod
+    def from_status(cls, status: status_pb2.Status) -> DispoError:
+        """The error a call failing with ``status`` raises (an item SubmitEach refused)."""
+        return cls(_CODES[status.code], status.message, _violations(status))
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _violations(status: status_pb2.Status | None) -> dict[str, str]:
+    """The fields a status's ``google.rpc.BadRequest`` names, with what is wrong with each."""
+    violations: dict[str, str] = {}
+    for detail in status.details if status else []:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations.update({v.field: v.description for v in bad.field_violations})
+    return violations

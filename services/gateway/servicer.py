@@ -24,6 +24,7 @@ from dispo.libs.bus import Bus
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
 from dispo.libs.errors import DomainError, InvalidArgument, Unavailable, within
+from dispo.libs.grpcserver import status_of
 from dispo.libs.paging import (
     decode_page_token,
     encode_page_token,
@@ -170,6 +171,40 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             if isinstance(accepted, BaseException):
                 raise accepted
             out.responses.append(_submit_response(accepted))
+        return out
+
+    async def SubmitEach(
+        self, request: gateway_pb2.SubmitEachRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SubmitEachResponse:
+        """Each item exactly as Submit takes it (authorised, counted, validated, prepared,
+        recorded), refused or answered in its place: no item's refusal touches another's."""
+        items = request.requests
+        if not items:
+            raise InvalidArgument("requests", "at least one request is required")
+        if len(items) > MAX_SUBMIT_MANY:
+            raise InvalidArgument("requests", f"at most {MAX_SUBMIT_MANY} requests per call")
+        out = gateway_pb2.SubmitEachResponse()
+        outcomes = [out.outcomes.add() for _ in items]
+        subs, news, places = [], [], []
+        for i, item in enumerate(items):
+            try:
+                business = business_filter(item.business, "business")
+                self.limits.admit_submit(limited_business(context, business))
+                sub = submission_from_proto(item, business)
+                news.append(await self.gateway.prepare(sub))
+            except DomainError as error:
+                outcomes[i].refused.CopyFrom(status_of(error))
+                continue
+            subs.append(sub)
+            places.append(i)
+        answers = await self.gateway.submit_all(subs, news) if news else []
+        for i, accepted in zip(places, answers, strict=True):
+            if isinstance(accepted, DomainError):
+                outcomes[i].refused.CopyFrom(status_of(accepted))
+            elif isinstance(accepted, BaseException):
+                raise accepted  # nothing is known of this flush's items: the call fails
+            else:
+                outcomes[i].accepted.CopyFrom(_submit_response(accepted))
         return out
 
     async def GetTask(

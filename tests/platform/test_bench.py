@@ -237,6 +237,17 @@ async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
     assert report["latency"]["submit_to_terminal"]["n"] == 0
     assert report["cpu"]["per"] == "accepted task"
     assert isinstance(report["cpu"]["per_process"]["gateway"]["ms_per_task"], float)
+    # The SDK's submit(): submits in flight gathered into SubmitEach calls.
+    assert report["config"]["gather"] is True
+    assert "submit() gathered" in "\n".join(render(report))
+    assert result_name(report).endswith("-noop-saturation-submit-gathered-g1.json")
+
+    # One Submit call per task (--unary), as a client without the SDK sends them.
+    args = parser().parse_args(["--submit-only", "--tasks", "10", "--concurrency", "4", "--unary"])
+    report = await measure(args, target)
+    assert report["config"]["gather"] is False
+    assert report["statuses"] == {"ACCEPTED": 10}
+    assert "Submit " in "\n".join(render(report))
     assert result_name(report).endswith("-noop-saturation-submit-g1.json")
 
     # By SubmitMany: 10 tasks in calls of 4 (the last of 2), latency figures per task.
@@ -245,6 +256,7 @@ async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
     )
     report = await measure(args, target)
     assert report["config"]["batch"] == 4
+    assert report["config"]["gather"] is False
     assert report["statuses"] == {"ACCEPTED": 10}
     assert report["latency"]["submit"]["n"] == 10
     assert "SubmitMany(4) per call" in "\n".join(render(report))
@@ -304,7 +316,7 @@ async def test_dispo_bench_submit_on_its_own_scaled_out_stack(tmp_path):
     [path] = results.iterdir()
     report = json.loads(path.read_text())
     check_report(report, 8, "http")
-    assert path.name.endswith("-http-rate20-g2e2-nats3.json")
+    assert path.name.endswith("-http-rate20-gathered-g2e2-nats3.json")
     processes = set(report["cpu"]["per_process"])
     expected = {"gateway-2", "executor-2", "reconciler", "postgres", "demo-downstream"}
     assert expected | {f"nats-{i}" for i in range(3)} <= processes

@@ -16,6 +16,7 @@ from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -290,6 +291,88 @@ class SubmitManyResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitManyResponse: _TypeAlias = SubmitManyResponse  # noqa: Y015
+
+@_typing.final
+class SubmitEachRequest(_message.Message):
+    """Several Submits in one call, each answered on its own."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitRequest]:
+        """The tasks to submit, each exactly as a SubmitRequest: at least one and at most 500."""
+
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___SubmitRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitEachRequest: _TypeAlias = SubmitEachRequest  # noqa: Y015
+
+@_typing.final
+class SubmitEachResponse(_message.Message):
+    """What SubmitEach answers once every accepted task is durably recorded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitOutcome]:
+        """One per request, in the order of the requests."""
+
+    def __init__(
+        self,
+        *,
+        outcomes: _abc.Iterable[Global___SubmitOutcome] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitEachResponse: _TypeAlias = SubmitEachResponse  # noqa: Y015
+
+@_typing.final
+class SubmitOutcome(_message.Message):
+    """What a Submit of one request would have answered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def accepted(self) -> Global___SubmitResponse:
+        """The task was recorded (or its idempotency key found): Submit's answer."""
+
+    @_builtins.property
+    def refused(self) -> _status_pb2.Status:
+        """The status Submit would have failed with (code, message, details); nothing of this
+        request was written.
+        """
+
+    def __init__(
+        self,
+        *,
+        accepted: Global___SubmitResponse | None = ...,
+        refused: _status_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "outcome", b"outcome", "refused", b"refused"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "outcome", b"outcome", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["accepted", "refused"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___SubmitOutcome: _TypeAlias = SubmitOutcome  # noqa: Y015
 
 @_typing.final
 class GetTaskRequest(_message.Message):

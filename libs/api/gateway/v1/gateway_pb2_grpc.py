@@ -47,6 +47,11 @@ class GatewayServiceStub:
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyRequest.SerializeToString,
                 response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyResponse.FromString,
                 _registered_method=True)
+        self.SubmitEach = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/SubmitEach',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitEachRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitEachResponse.FromString,
+                _registered_method=True)
         self.GetTask = channel.unary_unary(
                 '/dispo.gateway.v1.GatewayService/GetTask',
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetTaskRequest.SerializeToString,
@@ -118,6 +123,24 @@ class GatewayServiceServicer:
         request is FAILED_PRECONDITION naming requests[i].idempotency_key; that is known only
         at commit, so the call's other items are then recorded, and repeating the call
         without that item answers them as duplicates. Callers: as Submit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitEach(self, request, context):
+        """Submit several tasks in one call, each on its own: at most 500 (SubmitEachRequest).
+        Each item is authorised, rate-limited, validated and recorded exactly as a Submit of it
+        and answered in its place with what that Submit would answer: its SubmitResponse, or
+        the status it would have failed with (the same code, message and google.rpc details:
+        a BadRequest naming the item's own fields, "cells[0].cell", a RetryInfo). A refused
+        item writes nothing and refuses no other item. The call as a whole fails only for what
+        concerns all of it: an empty list or one over the bound, or an item failing the
+        request hygiene every call passes (a NUL, a control character: INVALID_ARGUMENT naming
+        requests[i]…), a caller not admitted (UNAUTHENTICATED, PERMISSION_DENIED), or a service
+        that could not finish (UNAVAILABLE): then nothing is known of any item, and the items
+        with an idempotency key are safe to send again. The Python SDK gathers concurrent
+        submit() calls into SubmitEach calls. Callers: as Submit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,6 +227,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.SubmitMany,
                     request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyRequest.FromString,
                     response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyResponse.SerializeToString,
+            ),
+            'SubmitEach': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitEach,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitEachRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitEachResponse.SerializeToString,
             ),
             'GetTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTask,
@@ -298,6 +326,33 @@ class GatewayService:
             '/dispo.gateway.v1.GatewayService/SubmitMany',
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyRequest.SerializeToString,
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitEach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/SubmitEach',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitEachRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.SubmitEachResponse.FromString,
             options,
             channel_credentials,
             insecure,

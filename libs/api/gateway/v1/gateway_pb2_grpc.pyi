@@ -65,6 +65,20 @@ class GatewayServiceStub:
     at commit, so the call's other items are then recorded, and repeating the call
     without that item answers them as duplicates. Callers: as Submit.
     """
+    SubmitEach: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SubmitEachRequest, _gateway_pb2.SubmitEachResponse]
+    """Submit several tasks in one call, each on its own: at most 500 (SubmitEachRequest).
+    Each item is authorised, rate-limited, validated and recorded exactly as a Submit of it
+    and answered in its place with what that Submit would answer: its SubmitResponse, or
+    the status it would have failed with (the same code, message and google.rpc details:
+    a BadRequest naming the item's own fields, "cells[0].cell", a RetryInfo). A refused
+    item writes nothing and refuses no other item. The call as a whole fails only for what
+    concerns all of it: an empty list or one over the bound, or an item failing the
+    request hygiene every call passes (a NUL, a control character: INVALID_ARGUMENT naming
+    requests[i]…), a caller not admitted (UNAUTHENTICATED, PERMISSION_DENIED), or a service
+    that could not finish (UNAVAILABLE): then nothing is known of any item, and the items
+    with an idempotency key are safe to send again. The Python SDK gathers concurrent
+    submit() calls into SubmitEach calls. Callers: as Submit.
+    """
     GetTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRequest, _gateway_pb2.GetTaskResponse]
     """One task with every node: status, attempts, last error, times. NOT_FOUND for an unknown
     task or another business's. Callers: admin, a business token.
@@ -139,6 +153,20 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     request is FAILED_PRECONDITION naming requests[i].idempotency_key; that is known only
     at commit, so the call's other items are then recorded, and repeating the call
     without that item answers them as duplicates. Callers: as Submit.
+    """
+    SubmitEach: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitEachRequest, _gateway_pb2.SubmitEachResponse]  # type: ignore[assignment]
+    """Submit several tasks in one call, each on its own: at most 500 (SubmitEachRequest).
+    Each item is authorised, rate-limited, validated and recorded exactly as a Submit of it
+    and answered in its place with what that Submit would answer: its SubmitResponse, or
+    the status it would have failed with (the same code, message and google.rpc details:
+    a BadRequest naming the item's own fields, "cells[0].cell", a RetryInfo). A refused
+    item writes nothing and refuses no other item. The call as a whole fails only for what
+    concerns all of it: an empty list or one over the bound, or an item failing the
+    request hygiene every call passes (a NUL, a control character: INVALID_ARGUMENT naming
+    requests[i]…), a caller not admitted (UNAUTHENTICATED, PERMISSION_DENIED), or a service
+    that could not finish (UNAVAILABLE): then nothing is known of any item, and the items
+    with an idempotency key are safe to send again. The Python SDK gathers concurrent
+    submit() calls into SubmitEach calls. Callers: as Submit.
     """
     GetTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRequest, _gateway_pb2.GetTaskResponse]  # type: ignore[assignment]
     """One task with every node: status, attempts, last error, times. NOT_FOUND for an unknown
@@ -223,6 +251,26 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request is FAILED_PRECONDITION naming requests[i].idempotency_key; that is known only
         at commit, so the call's other items are then recorded, and repeating the call
         without that item answers them as duplicates. Callers: as Submit.
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitEach(
+        self,
+        request: _gateway_pb2.SubmitEachRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.SubmitEachResponse, _abc.Awaitable[_gateway_pb2.SubmitEachResponse]]:
+        """Submit several tasks in one call, each on its own: at most 500 (SubmitEachRequest).
+        Each item is authorised, rate-limited, validated and recorded exactly as a Submit of it
+        and answered in its place with what that Submit would answer: its SubmitResponse, or
+        the status it would have failed with (the same code, message and google.rpc details:
+        a BadRequest naming the item's own fields, "cells[0].cell", a RetryInfo). A refused
+        item writes nothing and refuses no other item. The call as a whole fails only for what
+        concerns all of it: an empty list or one over the bound, or an item failing the
+        request hygiene every call passes (a NUL, a control character: INVALID_ARGUMENT naming
+        requests[i]…), a caller not admitted (UNAUTHENTICATED, PERMISSION_DENIED), or a service
+        that could not finish (UNAVAILABLE): then nothing is known of any item, and the items
+        with an idempotency key are safe to send again. The Python SDK gathers concurrent
+        submit() calls into SubmitEach calls. Callers: as Submit.
         """
 
     @_abc_1.abstractmethod
