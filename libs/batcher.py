@@ -41,11 +41,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from dispo.libs.db.down import ConnectionLost, database_unreachable, interrupted
-from dispo.libs.logging import get_logger
-
-log = get_logger(__name__)
-
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -147,19 +142,25 @@ class Batcher(Generic[T, R]):
                     f"{self.name}: flush returned {len(results)} results for {len(items)} items"
                 )
         except asyncio.CancelledError as cancelled:
+            # The database layer is imported on the services' failure paths only: the SDK's
+            # clients gather submits with this module and need none of it.
+            from dispo.libs.db.down import ConnectionLost, interrupted
+
             if not interrupted():
                 raise  # the flusher itself is cancelled (the service stops)
             # Raised inside the flush with no one cancelling it (a connection closed under a
             # statement): a failure of this flush, which its callers must hear of.
             _fail(taken, ConnectionLost(f"{self.name}: flush interrupted: {cancelled!r}"))
             return
-        except Exception as error:
-            log.debug("batch flush failed", batcher=self.name, items=len(items), error=repr(error))
-            if self.isolate and len(taken) > 1 and not database_unreachable(error):
-                half = len(taken) // 2
-                await self._flush_batch(taken[:half])
-                await self._flush_batch(taken[half:])
-                return
+        except Exception as error:  # every caller of the flush raises it, and logs it
+            if self.isolate and len(taken) > 1:
+                from dispo.libs.db.down import database_unreachable
+
+                if not database_unreachable(error):
+                    half = len(taken) // 2
+                    await self._flush_batch(taken[:half])
+                    await self._flush_batch(taken[half:])
+                    return
             _fail(taken, error)
             return
         self.flushes += 1
