@@ -310,7 +310,8 @@ class DispoError(Exception):
     @classmethod
     def from_status(cls, status: status_pb2.Status) -> DispoError:
         """The error a call failing with ``status`` raises (an item SubmitEach refused)."""
-        return cls(_CODES[status.code], status.message, _violations(status))
+        code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+        return cls(code, status.message, _violations(status))
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}

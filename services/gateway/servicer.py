@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 
 import grpc
@@ -53,6 +53,17 @@ def _event_task_id(value: str) -> str:
     if not _TASK_ID.fullmatch(value):
         raise InvalidArgument("task_id", "only letters, digits, '_' and '-'")
     return value
+
+
+def _submit_items(
+    items: Sequence[gateway_pb2.SubmitRequest],
+) -> Sequence[gateway_pb2.SubmitRequest]:
+    """The requests of a SubmitMany or SubmitEach: at least one, at most the bound."""
+    if not items:
+        raise InvalidArgument("requests", "at least one request is required")
+    if len(items) > MAX_SUBMIT_MANY:
+        raise InvalidArgument("requests", f"at most {MAX_SUBMIT_MANY} requests per call")
+    return items
 
 
 def _submit_response(accepted: Accepted) -> gateway_pb2.SubmitResponse:
@@ -134,11 +145,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.SubmitManyResponse:
         """Each item as Submit takes it (authorised, counted, validated, prepared) before any
         is recorded: a refusal of one item refuses the call, naming ``requests[i]``."""
-        items = request.requests
-        if not items:
-            raise InvalidArgument("requests", "at least one request is required")
-        if len(items) > MAX_SUBMIT_MANY:
-            raise InvalidArgument("requests", f"at most {MAX_SUBMIT_MANY} requests per call")
+        items = _submit_items(request.requests)
         businesses = [
             business_filter(item.business, f"requests[{i}].business")
             for i, item in enumerate(items)
@@ -178,11 +185,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.SubmitEachResponse:
         """Each item exactly as Submit takes it (authorised, counted, validated, prepared,
         recorded), refused or answered in its place: no item's refusal touches another's."""
-        items = request.requests
-        if not items:
-            raise InvalidArgument("requests", "at least one request is required")
-        if len(items) > MAX_SUBMIT_MANY:
-            raise InvalidArgument("requests", f"at most {MAX_SUBMIT_MANY} requests per call")
+        items = _submit_items(request.requests)
         out = gateway_pb2.SubmitEachResponse()
         outcomes = [out.outcomes.add() for _ in items]
         subs, news, places = [], [], []
