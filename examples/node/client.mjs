@@ -85,21 +85,25 @@ const rpc = protobuf.Root.fromJSON({
 const Status = rpc.lookupType("google.rpc.Status");
 const BadRequest = rpc.lookupType("google.rpc.BadRequest");
 
-// A gRPC error as a person reads it: the code's name, then one line per field violation.
-export function readable(error) {
-  const code = Object.keys(grpc.status).find((k) => grpc.status[k] === error.code) ?? error.code;
+// A status as a person reads it: the code's name, then one line per field violation of its
+// google.rpc.BadRequest detail.
+function statusText(code, message, details = []) {
+  const name = Object.keys(grpc.status).find((k) => grpc.status[k] === code) ?? code;
   const lines = [];
-  const [raw] = error.metadata?.get("grpc-status-details-bin") ?? [];
-  if (raw) {
-    for (const detail of Status.decode(raw).details) {
-      if (detail.type_url.endsWith("/google.rpc.BadRequest")) {
-        for (const v of BadRequest.decode(detail.value).field_violations) {
-          lines.push(`  ${v.field}: ${v.description}`);
-        }
+  for (const detail of details) {
+    if (detail.type_url.endsWith("/google.rpc.BadRequest")) {
+      for (const v of BadRequest.decode(detail.value).field_violations) {
+        lines.push(`  ${v.field}: ${v.description}`);
       }
     }
   }
-  return [`${code}: ${error.details}`, ...lines].join("\n");
+  return [`${name}: ${message}`, ...lines].join("\n");
+}
+
+// A gRPC error as a person reads it (its status details travel in grpc-status-details-bin).
+export function readable(error) {
+  const [raw] = error.metadata?.get("grpc-status-details-bin") ?? [];
+  return statusText(error.code, error.details, raw ? Status.decode(raw).details : []);
 }
 
 const call = (client, method, request) =>
@@ -230,6 +234,20 @@ async function main() {
   } catch (error) {
     console.log(`refused: ${readable(error)}`);
   }
+
+  // 7. Several tasks in one call, each answered on its own: SubmitEach. The bad one is
+  //    refused in its place, naming its own fields, and the others are recorded.
+  const each = await call(gateway, "SubmitEach", {
+    requests: [
+      { business: BUSINESS, idempotency_key: `node-each-${RUN}`, cells: [cell("notify_owner", { owner_id: "user-7", message: "first" })] },
+      { business: BUSINESS, cells: [{ cell: "delete_everything" }] },
+      { business: BUSINESS, cells: [cell("notify_owner", { owner_id: "user-8", message: "second" })] },
+    ],
+  });
+  each.outcomes.forEach(({ accepted, refused }, i) => {
+    if (accepted) console.log(`each[${i}] accepted ${accepted.task_id} duplicate=${accepted.duplicate}`);
+    else console.log(`each[${i}] refused: ${statusText(refused.code, refused.message, refused.details)}`);
+  });
 }
 
 main().then(

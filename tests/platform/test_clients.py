@@ -102,6 +102,10 @@ async def run_client(node: Path, token: str, gateway, reconciler, downstream) ->
     assert "refused: INVALID_ARGUMENT:" in out
     assert "  idempotency_key: longer than 128 characters\n" in out
     assert "  cells[0].cell: unknown cell 'delete_everything'\n" in out
+    # SubmitEach: the bad item refused in its place, naming its own field; the others recorded
+    assert re.search(r"^each\[0\] accepted [0-9a-f]{32} duplicate=(true|false)$", out, re.M), out
+    assert re.search(r"^each\[1\] refused: INVALID_ARGUMENT: .*\n  cells\[0\]\.cell: ", out, re.M)
+    assert re.search(r"^each\[2\] accepted [0-9a-f]{32} duplicate=false$", out, re.M), out
     return out
 
 
@@ -124,5 +128,8 @@ async def test_the_node_client_submits_watches_lists_cancels_resumes_and_reads_e
     assert re.search(rf"^submitted {keyed} TASK_STATUS_[A-Z]+ duplicate=true$", second, re.M), (
         second
     )
-    # the keyed task once, the cancelled and the resumed task of each run
-    assert f"listed 5 tasks of {BUSINESS}, this run's among them: true" in second
+    # the keyed task once, the cancelled and the resumed task of each run,
+    # ... and the first run's two SubmitEach tasks
+    assert f"listed 7 tasks of {BUSINESS}, this run's among them: true" in second
+    [each] = re.findall(r"^each\[0\] accepted ([0-9a-f]{32}) duplicate=false$", first, re.M)
+    assert f"each[0] accepted {each} duplicate=true" in second  # its key: the same task
