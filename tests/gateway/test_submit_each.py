@@ -159,22 +159,35 @@ async def test_items_past_the_business_rate_are_refused_alone_with_when_to_retry
         assert await total(client) == 3
 
 
+def counting_submits(client: AsyncClient) -> list[int]:
+    """Count the client's Submit calls (each one, the tasks it carried: one), leaving them
+    to go through as before."""
+    sent: list[int] = []
+    submit = client._stub.Submit
+
+    async def counted(request, **kwargs):
+        sent.append(1)
+        return await submit(request, **kwargs)
+
+    client._stub.Submit = counted
+    return sent
+
+
 async def test_concurrent_sdk_submits_are_gathered_and_each_caller_hears_only_of_its_own(
     gateway_only, gateway_client
 ):
-    """200 submits at once through one client: fewer calls than submits, one task per key
-    however many callers raced with it, and each bad request raised to its own caller
-    only, naming its own field, whether it was refused inside a SubmitEach or made the
-    whole call fall back to one Submit each (a control character in a key)."""
+    """199 submits at once through one client: carried by SubmitEach calls, not a Submit
+    each; one task per key however many callers raced with it; each bad request raised to
+    its own caller only, naming its own field."""
     keys = [f"race-{i % 50}" for i in range(150)]  # 50 keys, each sent by three callers
     async with gateway_only.client() as client:
         assert client.gathered is not None
+        submits = counting_submits(client)
         calls = [client.submit("tests", [cell("step", name=k)], idempotency_key=k) for k in keys]
         calls += [client.submit("tests", [cell("no_such_cell")]) for _ in range(25)]
         calls += [client.submit("tests", [cell("step", name="n")]) for _ in range(24)]
-        calls.append(client.submit("tests", [cell("step", name="z")], idempotency_key="k-\n"))
         answers = await asyncio.gather(*calls, return_exceptions=True)
-        gathered = client.gathered.flushes, client.gathered.flushed_items
+        flushes, items = client.gathered.flushes, client.gathered.flushed_items
 
     by_key: dict[str, set[str]] = {}
     firsts: dict[str, int] = {}
@@ -188,14 +201,30 @@ async def test_concurrent_sdk_submits_are_gathered_and_each_caller_hears_only_of
         assert isinstance(answer, DispoError)
         assert answer.code == grpc.StatusCode.INVALID_ARGUMENT
         assert set(answer.violations) == {"cells[0].cell"}
-    assert all(not isinstance(a, BaseException) for a in answers[175:199])
-    assert isinstance(answers[199], DispoError)
-    assert answers[199].code == grpc.StatusCode.INVALID_ARGUMENT
-    assert set(answers[199].violations) == {"idempotency_key"}
+    assert all(not isinstance(a, BaseException) for a in answers[175:])
     # 50 keyed tasks and 24 without a key, nothing else.
     assert await total(gateway_client) == 74
-    flushes, items = gathered
-    assert items == 200 and flushes < 200, gathered  # several submits per call
+    assert items == 199 and flushes < 10, (flushes, items)  # many submits per call
+    assert len(submits) <= flushes  # by SubmitEach: a Submit only for a call of one
+
+
+async def test_a_gathered_call_refused_whole_is_sent_again_one_submit_each(
+    gateway_only, gateway_client
+):
+    """A control character in one key fails the request hygiene of the whole SubmitEach,
+    before anything is written: every item is then sent by a Submit of its own, so only
+    that caller hears of it."""
+    async with gateway_only.client() as client:
+        submits = counting_submits(client)
+        calls = [client.submit("tests", [cell("step", name=f"n{i}")]) for i in range(9)]
+        calls.append(client.submit("tests", [cell("step", name="z")], idempotency_key="k-\n"))
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(not isinstance(a, BaseException) for a in answers[:9]), answers
+    assert isinstance(answers[9], DispoError)
+    assert answers[9].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(answers[9].violations) == {"idempotency_key"}
+    assert len(submits) >= 10  # every item of the refused call, by a Submit of its own
+    assert await total(gateway_client) == 9  # each once: the refused call wrote nothing
 
 
 async def test_a_gathered_submit_that_runs_out_of_time_raises_deadline_exceeded(gateway_only):
