@@ -4,6 +4,7 @@ client), each allowed what its service publishes and consumes."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -26,11 +27,41 @@ def nats_server_binary() -> str:
     return found
 
 
+# Where free_port looks: below the kernel's ephemeral range, which it reads once.
+_PORT_FLOOR = 20_000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on, for a server to be started on it next.
+
+    Taken at random below the kernel's ephemeral range where there is one: a port the
+    kernel hands out (bind to port 0) is the kind it also gives any outgoing connection, so
+    between this answer and the server's bind a client socket of another process (a test
+    worker's connection to PostgreSQL, say) could take it, and the server would fail to
+    start. Below the range only another caller of this function can, one chance in
+    thousands."""
+    start = _ephemeral_start()
+    if start > _PORT_FLOOR + 1000:
+        for _ in range(100):
+            port = random.randrange(_PORT_FLOOR, start)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
 
 
 def wait_for_port(

@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -234,3 +235,15 @@ def test_the_console_calls_each_service_on_the_port_the_stack_gave_it(tmp_path):
     for service in ("gateway", "reconciler", "executor", "pool", "intelligence"):
         wanted = f"127.0.0.1:{ports[service]}"
         assert console.env[f"DISPO_CONSOLE_{service.upper()}_ADDRESS"] == wanted
+
+
+def test_a_free_port_is_one_no_outgoing_connection_can_take_before_its_server_binds():
+    """free_port answers below the kernel's ephemeral range, where the client sockets of
+    other processes never land, a port free to listen on."""
+    start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(port < start for port in ports), (start, ports)
+    assert len(ports) > 1  # at random, not one port for every caller
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", ports.pop()))
+        server.listen()
