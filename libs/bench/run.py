@@ -326,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.batch < 1 or (args.batch > 1 and args.rate):
         p.error("--batch must be at least 1, and above 1 only in saturation mode (no --rate)")
+    if args.unary and args.batch > 1:
+        p.error("--unary sends one Submit per task; --batch sends SubmitMany calls: not both")
     began = time.perf_counter()
     report = asyncio.run(bench(args))
     print("\n".join(render(report)))

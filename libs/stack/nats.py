@@ -4,6 +4,7 @@ client), each allowed what its service publishes and consumes."""
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import socket
@@ -27,12 +28,14 @@ def nats_server_binary() -> str:
     return found
 
 
-# Where free_port looks: below the kernel's ephemeral range, which it reads once.
+# Where free_port looks: from here to the start of the kernel's ephemeral range.
 _PORT_FLOOR = 20_000
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
+@functools.cache
 def _ephemeral_start() -> int:
+    """The first port the kernel gives outgoing connections (0 where it does not say)."""
     try:
         return int(_EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):

@@ -13,6 +13,7 @@ from dispo.gateway.convert import (
     submission_from_proto,
 )
 from dispo.gateway.events import task_event
+from dispo.gateway.expand import Submission
 from dispo.gateway.limits import MAX_SUBMIT_MANY, CallerLimits, limited_business
 from dispo.gateway.repository import TaskFilter
 from dispo.gateway.service import Accepted, Gateway
@@ -135,10 +136,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def Submit(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitResponse:
+        return _submit_response(await self.gateway.submit(self._admitted(request, context)))
+
+    def _admitted(
+        self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
+    ) -> Submission:
+        """What a Submit of ``request`` asks for, once its caller may act for its business
+        and that business has a Submit token left (each refusal names its field)."""
         business = business_filter(request.business, "business")
         self.limits.admit_submit(limited_business(context, business))
-        sub = submission_from_proto(request, business)
-        return _submit_response(await self.gateway.submit(sub))
+        return submission_from_proto(request, business)
 
     async def SubmitMany(
         self, request: gateway_pb2.SubmitManyRequest, context: grpc.aio.ServicerContext
@@ -191,9 +198,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         subs, news, places = [], [], []
         for i, item in enumerate(items):
             try:
-                business = business_filter(item.business, "business")
-                self.limits.admit_submit(limited_business(context, business))
-                sub = submission_from_proto(item, business)
+                sub = self._admitted(item, context)
                 news.append(await self.gateway.prepare(sub))
             except DomainError as error:
                 outcomes[i].refused.CopyFrom(status_of(error))
