@@ -240,6 +240,18 @@ BREAKER_STATE = _gauge(
     "State of a downstream's circuit breaker in this executor: 0 closed, 1 half-open, 2 open",
     ("downstream",),
 )
+DOWNSTREAM_CALLS = _gauge(
+    "executor",
+    "dispo_downstream_calls_in_flight",
+    "Nodes of a downstream claimed and calling in this executor (at most its max_concurrency)",
+    ("downstream",),
+)
+DOWNSTREAM_WAITING = _gauge(
+    "executor",
+    "dispo_downstream_calls_waiting",
+    "Nodes ready to call a downstream that wait in this executor for one of its call slots",
+    ("downstream",),
+)
 
 
 # ---- reconciler --------------------------------------------------------------------------

@@ -117,7 +117,7 @@ async def setup(rt: Runtime) -> None:
         handler=on_close,
         ack_wait=settings.ack_wait_seconds,
     )
-    rt.metrics.probe(lambda: breaker_samples(executor))
+    rt.metrics.probe(lambda: downstream_samples(executor))
     rt.add_servicer(
         lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
             ExecutorServicer(executor), server
@@ -153,11 +153,19 @@ async def check_downstreams(ex: Executor) -> None:
             ex.breakers[name].trip(ex.clock.now())
 
 
-async def breaker_samples(ex: Executor) -> list[metrics.Sample]:
-    """The state of every downstream's breaker in this executor (read at scrape time)."""
+async def downstream_samples(ex: Executor) -> list[metrics.Sample]:
+    """The state of every downstream's breaker and call slots in this executor (read at
+    scrape time)."""
     return [
         metrics.BREAKER_STATE.sample(BREAKER_VALUES[breaker.state], name)
         for name, breaker in ex.breakers.items()
+    ] + [
+        sample
+        for name, slots in ex.slots.items()
+        for sample in (
+            metrics.DOWNSTREAM_CALLS.sample(slots.size - slots.free, name),
+            metrics.DOWNSTREAM_WAITING.sample(slots.waiting, name),
+        )
     ]
 
 

@@ -23,6 +23,7 @@ from dispo.executor.breaker import Breaker
 from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, ready, to_cancel
 from dispo.executor.envelope import node_from_proto
 from dispo.executor.failures import CallOutcome, failure_text
+from dispo.executor.slots import Slots
 from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
@@ -49,10 +50,13 @@ class Pass:
 @dataclass
 class Step:
     """What a step leaves the pass to do: launch nodes, or end with ``disposition``, or
-    stop because the lease (or a node write) was lost to another executor."""
+    stop because the lease (or a node write) was lost to another executor. The nodes of
+    ``launch`` in ``claimed`` were claimed by the step (RUNNING, their downstream's call
+    slot taken for them); the others are still to claim."""
 
     state: Pass
     launch: list[NodeRun] = field(default_factory=list)
+    claimed: set[str] = field(default_factory=set)
     disposition: Disposition | None = None
     lease_lost: bool = False
 
@@ -71,9 +75,10 @@ class Stepping:
     changed: bool = False
     # The trace context of the message the pass serves (its events carry it).
     trace: str | None = None
-    # The task was first recorded in this transaction, from its envelope: ``nodes`` is
-    # what its node rows hold, kept so by the step's writes (its snapshot need not read them).
-    recorded_here: bool = False
+    # ``nodes`` is what the task's node rows hold in this transaction (first recorded here
+    # from its envelope, or read after the last write), kept so by the step's writes: its
+    # snapshot need not read them again.
+    nodes_current: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,9 +94,17 @@ class Opening:
 class Passes:
     """Opening and stepping for the executor's breakers and lease TTL."""
 
-    def __init__(self, breakers: dict[str, Breaker], lease_ttl: float) -> None:
+    def __init__(
+        self,
+        breakers: dict[str, Breaker],
+        lease_ttl: float,
+        slots: dict[str, Slots] | None = None,
+    ) -> None:
         self.breakers = breakers
         self.lease_ttl = lease_ttl
+        # The downstreams' call slots: a step claims a ready HTTP node itself when its
+        # downstream has one free (else the node is claimed on its own, once it has one).
+        self.slots = slots or {}
 
     # ---- opening ------------------------------------------------------------------------
     async def open_many(
@@ -100,8 +113,10 @@ class Passes:
         openings: Sequence[Opening],
         now: datetime,
         staged: Staged | None = None,
+        taken: list[Slots] | None = None,
     ) -> list[Step | BaseException]:
-        """Open a pass over each task and take its first step. The common cases — a task
+        """Open a pass over each task and take its first step (``taken``: as for
+        :meth:`step_many`). The common cases — a task
         first seen, or seen again at its recorded generation, free to lease — take a few
         statements for all of them; a task leased by another pass, finished, or seen at a
         stale generation is answered from its row; the rare ones (a redrive, a task
@@ -186,21 +201,31 @@ class Passes:
             else:
                 nodes = known[tid]
                 changed = await recover(conn, tid, nodes, now)
-            steppings.append(Stepping(o.env, o.owner, Pass(), row, nodes, changed, o.trace, fresh))
+            # Recovery writes more than it keeps in ``nodes``: then its snapshot reads them.
+            current = fresh or not changed
+            steppings.append(
+                Stepping(o.env, o.owner, Pass(), row, nodes, changed, o.trace, current)
+            )
             stepped.append(i)
         for i, step in zip(
-            stepped, await self.step_many(conn, steppings, now, staged), strict=True
+            stepped, await self.step_many(conn, steppings, now, staged, taken), strict=True
         ):
             results[i] = step
         if slow and staged is not None:
             staged.unstaged = True
         for i in slow:
-            results[i] = await self._open_one(conn, openings[i], now)
+            results[i] = await self._open_one(conn, openings[i], now, taken)
         return [r if r is not None else RuntimeError("not opened") for r in results]
 
     async def _open_one(
-        self, conn: AsyncConnection, opening: Opening, now: datetime
+        self,
+        conn: AsyncConnection,
+        opening: Opening,
+        now: datetime,
+        taken: list[Slots] | None = None,
     ) -> Step | BaseException:
+        # Its own slots, given back if its savepoint rolls back.
+        mine: list[Slots] | None = [] if taken is not None else None
         try:
             async with conn.begin_nested():
                 opened = await self.open_one(conn, opening.env, opening.owner, now, opening.trace)
@@ -211,14 +236,25 @@ class Passes:
                     conn,
                     [
                         Stepping(
-                            opening.env, opening.owner, Pass(), row, nodes, recovered, opening.trace
-                        )
+                            opening.env,
+                            opening.owner,
+                            Pass(),
+                            row,
+                            nodes,
+                            recovered,
+                            opening.trace,
+                            nodes_current=not recovered,
+                        )  # fmt: skip
                     ],
                     now,
+                    taken=mine,
                 )
-                return step
         except Exception as error:
+            give_back(mine or [])
             return error
+        if taken is not None and mine:
+            taken.extend(mine)
+        return step
 
     async def open_one(
         self,
@@ -329,6 +365,7 @@ class Passes:
         items: Sequence[Stepping],
         now: datetime,
         staged: Staged | None = None,
+        taken: list[Slots] | None = None,
     ) -> list[Step]:
         """One scheduling step for each task, in the caller's transaction: apply a cancel,
         doom nodes behind a failure, demote nodes behind an open breaker, pick the ready
@@ -338,7 +375,12 @@ class Passes:
         under the task's lock and lease, in one write (the same guard as any node's claim);
         what they unblock is scheduled in the same step. A node write that loses its race
         (impossible while the lock and lease hold) ends that task's pass. The status events
-        are staged in ``staged``, if given."""
+        are staged in ``staged``, if given.
+
+        With ``taken`` given, a ready HTTP node whose downstream has a call slot free is
+        claimed here too (PENDING → RUNNING, in the same write as any claim), so its status
+        event is this step's; the slots are added to ``taken``, which the caller gives back
+        if the transaction does not commit (else each belongs to its node's call)."""
         steps: list[Step | None] = [None] * len(items)
         launch: dict[int, list[NodeRun]] = {}
         active = list(range(len(items)))
@@ -372,6 +414,7 @@ class Passes:
             for i in lost:
                 steps[i] = Step(items[i].state, lease_lost=True)
             active = sorted({i for i, _ in noops} - lost)
+        claimed = await self._claim_ready(conn, items, steps, launch, now, taken)
         settling = [
             i
             for i in range(len(items))
@@ -388,12 +431,59 @@ class Passes:
         ]
         if emitting:
             traces = {it.env.task_id: it.trace for it in items}
-            known = {it.env.task_id: it.nodes for it in items if it.recorded_here}
+            known = {it.env.task_id: it.nodes for it in items if it.nodes_current}
             await many.emit_status_many(conn, emitting, now, events, traces, staged, rows, known)
         return [
-            step if step is not None else Step(items[i].state, launch=launch[i])
+            step
+            if step is not None
+            else Step(items[i].state, launch=launch[i], claimed=claimed.get(i, set()))
             for i, step in enumerate(steps)
         ]
+
+    async def _claim_ready(
+        self,
+        conn: AsyncConnection,
+        items: Sequence[Stepping],
+        steps: Sequence[Step | None],
+        launch: dict[int, list[NodeRun]],
+        now: datetime,
+        taken: list[Slots] | None,
+    ) -> dict[int, set[str]]:
+        """Claim the nodes to launch whose downstream has a call slot free now, taking it
+        (see :meth:`step_many`); returns the nodes claimed, by item. A claim lost
+        (impossible while the lock and lease hold) gives its slot back and drops the node
+        from the launch."""
+        if taken is None:
+            return {}
+        picks: list[tuple[int, NodeRun, Slots]] = []
+        for i, nodes in launch.items():
+            if steps[i] is not None:
+                continue
+            for node in nodes:
+                slots = self.slots.get(node.spec.downstream)
+                if slots is not None and slots.take_now():
+                    taken.append(slots)
+                    picks.append((i, node, slots))
+        won = await many.nodes_claim_if_pending_many(
+            conn,
+            [(items[i].env.task_id, node.node_id, items[i].owner) for i, node, _ in picks],
+            now,
+        )
+        claimed: dict[int, set[str]] = {}
+        for i, node, slots in picks:
+            claim = won.get((items[i].env.task_id, node.node_id))
+            if claim is None:
+                log.info("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
+                taken.remove(slots)
+                slots.give_back()
+                launch[i].remove(node)
+                continue
+            node.status, node.started_at, node.not_before = NodeState.RUNNING, now, None
+            node.attempts, node.round_attempts = claim.attempts, claim.round_attempts
+            node.finished_at = None
+            items[i].changed = True
+            claimed.setdefault(i, set()).add(node.node_id)
+        return claimed
 
     def _schedule(
         self, item: Stepping, now: datetime
@@ -592,3 +682,9 @@ async def outcome_unknown(
         return False
     node.status = NodeState.UNKNOWN
     return True
+
+
+def give_back(taken: Sequence[Slots]) -> None:
+    """Return the call slots of claims that were not committed."""
+    for slots in taken:
+        slots.give_back()

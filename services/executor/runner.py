@@ -30,7 +30,16 @@ from dispo.executor.breaker import Breaker
 from dispo.executor.domain import NodeRun, RetryPolicy
 from dispo.executor.envelope import payload_of
 from dispo.executor.failures import CallOutcome, Move, Verdict, breaker_counts, next_move
-from dispo.executor.passes import Opening, Pass, Passes, Step, Stepping, outcome_unknown
+from dispo.executor.passes import (
+    Opening,
+    Pass,
+    Passes,
+    Step,
+    Stepping,
+    give_back,
+    outcome_unknown,
+)
+from dispo.executor.slots import Slots
 from dispo.executor.states import NodeState
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
@@ -39,7 +48,7 @@ from dispo.libs.bus import Disposition, Nak
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.logging import bind_ids, get_logger
-from dispo.libs.outbox import OutboxRelay
+from dispo.libs.outbox import OutboxRelay, Staged
 from dispo.libs.tracing import current, span
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -128,17 +137,17 @@ class Executor:
             )
             for name in registry
         }
-        self.limits = {
-            name: asyncio.Semaphore(max(1, d.max_concurrency)) for name, d in registry.items()
-        }
-        self.passes = Passes(self.breakers, config.lease_ttl)
+        self.slots = {name: Slots(d.max_concurrency) for name, d in registry.items()}
+        self.passes = Passes(self.breakers, config.lease_ttl, self.slots)
         # The database work of every pass in hand is group-committed, one Batcher per kind:
         # openings of task.create messages (one that cannot be opened fails alone), node
         # claims, finished calls recorded with their pass's next step, lease heartbeats.
         self.openings: Batcher[Opening, Step] = self._group_commit(
             "task openings", self._open_flush
         )
-        self.claims: Batcher[Claim, bool] = self._group_commit("node claims", self._claim_flush)
+        self.claims: Batcher[Claim, many.Claimed | None] = self._group_commit(
+            "node claims", self._claim_flush
+        )
         self.advances: Batcher[Advance, Step] = self._group_commit(
             "pass steps", self._advance_flush
         )
@@ -181,8 +190,13 @@ class Executor:
     async def _open_flush(self, openings: list[Opening]) -> Sequence[Step | BaseException]:
         now = self.clock.now()
         staged = self.relay.staged()
-        async with self.engine.begin() as conn:
-            steps = await self.passes.open_many(conn, openings, now, staged)
+        taken: list[Slots] = []
+        try:
+            async with self.engine.begin() as conn:
+                steps = await self.passes.open_many(conn, openings, now, staged, taken)
+        except BaseException:
+            give_back(taken)
+            raise
         self.relay.publish_committed(staged)
         return steps
 
@@ -211,7 +225,7 @@ class Executor:
             for node in step.launch:
                 state.attempted.add(node.node_id)
                 state.in_flight[node.node_id] = asyncio.create_task(
-                    self._run_node(env, node, owner)
+                    self._run_node(env, node, owner, claimed=node.node_id in step.claimed)
                 )
             if step.lease_lost:
                 log.warning("lease lost; stopping pass", task_id=env.task_id)
@@ -273,6 +287,29 @@ class Executor:
                 results[i] = RuntimeError(f"two passes of task {a.env.task_id} in one flush")
             seen.add(a.env.task_id)
         todo = [i for i, r in enumerate(results) if r is None]
+        taken: list[Slots] = []
+        try:
+            recorded = await self._advance(advances, todo, results, now, staged, taken)
+        except BaseException:
+            give_back(taken)
+            raise
+        self.relay.publish_committed(staged)
+        for i in todo:  # known once committed
+            for c, ok in zip(advances[i].calls, recorded[i], strict=True):
+                c.recorded = ok
+        return [r if r is not None else Step(advances[i].state) for i, r in enumerate(results)]
+
+    async def _advance(
+        self,
+        advances: list[Advance],
+        todo: list[int],
+        results: list[Step | BaseException | None],
+        now: datetime,
+        staged: Staged,
+        taken: list[Slots],
+    ) -> dict[int, list[bool]]:
+        """The transaction of :meth:`_advance_flush`: fills ``results`` in; returns, by
+        advance, which of its calls were recorded."""
         recorded: dict[int, list[bool]] = {}
         async with self.engine.begin() as conn:
             rows, _ = await many.tasks_lock_many(conn, [advances[i].env.task_id for i in todo])
@@ -310,26 +347,24 @@ class Executor:
                     continue
                 row.envelope = a.env
                 stepping.append(i)
-                steppings.append(Stepping(a.env, a.owner, a.state, row, {}, changed, a.trace))
+                # Its nodes are read below, after every write of theirs in this transaction.
+                steppings.append(Stepping(a.env, a.owner, a.state, row, {}, changed, a.trace, True))
             known = await many.nodes_get_many(conn, [s.env for s in steppings])
             for s in steppings:
                 s.nodes = known[s.env.task_id]
-            for i, step in zip(
-                stepping, await self.passes.step_many(conn, steppings, now, staged), strict=True
-            ):
+            stepped = await self.passes.step_many(conn, steppings, now, staged, taken)
+            for i, step in zip(stepping, stepped, strict=True):
                 results[i] = step
             if emitting:
                 traces = {advances[i].env.task_id: advances[i].trace for i in todo}
                 await many.emit_status_many(conn, emitting, now, (), traces, staged)
-        self.relay.publish_committed(staged)
-        for i in todo:  # known once committed
-            for c, ok in zip(advances[i].calls, recorded[i], strict=True):
-                c.recorded = ok
-        return [r if r is not None else Step(advances[i].state) for i, r in enumerate(results)]
+        return recorded
 
-    async def _claim_flush(self, claims: list[Claim]) -> Sequence[bool]:
-        """PENDING → RUNNING for nodes about to be called, in one transaction (the task rows
-        locked first, in task_id order), with one status event per task that claimed one."""
+    async def _claim_flush(self, claims: list[Claim]) -> Sequence[many.Claimed | None]:
+        """PENDING → RUNNING for nodes about to be called that their step could not claim
+        (no call slot was free then), in one transaction (the task rows locked first, in
+        task_id order), with one status event per task that claimed one. Returns each
+        claim's new attempt counts (None: lost)."""
         now = self.clock.now()
         staged = self.relay.staged()
         async with self.engine.begin() as conn:
@@ -342,32 +377,45 @@ class Executor:
                 traces = {c.task_id: c.trace for c in claims}
                 await many.emit_status_many(conn, emitting, now, (), traces, staged)
         self.relay.publish_committed(staged)
-        return [(c.task_id, c.node_id) in won for c in claims]
+        return [won.get((c.task_id, c.node_id)) for c in claims]
 
-    async def _run_node(self, env: task_pb2.Task, node: NodeRun, owner: str) -> Recording | None:
+    async def _run_node(
+        self, env: task_pb2.Task, node: NodeRun, owner: str, claimed: bool = False
+    ) -> Recording | None:
         attributes = {
             "dispo.task_id": env.task_id,
             "dispo.node_id": node.node_id,
             "dispo.cell": node.cell,
             "dispo.action": node.action,
             "dispo.downstream": node.spec.downstream,
-            "dispo.attempt": node.attempts + 1,
+            "dispo.attempt": node.attempts if claimed else node.attempts + 1,
         }
         with span("node run", attributes):
-            return await self._run_node_traced(env, node, owner)
+            return await self._run_node_traced(env, node, owner, claimed)
 
     async def _run_node_traced(
-        self, env: task_pb2.Task, node: NodeRun, owner: str
+        self, env: task_pb2.Task, node: NodeRun, owner: str, claimed: bool
     ) -> Recording | None:
-        """Claim the node, make its call and say what to record (None: the claim was lost)."""
+        """Make the node's call and say what to record. A node its step did not claim
+        (``claimed``: claimed, with its downstream's call slot) waits for a slot, then is
+        claimed (None: the claim was lost). The slot is given back when the call ends."""
         task_id = env.task_id
         bind_ids(node_id=node.node_id)  # this node's own asyncio task: its lines only
         downstream = self.registry.get(node.spec.downstream)
-        limit = self.limits.get(node.spec.downstream)
-        async with limit if limit is not None else contextlib.nullcontext():
-            if not await self.claims.submit(Claim(task_id, node.node_id, owner, current())):
-                log.info("node claim lost", task_id=task_id, node_id=node.node_id)
-                return None
+        slots = self.slots.get(node.spec.downstream)
+        held = claimed  # a step claims only with a slot
+        try:
+            if not claimed:
+                if slots is not None:
+                    await slots.take()
+                    held = True
+                won = await self.claims.submit(Claim(task_id, node.node_id, owner, current()))
+                if won is None:
+                    log.info("node claim lost", task_id=task_id, node_id=node.node_id)
+                    return None
+                node.status, node.attempts, node.round_attempts = (
+                    NodeState.RUNNING, won.attempts, won.round_attempts,
+                )  # fmt: skip
             call = Call(
                 task_id,
                 node.node_id,
@@ -382,6 +430,9 @@ class Executor:
                 # whether the call went out is not known
                 result = failed(CallOutcome.AMBIGUOUS, f"action error: {error!r}")
             took = time.perf_counter() - sent
+        finally:
+            if held and slots is not None:
+                slots.give_back()
         return self._recording(task_id, node, owner, result, took)
 
     @staticmethod
@@ -422,7 +473,7 @@ class Executor:
         move = next_move(
             result.outcome,
             node.spec.idempotent,
-            node.round_attempts + 1,
+            node.round_attempts,  # this call's, counted by its claim
             self.config.retry,
             now,
             result.retry_after,

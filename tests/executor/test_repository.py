@@ -9,6 +9,7 @@ from dispo.executor import repository_many as bulk
 from dispo.executor.breaker import Breaker
 from dispo.executor.envelope import overlay_row
 from dispo.executor.passes import Opening, Passes, Step
+from dispo.executor.slots import Slots
 from dispo.executor.states import CHECKED_COLUMNS, NodeState, TaskState
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
@@ -544,3 +545,69 @@ async def test_first_recorded_tasks_publish_the_node_states_their_rows_hold(serv
         for node in expected.nodes:
             overlay_row(node, rows[(snapshot.task_id, node.node_id)])
         assert snapshot == expected, snapshot.task_id
+
+
+async def test_a_step_claims_the_http_nodes_it_launches_while_their_downstream_has_a_slot(
+    service_engine,
+):
+    """A ready HTTP node is claimed by the step that launches it when its downstream has a
+    call slot free: RUNNING in the same transaction, the slot taken for its call, the
+    task's snapshot saying so. With no slot free (or none queued ahead) it stays PENDING
+    for the node to claim once it has one."""
+    engine = await service_engine("executor")
+
+    def task(task_id: str, downstream: str, calls: int) -> task_pb2.Task:
+        env = envelope(task_id)  # a.x: noop, run in the step; the calls follow it
+        for k in range(calls):
+            env.nodes.add(
+                node_id=f"c{k}.y",
+                depends_on=["a.x"],
+                status=common_pb2.NODE_STATUS_PENDING,
+                spec=task_pb2.ActionSpec(kind="http", downstream=downstream, path="/"),
+            )
+        return env
+
+    slots = {"up": Slots(2), "full": Slots(1)}
+    assert slots["full"].take_now()  # another node's call holds it
+    taken: list[Slots] = []
+    async with engine.begin() as conn:
+        steps = await Passes({}, lease_ttl=10, slots=slots).open_many(
+            conn, [Opening(task("three", "up", 3), "me"), Opening(task("one", "full", 1), "me")], NOW,
+            taken=taken,
+        )  # fmt: skip
+    three, one = steps
+    assert [n.node_id for n in three.launch] == ["c0.y", "c1.y", "c2.y"]
+    assert three.claimed == {"c0.y", "c1.y"}  # two slots
+    assert [n.node_id for n in one.launch] == ["c0.y"] and one.claimed == set()
+    assert taken == [slots["up"], slots["up"]] and slots["up"].free == 0
+    for node in three.launch:
+        claimed = node.node_id in three.claimed
+        assert node.status is (NodeState.RUNNING if claimed else NodeState.PENDING)
+        assert node.attempts == (1 if claimed else 0)
+
+    async with engine.connect() as conn:
+        rows = {
+            (r.task_id, r.node_id): r for r in await conn.execute(text("SELECT * FROM node_runs"))
+        }
+        [event] = (
+            await conn.execute(
+                text("SELECT payload FROM outbox WHERE subject LIKE 'task.status.%'"
+                     " AND msg_id LIKE 'three%'")
+            )
+        ).all()  # fmt: skip
+    claimed_rows = {k for k, r in rows.items() if r.status == "running"}
+    assert claimed_rows == {("three", "c0.y"), ("three", "c1.y")}
+    assert {rows[k].run_owner for k in claimed_rows} == {"me"}
+    assert rows[("three", "c2.y")].status == "pending" and rows[("one", "c0.y")].status == "pending"
+    snapshot = task_pb2.Task.FromString(event.payload)  # one status event for the step
+    expected = task_pb2.Task()
+    expected.CopyFrom(snapshot)
+    for node in expected.nodes:
+        overlay_row(node, rows[("three", node.node_id)])
+    assert snapshot == expected
+    assert [n.status for n in snapshot.nodes] == [
+        common_pb2.NODE_STATUS_SUCCEEDED,
+        common_pb2.NODE_STATUS_RUNNING,
+        common_pb2.NODE_STATUS_RUNNING,
+        common_pb2.NODE_STATUS_PENDING,
+    ]

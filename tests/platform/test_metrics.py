@@ -229,6 +229,36 @@ def rpc_lines(log: Path, method: str, business: str) -> list[dict[str, Any]]:
     ]
 
 
+async def test_the_call_slot_gauges_count_calls_under_way_and_waiting_and_return_to_zero(
+    stack: Stack,
+) -> None:
+    """``narrow`` takes two calls at a time: of three ready nodes, two are claimed and
+    calling, one waits for a slot; once every call ended, no slot is held or awaited (a
+    slot lost on any path would show here)."""
+    await stack.downstream.control(hold={"path": "/narrow/"})
+    async with stack.client() as client:
+        task = await client.submit(
+            "metrics", [cell("narrow_step", ref=f"n{i}", name=f"slots{i}") for i in range(3)]
+        )
+        await stack.downstream.wait_held(2)
+        during = await eventually(
+            lambda: stack.scrape("executor"),
+            lambda s: value(s, "dispo_downstream_calls_waiting", downstream="narrow") == 1,
+            wanted="one node waiting for a narrow slot",
+        )
+        assert value(during, "dispo_downstream_calls_in_flight", downstream="narrow") == 2
+        await stack.downstream.control(release=True)  # held calls answer 503: retried
+        assert (await client.wait(task.task_id, timeout=60)).status == "SUCCEEDED"
+    after = await eventually(
+        lambda: stack.scrape("executor"),
+        lambda s: value(s, "dispo_downstream_calls_in_flight", downstream="narrow") == 0,
+        wanted="no narrow slot held",
+    )
+    for downstream in ("narrow", "demo"):
+        assert value(after, "dispo_downstream_calls_in_flight", downstream=downstream) == 0
+        assert value(after, "dispo_downstream_calls_waiting", downstream=downstream) == 0
+
+
 async def test_every_log_line_about_a_task_carries_its_ids(stack: Stack) -> None:
     async with stack.client() as client:
         task = await client.submit("logs", [cell("step", name="logged")], idempotency_key="logs")
