@@ -193,7 +193,9 @@ class Passes:
                 tid, TaskState.ACCEPTED, o.env.generation, 0, o.env.cancel_requested,
                 None, None, None, "",
             )  # fmt: skip
+            # as tasks_open_many (or the insert) left it, locked until commit
             row.envelope, row.lease_owner, row.status = o.env, o.owner, TaskState.RUNNING
+            row.status_reason = ""
             fresh = tid not in known
             if fresh:  # recorded just now, as the envelope says
                 nodes = {n.node_id: node_from_proto(n) for n in o.env.nodes}
@@ -316,7 +318,8 @@ class Passes:
         if not await many.tasks_open_many(conn, [(task_id, owner)], now, self.lease_ttl):
             log.warning("task lease not taken; later", task_id=task_id)
             return Nak(delay=1.0)
-        row.lease_owner, row.status = owner, TaskState.RUNNING  # locked until commit
+        # as tasks_open_many left it, locked until commit
+        row.lease_owner, row.status, row.status_reason = owner, TaskState.RUNNING, ""
         nodes = await repo.nodes_get(conn, row.envelope)
         recovered = await recover(conn, task_id, nodes, now)
         return row, nodes, recovered
@@ -420,19 +423,35 @@ class Passes:
             for i in range(len(items))
             if steps[i] is None and not launch[i] and not items[i].state.in_flight
         ]
-        settled, emitting, events, rows = await self._settle_many(
-            conn, [items[i] for i in settling], now
-        )
-        for i, disposition in zip(settling, settled, strict=True):
-            steps[i] = Step(items[i].state, disposition=disposition)
-        # One status write for the batch: the settled tasks and those still running that changed.
-        emitting += [
-            items[i].env.task_id for i in range(len(items)) if steps[i] is None and items[i].changed
+        task_writes, dispositions, events = self._settle([items[i] for i in settling], now)
+        settled = set(settling)
+        # One write for the batch: the settled tasks, and those still running that changed
+        # take a new version for their status event; the events go with it.
+        task_writes += [
+            many.TaskWrite(items[i].env.task_id, items[i].owner, emit=True, release=False)
+            for i in range(len(items))
+            if steps[i] is None and i not in settled and items[i].changed
         ]
-        if emitting:
-            traces = {it.env.task_id: it.trace for it in items}
-            known = {it.env.task_id: it.nodes for it in items if it.nodes_current}
-            await many.emit_status_many(conn, emitting, now, events, traces, staged, rows, known)
+        written: set[str] = set()
+        if task_writes:
+            written = set(
+                await many.tasks_write_many(
+                    conn,
+                    task_writes,
+                    {it.env.task_id: it.row for it in items},
+                    now,
+                    events,
+                    {it.env.task_id: it.trace for it in items},
+                    staged,
+                    {it.env.task_id: it.nodes for it in items if it.nodes_current},
+                )
+            )
+        for k, i in enumerate(settling):  # the settlements come first
+            disposition = dispositions[k]
+            if task_writes[k].task_id not in written:  # locked here: another writer cannot have won
+                log.warning("task settle lost a race (lease lost?)", task_id=task_writes[k].task_id)
+                disposition = Nak(delay=1.0)
+            steps[i] = Step(items[i].state, disposition=disposition)
         return [
             step
             if step is not None
@@ -561,51 +580,33 @@ class Passes:
                 lost.add(i)
         return lost
 
-    async def _settle_many(
-        self, conn: AsyncConnection, items: Sequence[Stepping], now: datetime
-    ) -> tuple[list[Disposition], list[str], list[tuple[str, str, str]], dict[str, many.TaskRow]]:
+    @staticmethod
+    def _settle(
+        items: Sequence[Stepping], now: datetime
+    ) -> tuple[list[many.TaskWrite], list[Disposition], list[tuple[str, str, str]]]:
         """Nothing more can run in these passes: finish, re-publish for a retry, demote or
-        fail each task. Returns the dispositions, the tasks whose status event is due, the
-        events to publish with their envelopes and the settled rows (all three for
-        :func:`many.emit_status_many`)."""
-        decisions = [decide(it.nodes, now, it.row.cancel_requested) for it in items]
-        settlements: list[many.Settlement] = []
+        fail each task. Returns each task's write and disposition, and the events to
+        publish with their envelopes (for :func:`many.tasks_write_many`)."""
+        writes: list[many.TaskWrite] = []
         dispositions: list[Disposition] = []
-        for it, decision in zip(items, decisions, strict=True):
+        events: list[tuple[str, str, str]] = []
+        for it in items:
             tid = it.env.task_id
+            decision = decide(it.nodes, now, it.row.cancel_requested)
             if decision.next is Next.RETRY and it.state.ran == 0:
                 # Nothing could run yet: the message came back before the backoff passed.
-                settlements.append(many.Settlement(tid, it.owner, emit=it.changed))
+                writes.append(many.TaskWrite(tid, it.owner, emit=it.changed))
                 wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
                 dispositions.append(Nak(delay=max(0.05, wait)))
                 continue
             # The pass made the task RUNNING when it took the lease, and holds the lease still.
-            settlements.append(
-                many.Settlement(
-                    tid,
-                    it.owner,
-                    decision.status,
-                    decision.reason,
-                    decision.next is Next.RETRY,
-                    emit=True,
-                )
+            retry = decision.next is Next.RETRY
+            writes.append(
+                many.TaskWrite(tid, it.owner, decision.status, decision.reason, retry, emit=True)
             )
             dispositions.append(ACK)
-        rows = await many.tasks_settle_many(conn, settlements, now)
-        emitting: list[str] = []
-        events: list[tuple[str, str, str]] = []
-        for k, (it, decision, s) in enumerate(zip(items, decisions, settlements, strict=True)):
-            tid = it.env.task_id
-            if tid not in rows:  # the row is locked here: another writer cannot have won
-                log.warning("task settle lost a race (lease lost?)", task_id=tid)
-                dispositions[k] = Nak(delay=1.0)
-                continue
-            if s.emit:
-                emitting.append(tid)
-            if s.status is None:
-                continue
-            generation = rows[tid].generation
-            if decision.next is Next.RETRY:
+            generation = it.row.generation + (1 if retry else 0)  # as the write leaves it
+            if retry:
                 events.append((tid, tasks.TASK_CREATE, tasks.create_id(tid, generation)))
             elif decision.next is Next.DEMOTE:
                 events.append((tid, tasks.TASK_DEMOTE, tasks.demote_id(tid, generation)))
@@ -620,7 +621,7 @@ class Passes:
                 status=decision.status.value,
                 reason=decision.reason,
             )
-        return dispositions, emitting, events, {tid: rows[tid] for tid in emitting}
+        return writes, dispositions, events
 
 
 async def recover(

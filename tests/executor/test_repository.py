@@ -1,6 +1,7 @@
 """The executor's guarded writes against real PostgreSQL, including true races."""
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from dispo.executor.states import CHECKED_COLUMNS, NodeState, TaskState
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK
+from dispo.libs.contracts import tasks
 from dispo.libs.db.checks import enum_check_drift, enum_checks
 from dispo.libs.states import IllegalTransition
 from sqlalchemy import text
@@ -438,32 +440,50 @@ async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_
                 ],
             )
         assert (await _node_row(conn, "t3")).status == "running"  # nothing was written
-        settled = await bulk.tasks_settle_many(
+        locked, _ = await bulk.tasks_lock_many(conn, ["t1", "t2", "t3"])
+        written = await bulk.tasks_write_many(
             conn,
             [
-                bulk.Settlement("t1", "me", TaskState.SUCCEEDED, emit=True),
-                bulk.Settlement("t2", "other", TaskState.SUCCEEDED),
+                bulk.TaskWrite("t1", "me", TaskState.SUCCEEDED, emit=True),
+                bulk.TaskWrite("t2", "other", TaskState.FAILED, "broken", emit=True),
             ],
+            locked,
+            NOW,
+            [("t2", tasks.TASK_FAIL, tasks.fail_id("t2", 0))],
+        )
+        assert set(written) == {"t1"}  # t2: not other's lease, so neither its events
+        t1 = await repo.task_get(conn, "t1")
+        assert t1.status is TaskState.SUCCEEDED and t1.lease_owner is None
+        assert t1.version == locked["t1"].version + 1 == written["t1"].version
+        assert written["t1"].status == common_pb2.TASK_STATUS_SUCCEEDED
+        # A row changed since it was read under the lock is not written (nor its events).
+        stale = dataclasses.replace(locked["t2"], version=locked["t2"].version - 1)
+        assert (
+            await bulk.tasks_write_many(conn, [bulk.TaskWrite("t2", "me")], {"t2": stale}, NOW)
+            == {}
+        )
+        kept = await bulk.tasks_write_many(
+            conn,
+            [bulk.TaskWrite("t2", "me", emit=True, release=False), bulk.TaskWrite("t3", "me")],
+            locked,
             NOW,
         )
-        assert {k: row.generation for k, row in settled.items()} == {"t1": 0}  # t2: not other's
-        assert settled["t1"].status is TaskState.SUCCEEDED and settled["t1"].lease_owner is None
-        # The settle took the status event's version; the event does not bump it again.
-        before = settled["t1"].version
-        snaps = await bulk.emit_status_many(conn, ["t1"], NOW, settled=settled)
-        assert snaps["t1"].version == before
-        assert (await repo.task_get(conn, "t1")).version == before
-        kept = await bulk.tasks_settle_many(
-            conn, [bulk.Settlement("t2", "me", emit=True), bulk.Settlement("t3", "me")], NOW
-        )
-        t3_version = (await repo.task_get(conn, "t3")).version
-        assert kept["t2"].version == (await repo.task_get(conn, "t2")).version
-        assert kept["t3"].version == t3_version and kept["t3"].lease_owner is None
-        assert kept["t2"].version == kept["t3"].version + 1  # both opened alike; t2 emits
+        assert kept["t3"] is None  # released, no event
+        t2, t3 = await repo.task_get(conn, "t2"), await repo.task_get(conn, "t3")
+        assert (t2.version, t2.lease_owner, t2.status) == (
+            locked["t2"].version + 1, "me", TaskState.RUNNING,
+        )  # fmt: skip
+        assert kept["t2"].version == t2.version
+        assert (t3.version, t3.lease_owner) == (locked["t3"].version, None)
         with pytest.raises(IllegalTransition):
-            await bulk.tasks_settle_many(
-                conn, [bulk.Settlement("t3", "me", TaskState.ACCEPTED)], NOW
+            await bulk.tasks_write_many(
+                conn, [bulk.TaskWrite("t3", "me", TaskState.ACCEPTED)], {"t3": t3}, NOW
             )
+        events = (await conn.execute(text("SELECT subject, msg_id FROM outbox ORDER BY id"))).all()
+    assert [tuple(e) for e in events] == [
+        (tasks.task_status("t1", common_pb2.TASK_STATUS_SUCCEEDED), f"t1:v{t1.version}"),
+        (tasks.task_status("t2", common_pb2.TASK_STATUS_RUNNING), f"t2:v{t2.version}"),
+    ]
 
 
 async def test_lease_heartbeats_extend_only_the_leases_their_owners_hold(service_engine):
@@ -510,19 +530,38 @@ async def test_first_recorded_tasks_publish_the_node_states_their_rows_hold(serv
         return env
 
     seen = with_http("seen", "flaky")
+    retried = with_http("retried", "down")
+    retried.nodes.add(
+        node_id="c.z",
+        depends_on=["a.x"],
+        status=common_pb2.NODE_STATUS_PENDING,
+        spec=task_pb2.ActionSpec(kind="http", downstream="up", method="POST", path="/"),
+    )
     async with engine.begin() as conn:  # a first pass ran a.x and left b.y to launch
-        [first] = await Passes({}, lease_ttl=10).open_many(conn, [Opening(seen, "first")], NOW)
+        [first, _] = await Passes({}, lease_ttl=10).open_many(
+            conn, [Opening(seen, "first"), Opening(retried, "first")], NOW
+        )
+        # as a short retry leaves it: its next task.create comes at the new generation
+        await conn.execute(
+            text(
+                "UPDATE task_runs SET status_reason = 'short retry', generation = 1"
+                " WHERE task_id = 'retried'"
+            )
+        )
     assert [n.node_id for n in first.launch] == ["b.y"]
+    retried.generation = 1
     later = NOW + timedelta(seconds=30)  # its lease has expired
     breakers = {"down": Breaker(), "flaky": Breaker(), "up": Breaker()}
     breakers["down"].trip(later)
     breakers["flaky"].trip(later)
-    batch = [envelope("noop"), with_http("demoted", "down"), with_http("launched", "up"), seen]
+    batch = [
+        envelope("noop"), with_http("demoted", "down"), with_http("launched", "up"), seen, retried
+    ]  # fmt: skip
     async with engine.begin() as conn:
         steps = await Passes(breakers, lease_ttl=10).open_many(
             conn, [Opening(e, "me") for e in batch], later
         )
-    assert [s.disposition for s in steps] == [ACK, ACK, None, ACK]
+    assert [s.disposition for s in steps] == [ACK, ACK, None, ACK, None]
     assert [n.node_id for n in steps[2].launch] == ["b.y"]
     async with engine.connect() as conn:
         events = (
@@ -533,10 +572,20 @@ async def test_first_recorded_tasks_publish_the_node_states_their_rows_hold(serv
         rows = {
             (r.task_id, r.node_id): r for r in await conn.execute(text("SELECT * FROM node_runs"))
         }
+        task_rows = {r.task_id: r for r in await conn.execute(text("SELECT * FROM task_runs"))}
     snapshots = [task_pb2.Task.FromString(e.payload) for e in events]
     published = {s.task_id: s for s in snapshots if s.updated_at.ToDatetime(UTC) == later}
-    assert set(published) == {"noop", "demoted", "launched", "seen"}
-    for task_id in ("demoted", "seen"):
+    assert set(published) == {"noop", "demoted", "launched", "seen", "retried"}
+    for task_id, snapshot in published.items():  # the task's own fields, as its row holds them
+        row = task_rows[task_id]
+        assert (
+            TaskState.from_proto(snapshot.status).value, snapshot.status_reason,
+            snapshot.generation, snapshot.version, snapshot.cancel_requested,
+        ) == (
+            row.status, row.status_reason, row.generation, row.version, row.cancel_requested
+        ), task_id  # fmt: skip
+    assert (published["retried"].status_reason, published["retried"].generation) == ("", 1)
+    for task_id in ("demoted", "seen", "retried"):
         node = {n.node_id: n for n in published[task_id].nodes}["b.y"]
         assert node.status == common_pb2.NODE_STATUS_DEMOTED and "circuit open" in node.last_error
     for snapshot in published.values():
