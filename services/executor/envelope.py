@@ -9,7 +9,7 @@ from dispo.executor.domain import ActionSpec, NodeRun
 from dispo.executor.states import NodeState
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.payload import payload_data, payload_problem
-from dispo.libs.timestamps import from_timestamp
+from dispo.libs.timestamps import from_timestamp, set_timestamp
 
 
 def spec_from_proto(spec: task_pb2.ActionSpec) -> ActionSpec:
@@ -62,7 +62,7 @@ def _overlay(node: task_pb2.Node, status: NodeState, run: Any) -> None:
     node.retry.round_attempts = run.round_attempts
     node.retry.retryable = run.retryable
     if run.not_before is not None:
-        node.retry.not_before.FromDatetime(run.not_before)
+        set_timestamp(node.retry.not_before, run.not_before)
     else:
         node.retry.ClearField("not_before")
     node.last_error = run.last_error
@@ -72,7 +72,7 @@ def _overlay(node: task_pb2.Node, status: NodeState, run: Any) -> None:
     )
     for name, value in stamps:
         if value is not None:
-            getattr(node, name).FromDatetime(value)
+            set_timestamp(getattr(node, name), value)
         else:
             node.ClearField(name)
 

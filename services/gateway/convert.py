@@ -12,6 +12,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.errors import FieldViolation, InvalidArgument
 from dispo.libs.payload import PayloadError, from_struct, json_payload, parse_json_object
 from dispo.libs.proto_enums import from_short_name, task_status_name
+from dispo.libs.timestamps import set_timestamp
 
 
 def payload_from_proto(cell: gateway_pb2.CellRequest, where: str) -> dict[str, Any]:
@@ -63,8 +64,8 @@ def task_envelope(
         generation=0,
         status=common_pb2.TASK_STATUS_ACCEPTED,
     )
-    env.created_at.FromDatetime(now)
-    env.updated_at.FromDatetime(now)
+    set_timestamp(env.created_at, now)
+    set_timestamp(env.updated_at, now)
     for req in sub.cells:
         env.payloads[req.ref or req.cell].CopyFrom(json_payload(req.body))
     for node in nodes:

@@ -28,6 +28,7 @@ from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.payload import canonical_json
+from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tracing import current
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -64,10 +65,10 @@ def cancelled_view(view: task_pb2.Task, now: datetime) -> task_pb2.Task:
     out.status = common_pb2.TASK_STATUS_CANCELLED
     out.cancel_requested = True
     out.status_reason = "cancelled before publication"
-    out.updated_at.FromDatetime(now)
+    set_timestamp(out.updated_at, now)
     for node in out.nodes:
         node.status = common_pb2.NODE_STATUS_CANCELLED
-        node.finished_at.FromDatetime(now)
+        set_timestamp(node.finished_at, now)
     return out
 
 
@@ -317,7 +318,7 @@ class Gateway:
                 )
             if await repo.task_request_cancel(conn, task_id, now):
                 request = task_pb2.CancelRequest(task_id=task_id)
-                request.requested_at.FromDatetime(now)
+                set_timestamp(request.requested_at, now)
                 await repo.emit(
                     conn,
                     tasks.TASK_CANCEL,

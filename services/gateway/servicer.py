@@ -33,6 +33,7 @@ from dispo.libs.paging import (
     page_size,
 )
 from dispo.libs.proto_enums import from_short_name
+from dispo.libs.timestamps import set_timestamp
 from google.protobuf.message import DecodeError
 
 
@@ -223,7 +224,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         require_visible(record.business, f"no task {task_id!r}")
         completion = gateway_pb2.Completion(callback_url=record.callback_url)
         if record.finished_at is not None:
-            completion.finished_at.FromDatetime(record.finished_at)
+            set_timestamp(completion.finished_at, record.finished_at)
         return gateway_pb2.GetTaskResponse(task=self.gateway.view_of(record), completion=completion)
 
     async def ListTasks(
@@ -255,8 +256,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 node_count=record.node_count,
                 cancel_requested=record.cancel_requested,
             )
-            item.created_at.FromDatetime(record.created_at)
-            item.updated_at.FromDatetime(record.updated_at)
+            set_timestamp(item.created_at, record.created_at)
+            set_timestamp(item.updated_at, record.updated_at)
         if len(records) > size:
             last = records[size - 1]
             out.more = True
@@ -342,7 +343,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 sequence=message.sequence,
                 publisher=tasks.status_publisher(task_id, message.msg_id),
             )
-            event.time.FromDatetime(message.time)
+            set_timestamp(event.time, message.time)
             out.events.append(event)
             previous = snapshot
         if out.events:

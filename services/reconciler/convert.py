@@ -10,6 +10,7 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.paging import decode_page_token, encode_page_token, invalid_page_token, page_size
 from dispo.libs.proto_enums import from_short_name, short_name
+from dispo.libs.timestamps import set_timestamp
 from dispo.libs.validation import bounded
 from dispo.reconciler import envelope as E
 from dispo.reconciler.states import WORK_KIND_OF, WORK_KIND_STATES, RecoveryState, WorkKind
@@ -27,7 +28,7 @@ MAX_AGE_SECONDS = 100 * 365 * 86400
 
 def set_ts(message: Any, name: str, value: datetime | None) -> None:
     if value is not None:
-        getattr(message, name).FromDatetime(value)
+        set_timestamp(getattr(message, name), value)
 
 
 def state_to_proto(state: RecoveryState) -> pb.RecoveryState.ValueType:
