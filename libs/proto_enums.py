@@ -5,6 +5,7 @@ value."""
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,6 +21,7 @@ def _prefix(enum: Any) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", enum.DESCRIPTOR.name).upper() + "_"
 
 
+@functools.cache  # an event's subject names its status: looked up for every event
 def short_name(enum: Any, value: int) -> str:
     """``short_name(common_pb2.TaskStatus, 3)`` → ``"SUCCEEDED"``; ValueError if unknown."""
     return str(enum.Name(value)).removeprefix(_prefix(enum))

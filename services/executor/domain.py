@@ -8,13 +8,16 @@ import enum
 import random
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from dispo.executor.states import NodeState, TaskState
 from dispo.libs.backoff import backoff
 
 
-@dataclass(frozen=True)
-class ActionSpec:
+class ActionSpec(NamedTuple):
+    """A node's action (a NamedTuple: made for every node a pass reads, and a frozen
+    dataclass cost six times as much to build)."""
+
     kind: str
     downstream: str = ""
     method: str = "POST"

@@ -47,12 +47,15 @@ class NodeState(enum.StrEnum):
     CANCELLED = "cancelled"
 
     def to_proto(self) -> common_pb2.NodeStatus.ValueType:
-        return common_pb2.NodeStatus.Value(f"NODE_STATUS_{self.name}")
+        return _NODE_TO_PROTO[self]
 
     @classmethod
     def from_proto(cls, value: common_pb2.NodeStatus.ValueType) -> NodeState:
-        name = common_pb2.NodeStatus.Name(value).removeprefix("NODE_STATUS_")
-        return cls[name] if name != "UNSPECIFIED" else cls.PENDING
+        """ValueError for a value the enum does not have; UNSPECIFIED is PENDING."""
+        found = _NODE_FROM_PROTO.get(value)
+        if found is None:
+            raise ValueError(f"unknown NodeStatus {value}")
+        return found
 
 
 N = NodeState
@@ -83,12 +86,27 @@ class TaskState(enum.StrEnum):
     DEMOTED = "demoted"
 
     def to_proto(self) -> common_pb2.TaskStatus.ValueType:
-        return common_pb2.TaskStatus.Value(f"TASK_STATUS_{self.name}")
+        return _TASK_TO_PROTO[self]
 
     @classmethod
     def from_proto(cls, value: common_pb2.TaskStatus.ValueType) -> TaskState:
-        name = common_pb2.TaskStatus.Name(value).removeprefix("TASK_STATUS_")
-        return cls[name] if name != "UNSPECIFIED" else cls.ACCEPTED
+        """ValueError for a value the enum does not have; UNSPECIFIED is ACCEPTED."""
+        found = _TASK_FROM_PROTO.get(value)
+        if found is None:
+            raise ValueError(f"unknown TaskStatus {value}")
+        return found
+
+
+# The proto values of each state by name, looked up once: every snapshot converts each
+# node's state, and a lookup through the enum's descriptor cost more than the rest of it.
+_NODE_TO_PROTO = {s: common_pb2.NodeStatus.Value(f"NODE_STATUS_{s.name}") for s in NodeState}
+_NODE_FROM_PROTO = {v: s for s, v in _NODE_TO_PROTO.items()} | {
+    common_pb2.NODE_STATUS_UNSPECIFIED: NodeState.PENDING
+}
+_TASK_TO_PROTO = {s: common_pb2.TaskStatus.Value(f"TASK_STATUS_{s.name}") for s in TaskState}
+_TASK_FROM_PROTO = {v: s for s, v in _TASK_TO_PROTO.items()} | {
+    common_pb2.TASK_STATUS_UNSPECIFIED: TaskState.ACCEPTED
+}
 
 
 T = TaskState

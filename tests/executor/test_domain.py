@@ -17,6 +17,7 @@ from dispo.executor.domain import (
     to_cancel,
 )
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
+from dispo.libs.api.common.v1 import common_pb2
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 S = NodeState
@@ -268,3 +269,12 @@ def test_state_machines_are_closed_and_match_the_protos():
     assert {s.to_proto() for s in NodeState} == set(range(1, 9))
     assert {s.to_proto() for s in TaskState} == set(range(1, 8))
     assert all(NodeState.from_proto(s.to_proto()) is s for s in NodeState)
+    assert all(TaskState.from_proto(s.to_proto()) is s for s in TaskState)
+    for state, enum in ((NodeState, common_pb2.NodeStatus), (TaskState, common_pb2.TaskStatus)):
+        assert all(enum.Name(s.to_proto()).endswith(f"_STATUS_{s.name}") for s in state)
+    assert NodeState.from_proto(common_pb2.NODE_STATUS_UNSPECIFIED) is NodeState.PENDING
+    assert TaskState.from_proto(common_pb2.TASK_STATUS_UNSPECIFIED) is TaskState.ACCEPTED
+    with pytest.raises(ValueError):
+        NodeState.from_proto(99)
+    with pytest.raises(ValueError):
+        TaskState.from_proto(99)
