@@ -135,11 +135,18 @@ class Passes:
         # facts only move forward), so its row is not held here while the pass owning it
         # needs it; the others are locked, and looked at again under the lock.
         # A task first seen is recorded already opened by its pass (leased, RUNNING).
+        # A task first seen steps on its nodes as its envelope states them: made once,
+        # for the insert and the step.
+        stated = {
+            tid: {n.node_id: node_from_proto(n) for n in openings[i].env.nodes}
+            for tid, i in first.items()
+        }
         inserted = await many.tasks_insert_many(
             conn,
             [(openings[i].env, openings[i].owner) for i in first.values()],
             now,
             self.lease_ttl,
+            stated,
         )
         fast: list[int] = []
         slow: list[int] = []
@@ -198,7 +205,7 @@ class Passes:
             row.status_reason = ""
             fresh = tid not in known
             if fresh:  # recorded just now, as the envelope says
-                nodes = {n.node_id: node_from_proto(n) for n in o.env.nodes}
+                nodes = stated[tid]
                 changed = False
             else:
                 nodes = known[tid]

@@ -92,13 +92,16 @@ async def tasks_insert_many(
     openings: Sequence[tuple[task_pb2.Task, str]],
     now: datetime,
     ttl: float,
+    nodes: Mapping[str, Mapping[str, NodeRun]] | None = None,
 ) -> set[str]:
     """Record tasks first seen, with their nodes, each ``(envelope, owner)`` already opened:
     RUNNING under ``owner``'s lease for ``ttl`` from ``now`` (ACCEPTED → RUNNING, as
     :func:`tasks_open_many` would take it, in the same statement as the insert). One
     statement for the tasks and their nodes; returns the ids inserted here (a task another
     transaction recorded first is left as it is, with its nodes, and its id is not
-    returned)."""
+    returned). ``nodes``: each task's nodes as its envelope states them
+    (:func:`~dispo.executor.envelope.node_from_proto`, by task id), when the caller has
+    made them already."""
     TASK_TRANSITIONS.check((TaskState.ACCEPTED,), TaskState.RUNNING)
     openings = sorted(openings, key=lambda o: o[0].task_id)  # insertion order is lock order
     if not openings:
@@ -127,7 +130,7 @@ async def tasks_insert_many(
             "running": TaskState.RUNNING.value,
             "until": now + timedelta(seconds=ttl),
             "now": now,
-            **_node_columns(envs),
+            **_node_columns(envs, nodes or {}),
         },
     )
     return {row.task_id for row in inserted}
@@ -146,16 +149,19 @@ _NODES_INSERT = (
 )
 
 
-def _node_columns(envs: Sequence[task_pb2.Task]) -> dict[str, list[Any]]:
+def _node_columns(
+    envs: Sequence[task_pb2.Task], made: Mapping[str, Mapping[str, NodeRun]]
+) -> dict[str, list[Any]]:
     """The nodes of ``envs`` as the arrays :data:`_NODES_INSERT` reads, as each envelope
-    states them."""
+    states them (those of a task in ``made`` taken from there)."""
     cols: dict[str, list[Any]] = {
         k: [] for k in ("task", "node", "pos", "status", "att", "round", "nb", "retr", "err")
     }
     cols.update(sa=[], fa=[])
     for env in envs:
+        runs = made.get(env.task_id)
         for position, node in enumerate(env.nodes):
-            run = node_from_proto(node)
+            run = runs[node.node_id] if runs is not None else node_from_proto(node)
             for key, value in (
                 ("task", env.task_id),
                 ("node", run.node_id),
