@@ -453,6 +453,9 @@ class Passes:
                     {it.env.task_id: it.nodes for it in items if it.nodes_current},
                 )
             )
+        for w in task_writes[len(settling) :]:
+            if w.task_id not in written:  # locked and leased here: cannot happen
+                log.warning("task status write lost a race; no status event", task_id=w.task_id)
         for k, i in enumerate(settling):  # the settlements come first
             disposition = dispositions[k]
             if task_writes[k].task_id not in written:  # locked here: another writer cannot have won
