@@ -496,27 +496,7 @@ async def tasks_write_many(
         conn, [t.task_id for t in emitting if t.task_id not in nodes_known]
     )
     snaps = build_snapshots(emitting, now, nodes_known, node_rows)
-    trace = (traces or {}).get
-    rows: list[tuple[str, OutboxRow]] = [
-        (
-            task_id,
-            OutboxRow(
-                tasks.task_status(task_id, env.status),
-                tasks.status_id(task_id, env.version),
-                tasks.status_snapshot(env).SerializeToString(),
-                now,
-                trace(task_id),
-            ),
-        )
-        for task_id, env in snaps.items()
-    ]
-    rows.extend(
-        (
-            task_id,
-            OutboxRow(subject, msg_id, snaps[task_id].SerializeToString(), now, trace(task_id)),
-        )
-        for task_id, subject, msg_id in events
-    )
+    rows = _event_rows(snaps, events, now, traces)
     for _, row in rows:
         require_declared(row.subject)
     result = await _WRITE_MANY.fetch(
@@ -627,20 +607,39 @@ async def emit_status_many(
     publication after commit. ``nodes_known``: as for :func:`snapshots_many`. Returns
     the envelopes."""
     snaps = await snapshots_many(conn, task_ids, now, nodes_known)
+    rows = [row for _, row in _event_rows(snaps, events, now, traces)]
+    await outbox_add_many(conn, outbox, rows, staged)
+    return snaps
+
+
+def _event_rows(
+    snaps: Mapping[str, task_pb2.Task],
+    events: Sequence[tuple[str, str, str]],
+    now: datetime,
+    traces: Mapping[str, str | None] | None,
+) -> list[tuple[str, OutboxRow]]:
+    """The outbox rows, each with its task id: a status event for each snapshot, then
+    ``events`` — ``(task_id, subject, msg_id)`` — each carrying its task's snapshot; each
+    with its task's trace context from ``traces``."""
     trace = (traces or {}).get
     rows = [
-        OutboxRow(
-            tasks.task_status(task_id, env.status),
-            tasks.status_id(task_id, env.version),
-            tasks.status_snapshot(env).SerializeToString(),
-            now,
-            trace(task_id),
+        (
+            task_id,
+            OutboxRow(
+                tasks.task_status(task_id, env.status),
+                tasks.status_id(task_id, env.version),
+                tasks.status_snapshot(env).SerializeToString(),
+                now,
+                trace(task_id),
+            ),
         )
         for task_id, env in snaps.items()
     ]
     rows.extend(
-        OutboxRow(subject, msg_id, snaps[task_id].SerializeToString(), now, trace(task_id))
+        (
+            task_id,
+            OutboxRow(subject, msg_id, snaps[task_id].SerializeToString(), now, trace(task_id)),
+        )
         for task_id, subject, msg_id in events
     )
-    await outbox_add_many(conn, outbox, rows, staged)
-    return snaps
+    return rows
