@@ -163,7 +163,7 @@ async def downstream_samples(ex: Executor) -> list[metrics.Sample]:
         sample
         for name, slots in ex.slots.items()
         for sample in (
-            metrics.DOWNSTREAM_CALLS.sample(slots.size - slots.free, name),
+            metrics.DOWNSTREAM_CALLS.sample(slots.held, name),
             metrics.DOWNSTREAM_WAITING.sample(slots.waiting, name),
         )
     ]

@@ -50,13 +50,12 @@ class Pass:
 @dataclass
 class Step:
     """What a step leaves the pass to do: launch nodes, or end with ``disposition``, or
-    stop because the lease (or a node write) was lost to another executor. The nodes of
-    ``launch`` in ``claimed`` were claimed by the step (RUNNING, their downstream's call
-    slot taken for them); the others are still to claim."""
+    stop because the lease (or a node write) was lost to another executor. A node of
+    ``launch`` that is RUNNING was claimed by the step (its downstream's call slot taken
+    for it); a PENDING one is still to claim."""
 
     state: Pass
     launch: list[NodeRun] = field(default_factory=list)
-    claimed: set[str] = field(default_factory=set)
     disposition: Disposition | None = None
     lease_lost: bool = False
 
@@ -424,7 +423,7 @@ class Passes:
             for i in lost:
                 steps[i] = Step(items[i].state, lease_lost=True)
             active = sorted({i for i, _ in noops} - lost)
-        claimed = await self._claim_ready(conn, items, steps, launch, now, taken)
+        await self._claim_ready(conn, items, steps, launch, now, taken)
         settling = [
             i
             for i in range(len(items))
@@ -463,9 +462,7 @@ class Passes:
                 disposition = Nak(delay=1.0)
             steps[i] = Step(items[i].state, disposition=disposition)
         return [
-            step
-            if step is not None
-            else Step(items[i].state, launch=launch[i], claimed=claimed.get(i, set()))
+            step if step is not None else Step(items[i].state, launch=launch[i])
             for i, step in enumerate(steps)
         ]
 
@@ -477,20 +474,19 @@ class Passes:
         launch: dict[int, list[NodeRun]],
         now: datetime,
         taken: list[Slots] | None,
-    ) -> dict[int, set[str]]:
+    ) -> None:
         """Claim the nodes to launch whose downstream has a call slot free now, taking it
-        (see :meth:`step_many`); returns the nodes claimed, by item. A claim lost
-        (impossible while the lock and lease hold) gives its slot back and drops the node
-        from the launch."""
+        (see :meth:`step_many`): each becomes RUNNING. A claim lost (impossible while the
+        lock and lease hold) gives its slot back and drops the node from the launch."""
         if taken is None:
-            return {}
+            return
         picks: list[tuple[int, NodeRun, Slots]] = []
         for i, nodes in launch.items():
             if steps[i] is not None:
                 continue
             for node in nodes:
                 slots = self.slots.get(node.spec.downstream)
-                if slots is not None and slots.take_now():
+                if slots is not None and await slots.take_now():
                     taken.append(slots)
                     picks.append((i, node, slots))
         won = await many.nodes_claim_if_pending_many(
@@ -498,7 +494,6 @@ class Passes:
             [(items[i].env.task_id, node.node_id, items[i].owner) for i, node, _ in picks],
             now,
         )
-        claimed: dict[int, set[str]] = {}
         for i, node, slots in picks:
             claim = won.get((items[i].env.task_id, node.node_id))
             if claim is None:
@@ -511,8 +506,6 @@ class Passes:
             node.attempts, node.round_attempts = claim.attempts, claim.round_attempts
             node.finished_at = None
             items[i].changed = True
-            claimed.setdefault(i, set()).add(node.node_id)
-        return claimed
 
     def _schedule(
         self, item: Stepping, now: datetime

@@ -517,7 +517,7 @@ async def tasks_write_many(
             "msg_ids": [r.msg_id for _, r in rows],
             "payloads": [r.payload for _, r in rows],
             "traces": [r.trace for _, r in rows],
-            **(staged.mark_params(now) if staged is not None else Staged().mark_params(now)),
+            **(staged or Staged()).mark_params(now),
         },
     )
     written = {r.task_id for r in result if r.task_id is not None}

@@ -225,7 +225,8 @@ class Executor:
             for node in step.launch:
                 state.attempted.add(node.node_id)
                 state.in_flight[node.node_id] = asyncio.create_task(
-                    self._run_node(env, node, owner, claimed=node.node_id in step.claimed)
+                    # RUNNING: claimed by the step, with its call slot
+                    self._run_node(env, node, owner, claimed=node.status is NodeState.RUNNING)
                 )
             if step.lease_lost:
                 log.warning("lease lost; stopping pass", task_id=env.task_id)
@@ -348,7 +349,9 @@ class Executor:
                 row.envelope = a.env
                 stepping.append(i)
                 # Its nodes are read below, after every write of theirs in this transaction.
-                steppings.append(Stepping(a.env, a.owner, a.state, row, {}, changed, a.trace, True))
+                steppings.append(
+                    Stepping(a.env, a.owner, a.state, row, {}, changed, a.trace, nodes_current=True)
+                )
             known = await many.nodes_get_many(conn, [s.env for s in steppings])
             for s in steppings:
                 s.nodes = known[s.env.task_id]

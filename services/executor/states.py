@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.proto_enums import from_short_name
 from dispo.libs.states import EnumCheck, Transitions
 
 
@@ -99,11 +100,11 @@ class TaskState(enum.StrEnum):
 
 # The proto values of each state by name, looked up once: every snapshot converts each
 # node's state, and a lookup through the enum's descriptor cost more than the rest of it.
-_NODE_TO_PROTO = {s: common_pb2.NodeStatus.Value(f"NODE_STATUS_{s.name}") for s in NodeState}
+_NODE_TO_PROTO = {s: from_short_name(common_pb2.NodeStatus, s.name) for s in NodeState}
 _NODE_FROM_PROTO = {v: s for s, v in _NODE_TO_PROTO.items()} | {
     common_pb2.NODE_STATUS_UNSPECIFIED: NodeState.PENDING
 }
-_TASK_TO_PROTO = {s: common_pb2.TaskStatus.Value(f"TASK_STATUS_{s.name}") for s in TaskState}
+_TASK_TO_PROTO = {s: from_short_name(common_pb2.TaskStatus, s.name) for s in TaskState}
 _TASK_FROM_PROTO = {v: s for s, v in _TASK_TO_PROTO.items()} | {
     common_pb2.TASK_STATUS_UNSPECIFIED: TaskState.ACCEPTED
 }

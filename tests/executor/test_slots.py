@@ -12,23 +12,24 @@ async def test_racing_calls_never_hold_more_slots_than_the_size():
 
     async def call(i: int) -> None:
         nonlocal holding, most
-        if not slots.take_now():
+        if not await slots.take_now():
             await slots.take()
         holding += 1
         most = max(most, holding)
-        await asyncio.sleep(0.001 * (i % 4))
+        for _ in range(i % 4):  # calls of different lengths, interleaved
+            await asyncio.sleep(0)
         holding -= 1
         slots.give_back()
 
     await asyncio.gather(*(call(i) for i in range(60)))
 
     assert most == 3
-    assert (slots.free, slots.waiting) == (3, 0)
+    assert (slots.held, slots.waiting) == (0, 0)
 
 
 async def test_slots_go_in_order_and_take_now_never_jumps_the_queue():
     slots = Slots(1)
-    assert slots.take_now()
+    assert await slots.take_now()
     order: list[int] = []
 
     async def wait(i: int) -> None:
@@ -39,7 +40,7 @@ async def test_slots_go_in_order_and_take_now_never_jumps_the_queue():
     await asyncio.sleep(0)
     assert slots.waiting == 3
     slots.give_back()  # to the first waiter, not to the free ones
-    assert not slots.take_now()  # two still queued: a step must not take it before them
+    assert not await slots.take_now()  # two still queued: a step must not take it before them
     await asyncio.sleep(0)
     slots.give_back()
     await asyncio.sleep(0)
@@ -47,12 +48,12 @@ async def test_slots_go_in_order_and_take_now_never_jumps_the_queue():
     await asyncio.gather(*waiters)
     assert order == [0, 1, 2]
     slots.give_back()
-    assert (slots.free, slots.waiting) == (1, 0)
+    assert (slots.held, slots.waiting) == (0, 0)
 
 
 async def test_a_cancelled_wait_loses_no_slot():
     slots = Slots(1)
-    assert slots.take_now()
+    assert await slots.take_now()
     first = asyncio.create_task(slots.take())
     second = asyncio.create_task(slots.take())
     await asyncio.sleep(0)
@@ -65,5 +66,5 @@ async def test_a_cancelled_wait_loses_no_slot():
     slots.give_back()  # handed to the third, which is cancelled before it runs again
     third.cancel()
     await asyncio.gather(first, third, return_exceptions=True)
-    assert (slots.free, slots.waiting) == (1, 0)  # the third passed its slot back
-    assert slots.take_now()
+    assert (slots.held, slots.waiting) == (0, 0)  # the third passed its slot back
+    assert await slots.take_now()
