@@ -45,6 +45,11 @@ class Pass:
     in_flight: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     attempted: set[str] = field(default_factory=set)
     ran: int = 0
+    # Progress recorded but not yet published: node changes of a task that goes on
+    # running. Its status event waits for the progress interval (the runner's reporter),
+    # or goes with the settlement, whichever comes first.
+    unreported: bool = False
+    reporter: asyncio.Task[Any] | None = None
 
 
 @dataclass
@@ -383,8 +388,13 @@ class Passes:
         ``noop`` nodes make no external call, so they are claimed and recorded right here,
         under the task's lock and lease, in one write (the same guard as any node's claim);
         what they unblock is scheduled in the same step. A node write that loses its race
-        (impossible while the lock and lease hold) ends that task's pass. The status events
-        are staged in ``staged``, if given.
+        (impossible while the lock and lease hold) ends that task's pass.
+
+        A settled task's status event is written with its settlement (staged in
+        ``staged``, if given). A task that goes on running publishes nothing here: its
+        changes are its pass's progress (``Pass.unreported``), published by the runner's
+        reporter once the progress interval has passed, or with the settlement if that
+        comes first (ADR-0059).
 
         With ``taken`` given, a ready HTTP node whose downstream has a call slot free is
         claimed here too (PENDING → RUNNING, in the same write as any claim), so its status
@@ -431,13 +441,10 @@ class Passes:
         ]
         task_writes, dispositions, events = self._settle([items[i] for i in settling], now)
         settled = set(settling)
-        # One write for the batch: the settled tasks, and those still running that changed
-        # take a new version for their status event; the events go with it.
-        task_writes += [
-            many.TaskWrite(items[i].env.task_id, items[i].owner, emit=True, release=False)
-            for i in range(len(items))
-            if steps[i] is None and i not in settled and items[i].changed
-        ]
+        for i, it in enumerate(items):
+            if steps[i] is None and i not in settled and it.changed:
+                it.state.unreported = True
+        # One write for the settled tasks, with their events.
         written: set[str] = set()
         if task_writes:
             written = set(
@@ -452,9 +459,6 @@ class Passes:
                     {it.env.task_id: it.nodes for it in items if it.nodes_current},
                 )
             )
-        for w in task_writes[len(settling) :]:
-            if w.task_id not in written:  # locked and leased here: cannot happen
-                log.warning("task status write lost a race; no status event", task_id=w.task_id)
         for k, i in enumerate(settling):  # the settlements come first
             disposition = dispositions[k]
             if task_writes[k].task_id not in written:  # locked here: another writer cannot have won
@@ -598,7 +602,7 @@ class Passes:
             decision = decide(it.nodes, now, it.row.cancel_requested)
             if decision.next is Next.RETRY and it.state.ran == 0:
                 # Nothing could run yet: the message came back before the backoff passed.
-                writes.append(many.TaskWrite(tid, it.owner, emit=it.changed))
+                writes.append(many.TaskWrite(tid, it.owner, emit=it.changed or it.state.unreported))
                 wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
                 dispositions.append(Nak(delay=max(0.05, wait)))
                 continue

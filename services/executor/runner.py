@@ -40,7 +40,7 @@ from dispo.executor.passes import (
     outcome_unknown,
 )
 from dispo.executor.slots import Slots
-from dispo.executor.states import NodeState
+from dispo.executor.states import NodeState, TaskState
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
@@ -71,6 +71,8 @@ class ExecutorConfig:
     # Group commit of the database work: tasks per transaction, transactions at once.
     flush_max_items: int = 200
     flush_concurrency: int = 2
+    # A running task's progress is published at most this often (ADR-0059).
+    progress_interval: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,15 @@ class Recording:
     change: many.NodeChange | None
     took: float
     recorded: bool = False
+
+
+@dataclass(frozen=True)
+class Report:
+    """A running task's progress to publish, if ``owner`` still holds its lease."""
+
+    task_id: str
+    owner: str
+    trace: str | None = None
 
 
 @dataclass
@@ -154,6 +165,9 @@ class Executor:
         self.extensions: Batcher[tuple[str, str], bool] = self._group_commit(
             "lease extensions", self._extend_flush, concurrency=1, isolate=False
         )
+        self.reports: Batcher[Report, bool] = self._group_commit(
+            "progress reports", self._report_flush, concurrency=1, isolate=False
+        )
 
     def _group_commit(
         self,
@@ -186,6 +200,9 @@ class Executor:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            reporter = step.state.reporter
+            if reporter is not None:  # its progress went with the settlement, or is moot
+                reporter.cancel()
 
     async def _open_flush(self, openings: list[Opening]) -> Sequence[Step | BaseException]:
         now = self.clock.now()
@@ -199,6 +216,41 @@ class Executor:
             raise
         self.relay.publish_committed(staged)
         return steps
+
+    def _progress(self, env: task_pb2.Task, owner: str, state: Pass) -> None:
+        """Progress the pass has not published: publish it once the progress interval has
+        passed (one status event of the task as it is then), unless the pass settles
+        first (its settlement's event says it all)."""
+        if state.unreported and state.reporter is None:
+            state.reporter = asyncio.create_task(self._report(env, owner, state, current()))
+
+    async def _report(self, env: task_pb2.Task, owner: str, state: Pass, trace: str | None) -> None:
+        await self.clock.sleep(self.config.progress_interval)
+        # Progress from here on is the next report's: the event below may predate it.
+        state.unreported, state.reporter = False, None
+        with contextlib.suppress(Exception):  # the next report, or the settlement, says it
+            await self.reports.submit(Report(env.task_id, owner, trace))
+
+    async def _report_flush(self, reports: list[Report]) -> Sequence[bool]:
+        """The running tasks' status events, in one transaction: each task locked, and
+        published only while its pass still holds the lease (a task that settled in the
+        meantime published its settlement)."""
+        now = self.clock.now()
+        staged = self.relay.staged()
+        async with self.engine.begin() as conn:
+            rows, _ = await many.tasks_lock_many(conn, [r.task_id for r in reports])
+            live = {
+                r.task_id
+                for r in reports
+                if (row := rows.get(r.task_id)) is not None
+                and row.lease_owner == r.owner
+                and row.status is TaskState.RUNNING
+            }
+            if live:
+                traces = {r.task_id: r.trace for r in reports}
+                await many.emit_status_many(conn, sorted(live), now, (), traces, staged)
+        self.relay.publish_committed(staged)
+        return [r.task_id in live for r in reports]
 
     async def _heartbeat(self, task_id: str, owner: str) -> None:
         while True:
@@ -222,11 +274,14 @@ class Executor:
         finds nothing to run and settles the task."""
         state = step.state
         while True:
+            self._progress(env, owner, state)
             for node in step.launch:
                 state.attempted.add(node.node_id)
                 state.in_flight[node.node_id] = asyncio.create_task(
                     # RUNNING: claimed by the step, with its call slot
-                    self._run_node(env, node, owner, claimed=node.status is NodeState.RUNNING)
+                    self._run_node(
+                        env, node, owner, state, claimed=node.status is NodeState.RUNNING
+                    )
                 )
             if step.lease_lost:
                 log.warning("lease lost; stopping pass", task_id=env.task_id)
@@ -343,7 +398,7 @@ class Executor:
                 if a.final or row is None or row.lease_owner != a.owner:
                     if not a.final:
                         results[i] = Step(a.state, lease_lost=True)
-                    if changed:
+                    if changed or a.state.unreported:  # the pass stops: what it did, now
                         emitting.append(a.env.task_id)
                     continue
                 row.envelope = a.env
@@ -366,24 +421,18 @@ class Executor:
     async def _claim_flush(self, claims: list[Claim]) -> Sequence[many.Claimed | None]:
         """PENDING → RUNNING for nodes about to be called that their step could not claim
         (no call slot was free then), in one transaction (the task rows locked first, in
-        task_id order), with one status event per task that claimed one. Returns each
-        claim's new attempt counts (None: lost)."""
+        task_id order). A claim is its pass's progress (published by its reporter).
+        Returns each claim's new attempt counts (None: lost)."""
         now = self.clock.now()
-        staged = self.relay.staged()
         async with self.engine.begin() as conn:
             await many.tasks_lock_many(conn, [c.task_id for c in claims])
             won = await many.nodes_claim_if_pending_many(
                 conn, [(c.task_id, c.node_id, c.owner) for c in claims], now
             )
-            emitting = sorted({c.task_id for c in claims if (c.task_id, c.node_id) in won})
-            if emitting:
-                traces = {c.task_id: c.trace for c in claims}
-                await many.emit_status_many(conn, emitting, now, (), traces, staged)
-        self.relay.publish_committed(staged)
         return [won.get((c.task_id, c.node_id)) for c in claims]
 
     async def _run_node(
-        self, env: task_pb2.Task, node: NodeRun, owner: str, claimed: bool = False
+        self, env: task_pb2.Task, node: NodeRun, owner: str, state: Pass, claimed: bool = False
     ) -> Recording | None:
         attributes = {
             "dispo.task_id": env.task_id,
@@ -394,10 +443,10 @@ class Executor:
             "dispo.attempt": node.attempts if claimed else node.attempts + 1,
         }
         with span("node run", attributes):
-            return await self._run_node_traced(env, node, owner, claimed)
+            return await self._run_node_traced(env, node, owner, state, claimed)
 
     async def _run_node_traced(
-        self, env: task_pb2.Task, node: NodeRun, owner: str, claimed: bool
+        self, env: task_pb2.Task, node: NodeRun, owner: str, state: Pass, claimed: bool
     ) -> Recording | None:
         """Make the node's call and say what to record. A node its step did not claim
         (``claimed``: claimed, with its downstream's call slot) waits for a slot, then is
@@ -419,6 +468,8 @@ class Executor:
                 node.status, node.attempts, node.round_attempts = (
                     NodeState.RUNNING, won.attempts, won.round_attempts,
                 )  # fmt: skip
+                state.unreported = True
+                self._progress(env, owner, state)
             call = Call(
                 task_id,
                 node.node_id,

@@ -72,6 +72,13 @@ class ExecutorSettings(BaseSettings):
         ge=1,
         description="Trial calls a half-open breaker lets through; all must succeed to close it",
     )
+    progress_interval_seconds: float = Field(
+        default=ExecutorConfig.progress_interval,
+        ge=0,
+        description="A running task's progress (nodes claimed, calls ended) is published in"
+        " one status event of its newest state at most this often; a task that settles (ends,"
+        " parks, goes back for a retry) is published at once, with what it did before",
+    )
     health_interval_seconds: float = Field(
         default=5.0, description="Time between downstream health checks (0: none)"
     )
@@ -94,4 +101,5 @@ class ExecutorSettings(BaseSettings):
             breaker_trial_calls=self.breaker_trial_calls,
             flush_max_items=self.flush_max_items,
             flush_concurrency=self.flush_concurrency,
+            progress_interval=self.progress_interval_seconds,
         )

@@ -206,7 +206,19 @@ def main() -> None:
         host=options.host,
         port=options.port,
         print=lambda *_: print(f"demo downstream on {options.host}:{options.port}", flush=True),
+        # A downstream as fast as the machine allows: the benches' CPU per task counts it.
+        access_log=None,
+        loop=_loop(),
     )
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where it is installed (as for the services), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 if __name__ == "__main__":
