@@ -46,10 +46,10 @@ class Pass:
     attempted: set[str] = field(default_factory=set)
     ran: int = 0
     # Progress recorded but not yet published: node changes of a task that goes on
-    # running. Its status event waits for the progress interval (the runner's reporter),
-    # or goes with the settlement, whichever comes first.
+    # running. Its status event waits for the progress interval (``Executor._progress``),
+    # or goes with the event of the pass's end, whichever comes first.
     unreported: bool = False
-    reporter: asyncio.Task[Any] | None = None
+    progress_timer: asyncio.Task[Any] | None = None
 
 
 @dataclass
@@ -390,11 +390,10 @@ class Passes:
         what they unblock is scheduled in the same step. A node write that loses its race
         (impossible while the lock and lease hold) ends that task's pass.
 
-        A settled task's status event is written with its settlement (staged in
-        ``staged``, if given). A task that goes on running publishes nothing here: its
-        changes are its pass's progress (``Pass.unreported``), published by the runner's
-        reporter once the progress interval has passed, or with the settlement if that
-        comes first (ADR-0059).
+        A settled task's status event is written with its settle (staged in ``staged``, if
+        given). A task that goes on running publishes nothing here: its changes are its
+        pass's progress (``Pass.unreported``), published by ``Executor._progress`` once the
+        progress interval has passed, or with the settle if that comes first (ADR-0059).
 
         With ``taken`` given, a ready HTTP node whose downstream has a call slot free is
         claimed here too (PENDING → RUNNING, in the same write as any claim), so its status

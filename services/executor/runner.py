@@ -99,7 +99,7 @@ class Recording:
 
 
 @dataclass(frozen=True)
-class Report:
+class Progress:
     """A running task's progress to publish, if ``owner`` still holds its lease."""
 
     task_id: str
@@ -165,8 +165,8 @@ class Executor:
         self.extensions: Batcher[tuple[str, str], bool] = self._group_commit(
             "lease extensions", self._extend_flush, concurrency=1, isolate=False
         )
-        self.reports: Batcher[Report, bool] = self._group_commit(
-            "progress reports", self._report_flush, concurrency=1, isolate=False
+        self.progress_events: Batcher[Progress, bool] = self._group_commit(
+            "progress events", self._progress_flush, concurrency=1, isolate=False
         )
 
     def _group_commit(
@@ -200,9 +200,9 @@ class Executor:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-            reporter = step.state.reporter
-            if reporter is not None:  # its progress went with the settlement, or is moot
-                reporter.cancel()
+            timer = step.state.progress_timer
+            if timer is not None:  # its progress went with the pass's last event
+                timer.cancel()
 
     async def _open_flush(self, openings: list[Opening]) -> Sequence[Step | BaseException]:
         now = self.clock.now()
@@ -219,38 +219,44 @@ class Executor:
 
     def _progress(self, env: task_pb2.Task, owner: str, state: Pass) -> None:
         """Progress the pass has not published: publish it once the progress interval has
-        passed (one status event of the task as it is then), unless the pass settles
-        first (its settlement's event says it all)."""
-        if state.unreported and state.reporter is None:
-            state.reporter = asyncio.create_task(self._report(env, owner, state, current()))
+        passed (one status event of the task as it is then), unless the pass ends first
+        (its last event says it all)."""
+        if state.unreported and state.progress_timer is None:
+            state.progress_timer = asyncio.create_task(
+                self._publish_progress(env, owner, state, current())
+            )
 
-    async def _report(self, env: task_pb2.Task, owner: str, state: Pass, trace: str | None) -> None:
+    async def _publish_progress(
+        self, env: task_pb2.Task, owner: str, state: Pass, trace: str | None
+    ) -> None:
         await self.clock.sleep(self.config.progress_interval)
-        # Progress from here on is the next report's: the event below may predate it.
-        state.unreported, state.reporter = False, None
-        with contextlib.suppress(Exception):  # the next report, or the settlement, says it
-            await self.reports.submit(Report(env.task_id, owner, trace))
+        # Progress from here on is the next event's: the one below may predate it.
+        state.unreported, state.progress_timer = False, None
+        try:
+            await self.progress_events.submit(Progress(env.task_id, owner, trace))
+        except Exception:  # e.g. the database went away: the next event, or the pass's end
+            state.unreported = True
 
-    async def _report_flush(self, reports: list[Report]) -> Sequence[bool]:
+    async def _progress_flush(self, progress: list[Progress]) -> Sequence[bool]:
         """The running tasks' status events, in one transaction: each task locked, and
         published only while its pass still holds the lease (a task that settled in the
-        meantime published its settlement)."""
+        meantime published it as its pass ended)."""
         now = self.clock.now()
         staged = self.relay.staged()
         async with self.engine.begin() as conn:
-            rows, _ = await many.tasks_lock_many(conn, [r.task_id for r in reports])
+            rows, _ = await many.tasks_lock_many(conn, [r.task_id for r in progress])
             live = {
                 r.task_id
-                for r in reports
+                for r in progress
                 if (row := rows.get(r.task_id)) is not None
                 and row.lease_owner == r.owner
                 and row.status is TaskState.RUNNING
             }
             if live:
-                traces = {r.task_id: r.trace for r in reports}
+                traces = {r.task_id: r.trace for r in progress}
                 await many.emit_status_many(conn, sorted(live), now, (), traces, staged)
         self.relay.publish_committed(staged)
-        return [r.task_id in live for r in reports]
+        return [r.task_id in live for r in progress]
 
     async def _heartbeat(self, task_id: str, owner: str) -> None:
         while True:
@@ -421,7 +427,7 @@ class Executor:
     async def _claim_flush(self, claims: list[Claim]) -> Sequence[many.Claimed | None]:
         """PENDING → RUNNING for nodes about to be called that their step could not claim
         (no call slot was free then), in one transaction (the task rows locked first, in
-        task_id order). A claim is its pass's progress (published by its reporter).
+        task_id order). A claim is its pass's progress (published by :meth:`_progress`).
         Returns each claim's new attempt counts (None: lost)."""
         now = self.clock.now()
         async with self.engine.begin() as conn:

@@ -76,8 +76,8 @@ class ExecutorSettings(BaseSettings):
         default=ExecutorConfig.progress_interval,
         ge=0,
         description="A running task's progress (nodes claimed, calls ended) is published in"
-        " one status event of its newest state at most this often; a task that settles (ends,"
-        " parks, goes back for a retry) is published at once, with what it did before",
+        " one status event of its newest state at most this often; a task whose pass ends"
+        " (finished, parked, back for a retry) is published at once, with what it did before",
     )
     health_interval_seconds: float = Field(
         default=5.0, description="Time between downstream health checks (0: none)"
