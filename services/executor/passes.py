@@ -50,6 +50,9 @@ class Pass:
     # or goes with the event of the pass's end, whichever comes first.
     unreported: bool = False
     progress_timer: asyncio.Task[Any] | None = None
+    # The task's nodes as its last step had them: the next reads their states again from
+    # the rows, and keeps the rest (spec, dependencies, key) rather than decode it again.
+    nodes: dict[str, NodeRun] = field(default_factory=dict)
 
 
 @dataclass
@@ -401,6 +404,8 @@ class Passes:
         if the transaction does not commit (else each belongs to its node's call)."""
         steps: list[Step | None] = [None] * len(items)
         launch: dict[int, list[NodeRun]] = {}
+        for it in items:
+            it.state.nodes = it.nodes
         active = list(range(len(items)))
         while active:
             changes: list[tuple[int, many.NodeChange, NodeRun]] = []

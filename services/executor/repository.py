@@ -7,6 +7,7 @@ caller as ``False``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -147,12 +148,18 @@ async def nodes_get(conn: AsyncConnection, env: task_pb2.Task) -> dict[str, Node
     return node_runs_from_rows(env, rows)
 
 
-def node_runs_from_rows(env: task_pb2.Task, rows: dict[str, Any]) -> dict[str, NodeRun]:
-    """The task's nodes: specs from the envelope, state from its ``node_runs`` rows."""
+def node_runs_from_rows(
+    env: task_pb2.Task, rows: dict[str, Any], reuse: Mapping[str, NodeRun] | None = None
+) -> dict[str, NodeRun]:
+    """The task's nodes: specs from the envelope, state from its ``node_runs`` rows. A node
+    of ``reuse`` (made from the same envelope before) is kept, its state read again from
+    its row, rather than made anew from the envelope."""
     nodes: dict[str, NodeRun] = {}
     for node in env.nodes:
-        run = node_from_proto(node)
-        row = rows.get(run.node_id)
+        row = rows.get(node.node_id)
+        run = reuse.get(node.node_id) if reuse is not None and row is not None else None
+        if run is None:
+            run = node_from_proto(node)
         if row is not None:
             run.status = NodeState(row.status)
             run.attempts, run.round_attempts = row.attempts, row.round_attempts

@@ -222,11 +222,17 @@ async def tasks_open_many(
 
 
 async def nodes_get_many(
-    conn: AsyncConnection, envs: Sequence[task_pb2.Task]
+    conn: AsyncConnection,
+    envs: Sequence[task_pb2.Task],
+    reuse: Mapping[str, Mapping[str, NodeRun]] | None = None,
 ) -> dict[str, dict[str, NodeRun]]:
-    """Each task's nodes, by task id (one statement for all)."""
+    """Each task's nodes, by task id (one statement for all); a task in ``reuse`` keeps the
+    nodes made for it before, their states read again (:func:`node_runs_from_rows`)."""
     by_task = await node_rows_many(conn, [e.task_id for e in envs])
-    return {e.task_id: node_runs_from_rows(e, by_task[e.task_id]) for e in envs}
+    known = reuse or {}
+    return {
+        e.task_id: node_runs_from_rows(e, by_task[e.task_id], known.get(e.task_id)) for e in envs
+    }
 
 
 async def node_rows_many(

@@ -413,7 +413,9 @@ class Executor:
                 steppings.append(
                     Stepping(a.env, a.owner, a.state, row, {}, changed, a.trace, nodes_current=True)
                 )
-            known = await many.nodes_get_many(conn, [s.env for s in steppings])
+            known = await many.nodes_get_many(
+                conn, [s.env for s in steppings], {s.env.task_id: s.state.nodes for s in steppings}
+            )
             for s in steppings:
                 s.nodes = known[s.env.task_id]
             stepped = await self.passes.step_many(conn, steppings, now, staged, taken)

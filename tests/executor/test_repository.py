@@ -651,3 +651,44 @@ async def test_a_step_claims_the_http_nodes_it_launches_while_their_downstream_h
     assert rows[("three", "c2.y")].status == "pending" and rows[("one", "c0.y")].status == "pending"
     # both go on running: the step is progress, published later by the pass's reporter
     assert events == 0 and three.state.unreported and one.state.unreported
+
+
+async def test_a_later_step_reads_its_nodes_states_again_into_the_nodes_it_made_before(
+    service_engine,
+):
+    """A pass keeps the nodes its last step had (their specs decoded once); the next step
+    reads every state column again from the rows into them: what another transaction
+    wrote shows, and nothing the pass kept in memory outlives the rows."""
+    engine = await service_engine("executor")
+    env = envelope("kept")
+    env.nodes.add(
+        node_id="b.y",
+        depends_on=["a.x"],
+        status=common_pb2.NODE_STATUS_PENDING,
+        spec=task_pb2.ActionSpec(kind="http", downstream="up", path="/b"),
+    )
+    async with engine.begin() as conn:
+        [step] = await Passes({}, lease_ttl=10).open_many(conn, [Opening(env, "me")], NOW)
+    kept = step.state.nodes
+    assert set(kept) == {"a.x", "b.y"} and kept["a.x"].status is NodeState.SUCCEEDED
+    kept["b.y"].last_error = "only in memory"
+    later = NOW + timedelta(seconds=5)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE node_runs SET status = 'running', attempts = 2, round_attempts = 1,"
+                " started_at = :t, not_before = NULL, last_error = 'from the row',"
+                " retryable = true WHERE task_id = 'kept' AND node_id = 'b.y'"
+            ),
+            {"t": later},
+        )
+    async with engine.connect() as conn:
+        nodes = (await bulk.nodes_get_many(conn, [env], {"kept": kept}))["kept"]
+        fresh = (await bulk.nodes_get_many(conn, [env]))["kept"]
+    assert nodes["b.y"] is kept["b.y"] and nodes["a.x"] is kept["a.x"]
+    assert nodes == fresh  # the same states as nodes made anew from the envelope and rows
+    b = nodes["b.y"]
+    assert (b.status, b.attempts, b.round_attempts, b.started_at, b.last_error, b.retryable) == (
+        NodeState.RUNNING, 2, 1, later, "from the row", True
+    )  # fmt: skip
+    assert b.spec.path == "/b" and b.depends_on == ("a.x",)
