@@ -24,6 +24,7 @@ from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import Clock
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
+from dispo.libs.timestamps import to_timestamp
 from dispo.libs.validation import identifier
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -45,27 +46,25 @@ MAX_GRACE_SECONDS = 30 * 86400
 
 
 def token_to_proto(record: TokenRecord) -> pb.Token:
-    out = pb.Token(
+    return pb.Token(
         token_id=record.token_id,
         kind=_KIND_VALUES[record.kind],
         business=record.business,
         service=record.service,
         label=record.label,
+        created_at=to_timestamp(record.created_at),
+        expires_at=to_timestamp(record.expires_at),
+        revoked_at=to_timestamp(record.revoked_at),
     )
-    out.created_at.FromDatetime(record.created_at)
-    if record.expires_at is not None:
-        out.expires_at.FromDatetime(record.expires_at)
-    if record.revoked_at is not None:
-        out.revoked_at.FromDatetime(record.revoked_at)
-    return out
 
 
 def signing_secret_to_proto(record: SigningSecretRecord) -> pb.SigningSecret:
-    out = pb.SigningSecret(secret_id=record.secret_id, business=record.business)
-    out.created_at.FromDatetime(record.created_at)
-    if record.retires_at is not None:
-        out.retires_at.FromDatetime(record.retires_at)
-    return out
+    return pb.SigningSecret(
+        secret_id=record.secret_id,
+        business=record.business,
+        created_at=to_timestamp(record.created_at),
+        retires_at=to_timestamp(record.retires_at),
+    )
 
 
 def _when(moment: datetime) -> str:

@@ -39,6 +39,7 @@ from dispo.libs.cli._common import (
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.sdk import TERMINAL, CellSpec, Submitted, TaskRequest, TaskView
 from dispo.libs.sdk._types import TaskPage
+from dispo.libs.timestamps import set_timestamp
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -215,7 +216,7 @@ def _print_task(view: TaskView, as_json: bool) -> int:
         reply = gateway_pb2.GetTaskResponse(task=view.raw)
         if view.completion is not None:
             if view.completion.finished_at is not None:
-                reply.completion.finished_at.FromDatetime(view.completion.finished_at)
+                set_timestamp(reply.completion.finished_at, view.completion.finished_at)
             reply.completion.callback_url = view.completion.callback_url
         emit_json(reply)
     else:

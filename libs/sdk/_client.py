@@ -15,7 +15,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel, open_sync_channel
 from dispo.libs.batcher import Batcher
-from dispo.libs.proto_enums import task_status_name
+from dispo.libs.proto_enums import from_short_name, task_status_name
 from dispo.libs.sdk._types import (
     CellSpec,
     DispoError,
@@ -27,6 +27,7 @@ from dispo.libs.sdk._types import (
     TaskSummary,
     TaskView,
 )
+from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tls import ClientTLS
 from google.protobuf.message import Message
 
@@ -112,15 +113,12 @@ def list_request(
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     request = gateway_pb2.ListTasksRequest(
         business=business,
-        statuses=[common_pb2.TaskStatus.Value(f"TASK_STATUS_{s}") for s in statuses],
+        statuses=[from_short_name(common_pb2.TaskStatus, s) for s in statuses],
         page=common_pb2.PageRequest(page_size=page_size, page_token=page_token),
         order=ORDERS[order],
         idempotency_key=idempotency_key,
     )
-    if created_after:
-        request.created_after.FromDatetime(created_after)
-    if created_before:
-        request.created_before.FromDatetime(created_before)
+    _set_window(request, created_after, created_before)
     return request
 
 
@@ -132,11 +130,20 @@ def count_request(
 ) -> gateway_pb2.CountTasksRequest:
     """The CountTasks request for these filters (the clients' and the web console's)."""
     request = gateway_pb2.CountTasksRequest(business=business, idempotency_key=idempotency_key)
-    if created_after:
-        request.created_after.FromDatetime(created_after)
-    if created_before:
-        request.created_before.FromDatetime(created_before)
+    _set_window(request, created_after, created_before)
     return request
+
+
+def _set_window(
+    request: gateway_pb2.ListTasksRequest | gateway_pb2.CountTasksRequest,
+    created_after: datetime | None,
+    created_before: datetime | None,
+) -> None:
+    """The creation-time window of a ListTasks or CountTasks request (a naive time is UTC)."""
+    if created_after:
+        set_timestamp(request.created_after, created_after)
+    if created_before:
+        set_timestamp(request.created_before, created_before)
 
 
 def events_request(

@@ -35,11 +35,11 @@ DEFAULT_SLOTS = 24
 
 
 def evaluation_status_pb(status: EvaluationStatus) -> pb.EvaluationStatus.ValueType:
-    return pb.EvaluationStatus.Value(f"EVALUATION_STATUS_{status.name}")
+    return from_short_name(pb.EvaluationStatus, status.name)
 
 
 def cron_status_pb(status: CronStatus) -> pb.CronStatus.ValueType:
-    return pb.CronStatus.Value(f"CRON_STATUS_{status.name}")
+    return from_short_name(pb.CronStatus, status.name)
 
 
 def evaluation_to_pb(ev: Evaluation, now: datetime) -> pb.Evaluation:

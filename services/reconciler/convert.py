@@ -32,7 +32,7 @@ def set_ts(message: Any, name: str, value: datetime | None) -> None:
 
 
 def state_to_proto(state: RecoveryState) -> pb.RecoveryState.ValueType:
-    return pb.RecoveryState.Value(f"RECOVERY_STATE_{state.name}")
+    return from_short_name(pb.RecoveryState, state.name)
 
 
 def _declared(enum_type: Any, value: int, field: str, what: str) -> str:
@@ -108,7 +108,7 @@ def work_page(request: common_pb2.PageRequest) -> tuple[int, tuple[datetime, str
 
 def work_to_proto(row: RecoveryRow, now: datetime) -> pb.FailedWork:
     return pb.FailedWork(
-        kind=pb.WorkKind.Value(f"WORK_KIND_{WORK_KIND_OF[row.state].name}"),
+        kind=from_short_name(pb.WorkKind, WORK_KIND_OF[row.state].name),
         task=task_to_proto(row),
         age_seconds=max(0, int((now - row.parked_at).total_seconds())),
     )
