@@ -6,8 +6,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import httpx
+from dispo.executor.actions import http_session
+from dispo.executor.envelope import overlay_row
+from dispo.executor.passes import Opening
+from dispo.executor.repository import outbox
+from dispo.executor.runner import Executor, ExecutorConfig, Progress
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.outbox import OutboxRelay
 from dispo.libs.sdk import cell
 from pipeline_fixtures import Pipeline, dump, wait_until
+from sqlalchemy import text
 
 
 async def test_progress_waits_for_the_interval_and_a_settlement_is_published_at_once(
@@ -58,3 +68,76 @@ async def test_progress_waits_for_the_interval_and_a_settlement_is_published_at_
         assert [(c.node_id, c.new_status) for c in events[1].changes] == [
             ("pair.second", "SUCCEEDED")
         ]
+
+
+async def test_a_progress_event_is_written_only_while_its_pass_holds_the_lease(
+    service_engine, bus, manual_clock
+):
+    """The progress flush locks each task and writes its snapshot only while the pass that
+    asked still holds the lease of a RUNNING task: a task taken over by another pass, or
+    whose pass ended (its last event already said everything), gets nothing."""
+    engine = await service_engine("executor")
+    http, health = http_session(), httpx.AsyncClient()
+    executor = Executor(
+        engine, OutboxRelay(engine, outbox, bus), {}, manual_clock, ExecutorConfig(), http, health
+    )
+    try:
+        envs = [running(task_id) for task_id in ("mine", "taken", "ended")]
+        async with engine.begin() as conn:
+            steps = await executor.passes.open_many(
+                conn, [Opening(e, "me") for e in envs], manual_clock.now()
+            )
+            assert [s.state.unreported for s in steps] == [True] * 3  # a.x ran; b.y is to launch
+            await conn.execute(
+                text("UPDATE task_runs SET lease_owner = 'other' WHERE task_id = 'taken'")
+            )
+            await conn.execute(
+                text("UPDATE task_runs SET status = 'succeeded', lease_owner = NULL"
+                     " WHERE task_id = 'ended'")
+            )  # fmt: skip
+            before = {
+                r.task_id: r.version for r in await conn.execute(text("SELECT * FROM task_runs"))
+            }
+        written = await executor._progress_flush(
+            [Progress("mine", "me"), Progress("taken", "me"), Progress("ended", "me")]
+        )
+        assert written == [True, False, False]
+        async with engine.connect() as conn:
+            events = (
+                await conn.execute(
+                    text("SELECT msg_id, payload FROM outbox WHERE subject LIKE 'task.status.%'")
+                )
+            ).all()
+            rows = {r.node_id: r for r in await conn.execute(
+                text("SELECT * FROM node_runs WHERE task_id = 'mine'"))}  # fmt: skip
+        [(msg_id, payload)] = events
+        snapshot = task_pb2.Task.FromString(payload)
+        assert (snapshot.task_id, snapshot.status) == ("mine", common_pb2.TASK_STATUS_RUNNING)
+        assert snapshot.version == before["mine"] + 1 and msg_id == f"mine:v{snapshot.version}"
+        expected = task_pb2.Task()
+        expected.CopyFrom(snapshot)
+        for node in expected.nodes:
+            overlay_row(node, rows[node.node_id])
+        assert snapshot == expected  # the rows as they are
+        assert [n.status for n in snapshot.nodes] == [
+            common_pb2.NODE_STATUS_SUCCEEDED,
+            common_pb2.NODE_STATUS_PENDING,
+        ]
+    finally:
+        await http.close()
+        await health.aclose()
+
+
+def running(task_id: str) -> task_pb2.Task:
+    """A task whose first step runs a noop and launches an HTTP call: it goes on running."""
+    env = task_pb2.Task(task_id=task_id, business="b", status=common_pb2.TASK_STATUS_ACCEPTED)
+    env.nodes.add(
+        node_id="a.x", status=common_pb2.NODE_STATUS_PENDING, spec=task_pb2.ActionSpec(kind="noop")
+    )
+    env.nodes.add(
+        node_id="b.y",
+        depends_on=["a.x"],
+        status=common_pb2.NODE_STATUS_PENDING,
+        spec=task_pb2.ActionSpec(kind="http", downstream="up", path="/"),
+    )
+    return env
