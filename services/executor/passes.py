@@ -399,9 +399,10 @@ class Passes:
         progress interval has passed, or with the settle if that comes first (ADR-0059).
 
         With ``taken`` given, a ready HTTP node whose downstream has a call slot free is
-        claimed here too (PENDING → RUNNING, in the same write as any claim), so its status
-        event is this step's; the slots are added to ``taken``, which the caller gives back
-        if the transaction does not commit (else each belongs to its node's call)."""
+        claimed here too (PENDING → RUNNING, in the same write as any claim), in this step's
+        transaction rather than one of its own; the slots are added to ``taken``, which the
+        caller gives back if the transaction does not commit (else each belongs to its
+        node's call)."""
         steps: list[Step | None] = [None] * len(items)
         launch: dict[int, list[NodeRun]] = {}
         for it in items:

@@ -82,7 +82,6 @@ class Claim:
     task_id: str
     node_id: str
     owner: str
-    trace: str | None = None
 
 
 @dataclass
@@ -469,7 +468,7 @@ class Executor:
                 if slots is not None:
                     await slots.take()
                     held = True
-                won = await self.claims.submit(Claim(task_id, node.node_id, owner, current()))
+                won = await self.claims.submit(Claim(task_id, node.node_id, owner))
                 if won is None:
                     log.info("node claim lost", task_id=task_id, node_id=node.node_id)
                     return None

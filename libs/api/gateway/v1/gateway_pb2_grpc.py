@@ -185,9 +185,11 @@ class GatewayServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchTask(self, request, context):
-        """A server stream: the task now, then the task at every change, ending after it reaches
-        SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
-        (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+        """A server stream: the task now, then the task at every change its view records (a
+        running task's progress at most once per the executor's progress interval, its end at
+        once), ending after it reaches SUCCEEDED, FAILED or CANCELLED. Open watches are limited
+        per business (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own
+        tasks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

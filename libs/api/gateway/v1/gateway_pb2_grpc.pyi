@@ -102,9 +102,11 @@ class GatewayServiceStub:
     admin, a business token (its own tasks).
     """
     WatchTask: _grpc.UnaryStreamMultiCallable[_gateway_pb2.WatchTaskRequest, _gateway_pb2.WatchTaskResponse]
-    """A server stream: the task now, then the task at every change, ending after it reaches
-    SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
-    (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+    """A server stream: the task now, then the task at every change its view records (a
+    running task's progress at most once per the executor's progress interval, its end at
+    once), ending after it reaches SUCCEEDED, FAILED or CANCELLED. Open watches are limited
+    per business (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own
+    tasks).
     """
     ListTaskEvents: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListTaskEventsRequest, _gateway_pb2.ListTaskEventsResponse]
     """The task's history, oldest first, a page at a time: every status snapshot the executor
@@ -191,9 +193,11 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     admin, a business token (its own tasks).
     """
     WatchTask: _aio.UnaryStreamMultiCallable[_gateway_pb2.WatchTaskRequest, _gateway_pb2.WatchTaskResponse]  # type: ignore[assignment]
-    """A server stream: the task now, then the task at every change, ending after it reaches
-    SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
-    (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+    """A server stream: the task now, then the task at every change its view records (a
+    running task's progress at most once per the executor's progress interval, its end at
+    once), ending after it reaches SUCCEEDED, FAILED or CANCELLED. Open watches are limited
+    per business (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own
+    tasks).
     """
     ListTaskEvents: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListTaskEventsRequest, _gateway_pb2.ListTaskEventsResponse]  # type: ignore[assignment]
     """The task's history, oldest first, a page at a time: every status snapshot the executor
@@ -325,9 +329,11 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.WatchTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_gateway_pb2.WatchTaskResponse], _abc.AsyncIterator[_gateway_pb2.WatchTaskResponse]]:
-        """A server stream: the task now, then the task at every change, ending after it reaches
-        SUCCEEDED, FAILED or CANCELLED. Open watches are limited per business
-        (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own tasks).
+        """A server stream: the task now, then the task at every change its view records (a
+        running task's progress at most once per the executor's progress interval, its end at
+        once), ending after it reaches SUCCEEDED, FAILED or CANCELLED. Open watches are limited
+        per business (RESOURCE_EXHAUSTED beyond). Callers: admin, a business token (its own
+        tasks).
         """
 
     @_abc_1.abstractmethod
