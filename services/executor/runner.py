@@ -279,7 +279,6 @@ class Executor:
         finds nothing to run and settles the task."""
         state = step.state
         while True:
-            self._progress(env, owner, state)
             for node in step.launch:
                 state.attempted.add(node.node_id)
                 state.in_flight[node.node_id] = asyncio.create_task(
@@ -294,6 +293,7 @@ class Executor:
                 return Nak(delay=1.0)  # whoever holds the task now finishes it; it comes back
             if step.disposition is not None:
                 return step.disposition
+            self._progress(env, owner, state)  # the pass goes on: what it did so far, later
             done, _ = await asyncio.wait(
                 state.in_flight.values(), return_when=asyncio.FIRST_COMPLETED
             )
