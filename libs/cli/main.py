@@ -159,6 +159,14 @@ def up(
             " data folder (tls/) and kept; mTLS when DISPO_TLS_CLIENT_AUTH=true",
         ),
     ] = False,
+    executors: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="executor processes: they share the task.create work, each on one core at"
+            " most (one Python thread), so a machine with cores to spare runs more",
+        ),
+    ] = 1,
     detach_: Annotated[
         bool,
         typer.Option(
@@ -186,6 +194,7 @@ def up(
         openclaw_token=openclaw_token,
         openclaw_port=openclaw_port,
         tls=tls,
+        replicas={"executor": executors},
     )
     if detach_:
         raise typer.Exit(detach(options, [a for a in _ARGV if a != "--detach"]))

@@ -165,6 +165,8 @@ async def test_up_with_external_database_and_nats_starts_only_services(
             "up",
             "--services",
             "gateway,executor",
+            "--executors",
+            "2",
             "--demo-port",
             "0",
             "--console-port",
@@ -188,7 +190,8 @@ async def test_up_with_external_database_and_nats_starts_only_services(
         assert not (tmp_path / "data" / "postgres").exists()
         assert not (tmp_path / "data" / "nats").exists()
         state = read_state(tmp_path / "data")
-        assert set(state["services"]) == {"gateway", "executor"}
+        # two executors sharing the work, the second on a port of its own
+        assert set(state["services"]) == {"gateway", "executor", "executor-2"}
         assert state["database_url"] == without_password(database_url)  # kept out of state
         for info in state["services"].values():
             assert await health_status(info["address"]) == "SERVING"
