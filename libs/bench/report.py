@@ -150,10 +150,13 @@ def build_report(
     cpu_after: Mapping[str, float],
     machine_busy: tuple[float, float] | None,
     ceiling: Mapping[str, Any] | None,
+    status_events: int | None = None,
 ) -> dict[str, Any]:
     """The result of one run, JSON-ready. Throughput counts from the run's start: submitted/s
     to the last Submit answer, completed/s to the last terminal snapshot. ``machine_busy``
-    is (CPU seconds the whole machine spent busy, wall seconds) between the CPU samples."""
+    is (CPU seconds the whole machine spent busy, wall seconds) between the CPU samples.
+    ``status_events``: the status snapshots the executor wrote for the run's tasks (None:
+    not counted), given per completed task."""
     accepted = load.accepted
     submit_end = max((s.sent_at + s.seconds for s in load.submissions), default=0.0)
     finished = [o for o in outcomes if o.status in TERMINAL]
@@ -193,6 +196,9 @@ def build_report(
             else None,
         },
         "statuses": dict(sorted(Counter(o.status for o in outcomes).items())),
+        "status_events_per_task": round(status_events / len(finished), 2)
+        if status_events is not None and finished
+        else None,
         "cpu": cpu,
         "postgres_commit_ceiling": dict(ceiling) if ceiling is not None else None,
     }
@@ -250,6 +256,11 @@ def render(report: Mapping[str, Any]) -> list[str]:
     if report["latency"]["send_lag"]:
         lines.append(latency_text("send lag (vs schedule)", report["latency"]["send_lag"]))
     lines.append(f"statuses                 {report['statuses']}")
+    if report.get("status_events_per_task") is not None:
+        lines.append(
+            f"status events            {report['status_events_per_task']:.2f} per completed task"
+            " (the executor's snapshots: a running task's progress at most once per interval)"
+        )
     cpu = report["cpu"]
     per = ", ".join(
         f"{name} {p['ms_per_task']:.2f}"

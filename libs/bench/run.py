@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -220,6 +221,9 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         outcomes = await load.outcomes(clients[0], business, timeout=wait)
         cpu_after, busy_after = cpu(), machine.busy_cpu_seconds()
         wall = time.monotonic() - wall_before
+        events = None
+        if target.database_url and not args.submit_only:
+            events = await status_events(target.database_url, [s.task_id for s in facts.accepted])
     finally:
         for client in clients:
             await client.close()
@@ -234,7 +238,30 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         cpu_after=cpu_after,
         machine_busy=(busy_after - busy_before, wall),
         ceiling=ceiling_figures,
+        status_events=events,
     )
+
+
+async def status_events(database_url: str, task_ids: list[str]) -> int | None:
+    """The status snapshots the executor wrote for these tasks (its outbox rows on
+    ``task.status.<task_id>.*``, each under the message id ``<task_id>:v<version>``); None
+    where that table cannot be read (another layout, no rights: said on stderr)."""
+    import asyncpg  # with the stack's PostgreSQL only
+
+    try:
+        conn = await asyncpg.connect(database_url)
+        try:
+            count = await conn.fetchval(
+                "SELECT count(*) FROM executor.outbox WHERE subject LIKE 'task.status.%'"
+                " AND split_part(msg_id, ':', 1) = ANY($1::text[])",
+                task_ids,
+            )
+        finally:
+            await conn.close()
+    except (OSError, asyncpg.PostgresError) as error:
+        print(f"status events not counted: {error!r}", file=sys.stderr)
+        return None
+    return int(count)
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
