@@ -36,6 +36,7 @@ from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.bus import Bus, BusCredentialsRefused, Consumer, Handler, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, login_refused, migrate, session_factory
+from dispo.libs.eventloop import loop_factory
 from dispo.libs.grpcserver import create_server
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.metrics import Metrics, Sample
@@ -389,7 +390,7 @@ def run_service(
             loop.add_signal_handler(sig, stop.set)
         return await serve(name, setup, migrations=migrations, stop=stop, settings=settings)
 
-    with asyncio.Runner(loop_factory=_loop_factory(settings.uvloop)) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(settings.uvloop)) as runner:
         if runner.run(main()):
             raise SystemExit(1)
 
@@ -409,15 +410,3 @@ def _tune_gc() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
-
-
-def _loop_factory(uvloop: bool) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop (less work per socket read and write and per callback than asyncio's,
-    which every message and statement pays), or the standard one when asked or absent."""
-    if not uvloop:
-        return None
-    try:
-        import uvloop as _uvloop
-    except ImportError:  # a platform without it
-        return None
-    return _uvloop.new_event_loop

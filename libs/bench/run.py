@@ -32,10 +32,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 from dispo.libs.bench import ceiling, load, machine
 from dispo.libs.bench.report import CLIENT, build_report, render, result_name, table_row
 from dispo.libs.bench.shapes import SHAPES, Shape, catalogue_yaml
 from dispo.libs.cli._common import progress_bar
+from dispo.libs.db.roles import asyncpg_url
 from dispo.libs.sdk import AsyncClient, cell
 
 if TYPE_CHECKING:
@@ -246,10 +248,8 @@ async def status_events(database_url: str, task_ids: list[str]) -> int | None:
     """The status snapshots the executor wrote for these tasks (its outbox rows on
     ``task.status.<task_id>.*``, each under the message id ``<task_id>:v<version>``); None
     where that table cannot be read (another layout, no rights: said on stderr)."""
-    import asyncpg  # with the stack's PostgreSQL only
-
     try:
-        conn = await asyncpg.connect(database_url)
+        conn = await asyncpg.connect(asyncpg_url(database_url))
         try:
             count = await conn.fetchval(
                 "SELECT count(*) FROM executor.outbox WHERE subject LIKE 'task.status.%'"

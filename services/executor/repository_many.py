@@ -411,10 +411,11 @@ async def _claim_many(
 
 @dataclass(frozen=True)
 class TaskWrite:
-    """A step's write of one task row, under ``owner``'s lease: ``release`` the lease (the
-    pass ends) and, unless ``status`` is None, move the task from RUNNING to ``status``
-    (with a new generation if ``bump``); with ``emit``, take a new version for the status
-    event written with it."""
+    """A step's write of one task row as its pass ends, under ``owner``'s lease: release the
+    lease and, unless ``status`` is None, move the task from RUNNING to ``status`` (with a
+    new generation if ``bump``); with ``emit``, take a new version for the status event
+    written with it. (A task that goes on running is not written: its progress is published
+    on its own, ADR-0059.)"""
 
     task_id: str
     owner: str
@@ -422,7 +423,6 @@ class TaskWrite:
     reason: str = ""
     bump: bool = False
     emit: bool = False
-    release: bool = True
 
 
 def written_row(row: TaskRow, w: TaskWrite) -> TaskRow:
@@ -433,8 +433,8 @@ def written_row(row: TaskRow, w: TaskWrite) -> TaskRow:
         status_reason=w.reason if w.status is not None else row.status_reason,
         generation=row.generation + (1 if w.bump else 0),
         version=row.version + (1 if w.emit else 0),
-        lease_owner=None if w.release else row.lease_owner,
-        lease_until=None if w.release else row.lease_until,
+        lease_owner=None,
+        lease_until=None,
     )
 
 
@@ -444,12 +444,10 @@ def written_row(row: TaskRow, w: TaskWrite) -> TaskRow:
 # outbox rows the relay published since are marked sent.
 _WRITE_MANY = Statement(
     "WITH u AS (SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[]),"
-    " CAST(:was AS bigint[]), CAST(:versions AS bigint[]), CAST(:releases AS boolean[]),"
+    " CAST(:was AS bigint[]), CAST(:versions AS bigint[]),"
     " CAST(:statuses AS text[]), CAST(:reasons AS text[]), CAST(:bumps AS integer[]))"
-    " AS u(id, owner, was, version, release, status, reason, bump)),"
-    " written AS (UPDATE task_runs t SET"
-    " lease_owner = CASE WHEN u.release THEN NULL ELSE t.lease_owner END,"
-    " lease_until = CASE WHEN u.release THEN NULL ELSE t.lease_until END,"
+    " AS u(id, owner, was, version, status, reason, bump)),"
+    " written AS (UPDATE task_runs t SET lease_owner = NULL, lease_until = NULL,"
     " status = COALESCE(u.status, t.status),"
     " status_reason = CASE WHEN u.status IS NULL THEN t.status_reason ELSE u.reason END,"
     " updated_at = :now, generation = t.generation + u.bump, version = u.version"
@@ -512,7 +510,6 @@ async def tasks_write_many(
             "owners": [w.owner for w in writes],
             "was": [locked[w.task_id].version for w in writes],
             "versions": [after[w.task_id].version for w in writes],
-            "releases": [w.release for w in writes],
             "statuses": [w.status.value if w.status is not None else None for w in writes],
             "reasons": [w.reason for w in writes],
             "bumps": [1 if w.bump else 0 for w in writes],

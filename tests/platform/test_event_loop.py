@@ -6,14 +6,20 @@ import asyncio
 
 import uvloop
 from dispo.libs.auth import Authorizer
+from dispo.libs.eventloop import loop_factory, new_event_loop
 from dispo.libs.grpcserver import create_server
 from dispo.libs.health import health_status
-from dispo.libs.service import _loop_factory
 
 
 def test_the_loop_is_uvloop_unless_turned_off():
-    assert _loop_factory(True) is uvloop.new_event_loop
-    assert _loop_factory(False) is None
+    assert loop_factory(True) is uvloop.new_event_loop
+    assert loop_factory(False) is None
+    uv, plain = new_event_loop(), new_event_loop(uvloop=False)  # aiohttp's run_app takes one
+    try:
+        assert isinstance(uv, uvloop.Loop) and not isinstance(plain, uvloop.Loop)
+    finally:
+        uv.close()
+        plain.close()
 
 
 def test_a_grpc_server_answers_on_uvloop():
@@ -27,6 +33,6 @@ def test_a_grpc_server_answers_on_uvloop():
         finally:
             await server.stop(0)
 
-    with asyncio.Runner(loop_factory=_loop_factory(True)) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(True)) as runner:
         loop_module, status = runner.run(serve_and_ask())
     assert loop_module.startswith("uvloop") and status == "SERVING"

@@ -38,6 +38,7 @@ import struct
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from dispo.libs.eventloop import new_event_loop
 
 
 @dataclass
@@ -208,17 +209,8 @@ def main() -> None:
         print=lambda *_: print(f"demo downstream on {options.host}:{options.port}", flush=True),
         # A downstream as fast as the machine allows: the benches' CPU per task counts it.
         access_log=None,
-        loop=_loop(),
+        loop=new_event_loop(),  # uvloop's, as the services run on
     )
-
-
-def _loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop where it is installed (as for the services), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 if __name__ == "__main__":
