@@ -465,6 +465,7 @@ class Bus:
         max_deliver: int = -1,
         error_delay: float = 1.0,
         max_ack_pending: int | None = None,
+        gather: float = 0.0,
     ) -> Consumer:
         consumer = Consumer(
             self,
@@ -477,6 +478,7 @@ class Bus:
             max_deliver,
             error_delay,
             max_ack_pending,
+            gather,
         )
         self.consumers.append(consumer)
         return consumer
@@ -533,6 +535,14 @@ class Consumer:
     is then delivered as it is stored, with no request and no "no messages" answer of its
     own, which at a steady rate were two of the few NATS messages a task costs.
 
+    With ``gather`` seconds (a consumer off the caller's path), a consumer that keeps up
+    leaves no request standing: after a pull that brought fewer messages than it asked for,
+    it waits that long and then takes what the stream stored meanwhile with one request
+    (:class:`_GatheredPull`), so at a steady rate the process wakes once per ``gather``
+    rather than once per message, and acknowledges the messages of a pull together. A
+    message that comes to an idle consumer is taken at once; the wait only gathers the ones
+    behind it.
+
     One keepalive loop per consumer extends the ack deadline of every message in hand for
     longer than a third of ``ack_wait`` (a message handled sooner costs nothing)."""
 
@@ -548,9 +558,10 @@ class Consumer:
         max_deliver: int,
         error_delay: float,
         max_ack_pending: int | None = None,
+        gather: float = 0.0,
     ) -> None:
-        if batch < 1 or ack_wait <= 0:
-            raise ValueError("need batch >= 1 and ack_wait > 0")
+        if batch < 1 or ack_wait <= 0 or gather < 0:
+            raise ValueError("need batch >= 1, ack_wait > 0 and gather >= 0")
         self.bus = bus
         self.stream = stream
         self.durable = durable
@@ -564,6 +575,7 @@ class Consumer:
         self.max_deliver = max_deliver
         self.error_delay = error_delay
         self.max_ack_pending = max_ack_pending
+        self.gather = gather
         self._stopping = asyncio.Event()
         # Messages in hand: id(message) -> (message, loop time it was taken or last extended).
         self._in_hand: dict[int, tuple[Msg, float]] = {}
@@ -624,7 +636,9 @@ class Consumer:
             try:
                 if standing is None:
                     standing = _StandingPull(await self._subscribe(config))
-                if short:
+                if short and self.gather:
+                    messages = await _GatheredPull(standing.subscription).take(free, PULL_EXPIRES)
+                elif short:
                     messages = await standing.take(free, PULL_EXPIRES)
                 else:
                     messages = await standing.subscription.fetch(free, timeout=PULL_EXPIRES)
@@ -643,6 +657,8 @@ class Consumer:
                 handling = loop.create_task(self._handle(message))
                 self._tasks.add(handling)
                 handling.add_done_callback(self._done)
+            if short and self.gather:
+                await self._pause(self.gather)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if standing is not None:
@@ -762,6 +778,55 @@ class _StandingPull:
             sub._pending_size -= len(message.data)
             if not JetStreamContext.is_status_msg(message):
                 messages.append(message)
+        return messages
+
+
+class _GatheredPull:
+    """The pulls of a gathering consumer (:attr:`Consumer.gather`): what the stream holds
+    now, by one request that does not wait (``no_wait``); if it holds nothing, the next
+    message alone, by one request for a single message that waits up to ``expires``. No
+    request stays open after either, so the server sends nothing until the next pull."""
+
+    def __init__(self, subscription: JetStreamContext.PullSubscription) -> None:
+        self.subscription = subscription
+
+    async def take(self, free: int, expires: float) -> list[Msg]:
+        """Up to ``free`` stored messages, or else the next one within ``expires`` seconds;
+        raises ``TimeoutError`` when none came."""
+        messages = await self._request({"batch": free, "no_wait": True}, free, expires)
+        if messages:
+            return messages
+        return await self._request(
+            {"batch": 1, "expires": int(expires * 1e9)}, 1, expires, quiet=False
+        )
+
+    async def _request(
+        self, request: dict[str, Any], wanted: int, expires: float, quiet: bool = True
+    ) -> list[Msg]:
+        """Send one pull request and read its answer: up to ``wanted`` messages, ended early
+        by a status (no messages, expired). No message within ``expires``: none if
+        ``quiet``, else ``TimeoutError``."""
+        sub: Any = self.subscription
+        await sub._nc.publish(sub._nms, json.dumps(request).encode(), sub._deliver)
+        queue = sub._sub._pending_queue
+        messages: list[Msg] = []
+        loop = asyncio.get_running_loop()
+        until = loop.time() + expires
+        while len(messages) < wanted:
+            if queue.empty():  # wait for the next (one task per wait: not once a message)
+                try:
+                    message = await sub._sub.next_msg(timeout=max(0.01, until - loop.time()))
+                except TimeoutError:
+                    if messages or quiet:
+                        break
+                    raise
+            else:
+                message = queue.get_nowait()
+                queue.task_done()
+                sub._sub._pending_size -= len(message.data)
+            if JetStreamContext.is_status_msg(message):
+                break
+            messages.append(message)
         return messages
 
 

@@ -63,6 +63,7 @@ async def on_statuses(
             E.moment(env.updated_at, now),
             NotifyState.PENDING if env.callback_url else NotifyState.NONE,
             trace,
+            reconcile_at_finish(env, ctx.config.reconcile.sample_percent),
         )
         for env, trace in zip(envs, carried, strict=True)
         if env.status in E.TERMINAL_TASK
@@ -264,6 +265,23 @@ PROBED = {
 }
 
 
+def probed_nodes(env: task_pb2.Task) -> list[task_pb2.Node]:
+    """The nodes of a finished task the reconcile sweep probes: those whose action has a
+    status probe and that ran to an end."""
+    return [n for n in env.nodes if n.spec.probe_path and n.status in PROBED]
+
+
+def reconcile_at_finish(env: task_pb2.Task, sample_percent: int) -> ReconcileState:
+    """What the reconcile sweep would find without a probe, known when the task finishes:
+    NOT_SAMPLED, NOTHING_TO_PROBE, or else PENDING (its nodes are probed after the delay).
+    A task with nothing to probe then costs the sweep nothing."""
+    if not sampled(env.task_id, sample_percent):
+        return ReconcileState.NOT_SAMPLED
+    if not probed_nodes(env):
+        return ReconcileState.NOTHING_TO_PROBE
+    return ReconcileState.PENDING
+
+
 async def _reconcile_one(
     ctx: Context, row: Any
 ) -> tuple[ReconcileState, list[tuple[task_pb2.Node, str, str]]]:
@@ -272,7 +290,7 @@ async def _reconcile_one(
     if not sampled(row.task_id, policy.sample_percent):
         return ReconcileState.NOT_SAMPLED, []
     env = task_pb2.Task.FromString(row.envelope)
-    nodes = [n for n in env.nodes if n.spec.probe_path and n.status in PROBED]
+    nodes = probed_nodes(env)
     if not nodes:
         return ReconcileState.NOTHING_TO_PROBE, []
 

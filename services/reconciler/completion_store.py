@@ -30,6 +30,9 @@ class Finished:
     notify: NotifyState
     # The trace context the snapshot came with: the callback continues it.
     trace: str | None = None
+    # PENDING: the reconcile sweep probes it later; NOT_SAMPLED or NOTHING_TO_PROBE: known
+    # at the finish, recorded reconciled at once.
+    reconcile: ReconcileState = ReconcileState.PENDING
 
 
 async def finished_add_many(
@@ -42,7 +45,9 @@ async def finished_add_many(
     """Record "task finished" once per task (the first terminal snapshot is the fact), for
     many tasks in one statement; returns the task ids recorded now (not those recorded
     before). Of two facts of one task in ``facts``, the first is the one recorded. Rows go
-    in in task id order, so replicas inserting overlapping batches do not deadlock.
+    in in task id order, so replicas inserting overlapping batches do not deadlock. A fact
+    whose reconcile state is already known is recorded reconciled (``reconciled_at`` now);
+    a PENDING one is due for the reconcile sweep at ``reconcile_at``.
 
     ``alongside``, a data-modifying statement and its parameters, runs as a ``WITH`` item of
     the same statement: both take effect or neither, with no transaction around them."""
@@ -58,15 +63,18 @@ async def finished_add_many(
         (
             (f"WITH alongside AS ({along_sql}) " if along_sql else "")
             + "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"
-            " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at, trace)"
+            " callback_url, notify_state, notify_next_at, reconcile_state, reconcile_next_at,"
+            " reconciled_at, trace)"
             " SELECT v.task_id, v.business, v.status, v.reason, v.version, v.envelope, v.finished_at, :now,"
             " v.callback, v.notify, CASE WHEN v.notify = 'pending' THEN CAST(:now AS timestamptz) END,"
-            " 'pending', :reconcile_at, v.trace"
+            " v.reconcile, CASE WHEN v.reconcile = 'pending' THEN CAST(:reconcile_at AS timestamptz) END,"
+            " CASE WHEN v.reconcile <> 'pending' THEN CAST(:now AS timestamptz) END, v.trace"
             " FROM unnest(CAST(:ids AS text[]), CAST(:business AS text[]), CAST(:status AS text[]),"
             " CAST(:reason AS text[]), CAST(:version AS bigint[]), CAST(:env AS bytea[]),"
             " CAST(:finished_at AS timestamptz[]), CAST(:callback AS text[]), CAST(:notify AS text[]),"
-            " CAST(:trace AS text[]))"
-            " AS v(task_id, business, status, reason, version, envelope, finished_at, callback, notify, trace)"
+            " CAST(:reconcile AS text[]), CAST(:trace AS text[]))"
+            " AS v(task_id, business, status, reason, version, envelope, finished_at, callback, notify,"
+            " reconcile, trace)"
             " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
         ),
         {
@@ -79,6 +87,7 @@ async def finished_add_many(
             "finished_at": [f.finished_at for f in rows],
             "callback": [f.env.callback_url for f in rows],
             "notify": [f.notify.value for f in rows],
+            "reconcile": [f.reconcile.value for f in rows],
             "trace": [f.trace for f in rows],
             "now": now,
             "reconcile_at": reconcile_at,

@@ -55,6 +55,13 @@ class ReconcilerSettings(BaseSettings):
         description="JetStream ack wait of the reconciler's consumers: the messages a crashed"
         " reconciler held come back after this (a live one extends it while it works)",
     )
+    gather_seconds: float = Field(
+        default=0.1,
+        ge=0,
+        description="How long the reconciler's consumers, once they keep up, let messages"
+        " gather before taking them with one pull (a message to an idle consumer is taken at"
+        " once; 0: each message as it is stored)",
+    )
     gateway_address: str = Field(
         default=f"127.0.0.1:{DEFAULT_PORTS['gateway']}",
         description="The gateway's gRPC address, where compensating cells are submitted",

@@ -54,9 +54,11 @@ def consumers(
     durable: str,
     guard: Callable[[Handler], Handler] = lambda h: h,
     ack_wait: float = 5.0,
+    gather: float = 0.0,
 ) -> list[tuple[str, Consumer]]:
     """The four consumers, each handler wrapped by ``guard`` (the service's quarantine),
-    each durable with ``ack_wait``."""
+    each durable with ``ack_wait``, gathering messages for ``gather`` seconds once they keep
+    up (:class:`~dispo.libs.bus.Consumer`: none of them is on a caller's path)."""
 
     def park(kind: str) -> Callable[[task_pb2.Task], Awaitable[bool]]:
         async def work(env: task_pb2.Task) -> bool:
@@ -82,6 +84,7 @@ def consumers(
                 durable=f"{durable}-fail",
                 subject=tasks.TASK_FAIL,
                 ack_wait=ack_wait,
+                gather=gather,
                 handler=guard(handler(park("fail"))),
             ),
         ),
@@ -92,6 +95,7 @@ def consumers(
                 durable=f"{durable}-demote",
                 subject=tasks.TASK_DEMOTE,
                 ack_wait=ack_wait,
+                gather=gather,
                 handler=guard(handler(park("demote"))),
             ),
         ),
@@ -102,6 +106,7 @@ def consumers(
                 durable=f"{durable}-claims",
                 subject=tasks.TASK_CREATE,
                 ack_wait=ack_wait,
+                gather=gather,
                 handler=guard(handler(lambda env: arbitration.on_create(ctx, env))),
             ),
         ),
@@ -112,6 +117,7 @@ def consumers(
                 durable=f"{durable}-status",
                 subject=tasks.TASK_STATUS_TERMINAL,
                 ack_wait=ack_wait,
+                gather=gather,
                 handler=guard(handler(finish)),
                 batch=FINISHED_BATCH,
             ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from dispo.libs.errors import InvalidArgument
-from dispo.libs.periodic import Periodic
+from dispo.libs.periodic import Pause, Periodic
 from dispo.reconciler.age_limits import expire_sweep
 from dispo.reconciler.arbitration import arbitrate_sweep
 from dispo.reconciler.compensation import compensate_sweep
@@ -31,6 +31,10 @@ SWEEPS: dict[str, Callable[[Context], Awaitable[int]]] = {
 # redriven, a healthy downstream released, a verdict's losers compensated), so it is kicked
 # after every pass of its leader instead of waiting for its own next interval.
 FOLLOWS: dict[str, str] = {"compensate": "arbitrate", "redrive": "settle", "release": "health"}
+# Sweeps whose work comes at the rate tasks finish (one row per finished task, or per task
+# with a callback): a pass that took a full batch runs again at once, so a backlog drains at
+# the sweep's own pace, not one batch per interval.
+DRAINED = frozenset({"notify", "reconcile"})
 
 
 async def run_sweeps(ctx: Context, name: str = "all") -> dict[str, int]:
@@ -43,17 +47,19 @@ async def run_sweeps(ctx: Context, name: str = "all") -> dict[str, int]:
 def sweep_parts(ctx: Context, interval: float) -> dict[str, Periodic]:
     """Every sweep as its own periodic part (``sweep <name>``) on the context's clock, so a
     slow or blocked sweep holds up no other. A sweep that follows another also runs right
-    after each pass of it (see :data:`FOLLOWS`), as one round used to run them in order."""
+    after each pass of it (see :data:`FOLLOWS`), as one round used to run them in order; a
+    drained sweep (:data:`DRAINED`) runs again at once after a full batch."""
     parts: dict[str, Periodic] = {}
 
-    def one_pass(name: str) -> Callable[[], Awaitable[None]]:
-        async def run() -> None:
+    def one_pass(name: str) -> Callable[[], Awaitable[Pause | None]]:
+        async def run() -> Pause | None:
             try:
-                await SWEEPS[name](ctx)
+                done = await SWEEPS[name](ctx)
             finally:
                 for follower, leader in FOLLOWS.items():
                     if leader == name:
                         parts[follower].kick()
+            return Pause(0) if name in DRAINED and done >= ctx.settings.batch else None
 
         return run
 

@@ -53,7 +53,12 @@ async def wire_recovery(rt: Runtime) -> Context:
         SERVICE_NAME,
     )
     for name, consumer in consumers(
-        ctx, rt.bus, settings.durable, rt.quarantine.wrap, settings.ack_wait_seconds
+        ctx,
+        rt.bus,
+        settings.durable,
+        rt.quarantine.wrap,
+        settings.ack_wait_seconds,
+        settings.gather_seconds,
     ):
         rt.add_part(name, consumer.run, consumer.stop)
     rt.add_part("outbox relay", relay.run, relay.stop)

@@ -1,6 +1,7 @@
 """JetStream behaviour the services rely on: de-duplication, ack / nak / term, redelivery."""
 
 import asyncio
+import json
 
 import pytest
 from dispo.libs.bus import ACK, Nak, Term
@@ -164,6 +165,53 @@ async def test_a_consumer_keeping_up_leaves_a_pull_request_standing(bus):
         consumer.stop()
         await task
     assert seen == [f"m{i}".encode() for i in range(31)] + [b"late"]
+
+
+async def test_a_gathering_consumer_takes_what_came_during_its_wait_with_one_pull(bus):
+    """With ``gather``, a consumer that keeps up leaves no request standing: idle, it asks
+    for the next message alone; once a pull brought fewer than it asked for, it waits
+    ``gather`` seconds and takes everything stored meanwhile with one request that does not
+    wait. Nothing is missed or delivered twice, and every message is acknowledged."""
+    await bus.ensure_stream("TASKS", ["task.create"])
+    seen: list[bytes] = []
+
+    async def handler(message):
+        seen.append(message.data)
+        return ACK
+
+    consumer = bus.consumer(
+        "TASKS", durable="gatherer", subject="task.create", handler=handler, batch=64, gather=2.0
+    )
+    requests: list[dict] = []
+
+    async def counted(message):
+        requests.append(json.loads(message.data))
+
+    watch = await bus.nc.subscribe("$JS.API.CONSUMER.MSG.NEXT.TASKS.gatherer", cb=counted)
+    task = asyncio.create_task(consumer.run())
+    try:
+        # Idle: what is stored now (nothing), then a request for one message that waits.
+        await eventually(
+            lambda: any(r.get("batch") == 1 and r.get("expires") for r in requests),
+            timeout=15,
+            wanted="a request for the next message alone",
+        )
+        await bus.publish("task.create", b"m0", msg_id="m0")
+        await eventually(lambda: b"m0" in seen, timeout=15, interval=0.01, wanted="m0 seen")
+        requests.clear()
+        # The consumer now waits 2 s: what comes meanwhile is stored, nothing is sent.
+        for i in range(1, 21):
+            await bus.publish("task.create", f"m{i}".encode(), msg_id=f"m{i}")
+        await eventually(lambda: len(seen) == 21, timeout=15, interval=0.01, wanted="21 seen")
+        await bus.nc.flush()
+        assert requests == [{"batch": 64, "no_wait": True}], requests
+    finally:
+        await watch.unsubscribe()
+        consumer.stop()
+        await task
+    assert seen == [f"m{i}".encode() for i in range(21)]
+    info = await bus.js.consumer_info("TASKS", "gatherer")
+    assert info.num_pending == 0 and info.num_ack_pending == 0
 
 
 async def test_a_consumer_gets_only_what_its_filters_match(bus):

@@ -2,6 +2,7 @@
 subject; each attempt recorded), reconciled (probes sampled, mismatches as findings)."""
 
 import asyncio
+import dataclasses
 import json
 from datetime import UTC, datetime
 
@@ -54,6 +55,38 @@ async def test_finished_is_recorded_once_and_non_terminal_snapshots_are_ignored(
     await expect_error(
         stub.GetCompletion(pb.GetCompletionRequest(task_id="run")), grpc.StatusCode.NOT_FOUND
     )
+
+
+async def test_what_needs_no_probe_is_reconciled_when_the_task_finishes(recon, manual_clock, stub):
+    """A finished task none of whose nodes has a probe, or one outside the sample, is
+    recorded NOTHING_TO_PROBE or NOT_SAMPLED with the finish: the reconcile sweep, which
+    takes one batch of due rows a pass, never has it to do."""
+    plain = envelope(
+        "plain",
+        [node("a.audit", "SUCCEEDED", probe=False, task_id="plain")],
+        status="SUCCEEDED",
+    )
+    unprobed = finished("unprobed")
+    outside = dataclasses.replace(
+        recon,
+        config=dataclasses.replace(
+            recon.config,
+            reconcile=dataclasses.replace(recon.config.reconcile, sample_percent=0),
+        ),
+    )
+    assert await completion.on_statuses(recon, [plain]) == [True]
+    assert await completion.on_statuses(outside, [unprobed]) == [True]
+    for task_id, state in [
+        ("plain", pb.RECONCILE_STATE_NOTHING_TO_PROBE),
+        ("unprobed", pb.RECONCILE_STATE_NOT_SAMPLED),
+    ]:
+        reply = await facts(stub, task_id)
+        assert reply.completion.reconcile_state == state, task_id
+        assert reply.completion.HasField("reconciled_at"), task_id
+    manual_clock.advance(seconds=61)  # past the delay: still nothing for the sweep
+    assert (await run_sweeps(recon, "reconcile"))["reconcile"] == 0
+    assert await completion.on_statuses(recon, [finished("probed")]) == [True]
+    assert (await facts(stub, "probed")).completion.reconcile_state == pb.RECONCILE_STATE_PENDING
 
 
 async def test_callback_down_then_up_is_delivered_once_signed_and_recorded(

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from dispo.libs.periodic import Periodic
-from dispo.reconciler import recovery
-from dispo.reconciler.states import RecoveryState
+from dispo.reconciler import completion, recovery
+from dispo.reconciler import completion_store as cs
+from dispo.reconciler.states import ReconcileState, RecoveryState
 from dispo.reconciler.sweeps import FOLLOWS, SWEEPS, sweep_parts
 
 from .conftest import creates, row
+from .test_completion import finished
 from .test_demoted_work import demoted
 from .test_failed_work import failing
 
@@ -95,6 +97,34 @@ async def test_the_release_follows_each_health_pass_without_waiting_its_interval
     # Released within that one round: by the pass the health sweep kicked, as the round
     # used to run health before release.
     assert parts["release"].passes <= releases + 2
+
+
+async def test_a_pass_that_took_a_full_batch_runs_again_at_once(recon, manual_clock):
+    """The reconcile sweep takes one batch of due rows a pass. Tasks finish faster than one
+    batch per interval under load, so a pass that took a full batch is followed by another
+    at once: the backlog drains with the clock standing still."""
+    recon.settings.batch = 2
+    for i in range(5):
+        assert await completion.on_status(recon, finished(f"t{i}"))
+    manual_clock.advance(seconds=61)  # past the reconcile delay, then the clock stands still
+    built = sweep_parts(recon, interval=1.0)
+    part = built["reconcile"]
+    task = asyncio.create_task(part.run(), name=part.name)
+    try:
+        await eventually(_reconciled(recon, [f"t{i}" for i in range(5)]))
+        assert part.passes >= 3  # 2 + 2 + 1 rows
+    finally:
+        part.stop()
+        await asyncio.wait_for(task, 10)
+
+
+def _reconciled(recon, task_ids):
+    async def check() -> bool:
+        async with recon.engine.connect() as conn:
+            rows = [await cs.get(conn, task_id) for task_id in task_ids]
+        return all(r.reconcile_state != ReconcileState.PENDING for r in rows)
+
+    return check
 
 
 def _all_asleep(parts, clock, *, health_passes: int):
