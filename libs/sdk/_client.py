@@ -16,6 +16,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel, open_sync_channel
 from dispo.libs.batcher import Batcher
 from dispo.libs.proto_enums import from_short_name, task_status_name
+from dispo.libs.sdk._gather import Gathered
 from dispo.libs.sdk._types import (
     CellSpec,
     DispoError,
@@ -82,6 +83,25 @@ _NOTHING_WRITTEN = frozenset(
         grpc.StatusCode.UNIMPLEMENTED,
     }
 )
+
+
+def _each_request(items: Sequence[_Gathered]) -> gateway_pb2.SubmitEachRequest:
+    return gateway_pb2.SubmitEachRequest(requests=[item.request for item in items])
+
+
+def _each_answers(reply: gateway_pb2.SubmitEachResponse) -> list[Submitted | DispoError]:
+    """Each item's answer, as its own Submit would have answered it."""
+    return [
+        _submitted(o.accepted)
+        if o.WhichOneof("outcome") == "accepted"
+        else DispoError.from_status(o.refused)
+        for o in reply.outcomes
+    ]
+
+
+def _call_timeout(items: Sequence[_Gathered]) -> float:
+    """A gathered call waits as long as its most patient caller."""
+    return max(item.deadline for item in items) - time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -244,24 +264,18 @@ class AsyncClient:
         every call passes, a message over gRPC's size limit, a gateway without SubmitEach)
         is sent again as one Submit per item, so each caller hears of its own request only;
         any other failure of the call is every item's (as it would be each Submit's)."""
-        timeout = max(item.deadline for item in items) - time.monotonic()
+        timeout = _call_timeout(items)
         if len(items) == 1:
             return [await self._submit_alone(items[0], timeout)]
-        request = gateway_pb2.SubmitEachRequest(requests=[item.request for item in items])
         try:
-            reply = await self._stub.SubmitEach(request, timeout=timeout)
+            reply = await self._stub.SubmitEach(_each_request(items), timeout=timeout)
         except grpc.aio.AioRpcError as error:
             if error.code() not in _NOTHING_WRITTEN:
                 raise DispoError.from_rpc(error) from None
             return list(
                 await asyncio.gather(*(self._submit_alone(item, timeout) for item in items))
             )
-        return [
-            _submitted(o.accepted)
-            if o.WhichOneof("outcome") == "accepted"
-            else DispoError.from_status(o.refused)
-            for o in reply.outcomes
-        ]
+        return _each_answers(reply)
 
     async def _submit_alone(self, item: _Gathered, timeout: float) -> Submitted | DispoError:
         try:
@@ -427,7 +441,14 @@ class Client:
     """Blocking client: ``with Client("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
-    ``tls`` the channel's TLS (default: the ``DISPO_TLS_*`` settings, as :class:`AsyncClient`)."""
+    ``tls`` the channel's TLS (default: the ``DISPO_TLS_*`` settings, as :class:`AsyncClient`).
+
+    One client may be shared by many threads. Their :meth:`submit` calls are gathered as
+    :class:`AsyncClient` gathers its coroutines' (``gather``, on by default): a submit
+    alone is sent at once as a Submit; those made while a call is on its way go together
+    in one SubmitEach (at most ``GATHER_MAX`` tasks), sent by the thread of the first of
+    them (:class:`~dispo.libs.sdk._gather.Gathered`). Each thread gets exactly what its own
+    Submit would answer or raise."""
 
     def __init__(
         self,
@@ -435,9 +456,13 @@ class Client:
         *,
         token: str | None = None,
         tls: ClientTLS | None = None,
+        gather: bool = True,
     ) -> None:
         self._channel = open_sync_channel(address, _token(token), tls=tls)
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+        self.gathered: Gathered[_Gathered, Submitted] | None = (
+            Gathered(self._submit_gathered, max_items=GATHER_MAX) if gather else None
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -465,13 +490,37 @@ class Client:
         callback_url: str = "",
         timeout: float = 10.0,
     ) -> Submitted:
-        return _submitted(
-            self._call(
-                self._stub.Submit,
-                _submit_request(business, cells, idempotency_key, callback_url),
-                timeout,
-            )
-        )
+        """Submit one task: its :class:`Submitted` once it is durably recorded, or the
+        :class:`DispoError` the gateway refused it with (gathered with other threads'
+        submits into one call unless the client was made with ``gather=False``)."""
+        request = _submit_request(business, cells, idempotency_key, callback_url)
+        if self.gathered is None:
+            return _submitted(self._call(self._stub.Submit, request, timeout))
+        try:
+            return self.gathered.submit(_Gathered(request, time.monotonic() + timeout), timeout)
+        except TimeoutError:
+            raise DispoError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", {}) from None
+
+    def _submit_gathered(self, items: list[_Gathered]) -> list[Submitted | DispoError]:
+        """As :meth:`AsyncClient._submit_gathered`, on this thread: a Submit for one item, a
+        SubmitEach for several, sent again one Submit each if refused as a whole before
+        anything was written."""
+        timeout = _call_timeout(items)
+        if len(items) == 1:
+            return [self._submit_alone(items[0], timeout)]
+        try:
+            reply = self._stub.SubmitEach(_each_request(items), timeout=timeout)
+        except grpc.RpcError as error:
+            if error.code() not in _NOTHING_WRITTEN:
+                raise DispoError.from_rpc(error) from None
+            return [self._submit_alone(item, timeout) for item in items]
+        return _each_answers(reply)
+
+    def _submit_alone(self, item: _Gathered, timeout: float) -> Submitted | DispoError:
+        try:
+            return _submitted(self._call(self._stub.Submit, item.request, timeout))
+        except DispoError as error:
+            return error
 
     def submit_many(
         self, requests: Sequence[TaskRequest], *, timeout: float = 30.0

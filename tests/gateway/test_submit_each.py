@@ -4,13 +4,14 @@ its key, or refused with Submit's code and fields — and one item's refusal wri
 and refuses no other."""
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from dispo.gateway.limits import MAX_SUBMIT_MANY
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel
-from dispo.libs.sdk import AsyncClient, DispoError, cell
+from dispo.libs.sdk import AsyncClient, Client, DispoError, cell
 from dispo.libs.sdk._client import _submit_request
 from google.rpc import error_details_pb2
 from support.auth import business_token
@@ -232,3 +233,59 @@ async def test_a_gathered_submit_that_runs_out_of_time_raises_deadline_exceeded(
         with pytest.raises(DispoError) as late:
             await client.submit("tests", [cell("step", name="a")], timeout=0)
     assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_the_blocking_client_gathers_the_submits_of_racing_threads(
+    gateway_only, gateway_client
+):
+    """One blocking client shared by 32 threads: their submits are carried by fewer calls
+    than submits; one task per key however many threads raced with it; a bad request is
+    raised in its own thread only, naming its own field."""
+    keys = [f"thread-{i % 40}" for i in range(120)]  # 40 keys, each sent by three threads
+
+    def race() -> tuple[list[object], int, int]:
+        with Client(gateway_only.gateway.address, token=gateway_only.token) as client:
+            assert client.gathered is not None
+
+            def one(i: int) -> object:
+                try:
+                    if i < 120:
+                        return client.submit(
+                            "tests", [cell("step", name=keys[i])], idempotency_key=keys[i]
+                        )
+                    if i < 140:
+                        return client.submit("tests", [cell("no_such_cell")])
+                    return client.submit("tests", [cell("step", name="n")])
+                except DispoError as error:
+                    return error
+
+            with ThreadPoolExecutor(max_workers=32) as pool:
+                answers = list(pool.map(one, range(160)))
+            return answers, client.gathered.flushes, client.gathered.flushed_items
+
+    answers, flushes, items = await asyncio.to_thread(race)
+    by_key: dict[str, set[str]] = {}
+    firsts: dict[str, int] = {}
+    for key, answer in zip(keys, answers[:120], strict=True):
+        assert not isinstance(answer, BaseException), answer
+        by_key.setdefault(key, set()).add(answer.task_id)
+        firsts[key] = firsts.get(key, 0) + (not answer.duplicate)
+    assert all(len(ids) == 1 for ids in by_key.values())  # one task per key
+    assert set(firsts.values()) == {1}  # and exactly one thread told it was first
+    for answer in answers[120:140]:
+        assert isinstance(answer, DispoError)
+        assert answer.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert set(answer.violations) == {"cells[0].cell"}
+    assert all(not isinstance(a, BaseException) for a in answers[140:])
+    assert await total(gateway_client) == 40 + 20  # 40 keyed tasks and 20 without a key
+    assert items == 160 and flushes < 160, (flushes, items)  # many submits per call
+
+
+async def test_a_blocking_submit_that_runs_out_of_time_raises_deadline_exceeded(gateway_only):
+    def late() -> DispoError:
+        with Client(gateway_only.gateway.address, token=gateway_only.token) as client:
+            with pytest.raises(DispoError) as raised:
+                client.submit("tests", [cell("step", name="a")], timeout=0)
+            return raised.value
+
+    assert (await asyncio.to_thread(late)).code == grpc.StatusCode.DEADLINE_EXCEEDED
