@@ -174,6 +174,26 @@ def counting_submits(client: AsyncClient) -> list[int]:
     return sent
 
 
+def each_heard_of_its_own(keys: list[str], answers: list[object], bad: int) -> None:
+    """``answers``: first one per submit of ``keys`` (keyed, several callers per key), then
+    ``bad`` submits of an unknown cell, then submits without a key. One task per key, and
+    exactly one caller told it was first; each bad request refused to its own caller,
+    naming its own field; every other submit accepted."""
+    by_key: dict[str, set[str]] = {}
+    firsts: dict[str, int] = {}
+    for key, answer in zip(keys, answers[: len(keys)], strict=True):
+        assert not isinstance(answer, BaseException), answer
+        by_key.setdefault(key, set()).add(answer.task_id)
+        firsts[key] = firsts.get(key, 0) + (not answer.duplicate)
+    assert all(len(ids) == 1 for ids in by_key.values())
+    assert set(firsts.values()) == {1}
+    for answer in answers[len(keys) : len(keys) + bad]:
+        assert isinstance(answer, DispoError)
+        assert answer.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert set(answer.violations) == {"cells[0].cell"}
+    assert all(not isinstance(a, BaseException) for a in answers[len(keys) + bad :])
+
+
 async def test_concurrent_sdk_submits_are_gathered_and_each_caller_hears_only_of_its_own(
     gateway_only, gateway_client
 ):
@@ -190,19 +210,7 @@ async def test_concurrent_sdk_submits_are_gathered_and_each_caller_hears_only_of
         answers = await asyncio.gather(*calls, return_exceptions=True)
         flushes, items = client.gathered.flushes, client.gathered.flushed_items
 
-    by_key: dict[str, set[str]] = {}
-    firsts: dict[str, int] = {}
-    for key, answer in zip(keys, answers[:150], strict=True):
-        assert not isinstance(answer, BaseException), answer
-        by_key.setdefault(key, set()).add(answer.task_id)
-        firsts[key] = firsts.get(key, 0) + (not answer.duplicate)
-    assert all(len(ids) == 1 for ids in by_key.values())  # one task per key
-    assert set(firsts.values()) == {1}  # and exactly one caller told it was first
-    for answer in answers[150:175]:
-        assert isinstance(answer, DispoError)
-        assert answer.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert set(answer.violations) == {"cells[0].cell"}
-    assert all(not isinstance(a, BaseException) for a in answers[175:])
+    each_heard_of_its_own(keys, answers, bad=25)
     # 50 keyed tasks and 24 without a key, nothing else.
     assert await total(gateway_client) == 74
     assert items == 199 and flushes < 10, (flushes, items)  # many submits per call
@@ -264,19 +272,7 @@ async def test_the_blocking_client_gathers_the_submits_of_racing_threads(
             return answers, client.gathered.flushes, client.gathered.flushed_items
 
     answers, flushes, items = await asyncio.to_thread(race)
-    by_key: dict[str, set[str]] = {}
-    firsts: dict[str, int] = {}
-    for key, answer in zip(keys, answers[:120], strict=True):
-        assert not isinstance(answer, BaseException), answer
-        by_key.setdefault(key, set()).add(answer.task_id)
-        firsts[key] = firsts.get(key, 0) + (not answer.duplicate)
-    assert all(len(ids) == 1 for ids in by_key.values())  # one task per key
-    assert set(firsts.values()) == {1}  # and exactly one thread told it was first
-    for answer in answers[120:140]:
-        assert isinstance(answer, DispoError)
-        assert answer.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert set(answer.violations) == {"cells[0].cell"}
-    assert all(not isinstance(a, BaseException) for a in answers[140:])
+    each_heard_of_its_own(keys, answers, bad=20)
     assert await total(gateway_client) == 40 + 20  # 40 keyed tasks and 20 without a key
     assert items == 160 and flushes < 160, (flushes, items)  # many submits per call
 
