@@ -222,19 +222,35 @@ def _event(name: str, html: str) -> str:
     return f"event: {name}\n{lines}\n"
 
 
+# With nothing changed for this long, a stream sends a comment, so a proxy between the
+# browser and the console does not take the connection for idle.
+KEEPALIVE_SECONDS = 15.0
+
+
 def _stream(request: Request, render: Any, interval: float) -> StreamingResponse:
-    """Server-sent events: what ``render()`` returns (``[(event, html)]``) every ``interval``
-    seconds, until the page is closed; a refused call ends the stream (the page reloads)."""
+    """Server-sent events: what ``render()`` returns (``[(event, html)]``), looked at every
+    ``interval`` seconds until the page is closed; a refused call ends the stream (the page
+    reloads). A fragment is sent only when it differs from the one this stream sent last:
+    swapping an unchanged fragment in would redraw the page under the user's pointer (a
+    click on a button being replaced is lost) for nothing."""
 
     async def events() -> AsyncIterator[str]:
+        last: dict[str, str] = {}
+        quiet = 0.0
         while not await request.is_disconnected():
             try:
-                sent = await render()
+                rendered = await render()
             except DispoError as error:
                 yield _event("refused", error.message)
                 return
-            for name, html in sent:
+            changed = [(name, html) for name, html in rendered if last.get(name) != html]
+            for name, html in changed:
+                last[name] = html
                 yield _event(name, html)
+            quiet = 0.0 if changed else quiet + interval
+            if quiet >= KEEPALIVE_SECONDS:
+                quiet = 0.0
+                yield ": nothing changed\n\n"
             await asyncio.sleep(interval)
 
     return StreamingResponse(
