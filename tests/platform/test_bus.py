@@ -97,7 +97,8 @@ async def test_durable_consumers_share_work_without_duplicates(bus):
     assert sorted(bodies, key=int) == [str(i).encode() for i in range(40)]
 
 
-async def test_consumer_survives_a_nats_restart(infra, bus):
+@pytest.mark.parametrize("gather", [0.0, 0.1], ids=["standing", "gathering"])
+async def test_consumer_survives_a_nats_restart(infra, bus, gather):
     await bus.ensure_stream("TASKS", ["task.create"])
     seen: list[bytes] = []
 
@@ -105,7 +106,9 @@ async def test_consumer_survives_a_nats_restart(infra, bus):
         seen.append(message.data)
         return ACK
 
-    consumer = bus.consumer("TASKS", durable="worker", subject="task.create", handler=handler)
+    consumer = bus.consumer(
+        "TASKS", durable="worker", subject="task.create", handler=handler, gather=gather
+    )
     task = asyncio.create_task(consumer.run())
     await bus.publish("task.create", b"before", msg_id="before")
     await eventually(lambda: b"before" in seen, timeout=15, interval=0.02, wanted="'before' seen")
