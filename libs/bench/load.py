@@ -6,6 +6,8 @@ two modes, then the outcome of every task as the gateway records it.
   until ``count`` are sent;
 - :func:`offer` — open loop: task ``i`` is sent at ``i / rate`` seconds whatever the answers
   (so a slow stack shows as latency, not as a lower offered rate);
+- :func:`saturate_threads` — closed loop from ``threads`` threads sharing the blocking
+  client (one per gateway), as a threaded web server or worker pool submits;
 - :func:`outcomes` — once no task of the run's business is left unfinished, every task's
   status with its acceptance and last-change times (one paged ListTasks pass).
 """
@@ -13,14 +15,16 @@ two modes, then the outcome of every task as the gateway records it.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bench.report import TERMINAL, LoadFacts, Outcome, Submission
-from dispo.libs.sdk import AsyncClient, CellSpec, DispoError, TaskRequest
+from dispo.libs.sdk import AsyncClient, CellSpec, Client, DispoError, TaskRequest
 
 UNFINISHED = [
     name.removeprefix("TASK_STATUS_")
@@ -106,7 +110,12 @@ class Submitter:
             self.answered()
 
     def _key(self, i: int) -> str:
-        return f"{self.business}-{i}"
+        return task_key(self.business, i)
+
+
+def task_key(business: str, i: int) -> str:
+    """The idempotency key of a run's task ``i``."""
+    return f"{business}-{i}"
 
 
 async def saturate(submitter: Submitter, count: int, concurrency: int, batch: int = 1) -> LoadFacts:
@@ -121,6 +130,48 @@ async def saturate(submitter: Submitter, count: int, concurrency: int, batch: in
 
     await asyncio.gather(*(caller() for _ in range(max(1, concurrency))))
     return submitter.facts
+
+
+def saturate_threads(
+    clients: Sequence[Client],
+    business: str,
+    cells: Callable[[], list[CellSpec]],
+    count: int,
+    threads: int,
+    answered: Callable[[], None] = lambda: None,
+) -> LoadFacts:
+    """``threads`` threads, each submitting its next task through the blocking client of
+    gateway ``i mod len(clients)`` as soon as its previous one is answered, until ``count``
+    are sent (task ``i`` keyed as :class:`Submitter` keys it). Blocks until all are
+    answered."""
+    facts = LoadFacts(started_at=time.time(), offered_rate=None)
+    origin = time.perf_counter()
+    following = iter(range(count))
+    lock = threading.Lock()
+
+    def next_index() -> int | None:
+        with lock:
+            return next(following, None)
+
+    def caller() -> None:
+        while (i := next_index()) is not None:
+            sent = time.perf_counter()
+            task_id, error = "", ""
+            try:
+                client = clients[i % len(clients)]
+                task_id = client.submit(
+                    business, cells(), idempotency_key=task_key(business, i)
+                ).task_id
+            except DispoError as failure:
+                error = failure.code.name
+            seconds = time.perf_counter() - sent
+            facts.submissions.append(Submission(sent - origin, seconds, task_id, error, 0.0, 1))
+            answered()
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        for done in [pool.submit(caller) for _ in range(max(1, threads))]:
+            done.result()
+    return facts
 
 
 async def offer(submitter: Submitter, count: int, rate: float) -> LoadFacts:

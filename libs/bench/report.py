@@ -233,6 +233,8 @@ def submit_label(config: Mapping[str, Any]) -> str:
     batch = config.get("batch") or 1
     if batch > 1:
         return f"SubmitMany({batch}) per call"
+    if config.get("threads"):
+        return "Client.submit() gathered" if config.get("gather") else "Client Submit"
     return "submit() gathered" if config.get("gather") else "Submit"
 
 
@@ -292,6 +294,8 @@ def result_name(report: Mapping[str, Any]) -> str:
         mode += "-submit"
     if (config.get("batch") or 1) > 1:
         mode += f"-batch{config['batch']}"
+    if config.get("threads"):
+        mode += f"-threads{config['threads']}"
     if config.get("gather"):
         mode += "-gathered"
     scale = f"g{config['gateways']}" + (
@@ -314,7 +318,11 @@ def table_row(report: Mapping[str, Any]) -> str:
     """The report as a row of the README's results table (:data:`TABLE_HEADER`)."""
     config, through, lat = report["config"], report["throughput"], report["latency"]
     run = f"{config['shape']}, " + (
-        f"{config['rate']:g}/s offered" if config.get("rate") else f"c={config['concurrency']}"
+        f"{config['rate']:g}/s offered"
+        if config.get("rate")
+        else f"{config['threads']} threads"
+        if config.get("threads")
+        else f"c={config['concurrency']}"
     )
     run += f", {config['tasks']} tasks" + (", Submit only" if config.get("submit_only") else "")
     if (config.get("batch") or 1) > 1:

@@ -34,11 +34,18 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from dispo.libs.bench import ceiling, load, machine
-from dispo.libs.bench.report import CLIENT, build_report, render, result_name, table_row
+from dispo.libs.bench.report import (
+    CLIENT,
+    LoadFacts,
+    build_report,
+    render,
+    result_name,
+    table_row,
+)
 from dispo.libs.bench.shapes import SHAPES, Shape, catalogue_yaml
 from dispo.libs.cli._common import progress_bar
 from dispo.libs.db.roles import asyncpg_url
-from dispo.libs.sdk import AsyncClient, cell
+from dispo.libs.sdk import AsyncClient, Client, cell
 
 if TYPE_CHECKING:
     from dispo.libs.stack.stack import Stack
@@ -168,7 +175,9 @@ def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str,
         "nodes_per_task": shape.nodes,
         "mode": "rate" if args.rate else "saturation",
         "tasks": args.tasks,
-        "concurrency": None if args.rate else args.concurrency,
+        "concurrency": None if args.rate or args.threads else args.concurrency,
+        # Threads sharing the blocking client (instead of coroutines), or None.
+        "threads": args.threads or None,
         # Tasks per call: 1 = Submit, more = SubmitMany (latency figures are then per call).
         "batch": args.batch,
         # One task per submit(), gathered by the SDK into SubmitEach calls (not --unary).
@@ -216,6 +225,8 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             )
             if args.rate:
                 facts = await load.offer(submitter, args.tasks, args.rate)
+            elif args.threads:
+                facts = await blocking_load(args, target, business, cell_name, answered)
             else:
                 facts = await load.saturate(submitter, args.tasks, args.concurrency, args.batch)
         # Submit-only: the tasks as they are once every Submit is answered, no waiting.
@@ -242,6 +253,34 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         ceiling=ceiling_figures,
         status_events=events,
     )
+
+
+async def blocking_load(
+    args: argparse.Namespace,
+    target: Target,
+    business: str,
+    cell_name: str,
+    answered: Callable[[], None],
+) -> LoadFacts:
+    """``--threads``: the run's tasks from that many threads sharing the blocking client
+    of each gateway (gathered, unless ``--unary``)."""
+    clients = [
+        Client(address, token=target.token or None, gather=not args.unary)
+        for address in target.gateways
+    ]
+    try:
+        return await asyncio.to_thread(
+            load.saturate_threads,
+            clients,
+            business,
+            lambda: [cell(cell_name)],
+            args.tasks,
+            args.threads,
+            answered,
+        )
+    finally:
+        for client in clients:
+            client.close()
 
 
 async def status_events(database_url: str, task_ids: list[str]) -> int | None:
@@ -317,6 +356,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rate", type=float, help="offered Submits per second, open loop (instead of saturation)"
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="submit from this many threads sharing the blocking Client, each sending its next"
+        " task once the last is answered (instead of --concurrency coroutines; saturation mode)",
+    )
     p.add_argument("--gateways", type=int, default=1, help="gateway processes (with --start)")
     p.add_argument("--executors", type=int, default=1, help="executor processes (with --start)")
     p.add_argument(
@@ -355,6 +401,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--batch must be at least 1, and above 1 only in saturation mode (no --rate)")
     if args.unary and args.batch > 1:
         p.error("--unary sends one Submit per task; --batch sends SubmitMany calls: not both")
+    if args.threads < 0 or (args.threads and (args.rate or args.batch > 1)):
+        p.error("--threads is a saturation mode of one task per submit: not with --rate or --batch")
     began = time.perf_counter()
     report = asyncio.run(bench(args))
     print("\n".join(render(report)))

@@ -265,6 +265,17 @@ async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
     assert "SubmitMany(4) per call" in "\n".join(render(report))
     assert result_name(report).endswith("-noop-saturation-submit-batch4-g1.json")
 
+    # From 6 threads sharing the blocking Client, which gathers their submits.
+    args = parser().parse_args(["--submit-only", "--tasks", "30", "--threads", "6"])
+    report = await measure(args, target)
+    assert (report["config"]["threads"], report["config"]["concurrency"]) == (6, None)
+    assert report["config"]["gather"] is True
+    assert report["statuses"] == {"ACCEPTED": 30}
+    assert report["latency"]["submit"]["n"] == 30
+    assert "Client.submit() gathered" in "\n".join(render(report))
+    assert "6 threads" in table_row(report)
+    assert result_name(report).endswith("-noop-saturation-submit-threads6-gathered-g1.json")
+
 
 async def test_rate_mode_offers_the_asked_count_on_schedule_order(bench_stack):
     async with AsyncClient(bench_stack.gateways[0], token=bench_stack.token) as client:
