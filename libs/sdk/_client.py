@@ -346,8 +346,10 @@ class AsyncClient:
         page_size: int = 100,
         order: str = "newest",
         idempotency_key: str = "",
+        page_timeout: float | None = 10.0,
     ) -> AsyncIterator[TaskSummary]:
-        """Every matching task, newest first unless ``order="oldest"``, following the cursor."""
+        """Every matching task, newest first unless ``order="oldest"``, following the cursor;
+        each page's call gives up after ``page_timeout`` seconds (``DEADLINE_EXCEEDED``)."""
         token = ""
         while True:
             page = await self.list_page(
@@ -359,7 +361,7 @@ class AsyncClient:
                 page_token=token,
                 order=order,
                 idempotency_key=idempotency_key,
-                timeout=None,
+                timeout=page_timeout,
             )
             for item in page.tasks:
                 yield item
@@ -583,8 +585,10 @@ class Client:
         page_size: int = 100,
         order: str = "newest",
         idempotency_key: str = "",
+        page_timeout: float | None = 10.0,
     ) -> Iterator[TaskSummary]:
-        """Every matching task, newest first unless ``order="oldest"``, following the cursor."""
+        """Every matching task, newest first unless ``order="oldest"``, following the cursor;
+        each page's call gives up after ``page_timeout`` seconds (``DEADLINE_EXCEEDED``)."""
         token = ""
         while True:
             page = self.list_page(
@@ -596,6 +600,7 @@ class Client:
                 page_token=token,
                 order=order,
                 idempotency_key=idempotency_key,
+                timeout=page_timeout,
             )
             yield from page.tasks
             token = page.next_page_token

@@ -1,13 +1,14 @@
 """GetTask, ListTaskEvents, ListTasks, CountTasks, CancelTask, WatchTask and ListCells
 through the real gateway."""
 
+import asyncio
 from datetime import timedelta
 
 import grpc
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from dispo.libs.sdk import DispoError, cell
+from dispo.libs.sdk import Client, DispoError, cell
 from pipeline_fixtures import dump
 from support import eventually
 from support.auth import admin_channel, business_token
@@ -344,3 +345,21 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
     assert cells["step"].fields[0].type == gateway_pb2.FIELD_TYPE_STRING
     assert cells["step"].actions[0].kind == gateway_pb2.ACTION_KIND_HTTP
     assert cells["noop"].actions[0].kind == gateway_pb2.ACTION_KIND_NOOP
+
+
+async def test_every_page_of_a_listing_has_a_deadline(gateway_only, gateway_client):
+    """Following the cursor, each page's call gives up after ``page_timeout`` seconds: a
+    listing never waits forever on a gateway that does not answer (here, no time at all)."""
+    await gateway_client.submit("tests", [cell("noop")])
+    with pytest.raises(DispoError) as late:
+        [t async for t in gateway_client.list(business="tests", page_timeout=0)]
+    assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len([t async for t in gateway_client.list(business="tests")]) == 1
+
+    def blocking() -> DispoError:
+        with Client(gateway_only.gateway.address, token=gateway_only.token) as client:
+            with pytest.raises(DispoError) as raised:
+                list(client.list(business="tests", page_timeout=0))
+            return raised.value
+
+    assert (await asyncio.to_thread(blocking)).code == grpc.StatusCode.DEADLINE_EXCEEDED
