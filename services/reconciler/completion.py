@@ -85,6 +85,8 @@ async def on_statuses(
     async with ctx.engine.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")
         recorded = await cs.finished_add_many(conn, facts, now, reconcile_at, resolving)
+    if any(f.notify is NotifyState.PENDING and f.env.task_id in recorded for f in facts):
+        ctx.kick_sweep("notify")  # the caller hears now, not at the sweep's next interval
     answers = []
     for env in envs:
         first = env.task_id in recorded and env.status in E.TERMINAL_TASK

@@ -5,6 +5,7 @@ signing key of webhook callbacks."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -36,6 +37,9 @@ class Context:
     # What webhook callbacks' signing secrets are derived with (DISPO_SIGNING_KEY); None:
     # webhooks are not sent (never unsigned).
     signing_key: SigningKey | None = None
+    # Runs a sweep now rather than at its next interval (set by the sweeps' parts when they
+    # run as such; a no-op otherwise, where sweeps are run by hand).
+    kick_sweep: Callable[[str], None] = lambda name: None
 
     def call_lease(self, now: datetime) -> datetime:
         """Until when a sweep holds the rows it claimed while it calls out for them (two

@@ -48,7 +48,8 @@ def sweep_parts(ctx: Context, interval: float) -> dict[str, Periodic]:
     """Every sweep as its own periodic part (``sweep <name>``) on the context's clock, so a
     slow or blocked sweep holds up no other. A sweep that follows another also runs right
     after each pass of it (see :data:`FOLLOWS`), as one round used to run them in order; a
-    drained sweep (:data:`DRAINED`) runs again at once after a full batch."""
+    drained sweep (:data:`DRAINED`) runs again at once after a full batch. The context's
+    ``kick_sweep`` runs one of these parts now."""
     parts: dict[str, Periodic] = {}
 
     def one_pass(name: str) -> Callable[[], Awaitable[Pause | None]]:
@@ -65,4 +66,5 @@ def sweep_parts(ctx: Context, interval: float) -> dict[str, Periodic]:
 
     for name in SWEEPS:
         parts[name] = Periodic(f"sweep {name}", one_pass(name), interval, ctx.clock)
+    ctx.kick_sweep = lambda name: parts[name].kick()
     return parts

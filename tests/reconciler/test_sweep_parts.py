@@ -4,6 +4,7 @@ and a follower sweep runs right after its leader as one round used to run them."
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -125,6 +126,20 @@ def _reconciled(recon, task_ids):
         return all(r.reconcile_state != ReconcileState.PENDING for r in rows)
 
     return check
+
+
+async def test_a_callback_is_sent_when_its_task_finishes_not_at_the_next_interval(
+    recon, manual_clock, receiver, ecommerce_secret, parts
+):
+    """Recording a finished task with a callback kicks the notify sweep: the callback goes
+    out with the clock standing still, not a sweep interval later."""
+    await receiver.start()
+    await eventually(lambda: manual_clock.waiting >= len(parts))  # every part asleep
+    passes = parts["notify"].passes
+    assert await completion.on_status(recon, finished("now", callback_url=receiver.url))
+    await eventually(lambda: len(receiver.received) == 1)
+    assert parts["notify"].passes == passes + 1
+    assert json.loads(receiver.received[0]["body"])["task_id"] == "now"
 
 
 def _all_asleep(parts, clock, *, health_passes: int):
