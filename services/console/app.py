@@ -29,6 +29,7 @@ from dispo.console.backend import (
     JOBS_PAGE,
     JOBS_PAGE_MAX,
     Backend,
+    TaskDetail,
 )
 from dispo.console.origin import SameOriginWrites
 from dispo.console.views import (
@@ -275,8 +276,10 @@ async def tasks_stream(request: Request) -> Response:
     return _stream(request, render, request.app.state.settings.refresh_seconds)
 
 
-async def _task_context(request: Request, token: str) -> dict[str, Any]:
-    detail = await _backend(request).task(token, request.path_params["task_id"])
+async def _task_context(
+    request: Request, token: str, known: TaskDetail | None = None
+) -> dict[str, Any]:
+    detail = await _backend(request).task(token, request.path_params["task_id"], known)
     return {
         "detail": detail,
         "task": detail.task,
@@ -297,8 +300,11 @@ async def task_page(request: Request) -> Response:
 async def task_stream(request: Request) -> Response:
     token = _signed_in(request)
 
+    shown: list[TaskDetail] = []  # what the last look found: its history is kept
+
     async def render() -> list[tuple[str, str]]:
-        context = await _task_context(request, token)
+        context = await _task_context(request, token, shown[-1] if shown else None)
+        shown[:] = [context["detail"]]
         return [
             ("detail", _fragment(request, "_task_detail.html", context)),
             ("graph", json.dumps(context["elements"])),

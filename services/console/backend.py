@@ -154,11 +154,23 @@ class Backend:
         request = count_request(business, created_after, None, idempotency_key)
         return counts_of(await self._call(self.gateway.CountTasks, request, token))
 
-    async def task(self, token: str, task_id: str) -> TaskDetail:
+    async def task(self, token: str, task_id: str, known: TaskDetail | None = None) -> TaskDetail:
+        """The Task page's detail. With ``known`` (what this page showed last), the status
+        snapshots are read again only if the task's version moved since: a new snapshot
+        raises the version the gateway's view holds, so a page left open on a task that
+        does not change reads the status stream once, not every refresh (each read makes
+        and deletes a consumer on the stream)."""
         reply = await self._call(
             self.gateway.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), token
         )
         view = TaskView.from_proto(reply.task, reply.completion)
+        kept = (
+            known.events
+            if known is not None
+            and known.task.task_id == task_id
+            and known.task.version == view.version
+            else None
+        )
         recovery, completion, events = await asyncio.gather(
             self._found(
                 self.reconciler.GetRecoveryTask,
@@ -168,11 +180,17 @@ class Backend:
             self._found(
                 self.reconciler.GetCompletion, rpb.GetCompletionRequest(task_id=task_id), token
             ),
-            self._call(
-                self.gateway.ListTaskEvents, events_request(task_id, EVENTS_SHOWN, ""), token
-            ),
+            self._events(token, task_id, kept),
         )
-        return TaskDetail(view, recovery, completion, TaskEventPage.from_proto(events))
+        return TaskDetail(view, recovery, completion, events)
+
+    async def _events(self, token: str, task_id: str, known: TaskEventPage | None) -> TaskEventPage:
+        if known is not None:
+            return known
+        page = await self._call(
+            self.gateway.ListTaskEvents, events_request(task_id, EVENTS_SHOWN, ""), token
+        )
+        return TaskEventPage.from_proto(page)
 
     async def cancel(self, token: str, task_id: str) -> None:
         await self._call(

@@ -12,6 +12,7 @@ this run."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from dispo.console.backend import Backend
 from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
@@ -27,6 +29,7 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.sdk import CellSpec
+from dispo.libs.settings import ConsoleSettings
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from pipeline_fixtures import TEST_CATALOGUE, Pipeline
@@ -53,6 +56,7 @@ class Console:
         pool: str,
         intelligence: str,
         target: HeldTarget,
+        reconciler: str = "",
     ) -> None:
         self.url = url
         self.pipeline = pipeline
@@ -60,6 +64,7 @@ class Console:
         self.pool = pool
         self.intelligence = intelligence
         self.target = target
+        self.reconciler = reconciler
 
 
 class HeldTarget:
@@ -187,6 +192,7 @@ async def console(
         pool.address,
         intelligence.address,
         target,
+        reconciler.address,
     )
 
 
@@ -314,6 +320,45 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     reply = await page.goto(f"{console.url}/tasks/{submitted.task_id}")
     assert reply is not None and reply.status in (403, 404)
     await context.close()
+
+
+async def test_an_open_task_page_reads_the_history_again_only_when_the_task_moved(console):
+    """The Task page's live feed looks at the task every refresh; it reads the status
+    stream (ListTaskEvents) again only when the task's version moved since its last look."""
+    backend = Backend(
+        ConsoleSettings(
+            gateway_address=console.pipeline.gateway.address,
+            reconciler_address=console.reconciler,
+            executor_address=console.pipeline.executors[0].address,
+            pool_address=console.pool,
+            intelligence_address=console.intelligence,
+        )
+    )
+    reads: list[str] = []
+    list_events = backend.gateway.ListTaskEvents
+
+    def counted(request, **kwargs):
+        reads.append(request.task_id)
+        return list_events(request, **kwargs)
+
+    backend.gateway.ListTaskEvents = counted
+    token = console.pipeline.token
+    try:
+        async with console.pipeline.client() as client:
+            task = await client.submit(BUSINESS, [CellSpec("noop", {})])
+            await client.wait(task.task_id)
+        first = await backend.task(token, task.task_id)
+        again = await backend.task(token, task.task_id, first)
+        assert reads == [task.task_id] and again.events is first.events
+        assert again.task.version == first.task.version and first.events.events
+        # A page that last saw an older version reads the history again.
+        older = dataclasses.replace(
+            first, task=dataclasses.replace(first.task, version=first.task.version - 1)
+        )
+        moved = await backend.task(token, task.task_id, older)
+        assert reads == [task.task_id] * 2 and moved.events == first.events
+    finally:
+        await backend.close()
 
 
 async def test_a_failed_task_is_resumed_from_its_page(browser, console):
