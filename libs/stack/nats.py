@@ -50,21 +50,30 @@ def free_port() -> int:
     between this answer and the server's bind a client socket of another process (a test
     worker's connection to PostgreSQL, say) could take it, and the server would fail to
     start. Below the range only another caller of this function can, one chance in
-    thousands."""
+    thousands; and never this process's own: a port it handed out is not handed out again
+    (two asked for in a row, a server's client and cluster ports say, were the same one
+    when neither was bound yet)."""
     start = _ephemeral_start()
     if start > _PORT_FLOOR + 1000:
         for _ in range(100):
             port = random.randrange(_PORT_FLOOR, start)
+            if port in _handed_out:
+                continue
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
+                _handed_out.add(port)
                 return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         chosen: int = s.getsockname()[1]
         return chosen
+
+
+# Ports free_port gave this process: never given twice.
+_handed_out: set[int] = set()
 
 
 def wait_for_port(

@@ -240,6 +240,13 @@ def test_the_console_calls_each_service_on_the_port_the_stack_gave_it(tmp_path):
         assert console.env[f"DISPO_CONSOLE_{service.upper()}_ADDRESS"] == wanted
 
 
+def test_free_port_never_hands_this_process_the_same_port_twice():
+    """Ports asked for before any is bound (a NATS node's client, cluster and monitoring
+    ports) are all different: at random among ~12,000, 500 of them would share one."""
+    ports = [free_port() for _ in range(500)]
+    assert len(set(ports)) == len(ports)
+
+
 def test_a_free_port_is_one_no_outgoing_connection_can_take_before_its_server_binds():
     """free_port answers below the kernel's ephemeral range, where the client sockets of
     other processes never land, a port free to listen on."""
