@@ -9,6 +9,17 @@ from nats.js.errors import NoStreamResponseError
 from support import eventually
 
 
+def recording():
+    """A handler that acknowledges every message, and the list of what it was given."""
+    seen: list[bytes] = []
+
+    async def handler(message):
+        seen.append(message.data)
+        return ACK
+
+    return seen, handler
+
+
 async def run_until(consumer, condition, timeout=15.0):
     task = asyncio.create_task(consumer.run())
     try:
@@ -100,11 +111,7 @@ async def test_durable_consumers_share_work_without_duplicates(bus):
 @pytest.mark.parametrize("gather", [0.0, 0.1], ids=["standing", "gathering"])
 async def test_consumer_survives_a_nats_restart(infra, bus, gather):
     await bus.ensure_stream("TASKS", ["task.create"])
-    seen: list[bytes] = []
-
-    async def handler(message):
-        seen.append(message.data)
-        return ACK
+    seen, handler = recording()
 
     consumer = bus.consumer(
         "TASKS", durable="worker", subject="task.create", handler=handler, gather=gather
@@ -135,11 +142,7 @@ async def test_a_consumer_keeping_up_leaves_a_pull_request_standing(bus):
     standing pull request, not one request each; once that request expires it is asked
     again, and nothing is missed or delivered twice."""
     await bus.ensure_stream("TASKS", ["task.create"])
-    seen: list[bytes] = []
-
-    async def handler(message):
-        seen.append(message.data)
-        return ACK
+    seen, handler = recording()
 
     consumer = bus.consumer(
         "TASKS", durable="worker", subject="task.create", handler=handler, batch=8
@@ -176,11 +179,7 @@ async def test_a_gathering_consumer_takes_what_came_during_its_wait_with_one_pul
     ``gather`` seconds and takes everything stored meanwhile with one request that does not
     wait. Nothing is missed or delivered twice, and every message is acknowledged."""
     await bus.ensure_stream("TASKS", ["task.create"])
-    seen: list[bytes] = []
-
-    async def handler(message):
-        seen.append(message.data)
-        return ACK
+    seen, handler = recording()
 
     consumer = bus.consumer(
         "TASKS", durable="gatherer", subject="task.create", handler=handler, batch=64, gather=2.0
@@ -221,11 +220,7 @@ async def test_a_consumer_gets_only_what_its_filters_match(bus):
     await bus.ensure_stream("TASK_STATUS", ["task.status.>"])
     for subject in ("a.running", "a.succeeded", "b.failed", "c.running", "c.cancelled"):
         await bus.publish(f"task.status.{subject}", subject.encode(), msg_id=subject)
-    seen: list[bytes] = []
-
-    async def handler(message):
-        seen.append(message.data)
-        return ACK
+    seen, handler = recording()
 
     consumer = bus.consumer(
         "TASK_STATUS",
@@ -241,11 +236,7 @@ async def test_a_consumer_gets_only_what_its_filters_match(bus):
 
 async def test_a_durable_started_with_another_configuration_is_brought_to_it(bus):
     await bus.ensure_stream("TASK_STATUS", ["task.status.>"])
-    seen: list[bytes] = []
-
-    async def handler(message):
-        seen.append(message.data)
-        return ACK
+    seen, handler = recording()
 
     await bus.publish("task.status.a.succeeded", b"a.succeeded", msg_id="a")
     old = bus.consumer("TASK_STATUS", durable="view", subject="task.status.>", handler=handler)
