@@ -530,6 +530,11 @@ class Consumer:
     one slow message does not hold back the messages behind it, and a busy consumer pulls
     in batches rather than one message per pull.
 
+    A busy consumer (its last pull brought as many messages as it asked for) takes what the
+    stream holds with one request that does not wait (:class:`_GatheredPull`), reading the
+    answer off the subscription's queue: nats-py's ``fetch`` makes an asyncio task, a
+    ``wait_for`` and a random name for every message it reads.
+
     While it keeps up (its last pull brought fewer messages than it asked for), it leaves
     one pull request standing on the server instead (:class:`_StandingPull`): each message
     is then delivered as it is stored, with no request and no "no messages" answer of its
@@ -640,8 +645,9 @@ class Consumer:
                     messages = await _GatheredPull(standing.subscription).take(free, PULL_EXPIRES)
                 elif short:
                     messages = await standing.take(free, PULL_EXPIRES)
-                else:
-                    messages = await standing.subscription.fetch(free, timeout=PULL_EXPIRES)
+                else:  # busy: what is stored, each message read off the queue as it is
+                    messages = await _GatheredPull(standing.subscription).take(free, PULL_EXPIRES)
+                    standing.wanted = 0  # it may have taken what the standing request brought
                 short = len(messages) < free
             except TimeoutError:
                 short = True
@@ -782,10 +788,11 @@ class _StandingPull:
 
 
 class _GatheredPull:
-    """The pulls of a gathering consumer (:attr:`Consumer.gather`): what the stream holds
-    now, by one request that does not wait (``no_wait``); if it holds nothing, the next
-    message alone, by one request for a single message that waits up to ``expires``. No
-    request stays open after either, so the server sends nothing until the next pull."""
+    """The pulls of a busy consumer, and of a gathering one (:attr:`Consumer.gather`) after
+    its wait: what the stream holds now, by one request that does not wait (``no_wait``);
+    if it holds nothing, the next message alone, by one request for a single message that
+    waits up to ``expires``. No request stays open after either, so the server sends nothing
+    until the next pull."""
 
     def __init__(self, subscription: JetStreamContext.PullSubscription) -> None:
         self.subscription = subscription

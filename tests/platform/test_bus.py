@@ -5,6 +5,7 @@ import json
 
 import pytest
 from dispo.libs.bus import ACK, Nak, Term
+from nats.aio.subscription import Subscription
 from nats.js.errors import NoStreamResponseError
 from support import eventually
 
@@ -171,6 +172,46 @@ async def test_a_consumer_keeping_up_leaves_a_pull_request_standing(bus):
         consumer.stop()
         await task
     assert seen == [f"m{i}".encode() for i in range(31)] + [b"late"]
+
+
+async def test_a_busy_consumer_reads_its_backlog_without_a_wait_per_message(bus, monkeypatch):
+    """A consumer behind its stream takes what is stored with requests that do not wait and
+    reads each answer off the subscription's queue: it waits on the queue (nats-py's
+    ``next_msg``, a task each) at most once per request, not once per message."""
+    await bus.ensure_stream("TASKS", ["task.create"])
+    expected = [f"m{i}".encode() for i in range(200)]
+    for i, data in enumerate(expected):
+        await bus.publish("task.create", data, msg_id=f"m{i}")
+    seen, handler = recording()
+    waits = 0
+    next_msg = Subscription.next_msg
+
+    async def counted_wait(self, timeout=1.0):
+        nonlocal waits
+        waits += 1
+        return await next_msg(self, timeout)
+
+    monkeypatch.setattr(Subscription, "next_msg", counted_wait)
+    requests: list[dict] = []
+
+    async def counted(message):
+        requests.append(json.loads(message.data))
+
+    watch = await bus.nc.subscribe("$JS.API.CONSUMER.MSG.NEXT.TASKS.busy", cb=counted)
+    consumer = bus.consumer(
+        "TASKS", durable="busy", subject="task.create", handler=handler, batch=16
+    )
+    try:
+        await run_until(consumer, lambda: len(seen) >= 200)
+        await bus.nc.flush()
+    finally:
+        await watch.unsubscribe()
+    assert sorted(seen) == sorted(expected)  # each once
+    backlog = [r for r in requests if r.get("no_wait")]
+    assert len(backlog) >= 200 // 16, requests
+    assert waits <= len(requests) < 100, (waits, requests)  # one wait per message: 200 or more
+    info = await bus.js.consumer_info("TASKS", "busy")
+    assert info.num_pending == 0 and info.num_ack_pending == 0
 
 
 async def test_a_gathering_consumer_takes_what_came_during_its_wait_with_one_pull(bus):
