@@ -410,6 +410,32 @@ async def test_overlapping_batch_openings_run_every_noop_node_once(service_engin
     assert len(events) == 30 and {e.n for e in events} == {1}
 
 
+async def test_opening_and_running_noop_tasks_updates_their_rows_on_their_own_pages(
+    service_engine,
+):
+    """The run tables keep room on each page (ADR-0061): the task and node rows an opening
+    inserts and then records are updated on their own pages (HOT updates, no new primary
+    key entry), though the opening's writes are one transaction."""
+    engine = await service_engine("executor")
+    passes = Passes({}, lease_ttl=10)
+    envs = [envelope(f"hot{i:02}") for i in range(40)]
+    async with engine.begin() as conn:
+        steps = await passes.open_many(conn, [Opening(e, "o1") for e in envs], NOW)
+        counts = (
+            await conn.execute(
+                text(
+                    "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+                    " WHERE relname IN ('task_runs', 'node_runs')"
+                )
+            )
+        ).all()
+    assert all(isinstance(s, Step) for s in steps)
+    updates = {r.relname: (r.n_tup_upd, r.n_tup_hot_upd) for r in counts}
+    for table in ("task_runs", "node_runs"):
+        updated, hot = updates[table]
+        assert updated >= 40 and hot >= 0.9 * updated, updates
+
+
 async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_engine):
     engine = await service_engine("executor")
     async with engine.begin() as conn:

@@ -105,3 +105,33 @@ async def test_a_watcher_is_woken_by_an_applied_snapshot(make_gateway):
     assert await gateway.apply_status(snapshot(view, 2, common_pb2.TASK_STATUS_SUCCEEDED))
     assert (await asyncio.wait_for(following, 30)).status == common_pb2.TASK_STATUS_SUCCEEDED
     assert [v async for v in watching] == []  # terminal: the stream ends
+
+
+async def test_a_snapshot_updates_its_tasks_row_on_the_rows_own_page(make_gateway):
+    """The tasks table keeps room on each page (ADR-0061): the row a snapshot writes stays
+    on its page (a HOT update, no entry in any of the table's indexes), though the first
+    snapshot also keeps the accepted envelope aside and the row grows. On full pages most
+    rows would move."""
+    gateway = make_gateway()
+    views = [await accepted(gateway, f"page-{i}") for i in range(40)]
+    ids = [v.task_id for v in views]
+
+    async def pages() -> dict[str, int]:
+        async with gateway.engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT task_id, (ctid::text::point)[0]::int AS page FROM tasks"
+                    " WHERE task_id = ANY(:ids)"
+                ),
+                {"ids": ids},
+            )
+            return {r.task_id: r.page for r in rows}
+
+    before = await pages()
+    applied = await asyncio.gather(
+        *(gateway.apply_status(snapshot(v, 1, common_pb2.TASK_STATUS_SUCCEEDED)) for v in views)
+    )
+    assert all(applied)
+    after = await pages()
+    stayed = [task_id for task_id in ids if after[task_id] == before[task_id]]
+    assert len(stayed) >= 36, (before, after)
