@@ -151,12 +151,15 @@ def build_report(
     machine_busy: tuple[float, float] | None,
     ceiling: Mapping[str, Any] | None,
     status_events: int | None = None,
+    wal_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The result of one run, JSON-ready. Throughput counts from the run's start: submitted/s
     to the last Submit answer, completed/s to the last terminal snapshot. ``machine_busy``
     is (CPU seconds the whole machine spent busy, wall seconds) between the CPU samples.
     ``status_events``: the status snapshots the executor wrote for the run's tasks (None:
-    not counted), given per completed task."""
+    not counted), given per completed task. ``wal_bytes``: the write-ahead log PostgreSQL
+    wrote between the CPU samples (None: not measured), given per completed task (per
+    accepted task when none completed)."""
     accepted = load.accepted
     submit_end = max((s.sent_at + s.seconds for s in load.submissions), default=0.0)
     finished = [o for o in outcomes if o.status in TERMINAL]
@@ -198,6 +201,9 @@ def build_report(
         "statuses": dict(sorted(Counter(o.status for o in outcomes).items())),
         "status_events_per_task": round(status_events / len(finished), 2)
         if status_events is not None and finished
+        else None,
+        "postgres_wal_bytes_per_task": round(wal_bytes / (len(finished) or len(accepted)))
+        if wal_bytes is not None and (finished or accepted)
         else None,
         "cpu": cpu,
         "postgres_commit_ceiling": dict(ceiling) if ceiling is not None else None,
@@ -262,6 +268,11 @@ def render(report: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"status events            {report['status_events_per_task']:.2f} per completed task"
             " (the executor's snapshots: a running task's progress at most once per interval)"
+        )
+    if report.get("postgres_wal_bytes_per_task") is not None:
+        lines.append(
+            f"PostgreSQL WAL           {report['postgres_wal_bytes_per_task']:,} bytes per"
+            f" {report['cpu']['per']}"
         )
     cpu = report["cpu"]
     per = ", ".join(

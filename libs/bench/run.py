@@ -217,6 +217,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         def cpu() -> dict[str, float]:
             return {**machine.tree_cpu_seconds(target.pids), CLIENT: machine.self_cpu_seconds()}
 
+        wal_before = await wal_position(target.database_url)
         cpu_before, busy_before = cpu(), machine.busy_cpu_seconds()
         wall_before = time.monotonic()
         with progress_bar(args.tasks, "submitting") as answered:
@@ -234,6 +235,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         outcomes = await load.outcomes(clients[0], business, timeout=wait)
         cpu_after, busy_after = cpu(), machine.busy_cpu_seconds()
         wall = time.monotonic() - wall_before
+        wal_after = await wal_position(target.database_url)
         events = None
         if target.database_url and not args.submit_only:
             events = await status_events(target.database_url, [s.task_id for s in facts.accepted])
@@ -252,6 +254,9 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         machine_busy=(busy_after - busy_before, wall),
         ceiling=ceiling_figures,
         status_events=events,
+        wal_bytes=wal_after - wal_before
+        if wal_before is not None and wal_after is not None
+        else None,
     )
 
 
@@ -281,6 +286,24 @@ async def blocking_load(
     finally:
         for client in clients:
             client.close()
+
+
+async def wal_position(database_url: str | None) -> int | None:
+    """PostgreSQL's current write-ahead log position in bytes (the WAL written between two
+    readings is their difference); None without a database to ask, or when it cannot be
+    read (said on stderr)."""
+    if not database_url:
+        return None
+    try:
+        conn = await asyncpg.connect(asyncpg_url(database_url))
+        try:
+            position = await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        finally:
+            await conn.close()
+    except (OSError, asyncpg.PostgresError) as error:
+        print(f"WAL not measured: {error!r}", file=sys.stderr)
+        return None
+    return int(position)
 
 
 async def status_events(database_url: str, task_ids: list[str]) -> int | None:
