@@ -294,36 +294,38 @@ async def wal_position(database_url: str | None) -> int | None:
     read (said on stderr)."""
     if not database_url:
         return None
-    try:
-        conn = await asyncpg.connect(asyncpg_url(database_url))
-        try:
-            position = await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
-        finally:
-            await conn.close()
-    except (OSError, asyncpg.PostgresError) as error:
-        print(f"WAL not measured: {error!r}", file=sys.stderr)
-        return None
-    return int(position)
+    position = await _value(
+        database_url, "WAL not measured", "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
+    )
+    return None if position is None else int(position)
 
 
 async def status_events(database_url: str, task_ids: list[str]) -> int | None:
     """The status snapshots the executor wrote for these tasks (its outbox rows on
     ``task.status.<task_id>.*``, each under the message id ``<task_id>:v<version>``); None
     where that table cannot be read (another layout, no rights: said on stderr)."""
+    count = await _value(
+        database_url,
+        "status events not counted",
+        "SELECT count(*) FROM executor.outbox WHERE subject LIKE 'task.status.%'"
+        " AND split_part(msg_id, ':', 1) = ANY($1::text[])",
+        task_ids,
+    )
+    return None if count is None else int(count)
+
+
+async def _value(database_url: str, failing: str, sql: str, *args: Any) -> Any:
+    """The one value ``sql`` reads from the stack's database; None when it cannot be read,
+    said on stderr after ``failing``."""
     try:
         conn = await asyncpg.connect(asyncpg_url(database_url))
         try:
-            count = await conn.fetchval(
-                "SELECT count(*) FROM executor.outbox WHERE subject LIKE 'task.status.%'"
-                " AND split_part(msg_id, ':', 1) = ANY($1::text[])",
-                task_ids,
-            )
+            return await conn.fetchval(sql, *args)
         finally:
             await conn.close()
     except (OSError, asyncpg.PostgresError) as error:
-        print(f"status events not counted: {error!r}", file=sys.stderr)
+        print(f"{failing}: {error!r}", file=sys.stderr)
         return None
-    return int(count)
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
