@@ -183,6 +183,9 @@ def build_report(
             "offered_per_s": load.offered_rate,
             "submitted": len(accepted),
             "submit_errors": len(load.submissions) - len(accepted),
+            "submit_errors_by_code": dict(
+                sorted(Counter(s.error for s in load.submissions if not s.task_id).items())
+            ),
             "submitted_per_s": per_second(len(accepted), submit_end),
             "completed": len(finished),
             "completed_per_s": completed_rate,
@@ -244,6 +247,22 @@ def submit_label(config: Mapping[str, Any]) -> str:
     return "submit() gathered" if config.get("gather") else "Submit"
 
 
+def errors_text(through: Mapping[str, Any]) -> str:
+    """The Submits that failed, by status code; a rate limit's answers say where it is set."""
+    codes = through.get("submit_errors_by_code") or {}
+    if not through["submit_errors"]:
+        return "0 errors"
+    text = f"{through['submit_errors']} errors: " + ", ".join(
+        f"{code or 'no answer'} {n}" for code, n in codes.items()
+    )
+    if "RESOURCE_EXHAUSTED" in codes:
+        text += (
+            "; RESOURCE_EXHAUSTED is the stack's Submit rate limit per business"
+            " (DISPO_GATEWAY_SUBMIT_RATE_PER_SECOND on its gateways, 0: none)"
+        )
+    return text
+
+
 def render(report: Mapping[str, Any]) -> list[str]:
     """The report as lines for a terminal."""
     machine, config, through = report["machine"], report["config"], report["throughput"]
@@ -254,7 +273,7 @@ def render(report: Mapping[str, Any]) -> list[str]:
     if through["offered_per_s"]:
         lines.append(f"offered                  {through['offered_per_s']:.1f}/s")
     lines += [
-        f"submitted                {through['submitted']} ({through['submit_errors']} errors)"
+        f"submitted                {through['submitted']} ({errors_text(through)})"
         f" = {_rate(through['submitted_per_s'])}",
         f"completed                {through['completed']} = {_rate(through['completed_per_s'])}"
         f" ({_rate(through['node_runs_per_s'])} node runs)",

@@ -57,6 +57,7 @@ def synthetic_report(rate: float | None = None) -> dict:
         Submission(0.0, 0.010, "t1"),
         Submission(0.5, 0.020, "t2", lag=0.001),
         Submission(1.0, 0.5, "", error="UNAVAILABLE"),
+        *(Submission(1.2, 0.001, "", error="RESOURCE_EXHAUSTED") for _ in range(2)),
     ]
     outcomes = [
         Outcome("t1", "SUCCEEDED", 1000.0, 1000.5),
@@ -89,7 +90,11 @@ def synthetic_report(rate: float | None = None) -> dict:
 def test_report_counts_from_the_run_start_and_names_its_file():
     report = synthetic_report(rate=2.0)
     through = report["throughput"]
-    assert (through["submitted"], through["submit_errors"], through["completed"]) == (2, 1, 2)
+    assert (through["submitted"], through["submit_errors"], through["completed"]) == (2, 3, 2)
+    assert through["submit_errors_by_code"] == {"RESOURCE_EXHAUSTED": 2, "UNAVAILABLE": 1}
+    [submitted] = [line for line in render(report) if line.startswith("submitted")]
+    assert "3 errors: RESOURCE_EXHAUSTED 2, UNAVAILABLE 1" in submitted
+    assert "DISPO_GATEWAY_SUBMIT_RATE_PER_SECOND" in submitted
     assert through["submitted_per_s"] == pytest.approx(2 / 1.5)  # last answer at 1.5 s
     assert through["completed_per_s"] == 1.0  # last terminal 2 s after the start
     assert through["node_runs_per_s"] == 3.0
