@@ -641,13 +641,10 @@ class Consumer:
             try:
                 if standing is None:
                     standing = _StandingPull(await self._subscribe(config))
-                if short and self.gather:
-                    messages = await _GatheredPull(standing.subscription).take(free, PULL_EXPIRES)
-                elif short:
+                if short and not self.gather:
                     messages = await standing.take(free, PULL_EXPIRES)
-                else:  # busy: what is stored, each message read off the queue as it is
-                    messages = await _GatheredPull(standing.subscription).take(free, PULL_EXPIRES)
-                    standing.wanted = 0  # it may have taken what the standing request brought
+                else:  # busy, or gathering after its wait: what the stream holds now
+                    messages = await standing.take_stored(free, PULL_EXPIRES)
                 short = len(messages) < free
             except TimeoutError:
                 short = True
@@ -750,6 +747,14 @@ class _StandingPull:
         self.subscription = subscription
         self.wanted = 0  # messages the standing request may still bring
         self.until = 0.0  # loop time it expires at
+        self._stored = _GatheredPull(subscription)
+
+    async def take_stored(self, free: int, expires: float) -> list[Msg]:
+        """What the stream holds now (:class:`_GatheredPull`). It may take what the
+        standing request brought too, so the next :meth:`take` asks for a new one."""
+        messages = await self._stored.take(free, expires)
+        self.wanted = 0
+        return messages
 
     async def take(self, free: int, expires: float) -> list[Msg]:
         """The messages waiting, or else the next one to come within ``expires`` seconds

@@ -85,12 +85,12 @@ class Submitter:
                 if len(indices) == 1:
                     answers = [
                         await client.submit(
-                            self.business, self.cells(), idempotency_key=self._key(indices[0])
+                            self.business, self.cells(), idempotency_key=self.key(indices[0])
                         )
                     ]
                 else:
                     answers = await client.submit_many(
-                        [TaskRequest(self.business, self.cells(), self._key(i)) for i in indices]
+                        [TaskRequest(self.business, self.cells(), self.key(i)) for i in indices]
                     )
                 task_ids, error = [a.task_id for a in answers], ""
                 break
@@ -102,20 +102,23 @@ class Submitter:
                 ):
                     break
             await asyncio.sleep(self.retry_interval)
-        seconds = time.perf_counter() - sent
         for task_id in task_ids:
-            self.facts.submissions.append(
-                Submission(sent - self._origin, seconds, task_id, error, lag, tries)
-            )
-            self.answered()
+            self.record(sent, task_id, error, lag, tries)
 
-    def _key(self, i: int) -> str:
-        return task_key(self.business, i)
+    def record(
+        self, sent: float, task_id: str, error: str, lag: float = 0.0, tries: int = 1
+    ) -> None:
+        """One task's Submit, sent at ``sent`` (``time.perf_counter()``) and answered now:
+        accepted as ``task_id``, or refused with ``error`` (a status code's name)."""
+        seconds = time.perf_counter() - sent
+        self.facts.submissions.append(
+            Submission(sent - self._origin, seconds, task_id, error, lag, tries)
+        )
+        self.answered()
 
-
-def task_key(business: str, i: int) -> str:
-    """The idempotency key of a run's task ``i``."""
-    return f"{business}-{i}"
+    def key(self, i: int) -> str:
+        """The idempotency key of the run's task ``i``."""
+        return f"{self.business}-{i}"
 
 
 async def saturate(submitter: Submitter, count: int, concurrency: int, batch: int = 1) -> LoadFacts:
@@ -133,19 +136,13 @@ async def saturate(submitter: Submitter, count: int, concurrency: int, batch: in
 
 
 def saturate_threads(
-    clients: Sequence[Client],
-    business: str,
-    cells: Callable[[], list[CellSpec]],
-    count: int,
-    threads: int,
-    answered: Callable[[], None] = lambda: None,
+    submitter: Submitter, clients: Sequence[Client], count: int, threads: int
 ) -> LoadFacts:
     """``threads`` threads, each submitting its next task through the blocking client of
     gateway ``i mod len(clients)`` as soon as its previous one is answered, until ``count``
-    are sent (task ``i`` keyed as :class:`Submitter` keys it). Blocks until all are
-    answered."""
-    facts = LoadFacts(started_at=time.time(), offered_rate=None)
-    origin = time.perf_counter()
+    are sent (keyed and recorded by ``submitter``, as its own Submits are). Blocks until all
+    are answered."""
+    submitter.start()
     following = iter(range(count))
     lock = threading.Lock()
 
@@ -158,20 +155,19 @@ def saturate_threads(
             sent = time.perf_counter()
             task_id, error = "", ""
             try:
-                client = clients[i % len(clients)]
-                task_id = client.submit(
-                    business, cells(), idempotency_key=task_key(business, i)
-                ).task_id
+                task_id = (
+                    clients[i % len(clients)]
+                    .submit(submitter.business, submitter.cells(), idempotency_key=submitter.key(i))
+                    .task_id
+                )
             except DispoError as failure:
                 error = failure.code.name
-            seconds = time.perf_counter() - sent
-            facts.submissions.append(Submission(sent - origin, seconds, task_id, error, 0.0, 1))
-            answered()
+            submitter.record(sent, task_id, error)
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         for done in [pool.submit(caller) for _ in range(max(1, threads))]:
             done.result()
-    return facts
+    return submitter.facts
 
 
 async def offer(submitter: Submitter, count: int, rate: float) -> LoadFacts:

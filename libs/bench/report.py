@@ -253,7 +253,7 @@ def errors_text(through: Mapping[str, Any]) -> str:
     if not through["submit_errors"]:
         return "0 errors"
     text = f"{through['submit_errors']} errors: " + ", ".join(
-        f"{code or 'no answer'} {n}" for code, n in codes.items()
+        f"{code} {n}" for code, n in codes.items()
     )
     if "RESOURCE_EXHAUSTED" in codes:
         text += (

@@ -227,7 +227,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             if args.rate:
                 facts = await load.offer(submitter, args.tasks, args.rate)
             elif args.threads:
-                facts = await blocking_load(args, target, business, cell_name, answered)
+                facts = await blocking_load(args, target, submitter)
             else:
                 facts = await load.saturate(submitter, args.tasks, args.concurrency, args.batch)
         # Submit-only: the tasks as they are once every Submit is answered, no waiting.
@@ -261,27 +261,17 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
 
 
 async def blocking_load(
-    args: argparse.Namespace,
-    target: Target,
-    business: str,
-    cell_name: str,
-    answered: Callable[[], None],
+    args: argparse.Namespace, target: Target, submitter: load.Submitter
 ) -> LoadFacts:
     """``--threads``: the run's tasks from that many threads sharing the blocking client
-    of each gateway (gathered, unless ``--unary``)."""
+    of each gateway (gathered, unless ``--unary``), keyed and recorded by ``submitter``."""
     clients = [
         Client(address, token=target.token or None, gather=not args.unary)
         for address in target.gateways
     ]
     try:
         return await asyncio.to_thread(
-            load.saturate_threads,
-            clients,
-            business,
-            lambda: [cell(cell_name)],
-            args.tasks,
-            args.threads,
-            answered,
+            load.saturate_threads, submitter, clients, args.tasks, args.threads
         )
     finally:
         for client in clients:

@@ -228,12 +228,17 @@ def _event(name: str, html: str) -> str:
 KEEPALIVE_SECONDS = 15.0
 
 
-def _stream(request: Request, render: Any, interval: float) -> StreamingResponse:
+def _stream(
+    request: Request,
+    render: Any,
+    interval: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> StreamingResponse:
     """Server-sent events: what ``render()`` returns (``[(event, html)]``), looked at every
-    ``interval`` seconds until the page is closed; a refused call ends the stream (the page
-    reloads). A fragment is sent only when it differs from the one this stream sent last:
-    swapping an unchanged fragment in would redraw the page under the user's pointer (a
-    click on a button being replaced is lost) for nothing."""
+    ``interval`` seconds (``sleep``) until the page is closed; a refused call ends the
+    stream (the page reloads). A fragment is sent only when it differs from the one this
+    stream sent last: swapping an unchanged fragment in would redraw the page under the
+    user's pointer (a click on a button being replaced is lost) for nothing."""
 
     async def events() -> AsyncIterator[str]:
         last: dict[str, str] = {}
@@ -252,7 +257,7 @@ def _stream(request: Request, render: Any, interval: float) -> StreamingResponse
             if quiet >= KEEPALIVE_SECONDS:
                 quiet = 0.0
                 yield ": nothing changed\n\n"
-            await asyncio.sleep(interval)
+            await sleep(interval)
 
     return StreamingResponse(
         events(), media_type="text/event-stream", headers={"cache-control": "no-store"}
@@ -300,11 +305,12 @@ async def task_page(request: Request) -> Response:
 async def task_stream(request: Request) -> Response:
     token = _signed_in(request)
 
-    shown: list[TaskDetail] = []  # what the last look found: its history is kept
+    shown: TaskDetail | None = None  # what the last look found: its history is kept
 
     async def render() -> list[tuple[str, str]]:
-        context = await _task_context(request, token, shown[-1] if shown else None)
-        shown[:] = [context["detail"]]
+        nonlocal shown
+        context = await _task_context(request, token, shown)
+        shown = context["detail"]
         return [
             ("detail", _fragment(request, "_task_detail.html", context)),
             ("graph", json.dumps(context["elements"])),

@@ -32,8 +32,7 @@ async def test_a_fragment_is_sent_only_when_it_differs_from_the_last_one_sent(mo
     async def render():
         return next(looks)
 
-    response = console_app._stream(Page(7), render, interval=1.0)
-    monkeypatch.setattr(console_app.asyncio, "sleep", _no_wait)
+    response = console_app._stream(Page(7), render, interval=1.0, sleep=_no_wait)
     sent = [chunk async for chunk in response.body_iterator]
     assert sent == [
         "event: detail\ndata: <p>FAILED</p>\n\n",
