@@ -1,10 +1,11 @@
 """Transactional outbox: write the event row in the same transaction as the state change,
-publish it afterwards, mark it sent. Only subjects declared in dispo.libs.contracts are
-accepted. A crash or a NATS outage between commit and publish
+publish it afterwards, delete it (ADR-0062: the stream keeps the event; a row is in the
+table only while it is unsent or quarantined). Only subjects declared in
+dispo.libs.contracts are accepted. A crash or a NATS outage between commit and publish
 only delays the event: the relay publishes whatever is unsent, oldest first, and the
 message id makes a second publication of the same row a no-op within the stream's
-duplicate window. Sent rows are kept for a retention (``DISPO_OUTBOX_RETENTION_SECONDS``, a
-day by default), then the relay deletes them: the stream keeps the events.
+duplicate window. The ``sent_at`` column is what versions before ADR-0062 marked instead
+of deleting; the relay deletes the rows they marked, a batch at a time.
 
 A row that cannot be published never holds back the rows behind it (ADR-0034): a batch that
 fails is split until the failing rows are found, the others are published; each failure is
@@ -22,7 +23,7 @@ its message id alone, as on an untraced outbox.
     await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
     await outbox_add_many(conn, outbox, [OutboxRow(subject, msg_id, payload, now), ...])
     relay = rt.outbox_relay(outbox)                   # OutboxRelay on the service's engine, bus, clock
-    rt.add_part("outbox relay", relay.run, relay.stop)   # publishes, and prunes rows long sent
+    rt.add_part("outbox relay", relay.run, relay.stop)   # publishes and deletes what it sent
     relay.kick()                                      # after commit: publish now, not at the next poll
     staged = Staged()                                 # ... or, with the rows in hand:
     await outbox_add_many(conn, outbox, rows, staged)  # inside the transaction, then after commit:
@@ -69,7 +70,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
-DEFAULT_RETENTION = timedelta(days=1)
 DEFAULT_MAX_ATTEMPTS = 8
 # Backoff between the attempts of a row that failed: 1 s doubling to a minute, so the
 # default attempts span about two minutes, longer than a cluster's leader election.
@@ -78,8 +78,8 @@ RETRY_CAP_SECONDS = 60.0
 
 _UNSENT = "sent_at IS NULL AND quarantined_at IS NULL"
 
-# Seconds a row the direct publisher sent waits for the next transaction's outbox write to
-# mark it sent (:meth:`OutboxRelay.staged`) before the publisher marks it with a statement
+# Marking a row sent is deleting it (ADR-0062). Seconds a row the direct publisher sent
+# waits for the next transaction's outbox write to mark it sent (:meth:`OutboxRelay.staged`) before the publisher marks it with a statement
 # of its own: under load every flush marks the rows sent before it, with no statement more.
 MARK_DELAY = 0.05
 # Seconds after which rows handed to a transaction that never reported back (it failed)
@@ -205,9 +205,9 @@ class Staged:
     :meth:`OutboxRelay.publish_committed` once it committed. ``unstaged``: the transaction
     also wrote rows without it (:func:`outbox_add`), which a pass publishes.
 
-    ``marking``: rows the relay published already (:meth:`OutboxRelay.staged`), marked sent
+    ``marking``: rows the relay published already (:meth:`OutboxRelay.staged`), deleted
     by this transaction's outbox write (``marked`` once it wrote them into its statement),
-    so that marking them costs no statement of its own."""
+    so that deleting them costs no statement of its own."""
 
     def __init__(self, marking: Sequence[int] = ()) -> None:
         self.ids: list[int] = []
@@ -216,11 +216,11 @@ class Staged:
         self.marking: list[int] = list(marking)
         self.marked: list[int] = []
 
-    def mark_params(self, now: datetime) -> dict[str, Any]:
+    def mark_params(self) -> dict[str, Any]:
         """The parameters of :func:`outbox_mark_cte` in the statement about to run: every
-        row of ``marking``, marked sent at ``now``."""
+        row of ``marking``, deleted as sent."""
         self.marked = self.marking
-        return {"marking": self.marking, "marked_at": now}
+        return {"marking": self.marking}
 
     def add(self, ids: Sequence[int], rows: Sequence[OutboxRow]) -> None:
         """Rows written with these ids (in the same order)."""
@@ -256,7 +256,7 @@ async def outbox_add_many(
     marking = staged is not None and bool(staged.marking)
     if marking:
         assert staged is not None
-        params.update(staged.mark_params(rows[0].created_at))
+        params.update(staged.mark_params())
     # Ids are numbered in insertion order, and the rows go in in the order given.
     ids = sorted(await _insert_many(table, traced, marking).scalars(conn, params))
     if staged is not None:
@@ -307,44 +307,31 @@ _INSERT_MANY: dict[tuple[str, bool, bool], Statement] = {}
 
 
 def _mark_sent_sql(table: Table) -> str:
-    """Rows of ``:marking`` not marked yet, marked sent at ``:marked_at``; locked in id
-    order first, so that two statements marking overlapping rows wait for each other
-    rather than deadlock."""
+    """The rows of ``:marking`` (published) deleted; locked in id order first, so that two
+    statements taking overlapping rows wait for each other rather than deadlock (the
+    second finds them gone). A delete, not an update that marks them: a marked row would
+    be a new version of the row, payload and all, with its own index entries, in the
+    table and in the write-ahead log (ADR-0062)."""
     return (
-        f"UPDATE {table.fullname} SET sent_at = :marked_at WHERE id IN (SELECT id FROM"
-        f" {table.fullname} WHERE id = ANY(CAST(:marking AS bigint[])) AND sent_at IS NULL"
-        " ORDER BY id FOR UPDATE)"
+        f"DELETE FROM {table.fullname} WHERE id IN (SELECT id FROM {table.fullname}"
+        " WHERE id = ANY(CAST(:marking AS bigint[])) ORDER BY id FOR UPDATE)"
     )
 
 
 def outbox_mark_cte(table: Table) -> str:
-    """A ``WITH`` item (``marked AS (...)``) marking sent the rows the relay published
+    """A ``WITH`` item (``marked AS (...)``) deleting the rows the relay published
     already: put it in the statement that writes a transaction's outbox rows, with
     :meth:`Staged.mark_params` among its parameters."""
     return f"marked AS ({_mark_sent_sql(table)})"
 
 
-async def outbox_prune(
-    conn: AsyncConnection, table: Table, sent_before: datetime, limit: int
-) -> int:
-    """Delete the rows sent before ``sent_before`` among the ``limit`` oldest sent rows (the
-    stream keeps the events); returns how many were deleted.
-
-    A pass reads no more than ``limit`` sent rows, however many recent ones the table holds:
-    rows are sent in outbox order, give or take a batch, so the oldest sent rows are the
-    ones that expire first. A row sent late only waits for its own expiry, and its place in
-    the window does not stop the expired rows after it from going.
-    """
+async def outbox_prune(conn: AsyncConnection, table: Table, limit: int) -> int:
+    """Delete up to ``limit`` rows marked sent (``sent_at``: kept by a version before
+    ADR-0062, which marked sent rows instead of deleting them, during a rolling upgrade
+    and after it); returns how many were deleted. The stream keeps the events."""
     t = table
-    oldest = (
-        select(t.c.id, t.c.sent_at)
-        .where(t.c.sent_at.is_not(None))
-        .order_by(t.c.id)
-        .limit(limit)
-        .subquery()
-    )
-    expired = select(oldest.c.id).where(oldest.c.sent_at < sent_before)
-    return (await conn.execute(delete(t).where(t.c.id.in_(expired.scalar_subquery())))).rowcount
+    marked = select(t.c.id).where(t.c.sent_at.is_not(None)).order_by(t.c.id).limit(limit)
+    return (await conn.execute(delete(t).where(t.c.id.in_(marked.scalar_subquery())))).rowcount
 
 
 class OutboxBacklog(NamedTuple):
@@ -523,14 +510,13 @@ class OutboxRelay:
 
     - ``ordered``: publish a batch one message at a time, each after the previous one's ack,
       so the stream keeps the outbox order even when a publish fails midway (by default a
-      batch is published at once, :meth:`Bus.publish_many`, and marked sent by one
+      batch is published at once, :meth:`Bus.publish_many`, and deleted by one
       statement). A row that fails stops the batch: the rows behind it wait until it is
       published or quarantined.
     - ``prepare``: awaited before the first batch, and again until it succeeds (e.g. ensuring
       the stream the events go to).
-    - ``clock``: the service's clock (default: the system's). It stamps ``sent_at``, the
-      retention is measured on it, the pruning pauses on it, and a failed row's next attempt
-      is due on it.
+    - ``clock``: the service's clock (default: the system's). The pruning pauses on it, and
+      a failed row's next attempt is due on it.
     - ``max_attempts``: failed publications of a row before it is quarantined.
 
     A row that cannot be published (ADR-0034): when a batch fails, it is split in halves,
@@ -547,14 +533,15 @@ class OutboxRelay:
     Publication after commit: a service that has the rows it just committed in hand gives
     them to :meth:`publish_committed` instead of kicking a pass. While the relay runs, its
     direct publisher sends whatever has been handed over since its last send with one
-    pipelined publish and marks it sent with one statement, so the rows are never read back
+    pipelined publish and deletes it with one statement, so the rows are never read back
     and a burst of small transactions goes out as one batch. A pass never takes a row the
     direct publisher holds. What the direct publisher cannot send (the bus down, a refusal, a
     row over the size limit) it leaves unsent and kicks a pass, which counts the failure as
     above; the pass remains what publishes after a crash, an outage, or for another replica.
 
-    Retention: while it runs, the relay also deletes rows sent more than ``retention`` ago,
-    at most ``prune_batch`` per transaction, one pass after another while passes delete
+    A published row is deleted (ADR-0062: the stream keeps the event). While it runs, the
+    relay also deletes the rows a version before that marked sent instead (``sent_at``), at
+    most ``prune_batch`` per transaction, one pass after another while passes delete
     something, then a pause of ``prune_interval`` clock seconds (:meth:`prune_once` is one
     pass).
     """
@@ -570,7 +557,6 @@ class OutboxRelay:
         ordered: bool = False,
         prepare: Callable[[], Awaitable[None]] | None = None,
         clock: Clock | None = None,
-        retention: timedelta = DEFAULT_RETENTION,
         prune_batch: int = 1000,
         prune_interval: float = 300.0,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
@@ -586,7 +572,6 @@ class OutboxRelay:
         self.ordered = ordered
         self._prepare = prepare
         self.clock: Clock = clock if clock is not None else SystemClock()
-        self.retention = retention
         self.prune_batch = prune_batch
         self.prune_interval = prune_interval
         self.max_attempts = max_attempts
@@ -715,9 +700,7 @@ class OutboxRelay:
         try:
             async with self.engine.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
-                await conn.execute(
-                    self._mark_sent, {"marking": sorted(ids), "marked_at": self.clock.now()}
-                )
+                await conn.execute(self._mark_sent, {"marking": sorted(ids)})
         except Exception as error:
             log.warning("outbox rows not marked sent", table=self.table.name, error=repr(error))
             self._marked(ids)  # let go of them: a pass sends them again
@@ -767,9 +750,7 @@ class OutboxRelay:
             else:
                 sent, failed = await self._publish_isolating(rows)
             if sent:
-                await conn.execute(
-                    update(t).where(t.c.id.in_([r.id for r in sent])).values(sent_at=now)
-                )
+                await conn.execute(delete(t).where(t.c.id.in_([r.id for r in sent])))
             counted = [f for f in failed if sent or _answered(f.error)]
             if counted and self.bus.nc.is_connected:
                 await self._record_failures(conn, counted, now)
@@ -851,11 +832,10 @@ class OutboxRelay:
                 log.warning("outbox row not published", **fields)
 
     async def prune_once(self) -> int:
-        """Delete up to ``prune_batch`` rows sent more than ``retention`` ago; returns how many."""
+        """Delete up to ``prune_batch`` rows marked sent (:func:`outbox_prune`); returns how
+        many."""
         async with self.engine.begin() as conn:
-            return await outbox_prune(
-                conn, self.table, self.clock.now() - self.retention, self.prune_batch
-            )
+            return await outbox_prune(conn, self.table, self.prune_batch)
 
     async def run(self) -> None:
         pruning = asyncio.create_task(self._pruning.run(), name=self._pruning.name)

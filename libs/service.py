@@ -182,7 +182,7 @@ class Runtime:
 
     def outbox_relay(self, table: Table, **options: Any) -> OutboxRelay:
         """The shared outbox relay for ``table`` on this service's database, bus and clock,
-        deleting rows sent longer ago than ``DISPO_OUTBOX_RETENTION_SECONDS`` and quarantining
+        deleting the rows it sent (ADR-0062) and quarantining
         a row after ``DISPO_OUTBOX_MAX_ATTEMPTS`` failed publications. ``options`` are the
         relay's (``ordered``, ``prepare``, ``batch``...). Add it as a part where its stop
         order fits."""
@@ -191,7 +191,6 @@ class Runtime:
             table,
             self.bus,
             clock=self.clock,
-            retention=self.settings.outbox_retention,
             max_attempts=self.settings.outbox_max_attempts,
             **options,
         )

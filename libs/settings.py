@@ -12,7 +12,6 @@ once, in the policy, and the setting's default refers to it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Literal
 
 from dispo.libs.tls import ClientTLS, ServerTLS
@@ -122,12 +121,6 @@ class CommonSettings(BaseSettings):
         default="system",
         description="`system`, or `file:<path>`: a clock driven by a file (tests of real processes)",
     )
-    outbox_retention_seconds: float = Field(
-        default=86400.0,
-        gt=0,
-        description="How long a sent outbox row is kept before the outbox relay deletes it"
-        " (the stream keeps the event)",
-    )
     outbox_max_attempts: int = Field(
         default=8,
         ge=1,
@@ -203,10 +196,6 @@ class CommonSettings(BaseSettings):
         description="Where programs installed on demand are kept (OpenClaw for the pool's"
         " openclaw driver; default: `dispo` under `XDG_CACHE_HOME`, else `~/.cache/dispo`)",
     )
-
-    @property
-    def outbox_retention(self) -> timedelta:
-        return timedelta(seconds=self.outbox_retention_seconds)
 
     @property
     def egress(self) -> AllowList:

@@ -150,14 +150,14 @@ def build_report(
     cpu_after: Mapping[str, float],
     machine_busy: tuple[float, float] | None,
     ceiling: Mapping[str, Any] | None,
-    status_events: int | None = None,
+    status_events: tuple[int, int] | None = None,
     wal_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The result of one run, JSON-ready. Throughput counts from the run's start: submitted/s
     to the last Submit answer, completed/s to the last terminal snapshot. ``machine_busy``
     is (CPU seconds the whole machine spent busy, wall seconds) between the CPU samples.
-    ``status_events``: the status snapshots the executor wrote for the run's tasks (None:
-    not counted), given per completed task. ``wal_bytes``: the write-ahead log PostgreSQL
+    ``status_events``: (status snapshots, tasks) in the histories of a sample of the run's
+    tasks (None: not counted), given per task. ``wal_bytes``: the write-ahead log PostgreSQL
     wrote between the CPU samples (None: not measured), given per completed task (per
     accepted task when none completed)."""
     accepted = load.accepted
@@ -202,8 +202,8 @@ def build_report(
             else None,
         },
         "statuses": dict(sorted(Counter(o.status for o in outcomes).items())),
-        "status_events_per_task": round(status_events / len(finished), 2)
-        if status_events is not None and finished
+        "status_events_per_task": round(status_events[0] / status_events[1], 2)
+        if status_events is not None and status_events[1]
         else None,
         "postgres_wal_bytes_per_task": round(wal_bytes / (len(finished) or len(accepted)))
         if wal_bytes is not None and (finished or accepted)
@@ -285,8 +285,8 @@ def render(report: Mapping[str, Any]) -> list[str]:
     lines.append(f"statuses                 {report['statuses']}")
     if report.get("status_events_per_task") is not None:
         lines.append(
-            f"status events            {report['status_events_per_task']:.2f} per completed task"
-            " (the executor's snapshots: a running task's progress at most once per interval)"
+            f"status events            {report['status_events_per_task']:.2f} per task"
+            " (histories read back; a running task's progress at most once per interval)"
         )
     if report.get("postgres_wal_bytes_per_task") is not None:
         lines.append(

@@ -520,7 +520,7 @@ async def tasks_write_many(
             "msg_ids": [r.msg_id for _, r in rows],
             "payloads": [r.payload for _, r in rows],
             "traces": [r.trace for _, r in rows],
-            **(staged or Staged()).mark_params(now),
+            **(staged or Staged()).mark_params(),
         },
     )
     written = {r.task_id for r in result if r.task_id is not None}

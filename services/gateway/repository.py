@@ -170,7 +170,7 @@ async def tasks_accept_many(conn: AsyncConnection, rows: list[NewTask], staged: 
             "subject": tasks.TASK_CREATE,
             "msg_ids": msg_ids,
             "traces": [r.trace for r in rows],
-            **staged.mark_params(rows[0].created_at),
+            **staged.mark_params(),
         },
     )
     written = {msg_id: row_id for row_id, msg_id in result}

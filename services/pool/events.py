@@ -6,7 +6,7 @@ they report; the relay publishes them with their message id and marks them sent.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
@@ -14,7 +14,7 @@ from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import evaluations as contract
 from dispo.libs.evaluation import LINE_TO_PB, VERDICT_TO_PB
-from dispo.libs.outbox import DEFAULT_MAX_ATTEMPTS, DEFAULT_RETENTION, OutboxRelay, outbox_add
+from dispo.libs.outbox import DEFAULT_MAX_ATTEMPTS, OutboxRelay, outbox_add
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import repository as repo
 from dispo.pool.domain import Evaluation, EvaluationStatus, RunResult
@@ -117,20 +117,18 @@ def outbox_relay(
     engine: AsyncEngine,
     bus: Bus,
     clock: Clock,
-    retention: timedelta = DEFAULT_RETENTION,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> OutboxRelay:
     """The pool's relay (:func:`relay_options`) outside a service process (the service's
     is ``rt.outbox_relay(repo.outbox, **relay_options(rt.bus))``, with its gauges). Like
-    every relay it deletes rows sent more than ``retention`` ago on ``clock``, and
-    quarantines a row after ``max_attempts`` failed publications (the events behind it then
+    every relay it deletes the rows it published (the stream keeps them), waits on
+    ``clock``, and quarantines a row after ``max_attempts`` failed publications (the events behind it then
     go on). Kick it after a commit (Pool's ``on_commit``); it polls as a fallback."""
     return OutboxRelay(
         engine,
         repo.outbox,
         bus,
         clock=clock,
-        retention=retention,
         max_attempts=max_attempts,
         **relay_options(bus),
     )

@@ -11,15 +11,17 @@ from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
 from dispo.libs.errors import ResourceExhausted
 from dispo.libs.sdk import DispoError, cell
+from outbox_subjects import rows_written
 from sqlalchemy import text
 from support.nats import nats_with_max_payload
 
 
 async def counts(service_engine):
+    """Tasks, and outbox rows ever written (:func:`rows_written`)."""
     engine = await service_engine("gateway")
     async with engine.connect() as conn:
         tasks = (await conn.execute(text("SELECT count(*) FROM tasks"))).scalar()
-        outbox = (await conn.execute(text("SELECT count(*) FROM outbox"))).scalar()
+        outbox = (await conn.execute(text(rows_written()))).scalar()
     return tasks, outbox
 
 

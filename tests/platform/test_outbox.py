@@ -1,6 +1,6 @@
-"""The shared outbox: many rows written with one statement, and the retention: the relay
-deletes rows sent longer ago than the retention, a batch at a time, on the service's clock,
-and keeps unsent and recent rows."""
+"""The shared outbox: many rows written with one statement; the relay publishes a row and
+deletes it (ADR-0062), and deletes the rows an older version marked sent, a batch at a time,
+keeping the unsent ones."""
 
 from __future__ import annotations
 
@@ -41,17 +41,16 @@ async def engine(database_url):
     await engine.dispose()
 
 
-async def add(engine, clock: ManualClock, name: str, *, sent_ago: timedelta | None) -> None:
-    """A row created a while ago; sent ``sent_ago`` before the clock's time, or unsent."""
+async def add(engine, clock: ManualClock, name: str, *, marked: bool) -> None:
+    """A row created a while ago; ``marked``: sent and marked so (``sent_at``), as a version
+    before ADR-0062 left it, else unsent."""
     async with engine.begin() as conn:
         await outbox_add(
             conn, outbox, tasks.TASK_CLOSE, name, b"x", clock.now() - timedelta(days=3)
         )
-        if sent_ago is not None:
+        if marked:
             await conn.execute(
-                outbox.update()
-                .where(outbox.c.msg_id == name)
-                .values(sent_at=clock.now() - sent_ago)
+                outbox.update().where(outbox.c.msg_id == name).values(sent_at=clock.now())
             )
 
 
@@ -135,89 +134,55 @@ async def test_an_undeclared_subject_is_refused_and_its_transaction_writes_nothi
     assert await names(engine) == ["ok-2"]
 
 
-async def test_rows_sent_before_the_retention_go_a_batch_at_a_time(engine, bus, manual_clock):
-    day = timedelta(days=1)
-    await add(engine, manual_clock, "unsent-old", sent_ago=None)
+async def test_rows_an_older_version_marked_sent_go_a_batch_at_a_time(engine, bus, manual_clock):
+    await add(engine, manual_clock, "unsent-old", marked=False)
     for i in range(5):
-        await add(engine, manual_clock, f"expired-{i}", sent_ago=2 * day)
-    await add(engine, manual_clock, "recent", sent_ago=day - timedelta(minutes=1))
-    await add(engine, manual_clock, "at-the-limit", sent_ago=day)
-    await add(engine, manual_clock, "expired-late-0", sent_ago=day + timedelta(hours=1))
-    await add(engine, manual_clock, "expired-late-1", sent_ago=day + timedelta(hours=1))
-    await add(engine, manual_clock, "unsent-new", sent_ago=None)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, retention=day, prune_batch=3)
+        await add(engine, manual_clock, f"marked-{i}", marked=True)
+    await add(engine, manual_clock, "unsent-new", marked=False)
+    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, prune_batch=3)
 
-    # Each pass looks at the 3 oldest sent rows at most; a recent row among them does not
-    # keep the expired rows after it.
-    assert [await relay.prune_once() for _ in range(5)] == [3, 2, 1, 1, 0]
-    assert await names(engine) == ["unsent-old", "recent", "at-the-limit", "unsent-new"]
-
-    manual_clock.advance(seconds=1)
-    assert await relay.prune_once() == 1
-    assert await names(engine) == ["unsent-old", "recent", "unsent-new"]
-    manual_clock.advance(minutes=1)
-    assert await relay.prune_once() == 1
-    manual_clock.advance(days=30)
-    assert await relay.prune_once() == 0
+    assert [await relay.prune_once() for _ in range(3)] == [3, 2, 0]
     assert await names(engine) == ["unsent-old", "unsent-new"]
 
 
-async def test_a_running_relay_stamps_sent_at_on_its_clock_and_prunes_when_the_clock_moves(
+async def test_a_relay_pass_deletes_what_it_published_and_what_an_older_version_marked(
     engine, bus, manual_clock
 ):
     await tasks.TASKS.ensure(bus)
-    relay = OutboxRelay(
-        engine, outbox, bus, clock=manual_clock, retention=timedelta(hours=1), prune_interval=60
-    )
+    await add(engine, manual_clock, "marked", marked=True)
+    await add(engine, manual_clock, "first", marked=False)
+    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, prune_interval=60)
     running = asyncio.create_task(relay.run())
     try:
-        sent_at = manual_clock.now()
-        await add(engine, manual_clock, "first", sent_ago=None)
         relay.kick()
 
-        async def sent() -> bool:
-            async with engine.connect() as conn:
-                return (
-                    await conn.execute(outbox.select().with_only_columns(outbox.c.sent_at))
-                ).scalar_one() == sent_at
+        async def empty() -> bool:
+            return not await names(engine)
 
-        await eventually(sent, timeout=10, interval=0.02, wanted="the row marked sent")
-
-        async def pruned_after_a_pause() -> bool:
-            if not await names(engine):
-                return True
-            manual_clock.advance(seconds=60)  # one pause of the pruning at a time
-            return False
-
-        await eventually(pruned_after_a_pause, timeout=10, interval=0.02, wanted="every row pruned")
-        assert manual_clock.now() - sent_at > timedelta(hours=1)
+        await eventually(empty, timeout=10, interval=0.02, wanted="the outbox empty")
+        # Only the unsent row went out; the marked one had been sent before.
+        assert (await bus.js.stream_info("TASKS")).state.messages == 1
+        last = await bus.js.get_last_msg("TASKS", tasks.TASK_CLOSE)
+        assert last.headers and last.headers["Nats-Msg-Id"] == "first"
     finally:
         relay.stop()
         await asyncio.wait_for(running, 10)
 
 
-def test_the_retention_is_a_setting(monkeypatch):
-    assert CommonSettings().outbox_retention == timedelta(days=1)
-    monkeypatch.setenv("DISPO_OUTBOX_RETENTION_SECONDS", "3600")
-    assert CommonSettings().outbox_retention == timedelta(hours=1)
-    monkeypatch.setenv("DISPO_OUTBOX_RETENTION_SECONDS", "0")
-    with pytest.raises(ValueError):
-        CommonSettings()
-
-
-async def test_every_service_relay_takes_the_retention_and_clock_of_its_runtime(
+async def test_every_service_relay_takes_the_clock_and_attempts_of_its_runtime(
     monkeypatch, engine, bus, manual_clock
 ):
-    monkeypatch.setenv("DISPO_OUTBOX_RETENTION_SECONDS", "7200")
+    monkeypatch.setenv("DISPO_OUTBOX_MAX_ATTEMPTS", "3")
     verifier = TokenVerifier(engine, manual_clock, 0)
     rt = Runtime(
         "gateway", CommonSettings(), ServerSettings(), engine, None, bus, manual_clock, verifier
     )
     relay = rt.outbox_relay(outbox, ordered=True)
-    assert (relay.retention, relay.clock, relay.ordered) == (timedelta(hours=2), manual_clock, True)
+    assert (relay.max_attempts, relay.clock, relay.ordered) == (3, manual_clock, True)
 
 
 async def sent_times(engine) -> list:
+    """``sent_at`` of each row still in the outbox (None: unsent): a sent row is gone."""
     async with engine.connect() as conn:
         return list(
             (
@@ -238,7 +203,7 @@ async def commit_rows(engine, clock: ManualClock, names: list[str]):
 
 
 async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, bus, manual_clock):
-    """The direct publisher sends what was committed and marks it sent; no pass is due (an
+    """The direct publisher sends what was committed and deletes it; no pass is due (an
     hour between polls, no kick), so nothing else could have."""
     await tasks.TASKS.ensure(bus)
     relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, poll_interval=3600)
@@ -250,9 +215,9 @@ async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, bus, 
         relay.publish_committed(staged)
 
         async def all_sent() -> bool:
-            return await sent_times(engine) == [manual_clock.now()] * 3
+            return await sent_times(engine) == []
 
-        await eventually(all_sent, timeout=10, interval=0.02, wanted="the rows marked sent")
+        await eventually(all_sent, timeout=10, interval=0.02, wanted="the rows deleted")
         assert relay.published_directly == 3
         assert (await bus.js.stream_info("TASKS")).state.messages == 3
         last = await bus.js.get_last_msg("TASKS", tasks.TASK_CLOSE)
@@ -263,9 +228,9 @@ async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, bus, 
 
 
 async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(engine, bus, manual_clock):
-    """Under load the direct publisher marks nothing with a statement of its own: the next
-    transaction that writes outbox rows marks the ones sent before it. Rows no transaction
-    took (a transaction that wrote none gives them back) are marked when the relay stops."""
+    """Under load the direct publisher deletes nothing with a statement of its own: the next
+    transaction that writes outbox rows deletes the ones sent before it. Rows no transaction
+    took (a transaction that wrote none gives them back) are deleted when the relay stops."""
     await tasks.TASKS.ensure(bus)
     statements: list[str] = []
     event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
@@ -286,17 +251,18 @@ async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(engine, bu
         relay.publish_committed(idle)
 
         statements.clear()
-        marked_at = manual_clock.advance(seconds=5)
-        rows = [OutboxRow(tasks.TASK_CLOSE, "d", b"x", marked_at)]
+        later = manual_clock.advance(seconds=5)
+        rows = [OutboxRow(tasks.TASK_CLOSE, "d", b"x", later)]
         second = relay.staged()
         assert second.marking == ids
         async with engine.begin() as conn:
             await outbox_add_many(conn, outbox, rows, second)
         relay.publish_committed(second)
-        # Marked by the insert of d, at its time: one statement, no UPDATE of its own.
-        assert await sent_times(engine) == [marked_at] * 3 + [None]
+        # Deleted by the insert of d: one statement, no DELETE of its own.
+        assert await sent_times(engine) == [None]
+        assert await names(engine) == ["d"]
         [write] = [q for q in statements if "outbox" in q and not q.startswith("SELECT")]
-        assert write.startswith("WITH marked AS (UPDATE") and "INSERT INTO" in write
+        assert write.startswith("WITH marked AS (DELETE") and "INSERT INTO" in write
         await eventually(
             lambda: relay.published_directly == 4, timeout=10, interval=0.02, wanted="d sent"
         )
@@ -304,7 +270,7 @@ async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(engine, bu
     finally:
         relay.stop()
         await asyncio.wait_for(running, 10)
-    assert None not in await sent_times(engine)  # d marked as the relay stopped
+    assert await sent_times(engine) == []  # d deleted as the relay stopped
     assert (await bus.js.stream_info("TASKS")).state.messages == 4
 
 
@@ -325,7 +291,7 @@ async def test_rows_the_direct_publisher_cannot_send_are_left_to_a_pass(engine, 
         await tasks.TASKS.ensure(bus)
 
         async def all_sent() -> bool:
-            if None not in await sent_times(engine):
+            if not await sent_times(engine):
                 return True
             manual_clock.advance(seconds=60)  # a failure the pass counted is due again
             return False

@@ -232,7 +232,7 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, tmp_path, 
             assert await published(large) == ["big"]
         finally:
             await large.close()
-    assert {m: s[:3] for m, s in (await state(engine)).items()} == {"big": (True, 0, False)}
+    assert await state(engine) == {}  # published, then deleted
 
 
 # The services whose outbox carries the trace context of the work that wrote each row.

@@ -18,6 +18,7 @@ from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel
 from dispo.libs.db import create_engine
+from outbox_subjects import rows_written
 from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE
 from sqlalchemy import text
 from support.http import FakeServer, Recorded
@@ -103,14 +104,14 @@ def submit(business: str, callback_url: str) -> gateway_pb2.SubmitRequest:
 
 
 async def written(database_url: str, business: str) -> tuple[int, int]:
-    """(the business's tasks, every task.create in the outbox) in the gateway's tables."""
+    """(the business's tasks, every task.create the outbox wrote) in the gateway's tables."""
     engine = create_engine(database_url, "gateway")
     try:
         async with engine.connect() as conn:
             tasks = await conn.scalar(
                 text("SELECT count(*) FROM gateway.tasks WHERE business = :b"), {"b": business}
             )
-            creates = await conn.scalar(text("SELECT count(*) FROM gateway.outbox"))
+            creates = await conn.scalar(text(rows_written("gateway")))
     finally:
         await engine.dispose()
     return tasks, creates
