@@ -139,6 +139,23 @@ def _refusal(error: Exception) -> bool:
     )
 
 
+class StreamUnavailable(Exception):
+    """JetStream could not serve a request now (no server answering for it, a cluster
+    without a leader for the stream, the connection down); the same request may succeed
+    later."""
+
+
+# What JetStream answers while it cannot serve a request (a leader election in a cluster,
+# the server restarting, the connection lost): a later try may succeed.
+_UNAVAILABLE = (
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+)
+
+
 class MessageTooLarge(Exception):
     """A message over the server's ``max_payload``: refused before anything was sent."""
 
@@ -422,7 +439,8 @@ class Bus:
         and nothing stays behind. One ephemeral consumer is created for the read (filtered by
         the server, in memory, no acks) and deleted after it; should this process die in the
         middle, the server drops it once idle for a few seconds. Raises TimeoutError if the
-        server has not delivered them within ``timeout``."""
+        server has not delivered them within ``timeout``, :class:`StreamUnavailable` if
+        JetStream cannot serve the read now (both worth another try)."""
         config = ConsumerConfig(
             name=f"read-{uuid.uuid4().hex}",
             filter_subject=subject,
@@ -433,6 +451,18 @@ class Bus:
             num_replicas=1,
             inactive_threshold=max(timeout, 5.0),
         )
+        try:
+            return await self._read_with(stream, config, limit, timeout)
+        except _UNAVAILABLE as error:
+            raise StreamUnavailable(f"{stream}: {error!r}") from error
+        except nats.js.errors.APIError as error:
+            if error.code is not None and error.code >= 500:
+                raise StreamUnavailable(f"{stream}: {error!r}") from error
+            raise
+
+    async def _read_with(
+        self, stream: str, config: ConsumerConfig, limit: int, timeout: float
+    ) -> list[StoredMessage]:
         async with asyncio.timeout(timeout):
             info = await self.js.add_consumer(stream, config=config)
             name = info.name

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+import grpc
 from dispo.libs.bench import ceiling, load, machine
 from dispo.libs.bench.report import (
     CLIENT,
@@ -297,12 +298,20 @@ STATUS_EVENTS_SAMPLE = 100
 async def status_events(client: AsyncClient, task_ids: list[str]) -> tuple[int, int] | None:
     """The status snapshots in the histories (ListTaskEvents) of up to
     :data:`STATUS_EVENTS_SAMPLE` of these tasks, spread evenly over the run, and how many
-    tasks were read; None when a history cannot be read (said on stderr)."""
+    tasks were read; None when a history cannot be read (said on stderr). A read the
+    gateway answers UNAVAILABLE (the stream in a leader election, say) is tried again."""
     sample = task_ids[:: max(1, len(task_ids) // STATUS_EVENTS_SAMPLE)][:STATUS_EVENTS_SAMPLE]
     events = 0
     try:
         for task_id in sample:
-            events += len(await client.events(task_id))
+            for tries_left in reversed(range(10)):
+                try:
+                    events += len(await client.events(task_id))
+                    break
+                except DispoError as error:
+                    if error.code is not grpc.StatusCode.UNAVAILABLE or not tries_left:
+                        raise
+                    await asyncio.sleep(0.5)
     except DispoError as error:
         print(f"status events not counted: {error}", file=sys.stderr)
         return None

@@ -21,11 +21,12 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.auth import business_filter, business_scope, require_visible
-from dispo.libs.bus import Bus
+from dispo.libs.bus import Bus, StreamUnavailable
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
 from dispo.libs.errors import DomainError, InvalidArgument, Unavailable, within
 from dispo.libs.grpcserver import status_of
+from dispo.libs.logging import get_logger
 from dispo.libs.paging import (
     decode_page_token,
     encode_page_token,
@@ -35,6 +36,8 @@ from dispo.libs.paging import (
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.timestamps import set_timestamp
 from google.protobuf.message import DecodeError
+
+log = get_logger(__name__)
 
 
 def _task_id(value: str) -> str:
@@ -324,6 +327,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             )
         except TimeoutError:
             raise Unavailable("the status stream did not answer in time; try again") from None
+        except StreamUnavailable as error:
+            log.warning("status stream unavailable", error=str(error))
+            raise Unavailable("the status stream is not available right now; try again") from None
         previous: task_pb2.Task | None = None
         out = gateway_pb2.ListTaskEventsResponse()
         for message in stored:

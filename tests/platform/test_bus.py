@@ -2,9 +2,11 @@
 
 import asyncio
 import json
+import subprocess
 
 import pytest
-from dispo.libs.bus import ACK, Nak, Term
+from dispo.libs.bus import ACK, Bus, Nak, StreamUnavailable, Term
+from dispo.libs.stack.nats import free_port, nats_server_binary
 from nats.aio.subscription import Subscription
 from nats.js.errors import NoStreamResponseError
 from support import eventually
@@ -344,3 +346,37 @@ async def test_publish_many_acks_each_message_in_order_and_deduplicates(bus):
     assert (await bus.js.stream_info("TASKS")).state.messages == 50
     with pytest.raises(NoStreamResponseError):  # no stream stores it: the whole call fails
         await bus.publish_many([("task.create", b"x", "many-x"), ("nowhere.at.all", b"y", "y")])
+
+
+async def test_a_read_jetstream_cannot_serve_says_so_in_a_few_seconds(tmp_path):
+    """A server without JetStream answers no one for the read's consumer: that is
+    StreamUnavailable (the gateway's UNAVAILABLE, worth another try), not an error of the
+    read's own, and it comes before the read's deadline."""
+    port = free_port()
+    server = subprocess.Popen(
+        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        bus = await eventually_connected(f"nats://127.0.0.1:{port}")
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(StreamUnavailable, match="TASK_STATUS"):
+                await bus.read_subject("TASK_STATUS", "task.status.t1.*", limit=10, timeout=30)
+            assert loop.time() - started < 30  # answered, not waited out
+        finally:
+            await bus.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def eventually_connected(url: str) -> Bus:
+    for _ in range(100):
+        try:
+            return await Bus.connect([url], name="test-no-jetstream", max_reconnect_attempts=0)
+        except Exception:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"no server at {url}")
