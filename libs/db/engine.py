@@ -31,6 +31,10 @@ def create_engine(url: str, schema: str, *, pool_size: int = 20) -> AsyncEngine:
     then invalidates the whole pool, so the caller sees one disconnect error (UNAVAILABLE
     for a request, a nak for a consumer) and the next checkout connects afresh.
 
+    Sequential scans are off for the session (ADR-0063): the hot statements join arrays to
+    tables by key, and a generic plan made while a table is small would scan it whole, on
+    every execution, as it grows. A statement with no index to use still scans.
+
     The schema itself is created by :func:`dispo.libs.db.migrate`.
     """
     return create_async_engine(
@@ -39,7 +43,11 @@ def create_engine(url: str, schema: str, *, pool_size: int = 20) -> AsyncEngine:
         max_overflow=0,
         pool_pre_ping=False,
         connect_args={
-            "server_settings": {"search_path": schema, "application_name": f"dispo-{schema}"}
+            "server_settings": {
+                "search_path": schema,
+                "application_name": f"dispo-{schema}",
+                "enable_seqscan": "off",
+            }
         },
     )
 
