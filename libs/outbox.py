@@ -79,8 +79,9 @@ RETRY_CAP_SECONDS = 60.0
 _UNSENT = "sent_at IS NULL AND quarantined_at IS NULL"
 
 # Marking a row sent is deleting it (ADR-0062). Seconds a row the direct publisher sent
-# waits for the next transaction's outbox write to mark it sent (:meth:`OutboxRelay.staged`) before the publisher marks it with a statement
-# of its own: under load every flush marks the rows sent before it, with no statement more.
+# waits for the next transaction's outbox write to mark it sent (:meth:`OutboxRelay.staged`)
+# before the publisher marks it with a statement of its own: under load every flush marks
+# the rows sent before it, with no statement more.
 MARK_DELAY = 0.05
 # Seconds after which rows handed to a transaction that never reported back (it failed)
 # are marked by the publisher.
