@@ -8,7 +8,7 @@ import grpc
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from dispo.libs.sdk import Client, DispoError, cell
+from dispo.libs.sdk import AsyncClient, Client, DispoError, cell
 from pipeline_fixtures import dump
 from support import eventually
 from support.auth import admin_channel, business_token
@@ -349,17 +349,31 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
 
 async def test_every_page_of_a_listing_has_a_deadline(gateway_only, gateway_client):
     """Following the cursor, each page's call gives up after ``page_timeout`` seconds: a
-    listing never waits forever on a gateway that does not answer (here, no time at all)."""
+    listing never waits forever on a gateway that does not answer (here, a listener that
+    takes the connection and never speaks), in the async and the blocking client."""
     await gateway_client.submit("tests", [cell("noop")])
-    with pytest.raises(DispoError) as late:
-        [t async for t in gateway_client.list(business="tests", page_timeout=0)]
-    assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert len([t async for t in gateway_client.list(business="tests")]) == 1
 
-    def blocking() -> DispoError:
-        with Client(gateway_only.gateway.address, token=gateway_only.token) as client:
-            with pytest.raises(DispoError) as raised:
-                list(client.list(business="tests", page_timeout=0))
-            return raised.value
+    held: list[asyncio.StreamWriter] = []  # connections kept open, never answered
+    silent = await asyncio.start_server(lambda _, writer: held.append(writer), "127.0.0.1", 0)
+    address = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    try:
+        # Bounded well under the clients' default page deadline (10 s): the one given is used.
+        async with AsyncClient(address, token=gateway_only.token) as mute:
+            with pytest.raises(DispoError) as late:
+                async with asyncio.timeout(5):
+                    [t async for t in mute.list(business="tests", page_timeout=0.3)]
+        assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
 
-    assert (await asyncio.to_thread(blocking)).code == grpc.StatusCode.DEADLINE_EXCEEDED
+        def blocking() -> DispoError:
+            with Client(address, token=gateway_only.token) as client:
+                with pytest.raises(DispoError) as raised:
+                    list(client.list(business="tests", page_timeout=0.3))
+                return raised.value
+
+        late_too = await asyncio.wait_for(asyncio.to_thread(blocking), 5)
+        assert late_too.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        for writer in held:
+            writer.close()
+        silent.close()
