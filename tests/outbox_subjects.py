@@ -43,14 +43,11 @@ async def outboxes_written(database_url: str) -> set[str]:
         tables = await conn.fetch(
             "SELECT table_schema FROM information_schema.tables WHERE table_name = 'outbox'"
         )
-        written = set()
-        for t in tables:
-            sequence = await conn.fetchval(
-                "SELECT pg_get_serial_sequence($1, 'id')", f'"{t["table_schema"]}".outbox'
-            )
-            if await conn.fetchval(f"SELECT is_called FROM {sequence}"):
-                written.add(t["table_schema"])
-        return written
+        return {
+            t["table_schema"]
+            for t in tables
+            if await conn.fetchval(rows_written(t["table_schema"]))
+        }
     finally:
         await conn.close()
 

@@ -151,22 +151,11 @@ async def settle(client: AsyncClient, business: str, timeout: float) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _retrying(call: Callable[[], Awaitable[Any]], attempts: int = 20) -> Any:
-    for attempt in range(attempts):
-        try:
-            return await call()
-        except DispoError as error:
-            if error.code is not grpc.StatusCode.UNAVAILABLE or attempt == attempts - 1:
-                raise
-            await asyncio.sleep(0.5)
-    raise AssertionError("unreachable")
-
-
 async def read_tasks(
     client: AsyncClient, business: str, accepted: set[str], downstream_url: str
 ) -> list[TaskFacts]:
     """Every task of the phase as the gateway has it, each node with its counted effects."""
-    outcomes = await _retrying(lambda: load.outcomes(client, business, timeout=0))
+    outcomes = await load.retrying(lambda: load.outcomes(client, business, timeout=0))
     updated = {o.task_id: o.updated_at for o in outcomes}
     counted = await effects(downstream_url)
     limit = asyncio.Semaphore(16)
@@ -174,7 +163,7 @@ async def read_tasks(
     async def one(task_id: str) -> TaskFacts:
         async with limit:
             try:
-                view = await _retrying(lambda: client.get(task_id))
+                view = await load.retrying(lambda: client.get(task_id))
             except DispoError as error:
                 if error.code is grpc.StatusCode.NOT_FOUND:
                     return TaskFacts(task_id, None)

@@ -17,14 +17,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
+from typing import TypeVar, cast
 
 import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bench.report import TERMINAL, LoadFacts, Outcome, Submission
 from dispo.libs.sdk import AsyncClient, CellSpec, Client, DispoError, TaskRequest
+
+T = TypeVar("T")
 
 UNFINISHED = [
     name.removeprefix("TASK_STATUS_")
@@ -119,6 +121,19 @@ class Submitter:
     def key(self, i: int) -> str:
         """The idempotency key of the run's task ``i``."""
         return f"{self.business}-{i}"
+
+
+async def retrying(call: Callable[[], Awaitable[T]], attempts: int = 20) -> T:
+    """``call()``, made again 0.5 s later while the gateway answers it UNAVAILABLE (a
+    restart, a leader election), ``attempts`` times at most; any other refusal at once."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except DispoError as error:
+            if error.code is not grpc.StatusCode.UNAVAILABLE or attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 async def saturate(submitter: Submitter, count: int, concurrency: int, batch: int = 1) -> LoadFacts:

@@ -29,11 +29,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
-import grpc
 from dispo.libs.bench import ceiling, load, machine
 from dispo.libs.bench.report import (
     CLIENT,
@@ -304,14 +304,7 @@ async def status_events(client: AsyncClient, task_ids: list[str]) -> tuple[int, 
     events = 0
     try:
         for task_id in sample:
-            for tries_left in reversed(range(10)):
-                try:
-                    events += len(await client.events(task_id))
-                    break
-                except DispoError as error:
-                    if error.code is not grpc.StatusCode.UNAVAILABLE or not tries_left:
-                        raise
-                    await asyncio.sleep(0.5)
+            events += len(await load.retrying(partial(client.events, task_id)))
     except DispoError as error:
         print(f"status events not counted: {error}", file=sys.stderr)
         return None
