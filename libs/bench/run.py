@@ -46,6 +46,7 @@ from dispo.libs.bench.report import (
 from dispo.libs.bench.shapes import SHAPES, Shape, catalogue_yaml
 from dispo.libs.cli._common import progress_bar
 from dispo.libs.db.roles import asyncpg_url
+from dispo.libs.eventloop import loop_factory
 from dispo.libs.sdk import AsyncClient, Client, DispoError, cell
 
 if TYPE_CHECKING:
@@ -426,7 +427,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads < 0 or (args.threads and (args.rate or args.batch > 1)):
         p.error("--threads is a saturation mode of one task per submit: not with --rate or --batch")
     began = time.perf_counter()
-    report = asyncio.run(bench(args))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        report = runner.run(bench(args))
     print("\n".join(render(report)))
     if args.results:
         print(f"result                   {write_result(report, Path(args.results))}")

@@ -99,6 +99,12 @@ def _each_answers(reply: gateway_pb2.SubmitEachResponse) -> list[Submitted | Dis
     ]
 
 
+def _gathered_deadline_passed() -> DispoError:
+    """What a gathered submit raises when its caller's timeout passed before its answer
+    came: what its own Submit would have raised."""
+    return DispoError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", {})
+
+
 def _call_timeout(items: Sequence[_Gathered]) -> float:
     """A gathered call waits as long as its most patient caller."""
     return max(item.deadline for item in items) - time.monotonic()
@@ -254,9 +260,11 @@ class AsyncClient:
             return _submitted(await self._call(self._stub.Submit, request, timeout))
         item = _Gathered(request, time.monotonic() + timeout)
         try:
-            return await asyncio.wait_for(self.gathered.submit(item), timeout)
+            # A timeout scope rather than wait_for: no task of its own for every submit.
+            async with asyncio.timeout(timeout):
+                return await self.gathered.submit(item)
         except TimeoutError:
-            raise DispoError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", {}) from None
+            raise _gathered_deadline_passed() from None
 
     async def _submit_gathered(self, items: list[_Gathered]) -> list[Submitted | DispoError]:
         """One call for ``items``: a Submit for one, a SubmitEach for several. A SubmitEach
@@ -501,7 +509,7 @@ class Client:
         try:
             return self.gathered.submit(_Gathered(request, time.monotonic() + timeout), timeout)
         except TimeoutError:
-            raise DispoError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", {}) from None
+            raise _gathered_deadline_passed() from None
 
     def _submit_gathered(self, items: list[_Gathered]) -> list[Submitted | DispoError]:
         """As :meth:`AsyncClient._submit_gathered`, on this thread: a Submit for one item, a
