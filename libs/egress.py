@@ -19,7 +19,10 @@ read differently from how it looks is refused rather than interpreted (each case
 - numeric hosts other than a canonical dotted quad: ``127.1``, ``2130706433``,
   ``0x7f.0.0.1`` and ``0177.0.0.1`` all reach 127.0.0.1 through ``getaddrinfo``;
 - a trailing dot, percent-encoding or an empty label in a host name, an IPv6 zone id;
-- a port outside 1..65535, a fragment, spaces, control characters and backslashes.
+- a port outside 1..65535, a fragment, spaces, control characters and backslashes;
+- in a joined path, a ``.`` or ``..`` segment written percent-encoded (``%2e%2e``,
+  ``.%2E``): httpx sends it as it stands, a WHATWG parser (a browser's, Rust's ``url``) reads
+  it as the dot segment and climbs.
 
 Host names are compared in lower case in their IDNA (punycode) form, as httpx sends them;
 IPv6 literals in their compressed form; a URL without a port has its scheme's (80, 443).
@@ -215,6 +218,15 @@ def check_callback(callback_url: str, business: str, allow: AllowList) -> httpx.
     return allow.check(callback_url)
 
 
+def _encoded_dot_segment(path: str) -> bool:
+    """Whether a segment of ``path`` is "." or ".." once its percent-encoded dots are read
+    as dots (and has one: a plain one is httpx's to resolve)."""
+    for segment in path.lower().split("/"):
+        if "%2e" in segment and segment.replace("%2e", ".") in (".", ".."):
+            return True
+    return False
+
+
 @lru_cache(maxsize=256)
 def _base(base_url: str) -> tuple[str, Origin, str]:
     """A base URL without its trailing slashes, its origin and its path prefix."""
@@ -233,6 +245,8 @@ def join(base_url: str, path: str) -> httpx.URL:
     catalogue wrote; a path that still breaks it came from somewhere else."""
     if not path.startswith("/") or "#" in path:
         raise EgressRefused(f"the path {path!r} must start with '/' and have no fragment")
+    if _encoded_dot_segment(path.partition("?")[0]):
+        raise EgressRefused(f"the path {path!r} has a dot segment written percent-encoded")
     trimmed, origin, prefix = _base(base_url)
     url = parse_url(trimmed + path)
     if origin_of(url) != origin or not url.raw_path.decode("ascii").startswith(prefix):

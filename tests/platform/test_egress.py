@@ -161,6 +161,10 @@ def test_a_dotted_business_has_no_nats_callbacks():
         ("http://h/api", "/x?y=1", "http://h/api/x?y=1"),
         ("http://h", "//evil.example/x", "http://h//evil.example/x"),  # a path, same host
         ("http://h", "/a%2F..%2Fb", "http://h/a%2F..%2Fb"),  # encoded: not a segment
+        # Encoded dots that make no dot segment: part of a name, three dots, the query.
+        ("http://h/api", "/a%2eb/c", "http://h/api/a%2eb/c"),
+        ("http://h/api", "/%2e%2e%2e/x", "http://h/api/%2e%2e%2e/x"),
+        ("http://h/api", "/x?q=/%2e%2e/", "http://h/api/x?q=/%2e%2e/"),
     ],
 )
 def test_join_keeps_the_base(base, path, url):
@@ -184,3 +188,11 @@ def test_join_keeps_the_base(base, path, url):
 def test_join_refuses_a_path_that_leaves_the_base(base, path):
     with pytest.raises(EgressRefused):
         join(base, path)
+
+
+@pytest.mark.parametrize("path", ["/%2e%2e/admin", "/x/%2E./y", "/.%2e/admin", "/%2e/x", "/x/%2e"])
+def test_join_refuses_a_dot_segment_written_percent_encoded(path):
+    """httpx sends ``/api/%2e%2e/admin`` as it stands, inside the base; a WHATWG parser
+    (a browser's, Rust's ``url``, a proxy's) reads ``/admin``: refused, not interpreted."""
+    with pytest.raises(EgressRefused, match="dot segment written percent-encoded"):
+        join("http://h/api", path)
