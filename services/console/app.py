@@ -67,6 +67,7 @@ from dispo.console.views import (
     work_kind,
 )
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
+from dispo.libs.clock import Clock, SystemClock
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.proto_enums import short_name
 from dispo.libs.sdk import DispoError, TaskSummary, TaskView
@@ -226,23 +227,26 @@ def _event(name: str, html: str) -> str:
 # With nothing changed for this long, a stream sends a comment, so a proxy between the
 # browser and the console does not take the connection for idle.
 KEEPALIVE_SECONDS = 15.0
+SYSTEM_CLOCK = SystemClock()
 
 
 def _stream(
     request: Request,
     render: Any,
     interval: float,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> StreamingResponse:
     """Server-sent events: what ``render()`` returns (``[(event, html)]``), looked at every
-    ``interval`` seconds (``sleep``) until the page is closed; a refused call ends the
+    ``interval`` seconds (``clock``) until the page is closed; a refused call ends the
     stream (the page reloads). A fragment is sent only when it differs from the one this
     stream sent last: swapping an unchanged fragment in would redraw the page under the
-    user's pointer (a click on a button being replaced is lost) for nothing."""
+    user's pointer (a click on a button being replaced is lost) for nothing. After
+    ``KEEPALIVE_SECONDS`` of the clock with nothing sent, a comment goes instead, however
+    long the looks took."""
 
     async def events() -> AsyncIterator[str]:
         last: dict[str, str] = {}
-        quiet = 0.0
+        sent_at = clock.now()
         while not await request.is_disconnected():
             try:
                 rendered = await render()
@@ -253,11 +257,13 @@ def _stream(
             for name, html in changed:
                 last[name] = html
                 yield _event(name, html)
-            quiet = 0.0 if changed else quiet + interval
-            if quiet >= KEEPALIVE_SECONDS:
-                quiet = 0.0
+            now = clock.now()
+            if changed:
+                sent_at = now
+            elif (now - sent_at).total_seconds() >= KEEPALIVE_SECONDS:
+                sent_at = now
                 yield ": nothing changed\n\n"
-            await sleep(interval)
+            await clock.sleep(interval)
 
     return StreamingResponse(
         events(), media_type="text/event-stream", headers={"cache-control": "no-store"}
