@@ -60,7 +60,11 @@ REFUSED_TARGETS = [
 async def test_targets_off_the_list_are_refused_naming_the_field(stub, pool):
     for target in REFUSED_TARGETS:
         assert await violations(stub.CreateEvaluation(request(target))) == ["target_url"], target
-    for target, path in ((f"{DEFAULT_TARGET}/api", "/../x"), (DEFAULT_TARGET, "/x#y")):
+    for target, path in (
+        (f"{DEFAULT_TARGET}/api", "/../x"),
+        (f"{DEFAULT_TARGET}/api", "/%2e%2e/x"),  # a WHATWG parser reads /x
+        (DEFAULT_TARGET, "/x#y"),
+    ):
         assert await violations(stub.CreateEvaluation(request(target, path))) == [
             "cases[0].path"
         ], path
