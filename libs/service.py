@@ -182,10 +182,9 @@ class Runtime:
 
     def outbox_relay(self, table: Table, **options: Any) -> OutboxRelay:
         """The shared outbox relay for ``table`` on this service's database, bus and clock,
-        deleting the rows it sent (ADR-0062) and quarantining
-        a row after ``DISPO_OUTBOX_MAX_ATTEMPTS`` failed publications. ``options`` are the
-        relay's (``ordered``, ``prepare``, ``batch``...). Add it as a part where its stop
-        order fits."""
+        deleting the rows it sent (ADR-0062) and quarantining a row after
+        ``DISPO_OUTBOX_MAX_ATTEMPTS`` failed publications. ``options`` are the relay's
+        (``ordered``, ``prepare``, ``batch``...). Add it as a part where its stop order fits."""
         relay = OutboxRelay(
             self.engine,
             table,

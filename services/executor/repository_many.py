@@ -441,7 +441,7 @@ def written_row(row: TaskRow, w: TaskWrite) -> TaskRow:
 # The task rows' writes and their events with one statement: each row is written only if
 # its lease owner, its version (as read under the lock) and, for a status, RUNNING still
 # hold, and only the events of the rows written are inserted, in the order given; the
-# outbox rows the relay published since are marked sent.
+# outbox rows the relay published since are deleted (marked sent, ADR-0062).
 _WRITE_MANY = Statement(
     "WITH u AS (SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[]),"
     " CAST(:was AS bigint[]), CAST(:versions AS bigint[]),"

@@ -123,7 +123,8 @@ class KeyHolder:
 
 # The accepted tasks and their task.create rows, with one statement: the tasks whose key is
 # free are inserted, and each inserted task's envelope (its stored view, not sent twice) goes
-# to the outbox, in the order given; the rows the relay published since are marked sent.
+# to the outbox, in the order given; the rows the relay published since are deleted (marked
+# sent, ADR-0062).
 _ACCEPT_MANY = Statement(
     "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
     " status, node_count, view, callback_url, created_at, updated_at)"

@@ -1,7 +1,8 @@
 """Evaluation events (protos/dispo/pool/v1/events.proto) and their outbox relay.
 
 Events are written to the outbox (libs/outbox.py) in the transaction that changes the state
-they report; the relay publishes them with their message id and marks them sent.
+they report; the relay publishes them with their message id and deletes them once published
+(ADR-0062).
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def outbox_relay(
     """The pool's relay (:func:`relay_options`) outside a service process (the service's
     is ``rt.outbox_relay(repo.outbox, **relay_options(rt.bus))``, with its gauges). Like
     every relay it deletes the rows it published (the stream keeps them), waits on
-    ``clock``, and quarantines a row after ``max_attempts`` failed publications (the events behind it then
-    go on). Kick it after a commit (Pool's ``on_commit``); it polls as a fallback."""
+    ``clock``, and quarantines a row after ``max_attempts`` failed publications (the events
+    behind it then go on). Kick it after a commit (Pool's ``on_commit``); it polls as a
+    fallback."""
     return OutboxRelay(
         engine,
         repo.outbox,
