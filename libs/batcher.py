@@ -29,6 +29,10 @@ was batched with, at the cost of about two flushes per halving rather than one p
 the batch. A caller cancelled while it waits does not take its item back: the flush may already hold it
 (exactly as a commit whose answer is lost) — callers retry under their own idempotency.
 
+``observe``, when given, is called with the item count of every flush that succeeded (a
+service passes its metrics recorder: ``dispo_group_commit_items``), so how well writes are
+batched can be read off a running service.
+
 As River's batch completer and Hatchet's buffered writes do, but with the flush as soon
 as the previous one ended rather than on a timer.
 """
@@ -56,12 +60,14 @@ class Batcher(Generic[T, R]):
         concurrency: int = 1,
         max_pending: int = 10_000,
         isolate: bool = False,
+        observe: Callable[[int], None] | None = None,
     ) -> None:
         if max_items < 1 or concurrency < 1 or max_pending < max_items:
             raise ValueError("need max_items >= 1, concurrency >= 1, max_pending >= max_items")
         self.name = name
         self._flush = flush
         self.isolate = isolate
+        self._observe = observe
         self.max_items = max_items
         self.linger = linger
         self.concurrency = concurrency
@@ -165,6 +171,8 @@ class Batcher(Generic[T, R]):
             return
         self.flushes += 1
         self.flushed_items += len(items)
+        if self._observe is not None:
+            self._observe(len(items))
         for (_, future), result in zip(taken, results, strict=True):
             if future.done():  # the caller was cancelled
                 continue

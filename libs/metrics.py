@@ -54,6 +54,8 @@ CACHE_SECONDS = 5.0
 PROBE_TIMEOUT_SECONDS = 5.0
 # Node calls and jobs: from a few milliseconds to minutes.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, math.inf)
+# Items of one group-commit flush: one (each write paid alone) up to the largest batch setting.
+FLUSH_ITEM_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, math.inf)
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,15 @@ def _counter(service: str, name: str, help: str, labels: tuple[str, ...]) -> Lab
     return Labelled(metric)
 
 
-def _histogram(service: str, name: str, help: str, labels: tuple[str, ...]) -> Labelled[Histogram]:
+def _histogram(
+    service: str,
+    name: str,
+    help: str,
+    labels: tuple[str, ...],
+    buckets: tuple[float, ...] = DURATION_BUCKETS,
+) -> Labelled[Histogram]:
     _declare(service, name, "histogram", labels, help)
-    metric = Histogram(name, help, labels, registry=None, buckets=DURATION_BUCKETS)
+    metric = Histogram(name, help, labels, registry=None, buckets=buckets)
     _RECORDED.setdefault(service, []).append(metric)
     return Labelled(metric)
 
@@ -180,6 +188,14 @@ OUTBOX_QUARANTINED = _gauge(
     "dispo_outbox_quarantined_rows",
     "Outbox rows set aside after too many failed publications",
     ("outbox",),
+)
+_GROUP_COMMIT_ITEMS = _histogram(
+    COMMON,
+    "dispo_group_commit_items",
+    "Items written by one flush of a group commit (its count is the flushes, its sum the"
+    " items): how well the service's writes are batched",
+    ("group",),
+    FLUSH_ITEM_BUCKETS,
 )
 
 # ---- gateway -----------------------------------------------------------------------------
@@ -317,6 +333,12 @@ _JOB_DURATION = _histogram(
 
 
 # ---- recorders (one call where the event happens; kept cheap for the hot path) -----------
+def group_commit_flushes(group: str) -> Callable[[int], None]:
+    """What the group commit ``group`` (:class:`dispo.libs.batcher.Batcher`) calls with the
+    items of each flush it committed."""
+    return _GROUP_COMMIT_ITEMS(group).observe
+
+
 def task_accepted(business: str, cells: Iterable[str]) -> None:
     _TASKS_ACCEPTED(business).inc()
     for cell in set(cells):

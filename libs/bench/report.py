@@ -152,6 +152,7 @@ def build_report(
     ceiling: Mapping[str, Any] | None,
     status_events: tuple[int, int] | None = None,
     wal_bytes: int | None = None,
+    group_commits: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The result of one run, JSON-ready. Throughput counts from the run's start: submitted/s
     to the last Submit answer, completed/s to the last terminal snapshot. ``machine_busy``
@@ -159,7 +160,8 @@ def build_report(
     ``status_events``: (status snapshots, tasks) in the histories of a sample of the run's
     tasks (None: not counted), given per task. ``wal_bytes``: the write-ahead log PostgreSQL
     wrote between the CPU samples (None: not measured), given per completed task (per
-    accepted task when none completed)."""
+    accepted task when none completed). ``group_commits``: each process's group commits
+    during the run (:func:`dispo.libs.bench.group_commits.between`; None: not read)."""
     accepted = load.accepted
     submit_end = max((s.sent_at + s.seconds for s in load.submissions), default=0.0)
     finished = [o for o in outcomes if o.status in TERMINAL]
@@ -209,6 +211,7 @@ def build_report(
         if wal_bytes is not None and (finished or accepted)
         else None,
         "cpu": cpu,
+        "group_commits": dict(group_commits) if group_commits is not None else None,
         "postgres_commit_ceiling": dict(ceiling) if ceiling is not None else None,
     }
 
@@ -303,6 +306,8 @@ def render(report: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"CPU ms per task          stack {cpu['stack_ms_per_task']:.2f} (per {cpu['per']}): {per}"
         )
+    if groups := report.get("group_commits"):
+        lines.append(f"items per flush          {group_commits_text(groups)}")
     if machine["during_run"]:
         busy = machine["during_run"]
         lines.append(
@@ -313,6 +318,18 @@ def render(report: Mapping[str, Any]) -> list[str]:
         tps = ", ".join(f"{c} client(s) {v:.0f}/s" for c, v in ceiling["tps_by_clients"].items())
         lines.append(f"PostgreSQL commit ceiling one-row INSERT per transaction: {tps}")
     return lines
+
+
+def group_commits_text(groups: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """``gateway: submits 118.0 (51 flushes), statuses 107.2 (56); executor: ...``"""
+    return "; ".join(
+        f"{process}: "
+        + ", ".join(
+            f"{group} {g['items_per_flush']:.1f} ({g['flushes']} flushes)"
+            for group, g in by_group.items()
+        )
+        for process, by_group in groups.items()
+    )
 
 
 def result_name(report: Mapping[str, Any]) -> str:

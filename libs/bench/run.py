@@ -27,14 +27,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
-from dispo.libs.bench import ceiling, load, machine
+from dispo.libs.bench import ceiling, group_commits, load, machine
 from dispo.libs.bench.report import (
     CLIENT,
     LoadFacts,
@@ -67,6 +67,9 @@ class Target:
     database_url: str | None
     # The token the load sends (empty: DISPO_TOKEN, as the SDK reads it).
     token: str = ""
+    # Where each service process serves its metrics, by name (the group commits are read
+    # there; empty: not read).
+    metrics: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,7 +157,13 @@ async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Tar
         nats_nodes=3 if args.cluster else 1,
     ) as own:
         assert own.stack.postgres is not None
-        yield Target(own.gateways, own.stack.pids(), own.stack.postgres.url, own.token)
+        yield Target(
+            own.gateways,
+            own.stack.pids(),
+            own.stack.postgres.url,
+            own.token,
+            own.stack.metrics_addresses(),
+        )
 
 
 def git_commit() -> str | None:
@@ -220,6 +229,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             return {**machine.tree_cpu_seconds(target.pids), CLIENT: machine.self_cpu_seconds()}
 
         wal_before = await wal_position(target.database_url)
+        groups_before = await group_commits.read(target.metrics)
         cpu_before, busy_before = cpu(), machine.busy_cpu_seconds()
         wall_before = time.monotonic()
         with progress_bar(args.tasks, "submitting") as answered:
@@ -237,6 +247,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         outcomes = await load.outcomes(clients[0], business, timeout=wait)
         cpu_after, busy_after = cpu(), machine.busy_cpu_seconds()
         wall = time.monotonic() - wall_before
+        groups_after = await group_commits.read(target.metrics)
         wal_after = await wal_position(target.database_url)
         events = None
         if not args.submit_only:
@@ -258,6 +269,9 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         status_events=events,
         wal_bytes=wal_after - wal_before
         if wal_before is not None and wal_after is not None
+        else None,
+        group_commits=group_commits.between(groups_before, groups_after)
+        if target.metrics
         else None,
     )
 

@@ -182,6 +182,7 @@ class Executor:
             max_items=self.config.flush_max_items,
             concurrency=concurrency or self.config.flush_concurrency,
             isolate=isolate,
+            observe=metrics.group_commit_flushes(name),
         )
 
     # ---- task.create -------------------------------------------------------------------

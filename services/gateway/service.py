@@ -115,6 +115,7 @@ class Gateway:
             concurrency=submit_flushes,
             linger=submit_linger,
             max_pending=max(10_000, submit_batch),
+            observe=metrics.group_commit_flushes("submits"),
         )
         # Status events: one statement per flush for all of them.
         self.statuses: Batcher[repo.Snapshot, bool] = Batcher(
@@ -124,6 +125,7 @@ class Gateway:
             linger=status_linger,
             max_pending=max(10_000, status_batch),
             isolate=True,  # a status event that cannot be applied fails alone
+            observe=metrics.group_commit_flushes("statuses"),
         )
 
     async def submit(self, sub: Submission) -> Accepted:

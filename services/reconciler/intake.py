@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Handler, Nak, Term
@@ -71,6 +72,7 @@ def consumers(
         lambda items: completion.on_statuses(ctx, [e for e, _ in items], [t for _, t in items]),
         max_items=FINISHED_BATCH,
         isolate=True,  # a terminal snapshot that cannot be recorded fails alone
+        observe=metrics.group_commit_flushes("finished facts"),
     )
 
     async def finish(env: task_pb2.Task) -> None:  # recorded now or before: acked either way

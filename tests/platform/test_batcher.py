@@ -320,3 +320,27 @@ async def test_a_flusher_that_is_cancelled_stops():
     await asyncio.gather(flusher, return_exceptions=True)
     assert flusher.cancelled()
     call.cancel()
+
+
+async def test_the_observer_hears_the_size_of_every_flush_that_committed_and_no_other():
+    """What ``dispo_group_commit_items`` records: [0] alone, then the isolating halves of
+    [1, 2, 3, 4] that committed ([1, 2] and [4]); the flushes that raised are not counted."""
+    sizes: list[int] = []
+    gate = asyncio.Event()
+
+    async def flush(items: list[int]) -> list[int]:
+        await gate.wait()
+        if 3 in items:
+            raise ValueError("3 cannot be stored")
+        return items
+
+    batcher = Batcher("observed", flush, max_items=4, isolate=True, observe=sizes.append)
+    calls = [asyncio.create_task(batcher.submit(0))]
+    await settle()
+    calls += [asyncio.create_task(batcher.submit(i)) for i in range(1, 5)]
+    await settle()
+    gate.set()
+    await asyncio.gather(*calls, return_exceptions=True)
+
+    assert sizes == [1, 2, 1]
+    assert (batcher.flushes, batcher.flushed_items) == (3, 4)

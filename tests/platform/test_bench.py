@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dispo.libs.bench import ceiling, load, machine
+from dispo.libs.bench import ceiling, group_commits, load, machine
 from dispo.libs.bench.report import (
     CLIENT,
     TABLE_HEADER,
@@ -112,6 +112,44 @@ def test_report_counts_from_the_run_start_and_names_its_file():
     assert row.count("|") == TABLE_HEADER.splitlines()[0].count("|")
     assert "dag3, 2/s offered" in row and "100 / 900" in row
     assert synthetic_report()["latency"]["send_lag"] is None  # saturation: no schedule
+
+
+SCRAPE = """\
+# HELP dispo_group_commit_items Items written by one flush of a group commit
+# TYPE dispo_group_commit_items histogram
+dispo_group_commit_items_bucket{group="submits",le="1.0"} 3.0
+dispo_group_commit_items_bucket{group="submits",le="+Inf"} 10.0
+dispo_group_commit_items_count{group="submits"} 10.0
+dispo_group_commit_items_sum{group="submits"} 250.0
+dispo_group_commit_items_count{group="statuses"} 4.0
+dispo_group_commit_items_sum{group="statuses"} 4.0
+# HELP dispo_tasks_accepted_total Tasks accepted
+# TYPE dispo_tasks_accepted_total counter
+dispo_tasks_accepted_total{business="b"} 250.0
+"""
+
+
+def test_group_commits_are_read_from_a_scrape_and_compared_between_two_readings():
+    assert group_commits.parse(SCRAPE) == {"statuses": (4.0, 4.0), "submits": (10.0, 250.0)}
+    assert group_commits.parse("# nothing here\n") == {}
+    before = {"gateway": group_commits.parse(SCRAPE)}
+    after = {
+        "gateway": {"statuses": (4.0, 4.0), "submits": (14.0, 650.0)},  # statuses: no flush
+        "executor": {"task openings": (5.0, 400.0)},  # not read before: from zero
+    }
+    moved = group_commits.between(before, after)
+    assert moved == {
+        "executor": {"task openings": {"flushes": 5, "items": 400, "items_per_flush": 80.0}},
+        "gateway": {"submits": {"flushes": 4, "items": 400, "items_per_flush": 100.0}},
+    }
+    report = synthetic_report()
+    assert report["group_commits"] is None
+    assert not any(line.startswith("items per flush") for line in render(report))
+    report["group_commits"] = moved
+    [line] = [line for line in render(report) if line.startswith("items per flush")]
+    assert line.endswith(
+        "executor: task openings 80.0 (5 flushes); gateway: submits 100.0 (4 flushes)"
+    )
 
 
 BURNER = """
@@ -352,3 +390,15 @@ async def test_dispo_bench_submit_on_its_own_scaled_out_stack(tmp_path):
     # Every accepted task was written (and its view updated) in the stack's PostgreSQL.
     assert report["postgres_wal_bytes_per_task"] > 1000
     assert "PostgreSQL WAL" in done.stdout
+    # Each process's group commits, read from its metrics: every accepted task an item of a
+    # gateway's Submit flushes, an executor's openings and the reconciler's finished facts.
+    groups = report["group_commits"]
+
+    def items(group: str, *processes: str) -> int:
+        return sum(groups.get(p, {}).get(group, {}).get("items", 0) for p in processes)
+
+    assert items("submits", "gateway", "gateway-2") >= 8
+    assert items("task openings", "executor", "executor-2") >= 8
+    assert items("finished facts", "reconciler") >= 8
+    assert all(g["flushes"] >= 1 for by in groups.values() for g in by.values())
+    assert "items per flush" in done.stdout

@@ -201,6 +201,47 @@ async def test_a_task_and_a_failing_task_move_the_counters_with_their_labels(
     assert moved("executor", executor, "dispo_node_run_duration_seconds_count", **call) == 3
 
 
+async def test_the_group_commits_count_their_flushes_and_the_items_they_wrote(
+    stack: Stack,
+) -> None:
+    """Three tasks are three items of the gateway's Submit group commit, three openings in
+    the executor and three finished facts in the reconciler, however they were batched."""
+    group = "dispo_group_commit_items"
+    services = ("gateway", "executor", "reconciler")
+    before = {s: await stack.scrape(s) for s in services}
+
+    def moved(service: str, now: Samples, name: str, group_name: str) -> float:
+        return value(now, name, group=group_name) - value(before[service], name, group=group_name)
+
+    async with stack.client() as client:
+        accepted = await asyncio.gather(
+            *(client.submit("metrics-groups", [cell("noop")]) for _ in range(3))
+        )
+        for task in accepted:
+            assert (await client.wait(task.task_id, timeout=60)).status == "SUCCEEDED"
+
+    reconciler = await eventually(
+        lambda: stack.scrape("reconciler"),
+        lambda s: moved("reconciler", s, f"{group}_sum", "finished facts") >= 3,
+        wanted="the three finished facts flushed by the reconciler",
+    )
+    assert moved("reconciler", reconciler, f"{group}_sum", "finished facts") == 3
+    gateway = await stack.scrape("gateway")
+    assert moved("gateway", gateway, f"{group}_sum", "submits") == 3
+    assert 1 <= moved("gateway", gateway, f"{group}_count", "submits") <= 3
+    assert moved("gateway", gateway, f"{group}_sum", "statuses") >= 3  # a terminal one each
+    executor = await stack.scrape("executor")
+    assert moved("executor", executor, f"{group}_sum", "task openings") == 3
+    flushes = moved("executor", executor, f"{group}_count", "task openings")
+    assert 1 <= flushes <= 3
+    # each of those flushes had at most three items: all in the bucket of up to five
+    assert (
+        value(executor, f"{group}_bucket", group="task openings", le="5.0")
+        - value(before["executor"], f"{group}_bucket", group="task openings", le="5.0")
+        == flushes
+    )
+
+
 def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
     """docs/metrics.md's table rows: name -> (type, labels)."""
     rows = re.findall(r"^\| `([a-z_]+)` \| (\w+) \| ([^|]*) \|", DOCS.read_text(), re.M)
