@@ -321,7 +321,7 @@ def render(report: Mapping[str, Any]) -> list[str]:
 
 
 def group_commits_text(groups: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
-    """``gateway: submits 118.0 (51 flushes), statuses 107.2 (56); executor: ...``"""
+    """``executor: task openings 115.5 (52 flushes); gateway: statuses 107.2 (56 flushes), ...``"""
     return "; ".join(
         f"{process}: "
         + ", ".join(
