@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -48,6 +48,8 @@ from dispo.libs.cli._common import progress_bar
 from dispo.libs.db.roles import asyncpg_url
 from dispo.libs.eventloop import loop_factory
 from dispo.libs.sdk import AsyncClient, Client, DispoError, cell
+from dispo.libs.settings import CommonSettings
+from dispo.libs.stack.state import live_processes, read_state
 
 if TYPE_CHECKING:
     from dispo.libs.stack.stack import Stack
@@ -349,7 +351,29 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(
             f"--shape {shape.name} needs --start (its cells are in the bench catalogue)"
         )
-    return await measure(args, Target(args.address.split(","), {}, args.database_url))
+    gateways = args.address.split(",")
+    pids, metrics = running_stack(gateways, Path(CommonSettings().data_dir))
+    return await measure(args, Target(gateways, pids, args.database_url, metrics=metrics))
+
+
+def running_stack(gateways: Sequence[str], data_dir: Path) -> tuple[dict[str, int], dict[str, str]]:
+    """The processes of the stack ``dispo up`` runs in ``data_dir`` and where its services
+    serve their metrics, when the load goes to one of its gateways: the bench then reports
+    their CPU and group commits as for a stack of its own. Nothing for a stack elsewhere."""
+    state = read_state(data_dir)
+    if state is None:
+        return {}, {}
+    services: dict[str, Any] = state.get("services", {})
+    ours = {
+        info.get("address")
+        for name, info in services.items()
+        if name == "gateway" or name.startswith("gateway-")
+    }
+    if not ours & set(gateways):
+        return {}, {}
+    pids = live_processes(state)
+    metrics = {n: i["metrics"] for n, i in services.items() if i.get("metrics") and n in pids}
+    return pids, metrics
 
 
 def write_result(report: dict[str, Any], folder: Path, name: str | None = None) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dispo.libs.settings import TLSSettings, server_settings
-from dispo.libs.stack.ownership import Recorded, stop_recorded
+from dispo.libs.stack.ownership import Recorded, recorded, stop_recorded
 from dispo.libs.tls import ClientTLS
 
 SERVICES = ("gateway", "executor", "reconciler", "intelligence", "pool")
@@ -54,6 +54,12 @@ def stop_stale(data_dir: Path, state: dict[str, Any]) -> list[Recorded]:
     stopped = stop_recorded(state, STOP_ORDER, {POSTGRES: signal.SIGINT})
     (data_dir / STATE_FILE).unlink(missing_ok=True)
     return stopped
+
+
+def live_processes(state: dict[str, Any]) -> dict[str, int]:
+    """The pid of every process ``state`` names that still runs (not another process that
+    reused its pid), by name: services, companions and the infrastructure."""
+    return {p.name: p.pid for p in recorded(state, STOP_ORDER) if p.alive()}
 
 
 def service_metrics(data_dir: Path) -> dict[str, str]:

@@ -25,7 +25,7 @@ from dispo.libs.bench.report import (
     result_name,
     table_row,
 )
-from dispo.libs.bench.run import Target, measure, parser, write_result
+from dispo.libs.bench.run import Target, measure, parser, running_stack, write_result
 from dispo.libs.bench.shapes import SHAPES, catalogue_yaml
 from dispo.libs.sdk import AsyncClient, cell
 
@@ -150,6 +150,36 @@ def test_group_commits_are_read_from_a_scrape_and_compared_between_two_readings(
     assert line.endswith(
         "executor: task openings 80.0 (5 flushes); gateway: submits 100.0 (4 flushes)"
     )
+
+
+def test_a_running_stack_in_the_data_folder_lends_its_processes_when_the_load_goes_to_it(
+    tmp_path,
+):
+    """Against ``dispo up``'s stack (its state file in the data folder), the bench measures
+    the processes recorded there that still run and reads the metrics of those services."""
+    from dispo.libs.stack.ownership import start_ticks
+    from dispo.libs.stack.state import STATE_FILE
+
+    assert running_stack(["127.0.0.1:50051"], tmp_path) == ({}, {})  # no stack here
+    me = {"pid": os.getpid(), "started": start_ticks(os.getpid())}
+    gone = {"pid": os.getpid(), "started": 1}  # a pid reused by another process since
+    state = {
+        "services": {
+            "gateway": {"address": "127.0.0.1:50051", "metrics": "http://m/gw", **me},
+            "gateway-2": {"address": "127.0.0.1:50061", "metrics": "http://m/gw2", **me},
+            "executor": {"address": "127.0.0.1:50052", "metrics": "http://m/ex", **gone},
+        },
+        "companions": {"demo-downstream": me},
+        "infrastructure": {"postgres": me, "nats": gone},
+    }
+    (tmp_path / STATE_FILE).write_text(json.dumps(state))
+    pids, metrics = running_stack(["127.0.0.1:50061"], tmp_path)
+    assert pids == {
+        name: os.getpid() for name in ("gateway", "gateway-2", "demo-downstream", "postgres")
+    }
+    assert metrics == {"gateway": "http://m/gw", "gateway-2": "http://m/gw2"}
+    # The load goes to another stack's gateway: nothing of this one is counted.
+    assert running_stack(["127.0.0.1:60000"], tmp_path) == ({}, {})
 
 
 BURNER = """
