@@ -325,6 +325,8 @@ def bench(
 
     _log_to_console()
     module = importlib.import_module(BENCHMARKS[benchmark.value])
+    # The stack folder ``--data-dir`` names, where a benchmark finds a running stack.
+    os.environ["DISPO_DATA_DIR"] = str(ctx.obj.data_dir)
     sys.argv = [f"dispo bench {benchmark.value}", *ctx.args]
     module.main()
 
