@@ -49,7 +49,7 @@ from dispo.libs.db.roles import asyncpg_url
 from dispo.libs.eventloop import loop_factory
 from dispo.libs.sdk import AsyncClient, Client, DispoError, cell
 from dispo.libs.settings import CommonSettings
-from dispo.libs.stack.state import live_processes, read_state
+from dispo.libs.stack.state import live_processes, metrics_addresses, read_state
 
 if TYPE_CHECKING:
     from dispo.libs.stack.stack import Stack
@@ -358,21 +358,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def running_stack(gateways: Sequence[str], data_dir: Path) -> tuple[dict[str, int], dict[str, str]]:
     """The processes of the stack ``dispo up`` runs in ``data_dir`` and where its services
-    serve their metrics, when the load goes to one of its gateways: the bench then reports
+    serve their metrics, when the load goes to one of its services: the bench then reports
     their CPU and group commits as for a stack of its own. Nothing for a stack elsewhere."""
     state = read_state(data_dir)
-    if state is None:
-        return {}, {}
-    services: dict[str, Any] = state.get("services", {})
-    ours = {
-        info.get("address")
-        for name, info in services.items()
-        if name == "gateway" or name.startswith("gateway-")
-    }
-    if not ours & set(gateways):
+    if state is None or not {i.get("address") for i in state["services"].values()} & {*gateways}:
         return {}, {}
     pids = live_processes(state)
-    metrics = {n: i["metrics"] for n, i in services.items() if i.get("metrics") and n in pids}
+    metrics = {n: url for n, url in metrics_addresses(state).items() if n in pids}
     return pids, metrics
 
 

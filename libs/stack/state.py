@@ -62,12 +62,17 @@ def live_processes(state: dict[str, Any]) -> dict[str, int]:
     return {p.name: p.pid for p in recorded(state, STOP_ORDER) if p.alive()}
 
 
+def metrics_addresses(state: dict[str, Any]) -> dict[str, str]:
+    """Where each service ``state`` names serves its metrics, by name (none that serves none)."""
+    return {n: info["metrics"] for n, info in state["services"].items() if info.get("metrics")}
+
+
 def service_metrics(data_dir: Path) -> dict[str, str]:
     """Where each service serves its metrics: from the running stack's state file, else
     from the ``DISPO_<SERVICE>_METRICS_PORT`` settings (none where it is 0)."""
     state = read_state(data_dir)
     if state:
-        return {n: info["metrics"] for n, info in state["services"].items() if info.get("metrics")}
+        return metrics_addresses(state)
     found = {n: server_settings(n) for n in SERVICES}
     return {n: metrics_url(s.host, s.metrics_port) for n, s in found.items() if s.metrics_port}
 
