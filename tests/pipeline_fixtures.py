@@ -79,6 +79,19 @@ cells:
         probe_path: /effects/{{idempotency_key}}
         idempotent: false
         timeout_ms: 2000
+  late_once:
+    description: One call not to repeat blindly that gives up after 1 s; its effect may land 10 s after it was sent.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      call:
+        kind: http
+        downstream: demo
+        path: /late-once/{{payload.name}}
+        probe_path: /effects/{{idempotency_key}}
+        idempotent: false
+        timeout_ms: 1000
+        max_effect_seconds: 10
   pair:
     description: Two calls, the second after the first.
     fields:

@@ -27,6 +27,7 @@ from dispo.libs.catalogue.model import (
     Conflict,
     Downstream,
     FieldSpec,
+    default_max_effect_seconds,
     parse_catalogue,
     topological,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Conflict",
     "Downstream",
     "FieldSpec",
+    "default_max_effect_seconds",
     "load_catalogue",
     "load_configured_catalogue",
     "parse_catalogue",

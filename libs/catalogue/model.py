@@ -8,6 +8,8 @@ instead of surfacing on some later call.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +64,20 @@ class ActionDef:
     idempotent: bool = False
     timeout_ms: int = 0
     depends_on: tuple[str, ...] = ()
+    # How long after a request reaches the downstream its effect may still land, in
+    # seconds: declared, or :func:`default_max_effect_seconds` of the call's timeout once
+    # the catalogue is parsed (0 for a noop action).
+    max_effect_seconds: int = 0
+
+
+# However short a call's timeout, an effect may land this long after its request.
+MIN_MAX_EFFECT_SECONDS = 30
+
+
+def default_max_effect_seconds(timeout_ms: int) -> int:
+    """An action's ``max_effect_seconds`` when the catalogue declares none: ten times its
+    call's timeout, and at least :data:`MIN_MAX_EFFECT_SECONDS`."""
+    return max(MIN_MAX_EFFECT_SECONDS, math.ceil(10 * timeout_ms / 1000))
 
 
 @dataclass(frozen=True)
@@ -131,7 +147,26 @@ def _action(cell: str, name: str, raw: dict[str, Any]) -> ActionDef:
         idempotent=bool(raw.get("idempotent", False)),
         timeout_ms=int(raw.get("timeout_ms", 0)),
         depends_on=tuple(raw.get("depends_on", ())),
+        max_effect_seconds=_positive_seconds(where, raw.get("max_effect_seconds", 0)),
     )
+
+
+def _positive_seconds(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CatalogueError(
+            f"{where}.max_effect_seconds: must be a whole number of seconds, got {value!r}"
+        )
+    return value
+
+
+def _resolved(action: ActionDef, downstreams: dict[str, Downstream]) -> ActionDef:
+    """``action`` with its ``max_effect_seconds`` resolved (an http action's default from its
+    call's timeout: its own, else its downstream's)."""
+    if action.kind != "http" or action.max_effect_seconds:
+        return action
+    known = downstreams.get(action.downstream)
+    timeout_ms = action.timeout_ms or (known.timeout_ms if known else Downstream.timeout_ms)
+    return dataclasses.replace(action, max_effect_seconds=default_max_effect_seconds(timeout_ms))
 
 
 def _conflict(cell: str, fields: tuple[FieldSpec, ...], raw: Any) -> Conflict | None:
@@ -201,9 +236,16 @@ def parse_catalogue(data: dict[str, Any]) -> Catalogue:
     downstreams = data.get("downstreams") or {}
     if not isinstance(downstreams, dict):
         raise CatalogueError("downstreams: must be a mapping of downstream name to definition")
+    known = {name: _downstream(name, raw) for name, raw in downstreams.items()}
+    parsed = {name: _cell(name, raw or {}) for name, raw in cells.items()}
     catalogue = Catalogue(
-        {name: _cell(name, raw or {}) for name, raw in cells.items()},
-        {name: _downstream(name, raw) for name, raw in downstreams.items()},
+        {
+            name: dataclasses.replace(
+                cell, actions=tuple(_resolved(a, known) for a in cell.actions)
+            )
+            for name, cell in parsed.items()
+        },
+        known,
     )
     for name, conflict in catalogue.conflicts.items():
         if conflict.compensate and conflict.compensate not in catalogue.cells:

@@ -1,15 +1,23 @@
 """Running one node's action: the ``http`` and ``noop`` kinds.
 
 Every http call carries the node's stable ``Idempotency-Key`` (the same on every attempt),
-and the node run's ``traceparent`` where a trace is under way (:mod:`dispo.libs.tracing`).
-Its answer or transport error is classified by :mod:`dispo.executor.failures`: whether the
-call may have had its effect decides whether it may be sent again.
+its attempt number ``X-Dispo-Attempt`` (the fencing token a downstream's status probe may
+fence, docs/recovery.md) and the node run's ``traceparent`` where a trace is under way
+(:mod:`dispo.libs.tracing`). Its answer or transport error is classified by
+:mod:`dispo.executor.failures`: whether the call may have had its effect decides whether it
+may be sent again.
+
+A call is fenced by its pass's lease (ADR-0066): the caller's ``fence`` is asked once more
+when the call's connection is in hand, right before its request is written; a fence that
+no longer holds sends nothing (``NOT_SENT``).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import aiohttp
 from dispo.executor.domain import ActionSpec
@@ -26,6 +34,9 @@ class Result:
     detail: str = ""
     # The answer's Retry-After header as sent (read against the clock when recorded).
     retry_after: str = ""
+    # Not sent because its pass could not prove it holds the task's lease: says nothing
+    # about the downstream (its breaker does not count it).
+    fenced: bool = False
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,8 @@ class Call:
     spec: ActionSpec
     # The cell's payload: canonical JSON bytes, sent as they are.
     body: bytes
+    # The node's attempt number as its claim counted it (``X-Dispo-Attempt``).
+    attempt: int = 0
 
 
 def failed(outcome: CallOutcome, detail: str, retry_after: str = "") -> Result:
@@ -43,14 +56,44 @@ def failed(outcome: CallOutcome, detail: str, retry_after: str = "") -> Result:
     return Result(outcome, failure_text(outcome, detail), retry_after)
 
 
+def not_sent_without_lease() -> Result:
+    """A call its pass did not send: it could not prove it still holds the task's lease."""
+    return Result(
+        CallOutcome.NOT_SENT,
+        failure_text(CallOutcome.NOT_SENT, "the pass no longer holds the task's lease"),
+        fenced=True,
+    )
+
+
+class LeaseNotHeld(Exception):
+    """Raised in a call's connection hook when its fence no longer holds: nothing sent."""
+
+
+async def _check_fence(_: aiohttp.ClientSession, context: SimpleNamespace, __: object) -> None:
+    fence = context.trace_request_ctx
+    if fence is not None and not fence():
+        raise LeaseNotHeld
+
+
+def _fence_trace() -> aiohttp.TraceConfig:
+    """The hook that asks a call's fence once its connection is in hand (reused or new),
+    the last moment before aiohttp writes the request."""
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_check_fence)
+    trace.on_connection_create_end.append(_check_fence)
+    return trace
+
+
 def http_session(max_connections: int = 256) -> aiohttp.ClientSession:
     """The executor's client for action calls: a pool of keep-alive connections, no
     cookies kept between calls (each node's call stands alone), no proxy taken from the
-    environment (the egress policy checks where a call goes, :mod:`dispo.libs.egress`)."""
+    environment (the egress policy checks where a call goes, :mod:`dispo.libs.egress`),
+    each call's fence asked right before it is written."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
+        trace_configs=[_fence_trace()],
     )
 
 
@@ -64,8 +107,13 @@ def call_url(base_url: str, path: str) -> URL:
 
 
 async def run_action(
-    client: aiohttp.ClientSession, call: Call, downstream: Downstream | None
+    client: aiohttp.ClientSession,
+    call: Call,
+    downstream: Downstream | None,
+    fence: Callable[[], bool] | None = None,
 ) -> Result:
+    """Make ``call``; ``fence``, when given, is asked right before the request is written
+    (False: nothing is sent, the result is ``NOT_SENT``)."""
     if call.spec.kind == "noop":
         return Result(CallOutcome.SUCCESS)
     if call.spec.kind != "http":
@@ -85,6 +133,7 @@ async def run_action(
         "Idempotency-Key": call.idempotency_key,
         "X-Dispo-Task-Id": call.task_id,
         "X-Dispo-Node-Id": call.node_id,
+        "X-Dispo-Attempt": str(call.attempt),
     }
     inject(headers)  # the node run's `traceparent`, when a trace is under way
     try:
@@ -96,6 +145,7 @@ async def run_action(
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout),
             allow_redirects=False,
+            trace_request_ctx=fence,
         ) as response:
             outcome = classify_status(response.status)
             if outcome is CallOutcome.SUCCESS:
@@ -103,6 +153,8 @@ async def run_action(
                 return Result(outcome)
             body = (await response.read()).decode("utf-8", "replace")
             retry_after = response.headers.get("Retry-After", "")
+    except LeaseNotHeld:
+        return not_sent_without_lease()
     except Exception as error:
         return failed(classify_error(error), describe_error(error, timeout))
     return failed(outcome, f"HTTP {response.status}: {body}", retry_after)

@@ -56,7 +56,7 @@ def build_executor(
 async def setup(rt: Runtime) -> None:
     settings = ExecutorSettings()
     await tasks.ensure_task_streams(rt.bus)
-    calls = rt.close_on_stop(http_session(), name="action calls client")
+    calls = rt.close_on_stop(http_session(settings.max_connections), name="action calls client")
     # Health checks use the shared probe (:mod:`dispo.libs.downstream_health`).
     health = rt.close_on_stop(httpx.AsyncClient(), name="health check client")
     executor, relay = build_executor(rt, settings, calls, health)

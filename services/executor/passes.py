@@ -53,6 +53,19 @@ class Pass:
     # The task's nodes as its last step had them: the next reads their states again from
     # the rows, and keeps the rest (spec, dependencies, key) rather than decode it again.
     nodes: dict[str, NodeRun] = field(default_factory=dict)
+    # The task's lease as this pass last wrote it (opening, heartbeats): a call leaves only
+    # while it runs beyond the send margin (``Executor._may_send``). ``lease_lost``: a
+    # heartbeat found another owner, or none: nothing more is sent.
+    lease_until: datetime | None = None
+    lease_lost: bool = False
+
+    def holds_lease(self, now: datetime, margin: float) -> bool:
+        """Whether this pass's lease is proven to run at least ``margin`` seconds more."""
+        return (
+            not self.lease_lost
+            and self.lease_until is not None
+            and (self.lease_until - now).total_seconds() >= margin
+        )
 
 
 @dataclass
@@ -426,7 +439,7 @@ class Passes:
                 if i in lost:
                     continue
                 items[i].state.attempted.add(node.node_id)
-                claim = won.get((items[i].env.task_id, node.node_id))
+                claim = won.get((items[i].env.task_id, node.node_id, items[i].owner))
                 if claim is None:
                     log.info("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
                     continue
@@ -504,7 +517,7 @@ class Passes:
             now,
         )
         for i, node, slots in picks:
-            claim = won.get((items[i].env.task_id, node.node_id))
+            claim = won.get((items[i].env.task_id, node.node_id, items[i].owner))
             if claim is None:
                 log.info("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
                 taken.remove(slots)

@@ -38,6 +38,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 # A task's (id, node id): the key of a node run.
 NodeKey = tuple[str, str]
+# A claim's (task id, node id, owner): what a claim's result is known by. Two passes (of
+# two owners) may ask for one node in one statement; only the lease holder's is answered
+# won, so a result is never looked up by the node alone.
+ClaimKey = tuple[str, str, str]
 
 # The node columns a guarded write may set besides its status, with their SQL types.
 NODE_FIELDS = {
@@ -254,10 +258,10 @@ async def node_rows_many(
 
 async def leases_extend_many(
     conn: AsyncConnection, leases: Sequence[tuple[str, str]], now: datetime, ttl: float
-) -> set[str]:
+) -> set[tuple[str, str]]:
     """Extend each ``(task_id, owner)`` lease still held by that owner to ``ttl`` from
-    ``now`` (the rows locked in ``task_id`` order first); returns the ids extended (a
-    missing one was lost)."""
+    ``now`` (the rows locked in ``task_id`` order first); returns the ``(task_id, owner)``
+    pairs extended (a missing one was lost: another owner holds the lease, or none does)."""
     if not leases:
         return set()
     await tasks_lock_many(conn, [task_id for task_id, _ in leases])
@@ -266,7 +270,8 @@ async def leases_extend_many(
         (
             "UPDATE task_runs t SET lease_until = :until"
             " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[])) AS u(id, owner)"
-            " WHERE t.task_id = u.id AND t.lease_owner = u.owner RETURNING t.task_id"
+            " WHERE t.task_id = u.id AND t.lease_owner = u.owner"
+            " RETURNING t.task_id, t.lease_owner"
         ),
         {
             "ids": [task_id for task_id, _ in leases],
@@ -274,7 +279,7 @@ async def leases_extend_many(
             "until": now + timedelta(seconds=ttl),
         },
     )
-    return {row.task_id for row in rows}
+    return {(row.task_id, row.lease_owner) for row in rows}
 
 
 @dataclass(frozen=True)
@@ -299,7 +304,12 @@ async def nodes_set_status_if_many(
 ) -> list[bool]:
     """Apply ``changes``: every move checked first (an undeclared one raises and nothing is
     written), then one guarded statement per kind of change. Returns, per change, whether
-    it was applied (False: the node was not in ``expected``, or not run by ``owner``)."""
+    it was applied (False: the node was not in ``expected``, or not run by ``owner``).
+    Two changes of one node without an owner in one call are a bug (which one applied
+    could not be told): ValueError, nothing written."""
+    unowned = [c.key for c in changes if c.owner is None]
+    if len(unowned) != len(set(unowned)):
+        raise ValueError("two changes of one node without an owner in one call")
     for change in changes:
         NODE_TRANSITIONS.check(change.expected, change.new)
         unknown = set(change.fields) - set(NODE_FIELDS)
@@ -314,7 +324,7 @@ async def nodes_set_status_if_many(
             tuple(sorted(change.fields)),
         )
         groups.setdefault(shape, []).append(change)
-    applied: set[NodeKey] = set()
+    applied: set[tuple[str, str, str | None]] = set()
     for (expected, new, owned, names), group in groups.items():
         columns = ["task", "node", *(["owner"] if owned else []), *names]
         types = ["text", "text", *(["text"] if owned else []), *(NODE_FIELDS[n] for n in names)]
@@ -337,12 +347,14 @@ async def nodes_set_status_if_many(
                 f" FROM unnest({arrays}) AS u({', '.join(columns)})"
                 " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = :expected"
                 + (" AND r.run_owner = u.owner" if owned else "")
-                + " RETURNING r.task_id, r.node_id"
+                + " RETURNING r.task_id, r.node_id, r.run_owner"
             ),
             params,
         )
-        applied.update((row.task_id, row.node_id) for row in rows)
-    return [change.key in applied for change in changes]
+        # An owned change is answered by the owner the row was written under, never by
+        # the node alone: of two owners' changes of one node, only the runner's applied.
+        applied.update((row.task_id, row.node_id, row.run_owner if owned else None) for row in rows)
+    return [(change.task_id, change.node_id, change.owner) in applied for change in changes]
 
 
 @dataclass(frozen=True)
@@ -352,18 +364,18 @@ class Claimed:
 
 
 async def nodes_claim_if_pending_many(
-    conn: AsyncConnection, claims: Sequence[tuple[str, str, str]], now: datetime
-) -> dict[NodeKey, Claimed]:
+    conn: AsyncConnection, claims: Sequence[ClaimKey], now: datetime
+) -> dict[ClaimKey, Claimed]:
     """PENDING → RUNNING for each ``(task_id, node_id, owner)``, only for the lease holder
     and not once a cancel is requested (the claim exactly one contender wins); returns the
-    claims won with the node's new attempt counts."""
+    claims won, by ``(task_id, node_id, owner)``, with the node's new attempt counts."""
     NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
     return await _claim_many(conn, claims, now, "status = 'running', finished_at = NULL")
 
 
 async def nodes_run_noop_many(
-    conn: AsyncConnection, claims: Sequence[tuple[str, str, str]], now: datetime
-) -> dict[NodeKey, Claimed]:
+    conn: AsyncConnection, claims: Sequence[ClaimKey], now: datetime
+) -> dict[ClaimKey, Claimed]:
     """Claim and record each ``(task_id, node_id, owner)`` of a ``noop`` node at once:
     PENDING → RUNNING → SUCCEEDED in one statement, guarded as
     :func:`nodes_claim_if_pending_many`. A noop makes no call between the two, and both
@@ -380,8 +392,8 @@ async def nodes_run_noop_many(
 
 
 async def _claim_many(
-    conn: AsyncConnection, claims: Sequence[tuple[str, str, str]], now: datetime, outcome: str
-) -> dict[NodeKey, Claimed]:
+    conn: AsyncConnection, claims: Sequence[ClaimKey], now: datetime, outcome: str
+) -> dict[ClaimKey, Claimed]:
     """The guarded claim of :func:`nodes_claim_if_pending_many`, setting ``outcome`` (the
     node's status and result columns) besides the claim's own."""
     if not claims:
@@ -397,7 +409,7 @@ async def _claim_many(
             " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = 'pending'"
             " AND EXISTS (SELECT 1 FROM task_runs t WHERE t.task_id = u.task"
             " AND t.lease_owner = u.owner AND NOT t.cancel_requested)"
-            " RETURNING r.task_id, r.node_id, r.attempts, r.round_attempts"
+            " RETURNING r.task_id, r.node_id, r.run_owner, r.attempts, r.round_attempts"
         ),
         {
             "tasks": [c[0] for c in claims],
@@ -406,7 +418,10 @@ async def _claim_many(
             "now": now,
         },
     )
-    return {(r.task_id, r.node_id): Claimed(r.attempts, r.round_attempts) for r in rows}
+    # By the owner that won: of two owners' claims of one node, the loser is not answered.
+    return {
+        (r.task_id, r.node_id, r.run_owner): Claimed(r.attempts, r.round_attempts) for r in rows
+    }
 
 
 @dataclass(frozen=True)

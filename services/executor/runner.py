@@ -19,13 +19,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aiohttp
 import httpx
 from dispo.executor import repository_many as many
-from dispo.executor.actions import Call, Result, failed, run_action
+from dispo.executor.actions import Call, Result, failed, not_sent_without_lease, run_action
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import NodeRun, RetryPolicy
 from dispo.executor.envelope import payload_of
@@ -57,6 +57,9 @@ log = get_logger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
+# A task.create of a task with a pass in this process comes back after this many seconds.
+IN_HAND_DELAY = 0.5
+
 
 @dataclass
 class ExecutorConfig:
@@ -73,6 +76,14 @@ class ExecutorConfig:
     flush_concurrency: int = 2
     # A running task's progress is published at most this often (ADR-0059).
     progress_interval: float = 1.0
+    # A call leaves only while its pass's lease runs at least this much longer (None: a
+    # fifth of the lease); below twice this the pass extends its lease before sending
+    # (ADR-0066).
+    send_margin: float | None = None
+
+    @property
+    def margin(self) -> float:
+        return self.send_margin if self.send_margin is not None else self.lease_ttl / 5
 
 
 @dataclass(frozen=True)
@@ -161,12 +172,15 @@ class Executor:
         self.advances: Batcher[Advance, Step] = self._group_commit(
             "pass steps", self._advance_flush
         )
-        self.extensions: Batcher[tuple[str, str], bool] = self._group_commit(
+        self.extensions: Batcher[tuple[str, str], datetime | None] = self._group_commit(
             "lease extensions", self._extend_flush, concurrency=1, isolate=False
         )
         self.progress_events: Batcher[Progress, bool] = self._group_commit(
             "progress events", self._progress_flush, concurrency=1, isolate=False
         )
+        # The tasks with a pass in this process: one pass per task at a time (a second
+        # delivery of its message waits until the first pass ends).
+        self.in_hand: set[str] = set()
 
     def _group_commit(
         self,
@@ -187,13 +201,26 @@ class Executor:
 
     # ---- task.create -------------------------------------------------------------------
     async def handle_create(self, env: task_pb2.Task) -> Disposition:
+        if env.task_id in self.in_hand:
+            # A second delivery while a pass of this task runs here (its message came back
+            # to this process, e.g. after a pause): two passes of one task in one process
+            # could each be answered the other's claims. It comes back after this one.
+            log.warning("task already has a pass here; later", task_id=env.task_id)
+            return Nak(delay=IN_HAND_DELAY)
+        self.in_hand.add(env.task_id)
+        try:
+            return await self._handle_create(env)
+        finally:
+            self.in_hand.discard(env.task_id)
+
+    async def _handle_create(self, env: task_pb2.Task) -> Disposition:
         owner = f"{self.config.instance}:{uuid.uuid4().hex[:8]}"
         # Opened with the other task.create messages in hand, in one transaction; the
         # answer comes once that transaction committed.
         step = await self.openings.submit(Opening(env, owner, current()))
         if step.disposition is not None:
             return step.disposition
-        heartbeat = asyncio.create_task(self._heartbeat(env.task_id, owner))
+        heartbeat = asyncio.create_task(self._heartbeat(env.task_id, owner, step.state))
         try:
             return await self._loop(env, owner, step)
         finally:
@@ -215,6 +242,10 @@ class Executor:
             give_back(taken)
             raise
         self.relay.publish_committed(staged)
+        until = now + timedelta(seconds=self.config.lease_ttl)  # as the opening wrote it
+        for step in steps:
+            if isinstance(step, Step):
+                step.state.lease_until = until
         return steps
 
     def _progress(self, env: task_pb2.Task, owner: str, state: Pass) -> None:
@@ -258,21 +289,52 @@ class Executor:
         self.relay.publish_committed(staged)
         return [r.task_id in live for r in progress]
 
-    async def _heartbeat(self, task_id: str, owner: str) -> None:
+    async def _heartbeat(self, task_id: str, owner: str, state: Pass) -> None:
+        """Extend the pass's lease every third of its duration. One that cannot be extended
+        stops the pass's sends at once (``state.lease_lost``); one whose extension fails
+        (the database away) runs out, and the sends stop at the margin before its end."""
         while True:
             await self.clock.sleep(self.config.lease_ttl / 3)
             with contextlib.suppress(Exception):
-                if not await self.extensions.submit((task_id, owner)):
+                if not await self._extend(task_id, owner, state):
                     log.warning("lease lost", task_id=task_id)
                     return
 
-    async def _extend_flush(self, leases: list[tuple[str, str]]) -> Sequence[bool]:
-        """The leases due for a heartbeat, extended in one transaction."""
+    async def _extend(self, task_id: str, owner: str, state: Pass) -> bool:
+        """Extend the pass's lease now; False (and the pass's sends stopped) when another
+        owner holds it, or none does."""
+        until = await self.extensions.submit((task_id, owner))
+        if until is None:
+            state.lease_lost = True
+            return False
+        if state.lease_until is None or until > state.lease_until:
+            state.lease_until = until
+        return True
+
+    async def _extend_flush(self, leases: list[tuple[str, str]]) -> Sequence[datetime | None]:
+        """The leases due for a heartbeat, extended in one transaction: each one's new end,
+        or None where its owner no longer holds it."""
+        now = self.clock.now()
         async with self.engine.begin() as conn:
-            extended = await many.leases_extend_many(
-                conn, leases, self.clock.now(), self.config.lease_ttl
-            )
-        return [task_id in extended for task_id, _ in leases]
+            extended = await many.leases_extend_many(conn, leases, now, self.config.lease_ttl)
+        until = now + timedelta(seconds=self.config.lease_ttl)
+        return [until if lease in extended else None for lease in leases]
+
+    async def _may_send(self, task_id: str, owner: str, state: Pass) -> bool:
+        """The fence before a call leaves (ADR-0066): the pass's lease must run at least
+        twice the send margin longer, else it is extended first; a lease that cannot be
+        extended (lost, or the database away) sends nothing. The call's connection checks
+        the margin once more right before its request is written (:func:`run_action`)."""
+        margin = self.config.margin
+        if state.holds_lease(self.clock.now(), 2 * margin):
+            return True
+        if state.lease_lost:
+            return False
+        try:
+            await self._extend(task_id, owner, state)
+        except Exception:
+            return False
+        return state.holds_lease(self.clock.now(), 2 * margin)
 
     async def _loop(self, env: task_pb2.Task, owner: str, step: Step) -> Disposition:
         """Launch what each step found ready; after each finished node record its call and
@@ -437,7 +499,7 @@ class Executor:
             won = await many.nodes_claim_if_pending_many(
                 conn, [(c.task_id, c.node_id, c.owner) for c in claims], now
             )
-        return [won.get((c.task_id, c.node_id)) for c in claims]
+        return [won.get((c.task_id, c.node_id, c.owner)) for c in claims]
 
     async def _run_node(
         self, env: task_pb2.Task, node: NodeRun, owner: str, state: Pass, claimed: bool = False
@@ -484,13 +546,23 @@ class Executor:
                 node.idempotency_key,
                 node.spec,
                 payload_of(env, node.cell_ref),
+                node.attempts,
             )
             sent = time.perf_counter()
-            try:
-                result = await run_action(self.http, call, downstream)
-            except Exception as error:  # a bug must not leave the node RUNNING for ever;
-                # whether the call went out is not known
-                result = failed(CallOutcome.AMBIGUOUS, f"action error: {error!r}")
+            if not await self._may_send(task_id, owner, state):
+                result = not_sent_without_lease()
+            else:
+                margin = self.config.margin
+                try:
+                    result = await run_action(
+                        self.http,
+                        call,
+                        downstream,
+                        lambda: state.holds_lease(self.clock.now(), margin),
+                    )
+                except Exception as error:  # a bug must not leave the node RUNNING for ever;
+                    # whether the call went out is not known
+                    result = failed(CallOutcome.AMBIGUOUS, f"action error: {error!r}")
             took = time.perf_counter() - sent
         finally:
             if held and slots is not None:
@@ -526,7 +598,7 @@ class Executor:
         (:func:`passes.outcome_unknown`). The call counts for the downstream's breaker now."""
         now = self.clock.now()
         breaker = self.breakers.get(node.spec.downstream)
-        if breaker is not None and node.spec.kind == "http":
+        if breaker is not None and node.spec.kind == "http" and not result.fenced:
             health = breaker_counts(result.outcome)
             if health is True:
                 breaker.record_success(now)

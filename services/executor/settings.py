@@ -5,7 +5,7 @@ from __future__ import annotations
 from dispo.executor.domain import RetryPolicy
 from dispo.executor.runner import ExecutorConfig
 from dispo.libs.settings import service_settings_config
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
 
@@ -20,6 +20,13 @@ class ExecutorSettings(BaseSettings):
         default=ExecutorConfig.lease_ttl,
         description="How long a pass holds a task's lease without a heartbeat; a crashed"
         " executor's tasks are taken over after this",
+    )
+    send_margin_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="A call leaves only while its pass's lease runs at least this much longer"
+        " (checked right before the request is written; below twice this the lease is"
+        " extended first); 0: a fifth of the lease",
     )
     ack_wait_seconds: float = Field(
         default=5.0,
@@ -79,12 +86,28 @@ class ExecutorSettings(BaseSettings):
         " one status event of its newest state at most this often; a task whose pass ends"
         " (finished, parked, back for a retry) is published at once, with what it did before",
     )
+    max_connections: int = Field(
+        default=256,
+        ge=1,
+        description="Connections to the downstreams kept open at most (all downstreams); a call"
+        " beyond them waits for one, its lease checked again once it has it",
+    )
     health_interval_seconds: float = Field(
         default=5.0, description="Time between downstream health checks (0: none)"
     )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )
+
+    @model_validator(mode="after")
+    def _margin_within_the_lease(self) -> ExecutorSettings:
+        # A lease just extended must run more than twice the margin, or no call leaves.
+        if self.send_margin_seconds * 3 > self.lease_ttl_seconds:
+            raise ValueError(
+                "DISPO_EXECUTOR_SEND_MARGIN_SECONDS must be at most a third of"
+                " DISPO_EXECUTOR_LEASE_TTL_SECONDS"
+            )
+        return self
 
     def config(self) -> ExecutorConfig:
         return ExecutorConfig(
@@ -102,4 +125,5 @@ class ExecutorSettings(BaseSettings):
             flush_max_items=self.flush_max_items,
             flush_concurrency=self.flush_concurrency,
             progress_interval=self.progress_interval_seconds,
+            send_margin=self.send_margin_seconds or None,
         )

@@ -85,6 +85,7 @@ def task_envelope(
                 probe_path=node.probe_path,
                 idempotent=a.idempotent,
                 timeout_ms=a.timeout_ms,
+                max_effect_seconds=a.max_effect_seconds,
             ),
             idempotency_key=node.idempotency_key,
         )

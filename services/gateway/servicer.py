@@ -380,5 +380,6 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
                 depends_on=list(a.depends_on),
                 idempotent=a.idempotent,
                 has_probe=bool(a.probe_path),
+                max_effect_seconds=a.max_effect_seconds,
             )
     return out

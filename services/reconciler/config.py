@@ -20,6 +20,7 @@ from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
 from dispo.reconciler.policy import (
     ArbitrationPolicy,
     PriorityRule,
+    ProbeRule,
     RedrivePolicy,
     ReleaseRate,
 )
@@ -113,8 +114,11 @@ class RecoveryConfig:
     redrive_rules: tuple[tuple[str, str, RedrivePolicy], ...] = ()
     release_default: ReleaseRate = field(default_factory=ReleaseRate)
     release: dict[str, ReleaseRate] = field(default_factory=dict)
-    # Seconds between settlement probes of the same task when a probe could not decide.
+    # Seconds between settlement probes of the same task when a probe could not decide
+    # (at most: the probes of a node recently UNKNOWN come sooner, :class:`ProbeRule`).
     settle_retry_delay: float = 30.0
+    # Seconds an UNKNOWN node is probed without a final answer before an operator decides.
+    settle_probe_limit: float = ProbeRule.limit
     callbacks: CallbackPolicy = field(default_factory=CallbackPolicy)
     reconcile: ReconcilePolicy = field(default_factory=ReconcilePolicy)
     arbitration: ArbitrationPolicy = field(default_factory=ArbitrationPolicy)
@@ -133,6 +137,10 @@ class RecoveryConfig:
 
     def release_rate(self, downstream: str) -> ReleaseRate:
         return self.release.get(downstream, self.release_default)
+
+    @property
+    def probes(self) -> ProbeRule:
+        return ProbeRule(max_interval=self.settle_retry_delay, limit=self.settle_probe_limit)
 
 
 def _fields(cls: type, raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -183,6 +191,7 @@ def parse_config(data: dict[str, Any], catalogue: Catalogue | None = None) -> Re
         release_default=release_default,
         release=per_downstream,
         settle_retry_delay=float(data.get("settle_retry_delay", RecoveryConfig.settle_retry_delay)),
+        settle_probe_limit=float(data.get("settle_probe_limit", RecoveryConfig.settle_probe_limit)),
         callbacks=CallbackPolicy(
             **_fields(CallbackPolicy, data.get("callbacks") or {}, "callbacks")
         ),

@@ -3,13 +3,15 @@
 - :class:`RedrivePolicy`: when to redrive a failed task next, and when to give up.
 - :class:`ReleaseRate`: a token bucket bounding how fast demoted work is released.
 - :class:`ArbitrationPolicy`: which of several conflicting claims on one target wins.
+- :class:`ProbeRule`: when a status probe's answer settles an UNKNOWN node.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from enum import Enum
 
 from dispo.libs.backoff import backoff
 from dispo.libs.catalogue import Conflict
@@ -133,3 +135,52 @@ class ArbitrationPolicy:
                 f" before {runner_up.task_id} at {runner_up.accepted_at.isoformat()}"
             )
         return Ruling(winner, losers, reason)
+
+
+class ProbeVerdict(Enum):
+    """What one probe answer settles for an UNKNOWN node."""
+
+    DONE = "done"  # the effect happened: SUCCEEDED
+    NOT_DONE = "not_done"  # it did not and will not: PENDING, to run again
+    NOT_YET = "not_yet"  # not done so far, but it may still land: ask again
+    NO_ANSWER = "no_answer"  # the probe said nothing usable: ask again
+    GIVE_UP = "give_up"  # past the probe limit without a decisive answer: an operator
+
+
+@dataclass(frozen=True)
+class ProbeRule:
+    """When a probe's answer is final (ADR-0066). "Done" is final at any time; "not done"
+    when the downstream fenced the key, or once the action's ``max_effect_seconds`` have
+    passed since the node became UNKNOWN (a request may land that long after it was sent,
+    and it was sent before then); no answer, or "not done" too early, is asked again, at
+    intervals growing with the node's time UNKNOWN (half of it, within ``min_interval`` and
+    ``max_interval``) and never past the moment "not done" becomes final; past ``limit``
+    seconds UNKNOWN without a final answer the node waits for an operator."""
+
+    min_interval: float = 1.0
+    max_interval: float = 30.0
+    limit: float = 3600.0
+
+    def verdict(
+        self,
+        done: bool | None,
+        fenced: bool,
+        unknown_since: datetime,
+        max_effect: float,
+        now: datetime,
+    ) -> ProbeVerdict:
+        if done is True:
+            return ProbeVerdict.DONE
+        if done is False and (fenced or now >= unknown_since + timedelta(seconds=max_effect)):
+            return ProbeVerdict.NOT_DONE
+        if now >= unknown_since + timedelta(seconds=self.limit):
+            return ProbeVerdict.GIVE_UP
+        return ProbeVerdict.NOT_YET if done is False else ProbeVerdict.NO_ANSWER
+
+    def next_probe(self, unknown_since: datetime, max_effect: float, now: datetime) -> datetime:
+        """When to ask again after an answer that was not final."""
+        age = max(0.0, (now - unknown_since).total_seconds())
+        wait = min(self.max_interval, max(self.min_interval, age / 2))
+        final = unknown_since + timedelta(seconds=max_effect)
+        later = now + timedelta(seconds=wait)
+        return final if now < final < later else later

@@ -4,6 +4,8 @@ webhook deliveries (with the current trace context, :mod:`dispo.libs.tracing`). 
 
 from __future__ import annotations
 
+import asyncio
+import json
 from dataclasses import dataclass
 
 import httpx
@@ -15,38 +17,83 @@ from dispo.libs.tracing import inject
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """``done`` True / False when the downstream answered; None when it could not say."""
+    """``done`` True / False when the downstream answered; None when it could not say.
+    ``fenced``: with done False, the downstream will refuse every request under the key up
+    to the attempt the probe named, so "not done" stays true (docs/recovery.md)."""
 
     done: bool | None
     detail: str = ""
+    fenced: bool = False
+
+
+# A probe's answer is a small JSON object: what is longer is not read.
+PROBE_ANSWER_LIMIT = 64 * 1024
 
 
 async def probe_effect(
-    client: httpx.AsyncClient, base_url: str, probe_path: str, idempotency_key: str, timeout: float
+    client: httpx.AsyncClient,
+    base_url: str,
+    probe_path: str,
+    idempotency_key: str,
+    timeout: float,
+    attempt: int = 0,
 ) -> ProbeResult:
-    """GET the action's status probe: 200 with JSON {"done": true|false}."""
+    """GET the action's status probe: 200 with JSON {"done": true|false}, and optionally
+    "fenced": true. It names the key (``Idempotency-Key``) and the newest attempt that may
+    be under way (``X-Dispo-Attempt``), which a fencing downstream fences. The whole probe
+    has one deadline (``timeout``); at most :data:`PROBE_ANSWER_LIMIT` bytes of its answer
+    are read."""
     try:
         url = join(base_url, probe_path)
     except EgressRefused as refused:
         return ProbeResult(None, truncate_error(f"probe not sent: {refused}"))
+    headers = {"Idempotency-Key": idempotency_key, "X-Dispo-Attempt": str(attempt)}
     try:
-        response = await client.get(
-            url,
-            timeout=timeout,
-            headers={"Idempotency-Key": idempotency_key},
-            follow_redirects=False,
-        )
+        async with asyncio.timeout(timeout):
+            async with client.stream(
+                "GET", url, timeout=timeout, headers=headers, follow_redirects=False
+            ) as response:
+                if response.status_code != 200:
+                    return ProbeResult(None, f"probe answered HTTP {response.status_code}")
+                body = await read_prefix(response, PROBE_ANSWER_LIMIT + 1)
+    except TimeoutError:
+        return ProbeResult(None, f"probe failed: no answer within {timeout:g}s")
     except (httpx.HTTPError, OSError) as error:
         return ProbeResult(None, truncate_error(f"probe failed: {error!r}"))
-    if response.status_code != 200:
-        return ProbeResult(None, f"probe answered HTTP {response.status_code}")
+    if len(body) > PROBE_ANSWER_LIMIT:
+        return ProbeResult(None, f"probe answer longer than {PROBE_ANSWER_LIMIT} bytes")
+    return probe_answer(body)
+
+
+def probe_answer(body: bytes) -> ProbeResult:
+    """What a probe's 200 answer says (None: nonsense, it says nothing)."""
     try:
-        done = response.json().get("done")
-    except (ValueError, AttributeError):
+        answer = json.loads(body)
+    except ValueError:
         return ProbeResult(None, "probe answer is not JSON with a 'done' field")
+    if not isinstance(answer, dict):
+        return ProbeResult(None, "probe answer is not JSON with a 'done' field")
+    done, fenced = answer.get("done"), answer.get("fenced", False)
     if not isinstance(done, bool):
         return ProbeResult(None, "probe answer has no boolean 'done'")
-    return ProbeResult(done, f"probe reports done={str(done).lower()}")
+    if not isinstance(fenced, bool):
+        return ProbeResult(None, "probe answer's 'fenced' is not a boolean")
+    if done:
+        return ProbeResult(True, "probe reports done=true")
+    if fenced:
+        return ProbeResult(False, "probe reports done=false, fenced", fenced=True)
+    return ProbeResult(False, "probe reports done=false")
+
+
+async def read_prefix(response: httpx.Response, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``response``'s body (a streamed response): the rest is
+    never read into memory."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk[: limit - len(body)]
+        if len(body) >= limit:
+            break
+    return bytes(body)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 """Settling UNKNOWN nodes (a downstream call may have happened, its result was not recorded).
 
-For each UNKNOWN node, in order: its action's status probe decides (done → SUCCEEDED,
-not done → PENDING, no answer → ask again later); without a probe, an idempotent action
-is re-run under its idempotency key (PENDING); a non-idempotent one waits for an
-operator's decision (ResolveNode), with the reason recorded. Once no node is UNKNOWN the
-task is scheduled for redrive.
+For each UNKNOWN node, in order: its action's status probe decides (done → SUCCEEDED; not
+done → PENDING, once that is final: the downstream fenced the key, or the action's
+``max_effect_seconds`` passed since the node became UNKNOWN — before that, and without an
+answer, ask again later; past the probe limit an operator decides,
+:class:`~dispo.reconciler.policy.ProbeRule`); without a probe, an idempotent action is
+re-run under its idempotency key (PENDING); a non-idempotent one waits for an operator's
+decision (ResolveNode), with the reason recorded. Once no node is UNKNOWN the task is
+scheduled for redrive.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.catalogue import Downstream, default_max_effect_seconds
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
@@ -21,6 +25,7 @@ from dispo.libs.proto_enums import node_status_name
 from dispo.reconciler import envelope as E
 from dispo.reconciler import store
 from dispo.reconciler.context import Context
+from dispo.reconciler.policy import ProbeVerdict
 from dispo.reconciler.probes import probe_effect
 from dispo.reconciler.recovery import emit_terminal_failure, redrive_row, schedule
 from dispo.reconciler.states import RecoveryState, SettlementMethod
@@ -38,12 +43,32 @@ NEEDS_OPERATOR = (
 class SettlementPlan:
     node_id: str
     method: SettlementMethod
-    # SUCCEEDED / PENDING, or None when not decided (probe without answer, or operator).
+    # SUCCEEDED / PENDING, or None when not decided (probe not final, or operator).
     outcome: E.NS.ValueType | None
     reason: str
+    # Undecided by its probe: when to ask again.
+    probe_again_at: datetime | None = None
 
 
-async def plan_node(ctx: Context, node: task_pb2.Node) -> SettlementPlan:
+def max_effect_seconds(ctx: Context, spec: task_pb2.ActionSpec) -> float:
+    """How long after its request a node's effect may land: as its envelope says, else (an
+    envelope from before the field) the catalogue's default for its call's timeout."""
+    if spec.max_effect_seconds > 0:
+        return float(spec.max_effect_seconds)
+    info = ctx.config.downstreams.get(spec.downstream)
+    timeout_ms = spec.timeout_ms or (info.timeout_ms if info else Downstream.timeout_ms)
+    return float(default_max_effect_seconds(timeout_ms))
+
+
+def unknown_since(node: task_pb2.Node, parked_at: datetime) -> datetime:
+    """When the node became UNKNOWN (its call was sent before then): its ``finished_at``,
+    else when the reconciler first parked its task (later still)."""
+    return E.moment(node.finished_at, parked_at)
+
+
+async def plan_node(
+    ctx: Context, node: task_pb2.Node, parked_at: datetime | None = None
+) -> SettlementPlan:
     if node.spec.probe_path:
         info = ctx.config.downstreams.get(node.spec.downstream)
         if info is None or not info.base_url:
@@ -59,11 +84,42 @@ async def plan_node(ctx: Context, node: task_pb2.Node) -> SettlementPlan:
             node.spec.probe_path,
             node.idempotency_key,
             ctx.settings.http_timeout_seconds,
+            node.retry.attempts,
         )
-        if result.done is None:
-            return SettlementPlan(node.node_id, SettlementMethod.PROBE, None, result.detail)
-        outcome = E.NS.NODE_STATUS_SUCCEEDED if result.done else E.NS.NODE_STATUS_PENDING
-        return SettlementPlan(node.node_id, SettlementMethod.PROBE, outcome, result.detail)
+        now = ctx.clock.now()
+        since = unknown_since(node, parked_at or now)
+        effect = max_effect_seconds(ctx, node.spec)
+        rule = ctx.config.probes
+        verdict = rule.verdict(result.done, result.fenced, since, effect, now)
+        if verdict is ProbeVerdict.DONE:
+            return SettlementPlan(
+                node.node_id, SettlementMethod.PROBE, E.NS.NODE_STATUS_SUCCEEDED, result.detail
+            )
+        if verdict is ProbeVerdict.NOT_DONE:
+            why = result.detail if result.fenced else f"{result.detail} {effect:g} s after"
+            return SettlementPlan(
+                node.node_id, SettlementMethod.PROBE, E.NS.NODE_STATUS_PENDING, why
+            )
+        if verdict is ProbeVerdict.GIVE_UP:
+            return SettlementPlan(
+                node.node_id,
+                SettlementMethod.OPERATOR,
+                None,
+                f"no final probe answer in {rule.limit:g} s ({result.detail}): an operator"
+                " must decide (ResolveNode)",
+            )
+        reason = result.detail
+        if verdict is ProbeVerdict.NOT_YET:
+            final = since + timedelta(seconds=effect)
+            reason = f"{reason}, not final before {final.isoformat(timespec='seconds')}"
+            reason += f" (max_effect_seconds {effect:g})"
+        return SettlementPlan(
+            node.node_id,
+            SettlementMethod.PROBE,
+            None,
+            reason,
+            rule.next_probe(since, effect, now),
+        )
     if node.spec.idempotent:
         return SettlementPlan(
             node.node_id,
@@ -91,7 +147,9 @@ async def settle_sweep(ctx: Context) -> int:
                 next_redrive_at=retry_at,
             )
     for row in rows:
-        plans = await asyncio.gather(*(plan_node(ctx, n) for n in E.unknown(row.envelope)))
+        plans = await asyncio.gather(
+            *(plan_node(ctx, n, row.parked_at) for n in E.unknown(row.envelope))
+        )
         await _apply(ctx, row, list(plans))
     if rows:
         ctx.kick()
@@ -148,6 +206,7 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -
                 next_redrive_at=None,
             )
         else:
+            again = [p.probe_again_at for p in undecided if p.probe_again_at is not None]
             await store.task_set_state_if(
                 conn,
                 row.task_id,
@@ -157,6 +216,7 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -
                 generation=row.generation,
                 envelope=env,
                 reason=reason,
+                **({"next_redrive_at": min(again)} if again else {}),
             )
 
 

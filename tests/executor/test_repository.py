@@ -445,8 +445,8 @@ async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_
         won = await bulk.nodes_claim_if_pending_many(
             conn, [("t1", "a.x", "me"), ("t2", "a.x", "other"), ("t3", "a.x", "me")], NOW
         )
-        assert set(won) == {("t1", "a.x"), ("t3", "a.x")}  # not the lease holder: lost
-        assert won[("t1", "a.x")] == bulk.Claimed(1, 1)
+        assert set(won) == {("t1", "a.x", "me"), ("t3", "a.x", "me")}  # t2: not its lease
+        assert won[("t1", "a.x", "me")] == bulk.Claimed(1, 1)
         done = {"finished_at": NOW, "last_error": "", "retryable": False}
         applied = await bulk.nodes_set_status_if_many(
             conn,
@@ -510,6 +510,50 @@ async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_
     ]
 
 
+async def test_two_owners_in_one_statement_only_the_lease_holder_is_answered(service_engine):
+    """Two passes of one task (a stale owner and the lease holder) in one flush: each
+    statement updates the row once, and the answer names the owner that won, so the stale
+    pass is never told it claimed, wrote or extended anything."""
+    engine = await service_engine("executor")
+    async with engine.begin() as conn:
+        await repo.task_insert(conn, envelope("t1"), "t1", NOW)
+        assert await bulk.tasks_open_many(conn, [("t1", "holder")], NOW, 10) == {"t1"}
+        for pair in (("stale", "holder"), ("holder", "stale")):  # in either order
+            await conn.execute(
+                text(
+                    "UPDATE node_runs SET status = 'pending', run_owner = NULL, attempts = 0,"
+                    " round_attempts = 0"
+                )
+            )
+            won = await bulk.nodes_claim_if_pending_many(
+                conn, [("t1", "a.x", pair[0]), ("t1", "a.x", pair[1])], NOW
+            )
+            assert won == {("t1", "a.x", "holder"): bulk.Claimed(1, 1)}
+        done = {"finished_at": NOW, "last_error": "", "retryable": False}
+        applied = await bulk.nodes_set_status_if_many(
+            conn,
+            [
+                bulk.NodeChange("t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "stale", done),
+                bulk.NodeChange(
+                    "t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "holder", done
+                ),
+            ],
+        )
+        assert applied == [False, True]
+        extended = await bulk.leases_extend_many(
+            conn, [("t1", "stale"), ("t1", "holder")], NOW + timedelta(seconds=5), 10
+        )
+        assert extended == {("t1", "holder")}
+        with pytest.raises(ValueError, match="without an owner"):
+            await bulk.nodes_set_status_if_many(
+                conn,
+                [
+                    bulk.NodeChange("t1", "a.x", NodeState.PENDING, NodeState.CANCELLED),
+                    bulk.NodeChange("t1", "a.x", NodeState.PENDING, NodeState.CANCELLED),
+                ],
+            )
+
+
 async def test_lease_heartbeats_extend_only_the_leases_their_owners_hold(service_engine):
     engine = await service_engine("executor")
     later = datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
@@ -528,7 +572,7 @@ async def test_lease_heartbeats_extend_only_the_leases_their_owners_hold(service
         beat([("t1", "a"), ("t2", "a"), ("t3", "a")]),
         beat([("t3", "a"), ("gone", "a"), ("t2", "b"), ("t1", "b")]),
     )
-    assert (first, second) == ({"t1", "t3"}, {"t3", "t2"})
+    assert (first, second) == ({("t1", "a"), ("t3", "a")}, {("t3", "a"), ("t2", "b")})
     async with engine.connect() as conn:
         rows = await conn.execute(text("SELECT task_id, lease_owner, lease_until FROM task_runs"))
         leases = {r.task_id: (r.lease_owner, r.lease_until) for r in rows}

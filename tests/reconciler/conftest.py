@@ -6,10 +6,12 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -29,6 +31,7 @@ from sqlalchemy import text
 from support.auth import admin_channel, session_tokens, signing_secret
 
 from .fakes import CallbackReceiver, FakeDownstream
+from .processes import Reconciler
 
 NS = common_pb2.NodeStatus
 TS = common_pb2.TaskStatus
@@ -253,3 +256,52 @@ async def row(ctx: Context, task_id: str) -> store.RecoveryRow:
         found = await store.task_get(conn, task_id)
     assert found is not None
     return found
+
+
+@pytest.fixture
+async def start_reconciler(
+    start_service, file_clock, catalogue_file, tmp_path: Path, egress_allow: str
+):
+    config = {
+        **CONFIG,
+        "redrive": {
+            "default": {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0},
+            "rules": [{"business": "flaky", "max_redrives": 1}],
+        },
+        "reconciliation": {"delay": 5, "sample_percent": 100},
+        "arbitration": {
+            "window_seconds": 60,
+            "priority": [{"business": "trust_safety"}],
+        },
+    }
+    path = tmp_path / "recovery.yaml"
+    path.write_text(yaml.safe_dump(config))
+    file_clock.set(datetime.now(UTC))
+    channels = []
+
+    async def start(**env: str) -> Reconciler:
+        process = await start_service(
+            "reconciler",
+            {
+                **file_clock.env,
+                "DISPO_RECONCILER_CONFIG": str(path),
+                "DISPO_CATALOGUE": str(catalogue_file),
+                "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.5",
+                "DISPO_EGRESS_ALLOW": egress_allow,
+                **env,
+            },
+        )
+        channel = admin_channel(process.address)
+        channels.append(channel)
+        return Reconciler(
+            process, file_clock, channel, reconciler_pb2_grpc.ReconcilerServiceStub(channel)
+        )
+
+    yield start
+    for channel in channels:
+        await channel.close()
+
+
+@pytest.fixture
+async def reconciler(start_reconciler):
+    return await start_reconciler()

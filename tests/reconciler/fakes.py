@@ -19,6 +19,10 @@ class FakeDownstream:
     done: dict[str, bool] = field(default_factory=dict)
     # Keys whose probe answers 500 (the downstream cannot say).
     broken: set[str] = field(default_factory=set)
+    # Keys whose probe fences what it has not seen done: {"done": false, "fenced": true}.
+    fencing: set[str] = field(default_factory=set)
+    # Keys whose probe answers this JSON as it stands (nonsense, say).
+    answers: dict[str, Any] = field(default_factory=dict)
     server: FakeServer | None = None
 
     def routes(self) -> Routes:
@@ -47,7 +51,12 @@ class FakeDownstream:
         key = request.match_info["key"]
         if key in self.broken:
             return web.json_response({"error": "cannot say"}, status=500)
-        return web.json_response({"done": self.done.get(key, False)})
+        if key in self.answers:
+            return web.json_response(self.answers[key])
+        done = self.done.get(key, False)
+        if key in self.fencing and not done:
+            return web.json_response({"done": False, "fenced": True})
+        return web.json_response({"done": done})
 
 
 @dataclass

@@ -5,65 +5,18 @@ test sleeps through a backoff; the executor keeps its fast test timings."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-import yaml
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
-from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth.signing import signature
 from dispo.libs.sdk import cell
 from outbox_subjects import assert_outbox_subjects_declared
 from pipeline_fixtures import dump, wait_status, wait_until
 from support import eventually
-from support.auth import admin_channel, signing_secret
-
-from .conftest import CONFIG
-
-
-@dataclass
-class Reconciler:
-    process: Any
-    clock: Any
-    channel: grpc.aio.Channel
-    stub: reconciler_pb2_grpc.ReconcilerServiceStub
-
-    async def tick(self, seconds: float = 0.5, settle: float = 0.2) -> None:
-        """Move the reconciler's clock; its sweep loop runs a round per 0.5 s of it. Only for
-        loops that drive the clock until something happens: a move that lands while a round
-        runs pushes the loop's next round on by as much, so one tick may run no round."""
-        self.clock.advance(seconds=seconds)
-        await asyncio.sleep(settle)
-
-    async def sweep(self, seconds: float = 0.5, name: str = "all") -> dict[str, int]:
-        """Move the clock, then run sweep ``name`` to its end (RunSweep): what it handled.
-        What a single step of the clock, or a check that nothing happens, waits on."""
-        self.clock.advance(seconds=seconds)
-        request = pb.RunSweepRequest(sweep=pb.Sweep.Value(f"SWEEP_{name.upper()}"))
-        return dict((await self.stub.RunSweep(request)).handled)
-
-    async def held(self, task_id: str) -> pb.RecoveryTask | None:
-        try:
-            return (
-                await self.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task_id))
-            ).task
-        except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise
-
-    async def wait_state(self, task_id: str, state: int, timeout: float = 30.0) -> pb.RecoveryTask:
-        return await eventually(
-            lambda: self.held(task_id),
-            lambda task: task is not None and task.state == state,
-            timeout=timeout,
-            wanted=f"{task_id} in {pb.RecoveryState.Name(state)}",
-        )
+from support.auth import signing_secret
 
 
 @pytest.fixture
@@ -71,55 +24,6 @@ def egress_allow(downstream, receiver) -> str:
     """The gateway's and the reconciler's allow-list: the demo downstream and the callbacks'
     receiver (overrides the pipeline's)."""
     return f"{downstream.url},{receiver.server.url}"
-
-
-@pytest.fixture
-async def start_reconciler(
-    start_service, file_clock, catalogue_file, tmp_path: Path, egress_allow: str
-):
-    config = {
-        **CONFIG,
-        "redrive": {
-            "default": {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0},
-            "rules": [{"business": "flaky", "max_redrives": 1}],
-        },
-        "reconciliation": {"delay": 5, "sample_percent": 100},
-        "arbitration": {
-            "window_seconds": 60,
-            "priority": [{"business": "trust_safety"}],
-        },
-    }
-    path = tmp_path / "recovery.yaml"
-    path.write_text(yaml.safe_dump(config))
-    file_clock.set(datetime.now(UTC))
-    channels = []
-
-    async def start(**env: str) -> Reconciler:
-        process = await start_service(
-            "reconciler",
-            {
-                **file_clock.env,
-                "DISPO_RECONCILER_CONFIG": str(path),
-                "DISPO_CATALOGUE": str(catalogue_file),
-                "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.5",
-                "DISPO_EGRESS_ALLOW": egress_allow,
-                **env,
-            },
-        )
-        channel = admin_channel(process.address)
-        channels.append(channel)
-        return Reconciler(
-            process, file_clock, channel, reconciler_pb2_grpc.ReconcilerServiceStub(channel)
-        )
-
-    yield start
-    for channel in channels:
-        await channel.close()
-
-
-@pytest.fixture
-async def reconciler(start_reconciler):
-    return await start_reconciler()
 
 
 async def test_retry_exhaustion_redriven_after_backoff_succeeds_without_rerunning_succeeded_nodes(
@@ -361,6 +265,13 @@ async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstr
         )
         assert held.error_class == "unknown_outcome"
         await reconciler.sweep()
+        # a's "not done" is not final yet: its request may land up to max_effect_seconds
+        # (ten times the 5 s timeout) after it became UNKNOWN. b's "done" is.
+        held = await reconciler.held(task.task_id)
+        assert held.state == pb.RECOVERY_STATE_AWAITING_SETTLEMENT
+        assert "a.call: probe reports done=false, not final before" in held.reason
+        assert f"{task.task_id}/a.call" not in await downstream.effects()
+        await reconciler.sweep_past_effects(50)
         view = await client.wait(task.task_id, timeout=30)
 
     assert view.status == "SUCCEEDED", dump(view)
@@ -409,6 +320,13 @@ async def test_ambiguous_calls_of_non_idempotent_actions_are_settled_by_their_pr
             f"{broken.task_id}/quick_once.call": 1,
         }
         await reconciler.sweep()
+        # broken's "not done" is final only max_effect_seconds (30 s, the least) after it
+        # became UNKNOWN: nothing is sent again before.
+        assert (await reconciler.held(broken.task_id)).state == (
+            pb.RECOVERY_STATE_AWAITING_SETTLEMENT
+        )
+        assert (await downstream.calls())[f"{broken.task_id}/quick_once.call"] == 1
+        await reconciler.sweep_past_effects(30)
         views = [await client.wait(t.task_id, timeout=30) for t in (late, broken)]
     await downstream.control(release=True)
 

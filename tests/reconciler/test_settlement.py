@@ -53,8 +53,25 @@ async def test_probe_says_done_node_recorded_succeeded_not_rerun(recon, fake_dow
     ) and "done=true" in s.reason
 
 
-async def test_probe_says_not_done_node_runs_again(recon, fake_downstream, stub):
+async def test_probe_says_not_done_node_runs_again_once_its_effect_can_no_longer_land(
+    recon, fake_downstream, stub, manual_clock
+):
+    """An unfenced "not done" is final only once the action's max_effect_seconds (here the
+    default: ten times the labels downstream's 5 s timeout) have passed since the node
+    became UNKNOWN: a request still under way may land until then."""
     assert await recovery.intake(recon, uncertain("no", idempotent=False), "fail")
+    assert await settle_and_redrive(recon) == {"redrive": 0}
+    parked = await row(recon, "no")
+    assert parked.state is RecoveryState.AWAITING_SETTLEMENT
+    assert (
+        "done=false, not final before" in parked.reason and "max_effect_seconds 50" in parked.reason
+    )
+    for _ in range(6):  # asked again, sooner than settle_retry_delay, never re-sent
+        manual_clock.advance(seconds=7)
+        assert await settle_and_redrive(recon) == {"redrive": 0}
+    # At 0, 7, 14, 21 and 35 s: each wait half the time UNKNOWN so far (at least 1 s).
+    assert fake_downstream.probes["no/a.call"] == 5 and await creates(recon) == []
+    manual_clock.advance(seconds=9)  # 51 s after it was parked
     assert await settle_and_redrive(recon) == {"redrive": 1}
     [sent] = await creates(recon)
     assert (
@@ -176,3 +193,62 @@ async def test_unknown_and_failed_nodes_settle_then_wait_for_backoff(
     assert (
         after_redrive(sent, "a.call") == "SUCCEEDED" and after_redrive(sent, "b.flaky") == "PENDING"
     )
+
+
+async def test_a_request_that_lands_late_is_found_done_not_sent_again(
+    recon, fake_downstream, stub, manual_clock
+):
+    """The probe says "not done" while the first request is still on its way, then "done"
+    once its effect landed: SUCCEEDED, never PENDING."""
+    assert await recovery.intake(recon, uncertain("late", idempotent=False), "fail")
+    assert await settle_and_redrive(recon) == {"redrive": 0}
+    manual_clock.advance(seconds=3)
+    fake_downstream.done["late/a.call"] = True  # the late request's effect
+    assert await settle_and_redrive(recon) == {"redrive": 1}
+    [sent] = await creates(recon)
+    assert after_redrive(sent, "a.call") == "SUCCEEDED" and not sent.redrive.reset_nodes
+    [s] = await settlements(stub, "late")
+    assert s.outcome == common_pb2.NODE_STATUS_SUCCEEDED
+
+
+async def test_a_fencing_probe_settles_not_done_at_once_naming_the_attempt(
+    recon, fake_downstream, stub
+):
+    """A downstream that fences the key up to the attempt the probe names will refuse the
+    late request: its "not done" is final at once. The probe names the node's attempts."""
+    fake_downstream.fencing.add("fence/a.call")
+    env = uncertain("fence", idempotent=False)
+    next(n for n in env.nodes if n.node_id == "a.call").retry.attempts = 3
+    assert await recovery.intake(recon, env, "fail")
+    assert await settle_and_redrive(recon) == {"redrive": 1}
+    [sent] = await creates(recon)
+    assert after_redrive(sent, "a.call") == "PENDING"
+    [probe] = fake_downstream.server.received("/effects/fence/a.call")
+    assert probe.headers["X-Dispo-Attempt"] == "3"
+    assert probe.headers["Idempotency-Key"] == "fence/a.call"
+    [s] = await settlements(stub, "fence")
+    assert s.outcome == common_pb2.NODE_STATUS_PENDING and "fenced" in s.reason
+
+
+async def test_a_probe_without_a_final_answer_past_its_limit_waits_for_an_operator(
+    recon, fake_downstream, manual_clock
+):
+    """Unreachable, nonsense ("fenced" not a boolean) or never final: asked again until the
+    probe limit (settle_probe_limit, an hour), then AWAITING_DECISION — never re-sent on a
+    guess."""
+    fake_downstream.broken.add("dark/a.call")
+    fake_downstream.answers["odd/a.call"] = {"done": False, "fenced": "yes"}
+    for task_id in ("dark", "odd"):
+        assert await recovery.intake(recon, uncertain(task_id, idempotent=False), "fail")
+    assert await settle_and_redrive(recon) == {"redrive": 0}
+    assert "'fenced' is not a boolean" in (await row(recon, "odd")).reason
+    for _ in range(130):
+        manual_clock.advance(seconds=30)
+        await settle_and_redrive(recon)
+        if (await row(recon, "dark")).state is RecoveryState.AWAITING_DECISION:
+            break
+    for task_id in ("dark", "odd"):
+        parked = await row(recon, task_id)
+        assert parked.state is RecoveryState.AWAITING_DECISION, parked
+        assert "no final probe answer in 3600 s" in parked.reason
+    assert await creates(recon) == []

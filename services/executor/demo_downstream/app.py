@@ -8,9 +8,15 @@ Routes:
   switched to ``{"dedupe": false}``: then every call that gets through performs the effect
   again and counts it (a downstream that ignores the key, as a non-idempotent one does).
 - ``GET /healthz``: 200, or 503 when switched down.
-- ``GET /effects/{key}``: the status probe: ``{"done": bool, "calls": n}``.
+- ``GET /effects/{key}``: the status probe: ``{"done": bool, "calls": n}``. Switched to
+  ``{"fence": true}`` it fences what it has not seen done: it records the key with the
+  attempt the probe names (``X-Dispo-Attempt``) and answers ``"fenced": true``; from then on
+  a request under the key with that attempt or an earlier one is refused (409) and one
+  still under way does not perform its effect. A later attempt goes through.
 - ``GET /calls``: ``{"calls": {key: n}, "effects": {key: n}, "bodies": {key: text},
-  "held": n}``; ``bodies`` holds the request body of each key's first effect as received.
+  "held": n, "refused": {key: n}, "late": n}``; ``bodies`` holds the request body of each
+  key's first effect as received, ``refused`` the requests a fence refused, ``late`` the
+  calls whose late effect is still to land.
 - ``POST /control``: switches, JSON with any of
   ``{"fail": {"status": 500, "times": 2, "path": "/labels"}}`` (fail the next calls; with
   ``"effect": true`` after performing the effect, with ``"retry_after": "3"`` sending that
@@ -21,6 +27,10 @@ Routes:
   ``{"delay_ms": 200}`` (answer slowly),
   ``{"late_ms": 3000}`` (perform the effect, then answer only after that long: past the
   caller's timeout, the call looks failed although its effect happened; 0 switches it off),
+  ``{"late_effect": {"ms": 4000, "times": 1, "path": "/once"}}`` (matching calls perform
+  their effect that long after they arrive, then answer: a call the caller gave up on
+  still acts later, unless its key was fenced meanwhile),
+  ``{"fence": true}`` (the probe fences, above),
   ``{"hold": {"path": "/reviews"}}`` (keep matching calls open until released; the call
   is counted, its effect is not recorded and the released call answers 503; with
   ``"effect": true`` the effect is performed first and the released call answers 200 —
@@ -78,6 +88,14 @@ class State:
     dedupe: bool = True
     delay_ms: int = 0
     late_ms: int = 0
+    # Matching calls' effects land this long after they arrive (``late_effect``).
+    late_effect: Rule | None = None
+    late_effect_ms: int = 0
+    fence: bool = False
+    # Per key, the newest attempt a fencing probe fenced: requests up to it are refused.
+    fenced: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+    late: int = 0  # calls whose late effect is still to land
     hold: Rule | None = None
     held: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
@@ -85,6 +103,14 @@ class State:
 
 def _matches(prefix: str, path: str) -> bool:
     return not prefix or path.startswith(prefix)
+
+
+def attempt_of(request: web.Request) -> int:
+    """The attempt number a call or probe names (``X-Dispo-Attempt``; 0 when absent)."""
+    try:
+        return int(request.headers.get("X-Dispo-Attempt", "0"))
+    except ValueError:
+        return 0
 
 
 def reset_connection(request: web.Request) -> web.StreamResponse:
@@ -108,7 +134,12 @@ def build_app() -> web.Application:
 
     async def effect(request: web.Request) -> web.Response:
         key = request.match_info["key"]
-        return web.json_response({"done": key in state.effects, "calls": state.calls.get(key, 0)})
+        answer = {"done": key in state.effects, "calls": state.calls.get(key, 0)}
+        if state.fence and not answer["done"]:
+            fenced = max(attempt_of(request), state.fenced.get(key, 0))
+            state.fenced[key] = fenced
+            answer.update(fenced=True, fenced_attempt=fenced)
+        return web.json_response(answer)
 
     async def calls(_: web.Request) -> web.Response:
         return web.json_response(
@@ -117,6 +148,8 @@ def build_app() -> web.Application:
                 "effects": state.effects,
                 "bodies": state.bodies,
                 "held": state.held,
+                "refused": state.refused,
+                "late": state.late,
             }
         )
 
@@ -125,8 +158,10 @@ def build_app() -> web.Application:
         if body.get("reset"):
             for recorded in (state.calls, state.effects, state.bodies, state.fail):
                 recorded.clear()
+            state.fenced.clear()
+            state.refused.clear()
             state.down, state.dedupe, state.delay_ms, state.hold = False, True, 0, None
-            state.late_ms = 0
+            state.late_ms, state.late_effect, state.fence = 0, None, False
             state.release.set()
             state.release = asyncio.Event()
         if "fail" in body:
@@ -139,6 +174,12 @@ def build_app() -> web.Application:
             state.dedupe = bool(body["dedupe"])
         if "late_ms" in body:
             state.late_ms = int(body["late_ms"])
+        if "late_effect" in body:
+            late = body["late_effect"]
+            state.late_effect = None if late is None else _rule(late, 0, -1)
+            state.late_effect_ms = int((late or {}).get("ms", 0))
+        if "fence" in body:
+            state.fence = bool(body["fence"])
         if "delay_ms" in body:
             state.delay_ms = int(body["delay_ms"])
         if "hold" in body:
@@ -158,11 +199,29 @@ def build_app() -> web.Application:
             state.bodies[key] = await request.text()
         return first
 
+    def refuse_fenced(key: str, request: web.Request) -> web.Response | None:
+        """409 for a request under a key fenced up to its attempt (or a later one)."""
+        if key in state.fenced and attempt_of(request) <= state.fenced[key]:
+            state.refused[key] = state.refused.get(key, 0) + 1
+            return web.json_response({"error": "fenced", "key": key}, status=409)
+        return None
+
     async def act(request: web.Request) -> web.StreamResponse:
         key = request.headers.get("Idempotency-Key", "")
         state.calls[key] = state.calls.get(key, 0) + 1
         if state.down:
             return web.json_response({"error": "down"}, status=503)
+        if (refusal := refuse_fenced(key, request)) is not None:
+            return refusal
+        late = state.late_effect
+        if late is not None and late.take(request.path):
+            state.late += 1
+            try:
+                await asyncio.sleep(state.late_effect_ms / 1000)
+            finally:
+                state.late -= 1
+            if (refusal := refuse_fenced(key, request)) is not None:  # fenced meanwhile
+                return refusal
         if state.delay_ms:
             await asyncio.sleep(state.delay_ms / 1000)
         hold = state.hold

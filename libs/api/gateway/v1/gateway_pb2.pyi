@@ -1018,6 +1018,7 @@ class CellAction(_message.Message):
     DEPENDS_ON_FIELD_NUMBER: _builtins.int
     IDEMPOTENT_FIELD_NUMBER: _builtins.int
     HAS_PROBE_FIELD_NUMBER: _builtins.int
+    MAX_EFFECT_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The action's name within its cell, e.g. "set_label"."""
     kind: Global___ActionKind.ValueType
@@ -1032,6 +1033,10 @@ class CellAction(_message.Message):
     """True when the catalogue gives it a status probe, which settles an UNKNOWN outcome by
     asking the downstream whether the call took effect.
     """
+    max_effect_seconds: _builtins.int
+    """How long after a request reaches the downstream its effect may still land, in
+    seconds: an unfenced probe's "not done" is final only once this has passed.
+    """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Names of actions of the same cell that must succeed before this one runs."""
@@ -1045,10 +1050,11 @@ class CellAction(_message.Message):
         depends_on: _abc.Iterable[_builtins.str] | None = ...,
         idempotent: _builtins.bool = ...,
         has_probe: _builtins.bool = ...,
+        max_effect_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depends_on", b"depends_on", "downstream", b"downstream", "has_probe", b"has_probe", "idempotent", b"idempotent", "kind", b"kind", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depends_on", b"depends_on", "downstream", b"downstream", "has_probe", b"has_probe", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

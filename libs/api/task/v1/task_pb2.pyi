@@ -53,6 +53,7 @@ class ActionSpec(_message.Message):
     PROBE_PATH_FIELD_NUMBER: _builtins.int
     IDEMPOTENT_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    MAX_EFFECT_SECONDS_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     """`http` (call the downstream) or `noop` (succeed at once; benchmarks, examples)."""
     downstream: _builtins.str
@@ -67,7 +68,9 @@ class ActionSpec(_message.Message):
     """
     probe_path: _builtins.str
     """Path of a status probe (expanded like `path`): GET it to learn whether the node's
-    effect happened (200 with JSON {"done": true|false}). Empty when there is none.
+    effect happened (200 with JSON {"done": true|false}, and "fenced": true when the
+    downstream will refuse every request under the key up to the `X-Dispo-Attempt` the
+    probe sent: docs/recovery.md). Empty when there is none.
     """
     idempotent: _builtins.bool
     """True when repeating the call with the same idempotency key is harmless; only then
@@ -75,6 +78,13 @@ class ActionSpec(_message.Message):
     """
     timeout_ms: _builtins.int
     """Per-call timeout in milliseconds; 0 means the downstream's default."""
+    max_effect_seconds: _builtins.int
+    """How long after a request under this node's key reaches the downstream its effect may
+    still land, in seconds (the catalogue's `max_effect_seconds`, else ten times the call's
+    timeout and at least 30). The reconciler takes an unfenced probe's "not done" as final
+    only once this long has passed since the node became UNKNOWN. 0 in envelopes written
+    before it existed: the same default, from the downstream's timeout.
+    """
     def __init__(
         self,
         *,
@@ -85,10 +95,11 @@ class ActionSpec(_message.Message):
         probe_path: _builtins.str = ...,
         idempotent: _builtins.bool = ...,
         timeout_ms: _builtins.int = ...,
+        max_effect_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["downstream", b"downstream", "idempotent", b"idempotent", "kind", b"kind", "method", b"method", "path", b"path", "probe_path", b"probe_path", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["downstream", b"downstream", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "method", b"method", "path", b"path", "probe_path", b"probe_path", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
