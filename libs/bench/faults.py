@@ -17,8 +17,11 @@ and ready.
 The faults: SIGKILL of the gateway, of one of the two executors, of the reconciler and of
 nats-server (each restarted by the stack's supervisor); PostgreSQL stopped immediately
 (SIGQUIT to the postmaster, what ``pg_ctl stop -m immediate`` sends: no checkpoint, crash
-recovery at the restart); and a downstream that performs the effect and answers only after
-the caller's timeout, for a few seconds.
+recovery at the restart); a downstream that performs the effect and answers only after
+the caller's timeout, for a few seconds; one of the two executors paused (SIGSTOP) past its
+lease, then resumed (SIGCONT) — its twin takes its tasks over while it holds claimed calls;
+and a downstream whose non-idempotent calls perform their effect only after the caller gave
+up on them, for a few seconds (the probe's early "not done" must not be taken as final).
 
 It prints a table per fault (:mod:`.fault_report` defines the figures), writes the result
 as JSON to ``--results`` (``bench-results/``) and exits 1 when a task was lost or stuck, a
@@ -88,6 +91,29 @@ def _kill(process: str, sig: signal.Signals) -> Injector:
     return inject
 
 
+async def _pause_executor(own: OwnStack, args: argparse.Namespace) -> float:
+    """SIGSTOP one executor for ``--pause-seconds`` (past its lease), then SIGCONT."""
+    pid = own.stack.pids()["executor-2"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(args.pause_seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return time.time()
+
+
+async def _late_effects(own: OwnStack, args: argparse.Namespace) -> float:
+    """For ``--late-seconds``, every non-idempotent call performs its effect only after the
+    caller's timeout (then answers)."""
+    late = {"ms": args.call_timeout_ms + args.late_extra_ms, "times": -1, "path": "/bench/once/"}
+    await control(own.downstream_url, late_effect=late)
+    try:
+        await asyncio.sleep(args.late_seconds)
+    finally:
+        await control(own.downstream_url, late_effect=None)
+    return time.time()
+
+
 async def _late_downstream(own: OwnStack, args: argparse.Namespace) -> float:
     await control(own.downstream_url, late_ms=args.call_timeout_ms + args.late_extra_ms)
     try:
@@ -106,6 +132,8 @@ FAULTS = {
         Fault("nats", "nats-server SIGKILL", _kill("nats", signal.SIGKILL)),
         Fault("postgres", "PostgreSQL immediate stop", _kill("postgres", signal.SIGQUIT)),
         Fault("late-downstream", "downstream late after effect", _late_downstream),
+        Fault("executor-paused", "executor paused past its lease", _pause_executor),
+        Fault("late-effect", "effect after the timeout", _late_effects),
     )
 }
 
@@ -222,6 +250,7 @@ def _config(args: argparse.Namespace, faults: list[Fault]) -> dict[str, Any]:
         "executors": EXECUTORS,
         "call_timeout_ms": args.call_timeout_ms,
         "late_seconds": args.late_seconds,
+        "pause_seconds": args.pause_seconds,
         "recovery_seconds": args.recovery_seconds,
         "submit_retry_seconds": args.submit_retry_seconds,
         "commit": git_commit(),
@@ -300,13 +329,20 @@ def parser() -> argparse.ArgumentParser:
         "--late-seconds",
         type=float,
         default=5.0,
-        help="how long the downstream answers after the timeout (late-downstream fault)",
+        help="how long the downstream answers, or acts, after the timeout (late-downstream and"
+        " late-effect faults)",
+    )
+    p.add_argument(
+        "--pause-seconds",
+        type=float,
+        default=15.0,
+        help="how long the paused executor stays stopped (executor-paused fault; the lease is 5 s)",
     )
     p.add_argument(
         "--late-extra-ms",
         type=int,
         default=1000,
-        help="how far past the call timeout a late answer comes",
+        help="how far past the call timeout a late answer or a late effect comes",
     )
     p.add_argument(
         "--submit-retry-seconds",

@@ -1,5 +1,5 @@
 """Pure rules: backoff with jitter, policy lookup, release bucket, arbitration ranking,
-and the redrive envelope (resume from the breakpoint)."""
+when a probe's answer is final, and the redrive envelope (resume from the breakpoint)."""
 
 import random
 from datetime import timedelta
@@ -10,6 +10,8 @@ from dispo.reconciler.policy import (
     ArbitrationPolicy,
     Contender,
     PriorityRule,
+    ProbeRule,
+    ProbeVerdict,
     RedrivePolicy,
     ReleaseRate,
 )
@@ -150,3 +152,33 @@ def test_shipped_config_parses():
     assert "update_quality_level" in config.arbitration.conflicts
     assert NS.NODE_STATUS_SUCCEEDED  # the enum is importable for other tests
     assert CONFIG["release"]["default"]["rate_per_second"] == 2
+
+
+def test_a_probe_answer_is_final_when_done_fenced_or_past_the_effect_window():
+    rule = ProbeRule(min_interval=1, max_interval=30, limit=3600)
+    v = ProbeVerdict
+
+    def at(seconds: float, done: bool | None, fenced: bool = False) -> ProbeVerdict:
+        return rule.verdict(done, fenced, T0, 50, T0 + timedelta(seconds=seconds))
+
+    assert at(0, True) is v.DONE and at(4000, True) is v.DONE  # done: final at any time
+    assert at(0, False, fenced=True) is v.NOT_DONE
+    assert at(49.9, False) is v.NOT_YET and at(50, False) is v.NOT_DONE
+    assert at(10, None) is v.NO_ANSWER and at(10, None, fenced=True) is v.NO_ANSWER
+    assert at(3599, None) is v.NO_ANSWER and at(3600, None) is v.GIVE_UP
+    # A window longer than the limit: "not done" is never final, so an operator decides.
+    assert rule.verdict(False, False, T0, 7200, T0 + timedelta(seconds=3600)) is v.GIVE_UP
+
+
+def test_probes_come_back_sooner_for_a_node_recently_unknown_and_at_the_final_moment():
+    rule = ProbeRule(min_interval=1, max_interval=30, limit=3600)
+
+    def after(seconds: float) -> float:
+        now = T0 + timedelta(seconds=seconds)
+        return (rule.next_probe(T0, 50, now) - now).total_seconds()
+
+    assert after(0) == 1  # at least min_interval
+    assert after(10) == 5  # half the time UNKNOWN so far
+    assert after(40) == 10  # not past the moment "not done" becomes final (50 s)
+    assert after(49) == 1
+    assert after(200) == 30  # at most max_interval once past it
