@@ -8,16 +8,17 @@ fence, docs/recovery.md) and the node run's ``traceparent`` where a trace is und
 may be sent again.
 
 A call is fenced by its pass's lease (ADR-0066): the caller's ``fence`` is asked once more
-when the call's connection is in hand, right before its request is written; a fence that
-no longer holds sends nothing (``NOT_SENT``).
+when the call's connection is in hand (:class:`FencedConnector`), right before its request
+is written; a fence that no longer holds sends nothing (``NOT_SENT``).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
-from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 from dispo.executor.domain import ActionSpec
@@ -66,22 +67,26 @@ def not_sent_without_lease() -> Result:
 
 
 class LeaseNotHeld(Exception):
-    """Raised in a call's connection hook when its fence no longer holds: nothing sent."""
+    """A call's fence no longer held once its connection was in hand: nothing was sent."""
 
 
-async def _check_fence(_: aiohttp.ClientSession, context: SimpleNamespace, __: object) -> None:
-    fence = context.trace_request_ctx
-    if fence is not None and not fence():
-        raise LeaseNotHeld
+# The fence of the call being made in this asyncio task (set by :func:`run_action`).
+_FENCE: ContextVar[Callable[[], bool] | None] = ContextVar("fence", default=None)
 
 
-def _fence_trace() -> aiohttp.TraceConfig:
-    """The hook that asks a call's fence once its connection is in hand (reused or new),
-    the last moment before aiohttp writes the request."""
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_reuseconn.append(_check_fence)
-    trace.on_connection_create_end.append(_check_fence)
-    return trace
+class FencedConnector(aiohttp.TCPConnector):
+    """Asks the call's fence once its connection is in hand, reused or new: the last moment
+    before aiohttp writes the request. A fence that fails gives the connection back unused
+    and raises :class:`LeaseNotHeld`. (aiohttp's trace hooks could do the same, at about
+    15 us more CPU per call.)"""
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        connection = await super().connect(req, traces, timeout)
+        fence = _FENCE.get()
+        if fence is not None and not fence():
+            connection.release()
+            raise LeaseNotHeld
+        return connection
 
 
 def http_session(max_connections: int = 256) -> aiohttp.ClientSession:
@@ -90,10 +95,9 @@ def http_session(max_connections: int = 256) -> aiohttp.ClientSession:
     environment (the egress policy checks where a call goes, :mod:`dispo.libs.egress`),
     each call's fence asked right before it is written."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+        connector=FencedConnector(limit=max_connections, limit_per_host=0),
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
-        trace_configs=[_fence_trace()],
     )
 
 
@@ -136,6 +140,7 @@ async def run_action(
         "X-Dispo-Attempt": str(call.attempt),
     }
     inject(headers)  # the node run's `traceparent`, when a trace is under way
+    fenced = _FENCE.set(fence)
     try:
         # ``encoded``: the URL goes out exactly as the egress policy checked it.
         async with client.request(
@@ -145,7 +150,6 @@ async def run_action(
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout),
             allow_redirects=False,
-            trace_request_ctx=fence,
         ) as response:
             outcome = classify_status(response.status)
             if outcome is CallOutcome.SUCCESS:
@@ -157,6 +161,8 @@ async def run_action(
         return not_sent_without_lease()
     except Exception as error:
         return failed(classify_error(error), describe_error(error, timeout))
+    finally:
+        _FENCE.reset(fenced)
     return failed(outcome, f"HTTP {response.status}: {body}", retry_after)
 
 
