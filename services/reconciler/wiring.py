@@ -66,6 +66,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     if settings.sweep_interval_seconds > 0:
         for sweep in sweep_parts(ctx, settings.sweep_interval_seconds).values():
             rt.add_part(sweep.name, sweep.run, sweep.stop)
+    rt.add_part("callback deliveries", ctx.deliveries.run)  # stops after the notify sweep
     return ctx
 
 

@@ -201,7 +201,7 @@ async def recon(
     )
     settings = ReconcilerSettings(batch=100, http_timeout_seconds=2.0, sweep_interval_seconds=0)
     async with httpx.AsyncClient() as http:
-        yield Context(
+        ctx = Context(
             engine,
             manual_clock,
             parse_config(CONFIG, catalogue),
@@ -215,6 +215,8 @@ async def recon(
             service_token=session_tokens().services["reconciler"],
             signing_key=session_tokens().key,
         )
+        yield ctx
+        await ctx.deliveries.close()  # a delivery a test left hanging
 
 
 @pytest.fixture
