@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import httpx
 from dispo.libs.auth.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
 from dispo.libs.egress import EgressRefused, join
-from dispo.libs.error_text import truncate_error
+from dispo.libs.error_text import ERROR_TEXT_LIMIT, truncate_error
 from dispo.libs.tracing import inject
+from dispo.reconciler.http_client import read_prefix
 
 
 @dataclass(frozen=True)
@@ -81,20 +82,27 @@ async def deliver_webhook(
     inject(headers)  # the callback's traceparent: a span of the task's own trace
     try:
         # A redirect is never followed: its target was not checked against the allow-list.
-        response = await client.post(
-            url, content=body, headers=headers, timeout=timeout, follow_redirects=False
-        )
+        # The answer is streamed: a 2xx one is not read at all (nothing in it is used), a
+        # refusal's only up to what its recorded error can hold.
+        async with client.stream(
+            "POST", url, content=body, headers=headers, timeout=timeout, follow_redirects=False
+        ) as response:
+            if 200 <= response.status_code < 300:
+                return DeliveryResult(True, response.status_code)
+            if response.is_redirect:
+                location = response.headers.get("Location", "")
+                return DeliveryResult(
+                    False,
+                    response.status_code,
+                    truncate_error(
+                        f"HTTP {response.status_code}: redirect to {location!r} not followed"
+                    ),
+                )
+            # UTF-8 takes at most 4 bytes a character: enough for the error text's limit.
+            prefix = await read_prefix(response, 4 * ERROR_TEXT_LIMIT)
     except (httpx.HTTPError, OSError) as error:
         return DeliveryResult(False, None, truncate_error(f"delivery failed: {error!r}"))
-    if 200 <= response.status_code < 300:
-        return DeliveryResult(True, response.status_code)
-    if response.is_redirect:
-        location = response.headers.get("Location", "")
-        return DeliveryResult(
-            False,
-            response.status_code,
-            truncate_error(f"HTTP {response.status_code}: redirect to {location!r} not followed"),
-        )
+    text = prefix.decode(response.encoding or "utf-8", errors="replace")
     return DeliveryResult(
-        False, response.status_code, truncate_error(f"HTTP {response.status_code}: {response.text}")
+        False, response.status_code, truncate_error(f"HTTP {response.status_code}: {text}")
     )

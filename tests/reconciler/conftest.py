@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
@@ -23,6 +22,7 @@ from dispo.libs.payload import canonical_json, json_payload
 from dispo.reconciler import store
 from dispo.reconciler.config import ReconcilerSettings, parse_config
 from dispo.reconciler.context import Context
+from dispo.reconciler.http_client import http_client
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
 from sqlalchemy import text
@@ -200,7 +200,7 @@ async def recon(
         }
     )
     settings = ReconcilerSettings(batch=100, http_timeout_seconds=2.0, sweep_interval_seconds=0)
-    async with httpx.AsyncClient() as http:
+    async with http_client() as http:  # the process's client: answers read up to a bound
         ctx = Context(
             engine,
             manual_clock,

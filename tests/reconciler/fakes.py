@@ -22,6 +22,8 @@ class FakeDownstream:
     done: dict[str, bool] = field(default_factory=dict)
     # Keys whose probe answers 500 (the downstream cannot say).
     broken: set[str] = field(default_factory=set)
+    # Keys whose probe answers {"done": true} followed by 8 MiB of padding.
+    bloated: set[str] = field(default_factory=set)
     server: FakeServer | None = None
 
     def routes(self) -> Routes:
@@ -50,6 +52,8 @@ class FakeDownstream:
         key = request.match_info["key"]
         if key in self.broken:
             return web.json_response({"error": "cannot say"}, status=500)
+        if key in self.bloated:
+            return web.Response(body=b'{"done": true' + b" " * 8 * 2**20 + b"}")
         return web.json_response({"done": self.done.get(key, False)})
 
 
@@ -142,6 +146,21 @@ async def drip(writer: asyncio.StreamWriter) -> None:
         writer.write(b"a")
         await writer.drain()
         await asyncio.sleep(0.02)
+
+
+def dripping_body(status: int, first: int = 0) -> Answer:
+    """``status`` and its head at once, then ``first`` bytes of a body, then one more byte
+    every 20 ms, for ever."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: text/plain\r\n\r\n".encode())
+        writer.write(b"y" * first)
+        while True:
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            writer.write(b"y")
+
+    return answer
 
 
 async def silent(writer: asyncio.StreamWriter) -> None:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 from dispo.libs.egress import AllowList
+from dispo.libs.error_text import ERROR_TEXT_LIMIT
 from dispo.reconciler import completion
 from dispo.reconciler import completion_store as cs
 from dispo.reconciler.context import Context
@@ -18,7 +19,7 @@ from dispo.reconciler.states import NotifyState
 from dispo.reconciler.sweeps import sweep_parts
 from support.auth import signing_secret
 
-from .fakes import RawReceiver, drip, huge, silent
+from .fakes import RawReceiver, drip, dripping_body, huge, silent
 from .test_completion import finished
 from .test_sweep_parts import eventually
 
@@ -124,3 +125,30 @@ async def test_a_business_holds_at_most_its_share_of_the_delivery_slots(
     await eventually(lambda: len(receiver.received) == 1)
     assert dripping.connections == 2  # ecommerce's share, not every slot
     assert len(ctx.deliveries) == 2
+
+
+async def test_a_callbacks_answer_is_not_read_and_a_refusals_only_up_to_its_error(
+    recon, receivers, notifying
+):
+    """What a receiver answers after its status is not used: a 200 whose body never ends is
+    delivered at once, the clock standing still; a 500 is recorded with the start of its
+    answer, and a receiver answering 64 MiB cannot write them all (the reconciler hung up
+    after the prefix)."""
+    endless, bloated = await receivers(dripping_body(200)), await receivers(huge(500, 64 * 2**20))
+    refusing = await receivers(dripping_body(503, first=4 * ERROR_TEXT_LIMIT))
+    ctx = notifying(endless, bloated, refusing)
+    for task_id, r in (("endless", endless), ("bloated", bloated), ("refusing", refusing)):
+        assert await completion.on_status(ctx, finished(task_id, callback_url=r.url))
+
+    async def settled() -> bool:
+        return all([await attempts(ctx, t) for t in ("endless", "bloated", "refusing")])
+
+    await eventually(settled)
+    assert await state(ctx, "endless") is NotifyState.DELIVERED
+    [answered] = await attempts(ctx, "bloated")
+    assert answered.status_code == 500 and answered.error.startswith("HTTP 500: xxxx")
+    assert len(answered.error) == ERROR_TEXT_LIMIT
+    [refused] = await attempts(ctx, "refusing")
+    assert refused.status_code == 503 and refused.error.startswith("HTTP 503: yyyy")
+    await eventually(lambda: len(ctx.deliveries) == 0)
+    assert bloated.finished == 0
