@@ -8,9 +8,12 @@ rewriting it (:func:`write_file_clock`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -39,6 +42,24 @@ async def sleep_until_stopped(clock: Clock, seconds: float, stop: asyncio.Event)
             task.cancel()
         await asyncio.wait(waits)
     return stop.is_set()
+
+
+async def within(clock: Clock, seconds: float, work: Awaitable[T]) -> T:
+    """``work``'s result if it ends within ``seconds`` of ``clock``; otherwise it is cancelled
+    and :class:`TimeoutError` raised. A total deadline on the injectable clock, where a
+    network client's own timeouts bound each read only (a peer sending a byte now and then
+    never trips those). Both waits are finished before it returns."""
+    job = asyncio.ensure_future(work)
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait({job, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (job, timer):
+            task.cancel()
+        await asyncio.wait({job, timer})
+    if job.cancelled():
+        raise TimeoutError(f"not done within {seconds:g} s")
+    return job.result()
 
 
 class SystemClock:

@@ -21,6 +21,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.auth import store as auth_store
 from dispo.libs.auth.signing import SigningKey, SigningSecretRecord
 from dispo.libs.backoff import backoff
+from dispo.libs.clock import within
 from dispo.libs.contracts import tasks
 from dispo.libs.egress import NATS_SCHEME, EgressRefused, check_callback
 from dispo.libs.error_text import truncate_error
@@ -206,52 +207,91 @@ def _webhook(row: Any) -> bool:
 
 
 async def notify_sweep(ctx: Context) -> int:
-    """Deliver due completion notifications (one batch); returns how many were attempted."""
-    policy = ctx.config.callbacks
+    """Start due completion notifications in the free delivery slots (one claim); returns
+    how many were started. Each delivery runs on its own within its deadline and records
+    its own outcome: none waits for another, and a business holds at most
+    ``notify_per_business`` of the ``notify_concurrency`` slots (:mod:`.in_flight`)."""
+    settings = ctx.settings
+    room = min(settings.batch, ctx.deliveries.room(settings.notify_concurrency))
+    if room == 0:  # every slot taken: a delivery that ends asks for the next pass
+        ctx.deliveries.backlog = True
+        return 0
     now = ctx.clock.now()
     async with ctx.engine.begin() as conn:
-        rows = await cs.claim_notify(conn, now, ctx.call_lease(now), ctx.settings.batch)
-        # the signing secrets of the batch's webhooks: one read, derived once per business
+        rows = await cs.claim_notify(
+            conn,
+            now,
+            ctx.call_lease(now),
+            room,
+            per_business=settings.notify_per_business,
+            busy=ctx.deliveries.by_business(),
+        )
+        # the signing secrets of the claim's webhooks: one read, derived once per business
         businesses = sorted({r.business for r in rows if _webhook(r)})
         records = (
             await auth_store.signing_secrets_valid(conn, businesses, now) if businesses else []
         )
     signing = signing_by_business(ctx.signing_key, businesses, records)
-    results = await asyncio.gather(*(_deliver(ctx, row, now, signing) for row in rows))
-    now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
-        for row, result in zip(rows, results, strict=False):
-            attempt = row.notify_attempts + 1
-            await cs.delivery_record(
-                conn,
-                row.task_id,
-                attempt,
-                row.callback_url,
-                now,
-                result.ok,
-                result.status_code,
-                result.error,
-            )
-            if result.ok:
-                new, next_at = NotifyState.DELIVERED, None
-            elif attempt >= policy.max_attempts:
-                new, next_at = NotifyState.GAVE_UP, None
-            else:
-                delay = backoff(
-                    policy.base_delay, policy.max_delay, policy.jitter, attempt, ctx.rng
-                )
-                new, next_at = NotifyState.PENDING, now + timedelta(seconds=delay)
-            if await cs.notify_set_if(
-                conn, row.task_id, row.notify_attempts, new, now, next_at, result.error
-            ):
-                log.info(
-                    "completion notification",
-                    task_id=row.task_id,
-                    attempt=attempt,
-                    outcome=new.value,
-                    error=result.error,
-                )
+    for row in rows:
+        ctx.deliveries.start(row.task_id, row.business, _attempt(ctx, row, now, signing))
+    # More may be due when the claim filled its room or a business its share: then a
+    # delivery that ends asks for the next pass.
+    held = ctx.deliveries.by_business().values()
+    ctx.deliveries.backlog = len(rows) == room or any(
+        n >= settings.notify_per_business for n in held
+    )
+    ctx.deliveries.on_free = lambda: ctx.kick_sweep("notify")
     return len(rows)
+
+
+async def _attempt(
+    ctx: Context, row: Any, now: datetime, signing: dict[str, list[str] | str]
+) -> None:
+    """One delivery within its deadline (the whole of it: the request and its answer, on
+    the context's clock), then its outcome recorded."""
+    deadline = ctx.settings.http_timeout_seconds
+    try:
+        result = await within(ctx.clock, deadline, _deliver(ctx, row, now, signing))
+    except TimeoutError:
+        result = DeliveryResult(
+            False, None, f"delivery failed: not done within its {deadline:g} s deadline"
+        )
+    await _record(ctx, row, result)
+
+
+async def _record(ctx: Context, row: Any, result: DeliveryResult) -> None:
+    policy = ctx.config.callbacks
+    now = ctx.clock.now()
+    attempt = row.notify_attempts + 1
+    if result.ok:
+        new, next_at = NotifyState.DELIVERED, None
+    elif attempt >= policy.max_attempts:
+        new, next_at = NotifyState.GAVE_UP, None
+    else:
+        delay = backoff(policy.base_delay, policy.max_delay, policy.jitter, attempt, ctx.rng)
+        new, next_at = NotifyState.PENDING, now + timedelta(seconds=delay)
+    async with ctx.engine.begin() as conn:
+        await cs.delivery_record(
+            conn,
+            row.task_id,
+            attempt,
+            row.callback_url,
+            now,
+            result.ok,
+            result.status_code,
+            result.error,
+        )
+        recorded = await cs.notify_set_if(
+            conn, row.task_id, row.notify_attempts, new, now, next_at, result.error
+        )
+    if recorded:
+        log.info(
+            "completion notification",
+            task_id=row.task_id,
+            attempt=attempt,
+            outcome=new.value,
+            error=result.error,
+        )
 
 
 def sampled(task_id: str, percent: int) -> bool:

@@ -104,21 +104,46 @@ async def get(conn: AsyncConnection, task_id: str) -> Any:
 
 
 async def claim_notify(
-    conn: AsyncConnection, now: datetime, lease_until: datetime, limit: int
+    conn: AsyncConnection,
+    now: datetime,
+    lease_until: datetime,
+    limit: int,
+    *,
+    per_business: int,
+    busy: Mapping[str, int] | None = None,
 ) -> list[Any]:
-    """Due deliveries, claimed until ``lease_until`` (other replicas skip them meanwhile)."""
-    rows = list(
+    """Due deliveries, oldest due first, claimed until ``lease_until`` (other replicas skip
+    them meanwhile): at most ``limit``, and of each business at most ``per_business`` less
+    what it has under way already (``busy``), so a business with many due deliveries takes
+    no more than its share and the others' are claimed beside them."""
+    busy = dict(busy or {})
+    return list(
         await conn.execute(
             text(
                 "UPDATE completions c SET notify_next_at = :lease FROM ("
-                "  SELECT task_id FROM completions WHERE notify_state = 'pending' AND notify_next_at <= :now"
-                "  ORDER BY notify_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
+                "  SELECT task_id FROM completions WHERE task_id IN ("
+                "   SELECT task_id FROM ("
+                "    SELECT d.task_id, d.notify_next_at, row_number() OVER ("
+                "     PARTITION BY d.business ORDER BY d.notify_next_at, d.task_id)"
+                "     + coalesce(b.n, 0) AS place"
+                "    FROM completions d LEFT JOIN unnest(CAST(:busy AS text[]), CAST(:busy_n AS integer[]))"
+                "     AS b(business, n) ON b.business = d.business"
+                "    WHERE d.notify_state = 'pending' AND d.notify_next_at <= :now) ranked"
+                "   WHERE place <= :per_business ORDER BY notify_next_at, task_id LIMIT :limit)"
+                "  AND notify_state = 'pending' AND notify_next_at <= :now"
+                "  FOR UPDATE SKIP LOCKED) due"
                 " WHERE c.task_id = due.task_id RETURNING c.*"
             ),
-            {"now": now, "lease": lease_until, "limit": limit},
+            {
+                "now": now,
+                "lease": lease_until,
+                "limit": limit,
+                "per_business": per_business,
+                "busy": list(busy),
+                "busy_n": list(busy.values()),
+            },
         )
     )
-    return rows
 
 
 async def delivery_record(

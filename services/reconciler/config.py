@@ -44,7 +44,9 @@ class ReconcilerSettings(BaseSettings):
     )
     batch: int = Field(default=100, description="Rows one sweep handles at most")
     http_timeout_seconds: float = Field(
-        default=5.0, description="Timeout of probes, health checks and callbacks"
+        default=5.0,
+        description="Timeout of probes and health checks; the total deadline of one callback"
+        " delivery (from the request to the end of its answer, on the service's clock)",
     )
     durable: str = Field(
         default="reconciler",
@@ -78,6 +80,18 @@ class ReconcilerSettings(BaseSettings):
         gt=0,
         description="Age limit of a task AWAITING_DECISION (since it was parked): past it, the"
         " task ends FAILED with the reason; its UNKNOWN nodes stay UNKNOWN",
+    )
+    notify_concurrency: int = Field(
+        default=32,
+        ge=1,
+        description="Callback deliveries under way at once, each on its own: a delivery never"
+        " waits for another, and the notify sweep claims only as many as there are free slots",
+    )
+    notify_per_business: int = Field(
+        default=8,
+        ge=1,
+        description="Of those, at most this many for one business: its slow receivers never"
+        " hold every slot, and other businesses' callbacks go out beside them",
     )
 
 

@@ -17,6 +17,7 @@ from dispo.libs.egress import AllowList
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.reconciler.config import ReconcilerSettings, RecoveryConfig
+from dispo.reconciler.in_flight import InFlight
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 
@@ -40,6 +41,8 @@ class Context:
     # Runs a sweep now rather than at its next interval (set by the sweeps' parts when they
     # run as such; a no-op otherwise, where sweeps are run by hand).
     kick_sweep: Callable[[str], None] = lambda name: None
+    # The callback deliveries under way (the notify sweep starts them; each ends alone).
+    deliveries: InFlight = field(default_factory=InFlight)
 
     def call_lease(self, now: datetime) -> datetime:
         """Until when a sweep holds the rows it claimed while it calls out for them (two

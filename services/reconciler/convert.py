@@ -76,6 +76,8 @@ def sweep_name(value: int) -> str:
 
 def filter_from_proto(f: pb.RecoveryFilter) -> Filter:
     bounded(f.min_age_seconds, "filter.min_age_seconds", 0, MAX_AGE_SECONDS)
+    if f.error_class and f.error_class not in E.ERROR_CLASSES:
+        raise InvalidArgument("filter.error_class", f"one of {', '.join(E.ERROR_CLASSES)}")
     states = tuple(state_from_proto(s, f"filter.states[{i}]") for i, s in enumerate(f.states))
     return Filter(f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, states)
 
@@ -88,6 +90,11 @@ def work_filter_from_proto(f: pb.FailedWorkFilter) -> Filter:
     """The recovery filter of a ListFailedWork request: its kinds as recovery states."""
     bounded(f.min_age_seconds, "filter.min_age_seconds", 0, MAX_AGE_SECONDS)
     bounded(f.max_age_seconds, "filter.max_age_seconds", 0, MAX_AGE_SECONDS)
+    if f.max_age_seconds and f.max_age_seconds < f.min_age_seconds:
+        raise InvalidArgument(
+            "filter.max_age_seconds",
+            f"at least filter.min_age_seconds ({f.min_age_seconds}), or 0 for no bound",
+        )
     kinds = [work_kind_from_proto(k, f"filter.kinds[{i}]") for i, k in enumerate(f.kinds)]
     states = tuple(s for k in (kinds or list(WorkKind)) for s in WORK_KIND_STATES[k])
     return Filter(

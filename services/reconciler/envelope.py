@@ -68,6 +68,20 @@ def first_stuck_cell(env: task_pb2.Task) -> str:
     return nodes[0].cell if nodes else (env.nodes[0].cell if env.nodes else "")
 
 
+# Every class :func:`error_class` gives (what a filter may name).
+ERROR_CLASSES = (
+    "unknown_outcome",
+    "degraded",
+    "timeout",
+    "connection",
+    "http_408",
+    "http_429",
+    *(f"http_{n}xx" for n in range(1, 6)),
+    "permanent",
+    "other",
+)
+
+
 def error_class(env: task_pb2.Task) -> str:
     """A coarse class of why the task is parked, for filtering."""
     nodes = stuck(env)

@@ -3,6 +3,7 @@ abandon. Bad input raises a domain error and changes nothing."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
@@ -27,6 +28,9 @@ REDRIVABLE = (R.PARKED_FAILED, R.DEMOTED)
 RESUMABLE = (*REDRIVABLE, R.FAILED)
 ABANDONABLE = (R.PARKED_FAILED, R.AWAITING_SETTLEMENT, R.AWAITING_DECISION, R.DEMOTED)
 MAX_BY_FILTER = 1000
+# The slowest a redrive by filter spaces its tasks: one a day (its 1000 tasks then span
+# less than three years; a slower rate would put them past any time a row can hold).
+MIN_RATE_PER_SECOND = 1 / 86400
 
 
 async def _get(conn: AsyncConnection, task_id: str) -> RecoveryRow:
@@ -82,9 +86,11 @@ async def redrive_by_filter(
 ) -> tuple[list[str], datetime | None]:
     """Schedule matching parked tasks (oldest first) for redrive, ``1 / rate`` seconds apart;
     the redrive sweep sends each when it is due, so a restart neither loses nor repeats one."""
-    if not rate_per_second > 0:
+    if not MIN_RATE_PER_SECOND <= rate_per_second < math.inf:
         raise InvalidArgument(
-            "rate_per_second", "required: a positive number of redrives per second"
+            "rate_per_second",
+            "required: a number of redrives per second, at least one a day"
+            f" ({MIN_RATE_PER_SECOND:.3g})",
         )
     if limit < 0 or limit > MAX_BY_FILTER:
         raise InvalidArgument("limit", f"between 0 and {MAX_BY_FILTER} (0 means {MAX_BY_FILTER})")

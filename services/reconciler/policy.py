@@ -27,14 +27,24 @@ class RedrivePolicy:
     # Share of the delay spread either side at random (0: none).
     jitter: float = 0.5
 
+    def redrives_spent(self, redrives: int) -> str | None:
+        """Why no further redrive or release is allowed by count, or None (releases are
+        redrives: a demoted task's age is bounded by its own limit, not ``max_age``)."""
+        if redrives >= self.max_redrives:
+            return (
+                f"redrive policy spent: {redrives} of {self.max_redrives} redrives used"
+                " (releases included)"
+            )
+        return None
+
     def delay(self, redrives: int, rng: random.Random | None = None) -> float:
         """Seconds before redrive number ``redrives + 1`` (exponential, capped, jittered)."""
         return backoff(self.base_delay, self.max_delay, self.jitter, redrives + 1, rng)
 
     def spent(self, redrives: int, first_parked_at: datetime, now: datetime) -> str | None:
         """Why no further automatic redrive is allowed, or None."""
-        if redrives >= self.max_redrives:
-            return f"redrive policy spent: {redrives} of {self.max_redrives} redrives used"
+        if used := self.redrives_spent(redrives):
+            return used
         age = (now - first_parked_at).total_seconds()
         if age >= self.max_age:
             return f"redrive policy spent: failing for {age:.0f}s, max age {self.max_age:.0f}s"

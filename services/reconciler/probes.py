@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import httpx
 from dispo.libs.auth.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
 from dispo.libs.egress import EgressRefused, join
-from dispo.libs.error_text import truncate_error
+from dispo.libs.error_text import ERROR_TEXT_LIMIT, truncate_error
 from dispo.libs.tracing import inject
+from dispo.reconciler.http_client import ANSWER_LIMIT, read_prefix
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,6 @@ class ProbeResult:
     fenced: bool = False
 
 
-# A probe's answer is a small JSON object: what is longer is not read.
-PROBE_ANSWER_LIMIT = 64 * 1024
-
-
 async def probe_effect(
     client: httpx.AsyncClient,
     base_url: str,
@@ -41,8 +38,8 @@ async def probe_effect(
     """GET the action's status probe: 200 with JSON {"done": true|false}, and optionally
     "fenced": true. It names the key (``Idempotency-Key``) and the newest attempt that may
     be under way (``X-Dispo-Attempt``), which a fencing downstream fences. The whole probe
-    has one deadline (``timeout``); at most :data:`PROBE_ANSWER_LIMIT` bytes of its answer
-    are read."""
+    has one deadline (``timeout``); the client reads a bounded prefix of its answer
+    (:mod:`dispo.reconciler.http_client`)."""
     try:
         url = join(base_url, probe_path)
     except EgressRefused as refused:
@@ -55,13 +52,11 @@ async def probe_effect(
             ) as response:
                 if response.status_code != 200:
                     return ProbeResult(None, f"probe answered HTTP {response.status_code}")
-                body = await read_prefix(response, PROBE_ANSWER_LIMIT + 1)
+                body = await read_prefix(response, ANSWER_LIMIT + 1)  # past it: AnswerTooLong
     except TimeoutError:
         return ProbeResult(None, f"probe failed: no answer within {timeout:g}s")
     except (httpx.HTTPError, OSError) as error:
         return ProbeResult(None, truncate_error(f"probe failed: {error!r}"))
-    if len(body) > PROBE_ANSWER_LIMIT:
-        return ProbeResult(None, f"probe answer longer than {PROBE_ANSWER_LIMIT} bytes")
     return probe_answer(body)
 
 
@@ -83,17 +78,6 @@ def probe_answer(body: bytes) -> ProbeResult:
     if fenced:
         return ProbeResult(False, "probe reports done=false, fenced", fenced=True)
     return ProbeResult(False, "probe reports done=false")
-
-
-async def read_prefix(response: httpx.Response, limit: int) -> bytes:
-    """At most ``limit`` bytes of ``response``'s body (a streamed response): the rest is
-    never read into memory."""
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body += chunk[: limit - len(body)]
-        if len(body) >= limit:
-            break
-    return bytes(body)
 
 
 @dataclass(frozen=True)
@@ -128,20 +112,27 @@ async def deliver_webhook(
     inject(headers)  # the callback's traceparent: a span of the task's own trace
     try:
         # A redirect is never followed: its target was not checked against the allow-list.
-        response = await client.post(
-            url, content=body, headers=headers, timeout=timeout, follow_redirects=False
-        )
+        # The answer is streamed: a 2xx one is not read at all (nothing in it is used), a
+        # refusal's only up to what its recorded error can hold.
+        async with client.stream(
+            "POST", url, content=body, headers=headers, timeout=timeout, follow_redirects=False
+        ) as response:
+            if 200 <= response.status_code < 300:
+                return DeliveryResult(True, response.status_code)
+            if response.is_redirect:
+                location = response.headers.get("Location", "")
+                return DeliveryResult(
+                    False,
+                    response.status_code,
+                    truncate_error(
+                        f"HTTP {response.status_code}: redirect to {location!r} not followed"
+                    ),
+                )
+            # UTF-8 takes at most 4 bytes a character: enough for the error text's limit.
+            prefix = await read_prefix(response, 4 * ERROR_TEXT_LIMIT)
     except (httpx.HTTPError, OSError) as error:
         return DeliveryResult(False, None, truncate_error(f"delivery failed: {error!r}"))
-    if 200 <= response.status_code < 300:
-        return DeliveryResult(True, response.status_code)
-    if response.is_redirect:
-        location = response.headers.get("Location", "")
-        return DeliveryResult(
-            False,
-            response.status_code,
-            truncate_error(f"HTTP {response.status_code}: redirect to {location!r} not followed"),
-        )
+    text = prefix.decode(response.encoding or "utf-8", errors="replace")
     return DeliveryResult(
-        False, response.status_code, truncate_error(f"HTTP {response.status_code}: {response.text}")
+        False, response.status_code, truncate_error(f"HTTP {response.status_code}: {text}")
     )

@@ -99,9 +99,22 @@ def _picture(
     if ended:
         reason = f"{env.status_reason}; last error {_last_error(env)}"
         return replace(row, state=R.FAILED, next_redrive_at=None, reason=truncate_error(reason))
-    if demoted or E.unknown(env):
+    if demoted:
+        return demote(ctx, row, now)
+    if E.unknown(env):
         return row
     return schedule(ctx, row, now)
+
+
+def demote(ctx: Context, row: RecoveryRow, now: datetime) -> RecoveryRow:
+    """Where a demoted task goes: DEMOTED, to wait for its release; or terminal FAILED when
+    its redrives (releases included) are spent — a downstream whose health passes while its
+    calls fail would otherwise release and demote it again for ever."""
+    policy = ctx.config.redrive_policy(row.business, E.first_stuck_cell(row.envelope))
+    spent = policy.redrives_spent(row.redrives)
+    if spent:
+        return closed(row, f"{spent}; last error {_last_error(row.envelope)}", now)
+    return row
 
 
 async def intake(ctx: Context, env: task_pb2.Task, kind: str) -> bool:

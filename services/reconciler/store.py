@@ -274,11 +274,13 @@ async def task_redriven_if(
     *,
     release: bool,
 ) -> bool:
-    """Move the row to REDRIVEN with the envelope sent, counting the redrive (or release).
-    A resume (the redrive of a row ``expected`` FAILED) starts the redrive policy afresh: no
-    redrive used, first parked now."""
+    """Move the row to REDRIVEN with the envelope sent, counting the redrive. A release is
+    a redrive too (the policy's ``max_redrives`` bounds both: a task demoted again after
+    each release does not cycle for ever) and is also counted as a release. A resume (the
+    redrive of a row ``expected`` FAILED) starts the redrive policy afresh: no redrive
+    used, first parked now."""
     RECOVERY_TRANSITIONS.check(expected, RecoveryState.REDRIVEN)
-    counter = "releases = releases + 1" if release else "redrives = redrives + 1"
+    counter = "redrives = redrives + 1" + (", releases = releases + 1" if release else "")
     if expected is RecoveryState.FAILED:
         counter = "redrives = 0, first_parked_at = :now"
     result = await conn.execute(

@@ -31,17 +31,20 @@ SWEEPS: dict[str, Callable[[Context], Awaitable[int]]] = {
 # redriven, a healthy downstream released, a verdict's losers compensated), so it is kicked
 # after every pass of its leader instead of waiting for its own next interval.
 FOLLOWS: dict[str, str] = {"compensate": "arbitrate", "redrive": "settle", "release": "health"}
-# Sweeps whose work comes at the rate tasks finish (one row per finished task, or per task
-# with a callback): a pass that took a full batch runs again at once, so a backlog drains at
-# the sweep's own pace, not one batch per interval.
-DRAINED = frozenset({"notify", "reconcile"})
+# Sweeps whose work comes at the rate tasks finish (one row per finished task): a pass that
+# took a full batch runs again at once, so a backlog drains at the sweep's own pace, not one
+# batch per interval. (The notify sweep's deliveries run on their own: one that ends while
+# more are due asks for the next pass itself.)
+DRAINED = frozenset({"reconcile"})
 
 
 async def run_sweeps(ctx: Context, name: str = "all") -> dict[str, int]:
     if name != "all" and name not in SWEEPS:
         raise InvalidArgument("sweep", f"one of {', '.join(SWEEPS)} or all")
     names = list(SWEEPS) if name == "all" else [name]
-    return {n: await SWEEPS[n](ctx) for n in names}
+    done = {n: await SWEEPS[n](ctx) for n in names}
+    await ctx.deliveries.drain()  # a pass run by hand answers once its deliveries ended
+    return done
 
 
 def sweep_parts(ctx: Context, interval: float) -> dict[str, Periodic]:

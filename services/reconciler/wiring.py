@@ -3,7 +3,6 @@ the sweep parts and the ReconcilerService servicer."""
 
 from __future__ import annotations
 
-import httpx
 from dispo.libs import metrics
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth.signing import configured_key
@@ -13,6 +12,7 @@ from dispo.libs.service import Runtime
 from dispo.reconciler import store
 from dispo.reconciler.config import ReconcilerSettings, load_config
 from dispo.reconciler.context import Context
+from dispo.reconciler.http_client import http_client
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.states import WORK_KIND_STATES
@@ -30,9 +30,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     settings = ReconcilerSettings()
     config = load_config(settings)
     await ensure_streams(rt.bus)
-    http = rt.close_on_stop(
-        httpx.AsyncClient(limits=httpx.Limits(max_connections=64)), name="http client"
-    )
+    http = rt.close_on_stop(http_client(), name="http client")
     relay = rt.outbox_relay(store.outbox)
     ctx = Context(
         rt.engine,
@@ -66,6 +64,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     if settings.sweep_interval_seconds > 0:
         for sweep in sweep_parts(ctx, settings.sweep_interval_seconds).values():
             rt.add_part(sweep.name, sweep.run, sweep.stop)
+    rt.add_part("callback deliveries", ctx.deliveries.run)  # stops after the notify sweep
     return ctx
 
 

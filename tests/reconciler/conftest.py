@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from dispo.libs.api.common.v1 import common_pb2
@@ -25,6 +24,7 @@ from dispo.libs.payload import canonical_json, json_payload
 from dispo.reconciler import store
 from dispo.reconciler.config import ReconcilerSettings, parse_config
 from dispo.reconciler.context import Context
+from dispo.reconciler.http_client import http_client
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
 from sqlalchemy import text
@@ -203,8 +203,8 @@ async def recon(
         }
     )
     settings = ReconcilerSettings(batch=100, http_timeout_seconds=2.0, sweep_interval_seconds=0)
-    async with httpx.AsyncClient() as http:
-        yield Context(
+    async with http_client() as http:  # the process's client: answers read up to a bound
+        ctx = Context(
             engine,
             manual_clock,
             parse_config(CONFIG, catalogue),
@@ -218,6 +218,8 @@ async def recon(
             service_token=session_tokens().services["reconciler"],
             signing_key=session_tokens().key,
         )
+        yield ctx
+        await ctx.deliveries.close()  # a delivery a test left hanging
 
 
 @pytest.fixture

@@ -224,6 +224,22 @@ async def test_unanswered_probes_are_retried_then_reported(
     assert {f.observed for f in reply.findings} == {"unreachable"}
 
 
+async def test_a_probe_answer_is_read_only_up_to_a_bound(
+    recon, manual_clock, fake_downstream, stub
+):
+    """A probe answering 8 MiB is cut off after 64 KiB: it could not say, and after the
+    attempts the finding tells why, instead of the whole answer read and parsed."""
+    fake_downstream.bloated.update({"long/a.set", "long/b.skip"})
+    await completion.on_status(recon, finished("long"))
+    for _ in range(2):  # the policy's attempts
+        manual_clock.advance(seconds=61)
+        await run_sweeps(recon, "reconcile")
+    reply = await facts(stub, "long")
+    assert reply.completion.reconcile_state == pb.RECONCILE_STATE_MISMATCH
+    assert {f.observed for f in reply.findings} == {"unreachable"}
+    assert all("answer longer than 65536 bytes" in f.detail for f in reply.findings)
+
+
 async def test_the_three_facts_are_separate(recon, manual_clock, receiver, stub):
     await receiver.start()
     await completion.on_status(recon, finished("three", callback_url=receiver.url))

@@ -7,12 +7,13 @@ from datetime import timedelta
 import grpc
 import pytest
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.libs.api.task.v1 import task_pb2
 from dispo.reconciler import recovery
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 from sqlalchemy import text
 
-from .conftest import after_redrive, creates, envelope, node, row
+from .conftest import TS, after_redrive, creates, envelope, node, outbox, row
 from .test_operations import expect_error
 
 
@@ -68,7 +69,8 @@ async def test_released_oldest_first_no_faster_than_the_rate_once_healthy(
         after_redrive(sent["d3"], "a.done") == "SUCCEEDED"
         and after_redrive(sent["d3"], "b0.wait") == "PENDING"
     )
-    assert (await row(recon, "d3")).releases == 1 and (await row(recon, "d3")).redrives == 0
+    # A release is a redrive, counted against the redrive policy, and counted as a release.
+    assert (await row(recon, "d3")).releases == 1 and (await row(recon, "d3")).redrives == 1
 
 
 async def test_pause_holds_a_healthy_downstream_until_resumed(recon, manual_clock, stub):
@@ -130,3 +132,64 @@ async def test_queue_depth_and_oldest_age_per_downstream(
     assert manual_clock.now() - timedelta(
         seconds=60
     ) == labels.oldest_demoted_at.ToDatetime().replace(tzinfo=manual_clock.now().tzinfo)
+
+
+def demoted_again(task_id, generation, error="HTTP 500: cannot label this content"):
+    """The executor's task.demote of a released task whose call failed until the breaker
+    opened: the same generation it was released under, its node DEMOTED with the error."""
+    env = demoted(task_id)
+    env.generation = generation
+    env.nodes[1].last_error = error
+    return env
+
+
+async def test_a_task_demoted_again_after_each_release_ends_failed_when_its_redrives_are_spent(
+    recon, manual_clock
+):
+    """A downstream whose health check passes while it answers 500 for some content: each
+    release of the task is followed by a demotion. Releases count against the redrive
+    policy, so the loop ends: the demotion after the last allowed release ends the task
+    FAILED, published as the terminal failure, instead of a release for ever."""
+    policy = recon.config.redrive_policy("ecommerce", "update_quality_level")
+    generation, releases = 2, 0
+    for _ in range(policy.max_redrives + 3):
+        assert await recovery.intake(recon, demoted_again("loop", generation), "demote")
+        if (await row(recon, "loop")).state is not RecoveryState.DEMOTED:
+            break
+        manual_clock.advance(seconds=10)  # the release bucket refills
+        await run_sweeps(recon, "health")
+        releases += (await run_sweeps(recon, "release"))["release"]
+        generation = (await row(recon, "loop")).generation
+    ended = await row(recon, "loop")
+    assert ended.state is RecoveryState.FAILED, ended.state
+    assert releases == ended.releases == ended.redrives == policy.max_redrives
+    assert ended.reason.startswith(
+        f"redrive policy spent: {policy.max_redrives} of {policy.max_redrives} redrives used"
+    )
+    assert "HTTP 500: cannot label this content" in ended.reason
+    [snapshot] = await outbox(recon, "task.status.loop.failed")
+    assert task_pb2.Task.FromString(snapshot.payload).status == TS.TASK_STATUS_FAILED
+
+
+async def test_a_task_failing_right_after_its_release_counts_the_release(recon, manual_clock):
+    """Business search may be redriven once: its demoted task, released once, then failing,
+    ends FAILED at once rather than being redriven again."""
+    env = demoted("s1")
+    env.business = "search"
+    assert await recovery.intake(recon, env, "demote")
+    await run_sweeps(recon, "health")
+    assert (await run_sweeps(recon, "release"))["release"] == 1
+    released = await row(recon, "s1")
+    failing = envelope(
+        "s1",
+        [
+            node("a.done", "SUCCEEDED", task_id="s1"),
+            node("b0.wait", "FAILED", error="HTTP 500: cannot label this content", task_id="s1"),
+        ],
+        business="search",
+        generation=released.generation,
+    )
+    assert await recovery.intake(recon, failing, "fail")
+    ended = await row(recon, "s1")
+    assert ended.state is RecoveryState.FAILED
+    assert ended.reason.startswith("redrive policy spent: 1 of 1 redrives used")

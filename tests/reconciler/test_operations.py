@@ -228,3 +228,55 @@ async def test_a_second_redrive_by_filter_queues_behind_the_first(recon, manual_
     assert second.last_due_at.ToDatetime().timestamp() == pytest.approx(
         (start + timedelta(seconds=3)).timestamp()
     )
+
+
+async def test_a_rate_too_small_or_a_filter_that_means_nothing_is_refused_and_changes_nothing(
+    recon, manual_clock, stub
+):
+    """A rate whose spacing no time can hold (the console's "resume matching" field takes
+    any number), an error class no task has, an age range that is empty: INVALID_ARGUMENT
+    naming the field, no task scheduled."""
+    await park_several(recon, manual_clock)
+    ids = ["f1", "f2", "f3", "d1"]
+    before = [
+        (r.state, r.next_redrive_at, r.redrive_trigger) for r in [await row(recon, t) for t in ids]
+    ]
+    for request, field in [
+        (pb.RedriveByFilterRequest(rate_per_second=1e-12), "rate_per_second"),
+        (pb.RedriveByFilterRequest(rate_per_second=1e-300), "rate_per_second"),
+        (
+            pb.RedriveByFilterRequest(
+                rate_per_second=1, filter=pb.RecoveryFilter(error_class="bogus")
+            ),
+            "filter.error_class",
+        ),
+    ]:
+        await expect_error(stub.RedriveByFilter(request), grpc.StatusCode.INVALID_ARGUMENT, field)
+    await expect_error(
+        stub.ListRecoveryTasks(
+            pb.ListRecoveryTasksRequest(filter=pb.RecoveryFilter(error_class="bogus"))
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "filter.error_class",
+    )
+    await expect_error(
+        stub.ListFailedWork(
+            pb.ListFailedWorkRequest(
+                filter=pb.FailedWorkFilter(min_age_seconds=100, max_age_seconds=10)
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "filter.max_age_seconds",
+    )
+    after = [
+        (r.state, r.next_redrive_at, r.redrive_trigger) for r in [await row(recon, t) for t in ids]
+    ]
+    assert after == before
+    assert await creates(recon) == []
+    # The slowest rate still taken: one a day.
+    reply = await stub.RedriveByFilter(
+        pb.RedriveByFilterRequest(
+            rate_per_second=1 / 86400, filter=pb.RecoveryFilter(business="ads")
+        )
+    )
+    assert reply.scheduled >= 1
