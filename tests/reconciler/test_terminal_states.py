@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
@@ -17,14 +16,6 @@ from pipeline_fixtures import dump, stream_messages, wait_until
 from support import eventually
 
 from . import test_end_to_end as e2e
-
-start_reconciler = e2e.start_reconciler  # the fixture, shared
-
-
-@pytest.fixture
-async def reconciler(start_reconciler: Any) -> e2e.Reconciler:
-    return await start_reconciler()
-
 
 DEPENDENCY_FAILED = common_pb2.NODE_STATUS_DEPENDENCY_FAILED
 
