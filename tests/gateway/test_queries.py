@@ -333,6 +333,7 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
         "step_once",
         "quick_step",
         "quick_once",
+        "late_once",
         "pair",
         "narrow_step",
         "set_level",
@@ -345,6 +346,12 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
     assert cells["step"].fields[0].type == gateway_pb2.FIELD_TYPE_STRING
     assert cells["step"].actions[0].kind == gateway_pb2.ACTION_KIND_HTTP
     assert cells["noop"].actions[0].kind == gateway_pb2.ACTION_KIND_NOOP
+    # How long an effect may land after its request: declared, or ten times the call's
+    # timeout and at least 30 s (the demo downstream's 5 s; quick_once's own 2 s).
+    assert cells["late_once"].actions[0].max_effect_seconds == 10
+    assert cells["step_once"].actions[0].max_effect_seconds == 50
+    assert cells["quick_once"].actions[0].max_effect_seconds == 30
+    assert cells["noop"].actions[0].max_effect_seconds == 0
 
 
 async def test_every_page_of_a_listing_has_a_deadline(gateway_only, gateway_client):

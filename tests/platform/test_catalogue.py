@@ -99,8 +99,43 @@ def test_the_reconciler_takes_downstreams_and_conflicts_from_the_catalogue():
             {"cells": {"x": {**NOOP, "conflict": {"key": "id", "compensate": "undo_x"}}}},
             "cells.x.conflict.compensate: unknown cell 'undo_x'",
         ),
+        (
+            {"cells": {"x": {"actions": {"a": {"kind": "noop", "max_effect_seconds": -1}}}}},
+            r"cells.x.actions.a.max_effect_seconds: must be a whole number of seconds, got -1",
+        ),
+        (
+            {"cells": {"x": {"actions": {"a": {"kind": "noop", "max_effect_seconds": "1m"}}}}},
+            r"cells.x.actions.a.max_effect_seconds: must be a whole number of seconds",
+        ),
     ],
 )
 def test_broken_catalogue_is_refused_at_load(data, message):
     with pytest.raises(CatalogueError, match=message):
         parse_catalogue(data)
+
+
+def test_an_http_action_may_land_its_effect_ten_call_timeouts_after_its_request_at_least_30_s():
+    """``max_effect_seconds``: declared, else ten times the call's own timeout, else its
+    downstream's, and never under 30 s; a noop has none."""
+    catalogue = parse_catalogue(
+        {
+            "downstreams": {"slow": {"base_url": "http://127.0.0.1:1", "timeout_ms": 8000}},
+            "cells": {
+                "x": {
+                    "actions": {
+                        "declared": {
+                            "kind": "http", "downstream": "slow", "path": "/a",
+                            "max_effect_seconds": 7,
+                        },
+                        "by_downstream": {"kind": "http", "downstream": "slow", "path": "/b"},
+                        "by_call": {
+                            "kind": "http", "downstream": "slow", "path": "/c", "timeout_ms": 1500,
+                        },
+                        "quiet": {"kind": "noop"},
+                    }
+                }
+            },
+        }
+    )  # fmt: skip
+    effects = {a.name: a.max_effect_seconds for a in catalogue.cells["x"].actions}
+    assert effects == {"declared": 7, "by_downstream": 80, "by_call": 30, "quiet": 0}
