@@ -153,6 +153,7 @@ PEERS = {
         "DISPO_RECONCILER_GATEWAY_ADDRESS": "gateway",
         "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": "pool",
     },
+    "pool": {"DISPO_POOL_INTELLIGENCE_ADDRESS": "intelligence"},
 }
 
 

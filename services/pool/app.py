@@ -14,6 +14,7 @@ from dispo.libs.service import Runtime, run_service
 from dispo.libs.stack.openclaw import ensure_openclaw
 from dispo.pool import repository as repo
 from dispo.pool import sweeps
+from dispo.pool.analysis_models import IntelligenceModels
 from dispo.pool.drivers import Driver
 from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.drivers.openclaw import (
@@ -150,6 +151,7 @@ async def setup(rt: Runtime) -> None:
         settings.policy(),
         on_commit=relay.kick,
         egress=rt.settings.egress,
+        analysis_models=IntelligenceModels(rt.channel(settings.intelligence_address)),
     )
     if isinstance(driver, OpenClawDriver):  # a lost compare-and-set asks the database again
         driver.state_of = pool.cron_driver_state

@@ -18,6 +18,7 @@ from dispo.libs.logging import get_logger
 from dispo.libs.metrics import age_seconds
 from dispo.pool import events
 from dispo.pool import repository as repo
+from dispo.pool.analysis_models import AnalysisModels, NoAnalysisModels, require_registered
 from dispo.pool.domain import (
     EVALUATION_TRANSITIONS,
     AssignmentEnd,
@@ -91,9 +92,12 @@ class Pool:
         policy: PoolPolicy,
         on_commit: Callable[[], None] = lambda: None,
         egress: AllowList = DEFAULT_EGRESS,
+        analysis_models: AnalysisModels | None = None,
     ) -> None:
         self.engine = engine
         self.egress = egress  # where an evaluation's target_url may point
+        # which analysis_model an evaluation may name (the intelligence service's)
+        self.analysis_models = analysis_models or NoAnalysisModels()
         self.driver = driver
         self.clock = clock
         self.policy = policy
@@ -138,6 +142,7 @@ class Pool:
         if not ev.id:
             ev = replace(ev, id=f"ev-{uuid.uuid4().hex[:16]}")
         validate_evaluation(ev, self.egress, self.policy)
+        await require_registered(ev.analysis_model, self.analysis_models)
         now = self.clock.now()
         async with self.engine.begin() as conn:
             created = await repo.evaluation_insert(conn, ev, now)

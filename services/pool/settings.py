@@ -82,6 +82,12 @@ class PoolSettings(BaseSettings):
         default=90.0, description="openclaw driver: how long one CLI call may take"
     )
 
+    intelligence_address: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['intelligence']}",
+        description="The intelligence service's gRPC address: CreateEvaluation asks it which"
+        " analysis models an evaluation may name",
+    )
+
     min_size: int = Field(default=PoolPolicy.min_size, description="Fewest crons the pool keeps")
     max_size: int = Field(default=PoolPolicy.max_size, description="Most crons the pool runs")
     scale_up_ratio: float = Field(
