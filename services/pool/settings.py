@@ -158,5 +158,8 @@ class WorkerSettings(BaseSettings):
         default=PoolPolicy.tick_seconds, description="Cron wake interval (the pool's tick)"
     )
     http_timeout_seconds: float = Field(
-        default=30.0, description="How long an HTTP call to an evaluation target may take"
+        default=30.0,
+        gt=0,
+        description="How long one run's HTTP call to an evaluation target may take in all"
+        " (connecting, sending, reading the whole answer): its deadline",
     )

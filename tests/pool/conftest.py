@@ -120,6 +120,9 @@ class Target:
     # While set to an unset event, requests wait for it (a run in flight).
     hold: asyncio.Event | None = None
     waiting: int = 0
+    # Paths answered 200 with a body that never ends: a byte every ``drip_seconds``.
+    drips: set[str] = field(default_factory=set)
+    drip_seconds: float = 0.2
 
     @property
     def url(self) -> str:
@@ -134,7 +137,13 @@ class Target:
 async def target(fake_server) -> AsyncIterator[Target]:
     """A real HTTP server on 127.0.0.1 playing the system under evaluation."""
 
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.path in state.drips:
+            dripping = web.StreamResponse(headers={"content-type": "application/json"})
+            await dripping.prepare(request)
+            while True:  # until the caller gives up (or the server stops)
+                await dripping.write(b" ")
+                await asyncio.sleep(state.drip_seconds)
         if state.hold is not None and not state.hold.is_set():
             state.waiting += 1
             await state.hold.wait()
@@ -149,13 +158,13 @@ async def target(fake_server) -> AsyncIterator[Target]:
 
 @pytest.fixture
 async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_url, target):
-    """``await pool_stack(**pool_env)``: the pool service and a pool-worker process (local driver),
-    sharing a file clock and a registry, ``target`` on their allow-list. Returns (pool
-    service, worker)."""
+    """``await pool_stack(worker_env, **pool_env)``: the pool service and a pool-worker process
+    (local driver), sharing a file clock and a registry, ``target`` on their allow-list.
+    Returns (pool service, worker)."""
     workers: list[ManagedProcess] = []
     registry = tmp_path / "registry.sqlite"
 
-    async def start(**pool_env: str):
+    async def start(worker_env: dict[str, str] | None = None, **pool_env: str):
         env = {
             **file_clock.env,
             "DISPO_POOL_LOCAL_REGISTRY": str(registry),
@@ -177,6 +186,7 @@ async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_
                     "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
                     "DISPO_EGRESS_ALLOW": target.url,
                     **session_tokens().service_env("pool-worker"),
+                    **(worker_env or {}),
                 },
                 None,
                 tmp_path / "pool-worker.log",

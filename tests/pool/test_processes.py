@@ -10,6 +10,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.sdk import DispoError
+from sqlalchemy import text
 from support import eventually
 from support.auth import admin_channel
 from support.stack import alive
@@ -274,3 +275,27 @@ async def test_spawned_worker_is_restarted_and_dies_with_the_pool(
         assert done.runs_done == 2
     pool.kill()  # SIGKILL: no shutdown code runs, yet the worker follows its parent
     await eventually(lambda: not alive(restarted))
+
+
+async def test_a_target_dripping_its_answer_fails_the_run_at_its_deadline(
+    pool_stack, target, pool_engine
+):
+    """The deadline covers the whole call: a target sending a byte every 0.2 s, each read well
+    within the 1 s deadline, does not hold the cron; the run fails and the evaluation ends."""
+    target.drips.add("/drip")
+    pool, _ = await pool_stack(worker_env={"DISPO_POOL_WORKER_HTTP_TIMEOUT_SECONDS": "1"})
+    ask = create_request(target.url, "dripped", window_seconds=60, slot_count=1, runs_per_slot=1)
+    ask.cases[0].path = "/drip"
+    async with admin_channel(pool.address) as channel:
+        await pool_pb2_grpc.PoolServiceStub(channel).CreateEvaluation(ask)
+    done = await eventually(
+        lambda: _status(pool.address, "dripped", pb.EVALUATION_STATUS_COMPLETED)
+    )
+    assert done.runs_done == 1
+    async with pool_engine.connect() as conn:
+        [(verdict, reason)] = (
+            await conn.execute(
+                text("SELECT verdict, failure_reason FROM runs WHERE evaluation_id = 'dripped'")
+            )
+        ).all()
+    assert verdict == "error" and "1 s deadline" in reason
