@@ -95,28 +95,40 @@ async def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
 
 
 class SweepPass:
-    """One pass of the pool's sweeps, run every ``sweep_seconds`` of the service's clock; it
-    also wakes idle crons the moment a waiting evaluation's next slot falls due (the crons'
-    tick is the fallback). The first pass starts with the restart grace."""
+    """One pass of the pool's sweeps, run every ``sweep_seconds`` of the service's clock.
+    The first pass starts with the restart grace."""
 
     def __init__(self, pool: Pool, settings: PoolSettings) -> None:
         self.pool = pool
         self.settings = settings
         self._graced = False
 
-    async def __call__(self) -> Pause:
+    async def __call__(self) -> None:
         if not self._graced:
             self._graced = True
             try:
                 await sweeps.grace_after_restart(self.pool)
             except Exception as error:
                 log.warning("restart grace failed", error=repr(error))
+        await sweeps.run_all(self.pool, self.settings.sweep_batch)
+
+
+class SlotWakeups:
+    """Wakes idle crons the moment a waiting evaluation's next slot falls due (the crons'
+    tick is the fallback): each pass wakes as many idle crons as there are queue items and
+    sleeps until the next due slot, at most ``sweep_seconds``. The pool kicks it when that
+    time may have moved (``Pool.on_schedule_change``: an evaluation created, resumed or
+    boosted, or let go by its cron until its next slot)."""
+
+    def __init__(self, pool: Pool, settings: PoolSettings) -> None:
+        self.pool = pool
+        self.settings = settings
+
+    async def __call__(self) -> Pause:
         try:
-            await sweeps.run_all(self.pool, self.settings.sweep_batch)
-        except Exception as error:  # a sweep failing once is retried next pass
-            log.warning("sweep failed", error=repr(error))
-        # A failing wake-up is logged by the periodic part; the next pass is one interval on.
-        await self.pool.wake_idle_crons()
+            await self.pool.wake_idle_crons()
+        except Exception as error:  # the next pass tries again
+            log.warning("slot wake-up failed", error=repr(error))
         return Pause(await self._until_next_slot())
 
     async def _until_next_slot(self) -> float:
@@ -162,6 +174,8 @@ async def setup(rt: Runtime) -> None:
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.metrics.probe(lambda: pool_samples(pool))
     rt.add_periodic("sweeps", SweepPass(pool, settings), settings.sweep_seconds)
+    wakeups = rt.add_periodic("slot wake-ups", SlotWakeups(pool, settings), settings.sweep_seconds)
+    pool.on_schedule_change = wakeups.kick
     if settings.driver == "local" and settings.spawn_worker:
         worker = WorkerSupervisor(
             {

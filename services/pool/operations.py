@@ -93,6 +93,7 @@ class Pool:
         on_commit: Callable[[], None] = lambda: None,
         egress: AllowList = DEFAULT_EGRESS,
         analysis_models: AnalysisModels | None = None,
+        on_schedule_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.engine = engine
         self.egress = egress  # where an evaluation's target_url may point
@@ -102,6 +103,9 @@ class Pool:
         self.clock = clock
         self.policy = policy
         self.on_commit = on_commit  # kicks the outbox relay
+        # Asks for the time of the next due slot to be worked out again (the service's slot
+        # wake-ups): an evaluation was created, resumed or boosted, or a cron let one go.
+        self.on_schedule_change = on_schedule_change
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -154,6 +158,7 @@ class Pool:
                     raise repeated_differently(f"evaluation {ev.id!r}", differing)
                 return existing
         log.info("evaluation created", evaluation_id=ev.id)
+        self.on_schedule_change()
         await self.wake_idle_crons()
         return created
 
@@ -216,6 +221,7 @@ class Pool:
                 conn, ev.id, (EvaluationStatus.PAUSED,), target, now
             )
             result = await repo.evaluation_get(conn, ev.id)
+        self.on_schedule_change()
         await self.wake_idle_crons()
         assert result is not None
         return result
@@ -228,6 +234,7 @@ class Pool:
             if not await repo.evaluation_set_boost(conn, evaluation_id, boost):
                 raise FailedPrecondition(f"evaluation {evaluation_id} is finished")
             result = await repo.evaluation_get(conn, evaluation_id)
+        self.on_schedule_change()
         await self.wake_idle_crons()
         assert result is not None
         return result
@@ -239,7 +246,7 @@ class Pool:
         if not cron_id:
             raise InvalidArgument("cron_id", "required")
         now = self.clock.now()
-        changed = False
+        changed = let_go = False
         async with self.engine.begin() as conn:
             # Lock order everywhere: evaluation row, then cron row (the claim never waits on
             # an evaluation: SKIP LOCKED), so wakes, recordings, sweeps and operator commands
@@ -263,7 +270,7 @@ class Pool:
                     await repo.cron_release_if_holding(
                         conn, cron_id, cron.evaluation_id, AssignmentEnd.DONE, now
                     )
-                    changed = True
+                    changed = let_go = True
                 else:  # it changed hands while we looked: report, change nothing
                     current = await repo.evaluation_get(conn, cron.evaluation_id)
                     return WakeResult(
@@ -285,6 +292,8 @@ class Pool:
                         evaluation_id=ev.id,
                         runs_owed=result.runs_owed,
                     )
+        if let_go:  # its next slot is due later: when, is worked out again
+            self.on_schedule_change()
         if changed:
             self.on_commit()
             await self.write_driver_state(cron_id)
@@ -303,7 +312,7 @@ class Pool:
         if run_index < 0:
             raise InvalidArgument("run_index", "must be >= 0")
         now = self.clock.now()
-        released = False
+        released = let_go = False
         async with self.engine.begin() as conn:
             ev = await self._locked(conn, evaluation_id)
             if await repo.run_exists(conn, ev.id, run_index):
@@ -340,9 +349,11 @@ class Pool:
                 log.info("evaluation completed", evaluation_id=ev.id, cron_id=cron_id)
             elif ev.schedule.debt(now, ev.runs_done) == 0:
                 await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DONE, now)
-                released = True
+                released = let_go = True
             final = await repo.evaluation_get(conn, ev.id)
         self.on_commit()
+        if let_go:  # it waits for its next slot: when that falls due is worked out again
+            self.on_schedule_change()
         if released:
             await self.write_driver_state(cron_id)
         assert final is not None

@@ -299,3 +299,31 @@ async def test_a_target_dripping_its_answer_fails_the_run_at_its_deadline(
             )
         ).all()
     assert verdict == "error" and "1 s deadline" in reason
+
+
+async def test_a_new_evaluations_next_slot_wakes_a_cron_when_it_falls_due(
+    pool_stack, target, file_clock
+):
+    """Slot 1 falls due 60 s (clock) after slot 0: a cron takes it then, although neither the
+    sweeps (every 300 s) nor the crons' tick (every hour) would come round by that time."""
+    hour = {"DISPO_POOL_WORKER_TICK_SECONDS": "3600"}
+    pool, _ = await pool_stack(
+        worker_env=hour, DISPO_POOL_TICK_SECONDS="3600", DISPO_POOL_SWEEP_SECONDS="300"
+    )
+    async with admin_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        await eventually(lambda: _size(stub, 5))
+        await stub.CreateEvaluation(
+            create_request(target.url, "prompt", window_seconds=120, slot_count=2, runs_per_slot=1)
+        )
+    await eventually(lambda: _runs_done(pool.address, "prompt", 1))
+    # Slot 0 done, its cron let it go: the evaluation waits in the queue for slot 1.
+    await eventually(lambda: _unassigned(pool.address, "prompt"))
+    file_clock.advance(seconds=60)
+    done = await eventually(lambda: _status(pool.address, "prompt", pb.EVALUATION_STATUS_COMPLETED))
+    assert done.runs_done == 2
+
+
+async def _unassigned(address: str, evaluation_id: str):
+    ev = await evaluation(address, evaluation_id)
+    return ev if ev and not ev.assigned_cron_id else None
