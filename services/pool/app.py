@@ -15,6 +15,7 @@ from dispo.libs.stack.openclaw import ensure_openclaw
 from dispo.pool import repository as repo
 from dispo.pool import sweeps
 from dispo.pool.analysis_models import IntelligenceModels
+from dispo.pool.driver_calls import DriverCalls
 from dispo.pool.drivers import Driver
 from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.drivers.openclaw import (
@@ -94,13 +95,12 @@ async def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
     return LocalDriver(settings.local_registry, publish)
 
 
-class SweepPass:
-    """One pass of the pool's sweeps, run every ``sweep_seconds`` of the service's clock.
-    The first pass starts with the restart grace."""
+class StuckSweep:
+    """The stuck sweep's passes, the first after the restart grace."""
 
-    def __init__(self, pool: Pool, settings: PoolSettings) -> None:
+    def __init__(self, pool: Pool, batch: int) -> None:
         self.pool = pool
-        self.settings = settings
+        self.batch = batch
         self._graced = False
 
     async def __call__(self) -> None:
@@ -110,7 +110,20 @@ class SweepPass:
                 await sweeps.grace_after_restart(self.pool)
             except Exception as error:
                 log.warning("restart grace failed", error=repr(error))
-        await sweeps.run_all(self.pool, self.settings.sweep_batch)
+        await sweeps.stuck_sweep(self.pool, self.batch)
+
+
+def add_sweeps(rt: Runtime, pool: Pool, settings: PoolSettings) -> None:
+    """Every sweep a periodic part of its own, every ``sweep_seconds`` of the service's
+    clock, so a slow pass of one holds up no other (as the reconciler's sweeps); their
+    driver calls run beside them (``pool.driver_calls``). And the slot wake-ups, kicked by
+    the pool when the next due slot may have moved."""
+    every = settings.sweep_seconds
+    rt.add_periodic("stuck sweep", StuckSweep(pool, settings.sweep_batch), every)
+    rt.add_periodic("hold sweep", lambda: sweeps.hold_sweep(pool, settings.sweep_batch), every)
+    rt.add_periodic("scale sweep", lambda: sweeps.scale_sweep(pool), every)
+    wakeups = rt.add_periodic("slot wake-ups", SlotWakeups(pool, settings), every)
+    pool.on_schedule_change = wakeups.kick
 
 
 class SlotWakeups:
@@ -164,6 +177,10 @@ async def setup(rt: Runtime) -> None:
         on_commit=relay.kick,
         egress=rt.settings.egress,
         analysis_models=IntelligenceModels(rt.channel(settings.intelligence_address)),
+        driver_calls=rt.close_on_stop(
+            DriverCalls(settings.driver_concurrency, settings.driver_call_seconds),
+            name="driver calls",
+        ),
     )
     if isinstance(driver, OpenClawDriver):  # a lost compare-and-set asks the database again
         driver.state_of = pool.cron_driver_state
@@ -173,9 +190,7 @@ async def setup(rt: Runtime) -> None:
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.metrics.probe(lambda: pool_samples(pool))
-    rt.add_periodic("sweeps", SweepPass(pool, settings), settings.sweep_seconds)
-    wakeups = rt.add_periodic("slot wake-ups", SlotWakeups(pool, settings), settings.sweep_seconds)
-    pool.on_schedule_change = wakeups.kick
+    add_sweeps(rt, pool, settings)
     if settings.driver == "local" and settings.spawn_worker:
         worker = WorkerSupervisor(
             {

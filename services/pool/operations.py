@@ -29,6 +29,7 @@ from dispo.pool.domain import (
     PoolPolicy,
     RunResult,
 )
+from dispo.pool.driver_calls import DriverCalls
 from dispo.pool.drivers import Driver
 from dispo.pool.validation import DEFAULT_EGRESS, validate_evaluation
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -94,6 +95,7 @@ class Pool:
         egress: AllowList = DEFAULT_EGRESS,
         analysis_models: AnalysisModels | None = None,
         on_schedule_change: Callable[[], None] = lambda: None,
+        driver_calls: DriverCalls | None = None,
     ) -> None:
         self.engine = engine
         self.egress = egress  # where an evaluation's target_url may point
@@ -106,8 +108,16 @@ class Pool:
         # Asks for the time of the next due slot to be worked out again (the service's slot
         # wake-ups): an evaluation was created, resumed or boosted, or a cron let one go.
         self.on_schedule_change = on_schedule_change
+        # The sweeps' driver calls, run beside them (bounded, each with a deadline).
+        self.driver_calls = driver_calls or DriverCalls()
 
     # --- helpers -----------------------------------------------------------------------
+
+    async def settle(self) -> None:
+        """Until the driver calls asked for so far are done: the sweeps' creations and
+        removals, then the driver's own state writes and wake-ups."""
+        await self.driver_calls.drain()
+        await self.driver.drain()
 
     async def cron_driver_state(self, cron_id: str) -> dict | None:
         """The driver state of a cron as the database has it now (None: no such cron)."""

@@ -125,6 +125,18 @@ class PoolSettings(BaseSettings):
         description="How often (clock time) the pool runs its stuck, hold and scale sweeps",
     )
     sweep_batch: int = Field(default=100, description="Rows per sweep pass")
+    driver_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="Driver calls the sweeps' cron creations and removals make at once (they run"
+        " beside the sweeps, which never wait for them)",
+    )
+    driver_call_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description="How long one such creation or removal may take in all before it is"
+        " abandoned (the drift check repairs what it missed)",
+    )
 
     def policy(self) -> PoolPolicy:
         return PoolPolicy(

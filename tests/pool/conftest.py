@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -28,6 +31,7 @@ from dispo.pool.domain import (
     TestCase,
 )
 from dispo.pool.drivers.local import LocalDriver
+from dispo.pool.drivers.openclaw import OpenClawCli
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.sweeps import create_cron
@@ -105,7 +109,9 @@ async def stub(pool: Pool, authorizer) -> AsyncIterator[pool_pb2_grpc.PoolServic
 
 
 async def add_crons(pool: Pool, n: int) -> list[str]:
-    return [await create_cron(pool) for _ in range(n)]
+    crons = [await create_cron(pool) for _ in range(n)]
+    await pool.settle()  # the driver has them too
+    return crons
 
 
 def minutes(n: float) -> timedelta:
@@ -199,6 +205,61 @@ async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_
     yield start
     for worker in workers:
         worker.kill()
+
+
+FAKE_CLI = Path(__file__).with_name("fake_openclaw.py")
+
+
+@dataclass
+class FakeOpenClaw:
+    """The stand-in ``openclaw`` CLI (``fake_openclaw.py``) on its own folder."""
+
+    folder: Path
+
+    def cli(self, timeout: float = 60.0) -> OpenClawCli:
+        return OpenClawCli(
+            [sys.executable, str(FAKE_CLI)],
+            ["--port", "1", "--token", "t"],
+            {"FAKE_OPENCLAW_DIR": str(self.folder)},
+            timeout,
+        )
+
+    def behave(self, **behaviour: object) -> None:
+        """``hold=[...]``, ``apply_then_hold=True``, ``skip=[...]`` (see fake_openclaw.py)."""
+        (self.folder / "release").unlink(missing_ok=True)
+        (self.folder / "behaviour.json").write_text(json.dumps(behaviour))
+
+    def release(self) -> None:
+        """Held calls go on."""
+        (self.folder / "release").touch()
+
+    def in_flight(self) -> list[str]:
+        """The commands of the CLI processes running now."""
+        running = []
+        for entry in (self.folder / "in-flight").glob("*"):
+            try:
+                os.kill(int(entry.name), 0)
+                running.append(entry.read_text())
+            except (ProcessLookupError, FileNotFoundError):
+                continue
+        return running
+
+    def calls(self) -> list[str]:
+        log = self.folder / "calls.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def automations(self) -> dict[str, dict]:
+        """By declaration key."""
+        path = self.folder / "jobs.json"
+        jobs = json.loads(path.read_text()) if path.exists() else {}
+        return {job["declarationKey"]: job for job in jobs.values()}
+
+
+@pytest.fixture
+def fake_openclaw(tmp_path) -> FakeOpenClaw:
+    folder = tmp_path / "fake-openclaw"
+    (folder / "in-flight").mkdir(parents=True)
+    return FakeOpenClaw(folder)
 
 
 @pytest.fixture(scope="session")
