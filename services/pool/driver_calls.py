@@ -26,12 +26,15 @@ class DriverCalls:
         self.concurrency = concurrency
         self.deadline = deadline  # seconds one call may take, waiting for its turn excluded
         self._gate = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._last: dict[str, asyncio.Task[None]] = {}  # cron id -> its newest call
+        self._tasks: set[asyncio.Task[BaseException | None]] = set()
+        self._last: dict[str, asyncio.Task[BaseException | None]] = {}  # cron id -> newest call
 
-    def submit(self, what: str, cron_id: str, call: Callable[[], Awaitable[object]]) -> None:
+    def submit(
+        self, what: str, cron_id: str, call: Callable[[], Awaitable[object]]
+    ) -> asyncio.Task[BaseException | None]:
         """Run ``call()`` in its turn, after the calls submitted before for the same cron;
-        returns at once."""
+        returns at once, with the task that ends with the call (its result: None, or what
+        the call failed with — a ``TimeoutError`` past the deadline)."""
         before = self._last.get(cron_id)
         task = asyncio.create_task(
             self._run(what, cron_id, call, before), name=f"driver {what} {cron_id}"
@@ -39,12 +42,13 @@ class DriverCalls:
         self._tasks.add(task)
         self._last[cron_id] = task
 
-        def done(finished: asyncio.Task[None]) -> None:
+        def done(finished: asyncio.Task[BaseException | None]) -> None:
             self._tasks.discard(finished)
             if self._last.get(cron_id) is finished:
                 del self._last[cron_id]
 
         task.add_done_callback(done)
+        return task
 
     @property
     def in_flight(self) -> int:
@@ -69,20 +73,23 @@ class DriverCalls:
         what: str,
         cron_id: str,
         call: Callable[[], Awaitable[object]],
-        before: asyncio.Task[None] | None,
-    ) -> None:
+        before: asyncio.Task[BaseException | None] | None,
+    ) -> BaseException | None:
         if before is not None:
             await asyncio.wait([before])
         async with self._gate:
             try:
                 async with asyncio.timeout(self.deadline):
                     await call()
-            except TimeoutError:
+            except TimeoutError as error:
                 log.warning(
                     "driver call past its deadline; the drift check repairs what it missed",
                     call=what,
                     cron_id=cron_id,
                     deadline_seconds=self.deadline,
                 )
+                return error
             except Exception as error:
                 log.warning("driver call failed", call=what, cron_id=cron_id, error=str(error))
+                return error
+        return None

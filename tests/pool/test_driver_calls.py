@@ -1,12 +1,17 @@
 """Slow driver calls do not hold the sweeps: a sweep commits its decision and returns; the
 crons' creations and removals follow beside it, a bounded number at once, each within its
-deadline (the openclaw driver on a stand-in CLI whose calls the test holds)."""
+deadline. A drift repair is judged by what the driver holds after it. (The openclaw driver
+on a stand-in CLI whose calls the test holds.)"""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+from dispo.libs.errors import Unavailable
+from dispo.libs.repairs import RepairKind
 from dispo.pool.domain import CronStatus, PoolPolicy
+from dispo.pool.drift import apply_repair
 from dispo.pool.driver_calls import DriverCalls
 from dispo.pool.drivers.openclaw import OpenClawDriver
 from dispo.pool.operations import Pool
@@ -66,3 +71,35 @@ async def test_a_driver_call_past_its_deadline_is_abandoned(
     assert fake_openclaw.in_flight() == []  # its CLI process ended with it
     assert fake_openclaw.automations() == {}  # left to the drift check
     assert [c.id for c in await pool.crons()] == [cron]
+
+
+async def test_a_repair_is_what_the_driver_holds_after_it_not_its_calls_deadline(
+    pool_engine, manual_clock, fake_openclaw
+):
+    """OpenClaw creates the automation but the CLI call overruns its timeout: the repair is
+    applied (read back). One it never creates is refused UNAVAILABLE, and the next try does it."""
+    driver = OpenClawDriver(
+        fake_openclaw.cli(timeout=1), namespace="t", tick_seconds=3600, command=lambda c: "true"
+    )
+    pool = Pool(pool_engine, driver, manual_clock, PoolPolicy(), driver_calls=DriverCalls(4, 600))
+    driver.state_of = pool.cron_driver_state
+    fake_openclaw.behave(skip=["cron add"])  # the crons' creation never reaches OpenClaw
+    late, lost = await add_crons(pool, 2)
+    assert fake_openclaw.automations() == {}
+
+    fake_openclaw.behave(hold=["cron add"], apply_then_hold=True)  # created, then the CLI hangs
+    applied, detail = await apply_repair(pool, RepairKind.RECREATE_MISSING, late, time_left=30)
+    assert applied and "read back" in detail and "took over 1 s" in detail
+    assert set(fake_openclaw.automations()) == {f"dispo-pool:t:{late}"}
+
+    fake_openclaw.behave(hold=["cron add"], skip=["cron add"])  # hangs, creates nothing
+    with pytest.raises(Unavailable) as refused:
+        await apply_repair(pool, RepairKind.RECREATE_MISSING, lost, time_left=30)
+    assert "not in the driver when read back" in refused.value.message
+    fake_openclaw.release()
+    fake_openclaw.behave()  # OpenClaw answers again: the next check's repair does it
+    applied, detail = await apply_repair(pool, RepairKind.RECREATE_MISSING, lost, time_left=30)
+    assert applied and detail == "recreated in the driver (read back)"
+    assert set(fake_openclaw.automations()) == {f"dispo-pool:t:{late}", f"dispo-pool:t:{lost}"}
+    await pool.settle()
+    fake_openclaw.release()
