@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC
+from pathlib import Path
 
 import grpc
 import pytest
@@ -327,3 +329,24 @@ async def test_a_new_evaluations_next_slot_wakes_a_cron_when_it_falls_due(
 async def _unassigned(address: str, evaluation_id: str):
     ev = await evaluation(address, evaluation_id)
     return ev if ev and not ev.assigned_cron_id else None
+
+
+async def test_the_worker_keeps_its_open_files_over_many_ticks(pool_stack, target, file_clock):
+    """Every tick wakes every cron; 40 ticks (40 minutes of the clock) leave the worker with
+    the files it had after the first few."""
+    pool, worker = await pool_stack(DISPO_POOL_SWEEP_SECONDS="3600")
+    fds = Path(f"/proc/{worker.process.pid}/fd")
+    async with admin_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        await eventually(lambda: _size(stub, 5))
+
+        async def all_woke_at(moment) -> bool:
+            crons = (await stub.ListCrons(pb.ListCronsRequest())).crons
+            return all(c.last_activity.ToDatetime(tzinfo=UTC) >= moment for c in crons)
+
+        counts = []
+        for _ in range(40):
+            moment = file_clock.advance(seconds=60)
+            await eventually(lambda m=moment: all_woke_at(m))
+            counts.append(len(list(fds.iterdir())))
+    assert max(counts[5:]) <= counts[4], counts
