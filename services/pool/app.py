@@ -47,7 +47,9 @@ async def openclaw_driver(settings: PoolSettings, rt: Runtime) -> OpenClawDriver
         argv, env = [settings.openclaw_path], {"HOME": str(settings.openclaw_home)}
     else:  # the OpenClaw of the cache, installed now if missing (once, a few minutes, off
         # the event loop: the bus connection keeps answering its pings meanwhile)
-        install = await asyncio.to_thread(ensure_openclaw)
+        install = await asyncio.to_thread(
+            ensure_openclaw, progress=lambda line: log.info("openclaw", progress=line)
+        )
         argv, env = install.argv(), install.env(settings.openclaw_home)
     settings.openclaw_home.mkdir(parents=True, exist_ok=True)
     where = (
