@@ -153,8 +153,10 @@ async def scale_sweep(pool: Pool) -> int:
     if plan.delta == 0:
         return 0
     changed = 0
-    if plan.delta > 0:
-        changed = len([await create_cron(pool) for _ in range(plan.delta)])
+    if plan.delta > 0:  # the rows now, the driver's crons beside this sweep
+        for _ in range(plan.delta):
+            await create_cron(pool)
+        changed = plan.delta
     else:
         async with pool.engine.connect() as conn:
             victims = await repo.crons_idle_for_removal(conn, -plan.delta)
