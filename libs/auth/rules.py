@@ -101,7 +101,8 @@ RULES: dict[str, Rule] = {
         CompleteEvaluation=ADMIN,
         GetEvaluation=ADMIN,
         AssignAnalysisModel=ADMIN,
-        ListAnalysisModels=ADMIN,
+        # The pool checks a new evaluation's analysis_model against them.
+        ListAnalysisModels=internal("pool"),
         TriggerAnalysis=ADMIN,
         TriggerComparison=ADMIN,
         GetAnalysis=ADMIN,

@@ -198,7 +198,12 @@ def up(
     )
     if detach_:
         raise typer.Exit(detach(options, [a for a in _ARGV if a != "--detach"]))
-    raise typer.Exit(asyncio.run(_up(Stack(options))))
+    raise typer.Exit(asyncio.run(_up(Stack(options, progress=_progress))))
+
+
+def _progress(line: str) -> None:
+    """What a slow step of the start is doing (installing OpenClaw, say), as it happens."""
+    print(line, flush=True)
 
 
 async def _up(stack: Stack) -> int:

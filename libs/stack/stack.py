@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,6 +154,7 @@ PEERS = {
         "DISPO_RECONCILER_GATEWAY_ADDRESS": "gateway",
         "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": "pool",
     },
+    "pool": {"DISPO_POOL_INTELLIGENCE_ADDRESS": "intelligence"},
 }
 
 
@@ -293,8 +295,12 @@ def console_address(options: StackOptions) -> str:
 
 
 class Stack:
-    def __init__(self, options: StackOptions) -> None:
+    def __init__(
+        self, options: StackOptions, progress: Callable[[str], None] | None = None
+    ) -> None:
         self.options = options
+        # Told what a slow step of the start is doing (dispo up prints it).
+        self.progress = progress or (lambda line: None)
         self.postgres: EmbeddedPostgres | None = None
         self.nats: NatsServer | None = None
         self.nats_cluster: NatsCluster | None = None
@@ -443,14 +449,14 @@ class Stack:
             return env, []
         from dispo.libs.stack.openclaw import OpenClawGateway, ensure_openclaw
 
-        install = await asyncio.to_thread(ensure_openclaw)  # minutes, the first time only
+        # Minutes, the first time only: it says what it is doing.
+        install = await asyncio.to_thread(ensure_openclaw, progress=self.progress)
         token = options.openclaw_token or _kept_token(options.data_dir / "openclaw" / "token")
-        gateway = OpenClawGateway(
-            install,
-            home,
-            options.data_dir / "logs" / f"{OPENCLAW}.log",
-            port=options.openclaw_port,
-            token=token,
+        log_path = options.data_dir / "logs" / f"{OPENCLAW}.log"
+        gateway = OpenClawGateway(install, home, log_path, port=options.openclaw_port, token=token)
+        self.progress(
+            f"starting the OpenClaw gateway on 127.0.0.1:{gateway.port} (a minute or so; its"
+            f" log: {log_path})"
         )
         env.update(gateway.cli_env())
         spec = gateway.process.spec

@@ -14,6 +14,8 @@ from dispo.libs.service import Runtime, run_service
 from dispo.libs.stack.openclaw import ensure_openclaw
 from dispo.pool import repository as repo
 from dispo.pool import sweeps
+from dispo.pool.analysis_models import IntelligenceModels
+from dispo.pool.driver_calls import DriverCalls
 from dispo.pool.drivers import Driver
 from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.drivers.openclaw import (
@@ -45,7 +47,9 @@ async def openclaw_driver(settings: PoolSettings, rt: Runtime) -> OpenClawDriver
         argv, env = [settings.openclaw_path], {"HOME": str(settings.openclaw_home)}
     else:  # the OpenClaw of the cache, installed now if missing (once, a few minutes, off
         # the event loop: the bus connection keeps answering its pings meanwhile)
-        install = await asyncio.to_thread(ensure_openclaw)
+        install = await asyncio.to_thread(
+            ensure_openclaw, progress=lambda line: log.info("openclaw", progress=line)
+        )
         argv, env = install.argv(), install.env(settings.openclaw_home)
     settings.openclaw_home.mkdir(parents=True, exist_ok=True)
     where = (
@@ -93,29 +97,53 @@ async def make_driver(settings: PoolSettings, rt: Runtime) -> Driver:
     return LocalDriver(settings.local_registry, publish)
 
 
-class SweepPass:
-    """One pass of the pool's sweeps, run every ``sweep_seconds`` of the service's clock; it
-    also wakes idle crons the moment a waiting evaluation's next slot falls due (the crons'
-    tick is the fallback). The first pass starts with the restart grace."""
+class StuckSweep:
+    """The stuck sweep's passes, the first after the restart grace."""
 
-    def __init__(self, pool: Pool, settings: PoolSettings) -> None:
+    def __init__(self, pool: Pool, batch: int) -> None:
         self.pool = pool
-        self.settings = settings
+        self.batch = batch
         self._graced = False
 
-    async def __call__(self) -> Pause:
+    async def __call__(self) -> None:
         if not self._graced:
             self._graced = True
             try:
                 await sweeps.grace_after_restart(self.pool)
             except Exception as error:
                 log.warning("restart grace failed", error=repr(error))
+        await sweeps.stuck_sweep(self.pool, self.batch)
+
+
+def add_sweeps(rt: Runtime, pool: Pool, settings: PoolSettings) -> None:
+    """Every sweep a periodic part of its own, every ``sweep_seconds`` of the service's
+    clock, so a slow pass of one holds up no other (as the reconciler's sweeps); their
+    driver calls run beside them (``pool.driver_calls``). And the slot wake-ups, kicked by
+    the pool when the next due slot may have moved."""
+    every = settings.sweep_seconds
+    rt.add_periodic("stuck sweep", StuckSweep(pool, settings.sweep_batch), every)
+    rt.add_periodic("hold sweep", lambda: sweeps.hold_sweep(pool, settings.sweep_batch), every)
+    rt.add_periodic("scale sweep", lambda: sweeps.scale_sweep(pool), every)
+    wakeups = rt.add_periodic("slot wake-ups", SlotWakeups(pool, settings), every)
+    pool.on_schedule_change = wakeups.kick
+
+
+class SlotWakeups:
+    """Wakes idle crons the moment a waiting evaluation's next slot falls due (the crons'
+    tick is the fallback): each pass wakes as many idle crons as there are queue items and
+    sleeps until the next due slot, at most ``sweep_seconds``. The pool kicks it when that
+    time may have moved (``Pool.on_schedule_change``: an evaluation created, resumed or
+    boosted, or let go by its cron until its next slot)."""
+
+    def __init__(self, pool: Pool, settings: PoolSettings) -> None:
+        self.pool = pool
+        self.settings = settings
+
+    async def __call__(self) -> Pause:
         try:
-            await sweeps.run_all(self.pool, self.settings.sweep_batch)
-        except Exception as error:  # a sweep failing once is retried next pass
-            log.warning("sweep failed", error=repr(error))
-        # A failing wake-up is logged by the periodic part; the next pass is one interval on.
-        await self.pool.wake_idle_crons()
+            await self.pool.wake_idle_crons()
+        except Exception as error:  # the next pass tries again
+            log.warning("slot wake-up failed", error=repr(error))
         return Pause(await self._until_next_slot())
 
     async def _until_next_slot(self) -> float:
@@ -150,6 +178,11 @@ async def setup(rt: Runtime) -> None:
         settings.policy(),
         on_commit=relay.kick,
         egress=rt.settings.egress,
+        analysis_models=IntelligenceModels(rt.channel(settings.intelligence_address)),
+        driver_calls=rt.close_on_stop(
+            DriverCalls(settings.driver_concurrency, settings.driver_call_seconds),
+            name="driver calls",
+        ),
     )
     if isinstance(driver, OpenClawDriver):  # a lost compare-and-set asks the database again
         driver.state_of = pool.cron_driver_state
@@ -159,7 +192,7 @@ async def setup(rt: Runtime) -> None:
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.metrics.probe(lambda: pool_samples(pool))
-    rt.add_periodic("sweeps", SweepPass(pool, settings), settings.sweep_seconds)
+    add_sweeps(rt, pool, settings)
     if settings.driver == "local" and settings.spawn_worker:
         worker = WorkerSupervisor(
             {

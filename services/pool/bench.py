@@ -70,6 +70,7 @@ async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
         egress=AllowList.parse(TARGET),  # never called: the bench records runs itself
     )
     ids = [await create_cron(pool) for _ in range(crons)]
+    await pool.settle()
     case = (TestCase("c1"),)
     for i in range(evaluations):
         await pool.create_evaluation(

@@ -3,14 +3,22 @@
 The reconciler never reads the pool's tables: it gets :func:`drift_view` over gRPC,
 decides, and calls :func:`apply_repair`, which re-checks the drift under the pool's own
 guards before changing anything (a drift that has gone away is reported as not applied).
+
+A repair of the driver is judged by what the driver holds after it, read back, not by its
+call: a call that failed or overran whose effect is there is applied; one whose effect is
+missing is ``UNAVAILABLE`` (recorded failed; the next check plans it again). The call runs
+beside the request (the pool's driver calls) and is waited for at most half the time the
+caller has left, the other half being the read-back's.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from dispo.libs.errors import InvalidArgument
+from dispo.libs.errors import InvalidArgument, Unavailable
 from dispo.libs.logging import get_logger
 from dispo.libs.repairs import RepairKind
 from dispo.pool import repository as repo
@@ -45,9 +53,54 @@ async def drift_view(pool: Pool) -> DriftView:
     return DriftView(pool.driver.name, crons, driver_crons, evaluations, pool.clock.now())
 
 
+async def _driver_repair(
+    pool: Pool,
+    what: str,
+    cron_id: str,
+    call: Callable[[], Awaitable[object]],
+    holds: Callable[[DriverCron | None], bool],
+    time_left: float | None,
+) -> BaseException | None:
+    """Run ``call`` (beside the request) and read the cron back; returns what the call
+    failed with, if anything, when ``holds(read back)``, else raises ``Unavailable``."""
+    task = pool.driver_calls.submit(what, cron_id, call)
+    wait = pool.driver_calls.deadline if time_left is None else time_left / 2
+    finished, _ = await asyncio.wait([task], timeout=wait)
+    failed = task.result() if finished else None
+    try:
+        found = await pool.driver.find(cron_id)
+    except Exception as error:
+        raise Unavailable(
+            f"{what} of cron {cron_id}: cannot read the driver back ({error}); the next"
+            " check looks again"
+        ) from None
+    if holds(found):
+        return failed
+    how = f"its call failed: {_said(failed)}" if failed else "its call is still running"
+    if finished and failed is None:
+        how = "its call succeeded"
+    raise Unavailable(
+        f"{what} of cron {cron_id}: not in the driver when read back ({how}); the next check"
+        " tries again"
+    )
+
+
+def _said(error: BaseException) -> str:
+    return str(error) or type(error).__name__
+
+
+def _read_back(failed: BaseException | None) -> str:
+    return f" (read back; its call failed: {_said(failed)})" if failed else " (read back)"
+
+
 async def apply_repair(
-    pool: Pool, kind: RepairKind, cron_id: str, evaluation_id: str = ""
+    pool: Pool,
+    kind: RepairKind,
+    cron_id: str,
+    evaluation_id: str = "",
+    time_left: float | None = None,
 ) -> tuple[bool, str]:
+    """``time_left``: seconds the caller still waits (None: no deadline)."""
     if not cron_id:
         raise InvalidArgument("cron_id", "required")
     now = pool.clock.now()
@@ -58,20 +111,49 @@ async def apply_repair(
     if kind is RepairKind.REMOVE_ORPHAN:
         if cron is not None or found is None:
             return False, "not an orphan any more"
-        await pool.driver.remove(cron_id)
-        return True, "removed from the driver"
+        failed = await _driver_repair(
+            pool,
+            "removal",
+            cron_id,
+            lambda: pool.driver.remove(cron_id),
+            lambda back: back is None,
+            time_left,
+        )
+        return True, "removed from the driver" + _read_back(failed)
     if cron is None:
         return False, "the pool has no such cron"
+    state = cron.driver_state()
     if kind is RepairKind.RECREATE_MISSING:
         if found is not None or cron.status is CronStatus.STUCK:
             return False, "the driver has it (or it is being replaced)"
-        await pool.driver.create(cron_id, cron.driver_state())
-        return True, "recreated in the driver"
+        failed = await _driver_repair(
+            pool,
+            "re-creation",
+            cron_id,
+            lambda: pool.driver.create(cron_id, state),
+            lambda back: back is not None,
+            time_left,
+        )
+        if failed is not None:  # there, maybe without its state: written after it
+            await pool.write_driver_state(cron_id)
+        return True, "recreated in the driver" + _read_back(failed)
     if kind is RepairKind.REWRITE_STATE:
-        if found is None or found.state == cron.driver_state():
+        if found is None or found.state == state:
             return False, "states agree"
-        await pool.driver.write_state(cron_id, cron.driver_state())
-        return True, f"driver state set to {cron.driver_state()}"
+
+        async def rewrite() -> None:
+            await pool.driver.write_state(cron_id, state)
+            await pool.driver.drain()
+
+        failed = await _driver_repair(
+            pool,
+            "state rewrite",
+            cron_id,
+            rewrite,
+            lambda back: back is not None and back.state == state,
+            time_left,
+        )
+        return True, f"driver state set to {state}" + _read_back(failed)
     if not evaluation_id:
         raise InvalidArgument("evaluation_id", "required for this repair")
     async with pool.engine.begin() as conn:

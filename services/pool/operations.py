@@ -18,6 +18,7 @@ from dispo.libs.logging import get_logger
 from dispo.libs.metrics import age_seconds
 from dispo.pool import events
 from dispo.pool import repository as repo
+from dispo.pool.analysis_models import AnalysisModels, NoAnalysisModels, require_registered
 from dispo.pool.domain import (
     EVALUATION_TRANSITIONS,
     AssignmentEnd,
@@ -28,6 +29,7 @@ from dispo.pool.domain import (
     PoolPolicy,
     RunResult,
 )
+from dispo.pool.driver_calls import DriverCalls
 from dispo.pool.drivers import Driver
 from dispo.pool.validation import DEFAULT_EGRESS, validate_evaluation
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -91,15 +93,31 @@ class Pool:
         policy: PoolPolicy,
         on_commit: Callable[[], None] = lambda: None,
         egress: AllowList = DEFAULT_EGRESS,
+        analysis_models: AnalysisModels | None = None,
+        on_schedule_change: Callable[[], None] = lambda: None,
+        driver_calls: DriverCalls | None = None,
     ) -> None:
         self.engine = engine
         self.egress = egress  # where an evaluation's target_url may point
+        # which analysis_model an evaluation may name (the intelligence service's)
+        self.analysis_models = analysis_models or NoAnalysisModels()
         self.driver = driver
         self.clock = clock
         self.policy = policy
         self.on_commit = on_commit  # kicks the outbox relay
+        # Asks for the time of the next due slot to be worked out again (the service's slot
+        # wake-ups): an evaluation was created, resumed or boosted, or a cron let one go.
+        self.on_schedule_change = on_schedule_change
+        # The sweeps' driver calls, run beside them (bounded, each with a deadline).
+        self.driver_calls = driver_calls or DriverCalls()
 
     # --- helpers -----------------------------------------------------------------------
+
+    async def settle(self) -> None:
+        """Until the driver calls asked for so far are done: the sweeps' creations and
+        removals, then the driver's own state writes and wake-ups."""
+        await self.driver_calls.drain()
+        await self.driver.drain()
 
     async def cron_driver_state(self, cron_id: str) -> dict | None:
         """The driver state of a cron as the database has it now (None: no such cron)."""
@@ -138,6 +156,7 @@ class Pool:
         if not ev.id:
             ev = replace(ev, id=f"ev-{uuid.uuid4().hex[:16]}")
         validate_evaluation(ev, self.egress, self.policy)
+        await require_registered(ev.analysis_model, self.analysis_models)
         now = self.clock.now()
         async with self.engine.begin() as conn:
             created = await repo.evaluation_insert(conn, ev, now)
@@ -149,6 +168,7 @@ class Pool:
                     raise repeated_differently(f"evaluation {ev.id!r}", differing)
                 return existing
         log.info("evaluation created", evaluation_id=ev.id)
+        self.on_schedule_change()
         await self.wake_idle_crons()
         return created
 
@@ -211,6 +231,7 @@ class Pool:
                 conn, ev.id, (EvaluationStatus.PAUSED,), target, now
             )
             result = await repo.evaluation_get(conn, ev.id)
+        self.on_schedule_change()
         await self.wake_idle_crons()
         assert result is not None
         return result
@@ -223,6 +244,7 @@ class Pool:
             if not await repo.evaluation_set_boost(conn, evaluation_id, boost):
                 raise FailedPrecondition(f"evaluation {evaluation_id} is finished")
             result = await repo.evaluation_get(conn, evaluation_id)
+        self.on_schedule_change()
         await self.wake_idle_crons()
         assert result is not None
         return result
@@ -234,7 +256,7 @@ class Pool:
         if not cron_id:
             raise InvalidArgument("cron_id", "required")
         now = self.clock.now()
-        changed = False
+        changed = let_go = False
         async with self.engine.begin() as conn:
             # Lock order everywhere: evaluation row, then cron row (the claim never waits on
             # an evaluation: SKIP LOCKED), so wakes, recordings, sweeps and operator commands
@@ -258,7 +280,7 @@ class Pool:
                     await repo.cron_release_if_holding(
                         conn, cron_id, cron.evaluation_id, AssignmentEnd.DONE, now
                     )
-                    changed = True
+                    changed = let_go = True
                 else:  # it changed hands while we looked: report, change nothing
                     current = await repo.evaluation_get(conn, cron.evaluation_id)
                     return WakeResult(
@@ -280,6 +302,8 @@ class Pool:
                         evaluation_id=ev.id,
                         runs_owed=result.runs_owed,
                     )
+        if let_go:  # its next slot is due later: when, is worked out again
+            self.on_schedule_change()
         if changed:
             self.on_commit()
             await self.write_driver_state(cron_id)
@@ -298,7 +322,7 @@ class Pool:
         if run_index < 0:
             raise InvalidArgument("run_index", "must be >= 0")
         now = self.clock.now()
-        released = False
+        released = let_go = False
         async with self.engine.begin() as conn:
             ev = await self._locked(conn, evaluation_id)
             if await repo.run_exists(conn, ev.id, run_index):
@@ -335,9 +359,11 @@ class Pool:
                 log.info("evaluation completed", evaluation_id=ev.id, cron_id=cron_id)
             elif ev.schedule.debt(now, ev.runs_done) == 0:
                 await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DONE, now)
-                released = True
+                released = let_go = True
             final = await repo.evaluation_get(conn, ev.id)
         self.on_commit()
+        if let_go:  # it waits for its next slot: when that falls due is worked out again
+            self.on_schedule_change()
         if released:
             await self.write_driver_state(cron_id)
         assert final is not None

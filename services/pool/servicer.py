@@ -296,6 +296,6 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
     async def ApplyRepair(self, request, context) -> pb.ApplyRepairResponse:
         kind = repair_kind_from_pb(request.kind)
         applied, detail = await drift.apply_repair(
-            self.pool, kind, request.cron_id, request.evaluation_id
+            self.pool, kind, request.cron_id, request.evaluation_id, context.time_remaining()
         )
         return pb.ApplyRepairResponse(applied=applied, detail=detail)

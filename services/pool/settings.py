@@ -82,6 +82,12 @@ class PoolSettings(BaseSettings):
         default=90.0, description="openclaw driver: how long one CLI call may take"
     )
 
+    intelligence_address: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['intelligence']}",
+        description="The intelligence service's gRPC address: CreateEvaluation asks it which"
+        " analysis models an evaluation may name",
+    )
+
     min_size: int = Field(default=PoolPolicy.min_size, description="Fewest crons the pool keeps")
     max_size: int = Field(default=PoolPolicy.max_size, description="Most crons the pool runs")
     scale_up_ratio: float = Field(
@@ -119,6 +125,18 @@ class PoolSettings(BaseSettings):
         description="How often (clock time) the pool runs its stuck, hold and scale sweeps",
     )
     sweep_batch: int = Field(default=100, description="Rows per sweep pass")
+    driver_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="Driver calls the sweeps' cron creations and removals make at once (they run"
+        " beside the sweeps, which never wait for them)",
+    )
+    driver_call_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description="How long one such creation or removal may take in all before it is"
+        " abandoned (the drift check repairs what it missed)",
+    )
 
     def policy(self) -> PoolPolicy:
         return PoolPolicy(
@@ -152,5 +170,8 @@ class WorkerSettings(BaseSettings):
         default=PoolPolicy.tick_seconds, description="Cron wake interval (the pool's tick)"
     )
     http_timeout_seconds: float = Field(
-        default=30.0, description="How long an HTTP call to an evaluation target may take"
+        default=30.0,
+        gt=0,
+        description="How long one run's HTTP call to an evaluation target may take in all"
+        " (connecting, sending, reading the whole answer): its deadline",
     )

@@ -4,11 +4,14 @@
   replaced; its evaluation is marked stuck and handed to the replacement.
 - :func:`hold_sweep`: an evaluation holding a cron for ``hold_seconds`` is force-released.
 - :func:`scale_sweep`: resize within the bounds by the busy ratio / idle surplus rules.
+
+A sweep changes the pool's database and returns; the driver calls that follow (creating
+and removing crons) run beside it through the pool's :class:`~dispo.pool.driver_calls.
+DriverCalls`, so a slow driver never holds a sweep's cadence (``Pool.settle`` waits for them).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field, replace
 
 from dispo.libs import metrics
@@ -29,26 +32,38 @@ class StuckReport:
 
 
 async def create_cron(pool: Pool) -> str:
-    """A new idle cron: the DB row first (so the drift check never sees it as an orphan)."""
-    cron_id = new_cron_id()
-    async with pool.engine.begin() as conn:
-        await repo.cron_insert(conn, cron_id, pool.clock.now())
-    try:
-        await pool.driver.create(cron_id, {"status": "idle", "eval_id": ""})
-    except Exception as error:  # the drift check recreates it
-        log.warning("driver create failed", cron_id=cron_id, error=str(error))
+    """A new idle cron: the DB row now (so the drift check never sees it as an orphan), the
+    driver's cron beside the caller (:func:`bring_up`)."""
+    cron_id = await _cron_row(pool)
+    pool.driver_calls.submit("create", cron_id, lambda: bring_up(pool, cron_id))
     return cron_id
 
 
+async def _cron_row(pool: Pool) -> str:
+    cron_id = new_cron_id()
+    async with pool.engine.begin() as conn:
+        await repo.cron_insert(conn, cron_id, pool.clock.now())
+    return cron_id
+
+
+async def bring_up(pool: Pool, cron_id: str) -> None:
+    """Create the cron in the driver with the state the database holds by then, and wake it
+    when it holds an evaluation or work is waiting (a failure: the drift check recreates it)."""
+    state = await pool.cron_driver_state(cron_id)
+    if state is None:  # removed meanwhile
+        return
+    await pool.driver.create(cron_id, state)
+    if state.get("status") == "busy" or (await pool.load()).queue_depth:
+        await pool.driver.trigger(cron_id)
+
+
 async def remove_cron(pool: Pool, cron_id: str, expected: CronStatus) -> bool:
-    """Delete a cron in the expected status from the DB, then from the driver."""
+    """Delete a cron in the expected status from the DB now, from the driver beside the
+    caller (a failure: the drift check removes the orphan)."""
     async with pool.engine.begin() as conn:
         if not await repo.cron_delete_if(conn, cron_id, expected):
             return False
-    try:
-        await pool.driver.remove(cron_id)
-    except Exception as error:  # the drift check removes the orphan
-        log.warning("driver remove failed", cron_id=cron_id, error=str(error))
+    pool.driver_calls.submit("remove", cron_id, lambda: pool.driver.remove(cron_id))
     return True
 
 
@@ -82,14 +97,15 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
     # Remove every stuck cron (also ones a crash left behind) and replace it.
     for cron_id in stuck_left:
         if await remove_cron(pool, cron_id, CronStatus.STUCK):
-            report.replacements[cron_id] = await create_cron(pool)
+            report.replacements[cron_id] = await _cron_row(pool)
     if report.replacements:
         async with pool.engine.begin() as conn:
             size = sum((await repo.cron_counts(conn)).values())
             await repo.resize_record(
                 conn, size, size, f"replaced {len(report.replacements)} stuck", now
             )
-    # Hand each stuck evaluation to a fresh cron at once.
+    # Hand each stuck evaluation to a fresh cron at once; the driver creates the
+    # replacements afterwards, each with its state then (busy: woken at once).
     spare = list(report.replacements.values())
     for evaluation_id in report.stuck_evaluations:
         if not spare:
@@ -99,11 +115,8 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
             claim = await repo.evaluation_claim_top_for_cron(conn, cron_id, now, evaluation_id)
         if claim is not None:
             report.handed_over[evaluation_id] = cron_id
-            await pool.write_driver_state(cron_id)
-            try:
-                await pool.driver.trigger(cron_id)
-            except Exception as error:
-                log.warning("wake-up failed", cron_id=cron_id, error=str(error))
+    for cron_id in report.replacements.values():
+        pool.driver_calls.submit("create", cron_id, lambda c=cron_id: bring_up(pool, c))
     return report
 
 
@@ -140,8 +153,10 @@ async def scale_sweep(pool: Pool) -> int:
     if plan.delta == 0:
         return 0
     changed = 0
-    if plan.delta > 0:  # side by side: a driver call may take seconds
-        changed = len(await asyncio.gather(*(create_cron(pool) for _ in range(plan.delta))))
+    if plan.delta > 0:  # the rows now, the driver's crons beside this sweep
+        for _ in range(plan.delta):
+            await create_cron(pool)
+        changed = plan.delta
     else:
         async with pool.engine.connect() as conn:
             victims = await repo.crons_idle_for_removal(conn, -plan.delta)
@@ -154,8 +169,6 @@ async def scale_sweep(pool: Pool) -> int:
         log.info(
             "pool resized", from_size=busy + idle, to_size=busy + idle + changed, reason=plan.reason
         )
-        if changed > 0:
-            await pool.wake_idle_crons()
     return changed
 
 
@@ -164,9 +177,3 @@ async def grace_after_restart(pool: Pool) -> int:
     their silence is not held against them (a dead worker is still caught 10 minutes later)."""
     async with pool.engine.begin() as conn:
         return await repo.crons_touch_all_live(conn, pool.clock.now())
-
-
-async def run_all(pool: Pool, batch: int = 100) -> None:
-    await stuck_sweep(pool, batch)
-    await hold_sweep(pool, batch)
-    await scale_sweep(pool)

@@ -32,7 +32,7 @@ async def wake(cron_id: str, pool_address: str, http_timeout: float, token: str)
         open_channel(pool_address, token) as channel,
         httpx.AsyncClient(timeout=http_timeout) as http,
     ):
-        return await serve_cron(pool_pb2_grpc.PoolServiceStub(channel), http, cron_id)
+        return await serve_cron(pool_pb2_grpc.PoolServiceStub(channel), http, cron_id, http_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         help="a file holding the token to call the pool with (default: DISPO_SERVICE_TOKEN)",
     )
     parser.add_argument(
-        "--http-timeout", type=float, default=30.0, help="seconds one call to the target may take"
+        "--http-timeout",
+        type=float,
+        default=30.0,
+        help="seconds one call to the target may take in all (a run's deadline)",
     )
     args = parser.parse_args(argv)
     try:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -28,6 +31,7 @@ from dispo.pool.domain import (
     TestCase,
 )
 from dispo.pool.drivers.local import LocalDriver
+from dispo.pool.drivers.openclaw import OpenClawCli
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.sweeps import create_cron
@@ -105,7 +109,9 @@ async def stub(pool: Pool, authorizer) -> AsyncIterator[pool_pb2_grpc.PoolServic
 
 
 async def add_crons(pool: Pool, n: int) -> list[str]:
-    return [await create_cron(pool) for _ in range(n)]
+    crons = [await create_cron(pool) for _ in range(n)]
+    await pool.settle()  # the driver has them too
+    return crons
 
 
 def minutes(n: float) -> timedelta:
@@ -120,6 +126,9 @@ class Target:
     # While set to an unset event, requests wait for it (a run in flight).
     hold: asyncio.Event | None = None
     waiting: int = 0
+    # Paths answered 200 with a body that never ends: a byte every ``drip_seconds``.
+    drips: set[str] = field(default_factory=set)
+    drip_seconds: float = 0.2
 
     @property
     def url(self) -> str:
@@ -134,7 +143,13 @@ class Target:
 async def target(fake_server) -> AsyncIterator[Target]:
     """A real HTTP server on 127.0.0.1 playing the system under evaluation."""
 
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.path in state.drips:
+            dripping = web.StreamResponse(headers={"content-type": "application/json"})
+            await dripping.prepare(request)
+            while True:  # until the caller gives up (or the server stops)
+                await dripping.write(b" ")
+                await asyncio.sleep(state.drip_seconds)
         if state.hold is not None and not state.hold.is_set():
             state.waiting += 1
             await state.hold.wait()
@@ -149,13 +164,13 @@ async def target(fake_server) -> AsyncIterator[Target]:
 
 @pytest.fixture
 async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_url, target):
-    """``await pool_stack(**pool_env)``: the pool service and a pool-worker process (local driver),
-    sharing a file clock and a registry, ``target`` on their allow-list. Returns (pool
-    service, worker)."""
+    """``await pool_stack(worker_env, **pool_env)``: the pool service and a pool-worker process
+    (local driver), sharing a file clock and a registry, ``target`` on their allow-list.
+    Returns (pool service, worker)."""
     workers: list[ManagedProcess] = []
     registry = tmp_path / "registry.sqlite"
 
-    async def start(**pool_env: str):
+    async def start(worker_env: dict[str, str] | None = None, **pool_env: str):
         env = {
             **file_clock.env,
             "DISPO_POOL_LOCAL_REGISTRY": str(registry),
@@ -177,6 +192,7 @@ async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_
                     "DISPO_POOL_WORKER_LOCAL_REGISTRY": str(registry),
                     "DISPO_EGRESS_ALLOW": target.url,
                     **session_tokens().service_env("pool-worker"),
+                    **(worker_env or {}),
                 },
                 None,
                 tmp_path / "pool-worker.log",
@@ -189,6 +205,61 @@ async def pool_stack(start_service, file_clock, tmp_path, infra, role_url, nats_
     yield start
     for worker in workers:
         worker.kill()
+
+
+FAKE_CLI = Path(__file__).with_name("fake_openclaw.py")
+
+
+@dataclass
+class FakeOpenClaw:
+    """The stand-in ``openclaw`` CLI (``fake_openclaw.py``) on its own folder."""
+
+    folder: Path
+
+    def cli(self, timeout: float = 60.0) -> OpenClawCli:
+        return OpenClawCli(
+            [sys.executable, str(FAKE_CLI)],
+            ["--port", "1", "--token", "t"],
+            {"FAKE_OPENCLAW_DIR": str(self.folder)},
+            timeout,
+        )
+
+    def behave(self, **behaviour: object) -> None:
+        """``hold=[...]``, ``apply_then_hold=True``, ``skip=[...]`` (see fake_openclaw.py)."""
+        (self.folder / "release").unlink(missing_ok=True)
+        (self.folder / "behaviour.json").write_text(json.dumps(behaviour))
+
+    def release(self) -> None:
+        """Held calls go on."""
+        (self.folder / "release").touch()
+
+    def in_flight(self) -> list[str]:
+        """The commands of the CLI processes running now."""
+        running = []
+        for entry in (self.folder / "in-flight").glob("*"):
+            try:
+                os.kill(int(entry.name), 0)
+                running.append(entry.read_text())
+            except (ProcessLookupError, FileNotFoundError):
+                continue
+        return running
+
+    def calls(self) -> list[str]:
+        log = self.folder / "calls.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def automations(self) -> dict[str, dict]:
+        """By declaration key."""
+        path = self.folder / "jobs.json"
+        jobs = json.loads(path.read_text()) if path.exists() else {}
+        return {job["declarationKey"]: job for job in jobs.values()}
+
+
+@pytest.fixture
+def fake_openclaw(tmp_path) -> FakeOpenClaw:
+    folder = tmp_path / "fake-openclaw"
+    (folder / "in-flight").mkdir(parents=True)
+    return FakeOpenClaw(folder)
 
 
 @pytest.fixture(scope="session")

@@ -336,6 +336,10 @@ async def test_dispo_up_starts_a_gateway_for_the_pool(
             while not printed or "Ctrl-C" not in printed[-1]:
                 printed.append(await asyncio.to_thread(up.stdout.readline))
                 assert printed[-1], "".join(printed)
+        # It said what it was doing before the services were up.
+        banner = next(i for i, line in enumerate(printed) if line.startswith("Dispo is up"))
+        starting = [i for i, line in enumerate(printed) if "starting the OpenClaw gateway" in line]
+        assert starting and starting[0] < banner, "".join(printed)
         state = read_state(data)
         assert set(state["services"]) == {"pool"} and "pool-worker" not in state["companions"]
         gateway_pid = state["infrastructure"]["openclaw"]["pid"]

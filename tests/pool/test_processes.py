@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC
+from pathlib import Path
 
 import grpc
 import pytest
@@ -10,6 +12,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.sdk import DispoError
+from sqlalchemy import text
 from support import eventually
 from support.auth import admin_channel
 from support.stack import alive
@@ -274,3 +277,76 @@ async def test_spawned_worker_is_restarted_and_dies_with_the_pool(
         assert done.runs_done == 2
     pool.kill()  # SIGKILL: no shutdown code runs, yet the worker follows its parent
     await eventually(lambda: not alive(restarted))
+
+
+async def test_a_target_dripping_its_answer_fails_the_run_at_its_deadline(
+    pool_stack, target, pool_engine
+):
+    """The deadline covers the whole call: a target sending a byte every 0.2 s, each read well
+    within the 1 s deadline, does not hold the cron; the run fails and the evaluation ends."""
+    target.drips.add("/drip")
+    pool, _ = await pool_stack(worker_env={"DISPO_POOL_WORKER_HTTP_TIMEOUT_SECONDS": "1"})
+    ask = create_request(target.url, "dripped", window_seconds=60, slot_count=1, runs_per_slot=1)
+    ask.cases[0].path = "/drip"
+    async with admin_channel(pool.address) as channel:
+        await pool_pb2_grpc.PoolServiceStub(channel).CreateEvaluation(ask)
+    done = await eventually(
+        lambda: _status(pool.address, "dripped", pb.EVALUATION_STATUS_COMPLETED)
+    )
+    assert done.runs_done == 1
+    async with pool_engine.connect() as conn:
+        [(verdict, reason)] = (
+            await conn.execute(
+                text("SELECT verdict, failure_reason FROM runs WHERE evaluation_id = 'dripped'")
+            )
+        ).all()
+    assert verdict == "error" and "1 s deadline" in reason
+
+
+async def test_a_new_evaluations_next_slot_wakes_a_cron_when_it_falls_due(
+    pool_stack, target, file_clock
+):
+    """Slot 1 falls due 60 s (clock) after slot 0: a cron takes it then, although neither the
+    sweeps (every 300 s) nor the crons' tick (every hour) would come round by that time."""
+    hour = {"DISPO_POOL_WORKER_TICK_SECONDS": "3600"}
+    pool, _ = await pool_stack(
+        worker_env=hour, DISPO_POOL_TICK_SECONDS="3600", DISPO_POOL_SWEEP_SECONDS="300"
+    )
+    async with admin_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        await eventually(lambda: _size(stub, 5))
+        await stub.CreateEvaluation(
+            create_request(target.url, "prompt", window_seconds=120, slot_count=2, runs_per_slot=1)
+        )
+    await eventually(lambda: _runs_done(pool.address, "prompt", 1))
+    # Slot 0 done, its cron let it go: the evaluation waits in the queue for slot 1.
+    await eventually(lambda: _unassigned(pool.address, "prompt"))
+    file_clock.advance(seconds=60)
+    done = await eventually(lambda: _status(pool.address, "prompt", pb.EVALUATION_STATUS_COMPLETED))
+    assert done.runs_done == 2
+
+
+async def _unassigned(address: str, evaluation_id: str):
+    ev = await evaluation(address, evaluation_id)
+    return ev if ev and not ev.assigned_cron_id else None
+
+
+async def test_the_worker_keeps_its_open_files_over_many_ticks(pool_stack, target, file_clock):
+    """Every tick wakes every cron; 40 ticks (40 minutes of the clock) leave the worker with
+    the files it had after the first few."""
+    pool, worker = await pool_stack(DISPO_POOL_SWEEP_SECONDS="3600")
+    fds = Path(f"/proc/{worker.process.pid}/fd")
+    async with admin_channel(pool.address) as channel:
+        stub = pool_pb2_grpc.PoolServiceStub(channel)
+        await eventually(lambda: _size(stub, 5))
+
+        async def all_woke_at(moment) -> bool:
+            crons = (await stub.ListCrons(pb.ListCronsRequest())).crons
+            return all(c.last_activity.ToDatetime(tzinfo=UTC) >= moment for c in crons)
+
+        counts = []
+        for _ in range(40):
+            moment = file_clock.advance(seconds=60)
+            await eventually(lambda m=moment: all_woke_at(m))
+            counts.append(len(list(fds.iterdir())))
+    assert max(counts[5:]) <= counts[4], counts

@@ -41,6 +41,7 @@ async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigne
     assert ev.runs_done == 1  # nothing lost, nothing redone
     crons = {c.id: c for c in await pool.crons()}
     assert first not in crons and crons[replacement].status is CronStatus.BUSY
+    await pool.settle()  # the driver calls that follow the sweep
     assert {c.id for c in await pool.driver.list()} == {other, replacement}
     async with pool.engine.connect() as conn:
         history = [
@@ -121,6 +122,7 @@ async def test_scale_down_exactly_above_twice_min_idle_and_never_beyond_bounds(p
     await add_crons(pool, 1)
     assert await scale_sweep(pool) == -1  # idle 11 > 10
     assert len(await pool.crons()) == 10
+    await pool.settle()
     assert len(await pool.driver.list()) == 10
     await pool.set_bounds(2, 3)
     assert await scale_sweep(pool) == -7  # above the new max

@@ -4,9 +4,10 @@ watches, running one loop per cron. Wake-ups go over NATS (core subject ``pool.w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from dispo.libs.contracts import evaluations as contract
@@ -29,8 +30,17 @@ class Registry:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(_SCHEMA)
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=10)
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """One transaction on a connection closed after it: a connection left to the
+        garbage collector keeps its file open until a collection (the worker lists the
+        registry every tick)."""
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
+            with db:
+                yield db
+        finally:
+            db.close()
 
     def create(self, cron_id: str, state: str) -> None:
         with self._connect() as db:

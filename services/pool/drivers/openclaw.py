@@ -86,10 +86,11 @@ class OpenClawCli:
         try:
             out, err = await asyncio.wait_for(process.communicate(), self.timeout)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+            await _end(process)
             raise DriverError(f"openclaw {what} took over {self.timeout:.0f} s") from None
+        except asyncio.CancelledError:  # abandoned (a deadline of the caller): no process left
+            await asyncio.shield(_end(process))
+            raise
         try:
             answer = json.loads(out) if out.strip() else {}
         except ValueError:
@@ -107,6 +108,12 @@ class OpenClawCli:
         if not isinstance(answer, dict):
             raise DriverError(f"openclaw {what}: unreadable answer {out[:200]!r}")
         return answer
+
+
+async def _end(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await process.wait()
 
 
 def wake_command(pool_address: str, token_file: Path | None = None) -> Callable[[str], str]:

@@ -54,8 +54,10 @@ class Worker:
         clock: Clock,
         tick_seconds: float,
         http: httpx.AsyncClient,
+        run_deadline: float,
     ) -> None:
         self.registry = registry
+        self.run_deadline = run_deadline  # seconds one run's call to the target may take
         self.stub = stub
         self.clock = clock
         self.tick_seconds = tick_seconds
@@ -123,14 +125,18 @@ class Worker:
                 log.exception("cron wake crashed", cron_id=cron_id)
 
     async def serve(self, cron_id: str) -> int:
-        return await serve_cron(self.stub, self.http, cron_id)
+        return await serve_cron(self.stub, self.http, cron_id, self.run_deadline)
 
 
 async def serve_cron(
-    stub: pool_pb2_grpc.PoolServiceAsyncStub, http: httpx.AsyncClient, cron_id: str
+    stub: pool_pb2_grpc.PoolServiceAsyncStub,
+    http: httpx.AsyncClient,
+    cron_id: str,
+    run_deadline: float,
 ) -> int:
-    """One wake of a cron: run what is owed; a cron that frees up takes the next item at
-    once. Returns the runs performed. (A worker loop's wake, and an OpenClaw automation's.)"""
+    """One wake of a cron: run what is owed, each run's call to the target within
+    ``run_deadline`` seconds in all; a cron that frees up takes the next item at once.
+    Returns the runs performed. (A worker loop's wake, and an OpenClaw automation's.)"""
     performed = 0
     for _ in range(MAX_ROUNDS):
         woke = await stub.WakeCron(
@@ -142,7 +148,7 @@ async def serve_cron(
         index = woke.next_run_index
         for _ in range(woke.runs_owed):
             case = case_from_pb(ev.cases[index % len(ev.cases)])
-            result = await run_case(http, ev.target_url, case)
+            result = await run_case(http, ev.target_url, case, run_deadline)
             recorded = await stub.RecordRun(
                 pb.RecordRunRequest(
                     cron_id=cron_id,
@@ -189,6 +195,7 @@ async def main_async() -> None:
             clock,
             settings.tick_seconds,
             http,
+            settings.http_timeout_seconds,
         )
 
         async def on_message(msg) -> None:
