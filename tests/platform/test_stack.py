@@ -97,6 +97,9 @@ async def test_up_status_restart_and_data_kept(stack):
             key for key, password in passwords.items() if password in "\0".join(environ.values())
         }
         assert held == {name}, (name, held)
+    # and the state file, which every command reads, holds none of them
+    kept = (stack.data_dir / "stack.json").read_bytes()
+    assert not [key for key, password in passwords.items() if password.encode() in kept]
 
     # a crashed service is restarted
     executor = state["services"]["executor"]
@@ -192,7 +195,17 @@ async def test_up_with_external_database_and_nats_starts_only_services(
         state = read_state(tmp_path / "data")
         # two executors sharing the work, the second on a port of its own
         assert set(state["services"]) == {"gateway", "executor", "executor-2"}
-        assert state["database_url"] == without_password(database_url)  # kept out of state
+        # the state file names the database but not the password
+        given = make_url(database_url)
+        assert given.password
+        assert given.password.encode() not in (tmp_path / "data" / "stack.json").read_bytes()
+        shown = make_url(state["database_url"])
+        assert shown.password is None
+        assert (shown.username, shown.host, shown.database) == (
+            given.username,
+            given.host,
+            given.database,
+        )
         for info in state["services"].values():
             assert await health_status(info["address"]) == "SERVING"
         conn = await asyncpg.connect(database_url)
@@ -238,6 +251,28 @@ def test_the_console_calls_each_service_on_the_port_the_stack_gave_it(tmp_path):
     for service in ("gateway", "reconciler", "executor", "pool", "intelligence"):
         wanted = f"127.0.0.1:{ports[service]}"
         assert console.env[f"DISPO_CONSOLE_{service.upper()}_ADDRESS"] == wanted
+
+
+def test_a_url_without_its_password_keeps_every_other_part():
+    """What state files and messages show of a database URL: no password, in the user part
+    or the query, and everything else as it was."""
+    for url, shown in [
+        (
+            "postgresql://postgres:s3cret@/postgres?host=/tmp/pg",
+            "postgresql://postgres@/postgres?host=%2Ftmp%2Fpg",
+        ),
+        (
+            "postgresql+asyncpg://dispo_gateway:s3cret@db.internal:6432/dispo?sslmode=require",
+            "postgresql+asyncpg://dispo_gateway@db.internal:6432/dispo?sslmode=require",
+        ),
+        (
+            "postgresql://u@h/d?password=s3cret&sslmode=require",
+            "postgresql://u@h/d?sslmode=require",
+        ),
+        ("postgresql://h/d", "postgresql://h/d"),
+    ]:
+        assert without_password(url) == shown
+        assert "s3cret" not in without_password(url)
 
 
 def test_free_port_never_hands_this_process_the_same_port_twice():
