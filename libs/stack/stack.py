@@ -30,7 +30,7 @@ from dispo.libs.db.roles import (
     without_password,
 )
 from dispo.libs.logging import get_logger
-from dispo.libs.private_files import write_private
+from dispo.libs.private_files import PRIVATE_FOLDER, private_folder, write_private
 from dispo.libs.service import until_reachable
 from dispo.libs.settings import DEFAULT_METRICS_PORTS, server_settings
 from dispo.libs.stack.cluster import NatsCluster
@@ -329,7 +329,8 @@ class Stack:
 
         Claims the folder first unless :meth:`claim` was called."""
         data = self.options.data_dir
-        data.mkdir(parents=True, exist_ok=True)
+        data.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+        private_folder(data / "logs")
         if not self._lock.held:
             await asyncio.to_thread(self.claim)
         infrastructure = []
@@ -523,10 +524,8 @@ class Stack:
                 name: process(infrastructure, name) for name in infrastructure.children
             },
         }
-        path = self.options.data_dir / STATE_FILE
-        written = path.with_suffix(".tmp")
-        written.write_text(json.dumps(state, indent=2))
-        written.replace(path)  # readers never see half a file
+        # owner-only, and readers never see half a file
+        write_private(self.options.data_dir / STATE_FILE, json.dumps(state, indent=2))
 
     async def stop(self) -> list[str]:
         """Stop services, then NATS, then PostgreSQL; each runs even if one before failed.

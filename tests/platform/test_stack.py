@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 from pathlib import Path
 
@@ -30,7 +31,31 @@ def stack(tmp_path):
     running.kill()
 
 
+def open_to_others(root: Path) -> list[str]:
+    """Every file under ``root`` a user other than its owner may read or write, and every
+    folder of the stack's own (logs, the pool's registry, PostgreSQL's) such a user may
+    enter, with its mode. (The data folder itself is opened to the server's system user when
+    ``dispo up`` runs as root; inside PostgreSQL's folder the server and its wheel decide.)"""
+    found = []
+    server = root / "postgres"
+    for path in [root, *root.rglob("*")]:
+        if server in path.parents:
+            continue
+        mode = path.lstat().st_mode
+        if stat.S_ISREG(mode) and mode & 0o077:
+            found.append(f"{path.relative_to(root)} {mode & 0o777:o}")
+        elif path.name in {"logs", "pool", "postgres"} and stat.S_ISDIR(mode) and mode & 0o077:
+            found.append(f"{path.relative_to(root)}/ {mode & 0o777:o}")
+    return found
+
+
 async def test_up_status_restart_and_data_kept(stack):
+    # a log an earlier version left readable by everyone
+    (stack.data_dir / "logs").mkdir(parents=True)
+    (stack.data_dir / "logs").chmod(0o755)
+    earlier = stack.data_dir / "logs" / "gateway.log"
+    earlier.write_text("an earlier start\n")
+    earlier.chmod(0o644)
     await stack.up()
 
     code, report = stack.status()
@@ -100,6 +125,11 @@ async def test_up_status_restart_and_data_kept(stack):
     # and the state file, which every command reads, holds none of them
     kept = (stack.data_dir / "stack.json").read_bytes()
     assert not [key for key, password in passwords.items() if password.encode() in kept]
+    # every file the stack keeps (secrets, state, logs, the pool's registry) is its owner's
+    # alone, the earlier version's log too, which it still appends to
+    assert (stack.data_dir / "pool" / "local-crons.sqlite").exists()
+    assert open_to_others(stack.data_dir) == []
+    assert earlier.read_text().startswith("an earlier start\n")
 
     # a crashed service is restarted
     executor = state["services"]["executor"]
