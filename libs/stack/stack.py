@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from dispo.libs.auth.bootstrap import StackCredentials, prepare_token_store, stack_credentials
 from dispo.libs.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
+from dispo.libs.catalogue import example_calling
 from dispo.libs.clock import SystemClock
 from dispo.libs.db.passwords import PASSWORDS_FILE, kept_passwords
 from dispo.libs.db.roles import (
@@ -68,6 +69,8 @@ log = get_logger(__name__)
 
 # Where `dispo up --tls` keeps its local CA and certificates.
 TLS_FOLDER = "tls"
+# The example catalogue as this stack's services read it: calling its demo downstream.
+DEMO_CATALOGUE = "catalogue.yaml"
 
 
 @dataclass
@@ -108,6 +111,22 @@ class StackOptions:
     # folder on the first start with it and kept (``dispo up --tls``); mTLS besides when
     # DISPO_TLS_CLIENT_AUTH is set.
     tls: bool = False
+
+    @property
+    def demo_origin(self) -> str | None:
+        """Where the demo downstream this stack starts answers (None: it starts none)."""
+        if not self.demo_port or "executor" not in self.services:
+            return None
+        return f"http://{self.host}:{self.demo_port}"
+
+    @property
+    def demo_catalogue(self) -> Path | None:
+        """The example catalogue calling this stack's demo downstream on its port, kept in the
+        data folder and handed to the services; None when the stack starts no demo downstream
+        or the operator names a catalogue (``DISPO_CATALOGUE``)."""
+        if self.demo_origin is None or {**os.environ, **self.extra_env}.get("DISPO_CATALOGUE"):
+            return None
+        return self.data_dir / DEMO_CATALOGUE
 
     def address(self, service: str) -> str:
         """Where ``service`` (its first replica) listens for gRPC in this stack."""
@@ -174,10 +193,12 @@ def service_specs(
     local_crons = str(options.data_dir / "pool" / "local-crons.sqlite")
     common["DISPO_POOL_LOCAL_REGISTRY"] = local_crons
     specs = []
-    demo = options.demo_port and "executor" in options.services
+    demo = options.demo_origin
     if demo and "DISPO_EGRESS_ALLOW" not in {**os.environ, **common}:
         # The embedded default: callers' addresses may name the demo downstream it starts.
-        common["DISPO_EGRESS_ALLOW"] = f"http://{options.host}:{options.demo_port}"
+        common["DISPO_EGRESS_ALLOW"] = demo
+    if (catalogue := options.demo_catalogue) is not None:  # and the example calls it there
+        common["DISPO_CATALOGUE"] = str(catalogue)
     if demo:
         specs.append(
             ProcessSpec(
@@ -397,6 +418,9 @@ class Stack:
                 database_urls["gateway"], credentials.bootstrap_file, SystemClock()
             ),
         )
+        if (catalogue := self.options.demo_catalogue) is not None:
+            assert self.options.demo_origin is not None  # a catalogue only for a demo
+            write_private(catalogue, example_calling(self.options.demo_origin))
         self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()
         self._ready = True

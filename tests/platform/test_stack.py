@@ -12,6 +12,8 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
+import yaml
+from dispo.libs.catalogue import example_calling, parse_catalogue
 from dispo.libs.db.roles import without_password
 from dispo.libs.health import health_status
 from dispo.libs.stack.nats import free_port
@@ -106,6 +108,23 @@ async def test_up_status_restart_and_data_kept(stack):
         # and this stack's pool (the Cron pool page)
         pool = await http.get(f"{console}/pool", cookies={"dispo_token": stack.token})
         assert pool.status_code == 200 and 'data-figure="busy"' in pool.text
+
+    # the example catalogue calls the demo downstream this stack started, on its port
+    # (--demo-port), not the default 8181
+    submission = stack.data_dir.parent / "content-42.yaml"
+    submission.write_text(
+        "business: ecommerce\nidempotency_key: content-42-raise\n"
+        "cells: [{cell: update_quality_level, payload: {content_id: content-42, level: 3}}]\n"
+    )
+    submitted = stack.run("submit", str(submission), "--json")
+    assert submitted.returncode == 0, submitted.stdout
+
+    async def demo_called() -> bool:
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(f"http://127.0.0.1:{stack.env['DEMO_PORT']}/calls")
+        return len(answer.json()["calls"]) > 0
+
+    await eventually(demo_called, timeout=30, interval=0.2, wanted="the demo downstream called")
 
     # each service logs in to PostgreSQL as its own role; no process holds the superuser's
     # password or another service's
@@ -281,6 +300,28 @@ def test_the_console_calls_each_service_on_the_port_the_stack_gave_it(tmp_path):
     for service in ("gateway", "reconciler", "executor", "pool", "intelligence"):
         wanted = f"127.0.0.1:{ports[service]}"
         assert console.env[f"DISPO_CONSOLE_{service.upper()}_ADDRESS"] == wanted
+
+
+def test_the_example_catalogue_calls_the_demo_downstream_on_the_stacks_port(tmp_path, monkeypatch):
+    """``--demo-port P``: every service reads the example catalogue from the data folder,
+    its downstreams on P; a catalogue the operator names stays theirs; no demo, no copy."""
+    monkeypatch.delenv("DISPO_CATALOGUE", raising=False)
+    urls = dict.fromkeys(SERVICES, "postgresql://x@127.0.0.1/x")
+    options = StackOptions(tmp_path, demo_port=18555)
+    specs = service_specs(options, urls, "nats://x")
+    read = {spec.env.get("DISPO_CATALOGUE") for spec in specs if spec.name in SERVICES}
+    assert read == {str(tmp_path / "catalogue.yaml")} == {str(options.demo_catalogue)}
+    catalogue = parse_catalogue(yaml.safe_load(example_calling(options.demo_origin)))
+    called = {d.base_url for d in catalogue.downstreams.values()}
+    called |= {d.health_url for d in catalogue.downstreams.values() if d.health_url}
+    assert called == {"http://127.0.0.1:18555", "http://127.0.0.1:18555/healthz"}
+
+    assert StackOptions(tmp_path, demo_port=0).demo_catalogue is None
+    assert StackOptions(tmp_path, services=("gateway",)).demo_catalogue is None
+    monkeypatch.setenv("DISPO_CATALOGUE", "/srv/mine.yaml")
+    assert StackOptions(tmp_path, demo_port=18555).demo_catalogue is None
+    specs = service_specs(StackOptions(tmp_path, demo_port=18555), urls, "nats://x")
+    assert not any("DISPO_CATALOGUE" in spec.env for spec in specs)  # the environment's
 
 
 def test_a_url_without_its_password_keeps_every_other_part():
