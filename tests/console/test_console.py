@@ -6,8 +6,9 @@ page, abandoning one from the Failed page and resuming parked ones by filter, pa
 downstream, an evaluation running on the pool's one cron (its worker spawned by the pool,
 calling a target the test holds open) and others queued, boosted, paused and cancelled on the
 Cron pool page, analysis and comparison jobs on the Intelligence page (the intelligence
-service runs on a stand-in model server). The screenshots in docs/screenshots/ are taken by
-this run."""
+service runs on a stand-in model server). The run takes the screenshots of
+docs/screenshots/, written to a scratch folder unless ``--screenshots docs/screenshots``
+(``.ci/screenshots``) asks to refresh those."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ from support.waiting import eventually
 
 # Every task status, as the counts panel names them.
 STATUSES = [common_pb2.TaskStatus.Name(v).removeprefix("TASK_STATUS_") for v in range(1, 8)]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+# The documentation's pictures, which only a deliberate refresh rewrites (.ci/screenshots).
+PICTURES = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 BUSINESS = "console-shop"
 # What the stand-in analysis model answers every request with.
 NARRATIVE = "Half the runs passed; c2 fails its rules."
@@ -196,6 +198,24 @@ async def console(
     )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def pictures_before() -> dict[str, bytes]:
+    """The documentation's pictures as the run found them (before its first test)."""
+    return {p.name: p.read_bytes() for p in sorted(PICTURES.glob("*.png"))}
+
+
+@pytest.fixture(scope="module")
+def screenshots(request, tmp_path_factory, pictures_before) -> Path:
+    """Where this run's screenshots go: a scratch folder, unless ``--screenshots`` names one
+    (``docs/screenshots`` to refresh the documentation's pictures, ``.ci/screenshots``)."""
+    chosen = request.config.getoption("screenshots")
+    if not chosen:
+        return tmp_path_factory.mktemp("screenshots")
+    folder = Path(chosen).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
     async with chromium() as found:
@@ -252,7 +272,7 @@ async def test_signing_in_with_a_token_and_out_and_a_refused_token(browser, cons
 
 
 async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
-    browser, console, module_database
+    browser, console, module_database, screenshots
 ):
     context = await signed_in(browser, console, console.pipeline.token)
     watched = Watched(await context.new_page())
@@ -273,7 +293,7 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     await row.locator("text=SUCCEEDED").wait_for()
     succeeded = page.locator("#counts [data-status=SUCCEEDED]")
     assert int(await succeeded.get_attribute("data-count") or 0) >= 1
-    await page.screenshot(path=SCREENSHOTS / "tasks.png")
+    await page.screenshot(path=screenshots / "tasks.png")
     # The key's search finds the task, live, and counts it exactly: one SUCCEEDED, no other.
     await expect(searched.page.locator(f"tr[data-task='{submitted.task_id}']")).to_have_count(1)
     await expect(searched.page.locator("tr[data-task]")).to_have_count(1)
@@ -301,7 +321,7 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     assert "k-1" in await page.locator("#detail").inner_text()  # the idempotency key
     # the gateway records the finish as the task's status reaches it: shown once it has
     await expect(page.locator("#facts")).to_contain_text("finished")
-    await page.screenshot(path=SCREENSHOTS / "task.png", full_page=True)
+    await page.screenshot(path=screenshots / "task.png", full_page=True)
 
     # Searched by its id, by its business; another business's token sees none of it.
     await page.goto(f"{console.url}/tasks?q={submitted.task_id}")
@@ -409,7 +429,9 @@ async def test_a_failed_task_is_resumed_from_its_page(browser, console):
     await context.close()
 
 
-async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_paused(browser, console):
+async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_paused(
+    browser, console, screenshots
+):
     await console.downstream.control(fail={"status": 400, "times": 1, "path": "/step/given-up-"})
     async with console.pipeline.client() as client:
         submitted = await client.submit(BUSINESS, [CellSpec("step", {"name": "given-up-1"})])
@@ -423,7 +445,7 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await expect(row).to_contain_text("FAILED")
     await expect(row).to_contain_text("demo")
     await expect(page.locator("#groups")).to_contain_text("FAILED")
-    await page.screenshot(path=SCREENSHOTS / "failed.png", full_page=True)
+    await page.screenshot(path=screenshots / "failed.png", full_page=True)
     # held FAILED, it has ended: resumed, not abandoned
     assert await row.locator("button.abandon").count() == 0
     await row.locator("button.resume").click()  # confirmed
@@ -453,7 +475,7 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await demo.locator("button.pause").click()
     await expect(page.locator("#notice")).to_have_text("pause: done")
     await expect(demo.locator(".paused")).to_contain_text("paused")
-    await page.screenshot(path=SCREENSHOTS / "downstreams.png")
+    await page.screenshot(path=screenshots / "downstreams.png")
     await demo.locator("button.unpause").click()
     await expect(page.locator("#notice")).to_have_text("resume: done")
     await expect(demo.locator(".paused")).to_have_text("no")
@@ -520,7 +542,7 @@ async def test_a_running_evaluation_holds_its_cron_until_it_completes(browser, c
 
 
 async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page(
-    browser, console, module_database
+    browser, console, module_database, screenshots
 ):
     context = await signed_in(browser, console, console.pipeline.token)
     watched = Watched(await context.new_page())
@@ -562,7 +584,7 @@ async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page
         assert await shown.locator(".resize-reason").all_inner_texts() == [
             r.reason for r in resized
         ]
-        await page.screenshot(path=SCREENSHOTS / "pool.png", full_page=True)
+        await page.screenshot(path=screenshots / "pool.png", full_page=True)
 
         await row.locator("input[name=boost]").fill("7")
         await row.locator("button.boost-set").click()  # confirmed
@@ -637,7 +659,9 @@ async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page
     await context.close()
 
 
-async def test_an_analysis_job_comes_in_live_and_its_analysis_is_shown(browser, console):
+async def test_an_analysis_job_comes_in_live_and_its_analysis_is_shown(
+    browser, console, screenshots
+):
     context = await signed_in(browser, console, console.pipeline.token)
     watched = Watched(await context.new_page())
     page = watched.page
@@ -684,7 +708,7 @@ async def test_an_analysis_job_comes_in_live_and_its_analysis_is_shown(browser, 
     # The counts are read apart from the rows: a later refresh of the feed brings them level.
     completed = page.locator("#job-counts [data-status=COMPLETED]")
     await expect(completed).to_have_attribute("data-count", re.compile(r"^[1-9][0-9]*$"))
-    await page.screenshot(path=SCREENSHOTS / "intelligence.png", full_page=True)
+    await page.screenshot(path=screenshots / "intelligence.png", full_page=True)
 
     await row.locator("a").click()
     assert page.url == f"{console.url}/intelligence/analysis/console-intel-1"
@@ -743,7 +767,7 @@ async def feed_evaluation(
 
 
 async def test_comparison_jobs_are_filtered_paged_and_shown_to_admins_only(
-    browser, console, module_database
+    browser, console, module_database, screenshots
 ):
     async with admin_channel(console.intelligence) as channel:
         intelligence = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
@@ -793,7 +817,7 @@ async def test_comparison_jobs_are_filtered_paged_and_shown_to_admins_only(
     await expect(pass_rate.locator("td")).to_have_text(
         ["pass_rate", "0.5", "1", "+0.5", "IMPROVED"]
     )
-    await page.screenshot(path=SCREENSHOTS / "comparison.png", full_page=True)
+    await page.screenshot(path=screenshots / "comparison.png", full_page=True)
     assert watched.errors == []
     await context.close()
 
@@ -873,3 +897,13 @@ async def test_a_token_revoked_while_a_list_is_open_signs_the_browser_out(
     await page.wait_for_url(f"{console.url}/login", timeout=30_000)
     assert not await context.cookies()
     await context.close()
+
+
+def test_the_run_took_every_picture_and_changed_no_tracked_one(screenshots, pictures_before):
+    """Last in the file: every picture of the documentation was taken again, into the scratch
+    folder; the tracked ones are as the run found them (only ``--screenshots`` rewrites them)."""
+    taken = {p.name for p in screenshots.glob("*.png")}
+    assert taken == set(pictures_before)
+    if screenshots != PICTURES.resolve():
+        after = {p.name: p.read_bytes() for p in sorted(PICTURES.glob("*.png"))}
+        assert after == pictures_before, "a test rewrote docs/screenshots"
