@@ -31,7 +31,8 @@ from dispo.console.backend import (
     Backend,
     TaskDetail,
 )
-from dispo.console.origin import SameOriginWrites
+from dispo.console.headers import SecurityHeaders
+from dispo.console.origin import SameOriginWrites, console_hosts
 from dispo.console.views import (
     COLOURS,
     EVALUATION_ACTIONS,
@@ -122,8 +123,21 @@ def _backend(request: Request) -> Backend:
     return backend
 
 
+# The longest token the console forwards (the services' are 49 characters).
+MAX_TOKEN = 512
+
+
+def well_formed(token: str) -> bool:
+    """Whether ``token`` may be a token at all: printable ASCII without spaces (what gRPC
+    metadata may carry), and not too long. Anything else (a control character, CR LF) is
+    no token: never forwarded, it signs the browser out."""
+    return 0 < len(token) <= MAX_TOKEN and all("!" <= c <= "~" for c in token)
+
+
 def _token(request: Request) -> str:
-    return request.cookies.get(TOKEN_COOKIE, "")
+    """The browser's token; empty when it has none, or a cookie that holds no token."""
+    token = request.cookies.get(TOKEN_COOKIE, "")
+    return token if well_formed(token) else ""
 
 
 class SignIn(Exception):
@@ -165,6 +179,13 @@ async def login(request: Request) -> Response:
     if not token:
         return templates.TemplateResponse(
             request, "login.html", {"message": "a token is required"}, status_code=400
+        )
+    if not well_formed(token):
+        return templates.TemplateResponse(
+            request,
+            "login.html",
+            {"message": "that is not a token: a token is printable ASCII, without spaces"},
+            status_code=400,
         )
     response = RedirectResponse("/tasks", status_code=303)
     response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
@@ -675,7 +696,8 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(SameOriginWrites)],
+        # the headers outermost: the refusals of the origin check carry them too
+        middleware=[Middleware(SecurityHeaders), Middleware(SameOriginWrites, settings=settings)],
         lifespan=lifespan,
         exception_handlers={DispoError: _refused, SignIn: _to_sign_in},
     )
@@ -685,6 +707,11 @@ def main() -> None:
     common = CommonSettings()
     configure_logging(common.log_format, common.log_level, service="console")
     settings = ConsoleSettings()
+    if console_hosts(settings) is None:
+        log.warning(
+            "answering any Host: set DISPO_CONSOLE_ORIGIN to the address browsers use",
+            host=settings.host,
+        )
     log.info("serving", address=f"http://{settings.host}:{settings.port}")
     config = uvicorn.Config(
         create_app(settings),

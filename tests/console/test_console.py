@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
 from dispo.console.backend import Backend
@@ -878,6 +879,107 @@ async def test_parked_tasks_of_a_downstream_are_resumed_by_filter_with_progress(
         assert {(await client.wait(task_id)).status for task_id in ids} == {"SUCCEEDED"}
     assert watched.errors == []
     await context.close()
+
+
+async def raw_request(url: str, head: bytes) -> tuple[int, dict[str, str]]:
+    """Send ``head`` (a request's line and headers, as bytes: what no well-behaved client
+    library would send) to the console at ``url``; its answer's status and headers."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head + b"Connection: close\r\n\r\n")
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    lines = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers.setdefault(name.strip().lower(), value.strip())
+    return int(lines[0].split()[1]), headers
+
+
+def signed_out(status: int, headers: dict[str, str]) -> bool:
+    """A redirect to the sign-in page that drops the browser's token."""
+    return (
+        status == 303
+        and headers.get("location", "").startswith("/login")
+        and headers.get("set-cookie", "").startswith('dispo_token="";')
+    )
+
+
+async def test_a_cookie_that_holds_no_token_signs_the_browser_out_and_is_never_forwarded(
+    console,
+):
+    host = console.url.removeprefix("http://").encode()
+    for cookie in [
+        b"dispo_token=abc\x7f",  # a control character
+        b'dispo_token="dispo_a\\015\\012b"',  # CR LF, quoted as a browser sends it back
+        b"dispo_token=" + b"a" * 600,  # longer than any token
+        b"dispo_token=dispo_\xc3\xa9",  # not ASCII
+    ]:
+        for path in (b"/tasks", b"/tasks/stream", b"/failed"):
+            status, headers = await raw_request(
+                console.url,
+                b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\nCookie: " + cookie + b"\r\n",
+            )
+            assert signed_out(status, headers), (cookie, path, status, headers)
+    # signing in with such a token is refused on the sign-in page, and no cookie is set
+    async with httpx.AsyncClient(base_url=console.url, headers={"origin": console.url}) as http:
+        for odd in ["dispo_a\r\nb", "dispo_\x7f", "dispo a b"]:
+            answer = await http.post("/login", data={"token": odd})
+            assert answer.status_code == 400 and "not a token" in answer.text, odd
+            assert "set-cookie" not in answer.headers
+
+
+async def test_every_answer_carries_the_security_headers(console):
+    signed = {"dispo_token": console.pipeline.token}
+    async with (
+        httpx.AsyncClient(base_url=console.url) as http,
+        httpx.AsyncClient(base_url=console.url, cookies=signed) as signed_in,
+    ):
+        answers = {
+            "sign-in page": await http.get("/login"),
+            "page": await signed_in.get("/tasks"),
+            "static": await http.get("/static/console.css"),
+            "health": await http.get("/healthz"),
+            "redirect": await http.get("/tasks"),
+            "refusal": await http.post("/logout", headers={"origin": "https://evil.example"}),
+            "wrong host": await http.get("/login", headers={"host": "evil.example"}),
+            "not found": await http.get("/nowhere"),
+        }
+    nonces = set()
+    for name, answer in answers.items():
+        policy = answer.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in policy, (name, answer.headers)
+        assert "default-src 'self'" in policy and "object-src 'none'" in policy, name
+        script = re.search(r"script-src ([^;]*)", policy)
+        assert script and "'unsafe-inline'" not in script[1] and "'unsafe-eval'" not in script[1]
+        nonces |= set(re.findall(r"'nonce-([^']+)'", policy))
+        assert answer.headers.get("x-content-type-options") == "nosniff", name
+        assert answer.headers.get("referrer-policy") == "same-origin", name
+        assert answer.headers.get("x-frame-options") == "DENY", name
+    assert len(nonces) == len(answers)  # one nonce per answer
+    # the page's inline script carries its answer's nonce (the browser tests run it)
+    page = answers["page"]
+    [nonce] = re.findall(r"'nonce-([^']+)'", page.headers["content-security-policy"])
+    assert f'<script nonce="{nonce}">' in page.text
+    assert (answers["refusal"].status_code, answers["wrong host"].status_code) == (403, 421)
+
+
+async def test_a_request_naming_another_host_is_refused_before_any_route(console):
+    port = console.url.rsplit(":", 1)[1]
+    signed = {"dispo_token": console.pipeline.token}
+    async with httpx.AsyncClient(base_url=console.url, cookies=signed) as http:
+        for host in ["evil.example", f"evil.example:{port}", "127.0.0.1:1", f"127.0.0.2:{port}"]:
+            answer = await http.get("/tasks", headers={"host": host})
+            assert answer.status_code == 421, (host, answer.text)
+            assert "SUCCEEDED" not in answer.text
+            posted = await http.post(
+                "/logout", headers={"host": host, "origin": f"http://{host}"}
+            )  # a rebound name: its Origin is its Host, but the Host is not the console's
+            assert posted.status_code == 421, host
+        for host in [f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"]:
+            assert (await http.get("/tasks", headers={"host": host})).status_code == 200, host
 
 
 async def test_a_token_revoked_while_a_list_is_open_signs_the_browser_out(
