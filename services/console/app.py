@@ -40,6 +40,7 @@ from dispo.console.views import (
     JOB_KINDS,
     JOB_STATUSES,
     MAX_BOOST,
+    NO_BASELINE_STATUS,
     SINCE,
     WORK_KINDS,
     JobFilter,
@@ -105,6 +106,7 @@ templates.env.globals.update(
     since_choices=SINCE,
     age=age,
     job_colours=JOB_COLOURS,
+    no_baseline=NO_BASELINE_STATUS,
     direction=direction,
     work_kind=work_kind,
     parked=parked,
@@ -141,7 +143,16 @@ def _token(request: Request) -> str:
 
 
 class SignIn(Exception):
-    """The request carries no token, or one the services refused: to the sign-in page."""
+    """The request carries no token, or a cookie that holds none: to the sign-in page."""
+
+
+# Why the browser was sent to the sign-in page, as its address says (``/login?why=…``) and
+# the page tells the user; nothing of the request is echoed.
+SIGNED_OUT = {
+    "refused": "The services refused that token: mistyped, revoked or expired."
+    " Sign in with another.",
+    "malformed": "The browser held something that is no token. Sign in with a token.",
+}
 
 
 def _signed_in(request: Request) -> str:
@@ -163,14 +174,22 @@ async def _refused(request: Request, error: Exception) -> Response:
     )
 
 
-async def _to_sign_in(request: Request, _: Exception) -> Response:
-    response = RedirectResponse("/login", status_code=303)
+async def _to_sign_in(request: Request, error: Exception) -> Response:
+    """To the sign-in page, the browser's token dropped, saying why when it had one: the
+    services refused it, or the cookie held no token."""
+    why = ""
+    if isinstance(error, DispoError):
+        why = "refused"
+    elif TOKEN_COOKIE in request.cookies:
+        why = "malformed"
+    response = RedirectResponse(f"/login?why={why}" if why else "/login", status_code=303)
     response.delete_cookie(TOKEN_COOKIE)
     return response
 
 
 async def login_page(request: Request) -> Response:
-    return templates.TemplateResponse(request, "login.html", {})
+    message = SIGNED_OUT.get(request.query_params.get("why", ""), "")
+    return templates.TemplateResponse(request, "login.html", {"message": message})
 
 
 async def login(request: Request) -> Response:

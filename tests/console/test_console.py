@@ -257,9 +257,12 @@ async def test_signing_in_with_a_token_and_out_and_a_refused_token(browser, cons
     page = watched.page
     await page.goto(f"{console.url}/tasks")
     assert page.url == f"{console.url}/login"  # no token yet
+    assert await page.locator("#problem").count() == 0  # nothing went wrong yet
     await page.fill("input[name=token]", "not-a-token")
     await page.click("button[type=submit]")
-    assert page.url == f"{console.url}/login"  # the gateway refused it: signed out again
+    # the gateway refused it: signed out again, and told so
+    assert page.url == f"{console.url}/login?why=refused"
+    await expect(page.locator("#problem")).to_contain_text("The services refused that token")
     assert not await context.cookies()
 
     await page.fill("input[name=token]", console.pipeline.token)
@@ -267,7 +270,8 @@ async def test_signing_in_with_a_token_and_out_and_a_refused_token(browser, cons
     assert page.url == f"{console.url}/tasks"
     await page.wait_for_selector("#counts [data-status=SUCCEEDED]")
     await page.click("text=Sign out")
-    assert page.url == f"{console.url}/login"
+    assert page.url == f"{console.url}/login"  # signed out on purpose: nothing to say
+    assert await page.locator("#problem").count() == 0
     assert watched.errors == []
     await context.close()
 
@@ -464,6 +468,7 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await page.goto(f"{console.url}/downstreams")
     demo = page.locator("tr[data-downstream=demo]")
     await expect(demo).to_contain_text("CLOSED")  # the executor's breaker
+    await expect(demo.locator(".breaker")).to_have_attribute("data-tone", "good")  # green
     # A form sent from another site's page, or with no origin at all, is refused before
     # any route (the signed-in cookie rides along here): nothing is paused.
     for headers in ({"Origin": console.downstream.url}, {}):
@@ -783,8 +788,18 @@ async def test_comparison_jobs_are_filtered_paged_and_shown_to_admins_only(
     await page.goto(f"{console.url}/intelligence?kind=comparison")
     now = page.locator("tr[data-job='comparison/console-cmp-now'] .job-status")
     await expect(now).to_have_text("COMPLETED", timeout=60_000)
+    # The earlier period is the series' first: its comparison found no baseline, as expected,
+    # and says so in grey, not as a red failure.
     base = page.locator("tr[data-job='comparison/console-cmp-base'] .job-status")
-    await expect(base).to_have_text("FAILED", timeout=60_000)
+    await expect(base).to_have_text("NO BASELINE", timeout=60_000)
+    assert await base.evaluate("e => getComputedStyle(e).color") == "rgb(127, 127, 127)"
+    await expect(
+        page.locator("tr[data-job='comparison/console-cmp-base'] td").last
+    ).to_contain_text("no baseline for evaluation")
+    await page.goto(f"{console.url}/intelligence/comparison/console-cmp-base")
+    await expect(page.locator("#job-status")).to_have_text("NO BASELINE")
+    await expect(page.locator("#job-expected")).to_contain_text("the first period of its series")
+    await page.goto(f"{console.url}/intelligence?kind=comparison")
     assert await page.locator("tr[data-job^='analysis/']").count() == 0
     counts = page.locator("#job-counts")
     await expect(counts.locator("[data-status=COMPLETED]")).to_have_attribute("data-count", "1")
@@ -923,6 +938,7 @@ async def test_a_cookie_that_holds_no_token_signs_the_browser_out_and_is_never_f
                 b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\nCookie: " + cookie + b"\r\n",
             )
             assert signed_out(status, headers), (cookie, path, status, headers)
+            assert headers["location"] == "/login?why=malformed"
     # signing in with such a token is refused on the sign-in page, and no cookie is set
     async with httpx.AsyncClient(base_url=console.url, headers={"origin": console.url}) as http:
         for odd in ["dispo_a\r\nb", "dispo_\x7f", "dispo a b"]:
@@ -996,7 +1012,8 @@ async def test_a_token_revoked_while_a_list_is_open_signs_the_browser_out(
         tokens = auth_pb2_grpc.TokenServiceStub(channel)
         await tokens.RevokeToken(auth_pb2.RevokeTokenRequest(token_id=token_id))
     # The live feed is refused (once the reconciler's cache of the token lapses): signed out.
-    await page.wait_for_url(f"{console.url}/login", timeout=30_000)
+    await page.wait_for_url(f"{console.url}/login?why=refused", timeout=30_000)
+    await expect(page.locator("#problem")).to_contain_text("The services refused that token")
     assert not await context.cookies()
     await context.close()
 
