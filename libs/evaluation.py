@@ -31,6 +31,9 @@ VERDICT_TO_PB = {
 VERDICT_FROM_PB = {v: k for k, v in VERDICT_TO_PB.items()}
 
 LINE_RULE = "must be LINE_FORMAL or LINE_TRIAL"
+# How the error of a comparison that has no earlier period to compare with begins: the first
+# period of a series, expected, which the console shows as such rather than as a failure.
+NO_BASELINE = "no baseline for evaluation"
 # Longest evaluation id, series, period, case id or model name either context accepts.
 MAX_ID_CHARS = 128
 VERDICT_RULE = "must be VERDICT_PASS, VERDICT_FAIL or VERDICT_ERROR"

@@ -320,6 +320,12 @@ class ConsoleSettings(BaseSettings):
         gt=0,
         description="How often the console's pages are sent fresh figures (server-sent events)",
     )
+    origin: str = Field(
+        default="",
+        description="The console's address as browsers reach it (`scheme://host[:port]`, say"
+        " behind a reverse proxy); a request naming another `Host` is refused (421). Empty:"
+        " the address it binds (a loopback one also as `localhost`)",
+    )
 
 
 class ServerSettings(BaseSettings):

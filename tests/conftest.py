@@ -70,6 +70,16 @@ def migration_chains() -> list[tuple[str, Path]]:
     return [("auth", AUTH_MIGRATIONS), *chains, ("reconciler", drift.MIGRATIONS)]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--screenshots",
+        default="",
+        help="where the console's browser tests write their screenshots; docs/screenshots"
+        " refreshes the documentation's pictures (.ci/screenshots). Default: a scratch folder"
+        " of the run, so a test run changes no tracked file",
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files marked ``long_file`` first (each file runs on one worker, in order): a long file
     started last would leave the other worker idle while it ends."""

@@ -31,6 +31,7 @@ from dispo.libs.catalogue.model import (
     parse_catalogue,
     topological,
 )
+from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -50,6 +51,7 @@ __all__ = [
     "load_catalogue",
     "load_configured_catalogue",
     "parse_catalogue",
+    "example_calling",
     "topological",
 ]
 
@@ -76,6 +78,12 @@ def load_catalogue(path: str | Path | Traversable = "") -> Catalogue:
     if isinstance(source, str):
         source = Path(source)
     return parse_catalogue(yaml.safe_load(source.read_text()) or {})
+
+
+def example_calling(origin: str) -> str:
+    """The example catalogue's text with its downstreams at ``origin`` (``http://host:port``)
+    instead of the demo downstream's default address (``dispo up --demo-port``)."""
+    return EXAMPLE.read_text().replace(DEMO_DOWNSTREAM_ORIGIN, origin)
 
 
 def load_configured_catalogue(settings: CatalogueSettings | None = None) -> Catalogue:

@@ -53,6 +53,19 @@ def console(stderr: bool = False) -> Console:
 out = console()
 err = console(stderr=True)
 
+# At a terminal, how much of a reason or an error a table row shows (``… show`` shows it
+# whole); in a pipe or a file a row carries it whole.
+BRIEF = 80
+
+
+def brief(text: str, length: int = BRIEF) -> str:
+    """``text`` for a table cell: its first ``length`` characters and an ellipsis when the
+    output is a terminal, whole otherwise (a script that greps the table gets it all)."""
+    if len(text) <= length or not out.is_terminal:
+        return text
+    return text[: length - 1] + "…"
+
+
 Reply = TypeVar("Reply")
 JSON_OPTION = Annotated[
     bool, typer.Option("--json", help="print the reply as JSON (the proto's JSON form)")

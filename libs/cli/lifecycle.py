@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dispo.libs.auth.caller import ADMIN_TOKEN_FILE
+from dispo.libs.private_files import open_private, private_folder
 from dispo.libs.settings import CommonSettings
 from dispo.libs.stack.ownership import (
     FolderLock,
@@ -163,9 +164,9 @@ def detach(options: StackOptions, up_argv: list[str]) -> int:
         print(describe_running(StackRunning(data, pid, read_state(data))), file=sys.stderr)
         return 1
     output = data / "logs" / UP_LOG
-    output.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(output.parent)
     argv = [sys.executable, "-m", "dispo.libs.cli", "--data-dir", str(data), *up_argv]
-    with open(output, "ab") as out:
+    with open_private(output) as out:
         child = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -31,6 +31,7 @@ from dispo.libs.cli._common import (
     JSON_OPTION,
     actor,
     as_dict,
+    brief,
     duration_seconds,
     emit_json,
     enum_name,
@@ -114,7 +115,7 @@ _WORK_COLUMNS: list[Column] = [
     ("downstreams", lambda w: ",".join(w.task.downstreams)),
     ("error", lambda w: w.task.error_class),
     ("age", lambda w: f"{w.age_seconds}s"),
-    ("reason", lambda w: w.task.reason[:80]),
+    ("reason", lambda w: brief(w.task.reason)),
 ]
 
 
@@ -250,7 +251,7 @@ _RECOVERY_COLUMNS: list[Column] = [
     ("state", lambda t: enum_name(rpb.RecoveryState, t.state, "RECOVERY_STATE_")),
     ("generation", lambda t: t.generation),
     ("redrives", lambda t: t.redrives),
-    ("reason", lambda t: t.reason[:80]),
+    ("reason", lambda t: brief(t.reason)),
 ]
 
 
@@ -521,7 +522,7 @@ _JOB_COLUMNS: list[Column] = [
     ("model", lambda j: j.analysis_model),
     ("baseline", lambda j: j.baseline_evaluation_id),
     ("updated", lambda j: when(j.updated_at)),
-    ("error", lambda j: j.error[:80]),
+    ("error", lambda j: brief(j.error)),
 ]
 KIND_ARG = Annotated[str, typer.Option("--kind", help="analysis or comparison")]
 
@@ -613,7 +614,7 @@ _MESSAGE_COLUMNS: list[Column] = [
     ("subject", lambda m: m.subject),
     ("replays", lambda m: m.replays),
     ("deliveries", lambda m: m.deliveries),
-    ("error", lambda m: m.error[:80]),
+    ("error", lambda m: brief(m.error)),
 ]
 
 

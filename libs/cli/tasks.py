@@ -29,6 +29,7 @@ from dispo.libs.cli._common import (
     JSON_OPTION,
     OK,
     as_dict,
+    brief,
     emit_json,
     moment,
     out,
@@ -245,7 +246,7 @@ def task_picture(view: TaskView) -> Group:
             node.node_id,
             _styled(node.status),
             str(node.attempts),
-            node.last_error[:120],
+            brief(node.last_error, 120),
             moment(node.started_at),
             moment(node.finished_at),
         )

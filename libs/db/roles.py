@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import asyncpg
 from dispo.libs.db.passwords import scram_verifier
 from dispo.libs.settings import DEFAULT_PORTS, CommonSettings, server_settings
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 # The services with a schema of their own (the console has none).
 SERVICES = tuple(DEFAULT_PORTS)
@@ -72,8 +72,19 @@ def login_from_url(url: str) -> Login:
 
 
 def without_password(url: str) -> str:
-    """``url`` with its password left out (for state files and messages)."""
-    return make_url(url).set(password=None).render_as_string(hide_password=False)
+    """``url`` with its password left out (for state files and messages): the one in its
+    user part and a ``password`` query parameter alike. (SQLAlchemy's ``URL.set(password=None)``
+    means "leave it as it is", so the URL is made again from the parts it keeps.)"""
+    parsed = make_url(url)
+    query = {k: v for k, v in parsed.query.items() if k.lower() != "password"}
+    return URL.create(
+        parsed.drivername,
+        username=parsed.username,
+        host=parsed.host,
+        port=parsed.port,
+        database=parsed.database,
+        query=query,
+    ).render_as_string(hide_password=False)
 
 
 def asyncpg_url(url: str) -> str:

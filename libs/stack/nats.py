@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dispo.libs.bus import BusCredentials
-from dispo.libs.private_files import write_private
+from dispo.libs.private_files import PRIVATE_FOLDER, open_private, write_private
 from dispo.libs.stack.nats_auth import ADMIN, NatsUsers
 from dispo.libs.stack.process import ExitedBeforeReady, ProcessSpec, log_tail, wait_tcp
 
@@ -151,8 +151,8 @@ class NatsServer:
         """Start it as a plain child of this process; see :meth:`spec` for a supervised one."""
         self._prepare()
         if self.log_file:
-            self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+            self.log_file.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+        out = open_private(self.log_file) if self.log_file else subprocess.DEVNULL
         process = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)
         self.process = process
 

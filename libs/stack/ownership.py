@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dispo.libs.private_files import PRIVATE_FILE, PRIVATE_FOLDER
+
 LOCK_FILE = "stack.lock"
 # A probe holds the lock (shared) for an instant: a claim retries for this long.
 CLAIM_PATIENCE_SECONDS = 1.0
@@ -89,8 +91,9 @@ class FolderLock:
     def acquire(self) -> None:
         """Take the lock and write this process's pid in it; :class:`StackRunning` if a live
         ``dispo up`` holds it."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+        os.fchmod(fd, PRIVATE_FILE)
         deadline = time.monotonic() + CLAIM_PATIENCE_SECONDS
         while True:
             try:

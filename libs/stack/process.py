@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 from dispo.libs.health import wait_until_serving
 from dispo.libs.logging import get_logger
+from dispo.libs.private_files import PRIVATE_FOLDER, open_private
 from dispo.libs.settings import TLSSettings
 
 log = get_logger(__name__)
@@ -152,8 +153,8 @@ class ManagedProcess:
 
     def spawn(self) -> None:
         spec = self.spec
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "ab") as out:
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+        with open_private(spec.log_path) as out:  # a log may quote what a caller sent
             self.process = subprocess.Popen(
                 spec.argv,
                 env={**os.environ, **spec.env},

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from dispo.libs.auth.bootstrap import StackCredentials, prepare_token_store, stack_credentials
 from dispo.libs.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
+from dispo.libs.catalogue import example_calling
 from dispo.libs.clock import SystemClock
 from dispo.libs.db.passwords import PASSWORDS_FILE, kept_passwords
 from dispo.libs.db.roles import (
@@ -31,7 +32,7 @@ from dispo.libs.db.roles import (
     without_password,
 )
 from dispo.libs.logging import get_logger
-from dispo.libs.private_files import write_private
+from dispo.libs.private_files import PRIVATE_FOLDER, private_folder, write_private
 from dispo.libs.service import until_reachable
 from dispo.libs.settings import DEFAULT_METRICS_PORTS, server_settings
 from dispo.libs.stack.cluster import NatsCluster
@@ -69,6 +70,8 @@ log = get_logger(__name__)
 
 # Where `dispo up --tls` keeps its local CA and certificates.
 TLS_FOLDER = "tls"
+# The example catalogue as this stack's services read it: calling its demo downstream.
+DEMO_CATALOGUE = "catalogue.yaml"
 
 
 @dataclass
@@ -109,6 +112,22 @@ class StackOptions:
     # folder on the first start with it and kept (``dispo up --tls``); mTLS besides when
     # DISPO_TLS_CLIENT_AUTH is set.
     tls: bool = False
+
+    @property
+    def demo_origin(self) -> str | None:
+        """Where the demo downstream this stack starts answers (None: it starts none)."""
+        if not self.demo_port or "executor" not in self.services:
+            return None
+        return f"http://{self.host}:{self.demo_port}"
+
+    @property
+    def demo_catalogue(self) -> Path | None:
+        """The example catalogue calling this stack's demo downstream on its port, kept in the
+        data folder and handed to the services; None when the stack starts no demo downstream
+        or the operator names a catalogue (``DISPO_CATALOGUE``)."""
+        if self.demo_origin is None or {**os.environ, **self.extra_env}.get("DISPO_CATALOGUE"):
+            return None
+        return self.data_dir / DEMO_CATALOGUE
 
     def address(self, service: str) -> str:
         """Where ``service`` (its first replica) listens for gRPC in this stack."""
@@ -176,10 +195,12 @@ def service_specs(
     local_crons = str(options.data_dir / "pool" / "local-crons.sqlite")
     common["DISPO_POOL_LOCAL_REGISTRY"] = local_crons
     specs = []
-    demo = options.demo_port and "executor" in options.services
+    demo = options.demo_origin
     if demo and "DISPO_EGRESS_ALLOW" not in {**os.environ, **common}:
         # The embedded default: callers' addresses may name the demo downstream it starts.
-        common["DISPO_EGRESS_ALLOW"] = f"http://{options.host}:{options.demo_port}"
+        common["DISPO_EGRESS_ALLOW"] = demo
+    if (catalogue := options.demo_catalogue) is not None:  # and the example calls it there
+        common["DISPO_CATALOGUE"] = str(catalogue)
     if demo:
         specs.append(
             ProcessSpec(
@@ -335,7 +356,8 @@ class Stack:
 
         Claims the folder first unless :meth:`claim` was called."""
         data = self.options.data_dir
-        data.mkdir(parents=True, exist_ok=True)
+        data.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+        private_folder(data / "logs")
         if not self._lock.held:
             await asyncio.to_thread(self.claim)
         infrastructure = []
@@ -402,6 +424,9 @@ class Stack:
                 database_urls["gateway"], credentials.bootstrap_file, SystemClock()
             ),
         )
+        if (catalogue := self.options.demo_catalogue) is not None:
+            assert self.options.demo_origin is not None  # a catalogue only for a demo
+            write_private(catalogue, example_calling(self.options.demo_origin))
         self.supervisor = Supervisor(specs, on_spawn=write_state)
         await self.supervisor.start_all()
         self._ready = True
@@ -529,10 +554,8 @@ class Stack:
                 name: process(infrastructure, name) for name in infrastructure.children
             },
         }
-        path = self.options.data_dir / STATE_FILE
-        written = path.with_suffix(".tmp")
-        written.write_text(json.dumps(state, indent=2))
-        written.replace(path)  # readers never see half a file
+        # owner-only, and readers never see half a file
+        write_private(self.options.data_dir / STATE_FILE, json.dumps(state, indent=2))
 
     async def stop(self) -> list[str]:
         """Stop services, then NATS, then PostgreSQL; each runs even if one before failed.

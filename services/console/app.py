@@ -31,7 +31,8 @@ from dispo.console.backend import (
     Backend,
     TaskDetail,
 )
-from dispo.console.origin import SameOriginWrites
+from dispo.console.headers import SecurityHeaders
+from dispo.console.origin import SameOriginWrites, console_hosts
 from dispo.console.views import (
     COLOURS,
     EVALUATION_ACTIONS,
@@ -39,6 +40,7 @@ from dispo.console.views import (
     JOB_KINDS,
     JOB_STATUSES,
     MAX_BOOST,
+    NO_BASELINE_STATUS,
     SINCE,
     WORK_KINDS,
     JobFilter,
@@ -104,6 +106,7 @@ templates.env.globals.update(
     since_choices=SINCE,
     age=age,
     job_colours=JOB_COLOURS,
+    no_baseline=NO_BASELINE_STATUS,
     direction=direction,
     work_kind=work_kind,
     parked=parked,
@@ -122,12 +125,34 @@ def _backend(request: Request) -> Backend:
     return backend
 
 
+# The longest token the console forwards (the services' are 49 characters).
+MAX_TOKEN = 512
+
+
+def well_formed(token: str) -> bool:
+    """Whether ``token`` may be a token at all: printable ASCII without spaces (what gRPC
+    metadata may carry), and not too long. Anything else (a control character, CR LF) is
+    no token: never forwarded, it signs the browser out."""
+    return 0 < len(token) <= MAX_TOKEN and all("!" <= c <= "~" for c in token)
+
+
 def _token(request: Request) -> str:
-    return request.cookies.get(TOKEN_COOKIE, "")
+    """The browser's token; empty when it has none, or a cookie that holds no token."""
+    token = request.cookies.get(TOKEN_COOKIE, "")
+    return token if well_formed(token) else ""
 
 
 class SignIn(Exception):
-    """The request carries no token, or one the services refused: to the sign-in page."""
+    """The request carries no token, or a cookie that holds none: to the sign-in page."""
+
+
+# Why the browser was sent to the sign-in page, as its address says (``/login?why=…``) and
+# the page tells the user; nothing of the request is echoed.
+SIGNED_OUT = {
+    "refused": "The services refused that token: mistyped, revoked or expired."
+    " Sign in with another.",
+    "malformed": "The browser held something that is no token. Sign in with a token.",
+}
 
 
 def _signed_in(request: Request) -> str:
@@ -149,14 +174,22 @@ async def _refused(request: Request, error: Exception) -> Response:
     )
 
 
-async def _to_sign_in(request: Request, _: Exception) -> Response:
-    response = RedirectResponse("/login", status_code=303)
+async def _to_sign_in(request: Request, error: Exception) -> Response:
+    """To the sign-in page, the browser's token dropped, saying why when it had one: the
+    services refused it, or the cookie held no token."""
+    why = ""
+    if isinstance(error, DispoError):
+        why = "refused"
+    elif TOKEN_COOKIE in request.cookies:
+        why = "malformed"
+    response = RedirectResponse(f"/login?why={why}" if why else "/login", status_code=303)
     response.delete_cookie(TOKEN_COOKIE)
     return response
 
 
 async def login_page(request: Request) -> Response:
-    return templates.TemplateResponse(request, "login.html", {})
+    message = SIGNED_OUT.get(request.query_params.get("why", ""), "")
+    return templates.TemplateResponse(request, "login.html", {"message": message})
 
 
 async def login(request: Request) -> Response:
@@ -165,6 +198,13 @@ async def login(request: Request) -> Response:
     if not token:
         return templates.TemplateResponse(
             request, "login.html", {"message": "a token is required"}, status_code=400
+        )
+    if not well_formed(token):
+        return templates.TemplateResponse(
+            request,
+            "login.html",
+            {"message": "that is not a token: a token is printable ASCII, without spaces"},
+            status_code=400,
         )
     response = RedirectResponse("/tasks", status_code=303)
     response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
@@ -675,7 +715,8 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(SameOriginWrites)],
+        # the headers outermost: the refusals of the origin check carry them too
+        middleware=[Middleware(SecurityHeaders), Middleware(SameOriginWrites, settings=settings)],
         lifespan=lifespan,
         exception_handlers={DispoError: _refused, SignIn: _to_sign_in},
     )
@@ -685,6 +726,11 @@ def main() -> None:
     common = CommonSettings()
     configure_logging(common.log_format, common.log_level, service="console")
     settings = ConsoleSettings()
+    if console_hosts(settings) is None:
+        log.warning(
+            "answering any Host: set DISPO_CONSOLE_ORIGIN to the address browsers use",
+            host=settings.host,
+        )
     log.info("serving", address=f"http://{settings.host}:{settings.port}")
     config = uvicorn.Config(
         create_app(settings),

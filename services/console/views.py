@@ -18,6 +18,7 @@ from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
+from dispo.libs.evaluation import NO_BASELINE
 from dispo.libs.proto_enums import short_name
 from dispo.libs.sdk import TaskView
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -250,6 +251,12 @@ def age(seconds: int) -> str:
     return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
 
 
+# How the Downstreams page colours a health and a breaker state: ``bad`` (red) a downstream
+# that fails its probes or whose breaker is OPEN, ``warn`` (amber) a breaker trying again
+# (HALF_OPEN), ``good`` (green) a healthy one with a CLOSED breaker; no tone when not known.
+BREAKER_TONES = {"OPEN": "bad", "HALF_OPEN": "warn", "CLOSED": "good"}
+
+
 @dataclass(frozen=True)
 class DownstreamRow:
     """One downstream on the Downstreams page."""
@@ -263,6 +270,8 @@ class DownstreamRow:
     oldest_demoted: str
     failed_depth: int
     release_rate_per_second: float
+    health_tone: str = ""
+    breaker_tone: str = ""
 
 
 def downstream_rows(
@@ -273,17 +282,20 @@ def downstream_rows(
         health = ("healthy" if state.healthy else "unhealthy") if state.probed else "not probed"
         if state.probe_error:
             health += f" ({state.probe_error})"
+        breaker_state = short_name(epb.BreakerState, breaker.breaker_state) if breaker else ""
         rows.append(
             DownstreamRow(
                 state.name,
                 health,
-                short_name(epb.BreakerState, breaker.breaker_state) if breaker else "",
+                breaker_state,
                 state.paused,
                 state.paused_reason,
                 state.demoted_depth,
                 age(state.oldest_demoted_age_seconds) if state.demoted_depth else "",
                 state.failed_depth,
                 state.release_rate_per_second,
+                ("good" if state.healthy else "bad") if state.probed else "",
+                BREAKER_TONES.get(breaker_state, ""),
             )
         )
     return rows
@@ -403,12 +415,16 @@ def resize_rows(state: PoolState) -> list[ResizeRow]:
     ]
 
 
-# A job's status in the colour of the task status it is like.
+# A job's status in the colour of the task status it is like; the first period of a series
+# has nothing to compare with: its comparison is expected to find no baseline, and says so
+# in a neutral grey rather than as a failure.
+NO_BASELINE_STATUS = "NO BASELINE"
 JOB_COLOURS = {
     "QUEUED": COLOURS["PENDING"],
     "GENERATING": COLOURS["RUNNING"],
     "COMPLETED": COLOURS["SUCCEEDED"],
     "FAILED": COLOURS["FAILED"],
+    NO_BASELINE_STATUS: COLOURS["CANCELLED"],
 }
 # The Intelligence page's kinds, as its links and the service name them.
 JOB_KINDS = {"analysis": ipb.JOB_KIND_ANALYSIS, "comparison": ipb.JOB_KIND_COMPARISON}
@@ -428,11 +444,23 @@ class JobRow:
     error: str
 
 
+def job_status(job: ipb.Job) -> str:
+    """The status a job is shown with: the service's, but ``NO BASELINE`` for a comparison
+    that failed only because its evaluation is the first period of its series."""
+    if (
+        job.kind == ipb.JOB_KIND_COMPARISON
+        and job.status == ipb.JOB_STATUS_FAILED
+        and job.error.startswith(NO_BASELINE)
+    ):
+        return NO_BASELINE_STATUS
+    return short_name(ipb.JobStatus, job.status)
+
+
 def job_row(job: ipb.Job) -> JobRow:
     return JobRow(
         short_name(ipb.JobKind, job.kind).lower(),
         job.evaluation_id,
-        short_name(ipb.JobStatus, job.status),
+        job_status(job),
         job.attempts,
         job.analysis_model,
         job.baseline_evaluation_id,

@@ -5,6 +5,7 @@ Domain work only. The ``GetComparison`` projection lives in ``evaluation_read_mo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from dispo.intelligence.analysis import evaluation_not_found, require_finished, resolve_model
@@ -13,15 +14,36 @@ from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, JobPlan
 from dispo.intelligence.jobs import Job, JobKind, JobValidationError, WorkResult
 from dispo.intelligence.models import AnalysisModel, ModelRegistry
 from dispo.intelligence.stats import COMPARED_METRICS, compute_stats, metric_value
+from dispo.libs.evaluation import NO_BASELINE
 
-UNCHANGED_EPSILON = 1e-9
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a metric may move and still be unchanged: the larger of ``absolute`` (in the
+    metric's unit) and ``relative`` (a share of the baseline's value)."""
+
+    absolute: float
+    relative: float = 0.0
+
+    def holds(self, baseline: float, delta: float) -> bool:
+        return abs(delta) <= max(self.absolute, self.relative * abs(baseline)) + 1e-9
+
+
+# Noise is no regression: a rate or a score (0..1) must move by more than a point, a latency
+# by more than 5 ms and 5 % of the baseline's, to be improved or regressed.
+RATE_TOLERANCE = Tolerance(0.01)
+LATENCY_TOLERANCE = Tolerance(5.0, relative=0.05)
+TOLERANCES: dict[str, Tolerance] = {
+    metric: LATENCY_TOLERANCE if metric.startswith("latency.") else RATE_TOLERANCE
+    for metric in COMPARED_METRICS
+}
 
 
 def metric_delta(
     metric: str, baseline: float, current: float, higher_is_better: bool
 ) -> dict[str, Any]:
     delta = current - baseline
-    if abs(delta) <= UNCHANGED_EPSILON:
+    if TOLERANCES.get(metric, Tolerance(0.0)).holds(baseline, delta):
         direction = "unchanged"
     else:
         direction = "improved" if (delta > 0) == higher_is_better else "regressed"
@@ -57,7 +79,7 @@ def validate_comparison_request(
     fingerprint = evaluation.fingerprint
     if baseline is None:
         raise JobValidationError(
-            f"no baseline for evaluation {evaluation_id!r}: series {evaluation.series!r} ({evaluation.line.value} line) "
+            f"{NO_BASELINE} {evaluation_id!r}: series {evaluation.series!r} ({evaluation.line.value} line) "
             f"has no completed period before {evaluation.period!r} with configuration fingerprint {fingerprint}",
             fields={"fingerprint": fingerprint, "analysis_model": model.name},
         )

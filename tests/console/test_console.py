@@ -6,8 +6,9 @@ page, abandoning one from the Failed page and resuming parked ones by filter, pa
 downstream, an evaluation running on the pool's one cron (its worker spawned by the pool,
 calling a target the test holds open) and others queued, boosted, paused and cancelled on the
 Cron pool page, analysis and comparison jobs on the Intelligence page (the intelligence
-service runs on a stand-in model server). The screenshots in docs/screenshots/ are taken by
-this run."""
+service runs on a stand-in model server). The run takes the screenshots of
+docs/screenshots/, written to a scratch folder unless ``--screenshots docs/screenshots``
+(``.ci/screenshots``) asks to refresh those."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
 from dispo.console.backend import Backend
@@ -41,7 +43,8 @@ from support.waiting import eventually
 
 # Every task status, as the counts panel names them.
 STATUSES = [common_pb2.TaskStatus.Name(v).removeprefix("TASK_STATUS_") for v in range(1, 8)]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+# The documentation's pictures, which only a deliberate refresh rewrites (.ci/screenshots).
+PICTURES = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 BUSINESS = "console-shop"
 # What the stand-in analysis model answers every request with.
 NARRATIVE = "Half the runs passed; c2 fails its rules."
@@ -196,6 +199,24 @@ async def console(
     )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def pictures_before() -> dict[str, bytes]:
+    """The documentation's pictures as the run found them (before its first test)."""
+    return {p.name: p.read_bytes() for p in sorted(PICTURES.glob("*.png"))}
+
+
+@pytest.fixture(scope="module")
+def screenshots(request, tmp_path_factory, pictures_before) -> Path:
+    """Where this run's screenshots go: a scratch folder, unless ``--screenshots`` names one
+    (``docs/screenshots`` to refresh the documentation's pictures, ``.ci/screenshots``)."""
+    chosen = request.config.getoption("screenshots")
+    if not chosen:
+        return tmp_path_factory.mktemp("screenshots")
+    folder = Path(chosen).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
     async with chromium() as found:
@@ -236,9 +257,12 @@ async def test_signing_in_with_a_token_and_out_and_a_refused_token(browser, cons
     page = watched.page
     await page.goto(f"{console.url}/tasks")
     assert page.url == f"{console.url}/login"  # no token yet
+    assert await page.locator("#problem").count() == 0  # nothing went wrong yet
     await page.fill("input[name=token]", "not-a-token")
     await page.click("button[type=submit]")
-    assert page.url == f"{console.url}/login"  # the gateway refused it: signed out again
+    # the gateway refused it: signed out again, and told so
+    assert page.url == f"{console.url}/login?why=refused"
+    await expect(page.locator("#problem")).to_contain_text("The services refused that token")
     assert not await context.cookies()
 
     await page.fill("input[name=token]", console.pipeline.token)
@@ -246,13 +270,14 @@ async def test_signing_in_with_a_token_and_out_and_a_refused_token(browser, cons
     assert page.url == f"{console.url}/tasks"
     await page.wait_for_selector("#counts [data-status=SUCCEEDED]")
     await page.click("text=Sign out")
-    assert page.url == f"{console.url}/login"
+    assert page.url == f"{console.url}/login"  # signed out on purpose: nothing to say
+    assert await page.locator("#problem").count() == 0
     assert watched.errors == []
     await context.close()
 
 
 async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
-    browser, console, module_database
+    browser, console, module_database, screenshots
 ):
     context = await signed_in(browser, console, console.pipeline.token)
     watched = Watched(await context.new_page())
@@ -273,7 +298,7 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     await row.locator("text=SUCCEEDED").wait_for()
     succeeded = page.locator("#counts [data-status=SUCCEEDED]")
     assert int(await succeeded.get_attribute("data-count") or 0) >= 1
-    await page.screenshot(path=SCREENSHOTS / "tasks.png")
+    await page.screenshot(path=screenshots / "tasks.png")
     # The key's search finds the task, live, and counts it exactly: one SUCCEEDED, no other.
     await expect(searched.page.locator(f"tr[data-task='{submitted.task_id}']")).to_have_count(1)
     await expect(searched.page.locator("tr[data-task]")).to_have_count(1)
@@ -301,7 +326,7 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     assert "k-1" in await page.locator("#detail").inner_text()  # the idempotency key
     # the gateway records the finish as the task's status reaches it: shown once it has
     await expect(page.locator("#facts")).to_contain_text("finished")
-    await page.screenshot(path=SCREENSHOTS / "task.png", full_page=True)
+    await page.screenshot(path=screenshots / "task.png", full_page=True)
 
     # Searched by its id, by its business; another business's token sees none of it.
     await page.goto(f"{console.url}/tasks?q={submitted.task_id}")
@@ -409,7 +434,9 @@ async def test_a_failed_task_is_resumed_from_its_page(browser, console):
     await context.close()
 
 
-async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_paused(browser, console):
+async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_paused(
+    browser, console, screenshots
+):
     await console.downstream.control(fail={"status": 400, "times": 1, "path": "/step/given-up-"})
     async with console.pipeline.client() as client:
         submitted = await client.submit(BUSINESS, [CellSpec("step", {"name": "given-up-1"})])
@@ -423,7 +450,7 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await expect(row).to_contain_text("FAILED")
     await expect(row).to_contain_text("demo")
     await expect(page.locator("#groups")).to_contain_text("FAILED")
-    await page.screenshot(path=SCREENSHOTS / "failed.png", full_page=True)
+    await page.screenshot(path=screenshots / "failed.png", full_page=True)
     # held FAILED, it has ended: resumed, not abandoned
     assert await row.locator("button.abandon").count() == 0
     await row.locator("button.resume").click()  # confirmed
@@ -441,6 +468,7 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await page.goto(f"{console.url}/downstreams")
     demo = page.locator("tr[data-downstream=demo]")
     await expect(demo).to_contain_text("CLOSED")  # the executor's breaker
+    await expect(demo.locator(".breaker")).to_have_attribute("data-tone", "good")  # green
     # A form sent from another site's page, or with no origin at all, is refused before
     # any route (the signed-in cookie rides along here): nothing is paused.
     for headers in ({"Origin": console.downstream.url}, {}):
@@ -453,7 +481,7 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await demo.locator("button.pause").click()
     await expect(page.locator("#notice")).to_have_text("pause: done")
     await expect(demo.locator(".paused")).to_contain_text("paused")
-    await page.screenshot(path=SCREENSHOTS / "downstreams.png")
+    await page.screenshot(path=screenshots / "downstreams.png")
     await demo.locator("button.unpause").click()
     await expect(page.locator("#notice")).to_have_text("resume: done")
     await expect(demo.locator(".paused")).to_have_text("no")
@@ -520,7 +548,7 @@ async def test_a_running_evaluation_holds_its_cron_until_it_completes(browser, c
 
 
 async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page(
-    browser, console, module_database
+    browser, console, module_database, screenshots
 ):
     context = await signed_in(browser, console, console.pipeline.token)
     watched = Watched(await context.new_page())
@@ -562,7 +590,7 @@ async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page
         assert await shown.locator(".resize-reason").all_inner_texts() == [
             r.reason for r in resized
         ]
-        await page.screenshot(path=SCREENSHOTS / "pool.png", full_page=True)
+        await page.screenshot(path=screenshots / "pool.png", full_page=True)
 
         await row.locator("input[name=boost]").fill("7")
         await row.locator("button.boost-set").click()  # confirmed
@@ -637,7 +665,9 @@ async def test_an_evaluation_is_queued_live_and_acted_on_from_the_cron_pool_page
     await context.close()
 
 
-async def test_an_analysis_job_comes_in_live_and_its_analysis_is_shown(browser, console):
+async def test_an_analysis_job_comes_in_live_and_its_analysis_is_shown(
+    browser, console, screenshots
+):
     context = await signed_in(browser, console, console.pipeline.token)
     watched = Watched(await context.new_page())
     page = watched.page
@@ -684,7 +714,7 @@ async def test_an_analysis_job_comes_in_live_and_its_analysis_is_shown(browser, 
     # The counts are read apart from the rows: a later refresh of the feed brings them level.
     completed = page.locator("#job-counts [data-status=COMPLETED]")
     await expect(completed).to_have_attribute("data-count", re.compile(r"^[1-9][0-9]*$"))
-    await page.screenshot(path=SCREENSHOTS / "intelligence.png", full_page=True)
+    await page.screenshot(path=screenshots / "intelligence.png", full_page=True)
 
     await row.locator("a").click()
     assert page.url == f"{console.url}/intelligence/analysis/console-intel-1"
@@ -743,7 +773,7 @@ async def feed_evaluation(
 
 
 async def test_comparison_jobs_are_filtered_paged_and_shown_to_admins_only(
-    browser, console, module_database
+    browser, console, module_database, screenshots
 ):
     async with admin_channel(console.intelligence) as channel:
         intelligence = intelligence_pb2_grpc.IntelligenceServiceStub(channel)
@@ -758,8 +788,18 @@ async def test_comparison_jobs_are_filtered_paged_and_shown_to_admins_only(
     await page.goto(f"{console.url}/intelligence?kind=comparison")
     now = page.locator("tr[data-job='comparison/console-cmp-now'] .job-status")
     await expect(now).to_have_text("COMPLETED", timeout=60_000)
+    # The earlier period is the series' first: its comparison found no baseline, as expected,
+    # and says so in grey, not as a red failure.
     base = page.locator("tr[data-job='comparison/console-cmp-base'] .job-status")
-    await expect(base).to_have_text("FAILED", timeout=60_000)
+    await expect(base).to_have_text("NO BASELINE", timeout=60_000)
+    assert await base.evaluate("e => getComputedStyle(e).color") == "rgb(127, 127, 127)"
+    await expect(
+        page.locator("tr[data-job='comparison/console-cmp-base'] td").last
+    ).to_contain_text("no baseline for evaluation")
+    await page.goto(f"{console.url}/intelligence/comparison/console-cmp-base")
+    await expect(page.locator("#job-status")).to_have_text("NO BASELINE")
+    await expect(page.locator("#job-expected")).to_contain_text("the first period of its series")
+    await page.goto(f"{console.url}/intelligence?kind=comparison")
     assert await page.locator("tr[data-job^='analysis/']").count() == 0
     counts = page.locator("#job-counts")
     await expect(counts.locator("[data-status=COMPLETED]")).to_have_attribute("data-count", "1")
@@ -793,7 +833,7 @@ async def test_comparison_jobs_are_filtered_paged_and_shown_to_admins_only(
     await expect(pass_rate.locator("td")).to_have_text(
         ["pass_rate", "0.5", "1", "+0.5", "IMPROVED"]
     )
-    await page.screenshot(path=SCREENSHOTS / "comparison.png", full_page=True)
+    await page.screenshot(path=screenshots / "comparison.png", full_page=True)
     assert watched.errors == []
     await context.close()
 
@@ -856,6 +896,108 @@ async def test_parked_tasks_of_a_downstream_are_resumed_by_filter_with_progress(
     await context.close()
 
 
+async def raw_request(url: str, head: bytes) -> tuple[int, dict[str, str]]:
+    """Send ``head`` (a request's line and headers, as bytes: what no well-behaved client
+    library would send) to the console at ``url``; its answer's status and headers."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head + b"Connection: close\r\n\r\n")
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    lines = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers.setdefault(name.strip().lower(), value.strip())
+    return int(lines[0].split()[1]), headers
+
+
+def signed_out(status: int, headers: dict[str, str]) -> bool:
+    """A redirect to the sign-in page that drops the browser's token."""
+    return (
+        status == 303
+        and headers.get("location", "").startswith("/login")
+        and headers.get("set-cookie", "").startswith('dispo_token="";')
+    )
+
+
+async def test_a_cookie_that_holds_no_token_signs_the_browser_out_and_is_never_forwarded(
+    console,
+):
+    host = console.url.removeprefix("http://").encode()
+    for cookie in [
+        b"dispo_token=abc\x7f",  # a control character
+        b'dispo_token="dispo_a\\015\\012b"',  # CR LF, quoted as a browser sends it back
+        b"dispo_token=" + b"a" * 600,  # longer than any token
+        b"dispo_token=dispo_\xc3\xa9",  # not ASCII
+    ]:
+        for path in (b"/tasks", b"/tasks/stream", b"/failed"):
+            status, headers = await raw_request(
+                console.url,
+                b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\nCookie: " + cookie + b"\r\n",
+            )
+            assert signed_out(status, headers), (cookie, path, status, headers)
+            assert headers["location"] == "/login?why=malformed"
+    # signing in with such a token is refused on the sign-in page, and no cookie is set
+    async with httpx.AsyncClient(base_url=console.url, headers={"origin": console.url}) as http:
+        for odd in ["dispo_a\r\nb", "dispo_\x7f", "dispo a b"]:
+            answer = await http.post("/login", data={"token": odd})
+            assert answer.status_code == 400 and "not a token" in answer.text, odd
+            assert "set-cookie" not in answer.headers
+
+
+async def test_every_answer_carries_the_security_headers(console):
+    signed = {"dispo_token": console.pipeline.token}
+    async with (
+        httpx.AsyncClient(base_url=console.url) as http,
+        httpx.AsyncClient(base_url=console.url, cookies=signed) as signed_in,
+    ):
+        answers = {
+            "sign-in page": await http.get("/login"),
+            "page": await signed_in.get("/tasks"),
+            "static": await http.get("/static/console.css"),
+            "health": await http.get("/healthz"),
+            "redirect": await http.get("/tasks"),
+            "refusal": await http.post("/logout", headers={"origin": "https://evil.example"}),
+            "wrong host": await http.get("/login", headers={"host": "evil.example"}),
+            "not found": await http.get("/nowhere"),
+        }
+    nonces = set()
+    for name, answer in answers.items():
+        policy = answer.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in policy, (name, answer.headers)
+        assert "default-src 'self'" in policy and "object-src 'none'" in policy, name
+        script = re.search(r"script-src ([^;]*)", policy)
+        assert script and "'unsafe-inline'" not in script[1] and "'unsafe-eval'" not in script[1]
+        nonces |= set(re.findall(r"'nonce-([^']+)'", policy))
+        assert answer.headers.get("x-content-type-options") == "nosniff", name
+        assert answer.headers.get("referrer-policy") == "same-origin", name
+        assert answer.headers.get("x-frame-options") == "DENY", name
+    assert len(nonces) == len(answers)  # one nonce per answer
+    # the page's inline script carries its answer's nonce (the browser tests run it)
+    page = answers["page"]
+    [nonce] = re.findall(r"'nonce-([^']+)'", page.headers["content-security-policy"])
+    assert f'<script nonce="{nonce}">' in page.text
+    assert (answers["refusal"].status_code, answers["wrong host"].status_code) == (403, 421)
+
+
+async def test_a_request_naming_another_host_is_refused_before_any_route(console):
+    port = console.url.rsplit(":", 1)[1]
+    signed = {"dispo_token": console.pipeline.token}
+    async with httpx.AsyncClient(base_url=console.url, cookies=signed) as http:
+        for host in ["evil.example", f"evil.example:{port}", "127.0.0.1:1", f"127.0.0.2:{port}"]:
+            answer = await http.get("/tasks", headers={"host": host})
+            assert answer.status_code == 421, (host, answer.text)
+            assert "SUCCEEDED" not in answer.text
+            posted = await http.post(
+                "/logout", headers={"host": host, "origin": f"http://{host}"}
+            )  # a rebound name: its Origin is its Host, but the Host is not the console's
+            assert posted.status_code == 421, host
+        for host in [f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"]:
+            assert (await http.get("/tasks", headers={"host": host})).status_code == 200, host
+
+
 async def test_a_token_revoked_while_a_list_is_open_signs_the_browser_out(
     browser, console, module_database
 ):
@@ -870,6 +1012,17 @@ async def test_a_token_revoked_while_a_list_is_open_signs_the_browser_out(
         tokens = auth_pb2_grpc.TokenServiceStub(channel)
         await tokens.RevokeToken(auth_pb2.RevokeTokenRequest(token_id=token_id))
     # The live feed is refused (once the reconciler's cache of the token lapses): signed out.
-    await page.wait_for_url(f"{console.url}/login", timeout=30_000)
+    await page.wait_for_url(f"{console.url}/login?why=refused", timeout=30_000)
+    await expect(page.locator("#problem")).to_contain_text("The services refused that token")
     assert not await context.cookies()
     await context.close()
+
+
+def test_the_run_took_every_picture_and_changed_no_tracked_one(screenshots, pictures_before):
+    """Last in the file: every picture of the documentation was taken again, into the scratch
+    folder; the tracked ones are as the run found them (only ``--screenshots`` rewrites them)."""
+    taken = {p.name for p in screenshots.glob("*.png")}
+    assert taken == set(pictures_before)
+    if screenshots != PICTURES.resolve():
+        after = {p.name: p.read_bytes() for p in sorted(PICTURES.glob("*.png"))}
+        assert after == pictures_before, "a test rewrote docs/screenshots"

@@ -125,6 +125,22 @@ def test_metric_delta_direction_follows_polarity():
     assert metric_delta("score.mean", 0.5, 0.25, True)["relative_delta"] == -0.5
 
 
+def test_a_change_within_a_metrics_tolerance_is_unchanged_not_regressed():
+    """Noise is no regression: a 1 ms change of a 200 ms p50 is unchanged; a latency must
+    move by more than 5 ms and 5 % of its baseline, a rate or a score by more than a point."""
+    one_ms = metric_delta("latency.p50_ms", 200, 201, False)
+    assert one_ms["direction"] == "unchanged" and one_ms["absolute_delta"] == 1  # still shown
+    assert metric_delta("latency.p50_ms", 20, 24.5, False)["direction"] == "unchanged"  # < 5 ms
+    assert metric_delta("latency.p50_ms", 200, 209, False)["direction"] == "unchanged"  # < 5 %
+    assert metric_delta("latency.p50_ms", 200, 211, False)["direction"] == "regressed"
+    assert metric_delta("latency.p90_ms", 20, 26, False)["direction"] == "regressed"
+    assert metric_delta("latency.mean_ms", 200, 150, False)["direction"] == "improved"
+    assert metric_delta("pass_rate", 0.90, 0.905, True)["direction"] == "unchanged"
+    assert metric_delta("error_rate", 0.10, 0.095, False)["direction"] == "unchanged"
+    assert metric_delta("pass_rate", 0.90, 0.92, True)["direction"] == "improved"
+    assert metric_delta("score.p50", 0.80, 0.78, True)["direction"] == "regressed"
+
+
 def test_diff_covers_every_compared_metric():
     stats = compute_stats(_runs())
     diff = diff_stats(stats, stats)

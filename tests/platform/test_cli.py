@@ -9,6 +9,7 @@ import functools
 import io
 import json
 import os
+import pty
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -117,6 +118,28 @@ def run(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.Complete
     return subprocess.run(
         [DISPO, *args], input=stdin, capture_output=True, text=True, env=env, timeout=120
     )
+
+
+def at_a_terminal(env: dict[str, str], *args: str) -> str:
+    """What ``dispo args`` prints (errors too) with a terminal, a pseudo-terminal, as its
+    output; the command must succeed."""
+    main, side = pty.openpty()
+    with subprocess.Popen(
+        [DISPO, *args], stdout=side, stderr=side, stdin=subprocess.DEVNULL, env=env
+    ) as process:
+        os.close(side)
+        printed = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the command ended and closed its side: all read
+                break
+            if not chunk:
+                break
+            printed += chunk
+        os.close(main)
+        assert process.wait(timeout=120) == 0, printed
+    return printed.decode()
 
 
 async def dispo(
@@ -461,11 +484,20 @@ async def test_failed_work_is_listed_shown_resumed_and_refused_with_the_codes(
     [work] = page["work"]
     assert (work["task"]["task_id"], work["kind"]) == (task_id, "WORK_KIND_FAILED")
     assert work["task"]["state"] == "RECOVERY_STATE_FAILED"
-    # piped, the table is not folded at 80 columns: the id and the reason on one line
+    # piped, the table is neither folded nor cut: the id and the whole reason (longer than
+    # 80 characters, the downstream's answer in it) on one line, as docs/cli.md says
+    reason = work["task"]["reason"]
+    assert len(reason) > 80 and reason.endswith('{"error": "injected"}'), reason
     listed = await dispo(env, "failed", "list", "--business", "cli-failed")
     assert listed.returncode == 0, listed.stderr
     [line] = [line for line in listed.stdout.splitlines() if task_id in line]
-    assert "FAILED" in line and work["task"]["reason"][:80] in line, listed.stdout
+    assert "FAILED" in line and reason in line, listed.stdout
+    # at a terminal (wide enough not to fold it) the row shows the reason's beginning
+    seen = await asyncio.to_thread(
+        at_a_terminal, {**env, "COLUMNS": "400"}, "failed", "list", "--business", "cli-failed"
+    )
+    [line] = [line for line in seen.splitlines() if task_id in line]
+    assert reason[:79] + "…" in line and reason not in line, seen
     shown = await dispo(env, "failed", "show", task_id)
     assert shown.returncode == 0 and task_id in shown.stdout
     assert "RECOVERY_STATE_FAILED" in shown.stdout and "cli-failed" in shown.stdout

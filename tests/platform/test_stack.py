@@ -5,12 +5,15 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
+import yaml
+from dispo.libs.catalogue import example_calling, parse_catalogue
 from dispo.libs.db.roles import without_password
 from dispo.libs.health import health_status
 from dispo.libs.stack.nats import free_port
@@ -30,7 +33,31 @@ def stack(tmp_path):
     running.kill()
 
 
+def open_to_others(root: Path) -> list[str]:
+    """Every file under ``root`` a user other than its owner may read or write, and every
+    folder of the stack's own (logs, the pool's registry, PostgreSQL's) such a user may
+    enter, with its mode. (The data folder itself is opened to the server's system user when
+    ``dispo up`` runs as root; inside PostgreSQL's folder the server and its wheel decide.)"""
+    found = []
+    server = root / "postgres"
+    for path in [root, *root.rglob("*")]:
+        if server in path.parents:
+            continue
+        mode = path.lstat().st_mode
+        if stat.S_ISREG(mode) and mode & 0o077:
+            found.append(f"{path.relative_to(root)} {mode & 0o777:o}")
+        elif path.name in {"logs", "pool", "postgres"} and stat.S_ISDIR(mode) and mode & 0o077:
+            found.append(f"{path.relative_to(root)}/ {mode & 0o777:o}")
+    return found
+
+
 async def test_up_status_restart_and_data_kept(stack):
+    # a log an earlier version left readable by everyone
+    (stack.data_dir / "logs").mkdir(parents=True)
+    (stack.data_dir / "logs").chmod(0o755)
+    earlier = stack.data_dir / "logs" / "gateway.log"
+    earlier.write_text("an earlier start\n")
+    earlier.chmod(0o644)
     await stack.up()
 
     code, report = stack.status()
@@ -82,6 +109,23 @@ async def test_up_status_restart_and_data_kept(stack):
         pool = await http.get(f"{console}/pool", cookies={"dispo_token": stack.token})
         assert pool.status_code == 200 and 'data-figure="busy"' in pool.text
 
+    # the example catalogue calls the demo downstream this stack started, on its port
+    # (--demo-port), not the default 8181
+    submission = stack.data_dir.parent / "content-42.yaml"
+    submission.write_text(
+        "business: ecommerce\nidempotency_key: content-42-raise\n"
+        "cells: [{cell: update_quality_level, payload: {content_id: content-42, level: 3}}]\n"
+    )
+    submitted = stack.run("submit", str(submission), "--json")
+    assert submitted.returncode == 0, submitted.stdout
+
+    async def demo_called() -> bool:
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(f"http://127.0.0.1:{stack.env['DEMO_PORT']}/calls")
+        return len(answer.json()["calls"]) > 0
+
+    await eventually(demo_called, timeout=30, interval=0.2, wanted="the demo downstream called")
+
     # each service logs in to PostgreSQL as its own role; no process holds the superuser's
     # password or another service's
     passwords = stack.database_passwords()
@@ -97,6 +141,14 @@ async def test_up_status_restart_and_data_kept(stack):
             key for key, password in passwords.items() if password in "\0".join(environ.values())
         }
         assert held == {name}, (name, held)
+    # and the state file, which every command reads, holds none of them
+    kept = (stack.data_dir / "stack.json").read_bytes()
+    assert not [key for key, password in passwords.items() if password.encode() in kept]
+    # every file the stack keeps (secrets, state, logs, the pool's registry) is its owner's
+    # alone, the earlier version's log too, which it still appends to
+    assert (stack.data_dir / "pool" / "local-crons.sqlite").exists()
+    assert open_to_others(stack.data_dir) == []
+    assert earlier.read_text().startswith("an earlier start\n")
 
     # a crashed service is restarted
     executor = state["services"]["executor"]
@@ -192,7 +244,17 @@ async def test_up_with_external_database_and_nats_starts_only_services(
         state = read_state(tmp_path / "data")
         # two executors sharing the work, the second on a port of its own
         assert set(state["services"]) == {"gateway", "executor", "executor-2"}
-        assert state["database_url"] == without_password(database_url)  # kept out of state
+        # the state file names the database but not the password
+        given = make_url(database_url)
+        assert given.password
+        assert given.password.encode() not in (tmp_path / "data" / "stack.json").read_bytes()
+        shown = make_url(state["database_url"])
+        assert shown.password is None
+        assert (shown.username, shown.host, shown.database) == (
+            given.username,
+            given.host,
+            given.database,
+        )
         for info in state["services"].values():
             assert await health_status(info["address"]) == "SERVING"
         conn = await asyncpg.connect(database_url)
@@ -238,6 +300,50 @@ def test_the_console_calls_each_service_on_the_port_the_stack_gave_it(tmp_path):
     for service in ("gateway", "reconciler", "executor", "pool", "intelligence"):
         wanted = f"127.0.0.1:{ports[service]}"
         assert console.env[f"DISPO_CONSOLE_{service.upper()}_ADDRESS"] == wanted
+
+
+def test_the_example_catalogue_calls_the_demo_downstream_on_the_stacks_port(tmp_path, monkeypatch):
+    """``--demo-port P``: every service reads the example catalogue from the data folder,
+    its downstreams on P; a catalogue the operator names stays theirs; no demo, no copy."""
+    monkeypatch.delenv("DISPO_CATALOGUE", raising=False)
+    urls = dict.fromkeys(SERVICES, "postgresql://x@127.0.0.1/x")
+    options = StackOptions(tmp_path, demo_port=18555)
+    specs = service_specs(options, urls, "nats://x")
+    read = {spec.env.get("DISPO_CATALOGUE") for spec in specs if spec.name in SERVICES}
+    assert read == {str(tmp_path / "catalogue.yaml")} == {str(options.demo_catalogue)}
+    catalogue = parse_catalogue(yaml.safe_load(example_calling(options.demo_origin)))
+    called = {d.base_url for d in catalogue.downstreams.values()}
+    called |= {d.health_url for d in catalogue.downstreams.values() if d.health_url}
+    assert called == {"http://127.0.0.1:18555", "http://127.0.0.1:18555/healthz"}
+
+    assert StackOptions(tmp_path, demo_port=0).demo_catalogue is None
+    assert StackOptions(tmp_path, services=("gateway",)).demo_catalogue is None
+    monkeypatch.setenv("DISPO_CATALOGUE", "/srv/mine.yaml")
+    assert StackOptions(tmp_path, demo_port=18555).demo_catalogue is None
+    specs = service_specs(StackOptions(tmp_path, demo_port=18555), urls, "nats://x")
+    assert not any("DISPO_CATALOGUE" in spec.env for spec in specs)  # the environment's
+
+
+def test_a_url_without_its_password_keeps_every_other_part():
+    """What state files and messages show of a database URL: no password, in the user part
+    or the query, and everything else as it was."""
+    for url, shown in [
+        (
+            "postgresql://postgres:s3cret@/postgres?host=/tmp/pg",
+            "postgresql://postgres@/postgres?host=%2Ftmp%2Fpg",
+        ),
+        (
+            "postgresql+asyncpg://dispo_gateway:s3cret@db.internal:6432/dispo?sslmode=require",
+            "postgresql+asyncpg://dispo_gateway@db.internal:6432/dispo?sslmode=require",
+        ),
+        (
+            "postgresql://u@h/d?password=s3cret&sslmode=require",
+            "postgresql://u@h/d?sslmode=require",
+        ),
+        ("postgresql://h/d", "postgresql://h/d"),
+    ]:
+        assert without_password(url) == shown
+        assert "s3cret" not in without_password(url)
 
 
 def test_free_port_never_hands_this_process_the_same_port_twice():

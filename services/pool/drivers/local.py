@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from dispo.libs.contracts import evaluations as contract
+from dispo.libs.private_files import PRIVATE_FILE, PRIVATE_FOLDER, open_private
 from dispo.pool.domain import DriverCron
 from dispo.pool.drivers.base import encode_state
 
@@ -25,7 +26,13 @@ class Registry:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+        # Owner-only (its rows are the crons' targets and states): made so before SQLite
+        # opens it, which gives its journal files the database file's mode.
+        open_private(self.path).close()
+        for journal in ("-wal", "-shm"):  # an earlier version's, readable by others
+            with contextlib.suppress(FileNotFoundError):
+                self.path.with_name(self.path.name + journal).chmod(PRIVATE_FILE)
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(_SCHEMA)

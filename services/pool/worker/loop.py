@@ -21,6 +21,7 @@ from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.evaluation import VERDICT_TO_PB
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Periodic
+from dispo.libs.private_files import PRIVATE_FOLDER, open_private
 from dispo.libs.settings import CommonSettings
 from dispo.pool.convert import rule_kind
 from dispo.pool.domain import Rule, TestCase
@@ -175,8 +176,8 @@ async def main_async() -> None:
     settings = WorkerSettings()
     clock = clock_from_spec(common.clock)
     # One worker per registry: a second one (say, a restart while the old one lingers) waits here.
-    settings.local_registry.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(settings.local_registry.with_suffix(".lock"), "w")
+    settings.local_registry.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+    lock = open_private(settings.local_registry.with_suffix(".lock"))
     await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
     # The worker is part of the pool: it connects as the pool's bus user.
     bus = await Bus.connect(
