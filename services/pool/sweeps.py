@@ -12,6 +12,7 @@ DriverCalls`, so a slow driver never holds a sweep's cadence (``Pool.settle`` wa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from dispo.libs import metrics
@@ -116,7 +117,7 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
         if claim is not None:
             report.handed_over[evaluation_id] = cron_id
     for cron_id in report.replacements.values():
-        pool.driver_calls.submit("create", cron_id, lambda c=cron_id: bring_up(pool, c))
+        pool.driver_calls.submit("create", cron_id, functools.partial(bring_up, pool, cron_id))
     return report
 
 
