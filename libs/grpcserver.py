@@ -290,7 +290,7 @@ def _wrap(
             metadata = context.invocation_metadata()
             with server_span(method, metadata):
                 async with _mapped_errors(context, method):
-                    set_caller(await authorizer.admit(method, metadata))
+                    set_caller(await authorizer.admit(method, metadata, context.peer()))
                     if unary_request:
                         _checked(request)
                     return await inner(request, context)
@@ -311,7 +311,7 @@ def _wrap(
         metadata = context.invocation_metadata()
         with server_span(method, metadata):
             async with _mapped_errors(context, method):
-                set_caller(await authorizer.admit(method, metadata))
+                set_caller(await authorizer.admit(method, metadata, context.peer()))
                 if unary_request:
                     _checked(request)
                 async for item in inner_stream(request, context):

@@ -145,6 +145,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
             await store.token_insert(conn, record, secret_hash(secret))
             if record.kind is Kind.BUSINESS:
                 signing = await self._first_signing_secret(conn, record.business)
+        self.verifier.forget_refused(secret)
         log.info(
             "token created",
             token_id=record.token_id,
