@@ -26,7 +26,7 @@ import grpc
 from dispo.libs.auth.scope import set_caller
 from dispo.libs.auth.server import Authorizer
 from dispo.libs.db.down import database_unreachable, interrupted
-from dispo.libs.errors import DomainError, InvalidArgument, Unavailable
+from dispo.libs.errors import DomainError, FieldViolation, InvalidArgument, Unavailable
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.reflection import enable_documented_reflection
 from dispo.libs.tls import ServerTLS
@@ -48,6 +48,29 @@ log = get_logger(__name__)
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
+# What a status echoes, in UTF-8 bytes: an error's message, and its field violations up to
+# a budget, each field and description cut to its own limit. An error names what it is
+# about (an id, a field, a map key) as the caller sent it; echoed whole, a 7,000-character id
+# would overflow the status's metadata (grpc-message, grpc-status-details-bin: 8 KiB by
+# default at the caller) and the caller would see RESOURCE_EXHAUSTED instead of the answer.
+ECHO_LIMIT_BYTES = 512
+VIOLATIONS_ECHO_BYTES = 1536
+VIOLATION_FIELD_BYTES = 128
+VIOLATION_DESCRIPTION_BYTES = 256
+MAX_VIOLATIONS_ECHOED = 32
+ELLIPSIS = "…"
+
+
+def echoed(text: str, limit: int = ECHO_LIMIT_BYTES) -> str:
+    """``text`` as a status echoes it: unchanged within ``limit`` UTF-8 bytes, else its
+    longest prefix that fits with :data:`ELLIPSIS` after it (never a character cut in two)."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    room = limit - len(ELLIPSIS.encode())
+    return data[:room].decode("utf-8", "ignore") + ELLIPSIS
+
+
 def rich_status(error: DomainError) -> grpc.Status:
     """The status a caller sees for ``error``: code, message, field violations and when to
     retry (``google.rpc.RetryInfo``)."""
@@ -56,17 +79,13 @@ def rich_status(error: DomainError) -> grpc.Status:
 
 def status_of(error: DomainError) -> status_pb2.Status:
     """``error`` as a ``google.rpc.Status``: what :func:`rich_status` sends as a call's
-    status, and what an answer carries for one item refused on its own (SubmitEach)."""
-    detail = status_pb2.Status(code=error.code.value[0], message=error.message)
+    status, and what an answer carries for one item refused on its own (SubmitEach). What it
+    echoes is capped here, for every error of every service: the message at
+    :data:`ECHO_LIMIT_BYTES`, the field violations at :data:`MAX_VIOLATIONS_ECHOED` and
+    :data:`VIOLATIONS_ECHO_BYTES` (the first ones, each cut to its limits)."""
+    detail = status_pb2.Status(code=error.code.value[0], message=echoed(error.message))
     if error.violations:
-        bad_request = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(
-                    field=v.field, description=v.description
-                )
-                for v in error.violations
-            ]
-        )
+        bad_request = error_details_pb2.BadRequest(field_violations=_echoed(error.violations))
         packed = any_pb2.Any()
         packed.Pack(bad_request)
         detail.details.append(packed)
@@ -75,6 +94,25 @@ def status_of(error: DomainError) -> status_pb2.Status:
         retry.retry_delay.FromNanoseconds(max(1, round(error.retry_after * 1e9)))
         detail.details.add().Pack(retry)
     return detail
+
+
+def _echoed(
+    violations: list[FieldViolation],
+) -> list[error_details_pb2.BadRequest.FieldViolation]:
+    """The first ``violations`` that fit the budget, each cut to its limits (the first is
+    always sent)."""
+    sent: list[error_details_pb2.BadRequest.FieldViolation] = []
+    spent = 0
+    for v in violations[:MAX_VIOLATIONS_ECHOED]:
+        field = echoed(v.field, VIOLATION_FIELD_BYTES)
+        description = echoed(v.description, VIOLATION_DESCRIPTION_BYTES)
+        spent += len(field.encode("utf-8", "replace")) + len(description.encode("utf-8", "replace"))
+        if sent and spent > VIOLATIONS_ECHO_BYTES:
+            break
+        sent.append(
+            error_details_pb2.BadRequest.FieldViolation(field=field, description=description)
+        )
+    return sent
 
 
 def unreachable_database() -> Unavailable:
@@ -165,7 +203,7 @@ async def _abort(
         "rpc",
         method=method,
         code=error.code.name,
-        error=error.message,
+        error=echoed(error.message),
         ms=round((time.perf_counter() - started) * 1000, 2),
     )
     await context.abort_with_status(rich_status(error))
@@ -252,7 +290,7 @@ def _wrap(
             metadata = context.invocation_metadata()
             with server_span(method, metadata):
                 async with _mapped_errors(context, method):
-                    set_caller(await authorizer.admit(method, metadata))
+                    set_caller(await authorizer.admit(method, metadata, context.peer()))
                     if unary_request:
                         _checked(request)
                     return await inner(request, context)
@@ -273,7 +311,7 @@ def _wrap(
         metadata = context.invocation_metadata()
         with server_span(method, metadata):
             async with _mapped_errors(context, method):
-                set_caller(await authorizer.admit(method, metadata))
+                set_caller(await authorizer.admit(method, metadata, context.peer()))
                 if unary_request:
                     _checked(request)
                 async for item in inner_stream(request, context):
@@ -357,4 +395,4 @@ def create_server(
     return Server(server, port, health_servicer, names)
 
 
-__all__ = ["Server", "create_server", "rich_status", "status_of"]
+__all__ = ["ECHO_LIMIT_BYTES", "Server", "create_server", "echoed", "rich_status", "status_of"]

@@ -42,6 +42,7 @@ from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.metrics import Metrics, Sample
 from dispo.libs.outbox import OutboxRelay, outbox_backlog
 from dispo.libs.periodic import Periodic
+from dispo.libs.ratelimit import TokenBuckets
 from dispo.libs.settings import CommonSettings, ServerSettings, TLSSettings, server_settings
 from dispo.libs.tracing import configure_tracing
 from sqlalchemy import Table, text
@@ -293,7 +294,15 @@ async def serve(
         session_factory(engine),
         bus,
         clock,
-        TokenVerifier(engine, clock, settings.auth_cache_seconds),
+        TokenVerifier(
+            engine,
+            clock,
+            settings.auth_cache_seconds,
+            refused_seconds=settings.auth_refused_cache_seconds,
+            failures=TokenBuckets(
+                settings.auth_failures_per_second, settings.auth_failure_burst, clock
+            ),
+        ),
     )
     rt.metrics.probe(lambda: _consumer_samples(bus.consumers))
     try:

@@ -186,6 +186,27 @@ class CommonSettings(BaseSettings):
         " store again: a revoked token is refused everywhere within this time, at once by the"
         " gateway (0: read it on every call)",
     )
+    auth_refused_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a server refuses an unknown, revoked or expired token again"
+        " without reading the token store (0: read it on every try); the gateway forgets a"
+        " refusal when it creates a token with that secret",
+    )
+    auth_failures_per_second: float = Field(
+        default=5.0,
+        ge=0,
+        description="Reads of the token store that found no valid token, per second, a caller"
+        " address may cause on one server, at most `DISPO_AUTH_FAILURE_BURST` at once; past"
+        " it, a token not cached yet is refused with RESOURCE_EXHAUSTED before the database"
+        " (tokens already checked still pass; 0: no limit)",
+    )
+    auth_failure_burst: int = Field(
+        default=50,
+        ge=1,
+        description="Failed reads of the token store a caller address may cause at once (see"
+        " `DISPO_AUTH_FAILURES_PER_SECOND`)",
+    )
     otlp_endpoint: str = Field(
         default="",
         description="Base URL of an OTLP/HTTP receiver (`http://127.0.0.1:4318`) each service"

@@ -90,6 +90,26 @@ def enum_rule(enum: EnumDescriptor) -> str:
     return f"must be {listed}"
 
 
+# A business's name, one rule wherever a request names one (Submit, CreateToken, the signing
+# secrets' calls): letters, digits, '_' and '-', at most 64. No '.': a business's nats:
+# callbacks are the subjects under ``callbacks.<business>.``, and a dotted name's would lie
+# inside another business's (``tenant-a.evil``'s inside ``tenant-a``'s).
+BUSINESS_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+BUSINESS_RULE = (
+    "required; letters, digits, '_' or '-' (no '.'), at most 64, not starting with '_' or '-'"
+)
+
+
+def business_problem(value: str) -> str | None:
+    """Why ``value`` is not a business's name (:data:`BUSINESS_PATTERN`); None when it is."""
+    return None if BUSINESS_PATTERN.fullmatch(value) else BUSINESS_RULE
+
+
+def business_name(value: str, field: str = "business") -> str:
+    """``value`` when it is a business's name; else InvalidArgument naming ``field``."""
+    return identifier(value, field, BUSINESS_PATTERN, BUSINESS_RULE)
+
+
 def identifier(value: str, field: str, pattern: re.Pattern[str], rule: str = "") -> str:
     """``value`` when the whole of it matches ``pattern`` (``fullmatch``: ``$`` would let a
     trailing newline through); else InvalidArgument naming ``field``."""
@@ -245,9 +265,13 @@ _SPECIAL: dict[str, Callable[[Any, str, list[FieldViolation]], None]] = {
 
 
 __all__ = [
+    "BUSINESS_PATTERN",
+    "BUSINESS_RULE",
     "MULTILINE_FIELDS",
     "SIGNED_FIELDS",
     "bounded",
+    "business_name",
+    "business_problem",
     "enum_rule",
     "check_request",
     "identifier",

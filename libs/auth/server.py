@@ -4,7 +4,9 @@
 - no ``authorization: Bearer <token>`` metadata, or a token that is unknown, revoked or
   expired: UNAUTHENTICATED;
 - a valid token the RPC's rule (:mod:`.rules`) does not admit, or an RPC without a rule:
-  PERMISSION_DENIED.
+  PERMISSION_DENIED;
+- a token that would take a read of the token store from a caller whose reads keep failing:
+  RESOURCE_EXHAUSTED (:mod:`.verifier`; the limit is per caller address, :func:`peer_address`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ SCHEME = "bearer"
 
 
 class Verifier(Protocol):
-    async def principal(self, secret: str) -> Principal: ...
+    async def principal(self, secret: str, peer: str = "") -> Principal: ...
 
     def forget(self, token_id: str) -> None: ...
 
@@ -42,8 +44,18 @@ def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     )
 
 
+def peer_address(peer: str) -> str:
+    """The caller's address in gRPC's peer string, without its port: ``ipv4:10.0.0.7`` of
+    ``ipv4:10.0.0.7:53412``, ``ipv6:[::1]`` of ``ipv6:[::1]:53412``; other kinds (``unix:``)
+    as they are. A caller's connections share its address, not their ports."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and ":" in rest:
+        return f"{kind}:{rest.rsplit(':', 1)[0]}"
+    return peer
+
+
 class _Nobody:
-    async def principal(self, secret: str) -> Principal:
+    async def principal(self, secret: str, peer: str = "") -> Principal:
         raise Unauthenticated("this server accepts no token")
 
     def forget(self, token_id: str) -> None:
@@ -61,9 +73,11 @@ class Authorizer:
         return cls(_Nobody(), {})
 
     async def admit(
-        self, method: str, metadata: Iterable[tuple[str, str | bytes]] | None
+        self, method: str, metadata: Iterable[tuple[str, str | bytes]] | None, peer: str = ""
     ) -> Principal:
-        principal = await self.verifier.principal(bearer(metadata))
+        """The caller of ``method``, by its token; ``peer``: its address (gRPC's peer string),
+        which bounds how many failed reads of the token store it may cause."""
+        principal = await self.verifier.principal(bearer(metadata), peer_address(peer))
         rule = self.rules.get(method)
         if rule is None:
             raise PermissionDenied(f"{method} has no access rule: it is refused to every caller")

@@ -25,12 +25,14 @@ from dispo.libs.clock import Clock
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import to_timestamp
-from dispo.libs.validation import identifier
+from dispo.libs.validation import business_name, identifier
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
 SERVICE_NAME = "dispo.auth.v1.TokenService"
+# A service token's service (a business token's business follows the one business rule,
+# dispo.libs.validation.business_name).
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Ten years: longer is "does not expire", which is ttl_seconds 0.
 MAX_TTL_SECONDS = 10 * 365 * 86400
@@ -114,7 +116,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
             )
         business = service = ""
         if kind is Kind.BUSINESS:
-            business = identifier(request.business, "business", NAME_PATTERN)
+            business = business_name(request.business)
         elif request.business:
             raise InvalidArgument("business", "only a business token names a business")
         if kind is Kind.SERVICE:
@@ -143,6 +145,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
             await store.token_insert(conn, record, secret_hash(secret))
             if record.kind is Kind.BUSINESS:
                 signing = await self._first_signing_secret(conn, record.business)
+        self.verifier.forget_refused(secret)
         log.info(
             "token created",
             token_id=record.token_id,
@@ -182,7 +185,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
     async def RotateSigningSecret(
         self, request: pb.RotateSigningSecretRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RotateSigningSecretResponse:
-        business = identifier(request.business, "business", NAME_PATTERN)
+        business = business_name(request.business)
         if not 0 <= request.grace_seconds <= MAX_GRACE_SECONDS:
             raise InvalidArgument(
                 "grace_seconds", f"0 to {MAX_GRACE_SECONDS} (0: {DEFAULT_GRACE_SECONDS})"
@@ -230,7 +233,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         request: pb.FinishSigningSecretRotationRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.FinishSigningSecretRotationResponse:
-        business = identifier(request.business, "business", NAME_PATTERN)
+        business = business_name(request.business)
         now = self.clock.now()
         async with self.engine.begin() as conn:
             retired = await store.signing_secrets_retire_previous(conn, business, now)

@@ -9,6 +9,7 @@ from dispo.gateway import repository as repo
 from dispo.gateway.service import Gateway
 from dispo.gateway.servicer import GatewayServicer
 from dispo.gateway.settings import GatewaySettings
+from dispo.gateway.snapshots import snapshot_problem
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.auth import servicer as tokens
@@ -38,12 +39,13 @@ async def setup(rt: Runtime) -> None:
         await apply_bootstrap(rt.engine, Path(settings.auth_bootstrap_file), rt.clock)
     await tasks.ensure_task_streams(rt.bus)
     catalogue = load_configured_catalogue()
+    limits = settings.limits()
     relay = rt.outbox_relay(repo.outbox)
     gateway = Gateway(
         rt.engine,
         relay,
         catalogue,
-        settings.limits(),
+        limits,
         rt.clock,
         settings.watch_poll_interval_seconds,
         submit_batch=settings.submit_batch,
@@ -57,8 +59,9 @@ async def setup(rt: Runtime) -> None:
             env = task_pb2.Task.FromString(msg.data)
         except DecodeError:
             return Term("malformed status event")
-        if not env.task_id or env.version <= 0:
-            return Term("status event without task_id or version")
+        problem = snapshot_problem(env, limits)
+        if problem is not None:
+            return Term(f"status event refused: {problem}")
         bind_ids(task_id=env.task_id, business=env.business)
         await gateway.apply_status(env, msg.data)
         return ACK

@@ -17,8 +17,9 @@ from dispo.libs.egress import AllowList, EgressRefused, check_callback
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from dispo.libs.payload import canonical_json
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
+from dispo.libs.validation import business_problem
 
-# Matched with fullmatch: ``$`` would let a trailing newline through.
+# A cell's ref; matched with fullmatch: ``$`` would let a trailing newline through.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 # The embedded default's allow-list (the demo downstream); services pass the configured one.
@@ -94,8 +95,8 @@ def validate(
     ``callback_url`` must be on the ``egress`` allow-list, or a ``nats:`` subject of the
     business's own (:func:`dispo.libs.egress.check_callback`)."""
     bad: list[FieldViolation] = []
-    if not _NAME.fullmatch(sub.business or ""):
-        bad.append(FieldViolation("business", "required; letters, digits, '_', '.', '-' (max 64)"))
+    if (problem := business_problem(sub.business or "")) is not None:
+        bad.append(FieldViolation("business", problem))
     if len(sub.idempotency_key) > limits.max_key_length:
         bad.append(
             FieldViolation("idempotency_key", f"longer than {limits.max_key_length} characters")

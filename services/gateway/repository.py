@@ -225,15 +225,27 @@ class Snapshot:
     version: int
     status: str
     view: bytes  # the event's own bytes: stored as they came
+    generation: int = 0
 
+
+# The terminal status a resume leaves (the others are never left).
+RESUMABLE = "failed"
 
 _APPLY_SNAPSHOTS = Statement(
     "UPDATE tasks t SET accepted = COALESCE(t.accepted, t.view), view = n.view,"
-    " status = n.status, version = n.version, updated_at = :now,"
+    " status = n.status, version = n.version, generation = n.generation, updated_at = :now,"
     f" finished_at = {_finish('n.status', 't.finished_at')}"
     " FROM unnest(CAST(:ids AS text[]), CAST(:versions AS bigint[]),"
-    " CAST(:statuses AS text[]), CAST(:views AS bytea[])) AS n(task_id, version, status, view)"
+    " CAST(:statuses AS text[]), CAST(:views AS bytea[]), CAST(:generations AS bigint[]))"
+    " AS n(task_id, version, status, view, generation)"
     " WHERE t.task_id = n.task_id AND t.version < n.version"
+    # A terminal view never regresses: SUCCEEDED and CANCELLED take only their own status
+    # again, FAILED another one only from a newer generation (a resume, ADR-0033). A view
+    # no executor has recorded (version 0: cancelled before publication, as the gateway
+    # judged it) takes the first snapshot: an executor holding the task proves it was sent.
+    " AND (t.version = 0 OR t.status = n.status"
+    f" OR t.status NOT IN ({', '.join(repr(s) for s in TERMINAL)})"
+    f" OR (t.status = '{RESUMABLE}' AND n.generation > t.generation))"
     " RETURNING t.task_id"
 )
 
@@ -242,8 +254,10 @@ async def tasks_apply_snapshots(
     conn: AsyncConnection, snapshots: list[Snapshot], now: datetime
 ) -> set[str]:
     """Take executor snapshots into the view with one statement, each unless a newer one was
-    applied already; returns the ids of the tasks changed. At most one snapshot per task.
-    The first snapshot of a task keeps the view as accepted (its payloads) in ``accepted``."""
+    applied already or it would take a terminal view an executor recorded to another status
+    (a FAILED one only under a newer generation); returns the ids of the tasks changed. At most one snapshot per
+    task. The first snapshot of a task keeps the view as accepted (its payloads) in
+    ``accepted``."""
     if not snapshots:
         return set()
     result = await _APPLY_SNAPSHOTS.scalars(
@@ -253,6 +267,7 @@ async def tasks_apply_snapshots(
             "versions": [s.version for s in snapshots],
             "statuses": [s.status for s in snapshots],
             "views": [s.view for s in snapshots],
+            "generations": [s.generation for s in snapshots],
             "now": now,
         },
     )

@@ -343,6 +343,7 @@ class Gateway:
             env.version,
             stored_status(env.status),
             env.SerializeToString() if data is None else data,
+            env.generation,
         )
         applied = await self.statuses.submit(snapshot)
         if applied and snapshot.status in repo.TERMINAL:

@@ -8,6 +8,7 @@ import grpc
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.grpcserver import ECHO_LIMIT_BYTES
 from dispo.libs.sdk import AsyncClient, Client, DispoError, cell
 from pipeline_fixtures import dump
 from support import eventually
@@ -116,6 +117,19 @@ async def test_unknown_task_is_not_found(gateway_client):
         with pytest.raises(DispoError) as missing:
             await call("nope")
         assert missing.value.code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_very_long_task_id_is_not_found_naming_it_cut_short(gateway_client):
+    # Echoed whole, a 7,000-character id overflows the status's metadata and the caller
+    # sees RESOURCE_EXHAUSTED instead of the answer.
+    long_id = "t" * 7_000
+    for call in (gateway_client.get, gateway_client.cancel):
+        with pytest.raises(DispoError) as missing:
+            await call(long_id)
+        assert missing.value.code == grpc.StatusCode.NOT_FOUND
+        assert missing.value.message.startswith("no task 'ttt")
+        assert missing.value.message.endswith("…")
+        assert len(missing.value.message.encode()) <= ECHO_LIMIT_BYTES
 
 
 async def test_list_tasks_filters_and_pages(client):

@@ -135,3 +135,38 @@ async def test_a_snapshot_updates_its_tasks_row_on_the_rows_own_page(make_gatewa
     after = await pages()
     stayed = [task_id for task_id in ids if after[task_id] == before[task_id]]
     assert len(stayed) >= 36, (before, after)
+
+
+async def test_a_terminal_view_is_never_taken_to_another_status(make_gateway):
+    """SUCCEEDED and CANCELLED views keep their status whatever a newer snapshot says; a
+    FAILED one is left only under a newer generation (an operator's resume)."""
+    gateway = make_gateway()
+    S = common_pb2
+    for end in (S.TASK_STATUS_SUCCEEDED, S.TASK_STATUS_CANCELLED):
+        view = await accepted(gateway, f"end-{end}")
+        assert await gateway.apply_status(snapshot(view, 2, end))
+        for later, generation in ((S.TASK_STATUS_FAILED, 0), (S.TASK_STATUS_RUNNING, 1)):
+            forged = snapshot(view, 2**30, later)
+            forged.generation = generation
+            assert not await gateway.apply_status(forged)
+        now = await gateway.get(view.task_id)
+        assert (now.status, now.version) == (end, 2)
+        assert await gateway.apply_status(snapshot(view, 3, end))  # the same status: taken
+
+    view = await accepted(gateway, "resumed")
+    assert await gateway.apply_status(snapshot(view, 2, S.TASK_STATUS_FAILED))
+    assert not await gateway.apply_status(snapshot(view, 3, S.TASK_STATUS_SUCCEEDED))
+    resumed = snapshot(view, 3, S.TASK_STATUS_RUNNING)
+    resumed.generation = 1
+    assert await gateway.apply_status(resumed)
+    done = snapshot(view, 4, S.TASK_STATUS_SUCCEEDED)
+    done.generation = 1
+    assert await gateway.apply_status(done)
+    assert (await gateway.get(view.task_id)).status == S.TASK_STATUS_SUCCEEDED
+
+    # Cancelled by the gateway before publication, as it judged: an executor's snapshot
+    # shows the task was sent after all, and the view follows it.
+    view = await accepted(gateway, "withdrawn")
+    assert (await gateway.cancel(view.task_id)).status == S.TASK_STATUS_CANCELLED
+    assert await gateway.apply_status(snapshot(view, 1, S.TASK_STATUS_RUNNING))
+    assert (await gateway.get(view.task_id)).status == S.TASK_STATUS_RUNNING

@@ -6,6 +6,7 @@ import asyncio
 import grpc
 import pytest
 from dispo.gateway.expand import CellRequest, Submission
+from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
@@ -13,6 +14,7 @@ from dispo.libs.errors import ResourceExhausted
 from dispo.libs.sdk import DispoError, cell
 from outbox_subjects import rows_written
 from sqlalchemy import text
+from support.auth import admin_channel
 from support.nats import nats_with_max_payload
 
 
@@ -99,6 +101,37 @@ async def test_bad_business_and_callback_are_refused(gateway_client, service_eng
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert set(refused.value.violations) == {"business", "callback_url"}
     assert await counts(service_engine) == (0, 0)
+
+
+async def test_submit_and_create_token_share_one_business_name_rule(
+    gateway_only, gateway_client, service_engine
+):
+    # Longer than Submit allowed, or dotted: tenant-a.evil's callback subjects
+    # (callbacks.tenant-a.evil.…) would lie inside tenant-a's.
+    refused_names = ["b" * 65, "b" * 128, "tenant-a.evil", "a.b", "-lead", ""]
+    async with admin_channel(gateway_only.gateway.address) as channel:
+        tokens = auth_pb2_grpc.TokenServiceStub(channel)
+        for name in refused_names:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await tokens.CreateToken(
+                    auth_pb2.CreateTokenRequest(kind=auth_pb2.TOKEN_KIND_BUSINESS, business=name)
+                )
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+            assert set(DispoError.from_rpc(refused.value).violations) == {"business"}, name
+            with pytest.raises(DispoError) as refused_submit:
+                await gateway_client.submit(name, [cell("noop")])
+            assert refused_submit.value.code == grpc.StatusCode.INVALID_ARGUMENT, name
+            assert set(refused_submit.value.violations) == {"business"}, name
+        listed = await tokens.ListTokens(auth_pb2.ListTokensRequest(include_revoked=True))
+        assert not [t for t in listed.tokens if t.kind == auth_pb2.TOKEN_KIND_BUSINESS]
+        assert await counts(service_engine) == (0, 0)
+
+        longest = "b" * 64  # what both accept
+        made = await tokens.CreateToken(
+            auth_pb2.CreateTokenRequest(kind=auth_pb2.TOKEN_KIND_BUSINESS, business=longest)
+        )
+        assert made.token.business == longest
+    assert not (await gateway_client.submit(longest, [cell("noop")])).duplicate
 
 
 async def test_hostile_strings_are_refused_before_the_database(gateway_client, service_engine):

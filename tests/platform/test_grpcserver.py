@@ -6,7 +6,7 @@ import grpc
 import pytest
 from dispo.libs import errors
 from dispo.libs.auth.rules import ADMIN
-from dispo.libs.grpcserver import create_server
+from dispo.libs.grpcserver import ECHO_LIMIT_BYTES, create_server
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from support.auth import admin_channel
@@ -95,6 +95,34 @@ async def test_invalid_argument_carries_field_violations(serve):
     assert [(v.field, v.description) for v in bad_request.field_violations] == [
         ("cells[1].name", "unknown cell 'nope'")
     ]
+
+
+async def test_what_an_error_echoes_is_capped_so_its_status_arrives(serve):
+    # 400 violations naming 3,000-character map keys: sent whole, the status would not fit
+    # the caller's metadata limit and it would see RESOURCE_EXHAUSTED.
+    key = "é" * 3_000
+    many = [
+        errors.FieldViolation(f"labels[{key!r}][{i}]", f"must not be {key}") for i in range(400)
+    ]
+
+    async def fail(_):
+        raise errors.InvalidArgument(violations=many)
+
+    server = await serve(fail)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call(server.port)
+
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details().startswith("labels['ééé")
+    assert raised.value.details().endswith("…")
+    assert len(raised.value.details().encode()) <= ECHO_LIMIT_BYTES
+    status = rpc_status.from_call(raised.value)
+    bad_request = error_details_pb2.BadRequest()
+    status.details[0].Unpack(bad_request)
+    assert 1 <= len(bad_request.field_violations) < len(many)
+    first = bad_request.field_violations[0]
+    assert first.field.startswith("labels['éé") and first.field.endswith("…")
+    assert first.description.startswith("must not be éé")
 
 
 async def test_unexpected_exception_is_internal_without_leaking(serve):

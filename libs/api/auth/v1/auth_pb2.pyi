@@ -123,7 +123,9 @@ class CreateTokenRequest(_message.Message):
     kind: Global___TokenKind.ValueType
     """Required: business, admin or service."""
     business: _builtins.str
-    """Required for a business token, empty otherwise."""
+    """Required for a business token, empty otherwise: letters, digits, '_' or '-' (no '.'), at
+    most 64, the rule Submit applies.
+    """
     service: _builtins.str
     """Required for a service token, empty otherwise."""
     label: _builtins.str

@@ -179,8 +179,9 @@ class SubmitRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     CALLBACK_URL_FIELD_NUMBER: _builtins.int
     business: _builtins.str
-    """Calling business line, e.g. "ecommerce": required; letters, digits, '_', '.', '-', at
-    most 64. A business token may only name its own business (or leave it empty).
+    """Calling business line, e.g. "ecommerce": required; letters, digits, '_' or '-' (no '.'),
+    at most 64, as CreateToken requires. A business token may only name its own business (or
+    leave it empty).
     """
     idempotency_key: _builtins.str
     """Same key (per business) = same task: a repeat returns the first submission's task and
