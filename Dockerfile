@@ -1,7 +1,7 @@
 # One image for every Dispo service; compose.yaml picks the service with the command.
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY libs libs
 COPY services services
 # The package alone: no `local` extra (embedded PostgreSQL and NATS), compose runs those.

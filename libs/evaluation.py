@@ -39,14 +39,6 @@ MAX_ID_CHARS = 128
 VERDICT_RULE = "must be VERDICT_PASS, VERDICT_FAIL or VERDICT_ERROR"
 
 
-def line_from_pb(value: common_pb2.Line.ValueType, field: str = "line") -> Line:
-    """The domain line of a proto value; unspecified or unknown is ``InvalidArgument``."""
-    try:
-        return LINE_FROM_PB[value]
-    except KeyError:
-        raise InvalidArgument(field, LINE_RULE) from None
-
-
 def verdict_from_pb(value: common_pb2.Verdict.ValueType, field: str = "verdict") -> Verdict:
     """The domain verdict of a proto value; unspecified or unknown is ``InvalidArgument``."""
     try:

@@ -3,7 +3,7 @@
 Every process reads :class:`CommonSettings` (where PostgreSQL and NATS are). Each service
 adds its own class with the prefix ``DISPO_<SERVICE>_`` built with :func:`service_settings_config`.
 
-Conventions: every field has a ``description`` (the README's configuration table is
+Conventions: every field has a ``description`` (docs/settings.md's table is
 generated from them, ``python -m dispo.libs.settings_doc``); every duration is in seconds
 and its name ends in ``_seconds``; a default that a domain policy also needs is written
 once, in the policy, and the setting's default refers to it.

@@ -1,12 +1,12 @@
-"""The README's configuration table, generated from the settings classes.
+"""The settings reference, docs/settings.md: its table, generated from the settings classes.
 
 Each row is one ``DISPO_*`` variable: its name (the class's env prefix and the field), its
 default and its meaning (the field's ``description``)::
 
-    python -m dispo.libs.settings_doc           # rewrite the table in README.md
-    python -m dispo.libs.settings_doc --check   # exit 1 when README.md is not what it writes
+    python -m dispo.libs.settings_doc           # rewrite the table in docs/settings.md
+    python -m dispo.libs.settings_doc --check   # exit 1 when docs/settings.md is not what it writes
 
-A test fails when README.md differs from what this writes.
+A test fails when docs/settings.md differs from what this writes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings
 
 BEGIN = "<!-- configuration table: written by `python -m dispo.libs.settings_doc`, do not edit -->"
 END = "<!-- end of configuration table -->"
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 
 # Every settings class, in the order of the table, as "module:Class". ServerSettings is
 # not here: each service reads it under its own prefix (one row per field, for all).
@@ -112,30 +112,30 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def render(readme: str) -> str:
-    """``readme`` with the text between the markers replaced by the table."""
-    head, found, rest = readme.partition(BEGIN)
+def render(doc: str) -> str:
+    """``doc`` with the text between the markers replaced by the table."""
+    head, found, rest = doc.partition(BEGIN)
     if not found or END not in rest:
-        raise ValueError(f"README has no {BEGIN!r} … {END!r} markers")
+        raise ValueError(f"no {BEGIN!r} … {END!r} markers")
     return f"{head}{BEGIN}\n{table()}\n{END}{rest.split(END, 1)[1]}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--file", type=Path, default=DOC, help="the page holding the table")
     args = parser.parse_args(argv)
-    current = args.readme.read_text()
+    current = args.file.read_text()
     wanted = render(current)
     if args.check:
         if current != wanted:
             print(
-                f"{args.readme}: configuration table is stale; run python -m dispo.libs.settings_doc"
+                f"{args.file}: configuration table is stale; run python -m dispo.libs.settings_doc"
             )
             return 1
         return 0
     if current != wanted:
-        args.readme.write_text(wanted)
+        args.file.write_text(wanted)
     return 0
 
 

@@ -70,7 +70,7 @@ class _FolderOnly(PostgresServer):
     folder is new) without starting a server."""
 
     def ensure_postgres_running(self) -> None:
-        pass
+        """Called by the wheel's constructor once the folder is set up: start nothing."""
 
 
 # The wheel's programs (postgres, pg_ctl, psql, pgbench).

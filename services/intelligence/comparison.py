@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispo.intelligence.analysis import evaluation_not_found, require_finished, resolve_model
-from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
+from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus
 from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, JobPlan
 from dispo.intelligence.jobs import Job, JobKind, JobValidationError, WorkResult
 from dispo.intelligence.models import AnalysisModel, ModelRegistry
@@ -135,7 +135,7 @@ async def work_fn(deps: JobDeps, evaluation_id: str, plan: JobPlan) -> WorkResul
     model = deps.models.get(plan.data["model"])
     if evaluation is None or baseline is None or model is None:
         raise RuntimeError("evaluation, baseline or model disappeared after validation")
-    if baseline.status != EvaluationStatus.COMPLETED:
+    if baseline.status != EvaluationRecordStatus.COMPLETED:
         raise RuntimeError(f"baseline {baseline.evaluation_id!r} is no longer completed")
     current_stats = compute_stats(await deps.repo.runs_of(evaluation_id))
     baseline_stats = compute_stats(await deps.repo.runs_of(baseline.evaluation_id))

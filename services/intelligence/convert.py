@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from dispo.intelligence.evaluation_read_model import AnalysisView, ComparisonView
-from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
+from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus
 from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError, ValidationKind
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
@@ -16,10 +16,10 @@ from dispo.libs.proto_enums import from_short_name
 from dispo.libs.timestamps import to_timestamp
 
 EVALUATION_STATUS_TO_PB = {
-    EvaluationStatus.RUNNING: pb.EVALUATION_STATUS_RUNNING,
-    EvaluationStatus.COMPLETED: pb.EVALUATION_STATUS_COMPLETED,
-    EvaluationStatus.FAILED: pb.EVALUATION_STATUS_FAILED,
-    EvaluationStatus.CANCELLED: pb.EVALUATION_STATUS_CANCELLED,
+    EvaluationRecordStatus.RUNNING: pb.EVALUATION_STATUS_RUNNING,
+    EvaluationRecordStatus.COMPLETED: pb.EVALUATION_STATUS_COMPLETED,
+    EvaluationRecordStatus.FAILED: pb.EVALUATION_STATUS_FAILED,
+    EvaluationRecordStatus.CANCELLED: pb.EVALUATION_STATUS_CANCELLED,
 }
 EVALUATION_STATUS_FROM_PB = {v: k for k, v in EVALUATION_STATUS_TO_PB.items()}
 JOB_KIND_TO_PB = {

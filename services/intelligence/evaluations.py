@@ -25,28 +25,35 @@ MAX_FAILURE_REASON_CHARS = 2000
 MAX_RUNS_PER_CALL = 1000
 
 
-class EvaluationStatus(enum.StrEnum):
+class EvaluationRecordStatus(enum.StrEnum):
+    """Where intelligence's record of an evaluation stands: runs still coming in, or ended.
+    Not the pool's ``EvaluationStatus`` (queued, executing, paused …), which it follows."""
+
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
-EVALUATION_TRANSITIONS = Transitions[EvaluationStatus](
+EVALUATION_TRANSITIONS = Transitions[EvaluationRecordStatus](
     "evaluation",
     {
-        EvaluationStatus.RUNNING: {
-            EvaluationStatus.COMPLETED,
-            EvaluationStatus.FAILED,
-            EvaluationStatus.CANCELLED,
+        EvaluationRecordStatus.RUNNING: {
+            EvaluationRecordStatus.COMPLETED,
+            EvaluationRecordStatus.FAILED,
+            EvaluationRecordStatus.CANCELLED,
         },
-        EvaluationStatus.COMPLETED: set(),
-        EvaluationStatus.FAILED: set(),
-        EvaluationStatus.CANCELLED: set(),
+        EvaluationRecordStatus.COMPLETED: set(),
+        EvaluationRecordStatus.FAILED: set(),
+        EvaluationRecordStatus.CANCELLED: set(),
     },
 )
 EVALUATION_TERMINAL = frozenset(
-    {EvaluationStatus.COMPLETED, EvaluationStatus.FAILED, EvaluationStatus.CANCELLED}
+    {
+        EvaluationRecordStatus.COMPLETED,
+        EvaluationRecordStatus.FAILED,
+        EvaluationRecordStatus.CANCELLED,
+    }
 )
 
 
@@ -57,7 +64,7 @@ class Evaluation:
     line: Line
     period: str
     configuration: dict[str, Any]
-    status: EvaluationStatus = EvaluationStatus.RUNNING
+    status: EvaluationRecordStatus = EvaluationRecordStatus.RUNNING
     analysis_model: str | None = None
     created_at: datetime | None = None
     completed_at: datetime | None = None

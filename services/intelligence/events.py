@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from dispo.intelligence.convert import line_name, verdict_name
 from dispo.intelligence.evaluations import (
-    EvaluationStatus,
+    EvaluationRecordStatus,
     new_evaluation,
     new_run_result,
 )
@@ -121,12 +121,12 @@ class EvaluationEvents:
 
 
 _COMPLETION_STATUS = {
-    pool_pb2.EVALUATION_STATUS_COMPLETED: EvaluationStatus.COMPLETED,
-    pool_pb2.EVALUATION_STATUS_CANCELLED: EvaluationStatus.CANCELLED,
+    pool_pb2.EVALUATION_STATUS_COMPLETED: EvaluationRecordStatus.COMPLETED,
+    pool_pb2.EVALUATION_STATUS_CANCELLED: EvaluationRecordStatus.CANCELLED,
 }
 
 
-def completion_status(status: pool_pb2.EvaluationStatus.ValueType) -> EvaluationStatus:
+def completion_status(status: pool_pb2.EvaluationStatus.ValueType) -> EvaluationRecordStatus:
     """The evaluation status an ``evaluation.completed`` event's pool status ends in."""
     try:
         return _COMPLETION_STATUS[status]

@@ -5,7 +5,7 @@ Completing an evaluation hands it to the automatic trigger (``IntelligenceJobs``
 
 from __future__ import annotations
 
-from dispo.intelligence.evaluations import Evaluation, EvaluationStatus, RunResult
+from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus, RunResult
 from dispo.intelligence.models import ModelRegistry
 from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.runtime import IntelligenceJobs
@@ -72,7 +72,7 @@ class EvaluationFeed:
         recorded = await self.repo.runs_insert(evaluation_id, runs, self.clock.now())
         return recorded, len(runs) - recorded
 
-    async def complete(self, evaluation_id: str, status: EvaluationStatus) -> Evaluation:
+    async def complete(self, evaluation_id: str, status: EvaluationRecordStatus) -> Evaluation:
         """running -> ``status``; repeating the same completion is a no-op."""
         if await self.repo.evaluation_complete_if_running(evaluation_id, status, self.clock.now()):
             evaluation = await self.get(evaluation_id)

@@ -16,7 +16,7 @@ from typing import Any
 from dispo.intelligence.evaluations import (
     EVALUATION_TRANSITIONS,
     Evaluation,
-    EvaluationStatus,
+    EvaluationRecordStatus,
     RunResult,
 )
 from dispo.intelligence.jobs import REQUEUE_FROM, TRANSITIONS, Job, JobKind, JobStatus
@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 # Every enum mirrored by a CHECK constraint (tests/intelligence/test_schema.py compares).
 CHECKED_COLUMNS = (
-    EnumCheck("evaluations", "status", "ck_evaluation_status", EvaluationStatus),
+    EnumCheck("evaluations", "status", "ck_evaluation_status", EvaluationRecordStatus),
     EnumCheck("evaluations", "line", "ck_evaluation_line", Line),
     EnumCheck("evaluation_runs", "verdict", "ck_run_verdict", Verdict),
     EnumCheck("intelligence_jobs", "kind", "ck_job_kind", JobKind),
@@ -52,7 +52,7 @@ def _evaluation(row: RowMapping) -> Evaluation:
         evaluation_id=row["evaluation_id"],
         series=row["series"],
         line=Line(row["line"]),
-        status=EvaluationStatus(row["status"]),
+        status=EvaluationRecordStatus(row["status"]),
         period=row["period"],
         configuration=_json(row["configuration"]),
         analysis_model=row["analysis_model"],
@@ -130,9 +130,9 @@ class IntelligenceRepository:
         return _evaluation(row) if row else None
 
     async def evaluation_complete_if_running(
-        self, evaluation_id: str, status: EvaluationStatus, now: datetime
+        self, evaluation_id: str, status: EvaluationRecordStatus, now: datetime
     ) -> bool:
-        EVALUATION_TRANSITIONS.check(EvaluationStatus.RUNNING, status)
+        EVALUATION_TRANSITIONS.check(EvaluationRecordStatus.RUNNING, status)
         row = await self._one(
             """UPDATE evaluations SET status = :status, completed_at = :now, updated_at = :now
                WHERE evaluation_id = :id AND status = 'running' RETURNING evaluation_id""",

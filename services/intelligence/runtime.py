@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from dispo.intelligence import analysis, comparison
 from dispo.intelligence.eligibility import auto_intelligence_eligible
-from dispo.intelligence.evaluations import Evaluation, EvaluationStatus
+from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus
 from dispo.intelligence.intelligence_jobs import (
     JobAdapter,
     JobDeps,
@@ -86,7 +86,7 @@ class IntelligenceJobs:
 
     def on_evaluation_completed(self, evaluation: Evaluation) -> bool:
         """Automatic analysis of a completed evaluation; ``True`` when one was started."""
-        if evaluation.status != EvaluationStatus.COMPLETED:
+        if evaluation.status != EvaluationRecordStatus.COMPLETED:
             return False
         if not auto_intelligence_eligible(evaluation, self.deps.models):
             log.info(

@@ -141,10 +141,6 @@ class Schedule:
     runs_per_slot: int
 
     @property
-    def slot_seconds(self) -> float:
-        return self.window_seconds / self.slot_count
-
-    @property
     def runs_total(self) -> int:
         return self.slot_count * self.runs_per_slot
 
@@ -162,9 +158,6 @@ class Schedule:
     def debt(self, now: datetime, runs_done: int) -> int:
         """Runs due so far minus runs done (never negative)."""
         return max(0, self.runs_due(now) - runs_done)
-
-    def slot_of_run(self, run_index: int) -> int:
-        return run_index // self.runs_per_slot
 
     def slot_due(self, now: datetime, runs_done: int) -> bool:
         """The slot now running has started and none of its own runs is done yet."""

@@ -346,13 +346,6 @@ async def run_record_if_next(
     return True
 
 
-async def runs_list(conn: AsyncConnection, evaluation_id: str) -> list[dict]:
-    rows = await conn.execute(
-        text("SELECT * FROM runs WHERE evaluation_id = :e ORDER BY run_index"), {"e": evaluation_id}
-    )
-    return [dict(r._mapping) for r in rows]
-
-
 # --- crons and assignments -------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from dispo.intelligence.app import Intelligence, build
-from dispo.intelligence.evaluations import EvaluationStatus, new_evaluation, new_run_result
+from dispo.intelligence.evaluations import EvaluationRecordStatus, new_evaluation, new_run_result
 from dispo.intelligence.models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs.clock import Clock, ManualClock
@@ -69,7 +69,7 @@ async def add_evaluation(
     configuration: dict | None = None,
     analysis_model: str = "",
     runs: list[tuple[str, str, float, int, str]] | None = None,
-    status: EvaluationStatus | None = None,
+    status: EvaluationRecordStatus | None = None,
 ) -> None:
     """Register an evaluation, record its runs ``(case, verdict, score, latency_ms, reason)``,
     and finish it with ``status`` (when given)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dispo.intelligence import comparison
 from dispo.intelligence.evaluation_read_model import load_comparison_view
-from dispo.intelligence.evaluations import EvaluationStatus
+from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.intelligence_jobs import execute
 from dispo.intelligence.jobs import JobKind, JobStatus
 
@@ -13,11 +13,11 @@ from .conftest import CONFIG, RUNS_GOOD, RUNS_WORSE, add_evaluation
 
 async def test_formal_evaluation_completion_chains_analysis_then_comparison_by_itself(app):
     await add_evaluation(
-        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await app.jobs.wait_idle()
     await add_evaluation(
-        app, "w02", period="2026-W02", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
+        app, "w02", period="2026-W02", runs=RUNS_WORSE, status=EvaluationRecordStatus.COMPLETED
     )
     await app.jobs.wait_idle()
 
@@ -50,7 +50,7 @@ async def test_trial_evaluation_completion_starts_nothing(app):
         line="trial",
         period="2026-W01",
         runs=RUNS_GOOD,
-        status=EvaluationStatus.COMPLETED,
+        status=EvaluationRecordStatus.COMPLETED,
     )
     await add_evaluation(
         app,
@@ -58,7 +58,7 @@ async def test_trial_evaluation_completion_starts_nothing(app):
         line="trial",
         period="2026-W02",
         runs=RUNS_GOOD,
-        status=EvaluationStatus.COMPLETED,
+        status=EvaluationRecordStatus.COMPLETED,
     )
     await app.jobs.wait_idle()
 
@@ -67,8 +67,8 @@ async def test_trial_evaluation_completion_starts_nothing(app):
 
 
 async def test_failed_or_cancelled_evaluations_are_not_analysed_automatically(app):
-    await add_evaluation(app, "f01", runs=RUNS_GOOD, status=EvaluationStatus.FAILED)
-    await add_evaluation(app, "c01", runs=RUNS_GOOD, status=EvaluationStatus.CANCELLED)
+    await add_evaluation(app, "f01", runs=RUNS_GOOD, status=EvaluationRecordStatus.FAILED)
+    await add_evaluation(app, "c01", runs=RUNS_GOOD, status=EvaluationRecordStatus.CANCELLED)
     await app.jobs.wait_idle()
 
     assert await app.repo.job_get(JobKind.ANALYSIS, "f01") is None
@@ -77,7 +77,7 @@ async def test_failed_or_cancelled_evaluations_are_not_analysed_automatically(ap
 
 async def test_no_resolvable_model_means_no_automatic_analysis(make_app):
     app = make_app(default_analysis_model="")
-    await add_evaluation(app, "m01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "m01", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await app.jobs.wait_idle()
 
     assert await app.repo.job_get(JobKind.ANALYSIS, "m01") is None
@@ -86,7 +86,7 @@ async def test_no_resolvable_model_means_no_automatic_analysis(make_app):
 async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_period(app):
     other = {**CONFIG, "runs_per_slot": 9}
     await add_evaluation(
-        app, "p1", period="2026-01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "p1", period="2026-01", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await add_evaluation(
         app,
@@ -94,10 +94,14 @@ async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_peri
         period="2026-02",
         configuration=other,
         runs=RUNS_GOOD,
-        status=EvaluationStatus.COMPLETED,
+        status=EvaluationRecordStatus.COMPLETED,
     )
     await add_evaluation(
-        app, "p3-cancelled", period="2026-03", runs=RUNS_GOOD, status=EvaluationStatus.CANCELLED
+        app,
+        "p3-cancelled",
+        period="2026-03",
+        runs=RUNS_GOOD,
+        status=EvaluationRecordStatus.CANCELLED,
     )
     await add_evaluation(
         app,
@@ -105,13 +109,13 @@ async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_peri
         line="trial",
         period="2026-03",
         runs=RUNS_GOOD,
-        status=EvaluationStatus.COMPLETED,
+        status=EvaluationRecordStatus.COMPLETED,
     )
     await add_evaluation(
-        app, "p5-later", period="2026-05", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "p5-later", period="2026-05", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await add_evaluation(
-        app, "p4", period="2026-04", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
+        app, "p4", period="2026-04", runs=RUNS_WORSE, status=EvaluationRecordStatus.COMPLETED
     )
     await app.jobs.wait_idle()
 
@@ -124,9 +128,9 @@ async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_peri
 
 
 async def test_comparison_refuses_a_baseline_without_runs(app):
-    await add_evaluation(app, "e1", period="2026-01", status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "e1", period="2026-01", status=EvaluationRecordStatus.COMPLETED)
     await add_evaluation(
-        app, "e2", period="2026-02", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "e2", period="2026-02", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await app.jobs.wait_idle()
 
@@ -141,18 +145,18 @@ async def test_a_comparison_waits_for_an_earlier_period_still_running(app):
     periods run side by side) does not fail its comparison for want of a baseline: it
     waits, and the sweep runs it once the earlier period is done, against that period."""
     await add_evaluation(
-        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await add_evaluation(app, "w02", period="2026-W02", runs=RUNS_GOOD)  # still running
     await add_evaluation(
-        app, "w03", period="2026-W03", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
+        app, "w03", period="2026-W03", runs=RUNS_WORSE, status=EvaluationRecordStatus.COMPLETED
     )
     await app.jobs.wait_idle()
     assert (await app.repo.job_get(JobKind.ANALYSIS, "w03")).status == JobStatus.COMPLETED
     assert await app.repo.job_get(JobKind.COMPARISON, "w03") is None  # waiting, not failed
     assert await app.jobs.sweep_lost_triggers() == []  # still waiting
 
-    await app.feed.complete("w02", EvaluationStatus.COMPLETED)
+    await app.feed.complete("w02", EvaluationRecordStatus.COMPLETED)
     await app.jobs.wait_idle()
     assert (await app.jobs.sweep_lost_triggers()) == [(JobKind.COMPARISON, "w03")]
     await app.jobs.wait_idle()
@@ -164,7 +168,7 @@ async def test_lost_automatic_triggers_are_swept_up(app):
     await add_evaluation(app, "lost", runs=RUNS_GOOD)
     # the completion is recorded but the process dies before the analysis row exists
     assert await app.repo.evaluation_complete_if_running(
-        "lost", EvaluationStatus.COMPLETED, app.jobs.deps.clock.now()
+        "lost", EvaluationRecordStatus.COMPLETED, app.jobs.deps.clock.now()
     )
 
     started = await app.jobs.sweep_lost_triggers()
@@ -185,7 +189,7 @@ async def test_manual_comparison_of_a_trial_evaluation_uses_the_same_seam(app):
         line="trial",
         period="2026-01",
         runs=RUNS_GOOD,
-        status=EvaluationStatus.COMPLETED,
+        status=EvaluationRecordStatus.COMPLETED,
     )
     await add_evaluation(
         app,
@@ -193,7 +197,7 @@ async def test_manual_comparison_of_a_trial_evaluation_uses_the_same_seam(app):
         line="trial",
         period="2026-02",
         runs=RUNS_GOOD,
-        status=EvaluationStatus.COMPLETED,
+        status=EvaluationRecordStatus.COMPLETED,
     )
 
     outcome = await execute(JobKind.COMPARISON, "tr2", app.jobs.deps, comparison.COMPARISON)

@@ -6,7 +6,7 @@ import pytest
 from dispo.intelligence.comparison import diff_stats, metric_delta
 from dispo.intelligence.eligibility import auto_intelligence_eligible
 from dispo.intelligence.evaluations import (
-    EvaluationStatus,
+    EvaluationRecordStatus,
     configuration_fingerprint,
     new_evaluation,
     new_run_result,
@@ -163,7 +163,7 @@ def test_model_resolution_and_auto_eligibility():
 
 def test_evaluation_status_terminal():
     evaluation = new_evaluation("a", "s", "formal", "p", "{}")
-    assert evaluation.status == EvaluationStatus.RUNNING and not evaluation.is_terminal
+    assert evaluation.status == EvaluationRecordStatus.RUNNING and not evaluation.is_terminal
 
 
 def test_settings_refuse_a_heartbeat_as_slow_as_the_takeover_age():

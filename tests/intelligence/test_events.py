@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from dispo.intelligence.evaluations import EvaluationStatus
+from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.events import consumer
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.libs.api.common.v1 import common_pb2 as common
@@ -89,7 +89,7 @@ async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
             # completed when it runs, so the next period starts only after this one is done.
             await eventually(
                 lambda e_id=evaluation_id: app.repo.evaluation_get(e_id),
-                lambda e: e is not None and e.status == EvaluationStatus.COMPLETED,
+                lambda e: e is not None and e.status == EvaluationRecordStatus.COMPLETED,
                 timeout=20,
                 wanted=f"{evaluation_id} completed",
             )
@@ -104,7 +104,7 @@ async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
         await running
 
     ev2 = await app.repo.evaluation_get("ev2")
-    assert ev2.status == EvaluationStatus.COMPLETED and ev2.run_count == 2
+    assert ev2.status == EvaluationRecordStatus.COMPLETED and ev2.run_count == 2
     comparison = await app.repo.job_get(JobKind.COMPARISON, "ev2")
     assert comparison.baseline_evaluation_id == "ev1"
     deltas = {d["metric"]: d for d in comparison.result["deltas"]}
@@ -188,7 +188,7 @@ async def test_event_dispositions(app):
     )  # conflicting
     evaluation = await app.repo.evaluation_get("later")
     assert (
-        evaluation.status == EvaluationStatus.CANCELLED
+        evaluation.status == EvaluationRecordStatus.CANCELLED
         and evaluation.run_count == 1
         and evaluation.period == "2026-01"
     )
@@ -230,7 +230,7 @@ async def test_two_replicas_sharing_the_consumer_keep_each_evaluations_order(app
 
         async def finished() -> bool:
             evaluation = await app.repo.evaluation_get("ordered")
-            return evaluation is not None and evaluation.status == EvaluationStatus.COMPLETED
+            return evaluation is not None and evaluation.status == EvaluationRecordStatus.COMPLETED
 
         await eventually(finished, timeout=30, wanted="the evaluation completed")
     finally:
@@ -285,7 +285,7 @@ async def test_a_stuck_evaluation_holds_no_other_evaluations_events(make_app, bu
         async def all_completed() -> bool:
             for evaluation_id in others:
                 evaluation = await app.repo.evaluation_get(evaluation_id)
-                if evaluation is None or evaluation.status != EvaluationStatus.COMPLETED:
+                if evaluation is None or evaluation.status != EvaluationRecordStatus.COMPLETED:
                     return False
             return True
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from dispo.intelligence.evaluations import EvaluationStatus
+from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry
 
@@ -30,7 +30,7 @@ async def test_transient_model_errors_are_retried_and_the_chain_goes_on(
 ):
     app = flaky_app(make_app, fake_llm, model_max_attempts=6, model_retry_base_seconds=1)
     await add_evaluation(
-        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "w01", period="2026-W01", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await run_jobs(app, manual_clock)
     before = len(fake_llm.requests)  # w01's analysis (its comparison has no baseline)
@@ -39,7 +39,7 @@ async def test_transient_model_errors_are_retried_and_the_chain_goes_on(
     # 429 asking for 7 s, a connection closed before the answer, a read timeout, 502, 503
     fake_llm.script = [(429, {"Retry-After": "7"}), RESET, SLOW, (502, {}), (503, {})]
     await add_evaluation(
-        app, "w02", period="2026-W02", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
+        app, "w02", period="2026-W02", runs=RUNS_WORSE, status=EvaluationRecordStatus.COMPLETED
     )
     await run_jobs(app, manual_clock)
 
@@ -62,7 +62,7 @@ async def test_a_model_that_keeps_failing_fails_the_job_after_the_bound(
 ):
     fake_llm.status = 502
     app = flaky_app(make_app, fake_llm, model_max_attempts=3)
-    await add_evaluation(app, "down", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "down", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await run_jobs(app, manual_clock)
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "down")
@@ -77,7 +77,7 @@ async def test_a_model_that_keeps_failing_fails_the_job_after_the_bound(
 async def test_a_definite_model_error_fails_the_job_at_once(make_app, fake_llm, manual_clock):
     fake_llm.script = [(404, {})]
     app = flaky_app(make_app, fake_llm)
-    await add_evaluation(app, "gone", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "gone", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await run_jobs(app, manual_clock)
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "gone")
@@ -91,7 +91,7 @@ async def test_a_retry_after_longer_than_a_job_waits_fails_the_job_at_once(
 ):
     fake_llm.script = [(429, {"Retry-After": "3600"})]
     app = flaky_app(make_app, fake_llm, model_retry_after_max_seconds=300)
-    await add_evaluation(app, "later", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "later", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await run_jobs(app, manual_clock)
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "later")
@@ -111,12 +111,12 @@ async def test_a_failed_automatic_analysis_triggered_again_goes_on_to_its_compar
     app = flaky_app(make_app, fake_llm, model_max_attempts=2)
     stub = await serve_app(app)
     await add_evaluation(
-        app, "b01", period="2026-01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "b01", period="2026-01", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await run_jobs(app, manual_clock)
     fake_llm.status = 503  # the model is down when b02 completes
     await add_evaluation(
-        app, "b02", period="2026-02", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
+        app, "b02", period="2026-02", runs=RUNS_WORSE, status=EvaluationRecordStatus.COMPLETED
     )
     await run_jobs(app, manual_clock)
     assert (await app.repo.job_get(JobKind.ANALYSIS, "b02")).status == JobStatus.FAILED

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dispo.intelligence.evaluations import EvaluationStatus
+from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry
 
@@ -13,7 +13,7 @@ from .conftest import RUNS_GOOD, RUNS_WORSE, add_evaluation, run_jobs
 
 async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app, fake_llm):
     app = make_app(models=ModelRegistry.from_configs([fake_llm.config()], default="fake-gpt"))
-    await add_evaluation(app, "llm1", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "llm1", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm1")
@@ -32,10 +32,10 @@ async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app,
 async def test_chat_model_writes_the_comparison_narrative(make_app, fake_llm):
     app = make_app(models=ModelRegistry.from_configs([fake_llm.config()], default="fake-gpt"))
     await add_evaluation(
-        app, "n1", period="2026-01", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "n1", period="2026-01", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await add_evaluation(
-        app, "n2", period="2026-02", runs=RUNS_WORSE, status=EvaluationStatus.COMPLETED
+        app, "n2", period="2026-02", runs=RUNS_WORSE, status=EvaluationRecordStatus.COMPLETED
     )
     await app.jobs.wait_idle()
 
@@ -55,7 +55,7 @@ async def test_chat_model_writes_the_comparison_narrative(make_app, fake_llm):
 async def test_an_llm_http_error_fails_the_job_with_truncated_text(make_app, fake_llm):
     fake_llm.status = 400  # definite: not retried (transient ones: test_flaky_model.py)
     app = make_app(models=ModelRegistry.from_configs([fake_llm.config()], default="fake-gpt"))
-    await add_evaluation(app, "llm-down", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "llm-down", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await app.jobs.wait_idle()
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm-down")
@@ -71,7 +71,7 @@ async def test_an_unreachable_llm_fails_the_job_visibly(make_app, fake_llm, manu
     config = fake_llm.config(timeout_seconds=2.0)
     config.base_url = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
     app = make_app(models=ModelRegistry.from_configs([config], default="fake-gpt"))
-    await add_evaluation(app, "llm-gone", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "llm-gone", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await run_jobs(app, manual_clock)  # connection refused is transient: retried, then given up
 
     job = await app.repo.job_get(JobKind.ANALYSIS, "llm-gone")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from dispo.intelligence.evaluations import EvaluationStatus
+from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry, StatsModel
 from dispo.libs.clock import ManualClock
@@ -69,7 +69,7 @@ async def test_a_generation_longer_than_the_takeover_age_stays_with_its_live_own
     other_model = GatedModel()
     other = await replica(models=ModelRegistry([StatsModel(), other_model], default="gated"))
     await add_evaluation(
-        owner, "long", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        owner, "long", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await owner.jobs.trigger(ANALYSIS, "long")
     await model.entered.wait()
@@ -101,7 +101,7 @@ async def test_a_claim_whose_owner_stopped_beating_is_taken_over_once_stale(repl
     )
     other = await replica()
     await add_evaluation(
-        owner, "lost", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        owner, "lost", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await owner.jobs.trigger(ANALYSIS, "lost")
     await model.entered.wait()
@@ -131,7 +131,11 @@ async def test_start_up_recovery_takes_only_abandoned_rows_and_no_live_replicas(
     live = make_app(models=ModelRegistry([StatsModel(), model], default="gated"))
     for evaluation_id in ("dead", "handed-back", "running", "next-1", "next-2"):
         await add_evaluation(
-            live, evaluation_id, line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+            live,
+            evaluation_id,
+            line="trial",
+            runs=RUNS_GOOD,
+            status=EvaluationRecordStatus.COMPLETED,
         )
     repo, now = live.repo, manual_clock.now
     # abandoned: a row whose owner died twenty minutes ago ...
@@ -181,7 +185,11 @@ async def test_replicas_recovering_beside_a_busy_one_consume_none_of_its_attempt
     evaluations = [f"busy-{i}" for i in range(30)]
     for evaluation_id in evaluations:
         await add_evaluation(
-            busy, evaluation_id, line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+            busy,
+            evaluation_id,
+            line="trial",
+            runs=RUNS_GOOD,
+            status=EvaluationRecordStatus.COMPLETED,
         )
     starting = [await replica(), await replica()]
 

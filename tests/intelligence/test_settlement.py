@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 
 from dispo.intelligence import analysis
-from dispo.intelligence.evaluations import EvaluationStatus
+from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.intelligence_jobs import JobAdapter, JobOutcome, execute, recover_jobs
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.intelligence.models import ModelRegistry, StatsModel
@@ -37,7 +37,7 @@ def counting_adapter(
 
 async def test_claim_race_twenty_concurrent_executes_run_the_work_once(app):
     await add_evaluation(
-        app, "race", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "race", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     counter: list[int] = []
     adapter = counting_adapter(counter)
@@ -56,7 +56,7 @@ async def test_claim_race_twenty_concurrent_executes_run_the_work_once(app):
 
 async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
     await add_evaluation(
-        app, "queued-race", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "queued-race", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "queued-race", app.jobs.deps.clock.now())
     counter: list[int] = []
@@ -77,7 +77,7 @@ async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
 
 async def test_duplicate_triggers_start_one_job(app):
     await add_evaluation(
-        app, "dup", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "dup", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
 
     results = await asyncio.gather(*(app.jobs.trigger(JobKind.ANALYSIS, "dup") for _ in range(5)))
@@ -95,7 +95,7 @@ async def test_duplicate_triggers_start_one_job(app):
 
 async def test_a_failed_job_can_be_triggered_again(app):
     await add_evaluation(
-        app, "retry", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "retry", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await execute(JobKind.ANALYSIS, "retry", app.jobs.deps, counting_adapter([], fail_with="boom"))
     assert (await app.repo.job_get(JobKind.ANALYSIS, "retry")).status == JobStatus.FAILED
@@ -110,7 +110,7 @@ async def test_a_failed_job_can_be_triggered_again(app):
 
 async def test_error_text_of_2000_characters_is_stored_as_exactly_500(app):
     await add_evaluation(
-        app, "long-error", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "long-error", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     message = "".join(chr(ord("a") + i % 26) for i in range(2000))
 
@@ -143,7 +143,7 @@ async def test_non_terminal_evaluation_executed_directly_fails_its_row(app):
 
 async def test_missing_model_fails_the_row_with_the_hint_and_the_field(make_app):
     app = make_app(default_analysis_model="")
-    await add_evaluation(app, "no-model", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED)
+    await add_evaluation(app, "no-model", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
 
     await execute(JobKind.ANALYSIS, "no-model", app.jobs.deps, analysis.ANALYSIS)
 
@@ -156,7 +156,7 @@ async def test_recovery_requeues_a_queued_row_three_times_then_fails_it_with_the
     app, manual_clock
 ):
     await add_evaluation(
-        app, "stuck", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "stuck", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "stuck", manual_clock.now())
     seen = []
@@ -184,7 +184,7 @@ async def test_recovery_requeues_a_queued_row_three_times_then_fails_it_with_the
 
 async def test_recovery_runs_requeued_rows_and_hands_back_stale_generating_ones(app, manual_clock):
     await add_evaluation(
-        app, "orphan", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "orphan", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await app.repo.job_ensure_queued(JobKind.ANALYSIS, "orphan", manual_clock.now())
     assert await app.repo.job_claim_if_queued(
@@ -222,7 +222,7 @@ async def test_a_stopping_registry_hands_running_work_back_to_the_queue(make_app
 
     app = make_app(models=ModelRegistry([StatsModel(), SlowModel()], default="slow"))
     await add_evaluation(
-        app, "slow", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "slow", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await app.jobs.trigger(JobKind.ANALYSIS, "slow")
     await entered.wait()  # the work has begun: the row is generating
@@ -248,7 +248,7 @@ async def test_claim_race_between_two_replicas_with_their_own_connection_pools(
         IntelligenceSettings(consume_events=False),
     )
     await add_evaluation(
-        app, "replicas", line="trial", runs=RUNS_GOOD, status=EvaluationStatus.COMPLETED
+        app, "replicas", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     counter: list[int] = []
     adapter = counting_adapter(counter)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from dispo.intelligence.evaluations import EvaluationStatus
+from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.jobs import JobKind, JobStatus
 from dispo.libs.states import IllegalTransition
 
@@ -44,14 +44,18 @@ async def test_an_undeclared_job_or_evaluation_move_is_refused_and_changes_nothi
     assert not await app.repo.job_requeue_if_generating(A, "done", "tok", now)
     assert await app.repo.job_get(A, "done") == completed
 
-    assert await app.repo.evaluation_complete_if_running("done", EvaluationStatus.COMPLETED, now)
+    assert await app.repo.evaluation_complete_if_running(
+        "done", EvaluationRecordStatus.COMPLETED, now
+    )
     evaluation = await app.repo.evaluation_get("done")
     with pytest.raises(
         IllegalTransition, match="evaluation state cannot move from running to running"
     ):
-        await app.repo.evaluation_complete_if_running("done", EvaluationStatus.RUNNING, now)
+        await app.repo.evaluation_complete_if_running("done", EvaluationRecordStatus.RUNNING, now)
     # A declared move on an evaluation already finished is a lost race, not an error.
-    assert not await app.repo.evaluation_complete_if_running("done", EvaluationStatus.FAILED, now)
+    assert not await app.repo.evaluation_complete_if_running(
+        "done", EvaluationRecordStatus.FAILED, now
+    )
     assert await app.repo.evaluation_get("done") == evaluation
 
 

@@ -89,6 +89,17 @@ def test_the_wheel_has_the_cli_and_keeps_local_parts_in_the_extra(wheel):
     assert "dispo = dispo.libs.cli.main:main" in wheel.read(entry_points).decode()
 
 
+def test_the_wheel_declares_and_ships_the_apache_licence(wheel):
+    licence = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
+    [metadata] = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    headers = wheel.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+    assert "License-Expression: Apache-2.0" in headers
+    assert "License-File: LICENSE" in headers
+    [shipped] = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    assert wheel.read(shipped).decode() == licence
+
+
 def generated_versions(pattern: str, glob: str) -> set[Version]:
     found = {
         Version(match)

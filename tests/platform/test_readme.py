@@ -1,9 +1,9 @@
-"""The README's five-minute tour, run as written against `dispo up` (ports moved to free ones),
-then the guides' walk-throughs on the same stack — docs/pipeline.md, docs/intelligence.md,
-docs/pool.md, docs/recovery.md — and the README's own cell and downstream; then what a second
-run of them meets from the first: the guides can be run in sequence, twice, on one stack.
-The stack is started as the README's "Add your own cell and downstream" says, with its
-catalogue and allow list (and the pool guide's target on it)."""
+"""The tour (docs/tour.md) and the README's Python example, run as written against `dispo up`
+(ports moved to free ones), then the guides' walk-throughs on the same stack —
+docs/pipeline.md, docs/intelligence.md, docs/pool.md, docs/recovery.md — and the tour's own
+cell and downstream; then what a second run of them meets from the first: the guides can be
+run in sequence, twice, on one stack. The stack is started as the tour's "Add your own cell
+and downstream" says, with its catalogue and allow list (and the pool guide's target on it)."""
 
 import asyncio
 import json
@@ -36,8 +36,9 @@ DEFAULT_PORTS = {
 DEMO, OWN, SITE = 8181, 8282, 18000  # the demo downstream, "your service", the pool's target
 
 
-def readme_section(title: str) -> str:
-    return (ROOT / "README.md").read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+def section(page: str, title: str) -> str:
+    """The text under ``## title`` in ``page`` (a path from the repository's root)."""
+    return (ROOT / page).read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def sh_blocks(text: str) -> list[str]:
@@ -45,17 +46,20 @@ def sh_blocks(text: str) -> list[str]:
 
 
 def tour_blocks() -> list[str]:
-    return sh_blocks(readme_section("A five-minute tour"))
+    return sh_blocks(section("docs/tour.md", "A five-minute tour"))
 
 
 def python_block() -> str:
-    [block] = re.findall(r"```python\n(.*?)```", readme_section("A five-minute tour"), re.S)
+    """The README's SDK example, which the tour runs after its blocks."""
+    [block] = re.findall(r"```python\n(.*?)```", section("README.md", "Ten lines of Python"), re.S)
     return block
 
 
 def own_cell_blocks() -> tuple[str, str, str]:
-    """The README's catalogue block, its start block and its submit block."""
-    catalogue, start, submit = sh_blocks(readme_section("Add your own cell and downstream"))
+    """The tour's catalogue block, its start block and its submit block."""
+    catalogue, start, submit = sh_blocks(
+        section("docs/tour.md", "Add your own cell and downstream")
+    )
     return catalogue, start, submit
 
 
@@ -104,7 +108,7 @@ class Stack:
 async def test_the_tour_and_the_guides_run_twice_on_one_stack(tmp_path):
     stack = Stack(tmp_path)
     catalogue, start, _ = own_cell_blocks()
-    # The README's catalogue, written as it says (the example's demo downstream moved too).
+    # The tour's catalogue, written as it says (the example's demo downstream moved too).
     made = await shell([catalogue], os.environ, stack, "-e")
     assert made.returncode == 0, made.stdout + made.stderr
     mine = tmp_path / "my-catalogue.yaml"
@@ -348,7 +352,7 @@ async def run_the_pool_guide(env: dict[str, str], stack: Stack) -> None:
 
 
 async def run_your_own_cell(env: dict[str, str], stack: Stack) -> None:
-    """The README's own cell on its own downstream, with the callback there too; the same
+    """The tour's own cell on its own downstream, with the callback there too; the same
     task on a second run (its key)."""
     _, _, submit = own_cell_blocks()
     assert keyed([submit])
@@ -364,8 +368,7 @@ async def run_your_own_cell(env: dict[str, str], stack: Stack) -> None:
 
 
 def test_ci_runs_the_readme_commands():
-    section = readme_section("Two commands")
-    install, test = (block.strip() for block in sh_blocks(section))
+    install, test = (block.strip() for block in sh_blocks(section("README.md", "Two commands")))
     install = install.removesuffix(" && .venv/bin/dispo up")
     assert "[local,dev]" in install, install  # the extras that bring the embedded stack
     ci = (ROOT / ".ci" / "run").read_text().splitlines()

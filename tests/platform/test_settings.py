@@ -1,4 +1,4 @@
-"""The settings classes: documented in the README by a generator, durations in seconds,
+"""The settings classes: documented in docs/settings.md by a generator, durations in seconds,
 every setting read by some code, and the policies built from them taking their defaults
 from one place."""
 
@@ -47,21 +47,22 @@ def every_settings_class() -> set[type[BaseSettings]]:
     return found
 
 
-def test_readme_configuration_table_is_what_the_generator_writes():
-    readme = (ROOT / "README.md").read_text()
-    assert settings_doc.render(readme) == readme, (
-        "README.md's configuration table is stale: run python -m dispo.libs.settings_doc"
+def test_the_settings_page_table_is_what_the_generator_writes():
+    page = ROOT / "docs" / "settings.md"
+    assert settings_doc.DOC == page
+    assert settings_doc.render(page.read_text()) == page.read_text(), (
+        "docs/settings.md's configuration table is stale: run python -m dispo.libs.settings_doc"
     )
-    assert settings_doc.main(["--check", "--readme", str(ROOT / "README.md")]) == 0
+    assert settings_doc.main(["--check"]) == 0
 
 
 def test_the_generator_rewrites_a_stale_table(tmp_path):
-    stale = tmp_path / "README.md"
+    stale = tmp_path / "settings.md"
     stale.write_text(
         f"# x\n\n{settings_doc.BEGIN}\n| `DISPO_GONE` | 1 | old |\n{settings_doc.END}\nafter\n"
     )
-    assert settings_doc.main(["--check", "--readme", str(stale)]) == 1
-    assert settings_doc.main(["--readme", str(stale)]) == 0
+    assert settings_doc.main(["--check", "--file", str(stale)]) == 1
+    assert settings_doc.main(["--file", str(stale)]) == 0
     text = stale.read_text()
     assert "DISPO_GONE" not in text and text.endswith(f"{settings_doc.END}\nafter\n")
     assert "| `DISPO_EXECUTOR_LEASE_TTL_SECONDS` | `5` | How long a pass holds" in text
