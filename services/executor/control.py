@@ -6,6 +6,7 @@ from __future__ import annotations
 from dispo.executor import repository as repo
 from dispo.executor import repository_many as many
 from dispo.executor.domain import Next, decide, to_cancel
+from dispo.executor.plan import NodeChange
 from dispo.executor.runner import Executor
 from dispo.executor.states import TASK_ENDED, NodeState, TaskState
 from dispo.libs.bus import ACK, Disposition
@@ -49,9 +50,7 @@ async def handle_close(
                         "retryable": node.status is NodeState.DEMOTED,
                     }
                     to = NodeState.from_proto(new)
-                    changes.append(
-                        many.NodeChange(task_id, node.node_id, node.status, to, None, fields)
-                    )
+                    changes.append(NodeChange(task_id, node.node_id, node.status, to, None, fields))
         applied = await many.nodes_set_status_if_many(conn, changes)
         ended = [c.node_id for c, done in zip(changes, applied, strict=True) if done]
         await repo.task_version_at_least(conn, task_id, version)

@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from dispo.executor import plan
 from dispo.executor import repository as repo
 from dispo.executor import repository_many as many
 from dispo.executor.breaker import Breaker
-from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, ready, to_cancel
+from dispo.executor.domain import NodeRun
 from dispo.executor.envelope import node_from_proto
-from dispo.executor.failures import CallOutcome, failure_text
+from dispo.executor.plan import OpenPath
 from dispo.executor.slots import Slots
 from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak
-from dispo.libs.contracts import tasks
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import Staged
@@ -177,7 +177,7 @@ class Passes:
         for tid in again:
             o = openings[first[tid]]
             found = self._classify(o, seen.get(tid), tid in seen_bare, now)
-            if isinstance(found, str):
+            if isinstance(found, OpenPath):
                 to_lock.append(tid)
             else:
                 results[first[tid]] = Step(Pass(), disposition=found)
@@ -190,8 +190,8 @@ class Passes:
                 fast.append(i)
             elif results[i] is None:
                 found = self._classify(o, rows.get(tid), tid in bare, now)
-                if isinstance(found, str):
-                    (fast if found == "fast" else slow).append(i)
+                if isinstance(found, OpenPath):
+                    (fast if found is OpenPath.FAST else slow).append(i)
                 else:
                     results[i] = Step(Pass(), disposition=found)
         opened = inserted | await many.tasks_open_many(
@@ -353,22 +353,20 @@ class Passes:
 
     def _classify(
         self, o: Opening, row: repo.TaskRow | None, bare: bool, now: datetime
-    ) -> str | Disposition:
-        """How to open a task recorded before: "fast" (batched), "slow" (one by one), or
-        the answer at once."""
-        if row is None or bare:  # None cannot be: not inserted here, so recorded before
-            return "slow"
-        if o.env.generation < row.generation:
-            return self._stale(o.env, row)
-        if o.env.generation > row.generation and row.status not in TASK_FINAL:
-            return "slow"  # a redrive (of a FAILED task: a resume)
-        if row.status is TaskState.CANCELLED:
-            return "slow"  # its pending nodes may still need cancelling
-        if row.status in TASK_ENDED:
-            return ACK
-        if row.leased_by_other(o.owner, now):
-            return self._leased(row, now)
-        return "fast"
+    ) -> OpenPath | Disposition:
+        """How to open a task recorded before (:func:`plan.classify`), or the answer at once."""
+        found = plan.classify(o.env.generation, o.owner, row, bare, now, self.lease_ttl)
+        if isinstance(found, OpenPath):
+            return found
+        assert row is not None
+        log.info(
+            found.why,
+            task_id=o.env.task_id,
+            generation=o.env.generation,
+            recorded=row.generation,
+            owner=row.lease_owner,
+        )
+        return found.disposition
 
     @staticmethod
     def _stale(env: task_pb2.Task, row: repo.TaskRow) -> Disposition:
@@ -382,11 +380,10 @@ class Passes:
 
     def _leased(self, row: repo.TaskRow, now: datetime) -> Disposition:
         """Another pass holds the task: come back when its lease would expire."""
-        remaining = (row.lease_until - now).total_seconds() if row.lease_until else self.lease_ttl
         log.info(
             "task leased by another executor; later", task_id=row.task_id, owner=row.lease_owner
         )
-        return Nak(delay=min(max(remaining, 0.1), self.lease_ttl))
+        return plan.leased(row, now, self.lease_ttl)
 
     # ---- stepping -----------------------------------------------------------------------
     async def step_many(
@@ -422,12 +419,24 @@ class Passes:
             it.state.nodes = it.nodes
         active = list(range(len(items)))
         while active:
-            changes: list[tuple[int, many.NodeChange, NodeRun]] = []
+            changes: list[tuple[int, plan.NodeChange, NodeRun]] = []
             noops: list[tuple[int, NodeRun]] = []
             for i in active:
-                launch[i], writes, found = self._schedule(items[i], now)
-                changes.extend((i, change, node) for change, node in writes)
-                noops.extend((i, node) for node in found)
+                it = items[i]
+                round_ = plan.plan_round(
+                    it.env.task_id,
+                    it.nodes,
+                    it.row.cancel_requested,
+                    it.state.in_flight,
+                    it.state.attempted,
+                    self.breakers,
+                    now,
+                )
+                for node in round_.demoted:
+                    metrics.node_demoted(node.action, node.spec.downstream)
+                launch[i] = round_.launch
+                changes.extend((i, change, node) for change, node in round_.writes)
+                noops.extend((i, node) for node in round_.noops)
             lost = await self._apply(conn, items, changes)
             claims = [
                 (items[i].env.task_id, node.node_id, items[i].owner)
@@ -457,7 +466,32 @@ class Passes:
             for i in range(len(items))
             if steps[i] is None and not launch[i] and not items[i].state.in_flight
         ]
-        task_writes, dispositions, events = self._settle([items[i] for i in settling], now)
+        decided = [
+            plan.settle(
+                plan.Settling(
+                    items[i].env.task_id,
+                    items[i].owner,
+                    items[i].nodes,
+                    items[i].row.cancel_requested,
+                    items[i].row.generation,
+                    items[i].state.ran,
+                    items[i].changed or items[i].state.unreported,
+                ),
+                now,
+            )
+            for i in settling
+        ]
+        task_writes = [d.write for d in decided]
+        events = [(d.write.task_id, *d.event) for d in decided if d.event is not None]
+        for d in decided:
+            if d.next is not None:
+                log.info(
+                    "task pass done",
+                    task_id=d.write.task_id,
+                    next=d.next.value,
+                    status=d.status.value if d.status else None,
+                    reason=d.reason,
+                )
         settled = set(settling)
         for i, it in enumerate(items):
             if steps[i] is None and i not in settled and it.changed:
@@ -478,7 +512,7 @@ class Passes:
                 )
             )
         for k, i in enumerate(settling):  # the settlements come first
-            disposition = dispositions[k]
+            disposition = decided[k].disposition
             if task_writes[k].task_id not in written:  # locked here: another writer cannot have won
                 log.warning("task settle lost a race (lease lost?)", task_id=task_writes[k].task_id)
                 disposition = Nak(delay=1.0)
@@ -529,65 +563,11 @@ class Passes:
             node.finished_at = None
             items[i].changed = True
 
-    def _schedule(
-        self, item: Stepping, now: datetime
-    ) -> tuple[list[NodeRun], list[tuple[many.NodeChange, NodeRun]], list[NodeRun]]:
-        """Plan one round of a task's step: the ready nodes to launch, the node writes
-        (cancel, dependency failed, demoted; applied to ``item.nodes`` already) and the
-        ready noop nodes."""
-        task_id, nodes, state = item.env.task_id, item.nodes, item.state
-        writes: list[tuple[many.NodeChange, NodeRun]] = []
-
-        def move(node: NodeRun, new: NodeState, **fields: object) -> None:
-            writes.append(
-                (many.NodeChange(task_id, node.node_id, node.status, new, None, fields), node)
-            )
-            node.status = new
-            for name, value in fields.items():  # as the row will hold it
-                setattr(node, name, value)
-
-        if item.row.cancel_requested:
-            for node_id in to_cancel(nodes):
-                if node_id in state.in_flight:
-                    continue  # launched: its claim fails on the cancel flag, then it is cancelled here
-                move(nodes[node_id], NodeState.CANCELLED, finished_at=now)
-        for node_id in blocked_by_failure(nodes):
-            move(
-                nodes[node_id],
-                NodeState.DEPENDENCY_FAILED,
-                finished_at=now,
-                last_error=tasks.DEPENDENCY_FAILED_ERROR,
-            )
-        launch: list[NodeRun] = []
-        noops: list[NodeRun] = []
-        if not item.row.cancel_requested:
-            for node in ready(nodes, now):
-                if node.node_id in state.in_flight or node.node_id in state.attempted:
-                    continue  # a retry waits for the next pass (a re-published task.create)
-                if node.spec.kind == "noop":
-                    noops.append(node)
-                    continue
-                breaker = self.breakers.get(node.spec.downstream)
-                if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
-                    # Refused by the breaker, so not sent: it may go out once released.
-                    metrics.node_demoted(node.action, node.spec.downstream)
-                    move(
-                        node,
-                        NodeState.DEMOTED,
-                        last_error=failure_text(
-                            CallOutcome.NOT_SENT,
-                            f"downstream {node.spec.downstream} degraded (circuit open)",
-                        ),
-                    )
-                    continue
-                launch.append(node)
-        return launch, writes, noops
-
     @staticmethod
     async def _apply(
         conn: AsyncConnection,
         items: Sequence[Stepping],
-        changes: list[tuple[int, many.NodeChange, NodeRun]],
+        changes: list[tuple[int, plan.NodeChange, NodeRun]],
     ) -> set[int]:
         """Write the planned node changes; returns the items of which a write lost its race."""
         applied = await many.nodes_set_status_if_many(conn, [c for _, c, _ in changes])
@@ -604,49 +584,6 @@ class Passes:
                 )
                 lost.add(i)
         return lost
-
-    @staticmethod
-    def _settle(
-        items: Sequence[Stepping], now: datetime
-    ) -> tuple[list[many.TaskWrite], list[Disposition], list[tuple[str, str, str]]]:
-        """Nothing more can run in these passes: finish, re-publish for a retry, demote or
-        fail each task. Returns each task's write and disposition, and the events to
-        publish with their envelopes (for :func:`many.tasks_write_many`)."""
-        writes: list[many.TaskWrite] = []
-        dispositions: list[Disposition] = []
-        events: list[tuple[str, str, str]] = []
-        for it in items:
-            tid = it.env.task_id
-            decision = decide(it.nodes, now, it.row.cancel_requested)
-            if decision.next is Next.RETRY and it.state.ran == 0:
-                # Nothing could run yet: the message came back before the backoff passed.
-                writes.append(many.TaskWrite(tid, it.owner, emit=it.changed or it.state.unreported))
-                wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
-                dispositions.append(Nak(delay=max(0.05, wait)))
-                continue
-            # The pass made the task RUNNING when it took the lease, and holds the lease still.
-            retry = decision.next is Next.RETRY
-            writes.append(
-                many.TaskWrite(tid, it.owner, decision.status, decision.reason, retry, emit=True)
-            )
-            dispositions.append(ACK)
-            generation = it.row.generation + (1 if retry else 0)  # as the write leaves it
-            if retry:
-                events.append((tid, tasks.TASK_CREATE, tasks.create_id(tid, generation)))
-            elif decision.next is Next.DEMOTE:
-                events.append((tid, tasks.TASK_DEMOTE, tasks.demote_id(tid, generation)))
-            elif decision.next is Next.FAIL or decision.status is TaskState.FAILED:
-                # Failed work is the reconciler's: a task that ended FAILED (a permanent
-                # failure) goes there too, held FAILED for an operator to resume.
-                events.append((tid, tasks.TASK_FAIL, tasks.fail_id(tid, generation)))
-            log.info(
-                "task pass done",
-                task_id=tid,
-                next=decision.next.value,
-                status=decision.status.value,
-                reason=decision.reason,
-            )
-        return writes, dispositions, events
 
 
 async def recover(

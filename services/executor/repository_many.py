@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.executor.domain import NodeRun
 from dispo.executor.envelope import node_from_proto, overlay, overlay_row
+from dispo.executor.plan import NodeChange, TaskWrite
 from dispo.executor.repository import TaskRow, node_runs_from_rows, outbox, task_from_row
 from dispo.executor.states import NODE_TRANSITIONS, TASK_TRANSITIONS, NodeState, TaskState
 from dispo.libs.api.task.v1 import task_pb2
@@ -36,8 +37,6 @@ from dispo.libs.outbox import (
 from dispo.libs.timestamps import to_timestamp
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-# A task's (id, node id): the key of a node run.
-NodeKey = tuple[str, str]
 # A claim's (task id, node id, owner): what a claim's result is known by. Two passes (of
 # two owners) may ask for one node in one statement; only the lease holder's is answered
 # won, so a result is never looked up by the node alone.
@@ -282,23 +281,6 @@ async def leases_extend_many(
     return {(row.task_id, row.lease_owner) for row in rows}
 
 
-@dataclass(frozen=True)
-class NodeChange:
-    """One guarded node write: ``expected`` → ``new`` (and ``fields``), by ``owner`` when the
-    node is RUNNING under a claim."""
-
-    task_id: str
-    node_id: str
-    expected: NodeState
-    new: NodeState
-    owner: str | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> NodeKey:
-        return (self.task_id, self.node_id)
-
-
 async def nodes_set_status_if_many(
     conn: AsyncConnection, changes: Sequence[NodeChange]
 ) -> list[bool]:
@@ -422,22 +404,6 @@ async def _claim_many(
     return {
         (r.task_id, r.node_id, r.run_owner): Claimed(r.attempts, r.round_attempts) for r in rows
     }
-
-
-@dataclass(frozen=True)
-class TaskWrite:
-    """A step's write of one task row as its pass ends, under ``owner``'s lease: release the
-    lease and, unless ``status`` is None, move the task from RUNNING to ``status`` (with a
-    new generation if ``bump``); with ``emit``, take a new version for the status event
-    written with it. (A task that goes on running is not written: its progress is published
-    on its own, ADR-0059.)"""
-
-    task_id: str
-    owner: str
-    status: TaskState | None = None
-    reason: str = ""
-    bump: bool = False
-    emit: bool = False
 
 
 def written_row(row: TaskRow, w: TaskWrite) -> TaskRow:

@@ -39,6 +39,7 @@ from dispo.executor.passes import (
     give_back,
     outcome_unknown,
 )
+from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
 from dispo.executor.states import NodeState, TaskState
 from dispo.libs import metrics
@@ -103,7 +104,7 @@ class Recording:
     node: NodeRun
     result: Result
     move: Move
-    change: many.NodeChange | None
+    change: NodeChange | None
     took: float
     recorded: bool = False
 
@@ -615,7 +616,7 @@ class Executor:
         if move.unknown:
             return Recording(node, result, move, None, took)
         new, fields = self._fields(move, result, now)
-        change = many.NodeChange(task_id, node.node_id, NodeState.RUNNING, new, owner, fields)
+        change = NodeChange(task_id, node.node_id, NodeState.RUNNING, new, owner, fields)
         return Recording(node, result, move, change, took)
 
     @staticmethod

@@ -5,6 +5,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from dispo.executor import plan
 from dispo.executor import repository as repo
 from dispo.executor import repository_many as bulk
 from dispo.executor.breaker import Breaker
@@ -451,9 +452,9 @@ async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_
         applied = await bulk.nodes_set_status_if_many(
             conn,
             [
-                bulk.NodeChange("t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "me", done),
-                bulk.NodeChange("t3", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "x", done),
-                bulk.NodeChange("t2", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "me", done),
+                plan.NodeChange("t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "me", done),
+                plan.NodeChange("t3", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "x", done),
+                plan.NodeChange("t2", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "me", done),
             ],
         )
         assert applied == [True, False, False]  # t3: another owner; t2: not RUNNING
@@ -461,8 +462,8 @@ async def test_set_based_node_writes_are_checked_and_guarded_row_by_row(service_
             await bulk.nodes_set_status_if_many(
                 conn,
                 [
-                    bulk.NodeChange("t3", "a.x", NodeState.RUNNING, NodeState.FAILED, "me"),
-                    bulk.NodeChange("t2", "a.x", NodeState.PENDING, NodeState.SUCCEEDED),
+                    plan.NodeChange("t3", "a.x", NodeState.RUNNING, NodeState.FAILED, "me"),
+                    plan.NodeChange("t2", "a.x", NodeState.PENDING, NodeState.SUCCEEDED),
                 ],
             )
         assert (await _node_row(conn, "t3")).status == "running"  # nothing was written
@@ -533,8 +534,8 @@ async def test_two_owners_in_one_statement_only_the_lease_holder_is_answered(ser
         applied = await bulk.nodes_set_status_if_many(
             conn,
             [
-                bulk.NodeChange("t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "stale", done),
-                bulk.NodeChange(
+                plan.NodeChange("t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "stale", done),
+                plan.NodeChange(
                     "t1", "a.x", NodeState.RUNNING, NodeState.SUCCEEDED, "holder", done
                 ),
             ],
@@ -548,8 +549,8 @@ async def test_two_owners_in_one_statement_only_the_lease_holder_is_answered(ser
             await bulk.nodes_set_status_if_many(
                 conn,
                 [
-                    bulk.NodeChange("t1", "a.x", NodeState.PENDING, NodeState.CANCELLED),
-                    bulk.NodeChange("t1", "a.x", NodeState.PENDING, NodeState.CANCELLED),
+                    plan.NodeChange("t1", "a.x", NodeState.PENDING, NodeState.CANCELLED),
+                    plan.NodeChange("t1", "a.x", NodeState.PENDING, NodeState.CANCELLED),
                 ],
             )
 
