@@ -328,6 +328,9 @@ async def run_the_recovery_guide(env: dict[str, str], stack: Stack) -> None:
     # 4 refused, 1 after the redrive; the node after it once
     assert calls[f"{task}/update_quality_level.set_label"] == 5, calls
     assert calls[f"{task}/update_quality_level.audit"] == 1, calls
+    # The late review call: fenced by the probe, run again at once, one effect.
+    assert '"reason": "probe reports done=false, fenced"' in out, out
+    assert '{"calls":2,"effects":1,"refused":1}' in out, out
 
 
 async def run_the_intelligence_guide(env: dict[str, str], stack: Stack) -> None:
