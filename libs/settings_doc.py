@@ -36,7 +36,7 @@ SETTINGS = (
     "dispo.libs.catalogue:CatalogueSettings",
     "dispo.gateway.settings:GatewaySettings",
     "dispo.executor.settings:ExecutorSettings",
-    "dispo.reconciler.config:ReconcilerSettings",
+    "dispo.reconciler.settings:ReconcilerSettings",
     "dispo.reconciler.drift:DriftSettings",
     "dispo.intelligence.settings:IntelligenceSettings",
     "dispo.pool.settings:PoolSettings",
