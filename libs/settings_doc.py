@@ -32,7 +32,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 SETTINGS = (
     "dispo.libs.settings:CommonSettings",
     "dispo.libs.settings:TLSSettings",
-    "dispo.libs.settings:ConsoleSettings",
+    "dispo.console.settings:ConsoleSettings",
     "dispo.libs.catalogue:CatalogueSettings",
     "dispo.gateway.settings:GatewaySettings",
     "dispo.executor.settings:ExecutorSettings",
