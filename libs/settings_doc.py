@@ -32,11 +32,11 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 SETTINGS = (
     "dispo.libs.settings:CommonSettings",
     "dispo.libs.settings:TLSSettings",
-    "dispo.libs.settings:ConsoleSettings",
+    "dispo.console.settings:ConsoleSettings",
     "dispo.libs.catalogue:CatalogueSettings",
     "dispo.gateway.settings:GatewaySettings",
     "dispo.executor.settings:ExecutorSettings",
-    "dispo.reconciler.config:ReconcilerSettings",
+    "dispo.reconciler.settings:ReconcilerSettings",
     "dispo.reconciler.drift:DriftSettings",
     "dispo.intelligence.settings:IntelligenceSettings",
     "dispo.pool.settings:PoolSettings",

@@ -33,6 +33,7 @@ from dispo.console.backend import (
 )
 from dispo.console.headers import SecurityHeaders
 from dispo.console.origin import SameOriginWrites, console_hosts
+from dispo.console.settings import ConsoleSettings
 from dispo.console.views import (
     COLOURS,
     EVALUATION_ACTIONS,
@@ -73,7 +74,7 @@ from dispo.libs.clock import Clock, SystemClock
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.proto_enums import short_name
 from dispo.libs.sdk import DispoError, TaskSummary, TaskView
-from dispo.libs.settings import CommonSettings, ConsoleSettings
+from dispo.libs.settings import CommonSettings
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request

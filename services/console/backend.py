@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TypeVar
 
 import grpc
+from dispo.console.settings import ConsoleSettings
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -26,7 +27,6 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth import bearer, open_channel
 from dispo.libs.sdk import DispoError, TaskEventPage, TaskPage, TaskView
 from dispo.libs.sdk._client import count_request, counts_of, events_request, list_request
-from dispo.libs.settings import ConsoleSettings
 from google.protobuf.message import Message
 
 Reply = TypeVar("Reply")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from dispo.libs.settings import ConsoleSettings
+from dispo.console.settings import ConsoleSettings
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispo.gateway import repository as repo
-from dispo.gateway.service import Gateway
+from dispo.gateway import store
+from dispo.gateway.operations import Gateway
 from dispo.gateway.servicer import GatewayServicer
 from dispo.gateway.settings import GatewaySettings
 from dispo.gateway.snapshots import snapshot_problem
@@ -40,7 +40,7 @@ async def setup(rt: Runtime) -> None:
     await tasks.ensure_task_streams(rt.bus)
     catalogue = load_configured_catalogue()
     limits = settings.limits()
-    relay = rt.outbox_relay(repo.outbox)
+    relay = rt.outbox_relay(store.outbox)
     gateway = Gateway(
         rt.engine,
         relay,

@@ -1,4 +1,4 @@
-"""GatewayService: thin; converts at the edge and calls :class:`dispo.gateway.service.Gateway`."""
+"""GatewayService: thin; converts at the edge and calls :class:`dispo.gateway.operations.Gateway`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from dispo.gateway.convert import (
 from dispo.gateway.events import task_event
 from dispo.gateway.expand import Submission
 from dispo.gateway.limits import MAX_SUBMIT_MANY, CallerLimits, limited_business
-from dispo.gateway.repository import TaskFilter
-from dispo.gateway.service import Accepted, Gateway
+from dispo.gateway.operations import Accepted, Gateway
+from dispo.gateway.store import TaskFilter
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2

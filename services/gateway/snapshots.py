@@ -12,7 +12,7 @@ descriptor walk a request gets: every status event passes here, and the walk cos
 twenty times the event's parse.
 
 That a terminal view is never taken to another status is the view's own guard, in its
-``UPDATE`` (:func:`dispo.gateway.repository.tasks_apply_snapshots`).
+``UPDATE`` (:func:`dispo.gateway.store.tasks_apply_snapshots`).
 """
 
 from __future__ import annotations

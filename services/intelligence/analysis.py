@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from dispo.intelligence.analysis_models import AnalysisModel, ModelRegistry
 from dispo.intelligence.evaluations import Evaluation
-from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, JobPlan
-from dispo.intelligence.jobs import Job, JobKind, JobValidationError, ValidationKind, WorkResult
-from dispo.intelligence.models import AnalysisModel, ModelRegistry
+from dispo.intelligence.job_rules import (
+    Job,
+    JobKind,
+    JobValidationError,
+    ValidationKind,
+    WorkResult,
+)
+from dispo.intelligence.job_settlement import JobAdapter, JobDeps, JobPlan
 from dispo.intelligence.stats import compute_stats
 
 MODEL_HINT = (
@@ -66,22 +72,22 @@ def evaluation_summary(evaluation: Evaluation) -> dict[str, Any]:
 
 async def ensure_queued(deps: JobDeps, evaluation_id: str) -> tuple[Job | None, bool]:
     """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
-    return await deps.repo.job_ensure_queued(JobKind.ANALYSIS, evaluation_id, deps.clock.now())
+    return await deps.store.job_ensure_queued(JobKind.ANALYSIS, evaluation_id, deps.clock.now())
 
 
 async def validate(deps: JobDeps, evaluation_id: str) -> JobPlan:
-    evaluation = await deps.repo.evaluation_get(evaluation_id)
+    evaluation = await deps.store.evaluation_get(evaluation_id)
     model = validate_analysis_request(evaluation, evaluation_id, deps.models)
     return JobPlan({"model": model.name}, {"analysis_model": model.name})
 
 
 async def work_fn(deps: JobDeps, evaluation_id: str, plan: JobPlan) -> WorkResult:
-    evaluation = await deps.repo.evaluation_get(evaluation_id)
+    evaluation = await deps.store.evaluation_get(evaluation_id)
     assert evaluation is not None  # validated after the claim; evaluations are never deleted
     model = deps.models.get(plan.data["model"])
     if model is None:
         raise RuntimeError(f"analysis model {plan.data['model']!r} disappeared")
-    stats = compute_stats(await deps.repo.runs_of(evaluation_id))
+    stats = compute_stats(await deps.store.runs_of(evaluation_id))
     narrative = await model.narrate_analysis(evaluation_summary(evaluation), stats)
     return WorkResult(
         {"model": model.name, "stats": stats, "narrative": narrative},

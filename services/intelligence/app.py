@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dispo.intelligence.analysis_models import ModelRegistry
 from dispo.intelligence.events import EvaluationEvents, consumer
 from dispo.intelligence.feed import EvaluationFeed
-from dispo.intelligence.intelligence_jobs import JobDeps
-from dispo.intelligence.models import ModelRegistry
-from dispo.intelligence.repository import IntelligenceRepository
+from dispo.intelligence.job_settlement import JobDeps
 from dispo.intelligence.runtime import IntelligenceJobs
 from dispo.intelligence.servicer import IntelligenceServicer
 from dispo.intelligence.settings import IntelligenceSettings
+from dispo.intelligence.store import IntelligenceStore
 from dispo.libs import metrics
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.clock import Clock
@@ -39,7 +39,7 @@ class Intelligence:
     """The service's objects, built once; also what in-process tests use."""
 
     settings: IntelligenceSettings
-    repo: IntelligenceRepository
+    store: IntelligenceStore
     models: ModelRegistry
     jobs: IntelligenceJobs
     feed: EvaluationFeed
@@ -54,23 +54,23 @@ def build(
     models: ModelRegistry | None = None,
 ) -> Intelligence:
     settings = settings or IntelligenceSettings()
-    repo = IntelligenceRepository(engine)
+    store = IntelligenceStore(engine)
     models = models or ModelRegistry.from_configs(settings.models, settings.default_analysis_model)
     policy = settings.recovery_policy()
-    deps = JobDeps(repo, models, clock, settings.retry_policy(), policy.heartbeat.total_seconds())
+    deps = JobDeps(store, models, clock, settings.retry_policy(), policy.heartbeat.total_seconds())
     jobs = IntelligenceJobs(deps, policy=policy)
-    feed = EvaluationFeed(repo, models, clock, jobs)
+    feed = EvaluationFeed(store, models, clock, jobs)
     events = EvaluationEvents(
         feed, settings.unknown_evaluation_retry_seconds, settings.unknown_evaluation_max_deliveries
     )
     return Intelligence(
-        settings, repo, models, jobs, feed, events, IntelligenceServicer(feed, jobs, repo)
+        settings, store, models, jobs, feed, events, IntelligenceServicer(feed, jobs, store)
     )
 
 
-async def job_samples(repo: IntelligenceRepository) -> list[metrics.Sample]:
+async def job_samples(store: IntelligenceStore) -> list[metrics.Sample]:
     """The jobs not completed, by kind and status."""
-    counts = await repo.job_counts_unfinished()
+    counts = await store.job_counts_unfinished()
     return [metrics.INTELLIGENCE_JOBS.sample(n, kind, status) for kind, status, n in counts]
 
 
@@ -83,7 +83,7 @@ async def setup(rt: Runtime) -> None:
         SERVICE_NAME,
     )
 
-    rt.metrics.probe(lambda: job_samples(app.repo))
+    rt.metrics.probe(lambda: job_samples(app.store))
     report = await app.jobs.recover()
     log.info("restart recovery", requeued=len(report.requeued), failed=len(report.failed))
     await app.jobs.sweep_lost_triggers()

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispo.intelligence.analysis import evaluation_not_found, require_finished, resolve_model
+from dispo.intelligence.analysis_models import AnalysisModel, ModelRegistry
 from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus
-from dispo.intelligence.intelligence_jobs import JobAdapter, JobDeps, JobPlan
-from dispo.intelligence.jobs import Job, JobKind, JobValidationError, WorkResult
-from dispo.intelligence.models import AnalysisModel, ModelRegistry
+from dispo.intelligence.job_rules import Job, JobKind, JobValidationError, WorkResult
+from dispo.intelligence.job_settlement import JobAdapter, JobDeps, JobPlan
 from dispo.intelligence.stats import COMPARED_METRICS, compute_stats, metric_value
 from dispo.libs.evaluation import NO_BASELINE
 
@@ -100,10 +100,10 @@ def validate_comparison_request(
 async def load_and_validate(
     deps: JobDeps, evaluation_id: str
 ) -> tuple[Evaluation, Evaluation, AnalysisModel]:
-    evaluation = await deps.repo.evaluation_get(evaluation_id)
+    evaluation = await deps.store.evaluation_get(evaluation_id)
     baseline = None
     if evaluation is not None:
-        baseline = await deps.repo.evaluation_find_baseline(evaluation)
+        baseline = await deps.store.evaluation_find_baseline(evaluation)
     model = validate_comparison_request(evaluation, evaluation_id, baseline, deps.models)
     assert evaluation is not None and baseline is not None
     return evaluation, baseline, model
@@ -114,7 +114,7 @@ async def load_and_validate(
 
 async def ensure_queued(deps: JobDeps, evaluation_id: str) -> tuple[Job | None, bool]:
     """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
-    return await deps.repo.job_ensure_queued(JobKind.COMPARISON, evaluation_id, deps.clock.now())
+    return await deps.store.job_ensure_queued(JobKind.COMPARISON, evaluation_id, deps.clock.now())
 
 
 async def validate(deps: JobDeps, evaluation_id: str) -> JobPlan:
@@ -130,15 +130,15 @@ async def validate(deps: JobDeps, evaluation_id: str) -> JobPlan:
 
 
 async def work_fn(deps: JobDeps, evaluation_id: str, plan: JobPlan) -> WorkResult:
-    evaluation = await deps.repo.evaluation_get(evaluation_id)
-    baseline = await deps.repo.evaluation_get(plan.data["baseline_evaluation_id"])
+    evaluation = await deps.store.evaluation_get(evaluation_id)
+    baseline = await deps.store.evaluation_get(plan.data["baseline_evaluation_id"])
     model = deps.models.get(plan.data["model"])
     if evaluation is None or baseline is None or model is None:
         raise RuntimeError("evaluation, baseline or model disappeared after validation")
     if baseline.status != EvaluationRecordStatus.COMPLETED:
         raise RuntimeError(f"baseline {baseline.evaluation_id!r} is no longer completed")
-    current_stats = compute_stats(await deps.repo.runs_of(evaluation_id))
-    baseline_stats = compute_stats(await deps.repo.runs_of(baseline.evaluation_id))
+    current_stats = compute_stats(await deps.store.runs_of(evaluation_id))
+    baseline_stats = compute_stats(await deps.store.runs_of(baseline.evaluation_id))
     comparison = {
         "evaluation_id": evaluation_id,
         "period": evaluation.period,

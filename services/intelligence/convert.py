@@ -7,7 +7,7 @@ from typing import Any
 
 from dispo.intelligence.evaluation_read_model import AnalysisView, ComparisonView
 from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus
-from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError, ValidationKind
+from dispo.intelligence.job_rules import Job, JobKind, JobStatus, JobValidationError, ValidationKind
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.errors import DomainError, FailedPrecondition, InvalidArgument, NotFound

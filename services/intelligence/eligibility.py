@@ -6,8 +6,8 @@ analysis starts the period comparison.
 
 from __future__ import annotations
 
+from dispo.intelligence.analysis_models import ModelRegistry
 from dispo.intelligence.evaluations import Evaluation
-from dispo.intelligence.models import ModelRegistry
 from dispo.libs.evaluation import Line
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dispo.intelligence.jobs import Job, JobKind, JobStatus
-from dispo.intelligence.repository import IntelligenceRepository
+from dispo.intelligence.job_rules import Job, JobKind, JobStatus
+from dispo.intelligence.store import IntelligenceStore
 from dispo.libs.errors import NotFound
 
 
@@ -33,25 +33,25 @@ class ComparisonView:
     narrative: str
 
 
-async def _job(repo: IntelligenceRepository, kind: JobKind, evaluation_id: str) -> Job:
-    job = await repo.job_get(kind, evaluation_id)
+async def _job(store: IntelligenceStore, kind: JobKind, evaluation_id: str) -> Job:
+    job = await store.job_get(kind, evaluation_id)
     if job is None:
         raise NotFound(f"no {kind.value} job for evaluation {evaluation_id!r}")
     return job
 
 
-async def load_analysis_view(repo: IntelligenceRepository, evaluation_id: str) -> AnalysisView:
-    job = await _job(repo, JobKind.ANALYSIS, evaluation_id)
+async def load_analysis_view(store: IntelligenceStore, evaluation_id: str) -> AnalysisView:
+    job = await _job(store, JobKind.ANALYSIS, evaluation_id)
     result = job.result if job.status == JobStatus.COMPLETED and job.result else {}
     return AnalysisView(job=job, stats=result.get("stats"), narrative=result.get("narrative", ""))
 
 
-async def load_comparison_view(repo: IntelligenceRepository, evaluation_id: str) -> ComparisonView:
-    job = await _job(repo, JobKind.COMPARISON, evaluation_id)
+async def load_comparison_view(store: IntelligenceStore, evaluation_id: str) -> ComparisonView:
+    job = await _job(store, JobKind.COMPARISON, evaluation_id)
     result = job.result if job.status == JobStatus.COMPLETED and job.result else {}
-    evaluation = await repo.evaluation_get(evaluation_id)
+    evaluation = await store.evaluation_get(evaluation_id)
     baseline_id = result.get("baseline_evaluation_id") or job.baseline_evaluation_id or ""
-    baseline = await repo.evaluation_get(baseline_id) if baseline_id else None
+    baseline = await store.evaluation_get(baseline_id) if baseline_id else None
     return ComparisonView(
         job=job,
         evaluation_id=evaluation_id,

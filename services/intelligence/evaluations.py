@@ -2,8 +2,8 @@
 
 An evaluation here is the pool's evaluation (same id) as this context records it; the
 evaluations of one ``series`` are its periods.
-The status machine is declared once here, checked by the repository's status writes, and
-mirrored by ``ck_evaluation_status`` (``repository.CHECKED_COLUMNS``).
+The status machine is declared once here, checked by the store's status writes, and
+mirrored by ``ck_evaluation_status`` (``store.CHECKED_COLUMNS``).
 """
 
 from __future__ import annotations

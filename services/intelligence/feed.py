@@ -5,10 +5,10 @@ Completing an evaluation hands it to the automatic trigger (``IntelligenceJobs``
 
 from __future__ import annotations
 
+from dispo.intelligence.analysis_models import ModelRegistry
 from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus, RunResult
-from dispo.intelligence.models import ModelRegistry
-from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.runtime import IntelligenceJobs
+from dispo.intelligence.store import IntelligenceStore
 from dispo.libs.clock import Clock
 from dispo.libs.errors import (
     FailedPrecondition,
@@ -24,25 +24,25 @@ log = get_logger(__name__)
 class EvaluationFeed:
     def __init__(
         self,
-        repo: IntelligenceRepository,
+        store: IntelligenceStore,
         models: ModelRegistry,
         clock: Clock,
         jobs: IntelligenceJobs,
     ) -> None:
-        self.repo = repo
+        self.store = store
         self.models = models
         self.clock = clock
         self.jobs = jobs
 
     async def get(self, evaluation_id: str) -> Evaluation:
-        evaluation = await self.repo.evaluation_get(evaluation_id)
+        evaluation = await self.store.evaluation_get(evaluation_id)
         if evaluation is None:
             raise NotFound(f"evaluation {evaluation_id!r} not found")
         return evaluation
 
     async def create(self, evaluation: Evaluation) -> tuple[Evaluation, bool]:
         """Register a running evaluation; the same registration again is a no-op."""
-        created = await self.repo.evaluation_insert(evaluation, self.clock.now())
+        created = await self.store.evaluation_insert(evaluation, self.clock.now())
         existing = await self.get(evaluation.evaluation_id)
         differing = None if created else existing.differing_field(evaluation)
         if differing is not None:
@@ -61,7 +61,7 @@ class EvaluationFeed:
         """Store run results of a running evaluation; ``(recorded, duplicates)``."""
         evaluation = await self.get(evaluation_id)
         if evaluation.is_terminal:
-            if await self.repo.runs_known([r.run_id for r in runs]) == len(
+            if await self.store.runs_known([r.run_id for r in runs]) == len(
                 {r.run_id for r in runs}
             ):
                 return 0, len(runs)  # a redelivered batch: all already stored
@@ -69,12 +69,12 @@ class EvaluationFeed:
                 f"evaluation {evaluation_id!r} is {evaluation.status.value}; run results are "
                 "accepted only while it is running"
             )
-        recorded = await self.repo.runs_insert(evaluation_id, runs, self.clock.now())
+        recorded = await self.store.runs_insert(evaluation_id, runs, self.clock.now())
         return recorded, len(runs) - recorded
 
     async def complete(self, evaluation_id: str, status: EvaluationRecordStatus) -> Evaluation:
         """running -> ``status``; repeating the same completion is a no-op."""
-        if await self.repo.evaluation_complete_if_running(evaluation_id, status, self.clock.now()):
+        if await self.store.evaluation_complete_if_running(evaluation_id, status, self.clock.now()):
             evaluation = await self.get(evaluation_id)
             log.info(
                 "evaluation finished",
@@ -101,7 +101,7 @@ class EvaluationFeed:
 
     async def assign_analysis_model(self, evaluation_id: str, model: str) -> Evaluation:
         self.require_registered_model(model)
-        if not await self.repo.evaluation_set_analysis_model(
+        if not await self.store.evaluation_set_analysis_model(
             evaluation_id, model or None, self.clock.now()
         ):
             raise NotFound(f"evaluation {evaluation_id!r} not found")

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from dispo.intelligence.jobs import describe_exception
+from dispo.intelligence.job_rules import describe_exception
 from dispo.libs.backoff import backoff
 from dispo.libs.clock import Clock
 

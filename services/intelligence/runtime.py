@@ -12,7 +12,8 @@ from datetime import timedelta
 from dispo.intelligence import analysis, comparison
 from dispo.intelligence.eligibility import auto_intelligence_eligible
 from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus
-from dispo.intelligence.intelligence_jobs import (
+from dispo.intelligence.job_rules import Job, JobKind, JobStatus, JobValidationError
+from dispo.intelligence.job_settlement import (
     JobAdapter,
     JobDeps,
     JobOutcome,
@@ -20,7 +21,6 @@ from dispo.intelligence.intelligence_jobs import (
     execute,
     recover_jobs,
 )
-from dispo.intelligence.jobs import Job, JobKind, JobStatus, JobValidationError
 from dispo.intelligence.registry import TaskRegistry
 from dispo.libs.logging import get_logger
 
@@ -60,7 +60,7 @@ class IntelligenceJobs:
     async def _run(self, kind: JobKind, evaluation_id: str) -> JobOutcome:
         outcome = await execute(kind, evaluation_id, self.deps, ADAPTERS[kind])
         if kind == JobKind.ANALYSIS and outcome == JobOutcome.COMPLETED:
-            evaluation = await self.deps.repo.evaluation_get(evaluation_id)
+            evaluation = await self.deps.store.evaluation_get(evaluation_id)
             if (
                 evaluation is not None
                 and auto_intelligence_eligible(evaluation, self.deps.models)
@@ -74,7 +74,7 @@ class IntelligenceJobs:
         is still running (its events may come after this one's, or the pool runs periods
         side by side): the lost-trigger sweep starts it once that period is done. A caller's
         trigger does not wait: it is answered with what is there now."""
-        waiting_for = await self.deps.repo.evaluation_baseline_to_come(evaluation)
+        waiting_for = await self.deps.store.evaluation_baseline_to_come(evaluation)
         if waiting_for is not None:
             log.info(
                 "automatic comparison waits for its baseline period",
@@ -101,7 +101,7 @@ class IntelligenceJobs:
     async def validate_request(self, kind: JobKind, evaluation_id: str) -> None:
         """The shared validation entry of ``kind``; raises ``JobValidationError``."""
         if kind == JobKind.ANALYSIS:
-            evaluation = await self.deps.repo.evaluation_get(evaluation_id)
+            evaluation = await self.deps.store.evaluation_get(evaluation_id)
             analysis.validate_analysis_request(evaluation, evaluation_id, self.deps.models)
         else:
             await comparison.load_and_validate(self.deps, evaluation_id)
@@ -109,7 +109,7 @@ class IntelligenceJobs:
     async def trigger(self, kind: JobKind, evaluation_id: str) -> tuple[Job, bool]:
         """A caller's trigger: validate, (re-)queue the row, start it. ``(job, started)``."""
         await self.validate_request(kind, evaluation_id)
-        job, changed = await self.deps.repo.job_ensure_queued(
+        job, changed = await self.deps.store.job_ensure_queued(
             kind, evaluation_id, self.deps.clock.now(), requeue_failed=True
         )
         if job is None:  # validated a moment ago; evaluations are never deleted
@@ -123,7 +123,7 @@ class IntelligenceJobs:
         sweep: other live replicas' rows are theirs (``recover_jobs``)."""
         now = self.deps.clock.now()
         report = await recover_jobs(
-            self.deps.repo,
+            self.deps.store,
             now,
             queued_idle=self.policy.queued_idle,
             generating_stale=self.policy.generating_stale,
@@ -143,7 +143,7 @@ class IntelligenceJobs:
             (JobKind.ANALYSIS, None),
             (JobKind.COMPARISON, JobKind.ANALYSIS),
         ):
-            for evaluation in await self.deps.repo.evaluations_completed_without_job(
+            for evaluation in await self.deps.store.evaluations_completed_without_job(
                 kind, prerequisite, self.policy.batch
             ):
                 if not auto_intelligence_eligible(evaluation, self.deps.models):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from dispo.intelligence.models import STATS_MODEL, ChatModelConfig
+from dispo.intelligence.analysis_models import STATS_MODEL, ChatModelConfig
 from dispo.intelligence.retries import RetryPolicy
 from dispo.intelligence.runtime import RecoveryPolicy
 from dispo.libs.settings import service_settings_config

@@ -12,8 +12,7 @@ from dispo.libs.periodic import Pause
 from dispo.libs.private_files import write_private
 from dispo.libs.service import Runtime, run_service
 from dispo.libs.stack.openclaw import ensure_openclaw
-from dispo.pool import repository as repo
-from dispo.pool import sweeps
+from dispo.pool import store, sweeps
 from dispo.pool.analysis_models import IntelligenceModels
 from dispo.pool.driver_calls import DriverCalls
 from dispo.pool.drivers import Driver
@@ -149,7 +148,7 @@ class SlotWakeups:
     async def _until_next_slot(self) -> float:
         now = self.pool.clock.now()
         async with self.pool.engine.connect() as conn:
-            due = await repo.evaluations_next_slot_at(conn, now)
+            due = await store.evaluations_next_slot_at(conn, now)
         if due is None:
             return self.settings.sweep_seconds
         return max(0.001, min(self.settings.sweep_seconds, (due - now).total_seconds()))
@@ -169,7 +168,7 @@ async def pool_samples(pool: Pool) -> list[metrics.Sample]:
 
 async def setup(rt: Runtime) -> None:
     settings = PoolSettings()
-    relay = rt.outbox_relay(repo.outbox, **relay_options(rt.bus))
+    relay = rt.outbox_relay(store.outbox, **relay_options(rt.bus))
     driver = await make_driver(settings, rt)
     pool = Pool(
         rt.engine,

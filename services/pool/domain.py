@@ -1,7 +1,7 @@
 """The cron pool's domain: evaluations, crons, the queue order, scaling and stuck policy.
 
-Plain data and pure functions only; SQL lives in :mod:`dispo.pool.repository`. The two
-state machines are declared here once; every guarded write in the repository checks its
+Plain data and pure functions only; SQL lives in :mod:`dispo.pool.store`. The two
+state machines are declared here once; every guarded write in the store checks its
 move against them first. The database mirrors the enums with the CHECK constraints in
 ``CHECKED_COLUMNS`` (``tests/pool/test_domain.py`` compares the migrated schema with them).
 """
@@ -149,7 +149,7 @@ class Schedule:
         elapsed = (now - self.window_start).total_seconds()
         if elapsed < 0:
             return -1
-        # Same arithmetic as the queue's SQL (repository.SLOT_SQL): elapsed × slots / window.
+        # Same arithmetic as the queue's SQL (store.SLOT_SQL): elapsed × slots / window.
         return min(self.slot_count - 1, math.floor(elapsed * self.slot_count / self.window_seconds))
 
     def runs_due(self, now: datetime) -> int:

@@ -21,7 +21,7 @@ from datetime import datetime
 from dispo.libs.errors import InvalidArgument, Unavailable
 from dispo.libs.logging import get_logger
 from dispo.libs.repairs import RepairKind
-from dispo.pool import repository as repo
+from dispo.pool import store
 from dispo.pool.domain import (
     TERMINAL,
     AssignmentEnd,
@@ -48,8 +48,8 @@ async def drift_view(pool: Pool) -> DriftView:
     await pool.driver.drain()  # state writes still in flight would look like drift
     driver_crons = await pool.driver.list()
     async with pool.engine.connect() as conn:
-        crons = await repo.crons_list(conn)
-        evaluations = await repo.evaluations_assigned_or_named(conn)
+        crons = await store.crons_list(conn)
+        evaluations = await store.evaluations_assigned_or_named(conn)
     return DriftView(pool.driver.name, crons, driver_crons, evaluations, pool.clock.now())
 
 
@@ -107,7 +107,7 @@ async def apply_repair(
     await pool.driver.drain()
     found = await pool.driver.find(cron_id)  # one cron, not the whole listing
     async with pool.engine.connect() as conn:
-        cron = await repo.cron_get(conn, cron_id)
+        cron = await store.cron_get(conn, cron_id)
     if kind is RepairKind.REMOVE_ORPHAN:
         if cron is not None or found is None:
             return False, "not an orphan any more"
@@ -157,7 +157,7 @@ async def apply_repair(
     if not evaluation_id:
         raise InvalidArgument("evaluation_id", "required for this repair")
     async with pool.engine.begin() as conn:
-        ev = await repo.evaluation_get(conn, evaluation_id, lock=True)
+        ev = await store.evaluation_get(conn, evaluation_id, lock=True)
         if ev is None:
             return False, "no such evaluation"
         if kind is RepairKind.RELEASE_FINISHED:
@@ -167,7 +167,7 @@ async def apply_repair(
                 and ev.status in TERMINAL
             ):
                 return False, "the cron no longer holds a finished evaluation"
-            applied = await repo.cron_release_if_holding(
+            applied = await store.cron_release_if_holding(
                 conn, cron_id, ev.id, AssignmentEnd.DRIFT, now, touch=False
             )
             detail = f"cron released from {ev.status.value} evaluation"
@@ -178,12 +178,12 @@ async def apply_repair(
             if ev.assigned_cron_id != cron_id or (cron_holds and driver_holds):
                 return False, "the assignment is consistent"
             if cron_holds:
-                applied = await repo.cron_release_if_holding(
+                applied = await store.cron_release_if_holding(
                     conn, cron_id, ev.id, AssignmentEnd.DRIFT, now, touch=False
                 )
             else:
-                applied = await repo.evaluation_unassign_if(conn, ev.id, cron_id, now)
-                await repo.assignment_end(conn, cron_id, ev.id, AssignmentEnd.DRIFT, now)
+                applied = await store.evaluation_unassign_if(conn, ev.id, cron_id, now)
+                await store.assignment_end(conn, cron_id, ev.id, AssignmentEnd.DRIFT, now)
             detail = "evaluation back in the queue"
         else:
             raise InvalidArgument("kind", f"unknown repair {kind!r}")

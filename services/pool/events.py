@@ -17,7 +17,7 @@ from dispo.libs.contracts import evaluations as contract
 from dispo.libs.evaluation import LINE_TO_PB, VERDICT_TO_PB
 from dispo.libs.outbox import DEFAULT_MAX_ATTEMPTS, OutboxRelay, outbox_add
 from dispo.libs.timestamps import to_timestamp
-from dispo.pool import repository as repo
+from dispo.pool import store
 from dispo.pool.domain import Evaluation, EvaluationStatus, RunResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -34,7 +34,7 @@ async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> N
     )
     await outbox_add(
         conn,
-        repo.outbox,
+        store.outbox,
         contract.EVALUATION_STARTED,
         contract.started_id(ev.id),
         message.SerializeToString(),
@@ -62,7 +62,7 @@ async def add_run_recorded(
     )
     await outbox_add(
         conn,
-        repo.outbox,
+        store.outbox,
         contract.EVALUATION_RUN_RECORDED,
         contract.run_recorded_id(run_id),
         message.SerializeToString(),
@@ -93,7 +93,7 @@ async def add_completed(
     )
     await outbox_add(
         conn,
-        repo.outbox,
+        store.outbox,
         contract.EVALUATION_COMPLETED,
         contract.completed_id(evaluation_id),
         message.SerializeToString(),
@@ -121,14 +121,14 @@ def outbox_relay(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> OutboxRelay:
     """The pool's relay (:func:`relay_options`) outside a service process (the service's
-    is ``rt.outbox_relay(repo.outbox, **relay_options(rt.bus))``, with its gauges). Like
+    is ``rt.outbox_relay(store.outbox, **relay_options(rt.bus))``, with its gauges). Like
     every relay it deletes the rows it published (the stream keeps them), waits on
     ``clock``, and quarantines a row after ``max_attempts`` failed publications (the events
     behind it then go on). Kick it after a commit (Pool's ``on_commit``); it polls as a
     fallback."""
     return OutboxRelay(
         engine,
-        repo.outbox,
+        store.outbox,
         bus,
         clock=clock,
         max_attempts=max_attempts,

@@ -16,8 +16,7 @@ from dispo.libs.egress import AllowList
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound, repeated_differently
 from dispo.libs.logging import get_logger
 from dispo.libs.metrics import age_seconds
-from dispo.pool import events
-from dispo.pool import repository as repo
+from dispo.pool import events, store
 from dispo.pool.analysis_models import AnalysisModels, NoAnalysisModels, require_registered
 from dispo.pool.domain import (
     EVALUATION_TRANSITIONS,
@@ -64,8 +63,8 @@ class Load:
 
 
 async def _load(conn: AsyncConnection, now: datetime) -> Load:
-    counts = await repo.cron_counts(conn)
-    depth, oldest = await repo.queue_depth(conn, now)
+    counts = await store.cron_counts(conn)
+    depth, oldest = await store.queue_depth(conn, now)
     return Load(counts, depth, int(age_seconds(now, oldest)))
 
 
@@ -122,7 +121,7 @@ class Pool:
     async def cron_driver_state(self, cron_id: str) -> dict | None:
         """The driver state of a cron as the database has it now (None: no such cron)."""
         async with self.engine.connect() as conn:
-            cron = await repo.cron_get(conn, cron_id)
+            cron = await store.cron_get(conn, cron_id)
         return cron.driver_state() if cron is not None else None
 
     async def write_driver_state(self, cron_id: str) -> None:
@@ -138,8 +137,8 @@ class Pool:
         """Wake as many idle crons as there are queue items (event-driven; the tick is the fallback)."""
         now = self.clock.now()
         async with self.engine.connect() as conn:
-            depth, _ = await repo.queue_depth(conn, now)
-            crons = await repo.crons_idle_to_wake(conn, depth) if depth else []
+            depth, _ = await store.queue_depth(conn, now)
+            crons = await store.crons_idle_to_wake(conn, depth) if depth else []
         for cron_id in crons:
             try:
                 await self.driver.trigger(cron_id)
@@ -148,7 +147,7 @@ class Pool:
         return len(crons)
 
     async def bounds(self, conn: AsyncConnection) -> tuple[int, int]:
-        return await repo.bounds_get(conn, (self.policy.min_size, self.policy.max_size))
+        return await store.bounds_get(conn, (self.policy.min_size, self.policy.max_size))
 
     # --- evaluations -------------------------------------------------------------------
 
@@ -159,9 +158,9 @@ class Pool:
         await require_registered(ev.analysis_model, self.analysis_models)
         now = self.clock.now()
         async with self.engine.begin() as conn:
-            created = await repo.evaluation_insert(conn, ev, now)
+            created = await store.evaluation_insert(conn, ev, now)
             if created is None:  # a repeat: the same request is answered with what exists
-                existing = await repo.evaluation_get(conn, ev.id)
+                existing = await store.evaluation_get(conn, ev.id)
                 assert existing is not None  # evaluations are never deleted
                 differing = existing.differing_field(ev)
                 if differing is not None:
@@ -174,7 +173,7 @@ class Pool:
 
     async def get_evaluation(self, evaluation_id: str) -> Evaluation:
         async with self.engine.connect() as conn:
-            ev = await repo.evaluation_get(conn, evaluation_id)
+            ev = await store.evaluation_get(conn, evaluation_id)
         if ev is None:
             raise NotFound(f"evaluation {evaluation_id!r} not found")
         return ev
@@ -182,7 +181,7 @@ class Pool:
     async def _locked(self, conn: AsyncConnection, evaluation_id: str) -> Evaluation:
         if not evaluation_id:
             raise InvalidArgument("evaluation_id", "required")
-        ev = await repo.evaluation_get(conn, evaluation_id, lock=True)
+        ev = await store.evaluation_get(conn, evaluation_id, lock=True)
         if ev is None:
             raise NotFound(f"evaluation {evaluation_id!r} not found")
         return ev
@@ -198,16 +197,16 @@ class Pool:
                 )
             freed = ev.assigned_cron_id
             if freed:
-                await repo.cron_release_if_holding(
+                await store.cron_release_if_holding(
                     conn, freed, ev.id, AssignmentEnd.CANCELLED, now, touch=False
                 )
-            if not await repo.evaluation_set_status_if(conn, ev.id, allowed, new, now):
+            if not await store.evaluation_set_status_if(conn, ev.id, allowed, new, now):
                 raise FailedPrecondition(f"evaluation {ev.id} changed concurrently")
             if new is EvaluationStatus.CANCELLED:
                 await events.add_completed(
                     conn, ev.id, EvaluationStatus.CANCELLED, ev.runs_done, now
                 )
-            result = await repo.evaluation_get(conn, ev.id)
+            result = await store.evaluation_get(conn, ev.id)
         self.on_commit()
         if freed:
             await self.write_driver_state(freed)
@@ -227,10 +226,10 @@ class Pool:
             if ev.status is not EvaluationStatus.PAUSED:
                 raise FailedPrecondition(f"evaluation {ev.id} is {ev.status.value}, not paused")
             target = EvaluationStatus.EXECUTING if ev.started_at else EvaluationStatus.QUEUED
-            await repo.evaluation_set_status_if(
+            await store.evaluation_set_status_if(
                 conn, ev.id, (EvaluationStatus.PAUSED,), target, now
             )
-            result = await repo.evaluation_get(conn, ev.id)
+            result = await store.evaluation_get(conn, ev.id)
         self.on_schedule_change()
         await self.wake_idle_crons()
         assert result is not None
@@ -241,9 +240,9 @@ class Pool:
             raise InvalidArgument("priority_boost", "must be in 0..1000")
         async with self.engine.begin() as conn:
             await self._locked(conn, evaluation_id)
-            if not await repo.evaluation_set_boost(conn, evaluation_id, boost):
+            if not await store.evaluation_set_boost(conn, evaluation_id, boost):
                 raise FailedPrecondition(f"evaluation {evaluation_id} is finished")
-            result = await repo.evaluation_get(conn, evaluation_id)
+            result = await store.evaluation_get(conn, evaluation_id)
         self.on_schedule_change()
         await self.wake_idle_crons()
         assert result is not None
@@ -261,13 +260,13 @@ class Pool:
             # Lock order everywhere: evaluation row, then cron row (the claim never waits on
             # an evaluation: SKIP LOCKED), so wakes, recordings, sweeps and operator commands
             # cannot deadlock one another.
-            seen = await repo.cron_get(conn, cron_id)
+            seen = await store.cron_get(conn, cron_id)
             if seen is None:
                 raise NotFound(f"cron {cron_id!r} not found")
             held = None
             if seen.status is CronStatus.BUSY and seen.evaluation_id:
-                held = await repo.evaluation_get(conn, seen.evaluation_id, lock=True)
-            cron = await repo.cron_touch_if_live(conn, cron_id, now)
+                held = await store.evaluation_get(conn, seen.evaluation_id, lock=True)
+            cron = await store.cron_touch_if_live(conn, cron_id, now)
             if cron is None:
                 raise FailedPrecondition(f"cron {cron_id} is {seen.status.value}")
             result: WakeResult | None = None
@@ -277,17 +276,17 @@ class Pool:
                 if owed and ev:
                     result = WakeResult(ev, ev.runs_done, owed)
                 elif ev is not None:  # nothing owed now: back to the pool, then take the top item
-                    await repo.cron_release_if_holding(
+                    await store.cron_release_if_holding(
                         conn, cron_id, cron.evaluation_id, AssignmentEnd.DONE, now
                     )
                     changed = let_go = True
                 else:  # it changed hands while we looked: report, change nothing
-                    current = await repo.evaluation_get(conn, cron.evaluation_id)
+                    current = await store.evaluation_get(conn, cron.evaluation_id)
                     return WakeResult(
                         current, current.runs_done if current else 0, self._owed(current, now)
                     )
             if result is None:
-                claim = await repo.evaluation_claim_top_for_cron(conn, cron_id, now)
+                claim = await store.evaluation_claim_top_for_cron(conn, cron_id, now)
                 if claim is None:
                     result = WakeResult(None)
                 else:
@@ -325,7 +324,7 @@ class Pool:
         released = let_go = False
         async with self.engine.begin() as conn:
             ev = await self._locked(conn, evaluation_id)
-            if await repo.run_exists(conn, ev.id, run_index):
+            if await store.run_exists(conn, ev.id, run_index):
                 return self._after(ev, cron_id, now, duplicate=True, run_index=run_index)
             if run_index >= ev.schedule.runs_total:
                 raise InvalidArgument(
@@ -339,17 +338,17 @@ class Pool:
                 raise FailedPrecondition(f"cron {cron_id} does not hold evaluation {ev.id}")
             if ev.runs_done != run_index:
                 raise FailedPrecondition(f"next run of {ev.id} is {ev.runs_done}, not {run_index}")
-            if not await repo.run_record_if_next(
+            if not await store.run_record_if_next(
                 conn, ev, cron_id, run_index, case_id, result, now
             ):
                 raise FailedPrecondition(f"cron {cron_id} lost evaluation {ev.id}")
             await events.add_run_recorded(conn, ev.id, ev.run_id(run_index), case_id, result, now)
             ev = replace(ev, runs_done=run_index + 1)
             if ev.runs_done >= ev.schedule.runs_total:
-                await repo.cron_release_if_holding(
+                await store.cron_release_if_holding(
                     conn, cron_id, ev.id, AssignmentEnd.COMPLETED, now
                 )
-                await repo.evaluation_set_status_if(
+                await store.evaluation_set_status_if(
                     conn, ev.id, (EvaluationStatus.EXECUTING,), EvaluationStatus.COMPLETED, now
                 )
                 await events.add_completed(
@@ -358,9 +357,9 @@ class Pool:
                 released = True
                 log.info("evaluation completed", evaluation_id=ev.id, cron_id=cron_id)
             elif ev.schedule.debt(now, ev.runs_done) == 0:
-                await repo.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DONE, now)
+                await store.cron_release_if_holding(conn, cron_id, ev.id, AssignmentEnd.DONE, now)
                 released = let_go = True
-            final = await repo.evaluation_get(conn, ev.id)
+            final = await store.evaluation_get(conn, ev.id)
         self.on_commit()
         if let_go:  # it waits for its next slot: when that falls due is worked out again
             self.on_schedule_change()
@@ -394,7 +393,7 @@ class Pool:
         now = self.clock.now()
         async with self.engine.begin() as conn:
             if cron_id:
-                cron = await repo.cron_get(conn, cron_id)
+                cron = await store.cron_get(conn, cron_id)
                 if cron is None:
                     raise NotFound(f"cron {cron_id!r} not found")
                 evaluation_id = cron.evaluation_id or ""
@@ -404,7 +403,7 @@ class Pool:
             if (
                 not cron_id
                 or not evaluation_id
-                or not await repo.cron_release_if_holding(
+                or not await store.cron_release_if_holding(
                     conn, cron_id, evaluation_id, reason, now, touch=False
                 )
             ):
@@ -422,7 +421,7 @@ class Pool:
         if not min_size <= max_size <= 100:
             raise InvalidArgument("max_size", "must be in min_size..100")
         async with self.engine.begin() as conn:
-            await repo.bounds_set(conn, min_size, max_size)
+            await store.bounds_set(conn, min_size, max_size)
 
     async def load(self) -> Load:
         """The crons and the queue (two indexed reads; the metrics' scrape-time reading)."""
@@ -434,7 +433,7 @@ class Pool:
         async with self.engine.connect() as conn:
             load = await _load(conn, self.clock.now())
             lo, hi = await self.bounds(conn)
-            stuck = await repo.evaluation_count_by_status(conn, EvaluationStatus.STUCK)
+            stuck = await store.evaluation_count_by_status(conn, EvaluationStatus.STUCK)
         return Status(
             self.driver.name,
             load.counts,
@@ -447,4 +446,4 @@ class Pool:
 
     async def crons(self) -> list[Cron]:
         async with self.engine.connect() as conn:
-            return await repo.crons_list(conn)
+            return await store.crons_list(conn)

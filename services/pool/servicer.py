@@ -14,8 +14,7 @@ from dispo.libs.evaluation import LINE_FROM_PB, LINE_TO_PB, verdict_from_pb
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.repairs import repair_kind_from_pb
 from dispo.libs.timestamps import to_timestamp
-from dispo.pool import drift
-from dispo.pool import repository as repo
+from dispo.pool import drift, store
 from dispo.pool.convert import RULE_KIND_TO_PB, assignment_end, rule_kind
 from dispo.pool.domain import (
     Cron,
@@ -159,7 +158,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
 
     async def ListAssignments(self, request, context) -> pb.ListAssignmentsResponse:
         async with self.pool.engine.connect() as conn:
-            rows = await repo.assignments_list(
+            rows = await store.assignments_list(
                 conn, request.cron_id, request.evaluation_id, min(request.limit or 100, 1000)
             )
         return pb.ListAssignmentsResponse(
@@ -179,7 +178,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
     async def ListQueue(self, request, context) -> pb.ListQueueResponse:
         now = self.pool.clock.now()
         async with self.pool.engine.connect() as conn:
-            keys = await repo.queue_list(conn, now, min(request.limit or 100, 1000))
+            keys = await store.queue_list(conn, now, min(request.limit or 100, 1000))
         return pb.ListQueueResponse(
             items=[
                 pb.QueueItem(
@@ -196,7 +195,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
 
     async def ListResizes(self, request, context) -> pb.ListResizesResponse:
         async with self.pool.engine.connect() as conn:
-            rows = await repo.resizes_list(conn, min(request.limit or 100, 1000))
+            rows = await store.resizes_list(conn, min(request.limit or 100, 1000))
         return pb.ListResizesResponse(
             resizes=[
                 pb.Resize(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from dispo.libs import metrics
 from dispo.libs.logging import get_logger
-from dispo.pool import repository as repo
+from dispo.pool import store
 from dispo.pool.domain import AssignmentEnd, CronStatus, EvaluationStatus, plan_resize
 from dispo.pool.operations import Pool, new_cron_id
 
@@ -43,7 +43,7 @@ async def create_cron(pool: Pool) -> str:
 async def _cron_row(pool: Pool) -> str:
     cron_id = new_cron_id()
     async with pool.engine.begin() as conn:
-        await repo.cron_insert(conn, cron_id, pool.clock.now())
+        await store.cron_insert(conn, cron_id, pool.clock.now())
     return cron_id
 
 
@@ -62,7 +62,7 @@ async def remove_cron(pool: Pool, cron_id: str, expected: CronStatus) -> bool:
     """Delete a cron in the expected status from the DB now, from the driver beside the
     caller (a failure: the drift check removes the orphan)."""
     async with pool.engine.begin() as conn:
-        if not await repo.cron_delete_if(conn, cron_id, expected):
+        if not await store.cron_delete_if(conn, cron_id, expected):
             return False
     pool.driver_calls.submit("remove", cron_id, lambda: pool.driver.remove(cron_id))
     return True
@@ -73,18 +73,18 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
     cutoff = now - pool.policy.stuck_after
     report = StuckReport()
     async with pool.engine.begin() as conn:
-        for cron in await repo.crons_silent_before(conn, cutoff, batch):
+        for cron in await store.crons_silent_before(conn, cutoff, batch):
             if cron.evaluation_id:  # lock order: the evaluation, then the cron
-                await repo.evaluation_get(conn, cron.evaluation_id, lock=True)
-            if not await repo.cron_mark_stuck_if_silent(conn, cron, cutoff):
+                await store.evaluation_get(conn, cron.evaluation_id, lock=True)
+            if not await store.cron_mark_stuck_if_silent(conn, cron, cutoff):
                 continue  # it woke up meanwhile
             report.stuck_crons.append(cron.id)
             metrics.cron_stuck()
             if cron.evaluation_id:
-                await repo.evaluation_unassign_if(
+                await store.evaluation_unassign_if(
                     conn, cron.evaluation_id, cron.id, now, EvaluationStatus.STUCK
                 )
-                await repo.assignment_end(
+                await store.assignment_end(
                     conn, cron.id, cron.evaluation_id, AssignmentEnd.STUCK, now
                 )
                 report.stuck_evaluations.append(cron.evaluation_id)
@@ -94,15 +94,15 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
                 evaluation_id=cron.evaluation_id,
                 last_activity=cron.last_activity.isoformat(),
             )
-        stuck_left = await repo.cron_ids_with_status(conn, CronStatus.STUCK)
+        stuck_left = await store.cron_ids_with_status(conn, CronStatus.STUCK)
     # Remove every stuck cron (also ones a crash left behind) and replace it.
     for cron_id in stuck_left:
         if await remove_cron(pool, cron_id, CronStatus.STUCK):
             report.replacements[cron_id] = await _cron_row(pool)
     if report.replacements:
         async with pool.engine.begin() as conn:
-            size = sum((await repo.cron_counts(conn)).values())
-            await repo.resize_record(
+            size = sum((await store.cron_counts(conn)).values())
+            await store.resize_record(
                 conn, size, size, f"replaced {len(report.replacements)} stuck", now
             )
     # Hand each stuck evaluation to a fresh cron at once; the driver creates the
@@ -113,7 +113,7 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
             break
         cron_id = spare.pop(0)
         async with pool.engine.begin() as conn:
-            claim = await repo.evaluation_claim_top_for_cron(conn, cron_id, now, evaluation_id)
+            claim = await store.evaluation_claim_top_for_cron(conn, cron_id, now, evaluation_id)
         if claim is not None:
             report.handed_over[evaluation_id] = cron_id
     for cron_id in report.replacements.values():
@@ -126,9 +126,9 @@ async def hold_sweep(pool: Pool, batch: int = 100) -> list[str]:
     now = pool.clock.now()
     released = []
     async with pool.engine.begin() as conn:
-        held = await repo.evaluations_held_longer_than(conn, now - pool.policy.hold_limit, batch)
+        held = await store.evaluations_held_longer_than(conn, now - pool.policy.hold_limit, batch)
         for evaluation_id, cron_id in held:
-            if await repo.cron_release_if_holding(
+            if await store.cron_release_if_holding(
                 conn, cron_id, evaluation_id, AssignmentEnd.FORCE_RELEASED, now, touch=False
             ):
                 released.append(evaluation_id)
@@ -146,7 +146,7 @@ async def scale_sweep(pool: Pool) -> int:
     """Apply one resize decision; returns the change in live crons."""
     now = pool.clock.now()
     async with pool.engine.connect() as conn:
-        counts = await repo.cron_counts(conn)
+        counts = await store.cron_counts(conn)
         lo, hi = await pool.bounds(conn)
     policy = replace(pool.policy, min_size=lo, max_size=hi)
     busy, idle = counts[CronStatus.BUSY], counts[CronStatus.IDLE]
@@ -160,13 +160,13 @@ async def scale_sweep(pool: Pool) -> int:
         changed = plan.delta
     else:
         async with pool.engine.connect() as conn:
-            victims = await repo.crons_idle_for_removal(conn, -plan.delta)
+            victims = await store.crons_idle_for_removal(conn, -plan.delta)
         for cron_id in victims:
             if await remove_cron(pool, cron_id, CronStatus.IDLE):
                 changed -= 1
     if changed:
         async with pool.engine.begin() as conn:
-            await repo.resize_record(conn, busy + idle, busy + idle + changed, plan.reason, now)
+            await store.resize_record(conn, busy + idle, busy + idle + changed, plan.reason, now)
         log.info(
             "pool resized", from_size=busy + idle, to_size=busy + idle + changed, reason=plan.reason
         )
@@ -177,4 +177,4 @@ async def grace_after_restart(pool: Pool) -> int:
     """Called once when the pool service starts: crons could not wake while it was down, so
     their silence is not held against them (a dead worker is still caught 10 minutes later)."""
     async with pool.engine.begin() as conn:
-        return await repo.crons_touch_all_live(conn, pool.clock.now())
+        return await store.crons_touch_all_live(conn, pool.clock.now())

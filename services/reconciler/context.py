@@ -16,8 +16,8 @@ from dispo.libs.clock import Clock
 from dispo.libs.egress import AllowList
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
-from dispo.reconciler.config import ReconcilerSettings, RecoveryConfig
-from dispo.reconciler.in_flight import InFlight
+from dispo.reconciler.completion.in_flight import InFlight
+from dispo.reconciler.settings import ReconcilerSettings, RecoveryConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 

@@ -13,8 +13,8 @@ from dispo.libs.proto_enums import from_short_name, short_name
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.validation import bounded
 from dispo.reconciler import envelope as E
+from dispo.reconciler.recovery.store import Filter, RecoveryRow
 from dispo.reconciler.states import WORK_KIND_OF, WORK_KIND_STATES, RecoveryState, WorkKind
-from dispo.reconciler.store import Filter, RecoveryRow
 
 if TYPE_CHECKING:  # the stubs' generic wrapper; at run time protobuf's EnumTypeWrapper
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper

@@ -15,8 +15,10 @@ from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Handler, Nak, Term
 from dispo.libs.contracts import tasks
 from dispo.libs.logging import bind_ids
 from dispo.libs.tracing import current
-from dispo.reconciler import arbitration, completion, recovery
+from dispo.reconciler.arbitration import arbiter
+from dispo.reconciler.completion import facts
 from dispo.reconciler.context import Context
+from dispo.reconciler.recovery import redrive
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
@@ -63,13 +65,13 @@ def consumers(
 
     def park(kind: str) -> Callable[[task_pb2.Task], Awaitable[bool]]:
         async def work(env: task_pb2.Task) -> bool:
-            return not env.nodes or await recovery.intake(ctx, env, kind)
+            return not env.nodes or await redrive.intake(ctx, env, kind)
 
         return work
 
     finished: Batcher[tuple[task_pb2.Task, str | None], bool] = Batcher(
         "finished facts",
-        lambda items: completion.on_statuses(ctx, [e for e, _ in items], [t for _, t in items]),
+        lambda items: facts.on_statuses(ctx, [e for e, _ in items], [t for _, t in items]),
         max_items=FINISHED_BATCH,
         isolate=True,  # a terminal snapshot that cannot be recorded fails alone
         observe=metrics.group_commit_flushes("finished facts"),
@@ -109,7 +111,7 @@ def consumers(
                 subject=tasks.TASK_CREATE,
                 ack_wait=ack_wait,
                 gather=gather,
-                handler=guard(handler(lambda env: arbitration.on_create(ctx, env))),
+                handler=guard(handler(lambda env: arbiter.on_create(ctx, env))),
             ),
         ),
         (

@@ -10,11 +10,11 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth import business_filter, business_scope, require_visible
 from dispo.libs.errors import InvalidArgument, NotFound
-from dispo.reconciler import arbitration_store as arb
-from dispo.reconciler import completion_store as cs
 from dispo.reconciler import convert as cv
-from dispo.reconciler import operations, release, settlement, store
+from dispo.reconciler.arbitration import store as arb
+from dispo.reconciler.completion import store as cs
 from dispo.reconciler.context import Context
+from dispo.reconciler.recovery import operations, release, settlement, store
 from dispo.reconciler.sweeps import run_sweeps
 
 

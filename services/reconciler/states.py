@@ -1,5 +1,5 @@
 """State machines of the reconciler, declared once. Every guarded write checks its move
-against these tables first (``store``, ``completion_store``, ``arbitration_store``). The
+against these tables first (each package's ``store``: recovery, completion, arbitration). The
 database mirrors the enums with the CHECK constraints listed in ``CHECKED_COLUMNS``;
 ``tests/reconciler/test_recovery_states.py`` compares the migrated schema with the enums,
 so a state added here without a migration fails it. Stored values are the member names

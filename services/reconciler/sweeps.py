@@ -7,14 +7,14 @@ from collections.abc import Awaitable, Callable
 
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.periodic import Pause, Periodic
-from dispo.reconciler.age_limits import expire_sweep
-from dispo.reconciler.arbitration import arbitrate_sweep
-from dispo.reconciler.compensation import compensate_sweep
-from dispo.reconciler.completion import notify_sweep, reconcile_sweep
+from dispo.reconciler.arbitration.arbiter import arbitrate_sweep
+from dispo.reconciler.arbitration.compensation import compensate_sweep
+from dispo.reconciler.completion.facts import notify_sweep, reconcile_sweep
 from dispo.reconciler.context import Context
-from dispo.reconciler.recovery import redrive_sweep
-from dispo.reconciler.release import health_sweep, release_sweep
-from dispo.reconciler.settlement import settle_sweep
+from dispo.reconciler.recovery.age_limits import expire_sweep
+from dispo.reconciler.recovery.redrive import redrive_sweep
+from dispo.reconciler.recovery.release import health_sweep, release_sweep
+from dispo.reconciler.recovery.settlement import settle_sweep
 
 SWEEPS: dict[str, Callable[[Context], Awaitable[int]]] = {
     "arbitrate": arbitrate_sweep,

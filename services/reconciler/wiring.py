@@ -9,12 +9,13 @@ from dispo.libs.auth.signing import configured_key
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
 from dispo.libs.service import Runtime
-from dispo.reconciler import store
-from dispo.reconciler.config import ReconcilerSettings, load_config
 from dispo.reconciler.context import Context
 from dispo.reconciler.http_client import http_client
 from dispo.reconciler.intake import consumers
+from dispo.reconciler.outbox import outbox
+from dispo.reconciler.recovery import store
 from dispo.reconciler.servicer import ReconcilerServicer
+from dispo.reconciler.settings import ReconcilerSettings, load_config
 from dispo.reconciler.states import WORK_KIND_STATES
 from dispo.reconciler.sweeps import sweep_parts
 
@@ -31,7 +32,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     config = load_config(settings)
     await ensure_streams(rt.bus)
     http = rt.close_on_stop(http_client(), name="http client")
-    relay = rt.outbox_relay(store.outbox)
+    relay = rt.outbox_relay(outbox)
     ctx = Context(
         rt.engine,
         rt.clock,

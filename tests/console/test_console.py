@@ -24,6 +24,7 @@ import httpx
 import pytest
 from aiohttp import web
 from dispo.console.backend import Backend
+from dispo.console.settings import ConsoleSettings
 from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
@@ -31,7 +32,6 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.sdk import CellSpec
-from dispo.libs.settings import ConsoleSettings
 from dispo.libs.stack.nats import free_port
 from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
 from pipeline_fixtures import TEST_CATALOGUE, Pipeline

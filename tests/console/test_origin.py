@@ -2,7 +2,7 @@
 
 import pytest
 from dispo.console.origin import console_hosts, known_host, same_origin
-from dispo.libs.settings import ConsoleSettings
+from dispo.console.settings import ConsoleSettings
 
 HOST = "127.0.0.1:8180"
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from dispo.gateway import repository as repo
+from dispo.gateway import store
 from dispo.gateway.expand import Limits
-from dispo.gateway.service import Gateway
+from dispo.gateway.operations import Gateway
 from dispo.libs.catalogue import load_catalogue
 from dispo.libs.clock import SystemClock
 from dispo.libs.outbox import OutboxRelay
@@ -17,7 +17,7 @@ async def make_gateway(service_engine, bus, catalogue_file):
     catalogue = load_catalogue(catalogue_file)
 
     def make(watch_poll_interval: float = 0.5, **options) -> Gateway:
-        relay = OutboxRelay(engine, repo.outbox, bus)  # kicked, not run: rows stay unsent
+        relay = OutboxRelay(engine, store.outbox, bus)  # kicked, not run: rows stay unsent
         return Gateway(
             engine, relay, catalogue, Limits(), SystemClock(), watch_poll_interval, **options
         )

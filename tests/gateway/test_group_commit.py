@@ -10,7 +10,7 @@ import random
 from collections import defaultdict
 
 from dispo.gateway.expand import CellRequest, Submission
-from dispo.gateway.service import Accepted, Gateway
+from dispo.gateway.operations import Accepted, Gateway
 from dispo.libs.contracts import tasks
 from dispo.libs.db import database_unreachable
 from dispo.libs.errors import FailedPrecondition

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import asdict, fields
 
 from dispo.gateway.expand import CellRequest, Submission
-from dispo.gateway.service import request_hash
+from dispo.gateway.operations import request_hash
 from dispo.libs.payload import canonical_json
 from hypothesis import given
 from hypothesis import strategies as st

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from dispo.gateway.expand import CellRequest, Submission
-from dispo.gateway.service import Gateway
+from dispo.gateway.operations import Gateway
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from dispo.intelligence.analysis_models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.app import Intelligence, build
 from dispo.intelligence.evaluations import EvaluationRecordStatus, new_evaluation, new_run_result
-from dispo.intelligence.models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs.clock import Clock, ManualClock
 from support import eventually

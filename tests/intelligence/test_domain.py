@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from dispo.intelligence.analysis_models import ModelRegistry, StatsModel
 from dispo.intelligence.comparison import diff_stats, metric_delta
 from dispo.intelligence.eligibility import auto_intelligence_eligible
 from dispo.intelligence.evaluations import (
@@ -11,13 +12,12 @@ from dispo.intelligence.evaluations import (
     new_evaluation,
     new_run_result,
 )
-from dispo.intelligence.jobs import (
+from dispo.intelligence.job_rules import (
     MAX_QUEUED_RECOVERY_ATTEMPTS,
     TRANSITIONS,
     JobStatus,
     can_transition,
 )
-from dispo.intelligence.models import ModelRegistry, StatsModel
 from dispo.intelligence.stats import compute_stats, failure_signature, percentile
 from dispo.libs.error_text import ERROR_TEXT_LIMIT, truncate_error
 from dispo.libs.errors import InvalidArgument

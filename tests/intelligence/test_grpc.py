@@ -7,9 +7,9 @@ import json
 import grpc
 import pytest
 from dispo.intelligence import analysis, comparison
-from dispo.intelligence.intelligence_jobs import execute
-from dispo.intelligence.jobs import JobKind
-from dispo.intelligence.models import ModelRegistry
+from dispo.intelligence.analysis_models import ModelRegistry
+from dispo.intelligence.job_rules import JobKind
+from dispo.intelligence.job_settlement import execute
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from google.rpc import error_details_pb2
@@ -141,7 +141,7 @@ async def test_validation_wording_is_identical_in_the_grpc_error_and_the_failed_
         await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="nm"))
     await execute(JobKind.ANALYSIS, "nm", app.jobs.deps, analysis.ANALYSIS)
 
-    job = await app.repo.job_get(JobKind.ANALYSIS, "nm")
+    job = await app.store.job_get(JobKind.ANALYSIS, "nm")
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.details() == job.error
     assert "assign an analysis model to the evaluation" in job.error
@@ -153,11 +153,11 @@ async def test_running_evaluation_wording_is_identical_too(app, serve_app):
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.TriggerComparison(pb.TriggerJobRequest(evaluation_id="live"))
-    assert await app.repo.job_get(JobKind.COMPARISON, "live") is None  # refused: nothing changed
+    assert await app.store.job_get(JobKind.COMPARISON, "live") is None  # refused: nothing changed
     await execute(JobKind.COMPARISON, "live", app.jobs.deps, comparison.COMPARISON)
 
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    row = await app.repo.job_get(JobKind.COMPARISON, "live")
+    row = await app.store.job_get(JobKind.COMPARISON, "live")
     assert (
         caught.value.details()
         == row.error

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from dispo.intelligence.analysis_models import ModelRegistry, StatsModel
 from dispo.intelligence.evaluations import EvaluationRecordStatus
-from dispo.intelligence.jobs import JobKind, JobStatus
-from dispo.intelligence.models import ModelRegistry, StatsModel
+from dispo.intelligence.job_rules import JobKind, JobStatus
 from dispo.libs.clock import ManualClock
 from support import eventually
 
@@ -54,7 +54,7 @@ async def heartbeat_lands(app, clock, evaluation_id: str, seconds: float = 60) -
     clock.advance(seconds)
     now = clock.now()
     await eventually(
-        lambda: app.repo.job_get(ANALYSIS, evaluation_id),
+        lambda: app.store.job_get(ANALYSIS, evaluation_id),
         lambda job: job.heartbeat_at == now and clock.waiting >= 1,
         wanted=f"a heartbeat at {now}",
         describe=lambda job: f"heartbeat_at={job.heartbeat_at}, clock waiters={clock.waiting}",
@@ -73,7 +73,7 @@ async def test_a_generation_longer_than_the_takeover_age_stays_with_its_live_own
     )
     await owner.jobs.trigger(ANALYSIS, "long")
     await model.entered.wait()
-    claimed = await owner.repo.job_get(ANALYSIS, "long")
+    claimed = await owner.store.job_get(ANALYSIS, "long")
     assert claimed.status == JobStatus.GENERATING
 
     for _ in range(20):  # twenty minutes of generation; the takeover age is fifteen
@@ -81,12 +81,12 @@ async def test_a_generation_longer_than_the_takeover_age_stays_with_its_live_own
         report = await other.jobs.recover()  # the other replica's sweep
         assert report.requeued == [] and report.failed == []
 
-    job = await owner.repo.job_get(ANALYSIS, "long")
+    job = await owner.store.job_get(ANALYSIS, "long")
     assert job.status == JobStatus.GENERATING and job.claim_token == claimed.claim_token
     assert job.recovery_attempts == 0
     model.gate.set()
     await owner.jobs.wait_idle()
-    final = await owner.repo.job_get(ANALYSIS, "long")
+    final = await owner.store.job_get(ANALYSIS, "long")
     assert final.status == JobStatus.COMPLETED and final.attempts == 1
     assert final.result["narrative"] == "late but sound"
     assert model.calls == 1 and other_model.calls == 0
@@ -105,7 +105,7 @@ async def test_a_claim_whose_owner_stopped_beating_is_taken_over_once_stale(repl
     )
     await owner.jobs.trigger(ANALYSIS, "lost")
     await model.entered.wait()
-    claimed = await owner.repo.job_get(ANALYSIS, "lost")
+    claimed = await owner.store.job_get(ANALYSIS, "lost")
     assert claimed.heartbeat_at == manual_clock.now()
 
     manual_clock.advance(minutes=14, seconds=59)
@@ -115,12 +115,12 @@ async def test_a_claim_whose_owner_stopped_beating_is_taken_over_once_stale(repl
     await other.jobs.wait_idle()
 
     assert report.requeued == [(ANALYSIS, "lost")]
-    job = await other.repo.job_get(ANALYSIS, "lost")
+    job = await other.store.job_get(ANALYSIS, "lost")
     assert job.status == JobStatus.COMPLETED and job.recovery_attempts == 1 and job.attempts == 2
     assert job.claim_token != claimed.claim_token
     model.gate.set()  # the old owner's late result is refused: its claim is gone
     await owner.jobs.wait_idle()
-    after = await owner.repo.job_get(ANALYSIS, "lost")
+    after = await owner.store.job_get(ANALYSIS, "lost")
     assert after.result == job.result and after.result["narrative"] != "late but sound"
 
 
@@ -137,22 +137,22 @@ async def test_start_up_recovery_takes_only_abandoned_rows_and_no_live_replicas(
             runs=RUNS_GOOD,
             status=EvaluationRecordStatus.COMPLETED,
         )
-    repo, now = live.repo, manual_clock.now
+    store, now = live.store, manual_clock.now
     # abandoned: a row whose owner died twenty minutes ago ...
-    await repo.job_ensure_queued(ANALYSIS, "dead", now())
-    assert await repo.job_claim_if_queued(ANALYSIS, "dead", "dead-worker", now())
-    assert await repo.job_set_generating_if_claimed(ANALYSIS, "dead", "dead-worker", {}, now())
+    await store.job_ensure_queued(ANALYSIS, "dead", now())
+    assert await store.job_claim_if_queued(ANALYSIS, "dead", "dead-worker", now())
+    assert await store.job_set_generating_if_claimed(ANALYSIS, "dead", "dead-worker", {}, now())
     manual_clock.advance(minutes=20)
     # ... and one a stopping replica handed back
-    await repo.job_ensure_queued(ANALYSIS, "handed-back", now())
-    assert await repo.job_claim_if_queued(ANALYSIS, "handed-back", "stopped", now())
-    assert await repo.job_set_generating_if_claimed(ANALYSIS, "handed-back", "stopped", {}, now())
-    assert await repo.job_requeue_if_generating(ANALYSIS, "handed-back", "stopped", now())
+    await store.job_ensure_queued(ANALYSIS, "handed-back", now())
+    assert await store.job_claim_if_queued(ANALYSIS, "handed-back", "stopped", now())
+    assert await store.job_set_generating_if_claimed(ANALYSIS, "handed-back", "stopped", {}, now())
+    assert await store.job_requeue_if_generating(ANALYSIS, "handed-back", "stopped", now())
     # the live replica runs one, and has just queued two more it is about to claim
     await live.jobs.trigger(ANALYSIS, "running")
     await model.entered.wait()
     for evaluation_id in ("next-1", "next-2"):
-        await repo.job_ensure_queued(ANALYSIS, evaluation_id, now())
+        await store.job_ensure_queued(ANALYSIS, evaluation_id, now())
 
     starting = await replica()
     report = await starting.jobs.recover()  # what a replica does at start
@@ -161,19 +161,19 @@ async def test_start_up_recovery_takes_only_abandoned_rows_and_no_live_replicas(
     assert sorted(report.requeued) == [(ANALYSIS, "dead"), (ANALYSIS, "handed-back")]
     assert report.failed == []
     for evaluation_id in ("dead", "handed-back"):
-        job = await repo.job_get(ANALYSIS, evaluation_id)
+        job = await store.job_get(ANALYSIS, evaluation_id)
         assert job.status == JobStatus.COMPLETED and job.recovery_attempts == 1, evaluation_id
-    running = await repo.job_get(ANALYSIS, "running")
+    running = await store.job_get(ANALYSIS, "running")
     assert running.status == JobStatus.GENERATING and running.recovery_attempts == 0
     for evaluation_id in ("next-1", "next-2"):
-        job = await repo.job_get(ANALYSIS, evaluation_id)
+        job = await store.job_get(ANALYSIS, evaluation_id)
         assert job.status == JobStatus.QUEUED and job.claim_token is None, evaluation_id
         assert job.recovery_attempts == 0 and job.attempts == 0, evaluation_id
         live.jobs.start(ANALYSIS, evaluation_id)
     model.gate.set()
     await live.jobs.wait_idle()
     for evaluation_id in ("running", "next-1", "next-2"):
-        job = await repo.job_get(ANALYSIS, evaluation_id)
+        job = await store.job_get(ANALYSIS, evaluation_id)
         assert job.status == JobStatus.COMPLETED, evaluation_id
         assert job.recovery_attempts == 0 and job.attempts == 1, evaluation_id
 
@@ -211,7 +211,7 @@ async def test_replicas_recovering_beside_a_busy_one_consume_none_of_its_attempt
 
     assert sum(started for _, started in triggered) == len(evaluations)
     assert recovered == [[], []]
-    jobs = [await busy.repo.job_get(ANALYSIS, e) for e in evaluations]
+    jobs = [await busy.store.job_get(ANALYSIS, e) for e in evaluations]
     assert {(j.status, j.recovery_attempts, j.attempts) for j in jobs} == {
         (JobStatus.COMPLETED, 0, 1)
     }

@@ -3,7 +3,7 @@ contract is in sync with the proto."""
 
 from __future__ import annotations
 
-from dispo.intelligence.repository import CHECKED_COLUMNS
+from dispo.intelligence.store import CHECKED_COLUMNS
 from dispo.libs import protogen
 from dispo.libs.db.checks import enum_check_drift
 from dispo.libs.error_text import ERROR_TEXT_LIMIT

@@ -13,7 +13,7 @@ from dispo.libs.catalogue import (
     load_configured_catalogue,
     parse_catalogue,
 )
-from dispo.reconciler.config import parse_config
+from dispo.reconciler.settings import parse_config
 
 NOOP = {"fields": {"id": {"type": "string"}}, "actions": {"a": {"kind": "noop"}}}
 

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["dispo.libs", *(f"dispo.{s}" for s in SERVICES)]
+PACKAGES = ["dispo.libs", *(f"dispo.{s}" for s in SERVICES), "dispo.console"]
 
 
 def every_settings_class() -> set[type[BaseSettings]]:

@@ -4,7 +4,7 @@ failing row stops the batch until it goes out (or is quarantined, ADR-0034)."""
 
 from __future__ import annotations
 
-from dispo.pool import repository as repo
+from dispo.pool import store
 from dispo.pool.events import outbox_relay
 from sqlalchemy import inspect
 from sqlalchemy.dialects import postgresql
@@ -21,7 +21,7 @@ async def test_the_migrated_outbox_has_the_shared_shape(pool):
         columns, indexes = await conn.run_sync(reflect)
     dialect = postgresql.dialect()
     assert {c["name"]: (c["type"].compile(dialect), c["nullable"]) for c in columns} == {
-        c.name: (c.type.compile(dialect), c.nullable) for c in repo.outbox.columns
+        c.name: (c.type.compile(dialect), c.nullable) for c in store.outbox.columns
     }
     assert sorted(
         (i["name"], i["column_names"], i["dialect_options"].get("postgresql_where"))
@@ -30,7 +30,7 @@ async def test_the_migrated_outbox_has_the_shared_shape(pool):
         ("outbox_quarantined", ["id"], "(quarantined_at IS NOT NULL)"),
         ("outbox_unsent", ["id"], "((sent_at IS NULL) AND (quarantined_at IS NULL))"),
     ]
-    assert sorted(i.name for i in repo.outbox.indexes) == ["outbox_quarantined", "outbox_unsent"]
+    assert sorted(i.name for i in store.outbox.indexes) == ["outbox_quarantined", "outbox_unsent"]
 
 
 async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order(

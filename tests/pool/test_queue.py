@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from dispo.pool import repository as repo
+from dispo.pool import store
 from dispo.pool.domain import Evaluation, EvaluationStatus, QueueKey, Schedule
 from sqlalchemy import text
 
@@ -22,7 +22,7 @@ async def _seed(
     status: str = "executing",
 ) -> None:
     async with pool.engine.begin() as conn:
-        await repo.evaluation_insert(conn, ev, window_start)
+        await store.evaluation_insert(conn, ev, window_start)
         await conn.execute(
             text(
                 "UPDATE evaluations SET runs_done = :d, waiting_since = :w, status = :s WHERE id = :id"
@@ -57,7 +57,7 @@ async def test_priority_order_mixes_slot_due_debt_and_waiting_time(pool, manual_
     await _seed(pool, evaluation("g-paused", runs_per_slot=2), window_start=start, status="paused")
 
     async with pool.engine.connect() as conn:
-        queue = await repo.queue_list(conn, now)
+        queue = await store.queue_list(conn, now)
     order = [k.evaluation_id for k in queue]
     assert order == [
         "b-due-big-debt",
@@ -77,7 +77,7 @@ async def test_priority_order_mixes_slot_due_debt_and_waiting_time(pool, manual_
     # An operator boost puts an item first whatever its debt.
     await pool.boost("d-debt-1-newer", 5)
     async with pool.engine.connect() as conn:
-        assert (await repo.queue_list(conn, now))[0].evaluation_id == "d-debt-1-newer"
+        assert (await store.queue_list(conn, now))[0].evaluation_id == "d-debt-1-newer"
 
 
 async def test_new_evaluations_wait_visibly_as_queued_when_no_cron_is_free(pool, manual_clock):
@@ -101,8 +101,8 @@ async def test_twenty_crons_racing_for_five_items_take_each_once(pool):
     taken = [r.evaluation.id for r in results if r.evaluation is not None]
     assert sorted(taken) == [f"race-{i}" for i in range(5)]
     async with pool.engine.connect() as conn:
-        busy = [c for c in await repo.crons_list(conn) if c.evaluation_id]
-        assignments = await repo.assignments_list(conn)
+        busy = [c for c in await store.crons_list(conn) if c.evaluation_id]
+        assignments = await store.assignments_list(conn)
     assert len(busy) == 5 and len({c.evaluation_id for c in busy}) == 5
     assert len(assignments) == 5
     for i in range(5):
@@ -124,7 +124,9 @@ async def test_claim_takes_the_top_item_and_emits_started_once(pool):
     assert again.evaluation and again.evaluation.id == "only"
     async with pool.engine.connect() as conn:
         unsent = (
-            repo.outbox.select().where(repo.outbox.c.sent_at.is_(None)).order_by(repo.outbox.c.id)
+            store.outbox.select()
+            .where(store.outbox.c.sent_at.is_(None))
+            .order_by(store.outbox.c.id)
         )
         subjects = [r.subject for r in await conn.execute(unsent)]
     assert subjects == ["evaluation.started"]
@@ -135,7 +137,7 @@ async def test_next_slot_time_of_waiting_evaluations(pool, manual_clock):
     await pool.create_evaluation(evaluation("timed", window=120, slots=2))
     async with pool.engine.connect() as conn:
         assert (
-            await repo.evaluations_next_slot_at(conn, manual_clock.now()) is None
+            await store.evaluations_next_slot_at(conn, manual_clock.now()) is None
         )  # owes a run now
     woke = await pool.wake_cron(cron)
     from dispo.pool.domain import RunResult, Verdict
@@ -143,7 +145,7 @@ async def test_next_slot_time_of_waiting_evaluations(pool, manual_clock):
     await pool.record_run(cron, "timed", 0, "c1", RunResult(Verdict.PASS, 1.0, 1))
     assert woke.evaluation is not None
     async with pool.engine.connect() as conn:
-        due = await repo.evaluations_next_slot_at(conn, manual_clock.now())
+        due = await store.evaluations_next_slot_at(conn, manual_clock.now())
     assert due == woke.evaluation.created_at + timedelta(seconds=60)
 
 
@@ -180,8 +182,8 @@ async def test_wakes_recordings_and_operator_commands_racing_do_not_deadlock(poo
     for _ in range(2):
         await asyncio.gather(*(attempt(pool.wake_cron(c)) for c in crons))
     async with pool.engine.connect() as conn:
-        crons_now = await repo.crons_list(conn)
-        open_assignments = [a for a in await repo.assignments_list(conn) if a.ended_at is None]
+        crons_now = await store.crons_list(conn)
+        open_assignments = [a for a in await store.assignments_list(conn) if a.ended_at is None]
     held = {c.evaluation_id for c in crons_now if c.evaluation_id}
     assert len(held) == len([c for c in crons_now if c.evaluation_id]) == len(open_assignments)
     for evaluation_id in held:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from dispo.libs.errors import FailedPrecondition, NotFound
-from dispo.pool import repository as repo
+from dispo.pool import store
 from dispo.pool.domain import CronStatus, EvaluationStatus, RunResult, Verdict
 from dispo.pool.sweeps import hold_sweep, scale_sweep, stuck_sweep
 
@@ -46,7 +46,7 @@ async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigne
     async with pool.engine.connect() as conn:
         history = [
             (a.cron_id, a.end_reason)
-            for a in await repo.assignments_list(conn, evaluation_id="silent")
+            for a in await store.assignments_list(conn, evaluation_id="silent")
         ]
     assert history == [(replacement, None), (first, "stuck")]
 
@@ -87,9 +87,9 @@ async def test_evaluation_holding_a_cron_two_hours_is_force_released(pool, manua
     assert ev.waiting_since == manual_clock.now() and ev.runs_done == 119
     assert [c.status for c in await pool.crons()] == [CronStatus.IDLE]
     async with pool.engine.connect() as conn:
-        [assignment] = await repo.assignments_list(conn, evaluation_id="long")
+        [assignment] = await store.assignments_list(conn, evaluation_id="long")
         assert assignment.end_reason == "force_released"
-        assert (await repo.queue_list(conn, manual_clock.now()))[0].evaluation_id == "long"
+        assert (await store.queue_list(conn, manual_clock.now()))[0].evaluation_id == "long"
     with pytest.raises(FailedPrecondition):  # the released cron's late result is refused
         await pool.record_run(cron, "long", 119, "c1", PASS)
 
@@ -112,7 +112,7 @@ async def test_scale_up_exactly_above_the_busy_ratio(pool):
     status = await pool.status()
     assert status.counts[CronStatus.BUSY] + status.counts[CronStatus.IDLE] == 7
     async with pool.engine.connect() as conn:
-        [resize] = await repo.resizes_list(conn)
+        [resize] = await store.resizes_list(conn)
     assert (resize["from_size"], resize["to_size"], resize["reason"]) == (5, 7, "busy_ratio")
 
 
@@ -130,7 +130,7 @@ async def test_scale_down_exactly_above_twice_min_idle_and_never_beyond_bounds(p
     await pool.set_bounds(6, 20)
     assert await scale_sweep(pool) == 3  # below the new min
     async with pool.engine.connect() as conn:
-        reasons = [r["reason"] for r in await repo.resizes_list(conn)]
+        reasons = [r["reason"] for r in await store.resizes_list(conn)]
     assert reasons == ["below_min", "above_max", "idle_surplus"]
 
 
@@ -174,5 +174,5 @@ async def test_force_release_by_cron_or_evaluation(pool, wakes):
     with pytest.raises(NotFound):
         await pool.force_release(cron_id="cron-nope")
     async with pool.engine.connect() as conn:
-        reasons = [a.end_reason for a in await repo.assignments_list(conn, evaluation_id="held")]
+        reasons = [a.end_reason for a in await store.assignments_list(conn, evaluation_id="held")]
     assert reasons == ["force_released", "force_released"]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from dispo.libs.states import IllegalTransition
-from dispo.pool import repository as repo
+from dispo.pool import store
 from dispo.pool.domain import CronStatus, EvaluationStatus
 
 from .conftest import evaluation
@@ -19,38 +19,38 @@ E = EvaluationStatus
 
 async def test_an_undeclared_evaluation_or_cron_move_is_refused_and_changes_nothing(pool_engine):
     async with pool_engine.begin() as conn:
-        await repo.evaluation_insert(conn, evaluation("ev"), NOW)
-        assert await repo.evaluation_set_status_if(conn, "ev", (E.QUEUED,), E.CANCELLED, NOW)
-        await repo.cron_insert(conn, "c1", NOW)
+        await store.evaluation_insert(conn, evaluation("ev"), NOW)
+        assert await store.evaluation_set_status_if(conn, "ev", (E.QUEUED,), E.CANCELLED, NOW)
+        await store.cron_insert(conn, "c1", NOW)
     async with pool_engine.begin() as conn:
-        cancelled = await repo.evaluation_get(conn, "ev")
+        cancelled = await store.evaluation_get(conn, "ev")
         with pytest.raises(
             IllegalTransition, match="evaluation state cannot move from cancelled to queued"
         ):
-            await repo.evaluation_set_status_if(conn, "ev", (E.CANCELLED,), E.QUEUED, NOW)
+            await store.evaluation_set_status_if(conn, "ev", (E.CANCELLED,), E.QUEUED, NOW)
         with pytest.raises(IllegalTransition, match="from queued to stuck"):
-            await repo.evaluation_set_status_if(conn, "ev", (E.QUEUED,), E.STUCK, NOW)
-        cron = await repo.cron_get(conn, "c1")
-        assert await repo.cron_mark_stuck_if_silent(conn, cron, NOW)
-        stuck = await repo.cron_get(conn, "c1")
+            await store.evaluation_set_status_if(conn, "ev", (E.QUEUED,), E.STUCK, NOW)
+        cron = await store.cron_get(conn, "c1")
+        assert await store.cron_mark_stuck_if_silent(conn, cron, NOW)
+        stuck = await store.cron_get(conn, "c1")
         with pytest.raises(IllegalTransition, match="cron state cannot move from stuck to stuck"):
-            await repo.cron_mark_stuck_if_silent(conn, stuck, NOW)
+            await store.cron_mark_stuck_if_silent(conn, stuck, NOW)
     async with pool_engine.connect() as conn:
-        assert await repo.evaluation_get(conn, "ev") == cancelled
-        assert (await repo.cron_get(conn, "c1")).status is CronStatus.STUCK
+        assert await store.evaluation_get(conn, "ev") == cancelled
+        assert (await store.cron_get(conn, "c1")).status is CronStatus.STUCK
 
 
 async def test_racing_operator_moves_on_one_evaluation_exactly_one_is_recorded(pool_engine):
     async with pool_engine.begin() as conn:
-        await repo.evaluation_insert(conn, evaluation("ev"), NOW)
+        await store.evaluation_insert(conn, evaluation("ev"), NOW)
 
     async def move(new):
         async with pool_engine.begin() as conn:
-            return await repo.evaluation_set_status_if(conn, "ev", (E.QUEUED,), new, NOW)
+            return await store.evaluation_set_status_if(conn, "ev", (E.QUEUED,), new, NOW)
 
     targets = [E.PAUSED, E.CANCELLED] * 5
     results = await asyncio.gather(*(move(new) for new in targets))
 
     assert sorted(results) == [False] * 9 + [True]
     async with pool_engine.connect() as conn:
-        assert (await repo.evaluation_get(conn, "ev")).status is targets[results.index(True)]
+        assert (await store.evaluation_get(conn, "ev")).status is targets[results.index(True)]

@@ -21,11 +21,12 @@ from dispo.libs.egress import AllowList
 from dispo.libs.grpcserver import create_server
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.payload import canonical_json, json_payload
-from dispo.reconciler import store
-from dispo.reconciler.config import ReconcilerSettings, parse_config
 from dispo.reconciler.context import Context
 from dispo.reconciler.http_client import http_client
+from dispo.reconciler.outbox import outbox as outbox_table
+from dispo.reconciler.recovery import store
 from dispo.reconciler.servicer import ReconcilerServicer
+from dispo.reconciler.settings import ReconcilerSettings, parse_config
 from dispo.reconciler.wiring import SERVICE_NAME, ensure_streams
 from sqlalchemy import text
 from support.auth import admin_channel, session_tokens, signing_secret
@@ -210,7 +211,7 @@ async def recon(
             parse_config(CONFIG, catalogue),
             settings,
             http,
-            OutboxRelay(engine, store.outbox, bus),
+            OutboxRelay(engine, outbox_table, bus),
             bus,
             random.Random(7),
             # The callbacks' receiver, and a port where nothing listens.

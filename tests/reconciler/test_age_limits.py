@@ -3,8 +3,8 @@ longer than its configured limit ends FAILED with the reason, visibly — a fina
 with the nodes that can no longer run ended, and task.close for the executor."""
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler import recovery
-from dispo.reconciler.config import ReconcilerSettings
+from dispo.reconciler.recovery import redrive
+from dispo.reconciler.settings import ReconcilerSettings
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 
@@ -57,9 +57,9 @@ async def test_defaults_bound_both_waits():
 
 async def test_demoted_past_its_limit_ends_failed_with_the_reason(recon, manual_clock):
     limited(recon, demoted_s=3600, decision_s=10**6)
-    assert await recovery.intake(recon, demoted("d1"), "demote")
+    assert await redrive.intake(recon, demoted("d1"), "demote")
     manual_clock.advance(seconds=1800)
-    assert await recovery.intake(recon, demoted("d2"), "demote")
+    assert await redrive.intake(recon, demoted("d2"), "demote")
 
     manual_clock.advance(seconds=1799)
     assert (await run_sweeps(recon, "expire"))["expire"] == 0
@@ -89,7 +89,7 @@ async def test_awaiting_decision_past_its_limit_ends_failed_unknown_nodes_stay_u
     recon, manual_clock
 ):
     limited(recon, demoted_s=10**6, decision_s=600)
-    assert await recovery.intake(recon, undecided("u1"), "fail")
+    assert await redrive.intake(recon, undecided("u1"), "fail")
     await run_sweeps(recon, "settle")
     assert (await row(recon, "u1")).state is R.AWAITING_DECISION
 
@@ -118,7 +118,7 @@ async def test_awaiting_decision_past_its_limit_ends_failed_unknown_nodes_stay_u
 async def test_other_parked_states_have_no_age_limit_here(recon, manual_clock):
     limited(recon, demoted_s=60, decision_s=60)
     failing = envelope("f1", [node("a.set_label", "FAILED", error="HTTP 503", task_id="f1")])
-    assert await recovery.intake(recon, failing, "fail")  # PARKED_FAILED: the redrive policy's
+    assert await redrive.intake(recon, failing, "fail")  # PARKED_FAILED: the redrive policy's
     manual_clock.advance(seconds=5)
     assert (await run_sweeps(recon, "expire"))["expire"] == 0
     assert (await row(recon, "f1")).state is R.PARKED_FAILED

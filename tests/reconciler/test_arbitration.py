@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler import arbitration
+from dispo.reconciler.arbitration import arbiter
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.sweeps import run_sweeps
 from support import eventually
@@ -66,39 +66,35 @@ async def test_two_conflicting_tasks_one_verdict_loser_cancelled(recon, manual_c
 
 
 async def test_tie_on_priority_goes_to_the_earlier_task(recon, manual_clock):
-    await arbitration.on_create(recon, submitted("late", "ads", "c-1", T0 + timedelta(seconds=5)))
-    await arbitration.on_create(recon, submitted("early", "search", "c-1", T0))
+    await arbiter.on_create(recon, submitted("late", "ads", "c-1", T0 + timedelta(seconds=5)))
+    await arbiter.on_create(recon, submitted("early", "search", "c-1", T0))
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 1
     assert await cancelled(recon) == ["late"]
 
 
 async def test_no_conflict_same_business_other_target_or_outside_the_window(recon, manual_clock):
-    await arbitration.on_create(recon, submitted("a1", "ads", "c-1", T0))
-    await arbitration.on_create(
+    await arbiter.on_create(recon, submitted("a1", "ads", "c-1", T0))
+    await arbiter.on_create(
         recon, submitted("a2", "ads", "c-1", T0 + timedelta(seconds=1))
     )  # same business
-    await arbitration.on_create(recon, submitted("b1", "search", "c-2", T0))  # other target
-    await arbitration.on_create(
+    await arbiter.on_create(recon, submitted("b1", "search", "c-2", T0))  # other target
+    await arbiter.on_create(
         recon, submitted("x", "search", "c-3", T0, cell="start_review")
     )  # no conflict key
     manual_clock.set(T0 + timedelta(seconds=61))
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 0
     # A late claim outside the window of the closed ones meets nobody.
-    await arbitration.on_create(
-        recon, submitted("c1", "search", "c-1", T0 + timedelta(seconds=200))
-    )
+    await arbiter.on_create(recon, submitted("c1", "search", "c-1", T0 + timedelta(seconds=200)))
     manual_clock.set(T0 + timedelta(seconds=300))
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 0
     assert await cancelled(recon) == []
 
 
 async def test_a_stronger_late_claim_overrules_an_earlier_winner(recon, manual_clock):
-    await arbitration.on_create(recon, submitted("s", "search", "c-9", T0))
-    await arbitration.on_create(
-        recon, submitted("e", "ecommerce", "c-9", T0 + timedelta(seconds=10))
-    )
+    await arbiter.on_create(recon, submitted("s", "search", "c-9", T0))
+    await arbiter.on_create(recon, submitted("e", "ecommerce", "c-9", T0 + timedelta(seconds=10)))
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 1  # ecommerce outranks search
-    await arbitration.on_create(
+    await arbiter.on_create(
         recon, submitted("t", "trust_safety", "c-9", T0 + timedelta(seconds=30))
     )
     assert (await run_sweeps(recon, "arbitrate"))["arbitrate"] == 1
@@ -108,4 +104,4 @@ async def test_a_stronger_late_claim_overrules_an_earlier_winner(recon, manual_c
 async def test_redriven_envelopes_make_no_new_claims(recon):
     env = submitted("g", "ads", "c-5", T0)
     env.generation = 3
-    assert await arbitration.on_create(recon, env) == 0
+    assert await arbiter.on_create(recon, env) == 0

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 from dispo.libs.egress import AllowList
 from dispo.libs.error_text import ERROR_TEXT_LIMIT
-from dispo.reconciler import completion
-from dispo.reconciler import completion_store as cs
+from dispo.reconciler.completion import facts
+from dispo.reconciler.completion import store as cs
 from dispo.reconciler.context import Context
 from dispo.reconciler.states import NotifyState
 from dispo.reconciler.sweeps import sweep_parts
@@ -80,10 +80,10 @@ async def test_another_business_is_notified_while_one_businesss_receivers_hang(
     )
     ctx = notifying(dripping, mute, big)
     for task_id, r in (("dripping", dripping), ("mute", mute), ("big", big)):
-        assert await completion.on_status(ctx, finished(task_id, callback_url=r.url))
+        assert await facts.on_status(ctx, finished(task_id, callback_url=r.url))
     await eventually(lambda: dripping.connections == 1 and mute.connections == 1)
 
-    assert await completion.on_status(
+    assert await facts.on_status(
         ctx, finished("fast", callback_url=receiver.url, business="search")
     )
     await eventually(lambda: len(receiver.received) == 1)
@@ -116,10 +116,10 @@ async def test_a_business_holds_at_most_its_share_of_the_delivery_slots(
     dripping = await receivers(drip)
     ctx = notifying(dripping)
     for i in range(4):
-        assert await completion.on_status(ctx, finished(f"d{i}", callback_url=dripping.url))
+        assert await facts.on_status(ctx, finished(f"d{i}", callback_url=dripping.url))
     await eventually(lambda: dripping.connections == 2)
 
-    assert await completion.on_status(
+    assert await facts.on_status(
         ctx, finished("fast", callback_url=receiver.url, business="search")
     )
     await eventually(lambda: len(receiver.received) == 1)
@@ -138,7 +138,7 @@ async def test_a_callbacks_answer_is_not_read_and_a_refusals_only_up_to_its_erro
     refusing = await receivers(dripping_body(503, first=4 * ERROR_TEXT_LIMIT))
     ctx = notifying(endless, bloated, refusing)
     for task_id, r in (("endless", endless), ("bloated", bloated), ("refusing", refusing)):
-        assert await completion.on_status(ctx, finished(task_id, callback_url=r.url))
+        assert await facts.on_status(ctx, finished(task_id, callback_url=r.url))
 
     async def settled() -> bool:
         return all([await attempts(ctx, t) for t in ("endless", "bloated", "refusing")])

@@ -7,8 +7,8 @@ from datetime import timedelta
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.catalogue import Conflict
 from dispo.libs.stack.nats import free_port
-from dispo.reconciler import arbitration
-from dispo.reconciler.compensation import compensate_sweep
+from dispo.reconciler.arbitration import arbiter
+from dispo.reconciler.arbitration.compensation import compensate_sweep
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.sweeps import run_sweeps
 
@@ -44,10 +44,8 @@ async def test_loser_gets_its_compensating_cell_once(
 ):
     gateway = await start_service("gateway", {"DISPO_CATALOGUE": str(catalogue_file)})
     ctx = with_compensation(recon, gateway.address)
-    await arbitration.on_create(ctx, submitted("lose", "ecommerce", "n-1", T0))
-    await arbitration.on_create(
-        ctx, submitted("win", "trust_safety", "n-1", T0 + timedelta(seconds=3))
-    )
+    await arbiter.on_create(ctx, submitted("lose", "ecommerce", "n-1", T0))
+    await arbiter.on_create(ctx, submitted("win", "trust_safety", "n-1", T0 + timedelta(seconds=3)))
     assert (await run_sweeps(ctx, "arbitrate"))["arbitrate"] == 1
     assert await compensate_sweep(ctx) == 1
     assert await compensate_sweep(ctx) == 0
@@ -65,8 +63,8 @@ async def test_loser_gets_its_compensating_cell_once(
 
     # A compensating cell the gateway refuses ends FAILED with the gateway's reason.
     bad = with_compensation(recon, gateway.address, compensate="no_such_cell")
-    await arbitration.on_create(bad, submitted("lose2", "ecommerce", "n-3", T0))
-    await arbitration.on_create(bad, submitted("win2", "trust_safety", "n-3", T0))
+    await arbiter.on_create(bad, submitted("lose2", "ecommerce", "n-3", T0))
+    await arbiter.on_create(bad, submitted("win2", "trust_safety", "n-3", T0))
     await run_sweeps(bad, "arbitrate")
     assert await compensate_sweep(bad) == 1
     reply = await ReconcilerServicer(bad).ListVerdicts(
@@ -82,8 +80,8 @@ async def test_loser_gets_its_compensating_cell_once(
 
 async def test_unreachable_gateway_is_retried_with_backoff(recon, manual_clock):
     ctx = with_compensation(recon, f"127.0.0.1:{free_port()}")
-    await arbitration.on_create(ctx, submitted("l1", "ads", "n-2", T0))
-    await arbitration.on_create(ctx, submitted("w1", "trust_safety", "n-2", T0))
+    await arbiter.on_create(ctx, submitted("l1", "ads", "n-2", T0))
+    await arbiter.on_create(ctx, submitted("w1", "trust_safety", "n-2", T0))
     await run_sweeps(ctx, "arbitrate")
     assert await compensate_sweep(ctx) == 1
     [verdict] = (

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler import recovery
+from dispo.reconciler.recovery import redrive
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 from sqlalchemy import text
@@ -39,7 +39,7 @@ async def test_released_oldest_first_no_faster_than_the_rate_once_healthy(
 ):
     fake_downstream.healthy = False
     for i in range(7):
-        assert await recovery.intake(recon, demoted(f"d{i}"), "demote")
+        assert await redrive.intake(recon, demoted(f"d{i}"), "demote")
         manual_clock.advance(seconds=1)
     assert (await row(recon, "d0")).state is RecoveryState.DEMOTED
 
@@ -74,7 +74,7 @@ async def test_released_oldest_first_no_faster_than_the_rate_once_healthy(
 
 
 async def test_pause_holds_a_healthy_downstream_until_resumed(recon, manual_clock, stub):
-    await recovery.intake(recon, demoted("p1"), "demote")
+    await redrive.intake(recon, demoted("p1"), "demote")
     reply = await stub.PauseDownstream(
         pb.PauseDownstreamRequest(name="labels", actor="dave", reason="deploy")
     )
@@ -96,7 +96,7 @@ async def test_pause_holds_a_healthy_downstream_until_resumed(recon, manual_cloc
 
 
 async def test_a_task_waiting_for_two_downstreams_needs_both(recon, manual_clock, stub):
-    await recovery.intake(recon, demoted("two", ("labels", "review")), "demote")
+    await redrive.intake(recon, demoted("two", ("labels", "review")), "demote")
     await stub.PauseDownstream(pb.PauseDownstreamRequest(name="review", actor="x"))
     await run_sweeps(recon, "health")
     manual_clock.advance(seconds=5)
@@ -109,10 +109,10 @@ async def test_queue_depth_and_oldest_age_per_downstream(
     recon, manual_clock, stub, fake_downstream
 ):
     fake_downstream.healthy = False
-    await recovery.intake(recon, demoted("q1"), "demote")
+    await redrive.intake(recon, demoted("q1"), "demote")
     manual_clock.advance(seconds=40)
-    await recovery.intake(recon, demoted("q2"), "demote")
-    await recovery.intake(
+    await redrive.intake(recon, demoted("q2"), "demote")
+    await redrive.intake(
         recon, envelope("q3", [node("a.x", "FAILED", downstream="review", task_id="q3")]), "fail"
     )
     await run_sweeps(recon, "health")
@@ -153,7 +153,7 @@ async def test_a_task_demoted_again_after_each_release_ends_failed_when_its_redr
     policy = recon.config.redrive_policy("ecommerce", "update_quality_level")
     generation, releases = 2, 0
     for _ in range(policy.max_redrives + 3):
-        assert await recovery.intake(recon, demoted_again("loop", generation), "demote")
+        assert await redrive.intake(recon, demoted_again("loop", generation), "demote")
         if (await row(recon, "loop")).state is not RecoveryState.DEMOTED:
             break
         manual_clock.advance(seconds=10)  # the release bucket refills
@@ -176,7 +176,7 @@ async def test_a_task_failing_right_after_its_release_counts_the_release(recon, 
     ends FAILED at once rather than being redriven again."""
     env = demoted("s1")
     env.business = "search"
-    assert await recovery.intake(recon, env, "demote")
+    assert await redrive.intake(recon, env, "demote")
     await run_sweeps(recon, "health")
     assert (await run_sweeps(recon, "release"))["release"] == 1
     released = await row(recon, "s1")
@@ -189,7 +189,7 @@ async def test_a_task_failing_right_after_its_release_counts_the_release(recon, 
         business="search",
         generation=released.generation,
     )
-    assert await recovery.intake(recon, failing, "fail")
+    assert await redrive.intake(recon, failing, "fail")
     ended = await row(recon, "s1")
     assert ended.state is RecoveryState.FAILED
     assert ended.reason.startswith("redrive policy spent: 1 of 1 redrives used")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
-from dispo.reconciler import completion
+from dispo.reconciler.completion import facts as completion
 from dispo.reconciler.sweeps import run_sweeps
 
 from .test_completion import facts, finished

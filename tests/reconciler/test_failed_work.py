@@ -4,8 +4,8 @@ the breakpoint, terminally FAILED (visible on the status subject) when the polic
 import asyncio
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler import recovery, store
 from dispo.reconciler.intake import consumers
+from dispo.reconciler.recovery import redrive, store
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 from support import eventually
@@ -59,7 +59,7 @@ async def test_task_fail_from_the_bus_is_recorded_with_its_history(recon, bus):
 async def test_auto_redrive_waits_for_the_backoff_then_resumes_from_the_breakpoint(
     recon, manual_clock, bus
 ):
-    assert await recovery.intake(recon, failing("t1"), "fail")
+    assert await redrive.intake(recon, failing("t1"), "fail")
     parked = await row(recon, "t1")
     wait = (parked.next_redrive_at - manual_clock.now()).total_seconds()
     assert 5 <= wait <= 15  # base 10 s, jitter ±50 %
@@ -89,10 +89,10 @@ async def test_auto_redrive_waits_for_the_backoff_then_resumes_from_the_breakpoi
 
 
 async def test_stale_and_repeated_envelopes_are_ignored(recon, manual_clock):
-    assert await recovery.intake(recon, failing("t2", generation=5), "fail")
+    assert await redrive.intake(recon, failing("t2", generation=5), "fail")
     first = await row(recon, "t2")
-    assert await recovery.intake(recon, failing("t2", generation=5), "fail")  # redelivery
-    assert await recovery.intake(recon, failing("t2", generation=4), "fail")  # older
+    assert await redrive.intake(recon, failing("t2", generation=5), "fail")  # redelivery
+    assert await redrive.intake(recon, failing("t2", generation=4), "fail")  # older
     again = await row(recon, "t2")
     assert again.generation == 5 and again.next_redrive_at == first.next_redrive_at
     async with recon.engine.connect() as conn:
@@ -105,7 +105,7 @@ async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_re
     gen = 2
     waits = []
     for _attempt in range(3):  # max_redrives 3
-        assert await recovery.intake(recon, failing("t3", generation=gen), "fail")
+        assert await redrive.intake(recon, failing("t3", generation=gen), "fail")
         parked = await row(recon, "t3")
         assert parked.state is RecoveryState.PARKED_FAILED
         waits.append((parked.next_redrive_at - manual_clock.now()).total_seconds())
@@ -114,7 +114,7 @@ async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_re
         gen = (await row(recon, "t3")).generation  # the executor fails it again at this generation
     assert 5 <= waits[0] <= 15 and 10 <= waits[1] <= 30 and 20 <= waits[2] <= 60
 
-    assert await recovery.intake(recon, failing("t3", generation=gen, version=40), "fail")
+    assert await redrive.intake(recon, failing("t3", generation=gen, version=40), "fail")
     final = await row(recon, "t3")
     assert final.state is RecoveryState.FAILED
     assert "3 of 3 redrives" in final.reason and "HTTP 503" in final.reason
@@ -140,25 +140,25 @@ async def test_backoff_grows_and_a_spent_policy_ends_the_task_failed_with_the_re
     )
     assert request.reason == final.reason and close.msg_id == f"t3:close:g{gen}"
     # Further failures of a FAILED task change nothing.
-    assert await recovery.intake(recon, failing("t3", generation=gen + 1), "fail")
+    assert await redrive.intake(recon, failing("t3", generation=gen + 1), "fail")
     assert (await row(recon, "t3")).state is RecoveryState.FAILED
     assert len(await creates(recon)) == 3
 
 
 async def test_policy_per_business(recon, manual_clock):
-    assert await recovery.intake(recon, failing("t4", business="search"), "fail")  # max_redrives 1
+    assert await redrive.intake(recon, failing("t4", business="search"), "fail")  # max_redrives 1
     manual_clock.advance(seconds=60)
     await run_sweeps(recon, "redrive")
-    assert await recovery.intake(recon, failing("t4", business="search", generation=3), "fail")
+    assert await redrive.intake(recon, failing("t4", business="search", generation=3), "fail")
     assert (await row(recon, "t4")).state is RecoveryState.FAILED
 
 
 async def test_a_redriven_task_that_finishes_is_resolved(recon, manual_clock):
-    from dispo.reconciler import completion
+    from dispo.reconciler.completion import facts
 
-    assert await recovery.intake(recon, failing("t5"), "fail")
+    assert await redrive.intake(recon, failing("t5"), "fail")
     manual_clock.advance(seconds=60)
     await run_sweeps(recon, "redrive")
     done = failing("t5", generation=3, status="SUCCEEDED")
-    await completion.on_status(recon, done)
+    await facts.on_status(recon, done)
     assert (await row(recon, "t5")).state is RecoveryState.RESOLVED

@@ -9,7 +9,7 @@ import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler import recovery
+from dispo.reconciler.recovery import redrive
 from dispo.reconciler.sweeps import run_sweeps
 
 from .conftest import envelope, node
@@ -32,27 +32,27 @@ async def fill(recon, manual_clock) -> None:
     spent = envelope(
         "s", [node("a.set_label", "FAILED", error="HTTP 503", task_id="s")], business="search"
     )
-    await recovery.intake(recon, spent, "fail")  # search: max_redrives 1
+    await redrive.intake(recon, spent, "fail")  # search: max_redrives 1
     manual_clock.advance(seconds=60)
     await run_sweeps(recon, "redrive")  # its one redrive
-    await recovery.intake(recon, permanent("p", business="search"), "fail")
+    await redrive.intake(recon, permanent("p", business="search"), "fail")
     manual_clock.advance(seconds=1)
     retry = envelope("r", [node("a.set_label", "FAILED", error="HTTP 503", task_id="r")])
-    await recovery.intake(recon, retry, "fail")
+    await redrive.intake(recon, retry, "fail")
     manual_clock.advance(seconds=1)
     demoted = envelope(
         "d", [node("a.set_label", "DEMOTED", downstream="review", task_id="d")], status="DEMOTED"
     )
-    await recovery.intake(recon, demoted, "demote")
+    await redrive.intake(recon, demoted, "demote")
     manual_clock.advance(seconds=1)
     unknown = envelope(
         "u", [node("a.set_label", "UNKNOWN", probe=False, idempotent=False, task_id="u")]
     )
-    await recovery.intake(recon, unknown, "fail")
+    await redrive.intake(recon, unknown, "fail")
     await run_sweeps(recon, "settle")  # AWAITING_DECISION
     manual_clock.advance(seconds=1)
     spent.generation += 1
-    await recovery.intake(recon, spent, "fail")  # failed again: the policy is spent, FAILED
+    await redrive.intake(recon, spent, "fail")  # failed again: the policy is spent, FAILED
     manual_clock.advance(seconds=100)
 
 

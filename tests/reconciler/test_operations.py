@@ -8,7 +8,7 @@ import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler import recovery
+from dispo.reconciler.recovery import redrive
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 from grpc_status import rpc_status
@@ -32,19 +32,19 @@ def failed(
 
 
 async def park_several(recon, manual_clock):
-    await recovery.intake(recon, failed("f1", business="ecommerce"), "fail")
+    await redrive.intake(recon, failed("f1", business="ecommerce"), "fail")
     manual_clock.advance(seconds=100)
-    await recovery.intake(
+    await redrive.intake(
         recon,
         failed(
             "f2", business="ads", downstream="review", error="timeout after 2s", cell="start_review"
         ),
         "fail",
     )
-    await recovery.intake(
+    await redrive.intake(
         recon, failed("f3", business="ads", error="connection error: refused"), "fail"
     )
-    await recovery.intake(
+    await redrive.intake(
         recon,
         envelope("d1", [node("a.x", "DEMOTED", task_id="d1")], business="ads", status="DEMOTED"),
         "demote",
@@ -131,9 +131,9 @@ async def test_redrive_one_and_get_its_record(recon, manual_clock, stub):
 
 async def test_redrive_by_filter_is_spaced_to_the_rate(recon, manual_clock, stub):
     for i in range(6):
-        await recovery.intake(recon, failed(f"r{i}", business="ads"), "fail")
+        await redrive.intake(recon, failed(f"r{i}", business="ads"), "fail")
         manual_clock.advance(seconds=1)
-    await recovery.intake(recon, failed("other"), "fail")
+    await redrive.intake(recon, failed("other"), "fail")
     start = manual_clock.now()
     reply = await stub.RedriveByFilter(
         pb.RedriveByFilterRequest(
@@ -214,7 +214,7 @@ async def test_unknown_sweep_is_refused(stub):
 
 async def test_a_second_redrive_by_filter_queues_behind_the_first(recon, manual_clock, stub):
     for i in range(4):
-        await recovery.intake(recon, failed(f"q{i}", business="ads" if i < 2 else "search"), "fail")
+        await redrive.intake(recon, failed(f"q{i}", business="ads" if i < 2 else "search"), "fail")
     start = manual_clock.now()
     first = await stub.RedriveByFilter(
         pb.RedriveByFilterRequest(filter=pb.RecoveryFilter(business="ads"), rate_per_second=1)

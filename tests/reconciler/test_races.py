@@ -4,7 +4,9 @@ records one picture, one verdict per conflict, one delivery per callback."""
 import asyncio
 from dataclasses import replace
 
-from dispo.reconciler import arbitration, completion, recovery
+from dispo.reconciler.arbitration import arbiter
+from dispo.reconciler.completion import facts
+from dispo.reconciler.recovery import redrive
 from dispo.reconciler.sweeps import run_sweeps
 
 from .conftest import T0, creates, envelope, node, outbox, row
@@ -23,7 +25,7 @@ async def test_concurrent_redrive_sweeps_redrive_each_task_once(
 ):
     ids = [f"race{i:02d}" for i in range(40)]
     for task_id in ids:
-        await recovery.intake(
+        await redrive.intake(
             recon, envelope(task_id, [node("a.x", "FAILED", task_id=task_id)]), "fail"
         )
     manual_clock.advance(seconds=100)
@@ -37,10 +39,10 @@ async def test_concurrent_redrive_sweeps_redrive_each_task_once(
 
 async def test_operator_redrive_racing_the_sweep_redrives_once(recon, service_engine, manual_clock):
     from dispo.libs.errors import FailedPrecondition
-    from dispo.reconciler import operations
+    from dispo.reconciler.recovery import operations
 
     for i in range(10):
-        await recovery.intake(
+        await redrive.intake(
             recon, envelope(f"op{i}", [node("a.x", "FAILED", task_id=f"op{i}")]), "fail"
         )
     manual_clock.advance(seconds=100)
@@ -63,13 +65,13 @@ async def test_operator_redrive_racing_the_sweep_redrives_once(recon, service_en
 async def test_the_same_task_fail_delivered_twice_at_once_is_recorded_once(recon, service_engine):
     ctxs = await replicas(recon, service_engine, 2)
     env = envelope("dup", [node("a.x", "FAILED", task_id="dup")])
-    outcomes = await asyncio.gather(*(recovery.intake(c, env, "fail") for c in ctxs))
+    outcomes = await asyncio.gather(*(redrive.intake(c, env, "fail") for c in ctxs))
     # The loser of the insert race asks for redelivery; the redelivery is then a no-op.
     for ctx, ok in zip(ctxs, outcomes, strict=False):
         if not ok:
-            assert await recovery.intake(ctx, env, "fail")
+            assert await redrive.intake(ctx, env, "fail")
     async with recon.engine.connect() as conn:
-        from dispo.reconciler import store
+        from dispo.reconciler.recovery import store
 
         assert len(await store.history_get(conn, "dup")) == 1
     assert (await row(recon, "dup")).generation == 2
@@ -79,8 +81,8 @@ async def test_concurrent_arbitration_passes_record_one_verdict(
     recon, service_engine, manual_clock
 ):
     for i in range(10):
-        await arbitration.on_create(recon, submitted(f"e{i}", "ecommerce", f"c-{i}", T0))
-        await arbitration.on_create(recon, submitted(f"t{i}", "trust_safety", f"c-{i}", T0))
+        await arbiter.on_create(recon, submitted(f"e{i}", "ecommerce", f"c-{i}", T0))
+        await arbiter.on_create(recon, submitted(f"t{i}", "trust_safety", f"c-{i}", T0))
     ctxs = await replicas(recon, service_engine)
     results = await asyncio.gather(*(run_sweeps(c, "arbitrate") for c in ctxs))
     assert sum(r["arbitrate"] for r in results) == 10
@@ -98,7 +100,7 @@ async def test_concurrent_notify_sweeps_deliver_each_callback_once(recon, servic
             status="SUCCEEDED",
             callback_url=receiver.url,
         )
-        await completion.on_status(recon, env)
+        await facts.on_status(recon, env)
     ctxs = await replicas(recon, service_engine)
     await asyncio.gather(*(run_sweeps(c, "notify") for c in ctxs))
     assert sorted(r["headers"]["X-Dispo-Task-Id"] for r in receiver.received) == sorted(
@@ -112,7 +114,7 @@ async def test_replicas_recording_overlapping_batches_record_each_task_once(reco
         envelope(t, [node("a.x", "SUCCEEDED", task_id=t)], status="SUCCEEDED") for t in ids
     ]
     for t in ids[:20]:  # parked tasks the finished fact resolves
-        await recovery.intake(recon, envelope(t, [node("a.x", "FAILED", task_id=t)]), "fail")
+        await redrive.intake(recon, envelope(t, [node("a.x", "FAILED", task_id=t)]), "fail")
     ctxs = await replicas(recon, service_engine)
     # Every replica gets every snapshot, in its own order (a redelivery to each of them).
     orders = [
@@ -122,7 +124,7 @@ async def test_replicas_recording_overlapping_batches_record_each_task_once(reco
         snapshots[::2] + snapshots[1::2],
     ]
     answers = await asyncio.gather(
-        *(completion.on_statuses(c, order) for c, order in zip(ctxs, orders, strict=True))
+        *(facts.on_statuses(c, order) for c, order in zip(ctxs, orders, strict=True))
     )
     recorded = [
         e.task_id

@@ -33,7 +33,7 @@ def test_every_state_has_a_transition_row_and_final_states_are_terminal():
 async def test_a_move_outside_the_table_is_refused_before_any_sql():
     import pytest
     from dispo.libs.states import IllegalTransition
-    from dispo.reconciler import store
+    from dispo.reconciler.recovery import store
 
     with pytest.raises(IllegalTransition, match="from resolved to redriven"):
         await store.task_set_state_if(
@@ -48,11 +48,11 @@ async def test_a_move_outside_the_table_is_refused_before_any_sql():
 async def test_a_final_recovery_entry_refuses_every_move_and_stays_as_it_was(recon):
     import pytest
     from dispo.libs.states import IllegalTransition
-    from dispo.reconciler import recovery, store
+    from dispo.reconciler.recovery import redrive, store
 
     from .conftest import envelope, node, row
 
-    await recovery.intake(recon, envelope("gone", [node("a.x", "FAILED", task_id="gone")]), "fail")
+    await redrive.intake(recon, envelope("gone", [node("a.x", "FAILED", task_id="gone")]), "fail")
     now = recon.clock.now()
     async with recon.engine.begin() as conn:
         assert await store.task_set_state_if(
@@ -83,7 +83,7 @@ async def test_the_casing_migration_rewrites_stored_states_checks_and_indexes(da
     from pathlib import Path
 
     from dispo.libs.db import create_engine, migrate
-    from dispo.reconciler import store
+    from dispo.reconciler.recovery import store
     from sqlalchemy import text
 
     migrations = Path(__file__).resolve().parents[2] / "services" / "reconciler" / "migrations"

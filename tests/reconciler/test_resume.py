@@ -6,7 +6,8 @@ import grpc
 import pytest
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.reconciler import completion, recovery
+from dispo.reconciler.completion import facts
+from dispo.reconciler.recovery import redrive as recovery
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 
@@ -46,7 +47,7 @@ async def test_a_permanent_failure_is_held_failed_with_its_reason_and_nothing_sc
     # The executor ended it and published its own snapshot: nothing to publish here.
     assert await outbox(recon) == []
     # Its FAILED snapshot, seen by the completion consumer, leaves it held.
-    await completion.on_status(recon, ended_failed("p1"))
+    await facts.on_status(recon, ended_failed("p1"))
     assert (await row(recon, "p1")).state is RecoveryState.FAILED
 
 
@@ -77,7 +78,7 @@ async def test_a_resumed_task_that_finishes_is_resolved(recon, stub):
     await stub.RedriveTask(pb.RedriveTaskRequest(task_id="p3", actor="ops"))
     done = ended_failed("p3", generation=1)
     done.status = TS.TASK_STATUS_SUCCEEDED
-    await completion.on_status(recon, done)
+    await facts.on_status(recon, done)
     assert (await row(recon, "p3")).state is RecoveryState.RESOLVED
 
 

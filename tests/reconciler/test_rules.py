@@ -5,16 +5,9 @@ import random
 from datetime import timedelta
 
 from dispo.reconciler import envelope as E
-from dispo.reconciler.config import parse_config
-from dispo.reconciler.policy import (
-    ArbitrationPolicy,
-    Contender,
-    PriorityRule,
-    ProbeRule,
-    ProbeVerdict,
-    RedrivePolicy,
-    ReleaseRate,
-)
+from dispo.reconciler.arbitration.policy import ArbitrationPolicy, Contender, PriorityRule
+from dispo.reconciler.recovery.policy import ProbeRule, ProbeVerdict, RedrivePolicy, ReleaseRate
+from dispo.reconciler.settings import parse_config
 
 from .conftest import CONFIG, NS, T0, after_redrive, envelope, node, status_of
 
@@ -145,7 +138,7 @@ def test_shipped_config_parses():
 
     import yaml
     from dispo.libs.catalogue import load_catalogue
-    from dispo.reconciler.config import DEFAULT_CONFIG
+    from dispo.reconciler.settings import DEFAULT_CONFIG
 
     config = parse_config(yaml.safe_load(Path(DEFAULT_CONFIG).read_text()), load_catalogue())
     assert config.redrive_default.max_redrives == 5

@@ -4,7 +4,7 @@ idempotent action, or by an operator's recorded decision; nothing is re-run blin
 import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
-from dispo.reconciler import recovery
+from dispo.reconciler.recovery import redrive
 from dispo.reconciler.states import RecoveryState
 from dispo.reconciler.sweeps import run_sweeps
 
@@ -34,7 +34,7 @@ async def settlements(stub, task_id):
 
 async def test_probe_says_done_node_recorded_succeeded_not_rerun(recon, fake_downstream, stub):
     fake_downstream.done["yes/a.call"] = True
-    assert await recovery.intake(recon, uncertain("yes", idempotent=False), "fail")
+    assert await redrive.intake(recon, uncertain("yes", idempotent=False), "fail")
     assert (await row(recon, "yes")).state is RecoveryState.AWAITING_SETTLEMENT
     assert await settle_and_redrive(recon) == {"redrive": 1}
     [sent] = await creates(recon)
@@ -59,7 +59,7 @@ async def test_probe_says_not_done_node_runs_again_once_its_effect_can_no_longer
     """An unfenced "not done" is final only once the action's max_effect_seconds (here the
     default: ten times the labels downstream's 5 s timeout) have passed since the node
     became UNKNOWN: a request still under way may land until then."""
-    assert await recovery.intake(recon, uncertain("no", idempotent=False), "fail")
+    assert await redrive.intake(recon, uncertain("no", idempotent=False), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 0}
     parked = await row(recon, "no")
     assert parked.state is RecoveryState.AWAITING_SETTLEMENT
@@ -84,7 +84,7 @@ async def test_probe_says_not_done_node_runs_again_once_its_effect_can_no_longer
 
 async def test_probe_without_an_answer_is_asked_again_later(recon, fake_downstream, manual_clock):
     fake_downstream.broken.add("later/a.call")
-    assert await recovery.intake(recon, uncertain("later", idempotent=False), "fail")
+    assert await redrive.intake(recon, uncertain("later", idempotent=False), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 0}
     parked = await row(recon, "later")
     assert parked.state is RecoveryState.AWAITING_SETTLEMENT and "HTTP 500" in parked.reason
@@ -97,7 +97,7 @@ async def test_probe_without_an_answer_is_asked_again_later(recon, fake_downstre
 
 
 async def test_idempotent_without_probe_is_rerun(recon, stub):
-    assert await recovery.intake(recon, uncertain("idem", probe=False, idempotent=True), "fail")
+    assert await redrive.intake(recon, uncertain("idem", probe=False, idempotent=True), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 1}
     [sent] = await creates(recon)
     assert after_redrive(sent, "a.call") == "PENDING"
@@ -106,7 +106,7 @@ async def test_idempotent_without_probe_is_rerun(recon, stub):
 
 
 async def test_non_idempotent_without_probe_waits_for_an_operator(recon, stub):
-    assert await recovery.intake(recon, uncertain("op", probe=False, idempotent=False), "fail")
+    assert await redrive.intake(recon, uncertain("op", probe=False, idempotent=False), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 0}
     listed = await stub.ListRecoveryTasks(
         pb.ListRecoveryTasksRequest(
@@ -180,7 +180,7 @@ async def test_unknown_and_failed_nodes_settle_then_wait_for_backoff(
         ],
     )
     fake_downstream.done["mix/a.call"] = True
-    assert await recovery.intake(recon, env, "fail")
+    assert await redrive.intake(recon, env, "fail")
     assert await settle_and_redrive(recon) == {"redrive": 0}
     parked = await row(recon, "mix")
     assert (
@@ -200,7 +200,7 @@ async def test_a_request_that_lands_late_is_found_done_not_sent_again(
 ):
     """The probe says "not done" while the first request is still on its way, then "done"
     once its effect landed: SUCCEEDED, never PENDING."""
-    assert await recovery.intake(recon, uncertain("late", idempotent=False), "fail")
+    assert await redrive.intake(recon, uncertain("late", idempotent=False), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 0}
     manual_clock.advance(seconds=3)
     fake_downstream.done["late/a.call"] = True  # the late request's effect
@@ -219,7 +219,7 @@ async def test_a_fencing_probe_settles_not_done_at_once_naming_the_attempt(
     fake_downstream.fencing.add("fence/a.call")
     env = uncertain("fence", idempotent=False)
     next(n for n in env.nodes if n.node_id == "a.call").retry.attempts = 3
-    assert await recovery.intake(recon, env, "fail")
+    assert await redrive.intake(recon, env, "fail")
     assert await settle_and_redrive(recon) == {"redrive": 1}
     [sent] = await creates(recon)
     assert after_redrive(sent, "a.call") == "PENDING"
@@ -239,7 +239,7 @@ async def test_a_probe_without_a_final_answer_past_its_limit_waits_for_an_operat
     fake_downstream.broken.add("dark/a.call")
     fake_downstream.answers["odd/a.call"] = {"done": False, "fenced": "yes"}
     for task_id in ("dark", "odd"):
-        assert await recovery.intake(recon, uncertain(task_id, idempotent=False), "fail")
+        assert await redrive.intake(recon, uncertain(task_id, idempotent=False), "fail")
     assert await settle_and_redrive(recon) == {"redrive": 0}
     assert "'fenced' is not a boolean" in (await row(recon, "odd")).reason
     for _ in range(130):

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 from dispo.libs.periodic import Periodic
-from dispo.reconciler import completion, recovery
-from dispo.reconciler import completion_store as cs
+from dispo.reconciler.completion import facts
+from dispo.reconciler.completion import store as cs
+from dispo.reconciler.recovery import redrive
 from dispo.reconciler.states import ReconcileState, RecoveryState
 from dispo.reconciler.sweeps import FOLLOWS, SWEEPS, sweep_parts
 
@@ -55,8 +56,8 @@ def test_every_sweep_is_a_part_and_followers_follow_sweeps_that_exist(recon):
 async def test_a_sweep_blocked_in_the_database_does_not_hold_up_the_redrive(
     recon, manual_clock, database_url, fake_downstream
 ):
-    assert await recovery.intake(recon, demoted("d1"), "demote")  # the health sweep has work
-    assert await recovery.intake(recon, failing("t1"), "fail")
+    assert await redrive.intake(recon, demoted("d1"), "demote")  # the health sweep has work
+    assert await redrive.intake(recon, failing("t1"), "fail")
     due = (await row(recon, "t1")).next_redrive_at
 
     blocker = await asyncpg.connect(database_url)
@@ -85,7 +86,7 @@ async def test_the_release_follows_each_health_pass_without_waiting_its_interval
     recon, manual_clock, fake_downstream, parts
 ):
     fake_downstream.healthy = False
-    assert await recovery.intake(recon, demoted("d1"), "demote")
+    assert await redrive.intake(recon, demoted("d1"), "demote")
     await eventually(_all_asleep(parts, manual_clock, health_passes=1))
     manual_clock.advance(seconds=1)  # a round: health finds the downstream down
     await eventually(_all_asleep(parts, manual_clock, health_passes=2))
@@ -106,7 +107,7 @@ async def test_a_pass_that_took_a_full_batch_runs_again_at_once(recon, manual_cl
     at once: the backlog drains with the clock standing still."""
     recon.settings.batch = 2
     for i in range(5):
-        assert await completion.on_status(recon, finished(f"t{i}"))
+        assert await facts.on_status(recon, finished(f"t{i}"))
     manual_clock.advance(seconds=61)  # past the reconcile delay, then the clock stands still
     built = sweep_parts(recon, interval=1.0)
     part = built["reconcile"]
@@ -136,7 +137,7 @@ async def test_a_callback_is_sent_when_its_task_finishes_not_at_the_next_interva
     await receiver.start()
     await eventually(lambda: manual_clock.waiting >= len(parts))  # every part asleep
     passes = parts["notify"].passes
-    assert await completion.on_status(recon, finished("now", callback_url=receiver.url))
+    assert await facts.on_status(recon, finished("now", callback_url=receiver.url))
     await eventually(lambda: len(receiver.received) == 1)
     await eventually(lambda: parts["notify"].passes == passes + 1)  # the kicked pass ends
     assert json.loads(receiver.received[0]["body"])["task_id"] == "now"

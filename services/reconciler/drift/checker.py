@@ -18,7 +18,7 @@ from dispo.libs.errors import Unavailable
 from dispo.libs.logging import get_logger
 from dispo.libs.proto_enums import short_name
 from dispo.libs.repairs import REPAIR_KIND_TO_PB
-from dispo.reconciler.drift import repository as repo
+from dispo.reconciler.drift import store
 from dispo.reconciler.drift.planner import DbCron, PlannedRepair, RepairOutcome, View, plan_repairs
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -86,7 +86,7 @@ class DriftChecker:
             check_id = f"drift-{uuid.uuid4().hex[:12]}"
             now = self.clock.now()
             async with self.engine.begin() as conn:
-                await repo.check_insert(
+                await store.check_insert(
                     conn, check_id, now, len(view.db_crons), len(view.driver_states), view.driver
                 )
             repairs = [await self._apply(check_id, planned) for planned in plan_repairs(view)]
@@ -118,7 +118,7 @@ class DriftChecker:
             reason=planned.reason,
         )
         async with self.engine.begin() as conn:
-            return await repo.repair_insert(
+            return await store.repair_insert(
                 conn,
                 check_id,
                 planned.kind.value,

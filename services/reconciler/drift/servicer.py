@@ -8,7 +8,7 @@ from dispo.libs.errors import InvalidArgument
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.repairs import REPAIR_KIND_TO_PB, RepairKind, repair_kind_from_pb
 from dispo.libs.timestamps import to_timestamp
-from dispo.reconciler.drift import repository as repo
+from dispo.reconciler.drift import store
 from dispo.reconciler.drift.checker import DriftChecker
 from dispo.reconciler.drift.planner import RepairOutcome
 
@@ -46,5 +46,5 @@ class DriftServicer(drift_pb2_grpc.DriftServiceServicer):
         if request.limit < 0:
             raise InvalidArgument("limit", "must be >= 0")
         async with self.checker.engine.connect() as conn:
-            rows = await repo.repairs_list(conn, kind, min(request.limit or 100, 1000))
+            rows = await store.repairs_list(conn, kind, min(request.limit or 100, 1000))
         return pb.ListRepairsResponse(repairs=[repair_to_pb(r) for r in rows])

@@ -12,9 +12,9 @@ import math
 from dispo.libs.downstream_health import check_health
 from dispo.libs.errors import InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
-from dispo.reconciler import store
 from dispo.reconciler.context import Context
-from dispo.reconciler.recovery import redrive_row
+from dispo.reconciler.recovery import store
+from dispo.reconciler.recovery.redrive import redrive_row
 
 log = get_logger(__name__)
 

@@ -1,8 +1,8 @@
 """Intelligence jobs: kinds, the status machine, and the few rules settlement shares.
 
 One row per (kind, evaluation) is the authority for a job (ADR 0001). The status machine is
-declared once here, checked by every guarded status write in the repository, and
-mirrored by the ``ck_job_status`` CHECK constraint (``repository.CHECKED_COLUMNS``);
+declared once here, checked by every guarded status write in the store, and
+mirrored by the ``ck_job_status`` CHECK constraint (``store.CHECKED_COLUMNS``);
 ``tests/intelligence/test_schema.py`` checks that both agree.
 
 Who moves a job out of each status:

@@ -19,7 +19,7 @@ from dispo.intelligence.evaluations import (
     EvaluationRecordStatus,
     RunResult,
 )
-from dispo.intelligence.jobs import REQUEUE_FROM, TRANSITIONS, Job, JobKind, JobStatus
+from dispo.intelligence.job_rules import REQUEUE_FROM, TRANSITIONS, Job, JobKind, JobStatus
 from dispo.libs.evaluation import Line, Verdict
 from dispo.libs.states import EnumCheck
 from sqlalchemy import text
@@ -89,7 +89,7 @@ def _set_fields(fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return sql, {f"f_{name}": value for name, value in fields.items()}
 
 
-class IntelligenceRepository:
+class IntelligenceStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 

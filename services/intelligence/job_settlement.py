@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispo.intelligence.jobs import (
+from dispo.intelligence.analysis_models import ModelRegistry
+from dispo.intelligence.job_rules import (
     MAX_QUEUED_RECOVERY_ATTEMPTS,
     Job,
     JobKind,
@@ -34,9 +35,8 @@ from dispo.intelligence.jobs import (
     describe_exception,
     settlement_fields,
 )
-from dispo.intelligence.models import ModelRegistry
-from dispo.intelligence.repository import IntelligenceRepository
 from dispo.intelligence.retries import GaveUp, RetryPolicy, call_with_retries
+from dispo.intelligence.store import IntelligenceStore
 from dispo.libs import metrics
 from dispo.libs.clock import Clock
 from dispo.libs.error_text import truncate_error
@@ -48,10 +48,10 @@ log = get_logger(__name__)
 
 @dataclass
 class JobDeps:
-    """What adapters may use: the repository, the analysis models and the clock; and how
+    """What adapters may use: the store, the analysis models and the clock; and how
     ``execute`` retries a transient failure of the work (``retries``)."""
 
-    repo: IntelligenceRepository
+    store: IntelligenceStore
     models: ModelRegistry
     clock: Clock
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -95,7 +95,7 @@ async def execute(
 ) -> JobOutcome:
     if adapter.kind != kind:
         raise ValueError(f"adapter for {adapter.kind} cannot execute {kind}")
-    repo, clock = deps.repo, deps.clock
+    store, clock = deps.store, deps.clock
     bound = log.bind(job_kind=kind.value, evaluation_id=evaluation_id)
 
     job, _ = await adapter.ensure_queued(deps, evaluation_id)
@@ -104,7 +104,7 @@ async def execute(
         return JobOutcome.SKIPPED
 
     token = uuid.uuid4().hex
-    if not await repo.job_claim_if_queued(kind, evaluation_id, token, clock.now()):
+    if not await store.job_claim_if_queued(kind, evaluation_id, token, clock.now()):
         bound.debug("claim lost")
         return JobOutcome.LOST
     claimed = time.perf_counter()
@@ -118,7 +118,7 @@ async def _run_claimed(
     kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: JobAdapter, token: str, bound: Any
 ) -> JobOutcome:
     """Validate, ``generating``, work, settle: the part of ``execute`` that holds the claim."""
-    repo, clock = deps.repo, deps.clock
+    store, clock = deps.store, deps.clock
     try:
         plan = await adapter.validate(deps, evaluation_id)
     except JobValidationError as error:
@@ -137,7 +137,7 @@ async def _run_claimed(
             deps, kind, evaluation_id, token, JobStatus.QUEUED, describe_exception(error), {}, bound
         )
 
-    if not await repo.job_set_generating_if_claimed(
+    if not await store.job_set_generating_if_claimed(
         kind, evaluation_id, token, settlement_fields(plan.fields), clock.now()
     ):
         bound.warning("claim taken away before generating")
@@ -161,7 +161,7 @@ async def _run_claimed(
     except asyncio.CancelledError:
         # Shutting down: hand the row back so recovery runs it again right away.
         await asyncio.shield(
-            repo.job_requeue_if_generating(kind, evaluation_id, token, clock.now())
+            store.job_requeue_if_generating(kind, evaluation_id, token, clock.now())
         )
         bound.info("job interrupted; re-queued")
         raise
@@ -173,7 +173,7 @@ async def _run_claimed(
 
     # Settlement writes are shielded: a shutdown arriving now must not leave the row half-settled.
     if await asyncio.shield(
-        repo.job_complete_if_generating(
+        store.job_complete_if_generating(
             kind, evaluation_id, token, result.result, settlement_fields(result.fields), clock.now()
         )
     ):
@@ -207,7 +207,7 @@ class ClaimHeartbeat:
         self._task: asyncio.Task[None] | None = None
 
     async def _beat(self) -> None:
-        extended = await self.deps.repo.job_heartbeat_if_claimed(
+        extended = await self.deps.store.job_heartbeat_if_claimed(
             self.kind, self.evaluation_id, self.token, self.deps.clock.now()
         )
         if not extended:
@@ -240,7 +240,7 @@ async def _settle_failed(
 ) -> JobOutcome:
     error = truncate_error(message)
     if await asyncio.shield(
-        deps.repo.job_fail_if_claimed(
+        deps.store.job_fail_if_claimed(
             kind, evaluation_id, token, expected, error, fields, deps.clock.now()
         )
     ):
@@ -265,7 +265,7 @@ class RecoveryReport:
 
 
 async def recover_jobs(
-    repo: IntelligenceRepository,
+    store: IntelligenceStore,
     now: datetime,
     *,
     queued_idle: timedelta,
@@ -288,19 +288,19 @@ async def recover_jobs(
     """
     requeued: list[tuple[JobKind, str]] = []
     failed: list[tuple[JobKind, str]] = []
-    for job in await repo.jobs_needing_recovery(now - queued_idle, now - generating_stale, limit):
+    for job in await store.jobs_needing_recovery(now - queued_idle, now - generating_stale, limit):
         if skip and (job.kind, job.evaluation_id) in skip:
             continue  # running in this very process (a periodic sweep, not a restart)
         if job.recovery_attempts >= MAX_QUEUED_RECOVERY_ATTEMPTS:
             reason = truncate_error(RECOVERY_CAP_REASON.format(attempts=job.recovery_attempts))
-            if await repo.job_fail_if_unchanged(job, reason, now):
+            if await store.job_fail_if_unchanged(job, reason, now):
                 failed.append((job.kind, job.evaluation_id))
                 log.warning(
                     "job recovery cap reached",
                     job_kind=job.kind.value,
                     evaluation_id=job.evaluation_id,
                 )
-        elif await repo.job_requeue_if_unchanged(job, now):
+        elif await store.job_requeue_if_unchanged(job, now):
             requeued.append((job.kind, job.evaluation_id))
             log.info(
                 "job recovered",

@@ -14,7 +14,7 @@ from dispo.libs.auth import open_channel
 from dispo.libs.backoff import backoff
 from dispo.libs.logging import get_logger
 from dispo.libs.payload import canonical_json
-from dispo.reconciler import arbitration_store as arb
+from dispo.reconciler.arbitration import store as arb
 from dispo.reconciler.context import Context
 from dispo.reconciler.states import CompensationState
 

@@ -17,13 +17,8 @@ from typing import Any
 import yaml
 from dispo.libs.catalogue import Catalogue, Downstream, load_configured_catalogue
 from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
-from dispo.reconciler.policy import (
-    ArbitrationPolicy,
-    PriorityRule,
-    ProbeRule,
-    RedrivePolicy,
-    ReleaseRate,
-)
+from dispo.reconciler.arbitration.policy import ArbitrationPolicy, PriorityRule
+from dispo.reconciler.recovery.policy import ProbeRule, RedrivePolicy, ReleaseRate
 from pydantic import Field
 from pydantic_settings import BaseSettings
 

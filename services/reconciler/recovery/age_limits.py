@@ -2,7 +2,7 @@
 AWAITING_DECISION (an UNKNOWN node no probe could settle, waiting for an operator) for
 longer than its limit — counted from when it was parked (``parked_at``) — ends FAILED with
 the reason, through the same terminal failure as a spent redrive policy: the final status
-snapshot the gateway shows (nodes that can no longer run ended, ``recovery.closed``) and
+snapshot the gateway shows (nodes that can no longer run ended, ``redrive.closed``) and
 task.close for the executor's own record. It is then resumable like any FAILED task.
 """
 
@@ -12,11 +12,11 @@ from datetime import datetime
 
 from dispo.libs.logging import get_logger
 from dispo.reconciler import envelope as E
-from dispo.reconciler import store
 from dispo.reconciler.context import Context
-from dispo.reconciler.recovery import closed, emit_terminal_failure
+from dispo.reconciler.recovery import store
+from dispo.reconciler.recovery.redrive import closed, emit_terminal_failure
+from dispo.reconciler.recovery.store import Filter, RecoveryRow
 from dispo.reconciler.states import RecoveryState
-from dispo.reconciler.store import Filter, RecoveryRow
 
 log = get_logger(__name__)
 R = RecoveryState

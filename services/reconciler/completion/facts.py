@@ -29,11 +29,11 @@ from dispo.libs.logging import get_logger
 from dispo.libs.payload import canonical_json
 from dispo.libs.proto_enums import node_status_name, task_status_name
 from dispo.libs.tracing import inject, resumed
-from dispo.reconciler import completion_store as cs
 from dispo.reconciler import envelope as E
-from dispo.reconciler import store
+from dispo.reconciler.completion import store as cs
 from dispo.reconciler.context import Context
 from dispo.reconciler.probes import DeliveryResult, deliver_webhook, probe_effect
+from dispo.reconciler.recovery import store
 from dispo.reconciler.states import PARKED, NotifyState, ReconcileState, RecoveryState
 
 log = get_logger(__name__)

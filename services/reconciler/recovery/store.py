@@ -11,13 +11,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.outbox import outbox_add, outbox_table
 from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, WORK_KIND_STATES, RecoveryState
-from sqlalchemy import MetaData, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
-
-metadata = MetaData()
-outbox = outbox_table(metadata, traced=True)
 
 
 @dataclass
@@ -436,19 +432,6 @@ async def settlements_get(conn: AsyncConnection, task_id: str) -> list[Any]:
             text("SELECT * FROM settlements WHERE task_id = :id ORDER BY id"), {"id": task_id}
         )
     )
-
-
-async def emit(
-    conn: AsyncConnection,
-    subject: str,
-    msg_id: str,
-    payload: bytes,
-    now: datetime,
-    trace: str | None = None,
-) -> None:
-    """An event in the outbox, in the caller's transaction, with the trace context of the
-    work it stems from (``trace``, published as its headers)."""
-    await outbox_add(conn, outbox, subject, msg_id, payload, now, trace)
 
 
 # ---- downstreams ------------------------------------------------------------------------

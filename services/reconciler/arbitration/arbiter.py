@@ -19,11 +19,11 @@ from dispo.libs.contracts import tasks
 from dispo.libs.logging import get_logger
 from dispo.libs.payload import payload_value
 from dispo.libs.timestamps import to_timestamp
-from dispo.reconciler import arbitration_store as arb
 from dispo.reconciler import envelope as E
-from dispo.reconciler import store
+from dispo.reconciler.arbitration import store as arb
+from dispo.reconciler.arbitration.policy import Contender
 from dispo.reconciler.context import Context
-from dispo.reconciler.policy import Contender
+from dispo.reconciler.outbox import emit
 from dispo.reconciler.states import ClaimState
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -138,7 +138,7 @@ async def _decide_target(
         states.update({t: C.WON for t in winners} | {t: C.LOST for t in new_losers})
         for loser in new_losers:
             cancel = task_pb2.CancelRequest(task_id=loser, requested_at=to_timestamp(now))
-            await store.emit(
+            await emit(
                 conn,
                 tasks.TASK_CANCEL,
                 tasks.cancel_id(loser, f"verdict{verdict}"),

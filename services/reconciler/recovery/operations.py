@@ -13,11 +13,12 @@ from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler import envelope as E
-from dispo.reconciler import store
 from dispo.reconciler.context import Context
-from dispo.reconciler.recovery import redrive_row
+from dispo.reconciler.outbox import emit
+from dispo.reconciler.recovery import store
+from dispo.reconciler.recovery.redrive import redrive_row
+from dispo.reconciler.recovery.store import Filter, RecoveryRow
 from dispo.reconciler.states import RecoveryState
-from dispo.reconciler.store import Filter, RecoveryRow
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
@@ -159,7 +160,7 @@ async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> Recove
             conn, task_id, row.generation, "abandon", now, actor=actor, reason=reason
         )
         cancel = task_pb2.CancelRequest(task_id=task_id, requested_at=to_timestamp(now))
-        await store.emit(
+        await emit(
             conn,
             tasks.TASK_CANCEL,
             tasks.cancel_id(task_id, "abandon"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from dispo.gateway import repository as repo
+from dispo.gateway import store
 from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
 from dispo.libs import metrics
@@ -108,7 +108,7 @@ class Gateway:
         # business found once needs no second read.
         self._signed: set[str] = set()
         # Group commit of accepted tasks (ADR 0022): one transaction per flush.
-        self.submits: Batcher[repo.NewTask, Accepted] = Batcher(
+        self.submits: Batcher[store.NewTask, Accepted] = Batcher(
             "submits",
             self._accept_all,
             max_items=submit_batch,
@@ -118,7 +118,7 @@ class Gateway:
             observe=metrics.group_commit_flushes("submits"),
         )
         # Status events: one statement per flush for all of them.
-        self.statuses: Batcher[repo.Snapshot, bool] = Batcher(
+        self.statuses: Batcher[store.Snapshot, bool] = Batcher(
             "statuses",
             self._apply_all,
             max_items=status_batch,
@@ -139,7 +139,7 @@ class Gateway:
         return accepted
 
     async def submit_all(
-        self, subs: Sequence[Submission], news: Sequence[repo.NewTask]
+        self, subs: Sequence[Submission], news: Sequence[store.NewTask]
     ) -> list[Accepted | BaseException]:
         """Record ``news`` (each :meth:`prepare` of the submission at its place) through the
         same flushes as Submits, together; answer once all are committed, each with its
@@ -150,7 +150,7 @@ class Gateway:
                 self._accepted(sub, new, accepted)
         return answers
 
-    async def prepare(self, sub: Submission) -> repo.NewTask:
+    async def prepare(self, sub: Submission) -> store.NewTask:
         """The task ``sub`` asks for, validated and expanded, ready to record: bad input
         raises here, before anything is written."""
         validate(sub, self.catalogue, self.limits, self.egress)
@@ -161,7 +161,7 @@ class Gateway:
         env = task_envelope(task_id, sub, nodes, now)
         view = env.SerializeToString()  # encoded once: stored, published, and measured
         self._check_envelope_size(task_id, len(view), [n.node_id for n in nodes])
-        return repo.NewTask(
+        return store.NewTask(
             task_id=task_id,
             business=sub.business,
             idempotency_key=sub.idempotency_key,
@@ -174,7 +174,7 @@ class Gateway:
         )
 
     @staticmethod
-    def _accepted(sub: Submission, new: repo.NewTask, accepted: Accepted) -> None:
+    def _accepted(sub: Submission, new: store.NewTask, accepted: Accepted) -> None:
         if not accepted.duplicate:
             metrics.task_accepted(sub.business, (c.cell for c in sub.cells))
             log.info(
@@ -226,13 +226,13 @@ class Gateway:
                 field="cells",
             )
 
-    async def _accept_all(self, items: list[repo.NewTask]) -> list[Accepted | BaseException]:
+    async def _accept_all(self, items: list[store.NewTask]) -> list[Accepted | BaseException]:
         """One flush of Submits: every task whose key is free inserted with its task.create
         row by one statement that commits alone, then the holders of the taken keys (if any)
         read with another. Duplicates within the flush are answered exactly as across
         flushes: the first Submit of a key in the flush is the one inserted."""
-        first: dict[tuple[str, str], repo.NewTask] = {}
-        fresh: list[repo.NewTask] = []
+        first: dict[tuple[str, str], store.NewTask] = {}
+        fresh: list[store.NewTask] = []
         for t in items:
             if t.idempotency_key:
                 if (t.business, t.idempotency_key) in first:
@@ -246,12 +246,12 @@ class Gateway:
         # One statement, its own transaction: no BEGIN and COMMIT round trips around it.
         async with self.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            inserted = await repo.tasks_accept_many(conn, fresh, staged)
+            inserted = await store.tasks_accept_many(conn, fresh, staged)
             self.relay.publish_committed(staged)
             # The keys found taken: their holders are committed (the insert waited for any
             # transaction holding one), so a read after it finds them.
             taken = [key for key, t in first.items() if t.task_id not in inserted]
-            holders = await repo.tasks_by_keys(conn, taken)
+            holders = await store.tasks_by_keys(conn, taken)
         answers: list[Accepted | BaseException] = []
         for t in items:
             if t.task_id in inserted:
@@ -260,7 +260,7 @@ class Gateway:
             key = (t.business, t.idempotency_key)
             winner = first[key]
             if winner.task_id in inserted:  # an earlier Submit of this flush took the key
-                holder = repo.KeyHolder(winner.task_id, winner.request_hash, "accepted")
+                holder = store.KeyHolder(winner.task_id, winner.request_hash, "accepted")
             elif key in holders:
                 holder = holders[key]
             else:  # pragma: no cover - a key holder is never deleted
@@ -270,7 +270,7 @@ class Gateway:
         return answers
 
     @staticmethod
-    def _same(existing: repo.KeyHolder, digest: str) -> Accepted | FailedPrecondition:
+    def _same(existing: store.KeyHolder, digest: str) -> Accepted | FailedPrecondition:
         if existing.request_hash != digest:
             why = f"already used for task {existing.task_id} with a different request"
             return FailedPrecondition(
@@ -281,54 +281,54 @@ class Gateway:
     async def get(self, task_id: str) -> task_pb2.Task:
         return self.view_of(await self.get_record(task_id))
 
-    async def get_record(self, task_id: str) -> repo.TaskRecord:
+    async def get_record(self, task_id: str) -> store.TaskRecord:
         async with self.engine.connect() as conn:
-            record = await repo.task_get(conn, task_id)
+            record = await store.task_get(conn, task_id)
         if record is None:
             raise NotFound(f"no task {task_id!r}")
         return record
 
     @staticmethod
-    def view_of(record: repo.TaskRecord) -> task_pb2.Task:
+    def view_of(record: store.TaskRecord) -> task_pb2.Task:
         view = task_pb2.Task()
         view.CopyFrom(record.view)
         view.cancel_requested = view.cancel_requested or record.cancel_requested
         return view
 
-    async def list(self, matching: repo.TaskFilter, **page: Any) -> list[repo.TaskSummary]:
+    async def list(self, matching: store.TaskFilter, **page: Any) -> list[store.TaskSummary]:
         async with self.engine.connect() as conn:
-            return await repo.task_list(conn, matching, **page)
+            return await store.task_list(conn, matching, **page)
 
-    async def counts(self, matching: repo.TaskFilter) -> dict[str, int]:
+    async def counts(self, matching: store.TaskFilter) -> dict[str, int]:
         """How many matching tasks each status holds (stored names; absent: none)."""
         async with self.engine.connect() as conn:
-            return await repo.task_counts(conn, matching)
+            return await store.task_counts(conn, matching)
 
     async def cancel(self, task_id: str) -> task_pb2.Task:
         now = self.clock.now()
         async with self.engine.begin() as conn:
-            record = await repo.task_get(conn, task_id)
+            record = await store.task_get(conn, task_id)
             if record is None:
                 raise NotFound(f"no task {task_id!r}")
-            if record.status in repo.TERMINAL:
+            if record.status in store.TERMINAL:
                 raise FailedPrecondition(f"task {task_id} is already {record.status.upper()}")
-            if await repo.outbox_withdraw_create(conn, tasks.create_id(task_id, 0)):
+            if await store.outbox_withdraw_create(conn, tasks.create_id(task_id, 0)):
                 # Never published (the relay does not publish while disconnected): no
                 # executor has seen it, so it is cancelled here, completely.
-                await repo.task_set_view(
+                await store.task_set_view(
                     conn, task_id, cancelled_view(record.view, now), "cancelled", now
                 )
-            if await repo.task_request_cancel(conn, task_id, now):
+            if await store.task_request_cancel(conn, task_id, now):
                 request = task_pb2.CancelRequest(task_id=task_id)
                 set_timestamp(request.requested_at, now)
-                await repo.emit(
+                await store.emit(
                     conn,
                     tasks.TASK_CANCEL,
                     tasks.cancel_id(task_id),
                     request.SerializeToString(),
                     now,
                 )
-            record = await repo.task_get(conn, task_id)
+            record = await store.task_get(conn, task_id)
         self.relay.kick()
         assert record is not None
         log.info("task cancel requested", task_id=task_id)
@@ -338,7 +338,7 @@ class Gateway:
         """Take an executor's status snapshot (``data``: its bytes as received, stored as
         they are) into the view with the next flush; True if this snapshot was applied. A
         snapshot carries node states, not payloads: those stay as recorded at acceptance."""
-        snapshot = repo.Snapshot(
+        snapshot = store.Snapshot(
             env.task_id,
             env.version,
             stored_status(env.status),
@@ -346,15 +346,15 @@ class Gateway:
             env.generation,
         )
         applied = await self.statuses.submit(snapshot)
-        if applied and snapshot.status in repo.TERMINAL:
+        if applied and snapshot.status in store.TERMINAL:
             metrics.task_finished(env.business, snapshot.status, (n.cell for n in env.nodes))
         return applied
 
-    async def _apply_all(self, items: Sequence[repo.Snapshot]) -> Sequence[bool]:
+    async def _apply_all(self, items: Sequence[store.Snapshot]) -> Sequence[bool]:
         """One flush of status events: per task only the newest snapshot matters; all of
         them applied with one statement, each guarded by its version. Watchers of the tasks
         changed are woken after the commit."""
-        newest: dict[str, repo.Snapshot] = {}
+        newest: dict[str, store.Snapshot] = {}
         for item in items:
             known = newest.get(item.task_id)
             if known is None or item.version > known.version:
@@ -363,7 +363,7 @@ class Gateway:
         # One statement is its own transaction: no BEGIN and COMMIT round trips around it.
         async with self.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            applied = await repo.tasks_apply_snapshots(conn, chosen, self.clock.now())
+            applied = await store.tasks_apply_snapshots(conn, chosen, self.clock.now())
         for task_id in applied:
             event = self._changed.pop(task_id, None)
             if event is not None:
@@ -380,7 +380,7 @@ class Gateway:
                 if view.version != last:
                     last = view.version
                     yield view
-                if stored_status(view.status) in repo.TERMINAL:
+                if stored_status(view.status) in store.TERMINAL:
                     return
                 try:
                     await asyncio.wait_for(event.wait(), self.watch_poll_interval)

@@ -4,7 +4,7 @@ For each UNKNOWN node, in order: its action's status probe decides (done → SUC
 done → PENDING, once that is final: the downstream fenced the key, or the action's
 ``max_effect_seconds`` passed since the node became UNKNOWN — before that, and without an
 answer, ask again later; past the probe limit an operator decides,
-:class:`~dispo.reconciler.policy.ProbeRule`); without a probe, an idempotent action is
+:class:`~dispo.reconciler.recovery.policy.ProbeRule`); without a probe, an idempotent action is
 re-run under its idempotency key (PENDING); a non-idempotent one waits for an operator's
 decision (ResolveNode), with the reason recorded. Once no node is UNKNOWN the task is
 scheduled for redrive.
@@ -23,13 +23,13 @@ from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.proto_enums import node_status_name
 from dispo.reconciler import envelope as E
-from dispo.reconciler import store
 from dispo.reconciler.context import Context
-from dispo.reconciler.policy import ProbeVerdict
 from dispo.reconciler.probes import probe_effect
-from dispo.reconciler.recovery import emit_terminal_failure, redrive_row, schedule
+from dispo.reconciler.recovery import store
+from dispo.reconciler.recovery.policy import ProbeVerdict
+from dispo.reconciler.recovery.redrive import emit_terminal_failure, redrive_row, schedule
+from dispo.reconciler.recovery.store import RecoveryRow
 from dispo.reconciler.states import RecoveryState, SettlementMethod
-from dispo.reconciler.store import RecoveryRow
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)

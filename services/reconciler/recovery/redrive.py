@@ -16,10 +16,11 @@ from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.tracing import current, resumed
 from dispo.reconciler import envelope as E
-from dispo.reconciler import store
 from dispo.reconciler.context import Context
+from dispo.reconciler.outbox import emit
+from dispo.reconciler.recovery import store
+from dispo.reconciler.recovery.store import RecoveryRow
 from dispo.reconciler.states import RECOVERY_ENDED, RecoveryState
-from dispo.reconciler.store import RecoveryRow
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
@@ -173,7 +174,7 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
     on the status subject the gateway keeps its view from, and task.close so the executor's
     own record says FAILED too, with the same nodes ended."""
     snap = E.terminal(row.envelope, E.TS.TASK_STATUS_FAILED, row.reason, now)
-    await store.emit(
+    await emit(
         conn,
         tasks.task_status(row.task_id, snap.status),
         tasks.status_id(row.task_id, snap.version, "reconciler"),
@@ -188,7 +189,7 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
         generation=row.generation,
         version=snap.version,
     )
-    await store.emit(
+    await emit(
         conn,
         tasks.TASK_CLOSE,
         tasks.close_id(row.task_id, row.generation),
@@ -260,7 +261,7 @@ async def _redrive_row(
         downstream=downstream,
         nodes=reset,
     )
-    await store.emit(
+    await emit(
         conn,
         tasks.TASK_CREATE,
         tasks.create_id(row.task_id, env.generation),
