@@ -1,6 +1,6 @@
-"""``python -m dispo.gateway.bench`` is ``dispo bench submit`` (:mod:`dispo.libs.bench.run`)."""
+"""``python -m dispo.gateway.bench`` is ``dispo bench submit`` (:mod:`dispo.tools.bench.run`)."""
 
-from dispo.libs.bench.run import main
+from dispo.tools.bench.run import main
 
 if __name__ == "__main__":
     main()

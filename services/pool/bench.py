@@ -19,7 +19,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dispo.libs.bench import latency_line
 from dispo.libs.clock import ManualClock
 from dispo.libs.db import create_engine, migrate
 from dispo.libs.egress import AllowList
@@ -35,6 +34,7 @@ from dispo.pool.domain import (
 )
 from dispo.pool.operations import Pool
 from dispo.pool.sweeps import create_cron
+from dispo.tools.bench import latency_line
 from sqlalchemy import text
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -139,7 +139,7 @@ def main() -> None:
     if options.database_url:
         asyncio.run(run(options.database_url, options.crons, options.evaluations, options.runs))
         return
-    from dispo.libs.stack.postgres import EmbeddedPostgres
+    from dispo.tools.stack.postgres import EmbeddedPostgres
 
     with tempfile.TemporaryDirectory(prefix="dispo-pool-bench-") as root:
         postgres = EmbeddedPostgres(Path(root) / "postgres")

@@ -14,9 +14,9 @@ from dispo.libs.auth.tokens import Kind, secret_hash
 from dispo.libs.db import create_engine
 from dispo.libs.db.roles import role_name
 from dispo.libs.settings import CommonSettings, ServerSettings
-from dispo.libs.stack import compose_env
-from dispo.libs.stack.nats_auth import USERS
-from dispo.libs.stack.stack import SERVICES
+from dispo.tools.stack import compose_env
+from dispo.tools.stack.nats_auth import USERS
+from dispo.tools.stack.stack import SERVICES
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
 
@@ -141,7 +141,7 @@ def test_each_service_has_its_own_role_bus_user_and_token_from_the_names_the_set
 def test_the_bus_nodes_take_the_users_the_init_container_writes():
     services = compose()["services"]
     init = services["dispo-init"]
-    assert init["command"] == ["python", "-m", "dispo.libs.stack.compose_env", "init"]
+    assert init["command"] == ["python", "-m", "dispo.tools.stack.compose_env", "init"]
     auth_file = init["environment"][compose_env.NATS_AUTH_FILE_ENV]
     auth_block = compose_env.nats_authorization()
     for node in (n for n in services if n.startswith("nats-")):

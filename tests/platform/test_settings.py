@@ -18,9 +18,9 @@ from dispo.intelligence.runtime import RecoveryPolicy
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs import settings_doc
 from dispo.libs.settings import CommonSettings, ServerSettings
-from dispo.libs.stack.stack import SERVICES
 from dispo.pool.domain import PoolPolicy
 from dispo.pool.settings import PoolSettings
+from dispo.tools.stack.stack import SERVICES
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 

@@ -37,7 +37,7 @@ from dispo.libs.auth.tokens import TokenRecord, new_secret, new_token_id, secret
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import SystemClock
 from dispo.libs.db import create_engine
-from dispo.libs.stack.stack import POOL_WORKER, SERVICES
+from dispo.tools.stack.stack import POOL_WORKER, SERVICES
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 CALLERS = (*SERVICES, POOL_WORKER)
