@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from dispo.libs.auth.bootstrap import MIGRATIONS as AUTH_MIGRATIONS
+from dispo.auth.bootstrap import MIGRATIONS as AUTH_MIGRATIONS
 from dispo.libs.bus import Bus, BusCredentials
 from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 import yaml
+from dispo.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
 from dispo.libs import settings_doc
-from dispo.libs.auth import store
-from dispo.libs.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
+from dispo.libs.auth.lookup import token_by_hash
 from dispo.libs.auth.tokens import Kind, secret_hash
 from dispo.libs.db import create_engine
 from dispo.libs.db.roles import role_name
@@ -164,10 +164,8 @@ async def test_init_stores_the_tokens_once_as_the_gateways_role(role_url):
     engine = create_engine(gateway, "auth")
     try:
         async with engine.connect() as conn:
-            admin = await store.token_by_hash(conn, secret_hash(values[compose_env.ADMIN_TOKEN]))
-            pool = await store.token_by_hash(
-                conn, secret_hash(values[compose_env.service_token("pool")])
-            )
+            admin = await token_by_hash(conn, secret_hash(values[compose_env.ADMIN_TOKEN]))
+            pool = await token_by_hash(conn, secret_hash(values[compose_env.service_token("pool")]))
     finally:
         await engine.dispose()
     assert admin is not None and admin.kind is Kind.ADMIN

@@ -25,8 +25,8 @@ import secrets
 import sys
 from pathlib import Path
 
-from dispo.libs.auth.bootstrap import insert_tokens, token_store
-from dispo.libs.auth.signing import new_key
+from dispo.auth.bootstrap import insert_tokens, token_store
+from dispo.auth.signing import new_key
 from dispo.libs.auth.tokens import Kind, new_secret, secret_hash
 from dispo.libs.clock import SystemClock
 from dispo.libs.db.roles import SERVICES, bootstrap, login_from_url

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
-from dispo.libs.auth.bootstrap import StackCredentials, prepare_token_store, stack_credentials
-from dispo.libs.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
+from dispo.auth.bootstrap import StackCredentials, prepare_token_store, stack_credentials
+from dispo.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
 from dispo.libs.catalogue import example_calling
 from dispo.libs.clock import SystemClock
 from dispo.libs.db.passwords import PASSWORDS_FILE, kept_passwords
@@ -330,7 +330,7 @@ class Stack:
         self.supervisor: Supervisor | None = None
         self._lock = FolderLock(options.data_dir)
         self._ready = False
-        # The admin token and the services' tokens (dispo.libs.auth.bootstrap), once started.
+        # The admin token and the services' tokens (dispo.auth.bootstrap), once started.
         self.credentials: StackCredentials | None = None
 
     def claim(self) -> list[Recorded] | None:

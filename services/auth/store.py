@@ -1,6 +1,6 @@
 """SQL of the token store: ``auth.tokens``, written by the gateway only and read by every
-service (each looks up the bearer of a call by its hash), and ``auth.signing_secrets`` (the
-gateway writes them, the reconciler signs with them). Names are schema-qualified: every
+service (each looks up the bearer of a call by its hash: :mod:`dispo.libs.auth.lookup`), and
+``auth.signing_secrets`` (the gateway writes them, the reconciler signs with them). Names are schema-qualified: every
 service's engine has its own schema first on its search path."""
 
 from __future__ import annotations
@@ -8,26 +8,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from dispo.libs.auth.signing import SigningSecretRecord
-from dispo.libs.auth.tokens import Kind, TokenRecord
+from dispo.auth.signing import SigningSecretRecord
+from dispo.libs.auth.lookup import TOKEN_COLUMNS, token_record
+from dispo.libs.auth.tokens import TokenRecord
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 SCHEMA = "auth"
-_COLUMNS = "id, kind, business, service, label, created_at, expires_at, revoked_at"
-
-
-def _record(row: Any) -> TokenRecord:
-    return TokenRecord(
-        row.id,
-        Kind(row.kind),
-        row.business,
-        row.service,
-        row.label,
-        row.created_at,
-        row.expires_at,
-        row.revoked_at,
-    )
 
 
 def _params(record: TokenRecord, digest: str) -> dict[str, Any]:
@@ -69,23 +56,13 @@ async def token_insert_if_absent(conn: AsyncConnection, record: TokenRecord, dig
     return result.first() is not None
 
 
-async def token_by_hash(conn: AsyncConnection, digest: str) -> TokenRecord | None:
-    row = (
-        await conn.execute(
-            text(f"SELECT {_COLUMNS} FROM auth.tokens WHERE secret_sha256 = :digest"),
-            {"digest": digest},
-        )
-    ).first()
-    return _record(row) if row is not None else None
-
-
 async def token_get(conn: AsyncConnection, token_id: str) -> TokenRecord | None:
     row = (
         await conn.execute(
-            text(f"SELECT {_COLUMNS} FROM auth.tokens WHERE id = :id"), {"id": token_id}
+            text(f"SELECT {TOKEN_COLUMNS} FROM auth.tokens WHERE id = :id"), {"id": token_id}
         )
     ).first()
-    return _record(row) if row is not None else None
+    return token_record(row) if row is not None else None
 
 
 async def token_list(
@@ -98,12 +75,12 @@ async def token_list(
         clauses.append("revoked_at IS NULL")
     rows = await conn.execute(
         text(
-            f"SELECT {_COLUMNS} FROM auth.tokens WHERE {' AND '.join(clauses)}"
+            f"SELECT {TOKEN_COLUMNS} FROM auth.tokens WHERE {' AND '.join(clauses)}"
             " ORDER BY created_at DESC, id"
         ),
         {"business": business},
     )
-    return [_record(r) for r in rows]
+    return [token_record(r) for r in rows]
 
 
 async def token_revoke_if_live(
@@ -118,7 +95,7 @@ async def token_revoke_if_live(
     return await token_get(conn, token_id)
 
 
-# Webhook signing secrets (dispo.libs.auth.signing): salts, never secrets.
+# Webhook signing secrets (dispo.auth.signing): salts, never secrets.
 _SECRET_COLUMNS = "id, business, salt, key_id, created_at, retires_at"
 
 

@@ -1,4 +1,4 @@
-"""Webhook signing secrets per business (dispo.libs.auth.signing, ADR-0043).
+"""Webhook signing secrets per business (dispo.auth.signing, ADR-0043).
 
 Each row holds a random salt, never a secret: the secret is derived from the salt under the
 signing key only the gateway and the reconciler hold, so the SELECT every service's role has

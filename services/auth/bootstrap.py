@@ -23,9 +23,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispo.libs.auth import store
+from dispo.auth import store
+from dispo.auth.signing import new_key
 from dispo.libs.auth.caller import ADMIN_TOKEN_FILE
-from dispo.libs.auth.signing import new_key
 from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.clock import Clock
 from dispo.libs.db import create_engine, migrate

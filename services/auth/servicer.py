@@ -10,15 +10,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
-from dispo.libs.api.auth.v1 import auth_pb2 as pb
-from dispo.libs.api.auth.v1 import auth_pb2_grpc
-from dispo.libs.auth import store
-from dispo.libs.auth.signing import (
+from dispo.auth import store
+from dispo.auth.signing import (
     SigningKey,
     SigningSecretRecord,
     new_salt,
     new_secret_id,
 )
+from dispo.libs.api.auth.v1 import auth_pb2 as pb
+from dispo.libs.api.auth.v1 import auth_pb2_grpc
 from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import Clock
