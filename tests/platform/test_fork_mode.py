@@ -35,6 +35,7 @@ ENTRY_POINTS = [
     "dispo.intelligence.app",
     "dispo.pool.app",
     "dispo.tools.cli.main",
+    "dispo.sdk",
 ]
 
 
