@@ -32,16 +32,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     TOOLS: set(ROOTS),
     **{service: {KERNEL, SDK, AUTH} for service in SERVICES},
 }
-# A service's imports of the tools, each to move below them: the pool starts OpenClaw and
-# its worker processes the way the stack starts its children, and measures its claims with
-# the bench's latency line.
+# A service's imports of the tools, each to move below them: the pool installs and starts
+# OpenClaw, and starts its worker processes, the way the stack starts its children.
 NOT_YET_BELOW: set[tuple[str, str]] = {
     ("services/pool/app.py", "dispo.tools.stack.openclaw"),
     ("services/pool/settings.py", "dispo.tools.stack.openclaw"),
     ("services/pool/worker/supervisor.py", "dispo.tools.stack.process"),
-    ("services/pool/bench.py", "dispo.tools.bench"),
-    ("services/pool/bench.py", "dispo.tools.stack.postgres"),
-    ("services/gateway/bench.py", "dispo.tools.bench.run"),
 }
 
 

@@ -301,7 +301,7 @@ def status(
 
 BENCHMARKS = {
     "submit": "dispo.tools.bench.run",  # tasks through the pipeline: throughput, latency, CPU, ceiling
-    "pool": "dispo.pool.bench",  # cron claims and run recordings under contention
+    "pool": "dispo.tools.bench.pool",  # cron claims and run recordings under contention
     "faults": "dispo.tools.bench.faults",  # the fault campaign: lost, stuck, duplicate effects
 }
 

@@ -1,8 +1,8 @@
 """Benchmark: the queue under contention — claims and run recordings through the pool's
 real SQL on PostgreSQL (no driver, no HTTP: this measures the pool, not a target).
 
-    python -m dispo.pool.bench                                  # own embedded PostgreSQL
-    python -m dispo.pool.bench --database-url postgresql://… --crons 20 --evaluations 2000
+    python -m dispo.tools.bench.pool                                  # own embedded PostgreSQL
+    python -m dispo.tools.bench.pool --database-url postgresql://… --crons 20 --evaluations 2000
 
 ``--crons`` crons wake concurrently in rounds; each round every cron takes the top queue
 item and records the runs it owes (``--runs`` per evaluation, all due at once). Prints
@@ -18,11 +18,13 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from dispo.libs.clock import ManualClock
 from dispo.libs.db import create_engine, migrate
 from dispo.libs.egress import AllowList
 from dispo.libs.evaluation import Line, Verdict
+from dispo.pool.app import MIGRATIONS
 from dispo.pool.domain import (
     DriverCron,
     Evaluation,
@@ -37,14 +39,13 @@ from dispo.pool.sweeps import create_cron
 from dispo.tools.bench import latency_line
 from sqlalchemy import text
 
-MIGRATIONS = Path(__file__).parent / "migrations"
 TARGET = "http://127.0.0.1:9"  # the evaluations' target, never called
 
 
 class NullDriver:
     name = "null"
 
-    async def create(self, cron_id: str, state: dict) -> None: ...
+    async def create(self, cron_id: str, state: dict[str, Any]) -> None: ...
     async def remove(self, cron_id: str) -> None: ...
     async def list(self) -> list[DriverCron]:
         return []
@@ -52,7 +53,7 @@ class NullDriver:
     async def find(self, cron_id: str) -> DriverCron | None:
         return None
 
-    async def write_state(self, cron_id: str, state: dict) -> None: ...
+    async def write_state(self, cron_id: str, state: dict[str, Any]) -> None: ...
     async def trigger(self, cron_id: str) -> None: ...
 
     async def drain(self) -> None: ...
