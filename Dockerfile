@@ -3,6 +3,8 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml setup.py README.md LICENSE ./
 COPY libs libs
+COPY sdk sdk
+COPY tools tools
 COPY services services
 # The package alone: no `local` extra (embedded PostgreSQL and NATS), compose runs those.
 RUN pip install --no-cache-dir . \

@@ -1,5 +1,6 @@
-"""Package discovery for the layout fixed by the architecture: ``libs/`` is ``dispo.libs`` and
-``services/<service>/`` is ``dispo.<service>`` (the roots are ``package-dir`` in pyproject.toml).
+"""Package discovery for the layout fixed by the architecture: ``libs/`` is ``dispo.libs``,
+``sdk/`` is ``dispo.sdk``, ``tools/`` is ``dispo.tools`` and ``services/<service>/`` is
+``dispo.<service>`` (the roots are ``package-dir`` in pyproject.toml; docs/architecture.md).
 
 Everything else is declared in pyproject.toml; only the package list is computed here, so that
 every folder under a root ships, including those without ``__init__.py`` (each service's

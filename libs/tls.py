@@ -11,7 +11,7 @@ Each process is configured by its ``DISPO_TLS_*`` settings
   :mod:`dispo.libs.auth.channel` applies it to every channel.
 
 Without these settings servers and channels are plaintext. ``dispo up --tls`` makes a local
-CA and certificates (:class:`LocalCertificates`, made by :mod:`dispo.libs.stack.certificates`).
+CA and certificates (:class:`LocalCertificates`, made by :mod:`dispo.tools.stack.certificates`).
 """
 
 from __future__ import annotations

@@ -36,17 +36,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from dispo.libs.auth.bootstrap import MIGRATIONS as AUTH_MIGRATIONS
+from dispo.auth.bootstrap import MIGRATIONS as AUTH_MIGRATIONS
 from dispo.libs.bus import Bus, BusCredentials
 from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate
 from dispo.libs.db.passwords import kept_passwords
 from dispo.libs.db.roles import Login, login_url, role_name
-from dispo.libs.stack.nats import NatsServer, free_port
-from dispo.libs.stack.nats_auth import ADMIN, NatsUsers
-from dispo.libs.stack.postgres import EmbeddedPostgres
-from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
-from dispo.libs.stack.stack import SERVICES, service_env
+from dispo.tools.stack.nats import NatsServer, free_port
+from dispo.tools.stack.nats_auth import ADMIN, NatsUsers
+from dispo.tools.stack.postgres import EmbeddedPostgres
+from dispo.tools.stack.process import ManagedProcess, ProcessSpec, python_module
+from dispo.tools.stack.stack import SERVICES, service_env
 from hypothesis import settings
 from support.auth import TestTokens
 from support.databases import TestDatabases

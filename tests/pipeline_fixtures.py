@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from dispo.libs.sdk import AsyncClient
-from dispo.libs.stack.nats import free_port
-from dispo.libs.stack.process import ManagedProcess, ProcessSpec, python_module
+from dispo.sdk import AsyncClient
+from dispo.tools.stack.nats import free_port
+from dispo.tools.stack.process import ManagedProcess, ProcessSpec, python_module
 from support import eventually
 from support.auth import session_tokens
 

@@ -1,21 +1,20 @@
-"""Who calls: API tokens, the one check every gRPC server makes, and the channels that send
-them (docs/security.md, ADR-0040).
+"""Who calls: the check every gRPC server makes of a caller's token, and the channels that
+send one (docs/security.md, ADR-0040). The tokens themselves, their tables, the token service
+and the signing secrets are the auth context's (:mod:`dispo.auth`); this is what every
+service runs, so it is the kernel's (ADR-0087).
 
 - :mod:`.tokens`: the domain (kinds, principal, secret and hash);
-- :mod:`.store`: ``auth.tokens``, written by the gateway, read by every service;
+- :mod:`.lookup`: the one read every server makes of ``auth.tokens`` (a hash to its token);
 - :mod:`.verifier`: a secret to its principal, through a short cache;
 - :mod:`.rules`: which token may call which RPC, one rule per RPC;
 - :mod:`.server`: the check :func:`dispo.libs.grpcserver.create_server` applies to every call;
 - :mod:`.scope`: the caller inside a servicer, and what a business token may see;
 - :mod:`.channel`: every client channel, carrying ``authorization: Bearer <token>``;
-- :mod:`.servicer`: ``dispo.auth.v1.TokenService`` (create, list, revoke);
-- :mod:`.bootstrap`: the credentials ``dispo up`` makes and hands over;
 - :mod:`.caller`: the token a command-line caller sends.
 
 This package's names are the ones a caller and a servicer need; they import neither the
-database layer nor the bus, so a ``dispo`` command does not load them. What touches the
-token store is imported from its module (``store``, ``verifier.TokenVerifier``,
-``bootstrap.MIGRATIONS``).
+database layer nor the bus, so a ``dispo`` command does not load them. What reads the token
+store is imported from its module (``lookup``, ``verifier.TokenVerifier``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from dispo.libs.auth import store
+from dispo.libs.auth.lookup import token_by_hash
 from dispo.libs.auth.tokens import Principal, secret_hash
 from dispo.libs.clock import Clock
 from dispo.libs.db import error_chain
@@ -138,7 +138,7 @@ class TokenVerifier:
         self.store_reads += 1
         try:
             async with self.engine.connect() as conn:
-                record = await store.token_by_hash(conn, digest)
+                record = await token_by_hash(conn, digest)
         except Exception as error:
             if _no_token_store(error):
                 raise Unavailable(

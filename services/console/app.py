@@ -73,8 +73,8 @@ from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.clock import Clock, SystemClock
 from dispo.libs.logging import configure_logging, get_logger
 from dispo.libs.proto_enums import short_name
-from dispo.libs.sdk import DispoError, TaskSummary, TaskView
 from dispo.libs.settings import CommonSettings
+from dispo.sdk import DispoError, TaskSummary, TaskView
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request

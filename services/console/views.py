@@ -20,7 +20,7 @@ from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.evaluation import NO_BASELINE
 from dispo.libs.proto_enums import short_name
-from dispo.libs.sdk import TaskView
+from dispo.sdk import TaskView
 from google.protobuf.timestamp_pb2 import Timestamp
 
 # One colour per task and node status, the same on every page (and in the graph).

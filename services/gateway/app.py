@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dispo.auth import servicer as tokens
+from dispo.auth.bootstrap import MIGRATIONS as AUTH_MIGRATIONS
+from dispo.auth.bootstrap import SCHEMA as AUTH_SCHEMA
+from dispo.auth.bootstrap import apply_bootstrap
+from dispo.auth.signing import configured_key
 from dispo.gateway import store
 from dispo.gateway.operations import Gateway
 from dispo.gateway.servicer import GatewayServicer
@@ -12,11 +17,6 @@ from dispo.gateway.settings import GatewaySettings
 from dispo.gateway.snapshots import snapshot_problem
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.auth import servicer as tokens
-from dispo.libs.auth.bootstrap import MIGRATIONS as AUTH_MIGRATIONS
-from dispo.libs.auth.bootstrap import SCHEMA as AUTH_SCHEMA
-from dispo.libs.auth.bootstrap import apply_bootstrap
-from dispo.libs.auth.signing import configured_key
 from dispo.libs.bus import ACK, Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.contracts import tasks

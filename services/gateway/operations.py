@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from dispo.auth import store as auth_store
 from dispo.gateway import store
 from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
 from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.auth import store as auth_store
 from dispo.libs.batcher import Batcher
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.clock import Clock

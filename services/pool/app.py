@@ -11,7 +11,6 @@ from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause
 from dispo.libs.private_files import write_private
 from dispo.libs.service import Runtime, run_service
-from dispo.libs.stack.openclaw import ensure_openclaw
 from dispo.pool import store, sweeps
 from dispo.pool.analysis_models import IntelligenceModels
 from dispo.pool.driver_calls import DriverCalls
@@ -29,6 +28,7 @@ from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.settings import PoolSettings
 from dispo.pool.worker.supervisor import WorkerSupervisor
+from dispo.tools.stack.openclaw import ensure_openclaw
 
 log = get_logger(__name__)
 

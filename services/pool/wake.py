@@ -18,9 +18,9 @@ from pathlib import Path
 import dispo.libs  # noqa: F401  # gRPC's fork mode, before grpc is imported
 import grpc
 import httpx
+from dispo.auth.bootstrap import read_token_file
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.auth import open_channel
-from dispo.libs.auth.bootstrap import read_token_file
 from dispo.libs.settings import CommonSettings
 from dispo.pool.worker.loop import GONE, serve_cron
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import httpx
-from dispo.libs.auth.signing import SigningKey
+from dispo.auth.signing import SigningKey
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.egress import AllowList

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 
 import httpx
-from dispo.libs.auth.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
+from dispo.auth.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
 from dispo.libs.egress import EgressRefused, join
 from dispo.libs.error_text import ERROR_TEXT_LIMIT, truncate_error
 from dispo.libs.tracing import inject

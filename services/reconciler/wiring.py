@@ -3,9 +3,9 @@ the sweep parts and the ReconcilerService servicer."""
 
 from __future__ import annotations
 
+from dispo.auth.signing import configured_key
 from dispo.libs import metrics
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
-from dispo.libs.auth.signing import configured_key
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
 from dispo.libs.service import Runtime

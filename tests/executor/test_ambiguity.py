@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from pipeline_fixtures import Pipeline, dump, stream_messages, wait_status, wait_until
 from support import eventually
 from support.auth import admin_channel

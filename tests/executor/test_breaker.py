@@ -9,7 +9,7 @@ from pathlib import Path
 from aiohttp import web
 from dispo.executor.settings import ExecutorSettings
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from pipeline_fixtures import Pipeline, dump, stream_messages, wait_status
 from support.auth import admin_channel
 

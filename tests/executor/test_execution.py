@@ -6,7 +6,7 @@ from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
 from dispo.libs.payload import payload_data
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from pipeline_fixtures import dump, stream_messages, wait_status, wait_until
 from support import eventually
 from support.auth import admin_channel

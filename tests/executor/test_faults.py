@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from pipeline_fixtures import dump, stream_messages, wait_status
 from sqlalchemy import text
 from support import eventually
@@ -237,7 +237,7 @@ async def test_postgres_crash_loses_no_accepted_task_and_refuses_submits_while_d
     pipeline, infra, downstream
 ):
     import grpc
-    from dispo.libs.sdk import DispoError
+    from dispo.sdk import DispoError
 
     await downstream.control(hold={"path": "/step/inflight"})
     async with pipeline.client() as client:

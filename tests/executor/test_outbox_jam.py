@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from dispo.libs.bus import Bus
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from pipeline_fixtures import Pipeline, dump
 from sqlalchemy import text
 from support import eventually

@@ -15,7 +15,7 @@ from dispo.executor.runner import Executor, ExecutorConfig, Progress
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import OutboxRelay
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from pipeline_fixtures import Pipeline, dump, wait_until
 from sqlalchemy import text
 

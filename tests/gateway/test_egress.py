@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.sdk import DispoError, cell
+from dispo.sdk import DispoError, cell
 from sqlalchemy import text
 from support.auth import signing_secret
 

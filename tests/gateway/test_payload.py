@@ -20,7 +20,7 @@ from dispo.libs.payload import (
     parse_json_object,
     payload_data,
 )
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from google.protobuf import json_format, struct_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status

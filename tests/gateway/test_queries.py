@@ -9,7 +9,7 @@ import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.grpcserver import ECHO_LIMIT_BYTES
-from dispo.libs.sdk import AsyncClient, Client, DispoError, cell
+from dispo.sdk import AsyncClient, Client, DispoError, cell
 from pipeline_fixtures import dump
 from support import eventually
 from support.auth import admin_channel, business_token

@@ -11,7 +11,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
 from dispo.libs.errors import ResourceExhausted
-from dispo.libs.sdk import DispoError, cell
+from dispo.sdk import DispoError, cell
 from outbox_subjects import rows_written
 from sqlalchemy import text
 from support.auth import admin_channel

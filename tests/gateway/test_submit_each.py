@@ -11,8 +11,8 @@ import pytest
 from dispo.gateway.limits import MAX_SUBMIT_MANY
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel
-from dispo.libs.sdk import AsyncClient, Client, DispoError, cell
-from dispo.libs.sdk._client import _submit_request
+from dispo.sdk import AsyncClient, Client, DispoError, cell
+from dispo.sdk._client import _submit_request
 from google.rpc import error_details_pb2
 from support.auth import business_token
 

@@ -5,7 +5,7 @@ bad item refused whole, naming the item, with nothing written."""
 import grpc
 import pytest
 from dispo.gateway.limits import MAX_SUBMIT_MANY
-from dispo.libs.sdk import DispoError, TaskRequest, cell
+from dispo.sdk import DispoError, TaskRequest, cell
 from support.auth import business_token
 
 

@@ -44,14 +44,18 @@ async def test_an_undeclared_job_or_evaluation_move_is_refused_and_changes_nothi
     assert not await app.store.job_requeue_if_generating(A, "done", "tok", now)
     assert await app.store.job_get(A, "done") == completed
 
-    assert await app.store.evaluation_complete_if_running("done", EvaluationRecordStatus.COMPLETED, now)
+    assert await app.store.evaluation_complete_if_running(
+        "done", EvaluationRecordStatus.COMPLETED, now
+    )
     evaluation = await app.store.evaluation_get("done")
     with pytest.raises(
         IllegalTransition, match="evaluation state cannot move from running to running"
     ):
         await app.store.evaluation_complete_if_running("done", EvaluationRecordStatus.RUNNING, now)
     # A declared move on an evaluation already finished is a lost race, not an error.
-    assert not await app.store.evaluation_complete_if_running("done", EvaluationRecordStatus.FAILED, now)
+    assert not await app.store.evaluation_complete_if_running(
+        "done", EvaluationRecordStatus.FAILED, now
+    )
     assert await app.store.evaluation_get("done") == evaluation
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from dispo.auth.bootstrap import stack_credentials
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel
-from dispo.libs.auth.bootstrap import stack_credentials
 
 DISPO = str(Path(sys.executable).parent / "dispo")
 

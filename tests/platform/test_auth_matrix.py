@@ -28,7 +28,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2, reconciler_pb2_grpc
 from dispo.libs.auth import RULES, open_channel
 from dispo.libs.auth.tokens import new_secret
-from dispo.libs.stack.stack import SERVICES
+from dispo.tools.stack.stack import SERVICES
 from google.protobuf import descriptor_pool, message_factory
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,

@@ -33,7 +33,7 @@ def test_a_seeded_rng_gives_the_same_delays():
 def test_no_service_spells_the_formula_again():
     copies = [
         str(path.relative_to(REPO_ROOT))
-        for root in ("services", "libs")
+        for root in ("services", "libs", "sdk", "tools")
         for path in sorted((REPO_ROOT / root).rglob("*.py"))
         if path.name != "backoff.py" and "* 2 * spread" in path.read_text()
     ]

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from dispo.libs.bench import ceiling, group_commits, load, machine
-from dispo.libs.bench.report import (
+from dispo.sdk import AsyncClient, cell
+from dispo.tools.bench import ceiling, group_commits, load, machine
+from dispo.tools.bench.report import (
     CLIENT,
     TABLE_HEADER,
     LoadFacts,
@@ -25,9 +26,8 @@ from dispo.libs.bench.report import (
     result_name,
     table_row,
 )
-from dispo.libs.bench.run import Target, measure, parser, running_stack, write_result
-from dispo.libs.bench.shapes import SHAPES, catalogue_yaml
-from dispo.libs.sdk import AsyncClient, cell
+from dispo.tools.bench.run import Target, measure, parser, running_stack, write_result
+from dispo.tools.bench.shapes import SHAPES, catalogue_yaml
 
 DISPO = str(Path(sys.executable).parent / "dispo")
 
@@ -157,8 +157,8 @@ def test_a_running_stack_in_the_data_folder_lends_its_processes_when_the_load_go
 ):
     """Against ``dispo up``'s stack (its state file in the data folder), the bench measures
     the processes recorded there that still run and reads the metrics of those services."""
-    from dispo.libs.stack.ownership import start_ticks
-    from dispo.libs.stack.state import STATE_FILE
+    from dispo.tools.stack.ownership import start_ticks
+    from dispo.tools.stack.state import STATE_FILE
 
     assert running_stack(["127.0.0.1:50051"], tmp_path) == ({}, {})  # no stack here
     me = {"pid": os.getpid(), "started": start_ticks(os.getpid())}

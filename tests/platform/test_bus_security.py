@@ -17,10 +17,10 @@ import pytest
 from dispo.libs import contracts
 from dispo.libs.bus import Bus, BusCredentials, BusCredentialsRefused, inbox_prefix
 from dispo.libs.contracts import evaluations, tasks
-from dispo.libs.sdk import cell
-from dispo.libs.stack.nats import NatsServer
-from dispo.libs.stack.nats_auth import ADMIN, USERS, NatsUsers, permissions
-from dispo.libs.stack.stack import SERVICES
+from dispo.sdk import cell
+from dispo.tools.stack.nats import NatsServer
+from dispo.tools.stack.nats_auth import ADMIN, USERS, NatsUsers, permissions
+from dispo.tools.stack.stack import SERVICES
 from pipeline_fixtures import wait_status
 from support import eventually
 

@@ -20,11 +20,11 @@ import pytest
 import typer.main
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bus import Bus
-from dispo.libs.cli._common import progress_bar
-from dispo.libs.cli.main import app
 from dispo.libs.contracts import tasks
-from dispo.libs.stack.nats import free_port
-from dispo.libs.stack.process import ManagedProcess
+from dispo.tools.cli._common import progress_bar
+from dispo.tools.cli.main import app
+from dispo.tools.stack.nats import free_port
+from dispo.tools.stack.process import ManagedProcess
 from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE, Downstream
 from rich.console import Console
 from support import eventually
@@ -41,7 +41,7 @@ SERVER_SIDE = (
     "dispo.libs.db",
     "dispo.libs.bus",
     "dispo.libs.service",
-    "dispo.libs.stack.stack",
+    "dispo.tools.stack.stack",
 )
 
 
@@ -431,7 +431,7 @@ def test_the_commands_that_call_a_stack_import_neither_the_database_layer_nor_th
     ]
     probe = (
         "import json, sys\n"
-        "from dispo.libs.cli.main import main\n"
+        "from dispo.tools.cli.main import main\n"
         "codes = []\n"
         f"for argv in {commands!r}:\n"
         "    try:\n"

@@ -7,16 +7,16 @@ import re
 from pathlib import Path
 
 import yaml
+from dispo.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
 from dispo.libs import settings_doc
-from dispo.libs.auth import store
-from dispo.libs.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
+from dispo.libs.auth.lookup import token_by_hash
 from dispo.libs.auth.tokens import Kind, secret_hash
 from dispo.libs.db import create_engine
 from dispo.libs.db.roles import role_name
 from dispo.libs.settings import CommonSettings, ServerSettings
-from dispo.libs.stack import compose_env
-from dispo.libs.stack.nats_auth import USERS
-from dispo.libs.stack.stack import SERVICES
+from dispo.tools.stack import compose_env
+from dispo.tools.stack.nats_auth import USERS
+from dispo.tools.stack.stack import SERVICES
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
 
@@ -141,7 +141,7 @@ def test_each_service_has_its_own_role_bus_user_and_token_from_the_names_the_set
 def test_the_bus_nodes_take_the_users_the_init_container_writes():
     services = compose()["services"]
     init = services["dispo-init"]
-    assert init["command"] == ["python", "-m", "dispo.libs.stack.compose_env", "init"]
+    assert init["command"] == ["python", "-m", "dispo.tools.stack.compose_env", "init"]
     auth_file = init["environment"][compose_env.NATS_AUTH_FILE_ENV]
     auth_block = compose_env.nats_authorization()
     for node in (n for n in services if n.startswith("nats-")):
@@ -164,10 +164,8 @@ async def test_init_stores_the_tokens_once_as_the_gateways_role(role_url):
     engine = create_engine(gateway, "auth")
     try:
         async with engine.connect() as conn:
-            admin = await store.token_by_hash(conn, secret_hash(values[compose_env.ADMIN_TOKEN]))
-            pool = await store.token_by_hash(
-                conn, secret_hash(values[compose_env.service_token("pool")])
-            )
+            admin = await token_by_hash(conn, secret_hash(values[compose_env.ADMIN_TOKEN]))
+            pool = await token_by_hash(conn, secret_hash(values[compose_env.service_token("pool")]))
     finally:
         await engine.dispose()
     assert admin is not None and admin.kind is Kind.ADMIN

@@ -14,7 +14,7 @@ import pytest
 from dispo.libs.db import create_engine, migrate
 from dispo.libs.db.passwords import kept_passwords
 from dispo.libs.db.roles import SCHEMAS, SERVICES, Login, bootstrap, login_url, role_name
-from dispo.libs.stack.postgres import EmbeddedPostgres, psql
+from dispo.tools.stack.postgres import EmbeddedPostgres, psql
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

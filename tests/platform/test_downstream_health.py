@@ -7,7 +7,7 @@ import httpx
 import pytest
 from aiohttp import web
 from dispo.libs.downstream_health import check_health
-from dispo.libs.stack.nats import free_port
+from dispo.tools.stack.nats import free_port
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from dispo.libs.bench.fault_report import (
+from dispo.tools.bench.fault_report import (
     NodeFacts,
     PhaseFacts,
     TaskFacts,
@@ -22,7 +22,7 @@ from dispo.libs.bench.fault_report import (
     render_campaign,
     table,
 )
-from dispo.libs.bench.faults import FAULTS
+from dispo.tools.bench.faults import FAULTS
 
 pytestmark = pytest.mark.long_file
 

@@ -34,7 +34,8 @@ ENTRY_POINTS = [
     "dispo.reconciler.app",
     "dispo.intelligence.app",
     "dispo.pool.app",
-    "dispo.libs.cli.main",
+    "dispo.tools.cli.main",
+    "dispo.sdk",
 ]
 
 

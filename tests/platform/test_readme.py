@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from dispo.libs.catalogue import EXAMPLE
-from dispo.libs.stack.nats import free_port
-from dispo.libs.stack.stack import SERVICES
+from dispo.tools.stack.nats import free_port
+from dispo.tools.stack.stack import SERVICES
 from support import eventually
 
 pytestmark = pytest.mark.long_file

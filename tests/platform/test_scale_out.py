@@ -12,8 +12,8 @@ import pytest
 import structlog
 from aiohttp import web
 from dispo.libs.bus import Bus
-from dispo.libs.sdk import AsyncClient, DispoError, cell
-from dispo.libs.stack.cluster import NatsCluster
+from dispo.sdk import AsyncClient, DispoError, cell
+from dispo.tools.stack.cluster import NatsCluster
 from support import eventually
 
 TASKS = 45

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from dispo.libs.health import health_status
-from dispo.libs.stack.stack import SERVICES
+from dispo.tools.stack.stack import SERVICES
 from support import eventually
 
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")

@@ -18,14 +18,21 @@ from dispo.intelligence.runtime import RecoveryPolicy
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs import settings_doc
 from dispo.libs.settings import CommonSettings, ServerSettings
-from dispo.libs.stack.stack import SERVICES
 from dispo.pool.domain import PoolPolicy
 from dispo.pool.settings import PoolSettings
+from dispo.tools.stack.stack import SERVICES
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["dispo.libs", *(f"dispo.{s}" for s in SERVICES), "dispo.console"]
+PACKAGES = [
+    "dispo.libs",
+    "dispo.sdk",
+    "dispo.tools",
+    "dispo.auth",
+    *(f"dispo.{s}" for s in SERVICES),
+    "dispo.console",
+]
 
 
 def every_settings_class() -> set[type[BaseSettings]]:
@@ -90,7 +97,7 @@ def test_every_duration_setting_is_in_seconds_and_named_so():
 
 
 def source_files() -> list[Path]:
-    dirs = [ROOT / "libs", *(ROOT / "services" / s for s in SERVICES), ROOT / "services/console"]
+    dirs = [ROOT / "libs", ROOT / "sdk", ROOT / "tools", ROOT / "services"]
     return [
         p
         for d in dirs
@@ -147,7 +154,8 @@ def known_variables() -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "where", ["README.md", "compose.yaml", "docs", "tests", "libs", "services", ".ci"]
+    "where",
+    ["README.md", "compose.yaml", "docs", "tests", "libs", "sdk", "tools", "services", ".ci"],
 )
 def test_every_variable_named_anywhere_is_one_a_setting_reads(where):
     """A renamed or removed setting leaves no stale name in docs, compose, stack or tests

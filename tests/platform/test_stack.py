@@ -16,9 +16,9 @@ import yaml
 from dispo.libs.catalogue import example_calling, parse_catalogue
 from dispo.libs.db.roles import without_password
 from dispo.libs.health import health_status
-from dispo.libs.stack.nats import free_port
-from dispo.libs.stack.nats_auth import ADMIN
-from dispo.libs.stack.stack import SERVICES, StackOptions, read_state, service_specs
+from dispo.tools.stack.nats import free_port
+from dispo.tools.stack.nats_auth import ADMIN
+from dispo.tools.stack.stack import SERVICES, StackOptions, read_state, service_specs
 from sqlalchemy.engine import make_url
 from support import eventually
 from support.stack import DISPO, RunningStack, alive

@@ -8,8 +8,8 @@ import signal
 import subprocess
 
 import pytest
-from dispo.libs.stack.ownership import start_ticks
-from dispo.libs.stack.stack import SERVICES, STATE_FILE, read_state
+from dispo.tools.stack.ownership import start_ticks
+from dispo.tools.stack.stack import SERVICES, STATE_FILE, read_state
 from support import eventually
 from support.stack import RunningStack, alive
 

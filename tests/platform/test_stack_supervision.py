@@ -10,13 +10,13 @@ from urllib.parse import parse_qs, urlparse
 
 import grpc
 import pytest
-from dispo.libs.sdk import AsyncClient, DispoError, cells
-from dispo.libs.stack.nats import NatsServer, free_port
-from dispo.libs.stack.nats_auth import NatsUsers
-from dispo.libs.stack.postgres import EmbeddedPostgres
-from dispo.libs.stack.process import ExitedBeforeReady, ManagedProcess, ProcessSpec, python_module
-from dispo.libs.stack.stack import NATS, POSTGRES, read_state
-from dispo.libs.stack.supervisor import Supervisor
+from dispo.sdk import AsyncClient, DispoError, cells
+from dispo.tools.stack.nats import NatsServer, free_port
+from dispo.tools.stack.nats_auth import NatsUsers
+from dispo.tools.stack.postgres import EmbeddedPostgres
+from dispo.tools.stack.process import ExitedBeforeReady, ManagedProcess, ProcessSpec, python_module
+from dispo.tools.stack.stack import NATS, POSTGRES, read_state
+from dispo.tools.stack.supervisor import Supervisor
 from support import eventually
 from support.stack import RunningStack, alive, descendants
 

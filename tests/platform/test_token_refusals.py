@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from dispo.libs.auth import Authorizer, Kind, open_channel, store
+from dispo.auth import store
+from dispo.libs.auth import Authorizer, Kind, open_channel
 from dispo.libs.auth.rules import ADMIN, RULES
 from dispo.libs.auth.tokens import new_secret, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier

@@ -23,10 +23,10 @@ import pytest
 from aiohttp import web
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.stack.nats import free_port
-from dispo.libs.stack.openclaw import OpenClawGateway, ensure_openclaw
-from dispo.libs.stack.stack import read_state
 from dispo.pool.drivers.openclaw import PROVIDER, OpenClawCli, OpenClawDriver
+from dispo.tools.stack.nats import free_port
+from dispo.tools.stack.openclaw import OpenClawGateway, ensure_openclaw
+from dispo.tools.stack.stack import read_state
 from support import eventually
 from support.auth import admin_channel
 from support.stack import DISPO, alive

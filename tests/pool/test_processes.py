@@ -11,7 +11,7 @@ import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.libs.sdk import DispoError
+from dispo.sdk import DispoError
 from sqlalchemy import text
 from support import eventually
 from support.auth import admin_channel

@@ -6,9 +6,9 @@ import dataclasses
 import json
 from datetime import UTC, datetime
 
+from dispo.auth.signing import SigningKey, SigningSecretRecord, signature
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
-from dispo.libs.auth.signing import SigningKey, SigningSecretRecord, signature
 from dispo.reconciler.completion import facts as completion
 from dispo.reconciler.completion import store as cs
 from dispo.reconciler.states import ReconcileState

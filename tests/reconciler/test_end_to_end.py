@@ -9,10 +9,10 @@ from typing import Any
 
 import grpc
 import pytest
+from dispo.auth.signing import signature
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
-from dispo.libs.auth.signing import signature
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from outbox_subjects import assert_outbox_subjects_declared
 from pipeline_fixtures import dump, wait_status, wait_until
 from support import eventually

@@ -20,7 +20,7 @@ import signal
 
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from pipeline_fixtures import Pipeline, dump
 from support import eventually
 

@@ -11,7 +11,7 @@ import asyncpg
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.sdk import cell
+from dispo.sdk import cell
 from pipeline_fixtures import dump, stream_messages, wait_until
 from support import eventually
 

@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from dispo.libs.sdk._gather import Gathered
+from dispo.sdk._gather import Gathered
 
 
 class Recorder:

@@ -4,7 +4,7 @@ import asyncio
 
 import grpc
 import pytest
-from dispo.libs.sdk import Client, DispoError, cell, cells
+from dispo.sdk import Client, DispoError, cell, cells
 
 
 def test_typed_builders_make_cell_requests():

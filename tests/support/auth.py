@@ -15,16 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import grpc
-from dispo.libs.auth import (
-    RULES,
-    Authorizer,
-    Kind,
-    Rule,
-    open_channel,
-    open_sync_channel,
-    store,
-)
-from dispo.libs.auth.signing import (
+from dispo.auth import store
+from dispo.auth.signing import (
     KEY_ENV,
     SIGNING_KEY_HOLDERS,
     SigningKey,
@@ -33,11 +25,19 @@ from dispo.libs.auth.signing import (
     new_salt,
     new_secret_id,
 )
+from dispo.libs.auth import (
+    RULES,
+    Authorizer,
+    Kind,
+    Rule,
+    open_channel,
+    open_sync_channel,
+)
 from dispo.libs.auth.tokens import TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import SystemClock
 from dispo.libs.db import create_engine
-from dispo.libs.stack.stack import POOL_WORKER, SERVICES
+from dispo.tools.stack.stack import POOL_WORKER, SERVICES
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 CALLERS = (*SERVICES, POOL_WORKER)

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dispo.libs.stack.nats import NatsServer
-from dispo.libs.stack.nats_auth import NatsUsers
+from dispo.tools.stack.nats import NatsServer
+from dispo.tools.stack.nats_auth import NatsUsers
 
 
 @contextmanager

@@ -16,11 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dispo.libs.bench.machine import process_times
 from dispo.libs.db.passwords import PASSWORDS_FILE
-from dispo.libs.stack.nats import free_port
-from dispo.libs.stack.ownership import start_ticks
-from dispo.libs.stack.stack import SERVICES
+from dispo.tools.bench.machine import process_times
+from dispo.tools.stack.nats import free_port
+from dispo.tools.stack.ownership import start_ticks
+from dispo.tools.stack.stack import SERVICES
 
 from support.waiting import eventually
 

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from dispo.auth import store as auth_store
+from dispo.auth.signing import SigningKey, SigningSecretRecord
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.auth import store as auth_store
-from dispo.libs.auth.signing import SigningKey, SigningSecretRecord
 from dispo.libs.backoff import backoff
 from dispo.libs.clock import within
 from dispo.libs.contracts import tasks

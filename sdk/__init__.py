@@ -1,0 +1,55 @@
+"""Python SDK for Dispo: state intents as cells, submit them, follow them to the end.
+
+    from dispo.sdk import Client, cells
+
+    with Client("127.0.0.1:50051") as dispo:
+        label = cells.update_quality_level(content_id="c-42", level=3)
+        notify = cells.notify_owner(owner_id="u-7", message="label raised").after(label)
+        task = dispo.submit("ecommerce", [label, notify], idempotency_key="c-42-raise")
+        print(dispo.wait(task.task_id).status)       # "SUCCEEDED"
+
+Other languages use the protos (dispo.gateway.v1) directly.
+
+The names below are the SDK's public surface; the modules whose names start with ``_`` are
+its internals and may change between releases.
+"""
+
+import dispo.libs  # noqa: F401  (sets gRPC's fork mode before grpc loads)
+from dispo.sdk import cells
+from dispo.sdk._client import AsyncClient, Client
+from dispo.sdk._types import (
+    TERMINAL,
+    CellSpec,
+    Completion,
+    DispoError,
+    NodeChange,
+    NodeView,
+    Submitted,
+    TaskEvent,
+    TaskEventPage,
+    TaskPage,
+    TaskRequest,
+    TaskSummary,
+    TaskView,
+    cell,
+)
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "CellSpec",
+    "Completion",
+    "DispoError",
+    "NodeChange",
+    "NodeView",
+    "Submitted",
+    "TaskEvent",
+    "TaskEventPage",
+    "TaskPage",
+    "TaskRequest",
+    "TaskSummary",
+    "TaskView",
+    "TERMINAL",
+    "cell",
+    "cells",
+]

@@ -1,0 +1,470 @@
+"""``dispo submit`` and ``dispo tasks``: the gateway's tasks, through the SDK.
+
+A submission file is the SubmitRequest as grpcurl takes it, in JSON or YAML::
+
+    business: ecommerce
+    idempotency_key: content-42-raise
+    cells:
+      - {cell: update_quality_level, payload: {content_id: content-42, level: 3}}
+      - {cell: notify_owner, payload: {owner_id: user-7, message: label raised},
+         depends_on: [update_quality_level]}
+
+A file of several tasks is the SubmitManyRequest: ``requests:`` and a list of those
+(at most 500), submitted by one SubmitMany, all or none.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.gateway.v1 import gateway_pb2
+from dispo.libs.proto_enums import from_short_name
+from dispo.libs.timestamps import set_timestamp
+from dispo.sdk import TERMINAL, CellSpec, Submitted, TaskRequest, TaskView
+from dispo.sdk._types import TaskPage
+from dispo.tools.cli._common import (
+    ENDED_BADLY,
+    JSON_OPTION,
+    OK,
+    as_dict,
+    brief,
+    emit_json,
+    moment,
+    out,
+    since,
+    target,
+    usage,
+)
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+tasks_app = typer.Typer(
+    help="The gateway's tasks: list, count, show, events, watch, cancel.", no_args_is_help=True
+)
+
+_SUBMIT_KEYS = {"business", "cells", "idempotency_key", "callback_url"}
+_CELL_KEYS = {"cell", "ref", "payload", "depends_on"}
+_STYLES = {
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "DEPENDENCY_FAILED": "red",
+    "CANCELLED": "yellow",
+    "UNKNOWN": "magenta",
+    "DEMOTED": "yellow",
+    "RETRY_EXHAUSTED": "yellow",
+    "RUNNING": "cyan",
+}
+
+
+def _read(source: str) -> tuple[list[dict[str, Any]], bool]:
+    """The submissions in ``source`` (a path, or ``-`` for standard input), JSON or YAML:
+    one object, or ``requests`` and a list of them (then True: for SubmitMany)."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as error:
+        usage(f"cannot read {source}: {error.strerror}")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            usage(f"{source} is neither JSON nor YAML: {error}")
+    if not isinstance(data, dict):
+        usage(f"{source} must hold one object (business, cells, …, or requests)")
+    if set(data) == {"requests"}:
+        items = data["requests"]
+        if not isinstance(items, list) or not items:
+            usage(f"{source}: requests must be a list of submissions")
+        for i, item in enumerate(items):
+            _known(item, f"{source}: requests[{i}]")
+        return items, True
+    _known(data, source)
+    return [data], False
+
+
+def _known(data: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        usage(f"{where} must be an object (business, cells, …)")
+    unknown = sorted(set(data) - _SUBMIT_KEYS)
+    if unknown:
+        usage(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(_SUBMIT_KEYS))})")
+
+
+def _cells(data: dict[str, Any], source: str) -> list[CellSpec]:
+    cells = data.get("cells")
+    if not isinstance(cells, list) or not cells:
+        usage(f"{source}: cells must be a list of cells")
+    specs = []
+    for i, item in enumerate(cells):
+        if not isinstance(item, dict) or "cell" not in item:
+            usage(f"{source}: cells[{i}] must be an object with a cell name")
+        unknown = sorted(set(item) - _CELL_KEYS)
+        if unknown:
+            usage(f"{source}: cells[{i}]: unknown field {unknown[0]!r}")
+        specs.append(
+            CellSpec(
+                str(item["cell"]),
+                dict(item.get("payload") or {}),
+                str(item.get("ref") or ""),
+                [str(d) for d in item.get("depends_on") or []],
+            )
+        )
+    return specs
+
+
+def submit(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(help="the submission: a JSON or YAML file, - for stdin")],
+    wait: Annotated[bool, typer.Option("--wait", help="follow the task to its end")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 300.0,
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Submit a task, or the tasks of a file of requests in one call (exit 1 with --wait
+    when one ends FAILED or CANCELLED)."""
+    found, many = _read(source)
+    if many:
+        raise typer.Exit(_submit_many(ctx, found, source, wait, timeout, as_json))
+    data = found[0]
+    cells = _cells(data, source)
+    with target(ctx).client() as client:
+        submitted = client.submit(
+            str(data.get("business", "")),
+            cells,
+            idempotency_key=str(data.get("idempotency_key", "")),
+            callback_url=str(data.get("callback_url", "")),
+        )
+        if not wait:
+            if as_json:
+                emit_json(_submit_response(submitted))
+            else:
+                _print_submitted(submitted)
+            return
+        client.wait(submitted.task_id, timeout=timeout)
+        done = client.get(submitted.task_id)
+    raise typer.Exit(_print_task(done, as_json))
+
+
+def _submit_many(
+    ctx: typer.Context,
+    found: list[dict[str, Any]],
+    source: str,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> int:
+    requests = [
+        TaskRequest(
+            str(data.get("business", "")),
+            _cells(data, f"{source}: requests[{i}]"),
+            idempotency_key=str(data.get("idempotency_key", "")),
+            callback_url=str(data.get("callback_url", "")),
+        )
+        for i, data in enumerate(found)
+    ]
+    with target(ctx).client() as client:
+        submitted = client.submit_many(requests)
+        if not wait:
+            if as_json:
+                emit_json(
+                    gateway_pb2.SubmitManyResponse(
+                        responses=[_submit_response(s) for s in submitted]
+                    )
+                )
+            else:
+                for s in submitted:
+                    _print_submitted(s)
+            return OK
+        views = []
+        for s in submitted:
+            client.wait(s.task_id, timeout=timeout)
+            views.append(client.get(s.task_id))
+    if as_json:
+        emit_json([gateway_pb2.GetTaskResponse(task=v.raw) for v in views])
+    else:
+        for v in views:
+            out.print(Text.assemble(v.task_id, "  ", _styled(v.status)))
+    return max(_final_code(v) for v in views)
+
+
+def _submit_response(submitted: Submitted) -> gateway_pb2.SubmitResponse:
+    return gateway_pb2.SubmitResponse(
+        task_id=submitted.task_id,
+        status=from_short_name(common_pb2.TaskStatus, submitted.status),
+        duplicate=submitted.duplicate,
+    )
+
+
+def _print_submitted(submitted: Submitted) -> None:
+    again = " (the same idempotency key: the earlier task)" if submitted.duplicate else ""
+    out.print(f"{submitted.task_id}  {submitted.status}{again}", highlight=False)
+
+
+def _final_code(view: TaskView) -> int:
+    return OK if view.status == "SUCCEEDED" else ENDED_BADLY
+
+
+def _print_task(view: TaskView, as_json: bool) -> int:
+    if as_json:
+        reply = gateway_pb2.GetTaskResponse(task=view.raw)
+        if view.completion is not None:
+            if view.completion.finished_at is not None:
+                set_timestamp(reply.completion.finished_at, view.completion.finished_at)
+            reply.completion.callback_url = view.completion.callback_url
+        emit_json(reply)
+    else:
+        out.print(task_picture(view))
+    return _final_code(view) if view.terminal else OK
+
+
+def _styled(status: str) -> Text:
+    return Text(status, style=_STYLES.get(status, ""))
+
+
+def task_picture(view: TaskView) -> Group:
+    """The task's header, its node table and its dependency tree."""
+    head = Text.assemble(
+        (view.task_id, "bold"), "  ", view.business, "  ", _styled(view.status), "  "
+    )
+    if view.cancel_requested:
+        head.append("cancel requested  ", style="yellow")
+    if view.status_reason:
+        head.append(view.status_reason)
+    table = Table(box=None, pad_edge=False)
+    for column in ("node", "status", "attempts", "last error", "started", "finished"):
+        table.add_column(column, overflow="fold")
+    for node in view.nodes:
+        table.add_row(
+            node.node_id,
+            _styled(node.status),
+            str(node.attempts),
+            brief(node.last_error, 120),
+            moment(node.started_at),
+            moment(node.finished_at),
+        )
+    return Group(head, table, dependency_tree(view))
+
+
+def dependency_tree(view: TaskView) -> Tree:
+    """Each node under the nodes it waits for (a node after two others appears under both)."""
+    tree = Tree("dependencies", guide_style="dim")
+    after: dict[str, list[str]] = {n.node_id: [] for n in view.nodes}
+    for node in view.nodes:
+        for dependency in node.depends_on:
+            after.setdefault(dependency, []).append(node.node_id)
+    status = {n.node_id: n.status for n in view.nodes}
+
+    def grow(branch: Tree, node_id: str, seen: frozenset[str]) -> None:
+        leaf = branch.add(Text.assemble(node_id, " ", _styled(status.get(node_id, ""))))
+        for child in after.get(node_id, []):
+            if child not in seen:
+                grow(leaf, child, seen | {child})
+
+    for node in view.nodes:
+        if not node.depends_on:
+            grow(tree, node.node_id, frozenset({node.node_id}))
+    return tree
+
+
+SINCE_OPTION = Annotated[
+    str | None,
+    typer.Option("--since", help="created since: a duration back (15m, 2h, 3d) or an ISO time"),
+]
+KEY_OPTION = Annotated[
+    str,
+    typer.Option(
+        "--idempotency-key", "--key", help="only the task submitted with this key (one a business)"
+    ),
+]
+
+
+@tasks_app.command(name="list")
+def list_(
+    ctx: typer.Context,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(help="only tasks in this status (repeat for several): SUCCEEDED, FAILED, …"),
+    ] = None,
+    business: Annotated[str, typer.Option(help="only this business's tasks")] = "",
+    since_: SINCE_OPTION = None,
+    key: KEY_OPTION = "",
+    limit: Annotated[int, typer.Option(help="tasks per page", min=1, max=500)] = 20,
+    page_token: Annotated[
+        str, typer.Option(help="the page after this one (from a --json page)")
+    ] = "",
+    oldest_first: Annotated[bool, typer.Option("--oldest-first", help="oldest first")] = False,
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Tasks, newest first, a page at a time."""
+    statuses = [s.upper().removeprefix("TASK_STATUS_") for s in status or []]
+    with target(ctx).client() as client:
+        page = client.list_page(
+            business=business,
+            statuses=_known_statuses(statuses),
+            created_after=since(since_) if since_ else None,
+            page_size=limit,
+            page_token=page_token,
+            order="oldest" if oldest_first else "newest",
+            idempotency_key=key,
+        )
+    if as_json:
+        reply = gateway_pb2.ListTasksResponse(tasks=[t.raw for t in page.tasks], more=page.more)
+        reply.page.next_page_token = page.next_page_token
+        emit_json(reply)
+        return
+    out.print(_task_table(page))
+    if page.more:
+        out.print(f"more: --page-token {page.next_page_token}", style="dim", highlight=False)
+
+
+@tasks_app.command()
+def count(
+    ctx: typer.Context,
+    business: Annotated[str, typer.Option(help="only this business's tasks")] = "",
+    since_: SINCE_OPTION = None,
+    key: KEY_OPTION = "",
+    as_json: JSON_OPTION = False,
+) -> None:
+    """How many tasks are in each status, exactly (the gateway's CountTasks)."""
+    with target(ctx).client() as client:
+        counts = client.count(
+            business=business,
+            created_after=since(since_) if since_ else None,
+            idempotency_key=key,
+        )
+    if as_json:
+        reply = gateway_pb2.CountTasksResponse(total=sum(counts.values()))
+        for name, n in counts.items():
+            reply.counts.add(status=from_short_name(common_pb2.TaskStatus, name), count=n)
+        emit_json(reply)
+        return
+    table = Table(box=None, pad_edge=False)
+    table.add_column("status")
+    table.add_column("tasks", justify="right")
+    for name, n in counts.items():
+        table.add_row(_styled(name), str(n))
+    table.add_row("total", str(sum(counts.values())), style="bold")
+    out.print(table)
+
+
+def _known_statuses(statuses: list[str]) -> list[str]:
+    names = [n.removeprefix("TASK_STATUS_") for n in common_pb2.TaskStatus.keys()][1:]
+    for name in statuses:
+        if name not in names:
+            usage(f"--status {name}: not a task status (one of {', '.join(names)})")
+    return statuses
+
+
+def _task_table(page: TaskPage) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for column in ("task", "business", "status", "nodes", "created", "updated"):
+        table.add_column(column)
+    for task in page.tasks:
+        table.add_row(
+            task.task_id,
+            task.business,
+            _styled(task.status),
+            str(task.node_count),
+            moment(task.created_at),
+            moment(task.updated_at),
+        )
+    return table
+
+
+@tasks_app.command()
+def show(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="the task's id")],
+    as_json: JSON_OPTION = False,
+) -> None:
+    """A task's nodes (status, attempts, last error, times) and its dependency tree."""
+    with target(ctx).client() as client:
+        view = client.get(task_id)
+    _print_task(view, as_json)
+
+
+@tasks_app.command()
+def events(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="the task's id")],
+    limit: Annotated[int, typer.Option(help="events per page", min=1, max=500)] = 100,
+    page_token: Annotated[
+        str, typer.Option(help="the events after this page (from a --json page)")
+    ] = "",
+    as_json: JSON_OPTION = False,
+) -> None:
+    """A task's history, oldest first: each status change, and what it changed in the
+    nodes (the status stream keeps 7 days of it)."""
+    with target(ctx).client() as client:
+        page = client.events_page(task_id, page_size=limit, page_token=page_token)
+    if as_json:
+        reply = gateway_pb2.ListTaskEventsResponse(
+            events=[e.raw for e in page.events], more=page.more
+        )
+        reply.page.next_page_token = page.next_page_token
+        emit_json(reply)
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("time", "version", "by", "status", "changes"):
+        table.add_column(column)
+    for event in page.events:
+        status = _styled(event.status)
+        if event.status_reason:
+            status.append(f" ({event.status_reason})", style="dim")
+        table.add_row(
+            moment(event.time),
+            str(event.version),
+            event.publisher,
+            status,
+            "\n".join(c.describe() for c in event.changes),
+        )
+    out.print(table)
+    if page.more:
+        out.print(f"more: --page-token {page.next_page_token}", style="dim", highlight=False)
+
+
+@tasks_app.command()
+def watch(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="the task's id")],
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Follow a task, redrawn in place, until it ends (exit 1 if FAILED or CANCELLED)."""
+    from rich.live import Live
+
+    last: TaskView | None = None
+    with target(ctx).client() as client:
+        if as_json:  # one line of JSON per change
+            for view in client.watch(task_id):
+                last = view
+                sys.stdout.write(json.dumps(as_dict(view.raw), ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+        else:
+            with Live(console=out, auto_refresh=False) as live:
+                for view in client.watch(task_id):
+                    last = view
+                    live.update(task_picture(view), refresh=True)
+    raise typer.Exit(_final_code(last) if last is not None and last.status in TERMINAL else OK)
+
+
+@tasks_app.command()
+def cancel(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="the task's id")],
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Cancel a task: pending nodes become CANCELLED, running ones finish."""
+    with target(ctx).client() as client:
+        view = client.cancel(task_id)
+    if as_json:
+        emit_json(gateway_pb2.CancelTaskResponse(task=view.raw))
+    else:
+        out.print(f"{view.task_id}  cancel requested ({view.status})", highlight=False)
