@@ -42,10 +42,10 @@ from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate
 from dispo.libs.db.passwords import kept_passwords
 from dispo.libs.db.roles import Login, login_url, role_name
-from dispo.tools.stack.nats import NatsServer, free_port
+from dispo.libs.process import ManagedProcess, ProcessSpec, free_port, python_module
+from dispo.tools.stack.nats import NatsServer
 from dispo.tools.stack.nats_auth import ADMIN, NatsUsers
 from dispo.tools.stack.postgres import EmbeddedPostgres
-from dispo.tools.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.tools.stack.stack import SERVICES, service_env
 from hypothesis import settings
 from support.auth import TestTokens

@@ -15,9 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from dispo.libs.process import ManagedProcess, ProcessSpec, free_port, python_module
 from dispo.sdk import AsyncClient
-from dispo.tools.stack.nats import free_port
-from dispo.tools.stack.process import ManagedProcess, ProcessSpec, python_module
 from support import eventually
 from support.auth import session_tokens
 

@@ -24,11 +24,11 @@ from dispo.pool.drivers.openclaw import (
     wake_command,
 )
 from dispo.pool.events import relay_options
+from dispo.pool.openclaw import ensure_openclaw
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.settings import PoolSettings
 from dispo.pool.worker.supervisor import WorkerSupervisor
-from dispo.tools.stack.openclaw import ensure_openclaw
 
 log = get_logger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from dispo.libs.settings import DEFAULT_PORTS, CommonSettings, service_settings_config
 from dispo.pool.domain import PoolPolicy
-from dispo.tools.stack.openclaw import VERSION as OPENCLAW_VERSION
+from dispo.pool.openclaw import VERSION as OPENCLAW_VERSION
 from pydantic import Field
 from pydantic_settings import BaseSettings
 

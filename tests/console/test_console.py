@@ -31,9 +31,8 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.process import ManagedProcess, ProcessSpec, free_port, python_module
 from dispo.sdk import CellSpec
-from dispo.tools.stack.nats import free_port
-from dispo.tools.stack.process import ManagedProcess, ProcessSpec, python_module
 from pipeline_fixtures import TEST_CATALOGUE, Pipeline
 from playwright.async_api import Browser, BrowserContext, Page, expect
 from support.auth import admin_channel, business_token

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 from dispo.libs.bus import ACK, Bus, Nak, StreamUnavailable, Term
-from dispo.tools.stack.nats import free_port, nats_server_binary
-from dispo.tools.stack.process import wait_tcp
+from dispo.libs.process import free_port, wait_tcp
+from dispo.tools.stack.nats import nats_server_binary
 from nats.aio.subscription import Subscription
 from nats.js.errors import NoStreamResponseError
 from support import eventually

@@ -21,10 +21,9 @@ import typer.main
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
+from dispo.libs.process import ManagedProcess, free_port
 from dispo.tools.cli._common import progress_bar
 from dispo.tools.cli.main import app
-from dispo.tools.stack.nats import free_port
-from dispo.tools.stack.process import ManagedProcess
 from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE, Downstream
 from rich.console import Console
 from support import eventually

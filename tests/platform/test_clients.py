@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from dispo.libs.catalogue import EXAMPLE
-from dispo.tools.stack.openclaw import OpenClawUnavailable, node_binary
+from dispo.pool.openclaw import OpenClawUnavailable, node_binary
 from pipeline_fixtures import Pipeline
 from support.auth import business_token
 

@@ -16,7 +16,7 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2, intelligence_pb2_gr
 from dispo.libs.api.pool.v1 import pool_pb2, pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2, reconciler_pb2_grpc
 from dispo.libs.db import database_unreachable
-from dispo.tools.stack.nats import free_port
+from dispo.libs.process import free_port
 from support.auth import admin_channel
 
 Call = Callable[[grpc.aio.Channel], Awaitable[object]]

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from aiohttp import web
 from dispo.libs.downstream_health import check_health
-from dispo.tools.stack.nats import free_port
+from dispo.libs.process import free_port
 
 
 @pytest.fixture

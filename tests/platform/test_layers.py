@@ -32,13 +32,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     TOOLS: set(ROOTS),
     **{service: {KERNEL, SDK, AUTH} for service in SERVICES},
 }
-# A service's imports of the tools, each to move below them: the pool installs and starts
-# OpenClaw, and starts its worker processes, the way the stack starts its children.
-NOT_YET_BELOW: set[tuple[str, str]] = {
-    ("services/pool/app.py", "dispo.tools.stack.openclaw"),
-    ("services/pool/settings.py", "dispo.tools.stack.openclaw"),
-    ("services/pool/worker/supervisor.py", "dispo.tools.stack.process"),
-}
+# Imports across the layers still to move below them (none now).
+NOT_YET_BELOW: set[tuple[str, str]] = set()
 
 
 def layer_of(module: str) -> str | None:

@@ -18,9 +18,8 @@ from typing import Any
 import httpx
 import pytest
 from dispo.libs import metrics
+from dispo.libs.process import ManagedProcess, free_port
 from dispo.sdk import AsyncClient, DispoError, cell
-from dispo.tools.stack.nats import free_port
-from dispo.tools.stack.process import ManagedProcess
 from dispo.tools.stack.stack import SERVICES
 from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE, Downstream
 from prometheus_client.parser import text_string_to_metric_families

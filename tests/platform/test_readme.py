@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from dispo.libs.catalogue import EXAMPLE
-from dispo.tools.stack.nats import free_port
+from dispo.libs.process import free_port
 from dispo.tools.stack.stack import SERVICES
 from support import eventually
 

@@ -16,7 +16,7 @@ import yaml
 from dispo.libs.catalogue import example_calling, parse_catalogue
 from dispo.libs.db.roles import without_password
 from dispo.libs.health import health_status
-from dispo.tools.stack.nats import free_port
+from dispo.libs.process import free_port
 from dispo.tools.stack.nats_auth import ADMIN
 from dispo.tools.stack.stack import SERVICES, StackOptions, read_state, service_specs
 from sqlalchemy.engine import make_url

@@ -10,11 +10,17 @@ from urllib.parse import parse_qs, urlparse
 
 import grpc
 import pytest
+from dispo.libs.process import (
+    ExitedBeforeReady,
+    ManagedProcess,
+    ProcessSpec,
+    free_port,
+    python_module,
+)
 from dispo.sdk import AsyncClient, DispoError, cells
-from dispo.tools.stack.nats import NatsServer, free_port
+from dispo.tools.stack.nats import NatsServer
 from dispo.tools.stack.nats_auth import NatsUsers
 from dispo.tools.stack.postgres import EmbeddedPostgres
-from dispo.tools.stack.process import ExitedBeforeReady, ManagedProcess, ProcessSpec, python_module
 from dispo.tools.stack.stack import NATS, POSTGRES, read_state
 from dispo.tools.stack.supervisor import Supervisor
 from support import eventually

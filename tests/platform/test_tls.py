@@ -19,12 +19,12 @@ from dispo.libs.auth.server import Authorizer
 from dispo.libs.db.passwords import PASSWORDS_FILE
 from dispo.libs.grpcserver import create_server
 from dispo.libs.private_files import write_private
+from dispo.libs.process import free_port
 from dispo.libs.settings import TLSSettings
 from dispo.libs.tls import PLAINTEXT, ClientTLS, LocalCertificates, ServerTLS
 from dispo.sdk import AsyncClient, Client, DispoError, cells
 from dispo.tools.cli.lifecycle import banner
 from dispo.tools.stack.certificates import local_certificates
-from dispo.tools.stack.nats import free_port
 from dispo.tools.stack.stack import Stack, StackOptions
 from dispo.tools.stack.state import caller_tls
 from grpc_health.v1 import health_pb2, health_pb2_grpc

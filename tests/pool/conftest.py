@@ -17,6 +17,7 @@ from aiohttp import web
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.egress import AllowList
 from dispo.libs.grpcserver import create_server
+from dispo.libs.process import ManagedProcess, ProcessSpec, python_module
 from dispo.pool.app import SERVICE_NAME
 from dispo.pool.domain import (
     Evaluation,
@@ -29,11 +30,10 @@ from dispo.pool.domain import (
 )
 from dispo.pool.drivers.local import LocalDriver
 from dispo.pool.drivers.openclaw import OpenClawCli
+from dispo.pool.openclaw import OpenClawGateway, OpenClawUnavailable, ensure_openclaw
 from dispo.pool.operations import Pool
 from dispo.pool.servicer import PoolServicer
 from dispo.pool.sweeps import create_cron
-from dispo.tools.stack.openclaw import OpenClawGateway, OpenClawUnavailable, ensure_openclaw
-from dispo.tools.stack.process import ManagedProcess, ProcessSpec, python_module
 from dispo.tools.stack.stack import service_env
 from support.auth import admin_channel, session_tokens
 from support.http import FakeServer

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
-from dispo.tools.stack.nats import free_port
+from dispo.libs.process import free_port
 from support.auth import admin_channel
 
 from .test_egress import request, violations

@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 from dispo.libs.api.pool.v1 import pool_pb2 as pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.process import free_port
 from dispo.pool.drivers.openclaw import PROVIDER, OpenClawCli, OpenClawDriver
-from dispo.tools.stack.nats import free_port
-from dispo.tools.stack.openclaw import OpenClawGateway, ensure_openclaw
+from dispo.pool.openclaw import OpenClawGateway, ensure_openclaw
 from dispo.tools.stack.stack import read_state
 from support import eventually
 from support.auth import admin_channel

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from dispo.tools.stack.openclaw import Installing
+from dispo.pool.openclaw import Installing
 
 
 def test_an_install_reports_while_it_runs(tmp_path):

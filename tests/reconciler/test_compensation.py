@@ -6,11 +6,11 @@ from datetime import timedelta
 
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.catalogue import Conflict
+from dispo.libs.process import free_port
 from dispo.reconciler.arbitration import arbiter
 from dispo.reconciler.arbitration.compensation import compensate_sweep
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.sweeps import run_sweeps
-from dispo.tools.stack.nats import free_port
 
 from .conftest import T0, envelope, node
 

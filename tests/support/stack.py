@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from dispo.libs.db.passwords import PASSWORDS_FILE
+from dispo.libs.process import free_port
 from dispo.tools.bench.machine import process_times
-from dispo.tools.stack.nats import free_port
 from dispo.tools.stack.ownership import start_ticks
 from dispo.tools.stack.stack import SERVICES
 

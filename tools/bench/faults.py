@@ -46,6 +46,7 @@ from typing import Any
 
 import grpc
 import httpx
+from dispo.libs.process import ExitedBeforeReady
 from dispo.libs.proto_enums import node_status_name
 from dispo.sdk import AsyncClient, DispoError, cell
 from dispo.tools.bench import load, machine
@@ -62,7 +63,6 @@ from dispo.tools.bench.fault_report import (
 )
 from dispo.tools.bench.run import OwnStack, git_commit, start_stack, write_result
 from dispo.tools.bench.shapes import SHAPES, catalogue_yaml
-from dispo.tools.stack.process import ExitedBeforeReady
 
 SHAPE = SHAPES["mixed"]
 SERVICES = ("gateway", "executor", "reconciler")

@@ -106,7 +106,7 @@ async def start_stack(
     """An embedded stack on free ports, with the catalogue ``catalogue(downstream_url)`` and
     (``downstream``) the demo downstream; stopped on exit. It keeps its data and logs in
     ``folder``, kept afterwards, or in a scratch folder removed afterwards."""
-    from dispo.tools.stack.nats import free_port
+    from dispo.libs.process import free_port
     from dispo.tools.stack.stack import Stack, StackOptions, replica_names
 
     with contextlib.ExitStack() as scratch:

@@ -207,7 +207,7 @@ def _progress(line: str) -> None:
 
 
 async def _up(stack: Stack) -> int:
-    from dispo.tools.stack.process import ExitedBeforeReady  # with the stack: logs, processes
+    from dispo.libs.process import ExitedBeforeReady  # with the stack: logs, processes
 
     options = stack.options
     stop = asyncio.Event()

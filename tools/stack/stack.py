@@ -33,11 +33,12 @@ from dispo.libs.db.roles import (
 )
 from dispo.libs.logging import get_logger
 from dispo.libs.private_files import PRIVATE_FOLDER, private_folder, write_private
+from dispo.libs.process import ProcessSpec, free_port, python_module
 from dispo.libs.service import until_reachable
 from dispo.libs.settings import DEFAULT_METRICS_PORTS, server_settings
 from dispo.libs.tls import LocalCertificates
 from dispo.tools.stack.cluster import NatsCluster
-from dispo.tools.stack.nats import NatsServer, free_port
+from dispo.tools.stack.nats import NatsServer
 from dispo.tools.stack.nats_auth import NatsUsers
 from dispo.tools.stack.ownership import (
     FolderLock,
@@ -45,7 +46,6 @@ from dispo.tools.stack.ownership import (
     StackRunning,
     start_ticks,
 )
-from dispo.tools.stack.process import ProcessSpec, python_module
 from dispo.tools.stack.state import (
     CONSOLE,
     DEMO_DOWNSTREAM,
@@ -472,7 +472,7 @@ class Stack:
             if options.openclaw_token:
                 env["DISPO_POOL_OPENCLAW_TOKEN"] = options.openclaw_token
             return env, []
-        from dispo.tools.stack.openclaw import OpenClawGateway, ensure_openclaw
+        from dispo.pool.openclaw import OpenClawGateway, ensure_openclaw
 
         # Minutes, the first time only: it says what it is doing.
         install = await asyncio.to_thread(ensure_openclaw, progress=self.progress)

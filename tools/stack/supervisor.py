@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dispo.libs.logging import get_logger
-from dispo.tools.stack.process import (
+from dispo.libs.process import (
     ExitedBeforeReady,
     ManagedProcess,
     ProcessSpec,

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from dispo.libs.logging import get_logger
-from dispo.tools.stack.process import parent_death_hook
+from dispo.libs.process import parent_death_hook
 
 log = get_logger(__name__)
 

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dispo.libs.logging import get_logger
+from dispo.libs.process import ManagedProcess, ProcessSpec, free_port
 from dispo.libs.settings import CommonSettings
-from dispo.tools.stack.nats import free_port
-from dispo.tools.stack.process import ManagedProcess, ProcessSpec
 
 log = get_logger(__name__)
 
