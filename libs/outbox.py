@@ -45,7 +45,7 @@ from dispo.libs.backoff import backoff
 from dispo.libs.bus import Bus, MessageTooLarge
 from dispo.libs.clock import Clock, SystemClock
 from dispo.libs.contracts import require_declared
-from dispo.libs.db.driver import Statement
+from dispo.libs.db.driver import Conn, Statement
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause, Periodic
@@ -230,7 +230,7 @@ class Staged:
 
 
 async def outbox_add_many(
-    conn: AsyncConnection,
+    conn: Conn,
     table: Table,
     rows: Sequence[OutboxRow],
     staged: Staged | None = None,

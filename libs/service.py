@@ -1,7 +1,7 @@
 """The process runner every service's ``__main__`` uses.
 
     async def setup(rt: Runtime) -> None:
-        relay = rt.outbox_relay(repo.outbox)          # publishes, and prunes rows long sent
+        relay = rt.outbox_relay(store.outbox)         # publishes, and prunes rows long sent
         rt.add_servicer(lambda s: add_GatewayServiceServicer_to_server(Servicer(rt), s),
                         "dispo.gateway.v1.GatewayService")
         rt.add_part("outbox relay", relay.run, relay.stop)
@@ -36,6 +36,7 @@ from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.bus import Bus, BusCredentialsRefused, Consumer, Handler, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
 from dispo.libs.db import create_engine, login_refused, migrate, session_factory
+from dispo.libs.db.driver import Database
 from dispo.libs.eventloop import loop_factory
 from dispo.libs.grpcserver import create_server
 from dispo.libs.logging import configure_logging, get_logger
@@ -91,6 +92,14 @@ class Runtime:
     def add_servicer(self, register: Callable[[grpc.aio.Server], None], service_name: str) -> None:
         self.registrations.append(register)
         self.service_names.append(service_name)
+
+    async def database(self, *, size: int = 20) -> Database:
+        """The driver port on the service's schema (:mod:`dispo.libs.db.driver`), for the
+        statements of its store; closed when the service stops, after every part."""
+        url = self.server.database_url or self.settings.database_url
+        schema = self.name
+        db = await until_reachable("database", lambda: Database.open(url, schema, size=size))
+        return self.close_on_stop(db, name="database pool")
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A channel to another service, its calls carrying this service's token

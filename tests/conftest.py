@@ -40,6 +40,7 @@ from dispo.auth.bootstrap import MIGRATIONS as AUTH_MIGRATIONS
 from dispo.libs.bus import Bus, BusCredentials
 from dispo.libs.clock import ManualClock, write_file_clock
 from dispo.libs.db import create_engine, migrate
+from dispo.libs.db.driver import Database
 from dispo.libs.db.passwords import kept_passwords
 from dispo.libs.db.roles import Login, login_url, role_name
 from dispo.libs.process import ManagedProcess, ProcessSpec, free_port, python_module
@@ -220,6 +221,23 @@ async def service_engine(role_url: Callable[[str], str]):
     yield make
     for engine in engines:
         await engine.dispose()
+
+
+@pytest.fixture
+async def service_db(role_url: Callable[[str], str], service_engine):
+    """``await service_db("executor")``: the driver port on that schema as the service's
+    own role (:class:`dispo.libs.db.driver.Database`), the schema migrated to head."""
+    pools = []
+
+    async def make(service: str, migrations: Path | None = None) -> Database:
+        await service_engine(service, migrations)
+        db = await Database.open(role_url(service), service, size=5)
+        pools.append(db)
+        return db
+
+    yield make
+    for db in pools:
+        await db.close()
 
 
 @pytest.fixture

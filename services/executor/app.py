@@ -10,13 +10,13 @@ from pathlib import Path
 import aiohttp
 import httpx
 from dispo.executor import control
-from dispo.executor import repository as repo
 from dispo.executor.actions import http_session
 from dispo.executor.breaker import BreakerState
 from dispo.executor.envelope import envelope_problem
 from dispo.executor.runner import Executor
 from dispo.executor.servicer import ExecutorServicer
 from dispo.executor.settings import ExecutorSettings
+from dispo.executor.store.status_events import outbox
 from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
@@ -41,16 +41,17 @@ HEALTH_TIMEOUT_SECONDS = 2.0
 BREAKER_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
-def build_executor(
+async def build_executor(
     rt: Runtime,
     settings: ExecutorSettings,
     calls: aiohttp.ClientSession,
     health: httpx.AsyncClient,
 ) -> tuple[Executor, OutboxRelay]:
     registry = load_configured_catalogue().downstreams
-    relay = rt.outbox_relay(repo.outbox)
+    relay = rt.outbox_relay(outbox)
     config = settings.config()
-    return Executor(rt.engine, relay, registry, rt.clock, config, calls, health), relay
+    db = await rt.database()
+    return Executor(db, relay, registry, rt.clock, config, calls, health), relay
 
 
 async def setup(rt: Runtime) -> None:
@@ -59,7 +60,7 @@ async def setup(rt: Runtime) -> None:
     calls = rt.close_on_stop(http_session(settings.max_connections), name="action calls client")
     # Health checks use the shared probe (:mod:`dispo.libs.downstream_health`).
     health = rt.close_on_stop(httpx.AsyncClient(), name="health check client")
-    executor, relay = build_executor(rt, settings, calls, health)
+    executor, relay = await build_executor(rt, settings, calls, health)
 
     async def on_create(msg: Msg) -> Disposition:
         try:

@@ -3,19 +3,26 @@
 
 from __future__ import annotations
 
-from dispo.executor import repository as repo
-from dispo.executor import repository_many as many
 from dispo.executor.domain import Next, decide, to_cancel
-from dispo.executor.plan import NodeChange
+from dispo.executor.plan import NodeChange, TaskStatusChange
 from dispo.executor.runner import Executor
 from dispo.executor.states import TASK_ENDED, NodeState, TaskState
+from dispo.executor.store import node_runs, status_events, task_runs
+from dispo.executor.store.rows import TaskRow
 from dispo.libs.bus import ACK, Disposition
 from dispo.libs.contracts import tasks
+from dispo.libs.db.driver import Conn
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.tracing import current
 
 log = get_logger(__name__)
+
+
+async def _locked(conn: Conn, task_id: str) -> TaskRow | None:
+    """The task's row with its envelope, locked."""
+    rows, _ = await task_runs.tasks_lock_many(conn, [task_id], envelopes=True)
+    return rows.get(task_id)
 
 
 async def handle_close(
@@ -26,22 +33,18 @@ async def handle_close(
     them so), and number the next snapshot after the closer's (``version``)."""
     now = ex.clock.now()
     reason = truncate_error(reason or "closed")
-    async with ex.engine.begin() as conn:
-        row = await repo.task_get(conn, task_id, for_update=True)
+    async with ex.db.transaction() as conn:
+        row = await _locked(conn, task_id)
         if row is None or row.generation > generation:
             return ACK
-        if not await repo.task_set_status(
-            conn,
-            task_id,
-            TaskState.FAILED,
-            reason,
-            now,
-            expected=(TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED),
-        ):
+        parked = (TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)
+        close = TaskStatusChange(task_id, parked, TaskState.FAILED, reason)
+        if not await task_runs.tasks_set_status_if_many(conn, [close], now):
             return ACK
         changes = []
         if row.envelope is not None:
-            for node in (await repo.nodes_get(conn, row.envelope)).values():
+            nodes = (await node_runs.nodes_get_many(conn, [row.envelope]))[task_id]
+            for node in nodes.values():
                 new = tasks.CLOSED_NODE.get(node.status.to_proto())
                 if new is not None:
                     fields = {
@@ -51,9 +54,9 @@ async def handle_close(
                     }
                     to = NodeState.from_proto(new)
                     changes.append(NodeChange(task_id, node.node_id, node.status, to, None, fields))
-        applied = await many.nodes_set_status_if_many(conn, changes)
+        applied = await node_runs.nodes_set_status_if_many(conn, changes)
         ended = [c.node_id for c, done in zip(changes, applied, strict=True) if done]
-        await repo.task_version_at_least(conn, task_id, version)
+        await task_runs.tasks_version_at_least_many(conn, [(task_id, version)])
     log.info("parked task closed", task_id=task_id, reason=reason, nodes_ended=ended)
     return ACK
 
@@ -61,39 +64,39 @@ async def handle_close(
 async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
     """Pending (and parked) nodes become CANCELLED; a running pass sees the flag itself."""
     now = ex.clock.now()
-    async with ex.engine.begin() as conn:
-        row = await repo.task_get(conn, task_id, for_update=True)
+    async with ex.db.transaction() as conn:
+        row = await _locked(conn, task_id)
         if row is None:
-            await repo.task_insert(conn, None, task_id, now, cancel_requested=True)
-            await repo.task_set_status(
-                conn,
-                task_id,
-                TaskState.CANCELLED,
-                "cancelled before start",
-                now,
-                expected=(TaskState.ACCEPTED,),
-            )
-            # No status event yet: it would carry no nodes. The task.create, if it ever
-            # comes, records the nodes CANCELLED and reports them.
-            return ACK
+            reason = "cancelled before start"
+            if await task_runs.tasks_insert_cancelled_many(conn, [task_id], reason, now):
+                # No status event yet: it would carry no nodes. The task.create, if it ever
+                # comes, records the nodes CANCELLED and reports them.
+                return ACK
+            row = await _locked(conn, task_id)  # recorded meanwhile by its task.create
+            assert row is not None
         if row.status in TASK_ENDED:
             return ACK
-        await repo.task_set_cancel_requested(conn, task_id)
+        await task_runs.tasks_request_cancel_many(conn, [task_id])
+        trace = {task_id: current()}
         if row.leased_by_other("", now) or row.envelope is None:
             # The running pass sees the flag between rounds.
-            await repo.emit_status(conn, task_id, now, current())
+            await status_events.emit_status_many(conn, [task_id], now, (), trace)
             return ACK
-        nodes = await repo.nodes_get(conn, row.envelope)
-        for node_id in to_cancel(nodes):
-            await repo.node_set_status_if(
-                conn, task_id, node_id, nodes[node_id].status, NodeState.CANCELLED, finished_at=now
-            )
-            nodes[node_id].status = NodeState.CANCELLED
+        nodes = (await node_runs.nodes_get_many(conn, [row.envelope]))[task_id]
+        changes = [
+            NodeChange(task_id, node_id, nodes[node_id].status, NodeState.CANCELLED, None,
+                       {"finished_at": now})
+            for node_id in to_cancel(nodes)
+        ]  # fmt: skip
+        for change, done in zip(
+            changes, await node_runs.nodes_set_status_if_many(conn, changes), strict=True
+        ):
+            if done:
+                nodes[change.node_id].status = NodeState.CANCELLED
         decision = decide(nodes, now, True)
-        if decision.next is Next.FINISH:
-            await repo.task_set_status(
-                conn, task_id, decision.status, decision.reason, now, expected=(row.status,)
-            )
-        await repo.emit_status(conn, task_id, now, current())
+        if decision.next is Next.FINISH and decision.status is not None:
+            finish = TaskStatusChange(task_id, (row.status,), decision.status, decision.reason)
+            await task_runs.tasks_set_status_if_many(conn, [finish], now)
+        await status_events.emit_status_many(conn, [task_id], now, (), trace)
     ex.relay.kick()
     return ACK

@@ -2,11 +2,11 @@
 take the lease, recover interrupted nodes, RUNNING) and take scheduling steps (apply a
 cancel, doom nodes behind a failure, demote nodes behind an open breaker, run the ready
 noop nodes, settle a task with nothing left to run), all in the caller's transaction with
-the set-based statements of :mod:`dispo.executor.repository_many`.
+the list-shaped statements of :mod:`dispo.executor.store`.
 
-The rules come from :mod:`dispo.executor.domain`; the per-task orchestration (launching
-HTTP nodes, the loop, heartbeats) is :mod:`dispo.executor.runner`'s. A step for one task
-is a step for a list of one: there is one implementation.
+The decisions are :mod:`dispo.executor.plan`'s (pure); the per-task orchestration
+(launching calls, the loop, heartbeats) is :mod:`dispo.executor.runner`'s. A step for one
+task is a step for a list of one: there is one implementation.
 """
 
 from __future__ import annotations
@@ -18,21 +18,20 @@ from datetime import datetime
 from typing import Any
 
 from dispo.executor import plan
-from dispo.executor import repository as repo
-from dispo.executor import repository_many as many
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import NodeRun
 from dispo.executor.envelope import node_from_proto
-from dispo.executor.plan import OpenPath
+from dispo.executor.plan import NodeChange, OpenPath
 from dispo.executor.slots import Slots
-from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
+from dispo.executor.states import NodeState, TaskState
+from dispo.executor.store import node_runs, status_events, task_runs
+from dispo.executor.store.rows import TaskRow
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Nak
-from dispo.libs.error_text import truncate_error
+from dispo.libs.db.driver import Conn
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import Staged
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 
@@ -90,7 +89,7 @@ class Stepping:
     env: task_pb2.Task
     owner: str
     state: Pass
-    row: repo.TaskRow
+    row: TaskRow
     nodes: dict[str, NodeRun]
     changed: bool = False
     # The trace context of the message the pass serves (its events carry it).
@@ -129,94 +128,116 @@ class Passes:
     # ---- opening ------------------------------------------------------------------------
     async def open_many(
         self,
-        conn: AsyncConnection,
+        conn: Conn,
         openings: Sequence[Opening],
         now: datetime,
         staged: Staged | None = None,
         taken: list[Slots] | None = None,
-    ) -> list[Step | BaseException]:
+    ) -> list[Step]:
         """Open a pass over each task and take its first step (``taken``: as for
-        :meth:`step_many`). The common cases — a task
-        first seen, or seen again at its recorded generation, free to lease — take a few
-        statements for all of them; a task leased by another pass, finished, or seen at a
-        stale generation is answered from its row; the rare ones (a redrive, a task
-        cancelled, or cancelled before it arrived, a repeat of a task in the same batch) go
-        one by one, each in a savepoint of the same transaction. The common cases' outbox
-        rows are staged in ``staged`` (the rare ones', written in a savepoint that may roll
-        back, are not: ``staged.unstaged`` says there may be some)."""
+        :meth:`step_many`), a few statements for all of them whatever their case: a task
+        first seen is recorded already opened (leased, RUNNING); one seen again is read
+        first without a lock, and one leased by another pass, finished or stale is answered
+        from that read (those facts only move forward), so its row is not held here while
+        the pass owning it needs it; the others are locked and looked at again under the
+        lock (:func:`plan.classify`): a redrive is applied, then the task opened with the
+        rest; a cancelled task has its pending nodes cancelled (its envelope recorded first
+        when the cancel came before it). Insert first, then lock, both in ``task_id``
+        order: two executors opening overlapping batches wait for each other but never
+        deadlock. The outbox rows written are staged in ``staged``."""
+        results: list[Step | None] = [None] * len(openings)
         first: dict[str, int] = {}
         for i, o in enumerate(openings):
-            first.setdefault(o.env.task_id, i)
-        # Insert first, then lock: both in task_id order, so two executors opening
-        # overlapping batches wait for each other but never deadlock (a row another
-        # transaction is inserting is waited for by the insert, and is visible, committed,
-        # to the lock that follows). A task seen again is read first without a lock: one
-        # leased by another pass, finished or stale is answered from that read (those
-        # facts only move forward), so its row is not held here while the pass owning it
-        # needs it; the others are locked, and looked at again under the lock.
-        # A task first seen is recorded already opened by its pass (leased, RUNNING).
-        # A task first seen steps on its nodes as its envelope states them: made once,
-        # for the insert and the step.
+            if o.env.task_id in first:  # one pass per task in a process (Executor.in_hand)
+                results[i] = Step(Pass(), disposition=Nak(delay=1.0))
+            else:
+                first[o.env.task_id] = i
+        # A task first seen steps on its nodes as its envelope states them: made once, for
+        # the insert and the step.
         stated = {
             tid: {n.node_id: node_from_proto(n) for n in openings[i].env.nodes}
             for tid, i in first.items()
         }
-        inserted = await many.tasks_insert_many(
+        inserted = await task_runs.tasks_insert_many(
             conn,
             [(openings[i].env, openings[i].owner) for i in first.values()],
             now,
             self.lease_ttl,
             stated,
         )
-        fast: list[int] = []
-        slow: list[int] = []
-        results: list[Step | BaseException | None] = [None] * len(openings)
         again = [t for t in first if t not in inserted]
-        seen, seen_bare = await many.tasks_lock_many(conn, again, lock=False)
+        seen, seen_bare = await task_runs.tasks_lock_many(conn, again, lock=False)
         to_lock = []
         for tid in again:
-            o = openings[first[tid]]
-            found = self._classify(o, seen.get(tid), tid in seen_bare, now)
+            found = self._classify(openings[first[tid]], seen.get(tid), tid in seen_bare, now)
             if isinstance(found, OpenPath):
                 to_lock.append(tid)
             else:
                 results[first[tid]] = Step(Pass(), disposition=found)
-        rows, bare = await many.tasks_lock_many(conn, to_lock)
-        for i, o in enumerate(openings):
-            tid = o.env.task_id
-            if first[tid] != i:
-                slow.append(i)  # a repeat in this batch: after the first, on its own
-            elif tid in inserted:
-                fast.append(i)
-            elif results[i] is None:
-                found = self._classify(o, rows.get(tid), tid in bare, now)
-                if isinstance(found, OpenPath):
-                    (fast if found is OpenPath.FAST else slow).append(i)
-                else:
-                    results[i] = Step(Pass(), disposition=found)
-        opened = inserted | await many.tasks_open_many(
+        rows, bare = await task_runs.tasks_lock_many(conn, to_lock)
+        paths: dict[OpenPath, list[int]] = {path: [] for path in OpenPath}
+        for tid in to_lock:
+            i = first[tid]
+            found = self._classify(openings[i], rows.get(tid), tid in bare, now)
+            if isinstance(found, OpenPath):
+                paths[found].append(i)
+            else:
+                results[i] = Step(Pass(), disposition=found)
+        cancelled = [openings[i] for i in paths[OpenPath.CANCELLED]]
+        await self._cancel_pending(conn, cancelled, bare, now, staged)
+        for i in paths[OpenPath.CANCELLED]:
+            results[i] = Step(Pass(), disposition=ACK)
+        await self._redrive(conn, [openings[i] for i in paths[OpenPath.REDRIVE]], rows)
+        for i in paths[OpenPath.REDRIVE]:
+            row = rows[openings[i].env.task_id]
+            if row.leased_by_other(openings[i].owner, now):
+                results[i] = Step(Pass(), disposition=self._leased(row, now))
+            else:
+                paths[OpenPath.OPEN].append(i)
+        opening = sorted([i for tid, i in first.items() if tid in inserted] + paths[OpenPath.OPEN])
+        for i, step in zip(
+            opening,
+            await self._open(
+                conn, [openings[i] for i in opening], inserted, rows, stated, now, staged, taken
+            ),
+            strict=True,
+        ):
+            results[i] = step
+        return [r if r is not None else Step(Pass(), disposition=Nak(delay=1.0)) for r in results]
+
+    async def _open(
+        self,
+        conn: Conn,
+        openings: Sequence[Opening],
+        inserted: set[str],
+        rows: dict[str, TaskRow],
+        stated: dict[str, dict[str, NodeRun]],
+        now: datetime,
+        staged: Staged | None,
+        taken: list[Slots] | None,
+    ) -> list[Step]:
+        """Lease each task (those just inserted are leased already), recover the nodes an
+        expired pass left RUNNING, and take the first step."""
+        opened = inserted | await task_runs.tasks_open_many(
             conn,
-            [
-                (openings[i].env.task_id, openings[i].owner)
-                for i in fast
-                if openings[i].env.task_id not in inserted
-            ],
+            [(o.env.task_id, o.owner) for o in openings if o.env.task_id not in inserted],
             now,
             self.lease_ttl,
         )
-        known = await many.nodes_get_many(
-            conn, [openings[i].env for i in fast if openings[i].env.task_id not in inserted]
+        known = await node_runs.nodes_get_many(
+            conn, [o.env for o in openings if o.env.task_id not in inserted]
         )
+        recovered = await self._recover(conn, known, now)
+        steps: dict[int, Step] = {}
         steppings: list[Stepping] = []
         stepped: list[int] = []
-        for i in fast:
-            o = openings[i]
+        for i, o in enumerate(openings):
             tid = o.env.task_id
             if tid not in opened:  # the row is locked here: another writer cannot have won
                 log.warning("task lease not taken; later", task_id=tid)
-                results[i] = Step(Pass(), disposition=Nak(delay=1.0))
+                steps[i] = Step(Pass(), disposition=Nak(delay=1.0))
                 continue
-            row = rows.get(tid) or repo.TaskRow(
+            row = rows.get(tid) or TaskRow(
                 tid, TaskState.ACCEPTED, o.env.generation, 0, o.env.cancel_requested,
                 None, None, None, "",
             )  # fmt: skip
@@ -224,12 +245,8 @@ class Passes:
             row.envelope, row.lease_owner, row.status = o.env, o.owner, TaskState.RUNNING
             row.status_reason = ""
             fresh = tid not in known
-            if fresh:  # recorded just now, as the envelope says
-                nodes = stated[tid]
-                changed = False
-            else:
-                nodes = known[tid]
-                changed = await recover(conn, tid, nodes, now)
+            nodes = stated[tid] if fresh else known[tid]
+            changed = tid in recovered
             # Recovery writes more than it keeps in ``nodes``: then its snapshot reads them.
             current = fresh or not changed
             steppings.append(
@@ -239,120 +256,81 @@ class Passes:
         for i, step in zip(
             stepped, await self.step_many(conn, steppings, now, staged, taken), strict=True
         ):
-            results[i] = step
-        if slow and staged is not None:
-            staged.unstaged = True
-        for i in slow:
-            results[i] = await self._open_one(conn, openings[i], now, taken)
-        return [r if r is not None else RuntimeError("not opened") for r in results]
+            steps[i] = step
+        return [steps[i] for i in range(len(openings))]
 
-    async def _open_one(
-        self,
-        conn: AsyncConnection,
-        opening: Opening,
-        now: datetime,
-        taken: list[Slots] | None = None,
-    ) -> Step | BaseException:
-        # Its own slots, given back if its savepoint rolls back.
-        mine: list[Slots] | None = [] if taken is not None else None
-        try:
-            async with conn.begin_nested():
-                opened = await self.open_one(conn, opening.env, opening.owner, now, opening.trace)
-                if not isinstance(opened, tuple):
-                    return Step(Pass(), disposition=opened)
-                row, nodes, recovered = opened
-                [step] = await self.step_many(
-                    conn,
-                    [
-                        Stepping(
-                            opening.env,
-                            opening.owner,
-                            Pass(),
-                            row,
-                            nodes,
-                            recovered,
-                            opening.trace,
-                            nodes_current=not recovered,
-                        )  # fmt: skip
-                    ],
-                    now,
-                    taken=mine,
+    @staticmethod
+    async def _recover(conn: Conn, known: dict[str, dict[str, NodeRun]], now: datetime) -> set[str]:
+        """Nodes left RUNNING by a pass whose lease expired: their call may have happened
+        (:func:`plan.recover_changes`). Returns the tasks whose nodes changed."""
+        changes = [c for tid, nodes in known.items() for c in plan.recover_changes(tid, nodes, now)]
+        applied = await node_runs.nodes_set_status_if_many(conn, changes)
+        recovered: set[str] = set()
+        for change, ok in zip(changes, applied, strict=True):
+            if ok:
+                known[change.task_id][change.node_id].status = change.new
+                recovered.add(change.task_id)
+                log.warning(
+                    "interrupted node recovered",
+                    task_id=change.task_id,
+                    node_id=change.node_id,
+                    status=change.new.value,
                 )
-        except Exception as error:
-            give_back(mine or [])
-            return error
-        if taken is not None and mine:
-            taken.extend(mine)
-        return step
+        return recovered
 
-    async def open_one(
-        self,
-        conn: AsyncConnection,
-        env: task_pb2.Task,
-        owner: str,
-        now: datetime,
-        trace: str | None = None,
-    ) -> Disposition | tuple[repo.TaskRow, dict[str, NodeRun], bool]:
-        """Record the envelope, take the lease, recover interrupted nodes, for one task, in
-        every case (a status event written here carries ``trace``). Returns a disposition when there is nothing to run, else the task row
-        (locked, leased to ``owner``), its nodes and whether recovery changed nodes."""
-        task_id = env.task_id
-        row = await repo.task_get(conn, task_id, for_update=True)
-        resumed = False
-        if row is None:
-            if await repo.task_insert(conn, env, task_id, now):  # ours and locked: as written
-                row = repo.TaskRow(
-                    task_id, TaskState.ACCEPTED, env.generation, 0, env.cancel_requested,
-                    None, None, env, "",
-                )  # fmt: skip
-        elif row.envelope is None:
-            await repo.task_attach_envelope(conn, env)
-            row = None
-        elif env.generation < row.generation:
-            return self._stale(env, row)
-        elif env.generation > row.generation and row.status not in TASK_FINAL:
-            resumed = row.status is TaskState.FAILED  # an operator's resume
-            reset = await repo.nodes_redrive(conn, env)
+    @staticmethod
+    async def _redrive(conn: Conn, redrives: Sequence[Opening], rows: dict[str, TaskRow]) -> None:
+        """Apply each newer generation's redrive (:func:`apply_redrives`); the rows as it
+        leaves them."""
+        reset = await apply_redrives(conn, [o.env for o in redrives])
+        for o in redrives:
+            row = rows[o.env.task_id]
+            row.generation = max(row.generation, o.env.generation)
             log.info(
                 "redrive applied",
-                task_id=task_id,
-                generation=env.generation,
-                nodes_reset=reset,
-                settled=list(env.redrive.settled_nodes),
+                task_id=o.env.task_id,
+                generation=o.env.generation,
+                nodes_reset=reset[o.env.task_id],
+                settled=list(o.env.redrive.settled_nodes),
             )
-            row = None
-        if row is None:  # written here (or inserted by a concurrent cancel): read it back
-            row = await repo.task_get(conn, task_id, for_update=True)
-        assert row is not None and row.envelope is not None
-        if row.status in TASK_ENDED and not resumed:
-            if row.status is TaskState.CANCELLED:  # the cancel arrived before the task
-                nodes = await repo.nodes_get(conn, row.envelope)
-                pending = [n for n in nodes.values() if n.status is NodeState.PENDING]
-                for node in pending:
-                    await repo.node_set_status_if(
-                        conn,
-                        task_id,
-                        node.node_id,
-                        NodeState.PENDING,
-                        NodeState.CANCELLED,
-                        finished_at=now,
-                    )
-                if pending:
-                    await repo.emit_status(conn, task_id, now, trace)
-            return ACK
-        if row.leased_by_other(owner, now):
-            return self._leased(row, now)
-        if not await many.tasks_open_many(conn, [(task_id, owner)], now, self.lease_ttl):
-            log.warning("task lease not taken; later", task_id=task_id)
-            return Nak(delay=1.0)
-        # as tasks_open_many left it, locked until commit
-        row.lease_owner, row.status, row.status_reason = owner, TaskState.RUNNING, ""
-        nodes = await repo.nodes_get(conn, row.envelope)
-        recovered = await recover(conn, task_id, nodes, now)
-        return row, nodes, recovered
+
+    @staticmethod
+    async def _cancel_pending(
+        conn: Conn,
+        cancelled: Sequence[Opening],
+        bare: set[str],
+        now: datetime,
+        staged: Staged | None,
+    ) -> None:
+        """Tasks CANCELLED: the envelope recorded where the cancel came first, then every
+        PENDING node CANCELLED, and a status event for each task whose nodes changed."""
+        if not cancelled:
+            return
+        await task_runs.tasks_attach_envelopes_many(
+            conn, [o.env for o in cancelled if o.env.task_id in bare]
+        )
+        nodes = await node_runs.nodes_get_many(conn, [o.env for o in cancelled])
+        changes = [
+            NodeChange(
+                tid,
+                node.node_id,
+                NodeState.PENDING,
+                NodeState.CANCELLED,
+                None,
+                {"finished_at": now},
+            )
+            for tid, runs in nodes.items()
+            for node in runs.values()
+            if node.status is NodeState.PENDING
+        ]
+        applied = await node_runs.nodes_set_status_if_many(conn, changes)
+        emitting = sorted({c.task_id for c, ok in zip(changes, applied, strict=True) if ok})
+        if emitting:
+            traces = {o.env.task_id: o.trace for o in cancelled}
+            await status_events.emit_status_many(conn, emitting, now, (), traces, staged)
 
     def _classify(
-        self, o: Opening, row: repo.TaskRow | None, bare: bool, now: datetime
+        self, o: Opening, row: TaskRow | None, bare: bool, now: datetime
     ) -> OpenPath | Disposition:
         """How to open a task recorded before (:func:`plan.classify`), or the answer at once."""
         found = plan.classify(o.env.generation, o.owner, row, bare, now, self.lease_ttl)
@@ -368,17 +346,7 @@ class Passes:
         )
         return found.disposition
 
-    @staticmethod
-    def _stale(env: task_pb2.Task, row: repo.TaskRow) -> Disposition:
-        log.info(
-            "stale task.create dropped",
-            task_id=env.task_id,
-            generation=env.generation,
-            recorded=row.generation,
-        )
-        return ACK
-
-    def _leased(self, row: repo.TaskRow, now: datetime) -> Disposition:
+    def _leased(self, row: TaskRow, now: datetime) -> Disposition:
         """Another pass holds the task: come back when its lease would expire."""
         log.info(
             "task leased by another executor; later", task_id=row.task_id, owner=row.lease_owner
@@ -388,7 +356,7 @@ class Passes:
     # ---- stepping -----------------------------------------------------------------------
     async def step_many(
         self,
-        conn: AsyncConnection,
+        conn: Conn,
         items: Sequence[Stepping],
         now: datetime,
         staged: Staged | None = None,
@@ -443,7 +411,7 @@ class Passes:
                 for i, node in noops
                 if i not in lost
             ]
-            won = await many.nodes_run_noop_many(conn, claims, now)
+            won = await node_runs.nodes_run_noop_many(conn, claims, now)
             for i, node in noops:
                 if i in lost:
                     continue
@@ -500,7 +468,7 @@ class Passes:
         written: set[str] = set()
         if task_writes:
             written = set(
-                await many.tasks_write_many(
+                await status_events.tasks_write_many(
                     conn,
                     task_writes,
                     {it.env.task_id: it.row for it in items},
@@ -524,7 +492,7 @@ class Passes:
 
     async def _claim_ready(
         self,
-        conn: AsyncConnection,
+        conn: Conn,
         items: Sequence[Stepping],
         steps: Sequence[Step | None],
         launch: dict[int, list[NodeRun]],
@@ -545,7 +513,7 @@ class Passes:
                 if slots is not None and await slots.take_now():
                     taken.append(slots)
                     picks.append((i, node, slots))
-        won = await many.nodes_claim_if_pending_many(
+        won = await node_runs.nodes_claim_if_pending_many(
             conn,
             [(items[i].env.task_id, node.node_id, items[i].owner) for i, node, _ in picks],
             now,
@@ -565,12 +533,12 @@ class Passes:
 
     @staticmethod
     async def _apply(
-        conn: AsyncConnection,
+        conn: Conn,
         items: Sequence[Stepping],
         changes: list[tuple[int, plan.NodeChange, NodeRun]],
     ) -> set[int]:
         """Write the planned node changes; returns the items of which a write lost its race."""
-        applied = await many.nodes_set_status_if_many(conn, [c for _, c, _ in changes])
+        applied = await node_runs.nodes_set_status_if_many(conn, [c for _, c, _ in changes])
         lost: set[int] = set()
         for (i, change, _), ok in zip(changes, applied, strict=True):
             if ok:
@@ -586,65 +554,30 @@ class Passes:
         return lost
 
 
-async def recover(
-    conn: AsyncConnection, task_id: str, nodes: dict[str, NodeRun], now: datetime
-) -> bool:
-    """Nodes left RUNNING by an executor whose lease expired: their call may have happened."""
-    recovered = False
-    for node in nodes.values():
-        if node.status is not NodeState.RUNNING:
-            continue
-        await outcome_unknown(conn, task_id, node, now, "executor stopped mid-call")
-        log.warning(
-            "interrupted node recovered",
-            task_id=task_id,
-            node_id=node.node_id,
-            status=node.status.value,
+async def apply_redrives(conn: Conn, envs: Sequence[task_pb2.Task]) -> dict[str, list[str]]:
+    """Apply each newer generation's redrive (``env.redrive``) to the nodes recorded here
+    (:func:`plan.redrive_changes`: each change from the recorded state, never the one the
+    envelope states, guarded by it), clear the backoff of every PENDING node (it may run at
+    once) and record the generation. Returns the nodes reset, by task id."""
+    if not envs:
+        return {}
+    ids = [e.task_id for e in envs]
+    here = await node_runs.node_states_lock_many(conn, ids)
+    changes = [
+        c
+        for e in envs
+        for c in plan.redrive_changes(
+            e.task_id, e.redrive.reset_nodes, e.redrive.settled_nodes, here.get(e.task_id, {})
         )
-        recovered = True
-    return recovered
-
-
-async def outcome_unknown(
-    conn: AsyncConnection,
-    task_id: str,
-    node: NodeRun,
-    now: datetime,
-    why: str,
-    *,
-    owner: str | None = None,
-    not_before: datetime | None = None,
-) -> bool:
-    """A RUNNING node whose call may have had its effect without its result being recorded
-    (the executor stopped mid-call, or the call's outcome was ambiguous) becomes UNKNOWN.
-    An idempotent action is then run again under the same idempotency key (→ PENDING; a
-    short retry not before ``not_before`` when given, else at once); any other stays UNKNOWN, never sent again by the executor, until
-    the reconciler settles it by its status probe or an operator decides. ``owner`` guards
-    the move by the node's runner; False when the node was not RUNNING (under ``owner``).
-    Sets ``node.status``."""
-    if node.spec.idempotent:
-        err = truncate_error(f"re-run under the same idempotency key (idempotent): {why}")
-        if not await repo.node_set_status_if(
-            conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN,
-            owner=owner, last_error=err,
-        ):  # fmt: skip
-            return False
-        fields: dict[str, Any] = {}
-        if not_before is not None:  # a short retry, as after any retryable failure
-            fields = {"not_before": not_before, "retryable": True}
-        await repo.node_set_status_if(
-            conn, task_id, node.node_id, NodeState.UNKNOWN, NodeState.PENDING, **fields
-        )
-        node.status = NodeState.PENDING
-        return True
-    err = truncate_error(f"outcome unknown until settled (status probe or operator): {why}")
-    if not await repo.node_set_status_if(
-        conn, task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN,
-        owner=owner, last_error=err, finished_at=now,
-    ):  # fmt: skip
-        return False
-    node.status = NodeState.UNKNOWN
-    return True
+    ]
+    applied = await node_runs.nodes_set_status_if_many(conn, changes)
+    await node_runs.nodes_clear_backoff_many(conn, ids)
+    await task_runs.tasks_set_generation_if_newer_many(conn, envs)
+    reset: dict[str, list[str]] = {e.task_id: [] for e in envs}
+    for change, ok in zip(changes, applied, strict=True):
+        if ok and change.new is NodeState.PENDING:
+            reset[change.task_id].append(change.node_id)
+    return reset
 
 
 def give_back(taken: Sequence[Slots]) -> None:

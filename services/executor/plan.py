@@ -2,7 +2,7 @@
 (:func:`classify`), what one round of a step does to a task's nodes (:func:`plan_round`)
 and what happens to a task once nothing more can run (:func:`settle`).
 
-:mod:`dispo.executor.passes` reads the rows, calls these and writes what they say; the
+:mod:`dispo.executor.passes` reads the rows (:mod:`dispo.executor.store`), calls these and writes what they say; the
 rules they apply are :mod:`dispo.executor.domain`'s. Time is a parameter (``now``); the
 downstreams' breakers are read (and a half-open one's trial calls taken) as they stand.
 """
@@ -18,9 +18,10 @@ from typing import Any, Protocol
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, ready, to_cancel
 from dispo.executor.failures import CallOutcome, failure_text
-from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
+from dispo.executor.states import NODE_TRANSITIONS, TASK_ENDED, TASK_FINAL, NodeState, TaskState
 from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.contracts import tasks
+from dispo.libs.error_text import truncate_error
 
 # A task's (id, node id): the key of a node run.
 NodeKey = tuple[str, str]
@@ -44,6 +45,16 @@ class NodeChange:
 
 
 @dataclass(frozen=True)
+class TaskStatusChange:
+    """One guarded task move from one of ``expected`` to ``new``, with its reason."""
+
+    task_id: str
+    expected: tuple[TaskState, ...]
+    new: TaskState
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class TaskWrite:
     """A step's write of one task row as its pass ends, under ``owner``'s lease: release the
     lease and, unless ``status`` is None, move the task from RUNNING to ``status`` (with a
@@ -61,14 +72,16 @@ class TaskWrite:
 
 # ---- opening ----------------------------------------------------------------------------
 class OpenPath(enum.Enum):
-    """How a task recorded before is opened."""
+    """How a task recorded before is opened (each with the others of its batch)."""
 
-    FAST = "fast"  # with the others of its batch, in a few set-based statements
-    SLOW = "slow"  # on its own (a redrive, a cancel to apply, a row without its envelope)
+    OPEN = "open"  # leased, its interrupted nodes recovered, stepped
+    REDRIVE = "redrive"  # a newer generation: its redrive applied first, then opened
+    CANCELLED = "cancelled"  # its pending nodes cancelled (and its envelope recorded
+    # first when the cancel arrived before it), nothing run
 
 
 class Recorded(Protocol):
-    """What an opening reads of a task's row (:class:`~dispo.executor.repository.TaskRow`)."""
+    """What an opening reads of a task's row (:class:`~dispo.executor.store.rows.TaskRow`)."""
 
     @property
     def generation(self) -> int: ...
@@ -92,25 +105,122 @@ def classify(
 ) -> OpenPath | Answered:
     """How to open a task message of ``generation`` for ``owner``, its task recorded before
     as ``row`` (``bare``: without its envelope, a cancel arrived first)."""
-    if row is None or bare:  # None cannot be: not inserted here, so recorded before
-        return OpenPath.SLOW
+    if row is None:  # cannot be: not inserted here, so recorded before
+        return Answered(Nak(delay=1.0), "task not recorded; later")
+    if bare:  # recorded by a cancel that arrived first: CANCELLED
+        return OpenPath.CANCELLED
     if generation < row.generation:
         return Answered(ACK, "stale task.create dropped")
     if generation > row.generation and row.status not in TASK_FINAL:
-        return OpenPath.SLOW  # a redrive (of a FAILED task: a resume)
+        return OpenPath.REDRIVE  # (of a FAILED task: a resume)
     if row.status is TaskState.CANCELLED:
-        return OpenPath.SLOW  # its pending nodes may still need cancelling
+        return OpenPath.CANCELLED  # its pending nodes may still need cancelling
     if row.status in TASK_ENDED:
         return Answered(ACK, "task already ended")
     if row.leased_by_other(owner, now):
         return Answered(leased(row, now, lease_ttl), "task leased by another executor; later")
-    return OpenPath.FAST
+    return OpenPath.OPEN
 
 
 def leased(row: Recorded, now: datetime, lease_ttl: float) -> Nak:
     """Another pass holds the task: come back when its lease would expire."""
     remaining = (row.lease_until - now).total_seconds() if row.lease_until else lease_ttl
     return Nak(delay=min(max(remaining, 0.1), lease_ttl))
+
+
+# ---- redrives and interrupted nodes ------------------------------------------------------
+# Nodes a redrive leaves as they are even where the table has a way to PENDING: a RUNNING
+# node's fate is settled by crash recovery (or its runner), not by a message.
+REDRIVE_KEEPS = frozenset({NodeState.RUNNING})
+
+
+def redrive_changes(
+    task_id: str, reset_nodes: Collection[str], settled_nodes: Collection[str],
+    here: Mapping[str, NodeState],
+) -> list[NodeChange]:  # fmt: skip
+    """A newer generation's redrive applied to the nodes recorded ``here``, each change
+    from the recorded state (never the one the envelope states):
+
+    - ``reset_nodes``: to PENDING with a fresh short-retry round, where the recorded state
+      may move to PENDING (not from RUNNING, see ``REDRIVE_KEEPS``). SUCCEEDED and
+      CANCELLED have no move at all: such a node is never run again.
+    - ``settled_nodes``: UNKNOWN to SUCCEEDED (the reconciler's probe found the effect).
+
+    A change the table does not allow is skipped, not refused: a redrive names what to run
+    again, and a node already past it simply stays."""
+    states = dict(here)
+    changes: list[NodeChange] = []
+    for node_id in reset_nodes:
+        current = states.get(node_id)
+        if (
+            current is None
+            or current in REDRIVE_KEEPS
+            or not NODE_TRANSITIONS.allows(current, NodeState.PENDING)
+        ):
+            continue
+        fields = {"round_attempts": 0, "retryable": False, "not_before": None, "finished_at": None}
+        changes.append(NodeChange(task_id, node_id, current, NodeState.PENDING, None, fields))
+        states[node_id] = NodeState.PENDING
+    for node_id in settled_nodes:
+        if states.get(node_id) is NodeState.UNKNOWN:
+            changes.append(
+                NodeChange(
+                    task_id,
+                    node_id,
+                    NodeState.UNKNOWN,
+                    NodeState.SUCCEEDED,
+                    None,
+                    {"last_error": ""},
+                )  # fmt: skip
+            )
+            states[node_id] = NodeState.SUCCEEDED
+    return changes
+
+
+def unknown_change(
+    task_id: str,
+    node: NodeRun,
+    now: datetime,
+    why: str,
+    *,
+    owner: str | None = None,
+    not_before: datetime | None = None,
+) -> NodeChange:
+    """A RUNNING node whose call may have had its effect without its result being recorded
+    (the executor stopped mid-call, or the call's outcome was ambiguous) becomes UNKNOWN.
+    An idempotent action is then run again under the same idempotency key: it goes on to
+    PENDING in the same write (a short retry not before ``not_before`` when given, else at
+    once); any other stays UNKNOWN, never sent again by the executor, until the reconciler
+    settles it by its status probe or an operator decides. ``owner`` guards the move by
+    the node's runner."""
+    if node.spec.idempotent:
+        fields: dict[str, Any] = {
+            "last_error": truncate_error(
+                f"re-run under the same idempotency key (idempotent): {why}"
+            )
+        }
+        if not_before is not None:  # a short retry, as after any retryable failure
+            fields.update(not_before=not_before, retryable=True)
+        return NodeChange(
+            task_id, node.node_id, NodeState.RUNNING, NodeState.PENDING, owner, fields
+        )
+    fields = {
+        "last_error": truncate_error(
+            f"outcome unknown until settled (status probe or operator): {why}"
+        ),
+        "finished_at": now,
+    }
+    return NodeChange(task_id, node.node_id, NodeState.RUNNING, NodeState.UNKNOWN, owner, fields)
+
+
+def recover_changes(task_id: str, nodes: Mapping[str, NodeRun], now: datetime) -> list[NodeChange]:
+    """The nodes a pass finds RUNNING as it opens its task were left by an executor whose
+    lease expired: their call may have happened (:func:`unknown_change`)."""
+    return [
+        unknown_change(task_id, node, now, "executor stopped mid-call")
+        for node in nodes.values()
+        if node.status is NodeState.RUNNING
+    ]
 
 
 # ---- a round of a step ------------------------------------------------------------------

@@ -5,10 +5,9 @@ the task (finish, short retry, demote, fail) and publish that through the outbox
 This is the only execution path: first runs, short retries and the reconciler's redrives
 all arrive as task.create and come through here.
 
-Each message is handled on its own, concurrently with the others in hand, but the database
-work of their passes is group-committed (:class:`dispo.libs.batcher.Batcher`): the openings
-waiting at a moment share one transaction and a few set-based statements
-(:mod:`dispo.executor.passes`), and a message is answered only after that commit.
+Each message is handled on its own, concurrently with the others in hand; its database
+work goes through the port :class:`~dispo.executor.commits.Commits` (group-committed with
+the other passes' by default), and a message is answered only after that commit.
 """
 
 from __future__ import annotations
@@ -17,46 +16,43 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import Any
 
 import aiohttp
 import httpx
-from dispo.executor import repository_many as many
+from dispo.executor import plan
 from dispo.executor.actions import Call, Result, failed, not_sent_without_lease, run_action
 from dispo.executor.breaker import Breaker
+from dispo.executor.commits import (
+    Advance,
+    Claim,
+    Commits,
+    Flushes,
+    GroupCommits,
+    InlineCommits,
+    Progress,
+    Recording,
+)
 from dispo.executor.domain import NodeRun, RetryPolicy
 from dispo.executor.envelope import payload_of
 from dispo.executor.failures import CallOutcome, Move, Verdict, breaker_counts, next_move
-from dispo.executor.passes import (
-    Opening,
-    Pass,
-    Passes,
-    Step,
-    Stepping,
-    give_back,
-    outcome_unknown,
-)
+from dispo.executor.passes import Opening, Pass, Passes, Step
 from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
-from dispo.executor.states import NodeState, TaskState
+from dispo.executor.states import NodeState
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.batcher import Batcher
 from dispo.libs.bus import Disposition, Nak
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Database
 from dispo.libs.logging import bind_ids, get_logger
-from dispo.libs.outbox import OutboxRelay, Staged
+from dispo.libs.outbox import OutboxRelay
 from dispo.libs.tracing import current, span
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 # A task.create of a task with a pass in this process comes back after this many seconds.
 IN_HAND_DELAY = 0.5
@@ -77,6 +73,8 @@ class ExecutorConfig:
     flush_concurrency: int = 2
     # A running task's progress is published at most this often (ADR-0059).
     progress_interval: float = 1.0
+    # Group commit (the default), or each write its own transaction (ADR-0088).
+    group_commit: bool = True
     # A call leaves only while its pass's lease runs at least this much longer (None: a
     # fifth of the lease); below twice this the pass extends its lease before sending
     # (ADR-0066).
@@ -87,54 +85,10 @@ class ExecutorConfig:
         return self.send_margin if self.send_margin is not None else self.lease_ttl / 5
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A node about to be called, claimed for its pass's lease owner ``owner``."""
-
-    task_id: str
-    node_id: str
-    owner: str
-
-
-@dataclass
-class Recording:
-    """A finished call and what to record for it: ``change`` (from RUNNING), or None for
-    the move through UNKNOWN; ``recorded`` once the write committed."""
-
-    node: NodeRun
-    result: Result
-    move: Move
-    change: NodeChange | None
-    took: float
-    recorded: bool = False
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A running task's progress to publish, if ``owner`` still holds its lease."""
-
-    task_id: str
-    owner: str
-    trace: str | None = None
-
-
-@dataclass
-class Advance:
-    """A pass's finished calls to record, then (unless ``final``: the pass stops) its next
-    step."""
-
-    env: task_pb2.Task
-    owner: str
-    state: Pass
-    calls: list[Recording]
-    trace: str | None = None
-    final: bool = False
-
-
 class Executor:
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         relay: OutboxRelay,
         registry: dict[str, Downstream],
         clock: Clock,
@@ -142,7 +96,7 @@ class Executor:
         http: aiohttp.ClientSession,
         health: httpx.AsyncClient,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.relay = relay
         self.registry = registry
         self.clock = clock
@@ -161,44 +115,17 @@ class Executor:
         }
         self.slots = {name: Slots(d.max_concurrency) for name, d in registry.items()}
         self.passes = Passes(self.breakers, config.lease_ttl, self.slots)
-        # The database work of every pass in hand is group-committed, one Batcher per kind:
-        # openings of task.create messages (one that cannot be opened fails alone), node
-        # claims, finished calls recorded with their pass's next step, lease heartbeats.
-        self.openings: Batcher[Opening, Step] = self._group_commit(
-            "task openings", self._open_flush
-        )
-        self.claims: Batcher[Claim, many.Claimed | None] = self._group_commit(
-            "node claims", self._claim_flush
-        )
-        self.advances: Batcher[Advance, Step] = self._group_commit(
-            "pass steps", self._advance_flush
-        )
-        self.extensions: Batcher[tuple[str, str], datetime | None] = self._group_commit(
-            "lease extensions", self._extend_flush, concurrency=1, isolate=False
-        )
-        self.progress_events: Batcher[Progress, bool] = self._group_commit(
-            "progress events", self._progress_flush, concurrency=1, isolate=False
+        # Where the passes' database work commits: the transactions, and the port the
+        # loop calls (group-committed: the items of every pass in hand share them).
+        self.flushes = Flushes(db, relay, clock, self.passes, config.lease_ttl)
+        self.commits: Commits = (
+            GroupCommits(self.flushes, config.flush_max_items, config.flush_concurrency)
+            if config.group_commit
+            else InlineCommits(self.flushes)
         )
         # The tasks with a pass in this process: one pass per task at a time (a second
         # delivery of its message waits until the first pass ends).
         self.in_hand: set[str] = set()
-
-    def _group_commit(
-        self,
-        name: str,
-        flush: Callable[[list[T]], Awaitable[Sequence[R | BaseException]]],
-        *,
-        concurrency: int | None = None,
-        isolate: bool = True,
-    ) -> Batcher[T, R]:
-        return Batcher(
-            name,
-            flush,
-            max_items=self.config.flush_max_items,
-            concurrency=concurrency or self.config.flush_concurrency,
-            isolate=isolate,
-            observe=metrics.group_commit_flushes(name),
-        )
 
     # ---- task.create -------------------------------------------------------------------
     async def handle_create(self, env: task_pb2.Task) -> Disposition:
@@ -218,7 +145,7 @@ class Executor:
         owner = f"{self.config.instance}:{uuid.uuid4().hex[:8]}"
         # Opened with the other task.create messages in hand, in one transaction; the
         # answer comes once that transaction committed.
-        step = await self.openings.submit(Opening(env, owner, current()))
+        step = await self.commits.open(Opening(env, owner, current()))
         if step.disposition is not None:
             return step.disposition
         heartbeat = asyncio.create_task(self._heartbeat(env.task_id, owner, step.state))
@@ -231,23 +158,6 @@ class Executor:
             timer = step.state.progress_timer
             if timer is not None:  # its progress went with the pass's last event
                 timer.cancel()
-
-    async def _open_flush(self, openings: list[Opening]) -> Sequence[Step | BaseException]:
-        now = self.clock.now()
-        staged = self.relay.staged()
-        taken: list[Slots] = []
-        try:
-            async with self.engine.begin() as conn:
-                steps = await self.passes.open_many(conn, openings, now, staged, taken)
-        except BaseException:
-            give_back(taken)
-            raise
-        self.relay.publish_committed(staged)
-        until = now + timedelta(seconds=self.config.lease_ttl)  # as the opening wrote it
-        for step in steps:
-            if isinstance(step, Step):
-                step.state.lease_until = until
-        return steps
 
     def _progress(self, env: task_pb2.Task, owner: str, state: Pass) -> None:
         """Progress the pass has not published: publish it once the progress interval has
@@ -265,30 +175,9 @@ class Executor:
         # Progress from here on is the next event's: the one below may predate it.
         state.unreported, state.progress_timer = False, None
         try:
-            await self.progress_events.submit(Progress(env.task_id, owner, trace))
+            await self.commits.progress(Progress(env.task_id, owner, trace))
         except Exception:  # e.g. the database went away: the next event, or the pass's end
             state.unreported = True
-
-    async def _progress_flush(self, progress: list[Progress]) -> Sequence[bool]:
-        """The running tasks' status events, in one transaction: each task locked, and
-        published only while its pass still holds the lease (a task that settled in the
-        meantime published it as its pass ended)."""
-        now = self.clock.now()
-        staged = self.relay.staged()
-        async with self.engine.begin() as conn:
-            rows, _ = await many.tasks_lock_many(conn, [r.task_id for r in progress])
-            live = {
-                r.task_id
-                for r in progress
-                if (row := rows.get(r.task_id)) is not None
-                and row.lease_owner == r.owner
-                and row.status is TaskState.RUNNING
-            }
-            if live:
-                traces = {r.task_id: r.trace for r in progress}
-                await many.emit_status_many(conn, sorted(live), now, (), traces, staged)
-        self.relay.publish_committed(staged)
-        return [r.task_id in live for r in progress]
 
     async def _heartbeat(self, task_id: str, owner: str, state: Pass) -> None:
         """Extend the pass's lease every third of its duration. One that cannot be extended
@@ -304,22 +193,13 @@ class Executor:
     async def _extend(self, task_id: str, owner: str, state: Pass) -> bool:
         """Extend the pass's lease now; False (and the pass's sends stopped) when another
         owner holds it, or none does."""
-        until = await self.extensions.submit((task_id, owner))
+        until = await self.commits.extend(task_id, owner)
         if until is None:
             state.lease_lost = True
             return False
         if state.lease_until is None or until > state.lease_until:
             state.lease_until = until
         return True
-
-    async def _extend_flush(self, leases: list[tuple[str, str]]) -> Sequence[datetime | None]:
-        """The leases due for a heartbeat, extended in one transaction: each one's new end,
-        or None where its owner no longer holds it."""
-        now = self.clock.now()
-        async with self.engine.begin() as conn:
-            extended = await many.leases_extend_many(conn, leases, now, self.config.lease_ttl)
-        until = now + timedelta(seconds=self.config.lease_ttl)
-        return [until if lease in extended else None for lease in leases]
 
     async def _may_send(self, task_id: str, owner: str, state: Pass) -> bool:
         """The fence before a call leaves (ADR-0066): the pass's lease must run at least
@@ -372,7 +252,7 @@ class Executor:
                 if call is not None:
                     state.ran += 1
                     calls.append(call)
-            step = await self.advances.submit(Advance(env, owner, state, calls, current()))
+            step = await self.commits.advance(Advance(env, owner, state, calls, current()))
             self._recorded(env.task_id, calls)
 
     async def _gather(self, state: Pass) -> list[Recording | None]:
@@ -395,112 +275,8 @@ class Executor:
         if not calls:
             return
         with contextlib.suppress(Exception):  # unrecorded, a node stays RUNNING: recovery
-            await self.advances.submit(Advance(env, owner, state, calls, current(), final=True))
+            await self.commits.advance(Advance(env, owner, state, calls, current(), final=True))
             self._recorded(env.task_id, calls)
-
-    async def _advance_flush(self, advances: list[Advance]) -> Sequence[Step | BaseException]:
-        """Record the passes' finished calls and take their next steps, in one transaction:
-        the task rows locked (in task_id order), each call's node moved from RUNNING under
-        its run's owner, then :meth:`Passes.step_many` for the passes still holding their
-        lease; one status event per task."""
-        now = self.clock.now()
-        staged = self.relay.staged()
-        results: list[Step | BaseException | None] = [None] * len(advances)
-        seen: set[str] = set()
-        for i, a in enumerate(advances):
-            if a.env.task_id in seen:  # one pass per task: a second is a bug, failed alone
-                results[i] = RuntimeError(f"two passes of task {a.env.task_id} in one flush")
-            seen.add(a.env.task_id)
-        todo = [i for i, r in enumerate(results) if r is None]
-        taken: list[Slots] = []
-        try:
-            recorded = await self._advance(advances, todo, results, now, staged, taken)
-        except BaseException:
-            give_back(taken)
-            raise
-        self.relay.publish_committed(staged)
-        for i in todo:  # known once committed
-            for c, ok in zip(advances[i].calls, recorded[i], strict=True):
-                c.recorded = ok
-        return [r if r is not None else Step(advances[i].state) for i, r in enumerate(results)]
-
-    async def _advance(
-        self,
-        advances: list[Advance],
-        todo: list[int],
-        results: list[Step | BaseException | None],
-        now: datetime,
-        staged: Staged,
-        taken: list[Slots],
-    ) -> dict[int, list[bool]]:
-        """The transaction of :meth:`_advance_flush`: fills ``results`` in; returns, by
-        advance, which of its calls were recorded."""
-        recorded: dict[int, list[bool]] = {}
-        async with self.engine.begin() as conn:
-            rows, _ = await many.tasks_lock_many(conn, [advances[i].env.task_id for i in todo])
-            writes = [
-                (id(c), c.change) for i in todo for c in advances[i].calls if c.change is not None
-            ]
-            applied = await many.nodes_set_status_if_many(conn, [change for _, change in writes])
-            done = dict(zip([key for key, _ in writes], applied, strict=True))
-            for i in todo:
-                a = advances[i]
-                for c in a.calls:
-                    if c.change is None:  # UNKNOWN (then PENDING again if idempotent)
-                        done[id(c)] = await outcome_unknown(
-                            conn,
-                            a.env.task_id,
-                            c.node,
-                            now,
-                            c.result.detail,
-                            owner=a.owner,
-                            not_before=c.move.not_before,
-                        )
-                recorded[i] = [done[id(c)] for c in a.calls]
-            stepping: list[int] = []
-            steppings: list[Stepping] = []
-            emitting: list[str] = []
-            for i in todo:
-                a = advances[i]
-                row = rows.get(a.env.task_id)
-                changed = any(recorded[i])
-                if a.final or row is None or row.lease_owner != a.owner:
-                    if not a.final:
-                        results[i] = Step(a.state, lease_lost=True)
-                    if changed or a.state.unreported:  # the pass stops: what it did, now
-                        emitting.append(a.env.task_id)
-                    continue
-                row.envelope = a.env
-                stepping.append(i)
-                # Its nodes are read below, after every write of theirs in this transaction.
-                steppings.append(
-                    Stepping(a.env, a.owner, a.state, row, {}, changed, a.trace, nodes_current=True)
-                )
-            known = await many.nodes_get_many(
-                conn, [s.env for s in steppings], {s.env.task_id: s.state.nodes for s in steppings}
-            )
-            for s in steppings:
-                s.nodes = known[s.env.task_id]
-            stepped = await self.passes.step_many(conn, steppings, now, staged, taken)
-            for i, step in zip(stepping, stepped, strict=True):
-                results[i] = step
-            if emitting:
-                traces = {advances[i].env.task_id: advances[i].trace for i in todo}
-                await many.emit_status_many(conn, emitting, now, (), traces, staged)
-        return recorded
-
-    async def _claim_flush(self, claims: list[Claim]) -> Sequence[many.Claimed | None]:
-        """PENDING → RUNNING for nodes about to be called that their step could not claim
-        (no call slot was free then), in one transaction (the task rows locked first, in
-        task_id order). A claim is its pass's progress (published by :meth:`_progress`).
-        Returns each claim's new attempt counts (None: lost)."""
-        now = self.clock.now()
-        async with self.engine.begin() as conn:
-            await many.tasks_lock_many(conn, [c.task_id for c in claims])
-            won = await many.nodes_claim_if_pending_many(
-                conn, [(c.task_id, c.node_id, c.owner) for c in claims], now
-            )
-        return [won.get((c.task_id, c.node_id, c.owner)) for c in claims]
 
     async def _run_node(
         self, env: task_pb2.Task, node: NodeRun, owner: str, state: Pass, claimed: bool = False
@@ -532,7 +308,7 @@ class Executor:
                 if slots is not None:
                     await slots.take()
                     held = True
-                won = await self.claims.submit(Claim(task_id, node.node_id, owner))
+                won = await self.commits.claim(Claim(task_id, node.node_id, owner))
                 if won is None:
                     log.info("node claim lost", task_id=task_id, node_id=node.node_id)
                     return None
@@ -573,7 +349,7 @@ class Executor:
     @staticmethod
     def _fields(move: Move, result: Result, now: datetime) -> tuple[NodeState, dict[str, Any]]:
         """The node's new state and columns for a ``move`` that does not go through UNKNOWN
-        (those are :func:`outcome_unknown`'s)."""
+        (those are :func:`plan.unknown_change`'s)."""
         assert not move.unknown
         if move.verdict is Verdict.SUCCEEDED:
             return NodeState.SUCCEEDED, {"finished_at": now, "last_error": "", "retryable": False}
@@ -596,7 +372,7 @@ class Executor:
         SUCCEEDED, FAILED, a short retry (PENDING after the backoff, or the Retry-After asked
         for), or, for an ambiguous call of an action that is not idempotent, UNKNOWN — the
         same move as for a node an executor stopped in the middle of
-        (:func:`passes.outcome_unknown`). The call counts for the downstream's breaker now."""
+        (:func:`plan.unknown_change`). The call counts for the downstream's breaker now."""
         now = self.clock.now()
         breaker = self.breakers.get(node.spec.downstream)
         if breaker is not None and node.spec.kind == "http" and not result.fenced:
@@ -613,10 +389,13 @@ class Executor:
             now,
             result.retry_after,
         )
-        if move.unknown:
-            return Recording(node, result, move, None, took)
-        new, fields = self._fields(move, result, now)
-        change = NodeChange(task_id, node.node_id, NodeState.RUNNING, new, owner, fields)
+        if move.unknown:  # then PENDING again at once if idempotent
+            change = plan.unknown_change(
+                task_id, node, now, result.detail, owner=owner, not_before=move.not_before
+            )
+        else:
+            new, fields = self._fields(move, result, now)
+            change = NodeChange(task_id, node.node_id, NodeState.RUNNING, new, owner, fields)
         return Recording(node, result, move, change, took)
 
     @staticmethod
@@ -629,8 +408,7 @@ class Executor:
                     node_id=c.node.node_id,
                 )
                 continue
-            # Through UNKNOWN, outcome_unknown set the node's status.
-            new = c.node.status if c.change is None else c.change.new
+            new = c.change.new
             metrics.node_ran(
                 c.node.action, c.node.spec.downstream, new.value, c.took,
                 c.move.verdict is Verdict.RETRY,

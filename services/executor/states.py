@@ -1,6 +1,6 @@
 """The node and task state machines, declared once. Every guarded write checks its move
-against these tables first (``repository``). The database mirrors the enums with the CHECK
-constraints listed in ``CHECKED_COLUMNS``; ``tests/executor/test_repository.py`` compares
+against these tables first (``store``). The database mirrors the enums with the CHECK
+constraints listed in ``CHECKED_COLUMNS``; ``tests/executor/test_store.py`` compares
 the migrated schema with the enums, so a state added here without a migration fails it.
 Stored values are the member names in lower case; the protos carry the same names
 upper-case with their type prefix, converted by name (ADR 0017).

@@ -43,6 +43,7 @@ async def setup(rt: Runtime) -> None:
     relay = rt.outbox_relay(store.outbox)
     gateway = Gateway(
         rt.engine,
+        await rt.database(),
         relay,
         catalogue,
         limits,

@@ -22,6 +22,7 @@ from dispo.libs.batcher import Batcher
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
+from dispo.libs.db.driver import Database
 from dispo.libs.egress import NATS_SCHEME, AllowList
 from dispo.libs.errors import FailedPrecondition, FieldViolation, NotFound, ResourceExhausted
 from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
@@ -83,6 +84,7 @@ class Gateway:
     def __init__(
         self,
         engine: AsyncEngine,
+        db: Database,
         relay: OutboxRelay,
         catalogue: Catalogue,
         limits: Limits,
@@ -97,6 +99,7 @@ class Gateway:
         egress: AllowList = DEFAULT_EGRESS,
     ) -> None:
         self.engine = engine
+        self.db = db  # the driver port: the Submit and status flushes' statements
         self.relay = relay
         self.catalogue = catalogue
         self.limits = limits
@@ -244,8 +247,7 @@ class Gateway:
         fresh.sort(key=lambda t: (t.business, t.idempotency_key))
         staged = self.relay.staged()
         # One statement, its own transaction: no BEGIN and COMMIT round trips around it.
-        async with self.engine.connect() as conn:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        async with self.db.connection() as conn:
             inserted = await store.tasks_accept_many(conn, fresh, staged)
             self.relay.publish_committed(staged)
             # The keys found taken: their holders are committed (the insert waited for any
@@ -361,8 +363,7 @@ class Gateway:
                 newest[item.task_id] = item
         chosen = sorted(newest.values(), key=lambda s: s.task_id)  # one lock order for all
         # One statement is its own transaction: no BEGIN and COMMIT round trips around it.
-        async with self.engine.connect() as conn:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        async with self.db.connection() as conn:
             applied = await store.tasks_apply_snapshots(conn, chosen, self.clock.now())
         for task_id in applied:
             event = self._changed.pop(task_id, None)

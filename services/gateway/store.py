@@ -8,7 +8,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import require_declared, tasks
-from dispo.libs.db.driver import Statement
+from dispo.libs.db.driver import Conn, Statement
 from dispo.libs.outbox import (
     OutboxRow,
     Staged,
@@ -146,7 +146,7 @@ _ACCEPT_MANY = Statement(
 )
 
 
-async def tasks_accept_many(conn: AsyncConnection, rows: list[NewTask], staged: Staged) -> set[str]:
+async def tasks_accept_many(conn: Conn, rows: list[NewTask], staged: Staged) -> set[str]:
     """Insert the accepted tasks and their task.create events with one statement (atomic by
     itself: run it outside a transaction, it commits alone), in the order given; returns the
     ids inserted, their events staged in ``staged``. A row whose (business, idempotency_key)
@@ -196,7 +196,7 @@ _BY_KEYS = Statement(
 
 
 async def tasks_by_keys(
-    conn: AsyncConnection, keys: list[tuple[str, str]]
+    conn: Conn, keys: list[tuple[str, str]]
 ) -> dict[tuple[str, str], KeyHolder]:
     """The tasks holding these (business, idempotency_key) pairs, with one statement."""
     if not keys:
@@ -250,9 +250,7 @@ _APPLY_SNAPSHOTS = Statement(
 )
 
 
-async def tasks_apply_snapshots(
-    conn: AsyncConnection, snapshots: list[Snapshot], now: datetime
-) -> set[str]:
+async def tasks_apply_snapshots(conn: Conn, snapshots: list[Snapshot], now: datetime) -> set[str]:
     """Take executor snapshots into the view with one statement, each unless a newer one was
     applied already or it would take a terminal view an executor recorded to another status
     (a FAILED one only under a newer generation); returns the ids of the tasks changed. At most one snapshot per

@@ -13,6 +13,7 @@ import httpx
 from dispo.auth.signing import SigningKey
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Database
 from dispo.libs.egress import AllowList
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
@@ -24,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 @dataclass
 class Context:
     engine: AsyncEngine
+    db: Database  # the driver port: the statements of the finished-facts flush
     clock: Clock
     config: RecoveryConfig
     settings: ReconcilerSettings

@@ -35,6 +35,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     relay = rt.outbox_relay(outbox)
     ctx = Context(
         rt.engine,
+        await rt.database(),
         rt.clock,
         config,
         settings,

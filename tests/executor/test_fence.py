@@ -14,15 +14,14 @@ from dispo.executor.actions import Call, http_session, run_action
 from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome
 from dispo.executor.passes import Opening, Step
-from dispo.executor.repository import outbox
 from dispo.executor.runner import IN_HAND_DELAY, Executor, ExecutorConfig
+from dispo.executor.store.status_events import outbox
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Nak
 from dispo.libs.catalogue import Downstream
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.payload import json_payload
-from sqlalchemy import text
 
 
 def one_call(task_id: str, path: str = "/once/x") -> task_pb2.Task:
@@ -41,20 +40,21 @@ def one_call(task_id: str, path: str = "/once/x") -> task_pb2.Task:
 
 
 @pytest.fixture
-async def executor(service_engine, bus, manual_clock, downstream):
+async def executor(service_engine, service_db, bus, manual_clock, downstream):
     engine = await service_engine("executor")
+    db = await service_db("executor")
     http, health = http_session(), httpx.AsyncClient()
     registry = {"demo": Downstream("demo", downstream.url)}
     config = ExecutorConfig(lease_ttl=5.0)  # send margin: 1 s
     yield Executor(
-        engine, OutboxRelay(engine, outbox, bus), registry, manual_clock, config, http, health
+        db, OutboxRelay(engine, outbox, bus), registry, manual_clock, config, http, health
     )
     await http.close()
     await health.aclose()
 
 
 async def opened(executor: Executor, task_id: str, owner: str) -> Step:
-    [step] = await executor._open_flush([Opening(one_call(task_id), owner)])
+    [step] = await executor.flushes.open([Opening(one_call(task_id), owner)])
     assert isinstance(step, Step) and step.state.lease_until is not None
     return step
 
@@ -69,10 +69,8 @@ async def test_a_lease_near_its_end_is_extended_before_a_send_and_a_taken_one_se
     assert await executor._may_send("mine", "me", mine.state)
     assert mine.state.lease_until == manual_clock.now() + timedelta(seconds=5)
 
-    async with executor.engine.begin() as conn:  # another pass took the expired lease
-        await conn.execute(
-            text("UPDATE task_runs SET lease_owner = 'other' WHERE task_id = 'taken'")
-        )
+    async with executor.db.transaction() as conn:  # another pass took the expired lease
+        await conn.fetch("UPDATE task_runs SET lease_owner = 'other' WHERE task_id = 'taken'")
     assert not await executor._may_send("taken", "me", taken.state)
     assert taken.state.lease_lost  # and nothing more of this pass is sent
     assert not taken.state.holds_lease(manual_clock.now(), 0)

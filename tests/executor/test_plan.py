@@ -34,13 +34,18 @@ def node(node_id, *deps, kind="http", downstream="d", status=S.PENDING):
     return NodeRun(node_id, deps, ActionSpec(kind, downstream), f"t/{node_id}", status)
 
 
-def test_an_opening_is_batched_answered_at_once_or_taken_on_its_own():
+def test_an_opening_is_opened_redriven_cancelled_or_answered_at_once():
     running = Row(3, TaskState.RUNNING)
-    assert plan.classify(3, "me", running, False, NOW, 5) is plan.OpenPath.FAST
-    assert plan.classify(3, "me", None, False, NOW, 5) is plan.OpenPath.SLOW
-    assert plan.classify(3, "me", running, True, NOW, 5) is plan.OpenPath.SLOW  # no envelope
-    assert plan.classify(4, "me", running, False, NOW, 5) is plan.OpenPath.SLOW  # a redrive
-    assert plan.classify(3, "me", Row(3, TaskState.CANCELLED), False, NOW, 5) is plan.OpenPath.SLOW
+    assert plan.classify(3, "me", running, False, NOW, 5) is plan.OpenPath.OPEN
+    assert plan.classify(3, "me", None, False, NOW, 5) == plan.Answered(
+        Nak(delay=1.0), "task not recorded; later"
+    )
+    # Recorded without its envelope: a cancel arrived first.
+    assert plan.classify(3, "me", running, True, NOW, 5) is plan.OpenPath.CANCELLED
+    assert plan.classify(4, "me", running, False, NOW, 5) is plan.OpenPath.REDRIVE
+    cancelled = Row(3, TaskState.CANCELLED)
+    assert plan.classify(3, "me", cancelled, False, NOW, 5) is plan.OpenPath.CANCELLED
+    assert plan.classify(4, "me", cancelled, False, NOW, 5) is plan.OpenPath.CANCELLED  # final
     stale = plan.classify(2, "me", running, False, NOW, 5)
     assert stale == plan.Answered(ACK, "stale task.create dropped")
     ended = plan.classify(3, "me", Row(3, TaskState.SUCCEEDED), False, NOW, 5)
@@ -51,7 +56,7 @@ def test_an_opening_is_batched_answered_at_once_or_taken_on_its_own():
     far = Row(3, TaskState.RUNNING, "other", NOW + timedelta(seconds=60))
     assert plan.classify(3, "me", far, False, NOW, 5).disposition == Nak(delay=5)
     expired = Row(3, TaskState.RUNNING, "other", NOW)
-    assert plan.classify(3, "me", expired, False, NOW, 5) is plan.OpenPath.FAST
+    assert plan.classify(3, "me", expired, False, NOW, 5) is plan.OpenPath.OPEN
 
 
 def test_a_round_dooms_cancels_demotes_and_launches_moving_the_nodes_it_writes():
@@ -110,3 +115,56 @@ def test_a_settling_task_finishes_retries_demotes_or_goes_to_the_reconciler():
     failed = node("a", status=S.FAILED)
     ended = plan.settle(settling({"a": failed}), NOW)
     assert ended.write.status is TaskState.FAILED and ended.event[0] == tasks.TASK_FAIL
+
+
+def test_a_redrive_resets_what_may_run_again_and_settles_only_unknown_nodes():
+    here = {
+        "failed": S.FAILED,
+        "demoted": S.DEMOTED,
+        "done": S.SUCCEEDED,
+        "cancelled": S.CANCELLED,
+        "running": S.RUNNING,
+        "unknown": S.UNKNOWN,
+        "probed": S.UNKNOWN,
+        "pending": S.PENDING,
+    }
+    resets = ["failed", "demoted", "done", "cancelled", "running", "unknown", "absent"]
+    changes = plan.redrive_changes("t", resets, ["probed", "failed", "unknown"], here)
+    fresh = {"round_attempts": 0, "retryable": False, "not_before": None, "finished_at": None}
+    assert changes == [
+        plan.NodeChange("t", "failed", S.FAILED, S.PENDING, None, fresh),
+        plan.NodeChange("t", "demoted", S.DEMOTED, S.PENDING, None, fresh),
+        # SUCCEEDED and CANCELLED are final; a RUNNING node is crash recovery's.
+        plan.NodeChange("t", "unknown", S.UNKNOWN, S.PENDING, None, fresh),
+        # Settled only from UNKNOWN, and a node reset above is no longer UNKNOWN.
+        plan.NodeChange("t", "probed", S.UNKNOWN, S.SUCCEEDED, None, {"last_error": ""}),
+    ]
+    assert here["unknown"] is S.UNKNOWN  # the recorded states are read, not changed
+
+
+def test_an_interrupted_call_is_unknown_or_run_again_under_its_key_if_idempotent():
+    once = NodeRun("a.once", (), ActionSpec("http", "d", idempotent=False), "t/a.once", S.RUNNING)
+    again = NodeRun("a.again", (), ActionSpec("http", "d", idempotent=True), "t/a.again", S.RUNNING)
+    later = NOW + timedelta(seconds=3)
+
+    unknown = plan.unknown_change("t", once, NOW, "timeout", owner="me", not_before=later)
+    assert (unknown.expected, unknown.new, unknown.owner) == (S.RUNNING, S.UNKNOWN, "me")
+    assert unknown.fields == {
+        "last_error": "outcome unknown until settled (status probe or operator): timeout",
+        "finished_at": NOW,
+    }
+    rerun = plan.unknown_change("t", again, NOW, "timeout", owner="me", not_before=later)
+    assert (rerun.expected, rerun.new, rerun.owner) == (S.RUNNING, S.PENDING, "me")
+    assert rerun.fields == {
+        "last_error": "re-run under the same idempotency key (idempotent): timeout",
+        "not_before": later,
+        "retryable": True,
+    }
+    # Found RUNNING by the next pass: no owner to guard by, and an idempotent one at once.
+    nodes = {n.node_id: n for n in (once, again, node("a.idle"))}
+    recovered = plan.recover_changes("t", nodes, NOW)
+    assert [(c.node_id, c.new, c.owner) for c in recovered] == [
+        ("a.once", S.UNKNOWN, None),
+        ("a.again", S.PENDING, None),
+    ]
+    assert "not_before" not in recovered[1].fields

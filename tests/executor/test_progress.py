@@ -10,8 +10,8 @@ import httpx
 from dispo.executor.actions import http_session
 from dispo.executor.envelope import overlay_row
 from dispo.executor.passes import Opening
-from dispo.executor.repository import outbox
 from dispo.executor.runner import Executor, ExecutorConfig, Progress
+from dispo.executor.store.status_events import outbox
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.outbox import OutboxRelay
@@ -71,34 +71,31 @@ async def test_progress_waits_for_the_interval_and_a_settlement_is_published_at_
 
 
 async def test_a_progress_event_is_written_only_while_its_pass_holds_the_lease(
-    service_engine, bus, manual_clock
+    service_engine, service_db, bus, manual_clock
 ):
     """The progress flush locks each task and writes its snapshot only while the pass that
     asked still holds the lease of a RUNNING task: a task taken over by another pass, or
     whose pass ended (its last event already said everything), gets nothing."""
     engine = await service_engine("executor")
+    db = await service_db("executor")
     http, health = http_session(), httpx.AsyncClient()
     executor = Executor(
-        engine, OutboxRelay(engine, outbox, bus), {}, manual_clock, ExecutorConfig(), http, health
+        db, OutboxRelay(engine, outbox, bus), {}, manual_clock, ExecutorConfig(), http, health
     )
     try:
         envs = [running(task_id) for task_id in ("mine", "taken", "ended")]
-        async with engine.begin() as conn:
+        async with db.transaction() as conn:
             steps = await executor.passes.open_many(
                 conn, [Opening(e, "me") for e in envs], manual_clock.now()
             )
             assert [s.state.unreported for s in steps] == [True] * 3  # a.x ran; b.y is to launch
-            await conn.execute(
-                text("UPDATE task_runs SET lease_owner = 'other' WHERE task_id = 'taken'")
+            await conn.fetch("UPDATE task_runs SET lease_owner = 'other' WHERE task_id = 'taken'")
+            await conn.fetch(
+                "UPDATE task_runs SET status = 'succeeded', lease_owner = NULL"
+                " WHERE task_id = 'ended'"
             )
-            await conn.execute(
-                text("UPDATE task_runs SET status = 'succeeded', lease_owner = NULL"
-                     " WHERE task_id = 'ended'")
-            )  # fmt: skip
-            before = {
-                r.task_id: r.version for r in await conn.execute(text("SELECT * FROM task_runs"))
-            }
-        written = await executor._progress_flush(
+            before = {r.task_id: r.version for r in await conn.fetch("SELECT * FROM task_runs")}
+        written = await executor.flushes.progress(
             [Progress("mine", "me"), Progress("taken", "me"), Progress("ended", "me")]
         )
         assert written == [True, False, False]

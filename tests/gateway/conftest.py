@@ -12,14 +12,15 @@ from dispo.libs.outbox import OutboxRelay
 
 
 @pytest.fixture
-async def make_gateway(service_engine, bus, catalogue_file):
+async def make_gateway(service_engine, service_db, bus, catalogue_file):
     engine = await service_engine("gateway")
+    db = await service_db("gateway")
     catalogue = load_catalogue(catalogue_file)
 
     def make(watch_poll_interval: float = 0.5, **options) -> Gateway:
         relay = OutboxRelay(engine, store.outbox, bus)  # kicked, not run: rows stay unsent
         return Gateway(
-            engine, relay, catalogue, Limits(), SystemClock(), watch_poll_interval, **options
+            engine, db, relay, catalogue, Limits(), SystemClock(), watch_poll_interval, **options
         )
 
     return make

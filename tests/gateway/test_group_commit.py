@@ -14,7 +14,6 @@ from dispo.gateway.operations import Accepted, Gateway
 from dispo.libs.contracts import tasks
 from dispo.libs.db import database_unreachable
 from dispo.libs.errors import FailedPrecondition
-from sqlalchemy import event, text
 
 
 def submission(key: str, variant: str, business: str = "tests") -> Submission:
@@ -23,19 +22,15 @@ def submission(key: str, variant: str, business: str = "tests") -> Submission:
 
 async def stored(gateway: Gateway) -> tuple[dict[tuple[str, str], list[str]], list[str]]:
     """Task ids per (business, key), and the task.create message ids in the outbox."""
-    async with gateway.engine.connect() as conn:
-        rows = await conn.execute(
-            text("SELECT business, coalesce(idempotency_key, ''), task_id FROM tasks")
+    async with gateway.db.connection() as conn:  # the pool the Submit flushes write through
+        rows = await conn.fetch(
+            "SELECT business, coalesce(idempotency_key, ''), task_id FROM tasks"
         )
         by_key: dict[tuple[str, str], list[str]] = defaultdict(list)
         for business, key, task_id in rows:
             by_key[(business, key)].append(task_id)
-        creates = list(
-            (
-                await conn.execute(
-                    text("SELECT msg_id FROM outbox WHERE subject = 'task.create' ORDER BY id")
-                )
-            ).scalars()
+        creates = await conn.scalars(
+            "SELECT msg_id FROM outbox WHERE subject = 'task.create' ORDER BY id"
         )
     return by_key, creates
 
@@ -124,18 +119,18 @@ async def submit_crashing_postgres(gateway, infra, subs, when: str) -> tuple[lis
     """Submit ``subs`` together while PostgreSQL stops (immediately) ``when`` ("before" or
     "after") the flush's write runs; restarted after. The answers, and the writes seen."""
     written: list[str] = []
-    hook = f"{when}_cursor_execute"
+    after = when == "after"
 
-    def crash(conn, cursor, statement, *args) -> None:
+    def crash(statement, args) -> None:
         if "INSERT INTO tasks" in statement:
             written.append(statement)
             infra.postgres.stop("immediate")
 
-    event.listen(gateway.engine.sync_engine, hook, crash)
+    gateway.db.watch(crash, after=after)
     try:
         answers = await asyncio.gather(*(gateway.submit(s) for s in subs), return_exceptions=True)
     finally:
-        event.remove(gateway.engine.sync_engine, hook, crash)
+        gateway.db.unwatch(crash, after=after)
         infra.postgres.start()
     return answers, written
 

@@ -13,6 +13,7 @@ from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import ManualClock
 from dispo.libs.contracts import UndeclaredSubject, tasks
 from dispo.libs.db import create_engine
+from dispo.libs.db.driver import Database
 from dispo.libs.outbox import (
     OutboxRelay,
     OutboxRow,
@@ -41,6 +42,14 @@ async def engine(database_url):
     await engine.dispose()
 
 
+@pytest.fixture
+async def db(engine, database_url):
+    """The driver port on the same schema: where a store writes its outbox rows."""
+    db = await Database.open(database_url, SCHEMA, size=2)
+    yield db
+    await db.close()
+
+
 async def add(engine, clock: ManualClock, name: str, *, marked: bool) -> None:
     """A row created a while ago; ``marked``: sent and marked so (``sent_at``), as a version
     before ADR-0062 left it, else unsent."""
@@ -65,13 +74,9 @@ async def names(engine) -> list[str]:
         )
 
 
-async def test_many_rows_go_in_with_one_statement_in_the_order_given(engine, manual_clock):
+async def test_many_rows_go_in_with_one_statement_in_the_order_given(engine, db, manual_clock):
     statements: list[str] = []
-    event.listen(
-        engine.sync_engine,
-        "before_cursor_execute",
-        lambda conn, cursor, statement, *args: statements.append(statement),
-    )
+    db.watch(lambda sql, args: statements.append(sql))
     rows = [
         OutboxRow(
             tasks.task_status(f"t{i}", common_pb2.TASK_STATUS_RUNNING),
@@ -81,7 +86,7 @@ async def test_many_rows_go_in_with_one_statement_in_the_order_given(engine, man
         )
         for i in (3, 1, 2, 0, 4)
     ]
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         statements.clear()
         await outbox_add_many(conn, outbox, rows)
         await outbox_add_many(conn, outbox, [])
@@ -99,9 +104,9 @@ async def test_many_rows_go_in_with_one_statement_in_the_order_given(engine, man
     assert [OutboxRow(*r) for r in stored] == rows
 
 
-async def test_one_undeclared_subject_refuses_the_whole_call(engine, manual_clock):
+async def test_one_undeclared_subject_refuses_the_whole_call(engine, db, manual_clock):
     now = manual_clock.now()
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         with pytest.raises(UndeclaredSubject, match="task.created"):
             await outbox_add_many(
                 conn,
@@ -113,7 +118,7 @@ async def test_one_undeclared_subject_refuses_the_whole_call(engine, manual_cloc
             )
         # Refused before anything was sent: the caller's transaction goes on, with nothing
         # of the call in it.
-        await outbox_add(conn, outbox, tasks.TASK_CLOSE, "ok-2", b"x", now)
+        await outbox_add_many(conn, outbox, [OutboxRow(tasks.TASK_CLOSE, "ok-2", b"x", now)])
     assert await names(engine) == ["ok-2"]
 
 
@@ -181,16 +186,16 @@ async def test_every_service_relay_takes_the_clock_and_attempts_of_its_runtime(
     assert (relay.max_attempts, relay.clock, relay.ordered) == (3, manual_clock, True)
 
 
-async def commit_rows(engine, clock: ManualClock, names: list[str]):
+async def commit_rows(db, clock: ManualClock, names: list[str]):
     rows = [OutboxRow(tasks.TASK_CLOSE, name, b"x", clock.now()) for name in names]
     staged = Staged()
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         ids = await outbox_add_many(conn, outbox, rows, staged)
     assert staged.ids == ids and staged.rows == rows
     return ids, staged
 
 
-async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, bus, manual_clock):
+async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, db, bus, manual_clock):
     """The direct publisher sends what was committed and deletes it; no pass is due (an
     hour between polls, no kick), so nothing else could have."""
     await tasks.TASKS.ensure(bus)
@@ -198,7 +203,7 @@ async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, bus, 
     running = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
-        ids, staged = await commit_rows(engine, manual_clock, ["a", "b", "c"])
+        ids, staged = await commit_rows(db, manual_clock, ["a", "b", "c"])
         assert len(ids) == 3 and ids == sorted(ids)
         relay.publish_committed(staged)
 
@@ -215,20 +220,23 @@ async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, bus, 
         await asyncio.wait_for(running, 10)
 
 
-async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(engine, bus, manual_clock):
+async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(
+    engine, db, bus, manual_clock
+):
     """Under load the direct publisher deletes nothing with a statement of its own: the next
     transaction that writes outbox rows deletes the ones sent before it. Rows no transaction
     took (a transaction that wrote none gives them back) are deleted when the relay stops."""
     await tasks.TASKS.ensure(bus)
     statements: list[str] = []
     event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    db.watch(lambda sql, args: statements.append(sql))
     relay = OutboxRelay(
         engine, outbox, bus, clock=manual_clock, poll_interval=3600, mark_delay=3600
     )
     running = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
-        ids, staged = await commit_rows(engine, manual_clock, ["a", "b", "c"])
+        ids, staged = await commit_rows(db, manual_clock, ["a", "b", "c"])
         relay.publish_committed(staged)
         await eventually(
             lambda: relay.published_directly == 3, timeout=10, interval=0.02, wanted="sent"
@@ -243,7 +251,7 @@ async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(engine, bu
         rows = [OutboxRow(tasks.TASK_CLOSE, "d", b"x", later)]
         second = relay.staged()
         assert second.marking == ids
-        async with engine.begin() as conn:
+        async with db.transaction() as conn:
             await outbox_add_many(conn, outbox, rows, second)
         relay.publish_committed(second)
         # Deleted by the insert of d: one statement, no DELETE of its own.
@@ -261,14 +269,16 @@ async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(engine, bu
     assert (await bus.js.stream_info("TASKS")).state.messages == 4
 
 
-async def test_rows_the_direct_publisher_cannot_send_are_left_to_a_pass(engine, bus, manual_clock):
+async def test_rows_the_direct_publisher_cannot_send_are_left_to_a_pass(
+    engine, db, bus, manual_clock
+):
     """No stream takes the subject yet: the direct publish fails, the rows stay unsent, and
     the pass it kicks publishes them once the stream exists."""
     relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, poll_interval=3600)
     running = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
-        ids, staged = await commit_rows(engine, manual_clock, ["a", "b"])
+        ids, staged = await commit_rows(db, manual_clock, ["a", "b"])
         relay.publish_committed(staged)
         await eventually(
             lambda: not relay._held, timeout=10, interval=0.02, wanted="the publish tried"
@@ -291,13 +301,13 @@ async def test_rows_the_direct_publisher_cannot_send_are_left_to_a_pass(engine, 
         await asyncio.wait_for(running, 10)
 
 
-async def test_a_pass_leaves_the_rows_the_direct_publisher_holds(engine, bus, manual_clock):
+async def test_a_pass_leaves_the_rows_the_direct_publisher_holds(engine, db, bus, manual_clock):
     """Handed over to a relay whose direct publisher has not run yet, the rows are its own:
     a pass in between publishes nothing."""
     await tasks.TASKS.ensure(bus)
     relay = OutboxRelay(engine, outbox, bus, clock=manual_clock)
     relay._direct_running = True  # as while run() runs, with its publisher not scheduled yet
-    ids, staged = await commit_rows(engine, manual_clock, ["a", "b"])
+    ids, staged = await commit_rows(db, manual_clock, ["a", "b"])
     relay.publish_committed(staged)
     assert await relay.relay_once() == 0
     assert await names(engine) == ["a", "b"]

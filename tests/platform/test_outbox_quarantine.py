@@ -11,6 +11,7 @@ from dispo.libs.bus import Bus
 from dispo.libs.clock import ManualClock
 from dispo.libs.contracts import tasks
 from dispo.libs.db import create_engine
+from dispo.libs.db.driver import Database
 from dispo.libs.outbox import (
     OutboxRelay,
     OutboxRow,
@@ -40,8 +41,15 @@ async def engine(database_url):
     await engine.dispose()
 
 
-async def add(engine, clock: ManualClock, *rows: tuple[str, bytes]) -> None:
-    async with engine.begin() as conn:
+@pytest.fixture
+async def db(engine, database_url):
+    db = await Database.open(database_url, SCHEMA, size=2)
+    yield db
+    await db.close()
+
+
+async def add(db, clock: ManualClock, *rows: tuple[str, bytes]) -> None:
+    async with db.transaction() as conn:
         await outbox_add_many(
             conn,
             outbox,
@@ -87,11 +95,11 @@ class CountingBus:
 
 
 async def test_a_row_over_the_limit_is_quarantined_after_its_attempts_and_the_rest_goes_out(
-    engine, bus, manual_clock
+    engine, db, bus, manual_clock
 ):
     await tasks.TASKS.ensure(bus)
     relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, max_attempts=3)
-    await add(engine, manual_clock, ("a", b"a"), ("big", b"x" * TOO_LARGE), ("b", b"b"))
+    await add(db, manual_clock, ("a", b"a"), ("big", b"x" * TOO_LARGE), ("b", b"b"))
 
     with structlog.testing.capture_logs() as logs:
         assert await relay.relay_once() == 2
@@ -101,7 +109,7 @@ async def test_a_row_over_the_limit_is_quarantined_after_its_attempts_and_the_re
         assert "MessageTooLarge" in big[3] and f"over the bus's limit of {1024 * 1024}" in big[3]
 
         # Its next attempt is due a second later on the clock, not before.
-        await add(engine, manual_clock, ("c", b"c"))
+        await add(db, manual_clock, ("c", b"c"))
         assert await relay.relay_once() == 1
         assert (await state(engine))["big"][1] == 1
         manual_clock.advance(seconds=1)
@@ -113,7 +121,7 @@ async def test_a_row_over_the_limit_is_quarantined_after_its_attempts_and_the_re
 
         # Set aside: skipped by the relay, kept in the table, listed with what explains it.
         manual_clock.advance(hours=1)
-        await add(engine, manual_clock, ("d", b"d"))
+        await add(db, manual_clock, ("d", b"d"))
         assert await relay.relay_once() == 1
         assert await published(bus) == ["a", "b", "c", "d"]
     assert (await state(engine))["big"][:3] == (False, 3, True)
@@ -134,7 +142,7 @@ async def test_a_row_over_the_limit_is_quarantined_after_its_attempts_and_the_re
 
 
 async def test_a_failing_batch_is_split_and_a_good_batch_is_published_at_once(
-    engine, bus, manual_clock
+    engine, db, bus, manual_clock
 ):
     """The stream takes at most 1 KB per message, so the server refuses the 2 KB row (the
     bus's own check passes it): the batch fails, is split, and the other rows go out."""
@@ -144,7 +152,7 @@ async def test_a_failing_batch_is_split_and_a_good_batch_is_published_at_once(
     counting = CountingBus(bus)
     relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, max_attempts=2)
     good = [(f"m{i}", b"x" * 100) for i in range(16)]
-    await add(engine, manual_clock, *good[:5], ("refused", b"x" * 2048), *good[5:])
+    await add(db, manual_clock, *good[:5], ("refused", b"x" * 2048), *good[5:])
 
     assert await relay.relay_once() == 16
     assert sorted(await published(bus)) == sorted(m for m, _ in good)
@@ -155,23 +163,23 @@ async def test_a_failing_batch_is_split_and_a_good_batch_is_published_at_once(
     # The next pass: the new rows in one batch, the suspect row alone.
     counting.batches.clear()
     manual_clock.advance(seconds=1)
-    await add(engine, manual_clock, *((f"n{i}", b"y") for i in range(10)))
+    await add(db, manual_clock, *((f"n{i}", b"y") for i in range(10)))
     assert await relay.relay_once() == 10
     assert counting.batches == [10, 1]
     assert (await state(engine))["refused"][:3] == (False, 2, True)
 
     # A batch with no bad row: one publish_many, nothing split.
     counting.batches.clear()
-    await add(engine, manual_clock, *((f"p{i}", b"z") for i in range(50)))
+    await add(db, manual_clock, *((f"p{i}", b"z") for i in range(50)))
     assert await relay.relay_once() == 50
     assert counting.batches == [50]
 
 
-async def test_nothing_is_counted_while_no_stream_answers(engine, bus, manual_clock):
+async def test_nothing_is_counted_while_no_stream_answers(engine, db, bus, manual_clock):
     """No stream for the subject (as while JetStream restarts): the pass fails, no row is
     blamed. Once another row goes out in the same pass, the failing one is counted."""
     relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, max_attempts=2)
-    await add(engine, manual_clock, ("a", b"a"), ("b", b"b"))
+    await add(db, manual_clock, ("a", b"a"), ("b", b"b"))
     for _ in range(3):
         with pytest.raises(Exception, match="NoStreamResponse|no response"):
             await relay.relay_once()
@@ -186,11 +194,11 @@ async def test_nothing_is_counted_while_no_stream_answers(engine, bus, manual_cl
 
 
 async def test_an_ordered_relay_waits_for_the_failing_row_then_goes_on_without_it(
-    engine, bus, manual_clock
+    engine, db, bus, manual_clock
 ):
     await tasks.TASKS.ensure(bus)
     relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, ordered=True, max_attempts=2)
-    await add(engine, manual_clock, ("a", b"a"), ("big", b"x" * TOO_LARGE), ("c", b"c"))
+    await add(db, manual_clock, ("a", b"a"), ("big", b"x" * TOO_LARGE), ("c", b"c"))
 
     assert await relay.relay_once() == 1
     assert await published(bus) == ["a"]
@@ -202,10 +210,10 @@ async def test_an_ordered_relay_waits_for_the_failing_row_then_goes_on_without_i
     assert await published(bus) == ["a", "c"]
 
 
-async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, tmp_path, manual_clock):
+async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, db, tmp_path, manual_clock):
     """Against a server carrying 64 KB messages, a 100 KB row is quarantined; replayed once
     the bus takes it (here: another server), it goes out; discarded, it is gone."""
-    await add(engine, manual_clock, ("big", b"x" * 100_000), ("other", b"x" * 100_000))
+    await add(db, manual_clock, ("big", b"x" * 100_000), ("other", b"x" * 100_000))
     with nats_with_max_payload(tmp_path / "small", 64 * 1024) as server:
         small = await Bus.connect([server.url], name="test-small", credentials=server.credentials())
         try:
@@ -271,7 +279,7 @@ async def test_every_service_outbox_is_migrated_to_the_shared_shape(service_engi
 
 
 async def test_a_bus_that_does_not_answer_costs_a_pass_two_timeouts_and_counts_nothing(
-    engine, bus, manual_clock
+    engine, db, bus, manual_clock
 ):
     """A subscriber that never answers takes the subject (as a JetStream that has lost its
     quorum would): the batch times out, its first half too, and the pass gives up."""
@@ -282,7 +290,7 @@ async def test_a_bus_that_does_not_answer_costs_a_pass_two_timeouts_and_counts_n
     silent = await bus.nc.subscribe(tasks.TASK_CLOSE, cb=ignore)
     counting = CountingBus(bus)
     relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, max_attempts=1)
-    await add(engine, manual_clock, *((f"m{i}", b"x") for i in range(20)))
+    await add(db, manual_clock, *((f"m{i}", b"x") for i in range(20)))
     with pytest.raises(TimeoutError):
         await relay.relay_once()
     assert counting.batches == [20, 10]

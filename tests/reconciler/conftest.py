@@ -151,7 +151,7 @@ def status_of(env: task_pb2.Task, node_id: str) -> str:
 
 def after_redrive(env: task_pb2.Task, node_id: str) -> str:
     """The node's state once an executor that recorded what ``env`` reports applies
-    ``env.redrive`` to it (the rule of dispo.executor.repository.nodes_redrive)."""
+    ``env.redrive`` to it (the rule of dispo.executor.plan.redrive_changes)."""
     state = status_of(env, node_id)
     if node_id in env.redrive.settled_nodes and state in ("UNKNOWN", "SUCCEEDED"):
         return "SUCCEEDED"
@@ -185,6 +185,7 @@ async def ecommerce_secret(database_url: str) -> str:
 async def recon(
     ecommerce_secret: str,
     service_engine: Any,
+    service_db: Any,
     bus: Bus,
     manual_clock: ManualClock,
     fake_downstream: FakeDownstream,
@@ -207,6 +208,7 @@ async def recon(
     async with http_client() as http:  # the process's client: answers read up to a bound
         ctx = Context(
             engine,
+            await service_db("reconciler"),
             manual_clock,
             parse_config(CONFIG, catalogue),
             settings,

@@ -83,8 +83,7 @@ async def on_statuses(
     resolving = store.tasks_set_state_if_part(
         reasons, (*PARKED, RecoveryState.REDRIVEN), RecoveryState.RESOLVED, now
     )
-    async with ctx.engine.connect() as conn:
-        await conn.execution_options(isolation_level="AUTOCOMMIT")
+    async with ctx.db.connection() as conn:  # one statement: it commits alone
         recorded = await cs.finished_add_many(conn, facts, now, reconcile_at, resolving)
     if any(f.notify is NotifyState.PENDING and f.env.task_id in recorded for f in facts):
         ctx.kick_sweep("notify")  # the caller hears now, not at the sweep's next interval

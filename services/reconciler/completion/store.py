@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.db.driver import fetch
+from dispo.libs.db.driver import Conn
 from dispo.libs.error_text import truncate_error
 from dispo.reconciler.states import (
     NOTIFY_TRANSITIONS,
@@ -36,7 +36,7 @@ class Finished:
 
 
 async def finished_add_many(
-    conn: AsyncConnection,
+    conn: Conn,
     facts: Sequence[Finished],
     now: datetime,
     reconcile_at: datetime,
@@ -58,8 +58,7 @@ async def finished_add_many(
         return set()
     rows = [first[task_id] for task_id in sorted(first)]  # locks in task id order: no deadlock
     along_sql, along_params = alongside or ("", {})
-    result = await fetch(
-        conn,
+    result = await conn.fetch(
         (
             (f"WITH alongside AS ({along_sql}) " if along_sql else "")
             + "INSERT INTO completions (task_id, business, status, status_reason, version, envelope, finished_at, recorded_at,"

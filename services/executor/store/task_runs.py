@@ -1,0 +1,289 @@
+"""The ``task_runs`` rows: recorded (with their nodes), leased, moved under guard."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from dispo.executor.domain import NodeRun
+from dispo.executor.plan import TaskStatusChange
+from dispo.executor.states import TASK_TRANSITIONS, TaskState
+from dispo.executor.store.node_runs import NODES_INSERT, node_columns
+from dispo.executor.store.rows import TaskRow, task_from_row
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.db.driver import Conn
+
+# A pass may start on a task in these states (and makes it RUNNING); a FAILED one only
+# once a redrive was applied to it (a resume).
+OPENABLE = (
+    TaskState.ACCEPTED,
+    TaskState.RUNNING,
+    TaskState.RETRY_EXHAUSTED,
+    TaskState.DEMOTED,
+    TaskState.FAILED,
+)
+
+
+async def tasks_lock_many(
+    conn: Conn, task_ids: Iterable[str], *, lock: bool = True, envelopes: bool = False
+) -> tuple[dict[str, TaskRow], set[str]]:
+    """The recorded tasks among ``task_ids``, locked (``FOR UPDATE``, unless not ``lock``)
+    in ``task_id`` order, without their envelopes unless ``envelopes`` (the caller may have
+    them), and the ids recorded without one (a cancel arrived first)."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}, set()
+    rows = await conn.fetch(
+        "SELECT task_id, status, generation, version, cancel_requested, lease_owner,"
+        " lease_until, status_reason, envelope IS NULL AS bare"
+        + (", envelope" if envelopes else "")
+        + " FROM task_runs WHERE task_id = ANY(CAST(:ids AS text[])) ORDER BY task_id"
+        + (" FOR UPDATE" if lock else ""),
+        {"ids": ids},
+    )
+    found: dict[str, TaskRow] = {}
+    bare: set[str] = set()
+    for row in rows:
+        env = row.envelope if envelopes else None
+        found[row.task_id] = TaskRow(
+            row.task_id,
+            TaskState(row.status),
+            row.generation,
+            row.version,
+            row.cancel_requested,
+            row.lease_owner,
+            row.lease_until,
+            task_pb2.Task.FromString(env) if env is not None else None,
+            row.status_reason,
+        )
+        if row.bare:
+            bare.add(row.task_id)
+    return found, bare
+
+
+async def tasks_insert_many(
+    conn: Conn,
+    openings: Sequence[tuple[task_pb2.Task, str]],
+    now: datetime,
+    ttl: float,
+    nodes: Mapping[str, Mapping[str, NodeRun]] | None = None,
+) -> set[str]:
+    """Record tasks first seen, with their nodes, each ``(envelope, owner)`` already opened:
+    RUNNING under ``owner``'s lease for ``ttl`` from ``now`` (ACCEPTED → RUNNING, as
+    :func:`tasks_open_many` would take it, in the same statement as the insert). One
+    statement for the tasks and their nodes; returns the ids inserted here (a task another
+    transaction recorded first is left as it is, with its nodes, and its id is not
+    returned). ``nodes``: each task's nodes as its envelope states them
+    (:func:`~dispo.executor.envelope.node_from_proto`, by task id), when the caller has
+    made them already."""
+    TASK_TRANSITIONS.check((TaskState.ACCEPTED,), TaskState.RUNNING)
+    openings = sorted(openings, key=lambda o: o[0].task_id)  # insertion order is lock order
+    if not openings:
+        return set()
+    envs = [env for env, _ in openings]
+    inserted = await conn.fetch(
+        "WITH inserted AS (INSERT INTO task_runs (task_id, status, generation,"
+        " cancel_requested, envelope, lease_owner, lease_until, created_at, updated_at)"
+        " SELECT id, :running, gen, cancel, env, owner, :until, :now, :now FROM unnest("
+        "CAST(:ids AS text[]), CAST(:gens AS bigint[]), CAST(:cancels AS boolean[]),"
+        " CAST(:envs AS bytea[]), CAST(:owners AS text[]))"
+        " WITH ORDINALITY AS u(id, gen, cancel, env, owner, n) ORDER BY n"
+        " ON CONFLICT (task_id) DO NOTHING RETURNING task_id),"
+        f" nodes AS ({NODES_INSERT} JOIN inserted i ON i.task_id = r.task"
+        " ON CONFLICT DO NOTHING)"
+        " SELECT task_id FROM inserted",
+        {
+            "ids": [e.task_id for e in envs],
+            "gens": [e.generation for e in envs],
+            "cancels": [e.cancel_requested for e in envs],
+            "envs": [e.SerializeToString() for e in envs],
+            "owners": [owner for _, owner in openings],
+            "running": TaskState.RUNNING.value,
+            "until": now + timedelta(seconds=ttl),
+            "now": now,
+            **node_columns(envs, nodes or {}),
+        },
+    )
+    return {row.task_id for row in inserted}
+
+
+async def tasks_insert_cancelled_many(
+    conn: Conn, task_ids: Sequence[str], reason: str, now: datetime
+) -> set[str]:
+    """Record tasks cancelled before their task.create arrived: CANCELLED (ACCEPTED →
+    CANCELLED, in the insert), the cancel flag set, no envelope and no nodes yet (the
+    task.create, if it comes, records them). Returns the ids inserted here (a task recorded
+    meanwhile is left as it is)."""
+    TASK_TRANSITIONS.check((TaskState.ACCEPTED,), TaskState.CANCELLED)
+    if not task_ids:
+        return set()
+    rows = await conn.fetch(
+        "INSERT INTO task_runs (task_id, status, status_reason, generation, cancel_requested,"
+        " envelope, created_at, updated_at)"
+        " SELECT id, :cancelled, :reason, 0, true, NULL, :now, :now"
+        " FROM unnest(CAST(:ids AS text[])) AS u(id) ORDER BY id"
+        " ON CONFLICT (task_id) DO NOTHING RETURNING task_id",
+        {
+            "ids": sorted(set(task_ids)),
+            "cancelled": TaskState.CANCELLED.value,
+            "reason": reason,
+            "now": now,
+        },
+    )
+    return {row.task_id for row in rows}
+
+
+async def tasks_attach_envelopes_many(conn: Conn, envs: Sequence[task_pb2.Task]) -> set[str]:
+    """The task.create of tasks recorded without their envelope (a cancel arrived first):
+    the envelope and its generation recorded, and the nodes as it states them, where the
+    row still has none. Returns the ids attached."""
+    if not envs:
+        return set()
+    envs = sorted(envs, key=lambda e: e.task_id)
+    rows = await conn.fetch(
+        "WITH attached AS (UPDATE task_runs t SET envelope = u.env, generation = u.gen"
+        " FROM unnest(CAST(:ids AS text[]), CAST(:envs AS bytea[]), CAST(:gens AS bigint[]))"
+        " AS u(id, env, gen) WHERE t.task_id = u.id AND t.envelope IS NULL"
+        " RETURNING t.task_id),"
+        f" nodes AS ({NODES_INSERT} JOIN attached a ON a.task_id = r.task"
+        " ON CONFLICT DO NOTHING)"
+        " SELECT task_id FROM attached",
+        {
+            "ids": [e.task_id for e in envs],
+            "envs": [e.SerializeToString() for e in envs],
+            "gens": [e.generation for e in envs],
+            **node_columns(envs, {}),
+        },
+    )
+    return {row.task_id for row in rows}
+
+
+async def tasks_open_many(
+    conn: Conn, leases: Sequence[tuple[str, str]], now: datetime, ttl: float
+) -> set[str]:
+    """Take the lease of each ``(task_id, owner)`` and make the task RUNNING, where the
+    lease is free, expired or the owner's own and the task is in ``OPENABLE``; returns the
+    ids opened."""
+    TASK_TRANSITIONS.check(OPENABLE, TaskState.RUNNING)
+    if not leases:
+        return set()
+    opened = await conn.fetch(
+        "UPDATE task_runs t SET lease_owner = u.owner, lease_until = :until,"
+        " status = :running, status_reason = '', updated_at = :now"
+        " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[])) AS u(id, owner)"
+        " WHERE t.task_id = u.id AND t.status = ANY(CAST(:expected AS text[]))"
+        " AND (t.lease_owner IS NULL OR t.lease_owner = u.owner OR t.lease_until <= :now)"
+        " RETURNING t.task_id",
+        {
+            "ids": [task_id for task_id, _ in leases],
+            "owners": [owner for _, owner in leases],
+            "until": now + timedelta(seconds=ttl),
+            "now": now,
+            "running": TaskState.RUNNING.value,
+            "expected": [s.value for s in OPENABLE],
+        },
+    )
+    return {row.task_id for row in opened}
+
+
+async def tasks_set_generation_if_newer_many(conn: Conn, envs: Sequence[task_pb2.Task]) -> None:
+    """A redrive's generation recorded for each task, where it is newer than the row's."""
+    if envs:
+        await conn.fetch(
+            "UPDATE task_runs t SET generation = u.gen"
+            " FROM unnest(CAST(:ids AS text[]), CAST(:gens AS bigint[])) AS u(id, gen)"
+            " WHERE t.task_id = u.id AND t.generation < u.gen",
+            {"ids": [e.task_id for e in envs], "gens": [e.generation for e in envs]},
+        )
+
+
+async def leases_extend_many(
+    conn: Conn, leases: Sequence[tuple[str, str]], now: datetime, ttl: float
+) -> set[tuple[str, str]]:
+    """Extend each ``(task_id, owner)`` lease still held by that owner to ``ttl`` from
+    ``now`` (the rows locked in ``task_id`` order first); returns the ``(task_id, owner)``
+    pairs extended (a missing one was lost: another owner holds the lease, or none does)."""
+    if not leases:
+        return set()
+    await tasks_lock_many(conn, [task_id for task_id, _ in leases])
+    rows = await conn.fetch(
+        "UPDATE task_runs t SET lease_until = :until"
+        " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[])) AS u(id, owner)"
+        " WHERE t.task_id = u.id AND t.lease_owner = u.owner"
+        " RETURNING t.task_id, t.lease_owner",
+        {
+            "ids": [task_id for task_id, _ in leases],
+            "owners": [owner for _, owner in leases],
+            "until": now + timedelta(seconds=ttl),
+        },
+    )
+    return {(row.task_id, row.lease_owner) for row in rows}
+
+
+async def tasks_set_status_if_many(
+    conn: Conn, changes: Sequence[TaskStatusChange], now: datetime
+) -> set[str]:
+    """Move each task from one of its ``expected`` states to ``new`` (with its reason):
+    every move checked first (an undeclared one raises and nothing is written), then one
+    guarded statement per kind of change. Returns the ids moved (a missing one was in none
+    of its expected states)."""
+    for change in changes:
+        TASK_TRANSITIONS.check(change.expected, change.new)
+    groups: dict[tuple[Any, ...], list[TaskStatusChange]] = {}
+    for change in changes:
+        groups.setdefault((change.expected, change.new), []).append(change)
+    moved: set[str] = set()
+    for (expected, new), group in groups.items():
+        rows = await conn.fetch(
+            "UPDATE task_runs t SET status = :new, status_reason = u.reason, updated_at = :now"
+            " FROM unnest(CAST(:ids AS text[]), CAST(:reasons AS text[])) AS u(id, reason)"
+            " WHERE t.task_id = u.id AND t.status = ANY(CAST(:expected AS text[]))"
+            " RETURNING t.task_id",
+            {
+                "ids": [c.task_id for c in group],
+                "reasons": [c.reason for c in group],
+                "new": new.value,
+                "expected": [s.value for s in expected],
+                "now": now,
+            },
+        )
+        moved.update(row.task_id for row in rows)
+    return moved
+
+
+async def tasks_request_cancel_many(conn: Conn, task_ids: Sequence[str]) -> None:
+    """The cancel flag set: a running pass sees it between rounds, and no claim succeeds
+    after it."""
+    if task_ids:
+        await conn.fetch(
+            "UPDATE task_runs SET cancel_requested = true WHERE task_id = ANY(CAST(:ids AS text[]))",
+            {"ids": sorted(set(task_ids))},
+        )
+
+
+async def tasks_version_at_least_many(conn: Conn, versions: Sequence[tuple[str, int]]) -> None:
+    """Another publisher's snapshot of each task had this version: the next one from here
+    is newer (a status consumer drops a snapshot that is not)."""
+    if versions:
+        await conn.fetch(
+            "UPDATE task_runs t SET version = u.v"
+            " FROM unnest(CAST(:ids AS text[]), CAST(:versions AS bigint[])) AS u(id, v)"
+            " WHERE t.task_id = u.id AND t.version < u.v",
+            {"ids": [t for t, _ in versions], "versions": [v for _, v in versions]},
+        )
+
+
+async def tasks_next_version_many(
+    conn: Conn, task_ids: Sequence[str], now: datetime
+) -> list[TaskRow]:
+    """A new version for each task (one per status event), its rows read whole, in
+    ``task_id`` order."""
+    if not task_ids:
+        return []
+    rows = await conn.fetch(
+        "UPDATE task_runs SET version = version + 1, updated_at = :now"
+        " WHERE task_id = ANY(CAST(:ids AS text[])) RETURNING *",
+        {"ids": sorted(set(task_ids)), "now": now},
+    )
+    return sorted((task_from_row(row) for row in rows), key=lambda t: t.task_id)
