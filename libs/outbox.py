@@ -19,6 +19,12 @@ context of the work that wrote it (``trace``: :func:`dispo.libs.tracing.current`
 publishes it as the message's ``traceparent`` headers; a row without one is published with
 its message id alone, as on an untraced outbox.
 
+A withdrawable outbox (``outbox_table(metadata, withdrawable=True)``) lets its service take a
+row back before it is published (:func:`outbox_withdraw`, ADR-0090) only where that can be
+proven: a row is written ``withdrawable`` only when no direct publisher will take it
+(:attr:`Staged.direct` False), and a pass clears the flag, and commits, before it publishes
+the row. A row the direct publisher sends, or that a pass took, is never withdrawn.
+
     outbox = outbox_table(metadata)                   # in the service's tables module
     await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
     await outbox_add_many(conn, outbox, [OutboxRow(subject, msg_id, payload, now), ...])
@@ -52,6 +58,7 @@ from dispo.libs.periodic import Pause, Periodic
 from dispo.libs.tracing import headers_of
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Index,
@@ -88,13 +95,20 @@ MARK_DELAY = 0.05
 MARK_RETAKE = 5.0
 
 
-def outbox_table(metadata: MetaData, name: str = "outbox", *, traced: bool = False) -> Table:
+def outbox_table(
+    metadata: MetaData, name: str = "outbox", *, traced: bool = False, withdrawable: bool = False
+) -> Table:
     """The outbox of one service. ``attempts``, ``last_error`` and ``next_attempt_at`` are
     the failed publications of a row; ``quarantined_at`` marks a row set aside. A ``traced``
     outbox (its service's migration added the column, :data:`TRACE_UPGRADE`) keeps in
     ``trace`` the trace context of the work that wrote the row (:mod:`dispo.libs.tracing`),
-    published as the message's headers."""
-    traces = [Column("trace", Text)] if traced else []
+    published as the message's headers. A ``withdrawable`` outbox (:data:`WITHDRAW_UPGRADE`)
+    marks in ``withdrawable`` the rows no publisher has taken yet (:func:`outbox_withdraw`)."""
+    optional: list[Column[Any]] = [Column("trace", Text)] if traced else []
+    if withdrawable:
+        optional.append(
+            Column("withdrawable", Boolean, nullable=False, server_default=text("false"))
+        )
     return Table(
         name,
         metadata,
@@ -108,7 +122,7 @@ def outbox_table(metadata: MetaData, name: str = "outbox", *, traced: bool = Fal
         Column("last_error", Text),
         Column("next_attempt_at", DateTime(timezone=True)),
         Column("quarantined_at", DateTime(timezone=True)),
-        *traces,
+        *optional,
         Index(f"{name}_unsent", "id", postgresql_where=text(_UNSENT)),
         Index(f"{name}_quarantined", "id", postgresql_where=text("quarantined_at IS NOT NULL")),
     )
@@ -137,6 +151,11 @@ QUARANTINE_DOWNGRADE = (
 TRACE_UPGRADE = ("ALTER TABLE outbox ADD COLUMN trace text",)
 TRACE_DOWNGRADE = ("ALTER TABLE outbox DROP COLUMN trace",)
 
+# The schema step that made an outbox withdrawable (frozen, as above). Rows written before
+# it may be on their way to the bus already: they are not withdrawable.
+WITHDRAW_UPGRADE = ("ALTER TABLE outbox ADD COLUMN withdrawable boolean NOT NULL DEFAULT false",)
+WITHDRAW_DOWNGRADE = ("ALTER TABLE outbox DROP COLUMN withdrawable",)
+
 
 def _migrate(statements: Sequence[str]) -> None:
     from alembic import op
@@ -163,6 +182,16 @@ def trace_upgrade() -> None:
 def trace_downgrade() -> None:
     """A service migration's ``downgrade``: :data:`TRACE_DOWNGRADE` on its outbox."""
     _migrate(TRACE_DOWNGRADE)
+
+
+def withdraw_upgrade() -> None:
+    """A service migration's ``upgrade``: :data:`WITHDRAW_UPGRADE` on its outbox."""
+    _migrate(WITHDRAW_UPGRADE)
+
+
+def withdraw_downgrade() -> None:
+    """A service migration's ``downgrade``: :data:`WITHDRAW_DOWNGRADE` on its outbox."""
+    _migrate(WITHDRAW_DOWNGRADE)
 
 
 async def outbox_add(
@@ -208,14 +237,26 @@ class Staged:
 
     ``marking``: rows the relay published already (:meth:`OutboxRelay.staged`), deleted
     by this transaction's outbox write (``marked`` once it wrote them into its statement),
-    so that deleting them costs no statement of its own."""
+    so that deleting them costs no statement of its own.
 
-    def __init__(self, marking: Sequence[int] = ()) -> None:
+    ``direct``: the rows go to the relay's direct publisher after the commit (False: the
+    relay is not publishing directly, or the bus was disconnected, and a pass publishes
+    them). On a withdrawable outbox the rows of a Staged that is not direct are written
+    ``withdrawable`` (:func:`outbox_withdraw`); a direct one's never are: the direct
+    publisher sends them without a row lock a withdrawal would wait for."""
+
+    def __init__(self, marking: Sequence[int] = (), *, direct: bool = True) -> None:
         self.ids: list[int] = []
         self.rows: list[OutboxRow] = []
         self.unstaged = False
         self.marking: list[int] = list(marking)
         self.marked: list[int] = []
+        self.direct = direct
+
+    @property
+    def withdrawable(self) -> bool:
+        """Whether its rows are written withdrawable (on an outbox that has the column)."""
+        return not self.direct
 
     def mark_params(self) -> dict[str, Any]:
         """The parameters of :func:`outbox_mark_cte` in the statement about to run: every
@@ -254,6 +295,8 @@ async def outbox_add_many(
     traced = "trace" in table.c and any(r.trace is not None for r in rows)
     if traced:
         params["traces"] = [r.trace for r in rows]
+    if "withdrawable" in table.c:
+        params["withdrawable"] = staged is not None and staged.withdrawable
     marking = staged is not None and bool(staged.marking)
     if marking:
         assert staged is not None
@@ -268,15 +311,17 @@ async def outbox_add_many(
 def outbox_insert_from(table: Table, select: str) -> str:
     """SQL inserting into ``table`` the rows ``select`` yields — its columns, in order,
     ``subject, msg_id, payload, created_at, trace`` (trace NULL for none; a traced outbox
-    only) — and returning ``id, msg_id``: the last part of a statement that writes its own
+    only), then ``withdrawable`` on a withdrawable outbox (:attr:`Staged.withdrawable`) —
+    and returning ``id, msg_id``: the last part of a statement that writes its own
     rows and their events together (``WITH written AS (INSERT ... RETURNING ...)``), so a
     write and its events are one statement, atomic on its own, with no transaction around
     it. ``select`` must order its rows (``ORDER BY``): ids are numbered in that order, the
     order the relay publishes in. The caller checks each subject with
     :func:`~dispo.libs.contracts.require_declared` first, as :func:`outbox_add_many` does."""
     trace = ", trace" if "trace" in table.c else ""
+    withdrawable = ", withdrawable" if "withdrawable" in table.c else ""
     return (
-        f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace})"
+        f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace}{withdrawable})"
         f" {select} RETURNING id, msg_id"
     )
 
@@ -285,16 +330,21 @@ def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> S
     """The multi-row insert of ``table`` (with the ``trace`` column when ``traced``, after
     :func:`outbox_mark_cte` when ``marking``): the rows as arrays, one statement text
     whatever their number (prepared once per connection). ``WITH ORDINALITY`` keeps their
-    order."""
+    order. On a withdrawable outbox every row takes ``:withdrawable``."""
     statement = _INSERT_MANY.get((table.fullname, traced, marking))
     if statement is None:
         trace, traces, name = (
             (", trace", ", CAST(:traces AS text[])", ", trace") if traced else ("", "", "")
         )
+        column, value = (
+            (", withdrawable", ", CAST(:withdrawable AS boolean)")
+            if "withdrawable" in table.c
+            else ("", "")
+        )
         statement = Statement(
             (f"WITH {outbox_mark_cte(table)} " if marking else "")
-            + f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace})"
-            f" SELECT subject, msg_id, payload, created_at{trace} FROM unnest("
+            + f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace}{column})"
+            f" SELECT subject, msg_id, payload, created_at{trace}{value} FROM unnest("
             "CAST(:subjects AS text[]), CAST(:msg_ids AS text[]),"
             f" CAST(:payloads AS bytea[]), CAST(:created AS timestamptz[]){traces})"
             f" WITH ORDINALITY AS r(subject, msg_id, payload, created_at{name}, n) ORDER BY n"
@@ -324,6 +374,25 @@ def outbox_mark_cte(table: Table) -> str:
     already: put it in the statement that writes a transaction's outbox rows, with
     :meth:`Staged.mark_params` among its parameters."""
     return f"marked AS ({_mark_sent_sql(table)})"
+
+
+async def outbox_withdraw(conn: AsyncConnection, table: Table, subject: str, msg_id: str) -> bool:
+    """Delete the unsent row of ``subject`` with ``msg_id`` if it is still withdrawable (a
+    withdrawable outbox, :func:`outbox_table`); True if it was: its event was never
+    published and never will be. False if there is none, or a publisher may have taken it
+    (the direct publisher's rows never are withdrawable; a pass clears the flag, and
+    commits, before it publishes a row, so a withdrawal waiting for the pass's row lock
+    finds it cleared) — then the event is, or may be, on its way (ADR-0090)."""
+    t = table
+    result = await conn.execute(
+        delete(t).where(
+            t.c.msg_id == msg_id,
+            t.c.subject == subject,
+            t.c.sent_at.is_(None),
+            t.c.withdrawable,
+        )
+    )
+    return result.rowcount == 1
 
 
 async def outbox_prune(conn: AsyncConnection, table: Table, limit: int) -> int:
@@ -540,6 +609,10 @@ class OutboxRelay:
     row over the size limit) it leaves unsent and kicks a pass, which counts the failure as
     above; the pass remains what publishes after a crash, an outage, or for another replica.
 
+    A withdrawable outbox (ADR-0090): rows the direct publisher will not take are written
+    withdrawable and left to a pass, which claims them (clears the flag and commits) before
+    it publishes them, so :func:`outbox_withdraw` never takes a row that may be on the bus.
+
     A published row is deleted (ADR-0062: the stream keeps the event). While it runs, the
     relay also deletes the rows a version before that marked sent instead (``sent_at``), at
     most ``prune_batch`` per transaction, one pass after another while passes delete
@@ -610,16 +683,19 @@ class OutboxRelay:
         now = asyncio.get_running_loop().time()
         self._marking.update(dict.fromkeys(marking, now))
         self._unmarked.clear()
-        return Staged(marking)
+        direct = self._direct_running and not self.ordered and self.bus.nc.is_connected
+        return Staged(marking, direct=direct)
 
     def publish_committed(self, staged: Staged) -> None:
         """Publish the rows a transaction of this process has just committed (``staged``)
         without a pass reading them back; returns at once. An ordered relay, or one not
-        running, takes a pass instead, as do rows the transaction did not stage."""
+        running, takes a pass instead, as do rows the transaction did not stage and the
+        rows of a Staged that is not direct (they may be withdrawable: only a pass, which
+        takes them under its row lock, may publish them)."""
         self._marked(staged.marked)
         if staged.marking and not staged.marked:  # no outbox write took them: back in line
             self._unmark(staged.marking)
-        if self.ordered or not self._direct_running:
+        if self.ordered or not self._direct_running or not staged.direct:
             if staged.rows or staged.unstaged:
                 self.kick()
             return
@@ -710,7 +786,8 @@ class OutboxRelay:
         self._marked(ids)
 
     async def relay_once(self) -> int:
-        """Publish up to one batch of unsent rows; returns how many were published."""
+        """Publish up to one batch of unsent rows; returns how many were published. Rows
+        still withdrawable are claimed first, in a transaction of their own (ADR-0090)."""
         t = self.table
         if not self.bus.nc.is_connected:
             # A publish now would sit in the client's reconnect buffer and go out later,
@@ -720,7 +797,7 @@ class OutboxRelay:
             await self._prepare()
             self._prepare = None
         now = self.clock.now()
-        traces = [t.c.trace] if "trace" in t.c else []
+        optional = [c for c in (t.c.get("trace"), t.c.get("withdrawable")) if c is not None]
         query = (
             select(
                 t.c.id,
@@ -729,7 +806,7 @@ class OutboxRelay:
                 t.c.payload,
                 t.c.attempts,
                 t.c.next_attempt_at,
-                *traces,
+                *optional,
             )
             .where(text(_UNSENT))
             .order_by(t.c.id)
@@ -742,23 +819,46 @@ class OutboxRelay:
             query = query.where(
                 text("id <> ALL(CAST(:held AS bigint[]))").bindparams(held=list(self._held))
             )
-        async with self.engine.begin() as conn:
-            rows = (await conn.execute(query)).all()
-            if not rows:
-                return 0
-            if self.ordered:
-                sent, failed = await self._publish_in_order(rows, now)
-            else:
-                sent, failed = await self._publish_isolating(rows)
-            if sent:
-                await conn.execute(delete(t).where(t.c.id.in_([r.id for r in sent])))
-            counted = [f for f in failed if sent or _answered(f.error)]
-            if counted and self.bus.nc.is_connected:
-                await self._record_failures(conn, counted, now)
+        while True:
+            async with self.engine.begin() as conn:
+                rows = (await conn.execute(query)).all()
+                if not rows:
+                    return 0
+                if await self._claim(conn, rows):
+                    continue  # committed as the block ends; the next transaction publishes
+                if self.ordered:
+                    sent, failed = await self._publish_in_order(rows, now)
+                else:
+                    sent, failed = await self._publish_isolating(rows)
+                if sent:
+                    await conn.execute(delete(t).where(t.c.id.in_([r.id for r in sent])))
+                counted = [f for f in failed if sent or _answered(f.error)]
+                if counted and self.bus.nc.is_connected:
+                    await self._record_failures(conn, counted, now)
+            break
         if failed and not sent and not counted:
             # Nothing went out and nothing was the rows' fault: the bus is not answering.
             raise failed[0].error
         return len(sent)
+
+    async def _claim(self, conn: AsyncConnection, rows: Sequence[Any]) -> bool:
+        """Clear ``withdrawable`` on the rows of a pass about to publish them; True if
+        there were any: the caller commits before it publishes anything, so that once a
+        row may be on the bus no withdrawal can take it, whatever becomes of the
+        publishing transaction (a withdrawal waiting for its row lock finds the flag
+        cleared). A row over the bus's size limit is never sent, so it stays withdrawable
+        (a task.create quarantined so can still be taken back)."""
+        limit = self.bus.max_payload
+        claim = [
+            r.id
+            for r in rows
+            if getattr(r, "withdrawable", False)
+            and self.bus.message_size(r.payload, msg_id=r.msg_id, headers=_headers(r)) <= limit
+        ]
+        if claim:
+            t = self.table
+            await conn.execute(update(t).where(t.c.id.in_(claim)).values(withdrawable=False))
+        return bool(claim)
 
     async def _publish_in_order(
         self, rows: Sequence[Any], now: datetime

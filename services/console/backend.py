@@ -25,8 +25,8 @@ from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.auth import bearer, open_channel
+from dispo.libs.task_requests import count_request, counts_of, events_request, list_request
 from dispo.sdk import DispoError, TaskEventPage, TaskPage, TaskView
-from dispo.sdk._client import count_request, counts_of, events_request, list_request
 from google.protobuf.message import Message
 
 Reply = TypeVar("Reply")

@@ -315,8 +315,9 @@ class Gateway:
             if record.status in store.TERMINAL:
                 raise FailedPrecondition(f"task {task_id} is already {record.status.upper()}")
             if await store.outbox_withdraw_create(conn, tasks.create_id(task_id, 0)):
-                # Never published (the relay does not publish while disconnected): no
-                # executor has seen it, so it is cancelled here, completely.
+                # Provably never published, and now never will be (ADR-0090): no executor
+                # has seen it, so it is cancelled here, completely. Otherwise the relay may
+                # have published it: the task.cancel below reaches whichever executor has it.
                 await store.task_set_view(
                     conn, task_id, cancelled_view(record.view, now), "cancelled", now
                 )

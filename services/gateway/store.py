@@ -16,12 +16,13 @@ from dispo.libs.outbox import (
     outbox_insert_from,
     outbox_mark_cte,
     outbox_table,
+    outbox_withdraw,
 )
 from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
-outbox = outbox_table(metadata, traced=True)
+outbox = outbox_table(metadata, traced=True, withdrawable=True)
 
 
 @dataclass
@@ -123,8 +124,8 @@ class KeyHolder:
 
 # The accepted tasks and their task.create rows, with one statement: the tasks whose key is
 # free are inserted, and each inserted task's envelope (its stored view, not sent twice) goes
-# to the outbox, in the order given; the rows the relay published since are deleted (marked
-# sent, ADR-0062).
+# to the outbox, in the order given (withdrawable only if no direct publisher takes them,
+# ADR-0090); the rows the relay published since are deleted (marked sent, ADR-0062).
 _ACCEPT_MANY = Statement(
     "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
     " status, node_count, view, callback_url, created_at, updated_at)"
@@ -138,7 +139,8 @@ _ACCEPT_MANY = Statement(
     f" {outbox_mark_cte(outbox)} "
     + outbox_insert_from(
         outbox,
-        "SELECT :subject, e.msg_id, i.view, i.created_at, e.trace"
+        "SELECT :subject, e.msg_id, i.view, i.created_at, e.trace,"
+        " CAST(:withdrawable AS boolean)"
         " FROM unnest(CAST(:ids AS text[]), CAST(:msg_ids AS text[]),"
         " CAST(:traces AS text[])) WITH ORDINALITY AS e(id, msg_id, trace, n)"
         " JOIN inserted i ON i.task_id = e.id ORDER BY e.n",
@@ -171,6 +173,7 @@ async def tasks_accept_many(conn: Conn, rows: list[NewTask], staged: Staged) -> 
             "subject": tasks.TASK_CREATE,
             "msg_ids": msg_ids,
             "traces": [r.trace for r in rows],
+            "withdrawable": staged.withdrawable,
             **staged.mark_params(),
         },
     )
@@ -240,10 +243,9 @@ _APPLY_SNAPSHOTS = Statement(
     " AS n(task_id, version, status, view, generation)"
     " WHERE t.task_id = n.task_id AND t.version < n.version"
     # A terminal view never regresses: SUCCEEDED and CANCELLED take only their own status
-    # again, FAILED another one only from a newer generation (a resume, ADR-0033). A view
-    # no executor has recorded (version 0: cancelled before publication, as the gateway
-    # judged it) takes the first snapshot: an executor holding the task proves it was sent.
-    " AND (t.version = 0 OR t.status = n.status"
+    # again, FAILED another one only from a newer generation (a resume, ADR-0033). A task
+    # cancelled before publication was provably never sent (ADR-0090): its view is kept too.
+    " AND (t.status = n.status"
     f" OR t.status NOT IN ({', '.join(repr(s) for s in TERMINAL)})"
     f" OR (t.status = '{RESUMABLE}' AND n.generation > t.generation))"
     " RETURNING t.task_id"
@@ -284,13 +286,10 @@ async def task_request_cancel(conn: AsyncConnection, task_id: str, now: datetime
 
 
 async def outbox_withdraw_create(conn: AsyncConnection, msg_id: str) -> bool:
-    """Take back a task.create not yet published (the relay's row lock makes this exact:
-    a row being published is waited for, then found sent)."""
-    result = await conn.execute(
-        text("DELETE FROM outbox WHERE msg_id = :id AND subject = :subject AND sent_at IS NULL"),
-        {"id": msg_id, "subject": tasks.TASK_CREATE},
-    )
-    return result.rowcount == 1
+    """Take back a task.create that was never published and never will be; False if it
+    may have been (a publisher took it, :func:`~dispo.libs.outbox.outbox_withdraw`) or is
+    gone."""
+    return await outbox_withdraw(conn, outbox, tasks.TASK_CREATE, msg_id)
 
 
 async def task_set_view(

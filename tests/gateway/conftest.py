@@ -17,8 +17,9 @@ async def make_gateway(service_engine, service_db, bus, catalogue_file):
     db = await service_db("gateway")
     catalogue = load_catalogue(catalogue_file)
 
-    def make(watch_poll_interval: float = 0.5, **options) -> Gateway:
-        relay = OutboxRelay(engine, store.outbox, bus)  # kicked, not run: rows stay unsent
+    def make(watch_poll_interval: float = 0.5, relay_options=None, **options) -> Gateway:
+        # Kicked, not run (unless the test runs it): rows stay unsent.
+        relay = OutboxRelay(engine, store.outbox, bus, **(relay_options or {}))
         return Gateway(
             engine, db, relay, catalogue, Limits(), SystemClock(), watch_poll_interval, **options
         )

@@ -164,9 +164,10 @@ async def test_a_terminal_view_is_never_taken_to_another_status(make_gateway):
     assert await gateway.apply_status(done)
     assert (await gateway.get(view.task_id)).status == S.TASK_STATUS_SUCCEEDED
 
-    # Cancelled by the gateway before publication, as it judged: an executor's snapshot
-    # shows the task was sent after all, and the view follows it.
+    # Cancelled by the gateway before publication: provably never sent (ADR-0090), so the
+    # view is kept like any other terminal one, at version 0 too.
     view = await accepted(gateway, "withdrawn")
     assert (await gateway.cancel(view.task_id)).status == S.TASK_STATUS_CANCELLED
-    assert await gateway.apply_status(snapshot(view, 1, S.TASK_STATUS_RUNNING))
-    assert (await gateway.get(view.task_id)).status == S.TASK_STATUS_RUNNING
+    assert not await gateway.apply_status(snapshot(view, 1, S.TASK_STATUS_RUNNING))
+    now = await gateway.get(view.task_id)
+    assert (now.status, now.version) == (S.TASK_STATUS_CANCELLED, 0)

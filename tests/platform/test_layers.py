@@ -88,6 +88,28 @@ def test_a_service_imports_the_kernel_the_auth_context_and_the_sdk_but_no_other_
     assert NOT_YET_BELOW - found == set(), "moved below: take it off NOT_YET_BELOW"
 
 
+def private_imports(layer: str, package: str) -> set[tuple[str, str]]:
+    """(file, module) for each import of a layer that reaches a private (``_``) module of
+    ``package``."""
+    found = set()
+    for path in sorted((ROOT / ROOTS[layer]).rglob("*.py")):
+        file = str(path.relative_to(ROOT))
+        found |= {
+            (file, m)
+            for m in imported_modules(path)
+            if m.startswith(f"{package}._") and m.count(".") == package.count(".") + 1
+        }
+    return found
+
+
+def test_a_service_imports_only_the_sdks_public_names():
+    """The SDK's ``_`` modules are its internals (its docstring): a service uses its public
+    names, and what it shares with the SDK below both, in the kernel (as the requests of the
+    gateway's task reads, dispo.libs.task_requests)."""
+    found = {crossing for service in sorted(SERVICES) for crossing in private_imports(service, SDK)}
+    assert found == set()
+
+
 def test_the_walk_sees_every_kind_of_import(tmp_path):
     source = tmp_path / "m.py"
     source.write_text(
@@ -103,3 +125,5 @@ def test_the_walk_sees_every_kind_of_import(tmp_path):
     assert layer_of("dispo.libs.auth.server") == KERNEL
     assert layer_of("dispo.auth.store") == AUTH
     assert layer_of("grpc") is None
+    source.write_text("from dispo.sdk._client import list_request\nfrom dispo.sdk import _types\n")
+    assert {"dispo.sdk._client", "dispo.sdk._types"} <= set(imported_modules(source))

@@ -21,15 +21,17 @@ from dispo.libs.outbox import (
     outbox_add,
     outbox_add_many,
     outbox_table,
+    outbox_withdraw,
 )
 from dispo.libs.service import Runtime
 from dispo.libs.settings import CommonSettings, ServerSettings
-from sqlalchemy import MetaData, event, text
+from sqlalchemy import MetaData, event, select, text
 from support import eventually
 
 SCHEMA = "outbox_test"
 metadata = MetaData()
 outbox = outbox_table(metadata)
+withdrawable = outbox_table(metadata, "withdrawable_outbox", withdrawable=True)
 
 
 @pytest.fixture
@@ -313,3 +315,42 @@ async def test_a_pass_leaves_the_rows_the_direct_publisher_holds(engine, db, bus
     assert await names(engine) == ["a", "b"]
     relay._held.clear()
     assert await relay.relay_once() == 2
+
+
+async def test_a_pass_claims_a_withdrawable_row_and_commits_before_it_publishes(
+    engine, bus, manual_clock, monkeypatch
+):
+    """On a withdrawable outbox (ADR-0090) the rows of a direct Staged are never withdrawn
+    (the direct publisher sends them without a row lock), those of another one can be until
+    a pass takes them: it clears the flag, and commits, before the publish, so a withdrawal
+    finds them claimed even if the pass's own transaction is then lost. A row the bus cannot
+    carry is never sent: it stays withdrawable."""
+    await tasks.TASKS.ensure(bus)
+    t, subject, now = withdrawable, tasks.TASK_CLOSE, manual_clock.now()
+    waiting = [
+        OutboxRow(subject, "kept", b"x", now),
+        OutboxRow(subject, "huge", b"x" * (bus.max_payload + 1), now),
+        OutboxRow(subject, "withdrawn", b"x", now),
+    ]
+    async with engine.begin() as conn:
+        await outbox_add_many(conn, t, [OutboxRow(subject, "direct", b"x", now)], Staged())
+        await outbox_add_many(conn, t, waiting, Staged(direct=False))
+    async with engine.begin() as conn:
+        assert not await outbox_withdraw(conn, t, subject, "direct")
+        assert await outbox_withdraw(conn, t, subject, "withdrawn")
+    committed: list[dict[str, bool]] = []
+    publish_many = bus.publish_many
+
+    async def look_then_publish(*args, **kwargs):
+        async with engine.connect() as conn:  # what a withdrawal would find
+            committed.append(dict((await conn.execute(select(t.c.msg_id, t.c.withdrawable))).all()))
+        await publish_many(*args, **kwargs)
+
+    monkeypatch.setattr(bus, "publish_many", look_then_publish)
+    relay = OutboxRelay(engine, t, bus, clock=manual_clock)
+
+    assert await relay.relay_once() == 2
+
+    assert committed == [{"direct": False, "kept": False, "huge": True}]
+    async with engine.begin() as conn:
+        assert await outbox_withdraw(conn, t, subject, "huge")

@@ -245,6 +245,7 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, db, tmp_pa
 
 # The services whose outbox carries the trace context of the work that wrote each row.
 TRACED = {"gateway", "executor", "reconciler"}
+WITHDRAWABLE = {"gateway"}
 
 
 @pytest.mark.parametrize("service", ["gateway", "executor", "reconciler", "pool"])
@@ -271,8 +272,9 @@ async def test_every_service_outbox_is_migrated_to_the_shared_shape(service_engi
                 )
             ).all()
         )
-    # The shared shape; a traced outbox (libs/tracing.py) has its trace column besides.
-    shape = outbox_table(MetaData(), traced=service in TRACED)
+    # The shared shape; a traced outbox (libs/tracing.py) has its trace column besides, a
+    # withdrawable one (ADR-0090) its withdrawable column.
+    shape = outbox_table(MetaData(), traced=service in TRACED, withdrawable=service in WITHDRAWABLE)
     assert set(columns) == {c.name for c in shape.columns}
     assert "WHERE ((sent_at IS NULL) AND (quarantined_at IS NULL))" in indexes["outbox_unsent"]
     assert "WHERE (quarantined_at IS NOT NULL)" in indexes["outbox_quarantined"]
