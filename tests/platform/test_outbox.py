@@ -318,7 +318,7 @@ async def test_a_pass_leaves_the_rows_the_direct_publisher_holds(engine, db, bus
 
 
 async def test_a_pass_claims_a_withdrawable_row_and_commits_before_it_publishes(
-    engine, bus, manual_clock, monkeypatch
+    engine, db, bus, manual_clock, monkeypatch
 ):
     """On a withdrawable outbox (ADR-0090) the rows of a direct Staged are never withdrawn
     (the direct publisher sends them without a row lock), those of another one can be until
@@ -332,7 +332,7 @@ async def test_a_pass_claims_a_withdrawable_row_and_commits_before_it_publishes(
         OutboxRow(subject, "huge", b"x" * (bus.max_payload + 1), now),
         OutboxRow(subject, "withdrawn", b"x", now),
     ]
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         await outbox_add_many(conn, t, [OutboxRow(subject, "direct", b"x", now)], Staged())
         await outbox_add_many(conn, t, waiting, Staged(direct=False))
     async with engine.begin() as conn:
