@@ -60,7 +60,16 @@ from dispo.libs.tracing import continued
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    PubAck,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 log = get_logger(__name__)
@@ -86,6 +95,9 @@ Disposition = Ack | Nak | Term
 Handler = Callable[[Msg], Awaitable[Disposition]]
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+
+# JetStream's answer to creating a consumer that exists with another configuration.
+CONSUMER_EXISTS = 10148
 
 
 def inbox_prefix(service: str) -> str:
@@ -273,9 +285,23 @@ class Bus:
         *,
         max_age: float | None = None,
         duplicate_window: float = 120.0,
+        retention: RetentionPolicy = RetentionPolicy.LIMITS,
+        max_bytes: int | None = None,
+        discard: DiscardPolicy = DiscardPolicy.OLD,
+        durables: Sequence[tuple[str, Sequence[str]]] = (),
+        update: bool = True,
         patience: float = 60.0,
     ) -> None:
-        """Create the stream or bring its subjects and limits to this configuration.
+        """Create the stream, or bring its subjects, retention and limits to this
+        configuration (``update``; a service that may not change the stream passes False and
+        only adds what is missing), and create each of ``durables`` (a name and its filters)
+        that does not exist yet. Durables are made before the stream's retention changes, so
+        an interest stream never drops a message for want of the consumers that must see it;
+        a durable that exists is left as its service configured it.
+
+        A byte limit below what the stream holds now is not applied (the server would make
+        room by deleting the oldest messages, acknowledged or not): it is logged, and the
+        stream keeps its limit until it holds less.
 
         A cluster still placing a stream's replicas, or one whose meta leader is moving,
         leaves a JetStream request unanswered or answers 503; those are tried again until
@@ -287,31 +313,96 @@ class Bus:
             num_replicas=self.replicas,
             duplicate_window=duplicate_window,
             max_age=max_age,
+            retention=retention,
+            max_bytes=max_bytes if max_bytes else -1,
+            discard=discard,
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience
         while True:
             try:
-                return await self._ensure_stream(name, config)
+                return await self._ensure_stream(name, config, durables, update)
             except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as error:
                 if loop.time() >= deadline:
                     raise
                 log.warning("stream not settled yet; trying again", stream=name, error=repr(error))
                 await asyncio.sleep(0.5)
 
-    async def _ensure_stream(self, name: str, config: StreamConfig) -> None:
+    async def _ensure_stream(
+        self,
+        name: str,
+        config: StreamConfig,
+        durables: Sequence[tuple[str, Sequence[str]]],
+        update: bool,
+    ) -> None:
         try:
             current = await self.js.stream_info(name)
         except NotFoundError:
             try:
                 await self.js.add_stream(config)
-                return
+                current = None
             except nats.js.errors.BadRequestError:
                 current = await self.js.stream_info(name)  # a replica created it first
+        for durable, filters in durables:
+            await self.ensure_durable(name, durable, filters)
+        if current is None:
+            return
         wanted = sorted(set(current.config.subjects or []) | set(config.subjects or []))
-        if wanted != sorted(current.config.subjects or []):
-            config.subjects = wanted
-            await self.js.update_stream(config)
+        held = current.state.bytes or 0
+        if config.max_bytes not in (None, -1) and held > config.max_bytes:
+            log.error(
+                "stream holds more than its byte limit would keep; limit not lowered",
+                stream=name,
+                held=held,
+                limit=config.max_bytes,
+            )
+            config.max_bytes = current.config.max_bytes
+        if wanted == sorted(current.config.subjects or []) and _limits(current.config) == _limits(
+            config
+        ):
+            return
+        if not update:
+            log.warning(
+                "stream configured otherwise; left to its publishers",
+                stream=name,
+                current=_limits(current.config),
+                wanted=_limits(config),
+            )
+            if wanted == sorted(current.config.subjects or []):
+                return
+            config = current.config  # only the subjects are this process's to add
+        config.subjects = wanted
+        await self.js.update_stream(config)
+        log.info("stream configuration updated", stream=name, limits=_limits(config))
+
+    async def ensure_durable(
+        self, stream: str, durable: str, filters: Sequence[str], timeout: float = 5.0
+    ) -> bool:
+        """Create the durable pull consumer ``durable`` of ``stream`` on ``filters`` (explicit
+        acks, from the first message) unless it exists, however it is configured then (its
+        service brings it to its own ack wait and limits when it starts consuming). True when
+        it was created."""
+        one = len(filters) == 1
+        config = ConsumerConfig(
+            name=durable,
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            filter_subject=filters[0] if one else None,
+            filter_subjects=None if one else list(filters),
+        )
+        request = {"stream_name": stream, "config": config.as_dict(), "action": "create"}
+        answer = await self.nc.request(
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+            json.dumps(request).encode(),
+            timeout=timeout,
+        )
+        error = json.loads(answer.data).get("error")
+        if error is None:
+            return True
+        if error.get("err_code") == CONSUMER_EXISTS:
+            return False
+        raise _api_error(error)
 
     @property
     def max_payload(self) -> int:
@@ -879,6 +970,19 @@ def _api_error(error: dict[str, Any]) -> APIError:
     except APIError as raised:
         return raised
     return APIError(**error)  # pragma: no cover - from_error always raises
+
+
+def _limits(config: StreamConfig) -> tuple[str, str, float, int]:
+    """What :meth:`Bus.ensure_stream` keeps a stream to besides its subjects: retention,
+    discard policy, age limit (0: none) and byte limit (-1: none)."""
+    retention = config.retention or RetentionPolicy.LIMITS
+    discard = config.discard or DiscardPolicy.OLD
+    return (
+        str(getattr(retention, "value", retention)),
+        str(getattr(discard, "value", discard)),
+        round(config.max_age or 0.0, 3),
+        config.max_bytes if config.max_bytes not in (None, 0) else -1,
+    )
 
 
 def _settings(

@@ -242,6 +242,57 @@ class CommonSettings(BaseSettings):
         )
 
 
+GIB = 1024**3
+
+
+class StreamSettings(BaseSettings):
+    """How much each JetStream stream may hold (ADR-0092). Every process that ensures a stream
+    brings it to these, so give every process the same values. A full stream refuses new
+    messages (the publishers' outboxes keep them in PostgreSQL until there is room); it never
+    drops one a consumer has not acknowledged. A limit below what a stream holds now is not
+    applied until it holds less."""
+
+    model_config = SettingsConfigDict(env_prefix="DISPO_STREAM_", extra="ignore")
+
+    tasks_max_bytes: int = Field(
+        default=8 * GIB,
+        ge=0,
+        description="Bytes the `TASKS` stream may hold (0: no limit). It keeps a message only"
+        " until every consumer that must see it has acknowledged it, so this bounds the work"
+        " not taken yet (about 1 KB a task): 8 GiB is hours of backlog at thousands of tasks"
+        " a second",
+    )
+    status_max_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Bytes the `TASK_STATUS` stream may hold (0: no limit). It keeps each"
+        " status snapshot 7 days, the tasks' history (about 1.1 KB a snapshot, a few a task);"
+        " a limit must hold 7 days at the stack's rate, or publishers wait for the oldest to"
+        " expire",
+    )
+    callbacks_max_bytes: int = Field(
+        default=GIB,
+        ge=0,
+        description="Bytes the `CALLBACKS` stream (completion notifications to callers' NATS"
+        " subjects, kept 7 days) may hold (0: no limit)",
+    )
+    evaluations_max_bytes: int = Field(
+        default=GIB,
+        ge=0,
+        description="Bytes the `EVALUATIONS` stream may hold (0: no limit). It keeps an event"
+        " until the intelligence service has acknowledged it",
+    )
+
+    def max_bytes(self, stream: str) -> int:
+        """The byte limit of the declared stream ``stream`` (0: none)."""
+        return {
+            "TASKS": self.tasks_max_bytes,
+            "TASK_STATUS": self.status_max_bytes,
+            "CALLBACKS": self.callbacks_max_bytes,
+            "EVALUATIONS": self.evaluations_max_bytes,
+        }.get(stream, 0)
+
+
 class TLSSettings(BaseSettings):
     """Transport security of this process's gRPC server and channels (:mod:`dispo.libs.tls`);
     none set: plaintext."""

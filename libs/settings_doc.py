@@ -32,6 +32,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 SETTINGS = (
     "dispo.libs.settings:CommonSettings",
     "dispo.libs.settings:TLSSettings",
+    "dispo.libs.settings:StreamSettings",
     "dispo.console.settings:ConsoleSettings",
     "dispo.libs.catalogue:CatalogueSettings",
     "dispo.gateway.settings:GatewaySettings",

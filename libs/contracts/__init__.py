@@ -15,6 +15,7 @@ import re
 
 from dispo.libs.contracts import evaluations, tasks
 from dispo.libs.contracts._streams import (
+    Durable,
     Flow,
     Stream,
     UndeclaredSubject,
@@ -89,6 +90,7 @@ def require_declared(subject: str) -> None:
 
 __all__ = [
     "BUS_SERVICES",
+    "Durable",
     "FLOWS",
     "STREAMS",
     "Flow",

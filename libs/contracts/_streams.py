@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 
 from dispo.libs.bus import Bus
+from dispo.libs.settings import StreamSettings
+from nats.js.api import DiscardPolicy, RetentionPolicy
 
 
 class UndeclaredSubject(ValueError):
@@ -40,8 +42,26 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Durable:
+    """A durable consumer that must see what a stream carries on its filters: declared with
+    the stream, made by whichever service ensures the stream first, consumed by the service
+    whose durable it is (under this name, its setting's default)."""
+
+    name: str
+    filters: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Stream:
-    """A JetStream stream: its name, the subjects it carries and its limits."""
+    """A JetStream stream: its name, the subjects it carries, how long it keeps a message and
+    how much it may hold (ADR-0092).
+
+    An ``interest`` stream keeps a message until every consumer on its subject has
+    acknowledged it, and ``durables`` are the consumers that must (made before anything is
+    published, so no message finds no one). A ``limits`` stream keeps a message for
+    ``max_age`` whatever its consumers did. Either way a full stream (its byte limit, a
+    setting of :class:`StreamSettings`) refuses new messages rather than dropping old ones:
+    the publishers' outboxes hold them until there is room."""
 
     name: str
     subjects: tuple[str, ...]
@@ -49,17 +69,33 @@ class Stream:
     max_age: float | None = None
     # Seconds within which a second publication of one message id is dropped.
     duplicate_window: float = 120.0
+    retention: str = "limits"  # or "interest"
+    durables: tuple[Durable, ...] = ()
 
     def carries(self, subject: str) -> bool:
         return any(subject_matches(p, subject) for p in self.subjects)
 
-    async def ensure(self, bus: Bus) -> None:
-        """Create the stream or bring its subjects to this declaration (idempotent)."""
+    def max_bytes(self, settings: StreamSettings | None = None) -> int:
+        """The stream's byte limit from ``settings`` (read from the environment without);
+        0: none."""
+        return (settings or StreamSettings()).max_bytes(self.name)
+
+    async def ensure(
+        self, bus: Bus, *, update: bool = True, settings: StreamSettings | None = None
+    ) -> None:
+        """Create the stream and its durables, or bring its subjects, retention and limits to
+        this declaration (idempotent). A service that only consumes the stream passes
+        ``update=False``: its bus user may not change it (ADR-0037)."""
         await bus.ensure_stream(
             self.name,
             list(self.subjects),
             max_age=self.max_age,
             duplicate_window=self.duplicate_window,
+            retention=RetentionPolicy(self.retention),
+            max_bytes=self.max_bytes(settings),
+            discard=DiscardPolicy.NEW,
+            durables=[(d.name, d.filters) for d in self.durables],
+            update=update,
         )
 
 

@@ -5,14 +5,21 @@ per evaluation (a completion reports its run count and waits for those runs)."""
 from __future__ import annotations
 
 from dispo.libs.bus import Bus
-from dispo.libs.contracts._streams import Flow, Stream
+from dispo.libs.contracts._streams import Durable, Flow, Stream
 
 EVALUATION_STARTED = "evaluation.started"  # EvaluationStarted
 EVALUATION_RUN_RECORDED = "evaluation.run_recorded"  # EvaluationRunRecorded
 EVALUATION_COMPLETED = "evaluation.completed"  # EvaluationCompleted
 EVALUATION_ALL = "evaluation.>"
 
-EVALUATIONS = Stream("EVALUATIONS", (EVALUATION_ALL,))
+# Kept until the intelligence service's durable (its setting's default name) has acknowledged
+# each event (ADR-0092).
+EVALUATIONS = Stream(
+    "EVALUATIONS",
+    (EVALUATION_ALL,),
+    retention="interest",
+    durables=(Durable("intelligence-evaluations", (EVALUATION_ALL,)),),
+)
 
 # Core NATS (no stream): wakes one cron worker of the local driver, pool.wake.<cron_id>.
 POOL_WAKE = "pool.wake"
@@ -42,5 +49,6 @@ def completed_id(evaluation_id: str) -> str:
     return f"{evaluation_id}:completed"
 
 
-async def ensure_evaluation_stream(bus: Bus) -> None:
-    await EVALUATIONS.ensure(bus)
+async def ensure_evaluation_stream(bus: Bus, *, update: bool = True) -> None:
+    """``update=False`` for the intelligence service, which consumes it only."""
+    await EVALUATIONS.ensure(bus, update=update)

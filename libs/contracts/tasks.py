@@ -15,7 +15,7 @@ from typing import Any
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Bus
-from dispo.libs.contracts._streams import Flow, Stream
+from dispo.libs.contracts._streams import Durable, Flow, Stream
 from dispo.libs.error_text import ERROR_TEXT_LIMIT
 from dispo.libs.proto_enums import task_status_name
 
@@ -64,7 +64,25 @@ CALLBACK_ALL = "callbacks.>"
 # Status snapshots are for live views; the services' tables keep the history.
 STATUS_MAX_AGE = 7 * 24 * 3600.0
 
-TASKS = Stream("TASKS", (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE))
+# The durables that must see each TASKS subject (the executor's and the reconciler's, named
+# as their settings name them by default): the stream keeps a message until each of those on
+# its subject has acknowledged it (ADR-0092).
+TASK_DURABLES = (
+    Durable("executor", (TASK_CREATE,)),
+    Durable("executor-cancel", (TASK_CANCEL,)),
+    Durable("executor-close", (TASK_CLOSE,)),
+    Durable("reconciler-claims", (TASK_CREATE,)),
+    Durable("reconciler-fail", (TASK_FAIL,)),
+    Durable("reconciler-demote", (TASK_DEMOTE,)),
+)
+
+TASKS = Stream(
+    "TASKS",
+    (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE),
+    retention="interest",
+    durables=TASK_DURABLES,
+)
+# Read back for a task's history (ADR-0052): kept for its age, whoever acknowledged it.
 TASK_STATUS = Stream("TASK_STATUS", (TASK_STATUS_ALL,), max_age=STATUS_MAX_AGE)
 CALLBACKS = Stream("CALLBACKS", (CALLBACK_ALL,), max_age=STATUS_MAX_AGE)
 
@@ -228,6 +246,13 @@ def longest_envelope_id(task_id: str) -> str:
     return max(create_id(task_id, g), fail_id(task_id, g), demote_id(task_id, g), key=len)
 
 
-async def ensure_task_streams(bus: Bus) -> None:
-    await TASKS.ensure(bus)
-    await TASK_STATUS.ensure(bus)
+async def ensure_task_streams(bus: Bus, service: str = "") -> None:
+    """Ensure TASKS and TASK_STATUS as ``service`` (every service that uses them does at
+    start): it brings to their declarations those it publishes to, and only creates the
+    others (its bus user may not change them, ADR-0037). No ``service``: a publisher of both."""
+
+    def publishes(stream: Stream) -> bool:
+        return not service or any(f.stream == stream and service in f.publishers for f in FLOWS)
+
+    await TASKS.ensure(bus, update=publishes(TASKS))
+    await TASK_STATUS.ensure(bus, update=publishes(TASK_STATUS))

@@ -37,7 +37,7 @@ async def setup(rt: Runtime) -> None:
     await migrate(rt.engine, AUTH_SCHEMA, AUTH_MIGRATIONS)
     if settings.auth_bootstrap_file:
         await apply_bootstrap(rt.engine, Path(settings.auth_bootstrap_file), rt.clock)
-    await tasks.ensure_task_streams(rt.bus)
+    await tasks.ensure_task_streams(rt.bus, "gateway")
     catalogue = load_configured_catalogue()
     limits = settings.limits()
     relay = rt.outbox_relay(store.outbox)

@@ -151,7 +151,7 @@ async def consumer(
     """The feed's consumer, its handler wrapped by ``guard`` (the service's quarantine). A
     durable left strictly ordered (one in flight) by an earlier version is brought to
     :data:`MAX_ACK_PENDING`."""
-    await contract.ensure_evaluation_stream(bus)
+    await contract.ensure_evaluation_stream(bus, update=False)
     return bus.consumer(
         STREAM,
         durable=durable,

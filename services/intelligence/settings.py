@@ -27,10 +27,15 @@ class IntelligenceSettings(BaseSettings):
     )
     consume_events: bool = Field(
         default=True,
-        description="Consume the cron pool's EVALUATIONS stream into the evaluation read model",
+        description="Consume the cron pool's EVALUATIONS stream into the evaluation read model;"
+        " `false` leaves the events in the stream until its byte limit, then the pool's"
+        " outbox holds them",
     )
     event_durable: str = Field(
-        default="intelligence-evaluations", description="Durable consumer of the EVALUATIONS stream"
+        default="intelligence-evaluations",
+        description="Durable consumer of the EVALUATIONS stream. The stream keeps each event"
+        " until the declared `intelligence-evaluations` durable has acknowledged it: another"
+        " name adds a consumer, it does not replace that one (ADR-0092)",
     )
     unknown_evaluation_retry_seconds: float = Field(
         default=2.0,

@@ -45,7 +45,9 @@ class ReconcilerSettings(BaseSettings):
     )
     durable: str = Field(
         default="reconciler",
-        description="Durable consumer name prefix (replicas share the consumers)",
+        description="Durable consumer name prefix (replicas share the consumers). The `TASKS`"
+        " stream keeps each message until the declared `reconciler-*` durables have"
+        " acknowledged it: another prefix adds consumers, it does not replace those (ADR-0092)",
     )
     ack_wait_seconds: float = Field(
         default=5.0,

@@ -23,7 +23,7 @@ SERVICE_NAME = "dispo.reconciler.v1.ReconcilerService"
 
 
 async def ensure_streams(bus: Bus) -> None:
-    await tasks.ensure_task_streams(bus)
+    await tasks.ensure_task_streams(bus, "reconciler")
     await tasks.CALLBACKS.ensure(bus)
 
 

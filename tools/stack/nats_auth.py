@@ -12,7 +12,8 @@ Each service's permissions are derived from :data:`dispo.libs.contracts.FLOWS`:
   of those it publishes to; the info, creation and next-message requests of consumers of
   the streams it consumes, and the deletion of consumers of a stream whose messages it reads
   back (a flow's ``readers``: :meth:`dispo.libs.bus.Bus.read_subject` deletes the ephemeral
-  consumer of each read after it), and the acknowledgements of their messages;
+  consumer of each read after it), and the acknowledgements of their messages; the creation
+  of the declared durables of a stream it publishes to but does not consume (ADR-0092);
 - subscribe: its own replies (``_INBOX.<service>.>``) and the plain NATS subjects it consumes.
 
 ``python -m dispo.tools.stack.nats_auth`` prints that ``authorization`` block for an external
@@ -54,6 +55,8 @@ def permissions(service: str) -> dict[str, dict[str, list[str]]]:
         publish += [f"$JS.API.STREAM.INFO.{name}", f"$JS.API.STREAM.CREATE.{name}"]
         if name in owned:
             publish.append(f"$JS.API.STREAM.UPDATE.{name}")
+        if name not in consumed:  # it makes the stream's declared durables (ADR-0092)
+            publish += [f"$JS.API.CONSUMER.CREATE.{name}.{d.name}" for d in stream.durables]
         if name in consumed:
             publish += [
                 f"$JS.API.CONSUMER.INFO.{name}.*",
