@@ -14,7 +14,9 @@ class ExecutorSettings(BaseSettings):
 
     durable: str = Field(
         default="executor",
-        description="Durable consumer name shared by all replicas (they split the work)",
+        description="Durable consumer name shared by all replicas (they split the work). The"
+        " `TASKS` stream keeps each message until the declared `executor*` durables have"
+        " acknowledged it: another name adds a consumer, it does not replace those (ADR-0092)",
     )
     lease_ttl_seconds: float = Field(
         default=ExecutorConfig.lease_ttl,
