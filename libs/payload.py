@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from dispo.libs.api.common.v1 import common_pb2
@@ -147,6 +148,39 @@ def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
     """A Struct (plain JSON as grpcurl writes it) as a JSON object: Struct numbers are
     doubles, so an integral one within ±2^53 becomes an integer again."""
     return _from_fields(struct, "")
+
+
+def fits_type(kind: str, value: Any) -> bool:
+    """Whether a JSON value is of a catalogue field type (string, integer, number,
+    boolean, object, list)."""
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "object":
+        return isinstance(value, dict)
+    return isinstance(value, list)
+
+
+def fields_problem(value: Any, fields: Sequence[tuple[str, str, bool]]) -> str | None:
+    """Why a JSON value does not have the declared ``(name, type, required)`` fields (None
+    when it does, or when none are declared): an object, each declared field that is there
+    of its type, each required one there."""
+    if not fields:
+        return None
+    if not isinstance(value, dict):
+        return "must be a JSON object with the declared fields"
+    for name, kind, required in fields:
+        if name not in value:
+            if required:
+                return f"{name}: required"
+        elif not fits_type(kind, value[name]):
+            return f"{name}: must be {kind}"
+    return None
 
 
 def json_payload(body: bytes) -> common_pb2.Payload:

@@ -32,6 +32,59 @@ downstreams:
     timeout_ms: 30000
     max_concurrency: 2
 cells:
+  ticket:
+    description: Open a review ticket; its output declares the ticket's number.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      open:
+        kind: http
+        downstream: demo
+        path: /reviews/{{payload.name}}
+        idempotent: true
+        output: {{ticket_id: {{type: string, required: true}}, ok: boolean}}
+  tell:
+    description: Tell someone about a ticket (its number from the payload).
+    fields:
+      name: {{type: string, required: true}}
+      ticket: {{type: string}}
+      note: {{type: string}}
+    actions:
+      send:
+        kind: http
+        downstream: demo
+        path: /tell/{{payload.name}}
+        idempotent: true
+  review_and_close:
+    description: Open a ticket, then close it by the number the first call returned.
+    fields:
+      name: {{type: string, required: true}}
+    result: open
+    actions:
+      open:
+        kind: http
+        downstream: demo
+        path: /reviews/{{payload.name}}
+        idempotent: true
+        output: {{ticket_id: string}}
+      close:
+        kind: http
+        downstream: demo
+        path: /closed/{{nodes.open.output.ticket_id}}
+        idempotent: true
+        depends_on: [open]
+  sized:
+    description: One call whose output may be at most 100 bytes, with a declared field.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      call:
+        kind: http
+        downstream: demo
+        path: /sized/{{payload.name}}
+        idempotent: true
+        max_output_bytes: 100
+        output: {{count: {{type: integer, required: true}}}}
   step:
     description: One idempotent call to the demo downstream.
     fields:

@@ -73,7 +73,13 @@ RULES: dict[str, Rule] = {
         FinishSigningSecretRotation=ADMIN,
         ListSigningSecrets=ADMIN,
     ),
-    **_methods("dispo.executor.v1.ExecutorService", ListDownstreams=ADMIN),
+    **_methods(
+        "dispo.executor.v1.ExecutorService",
+        ListDownstreams=ADMIN,
+        # The gateway shows outputs in GetTask and WatchTask; the reconciler puts the
+        # result in completion callbacks.
+        GetOutputs=internal("gateway", "reconciler"),
+    ),
     **_methods(
         "dispo.reconciler.v1.ReconcilerService",
         ListRecoveryTasks=BUSINESS,

@@ -19,7 +19,9 @@ from pathlib import Path
 import yaml
 from dispo.libs.catalogue.model import (
     ACTION_KINDS,
+    DEFAULT_MAX_OUTPUT_BYTES,
     FIELD_TYPES,
+    MAX_OUTPUT_BYTES,
     ActionDef,
     Catalogue,
     CatalogueError,
@@ -37,6 +39,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
     "ACTION_KINDS",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "MAX_OUTPUT_BYTES",
     "EXAMPLE",
     "FIELD_TYPES",
     "ActionDef",

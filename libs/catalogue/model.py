@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispo.libs import references
+
 ACTION_KINDS = ("http", "noop")
 FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "list")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")  # fullmatch: no trailing newline
@@ -68,7 +70,21 @@ class ActionDef:
     # seconds: declared, or :func:`default_max_effect_seconds` of the call's timeout once
     # the catalogue is parsed (0 for a noop action).
     max_effect_seconds: int = 0
+    # The largest output it may record, in bytes of canonical JSON: declared, else the
+    # catalogue's ``max_output_bytes`` once parsed.
+    max_output_bytes: int = 0
+    # The output fields it declares (checked when its output is recorded); () for none.
+    output: tuple[FieldSpec, ...] = ()
 
+    @property
+    def output_names(self) -> frozenset[str]:
+        return frozenset(f.name for f in self.output)
+
+
+# An output's size limit when the catalogue names none (issue: 64 KiB).
+DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
+# No output may be larger, whatever the catalogue says: it travels in one gRPC answer.
+MAX_OUTPUT_BYTES = 1024 * 1024
 
 # However short a call's timeout, an effect may land this long after its request.
 MIN_MAX_EFFECT_SECONDS = 30
@@ -88,6 +104,13 @@ class CellDef:
     # In topological order.
     actions: tuple[ActionDef, ...]
     conflict: Conflict | None = None
+    # The action whose output is the cell's part of its task's result ("": its sinks).
+    result: str = ""
+
+    @property
+    def result_actions(self) -> list[str]:
+        """The actions whose outputs make the cell's part of its task's result."""
+        return [self.result] if self.result else self.sinks
 
     @property
     def sinks(self) -> list[str]:
@@ -148,7 +171,33 @@ def _action(cell: str, name: str, raw: dict[str, Any]) -> ActionDef:
         timeout_ms=int(raw.get("timeout_ms", 0)),
         depends_on=tuple(raw.get("depends_on", ())),
         max_effect_seconds=_positive_seconds(where, raw.get("max_effect_seconds", 0)),
+        max_output_bytes=_output_limit(f"{where}.max_output_bytes", raw.get("max_output_bytes", 0)),
+        output=_fields(f"{where}.output", raw.get("output")),
     )
+
+
+def _fields(where: str, raw: Any) -> tuple[FieldSpec, ...]:
+    """Declared fields (``name: {type: ..., required: ...}``, or ``name: type``)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise CatalogueError(f"{where}: must be a mapping of field name to its type")
+    fields = []
+    for fname, fraw in raw.items():
+        spec = {"type": fraw} if isinstance(fraw, str) else (fraw or {})
+        ftype = spec.get("type", "string")
+        if ftype not in FIELD_TYPES:
+            raise CatalogueError(f"{where}.{fname}.type: must be one of {FIELD_TYPES}")
+        fields.append(FieldSpec(str(fname), ftype, bool(spec.get("required", False))))
+    return tuple(fields)
+
+
+def _output_limit(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OUTPUT_BYTES:
+        raise CatalogueError(
+            f"{where}: must be a number of bytes up to {MAX_OUTPUT_BYTES}, got {value!r}"
+        )
+    return value
 
 
 def _positive_seconds(where: str, value: Any) -> int:
@@ -159,9 +208,12 @@ def _positive_seconds(where: str, value: Any) -> int:
     return value
 
 
-def _resolved(action: ActionDef, downstreams: dict[str, Downstream]) -> ActionDef:
-    """``action`` with its ``max_effect_seconds`` resolved (an http action's default from its
-    call's timeout: its own, else its downstream's)."""
+def _resolved(action: ActionDef, downstreams: dict[str, Downstream], limit: int) -> ActionDef:
+    """``action`` with its ``max_output_bytes`` (its own, else the catalogue's, else the
+    default) and ``max_effect_seconds`` resolved (an http action's default from its call's
+    timeout: its own, else its downstream's)."""
+    if not action.max_output_bytes:
+        action = dataclasses.replace(action, max_output_bytes=limit or DEFAULT_MAX_OUTPUT_BYTES)
     if action.kind != "http" or action.max_effect_seconds:
         return action
     known = downstreams.get(action.downstream)
@@ -189,12 +241,7 @@ def _conflict(cell: str, fields: tuple[FieldSpec, ...], raw: Any) -> Conflict | 
 def _cell(name: str, raw: dict[str, Any]) -> CellDef:
     if not _NAME.fullmatch(name):
         raise CatalogueError(f"cells.{name}: bad cell name")
-    fields = []
-    for fname, fraw in (raw.get("fields") or {}).items():
-        ftype = (fraw or {}).get("type", "string")
-        if ftype not in FIELD_TYPES:
-            raise CatalogueError(f"cells.{name}.fields.{fname}.type: must be one of {FIELD_TYPES}")
-        fields.append(FieldSpec(fname, ftype, bool((fraw or {}).get("required", False))))
+    fields = list(_fields(f"cells.{name}.fields", raw.get("fields") or {}))
     actions = {a: _action(name, a, araw or {}) for a, araw in (raw.get("actions") or {}).items()}
     if not actions:
         raise CatalogueError(f"cells.{name}.actions: a cell needs at least one action")
@@ -207,13 +254,55 @@ def _cell(name: str, raw: dict[str, Any]) -> CellDef:
     order = topological(list(actions), {a.name: a.depends_on for a in actions.values()})
     if order is None:
         raise CatalogueError(f"cells.{name}.actions: dependency cycle")
+    for action in actions.values():
+        _check_path_references(name, action, actions)
+    result = str(raw.get("result", ""))
+    if result and result not in actions:
+        raise CatalogueError(f"cells.{name}.result: unknown action {result!r}")
     return CellDef(
         name,
         str(raw.get("description", "")),
         tuple(fields),
         tuple(actions[a] for a in order),
         _conflict(name, tuple(fields), raw.get("conflict")),
+        result,
     )
+
+
+def upstream(action: str, actions: dict[str, ActionDef]) -> set[str]:
+    """The actions of a cell that ``action`` waits for, directly or not."""
+    seen: set[str] = set()
+    todo = list(actions[action].depends_on)
+    while todo:
+        dep = todo.pop()
+        if dep not in seen:
+            seen.add(dep)
+            todo.extend(actions[dep].depends_on)
+    return seen
+
+
+def _check_path_references(cell: str, action: ActionDef, actions: dict[str, ActionDef]) -> None:
+    """A path may read the output of an action of its own cell that it waits for (by the
+    action's name: the catalogue does not know the refs submissions give cells)."""
+    for attr in ("path", "probe_path"):
+        where = f"cells.{cell}.actions.{action.name}.{attr}"
+        try:
+            found = references.find(getattr(action, attr))
+        except references.ReferenceError as error:
+            raise CatalogueError(f"{where}: {error}") from None
+        before = upstream(action.name, actions)
+        for ref in found:
+            if ref.node not in before:
+                raise CatalogueError(
+                    f"{where}: {ref.text} must name an action of cell {cell!r} that"
+                    f" {action.name!r} depends on"
+                )
+            declared = actions[ref.node].output_names
+            if declared and ref.field is not None and ref.field not in declared:
+                raise CatalogueError(
+                    f"{where}: {ref.text}: action {ref.node!r} declares no output field"
+                    f" {ref.field!r}"
+                )
 
 
 def _downstream(name: str, raw: Any) -> Downstream:
@@ -237,11 +326,12 @@ def parse_catalogue(data: dict[str, Any]) -> Catalogue:
     if not isinstance(downstreams, dict):
         raise CatalogueError("downstreams: must be a mapping of downstream name to definition")
     known = {name: _downstream(name, raw) for name, raw in downstreams.items()}
+    limit = _output_limit("max_output_bytes", data.get("max_output_bytes", 0))
     parsed = {name: _cell(name, raw or {}) for name, raw in cells.items()}
     catalogue = Catalogue(
         {
             name: dataclasses.replace(
-                cell, actions=tuple(_resolved(a, known) for a in cell.actions)
+                cell, actions=tuple(_resolved(a, known, limit) for a in cell.actions)
             )
             for name, cell in parsed.items()
         },

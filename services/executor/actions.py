@@ -25,6 +25,7 @@ from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome, classify_error, classify_status, failure_text
 from dispo.libs.catalogue import Downstream
 from dispo.libs.egress import EgressRefused, join
+from dispo.libs.payload import PayloadError, canonical_json, fields_problem, parse_json_value
 from dispo.libs.tracing import inject
 from yarl import URL
 
@@ -38,6 +39,8 @@ class Result:
     # Not sent because its pass could not prove it holds the task's lease: says nothing
     # about the downstream (its breaker does not count it).
     fenced: bool = False
+    # What a successful call returned: its JSON body as canonical JSON (None: nothing).
+    output: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -153,8 +156,7 @@ async def run_action(
         ) as response:
             outcome = classify_status(response.status)
             if outcome is CallOutcome.SUCCESS:
-                await response.read()  # the connection goes back to the pool
-                return Result(outcome)
+                return await _succeeded(response, call.spec)
             body = (await response.read()).decode("utf-8", "replace")
             retry_after = response.headers.get("Retry-After", "")
     except LeaseNotHeld:
@@ -164,6 +166,64 @@ async def run_action(
     finally:
         _FENCE.reset(fenced)
     return failed(outcome, f"HTTP {response.status}: {body}", retry_after)
+
+
+# A JSON answer is read up to this many times its output's limit (its canonical form, with
+# no whitespace, is what the limit bounds).
+_RAW_FACTOR = 4
+
+
+async def _succeeded(response: aiohttp.ClientResponse, spec: ActionSpec) -> Result:
+    """A 2xx answer: its JSON body is the node's output (ADR-0093), bounded by the
+    action's ``max_output_bytes`` and checked against its declared fields; any other
+    content type is no output. An output over its limit, or not as declared, fails the
+    node definitely, saying why."""
+    if response.content_type != "application/json":
+        await response.read()  # the connection goes back to the pool
+        return Result(CallOutcome.SUCCESS)
+    limit = spec.max_output_bytes
+    raw = await _read_bounded(response, limit * _RAW_FACTOR)
+    if raw is None:
+        response.close()  # not read to its end: the connection is not reused
+        size = response.content_length
+        said = f"{size} bytes" if size is not None else f"over {limit * _RAW_FACTOR} bytes"
+        return failed(CallOutcome.DEFINITE, f"output of {said} is over the limit of {limit} bytes")
+    if not raw.strip():
+        return Result(CallOutcome.SUCCESS)
+    return output_result(raw, spec)
+
+
+def output_result(raw: bytes, spec: ActionSpec) -> Result:
+    """The result of a call that answered ``raw`` (JSON): its canonical output, or a
+    definite failure when it is not JSON Dispo carries, over its limit, or not as its
+    action declares."""
+    try:
+        value = parse_json_value(raw)
+    except PayloadError as error:
+        return failed(CallOutcome.DEFINITE, f"output is not JSON Dispo records: {error}")
+    output = canonical_json(value)
+    if len(output) > spec.max_output_bytes:
+        return failed(
+            CallOutcome.DEFINITE,
+            f"output of {len(output)} bytes is over the limit of {spec.max_output_bytes} bytes",
+        )
+    if (problem := fields_problem(value, spec.output_fields)) is not None:
+        return failed(CallOutcome.DEFINITE, f"output not as declared: {problem}")
+    return Result(CallOutcome.SUCCESS, output=output)
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The body, or None once it is longer than ``limit`` bytes."""
+    if response.content_length is not None and response.content_length > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def describe_error(error: BaseException, timeout: float) -> str:

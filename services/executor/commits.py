@@ -104,6 +104,10 @@ class Commits(Protocol):
         """A running task's status event, written while its pass holds the lease."""
         ...
 
+    async def outputs(self, task_id: str, node_ids: Sequence[str]) -> dict[str, bytes]:
+        """The outputs these nodes of the task recorded (a read), by node id."""
+        ...
+
 
 @dataclass
 class Flushes:
@@ -134,6 +138,16 @@ class Flushes:
             if isinstance(step, Step):
                 step.state.lease_until = until
         return steps
+
+    async def outputs(self, wanted: list[tuple[str, Sequence[str]]]) -> Sequence[dict[str, bytes]]:
+        """The outputs each ``(task_id, node_ids)`` asks for, read with one statement."""
+        async with self.db.connection() as conn:
+            tasks = sorted({task_id for task_id, _ in wanted})
+            found = await node_runs.node_outputs_many(conn, [(t, None) for t in tasks])
+        return [
+            {n: raw for n, raw in found.get(task_id, {}).items() if n in node_ids}
+            for task_id, node_ids in wanted
+        ]
 
     async def progress(self, progress: list[Progress]) -> Sequence[bool]:
         """The running tasks' status events, in one transaction: each task locked, and
@@ -283,11 +297,15 @@ class InlineCommits:
     async def progress(self, progress: Progress) -> bool:
         return _one(await self.flushes.progress([progress]))
 
+    async def outputs(self, task_id: str, node_ids: Sequence[str]) -> dict[str, bytes]:
+        return _one(await self.flushes.outputs([(task_id, node_ids)]))
+
 
 class GroupCommits:
     """The items waiting at a moment share one transaction, one Batcher per kind: openings
     of task.create messages (one that cannot be opened fails alone), node claims, finished
-    calls recorded with their pass's next step, lease heartbeats, progress events."""
+    calls recorded with their pass's next step, lease heartbeats, progress events, the
+    reads of the outputs a call's references need."""
 
     def __init__(self, flushes: Flushes, max_items: int, concurrency: int) -> None:
         def group(
@@ -316,6 +334,9 @@ class GroupCommits:
         self.progress_events: Batcher[Progress, bool] = group(
             "progress events", flushes.progress, serial=True
         )
+        self.output_reads: Batcher[tuple[str, Sequence[str]], dict[str, bytes]] = group(
+            "output reads", flushes.outputs
+        )
 
     async def open(self, opening: Opening) -> Step:
         return await self.openings.submit(opening)
@@ -331,3 +352,6 @@ class GroupCommits:
 
     async def progress(self, progress: Progress) -> bool:
         return await self.progress_events.submit(progress)
+
+    async def outputs(self, task_id: str, node_ids: Sequence[str]) -> dict[str, bytes]:
+        return await self.output_reads.submit((task_id, node_ids))

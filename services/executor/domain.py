@@ -25,6 +25,12 @@ class ActionSpec(NamedTuple):
     probe_path: str = ""
     idempotent: bool = False
     timeout_ms: int = 0
+    # The largest output it may record (bytes of canonical JSON; ADR-0093).
+    max_output_bytes: int = 64 * 1024
+    # The output fields the catalogue declares: (name, JSON type, required).
+    output_fields: tuple[tuple[str, str, bool], ...] = ()
+    # The nodes whose outputs its call reads (references in its path or payload).
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -44,6 +50,9 @@ class NodeRun:
     cell_ref: str = ""
     cell: str = ""
     action: str = ""
+    # The size of its recorded output in bytes (0: none; the output itself stays in its
+    # row until a reader asks for it).
+    output_bytes: int = 0
 
     @property
     def permanently_failed(self) -> bool:

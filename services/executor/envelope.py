@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
 from dispo.executor.domain import ActionSpec, NodeRun
 from dispo.executor.states import NodeState
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.payload import payload_data, payload_problem
+from dispo.libs.catalogue import DEFAULT_MAX_OUTPUT_BYTES
+from dispo.libs.payload import canonical_json, payload_data, payload_problem
 from dispo.libs.timestamps import from_timestamp, set_timestamp
 
 
@@ -21,6 +23,9 @@ def spec_from_proto(spec: task_pb2.ActionSpec) -> ActionSpec:
         spec.probe_path,
         spec.idempotent,
         spec.timeout_ms,
+        spec.max_output_bytes or DEFAULT_MAX_OUTPUT_BYTES,
+        tuple((f.name, f.type, f.required) for f in spec.output_fields),
+        tuple(spec.inputs),
     )
 
 
@@ -66,6 +71,7 @@ def _overlay(node: task_pb2.Node, status: NodeState, run: Any) -> None:
     else:
         node.retry.ClearField("not_before")
     node.last_error = run.last_error
+    node.output_bytes = run.output_bytes or 0
     stamps: tuple[tuple[Literal["started_at", "finished_at"], datetime | None], ...] = (
         ("started_at", run.started_at),
         ("finished_at", run.finished_at),
@@ -78,6 +84,17 @@ def _overlay(node: task_pb2.Node, status: NodeState, run: Any) -> None:
 
 
 EMPTY_BODY = b"{}"
+
+
+def task_result(env: task_pb2.Task, outputs: Mapping[str, bytes]) -> bytes:
+    """The task's result (ADR-0093): a JSON object of the outputs of its result nodes
+    (``in_result``) by node id, as canonical JSON; a node without an output is left out."""
+    members = [
+        f"{canonical_json(node.node_id).decode()}:{outputs[node.node_id].decode()}"
+        for node in sorted(env.nodes, key=lambda n: n.node_id)
+        if node.in_result and node.node_id in outputs
+    ]
+    return ("{" + ",".join(members) + "}").encode()
 
 
 def payload_of(task: task_pb2.Task, cell_ref: str) -> bytes:

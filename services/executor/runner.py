@@ -35,14 +35,14 @@ from dispo.executor.commits import (
     Progress,
     Recording,
 )
-from dispo.executor.domain import NodeRun, RetryPolicy
+from dispo.executor.domain import ActionSpec, NodeRun, RetryPolicy
 from dispo.executor.envelope import payload_of
 from dispo.executor.failures import CallOutcome, Move, Verdict, breaker_counts, next_move
 from dispo.executor.passes import Opening, Pass, Passes, Step
 from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
 from dispo.executor.states import NodeState
-from dispo.libs import metrics
+from dispo.libs import metrics, references
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Nak
 from dispo.libs.catalogue import Downstream
@@ -50,6 +50,7 @@ from dispo.libs.clock import Clock
 from dispo.libs.db.driver import Database
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.payload import canonical_json, parse_json_value
 from dispo.libs.tracing import current, span
 
 log = get_logger(__name__)
@@ -317,19 +318,16 @@ class Executor:
                 )  # fmt: skip
                 state.unreported = True
                 self._progress(env, owner, state)
-            call = Call(
-                task_id,
-                node.node_id,
-                node.idempotency_key,
-                node.spec,
-                payload_of(env, node.cell_ref),
-                node.attempts,
-            )
             sent = time.perf_counter()
-            if not await self._may_send(task_id, owner, state):
+            inputs = await self._inputs(env, node)
+            if isinstance(inputs, Result):  # a reference its inputs cannot answer: not sent
+                result = inputs
+            elif not await self._may_send(task_id, owner, state):
                 result = not_sent_without_lease()
             else:
                 margin = self.config.margin
+                spec, body = inputs
+                call = Call(task_id, node.node_id, node.idempotency_key, spec, body, node.attempts)
                 try:
                     result = await run_action(
                         self.http,
@@ -346,13 +344,31 @@ class Executor:
                 slots.give_back()
         return self._recording(task_id, node, owner, result, took)
 
+    async def _inputs(self, env: task_pb2.Task, node: NodeRun) -> tuple[ActionSpec, bytes] | Result:
+        """The node's action and body with the references to its inputs' outputs resolved
+        (ADR-0093; read from their rows), or the definite failure of a reference they
+        cannot answer."""
+        body = payload_of(env, node.cell_ref)
+        if not node.spec.inputs:
+            return node.spec, body
+        recorded = await self.commits.outputs(env.task_id, node.spec.inputs)
+        outputs = {node_id: parse_json_value(raw) for node_id, raw in recorded.items()}
+        try:
+            path = references.resolve_path(node.spec.path, outputs)
+            value = references.resolve_value(parse_json_value(body), outputs)
+        except references.MissingOutput as missing:
+            return failed(CallOutcome.DEFINITE, f"not sent: {missing}")
+        return node.spec._replace(path=path), canonical_json(value)
+
     @staticmethod
     def _fields(move: Move, result: Result, now: datetime) -> tuple[NodeState, dict[str, Any]]:
         """The node's new state and columns for a ``move`` that does not go through UNKNOWN
         (those are :func:`plan.unknown_change`'s)."""
         assert not move.unknown
         if move.verdict is Verdict.SUCCEEDED:
-            return NodeState.SUCCEEDED, {"finished_at": now, "last_error": "", "retryable": False}
+            return NodeState.SUCCEEDED, {
+                "finished_at": now, "last_error": "", "retryable": False, "output": result.output,
+            }  # fmt: skip
         if move.verdict is Verdict.FAILED:
             return NodeState.FAILED, {
                 "finished_at": now,

@@ -86,8 +86,15 @@ def task_envelope(
                 idempotent=a.idempotent,
                 timeout_ms=a.timeout_ms,
                 max_effect_seconds=a.max_effect_seconds,
+                max_output_bytes=a.max_output_bytes,
+                output_fields=[
+                    task_pb2.OutputField(name=f.name, type=f.type, required=f.required)
+                    for f in a.output
+                ],
+                inputs=list(node.inputs),
             ),
             idempotency_key=node.idempotency_key,
+            in_result=node.in_result,
         )
     return env
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from dispo.libs import references
 from dispo.libs.catalogue import ActionDef, Catalogue, topological
 from dispo.libs.egress import AllowList, EgressRefused, check_callback
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
-from dispo.libs.payload import canonical_json
+from dispo.libs.payload import canonical_json, fits_type
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.libs.validation import business_problem
 
@@ -68,24 +69,30 @@ class PlannedNode:
     path: str
     probe_path: str
     idempotency_key: str
+    # The nodes whose outputs its call reads (ADR-0093), and whether its output is part
+    # of the task's result.
+    inputs: tuple[str, ...] = ()
+    in_result: bool = False
 
 
 def node_idempotency_key(task_id: str, node_id: str) -> str:
     return f"{task_id}/{node_id}"
 
 
-def _type_ok(kind: str, value: Any) -> bool:
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "object":
-        return isinstance(value, dict)
-    return isinstance(value, list)
+_type_ok = fits_type
+
+
+def _whole_reference(value: Any) -> bool:
+    """A payload value that is one output reference and nothing else: it takes the
+    referred value's type when resolved (checked against a declared output field in
+    :func:`_check_references`)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        found = references.find(value)
+    except references.ReferenceError:
+        return False
+    return len(found) == 1 and found[0].text == value
 
 
 def validate(
@@ -138,7 +145,9 @@ def validate(
             if spec.name not in req.payload:
                 if spec.required:
                     bad.append(FieldViolation(f"cells[{i}].payload.{spec.name}", "required"))
-            elif not _type_ok(spec.type, req.payload[spec.name]):
+            elif not _type_ok(spec.type, req.payload[spec.name]) and not _whole_reference(
+                req.payload[spec.name]
+            ):
                 bad.append(
                     FieldViolation(f"cells[{i}].payload.{spec.name}", f"must be {spec.type}")
                 )
@@ -199,16 +208,26 @@ def expand(
     sinks: dict[str, list[str]] = {}
     nodes: list[PlannedNode] = []
     by_ref = {r.ref or r.cell: (i, r) for i, r in enumerate(sub.cells)}
+    cell_inputs = _payload_inputs(sub, catalogue)
     order = topological(list(by_ref), {ref: r.depends_on for ref, (_, r) in by_ref.items()}) or []
     for ref in order:
         i, req = by_ref[ref]
         cell = catalogue.cells[req.cell]
         upstream = tuple(s for dep in req.depends_on for s in sinks[dep])
+        own = {a.name: f"{ref}.{a.name}" for a in cell.actions}
+
+        def full_id(node: str, own: dict[str, str] = own) -> str:
+            return own.get(node, node)
+
         for action in cell.actions:
             node_id = f"{ref}.{action.name}"
             key = node_idempotency_key(task_id, node_id)
             values = {"task_id": task_id, "node_id": node_id, "idempotency_key": key}
             deps = tuple(f"{ref}.{d}" for d in action.depends_on) or upstream
+            path = references.rewrite(
+                _expand_template(action.path, values, req.payload, f"cells[{i}]"), full_id
+            )
+            reads = {full_id(r.node) for r in references.find(path)}
             nodes.append(
                 PlannedNode(
                     node_id=node_id,
@@ -216,11 +235,13 @@ def expand(
                     cell=cell.name,
                     action=action,
                     depends_on=deps,
-                    path=_expand_template(action.path, values, req.payload, f"cells[{i}]"),
+                    path=path,
                     probe_path=_expand_template(
                         action.probe_path, values, req.payload, f"cells[{i}]"
                     ),
                     idempotency_key=key,
+                    inputs=tuple(sorted(reads | {n for _, n in cell_inputs.get(ref, ())})),
+                    in_result=action.name in cell.result_actions,
                 )
             )
         sinks[ref] = [f"{ref}.{s}" for s in cell.sinks] if cell.actions else []
@@ -229,4 +250,77 @@ def expand(
             f"the cells expand to {len(nodes)} steps, the limit is {limits.max_nodes}",
             field="cells",
         )
+    _check_references(sub, catalogue, nodes, cell_inputs)
     return nodes
+
+
+def _payload_inputs(sub: Submission, catalogue: Catalogue) -> dict[str, list[tuple[str, str]]]:
+    """The output references in each cell's payload, by cell ref: ``(where, node id)``,
+    the payload rewritten with full node ids (ADR-0093). A malformed one is refused,
+    named."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for i, req in enumerate(sub.cells):
+        ref = req.ref or req.cell
+        cell = catalogue.cells[req.cell]
+        own = {a.name: f"{ref}.{a.name}" for a in cell.actions}
+        try:
+            located = list(references.in_value(req.payload))
+        except references.ReferenceError as error:
+            where, _, reason = str(error).partition(": ")
+            raise InvalidArgument(f"cells[{i}].payload.{where}", reason) from None
+        if not located:
+            continue
+        found[ref] = [(where, own.get(r.node, r.node)) for where, r in located]
+
+        def full_id(node: str, own: dict[str, str] = own) -> str:
+            return own.get(node, node)
+
+        req.payload = references.rewrite_value(req.payload, full_id)
+        req.__dict__.pop("body", None)  # the cached canonical body: made again
+    return found
+
+
+def _check_references(
+    sub: Submission,
+    catalogue: Catalogue,
+    nodes: list[PlannedNode],
+    cell_inputs: dict[str, list[tuple[str, str]]],
+) -> None:
+    """Every node a cell's payload reads is upstream of every node of the cell, and, when
+    its action declares its output fields, the field read is one of them (ADR-0093)."""
+    by_id = {n.node_id: n for n in nodes}
+    ancestors: dict[str, set[str]] = {}
+    for node in nodes:  # topological: a node's dependencies come first
+        ancestors[node.node_id] = set(node.depends_on).union(
+            *(ancestors[d] for d in node.depends_on)
+        )
+    bad: list[FieldViolation] = []
+    for i, req in enumerate(sub.cells):
+        ref = req.ref or req.cell
+        mine = [n for n in nodes if n.cell_ref == ref]
+        for (where, node_id), (_, written) in zip(
+            cell_inputs.get(ref, ()), references.in_value(req.payload), strict=True
+        ):
+            field = f"cells[{i}].payload.{where}"
+            if node_id not in by_id:
+                bad.append(FieldViolation(field, f"{written.text}: no node {node_id} in this task"))
+                continue
+            if any(node_id not in ancestors[n.node_id] for n in mine):
+                bad.append(
+                    FieldViolation(
+                        field,
+                        f"{written.text}: node {node_id} must run before every action of cell"
+                        f" {ref!r} (make the cell depend on {by_id[node_id].cell_ref!r})",
+                    )
+                )
+                continue
+            declared = by_id[node_id].action.output_names
+            if declared and written.field is not None and written.field not in declared:
+                bad.append(
+                    FieldViolation(
+                        field, f"{written.text}: node {node_id} declares no output field"
+                        f" {written.field!r}",
+                    )
+                )  # fmt: skip
+    if bad:
+        raise InvalidArgument(violations=bad)

@@ -106,7 +106,7 @@ async def test_a_progress_event_is_written_only_while_its_pass_holds_the_lease(
                 )
             ).all()
             rows = {r.node_id: r for r in await conn.execute(
-                text("SELECT * FROM node_runs WHERE task_id = 'mine'"))}  # fmt: skip
+                text("SELECT *, octet_length(output) AS output_bytes FROM node_runs WHERE task_id = 'mine'"))}  # fmt: skip
         [(msg_id, payload)] = events
         snapshot = task_pb2.Task.FromString(payload)
         assert (snapshot.task_id, snapshot.status) == ("mine", common_pb2.TASK_STATUS_RUNNING)

@@ -647,7 +647,12 @@ async def test_first_recorded_tasks_publish_the_node_states_their_rows_hold(serv
         events = await conn.fetch(
             "SELECT payload FROM outbox WHERE subject LIKE 'task.status.%' ORDER BY id"
         )
-        rows = {(r.task_id, r.node_id): r for r in await conn.fetch("SELECT * FROM node_runs")}
+        rows = {
+            (r.task_id, r.node_id): r
+            for r in await conn.fetch(
+                "SELECT *, octet_length(output) AS output_bytes FROM node_runs"
+            )
+        }
         task_rows = {r.task_id: r for r in await conn.fetch("SELECT * FROM task_runs")}
     snapshots = [task_pb2.Task.FromString(e.payload) for e in events]
     published = {s.task_id: s for s in snapshots if s.updated_at.ToDatetime(UTC) == later}
@@ -712,7 +717,12 @@ async def test_a_step_claims_the_http_nodes_it_launches_while_their_downstream_h
     assert taken == [slots["up"], slots["up"]] and slots["up"].held == 2
 
     async with db.connection() as conn:
-        rows = {(r.task_id, r.node_id): r for r in await conn.fetch("SELECT * FROM node_runs")}
+        rows = {
+            (r.task_id, r.node_id): r
+            for r in await conn.fetch(
+                "SELECT *, octet_length(output) AS output_bytes FROM node_runs"
+            )
+        }
         events = (
             await conn.fetch("SELECT count(*) FROM outbox WHERE subject LIKE 'task.status.%'")
         )[0][0]
@@ -761,3 +771,33 @@ async def test_a_later_step_reads_its_nodes_states_again_into_the_nodes_it_made_
         NodeState.RUNNING, 2, 1, later, "from the row", True
     )  # fmt: skip
     assert b.spec.path == "/b" and b.depends_on == ("a.x",)
+
+
+async def test_outputs_are_recorded_with_success_and_read_per_request_within_one_read(service_db):
+    """An output goes in with the move to SUCCEEDED; two reads of one task's outputs in
+    one group-committed read each get the nodes they asked for; a step's rows carry the
+    output's size, never the output."""
+    from dispo.executor.commits import Flushes
+
+    db = await service_db("executor")
+    env = envelope("t1")
+    env.nodes.add(node_id="b.y", status=common_pb2.NODE_STATUS_PENDING)
+    async with db.transaction() as conn:
+        await record_task(conn, env)
+        await task_runs.tasks_open_many(conn, [("t1", "me")], NOW, 10)
+        for node_id, output in (("a.x", b'{"n":1}'), ("b.y", b'"two"')):
+            assert await claim_node(conn, "t1", node_id, "me")
+            assert await move(
+                conn, "t1", node_id, NodeState.RUNNING, NodeState.SUCCEEDED, "me", output=output
+            )
+        rows = (await node_runs.node_rows_many(conn, ["t1"]))["t1"]
+    assert {n: (r.output_bytes, "output" in r.keys()) for n, r in rows.items()} == {
+        "a.x": (7, False),
+        "b.y": (5, False),
+    }
+    flushes = Flushes(db, None, None, None, 10)  # type: ignore[arg-type]  # reads only
+    assert await flushes.outputs([("t1", ["a.x"]), ("t1", ["b.y", "gone"]), ("t2", ["a.x"])]) == [
+        {"a.x": b'{"n":1}'},
+        {"b.y": b'"two"'},
+        {},
+    ]

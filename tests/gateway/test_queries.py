@@ -343,6 +343,10 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
         )
     cells = {c.name: c for c in reply.cells}
     assert set(cells) == {
+        "ticket",
+        "tell",
+        "review_and_close",
+        "sized",
         "step",
         "step_once",
         "quick_step",

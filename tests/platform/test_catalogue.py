@@ -16,6 +16,8 @@ from dispo.libs.catalogue import (
 from dispo.reconciler.settings import parse_config
 
 NOOP = {"fields": {"id": {"type": "string"}}, "actions": {"a": {"kind": "noop"}}}
+NOOP_CATALOGUE = {"cells": {"y": NOOP}}
+HTTP = {"kind": "http", "downstream": "d", "path": "/a"}
 
 
 def test_the_example_ships_inside_the_package_and_loads_whole():
@@ -107,9 +109,47 @@ def test_the_reconciler_takes_downstreams_and_conflicts_from_the_catalogue():
             {"cells": {"x": {"actions": {"a": {"kind": "noop", "max_effect_seconds": "1m"}}}}},
             r"cells.x.actions.a.max_effect_seconds: must be a whole number of seconds",
         ),
+        ({"max_output_bytes": -1}, r"max_output_bytes: must be a number of bytes up to 1048576"),
+        (
+            {"cells": {"x": {"actions": {"a": {"kind": "noop", "max_output_bytes": 2**21}}}}},
+            r"cells.x.actions.a.max_output_bytes: must be a number of bytes up to 1048576",
+        ),
+        (
+            {"cells": {"x": {"actions": {"a": {"kind": "noop", "output": {"id": "uuid"}}}}}},
+            r"cells.x.actions.a.output.id.type: must be one of",
+        ),
+        ({"cells": {"x": {**NOOP, "result": "b"}}}, r"cells.x.result: unknown action 'b'"),
+        (
+            {"cells": {"x": {"actions": {"a": {**HTTP, "path": "/{nodes.a}"}}}}},
+            r"cells.x.actions.a.path: a reference is written \{nodes.<node>.output\}",
+        ),
+        (
+            {
+                "cells": {
+                    "x": {"actions": {"a": {**HTTP, "path": "/{nodes.b.output.id}"}, "b": HTTP}}
+                }
+            },
+            r"cells.x.actions.a.path: \{nodes.b.output.id\} must name an action of cell 'x' that"
+            r" 'a' depends on",
+        ),
+        (
+            {
+                "cells": {
+                    "x": {
+                        "actions": {
+                            "a": {**HTTP, "output": {"id": "string"}},
+                            "b": {**HTTP, "path": "/{nodes.a.output.ticket}", "depends_on": ["a"]},
+                        }
+                    }
+                }
+            },
+            r"cells.x.actions.b.path: \{nodes.a.output.ticket\}: action 'a' declares no output"
+            r" field 'ticket'",
+        ),
     ],
 )
 def test_broken_catalogue_is_refused_at_load(data, message):
+    """Each refusal names the key that is wrong."""
     with pytest.raises(CatalogueError, match=message):
         parse_catalogue(data)
 
@@ -139,3 +179,41 @@ def test_an_http_action_may_land_its_effect_ten_call_timeouts_after_its_request_
     )  # fmt: skip
     effects = {a.name: a.max_effect_seconds for a in catalogue.cells["x"].actions}
     assert effects == {"declared": 7, "by_downstream": 80, "by_call": 30, "quiet": 0}
+
+
+def test_outputs_are_declared_bounded_and_read_by_the_actions_that_wait_for_them():
+    """An action's output fields and size limit (its own, else the catalogue's, else 64 KiB);
+    a path may read an output of an action of its cell it depends on, even through
+    another; a cell's result is the action it names, else its sinks."""
+    catalogue = parse_catalogue(
+        {
+            "max_output_bytes": 4096,
+            "cells": {
+                "x": {
+                    "result": "open",
+                    "actions": {
+                        "open": {**HTTP, "output": {"id": "string", "n": {"type": "integer"}}},
+                        "mid": {**HTTP, "depends_on": ["open"], "max_output_bytes": 10},
+                        "tell": {
+                            **HTTP, "depends_on": ["mid"], "path": "/t/{nodes.open.output.id}",
+                        },
+                    },
+                },
+                "y": NOOP,
+            },
+        }
+    )  # fmt: skip
+    x = catalogue.cells["x"]
+    actions = {a.name: a for a in x.actions}
+    assert [(f.name, f.type) for f in actions["open"].output] == [
+        ("id", "string"),
+        ("n", "integer"),
+    ]
+    assert {a.name: a.max_output_bytes for a in x.actions} == {
+        "open": 4096,
+        "mid": 10,
+        "tell": 4096,
+    }
+    assert x.result_actions == ["open"] and x.sinks == ["tell"]
+    assert catalogue.cells["y"].result_actions == ["a"]
+    assert parse_catalogue(NOOP_CATALOGUE).cells["y"].actions[0].max_output_bytes == 65536

@@ -14,8 +14,8 @@ Routes:
   a request under the key with that attempt or an earlier one is refused (409) and one
   still under way does not perform its effect. A later attempt goes through.
 - ``GET /calls``: ``{"calls": {key: n}, "effects": {key: n}, "bodies": {key: text},
-  "held": n, "refused": {key: n}, "late": n}``; ``bodies`` holds the request body of each
-  key's first effect as received, ``refused`` the requests a fence refused, ``late`` the
+  "paths": {key: path}, "held": n, "refused": {key: n}, "late": n}``; ``bodies`` and
+  ``paths`` hold the request body and path of each key's first effect as received, ``refused`` the requests a fence refused, ``late`` the
   calls whose late effect is still to land.
 - ``POST /control``: switches, JSON with any of
   ``{"fail": {"status": 500, "times": 2, "path": "/labels"}}`` (fail the next calls; with
@@ -35,14 +35,23 @@ Routes:
   is counted, its effect is not recorded and the released call answers 503; with
   ``"effect": true`` the effect is performed first and the released call answers 200 —
   an answer that comes too late; with ``"times": n`` only the next n matching calls),
+  ``{"answer": {"path": "/out", "body": {...}, "times": 1}}`` (a successful matching
+  call, its effect performed, answers this JSON body instead of the usual one; with
+  ``"text": "..."`` and ``"content_type"`` it answers that text as written; with
+  ``"repeat": n`` the body's ``text`` is repeated n times — an output too large),
   ``{"dedupe": false}`` (see above; ``true`` again by default), ``{"release": true}``,
   ``{"reset": true}``.
+
+A successful call answers ``{"ok": true, "key": ..., "replayed": bool}`` (the node's
+output), with ``"ticket_id"`` for a call under ``/reviews/``: a review ticket's number,
+the same for every call under one key.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import socket
 import struct
 from dataclasses import dataclass, field
@@ -83,6 +92,8 @@ class State:
     calls: dict[str, int] = field(default_factory=dict)
     effects: dict[str, int] = field(default_factory=dict)
     bodies: dict[str, str] = field(default_factory=dict)
+    # The path of each key's first effect.
+    paths: dict[str, str] = field(default_factory=dict)
     fail: list[Rule] = field(default_factory=list)
     down: bool = False
     dedupe: bool = True
@@ -98,6 +109,8 @@ class State:
     late: int = 0  # calls whose late effect is still to land
     hold: Rule | None = None
     held: int = 0
+    # Answers given instead of the usual one, with the rule that picks their calls.
+    answers: list[tuple[Rule, dict]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -147,6 +160,7 @@ def build_app() -> web.Application:
                 "calls": state.calls,
                 "effects": state.effects,
                 "bodies": state.bodies,
+                "paths": state.paths,
                 "held": state.held,
                 "refused": state.refused,
                 "late": state.late,
@@ -156,7 +170,9 @@ def build_app() -> web.Application:
     async def control(request: web.Request) -> web.Response:
         body = await request.json()
         if body.get("reset"):
-            for recorded in (state.calls, state.effects, state.bodies, state.fail):
+            for recorded in (
+                state.calls, state.effects, state.bodies, state.paths, state.fail, state.answers,
+            ):  # fmt: skip
                 recorded.clear()
             state.fenced.clear()
             state.refused.clear()
@@ -166,6 +182,8 @@ def build_app() -> web.Application:
             state.release = asyncio.Event()
         if "fail" in body:
             state.fail.append(_rule(body["fail"], 500))
+        if "answer" in body:
+            state.answers.append((_rule(body["answer"], 200, -1), body["answer"]))
         if "drop" in body:
             state.fail.append(_rule({**body["drop"], "status": 0}, 0))
         if "down" in body:
@@ -197,6 +215,8 @@ def build_app() -> web.Application:
             state.effects[key] = state.effects.get(key, 0) + 1
         if first and request.can_read_body:
             state.bodies[key] = await request.text()
+        if first:
+            state.paths[key] = request.path
         return first
 
     def refuse_fenced(key: str, request: web.Request) -> web.Response | None:
@@ -245,7 +265,17 @@ def build_app() -> web.Application:
         first = await perform(key, request)
         if state.late_ms:  # the effect is done; the answer comes too late
             await asyncio.sleep(state.late_ms / 1000)
-        return web.json_response({"ok": True, "key": key, "replayed": not first})
+        for rule, given in state.answers:
+            if rule.take(request.path):
+                if "text" in given:
+                    text = str(given["text"]) * int(given.get("repeat", 1))
+                    kind = str(given.get("content_type", "application/json"))
+                    return web.Response(text=text, content_type=kind)
+                return web.json_response(given.get("body"))
+        answer: dict[str, object] = {"ok": True, "key": key, "replayed": not first}
+        if request.path.startswith("/reviews/"):  # a review ticket: its number, per key
+            answer["ticket_id"] = "T-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+        return web.json_response(answer)
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/effects/{key:.+}", effect)

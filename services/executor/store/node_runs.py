@@ -28,7 +28,14 @@ NODE_FIELDS = {
     "last_error": "text",
     "retryable": "boolean",
     "round_attempts": "integer",
+    "output": "bytea",
 }
+
+# A node's row as a step reads it: its state, and its output's size (not the output).
+_NODE_STATE = (
+    "task_id, node_id, status, attempts, round_attempts, not_before, retryable, last_error,"
+    " started_at, finished_at, run_owner, octet_length(output) AS output_bytes"
+)
 
 # The nodes of tasks being recorded, from the arrays of :func:`node_columns` (``r``): the
 # tail of a statement that inserts them with their tasks.
@@ -80,11 +87,37 @@ async def node_rows_many(conn: Conn, task_ids: Sequence[str]) -> dict[str, dict[
         return {}
     by_task: dict[str, dict[str, Any]] = {t: {} for t in task_ids}
     rows = await conn.fetch(
-        "SELECT * FROM node_runs WHERE task_id = ANY(CAST(:ids AS text[]))", {"ids": list(by_task)}
+        f"SELECT {_NODE_STATE} FROM node_runs WHERE task_id = ANY(CAST(:ids AS text[]))",
+        {"ids": list(by_task)},
     )
     for row in rows:
         by_task[row.task_id][row.node_id] = row
     return by_task
+
+
+async def node_outputs_many(
+    conn: Conn, wanted: Sequence[tuple[str, Sequence[str] | None]]
+) -> dict[str, dict[str, bytes]]:
+    """The recorded outputs of each ``(task_id, node_ids)`` (None: every node of the task),
+    by node id, by task id (one statement for all); a node without one is absent. A task
+    named twice: ValueError (which nodes were wanted could not be told)."""
+    if not wanted:
+        return {}
+    tasks = sorted({task_id for task_id, _ in wanted})
+    if len(tasks) != len(wanted):
+        raise ValueError("a task named twice in one read of outputs")
+    rows = await conn.fetch(
+        "SELECT task_id, node_id, output FROM node_runs"
+        " WHERE task_id = ANY(CAST(:ids AS text[])) AND output IS NOT NULL ORDER BY position",
+        {"ids": tasks},
+    )
+    picked = {task_id: None if nodes is None else set(nodes) for task_id, nodes in wanted}
+    found: dict[str, dict[str, bytes]] = {task_id: {} for task_id in tasks}
+    for row in rows:
+        nodes = picked[row.task_id]
+        if nodes is None or row.node_id in nodes:
+            found[row.task_id][row.node_id] = row.output
+    return found
 
 
 async def nodes_get_many(

@@ -68,5 +68,6 @@ def node_runs_from_rows(
             run.not_before, run.retryable = row.not_before, row.retryable
             run.last_error = row.last_error
             run.started_at, run.finished_at = row.started_at, row.finished_at
+            run.output_bytes = row.output_bytes or 0
         nodes[run.node_id] = run
     return nodes

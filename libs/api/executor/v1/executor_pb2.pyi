@@ -7,6 +7,7 @@ Its gRPC surface is operational: the downstream registry and circuit breakers.
 """
 
 from collections import abc as _abc
+from dispo.libs.api.common.v1 import common_pb2 as _common_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -54,6 +55,86 @@ BREAKER_STATE_HALF_OPEN: BreakerState.ValueType  # 3
 calls decide (all succeed: it closes; one fails: it opens again).
 """
 Global___BreakerState: _TypeAlias = BreakerState  # noqa: Y015
+
+@_typing.final
+class GetOutputsRequest(_message.Message):
+    """Whose outputs to read."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task's id."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOutputsRequest: _TypeAlias = GetOutputsRequest  # noqa: Y015
+
+@_typing.final
+class NodeOutput(_message.Message):
+    """One node's recorded output."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    """The node's id ("<cell_ref>.<action>")."""
+    @_builtins.property
+    def output(self) -> _common_pb2.Payload:
+        """Its output, canonical JSON (metadata["encoding"] = "json/plain")."""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        output: _common_pb2.Payload | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeOutput: _TypeAlias = NodeOutput  # noqa: Y015
+
+@_typing.final
+class GetOutputsResponse(_message.Message):
+    """A task's outputs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeOutput]:
+        """Every node that recorded an output, in the task's topological order."""
+
+    @_builtins.property
+    def result(self) -> _common_pb2.Payload:
+        """The task's result (see dispo.task.v1.Task.result); unset unless the task SUCCEEDED."""
+
+    def __init__(
+        self,
+        *,
+        outputs: _abc.Iterable[Global___NodeOutput] | None = ...,
+        result: _common_pb2.Payload | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outputs", b"outputs", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOutputsResponse: _TypeAlias = GetOutputsResponse  # noqa: Y015
 
 @_typing.final
 class ListDownstreamsRequest(_message.Message):

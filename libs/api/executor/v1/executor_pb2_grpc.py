@@ -40,6 +40,11 @@ class ExecutorServiceStub:
                 request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListDownstreamsRequest.SerializeToString,
                 response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListDownstreamsResponse.FromString,
                 _registered_method=True)
+        self.GetOutputs = channel.unary_unary(
+                '/dispo.executor.v1.ExecutorService/GetOutputs',
+                request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsRequest.SerializeToString,
+                response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServiceServicer:
@@ -54,6 +59,16 @@ class ExecutorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetOutputs(self, request, context):
+        """The outputs a task's nodes recorded and the task's result, read from the executor's
+        own record (any replica answers). NOT_FOUND for a task the executor has not recorded.
+        Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
+        admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +76,11 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.ListDownstreams,
                     request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListDownstreamsRequest.FromString,
                     response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListDownstreamsResponse.SerializeToString,
+            ),
+            'GetOutputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOutputs,
+                    request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsRequest.FromString,
+                    response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -91,6 +111,33 @@ class ExecutorService:
             '/dispo.executor.v1.ExecutorService/ListDownstreams',
             dispo_dot_executor_dot_v1_dot_executor__pb2.ListDownstreamsRequest.SerializeToString,
             dispo_dot_executor_dot_v1_dot_executor__pb2.ListDownstreamsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOutputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.executor.v1.ExecutorService/GetOutputs',
+            dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsRequest.SerializeToString,
+            dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,12 @@ class ExecutorServiceStub:
     """Every downstream of the executor's registry with its circuit breaker as this executor
     process sees it. Callers: admin.
     """
+    GetOutputs: _grpc.UnaryUnaryMultiCallable[_executor_pb2.GetOutputsRequest, _executor_pb2.GetOutputsResponse]
+    """The outputs a task's nodes recorded and the task's result, read from the executor's
+    own record (any replica answers). NOT_FOUND for a task the executor has not recorded.
+    Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
+    admin.
+    """
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
@@ -49,6 +55,12 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
     ListDownstreams: _aio.UnaryUnaryMultiCallable[_executor_pb2.ListDownstreamsRequest, _executor_pb2.ListDownstreamsResponse]  # type: ignore[assignment]
     """Every downstream of the executor's registry with its circuit breaker as this executor
     process sees it. Callers: admin.
+    """
+    GetOutputs: _aio.UnaryUnaryMultiCallable[_executor_pb2.GetOutputsRequest, _executor_pb2.GetOutputsResponse]  # type: ignore[assignment]
+    """The outputs a task's nodes recorded and the task's result, read from the executor's
+    own record (any replica answers). NOT_FOUND for a task the executor has not recorded.
+    Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
+    admin.
     """
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -62,6 +74,18 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_executor_pb2.ListDownstreamsResponse, _abc.Awaitable[_executor_pb2.ListDownstreamsResponse]]:
         """Every downstream of the executor's registry with its circuit breaker as this executor
         process sees it. Callers: admin.
+        """
+
+    @_abc_1.abstractmethod
+    def GetOutputs(
+        self,
+        request: _executor_pb2.GetOutputsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.GetOutputsResponse, _abc.Awaitable[_executor_pb2.GetOutputsResponse]]:
+        """The outputs a task's nodes recorded and the task's result, read from the executor's
+        own record (any replica answers). NOT_FOUND for a task the executor has not recorded.
+        Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
+        admin.
         """
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -54,6 +54,9 @@ class ActionSpec(_message.Message):
     IDEMPOTENT_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     MAX_EFFECT_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELDS_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     """`http` (call the downstream) or `noop` (succeed at once; benchmarks, examples)."""
     downstream: _builtins.str
@@ -64,7 +67,9 @@ class ActionSpec(_message.Message):
     """Path appended to the downstream's base URL. The catalogue's placeholders ({task_id},
     {node_id}, {idempotency_key}, {payload.<field>}) are already expanded by the gateway:
     the path is sent as written here, with the cell's payload bytes as the JSON body,
-    verbatim.
+    verbatim. References to an upstream node's output ({nodes.<node_id>.output.<key>},
+    node ids written in full by the gateway) are left for the executor, which resolves
+    them when the node is called (see `inputs`).
     """
     probe_path: _builtins.str
     """Path of a status probe (expanded like `path`): GET it to learn whether the node's
@@ -85,6 +90,25 @@ class ActionSpec(_message.Message):
     only once this long has passed since the node became UNKNOWN. 0 in envelopes written
     before it existed: the same default, from the downstream's timeout.
     """
+    max_output_bytes: _builtins.int
+    """The largest output the node may record, in bytes of canonical JSON (the catalogue's
+    `max_output_bytes`, default 65536): a 2xx answer whose JSON body is larger fails the
+    node, definitely, with the size and the limit named. 0 in envelopes written before
+    outputs existed: the default.
+    """
+    @_builtins.property
+    def output_fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputField]:
+        """The output fields the catalogue declares for this action (name and JSON type): an
+        output is checked against them when it is recorded.
+        """
+
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The nodes whose outputs this node's call reads (references in its path or in its
+        cell's payload), each an ancestor of it: the executor reads their outputs and resolves
+        the references before the call (docs/pipeline.md, "Outputs").
+        """
+
     def __init__(
         self,
         *,
@@ -96,14 +120,47 @@ class ActionSpec(_message.Message):
         idempotent: _builtins.bool = ...,
         timeout_ms: _builtins.int = ...,
         max_effect_seconds: _builtins.int = ...,
+        max_output_bytes: _builtins.int = ...,
+        output_fields: _abc.Iterable[Global___OutputField] | None = ...,
+        inputs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["downstream", b"downstream", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "method", b"method", "path", b"path", "probe_path", b"probe_path", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["downstream", b"downstream", "idempotent", b"idempotent", "inputs", b"inputs", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "max_output_bytes", b"max_output_bytes", "method", b"method", "output_fields", b"output_fields", "path", b"path", "probe_path", b"probe_path", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ActionSpec: _TypeAlias = ActionSpec  # noqa: Y015
+
+@_typing.final
+class OutputField(_message.Message):
+    """One declared field of an action's output."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    REQUIRED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The field's name in the output's JSON object."""
+    type: _builtins.str
+    """Its JSON type: string, integer, number, boolean, object or list."""
+    required: _builtins.bool
+    """An output without it is refused."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        type: _builtins.str = ...,
+        required: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "required", b"required", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputField: _TypeAlias = OutputField  # noqa: Y015
 
 @_typing.final
 class RetryState(_message.Message):
@@ -163,6 +220,9 @@ class Node(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    IN_RESULT_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     """Unique within the task: "<cell_ref>.<action>"."""
     cell_ref: _builtins.str
@@ -179,6 +239,12 @@ class Node(_message.Message):
     """
     last_error: _builtins.str
     """Last error text, truncated to 500 characters."""
+    output_bytes: _builtins.int
+    """The size of the recorded output in bytes (0: none)."""
+    in_result: _builtins.bool
+    """Its output is part of the task's result (one of its cell's sinks, or the action the
+    cell's catalogue entry names as `result`); set by the gateway at Submit.
+    """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """node_ids this node waits for."""
@@ -199,6 +265,13 @@ class Node(_message.Message):
     def finished_at(self) -> _timestamp_pb2.Timestamp:
         """When it reached its current final status; unset until then."""
 
+    @_builtins.property
+    def output(self) -> _common_pb2.Payload:
+        """What the node's action returned (a 2xx answer's JSON body; nothing for noop), as
+        canonical JSON. Set in GetTask and WatchTask answers, never on the bus: status events
+        carry states, and `output_bytes` says an output was recorded.
+        """
+
     def __init__(
         self,
         *,
@@ -214,10 +287,13 @@ class Node(_message.Message):
         last_error: _builtins.str = ...,
         started_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        output: _common_pb2.Payload | None = ...,
+        output_bytes: _builtins.int = ...,
+        in_result: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "retry", b"retry", "spec", b"spec", "started_at", b"started_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "output", b"output", "retry", b"retry", "spec", b"spec", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cell", b"cell", "cell_ref", b"cell_ref", "depends_on", b"depends_on", "finished_at", b"finished_at", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "node_id", b"node_id", "retry", b"retry", "spec", b"spec", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cell", b"cell", "cell_ref", b"cell_ref", "depends_on", b"depends_on", "finished_at", b"finished_at", "idempotency_key", b"idempotency_key", "in_result", b"in_result", "last_error", b"last_error", "node_id", b"node_id", "output", b"output", "output_bytes", b"output_bytes", "retry", b"retry", "spec", b"spec", "started_at", b"started_at", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -303,6 +379,8 @@ class Task(_message.Message):
     STATUS_REASON_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     REDRIVE_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    OUTPUTS_UNAVAILABLE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task's id (32 hex characters), given by the gateway at acceptance."""
     business: _builtins.str
@@ -323,6 +401,10 @@ class Task(_message.Message):
     """
     status_reason: _builtins.str
     """Why the task is in its current status (e.g. which downstream demoted it)."""
+    outputs_unavailable: _builtins.bool
+    """GetTask or WatchTask could not read the outputs from the executor just now (it is
+    unreachable): `output` and `result` are missing; ask again.
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
         """When the gateway accepted it."""
@@ -346,6 +428,13 @@ class Task(_message.Message):
     def redrive(self) -> Global___Redrive:
         """Set on a redrive only; see Redrive."""
 
+    @_builtins.property
+    def result(self) -> _common_pb2.Payload:
+        """The task's result: a JSON object of the outputs of its result nodes by node id (each
+        cell's sinks, or the action its catalogue entry names as `result`). Set in GetTask and
+        WatchTask answers of a SUCCEEDED task and in its completion callback, never on the bus.
+        """
+
     def __init__(
         self,
         *,
@@ -363,10 +452,12 @@ class Task(_message.Message):
         status_reason: _builtins.str = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         redrive: Global___Redrive | None = ...,
+        result: _common_pb2.Payload | None = ...,
+        outputs_unavailable: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "redrive", b"redrive", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "redrive", b"redrive", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "payloads", b"payloads", "redrive", b"redrive", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "outputs_unavailable", b"outputs_unavailable", "payloads", b"payloads", "redrive", b"redrive", "result", b"result", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
