@@ -13,8 +13,8 @@ __all__ = ["MIGRATIONS", "SERVICE_NAME", "main", "setup"]
 
 
 async def setup(rt: Runtime) -> None:
-    await wire_recovery(rt)  # task recovery, demotion, settlement, completion, arbitration
-    await drift.install(rt)  # DriftService, its tables and the 5-minute pool drift check
+    ctx = await wire_recovery(rt)  # task recovery, demotion, settlement, completion, arbitration
+    await drift.install(rt, ctx.db)  # DriftService, its tables and the 5-minute pool drift check
 
 
 def main() -> None:

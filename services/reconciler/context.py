@@ -1,6 +1,6 @@
-"""What every part of the reconciler works with: database, clock, policies, HTTP client,
-bus (for NATS callbacks), the outbox relay to kick after a commit, its service token and the
-signing key of webhook callbacks."""
+"""What every part of the reconciler works with: the driver port its stores run on, clock,
+policies, HTTP client, bus (for NATS callbacks), the outbox relay to kick after a commit,
+its service token and the signing key of webhook callbacks."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 @dataclass
 class Context:
+    # SQLAlchemy: only the reads of the auth context's signing secrets (dispo.auth.store).
     engine: AsyncEngine
-    db: Database  # the driver port: the statements of the finished-facts flush
+    db: Database  # the driver port: every statement of the reconciler's stores
     clock: Clock
     config: RecoveryConfig
     settings: ReconcilerSettings

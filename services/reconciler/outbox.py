@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from dispo.libs.outbox import outbox_add, outbox_table
+from dispo.libs.db.driver import Conn
+from dispo.libs.outbox import OutboxRow, outbox_add_many, outbox_table
 from sqlalchemy import MetaData
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
 outbox = outbox_table(metadata, traced=True)
 
 
 async def emit(
-    conn: AsyncConnection,
+    conn: Conn,
     subject: str,
     msg_id: str,
     payload: bytes,
@@ -23,4 +23,4 @@ async def emit(
 ) -> None:
     """An event in the outbox, in the caller's transaction, with the trace context of the
     work it stems from (``trace``, published as its headers)."""
-    await outbox_add(conn, outbox, subject, msg_id, payload, now, trace)
+    await outbox_add_many(conn, outbox, [OutboxRow(subject, msg_id, payload, now, trace)])

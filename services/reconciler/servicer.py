@@ -42,7 +42,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         """``task_id`` if the caller may see it: another business's task is NOT_FOUND, as
         one the reconciler does not hold (dispo.libs.auth.scope)."""
         if business_scope() is not None:
-            async with self.ctx.engine.connect() as conn:
+            async with self.ctx.db.connection() as conn:
                 row = await store.task_get(conn, task_id)
             require_visible(row.business if row else "", _not_held(task_id))
         return task_id
@@ -52,7 +52,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
     ) -> pb.ListRecoveryTasksResponse:
         f = _scoped(cv.filter_from_proto(request.filter), request.filter.business)
         limit, offset = cv.page(request.page)
-        async with self.ctx.engine.connect() as conn:
+        async with self.ctx.db.connection() as conn:
             rows = await store.task_list(conn, f, self.ctx.clock.now(), limit=limit, offset=offset)
         return pb.ListRecoveryTasksResponse(
             tasks=[cv.task_to_proto(r) for r in rows], page=cv.next_page(limit, offset, len(rows))
@@ -64,7 +64,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         f = _scoped(cv.work_filter_from_proto(request.filter), request.filter.business)
         limit, after = cv.work_page(request.page)
         now = self.ctx.clock.now()
-        async with self.ctx.engine.connect() as conn:
+        async with self.ctx.db.connection() as conn:
             rows = await store.task_list(conn, f, now, limit=limit, after=after)
         return pb.ListFailedWorkResponse(
             work=[cv.work_to_proto(r, now) for r in rows], page=cv.work_next_page(rows, limit)
@@ -74,7 +74,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         self, request: pb.GetRecoveryTaskRequest, context: Any
     ) -> pb.GetRecoveryTaskResponse:
         task_id = _required(request.task_id, "task_id")
-        async with self.ctx.engine.connect() as conn:
+        async with self.ctx.db.connection() as conn:
             row = await store.task_get(conn, task_id)
             if row is None:
                 raise NotFound(_not_held(task_id))
@@ -142,9 +142,9 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
 
     async def _downstreams(self, only: str = "") -> list[pb.DownstreamState]:
         now = self.ctx.clock.now()
-        async with self.ctx.engine.connect() as conn:
+        async with self.ctx.db.connection() as conn:
             states = await store.downstream_all(conn)
-            depths = await store.queue_depths(conn)
+            depths = await store.downstreams_queue_depths(conn)
         names = sorted(set(self.ctx.config.downstreams) | set(states) | set(depths))
         return [
             cv.downstream_to_proto(
@@ -183,8 +183,8 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         self, request: pb.GetCompletionRequest, context: Any
     ) -> pb.GetCompletionResponse:
         task_id = _required(request.task_id, "task_id")
-        async with self.ctx.engine.connect() as conn:
-            row = await cs.get(conn, task_id)
+        async with self.ctx.db.connection() as conn:
+            row = await cs.completion_get(conn, task_id)
             missing = f"no completion recorded for task {task_id!r} (not finished, or not seen yet)"
             if row is None:
                 raise NotFound(missing)
@@ -201,7 +201,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         self, request: pb.ListFindingsRequest, context: Any
     ) -> pb.ListFindingsResponse:
         limit, offset = cv.page(request.page)
-        async with self.ctx.engine.connect() as conn:
+        async with self.ctx.db.connection() as conn:
             rows = await cs.findings_list(conn, request.task_id, limit, offset)
         return pb.ListFindingsResponse(
             findings=[cv.finding_to_proto(r) for r in rows],
@@ -212,7 +212,7 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
         self, request: pb.ListVerdictsRequest, context: Any
     ) -> pb.ListVerdictsResponse:
         limit, offset = cv.page(request.page)
-        async with self.ctx.engine.connect() as conn:
+        async with self.ctx.db.connection() as conn:
             rows = await arb.verdicts_list(conn, request.target, request.task_id, limit, offset)
             compensations = await arb.compensations_of(conn, [r.id for r in rows])
         return pb.ListVerdictsResponse(

@@ -72,8 +72,8 @@ async def wire_recovery(rt: Runtime) -> Context:
 
 async def backlog_samples(ctx: Context) -> list[metrics.Sample]:
     """Failed, parked and uncertain work held here: count and oldest age per kind."""
-    async with ctx.engine.connect() as conn:
-        by_state = await store.backlog_by_state(conn)
+    async with ctx.db.connection() as conn:
+        by_state = await store.tasks_backlog_by_state(conn)
     now = ctx.clock.now()
     samples = []
     for kind, states in WORK_KIND_STATES.items():

@@ -257,7 +257,7 @@ async def creates(ctx: Context) -> list[task_pb2.Task]:
 
 
 async def row(ctx: Context, task_id: str) -> store.RecoveryRow:
-    async with ctx.engine.connect() as conn:
+    async with ctx.db.connection() as conn:
         found = await store.task_get(conn, task_id)
     assert found is not None
     return found

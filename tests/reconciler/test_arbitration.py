@@ -105,3 +105,27 @@ async def test_redriven_envelopes_make_no_new_claims(recon):
     env = submitted("g", "ads", "c-5", T0)
     env.generation = 3
     assert await arbiter.on_create(recon, env) == 0
+
+
+async def test_a_tasks_claims_are_recorded_together_and_once(recon):
+    """Every conflict cell of a task is one claim, written in one statement; a claim
+    recorded before (task.create delivered again) is not written twice."""
+    from dispo.reconciler.arbitration import store as arb
+
+    claims = [
+        arb.Claim("q", "update_quality_level", "content_id=c-7", "quality_level", {"level": 3}),
+        arb.Claim("r", "update_quality_level", "content_id=c-8", "quality_level", {"level": 1}),
+    ]
+    async with recon.db.connection() as conn:
+        first = await arb.claims_add_many(conn, "two", "ecommerce", T0, claims)
+        again = await arb.claims_add_many(conn, "two", "ecommerce", T0, claims[1:])
+        rows = {
+            r.cell_ref: r
+            for target in ("content_id=c-7", "content_id=c-8")
+            for r in await arb.claims_of_target(conn, target, "quality_level", 60)
+        }
+    assert (first, again) == (2, 0)
+    assert {ref: (r.state, r.payload) for ref, r in rows.items()} == {
+        "q": ("open", {"level": 3}),
+        "r": ("open", {"level": 1}),
+    }

@@ -61,13 +61,13 @@ async def notifying(recon, receiver, database_url) -> AsyncIterator[Callable[...
 
 
 async def attempts(ctx: Context, task_id: str) -> list:
-    async with ctx.engine.connect() as conn:
+    async with ctx.db.connection() as conn:
         return await cs.deliveries_get(conn, task_id)
 
 
 async def state(ctx: Context, task_id: str) -> NotifyState:
-    async with ctx.engine.connect() as conn:
-        return NotifyState((await cs.get(conn, task_id)).notify_state)
+    async with ctx.db.connection() as conn:
+        return NotifyState((await cs.completion_get(conn, task_id)).notify_state)
 
 
 async def test_another_business_is_notified_while_one_businesss_receivers_hang(

@@ -190,8 +190,8 @@ async def test_a_sweep_outcome_moves_a_task_once_per_attempt_read(recon, manual_
     await completion.on_status(recon, finished("twice"))
     await completion.on_status(recon, finished("done"))
     now = manual_clock.now()
-    async with recon.engine.begin() as conn:
-        first = await cs.reconcile_set_many(
+    async with recon.db.transaction() as conn:
+        first = await cs.completions_set_reconcile_if_many(
             conn,
             [
                 ("twice", 0, ReconcileState.PENDING, now),
@@ -200,12 +200,14 @@ async def test_a_sweep_outcome_moves_a_task_once_per_attempt_read(recon, manual_
             ],
             now,
         )
-        again = await cs.reconcile_set_many(
+        again = await cs.completions_set_reconcile_if_many(
             conn,
             [("twice", 0, ReconcileState.MATCHED, None), ("done", 1, ReconcileState.MATCHED, None)],
             now,
         )
-        later = await cs.reconcile_set_many(conn, [("twice", 1, ReconcileState.MATCHED, None)], now)
+        later = await cs.completions_set_reconcile_if_many(
+            conn, [("twice", 1, ReconcileState.MATCHED, None)], now
+        )
     assert (first, again, later) == ({"twice", "done"}, set(), {"twice"})
 
 
@@ -347,3 +349,20 @@ def test_each_business_of_a_batch_is_signed_with_its_own_secrets_or_not_sent():
     assert completion.signing_by_business(None, ["one"], [record("s4", "one")]) == {
         "one": "not sent: the reconciler has no signing key (DISPO_SIGNING_KEY)"
     }
+
+
+async def test_a_sweeps_findings_are_recorded_together_and_once_per_node(recon, manual_clock):
+    await completion.on_status(recon, finished("fx"))
+    now = manual_clock.now()
+    found = [
+        cs.Finding("fx", "a.set", "labels", "SUCCEEDED", "not done", "probe says no"),
+        cs.Finding("fx", "b.skip", "labels", "CANCELLED", "done", "probe says yes"),
+    ]
+    async with recon.db.connection() as conn:
+        await cs.findings_add_many(conn, found, now)
+        await cs.findings_add_many(conn, [found[0]._replace(detail="later")], now)
+        rows = await cs.findings_list(conn, "fx", 10, 0)
+    assert [(r.node_id, r.recorded_status, r.observed, r.detail) for r in rows] == [
+        ("a.set", "succeeded", "not done", "probe says no"),
+        ("b.skip", "cancelled", "done", "probe says yes"),
+    ]

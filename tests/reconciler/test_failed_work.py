@@ -42,7 +42,7 @@ async def test_task_fail_from_the_bus_is_recorded_with_its_history(recon, bus):
     try:
 
         async def recorded():
-            async with recon.engine.connect() as conn:
+            async with recon.db.connection() as conn:
                 return await store.task_get(conn, "t-bus")
 
         await eventually(recorded, timeout=15, wanted="t-bus recorded")
@@ -95,7 +95,7 @@ async def test_stale_and_repeated_envelopes_are_ignored(recon, manual_clock):
     assert await redrive.intake(recon, failing("t2", generation=4), "fail")  # older
     again = await row(recon, "t2")
     assert again.generation == 5 and again.next_redrive_at == first.next_redrive_at
-    async with recon.engine.connect() as conn:
+    async with recon.db.connection() as conn:
         assert len(await store.history_get(conn, "t2")) == 1
 
 

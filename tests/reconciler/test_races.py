@@ -13,23 +13,19 @@ from .conftest import T0, creates, envelope, node, outbox, row
 from .test_arbitration import submitted
 
 
-async def replicas(recon, service_engine, n=4):
+async def replicas(recon, service_db, n=4):
     """``n`` reconciler contexts, each with its own connection pool, sharing the clock."""
-    return [recon] + [
-        replace(recon, engine=await service_engine("reconciler")) for _ in range(n - 1)
-    ]
+    return [recon] + [replace(recon, db=await service_db("reconciler")) for _ in range(n - 1)]
 
 
-async def test_concurrent_redrive_sweeps_redrive_each_task_once(
-    recon, service_engine, manual_clock
-):
+async def test_concurrent_redrive_sweeps_redrive_each_task_once(recon, service_db, manual_clock):
     ids = [f"race{i:02d}" for i in range(40)]
     for task_id in ids:
         await redrive.intake(
             recon, envelope(task_id, [node("a.x", "FAILED", task_id=task_id)]), "fail"
         )
     manual_clock.advance(seconds=100)
-    ctxs = await replicas(recon, service_engine)
+    ctxs = await replicas(recon, service_db)
     results = await asyncio.gather(*(run_sweeps(c, "redrive") for c in ctxs for _ in range(2)))
     assert sum(r["redrive"] for r in results) == 40
     sent = await creates(recon)
@@ -37,7 +33,7 @@ async def test_concurrent_redrive_sweeps_redrive_each_task_once(
     assert len({r.msg_id for r in await outbox(recon, "task.create")}) == 40
 
 
-async def test_operator_redrive_racing_the_sweep_redrives_once(recon, service_engine, manual_clock):
+async def test_operator_redrive_racing_the_sweep_redrives_once(recon, service_db, manual_clock):
     from dispo.libs.errors import FailedPrecondition
     from dispo.reconciler.recovery import operations
 
@@ -46,7 +42,7 @@ async def test_operator_redrive_racing_the_sweep_redrives_once(recon, service_en
             recon, envelope(f"op{i}", [node("a.x", "FAILED", task_id=f"op{i}")]), "fail"
         )
     manual_clock.advance(seconds=100)
-    other = (await replicas(recon, service_engine, 2))[1]
+    other = (await replicas(recon, service_db, 2))[1]
 
     async def operator(task_id):
         try:
@@ -62,28 +58,26 @@ async def test_operator_redrive_racing_the_sweep_redrives_once(recon, service_en
     assert sorted(e.task_id for e in await creates(recon)) == sorted(f"op{i}" for i in range(10))
 
 
-async def test_the_same_task_fail_delivered_twice_at_once_is_recorded_once(recon, service_engine):
-    ctxs = await replicas(recon, service_engine, 2)
+async def test_the_same_task_fail_delivered_twice_at_once_is_recorded_once(recon, service_db):
+    ctxs = await replicas(recon, service_db, 2)
     env = envelope("dup", [node("a.x", "FAILED", task_id="dup")])
     outcomes = await asyncio.gather(*(redrive.intake(c, env, "fail") for c in ctxs))
     # The loser of the insert race asks for redelivery; the redelivery is then a no-op.
     for ctx, ok in zip(ctxs, outcomes, strict=False):
         if not ok:
             assert await redrive.intake(ctx, env, "fail")
-    async with recon.engine.connect() as conn:
+    async with recon.db.connection() as conn:
         from dispo.reconciler.recovery import store
 
         assert len(await store.history_get(conn, "dup")) == 1
     assert (await row(recon, "dup")).generation == 2
 
 
-async def test_concurrent_arbitration_passes_record_one_verdict(
-    recon, service_engine, manual_clock
-):
+async def test_concurrent_arbitration_passes_record_one_verdict(recon, service_db, manual_clock):
     for i in range(10):
         await arbiter.on_create(recon, submitted(f"e{i}", "ecommerce", f"c-{i}", T0))
         await arbiter.on_create(recon, submitted(f"t{i}", "trust_safety", f"c-{i}", T0))
-    ctxs = await replicas(recon, service_engine)
+    ctxs = await replicas(recon, service_db)
     results = await asyncio.gather(*(run_sweeps(c, "arbitrate") for c in ctxs))
     assert sum(r["arbitrate"] for r in results) == 10
     from .test_arbitration import cancelled
@@ -91,7 +85,7 @@ async def test_concurrent_arbitration_passes_record_one_verdict(
     assert sorted(await cancelled(recon)) == sorted(f"e{i}" for i in range(10))
 
 
-async def test_concurrent_notify_sweeps_deliver_each_callback_once(recon, service_engine, receiver):
+async def test_concurrent_notify_sweeps_deliver_each_callback_once(recon, service_db, receiver):
     await receiver.start()
     for i in range(10):
         env = envelope(
@@ -101,21 +95,21 @@ async def test_concurrent_notify_sweeps_deliver_each_callback_once(recon, servic
             callback_url=receiver.url,
         )
         await facts.on_status(recon, env)
-    ctxs = await replicas(recon, service_engine)
+    ctxs = await replicas(recon, service_db)
     await asyncio.gather(*(run_sweeps(c, "notify") for c in ctxs))
     assert sorted(r["headers"]["X-Dispo-Task-Id"] for r in receiver.received) == sorted(
         f"n{i}" for i in range(10)
     )
 
 
-async def test_replicas_recording_overlapping_batches_record_each_task_once(recon, service_engine):
+async def test_replicas_recording_overlapping_batches_record_each_task_once(recon, service_db):
     ids = [f"fin{i:02d}" for i in range(60)]
     snapshots = [
         envelope(t, [node("a.x", "SUCCEEDED", task_id=t)], status="SUCCEEDED") for t in ids
     ]
     for t in ids[:20]:  # parked tasks the finished fact resolves
         await redrive.intake(recon, envelope(t, [node("a.x", "FAILED", task_id=t)]), "fail")
-    ctxs = await replicas(recon, service_engine)
+    ctxs = await replicas(recon, service_db)
     # Every replica gets every snapshot, in its own order (a redelivery to each of them).
     orders = [
         snapshots,

@@ -45,6 +45,21 @@ async def test_a_move_outside_the_table_is_refused_before_any_sql():
         )
 
 
+async def test_a_state_change_sets_only_its_declared_columns_refused_before_any_sql():
+    import pytest
+    from dispo.reconciler.recovery import store
+
+    with pytest.raises(ValueError, match=r"not a column a state change sets: \['state'\]"):
+        await store.task_set_state_if(
+            None,
+            "t",
+            RecoveryState.PARKED_FAILED,
+            RecoveryState.PARKED_FAILED,
+            None,
+            state="resolved",
+        )
+
+
 async def test_a_final_recovery_entry_refuses_every_move_and_stays_as_it_was(recon):
     import pytest
     from dispo.libs.states import IllegalTransition
@@ -54,12 +69,12 @@ async def test_a_final_recovery_entry_refuses_every_move_and_stays_as_it_was(rec
 
     await redrive.intake(recon, envelope("gone", [node("a.x", "FAILED", task_id="gone")]), "fail")
     now = recon.clock.now()
-    async with recon.engine.begin() as conn:
+    async with recon.db.transaction() as conn:
         assert await store.task_set_state_if(
             conn, "gone", RecoveryState.PARKED_FAILED, RecoveryState.ABANDONED, now
         )
     before = await row(recon, "gone")
-    async with recon.engine.begin() as conn:
+    async with recon.db.transaction() as conn:
         with pytest.raises(IllegalTransition, match="from abandoned to redriven"):
             await store.task_redriven_if(
                 conn,
@@ -83,6 +98,7 @@ async def test_the_casing_migration_rewrites_stored_states_checks_and_indexes(da
     from pathlib import Path
 
     from dispo.libs.db import create_engine, migrate
+    from dispo.libs.db.driver import Database
     from dispo.reconciler.recovery import store
     from sqlalchemy import text
 
@@ -125,7 +141,12 @@ async def test_the_casing_migration_rewrites_stored_states_checks_and_indexes(da
                     )
                 ).all()
             )
-            due = await store.due_for(conn, RecoveryState.PARKED_FAILED, now, 10)
+        db = await Database.open(database_url, "reconciler", size=1)
+        try:
+            async with db.connection() as conn:
+                due = await store.tasks_due(conn, RecoveryState.PARKED_FAILED, now, 10)
+        finally:
+            await db.close()
         assert (completion.status, completion.notify_state, completion.reconcile_state) == (
             "succeeded",
             "pending",

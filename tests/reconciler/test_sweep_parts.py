@@ -122,8 +122,8 @@ async def test_a_pass_that_took_a_full_batch_runs_again_at_once(recon, manual_cl
 
 def _reconciled(recon, task_ids):
     async def check() -> bool:
-        async with recon.engine.connect() as conn:
-            rows = [await cs.get(conn, task_id) for task_id in task_ids]
+        async with recon.db.connection() as conn:
+            rows = [await cs.completion_get(conn, task_id) for task_id in task_ids]
         return all(r.reconcile_state != ReconcileState.PENDING for r in rows)
 
     return check

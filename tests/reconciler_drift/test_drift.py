@@ -35,7 +35,9 @@ REQUEST = dict(
 
 
 @pytest.fixture
-async def drift_env(start_service, service_engine, database_url, file_clock, tmp_path, authorizer):
+async def drift_env(
+    start_service, service_engine, service_db, database_url, file_clock, tmp_path, authorizer
+):
     registry_path = tmp_path / "registry.sqlite"
     pool = await start_service(
         "pool",
@@ -50,7 +52,9 @@ async def drift_env(start_service, service_engine, database_url, file_clock, tmp
     pool_db = create_engine(database_url, "pool")
     channel = admin_channel(pool.address)
     checker = DriftChecker(
-        reconciler_engine, pool_pb2_grpc.PoolServiceStub(channel), FileClock(file_clock.path)
+        await service_db("reconciler", MIGRATIONS),
+        pool_pb2_grpc.PoolServiceStub(channel),
+        FileClock(file_clock.path),
     )
     server = create_server(
         "127.0.0.1:0", [lambda s: register(s, checker)], [SERVICE_NAME], authorizer()
@@ -189,11 +193,16 @@ async def test_each_drift_kind_is_repaired_and_recorded(drift_env):
         assert (await conn.execute(text("SELECT count(*) FROM drift_checks"))).scalar_one() == 3
 
 
-async def test_check_against_an_unreachable_pool_is_unavailable_and_records_nothing(service_engine):
+async def test_check_against_an_unreachable_pool_is_unavailable_and_records_nothing(
+    service_engine, service_db
+):
     engine = await service_engine("reconciler", MIGRATIONS)
     async with admin_channel("127.0.0.1:1") as channel:
         checker = DriftChecker(
-            engine, pool_pb2_grpc.PoolServiceStub(channel), ManualClock(), timeout_seconds=1
+            await service_db("reconciler", MIGRATIONS),
+            pool_pb2_grpc.PoolServiceStub(channel),
+            ManualClock(),
+            timeout_seconds=1,
         )
         with pytest.raises(Unavailable):
             await checker.check_once()

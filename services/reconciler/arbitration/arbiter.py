@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
+from dispo.libs.db.driver import Conn
 from dispo.libs.logging import get_logger
 from dispo.libs.payload import payload_value
 from dispo.libs.timestamps import to_timestamp
@@ -25,14 +26,13 @@ from dispo.reconciler.arbitration.policy import Contender
 from dispo.reconciler.context import Context
 from dispo.reconciler.outbox import emit
 from dispo.reconciler.states import ClaimState
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 C = ClaimState
 
 
-def claims_of(ctx: Context, env: task_pb2.Task) -> list[tuple[str, str, str, str, dict]]:
-    """(cell_ref, cell, target, effect, payload) for each cell of the task that declares a conflict."""
+def claims_of(ctx: Context, env: task_pb2.Task) -> list[arb.Claim]:
+    """A claim for each cell of the task that declares a conflict."""
     conflicts = ctx.config.arbitration.conflicts
     out, seen = [], set()
     for node in env.nodes:
@@ -46,7 +46,9 @@ def claims_of(ctx: Context, env: task_pb2.Task) -> list[tuple[str, str, str, str
         value = payload.get(conflict.key)
         if value is None:
             continue
-        out.append((node.cell_ref, node.cell, f"{conflict.key}={value}", conflict.effect, payload))
+        out.append(
+            arb.Claim(node.cell_ref, node.cell, f"{conflict.key}={value}", conflict.effect, payload)
+        )
     return out
 
 
@@ -58,44 +60,29 @@ async def on_create(ctx: Context, env: task_pb2.Task) -> int:
     if not claims:
         return 0
     accepted_at = E.moment(env.created_at, ctx.clock.now())
-    added = 0
-    async with ctx.engine.begin() as conn:
-        for cell_ref, cell, target, effect, payload in claims:
-            added += await arb.claim_add(
-                conn,
-                env.task_id,
-                cell_ref,
-                env.business,
-                cell,
-                target,
-                effect,
-                accepted_at,
-                payload,
-            )
-    return added
+    async with ctx.db.connection() as conn:  # one statement: it commits alone
+        return await arb.claims_add_many(conn, env.task_id, env.business, accepted_at, claims)
 
 
 async def arbitrate_sweep(ctx: Context) -> int:
     """Decide every target with open claims (one batch); returns verdicts recorded."""
     now = ctx.clock.now()
     verdicts = 0
-    async with ctx.engine.connect() as conn:
-        targets = await arb.open_targets(conn, ctx.settings.batch)
+    async with ctx.db.connection() as conn:
+        targets = await arb.claims_open_targets(conn, ctx.settings.batch)
     for target, effect in targets:
-        async with ctx.engine.begin() as conn:
+        async with ctx.db.transaction() as conn:
             verdicts += await _decide_target(ctx, conn, target, effect, now)
     if verdicts:
         ctx.kick()
     return verdicts
 
 
-async def _decide_target(
-    ctx: Context, conn: AsyncConnection, target: str, effect: str, now: datetime
-) -> int:
+async def _decide_target(ctx: Context, conn: Conn, target: str, effect: str, now: datetime) -> int:
     """Settle every open claim on one target, oldest first: each meets the claims within
     the window of it; a conflict yields a verdict, no conflict past the window closes it."""
     policy = ctx.config.arbitration
-    rows = await arb.target_claims(conn, target, effect, policy.window)
+    rows = await arb.claims_of_target(conn, target, effect, policy.window)
     by_task: dict[str, Contender] = {}
     states: dict[str, C] = {}
     for r in rows:

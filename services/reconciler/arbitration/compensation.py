@@ -53,7 +53,7 @@ async def compensate_sweep(ctx: Context) -> int:
     """Submit due compensating cells (one batch); returns how many were attempted."""
     policy = ctx.config.compensation
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.connection() as conn:  # one statement: it commits alone
         rows = await arb.compensations_claim(conn, now, ctx.call_lease(now), ctx.settings.batch)
     if not rows:
         return 0
@@ -61,7 +61,7 @@ async def compensate_sweep(ctx: Context) -> int:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         results = [await _submit(stub, row, ctx.settings.http_timeout_seconds) for row in rows]
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         for row, (task_id, error, final) in zip(rows, results, strict=False):
             attempt = row.attempts + 1
             if task_id:

@@ -216,8 +216,8 @@ async def notify_sweep(ctx: Context) -> int:
         ctx.deliveries.backlog = True
         return 0
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
-        rows = await cs.claim_notify(
+    async with ctx.db.connection() as conn:  # one statement: it commits alone
+        rows = await cs.completions_claim_notify(
             conn,
             now,
             ctx.call_lease(now),
@@ -225,11 +225,9 @@ async def notify_sweep(ctx: Context) -> int:
             per_business=settings.notify_per_business,
             busy=ctx.deliveries.by_business(),
         )
-        # the signing secrets of the claim's webhooks: one read, derived once per business
-        businesses = sorted({r.business for r in rows if _webhook(r)})
-        records = (
-            await auth_store.signing_secrets_valid(conn, businesses, now) if businesses else []
-        )
+    # the signing secrets of the claim's webhooks: one read, derived once per business
+    businesses = sorted({r.business for r in rows if _webhook(r)})
+    records = await _signing_records(ctx, businesses, now) if businesses else []
     signing = signing_by_business(ctx.signing_key, businesses, records)
     for row in rows:
         ctx.deliveries.start(row.task_id, row.business, _attempt(ctx, row, now, signing))
@@ -241,6 +239,15 @@ async def notify_sweep(ctx: Context) -> int:
     )
     ctx.deliveries.on_free = lambda: ctx.kick_sweep("notify")
     return len(rows)
+
+
+async def _signing_records(
+    ctx: Context, businesses: list[str], now: datetime
+) -> list[SigningSecretRecord]:
+    """The valid signing secrets of ``businesses`` (the auth context's store, on the
+    service's SQLAlchemy engine)."""
+    async with ctx.engine.connect() as conn:
+        return await auth_store.signing_secrets_valid(conn, businesses, now)
 
 
 async def _attempt(
@@ -269,8 +276,8 @@ async def _record(ctx: Context, row: Any, result: DeliveryResult) -> None:
     else:
         delay = backoff(policy.base_delay, policy.max_delay, policy.jitter, attempt, ctx.rng)
         new, next_at = NotifyState.PENDING, now + timedelta(seconds=delay)
-    async with ctx.engine.begin() as conn:
-        await cs.delivery_record(
+    async with ctx.db.transaction() as conn:
+        await cs.delivery_add(
             conn,
             row.task_id,
             attempt,
@@ -280,7 +287,7 @@ async def _record(ctx: Context, row: Any, result: DeliveryResult) -> None:
             result.status_code,
             result.error,
         )
-        recorded = await cs.notify_set_if(
+        recorded = await cs.completion_set_notify_if(
             conn, row.task_id, row.notify_attempts, new, now, next_at, result.error
         )
     if recorded:
@@ -368,15 +375,15 @@ async def reconcile_sweep(ctx: Context) -> int:
     """The periodic reconcile sweep over finished tasks (one batch)."""
     policy = ctx.config.reconcile
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
-        rows = await cs.claim_reconcile(
+    async with ctx.db.connection() as conn:  # one statement: it commits alone
+        rows = await cs.completions_claim_reconcile(
             conn, now, now + timedelta(seconds=policy.retry_delay), ctx.settings.batch
         )
     outcomes = await asyncio.gather(*(_reconcile_one(ctx, row) for row in rows))
     now = ctx.clock.now()
     retry_at = now + timedelta(seconds=policy.retry_delay)
-    async with ctx.engine.begin() as conn:
-        moved = await cs.reconcile_set_many(
+    async with ctx.db.transaction() as conn:
+        moved = await cs.completions_set_reconcile_if_many(
             conn,
             [
                 (
@@ -389,24 +396,25 @@ async def reconcile_sweep(ctx: Context) -> int:
             ],
             now,
         )
-        for row, (_, findings) in zip(rows, outcomes, strict=True):
-            if row.task_id not in moved:
-                continue
-            for node, observed, detail in findings:
-                await cs.finding_add(
-                    conn,
-                    row.task_id,
-                    node.node_id,
-                    node.spec.downstream,
-                    node_status_name(node.status),
-                    observed,
-                    detail,
-                    now,
-                )
-            if findings:
-                log.warning(
-                    "reconciliation mismatch",
-                    task_id=row.task_id,
-                    nodes=[n.node_id for n, _, _ in findings],
-                )
+        found = [
+            cs.Finding(
+                row.task_id,
+                node.node_id,
+                node.spec.downstream,
+                node_status_name(node.status),
+                observed,
+                detail,
+            )
+            for row, (_, findings) in zip(rows, outcomes, strict=True)
+            if row.task_id in moved
+            for node, observed, detail in findings
+        ]
+        await cs.findings_add_many(conn, found, now)
+    for row, (_, findings) in zip(rows, outcomes, strict=True):
+        if row.task_id in moved and findings:
+            log.warning(
+                "reconciliation mismatch",
+                task_id=row.task_id,
+                nodes=[n.node_id for n, _, _ in findings],
+            )
     return len(rows)

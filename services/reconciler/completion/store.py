@@ -1,14 +1,18 @@
-"""SQL of the completion facts: finished tasks, callback deliveries, reconciliation findings."""
+"""SQL of the completion facts: finished tasks, callback deliveries, reconciliation findings,
+on the driver port (:mod:`dispo.libs.db.driver`) in the caller's transaction (or, for one
+statement, on a connection where it commits alone). Every move of a delivery or a
+reconciliation is checked against its declared transitions and guarded by the state and
+attempts it read; ``RETURNING`` says which rows moved."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.db.driver import Conn
+from dispo.libs.db.driver import Conn, Row
 from dispo.libs.error_text import truncate_error
 from dispo.reconciler.states import (
     NOTIFY_TRANSITIONS,
@@ -16,8 +20,6 @@ from dispo.reconciler.states import (
     NotifyState,
     ReconcileState,
 )
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @dataclass(frozen=True)
@@ -96,57 +98,54 @@ async def finished_add_many(
     return {row[0] for row in result}
 
 
-async def get(conn: AsyncConnection, task_id: str) -> Any:
-    return (
-        await conn.execute(text("SELECT * FROM completions WHERE task_id = :id"), {"id": task_id})
-    ).first()
+async def completion_get(conn: Conn, task_id: str) -> Row | None:
+    rows = await conn.fetch("SELECT * FROM completions WHERE task_id = :id", {"id": task_id})
+    return rows[0] if rows else None
 
 
-async def claim_notify(
-    conn: AsyncConnection,
+async def completions_claim_notify(
+    conn: Conn,
     now: datetime,
     lease_until: datetime,
     limit: int,
     *,
     per_business: int,
     busy: Mapping[str, int] | None = None,
-) -> list[Any]:
+) -> list[Row]:
     """Due deliveries, oldest due first, claimed until ``lease_until`` (other replicas skip
     them meanwhile): at most ``limit``, and of each business at most ``per_business`` less
     what it has under way already (``busy``), so a business with many due deliveries takes
     no more than its share and the others' are claimed beside them."""
     busy = dict(busy or {})
-    return list(
-        await conn.execute(
-            text(
-                "UPDATE completions c SET notify_next_at = :lease FROM ("
-                "  SELECT task_id FROM completions WHERE task_id IN ("
-                "   SELECT task_id FROM ("
-                "    SELECT d.task_id, d.notify_next_at, row_number() OVER ("
-                "     PARTITION BY d.business ORDER BY d.notify_next_at, d.task_id)"
-                "     + coalesce(b.n, 0) AS place"
-                "    FROM completions d LEFT JOIN unnest(CAST(:busy AS text[]), CAST(:busy_n AS integer[]))"
-                "     AS b(business, n) ON b.business = d.business"
-                "    WHERE d.notify_state = 'pending' AND d.notify_next_at <= :now) ranked"
-                "   WHERE place <= :per_business ORDER BY notify_next_at, task_id LIMIT :limit)"
-                "  AND notify_state = 'pending' AND notify_next_at <= :now"
-                "  FOR UPDATE SKIP LOCKED) due"
-                " WHERE c.task_id = due.task_id RETURNING c.*"
-            ),
-            {
-                "now": now,
-                "lease": lease_until,
-                "limit": limit,
-                "per_business": per_business,
-                "busy": list(busy),
-                "busy_n": list(busy.values()),
-            },
-        )
+    return await conn.fetch(
+        (
+            "UPDATE completions c SET notify_next_at = :lease FROM ("
+            "  SELECT task_id FROM completions WHERE task_id IN ("
+            "   SELECT task_id FROM ("
+            "    SELECT d.task_id, d.notify_next_at, row_number() OVER ("
+            "     PARTITION BY d.business ORDER BY d.notify_next_at, d.task_id)"
+            "     + coalesce(b.n, 0) AS place"
+            "    FROM completions d LEFT JOIN unnest(CAST(:busy AS text[]), CAST(:busy_n AS integer[]))"
+            "     AS b(business, n) ON b.business = d.business"
+            "    WHERE d.notify_state = 'pending' AND d.notify_next_at <= :now) ranked"
+            "   WHERE place <= :per_business ORDER BY notify_next_at, task_id LIMIT :limit)"
+            "  AND notify_state = 'pending' AND notify_next_at <= :now"
+            "  FOR UPDATE SKIP LOCKED) due"
+            " WHERE c.task_id = due.task_id RETURNING c.*"
+        ),
+        {
+            "now": now,
+            "lease": lease_until,
+            "limit": limit,
+            "per_business": per_business,
+            "busy": list(busy),
+            "busy_n": list(busy.values()),
+        },
     )
 
 
-async def delivery_record(
-    conn: AsyncConnection,
+async def delivery_add(
+    conn: Conn,
     task_id: str,
     attempt: int,
     target: str,
@@ -155,8 +154,8 @@ async def delivery_record(
     status_code: int | None,
     error: str,
 ) -> None:
-    await conn.execute(
-        text(
+    await conn.fetch(
+        (
             "INSERT INTO deliveries (task_id, attempt, target, at, ok, status_code, error)"
             " VALUES (:id, :attempt, :target, :now, :ok, :code, :error)"
         ),
@@ -172,8 +171,8 @@ async def delivery_record(
     )
 
 
-async def notify_set_if(
-    conn: AsyncConnection,
+async def completion_set_notify_if(
+    conn: Conn,
     task_id: str,
     attempts_read: int,
     new: NotifyState,
@@ -183,11 +182,12 @@ async def notify_set_if(
 ) -> bool:
     """Record the outcome of attempt ``attempts_read + 1`` if no one recorded it first."""
     NOTIFY_TRANSITIONS.check(NotifyState.PENDING, new)
-    result = await conn.execute(
-        text(
+    moved = await conn.fetch(
+        (
             "UPDATE completions SET notify_state = :new, notify_attempts = notify_attempts + 1, notify_next_at = :next,"
             " notify_last_error = :error, notified_at = CASE WHEN :new = 'delivered' THEN CAST(:now AS timestamptz) END"
             " WHERE task_id = :id AND notify_state = 'pending' AND notify_attempts = :attempts"
+            " RETURNING task_id"
         ),
         {
             "id": task_id,
@@ -198,35 +198,33 @@ async def notify_set_if(
             "error": truncate_error(error),
         },
     )
-    return result.rowcount == 1
+    return bool(moved)
 
 
-async def deliveries_get(conn: AsyncConnection, task_id: str) -> list[Any]:
-    return list(
-        await conn.execute(
-            text("SELECT * FROM deliveries WHERE task_id = :id ORDER BY id"), {"id": task_id}
-        )
+async def deliveries_get(conn: Conn, task_id: str) -> list[Row]:
+    return await conn.fetch(
+        "SELECT * FROM deliveries WHERE task_id = :id ORDER BY id", {"id": task_id}
     )
 
 
-async def claim_reconcile(
-    conn: AsyncConnection, now: datetime, lease_until: datetime, limit: int
-) -> list[Any]:
-    return list(
-        await conn.execute(
-            text(
-                "UPDATE completions c SET reconcile_next_at = :lease FROM ("
-                "  SELECT task_id FROM completions WHERE reconcile_state = 'pending' AND reconcile_next_at <= :now"
-                "  ORDER BY reconcile_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
-                " WHERE c.task_id = due.task_id RETURNING c.*"
-            ),
-            {"now": now, "lease": lease_until, "limit": limit},
-        )
+async def completions_claim_reconcile(
+    conn: Conn, now: datetime, lease_until: datetime, limit: int
+) -> list[Row]:
+    """Finished tasks due for the reconcile sweep, oldest due first, claimed until
+    ``lease_until`` (other replicas skip them meanwhile)."""
+    return await conn.fetch(
+        (
+            "UPDATE completions c SET reconcile_next_at = :lease FROM ("
+            "  SELECT task_id FROM completions WHERE reconcile_state = 'pending' AND reconcile_next_at <= :now"
+            "  ORDER BY reconcile_next_at LIMIT :limit FOR UPDATE SKIP LOCKED) due"
+            " WHERE c.task_id = due.task_id RETURNING c.*"
+        ),
+        {"now": now, "lease": lease_until, "limit": limit},
     )
 
 
-async def reconcile_set_many(
-    conn: AsyncConnection,
+async def completions_set_reconcile_if_many(
+    conn: Conn,
     outcomes: Sequence[tuple[str, int, ReconcileState, datetime | None]],
     now: datetime,
 ) -> set[str]:
@@ -237,8 +235,8 @@ async def reconcile_set_many(
         RECONCILE_TRANSITIONS.check(ReconcileState.PENDING, new)
     if not outcomes:
         return set()
-    result = await conn.execute(
-        text(
+    result = await conn.fetch(
+        (
             "UPDATE completions c SET reconcile_state = o.new,"
             " reconcile_attempts = c.reconcile_attempts + 1, reconcile_next_at = o.next,"
             " reconciled_at = CASE WHEN o.new = 'pending' THEN NULL"
@@ -259,38 +257,43 @@ async def reconcile_set_many(
     return {row.task_id for row in result}
 
 
-async def finding_add(
-    conn: AsyncConnection,
-    task_id: str,
-    node_id: str,
-    downstream: str,
-    recorded: str,
-    observed: str,
-    detail: str,
-    now: datetime,
-) -> None:
-    await conn.execute(
-        text(
-            "INSERT INTO findings (task_id, node_id, downstream, recorded_status, observed, detail, found_at)"
-            " VALUES (:id, :node, :downstream, :recorded, :observed, :detail, :now) ON CONFLICT DO NOTHING"
-        ),
+class Finding(NamedTuple):
+    """One disagreement between a node's recorded status and what its probe observed."""
+
+    task_id: str
+    node_id: str
+    downstream: str
+    recorded: str
+    observed: str
+    detail: str
+
+
+async def findings_add_many(conn: Conn, findings: Sequence[Finding], now: datetime) -> None:
+    """Record the findings with one statement; a node's finding recorded before stays."""
+    if not findings:
+        return
+    await conn.fetch(
+        "INSERT INTO findings (task_id, node_id, downstream, recorded_status, observed, detail, found_at)"
+        " SELECT f.task_id, f.node_id, f.downstream, f.recorded, f.observed, f.detail, :now"
+        " FROM unnest(CAST(:ids AS text[]), CAST(:nodes AS text[]), CAST(:downstreams AS text[]),"
+        " CAST(:recorded AS text[]), CAST(:observed AS text[]), CAST(:details AS text[]))"
+        " AS f(task_id, node_id, downstream, recorded, observed, detail)"
+        " ON CONFLICT DO NOTHING",
         {
-            "id": task_id,
-            "node": node_id,
-            "downstream": downstream,
-            "recorded": recorded.lower(),
-            "observed": observed,
-            "detail": truncate_error(detail),
+            "ids": [f.task_id for f in findings],
+            "nodes": [f.node_id for f in findings],
+            "downstreams": [f.downstream for f in findings],
+            "recorded": [f.recorded.lower() for f in findings],
+            "observed": [f.observed for f in findings],
+            "details": [truncate_error(f.detail) for f in findings],
             "now": now,
         },
     )
 
 
-async def findings_list(conn: AsyncConnection, task_id: str, limit: int, offset: int) -> list[Any]:
+async def findings_list(conn: Conn, task_id: str, limit: int, offset: int) -> list[Row]:
     where = "WHERE task_id = :id" if task_id else ""
-    return list(
-        await conn.execute(
-            text(f"SELECT * FROM findings {where} ORDER BY id LIMIT :limit OFFSET :offset"),
-            {"id": task_id, "limit": limit, "offset": offset},
-        )
+    return await conn.fetch(
+        f"SELECT * FROM findings {where} ORDER BY id LIMIT :limit OFFSET :offset",
+        {"id": task_id, "limit": limit, "offset": offset},
     )

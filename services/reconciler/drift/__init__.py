@@ -4,11 +4,12 @@ A self-contained part of the reconciler. Its main process wires it with one call
 ``setup`` (``services/reconciler/app.py`` does so)::
 
     from dispo.reconciler import drift
-    await drift.install(rt)
+    await drift.install(rt, db)
 
-which (1) migrates the drift tables (own Alembic branch, version table
-``alembic_version_drift`` in the reconciler schema), (2) registers ``DriftService`` on the
-gRPC server, and (3) adds the periodic check as a part. The pieces are also usable alone:
+(``db``: the reconciler's driver port, :meth:`~dispo.libs.service.Runtime.database`), which
+(1) migrates the drift tables (own Alembic branch, version table ``alembic_version_drift``
+in the reconciler schema), (2) registers ``DriftService`` on the gRPC server, and (3) adds
+the periodic check as a part, its records written through ``db``. The pieces are also usable alone:
 :data:`MIGRATIONS`, :func:`register`, :class:`DriftChecker` (``check_once``).
 """
 
@@ -20,6 +21,7 @@ import grpc
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import drift_pb2_grpc
 from dispo.libs.db import migrate
+from dispo.libs.db.driver import Database
 from dispo.libs.service import Runtime
 from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
 from dispo.reconciler.drift.checker import TIMEOUT_SECONDS, DriftChecker
@@ -56,13 +58,13 @@ def register(server: grpc.aio.Server, checker: DriftChecker) -> None:
     drift_pb2_grpc.add_DriftServiceServicer_to_server(DriftServicer(checker), server)
 
 
-async def install(rt: Runtime) -> DriftChecker:
+async def install(rt: Runtime, db: Database) -> DriftChecker:
     """Wire the drift checks into a reconciler runtime."""
     settings = DriftSettings()
     await migrate(rt.engine, rt.name, MIGRATIONS)
     channel = rt.channel(settings.pool_address)
     checker = DriftChecker(
-        rt.engine, pool_pb2_grpc.PoolServiceStub(channel), rt.clock, settings.timeout_seconds
+        db, pool_pb2_grpc.PoolServiceStub(channel), rt.clock, settings.timeout_seconds
     )
     rt.add_servicer(lambda server: register(server, checker), SERVICE_NAME)
     # Every ``interval_seconds`` of the clock (the seed's 5 minutes by default); a pool that

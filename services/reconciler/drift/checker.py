@@ -14,13 +14,13 @@ import grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as pool_pb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Database
 from dispo.libs.errors import Unavailable
 from dispo.libs.logging import get_logger
 from dispo.libs.proto_enums import short_name
 from dispo.libs.repairs import REPAIR_KIND_TO_PB
 from dispo.reconciler.drift import store
 from dispo.reconciler.drift.planner import DbCron, PlannedRepair, RepairOutcome, View, plan_repairs
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 
@@ -61,12 +61,12 @@ TIMEOUT_SECONDS = 30.0
 class DriftChecker:
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         pool: pool_pb2_grpc.PoolServiceAsyncStub,
         clock: Clock,
         timeout_seconds: float = TIMEOUT_SECONDS,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.pool = pool
         self.clock = clock
         self.timeout_seconds = timeout_seconds
@@ -85,8 +85,8 @@ class DriftChecker:
             view = view_from_pb(view_pb)
             check_id = f"drift-{uuid.uuid4().hex[:12]}"
             now = self.clock.now()
-            async with self.engine.begin() as conn:
-                await store.check_insert(
+            async with self.db.connection() as conn:  # one statement: it commits alone
+                await store.check_add(
                     conn, check_id, now, len(view.db_crons), len(view.driver_states), view.driver
                 )
             repairs = [await self._apply(check_id, planned) for planned in plan_repairs(view)]
@@ -94,7 +94,7 @@ class DriftChecker:
                 log.info("drift check repaired", check_id=check_id, repairs=len(repairs))
             return CheckResult(check_id, len(view.db_crons), len(view.driver_states), repairs, now)
 
-    async def _apply(self, check_id: str, planned: PlannedRepair) -> dict:
+    async def _apply(self, check_id: str, planned: PlannedRepair) -> dict[str, Any]:
         request = pool_pb.ApplyRepairRequest(
             kind=REPAIR_KIND_TO_PB[planned.kind],
             cron_id=planned.cron_id,
@@ -117,8 +117,8 @@ class DriftChecker:
             outcome=outcome.value,
             reason=planned.reason,
         )
-        async with self.engine.begin() as conn:
-            return await store.repair_insert(
+        async with self.db.connection() as conn:
+            return await store.repair_add(
                 conn,
                 check_id,
                 planned.kind.value,

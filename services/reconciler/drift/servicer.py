@@ -45,6 +45,6 @@ class DriftServicer(drift_pb2_grpc.DriftServiceServicer):
         kind = repair_kind_from_pb(request.kind).value if request.kind else ""
         if request.limit < 0:
             raise InvalidArgument("limit", "must be >= 0")
-        async with self.checker.engine.connect() as conn:
+        async with self.checker.db.connection() as conn:
             rows = await store.repairs_list(conn, kind, min(request.limit or 100, 1000))
         return pb.ListRepairsResponse(repairs=[repair_to_pb(r) for r in rows])

@@ -46,7 +46,7 @@ async def expire_sweep(ctx: Context) -> int:
     batch per state, oldest first); returns how many."""
     now = ctx.clock.now()
     ended = 0
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         for state, limit in limits(ctx).items():
             aged = Filter(states=(state,), min_age_seconds=limit)
             for row in await store.task_list(

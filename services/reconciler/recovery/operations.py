@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
+from dispo.libs.db.driver import Conn
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
@@ -19,7 +20,6 @@ from dispo.reconciler.recovery import store
 from dispo.reconciler.recovery.redrive import redrive_row
 from dispo.reconciler.recovery.store import Filter, RecoveryRow
 from dispo.reconciler.states import RecoveryState
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 R = RecoveryState
@@ -34,7 +34,7 @@ MAX_BY_FILTER = 1000
 MIN_RATE_PER_SECOND = 1 / 86400
 
 
-async def _get(conn: AsyncConnection, task_id: str) -> RecoveryRow:
+async def _get(conn: Conn, task_id: str) -> RecoveryRow:
     if not task_id:
         raise InvalidArgument("task_id", "required")
     row = await store.task_get(conn, task_id, for_update=True)
@@ -47,7 +47,7 @@ async def redrive_one(
     ctx: Context, task_id: str, actor: str, reason: str, include_permanent: bool
 ) -> RecoveryRow:
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         row = await _get(conn, task_id)
         if row.state not in RESUMABLE:
             hint = (
@@ -108,9 +108,9 @@ async def redrive_by_filter(
     trigger = truncate_error(f"manual|{actor}|{reason}")
     ids: list[str] = []
     last: datetime | None = None
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         # Tasks already scheduled by an earlier request keep their place in the queue.
-        latest = await store.manual_redrives_last_due(conn, now)
+        latest = await store.tasks_manual_redrive_last_due(conn, now)
         start = now if latest is None else latest + timedelta(seconds=step)
         for i, row in enumerate(
             await store.task_list(conn, f, now, limit=limit or MAX_BY_FILTER, for_update=True)
@@ -138,7 +138,7 @@ async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> Recove
     """Stop recovering a task; it is cancelled through the executor's normal cancel path
     (its pending nodes become CANCELLED and the gateway shows the task CANCELLED)."""
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         row = await _get(conn, task_id)
         if row.state not in ABANDONABLE:
             raise FailedPrecondition(

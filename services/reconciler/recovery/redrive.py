@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
+from dispo.libs.db.driver import Conn
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.tracing import current, resumed
@@ -21,7 +22,6 @@ from dispo.reconciler.outbox import emit
 from dispo.reconciler.recovery import store
 from dispo.reconciler.recovery.store import RecoveryRow
 from dispo.reconciler.states import RECOVERY_ENDED, RecoveryState
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 R = RecoveryState
@@ -124,7 +124,7 @@ async def intake(ctx: Context, env: task_pb2.Task, kind: str) -> bool:
     is, for an operator to resume; no redrive is scheduled.
     Returns False when it lost a race and should be delivered again."""
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         old = await store.task_get(conn, env.task_id, for_update=True)
         if old is not None:
             if old.state in RECOVERY_ENDED:
@@ -168,7 +168,7 @@ async def intake(ctx: Context, env: task_pb2.Task, kind: str) -> bool:
     return True
 
 
-async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: datetime) -> None:
+async def emit_terminal_failure(conn: Conn, row: RecoveryRow, now: datetime) -> None:
     """The task ends FAILED with the reason: a status snapshot newer than the executor's
     last one (``row.envelope`` as :func:`closed` left it: no node shows PENDING or DEMOTED),
     on the status subject the gateway keeps its view from, and task.close so the executor's
@@ -201,7 +201,7 @@ async def emit_terminal_failure(conn: AsyncConnection, row: RecoveryRow, now: da
 
 async def redrive_row(
     ctx: Context,
-    conn: AsyncConnection,
+    conn: Conn,
     row: RecoveryRow,
     trigger: str,
     now: datetime,
@@ -231,7 +231,7 @@ async def redrive_row(
 
 async def _redrive_row(
     ctx: Context,
-    conn: AsyncConnection,
+    conn: Conn,
     row: RecoveryRow,
     trigger: str,
     now: datetime,
@@ -290,8 +290,8 @@ async def redrive_sweep(ctx: Context) -> int:
     """Redrive every PARKED_FAILED task whose time has come (one batch, oldest due first)."""
     now = ctx.clock.now()
     done = 0
-    async with ctx.engine.begin() as conn:
-        for row in await store.due_for(conn, R.PARKED_FAILED, now, ctx.settings.batch):
+    async with ctx.db.transaction() as conn:
+        for row in await store.tasks_due(conn, R.PARKED_FAILED, now, ctx.settings.batch):
             trigger, actor, reason = _trigger(row)
             done += await redrive_row(ctx, conn, row, trigger, now, actor=actor, reason=reason)
     if done:

@@ -21,8 +21,8 @@ log = get_logger(__name__)
 
 async def health_sweep(ctx: Context) -> int:
     """Probe every downstream with demoted tasks waiting; returns how many were probed."""
-    async with ctx.engine.connect() as conn:
-        names = await store.demoted_downstreams(conn)
+    async with ctx.db.connection() as conn:
+        names = await store.downstreams_demoted(conn)
     results = await asyncio.gather(
         *(
             check_health(
@@ -34,7 +34,7 @@ async def health_sweep(ctx: Context) -> int:
         )
     )
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         for name, (healthy, error) in zip(names, results, strict=False):
             if await store.downstream_record_probe(conn, name, healthy, error, now):
                 log.info("downstream health changed", downstream=name, healthy=healthy, error=error)
@@ -45,17 +45,17 @@ async def release_sweep(ctx: Context) -> int:
     """Release demoted tasks of healthy, unpaused downstreams within their rate."""
     now = ctx.clock.now()
     released = 0
-    async with ctx.engine.connect() as conn:
-        names = await store.demoted_downstreams(conn)
+    async with ctx.db.connection() as conn:
+        names = await store.downstreams_demoted(conn)
     for name in names:
-        async with ctx.engine.begin() as conn:
+        async with ctx.db.transaction() as conn:
             state = await store.downstream_get(conn, name, for_update=True)
             if state.healthy is not True or state.paused:
                 continue
             rate = ctx.config.release_rate(name)
             tokens = rate.refill(state.tokens, state.tokens_at, now)
             allowed = min(ctx.settings.batch, math.floor(tokens + 1e-9))
-            rows = await store.demoted_releasable(conn, name, allowed) if allowed > 0 else []
+            rows = await store.tasks_releasable(conn, name, allowed) if allowed > 0 else []
             for row in rows:
                 if await redrive_row(ctx, conn, row, "release", now, downstream=name):
                     tokens -= 1
@@ -77,12 +77,12 @@ def _name(ctx: Context, name: str) -> str:
 
 
 async def pause(ctx: Context, name: str, actor: str, reason: str) -> None:
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         await store.downstream_set_paused(conn, _name(ctx, name), True, actor, reason)
     log.info("downstream paused", downstream=name, actor=actor, reason=reason)
 
 
 async def resume(ctx: Context, name: str, actor: str) -> None:
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         await store.downstream_set_paused(conn, _name(ctx, name), False, actor, "")
     log.info("downstream resumed", downstream=name, actor=actor)

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.catalogue import Downstream, default_max_effect_seconds
+from dispo.libs.db.driver import Conn
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
@@ -30,7 +31,6 @@ from dispo.reconciler.recovery.policy import ProbeVerdict
 from dispo.reconciler.recovery.redrive import emit_terminal_failure, redrive_row, schedule
 from dispo.reconciler.recovery.store import RecoveryRow
 from dispo.reconciler.states import RecoveryState, SettlementMethod
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = get_logger(__name__)
 R = RecoveryState
@@ -134,8 +134,8 @@ async def settle_sweep(ctx: Context) -> int:
     """Probe the UNKNOWN nodes of tasks awaiting settlement (one batch)."""
     now = ctx.clock.now()
     retry_at = now + timedelta(seconds=ctx.config.settle_retry_delay)
-    async with ctx.engine.begin() as conn:
-        rows = await store.due_for(conn, R.AWAITING_SETTLEMENT, now, ctx.settings.batch)
+    async with ctx.db.transaction() as conn:
+        rows = await store.tasks_due(conn, R.AWAITING_SETTLEMENT, now, ctx.settings.batch)
         for row in rows:  # claimed until retry_at: other replicas skip them meanwhile
             await store.task_set_state_if(
                 conn,
@@ -158,7 +158,7 @@ async def settle_sweep(ctx: Context) -> int:
 
 async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -> None:
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         row = await store.task_get(conn, read.task_id, for_update=True)
         if (
             row is None
@@ -220,7 +220,7 @@ async def _apply(ctx: Context, read: RecoveryRow, plans: list[SettlementPlan]) -
             )
 
 
-async def _settled(ctx: Context, conn: AsyncConnection, row: RecoveryRow, now: datetime) -> None:
+async def _settled(ctx: Context, conn: Conn, row: RecoveryRow, now: datetime) -> None:
     nxt = schedule(ctx, row, now)
     await store.task_set_state_if(
         conn,
@@ -248,7 +248,7 @@ async def resolve_node(
     if not reason.strip():
         raise InvalidArgument("reason", "required: say why the node is resolved this way")
     now = ctx.clock.now()
-    async with ctx.engine.begin() as conn:
+    async with ctx.db.transaction() as conn:
         row = await store.task_get(conn, task_id, for_update=True)
         if row is None:
             raise NotFound(f"task {task_id!r} is not held by the reconciler")

@@ -1,6 +1,9 @@
 """SQL of the recovery store: parked tasks, failure history, redrive log, settlements and
-downstream state. Every state change names its expected state (and the generation it
-read) in the WHERE clause; zero rows means a lost race and is returned as ``False``.
+downstream state, on the driver port (:mod:`dispo.libs.db.driver`) in the caller's
+transaction. Every state change is checked against ``RECOVERY_TRANSITIONS`` before it is
+written and names its expected state (and the generation it read) in its ``WHERE``; the
+rows it moved come back through ``RETURNING``, and none means a lost race, returned as
+``False``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.db.driver import Conn, Row
+from dispo.reconciler.json_rows import JsonRow, with_json
 from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, WORK_KIND_STATES, RecoveryState
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @dataclass
@@ -82,7 +85,7 @@ class Filter:
 
 
 def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
-    clauses = ["state = ANY(:states)"]
+    clauses = ["state = ANY(CAST(:states AS text[]))"]
     params: dict[str, Any] = {"states": [s.value for s in (f.states or sorted(PARKED))]}
     if f.business:
         clauses.append("business = :business")
@@ -97,24 +100,22 @@ def _where(f: Filter, now: datetime) -> tuple[str, dict[str, Any]]:
         clauses.append("error_class = :error_class")
         params["error_class"] = f.error_class
     if f.min_age_seconds:
-        clauses.append("parked_at <= :parked_before")
+        clauses.append("parked_at <= CAST(:parked_before AS timestamptz)")
         params["parked_before"] = now - timedelta(seconds=f.min_age_seconds)
     if f.max_age_seconds:
-        clauses.append("parked_at >= :parked_after")
+        clauses.append("parked_at >= CAST(:parked_after AS timestamptz)")
         params["parked_after"] = now - timedelta(seconds=f.max_age_seconds)
     return " AND ".join(clauses), params
 
 
-async def task_get(
-    conn: AsyncConnection, task_id: str, *, for_update: bool = False
-) -> RecoveryRow | None:
+async def task_get(conn: Conn, task_id: str, *, for_update: bool = False) -> RecoveryRow | None:
     sql = "SELECT * FROM recovery_tasks WHERE task_id = :id" + (" FOR UPDATE" if for_update else "")
-    row = (await conn.execute(text(sql), {"id": task_id})).first()
-    return _row(row) if row else None
+    rows = await conn.fetch(sql, {"id": task_id})
+    return _row(rows[0]) if rows else None
 
 
 async def task_list(
-    conn: AsyncConnection,
+    conn: Conn,
     f: Filter,
     now: datetime,
     *,
@@ -127,29 +128,31 @@ async def task_list(
     ``after`` (keyset pages); with ``for_update``, locked (SKIP LOCKED)."""
     where, params = _where(f, now)
     if after is not None:
-        where += " AND (parked_at, task_id) > (:after_at, :after_id)"
+        where += (
+            " AND (parked_at, task_id) > (CAST(:after_at AS timestamptz), CAST(:after_id AS text))"
+        )
         params.update(after_at=after[0], after_id=after[1])
     sql = (
         f"SELECT * FROM recovery_tasks WHERE {where} ORDER BY parked_at, task_id LIMIT :limit OFFSET :offset"
         + (" FOR UPDATE SKIP LOCKED" if for_update else "")
     )
-    rows = await conn.execute(text(sql), {**params, "limit": limit, "offset": offset})
+    rows = await conn.fetch(sql, {**params, "limit": limit, "offset": offset})
     return [_row(r) for r in rows]
 
 
-async def task_insert(conn: AsyncConnection, row: RecoveryRow) -> bool:
-    result = await conn.execute(
-        text(
+async def task_insert(conn: Conn, row: RecoveryRow) -> bool:
+    inserted = await conn.fetch(
+        (
             "INSERT INTO recovery_tasks (task_id, business, state, kind, cells, downstreams, error_class, reason, envelope,"
             " generation, version, task_created_at, first_parked_at, parked_at, next_redrive_at, redrive_trigger, updated_at,"
             " trace)"
             " VALUES (:task_id, :business, :state, :kind, :cells, :downstreams, :error_class, :reason, :envelope,"
             " :generation, :version, :task_created_at, :first_parked_at, :parked_at, :next_redrive_at, :redrive_trigger,"
-            " :updated_at, :trace) ON CONFLICT (task_id) DO NOTHING"
+            " :updated_at, :trace) ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
         ),
         _params(row),
     )
-    return result.rowcount == 1
+    return bool(inserted)
 
 
 def _params(row: RecoveryRow) -> dict[str, Any]:
@@ -176,25 +179,30 @@ def _params(row: RecoveryRow) -> dict[str, Any]:
 
 
 async def task_repark_if(
-    conn: AsyncConnection, row: RecoveryRow, *, expected: RecoveryState, expected_generation: int
+    conn: Conn, row: RecoveryRow, *, expected: RecoveryState, expected_generation: int
 ) -> bool:
     """Replace the parked picture (a newer envelope arrived) if nobody moved the row."""
     RECOVERY_TRANSITIONS.check(expected, row.state)
-    result = await conn.execute(
-        text(
+    moved = await conn.fetch(
+        (
             "UPDATE recovery_tasks SET state = :state, kind = :kind, cells = :cells, downstreams = :downstreams,"
             " error_class = :error_class, reason = :reason, envelope = :envelope, generation = :generation,"
             " version = :version, parked_at = :parked_at, next_redrive_at = :next_redrive_at,"
             " redrive_trigger = :redrive_trigger, updated_at = :updated_at, trace = :trace"
             " WHERE task_id = :task_id AND state = :expected AND generation = :expected_generation"
+            " RETURNING task_id"
         ),
         {**_params(row), "expected": expected.value, "expected_generation": expected_generation},
     )
-    return result.rowcount == 1
+    return bool(moved)
+
+
+# The columns a state change may set besides its state (:func:`task_set_state_if`).
+STATE_FIELDS = frozenset({"envelope", "reason", "next_redrive_at", "redrive_trigger"})
 
 
 async def task_set_state_if(
-    conn: AsyncConnection,
+    conn: Conn,
     task_id: str,
     expected: RecoveryState | tuple[RecoveryState, ...],
     new: RecoveryState,
@@ -203,7 +211,11 @@ async def task_set_state_if(
     generation: int | None = None,
     **fields: Any,
 ) -> bool:
-    """Move a row from ``expected`` to ``new`` and set ``fields`` (envelope as a Task)."""
+    """Move a row from ``expected`` to ``new`` and set ``fields`` (envelope as a Task): only
+    the columns of :data:`STATE_FIELDS` (another raises ``ValueError``, nothing written)."""
+    unknown = set(fields) - STATE_FIELDS
+    if unknown:
+        raise ValueError(f"not a column a state change sets: {sorted(unknown)}")
     if "envelope" in fields and isinstance(fields["envelope"], task_pb2.Task):
         fields["envelope"] = fields["envelope"].SerializeToString()
     sets = "".join(f", {name} = :{name}" for name in fields)
@@ -211,8 +223,9 @@ async def task_set_state_if(
     RECOVERY_TRANSITIONS.check(expected_all, new)
     sql = (
         f"UPDATE recovery_tasks SET state = :new, updated_at = :now{sets}"
-        " WHERE task_id = :task_id AND state = ANY(:expected)"
+        " WHERE task_id = :task_id AND state = ANY(CAST(:expected AS text[]))"
         + (" AND generation = :expected_generation" if generation is not None else "")
+        + " RETURNING task_id"
     )
     params = {
         "task_id": task_id,
@@ -222,7 +235,7 @@ async def task_set_state_if(
         "expected_generation": generation,
         **fields,
     }
-    return (await conn.execute(text(sql), params)).rowcount == 1
+    return bool(await conn.fetch(sql, params))
 
 
 def tasks_set_state_if_part(
@@ -261,7 +274,7 @@ def tasks_set_state_if_part(
 
 
 async def task_redriven_if(
-    conn: AsyncConnection,
+    conn: Conn,
     task_id: str,
     expected: RecoveryState,
     generation: int,
@@ -279,11 +292,12 @@ async def task_redriven_if(
     counter = "redrives = redrives + 1" + (", releases = releases + 1" if release else "")
     if expected is RecoveryState.FAILED:
         counter = "redrives = 0, first_parked_at = :now"
-    result = await conn.execute(
-        text(
+    moved = await conn.fetch(
+        (
             f"UPDATE recovery_tasks SET state = 'redriven', envelope = :envelope, generation = :new_generation, {counter},"
             " last_redrive_at = :now, next_redrive_at = NULL, updated_at = :now"
             " WHERE task_id = :task_id AND state = :expected AND generation = :generation"
+            " RETURNING task_id"
         ),
         {
             "task_id": task_id,
@@ -294,28 +308,25 @@ async def task_redriven_if(
             "new_generation": envelope.generation,
         },
     )
-    return result.rowcount == 1
+    return bool(moved)
 
 
-async def manual_redrives_last_due(conn: AsyncConnection, now: datetime) -> datetime | None:
+async def tasks_manual_redrive_last_due(conn: Conn, now: datetime) -> datetime | None:
     """When the last operator-scheduled redrive still waiting is due (None: none waits)."""
-    return (
-        await conn.execute(
-            text(
-                "SELECT max(next_redrive_at) FROM recovery_tasks WHERE state = 'parked_failed'"
-                " AND redrive_trigger LIKE 'manual|%' AND next_redrive_at > :now"
-            ),
-            {"now": now},
-        )
-    ).scalar()
+    due: list[datetime | None] = await conn.scalars(
+        "SELECT max(next_redrive_at) FROM recovery_tasks WHERE state = 'parked_failed'"
+        " AND redrive_trigger LIKE 'manual|%' AND next_redrive_at > :now",
+        {"now": now},
+    )
+    return due[0]
 
 
-async def due_for(
-    conn: AsyncConnection, state: RecoveryState, now: datetime, limit: int
+async def tasks_due(
+    conn: Conn, state: RecoveryState, now: datetime, limit: int
 ) -> list[RecoveryRow]:
     """Rows in ``state`` whose next_redrive_at has come, oldest due first, locked (SKIP LOCKED)."""
-    rows = await conn.execute(
-        text(
+    rows = await conn.fetch(
+        (
             "SELECT * FROM recovery_tasks WHERE state = :state AND next_redrive_at <= :now"
             " ORDER BY next_redrive_at, task_id LIMIT :limit FOR UPDATE SKIP LOCKED"
         ),
@@ -325,7 +336,7 @@ async def due_for(
 
 
 async def history_add(
-    conn: AsyncConnection,
+    conn: Conn,
     env: task_pb2.Task,
     kind: str,
     now: datetime,
@@ -333,8 +344,8 @@ async def history_add(
     error_class: str,
     nodes: list[dict],
 ) -> None:
-    await conn.execute(
-        text(
+    await conn.fetch(
+        (
             "INSERT INTO failure_history (task_id, kind, generation, received_at, reason, error_class, nodes)"
             " VALUES (:id, :kind, :gen, :now, :reason, :error_class, CAST(:nodes AS jsonb)) ON CONFLICT DO NOTHING"
         ),
@@ -350,16 +361,16 @@ async def history_add(
     )
 
 
-async def history_get(conn: AsyncConnection, task_id: str) -> list[Any]:
-    return list(
-        await conn.execute(
-            text("SELECT * FROM failure_history WHERE task_id = :id ORDER BY id"), {"id": task_id}
-        )
+async def history_get(conn: Conn, task_id: str) -> list[JsonRow]:
+    """The task's failure records, oldest first (``nodes`` read as JSON)."""
+    rows = await conn.fetch(
+        "SELECT * FROM failure_history WHERE task_id = :id ORDER BY id", {"id": task_id}
     )
+    return with_json(rows, "nodes")
 
 
 async def redrive_log_add(
-    conn: AsyncConnection,
+    conn: Conn,
     task_id: str,
     generation: int,
     trigger: str,
@@ -370,8 +381,8 @@ async def redrive_log_add(
     downstream: str = "",
     nodes: list[str] | None = None,
 ) -> None:
-    await conn.execute(
-        text(
+    await conn.fetch(
+        (
             "INSERT INTO redrive_log (task_id, generation, trigger, actor, reason, downstream, at, nodes_reset)"
             " VALUES (:id, :gen, :trigger, :actor, :reason, :downstream, :now, :nodes)"
         ),
@@ -388,16 +399,14 @@ async def redrive_log_add(
     )
 
 
-async def redrive_log_get(conn: AsyncConnection, task_id: str) -> list[Any]:
-    return list(
-        await conn.execute(
-            text("SELECT * FROM redrive_log WHERE task_id = :id ORDER BY id"), {"id": task_id}
-        )
+async def redrive_log_get(conn: Conn, task_id: str) -> list[Row]:
+    return await conn.fetch(
+        "SELECT * FROM redrive_log WHERE task_id = :id ORDER BY id", {"id": task_id}
     )
 
 
 async def settlement_add(
-    conn: AsyncConnection,
+    conn: Conn,
     task_id: str,
     node_id: str,
     generation: int,
@@ -408,8 +417,8 @@ async def settlement_add(
     reason: str = "",
     actor: str = "",
 ) -> None:
-    await conn.execute(
-        text(
+    await conn.fetch(
+        (
             "INSERT INTO settlements (task_id, node_id, generation, method, outcome, reason, actor, at)"
             " VALUES (:id, :node, :gen, :method, :outcome, :reason, :actor, :now) ON CONFLICT DO NOTHING"
         ),
@@ -426,40 +435,38 @@ async def settlement_add(
     )
 
 
-async def settlements_get(conn: AsyncConnection, task_id: str) -> list[Any]:
-    return list(
-        await conn.execute(
-            text("SELECT * FROM settlements WHERE task_id = :id ORDER BY id"), {"id": task_id}
-        )
+async def settlements_get(conn: Conn, task_id: str) -> list[Row]:
+    return await conn.fetch(
+        "SELECT * FROM settlements WHERE task_id = :id ORDER BY id", {"id": task_id}
     )
 
 
 # ---- downstreams ------------------------------------------------------------------------
 
 
-async def downstream_get(conn: AsyncConnection, name: str, *, for_update: bool = False) -> Any:
-    await conn.execute(
-        text("INSERT INTO downstream_state (name) VALUES (:name) ON CONFLICT DO NOTHING"),
-        {"name": name},
+async def downstream_get(conn: Conn, name: str, *, for_update: bool = False) -> Row:
+    await conn.fetch(
+        "INSERT INTO downstream_state (name) VALUES (:name) ON CONFLICT DO NOTHING", {"name": name}
     )
     sql = "SELECT * FROM downstream_state WHERE name = :name" + (
         " FOR UPDATE" if for_update else ""
     )
-    return (await conn.execute(text(sql), {"name": name})).one()
+    [row] = await conn.fetch(sql, {"name": name})
+    return row
 
 
-async def downstream_all(conn: AsyncConnection) -> dict[str, Any]:
-    return {r.name: r for r in await conn.execute(text("SELECT * FROM downstream_state"))}
+async def downstream_all(conn: Conn) -> dict[str, Row]:
+    return {r.name: r for r in await conn.fetch("SELECT * FROM downstream_state")}
 
 
 async def downstream_record_probe(
-    conn: AsyncConnection, name: str, healthy: bool, error: str, now: datetime
+    conn: Conn, name: str, healthy: bool, error: str, now: datetime
 ) -> bool:
     """Record a health probe; True when the health changed."""
     row = await downstream_get(conn, name, for_update=True)
     changed = row.healthy is not healthy
-    await conn.execute(
-        text(
+    await conn.fetch(
+        (
             "UPDATE downstream_state SET healthy = :healthy, probe_error = :error, last_probe_at = :now"
             + (", last_change_at = :now, tokens = 0, tokens_at = NULL" if changed else "")
             + " WHERE name = :name"
@@ -470,44 +477,41 @@ async def downstream_record_probe(
 
 
 async def downstream_set_paused(
-    conn: AsyncConnection, name: str, paused: bool, actor: str, reason: str
+    conn: Conn, name: str, paused: bool, actor: str, reason: str
 ) -> None:
     await downstream_get(conn, name, for_update=True)
-    await conn.execute(
-        text(
-            "UPDATE downstream_state SET paused = :paused, paused_by = :actor, paused_reason = :reason,"
-            " tokens = CASE WHEN :paused THEN 0 ELSE tokens END, tokens_at = CASE WHEN :paused THEN NULL ELSE tokens_at END"
+    await conn.fetch(
+        (
+            "UPDATE downstream_state SET paused = CAST(:paused AS boolean), paused_by = :actor,"
+            " paused_reason = :reason,"
+            " tokens = CASE WHEN CAST(:paused AS boolean) THEN 0 ELSE tokens END,"
+            " tokens_at = CASE WHEN CAST(:paused AS boolean) THEN NULL ELSE tokens_at END"
             " WHERE name = :name"
         ),
         {"name": name, "paused": paused, "actor": actor, "reason": reason},
     )
 
 
-async def downstream_set_tokens(
-    conn: AsyncConnection, name: str, tokens: float, now: datetime
-) -> None:
-    await conn.execute(
-        text("UPDATE downstream_state SET tokens = :tokens, tokens_at = :now WHERE name = :name"),
+async def downstream_set_tokens(conn: Conn, name: str, tokens: float, now: datetime) -> None:
+    await conn.fetch(
+        "UPDATE downstream_state SET tokens = :tokens, tokens_at = :now WHERE name = :name",
         {"name": name, "tokens": tokens, "now": now},
     )
 
 
-async def demoted_downstreams(conn: AsyncConnection) -> list[str]:
-    rows = await conn.execute(
-        text(
-            "SELECT DISTINCT unnest(downstreams) AS name FROM recovery_tasks WHERE state = 'demoted'"
-        )
+async def downstreams_demoted(conn: Conn) -> list[str]:
+    """The downstreams demoted tasks wait for."""
+    names: list[str] = await conn.scalars(
+        "SELECT DISTINCT unnest(downstreams) AS name FROM recovery_tasks WHERE state = 'demoted'"
     )
-    return sorted(r.name for r in rows)
+    return sorted(names)
 
 
-async def demoted_releasable(
-    conn: AsyncConnection, downstream: str, limit: int
-) -> list[RecoveryRow]:
+async def tasks_releasable(conn: Conn, downstream: str, limit: int) -> list[RecoveryRow]:
     """Oldest DEMOTED tasks waiting for ``downstream`` whose every blocking downstream is
     healthy and not paused; locked, SKIP LOCKED."""
-    rows = await conn.execute(
-        text(
+    rows = await conn.fetch(
+        (
             "SELECT * FROM recovery_tasks t WHERE t.state = 'demoted' AND :name = ANY(t.downstreams)"
             " AND NOT EXISTS (SELECT 1 FROM unnest(t.downstreams) d(name)"
             "   LEFT JOIN downstream_state s ON s.name = d.name"
@@ -519,29 +523,31 @@ async def demoted_releasable(
     return [_row(r) for r in rows]
 
 
-async def backlog_by_state(conn: AsyncConnection) -> dict[RecoveryState, tuple[int, datetime]]:
+async def tasks_backlog_by_state(conn: Conn) -> dict[RecoveryState, tuple[int, datetime]]:
     """How many tasks each held state has, and the oldest one's parked_at (the index on
     (state, parked_at))."""
     held = [s.value for states in WORK_KIND_STATES.values() for s in states]
-    rows = await conn.execute(
-        text(
+    rows = await conn.fetch(
+        (
             "SELECT state, count(*) AS n, min(parked_at) AS oldest FROM recovery_tasks"
-            " WHERE state = ANY(:held) GROUP BY state"
+            " WHERE state = ANY(CAST(:held AS text[])) GROUP BY state"
         ),
         {"held": held},
     )
     return {RecoveryState(r.state): (int(r.n), r.oldest) for r in rows}
 
 
-async def queue_depths(conn: AsyncConnection) -> dict[str, Any]:
-    rows = await conn.execute(
-        text(
+async def downstreams_queue_depths(conn: Conn) -> dict[str, Row]:
+    """Per downstream, its parked tasks: demoted and failed, how many and the oldest."""
+    rows = await conn.fetch(
+        (
             "SELECT d AS name,"
             " count(*) FILTER (WHERE state = 'demoted') AS demoted,"
             " min(parked_at) FILTER (WHERE state = 'demoted') AS oldest_demoted,"
             " count(*) FILTER (WHERE state <> 'demoted') AS failed,"
             " min(first_parked_at) FILTER (WHERE state <> 'demoted') AS oldest_failed"
-            " FROM recovery_tasks, unnest(downstreams) AS d WHERE state = ANY(:parked) GROUP BY d"
+            " FROM recovery_tasks, unnest(downstreams) AS d"
+            " WHERE state = ANY(CAST(:parked AS text[])) GROUP BY d"
         ),
         {"parked": [s.value for s in PARKED]},
     )
