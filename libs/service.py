@@ -82,6 +82,8 @@ class Runtime:
     service_names: list[str] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
     closers: list[tuple[str, Close]] = field(default_factory=list)
+    # The driver ports opened with database(): closed after every resource, as the engine.
+    databases: list[Database] = field(default_factory=list)
     _quarantine: quarantine.Quarantine | None = None
     # The service's metrics: its families, and the probes read when Prometheus scrapes.
     metrics: Metrics = field(init=False)
@@ -95,11 +97,14 @@ class Runtime:
 
     async def database(self, *, size: int = 20) -> Database:
         """The driver port on the service's schema (:mod:`dispo.libs.db.driver`), for the
-        statements of its store; closed when the service stops, after every part."""
+        statements of its store; closed when the service stops, after every part and every
+        resource (a resource may still write as it closes: a job registry hands its running
+        work back), before the engine."""
         url = self.server.database_url or self.settings.database_url
         schema = self.name
         db = await until_reachable("database", lambda: Database.open(url, schema, size=size))
-        return self.close_on_stop(db, name="database pool")
+        self.databases.append(db)
+        return db
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A channel to another service, its calls carrying this service's token
@@ -344,6 +349,11 @@ async def serve(
     finally:
         rt.metrics.stop()
         await close_all(rt.closers)
+        for db in rt.databases:
+            try:
+                await db.close()
+            except Exception:
+                log.exception("database pool failed to close")
         await bus.close()
         await engine.dispose()
     log.info("stopped", crashed=crashed)

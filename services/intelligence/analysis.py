@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dispo.intelligence import store
 from dispo.intelligence.analysis_models import AnalysisModel, ModelRegistry
 from dispo.intelligence.evaluations import Evaluation
 from dispo.intelligence.job_rules import (
@@ -72,22 +73,28 @@ def evaluation_summary(evaluation: Evaluation) -> dict[str, Any]:
 
 async def ensure_queued(deps: JobDeps, evaluation_id: str) -> tuple[Job | None, bool]:
     """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
-    return await deps.store.job_ensure_queued(JobKind.ANALYSIS, evaluation_id, deps.clock.now())
+    async with deps.db.connection() as conn:
+        return await store.job_ensure_queued(
+            conn, JobKind.ANALYSIS, evaluation_id, deps.clock.now()
+        )
 
 
 async def validate(deps: JobDeps, evaluation_id: str) -> JobPlan:
-    evaluation = await deps.store.evaluation_get(evaluation_id)
+    async with deps.db.connection() as conn:
+        evaluation = await store.evaluation_get(conn, evaluation_id)
     model = validate_analysis_request(evaluation, evaluation_id, deps.models)
     return JobPlan({"model": model.name}, {"analysis_model": model.name})
 
 
 async def work_fn(deps: JobDeps, evaluation_id: str, plan: JobPlan) -> WorkResult:
-    evaluation = await deps.store.evaluation_get(evaluation_id)
+    async with deps.db.connection() as conn:
+        evaluation = await store.evaluation_get(conn, evaluation_id)
+        runs = await store.runs_of(conn, evaluation_id)
     assert evaluation is not None  # validated after the claim; evaluations are never deleted
     model = deps.models.get(plan.data["model"])
     if model is None:
         raise RuntimeError(f"analysis model {plan.data['model']!r} disappeared")
-    stats = compute_stats(await deps.store.runs_of(evaluation_id))
+    stats = compute_stats(runs)
     narrative = await model.narrate_analysis(evaluation_summary(evaluation), stats)
     return WorkResult(
         {"model": model.name, "stats": stats, "narrative": narrative},

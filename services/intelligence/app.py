@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dispo.intelligence import store
 from dispo.intelligence.analysis_models import ModelRegistry
 from dispo.intelligence.events import EvaluationEvents, consumer
 from dispo.intelligence.feed import EvaluationFeed
@@ -20,10 +21,10 @@ from dispo.intelligence.job_settlement import JobDeps
 from dispo.intelligence.runtime import IntelligenceJobs
 from dispo.intelligence.servicer import IntelligenceServicer
 from dispo.intelligence.settings import IntelligenceSettings
-from dispo.intelligence.store import IntelligenceStore
 from dispo.libs import metrics
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Database
 from dispo.libs.logging import get_logger
 from dispo.libs.service import Runtime, run_service
 
@@ -39,7 +40,7 @@ class Intelligence:
     """The service's objects, built once; also what in-process tests use."""
 
     settings: IntelligenceSettings
-    store: IntelligenceStore
+    db: Database  # what the store runs on (dispo.intelligence.store)
     models: ModelRegistry
     jobs: IntelligenceJobs
     feed: EvaluationFeed
@@ -48,34 +49,34 @@ class Intelligence:
 
 
 def build(
-    engine,
+    db: Database,
     clock: Clock,
     settings: IntelligenceSettings | None = None,
     models: ModelRegistry | None = None,
 ) -> Intelligence:
     settings = settings or IntelligenceSettings()
-    store = IntelligenceStore(engine)
     models = models or ModelRegistry.from_configs(settings.models, settings.default_analysis_model)
     policy = settings.recovery_policy()
-    deps = JobDeps(store, models, clock, settings.retry_policy(), policy.heartbeat.total_seconds())
+    deps = JobDeps(db, models, clock, settings.retry_policy(), policy.heartbeat.total_seconds())
     jobs = IntelligenceJobs(deps, policy=policy)
-    feed = EvaluationFeed(store, models, clock, jobs)
+    feed = EvaluationFeed(db, models, clock, jobs)
     events = EvaluationEvents(
         feed, settings.unknown_evaluation_retry_seconds, settings.unknown_evaluation_max_deliveries
     )
     return Intelligence(
-        settings, store, models, jobs, feed, events, IntelligenceServicer(feed, jobs, store)
+        settings, db, models, jobs, feed, events, IntelligenceServicer(feed, jobs, db)
     )
 
 
-async def job_samples(store: IntelligenceStore) -> list[metrics.Sample]:
+async def job_samples(db: Database) -> list[metrics.Sample]:
     """The jobs not completed, by kind and status."""
-    counts = await store.job_counts_unfinished()
+    async with db.connection() as conn:
+        counts = await store.job_counts_unfinished(conn)
     return [metrics.INTELLIGENCE_JOBS.sample(n, kind, status) for kind, status, n in counts]
 
 
 async def setup(rt: Runtime) -> None:
-    app = build(rt.engine, rt.clock)
+    app = build(await rt.database(), rt.clock)
     rt.add_servicer(
         lambda server: intelligence_pb2_grpc.add_IntelligenceServiceServicer_to_server(
             app.servicer, server
@@ -83,7 +84,7 @@ async def setup(rt: Runtime) -> None:
         SERVICE_NAME,
     )
 
-    rt.metrics.probe(lambda: job_samples(app.store))
+    rt.metrics.probe(lambda: job_samples(app.db))
     report = await app.jobs.recover()
     log.info("restart recovery", requeued=len(report.requeued), failed=len(report.failed))
     await app.jobs.sweep_lost_triggers()

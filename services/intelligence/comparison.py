@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dispo.intelligence import store
 from dispo.intelligence.analysis import evaluation_not_found, require_finished, resolve_model
 from dispo.intelligence.analysis_models import AnalysisModel, ModelRegistry
 from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus
@@ -100,10 +101,11 @@ def validate_comparison_request(
 async def load_and_validate(
     deps: JobDeps, evaluation_id: str
 ) -> tuple[Evaluation, Evaluation, AnalysisModel]:
-    evaluation = await deps.store.evaluation_get(evaluation_id)
-    baseline = None
-    if evaluation is not None:
-        baseline = await deps.store.evaluation_find_baseline(evaluation)
+    async with deps.db.connection() as conn:
+        evaluation = await store.evaluation_get(conn, evaluation_id)
+        baseline = None
+        if evaluation is not None:
+            baseline = await store.evaluation_find_baseline(conn, evaluation)
     model = validate_comparison_request(evaluation, evaluation_id, baseline, deps.models)
     assert evaluation is not None and baseline is not None
     return evaluation, baseline, model
@@ -114,7 +116,10 @@ async def load_and_validate(
 
 async def ensure_queued(deps: JobDeps, evaluation_id: str) -> tuple[Job | None, bool]:
     """Create the row as queued; an existing row comes back as it is (only a trigger re-queues a failed one)."""
-    return await deps.store.job_ensure_queued(JobKind.COMPARISON, evaluation_id, deps.clock.now())
+    async with deps.db.connection() as conn:
+        return await store.job_ensure_queued(
+            conn, JobKind.COMPARISON, evaluation_id, deps.clock.now()
+        )
 
 
 async def validate(deps: JobDeps, evaluation_id: str) -> JobPlan:
@@ -130,15 +135,18 @@ async def validate(deps: JobDeps, evaluation_id: str) -> JobPlan:
 
 
 async def work_fn(deps: JobDeps, evaluation_id: str, plan: JobPlan) -> WorkResult:
-    evaluation = await deps.store.evaluation_get(evaluation_id)
-    baseline = await deps.store.evaluation_get(plan.data["baseline_evaluation_id"])
-    model = deps.models.get(plan.data["model"])
-    if evaluation is None or baseline is None or model is None:
-        raise RuntimeError("evaluation, baseline or model disappeared after validation")
-    if baseline.status != EvaluationRecordStatus.COMPLETED:
-        raise RuntimeError(f"baseline {baseline.evaluation_id!r} is no longer completed")
-    current_stats = compute_stats(await deps.store.runs_of(evaluation_id))
-    baseline_stats = compute_stats(await deps.store.runs_of(baseline.evaluation_id))
+    async with deps.db.connection() as conn:
+        evaluation = await store.evaluation_get(conn, evaluation_id)
+        baseline = await store.evaluation_get(conn, plan.data["baseline_evaluation_id"])
+        model = deps.models.get(plan.data["model"])
+        if evaluation is None or baseline is None or model is None:
+            raise RuntimeError("evaluation, baseline or model disappeared after validation")
+        if baseline.status != EvaluationRecordStatus.COMPLETED:
+            raise RuntimeError(f"baseline {baseline.evaluation_id!r} is no longer completed")
+        current_runs = await store.runs_of(conn, evaluation_id)
+        baseline_runs = await store.runs_of(conn, baseline.evaluation_id)
+    current_stats = compute_stats(current_runs)
+    baseline_stats = compute_stats(baseline_runs)
     comparison = {
         "evaluation_id": evaluation_id,
         "period": evaluation.period,

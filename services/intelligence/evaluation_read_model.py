@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dispo.intelligence import store
 from dispo.intelligence.job_rules import Job, JobKind, JobStatus
-from dispo.intelligence.store import IntelligenceStore
+from dispo.libs.db.driver import Conn, Database
 from dispo.libs.errors import NotFound
 
 
@@ -33,25 +34,27 @@ class ComparisonView:
     narrative: str
 
 
-async def _job(store: IntelligenceStore, kind: JobKind, evaluation_id: str) -> Job:
-    job = await store.job_get(kind, evaluation_id)
+async def _job(conn: Conn, kind: JobKind, evaluation_id: str) -> Job:
+    job = await store.job_get(conn, kind, evaluation_id)
     if job is None:
         raise NotFound(f"no {kind.value} job for evaluation {evaluation_id!r}")
     return job
 
 
-async def load_analysis_view(store: IntelligenceStore, evaluation_id: str) -> AnalysisView:
-    job = await _job(store, JobKind.ANALYSIS, evaluation_id)
+async def load_analysis_view(db: Database, evaluation_id: str) -> AnalysisView:
+    async with db.connection() as conn:
+        job = await _job(conn, JobKind.ANALYSIS, evaluation_id)
     result = job.result if job.status == JobStatus.COMPLETED and job.result else {}
     return AnalysisView(job=job, stats=result.get("stats"), narrative=result.get("narrative", ""))
 
 
-async def load_comparison_view(store: IntelligenceStore, evaluation_id: str) -> ComparisonView:
-    job = await _job(store, JobKind.COMPARISON, evaluation_id)
-    result = job.result if job.status == JobStatus.COMPLETED and job.result else {}
-    evaluation = await store.evaluation_get(evaluation_id)
-    baseline_id = result.get("baseline_evaluation_id") or job.baseline_evaluation_id or ""
-    baseline = await store.evaluation_get(baseline_id) if baseline_id else None
+async def load_comparison_view(db: Database, evaluation_id: str) -> ComparisonView:
+    async with db.connection() as conn:
+        job = await _job(conn, JobKind.COMPARISON, evaluation_id)
+        result = job.result if job.status == JobStatus.COMPLETED and job.result else {}
+        evaluation = await store.evaluation_get(conn, evaluation_id)
+        baseline_id = result.get("baseline_evaluation_id") or job.baseline_evaluation_id or ""
+        baseline = await store.evaluation_get(conn, baseline_id) if baseline_id else None
     return ComparisonView(
         job=job,
         evaluation_id=evaluation_id,

@@ -5,11 +5,12 @@ Completing an evaluation hands it to the automatic trigger (``IntelligenceJobs``
 
 from __future__ import annotations
 
+from dispo.intelligence import store
 from dispo.intelligence.analysis_models import ModelRegistry
 from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus, RunResult
 from dispo.intelligence.runtime import IntelligenceJobs
-from dispo.intelligence.store import IntelligenceStore
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Database
 from dispo.libs.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -24,25 +25,27 @@ log = get_logger(__name__)
 class EvaluationFeed:
     def __init__(
         self,
-        store: IntelligenceStore,
+        db: Database,
         models: ModelRegistry,
         clock: Clock,
         jobs: IntelligenceJobs,
     ) -> None:
-        self.store = store
+        self.db = db
         self.models = models
         self.clock = clock
         self.jobs = jobs
 
     async def get(self, evaluation_id: str) -> Evaluation:
-        evaluation = await self.store.evaluation_get(evaluation_id)
+        async with self.db.connection() as conn:
+            evaluation = await store.evaluation_get(conn, evaluation_id)
         if evaluation is None:
             raise NotFound(f"evaluation {evaluation_id!r} not found")
         return evaluation
 
     async def create(self, evaluation: Evaluation) -> tuple[Evaluation, bool]:
         """Register a running evaluation; the same registration again is a no-op."""
-        created = await self.store.evaluation_insert(evaluation, self.clock.now())
+        async with self.db.connection() as conn:
+            created = await store.evaluation_insert(conn, evaluation, self.clock.now())
         existing = await self.get(evaluation.evaluation_id)
         differing = None if created else existing.differing_field(evaluation)
         if differing is not None:
@@ -60,21 +63,26 @@ class EvaluationFeed:
     async def record_runs(self, evaluation_id: str, runs: list[RunResult]) -> tuple[int, int]:
         """Store run results of a running evaluation; ``(recorded, duplicates)``."""
         evaluation = await self.get(evaluation_id)
-        if evaluation.is_terminal:
-            if await self.store.runs_known([r.run_id for r in runs]) == len(
-                {r.run_id for r in runs}
-            ):
-                return 0, len(runs)  # a redelivered batch: all already stored
-            raise FailedPrecondition(
-                f"evaluation {evaluation_id!r} is {evaluation.status.value}; run results are "
-                "accepted only while it is running"
-            )
-        recorded = await self.store.runs_insert(evaluation_id, runs, self.clock.now())
+        async with self.db.connection() as conn:
+            if evaluation.is_terminal:
+                if await store.runs_known(conn, [r.run_id for r in runs]) == len(
+                    {r.run_id for r in runs}
+                ):
+                    return 0, len(runs)  # a redelivered batch: all already stored
+                raise FailedPrecondition(
+                    f"evaluation {evaluation_id!r} is {evaluation.status.value}; run results"
+                    " are accepted only while it is running"
+                )
+            recorded = await store.runs_insert(conn, evaluation_id, runs, self.clock.now())
         return recorded, len(runs) - recorded
 
     async def complete(self, evaluation_id: str, status: EvaluationRecordStatus) -> Evaluation:
         """running -> ``status``; repeating the same completion is a no-op."""
-        if await self.store.evaluation_complete_if_running(evaluation_id, status, self.clock.now()):
+        async with self.db.connection() as conn:
+            completed = await store.evaluation_complete_if_running(
+                conn, evaluation_id, status, self.clock.now()
+            )
+        if completed:
             evaluation = await self.get(evaluation_id)
             log.info(
                 "evaluation finished",
@@ -101,8 +109,10 @@ class EvaluationFeed:
 
     async def assign_analysis_model(self, evaluation_id: str, model: str) -> Evaluation:
         self.require_registered_model(model)
-        if not await self.store.evaluation_set_analysis_model(
-            evaluation_id, model or None, self.clock.now()
-        ):
+        async with self.db.connection() as conn:
+            assigned = await store.evaluation_set_analysis_model(
+                conn, evaluation_id, model or None, self.clock.now()
+            )
+        if not assigned:
             raise NotFound(f"evaluation {evaluation_id!r} not found")
         return await self.get(evaluation_id)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from dispo.intelligence import store
 from dispo.intelligence.analysis_models import ModelRegistry
 from dispo.intelligence.job_rules import (
     MAX_QUEUED_RECOVERY_ATTEMPTS,
@@ -36,9 +37,9 @@ from dispo.intelligence.job_rules import (
     settlement_fields,
 )
 from dispo.intelligence.retries import GaveUp, RetryPolicy, call_with_retries
-from dispo.intelligence.store import IntelligenceStore
 from dispo.libs import metrics
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Database
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Periodic
@@ -48,10 +49,10 @@ log = get_logger(__name__)
 
 @dataclass
 class JobDeps:
-    """What adapters may use: the store, the analysis models and the clock; and how
-    ``execute`` retries a transient failure of the work (``retries``)."""
+    """What adapters may use: the database the store runs on, the analysis models and the
+    clock; and how ``execute`` retries a transient failure of the work (``retries``)."""
 
-    store: IntelligenceStore
+    db: Database
     models: ModelRegistry
     clock: Clock
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -95,7 +96,7 @@ async def execute(
 ) -> JobOutcome:
     if adapter.kind != kind:
         raise ValueError(f"adapter for {adapter.kind} cannot execute {kind}")
-    store, clock = deps.store, deps.clock
+    clock = deps.clock
     bound = log.bind(job_kind=kind.value, evaluation_id=evaluation_id)
 
     job, _ = await adapter.ensure_queued(deps, evaluation_id)
@@ -104,7 +105,9 @@ async def execute(
         return JobOutcome.SKIPPED
 
     token = uuid.uuid4().hex
-    if not await store.job_claim_if_queued(kind, evaluation_id, token, clock.now()):
+    if not await _alone(
+        deps.db, store.job_claim_if_queued, kind, evaluation_id, token, clock.now()
+    ):
         bound.debug("claim lost")
         return JobOutcome.LOST
     claimed = time.perf_counter()
@@ -118,7 +121,7 @@ async def _run_claimed(
     kind: JobKind, evaluation_id: str, deps: JobDeps, adapter: JobAdapter, token: str, bound: Any
 ) -> JobOutcome:
     """Validate, ``generating``, work, settle: the part of ``execute`` that holds the claim."""
-    store, clock = deps.store, deps.clock
+    db, clock = deps.db, deps.clock
     try:
         plan = await adapter.validate(deps, evaluation_id)
     except JobValidationError as error:
@@ -137,8 +140,14 @@ async def _run_claimed(
             deps, kind, evaluation_id, token, JobStatus.QUEUED, describe_exception(error), {}, bound
         )
 
-    if not await store.job_set_generating_if_claimed(
-        kind, evaluation_id, token, settlement_fields(plan.fields), clock.now()
+    if not await _alone(
+        db,
+        store.job_set_generating_if_claimed,
+        kind,
+        evaluation_id,
+        token,
+        settlement_fields(plan.fields),
+        clock.now(),
     ):
         bound.warning("claim taken away before generating")
         return JobOutcome.LOST
@@ -161,7 +170,7 @@ async def _run_claimed(
     except asyncio.CancelledError:
         # Shutting down: hand the row back so recovery runs it again right away.
         await asyncio.shield(
-            store.job_requeue_if_generating(kind, evaluation_id, token, clock.now())
+            _alone(db, store.job_requeue_if_generating, kind, evaluation_id, token, clock.now())
         )
         bound.info("job interrupted; re-queued")
         raise
@@ -173,8 +182,15 @@ async def _run_claimed(
 
     # Settlement writes are shielded: a shutdown arriving now must not leave the row half-settled.
     if await asyncio.shield(
-        store.job_complete_if_generating(
-            kind, evaluation_id, token, result.result, settlement_fields(result.fields), clock.now()
+        _alone(
+            db,
+            store.job_complete_if_generating,
+            kind,
+            evaluation_id,
+            token,
+            result.result,
+            settlement_fields(result.fields),
+            clock.now(),
         )
     ):
         bound.info("job completed")
@@ -207,8 +223,13 @@ class ClaimHeartbeat:
         self._task: asyncio.Task[None] | None = None
 
     async def _beat(self) -> None:
-        extended = await self.deps.store.job_heartbeat_if_claimed(
-            self.kind, self.evaluation_id, self.token, self.deps.clock.now()
+        extended = await _alone(
+            self.deps.db,
+            store.job_heartbeat_if_claimed,
+            self.kind,
+            self.evaluation_id,
+            self.token,
+            self.deps.clock.now(),
         )
         if not extended:
             self.bound.warning("claim gone; heartbeat stopped")
@@ -240,14 +261,29 @@ async def _settle_failed(
 ) -> JobOutcome:
     error = truncate_error(message)
     if await asyncio.shield(
-        deps.store.job_fail_if_claimed(
-            kind, evaluation_id, token, expected, error, fields, deps.clock.now()
+        _alone(
+            deps.db,
+            store.job_fail_if_claimed,
+            kind,
+            evaluation_id,
+            token,
+            expected,
+            error,
+            fields,
+            deps.clock.now(),
         )
     ):
         bound.info("job failed", error=error)
         return JobOutcome.FAILED
     bound.warning("claim taken away before recording failure", error=error)
     return JobOutcome.LOST
+
+
+async def _alone(db: Database, write: Callable[..., Awaitable[bool]], *args: Any) -> bool:
+    """One guarded write of the store on a connection of its own, committed alone (a
+    settlement's is shielded by its caller: a shutdown must not cut it off)."""
+    async with db.connection() as conn:
+        return await write(conn, *args)
 
 
 # --- Restart recovery -------------------------------------------------------------------
@@ -265,7 +301,7 @@ class RecoveryReport:
 
 
 async def recover_jobs(
-    store: IntelligenceStore,
+    db: Database,
     now: datetime,
     *,
     queued_idle: timedelta,
@@ -288,19 +324,23 @@ async def recover_jobs(
     """
     requeued: list[tuple[JobKind, str]] = []
     failed: list[tuple[JobKind, str]] = []
-    for job in await store.jobs_needing_recovery(now - queued_idle, now - generating_stale, limit):
+    async with db.connection() as conn:
+        jobs = await store.jobs_needing_recovery(
+            conn, now - queued_idle, now - generating_stale, limit
+        )
+    for job in jobs:
         if skip and (job.kind, job.evaluation_id) in skip:
             continue  # running in this very process (a periodic sweep, not a restart)
         if job.recovery_attempts >= MAX_QUEUED_RECOVERY_ATTEMPTS:
             reason = truncate_error(RECOVERY_CAP_REASON.format(attempts=job.recovery_attempts))
-            if await store.job_fail_if_unchanged(job, reason, now):
+            if await _alone(db, store.job_fail_if_unchanged, job, reason, now):
                 failed.append((job.kind, job.evaluation_id))
                 log.warning(
                     "job recovery cap reached",
                     job_kind=job.kind.value,
                     evaluation_id=job.evaluation_id,
                 )
-        elif await store.job_requeue_if_unchanged(job, now):
+        elif await _alone(db, store.job_requeue_if_unchanged, job, now):
             requeued.append((job.kind, job.evaluation_id))
             log.info(
                 "job recovered",

@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dispo.intelligence import analysis, comparison
+from dispo.intelligence import analysis, comparison, store
 from dispo.intelligence.eligibility import auto_intelligence_eligible
 from dispo.intelligence.evaluations import Evaluation, EvaluationRecordStatus
 from dispo.intelligence.job_rules import Job, JobKind, JobStatus, JobValidationError
@@ -60,7 +60,8 @@ class IntelligenceJobs:
     async def _run(self, kind: JobKind, evaluation_id: str) -> JobOutcome:
         outcome = await execute(kind, evaluation_id, self.deps, ADAPTERS[kind])
         if kind == JobKind.ANALYSIS and outcome == JobOutcome.COMPLETED:
-            evaluation = await self.deps.store.evaluation_get(evaluation_id)
+            async with self.deps.db.connection() as conn:
+                evaluation = await store.evaluation_get(conn, evaluation_id)
             if (
                 evaluation is not None
                 and auto_intelligence_eligible(evaluation, self.deps.models)
@@ -74,7 +75,8 @@ class IntelligenceJobs:
         is still running (its events may come after this one's, or the pool runs periods
         side by side): the lost-trigger sweep starts it once that period is done. A caller's
         trigger does not wait: it is answered with what is there now."""
-        waiting_for = await self.deps.store.evaluation_baseline_to_come(evaluation)
+        async with self.deps.db.connection() as conn:
+            waiting_for = await store.evaluation_baseline_to_come(conn, evaluation)
         if waiting_for is not None:
             log.info(
                 "automatic comparison waits for its baseline period",
@@ -101,7 +103,8 @@ class IntelligenceJobs:
     async def validate_request(self, kind: JobKind, evaluation_id: str) -> None:
         """The shared validation entry of ``kind``; raises ``JobValidationError``."""
         if kind == JobKind.ANALYSIS:
-            evaluation = await self.deps.store.evaluation_get(evaluation_id)
+            async with self.deps.db.connection() as conn:
+                evaluation = await store.evaluation_get(conn, evaluation_id)
             analysis.validate_analysis_request(evaluation, evaluation_id, self.deps.models)
         else:
             await comparison.load_and_validate(self.deps, evaluation_id)
@@ -109,9 +112,10 @@ class IntelligenceJobs:
     async def trigger(self, kind: JobKind, evaluation_id: str) -> tuple[Job, bool]:
         """A caller's trigger: validate, (re-)queue the row, start it. ``(job, started)``."""
         await self.validate_request(kind, evaluation_id)
-        job, changed = await self.deps.store.job_ensure_queued(
-            kind, evaluation_id, self.deps.clock.now(), requeue_failed=True
-        )
+        async with self.deps.db.connection() as conn:
+            job, changed = await store.job_ensure_queued(
+                conn, kind, evaluation_id, self.deps.clock.now(), requeue_failed=True
+            )
         if job is None:  # validated a moment ago; evaluations are never deleted
             raise JobValidationError(f"evaluation {evaluation_id!r} not found")
         if job.status == JobStatus.QUEUED:
@@ -123,7 +127,7 @@ class IntelligenceJobs:
         sweep: other live replicas' rows are theirs (``recover_jobs``)."""
         now = self.deps.clock.now()
         report = await recover_jobs(
-            self.deps.store,
+            self.deps.db,
             now,
             queued_idle=self.policy.queued_idle,
             generating_stale=self.policy.generating_stale,
@@ -143,9 +147,11 @@ class IntelligenceJobs:
             (JobKind.ANALYSIS, None),
             (JobKind.COMPARISON, JobKind.ANALYSIS),
         ):
-            for evaluation in await self.deps.store.evaluations_completed_without_job(
-                kind, prerequisite, self.policy.batch
-            ):
+            async with self.deps.db.connection() as conn:
+                lost = await store.evaluations_completed_without_job(
+                    conn, kind, prerequisite, self.policy.batch
+                )
+            for evaluation in lost:
                 if not auto_intelligence_eligible(evaluation, self.deps.models):
                     continue
                 if kind == JobKind.COMPARISON and await self._baseline_to_come(evaluation):

@@ -5,16 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 
 import grpc
-from dispo.intelligence import convert
+from dispo.intelligence import convert, store
 from dispo.intelligence.evaluation_read_model import load_analysis_view, load_comparison_view
 from dispo.intelligence.evaluations import MAX_RUNS_PER_CALL, new_evaluation, new_run_result
 from dispo.intelligence.feed import EvaluationFeed
 from dispo.intelligence.job_rules import JobKind, JobValidationError
 from dispo.intelligence.runtime import IntelligenceJobs
-from dispo.intelligence.store import IntelligenceStore
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc as pb_grpc
+from dispo.libs.db.driver import Database
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from dispo.libs.evaluation import MAX_ID_CHARS
 from dispo.libs.paging import (
@@ -37,12 +37,10 @@ def _evaluation_id(value: str, field: str = "evaluation_id") -> str:
 
 
 class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
-    def __init__(
-        self, feed: EvaluationFeed, jobs: IntelligenceJobs, store: IntelligenceStore
-    ) -> None:
+    def __init__(self, feed: EvaluationFeed, jobs: IntelligenceJobs, db: Database) -> None:
         self.feed = feed
         self.jobs = jobs
-        self.store = store
+        self.db = db
 
     async def CreateEvaluation(
         self, request: pb.CreateEvaluationRequest, context: grpc.aio.ServicerContext
@@ -151,14 +149,14 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.Analysis:
         return convert.analysis_to_pb(
-            await load_analysis_view(self.store, _evaluation_id(request.evaluation_id))
+            await load_analysis_view(self.db, _evaluation_id(request.evaluation_id))
         )
 
     async def GetComparison(
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.Comparison:
         return convert.comparison_to_pb(
-            await load_comparison_view(self.store, _evaluation_id(request.evaluation_id))
+            await load_comparison_view(self.db, _evaluation_id(request.evaluation_id))
         )
 
     async def ListJobs(
@@ -174,13 +172,16 @@ class IntelligenceServicer(pb_grpc.IntelligenceServiceServicer):
         if violations:
             raise InvalidArgument(violations=violations)
         size = page_size(request.page, maximum=MAX_PAGE_SIZE)
-        jobs = await self.store.jobs_list(
-            evaluation_id=request.evaluation_id or None,
-            kind=convert.JOB_KIND_FROM_PB.get(request.kind),
-            status=convert.JOB_STATUS_FROM_PB.get(request.status),
-            after=decode_page_token(request.page.page_token, datetime, str, str),
-            limit=size + 1,
-        )
+        after = decode_page_token(request.page.page_token, datetime, str, str)
+        async with self.db.connection() as conn:
+            jobs = await store.jobs_list(
+                conn,
+                evaluation_id=request.evaluation_id or None,
+                kind=convert.JOB_KIND_FROM_PB.get(request.kind),
+                status=convert.JOB_STATUS_FROM_PB.get(request.status),
+                after=after,
+                limit=size + 1,
+            )
         token = ""
         if len(jobs) > size:
             jobs = jobs[:size]

@@ -147,7 +147,7 @@ class SlotWakeups:
 
     async def _until_next_slot(self) -> float:
         now = self.pool.clock.now()
-        async with self.pool.engine.connect() as conn:
+        async with self.pool.db.connection() as conn:
             due = await store.evaluations_next_slot_at(conn, now)
         if due is None:
             return self.settings.sweep_seconds
@@ -171,7 +171,7 @@ async def setup(rt: Runtime) -> None:
     relay = rt.outbox_relay(store.outbox, **relay_options(rt.bus))
     driver = await make_driver(settings, rt)
     pool = Pool(
-        rt.engine,
+        await rt.database(),
         driver,
         rt.clock,
         settings.policy(),

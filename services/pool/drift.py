@@ -47,7 +47,7 @@ class DriftView:
 async def drift_view(pool: Pool) -> DriftView:
     await pool.driver.drain()  # state writes still in flight would look like drift
     driver_crons = await pool.driver.list()
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         crons = await store.crons_list(conn)
         evaluations = await store.evaluations_assigned_or_named(conn)
     return DriftView(pool.driver.name, crons, driver_crons, evaluations, pool.clock.now())
@@ -106,7 +106,7 @@ async def apply_repair(
     now = pool.clock.now()
     await pool.driver.drain()
     found = await pool.driver.find(cron_id)  # one cron, not the whole listing
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         cron = await store.cron_get(conn, cron_id)
     if kind is RepairKind.REMOVE_ORPHAN:
         if cron is not None or found is None:
@@ -156,7 +156,7 @@ async def apply_repair(
         return True, f"driver state set to {state}" + _read_back(failed)
     if not evaluation_id:
         raise InvalidArgument("evaluation_id", "required for this repair")
-    async with pool.engine.begin() as conn:
+    async with pool.db.transaction() as conn:
         ev = await store.evaluation_get(conn, evaluation_id, lock=True)
         if ev is None:
             return False, "no such evaluation"

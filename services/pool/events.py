@@ -1,7 +1,7 @@
 """Evaluation events (protos/dispo/pool/v1/events.proto) and their outbox relay.
 
-Events are written to the outbox (libs/outbox.py) in the transaction that changes the state
-they report; the relay publishes them with their message id and deletes them once published
+Events are written to the outbox (libs/outbox.py, on the driver port: a list of one row) in
+the transaction that changes the state they report; the relay publishes them with their message id and deletes them once published
 (ADR-0062).
 """
 
@@ -14,15 +14,20 @@ from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import evaluations as contract
+from dispo.libs.db.driver import Conn
 from dispo.libs.evaluation import LINE_TO_PB, VERDICT_TO_PB
-from dispo.libs.outbox import DEFAULT_MAX_ATTEMPTS, OutboxRelay, outbox_add
+from dispo.libs.outbox import DEFAULT_MAX_ATTEMPTS, OutboxRelay, OutboxRow, outbox_add_many
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import store
 from dispo.pool.domain import Evaluation, EvaluationStatus, RunResult
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 
-async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> None:
+async def _add(conn: Conn, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:
+    await outbox_add_many(conn, store.outbox, [OutboxRow(subject, msg_id, payload, now)])
+
+
+async def add_started(conn: Conn, ev: Evaluation, now: datetime) -> None:
     message = events_pb2.EvaluationStarted(
         evaluation_id=ev.id,
         series=ev.series,
@@ -32,9 +37,8 @@ async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> N
         analysis_model=ev.analysis_model,
         started_at=to_timestamp(now),
     )
-    await outbox_add(
+    await _add(
         conn,
-        store.outbox,
         contract.EVALUATION_STARTED,
         contract.started_id(ev.id),
         message.SerializeToString(),
@@ -43,7 +47,7 @@ async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> N
 
 
 async def add_run_recorded(
-    conn: AsyncConnection,
+    conn: Conn,
     evaluation_id: str,
     run_id: str,
     case_id: str,
@@ -60,9 +64,8 @@ async def add_run_recorded(
         failure_reason=result.failure_reason,
         recorded_at=to_timestamp(now),
     )
-    await outbox_add(
+    await _add(
         conn,
-        store.outbox,
         contract.EVALUATION_RUN_RECORDED,
         contract.run_recorded_id(run_id),
         message.SerializeToString(),
@@ -77,7 +80,7 @@ _COMPLETED_STATUS = {
 
 
 async def add_completed(
-    conn: AsyncConnection,
+    conn: Conn,
     evaluation_id: str,
     status: EvaluationStatus,
     run_count: int,
@@ -91,9 +94,8 @@ async def add_completed(
         completed_at=to_timestamp(now),
         run_count=run_count,
     )
-    await outbox_add(
+    await _add(
         conn,
-        store.outbox,
         contract.EVALUATION_COMPLETED,
         contract.completed_id(evaluation_id),
         message.SerializeToString(),

@@ -1,6 +1,7 @@
 """The pool's use cases: operator commands and the cron protocol.
 
-Each command is one transaction on the pool's DB (the authority); driver updates and
+Each command is one transaction on the pool's DB (the authority), on the driver port
+(``db.transaction()``; a read alone on ``db.connection()``); driver updates and
 wake-ups happen after the commit and are best effort (the drift check repairs the rest).
 """
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Conn, Database
 from dispo.libs.egress import AllowList
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound, repeated_differently
 from dispo.libs.logging import get_logger
@@ -31,7 +33,6 @@ from dispo.pool.domain import (
 from dispo.pool.driver_calls import DriverCalls
 from dispo.pool.drivers import Driver
 from dispo.pool.validation import DEFAULT_EGRESS, validate_evaluation
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
@@ -62,7 +63,7 @@ class Load:
     oldest_wait_seconds: int
 
 
-async def _load(conn: AsyncConnection, now: datetime) -> Load:
+async def _load(conn: Conn, now: datetime) -> Load:
     counts = await store.cron_counts(conn)
     depth, oldest = await store.queue_depth(conn, now)
     return Load(counts, depth, int(age_seconds(now, oldest)))
@@ -86,7 +87,7 @@ def new_cron_id() -> str:
 class Pool:
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         driver: Driver,
         clock: Clock,
         policy: PoolPolicy,
@@ -96,7 +97,7 @@ class Pool:
         on_schedule_change: Callable[[], None] = lambda: None,
         driver_calls: DriverCalls | None = None,
     ) -> None:
-        self.engine = engine
+        self.db = db  # the pool's store runs on it (dispo.pool.store)
         self.egress = egress  # where an evaluation's target_url may point
         # which analysis_model an evaluation may name (the intelligence service's)
         self.analysis_models = analysis_models or NoAnalysisModels()
@@ -120,7 +121,7 @@ class Pool:
 
     async def cron_driver_state(self, cron_id: str) -> dict | None:
         """The driver state of a cron as the database has it now (None: no such cron)."""
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             cron = await store.cron_get(conn, cron_id)
         return cron.driver_state() if cron is not None else None
 
@@ -136,7 +137,7 @@ class Pool:
     async def wake_idle_crons(self) -> int:
         """Wake as many idle crons as there are queue items (event-driven; the tick is the fallback)."""
         now = self.clock.now()
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             depth, _ = await store.queue_depth(conn, now)
             crons = await store.crons_idle_to_wake(conn, depth) if depth else []
         for cron_id in crons:
@@ -146,7 +147,7 @@ class Pool:
                 log.warning("wake-up failed", cron_id=cron_id, error=str(error))
         return len(crons)
 
-    async def bounds(self, conn: AsyncConnection) -> tuple[int, int]:
+    async def bounds(self, conn: Conn) -> tuple[int, int]:
         return await store.bounds_get(conn, (self.policy.min_size, self.policy.max_size))
 
     # --- evaluations -------------------------------------------------------------------
@@ -157,7 +158,7 @@ class Pool:
         validate_evaluation(ev, self.egress, self.policy)
         await require_registered(ev.analysis_model, self.analysis_models)
         now = self.clock.now()
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             created = await store.evaluation_insert(conn, ev, now)
             if created is None:  # a repeat: the same request is answered with what exists
                 existing = await store.evaluation_get(conn, ev.id)
@@ -172,13 +173,13 @@ class Pool:
         return created
 
     async def get_evaluation(self, evaluation_id: str) -> Evaluation:
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             ev = await store.evaluation_get(conn, evaluation_id)
         if ev is None:
             raise NotFound(f"evaluation {evaluation_id!r} not found")
         return ev
 
-    async def _locked(self, conn: AsyncConnection, evaluation_id: str) -> Evaluation:
+    async def _locked(self, conn: Conn, evaluation_id: str) -> Evaluation:
         if not evaluation_id:
             raise InvalidArgument("evaluation_id", "required")
         ev = await store.evaluation_get(conn, evaluation_id, lock=True)
@@ -188,7 +189,7 @@ class Pool:
 
     async def _stop(self, evaluation_id: str, new: EvaluationStatus) -> Evaluation:
         now = self.clock.now()
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             ev = await self._locked(conn, evaluation_id)
             allowed = EVALUATION_TRANSITIONS.sources(new)
             if ev.status not in allowed:
@@ -221,7 +222,7 @@ class Pool:
 
     async def resume(self, evaluation_id: str) -> Evaluation:
         now = self.clock.now()
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             ev = await self._locked(conn, evaluation_id)
             if ev.status is not EvaluationStatus.PAUSED:
                 raise FailedPrecondition(f"evaluation {ev.id} is {ev.status.value}, not paused")
@@ -238,7 +239,7 @@ class Pool:
     async def boost(self, evaluation_id: str, boost: int) -> Evaluation:
         if not 0 <= boost <= 1000:
             raise InvalidArgument("priority_boost", "must be in 0..1000")
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             await self._locked(conn, evaluation_id)
             if not await store.evaluation_set_boost(conn, evaluation_id, boost):
                 raise FailedPrecondition(f"evaluation {evaluation_id} is finished")
@@ -256,7 +257,7 @@ class Pool:
             raise InvalidArgument("cron_id", "required")
         now = self.clock.now()
         changed = let_go = False
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             # Lock order everywhere: evaluation row, then cron row (the claim never waits on
             # an evaluation: SKIP LOCKED), so wakes, recordings, sweeps and operator commands
             # cannot deadlock one another.
@@ -322,7 +323,7 @@ class Pool:
             raise InvalidArgument("run_index", "must be >= 0")
         now = self.clock.now()
         released = let_go = False
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             ev = await self._locked(conn, evaluation_id)
             if await store.run_exists(conn, ev.id, run_index):
                 return self._after(ev, cron_id, now, duplicate=True, run_index=run_index)
@@ -391,7 +392,7 @@ class Pool:
         if bool(cron_id) == bool(evaluation_id):
             raise InvalidArgument("cron_id", "give exactly one of cron_id and evaluation_id")
         now = self.clock.now()
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             if cron_id:
                 cron = await store.cron_get(conn, cron_id)
                 if cron is None:
@@ -420,17 +421,17 @@ class Pool:
             raise InvalidArgument("min_size", "must be in 1..100")
         if not min_size <= max_size <= 100:
             raise InvalidArgument("max_size", "must be in min_size..100")
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             await store.bounds_set(conn, min_size, max_size)
 
     async def load(self) -> Load:
         """The crons and the queue (two indexed reads; the metrics' scrape-time reading)."""
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             return await _load(conn, self.clock.now())
 
     async def status(self) -> Status:
         """:meth:`load`, the size bounds and the stuck evaluations (GetPoolStatus)."""
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             load = await _load(conn, self.clock.now())
             lo, hi = await self.bounds(conn)
             stuck = await store.evaluation_count_by_status(conn, EvaluationStatus.STUCK)
@@ -445,5 +446,5 @@ class Pool:
         )
 
     async def crons(self) -> list[Cron]:
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             return await store.crons_list(conn)

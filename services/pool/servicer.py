@@ -157,7 +157,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
         return pb.ListCronsResponse(crons=[cron_to_pb(c) for c in await self.pool.crons()])
 
     async def ListAssignments(self, request, context) -> pb.ListAssignmentsResponse:
-        async with self.pool.engine.connect() as conn:
+        async with self.pool.db.connection() as conn:
             rows = await store.assignments_list(
                 conn, request.cron_id, request.evaluation_id, min(request.limit or 100, 1000)
             )
@@ -177,7 +177,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
 
     async def ListQueue(self, request, context) -> pb.ListQueueResponse:
         now = self.pool.clock.now()
-        async with self.pool.engine.connect() as conn:
+        async with self.pool.db.connection() as conn:
             keys = await store.queue_list(conn, now, min(request.limit or 100, 1000))
         return pb.ListQueueResponse(
             items=[
@@ -194,7 +194,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
         )
 
     async def ListResizes(self, request, context) -> pb.ListResizesResponse:
-        async with self.pool.engine.connect() as conn:
+        async with self.pool.db.connection() as conn:
             rows = await store.resizes_list(conn, min(request.limit or 100, 1000))
         return pb.ListResizesResponse(
             resizes=[

@@ -1,11 +1,13 @@
-"""All SQL of the pool context. Functions take an open connection (the caller owns the
-transaction) and ``now``; names say the entity first and the guard second.
+"""All SQL of the pool context, on the driver port (:mod:`dispo.libs.db.driver`, ADR-0088).
+Functions take a :class:`~dispo.libs.db.driver.Conn` (the caller owns the transaction:
+``db.transaction()``, or ``db.connection()`` for reads and single statements) and ``now``;
+names say the entity first and the guard second.
 
 Every state-changing UPDATE first checks its move against the declared table
 (``EVALUATION_TRANSITIONS`` / ``CRON_TRANSITIONS``; an undeclared move raises
 ``IllegalTransition`` and writes nothing), then carries its expected state in WHERE; a
-function whose guard did not match returns None / False and the caller decides what a lost
-race means.
+function whose guard did not match returns None / False (its ``RETURNING`` came back
+empty) and the caller decides what a lost race means.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from dispo.libs.db.driver import Conn, Row
 from dispo.libs.evaluation import Line
 from dispo.libs.outbox import outbox_table
 from dispo.pool.domain import (
@@ -32,8 +35,7 @@ from dispo.pool.domain import (
     Schedule,
     TestCase,
 )
-from sqlalchemy import MetaData, text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import MetaData
 
 # The events of the pool, written in the transaction that changes what they report
 # (see events.py); the shared shape of libs/outbox.py.
@@ -87,8 +89,7 @@ def _cases_from_json(raw: str | list[dict[str, Any]]) -> tuple[TestCase, ...]:
     )
 
 
-def _evaluation(row) -> Evaluation:
-    m = row._mapping
+def _evaluation(m: Row) -> Evaluation:
     return Evaluation(
         id=m["id"],
         series=m["series"],
@@ -113,62 +114,54 @@ def _evaluation(row) -> Evaluation:
     )
 
 
-def _cron(row) -> Cron:
-    m = row._mapping
+def _cron(m: Row) -> Cron:
     return Cron(
         m["id"], CronStatus(m["status"]), m["evaluation_id"], m["last_activity"], m["created_at"]
     )
 
 
-# --- evaluations -----------------------------------------------------------------------
-
-
-async def evaluation_insert(
-    conn: AsyncConnection, ev: Evaluation, now: datetime
-) -> Evaluation | None:
+async def evaluation_insert(conn: Conn, ev: Evaluation, now: datetime) -> Evaluation | None:
     """Insert a queued evaluation; returns the row as stored (window starting ``now``), or
     None when an evaluation with its id exists (nothing changed)."""
-    row = (
-        await conn.execute(
-            text(f"""
+    rows = await conn.fetch(
+        f"""
         INSERT INTO evaluations AS e (id, series, line, period, configuration_json, analysis_model,
             target_url, cases, window_start, window_seconds, slot_count, runs_per_slot, status,
             waiting_since, created_at)
         VALUES (:id, :series, :line, :period, :cfg, :model, :target, CAST(:cases AS jsonb), :now,
             :window, :slots, :rps, 'queued', :now, :now)
         ON CONFLICT (id) DO NOTHING
-        RETURNING {_EVAL_COLUMNS}"""),
-            {
-                "id": ev.id,
-                "series": ev.series,
-                "line": ev.line.value,
-                "period": ev.period,
-                "cfg": ev.configuration_json,
-                "model": ev.analysis_model,
-                "target": ev.target_url,
-                "cases": _cases_to_json(ev.cases),
-                "now": now,
-                "window": ev.schedule.window_seconds,
-                "slots": ev.schedule.slot_count,
-                "rps": ev.schedule.runs_per_slot,
-            },
-        )
-    ).first()
-    return _evaluation(row) if row else None
+        RETURNING {_EVAL_COLUMNS}""",
+        {
+            "id": ev.id,
+            "series": ev.series,
+            "line": ev.line.value,
+            "period": ev.period,
+            "cfg": ev.configuration_json,
+            "model": ev.analysis_model,
+            "target": ev.target_url,
+            "cases": _cases_to_json(ev.cases),
+            "now": now,
+            "window": ev.schedule.window_seconds,
+            "slots": ev.schedule.slot_count,
+            "rps": ev.schedule.runs_per_slot,
+        },
+    )
+    return _evaluation(rows[0]) if rows else None
 
 
 async def evaluation_get(
-    conn: AsyncConnection, evaluation_id: str, *, lock: bool = False
+    conn: Conn, evaluation_id: str, *, lock: bool = False
 ) -> Evaluation | None:
     sql = f"SELECT {_EVAL_COLUMNS} FROM evaluations e WHERE e.id = :id" + (
         " FOR UPDATE" if lock else ""
     )
-    row = (await conn.execute(text(sql), {"id": evaluation_id})).first()
-    return _evaluation(row) if row else None
+    rows = await conn.fetch(sql, {"id": evaluation_id})
+    return _evaluation(rows[0]) if rows else None
 
 
 async def evaluation_set_status_if(
-    conn: AsyncConnection,
+    conn: Conn,
     evaluation_id: str,
     expected: tuple[EvaluationStatus, ...],
     new: EvaluationStatus,
@@ -177,24 +170,30 @@ async def evaluation_set_status_if(
     """Move an unassigned evaluation between statuses (pause / resume / cancel / complete)."""
     EVALUATION_TRANSITIONS.check(expected, new)
     done = new in (EvaluationStatus.COMPLETED, EvaluationStatus.CANCELLED)
-    result = await conn.execute(
-        text(f"""
+    rows = await conn.fetch(
+        """
         UPDATE evaluations SET status = :new, waiting_since = :now,
             completed_at = CASE WHEN :done THEN CAST(:now AS timestamptz) ELSE completed_at END
-        WHERE id = :id AND assigned_cron_id IS NULL AND status IN ({", ".join(f"'{s.value}'" for s in expected)})"""),
-        {"id": evaluation_id, "new": new.value, "now": now, "done": done},
+        WHERE id = :id AND assigned_cron_id IS NULL AND status = ANY(CAST(:expected AS text[]))
+        RETURNING id""",
+        {
+            "id": evaluation_id,
+            "new": new.value,
+            "now": now,
+            "done": done,
+            "expected": [s.value for s in expected],
+        },
     )
-    return result.rowcount == 1
+    return len(rows) == 1
 
 
-async def evaluation_set_boost(conn: AsyncConnection, evaluation_id: str, boost: int) -> bool:
-    result = await conn.execute(
-        text(
-            "UPDATE evaluations SET priority_boost = :b WHERE id = :id AND status NOT IN ('completed', 'cancelled')"
-        ),
+async def evaluation_set_boost(conn: Conn, evaluation_id: str, boost: int) -> bool:
+    rows = await conn.fetch(
+        "UPDATE evaluations SET priority_boost = :b"
+        " WHERE id = :id AND status NOT IN ('completed', 'cancelled') RETURNING id",
         {"id": evaluation_id, "b": boost},
     )
-    return result.rowcount == 1
+    return len(rows) == 1
 
 
 # Servable statuses a claim moves to executing (an executing one just changes cron).
@@ -208,7 +207,7 @@ class Claim:
 
 
 async def evaluation_claim_top_for_cron(
-    conn: AsyncConnection, cron_id: str, now: datetime, evaluation_id: str | None = None
+    conn: Conn, cron_id: str, now: datetime, evaluation_id: str | None = None
 ) -> Claim | None:
     """Hand the top queue item (or the named one) to an idle cron, in one statement.
 
@@ -219,9 +218,8 @@ async def evaluation_claim_top_for_cron(
     EVALUATION_TRANSITIONS.check(_CLAIMED_FROM, EvaluationStatus.EXECUTING)
     CRON_TRANSITIONS.check(CronStatus.IDLE, CronStatus.BUSY)
     only = "AND e.id = :eid" if evaluation_id else ""
-    row = (
-        await conn.execute(
-            text(f"""
+    rows = await conn.fetch(
+        f"""
         WITH cron AS (
             SELECT id FROM crons WHERE id = :cron AND status = 'idle' FOR UPDATE
         ), pick AS (
@@ -240,71 +238,66 @@ async def evaluation_claim_top_for_cron(
         )
         INSERT INTO assignments (cron_id, evaluation_id, started_at)
         SELECT :cron, took.id, :now FROM took, busy
-        RETURNING evaluation_id, (SELECT previous_status FROM took)"""),
-            {"cron": cron_id, "now": now, "eid": evaluation_id},
-        )
-    ).first()
-    if row is None:
+        RETURNING evaluation_id, (SELECT previous_status FROM took)""",
+        {"cron": cron_id, "now": now, "eid": evaluation_id},
+    )
+    if not rows:
         return None
-    ev = await evaluation_get(conn, row[0])
+    ev = await evaluation_get(conn, rows[0][0])
     assert ev is not None
-    return Claim(ev, EvaluationStatus(row[1]))
+    return Claim(ev, EvaluationStatus(rows[0][1]))
 
 
-async def queue_list(conn: AsyncConnection, now: datetime, limit: int = 100) -> list[QueueKey]:
-    rows = await conn.execute(
-        text(f"""
+async def queue_list(conn: Conn, now: datetime, limit: int = 100) -> list[QueueKey]:
+    rows = await conn.fetch(
+        f"""
         SELECT e.id, e.priority_boost, {SLOT_DUE_SQL}, {DEBT_SQL}, e.waiting_since, e.status
-        FROM evaluations e WHERE {QUEUE_WHERE} ORDER BY {QUEUE_ORDER} LIMIT :limit"""),
+        FROM evaluations e WHERE {QUEUE_WHERE} ORDER BY {QUEUE_ORDER} LIMIT :limit""",
         {"now": now, "limit": limit},
     )
     return [QueueKey(r[1], r[2], r[3], r[4], r[0], r[5]) for r in rows]
 
 
-async def queue_depth(conn: AsyncConnection, now: datetime) -> tuple[int, datetime | None]:
-    row = (
-        await conn.execute(
-            text(f"SELECT count(*), min(e.waiting_since) FROM evaluations e WHERE {QUEUE_WHERE}"),
-            {"now": now},
-        )
-    ).one()
+async def queue_depth(conn: Conn, now: datetime) -> tuple[int, datetime | None]:
+    [row] = await conn.fetch(
+        f"SELECT count(*), min(e.waiting_since) FROM evaluations e WHERE {QUEUE_WHERE}",
+        {"now": now},
+    )
     return row[0], row[1]
 
 
 async def evaluations_held_longer_than(
-    conn: AsyncConnection, cutoff: datetime, limit: int
+    conn: Conn, cutoff: datetime, limit: int
 ) -> list[tuple[str, str]]:
-    rows = await conn.execute(
-        text("""
+    rows = await conn.fetch(
+        """
         SELECT id, assigned_cron_id FROM evaluations
-        WHERE assigned_cron_id IS NOT NULL AND assigned_at <= :cutoff ORDER BY assigned_at LIMIT :limit"""),
+        WHERE assigned_cron_id IS NOT NULL AND assigned_at <= :cutoff ORDER BY assigned_at LIMIT :limit""",
         {"cutoff": cutoff, "limit": limit},
     )
     return [(r[0], r[1]) for r in rows]
 
 
-async def evaluation_count_by_status(conn: AsyncConnection, status: EvaluationStatus) -> int:
-    return (
-        await conn.execute(
-            text("SELECT count(*) FROM evaluations WHERE status = :s"), {"s": status.value}
-        )
-    ).scalar_one()
+async def evaluation_count_by_status(conn: Conn, status: EvaluationStatus) -> int:
+    [count] = await conn.scalars(
+        "SELECT count(*) FROM evaluations WHERE status = :s", {"s": status.value}
+    )
+    return int(count)
 
 
 # --- runs ------------------------------------------------------------------------------
 
 
-async def run_exists(conn: AsyncConnection, evaluation_id: str, run_index: int) -> str | None:
-    return (
-        await conn.execute(
-            text("SELECT run_id FROM runs WHERE evaluation_id = :e AND run_index = :i"),
-            {"e": evaluation_id, "i": run_index},
-        )
-    ).scalar_one_or_none()
+async def run_exists(conn: Conn, evaluation_id: str, run_index: int) -> str | None:
+    ids = await conn.scalars(
+        "SELECT run_id FROM runs WHERE evaluation_id = :e AND run_index = :i",
+        {"e": evaluation_id, "i": run_index},
+    )
+    return ids[0] if ids else None
 
 
 async def run_record_if_next(
-    conn: AsyncConnection,
+    conn: Conn,
     ev: Evaluation,
     cron_id: str,
     run_index: int,
@@ -313,19 +306,20 @@ async def run_record_if_next(
     now: datetime,
 ) -> bool:
     """Insert run ``run_index`` and count it, only if it is the next one and the cron holds the evaluation."""
-    counted = await conn.execute(
-        text("""
+    counted = await conn.fetch(
+        """
         UPDATE evaluations SET runs_done = runs_done + 1
-        WHERE id = :e AND assigned_cron_id = :cron AND status = 'executing' AND runs_done = :i"""),
+        WHERE id = :e AND assigned_cron_id = :cron AND status = 'executing' AND runs_done = :i
+        RETURNING id""",
         {"e": ev.id, "cron": cron_id, "i": run_index},
     )
-    if counted.rowcount != 1:
+    if len(counted) != 1:
         return False
-    await conn.execute(
-        text("""
+    await conn.fetch(
+        """
         INSERT INTO runs (run_id, evaluation_id, run_index, case_id, cron_id, verdict, score, latency_ms,
             failure_reason, recorded_at)
-        VALUES (:rid, :e, :i, :case, :cron, :verdict, :score, :lat, :reason, :now)"""),
+        VALUES (:rid, :e, :i, :case, :cron, :verdict, :score, :lat, :reason, :now)""",
         {
             "rid": ev.run_id(run_index),
             "e": ev.id,
@@ -339,8 +333,8 @@ async def run_record_if_next(
             "now": now,
         },
     )
-    await conn.execute(
-        text("UPDATE crons SET last_activity = :now WHERE id = :cron AND status = 'busy'"),
+    await conn.fetch(
+        "UPDATE crons SET last_activity = :now WHERE id = :cron AND status = 'busy'",
         {"cron": cron_id, "now": now},
     )
     return True
@@ -349,47 +343,40 @@ async def run_record_if_next(
 # --- crons and assignments -------------------------------------------------------------
 
 
-async def cron_insert(conn: AsyncConnection, cron_id: str, now: datetime) -> None:
-    await conn.execute(
-        text(
-            "INSERT INTO crons (id, status, last_activity, created_at) VALUES (:id, 'idle', :now, :now)"
-        ),
+async def cron_insert(conn: Conn, cron_id: str, now: datetime) -> None:
+    await conn.fetch(
+        "INSERT INTO crons (id, status, last_activity, created_at) VALUES (:id, 'idle', :now, :now)",
         {"id": cron_id, "now": now},
     )
 
 
-async def cron_get(conn: AsyncConnection, cron_id: str) -> Cron | None:
-    row = (await conn.execute(text("SELECT * FROM crons WHERE id = :id"), {"id": cron_id})).first()
-    return _cron(row) if row else None
+async def cron_get(conn: Conn, cron_id: str) -> Cron | None:
+    rows = await conn.fetch("SELECT * FROM crons WHERE id = :id", {"id": cron_id})
+    return _cron(rows[0]) if rows else None
 
 
-async def crons_list(conn: AsyncConnection) -> list[Cron]:
-    return [
-        _cron(r) for r in await conn.execute(text("SELECT * FROM crons ORDER BY created_at, id"))
-    ]
+async def crons_list(conn: Conn) -> list[Cron]:
+    return [_cron(r) for r in await conn.fetch("SELECT * FROM crons ORDER BY created_at, id")]
 
 
-async def cron_ids_with_status(conn: AsyncConnection, status: CronStatus) -> list[str]:
-    rows = await conn.execute(
-        text("SELECT id FROM crons WHERE status = :s ORDER BY created_at, id"), {"s": status.value}
+async def cron_ids_with_status(conn: Conn, status: CronStatus) -> list[str]:
+    return await conn.scalars(
+        "SELECT id FROM crons WHERE status = :s ORDER BY created_at, id", {"s": status.value}
     )
-    return [r[0] for r in rows]
 
 
-async def cron_touch_if_live(conn: AsyncConnection, cron_id: str, now: datetime) -> Cron | None:
-    row = (
-        await conn.execute(
-            text("""
+async def cron_touch_if_live(conn: Conn, cron_id: str, now: datetime) -> Cron | None:
+    rows = await conn.fetch(
+        """
         UPDATE crons SET last_activity = GREATEST(last_activity, CAST(:now AS timestamptz))
-        WHERE id = :id AND status IN ('idle', 'busy') RETURNING *"""),
-            {"id": cron_id, "now": now},
-        )
-    ).first()
-    return _cron(row) if row else None
+        WHERE id = :id AND status IN ('idle', 'busy') RETURNING *""",
+        {"id": cron_id, "now": now},
+    )
+    return _cron(rows[0]) if rows else None
 
 
 async def cron_release_if_holding(
-    conn: AsyncConnection,
+    conn: Conn,
     cron_id: str,
     evaluation_id: str,
     reason: str,
@@ -401,19 +388,19 @@ async def cron_release_if_holding(
     CRON_TRANSITIONS.check(CronStatus.BUSY, CronStatus.IDLE)
     # The evaluation row first, then the cron row (the pool's lock order).
     await evaluation_unassign_if(conn, evaluation_id, cron_id, now)
-    freed = await conn.execute(
-        text("""
+    freed = await conn.fetch(
+        """
         UPDATE crons SET status = 'idle', evaluation_id = NULL,
             last_activity = CASE WHEN :touch THEN CAST(:now AS timestamptz) ELSE last_activity END
-        WHERE id = :cron AND status = 'busy' AND evaluation_id = :e"""),
+        WHERE id = :cron AND status = 'busy' AND evaluation_id = :e RETURNING id""",
         {"cron": cron_id, "e": evaluation_id, "now": now, "touch": touch},
     )
     await assignment_end(conn, cron_id, evaluation_id, reason, now)
-    return freed.rowcount == 1
+    return len(freed) == 1
 
 
 async def evaluation_unassign_if(
-    conn: AsyncConnection,
+    conn: Conn,
     evaluation_id: str,
     cron_id: str,
     now: datetime,
@@ -423,11 +410,11 @@ async def evaluation_unassign_if(
     assignment only then), moving it to ``new_status`` if one is given."""
     if new_status is not None:
         EVALUATION_TRANSITIONS.check(EvaluationStatus.EXECUTING, new_status)
-    result = await conn.execute(
-        text("""
+    rows = await conn.fetch(
+        """
         UPDATE evaluations SET assigned_cron_id = NULL, assigned_at = NULL, waiting_since = :now,
-            status = COALESCE(:status, status)
-        WHERE id = :e AND assigned_cron_id = :cron AND status = 'executing'"""),
+            status = COALESCE(CAST(:status AS text), status)
+        WHERE id = :e AND assigned_cron_id = :cron AND status = 'executing' RETURNING id""",
         {
             "e": evaluation_id,
             "cron": cron_id,
@@ -435,80 +422,79 @@ async def evaluation_unassign_if(
             "status": new_status.value if new_status else None,
         },
     )
-    return result.rowcount == 1
+    return len(rows) == 1
 
 
 async def assignment_end(
-    conn: AsyncConnection, cron_id: str, evaluation_id: str, reason: str, now: datetime
+    conn: Conn, cron_id: str, evaluation_id: str, reason: str, now: datetime
 ) -> None:
-    await conn.execute(
-        text("""
+    await conn.fetch(
+        """
         UPDATE assignments SET ended_at = :now, end_reason = :reason
-        WHERE cron_id = :cron AND evaluation_id = :e AND ended_at IS NULL"""),
+        WHERE cron_id = :cron AND evaluation_id = :e AND ended_at IS NULL""",
         {"cron": cron_id, "e": evaluation_id, "reason": reason, "now": now},
     )
 
 
-async def crons_silent_before(conn: AsyncConnection, cutoff: datetime, limit: int) -> list[Cron]:
-    rows = await conn.execute(
-        text("""
+async def crons_silent_before(conn: Conn, cutoff: datetime, limit: int) -> list[Cron]:
+    rows = await conn.fetch(
+        """
         SELECT * FROM crons WHERE status IN ('idle', 'busy') AND last_activity <= :cutoff
-        ORDER BY last_activity LIMIT :limit"""),
+        ORDER BY last_activity LIMIT :limit""",
         {"cutoff": cutoff, "limit": limit},
     )
     return [_cron(r) for r in rows]
 
 
-async def cron_mark_stuck_if_silent(conn: AsyncConnection, cron: Cron, cutoff: datetime) -> bool:
+async def cron_mark_stuck_if_silent(conn: Conn, cron: Cron, cutoff: datetime) -> bool:
     CRON_TRANSITIONS.check(cron.status, CronStatus.STUCK)
-    result = await conn.execute(
-        text("""
+    rows = await conn.fetch(
+        """
         UPDATE crons SET status = 'stuck', evaluation_id = NULL
         WHERE id = :id AND status = :status AND last_activity <= :cutoff
-          AND evaluation_id IS NOT DISTINCT FROM :e"""),
+          AND evaluation_id IS NOT DISTINCT FROM CAST(:e AS text) RETURNING id""",
         {"id": cron.id, "status": cron.status.value, "cutoff": cutoff, "e": cron.evaluation_id},
     )
-    return result.rowcount == 1
+    return len(rows) == 1
 
 
-async def cron_delete_if(conn: AsyncConnection, cron_id: str, status: CronStatus) -> bool:
-    result = await conn.execute(
-        text("DELETE FROM crons WHERE id = :id AND status = :s"), {"id": cron_id, "s": status.value}
+async def cron_delete_if(conn: Conn, cron_id: str, status: CronStatus) -> bool:
+    rows = await conn.fetch(
+        "DELETE FROM crons WHERE id = :id AND status = :s RETURNING id",
+        {"id": cron_id, "s": status.value},
     )
-    return result.rowcount == 1
+    return len(rows) == 1
 
 
-async def crons_idle_for_removal(conn: AsyncConnection, count: int) -> list[str]:
-    rows = await conn.execute(
-        text("""
-        SELECT id FROM crons WHERE status = 'idle' ORDER BY created_at DESC, id DESC LIMIT :n"""),
+async def crons_idle_for_removal(conn: Conn, count: int) -> list[str]:
+    return await conn.scalars(
+        "SELECT id FROM crons WHERE status = 'idle' ORDER BY created_at DESC, id DESC LIMIT :n",
         {"n": count},
     )
-    return [r[0] for r in rows]
 
 
-async def crons_idle_to_wake(conn: AsyncConnection, count: int) -> list[str]:
-    rows = await conn.execute(
-        text("SELECT id FROM crons WHERE status = 'idle' ORDER BY last_activity, id LIMIT :n"),
+async def crons_idle_to_wake(conn: Conn, count: int) -> list[str]:
+    return await conn.scalars(
+        "SELECT id FROM crons WHERE status = 'idle' ORDER BY last_activity, id LIMIT :n",
         {"n": count},
     )
-    return [r[0] for r in rows]
 
 
-async def cron_counts(conn: AsyncConnection) -> dict[CronStatus, int]:
-    rows = await conn.execute(text("SELECT status, count(*) FROM crons GROUP BY status"))
+async def cron_counts(conn: Conn) -> dict[CronStatus, int]:
+    rows = await conn.fetch("SELECT status, count(*) FROM crons GROUP BY status")
     counts = {s: 0 for s in CronStatus}
     counts.update({CronStatus(r[0]): r[1] for r in rows})
     return counts
 
 
 async def assignments_list(
-    conn: AsyncConnection, cron_id: str = "", evaluation_id: str = "", limit: int = 100
+    conn: Conn, cron_id: str = "", evaluation_id: str = "", limit: int = 100
 ) -> list[Assignment]:
-    rows = await conn.execute(
-        text("""
-        SELECT * FROM assignments WHERE (:c = '' OR cron_id = :c) AND (:e = '' OR evaluation_id = :e)
-        ORDER BY id DESC LIMIT :limit"""),
+    rows = await conn.fetch(
+        """
+        SELECT * FROM assignments
+        WHERE (CAST(:c AS text) = '' OR cron_id = :c) AND (CAST(:e AS text) = '' OR evaluation_id = :e)
+        ORDER BY id DESC LIMIT :limit""",
         {"c": cron_id, "e": evaluation_id, "limit": limit},
     )
     return [
@@ -517,13 +503,13 @@ async def assignments_list(
     ]
 
 
-async def evaluations_assigned_or_named(conn: AsyncConnection) -> list[tuple[str, str, str | None]]:
+async def evaluations_assigned_or_named(conn: Conn) -> list[tuple[str, str, str | None]]:
     """(id, status, assigned cron) of evaluations holding a cron or named by a cron."""
-    rows = await conn.execute(
-        text("""
+    rows = await conn.fetch(
+        """
         SELECT e.id, e.status, e.assigned_cron_id FROM evaluations e
         WHERE e.assigned_cron_id IS NOT NULL OR e.id IN (SELECT evaluation_id FROM crons WHERE evaluation_id IS NOT NULL)
-        ORDER BY e.id""")
+        ORDER BY e.id"""
     )
     return [(r[0], r[1], r[2]) for r in rows]
 
@@ -531,53 +517,55 @@ async def evaluations_assigned_or_named(conn: AsyncConnection) -> list[tuple[str
 # --- bounds, resizes -------------------------------------------------------------------
 
 
-async def bounds_get(conn: AsyncConnection, default: tuple[int, int]) -> tuple[int, int]:
-    row = (await conn.execute(text("SELECT min_size, max_size FROM bounds"))).first()
-    return (row[0], row[1]) if row else default
+async def bounds_get(conn: Conn, default: tuple[int, int]) -> tuple[int, int]:
+    rows = await conn.fetch("SELECT min_size, max_size FROM bounds")
+    return (rows[0][0], rows[0][1]) if rows else default
 
 
-async def bounds_set(conn: AsyncConnection, min_size: int, max_size: int) -> None:
-    await conn.execute(
-        text("""
+async def bounds_set(conn: Conn, min_size: int, max_size: int) -> None:
+    await conn.fetch(
+        """
         INSERT INTO bounds (singleton, min_size, max_size) VALUES (true, :lo, :hi)
-        ON CONFLICT (singleton) DO UPDATE SET min_size = :lo, max_size = :hi"""),
+        ON CONFLICT (singleton) DO UPDATE SET min_size = :lo, max_size = :hi""",
         {"lo": min_size, "hi": max_size},
     )
 
 
 async def resize_record(
-    conn: AsyncConnection, from_size: int, to_size: int, reason: str, now: datetime
+    conn: Conn, from_size: int, to_size: int, reason: str, now: datetime
 ) -> None:
-    await conn.execute(
-        text("INSERT INTO resizes (from_size, to_size, reason, at) VALUES (:f, :t, :r, :now)"),
+    await conn.fetch(
+        "INSERT INTO resizes (from_size, to_size, reason, at) VALUES (:f, :t, :r, :now)",
         {"f": from_size, "t": to_size, "r": reason, "now": now},
     )
 
 
-async def resizes_list(conn: AsyncConnection, limit: int = 100) -> list[dict]:
-    rows = await conn.execute(text("SELECT * FROM resizes ORDER BY id DESC LIMIT :n"), {"n": limit})
-    return [dict(r._mapping) for r in rows]
+async def resizes_list(conn: Conn, limit: int = 100) -> list[dict[str, Any]]:
+    rows = await conn.fetch("SELECT * FROM resizes ORDER BY id DESC LIMIT :n", {"n": limit})
+    return [dict(r) for r in rows]
 
 
-async def evaluations_next_slot_at(conn: AsyncConnection, now: datetime) -> datetime | None:
+async def evaluations_next_slot_at(conn: Conn, now: datetime) -> datetime | None:
     """When the next slot of a waiting evaluation that owes nothing now falls due."""
-    return (
-        await conn.execute(
-            text(f"""
+    [due] = await conn.scalars(
+        f"""
         SELECT min(e.window_start + make_interval(secs => ({SLOT_SQL} + 1) * e.window_seconds::float8 / e.slot_count))
         FROM evaluations e
         WHERE e.status IN ({_SERVABLE}) AND e.assigned_cron_id IS NULL AND {DEBT_SQL} = 0
-          AND {SLOT_SQL} < e.slot_count - 1"""),
-            {"now": now},
-        )
-    ).scalar_one()
-
-
-async def crons_touch_all_live(conn: AsyncConnection, now: datetime) -> int:
-    """After the pool itself was away, its crons could not report: restart their silence clocks."""
-    result = await conn.execute(
-        text("""
-        UPDATE crons SET last_activity = :now WHERE status IN ('idle', 'busy') AND last_activity < :now"""),
+          AND {SLOT_SQL} < e.slot_count - 1""",
         {"now": now},
     )
-    return result.rowcount
+    return due
+
+
+async def crons_touch_all_live(conn: Conn, now: datetime) -> int:
+    """After the pool itself was away, its crons could not report: restart their silence clocks."""
+    [touched] = await conn.scalars(
+        """
+        WITH touched AS (
+            UPDATE crons SET last_activity = :now
+            WHERE status IN ('idle', 'busy') AND last_activity < :now RETURNING 1
+        ) SELECT count(*) FROM touched""",
+        {"now": now},
+    )
+    return int(touched)

@@ -42,7 +42,7 @@ async def create_cron(pool: Pool) -> str:
 
 async def _cron_row(pool: Pool) -> str:
     cron_id = new_cron_id()
-    async with pool.engine.begin() as conn:
+    async with pool.db.transaction() as conn:
         await store.cron_insert(conn, cron_id, pool.clock.now())
     return cron_id
 
@@ -61,7 +61,7 @@ async def bring_up(pool: Pool, cron_id: str) -> None:
 async def remove_cron(pool: Pool, cron_id: str, expected: CronStatus) -> bool:
     """Delete a cron in the expected status from the DB now, from the driver beside the
     caller (a failure: the drift check removes the orphan)."""
-    async with pool.engine.begin() as conn:
+    async with pool.db.transaction() as conn:
         if not await store.cron_delete_if(conn, cron_id, expected):
             return False
     pool.driver_calls.submit("remove", cron_id, lambda: pool.driver.remove(cron_id))
@@ -72,7 +72,7 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
     now = pool.clock.now()
     cutoff = now - pool.policy.stuck_after
     report = StuckReport()
-    async with pool.engine.begin() as conn:
+    async with pool.db.transaction() as conn:
         for cron in await store.crons_silent_before(conn, cutoff, batch):
             if cron.evaluation_id:  # lock order: the evaluation, then the cron
                 await store.evaluation_get(conn, cron.evaluation_id, lock=True)
@@ -100,7 +100,7 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
         if await remove_cron(pool, cron_id, CronStatus.STUCK):
             report.replacements[cron_id] = await _cron_row(pool)
     if report.replacements:
-        async with pool.engine.begin() as conn:
+        async with pool.db.transaction() as conn:
             size = sum((await store.cron_counts(conn)).values())
             await store.resize_record(
                 conn, size, size, f"replaced {len(report.replacements)} stuck", now
@@ -112,7 +112,7 @@ async def stuck_sweep(pool: Pool, batch: int = 100) -> StuckReport:
         if not spare:
             break
         cron_id = spare.pop(0)
-        async with pool.engine.begin() as conn:
+        async with pool.db.transaction() as conn:
             claim = await store.evaluation_claim_top_for_cron(conn, cron_id, now, evaluation_id)
         if claim is not None:
             report.handed_over[evaluation_id] = cron_id
@@ -125,7 +125,7 @@ async def hold_sweep(pool: Pool, batch: int = 100) -> list[str]:
     """Force-release evaluations that have held a cron too long; returns their ids."""
     now = pool.clock.now()
     released = []
-    async with pool.engine.begin() as conn:
+    async with pool.db.transaction() as conn:
         held = await store.evaluations_held_longer_than(conn, now - pool.policy.hold_limit, batch)
         for evaluation_id, cron_id in held:
             if await store.cron_release_if_holding(
@@ -145,7 +145,7 @@ async def hold_sweep(pool: Pool, batch: int = 100) -> list[str]:
 async def scale_sweep(pool: Pool) -> int:
     """Apply one resize decision; returns the change in live crons."""
     now = pool.clock.now()
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         counts = await store.cron_counts(conn)
         lo, hi = await pool.bounds(conn)
     policy = replace(pool.policy, min_size=lo, max_size=hi)
@@ -159,13 +159,13 @@ async def scale_sweep(pool: Pool) -> int:
             await create_cron(pool)
         changed = plan.delta
     else:
-        async with pool.engine.connect() as conn:
+        async with pool.db.connection() as conn:
             victims = await store.crons_idle_for_removal(conn, -plan.delta)
         for cron_id in victims:
             if await remove_cron(pool, cron_id, CronStatus.IDLE):
                 changed -= 1
     if changed:
-        async with pool.engine.begin() as conn:
+        async with pool.db.transaction() as conn:
             await store.resize_record(conn, busy + idle, busy + idle + changed, plan.reason, now)
         log.info(
             "pool resized", from_size=busy + idle, to_size=busy + idle + changed, reason=plan.reason
@@ -176,5 +176,5 @@ async def scale_sweep(pool: Pool) -> int:
 async def grace_after_restart(pool: Pool) -> int:
     """Called once when the pool service starts: crons could not wake while it was down, so
     their silence is not held against them (a dead worker is still caught 10 minutes later)."""
-    async with pool.engine.begin() as conn:
+    async with pool.db.transaction() as conn:
         return await store.crons_touch_all_live(conn, pool.clock.now())

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from aiohttp import web
+from dispo.intelligence import store
 from dispo.intelligence.analysis_models import ChatModelConfig, ModelRegistry
 from dispo.intelligence.app import Intelligence, build
 from dispo.intelligence.evaluations import EvaluationRecordStatus, new_evaluation, new_run_result
 from dispo.intelligence.settings import IntelligenceSettings
 from dispo.libs.clock import Clock, ManualClock
+from dispo.libs.db.driver import Database
 from support import eventually
 from support.auth import admin_channel
 from support.http import FakeServer
@@ -29,22 +31,47 @@ async def intel_engine(service_engine):
 
 
 @pytest.fixture
-async def make_app(intel_engine, manual_clock: ManualClock):
+async def intel_db(service_db):
+    return await service_db("intelligence")
+
+
+class StoreOf:
+    """The functions of :mod:`dispo.intelligence.store` on ``db``, each on a connection of
+    its own (each statement commits alone, as the service calls them):
+    ``await store_of(app).job_get(kind, evaluation_id)``."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        function = getattr(store, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            async with self.db.connection() as conn:
+                return await function(conn, *args, **kwargs)
+
+        return call
+
+
+def store_of(app: Intelligence) -> StoreOf:
+    return StoreOf(app.db)
+
+
+@pytest.fixture
+async def make_app(intel_db, manual_clock: ManualClock):
     """``make_app(default_analysis_model=..., models=...)``: the service's objects, no server;
-    ``engine`` and ``clock`` replace the test's own (another replica, a clock of its own)."""
+    ``db`` and ``clock`` replace the test's own (another replica, a clock of its own)."""
     built: list[Intelligence] = []
 
     def make(
         *,
         models: ModelRegistry | None = None,
-        engine: Any = None,
+        db: Database | None = None,
         clock: Clock | None = None,
         **settings: Any,
     ) -> Intelligence:
         settings.setdefault("consume_events", False)
-        app = build(
-            engine or intel_engine, clock or manual_clock, IntelligenceSettings(**settings), models
-        )
+        app = build(db or intel_db, clock or manual_clock, IntelligenceSettings(**settings), models)
         built.append(app)
         return app
 

@@ -8,7 +8,7 @@ from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.job_rules import JobKind, JobStatus
 from dispo.intelligence.job_settlement import execute
 
-from .conftest import CONFIG, RUNS_GOOD, RUNS_WORSE, add_evaluation
+from .conftest import CONFIG, RUNS_GOOD, RUNS_WORSE, add_evaluation, store_of
 
 
 async def test_formal_evaluation_completion_chains_analysis_then_comparison_by_itself(app):
@@ -21,16 +21,16 @@ async def test_formal_evaluation_completion_chains_analysis_then_comparison_by_i
     )
     await app.jobs.wait_idle()
 
-    first = await app.store.job_get(JobKind.COMPARISON, "w01")
+    first = await store_of(app).job_get(JobKind.COMPARISON, "w01")
     assert first.status == JobStatus.FAILED and first.error.startswith(
         "no baseline for evaluation 'w01'"
     )
-    analysis_job = await app.store.job_get(JobKind.ANALYSIS, "w02")
+    analysis_job = await store_of(app).job_get(JobKind.ANALYSIS, "w02")
     assert analysis_job.status == JobStatus.COMPLETED and analysis_job.analysis_model == "stats"
-    job = await app.store.job_get(JobKind.COMPARISON, "w02")
+    job = await store_of(app).job_get(JobKind.COMPARISON, "w02")
     assert job.status == JobStatus.COMPLETED and job.baseline_evaluation_id == "w01"
 
-    view = await load_comparison_view(app.store, "w02")
+    view = await load_comparison_view(app.db, "w02")
     assert (view.period, view.baseline_period, view.baseline_evaluation_id) == (
         "2026-W02",
         "2026-W01",
@@ -62,8 +62,8 @@ async def test_trial_evaluation_completion_starts_nothing(app):
     )
     await app.jobs.wait_idle()
 
-    assert await app.store.job_get(JobKind.ANALYSIS, "t02") is None
-    assert await app.store.job_get(JobKind.COMPARISON, "t02") is None
+    assert await store_of(app).job_get(JobKind.ANALYSIS, "t02") is None
+    assert await store_of(app).job_get(JobKind.COMPARISON, "t02") is None
 
 
 async def test_failed_or_cancelled_evaluations_are_not_analysed_automatically(app):
@@ -71,8 +71,8 @@ async def test_failed_or_cancelled_evaluations_are_not_analysed_automatically(ap
     await add_evaluation(app, "c01", runs=RUNS_GOOD, status=EvaluationRecordStatus.CANCELLED)
     await app.jobs.wait_idle()
 
-    assert await app.store.job_get(JobKind.ANALYSIS, "f01") is None
-    assert await app.store.job_get(JobKind.ANALYSIS, "c01") is None
+    assert await store_of(app).job_get(JobKind.ANALYSIS, "f01") is None
+    assert await store_of(app).job_get(JobKind.ANALYSIS, "c01") is None
 
 
 async def test_no_resolvable_model_means_no_automatic_analysis(make_app):
@@ -80,7 +80,7 @@ async def test_no_resolvable_model_means_no_automatic_analysis(make_app):
     await add_evaluation(app, "m01", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await app.jobs.wait_idle()
 
-    assert await app.store.job_get(JobKind.ANALYSIS, "m01") is None
+    assert await store_of(app).job_get(JobKind.ANALYSIS, "m01") is None
 
 
 async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_period(app):
@@ -119,9 +119,9 @@ async def test_baseline_needs_the_same_fingerprint_and_an_earlier_completed_peri
     )
     await app.jobs.wait_idle()
 
-    job = await app.store.job_get(JobKind.COMPARISON, "p4")
+    job = await store_of(app).job_get(JobKind.COMPARISON, "p4")
     assert job.status == JobStatus.COMPLETED and job.baseline_evaluation_id == "p1"
-    lonely = await app.store.job_get(JobKind.COMPARISON, "p2-other-config")
+    lonely = await store_of(app).job_get(JobKind.COMPARISON, "p2-other-config")
     assert (
         lonely.status == JobStatus.FAILED and "fingerprint" in lonely.error and lonely.fingerprint
     )
@@ -134,7 +134,7 @@ async def test_comparison_refuses_a_baseline_without_runs(app):
     )
     await app.jobs.wait_idle()
 
-    job = await app.store.job_get(JobKind.COMPARISON, "e2")
+    job = await store_of(app).job_get(JobKind.COMPARISON, "e2")
     assert job.status == JobStatus.FAILED
     assert job.error == "cannot compare: evaluation 'e1' has no run results"
     assert job.baseline_evaluation_id == "e1"
@@ -152,22 +152,22 @@ async def test_a_comparison_waits_for_an_earlier_period_still_running(app):
         app, "w03", period="2026-W03", runs=RUNS_WORSE, status=EvaluationRecordStatus.COMPLETED
     )
     await app.jobs.wait_idle()
-    assert (await app.store.job_get(JobKind.ANALYSIS, "w03")).status == JobStatus.COMPLETED
-    assert await app.store.job_get(JobKind.COMPARISON, "w03") is None  # waiting, not failed
+    assert (await store_of(app).job_get(JobKind.ANALYSIS, "w03")).status == JobStatus.COMPLETED
+    assert await store_of(app).job_get(JobKind.COMPARISON, "w03") is None  # waiting, not failed
     assert await app.jobs.sweep_lost_triggers() == []  # still waiting
 
     await app.feed.complete("w02", EvaluationRecordStatus.COMPLETED)
     await app.jobs.wait_idle()
     assert (await app.jobs.sweep_lost_triggers()) == [(JobKind.COMPARISON, "w03")]
     await app.jobs.wait_idle()
-    job = await app.store.job_get(JobKind.COMPARISON, "w03")
+    job = await store_of(app).job_get(JobKind.COMPARISON, "w03")
     assert job.status == JobStatus.COMPLETED and job.baseline_evaluation_id == "w02"
 
 
 async def test_lost_automatic_triggers_are_swept_up(app):
     await add_evaluation(app, "lost", runs=RUNS_GOOD)
     # the completion is recorded but the process dies before the analysis row exists
-    assert await app.store.evaluation_complete_if_running(
+    assert await store_of(app).evaluation_complete_if_running(
         "lost", EvaluationRecordStatus.COMPLETED, app.jobs.deps.clock.now()
     )
 
@@ -175,9 +175,9 @@ async def test_lost_automatic_triggers_are_swept_up(app):
     await app.jobs.wait_idle()
 
     assert started == [(JobKind.ANALYSIS, "lost")]
-    assert (await app.store.job_get(JobKind.ANALYSIS, "lost")).status == JobStatus.COMPLETED
+    assert (await store_of(app).job_get(JobKind.ANALYSIS, "lost")).status == JobStatus.COMPLETED
     assert (
-        await app.store.job_get(JobKind.COMPARISON, "lost")
+        await store_of(app).job_get(JobKind.COMPARISON, "lost")
     ).status == JobStatus.FAILED  # no baseline
     assert await app.jobs.sweep_lost_triggers() == []
 
@@ -202,6 +202,6 @@ async def test_manual_comparison_of_a_trial_evaluation_uses_the_same_seam(app):
 
     outcome = await execute(JobKind.COMPARISON, "tr2", app.jobs.deps, comparison.COMPARISON)
 
-    view = await load_comparison_view(app.store, "tr2")
+    view = await load_comparison_view(app.db, "tr2")
     assert outcome == "completed"
     assert {d["direction"] for d in view.deltas} == {"unchanged"}

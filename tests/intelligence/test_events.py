@@ -15,7 +15,7 @@ from dispo.libs.contracts.evaluations import ensure_evaluation_stream
 from google.protobuf.timestamp_pb2 import Timestamp
 from support import eventually
 
-from .conftest import CONFIG
+from .conftest import CONFIG, store_of
 
 
 def started(evaluation_id: str, period: str, line: int = common.LINE_FORMAL) -> bytes:
@@ -88,14 +88,14 @@ async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
             # Events are handled concurrently: a period's comparison reads the baseline that is
             # completed when it runs, so the next period starts only after this one is done.
             await eventually(
-                lambda e_id=evaluation_id: app.store.evaluation_get(e_id),
+                lambda e_id=evaluation_id: store_of(app).evaluation_get(e_id),
                 lambda e: e is not None and e.status == EvaluationRecordStatus.COMPLETED,
                 timeout=20,
                 wanted=f"{evaluation_id} completed",
             )
 
         async def chain_done() -> bool:
-            job = await app.store.job_get(JobKind.COMPARISON, "ev2")
+            job = await store_of(app).job_get(JobKind.COMPARISON, "ev2")
             return job is not None and job.status == JobStatus.COMPLETED
 
         await eventually(chain_done, timeout=20, wanted="the chain done")
@@ -103,9 +103,9 @@ async def test_pool_events_build_evaluations_and_trigger_the_chain(app, bus):
         feed.stop()
         await running
 
-    ev2 = await app.store.evaluation_get("ev2")
+    ev2 = await store_of(app).evaluation_get("ev2")
     assert ev2.status == EvaluationRecordStatus.COMPLETED and ev2.run_count == 2
-    comparison = await app.store.job_get(JobKind.COMPARISON, "ev2")
+    comparison = await store_of(app).job_get(JobKind.COMPARISON, "ev2")
     assert comparison.baseline_evaluation_id == "ev1"
     deltas = {d["metric"]: d for d in comparison.result["deltas"]}
     assert deltas["pass_rate"]["baseline"] == 1.0 and deltas["pass_rate"]["current"] == 0.5
@@ -186,7 +186,7 @@ async def test_event_dispositions(app):
     assert isinstance(
         await events.handle("evaluation.started", started("later", "2026-09")), Term
     )  # conflicting
-    evaluation = await app.store.evaluation_get("later")
+    evaluation = await store_of(app).evaluation_get("later")
     assert (
         evaluation.status == EvaluationRecordStatus.CANCELLED
         and evaluation.run_count == 1
@@ -229,7 +229,7 @@ async def test_two_replicas_sharing_the_consumer_keep_each_evaluations_order(app
     try:
 
         async def finished() -> bool:
-            evaluation = await app.store.evaluation_get("ordered")
+            evaluation = await store_of(app).evaluation_get("ordered")
             return evaluation is not None and evaluation.status == EvaluationRecordStatus.COMPLETED
 
         await eventually(finished, timeout=30, wanted="the evaluation completed")
@@ -238,7 +238,7 @@ async def test_two_replicas_sharing_the_consumer_keep_each_evaluations_order(app
             replica.stop()
         await asyncio.gather(*running)
 
-    assert (await app.store.evaluation_get("ordered")).run_count == 40
+    assert (await store_of(app).evaluation_get("ordered")).run_count == 40
     # a run applied after the completion would have been refused: none was
     assert [d for d in dispositions if isinstance(d[1], Term)] == []
     early = {subject for subject, outcome in dispositions if isinstance(outcome, Nak)}
@@ -284,7 +284,7 @@ async def test_a_stuck_evaluation_holds_no_other_evaluations_events(make_app, bu
 
         async def all_completed() -> bool:
             for evaluation_id in others:
-                evaluation = await app.store.evaluation_get(evaluation_id)
+                evaluation = await store_of(app).evaluation_get(evaluation_id)
                 if evaluation is None or evaluation.status != EvaluationRecordStatus.COMPLETED:
                     return False
             return True
@@ -292,9 +292,9 @@ async def test_a_stuck_evaluation_holds_no_other_evaluations_events(make_app, bu
         await eventually(all_completed, timeout=30, wanted="every other evaluation completed")
         # the stuck event is still being retried, not given up: it held nothing up
         assert stuck_deliveries and all(isinstance(o, Nak) for o in stuck_deliveries)
-        assert await app.store.evaluation_get("stuck") is None
+        assert await store_of(app).evaluation_get("stuck") is None
     finally:
         feed.stop()
         await running
     for evaluation_id in others:
-        assert (await app.store.evaluation_get(evaluation_id)).run_count == 1
+        assert (await store_of(app).evaluation_get(evaluation_id)).run_count == 1

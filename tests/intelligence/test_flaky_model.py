@@ -10,7 +10,7 @@ from dispo.intelligence.analysis_models import ModelRegistry
 from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.job_rules import JobKind, JobStatus
 
-from .conftest import RESET, RUNS_GOOD, RUNS_WORSE, SLOW, add_evaluation, run_jobs
+from .conftest import RESET, RUNS_GOOD, RUNS_WORSE, SLOW, add_evaluation, run_jobs, store_of
 
 HEARTBEAT = 600.0  # the claim's heartbeat also waits on the clock, this long each time
 
@@ -43,10 +43,10 @@ async def test_transient_model_errors_are_retried_and_the_chain_goes_on(
     )
     await run_jobs(app, manual_clock)
 
-    analysis = await app.store.job_get(JobKind.ANALYSIS, "w02")
+    analysis = await store_of(app).job_get(JobKind.ANALYSIS, "w02")
     assert analysis.status == JobStatus.COMPLETED and analysis.error is None
     assert analysis.result["narrative"] == fake_llm.reply and analysis.attempts == 1
-    comparison = await app.store.job_get(JobKind.COMPARISON, "w02")
+    comparison = await store_of(app).job_get(JobKind.COMPARISON, "w02")
     assert comparison.status == JobStatus.COMPLETED and comparison.baseline_evaluation_id == "w01"
     sent = [json.loads(r["messages"][1]["content"]) for r in fake_llm.requests[before:]]
     assert [s.get("evaluation", {}).get("evaluation_id") for s in sent[:6]] == ["w02"] * 6
@@ -65,13 +65,13 @@ async def test_a_model_that_keeps_failing_fails_the_job_after_the_bound(
     await add_evaluation(app, "down", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await run_jobs(app, manual_clock)
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "down")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "down")
     assert job.status == JobStatus.FAILED and len(job.error) == 500
     assert job.error.startswith(
         "after 3 attempts: ModelError: model fake-gpt: HTTP 502 from http://127.0.0.1:"
     )
     assert len(fake_llm.requests) == 3 and len(retry_waits(manual_clock)) == 2
-    assert await app.store.job_get(JobKind.COMPARISON, "down") is None
+    assert await store_of(app).job_get(JobKind.COMPARISON, "down") is None
 
 
 async def test_a_definite_model_error_fails_the_job_at_once(make_app, fake_llm, manual_clock):
@@ -80,7 +80,7 @@ async def test_a_definite_model_error_fails_the_job_at_once(make_app, fake_llm, 
     await add_evaluation(app, "gone", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await run_jobs(app, manual_clock)
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "gone")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "gone")
     assert job.status == JobStatus.FAILED
     assert job.error.startswith("ModelError: model fake-gpt: HTTP 404 from http://127.0.0.1:")
     assert len(fake_llm.requests) == 1 and retry_waits(manual_clock) == []
@@ -94,7 +94,7 @@ async def test_a_retry_after_longer_than_a_job_waits_fails_the_job_at_once(
     await add_evaluation(app, "later", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await run_jobs(app, manual_clock)
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "later")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "later")
     assert job.status == JobStatus.FAILED
     assert job.error.startswith(
         "after 1 attempt (asked to retry after 3600 s, more than the 300 s a job waits): "
@@ -119,18 +119,18 @@ async def test_a_failed_automatic_analysis_triggered_again_goes_on_to_its_compar
         app, "b02", period="2026-02", runs=RUNS_WORSE, status=EvaluationRecordStatus.COMPLETED
     )
     await run_jobs(app, manual_clock)
-    assert (await app.store.job_get(JobKind.ANALYSIS, "b02")).status == JobStatus.FAILED
-    assert await app.store.job_get(JobKind.COMPARISON, "b02") is None
+    assert (await store_of(app).job_get(JobKind.ANALYSIS, "b02")).status == JobStatus.FAILED
+    assert await store_of(app).job_get(JobKind.COMPARISON, "b02") is None
 
     fake_llm.status = 200  # back up: an operator triggers the analysis again
     reply = await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="b02"))
     await run_jobs(app, manual_clock)
 
     assert reply.started and reply.job.status == pb.JOB_STATUS_QUEUED
-    analysis = await app.store.job_get(JobKind.ANALYSIS, "b02")
+    analysis = await store_of(app).job_get(JobKind.ANALYSIS, "b02")
     assert analysis.status == JobStatus.COMPLETED and analysis.error is None
     assert analysis.attempts == 2 and analysis.result["narrative"] == fake_llm.reply
-    comparison = await app.store.job_get(JobKind.COMPARISON, "b02")
+    comparison = await store_of(app).job_get(JobKind.COMPARISON, "b02")
     assert comparison.status == JobStatus.COMPLETED and comparison.baseline_evaluation_id == "b01"
     view = await stub.GetComparison(pb.GetJobRequest(evaluation_id="b02"))
     assert view.narrative == fake_llm.reply and view.baseline_evaluation_id == "b01"

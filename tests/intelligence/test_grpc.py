@@ -15,7 +15,7 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2 as pb
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from .conftest import CONFIG
+from .conftest import CONFIG, store_of
 
 
 def run(
@@ -141,7 +141,7 @@ async def test_validation_wording_is_identical_in_the_grpc_error_and_the_failed_
         await stub.TriggerAnalysis(pb.TriggerJobRequest(evaluation_id="nm"))
     await execute(JobKind.ANALYSIS, "nm", app.jobs.deps, analysis.ANALYSIS)
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "nm")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "nm")
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.details() == job.error
     assert "assign an analysis model to the evaluation" in job.error
@@ -153,11 +153,13 @@ async def test_running_evaluation_wording_is_identical_too(app, serve_app):
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.TriggerComparison(pb.TriggerJobRequest(evaluation_id="live"))
-    assert await app.store.job_get(JobKind.COMPARISON, "live") is None  # refused: nothing changed
+    assert (
+        await store_of(app).job_get(JobKind.COMPARISON, "live") is None
+    )  # refused: nothing changed
     await execute(JobKind.COMPARISON, "live", app.jobs.deps, comparison.COMPARISON)
 
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    row = await app.store.job_get(JobKind.COMPARISON, "live")
+    row = await store_of(app).job_get(JobKind.COMPARISON, "live")
     assert (
         caught.value.details()
         == row.error

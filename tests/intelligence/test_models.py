@@ -8,7 +8,7 @@ from dispo.intelligence.analysis_models import ModelRegistry
 from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.job_rules import JobKind, JobStatus
 
-from .conftest import RUNS_GOOD, RUNS_WORSE, add_evaluation, run_jobs
+from .conftest import RUNS_GOOD, RUNS_WORSE, add_evaluation, run_jobs, store_of
 
 
 async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app, fake_llm):
@@ -16,7 +16,7 @@ async def test_chat_model_writes_the_analysis_narrative_from_the_stats(make_app,
     await add_evaluation(app, "llm1", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await app.jobs.wait_idle()
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "llm1")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "llm1")
     assert job.status == JobStatus.COMPLETED and job.analysis_model == "fake-gpt"
     assert job.result["narrative"] == fake_llm.reply
     body = fake_llm.requests[0]
@@ -39,7 +39,7 @@ async def test_chat_model_writes_the_comparison_narrative(make_app, fake_llm):
     )
     await app.jobs.wait_idle()
 
-    job = await app.store.job_get(JobKind.COMPARISON, "n2")
+    job = await store_of(app).job_get(JobKind.COMPARISON, "n2")
     assert job.status == JobStatus.COMPLETED and job.result["narrative"] == fake_llm.reply
     # The two analyses and the comparison reach the model in no fixed order: pick the
     # comparison by its shape, and there is exactly one.
@@ -58,12 +58,12 @@ async def test_an_llm_http_error_fails_the_job_with_truncated_text(make_app, fak
     await add_evaluation(app, "llm-down", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await app.jobs.wait_idle()
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "llm-down")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "llm-down")
     assert job.status == JobStatus.FAILED and len(job.error) == 500
     assert job.error.startswith("ModelError: model fake-gpt: HTTP 400 from http://127.0.0.1:")
     assert len(fake_llm.requests) == 1
     assert (
-        await app.store.job_get(JobKind.COMPARISON, "llm-down") is None
+        await store_of(app).job_get(JobKind.COMPARISON, "llm-down") is None
     )  # the chain needs a completed analysis
 
 
@@ -74,7 +74,7 @@ async def test_an_unreachable_llm_fails_the_job_visibly(make_app, fake_llm, manu
     await add_evaluation(app, "llm-gone", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED)
     await run_jobs(app, manual_clock)  # connection refused is transient: retried, then given up
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "llm-gone")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "llm-gone")
     assert job.status == JobStatus.FAILED and job.error.startswith(
         "after 5 attempts: ModelError: model fake-gpt: "
         "request to http://127.0.0.1:9/v1/chat/completions failed"

@@ -14,7 +14,7 @@ from dispo.intelligence.job_rules import JobKind, JobStatus
 from dispo.libs.clock import ManualClock
 from support import eventually
 
-from .conftest import RUNS_GOOD, add_evaluation
+from .conftest import RUNS_GOOD, add_evaluation, store_of
 
 ANALYSIS = JobKind.ANALYSIS
 
@@ -37,13 +37,13 @@ class GatedModel(StatsModel):
 
 
 @pytest.fixture
-def replica(make_app, service_engine):
+def replica(make_app, service_db):
     """``await replica(models=..., clock=...)``: another instance of the service (its own
     connection pool, as another process would have) on the same database and, unless
     given another, the same clock."""
 
     async def make(**options):
-        return make_app(engine=await service_engine("intelligence"), **options)
+        return make_app(db=await service_db("intelligence"), **options)
 
     return make
 
@@ -54,7 +54,7 @@ async def heartbeat_lands(app, clock, evaluation_id: str, seconds: float = 60) -
     clock.advance(seconds)
     now = clock.now()
     await eventually(
-        lambda: app.store.job_get(ANALYSIS, evaluation_id),
+        lambda: store_of(app).job_get(ANALYSIS, evaluation_id),
         lambda job: job.heartbeat_at == now and clock.waiting >= 1,
         wanted=f"a heartbeat at {now}",
         describe=lambda job: f"heartbeat_at={job.heartbeat_at}, clock waiters={clock.waiting}",
@@ -73,7 +73,7 @@ async def test_a_generation_longer_than_the_takeover_age_stays_with_its_live_own
     )
     await owner.jobs.trigger(ANALYSIS, "long")
     await model.entered.wait()
-    claimed = await owner.store.job_get(ANALYSIS, "long")
+    claimed = await store_of(owner).job_get(ANALYSIS, "long")
     assert claimed.status == JobStatus.GENERATING
 
     for _ in range(20):  # twenty minutes of generation; the takeover age is fifteen
@@ -81,12 +81,12 @@ async def test_a_generation_longer_than_the_takeover_age_stays_with_its_live_own
         report = await other.jobs.recover()  # the other replica's sweep
         assert report.requeued == [] and report.failed == []
 
-    job = await owner.store.job_get(ANALYSIS, "long")
+    job = await store_of(owner).job_get(ANALYSIS, "long")
     assert job.status == JobStatus.GENERATING and job.claim_token == claimed.claim_token
     assert job.recovery_attempts == 0
     model.gate.set()
     await owner.jobs.wait_idle()
-    final = await owner.store.job_get(ANALYSIS, "long")
+    final = await store_of(owner).job_get(ANALYSIS, "long")
     assert final.status == JobStatus.COMPLETED and final.attempts == 1
     assert final.result["narrative"] == "late but sound"
     assert model.calls == 1 and other_model.calls == 0
@@ -105,7 +105,7 @@ async def test_a_claim_whose_owner_stopped_beating_is_taken_over_once_stale(repl
     )
     await owner.jobs.trigger(ANALYSIS, "lost")
     await model.entered.wait()
-    claimed = await owner.store.job_get(ANALYSIS, "lost")
+    claimed = await store_of(owner).job_get(ANALYSIS, "lost")
     assert claimed.heartbeat_at == manual_clock.now()
 
     manual_clock.advance(minutes=14, seconds=59)
@@ -115,12 +115,12 @@ async def test_a_claim_whose_owner_stopped_beating_is_taken_over_once_stale(repl
     await other.jobs.wait_idle()
 
     assert report.requeued == [(ANALYSIS, "lost")]
-    job = await other.store.job_get(ANALYSIS, "lost")
+    job = await store_of(other).job_get(ANALYSIS, "lost")
     assert job.status == JobStatus.COMPLETED and job.recovery_attempts == 1 and job.attempts == 2
     assert job.claim_token != claimed.claim_token
     model.gate.set()  # the old owner's late result is refused: its claim is gone
     await owner.jobs.wait_idle()
-    after = await owner.store.job_get(ANALYSIS, "lost")
+    after = await store_of(owner).job_get(ANALYSIS, "lost")
     assert after.result == job.result and after.result["narrative"] != "late but sound"
 
 
@@ -137,7 +137,7 @@ async def test_start_up_recovery_takes_only_abandoned_rows_and_no_live_replicas(
             runs=RUNS_GOOD,
             status=EvaluationRecordStatus.COMPLETED,
         )
-    store, now = live.store, manual_clock.now
+    store, now = store_of(live), manual_clock.now
     # abandoned: a row whose owner died twenty minutes ago ...
     await store.job_ensure_queued(ANALYSIS, "dead", now())
     assert await store.job_claim_if_queued(ANALYSIS, "dead", "dead-worker", now())
@@ -211,7 +211,7 @@ async def test_replicas_recovering_beside_a_busy_one_consume_none_of_its_attempt
 
     assert sum(started for _, started in triggered) == len(evaluations)
     assert recovered == [[], []]
-    jobs = [await busy.store.job_get(ANALYSIS, e) for e in evaluations]
+    jobs = [await store_of(busy).job_get(ANALYSIS, e) for e in evaluations]
     assert {(j.status, j.recovery_attempts, j.attempts) for j in jobs} == {
         (JobStatus.COMPLETED, 0, 1)
     }

@@ -12,7 +12,7 @@ from dispo.intelligence.job_rules import JobKind, JobStatus
 from dispo.intelligence.job_settlement import JobAdapter, JobOutcome, execute, recover_jobs
 from sqlalchemy import text
 
-from .conftest import RUNS_GOOD, add_evaluation
+from .conftest import RUNS_GOOD, add_evaluation, store_of
 
 
 def counting_adapter(
@@ -49,7 +49,7 @@ async def test_claim_race_twenty_concurrent_executes_run_the_work_once(app):
     assert counter == [1]
     assert outcomes.count(JobOutcome.COMPLETED) == 1
     assert set(outcomes) <= {JobOutcome.COMPLETED, JobOutcome.LOST, JobOutcome.SKIPPED}
-    job = await app.store.job_get(JobKind.ANALYSIS, "race")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "race")
     assert job.status == JobStatus.COMPLETED and job.attempts == 1
     assert job.result["stats"]["run_count"] == len(RUNS_GOOD)
 
@@ -58,7 +58,9 @@ async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
     await add_evaluation(
         app, "queued-race", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
-    await app.store.job_ensure_queued(JobKind.ANALYSIS, "queued-race", app.jobs.deps.clock.now())
+    await store_of(app).job_ensure_queued(
+        JobKind.ANALYSIS, "queued-race", app.jobs.deps.clock.now()
+    )
     counter: list[int] = []
     gate, entered = asyncio.Event(), asyncio.Event()
     adapter = counting_adapter(counter, gate=gate, entered=entered)
@@ -75,7 +77,7 @@ async def test_racing_contenders_all_observe_queued_yet_one_claims(app):
     assert outcomes.count(JobOutcome.COMPLETED) == 1
 
 
-async def test_duplicate_triggers_start_one_job(app):
+async def test_duplicate_triggers_start_one_job(app, intel_engine):
     await add_evaluation(
         app, "dup", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
@@ -86,9 +88,9 @@ async def test_duplicate_triggers_start_one_job(app):
 
     assert sum(started for _, started in results) == 1
     assert not started_again and again.status == JobStatus.COMPLETED
-    job = await app.store.job_get(JobKind.ANALYSIS, "dup")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "dup")
     assert job.attempts == 1
-    async with app.store.engine.connect() as conn:
+    async with intel_engine.connect() as conn:
         rows = (await conn.execute(text("SELECT count(*) FROM intelligence_jobs"))).scalar()
     assert rows == 1
 
@@ -98,13 +100,13 @@ async def test_a_failed_job_can_be_triggered_again(app):
         app, "retry", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
     await execute(JobKind.ANALYSIS, "retry", app.jobs.deps, counting_adapter([], fail_with="boom"))
-    assert (await app.store.job_get(JobKind.ANALYSIS, "retry")).status == JobStatus.FAILED
+    assert (await store_of(app).job_get(JobKind.ANALYSIS, "retry")).status == JobStatus.FAILED
 
     job, started = await app.jobs.trigger(JobKind.ANALYSIS, "retry")
     await app.jobs.wait_idle()
 
     assert started and job.status == JobStatus.QUEUED
-    final = await app.store.job_get(JobKind.ANALYSIS, "retry")
+    final = await store_of(app).job_get(JobKind.ANALYSIS, "retry")
     assert final.status == JobStatus.COMPLETED and final.error is None and final.attempts == 2
 
 
@@ -118,7 +120,7 @@ async def test_error_text_of_2000_characters_is_stored_as_exactly_500(app):
         JobKind.ANALYSIS, "long-error", app.jobs.deps, counting_adapter([], fail_with=message)
     )
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "long-error")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "long-error")
     assert outcome == JobOutcome.FAILED and job.status == JobStatus.FAILED
     assert len(job.error) == 500
     assert job.error == f"RuntimeError: {message}"[:500]
@@ -132,7 +134,7 @@ async def test_non_terminal_evaluation_executed_directly_fails_its_row(app):
         JobKind.ANALYSIS, "still-running", app.jobs.deps, counting_adapter(counter)
     )
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "still-running")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "still-running")
     assert outcome == JobOutcome.FAILED and counter == []
     assert job.status == JobStatus.FAILED
     assert job.error == (
@@ -147,7 +149,7 @@ async def test_missing_model_fails_the_row_with_the_hint_and_the_field(make_app)
 
     await execute(JobKind.ANALYSIS, "no-model", app.jobs.deps, analysis.ANALYSIS)
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "no-model")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "no-model")
     assert job.status == JobStatus.FAILED
     assert "assign an analysis model to the evaluation" in job.error
 
@@ -158,17 +160,17 @@ async def test_recovery_requeues_a_queued_row_three_times_then_fails_it_with_the
     await add_evaluation(
         app, "stuck", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
-    await app.store.job_ensure_queued(JobKind.ANALYSIS, "stuck", manual_clock.now())
+    await store_of(app).job_ensure_queued(JobKind.ANALYSIS, "stuck", manual_clock.now())
     seen = []
     for _ in range(4):  # four restarts in which the job never gets to run
         manual_clock.advance(minutes=1)
         report = await recover_jobs(
-            app.store,
+            app.db,
             manual_clock.now(),
             queued_idle=timedelta(0),
             generating_stale=timedelta(minutes=15),
         )
-        job = await app.store.job_get(JobKind.ANALYSIS, "stuck")
+        job = await store_of(app).job_get(JobKind.ANALYSIS, "stuck")
         seen.append((job.status, job.recovery_attempts, len(report.requeued), len(report.failed)))
 
     assert seen == [
@@ -186,11 +188,11 @@ async def test_recovery_runs_requeued_rows_and_hands_back_stale_generating_ones(
     await add_evaluation(
         app, "orphan", line="trial", runs=RUNS_GOOD, status=EvaluationRecordStatus.COMPLETED
     )
-    await app.store.job_ensure_queued(JobKind.ANALYSIS, "orphan", manual_clock.now())
-    assert await app.store.job_claim_if_queued(
+    await store_of(app).job_ensure_queued(JobKind.ANALYSIS, "orphan", manual_clock.now())
+    assert await store_of(app).job_claim_if_queued(
         JobKind.ANALYSIS, "orphan", "dead-worker", manual_clock.now()
     )
-    assert await app.store.job_set_generating_if_claimed(
+    assert await store_of(app).job_set_generating_if_claimed(
         JobKind.ANALYSIS, "orphan", "dead-worker", {}, manual_clock.now()
     )
 
@@ -201,10 +203,10 @@ async def test_recovery_runs_requeued_rows_and_hands_back_stale_generating_ones(
     await app.jobs.wait_idle()
 
     assert report.requeued == [(JobKind.ANALYSIS, "orphan")]
-    job = await app.store.job_get(JobKind.ANALYSIS, "orphan")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "orphan")
     assert job.status == JobStatus.COMPLETED and job.recovery_attempts == 1
     # the dead worker's late settlement is refused: its claim is gone
-    assert not await app.store.job_complete_if_generating(
+    assert not await store_of(app).job_complete_if_generating(
         JobKind.ANALYSIS, "orphan", "dead-worker", {}, {}, manual_clock.now()
     )
 
@@ -226,24 +228,25 @@ async def test_a_stopping_registry_hands_running_work_back_to_the_queue(make_app
     )
     await app.jobs.trigger(JobKind.ANALYSIS, "slow")
     await entered.wait()  # the work has begun: the row is generating
-    assert (await app.store.job_get(JobKind.ANALYSIS, "slow")).status == JobStatus.GENERATING
+    assert (await store_of(app).job_get(JobKind.ANALYSIS, "slow")).status == JobStatus.GENERATING
 
     await app.jobs.close(grace=0.05)
 
-    job = await app.store.job_get(JobKind.ANALYSIS, "slow")
+    job = await store_of(app).job_get(JobKind.ANALYSIS, "slow")
     assert job.status == JobStatus.QUEUED and job.claim_token is None
     assert app.jobs.start(JobKind.ANALYSIS, "slow") is None  # closed: starts nothing new
 
 
 async def test_claim_race_between_two_replicas_with_their_own_connection_pools(
-    app, service_engine, manual_clock
+    app, service_db, manual_clock
 ):
-    """Two service instances (separate engines, as two processes would have) race on one row."""
+    """Two service instances (separate connection pools, as two processes would have) race on
+    one row."""
     from dispo.intelligence.app import build
     from dispo.intelligence.settings import IntelligenceSettings
 
     other = build(
-        await service_engine("intelligence"),
+        await service_db("intelligence"),
         manual_clock,
         IntelligenceSettings(consume_events=False),
     )

@@ -10,16 +10,16 @@ from dispo.intelligence.evaluations import EvaluationRecordStatus
 from dispo.intelligence.job_rules import JobKind, JobStatus
 from dispo.libs.states import IllegalTransition
 
-from .conftest import RUNS_GOOD, add_evaluation
+from .conftest import RUNS_GOOD, add_evaluation, store_of
 
 A = JobKind.ANALYSIS
 
 
 async def _generating(app, evaluation_id: str, token: str = "tok"):
     now = app.jobs.deps.clock.now()
-    await app.store.job_ensure_queued(A, evaluation_id, now)
-    assert await app.store.job_claim_if_queued(A, evaluation_id, token, now)
-    assert await app.store.job_set_generating_if_claimed(A, evaluation_id, token, {}, now)
+    await store_of(app).job_ensure_queued(A, evaluation_id, now)
+    assert await store_of(app).job_claim_if_queued(A, evaluation_id, token, now)
+    assert await store_of(app).job_set_generating_if_claimed(A, evaluation_id, token, {}, now)
     return now
 
 
@@ -30,33 +30,35 @@ async def _generating(app, evaluation_id: str, token: str = "tok"):
 async def test_an_undeclared_job_or_evaluation_move_is_refused_and_changes_nothing(app):
     await add_evaluation(app, "done", runs=RUNS_GOOD)
     now = await _generating(app, "done")
-    assert await app.store.job_complete_if_generating(A, "done", "tok", {"ok": 1}, {}, now)
-    completed = await app.store.job_get(A, "done")
+    assert await store_of(app).job_complete_if_generating(A, "done", "tok", {"ok": 1}, {}, now)
+    completed = await store_of(app).job_get(A, "done")
     assert completed.status is JobStatus.COMPLETED
 
     with pytest.raises(IllegalTransition, match="job state cannot move from completed to queued"):
-        await app.store.job_requeue_if_unchanged(completed, now)
+        await store_of(app).job_requeue_if_unchanged(completed, now)
     with pytest.raises(IllegalTransition, match="from completed to failed"):
-        await app.store.job_fail_if_unchanged(completed, "late failure", now)
+        await store_of(app).job_fail_if_unchanged(completed, "late failure", now)
     with pytest.raises(IllegalTransition, match="from completed to failed"):
-        await app.store.job_fail_if_claimed(A, "done", "tok", JobStatus.COMPLETED, "x", {}, now)
+        await store_of(app).job_fail_if_claimed(A, "done", "tok", JobStatus.COMPLETED, "x", {}, now)
     # A declared move whose guard no longer matches is a lost race, not an error.
-    assert not await app.store.job_requeue_if_generating(A, "done", "tok", now)
-    assert await app.store.job_get(A, "done") == completed
+    assert not await store_of(app).job_requeue_if_generating(A, "done", "tok", now)
+    assert await store_of(app).job_get(A, "done") == completed
 
-    assert await app.store.evaluation_complete_if_running(
+    assert await store_of(app).evaluation_complete_if_running(
         "done", EvaluationRecordStatus.COMPLETED, now
     )
-    evaluation = await app.store.evaluation_get("done")
+    evaluation = await store_of(app).evaluation_get("done")
     with pytest.raises(
         IllegalTransition, match="evaluation state cannot move from running to running"
     ):
-        await app.store.evaluation_complete_if_running("done", EvaluationRecordStatus.RUNNING, now)
+        await store_of(app).evaluation_complete_if_running(
+            "done", EvaluationRecordStatus.RUNNING, now
+        )
     # A declared move on an evaluation already finished is a lost race, not an error.
-    assert not await app.store.evaluation_complete_if_running(
+    assert not await store_of(app).evaluation_complete_if_running(
         "done", EvaluationRecordStatus.FAILED, now
     )
-    assert await app.store.evaluation_get("done") == evaluation
+    assert await store_of(app).evaluation_get("done") == evaluation
 
 
 async def test_racing_settlements_of_one_generating_job_exactly_one_is_recorded(app):
@@ -64,12 +66,14 @@ async def test_racing_settlements_of_one_generating_job_exactly_one_is_recorded(
     now = await _generating(app, "race")
 
     def contenders():
-        yield app.store.job_complete_if_generating(A, "race", "tok", {"ok": 1}, {}, now)
-        yield app.store.job_fail_if_claimed(A, "race", "tok", JobStatus.GENERATING, "x", {}, now)
-        yield app.store.job_requeue_if_generating(A, "race", "tok", now)
+        yield store_of(app).job_complete_if_generating(A, "race", "tok", {"ok": 1}, {}, now)
+        yield store_of(app).job_fail_if_claimed(
+            A, "race", "tok", JobStatus.GENERATING, "x", {}, now
+        )
+        yield store_of(app).job_requeue_if_generating(A, "race", "tok", now)
 
     results = await asyncio.gather(*(c for _ in range(4) for c in contenders()))
 
     assert sorted(results) == [False] * 11 + [True]
     winner = [JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.QUEUED][results.index(True) % 3]
-    assert (await app.store.job_get(A, "race")).status is winner
+    assert (await store_of(app).job_get(A, "race")).status is winner

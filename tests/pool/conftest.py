@@ -76,21 +76,25 @@ async def pool_engine(service_engine):
 
 
 @pytest.fixture
+async def pool_db(service_db):
+    """The driver port on the pool's schema: what the pool's store runs on."""
+    return await service_db("pool")
+
+
+@pytest.fixture
 async def wakes() -> Wakes:
     return Wakes()
 
 
 @pytest.fixture
-async def pool(pool_engine, manual_clock, tmp_path, bus, wakes) -> Pool:
+async def pool(pool_db, manual_clock, tmp_path, bus, wakes) -> Pool:
     async def publish(subject: str, data: bytes) -> None:
         wakes.subjects.append(subject)
         await bus.nc.publish(subject, data)
 
     driver = LocalDriver(tmp_path / "registry.sqlite", publish)
     # The evaluations' default target, a port where nothing listens.
-    return Pool(
-        pool_engine, driver, manual_clock, PoolPolicy(), egress=AllowList.parse(DEFAULT_TARGET)
-    )
+    return Pool(pool_db, driver, manual_clock, PoolPolicy(), egress=AllowList.parse(DEFAULT_TARGET))
 
 
 @pytest.fixture

@@ -24,19 +24,19 @@ from .conftest import add_crons
 HANG = 30.0
 
 
-def openclaw_pool(engine, clock, fake, calls: DriverCalls) -> Pool:
+def openclaw_pool(db, clock, fake, calls: DriverCalls) -> Pool:
     driver = OpenClawDriver(
         fake.cli(), namespace="t", tick_seconds=3600, command=lambda cron_id: "true"
     )
-    pool = Pool(engine, driver, clock, PoolPolicy(), driver_calls=calls)
+    pool = Pool(db, driver, clock, PoolPolicy(), driver_calls=calls)
     driver.state_of = pool.cron_driver_state
     return pool
 
 
 async def test_a_sweep_replacing_crons_through_slow_calls_returns_at_once(
-    pool_engine, manual_clock, fake_openclaw
+    pool_db, manual_clock, fake_openclaw
 ):
-    pool = openclaw_pool(pool_engine, manual_clock, fake_openclaw, DriverCalls(2, 600))
+    pool = openclaw_pool(pool_db, manual_clock, fake_openclaw, DriverCalls(2, 600))
     silent = await add_crons(pool, 7)
     assert len(fake_openclaw.automations()) == 7
     fake_openclaw.behave(hold=["cron add", "cron rm"])  # every creation and removal hangs
@@ -62,10 +62,8 @@ async def test_a_sweep_replacing_crons_through_slow_calls_returns_at_once(
     assert fake_openclaw.in_flight() == []
 
 
-async def test_a_driver_call_past_its_deadline_is_abandoned(
-    pool_engine, manual_clock, fake_openclaw
-):
-    pool = openclaw_pool(pool_engine, manual_clock, fake_openclaw, DriverCalls(4, 0.5))
+async def test_a_driver_call_past_its_deadline_is_abandoned(pool_db, manual_clock, fake_openclaw):
+    pool = openclaw_pool(pool_db, manual_clock, fake_openclaw, DriverCalls(4, 0.5))
     fake_openclaw.behave(hold=["cron add"])  # and never released
     [cron] = await add_crons(pool, 1)  # returns once the call is abandoned
     assert fake_openclaw.in_flight() == []  # its CLI process ended with it
@@ -74,14 +72,14 @@ async def test_a_driver_call_past_its_deadline_is_abandoned(
 
 
 async def test_a_repair_is_what_the_driver_holds_after_it_not_its_calls_deadline(
-    pool_engine, manual_clock, fake_openclaw
+    pool_db, manual_clock, fake_openclaw
 ):
     """OpenClaw creates the automation but the CLI call overruns its timeout: the repair is
     applied (read back). One it never creates is refused UNAVAILABLE, and the next try does it."""
     driver = OpenClawDriver(
         fake_openclaw.cli(timeout=1), namespace="t", tick_seconds=3600, command=lambda c: "true"
     )
-    pool = Pool(pool_engine, driver, manual_clock, PoolPolicy(), driver_calls=DriverCalls(4, 600))
+    pool = Pool(pool_db, driver, manual_clock, PoolPolicy(), driver_calls=DriverCalls(4, 600))
     driver.state_of = pool.cron_driver_state
     fake_openclaw.behave(skip=["cron add"])  # the crons' creation never reaches OpenClaw
     late, lost = await add_crons(pool, 2)

@@ -12,12 +12,12 @@ from sqlalchemy.dialects import postgresql
 from .conftest import evaluation
 
 
-async def test_the_migrated_outbox_has_the_shared_shape(pool):
+async def test_the_migrated_outbox_has_the_shared_shape(pool_engine):
     def reflect(sync_conn):
         inspector = inspect(sync_conn)
         return inspector.get_columns("outbox"), inspector.get_indexes("outbox")
 
-    async with pool.engine.connect() as conn:
+    async with pool_engine.connect() as conn:
         columns, indexes = await conn.run_sync(reflect)
     dialect = postgresql.dialect()
     assert {c["name"]: (c["type"].compile(dialect), c["nullable"]) for c in columns} == {
@@ -34,9 +34,9 @@ async def test_the_migrated_outbox_has_the_shared_shape(pool):
 
 
 async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order(
-    pool, manual_clock, bus, monkeypatch
+    pool, pool_engine, manual_clock, bus, monkeypatch
 ):
-    relay = outbox_relay(pool.engine, bus, manual_clock)
+    relay = outbox_relay(pool_engine, bus, manual_clock)
     for name in ("first", "second", "third"):
         await pool.cancel(
             (await pool.create_evaluation(evaluation(name))).id

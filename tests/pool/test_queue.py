@@ -7,7 +7,6 @@ from datetime import timedelta
 
 from dispo.pool import store
 from dispo.pool.domain import Evaluation, EvaluationStatus, QueueKey, Schedule
-from sqlalchemy import text
 
 from .conftest import add_crons, evaluation
 
@@ -21,12 +20,10 @@ async def _seed(
     waiting_since=None,
     status: str = "executing",
 ) -> None:
-    async with pool.engine.begin() as conn:
+    async with pool.db.transaction() as conn:
         await store.evaluation_insert(conn, ev, window_start)
-        await conn.execute(
-            text(
-                "UPDATE evaluations SET runs_done = :d, waiting_since = :w, status = :s WHERE id = :id"
-            ),
+        await conn.fetch(
+            "UPDATE evaluations SET runs_done = :d, waiting_since = :w, status = :s WHERE id = :id",
             {"d": runs_done, "w": waiting_since or window_start, "s": status, "id": ev.id},
         )
 
@@ -56,7 +53,7 @@ async def test_priority_order_mixes_slot_due_debt_and_waiting_time(pool, manual_
     # A paused evaluation owing runs is not served.
     await _seed(pool, evaluation("g-paused", runs_per_slot=2), window_start=start, status="paused")
 
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         queue = await store.queue_list(conn, now)
     order = [k.evaluation_id for k in queue]
     assert order == [
@@ -76,7 +73,7 @@ async def test_priority_order_mixes_slot_due_debt_and_waiting_time(pool, manual_
 
     # An operator boost puts an item first whatever its debt.
     await pool.boost("d-debt-1-newer", 5)
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         assert (await store.queue_list(conn, now))[0].evaluation_id == "d-debt-1-newer"
 
 
@@ -100,7 +97,7 @@ async def test_twenty_crons_racing_for_five_items_take_each_once(pool):
 
     taken = [r.evaluation.id for r in results if r.evaluation is not None]
     assert sorted(taken) == [f"race-{i}" for i in range(5)]
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         busy = [c for c in await store.crons_list(conn) if c.evaluation_id]
         assignments = await store.assignments_list(conn)
     assert len(busy) == 5 and len({c.evaluation_id for c in busy}) == 5
@@ -110,7 +107,7 @@ async def test_twenty_crons_racing_for_five_items_take_each_once(pool):
         assert ev.status is EvaluationStatus.EXECUTING and ev.assigned_cron_id in crons
 
 
-async def test_claim_takes_the_top_item_and_emits_started_once(pool):
+async def test_claim_takes_the_top_item_and_emits_started_once(pool, pool_engine):
     [cron] = await add_crons(pool, 1)
     await pool.create_evaluation(evaluation("only", runs_per_slot=2))
     woke = await pool.wake_cron(cron)
@@ -122,7 +119,7 @@ async def test_claim_takes_the_top_item_and_emits_started_once(pool):
     )
     again = await pool.wake_cron(cron)  # busy: continues the same evaluation
     assert again.evaluation and again.evaluation.id == "only"
-    async with pool.engine.connect() as conn:
+    async with pool_engine.connect() as conn:
         unsent = (
             store.outbox.select()
             .where(store.outbox.c.sent_at.is_(None))
@@ -135,7 +132,7 @@ async def test_claim_takes_the_top_item_and_emits_started_once(pool):
 async def test_next_slot_time_of_waiting_evaluations(pool, manual_clock):
     [cron] = await add_crons(pool, 1)
     await pool.create_evaluation(evaluation("timed", window=120, slots=2))
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         assert (
             await store.evaluations_next_slot_at(conn, manual_clock.now()) is None
         )  # owes a run now
@@ -144,7 +141,7 @@ async def test_next_slot_time_of_waiting_evaluations(pool, manual_clock):
 
     await pool.record_run(cron, "timed", 0, "c1", RunResult(Verdict.PASS, 1.0, 1))
     assert woke.evaluation is not None
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         due = await store.evaluations_next_slot_at(conn, manual_clock.now())
     assert due == woke.evaluation.created_at + timedelta(seconds=60)
 
@@ -181,7 +178,7 @@ async def test_wakes_recordings_and_operator_commands_racing_do_not_deadlock(poo
     await asyncio.gather(*ops)
     for _ in range(2):
         await asyncio.gather(*(attempt(pool.wake_cron(c)) for c in crons))
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         crons_now = await store.crons_list(conn)
         open_assignments = [a for a in await store.assignments_list(conn) if a.ended_at is None]
     held = {c.evaluation_id for c in crons_now if c.evaluation_id}

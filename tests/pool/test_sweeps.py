@@ -43,7 +43,7 @@ async def test_cron_silent_for_ten_minutes_is_stuck_and_its_evaluation_reassigne
     assert first not in crons and crons[replacement].status is CronStatus.BUSY
     await pool.settle()  # the driver calls that follow the sweep
     assert {c.id for c in await pool.driver.list()} == {other, replacement}
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         history = [
             (a.cron_id, a.end_reason)
             for a in await store.assignments_list(conn, evaluation_id="silent")
@@ -86,7 +86,7 @@ async def test_evaluation_holding_a_cron_two_hours_is_force_released(pool, manua
     assert ev.status is EvaluationStatus.EXECUTING and ev.assigned_cron_id is None
     assert ev.waiting_since == manual_clock.now() and ev.runs_done == 119
     assert [c.status for c in await pool.crons()] == [CronStatus.IDLE]
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         [assignment] = await store.assignments_list(conn, evaluation_id="long")
         assert assignment.end_reason == "force_released"
         assert (await store.queue_list(conn, manual_clock.now()))[0].evaluation_id == "long"
@@ -111,7 +111,7 @@ async def test_scale_up_exactly_above_the_busy_ratio(pool):
     assert await scale_sweep(pool) == 2  # 5/5 > 0.8 -> 7 crons (5/7 <= 0.8)
     status = await pool.status()
     assert status.counts[CronStatus.BUSY] + status.counts[CronStatus.IDLE] == 7
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         [resize] = await store.resizes_list(conn)
     assert (resize["from_size"], resize["to_size"], resize["reason"]) == (5, 7, "busy_ratio")
 
@@ -129,7 +129,7 @@ async def test_scale_down_exactly_above_twice_min_idle_and_never_beyond_bounds(p
     assert len(await pool.crons()) == 3
     await pool.set_bounds(6, 20)
     assert await scale_sweep(pool) == 3  # below the new min
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         reasons = [r["reason"] for r in await store.resizes_list(conn)]
     assert reasons == ["below_min", "above_max", "idle_surplus"]
 
@@ -173,6 +173,6 @@ async def test_force_release_by_cron_or_evaluation(pool, wakes):
         await pool.force_release()
     with pytest.raises(NotFound):
         await pool.force_release(cron_id="cron-nope")
-    async with pool.engine.connect() as conn:
+    async with pool.db.connection() as conn:
         reasons = [a.end_reason for a in await store.assignments_list(conn, evaluation_id="held")]
     assert reasons == ["force_released", "force_released"]

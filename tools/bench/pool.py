@@ -22,6 +22,7 @@ from typing import Any
 
 from dispo.libs.clock import ManualClock
 from dispo.libs.db import create_engine, migrate
+from dispo.libs.db.driver import Database
 from dispo.libs.egress import AllowList
 from dispo.libs.evaluation import Line, Verdict
 from dispo.pool.app import MIGRATIONS
@@ -62,9 +63,10 @@ class NullDriver:
 async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
     engine = create_engine(url, "pool_bench", pool_size=max(10, crons))
     await migrate(engine, "pool_bench", MIGRATIONS)
+    db = await Database.open(url, "pool_bench", size=max(10, crons))
     clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
     pool = Pool(
-        engine,
+        db,
         NullDriver(),
         clock,
         PoolPolicy(max_size=max(crons, 20), runs_per_wake=runs),
@@ -111,6 +113,7 @@ async def run(url: str, crons: int, evaluations: int, runs: int) -> None:
     while any(await asyncio.gather(*(serve(c) for c in ids))):
         pass
     elapsed = time.perf_counter() - began
+    await db.close()
     async with engine.begin() as conn:
         done = (
             await conn.execute(text("SELECT count(*) FROM evaluations WHERE status = 'completed'"))
