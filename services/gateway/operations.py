@@ -98,7 +98,7 @@ class Gateway:
         status_linger: float = 0.0,
         egress: AllowList = DEFAULT_EGRESS,
     ) -> None:
-        self.engine = engine  # a cancel's transaction, the signing secrets' read
+        self.engine = engine  # a cancel's transaction (the outbox's withdrawal is on it)
         self.db = db  # the driver port: every other statement
         self.relay = relay
         self.catalogue = catalogue
@@ -195,7 +195,7 @@ class Gateway:
             return
         if sub.business in self._signed:
             return
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             found = await auth_store.signing_secret_exists(conn, sub.business)
         if not found:
             why = (
