@@ -29,9 +29,9 @@ from dispo.libs.auth.caller import ADMIN_TOKEN_FILE
 from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.clock import Clock
 from dispo.libs.db import create_engine, migrate
+from dispo.libs.db.driver import Database
 from dispo.libs.logging import get_logger
 from dispo.libs.private_files import write_private
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 
@@ -120,26 +120,26 @@ StoredToken = tuple[str, Kind, str, str]
 
 
 async def insert_tokens(
-    engine: AsyncEngine, tokens: Iterable[StoredToken], label: str, clock: Clock
+    db: Database, tokens: Iterable[StoredToken], label: str, clock: Clock
 ) -> int:
     """Insert each of ``tokens`` unless one with its id exists (a token revoked once stays
     revoked); how many were inserted."""
     now = clock.now()
-    inserted = 0
-    async with engine.begin() as conn:
-        for token_id, kind, service, hashed in tokens:
-            record = TokenRecord(token_id, kind, "", service, label, now, None, None)
-            inserted += await store.token_insert_if_absent(conn, record, hashed)
-    return inserted
+    records = [
+        (TokenRecord(token_id, kind, "", service, label, now, None, None), hashed)
+        for token_id, kind, service, hashed in tokens
+    ]
+    async with db.connection() as conn:  # one statement: atomic on its own
+        return len(await store.tokens_insert_if_absent(conn, records))
 
 
-async def apply_bootstrap(engine: AsyncEngine, path: Path, clock: Clock) -> int:
+async def apply_bootstrap(db: Database, path: Path, clock: Clock) -> int:
     """Insert the tokens ``path`` lists unless their ids exist; how many were inserted."""
     entries = json.loads(path.read_text())
     tokens = [
         (e["token_id"], Kind(e["kind"]), e.get("service", ""), e["secret_sha256"]) for e in entries
     ]
-    inserted = await insert_tokens(engine, tokens, "made by dispo up", clock)
+    inserted = await insert_tokens(db, tokens, "made by dispo up", clock)
     if inserted:
         log.info("bootstrap tokens stored", inserted=inserted, file=str(path))
     return inserted
@@ -151,18 +151,23 @@ def read_token_file(path: Path) -> str:
 
 
 @asynccontextmanager
-async def token_store(database_url: str) -> AsyncIterator[AsyncEngine]:
-    """An engine on the token store, its migrations applied, for the length of the block."""
+async def token_store(database_url: str) -> AsyncIterator[Database]:
+    """The driver port on the token store, its migrations applied, for the length of the
+    block."""
     engine = create_engine(database_url, SCHEMA, pool_size=1)
     try:
         await migrate(engine, SCHEMA, MIGRATIONS)
-        yield engine
     finally:
         await engine.dispose()
+    db = await Database.open(database_url, SCHEMA, size=1)
+    try:
+        yield db
+    finally:
+        await db.close()
 
 
 async def prepare_token_store(database_url: str, bootstrap_file: Path, clock: Clock) -> None:
     """Create the token store (its migrations) and store the stack's tokens, as the gateway
     does on start: a stack without a gateway (``dispo up --services pool``) checks tokens too."""
-    async with token_store(database_url) as engine:
-        await apply_bootstrap(engine, bootstrap_file, clock)
+    async with token_store(database_url) as db:
+        await apply_bootstrap(db, bootstrap_file, clock)

@@ -22,11 +22,11 @@ from dispo.libs.api.auth.v1 import auth_pb2_grpc
 from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Conn, Database
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import to_timestamp
 from dispo.libs.validation import business_name, identifier
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
@@ -76,12 +76,12 @@ def _when(moment: datetime) -> str:
 class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         clock: Clock,
         verifier: TokenVerifier,
         signing_key: SigningKey | None = None,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.clock = clock
         self.verifier = verifier
         # None: no DISPO_SIGNING_KEY, so no signing secret can be made here.
@@ -96,7 +96,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         return record, key.derive(business, record.secret_id, record.salt)
 
     async def _first_signing_secret(
-        self, conn: AsyncConnection, business: str
+        self, conn: Conn, business: str
     ) -> tuple[SigningSecretRecord, str] | None:
         """The business's first signing secret, made with its token; None if it has one
         (or this gateway has no signing key)."""
@@ -141,7 +141,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         record = self._record(request)
         secret = new_secret()
         signing = None
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             await store.token_insert(conn, record, secret_hash(secret))
             if record.kind is Kind.BUSINESS:
                 signing = await self._first_signing_secret(conn, record.business)
@@ -163,7 +163,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
     async def ListTokens(
         self, request: pb.ListTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ListTokensResponse:
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             records = await store.token_list(
                 conn, business=request.business, include_revoked=request.include_revoked
             )
@@ -174,7 +174,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
     ) -> pb.RevokeTokenResponse:
         if not request.token_id:
             raise InvalidArgument("token_id", "required")
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             record = await store.token_revoke_if_live(conn, request.token_id, self.clock.now())
         if record is None:
             raise NotFound(f"no token {request.token_id!r}")
@@ -197,7 +197,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
             )
         grace = timedelta(seconds=request.grace_seconds or DEFAULT_GRACE_SECONDS)
         new, secret = self._new_signing_secret(self.signing_key, business)
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             valid = await store.signing_secrets_valid(conn, [business], new.created_at, lock=True)
             retiring = [r.retires_at for r in valid if r.retires_at is not None]
             if retiring:
@@ -235,7 +235,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
     ) -> pb.FinishSigningSecretRotationResponse:
         business = business_name(request.business)
         now = self.clock.now()
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             retired = await store.signing_secrets_retire_previous(conn, business, now)
             valid = await store.signing_secrets_valid(conn, [business], now)
         if not retired:
@@ -246,7 +246,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
     async def ListSigningSecrets(
         self, request: pb.ListSigningSecretsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ListSigningSecretsResponse:
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             records = await store.signing_secrets_valid(
                 conn, [request.business] if request.business else None, self.clock.now()
             )

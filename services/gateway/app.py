@@ -35,15 +35,16 @@ async def setup(rt: Runtime) -> None:
     signing_key = configured_key(rt.settings.signing_key)  # a malformed key stops the start
     # The token store: every service reads it, the gateway alone writes it (ADR-0040).
     await migrate(rt.engine, AUTH_SCHEMA, AUTH_MIGRATIONS)
+    db = await rt.database()
     if settings.auth_bootstrap_file:
-        await apply_bootstrap(rt.engine, Path(settings.auth_bootstrap_file), rt.clock)
+        await apply_bootstrap(db, Path(settings.auth_bootstrap_file), rt.clock)
     await tasks.ensure_task_streams(rt.bus, "gateway")
     catalogue = load_configured_catalogue()
     limits = settings.limits()
     relay = rt.outbox_relay(store.outbox)
     gateway = Gateway(
         rt.engine,
-        await rt.database(),
+        db,
         relay,
         catalogue,
         limits,
@@ -88,7 +89,7 @@ async def setup(rt: Runtime) -> None:
         ),
         SERVICE_NAME,
     )
-    token_servicer = tokens.TokenServicer(rt.engine, rt.clock, rt.verifier, signing_key)
+    token_servicer = tokens.TokenServicer(db, rt.clock, rt.verifier, signing_key)
     rt.add_servicer(
         lambda server: tokens.add_to_server(token_servicer, server), tokens.SERVICE_NAME
     )

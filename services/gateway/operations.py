@@ -98,8 +98,8 @@ class Gateway:
         status_linger: float = 0.0,
         egress: AllowList = DEFAULT_EGRESS,
     ) -> None:
-        self.engine = engine
-        self.db = db  # the driver port: the Submit and status flushes' statements
+        self.engine = engine  # a cancel's transaction (the outbox's withdrawal is on it)
+        self.db = db  # the driver port: every other statement
         self.relay = relay
         self.catalogue = catalogue
         self.limits = limits
@@ -195,7 +195,7 @@ class Gateway:
             return
         if sub.business in self._signed:
             return
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             found = await auth_store.signing_secret_exists(conn, sub.business)
         if not found:
             why = (
@@ -284,7 +284,7 @@ class Gateway:
         return self.view_of(await self.get_record(task_id))
 
     async def get_record(self, task_id: str) -> store.TaskRecord:
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             record = await store.task_get(conn, task_id)
         if record is None:
             raise NotFound(f"no task {task_id!r}")
@@ -298,12 +298,12 @@ class Gateway:
         return view
 
     async def list(self, matching: store.TaskFilter, **page: Any) -> list[store.TaskSummary]:
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             return await store.task_list(conn, matching, **page)
 
     async def counts(self, matching: store.TaskFilter) -> dict[str, int]:
         """How many matching tasks each status holds (stored names; absent: none)."""
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             return await store.task_counts(conn, matching)
 
     async def cancel(self, task_id: str) -> task_pb2.Task:
@@ -321,7 +321,7 @@ class Gateway:
                 await store.task_set_view(
                     conn, task_id, cancelled_view(record.view, now), "cancelled", now
                 )
-            if await store.task_request_cancel(conn, task_id, now):
+            if await store.task_request_cancel_if_unrequested(conn, task_id, now):
                 request = task_pb2.CancelRequest(task_id=task_id)
                 set_timestamp(request.requested_at, now)
                 await store.emit(

@@ -1,4 +1,9 @@
-"""All SQL of the gateway: tasks as accepted, their status view, and the outbox."""
+"""All SQL of the gateway: tasks as accepted, their status view, and the outbox. Every
+statement runs on the driver port (:mod:`dispo.libs.db.driver`); a cancel's runs in a
+SQLAlchemy transaction still (:func:`task_get`, :func:`task_set_view` and
+:func:`task_request_cancel_if_unrequested` take either), as :func:`outbox_withdraw_create`
+and :func:`emit` need one until the outbox's withdrawal and single insert are on the
+port."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import require_declared, tasks
-from dispo.libs.db.driver import Conn, Statement
+from dispo.libs.db.driver import Conn, Statement, fetch_on
 from dispo.libs.outbox import (
     OutboxRow,
     Staged,
@@ -18,7 +23,7 @@ from dispo.libs.outbox import (
     outbox_table,
     outbox_withdraw,
 )
-from sqlalchemy import MetaData, text
+from sqlalchemy import MetaData
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
@@ -93,7 +98,7 @@ def _finish(status: str, finished_at: str) -> str:
     )
 
 
-_FINISH = f"finished_at = {_finish(':status', 'finished_at')}"
+_FINISH = f"finished_at = {_finish('CAST(:status AS text)', 'finished_at')}"
 
 
 @dataclass(frozen=True)
@@ -213,11 +218,12 @@ async def tasks_by_keys(
     }
 
 
-async def task_get(conn: AsyncConnection, task_id: str) -> TaskRecord | None:
-    row = (
-        await conn.execute(text("SELECT * FROM tasks WHERE task_id = :id"), {"id": task_id})
-    ).first()
-    return _record(row) if row else None
+_GET = Statement("SELECT * FROM tasks WHERE task_id = :id")
+
+
+async def task_get(conn: Conn | AsyncConnection, task_id: str) -> TaskRecord | None:
+    rows = await fetch_on(conn, _GET, {"id": task_id})
+    return _record(rows[0]) if rows else None
 
 
 @dataclass(frozen=True)
@@ -274,15 +280,17 @@ async def tasks_apply_snapshots(conn: Conn, snapshots: list[Snapshot], now: date
     return set(result)
 
 
-async def task_request_cancel(conn: AsyncConnection, task_id: str, now: datetime) -> bool:
-    """Set the cancel flag; False if it was set already."""
-    result = await conn.execute(
-        text(
-            "UPDATE tasks SET cancel_requested = true, updated_at = :now WHERE task_id = :id AND NOT cancel_requested"
-        ),
-        {"id": task_id, "now": now},
-    )
-    return result.rowcount == 1
+_REQUEST_CANCEL = Statement(
+    "UPDATE tasks SET cancel_requested = true, updated_at = :now"
+    " WHERE task_id = :id AND NOT cancel_requested RETURNING task_id"
+)
+
+
+async def task_request_cancel_if_unrequested(
+    conn: Conn | AsyncConnection, task_id: str, now: datetime
+) -> bool:
+    """Set the cancel flag; False if it was set already (or there is no such task)."""
+    return bool(await fetch_on(conn, _REQUEST_CANCEL, {"id": task_id, "now": now}))
 
 
 async def outbox_withdraw_create(conn: AsyncConnection, msg_id: str) -> bool:
@@ -292,15 +300,19 @@ async def outbox_withdraw_create(conn: AsyncConnection, msg_id: str) -> bool:
     return await outbox_withdraw(conn, outbox, tasks.TASK_CREATE, msg_id)
 
 
+_SET_VIEW = Statement(
+    "UPDATE tasks SET view = :view, status = :status, updated_at = :now, "
+    + _FINISH
+    + " WHERE task_id = :id"
+)
+
+
 async def task_set_view(
-    conn: AsyncConnection, task_id: str, view: task_pb2.Task, status: str, now: datetime
+    conn: Conn | AsyncConnection, task_id: str, view: task_pb2.Task, status: str, now: datetime
 ) -> None:
-    await conn.execute(
-        text(
-            "UPDATE tasks SET view = :view, status = :status, updated_at = :now, "
-            + _FINISH
-            + " WHERE task_id = :id"
-        ),
+    await fetch_on(
+        conn,
+        _SET_VIEW,
         {"id": task_id, "view": view.SerializeToString(), "status": status, "now": now},
     )
 
@@ -326,10 +338,10 @@ class TaskFilter:
             clauses.append("idempotency_key = :key")
             params["key"] = self.idempotency_key
         if self.created_after is not None:
-            clauses.append("created_at >= :after_t")
+            clauses.append("created_at >= CAST(:after_t AS timestamptz)")
             params["after_t"] = self.created_after
         if self.created_before is not None:
-            clauses.append("created_at < :before_t")
+            clauses.append("created_at < CAST(:before_t AS timestamptz)")
             params["before_t"] = self.created_before
         return clauses
 
@@ -339,7 +351,7 @@ def _where(clauses: list[str]) -> str:
 
 
 async def task_list(
-    conn: AsyncConnection,
+    conn: Conn,
     matching: TaskFilter,
     *,
     statuses: list[str],
@@ -352,30 +364,29 @@ async def task_list(
     params: dict[str, Any] = {"limit": limit}
     clauses = matching.where(params)
     if statuses:
-        clauses.append("status = ANY(:statuses)")
+        clauses.append("status = ANY(CAST(:statuses AS text[]))")
         params["statuses"] = statuses
     if after is not None:
-        clauses.append(f"(created_at, task_id) {'<' if newest_first else '>'} (:cur_t, :cur_id)")
+        clauses.append(
+            f"(created_at, task_id) {'<' if newest_first else '>'}"
+            " (CAST(:cur_t AS timestamptz), CAST(:cur_id AS text))"
+        )
         params["cur_t"], params["cur_id"] = after
     direction = "DESC" if newest_first else "ASC"
-    rows = await conn.execute(
-        text(
-            f"SELECT {_SUMMARY_COLUMNS} FROM tasks {_where(clauses)}"
-            f" ORDER BY created_at {direction}, task_id {direction} LIMIT :limit"
-        ),
+    rows = await conn.fetch(
+        f"SELECT {_SUMMARY_COLUMNS} FROM tasks {_where(clauses)}"
+        f" ORDER BY created_at {direction}, task_id {direction} LIMIT CAST(:limit AS integer)",
         params,
     )
     return [TaskSummary(*r) for r in rows]
 
 
-async def task_counts(conn: AsyncConnection, matching: TaskFilter) -> dict[str, int]:
+async def task_counts(conn: Conn, matching: TaskFilter) -> dict[str, int]:
     """How many matching tasks each stored status holds (statuses holding none are absent),
     with one statement."""
     params: dict[str, Any] = {}
-    rows = await conn.execute(
-        text(
-            f"SELECT status, count(*) FROM tasks {_where(matching.where(params))} GROUP BY status"
-        ),
+    rows = await conn.fetch(
+        f"SELECT status, count(*) FROM tasks {_where(matching.where(params))} GROUP BY status",
         params,
     )
     return {status: count for status, count in rows}

@@ -13,6 +13,7 @@ from dispo.libs.auth.rules import ADMIN, RULES
 from dispo.libs.auth.tokens import new_secret, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.db import create_engine
+from dispo.libs.db.driver import Database
 from dispo.libs.grpcserver import create_server
 from dispo.libs.ratelimit import TokenBuckets
 from google.rpc import error_details_pb2
@@ -53,14 +54,17 @@ async def served(database_url, manual_clock):
     )
     await server.start()
 
+    db = await Database.open(database_url, "auth", size=1)
+
     async def add_token(secret: str) -> None:
-        async with engine.begin() as conn:
+        async with db.connection() as conn:
             await store.token_insert(conn, record(Kind.ADMIN), secret_hash(secret))
 
     try:
         yield verifier, server.port, add_token
     finally:
         await server.stop(0)
+        await db.close()
         await engine.dispose()
 
 

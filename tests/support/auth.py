@@ -36,7 +36,7 @@ from dispo.libs.auth import (
 from dispo.libs.auth.tokens import TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import SystemClock
-from dispo.libs.db import create_engine
+from dispo.libs.db.driver import Database
 from dispo.tools.stack.stack import POOL_WORKER, SERVICES
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -66,15 +66,15 @@ class TestTokens:
         entries = [(Kind.ADMIN, "", self.admin)] + [
             (Kind.SERVICE, name, secret) for name, secret in self.services.items()
         ]
-        engine = create_engine(url, "auth")
+        db = await Database.open(url, "auth", size=1)
         try:
-            async with engine.begin() as conn:
+            async with db.transaction() as conn:
                 for kind, service, secret in entries:
                     await store.token_insert(
                         conn, record(kind, service=service), secret_hash(secret)
                     )
         finally:
-            await engine.dispose()
+            await db.close()
 
     def service_env(self, name: str) -> dict[str, str]:
         """The environment that hands ``name`` (a service or ``pool-worker``) its token, and
@@ -103,12 +103,12 @@ async def business_token(
     """A new token of ``business`` in the test's database: (token id, secret)."""
     secret = new_secret()
     made = record(Kind.BUSINESS, business=business, expires_at=expires_at)
-    engine = create_engine(database_url, "auth")
+    db = await Database.open(database_url, "auth", size=1)
     try:
-        async with engine.begin() as conn:
+        async with db.connection() as conn:
             await store.token_insert(conn, made, secret_hash(secret))
     finally:
-        await engine.dispose()
+        await db.close()
     return made.token_id, secret
 
 
@@ -119,13 +119,13 @@ async def signing_secret(database_url: str, business: str) -> str:
     made = SigningSecretRecord(
         new_secret_id(), business, new_salt(), key.key_id, datetime.now(UTC), None
     )
-    engine = create_engine(database_url, "auth")
+    db = await Database.open(database_url, "auth", size=1)
     try:
-        async with engine.begin() as conn:
+        async with db.connection() as conn:
             if not await store.signing_secret_insert_if_none(conn, made):
                 raise RuntimeError(f"{business!r} has a signing secret already")
     finally:
-        await engine.dispose()
+        await db.close()
     return key.derive(business, made.secret_id, made.salt)
 
 

@@ -77,8 +77,8 @@ async def store_tokens(gateway_url: str, environ: dict[str, str]) -> int:
     tokens = [
         (token_id(secret), kind, service, secret_hash(secret)) for kind, service, secret in given
     ]
-    async with token_store(gateway_url) as engine:
-        return await insert_tokens(engine, tokens, "made by compose", SystemClock())
+    async with token_store(gateway_url) as db:
+        return await insert_tokens(db, tokens, "made by compose", SystemClock())
 
 
 def nats_authorization() -> str:
