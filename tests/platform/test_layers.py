@@ -102,11 +102,12 @@ def private_imports(layer: str, package: str) -> set[tuple[str, str]]:
     return found
 
 
-def test_a_service_imports_only_the_sdks_public_names():
-    """The SDK's ``_`` modules are its internals (its docstring): a service uses its public
-    names, and what it shares with the SDK below both, in the kernel (as the requests of the
-    gateway's task reads, dispo.libs.task_requests)."""
-    found = {crossing for service in sorted(SERVICES) for crossing in private_imports(service, SDK)}
+def test_services_and_tools_import_only_the_sdks_public_names():
+    """The SDK's ``_`` modules are its internals (its docstring): a service or a tool uses
+    its public names, and what it shares with the SDK below both, in the kernel (as the
+    requests of the gateway's task reads, dispo.libs.task_requests)."""
+    users = sorted(SERVICES | {TOOLS})
+    found = {crossing for layer in users for crossing in private_imports(layer, SDK)}
     assert found == set()
 
 

@@ -26,8 +26,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.timestamps import set_timestamp
-from dispo.sdk import TERMINAL, CellSpec, Submitted, TaskRequest, TaskView
-from dispo.sdk._types import TaskPage
+from dispo.sdk import TERMINAL, CellSpec, Submitted, TaskPage, TaskRequest, TaskView
 from dispo.tools.cli._common import (
     ENDED_BADLY,
     JSON_OPTION,
