@@ -281,7 +281,7 @@ async def run_the_pipeline_guide(env: dict[str, str], stack: Stack) -> None:
         '{"start_review.open_ticket":"NODE_STATUS_SUCCEEDED"},'
         '{"notify_owner.send":"NODE_STATUS_DEPENDENCY_FAILED"}]'
     ) in out, out
-    assert '["NODE_STATUS_CANCELLED","NODE_STATUS_CANCELLED"]' in out, out
+    assert '["NODE_STATUS_SUCCEEDED","NODE_STATUS_CANCELLED"]' in out, out
     assert "Code: InvalidArgument" in out, out
     assert "cells[0].cell: unknown cell 'delete_everything'" in out, out
     assert (await python(example, env, stack)).startswith("SUCCEEDED {")
