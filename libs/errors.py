@@ -62,6 +62,12 @@ class FailedPrecondition(DomainError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class Aborted(DomainError):
+    """A race the caller lost (a lease it no longer holds): nothing was written."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class ResourceExhausted(DomainError):
     """Size or rate limits. Give the field when one field is too large, ``retry_after``
     (seconds) when a rate limit says when to come back."""

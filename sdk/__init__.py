@@ -8,7 +8,18 @@
         task = dispo.submit("ecommerce", [label, notify], idempotency_key="c-42-raise")
         print(dispo.wait(task.task_id).status)       # "SUCCEEDED"
 
-Other languages use the protos (dispo.gateway.v1) directly.
+Your own code as a step: a :class:`Worker` serves the queues of ``kind: worker`` actions
+(docs/workers.md)::
+
+    worker = Worker("127.0.0.1:50052")
+
+    @worker.action("tickets")
+    async def open_ticket(ctx, payload):
+        return {"ticket_id": await tracker.open(payload["name"], key=ctx.idempotency_key)}
+
+    asyncio.run(worker.run())
+
+Other languages use the protos (dispo.gateway.v1, dispo.executor.v1.WorkerService) directly.
 
 The names below are the SDK's public surface; the modules whose names start with ``_`` are
 its internals and may change between releases.
@@ -33,6 +44,7 @@ from dispo.sdk._types import (
     TaskView,
     cell,
 )
+from dispo.sdk._worker import RetryableError, RunContext, Worker
 
 __all__ = [
     "AsyncClient",
@@ -42,6 +54,8 @@ __all__ = [
     "DispoError",
     "NodeChange",
     "NodeView",
+    "RetryableError",
+    "RunContext",
     "Submitted",
     "TaskEvent",
     "TaskEventPage",
@@ -50,6 +64,7 @@ __all__ = [
     "TaskSummary",
     "TaskView",
     "TERMINAL",
+    "Worker",
     "cell",
     "cells",
 ]

@@ -80,6 +80,15 @@ RULES: dict[str, Rule] = {
         # result in completion callbacks.
         GetOutputs=internal("gateway", "reconciler"),
     ),
+    # Worker processes serving worker actions' queues (ADR-0099); worker tokens scoped to
+    # their queues come next, admin tokens until then.
+    **_methods(
+        "dispo.executor.v1.WorkerService",
+        PollRuns=ADMIN,
+        HeartbeatRuns=ADMIN,
+        CompleteRun=ADMIN,
+        ReleaseRuns=ADMIN,
+    ),
     **_methods(
         "dispo.reconciler.v1.ReconcilerService",
         ListRecoveryTasks=BUSINESS,

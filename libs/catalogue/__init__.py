@@ -20,6 +20,7 @@ import yaml
 from dispo.libs.catalogue.model import (
     ACTION_KINDS,
     DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_WORKER_TIMEOUT_MS,
     FIELD_TYPES,
     MAX_OUTPUT_BYTES,
     ActionDef,
@@ -40,6 +41,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = [
     "ACTION_KINDS",
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "DEFAULT_WORKER_TIMEOUT_MS",
     "MAX_OUTPUT_BYTES",
     "EXAMPLE",
     "FIELD_TYPES",

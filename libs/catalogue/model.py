@@ -16,7 +16,7 @@ from typing import Any
 
 from dispo.libs import references
 
-ACTION_KINDS = ("http", "noop")
+ACTION_KINDS = ("http", "noop", "worker")
 FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "list")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")  # fullmatch: no trailing newline
 
@@ -75,6 +75,8 @@ class ActionDef:
     max_output_bytes: int = 0
     # The output fields it declares (checked when its output is recorded); () for none.
     output: tuple[FieldSpec, ...] = ()
+    # A worker action's queue: the workers serving it take its runs (ADR-0099).
+    queue: str = ""
 
     @property
     def output_names(self) -> frozenset[str]:
@@ -85,6 +87,9 @@ class ActionDef:
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 # No output may be larger, whatever the catalogue says: it travels in one gRPC answer.
 MAX_OUTPUT_BYTES = 1024 * 1024
+
+# A worker run's deadline when its action declares no ``timeout_ms`` (ADR-0099).
+DEFAULT_WORKER_TIMEOUT_MS = 60_000
 
 # However short a call's timeout, an effect may land this long after its request.
 MIN_MAX_EFFECT_SECONDS = 30
@@ -160,6 +165,14 @@ def _action(cell: str, name: str, raw: dict[str, Any]) -> ActionDef:
         raise CatalogueError(f"{where}.kind: must be one of {ACTION_KINDS}, got {kind!r}")
     if kind == "http" and not (raw.get("downstream") and raw.get("path")):
         raise CatalogueError(f"{where}: an http action needs downstream and path")
+    queue = str(raw.get("queue", ""))
+    if kind == "worker" and not _NAME.fullmatch(queue):
+        raise CatalogueError(
+            f"{where}.queue: a worker action needs a queue (a letter, then letters, digits,"
+            f" '_' or '-', at most 63), got {queue!r}"
+        )
+    if kind != "worker" and queue:
+        raise CatalogueError(f"{where}.queue: only a worker action has a queue")
     return ActionDef(
         name=name,
         kind=kind,
@@ -173,6 +186,7 @@ def _action(cell: str, name: str, raw: dict[str, Any]) -> ActionDef:
         max_effect_seconds=_positive_seconds(where, raw.get("max_effect_seconds", 0)),
         max_output_bytes=_output_limit(f"{where}.max_output_bytes", raw.get("max_output_bytes", 0)),
         output=_fields(f"{where}.output", raw.get("output")),
+        queue=queue,
     )
 
 
@@ -214,6 +228,11 @@ def _resolved(action: ActionDef, downstreams: dict[str, Downstream], limit: int)
     timeout: its own, else its downstream's)."""
     if not action.max_output_bytes:
         action = dataclasses.replace(action, max_output_bytes=limit or DEFAULT_MAX_OUTPUT_BYTES)
+    if action.kind == "worker" and not action.max_effect_seconds:
+        timeout_ms = action.timeout_ms or DEFAULT_WORKER_TIMEOUT_MS
+        return dataclasses.replace(
+            action, max_effect_seconds=default_max_effect_seconds(timeout_ms)
+        )
     if action.kind != "http" or action.max_effect_seconds:
         return action
     known = downstreams.get(action.downstream)

@@ -14,12 +14,13 @@ from dispo.executor.actions import http_session
 from dispo.executor.breaker import BreakerState
 from dispo.executor.envelope import envelope_problem
 from dispo.executor.runner import Executor
-from dispo.executor.servicer import ExecutorServicer
+from dispo.executor.servicer import ExecutorServicer, WorkerServicer
 from dispo.executor.settings import ExecutorSettings
 from dispo.executor.store.status_events import outbox
+from dispo.executor.worker_runs import CHECK_SECONDS
 from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
-from dispo.libs.api.executor.v1 import executor_pb2_grpc
+from dispo.libs.api.executor.v1 import executor_pb2_grpc, worker_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
 from dispo.libs.catalogue import load_configured_catalogue
@@ -35,6 +36,7 @@ log = get_logger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SERVICE_NAME = "dispo.executor.v1.ExecutorService"
+WORKER_SERVICE_NAME = "dispo.executor.v1.WorkerService"
 # Seconds a downstream health URL has to answer before it counts as unhealthy.
 HEALTH_TIMEOUT_SECONDS = 2.0
 # dispo_breaker_state's values.
@@ -125,6 +127,15 @@ async def setup(rt: Runtime) -> None:
         ),
         SERVICE_NAME,
     )
+    rt.add_servicer(
+        lambda server: worker_pb2_grpc.add_WorkerServiceServicer_to_server(
+            WorkerServicer(executor.worker_runs), server
+        ),
+        WORKER_SERVICE_NAME,
+    )
+    # The outcomes of the worker runs this process waits for that ended elsewhere or timed
+    # out (nothing to read while it waits for none).
+    rt.add_periodic("worker run outcomes", executor.worker_runs.check, CHECK_SECONDS)
     rt.add_part(f"{tasks.TASK_CREATE} consumer", creates.run, creates.stop)
     rt.add_part(f"{tasks.TASK_CANCEL} consumer", cancels.run, cancels.stop)
     rt.add_part(f"{tasks.TASK_CLOSE} consumer", closes.run, closes.stop)

@@ -25,7 +25,8 @@ from dispo.executor.passes import Opening, Pass, Passes, Step, Stepping, give_ba
 from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
 from dispo.executor.states import TaskState
-from dispo.executor.store import node_runs, status_events, task_runs
+from dispo.executor.store import node_runs, status_events, task_runs, worker_runs
+from dispo.executor.store.worker_runs import Offer
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
@@ -108,6 +109,10 @@ class Commits(Protocol):
         """The outputs these nodes of the task recorded (a read), by node id."""
         ...
 
+    async def offer(self, offer: Offer) -> None:
+        """A worker node's run offered on its queue (ADR-0099)."""
+        ...
+
 
 @dataclass
 class Flushes:
@@ -148,6 +153,12 @@ class Flushes:
             {n: raw for n, raw in found.get(task_id, {}).items() if n in node_ids}
             for task_id, node_ids in wanted
         ]
+
+    async def offer(self, offers: list[Offer]) -> Sequence[None]:
+        """Worker nodes' runs offered on their queues, with one statement."""
+        async with self.db.connection() as conn:
+            await worker_runs.runs_offer_many(conn, offers, self.clock.now())
+        return [None] * len(offers)
 
     async def progress(self, progress: list[Progress]) -> Sequence[bool]:
         """The running tasks' status events, in one transaction: each task locked, and
@@ -223,6 +234,14 @@ class Flushes:
             applied = iter(await node_runs.nodes_set_status_if_many(conn, changes))
             for i in todo:
                 recorded[i] = [next(applied) for _ in advances[i].calls]
+            # A worker node's run is forgotten with its record (that attempt's run only).
+            runs = [
+                (c.change.task_id, c.node.node_id, c.node.attempts)
+                for i in todo
+                for c in advances[i].calls
+                if c.node.spec.kind == "worker"
+            ]
+            await worker_runs.runs_delete_many(conn, runs)
             stepping: list[int] = []
             steppings: list[Stepping] = []
             emitting: list[str] = []
@@ -300,12 +319,15 @@ class InlineCommits:
     async def outputs(self, task_id: str, node_ids: Sequence[str]) -> dict[str, bytes]:
         return _one(await self.flushes.outputs([(task_id, node_ids)]))
 
+    async def offer(self, offer: Offer) -> None:
+        _one(await self.flushes.offer([offer]))
+
 
 class GroupCommits:
     """The items waiting at a moment share one transaction, one Batcher per kind: openings
     of task.create messages (one that cannot be opened fails alone), node claims, finished
     calls recorded with their pass's next step, lease heartbeats, progress events, the
-    reads of the outputs a call's references need."""
+    reads of the outputs a call's references need, worker runs offered."""
 
     def __init__(self, flushes: Flushes, max_items: int, concurrency: int) -> None:
         def group(
@@ -337,6 +359,7 @@ class GroupCommits:
         self.output_reads: Batcher[tuple[str, Sequence[str]], dict[str, bytes]] = group(
             "output reads", flushes.outputs
         )
+        self.offers: Batcher[Offer, None] = group("worker run offers", flushes.offer)
 
     async def open(self, opening: Opening) -> Step:
         return await self.openings.submit(opening)
@@ -355,3 +378,6 @@ class GroupCommits:
 
     async def outputs(self, task_id: str, node_ids: Sequence[str]) -> dict[str, bytes]:
         return await self.output_reads.submit((task_id, node_ids))
+
+    async def offer(self, offer: Offer) -> None:
+        await self.offers.submit(offer)

@@ -31,6 +31,8 @@ class ActionSpec(NamedTuple):
     output_fields: tuple[tuple[str, str, bool], ...] = ()
     # The nodes whose outputs its call reads (references in its path or payload).
     inputs: tuple[str, ...] = ()
+    # A worker action's queue (ADR-0099).
+    queue: str = ""
 
 
 @dataclass

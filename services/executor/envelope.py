@@ -26,6 +26,7 @@ def spec_from_proto(spec: task_pb2.ActionSpec) -> ActionSpec:
         spec.max_output_bytes or DEFAULT_MAX_OUTPUT_BYTES,
         tuple((f.name, f.type, f.required) for f in spec.output_fields),
         tuple(spec.inputs),
+        spec.queue,
     )
 
 
@@ -104,7 +105,7 @@ def payload_of(task: task_pb2.Task, cell_ref: str) -> bytes:
     return EMPTY_BODY
 
 
-KINDS = ("http", "noop")
+KINDS = ("http", "noop", "worker")
 
 
 def envelope_problem(env: task_pb2.Task) -> str | None:
@@ -124,6 +125,8 @@ def envelope_problem(env: task_pb2.Task) -> str | None:
             return f"node {node.node_id} has unknown action kind {node.spec.kind!r}"
         if node.spec.kind == "http" and not node.spec.downstream:
             return f"node {node.node_id} has no downstream"
+        if node.spec.kind == "worker" and not node.spec.queue:
+            return f"node {node.node_id} has no queue"
         known.add(node.node_id)
     for ref, payload in sorted(env.payloads.items()):
         problem = payload_problem(payload)

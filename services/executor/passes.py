@@ -24,7 +24,7 @@ from dispo.executor.envelope import node_from_proto
 from dispo.executor.plan import NodeChange, OpenPath
 from dispo.executor.slots import Slots
 from dispo.executor.states import NodeState, TaskState
-from dispo.executor.store import node_runs, status_events, task_runs
+from dispo.executor.store import node_runs, status_events, task_runs, worker_runs
 from dispo.executor.store.rows import TaskRow
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
@@ -262,9 +262,19 @@ class Passes:
     @staticmethod
     async def _recover(conn: Conn, known: dict[str, dict[str, NodeRun]], now: datetime) -> set[str]:
         """Nodes left RUNNING by a pass whose lease expired: their call may have happened
-        (:func:`plan.recover_changes`). Returns the tasks whose nodes changed."""
+        (:func:`plan.recover_changes`); a worker node's run is fenced in the same
+        transaction (ADR-0099). Returns the tasks whose nodes changed."""
         changes = [c for tid, nodes in known.items() for c in plan.recover_changes(tid, nodes, now)]
         applied = await node_runs.nodes_set_status_if_many(conn, changes)
+        # The run of a worker node is fenced with it: its worker's completion is refused.
+        await worker_runs.runs_fence_many(
+            conn,
+            [
+                c.key
+                for c, ok in zip(changes, applied, strict=True)
+                if ok and known[c.task_id][c.node_id].spec.kind == "worker"
+            ],
+        )
         recovered: set[str] = set()
         for change, ok in zip(changes, applied, strict=True):
             if ok:
@@ -500,15 +510,18 @@ class Passes:
         taken: list[Slots] | None,
     ) -> None:
         """Claim the nodes to launch whose downstream has a call slot free now, taking it
-        (see :meth:`step_many`): each becomes RUNNING. A claim lost (impossible while the
+        (see :meth:`step_many`), and the worker nodes to launch: each becomes RUNNING. A claim lost (impossible while the
         lock and lease hold) gives its slot back and drops the node from the launch."""
         if taken is None:
             return
-        picks: list[tuple[int, NodeRun, Slots]] = []
+        picks: list[tuple[int, NodeRun, Slots | None]] = []
         for i, nodes in launch.items():
             if steps[i] is not None:
                 continue
             for node in nodes:
+                if node.spec.kind == "worker":  # no call slot: its queue bounds nothing yet
+                    picks.append((i, node, None))
+                    continue
                 slots = self.slots.get(node.spec.downstream)
                 if slots is not None and await slots.take_now():
                     taken.append(slots)
@@ -522,8 +535,9 @@ class Passes:
             claim = won.get((items[i].env.task_id, node.node_id, items[i].owner))
             if claim is None:
                 log.info("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
-                taken.remove(slots)
-                slots.give_back()
+                if slots is not None:
+                    taken.remove(slots)
+                    slots.give_back()
                 launch[i].remove(node)
                 continue
             node.status, node.started_at, node.not_before = NodeState.RUNNING, now, None

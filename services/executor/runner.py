@@ -42,10 +42,12 @@ from dispo.executor.passes import Opening, Pass, Passes, Step
 from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
 from dispo.executor.states import NodeState
+from dispo.executor.store.worker_runs import Offer
+from dispo.executor.worker_runs import WorkerRuns
 from dispo.libs import metrics, references
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Nak
-from dispo.libs.catalogue import Downstream
+from dispo.libs.catalogue import DEFAULT_WORKER_TIMEOUT_MS, Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.db.driver import Database
 from dispo.libs.logging import bind_ids, get_logger
@@ -80,6 +82,8 @@ class ExecutorConfig:
     # fifth of the lease); below twice this the pass extends its lease before sending
     # (ADR-0066).
     send_margin: float | None = None
+    # How long a worker holds a run without a heartbeat (ADR-0099).
+    run_lease: float = 10.0
 
     @property
     def margin(self) -> float:
@@ -124,6 +128,8 @@ class Executor:
             if config.group_commit
             else InlineCommits(self.flushes)
         )
+        # The worker runs this process offers and waits for (ADR-0099).
+        self.worker_runs = WorkerRuns(db, clock, config.run_lease)
         # The tasks with a pass in this process: one pass per task at a time (a second
         # delivery of its message waits until the first pass ends).
         self.in_hand: set[str] = set()
@@ -329,12 +335,15 @@ class Executor:
                 spec, body = inputs
                 call = Call(task_id, node.node_id, node.idempotency_key, spec, body, node.attempts)
                 try:
-                    result = await run_action(
-                        self.http,
-                        call,
-                        downstream,
-                        lambda: state.holds_lease(self.clock.now(), margin),
-                    )
+                    if spec.kind == "worker":
+                        result = await self._run_worker(call, node, owner)
+                    else:
+                        result = await run_action(
+                            self.http,
+                            call,
+                            downstream,
+                            lambda: state.holds_lease(self.clock.now(), margin),
+                        )
                 except Exception as error:  # a bug must not leave the node RUNNING for ever;
                     # whether the call went out is not known
                     result = failed(CallOutcome.AMBIGUOUS, f"action error: {error!r}")
@@ -343,6 +352,24 @@ class Executor:
             if held and slots is not None:
                 slots.give_back()
         return self._recording(task_id, node, owner, result, took)
+
+    async def _run_worker(self, call: Call, node: NodeRun, owner: str) -> Result:
+        """A worker node's call: its run offered on its queue, then its outcome awaited
+        (:mod:`dispo.executor.worker_runs`)."""
+        spec = call.spec
+        offer = Offer(
+            call.task_id,
+            call.node_id,
+            spec.queue,
+            owner,
+            call.attempt,
+            call.idempotency_key,
+            node.action,
+            spec.idempotent,
+            spec.timeout_ms or DEFAULT_WORKER_TIMEOUT_MS,
+            call.body,
+        )
+        return await self.worker_runs.run(offer, spec, self.commits.offer)
 
     async def _inputs(self, env: task_pb2.Task, node: NodeRun) -> tuple[ActionSpec, bytes] | Result:
         """The node's action and body with the references to its inputs' outputs resolved

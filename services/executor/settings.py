@@ -97,6 +97,13 @@ class ExecutorSettings(BaseSettings):
     health_interval_seconds: float = Field(
         default=5.0, description="Time between downstream health checks (0: none)"
     )
+    run_lease_seconds: float = Field(
+        default=ExecutorConfig.run_lease,
+        gt=0,
+        description="How long a worker holds a run it took without a heartbeat (it heartbeats"
+        " every third of this); a worker silent for longer has lost the run, which counts as"
+        " ambiguous (ADR-0099)",
+    )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )
@@ -128,4 +135,5 @@ class ExecutorSettings(BaseSettings):
             flush_concurrency=self.flush_concurrency,
             progress_interval=self.progress_interval_seconds,
             send_margin=self.send_margin_seconds or None,
+            run_lease=self.run_lease_seconds,
         )

@@ -92,6 +92,7 @@ def task_envelope(
                     for f in a.output
                 ],
                 inputs=list(node.inputs),
+                queue=a.queue,
             ),
             idempotency_key=node.idempotency_key,
             in_result=node.in_result,

@@ -381,5 +381,6 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
                 idempotent=a.idempotent,
                 has_probe=bool(a.probe_path),
                 max_effect_seconds=a.max_effect_seconds,
+                queue=a.queue,
             )
     return out

@@ -16,6 +16,8 @@ PUBLIC = {
     "DispoError",
     "NodeChange",
     "NodeView",
+    "RetryableError",
+    "RunContext",
     "Submitted",
     "TERMINAL",
     "TaskEvent",
@@ -24,6 +26,7 @@ PUBLIC = {
     "TaskRequest",
     "TaskSummary",
     "TaskView",
+    "Worker",
     "cell",
     "cells",
 }

@@ -9,6 +9,7 @@ dispo pool status|queue|evaluations|boost|bounds   the cron pool
 dispo jobs list|show|trigger                  intelligence analysis and comparison jobs
 dispo quarantine list|show|replay|discard     messages a service's consumers set aside
 dispo tokens create|list|revoke|rotate-secret|finish-rotation|secrets   API tokens (admin)
+dispo worker run module:attribute             a worker serving worker actions' queues
 dispo bench submit|pool|faults [options]      benchmarks
 
 Every command that calls the stack takes ``--json`` (a test checks); the exit codes are in
@@ -31,7 +32,7 @@ import typer
 from dispo.libs.health import UNREACHABLE as NOT_ANSWERING
 from dispo.libs.health import health_status, http_health_status
 from dispo.libs.settings import DEFAULT_CONSOLE_PORT
-from dispo.tools.cli import operate, tasks, tokens
+from dispo.tools.cli import operate, tasks, tokens, workers
 from dispo.tools.cli._common import (
     ENDED_BADLY,
     OK,
@@ -344,6 +345,7 @@ app.add_typer(operate.pool_app, name="pool")
 app.add_typer(operate.jobs_app, name="jobs")
 app.add_typer(operate.quarantine_app, name="quarantine")
 app.add_typer(tokens.tokens_app, name="tokens")
+app.add_typer(workers.worker_app, name="worker")
 
 
 def _log_to_console() -> None:

@@ -104,6 +104,8 @@ class _ActionKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ActionKind
     """Call the downstream over HTTP."""
     ACTION_KIND_NOOP: _ActionKind.ValueType  # 2
     """Succeed at once (benchmarks, examples)."""
+    ACTION_KIND_WORKER: _ActionKind.ValueType  # 3
+    """Offered on a queue and run by a worker process (docs/workers.md)."""
 
 class ActionKind(_ActionKind, metaclass=_ActionKindEnumTypeWrapper):
     """What one catalogue action does."""
@@ -114,6 +116,8 @@ ACTION_KIND_HTTP: ActionKind.ValueType  # 1
 """Call the downstream over HTTP."""
 ACTION_KIND_NOOP: ActionKind.ValueType  # 2
 """Succeed at once (benchmarks, examples)."""
+ACTION_KIND_WORKER: ActionKind.ValueType  # 3
+"""Offered on a queue and run by a worker process (docs/workers.md)."""
 Global___ActionKind: _TypeAlias = ActionKind  # noqa: Y015
 
 @_typing.final
@@ -1020,6 +1024,7 @@ class CellAction(_message.Message):
     IDEMPOTENT_FIELD_NUMBER: _builtins.int
     HAS_PROBE_FIELD_NUMBER: _builtins.int
     MAX_EFFECT_SECONDS_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The action's name within its cell, e.g. "set_label"."""
     kind: Global___ActionKind.ValueType
@@ -1038,6 +1043,8 @@ class CellAction(_message.Message):
     """How long after a request reaches the downstream its effect may still land, in
     seconds: an unfenced probe's "not done" is final only once this has passed.
     """
+    queue: _builtins.str
+    """The queue a worker action's runs are offered on (empty for the other kinds)."""
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Names of actions of the same cell that must succeed before this one runs."""
@@ -1052,10 +1059,11 @@ class CellAction(_message.Message):
         idempotent: _builtins.bool = ...,
         has_probe: _builtins.bool = ...,
         max_effect_seconds: _builtins.int = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depends_on", b"depends_on", "downstream", b"downstream", "has_probe", b"has_probe", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depends_on", b"depends_on", "downstream", b"downstream", "has_probe", b"has_probe", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "name", b"name", "queue", b"queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

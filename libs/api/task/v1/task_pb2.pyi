@@ -57,8 +57,12 @@ class ActionSpec(_message.Message):
     MAX_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELDS_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """`http` (call the downstream) or `noop` (succeed at once; benchmarks, examples)."""
+    """`http` (call the downstream), `noop` (succeed at once; benchmarks, examples) or
+    `worker` (a run offered on `queue`, taken and completed by a worker process over
+    dispo.executor.v1.WorkerService; docs/workers.md).
+    """
     downstream: _builtins.str
     """Name of the downstream in the executor's registry (empty for noop)."""
     method: _builtins.str
@@ -96,6 +100,8 @@ class ActionSpec(_message.Message):
     node, definitely, with the size and the limit named. 0 in envelopes written before
     outputs existed: the default.
     """
+    queue: _builtins.str
+    """The queue a `worker` action's runs are offered on (empty for the other kinds)."""
     @_builtins.property
     def output_fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputField]:
         """The output fields the catalogue declares for this action (name and JSON type): an
@@ -123,10 +129,11 @@ class ActionSpec(_message.Message):
         max_output_bytes: _builtins.int = ...,
         output_fields: _abc.Iterable[Global___OutputField] | None = ...,
         inputs: _abc.Iterable[_builtins.str] | None = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["downstream", b"downstream", "idempotent", b"idempotent", "inputs", b"inputs", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "max_output_bytes", b"max_output_bytes", "method", b"method", "output_fields", b"output_fields", "path", b"path", "probe_path", b"probe_path", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["downstream", b"downstream", "idempotent", b"idempotent", "inputs", b"inputs", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "max_output_bytes", b"max_output_bytes", "method", b"method", "output_fields", b"output_fields", "path", b"path", "probe_path", b"probe_path", "queue", b"queue", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,317 @@
+"""A worker: your own async functions as the actions of ``kind: worker`` (ADR-0099).
+
+    worker = Worker("127.0.0.1:50052", token=...)
+
+    @worker.action("tickets")                     # the catalogue action's `queue`
+    async def open_ticket(ctx, payload):
+        ticket = await tracker.open(payload["name"], key=ctx.idempotency_key)
+        return {"ticket_id": ticket.id}           # the node's output
+
+    asyncio.run(worker.run())                     # until SIGTERM / worker.stop()
+
+The worker long-polls the executor for runs of its queues (at most ``concurrency`` at
+once), heartbeats the runs it holds on its own, and completes each with the handler's
+returned value (its output), its exception (a failure: retryable when it is a
+:class:`RetryableError`) or, for a run it never started, "not sent". A run whose lease is
+lost (a heartbeat says it is not held any more) has its handler cancelled and is never
+completed; ``ctx.lease_lost`` is set first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import grpc
+from dispo.libs.api.executor.v1 import worker_pb2, worker_pb2_grpc
+from dispo.libs.auth import open_channel
+from dispo.libs.logging import get_logger
+from dispo.libs.payload import canonical_json, json_payload, payload_value
+from dispo.libs.timestamps import from_timestamp
+from dispo.libs.tls import ClientTLS
+
+log = get_logger("dispo.sdk.worker")
+
+Handler = Callable[["RunContext", Any], Awaitable[Any]]
+
+# How long one PollRuns waits for a run (ms), and the pause after a failed call (s).
+POLL_WAIT_MS = 10_000
+RETRY_PAUSE = 1.0
+
+
+class RetryableError(Exception):
+    """Raised by a handler whose run had no effect and may be tried again (a short retry, as
+    for an http 503). Any other exception fails the node for good."""
+
+
+@dataclass
+class RunContext:
+    """What a handler knows of its run."""
+
+    task_id: str
+    node_id: str
+    action: str
+    queue: str
+    # The node's stable key: the same on every attempt (deduplicate effects by it).
+    idempotency_key: str
+    attempt: int
+    # When the run is given up: an outcome after it is not recorded.
+    deadline: datetime | None
+    # Set when the worker no longer holds the run (the handler is then cancelled).
+    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Held:
+    token: str
+    context: RunContext
+    task: asyncio.Task[None] | None = None
+
+
+class Worker:
+    """Serves the queues of the actions registered with :meth:`action`.
+
+    ``address``: an executor's gRPC address (any replica); ``token``: the caller's API token
+    (default ``DISPO_TOKEN``); ``tls`` as :class:`dispo.sdk.AsyncClient` takes it;
+    ``concurrency``: runs handled at once at most; ``grace``: how long :meth:`stop` (and
+    SIGTERM under :meth:`run`) lets runs in flight finish before handing them back."""
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:50052",
+        token: str | None = None,
+        *,
+        concurrency: int = 10,
+        tls: ClientTLS | None = None,
+        grace: float = 30.0,
+        worker_id: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.address = address
+        self.token = token if token is not None else os.environ.get("DISPO_TOKEN", "").strip()
+        self.tls = tls
+        self.concurrency = concurrency
+        self.grace = grace
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.handlers: dict[str, Handler] = {}
+        self.held: dict[str, _Held] = {}
+        self._stopping: asyncio.Event | None = None
+        self._stub: worker_pb2_grpc.WorkerServiceStub | None = None
+        self._lease = 10.0
+        self._free: asyncio.Event | None = None
+
+    # ---- registration -------------------------------------------------------------------
+    def action(self, queue: str) -> Callable[[Handler], Handler]:
+        """Register ``async def handler(ctx, payload) -> dict | None`` for the runs of
+        ``queue`` (the catalogue action's ``queue``)."""
+
+        def register(handler: Handler) -> Handler:
+            if queue in self.handlers:
+                raise ValueError(f"queue {queue!r} already has a handler")
+            self.handlers[queue] = handler
+            return handler
+
+        return register
+
+    # ---- running ------------------------------------------------------------------------
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Poll and run until :meth:`stop` (or SIGTERM / SIGINT with ``handle_signals``),
+        then hand back what is left once the grace has passed."""
+        if not self.handlers:
+            raise ValueError("no action registered: use @worker.action(queue)")
+        self._stopping = asyncio.Event()
+        self._free = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, self._stopping.set)
+        channel = open_channel(self.address, self.token, tls=self.tls)
+        self._stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        log.info("worker started", worker_id=self.worker_id, queues=sorted(self.handlers))
+        heartbeat = asyncio.create_task(self._heartbeat())
+        polling = asyncio.create_task(self._poll())
+        try:
+            await self._stopping.wait()
+        finally:
+            polling.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await polling
+            await self._drain()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await heartbeat
+            await channel.close()
+            log.info("worker stopped", worker_id=self.worker_id)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop taking runs; runs in flight get ``grace`` seconds (default: the worker's)
+        to finish before they are handed back."""
+        if grace is not None:
+            self.grace = grace
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def _drain(self) -> None:
+        """Let the runs in flight finish within the grace, then hand back the rest."""
+        running = [h.task for h in self.held.values() if h.task is not None]
+        if running:
+            await asyncio.wait(running, timeout=self.grace)
+        left = list(self.held.values())
+        if not left:
+            return
+        for h in left:
+            if h.task is not None:
+                h.task.cancel()
+        try:
+            assert self._stub is not None
+            await self._stub.ReleaseRuns(
+                worker_pb2.ReleaseRunsRequest(
+                    worker_id=self.worker_id, run_tokens=[h.token for h in left]
+                ),
+                timeout=10,
+            )
+            log.info("runs handed back", worker_id=self.worker_id, runs=len(left))
+        except grpc.aio.AioRpcError as error:
+            log.warning("runs not handed back", worker_id=self.worker_id, error=error.details())
+        self.held.clear()
+
+    async def _poll(self) -> None:
+        assert self._stub is not None and self._free is not None
+        queues = sorted(self.handlers)
+        while True:
+            credit = self.concurrency - len(self.held)
+            if credit <= 0:
+                self._free.clear()
+                await self._free.wait()
+                continue
+            try:
+                reply = await self._stub.PollRuns(
+                    worker_pb2.PollRunsRequest(
+                        queues=queues,
+                        worker_id=self.worker_id,
+                        max_runs=min(credit, 100),
+                        wait_ms=POLL_WAIT_MS,
+                    ),
+                    timeout=POLL_WAIT_MS / 1000 + 10,
+                )
+            except grpc.aio.AioRpcError as error:
+                log.warning("poll failed; again shortly", error=error.details(), code=error.code())
+                await asyncio.sleep(RETRY_PAUSE)
+                continue
+            if reply.lease_ms:
+                self._lease = reply.lease_ms / 1000
+            for run in reply.runs:
+                self._start(run)
+
+    def _start(self, run: worker_pb2.Run) -> None:
+        context = RunContext(
+            task_id=run.task_id,
+            node_id=run.node_id,
+            action=run.action,
+            queue=run.queue,
+            idempotency_key=run.idempotency_key,
+            attempt=run.attempt,
+            deadline=from_timestamp(run.deadline, run.HasField("deadline")),
+        )
+        held = _Held(run.run_token, context)
+        self.held[run.run_token] = held
+        held.task = asyncio.create_task(self._handle(held, run))
+
+    async def _handle(self, held: _Held, run: worker_pb2.Run) -> None:
+        ctx = held.context
+        handler = self.handlers.get(run.queue)
+        request = worker_pb2.CompleteRunRequest(run_token=held.token)
+        try:
+            if handler is None:
+                request.not_sent = f"this worker serves no queue {run.queue!r}"
+            else:
+                try:
+                    value = await handler(ctx, payload_value(run.payload))
+                except asyncio.CancelledError:
+                    raise
+                except RetryableError as error:
+                    request.error.message = str(error) or type(error).__name__
+                    request.error.retryable = True
+                except Exception as error:
+                    log.exception("action failed", task_id=ctx.task_id, node_id=ctx.node_id)
+                    request.error.message = f"{type(error).__name__}: {error}"
+                    request.error.retryable = False
+                else:
+                    body = b"" if value is None else canonical_json(value)
+                    request.output.CopyFrom(json_payload(body))
+            if ctx.lease_lost.is_set():
+                return  # never completed: the run is not held any more
+            await self._complete(request, ctx)
+        except asyncio.CancelledError:
+            return
+        finally:
+            if self.held.get(held.token) is held:
+                del self.held[held.token]
+            if self._free is not None:
+                self._free.set()
+
+    async def _complete(self, request: worker_pb2.CompleteRunRequest, ctx: RunContext) -> None:
+        assert self._stub is not None
+        for _ in range(5):
+            try:
+                await self._stub.CompleteRun(request, timeout=10)
+                return
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.ABORTED:
+                    log.warning(
+                        "completion refused: the run's lease was lost",
+                        task_id=ctx.task_id,
+                        node_id=ctx.node_id,
+                        detail=error.details(),
+                    )
+                    return
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    log.error(
+                        "completion refused",
+                        task_id=ctx.task_id,
+                        node_id=ctx.node_id,
+                        code=error.code().name,
+                        detail=error.details(),
+                    )
+                    return
+                await asyncio.sleep(RETRY_PAUSE)
+
+    async def _heartbeat(self) -> None:
+        """Every third of the lease: extend the leases of the runs held; a run not held
+        any more has its handler cancelled and is never completed."""
+        assert self._stub is not None
+        while True:
+            await asyncio.sleep(self._lease / 3)
+            held = list(self.held.values())
+            if not held:
+                continue
+            try:
+                reply = await self._stub.HeartbeatRuns(
+                    worker_pb2.HeartbeatRunsRequest(
+                        worker_id=self.worker_id, run_tokens=[h.token for h in held]
+                    ),
+                    timeout=self._lease / 3,
+                )
+            except grpc.aio.AioRpcError as error:
+                log.warning("heartbeat failed", error=error.details())
+                continue
+            for h, lease in zip(held, reply.leases, strict=True):
+                if not lease.held:
+                    log.warning(
+                        "run lease lost; its handler is cancelled",
+                        task_id=h.context.task_id,
+                        node_id=h.context.node_id,
+                    )
+                    h.context.lease_lost.set()
+                    if h.task is not None:
+                        h.task.cancel()

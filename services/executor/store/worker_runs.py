@@ -1,0 +1,295 @@
+"""The ``worker_runs`` rows (ADR-0099): a worker node's run offered on its queue, taken by
+a worker under a run lease, completed, then deleted once its pass recorded the node.
+
+A run's states: ``offered`` (inserted by its pass, taken by :func:`runs_take_many`) →
+``taken`` (leased to one worker; moved on by :func:`runs_complete_if_held_many`,
+:func:`runs_release_if_held_many`, or :func:`runs_settled_many` once its lease or deadline
+passed) → ``done`` (its outcome written; read by the pass that waits for it). Every move
+out of ``taken`` is guarded by the worker, the attempt and the lease in its ``WHERE``: a
+worker whose lease ran out completes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from dispo.libs.db.driver import Conn, Row
+
+# A run's (task id, node id, attempt): what a pass waits for and a worker holds.
+RunKey = tuple[str, str, int]
+
+# The outcomes a done run records.
+OUTPUT, ERROR, NOT_SENT, LOST = "output", "error", "not_sent", "lost"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A worker node's run, as its pass offers it."""
+
+    task_id: str
+    node_id: str
+    queue: str
+    owner: str  # the pass's lease owner
+    attempt: int
+    idempotency_key: str
+    action: str
+    idempotent: bool
+    timeout_ms: int
+    payload: bytes  # canonical JSON, references resolved
+
+    @property
+    def key(self) -> RunKey:
+        return (self.task_id, self.node_id, self.attempt)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a done run recorded: ``kind`` one of ``OUTPUT``, ``ERROR``, ``NOT_SENT``,
+    ``LOST``; ``output`` the JSON a worker returned (None: no output)."""
+
+    kind: str
+    output: bytes | None = None
+    message: str = ""
+    retryable: bool = False
+
+
+def _keys(keys: Sequence[RunKey]) -> dict[str, list[Any]]:
+    return {
+        "tasks": [k[0] for k in keys],
+        "nodes": [k[1] for k in keys],
+        "attempts": [k[2] for k in keys],
+    }
+
+
+_UNNEST_KEYS = (
+    "unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:attempts AS integer[]))"
+    " AS u(task, node, attempt)"
+)
+
+
+async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) -> None:
+    """Offer each run on its queue. A row of an earlier attempt of the node (its pass
+    stopped before deleting it) is replaced: its worker's completion is refused from now
+    on (its attempt no longer matches)."""
+    if not offers:
+        return
+    offers = sorted(offers, key=lambda o: (o.task_id, o.node_id))
+    await conn.fetch(
+        "INSERT INTO worker_runs (task_id, node_id, queue, owner, attempt, idempotency_key,"
+        " action, idempotent, timeout_ms, payload, offered_at, state)"
+        " SELECT u.task, u.node, u.queue, u.owner, u.attempt, u.ikey, u.action, u.idem,"
+        " u.timeout, u.payload, :now, 'offered'"
+        " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:queues AS text[]),"
+        " CAST(:owners AS text[]), CAST(:attempts AS integer[]), CAST(:ikeys AS text[]),"
+        " CAST(:actions AS text[]), CAST(:idems AS boolean[]), CAST(:timeouts AS integer[]),"
+        " CAST(:payloads AS bytea[]))"
+        " AS u(task, node, queue, owner, attempt, ikey, action, idem, timeout, payload)"
+        " ON CONFLICT (task_id, node_id) DO UPDATE SET queue = excluded.queue,"
+        " owner = excluded.owner, attempt = excluded.attempt,"
+        " idempotency_key = excluded.idempotency_key, action = excluded.action,"
+        " idempotent = excluded.idempotent, timeout_ms = excluded.timeout_ms,"
+        " payload = excluded.payload, offered_at = excluded.offered_at, state = 'offered',"
+        " worker_id = NULL, lease_until = NULL, deadline = NULL, outcome = NULL,"
+        " output = NULL, message = NULL, retryable = NULL",
+        {
+            "tasks": [o.task_id for o in offers],
+            "nodes": [o.node_id for o in offers],
+            "queues": [o.queue for o in offers],
+            "owners": [o.owner for o in offers],
+            "attempts": [o.attempt for o in offers],
+            "ikeys": [o.idempotency_key for o in offers],
+            "actions": [o.action for o in offers],
+            "idems": [o.idempotent for o in offers],
+            "timeouts": [o.timeout_ms for o in offers],
+            "payloads": [o.payload for o in offers],
+            "now": now,
+        },
+    )
+
+
+async def runs_take_many(
+    conn: Conn,
+    queues: Sequence[str],
+    worker_id: str,
+    max_runs: int,
+    now: datetime,
+    lease_seconds: float,
+) -> list[Row]:
+    """Take up to ``max_runs`` runs offered on ``queues``, oldest first, for ``worker_id``:
+    leased until ``lease_seconds`` from ``now``, due by their action's timeout from
+    ``now``. Runs another taker holds locked are skipped, never waited for. The rows
+    taken, whole."""
+    if not queues or max_runs <= 0:
+        return []
+    return await conn.fetch(
+        "WITH picked AS (SELECT task_id, node_id FROM worker_runs"
+        " WHERE queue = ANY(CAST(:queues AS text[])) AND state = 'offered'"
+        " ORDER BY offered_at LIMIT :n FOR UPDATE SKIP LOCKED)"
+        " UPDATE worker_runs r SET state = 'taken', worker_id = :worker, lease_until = :until,"
+        " deadline = CAST(:now AS timestamptz) + r.timeout_ms * interval '1 millisecond'"
+        " FROM picked p WHERE r.task_id = p.task_id AND r.node_id = p.node_id"
+        " AND r.state = 'offered'"
+        " RETURNING r.*",
+        {
+            "queues": sorted(set(queues)),
+            "n": max_runs,
+            "worker": worker_id,
+            "until": now + timedelta(seconds=lease_seconds),
+            "now": now,
+        },
+    )
+
+
+async def runs_extend_if_held_many(
+    conn: Conn, worker_id: str, keys: Sequence[RunKey], now: datetime, lease_seconds: float
+) -> dict[RunKey, datetime]:
+    """Extend the lease of each run ``worker_id`` still holds (taken by it at that attempt,
+    its lease not run out); the new ends, by run (a run missing was not held)."""
+    if not keys:
+        return {}
+    rows = await conn.fetch(
+        "UPDATE worker_runs r SET lease_until = :until FROM "
+        + _UNNEST_KEYS
+        + " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
+        " AND r.state = 'taken' AND r.worker_id = :worker AND r.lease_until >= :now"
+        " RETURNING r.task_id, r.node_id, r.attempt, r.lease_until",
+        {
+            **_keys(keys),
+            "worker": worker_id,
+            "now": now,
+            "until": now + timedelta(seconds=lease_seconds),
+        },
+    )
+    return {(r.task_id, r.node_id, r.attempt): r.lease_until for r in rows}
+
+
+async def runs_complete_if_held_many(
+    conn: Conn, completions: Sequence[tuple[RunKey, str, Outcome]], now: datetime
+) -> set[RunKey]:
+    """Record each ``(run, worker_id, outcome)`` where that worker still holds the run
+    (taken by it at that attempt, its lease not run out): ``done``. The runs recorded (a
+    missing one was not held: nothing written)."""
+    if not completions:
+        return set()
+    rows = await conn.fetch(
+        "UPDATE worker_runs r SET state = 'done', outcome = u.kind, output = u.output,"
+        " message = u.message, retryable = u.retryable"
+        " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]),"
+        " CAST(:attempts AS integer[]), CAST(:workers AS text[]), CAST(:kinds AS text[]),"
+        " CAST(:outputs AS bytea[]), CAST(:messages AS text[]), CAST(:retryables AS boolean[]))"
+        " AS u(task, node, attempt, worker, kind, output, message, retryable)"
+        " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
+        " AND r.state = 'taken' AND r.worker_id = u.worker AND r.lease_until >= :now"
+        " RETURNING r.task_id, r.node_id, r.attempt",
+        {
+            **_keys([key for key, _, _ in completions]),
+            "workers": [worker for _, worker, _ in completions],
+            "kinds": [o.kind for _, _, o in completions],
+            "outputs": [o.output for _, _, o in completions],
+            "messages": [o.message for _, _, o in completions],
+            "retryables": [o.retryable for _, _, o in completions],
+            "now": now,
+        },
+    )
+    return {(r.task_id, r.node_id, r.attempt) for r in rows}
+
+
+async def runs_release_if_held_many(
+    conn: Conn, worker_id: str, keys: Sequence[RunKey], now: datetime, why: str
+) -> list[Row]:
+    """Hand back the runs ``worker_id`` still holds: an idempotent action's is offered
+    again at once (its place in its queue kept); any other's ends ``lost`` with ``why`` (its
+    handler may have had its effect). The rows moved (``state`` as they are now)."""
+    if not keys:
+        return []
+    return await conn.fetch(
+        "UPDATE worker_runs r SET"
+        " state = CASE WHEN r.idempotent THEN 'offered' ELSE 'done' END,"
+        " outcome = CASE WHEN r.idempotent THEN NULL ELSE 'lost' END,"
+        " message = CASE WHEN r.idempotent THEN NULL ELSE :why END,"
+        " worker_id = CASE WHEN r.idempotent THEN NULL ELSE r.worker_id END,"
+        " lease_until = CASE WHEN r.idempotent THEN NULL ELSE r.lease_until END,"
+        " deadline = CASE WHEN r.idempotent THEN NULL ELSE r.deadline END"
+        " FROM "
+        + _UNNEST_KEYS
+        + " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
+        " AND r.state = 'taken' AND r.worker_id = :worker AND r.lease_until >= :now"
+        " RETURNING r.task_id, r.node_id, r.attempt, r.queue, r.state",
+        {**_keys(keys), "worker": worker_id, "now": now, "why": why},
+    )
+
+
+# Why a run a pass waits for ended without its worker's outcome.
+LEASE_EXPIRED = "the worker's lease on the run expired (worker gone or stalled)"
+PAST_DEADLINE = "the run passed its deadline of {ms} ms"
+TAKEN_BACK = "the run was taken back (its node recovered by another pass)"
+
+
+async def runs_settled_many(
+    conn: Conn, keys: Sequence[RunKey], now: datetime
+) -> dict[RunKey, Outcome]:
+    """The outcome of each run among ``keys`` that has one, in one statement: recorded by
+    its worker (``done``), or ``lost`` now — a taken run whose lease ran out (its worker
+    vanished) or that passed its deadline is moved to ``done`` here, so its worker's late
+    completion is refused — or taken back (its row gone, or of another attempt). A run
+    still offered, or taken and in time, is absent."""
+    if not keys:
+        return {}
+    rows = await conn.fetch(
+        "WITH u AS (SELECT * FROM " + _UNNEST_KEYS + "),"
+        " lost AS (UPDATE worker_runs r SET state = 'done', outcome = 'lost',"
+        " message = CASE WHEN r.lease_until < :now THEN :expired"
+        " ELSE replace(:deadline, '{ms}', r.timeout_ms::text) END"
+        " FROM u WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
+        " AND r.state = 'taken' AND (r.lease_until < :now OR r.deadline < :now)"
+        " RETURNING r.task_id, r.node_id, r.attempt, r.outcome, r.output, r.message,"
+        " r.retryable)"
+        " SELECT task_id, node_id, attempt, outcome, output, message, retryable FROM lost"
+        " UNION ALL"
+        " SELECT u.task, u.node, u.attempt, COALESCE(r.outcome, 'lost'), r.output,"
+        " CASE WHEN r.state = 'done' THEN r.message ELSE :taken_back END, r.retryable"
+        " FROM u LEFT JOIN worker_runs r ON r.task_id = u.task AND r.node_id = u.node"
+        " WHERE r.task_id IS NULL OR r.attempt <> u.attempt OR r.state = 'done'",
+        {
+            **_keys(keys),
+            "now": now,
+            "expired": LEASE_EXPIRED,
+            "deadline": PAST_DEADLINE,
+            "taken_back": TAKEN_BACK,
+        },
+    )
+    settled: dict[RunKey, Outcome] = {}
+    for r in rows:
+        kind = r.outcome if r.outcome is not None else LOST
+        settled[(r.task_id, r.node_id, r.attempt)] = Outcome(
+            kind, r.output, r.message or "", bool(r.retryable)
+        )
+    return settled
+
+
+async def runs_delete_many(conn: Conn, keys: Sequence[RunKey]) -> None:
+    """Forget the runs whose nodes their passes recorded (that attempt's row only: a newer
+    offer of the node stays)."""
+    if keys:
+        await conn.fetch(
+            "DELETE FROM worker_runs r USING "
+            + _UNNEST_KEYS
+            + " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt",
+            _keys(keys),
+        )
+
+
+async def runs_fence_many(conn: Conn, nodes: Sequence[tuple[str, str]]) -> None:
+    """Forget every run of these nodes, whatever its attempt: a pass recovering a node the
+    pass before it left RUNNING fences that pass's run, so its worker's late completion is
+    refused."""
+    if nodes:
+        await conn.fetch(
+            "DELETE FROM worker_runs r USING unnest(CAST(:tasks AS text[]),"
+            " CAST(:nodes AS text[])) AS u(task, node)"
+            " WHERE r.task_id = u.task AND r.node_id = u.node",
+            {"tasks": [t for t, _ in nodes], "nodes": [n for _, n in nodes]},
+        )

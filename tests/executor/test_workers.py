@@ -1,0 +1,403 @@
+"""Worker actions (ADR-0099) through real processes: gateway, executor, the demo downstream,
+the Python SDK's worker run by ``dispo worker run`` (tests/executor/worker_app.py), which
+appends a line per effect to a file and deduplicates nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+from dispo.executor.worker_runs import parse_token, run_token
+from dispo.libs.api.executor.v1 import worker_pb2, worker_pb2_grpc
+from dispo.libs.payload import canonical_json, json_payload, payload_data
+from dispo.libs.process import ManagedProcess, ProcessSpec
+from dispo.sdk import cell
+from pipeline_fixtures import TEST_CATALOGUE, Downstream, dump, wait_until
+from support import eventually
+from support.auth import admin_channel
+
+from .test_outputs import as_json, outputs_of
+
+pytestmark = pytest.mark.long_file
+
+WORKER_CELLS = """
+  w_ticket:
+    description: Open a ticket through a worker.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      open:
+        kind: worker
+        queue: tickets
+        idempotent: true
+        output: {{ticket_id: {{type: string, required: true}}}}
+  w_echo:
+    description: A worker answers its payload.
+    fields:
+      name: {{type: string, required: true}}
+      ticket: {{type: string}}
+    actions:
+      echo: {{kind: worker, queue: echo, idempotent: true}}
+  w_sized:
+    description: A worker answers its payload, at most 60 bytes of it.
+    fields:
+      name: {{type: string, required: true}}
+      ticket: {{type: string}}
+    actions:
+      echo: {{kind: worker, queue: echo, idempotent: true, max_output_bytes: 60}}
+  w_open_close:
+    description: A worker opens a ticket, an http call closes it by its number.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      open:
+        kind: worker
+        queue: tickets
+        idempotent: true
+        output: {{ticket_id: string}}
+      close:
+        kind: http
+        downstream: demo
+        path: /closed/{{nodes.open.output.ticket_id}}
+        idempotent: true
+        depends_on: [open]
+  w_slow:
+    description: A worker run that takes its time (idempotent).
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      run: {{kind: worker, queue: slow, idempotent: true}}
+  w_slow_once:
+    description: A worker run that takes its time, not to be repeated blindly.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      run: {{kind: worker, queue: slow_once, idempotent: false}}
+"""
+
+# A worker silent for this long has lost its run (heartbeats every third of it).
+RUN_LEASE = "3"
+
+
+@pytest.fixture
+def catalogue_file(tmp_path: Path, downstream: Downstream) -> Path:
+    path = tmp_path / "catalogue.yaml"
+    path.write_text((TEST_CATALOGUE + WORKER_CELLS).format(url=downstream.url))
+    return path
+
+
+@pytest.fixture
+async def pipeline(start_service, catalogue_file, egress_allow):
+    from pipeline_fixtures import Pipeline
+
+    p = Pipeline(start_service, catalogue_file, egress_allow)
+    await p.start_gateway()
+    await p.start_executor(DISPO_EXECUTOR_RUN_LEASE_SECONDS=RUN_LEASE)
+    yield p
+
+
+class Workers:
+    """Worker processes of tests/executor/worker_app.py, and the effects they recorded."""
+
+    def __init__(self, pipeline, folder: Path) -> None:
+        self.pipeline = pipeline
+        self.folder = folder
+        self.effects_file = folder / "effects.txt"
+        self.started: list[ManagedProcess] = []
+
+    def start(self, executor: int = 0, **env: str) -> ManagedProcess:
+        n = len(self.started)
+        process = ManagedProcess(
+            ProcessSpec(
+                f"worker-{n}",
+                [
+                    sys.executable,
+                    "-m",
+                    "dispo.tools.cli",
+                    "--token",
+                    self.pipeline.token,
+                    "worker",
+                    "run",
+                    "worker_app:worker",
+                    "--executor",
+                    self.pipeline.executors[executor].address,
+                ],
+                {
+                    "PYTHONPATH": str(Path(__file__).parent),
+                    "WORKER_EFFECTS": str(self.effects_file),
+                    **env,
+                },
+                None,
+                self.folder / f"worker-{n}.log",
+            )
+        )
+        process.spawn()
+        self.started.append(process)
+        return process
+
+    def effects(self) -> list[tuple[str, str, int, int]]:
+        if not self.effects_file.exists():
+            return []
+        lines = self.effects_file.read_text().splitlines()
+        return [(q, key, int(attempt), int(pid)) for q, key, attempt, pid in map(str.split, lines)]
+
+    async def wait_effects(self, count: int, timeout: float = 30.0) -> list[tuple]:
+        return await eventually(
+            self.effects,
+            lambda found: len(found) >= count,
+            timeout=timeout,
+            wanted=f"{count} effect(s)",
+        )
+
+    def kill_all(self) -> None:
+        for process in self.started:
+            if process.running():
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+
+
+@pytest.fixture
+async def workers(pipeline, tmp_path):
+    found = Workers(pipeline, tmp_path)
+    yield found
+    found.kill_all()
+
+
+async def test_outputs_flow_between_http_and_worker_nodes(pipeline, client, downstream, workers):
+    """An http node's output reaches a worker's payload, a worker's output reaches an http
+    node's payload and an http path; each worker run is done once."""
+    workers.start()
+    task = await client.submit(
+        "tests",
+        [
+            cell("ticket", ref="t", name="h1"),
+            cell("w_echo", ref="e", name="e1", ticket="{nodes.t.open.output.ticket_id}").after("t"),
+            cell("w_ticket", ref="w", name="w1"),
+            cell("tell", ref="n", name="owner", ticket="{nodes.w.open.output.ticket_id}").after(
+                "w"
+            ),
+            cell("w_open_close", ref="c", name="w2"),
+        ],
+    )
+    done = await client.wait(task.task_id, timeout=60)
+    assert done.status == "SUCCEEDED", dump(done)
+
+    recorded = {
+        o.node_id: as_json(o.output) for o in (await outputs_of(pipeline, task.task_id)).outputs
+    }
+    http_ticket = recorded["t.open"]["ticket_id"]
+    assert recorded["e.echo"] == {"name": "e1", "ticket": http_ticket}
+    assert recorded["w.open"] == {"ticket_id": "W-w1", "key": f"{task.task_id}/w.open"}
+    state = await downstream.state()
+    assert json.loads(state["bodies"][f"{task.task_id}/n.send"]) == {
+        "name": "owner",
+        "ticket": "W-w1",
+    }
+    assert state["paths"][f"{task.task_id}/c.close"] == "/closed/W-w2"
+    # One effect per worker node, under the node's stable key.
+    assert Counter(key for _, key, _, _ in workers.effects()) == {
+        f"{task.task_id}/e.echo": 1,
+        f"{task.task_id}/w.open": 1,
+        f"{task.task_id}/c.open": 1,
+    }
+
+
+async def test_a_worker_failure_retryable_or_not_and_an_oversized_output(client, workers):
+    workers.start()
+    retry = await client.submit("tests", [cell("w_echo", name="retry")])
+    boom = await client.submit("tests", [cell("w_echo", name="boom")])
+    big = await client.submit("tests", [cell("w_sized", name="big", ticket="x" * 80)])
+
+    retried = await client.wait(retry.task_id, timeout=60)
+    assert retried.status == "SUCCEEDED", dump(retried)
+    assert retried.node("w_echo.echo").attempts == 2
+    failed = await client.wait(boom.task_id, timeout=60)
+    assert failed.status == "FAILED", dump(failed)
+    error = failed.node("w_echo.echo").last_error
+    assert error.startswith("definite failure: worker: ValueError: boom"), error
+    oversized = await client.wait(big.task_id, timeout=60)
+    assert oversized.status == "FAILED", dump(oversized)
+    error = oversized.node("w_sized.echo").last_error
+    assert "is over the limit of 60 bytes" in error, error
+
+
+async def test_two_workers_on_one_queue_take_each_run_once(client, workers):
+    workers.start()
+    workers.start()
+    tasks = [await client.submit("tests", [cell("w_ticket", name=f"n{i}")]) for i in range(30)]
+    for t in tasks:
+        done = await client.wait(t.task_id, timeout=60)
+        assert done.status == "SUCCEEDED", dump(done)
+    counted = Counter(key for _, key, _, _ in workers.effects())
+    assert counted == {f"{t.task_id}/w_ticket.open": 1 for t in tasks}
+
+
+async def test_with_no_worker_the_node_waits_offered_and_runs_once_one_connects(
+    pipeline, client, workers
+):
+    task = await client.submit("tests", [cell("w_ticket", name="later")])
+    await wait_until(
+        client,
+        task.task_id,
+        lambda v: v.node("w_ticket.open").status == "RUNNING",
+        wanted="the worker node RUNNING",
+    )
+    # Offered, and still offered after several pass leases and heartbeats: nothing failed.
+    async with admin_channel(pipeline.executors[0].address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        empty = await stub.PollRuns(
+            worker_pb2.PollRunsRequest(queues=["other"], worker_id="t", max_runs=1, wait_ms=3000)
+        )
+    assert list(empty.runs) == []
+    view = await client.get(task.task_id)
+    assert view.status == "RUNNING" and view.node("w_ticket.open").attempts == 1, dump(view)
+    assert workers.effects() == []
+
+    workers.start()
+    done = await client.wait(task.task_id, timeout=60)
+    assert done.status == "SUCCEEDED", dump(done)
+    assert done.node("w_ticket.open").attempts == 1
+    assert [key for _, key, _, _ in workers.effects()] == [f"{task.task_id}/w_ticket.open"]
+
+
+async def test_complete_run_refuses_a_malformed_or_foreign_token_and_records_nothing(
+    pipeline, client
+):
+    """The test is the worker here, on the protocol itself."""
+    task = await client.submit("tests", [cell("w_ticket", name="raw")])
+    async with admin_channel(pipeline.executors[0].address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        taken = await stub.PollRuns(
+            worker_pb2.PollRunsRequest(
+                queues=["tickets"], worker_id="raw-worker", max_runs=5, wait_ms=20000
+            )
+        )
+        [run] = taken.runs
+        forged = run.run_token
+        beat = worker_pb2.HeartbeatRunsRequest(worker_id="raw-worker", run_tokens=[forged])
+        assert [lease.held for lease in (await stub.HeartbeatRuns(beat)).leases] == [True]
+        assert (run.task_id, run.node_id, run.attempt) == (task.task_id, "w_ticket.open", 1)
+        assert run.idempotency_key == f"{task.task_id}/w_ticket.open"
+        assert json.loads(payload_data(run.payload)) == {"name": "raw"}
+        assert taken.lease_ms == 3000
+
+        answer = json_payload(canonical_json({"ticket_id": "forged"}))
+        with pytest.raises(grpc.aio.AioRpcError) as malformed:
+            await stub.CompleteRun(worker_pb2.CompleteRunRequest(run_token="x!", output=answer))
+        assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "run_token" in malformed.value.details()
+        # The same run, as another worker would name it.
+        key, _ = parse_token(forged)
+        with pytest.raises(grpc.aio.AioRpcError) as foreign:
+            await stub.CompleteRun(
+                worker_pb2.CompleteRunRequest(
+                    run_token=run_token(key, "someone-else"), output=answer
+                )
+            )
+        assert foreign.value.code() == grpc.StatusCode.ABORTED
+        assert "lease was lost" in foreign.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as not_json:
+            await stub.CompleteRun(
+                worker_pb2.CompleteRunRequest(run_token=forged, output=json_payload(b"{not json"))
+            )
+        assert not_json.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "output" in not_json.value.details()
+        await wait_until(
+            client,
+            task.task_id,
+            lambda v: v.node("w_ticket.open").status == "RUNNING",
+            wanted="the worker node RUNNING, nothing recorded",
+        )
+        assert [lease.held for lease in (await stub.HeartbeatRuns(beat)).leases] == [True]
+        await stub.CompleteRun(
+            worker_pb2.CompleteRunRequest(
+                run_token=forged, output=json_payload(canonical_json({"ticket_id": "T-raw"}))
+            )
+        )
+        done = await client.wait(task.task_id, timeout=30)
+        assert done.status == "SUCCEEDED", dump(done)
+        recorded = (await outputs_of(pipeline, task.task_id)).outputs
+        assert [as_json(o.output) for o in recorded] == [{"ticket_id": "T-raw"}]
+        # Once recorded, the run is gone: a second completion is refused.
+        with pytest.raises(grpc.aio.AioRpcError) as again:
+            await stub.CompleteRun(worker_pb2.CompleteRunRequest(run_token=forged, output=answer))
+        assert again.value.code() == grpc.StatusCode.ABORTED
+
+
+async def test_a_worker_killed_mid_run_idempotent_runs_again_elsewhere_once(client, workers):
+    first = workers.start(WORKER_HOLD="60")
+    task = await client.submit("tests", [cell("w_slow", name="k")])
+    [(_, key, attempt, pid)] = await workers.wait_effects(1)
+    assert (key, attempt, pid) == (f"{task.task_id}/w_slow.run", 1, first.pid)
+    first.kill()  # SIGKILL, mid-run: its lease runs out
+    second = workers.start()
+    done = await client.wait(task.task_id, timeout=60)
+    assert done.status == "SUCCEEDED", dump(done)
+    assert workers.effects() == [
+        ("slow", key, 1, first.pid),
+        ("slow", key, 2, second.pid),
+    ]
+
+
+async def test_a_worker_killed_mid_run_not_idempotent_leaves_the_node_unknown(
+    pipeline, client, workers
+):
+    first = workers.start(WORKER_HOLD="60")
+    task = await client.submit("tests", [cell("w_slow_once", name="k1")])
+    await workers.wait_effects(1)
+    first.kill()
+    workers.start()
+    view = await wait_until(
+        client,
+        task.task_id,
+        lambda v: v.node("w_slow_once.run").status == "UNKNOWN",
+        timeout=60,
+        wanted="the node UNKNOWN",
+    )
+    assert "worker's lease on the run expired" in view.node("w_slow_once.run").last_error
+    # Not re-sent: another worker polls the queue, and nothing is offered to it.
+    async with admin_channel(pipeline.executors[0].address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        empty = await stub.PollRuns(
+            worker_pb2.PollRunsRequest(
+                queues=["slow_once"], worker_id="t", max_runs=5, wait_ms=2000
+            )
+        )
+    assert list(empty.runs) == []
+    assert len(workers.effects()) == 1
+
+
+async def test_a_paused_worker_past_its_lease_has_its_late_completion_refused(client, workers):
+    paused = workers.start(WORKER_HOLD="3")
+    task = await client.submit("tests", [cell("w_slow_once", name="p")])
+    await workers.wait_effects(1)
+    os.kill(paused.pid, signal.SIGSTOP)
+    view = await wait_until(
+        client,
+        task.task_id,
+        lambda v: v.node("w_slow_once.run").status == "UNKNOWN",
+        timeout=60,
+        wanted="the node UNKNOWN",
+    )
+    os.kill(paused.pid, signal.SIGCONT)
+    # Its handler ends (or its heartbeat learns first that the run is gone): either way
+    # nothing is recorded, and no second effect.
+    await eventually(
+        lambda: paused.log_tail(200),
+        lambda log: (
+            "completion refused: the run's lease was lost" in log
+            or "run lease lost; its handler is cancelled" in log
+        ),
+        timeout=30,
+        wanted="the worker told its run was lost",
+    )
+    after = await client.get(task.task_id)
+    assert after.node("w_slow_once.run").status == "UNKNOWN", dump(after)
+    assert after.node("w_slow_once.run").last_error == view.node("w_slow_once.run").last_error
+    assert len(workers.effects()) == 1
