@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import grpc
 from dispo.gateway.convert import (
+    output_fields,
     status_value,
     stored_status,
     submission_from_proto,
@@ -373,7 +374,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
     out = gateway_pb2.ListCellsResponse()
     for cell in sorted(catalogue.cells.values(), key=lambda c: c.name):
-        item = out.cells.add(name=cell.name, description=cell.description)
+        item = out.cells.add(
+            name=cell.name, description=cell.description, result_actions=cell.result_actions
+        )
         for f in cell.fields:
             item.fields.add(
                 name=f.name,
@@ -389,5 +392,7 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
                 idempotent=a.idempotent,
                 has_probe=bool(a.probe_path),
                 max_effect_seconds=a.max_effect_seconds,
+                output=output_fields(a),
+                max_output_bytes=a.max_output_bytes,
             )
     return out
