@@ -223,6 +223,13 @@ _CELLS_FINISHED = _counter(
     "Tasks that reached a final status, counted once under each cell they contain",
     ("business", "cell", "status"),
 )
+_OUTPUT_READS = _counter(
+    "gateway",
+    "dispo_output_reads",
+    "Reads of a task's outputs from the executor (GetOutputs) for a GetTask or WatchTask"
+    " answer, by outcome (answered, unavailable); a task without outputs makes none",
+    ("outcome",),
+)
 
 # ---- executor ----------------------------------------------------------------------------
 _NODE_RUNS = _counter(
@@ -349,6 +356,10 @@ def task_finished(business: str, status: str, cells: Iterable[str]) -> None:
     _TASKS_FINISHED(business, status).inc()
     for cell in set(cells):
         _CELLS_FINISHED(business, cell, status).inc()
+
+
+def output_read(outcome: str) -> None:
+    _OUTPUT_READS(outcome).inc()
 
 
 def node_ran(action: str, downstream: str, status: str, seconds: float, retry: bool) -> None:

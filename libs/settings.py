@@ -37,6 +37,13 @@ DEFAULT_PORTS = {
     "pool": 50055,
 }
 
+
+def local_address(service: str) -> str:
+    """Where ``service`` listens on one machine by default (another service's default
+    address of it)."""
+    return f"127.0.0.1:{DEFAULT_PORTS[service]}"
+
+
 # Default port of the web console (dispo.console) on one machine.
 DEFAULT_CONSOLE_PORT = 8180
 

@@ -352,7 +352,9 @@ class AsyncClient:
             raise DispoError.from_rpc(error) from None
 
     async def wait(self, task_id: str, *, timeout: float = 60.0) -> TaskView:
-        """The task once terminal (SUCCEEDED, FAILED, CANCELLED). Reconnects if the stream breaks."""
+        """The task once terminal (SUCCEEDED, FAILED, CANCELLED), with its nodes' outputs and
+        its ``result``. Reconnects if the stream breaks; asks once more (GetTask) when the
+        terminal view came without its outputs (``outputs_unavailable``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last: TaskView | None = None
@@ -367,7 +369,7 @@ class AsyncClient:
                     async for view in self.watch(task_id):
                         last = view
                         if view.terminal:
-                            return view
+                            return await self.get(task_id) if view.outputs_unavailable else view
             except DispoError as error:
                 if error.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     raise
@@ -589,6 +591,7 @@ class Client:
             raise DispoError.from_rpc(error) from None
 
     def wait(self, task_id: str, *, timeout: float = 60.0) -> TaskView:
+        """As :meth:`AsyncClient.wait`: the terminal view, with its outputs and result."""
         deadline = time.monotonic() + timeout
         last: TaskView | None = None
         while (remaining := deadline - time.monotonic()) > 0:
@@ -596,7 +599,7 @@ class Client:
                 for view in self.watch(task_id, timeout=remaining):
                     last = view
                     if view.terminal:
-                        return view
+                        return self.get(task_id) if view.outputs_unavailable else view
             except DispoError as error:
                 if error.code is grpc.StatusCode.DEADLINE_EXCEEDED:
                     break

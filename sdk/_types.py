@@ -10,7 +10,7 @@ from typing import Any, cast
 import grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.payload import canonical_json
+from dispo.libs.payload import canonical_json, payload_value
 from dispo.libs.proto_enums import node_status_name, task_status_name
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -77,6 +77,11 @@ def _time(message: Any, name: str) -> datetime | None:
     return getattr(message, name).ToDatetime(tzinfo=UTC) if message.HasField(name) else None
 
 
+def _json(message: Any, name: str) -> Any:
+    """A Payload field's JSON value (None when unset)."""
+    return payload_value(getattr(message, name)) if message.HasField(name) else None
+
+
 @dataclass(frozen=True)
 class NodeView:
     node_id: str
@@ -88,6 +93,10 @@ class NodeView:
     depends_on: tuple[str, ...]
     started_at: datetime | None
     finished_at: datetime | None
+    # What its action returned, parsed from JSON (None: no output, or not read: see
+    # TaskView.outputs_unavailable); output_bytes says whether it recorded one.
+    output: Any = None
+    output_bytes: int = 0
 
     @classmethod
     def from_proto(cls, node: task_pb2.Node) -> NodeView:
@@ -101,6 +110,8 @@ class NodeView:
             tuple(node.depends_on),
             _time(node, "started_at"),
             _time(node, "finished_at"),
+            _json(node, "output"),
+            node.output_bytes,
         )
 
 
@@ -129,6 +140,12 @@ class TaskView:
     raw: task_pb2.Task = field(repr=False, compare=False)
     # From GetTask only (None on WatchTask updates).
     completion: Completion | None = None
+    # A SUCCEEDED task's result, parsed from JSON: the outputs of its result nodes by node
+    # id (None while it runs, and when it ended otherwise).
+    result: Any = None
+    # The gateway could not read the outputs from the executor for this view: the nodes'
+    # ``output`` and the ``result`` are missing; ask again.
+    outputs_unavailable: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -158,6 +175,8 @@ class TaskView:
             tuple(NodeView.from_proto(n) for n in task.nodes),
             task,
             Completion.from_proto(completion) if completion is not None else None,
+            _json(task, "result"),
+            task.outputs_unavailable,
         )
 
 

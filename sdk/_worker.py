@@ -105,7 +105,7 @@ class Worker:
         self.handlers: dict[str, Handler] = {}
         self.held: dict[str, _Held] = {}
         self._stopping: asyncio.Event | None = None
-        self._stub: worker_pb2_grpc.WorkerServiceStub | None = None
+        self._stub: worker_pb2_grpc.WorkerServiceAsyncStub | None = None
         self._lease = 10.0
         self._free: asyncio.Event | None = None
 

@@ -288,9 +288,10 @@ class ServiceProcesses:
     started: list[ManagedProcess] = field(default_factory=list)
 
     async def start(
-        self, name: str, env: dict[str, str] | None = None, *, wait: bool = True
+        self, name: str, env: dict[str, str] | None = None, *, wait: bool = True, port: int = 0
     ) -> ManagedProcess:
-        port = free_port()
+        """``port``: where it listens (0: a free port)."""
+        port = port or free_port()
         full_env = {
             **service_env(name, self.role_url(name), self.nats_url, self.nats_users),
             "DISPO_LOG_FORMAT": "json",

@@ -294,6 +294,10 @@ class Pipeline:
     egress_allow: str = ""
     gateway: Any = None
     executors: list[Any] = field(default_factory=list)
+    # Where the pipeline's executor listens, known before it starts: the gateway reads the
+    # outputs of its views there (DISPO_GATEWAY_EXECUTOR_ADDRESS). An executor started while
+    # another serves there takes a free port.
+    executor_port: int = field(default_factory=free_port)
     # The admin token the pipeline's clients send (the tests act as an operator unless they
     # ask for a business's token: support.auth.business_token).
     token: str = field(default_factory=lambda: session_tokens().admin)
@@ -304,16 +308,23 @@ class Pipeline:
             {
                 "DISPO_CATALOGUE": str(self.catalogue),
                 "DISPO_GATEWAY_WATCH_POLL_INTERVAL_SECONDS": "0.2",
+                "DISPO_GATEWAY_EXECUTOR_ADDRESS": self.executor_address,
                 **({"DISPO_EGRESS_ALLOW": self.egress_allow} if self.egress_allow else {}),
                 **env,
             },
         )
         return self.gateway
 
+    @property
+    def executor_address(self) -> str:
+        return f"127.0.0.1:{self.executor_port}"
+
     async def start_executor(self, **env: str) -> Any:
+        taken = any(e.address == self.executor_address and e.running() for e in self.executors)
         executor = await self.start_service(
             "executor",
             {**EXECUTOR_TEST_ENV, "DISPO_CATALOGUE": str(self.catalogue), **env},
+            port=0 if taken else self.executor_port,
         )
         self.executors.append(executor)
         return executor

@@ -67,6 +67,7 @@ from dispo.console.views import (
     recovery_state,
     resize_rows,
     resume_progress,
+    shown_json,
     work_kind,
 )
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
@@ -111,6 +112,7 @@ templates.env.globals.update(
     direction=direction,
     work_kind=work_kind,
     parked=parked,
+    shown_json=shown_json,
 )
 
 

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from dispo.libs.settings import DEFAULT_CONSOLE_PORT, DEFAULT_PORTS, service_settings_config
+from dispo.libs.settings import DEFAULT_CONSOLE_PORT, local_address, service_settings_config
 from pydantic import Field
 from pydantic_settings import BaseSettings
-
-
-def _local_address(service: str) -> str:
-    """Where ``service`` listens on one machine by default."""
-    return f"127.0.0.1:{DEFAULT_PORTS[service]}"
 
 
 class ConsoleSettings(BaseSettings):
@@ -28,22 +23,22 @@ class ConsoleSettings(BaseSettings):
         " not at all)",
     )
     gateway_address: str = Field(
-        default=_local_address("gateway"), description="The gateway's gRPC address, for the console"
+        default=local_address("gateway"), description="The gateway's gRPC address, for the console"
     )
     reconciler_address: str = Field(
-        default=_local_address("reconciler"),
+        default=local_address("reconciler"),
         description="The reconciler's gRPC address, for the console",
     )
     executor_address: str = Field(
-        default=_local_address("executor"),
+        default=local_address("executor"),
         description="The executor's gRPC address, for the console (downstreams' breakers)",
     )
     pool_address: str = Field(
-        default=_local_address("pool"),
+        default=local_address("pool"),
         description="The pool's gRPC address, for the console (the Cron pool page)",
     )
     intelligence_address: str = Field(
-        default=_local_address("intelligence"),
+        default=local_address("intelligence"),
         description="The intelligence service's gRPC address, for the console (the Intelligence page)",
     )
     refresh_seconds: float = Field(

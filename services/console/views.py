@@ -1,12 +1,13 @@
 """What the console's pages show, from the services' replies: no I/O here.
 
 The DAG as Cytoscape.js elements (a node per DAG node, coloured by status; an edge from each
-dependency to the node waiting for it), a task's history as one timeline, and the Tasks
-page's filters read from a query string.
+dependency to the node waiting for it), a task's history as one timeline, its nodes' outputs
+and result folded when long, and the Tasks page's filters read from a query string.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,29 @@ COLOURS = {
     "RETRY_EXHAUSTED": "#8c564b",
     "CANCELLED": "#7f7f7f",
 }
+# How much of an output or a result the Task page shows before it is folded (expandable).
+OUTPUT_BRIEF = 200
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A JSON value as the Task page shows it: compact, its first ``OUTPUT_BRIEF``
+    characters when longer (``folded``), and indented to read whole when unfolded."""
+
+    brief: str
+    whole: str
+    folded: bool
+
+
+def shown_json(value: Any) -> Shown:
+    compact = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if len(compact) <= OUTPUT_BRIEF:
+        return Shown(compact, compact, False)
+    return Shown(
+        compact[:OUTPUT_BRIEF] + "…", json.dumps(value, ensure_ascii=False, indent=2), True
+    )
+
+
 # The Tasks page's "since" choices, in seconds back from now.
 SINCE = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400}
 

@@ -12,6 +12,7 @@ from dispo.auth.bootstrap import apply_bootstrap
 from dispo.auth.signing import configured_key
 from dispo.gateway import store
 from dispo.gateway.operations import Gateway
+from dispo.gateway.outputs import ViewOutputs
 from dispo.gateway.servicer import GatewayServicer
 from dispo.gateway.settings import GatewaySettings
 from dispo.gateway.snapshots import snapshot_problem
@@ -22,6 +23,7 @@ from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.contracts import tasks
 from dispo.libs.db import migrate
 from dispo.libs.logging import bind_ids
+from dispo.libs.outputs import OutputsReader
 from dispo.libs.service import Runtime, run_service
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -76,6 +78,10 @@ async def setup(rt: Runtime) -> None:
         batch=settings.status_batch,
         ack_wait=settings.status_ack_wait_seconds,
     )
+    # The outputs of GetTask's and WatchTask's views: the executor's record (ADR-0093).
+    outputs = ViewOutputs(
+        OutputsReader(rt.channel(settings.executor_address), settings.outputs_timeout_seconds)
+    )
     rt.add_servicer(
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
             GatewayServicer(
@@ -84,6 +90,7 @@ async def setup(rt: Runtime) -> None:
                 settings.caller_limits(rt.clock),
                 rt.bus,
                 settings.events_read_timeout_seconds,
+                outputs,
             ),
             server,
         ),

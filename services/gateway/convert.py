@@ -9,6 +9,7 @@ from dispo.gateway.expand import CellRequest, PlannedNode, Submission
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.catalogue import ActionDef
 from dispo.libs.errors import FieldViolation, InvalidArgument
 from dispo.libs.payload import PayloadError, from_struct, json_payload, parse_json_object
 from dispo.libs.proto_enums import from_short_name, task_status_name
@@ -87,10 +88,7 @@ def task_envelope(
                 timeout_ms=a.timeout_ms,
                 max_effect_seconds=a.max_effect_seconds,
                 max_output_bytes=a.max_output_bytes,
-                output_fields=[
-                    task_pb2.OutputField(name=f.name, type=f.type, required=f.required)
-                    for f in a.output
-                ],
+                output_fields=output_fields(a),
                 inputs=list(node.inputs),
                 queue=a.queue,
             ),
@@ -98,6 +96,13 @@ def task_envelope(
             in_result=node.in_result,
         )
     return env
+
+
+def output_fields(action: ActionDef) -> list[task_pb2.OutputField]:
+    """The output fields ``action`` declares, as the protos carry them."""
+    return [
+        task_pb2.OutputField(name=f.name, type=f.type, required=f.required) for f in action.output
+    ]
 
 
 def stored_status(value: common_pb2.TaskStatus.ValueType) -> str:

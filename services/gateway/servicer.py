@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import grpc
 from dispo.gateway.convert import (
+    output_fields,
     status_value,
     stored_status,
     submission_from_proto,
@@ -16,6 +17,7 @@ from dispo.gateway.events import task_event
 from dispo.gateway.expand import Submission
 from dispo.gateway.limits import MAX_SUBMIT_MANY, CallerLimits, limited_business
 from dispo.gateway.operations import Accepted, Gateway
+from dispo.gateway.outputs import ViewOutputs
 from dispo.gateway.store import TaskFilter
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -122,8 +124,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         limits: CallerLimits,
         bus: Bus,
         events_timeout: float = 5.0,
+        outputs: ViewOutputs | None = None,
     ) -> None:
         self.gateway = gateway
+        # Where the views' outputs come from (none: every view with outputs is answered
+        # ``outputs_unavailable``).
+        self.outputs = outputs or ViewOutputs(None)
         self.max_page_size = max_page_size
         self.limits = limits
         self.bus = bus
@@ -228,7 +234,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         completion = gateway_pb2.Completion(callback_url=record.callback_url)
         if record.finished_at is not None:
             set_timestamp(completion.finished_at, record.finished_at)
-        return gateway_pb2.GetTaskResponse(task=self.gateway.view_of(record), completion=completion)
+        view = await self.outputs.complete(self.gateway.view_of(record))
+        return gateway_pb2.GetTaskResponse(task=view, completion=completion)
 
     async def ListTasks(
         self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
@@ -292,7 +299,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def WatchTask(
         self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
-        views = self.gateway.watch(await self._visible(_task_id(request.task_id)))
+        versions = self.gateway.watch(await self._visible(_task_id(request.task_id)))
+        views = self.outputs.follow(versions)  # each with its outputs, read when they change
         try:
             first = await anext(views, None)  # NOT_FOUND before any stream is held
             if first is None:
@@ -303,6 +311,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     yield gateway_pb2.WatchTaskResponse(task=view)
         finally:
             await views.aclose()
+            await versions.aclose()
 
     async def ListTaskEvents(
         self, request: gateway_pb2.ListTaskEventsRequest, context: grpc.aio.ServicerContext
@@ -365,7 +374,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
     out = gateway_pb2.ListCellsResponse()
     for cell in sorted(catalogue.cells.values(), key=lambda c: c.name):
-        item = out.cells.add(name=cell.name, description=cell.description)
+        item = out.cells.add(
+            name=cell.name, description=cell.description, result_actions=cell.result_actions
+        )
         for f in cell.fields:
             item.fields.add(
                 name=f.name,
@@ -382,5 +393,7 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
                 has_probe=bool(a.probe_path),
                 max_effect_seconds=a.max_effect_seconds,
                 queue=a.queue,
+                output=output_fields(a),
+                max_output_bytes=a.max_output_bytes,
             )
     return out

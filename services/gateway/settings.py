@@ -5,7 +5,7 @@ from __future__ import annotations
 from dispo.gateway import limits
 from dispo.gateway.expand import Limits
 from dispo.libs.clock import Clock
-from dispo.libs.settings import service_settings_config
+from dispo.libs.settings import local_address, service_settings_config
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
@@ -77,6 +77,18 @@ class GatewaySettings(BaseSettings):
         default=limits.MAX_WATCHES_PER_BUSINESS,
         ge=1,
         description="WatchTask streams one business may hold open on one gateway process",
+    )
+    executor_address: str = Field(
+        default=local_address("executor"),
+        description="The executor's gRPC address, where GetTask and WatchTask read the outputs"
+        " of a task's nodes and its result (ExecutorService.GetOutputs; `dispo up` gives its"
+        " executor's)",
+    )
+    outputs_timeout_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="Deadline of one read of a task's outputs from the executor; beyond it the"
+        " view is answered without them (`outputs_unavailable`)",
     )
 
     def caller_limits(self, clock: Clock) -> limits.CallerLimits:

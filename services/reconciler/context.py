@@ -1,6 +1,7 @@
 """What every part of the reconciler works with: the driver port its stores run on, clock,
 policies, HTTP client, bus (for NATS callbacks), the outbox relay to kick after a commit,
-its service token and the signing key of webhook callbacks."""
+its service token, the signing key of webhook callbacks and the executor's outputs (a
+callback's result)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dispo.libs.clock import Clock
 from dispo.libs.db.driver import Database
 from dispo.libs.egress import AllowList
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.outputs import OutputsReader
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.reconciler.completion.in_flight import InFlight
 from dispo.reconciler.settings import ReconcilerSettings, RecoveryConfig
@@ -41,6 +43,9 @@ class Context:
     # What webhook callbacks' signing secrets are derived with (DISPO_SIGNING_KEY); None:
     # webhooks are not sent (never unsigned).
     signing_key: SigningKey | None = None
+    # Where a SUCCEEDED task's result is read for its callback (ExecutorService.GetOutputs);
+    # None: only a task without outputs can be notified of its success.
+    outputs: OutputsReader | None = None
     # Runs a sweep now rather than at its next interval (set by the sweeps' parts when they
     # run as such; a no-op otherwise, where sweeps are run by hand).
     kick_sweep: Callable[[str], None] = lambda name: None

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 from dispo.libs.catalogue import Catalogue, Downstream, load_configured_catalogue
-from dispo.libs.settings import DEFAULT_PORTS, service_settings_config
+from dispo.libs.settings import local_address, service_settings_config
 from dispo.reconciler.arbitration.policy import ArbitrationPolicy, PriorityRule
 from dispo.reconciler.recovery.policy import ProbeRule, RedrivePolicy, ReleaseRate
 from pydantic import Field
@@ -63,8 +63,19 @@ class ReconcilerSettings(BaseSettings):
         " once; 0: each message as it is stored)",
     )
     gateway_address: str = Field(
-        default=f"127.0.0.1:{DEFAULT_PORTS['gateway']}",
+        default=local_address("gateway"),
         description="The gateway's gRPC address, where compensating cells are submitted",
+    )
+    executor_address: str = Field(
+        default=local_address("executor"),
+        description="The executor's gRPC address, where a SUCCEEDED task's result is read for"
+        " its completion callback (ExecutorService.GetOutputs; `dispo up` gives its executor's)",
+    )
+    outputs_timeout_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="Deadline of one read of a task's result from the executor; a callback"
+        " whose result was not read is not sent, and is retried as a failed delivery is",
     )
     demoted_max_age_seconds: float = Field(
         default=86400.0,

@@ -8,6 +8,7 @@ from dispo.libs import metrics
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
+from dispo.libs.outputs import OutputsReader
 from dispo.libs.service import Runtime
 from dispo.reconciler.context import Context
 from dispo.reconciler.http_client import http_client
@@ -45,6 +46,9 @@ async def wire_recovery(rt: Runtime) -> Context:
         egress=rt.settings.egress,
         service_token=rt.settings.service_token,
         signing_key=configured_key(rt.settings.signing_key),
+        outputs=OutputsReader(
+            rt.channel(settings.executor_address), settings.outputs_timeout_seconds
+        ),
     )
     rt.add_servicer(
         lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(

@@ -385,6 +385,39 @@ async def test_an_open_task_page_reads_the_history_again_only_when_the_task_move
         await backend.close()
 
 
+async def test_a_task_page_shows_each_nodes_output_folded_when_long_and_the_result(
+    browser, console
+):
+    """What each node returned, and the task's result: a short output whole, a long one by
+    its beginning, unfolded by a click (no script of the page's own: the CSP holds)."""
+    long = "y" * 400
+    await console.downstream.control(answer={"path": "/step/console-long", "body": {"blob": long}})
+    async with console.pipeline.client() as client:
+        task = await client.submit(
+            BUSINESS,
+            [
+                CellSpec("ticket", {"name": "console"}, ref="t"),
+                CellSpec("step", {"name": "console-long"}, ref="s"),
+            ],
+        )
+        done = await client.wait(task.task_id)
+    ticket = done.node("t.open").output["ticket_id"]
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/tasks/{task.task_id}")
+    opened = page.locator("tr[data-node='t.open'] td.output")
+    assert ticket in await opened.inner_text()
+    folded = page.locator("tr[data-node='s.call'] td.output details")
+    assert long not in await folded.inner_text()  # closed: its summary only
+    await folded.locator("summary").click()
+    await expect(folded.locator("pre")).to_contain_text(long)
+    result = page.locator("#result details")  # longer than 200 characters: folded too
+    assert ticket in (await result.text_content() or "")
+    assert not watched.errors, watched.errors
+    await context.close()
+
+
 async def test_a_failed_task_is_resumed_from_its_page(browser, console):
     # The first call of this cell is refused with a 400: a permanent failure, the task FAILED.
     await console.downstream.control(fail={"status": 400, "times": 1, "path": "/step/resumed-"})

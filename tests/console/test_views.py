@@ -2,6 +2,8 @@
 through the pages' own templates: the colours that tell a downstream in trouble, and the
 first period of a series, whose comparison has no baseline by nature."""
 
+import re
+
 from dispo.console.app import HERE, templates
 from dispo.console.views import COLOURS, JOB_COLOURS, downstream_rows, job_row
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
@@ -75,3 +77,38 @@ def test_the_first_periods_comparison_reads_as_expected_not_as_a_failure():
         ipb.Job(kind=ipb.JOB_KIND_ANALYSIS, status=ipb.JOB_STATUS_FAILED, error="no baseline for"),
     ]:
         assert job_row(other).status == "FAILED"
+
+
+def test_a_tasks_outputs_and_result_are_shown_and_a_long_one_folded_expandable():
+    from dispo.libs.api.common.v1 import common_pb2
+    from dispo.libs.api.task.v1 import task_pb2
+    from dispo.libs.payload import canonical_json, json_payload
+    from dispo.sdk import TaskView
+
+    short, long = {"ticket_id": "T-1f2e3d4c"}, {"blob": "x" * 300}
+    task = task_pb2.Task(task_id="t1", business="b", status=common_pb2.TASK_STATUS_SUCCEEDED)
+    for node_id, output in (("r.open", short), ("s.call", long), ("q.noop", None)):
+        node = task.nodes.add(node_id=node_id, status=common_pb2.NODE_STATUS_SUCCEEDED)
+        if output is not None:
+            node.output.CopyFrom(json_payload(canonical_json(output)))
+            node.output_bytes = len(canonical_json(output))
+    task.result.CopyFrom(json_payload(canonical_json({"r.open": short, "s.call": long})))
+    context = {"facts": [], "history": [], "recovery_state": "", "resumable": False}
+    page = rendered("_task_detail.html", task=TaskView.from_proto(task), **context)
+    rows = dict(re.findall(r'<tr data-node="([^"]+)">(.*?)</tr>', page, re.S))
+    assert "<code>{&#34;ticket_id&#34;:&#34;T-1f2e3d4c&#34;}</code>" in rows["r.open"]
+    assert "<details>" not in rows["r.open"]
+    # longer than 200 characters: its beginning, the whole in a <details> that unfolds
+    assert "<details><summary><code>{&#34;blob&#34;:&#34;" + "x" * 190 in rows["s.call"]
+    assert "…</code></summary><pre>{\n  &#34;blob&#34;: &#34;" + "x" * 300 in rows["s.call"]
+    assert '<td class="output"></td>' in rows["q.noop"]
+    [result] = re.findall(r'<div id="result" class="output">(.*?)</div>', page, re.S)
+    assert "<details>" in result and "T-1f2e3d4c" in result
+    assert "outputs-unavailable" not in page
+
+    task.outputs_unavailable = True
+    task.ClearField("result")
+    for node in task.nodes:
+        node.ClearField("output")
+    page = rendered("_task_detail.html", task=TaskView.from_proto(task), **context)
+    assert 'id="outputs-unavailable"' in page and 'id="result"' not in page

@@ -370,6 +370,17 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
     assert cells["step_once"].actions[0].max_effect_seconds == 50
     assert cells["quick_once"].actions[0].max_effect_seconds == 30
     assert cells["noop"].actions[0].max_effect_seconds == 0
+    # What an action returns: its declared output fields and its limit (declared, else the
+    # catalogue's default of 64 KiB); the actions whose outputs make the cell's result.
+    [opened] = cells["ticket"].actions
+    assert [(f.name, f.type, f.required) for f in opened.output] == [
+        ("ticket_id", "string", True),
+        ("ok", "boolean", False),
+    ]
+    assert opened.max_output_bytes == 65536 and cells["sized"].actions[0].max_output_bytes == 100
+    assert list(cells["step"].actions[0].output) == []
+    assert list(cells["review_and_close"].result_actions) == ["open"]  # named
+    assert list(cells["pair"].result_actions) == ["second"]  # its sink
 
 
 async def test_every_page_of_a_listing_has_a_deadline(gateway_only, gateway_client):

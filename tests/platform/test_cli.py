@@ -64,6 +64,7 @@ def catalogue(downstream, tmp_path_factory) -> Path:
 async def cli_env(module_services, downstream, catalogue, tokens, tmp_path_factory):
     """The environment the CLI finds the module's gateway and executor and the admin token in."""
     folder = tmp_path_factory.mktemp("cli")
+    executor_port = free_port()  # where the gateway reads the outputs of its views
     gateway, executor = await asyncio.gather(
         module_services.start(
             "gateway",
@@ -71,9 +72,14 @@ async def cli_env(module_services, downstream, catalogue, tokens, tmp_path_facto
                 "DISPO_CATALOGUE": str(catalogue),
                 "DISPO_GATEWAY_WATCH_POLL_INTERVAL_SECONDS": "0.2",
                 "DISPO_EGRESS_ALLOW": downstream.url,
+                "DISPO_GATEWAY_EXECUTOR_ADDRESS": f"127.0.0.1:{executor_port}",
             },
         ),
-        module_services.start("executor", {**EXECUTOR_TEST_ENV, "DISPO_CATALOGUE": str(catalogue)}),
+        module_services.start(
+            "executor",
+            {**EXECUTOR_TEST_ENV, "DISPO_CATALOGUE": str(catalogue)},
+            port=executor_port,
+        ),
     )
     return {
         "PATH": os.environ["PATH"],
@@ -213,6 +219,46 @@ async def test_submit_wait_shows_the_task_and_exits_0_and_list_is_newest_first(c
     assert [c["node_id"] for e in events["events"] for c in e["changes"]][0] == "only.noop"
     assert table.returncode == 0, table.stderr
     assert "only.noop" in table.stdout and "SUCCEEDED" in table.stdout
+
+
+async def test_tasks_show_prints_each_nodes_output_and_the_result(cli_env, downstream):
+    """At a terminal a long output shows its first 200 characters; in a pipe, and with
+    --json as JSON values, every output and the result are whole."""
+    long = "x" * 500
+    await downstream.control(answer={"path": "/step/long", "body": {"blob": long}})
+    submitted = await dispo(
+        cli_env,
+        "submit",
+        "-",
+        "--wait",
+        "--json",
+        stdin=submission(
+            "cli-out",
+            {"cell": "ticket", "ref": "t", "payload": {"name": "cli"}},
+            {"cell": "step", "ref": "s", "payload": {"name": "long"}},
+        ),
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    reply = json.loads(submitted.stdout)  # submit --wait --json: the same form
+    task_id = reply["task"]["task_id"]
+    nodes = {n["node_id"]: n for n in reply["task"]["nodes"]}
+    ticket = nodes["t.open"]["output"]
+    assert ticket["ticket_id"].startswith("T-") and nodes["s.call"]["output"] == {"blob": long}
+    assert reply["task"]["result"] == {"s.call": {"blob": long}, "t.open": ticket}
+    assert reply["task"]["outputs_unavailable"] is False
+
+    shown = await dispo(cli_env, "tasks", "show", task_id, "--json")
+    assert json.loads(shown.stdout)["task"]["result"] == reply["task"]["result"]
+    piped = await dispo(cli_env, "tasks", "show", task_id)
+    assert piped.returncode == 0, piped.stderr
+    assert ticket["ticket_id"] in piped.stdout and long in piped.stdout
+    assert "result" in piped.stdout
+    seen = await asyncio.to_thread(
+        at_a_terminal, {**cli_env, "COLUMNS": "400"}, "tasks", "show", task_id
+    )
+    [line] = [line for line in seen.splitlines() if line.startswith("s.call") and "blob" in line]
+    assert '{"blob":"' + "x" * 190 in line and long not in line and line.rstrip().endswith("…")
+    assert ticket["ticket_id"] in seen
 
 
 async def test_tasks_are_found_by_idempotency_key_and_counted_by_status(cli_env):

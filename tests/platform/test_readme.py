@@ -166,6 +166,7 @@ async def test_the_tour_and_the_guides_run_twice_on_one_stack(tmp_path):
         await run_the_tour(env, exported, stack)
         if jq:
             await run_the_pipeline_guide(exported, stack)
+            await run_the_outputs_walkthrough(exported, stack)
         await run_the_recovery_guide(exported, stack)
         await run_the_intelligence_guide(exported, stack)
         await run_the_pool_guide(exported, stack)
@@ -285,6 +286,21 @@ async def run_the_pipeline_guide(env: dict[str, str], stack: Stack) -> None:
     assert "Code: InvalidArgument" in out, out
     assert "cells[0].cell: unknown cell 'delete_everything'" in out, out
     assert (await python(example, env, stack)).startswith("SUCCEEDED {")
+
+
+async def run_the_outputs_walkthrough(env: dict[str, str], stack: Stack) -> None:
+    """docs/pipeline.md's Outputs: a review opened, then the owner told the ticket's number,
+    taken from the review's output; the outputs and the result read back (a new task each
+    run: no key)."""
+    blocks = sh_blocks(section("docs/pipeline.md", "Outputs"))
+    assert len(blocks) == 1 and not keyed(blocks), blocks
+    result = await shell(blocks, env, stack, "-e", "-o", "pipefail")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    [ticket] = set(re.findall(r'"ticket_id": ?"(T-[0-9a-f]{8})"', out))
+    assert f'{{"message":"your ticket is {ticket}","owner_id":"user-7"}}' in out, out
+    assert '{"notify_owner.send":{' in out and '"review.open_ticket":{' in out, out  # result
+    assert '"outputs": [' in out and '"node_id": "review.open_ticket"' in out, out  # GetOutputs
 
 
 async def run_the_pipeline_guide_again(env: dict[str, str], stack: Stack) -> None:

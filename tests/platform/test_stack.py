@@ -291,6 +291,22 @@ def test_the_reconciler_calls_the_gateway_and_pool_on_the_ports_the_stack_gave_t
     assert "DISPO_RECONCILER_DRIFT_POOL_ADDRESS" not in reconciler.env  # no pool here
 
 
+def test_the_gateway_and_reconciler_read_outputs_from_the_stacks_executor(tmp_path, monkeypatch):
+    """GetTask's outputs and a callback's result come from the executor the stack started,
+    on its port, with several executors too (the first one's: any replica answers)."""
+    ports = {name: 42000 + i for i, name in enumerate(SERVICES)}
+    options = StackOptions(tmp_path, ports=ports, demo_port=0, replicas={"executor": 3})
+    urls = dict.fromkeys(SERVICES, "postgresql://x@127.0.0.1/x")
+    monkeypatch.delenv("DISPO_GATEWAY_EXECUTOR_ADDRESS", raising=False)
+    monkeypatch.delenv("DISPO_RECONCILER_EXECUTOR_ADDRESS", raising=False)
+    specs = {s.name: s for s in service_specs(options, urls, "nats://x")}
+    assert {"executor", "executor-2", "executor-3"} <= set(specs)
+    executor = f"127.0.0.1:{ports['executor']}"
+    assert specs["executor"].address == executor
+    assert specs["gateway"].env["DISPO_GATEWAY_EXECUTOR_ADDRESS"] == executor
+    assert specs["reconciler"].env["DISPO_RECONCILER_EXECUTOR_ADDRESS"] == executor
+
+
 def test_the_console_calls_each_service_on_the_port_the_stack_gave_it(tmp_path):
     """The console's pages call the stack's services, the intelligence service among them."""
     ports = {name: 42000 + i for i, name in enumerate(SERVICES)}

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel
+from dispo.libs.process import free_port
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from pipeline_fixtures import EXECUTOR_TEST_ENV, TEST_CATALOGUE
@@ -121,13 +122,19 @@ async def stack(module_services, module_database, receiver, tmp_path_factory):
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # export within a tenth of a second
     }
     await signing_secret(module_database, "tracing")  # the callbacks are signed
+    executor_port = free_port()  # where the gateway and the reconciler read outputs
+    executor_address = {
+        f"DISPO_{service.upper()}_EXECUTOR_ADDRESS": f"127.0.0.1:{executor_port}"
+        for service in ("gateway", "reconciler")
+    }
     gateway, executor, reconciler = await asyncio.gather(
-        module_services.start("gateway", env),
-        module_services.start("executor", {**env, **EXECUTOR_TEST_ENV}),
+        module_services.start("gateway", {**env, **executor_address}),
+        module_services.start("executor", {**env, **EXECUTOR_TEST_ENV}, port=executor_port),
         module_services.start(
             "reconciler",
             {
                 **env,
+                **executor_address,
                 "DISPO_RECONCILER_CONFIG": str(recovery),
                 "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.2",
             },

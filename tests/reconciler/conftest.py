@@ -265,8 +265,10 @@ async def row(ctx: Context, task_id: str) -> store.RecoveryRow:
 
 @pytest.fixture
 async def start_reconciler(
-    start_service, file_clock, catalogue_file, tmp_path: Path, egress_allow: str
+    start_service, file_clock, catalogue_file, tmp_path: Path, egress_allow: str, pipeline
 ):
+    """A reconciler process beside ``pipeline``: a callback's result is read from its
+    executor."""
     config = {
         **CONFIG,
         "redrive": {
@@ -293,6 +295,7 @@ async def start_reconciler(
                 "DISPO_CATALOGUE": str(catalogue_file),
                 "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.5",
                 "DISPO_EGRESS_ALLOW": egress_allow,
+                "DISPO_RECONCILER_EXECUTOR_ADDRESS": pipeline.executor_address,
                 **env,
             },
         )

@@ -452,3 +452,52 @@ async def test_reconciler_killed_mid_redrive_with_the_real_pipeline(
             pb.GetRecoveryTaskRequest(task_id=task.task_id)
         )
         assert len(detail.redrives) == 1
+
+
+async def test_a_callback_carries_the_result_and_waits_for_the_executor_to_give_it(
+    pipeline, downstream, start_reconciler, receiver, database_url
+):
+    """The body of a SUCCEEDED task's callback holds its result, read from the executor
+    (ADR-0093); while the executor does not answer, no body goes without it: the attempt is
+    recorded failed and retried as a failed delivery is."""
+    import json
+
+    await signing_secret(database_url, "tests")
+    await receiver.start()
+    async with pipeline.client() as client:
+        task = await client.submit(
+            "tests", [cell("review_and_close", ref="r", name="cb")], callback_url=receiver.url
+        )
+        done = await client.wait(task.task_id, timeout=30)
+    assert done.status == "SUCCEEDED" and done.result == {"r.open": done.node("r.open").output}
+    [executor] = pipeline.executors
+    executor.kill()  # before the reconciler hears of the finish
+    reconciler = await start_reconciler()
+
+    async def completion():
+        try:
+            return await reconciler.stub.GetCompletion(
+                pb.GetCompletionRequest(task_id=task.task_id)
+            )
+        except grpc.aio.AioRpcError:
+            return None
+
+    for _ in range(100):
+        await reconciler.tick()
+        reply = await completion()
+        if reply is not None and reply.completion.notify_attempts >= 1:
+            break
+    assert reply.completion.notify_state == pb.NOTIFY_STATE_PENDING, reply
+    assert "not sent: the task's result was not read" in reply.deliveries[0].error, reply
+    assert not receiver.received
+
+    executor.spawn()  # back on its address
+    await executor.wait_ready()
+    for _ in range(100):
+        await reconciler.tick(2)
+        if receiver.received:
+            break
+    [delivered] = receiver.received
+    body = json.loads(delivered["body"])
+    assert body["task_id"] == task.task_id and body["status"] == "SUCCEEDED"
+    assert body["result"] == done.result

@@ -24,6 +24,7 @@ import typer
 import yaml
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
+from dispo.libs.payload import payload_value
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.timestamps import set_timestamp
 from dispo.sdk import TERMINAL, CellSpec, Submitted, TaskPage, TaskRequest, TaskView
@@ -211,6 +212,17 @@ def _final_code(view: TaskView) -> int:
     return OK if view.status == "SUCCEEDED" else ENDED_BADLY
 
 
+def task_json(reply: gateway_pb2.GetTaskResponse) -> dict[str, Any]:
+    """GetTaskResponse in the proto's JSON form, except that each node's ``output`` and the
+    task's ``result`` are their JSON values, whole (not a Payload's base64 bytes)."""
+    printed = as_dict(reply)
+    task = reply.task
+    for node, shown in zip(task.nodes, printed["task"]["nodes"], strict=True):
+        shown["output"] = payload_value(node.output) if node.HasField("output") else None
+    printed["task"]["result"] = payload_value(task.result) if task.HasField("result") else None
+    return printed
+
+
 def _print_task(view: TaskView, as_json: bool) -> int:
     if as_json:
         reply = gateway_pb2.GetTaskResponse(task=view.raw)
@@ -218,7 +230,7 @@ def _print_task(view: TaskView, as_json: bool) -> int:
             if view.completion.finished_at is not None:
                 set_timestamp(reply.completion.finished_at, view.completion.finished_at)
             reply.completion.callback_url = view.completion.callback_url
-        emit_json(reply)
+        emit_json(task_json(reply))
     else:
         out.print(task_picture(view))
     return _final_code(view) if view.terminal else OK
@@ -249,7 +261,39 @@ def task_picture(view: TaskView) -> Group:
             moment(node.started_at),
             moment(node.finished_at),
         )
-    return Group(head, table, dependency_tree(view))
+    return Group(head, table, *outputs_picture(view), dependency_tree(view))
+
+
+# At a terminal, how much of an output or a result `tasks show` prints (`--json`: whole).
+OUTPUT_BRIEF = 200
+
+
+def _json_text(value: Any) -> str:
+    return brief(json.dumps(value, ensure_ascii=False, separators=(",", ":")), OUTPUT_BRIEF)
+
+
+def outputs_picture(view: TaskView) -> list[Any]:
+    """What the task's nodes returned and its result, each as JSON (at a terminal its first
+    200 characters); nothing for a task without outputs that has not SUCCEEDED."""
+    if view.outputs_unavailable:
+        return [
+            Text(
+                "outputs: not read (the executor did not answer); ask again, or --json later",
+                style="yellow",
+            )
+        ]
+    shown: list[Any] = []
+    table = Table(box=None, pad_edge=False)
+    for column in ("node", "output"):
+        table.add_column(column, overflow="fold")
+    for node in view.nodes:
+        if node.output_bytes:
+            table.add_row(node.node_id, _json_text(node.output))
+    if table.row_count:
+        shown.append(table)
+    if view.raw.HasField("result"):
+        shown.append(Text.assemble(("result ", "bold"), _json_text(view.result)))
+    return shown
 
 
 def dependency_tree(view: TaskView) -> Tree:

@@ -169,9 +169,11 @@ def service_env(
 # The settings that tell a service where it calls another one of the stack, by service:
 # setting -> the service it names. The stack hands each the address it gave that service.
 PEERS = {
+    "gateway": {"DISPO_GATEWAY_EXECUTOR_ADDRESS": "executor"},
     "reconciler": {
         "DISPO_RECONCILER_GATEWAY_ADDRESS": "gateway",
         "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": "pool",
+        "DISPO_RECONCILER_EXECUTOR_ADDRESS": "executor",
     },
     "pool": {"DISPO_POOL_INTELLIGENCE_ADDRESS": "intelligence"},
 }

@@ -19,6 +19,7 @@ from typing import Any
 
 from dispo.auth import store as auth_store
 from dispo.auth.signing import SigningKey, SigningSecretRecord
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.backoff import backoff
 from dispo.libs.clock import within
@@ -26,7 +27,8 @@ from dispo.libs.contracts import tasks
 from dispo.libs.egress import NATS_SCHEME, EgressRefused, check_callback
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
-from dispo.libs.payload import canonical_json
+from dispo.libs.outputs import EMPTY_RESULT, OutputsUnavailable, has_outputs, succeeded
+from dispo.libs.payload import canonical_json, json_payload, payload_value
 from dispo.libs.proto_enums import node_status_name, task_status_name
 from dispo.libs.tracing import inject, resumed
 from dispo.reconciler import envelope as E
@@ -102,7 +104,11 @@ async def on_statuses(
     return answers
 
 
-def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
+def notification(
+    env: task_pb2.Task, finished_at: datetime, result: common_pb2.Payload | None = None
+) -> bytes:
+    """The callback's body: the task's final snapshot, and its ``result`` (ADR-0093: the
+    outputs of its result nodes by node id; null unless it SUCCEEDED)."""
     body = {
         "task_id": env.task_id,
         "business": env.business,
@@ -117,8 +123,19 @@ def notification(env: task_pb2.Task, finished_at: datetime) -> bytes:
             }
             for n in env.nodes
         ],
+        "result": payload_value(result) if result is not None else None,
     }
     return canonical_json(body)
+
+
+async def _result(ctx: Context, env: task_pb2.Task) -> common_pb2.Payload | None:
+    """The result a callback of ``env`` carries (None unless it SUCCEEDED); raises
+    OutputsUnavailable when it has one the executor did not give."""
+    if ctx.outputs is None:
+        if succeeded(env) and has_outputs(env):
+            raise OutputsUnavailable("the reconciler has no executor address")
+        return json_payload(EMPTY_RESULT) if succeeded(env) else None
+    return await ctx.outputs.result(env)
 
 
 def signing_secrets(
@@ -165,12 +182,18 @@ async def _deliver_traced(
     ctx: Context, row: Any, now: datetime, signing: dict[str, list[str] | str]
 ) -> DeliveryResult:
     env = task_pb2.Task.FromString(row.envelope)
-    body = notification(env, row.finished_at)
     attempt = row.notify_attempts + 1
     try:  # again: the allow-list may have changed since the Submit
         where = check_callback(row.callback_url, env.business, ctx.egress)
     except EgressRefused as refused:
         return DeliveryResult(False, None, truncate_error(f"not sent: callback_url {refused}"))
+    try:  # never a SUCCEEDED task's body without its result: this attempt fails, a later one
+        result = await _result(ctx, env)
+    except OutputsUnavailable as error:
+        return DeliveryResult(
+            False, None, truncate_error(f"not sent: the task's result was not read: {error}")
+        )
+    body = notification(env, row.finished_at, result)
     if isinstance(where, str):
         subject = where
         if ctx.bus is None:

@@ -1025,6 +1025,8 @@ class CellAction(_message.Message):
     HAS_PROBE_FIELD_NUMBER: _builtins.int
     MAX_EFFECT_SECONDS_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The action's name within its cell, e.g. "set_label"."""
     kind: Global___ActionKind.ValueType
@@ -1045,9 +1047,20 @@ class CellAction(_message.Message):
     """
     queue: _builtins.str
     """The queue a worker action's runs are offered on (empty for the other kinds)."""
+    max_output_bytes: _builtins.int
+    """The largest output it may record, in bytes of canonical JSON; a larger answer fails
+    its node.
+    """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Names of actions of the same cell that must succeed before this one runs."""
+
+    @_builtins.property
+    def output(self) -> _containers.RepeatedCompositeFieldContainer[_task_pb2.OutputField]:
+        """The output fields it declares (name, JSON type, required): its output is checked
+        against them when it is recorded, and a reference to another field of it is refused at
+        Submit. Empty: any output.
+        """
 
     def __init__(
         self,
@@ -1060,10 +1073,12 @@ class CellAction(_message.Message):
         has_probe: _builtins.bool = ...,
         max_effect_seconds: _builtins.int = ...,
         queue: _builtins.str = ...,
+        output: _abc.Iterable[_task_pb2.OutputField] | None = ...,
+        max_output_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depends_on", b"depends_on", "downstream", b"downstream", "has_probe", b"has_probe", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "name", b"name", "queue", b"queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depends_on", b"depends_on", "downstream", b"downstream", "has_probe", b"has_probe", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "max_output_bytes", b"max_output_bytes", "name", b"name", "output", b"output", "queue", b"queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1079,6 +1094,7 @@ class Cell(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     FIELDS_FIELD_NUMBER: _builtins.int
     ACTIONS_FIELD_NUMBER: _builtins.int
+    RESULT_ACTIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The name a submission uses (CellRequest.cell), e.g. "update_quality_level"."""
     description: _builtins.str
@@ -1091,6 +1107,12 @@ class Cell(_message.Message):
     def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellAction]:
         """Its downstream calls, which become the nodes of a task."""
 
+    @_builtins.property
+    def result_actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The actions whose outputs are the cell's part of its task's result (Task.result): the
+        one its catalogue entry names as `result`, else its sinks.
+        """
+
     def __init__(
         self,
         *,
@@ -1098,10 +1120,11 @@ class Cell(_message.Message):
         description: _builtins.str = ...,
         fields: _abc.Iterable[Global___CellField] | None = ...,
         actions: _abc.Iterable[Global___CellAction] | None = ...,
+        result_actions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "description", b"description", "fields", b"fields", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "description", b"description", "fields", b"fields", "name", b"name", "result_actions", b"result_actions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
