@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -33,12 +34,37 @@ from typing import Any
 import grpc
 from dispo.libs.api.executor.v1 import worker_pb2, worker_pb2_grpc
 from dispo.libs.auth import open_channel
-from dispo.libs.logging import get_logger
 from dispo.libs.payload import canonical_json, json_payload, payload_value
 from dispo.libs.timestamps import from_timestamp
 from dispo.libs.tls import ClientTLS
 
-log = get_logger("dispo.sdk.worker")
+
+class _Log:
+    """The worker's lines on the standard library's logger ``dispo.sdk.worker`` (an SDK
+    leaves logging to its application): ``event key=value ...``."""
+
+    def __init__(self) -> None:
+        self.logger = logging.getLogger("dispo.sdk.worker")
+
+    def _emit(self, level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
+        if self.logger.isEnabledFor(level):
+            detail = " ".join(f"{key}={value}" for key, value in fields.items())
+            self.logger.log(level, "%s %s", event, detail, exc_info=exc_info)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._emit(logging.INFO, event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._emit(logging.WARNING, event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._emit(logging.ERROR, event, **fields)
+
+    def exception(self, event: str, **fields: Any) -> None:
+        self._emit(logging.ERROR, event, exc_info=True, **fields)
+
+
+log = _Log()
 
 Handler = Callable[["RunContext", Any], Awaitable[Any]]
 

@@ -430,8 +430,9 @@ def commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ..
         yield from commands(sub, (*path, name))
 
 
-# The commands that call no stack's RPC, so have no reply to print as JSON.
-NO_REPLY = {("up",), ("down",), ("bench",)}
+# The commands that call no stack's RPC, or run as a process until stopped (a worker), so
+# have no reply to print as JSON.
+NO_REPLY = {("up",), ("down",), ("bench",), ("worker", "run")}
 
 
 def test_every_command_has_help_with_only_its_own_options_and_json_for_a_reply(capsys):

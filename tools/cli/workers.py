@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import sys
 from typing import Annotated
 
@@ -62,6 +63,7 @@ def run(
     ] = None,
 ) -> None:
     """Serve the queues of the worker's actions until SIGTERM or Ctrl-C."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     worker = load_worker(spec)
     where = target(ctx)
     worker.address = executor or where.address("executor")
