@@ -331,7 +331,10 @@ def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> S
     :func:`outbox_mark_cte` when ``marking``): the rows as arrays, one statement text
     whatever their number (prepared once per connection). ``WITH ORDINALITY`` keeps their
     order. On a withdrawable outbox every row takes ``:withdrawable``."""
-    statement = _INSERT_MANY.get((table.fullname, traced, marking))
+    # By the table's shape: outboxes of one name differ between services (one process may
+    # hold several, as a test does).
+    key = (table.fullname, tuple(table.c.keys()), traced, marking)
+    statement = _INSERT_MANY.get(key)
     if statement is None:
         trace, traces, name = (
             (", trace", ", CAST(:traces AS text[])", ", trace") if traced else ("", "", "")
@@ -350,11 +353,11 @@ def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> S
             f" WITH ORDINALITY AS r(subject, msg_id, payload, created_at{name}, n) ORDER BY n"
             " RETURNING id"
         )
-        _INSERT_MANY[(table.fullname, traced, marking)] = statement
+        _INSERT_MANY[key] = statement
     return statement
 
 
-_INSERT_MANY: dict[tuple[str, bool, bool], Statement] = {}
+_INSERT_MANY: dict[tuple[str, tuple[str, ...], bool, bool], Statement] = {}
 
 
 def _mark_sent_sql(table: Table) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import asyncpg
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.auth.verifier import TokenVerifier
@@ -122,6 +123,22 @@ async def test_one_undeclared_subject_refuses_the_whole_call(engine, db, manual_
         # of the call in it.
         await outbox_add_many(conn, outbox, [OutboxRow(tasks.TASK_CLOSE, "ok-2", b"x", now)])
     assert await names(engine) == ["ok-2"]
+
+
+async def test_outboxes_of_one_name_are_each_written_with_the_columns_they_have(
+    engine, db, manual_clock
+):
+    """Every service's outbox is named ``outbox``, in shapes of its own (traced,
+    withdrawable); one process may hold several (as a test run does): each is written with
+    its own columns, whichever was written first."""
+    row = [OutboxRow(tasks.TASK_CLOSE, "plain", b"x", manual_clock.now())]
+    gateway_shaped = outbox_table(MetaData(), withdrawable=True)
+    async with db.transaction() as conn:
+        with pytest.raises(asyncpg.UndefinedColumnError, match="withdrawable"):
+            async with conn.savepoint():  # this schema's outbox has no such column
+                await outbox_add_many(conn, gateway_shaped, row, Staged(direct=False))
+        await outbox_add_many(conn, outbox, row)
+    assert await names(engine) == ["plain"]
 
 
 @pytest.mark.parametrize("subject", ["task.created", "task.status", "test.event", "pool.wake.c1"])
