@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 from dispo.libs.db import create_engine, database_unreachable
+from dispo.libs.db.bridge import port_conn
 from dispo.libs.db.driver import Database, Statement, asyncpg_dsn
 from sqlalchemy import text
 
@@ -134,3 +135,20 @@ async def test_watchers_hear_of_every_statement_with_its_arguments(db):
     async with db.transaction() as conn:
         await INSERT.fetch(conn, {"name": "a", "size": 2})
     assert heard == [(INSERT.sql, ["a", 2])]
+
+
+async def test_a_sqlalchemy_connection_lends_its_transaction_to_the_port(db, database_url):
+    """``port_conn``: a statement on the port, on a SQLAlchemy connection that has sent
+    nothing yet, is in that connection's transaction: taken back with it, committed with it."""
+    engine = create_engine(database_url, SCHEMA)
+    try:
+        with pytest.raises(RuntimeError, match="taken back"):
+            async with engine.begin() as conn:
+                await INSERT.fetch(await port_conn(conn), {"name": "lost", "size": 1})
+                raise RuntimeError("taken back")
+        async with engine.begin() as conn:
+            await INSERT.fetch(await port_conn(conn), {"name": "kept", "size": 1})
+            await conn.execute(text("INSERT INTO items (name) VALUES ('after')"))
+    finally:
+        await engine.dispose()
+    assert await names(db) == ["kept", "after"]
