@@ -25,8 +25,9 @@ out:
   :class:`~dispo.libs.db.down.ConnectionLost`, which
   :func:`dispo.libs.db.database_unreachable` knows.
 
-SQLAlchemy stays for what is not a store's statement: migrations (Alembic), the token
-checks, the outbox relay and the reads of the operator surfaces.
+SQLAlchemy stays for what is not a store's statement: migrations (Alembic) and the reads of
+the operator surfaces (the outbox relay, the quarantine and the token checks run here,
+ADR-0097).
 """
 
 from __future__ import annotations

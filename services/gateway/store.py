@@ -8,6 +8,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import require_declared, tasks
+from dispo.libs.db.bridge import port_conn
 from dispo.libs.db.driver import Conn, Statement
 from dispo.libs.outbox import (
     OutboxRow,
@@ -289,7 +290,7 @@ async def outbox_withdraw_create(conn: AsyncConnection, msg_id: str) -> bool:
     """Take back a task.create that was never published and never will be; False if it
     may have been (a publisher took it, :func:`~dispo.libs.outbox.outbox_withdraw`) or is
     gone."""
-    return await outbox_withdraw(conn, outbox, tasks.TASK_CREATE, msg_id)
+    return await outbox_withdraw(await port_conn(conn), outbox, tasks.TASK_CREATE, msg_id)
 
 
 async def task_set_view(
@@ -384,4 +385,4 @@ async def task_counts(conn: AsyncConnection, matching: TaskFilter) -> dict[str, 
 async def emit(
     conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime
 ) -> None:
-    await outbox_add(conn, outbox, subject, msg_id, payload, now)
+    await outbox_add(await port_conn(conn), outbox, subject, msg_id, payload, now)

@@ -14,12 +14,14 @@ from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import evaluations as contract
+from dispo.libs.db.bridge import port_conn
+from dispo.libs.db.driver import Database
 from dispo.libs.evaluation import LINE_TO_PB, VERDICT_TO_PB
 from dispo.libs.outbox import DEFAULT_MAX_ATTEMPTS, OutboxRelay, outbox_add
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import store
 from dispo.pool.domain import Evaluation, EvaluationStatus, RunResult
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> None:
@@ -33,7 +35,7 @@ async def add_started(conn: AsyncConnection, ev: Evaluation, now: datetime) -> N
         started_at=to_timestamp(now),
     )
     await outbox_add(
-        conn,
+        await port_conn(conn),
         store.outbox,
         contract.EVALUATION_STARTED,
         contract.started_id(ev.id),
@@ -61,7 +63,7 @@ async def add_run_recorded(
         recorded_at=to_timestamp(now),
     )
     await outbox_add(
-        conn,
+        await port_conn(conn),
         store.outbox,
         contract.EVALUATION_RUN_RECORDED,
         contract.run_recorded_id(run_id),
@@ -92,7 +94,7 @@ async def add_completed(
         run_count=run_count,
     )
     await outbox_add(
-        conn,
+        await port_conn(conn),
         store.outbox,
         contract.EVALUATION_COMPLETED,
         contract.completed_id(evaluation_id),
@@ -115,7 +117,7 @@ def relay_options(bus: Bus) -> dict[str, Any]:
 
 
 def outbox_relay(
-    engine: AsyncEngine,
+    db: Database,
     bus: Bus,
     clock: Clock,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
@@ -127,7 +129,7 @@ def outbox_relay(
     behind it then go on). Kick it after a commit (Pool's ``on_commit``); it polls as a
     fallback."""
     return OutboxRelay(
-        engine,
+        db,
         store.outbox,
         bus,
         clock=clock,

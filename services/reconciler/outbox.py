@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from dispo.libs.db.bridge import port_conn
 from dispo.libs.outbox import outbox_add, outbox_table
 from sqlalchemy import MetaData
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -23,4 +24,4 @@ async def emit(
 ) -> None:
     """An event in the outbox, in the caller's transaction, with the trace context of the
     work it stems from (``trace``, published as its headers)."""
-    await outbox_add(conn, outbox, subject, msg_id, payload, now, trace)
+    await outbox_add(await port_conn(conn), outbox, subject, msg_id, payload, now, trace)

@@ -13,6 +13,7 @@ from dispo.libs.auth.rules import ADMIN, RULES
 from dispo.libs.auth.tokens import new_secret, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.db import create_engine
+from dispo.libs.db.driver import Database
 from dispo.libs.grpcserver import create_server
 from dispo.libs.ratelimit import TokenBuckets
 from google.rpc import error_details_pb2
@@ -41,8 +42,9 @@ async def served(database_url, manual_clock):
     """A server whose verifier remembers refusals for REFUSED_SECONDS and lets one address
     fail BURST reads at once, one more a second; and a way to add a token to the store."""
     engine = create_engine(database_url, "auth")
+    db = await Database.open(database_url, "auth", size=2)
     verifier = TokenVerifier(
-        engine,
+        db,
         manual_clock,
         5,
         refused_seconds=REFUSED_SECONDS,
@@ -61,6 +63,7 @@ async def served(database_url, manual_clock):
         yield verifier, server.port, add_token
     finally:
         await server.stop(0)
+        await db.close()
         await engine.dispose()
 
 
