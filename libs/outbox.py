@@ -14,6 +14,12 @@ and after ``DISPO_OUTBOX_MAX_ATTEMPTS`` the row is quarantined: kept in the tabl
 with its last error, skipped by the relay, logged, and listed by :func:`outbox_quarantined`
 (:func:`outbox_replay` puts a row back, :func:`outbox_discard` deletes it).
 
+Every statement runs on the driver port (:mod:`dispo.libs.db.driver`, ADR-0097): a
+:class:`~dispo.libs.db.driver.Conn` in the caller's transaction, the relay on the service's
+:class:`~dispo.libs.db.driver.Database`. The ``Table`` of :func:`outbox_table` is the
+outbox's shape, for the services' migrations and tests; the statements read from it the
+table's name and which optional columns it has.
+
 A traced outbox (``outbox_table(metadata, traced=True)``) keeps with each row the trace
 context of the work that wrote it (``trace``: :func:`dispo.libs.tracing.current`) and
 publishes it as the message's ``traceparent`` headers; a row without one is published with
@@ -28,7 +34,7 @@ the row. A row the direct publisher sends, or that a pass took, is never withdra
     outbox = outbox_table(metadata)                   # in the service's tables module
     await outbox_add(conn, outbox, subject, msg_id, payload, now)   # inside the transaction
     await outbox_add_many(conn, outbox, [OutboxRow(subject, msg_id, payload, now), ...])
-    relay = rt.outbox_relay(outbox)                   # OutboxRelay on the service's engine, bus, clock
+    relay = rt.outbox_relay(outbox)                   # OutboxRelay on the service's Database, bus, clock
     rt.add_part("outbox relay", relay.run, relay.stop)   # publishes and deletes what it sent
     relay.kick()                                      # after commit: publish now, not at the next poll
     staged = Staged()                                 # ... or, with the rows in hand:
@@ -51,7 +57,7 @@ from dispo.libs.backoff import backoff
 from dispo.libs.bus import Bus, MessageTooLarge
 from dispo.libs.clock import Clock, SystemClock
 from dispo.libs.contracts import require_declared
-from dispo.libs.db.driver import Conn, Statement
+from dispo.libs.db.driver import Conn, Database, Statement
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause, Periodic
@@ -67,13 +73,8 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
-    delete,
-    func,
-    select,
     text,
-    update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = get_logger(__name__)
 
@@ -195,7 +196,7 @@ def withdraw_downgrade() -> None:
 
 
 async def outbox_add(
-    conn: AsyncConnection,
+    conn: Conn,
     table: Table,
     subject: str,
     msg_id: str,
@@ -203,20 +204,12 @@ async def outbox_add(
     now: datetime,
     trace: str | None = None,
 ) -> None:
-    """Write one event row in the caller's transaction. The subject must be carried by a
-    stream declared in :mod:`dispo.libs.contracts` (else :class:`UndeclaredSubject`, and
-    nothing is written): an event no stream stores would be published into the void.
-    ``trace`` (:func:`dispo.libs.tracing.current`) is kept on a traced outbox."""
-    require_declared(subject)
-    values: dict[str, Any] = {
-        "subject": subject,
-        "msg_id": msg_id,
-        "payload": payload,
-        "created_at": now,
-    }
-    if trace is not None and "trace" in table.c:
-        values["trace"] = trace
-    await conn.execute(table.insert().values(**values))
+    """Write one event row in the caller's transaction (:func:`outbox_add_many` with a list
+    of one). The subject must be carried by a stream declared in
+    :mod:`dispo.libs.contracts` (else :class:`UndeclaredSubject`, and nothing is written):
+    an event no stream stores would be published into the void. ``trace``
+    (:func:`dispo.libs.tracing.current`) is kept on a traced outbox."""
+    await outbox_add_many(conn, table, [OutboxRow(subject, msg_id, payload, now, trace)])
 
 
 class OutboxRow(NamedTuple):
@@ -331,7 +324,10 @@ def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> S
     :func:`outbox_mark_cte` when ``marking``): the rows as arrays, one statement text
     whatever their number (prepared once per connection). ``WITH ORDINALITY`` keeps their
     order. On a withdrawable outbox every row takes ``:withdrawable``."""
-    statement = _INSERT_MANY.get((table.fullname, traced, marking))
+    # By the table's shape: outboxes of one name differ between services (one process may
+    # hold several, as a test does).
+    key = (table.fullname, tuple(table.c.keys()), traced, marking)
+    statement = _INSERT_MANY.get(key)
     if statement is None:
         trace, traces, name = (
             (", trace", ", CAST(:traces AS text[])", ", trace") if traced else ("", "", "")
@@ -350,11 +346,11 @@ def _insert_many(table: Table, traced: bool = False, marking: bool = False) -> S
             f" WITH ORDINALITY AS r(subject, msg_id, payload, created_at{name}, n) ORDER BY n"
             " RETURNING id"
         )
-        _INSERT_MANY[(table.fullname, traced, marking)] = statement
+        _INSERT_MANY[key] = statement
     return statement
 
 
-_INSERT_MANY: dict[tuple[str, bool, bool], Statement] = {}
+_INSERT_MANY: dict[tuple[str, tuple[str, ...], bool, bool], Statement] = {}
 
 
 def _mark_sent_sql(table: Table) -> str:
@@ -376,32 +372,25 @@ def outbox_mark_cte(table: Table) -> str:
     return f"marked AS ({_mark_sent_sql(table)})"
 
 
-async def outbox_withdraw(conn: AsyncConnection, table: Table, subject: str, msg_id: str) -> bool:
+async def outbox_withdraw(conn: Conn, table: Table, subject: str, msg_id: str) -> bool:
     """Delete the unsent row of ``subject`` with ``msg_id`` if it is still withdrawable (a
     withdrawable outbox, :func:`outbox_table`); True if it was: its event was never
     published and never will be. False if there is none, or a publisher may have taken it
     (the direct publisher's rows never are withdrawable; a pass clears the flag, and
     commits, before it publishes a row, so a withdrawal waiting for the pass's row lock
     finds it cleared) — then the event is, or may be, on its way (ADR-0090)."""
-    t = table
-    result = await conn.execute(
-        delete(t).where(
-            t.c.msg_id == msg_id,
-            t.c.subject == subject,
-            t.c.sent_at.is_(None),
-            t.c.withdrawable,
-        )
+    rows = await _sql(table).withdraw_if_withdrawable.fetch(
+        conn, {"subject": subject, "msg_id": msg_id}
     )
-    return result.rowcount == 1
+    return bool(rows)
 
 
-async def outbox_prune(conn: AsyncConnection, table: Table, limit: int) -> int:
+async def outbox_prune(conn: Conn, table: Table, limit: int) -> int:
     """Delete up to ``limit`` rows marked sent (``sent_at``: kept by a version before
     ADR-0062, which marked sent rows instead of deleting them, during a rolling upgrade
     and after it); returns how many were deleted. The stream keeps the events."""
-    t = table
-    marked = select(t.c.id).where(t.c.sent_at.is_not(None)).order_by(t.c.id).limit(limit)
-    return (await conn.execute(delete(t).where(t.c.id.in_(marked.scalar_subquery())))).rowcount
+    [deleted] = await _sql(table).prune_if_sent.scalars(conn, {"limit": limit})
+    return int(deleted)
 
 
 class OutboxBacklog(NamedTuple):
@@ -413,23 +402,10 @@ class OutboxBacklog(NamedTuple):
     quarantined: int
 
 
-async def outbox_backlog(conn: AsyncConnection, table: Table) -> OutboxBacklog:
+async def outbox_backlog(conn: Conn, table: Table) -> OutboxBacklog:
     """:class:`OutboxBacklog` of ``table``, from its two partial indexes (the oldest row by
     id: rows are numbered as they are written)."""
-    t = table
-    unsent = t.c.sent_at.is_(None) & t.c.quarantined_at.is_(None)
-    row = (
-        await conn.execute(
-            select(
-                select(func.count()).select_from(t).where(unsent).scalar_subquery(),
-                select(t.c.created_at).where(unsent).order_by(t.c.id).limit(1).scalar_subquery(),
-                select(func.count())
-                .select_from(t)
-                .where(t.c.quarantined_at.is_not(None))
-                .scalar_subquery(),
-            )
-        )
-    ).one()
+    [row] = await _sql(table).backlog.fetch(conn)
     return OutboxBacklog(int(row[0]), row[1], int(row[2]))
 
 
@@ -447,48 +423,108 @@ class QuarantinedRow(NamedTuple):
 
 
 async def outbox_quarantined(
-    conn: AsyncConnection, table: Table, *, after_id: int = 0, limit: int = 100
+    conn: Conn, table: Table, *, after_id: int = 0, limit: int = 100
 ) -> list[QuarantinedRow]:
     """The quarantined rows of ``table`` with an id above ``after_id``, oldest first, at
     most ``limit`` (page on with the last id returned)."""
-    t = table
-    rows = await conn.execute(
-        select(
-            t.c.id,
-            t.c.subject,
-            t.c.msg_id,
-            func.octet_length(t.c.payload),
-            t.c.attempts,
-            func.coalesce(t.c.last_error, ""),
-            t.c.created_at,
-            t.c.quarantined_at,
-        )
-        .where(t.c.quarantined_at.is_not(None), t.c.id > after_id)
-        .order_by(t.c.id)
-        .limit(limit)
-    )
+    rows = await _sql(table).quarantined.fetch(conn, {"after_id": after_id, "limit": limit})
     return [QuarantinedRow(*r) for r in rows]
 
 
-async def outbox_replay(conn: AsyncConnection, table: Table, ids: Sequence[int]) -> int:
+async def outbox_replay(conn: Conn, table: Table, ids: Sequence[int]) -> int:
     """Give quarantined rows back to the relay with a fresh count of attempts (after the
     cause was removed); returns how many were quarantined and now are not."""
-    t = table
-    return (
-        await conn.execute(
-            update(t)
-            .where(t.c.id.in_(list(ids)), t.c.quarantined_at.is_not(None), t.c.sent_at.is_(None))
-            .values(quarantined_at=None, attempts=0, next_attempt_at=None)
-        )
-    ).rowcount
+    return len(await _sql(table).replay_if_quarantined.fetch(conn, {"ids": list(ids)}))
 
 
-async def outbox_discard(conn: AsyncConnection, table: Table, ids: Sequence[int]) -> int:
+async def outbox_discard(conn: Conn, table: Table, ids: Sequence[int]) -> int:
     """Delete quarantined rows (their events are given up); returns how many."""
-    t = table
-    return (
-        await conn.execute(delete(t).where(t.c.id.in_(list(ids)), t.c.quarantined_at.is_not(None)))
-    ).rowcount
+    return len(await _sql(table).discard_if_quarantined.fetch(conn, {"ids": list(ids)}))
+
+
+class _Sql:
+    """The statements of one outbox (its name, and its optional columns), made once per
+    outbox (:func:`_sql`); each names its guard: a row published, withdrawn, replayed or
+    discarded only in the state that allows it."""
+
+    def __init__(self, table: Table) -> None:
+        t = table.fullname
+        optional = [c for c in ("trace", "withdrawable") if c in table.c]
+        columns = ", ".join(
+            ["id", "subject", "msg_id", "payload", "attempts", "next_attempt_at", *optional]
+        )
+        self.mark_sent = Statement(_mark_sent_sql(table))
+        # A pass's rows (see :meth:`unsent`).
+        self._unsent = {
+            (ordered, held): Statement(
+                f"SELECT {columns} FROM {t} WHERE {_UNSENT}"
+                + ("" if ordered else " AND (next_attempt_at IS NULL OR next_attempt_at <= :now)")
+                + (" AND id <> ALL(CAST(:held AS bigint[]))" if held else "")
+                + " ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED"
+            )
+            for ordered in (False, True)
+            for held in (False, True)
+        }
+        self.delete_sent = Statement(f"DELETE FROM {t} WHERE id = ANY(CAST(:ids AS bigint[]))")
+        self.claim_withdrawable = Statement(
+            f"UPDATE {t} SET withdrawable = false WHERE id = ANY(CAST(:ids AS bigint[]))"
+        )
+        self.fail_if_unsent = Statement(
+            f"UPDATE {t} o SET attempts = f.attempts, last_error = f.error,"
+            " next_attempt_at = f.next_attempt_at, quarantined_at = f.quarantined_at"
+            " FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS integer[]),"
+            " CAST(:errors AS text[]), CAST(:next AS timestamptz[]),"
+            " CAST(:quarantined AS timestamptz[]))"
+            " AS f(id, attempts, error, next_attempt_at, quarantined_at)"
+            " WHERE o.id = f.id AND o.sent_at IS NULL"
+        )
+        self.withdraw_if_withdrawable = Statement(
+            f"DELETE FROM {t} WHERE msg_id = :msg_id AND subject = :subject"
+            " AND sent_at IS NULL AND withdrawable RETURNING id"
+        )
+        self.prune_if_sent = Statement(
+            f"WITH pruned AS (DELETE FROM {t} WHERE id IN (SELECT id FROM {t}"
+            " WHERE sent_at IS NOT NULL ORDER BY id LIMIT :limit) RETURNING 1)"
+            " SELECT count(*) FROM pruned"
+        )
+        self.backlog = Statement(
+            f"SELECT (SELECT count(*) FROM {t} WHERE {_UNSENT}),"
+            f" (SELECT created_at FROM {t} WHERE {_UNSENT} ORDER BY id LIMIT 1),"
+            f" (SELECT count(*) FROM {t} WHERE quarantined_at IS NOT NULL)"
+        )
+        self.quarantined = Statement(
+            "SELECT id, subject, msg_id, octet_length(payload), attempts,"
+            f" coalesce(last_error, ''), created_at, quarantined_at FROM {t}"
+            " WHERE quarantined_at IS NOT NULL AND id > :after_id ORDER BY id LIMIT :limit"
+        )
+        self.replay_if_quarantined = Statement(
+            f"UPDATE {t} SET quarantined_at = NULL, attempts = 0, next_attempt_at = NULL"
+            " WHERE id = ANY(CAST(:ids AS bigint[])) AND quarantined_at IS NOT NULL"
+            " AND sent_at IS NULL RETURNING id"
+        )
+        self.discard_if_quarantined = Statement(
+            f"DELETE FROM {t} WHERE id = ANY(CAST(:ids AS bigint[]))"
+            " AND quarantined_at IS NOT NULL RETURNING id"
+        )
+
+    def unsent(self, *, ordered: bool, held: bool) -> Statement:
+        """Up to ``:limit`` unsent rows, oldest first, locked, skipping the rows another
+        pass holds; due at ``:now`` unless ``ordered`` (an ordered relay must see a row that
+        is not due: it waits for it); not one of ``:held`` (the direct publisher's) when
+        ``held``."""
+        return self._unsent[(ordered, held)]
+
+
+_SQL: dict[tuple[str, tuple[str, ...]], _Sql] = {}
+
+
+def _sql(table: Table) -> _Sql:
+    """The statements of ``table``, made once per outbox shape."""
+    key = (table.fullname, tuple(table.c.keys()))
+    sql = _SQL.get(key)
+    if sql is None:
+        sql = _SQL.setdefault(key, _Sql(table))
+    return sql
 
 
 class _Committed(NamedTuple):
@@ -622,7 +658,7 @@ class OutboxRelay:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         table: Table,
         bus: Bus,
         *,
@@ -638,7 +674,7 @@ class OutboxRelay:
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
-        self.engine = engine
+        self.db = db
         self.table = table
         self.bus = bus
         self.batch = batch
@@ -665,7 +701,7 @@ class OutboxRelay:
         self._unmarked: dict[int, float] = {}
         self._marking: dict[int, float] = {}
         self.mark_delay = mark_delay
-        self._mark_sent = text(_mark_sent_sql(table))
+        self._sql = _sql(table)
         self._pruning = Periodic(
             f"{table.name} prune", self._prune_pass, prune_interval, self.clock
         )
@@ -775,9 +811,8 @@ class OutboxRelay:
         """Mark sent with a statement of their own the rows no transaction marked in time.
         PostgreSQL down: they are left to a pass, which sends them again (a no-op)."""
         try:
-            async with self.engine.connect() as conn:
-                await conn.execution_options(isolation_level="AUTOCOMMIT")
-                await conn.execute(self._mark_sent, {"marking": sorted(ids)})
+            async with self.db.connection() as conn:
+                await self._sql.mark_sent.fetch(conn, {"marking": sorted(ids)})
         except Exception as error:
             log.warning("outbox rows not marked sent", table=self.table.name, error=repr(error))
             self._marked(ids)  # let go of them: a pass sends them again
@@ -788,7 +823,6 @@ class OutboxRelay:
     async def relay_once(self) -> int:
         """Publish up to one batch of unsent rows; returns how many were published. Rows
         still withdrawable are claimed first, in a transaction of their own (ADR-0090)."""
-        t = self.table
         if not self.bus.nc.is_connected:
             # A publish now would sit in the client's reconnect buffer and go out later,
             # outside our transaction; wait for the connection instead.
@@ -797,31 +831,15 @@ class OutboxRelay:
             await self._prepare()
             self._prepare = None
         now = self.clock.now()
-        optional = [c for c in (t.c.get("trace"), t.c.get("withdrawable")) if c is not None]
-        query = (
-            select(
-                t.c.id,
-                t.c.subject,
-                t.c.msg_id,
-                t.c.payload,
-                t.c.attempts,
-                t.c.next_attempt_at,
-                *optional,
-            )
-            .where(text(_UNSENT))
-            .order_by(t.c.id)
-            .limit(self.batch)
-            .with_for_update(skip_locked=True)
-        )
-        if not self.ordered:  # an ordered relay must see a row that is not due: it waits
-            query = query.where((t.c.next_attempt_at.is_(None)) | (t.c.next_attempt_at <= now))
+        unsent = self._sql.unsent(ordered=self.ordered, held=bool(self._held))
+        params: dict[str, Any] = {"limit": self.batch}
+        if not self.ordered:
+            params["now"] = now
         if self._held:  # the direct publisher's rows
-            query = query.where(
-                text("id <> ALL(CAST(:held AS bigint[]))").bindparams(held=list(self._held))
-            )
+            params["held"] = list(self._held)
         while True:
-            async with self.engine.begin() as conn:
-                rows = (await conn.execute(query)).all()
+            async with self.db.transaction() as conn:
+                rows = await unsent.fetch(conn, params)
                 if not rows:
                     return 0
                 if await self._claim(conn, rows):
@@ -831,7 +849,7 @@ class OutboxRelay:
                 else:
                     sent, failed = await self._publish_isolating(rows)
                 if sent:
-                    await conn.execute(delete(t).where(t.c.id.in_([r.id for r in sent])))
+                    await self._sql.delete_sent.fetch(conn, {"ids": [r.id for r in sent]})
                 counted = [f for f in failed if sent or _answered(f.error)]
                 if counted and self.bus.nc.is_connected:
                     await self._record_failures(conn, counted, now)
@@ -841,7 +859,7 @@ class OutboxRelay:
             raise failed[0].error
         return len(sent)
 
-    async def _claim(self, conn: AsyncConnection, rows: Sequence[Any]) -> bool:
+    async def _claim(self, conn: Conn, rows: Sequence[Any]) -> bool:
         """Clear ``withdrawable`` on the rows of a pass about to publish them; True if
         there were any: the caller commits before it publishes anything, so that once a
         row may be on the bus no withdrawal can take it, whatever becomes of the
@@ -856,8 +874,7 @@ class OutboxRelay:
             and self.bus.message_size(r.payload, msg_id=r.msg_id, headers=_headers(r)) <= limit
         ]
         if claim:
-            t = self.table
-            await conn.execute(update(t).where(t.c.id.in_(claim)).values(withdrawable=False))
+            await self._sql.claim_withdrawable.fetch(conn, {"ids": claim})
         return bool(claim)
 
     async def _publish_in_order(
@@ -898,26 +915,32 @@ class OutboxRelay:
         return split.sent, split.failed
 
     async def _record_failures(
-        self, conn: AsyncConnection, failures: Sequence[_Failure], now: datetime
+        self, conn: Conn, failures: Sequence[_Failure], now: datetime
     ) -> None:
         """Count an attempt on each failed row, with its error and when to try it again;
-        quarantine the rows whose attempts are spent."""
-        t = self.table
+        quarantine the rows whose attempts are spent (one statement for them all)."""
+        params: dict[str, list[Any]] = {
+            "ids": [],
+            "attempts": [],
+            "errors": [],
+            "next": [],
+            "quarantined": [],
+        }
         for failure in failures:
             row, attempts = failure.row, failure.row.attempts + 1
             error = truncate_error(f"{type(failure.error).__name__}: {failure.error}")
             spent = attempts >= self.max_attempts
             delay = backoff(RETRY_BASE_SECONDS, RETRY_CAP_SECONDS, 0.0, attempts)
-            await conn.execute(
-                update(t)
-                .where(t.c.id == row.id, t.c.sent_at.is_(None))
-                .values(
-                    attempts=attempts,
-                    last_error=error,
-                    next_attempt_at=now + timedelta(seconds=delay),
-                    quarantined_at=now if spent else None,
-                )
-            )
+            params["ids"].append(row.id)
+            params["attempts"].append(attempts)
+            params["errors"].append(error)
+            params["next"].append(now + timedelta(seconds=delay))
+            params["quarantined"].append(now if spent else None)
+        await self._sql.fail_if_unsent.fetch(conn, params)
+        for failure, attempts, error, quarantined in zip(
+            failures, params["attempts"], params["errors"], params["quarantined"], strict=True
+        ):
+            row = failure.row
             fields = {
                 "table": self.table.name,
                 "id": row.id,
@@ -927,7 +950,7 @@ class OutboxRelay:
                 "attempts": attempts,
                 "error": error,
             }
-            if spent:
+            if quarantined is not None:
                 log.error("outbox row quarantined", **fields)
             else:
                 log.warning("outbox row not published", **fields)
@@ -935,7 +958,7 @@ class OutboxRelay:
     async def prune_once(self) -> int:
         """Delete up to ``prune_batch`` rows marked sent (:func:`outbox_prune`); returns how
         many."""
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             return await outbox_prune(conn, self.table, self.prune_batch)
 
     async def run(self) -> None:

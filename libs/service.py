@@ -11,7 +11,8 @@
     def main() -> None:
         run_service("gateway", setup, migrations=Path(__file__).parent / "migrations")
 
-Start-up: logging → PostgreSQL (waits until reachable) → migrations → NATS → ``setup`` →
+Start-up: logging → PostgreSQL (waits until reachable) → migrations → NATS → the service's
+:class:`~dispo.libs.db.driver.Database` (``rt.db``, one per process) → ``setup`` →
 gRPC server → parts → health SERVING. Shutdown (SIGTERM / SIGINT): health NOT_SERVING →
 server drains in-flight calls → parts stopped in the order they were added → resources
 closed in the order they were registered → NATS → DB.
@@ -51,6 +52,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 log = get_logger(__name__)
 T = TypeVar("T")
+# Connections of a service's Database at most (:attr:`Runtime.db`).
+DATABASE_POOL = 20
 Close = Callable[[], Awaitable[None] | None]
 
 
@@ -73,6 +76,9 @@ class Runtime:
     server: ServerSettings
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    # The driver port on the service's schema (:mod:`dispo.libs.db.driver`): what its store,
+    # its outbox relay, its quarantine and its token checks run their statements on.
+    db: Database
     bus: Bus
     clock: Clock
     # Checks the tokens of the calls this service serves (its cache is the one TokenService
@@ -82,8 +88,6 @@ class Runtime:
     service_names: list[str] = field(default_factory=list)
     parts: list[Part] = field(default_factory=list)
     closers: list[tuple[str, Close]] = field(default_factory=list)
-    # The driver ports opened with database(): closed after every resource, as the engine.
-    databases: list[Database] = field(default_factory=list)
     _quarantine: quarantine.Quarantine | None = None
     # The service's metrics: its families, and the probes read when Prometheus scrapes.
     metrics: Metrics = field(init=False)
@@ -95,16 +99,11 @@ class Runtime:
         self.registrations.append(register)
         self.service_names.append(service_name)
 
-    async def database(self, *, size: int = 20) -> Database:
-        """The driver port on the service's schema (:mod:`dispo.libs.db.driver`), for the
-        statements of its store; closed when the service stops, after every part and every
-        resource (a resource may still write as it closes: a job registry hands its running
-        work back), before the engine."""
-        url = self.server.database_url or self.settings.database_url
-        schema = self.name
-        db = await until_reachable("database", lambda: Database.open(url, schema, size=size))
-        self.databases.append(db)
-        return db
+    async def database(self) -> Database:
+        """The driver port on the service's schema (:attr:`db`), for the statements of its
+        store: opened before ``setup``, closed when the service stops, after every part and
+        every resource."""
+        return self.db
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A channel to another service, its calls carrying this service's token
@@ -158,7 +157,7 @@ class Runtime:
         adds ``dispo.quarantine.v1.QuarantineService`` to the service's gRPC server."""
         if self._quarantine is None:
             self._quarantine = quarantine.Quarantine(
-                self.engine,
+                self.db,
                 self.bus,
                 self.clock,
                 quarantine.RetryBound(
@@ -201,7 +200,7 @@ class Runtime:
         ``DISPO_OUTBOX_MAX_ATTEMPTS`` failed publications. ``options`` are the relay's
         (``ordered``, ``prepare``, ``batch``...). Add it as a part where its stop order fits."""
         relay = OutboxRelay(
-            self.engine,
+            self.db,
             table,
             self.bus,
             clock=self.clock,
@@ -216,7 +215,7 @@ class Runtime:
         return [metrics.QUARANTINED.sample(await self._quarantine.store.size())]
 
     async def _outbox_samples(self, table: Table) -> list[Sample]:
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             backlog = await outbox_backlog(conn, table)
         age = metrics.age_seconds(self.clock.now(), backlog.oldest_unsent)
         return [
@@ -298,6 +297,8 @@ async def serve(
         ),
         final=lambda error: isinstance(error, BusCredentialsRefused),
     )
+    url = server.database_url or settings.database_url
+    db = await Database.open(url, name, size=DATABASE_POOL)  # connects at its first statement
     crashed: list[str] = []
     clock = clock_from_spec(settings.clock)
     rt = Runtime(
@@ -306,10 +307,11 @@ async def serve(
         server,
         engine,
         session_factory(engine),
+        db,
         bus,
         clock,
         TokenVerifier(
-            engine,
+            db,
             clock,
             settings.auth_cache_seconds,
             refused_seconds=settings.auth_refused_cache_seconds,
@@ -349,12 +351,8 @@ async def serve(
     finally:
         rt.metrics.stop()
         await close_all(rt.closers)
-        for db in rt.databases:
-            try:
-                await db.close()
-            except Exception:
-                log.exception("database pool failed to close")
         await bus.close()
+        await db.close()
         await engine.dispose()
     log.info("stopped", crashed=crashed)
     return crashed

@@ -368,16 +368,13 @@ async def authorizer(database_url: str):
     on this test's database (``support.auth.authorizer``); ``rules`` for test methods."""
     from support.auth import authorizer as make
 
-    engines = []
+    db = await Database.open(database_url, "auth", size=5)  # connects at its first statement
 
     def build(rules=None):
-        engine = create_engine(database_url, "auth")
-        engines.append(engine)
-        return make(engine, rules)
+        return make(db, rules)
 
     yield build
-    for engine in engines:
-        await engine.dispose()
+    await db.close()
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@
 
 The table belongs to the auth context (``dispo.auth``: its migrations, its writes and the
 token service's reads, :mod:`dispo.auth.store`); this one read is every service's, so it
-lives with the check that makes it. Names are schema-qualified: every service's engine has
-its own schema first on its search path.
+lives with the check that makes it, on the driver port (:mod:`dispo.libs.db.driver`). Names
+are schema-qualified: every service's Database has its own schema first on its search path.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dispo.libs.auth.tokens import Kind, TokenRecord
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from dispo.libs.db.driver import Conn, Statement
 
 TOKEN_COLUMNS = "id, kind, business, service, label, created_at, expires_at, revoked_at"
 
@@ -32,11 +31,10 @@ def token_record(row: Any) -> TokenRecord:
     )
 
 
-async def token_by_hash(conn: AsyncConnection, digest: str) -> TokenRecord | None:
-    row = (
-        await conn.execute(
-            text(f"SELECT {TOKEN_COLUMNS} FROM auth.tokens WHERE secret_sha256 = :digest"),
-            {"digest": digest},
-        )
-    ).first()
-    return token_record(row) if row is not None else None
+TOKEN_BY_HASH = Statement(f"SELECT {TOKEN_COLUMNS} FROM auth.tokens WHERE secret_sha256 = :digest")
+
+
+async def token_by_hash(conn: Conn, digest: str) -> TokenRecord | None:
+    """The token whose secret hashes to ``digest``; None if the store holds none."""
+    rows = await TOKEN_BY_HASH.fetch(conn, {"digest": digest})
+    return token_record(rows[0]) if rows else None

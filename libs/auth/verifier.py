@@ -28,9 +28,9 @@ from dispo.libs.auth.lookup import token_by_hash
 from dispo.libs.auth.tokens import Principal, secret_hash
 from dispo.libs.clock import Clock
 from dispo.libs.db import error_chain
+from dispo.libs.db.driver import Database
 from dispo.libs.errors import ResourceExhausted, Unauthenticated, Unavailable
 from dispo.libs.ratelimit import TokenBuckets
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 # Tokens kept at most; past it the cache starts afresh (a bound, not an eviction policy).
 MAX_CACHED = 10_000
@@ -46,7 +46,7 @@ def _no_token_store(error: BaseException) -> bool:
 class TokenVerifier:
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         clock: Clock,
         cache_seconds: float,
         *,
@@ -54,7 +54,7 @@ class TokenVerifier:
         failures: TokenBuckets | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.clock = clock
         self.cache_seconds = cache_seconds
         self.refused_seconds = refused_seconds
@@ -137,7 +137,7 @@ class TokenVerifier:
     async def _read(self, digest: str) -> Principal:
         self.store_reads += 1
         try:
-            async with self.engine.connect() as conn:
+            async with self.db.connection() as conn:
                 record = await token_by_hash(conn, digest)
         except Exception as error:
             if _no_token_store(error):

@@ -25,25 +25,22 @@ out:
   :class:`~dispo.libs.db.down.ConnectionLost`, which
   :func:`dispo.libs.db.database_unreachable` knows.
 
-SQLAlchemy stays for what is not a store's statement: migrations (Alembic), the token
-checks, the outbox relay and the reads of the operator surfaces. A transaction that still
-holds a statement of a shared module not yet on the port runs a store's statements on its
-SQLAlchemy connection with :func:`fetch_on`.
+SQLAlchemy stays for what is not a store's statement: migrations (Alembic) and the reads of
+the operator surfaces (the outbox relay, the quarantine and the token checks run here,
+ADR-0097).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
 from dispo.libs.db.down import ConnectionLost, database_unreachable, interrupted
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 # A ``:name`` parameter; not the second colon of a ``::type`` cast, nor a name inside one.
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
@@ -272,21 +269,3 @@ def _statement(sql: str) -> Statement:
     if statement is None:
         statement = _STATEMENTS.setdefault(sql, Statement(sql))
     return statement
-
-
-async def fetch(conn: Conn, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-    """``conn.fetch(sql, params)``."""
-    return await conn.fetch(sql, params)
-
-
-async def fetch_on(
-    conn: Conn | AsyncConnection, statement: Statement, params: Mapping[str, Any] | None = None
-) -> Sequence[Any]:
-    """``statement``'s rows on ``conn``: a :class:`Conn`, or the SQLAlchemy connection of a
-    transaction that still holds a statement of a shared module not yet on the port (the
-    outbox's withdrawal, a sweep of another context); its rows read by attribute and
-    position, as a :class:`Row`. Goes once no such transaction is left."""
-    if isinstance(conn, Conn):
-        return await conn.fetch(statement, params)
-    result = await conn.execute(text(statement.text), dict(params or {}))
-    return result.all() if result.returns_rows else []

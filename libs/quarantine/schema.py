@@ -5,8 +5,8 @@
     def upgrade() -> None:
         create_quarantine()
 
-The shape is the first one of :func:`dispo.libs.quarantine.store.quarantine_table`; a later
-change to the table gets migrations of its own.
+This is the table's shape (the statements of :mod:`dispo.libs.quarantine.store` read and
+write it); a later change to the table gets migrations of its own.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The quarantine table of one service and the operations on it.
 
 Each consuming service keeps the table in its own schema (created by a migration of its
-own chain through :func:`dispo.libs.quarantine.schema.create_quarantine`); the engine's
-``search_path`` picks the service's copy. A row is one stream message of one consumer,
-unique by ``(consumer, stream, stream_sequence)``.
+own chain through :func:`dispo.libs.quarantine.schema.create_quarantine`); the
+``search_path`` of the service's :class:`~dispo.libs.db.driver.Database` picks the
+service's copy. A row is one stream message of one consumer, unique by
+``(consumer, stream, stream_sequence)``. The statements below run on that Database.
 """
 
 from __future__ import annotations
@@ -14,51 +15,14 @@ from datetime import datetime
 
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
+from dispo.libs.db.driver import Conn, Database, Row, Statement
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import NotFound
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    DateTime,
-    Integer,
-    LargeBinary,
-    MetaData,
-    Table,
-    Text,
-    UniqueConstraint,
-    delete,
-    func,
-    select,
-)
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 TABLE = "quarantine"
 # Headers a replayed copy carries, so that it keeps its history if it comes back.
 FIRST_SEEN_HEADER = "Dispo-Quarantine-First-Seen"
 REPLAYS_HEADER = "Dispo-Quarantine-Replays"
-
-
-def quarantine_table(metadata: MetaData, name: str = TABLE) -> Table:
-    return Table(
-        name,
-        metadata,
-        Column("id", BigInteger, primary_key=True, autoincrement=True),
-        Column("consumer", Text, nullable=False),
-        Column("stream", Text, nullable=False),
-        Column("subject", Text, nullable=False),
-        Column("stream_sequence", BigInteger, nullable=False),
-        Column("payload", LargeBinary, nullable=False),
-        Column("error", Text, nullable=False),
-        Column("deliveries", Integer, nullable=False),
-        Column("replays", Integer, nullable=False),
-        Column("first_seen", DateTime(timezone=True), nullable=False),
-        Column("last_seen", DateTime(timezone=True), nullable=False),
-        UniqueConstraint("consumer", "stream", "stream_sequence", name=f"uq_{name}_message"),
-    )
-
-
-quarantine = quarantine_table(MetaData())
 
 
 @dataclass(frozen=True)
@@ -95,87 +59,97 @@ class Held(Poisoned):
         }
 
 
-def _held(row: object) -> Held:
-    m = row._mapping  # type: ignore[attr-defined]
-    return Held(**{c.name: m[c.name] for c in quarantine.columns})
+_COLUMNS = (
+    "id, consumer, stream, subject, stream_sequence, payload, error, deliveries, replays,"
+    " first_seen, last_seen"
+)
+
+# A message kept; the same stream message again (its acknowledgement was lost) updates the
+# row's error, deliveries and last sight.
+HOLD = Statement(
+    f"INSERT INTO {TABLE} (consumer, stream, subject, stream_sequence, payload, error,"
+    " deliveries, replays, first_seen, last_seen) VALUES (:consumer, :stream, :subject,"
+    " :stream_sequence, :payload, :error, :deliveries, :replays, :first_seen, :last_seen)"
+    f" ON CONFLICT ON CONSTRAINT uq_{TABLE}_message DO UPDATE SET error = excluded.error,"
+    " deliveries = excluded.deliveries, last_seen = excluded.last_seen"
+)
+# A page of rows after an id, of one consumer or (``:consumer`` empty) of all.
+_OF_CONSUMER = "(CAST(:consumer AS text) = '' OR consumer = :consumer)"
+PAGE = Statement(
+    f"SELECT {_COLUMNS} FROM {TABLE} WHERE {_OF_CONSUMER} AND id > :after_id"
+    " ORDER BY id LIMIT :limit"
+)
+COUNT = Statement(f"SELECT count(*) FROM {TABLE} WHERE {_OF_CONSUMER}")
+SIZE = Statement(f"SELECT count(*) FROM {TABLE}")
+GET = Statement(f"SELECT {_COLUMNS} FROM {TABLE} WHERE id = :id")
+GET_FOR_UPDATE = Statement(f"SELECT {_COLUMNS} FROM {TABLE} WHERE id = :id FOR UPDATE")
+DELETE = Statement(f"DELETE FROM {TABLE} WHERE id = :id RETURNING {_COLUMNS}")
+
+
+def _held(row: Row) -> Held:
+    return Held(**{name: row[name] for name in row.keys()})
 
 
 class QuarantineStore:
     """The service's quarantine: written by the consumers' guard, read and acted on by the
     QuarantineService servicer. Time is ``clock``'s."""
 
-    def __init__(self, engine: AsyncEngine, clock: Clock, table: Table = quarantine) -> None:
-        self.engine = engine
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self.db = db
         self.clock = clock
-        self.table = table
 
     async def hold(self, poisoned: Poisoned) -> None:
         """Keep ``poisoned``; the same stream message again (its acknowledgement was lost)
         updates the row."""
-        t = self.table
         now = self.clock.now()
-        values = {
-            "consumer": poisoned.consumer,
-            "stream": poisoned.stream,
-            "subject": poisoned.subject,
-            "stream_sequence": poisoned.stream_sequence,
-            "payload": poisoned.payload,
-            "error": truncate_error(poisoned.error),
-            "deliveries": poisoned.deliveries,
-            "replays": poisoned.replays,
-            "first_seen": min(poisoned.first_seen, now),
-            "last_seen": now,
-        }
-        statement = insert(t).values(values)
-        statement = statement.on_conflict_do_update(
-            constraint=f"uq_{t.name}_message",
-            set_={
-                "error": statement.excluded.error,
-                "deliveries": statement.excluded.deliveries,
-                "last_seen": statement.excluded.last_seen,
-            },
-        )
-        async with self.engine.begin() as conn:
-            await conn.execute(statement)
+        async with self.db.connection() as conn:
+            await HOLD.fetch(
+                conn,
+                {
+                    "consumer": poisoned.consumer,
+                    "stream": poisoned.stream,
+                    "subject": poisoned.subject,
+                    "stream_sequence": poisoned.stream_sequence,
+                    "payload": poisoned.payload,
+                    "error": truncate_error(poisoned.error),
+                    "deliveries": poisoned.deliveries,
+                    "replays": poisoned.replays,
+                    "first_seen": min(poisoned.first_seen, now),
+                    "last_seen": now,
+                },
+            )
 
     async def page(
         self, *, consumer: str, after_id: int | None, limit: int
     ) -> tuple[list[Held], int]:
         """Up to ``limit`` rows after ``after_id``, oldest first, and how many match in all,
         both from one snapshot (a message quarantined meanwhile is in neither or both)."""
-        t = self.table
-        where = [t.c.consumer == consumer] if consumer else []
-        query = select(t).where(*where)
-        if after_id is not None:
-            query = query.where(t.c.id > after_id)
-        async with self.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="REPEATABLE READ")
-            rows = (await conn.execute(query.order_by(t.c.id).limit(limit))).all()
-            total = (
-                await conn.execute(select(func.count()).select_from(t).where(*where))
-            ).scalar_one()
+        async with self.db.transaction() as conn:
+            await conn.fetch("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            rows = await PAGE.fetch(
+                conn,
+                {"consumer": consumer, "after_id": after_id or 0, "limit": limit},
+            )
+            [total] = await COUNT.scalars(conn, {"consumer": consumer})
         return [_held(r) for r in rows], int(total)
 
     async def size(self) -> int:
         """How many messages the quarantine holds."""
-        async with self.engine.connect() as conn:
-            total = (await conn.execute(select(func.count()).select_from(self.table))).scalar_one()
+        async with self.db.connection() as conn:
+            [total] = await SIZE.scalars(conn)
         return int(total)
 
     async def get(self, message_id: int) -> Held:
-        async with self.engine.connect() as conn:
+        async with self.db.connection() as conn:
             return await self._get(conn, message_id, lock=False)
 
     async def discard(self, message_id: int) -> Held:
         """Remove the row for good; ``NotFound`` when there is none (any more)."""
-        t = self.table
-        async with self.engine.begin() as conn:
-            row = (
-                await conn.execute(delete(t).where(t.c.id == message_id).returning(*t.columns))
-            ).first()
-        if row is None:
+        async with self.db.connection() as conn:
+            rows = await DELETE.fetch(conn, {"id": message_id})
+        if not rows:
             raise _not_found(message_id)
-        return _held(row)
+        return _held(rows[0])
 
     async def replay(self, message_id: int, bus: Bus) -> tuple[Held, int]:
         """Publish the payload again on its subject, then remove the row; the row is
@@ -183,8 +157,7 @@ class QuarantineStore:
         fails the row stays; if the removal fails after it, a retried replay publishes
         under the same message id and the stream drops the copy. Returns the row and the
         replayed copy's stream sequence."""
-        t = self.table
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             held = await self._get(conn, message_id, lock=True)
             ack = await bus.publish(
                 held.subject,
@@ -192,16 +165,14 @@ class QuarantineStore:
                 msg_id=held.replay_msg_id(),
                 headers=held.replay_headers(),
             )
-            await conn.execute(delete(t).where(t.c.id == message_id))
+            await DELETE.fetch(conn, {"id": message_id})
         return held, int(ack.seq)
 
-    async def _get(self, conn: AsyncConnection, message_id: int, *, lock: bool) -> Held:
-        t = self.table
-        query = select(t).where(t.c.id == message_id)
-        row = (await conn.execute(query.with_for_update() if lock else query)).first()
-        if row is None:
+    async def _get(self, conn: Conn, message_id: int, *, lock: bool) -> Held:
+        rows = await (GET_FOR_UPDATE if lock else GET).fetch(conn, {"id": message_id})
+        if not rows:
             raise _not_found(message_id)
-        return _held(row)
+        return _held(rows[0])
 
     async def all(self) -> Sequence[Held]:
         """Every row, oldest first (tests and small tools)."""

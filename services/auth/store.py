@@ -1,9 +1,7 @@
 """SQL of the token store: ``auth.tokens``, written by the gateway only and read by every
 service (each looks up the bearer of a call by its hash: :mod:`dispo.libs.auth.lookup`), and
 ``auth.signing_secrets`` (the gateway writes them, the reconciler signs with them). Every
-statement runs on the driver port (:mod:`dispo.libs.db.driver`); the reconciler's read of
-the signing secrets may still come in a SQLAlchemy transaction
-(:func:`signing_secrets_valid` takes either). Names are schema-qualified: every service's
+statement runs on the driver port (:mod:`dispo.libs.db.driver`). Names are schema-qualified: every service's
 connections have its own schema first on their search path."""
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from typing import Any
 from dispo.auth.signing import SigningSecretRecord
 from dispo.libs.auth.lookup import TOKEN_COLUMNS, token_record
 from dispo.libs.auth.tokens import TokenRecord
-from dispo.libs.db.driver import Conn, Statement, fetch_on
-from sqlalchemy.ext.asyncio import AsyncConnection
+from dispo.libs.db.driver import Conn, Statement
 
 SCHEMA = "auth"
 
@@ -166,7 +163,7 @@ _SECRETS_VALID = {
 
 
 async def signing_secrets_valid(
-    conn: Conn | AsyncConnection,
+    conn: Conn,
     businesses: list[str] | None,
     now: datetime,
     *,
@@ -178,7 +175,7 @@ async def signing_secrets_valid(
     params: dict[str, Any] = {"now": now}
     if businesses is not None:
         params["businesses"] = businesses
-    rows = await fetch_on(conn, _SECRETS_VALID[(businesses is not None, lock)], params)
+    rows = await conn.fetch(_SECRETS_VALID[(businesses is not None, lock)], params)
     return [_secret_record(r) for r in rows]
 
 

@@ -45,7 +45,6 @@ async def setup(rt: Runtime) -> None:
     limits = settings.limits()
     relay = rt.outbox_relay(store.outbox)
     gateway = Gateway(
-        rt.engine,
         db,
         relay,
         catalogue,

@@ -31,7 +31,6 @@ from dispo.libs.outbox import OutboxRelay
 from dispo.libs.payload import canonical_json
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tracing import current
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 
@@ -83,7 +82,6 @@ class Accepted:
 class Gateway:
     def __init__(
         self,
-        engine: AsyncEngine,
         db: Database,
         relay: OutboxRelay,
         catalogue: Catalogue,
@@ -98,7 +96,6 @@ class Gateway:
         status_linger: float = 0.0,
         egress: AllowList = DEFAULT_EGRESS,
     ) -> None:
-        self.engine = engine  # a cancel's transaction (the outbox's withdrawal is on it)
         self.db = db  # the driver port: every other statement
         self.relay = relay
         self.catalogue = catalogue
@@ -308,7 +305,7 @@ class Gateway:
 
     async def cancel(self, task_id: str) -> task_pb2.Task:
         now = self.clock.now()
-        async with self.engine.begin() as conn:
+        async with self.db.transaction() as conn:
             record = await store.task_get(conn, task_id)
             if record is None:
                 raise NotFound(f"no task {task_id!r}")

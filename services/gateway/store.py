@@ -13,7 +13,7 @@ from typing import Any
 
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import require_declared, tasks
-from dispo.libs.db.driver import Conn, Statement, fetch_on
+from dispo.libs.db.driver import Conn, Statement
 from dispo.libs.outbox import (
     OutboxRow,
     Staged,
@@ -24,7 +24,6 @@ from dispo.libs.outbox import (
     outbox_withdraw,
 )
 from sqlalchemy import MetaData
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 metadata = MetaData()
 outbox = outbox_table(metadata, traced=True, withdrawable=True)
@@ -221,8 +220,8 @@ async def tasks_by_keys(
 _GET = Statement("SELECT * FROM tasks WHERE task_id = :id")
 
 
-async def task_get(conn: Conn | AsyncConnection, task_id: str) -> TaskRecord | None:
-    rows = await fetch_on(conn, _GET, {"id": task_id})
+async def task_get(conn: Conn, task_id: str) -> TaskRecord | None:
+    rows = await conn.fetch(_GET, {"id": task_id})
     return _record(rows[0]) if rows else None
 
 
@@ -286,14 +285,12 @@ _REQUEST_CANCEL = Statement(
 )
 
 
-async def task_request_cancel_if_unrequested(
-    conn: Conn | AsyncConnection, task_id: str, now: datetime
-) -> bool:
+async def task_request_cancel_if_unrequested(conn: Conn, task_id: str, now: datetime) -> bool:
     """Set the cancel flag; False if it was set already (or there is no such task)."""
-    return bool(await fetch_on(conn, _REQUEST_CANCEL, {"id": task_id, "now": now}))
+    return bool(await conn.fetch(_REQUEST_CANCEL, {"id": task_id, "now": now}))
 
 
-async def outbox_withdraw_create(conn: AsyncConnection, msg_id: str) -> bool:
+async def outbox_withdraw_create(conn: Conn, msg_id: str) -> bool:
     """Take back a task.create that was never published and never will be; False if it
     may have been (a publisher took it, :func:`~dispo.libs.outbox.outbox_withdraw`) or is
     gone."""
@@ -308,10 +305,9 @@ _SET_VIEW = Statement(
 
 
 async def task_set_view(
-    conn: Conn | AsyncConnection, task_id: str, view: task_pb2.Task, status: str, now: datetime
+    conn: Conn, task_id: str, view: task_pb2.Task, status: str, now: datetime
 ) -> None:
-    await fetch_on(
-        conn,
+    await conn.fetch(
         _SET_VIEW,
         {"id": task_id, "view": view.SerializeToString(), "status": status, "now": now},
     )
@@ -392,7 +388,5 @@ async def task_counts(conn: Conn, matching: TaskFilter) -> dict[str, int]:
     return {status: count for status, count in rows}
 
 
-async def emit(
-    conn: AsyncConnection, subject: str, msg_id: str, payload: bytes, now: datetime
-) -> None:
+async def emit(conn: Conn, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:
     await outbox_add(conn, outbox, subject, msg_id, payload, now)

@@ -14,13 +14,12 @@ from dispo.libs.api.pool.v1 import events_pb2, pool_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import evaluations as contract
-from dispo.libs.db.driver import Conn
+from dispo.libs.db.driver import Conn, Database
 from dispo.libs.evaluation import LINE_TO_PB, VERDICT_TO_PB
 from dispo.libs.outbox import DEFAULT_MAX_ATTEMPTS, OutboxRelay, OutboxRow, outbox_add_many
 from dispo.libs.timestamps import to_timestamp
 from dispo.pool import store
 from dispo.pool.domain import Evaluation, EvaluationStatus, RunResult
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 async def _add(conn: Conn, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:
@@ -117,7 +116,7 @@ def relay_options(bus: Bus) -> dict[str, Any]:
 
 
 def outbox_relay(
-    engine: AsyncEngine,
+    db: Database,
     bus: Bus,
     clock: Clock,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
@@ -129,7 +128,7 @@ def outbox_relay(
     behind it then go on). Kick it after a commit (Pool's ``on_commit``); it polls as a
     fallback."""
     return OutboxRelay(
-        engine,
+        db,
         store.outbox,
         bus,
         clock=clock,

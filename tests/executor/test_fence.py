@@ -41,14 +41,11 @@ def one_call(task_id: str, path: str = "/once/x") -> task_pb2.Task:
 
 @pytest.fixture
 async def executor(service_engine, service_db, bus, manual_clock, downstream):
-    engine = await service_engine("executor")
     db = await service_db("executor")
     http, health = http_session(), httpx.AsyncClient()
     registry = {"demo": Downstream("demo", downstream.url)}
     config = ExecutorConfig(lease_ttl=5.0)  # send margin: 1 s
-    yield Executor(
-        db, OutboxRelay(engine, outbox, bus), registry, manual_clock, config, http, health
-    )
+    yield Executor(db, OutboxRelay(db, outbox, bus), registry, manual_clock, config, http, health)
     await http.close()
     await health.aclose()
 

@@ -80,7 +80,7 @@ async def test_a_progress_event_is_written_only_while_its_pass_holds_the_lease(
     db = await service_db("executor")
     http, health = http_session(), httpx.AsyncClient()
     executor = Executor(
-        db, OutboxRelay(engine, outbox, bus), {}, manual_clock, ExecutorConfig(), http, health
+        db, OutboxRelay(db, outbox, bus), {}, manual_clock, ExecutorConfig(), http, health
     )
     try:
         envs = [running(task_id) for task_id in ("mine", "taken", "ended")]

@@ -12,16 +12,15 @@ from dispo.libs.outbox import OutboxRelay
 
 
 @pytest.fixture
-async def make_gateway(service_engine, service_db, bus, catalogue_file):
-    engine = await service_engine("gateway")
+async def make_gateway(service_db, bus, catalogue_file):
     db = await service_db("gateway")
     catalogue = load_catalogue(catalogue_file)
 
     def make(watch_poll_interval: float = 0.5, relay_options=None, **options) -> Gateway:
         # Kicked, not run (unless the test runs it): rows stay unsent.
-        relay = OutboxRelay(engine, store.outbox, bus, **(relay_options or {}))
+        relay = OutboxRelay(db, store.outbox, bus, **(relay_options or {}))
         return Gateway(
-            engine, db, relay, catalogue, Limits(), SystemClock(), watch_poll_interval, **options
+            db, relay, catalogue, Limits(), SystemClock(), watch_poll_interval, **options
         )
 
     return make

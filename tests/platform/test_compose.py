@@ -11,7 +11,7 @@ from dispo.auth.signing import KEY_ENV, SIGNING_KEY_HOLDERS
 from dispo.libs import settings_doc
 from dispo.libs.auth.lookup import token_by_hash
 from dispo.libs.auth.tokens import Kind, secret_hash
-from dispo.libs.db import create_engine
+from dispo.libs.db.driver import Database
 from dispo.libs.db.roles import role_name
 from dispo.libs.settings import CommonSettings, ServerSettings
 from dispo.tools.stack import compose_env
@@ -161,12 +161,12 @@ async def test_init_stores_the_tokens_once_as_the_gateways_role(role_url):
     gateway = role_url("gateway")
     assert await compose_env.store_tokens(gateway, values) == 1 + len(SERVICES)
     assert await compose_env.store_tokens(gateway, values) == 0  # idempotent
-    engine = create_engine(gateway, "auth")
+    db = await Database.open(gateway, "auth", size=1)
     try:
-        async with engine.connect() as conn:
+        async with db.connection() as conn:
             admin = await token_by_hash(conn, secret_hash(values[compose_env.ADMIN_TOKEN]))
             pool = await token_by_hash(conn, secret_hash(values[compose_env.service_token("pool")]))
     finally:
-        await engine.dispose()
+        await db.close()
     assert admin is not None and admin.kind is Kind.ADMIN
     assert pool is not None and (pool.kind, pool.service) == (Kind.SERVICE, "pool")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import asyncpg
 import pytest
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.auth.verifier import TokenVerifier
@@ -52,16 +53,17 @@ async def db(engine, database_url):
     await db.close()
 
 
-async def add(engine, clock: ManualClock, name: str, *, marked: bool) -> None:
+async def add(db, clock: ManualClock, name: str, *, marked: bool) -> None:
     """A row created a while ago; ``marked``: sent and marked so (``sent_at``), as a version
     before ADR-0062 left it, else unsent."""
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         await outbox_add(
             conn, outbox, tasks.TASK_CLOSE, name, b"x", clock.now() - timedelta(days=3)
         )
         if marked:
-            await conn.execute(
-                outbox.update().where(outbox.c.msg_id == name).values(sent_at=clock.now())
+            await conn.fetch(
+                "UPDATE outbox SET sent_at = :now WHERE msg_id = :name",
+                {"now": clock.now(), "name": name},
             )
 
 
@@ -124,16 +126,32 @@ async def test_one_undeclared_subject_refuses_the_whole_call(engine, db, manual_
     assert await names(engine) == ["ok-2"]
 
 
+async def test_outboxes_of_one_name_are_each_written_with_the_columns_they_have(
+    engine, db, manual_clock
+):
+    """Every service's outbox is named ``outbox``, in shapes of its own (traced,
+    withdrawable); one process may hold several (as a test run does): each is written with
+    its own columns, whichever was written first."""
+    row = [OutboxRow(tasks.TASK_CLOSE, "plain", b"x", manual_clock.now())]
+    gateway_shaped = outbox_table(MetaData(), withdrawable=True)
+    async with db.transaction() as conn:
+        with pytest.raises(asyncpg.UndefinedColumnError, match="withdrawable"):
+            async with conn.savepoint():  # this schema's outbox has no such column
+                await outbox_add_many(conn, gateway_shaped, row, Staged(direct=False))
+        await outbox_add_many(conn, outbox, row)
+    assert await names(engine) == ["plain"]
+
+
 @pytest.mark.parametrize("subject", ["task.created", "task.status", "test.event", "pool.wake.c1"])
 async def test_an_undeclared_subject_is_refused_and_its_transaction_writes_nothing(
-    engine, manual_clock, subject
+    engine, db, manual_clock, subject
 ):
     now = manual_clock.now()
     with pytest.raises(UndeclaredSubject, match=subject):
-        async with engine.begin() as conn:
+        async with db.transaction() as conn:
             await outbox_add(conn, outbox, tasks.TASK_CLOSE, "ok-1", b"x", now)
             await outbox_add(conn, outbox, subject, "bad-1", b"x", now)
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         await outbox_add(
             conn, outbox, tasks.task_status("t1", common_pb2.TASK_STATUS_RUNNING), "ok-2", b"x", now
         )
@@ -141,24 +159,26 @@ async def test_an_undeclared_subject_is_refused_and_its_transaction_writes_nothi
     assert await names(engine) == ["ok-2"]
 
 
-async def test_rows_an_older_version_marked_sent_go_a_batch_at_a_time(engine, bus, manual_clock):
-    await add(engine, manual_clock, "unsent-old", marked=False)
+async def test_rows_an_older_version_marked_sent_go_a_batch_at_a_time(
+    engine, db, bus, manual_clock
+):
+    await add(db, manual_clock, "unsent-old", marked=False)
     for i in range(5):
-        await add(engine, manual_clock, f"marked-{i}", marked=True)
-    await add(engine, manual_clock, "unsent-new", marked=False)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, prune_batch=3)
+        await add(db, manual_clock, f"marked-{i}", marked=True)
+    await add(db, manual_clock, "unsent-new", marked=False)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, prune_batch=3)
 
     assert [await relay.prune_once() for _ in range(3)] == [3, 2, 0]
     assert await names(engine) == ["unsent-old", "unsent-new"]
 
 
 async def test_a_relay_pass_deletes_what_it_published_and_what_an_older_version_marked(
-    engine, bus, manual_clock
+    engine, db, bus, manual_clock
 ):
     await tasks.TASKS.ensure(bus)
-    await add(engine, manual_clock, "marked", marked=True)
-    await add(engine, manual_clock, "first", marked=False)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, prune_interval=60)
+    await add(db, manual_clock, "marked", marked=True)
+    await add(db, manual_clock, "first", marked=False)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, prune_interval=60)
     running = asyncio.create_task(relay.run())
     try:
         relay.kick()
@@ -177,12 +197,12 @@ async def test_a_relay_pass_deletes_what_it_published_and_what_an_older_version_
 
 
 async def test_every_service_relay_takes_the_clock_and_attempts_of_its_runtime(
-    monkeypatch, engine, bus, manual_clock
+    monkeypatch, engine, db, bus, manual_clock
 ):
     monkeypatch.setenv("DISPO_OUTBOX_MAX_ATTEMPTS", "3")
-    verifier = TokenVerifier(engine, manual_clock, 0)
+    verifier = TokenVerifier(db, manual_clock, 0)
     rt = Runtime(
-        "gateway", CommonSettings(), ServerSettings(), engine, None, bus, manual_clock, verifier
+        "gateway", CommonSettings(), ServerSettings(), engine, None, db, bus, manual_clock, verifier
     )
     relay = rt.outbox_relay(outbox, ordered=True)
     assert (relay.max_attempts, relay.clock, relay.ordered) == (3, manual_clock, True)
@@ -201,7 +221,7 @@ async def test_rows_handed_over_after_commit_go_out_without_a_pass(engine, db, b
     """The direct publisher sends what was committed and deletes it; no pass is due (an
     hour between polls, no kick), so nothing else could have."""
     await tasks.TASKS.ensure(bus)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, poll_interval=3600)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, poll_interval=3600)
     running = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
@@ -232,9 +252,7 @@ async def test_rows_sent_directly_are_marked_by_the_next_outbox_write(
     statements: list[str] = []
     event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     db.watch(lambda sql, args: statements.append(sql))
-    relay = OutboxRelay(
-        engine, outbox, bus, clock=manual_clock, poll_interval=3600, mark_delay=3600
-    )
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, poll_interval=3600, mark_delay=3600)
     running = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
@@ -276,7 +294,7 @@ async def test_rows_the_direct_publisher_cannot_send_are_left_to_a_pass(
 ):
     """No stream takes the subject yet: the direct publish fails, the rows stay unsent, and
     the pass it kicks publishes them once the stream exists."""
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, poll_interval=3600)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, poll_interval=3600)
     running = asyncio.create_task(relay.run())
     try:
         await eventually(lambda: relay._direct_running, timeout=10, wanted="the relay running")
@@ -307,7 +325,7 @@ async def test_a_pass_leaves_the_rows_the_direct_publisher_holds(engine, db, bus
     """Handed over to a relay whose direct publisher has not run yet, the rows are its own:
     a pass in between publishes nothing."""
     await tasks.TASKS.ensure(bus)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock)
     relay._direct_running = True  # as while run() runs, with its publisher not scheduled yet
     ids, staged = await commit_rows(db, manual_clock, ["a", "b"])
     relay.publish_committed(staged)
@@ -335,7 +353,7 @@ async def test_a_pass_claims_a_withdrawable_row_and_commits_before_it_publishes(
     async with db.transaction() as conn:
         await outbox_add_many(conn, t, [OutboxRow(subject, "direct", b"x", now)], Staged())
         await outbox_add_many(conn, t, waiting, Staged(direct=False))
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         assert not await outbox_withdraw(conn, t, subject, "direct")
         assert await outbox_withdraw(conn, t, subject, "withdrawn")
     committed: list[dict[str, bool]] = []
@@ -347,10 +365,10 @@ async def test_a_pass_claims_a_withdrawable_row_and_commits_before_it_publishes(
         await publish_many(*args, **kwargs)
 
     monkeypatch.setattr(bus, "publish_many", look_then_publish)
-    relay = OutboxRelay(engine, t, bus, clock=manual_clock)
+    relay = OutboxRelay(db, t, bus, clock=manual_clock)
 
     assert await relay.relay_once() == 2
 
     assert committed == [{"direct": False, "kept": False, "huge": True}]
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         assert await outbox_withdraw(conn, t, subject, "huge")

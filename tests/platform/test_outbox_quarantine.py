@@ -98,7 +98,7 @@ async def test_a_row_over_the_limit_is_quarantined_after_its_attempts_and_the_re
     engine, db, bus, manual_clock
 ):
     await tasks.TASKS.ensure(bus)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, max_attempts=3)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, max_attempts=3)
     await add(db, manual_clock, ("a", b"a"), ("big", b"x" * TOO_LARGE), ("b", b"b"))
 
     with structlog.testing.capture_logs() as logs:
@@ -125,7 +125,7 @@ async def test_a_row_over_the_limit_is_quarantined_after_its_attempts_and_the_re
         assert await relay.relay_once() == 1
         assert await published(bus) == ["a", "b", "c", "d"]
     assert (await state(engine))["big"][:3] == (False, 3, True)
-    async with engine.connect() as conn:
+    async with db.connection() as conn:
         [listed] = await outbox_quarantined(conn, outbox)
         assert await outbox_quarantined(conn, outbox, after_id=listed.id) == []
     assert (listed.subject, listed.msg_id, listed.attempts) == (tasks.TASK_CLOSE, "big", 3)
@@ -150,7 +150,7 @@ async def test_a_failing_batch_is_split_and_a_good_batch_is_published_at_once(
         StreamConfig(name="TASKS", subjects=list(tasks.TASKS.subjects), max_msg_size=1024)
     )
     counting = CountingBus(bus)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, max_attempts=2)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, max_attempts=2)
     good = [(f"m{i}", b"x" * 100) for i in range(16)]
     await add(db, manual_clock, *good[:5], ("refused", b"x" * 2048), *good[5:])
 
@@ -178,7 +178,7 @@ async def test_a_failing_batch_is_split_and_a_good_batch_is_published_at_once(
 async def test_nothing_is_counted_while_no_stream_answers(engine, db, bus, manual_clock):
     """No stream for the subject (as while JetStream restarts): the pass fails, no row is
     blamed. Once another row goes out in the same pass, the failing one is counted."""
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, max_attempts=2)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, max_attempts=2)
     await add(db, manual_clock, ("a", b"a"), ("b", b"b"))
     for _ in range(3):
         with pytest.raises(Exception, match="NoStreamResponse|no response"):
@@ -197,7 +197,7 @@ async def test_an_ordered_relay_waits_for_the_failing_row_then_goes_on_without_i
     engine, db, bus, manual_clock
 ):
     await tasks.TASKS.ensure(bus)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, ordered=True, max_attempts=2)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, ordered=True, max_attempts=2)
     await add(db, manual_clock, ("a", b"a"), ("big", b"x" * TOO_LARGE), ("c", b"c"))
 
     assert await relay.relay_once() == 1
@@ -218,7 +218,7 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, db, tmp_pa
         small = await Bus.connect([server.url], name="test-small", credentials=server.credentials())
         try:
             await tasks.TASKS.ensure(small)
-            relay = OutboxRelay(engine, outbox, small, clock=manual_clock, max_attempts=1)
+            relay = OutboxRelay(db, outbox, small, clock=manual_clock, max_attempts=1)
             assert await relay.relay_once() == 0
         finally:
             await small.close()
@@ -226,7 +226,7 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, db, tmp_pa
         "big": (False, 1, True),
         "other": (False, 1, True),
     }
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         [big, other] = await outbox_quarantined(conn, outbox)
         assert await outbox_replay(conn, outbox, [big.id]) == 1
         assert await outbox_discard(conn, outbox, [other.id]) == 1
@@ -235,7 +235,7 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, db, tmp_pa
         large = await Bus.connect([server.url], name="test-large", credentials=server.credentials())
         try:
             await tasks.TASKS.ensure(large)
-            relay = OutboxRelay(engine, outbox, large, clock=manual_clock)
+            relay = OutboxRelay(db, outbox, large, clock=manual_clock)
             assert await relay.relay_once() == 1
             assert await published(large) == ["big"]
         finally:
@@ -291,7 +291,7 @@ async def test_a_bus_that_does_not_answer_costs_a_pass_two_timeouts_and_counts_n
 
     silent = await bus.nc.subscribe(tasks.TASK_CLOSE, cb=ignore)
     counting = CountingBus(bus)
-    relay = OutboxRelay(engine, outbox, bus, clock=manual_clock, max_attempts=1)
+    relay = OutboxRelay(db, outbox, bus, clock=manual_clock, max_attempts=1)
     await add(db, manual_clock, *((f"m{i}", b"x") for i in range(20)))
     with pytest.raises(TimeoutError):
         await relay.relay_once()

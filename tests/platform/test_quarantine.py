@@ -29,10 +29,10 @@ BOUND = RetryBound(max_failures=3, base_seconds=0.05, max_seconds=0.2, jitter=0.
 
 
 @pytest.fixture
-async def quarantine(service_engine, bus, manual_clock):
+async def quarantine(service_db, bus, manual_clock):
     await bus.ensure_stream(STREAM, [f"{STREAM.lower()}.>"])
-    engine = await service_engine("executor")
-    return Quarantine(engine, bus, manual_clock, BOUND)
+    db = await service_db("executor")
+    return Quarantine(db, bus, manual_clock, BOUND)
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ async def test_a_failing_message_is_quarantined_after_its_bounded_deliveries(
 async def test_later_messages_pass_while_a_poison_message_is_still_failing(bus, quarantine):
     """The poison keeps failing (slowly) while every message behind it is processed."""
     slow = Quarantine(
-        quarantine.store.engine,
+        quarantine.store.db,
         bus,
         quarantine.store.clock,
         RetryBound(max_failures=3, base_seconds=30.0, max_seconds=30.0, jitter=0.0),

@@ -1,13 +1,15 @@
-"""The runtime's resource-close hook and periodic parts, on a service run in-process against
-the real PostgreSQL and NATS."""
+"""The runtime's resource-close hook, periodic parts and database, on a service run
+in-process against the real PostgreSQL and NATS."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from dispo.libs.outbox import outbox_table
 from dispo.libs.service import Runtime, serve
 from dispo.libs.settings import CommonSettings, ServerSettings
+from sqlalchemy import MetaData
 
 
 class Resource:
@@ -93,3 +95,23 @@ async def test_a_periodic_part_runs_on_the_service_clock_and_stops_with_the_serv
 
     assert await run_service(infra, database_url, setup, stop) == []
     assert passes == [1]  # the first pass at once; stopped while waiting for the next
+
+
+async def test_the_service_has_one_database_its_relay_quarantine_and_token_checks_share(
+    infra, database_url, nats_url
+):
+    """Opened before ``setup``: every ``rt.database()`` is that one, and the outbox relay,
+    the quarantine and the token checks run their statements on it."""
+    stop = asyncio.Event()
+    seen: list[object] = []
+
+    async def setup(rt: Runtime) -> None:
+        db = await rt.database()
+        relay = rt.outbox_relay(outbox_table(MetaData()))
+        seen.extend([db, await rt.database(), relay.db, rt.quarantine.store.db, rt.verifier.db])
+        async with db.connection() as conn:
+            assert await conn.scalars("SELECT 1") == [1]
+        stop.set()
+
+    assert await run_service(infra, database_url, setup, stop) == []
+    assert len(seen) == 5 and all(s is seen[0] for s in seen)

@@ -42,8 +42,9 @@ async def served(database_url, manual_clock):
     """A server whose verifier remembers refusals for REFUSED_SECONDS and lets one address
     fail BURST reads at once, one more a second; and a way to add a token to the store."""
     engine = create_engine(database_url, "auth")
+    db = await Database.open(database_url, "auth", size=2)
     verifier = TokenVerifier(
-        engine,
+        db,
         manual_clock,
         5,
         refused_seconds=REFUSED_SECONDS,

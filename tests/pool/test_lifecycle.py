@@ -29,9 +29,10 @@ async def _stream(bus, subject_filter: str = "evaluation.>") -> list[tuple[str, 
 
 
 async def test_evaluation_runs_slot_by_slot_completes_and_publishes_its_events(
-    pool, pool_engine, manual_clock, bus
+    pool, service_db, manual_clock, bus
 ):
-    relay = outbox_relay(pool_engine, bus, manual_clock)  # it ensures the stream itself
+    # The relay ensures the stream itself.
+    relay = outbox_relay(await service_db("pool"), bus, manual_clock)
     [cron] = await add_crons(pool, 1)
     await pool.create_evaluation(evaluation("e2e", window=120, slots=2, runs_per_slot=1))
 
@@ -144,11 +145,11 @@ async def test_bad_input_is_refused_and_changes_nothing(pool):
 
 
 async def test_a_published_outbox_row_is_deleted_once_its_event_is_in_the_stream(
-    pool, pool_engine, manual_clock, bus
+    pool, pool_engine, service_db, manual_clock, bus
 ):
     from sqlalchemy import text
 
-    relay = outbox_relay(pool_engine, bus, manual_clock)
+    relay = outbox_relay(await service_db("pool"), bus, manual_clock)
     await bus.ensure_stream("EVALUATIONS", ["evaluation.>"])
     await pool.cancel((await pool.create_evaluation(evaluation("short-lived"))).id)
     async with pool_engine.connect() as conn:

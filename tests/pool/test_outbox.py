@@ -34,9 +34,9 @@ async def test_the_migrated_outbox_has_the_shared_shape(pool_engine):
 
 
 async def test_a_failed_publish_stops_the_batch_so_the_stream_keeps_outbox_order(
-    pool, pool_engine, manual_clock, bus, monkeypatch
+    pool, service_db, manual_clock, bus, monkeypatch
 ):
-    relay = outbox_relay(pool_engine, bus, manual_clock)
+    relay = outbox_relay(await service_db("pool"), bus, manual_clock)
     for name in ("first", "second", "third"):
         await pool.cancel(
             (await pool.create_evaluation(evaluation(name))).id

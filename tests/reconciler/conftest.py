@@ -208,12 +208,12 @@ async def recon(
     async with http_client() as http:  # the process's client: answers read up to a bound
         ctx = Context(
             engine,
-            await service_db("reconciler"),
+            db := await service_db("reconciler"),
             manual_clock,
             parse_config(CONFIG, catalogue),
             settings,
             http,
-            OutboxRelay(engine, outbox_table, bus),
+            OutboxRelay(db, outbox_table, bus),
             bus,
             random.Random(7),
             # The callbacks' receiver, and a port where nothing listens.

@@ -38,7 +38,6 @@ from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.clock import SystemClock
 from dispo.libs.db.driver import Database
 from dispo.tools.stack.stack import POOL_WORKER, SERVICES
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 CALLERS = (*SERVICES, POOL_WORKER)
 # This session's tokens, set by the ``infra`` fixture (tests/conftest.py).
@@ -129,10 +128,10 @@ async def signing_secret(database_url: str, business: str) -> str:
     return key.derive(business, made.secret_id, made.salt)
 
 
-def authorizer(engine: AsyncEngine, rules: dict[str, Rule] | None = None) -> Authorizer:
+def authorizer(db: Database, rules: dict[str, Rule] | None = None) -> Authorizer:
     """What a service's server checks calls with, for a server a test runs in-process on
-    ``engine`` (no cache, so a revoke shows at once); ``rules`` adds rules for test methods."""
-    return Authorizer(TokenVerifier(engine, SystemClock(), 0), {**RULES, **(rules or {})})
+    ``db`` (no cache, so a revoke shows at once); ``rules`` adds rules for test methods."""
+    return Authorizer(TokenVerifier(db, SystemClock(), 0), {**RULES, **(rules or {})})
 
 
 def session_tokens() -> TestTokens:

@@ -267,9 +267,8 @@ async def notify_sweep(ctx: Context) -> int:
 async def _signing_records(
     ctx: Context, businesses: list[str], now: datetime
 ) -> list[SigningSecretRecord]:
-    """The valid signing secrets of ``businesses`` (the auth context's store, on the
-    service's SQLAlchemy engine)."""
-    async with ctx.engine.connect() as conn:
+    """The valid signing secrets of ``businesses`` (the auth context's store)."""
+    async with ctx.db.connection() as conn:
         return await auth_store.signing_secrets_valid(conn, businesses, now)
 
 
