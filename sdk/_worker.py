@@ -134,6 +134,8 @@ class Worker:
         self._stub: worker_pb2_grpc.WorkerServiceAsyncStub | None = None
         self._lease = 10.0
         self._free: asyncio.Event | None = None
+        # Set when a poll announces a lease other than the one the heartbeat paces by.
+        self._lease_news: asyncio.Event | None = None
 
     # ---- registration -------------------------------------------------------------------
     def action(self, queue: str) -> Callable[[Handler], Handler]:
@@ -156,6 +158,7 @@ class Worker:
             raise ValueError("no action registered: use @worker.action(queue)")
         self._stopping = asyncio.Event()
         self._free = asyncio.Event()
+        self._lease_news = asyncio.Event()
         loop = asyncio.get_running_loop()
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -234,8 +237,10 @@ class Worker:
                 log.warning("poll failed; again shortly", error=error.details(), code=error.code())
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
-            if reply.lease_ms:
+            if reply.lease_ms and reply.lease_ms / 1000 != self._lease:
                 self._lease = reply.lease_ms / 1000
+                if self._lease_news is not None:
+                    self._lease_news.set()  # the heartbeat paces by it from now on
             for run in reply.runs:
                 self._start(run)
 
@@ -315,9 +320,11 @@ class Worker:
     async def _heartbeat(self) -> None:
         """Every third of the lease: extend the leases of the runs held; a run not held
         any more has its handler cancelled and is never completed."""
-        assert self._stub is not None
+        assert self._stub is not None and self._lease_news is not None
         while True:
-            await asyncio.sleep(self._lease / 3)
+            with contextlib.suppress(TimeoutError):  # a third of the lease, or a new lease
+                await asyncio.wait_for(self._lease_news.wait(), self._lease / 3)
+            self._lease_news.clear()
             held = list(self.held.values())
             if not held:
                 continue

@@ -334,11 +334,18 @@ class Pipeline:
 
 
 @pytest.fixture
+def executor_port() -> int:
+    """Where a test's pipeline executor listens: known before anything starts, so a
+    reconciler started first can be told where to read results."""
+    return free_port()
+
+
+@pytest.fixture
 async def pipeline(
-    start_service: Any, catalogue_file: Path, egress_allow: str
+    start_service: Any, catalogue_file: Path, egress_allow: str, executor_port: int
 ) -> AsyncIterator[Pipeline]:
     """Gateway and one executor running against the test catalogue."""
-    p = Pipeline(start_service, catalogue_file, egress_allow)
+    p = Pipeline(start_service, catalogue_file, egress_allow, executor_port=executor_port)
     await p.start_gateway()
     await p.start_executor()
     yield p

@@ -102,6 +102,9 @@ class WorkerRuns:
         self.lease_seconds = lease_seconds
         # The runs passes of this process wait for, by run.
         self.waiting: dict[RunKey, asyncio.Future[Outcome]] = {}
+        # Those of them whose offer has committed: only these are looked for in the table
+        # (an offer not yet committed has no row, which is not a run taken back).
+        self.committed: set[RunKey] = set()
         # Set (and replaced) when this process offers a run: wakes its long-polls.
         self._offered = asyncio.Event()
 
@@ -115,10 +118,12 @@ class WorkerRuns:
         self.waiting[key] = waiter  # before the offer: a completion may come at once
         try:
             await write(offer)
+            self.committed.add(key)
             self._offered.set()
             self._offered = asyncio.Event()
             outcome = await waiter
         finally:
+            self.committed.discard(key)
             if self.waiting.get(key) is waiter:
                 del self.waiting[key]
         return result_of(outcome, spec)
@@ -133,7 +138,7 @@ class WorkerRuns:
     async def check(self) -> None:
         """The outcomes of the runs this process waits for that ended elsewhere or timed
         out (one statement; none when nothing waits)."""
-        keys = list(self.waiting)
+        keys = [key for key in self.waiting if key in self.committed]
         if not keys:
             return
         async with self.db.connection() as conn:

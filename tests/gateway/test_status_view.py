@@ -12,7 +12,6 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
 from dispo.libs.payload import payload_data
-from sqlalchemy import text
 
 
 async def accepted(gateway: Gateway, name: str = "x") -> task_pb2.Task:
@@ -71,21 +70,19 @@ async def test_payloads_recorded_at_acceptance_survive_every_snapshot(make_gatew
     record = await gateway.get_record(view.task_id)
     assert record.status == "succeeded" and record.finished_at is not None
     assert payloads(gateway.view_of(record)) == payloads(view)
-    async with gateway.engine.connect() as conn:  # the view itself is the snapshot as sent
+    async with gateway.db.connection() as conn:  # the view itself is the snapshot as sent
         stored = (
-            await conn.execute(
-                text("SELECT view FROM tasks WHERE task_id = :id"), {"id": view.task_id}
-            )
-        ).scalar_one()
+            await conn.fetch("SELECT view FROM tasks WHERE task_id = :id", {"id": view.task_id})
+        )[0][0]
     assert stored == done.SerializeToString()
 
 
 async def test_a_row_written_before_the_accepted_column_keeps_its_payloads(make_gateway):
     gateway = make_gateway()
     view = await accepted(gateway, "old")
-    async with gateway.engine.begin() as conn:  # as rows of revision 0003 were written
-        await conn.execute(
-            text("UPDATE tasks SET accepted = NULL, view = :view WHERE task_id = :id"),
+    async with gateway.db.transaction() as conn:  # as rows of revision 0003 were written
+        await conn.fetch(
+            "UPDATE tasks SET accepted = NULL, view = :view WHERE task_id = :id",
             {"view": view.SerializeToString(), "id": view.task_id},
         )
     assert payloads(await gateway.get(view.task_id)) == payloads(view)
@@ -117,12 +114,10 @@ async def test_a_snapshot_updates_its_tasks_row_on_the_rows_own_page(make_gatewa
     ids = [v.task_id for v in views]
 
     async def pages() -> dict[str, int]:
-        async with gateway.engine.connect() as conn:
-            rows = await conn.execute(
-                text(
-                    "SELECT task_id, (ctid::text::point)[0]::int AS page FROM tasks"
-                    " WHERE task_id = ANY(:ids)"
-                ),
+        async with gateway.db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT task_id, (ctid::text::point)[0]::int AS page FROM tasks"
+                " WHERE task_id = ANY(CAST(:ids AS text[]))",
                 {"ids": ids},
             )
             return {r.task_id: r.page for r in rows}

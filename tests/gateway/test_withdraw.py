@@ -22,8 +22,8 @@ async def on_the_bus(bus, subject: str) -> list[str]:
 
 
 async def outbox_subjects(gateway) -> list[str]:
-    async with gateway.engine.connect() as conn:
-        return list((await conn.execute(text("SELECT subject FROM outbox ORDER BY id"))).scalars())
+    async with gateway.db.connection() as conn:
+        return await conn.scalars("SELECT subject FROM outbox ORDER BY id")
 
 
 def assert_sent_to_the_executor(view) -> None:

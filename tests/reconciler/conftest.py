@@ -265,10 +265,10 @@ async def row(ctx: Context, task_id: str) -> store.RecoveryRow:
 
 @pytest.fixture
 async def start_reconciler(
-    start_service, file_clock, catalogue_file, tmp_path: Path, egress_allow: str, pipeline
+    start_service, file_clock, catalogue_file, tmp_path: Path, egress_allow: str, executor_port
 ):
-    """A reconciler process beside ``pipeline``: a callback's result is read from its
-    executor."""
+    """A reconciler process reading callbacks' results from the executor at
+    ``executor_port`` (the ``pipeline`` fixture's; a test's own Pipeline may use it too)."""
     config = {
         **CONFIG,
         "redrive": {
@@ -295,7 +295,7 @@ async def start_reconciler(
                 "DISPO_CATALOGUE": str(catalogue_file),
                 "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.5",
                 "DISPO_EGRESS_ALLOW": egress_allow,
-                "DISPO_RECONCILER_EXECUTOR_ADDRESS": pipeline.executor_address,
+                "DISPO_RECONCILER_EXECUTOR_ADDRESS": f"127.0.0.1:{executor_port}",
                 **env,
             },
         )

@@ -1,0 +1,45 @@
+"""A pass waiting for a worker run, against real PostgreSQL: only a run whose offer has
+committed is looked for in the table, so a check between the offer's start and its commit
+does not take the missing row for a run taken back (which would make the call ambiguous and
+a non-idempotent node UNKNOWN although nothing ran)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dispo.executor.domain import ActionSpec
+from dispo.executor.store import worker_runs as store
+from dispo.executor.worker_runs import WorkerRuns
+from dispo.libs.clock import ManualClock
+
+
+async def test_a_check_before_the_offer_commits_settles_nothing(
+    service_db, manual_clock: ManualClock
+):
+    db = await service_db("executor")
+    runs = WorkerRuns(db, manual_clock, lease_seconds=10)
+    offer = store.Offer("t1", "a.work", "tickets", "me", 1, "t1/a.work", "work", False, 5000, b"{}")
+    committing = asyncio.Event()
+    written = asyncio.Event()
+
+    async def write(o: store.Offer) -> None:
+        await committing.wait()  # the offer's transaction is still under way
+        async with db.connection() as conn:
+            await store.runs_offer_many(conn, [o], manual_clock.now())
+        written.set()
+
+    waiting = asyncio.create_task(runs.run(offer, ActionSpec("worker"), write))
+    await asyncio.sleep(0)
+    assert offer.key in runs.waiting
+    await runs.check()  # no row yet: not a run taken back
+    assert not waiting.done()
+    committing.set()
+    await written.wait()
+    await runs.check()  # offered, not taken: still nothing to settle
+    assert not waiting.done()
+    # Once committed, a row that is gone is a run taken back (its node recovered elsewhere).
+    async with db.connection() as conn:
+        await store.runs_delete_many(conn, [offer.key])
+    await runs.check()
+    result = await asyncio.wait_for(waiting, 5)
+    assert "taken back" in result.detail, result
