@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,3 +222,6 @@ async def test_sigterm_finishes_a_run_within_the_grace_and_hands_back_the_other(
     assert done.status == "SUCCEEDED", dump(done)
     assert done.node("w_ticket.open").output == {"ticket_id": "T-slow", "key": slow_key}
     assert workers.opened() == [(quick_key, first.pid), (slow_key, second.pid)]
+    # Handed back, not left to expire: offered again at the attempt the first worker had.
+    [handed] = re.findall(rf"of task {slow.task_id}, attempt (\d+)", log)
+    assert workers.effects()[1][1] == int(handed)
