@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Generate the Go code of protos/ and build the dispo-go command, with Go from Debian's
-# packages only (no module proxy): GOPATH mode, the libraries under /usr/share/gocode.
+# Generate the Go code of protos/ and build the dispo-go command and the ticket-worker
+# example, with Go from Debian's packages only (no module proxy): GOPATH mode, the libraries
+# under /usr/share/gocode.
 #
-#   examples/go/build.sh            # then examples/go/build/bin/dispo-go
+#   examples/go/build.sh            # then examples/go/build/bin/dispo-go (and ticket-worker)
 #
 # Needs: golang-go golang-google-grpc-dev golang-google-protobuf-dev
 # golang-github-golang-protobuf-1-5-dev protobuf-compiler protoc-gen-go protoc-gen-go-grpc.
@@ -46,6 +47,7 @@ export GOPATH="$here:$build/gopath:/usr/share/gocode"
 export GO111MODULE=off GOFLAGS= GOCACHE="${GOCACHE:-$build/cache}"
 unformatted=$(gofmt -l "$here/src")
 [ -z "$unformatted" ] || { echo "not gofmt-formatted: $unformatted" >&2; exit 1; }
-go vet dispo dispo/cmd/dispo-go
+go vet dispo dispo/cmd/dispo-go dispo/cmd/ticket-worker
+go build -o "$build/bin/ticket-worker" dispo/cmd/ticket-worker
 go build -o "$build/bin/dispo-go" dispo/cmd/dispo-go
 echo "$build/bin/dispo-go"

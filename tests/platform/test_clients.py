@@ -12,41 +12,20 @@ from pathlib import Path
 
 import pytest
 from dispo.libs.catalogue import EXAMPLE
-from dispo.pool.openclaw import OpenClawUnavailable, node_binary
+from dispo.pool.openclaw import OpenClawUnavailable
 from pipeline_fixtures import Pipeline
 from support.auth import business_token
+from support.node import EXAMPLE_DIR, example_node
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_DIR = ROOT / "examples" / "node"
 BUSINESS = "node-example"
-
-
-def npm_ci(node: Path) -> None:
-    """Install the example's locked dependencies when they are missing (npm ci, the
-    versions of package-lock.json)."""
-    if (EXAMPLE_DIR / "node_modules" / "@grpc" / "grpc-js").exists():
-        return
-    npm = node.parent.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
-    done = subprocess.run(
-        [str(node), str(npm), "ci", "--no-audit", "--no-fund"],
-        cwd=EXAMPLE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PATH": f"{node.parent}{os.pathsep}{os.environ['PATH']}"},
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
 def node() -> Path:
     try:
-        found = node_binary()
+        return example_node()
     except OpenClawUnavailable as missing:
         pytest.skip(f"no Node.js: {missing}")
-    npm_ci(found)
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -18,34 +18,22 @@ from dispo.sdk import AsyncClient
 from dispo.tools.stack.certificates import local_certificates
 from pipeline_fixtures import Pipeline
 from support.auth import business_token
-from support.go import GoUnavailable, ensure_go
+from support.go import GoUnavailable, build_example
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "examples" / "go" / "build.sh"
 BUSINESS = "go-example"
 NODES = {"update_quality_level.set_label", "update_quality_level.audit", "notify_owner.send"}
 
 
 @pytest.fixture(scope="module")
 def dispo_go() -> Path:
-    """The dispo-go command, built by the example's build.sh (Go installed first if missing;
-    its build cache is kept under examples/go/build, so a later build is quick)."""
+    """The dispo-go command, built by the example's build.sh (Go installed first if
+    missing)."""
     try:
-        go = ensure_go()
+        return build_example() / "dispo-go"
     except GoUnavailable as missing:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"no Go from Debian's packages: {missing}")
-    built = subprocess.run(
-        [str(BUILD)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PATH": f"{go.parent}{os.pathsep}{os.environ['PATH']}"},
-        check=False,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    return Path(built.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")

@@ -82,3 +82,28 @@ def ensure_go() -> Path:
     go = shutil.which("go")
     assert go is not None
     return Path(go)
+
+
+EXAMPLE_BUILD = Path(__file__).resolve().parents[2] / "examples" / "go" / "build.sh"
+BUILD_LOCK = Path(tempfile.gettempdir()) / "dispo-go-example-build.lock"
+
+
+def build_example() -> Path:
+    """The folder of the Go example's binaries (``dispo-go``, ``ticket-worker``), built by
+    its build.sh with Go installed first when missing (its build cache is kept under
+    examples/go/build, so a later build is quick; one build at a time, as test workers share
+    it). GoUnavailable as :func:`ensure_go`."""
+    go = ensure_go()
+    with BUILD_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time: they share examples/go/build
+        built = subprocess.run(
+            [str(EXAMPLE_BUILD)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "PATH": f"{go.parent}{os.pathsep}{os.environ['PATH']}"},
+            check=False,
+        )
+    if built.returncode != 0:
+        raise RuntimeError(f"examples/go/build.sh failed:\n{built.stdout}{built.stderr}")
+    return Path(built.stdout.strip().splitlines()[-1]).parent

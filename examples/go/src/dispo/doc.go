@@ -15,6 +15,14 @@
 //	})
 //	task, err := client.WatchTask(ctx, submitted.TaskId, nil)
 //
+// A Worker serves the queues of worker actions: its handlers are steps of a task.
+//
+//	worker, err := dispo.NewWorker("127.0.0.1:50052", dispo.WithToken(token))
+//	worker.Handle("tickets", func(ctx context.Context, run *dispo.Run) (any, error) {
+//		return map[string]string{"ticket_id": "T-1"}, nil // the node's output
+//	})
+//	err = worker.Run(ctx) // until ctx ends; then the runs in flight finish or are handed back
+//
 // Every call carries the token as "authorization: Bearer <token>"; Dial opens the channel
 // (plaintext, or TLS with WithTLS) that any of Dispo's service clients can share. A refused
 // call returns an *Error: the gRPC code, the message and the fields the server named.

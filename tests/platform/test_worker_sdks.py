@@ -1,0 +1,227 @@
+"""The Go and Node workers (examples/go's ``dispo.Worker`` run by its ``ticket-worker``,
+examples/node's ``worker.mjs`` run by ``ticket-worker.mjs``) against a real stack: gateway
+and executor processes, the demo downstream, and each worker as a real process on the
+``tickets`` queue. Each worker records every ticket it opens as a line of a file, and
+deduplicates nothing: the tests count the effects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from dispo.libs.process import ManagedProcess, ProcessSpec
+from dispo.pool.openclaw import OpenClawUnavailable
+from dispo.sdk import cell
+from pipeline_fixtures import TEST_CATALOGUE, Pipeline, dump
+from support import eventually
+from support.go import GoUnavailable, build_example
+from support.node import EXAMPLE_DIR, example_node
+
+WORKER_CELLS = """
+  w_ticket:
+    description: Open a ticket through a worker of another language.
+    fields:
+      name: {{type: string, required: true}}
+      busy: {{type: integer}}
+      work_ms: {{type: integer}}
+      refuse: {{type: string}}
+    actions:
+      open:
+        kind: worker
+        queue: tickets
+        idempotent: true
+        output: {{ticket_id: {{type: string, required: true}}}}
+"""
+
+# A worker silent for this long loses its run: the runs held longer than this in the tests
+# stay held only through the workers' heartbeats.
+RUN_LEASE = "3"
+
+# (tracker file, grace in seconds, executor address) -> the worker's command line
+Command = Callable[[Path, float, str], list[str]]
+
+
+@pytest.fixture(scope="module")
+def go_worker() -> Command:
+    try:
+        binary = build_example() / "ticket-worker"
+    except GoUnavailable as missing:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no Go from Debian's packages: {missing}")
+    return lambda tracker, grace, executor: [
+        *(str(binary), "-executor", executor, "-queue", "tickets", "-concurrency", "4"),
+        *("-grace", f"{grace}s", "-tracker", str(tracker)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def node_worker() -> Command:
+    try:
+        node = example_node()
+    except OpenClawUnavailable as missing:
+        pytest.skip(f"no Node.js: {missing}")
+    script = EXAMPLE_DIR / "ticket-worker.mjs"
+    return lambda tracker, grace, executor: [
+        *(str(node), str(script), "--executor", executor, "--queue", "tickets"),
+        *("--concurrency", "4", "--grace", str(grace), "--tracker", str(tracker)),
+    ]
+
+
+@pytest.fixture(params=["go", "node"])
+def command(request) -> Command:
+    return request.getfixturevalue(f"{request.param}_worker")
+
+
+@pytest.fixture(scope="module")
+async def stack(module_services, module_downstream, tmp_path_factory) -> Pipeline:
+    catalogue = tmp_path_factory.mktemp("worker-sdks") / "catalogue.yaml"
+    catalogue.write_text((TEST_CATALOGUE + WORKER_CELLS).format(url=module_downstream.url))
+    pipeline = Pipeline(module_services.start, catalogue, module_downstream.url)
+    await asyncio.gather(
+        pipeline.start_gateway(),
+        pipeline.start_executor(DISPO_EXECUTOR_RUN_LEASE_SECONDS=RUN_LEASE),
+    )
+    return pipeline
+
+
+@pytest.fixture
+async def client(stack):
+    async with stack.client() as c:
+        yield c
+
+
+class Workers:
+    """Worker processes of one language, and the tickets they opened."""
+
+    def __init__(self, stack: Pipeline, command: Command, folder: Path) -> None:
+        self.stack = stack
+        self.command = command
+        self.folder = folder
+        self.tracker = folder / "tickets.txt"
+        self.started: list[ManagedProcess] = []
+
+    def start(self, grace: float = 30) -> ManagedProcess:
+        n = len(self.started)
+        process = ManagedProcess(
+            ProcessSpec(
+                f"worker-{n}",
+                self.command(self.tracker, grace, self.stack.executors[0].address),
+                {"DISPO_TOKEN": self.stack.token},
+                None,
+                self.folder / f"worker-{n}.log",
+            )
+        )
+        process.spawn()
+        self.started.append(process)
+        return process
+
+    def effects(self) -> list[tuple[str, int, int]]:
+        """Each ticket opened: (idempotency key, attempt, pid)."""
+        if not self.tracker.exists():
+            return []
+        lines = self.tracker.read_text().splitlines()
+        return [(key, int(attempt), int(pid)) for key, attempt, pid in map(str.split, lines)]
+
+    def opened(self) -> list[tuple[str, int]]:
+        """Each ticket opened: (idempotency key, pid)."""
+        return [(key, pid) for key, _, pid in self.effects()]
+
+    def kill_all(self) -> None:
+        for process in self.started:
+            process.kill()
+
+
+@pytest.fixture
+async def workers(stack, command, tmp_path):
+    found = Workers(stack, command, tmp_path)
+    yield found
+    found.kill_all()
+
+
+async def test_a_worker_output_is_recorded_and_flows_into_a_later_payload(
+    client, workers, module_downstream
+):
+    worker = workers.start()
+    task = await client.submit(
+        "tests",
+        [
+            cell("w_ticket", ref="w", name="flow"),
+            cell("tell", ref="n", name="owner", ticket="{nodes.w.open.output.ticket_id}").after(
+                "w"
+            ),
+        ],
+    )
+    done = await client.wait(task.task_id, timeout=60)
+    assert done.status == "SUCCEEDED", dump(done)
+    key = f"{task.task_id}/w.open"
+    # The worker's returned value is the node's output, handed the node's stable key.
+    assert done.node("w.open").output == {"ticket_id": "T-flow", "key": key}
+    state = await module_downstream.state()
+    assert json.loads(state["bodies"][f"{task.task_id}/n.send"]) == {
+        "name": "owner",
+        "ticket": "T-flow",
+    }
+    assert workers.opened() == [(key, worker.pid)]
+
+
+async def test_a_retryable_error_is_retried_and_any_other_fails_the_node(client, workers):
+    worker = workers.start()
+    busy = await client.submit("tests", [cell("w_ticket", name="busy", busy=1)])
+    refused = await client.submit("tests", [cell("w_ticket", name="no", refuse="it is Sunday")])
+
+    done = await client.wait(busy.task_id, timeout=60)
+    assert done.status == "SUCCEEDED", dump(done)
+    node = done.node("w_ticket.open")
+    assert node.output["ticket_id"] == "T-busy"
+    failed = await client.wait(refused.task_id, timeout=60)
+    assert failed.status == "FAILED", dump(failed)
+    assert failed.node("w_ticket.open").attempts == 1
+    error = failed.node("w_ticket.open").last_error
+    assert error.startswith("definite failure: worker: ") and error.endswith(
+        "the tracker refused the ticket: it is Sunday"
+    ), error
+    # The busy run had no effect, the refused run none: one ticket, on the retry.
+    [(key, attempt, pid)] = workers.effects()
+    assert (key, pid) == (f"{busy.task_id}/w_ticket.open", worker.pid)
+    assert attempt == node.attempts >= 2
+    assert worker.log_tail(100).count(f"of task {busy.task_id}, attempt") == 2
+
+
+async def test_sigterm_finishes_a_run_within_the_grace_and_hands_back_the_other(client, workers):
+    """Two runs in flight at SIGTERM: the one that ends within the grace is completed by
+    the stopping worker; the other is handed back, offered again at once and done by the
+    next worker. One ticket each. Both are held past the run lease: by heartbeats."""
+    quick = await client.submit("tests", [cell("w_ticket", name="quick", work_ms=2000)])
+    slow = await client.submit("tests", [cell("w_ticket", name="slow", work_ms=5000)])
+    first = workers.start(grace=4)
+    await eventually(
+        lambda: first.log_tail(100),
+        lambda log: log.count("run started") >= 2,
+        timeout=30,
+        wanted="both runs taken",
+    )
+    assert workers.effects() == []
+
+    assert await first.stop(timeout=30) == 0  # SIGTERM: it drains, then exits
+    log = first.log_tail(100)
+    assert "runs handed back: 1" in log, log
+    assert "lease lost" not in log and "completion refused" not in log, log
+    quick_key, slow_key = f"{quick.task_id}/w_ticket.open", f"{slow.task_id}/w_ticket.open"
+    assert workers.opened() == [(quick_key, first.pid)]
+    finished = await client.wait(quick.task_id, timeout=30)
+    assert finished.status == "SUCCEEDED", dump(finished)
+
+    second = workers.start()
+    done = await client.wait(slow.task_id, timeout=60)
+    assert done.status == "SUCCEEDED", dump(done)
+    assert done.node("w_ticket.open").output == {"ticket_id": "T-slow", "key": slow_key}
+    assert workers.opened() == [(quick_key, first.pid), (slow_key, second.pid)]
+    # Handed back, not left to expire: offered again at the attempt the first worker had.
+    [handed] = re.findall(rf"of task {slow.task_id}, attempt (\d+)", log)
+    assert workers.effects()[1][1] == int(handed)
