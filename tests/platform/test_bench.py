@@ -304,6 +304,22 @@ async def test_each_shape_runs_through_a_real_stack(bench_stack, downstream, tmp
     assert sum(calls.values()) >= 3 * 6
 
 
+async def test_the_outputs_shape_passes_the_first_nodes_output_into_the_later_paths(
+    bench_stack, downstream
+):
+    args = parser().parse_args(["--shape", "outputs", "--tasks", "6", "--concurrency", "3"])
+    report = await measure(args, bench_stack)
+    check_report(report, 6, "outputs")
+    # b and c called a path carrying a's output: a's idempotency key, as a's answer gave it.
+    paths = (await downstream.state())["paths"]
+    firsts = [key for key in paths if key.endswith("bench_outputs3.a")]
+    assert len(firsts) >= 6  # the run's tasks, and the warm-up's
+    for first in firsts:
+        task = first.removesuffix("bench_outputs3.a")
+        for later in ("b", "c"):
+            assert paths[f"{task}bench_outputs3.{later}"] == f"/bench/{later}/{first}"
+
+
 async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
     gateway = gateway_only.gateway
     target = Target([gateway.address], {"gateway": gateway.pid}, None, gateway_only.token)
@@ -432,3 +448,47 @@ async def test_dispo_bench_submit_on_its_own_scaled_out_stack(tmp_path):
     assert items("finished facts", "reconciler") >= 8
     assert all(g["flushes"] >= 1 for by in groups.values() for g in by.values())
     assert "items per flush" in done.stdout
+
+
+def test_dispo_bench_submit_runs_the_worker_shape_on_workers_of_its_own(tmp_path):
+    """``--shape worker``: the bench starts its worker processes beside its stack, their
+    runs take every node of every task, and their CPU is reported as the stack's is."""
+    results = tmp_path / "results"
+    done = subprocess.run(
+        [
+            DISPO,
+            "bench",
+            "submit",
+            "--start",
+            "--shape",
+            "worker",
+            "--workers",
+            "2",
+            "--tasks",
+            "8",
+            "--concurrency",
+            "4",
+            "--ceiling-seconds",
+            "0",
+            "--results",
+            str(results),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    print(done.stdout, done.stderr)  # shown when an assertion below fails
+    assert done.returncode == 0, done.stdout + done.stderr
+    [path] = results.iterdir()
+    report = json.loads(path.read_text())
+    check_report(report, 8, "worker")
+    assert path.name.endswith("-worker-saturation-gathered-g1e1w2.json")
+    assert (report["config"]["workers"], report["config"]["worker_concurrency"]) == (2, 100)
+    processes = report["cpu"]["per_process"]
+    assert {"worker-1", "worker-2"} <= set(processes)
+    # (Sampled in clock ticks: a few runs may cost a worker less than one.)
+    assert all(isinstance(processes[w]["seconds"], float) for w in ("worker-1", "worker-2"))
+    assert "worker-1" in done.stdout and "2 workers of 100 runs" in done.stdout
+    # Every node ran as a worker run (only the bench's workers serve its queue), offered
+    # in the executor's group commits.
+    assert report["group_commits"]["executor"]["worker run offers"]["items"] >= 3 * 8

@@ -345,8 +345,10 @@ def result_name(report: Mapping[str, Any]) -> str:
         mode += f"-threads{config['threads']}"
     if config.get("gather"):
         mode += "-gathered"
-    scale = f"g{config['gateways']}" + (
-        f"e{config['executors']}" if config.get("executors") else ""
+    scale = (
+        f"g{config['gateways']}"
+        + (f"e{config['executors']}" if config.get("executors") else "")
+        + (f"w{config['workers']}" if config.get("workers") else "")
     )
     parts = [stamp, config["shape"], mode, scale]
     if (config.get("nats_nodes") or 1) > 1:
@@ -379,6 +381,8 @@ def table_row(report: Mapping[str, Any]) -> str:
     run += f", {config['gateways']} gw"
     if config.get("executors"):
         run += f" / {config['executors']} ex"
+    if config.get("workers"):
+        run += f" / {config['workers']} workers of {config['worker_concurrency']} runs"
     if (config.get("nats_nodes") or 1) > 1:
         run += f", NATS x{config['nats_nodes']}"
     during = report["machine"].get("during_run") or {}

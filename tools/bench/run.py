@@ -3,12 +3,14 @@
     dispo bench submit --start --tasks 3000 --concurrency 32            # saturation, noop
     dispo bench submit --start --tasks 3000 --concurrency 32 --batch 20 # SubmitMany of 20
     dispo bench submit --start --shape http --rate 300 --tasks 3000     # fixed offered rate
+    dispo bench submit --start --shape worker --workers 2               # worker actions
     dispo bench submit --start --gateways 2 --executors 3 --cluster     # scale-out, NATS cluster
     dispo bench submit --address 127.0.0.1:50051 --tasks 2000           # a running stack
 
 With ``--start`` the bench runs its own embedded stack (PostgreSQL, NATS — one node or a
-three-node cluster —, the services, and for ``--shape http`` the demo downstream as a fast
-local HTTP server), with a catalogue written for the run. It measures PostgreSQL's commit
+three-node cluster —, the services, for the HTTP shapes the demo downstream as a fast
+local HTTP server, and for ``--shape worker`` the bench's worker processes), with a catalogue
+written for the run. It measures PostgreSQL's commit
 ceiling with ``pgbench``, samples the CPU time of every process the stack started, submits,
 waits until every task is terminal, samples again, prints the report and writes it as JSON
 to ``--results`` (``bench-results/``).
@@ -48,6 +50,7 @@ from dispo.tools.bench.report import (
     table_row,
 )
 from dispo.tools.bench.shapes import SHAPES, Shape, catalogue_yaml
+from dispo.tools.bench.worker import DEFAULT_CONCURRENCY, worker_processes
 from dispo.tools.cli._common import progress_bar
 from dispo.tools.stack.state import live_processes, metrics_addresses, read_state
 
@@ -151,17 +154,26 @@ async def start_stack(
 @contextlib.asynccontextmanager
 async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Target]:
     services = ("gateway",) if args.submit_only else tuple(args.services.split(","))
-    async with start_stack(
-        services,
-        downstream=shape.http,
-        gateways=args.gateways,
-        executors=args.executors,
-        nats_nodes=3 if args.cluster else 1,
-    ) as own:
+    async with (
+        start_stack(
+            services,
+            downstream=shape.http,
+            gateways=args.gateways,
+            executors=args.executors,
+            nats_nodes=3 if args.cluster else 1,
+        ) as own,
+        worker_processes(
+            args.workers if shape.worker and "executor" in own.addresses else 0,
+            own.addresses.get("executor", ""),
+            own.token,
+            own.stack.options.data_dir,
+            args.worker_concurrency,
+        ) as workers,
+    ):
         assert own.stack.postgres is not None
         yield Target(
             own.gateways,
-            own.stack.pids(),
+            {**own.stack.pids(), **workers},
             own.stack.postgres.url,
             own.token,
             own.stack.metrics_addresses(),
@@ -198,6 +210,9 @@ def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str,
         "rate": args.rate,
         "gateways": args.gateways if args.start else len(args.address.split(",")),
         "executors": (0 if args.submit_only else args.executors) if args.start else None,
+        # The bench's worker processes and the runs each handles at once (--shape worker).
+        "workers": args.workers if shape.worker and args.start else None,
+        "worker_concurrency": args.worker_concurrency if shape.worker and args.start else None,
         "nats_nodes": (3 if args.cluster else 1) if args.start else None,
         "services": ("gateway" if args.submit_only else args.services) if args.start else None,
         "submit_only": args.submit_only,
@@ -419,6 +434,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gateways", type=int, default=1, help="gateway processes (with --start)")
     p.add_argument("--executors", type=int, default=1, help="executor processes (with --start)")
     p.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="worker processes serving the worker shape's queue (with --start)",
+    )
+    p.add_argument(
+        "--worker-concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help="runs each worker process handles at once (with --start)",
+    )
+    p.add_argument(
         "--cluster",
         action="store_true",
         help="a three-node NATS JetStream cluster, streams with 3 replicas (with --start)",
@@ -454,6 +481,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--batch must be at least 1, and above 1 only in saturation mode (no --rate)")
     if args.unary and args.batch > 1:
         p.error("--unary sends one Submit per task; --batch sends SubmitMany calls: not both")
+    if args.workers < 1 or args.worker_concurrency < 1:
+        p.error("--workers and --worker-concurrency must be at least 1")
     if args.threads < 0 or (args.threads and (args.rate or args.batch > 1)):
         p.error("--threads is a saturation mode of one task per submit: not with --rate or --batch")
     began = time.perf_counter()

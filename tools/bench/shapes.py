@@ -5,7 +5,13 @@
 - ``http``: the same three-node DAG of HTTP actions against a fast local downstream (the
   demo downstream, a process of its own the stack starts);
 - ``mixed``: that DAG with ``a`` and ``c`` not idempotent (each with a status probe) and
-  ``b`` idempotent — the fault campaign's workload (``dispo bench faults``).
+  ``b`` idempotent — the fault campaign's workload (``dispo bench faults``);
+- ``outputs``: the ``http`` DAG with ``b`` and ``c`` calling a path that carries ``a``'s
+  output (``{nodes.a.output.key}``, ADR-0093): what passing an output along costs, against
+  ``http``;
+- ``worker``: the three-node DAG of worker actions on one queue (ADR-0099), served by the
+  bench's own workers (:mod:`dispo.tools.bench.worker`, processes of their own the bench
+  starts), each run answered at once with a small output.
 
 A bench that starts its own stack writes :func:`catalogue_yaml` to a file and names it in
 ``DISPO_CATALOGUE``; against a running stack only ``noop`` exists (the shipped catalogue).
@@ -23,6 +29,8 @@ class Shape:
     nodes: int
     # Calls the downstream (needs the bench catalogue and the downstream process).
     http: bool = False
+    # Runs on the bench's workers (needs the bench catalogue and the worker processes).
+    worker: bool = False
 
 
 SHAPES = {
@@ -30,7 +38,12 @@ SHAPES = {
     "dag3": Shape("dag3", "bench_dag3", 3),
     "http": Shape("http", "bench_http3", 3, http=True),
     "mixed": Shape("mixed", "bench_mixed3", 3, http=True),
+    "outputs": Shape("outputs", "bench_outputs3", 3, http=True),
+    "worker": Shape("worker", "bench_worker3", 3, worker=True),
 }
+
+# The queue of the ``worker`` shape's actions, which the bench's workers serve.
+WORKER_QUEUE = "bench"
 
 _CATALOGUE = """\
 # Written by `dispo bench` for one run.
@@ -69,6 +82,22 @@ cells:
       b: {{kind: http, downstream: bench, path: /bench/b, idempotent: true, depends_on: [a]}}
       c: {{kind: http, downstream: bench, path: /bench/once/c, idempotent: false,
           probe_path: "/effects/{{idempotency_key}}", depends_on: [a]}}
+  bench_outputs3:
+    description: Three HTTP calls, b and c after a, each with a's output in its path.
+    fields: {{}}
+    actions:
+      a: {{kind: http, downstream: bench, path: /bench/a, idempotent: true}}
+      b: {{kind: http, downstream: bench, path: "/bench/b/{{nodes.a.output.key}}",
+          idempotent: true, depends_on: [a]}}
+      c: {{kind: http, downstream: bench, path: "/bench/c/{{nodes.a.output.key}}",
+          idempotent: true, depends_on: [a]}}
+  bench_worker3:
+    description: Three worker runs on one queue, b and c after a.
+    fields: {{}}
+    actions:
+      a: {{kind: worker, queue: {queue}, idempotent: true}}
+      b: {{kind: worker, queue: {queue}, idempotent: true, depends_on: [a]}}
+      c: {{kind: worker, queue: {queue}, idempotent: true, depends_on: [a]}}
 """
 
 
@@ -77,4 +106,6 @@ def catalogue_yaml(downstream_url: str, concurrency: int = 256, timeout_ms: int 
     a per-call timeout of ``timeout_ms`` and up to ``concurrency`` calls at once (the
     executor's connection pool: a call slot is held from its node's claim to the call's
     end, so at 64 the slots, not the CPU, held the ``http`` shape near 320 tasks/s)."""
-    return _CATALOGUE.format(url=downstream_url, concurrency=concurrency, timeout_ms=timeout_ms)
+    return _CATALOGUE.format(
+        url=downstream_url, concurrency=concurrency, timeout_ms=timeout_ms, queue=WORKER_QUEUE
+    )
