@@ -285,7 +285,8 @@ def check_report(report: dict, tasks: int, shape: str) -> None:
     assert report["config"]["shape"] == shape
     assert report["config"]["nodes_per_task"] == SHAPES[shape].nodes
     cpu = report["cpu"]
-    assert isinstance(cpu["stack_ms_per_task"], float) and cpu["stack_ms_per_task"] > 0
+    # A run of a few tasks may fall within one clock tick of CPU: measured, not necessarily > 0.
+    assert isinstance(cpu["stack_ms_per_task"], float) and cpu["stack_ms_per_task"] >= 0
     for process in ("gateway", "executor", CLIENT):
         assert isinstance(cpu["per_process"][process]["seconds"], float), process
     assert isinstance(report["machine"]["during_run"]["busy_cores"], float)
