@@ -36,7 +36,7 @@ from dispo.libs.auth import Authorizer, open_channel
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.bus import Bus, BusCredentialsRefused, Consumer, Handler, inbox_prefix
 from dispo.libs.clock import Clock, clock_from_spec
-from dispo.libs.db import create_engine, login_refused, migrate, session_factory
+from dispo.libs.db import create_engine, login_refused, migrate
 from dispo.libs.db.driver import Database
 from dispo.libs.eventloop import loop_factory
 from dispo.libs.grpcserver import create_server
@@ -48,7 +48,7 @@ from dispo.libs.ratelimit import TokenBuckets
 from dispo.libs.settings import CommonSettings, ServerSettings, TLSSettings, server_settings
 from dispo.libs.tracing import configure_tracing
 from sqlalchemy import Table, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -75,7 +75,6 @@ class Runtime:
     settings: CommonSettings
     server: ServerSettings
     engine: AsyncEngine
-    sessions: async_sessionmaker[AsyncSession]
     # The driver port on the service's schema (:mod:`dispo.libs.db.driver`): what its store,
     # its outbox relay, its quarantine and its token checks run their statements on.
     db: Database
@@ -306,7 +305,6 @@ async def serve(
         settings,
         server,
         engine,
-        session_factory(engine),
         db,
         bus,
         clock,

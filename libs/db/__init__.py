@@ -1,7 +1,7 @@
 """PostgreSQL access: one async engine per service, confined to the service's own schema."""
 
 from dispo.libs.db.down import database_unreachable, error_chain, login_refused
-from dispo.libs.db.engine import create_engine, normalize_url, session_factory
+from dispo.libs.db.engine import create_engine, normalize_url
 from dispo.libs.db.migrations import migrate
 
 __all__ = [
@@ -10,6 +10,5 @@ __all__ = [
     "error_chain",
     "login_refused",
     "normalize_url",
-    "session_factory",
     "migrate",
 ]

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import (
-    AsyncEngine,
-    AsyncSession,
-    async_sessionmaker,
-    create_async_engine,
-)
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 
 def normalize_url(url: str) -> str:
@@ -50,7 +45,3 @@ def create_engine(url: str, schema: str, *, pool_size: int = 20) -> AsyncEngine:
             }
         },
     )
-
-
-def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    return async_sessionmaker(engine, expire_on_commit=False)

@@ -824,7 +824,9 @@ async def test_comparison_jobs_are_filtered_paged_and_shown_to_admins_only(
     # and says so in grey, not as a red failure.
     base = page.locator("tr[data-job='comparison/console-cmp-base'] .job-status")
     await expect(base).to_have_text("NO BASELINE", timeout=60_000)
-    assert await base.evaluate("e => getComputedStyle(e).color") == "rgb(127, 127, 127)"
+    # (an assertion that waits: the list is redrawn as jobs change, and an element read
+    # while it is replaced has no style)
+    await expect(base).to_have_css("color", "rgb(127, 127, 127)")
     await expect(
         page.locator("tr[data-job='comparison/console-cmp-base'] td").last
     ).to_contain_text("no baseline for evaluation")

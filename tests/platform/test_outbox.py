@@ -202,7 +202,7 @@ async def test_every_service_relay_takes_the_clock_and_attempts_of_its_runtime(
     monkeypatch.setenv("DISPO_OUTBOX_MAX_ATTEMPTS", "3")
     verifier = TokenVerifier(db, manual_clock, 0)
     rt = Runtime(
-        "gateway", CommonSettings(), ServerSettings(), engine, None, db, bus, manual_clock, verifier
+        "gateway", CommonSettings(), ServerSettings(), engine, db, bus, manual_clock, verifier
     )
     relay = rt.outbox_relay(outbox, ordered=True)
     assert (relay.max_attempts, relay.clock, relay.ordered) == (3, manual_clock, True)
