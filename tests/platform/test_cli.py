@@ -249,6 +249,11 @@ async def test_tasks_show_prints_each_nodes_output_and_the_result(cli_env, downs
 
     shown = await dispo(cli_env, "tasks", "show", task_id, "--json")
     assert json.loads(shown.stdout)["task"]["result"] == reply["task"]["result"]
+    # watch --json: one line per change, its last the terminal view, outputs as JSON values
+    watched = await dispo(cli_env, "tasks", "watch", task_id, "--json")
+    last = json.loads(watched.stdout.splitlines()[-1])
+    assert last["result"] == reply["task"]["result"]
+    assert [n["output"] for n in last["nodes"]] == [n["output"] for n in reply["task"]["nodes"]]
     piped = await dispo(cli_env, "tasks", "show", task_id)
     assert piped.returncode == 0, piped.stderr
     assert ticket["ticket_id"] in piped.stdout and long in piped.stdout

@@ -485,10 +485,11 @@ def watch(
 
     last: TaskView | None = None
     with target(ctx).client() as client:
-        if as_json:  # one line of JSON per change
+        if as_json:  # one line of JSON per change, outputs and result as JSON values
             for view in client.watch(task_id):
                 last = view
-                sys.stdout.write(json.dumps(as_dict(view.raw), ensure_ascii=False) + "\n")
+                shown = task_json(gateway_pb2.GetTaskResponse(task=view.raw))["task"]
+                sys.stdout.write(json.dumps(shown, ensure_ascii=False) + "\n")
                 sys.stdout.flush()
         else:
             with Live(console=out, auto_refresh=False) as live:
