@@ -212,7 +212,9 @@ async def test_a_busy_consumer_reads_its_backlog_without_a_wait_per_message(bus,
     assert sorted(seen) == sorted(expected)  # each once
     backlog = [r for r in requests if r.get("no_wait")]
     assert len(backlog) >= 200 // 16, requests
-    assert waits <= len(requests) < 100, (waits, requests)  # one wait per message: 200 or more
+    # One wait per message would be 200 or more. The last request may still be on its way
+    # to the watching subscription when it is closed: one wait more than requests seen.
+    assert waits <= len(requests) + 1 and len(requests) < 100, (waits, requests)
     info = await bus.js.consumer_info("TASKS", "busy")
     assert info.num_pending == 0 and info.num_ack_pending == 0
 
