@@ -39,12 +39,13 @@ def one_call(task_id: str, path: str = "/once/x") -> task_pb2.Task:
     return env
 
 
-@pytest.fixture
-async def executor(service_engine, service_db, bus, manual_clock, downstream):
+@pytest.fixture(params=[True, False], ids=["group-commits", "inline-commits"])
+async def executor(request, service_engine, service_db, bus, manual_clock, downstream):
     db = await service_db("executor")
     http, health = http_session(), httpx.AsyncClient()
     registry = {"demo": Downstream("demo", downstream.url)}
-    config = ExecutorConfig(lease_ttl=5.0)  # send margin: 1 s
+    # send margin: 1 s; the passes' writes group-committed, or each its own transaction
+    config = ExecutorConfig(lease_ttl=5.0, group_commit=request.param)
     yield Executor(db, OutboxRelay(db, outbox, bus), registry, manual_clock, config, http, health)
     await http.close()
     await health.aclose()

@@ -36,29 +36,14 @@ async def tasks_lock_many(
         return {}, set()
     rows = await conn.fetch(
         "SELECT task_id, status, generation, version, cancel_requested, lease_owner,"
-        " lease_until, status_reason, envelope IS NULL AS bare"
-        + (", envelope" if envelopes else "")
+        " lease_until, status_reason, envelope IS NULL AS bare,"
+        + (" envelope" if envelopes else " NULL::bytea AS envelope")
         + " FROM task_runs WHERE task_id = ANY(CAST(:ids AS text[])) ORDER BY task_id"
         + (" FOR UPDATE" if lock else ""),
         {"ids": ids},
     )
-    found: dict[str, TaskRow] = {}
-    bare: set[str] = set()
-    for row in rows:
-        env = row.envelope if envelopes else None
-        found[row.task_id] = TaskRow(
-            row.task_id,
-            TaskState(row.status),
-            row.generation,
-            row.version,
-            row.cancel_requested,
-            row.lease_owner,
-            row.lease_until,
-            task_pb2.Task.FromString(env) if env is not None else None,
-            row.status_reason,
-        )
-        if row.bare:
-            bare.add(row.task_id)
+    found = {row.task_id: task_from_row(row) for row in rows}
+    bare = {row.task_id for row in rows if row.bare}
     return found, bare
 
 
