@@ -135,7 +135,11 @@ class Executor:
         )
         # The worker runs this process offers and waits for (ADR-0099).
         self.worker_runs = WorkerRuns(
-            db, clock, config.run_lease, QueuePolicy(config.queue_idle, queue_limits or {})
+            db,
+            clock,
+            config.run_lease,
+            QueuePolicy(config.queue_idle, queue_limits or {}),
+            self.commits.complete,
         )
         # The tasks with a pass in this process: one pass per task at a time (a second
         # delivery of its message waits until the first pass ends).

@@ -149,8 +149,12 @@ class WorkerRuns:
         clock: Clock,
         lease_seconds: float,
         policy: QueuePolicy | None = None,
+        completes: Callable[[tuple[RunKey, str, Outcome]], Awaitable[bool]] | None = None,
     ) -> None:
         self.db = db
+        # Where completions are written (the executor's commit port: group-committed);
+        # None: each with a statement of its own.
+        self.completes = completes
         self.clock = clock
         self.lease_seconds = lease_seconds
         self.policy = policy or QueuePolicy()
@@ -331,12 +335,16 @@ class WorkerRuns:
     async def complete(self, key: RunKey, worker_id: str, outcome: Outcome) -> bool:
         """Record a worker's outcome if it still holds the run (False: refused, nothing
         written); a pass of this process waiting for it has it at once."""
-        async with self.db.connection() as conn:
-            done = await store.runs_complete_if_held_many(
-                conn, [(key, worker_id, outcome)], self.clock.now()
-            )
-        if key not in done:
-            return False
+        if self.completes is not None:  # group-committed with the others under way
+            if not await self.completes((key, worker_id, outcome)):
+                return False
+        else:
+            async with self.db.connection() as conn:
+                done = await store.runs_complete_if_held_many(
+                    conn, [(key, worker_id, outcome)], self.clock.now()
+                )
+            if key not in done:
+                return False
         self.settle({key: outcome})
         return True
 
