@@ -79,6 +79,8 @@ RULES: dict[str, Rule] = {
         # The gateway shows outputs in GetTask and WatchTask; the reconciler puts the
         # result in completion callbacks.
         GetOutputs=internal("gateway", "reconciler"),
+        # The reconciler releases work demoted behind a queue once it is live (ADR-0101).
+        ListQueues=internal("reconciler"),
     ),
     # Worker processes serving worker actions' queues (ADR-0099); worker tokens scoped to
     # their queues come next, admin tokens until then.

@@ -38,6 +38,15 @@ class Downstream:
 
 
 @dataclass(frozen=True)
+class Queue:
+    """A worker actions' queue: how many of its runs may be taken at once, across every
+    worker serving it (0: no limit)."""
+
+    name: str
+    max_concurrency: int = 0
+
+
+@dataclass(frozen=True)
 class Conflict:
     """A cell's declared effect on a target named by one of its payload fields: claims of
     different businesses on the same target within the arbitration window conflict."""
@@ -132,6 +141,9 @@ class CellDef:
 class Catalogue:
     cells: dict[str, CellDef] = field(default_factory=dict)
     downstreams: dict[str, Downstream] = field(default_factory=dict)
+    # The queues the catalogue declares (a worker action's queue need not be declared:
+    # then it has no limit).
+    queues: dict[str, Queue] = field(default_factory=dict)
 
     def get(self, name: str) -> CellDef | None:
         return self.cells.get(name)
@@ -337,6 +349,21 @@ def _downstream(name: str, raw: Any) -> Downstream:
     )
 
 
+def _queue(name: str, raw: Any) -> Queue:
+    where = f"queues.{name}"
+    if not _NAME.fullmatch(name):
+        raise CatalogueError(f"{where}: bad queue name")
+    raw = raw or {}
+    if not isinstance(raw, dict) or set(raw) - {"max_concurrency"}:
+        raise CatalogueError(f"{where}: a mapping with max_concurrency")
+    limit = raw.get("max_concurrency", 0)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise CatalogueError(
+            f"{where}.max_concurrency: must be a whole number of runs (0: no limit), got {limit!r}"
+        )
+    return Queue(name, limit)
+
+
 def parse_catalogue(data: dict[str, Any]) -> Catalogue:
     cells = data.get("cells") or {}
     if not isinstance(cells, dict):
@@ -345,6 +372,9 @@ def parse_catalogue(data: dict[str, Any]) -> Catalogue:
     if not isinstance(downstreams, dict):
         raise CatalogueError("downstreams: must be a mapping of downstream name to definition")
     known = {name: _downstream(name, raw) for name, raw in downstreams.items()}
+    queues = data.get("queues") or {}
+    if not isinstance(queues, dict):
+        raise CatalogueError("queues: must be a mapping of queue name to definition")
     limit = _output_limit("max_output_bytes", data.get("max_output_bytes", 0))
     parsed = {name: _cell(name, raw or {}) for name, raw in cells.items()}
     catalogue = Catalogue(
@@ -355,6 +385,7 @@ def parse_catalogue(data: dict[str, Any]) -> Catalogue:
             for name, cell in parsed.items()
         },
         known,
+        {str(name): _queue(str(name), raw) for name, raw in queues.items()},
     )
     for name, conflict in catalogue.conflicts.items():
         if conflict.compensate and conflict.compensate not in catalogue.cells:

@@ -52,6 +52,22 @@ CLOSED_NODE = {
 DEPENDENCY_FAILED_ERROR = "a dependency failed"
 
 
+# What a DEMOTED node waits for, as the reconciler names it: its downstream (an http
+# action behind an open breaker), or ``queue:<name>`` (a worker action whose queue had no
+# live worker, ADR-0101), whose health is asked of the executor (ListQueues).
+QUEUE_PREFIX = "queue:"
+
+
+def blocker(downstream: str, queue: str) -> str:
+    """The name of what a demoted node of this action waits for."""
+    return f"{QUEUE_PREFIX}{queue}" if queue else downstream
+
+
+def blocker_queue(name: str) -> str | None:
+    """The queue a blocker names (None: it names a downstream)."""
+    return name.removeprefix(QUEUE_PREFIX) if name.startswith(QUEUE_PREFIX) else None
+
+
 def closed_node_error(status: int, reason: str) -> str:
     """The error a node closed to ``status`` (a value of :data:`CLOSED_NODE`) records."""
     return DEPENDENCY_FAILED_ERROR if status == common_pb2.NODE_STATUS_DEPENDENCY_FAILED else reason

@@ -39,6 +39,9 @@ class Result:
     # Not sent because its pass could not prove it holds the task's lease: says nothing
     # about the downstream (its breaker does not count it).
     fenced: bool = False
+    # Not sent because its worker queue had no live worker (ADR-0101): the node is demoted,
+    # as behind an open breaker.
+    demoted: bool = False
     # What a successful call returned: its JSON body as canonical JSON (None: nothing).
     output: bytes | None = None
 

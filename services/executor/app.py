@@ -49,11 +49,13 @@ async def build_executor(
     calls: aiohttp.ClientSession,
     health: httpx.AsyncClient,
 ) -> tuple[Executor, OutboxRelay]:
-    registry = load_configured_catalogue().downstreams
+    catalogue = load_configured_catalogue()
     relay = rt.outbox_relay(outbox)
     config = settings.config()
     db = await rt.database()
-    return Executor(db, relay, registry, rt.clock, config, calls, health), relay
+    limits = {q.name: q.max_concurrency for q in catalogue.queues.values() if q.max_concurrency}
+    executor = Executor(db, relay, catalogue.downstreams, rt.clock, config, calls, health, limits)
+    return executor, relay
 
 
 async def setup(rt: Runtime) -> None:

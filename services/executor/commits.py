@@ -26,7 +26,7 @@ from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
 from dispo.executor.states import TaskState
 from dispo.executor.store import node_runs, status_events, task_runs, worker_runs
-from dispo.executor.store.worker_runs import Offer
+from dispo.executor.store.worker_runs import Offer, Outcome, RunKey
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
@@ -36,6 +36,9 @@ from dispo.libs.outbox import OutboxRelay, Staged
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# A worker's completion of a run: the run, the worker, its outcome.
+Completion = tuple[RunKey, str, Outcome]
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,11 @@ class Commits(Protocol):
         """A worker node's run offered on its queue (ADR-0099)."""
         ...
 
+    async def complete(self, completion: Completion) -> bool:
+        """A worker's outcome recorded if it still holds the run (False: refused, nothing
+        written)."""
+        ...
+
 
 @dataclass
 class Flushes:
@@ -159,6 +167,19 @@ class Flushes:
         async with self.db.connection() as conn:
             await worker_runs.runs_offer_many(conn, offers, self.clock.now())
         return [None] * len(offers)
+
+    async def complete(self, completions: list[Completion]) -> Sequence[bool]:
+        """Workers' outcomes, each recorded where its worker still holds the run, with one
+        statement. A run completed twice in one flush is recorded once: the first in line
+        (as if they came one after the other, the second is refused)."""
+        first: dict[RunKey, int] = {}
+        for i, (key, _, _) in enumerate(completions):
+            first.setdefault(key, i)
+        async with self.db.connection() as conn:
+            done = await worker_runs.runs_complete_if_held_many(
+                conn, [completions[i] for i in first.values()], self.clock.now()
+            )
+        return [key in done and first[key] == i for i, (key, _, _) in enumerate(completions)]
 
     async def progress(self, progress: list[Progress]) -> Sequence[bool]:
         """The running tasks' status events, in one transaction: each task locked, and
@@ -322,12 +343,16 @@ class InlineCommits:
     async def offer(self, offer: Offer) -> None:
         _one(await self.flushes.offer([offer]))
 
+    async def complete(self, completion: Completion) -> bool:
+        return _one(await self.flushes.complete([completion]))
+
 
 class GroupCommits:
     """The items waiting at a moment share one transaction, one Batcher per kind: openings
     of task.create messages (one that cannot be opened fails alone), node claims, finished
     calls recorded with their pass's next step, lease heartbeats, progress events, the
-    reads of the outputs a call's references need, worker runs offered."""
+    reads of the outputs a call's references need, worker runs offered, workers'
+    completions."""
 
     def __init__(self, flushes: Flushes, max_items: int, concurrency: int) -> None:
         def group(
@@ -360,6 +385,9 @@ class GroupCommits:
             "output reads", flushes.outputs
         )
         self.offers: Batcher[Offer, None] = group("worker run offers", flushes.offer)
+        self.completions: Batcher[Completion, bool] = group(
+            "worker run completions", flushes.complete
+        )
 
     async def open(self, opening: Opening) -> Step:
         return await self.openings.submit(opening)
@@ -381,3 +409,6 @@ class GroupCommits:
 
     async def offer(self, offer: Offer) -> None:
         await self.offers.submit(offer)
+
+    async def complete(self, completion: Completion) -> bool:
+        return await self.completions.submit(completion)

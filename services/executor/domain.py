@@ -161,11 +161,14 @@ def decide(nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool) -> 
     if again:
         moment = max(now, min(n.not_before or now for n in again))
         return Decision(Next.RETRY, TaskState.RUNNING, not_before=moment, reason="short retry")
-    demoted = sorted({n.spec.downstream for n in nodes.values() if n.status is NodeState.DEMOTED})
-    if demoted:
-        return Decision(
-            Next.DEMOTE, TaskState.DEMOTED, reason=f"downstream degraded: {', '.join(demoted)}"
-        )
+    parked = [n.spec for n in nodes.values() if n.status is NodeState.DEMOTED]
+    if parked:
+        downstreams = sorted({s.downstream for s in parked if not s.queue})
+        queues = sorted({s.queue for s in parked if s.queue})
+        reasons = [f"downstream degraded: {', '.join(downstreams)}"] if downstreams else []
+        if queues:
+            reasons.append(f"no live worker: {', '.join(queues)}")
+        return Decision(Next.DEMOTE, TaskState.DEMOTED, reason="; ".join(reasons))
     stuck = sorted(i for i, n in nodes.items() if n.status in (NodeState.UNKNOWN, NodeState.FAILED))
     return Decision(
         Next.FAIL, TaskState.RETRY_EXHAUSTED, reason=f"needs recovery: {', '.join(stuck)}"

@@ -43,12 +43,13 @@ from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
 from dispo.executor.states import NodeState
 from dispo.executor.store.worker_runs import Offer
-from dispo.executor.worker_runs import WorkerRuns
+from dispo.executor.worker_runs import QueuePolicy, WorkerRuns
 from dispo.libs import metrics, references
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Nak
 from dispo.libs.catalogue import DEFAULT_WORKER_TIMEOUT_MS, Downstream
 from dispo.libs.clock import Clock
+from dispo.libs.contracts.tasks import blocker
 from dispo.libs.db.driver import Database
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
@@ -84,6 +85,9 @@ class ExecutorConfig:
     send_margin: float | None = None
     # How long a worker holds a run without a heartbeat (ADR-0099).
     run_lease: float = 10.0
+    # How long a worker run waits offered on a queue with no live worker before its node
+    # is demoted (ADR-0101).
+    queue_idle: float = 30.0
 
     @property
     def margin(self) -> float:
@@ -100,6 +104,7 @@ class Executor:
         config: ExecutorConfig,
         http: aiohttp.ClientSession,
         health: httpx.AsyncClient,
+        queue_limits: dict[str, int] | None = None,
     ) -> None:
         self.db = db
         self.relay = relay
@@ -129,7 +134,13 @@ class Executor:
             else InlineCommits(self.flushes)
         )
         # The worker runs this process offers and waits for (ADR-0099).
-        self.worker_runs = WorkerRuns(db, clock, config.run_lease)
+        self.worker_runs = WorkerRuns(
+            db,
+            clock,
+            config.run_lease,
+            QueuePolicy(config.queue_idle, queue_limits or {}),
+            self.commits.complete,
+        )
         # The tasks with a pass in this process: one pass per task at a time (a second
         # delivery of its message waits until the first pass ends).
         self.in_hand: set[str] = set()
@@ -432,7 +443,13 @@ class Executor:
             now,
             result.retry_after,
         )
-        if move.unknown:  # then PENDING again at once if idempotent
+        if result.demoted:  # never taken by a worker: parked for the reconciler (ADR-0101)
+            fields = {"last_error": result.detail, "retryable": True}
+            change = NodeChange(
+                task_id, node.node_id, NodeState.RUNNING, NodeState.DEMOTED, owner, fields
+            )
+            metrics.node_demoted(node.action, blocker(node.spec.downstream, node.spec.queue))
+        elif move.unknown:  # then PENDING again at once if idempotent
             change = plan.unknown_change(
                 task_id, node, now, result.detail, owner=owner, not_before=move.not_before
             )

@@ -1,4 +1,5 @@
-"""ExecutorService: the downstream registry and breaker states (operational view), and the
+"""ExecutorService: the downstream registry and breaker states and the worker queues
+(operational views), and the
 outputs a task's nodes recorded (ADR-0093). WorkerService: worker runs taken, heartbeated,
 completed and handed back (ADR-0099)."""
 
@@ -43,6 +44,23 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
             )
             if breaker.open_until is not None:
                 item.open_until.CopyFrom(to_timestamp(breaker.open_until))
+        return out
+
+    async def ListQueues(
+        self, request: executor_pb2.ListQueuesRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.ListQueuesResponse:
+        out = executor_pb2.ListQueuesResponse()
+        for q in await self.executor.worker_runs.queues():
+            item = out.queues.add(
+                name=q.queue,
+                live_workers=q.live_workers,
+                live=q.live,
+                offered=q.offered,
+                taken=q.taken,
+                max_concurrency=q.max_concurrency,
+            )
+            if q.last_seen is not None:
+                item.last_seen.CopyFrom(to_timestamp(q.last_seen))
         return out
 
     async def GetOutputs(

@@ -104,6 +104,13 @@ class ExecutorSettings(BaseSettings):
         " every third of this); a worker silent for longer has lost the run, which counts as"
         " ambiguous (ADR-0099)",
     )
+    queue_idle_seconds: float = Field(
+        default=ExecutorConfig.queue_idle,
+        gt=0,
+        description="How long a worker run may wait offered on a queue none of whose workers"
+        " was seen within a run lease; then it is withdrawn and its node demoted, released by"
+        " the reconciler once the queue has a live worker again (ADR-0101)",
+    )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )
@@ -136,4 +143,5 @@ class ExecutorSettings(BaseSettings):
             progress_interval=self.progress_interval_seconds,
             send_margin=self.send_margin_seconds or None,
             run_lease=self.run_lease_seconds,
+            queue_idle=self.queue_idle_seconds,
         )

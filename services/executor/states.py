@@ -9,13 +9,15 @@ Which component moves a node *out* of each state:
 
 - PENDING: the executor (claims it → RUNNING; or DEPENDENCY_FAILED / DEMOTED / CANCELLED).
 - RUNNING: the executor that claimed it (→ SUCCEEDED / FAILED / PENDING for a short retry;
-  → UNKNOWN when the call's outcome is ambiguous, see ``failures``); after a crash, the next
-  executor taking the task's lease (→ UNKNOWN).
+  → UNKNOWN when the call's outcome is ambiguous, see ``failures``; → DEMOTED when its worker
+  run was never taken, its queue without a live worker); after a crash, the next executor
+  taking the task's lease (→ UNKNOWN).
 - UNKNOWN: the executor re-runs it (→ PENDING) only if its action is idempotent; otherwise
   the reconciler settles it by its probe (a redrive with SUCCEEDED or PENDING).
 - FAILED: terminal when permanent; a retry-exhausted node (retry.retryable) goes back to
   PENDING only by a reconciler redrive.
-- DEMOTED: the reconciler releases it (redrive → PENDING) when its downstream is healthy;
+- DEMOTED: the reconciler releases it (redrive → PENDING) when its downstream is healthy
+  (a worker action's: when its queue has a live worker again);
   a task.close (the reconciler gave up on the parked task) ends it FAILED.
 - DEPENDENCY_FAILED: terminal for the executor; an operator's redrive that also resets the
   failed dependency makes it PENDING again. A task.close ends a parked task's PENDING
@@ -64,7 +66,8 @@ NODE_TRANSITIONS = Transitions[NodeState](
     "node",
     {
         N.PENDING: frozenset({N.RUNNING, N.DEPENDENCY_FAILED, N.DEMOTED, N.CANCELLED}),
-        N.RUNNING: frozenset({N.SUCCEEDED, N.FAILED, N.PENDING, N.UNKNOWN}),
+        # → DEMOTED: a worker run never taken, its queue without a live worker (ADR-0101).
+        N.RUNNING: frozenset({N.SUCCEEDED, N.FAILED, N.PENDING, N.UNKNOWN, N.DEMOTED}),
         N.UNKNOWN: frozenset({N.PENDING, N.SUCCEEDED, N.FAILED, N.CANCELLED}),
         N.FAILED: frozenset({N.PENDING, N.CANCELLED}),
         N.DEMOTED: frozenset({N.PENDING, N.CANCELLED, N.FAILED}),

@@ -17,12 +17,13 @@ import base64
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 
 from dispo.executor.actions import Result, failed, output_result
 from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome
+from dispo.executor.store import queues as presence
 from dispo.executor.store import worker_runs as store
 from dispo.executor.store.worker_runs import Offer, Outcome, RunKey
 from dispo.libs.clock import Clock
@@ -38,6 +39,14 @@ RECHECK_SECONDS = 0.2
 # How often the runs this process waits for are checked (s of the executor's clock).
 CHECK_SECONDS = 0.1
 RELEASED = "handed back by its worker as it shut down (its handler may have had its effect)"
+# A worker's presence on its queues is written at most this often (s of the clock), and
+# forgotten once it has not been seen for this long (s).
+MARK_SECONDS = 1.0
+FORGET_SECONDS = 3600.0
+# The outcome of a run withdrawn because its queue had no live worker (never a row's: the
+# row is deleted as it is withdrawn).
+WITHDRAWN = "withdrawn"
+NO_LIVE_WORKER = "queue {queue} had no live worker for {seconds:g} s"
 
 
 def result_of(outcome: Outcome, spec: ActionSpec) -> Result:
@@ -54,6 +63,8 @@ def result_of(outcome: Outcome, spec: ActionSpec) -> Result:
         return failed(cls, f"worker: {outcome.message}")
     if outcome.kind == store.NOT_SENT:
         return failed(CallOutcome.NOT_SENT, f"worker: {outcome.message}")
+    if outcome.kind == WITHDRAWN:  # never taken: nothing sent, the node is demoted
+        return replace(failed(CallOutcome.NOT_SENT, outcome.message), demoted=True)
     return failed(CallOutcome.AMBIGUOUS, outcome.message or store.LEASE_EXPIRED)
 
 
@@ -92,14 +103,68 @@ class Taken:
     token: str
 
 
+@dataclass(frozen=True)
+class QueueState:
+    """A queue as the executor sees it now: its live workers (seen within a run lease), the
+    last time any of its workers was seen, its runs offered and taken, its limit."""
+
+    queue: str
+    live_workers: int = 0
+    last_seen: datetime | None = None
+    offered: int = 0
+    taken: int = 0
+    max_concurrency: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.live_workers > 0
+
+
+@dataclass
+class QueuePolicy:
+    """What the executor holds its queues to: how long a run may wait offered on a queue
+    with no live worker before its node is demoted (ADR-0101), and each declared queue's
+    ``max_concurrency`` (0: no limit)."""
+
+    idle_seconds: float = 30.0
+    limits: dict[str, int] = field(default_factory=dict)
+
+
+def withdrawable(
+    offered_at: dict[RunKey, datetime], now: datetime, idle_seconds: float
+) -> list[RunKey]:
+    """The runs offered at least ``idle_seconds`` ago (their queue's liveness is checked
+    by the statement that withdraws them)."""
+    due = now - timedelta(seconds=idle_seconds)
+    return sorted(key for key, at in offered_at.items() if at <= due)
+
+
 class WorkerRuns:
     """The worker runs this executor process offers and waits for, and the worker-facing
     operations (:class:`dispo.executor.worker_servicer.WorkerServicer` serves them)."""
 
-    def __init__(self, db: Database, clock: Clock, lease_seconds: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        lease_seconds: float,
+        policy: QueuePolicy | None = None,
+        completes: Callable[[tuple[RunKey, str, Outcome]], Awaitable[bool]] | None = None,
+    ) -> None:
         self.db = db
+        # Where completions are written (the executor's commit port: group-committed);
+        # None: each with a statement of its own.
+        self.completes = completes
         self.clock = clock
         self.lease_seconds = lease_seconds
+        self.policy = policy or QueuePolicy()
+        # When each committed offer of this process was written (for the idle check).
+        self.offered_at: dict[RunKey, datetime] = {}
+        # When each worker's presence was last written by this process (clock time).
+        self._marked: dict[str, datetime] = {}
+        # The queues each worker polled this process for (its heartbeats mark them too: a
+        # worker with no free credit does not poll, and is live all the same).
+        self._serves: dict[str, tuple[str, ...]] = {}
         # The runs passes of this process wait for, by run.
         self.waiting: dict[RunKey, asyncio.Future[Outcome]] = {}
         # Those of them whose offer has committed: only these are looked for in the table
@@ -119,11 +184,13 @@ class WorkerRuns:
         try:
             await write(offer)
             self.committed.add(key)
+            self.offered_at[key] = self.clock.now()
             self._offered.set()
             self._offered = asyncio.Event()
             outcome = await waiter
         finally:
             self.committed.discard(key)
+            self.offered_at.pop(key, None)
             if self.waiting.get(key) is waiter:
                 del self.waiting[key]
         return result_of(outcome, spec)
@@ -137,13 +204,88 @@ class WorkerRuns:
 
     async def check(self) -> None:
         """The outcomes of the runs this process waits for that ended elsewhere or timed
-        out (one statement; none when nothing waits)."""
+        out (one statement; none when nothing waits), then the runs offered too long on a
+        queue with no live worker withdrawn (a statement only when one was offered that
+        long): their nodes are demoted (ADR-0101)."""
         keys = [key for key in self.waiting if key in self.committed]
         if not keys:
             return
+        now = self.clock.now()
         async with self.db.connection() as conn:
-            settled = await store.runs_settled_many(conn, keys, self.clock.now())
+            settled = await store.runs_settled_many(conn, keys, now)
         self.settle(settled)
+        idle = [
+            key
+            for key in withdrawable(self.offered_at, now, self.policy.idle_seconds)
+            if key in self.waiting
+        ]
+        if not idle:
+            return
+        async with self.db.connection() as conn:
+            rows = await store.runs_withdraw_if_idle_many(
+                conn,
+                idle,
+                now - timedelta(seconds=self.policy.idle_seconds),
+                now - timedelta(seconds=self.lease_seconds),
+            )
+        for row in rows:
+            log.warning(
+                "worker run withdrawn: no live worker",
+                task_id=row.task_id,
+                node_id=row.node_id,
+                queue=row.queue,
+            )
+        self.settle(
+            {
+                (row.task_id, row.node_id, row.attempt): Outcome(
+                    WITHDRAWN,
+                    None,
+                    NO_LIVE_WORKER.format(queue=row.queue, seconds=self.policy.idle_seconds),
+                )
+                for row in rows
+            }
+        )
+
+    async def queues(self) -> list[QueueState]:
+        """Every queue with a limit, a worker seen or a run, as it is now."""
+        now = self.clock.now()
+        async with self.db.connection() as conn:
+            rows = await presence.queues_summary(conn, now - timedelta(seconds=self.lease_seconds))
+        found = {
+            r.queue: QueueState(
+                r.queue,
+                r.live_workers,
+                r.last_seen,
+                r.offered,
+                r.taken,
+                self.policy.limits.get(r.queue, 0),
+            )
+            for r in rows
+        }
+        for name, limit in self.policy.limits.items():
+            found.setdefault(name, QueueState(name, max_concurrency=limit))
+        return [found[name] for name in sorted(found)]
+
+    async def mark(self, queues: Sequence[str], worker_id: str) -> None:
+        """The worker is live on ``queues`` now (written at most every
+        :data:`MARK_SECONDS` of the clock per worker)."""
+        now = self.clock.now()
+        last = self._marked.get(worker_id)
+        if last is not None and now - last < timedelta(seconds=MARK_SECONDS):
+            return
+        if len(self._marked) > 10_000:  # workers long gone
+            recent = timedelta(minutes=1)
+            self._marked = {w: at for w, at in self._marked.items() if now - at < recent}
+            self._serves = {w: q for w, q in self._serves.items() if w in self._marked}
+        self._marked[worker_id] = now
+        self._serves[worker_id] = tuple(queues)
+        async with self.db.connection() as conn:
+            await presence.presence_mark_many(
+                conn,
+                [(q, worker_id) for q in queues],
+                now,
+                now - timedelta(seconds=FORGET_SECONDS),
+            )
 
     # ---- the worker's operations ---------------------------------------------------------
     async def poll(
@@ -155,10 +297,8 @@ class WorkerRuns:
         end = loop.time() + min(max(wait_ms, 0), MAX_WAIT_MS) / 1000
         while True:
             offered = self._offered
-            async with self.db.connection() as conn:
-                rows = await store.runs_take_many(
-                    conn, queues, worker_id, max_runs, self.clock.now(), self.lease_seconds
-                )
+            await self.mark(queues, worker_id)
+            rows = await self._take(queues, worker_id, max_runs)
             left = end - loop.time()
             if rows or left <= 0:
                 return [
@@ -168,7 +308,25 @@ class WorkerRuns:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(offered.wait(), min(RECHECK_SECONDS, left))
 
+    async def _take(self, queues: Sequence[str], worker_id: str, max_runs: int) -> list[Row]:
+        """One try at taking runs; the queues with a limit are locked for it, so their
+        taken runs are counted by one taker at a time (across executor processes)."""
+        limits = {q: self.policy.limits[q] for q in queues if self.policy.limits.get(q)}
+        if not limits:
+            async with self.db.connection() as conn:
+                return await store.runs_take_many(
+                    conn, queues, worker_id, max_runs, self.clock.now(), self.lease_seconds
+                )
+        async with self.db.transaction() as conn:
+            await store.queues_lock_many(conn, list(limits))
+            return await store.runs_take_many(
+                conn, queues, worker_id, max_runs, self.clock.now(), self.lease_seconds, limits
+            )
+
     async def heartbeat(self, worker_id: str, keys: Sequence[RunKey]) -> dict[RunKey, datetime]:
+        serves = self._serves.get(worker_id)
+        if serves:
+            await self.mark(serves, worker_id)
         async with self.db.connection() as conn:
             return await store.runs_extend_if_held_many(
                 conn, worker_id, keys, self.clock.now(), self.lease_seconds
@@ -177,12 +335,16 @@ class WorkerRuns:
     async def complete(self, key: RunKey, worker_id: str, outcome: Outcome) -> bool:
         """Record a worker's outcome if it still holds the run (False: refused, nothing
         written); a pass of this process waiting for it has it at once."""
-        async with self.db.connection() as conn:
-            done = await store.runs_complete_if_held_many(
-                conn, [(key, worker_id, outcome)], self.clock.now()
-            )
-        if key not in done:
-            return False
+        if self.completes is not None:  # group-committed with the others under way
+            if not await self.completes((key, worker_id, outcome)):
+                return False
+        else:
+            async with self.db.connection() as conn:
+                done = await store.runs_complete_if_held_many(
+                    conn, [(key, worker_id, outcome)], self.clock.now()
+                )
+            if key not in done:
+                return False
         self.settle({key: outcome})
         return True
 

@@ -49,12 +49,13 @@ def cells(env: task_pb2.Task) -> list[str]:
 
 
 def blocking_downstreams(env: task_pb2.Task) -> list[str]:
-    """Downstreams the task's DEMOTED nodes wait for."""
+    """What the task's DEMOTED nodes wait for: downstreams, and ``queue:<name>`` for worker
+    queues without a live worker (ADR-0101)."""
     return sorted(
         {
-            n.spec.downstream
+            tasks.blocker(n.spec.downstream, n.spec.queue)
             for n in env.nodes
-            if n.status == NS.NODE_STATUS_DEMOTED and n.spec.downstream
+            if n.status == NS.NODE_STATUS_DEMOTED and (n.spec.downstream or n.spec.queue)
         }
     )
 

@@ -14,6 +14,7 @@ from dispo.reconciler.context import Context
 from dispo.reconciler.http_client import http_client
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.outbox import outbox
+from dispo.reconciler.queue_health import QueueHealth
 from dispo.reconciler.recovery import store
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.settings import ReconcilerSettings, load_config
@@ -49,6 +50,7 @@ async def wire_recovery(rt: Runtime) -> Context:
         outputs=OutputsReader(
             rt.channel(settings.executor_address), settings.outputs_timeout_seconds
         ),
+        queues=QueueHealth(rt.channel(settings.executor_address), settings.outputs_timeout_seconds),
     )
     rt.add_servicer(
         lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from dispo.executor.commits import Flushes
 from dispo.executor.domain import ActionSpec
 from dispo.executor.store import worker_runs as store
 from dispo.executor.worker_runs import WorkerRuns
@@ -43,3 +44,41 @@ async def test_a_check_before_the_offer_commits_settles_nothing(
     await runs.check()
     result = await asyncio.wait_for(waiting, 5)
     assert "taken back" in result.detail, result
+
+
+async def test_completions_group_committed_record_a_run_once_and_refuse_the_rest(
+    service_db, manual_clock: ManualClock
+):
+    """Workers' completions share one statement (the executor's commit port): a run
+    completed twice in one flush is recorded once, its first outcome, the second refused as
+    if it came after; a worker that does not hold its run is refused; nothing else moves."""
+    db = await service_db("executor")
+    flushes = Flushes(db, None, manual_clock, None, 10.0)  # type: ignore[arg-type]
+    offers = [
+        store.Offer(
+            f"t{i}", "a.work", "tickets", "me", 1, f"t{i}/a.work", "work", True, 5000, b"{}"
+        )
+        for i in range(3)
+    ]
+    async with db.connection() as conn:
+        await store.runs_offer_many(conn, offers, manual_clock.now())
+        taken = await store.runs_take_many(
+            conn, ["tickets"], "w1", 3, manual_clock.now(), lease_seconds=10
+        )
+    assert len(taken) == 3
+    first = store.Outcome(store.OUTPUT, b'{"n":1}')
+    second = store.Outcome(store.OUTPUT, b'{"n":2}')
+    answers = await flushes.complete(
+        [
+            (offers[0].key, "w1", first),
+            (offers[0].key, "w1", second),
+            (offers[1].key, "someone-else", first),
+            (offers[2].key, "w1", second),
+        ]
+    )
+    assert list(answers) == [True, False, False, True]
+    async with db.connection() as conn:
+        settled = await store.runs_settled_many(conn, [o.key for o in offers], manual_clock.now())
+    assert settled[offers[0].key].output == b'{"n":1}'
+    assert offers[1].key not in settled  # still taken by w1
+    assert settled[offers[2].key].output == b'{"n":2}'

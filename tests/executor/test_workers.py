@@ -79,6 +79,15 @@ WORKER_CELLS = """
       name: {{type: string, required: true}}
     actions:
       run: {{kind: worker, queue: slow_once, idempotent: false}}
+  w_limited:
+    description: A worker run on a queue with a limit.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      run: {{kind: worker, queue: limited, idempotent: true}}
+queues:
+  limited:
+    max_concurrency: 2
 """
 
 # A worker silent for this long has lost its run (heartbeats every third of it).
@@ -131,6 +140,7 @@ class Workers:
                 {
                     "PYTHONPATH": str(Path(__file__).parent),
                     "WORKER_EFFECTS": str(self.effects_file),
+                    "WORKER_RUNNING": str(self.folder / "running.txt"),
                     **env,
                 },
                 None,
@@ -236,6 +246,23 @@ async def test_two_workers_on_one_queue_take_each_run_once(client, workers):
         assert done.status == "SUCCEEDED", dump(done)
     counted = Counter(key for _, key, _, _ in workers.effects())
     assert counted == {f"{t.task_id}/w_ticket.open": 1 for t in tasks}
+
+
+async def test_a_queues_max_concurrency_holds_across_three_racing_workers(client, workers):
+    """Three workers with free credit for ten runs each race for the runs of a queue whose
+    catalogue limit is two: at no moment do more than two run, across the three."""
+    for _ in range(3):
+        workers.start()
+    tasks = [await client.submit("tests", [cell("w_limited", name=f"l{i}")]) for i in range(12)]
+    for t in tasks:
+        done = await client.wait(t.task_id, timeout=60)
+        assert done.status == "SUCCEEDED", dump(done)
+    effects = workers.effects()
+    assert sorted(key for _, key, _, _ in effects) == sorted(
+        f"{t.task_id}/w_limited.run" for t in tasks
+    )
+    high_water = max(seen for _, _, seen, _ in effects)
+    assert high_water <= 2, effects
 
 
 async def test_with_no_worker_the_node_waits_offered_and_runs_once_one_connects(

@@ -1,11 +1,13 @@
 """A worker the worker-action tests run as a real process (``dispo worker run
 worker_app:worker``). Every effect is a line appended to ``WORKER_EFFECTS``: ``<queue>
 <idempotency key> <attempt> <pid>``; nothing is deduplicated. ``WORKER_HOLD``: seconds a
-``slow`` / ``slow_once`` run waits after its effect, on its first attempt."""
+``slow`` / ``slow_once`` run waits after its effect, on its first attempt. A ``limited``
+run writes, in place of its attempt, how many were under way in all workers as it began."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 
 from dispo.sdk import RetryableError, RunContext, Worker
@@ -13,8 +15,8 @@ from dispo.sdk import RetryableError, RunContext, Worker
 worker = Worker(concurrency=int(os.environ.get("WORKER_CONCURRENCY", "10")), grace=2.0)
 
 
-def effect(ctx: RunContext) -> None:
-    line = f"{ctx.queue} {ctx.idempotency_key} {ctx.attempt} {os.getpid()}\n"
+def effect(ctx: RunContext, attempt: int | None = None) -> None:
+    line = f"{ctx.queue} {ctx.idempotency_key} {attempt or ctx.attempt} {os.getpid()}\n"
     fd = os.open(os.environ["WORKER_EFFECTS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, line.encode())
@@ -48,3 +50,31 @@ async def slow(ctx: RunContext, payload: dict) -> dict:
 
 worker.action("slow")(slow)
 worker.action("slow_once")(slow)
+
+
+def running(change: int) -> int:
+    """Runs of ``limited`` under way in every worker process now (a count kept in the file
+    ``WORKER_RUNNING`` under an exclusive lock), after adding ``change``."""
+    fd = os.open(os.environ["WORKER_RUNNING"], os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        now = int(os.read(fd, 32) or b"0") + change
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(now).encode())
+        return now
+    finally:
+        os.close(fd)
+
+
+@worker.action("limited")
+async def limited(ctx: RunContext, payload: dict) -> dict:
+    """Records, as its effect's attempt field, how many runs of the queue were under way
+    across all workers when it started (its own high-water mark)."""
+    seen = running(+1)
+    try:
+        effect(ctx, seen)
+        await asyncio.sleep(0.2)
+    finally:
+        running(-1)
+    return {}

@@ -3,6 +3,7 @@ service's quarantine: each one call (or one call per id) and a table of its repl
 
 dispo failed list|show|resume|abandon|resolve   ReconcilerService (failed, parked, uncertain work)
 dispo downstreams list|pause|resume             ReconcilerService (downstreams)
+dispo queues                                    ExecutorService (worker queues)
 dispo pool status|queue|evaluations|boost|bounds   PoolService
 dispo jobs list|show|trigger                    IntelligenceService
 dispo quarantine list|show|replay|discard       QuarantineService of one service
@@ -19,6 +20,8 @@ from typing import Annotated, Any, TypeVar
 import grpc
 import typer
 import yaml
+from dispo.libs.api.executor.v1 import executor_pb2 as epb
+from dispo.libs.api.executor.v1 import executor_pb2_grpc
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
@@ -357,6 +360,27 @@ def downstreams_resume(
             rpb.ResumeDownstreamRequest(name=name, actor=actor()), timeout=CALL_SECONDS
         )
     show(reply, as_json, lambda r: table([r.downstream], _DOWNSTREAM_COLUMNS))
+
+
+# --- queues -------------------------------------------------------------------------------
+
+_QUEUE_COLUMNS: list[Column] = [
+    ("queue", lambda q: q.name),
+    ("workers", lambda q: q.live_workers),
+    ("health", lambda q: "live" if q.live else "no live worker"),
+    ("last seen", lambda q: when(q.last_seen) if q.HasField("last_seen") else ""),
+    ("offered", lambda q: q.offered),
+    ("taken", lambda q: q.taken),
+    ("max", lambda q: q.max_concurrency or ""),
+]
+
+
+def queues(ctx: typer.Context, as_json: JSON_OPTION = False) -> None:
+    """Each worker queue: its live workers, runs offered and taken, its limit (the
+    executor's ListQueues)."""
+    with _stub(ctx, "executor", executor_pb2_grpc.ExecutorServiceStub) as executor:
+        reply = executor.ListQueues(epb.ListQueuesRequest(), timeout=CALL_SECONDS)
+    show(reply, as_json, lambda r: table(r.queues, _QUEUE_COLUMNS))
 
 
 # --- pool ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ worker whose lease ran out completes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -117,30 +117,54 @@ async def runs_take_many(
     max_runs: int,
     now: datetime,
     lease_seconds: float,
+    limits: Mapping[str, int] | None = None,
 ) -> list[Row]:
     """Take up to ``max_runs`` runs offered on ``queues``, oldest first, for ``worker_id``:
     leased until ``lease_seconds`` from ``now``, due by their action's timeout from
-    ``now``. Runs another taker holds locked are skipped, never waited for. The rows
-    taken, whole."""
+    ``now``. Runs another taker holds locked are skipped, never waited for. A queue with a
+    limit in ``limits`` (its ``max_concurrency``) gives no more runs than it has left: the
+    limit less its runs taken now, counted in this statement — the caller holds the
+    queue's lock (:func:`queues_lock_many`) in the same transaction, so two takers count
+    in turn. The rows taken, whole."""
     if not queues or max_runs <= 0:
         return []
+    names = sorted(set(queues))
+    limits = limits or {}
     return await conn.fetch(
-        "WITH picked AS (SELECT task_id, node_id FROM worker_runs"
-        " WHERE queue = ANY(CAST(:queues AS text[])) AND state = 'offered'"
-        " ORDER BY offered_at LIMIT :n FOR UPDATE SKIP LOCKED)"
+        "WITH q AS (SELECT * FROM unnest(CAST(:queues AS text[]), CAST(:caps AS integer[]))"
+        " AS q(queue, cap)),"
+        " picked AS (SELECT c.task_id, c.node_id, c.offered_at FROM q CROSS JOIN LATERAL"
+        " (SELECT r.task_id, r.node_id, r.offered_at FROM worker_runs r"
+        " WHERE r.queue = q.queue AND r.state = 'offered' ORDER BY r.offered_at"
+        " LIMIT CASE WHEN q.cap IS NULL THEN :n ELSE GREATEST(0, LEAST(:n, q.cap -"
+        " (SELECT count(*) FROM worker_runs t WHERE t.queue = q.queue AND t.state = 'taken')))"
+        " END FOR UPDATE SKIP LOCKED) c ORDER BY c.offered_at LIMIT :n)"
         " UPDATE worker_runs r SET state = 'taken', worker_id = :worker, lease_until = :until,"
         " deadline = CAST(:now AS timestamptz) + r.timeout_ms * interval '1 millisecond'"
         " FROM picked p WHERE r.task_id = p.task_id AND r.node_id = p.node_id"
         " AND r.state = 'offered'"
         " RETURNING r.*",
         {
-            "queues": sorted(set(queues)),
+            "queues": names,
+            "caps": [limits.get(q) for q in names],
             "n": max_runs,
             "worker": worker_id,
             "until": now + timedelta(seconds=lease_seconds),
             "now": now,
         },
     )
+
+
+async def queues_lock_many(conn: Conn, queues: Sequence[str]) -> None:
+    """Lock these queues until the caller's transaction ends (in name order: two takers
+    never wait for each other crosswise), so their taken runs are counted by one taker at
+    a time."""
+    if queues:
+        await conn.fetch(
+            "SELECT pg_advisory_xact_lock(hashtextextended('dispo.worker_queue:' || q, 0))"
+            " FROM (SELECT q FROM unnest(CAST(:queues AS text[])) AS q ORDER BY q) s",
+            {"queues": sorted(set(queues))},
+        )
 
 
 async def runs_extend_if_held_many(
@@ -268,6 +292,27 @@ async def runs_settled_many(
             kind, r.output, r.message or "", bool(r.retryable)
         )
     return settled
+
+
+async def runs_withdraw_if_idle_many(
+    conn: Conn, keys: Sequence[RunKey], offered_before: datetime, live_since: datetime
+) -> list[Row]:
+    """Withdraw each run among ``keys`` still offered since before ``offered_before`` on a
+    queue no worker showed itself on since ``live_since`` (:mod:`.queues`): its row is
+    deleted, so no worker can take it any more. The runs withdrawn (their keys and queue);
+    one taken meanwhile stays."""
+    if not keys:
+        return []
+    return await conn.fetch(
+        "DELETE FROM worker_runs r USING "
+        + _UNNEST_KEYS
+        + " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
+        " AND r.state = 'offered' AND r.offered_at < :before"
+        " AND NOT EXISTS (SELECT 1 FROM worker_presence p"
+        " WHERE p.queue = r.queue AND p.seen_at >= :since)"
+        " RETURNING r.task_id, r.node_id, r.attempt, r.queue",
+        {**_keys(keys), "before": offered_before, "since": live_since},
+    )
 
 
 async def runs_delete_many(conn: Conn, keys: Sequence[RunKey]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+from dispo.libs.contracts.tasks import blocker_queue
 from dispo.libs.downstream_health import check_health
 from dispo.libs.errors import InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
@@ -20,9 +21,13 @@ log = get_logger(__name__)
 
 
 async def health_sweep(ctx: Context) -> int:
-    """Probe every downstream with demoted tasks waiting; returns how many were probed."""
+    """Probe everything demoted tasks wait for: a downstream at its health URL, a worker
+    queue by asking the executor whether it has a live worker (ADR-0101); returns how many
+    were probed."""
     async with ctx.db.connection() as conn:
         names = await store.downstreams_demoted(conn)
+    queues = [(n, q) for n in names if (q := blocker_queue(n)) is not None]
+    downstreams = [n for n in names if blocker_queue(n) is None]
     results = await asyncio.gather(
         *(
             check_health(
@@ -30,12 +35,19 @@ async def health_sweep(ctx: Context) -> int:
                 ctx.config.downstreams[n].health_url if n in ctx.config.downstreams else "",
                 ctx.settings.http_timeout_seconds,
             )
-            for n in names
+            for n in downstreams
         )
     )
+    checked = list(zip(downstreams, results, strict=True))
+    if queues:
+        if ctx.queues is None:
+            answers = [(False, "the reconciler has no executor address")] * len(queues)
+        else:
+            answers = await ctx.queues.check([q for _, q in queues])
+        checked += list(zip([n for n, _ in queues], answers, strict=True))
     now = ctx.clock.now()
     async with ctx.db.transaction() as conn:
-        for name, (healthy, error) in zip(names, results, strict=False):
+        for name, (healthy, error) in checked:
             if await store.downstream_record_probe(conn, name, healthy, error, now):
                 log.info("downstream health changed", downstream=name, healthy=healthy, error=error)
     return len(names)
@@ -69,7 +81,7 @@ async def release_sweep(ctx: Context) -> int:
 def _name(ctx: Context, name: str) -> str:
     if not name.strip():
         raise InvalidArgument("name", "required: the downstream's name")
-    if name.strip() not in ctx.config.downstreams:
+    if name.strip() not in ctx.config.downstreams and not blocker_queue(name.strip()):
         raise NotFound(
             f"downstream {name.strip()!r} is not in the registry ({', '.join(sorted(ctx.config.downstreams))})"
         )

@@ -57,6 +57,99 @@ calls decide (all succeed: it closes; one fails: it opens again).
 Global___BreakerState: _TypeAlias = BreakerState  # noqa: Y015
 
 @_typing.final
+class ListQueuesRequest(_message.Message):
+    """ListQueues takes nothing: every queue is listed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQueuesRequest: _TypeAlias = ListQueuesRequest  # noqa: Y015
+
+@_typing.final
+class Queue(_message.Message):
+    """One worker queue as the executor sees it now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    LIVE_WORKERS_FIELD_NUMBER: _builtins.int
+    LIVE_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_FIELD_NUMBER: _builtins.int
+    OFFERED_FIELD_NUMBER: _builtins.int
+    TAKEN_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Its name, as worker actions name it."""
+    live_workers: _builtins.int
+    """Workers that polled or heartbeat on it within a run lease (DISPO_EXECUTOR_RUN_LEASE_SECONDS)."""
+    live: _builtins.bool
+    """True when live_workers > 0: its runs are taken; false: runs offered on it are demoted
+    after DISPO_EXECUTOR_QUEUE_IDLE_SECONDS.
+    """
+    offered: _builtins.int
+    """Runs offered and not yet taken."""
+    taken: _builtins.int
+    """Runs taken by a worker, not yet completed."""
+    max_concurrency: _builtins.int
+    """Most runs taken at once across all its workers (the catalogue's
+    queues.<name>.max_concurrency); 0: no limit.
+    """
+    @_builtins.property
+    def last_seen(self) -> _timestamp_pb2.Timestamp:
+        """When any of its workers was last seen (unset: never, or forgotten)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        live_workers: _builtins.int = ...,
+        live: _builtins.bool = ...,
+        last_seen: _timestamp_pb2.Timestamp | None = ...,
+        offered: _builtins.int = ...,
+        taken: _builtins.int = ...,
+        max_concurrency: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen", b"last_seen"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seen", b"last_seen", "live", b"live", "live_workers", b"live_workers", "max_concurrency", b"max_concurrency", "name", b"name", "offered", b"offered", "taken", b"taken"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Queue: _TypeAlias = Queue  # noqa: Y015
+
+@_typing.final
+class ListQueuesResponse(_message.Message):
+    """The queues."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___Queue]:
+        """By name."""
+
+    def __init__(
+        self,
+        *,
+        queues: _abc.Iterable[Global___Queue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQueuesResponse: _TypeAlias = ListQueuesResponse  # noqa: Y015
+
+@_typing.final
 class GetOutputsRequest(_message.Message):
     """Whose outputs to read."""
 

@@ -45,6 +45,11 @@ class ExecutorServiceStub:
                 request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsRequest.SerializeToString,
                 response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsResponse.FromString,
                 _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/dispo.executor.v1.ExecutorService/ListQueues',
+                request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServiceServicer:
@@ -69,6 +74,18 @@ class ExecutorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQueues(self, request, context):
+        """The worker queues (ADR-0101): each declared in the catalogue, with a worker seen or a
+        run, with its live workers (seen within a run lease, by any executor replica), its
+        runs offered and taken, and its max_concurrency. A run offered on a queue with no live
+        worker for DISPO_EXECUTOR_QUEUE_IDLE_SECONDS is withdrawn and its node demoted; the
+        reconciler releases it once ListQueues says the queue is live again. Callers: the
+        reconciler, admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -81,6 +98,11 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.GetOutputs,
                     request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsRequest.FromString,
                     response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsResponse.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesRequest.FromString,
+                    response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,6 +160,33 @@ class ExecutorService:
             '/dispo.executor.v1.ExecutorService/GetOutputs',
             dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsRequest.SerializeToString,
             dispo_dot_executor_dot_v1_dot_executor__pb2.GetOutputsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.executor.v1.ExecutorService/ListQueues',
+            dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesRequest.SerializeToString,
+            dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

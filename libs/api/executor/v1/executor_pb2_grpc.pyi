@@ -46,6 +46,14 @@ class ExecutorServiceStub:
     Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
     admin.
     """
+    ListQueues: _grpc.UnaryUnaryMultiCallable[_executor_pb2.ListQueuesRequest, _executor_pb2.ListQueuesResponse]
+    """The worker queues (ADR-0101): each declared in the catalogue, with a worker seen or a
+    run, with its live workers (seen within a run lease, by any executor replica), its
+    runs offered and taken, and its max_concurrency. A run offered on a queue with no live
+    worker for DISPO_EXECUTOR_QUEUE_IDLE_SECONDS is withdrawn and its node demoted; the
+    reconciler releases it once ListQueues says the queue is live again. Callers: the
+    reconciler, admin.
+    """
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
@@ -61,6 +69,14 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
     own record (any replica answers). NOT_FOUND for a task the executor has not recorded.
     Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
     admin.
+    """
+    ListQueues: _aio.UnaryUnaryMultiCallable[_executor_pb2.ListQueuesRequest, _executor_pb2.ListQueuesResponse]  # type: ignore[assignment]
+    """The worker queues (ADR-0101): each declared in the catalogue, with a worker seen or a
+    run, with its live workers (seen within a run lease, by any executor replica), its
+    runs offered and taken, and its max_concurrency. A run offered on a queue with no live
+    worker for DISPO_EXECUTOR_QUEUE_IDLE_SECONDS is withdrawn and its node demoted; the
+    reconciler releases it once ListQueues says the queue is live again. Callers: the
+    reconciler, admin.
     """
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -86,6 +102,20 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
         own record (any replica answers). NOT_FOUND for a task the executor has not recorded.
         Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
         admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ListQueues(
+        self,
+        request: _executor_pb2.ListQueuesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.ListQueuesResponse, _abc.Awaitable[_executor_pb2.ListQueuesResponse]]:
+        """The worker queues (ADR-0101): each declared in the catalogue, with a worker seen or a
+        run, with its live workers (seen within a run lease, by any executor replica), its
+        runs offered and taken, and its max_concurrency. A run offered on a queue with no live
+        worker for DISPO_EXECUTOR_QUEUE_IDLE_SECONDS is withdrawn and its node demoted; the
+        reconciler releases it once ListQueues says the queue is live again. Callers: the
+        reconciler, admin.
         """
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
