@@ -12,8 +12,9 @@ from dispo.executor.runner import Executor
 from dispo.executor.states import TaskState
 from dispo.executor.store import node_runs, task_runs, worker_runs
 from dispo.executor.store.worker_runs import Outcome, RunKey
-from dispo.executor.worker_runs import MAX_WAIT_MS, BadToken, WorkerRuns, parse_token
+from dispo.executor.worker_runs import MAX_WAIT_MS, BadToken, RunRef, WorkerRuns, parse_run
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc, worker_pb2, worker_pb2_grpc
+from dispo.libs.auth.scope import queue_scope, require_queues
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import Aborted, InvalidArgument, NotFound
 from dispo.libs.payload import PayloadError, json_payload, parse_json_value, payload_problem
@@ -72,11 +73,15 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
 MAX_RUNS = 100
 
 
-def _token(token: str, field: str = "run_token") -> tuple[RunKey, str]:
+def _token(token: str, field: str = "run_token") -> RunRef:
+    """The run a token names (INVALID_ARGUMENT naming ``field`` when it names none), of a
+    queue the caller serves (PERMISSION_DENIED naming ``field`` otherwise)."""
     try:
-        return parse_token(token)
+        ref = parse_run(token)
     except BadToken as bad:
         raise InvalidArgument(field, str(bad)) from None
+    require_queues([ref.queue], field)
+    return ref
 
 
 def _worker_id(worker_id: str) -> str:
@@ -92,10 +97,10 @@ def _held_by(tokens: Sequence[str], worker_id: str) -> list[RunKey]:
     token otherwise)."""
     keys = []
     for i, token in enumerate(tokens):
-        key, holder = _token(token, f"run_tokens[{i}]")
-        if holder != worker_id:
-            raise InvalidArgument(f"run_tokens[{i}]", f"names a run taken by {holder!r}")
-        keys.append(key)
+        ref = _token(token, f"run_tokens[{i}]")
+        if ref.worker_id != worker_id:
+            raise InvalidArgument(f"run_tokens[{i}]", f"names a run taken by {ref.worker_id!r}")
+        keys.append(ref.key)
     return keys
 
 
@@ -144,6 +149,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             raise InvalidArgument("max_runs", f"must be 1 to {MAX_RUNS}")
         if not 0 <= request.wait_ms <= MAX_WAIT_MS:
             raise InvalidArgument("wait_ms", f"must be 0 to {MAX_WAIT_MS}")
+        require_queues(request.queues, "queues")
         taken = await self.runs.poll(
             list(request.queues), worker_id, request.max_runs, request.wait_ms
         )
@@ -169,7 +175,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.HeartbeatRunsResponse:
         worker_id = _worker_id(request.worker_id)
         keys = _held_by(request.run_tokens, worker_id)
-        held = await self.runs.heartbeat(worker_id, keys)
+        held = await self.runs.heartbeat(worker_id, keys, queue_scope())
         out = worker_pb2.HeartbeatRunsResponse()
         for token, key in zip(request.run_tokens, keys, strict=True):
             lease = out.leases.add(run_token=token, held=key in held)
@@ -180,9 +186,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def CompleteRun(
         self, request: worker_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.CompleteRunResponse:
-        key, worker_id = _token(request.run_token)
+        ref = _token(request.run_token)
+        key, worker_id = ref.key, ref.worker_id
         outcome = _outcome(request)
-        if not await self.runs.complete(key, worker_id, outcome):
+        if not await self.runs.complete(key, worker_id, outcome, queue_scope()):
             task_id, node_id, attempt = key
             raise Aborted(
                 f"the run's lease was lost: node {node_id} of task {task_id} (attempt"
@@ -195,4 +202,5 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.ReleaseRunsResponse:
         worker_id = _worker_id(request.worker_id)
         keys = _held_by(request.run_tokens, worker_id)
-        return worker_pb2.ReleaseRunsResponse(released=await self.runs.release(worker_id, keys))
+        released = await self.runs.release(worker_id, keys, queue_scope())
+        return worker_pb2.ReleaseRunsResponse(released=released)

@@ -62,25 +62,52 @@ class BadToken(ValueError):
     """A run token that is not one PollRuns handed out."""
 
 
-def run_token(key: RunKey, worker_id: str) -> str:
-    """The opaque token naming a run taken by ``worker_id``."""
+@dataclass(frozen=True)
+class RunRef:
+    """What a run token names: the run, the worker that took it, its queue, and whether it
+    is a probe run (ADR-0100)."""
+
+    key: RunKey
+    worker_id: str
+    queue: str = ""
+    probe: bool = False
+
+
+def run_token(key: RunKey, worker_id: str, queue: str = "", probe: bool = False) -> str:
+    """The opaque token naming a run of ``queue`` taken by ``worker_id``."""
     task_id, node_id, attempt = key
-    raw = json.dumps([task_id, node_id, attempt, worker_id], separators=(",", ":"))
+    parts: list[object] = [task_id, node_id, attempt, worker_id, queue]
+    if probe:
+        parts.append(1)
+    raw = json.dumps(parts, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def parse_run(token: str) -> RunRef:
+    """The run a token names (BadToken when it names none)."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        parts = json.loads(raw)
+        task_id, node_id, attempt, worker_id = parts[:4]
+        queue = parts[4] if len(parts) > 4 else ""
+        probe = len(parts) > 5 and parts[5] == 1
+    except (ValueError, TypeError, KeyError) as error:
+        raise BadToken("not a run token PollRuns handed out") from error
+    if (
+        not isinstance(parts, list)
+        or len(parts) > 6
+        or not all(isinstance(v, str) and v for v in (task_id, node_id, worker_id))
+        or not isinstance(queue, str)
+        or not (isinstance(attempt, int) and attempt > 0)
+    ):
+        raise BadToken("not a run token PollRuns handed out")
+    return RunRef((task_id, node_id, attempt), worker_id, queue, probe)
 
 
 def parse_token(token: str) -> tuple[RunKey, str]:
     """The run and worker a token names (BadToken when it names none)."""
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        task_id, node_id, attempt, worker_id = json.loads(raw)
-    except (ValueError, TypeError) as error:
-        raise BadToken("not a run token PollRuns handed out") from error
-    if not all(isinstance(v, str) and v for v in (task_id, node_id, worker_id)) or not (
-        isinstance(attempt, int) and attempt > 0
-    ):
-        raise BadToken("not a run token PollRuns handed out")
-    return (task_id, node_id, attempt), worker_id
+    ref = parse_run(token)
+    return ref.key, ref.worker_id
 
 
 # ---- the runs of this process ------------------------------------------------------------
@@ -162,36 +189,51 @@ class WorkerRuns:
             left = end - loop.time()
             if rows or left <= 0:
                 return [
-                    Taken(row, run_token((row.task_id, row.node_id, row.attempt), worker_id))
+                    Taken(
+                        row,
+                        run_token((row.task_id, row.node_id, row.attempt), worker_id, row.queue),
+                    )
                     for row in rows
                 ]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(offered.wait(), min(RECHECK_SECONDS, left))
 
-    async def heartbeat(self, worker_id: str, keys: Sequence[RunKey]) -> dict[RunKey, datetime]:
+    # ``queues`` (below): the queues the caller may serve (None: every queue); a run of
+    # another queue is not held by it.
+    async def heartbeat(
+        self, worker_id: str, keys: Sequence[RunKey], queues: Sequence[str] | None = None
+    ) -> dict[RunKey, datetime]:
         async with self.db.connection() as conn:
             return await store.runs_extend_if_held_many(
-                conn, worker_id, keys, self.clock.now(), self.lease_seconds
+                conn, worker_id, keys, self.clock.now(), self.lease_seconds, queues
             )
 
-    async def complete(self, key: RunKey, worker_id: str, outcome: Outcome) -> bool:
+    async def complete(
+        self,
+        key: RunKey,
+        worker_id: str,
+        outcome: Outcome,
+        queues: Sequence[str] | None = None,
+    ) -> bool:
         """Record a worker's outcome if it still holds the run (False: refused, nothing
         written); a pass of this process waiting for it has it at once."""
         async with self.db.connection() as conn:
             done = await store.runs_complete_if_held_many(
-                conn, [(key, worker_id, outcome)], self.clock.now()
+                conn, [(key, worker_id, outcome)], self.clock.now(), queues
             )
         if key not in done:
             return False
         self.settle({key: outcome})
         return True
 
-    async def release(self, worker_id: str, keys: Sequence[RunKey]) -> int:
+    async def release(
+        self, worker_id: str, keys: Sequence[RunKey], queues: Sequence[str] | None = None
+    ) -> int:
         """Hand back the runs ``worker_id`` holds (see
         :func:`store.runs_release_if_held_many`); how many it held."""
         async with self.db.connection() as conn:
             rows = await store.runs_release_if_held_many(
-                conn, worker_id, keys, self.clock.now(), RELEASED
+                conn, worker_id, keys, self.clock.now(), RELEASED, queues
             )
         if any(row.state == "offered" for row in rows):
             self._offered.set()

@@ -64,6 +64,14 @@ def _keys(keys: Sequence[RunKey]) -> dict[str, list[Any]]:
     }
 
 
+# A guard on a run's queue: none when ``:queues`` is NULL (a caller serving every queue).
+_OF_QUEUES = " AND (CAST(:queues AS text[]) IS NULL OR r.queue = ANY(CAST(:queues AS text[])))"
+
+
+def _queues(queues: Sequence[str] | None) -> list[str] | None:
+    return None if queues is None else sorted(set(queues))
+
+
 _UNNEST_KEYS = (
     "unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:attempts AS integer[]))"
     " AS u(task, node, attempt)"
@@ -144,10 +152,16 @@ async def runs_take_many(
 
 
 async def runs_extend_if_held_many(
-    conn: Conn, worker_id: str, keys: Sequence[RunKey], now: datetime, lease_seconds: float
+    conn: Conn,
+    worker_id: str,
+    keys: Sequence[RunKey],
+    now: datetime,
+    lease_seconds: float,
+    queues: Sequence[str] | None = None,
 ) -> dict[RunKey, datetime]:
     """Extend the lease of each run ``worker_id`` still holds (taken by it at that attempt,
-    its lease not run out); the new ends, by run (a run missing was not held)."""
+    its lease not run out, of ``queues`` unless None); the new ends, by run (a run missing
+    was not held)."""
     if not keys:
         return {}
     rows = await conn.fetch(
@@ -155,9 +169,11 @@ async def runs_extend_if_held_many(
         + _UNNEST_KEYS
         + " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND r.worker_id = :worker AND r.lease_until >= :now"
-        " RETURNING r.task_id, r.node_id, r.attempt, r.lease_until",
+        + _OF_QUEUES
+        + " RETURNING r.task_id, r.node_id, r.attempt, r.lease_until",
         {
             **_keys(keys),
+            "queues": _queues(queues),
             "worker": worker_id,
             "now": now,
             "until": now + timedelta(seconds=lease_seconds),
@@ -167,11 +183,14 @@ async def runs_extend_if_held_many(
 
 
 async def runs_complete_if_held_many(
-    conn: Conn, completions: Sequence[tuple[RunKey, str, Outcome]], now: datetime
+    conn: Conn,
+    completions: Sequence[tuple[RunKey, str, Outcome]],
+    now: datetime,
+    queues: Sequence[str] | None = None,
 ) -> set[RunKey]:
     """Record each ``(run, worker_id, outcome)`` where that worker still holds the run
-    (taken by it at that attempt, its lease not run out): ``done``. The runs recorded (a
-    missing one was not held: nothing written)."""
+    (taken by it at that attempt, its lease not run out, of ``queues`` unless None):
+    ``done``. The runs recorded (a missing one was not held: nothing written)."""
     if not completions:
         return set()
     rows = await conn.fetch(
@@ -183,9 +202,11 @@ async def runs_complete_if_held_many(
         " AS u(task, node, attempt, worker, kind, output, message, retryable)"
         " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND r.worker_id = u.worker AND r.lease_until >= :now"
-        " RETURNING r.task_id, r.node_id, r.attempt",
+        + _OF_QUEUES
+        + " RETURNING r.task_id, r.node_id, r.attempt",
         {
             **_keys([key for key, _, _ in completions]),
+            "queues": _queues(queues),
             "workers": [worker for _, worker, _ in completions],
             "kinds": [o.kind for _, _, o in completions],
             "outputs": [o.output for _, _, o in completions],
@@ -198,9 +219,14 @@ async def runs_complete_if_held_many(
 
 
 async def runs_release_if_held_many(
-    conn: Conn, worker_id: str, keys: Sequence[RunKey], now: datetime, why: str
+    conn: Conn,
+    worker_id: str,
+    keys: Sequence[RunKey],
+    now: datetime,
+    why: str,
+    queues: Sequence[str] | None = None,
 ) -> list[Row]:
-    """Hand back the runs ``worker_id`` still holds: an idempotent action's is offered
+    """Hand back the runs ``worker_id`` still holds (of ``queues`` unless None): an idempotent action's is offered
     again at once (its place in its queue kept); any other's ends ``lost`` with ``why`` (its
     handler may have had its effect). The rows moved (``state`` as they are now)."""
     if not keys:
@@ -217,8 +243,9 @@ async def runs_release_if_held_many(
         + _UNNEST_KEYS
         + " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND r.worker_id = :worker AND r.lease_until >= :now"
-        " RETURNING r.task_id, r.node_id, r.attempt, r.queue, r.state",
-        {**_keys(keys), "worker": worker_id, "now": now, "why": why},
+        + _OF_QUEUES
+        + " RETURNING r.task_id, r.node_id, r.attempt, r.queue, r.state",
+        {**_keys(keys), "queues": _queues(queues), "worker": worker_id, "now": now, "why": why},
     )
 
 

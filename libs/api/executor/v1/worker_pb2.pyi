@@ -49,7 +49,9 @@ class PollRunsRequest(_message.Message):
     """
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The queues this worker serves (at least one; each a catalogue queue name)."""
+        """The queues this worker serves (at least one; each a catalogue queue name, and one its
+        worker token serves).
+        """
 
     def __init__(
         self,
@@ -85,7 +87,7 @@ class Run(_message.Message):
     DEADLINE_FIELD_NUMBER: _builtins.int
     run_token: _builtins.str
     """Names the run in HeartbeatRuns, CompleteRun and ReleaseRuns (opaque: its task, node,
-    attempt and worker).
+    attempt, worker and queue).
     """
     task_id: _builtins.str
     """The task's id."""
