@@ -88,6 +88,8 @@ RULES: dict[str, Rule] = {
         # The gateway shows outputs in GetTask and WatchTask; the reconciler puts the
         # result in completion callbacks.
         GetOutputs=internal("gateway", "reconciler"),
+        # The reconciler settles UNKNOWN worker nodes by their workers' probes (ADR-0100).
+        ProbeWorkerNode=internal("reconciler"),
     ),
     # Worker processes serving worker actions' queues (ADR-0099, ADR-0100).
     **_methods(

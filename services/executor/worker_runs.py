@@ -155,6 +155,40 @@ class WorkerRuns:
                 del self.waiting[key]
         return result_of(outcome, spec)
 
+    async def probe(self, offer: Offer, spec: ActionSpec, wait_seconds: float) -> Outcome | None:
+        """Offer a probe run (ADR-0100) and wait up to ``wait_seconds`` for a worker's
+        answer: its outcome, or None when no worker answered in time (or the node's call is
+        offered or under way, so it is not probed). A probe answered ``done`` keeps its row
+        (its output is recorded by the redrive that settles the node); any other is
+        deleted, and so is one whose output ``spec`` does not admit (an ``ERROR`` saying
+        why: no answer)."""
+        key = offer.key
+        waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.waiting[key] = waiter
+        outcome: Outcome | None = None
+        try:
+            async with self.db.transaction() as conn:
+                offered = await store.runs_offer_many(conn, [offer], self.clock.now())
+            if key not in offered:
+                return None
+            self.committed.add(key)
+            self._offered.set()
+            self._offered = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                outcome = await asyncio.wait_for(asyncio.shield(waiter), wait_seconds)
+        finally:
+            self.committed.discard(key)
+            if self.waiting.get(key) is waiter:
+                del self.waiting[key]
+        if outcome is not None and outcome.kind == store.DONE and outcome.output is not None:
+            checked = output_result(outcome.output, spec)
+            if checked.outcome is not CallOutcome.SUCCESS:
+                outcome = Outcome(store.ERROR, None, f"the probe's output: {checked.detail}")
+        if outcome is None or outcome.kind != store.DONE:
+            async with self.db.transaction() as conn:
+                await store.runs_delete_many(conn, [key])
+        return outcome
+
     def settle(self, settled: dict[RunKey, Outcome]) -> None:
         """Hand each outcome to the pass of this process that waits for it, if any."""
         for key, outcome in settled.items():
@@ -174,24 +208,41 @@ class WorkerRuns:
 
     # ---- the worker's operations ---------------------------------------------------------
     async def poll(
-        self, queues: Sequence[str], worker_id: str, max_runs: int, wait_ms: int
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        max_runs: int,
+        wait_ms: int,
+        probe_queues: Sequence[str] = (),
     ) -> list[Taken]:
-        """Take up to ``max_runs`` runs of ``queues``; wait up to ``wait_ms`` for one (woken
-        by this process's offers, re-reading every :data:`RECHECK_SECONDS` for others')."""
+        """Take up to ``max_runs`` runs of ``queues`` (and probe runs of ``probe_queues``);
+        wait up to ``wait_ms`` for one (woken by this process's offers, re-reading every
+        :data:`RECHECK_SECONDS` for others')."""
         loop = asyncio.get_running_loop()
         end = loop.time() + min(max(wait_ms, 0), MAX_WAIT_MS) / 1000
         while True:
             offered = self._offered
             async with self.db.connection() as conn:
                 rows = await store.runs_take_many(
-                    conn, queues, worker_id, max_runs, self.clock.now(), self.lease_seconds
+                    conn,
+                    queues,
+                    worker_id,
+                    max_runs,
+                    self.clock.now(),
+                    self.lease_seconds,
+                    probe_queues,
                 )
             left = end - loop.time()
             if rows or left <= 0:
                 return [
                     Taken(
                         row,
-                        run_token((row.task_id, row.node_id, row.attempt), worker_id, row.queue),
+                        run_token(
+                            (row.task_id, row.node_id, row.attempt),
+                            worker_id,
+                            row.queue,
+                            row.kind == "probe",
+                        ),
                     )
                     for row in rows
                 ]

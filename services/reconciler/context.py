@@ -20,6 +20,7 @@ from dispo.libs.outbox import OutboxRelay
 from dispo.libs.outputs import OutputsReader
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.reconciler.completion.in_flight import InFlight
+from dispo.reconciler.probes import WorkerProber
 from dispo.reconciler.settings import ReconcilerSettings, RecoveryConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,6 +47,9 @@ class Context:
     # Where a SUCCEEDED task's result is read for its callback (ExecutorService.GetOutputs);
     # None: only a task without outputs can be notified of its success.
     outputs: OutputsReader | None = None
+    # Where UNKNOWN worker nodes are probed (ExecutorService.ProbeWorkerNode, ADR-0100);
+    # None: they are not (an operator decides).
+    worker_probes: WorkerProber | None = None
     # Runs a sweep now rather than at its next interval (set by the sweeps' parts when they
     # run as such; a no-op otherwise, where sweeps are run by hand).
     kick_sweep: Callable[[str], None] = lambda name: None

@@ -14,6 +14,7 @@ from dispo.reconciler.context import Context
 from dispo.reconciler.http_client import http_client
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.outbox import outbox
+from dispo.reconciler.probes import WorkerProber
 from dispo.reconciler.recovery import store
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.settings import ReconcilerSettings, load_config
@@ -48,6 +49,9 @@ async def wire_recovery(rt: Runtime) -> Context:
         signing_key=configured_key(rt.settings.signing_key),
         outputs=OutputsReader(
             rt.channel(settings.executor_address), settings.outputs_timeout_seconds
+        ),
+        worker_probes=WorkerProber(
+            rt.channel(settings.executor_address), settings.http_timeout_seconds
         ),
     )
     rt.add_servicer(

@@ -43,3 +43,36 @@ async def test_a_check_before_the_offer_commits_settles_nothing(
     await runs.check()
     result = await asyncio.wait_for(waiting, 5)
     assert "taken back" in result.detail, result
+
+
+async def test_a_probe_run_is_taken_only_by_a_worker_of_its_probes_and_never_displaces_a_call(
+    service_db, manual_clock: ManualClock
+):
+    """ADR-0100: a probe run of a node whose call is offered is not offered; a worker polling
+    its queue's runs takes no probe run, one polling its queue's probes takes it."""
+    db = await service_db("executor")
+    call = store.Offer("t1", "a.work", "tickets", "me", 1, "t1/a.work", "work", False, 5000, b"{}")
+    probe = store.Offer(
+        "t2", "a.work", "tickets", "probe", 1, "t2/a.work", "work", False, 5000, b"{}", probe=True
+    )
+    now = manual_clock.now()
+    async with db.transaction() as conn:
+        assert await store.runs_offer_many(conn, [call], now) == {call.key}
+        assert await store.runs_offer_many(conn, [probe], now) == {probe.key}
+        # The call's node is not probed: its row stays the call's.
+        probing_the_call = store.Offer(
+            "t1", "a.work", "tickets", "probe", 1, "t1/a.work", "work", False, 5000, b"{}", True
+        )
+        assert await store.runs_offer_many(conn, [probing_the_call], now) == set()
+    async with db.connection() as conn:
+        calls = await store.runs_take_many(conn, ["tickets"], "w1", 10, now, 10)
+        assert [(r.task_id, r.kind) for r in calls] == [("t1", "action")]
+        probes = await store.runs_take_many(conn, [], "w2", 10, now, 10, ["tickets"])
+        assert [(r.task_id, r.kind) for r in probes] == [("t2", "probe")]
+        done = await store.runs_complete_if_held_many(
+            conn, [(probe.key, "w2", store.Outcome(store.DONE, b'{"x":1}'))], now
+        )
+        assert done == {probe.key}
+        assert await store.runs_probe_outputs_many(conn, [("t2", "a.work"), ("t1", "a.work")]) == {
+            ("t2", "a.work"): b'{"x":1}'
+        }

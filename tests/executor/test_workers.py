@@ -313,6 +313,14 @@ async def test_complete_run_refuses_a_malformed_or_foreign_token_and_records_not
             )
         assert not_json.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "output" in not_json.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as as_probe:  # a call's run, not a probe's
+            await stub.CompleteRun(
+                worker_pb2.CompleteRunRequest(
+                    run_token=forged, probe=worker_pb2.ProbeResult(done=True)
+                )
+            )
+        assert as_probe.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert as_probe.value.details().startswith("probe: "), as_probe.value.details()
         await wait_until(
             client,
             task.task_id,

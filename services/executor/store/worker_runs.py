@@ -7,6 +7,12 @@ A run's states: ``offered`` (inserted by its pass, taken by :func:`runs_take_man
 passed) → ``done`` (its outcome written; read by the pass that waits for it). Every move
 out of ``taken`` is guarded by the worker, the attempt and the lease in its ``WHERE``: a
 worker whose lease ran out completes nothing.
+
+A run is of kind ``action`` (a worker node's call) or ``probe`` (ADR-0100: asking a worker
+of the queue whether an UNKNOWN node's effect happened). A probe run answered ``done`` stays
+until the redrive that settles its node SUCCEEDED records its output
+(:func:`runs_probe_outputs_many`), and any other probe run is deleted by the call that waited
+for it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ RunKey = tuple[str, str, int]
 
 # The outcomes a done run records.
 OUTPUT, ERROR, NOT_SENT, LOST = "output", "error", "not_sent", "lost"
+# A probe run's answers: the effect happened (with its output), or not (``fenced``: it never
+# will under the key).
+DONE, NOT_DONE = "done", "not_done"
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class Offer:
     idempotent: bool
     timeout_ms: int
     payload: bytes  # canonical JSON, references resolved
+    # A probe run (ADR-0100) rather than the node's call.
+    probe: bool = False
 
     @property
     def key(self) -> RunKey:
@@ -48,12 +59,14 @@ class Offer:
 @dataclass(frozen=True)
 class Outcome:
     """What a done run recorded: ``kind`` one of ``OUTPUT``, ``ERROR``, ``NOT_SENT``,
-    ``LOST``; ``output`` the JSON a worker returned (None: no output)."""
+    ``LOST``, or a probe's ``DONE``, ``NOT_DONE``; ``output`` the JSON a worker returned
+    (None: no output)."""
 
     kind: str
     output: bytes | None = None
     message: str = ""
     retryable: bool = False
+    fenced: bool = False
 
 
 def _keys(keys: Sequence[RunKey]) -> dict[str, list[Any]]:
@@ -78,30 +91,33 @@ _UNNEST_KEYS = (
 )
 
 
-async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) -> None:
+async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) -> set[RunKey]:
     """Offer each run on its queue. A row of an earlier attempt of the node (its pass
     stopped before deleting it) is replaced: its worker's completion is refused from now
-    on (its attempt no longer matches)."""
+    on (its attempt no longer matches). A probe run replaces only a probe run: a node whose
+    call is offered or under way is not probed. The runs offered."""
     if not offers:
-        return
+        return set()
     offers = sorted(offers, key=lambda o: (o.task_id, o.node_id))
-    await conn.fetch(
+    rows = await conn.fetch(
         "INSERT INTO worker_runs (task_id, node_id, queue, owner, attempt, idempotency_key,"
-        " action, idempotent, timeout_ms, payload, offered_at, state)"
+        " action, idempotent, timeout_ms, payload, offered_at, state, kind)"
         " SELECT u.task, u.node, u.queue, u.owner, u.attempt, u.ikey, u.action, u.idem,"
-        " u.timeout, u.payload, :now, 'offered'"
+        " u.timeout, u.payload, :now, 'offered', u.kind"
         " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:queues AS text[]),"
         " CAST(:owners AS text[]), CAST(:attempts AS integer[]), CAST(:ikeys AS text[]),"
         " CAST(:actions AS text[]), CAST(:idems AS boolean[]), CAST(:timeouts AS integer[]),"
-        " CAST(:payloads AS bytea[]))"
-        " AS u(task, node, queue, owner, attempt, ikey, action, idem, timeout, payload)"
+        " CAST(:payloads AS bytea[]), CAST(:kinds AS text[]))"
+        " AS u(task, node, queue, owner, attempt, ikey, action, idem, timeout, payload, kind)"
         " ON CONFLICT (task_id, node_id) DO UPDATE SET queue = excluded.queue,"
         " owner = excluded.owner, attempt = excluded.attempt,"
         " idempotency_key = excluded.idempotency_key, action = excluded.action,"
         " idempotent = excluded.idempotent, timeout_ms = excluded.timeout_ms,"
         " payload = excluded.payload, offered_at = excluded.offered_at, state = 'offered',"
-        " worker_id = NULL, lease_until = NULL, deadline = NULL, outcome = NULL,"
-        " output = NULL, message = NULL, retryable = NULL",
+        " kind = excluded.kind, worker_id = NULL, lease_until = NULL, deadline = NULL,"
+        " outcome = NULL, output = NULL, message = NULL, retryable = NULL, fenced = NULL"
+        " WHERE excluded.kind = 'action' OR worker_runs.kind = 'probe'"
+        " RETURNING task_id, node_id, attempt",
         {
             "tasks": [o.task_id for o in offers],
             "nodes": [o.node_id for o in offers],
@@ -113,9 +129,11 @@ async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) ->
             "idems": [o.idempotent for o in offers],
             "timeouts": [o.timeout_ms for o in offers],
             "payloads": [o.payload for o in offers],
+            "kinds": ["probe" if o.probe else "action" for o in offers],
             "now": now,
         },
     )
+    return {(r.task_id, r.node_id, r.attempt) for r in rows}
 
 
 async def runs_take_many(
@@ -125,16 +143,18 @@ async def runs_take_many(
     max_runs: int,
     now: datetime,
     lease_seconds: float,
+    probe_queues: Sequence[str] = (),
 ) -> list[Row]:
-    """Take up to ``max_runs`` runs offered on ``queues``, oldest first, for ``worker_id``:
-    leased until ``lease_seconds`` from ``now``, due by their action's timeout from
-    ``now``. Runs another taker holds locked are skipped, never waited for. The rows
-    taken, whole."""
-    if not queues or max_runs <= 0:
+    """Take up to ``max_runs`` runs offered on ``queues`` (and probe runs offered on
+    ``probe_queues``), oldest first, for ``worker_id``: leased until ``lease_seconds`` from
+    ``now``, due by their action's timeout from ``now``. Runs another taker holds locked are
+    skipped, never waited for. The rows taken, whole."""
+    if not (queues or probe_queues) or max_runs <= 0:
         return []
     return await conn.fetch(
         "WITH picked AS (SELECT task_id, node_id FROM worker_runs"
-        " WHERE queue = ANY(CAST(:queues AS text[])) AND state = 'offered'"
+        " WHERE state = 'offered' AND ((kind = 'action' AND queue = ANY(CAST(:queues AS text[])))"
+        " OR (kind = 'probe' AND queue = ANY(CAST(:probes AS text[]))))"
         " ORDER BY offered_at LIMIT :n FOR UPDATE SKIP LOCKED)"
         " UPDATE worker_runs r SET state = 'taken', worker_id = :worker, lease_until = :until,"
         " deadline = CAST(:now AS timestamptz) + r.timeout_ms * interval '1 millisecond'"
@@ -143,6 +163,7 @@ async def runs_take_many(
         " RETURNING r.*",
         {
             "queues": sorted(set(queues)),
+            "probes": sorted(set(probe_queues)),
             "n": max_runs,
             "worker": worker_id,
             "until": now + timedelta(seconds=lease_seconds),
@@ -195,11 +216,12 @@ async def runs_complete_if_held_many(
         return set()
     rows = await conn.fetch(
         "UPDATE worker_runs r SET state = 'done', outcome = u.kind, output = u.output,"
-        " message = u.message, retryable = u.retryable"
+        " message = u.message, retryable = u.retryable, fenced = u.fenced"
         " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]),"
         " CAST(:attempts AS integer[]), CAST(:workers AS text[]), CAST(:kinds AS text[]),"
-        " CAST(:outputs AS bytea[]), CAST(:messages AS text[]), CAST(:retryables AS boolean[]))"
-        " AS u(task, node, attempt, worker, kind, output, message, retryable)"
+        " CAST(:outputs AS bytea[]), CAST(:messages AS text[]), CAST(:retryables AS boolean[]),"
+        " CAST(:fenceds AS boolean[]))"
+        " AS u(task, node, attempt, worker, kind, output, message, retryable, fenced)"
         " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND r.worker_id = u.worker AND r.lease_until >= :now"
         + _OF_QUEUES
@@ -212,6 +234,7 @@ async def runs_complete_if_held_many(
             "outputs": [o.output for _, _, o in completions],
             "messages": [o.message for _, _, o in completions],
             "retryables": [o.retryable for _, _, o in completions],
+            "fenceds": [o.fenced for _, _, o in completions],
             "now": now,
         },
     )
@@ -273,11 +296,11 @@ async def runs_settled_many(
         " FROM u WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND (r.lease_until < :now OR r.deadline < :now)"
         " RETURNING r.task_id, r.node_id, r.attempt, r.outcome, r.output, r.message,"
-        " r.retryable)"
-        " SELECT task_id, node_id, attempt, outcome, output, message, retryable FROM lost"
+        " r.retryable, r.fenced)"
+        " SELECT task_id, node_id, attempt, outcome, output, message, retryable, fenced FROM lost"
         " UNION ALL"
         " SELECT u.task, u.node, u.attempt, COALESCE(r.outcome, 'lost'), r.output,"
-        " CASE WHEN r.state = 'done' THEN r.message ELSE :taken_back END, r.retryable"
+        " CASE WHEN r.state = 'done' THEN r.message ELSE :taken_back END, r.retryable, r.fenced"
         " FROM u LEFT JOIN worker_runs r ON r.task_id = u.task AND r.node_id = u.node"
         " WHERE r.task_id IS NULL OR r.attempt <> u.attempt OR r.state = 'done'",
         {
@@ -292,7 +315,7 @@ async def runs_settled_many(
     for r in rows:
         kind = r.outcome if r.outcome is not None else LOST
         settled[(r.task_id, r.node_id, r.attempt)] = Outcome(
-            kind, r.output, r.message or "", bool(r.retryable)
+            kind, r.output, r.message or "", bool(r.retryable), bool(r.fenced)
         )
     return settled
 
@@ -320,3 +343,20 @@ async def runs_fence_many(conn: Conn, nodes: Sequence[tuple[str, str]]) -> None:
             " WHERE r.task_id = u.task AND r.node_id = u.node",
             {"tasks": [t for t, _ in nodes], "nodes": [n for _, n in nodes]},
         )
+
+
+async def runs_probe_outputs_many(
+    conn: Conn, nodes: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], bytes]:
+    """The outputs of the probe runs of these nodes answered ``done`` with one, by node:
+    what the redrive settling each SUCCEEDED records (ADR-0100)."""
+    if not nodes:
+        return {}
+    rows = await conn.fetch(
+        "SELECT r.task_id, r.node_id, r.output FROM worker_runs r"
+        " JOIN unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[])) AS u(task, node)"
+        " ON r.task_id = u.task AND r.node_id = u.node"
+        " WHERE r.kind = 'probe' AND r.outcome = 'done' AND r.output IS NOT NULL",
+        {"tasks": [t for t, _ in nodes], "nodes": [n for _, n in nodes]},
+    )
+    return {(r.task_id, r.node_id): r.output for r in rows}

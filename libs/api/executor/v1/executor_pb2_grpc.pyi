@@ -46,6 +46,15 @@ class ExecutorServiceStub:
     Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
     admin.
     """
+    ProbeWorkerNode: _grpc.UnaryUnaryMultiCallable[_executor_pb2.ProbeWorkerNodeRequest, _executor_pb2.ProbeWorkerNodeResponse]
+    """Ask the workers of an UNKNOWN worker node's queue whether its effect happened
+    (docs/workers.md, ADR-0100): a probe run is offered on the queue, a worker serving its
+    probes answers, and the answer comes back as an http probe's would. Waits up to
+    wait_ms; no worker answering in time is PROBE_ANSWER_NONE. NOT_FOUND for a task the
+    executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
+    have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
+    Callers: the reconciler (settling UNKNOWN nodes), admin.
+    """
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
@@ -61,6 +70,15 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
     own record (any replica answers). NOT_FOUND for a task the executor has not recorded.
     Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
     admin.
+    """
+    ProbeWorkerNode: _aio.UnaryUnaryMultiCallable[_executor_pb2.ProbeWorkerNodeRequest, _executor_pb2.ProbeWorkerNodeResponse]  # type: ignore[assignment]
+    """Ask the workers of an UNKNOWN worker node's queue whether its effect happened
+    (docs/workers.md, ADR-0100): a probe run is offered on the queue, a worker serving its
+    probes answers, and the answer comes back as an http probe's would. Waits up to
+    wait_ms; no worker answering in time is PROBE_ANSWER_NONE. NOT_FOUND for a task the
+    executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
+    have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
+    Callers: the reconciler (settling UNKNOWN nodes), admin.
     """
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -86,6 +104,21 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
         own record (any replica answers). NOT_FOUND for a task the executor has not recorded.
         Callers: the gateway (GetTask, WatchTask), the reconciler (completion callbacks),
         admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ProbeWorkerNode(
+        self,
+        request: _executor_pb2.ProbeWorkerNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.ProbeWorkerNodeResponse, _abc.Awaitable[_executor_pb2.ProbeWorkerNodeResponse]]:
+        """Ask the workers of an UNKNOWN worker node's queue whether its effect happened
+        (docs/workers.md, ADR-0100): a probe run is offered on the queue, a worker serving its
+        probes answers, and the answer comes back as an http probe's would. Waits up to
+        wait_ms; no worker answering in time is PROBE_ANSWER_NONE. NOT_FOUND for a task the
+        executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
+        have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
+        Callers: the reconciler (settling UNKNOWN nodes), admin.
         """
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
