@@ -35,6 +35,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     await ensure_streams(rt.bus)
     http = rt.close_on_stop(http_client(), name="http client")
     relay = rt.outbox_relay(outbox)
+    executor = rt.channel(settings.executor_address)  # outputs and worker nodes' probes
     ctx = Context(
         rt.engine,
         await rt.database(),
@@ -47,12 +48,8 @@ async def wire_recovery(rt: Runtime) -> Context:
         egress=rt.settings.egress,
         service_token=rt.settings.service_token,
         signing_key=configured_key(rt.settings.signing_key),
-        outputs=OutputsReader(
-            rt.channel(settings.executor_address), settings.outputs_timeout_seconds
-        ),
-        worker_probes=WorkerProber(
-            rt.channel(settings.executor_address), settings.http_timeout_seconds
-        ),
+        outputs=OutputsReader(executor, settings.outputs_timeout_seconds),
+        worker_probes=WorkerProber(executor, settings.http_timeout_seconds),
     )
     rt.add_servicer(
         lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(
