@@ -44,7 +44,7 @@ from dispo.sdk._types import (
     TaskView,
     cell,
 )
-from dispo.sdk._worker import RetryableError, RunContext, Worker
+from dispo.sdk._worker import ProbeAnswer, RetryableError, RunContext, Worker
 
 __all__ = [
     "AsyncClient",
@@ -54,6 +54,7 @@ __all__ = [
     "DispoError",
     "NodeChange",
     "NodeView",
+    "ProbeAnswer",
     "RetryableError",
     "RunContext",
     "Submitted",

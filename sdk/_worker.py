@@ -15,6 +15,18 @@ returned value (its output), its exception (a failure: retryable when it is a
 :class:`RetryableError`) or, for a run it never started, "not sent". A run whose lease is
 lost (a heartbeat says it is not held any more) has its handler cancelled and is never
 completed; ``ctx.lease_lost`` is set first.
+
+A worker may also answer the **probes** of its queues (ADR-0100): whether the effect of a
+run whose outcome was lost (its worker vanished mid-run) happened, so the node is settled
+without an operator::
+
+    @worker.probe("tickets")
+    async def ticket_opened(ctx):                 # ctx.idempotency_key, ctx.attempt
+        ticket = await tracker.find(key=ctx.idempotency_key)
+        if ticket:
+            return ProbeAnswer(done=True, output={"ticket_id": ticket.id})  # SUCCEEDED
+        await tracker.refuse(key=ctx.idempotency_key)       # never opened from now on
+        return ProbeAnswer(done=False, fenced=True)         # runs again at once
 """
 
 from __future__ import annotations
@@ -67,6 +79,7 @@ class _Log:
 log = _Log()
 
 Handler = Callable[["RunContext", Any], Awaitable[Any]]
+ProbeHandler = Callable[["RunContext"], Awaitable["ProbeAnswer | None"]]
 
 # How long one PollRuns waits for a run (ms), and the pause after a failed call (s).
 POLL_WAIT_MS = 10_000
@@ -76,6 +89,19 @@ RETRY_PAUSE = 1.0
 class RetryableError(Exception):
     """Raised by a handler whose run had no effect and may be tried again (a short retry, as
     for an http 503). Any other exception fails the node for good."""
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What a probe handler says of the effect it is asked about: ``done`` (with the
+    effect's ``output``, the node's), or not done — ``fenced`` when the handler made sure it
+    never will be under this key (up to ``ctx.attempt``), so the node runs again at once;
+    without it, "not done" is final only once the action's ``max_effect_seconds`` passed. A
+    handler that returns None (or raises) gives no answer: asked again later."""
+
+    done: bool
+    output: Any = None
+    fenced: bool = False
 
 
 @dataclass
@@ -93,6 +119,9 @@ class RunContext:
     deadline: datetime | None
     # Set when the worker no longer holds the run (the handler is then cancelled).
     lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    # A probe run (ADR-0100): the question whether the effect of ``attempt`` under
+    # ``idempotency_key`` happened.
+    probe: bool = False
 
 
 @dataclass
@@ -129,6 +158,7 @@ class Worker:
         self.grace = grace
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.handlers: dict[str, Handler] = {}
+        self.probes: dict[str, ProbeHandler] = {}
         self.held: dict[str, _Held] = {}
         self._stopping: asyncio.Event | None = None
         self._stub: worker_pb2_grpc.WorkerServiceAsyncStub | None = None
@@ -150,11 +180,23 @@ class Worker:
 
         return register
 
+    def probe(self, queue: str) -> Callable[[ProbeHandler], ProbeHandler]:
+        """Register ``async def handler(ctx) -> ProbeAnswer | None`` for the probes of
+        ``queue``: whether the effect of a run of it whose outcome was lost happened."""
+
+        def register(handler: ProbeHandler) -> ProbeHandler:
+            if queue in self.probes:
+                raise ValueError(f"queue {queue!r} already has a probe handler")
+            self.probes[queue] = handler
+            return handler
+
+        return register
+
     # ---- running ------------------------------------------------------------------------
     async def run(self, *, handle_signals: bool = True) -> None:
         """Poll and run until :meth:`stop` (or SIGTERM / SIGINT with ``handle_signals``),
         then hand back what is left once the grace has passed."""
-        if not self.handlers:
+        if not self.handlers and not self.probes:
             raise ValueError("no action registered: use @worker.action(queue)")
         self._stopping = asyncio.Event()
         self._free = asyncio.Event()
@@ -166,7 +208,12 @@ class Worker:
                     loop.add_signal_handler(sig, self._stopping.set)
         channel = open_channel(self.address, self.token, tls=self.tls)
         self._stub = worker_pb2_grpc.WorkerServiceStub(channel)
-        log.info("worker started", worker_id=self.worker_id, queues=sorted(self.handlers))
+        log.info(
+            "worker started",
+            worker_id=self.worker_id,
+            queues=sorted(self.handlers),
+            probes=sorted(self.probes),
+        )
         heartbeat = asyncio.create_task(self._heartbeat())
         polling = asyncio.create_task(self._poll())
         try:
@@ -216,7 +263,7 @@ class Worker:
 
     async def _poll(self) -> None:
         assert self._stub is not None and self._free is not None
-        queues = sorted(self.handlers)
+        queues, probes = sorted(self.handlers), sorted(self.probes)
         while True:
             credit = self.concurrency - len(self.held)
             if credit <= 0:
@@ -227,6 +274,7 @@ class Worker:
                 reply = await self._stub.PollRuns(
                     worker_pb2.PollRunsRequest(
                         queues=queues,
+                        probe_queues=probes,
                         worker_id=self.worker_id,
                         max_runs=min(credit, 100),
                         wait_ms=POLL_WAIT_MS,
@@ -253,6 +301,7 @@ class Worker:
             idempotency_key=run.idempotency_key,
             attempt=run.attempt,
             deadline=from_timestamp(run.deadline, run.HasField("deadline")),
+            probe=run.probe,
         )
         held = _Held(run.run_token, context)
         self.held[run.run_token] = held
@@ -263,7 +312,9 @@ class Worker:
         handler = self.handlers.get(run.queue)
         request = worker_pb2.CompleteRunRequest(run_token=held.token)
         try:
-            if handler is None:
+            if run.probe:
+                await self._probe(ctx, request)
+            elif handler is None:
                 request.not_sent = f"this worker serves no queue {run.queue!r}"
             else:
                 try:
@@ -290,6 +341,28 @@ class Worker:
                 del self.held[held.token]
             if self._free is not None:
                 self._free.set()
+
+    async def _probe(self, ctx: RunContext, request: worker_pb2.CompleteRunRequest) -> None:
+        """A probe run's answer into ``request``: the probe handler's, else no answer."""
+        handler = self.probes.get(ctx.queue)
+        if handler is None:
+            request.not_sent = f"this worker answers no probe of queue {ctx.queue!r}"
+            return
+        try:
+            answer = await handler(ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.exception("probe failed", task_id=ctx.task_id, node_id=ctx.node_id)
+            request.error.message = f"{type(error).__name__}: {error}"
+            return
+        if answer is None:
+            request.not_sent = "the probe handler could not say"
+            return
+        request.probe.done = answer.done
+        request.probe.fenced = answer.fenced and not answer.done
+        if answer.done and answer.output is not None:
+            request.probe.output.CopyFrom(json_payload(canonical_json(answer.output)))
 
     async def _complete(self, request: worker_pb2.CompleteRunRequest, ctx: RunContext) -> None:
         assert self._stub is not None

@@ -2,7 +2,8 @@
 // ticket in a tracker and answers its number as the node's output (the twin of the Go
 // example's ticket-worker).
 //
-//   DISPO_TOKEN=... node ticket-worker.mjs --tracker FILE [--executor 127.0.0.1:50052]
+//   DISPO_TOKEN=$(dispo tokens create --worker --queue tickets) \
+//     node ticket-worker.mjs --tracker FILE [--executor 127.0.0.1:50052]
 //       [--queue tickets] [--concurrency 10] [--grace 30]      # grace in seconds
 //
 // The tracker is a file here, one line per ticket opened: "<idempotency key> <attempt>

@@ -14,7 +14,7 @@ from typing import Any
 from dispo.libs.auth.tokens import Kind, TokenRecord
 from dispo.libs.db.driver import Conn, Statement
 
-TOKEN_COLUMNS = "id, kind, business, service, label, created_at, expires_at, revoked_at"
+TOKEN_COLUMNS = "id, kind, business, service, label, created_at, expires_at, revoked_at, queues"
 
 
 def token_record(row: Any) -> TokenRecord:
@@ -28,6 +28,7 @@ def token_record(row: Any) -> TokenRecord:
         row.created_at,
         row.expires_at,
         row.revoked_at,
+        tuple(row.queues or ()),
     )
 
 

@@ -2,8 +2,10 @@
 
 An admin token may call every RPC. A business token may call the RPCs marked ``BUSINESS``,
 and their servicers show and touch only its own business's work (:mod:`.scope`). A service
-token may call the RPCs that name its service: the calls services make to one another. An
-RPC with no rule here is refused to everyone, so an RPC added without one cannot be reached
+token may call the RPCs that name its service: the calls services make to one another. A
+worker token may call the RPCs marked ``WORKER`` (serving worker runs), for the queues it
+names only (:func:`.scope.require_queues`), and nothing else (ADR-0100). An RPC with no rule
+here is refused to everyone, so an RPC added without one cannot be reached
 (tests/platform/test_auth_matrix.py walks every RPC the services serve).
 """
 
@@ -18,18 +20,23 @@ from dispo.libs.auth.tokens import Kind, Principal
 class Rule:
     business: bool = False
     services: frozenset[str] = field(default_factory=frozenset)
+    worker: bool = False
 
     def admits(self, principal: Principal) -> bool:
         if principal.kind is Kind.ADMIN:
             return True
         if principal.kind is Kind.BUSINESS:
             return self.business
+        if principal.kind is Kind.WORKER:
+            return self.worker
         return principal.service in self.services
 
     def needs(self) -> str:
         who = ["an admin token"]
         if self.business:
             who.append("a business token")
+        if self.worker:
+            who.append("a worker token of the queue")
         who += [f"the service token of {s!r}" for s in sorted(self.services)]
         return " or ".join(who)
 
@@ -38,6 +45,8 @@ class Rule:
 ADMIN = Rule()
 # Business tokens too, scoped to their own business by the servicer.
 BUSINESS = Rule(business=True)
+# Worker tokens too, scoped to their own queues by the servicer.
+WORKER = Rule(worker=True)
 
 
 def internal(*services: str, business: bool = False) -> Rule:
@@ -81,15 +90,16 @@ RULES: dict[str, Rule] = {
         GetOutputs=internal("gateway", "reconciler"),
         # The reconciler releases work demoted behind a queue once it is live (ADR-0101).
         ListQueues=internal("reconciler"),
+        # The reconciler settles UNKNOWN worker nodes by their workers' probes (ADR-0100).
+        ProbeWorkerNode=internal("reconciler"),
     ),
-    # Worker processes serving worker actions' queues (ADR-0099); worker tokens scoped to
-    # their queues come next, admin tokens until then.
+    # Worker processes serving worker actions' queues (ADR-0099, ADR-0100).
     **_methods(
         "dispo.executor.v1.WorkerService",
-        PollRuns=ADMIN,
-        HeartbeatRuns=ADMIN,
-        CompleteRun=ADMIN,
-        ReleaseRuns=ADMIN,
+        PollRuns=WORKER,
+        HeartbeatRuns=WORKER,
+        CompleteRun=WORKER,
+        ReleaseRuns=WORKER,
     ),
     **_methods(
         "dispo.reconciler.v1.ReconcilerService",

@@ -5,6 +5,10 @@ The gRPC layer (:mod:`dispo.libs.grpcserver`) sets the caller for each call; ser
     require_visible(record.business, f"no task {task_id!r}")   # another's: NOT_FOUND
     business = business_filter(request.business, "business")   # theirs, or PERMISSION_DENIED
 
+A worker token serves its queues only:
+
+    require_queues(request.queues, "queues")                 # another's: PERMISSION_DENIED
+
 A task of another business is NOT_FOUND with the message of a task that does not exist, so
 an id tells a business nothing. A request that names another business is PERMISSION_DENIED
 naming the field; leaving the business empty means the caller's own. Admin and service
@@ -14,6 +18,7 @@ directly, a sweep) has no caller and is not scoped.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextvars import ContextVar
 
 from dispo.libs.auth.tokens import Kind, Principal
@@ -62,3 +67,27 @@ def business_filter(requested: str, field: str) -> str:
         message = f"a token of business {scope!r} cannot act for business {requested!r}"
         raise PermissionDenied(f"{field}: {message}", [FieldViolation(field, message)])
     return scope
+
+
+def queue_scope() -> tuple[str, ...] | None:
+    """The queues the caller serves when it is a worker token; None when it may serve every
+    queue (an admin token, or no caller)."""
+    principal = _caller.get()
+    if principal is None or principal.kind is not Kind.WORKER:
+        return None
+    return principal.queues
+
+
+def require_queues(queues: Iterable[str], field: str) -> None:
+    """PERMISSION_DENIED naming ``field`` unless the caller may serve every one of
+    ``queues`` (a worker token: only those it names)."""
+    scope = queue_scope()
+    if scope is None:
+        return
+    foreign = sorted(set(queues) - set(scope))
+    if foreign:
+        message = (
+            f"a worker token of queues {', '.join(scope)} cannot serve queue"
+            f"{'s' if len(foreign) > 1 else ''} {', '.join(foreign)}"
+        )
+        raise PermissionDenied(f"{field}: {message}", [FieldViolation(field, message)])

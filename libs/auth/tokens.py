@@ -26,6 +26,8 @@ class Kind(StrEnum):
     ADMIN = "admin"
     # A service's credential for its calls to other services.
     SERVICE = "service"
+    # A worker process's token: it serves the runs of its queues, nothing else (ADR-0100).
+    WORKER = "worker"
 
 
 def new_secret() -> str:
@@ -50,6 +52,8 @@ class Principal:
     business: str = ""
     service: str = ""
     expires_at: datetime | None = None
+    # The queues a worker token serves (empty for the other kinds).
+    queues: tuple[str, ...] = ()
 
     def describe(self) -> str:
         match self.kind:
@@ -57,6 +61,8 @@ class Principal:
                 return f"a token of business {self.business!r}"
             case Kind.SERVICE:
                 return f"the service token of {self.service!r}"
+            case Kind.WORKER:
+                return f"a worker token of queues {', '.join(self.queues)}"
             case _:
                 return "an admin token"
 
@@ -73,9 +79,12 @@ class TokenRecord:
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
+    queues: tuple[str, ...] = ()
 
     def principal(self) -> Principal:
-        return Principal(self.token_id, self.kind, self.business, self.service, self.expires_at)
+        return Principal(
+            self.token_id, self.kind, self.business, self.service, self.expires_at, self.queues
+        )
 
     def expired(self, now: datetime) -> bool:
         return self.expires_at is not None and self.expires_at <= now

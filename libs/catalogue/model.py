@@ -19,6 +19,8 @@ from dispo.libs import references
 ACTION_KINDS = ("http", "noop", "worker")
 FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "list")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")  # fullmatch: no trailing newline
+# A worker action's queue (and a worker token's queues): a name as above.
+QUEUE_PATTERN = _NAME
 
 
 class CatalogueError(ValueError):

@@ -5,6 +5,7 @@ only (:mod:`.rules`)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,6 +22,7 @@ from dispo.libs.api.auth.v1 import auth_pb2 as pb
 from dispo.libs.api.auth.v1 import auth_pb2_grpc
 from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, secret_hash
 from dispo.libs.auth.verifier import TokenVerifier
+from dispo.libs.catalogue import QUEUE_PATTERN
 from dispo.libs.clock import Clock
 from dispo.libs.db.driver import Conn, Database
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -40,8 +42,11 @@ _KINDS = {
     pb.TOKEN_KIND_BUSINESS: Kind.BUSINESS,
     pb.TOKEN_KIND_ADMIN: Kind.ADMIN,
     pb.TOKEN_KIND_SERVICE: Kind.SERVICE,
+    pb.TOKEN_KIND_WORKER: Kind.WORKER,
 }
 _KIND_VALUES = {kind: value for value, kind in _KINDS.items()}
+# A worker token serves at most this many queues.
+MAX_QUEUES = 100
 # How long a previous signing secret stays valid when a rotation is not finished first.
 DEFAULT_GRACE_SECONDS = 86400
 MAX_GRACE_SECONDS = 30 * 86400
@@ -57,7 +62,24 @@ def token_to_proto(record: TokenRecord) -> pb.Token:
         created_at=to_timestamp(record.created_at),
         expires_at=to_timestamp(record.expires_at),
         revoked_at=to_timestamp(record.revoked_at),
+        queues=record.queues,
     )
+
+
+def worker_queues(requested: Sequence[str]) -> tuple[str, ...]:
+    """A worker token's queues: 1 to :data:`MAX_QUEUES` catalogue queue names, each once,
+    sorted (INVALID_ARGUMENT naming the field otherwise)."""
+    if not requested:
+        raise InvalidArgument("queues", "a worker token serves at least one queue")
+    if len(requested) > MAX_QUEUES:
+        raise InvalidArgument("queues", f"at most {MAX_QUEUES} queues")
+    for i, queue in enumerate(requested):
+        if not QUEUE_PATTERN.fullmatch(queue):
+            raise InvalidArgument(
+                f"queues[{i}]",
+                "a queue name: a letter, then letters, digits, '_' or '-', at most 63",
+            )
+    return tuple(sorted(set(requested)))
 
 
 def signing_secret_to_proto(record: SigningSecretRecord) -> pb.SigningSecret:
@@ -112,7 +134,8 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         kind = _KINDS.get(request.kind)
         if kind is None:
             raise InvalidArgument(
-                "kind", "TOKEN_KIND_BUSINESS, TOKEN_KIND_ADMIN or TOKEN_KIND_SERVICE"
+                "kind",
+                "TOKEN_KIND_BUSINESS, TOKEN_KIND_ADMIN, TOKEN_KIND_SERVICE or TOKEN_KIND_WORKER",
             )
         business = service = ""
         if kind is Kind.BUSINESS:
@@ -123,6 +146,11 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
             service = identifier(request.service, "service", NAME_PATTERN)
         elif request.service:
             raise InvalidArgument("service", "only a service token names a service")
+        queues: tuple[str, ...] = ()
+        if kind is Kind.WORKER:
+            queues = worker_queues(request.queues)
+        elif request.queues:
+            raise InvalidArgument("queues", "only a worker token names queues")
         if request.ttl_seconds > MAX_TTL_SECONDS:
             raise InvalidArgument(
                 "ttl_seconds", f"at most {MAX_TTL_SECONDS} (0: the token does not expire)"
@@ -132,7 +160,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         now = self.clock.now()
         expires = now + timedelta(seconds=request.ttl_seconds) if request.ttl_seconds else None
         return TokenRecord(
-            new_token_id(), kind, business, service, request.label, now, expires, None
+            new_token_id(), kind, business, service, request.label, now, expires, None, queues
         )
 
     async def CreateToken(
@@ -152,6 +180,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
             kind=record.kind.value,
             business=record.business,
             service=record.service,
+            queues=list(record.queues),
             signing_secret=signing[0].secret_id if signing else "",
         )
         reply = pb.CreateTokenResponse(token=token_to_proto(record), secret=secret)

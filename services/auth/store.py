@@ -19,8 +19,9 @@ SCHEMA = "auth"
 
 _TOKEN_INSERT = Statement(
     "INSERT INTO auth.tokens (id, secret_sha256, kind, business, service, label,"
-    " created_at, expires_at)"
-    " VALUES (:id, :digest, :kind, :business, :service, :label, :created_at, :expires_at)"
+    " created_at, expires_at, queues)"
+    " VALUES (:id, :digest, :kind, :business, :service, :label, :created_at, :expires_at,"
+    " CAST(:queues AS text[]))"
 )
 
 
@@ -36,6 +37,7 @@ async def token_insert(conn: Conn, record: TokenRecord, digest: str) -> None:
             "label": record.label,
             "created_at": record.created_at,
             "expires_at": record.expires_at,
+            "queues": list(record.queues),
         },
     )
 

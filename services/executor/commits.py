@@ -37,8 +37,9 @@ from dispo.libs.outbox import OutboxRelay, Staged
 T = TypeVar("T")
 R = TypeVar("R")
 
-# A worker's completion of a run: the run, the worker, its outcome.
-Completion = tuple[RunKey, str, Outcome]
+# A worker's completion of a run: the run, the worker, its outcome, the queue it must be
+# of (None: any).
+Completion = tuple[RunKey, str, Outcome, str | None]
 
 
 @dataclass(frozen=True)
@@ -173,13 +174,13 @@ class Flushes:
         statement. A run completed twice in one flush is recorded once: the first in line
         (as if they came one after the other, the second is refused)."""
         first: dict[RunKey, int] = {}
-        for i, (key, _, _) in enumerate(completions):
+        for i, (key, _, _, _) in enumerate(completions):
             first.setdefault(key, i)
         async with self.db.connection() as conn:
             done = await worker_runs.runs_complete_if_held_many(
                 conn, [completions[i] for i in first.values()], self.clock.now()
             )
-        return [key in done and first[key] == i for i, (key, _, _) in enumerate(completions)]
+        return [key in done and first[key] == i for i, (key, _, _, _) in enumerate(completions)]
 
     async def progress(self, progress: list[Progress]) -> Sequence[bool]:
         """The running tasks' status events, in one transaction: each task locked, and

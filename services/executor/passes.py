@@ -577,14 +577,22 @@ async def apply_redrives(conn: Conn, envs: Sequence[task_pb2.Task]) -> dict[str,
         return {}
     ids = [e.task_id for e in envs]
     here = await node_runs.node_states_lock_many(conn, ids)
+    # The outputs workers' probes answered for the nodes settled SUCCEEDED (ADR-0100).
+    settled = [(e.task_id, n) for e in envs for n in e.redrive.settled_nodes]
+    probed = await worker_runs.runs_probe_outputs_many(conn, settled)
     changes = [
         c
         for e in envs
         for c in plan.redrive_changes(
-            e.task_id, e.redrive.reset_nodes, e.redrive.settled_nodes, here.get(e.task_id, {})
+            e.task_id,
+            e.redrive.reset_nodes,
+            e.redrive.settled_nodes,
+            here.get(e.task_id, {}),
+            {n: out for (t, n), out in probed.items() if t == e.task_id},
         )
     ]
     applied = await node_runs.nodes_set_status_if_many(conn, changes)
+    await worker_runs.runs_fence_many(conn, settled)
     await node_runs.nodes_clear_backoff_many(conn, ids)
     await task_runs.tasks_set_generation_if_newer_many(conn, envs)
     reset: dict[str, list[str]] = {e.task_id: [] for e in envs}

@@ -136,7 +136,7 @@ REDRIVE_KEEPS = frozenset({NodeState.RUNNING})
 
 def redrive_changes(
     task_id: str, reset_nodes: Collection[str], settled_nodes: Collection[str],
-    here: Mapping[str, NodeState],
+    here: Mapping[str, NodeState], outputs: Mapping[str, bytes] | None = None,
 ) -> list[NodeChange]:  # fmt: skip
     """A newer generation's redrive applied to the nodes recorded ``here``, each change
     from the recorded state (never the one the envelope states):
@@ -144,7 +144,8 @@ def redrive_changes(
     - ``reset_nodes``: to PENDING with a fresh short-retry round, where the recorded state
       may move to PENDING (not from RUNNING, see ``REDRIVE_KEEPS``). SUCCEEDED and
       CANCELLED have no move at all: such a node is never run again.
-    - ``settled_nodes``: UNKNOWN to SUCCEEDED (the reconciler's probe found the effect).
+    - ``settled_nodes``: UNKNOWN to SUCCEEDED (the reconciler's probe found the effect),
+      with the output a worker's probe answered (``outputs``, by node id), if any.
 
     A change the table does not allow is skipped, not refused: a redrive names what to run
     again, and a node already past it simply stays."""
@@ -161,8 +162,12 @@ def redrive_changes(
         fields = {"round_attempts": 0, "retryable": False, "not_before": None, "finished_at": None}
         changes.append(NodeChange(task_id, node_id, current, NodeState.PENDING, None, fields))
         states[node_id] = NodeState.PENDING
+    found = outputs or {}
     for node_id in settled_nodes:
         if states.get(node_id) is NodeState.UNKNOWN:
+            settled: dict[str, Any] = {"last_error": ""}
+            if node_id in found:
+                settled["output"] = found[node_id]
             changes.append(
                 NodeChange(
                     task_id,
@@ -170,7 +175,7 @@ def redrive_changes(
                     NodeState.UNKNOWN,
                     NodeState.SUCCEEDED,
                     None,
-                    {"last_error": ""},
+                    settled,
                 )  # fmt: skip
             )
             states[node_id] = NodeState.SUCCEEDED

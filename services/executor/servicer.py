@@ -13,11 +13,20 @@ from dispo.executor.runner import Executor
 from dispo.executor.states import TaskState
 from dispo.executor.store import node_runs, task_runs, worker_runs
 from dispo.executor.store.worker_runs import Outcome, RunKey
-from dispo.executor.worker_runs import MAX_WAIT_MS, BadToken, WorkerRuns, parse_token
+from dispo.executor.worker_probes import probe_node
+from dispo.executor.worker_runs import MAX_WAIT_MS, BadToken, RunRef, WorkerRuns, parse_run
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc, worker_pb2, worker_pb2_grpc
+from dispo.libs.auth.scope import queue_scope, require_queues
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import Aborted, InvalidArgument, NotFound
-from dispo.libs.payload import PayloadError, json_payload, parse_json_value, payload_problem
+from dispo.libs.payload import (
+    PayloadError,
+    canonical_json,
+    json_payload,
+    parse_json_value,
+    payload_problem,
+)
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.timestamps import to_timestamp
 
@@ -85,16 +94,47 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
             out.result.CopyFrom(json_payload(task_result(row.envelope, outputs)))
         return out
 
+    async def ProbeWorkerNode(
+        self, request: executor_pb2.ProbeWorkerNodeRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.ProbeWorkerNodeResponse:
+        if not request.task_id:
+            raise InvalidArgument("task_id", "required")
+        if len(request.task_id) > 64:
+            raise InvalidArgument("task_id", "longer than 64 characters")
+        if not request.node_id:
+            raise InvalidArgument("node_id", "required")
+        if not 1 <= request.wait_ms <= MAX_WAIT_MS:
+            raise InvalidArgument("wait_ms", f"must be 1 to {MAX_WAIT_MS}")
+        answer = await probe_node(
+            self.executor.db,
+            self.executor.worker_runs,
+            request.task_id,
+            request.node_id,
+            request.wait_ms / 1000,
+        )
+        said = {
+            None: executor_pb2.PROBE_ANSWER_NONE,
+            True: executor_pb2.PROBE_ANSWER_DONE,
+            False: executor_pb2.PROBE_ANSWER_NOT_DONE,
+        }[answer.done]
+        return executor_pb2.ProbeWorkerNodeResponse(
+            answer=said, fenced=answer.fenced, detail=answer.detail
+        )
+
 
 # A PollRuns takes at most this many runs.
 MAX_RUNS = 100
 
 
-def _token(token: str, field: str = "run_token") -> tuple[RunKey, str]:
+def _token(token: str, field: str = "run_token") -> RunRef:
+    """The run a token names (INVALID_ARGUMENT naming ``field`` when it names none), of a
+    queue the caller serves (PERMISSION_DENIED naming ``field`` otherwise)."""
     try:
-        return parse_token(token)
+        ref = parse_run(token)
     except BadToken as bad:
         raise InvalidArgument(field, str(bad)) from None
+    require_queues([ref.queue], field)
+    return ref
 
 
 def _worker_id(worker_id: str) -> str:
@@ -110,28 +150,48 @@ def _held_by(tokens: Sequence[str], worker_id: str) -> list[RunKey]:
     token otherwise)."""
     keys = []
     for i, token in enumerate(tokens):
-        key, holder = _token(token, f"run_tokens[{i}]")
-        if holder != worker_id:
-            raise InvalidArgument(f"run_tokens[{i}]", f"names a run taken by {holder!r}")
-        keys.append(key)
+        ref = _token(token, f"run_tokens[{i}]")
+        if ref.worker_id != worker_id:
+            raise InvalidArgument(f"run_tokens[{i}]", f"names a run taken by {ref.worker_id!r}")
+        keys.append(ref.key)
     return keys
 
 
-def _outcome(request: worker_pb2.CompleteRunRequest) -> Outcome:
-    """A CompleteRun's outcome (INVALID_ARGUMENT naming the field when malformed)."""
+def _json(output: common_pb2.Payload, field: str) -> bytes | None:
+    """An output's JSON, canonical (None: empty; INVALID_ARGUMENT naming ``field`` when it
+    is not JSON Dispo records)."""
+    problem = payload_problem(output)
+    if problem is not None:
+        raise InvalidArgument(field, problem)
+    if not output.data:
+        return None
+    try:
+        value = parse_json_value(output.data)
+    except PayloadError as error:
+        raise InvalidArgument(field, f"not JSON Dispo records: {error}") from None
+    return canonical_json(value)
+
+
+def _outcome(request: worker_pb2.CompleteRunRequest, probe: bool) -> Outcome:
+    """A CompleteRun's outcome (INVALID_ARGUMENT naming the field when malformed, or when
+    a probe run is answered as a call or a call as a probe)."""
     which = request.WhichOneof("result")
+    if which == "probe":
+        if not probe:
+            raise InvalidArgument("probe", "the run is an action's call, not a probe run")
+        answer = request.probe
+        if answer.done:
+            if answer.fenced:
+                raise InvalidArgument("probe.fenced", "only a 'not done' answer is fenced")
+            return Outcome(worker_runs.DONE, _json(answer.output, "probe.output"))
+        if answer.HasField("output") and answer.output.data:
+            raise InvalidArgument("probe.output", "only a 'done' answer has an output")
+        return Outcome(worker_runs.NOT_DONE, fenced=answer.fenced)
     if which == "output":
-        problem = payload_problem(request.output)
-        if problem is not None:
-            raise InvalidArgument("output", problem)
-        data = request.output.data
-        if not data:
-            return Outcome(worker_runs.OUTPUT)
-        try:
-            parse_json_value(data)
-        except PayloadError as error:
-            raise InvalidArgument("output", f"not JSON Dispo records: {error}") from None
-        return Outcome(worker_runs.OUTPUT, data)
+        if probe:
+            raise InvalidArgument("output", "a probe run is answered with probe")
+        data = _json(request.output, "output")
+        return Outcome(worker_runs.OUTPUT, request.output.data if data is not None else None)
     if which == "error":
         if not request.error.message:
             raise InvalidArgument("error.message", "required")
@@ -152,8 +212,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def PollRuns(
         self, request: worker_pb2.PollRunsRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PollRunsResponse:
-        if not request.queues:
-            raise InvalidArgument("queues", "at least one queue is required")
+        if not request.queues and not request.probe_queues:
+            raise InvalidArgument("queues", "at least one queue (or probe queue) is required")
         for i, queue in enumerate(request.queues):
             if not queue or len(queue) > 63:
                 raise InvalidArgument(f"queues[{i}]", "a queue name of 1 to 63 characters")
@@ -162,8 +222,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             raise InvalidArgument("max_runs", f"must be 1 to {MAX_RUNS}")
         if not 0 <= request.wait_ms <= MAX_WAIT_MS:
             raise InvalidArgument("wait_ms", f"must be 0 to {MAX_WAIT_MS}")
+        for i, queue in enumerate(request.probe_queues):
+            if not queue or len(queue) > 63:
+                raise InvalidArgument(f"probe_queues[{i}]", "a queue name of 1 to 63 characters")
+        require_queues(request.queues, "queues")
+        require_queues(request.probe_queues, "probe_queues")
         taken = await self.runs.poll(
-            list(request.queues), worker_id, request.max_runs, request.wait_ms
+            list(request.queues),
+            worker_id,
+            request.max_runs,
+            request.wait_ms,
+            list(request.probe_queues),
         )
         out = worker_pb2.PollRunsResponse(lease_ms=int(self.runs.lease_seconds * 1000))
         for t in taken:
@@ -177,6 +246,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 idempotency_key=row.idempotency_key,
                 payload=json_payload(row.payload),
                 attempt=row.attempt,
+                probe=row.kind == "probe",
             )
             run.lease_until.CopyFrom(to_timestamp(row.lease_until))
             run.deadline.CopyFrom(to_timestamp(row.deadline))
@@ -187,7 +257,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.HeartbeatRunsResponse:
         worker_id = _worker_id(request.worker_id)
         keys = _held_by(request.run_tokens, worker_id)
-        held = await self.runs.heartbeat(worker_id, keys)
+        held = await self.runs.heartbeat(worker_id, keys, queue_scope())
         out = worker_pb2.HeartbeatRunsResponse()
         for token, key in zip(request.run_tokens, keys, strict=True):
             lease = out.leases.add(run_token=token, held=key in held)
@@ -198,9 +268,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def CompleteRun(
         self, request: worker_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.CompleteRunResponse:
-        key, worker_id = _token(request.run_token)
-        outcome = _outcome(request)
-        if not await self.runs.complete(key, worker_id, outcome):
+        ref = _token(request.run_token)
+        key, worker_id = ref.key, ref.worker_id
+        outcome = _outcome(request, ref.probe)
+        queue = None if queue_scope() is None else ref.queue
+        if not await self.runs.complete(key, worker_id, outcome, queue):
             task_id, node_id, attempt = key
             raise Aborted(
                 f"the run's lease was lost: node {node_id} of task {task_id} (attempt"
@@ -213,4 +285,5 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.ReleaseRunsResponse:
         worker_id = _worker_id(request.worker_id)
         keys = _held_by(request.run_tokens, worker_id)
-        return worker_pb2.ReleaseRunsResponse(released=await self.runs.release(worker_id, keys))
+        released = await self.runs.release(worker_id, keys, queue_scope())
+        return worker_pb2.ReleaseRunsResponse(released=released)

@@ -73,25 +73,52 @@ class BadToken(ValueError):
     """A run token that is not one PollRuns handed out."""
 
 
-def run_token(key: RunKey, worker_id: str) -> str:
-    """The opaque token naming a run taken by ``worker_id``."""
+@dataclass(frozen=True)
+class RunRef:
+    """What a run token names: the run, the worker that took it, its queue, and whether it
+    is a probe run (ADR-0100)."""
+
+    key: RunKey
+    worker_id: str
+    queue: str = ""
+    probe: bool = False
+
+
+def run_token(key: RunKey, worker_id: str, queue: str = "", probe: bool = False) -> str:
+    """The opaque token naming a run of ``queue`` taken by ``worker_id``."""
     task_id, node_id, attempt = key
-    raw = json.dumps([task_id, node_id, attempt, worker_id], separators=(",", ":"))
+    parts: list[object] = [task_id, node_id, attempt, worker_id, queue]
+    if probe:
+        parts.append(1)
+    raw = json.dumps(parts, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def parse_run(token: str) -> RunRef:
+    """The run a token names (BadToken when it names none)."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        parts = json.loads(raw)
+        task_id, node_id, attempt, worker_id = parts[:4]
+        queue = parts[4] if len(parts) > 4 else ""
+        probe = len(parts) > 5 and parts[5] == 1
+    except (ValueError, TypeError, KeyError) as error:
+        raise BadToken("not a run token PollRuns handed out") from error
+    if (
+        not isinstance(parts, list)
+        or len(parts) > 6
+        or not all(isinstance(v, str) and v for v in (task_id, node_id, worker_id))
+        or not isinstance(queue, str)
+        or not (isinstance(attempt, int) and attempt > 0)
+    ):
+        raise BadToken("not a run token PollRuns handed out")
+    return RunRef((task_id, node_id, attempt), worker_id, queue, probe)
 
 
 def parse_token(token: str) -> tuple[RunKey, str]:
     """The run and worker a token names (BadToken when it names none)."""
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        task_id, node_id, attempt, worker_id = json.loads(raw)
-    except (ValueError, TypeError) as error:
-        raise BadToken("not a run token PollRuns handed out") from error
-    if not all(isinstance(v, str) and v for v in (task_id, node_id, worker_id)) or not (
-        isinstance(attempt, int) and attempt > 0
-    ):
-        raise BadToken("not a run token PollRuns handed out")
-    return (task_id, node_id, attempt), worker_id
+    ref = parse_run(token)
+    return ref.key, ref.worker_id
 
 
 # ---- the runs of this process ------------------------------------------------------------
@@ -149,7 +176,8 @@ class WorkerRuns:
         clock: Clock,
         lease_seconds: float,
         policy: QueuePolicy | None = None,
-        completes: Callable[[tuple[RunKey, str, Outcome]], Awaitable[bool]] | None = None,
+        completes: Callable[[tuple[RunKey, str, Outcome, str | None]], Awaitable[bool]]
+        | None = None,
     ) -> None:
         self.db = db
         # Where completions are written (the executor's commit port: group-committed);
@@ -194,6 +222,40 @@ class WorkerRuns:
             if self.waiting.get(key) is waiter:
                 del self.waiting[key]
         return result_of(outcome, spec)
+
+    async def probe(self, offer: Offer, spec: ActionSpec, wait_seconds: float) -> Outcome | None:
+        """Offer a probe run (ADR-0100) and wait up to ``wait_seconds`` for a worker's
+        answer: its outcome, or None when no worker answered in time (or the node's call is
+        offered or under way, so it is not probed). A probe answered ``done`` keeps its row
+        (its output is recorded by the redrive that settles the node); any other is
+        deleted, and so is one whose output ``spec`` does not admit (an ``ERROR`` saying
+        why: no answer)."""
+        key = offer.key
+        waiter: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.waiting[key] = waiter
+        outcome: Outcome | None = None
+        try:
+            async with self.db.transaction() as conn:
+                offered = await store.runs_offer_many(conn, [offer], self.clock.now())
+            if key not in offered:
+                return None
+            self.committed.add(key)
+            self._offered.set()
+            self._offered = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                outcome = await asyncio.wait_for(asyncio.shield(waiter), wait_seconds)
+        finally:
+            self.committed.discard(key)
+            if self.waiting.get(key) is waiter:
+                del self.waiting[key]
+        if outcome is not None and outcome.kind == store.DONE and outcome.output is not None:
+            checked = output_result(outcome.output, spec)
+            if checked.outcome is not CallOutcome.SUCCESS:
+                outcome = Outcome(store.ERROR, None, f"the probe's output: {checked.detail}")
+        if outcome is None or outcome.kind != store.DONE:
+            async with self.db.transaction() as conn:
+                await store.runs_delete_many(conn, [key])
+        return outcome
 
     def settle(self, settled: dict[RunKey, Outcome]) -> None:
         """Hand each outcome to the pass of this process that waits for it, if any."""
@@ -289,71 +351,100 @@ class WorkerRuns:
 
     # ---- the worker's operations ---------------------------------------------------------
     async def poll(
-        self, queues: Sequence[str], worker_id: str, max_runs: int, wait_ms: int
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        max_runs: int,
+        wait_ms: int,
+        probe_queues: Sequence[str] = (),
     ) -> list[Taken]:
-        """Take up to ``max_runs`` runs of ``queues``; wait up to ``wait_ms`` for one (woken
-        by this process's offers, re-reading every :data:`RECHECK_SECONDS` for others')."""
+        """Take up to ``max_runs`` runs of ``queues`` (and probe runs of ``probe_queues``);
+        wait up to ``wait_ms`` for one (woken by this process's offers, re-reading every
+        :data:`RECHECK_SECONDS` for others')."""
         loop = asyncio.get_running_loop()
         end = loop.time() + min(max(wait_ms, 0), MAX_WAIT_MS) / 1000
         while True:
             offered = self._offered
             await self.mark(queues, worker_id)
-            rows = await self._take(queues, worker_id, max_runs)
+            rows = await self._take(queues, worker_id, max_runs, probe_queues)
             left = end - loop.time()
             if rows or left <= 0:
                 return [
-                    Taken(row, run_token((row.task_id, row.node_id, row.attempt), worker_id))
+                    Taken(
+                        row,
+                        run_token(
+                            (row.task_id, row.node_id, row.attempt),
+                            worker_id,
+                            row.queue,
+                            row.kind == "probe",
+                        ),
+                    )
                     for row in rows
                 ]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(offered.wait(), min(RECHECK_SECONDS, left))
 
-    async def _take(self, queues: Sequence[str], worker_id: str, max_runs: int) -> list[Row]:
+    async def _take(
+        self, queues: Sequence[str], worker_id: str, max_runs: int, probe_queues: Sequence[str]
+    ) -> list[Row]:
         """One try at taking runs; the queues with a limit are locked for it, so their
         taken runs are counted by one taker at a time (across executor processes)."""
         limits = {q: self.policy.limits[q] for q in queues if self.policy.limits.get(q)}
+        now = self.clock.now()
         if not limits:
             async with self.db.connection() as conn:
                 return await store.runs_take_many(
-                    conn, queues, worker_id, max_runs, self.clock.now(), self.lease_seconds
+                    conn, queues, worker_id, max_runs, now, self.lease_seconds, None, probe_queues
                 )
         async with self.db.transaction() as conn:
             await store.queues_lock_many(conn, list(limits))
             return await store.runs_take_many(
-                conn, queues, worker_id, max_runs, self.clock.now(), self.lease_seconds, limits
+                conn, queues, worker_id, max_runs, now, self.lease_seconds, limits, probe_queues
             )
 
-    async def heartbeat(self, worker_id: str, keys: Sequence[RunKey]) -> dict[RunKey, datetime]:
+    # ``queues`` (below): the queues the caller may serve (None: every queue); a run of
+    # another queue is not held by it.
+    async def heartbeat(
+        self, worker_id: str, keys: Sequence[RunKey], queues: Sequence[str] | None = None
+    ) -> dict[RunKey, datetime]:
         serves = self._serves.get(worker_id)
         if serves:
             await self.mark(serves, worker_id)
         async with self.db.connection() as conn:
             return await store.runs_extend_if_held_many(
-                conn, worker_id, keys, self.clock.now(), self.lease_seconds
+                conn, worker_id, keys, self.clock.now(), self.lease_seconds, queues
             )
 
-    async def complete(self, key: RunKey, worker_id: str, outcome: Outcome) -> bool:
-        """Record a worker's outcome if it still holds the run (False: refused, nothing
-        written); a pass of this process waiting for it has it at once."""
+    async def complete(
+        self,
+        key: RunKey,
+        worker_id: str,
+        outcome: Outcome,
+        queue: str | None = None,
+    ) -> bool:
+        """Record a worker's outcome if it still holds the run, of ``queue`` unless None
+        (False: refused, nothing written); a pass of this process waiting for it has it at
+        once."""
+        completion = (key, worker_id, outcome, queue)
         if self.completes is not None:  # group-committed with the others under way
-            if not await self.completes((key, worker_id, outcome)):
+            if not await self.completes(completion):
                 return False
         else:
             async with self.db.connection() as conn:
-                done = await store.runs_complete_if_held_many(
-                    conn, [(key, worker_id, outcome)], self.clock.now()
-                )
+                done = await store.runs_complete_if_held_many(conn, [completion], self.clock.now())
             if key not in done:
                 return False
         self.settle({key: outcome})
         return True
 
-    async def release(self, worker_id: str, keys: Sequence[RunKey]) -> int:
+    async def release(
+        self, worker_id: str, keys: Sequence[RunKey], queues: Sequence[str] | None = None
+    ) -> int:
         """Hand back the runs ``worker_id`` holds (see
         :func:`store.runs_release_if_held_many`); how many it held."""
         async with self.db.connection() as conn:
             rows = await store.runs_release_if_held_many(
-                conn, worker_id, keys, self.clock.now(), RELEASED
+                conn, worker_id, keys, self.clock.now(), RELEASED, queues
             )
         if any(row.state == "offered" for row in rows):
             self._offered.set()

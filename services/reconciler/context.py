@@ -21,6 +21,7 @@ from dispo.libs.outputs import OutputsReader
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.reconciler.completion.in_flight import InFlight
 from dispo.reconciler.queue_health import QueueHealth
+from dispo.reconciler.probes import WorkerProber
 from dispo.reconciler.settings import ReconcilerSettings, RecoveryConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -50,6 +51,9 @@ class Context:
     # Whether the worker queues demoted work waits for have a live worker (the executor's
     # ListQueues); None: such work is not released.
     queues: QueueHealth | None = None
+    # Where UNKNOWN worker nodes are probed (ExecutorService.ProbeWorkerNode, ADR-0100);
+    # None: they are not (an operator decides).
+    worker_probes: WorkerProber | None = None
     # Runs a sweep now rather than at its next interval (set by the sweeps' parts when they
     # run as such; a no-op otherwise, where sweeps are run by hand).
     kick_sweep: Callable[[str], None] = lambda name: None

@@ -1,5 +1,7 @@
 """Talking to downstreams and callers over HTTP: health checks, effect probes and signed
-webhook deliveries (with the current trace context, :mod:`dispo.libs.tracing`). Each returns a plain result; none raises for a network problem.
+webhook deliveries (with the current trace context, :mod:`dispo.libs.tracing`); and the
+probes of worker nodes, which the executor asks the workers of their queues (ADR-0100,
+:class:`WorkerProber`). Each returns a plain result; none raises for a network problem.
 """
 
 from __future__ import annotations
@@ -8,8 +10,10 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+import grpc
 import httpx
 from dispo.auth.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, signature_header
+from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.egress import EgressRefused, join
 from dispo.libs.error_text import ERROR_TEXT_LIMIT, truncate_error
 from dispo.libs.tracing import inject
@@ -78,6 +82,40 @@ def probe_answer(body: bytes) -> ProbeResult:
     if fenced:
         return ProbeResult(False, "probe reports done=false, fenced", fenced=True)
     return ProbeResult(False, "probe reports done=false")
+
+
+class WorkerProber:
+    """``ExecutorService.ProbeWorkerNode`` on ``channel`` (carrying the reconciler's service
+    token): the executor offers a probe run on the node's queue and waits up to ``wait``
+    seconds for a worker's answer; the call's deadline leaves it a margin."""
+
+    MARGIN = 5.0
+
+    def __init__(self, channel: grpc.aio.Channel, wait: float) -> None:
+        self.stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+        self.wait = wait
+
+    async def probe(self, task_id: str, node_id: str) -> ProbeResult:
+        try:
+            reply = await self.stub.ProbeWorkerNode(
+                executor_pb2.ProbeWorkerNodeRequest(
+                    task_id=task_id, node_id=node_id, wait_ms=int(self.wait * 1000)
+                ),
+                timeout=self.wait + self.MARGIN,
+            )
+        except grpc.aio.AioRpcError as error:
+            return ProbeResult(
+                None,
+                truncate_error(
+                    f"probe not answered: the executor's ProbeWorkerNode answered"
+                    f" {error.code().name}: {error.details()}"
+                ),
+            )
+        if reply.answer == executor_pb2.PROBE_ANSWER_DONE:
+            return ProbeResult(True, reply.detail)
+        if reply.answer == executor_pb2.PROBE_ANSWER_NOT_DONE:
+            return ProbeResult(False, reply.detail, fenced=reply.fenced)
+        return ProbeResult(None, truncate_error(reply.detail))
 
 
 @dataclass(frozen=True)

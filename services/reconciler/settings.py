@@ -40,7 +40,8 @@ class ReconcilerSettings(BaseSettings):
     batch: int = Field(default=100, description="Rows one sweep handles at most")
     http_timeout_seconds: float = Field(
         default=5.0,
-        description="Timeout of probes and health checks; the total deadline of one callback"
+        description="Timeout of probes (a worker node's probe waits this long for a worker's"
+        " answer) and health checks; the total deadline of one callback"
         " delivery (from the request to the end of its answer, on the service's clock)",
     )
     durable: str = Field(
@@ -69,7 +70,8 @@ class ReconcilerSettings(BaseSettings):
     executor_address: str = Field(
         default=local_address("executor"),
         description="The executor's gRPC address, where a SUCCEEDED task's result is read for"
-        " its completion callback (ExecutorService.GetOutputs; `dispo up` gives its executor's)",
+        " its completion callback (ExecutorService.GetOutputs) and UNKNOWN worker nodes are"
+        " probed (ProbeWorkerNode); `dispo up` gives its executor's",
     )
     outputs_timeout_seconds: float = Field(
         default=2.0,

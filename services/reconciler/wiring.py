@@ -15,6 +15,7 @@ from dispo.reconciler.http_client import http_client
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.outbox import outbox
 from dispo.reconciler.queue_health import QueueHealth
+from dispo.reconciler.probes import WorkerProber
 from dispo.reconciler.recovery import store
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.settings import ReconcilerSettings, load_config
@@ -35,6 +36,7 @@ async def wire_recovery(rt: Runtime) -> Context:
     await ensure_streams(rt.bus)
     http = rt.close_on_stop(http_client(), name="http client")
     relay = rt.outbox_relay(outbox)
+    executor = rt.channel(settings.executor_address)  # outputs and worker nodes' probes
     ctx = Context(
         rt.engine,
         await rt.database(),
@@ -47,10 +49,9 @@ async def wire_recovery(rt: Runtime) -> Context:
         egress=rt.settings.egress,
         service_token=rt.settings.service_token,
         signing_key=configured_key(rt.settings.signing_key),
-        outputs=OutputsReader(
-            rt.channel(settings.executor_address), settings.outputs_timeout_seconds
-        ),
-        queues=QueueHealth(rt.channel(settings.executor_address), settings.outputs_timeout_seconds),
+        outputs=OutputsReader(executor, settings.outputs_timeout_seconds),
+        queues=QueueHealth(executor, settings.outputs_timeout_seconds),
+        worker_probes=WorkerProber(executor, settings.http_timeout_seconds),
     )
     rt.add_servicer(
         lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(

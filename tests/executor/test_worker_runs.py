@@ -70,10 +70,10 @@ async def test_completions_group_committed_record_a_run_once_and_refuse_the_rest
     second = store.Outcome(store.OUTPUT, b'{"n":2}')
     answers = await flushes.complete(
         [
-            (offers[0].key, "w1", first),
-            (offers[0].key, "w1", second),
-            (offers[1].key, "someone-else", first),
-            (offers[2].key, "w1", second),
+            (offers[0].key, "w1", first, None),
+            (offers[0].key, "w1", second, None),
+            (offers[1].key, "someone-else", first, None),
+            (offers[2].key, "w1", second, "tickets"),
         ]
     )
     assert list(answers) == [True, False, False, True]
@@ -82,3 +82,36 @@ async def test_completions_group_committed_record_a_run_once_and_refuse_the_rest
     assert settled[offers[0].key].output == b'{"n":1}'
     assert offers[1].key not in settled  # still taken by w1
     assert settled[offers[2].key].output == b'{"n":2}'
+
+
+async def test_a_probe_run_is_taken_only_by_a_worker_of_its_probes_and_never_displaces_a_call(
+    service_db, manual_clock: ManualClock
+):
+    """ADR-0100: a probe run of a node whose call is offered is not offered; a worker polling
+    its queue's runs takes no probe run, one polling its queue's probes takes it."""
+    db = await service_db("executor")
+    call = store.Offer("t1", "a.work", "tickets", "me", 1, "t1/a.work", "work", False, 5000, b"{}")
+    probe = store.Offer(
+        "t2", "a.work", "tickets", "probe", 1, "t2/a.work", "work", False, 5000, b"{}", probe=True
+    )
+    now = manual_clock.now()
+    async with db.transaction() as conn:
+        assert await store.runs_offer_many(conn, [call], now) == {call.key}
+        assert await store.runs_offer_many(conn, [probe], now) == {probe.key}
+        # The call's node is not probed: its row stays the call's.
+        probing_the_call = store.Offer(
+            "t1", "a.work", "tickets", "probe", 1, "t1/a.work", "work", False, 5000, b"{}", True
+        )
+        assert await store.runs_offer_many(conn, [probing_the_call], now) == set()
+    async with db.connection() as conn:
+        calls = await store.runs_take_many(conn, ["tickets"], "w1", 10, now, 10)
+        assert [(r.task_id, r.kind) for r in calls] == [("t1", "action")]
+        probes = await store.runs_take_many(conn, [], "w2", 10, now, 10, None, ["tickets"])
+        assert [(r.task_id, r.kind) for r in probes] == [("t2", "probe")]
+        done = await store.runs_complete_if_held_many(
+            conn, [(probe.key, "w2", store.Outcome(store.DONE, b'{"x":1}'), "tickets")], now
+        )
+        assert done == {probe.key}
+        assert await store.runs_probe_outputs_many(conn, [("t2", "a.work"), ("t1", "a.work")]) == {
+            ("t2", "a.work"): b'{"x":1}'
+        }

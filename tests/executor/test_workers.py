@@ -14,13 +14,15 @@ from pathlib import Path
 import grpc
 import pytest
 from dispo.executor.worker_runs import parse_token, run_token
+from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.api.executor.v1 import worker_pb2, worker_pb2_grpc
+from dispo.libs.auth import open_channel
 from dispo.libs.payload import canonical_json, json_payload, payload_data
 from dispo.libs.process import ManagedProcess, ProcessSpec
-from dispo.sdk import cell
+from dispo.sdk import AsyncClient, DispoError, cell
 from pipeline_fixtures import TEST_CATALOGUE, Downstream, dump, wait_until
 from support import eventually
-from support.auth import admin_channel
+from support.auth import admin_channel, worker_token
 
 from .test_outputs import as_json, outputs_of
 
@@ -90,6 +92,8 @@ queues:
     max_concurrency: 2
 """
 
+# The queues tests/executor/worker_app.py serves (its worker token's).
+QUEUES = ("tickets", "echo", "slow", "slow_once")
 # A worker silent for this long has lost its run (heartbeats every third of it).
 RUN_LEASE = "3"
 
@@ -114,9 +118,10 @@ async def pipeline(start_service, catalogue_file, egress_allow):
 class Workers:
     """Worker processes of tests/executor/worker_app.py, and the effects they recorded."""
 
-    def __init__(self, pipeline, folder: Path) -> None:
+    def __init__(self, pipeline, folder: Path, token: str) -> None:
         self.pipeline = pipeline
         self.folder = folder
+        self.token = token  # a worker token of the app's queues
         self.effects_file = folder / "effects.txt"
         self.started: list[ManagedProcess] = []
 
@@ -130,7 +135,7 @@ class Workers:
                     "-m",
                     "dispo.tools.cli",
                     "--token",
-                    self.pipeline.token,
+                    self.token,
                     "worker",
                     "run",
                     "worker_app:worker",
@@ -174,7 +179,7 @@ class Workers:
 
 @pytest.fixture
 async def workers(pipeline, tmp_path):
-    found = Workers(pipeline, tmp_path)
+    found = Workers(pipeline, tmp_path, await worker_token(pipeline.gateway.address, *QUEUES))
     yield found
     found.kill_all()
 
@@ -335,6 +340,14 @@ async def test_complete_run_refuses_a_malformed_or_foreign_token_and_records_not
             )
         assert not_json.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "output" in not_json.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as as_probe:  # a call's run, not a probe's
+            await stub.CompleteRun(
+                worker_pb2.CompleteRunRequest(
+                    run_token=forged, probe=worker_pb2.ProbeResult(done=True)
+                )
+            )
+        assert as_probe.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert as_probe.value.details().startswith("probe: "), as_probe.value.details()
         await wait_until(
             client,
             task.task_id,
@@ -428,3 +441,65 @@ async def test_a_paused_worker_past_its_lease_has_its_late_completion_refused(cl
     assert after.node("w_slow_once.run").status == "UNKNOWN", dump(after)
     assert after.node("w_slow_once.run").last_error == view.node("w_slow_once.run").last_error
     assert len(workers.effects()) == 1
+
+
+async def test_a_worker_token_serves_its_queues_only_and_nothing_else(pipeline, client):
+    token = await worker_token(pipeline.gateway.address, "echo")
+    task = await client.submit("tests", [cell("w_echo", name="scoped")])
+    async with open_channel(pipeline.executors[0].address, token) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as other:
+            await stub.PollRuns(
+                worker_pb2.PollRunsRequest(
+                    queues=["echo", "tickets"], worker_id="scoped", max_runs=1, wait_ms=0
+                )
+            )
+        assert other.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert other.value.details().startswith("queues: "), other.value.details()
+        assert "tickets" in other.value.details()
+        taken = await stub.PollRuns(
+            worker_pb2.PollRunsRequest(
+                queues=["echo"], worker_id="scoped", max_runs=1, wait_ms=20000
+            )
+        )
+        [run] = taken.runs
+        assert (run.task_id, run.queue) == (task.task_id, "echo")
+        # A run token naming another queue is refused before anything is read or written.
+        foreign = run_token((run.task_id, run.node_id, run.attempt), "scoped", "tickets")
+        answer = json_payload(canonical_json({"from": "scoped"}))
+        with pytest.raises(grpc.aio.AioRpcError) as forged:
+            await stub.CompleteRun(worker_pb2.CompleteRunRequest(run_token=foreign, output=answer))
+        assert forged.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert forged.value.details().startswith("run_token: "), forged.value.details()
+        beat = await stub.HeartbeatRuns(
+            worker_pb2.HeartbeatRunsRequest(worker_id="scoped", run_tokens=[run.run_token])
+        )
+        assert [lease.held for lease in beat.leases] == [True]
+        await stub.CompleteRun(
+            worker_pb2.CompleteRunRequest(run_token=run.run_token, output=answer)
+        )
+    done = await client.wait(task.task_id, timeout=60)
+    assert done.status == "SUCCEEDED", dump(done)
+    assert done.node("w_echo.echo").output == {"from": "scoped"}
+
+    # Refused everywhere else: it can neither submit nor read tasks.
+    async with AsyncClient(pipeline.gateway.address, token=token) as as_worker:
+        with pytest.raises(DispoError) as submit:
+            await as_worker.submit("tests", [cell("w_echo", name="no")])
+        assert submit.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert "a worker token of queues echo" in submit.value.message
+        with pytest.raises(DispoError) as read:
+            await as_worker.get(task.task_id)
+        assert read.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+    # A business token cannot serve a queue.
+    async with admin_channel(pipeline.gateway.address) as channel:
+        made = await auth_pb2_grpc.TokenServiceStub(channel).CreateToken(
+            auth_pb2.CreateTokenRequest(kind=auth_pb2.TOKEN_KIND_BUSINESS, business="tests")
+        )
+    async with open_channel(pipeline.executors[0].address, made.secret) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as business:
+            await worker_pb2_grpc.WorkerServiceStub(channel).PollRuns(
+                worker_pb2.PollRunsRequest(queues=["echo"], worker_id="b", max_runs=1)
+            )
+    assert business.value.code() == grpc.StatusCode.PERMISSION_DENIED

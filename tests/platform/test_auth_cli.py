@@ -79,6 +79,46 @@ async def test_create_list_revoke_through_the_cli(start_service, tokens, tmp_pat
     assert await list_cells(gateway, secret) is grpc.StatusCode.UNAUTHENTICATED
 
 
+async def test_a_worker_token_through_the_cli_names_its_queues(start_service, tokens):
+    gateway = (await start_service("gateway")).address
+    made = await asyncio.to_thread(
+        dispo,
+        gateway,
+        tokens.admin,
+        "--json",
+        "create",
+        "--worker",
+        "--queue",
+        "tickets",
+        "--queue",
+        "mail",
+        "--label",
+        "ticket workers",
+    )
+    assert made.returncode == 0, made.stderr
+    created = json.loads(made.stdout)
+    secret, token = created["secret"], created["token"]
+    assert (token["kind"], token["queues"]) == ("TOKEN_KIND_WORKER", ["mail", "tickets"])
+    # It serves queues, nothing else: not even a read of the catalogue.
+    assert await list_cells(gateway, secret) is grpc.StatusCode.PERMISSION_DENIED
+
+    listed = await asyncio.to_thread(dispo, gateway, tokens.admin, "list")
+    assert listed.returncode == 0, listed.stderr
+    [line] = [row for row in listed.stdout.splitlines() if token["token_id"] in row]
+    assert "worker" in line and "mail,tickets" in line and "ticket workers" in line
+
+    no_queue = await asyncio.to_thread(dispo, gateway, tokens.admin, "create", "--worker")
+    assert no_queue.returncode == 2 and "--queue" in no_queue.stderr
+    bad = await asyncio.to_thread(
+        dispo, gateway, tokens.admin, "create", "--worker", "--queue", "9lives"
+    )
+    assert bad.returncode != 0 and "queues[0]" in bad.stderr, bad.stderr
+    business_queue = await asyncio.to_thread(
+        dispo, gateway, tokens.admin, "create", "--business", "shop", "--queue", "tickets"
+    )
+    assert business_queue.returncode == 2 and "--worker" in business_queue.stderr
+
+
 @pytest.mark.parametrize("value", ["0d", "soon", "5w"])
 def test_an_expiry_that_is_not_a_duration_is_refused_before_any_call(value):
     result = subprocess.run(

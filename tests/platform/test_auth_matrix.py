@@ -131,6 +131,7 @@ async def test_every_rpc_answers_every_caller_by_its_rule(stack, admin, tokens, 
         "admin": tokens.admin,
         "reconciler": tokens.services["reconciler"],
         "pool-worker": tokens.services["pool-worker"],
+        "worker": (await new_token(admin, kind=auth_pb2.TOKEN_KIND_WORKER, queues=["matrix"]))[1],
     }
     rpcs = [rpc for name, p in stack.items() for rpc in served_rpcs(name, p.address)]
     assert {"/dispo.auth.v1.TokenService/RevokeToken", "/dispo.pool.v1.PoolService/RecordRun"} <= {
@@ -154,6 +155,7 @@ async def test_every_rpc_answers_every_caller_by_its_rule(stack, admin, tokens, 
                 elif rule is not None and (
                     caller == "admin"
                     or (caller.endswith("business") and rule.business)
+                    or (caller == "worker" and rule.worker)
                     or caller in rule.services
                 ):
                     want = set(grpc.StatusCode) - AUTH_CODES

@@ -19,6 +19,7 @@ from dispo.pool.openclaw import OpenClawUnavailable
 from dispo.sdk import cell
 from pipeline_fixtures import TEST_CATALOGUE, Pipeline, dump
 from support import eventually
+from support.auth import worker_token
 from support.go import GoUnavailable, build_example
 from support.node import EXAMPLE_DIR, example_node
 
@@ -99,10 +100,11 @@ async def client(stack):
 class Workers:
     """Worker processes of one language, and the tickets they opened."""
 
-    def __init__(self, stack: Pipeline, command: Command, folder: Path) -> None:
+    def __init__(self, stack: Pipeline, command: Command, folder: Path, token: str) -> None:
         self.stack = stack
         self.command = command
         self.folder = folder
+        self.token = token  # a worker token of the tickets queue
         self.tracker = folder / "tickets.txt"
         self.started: list[ManagedProcess] = []
 
@@ -112,7 +114,7 @@ class Workers:
             ProcessSpec(
                 f"worker-{n}",
                 self.command(self.tracker, grace, self.stack.executors[0].address),
-                {"DISPO_TOKEN": self.stack.token},
+                {"DISPO_TOKEN": self.token},
                 None,
                 self.folder / f"worker-{n}.log",
             )
@@ -139,7 +141,8 @@ class Workers:
 
 @pytest.fixture
 async def workers(stack, command, tmp_path):
-    found = Workers(stack, command, tmp_path)
+    token = await worker_token(stack.gateway.address, "tickets")
+    found = Workers(stack, command, tmp_path, token)
     yield found
     found.kill_all()
 

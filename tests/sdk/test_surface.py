@@ -16,6 +16,7 @@ PUBLIC = {
     "DispoError",
     "NodeChange",
     "NodeView",
+    "ProbeAnswer",
     "RetryableError",
     "RunContext",
     "Submitted",

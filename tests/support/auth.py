@@ -5,6 +5,7 @@ clients and service processes authenticate as in a real stack.
     tokens.admin                                  # the admin secret (fixture ``tokens``)
     tokens.services["reconciler"]                 # what start_service hands the reconciler
     async with admin_channel(service.address) as channel: ...   # an operator's channel
+    secret = await worker_token(gateway.address, "tickets")    # a worker token of a queue
     token_id, secret = await business_token(database_url, "ecommerce")
     secret = await signing_secret(database_url, "ecommerce")   # the webhook signing secret
 """
@@ -25,6 +26,7 @@ from dispo.auth.signing import (
     new_salt,
     new_secret_id,
 )
+from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.auth import (
     RULES,
     Authorizer,
@@ -144,6 +146,17 @@ def session_tokens() -> TestTokens:
 def admin_channel(address: str) -> grpc.aio.Channel:
     """A channel to ``address`` whose calls carry the session's admin token."""
     return open_channel(address, session_tokens().admin)
+
+
+async def worker_token(gateway: str, *queues: str) -> str:
+    """A new worker token serving ``queues``, made through the gateway's TokenService as an
+    operator would: its secret."""
+    async with admin_channel(gateway) as channel:
+        reply = await auth_pb2_grpc.TokenServiceStub(channel).CreateToken(
+            auth_pb2.CreateTokenRequest(kind=auth_pb2.TOKEN_KIND_WORKER, queues=list(queues)),
+            timeout=10,
+        )
+    return reply.secret
 
 
 def admin_sync_channel(address: str) -> grpc.Channel:

@@ -2,6 +2,7 @@
 
 dispo tokens create --business ecommerce [--expires 30d] [--label …]   a business's token
 dispo tokens create --admin | --service reconciler                     an operator's, a service's
+dispo tokens create --worker --queue tickets [--queue mail]            a worker's (its queues)
 dispo tokens list [--business ecommerce] [--all]                       without secrets
 dispo tokens revoke tok_…                                              refused from now on
 dispo tokens rotate-secret --business ecommerce [--grace 24h]          a new signing secret
@@ -68,7 +69,7 @@ def _stub(ctx: typer.Context) -> Iterator[auth_pb2_grpc.TokenServiceStub]:
 
 def _line(token: pb.Token) -> str:
     kind = pb.TokenKind.Name(token.kind).removeprefix("TOKEN_KIND_").lower()
-    bound = token.business or token.service
+    bound = token.business or token.service or ",".join(token.queues)
     expires = token.expires_at.ToJsonString() if token.HasField("expires_at") else "never"
     revoked = " revoked " + token.revoked_at.ToJsonString() if token.HasField("revoked_at") else ""
     return f"{token.token_id:<22} {kind:<9} {bound:<16} expires {expires}{revoked}  {token.label}"
@@ -88,6 +89,12 @@ def create(
     service: Annotated[
         str | None, typer.Option(help="a service's credential (e.g. reconciler)")
     ] = None,
+    worker: Annotated[
+        bool, typer.Option("--worker", help="a worker's token: it serves its --queue(s) only")
+    ] = False,
+    queue: Annotated[
+        list[str] | None, typer.Option(help="a queue a worker token serves (repeatable)")
+    ] = None,
     expires: Annotated[
         str | None, typer.Option(help="lifetime: 90s, 15m, 12h, 30d (default: none)")
     ] = None,
@@ -95,14 +102,20 @@ def create(
     as_json: JSON_OPTION = False,
 ) -> None:
     """A new token; its secret is printed once."""
-    if sum((business is not None, admin, service is not None)) != 1:
-        usage("say whose token it is: one of --business, --admin, --service")
+    if sum((business is not None, admin, service is not None, worker)) != 1:
+        usage("say whose token it is: one of --business, --admin, --service, --worker")
+    if worker and not queue:
+        usage("a worker token serves at least one --queue")
+    if queue and not worker:
+        usage("only a worker token (--worker) serves queues")
     ttl = _expires(expires)
     kind = (
         pb.TOKEN_KIND_ADMIN
         if admin
         else pb.TOKEN_KIND_SERVICE
         if service
+        else pb.TOKEN_KIND_WORKER
+        if worker
         else pb.TOKEN_KIND_BUSINESS
     )
     with _stub(ctx) as stub:
@@ -111,6 +124,7 @@ def create(
                 kind=kind,
                 business=business or "",
                 service=service or "",
+                queues=queue or [],
                 label=label,
                 ttl_seconds=ttl,
             ),

@@ -7,6 +7,12 @@ A run's states: ``offered`` (inserted by its pass, taken by :func:`runs_take_man
 passed) → ``done`` (its outcome written; read by the pass that waits for it). Every move
 out of ``taken`` is guarded by the worker, the attempt and the lease in its ``WHERE``: a
 worker whose lease ran out completes nothing.
+
+A run is of kind ``action`` (a worker node's call) or ``probe`` (ADR-0100: asking a worker
+of the queue whether an UNKNOWN node's effect happened). A probe run answered ``done`` stays
+until the redrive that settles its node SUCCEEDED records its output
+(:func:`runs_probe_outputs_many`), and any other probe run is deleted by the call that waited
+for it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ RunKey = tuple[str, str, int]
 
 # The outcomes a done run records.
 OUTPUT, ERROR, NOT_SENT, LOST = "output", "error", "not_sent", "lost"
+# A probe run's answers: the effect happened (with its output), or not (``fenced``: it never
+# will under the key).
+DONE, NOT_DONE = "done", "not_done"
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class Offer:
     idempotent: bool
     timeout_ms: int
     payload: bytes  # canonical JSON, references resolved
+    # A probe run (ADR-0100) rather than the node's call.
+    probe: bool = False
 
     @property
     def key(self) -> RunKey:
@@ -48,12 +59,14 @@ class Offer:
 @dataclass(frozen=True)
 class Outcome:
     """What a done run recorded: ``kind`` one of ``OUTPUT``, ``ERROR``, ``NOT_SENT``,
-    ``LOST``; ``output`` the JSON a worker returned (None: no output)."""
+    ``LOST``, or a probe's ``DONE``, ``NOT_DONE``; ``output`` the JSON a worker returned
+    (None: no output)."""
 
     kind: str
     output: bytes | None = None
     message: str = ""
     retryable: bool = False
+    fenced: bool = False
 
 
 def _keys(keys: Sequence[RunKey]) -> dict[str, list[Any]]:
@@ -64,36 +77,47 @@ def _keys(keys: Sequence[RunKey]) -> dict[str, list[Any]]:
     }
 
 
+# A guard on a run's queue: none when ``:queues`` is NULL (a caller serving every queue).
+_OF_QUEUES = " AND (CAST(:queues AS text[]) IS NULL OR r.queue = ANY(CAST(:queues AS text[])))"
+
+
+def _queues(queues: Sequence[str] | None) -> list[str] | None:
+    return None if queues is None else sorted(set(queues))
+
+
 _UNNEST_KEYS = (
     "unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:attempts AS integer[]))"
     " AS u(task, node, attempt)"
 )
 
 
-async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) -> None:
+async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) -> set[RunKey]:
     """Offer each run on its queue. A row of an earlier attempt of the node (its pass
     stopped before deleting it) is replaced: its worker's completion is refused from now
-    on (its attempt no longer matches)."""
+    on (its attempt no longer matches). A probe run replaces only a probe run: a node whose
+    call is offered or under way is not probed. The runs offered."""
     if not offers:
-        return
+        return set()
     offers = sorted(offers, key=lambda o: (o.task_id, o.node_id))
-    await conn.fetch(
+    rows = await conn.fetch(
         "INSERT INTO worker_runs (task_id, node_id, queue, owner, attempt, idempotency_key,"
-        " action, idempotent, timeout_ms, payload, offered_at, state)"
+        " action, idempotent, timeout_ms, payload, offered_at, state, kind)"
         " SELECT u.task, u.node, u.queue, u.owner, u.attempt, u.ikey, u.action, u.idem,"
-        " u.timeout, u.payload, :now, 'offered'"
+        " u.timeout, u.payload, :now, 'offered', u.kind"
         " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:queues AS text[]),"
         " CAST(:owners AS text[]), CAST(:attempts AS integer[]), CAST(:ikeys AS text[]),"
         " CAST(:actions AS text[]), CAST(:idems AS boolean[]), CAST(:timeouts AS integer[]),"
-        " CAST(:payloads AS bytea[]))"
-        " AS u(task, node, queue, owner, attempt, ikey, action, idem, timeout, payload)"
+        " CAST(:payloads AS bytea[]), CAST(:kinds AS text[]))"
+        " AS u(task, node, queue, owner, attempt, ikey, action, idem, timeout, payload, kind)"
         " ON CONFLICT (task_id, node_id) DO UPDATE SET queue = excluded.queue,"
         " owner = excluded.owner, attempt = excluded.attempt,"
         " idempotency_key = excluded.idempotency_key, action = excluded.action,"
         " idempotent = excluded.idempotent, timeout_ms = excluded.timeout_ms,"
         " payload = excluded.payload, offered_at = excluded.offered_at, state = 'offered',"
-        " worker_id = NULL, lease_until = NULL, deadline = NULL, outcome = NULL,"
-        " output = NULL, message = NULL, retryable = NULL",
+        " kind = excluded.kind, worker_id = NULL, lease_until = NULL, deadline = NULL,"
+        " outcome = NULL, output = NULL, message = NULL, retryable = NULL, fenced = NULL"
+        " WHERE excluded.kind = 'action' OR worker_runs.kind = 'probe'"
+        " RETURNING task_id, node_id, attempt",
         {
             "tasks": [o.task_id for o in offers],
             "nodes": [o.node_id for o in offers],
@@ -105,9 +129,11 @@ async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) ->
             "idems": [o.idempotent for o in offers],
             "timeouts": [o.timeout_ms for o in offers],
             "payloads": [o.payload for o in offers],
+            "kinds": ["probe" if o.probe else "action" for o in offers],
             "now": now,
         },
     )
+    return {(r.task_id, r.node_id, r.attempt) for r in rows}
 
 
 async def runs_take_many(
@@ -118,27 +144,35 @@ async def runs_take_many(
     now: datetime,
     lease_seconds: float,
     limits: Mapping[str, int] | None = None,
+    probe_queues: Sequence[str] = (),
 ) -> list[Row]:
-    """Take up to ``max_runs`` runs offered on ``queues``, oldest first, for ``worker_id``:
-    leased until ``lease_seconds`` from ``now``, due by their action's timeout from
-    ``now``. Runs another taker holds locked are skipped, never waited for. A queue with a
-    limit in ``limits`` (its ``max_concurrency``) gives no more runs than it has left: the
-    limit less its runs taken now, counted in this statement — the caller holds the
-    queue's lock (:func:`queues_lock_many`) in the same transaction, so two takers count
-    in turn. The rows taken, whole."""
-    if not queues or max_runs <= 0:
+    """Take up to ``max_runs`` runs offered on ``queues`` (and probe runs offered on
+    ``probe_queues``), oldest first, for ``worker_id``: leased until ``lease_seconds`` from
+    ``now``, due by their action's timeout from ``now``. Runs another taker holds locked
+    are skipped, never waited for. A queue with a limit in ``limits`` (its
+    ``max_concurrency``) gives no more action runs than it has left: the limit less its
+    action runs taken now, counted in this statement — the caller holds the queue's lock
+    (:func:`queues_lock_many`) in the same transaction, so two takers count in turn. Probe
+    runs are not counted against the limit. The rows taken, whole."""
+    if not (queues or probe_queues) or max_runs <= 0:
         return []
     names = sorted(set(queues))
     limits = limits or {}
     return await conn.fetch(
         "WITH q AS (SELECT * FROM unnest(CAST(:queues AS text[]), CAST(:caps AS integer[]))"
         " AS q(queue, cap)),"
-        " picked AS (SELECT c.task_id, c.node_id, c.offered_at FROM q CROSS JOIN LATERAL"
+        " actions AS (SELECT c.task_id, c.node_id, c.offered_at FROM q CROSS JOIN LATERAL"
         " (SELECT r.task_id, r.node_id, r.offered_at FROM worker_runs r"
-        " WHERE r.queue = q.queue AND r.state = 'offered' ORDER BY r.offered_at"
+        " WHERE r.queue = q.queue AND r.kind = 'action' AND r.state = 'offered'"
+        " ORDER BY r.offered_at"
         " LIMIT CASE WHEN q.cap IS NULL THEN :n ELSE GREATEST(0, LEAST(:n, q.cap -"
-        " (SELECT count(*) FROM worker_runs t WHERE t.queue = q.queue AND t.state = 'taken')))"
-        " END FOR UPDATE SKIP LOCKED) c ORDER BY c.offered_at LIMIT :n)"
+        " (SELECT count(*) FROM worker_runs t WHERE t.queue = q.queue AND t.kind = 'action'"
+        " AND t.state = 'taken'))) END FOR UPDATE SKIP LOCKED) c),"
+        " probes AS (SELECT task_id, node_id, offered_at FROM worker_runs"
+        " WHERE kind = 'probe' AND state = 'offered' AND queue = ANY(CAST(:probes AS text[]))"
+        " ORDER BY offered_at LIMIT :n FOR UPDATE SKIP LOCKED),"
+        " picked AS (SELECT * FROM actions UNION ALL SELECT * FROM probes"
+        " ORDER BY offered_at LIMIT :n)"
         " UPDATE worker_runs r SET state = 'taken', worker_id = :worker, lease_until = :until,"
         " deadline = CAST(:now AS timestamptz) + r.timeout_ms * interval '1 millisecond'"
         " FROM picked p WHERE r.task_id = p.task_id AND r.node_id = p.node_id"
@@ -147,6 +181,7 @@ async def runs_take_many(
         {
             "queues": names,
             "caps": [limits.get(q) for q in names],
+            "probes": sorted(set(probe_queues)),
             "n": max_runs,
             "worker": worker_id,
             "until": now + timedelta(seconds=lease_seconds),
@@ -168,10 +203,16 @@ async def queues_lock_many(conn: Conn, queues: Sequence[str]) -> None:
 
 
 async def runs_extend_if_held_many(
-    conn: Conn, worker_id: str, keys: Sequence[RunKey], now: datetime, lease_seconds: float
+    conn: Conn,
+    worker_id: str,
+    keys: Sequence[RunKey],
+    now: datetime,
+    lease_seconds: float,
+    queues: Sequence[str] | None = None,
 ) -> dict[RunKey, datetime]:
     """Extend the lease of each run ``worker_id`` still holds (taken by it at that attempt,
-    its lease not run out); the new ends, by run (a run missing was not held)."""
+    its lease not run out, of ``queues`` unless None); the new ends, by run (a run missing
+    was not held)."""
     if not keys:
         return {}
     rows = await conn.fetch(
@@ -179,9 +220,11 @@ async def runs_extend_if_held_many(
         + _UNNEST_KEYS
         + " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND r.worker_id = :worker AND r.lease_until >= :now"
-        " RETURNING r.task_id, r.node_id, r.attempt, r.lease_until",
+        + _OF_QUEUES
+        + " RETURNING r.task_id, r.node_id, r.attempt, r.lease_until",
         {
             **_keys(keys),
+            "queues": _queues(queues),
             "worker": worker_id,
             "now": now,
             "until": now + timedelta(seconds=lease_seconds),
@@ -191,30 +234,36 @@ async def runs_extend_if_held_many(
 
 
 async def runs_complete_if_held_many(
-    conn: Conn, completions: Sequence[tuple[RunKey, str, Outcome]], now: datetime
+    conn: Conn,
+    completions: Sequence[tuple[RunKey, str, Outcome, str | None]],
+    now: datetime,
 ) -> set[RunKey]:
-    """Record each ``(run, worker_id, outcome)`` where that worker still holds the run
-    (taken by it at that attempt, its lease not run out): ``done``. The runs recorded (a
-    missing one was not held: nothing written)."""
+    """Record each ``(run, worker_id, outcome, queue)`` where that worker still holds the
+    run (taken by it at that attempt, its lease not run out, of ``queue`` unless None):
+    ``done``. The runs recorded (a missing one was not held: nothing written)."""
     if not completions:
         return set()
     rows = await conn.fetch(
         "UPDATE worker_runs r SET state = 'done', outcome = u.kind, output = u.output,"
-        " message = u.message, retryable = u.retryable"
+        " message = u.message, retryable = u.retryable, fenced = u.fenced"
         " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]),"
         " CAST(:attempts AS integer[]), CAST(:workers AS text[]), CAST(:kinds AS text[]),"
-        " CAST(:outputs AS bytea[]), CAST(:messages AS text[]), CAST(:retryables AS boolean[]))"
-        " AS u(task, node, attempt, worker, kind, output, message, retryable)"
+        " CAST(:outputs AS bytea[]), CAST(:messages AS text[]), CAST(:retryables AS boolean[]),"
+        " CAST(:fenceds AS boolean[]), CAST(:queues AS text[]))"
+        " AS u(task, node, attempt, worker, kind, output, message, retryable, fenced, queue)"
         " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND r.worker_id = u.worker AND r.lease_until >= :now"
+        " AND (u.queue IS NULL OR r.queue = u.queue)"
         " RETURNING r.task_id, r.node_id, r.attempt",
         {
-            **_keys([key for key, _, _ in completions]),
-            "workers": [worker for _, worker, _ in completions],
-            "kinds": [o.kind for _, _, o in completions],
-            "outputs": [o.output for _, _, o in completions],
-            "messages": [o.message for _, _, o in completions],
-            "retryables": [o.retryable for _, _, o in completions],
+            **_keys([key for key, _, _, _ in completions]),
+            "workers": [worker for _, worker, _, _ in completions],
+            "kinds": [o.kind for _, _, o, _ in completions],
+            "outputs": [o.output for _, _, o, _ in completions],
+            "messages": [o.message for _, _, o, _ in completions],
+            "retryables": [o.retryable for _, _, o, _ in completions],
+            "fenceds": [o.fenced for _, _, o, _ in completions],
+            "queues": [queue for _, _, _, queue in completions],
             "now": now,
         },
     )
@@ -222,9 +271,14 @@ async def runs_complete_if_held_many(
 
 
 async def runs_release_if_held_many(
-    conn: Conn, worker_id: str, keys: Sequence[RunKey], now: datetime, why: str
+    conn: Conn,
+    worker_id: str,
+    keys: Sequence[RunKey],
+    now: datetime,
+    why: str,
+    queues: Sequence[str] | None = None,
 ) -> list[Row]:
-    """Hand back the runs ``worker_id`` still holds: an idempotent action's is offered
+    """Hand back the runs ``worker_id`` still holds (of ``queues`` unless None): an idempotent action's is offered
     again at once (its place in its queue kept); any other's ends ``lost`` with ``why`` (its
     handler may have had its effect). The rows moved (``state`` as they are now)."""
     if not keys:
@@ -241,8 +295,9 @@ async def runs_release_if_held_many(
         + _UNNEST_KEYS
         + " WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND r.worker_id = :worker AND r.lease_until >= :now"
-        " RETURNING r.task_id, r.node_id, r.attempt, r.queue, r.state",
-        {**_keys(keys), "worker": worker_id, "now": now, "why": why},
+        + _OF_QUEUES
+        + " RETURNING r.task_id, r.node_id, r.attempt, r.queue, r.state",
+        {**_keys(keys), "queues": _queues(queues), "worker": worker_id, "now": now, "why": why},
     )
 
 
@@ -270,11 +325,11 @@ async def runs_settled_many(
         " FROM u WHERE r.task_id = u.task AND r.node_id = u.node AND r.attempt = u.attempt"
         " AND r.state = 'taken' AND (r.lease_until < :now OR r.deadline < :now)"
         " RETURNING r.task_id, r.node_id, r.attempt, r.outcome, r.output, r.message,"
-        " r.retryable)"
-        " SELECT task_id, node_id, attempt, outcome, output, message, retryable FROM lost"
+        " r.retryable, r.fenced)"
+        " SELECT task_id, node_id, attempt, outcome, output, message, retryable, fenced FROM lost"
         " UNION ALL"
         " SELECT u.task, u.node, u.attempt, COALESCE(r.outcome, 'lost'), r.output,"
-        " CASE WHEN r.state = 'done' THEN r.message ELSE :taken_back END, r.retryable"
+        " CASE WHEN r.state = 'done' THEN r.message ELSE :taken_back END, r.retryable, r.fenced"
         " FROM u LEFT JOIN worker_runs r ON r.task_id = u.task AND r.node_id = u.node"
         " WHERE r.task_id IS NULL OR r.attempt <> u.attempt OR r.state = 'done'",
         {
@@ -289,7 +344,7 @@ async def runs_settled_many(
     for r in rows:
         kind = r.outcome if r.outcome is not None else LOST
         settled[(r.task_id, r.node_id, r.attempt)] = Outcome(
-            kind, r.output, r.message or "", bool(r.retryable)
+            kind, r.output, r.message or "", bool(r.retryable), bool(r.fenced)
         )
     return settled
 
@@ -338,3 +393,20 @@ async def runs_fence_many(conn: Conn, nodes: Sequence[tuple[str, str]]) -> None:
             " WHERE r.task_id = u.task AND r.node_id = u.node",
             {"tasks": [t for t, _ in nodes], "nodes": [n for _, n in nodes]},
         )
+
+
+async def runs_probe_outputs_many(
+    conn: Conn, nodes: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], bytes]:
+    """The outputs of the probe runs of these nodes answered ``done`` with one, by node:
+    what the redrive settling each SUCCEEDED records (ADR-0100)."""
+    if not nodes:
+        return {}
+    rows = await conn.fetch(
+        "SELECT r.task_id, r.node_id, r.output FROM worker_runs r"
+        " JOIN unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[])) AS u(task, node)"
+        " ON r.task_id = u.task AND r.node_id = u.node"
+        " WHERE r.kind = 'probe' AND r.outcome = 'done' AND r.output IS NOT NULL",
+        {"tasks": [t for t, _ in nodes], "nodes": [n for _, n in nodes]},
+    )
+    return {(r.task_id, r.node_id): r.output for r in rows}

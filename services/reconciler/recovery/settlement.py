@@ -1,6 +1,7 @@
 """Settling UNKNOWN nodes (a downstream call may have happened, its result was not recorded).
 
-For each UNKNOWN node, in order: its action's status probe decides (done → SUCCEEDED; not
+For each UNKNOWN node, in order: its action's status probe (a non-idempotent worker
+action's: the workers of its queue, asked through the executor, ADR-0100) decides (done → SUCCEEDED; not
 done → PENDING, once that is final: the downstream fenced the key, or the action's
 ``max_effect_seconds`` passed since the node became UNKNOWN — before that, and without an
 answer, ask again later; past the probe limit an operator decides,
@@ -25,7 +26,7 @@ from dispo.libs.logging import get_logger
 from dispo.libs.proto_enums import node_status_name
 from dispo.reconciler import envelope as E
 from dispo.reconciler.context import Context
-from dispo.reconciler.probes import probe_effect
+from dispo.reconciler.probes import ProbeResult, probe_effect
 from dispo.reconciler.recovery import store
 from dispo.reconciler.recovery.policy import ProbeVerdict
 from dispo.reconciler.recovery.redrive import emit_terminal_failure, redrive_row, schedule
@@ -66,26 +67,38 @@ def unknown_since(node: task_pb2.Node, parked_at: datetime) -> datetime:
     return E.moment(node.finished_at, parked_at)
 
 
+def probed_by_its_worker(node: task_pb2.Node) -> bool:
+    """A non-idempotent worker action's node is probed by the workers of its queue
+    (ADR-0100; through the executor, when the reconciler knows one); an idempotent one is
+    run again under its key, as an http action's."""
+    return node.spec.kind == "worker" and not node.spec.idempotent
+
+
+async def _probe(ctx: Context, task_id: str, node: task_pb2.Node) -> ProbeResult | str:
+    """The answer of the node's probe, or why it cannot be asked."""
+    if probed_by_its_worker(node) and ctx.worker_probes is not None:
+        return await ctx.worker_probes.probe(task_id, node.node_id)
+    info = ctx.config.downstreams.get(node.spec.downstream)
+    if info is None or not info.base_url:
+        return f"downstream {node.spec.downstream!r} is not in the reconciler's registry"
+    return await probe_effect(
+        ctx.http,
+        info.base_url,
+        node.spec.probe_path,
+        node.idempotency_key,
+        ctx.settings.http_timeout_seconds,
+        node.retry.attempts,
+    )
+
+
 async def plan_node(
-    ctx: Context, node: task_pb2.Node, parked_at: datetime | None = None
+    ctx: Context, node: task_pb2.Node, parked_at: datetime | None = None, task_id: str = ""
 ) -> SettlementPlan:
-    if node.spec.probe_path:
-        info = ctx.config.downstreams.get(node.spec.downstream)
-        if info is None or not info.base_url:
-            return SettlementPlan(
-                node.node_id,
-                SettlementMethod.PROBE,
-                None,
-                f"downstream {node.spec.downstream!r} is not in the reconciler's registry",
-            )
-        result = await probe_effect(
-            ctx.http,
-            info.base_url,
-            node.spec.probe_path,
-            node.idempotency_key,
-            ctx.settings.http_timeout_seconds,
-            node.retry.attempts,
-        )
+    by_worker = probed_by_its_worker(node) and task_id and ctx.worker_probes is not None
+    if node.spec.probe_path or by_worker:
+        result = await _probe(ctx, task_id, node)
+        if isinstance(result, str):
+            return SettlementPlan(node.node_id, SettlementMethod.PROBE, None, result)
         now = ctx.clock.now()
         since = unknown_since(node, parked_at or now)
         effect = max_effect_seconds(ctx, node.spec)
@@ -148,7 +161,7 @@ async def settle_sweep(ctx: Context) -> int:
             )
     for row in rows:
         plans = await asyncio.gather(
-            *(plan_node(ctx, n, row.parked_at) for n in E.unknown(row.envelope))
+            *(plan_node(ctx, n, row.parked_at, row.task_id) for n in E.unknown(row.envelope))
         )
         await _apply(ctx, row, list(plans))
     if rows:

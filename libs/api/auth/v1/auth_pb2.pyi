@@ -39,6 +39,10 @@ class _TokenKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TokenKind.V
     """An operator's token: every RPC."""
     TOKEN_KIND_SERVICE: _TokenKind.ValueType  # 3
     """A service's credential for the calls it makes to other services."""
+    TOKEN_KIND_WORKER: _TokenKind.ValueType  # 4
+    """A worker process's token: it serves the runs of its queues (dispo.executor.v1.
+    WorkerService, only those queues) and is refused everywhere else (docs/workers.md).
+    """
 
 class TokenKind(_TokenKind, metaclass=_TokenKindEnumTypeWrapper):
     """Whose token it is, which decides what it may call (dispo.libs.auth.rules)."""
@@ -51,6 +55,10 @@ TOKEN_KIND_ADMIN: TokenKind.ValueType  # 2
 """An operator's token: every RPC."""
 TOKEN_KIND_SERVICE: TokenKind.ValueType  # 3
 """A service's credential for the calls it makes to other services."""
+TOKEN_KIND_WORKER: TokenKind.ValueType  # 4
+"""A worker process's token: it serves the runs of its queues (dispo.executor.v1.
+WorkerService, only those queues) and is refused everywhere else (docs/workers.md).
+"""
 Global___TokenKind: _TypeAlias = TokenKind  # noqa: Y015
 
 @_typing.final
@@ -67,6 +75,7 @@ class Token(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     REVOKED_AT_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
     token_id: _builtins.str
     """Its id ("tok_" and 16 hex characters): what RevokeToken takes; not a credential."""
     kind: Global___TokenKind.ValueType
@@ -89,6 +98,10 @@ class Token(_message.Message):
     def revoked_at(self) -> _timestamp_pb2.Timestamp:
         """Unset: not revoked."""
 
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The queues a worker token serves (empty for the other kinds)."""
+
     def __init__(
         self,
         *,
@@ -100,10 +113,11 @@ class Token(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         revoked_at: _timestamp_pb2.Timestamp | None = ...,
+        queues: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expires_at", b"expires_at", "revoked_at", b"revoked_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_at", b"created_at", "expires_at", b"expires_at", "kind", b"kind", "label", b"label", "revoked_at", b"revoked_at", "service", b"service", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_at", b"created_at", "expires_at", b"expires_at", "kind", b"kind", "label", b"label", "queues", b"queues", "revoked_at", b"revoked_at", "service", b"service", "token_id", b"token_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -120,8 +134,9 @@ class CreateTokenRequest(_message.Message):
     SERVICE_FIELD_NUMBER: _builtins.int
     LABEL_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
     kind: Global___TokenKind.ValueType
-    """Required: business, admin or service."""
+    """Required: business, admin, service or worker."""
     business: _builtins.str
     """Required for a business token, empty otherwise: letters, digits, '_' or '-' (no '.'), at
     most 64, the rule Submit applies.
@@ -132,6 +147,12 @@ class CreateTokenRequest(_message.Message):
     """Free text naming who will hold it, at most 200 characters."""
     ttl_seconds: _builtins.int
     """Seconds from now until it expires, at most ten years; 0: it does not expire."""
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Required for a worker token, empty otherwise: the queues it serves (catalogue queue
+        names: a letter, then letters, digits, '_' or '-', at most 63; 1 to 100 of them).
+        """
+
     def __init__(
         self,
         *,
@@ -140,10 +161,11 @@ class CreateTokenRequest(_message.Message):
         service: _builtins.str = ...,
         label: _builtins.str = ...,
         ttl_seconds: _builtins.int = ...,
+        queues: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "kind", b"kind", "label", b"label", "service", b"service", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "kind", b"kind", "label", b"label", "queues", b"queues", "service", b"service", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

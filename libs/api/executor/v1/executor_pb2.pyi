@@ -24,6 +24,46 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _ProbeAnswer:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProbeAnswerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProbeAnswer.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROBE_ANSWER_UNSPECIFIED: _ProbeAnswer.ValueType  # 0
+    """Never sent."""
+    PROBE_ANSWER_NONE: _ProbeAnswer.ValueType  # 1
+    """No worker could say (none serves the queue's probes, none answered in time, its
+    handler failed, or its output was not one the action admits): ask again later.
+    """
+    PROBE_ANSWER_DONE: _ProbeAnswer.ValueType  # 2
+    """The effect happened: the node is SUCCEEDED, with the probe's output (recorded when
+    the reconciler's redrive settles it).
+    """
+    PROBE_ANSWER_NOT_DONE: _ProbeAnswer.ValueType  # 3
+    """The effect has not happened (final when fenced, or once the action's
+    max_effect_seconds have passed).
+    """
+
+class ProbeAnswer(_ProbeAnswer, metaclass=_ProbeAnswerEnumTypeWrapper):
+    """What a probe said."""
+
+PROBE_ANSWER_UNSPECIFIED: ProbeAnswer.ValueType  # 0
+"""Never sent."""
+PROBE_ANSWER_NONE: ProbeAnswer.ValueType  # 1
+"""No worker could say (none serves the queue's probes, none answered in time, its
+handler failed, or its output was not one the action admits): ask again later.
+"""
+PROBE_ANSWER_DONE: ProbeAnswer.ValueType  # 2
+"""The effect happened: the node is SUCCEEDED, with the probe's output (recorded when
+the reconciler's redrive settles it).
+"""
+PROBE_ANSWER_NOT_DONE: ProbeAnswer.ValueType  # 3
+"""The effect has not happened (final when fenced, or once the action's
+max_effect_seconds have passed).
+"""
+Global___ProbeAnswer: _TypeAlias = ProbeAnswer  # noqa: Y015
+
 class _BreakerState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -148,6 +188,68 @@ class ListQueuesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListQueuesResponse: _TypeAlias = ListQueuesResponse  # noqa: Y015
+
+@_typing.final
+class ProbeWorkerNodeRequest(_message.Message):
+    """Which node to probe."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task's id."""
+    node_id: _builtins.str
+    """The UNKNOWN worker node's id ("<cell_ref>.<action>")."""
+    wait_ms: _builtins.int
+    """How long to wait for a worker's answer, in milliseconds (1 to 30000)."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        wait_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "task_id", b"task_id", "wait_ms", b"wait_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeWorkerNodeRequest: _TypeAlias = ProbeWorkerNodeRequest  # noqa: Y015
+
+@_typing.final
+class ProbeWorkerNodeResponse(_message.Message):
+    """A worker's answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWER_FIELD_NUMBER: _builtins.int
+    FENCED_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    answer: Global___ProbeAnswer.ValueType
+    """What it said."""
+    fenced: _builtins.bool
+    """With PROBE_ANSWER_NOT_DONE: the worker refuses the key from now on, so "not done"
+    stays true.
+    """
+    detail: _builtins.str
+    """Why, in words (for the settlement's reason)."""
+    def __init__(
+        self,
+        *,
+        answer: Global___ProbeAnswer.ValueType = ...,
+        fenced: _builtins.bool = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "detail", b"detail", "fenced", b"fenced"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeWorkerNodeResponse: _TypeAlias = ProbeWorkerNodeResponse  # noqa: Y015
 
 @_typing.final
 class GetOutputsRequest(_message.Message):

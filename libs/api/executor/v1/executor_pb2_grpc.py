@@ -50,6 +50,11 @@ class ExecutorServiceStub:
                 request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesRequest.SerializeToString,
                 response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesResponse.FromString,
                 _registered_method=True)
+        self.ProbeWorkerNode = channel.unary_unary(
+                '/dispo.executor.v1.ExecutorService/ProbeWorkerNode',
+                request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeRequest.SerializeToString,
+                response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServiceServicer:
@@ -86,6 +91,19 @@ class ExecutorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProbeWorkerNode(self, request, context):
+        """Ask the workers of an UNKNOWN worker node's queue whether its effect happened
+        (docs/workers.md, ADR-0100): a probe run is offered on the queue, a worker serving its
+        probes answers, and the answer comes back as an http probe's would. Waits up to
+        wait_ms; no worker answering in time is PROBE_ANSWER_NONE. NOT_FOUND for a task the
+        executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
+        have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
+        Callers: the reconciler (settling UNKNOWN nodes), admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -103,6 +121,11 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.ListQueues,
                     request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesRequest.FromString,
                     response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'ProbeWorkerNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeWorkerNode,
+                    request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeRequest.FromString,
+                    response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -187,6 +210,33 @@ class ExecutorService:
             '/dispo.executor.v1.ExecutorService/ListQueues',
             dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesRequest.SerializeToString,
             dispo_dot_executor_dot_v1_dot_executor__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeWorkerNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.executor.v1.ExecutorService/ProbeWorkerNode',
+            dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeRequest.SerializeToString,
+            dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

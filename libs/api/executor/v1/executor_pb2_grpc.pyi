@@ -54,6 +54,15 @@ class ExecutorServiceStub:
     reconciler releases it once ListQueues says the queue is live again. Callers: the
     reconciler, admin.
     """
+    ProbeWorkerNode: _grpc.UnaryUnaryMultiCallable[_executor_pb2.ProbeWorkerNodeRequest, _executor_pb2.ProbeWorkerNodeResponse]
+    """Ask the workers of an UNKNOWN worker node's queue whether its effect happened
+    (docs/workers.md, ADR-0100): a probe run is offered on the queue, a worker serving its
+    probes answers, and the answer comes back as an http probe's would. Waits up to
+    wait_ms; no worker answering in time is PROBE_ANSWER_NONE. NOT_FOUND for a task the
+    executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
+    have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
+    Callers: the reconciler (settling UNKNOWN nodes), admin.
+    """
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
@@ -77,6 +86,15 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
     worker for DISPO_EXECUTOR_QUEUE_IDLE_SECONDS is withdrawn and its node demoted; the
     reconciler releases it once ListQueues says the queue is live again. Callers: the
     reconciler, admin.
+    """
+    ProbeWorkerNode: _aio.UnaryUnaryMultiCallable[_executor_pb2.ProbeWorkerNodeRequest, _executor_pb2.ProbeWorkerNodeResponse]  # type: ignore[assignment]
+    """Ask the workers of an UNKNOWN worker node's queue whether its effect happened
+    (docs/workers.md, ADR-0100): a probe run is offered on the queue, a worker serving its
+    probes answers, and the answer comes back as an http probe's would. Waits up to
+    wait_ms; no worker answering in time is PROBE_ANSWER_NONE. NOT_FOUND for a task the
+    executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
+    have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
+    Callers: the reconciler (settling UNKNOWN nodes), admin.
     """
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -116,6 +134,21 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
         worker for DISPO_EXECUTOR_QUEUE_IDLE_SECONDS is withdrawn and its node demoted; the
         reconciler releases it once ListQueues says the queue is live again. Callers: the
         reconciler, admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ProbeWorkerNode(
+        self,
+        request: _executor_pb2.ProbeWorkerNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.ProbeWorkerNodeResponse, _abc.Awaitable[_executor_pb2.ProbeWorkerNodeResponse]]:
+        """Ask the workers of an UNKNOWN worker node's queue whether its effect happened
+        (docs/workers.md, ADR-0100): a probe run is offered on the queue, a worker serving its
+        probes answers, and the answer comes back as an http probe's would. Waits up to
+        wait_ms; no worker answering in time is PROBE_ANSWER_NONE. NOT_FOUND for a task the
+        executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
+        have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
+        Callers: the reconciler (settling UNKNOWN nodes), admin.
         """
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,7 +26,7 @@ from dispo.libs.api.common.v1 import common_pb2 as dispo_dot_common_dot_v1_dot_c
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64ispo/executor/v1/worker.proto\x12\x11\x64ispo.executor.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"W\n\x0fPollRunsRequest\x12\x0e\n\x06queues\x18\x01 \x03(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08max_runs\x18\x03 \x01(\x05\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x05\"\x8d\x02\n\x03Run\x12\x11\n\trun_token\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\r\n\x05queue\x18\x05 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12)\n\x07payload\x18\x07 \x01(\x0b\x32\x18.dispo.common.v1.Payload\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\x05\x12/\n\x0blease_until\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\x10PollRunsResponse\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.dispo.executor.v1.Run\x12\x10\n\x08lease_ms\x18\x02 \x01(\x05\"=\n\x14HeartbeatRunsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nrun_tokens\x18\x02 \x03(\t\"\\\n\x08RunLease\x12\x11\n\trun_token\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12/\n\x0blease_until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"D\n\x15HeartbeatRunsResponse\x12+\n\x06leases\x18\x01 \x03(\x0b\x32\x1b.dispo.executor.v1.RunLease\"0\n\nRunFailure\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\tretryable\x18\x02 \x01(\x08\"\xa1\x01\n\x12\x43ompleteRunRequest\x12\x11\n\trun_token\x18\x01 \x01(\t\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x18.dispo.common.v1.PayloadH\x00\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1d.dispo.executor.v1.RunFailureH\x00\x12\x12\n\x08not_sent\x18\x04 \x01(\tH\x00\x42\x08\n\x06result\"\x15\n\x13\x43ompleteRunResponse\";\n\x12ReleaseRunsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nrun_tokens\x18\x02 \x03(\t\"\'\n\x13ReleaseRunsResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\x32\x84\x03\n\rWorkerService\x12S\n\x08PollRuns\x12\".dispo.executor.v1.PollRunsRequest\x1a#.dispo.executor.v1.PollRunsResponse\x12\x62\n\rHeartbeatRuns\x12\'.dispo.executor.v1.HeartbeatRunsRequest\x1a(.dispo.executor.v1.HeartbeatRunsResponse\x12\\\n\x0b\x43ompleteRun\x12%.dispo.executor.v1.CompleteRunRequest\x1a&.dispo.executor.v1.CompleteRunResponse\x12\\\n\x0bReleaseRuns\x12%.dispo.executor.v1.ReleaseRunsRequest\x1a&.dispo.executor.v1.ReleaseRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64ispo/executor/v1/worker.proto\x12\x11\x64ispo.executor.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"m\n\x0fPollRunsRequest\x12\x0e\n\x06queues\x18\x01 \x03(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x10\n\x08max_runs\x18\x03 \x01(\x05\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x05\x12\x14\n\x0cprobe_queues\x18\x05 \x03(\t\"\x9c\x02\n\x03Run\x12\x11\n\trun_token\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\r\n\x05queue\x18\x05 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12)\n\x07payload\x18\x07 \x01(\x0b\x32\x18.dispo.common.v1.Payload\x12\x0f\n\x07\x61ttempt\x18\x08 \x01(\x05\x12/\n\x0blease_until\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05probe\x18\x0b \x01(\x08\"J\n\x10PollRunsResponse\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.dispo.executor.v1.Run\x12\x10\n\x08lease_ms\x18\x02 \x01(\x05\"=\n\x14HeartbeatRunsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nrun_tokens\x18\x02 \x03(\t\"\\\n\x08RunLease\x12\x11\n\trun_token\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12/\n\x0blease_until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"D\n\x15HeartbeatRunsResponse\x12+\n\x06leases\x18\x01 \x03(\x0b\x32\x1b.dispo.executor.v1.RunLease\"0\n\nRunFailure\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\tretryable\x18\x02 \x01(\x08\"\xd2\x01\n\x12\x43ompleteRunRequest\x12\x11\n\trun_token\x18\x01 \x01(\t\x12*\n\x06output\x18\x02 \x01(\x0b\x32\x18.dispo.common.v1.PayloadH\x00\x12.\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1d.dispo.executor.v1.RunFailureH\x00\x12\x12\n\x08not_sent\x18\x04 \x01(\tH\x00\x12/\n\x05probe\x18\x05 \x01(\x0b\x32\x1e.dispo.executor.v1.ProbeResultH\x00\x42\x08\n\x06result\"U\n\x0bProbeResult\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x0e\n\x06\x66\x65nced\x18\x02 \x01(\x08\x12(\n\x06output\x18\x03 \x01(\x0b\x32\x18.dispo.common.v1.Payload\"\x15\n\x13\x43ompleteRunResponse\";\n\x12ReleaseRunsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nrun_tokens\x18\x02 \x03(\t\"\'\n\x13ReleaseRunsResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\x32\x84\x03\n\rWorkerService\x12S\n\x08PollRuns\x12\".dispo.executor.v1.PollRunsRequest\x1a#.dispo.executor.v1.PollRunsResponse\x12\x62\n\rHeartbeatRuns\x12\'.dispo.executor.v1.HeartbeatRunsRequest\x1a(.dispo.executor.v1.HeartbeatRunsResponse\x12\\\n\x0b\x43ompleteRun\x12%.dispo.executor.v1.CompleteRunRequest\x1a&.dispo.executor.v1.CompleteRunResponse\x12\\\n\x0bReleaseRuns\x12%.dispo.executor.v1.ReleaseRunsRequest\x1a&.dispo.executor.v1.ReleaseRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,27 +34,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dispo.executor.v1.worker_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_POLLRUNSREQUEST']._serialized_start=116
-  _globals['_POLLRUNSREQUEST']._serialized_end=203
-  _globals['_RUN']._serialized_start=206
-  _globals['_RUN']._serialized_end=475
-  _globals['_POLLRUNSRESPONSE']._serialized_start=477
-  _globals['_POLLRUNSRESPONSE']._serialized_end=551
-  _globals['_HEARTBEATRUNSREQUEST']._serialized_start=553
-  _globals['_HEARTBEATRUNSREQUEST']._serialized_end=614
-  _globals['_RUNLEASE']._serialized_start=616
-  _globals['_RUNLEASE']._serialized_end=708
-  _globals['_HEARTBEATRUNSRESPONSE']._serialized_start=710
-  _globals['_HEARTBEATRUNSRESPONSE']._serialized_end=778
-  _globals['_RUNFAILURE']._serialized_start=780
-  _globals['_RUNFAILURE']._serialized_end=828
-  _globals['_COMPLETERUNREQUEST']._serialized_start=831
-  _globals['_COMPLETERUNREQUEST']._serialized_end=992
-  _globals['_COMPLETERUNRESPONSE']._serialized_start=994
-  _globals['_COMPLETERUNRESPONSE']._serialized_end=1015
-  _globals['_RELEASERUNSREQUEST']._serialized_start=1017
-  _globals['_RELEASERUNSREQUEST']._serialized_end=1076
-  _globals['_RELEASERUNSRESPONSE']._serialized_start=1078
-  _globals['_RELEASERUNSRESPONSE']._serialized_end=1117
-  _globals['_WORKERSERVICE']._serialized_start=1120
-  _globals['_WORKERSERVICE']._serialized_end=1508
+  _globals['_POLLRUNSREQUEST']._serialized_end=225
+  _globals['_RUN']._serialized_start=228
+  _globals['_RUN']._serialized_end=512
+  _globals['_POLLRUNSRESPONSE']._serialized_start=514
+  _globals['_POLLRUNSRESPONSE']._serialized_end=588
+  _globals['_HEARTBEATRUNSREQUEST']._serialized_start=590
+  _globals['_HEARTBEATRUNSREQUEST']._serialized_end=651
+  _globals['_RUNLEASE']._serialized_start=653
+  _globals['_RUNLEASE']._serialized_end=745
+  _globals['_HEARTBEATRUNSRESPONSE']._serialized_start=747
+  _globals['_HEARTBEATRUNSRESPONSE']._serialized_end=815
+  _globals['_RUNFAILURE']._serialized_start=817
+  _globals['_RUNFAILURE']._serialized_end=865
+  _globals['_COMPLETERUNREQUEST']._serialized_start=868
+  _globals['_COMPLETERUNREQUEST']._serialized_end=1078
+  _globals['_PROBERESULT']._serialized_start=1080
+  _globals['_PROBERESULT']._serialized_end=1165
+  _globals['_COMPLETERUNRESPONSE']._serialized_start=1167
+  _globals['_COMPLETERUNRESPONSE']._serialized_end=1188
+  _globals['_RELEASERUNSREQUEST']._serialized_start=1190
+  _globals['_RELEASERUNSREQUEST']._serialized_end=1249
+  _globals['_RELEASERUNSRESPONSE']._serialized_start=1251
+  _globals['_RELEASERUNSRESPONSE']._serialized_end=1290
+  _globals['_WORKERSERVICE']._serialized_start=1293
+  _globals['_WORKERSERVICE']._serialized_end=1681
 # @@protoc_insertion_point(module_scope)

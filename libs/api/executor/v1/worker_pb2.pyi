@@ -35,6 +35,7 @@ class PollRunsRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     MAX_RUNS_FIELD_NUMBER: _builtins.int
     WAIT_MS_FIELD_NUMBER: _builtins.int
+    PROBE_QUEUES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's id, unique among live workers (e.g. "<host>:<pid>:<random>"): the runs
     it takes are leased to it.
@@ -49,7 +50,15 @@ class PollRunsRequest(_message.Message):
     """
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The queues this worker serves (at least one; each a catalogue queue name)."""
+        """The queues this worker serves (at least one; each a catalogue queue name, and one its
+        worker token serves).
+        """
+
+    @_builtins.property
+    def probe_queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The queues whose probe runs this worker answers (ADR-0100): whether an UNKNOWN node's
+        effect happened. Optional; queues may be empty when this is not.
+        """
 
     def __init__(
         self,
@@ -58,10 +67,11 @@ class PollRunsRequest(_message.Message):
         worker_id: _builtins.str = ...,
         max_runs: _builtins.int = ...,
         wait_ms: _builtins.int = ...,
+        probe_queues: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_runs", b"max_runs", "queues", b"queues", "wait_ms", b"wait_ms", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_runs", b"max_runs", "probe_queues", b"probe_queues", "queues", b"queues", "wait_ms", b"wait_ms", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -83,9 +93,10 @@ class Run(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     LEASE_UNTIL_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
+    PROBE_FIELD_NUMBER: _builtins.int
     run_token: _builtins.str
     """Names the run in HeartbeatRuns, CompleteRun and ReleaseRuns (opaque: its task, node,
-    attempt and worker).
+    attempt, worker and queue).
     """
     task_id: _builtins.str
     """The task's id."""
@@ -101,6 +112,11 @@ class Run(_message.Message):
     """
     attempt: _builtins.int
     """The node's attempt number (1 for the first), as an http call's X-Dispo-Attempt."""
+    probe: _builtins.bool
+    """A probe run: not the action's call but the question whether the effect of attempt
+    `attempt` under `idempotency_key` happened (answer with CompleteRunRequest.probe; no
+    payload).
+    """
     @_builtins.property
     def payload(self) -> _common_pb2.Payload:
         """The cell's payload, its references to upstream outputs resolved (canonical JSON,
@@ -130,10 +146,11 @@ class Run(_message.Message):
         attempt: _builtins.int = ...,
         lease_until: _timestamp_pb2.Timestamp | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
+        probe: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "lease_until", b"lease_until", "payload", b"payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "deadline", b"deadline", "idempotency_key", b"idempotency_key", "lease_until", b"lease_until", "node_id", b"node_id", "payload", b"payload", "queue", b"queue", "run_token", b"run_token", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attempt", b"attempt", "deadline", b"deadline", "idempotency_key", b"idempotency_key", "lease_until", b"lease_until", "node_id", b"node_id", "payload", b"payload", "probe", b"probe", "queue", b"queue", "run_token", b"run_token", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -289,6 +306,7 @@ class CompleteRunRequest(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     NOT_SENT_FIELD_NUMBER: _builtins.int
+    PROBE_FIELD_NUMBER: _builtins.int
     run_token: _builtins.str
     """The run's token, as PollRuns handed it out."""
     not_sent: _builtins.str
@@ -306,6 +324,10 @@ class CompleteRunRequest(_message.Message):
     def error(self) -> Global___RunFailure:
         """It failed."""
 
+    @_builtins.property
+    def probe(self) -> Global___ProbeResult:
+        """A probe run's answer (only for a probe run; an error or not_sent is "no answer")."""
+
     def __init__(
         self,
         *,
@@ -313,16 +335,52 @@ class CompleteRunRequest(_message.Message):
         output: _common_pb2.Payload | None = ...,
         error: Global___RunFailure | None = ...,
         not_sent: _builtins.str = ...,
+        probe: Global___ProbeResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "not_sent", b"not_sent", "output", b"output", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "not_sent", b"not_sent", "output", b"output", "probe", b"probe", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "not_sent", b"not_sent", "output", b"output", "result", b"result", "run_token", b"run_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "not_sent", b"not_sent", "output", b"output", "probe", b"probe", "result", b"result", "run_token", b"run_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["output", "error", "not_sent"]  # noqa: Y015
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["output", "error", "not_sent", "probe"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
 
 Global___CompleteRunRequest: _TypeAlias = CompleteRunRequest  # noqa: Y015
+
+@_typing.final
+class ProbeResult(_message.Message):
+    """Whether the effect a probe run asks about happened."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DONE_FIELD_NUMBER: _builtins.int
+    FENCED_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    done: _builtins.bool
+    """True: it happened; the node is SUCCEEDED with output."""
+    fenced: _builtins.bool
+    """With done false: the worker refuses the key from now on (up to the attempt asked
+    about), so "not done" is final at once; without it, only once the action's
+    max_effect_seconds have passed.
+    """
+    @_builtins.property
+    def output(self) -> _common_pb2.Payload:
+        """With done true: the effect's output, JSON as for an action's (empty: none)."""
+
+    def __init__(
+        self,
+        *,
+        done: _builtins.bool = ...,
+        fenced: _builtins.bool = ...,
+        output: _common_pb2.Payload | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "fenced", b"fenced", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProbeResult: _TypeAlias = ProbeResult  # noqa: Y015
 
 @_typing.final
 class CompleteRunResponse(_message.Message):

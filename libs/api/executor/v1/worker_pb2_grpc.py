@@ -26,8 +26,8 @@ if _version_not_supported:
 
 
 class WorkerServiceStub:
-    """The worker side of worker actions. Callers: admin (worker tokens scoped to their queues
-    come next).
+    """The worker side of worker actions. Callers: worker tokens, for the runs of the queues
+    they serve only (PERMISSION_DENIED naming the field otherwise), and admin tokens.
     """
 
     def __init__(self, channel):
@@ -59,8 +59,8 @@ class WorkerServiceStub:
 
 
 class WorkerServiceServicer:
-    """The worker side of worker actions. Callers: admin (worker tokens scoped to their queues
-    come next).
+    """The worker side of worker actions. Callers: worker tokens, for the runs of the queues
+    they serve only (PERMISSION_DENIED naming the field otherwise), and admin tokens.
     """
 
     def PollRuns(self, request, context):
@@ -132,8 +132,8 @@ def add_WorkerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkerService:
-    """The worker side of worker actions. Callers: admin (worker tokens scoped to their queues
-    come next).
+    """The worker side of worker actions. Callers: worker tokens, for the runs of the queues
+    they serve only (PERMISSION_DENIED naming the field otherwise), and admin tokens.
     """
 
     @staticmethod

@@ -32,8 +32,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class WorkerServiceStub:
-    """The worker side of worker actions. Callers: admin (worker tokens scoped to their queues
-    come next).
+    """The worker side of worker actions. Callers: worker tokens, for the runs of the queues
+    they serve only (PERMISSION_DENIED naming the field otherwise), and admin tokens.
     """
 
     @_typing.overload
@@ -64,8 +64,8 @@ class WorkerServiceStub:
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
-    """The worker side of worker actions. Callers: admin (worker tokens scoped to their queues
-    come next).
+    """The worker side of worker actions. Callers: worker tokens, for the runs of the queues
+    they serve only (PERMISSION_DENIED naming the field otherwise), and admin tokens.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -92,8 +92,8 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
-    """The worker side of worker actions. Callers: admin (worker tokens scoped to their queues
-    come next).
+    """The worker side of worker actions. Callers: worker tokens, for the runs of the queues
+    they serve only (PERMISSION_DENIED naming the field otherwise), and admin tokens.
     """
 
     @_abc_1.abstractmethod

@@ -9,7 +9,7 @@ Revises: 0008
 from alembic import op
 
 revision = "0009b"
-down_revision = "0008"
+down_revision = "0009a"
 branch_labels = None
 depends_on = None
 
