@@ -20,8 +20,8 @@ from dispo.libs.outbox import OutboxRelay
 from dispo.libs.outputs import OutputsReader
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.reconciler.completion.in_flight import InFlight
-from dispo.reconciler.queue_health import QueueHealth
 from dispo.reconciler.probes import WorkerProber
+from dispo.reconciler.queue_health import QueueHealth
 from dispo.reconciler.settings import ReconcilerSettings, RecoveryConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 

@@ -14,8 +14,8 @@ from dispo.reconciler.context import Context
 from dispo.reconciler.http_client import http_client
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.outbox import outbox
-from dispo.reconciler.queue_health import QueueHealth
 from dispo.reconciler.probes import WorkerProber
+from dispo.reconciler.queue_health import QueueHealth
 from dispo.reconciler.recovery import store
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.settings import ReconcilerSettings, load_config
