@@ -93,7 +93,7 @@ queues:
 """
 
 # The queues tests/executor/worker_app.py serves (its worker token's).
-QUEUES = ("tickets", "echo", "slow", "slow_once")
+QUEUES = ("tickets", "echo", "slow", "slow_once", "limited")
 # A worker silent for this long has lost its run (heartbeats every third of it).
 RUN_LEASE = "3"
 

@@ -13,10 +13,10 @@ import pytest
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.sdk import cell
-from executor.test_workers import WORKER_CELLS, Workers
+from executor.test_workers import QUEUES, WORKER_CELLS, Workers
 from pipeline_fixtures import TEST_CATALOGUE, Downstream, Pipeline, dump, wait_status
 from support import eventually
-from support.auth import admin_channel
+from support.auth import admin_channel, worker_token
 
 pytestmark = pytest.mark.long_file
 
@@ -47,7 +47,7 @@ async def test_no_live_worker_demotes_after_the_idle_time_then_released_and_run_
     executor = await pipeline.start_executor(
         **reconciler.clock.env, DISPO_EXECUTOR_QUEUE_IDLE_SECONDS=str(IDLE_SECONDS)
     )
-    workers = Workers(pipeline, tmp_path)
+    workers = Workers(pipeline, tmp_path, await worker_token(pipeline.gateway.address, *QUEUES))
     try:
         async with pipeline.client() as client:
             task = await client.submit("tests", [cell("w_ticket", name="later")])
