@@ -60,6 +60,7 @@ RULES: dict[str, Rule] = {
         ListTasks=BUSINESS,
         CountTasks=BUSINESS,
         CancelTask=BUSINESS,
+        SignalTask=BUSINESS,
         WatchTask=BUSINESS,
         ListTaskEvents=BUSINESS,
         ListCells=BUSINESS,

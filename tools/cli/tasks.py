@@ -61,6 +61,7 @@ _STYLES = {
     "DEMOTED": "yellow",
     "RETRY_EXHAUSTED": "yellow",
     "RUNNING": "cyan",
+    "WAITING": "blue",
 }
 
 
