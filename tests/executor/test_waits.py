@@ -6,49 +6,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 
 import grpc
 import pytest
 from dispo.sdk import DispoError, cell
-from pipeline_fixtures import TEST_CATALOGUE, Downstream, Pipeline, dump, wait_until
+from pipeline_fixtures import Pipeline, dump, wait_until
 from support.auth import business_token
-
-WAIT_CELLS = """
-  review:
-    description: Wait up to an hour for a reviewer's verdict; no verdict fails it.
-    fields:
-      name: {{type: string, required: true}}
-    actions:
-      verdict:
-        kind: wait
-        signal: verdict
-        timeout_seconds: 3600
-        on_timeout: fail
-        output: {{verdict: {{type: string, required: true}}, note: string}}
-        choices:
-          approve: {{verdict: approved}}
-          reject: {{verdict: rejected}}
-  lenient_review:
-    description: Wait a minute for a verdict; no verdict approves.
-    fields:
-      name: {{type: string, required: true}}
-    actions:
-      verdict:
-        kind: wait
-        signal: verdict
-        timeout_seconds: 60
-        on_timeout: succeed
-        default_output: {{verdict: approved, note: no answer}}
-        output: {{verdict: {{type: string, required: true}}, note: string}}
-"""
-
-
-@pytest.fixture
-def catalogue_file(tmp_path: Path, downstream: Downstream) -> Path:
-    path = tmp_path / "catalogue.yaml"
-    path.write_text((TEST_CATALOGUE + WAIT_CELLS).format(url=downstream.url))
-    return path
 
 
 def review_flow(name: str, review: str = "review") -> list:
