@@ -533,6 +533,7 @@ class Passes:
                 (items[i].env.task_id, n.node_id, n.not_before)
                 for i, ns in parked.items()
                 for n in ns
+                if n.not_before is not None  # set by the park
             ],
         )
         free = await signals.signals_free_many(conn, [items[i].env.task_id for i in parked])

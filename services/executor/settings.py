@@ -98,7 +98,7 @@ class ExecutorSettings(BaseSettings):
         default=5.0, description="Time between downstream health checks (0: none)"
     )
     wait_sweep_seconds: float = Field(
-        1.0,
+        default=1.0,
         gt=0,
         description="How often the executor looks for waiting nodes whose timeout has passed"
         " (a wait node times out within this much after its time, ADR-0102).",
