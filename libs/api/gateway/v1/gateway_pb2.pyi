@@ -1171,8 +1171,11 @@ class CellAction(_message.Message):
     signal: _builtins.str
     """A wait action's signal name (empty for the other kinds)."""
     timeout_seconds: _builtins.int
-    """A wait action's timeout in seconds, and what it does then (`fail` or `succeed`)."""
+    """A wait action's timeout in seconds."""
     on_timeout: _builtins.str
+    """What a wait action's timeout does: `fail` (its node FAILED) or `succeed` (SUCCEEDED
+    with its declared default output).
+    """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Names of actions of the same cell that must succeed before this one runs."""
