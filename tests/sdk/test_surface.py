@@ -18,6 +18,7 @@ PUBLIC = {
     "NodeView",
     "RetryableError",
     "RunContext",
+    "Signalled",
     "Submitted",
     "TERMINAL",
     "TaskEvent",
