@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -21,6 +21,7 @@ from dispo.sdk._gather import Gathered
 from dispo.sdk._types import (
     CellSpec,
     DispoError,
+    Signalled,
     Submitted,
     TaskEvent,
     TaskEventPage,
@@ -28,6 +29,8 @@ from dispo.sdk._types import (
     TaskRequest,
     TaskSummary,
     TaskView,
+    signal_request,
+    signalled,
 )
 from google.protobuf.message import Message
 
@@ -243,6 +246,24 @@ class AsyncClient:
             self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout
         )
         return TaskView.from_proto(reply.task)
+
+    async def signal(
+        self,
+        task_id: str,
+        signal: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        signal_id: str = "",
+        business: str = "",
+        idempotency_key: str = "",
+        timeout: float = 10.0,
+    ) -> Signalled:
+        """Send ``signal`` to the task's wait nodes: ``payload`` becomes the output of the
+        node waiting for it (docs/waiting.md). The task by id, or (``task_id`` empty) by
+        ``business`` and ``idempotency_key``; a repeated ``signal_id`` is answered
+        ``duplicate``."""
+        request = signal_request(task_id, signal, payload, signal_id, business, idempotency_key)
+        return signalled(await self._call(self._stub.SignalTask, request, timeout))
 
     async def list_page(
         self,
@@ -484,6 +505,21 @@ class Client:
             self._stub.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), timeout
         )
         return TaskView.from_proto(reply.task)
+
+    def signal(
+        self,
+        task_id: str,
+        signal: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        signal_id: str = "",
+        business: str = "",
+        idempotency_key: str = "",
+        timeout: float = 10.0,
+    ) -> Signalled:
+        """As :meth:`AsyncClient.signal`."""
+        request = signal_request(task_id, signal, payload, signal_id, business, idempotency_key)
+        return signalled(self._call(self._stub.SignalTask, request, timeout))
 
     def list_page(
         self,

@@ -73,6 +73,40 @@ class Submitted:
     duplicate: bool
 
 
+@dataclass(frozen=True)
+class Signalled:
+    """What ``signal`` answers: the task, the signal's id, and whether that id was
+    recorded before (then nothing changed)."""
+
+    task_id: str
+    signal_id: str
+    duplicate: bool
+
+
+def signal_request(
+    task_id: str,
+    signal: str,
+    payload: dict[str, Any] | None,
+    signal_id: str,
+    business: str,
+    idempotency_key: str,
+) -> gateway_pb2.SignalTaskRequest:
+    """A SignalTask: the task by id, or by business and idempotency key; the payload as
+    exact JSON bytes."""
+    return gateway_pb2.SignalTaskRequest(
+        task_id=task_id,
+        business=business,
+        idempotency_key=idempotency_key,
+        signal=signal,
+        payload_json=canonical_json(payload or {}),
+        signal_id=signal_id,
+    )
+
+
+def signalled(reply: gateway_pb2.SignalTaskResponse) -> Signalled:
+    return Signalled(reply.task_id, reply.signal_id, reply.duplicate)
+
+
 def _time(message: Any, name: str) -> datetime | None:
     return getattr(message, name).ToDatetime(tzinfo=UTC) if message.HasField(name) else None
 

@@ -193,6 +193,32 @@ cells:
       text: {{type: string, required: true}}
     actions:
       noop: {{kind: noop}}
+  review:
+    description: Wait up to an hour for a reviewer's verdict; no verdict fails it.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      verdict:
+        kind: wait
+        signal: verdict
+        timeout_seconds: 3600
+        on_timeout: fail
+        output: {{verdict: {{type: string, required: true}}, note: string}}
+        choices:
+          approve: {{verdict: approved}}
+          reject: {{verdict: rejected}}
+  lenient_review:
+    description: Wait a minute for a verdict; no verdict approves.
+    fields:
+      name: {{type: string, required: true}}
+    actions:
+      verdict:
+        kind: wait
+        signal: verdict
+        timeout_seconds: 60
+        on_timeout: succeed
+        default_output: {{verdict: approved, note: no answer}}
+        output: {{verdict: {{type: string, required: true}}, note: string}}
 """
 
 # Fast timings for tests: short leases and ack waits so crash recovery happens within

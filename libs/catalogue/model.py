@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispo.libs import references
+from dispo.libs.payload import fields_problem
 
-ACTION_KINDS = ("http", "noop", "worker")
+ACTION_KINDS = ("http", "noop", "worker", "wait")
+# What a wait action's timeout does: fail its node, or succeed it with its default output.
+ON_TIMEOUT = ("fail", "succeed")
 FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "list")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")  # fullmatch: no trailing newline
 # A worker action's queue (and a worker token's queues): a name as above.
@@ -88,6 +91,14 @@ class ActionDef:
     output: tuple[FieldSpec, ...] = ()
     # A worker action's queue: the workers serving it take its runs (ADR-0099).
     queue: str = ""
+    # A wait action (ADR-0102): the signal it waits for, for how long, what its timeout
+    # does (``fail`` or ``succeed`` with ``default_output``), and its named choices (the
+    # console's buttons), each a payload.
+    signal: str = ""
+    timeout_seconds: int = 0
+    on_timeout: str = ""
+    default_output: dict[str, Any] | None = None
+    choices: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @property
     def output_names(self) -> frozenset[str]:
@@ -187,6 +198,8 @@ def _action(cell: str, name: str, raw: dict[str, Any]) -> ActionDef:
         )
     if kind != "worker" and queue:
         raise CatalogueError(f"{where}.queue: only a worker action has a queue")
+    output = _fields(f"{where}.output", raw.get("output"))
+    wait = _wait(where, kind, raw, output)
     return ActionDef(
         name=name,
         kind=kind,
@@ -199,9 +212,74 @@ def _action(cell: str, name: str, raw: dict[str, Any]) -> ActionDef:
         depends_on=tuple(raw.get("depends_on", ())),
         max_effect_seconds=_positive_seconds(where, raw.get("max_effect_seconds", 0)),
         max_output_bytes=_output_limit(f"{where}.max_output_bytes", raw.get("max_output_bytes", 0)),
-        output=_fields(f"{where}.output", raw.get("output")),
+        output=output,
         queue=queue,
+        **wait,
     )
+
+
+_WAIT_KEYS = ("signal", "timeout_seconds", "on_timeout", "default_output", "choices")
+
+
+def _wait(
+    where: str, kind: str, raw: dict[str, Any], output: tuple[FieldSpec, ...]
+) -> dict[str, Any]:
+    """A wait action's own keys, checked: a signal name, a timeout in whole seconds, what
+    the timeout does, the default output (``on_timeout: succeed``, as the output declares)
+    and the named choices (each a payload as the output declares). Another kind has none."""
+    if kind != "wait":
+        stray = [k for k in _WAIT_KEYS if k in raw]
+        if stray:
+            raise CatalogueError(f"{where}.{stray[0]}: only a wait action has one")
+        return {}
+    signal = str(raw.get("signal", ""))
+    if not _NAME.fullmatch(signal):
+        raise CatalogueError(
+            f"{where}.signal: a wait action needs a signal name (a letter, then letters,"
+            f" digits, '_' or '-', at most 63), got {signal!r}"
+        )
+    timeout = raw.get("timeout_seconds")
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 < timeout <= 2**31 - 1:
+        raise CatalogueError(
+            f"{where}.timeout_seconds: a wait action needs a positive whole number of seconds,"
+            f" got {timeout!r}"
+        )
+    on_timeout = str(raw.get("on_timeout", "fail"))
+    if on_timeout not in ON_TIMEOUT:
+        raise CatalogueError(f"{where}.on_timeout: must be one of {ON_TIMEOUT}, got {on_timeout!r}")
+    default = raw.get("default_output")
+    if on_timeout == "succeed":
+        _declared_value(f"{where}.default_output", default, output)
+    elif default is not None:
+        raise CatalogueError(f"{where}.default_output: only with on_timeout: succeed")
+    choices = raw.get("choices") or {}
+    if not isinstance(choices, dict):
+        raise CatalogueError(f"{where}.choices: must be a mapping of choice name to its payload")
+    for name, payload in choices.items():
+        if not _NAME.fullmatch(str(name)):
+            raise CatalogueError(f"{where}.choices.{name}: bad choice name")
+        _declared_value(f"{where}.choices.{name}", payload, output)
+    return {
+        "signal": signal,
+        "timeout_seconds": timeout,
+        "on_timeout": on_timeout,
+        "default_output": default,
+        "choices": tuple((str(n), p) for n, p in choices.items()),
+    }
+
+
+def _declared_value(where: str, value: Any, output: tuple[FieldSpec, ...]) -> None:
+    """A payload the catalogue writes for a wait action: a JSON object, as its output's
+    declared fields say."""
+    if not isinstance(value, dict):
+        raise CatalogueError(f"{where}: must be a JSON object")
+    if (problem := declared_problem(value, output)) is not None:
+        raise CatalogueError(f"{where}: {problem}")
+
+
+def declared_problem(value: Any, output: tuple[FieldSpec, ...]) -> str | None:
+    """Why ``value`` is not as the declared ``output`` fields say (None: it is)."""
+    return fields_problem(value, tuple((f.name, f.type, f.required) for f in output))
 
 
 def _fields(where: str, raw: Any) -> tuple[FieldSpec, ...]:

@@ -27,6 +27,7 @@ TASK_FAIL = (
 TASK_DEMOTE = "task.demote"  # Task envelope: parked behind a degraded downstream (executor)
 TASK_CANCEL = "task.cancel"  # CancelRequest (gateway, reconciler)
 TASK_CLOSE = "task.close"  # CloseRequest: a parked task ended for good (reconciler)
+TASK_SIGNAL = "task.signal"  # SignalRequest: a caller's signal to a task's wait nodes (gateway)
 
 # task.status.<task_id>.<status>: a Task snapshot of node states, without payloads (executor,
 # reconciler for a terminal failure); <status> is the snapshot's task status in lower case
@@ -42,12 +43,14 @@ TERMINAL_TASK_STATUSES = (
 # A parked task closed FAILED (task.close): what each node that can no longer run ends as.
 # A parked task has nothing ready, so a PENDING node waits for a dependency that did not
 # succeed: DEPENDENCY_FAILED. A DEMOTED node will not be released any more: FAILED, with
-# the close's reason as its error. Every other node keeps its state (an UNKNOWN one stays
+# the close's reason as its error. A WAITING node will not be resumed: CANCELLED (a
+# deadline closes it so too). Every other node keeps its state (an UNKNOWN one stays
 # UNKNOWN: its effect may have happened). The executor applies this to its table, the
 # reconciler to the final snapshot it publishes, so the two agree.
 CLOSED_NODE = {
     common_pb2.NODE_STATUS_PENDING: common_pb2.NODE_STATUS_DEPENDENCY_FAILED,
     common_pb2.NODE_STATUS_DEMOTED: common_pb2.NODE_STATUS_FAILED,
+    common_pb2.NODE_STATUS_WAITING: common_pb2.NODE_STATUS_CANCELLED,
 }
 DEPENDENCY_FAILED_ERROR = "a dependency failed"
 
@@ -87,6 +90,7 @@ TASK_DURABLES = (
     Durable("executor", (TASK_CREATE,)),
     Durable("executor-cancel", (TASK_CANCEL,)),
     Durable("executor-close", (TASK_CLOSE,)),
+    Durable("executor-signal", (TASK_SIGNAL,)),
     Durable("reconciler-claims", (TASK_CREATE,)),
     Durable("reconciler-fail", (TASK_FAIL,)),
     Durable("reconciler-demote", (TASK_DEMOTE,)),
@@ -94,7 +98,7 @@ TASK_DURABLES = (
 
 TASKS = Stream(
     "TASKS",
-    (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE),
+    (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE, TASK_SIGNAL),
     retention="interest",
     durables=TASK_DURABLES,
 )
@@ -109,6 +113,7 @@ FLOWS = (
     Flow(TASK_DEMOTE, ("executor",), ("reconciler",), TASKS),
     Flow(TASK_CANCEL, ("gateway", "reconciler"), ("executor",), TASKS),
     Flow(TASK_CLOSE, ("reconciler",), ("executor",), TASKS),
+    Flow(TASK_SIGNAL, ("gateway",), ("executor",), TASKS),
     # The gateway also reads one task's snapshots back (ListTaskEvents, Bus.read_subject).
     Flow(
         TASK_STATUS_ALL,
@@ -158,6 +163,11 @@ def cancel_id(task_id: str, cause: str = "") -> str:
     """task.cancel: ``<task_id>:cancel`` for a caller's cancel, ``<task_id>:cancel:<cause>``
     for one the reconciler decides (an arbitration verdict, an operator's abandon)."""
     return f"{task_id}:cancel" + (f":{cause}" if cause else "")
+
+
+def signal_id(task_id: str, signal_id: str) -> str:
+    """task.signal: one message per signal of a task (``<task_id>:signal:<signal_id>``)."""
+    return f"{task_id}:signal:{signal_id}"
 
 
 def close_id(task_id: str, generation: int) -> str:

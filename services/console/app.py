@@ -342,6 +342,7 @@ async def _task_context(
         "facts": completion_facts(detail),
         "recovery_state": recovery_state(detail),
         "resumable": may_resume(detail),
+        "choices": detail.choices,
         **_messages(request),
     }
 
@@ -448,6 +449,11 @@ async def _resumed(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
 
 cancel = _action("cancel", _task, lambda b, t, f: b.cancel(t, f["task_id"]))
 resume = _action("resume", _task, lambda b, t, f: b.resume(t, f["task_id"], ACTOR))
+signal = _action(
+    "signal",
+    _task,
+    lambda b, t, f: b.signal(t, f["task_id"], f.get("node_id", ""), f.get("choice", "")),
+)
 resolve = _action(
     "resolve",
     _task,
@@ -693,6 +699,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/tasks/{task_id}/cancel", cancel, methods=["POST"]),
         Route("/tasks/{task_id}/resume", resume, methods=["POST"]),
         Route("/tasks/{task_id}/resolve", resolve, methods=["POST"]),
+        Route("/tasks/{task_id}/signal", signal, methods=["POST"]),
         Route("/failed", failed_page),
         Route("/failed/stream", failed_stream),
         Route("/failed/resume", failed_resume_matching, methods=["POST"]),

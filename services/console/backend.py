@@ -79,6 +79,9 @@ class TaskDetail:
     # The task's status snapshots as the status stream holds them (ListTaskEvents), oldest
     # first: the first EVENTS_SHOWN of them (events.more says whether others follow).
     events: TaskEventPage | None = None
+    # The choices of each WAITING node, by node id: (name, payload as JSON text), as its
+    # wait action declares them (ListCells).
+    choices: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 class Backend:
@@ -171,6 +174,13 @@ class Backend:
             and known.task.version == view.version
             else None
         )
+        waiting = [n for n in view.nodes if n.status == "WAITING"]
+        choices = await self.choices(token) if waiting else {}
+        offered = {
+            n.node_id: choices[(raw.cell, raw.action)]
+            for n, raw in zip(view.nodes, reply.task.nodes, strict=True)
+            if n.status == "WAITING" and (raw.cell, raw.action) in choices
+        }
         recovery, completion, events = await asyncio.gather(
             self._found(
                 self.reconciler.GetRecoveryTask,
@@ -182,7 +192,48 @@ class Backend:
             ),
             self._events(token, task_id, kept),
         )
-        return TaskDetail(view, recovery, completion, events)
+        return TaskDetail(view, recovery, completion, events, offered)
+
+    async def choices(self, token: str) -> dict[tuple[str, str], list[tuple[str, str]]]:
+        """The choices each wait action of the catalogue offers, by (cell, action): each a
+        name and its payload as JSON text (ListCells)."""
+        cells = await self._call(self.gateway.ListCells, gateway_pb2.ListCellsRequest(), token)
+        return {
+            (cell.name, action.name): [(c.name, c.payload_json.decode()) for c in action.choices]
+            for cell in cells.cells
+            for action in cell.actions
+            if action.choices
+        }
+
+    async def signal(self, token: str, task_id: str, node_id: str, choice: str) -> str:
+        """Send the choice a WAITING node of the task offers (its payload as the catalogue
+        declares it, never as a form states it), once: the same choice again is a
+        duplicate. What happened, in words."""
+        reply = await self._call(
+            self.gateway.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), token
+        )
+        node = next((n for n in reply.task.nodes if n.node_id == node_id), None)
+        offered = dict(
+            (await self.choices(token)).get((node.cell, node.action), []) if node else []
+        )
+        if node is None or choice not in offered:
+            raise DispoError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"node {node_id!r} of task {task_id} offers no choice {choice!r}",
+                {"choice": "not one the node's wait action declares"},
+            )
+        sent = await self._call(
+            self.gateway.SignalTask,
+            gateway_pb2.SignalTaskRequest(
+                task_id=task_id,
+                signal=node.spec.signal,
+                payload_json=offered[choice].encode(),
+                signal_id=f"console:{node_id}:{choice}",
+            ),
+            token,
+        )
+        said = "already sent" if sent.duplicate else "sent"
+        return f"{choice} {said} to {node_id}"
 
     async def _events(self, token: str, task_id: str, known: TaskEventPage | None) -> TaskEventPage:
         if known is not None:

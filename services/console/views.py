@@ -36,6 +36,7 @@ COLOURS = {
     "DEMOTED": "#9467bd",
     "RETRY_EXHAUSTED": "#8c564b",
     "CANCELLED": "#7f7f7f",
+    "WAITING": "#17becf",
 }
 # How much of an output or a result the Task page shows before it is folded (expandable).
 OUTPUT_BRIEF = 200

@@ -100,6 +100,16 @@ async def setup(rt: Runtime) -> None:
             executor, request.task_id, request.reason, request.generation, request.version
         )
 
+    async def on_signal(msg: Msg) -> Disposition:
+        try:
+            request = task_pb2.SignalRequest.FromString(msg.data)
+        except DecodeError:
+            return Term("malformed signal request")
+        if not (request.task_id and request.signal and request.signal_id):
+            return Term("signal request needs task_id, signal and signal_id")
+        bind_ids(task_id=request.task_id)
+        return await control.handle_signal(executor, request)
+
     creates = rt.consumer(
         tasks.TASKS.name,
         durable=settings.durable,
@@ -122,6 +132,13 @@ async def setup(rt: Runtime) -> None:
         handler=on_close,
         ack_wait=settings.ack_wait_seconds,
     )
+    signals = rt.consumer(
+        tasks.TASKS.name,
+        durable=f"{settings.durable}-signal",
+        subject=tasks.TASK_SIGNAL,
+        handler=on_signal,
+        ack_wait=settings.ack_wait_seconds,
+    )
     rt.metrics.probe(lambda: downstream_samples(executor))
     rt.add_servicer(
         lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
@@ -141,6 +158,10 @@ async def setup(rt: Runtime) -> None:
     rt.add_part(f"{tasks.TASK_CREATE} consumer", creates.run, creates.stop)
     rt.add_part(f"{tasks.TASK_CANCEL} consumer", cancels.run, cancels.stop)
     rt.add_part(f"{tasks.TASK_CLOSE} consumer", closes.run, closes.stop)
+    rt.add_part(f"{tasks.TASK_SIGNAL} consumer", signals.run, signals.stop)
+    rt.add_periodic(
+        "wait timeouts", lambda: control.sweep_timeouts(executor), settings.wait_sweep_seconds
+    )
     rt.add_part("outbox relay", relay.run, relay.stop)
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))

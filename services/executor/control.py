@@ -1,19 +1,26 @@
-"""Control messages for tasks the executor may not be running right now: task.cancel
-(from the gateway) and task.close (from the reconciler)."""
+"""Control messages for tasks the executor may not be running right now: task.cancel and
+task.signal (from the gateway) and task.close (from the reconciler); and the sweep of the
+wait nodes whose timeout has passed (ADR-0102)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
+
+from dispo.executor import waits
 from dispo.executor.domain import Next, decide, to_cancel
 from dispo.executor.plan import NodeChange, TaskStatusChange
 from dispo.executor.runner import Executor
-from dispo.executor.states import TASK_ENDED, NodeState, TaskState
-from dispo.executor.store import node_runs, status_events, task_runs
+from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
+from dispo.executor.store import node_runs, signals, status_events, task_runs
 from dispo.executor.store.rows import TaskRow
-from dispo.libs.bus import ACK, Disposition
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.contracts import tasks
 from dispo.libs.db.driver import Conn
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
+from dispo.libs.payload import payload_data
 from dispo.libs.tracing import current
 
 log = get_logger(__name__)
@@ -100,3 +107,86 @@ async def handle_cancel(ex: Executor, task_id: str) -> Disposition:
         await status_events.emit_status_many(conn, [task_id], now, (), trace)
     ex.relay.kick()
     return ACK
+
+
+# A signal for a task whose task.create this executor has not recorded yet comes back
+# after this many seconds (it is kept on the stream until then).
+SIGNAL_EARLY_DELAY = 1.0
+# The most tasks one sweep of wait timeouts takes (the next sweep takes the rest).
+SWEEP_LIMIT = 500
+
+
+async def handle_signal(ex: Executor, request: task_pb2.SignalRequest) -> Disposition:
+    """Record a task's signal once per signal id, under the task's row lock; a node WAITING
+    for its name takes it at once (SUCCEEDED, its payload the output) and the task is
+    resumed; else it is kept until a node starts waiting for it (which reads it under the
+    same lock, :meth:`~dispo.executor.passes.Passes.step_many`)."""
+    now = ex.clock.now()
+    task_id = request.task_id
+    signal = waits.Signal(task_id, request.signal_id, request.signal, payload_data(request.payload))
+    async with ex.db.transaction() as conn:
+        row = await _locked(conn, task_id)
+        if row is None:  # its task.create is not recorded here yet
+            return Nak(delay=SIGNAL_EARLY_DELAY)
+        if row.envelope is None:  # cancelled before its task.create came: nothing waits
+            return ACK
+        if not await signals.signals_insert_many(conn, [signal], now):
+            log.info("duplicate signal", task_id=task_id, signal_id=signal.signal_id)
+            return ACK
+        nodes = (await node_runs.nodes_get_many(conn, [row.envelope]))[task_id]
+        waiting = [n for n in waits.waiting_nodes(nodes) if n.spec.signal == signal.signal]
+        if row.status in TASK_FINAL or not waiting:
+            log.info("signal kept until a node waits for it", task_id=task_id,
+                     signal=signal.signal, signal_id=signal.signal_id)  # fmt: skip
+            return ACK
+        change = waits.signalled(task_id, waiting[0], signal.payload, now)
+        [taken] = await node_runs.nodes_set_status_if_many(conn, [change])
+        if taken:
+            take = (task_id, signal.signal_id, change.node_id)
+            await signals.signals_take_if_free_many(conn, [take], now)
+            await signals.waits_delete_many(conn, [(task_id, change.node_id)])
+            await _resume(conn, [task_id], now)
+    log.info("signal taken", task_id=task_id, node_id=change.node_id,
+             signal_id=signal.signal_id, status=change.new.value)  # fmt: skip
+    ex.relay.kick()
+    return ACK
+
+
+async def sweep_timeouts(ex: Executor, limit: int = SWEEP_LIMIT) -> int:
+    """The WAITING nodes whose time is up, of at most ``limit`` tasks: each FAILED or
+    SUCCEEDED with its default output, as its ``on_timeout`` says (:func:`waits.timed_out`),
+    and its task resumed. Returns the nodes moved."""
+    now = ex.clock.now()
+    async with ex.db.transaction() as conn:
+        due = await signals.waits_due_many(conn, now, limit)
+        if not due:
+            return 0
+        rows, _ = await task_runs.tasks_lock_many(conn, list(due), envelopes=True)
+        envs = [row.envelope for row in rows.values() if row.envelope is not None]
+        nodes = await node_runs.nodes_get_many(conn, envs)
+        changes = [
+            waits.timed_out(task_id, node, now)
+            for task_id, runs in nodes.items()
+            for node in waits.due(runs, now)
+        ]
+        applied = await node_runs.nodes_set_status_if_many(conn, changes)
+        moved = [c for c, ok in zip(changes, applied, strict=True) if ok]
+        # Every due wait read is done with: timed out here, or its node moved before.
+        await signals.waits_delete_many(conn, [(t, n) for t, ns in due.items() for n in ns])
+        await _resume(conn, sorted({c.task_id for c in moved}), now)
+    for c in moved:
+        log.info("wait timed out", task_id=c.task_id, node_id=c.node_id, status=c.new.value)
+    ex.relay.kick()
+    return len(moved)
+
+
+async def _resume(conn: Conn, task_ids: Sequence[str], now: datetime) -> None:
+    """Tasks whose wait nodes moved: a status event each, and a task.create of a new
+    generation for each parked one (RUNNING without a live lease) to run what follows; a
+    task with a live pass is left to it, a parked-with-the-reconciler one to its redrive."""
+    if not task_ids:
+        return
+    resumed = await task_runs.tasks_resume_if_idle_many(conn, task_ids, now)
+    events = [(t, tasks.TASK_CREATE, tasks.create_id(t, g)) for t, g in sorted(resumed.items())]
+    traces = {t: current() for t in task_ids}
+    await status_events.emit_status_many(conn, task_ids, now, events, traces)

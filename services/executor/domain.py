@@ -33,6 +33,12 @@ class ActionSpec(NamedTuple):
     inputs: tuple[str, ...] = ()
     # A worker action's queue (ADR-0099).
     queue: str = ""
+    # A wait action's signal, timeout, what the timeout does and its default output
+    # (canonical JSON; ADR-0102).
+    signal: str = ""
+    timeout_seconds: int = 0
+    on_timeout: str = ""
+    default_output: bytes = b""
 
 
 @dataclass
@@ -82,6 +88,7 @@ class Next(enum.Enum):
     RETRY = "retry"  # re-publish task.create for nodes waiting out their backoff
     DEMOTE = "demote"  # task.demote: nodes parked behind a degraded downstream
     FAIL = "fail"  # task.fail: short retries spent or a node's outcome is unknown
+    WAIT = "wait"  # nodes WAITING for a signal: the pass ends, the task stays RUNNING
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,7 @@ def runnable(nodes: dict[str, NodeRun]) -> list[NodeRun]:
 def to_cancel(nodes: dict[str, NodeRun]) -> list[str]:
     """On cancel: everything not started and not final becomes CANCELLED; running ones
     finish, and an UNKNOWN one (its effect may have happened) waits to be settled."""
-    cancellable = {NodeState.PENDING, NodeState.DEMOTED}
+    cancellable = {NodeState.PENDING, NodeState.DEMOTED, NodeState.WAITING}
     return [
         n.node_id
         for n in nodes.values()
@@ -170,6 +177,13 @@ def decide(nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool) -> 
             reasons.append(f"no live worker: {', '.join(queues)}")
         return Decision(Next.DEMOTE, TaskState.DEMOTED, reason="; ".join(reasons))
     stuck = sorted(i for i, n in nodes.items() if n.status in (NodeState.UNKNOWN, NodeState.FAILED))
+    waiting = sorted(i for i, n in nodes.items() if n.status is NodeState.WAITING)
+    if waiting and not any(
+        nodes[i].status is NodeState.UNKNOWN or nodes[i].retryable for i in stuck
+    ):
+        # Parked until a signal or a timeout resumes it (ADR-0102); a permanent failure
+        # elsewhere does not stop what waits for the signal from running.
+        return Decision(Next.WAIT, TaskState.RUNNING, reason=f"waiting: {', '.join(waiting)}")
     return Decision(
         Next.FAIL, TaskState.RETRY_EXHAUSTED, reason=f"needs recovery: {', '.join(stuck)}"
     )

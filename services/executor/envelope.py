@@ -27,6 +27,10 @@ def spec_from_proto(spec: task_pb2.ActionSpec) -> ActionSpec:
         tuple((f.name, f.type, f.required) for f in spec.output_fields),
         tuple(spec.inputs),
         spec.queue,
+        spec.signal,
+        spec.timeout_seconds,
+        spec.on_timeout,
+        spec.default_output,
     )
 
 
@@ -105,7 +109,7 @@ def payload_of(task: task_pb2.Task, cell_ref: str) -> bytes:
     return EMPTY_BODY
 
 
-KINDS = ("http", "noop", "worker")
+KINDS = ("http", "noop", "worker", "wait")
 
 
 def envelope_problem(env: task_pb2.Task) -> str | None:
@@ -127,6 +131,8 @@ def envelope_problem(env: task_pb2.Task) -> str | None:
             return f"node {node.node_id} has no downstream"
         if node.spec.kind == "worker" and not node.spec.queue:
             return f"node {node.node_id} has no queue"
+        if node.spec.kind == "wait" and not (node.spec.signal and node.spec.timeout_seconds > 0):
+            return f"node {node.node_id} has no signal or no timeout"
         known.add(node.node_id)
     for ref, payload in sorted(env.payloads.items()):
         problem = payload_problem(payload)

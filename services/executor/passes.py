@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from dispo.executor import plan
+from dispo.executor import plan, waits
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import NodeRun
 from dispo.executor.envelope import node_from_proto
 from dispo.executor.plan import NodeChange, OpenPath
 from dispo.executor.slots import Slots
 from dispo.executor.states import NodeState, TaskState
-from dispo.executor.store import node_runs, status_events, task_runs, worker_runs
+from dispo.executor.store import node_runs, signals, status_events, task_runs, worker_runs
 from dispo.executor.store.rows import TaskRow
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
@@ -399,6 +399,7 @@ class Passes:
         while active:
             changes: list[tuple[int, plan.NodeChange, NodeRun]] = []
             noops: list[tuple[int, NodeRun]] = []
+            parking: list[tuple[int, NodeRun]] = []
             for i in active:
                 it = items[i]
                 round_ = plan.plan_round(
@@ -415,7 +416,9 @@ class Passes:
                 launch[i] = round_.launch
                 changes.extend((i, change, node) for change, node in round_.writes)
                 noops.extend((i, node) for node in round_.noops)
+                parking.extend((i, node) for node in round_.waits)
             lost = await self._apply(conn, items, changes)
+            signalled = await self._park(conn, items, [w for w in parking if w[0] not in lost], now)
             claims = [
                 (items[i].env.task_id, node.node_id, items[i].owner)
                 for i, node in noops
@@ -437,7 +440,7 @@ class Passes:
                 items[i].state.ran += 1
             for i in lost:
                 steps[i] = Step(items[i].state, lease_lost=True)
-            active = sorted({i for i, _ in noops} - lost)
+            active = sorted(({i for i, _ in noops} | signalled) - lost)
         await self._claim_ready(conn, items, steps, launch, now, taken)
         settling = [
             i
@@ -499,6 +502,65 @@ class Passes:
             step if step is not None else Step(items[i].state, launch=launch[i])
             for i, step in enumerate(steps)
         ]
+
+    @staticmethod
+    async def _park(
+        conn: Conn, items: Sequence[Stepping], parking: list[tuple[int, NodeRun]], now: datetime
+    ) -> set[int]:
+        """The ready wait nodes start waiting (:func:`waits.park`), and each takes at once a
+        signal of its name recorded for its task before (ADR-0102): the task's row is locked
+        in this transaction, as every signal's arrival locks it, so a signal is either read
+        here or finds the node WAITING. Returns the items a node of which took a signal
+        (its dependants may run in another round)."""
+        if not parking:
+            return set()
+        parks = [waits.park(items[i].env.task_id, node, now) for i, node in parking]
+        applied = await node_runs.nodes_set_status_if_many(conn, parks)
+        parked: dict[int, list[NodeRun]] = {}
+        for (i, node), change, ok in zip(parking, parks, applied, strict=True):
+            items[i].state.attempted.add(node.node_id)
+            if not ok:  # impossible while the lock and lease hold
+                log.info("wait node not parked", task_id=change.task_id, node_id=node.node_id)
+                continue
+            _as_written(node, change)
+            parked.setdefault(i, []).append(node)
+            items[i].changed = True
+            log.info("node waiting", task_id=change.task_id, node_id=node.node_id,
+                     signal=node.spec.signal, until=change.fields["not_before"].isoformat())  # fmt: skip
+        await signals.waits_insert_many(
+            conn,
+            [
+                (items[i].env.task_id, n.node_id, n.not_before)
+                for i, ns in parked.items()
+                for n in ns
+                if n.not_before is not None  # set by the park
+            ],
+        )
+        free = await signals.signals_free_many(conn, [items[i].env.task_id for i in parked])
+        pairs = [
+            (i, node, signal)
+            for i, nodes in parked.items()
+            for node, signal in waits.match(nodes, free[items[i].env.task_id])
+        ]
+        takes = [
+            waits.signalled(items[i].env.task_id, node, s.payload, now) for i, node, s in pairs
+        ]
+        taken = await node_runs.nodes_set_status_if_many(conn, takes)
+        took = [
+            (items[i].env.task_id, s.signal_id, node.node_id)
+            for (i, node, s), ok in zip(pairs, taken, strict=True)
+            if ok
+        ]
+        await signals.signals_take_if_free_many(conn, took, now)
+        await signals.waits_delete_many(conn, [(t, n) for t, _, n in took])
+        done: set[int] = set()
+        for (i, node, s), change, ok in zip(pairs, takes, taken, strict=True):
+            if ok:
+                _as_written(node, change)
+                done.add(i)
+                log.info("signal taken", task_id=change.task_id, node_id=node.node_id,
+                         signal_id=s.signal_id, status=change.new.value)  # fmt: skip
+        return done
 
     async def _claim_ready(
         self,
@@ -566,6 +628,16 @@ class Passes:
                 )
                 lost.add(i)
         return lost
+
+
+def _as_written(node: NodeRun, change: NodeChange) -> None:
+    """``node`` as the row holds it once ``change`` is written."""
+    node.status = change.new
+    for name, value in change.fields.items():
+        if name == "output":
+            node.output_bytes = len(value)
+        else:
+            setattr(node, name, value)
 
 
 async def apply_redrives(conn: Conn, envs: Sequence[task_pb2.Task]) -> dict[str, list[str]]:

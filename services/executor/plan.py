@@ -233,11 +233,13 @@ def recover_changes(task_id: str, nodes: Mapping[str, NodeRun], now: datetime) -
 class Round:
     """One round of a task's step: the ready nodes to launch, the node writes (cancelled,
     dependency failed, demoted; applied to the nodes already, as the rows will hold them),
-    the ready noop nodes to run in the step, and the nodes demoted by an open breaker."""
+    the ready noop nodes to run in the step, the ready wait nodes to park in it, and the
+    nodes demoted by an open breaker."""
 
     launch: list[NodeRun] = field(default_factory=list)
     writes: list[tuple[NodeChange, NodeRun]] = field(default_factory=list)
     noops: list[NodeRun] = field(default_factory=list)
+    waits: list[NodeRun] = field(default_factory=list)
     demoted: list[NodeRun] = field(default_factory=list)
 
 
@@ -285,6 +287,9 @@ def plan_round(
         if node.spec.kind == "noop":
             plan.noops.append(node)
             continue
+        if node.spec.kind == "wait":
+            plan.waits.append(node)
+            continue
         breaker = breakers.get(node.spec.downstream)
         if node.spec.kind == "http" and breaker is not None and not breaker.allow(now):
             # Refused by the breaker, so not sent: it may go out once released.
@@ -324,7 +329,9 @@ class Settled:
 
 
 def settle(task: Settling, now: datetime) -> Settled:
-    """Finish, re-publish for a short retry, demote or fail a task (``decide``). A task
+    """Finish, re-publish for a short retry, demote, fail or park a task (``decide``): a
+    task parked WAITING stays RUNNING without a lease, its message answered, until a signal
+    or the timeout sweep publishes the task.create that resumes it (ADR-0102). A task
     none of whose nodes could run yet (the message came back before the backoff passed) is
     only released, its message answered later."""
     decision = decide(task.nodes, now, task.cancel_requested)

@@ -97,6 +97,12 @@ class ExecutorSettings(BaseSettings):
     health_interval_seconds: float = Field(
         default=5.0, description="Time between downstream health checks (0: none)"
     )
+    wait_sweep_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the executor looks for waiting nodes whose timeout has passed"
+        " (a wait node times out within this much after its time, ADR-0102).",
+    )
     run_lease_seconds: float = Field(
         default=ExecutorConfig.run_lease,
         gt=0,

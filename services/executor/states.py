@@ -22,6 +22,10 @@ Which component moves a node *out* of each state:
 - DEPENDENCY_FAILED: terminal for the executor; an operator's redrive that also resets the
   failed dependency makes it PENDING again. A task.close ends a parked task's PENDING
   nodes here (they wait for a dependency that will not succeed now).
+- WAITING: a wait node parked by the step that found it ready (ADR-0102): a signal
+  (task.signal) makes it SUCCEEDED with the signal's payload as its output; the timeout
+  sweep makes it FAILED (``on_timeout: fail``) or SUCCEEDED with its default output; a
+  cancel, or a task.close of its parked task, CANCELLED. A redrive leaves it waiting.
 - SUCCEEDED, CANCELLED: terminal; no message changes them.
 
 A task is moved by the executor's passes; RETRY_EXHAUSTED and DEMOTED wait for the
@@ -48,6 +52,7 @@ class NodeState(enum.StrEnum):
     DEPENDENCY_FAILED = "dependency_failed"
     DEMOTED = "demoted"
     CANCELLED = "cancelled"
+    WAITING = "waiting"
 
     def to_proto(self) -> common_pb2.NodeStatus.ValueType:
         return _NODE_TO_PROTO[self]
@@ -65,7 +70,8 @@ N = NodeState
 NODE_TRANSITIONS = Transitions[NodeState](
     "node",
     {
-        N.PENDING: frozenset({N.RUNNING, N.DEPENDENCY_FAILED, N.DEMOTED, N.CANCELLED}),
+        N.PENDING: frozenset({N.RUNNING, N.DEPENDENCY_FAILED, N.DEMOTED, N.CANCELLED, N.WAITING}),
+        N.WAITING: frozenset({N.SUCCEEDED, N.FAILED, N.CANCELLED}),
         # → DEMOTED: a worker run never taken, its queue without a live worker (ADR-0101).
         N.RUNNING: frozenset({N.SUCCEEDED, N.FAILED, N.PENDING, N.UNKNOWN, N.DEMOTED}),
         N.UNKNOWN: frozenset({N.PENDING, N.SUCCEEDED, N.FAILED, N.CANCELLED}),

@@ -11,7 +11,13 @@ from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.catalogue import ActionDef
 from dispo.libs.errors import FieldViolation, InvalidArgument
-from dispo.libs.payload import PayloadError, from_struct, json_payload, parse_json_object
+from dispo.libs.payload import (
+    PayloadError,
+    canonical_json,
+    from_struct,
+    json_payload,
+    parse_json_object,
+)
 from dispo.libs.proto_enums import from_short_name, task_status_name
 from dispo.libs.timestamps import set_timestamp
 
@@ -28,6 +34,21 @@ def payload_from_proto(cell: gateway_pb2.CellRequest, where: str) -> dict[str, A
     except PayloadError as error:
         field = f"{where}.{form}" + (f".{error.path}" if error.path else "")
         raise PayloadError(field, error.reason) from None
+    return {}
+
+
+def signal_payload_from_proto(request: gateway_pb2.SignalTaskRequest) -> dict[str, Any]:
+    """A SignalTask's payload, parsed once as a cell's is (a JSON object; none: ``{}``);
+    INVALID_ARGUMENT naming ``payload`` (or ``payload_json``) and the member."""
+    form = request.WhichOneof("body")
+    try:
+        if form == "payload_json":
+            return parse_json_object(request.payload_json)
+        if form == "payload":
+            return from_struct(request.payload)
+    except PayloadError as error:
+        field = f"{form}" + (f".{error.path}" if error.path else "")
+        raise InvalidArgument(field, error.reason) from None
     return {}
 
 
@@ -91,6 +112,12 @@ def task_envelope(
                 output_fields=output_fields(a),
                 inputs=list(node.inputs),
                 queue=a.queue,
+                signal=a.signal,
+                timeout_seconds=a.timeout_seconds,
+                on_timeout=a.on_timeout,
+                default_output=canonical_json(a.default_output)
+                if a.default_output is not None
+                else b"",
             ),
             idempotency_key=node.idempotency_key,
             in_result=node.in_result,

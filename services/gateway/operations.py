@@ -19,16 +19,22 @@ from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
-from dispo.libs.catalogue import Catalogue
+from dispo.libs.catalogue import DEFAULT_MAX_OUTPUT_BYTES, Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
 from dispo.libs.db.driver import Database
 from dispo.libs.egress import NATS_SCHEME, AllowList
-from dispo.libs.errors import FailedPrecondition, FieldViolation, NotFound, ResourceExhausted
+from dispo.libs.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
-from dispo.libs.payload import canonical_json
+from dispo.libs.payload import canonical_json, fields_problem, json_payload
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tracing import current
 
@@ -70,6 +76,28 @@ def cancelled_view(view: task_pb2.Task, now: datetime) -> task_pb2.Task:
         node.status = common_pb2.NODE_STATUS_CANCELLED
         set_timestamp(node.finished_at, now)
     return out
+
+
+def check_signal(view: task_pb2.Task, signal: str, payload: Any, body: bytes) -> None:
+    """A signal the task's wait actions declare, with a payload each of them can record as
+    its output (within its ``max_output_bytes``, as its output fields declare)."""
+    specs = [n.spec for n in view.nodes if n.spec.kind == "wait" and n.spec.signal == signal]
+    if not specs:
+        declared = sorted({n.spec.signal for n in view.nodes if n.spec.kind == "wait"})
+        raise InvalidArgument(
+            "signal",
+            f"no wait node of task {view.task_id} waits for {signal!r}"
+            + (f" (declared: {', '.join(declared)})" if declared else " (it has no wait node)"),
+        )
+    for spec in specs:
+        limit = spec.max_output_bytes or DEFAULT_MAX_OUTPUT_BYTES
+        if len(body) > limit:
+            raise InvalidArgument(
+                "payload", f"{len(body)} bytes is over the wait's limit of {limit} bytes"
+            )
+        fields = [(f.name, f.type, f.required) for f in spec.output_fields]
+        if (problem := fields_problem(payload, fields)) is not None:
+            raise InvalidArgument("payload", f"not as the wait declares: {problem}")
 
 
 @dataclass(frozen=True)
@@ -277,6 +305,13 @@ class Gateway:
             )
         return Accepted(existing.task_id, existing.status, True)
 
+    async def holder(self, business: str, idempotency_key: str) -> str | None:
+        """The id of the business's task submitted under ``idempotency_key`` (None: none)."""
+        async with self.db.connection() as conn:
+            found = await store.tasks_by_keys(conn, [(business, idempotency_key)])
+        holder = found.get((business, idempotency_key))
+        return holder.task_id if holder is not None else None
+
     async def get(self, task_id: str) -> task_pb2.Task:
         return self.view_of(await self.get_record(task_id))
 
@@ -333,6 +368,44 @@ class Gateway:
         assert record is not None
         log.info("task cancel requested", task_id=task_id)
         return self.view_of(record)
+
+    async def signal(
+        self, task_id: str, signal: str, payload: Any, signal_id: str
+    ) -> tuple[str, bool]:
+        """Record a signal to the task's wait nodes with its task.signal (ADR-0102); answers
+        its id and whether it was recorded before. INVALID_ARGUMENT naming ``signal`` when no
+        wait action of the task declares it, naming ``payload`` when the payload is not as
+        such an action declares its output; FAILED_PRECONDITION once the task has ended."""
+        now = self.clock.now()
+        signal_id = signal_id or uuid.uuid4().hex
+        body = canonical_json(payload)
+        async with self.db.transaction() as conn:
+            record = await store.task_get(conn, task_id)
+            if record is None:
+                raise NotFound(f"no task {task_id!r}")
+            check_signal(record.view, signal, payload, body)
+            if record.status in store.TERMINAL:
+                if await store.signal_recorded(conn, task_id, signal_id):
+                    return signal_id, True
+                raise FailedPrecondition(
+                    f"task {task_id} is already {record.status.upper()}: nothing waits"
+                )
+            if not await store.signals_insert_if_new(conn, task_id, signal_id, signal, body, now):
+                return signal_id, True
+            request = task_pb2.SignalRequest(
+                task_id=task_id, signal=signal, signal_id=signal_id, payload=json_payload(body)
+            )
+            set_timestamp(request.sent_at, now)
+            await store.emit(
+                conn,
+                tasks.TASK_SIGNAL,
+                tasks.signal_id(task_id, signal_id),
+                request.SerializeToString(),
+                now,
+            )
+        self.relay.kick()
+        log.info("task signalled", task_id=task_id, signal=signal, signal_id=signal_id)
+        return signal_id, False
 
     async def apply_status(self, env: task_pb2.Task, data: bytes | None = None) -> bool:
         """Take an executor's status snapshot (``data``: its bytes as received, stored as

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import grpc
 from dispo.gateway.convert import (
     output_fields,
+    signal_payload_from_proto,
     status_value,
     stored_status,
     submission_from_proto,
@@ -26,7 +27,7 @@ from dispo.libs.auth import business_filter, business_scope, require_visible
 from dispo.libs.bus import Bus, StreamUnavailable
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
-from dispo.libs.errors import DomainError, InvalidArgument, Unavailable, within
+from dispo.libs.errors import DomainError, InvalidArgument, NotFound, Unavailable, within
 from dispo.libs.grpcserver import status_of
 from dispo.libs.logging import get_logger
 from dispo.libs.paging import (
@@ -35,6 +36,7 @@ from dispo.libs.paging import (
     invalid_page_token,
     page_size,
 )
+from dispo.libs.payload import canonical_json
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.timestamps import set_timestamp
 from google.protobuf.message import DecodeError
@@ -296,6 +298,40 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             task=await self.gateway.cancel(await self._visible(_task_id(request.task_id)))
         )
 
+    async def SignalTask(
+        self, request: gateway_pb2.SignalTaskRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.SignalTaskResponse:
+        if not request.signal:
+            raise InvalidArgument("signal", "required")
+        max_key = self.gateway.limits.max_key_length
+        if len(request.signal_id) > max_key:
+            raise InvalidArgument("signal_id", f"longer than {max_key} characters")
+        payload = signal_payload_from_proto(request)
+        task_id = await self._visible(await self._signalled_task(request))
+        signal_id, duplicate = await self.gateway.signal(
+            task_id, request.signal, payload, request.signal_id
+        )
+        return gateway_pb2.SignalTaskResponse(
+            task_id=task_id, signal_id=signal_id, duplicate=duplicate
+        )
+
+    async def _signalled_task(self, request: gateway_pb2.SignalTaskRequest) -> str:
+        """The task a SignalTask names: its id, or its business and idempotency key (a
+        business token's own business only: PERMISSION_DENIED naming ``business``)."""
+        if request.task_id:
+            return request.task_id
+        if not request.idempotency_key:
+            raise InvalidArgument("task_id", "required (or business and idempotency_key)")
+        business = business_filter(request.business, "business")
+        if not business:
+            raise InvalidArgument("business", "required with idempotency_key")
+        holder = await self.gateway.holder(business, request.idempotency_key)
+        if holder is None:
+            raise NotFound(
+                f"no task of business {business!r} with idempotency key {request.idempotency_key!r}"
+            )
+        return holder
+
     async def WatchTask(
         self, request: gateway_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.WatchTaskResponse]:
@@ -395,5 +431,12 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
                 queue=a.queue,
                 output=output_fields(a),
                 max_output_bytes=a.max_output_bytes,
+                signal=a.signal,
+                timeout_seconds=a.timeout_seconds,
+                on_timeout=a.on_timeout,
+                choices=[
+                    gateway_pb2.SignalChoice(name=name, payload_json=canonical_json(payload))
+                    for name, payload in a.choices
+                ],
             )
     return out

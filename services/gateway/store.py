@@ -390,3 +390,26 @@ async def task_counts(conn: Conn, matching: TaskFilter) -> dict[str, int]:
 
 async def emit(conn: Conn, subject: str, msg_id: str, payload: bytes, now: datetime) -> None:
     await outbox_add(conn, outbox, subject, msg_id, payload, now)
+
+
+async def signals_insert_if_new(
+    conn: Conn, task_id: str, signal_id: str, signal: str, payload: bytes, now: datetime
+) -> bool:
+    """Record a task's signal under its id; False when the id was recorded before (then
+    nothing is written)."""
+    rows = await conn.fetch(
+        "INSERT INTO signals (task_id, signal_id, signal, payload, created_at)"
+        " VALUES (:task, :id, :signal, :payload, :now)"
+        " ON CONFLICT (task_id, signal_id) DO NOTHING RETURNING signal_id",
+        {"task": task_id, "id": signal_id, "signal": signal, "payload": payload, "now": now},
+    )
+    return bool(rows)
+
+
+async def signal_recorded(conn: Conn, task_id: str, signal_id: str) -> bool:
+    """Whether the task's signal of that id was recorded."""
+    rows = await conn.fetch(
+        "SELECT 1 AS one FROM signals WHERE task_id = :task AND signal_id = :id",
+        {"task": task_id, "id": signal_id},
+    )
+    return bool(rows)

@@ -418,6 +418,49 @@ async def test_a_task_page_shows_each_nodes_output_folded_when_long_and_the_resu
     await context.close()
 
 
+async def test_a_waiting_node_offers_its_choices_and_a_confirmed_one_ends_the_wait(
+    browser, console
+):
+    """A review WAITING shows the choices its wait action declares (approve, reject) as
+    buttons; a confirmed click sends the declared payload as a signal, once, and what
+    follows the review runs with it."""
+    async with console.pipeline.client() as client:
+        task = await client.submit(
+            BUSINESS,
+            [
+                CellSpec("review", {"name": "console-review"}, ref="review"),
+                CellSpec("noop", {}, ref="after", depends_on=["review"]),
+            ],
+        )
+        await eventually(
+            lambda: client.get(task.task_id),
+            lambda view: view.node("review.verdict").status == "WAITING",
+            wanted="the review WAITING",
+        )
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/tasks/{task.task_id}")
+    buttons = page.locator("tr[data-node='review.verdict'] button.choice")
+    assert await buttons.all_inner_texts() == ["approve", "reject"]
+    assert await page.locator("tr[data-node='after.noop'] button.choice").count() == 0
+    await buttons.filter(has_text="approve").click()  # confirmed (the dialog is accepted)
+    await expect(page.locator("#notice")).to_have_text("signal: approve sent to review.verdict")
+    async with console.pipeline.client() as client:
+        done = await client.wait(task.task_id)
+    assert done.status == "SUCCEEDED"
+    assert done.node("review.verdict").output == {"verdict": "approved"}
+    # A choice the node does not offer is refused, and said on the page.
+    refused = await context.request.post(
+        f"{console.url}/tasks/{task.task_id}/signal",
+        form={"node_id": "review.verdict", "choice": "escalate"},
+        headers=from_the_console(console),
+    )
+    assert "signal: INVALID_ARGUMENT" in await refused.text()
+    assert watched.errors == []
+    await context.close()
+
+
 async def test_a_failed_task_is_resumed_from_its_page(browser, console):
     # The first call of this cell is refused with a 400: a permanent failure, the task FAILED.
     await console.downstream.control(fail={"status": 400, "times": 1, "path": "/step/resumed-"})

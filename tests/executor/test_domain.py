@@ -266,7 +266,7 @@ def test_state_machines_are_closed_and_match_the_protos():
     for table in (NODE_TRANSITIONS, TASK_TRANSITIONS):
         for targets in table.values():
             assert targets <= set(table)
-    assert {s.to_proto() for s in NodeState} == set(range(1, 9))
+    assert {s.to_proto() for s in NodeState} == set(range(1, 10))
     assert {s.to_proto() for s in TaskState} == set(range(1, 8))
     assert all(NodeState.from_proto(s.to_proto()) is s for s in NodeState)
     assert all(TaskState.from_proto(s.to_proto()) is s for s in TaskState)

@@ -4,7 +4,7 @@ opened, what a round of a step does to a task's nodes, how a task settles."""
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from dispo.executor import plan
+from dispo.executor import plan, waits
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import ActionSpec, Next, NodeRun
 from dispo.executor.states import NodeState, TaskState
@@ -168,3 +168,69 @@ def test_an_interrupted_call_is_unknown_or_run_again_under_its_key_if_idempotent
         ("a.again", S.PENDING, None),
     ]
     assert "not_before" not in recovered[1].fields
+
+
+def wait_node(node_id, *deps, status=S.PENDING, on_timeout="fail", default=b""):
+    spec = ActionSpec(
+        "wait",
+        signal="verdict",
+        timeout_seconds=60,
+        on_timeout=on_timeout,
+        default_output=default,
+        output_fields=(("verdict", "string", True),),
+    )
+    return NodeRun(node_id, deps, spec, f"t/{node_id}", status)
+
+
+def test_a_ready_wait_node_is_parked_and_a_task_with_only_waits_left_ends_its_pass():
+    nodes = {"w": wait_node("w"), "after": node("after", "w")}
+    round_ = plan.plan_round("t", nodes, False, (), (), {}, NOW)
+    assert (round_.waits, round_.launch, round_.noops) == ([nodes["w"]], [], [])
+    change = waits.park("t", nodes["w"], NOW)
+    assert (change.expected, change.new) == (S.PENDING, S.WAITING)
+    assert change.fields["not_before"] == NOW + timedelta(seconds=60)
+
+    nodes["w"].status = S.WAITING
+    parked = plan.settle(plan.Settling("t", "me", nodes, False, 4, 1, True), NOW)
+    # Still RUNNING, its lease released, its message answered; no event but its status.
+    assert (parked.next, parked.write.status, parked.write.bump) == (
+        Next.WAIT,
+        TaskState.RUNNING,
+        False,
+    )
+    assert (parked.disposition, parked.event) == (ACK, None)
+    # An outcome left unknown elsewhere goes to the reconciler first, waits or not.
+    nodes["other"] = node("other", status=S.UNKNOWN)
+    assert plan.settle(plan.Settling("t", "me", nodes, False, 4, 1, True), NOW).next is Next.FAIL
+
+
+def test_a_signal_or_a_timeout_ends_a_wait_and_a_redrive_never_makes_one_wait_again():
+    waiting = wait_node("w", status=S.WAITING)
+    taken = waits.signalled("t", waiting, b'{"verdict":"approved"}', NOW)
+    assert (taken.new, taken.fields["output"]) == (S.SUCCEEDED, b'{"verdict":"approved"}')
+    mistyped = waits.signalled("t", waiting, b'{"verdict":1}', NOW)
+    assert mistyped.new is S.FAILED and "verdict: must be string" in mistyped.fields["last_error"]
+
+    failed = waits.timed_out("t", waiting, NOW)
+    assert (failed.new, failed.fields["last_error"]) == (
+        S.FAILED,
+        "no signal 'verdict' within 60 s",
+    )
+    lenient = wait_node("w", status=S.WAITING, on_timeout="succeed", default=b'{"verdict":"ok"}')
+    succeeded = waits.timed_out("t", lenient, NOW)
+    assert (succeeded.new, succeeded.fields["output"]) == (S.SUCCEEDED, b'{"verdict":"ok"}')
+
+    # A redrive (or a resume) leaves a waiting node waiting and a signalled one SUCCEEDED.
+    here = {"waiting": S.WAITING, "signalled": S.SUCCEEDED}
+    assert plan.redrive_changes("t", ["waiting", "signalled"], [], here) == []
+
+
+def test_each_waiting_node_takes_the_oldest_signal_of_its_name_one_each():
+    first, second = wait_node("a", status=S.WAITING), wait_node("b", status=S.WAITING)
+    signals = [
+        waits.Signal("t", "s1", "other", b"{}"),
+        waits.Signal("t", "s2", "verdict", b'{"verdict":"x"}'),
+        waits.Signal("t", "s3", "verdict", b'{"verdict":"y"}'),
+    ]
+    pairs = waits.match([first, second], signals)
+    assert [(n.node_id, s.signal_id) for n, s in pairs] == [("a", "s2"), ("b", "s3")]

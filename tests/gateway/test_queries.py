@@ -357,6 +357,8 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
         "set_level",
         "noop",
         "note",
+        "review",
+        "lenient_review",
     }
     assert [a.name for a in cells["pair"].actions] == ["first", "second"]
     assert list(cells["pair"].actions[1].depends_on) == ["first"]

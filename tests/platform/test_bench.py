@@ -321,6 +321,24 @@ async def test_the_outputs_shape_passes_the_first_nodes_output_into_the_later_pa
             assert paths[f"{task}bench_outputs3.{later}"] == f"/bench/{later}/{first}"
 
 
+async def test_the_wait_shape_parks_every_task_reads_the_executor_then_signals_each(
+    bench_stack,
+):
+    """``--shape wait``: every task parks on its wait node (the executor read while they all
+    wait: its memory, and its CPU over the sampled seconds), then each is signalled once
+    and ends SUCCEEDED with the bench's payload."""
+    args = parser().parse_args(
+        ["--shape", "wait", "--tasks", "6", "--concurrency", "3", "--wait-seconds", "0.5"]
+    )
+    report = await measure(args, bench_stack)
+    check_report(report, 6, "wait")
+    parked = report["waiting"]
+    assert parked["tasks"] == 6
+    assert parked["executor_rss_mib_waiting"] > 0 and parked["executor_rss_mib_before"] > 0
+    assert isinstance(parked["executor_cpu_percent_waiting"], float)
+    assert any(line.startswith("waiting ") for line in render(report))
+
+
 async def test_submit_only_measures_acceptance_without_waiting(gateway_only):
     gateway = gateway_only.gateway
     target = Target([gateway.address], {"gateway": gateway.pid}, None, gateway_only.token)

@@ -217,3 +217,59 @@ def test_outputs_are_declared_bounded_and_read_by_the_actions_that_wait_for_them
     assert x.result_actions == ["open"] and x.sinks == ["tell"]
     assert catalogue.cells["y"].result_actions == ["a"]
     assert parse_catalogue(NOOP_CATALOGUE).cells["y"].actions[0].max_output_bytes == 65536
+
+
+WAIT = {"kind": "wait", "signal": "verdict", "timeout_seconds": 60}
+VERDICT = {"verdict": {"type": "string", "required": True}}
+
+
+def wait_cell(**action) -> dict:
+    return {"cells": {"r": {"fields": {}, "actions": {"w": {**WAIT, **action}}}}}
+
+
+def test_a_wait_action_names_its_signal_timeout_default_and_choices_as_its_output_declares():
+    [action] = (
+        parse_catalogue(
+            wait_cell(
+                on_timeout="succeed",
+                default_output={"verdict": "approved"},
+                output=VERDICT,
+                choices={"approve": {"verdict": "approved"}, "reject": {"verdict": "rejected"}},
+            )
+        )
+        .cells["r"]
+        .actions
+    )
+    assert (action.signal, action.timeout_seconds, action.on_timeout) == ("verdict", 60, "succeed")
+    assert action.default_output == {"verdict": "approved"}
+    assert [name for name, _ in action.choices] == ["approve", "reject"]
+    assert parse_catalogue(wait_cell()).cells["r"].actions[0].on_timeout == "fail"  # the default
+    assert "await_review" in load_catalogue().cells  # the example's review waits for a verdict
+
+
+@pytest.mark.parametrize(
+    ("action", "message"),
+    [
+        ({"signal": ""}, "actions.w.signal: a wait action needs a signal name"),
+        ({"timeout_seconds": 0}, "actions.w.timeout_seconds: a wait action needs a positive"),
+        ({"on_timeout": "retry"}, "actions.w.on_timeout: must be one of"),
+        ({"on_timeout": "succeed"}, "actions.w.default_output: must be a JSON object"),
+        (
+            {"on_timeout": "succeed", "default_output": {"verdict": 1}, "output": VERDICT},
+            "actions.w.default_output: verdict: must be string",
+        ),
+        ({"default_output": {}}, "actions.w.default_output: only with on_timeout: succeed"),
+        (
+            {"choices": {"approve": {}}, "output": VERDICT},
+            "actions.w.choices.approve: verdict: required",
+        ),
+    ],
+)
+def test_a_wait_action_without_what_it_needs_is_refused_at_load(action, message):
+    with pytest.raises(CatalogueError, match=message):
+        parse_catalogue(wait_cell(**action))
+
+
+def test_only_a_wait_action_has_a_signal():
+    with pytest.raises(CatalogueError, match="actions.a.signal: only a wait action has one"):
+        parse_catalogue({"cells": {"x": {"actions": {"a": {**HTTP, "signal": "s"}}}}})

@@ -343,6 +343,41 @@ async def test_a_cancelled_task_exits_1_for_submit_wait_and_watch(cli_env, downs
     assert again.returncode == 4 and "FAILED_PRECONDITION" in again.stderr
 
 
+async def test_tasks_signal_ends_a_wait_is_a_no_op_repeated_and_names_a_bad_field(cli_env):
+    submitted = json.loads(
+        (
+            await dispo(
+                cli_env,
+                "submit",
+                "-",
+                "--json",
+                stdin=submission("cli-w", {"cell": "review", "payload": {"name": "w"}}),
+            )
+        ).stdout
+    )
+    task_id = submitted["task_id"]
+    mistyped = await dispo(
+        cli_env, "tasks", "signal", task_id, "verdict", "--payload", '{"verdict": 1}'
+    )
+    assert mistyped.returncode == 4 and "payload: not as the wait declares" in mistyped.stderr
+    undeclared = await dispo(cli_env, "tasks", "signal", task_id, "approval")
+    assert undeclared.returncode == 4 and "signal: no wait node" in undeclared.stderr
+    not_json = await dispo(cli_env, "tasks", "signal", task_id, "verdict", "--payload", "{")
+    assert not_json.returncode == 2 and "--payload is not JSON" in not_json.stderr
+
+    args = ("tasks", "signal", task_id, "verdict", "--payload", '{"verdict": "approved"}')
+    sent = await dispo_json(cli_env, *args, "--signal-id", "cli-1")
+    assert sent == {"task_id": task_id, "signal_id": "cli-1", "duplicate": False}
+    again = await dispo(cli_env, *args, "--signal-id", "cli-1")
+    assert again.returncode == 0 and "duplicate" in again.stdout
+    shown = await eventually(
+        lambda: dispo_json(cli_env, "tasks", "show", task_id),
+        lambda reply: reply["task"]["status"] == "TASK_STATUS_SUCCEEDED",
+        wanted="the task SUCCEEDED",
+    )
+    assert shown["task"]["nodes"][0]["output"] == {"verdict": "approved"}
+
+
 async def test_a_file_of_requests_is_submitted_by_one_call_all_or_none(cli_env):
     many = json.dumps(
         {

@@ -393,3 +393,68 @@ def test_ci_runs_the_readme_commands():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert any(line.startswith(install) for line in ci), f"CI does not run {install!r}"
     assert test in ci, f"CI does not run {test!r}"
+
+
+@pytest.mark.timeout(300)
+async def test_the_waiting_guide_runs_twice_on_one_stack(tmp_path):
+    """docs/waiting.md's "Wait nodes" and "Signals", each section on its own, run as written
+    twice against `dispo up` with the example catalogue (gateway and executor): a review
+    waits, its verdict comes as a signal, and the owner is told it; a repeated signal is a
+    duplicate and an undeclared one is refused. No block has a key: a second run makes new
+    tasks, and meets nothing of the first."""
+    stack = Stack(tmp_path)
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
+    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
+    env["DISPO_CONSOLE_PORT"] = "0"
+    output = tmp_path / "up.out"
+    with open(output, "wb") as out:
+        up = subprocess.Popen(
+            [str(BIN / "dispo"), "up", "--services", "gateway,executor",
+             "--nats-port", str(free_port()), "--demo-port", str(stack.moved[DEMO])],
+            env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        def ready() -> bool:
+            assert up.poll() is None, output.read_text()
+            return "Ctrl-C stops everything" in output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+        if shutil.which("jq") is None:
+            pytest.skip("the guide picks ids with jq")
+        waits = sh_blocks(section("docs/waiting.md", "Wait nodes"))
+        signals = sh_blocks(section("docs/waiting.md", "Signals"))
+        assert len(waits) == 1 and len(signals) == 1 and not keyed(waits + signals)
+        for _ in range(2):
+            result = await shell(waits, exported, stack, "-e", "-o", "pipefail")
+            out = result.stdout + result.stderr
+            assert result.returncode == 0, out
+            assert (
+                '["TASK_STATUS_RUNNING",["NODE_STATUS_WAITING","NODE_STATUS_PENDING",'
+                '"NODE_STATUS_PENDING","NODE_STATUS_PENDING"]]' in out
+            ), out
+            assert "recorded" in out and "SUCCEEDED" in out, out
+
+            out = await run_blocks(signals, exported, stack)
+            assert out.count('"duplicate": true') == 1, out
+            assert '["NODE_STATUS_SUCCEEDED","NODE_STATUS_SUCCEEDED"]' in out, out
+            assert (
+                '{"message":"review of content-51: rejected (misleading title)",'
+                '"owner_id":"user-8"}' in out
+            ), out
+            assert "(declared: verdict)" in out, out
+    finally:
+        up.send_signal(signal.SIGINT)
+        await asyncio.to_thread(up.wait, 60)
+
+
+async def run_blocks(blocks: list[str], env: dict[str, str], stack: Stack) -> str:
+    """Blocks run whole: every call they say fails fails with the code they name, and no
+    other call fails; what they printed."""
+    result = await shell(blocks, env, stack)
+    out = result.stdout + result.stderr
+    assert result.returncode != 124, out  # timed out: a wait of it never ended
+    assert re.findall(r"^  Code: (\w+)$", out, re.M) == failures_foretold(blocks), out
+    return out

@@ -115,6 +115,7 @@ def test_the_declared_durables_are_those_the_services_consume_by_default():
         executor: (tasks.TASK_CREATE,),
         f"{executor}-cancel": (tasks.TASK_CANCEL,),
         f"{executor}-close": (tasks.TASK_CLOSE,),
+        f"{executor}-signal": (tasks.TASK_SIGNAL,),
         f"{reconciler}-claims": (tasks.TASK_CREATE,),
         f"{reconciler}-fail": (tasks.TASK_FAIL,),
         f"{reconciler}-demote": (tasks.TASK_DEMOTE,),

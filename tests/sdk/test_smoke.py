@@ -58,3 +58,27 @@ async def test_sync_client_submit_get_wait_list_count_and_errors(pipeline):
     assert {s: n for s, n in counts.items() if n} == {"SUCCEEDED": 1} and len(counts) == 7
     assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.violations == {"cells[0].cell": "unknown cell 'nope'"}
+
+
+async def test_sync_client_signals_a_waiting_task_by_its_key(pipeline):
+    """``Client.signal`` (the blocking client) names the task by business and idempotency
+    key; the signal's payload becomes the wait node's output, and a repeat is a duplicate."""
+
+    def use_sync_client():
+        with Client(pipeline.gateway.address, token=pipeline.token) as dispo:
+            task = dispo.submit("sync", [cell("review", name="s")], idempotency_key="review")
+            sent = dispo.signal(
+                "",
+                "verdict",
+                {"verdict": "approved"},
+                signal_id="r-1",
+                business="sync",
+                idempotency_key="review",
+            )
+            again = dispo.signal(task.task_id, "verdict", {"verdict": "approved"}, signal_id="r-1")
+            return task, sent, again, dispo.wait(task.task_id, timeout=30)
+
+    task, sent, again, done = await asyncio.to_thread(use_sync_client)
+    assert (sent.task_id, sent.duplicate, again.duplicate) == (task.task_id, False, True)
+    assert done.status == "SUCCEEDED"
+    assert done.node("review.verdict").output == {"verdict": "approved"}

@@ -19,6 +19,7 @@ PUBLIC = {
     "ProbeAnswer",
     "RetryableError",
     "RunContext",
+    "Signalled",
     "Submitted",
     "TERMINAL",
     "TaskEvent",

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dispo.tools.bench.waiting import waiting_text
+
 # Name of the load generator's own process in the CPU accounting.
 CLIENT = "bench-client"
 
@@ -314,6 +316,8 @@ def render(report: Mapping[str, Any]) -> list[str]:
             f"machine busy             {busy['busy_cores']} cores on average;"
             f" {busy['others_cpu_seconds']} CPU s by processes outside this run"
         )
+    if parked := report.get("waiting"):
+        lines.append(f"waiting                  {waiting_text(parked)}")
     if ceiling := report["postgres_commit_ceiling"]:
         tps = ", ".join(f"{c} client(s) {v:.0f}/s" for c, v in ceiling["tps_by_clients"].items())
         lines.append(f"PostgreSQL commit ceiling one-row INSERT per transaction: {tps}")

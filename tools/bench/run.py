@@ -40,7 +40,7 @@ from dispo.libs.db.roles import asyncpg_url
 from dispo.libs.eventloop import loop_factory
 from dispo.libs.settings import CommonSettings
 from dispo.sdk import AsyncClient, Client, DispoError, cell
-from dispo.tools.bench import ceiling, group_commits, load, machine
+from dispo.tools.bench import ceiling, group_commits, load, machine, waiting
 from dispo.tools.bench.report import (
     CLIENT,
     LoadFacts,
@@ -234,7 +234,9 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     try:
         # Warm-up: a few tasks through every gateway, finished before measuring.
         warm = load.Submitter(clients, f"{business}-warmup", lambda: [cell(cell_name)])
-        await load.saturate(warm, 4 * len(clients), len(clients))
+        warmed = await load.saturate(warm, 4 * len(clients), len(clients))
+        if shape.wait:  # its tasks end only once signalled
+            await waiting.signal_all(clients, [s.task_id for s in warmed.accepted])
         await load.outcomes(clients[0], warm.business, timeout=0 if args.submit_only else 120)
         ceiling_figures = None
         if args.ceiling_seconds > 0 and target.database_url:
@@ -245,6 +247,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         def cpu() -> dict[str, float]:
             return {**machine.tree_cpu_seconds(target.pids), CLIENT: machine.self_cpu_seconds()}
 
+        baseline = waiting.sample(waiting.executor_pids(target.pids))
         wal_before = await wal_position(target.database_url)
         groups_before = await group_commits.read(target.metrics)
         cpu_before, busy_before = cpu(), machine.busy_cpu_seconds()
@@ -259,6 +262,18 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
                 facts = await blocking_load(args, target, submitter)
             else:
                 facts = await load.saturate(submitter, args.tasks, args.concurrency, args.batch)
+        parked = None
+        if shape.wait:  # every task parked, the executor read while they wait, then signalled
+            parked = await waiting.waiting_phase(
+                clients,
+                business,
+                [s.task_id for s in facts.accepted],
+                target.pids,
+                baseline,
+                args.wait_seconds,
+                args.timeout,
+            )
+            print(waiting.waiting_text(parked), file=sys.stderr)
         # Submit-only: the tasks as they are once every Submit is answered, no waiting.
         wait = 0 if args.submit_only else args.timeout
         outcomes = await load.outcomes(clients[0], business, timeout=wait)
@@ -272,7 +287,7 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     finally:
         for client in clients:
             await client.close()
-    return build_report(
+    report = build_report(
         created=stamp.isoformat(timespec="seconds"),
         machine=machine.describe(),
         config=_config(args, shape, cell_name),
@@ -291,6 +306,9 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         if target.metrics
         else None,
     )
+    if parked is not None:
+        report["waiting"] = parked
+    return report
 
 
 async def blocking_load(
@@ -405,6 +423,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", choices=sorted(SHAPES), default="noop", help="the workload")
     p.add_argument("--cell", default="", help="submit this cell instead of the shape's")
     p.add_argument("--tasks", type=int, default=1000, help="tasks to submit")
+    p.add_argument(
+        "--wait-seconds",
+        type=float,
+        default=10.0,
+        help="the wait shape: seconds the executor is read while every task waits",
+    )
     p.add_argument(
         "--concurrency", type=int, default=32, help="Submits in flight (saturation mode)"
     )

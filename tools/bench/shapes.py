@@ -11,7 +11,10 @@
   ``http``;
 - ``worker``: the three-node DAG of worker actions on one queue (ADR-0099), served by the
   bench's own workers (:mod:`dispo.tools.bench.worker`, processes of their own the bench
-  starts), each run answered at once with a small output.
+  starts), each run answered at once with a small output;
+- ``wait``: one wait node (ADR-0102): every task submitted parks, the executor's memory and
+  CPU are read while they all wait, then each is signalled once and ends
+  (:mod:`dispo.tools.bench.waiting`).
 
 A bench that starts its own stack writes :func:`catalogue_yaml` to a file and names it in
 ``DISPO_CATALOGUE``; against a running stack only ``noop`` exists (the shipped catalogue).
@@ -31,6 +34,8 @@ class Shape:
     http: bool = False
     # Runs on the bench's workers (needs the bench catalogue and the worker processes).
     worker: bool = False
+    # Parks on a wait node until the bench signals it.
+    wait: bool = False
 
 
 SHAPES = {
@@ -40,6 +45,7 @@ SHAPES = {
     "mixed": Shape("mixed", "bench_mixed3", 3, http=True),
     "outputs": Shape("outputs", "bench_outputs3", 3, http=True),
     "worker": Shape("worker", "bench_worker3", 3, worker=True),
+    "wait": Shape("wait", "bench_wait1", 1, wait=True),
 }
 
 # The queue of the ``worker`` shape's actions, which the bench's workers serve.
@@ -98,6 +104,11 @@ cells:
       a: {{kind: worker, queue: {queue}, idempotent: true}}
       b: {{kind: worker, queue: {queue}, idempotent: true, depends_on: [a]}}
       c: {{kind: worker, queue: {queue}, idempotent: true, depends_on: [a]}}
+  bench_wait1:
+    description: One wait node, parked until the bench signals it.
+    fields: {{}}
+    actions:
+      wait: {{kind: wait, signal: go, timeout_seconds: 86400, output: {{ok: boolean}}}}
 """
 
 

@@ -47,7 +47,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 tasks_app = typer.Typer(
-    help="The gateway's tasks: list, count, show, events, watch, cancel.", no_args_is_help=True
+    help="The gateway's tasks: list, count, show, events, watch, signal, cancel.",
+    no_args_is_help=True,
 )
 
 _SUBMIT_KEYS = {"business", "cells", "idempotency_key", "callback_url"}
@@ -61,6 +62,7 @@ _STYLES = {
     "DEMOTED": "yellow",
     "RETRY_EXHAUSTED": "yellow",
     "RUNNING": "cyan",
+    "WAITING": "blue",
 }
 
 
@@ -497,6 +499,40 @@ def watch(
                     last = view
                     live.update(task_picture(view), refresh=True)
     raise typer.Exit(_final_code(last) if last is not None and last.status in TERMINAL else OK)
+
+
+@tasks_app.command()
+def signal(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="the task's id")],
+    name: Annotated[str, typer.Argument(metavar="SIGNAL", help="the signal's name")],
+    payload: Annotated[
+        str, typer.Option("--payload", help="the payload: a JSON object (default {})")
+    ] = "{}",
+    signal_id: Annotated[
+        str, typer.Option("--signal-id", help="your id of the signal: a repeat is a no-op")
+    ] = "",
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Send a signal to a task's wait nodes: the payload becomes the output of the node
+    waiting for it (docs/waiting.md)."""
+    try:
+        value = json.loads(payload)
+    except ValueError as error:
+        usage(f"--payload is not JSON: {error}")
+    if not isinstance(value, dict):
+        usage("--payload must be a JSON object")
+    with target(ctx).client() as client:
+        sent = client.signal(task_id, name, value, signal_id=signal_id)
+    if as_json:
+        emit_json(
+            gateway_pb2.SignalTaskResponse(
+                task_id=sent.task_id, signal_id=sent.signal_id, duplicate=sent.duplicate
+            )
+        )
+    else:
+        said = "duplicate: already recorded, nothing changed" if sent.duplicate else "recorded"
+        out.print(f"{sent.task_id}  signal {name} {sent.signal_id}  {said}", highlight=False)
 
 
 @tasks_app.command()

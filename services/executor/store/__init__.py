@@ -9,6 +9,7 @@ task is a list of one (River's ``JobSetStateIfRunningMany``).
 - :mod:`.worker_runs`: worker runs offered, taken, completed (ADR-0099);
 - :mod:`.queues`: when each worker was last seen on each queue, what each queue has
   (ADR-0101);
+- :mod:`.signals`: the signals a task was sent, kept until a waiting node takes one;
 - :mod:`.rows`: what a row reads as.
 
 The rules: every move is checked against ``NODE_TRANSITIONS`` / ``TASK_TRANSITIONS``

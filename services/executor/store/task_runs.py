@@ -183,6 +183,26 @@ async def tasks_set_generation_if_newer_many(conn: Conn, envs: Sequence[task_pb2
         )
 
 
+async def tasks_resume_if_idle_many(
+    conn: Conn, task_ids: Sequence[str], now: datetime
+) -> dict[str, int]:
+    """A new generation for each task RUNNING with no live lease (parked WAITING, ADR-0102),
+    so the task.create that resumes it is a message of its own; returns the tasks bumped,
+    each with its new generation (one with a live pass is not: that pass reads its nodes
+    again at its next step)."""
+    if not task_ids:
+        return {}
+    TASK_TRANSITIONS.check(TaskState.RUNNING, TaskState.RUNNING)
+    rows = await conn.fetch(
+        "UPDATE task_runs SET generation = generation + 1, updated_at = :now"
+        " WHERE task_id = ANY(CAST(:ids AS text[])) AND status = :running"
+        " AND envelope IS NOT NULL AND (lease_owner IS NULL OR lease_until <= :now)"
+        " RETURNING task_id, generation",
+        {"ids": sorted(set(task_ids)), "now": now, "running": TaskState.RUNNING.value},
+    )
+    return {row.task_id: row.generation for row in rows}
+
+
 async def leases_extend_many(
     conn: Conn, leases: Sequence[tuple[str, str]], now: datetime, ttl: float
 ) -> set[tuple[str, str]]:

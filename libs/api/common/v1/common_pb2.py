@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64ispo/common/v1/common.proto\x12\x0f\x64ispo.common.v1\"\x82\x01\n\x07Payload\x12\x38\n\x08metadata\x18\x01 \x03(\x0b\x32&.dispo.common.v1.Payload.MetadataEntry\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"4\n\x0bPageRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\'\n\x0cPageResponse\x12\x17\n\x0fnext_page_token\x18\x01 \x01(\t*\xe4\x01\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TASK_STATUS_ACCEPTED\x10\x01\x12\x17\n\x13TASK_STATUS_RUNNING\x10\x02\x12\x19\n\x15TASK_STATUS_SUCCEEDED\x10\x03\x12\x16\n\x12TASK_STATUS_FAILED\x10\x04\x12\x19\n\x15TASK_STATUS_CANCELLED\x10\x05\x12\x1f\n\x1bTASK_STATUS_RETRY_EXHAUSTED\x10\x06\x12\x17\n\x13TASK_STATUS_DEMOTED\x10\x07*\xfe\x01\n\nNodeStatus\x12\x1b\n\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13NODE_STATUS_PENDING\x10\x01\x12\x17\n\x13NODE_STATUS_RUNNING\x10\x02\x12\x19\n\x15NODE_STATUS_SUCCEEDED\x10\x03\x12\x16\n\x12NODE_STATUS_FAILED\x10\x04\x12\x17\n\x13NODE_STATUS_UNKNOWN\x10\x05\x12!\n\x1dNODE_STATUS_DEPENDENCY_FAILED\x10\x06\x12\x17\n\x13NODE_STATUS_DEMOTED\x10\x07\x12\x19\n\x15NODE_STATUS_CANCELLED\x10\x08*=\n\x04Line\x12\x14\n\x10LINE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bLINE_FORMAL\x10\x01\x12\x0e\n\nLINE_TRIAL\x10\x02*Y\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x10\n\x0cVERDICT_FAIL\x10\x02\x12\x11\n\rVERDICT_ERROR\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64ispo/common/v1/common.proto\x12\x0f\x64ispo.common.v1\"\x82\x01\n\x07Payload\x12\x38\n\x08metadata\x18\x01 \x03(\x0b\x32&.dispo.common.v1.Payload.MetadataEntry\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"4\n\x0bPageRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\'\n\x0cPageResponse\x12\x17\n\x0fnext_page_token\x18\x01 \x01(\t*\xe4\x01\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TASK_STATUS_ACCEPTED\x10\x01\x12\x17\n\x13TASK_STATUS_RUNNING\x10\x02\x12\x19\n\x15TASK_STATUS_SUCCEEDED\x10\x03\x12\x16\n\x12TASK_STATUS_FAILED\x10\x04\x12\x19\n\x15TASK_STATUS_CANCELLED\x10\x05\x12\x1f\n\x1bTASK_STATUS_RETRY_EXHAUSTED\x10\x06\x12\x17\n\x13TASK_STATUS_DEMOTED\x10\x07*\x97\x02\n\nNodeStatus\x12\x1b\n\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13NODE_STATUS_PENDING\x10\x01\x12\x17\n\x13NODE_STATUS_RUNNING\x10\x02\x12\x19\n\x15NODE_STATUS_SUCCEEDED\x10\x03\x12\x16\n\x12NODE_STATUS_FAILED\x10\x04\x12\x17\n\x13NODE_STATUS_UNKNOWN\x10\x05\x12!\n\x1dNODE_STATUS_DEPENDENCY_FAILED\x10\x06\x12\x17\n\x13NODE_STATUS_DEMOTED\x10\x07\x12\x19\n\x15NODE_STATUS_CANCELLED\x10\x08\x12\x17\n\x13NODE_STATUS_WAITING\x10\t*=\n\x04Line\x12\x14\n\x10LINE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bLINE_FORMAL\x10\x01\x12\x0e\n\nLINE_TRIAL\x10\x02*Y\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x10\n\x0cVERDICT_FAIL\x10\x02\x12\x11\n\rVERDICT_ERROR\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASKSTATUS']._serialized_start=278
   _globals['_TASKSTATUS']._serialized_end=506
   _globals['_NODESTATUS']._serialized_start=509
-  _globals['_NODESTATUS']._serialized_end=763
-  _globals['_LINE']._serialized_start=765
-  _globals['_LINE']._serialized_end=826
-  _globals['_VERDICT']._serialized_start=828
-  _globals['_VERDICT']._serialized_end=917
+  _globals['_NODESTATUS']._serialized_end=788
+  _globals['_LINE']._serialized_start=790
+  _globals['_LINE']._serialized_end=851
+  _globals['_VERDICT']._serialized_start=853
+  _globals['_VERDICT']._serialized_end=942
   _globals['_PAYLOAD']._serialized_start=50
   _globals['_PAYLOAD']._serialized_end=180
   _globals['_PAYLOAD_METADATAENTRY']._serialized_start=133

@@ -87,6 +87,10 @@ class _NodeStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NodeStatus
     """Its downstream is degraded; parked."""
     NODE_STATUS_CANCELLED: _NodeStatus.ValueType  # 8
     """A caller cancelled the task before this node started."""
+    NODE_STATUS_WAITING: _NodeStatus.ValueType  # 9
+    """A wait node parked until its signal arrives (SignalTask) or its timeout passes; it
+    holds no executor slot, lease or connection while it waits.
+    """
 
 class NodeStatus(_NodeStatus, metaclass=_NodeStatusEnumTypeWrapper):
     """Lifecycle of one node (one action run) of a task's DAG."""
@@ -109,6 +113,10 @@ NODE_STATUS_DEMOTED: NodeStatus.ValueType  # 7
 """Its downstream is degraded; parked."""
 NODE_STATUS_CANCELLED: NodeStatus.ValueType  # 8
 """A caller cancelled the task before this node started."""
+NODE_STATUS_WAITING: NodeStatus.ValueType  # 9
+"""A wait node parked until its signal arrives (SignalTask) or its timeout passes; it
+holds no executor slot, lease or connection while it waits.
+"""
 Global___NodeStatus: _TypeAlias = NodeStatus  # noqa: Y015
 
 class _Line:

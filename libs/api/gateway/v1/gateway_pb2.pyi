@@ -106,6 +106,8 @@ class _ActionKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ActionKind
     """Succeed at once (benchmarks, examples)."""
     ACTION_KIND_WORKER: _ActionKind.ValueType  # 3
     """Offered on a queue and run by a worker process (docs/workers.md)."""
+    ACTION_KIND_WAIT: _ActionKind.ValueType  # 4
+    """Waits for a signal (SignalTask) or its timeout (docs/waiting.md)."""
 
 class ActionKind(_ActionKind, metaclass=_ActionKindEnumTypeWrapper):
     """What one catalogue action does."""
@@ -118,6 +120,8 @@ ACTION_KIND_NOOP: ActionKind.ValueType  # 2
 """Succeed at once (benchmarks, examples)."""
 ACTION_KIND_WORKER: ActionKind.ValueType  # 3
 """Offered on a queue and run by a worker process (docs/workers.md)."""
+ACTION_KIND_WAIT: ActionKind.ValueType  # 4
+"""Waits for a signal (SignalTask) or its timeout (docs/waiting.md)."""
 Global___ActionKind: _TypeAlias = ActionKind  # noqa: Y015
 
 @_typing.final
@@ -748,6 +752,89 @@ class CancelTaskResponse(_message.Message):
 Global___CancelTaskResponse: _TypeAlias = CancelTaskResponse  # noqa: Y015
 
 @_typing.final
+class SignalTaskRequest(_message.Message):
+    """A signal to a task's wait nodes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    SIGNAL_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task: its id, or business + idempotency_key (as submitted)."""
+    business: _builtins.str
+    """With idempotency_key, the task submitted under that key (when task_id is empty)."""
+    idempotency_key: _builtins.str
+    """With business, the task submitted under that key (when task_id is empty)."""
+    signal: _builtins.str
+    """Required: the signal's name, as a wait action of the task declares it."""
+    payload_json: _builtins.bytes
+    """As exact UTF-8 JSON bytes (the SDK's form)."""
+    signal_id: _builtins.str
+    """The caller's id of this signal, at most 128 characters: a repeated one is a no-op
+    answered `duplicate`. Empty: the gateway makes one (the signal is then never a
+    duplicate).
+    """
+    @_builtins.property
+    def payload(self) -> _struct_pb2.Struct:
+        """As a Struct (its integral numbers become integers again)."""
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        business: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+        signal: _builtins.str = ...,
+        payload: _struct_pb2.Struct | None = ...,
+        payload_json: _builtins.bytes = ...,
+        signal_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "payload", b"payload", "payload_json", b"payload_json"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "business", b"business", "idempotency_key", b"idempotency_key", "payload", b"payload", "payload_json", b"payload_json", "signal", b"signal", "signal_id", b"signal_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["payload", "payload_json"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___SignalTaskRequest: _TypeAlias = SignalTaskRequest  # noqa: Y015
+
+@_typing.final
+class SignalTaskResponse(_message.Message):
+    """What SignalTask answers once the signal is durably recorded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_ID_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task signalled."""
+    signal_id: _builtins.str
+    """The signal's id (the caller's, or the one the gateway made)."""
+    duplicate: _builtins.bool
+    """True when this signal_id was recorded before: nothing changed."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        signal_id: _builtins.str = ...,
+        duplicate: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "signal_id", b"signal_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalTaskResponse: _TypeAlias = SignalTaskResponse  # noqa: Y015
+
+@_typing.final
 class WatchTaskRequest(_message.Message):
     """Which task WatchTask follows."""
 
@@ -982,6 +1069,32 @@ class ListCellsRequest(_message.Message):
 Global___ListCellsRequest: _TypeAlias = ListCellsRequest  # noqa: Y015
 
 @_typing.final
+class SignalChoice(_message.Message):
+    """A named choice a wait action offers (the console's buttons): the payload it signals."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The choice's name, e.g. "approve"."""
+    payload_json: _builtins.bytes
+    """The payload the choice sends, as canonical JSON."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        payload_json: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "payload_json", b"payload_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalChoice: _TypeAlias = SignalChoice  # noqa: Y015
+
+@_typing.final
 class CellField(_message.Message):
     """One field a cell's payload may carry."""
 
@@ -1027,6 +1140,10 @@ class CellAction(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     MAX_OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    ON_TIMEOUT_FIELD_NUMBER: _builtins.int
+    CHOICES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The action's name within its cell, e.g. "set_label"."""
     kind: Global___ActionKind.ValueType
@@ -1051,6 +1168,14 @@ class CellAction(_message.Message):
     """The largest output it may record, in bytes of canonical JSON; a larger answer fails
     its node.
     """
+    signal: _builtins.str
+    """A wait action's signal name (empty for the other kinds)."""
+    timeout_seconds: _builtins.int
+    """A wait action's timeout in seconds."""
+    on_timeout: _builtins.str
+    """What a wait action's timeout does: `fail` (its node FAILED) or `succeed` (SUCCEEDED
+    with its declared default output).
+    """
     @_builtins.property
     def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Names of actions of the same cell that must succeed before this one runs."""
@@ -1061,6 +1186,10 @@ class CellAction(_message.Message):
         against them when it is recorded, and a reference to another field of it is refused at
         Submit. Empty: any output.
         """
+
+    @_builtins.property
+    def choices(self) -> _containers.RepeatedCompositeFieldContainer[Global___SignalChoice]:
+        """A wait action's named choices (e.g. approve / reject), each with its payload."""
 
     def __init__(
         self,
@@ -1075,10 +1204,14 @@ class CellAction(_message.Message):
         queue: _builtins.str = ...,
         output: _abc.Iterable[_task_pb2.OutputField] | None = ...,
         max_output_bytes: _builtins.int = ...,
+        signal: _builtins.str = ...,
+        timeout_seconds: _builtins.int = ...,
+        on_timeout: _builtins.str = ...,
+        choices: _abc.Iterable[Global___SignalChoice] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["depends_on", b"depends_on", "downstream", b"downstream", "has_probe", b"has_probe", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "max_output_bytes", b"max_output_bytes", "name", b"name", "output", b"output", "queue", b"queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["choices", b"choices", "depends_on", b"depends_on", "downstream", b"downstream", "has_probe", b"has_probe", "idempotent", b"idempotent", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "max_output_bytes", b"max_output_bytes", "name", b"name", "on_timeout", b"on_timeout", "output", b"output", "queue", b"queue", "signal", b"signal", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

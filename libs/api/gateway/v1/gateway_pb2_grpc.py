@@ -72,6 +72,11 @@ class GatewayServiceStub:
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskResponse.FromString,
                 _registered_method=True)
+        self.SignalTask = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/SignalTask',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SignalTaskRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SignalTaskResponse.FromString,
+                _registered_method=True)
         self.WatchTask = channel.unary_stream(
                 '/dispo.gateway.v1.GatewayService/WatchTask',
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.WatchTaskRequest.SerializeToString,
@@ -184,6 +189,19 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SignalTask(self, request, context):
+        """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
+        of the node waiting for `signal` and its dependants run; a signal that comes before the
+        node waits is kept until it does. A repeated signal_id is answered `duplicate` and
+        changes nothing. INVALID_ARGUMENT naming `signal` when no wait action of the task
+        declares it, naming `payload` when the payload is not as the action declares its output
+        (or over its max_output_bytes); FAILED_PRECONDITION when the task has ended. Callers:
+        admin, a business token (its own tasks; another's is NOT_FOUND, as for GetTask).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchTask(self, request, context):
         """A server stream: the task now, then the task at every change its view records (a
         running task's progress at most once per the executor's progress interval, its end at
@@ -254,6 +272,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskRequest.FromString,
                     response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskResponse.SerializeToString,
+            ),
+            'SignalTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignalTask,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SignalTaskRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SignalTaskResponse.SerializeToString,
             ),
             'WatchTask': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchTask,
@@ -463,6 +486,33 @@ class GatewayService:
             '/dispo.gateway.v1.GatewayService/CancelTask',
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskRequest.SerializeToString,
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignalTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/SignalTask',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.SignalTaskRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.SignalTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -101,6 +101,15 @@ class GatewayServiceStub:
     task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
     admin, a business token (its own tasks).
     """
+    SignalTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SignalTaskRequest, _gateway_pb2.SignalTaskResponse]
+    """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
+    of the node waiting for `signal` and its dependants run; a signal that comes before the
+    node waits is kept until it does. A repeated signal_id is answered `duplicate` and
+    changes nothing. INVALID_ARGUMENT naming `signal` when no wait action of the task
+    declares it, naming `payload` when the payload is not as the action declares its output
+    (or over its max_output_bytes); FAILED_PRECONDITION when the task has ended. Callers:
+    admin, a business token (its own tasks; another's is NOT_FOUND, as for GetTask).
+    """
     WatchTask: _grpc.UnaryStreamMultiCallable[_gateway_pb2.WatchTaskRequest, _gateway_pb2.WatchTaskResponse]
     """A server stream: the task now, then the task at every change its view records (a
     running task's progress at most once per the executor's progress interval, its end at
@@ -191,6 +200,15 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
     task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
     admin, a business token (its own tasks).
+    """
+    SignalTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SignalTaskRequest, _gateway_pb2.SignalTaskResponse]  # type: ignore[assignment]
+    """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
+    of the node waiting for `signal` and its dependants run; a signal that comes before the
+    node waits is kept until it does. A repeated signal_id is answered `duplicate` and
+    changes nothing. INVALID_ARGUMENT naming `signal` when no wait action of the task
+    declares it, naming `payload` when the payload is not as the action declares its output
+    (or over its max_output_bytes); FAILED_PRECONDITION when the task has ended. Callers:
+    admin, a business token (its own tasks; another's is NOT_FOUND, as for GetTask).
     """
     WatchTask: _aio.UnaryStreamMultiCallable[_gateway_pb2.WatchTaskRequest, _gateway_pb2.WatchTaskResponse]  # type: ignore[assignment]
     """A server stream: the task now, then the task at every change its view records (a
@@ -321,6 +339,21 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
         task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
         admin, a business token (its own tasks).
+        """
+
+    @_abc_1.abstractmethod
+    def SignalTask(
+        self,
+        request: _gateway_pb2.SignalTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.SignalTaskResponse, _abc.Awaitable[_gateway_pb2.SignalTaskResponse]]:
+        """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
+        of the node waiting for `signal` and its dependants run; a signal that comes before the
+        node waits is kept until it does. A repeated signal_id is answered `duplicate` and
+        changes nothing. INVALID_ARGUMENT naming `signal` when no wait action of the task
+        declares it, naming `payload` when the payload is not as the action declares its output
+        (or over its max_output_bytes); FAILED_PRECONDITION when the task has ended. Callers:
+        admin, a business token (its own tasks; another's is NOT_FOUND, as for GetTask).
         """
 
     @_abc_1.abstractmethod

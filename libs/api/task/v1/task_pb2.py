@@ -26,7 +26,7 @@ from dispo.libs.api.common.v1 import common_pb2 as dispo_dot_common_dot_v1_dot_c
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64ispo/task/v1/task.proto\x12\rdispo.task.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x02\n\nActionSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\ndownstream\x18\x02 \x01(\t\x12\x0e\n\x06method\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x12\n\nprobe_path\x18\x05 \x01(\t\x12\x12\n\nidempotent\x18\x06 \x01(\x08\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x05\x12\x1a\n\x12max_effect_seconds\x18\x08 \x01(\x05\x12\x18\n\x10max_output_bytes\x18\t \x01(\x05\x12\x31\n\routput_fields\x18\n \x03(\x0b\x32\x1a.dispo.task.v1.OutputField\x12\x0e\n\x06inputs\x18\x0b \x03(\t\x12\r\n\x05queue\x18\x0c \x01(\t\";\n\x0bOutputField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\"y\n\nRetryState\x12\x10\n\x08\x61ttempts\x18\x01 \x01(\x05\x12\x16\n\x0eround_attempts\x18\x02 \x01(\x05\x12.\n\nnot_before\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tretryable\x18\x04 \x01(\x08\"\xbc\x03\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08\x63\x65ll_ref\x18\x02 \x01(\t\x12\x0c\n\x04\x63\x65ll\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12+\n\x06status\x18\x06 \x01(\x0e\x32\x1b.dispo.common.v1.NodeStatus\x12\'\n\x04spec\x18\x07 \x01(\x0b\x32\x19.dispo.task.v1.ActionSpec\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12(\n\x05retry\x18\t \x01(\x0b\x32\x19.dispo.task.v1.RetryState\x12\x12\n\nlast_error\x18\n \x01(\t\x12.\n\nstarted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x06output\x18\r \x01(\x0b\x32\x18.dispo.common.v1.Payload\x12\x14\n\x0coutput_bytes\x18\x0e \x01(\x05\x12\x11\n\tin_result\x18\x0f \x01(\x08\"5\n\x07Redrive\x12\x13\n\x0breset_nodes\x18\x01 \x03(\t\x12\x15\n\rsettled_nodes\x18\x02 \x03(\t\"\xd5\x04\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08\x62usiness\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61llback_url\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ngeneration\x18\x06 \x01(\x03\x12+\n\x06status\x18\x07 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\x18\n\x10\x63\x61ncel_requested\x18\x08 \x01(\x08\x12\x33\n\x08payloads\x18\x0e \x03(\x0b\x32!.dispo.task.v1.Task.PayloadsEntry\x12\"\n\x05nodes\x18\n \x03(\x0b\x32\x13.dispo.task.v1.Node\x12\x0f\n\x07version\x18\x0b \x01(\x03\x12\x15\n\rstatus_reason\x18\x0c \x01(\t\x12.\n\nupdated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x07redrive\x18\x0f \x01(\x0b\x32\x16.dispo.task.v1.Redrive\x12(\n\x06result\x18\x10 \x01(\x0b\x32\x18.dispo.common.v1.Payload\x12\x1b\n\x13outputs_unavailable\x18\x11 \x01(\x08\x1aI\n\rPayloadsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.dispo.common.v1.Payload:\x02\x38\x01J\x04\x08\t\x10\n\"\x81\x01\n\x0c\x43loseRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12\x0f\n\x07version\x18\x05 \x01(\x03\"R\n\rCancelRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\x0crequested_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64ispo/task/v1/task.proto\x12\rdispo.task.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe5\x02\n\nActionSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\ndownstream\x18\x02 \x01(\t\x12\x0e\n\x06method\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x12\n\nprobe_path\x18\x05 \x01(\t\x12\x12\n\nidempotent\x18\x06 \x01(\x08\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x05\x12\x1a\n\x12max_effect_seconds\x18\x08 \x01(\x05\x12\x18\n\x10max_output_bytes\x18\t \x01(\x05\x12\x31\n\routput_fields\x18\n \x03(\x0b\x32\x1a.dispo.task.v1.OutputField\x12\x0e\n\x06inputs\x18\x0b \x03(\t\x12\r\n\x05queue\x18\x0c \x01(\t\x12\x0e\n\x06signal\x18\r \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x0e \x01(\x05\x12\x12\n\non_timeout\x18\x0f \x01(\t\x12\x16\n\x0e\x64\x65\x66\x61ult_output\x18\x10 \x01(\x0c\";\n\x0bOutputField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\"y\n\nRetryState\x12\x10\n\x08\x61ttempts\x18\x01 \x01(\x05\x12\x16\n\x0eround_attempts\x18\x02 \x01(\x05\x12.\n\nnot_before\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tretryable\x18\x04 \x01(\x08\"\xbc\x03\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08\x63\x65ll_ref\x18\x02 \x01(\t\x12\x0c\n\x04\x63\x65ll\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x12\n\ndepends_on\x18\x05 \x03(\t\x12+\n\x06status\x18\x06 \x01(\x0e\x32\x1b.dispo.common.v1.NodeStatus\x12\'\n\x04spec\x18\x07 \x01(\x0b\x32\x19.dispo.task.v1.ActionSpec\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12(\n\x05retry\x18\t \x01(\x0b\x32\x19.dispo.task.v1.RetryState\x12\x12\n\nlast_error\x18\n \x01(\t\x12.\n\nstarted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x06output\x18\r \x01(\x0b\x32\x18.dispo.common.v1.Payload\x12\x14\n\x0coutput_bytes\x18\x0e \x01(\x05\x12\x11\n\tin_result\x18\x0f \x01(\x08\"5\n\x07Redrive\x12\x13\n\x0breset_nodes\x18\x01 \x03(\t\x12\x15\n\rsettled_nodes\x18\x02 \x03(\t\"\xd5\x04\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08\x62usiness\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61llback_url\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ngeneration\x18\x06 \x01(\x03\x12+\n\x06status\x18\x07 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\x18\n\x10\x63\x61ncel_requested\x18\x08 \x01(\x08\x12\x33\n\x08payloads\x18\x0e \x03(\x0b\x32!.dispo.task.v1.Task.PayloadsEntry\x12\"\n\x05nodes\x18\n \x03(\x0b\x32\x13.dispo.task.v1.Node\x12\x0f\n\x07version\x18\x0b \x01(\x03\x12\x15\n\rstatus_reason\x18\x0c \x01(\t\x12.\n\nupdated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x07redrive\x18\x0f \x01(\x0b\x32\x16.dispo.task.v1.Redrive\x12(\n\x06result\x18\x10 \x01(\x0b\x32\x18.dispo.common.v1.Payload\x12\x1b\n\x13outputs_unavailable\x18\x11 \x01(\x08\x1aI\n\rPayloadsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.dispo.common.v1.Payload:\x02\x38\x01J\x04\x08\t\x10\n\"\x81\x01\n\x0c\x43loseRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.dispo.common.v1.TaskStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12\x0f\n\x07version\x18\x05 \x01(\x03\"\x9b\x01\n\rSignalRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06signal\x18\x02 \x01(\t\x12\x11\n\tsignal_id\x18\x03 \x01(\t\x12)\n\x07payload\x18\x04 \x01(\x0b\x32\x18.dispo.common.v1.Payload\x12+\n\x07sent_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"R\n\rCancelRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\x0crequested_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,21 +36,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASK_PAYLOADSENTRY']._loaded_options = None
   _globals['_TASK_PAYLOADSENTRY']._serialized_options = b'8\001'
   _globals['_ACTIONSPEC']._serialized_start=107
-  _globals['_ACTIONSPEC']._serialized_end=379
-  _globals['_OUTPUTFIELD']._serialized_start=381
-  _globals['_OUTPUTFIELD']._serialized_end=440
-  _globals['_RETRYSTATE']._serialized_start=442
-  _globals['_RETRYSTATE']._serialized_end=563
-  _globals['_NODE']._serialized_start=566
-  _globals['_NODE']._serialized_end=1010
-  _globals['_REDRIVE']._serialized_start=1012
-  _globals['_REDRIVE']._serialized_end=1065
-  _globals['_TASK']._serialized_start=1068
-  _globals['_TASK']._serialized_end=1665
-  _globals['_TASK_PAYLOADSENTRY']._serialized_start=1586
-  _globals['_TASK_PAYLOADSENTRY']._serialized_end=1659
-  _globals['_CLOSEREQUEST']._serialized_start=1668
-  _globals['_CLOSEREQUEST']._serialized_end=1797
-  _globals['_CANCELREQUEST']._serialized_start=1799
-  _globals['_CANCELREQUEST']._serialized_end=1881
+  _globals['_ACTIONSPEC']._serialized_end=464
+  _globals['_OUTPUTFIELD']._serialized_start=466
+  _globals['_OUTPUTFIELD']._serialized_end=525
+  _globals['_RETRYSTATE']._serialized_start=527
+  _globals['_RETRYSTATE']._serialized_end=648
+  _globals['_NODE']._serialized_start=651
+  _globals['_NODE']._serialized_end=1095
+  _globals['_REDRIVE']._serialized_start=1097
+  _globals['_REDRIVE']._serialized_end=1150
+  _globals['_TASK']._serialized_start=1153
+  _globals['_TASK']._serialized_end=1750
+  _globals['_TASK_PAYLOADSENTRY']._serialized_start=1671
+  _globals['_TASK_PAYLOADSENTRY']._serialized_end=1744
+  _globals['_CLOSEREQUEST']._serialized_start=1753
+  _globals['_CLOSEREQUEST']._serialized_end=1882
+  _globals['_SIGNALREQUEST']._serialized_start=1885
+  _globals['_SIGNALREQUEST']._serialized_end=2040
+  _globals['_CANCELREQUEST']._serialized_start=2042
+  _globals['_CANCELREQUEST']._serialized_end=2124
 # @@protoc_insertion_point(module_scope)

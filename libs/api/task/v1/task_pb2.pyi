@@ -58,10 +58,15 @@ class ActionSpec(_message.Message):
     OUTPUT_FIELDS_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    ON_TIMEOUT_FIELD_NUMBER: _builtins.int
+    DEFAULT_OUTPUT_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     """`http` (call the downstream), `noop` (succeed at once; benchmarks, examples) or
     `worker` (a run offered on `queue`, taken and completed by a worker process over
-    dispo.executor.v1.WorkerService; docs/workers.md).
+    dispo.executor.v1.WorkerService; docs/workers.md) or `wait` (parked WAITING until the
+    signal `signal` arrives or `timeout_seconds` pass; docs/waiting.md).
     """
     downstream: _builtins.str
     """Name of the downstream in the executor's registry (empty for noop)."""
@@ -102,6 +107,18 @@ class ActionSpec(_message.Message):
     """
     queue: _builtins.str
     """The queue a `worker` action's runs are offered on (empty for the other kinds)."""
+    signal: _builtins.str
+    """A `wait` action's signal name: a SignalTask naming it becomes the node's output."""
+    timeout_seconds: _builtins.int
+    """A `wait` action's timeout, in seconds from the moment its node starts waiting."""
+    on_timeout: _builtins.str
+    """What a `wait` node's timeout does: `fail` (FAILED, "no signal within N s") or `succeed`
+    (SUCCEEDED with `default_output`).
+    """
+    default_output: _builtins.bytes
+    """The output a `wait` node records when it times out with `on_timeout: succeed`
+    (canonical JSON).
+    """
     @_builtins.property
     def output_fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputField]:
         """The output fields the catalogue declares for this action (name and JSON type): an
@@ -130,10 +147,14 @@ class ActionSpec(_message.Message):
         output_fields: _abc.Iterable[Global___OutputField] | None = ...,
         inputs: _abc.Iterable[_builtins.str] | None = ...,
         queue: _builtins.str = ...,
+        signal: _builtins.str = ...,
+        timeout_seconds: _builtins.int = ...,
+        on_timeout: _builtins.str = ...,
+        default_output: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["downstream", b"downstream", "idempotent", b"idempotent", "inputs", b"inputs", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "max_output_bytes", b"max_output_bytes", "method", b"method", "output_fields", b"output_fields", "path", b"path", "probe_path", b"probe_path", "queue", b"queue", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_output", b"default_output", "downstream", b"downstream", "idempotent", b"idempotent", "inputs", b"inputs", "kind", b"kind", "max_effect_seconds", b"max_effect_seconds", "max_output_bytes", b"max_output_bytes", "method", b"method", "on_timeout", b"on_timeout", "output_fields", b"output_fields", "path", b"path", "probe_path", b"probe_path", "queue", b"queue", "signal", b"signal", "timeout_ms", b"timeout_ms", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -516,6 +537,53 @@ class CloseRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseRequest: _TypeAlias = CloseRequest  # noqa: Y015
+
+@_typing.final
+class SignalRequest(_message.Message):
+    """task.signal: a caller's signal to a task's wait nodes (published by the gateway, once per
+    signal_id). The executor records it and a node waiting for `signal` takes its payload as
+    its output; a signal that comes before the node waits is kept until it does.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    SIGNAL_ID_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    SENT_AT_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task signalled."""
+    signal: _builtins.str
+    """The signal's name, as a wait action of the task declares it."""
+    signal_id: _builtins.str
+    """The caller's id of this signal (or one the gateway made): a repeated one is a no-op."""
+    @_builtins.property
+    def payload(self) -> _common_pb2.Payload:
+        """The payload, JSON ("json/plain"), checked by the gateway against the wait action's
+        declared output fields and its max_output_bytes.
+        """
+
+    @_builtins.property
+    def sent_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway recorded the caller's SignalTask."""
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        signal: _builtins.str = ...,
+        signal_id: _builtins.str = ...,
+        payload: _common_pb2.Payload | None = ...,
+        sent_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload", "sent_at", b"sent_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload", "sent_at", b"sent_at", "signal", b"signal", "signal_id", b"signal_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignalRequest: _TypeAlias = SignalRequest  # noqa: Y015
 
 @_typing.final
 class CancelRequest(_message.Message):
