@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from dispo.gateway.expand import CellRequest, PlannedNode, Submission
+from dispo.gateway.timing import Timing
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
@@ -13,7 +14,7 @@ from dispo.libs.catalogue import ActionDef
 from dispo.libs.errors import FieldViolation, InvalidArgument
 from dispo.libs.payload import PayloadError, from_struct, json_payload, parse_json_object
 from dispo.libs.proto_enums import from_short_name, task_status_name
-from dispo.libs.timestamps import set_timestamp
+from dispo.libs.timestamps import from_timestamp, set_timestamp
 
 
 def payload_from_proto(cell: gateway_pb2.CellRequest, where: str) -> dict[str, Any]:
@@ -51,12 +52,20 @@ def submission_from_proto(
         cells=cells,
         idempotency_key=request.idempotency_key,
         callback_url=request.callback_url,
+        not_before=from_timestamp(request.not_before, request.HasField("not_before")),
+        deadline=from_timestamp(request.deadline, request.HasField("deadline")),
     )
 
 
 def task_envelope(
-    task_id: str, sub: Submission, nodes: list[PlannedNode], now: datetime
+    task_id: str,
+    sub: Submission,
+    nodes: list[PlannedNode],
+    now: datetime,
+    when: Timing | None = None,
 ) -> task_pb2.Task:
+    """The task.create envelope of an accepted task (``when``: its delayed start and its
+    deadline, ADR-0103)."""
     env = task_pb2.Task(
         task_id=task_id,
         business=sub.business,
@@ -67,6 +76,11 @@ def task_envelope(
     )
     set_timestamp(env.created_at, now)
     set_timestamp(env.updated_at, now)
+    when = when or Timing()
+    if when.not_before is not None:
+        set_timestamp(env.not_before, when.not_before)
+    if when.deadline is not None:
+        set_timestamp(env.deadline, when.deadline)
     for req in sub.cells:
         env.payloads[req.ref or req.cell].CopyFrom(json_payload(req.body))
     for node in nodes:

@@ -1,0 +1,33 @@
+"""Delayed starts and deadlines (ADR-0103): a task's ``not_before`` and ``deadline``, for
+ListTasks and its ``scheduled`` filter, and a delayable outbox, whose task.create rows wait
+for their ``available_at``. The unsent index leaves the delayed rows out; they have one of
+their own. Adding nullable columns rewrites nothing.
+
+Revision ID: 0013
+Revises: 0011
+"""
+
+from alembic import op
+from dispo.libs.outbox import delay_downgrade, delay_upgrade
+
+revision = "0013"
+down_revision = "0011"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute(
+        "ALTER TABLE tasks ADD COLUMN not_before timestamptz, ADD COLUMN deadline timestamptz"
+    )
+    op.execute(
+        "CREATE INDEX ix_tasks_scheduled ON tasks (not_before) WHERE status = 'accepted'"
+        " AND not_before IS NOT NULL"
+    )
+    delay_upgrade()
+
+
+def downgrade() -> None:
+    delay_downgrade()
+    op.execute("DROP INDEX ix_tasks_scheduled")
+    op.execute("ALTER TABLE tasks DROP COLUMN not_before, DROP COLUMN deadline")
