@@ -104,6 +104,12 @@ class ExecutorSettings(BaseSettings):
         " every third of this); a worker silent for longer has lost the run, which counts as"
         " ambiguous (ADR-0099)",
     )
+    deadline_sweep_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="Time between sweeps for tasks past their deadline that no pass holds"
+        " (parked, or between passes): each is closed FAILED, 'deadline reached' (ADR-0103)",
+    )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )
