@@ -135,3 +135,37 @@ async def test_the_passes_hot_query_reads_no_delayed_row(make_gateway, bus):
 
 def _plan_nodes(plan: dict) -> list[dict]:
     return [plan, *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
+
+
+async def test_a_tasks_status_is_still_updated_in_place(make_gateway, bus):
+    """The scheduled index covers the start alone, not the status: a snapshot taking a
+    task's view to RUNNING stays a HOT update (ADR-0061), delayed task or not."""
+    from dispo.libs.api.task.v1 import task_pb2
+
+    await tasks.TASKS.ensure(bus)
+    clock = ManualClock()
+    gateway = make_gateway(clock=clock)
+    start = clock.now() + timedelta(hours=1)
+    subs = [
+        Submission("tests", [CellRequest("noop")], not_before=start if i % 2 else None)
+        for i in range(40)
+    ]
+    accepted = await gateway.submit_all(subs, [await gateway.prepare(s) for s in subs])
+    snapshots = [
+        store.Snapshot(
+            a.task_id,
+            1,
+            "running",
+            task_pb2.Task(
+                task_id=a.task_id, status=common_pb2.TASK_STATUS_RUNNING
+            ).SerializeToString(),
+        )
+        for a in accepted
+    ]
+    async with gateway.db.transaction() as conn:
+        applied = await store.tasks_apply_snapshots(conn, snapshots, clock.now())
+        [(updated, hot)] = await conn.fetch(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'tasks'"
+        )
+    assert len(applied) == 40
+    assert updated == 40 and hot >= 0.9 * updated, (updated, hot)

@@ -20,10 +20,9 @@ def upgrade() -> None:
     op.execute(
         "ALTER TABLE tasks ADD COLUMN not_before timestamptz, ADD COLUMN deadline timestamptz"
     )
-    op.execute(
-        "CREATE INDEX ix_tasks_scheduled ON tasks (not_before) WHERE status = 'accepted'"
-        " AND not_before IS NOT NULL"
-    )
+    # Not on the status: an index over it would make every status update of a task a
+    # non-HOT one (ADR-0061); a start never changes.
+    op.execute("CREATE INDEX ix_tasks_scheduled ON tasks (not_before) WHERE not_before IS NOT NULL")
     delay_upgrade()
 
 
