@@ -52,9 +52,24 @@ def submission_from_proto(
         cells=cells,
         idempotency_key=request.idempotency_key,
         callback_url=request.callback_url,
-        not_before=from_timestamp(request.not_before, request.HasField("not_before")),
-        deadline=from_timestamp(request.deadline, request.HasField("deadline")),
+        not_before=_instant(request, "not_before"),
+        deadline=_instant(request, "deadline"),
     )
+
+
+# The instants a Timestamp may hold (0001-01-01 to 9999-12-31, as google.protobuf says).
+_FIRST_SECOND, _LAST_SECOND = -62_135_596_800, 253_402_300_799
+
+
+def _instant(request: gateway_pb2.SubmitRequest, field: str) -> datetime | None:
+    """A Timestamp field of a Submit as an instant (None: unset); one outside the range a
+    Timestamp may hold is INVALID_ARGUMENT naming the field."""
+    if not request.HasField(field):  # type: ignore[arg-type]
+        return None
+    stamp = getattr(request, field)
+    if not _FIRST_SECOND <= stamp.seconds <= _LAST_SECOND or not 0 <= stamp.nanos < 10**9:
+        raise InvalidArgument(field, "not a valid timestamp")
+    return from_timestamp(stamp, True)
 
 
 def task_envelope(

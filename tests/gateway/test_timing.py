@@ -65,3 +65,15 @@ def test_refusals_name_their_field(not_before, deadline, field):
 
 def test_at_the_horizon_is_accepted():
     assert timing(at(seconds=YEAR), None, [], CATALOGUE, NOW, YEAR).not_before == at(seconds=YEAR)
+
+
+@pytest.mark.parametrize("field", ["not_before", "deadline"])
+def test_a_timestamp_out_of_its_range_is_refused_naming_the_field(field):
+    from dispo.gateway.convert import submission_from_proto
+    from dispo.libs.api.gateway.v1 import gateway_pb2
+
+    request = gateway_pb2.SubmitRequest(business="b", cells=[gateway_pb2.CellRequest(cell="noop")])
+    getattr(request, field).seconds = 2**62
+    with pytest.raises(InvalidArgument) as refused:
+        submission_from_proto(request)
+    assert [v.field for v in refused.value.violations] == [field]
