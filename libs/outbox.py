@@ -25,6 +25,13 @@ context of the work that wrote it (``trace``: :func:`dispo.libs.tracing.current`
 publishes it as the message's ``traceparent`` headers; a row without one is published with
 its message id alone, as on an untraced outbox.
 
+A delayable outbox (``outbox_table(metadata, delayable=True)``, ADR-0103) keeps a row with
+an ``available_at`` ahead of the relay's clock until then: a pass releases the rows that are
+due (clears ``available_at``) and publishes them as any other. The unsent index leaves the
+delayed rows out, so they cost the hot query nothing; they have an index of their own, by
+``available_at``. Such a row is never handed to the direct publisher and is written
+withdrawable, so it can be taken back until a pass claims it.
+
 A withdrawable outbox (``outbox_table(metadata, withdrawable=True)``) lets its service take a
 row back before it is published (:func:`outbox_withdraw`, ADR-0090) only where that can be
 proven: a row is written ``withdrawable`` only when no direct publisher will take it
@@ -85,6 +92,16 @@ RETRY_BASE_SECONDS = 1.0
 RETRY_CAP_SECONDS = 60.0
 
 _UNSENT = "sent_at IS NULL AND quarantined_at IS NULL"
+# An unsent row of a delayable outbox that is due, or released: what a pass takes.
+_READY = f"{_UNSENT} AND available_at IS NULL"
+# An unsent row of a delayable outbox still held for later.
+_DELAYED = f"{_UNSENT} AND available_at IS NOT NULL"
+
+
+def _ready(table: Table) -> str:
+    """The condition of a row a pass may take: unsent and, on a delayable outbox, due."""
+    return _READY if "available_at" in table.c else _UNSENT
+
 
 # Marking a row sent is deleting it (ADR-0062). Seconds a row the direct publisher sent
 # waits for the next transaction's outbox write to mark it sent (:meth:`OutboxRelay.staged`)
@@ -97,19 +114,30 @@ MARK_RETAKE = 5.0
 
 
 def outbox_table(
-    metadata: MetaData, name: str = "outbox", *, traced: bool = False, withdrawable: bool = False
+    metadata: MetaData,
+    name: str = "outbox",
+    *,
+    traced: bool = False,
+    withdrawable: bool = False,
+    delayable: bool = False,
 ) -> Table:
     """The outbox of one service. ``attempts``, ``last_error`` and ``next_attempt_at`` are
     the failed publications of a row; ``quarantined_at`` marks a row set aside. A ``traced``
     outbox (its service's migration added the column, :data:`TRACE_UPGRADE`) keeps in
     ``trace`` the trace context of the work that wrote the row (:mod:`dispo.libs.tracing`),
     published as the message's headers. A ``withdrawable`` outbox (:data:`WITHDRAW_UPGRADE`)
-    marks in ``withdrawable`` the rows no publisher has taken yet (:func:`outbox_withdraw`)."""
-    optional: list[Column[Any]] = [Column("trace", Text)] if traced else []
+    marks in ``withdrawable`` the rows no publisher has taken yet (:func:`outbox_withdraw`).
+    A ``delayable`` outbox (:data:`DELAY_UPGRADE`) holds a row until its ``available_at``."""
+    optional: list[Any] = [Column("trace", Text)] if traced else []
     if withdrawable:
         optional.append(
             Column("withdrawable", Boolean, nullable=False, server_default=text("false"))
         )
+    unsent = _UNSENT
+    if delayable:
+        unsent = _READY
+        optional.append(Column("available_at", DateTime(timezone=True)))
+        optional.append(Index(f"{name}_delayed", "available_at", postgresql_where=text(_DELAYED)))
     return Table(
         name,
         metadata,
@@ -124,7 +152,7 @@ def outbox_table(
         Column("next_attempt_at", DateTime(timezone=True)),
         Column("quarantined_at", DateTime(timezone=True)),
         *optional,
-        Index(f"{name}_unsent", "id", postgresql_where=text(_UNSENT)),
+        Index(f"{name}_unsent", "id", postgresql_where=text(unsent)),
         Index(f"{name}_quarantined", "id", postgresql_where=text("quarantined_at IS NOT NULL")),
     )
 
@@ -156,6 +184,23 @@ TRACE_DOWNGRADE = ("ALTER TABLE outbox DROP COLUMN trace",)
 # it may be on their way to the bus already: they are not withdrawable.
 WITHDRAW_UPGRADE = ("ALTER TABLE outbox ADD COLUMN withdrawable boolean NOT NULL DEFAULT false",)
 WITHDRAW_DOWNGRADE = ("ALTER TABLE outbox DROP COLUMN withdrawable",)
+
+# The schema step that made an outbox delayable (frozen, as above): the unsent index leaves
+# the delayed rows out, and they have one of their own (ADR-0103).
+DELAY_UPGRADE = (
+    "ALTER TABLE outbox ADD COLUMN available_at timestamptz",
+    "DROP INDEX outbox_unsent",
+    "CREATE INDEX outbox_unsent ON outbox (id)"
+    " WHERE sent_at IS NULL AND quarantined_at IS NULL AND available_at IS NULL",
+    "CREATE INDEX outbox_delayed ON outbox (available_at)"
+    " WHERE sent_at IS NULL AND quarantined_at IS NULL AND available_at IS NOT NULL",
+)
+DELAY_DOWNGRADE = (
+    "DROP INDEX outbox_delayed",
+    "DROP INDEX outbox_unsent",
+    "ALTER TABLE outbox DROP COLUMN available_at",
+    "CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL AND quarantined_at IS NULL",
+)
 
 
 def _migrate(statements: Sequence[str]) -> None:
@@ -193,6 +238,16 @@ def withdraw_upgrade() -> None:
 def withdraw_downgrade() -> None:
     """A service migration's ``downgrade``: :data:`WITHDRAW_DOWNGRADE` on its outbox."""
     _migrate(WITHDRAW_DOWNGRADE)
+
+
+def delay_upgrade() -> None:
+    """A service migration's ``upgrade``: :data:`DELAY_UPGRADE` on its outbox."""
+    _migrate(DELAY_UPGRADE)
+
+
+def delay_downgrade() -> None:
+    """A service migration's ``downgrade``: :data:`DELAY_DOWNGRADE` on its outbox."""
+    _migrate(DELAY_DOWNGRADE)
 
 
 async def outbox_add(
@@ -304,8 +359,8 @@ async def outbox_add_many(
 def outbox_insert_from(table: Table, select: str) -> str:
     """SQL inserting into ``table`` the rows ``select`` yields — its columns, in order,
     ``subject, msg_id, payload, created_at, trace`` (trace NULL for none; a traced outbox
-    only), then ``withdrawable`` on a withdrawable outbox (:attr:`Staged.withdrawable`) —
-    and returning ``id, msg_id``: the last part of a statement that writes its own
+    only), then ``withdrawable`` on a withdrawable outbox (:attr:`Staged.withdrawable`),
+    then ``available_at`` on a delayable one (NULL: at once) — and returning ``id, msg_id``: the last part of a statement that writes its own
     rows and their events together (``WITH written AS (INSERT ... RETURNING ...)``), so a
     write and its events are one statement, atomic on its own, with no transaction around
     it. ``select`` must order its rows (``ORDER BY``): ids are numbered in that order, the
@@ -313,8 +368,10 @@ def outbox_insert_from(table: Table, select: str) -> str:
     :func:`~dispo.libs.contracts.require_declared` first, as :func:`outbox_add_many` does."""
     trace = ", trace" if "trace" in table.c else ""
     withdrawable = ", withdrawable" if "withdrawable" in table.c else ""
+    available = ", available_at" if "available_at" in table.c else ""
     return (
-        f"INSERT INTO {table.fullname} (subject, msg_id, payload, created_at{trace}{withdrawable})"
+        f"INSERT INTO {table.fullname}"
+        f" (subject, msg_id, payload, created_at{trace}{withdrawable}{available})"
         f" {select} RETURNING id, msg_id"
     )
 
@@ -453,11 +510,12 @@ class _Sql:
         columns = ", ".join(
             ["id", "subject", "msg_id", "payload", "attempts", "next_attempt_at", *optional]
         )
+        ready = _ready(table)
         self.mark_sent = Statement(_mark_sent_sql(table))
         # A pass's rows (see :meth:`unsent`).
         self._unsent = {
             (ordered, held): Statement(
-                f"SELECT {columns} FROM {t} WHERE {_UNSENT}"
+                f"SELECT {columns} FROM {t} WHERE {ready}"
                 + ("" if ordered else " AND (next_attempt_at IS NULL OR next_attempt_at <= :now)")
                 + (" AND id <> ALL(CAST(:held AS bigint[]))" if held else "")
                 + " ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED"
@@ -465,6 +523,13 @@ class _Sql:
             for ordered in (False, True)
             for held in (False, True)
         }
+        # The delayed rows due at ``:now``, released to the passes (oldest due first, at
+        # most ``:limit``; rows another pass releases are skipped).
+        self.release_if_due = Statement(
+            f"UPDATE {t} SET available_at = NULL WHERE id IN (SELECT id FROM {t}"
+            f" WHERE {_DELAYED} AND available_at <= :now ORDER BY available_at"
+            " LIMIT :limit FOR UPDATE SKIP LOCKED) RETURNING id"
+        )
         self.delete_sent = Statement(f"DELETE FROM {t} WHERE id = ANY(CAST(:ids AS bigint[]))")
         self.claim_withdrawable = Statement(
             f"UPDATE {t} SET withdrawable = false WHERE id = ANY(CAST(:ids AS bigint[]))"
@@ -488,8 +553,8 @@ class _Sql:
             " SELECT count(*) FROM pruned"
         )
         self.backlog = Statement(
-            f"SELECT (SELECT count(*) FROM {t} WHERE {_UNSENT}),"
-            f" (SELECT created_at FROM {t} WHERE {_UNSENT} ORDER BY id LIMIT 1),"
+            f"SELECT (SELECT count(*) FROM {t} WHERE {ready}),"
+            f" (SELECT created_at FROM {t} WHERE {ready} ORDER BY id LIMIT 1),"
             f" (SELECT count(*) FROM {t} WHERE quarantined_at IS NOT NULL)"
         )
         self.quarantined = Statement(
@@ -831,6 +896,8 @@ class OutboxRelay:
             await self._prepare()
             self._prepare = None
         now = self.clock.now()
+        if "available_at" in self.table.c:
+            await self.release_due(now)
         unsent = self._sql.unsent(ordered=self.ordered, held=bool(self._held))
         params: dict[str, Any] = {"limit": self.batch}
         if not self.ordered:
@@ -858,6 +925,16 @@ class OutboxRelay:
             # Nothing went out and nothing was the rows' fault: the bus is not answering.
             raise failed[0].error
         return len(sent)
+
+    async def release_due(self, now: datetime) -> int:
+        """Release the delayed rows due at ``now`` (a delayable outbox): each becomes an
+        unsent row like any other, still withdrawable until a pass claims it; returns how
+        many. One statement, its own transaction."""
+        async with self.db.connection() as conn:
+            rows = await self._sql.release_if_due.fetch(conn, {"now": now, "limit": self.batch})
+        if rows:
+            log.info("delayed outbox rows due", table=self.table.name, rows=len(rows))
+        return len(rows)
 
     async def _claim(self, conn: Conn, rows: Sequence[Any]) -> bool:
         """Clear ``withdrawable`` on the rows of a pass about to publish them; True if

@@ -27,9 +27,11 @@ def list_request(
     page_token: str,
     order: str,
     idempotency_key: str = "",
+    scheduled: bool = False,
 ) -> gateway_pb2.ListTasksRequest:
     """The ListTasks request for these filters; ``statuses`` by name ("SUCCEEDED"),
-    ``order`` one of :data:`ORDERS` (else ValueError)."""
+    ``order`` one of :data:`ORDERS` (else ValueError); ``scheduled``: only tasks whose
+    delayed start is ahead."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     request = gateway_pb2.ListTasksRequest(
@@ -38,6 +40,7 @@ def list_request(
         page=common_pb2.PageRequest(page_size=page_size, page_token=page_token),
         order=ORDERS[order],
         idempotency_key=idempotency_key,
+        scheduled=scheduled,
     )
     _set_window(request, created_after, created_before)
     return request

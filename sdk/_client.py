@@ -16,6 +16,7 @@ from dispo.libs.auth import open_channel, open_sync_channel
 from dispo.libs.batcher import Batcher
 from dispo.libs.proto_enums import task_status_name
 from dispo.libs.task_requests import count_request, counts_of, events_request, list_request
+from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tls import ClientTLS
 from dispo.sdk._gather import Gathered
 from dispo.sdk._types import (
@@ -44,14 +45,25 @@ def _token(token: str | None) -> str:
 
 
 def _submit_request(
-    business: str, cells: Sequence[CellSpec], idempotency_key: str, callback_url: str
+    business: str,
+    cells: Sequence[CellSpec],
+    idempotency_key: str,
+    callback_url: str,
+    not_before: datetime | None = None,
+    deadline: datetime | None = None,
 ) -> gateway_pb2.SubmitRequest:
-    return gateway_pb2.SubmitRequest(
+    """The SubmitRequest; ``not_before`` and ``deadline`` as instants (a naive one is UTC)."""
+    request = gateway_pb2.SubmitRequest(
         business=business,
         cells=[c.to_proto() for c in cells],
         idempotency_key=idempotency_key,
         callback_url=callback_url,
     )
+    if not_before is not None:
+        set_timestamp(request.not_before, not_before)
+    if deadline is not None:
+        set_timestamp(request.deadline, deadline)
+    return request
 
 
 def _submitted(reply: gateway_pb2.SubmitResponse) -> Submitted:
@@ -61,7 +73,9 @@ def _submitted(reply: gateway_pb2.SubmitResponse) -> Submitted:
 def _submit_many_request(requests: Sequence[TaskRequest]) -> gateway_pb2.SubmitManyRequest:
     return gateway_pb2.SubmitManyRequest(
         requests=[
-            _submit_request(r.business, r.cells, r.idempotency_key, r.callback_url)
+            _submit_request(
+                r.business, r.cells, r.idempotency_key, r.callback_url, r.not_before, r.deadline
+            )
             for r in requests
         ]
     )
@@ -184,12 +198,17 @@ class AsyncClient:
         *,
         idempotency_key: str = "",
         callback_url: str = "",
+        not_before: datetime | None = None,
+        deadline: datetime | None = None,
         timeout: float = 10.0,
     ) -> Submitted:
         """Submit one task: its :class:`Submitted` once it is durably recorded, or the
         :class:`DispoError` the gateway refused it with (gathered with concurrent submits
-        into one call unless the client was made with ``gather=False``)."""
-        request = _submit_request(business, cells, idempotency_key, callback_url)
+        into one call unless the client was made with ``gather=False``). ``not_before``: start
+        no earlier (a delayed start); ``deadline``: end FAILED if not finished by then."""
+        request = _submit_request(
+            business, cells, idempotency_key, callback_url, not_before, deadline
+        )
         if self.gathered is None:
             return _submitted(await self._call(self._stub.Submit, request, timeout))
         item = _Gathered(request, time.monotonic() + timeout)
@@ -276,10 +295,12 @@ class AsyncClient:
         page_token: str = "",
         order: str = "newest",
         idempotency_key: str = "",
+        scheduled: bool = False,
         timeout: float | None = 10.0,
     ) -> TaskPage:
         """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest";
-        with ``idempotency_key``, the task submitted with that key (one per business)."""
+        with ``idempotency_key``, the task submitted with that key (one per business); with
+        ``scheduled``, only tasks whose delayed start is ahead."""
         reply = await self._call(
             self._stub.ListTasks,
             list_request(
@@ -291,6 +312,7 @@ class AsyncClient:
                 page_token,
                 order,
                 idempotency_key,
+                scheduled,
             ),
             timeout,
         )
@@ -306,6 +328,7 @@ class AsyncClient:
         page_size: int = 100,
         order: str = "newest",
         idempotency_key: str = "",
+        scheduled: bool = False,
         page_timeout: float | None = 10.0,
     ) -> AsyncIterator[TaskSummary]:
         """Every matching task, newest first unless ``order="oldest"``, following the cursor;
@@ -321,6 +344,7 @@ class AsyncClient:
                 page_token=token,
                 order=order,
                 idempotency_key=idempotency_key,
+                scheduled=scheduled,
                 timeout=page_timeout,
             )
             for item in page.tasks:
@@ -452,12 +476,17 @@ class Client:
         *,
         idempotency_key: str = "",
         callback_url: str = "",
+        not_before: datetime | None = None,
+        deadline: datetime | None = None,
         timeout: float = 10.0,
     ) -> Submitted:
         """Submit one task: its :class:`Submitted` once it is durably recorded, or the
         :class:`DispoError` the gateway refused it with (gathered with other threads'
-        submits into one call unless the client was made with ``gather=False``)."""
-        request = _submit_request(business, cells, idempotency_key, callback_url)
+        submits into one call unless the client was made with ``gather=False``). ``not_before``
+        and ``deadline`` as for :meth:`AsyncClient.submit`."""
+        request = _submit_request(
+            business, cells, idempotency_key, callback_url, not_before, deadline
+        )
         if self.gathered is None:
             return _submitted(self._call(self._stub.Submit, request, timeout))
         try:
@@ -532,10 +561,12 @@ class Client:
         page_token: str = "",
         order: str = "newest",
         idempotency_key: str = "",
+        scheduled: bool = False,
         timeout: float | None = 10.0,
     ) -> TaskPage:
         """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest";
-        with ``idempotency_key``, the task submitted with that key (one per business)."""
+        with ``idempotency_key``, the task submitted with that key (one per business); with
+        ``scheduled``, only tasks whose delayed start is ahead."""
         reply = self._call(
             self._stub.ListTasks,
             list_request(
@@ -547,6 +578,7 @@ class Client:
                 page_token,
                 order,
                 idempotency_key,
+                scheduled,
             ),
             timeout,
         )
@@ -562,6 +594,7 @@ class Client:
         page_size: int = 100,
         order: str = "newest",
         idempotency_key: str = "",
+        scheduled: bool = False,
         page_timeout: float | None = 10.0,
     ) -> Iterator[TaskSummary]:
         """Every matching task, newest first unless ``order="oldest"``, following the cursor;
@@ -577,6 +610,7 @@ class Client:
                 page_token=token,
                 order=order,
                 idempotency_key=idempotency_key,
+                scheduled=scheduled,
                 timeout=page_timeout,
             )
             yield from page.tasks

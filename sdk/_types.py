@@ -64,6 +64,9 @@ class TaskRequest:
     cells: Sequence[CellSpec]
     idempotency_key: str = ""
     callback_url: str = ""
+    # A delayed start and a deadline (None: none).
+    not_before: datetime | None = None
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,9 @@ class TaskView:
     # The gateway could not read the outputs from the executor for this view: the nodes'
     # ``output`` and the ``result`` are missing; ask again.
     outputs_unavailable: bool = False
+    # Its delayed start and its deadline (None: none).
+    not_before: datetime | None = None
+    deadline: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -211,6 +217,8 @@ class TaskView:
             Completion.from_proto(completion) if completion is not None else None,
             _json(task, "result"),
             task.outputs_unavailable,
+            _time(task, "not_before"),
+            _time(task, "deadline"),
         )
 
 
@@ -227,10 +235,17 @@ class TaskSummary:
     created_at: datetime | None
     updated_at: datetime | None
     raw: gateway_pb2.TaskSummary = field(repr=False, compare=False)
+    # Its delayed start and its deadline (None: none).
+    not_before: datetime | None = None
+    deadline: datetime | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    def scheduled(self, now: datetime) -> bool:
+        """ACCEPTED with a delayed start still ahead of ``now``."""
+        return self.status == "ACCEPTED" and self.not_before is not None and self.not_before > now
 
     @classmethod
     def from_proto(cls, summary: gateway_pb2.TaskSummary) -> TaskSummary:
@@ -243,6 +258,8 @@ class TaskSummary:
             _time(summary, "created_at"),
             _time(summary, "updated_at"),
             summary,
+            _time(summary, "not_before"),
+            _time(summary, "deadline"),
         )
 
 

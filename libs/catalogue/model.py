@@ -133,6 +133,9 @@ class CellDef:
     conflict: Conflict | None = None
     # The action whose output is the cell's part of its task's result ("": its sinks).
     result: str = ""
+    # The longest a task with this cell may run, in seconds from its start: past it the
+    # task ends FAILED, "deadline reached" (0: no limit; ADR-0103).
+    max_duration_seconds: int = 0
 
     @property
     def result_actions(self) -> list[str]:
@@ -377,7 +380,14 @@ def _cell(name: str, raw: dict[str, Any]) -> CellDef:
         tuple(actions[a] for a in order),
         _conflict(name, tuple(fields), raw.get("conflict")),
         result,
+        _duration(f"cells.{name}.max_duration_seconds", raw.get("max_duration_seconds", 0)),
     )
+
+
+def _duration(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CatalogueError(f"{where}: must be a whole number of seconds, got {value!r}")
+    return value
 
 
 def upstream(action: str, actions: dict[str, ActionDef]) -> set[str]:

@@ -247,11 +247,12 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
                 statuses=found.statuses,
                 created_after=after,
                 idempotency_key=key,
+                scheduled=found.scheduled,
             ),
             backend.counts(token, business=business, created_after=after, idempotency_key=key),
         )
         rows = list(page.tasks)
-    return {"filter": found, "rows": rows, "counts": counts}
+    return {"filter": found, "rows": rows, "counts": counts, "now": datetime.now(UTC)}
 
 
 async def tasks_page(request: Request) -> Response:

@@ -131,8 +131,10 @@ class Backend:
         idempotency_key: str = "",
         page_size: int = 50,
         page_token: str = "",
+        scheduled: bool = False,
     ) -> TaskPage:
-        """A page of the tasks the token may see, newest first."""
+        """A page of the tasks the token may see, newest first (``scheduled``: only those
+        whose delayed start is ahead)."""
         request = list_request(
             business,
             statuses,
@@ -142,6 +144,7 @@ class Backend:
             page_token,
             "newest",
             idempotency_key,
+            scheduled,
         )
         return TaskPage.from_proto(await self._call(self.gateway.ListTasks, request, token))
 

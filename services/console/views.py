@@ -159,6 +159,8 @@ class TaskFilter:
     since: str = ""
     # The idempotency key the task was submitted with (with a business, that business's).
     key: str = ""
+    # Only tasks whose delayed start is ahead (ListTasks' ``scheduled``).
+    scheduled: bool = False
 
     @classmethod
     def parse(cls, params: Mapping[str, Any], statuses: list[str]) -> TaskFilter:
@@ -168,11 +170,17 @@ class TaskFilter:
             tuple(s for s in statuses if s in COUNTED),
             since if (since := str(params.get("since", ""))) in SINCE else "",
             str(params.get("key", "")).strip(),
+            params.get("scheduled") == "1",
         )
 
     def link(self, status: str) -> str:
         """The Tasks page of this search, in ``status`` only."""
-        kept = {"q": self.query, "key": self.key, "since": self.since}
+        kept = {
+            "q": self.query,
+            "key": self.key,
+            "since": self.since,
+            "scheduled": "1" if self.scheduled else "",
+        }
         return "/tasks?" + urlencode({**{k: v for k, v in kept.items() if v}, "status": status})
 
     @property

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
-from dispo.executor import control
+from dispo.executor import control, deadlines
 from dispo.executor.actions import http_session
 from dispo.executor.breaker import BreakerState
 from dispo.executor.envelope import envelope_problem
@@ -155,6 +155,12 @@ async def setup(rt: Runtime) -> None:
     # The outcomes of the worker runs this process waits for that ended elsewhere or timed
     # out (nothing to read while it waits for none).
     rt.add_periodic("worker run outcomes", executor.worker_runs.check, CHECK_SECONDS)
+    # Tasks past their deadline that no pass holds, closed (ADR-0103).
+    rt.add_periodic(
+        "deadlines",
+        lambda: deadlines.close_past_deadline(executor),
+        settings.deadline_sweep_seconds,
+    )
     rt.add_part(f"{tasks.TASK_CREATE} consumer", creates.run, creates.stop)
     rt.add_part(f"{tasks.TASK_CANCEL} consumer", cancels.run, cancels.stop)
     rt.add_part(f"{tasks.TASK_CLOSE} consumer", closes.run, closes.stop)

@@ -139,19 +139,45 @@ def runnable(nodes: dict[str, NodeRun]) -> list[NodeRun]:
     ]
 
 
-def to_cancel(nodes: dict[str, NodeRun]) -> list[str]:
-    """On cancel: everything not started and not final becomes CANCELLED; running ones
-    finish, and an UNKNOWN one (its effect may have happened) waits to be settled."""
-    cancellable = {NodeState.PENDING, NodeState.DEMOTED, NodeState.WAITING}
+# The node states a task's end closes: nodes that have not started and still could (a
+# retryable FAILED one too), and nodes waiting for a signal (ADR-0102). A cancel and a
+# deadline close them (CANCELLED); a RUNNING one finishes and is recorded, an UNKNOWN one
+# (its effect may have happened) waits to be settled. The one place that says which states
+# are open (ADR-0103).
+OPEN_NODE_STATES = frozenset({NodeState.PENDING, NodeState.DEMOTED, NodeState.WAITING})
+
+# The reason of a task ended by its deadline, and the error of each node it closed.
+DEADLINE_REACHED = "deadline reached"
+
+
+def to_close(nodes: dict[str, NodeRun]) -> list[str]:
+    """The open nodes (:data:`OPEN_NODE_STATES`, and a retryable FAILED one): what a cancel
+    or a deadline closes."""
     return [
         n.node_id
         for n in nodes.values()
-        if n.status in cancellable or (n.status is NodeState.FAILED and n.retryable)
+        if n.status in OPEN_NODE_STATES or (n.status is NodeState.FAILED and n.retryable)
     ]
 
 
-def decide(nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool) -> Decision:
-    """What happens to the task once nothing more can run now (no node RUNNING or ready)."""
+def to_cancel(nodes: dict[str, NodeRun]) -> list[str]:
+    """On cancel: everything not started and not final becomes CANCELLED; running ones
+    finish, and an UNKNOWN one (its effect may have happened) waits to be settled."""
+    return to_close(nodes)
+
+
+def past_deadline(deadline: datetime | None, now: datetime) -> bool:
+    """Whether a task with this deadline (None: none) has reached it at ``now``."""
+    return deadline is not None and deadline <= now
+
+
+def decide(
+    nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool, deadline_passed: bool = False
+) -> Decision:
+    """What happens to the task once nothing more can run now (no node RUNNING or ready).
+    Past its deadline (``deadline_passed``) a task that has not succeeded ends FAILED,
+    "deadline reached", whatever is left: its open nodes were closed, an UNKNOWN one stays
+    UNKNOWN (ADR-0103)."""
     statuses = [n.status for n in nodes.values()]
     final = {NodeState.SUCCEEDED, NodeState.DEPENDENCY_FAILED, NodeState.CANCELLED}
     if all(
@@ -162,8 +188,12 @@ def decide(nodes: dict[str, NodeRun], now: datetime, cancel_requested: bool) -> 
             return Decision(Next.FINISH, TaskState.SUCCEEDED)
         if cancel_requested and NodeState.CANCELLED in statuses:
             return Decision(Next.FINISH, TaskState.CANCELLED, reason="cancelled by request")
+        if deadline_passed:
+            return Decision(Next.FINISH, TaskState.FAILED, reason=DEADLINE_REACHED)
         failed = sorted(i for i, n in nodes.items() if n.permanently_failed)
         return Decision(Next.FINISH, TaskState.FAILED, reason=f"failed: {', '.join(failed)}")
+    if deadline_passed:
+        return Decision(Next.FINISH, TaskState.FAILED, reason=DEADLINE_REACHED)
     again = runnable(nodes)
     if again:
         moment = max(now, min(n.not_before or now for n in again))

@@ -19,7 +19,7 @@ from typing import Any
 
 from dispo.executor import plan, waits
 from dispo.executor.breaker import Breaker
-from dispo.executor.domain import NodeRun
+from dispo.executor.domain import NodeRun, past_deadline
 from dispo.executor.envelope import node_from_proto
 from dispo.executor.plan import NodeChange, OpenPath
 from dispo.executor.slots import Slots
@@ -32,6 +32,7 @@ from dispo.libs.bus import ACK, Disposition, Nak
 from dispo.libs.db.driver import Conn
 from dispo.libs.logging import get_logger
 from dispo.libs.outbox import Staged
+from dispo.libs.timestamps import from_timestamp
 
 log = get_logger(__name__)
 
@@ -259,6 +260,24 @@ class Passes:
             steps[i] = step
         return [steps[i] for i in range(len(openings))]
 
+    async def close_past_deadline(
+        self, conn: Conn, rows: Sequence[TaskRow], owner: str, now: datetime, staged: Staged
+    ) -> list[Step]:
+        """Open a pass over each task (``rows``: locked here, with their envelopes, no pass
+        holding them) and take its first step, which closes it: past its deadline a step
+        closes the open nodes and settles the task FAILED (ADR-0103). The normal path of a
+        pass, for a task no pass will come back to by itself (parked, or between passes)."""
+        return await self._open(
+            conn,
+            [Opening(r.envelope, owner) for r in rows if r.envelope is not None],
+            set(),
+            {r.task_id: r for r in rows},
+            {},
+            now,
+            staged,
+            None,
+        )
+
     @staticmethod
     async def _recover(conn: Conn, known: dict[str, dict[str, NodeRun]], now: datetime) -> set[str]:
         """Nodes left RUNNING by a pass whose lease expired: their call may have happened
@@ -410,6 +429,7 @@ class Passes:
                     it.state.attempted,
                     self.breakers,
                     now,
+                    task_past_deadline(it.env, now),
                 )
                 for node in round_.demoted:
                     metrics.node_demoted(node.action, node.spec.downstream)
@@ -457,6 +477,7 @@ class Passes:
                     items[i].row.generation,
                     items[i].state.ran,
                     items[i].changed or items[i].state.unreported,
+                    task_past_deadline(items[i].env, now),
                 ),
                 now,
             )
@@ -672,6 +693,11 @@ async def apply_redrives(conn: Conn, envs: Sequence[task_pb2.Task]) -> dict[str,
         if ok and change.new is NodeState.PENDING:
             reset[change.task_id].append(change.node_id)
     return reset
+
+
+def task_past_deadline(env: task_pb2.Task, now: datetime) -> bool:
+    """Whether the task's deadline (its envelope's, ADR-0103) has passed at ``now``."""
+    return past_deadline(from_timestamp(env.deadline, env.HasField("deadline")), now)
 
 
 def give_back(taken: Sequence[Slots]) -> None:

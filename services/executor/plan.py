@@ -16,7 +16,15 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from dispo.executor.breaker import Breaker
-from dispo.executor.domain import Next, NodeRun, blocked_by_failure, decide, ready, to_cancel
+from dispo.executor.domain import (
+    DEADLINE_REACHED,
+    Next,
+    NodeRun,
+    blocked_by_failure,
+    decide,
+    ready,
+    to_close,
+)
 from dispo.executor.failures import CallOutcome, failure_text
 from dispo.executor.states import NODE_TRANSITIONS, TASK_ENDED, TASK_FINAL, NodeState, TaskState
 from dispo.libs.bus import ACK, Disposition, Nak
@@ -251,9 +259,12 @@ def plan_round(
     attempted: Collection[str],
     breakers: Mapping[str, Breaker],
     now: datetime,
+    deadline_passed: bool = False,
 ) -> Round:
     """One round of a task's step over ``nodes`` (moved in place as the writes say): a
-    requested cancel cancels what has not started, a failure dooms what waits on it, a ready
+    requested cancel cancels what has not started, and so does a deadline passed (each node
+    closed with the error "deadline reached"; nothing more is launched), a failure dooms
+    what waits on it, a ready
     node of a downstream whose breaker refuses is demoted (never sent), the other ready
     nodes are launched (a noop run in the step). ``in_flight``: the pass's calls under way;
     ``attempted``: the nodes it launched already (a retry waits for the next pass)."""
@@ -267,11 +278,17 @@ def plan_round(
         for name, value in fields.items():  # as the row will hold it
             setattr(node, name, value)
 
-    if cancel_requested:
-        for node_id in to_cancel(nodes):
+    closing = cancel_requested or deadline_passed
+    if closing:
+        closed: dict[str, object] = {"finished_at": now}
+        if deadline_passed and not cancel_requested:
+            closed["last_error"] = DEADLINE_REACHED
+        for node_id in to_close(nodes):
             if node_id in in_flight:
-                continue  # launched: its claim fails on the cancel flag, then it is cancelled
-            move(nodes[node_id], NodeState.CANCELLED, finished_at=now)
+                # launched: its claim fails on the cancel flag or the deadline, then it is
+                # closed
+                continue
+            move(nodes[node_id], NodeState.CANCELLED, **closed)
     for node_id in blocked_by_failure(nodes):
         move(
             nodes[node_id],
@@ -279,7 +296,7 @@ def plan_round(
             finished_at=now,
             last_error=tasks.DEPENDENCY_FAILED_ERROR,
         )
-    if cancel_requested:
+    if closing:
         return plan
     for node in ready(nodes, now):
         if node.node_id in in_flight or node.node_id in attempted:
@@ -313,6 +330,7 @@ class Settling:
     generation: int  # as recorded (the write bumps it for a retry)
     ran: int  # calls this pass made
     changed: bool  # nodes changed since its last status event
+    deadline_passed: bool = False  # its deadline has passed (ADR-0103)
 
 
 @dataclass(frozen=True)
@@ -334,7 +352,7 @@ def settle(task: Settling, now: datetime) -> Settled:
     or the timeout sweep publishes the task.create that resumes it (ADR-0102). A task
     none of whose nodes could run yet (the message came back before the backoff passed) is
     only released, its message answered later."""
-    decision = decide(task.nodes, now, task.cancel_requested)
+    decision = decide(task.nodes, now, task.cancel_requested, task.deadline_passed)
     if decision.next is Next.RETRY and task.ran == 0:
         wait = (decision.not_before - now).total_seconds() if decision.not_before else 0.1
         return Settled(

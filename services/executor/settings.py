@@ -117,6 +117,12 @@ class ExecutorSettings(BaseSettings):
         " was seen within a run lease; then it is withdrawn and its node demoted, released by"
         " the reconciler once the queue has a live worker again (ADR-0101)",
     )
+    deadline_sweep_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="Time between sweeps for tasks past their deadline that no pass holds"
+        " (parked, or between passes): each is closed FAILED, 'deadline reached' (ADR-0103)",
+    )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )

@@ -55,6 +55,7 @@ async def setup(rt: Runtime) -> None:
         submit_flushes=settings.submit_flushes,
         status_batch=settings.status_batch,
         egress=rt.settings.egress,
+        max_delay_seconds=settings.max_delay_seconds,
     )
 
     async def on_status(msg: Msg) -> Disposition:

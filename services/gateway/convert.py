@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from dispo.gateway.expand import CellRequest, PlannedNode, Submission
+from dispo.gateway.timing import Timing
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
@@ -19,7 +20,7 @@ from dispo.libs.payload import (
     parse_json_object,
 )
 from dispo.libs.proto_enums import from_short_name, task_status_name
-from dispo.libs.timestamps import set_timestamp
+from dispo.libs.timestamps import from_timestamp, set_timestamp
 
 
 def payload_from_proto(cell: gateway_pb2.CellRequest, where: str) -> dict[str, Any]:
@@ -72,12 +73,35 @@ def submission_from_proto(
         cells=cells,
         idempotency_key=request.idempotency_key,
         callback_url=request.callback_url,
+        not_before=_instant(request, "not_before"),
+        deadline=_instant(request, "deadline"),
     )
 
 
+# The instants a Timestamp may hold (0001-01-01 to 9999-12-31, as google.protobuf says).
+_FIRST_SECOND, _LAST_SECOND = -62_135_596_800, 253_402_300_799
+
+
+def _instant(request: gateway_pb2.SubmitRequest, field: str) -> datetime | None:
+    """A Timestamp field of a Submit as an instant (None: unset); one outside the range a
+    Timestamp may hold is INVALID_ARGUMENT naming the field."""
+    if not request.HasField(field):  # type: ignore[arg-type]
+        return None
+    stamp = getattr(request, field)
+    if not _FIRST_SECOND <= stamp.seconds <= _LAST_SECOND or not 0 <= stamp.nanos < 10**9:
+        raise InvalidArgument(field, "not a valid timestamp")
+    return from_timestamp(stamp, True)
+
+
 def task_envelope(
-    task_id: str, sub: Submission, nodes: list[PlannedNode], now: datetime
+    task_id: str,
+    sub: Submission,
+    nodes: list[PlannedNode],
+    now: datetime,
+    when: Timing | None = None,
 ) -> task_pb2.Task:
+    """The task.create envelope of an accepted task (``when``: its delayed start and its
+    deadline, ADR-0103)."""
     env = task_pb2.Task(
         task_id=task_id,
         business=sub.business,
@@ -88,6 +112,11 @@ def task_envelope(
     )
     set_timestamp(env.created_at, now)
     set_timestamp(env.updated_at, now)
+    when = when or Timing()
+    if when.not_before is not None:
+        set_timestamp(env.not_before, when.not_before)
+    if when.deadline is not None:
+        set_timestamp(env.deadline, when.deadline)
     for req in sub.cells:
         env.payloads[req.ref or req.cell].CopyFrom(json_payload(req.body))
     for node in nodes:

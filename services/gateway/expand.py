@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -57,6 +58,9 @@ class Submission:
     cells: list[CellRequest]
     idempotency_key: str = ""
     callback_url: str = ""
+    # A delayed start and a deadline as asked (None: not asked; ADR-0103).
+    not_before: datetime | None = None
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)

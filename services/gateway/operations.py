@@ -8,13 +8,14 @@ import hashlib
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from dispo.auth import store as auth_store
 from dispo.gateway import store
 from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
+from dispo.gateway.timing import DEFAULT_MAX_DELAY_SECONDS, timing
 from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
@@ -56,13 +57,24 @@ def request_hash(sub: Submission) -> str:
         % (canonical_json(c.cell), _string_list(c.depends_on), c.body, canonical_json(c.ref))
         for c in sub.cells
     )
-    document = b'{"business":%s,"callback_url":%s,"cells":[%s],"idempotency_key":%s}' % (
+    # A delayed start and a deadline are part of the request only when asked: the hashes
+    # of requests without them stay what they were.
+    deadline = b',"deadline":%s' % _instant(sub.deadline) if sub.deadline else b""
+    not_before = b',"not_before":%s' % _instant(sub.not_before) if sub.not_before else b""
+    document = b'{"business":%s,"callback_url":%s,"cells":[%s]%s,"idempotency_key":%s%s}' % (
         canonical_json(sub.business),
         canonical_json(sub.callback_url),
         cells,
+        deadline,
         canonical_json(sub.idempotency_key),
+        not_before,
     )
     return hashlib.sha256(document).hexdigest()
+
+
+def _instant(moment: datetime) -> bytes:
+    """An instant as request_hash writes it: ISO 8601 in UTC, as a JSON string."""
+    return canonical_json(moment.astimezone(UTC).isoformat())
 
 
 def cancelled_view(view: task_pb2.Task, now: datetime) -> task_pb2.Task:
@@ -123,12 +135,15 @@ class Gateway:
         status_batch: int = 1000,
         status_linger: float = 0.0,
         egress: AllowList = DEFAULT_EGRESS,
+        max_delay_seconds: int = DEFAULT_MAX_DELAY_SECONDS,
     ) -> None:
         self.db = db  # the driver port: every other statement
         self.relay = relay
         self.catalogue = catalogue
         self.limits = limits
         self.egress = egress  # where a callback_url may point
+        # How far ahead a delayed start or a deadline may be (ADR-0103).
+        self.max_delay_seconds = max_delay_seconds
         self.clock = clock
         self.watch_poll_interval = watch_poll_interval
         self._changed: dict[str, asyncio.Event] = {}
@@ -183,10 +198,18 @@ class Gateway:
         raises here, before anything is written."""
         validate(sub, self.catalogue, self.limits, self.egress)
         await self._require_signing_secret(sub)
+        now = self.clock.now()
+        when = timing(
+            sub.not_before,
+            sub.deadline,
+            [c.cell for c in sub.cells],
+            self.catalogue,
+            now,
+            self.max_delay_seconds,
+        )
         task_id = uuid.uuid4().hex
         nodes = expand(task_id, sub, self.catalogue, self.limits)
-        now = self.clock.now()
-        env = task_envelope(task_id, sub, nodes, now)
+        env = task_envelope(task_id, sub, nodes, now, when)
         view = env.SerializeToString()  # encoded once: stored, published, and measured
         self._check_envelope_size(task_id, len(view), [n.node_id for n in nodes])
         return store.NewTask(
@@ -199,6 +222,8 @@ class Gateway:
             callback_url=sub.callback_url,
             created_at=now,
             trace=current(),
+            not_before=when.not_before,
+            deadline=when.deadline,
         )
 
     @staticmethod

@@ -100,10 +100,14 @@ def _cursor(token: str, newest_first: bool) -> tuple[datetime, str] | None:
 
 
 def _task_filter(
-    request: gateway_pb2.ListTasksRequest | gateway_pb2.CountTasksRequest, max_key_length: int
+    request: gateway_pb2.ListTasksRequest | gateway_pb2.CountTasksRequest,
+    max_key_length: int,
+    now: datetime | None = None,
 ) -> TaskFilter:
     """The tasks a ListTasks or CountTasks request takes, confined to the caller's business
-    for a business token (PERMISSION_DENIED naming ``business`` for another)."""
+    for a business token (PERMISSION_DENIED naming ``business`` for another); a ListTasks
+    asking for ``scheduled`` tasks takes those whose start is after ``now``."""
+    scheduled = isinstance(request, gateway_pb2.ListTasksRequest) and request.scheduled
     if len(request.idempotency_key) > max_key_length:
         raise InvalidArgument("idempotency_key", f"longer than {max_key_length} characters")
     return TaskFilter(
@@ -115,6 +119,7 @@ def _task_filter(
         if request.HasField("created_before")
         else None,
         idempotency_key=request.idempotency_key,
+        scheduled_at=now if scheduled else None,
     )
 
 
@@ -253,7 +258,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 raise InvalidArgument(f"statuses[{i}]", "not a task status")
             statuses.append(stored_status(value))
         records = await self.gateway.list(
-            _task_filter(request, self.gateway.limits.max_key_length),
+            _task_filter(request, self.gateway.limits.max_key_length, self.gateway.clock.now()),
             statuses=statuses,
             after=_cursor(request.page.page_token, newest_first),
             newest_first=newest_first,
@@ -270,6 +275,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             )
             set_timestamp(item.created_at, record.created_at)
             set_timestamp(item.updated_at, record.updated_at)
+            if record.not_before is not None:
+                set_timestamp(item.not_before, record.not_before)
+            if record.deadline is not None:
+                set_timestamp(item.deadline, record.deadline)
         if len(records) > size:
             last = records[size - 1]
             out.more = True
@@ -411,7 +420,10 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
     out = gateway_pb2.ListCellsResponse()
     for cell in sorted(catalogue.cells.values(), key=lambda c: c.name):
         item = out.cells.add(
-            name=cell.name, description=cell.description, result_actions=cell.result_actions
+            name=cell.name,
+            description=cell.description,
+            result_actions=cell.result_actions,
+            max_duration_seconds=cell.max_duration_seconds,
         )
         for f in cell.fields:
             item.fields.add(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispo.gateway import limits
+from dispo.gateway import limits, timing
 from dispo.gateway.expand import Limits
 from dispo.libs.clock import Clock
 from dispo.libs.settings import local_address, service_settings_config
@@ -89,6 +89,13 @@ class GatewaySettings(BaseSettings):
         gt=0,
         description="Deadline of one read of a task's outputs from the executor; beyond it the"
         " view is answered without them (`outputs_unavailable`)",
+    )
+
+    max_delay_seconds: int = Field(
+        default=timing.DEFAULT_MAX_DELAY_SECONDS,
+        ge=1,
+        description="How far ahead a Submit's not_before (a delayed start) or deadline may be,"
+        " in seconds (INVALID_ARGUMENT naming the field beyond)",
     )
 
     def caller_limits(self, clock: Clock) -> limits.CallerLimits:

@@ -26,7 +26,7 @@ from dispo.libs.outbox import (
 from sqlalchemy import MetaData
 
 metadata = MetaData()
-outbox = outbox_table(metadata, traced=True, withdrawable=True)
+outbox = outbox_table(metadata, traced=True, withdrawable=True, delayable=True)
 
 
 @dataclass
@@ -44,6 +44,8 @@ class TaskRecord:
     updated_at: datetime
     callback_url: str = ""
     finished_at: datetime | None = None
+    not_before: datetime | None = None
+    deadline: datetime | None = None
 
 
 def _record(row: Any) -> TaskRecord:
@@ -65,6 +67,8 @@ def _record(row: Any) -> TaskRecord:
         row.updated_at,
         row.callback_url,
         row.finished_at,
+        row.not_before,
+        row.deadline,
     )
 
 
@@ -79,6 +83,8 @@ class TaskSummary:
     node_count: int
     created_at: datetime
     updated_at: datetime
+    not_before: datetime | None = None
+    deadline: datetime | None = None
 
 
 _SUMMARY_COLUMNS = ", ".join(TaskSummary.__dataclass_fields__)
@@ -115,6 +121,9 @@ class NewTask:
     created_at: datetime
     # The Submit's trace context (None: none to carry), for its task.create row.
     trace: str | None = None
+    # Its delayed start (its task.create row waits for it) and its deadline (ADR-0103).
+    not_before: datetime | None = None
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -129,22 +138,27 @@ class KeyHolder:
 # The accepted tasks and their task.create rows, with one statement: the tasks whose key is
 # free are inserted, and each inserted task's envelope (its stored view, not sent twice) goes
 # to the outbox, in the order given (withdrawable only if no direct publisher takes them,
-# ADR-0090); the rows the relay published since are deleted (marked sent, ADR-0062).
+# ADR-0090); the rows the relay published since are deleted (marked sent, ADR-0062). A
+# delayed task's row waits for its not_before (``available_at``), withdrawable: no direct
+# publisher takes it (ADR-0103).
 _ACCEPT_MANY = Statement(
     "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
-    " status, node_count, view, callback_url, created_at, updated_at)"
+    " status, node_count, view, callback_url, created_at, updated_at, not_before, deadline)"
     " SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback, created,"
-    " created FROM unnest(CAST(:ids AS text[]), CAST(:businesses AS text[]),"
-    " CAST(:keys AS text[]), CAST(:hashes AS text[]), CAST(:nodes AS integer[]),"
-    " CAST(:views AS bytea[]), CAST(:callbacks AS text[]), CAST(:created AS timestamptz[]))"
-    " WITH ORDINALITY AS r(id, business, key, hash, nodes, view, callback, created, n)"
-    " ORDER BY n"
-    " ON CONFLICT (business, idempotency_key) DO NOTHING RETURNING task_id, view, created_at),"
+    " created, not_before, deadline FROM unnest(CAST(:ids AS text[]),"
+    " CAST(:businesses AS text[]), CAST(:keys AS text[]), CAST(:hashes AS text[]),"
+    " CAST(:nodes AS integer[]), CAST(:views AS bytea[]), CAST(:callbacks AS text[]),"
+    " CAST(:created AS timestamptz[]), CAST(:not_befores AS timestamptz[]),"
+    " CAST(:deadlines AS timestamptz[]))"
+    " WITH ORDINALITY AS r(id, business, key, hash, nodes, view, callback, created,"
+    " not_before, deadline, n) ORDER BY n"
+    " ON CONFLICT (business, idempotency_key) DO NOTHING"
+    " RETURNING task_id, view, created_at, not_before),"
     f" {outbox_mark_cte(outbox)} "
     + outbox_insert_from(
         outbox,
         "SELECT :subject, e.msg_id, i.view, i.created_at, e.trace,"
-        " CAST(:withdrawable AS boolean)"
+        " CAST(:withdrawable AS boolean) OR i.not_before IS NOT NULL, i.not_before"
         " FROM unnest(CAST(:ids AS text[]), CAST(:msg_ids AS text[]),"
         " CAST(:traces AS text[])) WITH ORDINALITY AS e(id, msg_id, trace, n)"
         " JOIN inserted i ON i.task_id = e.id ORDER BY e.n",
@@ -155,7 +169,8 @@ _ACCEPT_MANY = Statement(
 async def tasks_accept_many(conn: Conn, rows: list[NewTask], staged: Staged) -> set[str]:
     """Insert the accepted tasks and their task.create events with one statement (atomic by
     itself: run it outside a transaction, it commits alone), in the order given; returns the
-    ids inserted, their events staged in ``staged``. A row whose (business, idempotency_key)
+    ids inserted, their events staged in ``staged`` (a delayed task's is left to a pass,
+    once its not_before is due). A row whose (business, idempotency_key)
     is taken already, by a committed task or an earlier row of the same call, is skipped
     with its event (a concurrent transaction holding the key is waited for). Rows without a
     key never conflict."""
@@ -174,6 +189,8 @@ async def tasks_accept_many(conn: Conn, rows: list[NewTask], staged: Staged) -> 
             "views": [r.view for r in rows],
             "callbacks": [r.callback_url for r in rows],
             "created": [r.created_at for r in rows],
+            "not_befores": [r.not_before for r in rows],
+            "deadlines": [r.deadline for r in rows],
             "subject": tasks.TASK_CREATE,
             "msg_ids": msg_ids,
             "traces": [r.trace for r in rows],
@@ -189,6 +206,8 @@ async def tasks_accept_many(conn: Conn, rows: list[NewTask], staged: Staged) -> 
         row_id = written.get(msg_id)
         if row_id is not None:
             inserted.add(r.task_id)
+            if r.not_before is not None:  # a pass publishes it once due
+                continue
             ids.append(row_id)
             events.append(OutboxRow(tasks.TASK_CREATE, msg_id, r.view, r.created_at, r.trace))
     staged.add(ids, events)
@@ -321,6 +340,8 @@ class TaskFilter:
     created_after: datetime | None = None
     created_before: datetime | None = None
     idempotency_key: str = ""
+    # Only tasks ACCEPTED with a not_before after this instant: scheduled (ADR-0103).
+    scheduled_at: datetime | None = None
 
     def where(self, params: dict[str, Any]) -> list[str]:
         """The SQL conditions, their values added to ``params``. A business and a key use the
@@ -339,6 +360,12 @@ class TaskFilter:
         if self.created_before is not None:
             clauses.append("created_at < CAST(:before_t AS timestamptz)")
             params["before_t"] = self.created_before
+        if self.scheduled_at is not None:  # ix_tasks_scheduled
+            clauses.append(
+                "status = 'accepted' AND not_before IS NOT NULL"
+                " AND not_before > CAST(:scheduled_t AS timestamptz)"
+            )
+            params["scheduled_t"] = self.scheduled_at
         return clauses
 
 

@@ -112,3 +112,41 @@ def test_a_tasks_outputs_and_result_are_shown_and_a_long_one_folded_expandable()
         node.ClearField("output")
     page = rendered("_task_detail.html", task=TaskView.from_proto(task), **context)
     assert 'id="outputs-unavailable"' in page and 'id="result"' not in page
+
+
+def test_a_scheduled_task_shows_its_start_and_a_task_its_deadline():
+    """A delayed task not started yet is marked scheduled, with its start, in the Tasks
+    list and on its page; a deadline is shown on the page (ADR-0103)."""
+    from datetime import UTC, datetime, timedelta
+
+    from dispo.libs.api.common.v1 import common_pb2
+    from dispo.libs.api.gateway.v1 import gateway_pb2
+    from dispo.libs.api.task.v1 import task_pb2
+    from dispo.libs.timestamps import set_timestamp
+    from dispo.sdk import TaskSummary, TaskView
+
+    now = datetime(2027, 1, 1, tzinfo=UTC)
+    start, end = now + timedelta(hours=2), now + timedelta(hours=3)
+    summary = gateway_pb2.TaskSummary(
+        task_id="t1", business="b", status=common_pb2.TASK_STATUS_ACCEPTED
+    )
+    set_timestamp(summary.not_before, start)
+    started = gateway_pb2.TaskSummary(task_id="t2", status=common_pb2.TASK_STATUS_RUNNING)
+    set_timestamp(started.not_before, now - timedelta(hours=1))
+    rows = rendered(
+        "_task_rows.html",
+        rows=[TaskSummary.from_proto(summary), TaskSummary.from_proto(started)],
+        colours=COLOURS,
+        now=now,
+    )
+    listed = dict(re.findall(r'<tr data-task="([^"]+)">(.*?)</tr>', rows, re.S))
+    assert "scheduled, starts 2027-01-01 02:00:00" in listed["t1"]
+    assert "scheduled" not in listed["t2"]
+
+    task = task_pb2.Task(task_id="t1", business="b", status=common_pb2.TASK_STATUS_ACCEPTED)
+    set_timestamp(task.not_before, start)
+    set_timestamp(task.deadline, end)
+    context = {"facts": [], "history": [], "recovery_state": "", "resumable": False}
+    page = rendered("_task_detail.html", task=TaskView.from_proto(task), colours=COLOURS, **context)
+    assert re.search(r'id="not-before">scheduled, starts 2027-01-01 02:00:00', page), page
+    assert 'id="deadline">deadline 2027-01-01 03:00:00' in page

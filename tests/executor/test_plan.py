@@ -117,6 +117,41 @@ def test_a_settling_task_finishes_retries_demotes_or_goes_to_the_reconciler():
     assert ended.write.status is TaskState.FAILED and ended.event[0] == tasks.TASK_FAIL
 
 
+def test_past_its_deadline_a_round_closes_the_open_nodes_and_the_task_ends_failed():
+    """ADR-0103: the open nodes (pending, demoted, a retryable failure) are closed with the
+    error "deadline reached" and nothing more is launched; a node under way is left to
+    finish, an UNKNOWN one stays UNKNOWN; the task settles FAILED, "deadline reached"."""
+    retryable = node("f", status=S.FAILED)
+    retryable.retryable = True
+    nodes = {
+        "a": node("a"),
+        "b": node("b", "a"),
+        "d": node("d", status=S.DEMOTED),
+        "f": retryable,
+        "u": node("u", status=S.UNKNOWN),
+        "w": node("w"),
+        "s": node("s", status=S.SUCCEEDED),
+    }
+    round_ = plan.plan_round("t", nodes, False, ("w",), (), {}, NOW, deadline_passed=True)
+    assert round_.launch == [] and round_.noops == []
+    assert [(c.node_id, c.expected, c.new) for c, _ in round_.writes] == [
+        ("a", S.PENDING, S.CANCELLED),
+        ("b", S.PENDING, S.CANCELLED),
+        ("d", S.DEMOTED, S.CANCELLED),
+        ("f", S.FAILED, S.CANCELLED),
+    ]
+    assert all(c.fields["last_error"] == "deadline reached" for c, _ in round_.writes)
+    assert nodes["u"].status is S.UNKNOWN and nodes["w"].status is S.PENDING
+
+    del nodes["w"]  # its call ended: recorded, it would be SUCCEEDED
+    closed = plan.settle(plan.Settling("t", "me", nodes, False, 4, 1, True, True), NOW)
+    assert (closed.write.status, closed.write.reason) == (TaskState.FAILED, "deadline reached")
+    assert closed.event == (tasks.TASK_FAIL, tasks.fail_id("t", 4))
+    succeeded = {"s": node("s", status=S.SUCCEEDED)}
+    late = plan.settle(plan.Settling("t", "me", succeeded, False, 4, 1, True, True), NOW)
+    assert late.write.status is TaskState.SUCCEEDED  # done is done, deadline or not
+
+
 def test_a_redrive_resets_what_may_run_again_and_settles_only_unknown_nodes():
     here = {
         "failed": S.FAILED,

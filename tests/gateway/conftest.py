@@ -16,11 +16,13 @@ async def make_gateway(service_db, bus, catalogue_file):
     db = await service_db("gateway")
     catalogue = load_catalogue(catalogue_file)
 
-    def make(watch_poll_interval: float = 0.5, relay_options=None, **options) -> Gateway:
-        # Kicked, not run (unless the test runs it): rows stay unsent.
-        relay = OutboxRelay(db, store.outbox, bus, **(relay_options or {}))
-        return Gateway(
-            db, relay, catalogue, Limits(), SystemClock(), watch_poll_interval, **options
-        )
+    def make(
+        watch_poll_interval: float = 0.5, relay_options=None, clock=None, **options
+    ) -> Gateway:
+        # Kicked, not run (unless the test runs it): rows stay unsent. The relay runs on the
+        # gateway's clock, as the service's does.
+        clock = clock or SystemClock()
+        relay = OutboxRelay(db, store.outbox, bus, clock=clock, **(relay_options or {}))
+        return Gateway(db, relay, catalogue, Limits(), clock, watch_poll_interval, **options)
 
     return make

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, fields
+from datetime import UTC
 
 from dispo.gateway.expand import CellRequest, Submission
 from dispo.gateway.operations import request_hash
@@ -38,9 +39,30 @@ submissions = st.builds(
 )
 
 
+def _document(sub: Submission) -> dict:
+    """The request as hashed: a delayed start and a deadline only when asked, as ISO 8601
+    in UTC (the hashes of requests without them are those stored before they existed)."""
+    whole = asdict(sub)
+    for name in ("not_before", "deadline"):
+        moment = whole.pop(name)
+        if moment is not None:
+            whole[name] = moment.astimezone(UTC).isoformat()
+    return whole
+
+
 @given(submissions)
 def test_the_hash_is_that_of_the_whole_request_in_canonical_json(sub):
-    assert request_hash(sub) == hashlib.sha256(canonical_json(asdict(sub))).hexdigest()
+    assert request_hash(sub) == hashlib.sha256(canonical_json(_document(sub))).hexdigest()
+
+
+@given(
+    submissions,
+    st.none() | st.datetimes(timezones=st.just(UTC)),
+    st.none() | st.datetimes(timezones=st.just(UTC)),
+)
+def test_a_start_and_a_deadline_are_part_of_the_request(sub, not_before, deadline):
+    sub.not_before, sub.deadline = not_before, deadline
+    assert request_hash(sub) == hashlib.sha256(canonical_json(_document(sub))).hexdigest()
 
 
 def test_a_known_request_keeps_its_stored_hash():
@@ -66,5 +88,7 @@ def test_every_field_of_a_request_is_hashed():
         "cells",
         "idempotency_key",
         "callback_url",
+        "not_before",
+        "deadline",
     ]
     assert [f.name for f in fields(CellRequest)] == ["cell", "ref", "payload", "depends_on"]

@@ -301,6 +301,37 @@ async def test_tasks_are_found_by_idempotency_key_and_counted_by_status(cli_env)
     assert too_long.returncode == 4 and "idempotency_key: longer than 128" in too_long.stderr
 
 
+async def test_a_delayed_task_is_listed_scheduled_and_cancelled_before_its_start(cli_env):
+    """``--delay`` submits a delayed start: the task is listed as scheduled (``--scheduled``,
+    and its start in the table and in ``tasks show``) and a cancel ends it before it
+    starts; a start beyond the gateway's horizon is refused naming ``not_before``."""
+    body = submission("cli-delay", {"cell": "noop"})
+    submitted = await dispo(cli_env, "submit", "-", "--delay", "1h", "--json", stdin=body)
+    assert submitted.returncode == 0, submitted.stderr
+    task_id = json.loads(submitted.stdout)["task_id"]
+    listed, table, shown = await asyncio.gather(
+        dispo(cli_env, "tasks", "list", "--business", "cli-delay", "--scheduled", "--json"),
+        dispo(cli_env, "tasks", "list", "--business", "cli-delay"),
+        dispo(cli_env, "tasks", "show", task_id, "--json"),
+    )
+    [row] = json.loads(listed.stdout)["tasks"]
+    assert row["task_id"] == task_id and row["status"] == "TASK_STATUS_ACCEPTED"
+    assert "not_before" in row, row
+    assert "scheduled" in table.stdout, table.stdout
+    assert json.loads(shown.stdout)["task"]["not_before"] == row["not_before"]
+
+    cancelled = await dispo(cli_env, "tasks", "cancel", task_id, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["task"]["status"] == "TASK_STATUS_CANCELLED"
+    after = await dispo(
+        cli_env, "tasks", "list", "--business", "cli-delay", "--scheduled", "--json"
+    )
+    assert json.loads(after.stdout).get("tasks", []) == []
+
+    refused = await dispo(cli_env, "submit", "-", "--delay", "400d", stdin=body)
+    assert refused.returncode == 4 and "not_before" in refused.stderr, refused.stderr
+
+
 async def test_a_cancelled_task_exits_1_for_submit_wait_and_watch(cli_env, downstream):
     await downstream.control(hold={"path": "/step/held"})
     waiting = asyncio.create_task(

@@ -246,6 +246,8 @@ async def test_a_quarantined_row_can_be_replayed_or_discarded(engine, db, tmp_pa
 # The services whose outbox carries the trace context of the work that wrote each row.
 TRACED = {"gateway", "executor", "reconciler"}
 WITHDRAWABLE = {"gateway"}
+# The services whose outbox holds rows until their time (ADR-0103).
+DELAYABLE = {"gateway"}
 
 
 @pytest.mark.parametrize("service", ["gateway", "executor", "reconciler", "pool"])
@@ -273,10 +275,22 @@ async def test_every_service_outbox_is_migrated_to_the_shared_shape(service_engi
             ).all()
         )
     # The shared shape; a traced outbox (libs/tracing.py) has its trace column besides, a
-    # withdrawable one (ADR-0090) its withdrawable column.
-    shape = outbox_table(MetaData(), traced=service in TRACED, withdrawable=service in WITHDRAWABLE)
+    # withdrawable one (ADR-0090) its withdrawable column, a delayable one (ADR-0103) its
+    # available_at, left out of the unsent index and indexed apart.
+    shape = outbox_table(
+        MetaData(),
+        traced=service in TRACED,
+        withdrawable=service in WITHDRAWABLE,
+        delayable=service in DELAYABLE,
+    )
     assert set(columns) == {c.name for c in shape.columns}
-    assert "WHERE ((sent_at IS NULL) AND (quarantined_at IS NULL))" in indexes["outbox_unsent"]
+    assert set(indexes) == {i.name for i in shape.indexes} | {"outbox_pkey"}
+    unsent = "WHERE ((sent_at IS NULL) AND (quarantined_at IS NULL)"
+    if service in DELAYABLE:
+        assert f"{unsent} AND (available_at IS NULL))" in indexes["outbox_unsent"]
+        assert "(available_at) WHERE" in indexes["outbox_delayed"]
+    else:
+        assert f"{unsent})" in indexes["outbox_unsent"]
     assert "WHERE (quarantined_at IS NOT NULL)" in indexes["outbox_quarantined"]
 
 

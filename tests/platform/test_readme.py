@@ -1,8 +1,8 @@
 """The tour (docs/tour.md) and the README's Python example, run as written against `dispo up`
 (ports moved to free ones), then the guides' walk-throughs on the same stack —
-docs/pipeline.md, docs/intelligence.md, docs/pool.md, docs/recovery.md — and the tour's own
-cell and downstream; then what a second run of them meets from the first: the guides can be
-run in sequence, twice, on one stack. The stack is started as the tour's "Add your own cell
+docs/pipeline.md, docs/intelligence.md, docs/pool.md, docs/recovery.md, docs/waiting-time.md —
+and the tour's own cell and downstream; then what a second run of them meets from the first:
+the guides can be run in sequence, twice, on one stack. The stack is started as the tour's "Add your own cell
 and downstream" says, with its catalogue and allow list (and the pool guide's target on it)."""
 
 import asyncio
@@ -171,6 +171,8 @@ async def test_the_tour_and_the_guides_run_twice_on_one_stack(tmp_path):
         await run_the_intelligence_guide(exported, stack)
         await run_the_pool_guide(exported, stack)
         await run_your_own_cell(exported, stack)
+        if jq:
+            await run_the_delays_and_deadlines_guide(exported, stack)
         # Then again what a second run of them meets from the first (the same keys, the same
         # evaluation ids): it answers as the first time, and no call of it is refused (set -e)
         # but those its guide says are. The recovery guide submits without a key: a second run
@@ -181,6 +183,8 @@ async def test_the_tour_and_the_guides_run_twice_on_one_stack(tmp_path):
         await run_the_intelligence_guide(exported, stack)
         await run_the_pool_guide(exported, stack)
         await run_your_own_cell(exported, stack)
+        if jq:
+            await run_the_delays_and_deadlines_guide(exported, stack)
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
@@ -384,6 +388,23 @@ async def run_your_own_cell(env: dict[str, str], stack: Stack) -> None:
     calls = stack.calls(OWN)
     assert calls.get(f"{task}/archive_content.archive") == 1, (out, calls)
     assert calls.get(f"{task}/completion") == 1, (out, calls)
+
+
+async def run_the_delays_and_deadlines_guide(env: dict[str, str], stack: Stack) -> None:
+    """docs/waiting-time.md: a delayed task listed as scheduled, then run; one cancelled
+    before its start; a start beyond the horizon refused; a deadline ending a task whose
+    label call keeps failing. New tasks each run (no key): a second run meets the same."""
+    blocks = walkthrough("waiting-time.md")
+    assert len(blocks) == 3 and not keyed(blocks), blocks
+    out = await run_guide("waiting-time.md", env, stack)
+    assert '["scheduled","TASK_STATUS_ACCEPTED"]' in out, out
+    assert '["ran","TASK_STATUS_SUCCEEDED"]' in out, out
+    assert '["TASK_STATUS_CANCELLED","cancelled before publication"]' in out, out
+    assert "not_before: more than 31622400 seconds ahead" in out, out
+    assert (
+        '["deadline reached",[{"update_quality_level.set_label":"NODE_STATUS_CANCELLED"},'
+        '{"update_quality_level.audit":"NODE_STATUS_CANCELLED"}]]'
+    ) in out, out
 
 
 def test_ci_runs_the_readme_commands():

@@ -501,3 +501,53 @@ async def test_a_callback_carries_the_result_and_waits_for_the_executor_to_give_
     body = json.loads(delivered["body"])
     assert body["task_id"] == task.task_id and body["status"] == "SUCCEEDED"
     assert body["result"] == done.result
+
+
+async def test_a_task_ended_by_its_deadline_gets_its_completion_callback(
+    start_service,
+    catalogue_file,
+    egress_allow,
+    executor_port,
+    downstream,
+    file_clock,
+    start_reconciler,
+    receiver,
+    database_url,
+):
+    """A deadline ends a task FAILED by the path of any failure (ADR-0103): its terminal
+    status reaches the reconciler, which notifies the caller. Every service on one file
+    clock: the deadline passes while ``a``'s call is under way."""
+    import json
+    from datetime import timedelta
+
+    from pipeline_fixtures import Pipeline
+
+    await signing_secret(database_url, "tests")
+    await receiver.start()
+    reconciler = await start_reconciler()  # the file clock set to now
+    pipeline = Pipeline(start_service, catalogue_file, egress_allow, executor_port=executor_port)
+    await pipeline.start_gateway(**file_clock.env)
+    await pipeline.start_executor(**file_clock.env)
+    await downstream.control(hold={"path": "/step/a", "effect": True})
+    async with pipeline.client() as client:
+        task = await client.submit(
+            "tests",
+            [cell("step", ref="a", name="a"), cell("step", ref="b", name="b").after("a")],
+            callback_url=receiver.url,
+            deadline=file_clock.now + timedelta(minutes=5),
+        )
+        key = f"{task.task_id}/a.call"
+        await eventually(downstream.calls, lambda calls: key in calls, wanted="a under way")
+        file_clock.advance(minutes=6)
+        await downstream.control(release=True)
+        done = await client.wait(task.task_id, timeout=30)
+    assert (done.status, done.status_reason) == ("FAILED", "deadline reached"), dump(done)
+
+    for _ in range(100):
+        await reconciler.tick()
+        if receiver.received:
+            break
+    [delivered] = receiver.received
+    body = json.loads(delivered["body"])
+    assert (body["task_id"], body["status"]) == (task.task_id, "FAILED")
+    assert body["status_reason"] == "deadline reached", body

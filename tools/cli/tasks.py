@@ -10,13 +10,16 @@ A submission file is the SubmitRequest as grpcurl takes it, in JSON or YAML::
          depends_on: [update_quality_level]}
 
 A file of several tasks is the SubmitManyRequest: ``requests:`` and a list of those
-(at most 500), submitted by one SubmitMany, all or none.
+(at most 500), submitted by one SubmitMany, all or none. ``not_before`` and ``deadline`` are
+ISO 8601 times (``2027-01-01T02:00:00Z``); ``--not-before``, ``--delay`` and ``--deadline``
+set them for every task of the file.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +37,7 @@ from dispo.tools.cli._common import (
     OK,
     as_dict,
     brief,
+    duration_seconds,
     emit_json,
     moment,
     out,
@@ -51,7 +55,7 @@ tasks_app = typer.Typer(
     no_args_is_help=True,
 )
 
-_SUBMIT_KEYS = {"business", "cells", "idempotency_key", "callback_url"}
+_SUBMIT_KEYS = {"business", "cells", "idempotency_key", "callback_url", "not_before", "deadline"}
 _CELL_KEYS = {"cell", "ref", "payload", "depends_on"}
 _STYLES = {
     "SUCCEEDED": "green",
@@ -123,16 +127,64 @@ def _cells(data: dict[str, Any], source: str) -> list[CellSpec]:
     return specs
 
 
+def _instant(value: Any, where: str) -> datetime | None:
+    """An ISO 8601 time of a submission (a naive one is local time); None for none."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):  # YAML reads an unquoted time as one
+        moment_ = value
+    else:
+        try:
+            moment_ = datetime.fromisoformat(str(value))
+        except ValueError:
+            usage(f"{where}: not an ISO 8601 time: {value!r}")
+    return moment_ if moment_.tzinfo else moment_.astimezone()
+
+
+def _timing(
+    found: list[dict[str, Any]], not_before: str | None, delay: str | None, deadline: str | None
+) -> None:
+    """``--not-before``, ``--delay`` and ``--deadline`` written into every submission."""
+    if not_before and delay:
+        usage("give --not-before or --delay, not both")
+    start = _instant(not_before, "--not-before") if not_before else None
+    if delay:
+        start = datetime.now(UTC) + timedelta(seconds=duration_seconds(delay))
+    end = _instant(deadline, "--deadline") if deadline else None
+    for data in found:
+        if start is not None:
+            data["not_before"] = start
+        if end is not None:
+            data["deadline"] = end
+
+
+NOT_BEFORE_OPTION = Annotated[
+    str | None,
+    typer.Option("--not-before", help="start no earlier than this ISO 8601 time (a delayed start)"),
+]
+DELAY_OPTION = Annotated[
+    str | None, typer.Option("--delay", help="start no earlier than this long from now: 90s, 15m")
+]
+DEADLINE_OPTION = Annotated[
+    str | None,
+    typer.Option("--deadline", help="end FAILED if not finished by this ISO 8601 time"),
+]
+
+
 def submit(
     ctx: typer.Context,
     source: Annotated[str, typer.Argument(help="the submission: a JSON or YAML file, - for stdin")],
     wait: Annotated[bool, typer.Option("--wait", help="follow the task to its end")] = False,
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 300.0,
+    not_before: NOT_BEFORE_OPTION = None,
+    delay: DELAY_OPTION = None,
+    deadline: DEADLINE_OPTION = None,
     as_json: JSON_OPTION = False,
 ) -> None:
     """Submit a task, or the tasks of a file of requests in one call (exit 1 with --wait
     when one ends FAILED or CANCELLED)."""
     found, many = _read(source)
+    _timing(found, not_before, delay, deadline)
     if many:
         raise typer.Exit(_submit_many(ctx, found, source, wait, timeout, as_json))
     data = found[0]
@@ -143,6 +195,8 @@ def submit(
             cells,
             idempotency_key=str(data.get("idempotency_key", "")),
             callback_url=str(data.get("callback_url", "")),
+            not_before=_instant(data.get("not_before"), f"{source}: not_before"),
+            deadline=_instant(data.get("deadline"), f"{source}: deadline"),
         )
         if not wait:
             if as_json:
@@ -169,6 +223,8 @@ def _submit_many(
             _cells(data, f"{source}: requests[{i}]"),
             idempotency_key=str(data.get("idempotency_key", "")),
             callback_url=str(data.get("callback_url", "")),
+            not_before=_instant(data.get("not_before"), f"{source}: requests[{i}].not_before"),
+            deadline=_instant(data.get("deadline"), f"{source}: requests[{i}].deadline"),
         )
         for i, data in enumerate(found)
     ]
@@ -251,6 +307,12 @@ def task_picture(view: TaskView) -> Group:
         head.append("cancel requested  ", style="yellow")
     if view.status_reason:
         head.append(view.status_reason)
+    if view.not_before is not None:
+        scheduled = view.status == "ACCEPTED" and view.not_before > datetime.now(UTC)
+        head.append(f"  {'scheduled, starts' if scheduled else 'started after'} ")
+        head.append(moment(view.not_before))
+    if view.deadline is not None:
+        head.append(f"  deadline {moment(view.deadline)}")
     table = Table(box=None, pad_edge=False)
     for column in ("node", "status", "attempts", "last error", "started", "finished"):
         table.add_column(column, overflow="fold")
@@ -346,9 +408,12 @@ def list_(
         str, typer.Option(help="the page after this one (from a --json page)")
     ] = "",
     oldest_first: Annotated[bool, typer.Option("--oldest-first", help="oldest first")] = False,
+    scheduled: Annotated[
+        bool, typer.Option("--scheduled", help="only tasks whose delayed start is ahead")
+    ] = False,
     as_json: JSON_OPTION = False,
 ) -> None:
-    """Tasks, newest first, a page at a time."""
+    """Tasks, newest first, a page at a time (a scheduled task shows when it starts)."""
     statuses = [s.upper().removeprefix("TASK_STATUS_") for s in status or []]
     with target(ctx).client() as client:
         page = client.list_page(
@@ -359,6 +424,7 @@ def list_(
             page_token=page_token,
             order="oldest" if oldest_first else "newest",
             idempotency_key=key,
+            scheduled=scheduled,
         )
     if as_json:
         reply = gateway_pb2.ListTasksResponse(tasks=[t.raw for t in page.tasks], more=page.more)
@@ -412,11 +478,13 @@ def _task_table(page: TaskPage) -> Table:
     table = Table(box=None, pad_edge=False)
     for column in ("task", "business", "status", "nodes", "created", "updated"):
         table.add_column(column)
+    now = datetime.now(UTC)
     for task in page.tasks:
         table.add_row(
             task.task_id,
             task.business,
-            _styled(task.status),
+            _styled(task.status)
+            + (f" (scheduled {moment(task.not_before)})" if task.scheduled(now) else ""),
             str(task.node_count),
             moment(task.created_at),
             moment(task.updated_at),

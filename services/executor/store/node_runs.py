@@ -225,7 +225,8 @@ async def nodes_claim_if_pending_many(
     conn: Conn, claims: Sequence[ClaimKey], now: datetime
 ) -> dict[ClaimKey, Claimed]:
     """PENDING → RUNNING for each ``(task_id, node_id, owner)``, only for the lease holder
-    and not once a cancel is requested (the claim exactly one contender wins); returns the
+    and not once a cancel is requested or the task's deadline passed at ``now`` (the claim
+    exactly one contender wins); returns the
     claims won, by ``(task_id, node_id, owner)``, with the node's new attempt counts."""
     NODE_TRANSITIONS.check(NodeState.PENDING, NodeState.RUNNING)
     return await _claim_many(conn, claims, now, "status = 'running', finished_at = NULL")
@@ -265,6 +266,8 @@ async def _claim_many(
         " WHERE r.task_id = u.task AND r.node_id = u.node AND r.status = 'pending'"
         " AND EXISTS (SELECT 1 FROM task_runs t WHERE t.task_id = u.task"
         " AND t.lease_owner = u.owner AND NOT t.cancel_requested)"
+        " AND NOT EXISTS (SELECT 1 FROM task_deadlines d WHERE d.task_id = u.task"
+        " AND d.deadline <= :now)"
         " RETURNING r.task_id, r.node_id, r.run_owner, r.attempts, r.round_attempts",
         {
             "tasks": [c[0] for c in claims],

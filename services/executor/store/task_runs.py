@@ -13,6 +13,7 @@ from dispo.executor.store.node_runs import NODES_INSERT, node_columns
 from dispo.executor.store.rows import TaskRow, task_from_row
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.db.driver import Conn
+from dispo.libs.timestamps import from_timestamp
 
 # A pass may start on a task in these states (and makes it RUNNING); a FAILED one only
 # once a redrive was applied to it (a resume).
@@ -76,6 +77,11 @@ async def tasks_insert_many(
         " WITH ORDINALITY AS u(id, gen, cancel, env, owner, n) ORDER BY n"
         " ON CONFLICT (task_id) DO NOTHING RETURNING task_id),"
         f" nodes AS ({NODES_INSERT} JOIN inserted i ON i.task_id = r.task"
+        " ON CONFLICT DO NOTHING),"
+        " deadlines AS (INSERT INTO task_deadlines (task_id, deadline)"
+        " SELECT d.id, d.deadline FROM unnest(CAST(:ids AS text[]),"
+        " CAST(:deadlines AS timestamptz[])) AS d(id, deadline)"
+        " JOIN inserted i ON i.task_id = d.id WHERE d.deadline IS NOT NULL"
         " ON CONFLICT DO NOTHING)"
         " SELECT task_id FROM inserted",
         {
@@ -84,6 +90,7 @@ async def tasks_insert_many(
             "cancels": [e.cancel_requested for e in envs],
             "envs": [e.SerializeToString() for e in envs],
             "owners": [owner for _, owner in openings],
+            "deadlines": [from_timestamp(e.deadline, e.HasField("deadline")) for e in envs],
             "running": TaskState.RUNNING.value,
             "until": now + timedelta(seconds=ttl),
             "now": now,
@@ -91,6 +98,45 @@ async def tasks_insert_many(
         },
     )
     return {row.task_id for row in inserted}
+
+
+# A task past its deadline that no pass holds: between passes (a short retry waiting for its
+# message) or parked with the reconciler. A task a pass holds is closed by that pass's
+# next step; one whose pass died, by the next pass its message brings (ADR-0103).
+DEADLINE_SWEPT = (TaskState.RUNNING, TaskState.RETRY_EXHAUSTED, TaskState.DEMOTED)
+
+
+async def tasks_past_deadline_lock_many(
+    conn: Conn, now: datetime, limit: int
+) -> tuple[list[TaskRow], list[str]]:
+    """Up to ``limit`` tasks whose deadline is at or before ``now`` and that no pass holds
+    (no lease owner), earliest deadline first, their ``task_deadlines`` rows locked (``SKIP
+    LOCKED``: another sweep's are left): those in :data:`DEADLINE_SWEPT`, locked, with their
+    envelopes, to close; and the ids of the others, which have ended (their deadline rows
+    are done with)."""
+    due = await conn.fetch(
+        "SELECT d.task_id, t.status FROM task_deadlines d JOIN task_runs t USING (task_id)"
+        " WHERE d.deadline <= :now AND t.lease_owner IS NULL"
+        " ORDER BY d.deadline LIMIT :limit FOR UPDATE OF d SKIP LOCKED",
+        {"now": now, "limit": limit},
+    )
+    swept = {s.value for s in DEADLINE_SWEPT}
+    rows, _ = await tasks_lock_many(
+        conn, [r.task_id for r in due if r.status in swept], envelopes=True
+    )
+    # Under the lock: a pass may have taken one since (it closes it itself).
+    closing = [r for r in rows.values() if r.lease_owner is None and r.envelope is not None]
+    ended = [r.task_id for r in due if r.status not in swept]
+    return closing, ended
+
+
+async def task_deadlines_delete_many(conn: Conn, task_ids: Sequence[str]) -> None:
+    """The deadlines of these tasks done with: each has ended, or was closed."""
+    if task_ids:
+        await conn.fetch(
+            "DELETE FROM task_deadlines WHERE task_id = ANY(CAST(:ids AS text[]))",
+            {"ids": sorted(task_ids)},
+        )
 
 
 async def tasks_insert_cancelled_many(

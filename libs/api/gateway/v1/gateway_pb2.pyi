@@ -186,6 +186,8 @@ class SubmitRequest(_message.Message):
     CELLS_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     CALLBACK_URL_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """Calling business line, e.g. "ecommerce": required; letters, digits, '_' or '-' (no '.'),
     at most 64, as CreateToken requires. A business token may only name its own business (or
@@ -207,6 +209,24 @@ class SubmitRequest(_message.Message):
         together they expand to at most 200 nodes.
         """
 
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """Start the task no earlier than this instant (a delayed start): it is accepted now,
+        durably, and its first node runs no earlier. Unset, or not after now: at once. At most
+        the gateway's max_delay_seconds (366 days) ahead: INVALID_ARGUMENT naming not_before
+        beyond. Until then the task is ACCEPTED and listed as scheduled (ListTasks'
+        `scheduled`); CancelTask ends it CANCELLED and nothing reaches the executor.
+        """
+
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """End the task FAILED ("deadline reached") if it has not finished by this instant:
+        pending nodes are closed, an UNKNOWN node stays UNKNOWN, a call under way is still
+        recorded, and the completion callback is sent. A cell's catalogue `max_duration_seconds`
+        (from the task's start) sets one too: the earliest wins. Must be after now and after
+        not_before, and at most max_delay_seconds ahead: INVALID_ARGUMENT naming deadline.
+        """
+
     def __init__(
         self,
         *,
@@ -214,10 +234,12 @@ class SubmitRequest(_message.Message):
         cells: _abc.Iterable[Global___CellRequest] | None = ...,
         idempotency_key: _builtins.str = ...,
         callback_url: _builtins.str = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "not_before", b"not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cells", b"cells", "idempotency_key", b"idempotency_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cells", b"cells", "deadline", b"deadline", "idempotency_key", b"idempotency_key", "not_before", b"not_before"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -479,6 +501,7 @@ class ListTasksRequest(_message.Message):
     PAGE_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    SCHEDULED_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """The business whose tasks to list. Empty: a business token's own business; for an admin,
     every business.
@@ -489,6 +512,10 @@ class ListTasksRequest(_message.Message):
     """Only the task submitted with this idempotency key (SubmitRequest.idempotency_key), when
     set: a key is unique per business, so this finds at most one task of each business. At
     most 128 characters (INVALID_ARGUMENT beyond). Empty: any key, or none.
+    """
+    scheduled: _builtins.bool
+    """Only scheduled tasks: ACCEPTED with a not_before still ahead (a delayed start that has
+    not started).
     """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.TaskStatus.ValueType]:
@@ -516,10 +543,11 @@ class ListTasksRequest(_message.Message):
         page: _common_pb2.PageRequest | None = ...,
         order: Global___TaskOrder.ValueType = ...,
         idempotency_key: _builtins.str = ...,
+        scheduled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "page", b"page"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "order", b"order", "page", b"page", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "order", b"order", "page", b"page", "scheduled", b"scheduled", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -538,6 +566,8 @@ class TaskSummary(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     NODE_COUNT_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task's id."""
     business: _builtins.str
@@ -556,6 +586,16 @@ class TaskSummary(_message.Message):
     def updated_at(self) -> _timestamp_pb2.Timestamp:
         """When its status or nodes last changed."""
 
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """When its first node may run (SubmitRequest.not_before); unset: at once. An ACCEPTED
+        task whose not_before is ahead is scheduled.
+        """
+
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """When it ends FAILED ("deadline reached") unless finished by then; unset: never."""
+
     def __init__(
         self,
         *,
@@ -566,10 +606,12 @@ class TaskSummary(_message.Message):
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         node_count: _builtins.int = ...,
         cancel_requested: _builtins.bool = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "not_before", b"not_before", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "node_count", b"node_count", "status", b"status", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "deadline", b"deadline", "node_count", b"node_count", "not_before", b"not_before", "status", b"status", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1228,10 +1270,15 @@ class Cell(_message.Message):
     FIELDS_FIELD_NUMBER: _builtins.int
     ACTIONS_FIELD_NUMBER: _builtins.int
     RESULT_ACTIONS_FIELD_NUMBER: _builtins.int
+    MAX_DURATION_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The name a submission uses (CellRequest.cell), e.g. "update_quality_level"."""
     description: _builtins.str
     """What it does, in a sentence, from the catalogue."""
+    max_duration_seconds: _builtins.int
+    """The longest a task with this cell may run, in seconds from its start (the catalogue's
+    `max_duration_seconds`): past it the task ends FAILED, "deadline reached". 0: no limit.
+    """
     @_builtins.property
     def fields(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellField]:
         """The payload fields it accepts."""
@@ -1254,10 +1301,11 @@ class Cell(_message.Message):
         fields: _abc.Iterable[Global___CellField] | None = ...,
         actions: _abc.Iterable[Global___CellAction] | None = ...,
         result_actions: _abc.Iterable[_builtins.str] | None = ...,
+        max_duration_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "description", b"description", "fields", b"fields", "name", b"name", "result_actions", b"result_actions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "description", b"description", "fields", b"fields", "max_duration_seconds", b"max_duration_seconds", "name", b"name", "result_actions", b"result_actions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -409,6 +409,8 @@ class Task(_message.Message):
     REDRIVE_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     OUTPUTS_UNAVAILABLE_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task's id (32 hex characters), given by the gateway at acceptance."""
     business: _builtins.str
@@ -463,6 +465,19 @@ class Task(_message.Message):
         WatchTask answers of a SUCCEEDED task and in its completion callback, never on the bus.
         """
 
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """Its first node runs no earlier than this (SubmitRequest.not_before, a delayed start):
+        the gateway publishes its task.create then. Unset: at once.
+        """
+
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """Past this instant the executor ends the task FAILED with "deadline reached", closing
+        the nodes that have not started (the earliest of SubmitRequest.deadline and its cells'
+        max_duration_seconds from its start). Unset: no deadline.
+        """
+
     def __init__(
         self,
         *,
@@ -482,10 +497,12 @@ class Task(_message.Message):
         redrive: Global___Redrive | None = ...,
         result: _common_pb2.Payload | None = ...,
         outputs_unavailable: _builtins.bool = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "redrive", b"redrive", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "not_before", b"not_before", "redrive", b"redrive", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "outputs_unavailable", b"outputs_unavailable", "payloads", b"payloads", "redrive", b"redrive", "result", b"result", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "deadline", b"deadline", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "not_before", b"not_before", "outputs_unavailable", b"outputs_unavailable", "payloads", b"payloads", "redrive", b"redrive", "result", b"result", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
