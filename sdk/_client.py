@@ -18,6 +18,7 @@ from dispo.libs.proto_enums import task_status_name
 from dispo.libs.task_requests import count_request, counts_of, events_request, list_request
 from dispo.libs.tls import ClientTLS
 from dispo.sdk._gather import Gathered
+from dispo.sdk._schedules import AsyncScheduleCalls, ScheduleCalls
 from dispo.sdk._types import (
     CellSpec,
     DispoError,
@@ -117,7 +118,7 @@ class _Gathered:
     deadline: float
 
 
-class AsyncClient:
+class AsyncClient(AsyncScheduleCalls):
     """``async with AsyncClient("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
@@ -380,7 +381,7 @@ class AsyncClient:
                 ) from None
 
 
-class Client:
+class Client(ScheduleCalls):
     """Blocking client: ``with Client("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
