@@ -13,6 +13,7 @@ from dispo.gateway.expand import Limits
 from dispo.gateway.operations import Gateway
 from dispo.gateway.schedules.operations import Schedules
 from dispo.gateway.schedules.policy import Due, Overlap, Spec, jitter, plan
+from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, schedule_pb2
 from dispo.libs.api.task.v1 import task_pb2
@@ -194,12 +195,19 @@ async def test_buffer_one_keeps_one_firing_until_the_previous_task_ends(replica,
     )
 
 
-async def test_allow_submits_every_firing(replica, clock):
+def accepted_count() -> float:
+    """The gateway's accepted-task counter of business ``tests`` in this process."""
+    return metrics._TASKS_ACCEPTED("tests")._value.get()
+
+
+async def test_allow_submits_every_firing_each_counted_as_accepted(replica, clock):
     schedules = await replica()
     await schedules.create("allow", "tests", definition(), paused=False)
+    before = accepted_count()
     clock.advance(30 + 120)
     await drain(schedules)
     assert await fired_keys(schedules) == keys("allow", 1, 2, 3)
+    assert accepted_count() - before == 3
 
 
 async def test_a_paused_schedule_does_not_fire_and_resumes_from_now(replica, clock):

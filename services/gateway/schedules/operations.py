@@ -15,6 +15,7 @@ from datetime import datetime
 
 from dispo.gateway import store as tasks_store
 from dispo.gateway.convert import submission_from_proto
+from dispo.gateway.expand import Submission
 from dispo.gateway.operations import Gateway
 from dispo.gateway.schedules import store
 from dispo.gateway.schedules.convert import (
@@ -26,6 +27,7 @@ from dispo.gateway.schedules.convert import (
     spec_of,
 )
 from dispo.gateway.schedules.policy import Due, Spec, firing_key, jitter, plan
+from dispo.libs import metrics
 from dispo.libs.api.gateway.v1 import schedule_pb2
 from dispo.libs.db.driver import Conn
 from dispo.libs.error_text import truncate_error
@@ -64,6 +66,12 @@ def _next(schedule_id: str, spec: Spec, now: datetime) -> tuple[datetime, dateti
     return fire, fire + jitter(schedule_id, fire, spec.jitter_seconds)
 
 
+def _counted(accepted: list[Submission]) -> None:
+    """The firings' new tasks in the gateway's accepted-task metrics, as a Submit's."""
+    for sub in accepted:
+        metrics.task_accepted(sub.business, (c.cell for c in sub.cells))
+
+
 class Schedules:
     def __init__(self, gateway: Gateway, *, batch: int = 100) -> None:
         self.gateway = gateway
@@ -74,12 +82,12 @@ class Schedules:
 
     async def _task(
         self, schedule_id: str, definition: schedule_pb2.ScheduleDefinition, fire: datetime
-    ) -> tasks_store.NewTask:
+    ) -> tuple[Submission, tasks_store.NewTask]:
         """The task a firing at ``fire`` submits, validated and expanded as a Submit's."""
         template = definition.template
         sub = submission_from_proto(template, template.business)
         sub.idempotency_key = firing_key(schedule_id, fire)
-        return await self.gateway.prepare(sub)
+        return sub, await self.gateway.prepare(sub)
 
     async def _checked(
         self, schedule_id: str, definition: schedule_pb2.ScheduleDefinition, now: datetime
@@ -232,10 +240,11 @@ class Schedules:
         log.info("schedule deleted", schedule_id=schedule_id)
 
     async def _accept(
-        self, conn: Conn, news: list[tasks_store.NewTask]
-    ) -> tuple[dict[str, str], Staged]:
+        self, conn: Conn, made: list[tuple[Submission, tasks_store.NewTask]]
+    ) -> tuple[dict[str, str], Staged, list[Submission]]:
         """Write the firings' tasks in the caller's transaction; each one's task id (the one
-        holding its key when it was taken already)."""
+        holding its key when it was taken already), and the submissions inserted."""
+        news = [new for _, new in made]
         staged = self.relay.staged()
         inserted = await tasks_store.tasks_accept_many(conn, news, staged)
         taken = [(n.business, n.idempotency_key) for n in news if n.task_id not in inserted]
@@ -246,7 +255,7 @@ class Schedules:
             ids[n.task_id] = (
                 n.task_id if n.task_id in inserted or holder is None else holder.task_id
             )
-        return ids, staged
+        return ids, staged, [sub for sub, new in made if new.task_id in inserted]
 
     async def trigger(self, schedule_id: str) -> schedule_pb2.Firing:
         """Fire now, whatever the spec, the pause and the overlap policy say."""
@@ -256,15 +265,16 @@ class Schedules:
             if row is None:
                 raise NotFound(f"no schedule {schedule_id!r}")
             try:
-                new = await self._task(schedule_id, _definition(row), now)
+                made = await self._task(schedule_id, _definition(row), now)
             except DomainError as error:
                 refused = within("definition.template", error)
                 raise FailedPrecondition(
                     f"the schedule's template is refused now: {error.message}",
                     refused.violations,
                 ) from None
-            ids, staged = await self._accept(conn, [new])
-            firing = store.FiringRow(schedule_id, now, now, "submitted", ids[new.task_id], "", True)
+            ids, staged, accepted = await self._accept(conn, [made])
+            task_id = ids[made[1].task_id]
+            firing = store.FiringRow(schedule_id, now, now, "submitted", task_id, "", True)
             step = store.Fired(
                 schedule_id,
                 row.next_fire_at,
@@ -277,6 +287,7 @@ class Schedules:
             )
             await store.schedules_fire_if_expected_many(conn, [step], now)
         self.relay.publish_committed(staged)
+        _counted(accepted)
         log.info("schedule triggered", schedule_id=schedule_id, task_id=firing.task_id)
         return firing_to_proto(firing, schedule_pb2.Firing())
 
@@ -291,7 +302,7 @@ class Schedules:
             if not locked:
                 return None
             steps: list[store.Fired] = []
-            news: list[tasks_store.NewTask] = []
+            made: list[tuple[Submission, tasks_store.NewTask]] = []
             for row, previous_done in locked:
                 definition = _definition(row)
                 assert row.next_fire_at is not None
@@ -308,7 +319,7 @@ class Schedules:
                 firing = None
                 if step.submit is not None:
                     try:
-                        new = await self._task(row.schedule_id, definition, step.submit)
+                        sub, new = await self._task(row.schedule_id, definition, step.submit)
                     except DomainError as error:
                         reason = truncate_error(error.message)
                         firing = store.FiringRow(
@@ -321,7 +332,7 @@ class Schedules:
                             reason=reason,
                         )
                     else:
-                        news.append(new)
+                        made.append((sub, new))
                         firing = store.FiringRow(
                             row.schedule_id, step.submit, now, "submitted", new.task_id, "", False
                         )
@@ -337,7 +348,7 @@ class Schedules:
                         firing,
                     )
                 )
-            ids, staged = await self._accept(conn, news)
+            ids, staged, accepted = await self._accept(conn, made)
             steps = [
                 replace(s, firing=replace(s.firing, task_id=ids[s.firing.task_id]))
                 if s.firing is not None and s.firing.task_id is not None
@@ -346,6 +357,7 @@ class Schedules:
             ]
             await store.schedules_fire_if_expected_many(conn, steps, now)
         self.relay.publish_committed(staged)
+        _counted(accepted)
         for s in steps:
             if s.firing is not None and s.firing.task_id is not None:
                 log.info(
