@@ -88,7 +88,9 @@ class ScheduleServiceServicer:
     def CreateSchedule(self, request, context):
         """Record a new schedule; its first firing is the first fire time after now. Bad input
         (a cron expression, a time zone, a template the catalogue refuses) is INVALID_ARGUMENT
-        naming the field, and stores nothing; an id taken already is ALREADY_EXISTS.
+        naming the field, and stores nothing. The same request again answers the schedule as it
+        is; another definition under the same id is FAILED_PRECONDITION naming "definition", an
+        id another business holds ALREADY_EXISTS.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -44,7 +44,9 @@ class ScheduleServiceStub:
     CreateSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.CreateScheduleRequest, _schedule_pb2.CreateScheduleResponse]
     """Record a new schedule; its first firing is the first fire time after now. Bad input
     (a cron expression, a time zone, a template the catalogue refuses) is INVALID_ARGUMENT
-    naming the field, and stores nothing; an id taken already is ALREADY_EXISTS.
+    naming the field, and stores nothing. The same request again answers the schedule as it
+    is; another definition under the same id is FAILED_PRECONDITION naming "definition", an
+    id another business holds ALREADY_EXISTS.
     """
     GetSchedule: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.GetScheduleRequest, _schedule_pb2.GetScheduleResponse]
     """One schedule with its next fire times and its last firings."""
@@ -76,7 +78,9 @@ class ScheduleServiceAsyncStub(ScheduleServiceStub):
     CreateSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.CreateScheduleRequest, _schedule_pb2.CreateScheduleResponse]  # type: ignore[assignment]
     """Record a new schedule; its first firing is the first fire time after now. Bad input
     (a cron expression, a time zone, a template the catalogue refuses) is INVALID_ARGUMENT
-    naming the field, and stores nothing; an id taken already is ALREADY_EXISTS.
+    naming the field, and stores nothing. The same request again answers the schedule as it
+    is; another definition under the same id is FAILED_PRECONDITION naming "definition", an
+    id another business holds ALREADY_EXISTS.
     """
     GetSchedule: _aio.UnaryUnaryMultiCallable[_schedule_pb2.GetScheduleRequest, _schedule_pb2.GetScheduleResponse]  # type: ignore[assignment]
     """One schedule with its next fire times and its last firings."""
@@ -111,7 +115,9 @@ class ScheduleServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_schedule_pb2.CreateScheduleResponse, _abc.Awaitable[_schedule_pb2.CreateScheduleResponse]]:
         """Record a new schedule; its first firing is the first fire time after now. Bad input
         (a cron expression, a time zone, a template the catalogue refuses) is INVALID_ARGUMENT
-        naming the field, and stores nothing; an id taken already is ALREADY_EXISTS.
+        naming the field, and stores nothing. The same request again answers the schedule as it
+        is; another definition under the same id is FAILED_PRECONDITION naming "definition", an
+        id another business holds ALREADY_EXISTS.
         """
 
     @_abc_1.abstractmethod
