@@ -28,6 +28,7 @@ its internals and may change between releases.
 import dispo.libs  # noqa: F401  (sets gRPC's fork mode before grpc loads)
 from dispo.sdk import cells
 from dispo.sdk._client import AsyncClient, Client
+from dispo.sdk._schedules import Firing, Schedule
 from dispo.sdk._types import (
     TERMINAL,
     CellSpec,
@@ -53,11 +54,13 @@ __all__ = [
     "CellSpec",
     "Completion",
     "DispoError",
+    "Firing",
     "NodeChange",
     "NodeView",
     "ProbeAnswer",
     "RetryableError",
     "RunContext",
+    "Schedule",
     "Signalled",
     "Submitted",
     "TaskEvent",

@@ -19,6 +19,7 @@ from dispo.libs.task_requests import count_request, counts_of, events_request, l
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tls import ClientTLS
 from dispo.sdk._gather import Gathered
+from dispo.sdk._schedules import AsyncScheduleCalls, ScheduleCalls
 from dispo.sdk._types import (
     CellSpec,
     DispoError,
@@ -134,7 +135,7 @@ class _Gathered:
     deadline: float
 
 
-class AsyncClient:
+class AsyncClient(AsyncScheduleCalls):
     """``async with AsyncClient("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
@@ -425,7 +426,7 @@ class AsyncClient:
                 ) from None
 
 
-class Client:
+class Client(ScheduleCalls):
     """Blocking client: ``with Client("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;

@@ -74,6 +74,18 @@ RULES: dict[str, Rule] = {
         ListTaskEvents=BUSINESS,
         ListCells=BUSINESS,
     ),
+    # A business token manages its own business's schedules (ADR-0104).
+    **_methods(
+        "dispo.gateway.v1.ScheduleService",
+        CreateSchedule=BUSINESS,
+        GetSchedule=BUSINESS,
+        ListSchedules=BUSINESS,
+        UpdateSchedule=BUSINESS,
+        PauseSchedule=BUSINESS,
+        ResumeSchedule=BUSINESS,
+        DeleteSchedule=BUSINESS,
+        TriggerSchedule=BUSINESS,
+    ),
     **_methods(
         "dispo.auth.v1.TokenService",
         CreateToken=ADMIN,

@@ -33,6 +33,7 @@ from dispo.console.backend import (
 )
 from dispo.console.headers import SecurityHeaders
 from dispo.console.origin import SameOriginWrites, console_hosts
+from dispo.console.schedule_views import schedule_row
 from dispo.console.settings import ConsoleSettings
 from dispo.console.views import (
     COLOURS,
@@ -663,6 +664,33 @@ failed_page, failed_stream = _live("failed.html", _failed_context, {"work": "_fa
 downstreams_page, downstreams_stream = _live(
     "downstreams.html", _downstreams_context, {"downstreams": "_downstream_rows.html"}
 )
+
+
+async def _schedules_context(request: Request, token: str) -> dict[str, Any]:
+    return {"schedules": [schedule_row(s) for s in await _backend(request).schedule_list(token)]}
+
+
+async def _schedule_context(request: Request, token: str) -> dict[str, Any]:
+    found = await _backend(request).schedule(token, request.path_params["schedule_id"])
+    return {"schedule": schedule_row(found)}
+
+
+schedules_page, schedules_stream = _live(
+    "schedules.html", _schedules_context, {"schedules": "_schedule_rows.html"}
+)
+schedule_page, schedule_stream = _live(
+    "schedule.html", _schedule_context, {"schedule": "_schedule_detail.html"}
+)
+
+
+def _schedule(request: Request) -> str:
+    return f"/schedules/{request.path_params['schedule_id']}"
+
+
+schedule_pause = _action("pause", _schedule, lambda b, t, f: b.pause_schedule(t, f["schedule_id"]))
+schedule_resume = _action(
+    "resume", _schedule, lambda b, t, f: b.resume_schedule(t, f["schedule_id"])
+)
 pool_page, pool_stream = _live(
     "pool.html", _pool_context, {"pool": "_pool_rows.html", "figures": "_pool_figures.json"}
 )
@@ -710,6 +738,12 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/downstreams/stream", downstreams_stream),
         Route("/downstreams/{name}/pause", pause, methods=["POST"]),
         Route("/downstreams/{name}/resume", unpause, methods=["POST"]),
+        Route("/schedules", schedules_page),
+        Route("/schedules/stream", schedules_stream),
+        Route("/schedules/{schedule_id}", schedule_page),
+        Route("/schedules/{schedule_id}/stream", schedule_stream),
+        Route("/schedules/{schedule_id}/pause", schedule_pause, methods=["POST"]),
+        Route("/schedules/{schedule_id}/resume", schedule_resume, methods=["POST"]),
         Route("/pool", pool_page),
         Route("/pool/stream", pool_stream),
         Route("/pool/bounds", bounds, methods=["POST"]),

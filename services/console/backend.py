@@ -17,7 +17,8 @@ import grpc
 from dispo.console.settings import ConsoleSettings
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
-from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc, schedule_pb2_grpc
+from dispo.libs.api.gateway.v1 import schedule_pb2 as spb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
@@ -48,6 +49,8 @@ ASSIGNMENTS_PAGE = 20
 RESIZES_PAGE = 20
 # How many tasks a bulk resume's progress follows (the reconciler's page).
 RESUMED_PAGE = 500
+# The schedules the Schedules page lists (one ListSchedules page).
+SCHEDULES_PAGE = 500
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Backend:
             intelligence := open_channel(settings.intelligence_address, ""),
         ]
         self.gateway = gateway_pb2_grpc.GatewayServiceStub(gateway)
+        self.schedules = schedule_pb2_grpc.ScheduleServiceStub(gateway)
         self.reconciler = reconciler_pb2_grpc.ReconcilerServiceStub(reconciler)
         self.executor = executor_pb2_grpc.ExecutorServiceStub(executor)
         self.pool = pool_pb2_grpc.PoolServiceStub(pool)
@@ -358,6 +362,24 @@ class Backend:
             rpb.ResumeDownstreamRequest(name=name, actor=actor),
             token,
         )
+
+    async def schedule_list(self, token: str) -> list[spb.Schedule]:
+        """The schedules the token may see, by id (the first SCHEDULES_PAGE)."""
+        request = spb.ListSchedulesRequest()
+        request.page.page_size = SCHEDULES_PAGE
+        return list((await self._call(self.schedules.ListSchedules, request, token)).schedules)
+
+    async def schedule(self, token: str, schedule_id: str) -> spb.Schedule:
+        request = spb.GetScheduleRequest(schedule_id=schedule_id)
+        return (await self._call(self.schedules.GetSchedule, request, token)).schedule
+
+    async def pause_schedule(self, token: str, schedule_id: str) -> None:
+        request = spb.PauseScheduleRequest(schedule_id=schedule_id)
+        await self._call(self.schedules.PauseSchedule, request, token)
+
+    async def resume_schedule(self, token: str, schedule_id: str) -> None:
+        request = spb.ResumeScheduleRequest(schedule_id=schedule_id)
+        await self._call(self.schedules.ResumeSchedule, request, token)
 
     async def pool_state(self, token: str) -> PoolState:
         status, crons, queue, assignments, resizes = await asyncio.gather(

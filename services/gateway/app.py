@@ -13,6 +13,8 @@ from dispo.auth.signing import configured_key
 from dispo.gateway import store
 from dispo.gateway.operations import Gateway
 from dispo.gateway.outputs import ViewOutputs
+from dispo.gateway.schedules import servicer as schedules
+from dispo.gateway.schedules.operations import Schedules
 from dispo.gateway.servicer import GatewayServicer
 from dispo.gateway.settings import GatewaySettings
 from dispo.gateway.snapshots import snapshot_problem
@@ -100,6 +102,13 @@ async def setup(rt: Runtime) -> None:
     rt.add_servicer(
         lambda server: tokens.add_to_server(token_servicer, server), tokens.SERVICE_NAME
     )
+    # Schedules (ADR-0104): every replica runs the firing pass; the row locks share the work.
+    firings = Schedules(gateway, batch=settings.schedule_batch)
+    schedule_servicer = schedules.ScheduleServicer(firings, settings.max_page_size)
+    rt.add_servicer(
+        lambda server: schedules.add_to_server(schedule_servicer, server), schedules.SERVICE_NAME
+    )
+    rt.add_periodic("schedule firings", firings.fire_due, settings.schedule_interval_seconds)
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.add_part("status consumer", statuses.run, statuses.stop)
 

@@ -90,6 +90,15 @@ class GatewaySettings(BaseSettings):
         description="Deadline of one read of a task's outputs from the executor; beyond it the"
         " view is answered without them (`outputs_unavailable`)",
     )
+    schedule_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often every gateway looks for due schedule firings (ADR-0104): a"
+        " firing submits at most this late after its fire time (and jitter)",
+    )
+    schedule_batch: int = Field(
+        default=100, ge=1, description="Most schedules one firing transaction takes"
+    )
 
     max_delay_seconds: int = Field(
         default=timing.DEFAULT_MAX_DELAY_SECONDS,

@@ -1095,6 +1095,45 @@ async def test_a_token_revoked_while_a_list_is_open_signs_the_browser_out(
     await context.close()
 
 
+async def test_schedules_are_listed_with_their_next_firings_and_paused_and_resumed(
+    browser, console
+):
+    async with console.pipeline.client() as client:
+        await client.create_schedule(
+            "console-nightly",
+            BUSINESS,
+            [CellSpec("noop")],
+            cron="0 2 * * *",
+            time_zone="Europe/Berlin",
+        )
+        fired = await client.trigger_schedule("console-nightly")
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/schedules")
+    row = page.locator("tr[data-schedule=console-nightly]")
+    await expect(row).to_contain_text("0 2 * * * (Europe/Berlin)")
+    await expect(row.locator(".state")).to_have_text("active")
+    await expect(row.locator(".next")).to_contain_text(":00:00")  # 02:00 in Berlin, in UTC
+    await expect(row.locator(f".last a[href='/tasks/{fired.task_id}']")).to_have_count(1)
+    await row.locator("a[href='/schedules/console-nightly']").click()
+    link = page.locator(f"#firings a[href='/tasks/{fired.task_id}']")
+    await expect(link).to_have_count(1)
+    await expect(page.locator("#firings")).to_contain_text("(triggered)")
+    await page.locator("button.pause").click()  # confirmed
+    await expect(page.locator("#notice")).to_have_text("pause: done")
+    await expect(page.locator("#schedule .state")).to_contain_text("paused")
+    async with console.pipeline.client() as client:
+        assert (await client.get_schedule("console-nightly")).paused
+    await page.locator("button.resume").click()
+    await expect(page.locator("#notice")).to_have_text("resume: done")
+    await expect(page.locator("#schedule .state")).to_contain_text("active")
+    await link.click()  # the firing's task
+    await expect(page).to_have_url(f"{console.url}/tasks/{fired.task_id}")
+    assert watched.errors == []
+    await context.close()
+
+
 def test_the_run_took_every_picture_and_changed_no_tracked_one(screenshots, pictures_before):
     """Last in the file: every picture of the documentation was taken again, into the scratch
     folder; the tracked ones are as the run found them (only ``--screenshots`` rewrites them)."""

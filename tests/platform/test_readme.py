@@ -479,3 +479,53 @@ async def run_blocks(blocks: list[str], env: dict[str, str], stack: Stack) -> st
     assert result.returncode != 124, out  # timed out: a wait of it never ended
     assert re.findall(r"^  Code: (\w+)$", out, re.M) == failures_foretold(blocks), out
     return out
+
+
+@pytest.mark.timeout(600)
+async def test_the_schedules_guide_runs_twice_on_a_stack(tmp_path):
+    """docs/schedules.md: a nightly schedule created, triggered and its task followed to its
+    end, paused, changed, resumed and deleted; a bad time zone refused; then its Python
+    example. Twice: the same create again answers the same schedule."""
+    stack = Stack(tmp_path)
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
+    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
+    env["DISPO_CONSOLE_PORT"] = str(free_port())
+    output = tmp_path / "up.out"
+    with open(output, "wb") as out:
+        up = subprocess.Popen(
+            [
+                str(BIN / "dispo"),
+                "up",
+                "--nats-port",
+                str(free_port()),
+                "--demo-port",
+                str(stack.moved[DEMO]),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def ready() -> bool:
+            assert up.poll() is None, output.read_text()
+            return "Ctrl-C stops everything" in output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+        [example] = re.findall(
+            r"```python\n(.*?)```", section("docs/schedules.md", "From Python"), re.S
+        )
+        for _ in range(2):
+            out = await run_guide("schedules.md", exported, stack)
+            assert out.count("nightly-recheck") >= 4, out
+            assert "fired: task" not in out  # the trigger's --json answer, not the line
+            assert '"manual": true' in out and "SUCCEEDED" in out, out
+            assert "definition.spec.time_zone" in out, out
+            assert '"paused": false' in out, out  # resume --json
+            assert (await python(example, exported, stack)).startswith("20"), out
+    finally:
+        up.send_signal(signal.SIGINT)
+        await asyncio.to_thread(up.wait, 60)
