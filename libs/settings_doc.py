@@ -33,6 +33,7 @@ SETTINGS = (
     "dispo.libs.settings:CommonSettings",
     "dispo.libs.settings:TLSSettings",
     "dispo.libs.settings:StreamSettings",
+    "dispo.tools.stack.logs:LogSettings",
     "dispo.console.settings:ConsoleSettings",
     "dispo.libs.catalogue:CatalogueSettings",
     "dispo.gateway.settings:GatewaySettings",
