@@ -34,6 +34,8 @@ SETTINGS = (
     "dispo.libs.settings:TLSSettings",
     "dispo.libs.settings:StreamSettings",
     "dispo.tools.stack.logs:LogSettings",
+    "dispo.libs.policy:PolicySettings",
+    "dispo.libs.retention:RetentionSettings",
     "dispo.console.settings:ConsoleSettings",
     "dispo.libs.catalogue:CatalogueSettings",
     "dispo.gateway.settings:GatewaySettings",

@@ -8,6 +8,7 @@ dispo downstreams list|pause|resume           downstream health and pauses
 dispo pool status|queue|evaluations|boost|bounds   the cron pool
 dispo jobs list|show|trigger                  intelligence analysis and comparison jobs
 dispo quarantine list|show|replay|discard     messages a service's consumers set aside
+dispo retention show                          finished tasks past their retention (a dry run)
 dispo tokens create|list|revoke|rotate-secret|finish-rotation|secrets   API tokens (admin)
 dispo worker run module:attribute             a worker serving worker actions' queues
 dispo bench submit|pool|faults [options]      benchmarks
@@ -32,7 +33,7 @@ import typer
 from dispo.libs.health import UNREACHABLE as NOT_ANSWERING
 from dispo.libs.health import health_status, http_health_status
 from dispo.libs.settings import DEFAULT_CONSOLE_PORT
-from dispo.tools.cli import operate, tasks, tokens, workers
+from dispo.tools.cli import operate, retention, tasks, tokens, workers
 from dispo.tools.cli._common import (
     ENDED_BADLY,
     OK,
@@ -344,6 +345,7 @@ app.add_typer(operate.downstreams_app, name="downstreams")
 app.add_typer(operate.pool_app, name="pool")
 app.add_typer(operate.jobs_app, name="jobs")
 app.add_typer(operate.quarantine_app, name="quarantine")
+app.add_typer(retention.retention_app, name="retention")
 app.add_typer(tokens.tokens_app, name="tokens")
 app.add_typer(workers.worker_app, name="worker")
 

@@ -6,6 +6,8 @@ task is a list of one (River's ``JobSetStateIfRunningMany``).
 - :mod:`.node_runs`: the ``node_runs`` rows: claims, guarded moves, redrives;
 - :mod:`.status_events`: a task's snapshot and its events in the outbox, with the task
   rows a pass's end writes (one statement, ADR-0058);
+- :mod:`.retention`: finished tasks past their business's retention, deleted with their
+  nodes and worker runs (ADR-0105);
 - :mod:`.rows`: what a row reads as.
 
 The rules: every move is checked against ``NODE_TRANSITIONS`` / ``TASK_TRANSITIONS``
