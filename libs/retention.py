@@ -60,10 +60,11 @@ class RetentionSettings(BaseSettings):
         " of the service), one short statement committed alone",
     )
     pause_seconds: float = Field(
-        default=0.1,
+        default=1.0,
         ge=0,
         description="Seconds between two retention batches while a backlog lasts, left to the"
-        " hot path",
+        " hot path: with `DISPO_RETENTION_BATCH`, at most 500 tasks a second per service by"
+        " default, ten times what a stack finishing 50 tasks a second needs",
     )
 
 

@@ -11,7 +11,7 @@ dispo quarantine list|show|replay|discard     messages a service's consumers set
 dispo retention show                          finished tasks past their retention (a dry run)
 dispo tokens create|list|revoke|rotate-secret|finish-rotation|secrets   API tokens (admin)
 dispo worker run module:attribute             a worker serving worker actions' queues
-dispo bench submit|pool|faults [options]      benchmarks
+dispo bench submit|pool|faults|purge [options]   benchmarks
 
 Every command that calls the stack takes ``--json`` (a test checks); the exit codes are in
 :mod:`dispo.tools.cli._common`.
@@ -305,6 +305,7 @@ BENCHMARKS = {
     "submit": "dispo.tools.bench.run",  # tasks through the pipeline: throughput, latency, CPU, ceiling
     "pool": "dispo.tools.bench.pool",  # cron claims and run recordings under contention
     "faults": "dispo.tools.bench.faults",  # the fault campaign: lost, stuck, duplicate effects
+    "purge": "dispo.tools.bench.purge",  # the submit bench beside a retention purge
 }
 
 
@@ -324,7 +325,9 @@ def bench(
     ctx: typer.Context,
     benchmark: Annotated[
         Benchmark,
-        typer.Argument(help="submit, pool or faults; its own options follow (--help lists them)"),
+        typer.Argument(
+            help="submit, pool, faults or purge; its own options follow (--help lists them)"
+        ),
     ],
 ) -> None:
     """Run a benchmark and print throughput and latency percentiles."""
