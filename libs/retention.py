@@ -2,19 +2,21 @@
 retention period (:mod:`dispo.libs.policy`) has passed, in small batches on the injectable
 clock (ADR-0105; River's job cleaner and Oban's Pruner are the models).
 
-A service gives its store's two list-shaped statements: the businesses it holds finished
-tasks of, and one guarded delete of at most ``batch`` tasks past their business's cutoff
-(with everything it keeps about them), which answers how many rows of each table it
-deleted. :class:`Retention` runs them as a periodic part::
+A service gives its store's three list-shaped statements: the businesses it holds tasks
+of, one guarded delete of at most ``batch`` tasks past their business's cutoff (with
+everything it keeps about them) answering how many rows of each table it deleted, and a
+count of what is due (the dry run). :func:`add_retention` runs them as a periodic part and
+serves ``dispo.retention.v1.RetentionService``::
 
-    retention = Retention("gateway", db, policy, rt.clock, store.tasks_businesses_finished,
-                          store.tasks_delete_if_finished_many, RetentionSettings())
-    rt.add_periodic("retention", retention.purge_pass, retention.settings.interval_seconds)
+    add_retention(rt, "gateway", db, store.tasks_businesses_finished,
+                  store.tasks_delete_if_finished_many, store.tasks_due)
 
-Each batch is one statement committed alone: its locks last milliseconds, and rows another
-transaction holds are skipped (``FOR UPDATE SKIP LOCKED``), never waited for. While a
-backlog lasts the next batch follows after ``pause_seconds``, so the hot path's statements
-get the database between them; once a batch is short the part waits its interval.
+Each batch is one short transaction (one statement, or the reconciler's three): its locks
+last milliseconds, and rows another transaction holds are skipped (``FOR UPDATE SKIP
+LOCKED``), never waited for. While a backlog lasts the next batch follows after
+``pause_seconds``, so the hot path's statements get the database between them; once a batch
+is short the part waits its interval. :meth:`Retention.purge_once` is one batch, callable
+from a test.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class RetentionSettings(BaseSettings):
         ge=1,
         le=10_000,
         description="Finished tasks a retention batch deletes (with their rows in every table"
-        " of the service), one short statement committed alone",
+        " of the service), in one short transaction",
     )
     pause_seconds: float = Field(
         default=1.0,

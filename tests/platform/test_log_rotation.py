@@ -8,8 +8,10 @@ import sys
 
 from dispo.libs.clock import ManualClock
 from dispo.libs.process import ManagedProcess, ProcessSpec
+from dispo.sdk import AsyncClient, cells
 from dispo.tools.stack.logs import LogSettings, backup, log_rotation, rotate, rotate_folder
 from support import eventually
+from support.stack import RunningStack
 
 # Numbered lines, as fast as the process can write them, each a write of its own.
 WRITER = """
@@ -92,3 +94,43 @@ async def test_the_rotation_checks_on_its_clock(tmp_path):
     finally:
         rotation.stop()
         await running
+
+
+async def test_dispo_up_rotates_its_services_logs_as_they_write(tmp_path):
+    """The whole stack with tiny bounds: logs are rotated while every process writes on, each
+    log keeps its name (what `tail -f` and the guides read) and at most its copies."""
+    stack = RunningStack.fresh(tmp_path)
+    stack.env |= {
+        "DISPO_LOG_MAX_BYTES": "4000",
+        "DISPO_LOG_BACKUPS": "2",
+        "DISPO_LOG_CHECK_SECONDS": "0.2",
+    }
+    logs = stack.data_dir / "logs"
+    try:
+        await stack.up()
+        async with AsyncClient(stack.address("gateway"), token=stack.token) as client:
+            for i in range(80):  # a task is a line in each service's log
+                task = await client.submit("rotated", [cells.noop()], idempotency_key=f"r{i}")
+                assert (await client.wait(task.task_id, timeout=60)).status == "SUCCEEDED"
+        executor = logs / "executor.log"
+        await eventually(
+            lambda: backup(executor, 2).exists(), timeout=30, wanted="the executor's log rotated"
+        )
+        # the process writes on into the same file, at its start
+        async with AsyncClient(stack.address("gateway"), token=stack.token) as client:
+            task = await client.submit("rotated", [cells.noop()], idempotency_key="after")
+            await client.wait(task.task_id, timeout=60)
+        await eventually(
+            lambda: (
+                task.task_id in executor.read_text()
+                or task.task_id in backup(executor, 1).read_text()
+            ),
+            timeout=30,
+            wanted="the executor's line about the last task",
+        )
+        assert b"\0" not in executor.read_bytes()
+        names = {p.name for p in logs.iterdir()}
+        assert not [n for n in names if n.endswith(".log.3")], names  # two copies at most
+        await stack.down()
+    finally:
+        stack.kill()
