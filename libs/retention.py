@@ -1,6 +1,6 @@
 """Retention: every service deletes what it keeps about finished tasks once their business's
-retention period (:mod:`dispo.libs.policy`) has passed, in small batches on the injectable
-clock (ADR-0105; River's job cleaner and Oban's Pruner are the models).
+retention period (:mod:`dispo.libs.business_policy`) has passed, in small batches on the
+injectable clock (ADR-0105; River's job cleaner and Oban's Pruner are the models).
 
 A service gives its store's three list-shaped statements: the businesses it holds tasks
 of, one guarded delete of at most ``batch`` tasks past their business's cutoff (with
@@ -27,11 +27,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from dispo.libs import metrics
+from dispo.libs.business_policy import BusinessPolicy, load_configured_policy
 from dispo.libs.clock import Clock
 from dispo.libs.db.driver import Conn, Database
 from dispo.libs.logging import get_logger
 from dispo.libs.periodic import Pause
-from dispo.libs.policy import BusinessPolicy, load_configured_policy
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 

@@ -34,7 +34,7 @@ SETTINGS = (
     "dispo.libs.settings:TLSSettings",
     "dispo.libs.settings:StreamSettings",
     "dispo.tools.stack.logs:LogSettings",
-    "dispo.libs.policy:PolicySettings",
+    "dispo.libs.business_policy:PolicySettings",
     "dispo.libs.retention:RetentionSettings",
     "dispo.console.settings:ConsoleSettings",
     "dispo.libs.catalogue:CatalogueSettings",

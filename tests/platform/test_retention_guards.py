@@ -14,8 +14,8 @@ from dispo.executor.store import retention as executor_retention
 from dispo.executor.store import task_runs
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.business_policy import BusinessPolicy, PolicyError, Terms, load_policy, parse_policy
 from dispo.libs.clock import ManualClock
-from dispo.libs.policy import BusinessPolicy, PolicyError, Terms, load_policy, parse_policy
 from dispo.libs.retention import Retention, RetentionSettings
 from dispo.reconciler import retention as reconciler_retention
 
