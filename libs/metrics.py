@@ -197,6 +197,13 @@ _GROUP_COMMIT_ITEMS = _histogram(
     ("group",),
     FLUSH_ITEM_BUCKETS,
 )
+_RETENTION_PURGED = _counter(
+    COMMON,
+    "dispo_retention_purged_rows",
+    "Rows the service's retention deleted, by table: what it kept about finished tasks past"
+    " their business's retention (the gateway, the executor and the reconciler purge)",
+    ("table",),
+)
 
 # ---- gateway -----------------------------------------------------------------------------
 _TASKS_ACCEPTED = _counter(
@@ -344,6 +351,10 @@ def group_commit_flushes(group: str) -> Callable[[int], None]:
     """What the group commit ``group`` (:class:`dispo.libs.batcher.Batcher`) calls with the
     items of each flush it committed."""
     return _GROUP_COMMIT_ITEMS(group).observe
+
+
+def retention_purged(table: str, rows: int) -> None:
+    _RETENTION_PURGED(table).inc(rows)
 
 
 def task_accepted(business: str, cells: Iterable[str]) -> None:

@@ -111,8 +111,10 @@ class CommonSettings(BaseSettings):
         description="Lowest level a process logs: `DEBUG`, `INFO`, `WARNING`, `ERROR` or"
         " `CRITICAL` (any case). Every service logs at `INFO` unless this says otherwise, also"
         " under `dispo up`, which passes it on to the services it starts (their lines in"
-        " `<data dir>/logs/<service>.log`); `WARNING` keeps only what needs attention, `DEBUG`"
-        " adds a line per gRPC call that succeeded."
+        " `<data dir>/logs/<service>.log`). At `INFO` a task is one line in each service it"
+        " passes (accepted, settled, finished), besides what needs attention; `WARNING` keeps"
+        " only what needs attention, `DEBUG` adds a line per step (a node's call, a pass, a"
+        " delivery attempt) and per gRPC call that succeeded."
         " `dispo up`'s own lines"
         " and `dispo bench`'s, with the stack a benchmark starts, default to `WARNING`",
     )

@@ -172,6 +172,7 @@ RULES: dict[str, Rule] = {
         GetDriftView=internal("reconciler"),
         ApplyRepair=internal("reconciler"),
     ),
+    **_methods("dispo.retention.v1.RetentionService", GetRetention=ADMIN),
     **_methods(
         "dispo.quarantine.v1.QuarantineService",
         ListMessages=ADMIN,

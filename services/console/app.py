@@ -68,6 +68,7 @@ from dispo.console.views import (
     recovery_state,
     resize_rows,
     resume_progress,
+    retention_rows,
     shown_json,
     work_kind,
 )
@@ -701,6 +702,20 @@ intelligence_page, intelligence_stream = _live(
 job_page, job_stream = _live("job.html", _job_context, {"job": "_job_detail.html"})
 
 
+async def retention_page(request: Request) -> Response:
+    """A dry run of the three purging services, read once (counting is not free on large
+    tables: the page is not live; reloading it reads again)."""
+    token = _signed_in(request)
+    replies = await _backend(request).retention(token)
+    context = {
+        "rows": retention_rows(replies),
+        "default_days": next(iter(replies.values())).default_retention_days,
+        "off": [name for name, reply in replies.items() if not reply.enabled],
+        **_messages(request),
+    }
+    return templates.TemplateResponse(request, "retention.html", context)
+
+
 async def home(request: Request) -> Response:
     return RedirectResponse("/tasks", status_code=303)
 
@@ -752,6 +767,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             for action, route in evaluation_actions.items()
         ),
         Route("/pool/{evaluation_id}/boost", boost, methods=["POST"]),
+        Route("/retention", retention_page),
         Route("/intelligence", intelligence_page),
         Route("/intelligence/stream", intelligence_stream),
         Route("/intelligence/{kind}/{evaluation_id}", job_page),

@@ -25,6 +25,7 @@ from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.api.retention.v1 import retention_pb2, retention_pb2_grpc
 from dispo.libs.auth import bearer, open_channel
 from dispo.libs.task_requests import count_request, counts_of, events_request, list_request
 from dispo.sdk import DispoError, TaskEventPage, TaskPage, TaskView
@@ -102,6 +103,15 @@ class Backend:
         self.executor = executor_pb2_grpc.ExecutorServiceStub(executor)
         self.pool = pool_pb2_grpc.PoolServiceStub(pool)
         self.intelligence = intelligence_pb2_grpc.IntelligenceServiceStub(intelligence)
+        # The services that purge finished tasks, each its own tables (ADR-0105).
+        self.retentions = {
+            name: retention_pb2_grpc.RetentionServiceStub(channel)
+            for name, channel in (
+                ("gateway", gateway),
+                ("executor", executor),
+                ("reconciler", reconciler),
+            )
+        }
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self._channels))
@@ -348,6 +358,15 @@ class Backend:
         )
         by_name = {d.name: d for d in breakers.downstreams}
         return [(state, by_name.get(state.name)) for state in states.downstreams]
+
+    async def retention(self, token: str) -> dict[str, retention_pb2.GetRetentionResponse]:
+        """Each purging service's dry run: by business, its retention, its cutoff and the
+        finished tasks past it."""
+        request = retention_pb2.GetRetentionRequest()
+        replies = await asyncio.gather(
+            *(self._call(stub.GetRetention, request, token) for stub in self.retentions.values())
+        )
+        return dict(zip(self.retentions, replies, strict=True))
 
     async def pause(self, token: str, name: str, actor: str) -> None:
         await self._call(

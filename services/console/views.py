@@ -19,6 +19,7 @@ from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
+from dispo.libs.api.retention.v1 import retention_pb2 as rtpb
 from dispo.libs.evaluation import NO_BASELINE
 from dispo.libs.proto_enums import short_name
 from dispo.sdk import TaskView
@@ -305,6 +306,36 @@ class DownstreamRow:
     release_rate_per_second: float
     health_tone: str = ""
     breaker_tone: str = ""
+
+
+@dataclass(frozen=True)
+class RetentionRow:
+    """A business's retention in one service, as the Retention page shows it."""
+
+    service: str
+    enabled: bool
+    business: str
+    retention_days: int
+    cutoff: datetime
+    due: int
+
+
+def retention_rows(replies: Mapping[str, rtpb.GetRetentionResponse]) -> list[RetentionRow]:
+    """By business, then service (the three services side by side)."""
+    rows = [
+        RetentionRow(
+            service,
+            reply.enabled,
+            row.business,
+            row.retention_days,
+            row.cutoff.ToDatetime(tzinfo=UTC),
+            row.due,
+        )
+        for service, reply in replies.items()
+        for row in reply.businesses
+    ]
+    order = {service: i for i, service in enumerate(replies)}
+    return sorted(rows, key=lambda r: (r.business, order[r.service]))
 
 
 def downstream_rows(

@@ -16,6 +16,7 @@ from dispo.executor.envelope import envelope_problem
 from dispo.executor.runner import Executor
 from dispo.executor.servicer import ExecutorServicer, WorkerServicer
 from dispo.executor.settings import ExecutorSettings
+from dispo.executor.store import retention
 from dispo.executor.store.status_events import outbox
 from dispo.executor.worker_runs import CHECK_SECONDS
 from dispo.libs import metrics
@@ -28,6 +29,7 @@ from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
+from dispo.libs.retention import add_retention
 from dispo.libs.service import Runtime, run_service
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -169,6 +171,14 @@ async def setup(rt: Runtime) -> None:
         "wait timeouts", lambda: control.sweep_timeouts(executor), settings.wait_sweep_seconds
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
+    add_retention(
+        rt,
+        "executor",
+        executor.db,
+        retention.tasks_businesses_finished,
+        retention.tasks_delete_if_finished_many,
+        retention.tasks_due,
+    )
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))
     if settings.health_interval_seconds > 0:

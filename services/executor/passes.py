@@ -19,7 +19,7 @@ from typing import Any
 
 from dispo.executor import plan, waits
 from dispo.executor.breaker import Breaker
-from dispo.executor.domain import NodeRun, past_deadline
+from dispo.executor.domain import Next, NodeRun, past_deadline
 from dispo.executor.envelope import node_from_proto
 from dispo.executor.plan import NodeChange, OpenPath
 from dispo.executor.slots import Slots
@@ -366,7 +366,7 @@ class Passes:
         if isinstance(found, OpenPath):
             return found
         assert row is not None
-        log.info(
+        log.debug(  # a redelivery or a newer generation: per message, not per task
             found.why,
             task_id=o.env.task_id,
             generation=o.env.generation,
@@ -377,7 +377,7 @@ class Passes:
 
     def _leased(self, row: TaskRow, now: datetime) -> Disposition:
         """Another pass holds the task: come back when its lease would expire."""
-        log.info(
+        log.debug(
             "task leased by another executor; later", task_id=row.task_id, owner=row.lease_owner
         )
         return plan.leased(row, now, self.lease_ttl)
@@ -451,7 +451,7 @@ class Passes:
                 items[i].state.attempted.add(node.node_id)
                 claim = won.get((items[i].env.task_id, node.node_id, items[i].owner))
                 if claim is None:
-                    log.info("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
+                    log.debug("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
                     continue
                 node.status, node.started_at, node.not_before = NodeState.SUCCEEDED, now, None
                 node.attempts, node.round_attempts = claim.attempts, claim.round_attempts
@@ -486,8 +486,8 @@ class Passes:
         task_writes = [d.write for d in decided]
         events = [(d.write.task_id, *d.event) for d in decided if d.event is not None]
         for d in decided:
-            if d.next is not None:
-                log.info(
+            if d.next is not None:  # the task's line: where it goes; a short retry is a step
+                (log.debug if d.next is Next.RETRY else log.info)(
                     "task pass done",
                     task_id=d.write.task_id,
                     next=d.next.value,
@@ -617,7 +617,7 @@ class Passes:
         for i, node, slots in picks:
             claim = won.get((items[i].env.task_id, node.node_id, items[i].owner))
             if claim is None:
-                log.info("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
+                log.debug("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
                 if slots is not None:
                     taken.remove(slots)
                     slots.give_back()

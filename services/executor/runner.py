@@ -58,6 +58,9 @@ from dispo.libs.tracing import current, span
 
 log = get_logger(__name__)
 
+# The ends of a node its "node finished" line is logged at INFO for (else DEBUG).
+FAILED_NODE = frozenset({NodeState.FAILED, NodeState.UNKNOWN})
+
 # A task.create of a task with a pass in this process comes back after this many seconds.
 IN_HAND_DELAY = 0.5
 
@@ -328,7 +331,7 @@ class Executor:
                     held = True
                 won = await self.commits.claim(Claim(task_id, node.node_id, owner))
                 if won is None:
-                    log.info("node claim lost", task_id=task_id, node_id=node.node_id)
+                    log.debug("node claim lost", task_id=task_id, node_id=node.node_id)
                     return None
                 node.status, node.attempts, node.round_attempts = (
                     NodeState.RUNNING, won.attempts, won.round_attempts,
@@ -473,7 +476,9 @@ class Executor:
                 c.node.action, c.node.spec.downstream, new.value, c.took,
                 c.move.verdict is Verdict.RETRY,
             )  # fmt: skip
-            log.info(
+            # A line per node only where it failed (its error is said nowhere else); the
+            # task's own line says how it ended (one line per task at INFO).
+            (log.info if new in FAILED_NODE else log.debug)(
                 "node finished",
                 task_id=task_id,
                 node_id=c.node.node_id,

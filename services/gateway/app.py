@@ -26,6 +26,7 @@ from dispo.libs.contracts import tasks
 from dispo.libs.db import migrate
 from dispo.libs.logging import bind_ids
 from dispo.libs.outputs import OutputsReader
+from dispo.libs.retention import add_retention
 from dispo.libs.service import Runtime, run_service
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -111,6 +112,14 @@ async def setup(rt: Runtime) -> None:
     rt.add_periodic("schedule firings", firings.fire_due, settings.schedule_interval_seconds)
     rt.add_part("outbox relay", relay.run, relay.stop)
     rt.add_part("status consumer", statuses.run, statuses.stop)
+    add_retention(
+        rt,
+        "gateway",
+        db,
+        store.tasks_businesses_finished,
+        store.tasks_delete_if_finished_many,
+        store.tasks_due,
+    )
 
 
 def main() -> None:

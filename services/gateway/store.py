@@ -7,6 +7,7 @@ port."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,13 @@ from dispo.libs.outbox import (
     outbox_mark_cte,
     outbox_table,
     outbox_withdraw,
+)
+from dispo.libs.retention import (
+    Purged,
+    businesses_statement,
+    cutoff_params,
+    due_statement,
+    past_cutoff,
 )
 from sqlalchemy import MetaData
 
@@ -440,3 +448,41 @@ async def signal_recorded(conn: Conn, task_id: str, signal_id: str) -> bool:
         {"task": task_id, "id": signal_id},
     )
     return bool(rows)
+
+
+# ---- retention (ADR-0105) ---------------------------------------------------------------
+# A finished task: terminal, finished before the cutoff and not changed since (a resumed
+# one ran again). Read by ix_tasks_business_created.
+_FINISHED = (
+    f"t.status IN ({', '.join(repr(s) for s in TERMINAL)}) AND t.finished_at < p.cutoff"
+    " AND t.updated_at < p.cutoff"
+)
+_BUSINESSES_FINISHED = Statement(businesses_statement("tasks"))
+_DELETE_IF_FINISHED = Statement(
+    f"WITH {past_cutoff('tasks', 'created_at', _FINISHED)},"
+    " gone AS (DELETE FROM tasks t USING doomed d WHERE t.task_id = d.task_id"
+    f" AND t.status IN ({', '.join(repr(s) for s in TERMINAL)}) RETURNING t.task_id),"
+    " signals AS (DELETE FROM signals s USING gone g WHERE s.task_id = g.task_id RETURNING 1)"
+    " SELECT (SELECT count(*) FROM gone) AS tasks, (SELECT count(*) FROM signals) AS signals"
+)
+_DUE = Statement(due_statement("tasks", "created_at", _FINISHED))
+
+
+async def tasks_businesses_finished(conn: Conn) -> list[str]:
+    """The businesses with tasks (finished or not)."""
+    return list(await _BUSINESSES_FINISHED.scalars(conn))
+
+
+async def tasks_delete_if_finished_many(
+    conn: Conn, cutoffs: Mapping[str, datetime], limit: int
+) -> Purged:
+    """Delete at most ``limit`` tasks finished before their business's cutoff (SUCCEEDED,
+    CANCELLED, FAILED), oldest first, with the signals they were sent, in one statement;
+    their idempotency keys are free again. A task running, parked or resumed since its cutoff is not touched."""
+    (row,) = await _DELETE_IF_FINISHED.fetch(conn, cutoff_params(cutoffs, limit))
+    return Purged(row.tasks, {"tasks": row.tasks, "signals": row.signals})
+
+
+async def tasks_due(conn: Conn, cutoffs: Mapping[str, datetime]) -> dict[str, int]:
+    """How many finished tasks of each business are past its cutoff."""
+    return {r.business: r.due for r in await _DUE.fetch(conn, cutoff_params(cutoffs))}

@@ -9,7 +9,9 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
 from dispo.libs.outputs import OutputsReader
+from dispo.libs.retention import add_retention
 from dispo.libs.service import Runtime
+from dispo.reconciler import retention
 from dispo.reconciler.context import Context
 from dispo.reconciler.http_client import http_client
 from dispo.reconciler.intake import consumers
@@ -74,6 +76,7 @@ async def wire_recovery(rt: Runtime) -> Context:
         for sweep in sweep_parts(ctx, settings.sweep_interval_seconds).values():
             rt.add_part(sweep.name, sweep.run, sweep.stop)
     rt.add_part("callback deliveries", ctx.deliveries.run)  # stops after the notify sweep
+    add_retention(rt, "reconciler", ctx.db, retention.businesses, retention.purge, retention.due)
     return ctx
 
 

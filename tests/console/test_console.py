@@ -1142,3 +1142,25 @@ def test_the_run_took_every_picture_and_changed_no_tracked_one(screenshots, pict
     if screenshots != PICTURES.resolve():
         after = {p.name: p.read_bytes() for p in sorted(PICTURES.glob("*.png"))}
         assert after == pictures_before, "a test rewrote docs/screenshots"
+
+
+async def test_the_retention_page_shows_each_services_dry_run_by_business(browser, console):
+    async with console.pipeline.client() as client:
+        task = await client.submit("console-kept", [CellSpec("step", {"name": "kept-1"})])
+        assert (await client.wait(task.task_id)).status == "SUCCEEDED"
+    context = await signed_in(browser, console, console.pipeline.token)
+    page = await context.new_page()
+    await page.goto(f"{console.url}/tasks")
+    await page.click("header a[href='/retention']")
+    rows = page.locator("#retention tr[data-business='console-kept']")
+    # the reconciler records the finish a moment after the task's view shows it
+    for _ in range(50):
+        if await rows.count() == 3:
+            break
+        await page.reload()
+    await expect(rows).to_have_count(3)
+    for service in ("gateway", "executor", "reconciler"):
+        row = page.locator(f"#retention tr[data-business='console-kept'][data-service='{service}']")
+        await expect(row).to_contain_text("30")  # the default retention, in days
+        await expect(row.locator("td.due")).to_have_text("0")  # finished just now: none due
+    assert await page.locator("#off").count() == 0  # retention runs in every service

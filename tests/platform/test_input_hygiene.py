@@ -29,6 +29,7 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2
 from dispo.libs.api.pool.v1 import pool_pb2
 from dispo.libs.api.quarantine.v1 import quarantine_pb2
 from dispo.libs.api.reconciler.v1 import drift_pb2, reconciler_pb2
+from dispo.libs.api.retention.v1 import retention_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
@@ -46,6 +47,7 @@ SERVED_BY: dict[str, tuple[str, ...]] = {
     "dispo.reconciler.v1.ReconcilerService": ("reconciler",),
     "dispo.reconciler.v1.DriftService": ("reconciler",),
     "dispo.quarantine.v1.QuarantineService": CONSUMING,
+    "dispo.retention.v1.RetentionService": ("gateway", "executor", "reconciler"),
     "dispo.auth.v1.TokenService": ("gateway",),
 }
 MODULES = (
@@ -57,6 +59,7 @@ MODULES = (
     reconciler_pb2,
     drift_pb2,
     quarantine_pb2,
+    retention_pb2,
 )
 EXAMPLES_PER_METHOD = 6
 # UNAVAILABLE too: PostgreSQL and NATS are up all along, so no input may be answered with it.

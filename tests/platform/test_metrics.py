@@ -70,7 +70,8 @@ async def stack(
     env = {
         # at debug, every call's rpc line is logged (a Submit's among them)
         "gateway": {"DISPO_EGRESS_ALLOW": downstream.url, "DISPO_LOG_LEVEL": "debug"},
-        "executor": EXECUTOR_TEST_ENV,
+        # and every node's line (a task's own line alone is at info)
+        "executor": {**EXECUTOR_TEST_ENV, "DISPO_LOG_LEVEL": "debug"},
         "reconciler": {"DISPO_RECONCILER_DRIFT_INTERVAL_SECONDS": "3600"},
         "intelligence": {},
         "pool": {"DISPO_POOL_LOCAL_REGISTRY": str(root / "registry.sqlite")},
@@ -250,6 +251,39 @@ def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
 def test_docs_list_every_family_with_its_type_and_labels() -> None:
     declared = {d.name: (d.kind, d.labels) for d in metrics.DECLARED}
     assert documented() == declared
+
+
+async def test_a_task_is_one_info_line_in_each_service_it_passes(stack: Stack) -> None:
+    """Not one a step: the nodes' lines and the rpc lines are at debug (these logs keep them)."""
+    async with stack.client() as client:
+        task = await client.submit(
+            "lines",
+            [cell("review_and_close", name="one-line")],
+            idempotency_key="one-line",
+        )
+        assert (await client.wait(task.task_id, timeout=60)).status == "SUCCEEDED"
+    wanted = {
+        "gateway": ["task accepted"],
+        "executor": ["task pass done"],
+        "reconciler": ["task finished"],
+    }
+    for service, events in wanted.items():
+        log = stack.processes[service].log_path
+        lines = await eventually(
+            lambda log=log: [
+                line for line in lines_about(log, task.task_id) if line["level"] == "info"
+            ],
+            lambda lines: len(lines) >= 1,
+            wanted=f"the task's line in the {service}'s log",
+        )
+        assert [line["event"] for line in lines] == events, (service, lines)
+    # the per-step lines are there, at debug: two nodes finished
+    nodes = [
+        line["node_id"]
+        for line in lines_about(stack.processes["executor"].log_path, task.task_id)
+        if line["event"] == "node finished" and line["level"] == "debug"
+    ]
+    assert sorted(nodes) == ["review_and_close.close", "review_and_close.open"]
 
 
 def lines_about(log: Path, task_id: str) -> list[dict[str, Any]]:

@@ -173,6 +173,7 @@ async def test_the_tour_and_the_guides_run_twice_on_one_stack(tmp_path):
         await run_your_own_cell(exported, stack)
         if jq:
             await run_the_delays_and_deadlines_guide(exported, stack)
+        await run_the_retention_guide(exported, stack)
         # Then again what a second run of them meets from the first (the same keys, the same
         # evaluation ids): it answers as the first time, and no call of it is refused (set -e)
         # but those its guide says are. The recovery guide submits without a key: a second run
@@ -351,6 +352,20 @@ async def run_the_recovery_guide(env: dict[str, str], stack: Stack) -> None:
     # The late review call: fenced by the probe, run again at once, one effect.
     assert '"reason": "probe reports done=false, fenced"' in out, out
     assert '{"calls":2,"effects":1,"refused":1}' in out, out
+
+
+async def run_the_retention_guide(env: dict[str, str], stack: Stack) -> None:
+    """docs/retention.md's dry run, as written: every service answers, nothing is due (the
+    guides' tasks finished minutes ago, within the default 30 days)."""
+    blocks = sh_blocks(section("docs/retention.md", "What the next passes will delete"))
+    assert len(blocks) == 1
+    result = await shell(blocks, env, stack, "-e", "-o", "pipefail")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for service in ("gateway", "executor", "reconciler"):
+        assert service in out, out
+    assert "0 rows of finished tasks past their retention" in out, out
+    assert '"default_retention_days": 30' in out, out
 
 
 async def run_the_intelligence_guide(env: dict[str, str], stack: Stack) -> None:

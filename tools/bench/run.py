@@ -161,6 +161,7 @@ async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Tar
             gateways=args.gateways,
             executors=args.executors,
             nats_nodes=3 if args.cluster else 1,
+            folder=Path(args.keep) if args.keep else None,
         ) as own,
         worker_processes(
             args.workers if shape.worker and "executor" in own.addresses else 0,
@@ -484,6 +485,13 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=3.0,
         help="pgbench seconds per client count (0: skip the commit ceiling)",
+    )
+    p.add_argument(
+        "--keep",
+        default="",
+        metavar="FOLDER",
+        help="keep the own stack's data and logs in FOLDER, e.g. to size its logs per task"
+        " (with --start; default: a scratch folder removed afterwards)",
     )
     p.add_argument(
         "--submit-only",

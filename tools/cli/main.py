@@ -8,9 +8,10 @@ dispo downstreams list|pause|resume           downstream health and pauses
 dispo pool status|queue|evaluations|boost|bounds   the cron pool
 dispo jobs list|show|trigger                  intelligence analysis and comparison jobs
 dispo quarantine list|show|replay|discard     messages a service's consumers set aside
+dispo retention show                          finished tasks past their retention (a dry run)
 dispo tokens create|list|revoke|rotate-secret|finish-rotation|secrets   API tokens (admin)
 dispo worker run module:attribute             a worker serving worker actions' queues
-dispo bench submit|pool|faults [options]      benchmarks
+dispo bench submit|pool|faults|purge [options]   benchmarks
 
 Every command that calls the stack takes ``--json`` (a test checks); the exit codes are in
 :mod:`dispo.tools.cli._common`.
@@ -32,7 +33,7 @@ import typer
 from dispo.libs.health import UNREACHABLE as NOT_ANSWERING
 from dispo.libs.health import health_status, http_health_status
 from dispo.libs.settings import DEFAULT_CONSOLE_PORT
-from dispo.tools.cli import operate, schedules, tasks, tokens, workers
+from dispo.tools.cli import operate, retention, schedules, tasks, tokens, workers
 from dispo.tools.cli._common import (
     ENDED_BADLY,
     OK,
@@ -304,6 +305,7 @@ BENCHMARKS = {
     "submit": "dispo.tools.bench.run",  # tasks through the pipeline: throughput, latency, CPU, ceiling
     "pool": "dispo.tools.bench.pool",  # cron claims and run recordings under contention
     "faults": "dispo.tools.bench.faults",  # the fault campaign: lost, stuck, duplicate effects
+    "purge": "dispo.tools.bench.purge",  # the submit bench beside a retention purge
 }
 
 
@@ -323,7 +325,9 @@ def bench(
     ctx: typer.Context,
     benchmark: Annotated[
         Benchmark,
-        typer.Argument(help="submit, pool or faults; its own options follow (--help lists them)"),
+        typer.Argument(
+            help="submit, pool, faults or purge; its own options follow (--help lists them)"
+        ),
     ],
 ) -> None:
     """Run a benchmark and print throughput and latency percentiles."""
@@ -345,6 +349,7 @@ app.command(name="queues")(operate.queues)
 app.add_typer(operate.pool_app, name="pool")
 app.add_typer(operate.jobs_app, name="jobs")
 app.add_typer(operate.quarantine_app, name="quarantine")
+app.add_typer(retention.retention_app, name="retention")
 app.add_typer(tokens.tokens_app, name="tokens")
 app.add_typer(schedules.schedules_app, name="schedules")
 app.add_typer(workers.worker_app, name="worker")

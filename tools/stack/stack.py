@@ -38,6 +38,7 @@ from dispo.libs.service import until_reachable
 from dispo.libs.settings import DEFAULT_METRICS_PORTS, server_settings
 from dispo.libs.tls import LocalCertificates
 from dispo.tools.stack.cluster import NatsCluster
+from dispo.tools.stack.logs import LogSettings, log_rotation
 from dispo.tools.stack.nats import NatsServer
 from dispo.tools.stack.nats_auth import NatsUsers
 from dispo.tools.stack.ownership import (
@@ -494,7 +495,13 @@ class Stack:
     async def watch(self) -> None:
         """Restart any process of the stack that exits, until :meth:`stop`."""
         assert self.supervisor is not None, "start() first"
-        await asyncio.gather(self.infrastructure.watch(), self.supervisor.watch())
+        rotation = log_rotation(self.options.data_dir / "logs", LogSettings(), SystemClock())
+        try:
+            await asyncio.gather(
+                self.infrastructure.watch(), self.supervisor.watch(), rotation.run()
+            )
+        finally:
+            rotation.stop()
 
     def metrics_addresses(self) -> dict[str, str]:
         """Where each service process of the stack serves its metrics, by name."""

@@ -14,7 +14,7 @@ from dispo.executor.plan import TaskWrite
 from dispo.executor.states import TASK_TRANSITIONS, TaskState
 from dispo.executor.store.node_runs import node_rows_many
 from dispo.executor.store.rows import TaskRow
-from dispo.executor.store.task_runs import tasks_next_version_many
+from dispo.executor.store.task_runs import FINISHED_SQL, tasks_next_version_many
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import require_declared, tasks
 from dispo.libs.db.driver import Conn, Statement
@@ -57,6 +57,7 @@ _WRITE_MANY = Statement(
     " AS u(id, owner, was, version, status, reason, bump)),"
     " written AS (UPDATE task_runs t SET lease_owner = NULL, lease_until = NULL,"
     " status = COALESCE(u.status, t.status),"
+    f" finished_at = CASE WHEN u.status IN ({FINISHED_SQL}) THEN :now ELSE t.finished_at END,"
     " status_reason = CASE WHEN u.status IS NULL THEN t.status_reason ELSE u.reason END,"
     " updated_at = :now, generation = t.generation + u.bump, version = u.version"
     " FROM u WHERE t.task_id = u.id AND t.lease_owner = u.owner AND t.version = u.was"

@@ -15,6 +15,11 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.db.driver import Conn
 from dispo.libs.timestamps import from_timestamp
 
+# The ends of a task: reaching one records when (``finished_at``, which retention reads,
+# ADR-0105); a resume opening a FAILED task clears it.
+FINISHED = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
+FINISHED_SQL = ", ".join(repr(s.value) for s in FINISHED)
+
 # A pass may start on a task in these states (and makes it RUNNING); a FAILED one only
 # once a redrive was applied to it (a resume).
 OPENABLE = (
@@ -69,12 +74,12 @@ async def tasks_insert_many(
         return set()
     envs = [env for env, _ in openings]
     inserted = await conn.fetch(
-        "WITH inserted AS (INSERT INTO task_runs (task_id, status, generation,"
+        "WITH inserted AS (INSERT INTO task_runs (task_id, business, status, generation,"
         " cancel_requested, envelope, lease_owner, lease_until, created_at, updated_at)"
-        " SELECT id, :running, gen, cancel, env, owner, :until, :now, :now FROM unnest("
-        "CAST(:ids AS text[]), CAST(:gens AS bigint[]), CAST(:cancels AS boolean[]),"
-        " CAST(:envs AS bytea[]), CAST(:owners AS text[]))"
-        " WITH ORDINALITY AS u(id, gen, cancel, env, owner, n) ORDER BY n"
+        " SELECT id, business, :running, gen, cancel, env, owner, :until, :now, :now FROM"
+        " unnest(CAST(:ids AS text[]), CAST(:businesses AS text[]), CAST(:gens AS bigint[]),"
+        " CAST(:cancels AS boolean[]), CAST(:envs AS bytea[]), CAST(:owners AS text[]))"
+        " WITH ORDINALITY AS u(id, business, gen, cancel, env, owner, n) ORDER BY n"
         " ON CONFLICT (task_id) DO NOTHING RETURNING task_id),"
         f" nodes AS ({NODES_INSERT} JOIN inserted i ON i.task_id = r.task"
         " ON CONFLICT DO NOTHING),"
@@ -86,6 +91,7 @@ async def tasks_insert_many(
         " SELECT task_id FROM inserted",
         {
             "ids": [e.task_id for e in envs],
+            "businesses": [e.business for e in envs],
             "gens": [e.generation for e in envs],
             "cancels": [e.cancel_requested for e in envs],
             "envs": [e.SerializeToString() for e in envs],
@@ -151,8 +157,8 @@ async def tasks_insert_cancelled_many(
         return set()
     rows = await conn.fetch(
         "INSERT INTO task_runs (task_id, status, status_reason, generation, cancel_requested,"
-        " envelope, created_at, updated_at)"
-        " SELECT id, :cancelled, :reason, 0, true, NULL, :now, :now"
+        " envelope, created_at, updated_at, finished_at)"
+        " SELECT id, :cancelled, :reason, 0, true, NULL, :now, :now, :now"
         " FROM unnest(CAST(:ids AS text[])) AS u(id) ORDER BY id"
         " ON CONFLICT (task_id) DO NOTHING RETURNING task_id",
         {
@@ -173,9 +179,11 @@ async def tasks_attach_envelopes_many(conn: Conn, envs: Sequence[task_pb2.Task])
         return set()
     envs = sorted(envs, key=lambda e: e.task_id)
     rows = await conn.fetch(
-        "WITH attached AS (UPDATE task_runs t SET envelope = u.env, generation = u.gen"
-        " FROM unnest(CAST(:ids AS text[]), CAST(:envs AS bytea[]), CAST(:gens AS bigint[]))"
-        " AS u(id, env, gen) WHERE t.task_id = u.id AND t.envelope IS NULL"
+        "WITH attached AS (UPDATE task_runs t SET envelope = u.env, generation = u.gen,"
+        " business = u.business"
+        " FROM unnest(CAST(:ids AS text[]), CAST(:envs AS bytea[]), CAST(:gens AS bigint[]),"
+        " CAST(:businesses AS text[])) AS u(id, env, gen, business)"
+        " WHERE t.task_id = u.id AND t.envelope IS NULL"
         " RETURNING t.task_id),"
         f" nodes AS ({NODES_INSERT} JOIN attached a ON a.task_id = r.task"
         " ON CONFLICT DO NOTHING)"
@@ -184,6 +192,7 @@ async def tasks_attach_envelopes_many(conn: Conn, envs: Sequence[task_pb2.Task])
             "ids": [e.task_id for e in envs],
             "envs": [e.SerializeToString() for e in envs],
             "gens": [e.generation for e in envs],
+            "businesses": [e.business for e in envs],
             **node_columns(envs, {}),
         },
     )
@@ -201,7 +210,7 @@ async def tasks_open_many(
         return set()
     opened = await conn.fetch(
         "UPDATE task_runs t SET lease_owner = u.owner, lease_until = :until,"
-        " status = :running, status_reason = '', updated_at = :now"
+        " status = :running, status_reason = '', updated_at = :now, finished_at = NULL"
         " FROM unnest(CAST(:ids AS text[]), CAST(:owners AS text[])) AS u(id, owner)"
         " WHERE t.task_id = u.id AND t.status = ANY(CAST(:expected AS text[]))"
         " AND (t.lease_owner IS NULL OR t.lease_owner = u.owner OR t.lease_until <= :now)"
@@ -287,7 +296,9 @@ async def tasks_set_status_if_many(
     moved: set[str] = set()
     for (expected, new), group in groups.items():
         rows = await conn.fetch(
-            "UPDATE task_runs t SET status = :new, status_reason = u.reason, updated_at = :now"
+            "UPDATE task_runs t SET status = :new, status_reason = u.reason, updated_at = :now,"
+            f" finished_at = CASE WHEN CAST(:new AS text) IN ({FINISHED_SQL})"
+            " THEN COALESCE(t.finished_at, :now) END"
             " FROM unnest(CAST(:ids AS text[]), CAST(:reasons AS text[])) AS u(id, reason)"
             " WHERE t.task_id = u.id AND t.status = ANY(CAST(:expected AS text[]))"
             " RETURNING t.task_id",

@@ -237,3 +237,22 @@ async def compensations_of(conn: Conn, verdict_ids: list[int]) -> list[JsonRow]:
         {"ids": verdict_ids},
     )
     return with_json(rows, "payload")
+
+
+# ---- retention (ADR-0105) ---------------------------------------------------------------
+_CLAIMS_DELETE_IF_DECIDED = (
+    "DELETE FROM claims WHERE task_id = ANY(CAST(:ids AS text[])) AND state <> :open"
+    " RETURNING task_id"
+)
+
+
+async def claims_delete_if_decided_many(conn: Conn, task_ids: list[str]) -> int:
+    """Delete the claims of finished tasks whose completion facts retention deleted, those
+    with a verdict (an OPEN claim is kept: arbitration still reads it); how many. The
+    verdicts stay: they name every task they decided."""
+    if not task_ids:
+        return 0
+    rows = await conn.fetch(
+        _CLAIMS_DELETE_IF_DECIDED, {"ids": task_ids, "open": ClaimState.OPEN.value}
+    )
+    return len(rows)

@@ -312,8 +312,8 @@ async def _record(ctx: Context, row: Any, result: DeliveryResult) -> None:
         recorded = await cs.completion_set_notify_if(
             conn, row.task_id, row.notify_attempts, new, now, next_at, result.error
         )
-    if recorded:
-        log.info(
+    if recorded:  # the task's line is "task finished"; an attempt that failed is said too
+        (log.debug if new is NotifyState.DELIVERED else log.info)(
             "completion notification",
             task_id=row.task_id,
             attempt=attempt,

@@ -12,10 +12,17 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.db.driver import Conn, Row
+from dispo.libs.db.driver import Conn, Row, Statement
 from dispo.libs.error_text import truncate_error
+from dispo.libs.retention import (
+    businesses_statement,
+    cutoff_params,
+    due_statement,
+    past_cutoff,
+)
 from dispo.reconciler.states import (
     NOTIFY_TRANSITIONS,
+    PARKED,
     RECONCILE_TRANSITIONS,
     NotifyState,
     ReconcileState,
@@ -297,3 +304,58 @@ async def findings_list(conn: Conn, task_id: str, limit: int, offset: int) -> li
         f"SELECT * FROM findings {where} ORDER BY id LIMIT :limit OFFSET :offset",
         {"id": task_id, "limit": limit, "offset": offset},
     )
+
+
+# ---- retention (ADR-0105) ---------------------------------------------------------------
+# A finished task the completion facts are done with: its caller notified (or given up on,
+# or none asked for) and its reconciliation ended, and not parked here again since (a
+# resumed task that failed again is recovery's work).
+_DONE = (
+    "t.finished_at < p.cutoff"
+    f" AND t.notify_state <> '{NotifyState.PENDING.value}'"
+    f" AND t.reconcile_state <> '{ReconcileState.PENDING.value}'"
+    " AND NOT EXISTS (SELECT 1 FROM recovery_tasks r WHERE r.task_id = t.task_id"
+    " AND r.state = ANY(CAST(:parked AS text[])))"
+)
+_BUSINESSES_FINISHED = Statement(businesses_statement("completions"))
+_DELETE_IF_DONE = Statement(
+    f"WITH {past_cutoff('completions', 'finished_at', _DONE)},"
+    " gone_deliveries AS (DELETE FROM deliveries x USING doomed d"
+    " WHERE x.task_id = d.task_id RETURNING 1),"
+    " gone_findings AS (DELETE FROM findings x USING doomed d WHERE x.task_id = d.task_id"
+    " RETURNING 1),"
+    " gone AS (DELETE FROM completions c USING doomed d WHERE c.task_id = d.task_id"
+    " RETURNING c.task_id)"
+    " SELECT task_id, (SELECT count(*) FROM gone_deliveries) AS deliveries,"
+    " (SELECT count(*) FROM gone_findings) AS findings FROM gone"
+)
+_DUE = Statement(due_statement("completions", "finished_at", _DONE))
+
+
+async def completions_businesses_finished(conn: Conn) -> list[str]:
+    """The businesses with finished tasks recorded."""
+    return list(await _BUSINESSES_FINISHED.scalars(conn))
+
+
+async def completions_delete_if_done_many(
+    conn: Conn, cutoffs: Mapping[str, datetime], limit: int
+) -> tuple[list[str], dict[str, int]]:
+    """Delete at most ``limit`` completion facts of tasks finished before their business's
+    cutoff, oldest first, with their deliveries and findings, in one statement; a fact whose
+    notification or reconciliation is still pending, or whose task is parked again, is
+    kept. The ids deleted and the rows deleted by table."""
+    rows = await _DELETE_IF_DONE.fetch(
+        conn, {**cutoff_params(cutoffs, limit), "parked": [s.value for s in PARKED]}
+    )
+    counts = {
+        "completions": len(rows),
+        "deliveries": rows[0].deliveries if rows else 0,
+        "findings": rows[0].findings if rows else 0,
+    }
+    return [r.task_id for r in rows], counts
+
+
+async def completions_due(conn: Conn, cutoffs: Mapping[str, datetime]) -> dict[str, int]:
+    """How many completion facts of each business are past its cutoff and done with."""
+    rows = await _DUE.fetch(conn, {**cutoff_params(cutoffs), "parked": [s.value for s in PARKED]})
+    return {r.business: r.due for r in rows}

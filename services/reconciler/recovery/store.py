@@ -552,3 +552,37 @@ async def downstreams_queue_depths(conn: Conn) -> dict[str, Row]:
         {"parked": [s.value for s in PARKED]},
     )
     return {r.name: r for r in rows}
+
+
+# ---- retention (ADR-0105) ---------------------------------------------------------------
+# The recovery records of finished tasks whose completion facts retention deleted, with
+# their failure history, redrive log and settlements; a record parked again is kept.
+_DELETE_IF_DONE = (
+    "WITH doomed AS (SELECT r.task_id FROM recovery_tasks r"
+    " WHERE r.task_id = ANY(CAST(:ids AS text[])) AND NOT r.state = ANY(CAST(:parked AS text[]))"
+    " ORDER BY r.task_id FOR UPDATE),"
+    " gone_history AS (DELETE FROM failure_history x USING doomed d"
+    " WHERE x.task_id = d.task_id RETURNING 1),"
+    " gone_redrives AS (DELETE FROM redrive_log x USING doomed d WHERE x.task_id = d.task_id"
+    " RETURNING 1),"
+    " gone_settlements AS (DELETE FROM settlements x USING doomed d"
+    " WHERE x.task_id = d.task_id RETURNING 1),"
+    " gone AS (DELETE FROM recovery_tasks r USING doomed d WHERE r.task_id = d.task_id"
+    " AND NOT r.state = ANY(CAST(:parked AS text[])) RETURNING 1)"
+    " SELECT (SELECT count(*) FROM gone) AS recovery_tasks,"
+    " (SELECT count(*) FROM gone_history) AS failure_history,"
+    " (SELECT count(*) FROM gone_redrives) AS redrive_log,"
+    " (SELECT count(*) FROM gone_settlements) AS settlements"
+)
+
+
+async def tasks_delete_if_done_many(conn: Conn, task_ids: list[str]) -> dict[str, int]:
+    """Delete the recovery records of ``task_ids`` that are not parked (REDRIVEN, RESOLVED,
+    FAILED, ABANDONED) with their history, redrive log and settlements, in one statement;
+    the rows deleted by table."""
+    if not task_ids:
+        return {}
+    (row,) = await conn.fetch(
+        _DELETE_IF_DONE, {"ids": sorted(task_ids), "parked": [s.value for s in PARKED]}
+    )
+    return dict(row.items())
