@@ -22,7 +22,7 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.process import ManagedProcess, ProcessSpec
 from dispo.pool.openclaw import OpenClawUnavailable
-from dispo.sdk import cell
+from dispo.sdk import Client, WorkerQueue, cell
 from pipeline_fixtures import TEST_CATALOGUE, Pipeline, dump, wait_until
 from reconciler.processes import Reconciler
 from support import eventually
@@ -55,6 +55,9 @@ WORKER_CELLS = """
         queue: tickets
         idempotent: false
         output: {{ticket_id: {{type: string, required: true}}}}
+queues:
+  reports:              # declared, served by no worker
+    max_concurrency: 2
 """
 
 # A worker silent for this long loses its run: the runs held longer than this in the tests
@@ -320,3 +323,28 @@ async def test_a_worker_killed_after_its_effect_is_settled_done_by_a_probe(
     assert [(s.node_id, s.method, s.outcome) for s in detail.settlements] == [
         ("w_ticket_once.open", pb.SETTLEMENT_METHOD_PROBE, common_pb2.NODE_STATUS_SUCCEEDED)
     ]
+
+
+async def test_the_sdk_lists_the_queues_a_worker_of_another_language_serves(client, workers, stack):
+    """AsyncClient.list_queues and Client.list_queues (the executor's ListQueues): the queue
+    the worker polls is live with its worker; a declared queue no worker serves is listed
+    with its limit, not live."""
+    worker = workers.start()
+    executor = stack.executors[0].address
+
+    async def live() -> dict[str, WorkerQueue]:
+        return {q.name: q for q in await client.list_queues(executor)}
+
+    found = await eventually(
+        live, lambda q: "tickets" in q and q["tickets"].live, timeout=30, wanted="tickets live"
+    )
+    assert found["tickets"].live_workers >= 1 and found["tickets"].last_seen is not None
+    assert found["reports"] == WorkerQueue("reports", 0, False, None, 0, 0, 2)
+
+    def blocking() -> list[WorkerQueue]:
+        with Client(stack.gateway.address, token=stack.token) as dispo:
+            return dispo.list_queues(executor)
+
+    listed = {q.name: q for q in await asyncio.to_thread(blocking)}
+    assert listed["tickets"].live and listed["reports"].max_concurrency == 2
+    assert worker.running()
