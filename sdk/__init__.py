@@ -28,6 +28,7 @@ its internals and may change between releases.
 import dispo.libs  # noqa: F401  (sets gRPC's fork mode before grpc loads)
 from dispo.sdk import cells
 from dispo.sdk._client import AsyncClient, Client
+from dispo.sdk._queues import WorkerQueue
 from dispo.sdk._schedules import Firing, Schedule
 from dispo.sdk._types import (
     TERMINAL,
@@ -71,6 +72,7 @@ __all__ = [
     "TaskView",
     "TERMINAL",
     "Worker",
+    "WorkerQueue",
     "cell",
     "cells",
 ]

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import grpc
+from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel, open_sync_channel
 from dispo.libs.batcher import Batcher
@@ -19,6 +20,7 @@ from dispo.libs.task_requests import count_request, counts_of, events_request, l
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tls import ClientTLS
 from dispo.sdk._gather import Gathered
+from dispo.sdk._queues import EXECUTOR_ADDRESS, WorkerQueue, queues_of
 from dispo.sdk._schedules import AsyncScheduleCalls, ScheduleCalls
 from dispo.sdk._types import (
     CellSpec,
@@ -160,6 +162,7 @@ class AsyncClient(AsyncScheduleCalls):
         gather: bool = True,
     ) -> None:
         self._channel = channel or open_channel(address, _token(token), tls=tls)
+        self._token, self._tls = _token(token), tls  # for the executor's calls
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self.gathered: Batcher[_Gathered, Submitted] | None = (
             Batcher(
@@ -284,6 +287,17 @@ class AsyncClient(AsyncScheduleCalls):
         ``duplicate``."""
         request = signal_request(task_id, signal, payload, signal_id, business, idempotency_key)
         return signalled(await self._call(self._stub.SignalTask, request, timeout))
+
+    async def list_queues(
+        self, executor: str = EXECUTOR_ADDRESS, *, timeout: float | None = 10.0
+    ) -> list[WorkerQueue]:
+        """The worker queues, by name, as the executor at ``executor`` (any replica) sees
+        them: live workers, when one was last seen, runs offered and taken, the limit
+        (ListQueues; an admin token's call)."""
+        async with open_channel(executor, self._token, tls=self._tls) as channel:
+            stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+            reply = await self._call(stub.ListQueues, executor_pb2.ListQueuesRequest(), timeout)
+        return queues_of(reply)
 
     async def list_page(
         self,
@@ -448,6 +462,7 @@ class Client(ScheduleCalls):
         gather: bool = True,
     ) -> None:
         self._channel = open_sync_channel(address, _token(token), tls=tls)
+        self._token, self._tls = _token(token), tls  # for the executor's calls
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self.gathered: Gathered[_Gathered, Submitted] | None = (
             Gathered(self._submit_gathered, max_items=GATHER_MAX) if gather else None
@@ -550,6 +565,17 @@ class Client(ScheduleCalls):
         """As :meth:`AsyncClient.signal`."""
         request = signal_request(task_id, signal, payload, signal_id, business, idempotency_key)
         return signalled(self._call(self._stub.SignalTask, request, timeout))
+
+    def list_queues(
+        self, executor: str = EXECUTOR_ADDRESS, *, timeout: float | None = 10.0
+    ) -> list[WorkerQueue]:
+        """The worker queues, by name, as the executor at ``executor`` (any replica) sees
+        them: live workers, when one was last seen, runs offered and taken, the limit
+        (ListQueues; an admin token's call)."""
+        with open_sync_channel(executor, self._token, tls=self._tls) as channel:
+            stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+            reply = self._call(stub.ListQueues, executor_pb2.ListQueuesRequest(), timeout)
+        return queues_of(reply)
 
     def list_page(
         self,

@@ -1,5 +1,6 @@
 // Serving a queue of worker actions from Node.js (docs/workers.md): each run opens a review
-// ticket in a tracker and answers its number as the node's output (the twin of the Go
+// ticket in a tracker and answers its number as the node's output; the queue's probes are
+// answered by looking for the ticket under the idempotency key (the twin of the Go
 // example's ticket-worker).
 //
 //   DISPO_TOKEN=$(dispo tokens create --worker --queue tickets) \
@@ -7,13 +8,20 @@
 //       [--queue tickets] [--concurrency 10] [--grace 30]      # grace in seconds
 //
 // The tracker is a file here, one line per ticket opened: "<idempotency key> <attempt>
-// <pid>" (a real tracker would take the idempotency key as its own, so that a run done twice
-// opens one ticket). The output is {"ticket_id": "T-<name>", "key": <idempotency key>}. For
-// trying the worker out, the payload may ask for more than a name:
+// <pid> <ticket id>" (a real tracker would take the idempotency key as its own, so that a
+// run done twice opens one ticket). The output is {"ticket_id": "T-<name>", "key":
+// <idempotency key>}. For trying the worker out, the payload may ask for more than a name:
 //
-//   {"name": "n1", "busy": 1}         the tracker is busy the first time: retryable, tried again
-//   {"name": "n1", "work_ms": 5000}   opening the ticket takes 5 s
-//   {"name": "n1", "refuse": "why"}   the tracker refuses: the node fails for good
+//   {"name": "n1", "busy": 1}          the tracker is busy the first time: retryable, tried again
+//   {"name": "n1", "work_ms": 5000}    opening the ticket takes 5 s
+//   {"name": "n1", "refuse": "why"}    the tracker refuses: the node fails for good
+//   {"name": "n1", "answer_ms": 5000}  the answer takes 5 s once the ticket is opened
+//
+// A probe (whether the run of a key that ended unknown opened its ticket) finds the ticket in
+// the tracker: done, with the ticket as the output ({ticket_id, key, found_by: <pid>}). None
+// found: the key is fenced up to the attempt asked about (a line "<key> <attempt>" in
+// FILE.fences; a run of a fenced attempt opens nothing) and the answer is "not done, fenced",
+// so the node runs again at once.
 //
 // SIGTERM or SIGINT: no new runs; the runs in flight get the grace to finish, and what is
 // left is handed back.
@@ -37,9 +45,9 @@ if (!options.tracker) {
   process.exit(2);
 }
 
-// Append a line to the tracker, durably.
-function record(line) {
-  const fd = fs.openSync(options.tracker, "a");
+// Append a line to a file, durably.
+function appendLine(file, line) {
+  const fd = fs.openSync(file, "a");
   try {
     fs.writeSync(fd, line);
     fs.fsyncSync(fd);
@@ -47,6 +55,21 @@ function record(line) {
     fs.closeSync(fd);
   }
 }
+
+// The lines of a file (none when it does not exist).
+function readLines(file) {
+  if (!fs.existsSync(file)) return [];
+  return fs.readFileSync(file, "utf8").split("\n").filter(Boolean);
+}
+
+const FENCES = `${options.tracker}.fences`;
+
+// Whether the tracker refuses key at attempt: a probe fenced it up to that attempt or later.
+const fenced = (key, attempt) =>
+  readLines(FENCES).some((line) => {
+    const [fencedKey, upTo] = line.split(" ");
+    return fencedKey === key && attempt <= Number(upTo);
+  });
 
 // The runs the tracker answered busy, by key.
 const busy = new Map();
@@ -66,8 +89,28 @@ worker.action(options.queue, async (ctx, payload) => {
   if (payload.refuse) throw new Error(`the tracker refused the ticket: ${payload.refuse}`);
   // Aborted when the run is not held any more: nothing done, nothing sent.
   await sleep(payload.work_ms ?? 0, undefined, { signal: ctx.signal });
-  record(`${ctx.idempotencyKey} ${ctx.attempt} ${process.pid}\n`);
-  return { ticket_id: `T-${payload.name}`, key: ctx.idempotencyKey };
+  const ticket = `T-${payload.name}`;
+  if (fenced(ctx.idempotencyKey, ctx.attempt)) {
+    throw new Error(`the tracker refuses key ${ctx.idempotencyKey} at attempt ${ctx.attempt}: fenced`);
+  }
+  appendLine(options.tracker, `${ctx.idempotencyKey} ${ctx.attempt} ${process.pid} ${ticket}\n`);
+  // The ticket is opened; the answer may still be lost if the run is not held any more.
+  await sleep(payload.answer_ms ?? 0, undefined, { signal: ctx.signal });
+  return { ticket_id: ticket, key: ctx.idempotencyKey };
+});
+
+// Whether the run of the key asked about opened its ticket. Not found: the key is fenced up
+// to that attempt first, so "not done" is final.
+worker.probe(options.queue, async (ctx) => {
+  worker.log(`probe: node ${ctx.nodeId} of task ${ctx.taskId}, attempt ${ctx.attempt}`);
+  for (const line of readLines(options.tracker)) {
+    const [key, , , ticket] = line.split(" ");
+    if (key === ctx.idempotencyKey && ticket) {
+      return { done: true, output: { ticket_id: ticket, key, found_by: process.pid } };
+    }
+  }
+  appendLine(FENCES, `${ctx.idempotencyKey} ${ctx.attempt}\n`);
+  return { done: false, fenced: true };
 });
 
 worker.run().then(

@@ -11,6 +11,19 @@
 //   });
 //   await worker.run();                                         // until SIGTERM / worker.stop()
 //
+// A worker may also answer the probes of its queues (ADR-0100): whether the effect of a run
+// whose outcome was lost (its worker vanished mid-run) happened, so that the node is settled
+// without an operator:
+//
+//   worker.probe("tickets", async (ctx) => {                    // ctx.idempotencyKey, ctx.attempt
+//     const ticket = await tracker.find(ctx.idempotencyKey);
+//     if (ticket) return { done: true, output: { ticket_id: ticket.id } };  // SUCCEEDED
+//     await tracker.refuse(ctx.idempotencyKey, ctx.attempt);   // never opened from now on
+//     return { done: false, fenced: true };                     // runs again at once
+//   });
+//
+// A probe handler that throws or returns nothing gives no answer: asked again later.
+//
 // The worker long-polls the executor for runs of its queues with its free credit
 // (concurrency minus the runs it holds), heartbeats the runs it holds every third of their
 // lease, and completes each with its handler's returned value (the output), its error (a
@@ -80,6 +93,7 @@ export class Worker {
     this.workerId = workerId;
     this.log = log;
     this.handlers = new Map();
+    this.probes = new Map();
     this.held = new Map(); // run token -> { run, ctx, controller, gone, completing, done }
     this.leaseMs = 10_000;
     this.stopping = false;
@@ -94,6 +108,17 @@ export class Worker {
     return this;
   }
 
+  // Register `async (ctx) => ({ done, fenced, output })` for the probe runs of `queue`:
+  // whether the effect of ctx.attempt under ctx.idempotencyKey happened (done, with the
+  // effect's output, the node's); not done and fenced: the handler made sure it never
+  // happens under the key up to that attempt, so the node runs again at once; not done
+  // and not fenced: final once the action's max_effect_seconds have passed.
+  probe(queue, handler) {
+    if (this.probes.has(queue)) throw new Error(`queue ${JSON.stringify(queue)} already has a probe handler`);
+    this.probes.set(queue, handler);
+    return this;
+  }
+
   // Stop taking runs; the runs in flight get `grace` ms (default: the worker's) to finish.
   stop(grace) {
     if (grace !== undefined) this.grace = grace;
@@ -105,11 +130,14 @@ export class Worker {
   // Poll and run until stop() (or SIGTERM / SIGINT with handleSignals), then hand back
   // what is left once the grace has passed.
   async run({ handleSignals = true } = {}) {
-    if (this.handlers.size === 0) throw new Error("no action registered: use worker.action(queue, handler)");
+    if (this.handlers.size === 0 && this.probes.size === 0) {
+      throw new Error("no action registered: use worker.action(queue, handler)");
+    }
     const onSignal = () => this.stop();
     if (handleSignals) for (const signal of ["SIGTERM", "SIGINT"]) process.on(signal, onSignal);
     const beating = new AbortController();
-    this.log(`worker ${this.workerId} started: queues ${[...this.handlers.keys()].sort().join(",")}`);
+    const names = (map) => [...map.keys()].sort().join(",");
+    this.log(`worker ${this.workerId} started: queues ${names(this.handlers)}, probes ${names(this.probes)}`);
     const heartbeat = this.#heartbeat(beating.signal);
     try {
       await this.#poll();
@@ -143,6 +171,7 @@ export class Worker {
 
   async #poll() {
     const queues = [...this.handlers.keys()].sort();
+    const probeQueues = [...this.probes.keys()].sort();
     while (!this.stopping) {
       const credit = this.concurrency - this.held.size;
       if (credit <= 0) {
@@ -153,7 +182,13 @@ export class Worker {
       try {
         reply = await this.#call(
           "PollRuns",
-          { queues, worker_id: this.workerId, max_runs: Math.min(credit, 100), wait_ms: POLL_WAIT_MS },
+          {
+            queues,
+            probe_queues: probeQueues,
+            worker_id: this.workerId,
+            max_runs: Math.min(credit, 100),
+            wait_ms: POLL_WAIT_MS,
+          },
           POLL_WAIT_MS + 10_000,
           (call) => (this.polling = call),
         );
@@ -183,6 +218,7 @@ export class Worker {
       idempotencyKey: run.idempotency_key, // the same on every attempt: deduplicate by it
       attempt: run.attempt,
       deadline: toDate(run.deadline),
+      probe: run.probe, // a probe run: did the effect of `attempt` under the key happen?
       signal: controller.signal, // aborted when the run is not held any more
     };
     const entry = { token: run.run_token, ctx, controller, gone: false, completing: false };
@@ -197,7 +233,9 @@ export class Worker {
     const { ctx } = entry;
     const handler = this.handlers.get(run.queue);
     const request = { run_token: entry.token };
-    if (!handler) {
+    if (run.probe) {
+      Object.assign(request, await this.#probe(entry));
+    } else if (!handler) {
       request.not_sent = `this worker serves no queue ${JSON.stringify(run.queue)}`;
     } else {
       try {
@@ -218,6 +256,28 @@ export class Worker {
     if (entry.gone) return; // never completed: the run is not held any more
     entry.completing = true;
     await this.#complete(request, ctx);
+  }
+
+  // A probe run's answer: the queue's probe handler's, else no answer.
+  async #probe(entry) {
+    const { ctx } = entry;
+    const handler = this.probes.get(ctx.queue);
+    if (!handler) return { not_sent: `this worker answers no probe of queue ${JSON.stringify(ctx.queue)}` };
+    let answer;
+    try {
+      answer = await handler(ctx);
+    } catch (error) {
+      const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+      if (!entry.gone) this.log(`probe failed: node ${ctx.nodeId} of task ${ctx.taskId}: ${message}`);
+      return { error: { message, retryable: false } };
+    }
+    if (answer === undefined || answer === null) return { not_sent: "the probe handler could not say" };
+    const done = Boolean(answer.done);
+    const probe = { done, fenced: Boolean(answer.fenced) && !done };
+    if (done && answer.output !== undefined && answer.output !== null) {
+      probe.output = { metadata: JSON_PLAIN, data: Buffer.from(JSON.stringify(answer.output)) };
+    }
+    return { probe };
   }
 
   // Send a run's outcome; an UNAVAILABLE executor is tried a few times.

@@ -71,6 +71,7 @@ from dispo.console.views import (
     retention_rows,
     shown_json,
     work_kind,
+    worker_queue_rows,
 )
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.clock import Clock, SystemClock
@@ -583,7 +584,9 @@ async def _progress(request: Request, token: str) -> ResumeProgress | None:
 
 
 async def _downstreams_context(request: Request, token: str) -> dict[str, Any]:
-    return {"downstreams": downstream_rows(await _backend(request).downstreams(token))}
+    backend = _backend(request)
+    downstreams, queues = await asyncio.gather(backend.downstreams(token), backend.queues(token))
+    return {"downstreams": downstream_rows(downstreams), "worker_queues": worker_queue_rows(queues)}
 
 
 async def _pool_context(request: Request, token: str) -> dict[str, Any]:
@@ -663,7 +666,9 @@ async def _job_context(request: Request, token: str) -> dict[str, Any]:
 
 failed_page, failed_stream = _live("failed.html", _failed_context, {"work": "_failed_rows.html"})
 downstreams_page, downstreams_stream = _live(
-    "downstreams.html", _downstreams_context, {"downstreams": "_downstream_rows.html"}
+    "downstreams.html",
+    _downstreams_context,
+    {"downstreams": "_downstream_rows.html", "worker_queues": "_worker_queue_rows.html"},
 )
 
 

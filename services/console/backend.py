@@ -347,6 +347,11 @@ class Backend:
         request.page.page_size = RESUMED_PAGE
         return list((await self._call(self.reconciler.ListRecoveryTasks, request, token)).tasks)
 
+    async def queues(self, token: str) -> list[epb.Queue]:
+        """The worker queues, as the executor sees them (ListQueues)."""
+        reply = await self._call(self.executor.ListQueues, epb.ListQueuesRequest(), token)
+        return list(reply.queues)
+
     async def downstreams(
         self, token: str
     ) -> list[tuple[rpb.DownstreamState, epb.Downstream | None]]:

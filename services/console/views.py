@@ -365,6 +365,38 @@ def downstream_rows(
     return rows
 
 
+@dataclass(frozen=True)
+class WorkerQueueRow:
+    """One worker queue on the Downstreams page (the executor's ListQueues): its live
+    workers, when one was last seen, runs offered and taken, its limit (0: none)."""
+
+    name: str
+    live_workers: int
+    health: str
+    last_seen: datetime | None
+    offered: int
+    taken: int
+    max_concurrency: int
+    # "bad": runs wait on a queue no worker serves (they are demoted once it stays so).
+    health_tone: str = ""
+
+
+def worker_queue_rows(queues: list[epb.Queue]) -> list[WorkerQueueRow]:
+    return [
+        WorkerQueueRow(
+            q.name,
+            q.live_workers,
+            "live" if q.live else "no live worker",
+            _at(q.last_seen, q.HasField("last_seen")),
+            q.offered,
+            q.taken,
+            q.max_concurrency,
+            "good" if q.live else ("bad" if q.offered else ""),
+        )
+        for q in queues
+    ]
+
+
 # The most a priority boost may be (the pool refuses more).
 MAX_BOOST = 1000
 

@@ -131,7 +131,9 @@ async def console(
 ) -> Console:
     folder = tmp_path_factory.mktemp("console")
     catalogue = folder / "catalogue.yaml"
-    catalogue.write_text(TEST_CATALOGUE.format(url=module_downstream.url))
+    # A declared worker queue no worker serves: the Downstreams page lists it.
+    queues = "queues:\n  reviews:\n    max_concurrency: 3\n"
+    catalogue.write_text(TEST_CATALOGUE.format(url=module_downstream.url) + queues)
     # Parked tasks wait an hour for their automatic redrive: only an operator redrives them.
     recovery = folder / "recovery.yaml"
     recovery.write_text(
@@ -544,6 +546,11 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     demo = page.locator("tr[data-downstream=demo]")
     await expect(demo).to_contain_text("CLOSED")  # the executor's breaker
     await expect(demo.locator(".breaker")).to_have_attribute("data-tone", "good")  # green
+    # The worker queues beside them (the executor's ListQueues): none serves "reviews".
+    reviews = page.locator("#worker-queues tr[data-queue=reviews]")
+    await expect(reviews.locator(".health")).to_have_text("no live worker")
+    await expect(reviews.locator(".workers")).to_have_text("0")
+    await expect(reviews).to_contain_text("3")  # its limit
     # A form sent from another site's page, or with no origin at all, is refused before
     # any route (the signed-in cookie rides along here): nothing is paused.
     for headers in ({"Origin": console.downstream.url}, {}):

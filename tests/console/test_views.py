@@ -5,7 +5,7 @@ first period of a series, whose comparison has no baseline by nature."""
 import re
 
 from dispo.console.app import HERE, templates
-from dispo.console.views import COLOURS, JOB_COLOURS, downstream_rows, job_row
+from dispo.console.views import COLOURS, JOB_COLOURS, downstream_rows, job_row, worker_queue_rows
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
@@ -150,3 +150,20 @@ def test_a_scheduled_task_shows_its_start_and_a_task_its_deadline():
     page = rendered("_task_detail.html", task=TaskView.from_proto(task), colours=COLOURS, **context)
     assert re.search(r'id="not-before">scheduled, starts 2027-01-01 02:00:00', page), page
     assert 'id="deadline">deadline 2027-01-01 03:00:00' in page
+
+
+def test_a_queue_with_runs_and_no_live_worker_is_red_a_live_one_green():
+    seen = epb.Queue(name="tickets", live_workers=2, live=True, taken=3, max_concurrency=4)
+    seen.last_seen.FromSeconds(1_800_000_000)
+    rows = worker_queue_rows([seen, epb.Queue(name="reports", offered=5), epb.Queue(name="idle")])
+    assert [(r.name, r.health, r.health_tone) for r in rows] == [
+        ("tickets", "live", "good"),
+        ("reports", "no live worker", "bad"),  # its runs wait, then are demoted
+        ("idle", "no live worker", ""),  # nothing waits on it
+    ]
+    assert rows[0].last_seen is not None and rows[1].last_seen is None
+    page = rendered("_worker_queue_rows.html", worker_queues=rows)
+    assert '<tr data-queue="tickets">' in page and '<td class="taken">3</td>' in page
+    assert '<td class="health bad" data-tone="bad">no live worker</td>' in page
+    assert '<td class="offered">5</td>' in page
+    assert "No worker queue" in rendered("_worker_queue_rows.html", worker_queues=[])

@@ -544,3 +544,60 @@ async def test_the_schedules_guide_runs_twice_on_a_stack(tmp_path):
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
+
+
+@pytest.mark.timeout(400)
+async def test_the_workers_guide_runs_twice_on_one_stack(tmp_path):
+    """docs/workers.md's Walk-through, run as written twice against `dispo up` started with
+    its catalogue: a worker token of the queue, the README's worker (the guide's tickets.py
+    is that example, word for word) run by `dispo worker run` on it, a task whose worker
+    node's output flows into the owner's message, the queue seen live by `dispo queues`, and
+    the worker token refused a task list. No block has a key: a second run makes a new task
+    and a new worker process, and meets nothing of the first."""
+    stack = Stack(tmp_path)
+    catalogue, start, walk = sh_blocks(section("docs/workers.md", "Walk-through"))
+    [example] = re.findall(
+        r"```python\n(.*?)```", section("README.md", "Your own code as a step"), re.S
+    )
+    assert f"cat > tickets.py <<'EOF'\n{example}EOF\n" in walk, "not the README's worker"
+    assert '"idempotency_key"' not in walk  # the worker names ctx's key; no task has one
+    made = await shell([catalogue], os.environ, stack, "-e")
+    assert made.returncode == 0, made.stdout + made.stderr
+    mine = tmp_path / "tickets-catalogue.yaml"
+    mine.write_text(mine.read_text().replace("127.0.0.1:8181", f"127.0.0.1:{stack.moved[DEMO]}"))
+    settings = dict(re.findall(r"(DISPO_\w+)=(\S+)", start))
+    assert start.strip().endswith(" dispo up") and set(settings) == {"DISPO_CATALOGUE"}, start
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
+    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
+    env |= settings
+    env["DISPO_CONSOLE_PORT"] = "0"
+    output = tmp_path / "up.out"
+    with open(output, "wb") as out:
+        up = subprocess.Popen(
+            [str(BIN / "dispo"), "up", "--services", "gateway,executor",
+             "--nats-port", str(free_port()), "--demo-port", str(stack.moved[DEMO])],
+            env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        def ready() -> bool:
+            assert up.poll() is None, output.read_text()
+            return "Ctrl-C stops everything" in output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+        if shutil.which("jq") is None:
+            pytest.skip("the guide picks ids with jq")
+        for _ in range(2):
+            result = await shell([walk], env, stack, "-e", "-o", "pipefail")
+            out = result.stdout + result.stderr
+            assert result.returncode == 0, out + (tmp_path / "worker.log").read_text()
+            assert "TASK_STATUS_SUCCEEDED" in out, out
+            assert '"review.open_ticket":{"ticket_id":"T-content-48-1"}' in out, out
+            assert '{"message":"your ticket is T-content-48-1","owner_id":"user-7"}' in out, out
+            assert re.search(r"^tickets +\d+ +live ", out, re.M), out  # dispo queues
+            assert '{"name":"tickets","live":true,"live_workers":' in out, out
+            assert "refused, as it should be" in out and "PERMISSION_DENIED" in out, out
+    finally:
+        up.send_signal(signal.SIGINT)
+        await asyncio.to_thread(up.wait, 60)

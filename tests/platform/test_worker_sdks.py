@@ -2,7 +2,8 @@
 examples/node's ``worker.mjs`` run by ``ticket-worker.mjs``) against a real stack: gateway
 and executor processes, the demo downstream, and each worker as a real process on the
 ``tickets`` queue. Each worker records every ticket it opens as a line of a file, and
-deduplicates nothing: the tests count the effects."""
+deduplicates nothing: the tests count the effects. The probe test adds a reconciler whose
+clock is a file the test moves."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ import json
 import os
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
+from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
+from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.process import ManagedProcess, ProcessSpec
 from dispo.pool.openclaw import OpenClawUnavailable
-from dispo.sdk import cell
-from pipeline_fixtures import TEST_CATALOGUE, Pipeline, dump
+from dispo.sdk import Client, WorkerQueue, cell
+from pipeline_fixtures import TEST_CATALOGUE, Pipeline, dump, wait_until
+from reconciler.processes import Reconciler
 from support import eventually
-from support.auth import worker_token
+from support.auth import admin_channel, worker_token
 from support.go import GoUnavailable, build_example
 from support.node import EXAMPLE_DIR, example_node
 
@@ -37,6 +44,20 @@ WORKER_CELLS = """
         queue: tickets
         idempotent: true
         output: {{ticket_id: {{type: string, required: true}}}}
+  w_ticket_once:
+    description: Open a ticket through a worker of another language, never twice blindly.
+    fields:
+      name: {{type: string, required: true}}
+      answer_ms: {{type: integer}}
+    actions:
+      open:
+        kind: worker
+        queue: tickets
+        idempotent: false
+        output: {{ticket_id: {{type: string, required: true}}}}
+queues:
+  reports:              # declared, served by no worker
+    max_concurrency: 2
 """
 
 # A worker silent for this long loses its run: the runs held longer than this in the tests
@@ -128,7 +149,8 @@ class Workers:
         if not self.tracker.exists():
             return []
         lines = self.tracker.read_text().splitlines()
-        return [(key, int(attempt), int(pid)) for key, attempt, pid in map(str.split, lines)]
+        effects = [line.split()[:3] for line in lines]  # the ticket's id is last
+        return [(key, int(attempt), int(pid)) for key, attempt, pid in effects]
 
     def opened(self) -> list[tuple[str, int]]:
         """Each ticket opened: (idempotency key, pid)."""
@@ -137,6 +159,34 @@ class Workers:
     def kill_all(self) -> None:
         for process in self.started:
             process.kill()
+
+
+@pytest.fixture
+async def reconciler(stack, file_clock, tmp_path):
+    """A reconciler process on the stack, asking its executor to probe worker nodes; its
+    redrive backoff is 10 s of its clock."""
+    config = tmp_path / "recovery.yaml"
+    redrive = {"max_redrives": 3, "base_delay": 10, "max_delay": 10, "jitter": 0}
+    config.write_text(yaml.safe_dump({"redrive": {"default": redrive}}))
+    file_clock.set(datetime.now(UTC))
+    process = await stack.start_service(
+        "reconciler",
+        {
+            **file_clock.env,
+            "DISPO_RECONCILER_CONFIG": str(config),
+            "DISPO_CATALOGUE": str(stack.catalogue),
+            "DISPO_RECONCILER_SWEEP_INTERVAL_SECONDS": "0.5",
+            "DISPO_EGRESS_ALLOW": stack.egress_allow,
+            "DISPO_RECONCILER_EXECUTOR_ADDRESS": stack.executors[0].address,
+            # A probe no worker answers costs the settle sweep this long.
+            "DISPO_RECONCILER_HTTP_TIMEOUT_SECONDS": "2",
+        },
+    )
+    async with admin_channel(process.address) as channel:
+        yield Reconciler(
+            process, file_clock, channel, reconciler_pb2_grpc.ReconcilerServiceStub(channel)
+        )
+    process.kill()
 
 
 @pytest.fixture
@@ -228,3 +278,73 @@ async def test_sigterm_finishes_a_run_within_the_grace_and_hands_back_the_other(
     # Handed back, not left to expire: offered again at the attempt the first worker had.
     [handed] = re.findall(rf"of task {slow.task_id}, attempt (\d+)", log)
     assert workers.effects()[1][1] == int(handed)
+
+
+async def test_a_worker_killed_after_its_effect_is_settled_done_by_a_probe(
+    client, workers, reconciler
+):
+    """A non-idempotent run whose worker is SIGKILLed after opening its ticket, before
+    answering: its node is UNKNOWN, never re-sent; a second worker of the same language
+    answers the reconciler's probe from the tracker: SUCCEEDED with the probe's output, one
+    ticket."""
+    first = workers.start()
+    task = await client.submit("tests", [cell("w_ticket_once", name="once", answer_ms=60_000)])
+    key = f"{task.task_id}/w_ticket_once.open"
+    await eventually(
+        lambda: workers.effects(), lambda effects: effects != [], timeout=30, wanted="the ticket"
+    )
+    assert workers.opened() == [(key, first.pid)]
+    first.kill()  # SIGKILL: the ticket is opened, the answer lost
+    await wait_until(
+        client,
+        task.task_id,
+        lambda v: v.node("w_ticket_once.open").status == "UNKNOWN",
+        timeout=60,
+        wanted="the node UNKNOWN",
+    )
+    await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_AWAITING_SETTLEMENT, timeout=60)
+
+    second = workers.start()  # answers the queue's probes
+    for _ in range(20):  # sweep (past the redrive's backoff) until the task ended
+        await reconciler.sweep(seconds=11)
+        view = await client.get(task.task_id)
+        if view.status in ("SUCCEEDED", "FAILED"):
+            break
+    assert view.status == "SUCCEEDED", dump(view)
+    # The probe's output, recorded with the node: the ticket the first worker opened.
+    assert view.node("w_ticket_once.open").output == {
+        "ticket_id": "T-once",
+        "key": key,
+        "found_by": second.pid,
+    }
+    assert workers.opened() == [(key, first.pid)]  # one ticket, never re-sent
+    assert "probe: node w_ticket_once.open" in second.log_tail(100)
+    detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
+    assert [(s.node_id, s.method, s.outcome) for s in detail.settlements] == [
+        ("w_ticket_once.open", pb.SETTLEMENT_METHOD_PROBE, common_pb2.NODE_STATUS_SUCCEEDED)
+    ]
+
+
+async def test_the_sdk_lists_the_queues_a_worker_of_another_language_serves(client, workers, stack):
+    """AsyncClient.list_queues and Client.list_queues (the executor's ListQueues): the queue
+    the worker polls is live with its worker; a declared queue no worker serves is listed
+    with its limit, not live."""
+    worker = workers.start()
+    executor = stack.executors[0].address
+
+    async def live() -> dict[str, WorkerQueue]:
+        return {q.name: q for q in await client.list_queues(executor)}
+
+    found = await eventually(
+        live, lambda q: "tickets" in q and q["tickets"].live, timeout=30, wanted="tickets live"
+    )
+    assert found["tickets"].live_workers >= 1 and found["tickets"].last_seen is not None
+    assert found["reports"] == WorkerQueue("reports", 0, False, None, 0, 0, 2)
+
+    def blocking() -> list[WorkerQueue]:
+        with Client(stack.gateway.address, token=stack.token) as dispo:
+            return dispo.list_queues(executor)
+
+    listed = {q.name: q for q in await asyncio.to_thread(blocking)}
+    assert listed["tickets"].live and listed["reports"].max_concurrency == 2
+    assert worker.running()

@@ -39,8 +39,12 @@ type Run struct {
 	// Deadline is when the run is given up (an outcome after it is not recorded); the
 	// handler's context ends then too. Zero when the executor sent none.
 	Deadline time.Time
-	// Payload is the cell's payload, its references to upstream outputs resolved (JSON).
+	// Payload is the cell's payload, its references to upstream outputs resolved (JSON);
+	// none for a probe run.
 	Payload json.RawMessage
+	// Probe marks a probe run (handed to the queue's ProbeFunc): not the action's call but
+	// the question whether the effect of Attempt under IdempotencyKey happened.
+	Probe bool
 }
 
 // Decode reads the payload into v, as json.Unmarshal does.
@@ -52,6 +56,23 @@ func (r *Run) Decode(v any) error { return json.Unmarshal(r.Payload, v) }
 // worker no longer holds the run (its lease was lost, or the worker's grace ran out): the
 // handler should return then, and what it returns is not sent.
 type HandlerFunc func(ctx context.Context, run *Run) (any, error)
+
+// A ProbeAnswer is what a probe handler says of the effect it is asked about (ADR-0100).
+type ProbeAnswer struct {
+	// Done: the effect happened; the node is SUCCEEDED with Output and never run again.
+	Done bool
+	// Fenced, with Done false: the handler made sure the effect never happens under this
+	// key up to the attempt asked about, so the node runs again at once. Without it, "not
+	// done" is final only once the action's max_effect_seconds have passed.
+	Fenced bool
+	// Output, with Done: the effect's output, the node's (encoded as a handler's; nil: none).
+	Output any
+}
+
+// A ProbeFunc answers a probe run: whether the effect of run.Attempt under
+// run.IdempotencyKey happened. An error is no answer: the node is asked about again later
+// (after the reconciler's probe limit, an operator decides).
+type ProbeFunc func(ctx context.Context, run *Run) (ProbeAnswer, error)
 
 // A RetryableError is a failure after which the run had no effect and may be tried again.
 type RetryableError struct{ Err error }
@@ -93,6 +114,7 @@ type Worker struct {
 	conn     *grpc.ClientConn
 	stub     executorv1.WorkerServiceClient
 	handlers map[string]HandlerFunc
+	probes   map[string]ProbeFunc
 
 	mu    sync.Mutex
 	held  map[string]*heldRun
@@ -127,6 +149,7 @@ func NewWorker(address string, opts ...Option) (*Worker, error) {
 		conn:     conn,
 		stub:     executorv1.NewWorkerServiceClient(conn),
 		handlers: map[string]HandlerFunc{},
+		probes:   map[string]ProbeFunc{},
 	}, nil
 }
 
@@ -142,11 +165,22 @@ func (w *Worker) Handle(queue string, handler HandlerFunc) {
 	w.handlers[queue] = handler
 }
 
+// Probe registers probe for the probe runs of queue (ADR-0100): when a non-idempotent
+// action's run ended with its outcome unknown (its worker vanished mid-run), the reconciler
+// asks the queue's workers whether its effect happened, so the node is settled without an
+// operator. It panics when the queue has a probe handler already.
+func (w *Worker) Probe(queue string, probe ProbeFunc) {
+	if _, taken := w.probes[queue]; taken {
+		panic(fmt.Sprintf("dispo: queue %q already has a probe handler", queue))
+	}
+	w.probes[queue] = probe
+}
+
 // Run polls and runs until ctx ends (e.g. signal.NotifyContext on SIGTERM), then stops
 // taking runs, lets the runs in flight finish within Grace, and hands back the rest
 // (ReleaseRuns): an idempotent action's run is offered again at once.
 func (w *Worker) Run(ctx context.Context) error {
-	if len(w.handlers) == 0 {
+	if len(w.handlers) == 0 && len(w.probes) == 0 {
 		return errors.New("dispo: no handler registered: use Handle(queue, handler)")
 	}
 	if w.Concurrency < 1 {
@@ -166,12 +200,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.free = make(chan struct{}, 1)
 	w.leaseChanged = make(chan struct{}, 1)
 
-	queues := make([]string, 0, len(w.handlers))
-	for queue := range w.handlers {
-		queues = append(queues, queue)
-	}
-	sort.Strings(queues)
-	w.Logger.Printf("worker %s started: queues %v", w.ID, queues)
+	queues, probes := sortedKeys(w.handlers), sortedKeys(w.probes)
+	w.Logger.Printf("worker %s started: queues %v, probes %v", w.ID, queues, probes)
 
 	// Runs are handled, heartbeaten and completed under their own contexts: ctx ending
 	// stops the polling, not the runs in flight.
@@ -181,12 +211,21 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer close(beaten)
 		w.heartbeat(beating)
 	}()
-	w.poll(ctx, queues)
+	w.poll(ctx, queues, probes)
 	w.drain()
 	stopBeating()
 	<-beaten
 	w.Logger.Printf("worker %s stopped", w.ID)
 	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for key := range m {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func defaultWorkerID() string {
@@ -203,7 +242,7 @@ func (w *Worker) credit() int {
 	return w.Concurrency - len(w.held)
 }
 
-func (w *Worker) poll(ctx context.Context, queues []string) {
+func (w *Worker) poll(ctx context.Context, queues, probes []string) {
 	for ctx.Err() == nil {
 		credit := w.credit()
 		if credit <= 0 {
@@ -218,10 +257,11 @@ func (w *Worker) poll(ctx context.Context, queues []string) {
 		}
 		call, cancel := context.WithTimeout(ctx, pollWait+10*time.Second)
 		reply, err := w.stub.PollRuns(call, &executorv1.PollRunsRequest{
-			Queues:   queues,
-			WorkerId: w.ID,
-			MaxRuns:  int32(credit),
-			WaitMs:   int32(pollWait / time.Millisecond),
+			Queues:      queues,
+			ProbeQueues: probes,
+			WorkerId:    w.ID,
+			MaxRuns:     int32(credit),
+			WaitMs:      int32(pollWait / time.Millisecond),
 		})
 		cancel()
 		if err != nil {
@@ -262,6 +302,7 @@ func (w *Worker) start(message *executorv1.Run) {
 		IdempotencyKey: message.GetIdempotencyKey(),
 		Attempt:        int(message.GetAttempt()),
 		Payload:        json.RawMessage(message.GetPayload().GetData()),
+		Probe:          message.GetProbe(),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if message.GetDeadline() != nil {
@@ -281,7 +322,9 @@ func (w *Worker) handle(ctx context.Context, h *heldRun) {
 	defer w.forget(h)
 	request := &executorv1.CompleteRunRequest{RunToken: h.token}
 	handler, ok := w.handlers[h.run.Queue]
-	if !ok {
+	if h.run.Probe {
+		w.probe(ctx, request, h.run)
+	} else if !ok {
 		request.Result = &executorv1.CompleteRunRequest_NotSent{
 			NotSent: fmt.Sprintf("this worker serves no queue %q", h.run.Queue),
 		}
@@ -302,6 +345,49 @@ func (w *Worker) handle(ctx context.Context, h *heldRun) {
 	w.mu.Unlock()
 	defer w.sending.Done()
 	w.complete(request, h.run)
+}
+
+// probe sets a probe run's answer: the queue's probe handler's, else no answer.
+func (w *Worker) probe(ctx context.Context, request *executorv1.CompleteRunRequest, run *Run) {
+	probe, ok := w.probes[run.Queue]
+	if !ok {
+		request.Result = &executorv1.CompleteRunRequest_NotSent{
+			NotSent: fmt.Sprintf("this worker answers no probe of queue %q", run.Queue),
+		}
+		return
+	}
+	answer, err := callProbe(ctx, probe, run)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.Logger.Printf("probe failed: node %s of task %s: %v", run.NodeID, run.TaskID, err)
+		}
+		request.Result = &executorv1.CompleteRunRequest_Error{
+			Error: &executorv1.RunFailure{Message: err.Error()},
+		}
+		return
+	}
+	result := &executorv1.ProbeResult{Done: answer.Done, Fenced: answer.Fenced && !answer.Done}
+	if answer.Done && answer.Output != nil {
+		output, err := jsonOutput(answer.Output)
+		if err != nil {
+			request.Result = &executorv1.CompleteRunRequest_Error{
+				Error: &executorv1.RunFailure{Message: err.Error()},
+			}
+			return
+		}
+		result.Output = output
+	}
+	request.Result = &executorv1.CompleteRunRequest_Probe{Probe: result}
+}
+
+// callProbe runs the probe handler, a panic turned into an error.
+func callProbe(ctx context.Context, probe ProbeFunc, run *Run) (answer ProbeAnswer, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			answer, err = ProbeAnswer{}, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return probe(ctx, run)
 }
 
 // call runs the handler, a panic turned into an error.
@@ -326,19 +412,28 @@ func setOutcome(request *executorv1.CompleteRunRequest, value any, err error) {
 		}
 		return
 	}
+	output, err := jsonOutput(value)
+	if err != nil {
+		setOutcome(request, nil, err)
+		return
+	}
+	request.Result = &executorv1.CompleteRunRequest_Output{Output: output}
+}
+
+// jsonOutput is value as an output: its JSON (nil: empty, no output).
+func jsonOutput(value any) (*commonv1.Payload, error) {
 	data := []byte{}
 	if value != nil {
 		encoded, err := json.Marshal(value)
 		if err != nil {
-			setOutcome(request, nil, fmt.Errorf("the output is no JSON: %w", err))
-			return
+			return nil, fmt.Errorf("the output is no JSON: %w", err)
 		}
 		data = encoded
 	}
-	request.Result = &executorv1.CompleteRunRequest_Output{Output: &commonv1.Payload{
+	return &commonv1.Payload{
 		Metadata: map[string][]byte{"encoding": []byte("json/plain")},
 		Data:     data,
-	}}
+	}, nil
 }
 
 // forget drops a run whose handler returned, freeing its credit.
