@@ -89,6 +89,7 @@ RULES: dict[str, Rule] = {
         PollRuns=ADMIN,
         HeartbeatRuns=ADMIN,
         CompleteRun=ADMIN,
+        CompleteRuns=ADMIN,
         ReleaseRuns=ADMIN,
     ),
     **_methods(

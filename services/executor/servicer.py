@@ -117,30 +117,40 @@ def _held_by(tokens: Sequence[str], worker_id: str) -> list[RunKey]:
     return keys
 
 
-def _outcome(request: worker_pb2.CompleteRunRequest) -> Outcome:
-    """A CompleteRun's outcome (INVALID_ARGUMENT naming the field when malformed)."""
+def _outcome(request: worker_pb2.CompleteRunRequest, field: str = "") -> Outcome:
+    """A CompleteRun's outcome (INVALID_ARGUMENT naming the field, after ``field``, when
+    malformed)."""
     which = request.WhichOneof("result")
     if which == "output":
         problem = payload_problem(request.output)
         if problem is not None:
-            raise InvalidArgument("output", problem)
+            raise InvalidArgument(f"{field}output", problem)
         data = request.output.data
         if not data:
             return Outcome(worker_runs.OUTPUT)
         try:
             parse_json_value(data)
         except PayloadError as error:
-            raise InvalidArgument("output", f"not JSON Dispo records: {error}") from None
+            raise InvalidArgument(f"{field}output", f"not JSON Dispo records: {error}") from None
         return Outcome(worker_runs.OUTPUT, data)
     if which == "error":
         if not request.error.message:
-            raise InvalidArgument("error.message", "required")
+            raise InvalidArgument(f"{field}error.message", "required")
         return Outcome(
             worker_runs.ERROR, None, truncate_error(request.error.message), request.error.retryable
         )
     if which == "not_sent":
         return Outcome(worker_runs.NOT_SENT, None, truncate_error(request.not_sent))
-    raise InvalidArgument("result", "one of output, error or not_sent is required")
+    raise InvalidArgument(f"{field}result", "one of output, error or not_sent is required")
+
+
+def _lost(key: RunKey, worker_id: str) -> str:
+    """Why a completion was refused."""
+    task_id, node_id, attempt = key
+    return (
+        f"the run's lease was lost: node {node_id} of task {task_id} (attempt"
+        f" {attempt}) is no longer held by worker {worker_id!r}; nothing recorded"
+    )
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
@@ -200,13 +210,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.CompleteRunResponse:
         key, worker_id = _token(request.run_token)
         outcome = _outcome(request)
-        if not await self.runs.complete(key, worker_id, outcome):
-            task_id, node_id, attempt = key
-            raise Aborted(
-                f"the run's lease was lost: node {node_id} of task {task_id} (attempt"
-                f" {attempt}) is no longer held by worker {worker_id!r}; nothing recorded"
-            )
+        if not (await self.runs.complete([(key, worker_id, outcome)]))[0]:
+            raise Aborted(_lost(key, worker_id))
         return worker_pb2.CompleteRunResponse()
+
+    async def CompleteRuns(
+        self, request: worker_pb2.CompleteRunsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.CompleteRunsResponse:
+        if not 1 <= len(request.completions) <= MAX_RUNS:
+            raise InvalidArgument("completions", f"1 to {MAX_RUNS} completions")
+        completions = []
+        for i, one in enumerate(request.completions):  # all checked before any is recorded
+            key, worker_id = _token(one.run_token, f"completions[{i}].run_token")
+            completions.append((key, worker_id, _outcome(one, f"completions[{i}].")))
+        recorded = await self.runs.complete(completions)
+        out = worker_pb2.CompleteRunsResponse()
+        for one, (key, worker_id, _), ok in zip(
+            request.completions, completions, recorded, strict=True
+        ):
+            out.results.add(
+                run_token=one.run_token, recorded=ok, detail="" if ok else _lost(key, worker_id)
+            )
+        return out
 
     async def ReleaseRuns(
         self, request: worker_pb2.ReleaseRunsRequest, context: grpc.aio.ServicerContext

@@ -357,6 +357,83 @@ async def test_complete_run_refuses_a_malformed_or_foreign_token_and_records_not
         assert again.value.code() == grpc.StatusCode.ABORTED
 
 
+async def test_complete_runs_records_each_held_run_and_refuses_the_one_whose_lease_was_lost(
+    pipeline, client
+):
+    """Several completions in one CompleteRuns call, on the protocol itself: a malformed one
+    refuses the whole call (INVALID_ARGUMENT naming it) and records nothing; then the run
+    whose lease ran out is refused on its own (nothing recorded, its node stays UNKNOWN)
+    while the two runs still held are recorded."""
+    lost = await client.submit("tests", [cell("w_slow_once", name="late")])
+    async with admin_channel(pipeline.executors[0].address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+
+        async def take(queue: str, count: int) -> list[worker_pb2.Run]:
+            taken: list[worker_pb2.Run] = []
+            while len(taken) < count:
+                reply = await stub.PollRuns(
+                    worker_pb2.PollRunsRequest(
+                        queues=[queue], worker_id="raw-worker", max_runs=5, wait_ms=20000
+                    )
+                )
+                taken.extend(reply.runs)
+            return taken
+
+        [late] = await take("slow_once", 1)
+        # No heartbeat: its lease runs out, its node (not idempotent) becomes UNKNOWN.
+        await wait_until(
+            client,
+            lost.task_id,
+            lambda v: v.node("w_slow_once.run").status == "UNKNOWN",
+            timeout=30,
+            wanted="the silent run's node UNKNOWN",
+        )
+        held = [await client.submit("tests", [cell("w_ticket", name=f"b{i}")]) for i in range(2)]
+        runs = {run.task_id: run for run in await take("tickets", 2)}
+        first, second = (runs[task.task_id] for task in held)
+
+        def done(run: worker_pb2.Run, ticket: str) -> worker_pb2.CompleteRunRequest:
+            answer = json_payload(canonical_json({"ticket_id": ticket}))
+            return worker_pb2.CompleteRunRequest(run_token=run.run_token, output=answer)
+
+        with pytest.raises(grpc.aio.AioRpcError) as malformed:
+            await stub.CompleteRuns(
+                worker_pb2.CompleteRunsRequest(
+                    completions=[
+                        done(first, "T-1"),
+                        worker_pb2.CompleteRunRequest(run_token="x!", not_sent="no"),
+                    ]
+                )
+            )
+        assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "completions[1].run_token" in malformed.value.details()
+        beat = worker_pb2.HeartbeatRunsRequest(
+            worker_id="raw-worker", run_tokens=[first.run_token, second.run_token]
+        )
+        assert [lease.held for lease in (await stub.HeartbeatRuns(beat)).leases] == [True, True]
+
+        reply = await stub.CompleteRuns(
+            worker_pb2.CompleteRunsRequest(
+                completions=[done(first, "T-1"), done(late, "T-late"), done(second, "T-2")]
+            )
+        )
+        assert [(r.run_token, r.recorded) for r in reply.results] == [
+            (first.run_token, True),
+            (late.run_token, False),
+            (second.run_token, True),
+        ]
+        assert "lease was lost" in reply.results[1].detail
+        assert not reply.results[0].detail and not reply.results[2].detail
+    for task, ticket in zip(held, ["T-1", "T-2"], strict=True):
+        finished = await client.wait(task.task_id, timeout=30)
+        assert finished.status == "SUCCEEDED", dump(finished)
+        recorded = (await outputs_of(pipeline, task.task_id)).outputs
+        assert [as_json(o.output) for o in recorded] == [{"ticket_id": ticket}]
+    after = await client.get(lost.task_id)
+    assert after.node("w_slow_once.run").status == "UNKNOWN", dump(after)
+    assert not (await outputs_of(pipeline, lost.task_id)).outputs
+
+
 async def test_a_worker_killed_mid_run_idempotent_runs_again_elsewhere_once(client, workers):
     first = workers.start(WORKER_HOLD="60")
     task = await client.submit("tests", [cell("w_slow", name="k")])

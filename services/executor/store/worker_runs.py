@@ -56,6 +56,10 @@ class Outcome:
     retryable: bool = False
 
 
+# A worker's completion of a run: the run, the worker, its outcome.
+Completion = tuple[RunKey, str, Outcome]
+
+
 def _keys(keys: Sequence[RunKey]) -> dict[str, list[Any]]:
     return {
         "tasks": [k[0] for k in keys],
@@ -191,13 +195,18 @@ async def runs_extend_if_held_many(
 
 
 async def runs_complete_if_held_many(
-    conn: Conn, completions: Sequence[tuple[RunKey, str, Outcome]], now: datetime
-) -> set[RunKey]:
+    conn: Conn, completions: Sequence[Completion], now: datetime
+) -> list[bool]:
     """Record each ``(run, worker_id, outcome)`` where that worker still holds the run
-    (taken by it at that attempt, its lease not run out): ``done``. The runs recorded (a
-    missing one was not held: nothing written)."""
+    (taken by it at that attempt, its lease not run out): ``done``. Whether each was
+    recorded, in order (False: not held, nothing written for it). A run named twice is
+    recorded once, its first outcome: the second is refused, as if it came after."""
     if not completions:
-        return set()
+        return []
+    first: dict[RunKey, int] = {}
+    for i, (key, _, _) in enumerate(completions):
+        first.setdefault(key, i)
+    unique = [completions[i] for i in first.values()]
     rows = await conn.fetch(
         "UPDATE worker_runs r SET state = 'done', outcome = u.kind, output = u.output,"
         " message = u.message, retryable = u.retryable"
@@ -209,16 +218,17 @@ async def runs_complete_if_held_many(
         " AND r.state = 'taken' AND r.worker_id = u.worker AND r.lease_until >= :now"
         " RETURNING r.task_id, r.node_id, r.attempt",
         {
-            **_keys([key for key, _, _ in completions]),
-            "workers": [worker for _, worker, _ in completions],
-            "kinds": [o.kind for _, _, o in completions],
-            "outputs": [o.output for _, _, o in completions],
-            "messages": [o.message for _, _, o in completions],
-            "retryables": [o.retryable for _, _, o in completions],
+            **_keys([key for key, _, _ in unique]),
+            "workers": [worker for _, worker, _ in unique],
+            "kinds": [o.kind for _, _, o in unique],
+            "outputs": [o.output for _, _, o in unique],
+            "messages": [o.message for _, _, o in unique],
+            "retryables": [o.retryable for _, _, o in unique],
             "now": now,
         },
     )
-    return {(r.task_id, r.node_id, r.attempt) for r in rows}
+    done = {(r.task_id, r.node_id, r.attempt) for r in rows}
+    return [key in done and first[key] == i for i, (key, _, _) in enumerate(completions)]
 
 
 async def runs_release_if_held_many(
