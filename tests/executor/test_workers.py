@@ -4,6 +4,7 @@ appends a line per effect to a file and deduplicates nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from dispo.executor.worker_runs import parse_token, run_token
 from dispo.libs.api.executor.v1 import worker_pb2, worker_pb2_grpc
 from dispo.libs.payload import canonical_json, json_payload, payload_data
 from dispo.libs.process import ManagedProcess, ProcessSpec
-from dispo.sdk import cell
+from dispo.sdk import RunContext, Worker, cell
 from pipeline_fixtures import TEST_CATALOGUE, Downstream, dump, wait_until
 from support import eventually
 from support.auth import admin_channel
@@ -432,6 +433,42 @@ async def test_complete_runs_records_each_held_run_and_refuses_the_one_whose_lea
     after = await client.get(lost.task_id)
     assert after.node("w_slow_once.run").status == "UNKNOWN", dump(after)
     assert not (await outputs_of(pipeline, lost.task_id)).outputs
+
+
+async def test_the_sdk_worker_sends_the_completions_of_runs_ending_together_in_one_call(
+    pipeline, client
+):
+    """Five runs whose handlers end at the same moment: their completions reach the executor
+    in one CompleteRuns call (at most two), each recorded."""
+    calls: list[int] = []
+
+    class Counted(Worker):
+        async def _send_call(self, requests):
+            calls.append(len(requests))
+            return await super()._send_call(requests)
+
+    worker = Counted(pipeline.executors[0].address, pipeline.token, concurrency=10)
+    started: list[str] = []
+    all_in = asyncio.Event()
+
+    @worker.action("echo")
+    async def echo(ctx: RunContext, payload: dict) -> dict:
+        started.append(ctx.task_id)
+        if len(started) == 5:
+            all_in.set()
+        await all_in.wait()
+        return payload
+
+    tasks = [await client.submit("tests", [cell("w_echo", name=f"n{i}")]) for i in range(5)]
+    running = asyncio.create_task(worker.run(handle_signals=False))
+    try:
+        for task in tasks:
+            done = await client.wait(task.task_id, timeout=30)
+            assert done.status == "SUCCEEDED", dump(done)
+    finally:
+        worker.stop(grace=1)
+        await running
+    assert sum(calls) == 5 and len(calls) <= 2, calls
 
 
 async def test_a_worker_killed_mid_run_idempotent_runs_again_elsewhere_once(client, workers):
