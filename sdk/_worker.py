@@ -27,6 +27,11 @@ without an operator::
             return ProbeAnswer(done=True, output={"ticket_id": ticket.id})  # SUCCEEDED
         await tracker.refuse(key=ctx.idempotency_key)       # never opened from now on
         return ProbeAnswer(done=False, fenced=True)         # runs again at once
+
+Completions travel together: the runs that end while a ``CompleteRuns`` call is on its
+way go in the next one (each recorded or refused on its own), so a busy worker makes one
+call for many runs and an idle one sends each at once. An executor without
+``CompleteRuns`` gets one ``CompleteRun`` per run.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from typing import Any
 import grpc
 from dispo.libs.api.executor.v1 import worker_pb2, worker_pb2_grpc
 from dispo.libs.auth import open_channel
+from dispo.libs.batcher import Batcher
 from dispo.libs.payload import canonical_json, json_payload, payload_value
 from dispo.libs.timestamps import from_timestamp
 from dispo.libs.tls import ClientTLS
@@ -84,6 +90,29 @@ ProbeHandler = Callable[["RunContext"], Awaitable["ProbeAnswer | None"]]
 # How long one PollRuns waits for a run (ms), and the pause after a failed call (s).
 POLL_WAIT_MS = 10_000
 RETRY_PAUSE = 1.0
+# One CompleteRuns carries at most this many runs, and at most about this many bytes of
+# outcomes (far below the executor's message limit; a larger outcome goes alone).
+COMPLETE_MAX_RUNS = 100
+COMPLETE_MAX_BYTES = 1 << 20
+
+Completed = worker_pb2.RunCompletion
+
+
+def completion_calls(
+    requests: list[worker_pb2.CompleteRunRequest], max_bytes: int = COMPLETE_MAX_BYTES
+) -> list[list[worker_pb2.CompleteRunRequest]]:
+    """The completions, in order, cut into calls of at most ``max_bytes`` each (one larger
+    than that alone in its call)."""
+    calls: list[list[worker_pb2.CompleteRunRequest]] = []
+    size = 0
+    for request in requests:
+        n = request.ByteSize()
+        if not calls or size + n > max_bytes:
+            calls.append([])
+            size = 0
+        calls[-1].append(request)
+        size += n
+    return calls
 
 
 class RetryableError(Exception):
@@ -166,6 +195,10 @@ class Worker:
         self._free: asyncio.Event | None = None
         # Set when a poll announces a lease other than the one the heartbeat paces by.
         self._lease_news: asyncio.Event | None = None
+        # The completions on their way: one call at a time, those ending meanwhile next.
+        self._completions: Batcher[worker_pb2.CompleteRunRequest, Completed] | None = None
+        # False once the executor answered CompleteRuns UNIMPLEMENTED: a call per run.
+        self._batched = True
 
     # ---- registration -------------------------------------------------------------------
     def action(self, queue: str) -> Callable[[Handler], Handler]:
@@ -201,6 +234,9 @@ class Worker:
         self._stopping = asyncio.Event()
         self._free = asyncio.Event()
         self._lease_news = asyncio.Event()
+        self._completions = Batcher(
+            "run completions", self._send_completions, max_items=COMPLETE_MAX_RUNS
+        )
         loop = asyncio.get_running_loop()
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -365,20 +401,11 @@ class Worker:
             request.probe.output.CopyFrom(json_payload(canonical_json(answer.output)))
 
     async def _complete(self, request: worker_pb2.CompleteRunRequest, ctx: RunContext) -> None:
-        assert self._stub is not None
+        assert self._completions is not None
         for _ in range(5):
             try:
-                await self._stub.CompleteRun(request, timeout=10)
-                return
+                completed = await self._completions.submit(request)
             except grpc.aio.AioRpcError as error:
-                if error.code() == grpc.StatusCode.ABORTED:
-                    log.warning(
-                        "completion refused: the run's lease was lost",
-                        task_id=ctx.task_id,
-                        node_id=ctx.node_id,
-                        detail=error.details(),
-                    )
-                    return
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
                     log.error(
                         "completion refused",
@@ -389,6 +416,55 @@ class Worker:
                     )
                     return
                 await asyncio.sleep(RETRY_PAUSE)
+                continue
+            if not completed.recorded:
+                log.warning(
+                    "completion refused: the run's lease was lost",
+                    task_id=ctx.task_id,
+                    node_id=ctx.node_id,
+                    detail=completed.detail,
+                )
+            return
+
+    async def _send_completions(
+        self, requests: list[worker_pb2.CompleteRunRequest]
+    ) -> list[Completed | BaseException]:
+        """The completions waiting, in as few CompleteRuns calls as their size allows: each
+        one's fate, or the call's error in its place."""
+        results: list[Completed | BaseException] = []
+        for call in completion_calls(requests):
+            results.extend(await self._send_call(call))
+        return results
+
+    async def _send_call(
+        self, requests: list[worker_pb2.CompleteRunRequest]
+    ) -> list[Completed | BaseException]:
+        assert self._stub is not None
+        if self._batched:
+            try:
+                reply = await self._stub.CompleteRuns(
+                    worker_pb2.CompleteRunsRequest(completions=requests), timeout=10
+                )
+                return list(reply.results)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:  # an executor from before
+                    self._batched = False
+                elif error.code() != grpc.StatusCode.INVALID_ARGUMENT or len(requests) == 1:
+                    return [error] * len(requests)
+                # else one of them is malformed: each on its own, so it alone is refused
+        return list(await asyncio.gather(*(self._send_one(r) for r in requests)))
+
+    async def _send_one(self, request: worker_pb2.CompleteRunRequest) -> Completed | BaseException:
+        assert self._stub is not None
+        try:
+            await self._stub.CompleteRun(request, timeout=10)
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.ABORTED:
+                return error
+            return Completed(
+                run_token=request.run_token, recorded=False, detail=error.details() or ""
+            )
+        return Completed(run_token=request.run_token, recorded=True)
 
     async def _heartbeat(self) -> None:
         """Every third of the lease: extend the leases of the runs held; a run not held

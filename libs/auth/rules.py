@@ -112,6 +112,7 @@ RULES: dict[str, Rule] = {
         PollRuns=WORKER,
         HeartbeatRuns=WORKER,
         CompleteRun=WORKER,
+        CompleteRuns=WORKER,
         ReleaseRuns=WORKER,
     ),
     **_methods(

@@ -26,7 +26,7 @@ from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
 from dispo.executor.states import TaskState
 from dispo.executor.store import node_runs, status_events, task_runs, worker_runs
-from dispo.executor.store.worker_runs import Offer, Outcome, RunKey
+from dispo.executor.store.worker_runs import Completion, Offer
 from dispo.libs import metrics
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
@@ -36,10 +36,6 @@ from dispo.libs.outbox import OutboxRelay, Staged
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-# A worker's completion of a run: the run, the worker, its outcome, the queue it must be
-# of (None: any).
-Completion = tuple[RunKey, str, Outcome, str | None]
 
 
 @dataclass(frozen=True)
@@ -117,9 +113,9 @@ class Commits(Protocol):
         """A worker node's run offered on its queue (ADR-0099)."""
         ...
 
-    async def complete(self, completion: Completion) -> bool:
-        """A worker's outcome recorded if it still holds the run (False: refused, nothing
-        written)."""
+    async def complete(self, completions: Sequence[Completion]) -> list[bool]:
+        """Workers' outcomes (a worker's call may carry several), each recorded if its
+        worker still holds the run (False: refused, nothing written for it)."""
         ...
 
 
@@ -173,14 +169,8 @@ class Flushes:
         """Workers' outcomes, each recorded where its worker still holds the run, with one
         statement. A run completed twice in one flush is recorded once: the first in line
         (as if they came one after the other, the second is refused)."""
-        first: dict[RunKey, int] = {}
-        for i, (key, _, _, _) in enumerate(completions):
-            first.setdefault(key, i)
         async with self.db.connection() as conn:
-            done = await worker_runs.runs_complete_if_held_many(
-                conn, [completions[i] for i in first.values()], self.clock.now()
-            )
-        return [key in done and first[key] == i for i, (key, _, _, _) in enumerate(completions)]
+            return await worker_runs.runs_complete_if_held_many(conn, completions, self.clock.now())
 
     async def progress(self, progress: list[Progress]) -> Sequence[bool]:
         """The running tasks' status events, in one transaction: each task locked, and
@@ -344,8 +334,9 @@ class InlineCommits:
     async def offer(self, offer: Offer) -> None:
         _one(await self.flushes.offer([offer]))
 
-    async def complete(self, completion: Completion) -> bool:
-        return _one(await self.flushes.complete([completion]))
+    async def complete(self, completions: Sequence[Completion]) -> list[bool]:
+        """A call's completions, in one statement (a list of one for CompleteRun)."""
+        return list(await self.flushes.complete(list(completions)))
 
 
 class GroupCommits:
@@ -411,5 +402,11 @@ class GroupCommits:
     async def offer(self, offer: Offer) -> None:
         await self.offers.submit(offer)
 
-    async def complete(self, completion: Completion) -> bool:
-        return await self.completions.submit(completion)
+    async def complete(self, completions: Sequence[Completion]) -> list[bool]:
+        """A call's completions queued together: they share flushes with every other
+        call's under way (one statement for all of them, up to the flush's size)."""
+        results = await self.completions.submit_all(completions)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return [bool(r) for r in results]

@@ -12,7 +12,7 @@ from dispo.executor.envelope import task_result
 from dispo.executor.runner import Executor
 from dispo.executor.states import TaskState
 from dispo.executor.store import node_runs, task_runs, worker_runs
-from dispo.executor.store.worker_runs import Outcome, RunKey
+from dispo.executor.store.worker_runs import Completion, Outcome, RunKey
 from dispo.executor.worker_probes import probe_node
 from dispo.executor.worker_runs import MAX_WAIT_MS, BadToken, RunRef, WorkerRuns, parse_run
 from dispo.libs.api.common.v1 import common_pb2
@@ -172,35 +172,50 @@ def _json(output: common_pb2.Payload, field: str) -> bytes | None:
     return canonical_json(value)
 
 
-def _outcome(request: worker_pb2.CompleteRunRequest, probe: bool) -> Outcome:
-    """A CompleteRun's outcome (INVALID_ARGUMENT naming the field when malformed, or when
-    a probe run is answered as a call or a call as a probe)."""
+def _outcome(request: worker_pb2.CompleteRunRequest, probe: bool, field: str = "") -> Outcome:
+    """A CompleteRun's outcome (INVALID_ARGUMENT naming the field, after ``field``, when
+    malformed, or when a probe run is answered as a call or a call as a probe)."""
     which = request.WhichOneof("result")
     if which == "probe":
         if not probe:
-            raise InvalidArgument("probe", "the run is an action's call, not a probe run")
+            raise InvalidArgument(f"{field}probe", "the run is an action's call, not a probe run")
         answer = request.probe
         if answer.done:
             if answer.fenced:
-                raise InvalidArgument("probe.fenced", "only a 'not done' answer is fenced")
-            return Outcome(worker_runs.DONE, _json(answer.output, "probe.output"))
+                raise InvalidArgument(f"{field}probe.fenced", "only a 'not done' answer is fenced")
+            return Outcome(worker_runs.DONE, _json(answer.output, f"{field}probe.output"))
         if answer.HasField("output") and answer.output.data:
-            raise InvalidArgument("probe.output", "only a 'done' answer has an output")
+            raise InvalidArgument(f"{field}probe.output", "only a 'done' answer has an output")
         return Outcome(worker_runs.NOT_DONE, fenced=answer.fenced)
     if which == "output":
         if probe:
-            raise InvalidArgument("output", "a probe run is answered with probe")
-        data = _json(request.output, "output")
+            raise InvalidArgument(f"{field}output", "a probe run is answered with probe")
+        data = _json(request.output, f"{field}output")
         return Outcome(worker_runs.OUTPUT, request.output.data if data is not None else None)
     if which == "error":
         if not request.error.message:
-            raise InvalidArgument("error.message", "required")
+            raise InvalidArgument(f"{field}error.message", "required")
         return Outcome(
             worker_runs.ERROR, None, truncate_error(request.error.message), request.error.retryable
         )
     if which == "not_sent":
         return Outcome(worker_runs.NOT_SENT, None, truncate_error(request.not_sent))
-    raise InvalidArgument("result", "one of output, error or not_sent is required")
+    raise InvalidArgument(f"{field}result", "one of output, error or not_sent is required")
+
+
+def _completion(ref: RunRef, outcome: Outcome) -> Completion:
+    """A run's completion; a worker token's must be of the run's queue as its token names it
+    (the token is the worker's word: the row's queue is checked as it is recorded)."""
+    return (ref.key, ref.worker_id, outcome, None if queue_scope() is None else ref.queue)
+
+
+def _lost(key: RunKey, worker_id: str) -> str:
+    """Why a completion was refused."""
+    task_id, node_id, attempt = key
+    return (
+        f"the run's lease was lost: node {node_id} of task {task_id} (attempt"
+        f" {attempt}) is no longer held by worker {worker_id!r}; nothing recorded"
+    )
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
@@ -269,16 +284,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self, request: worker_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.CompleteRunResponse:
         ref = _token(request.run_token)
-        key, worker_id = ref.key, ref.worker_id
-        outcome = _outcome(request, ref.probe)
-        queue = None if queue_scope() is None else ref.queue
-        if not await self.runs.complete(key, worker_id, outcome, queue):
-            task_id, node_id, attempt = key
-            raise Aborted(
-                f"the run's lease was lost: node {node_id} of task {task_id} (attempt"
-                f" {attempt}) is no longer held by worker {worker_id!r}; nothing recorded"
-            )
+        if not (await self.runs.complete([_completion(ref, _outcome(request, ref.probe))]))[0]:
+            raise Aborted(_lost(ref.key, ref.worker_id))
         return worker_pb2.CompleteRunResponse()
+
+    async def CompleteRuns(
+        self, request: worker_pb2.CompleteRunsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.CompleteRunsResponse:
+        if not 1 <= len(request.completions) <= MAX_RUNS:
+            raise InvalidArgument("completions", f"1 to {MAX_RUNS} completions")
+        completions = []
+        for i, one in enumerate(request.completions):  # all checked before any is recorded
+            ref = _token(one.run_token, f"completions[{i}].run_token")
+            completions.append(_completion(ref, _outcome(one, ref.probe, f"completions[{i}].")))
+        recorded = await self.runs.complete(completions)
+        out = worker_pb2.CompleteRunsResponse()
+        for one, (key, worker_id, _, _), ok in zip(
+            request.completions, completions, recorded, strict=True
+        ):
+            out.results.add(
+                run_token=one.run_token, recorded=ok, detail="" if ok else _lost(key, worker_id)
+            )
+        return out
 
     async def ReleaseRuns(
         self, request: worker_pb2.ReleaseRunsRequest, context: grpc.aio.ServicerContext

@@ -25,7 +25,7 @@ from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome
 from dispo.executor.store import queues as presence
 from dispo.executor.store import worker_runs as store
-from dispo.executor.store.worker_runs import Offer, Outcome, RunKey
+from dispo.executor.store.worker_runs import Completion, Offer, Outcome, RunKey
 from dispo.libs.clock import Clock
 from dispo.libs.db.driver import Database, Row
 from dispo.libs.logging import get_logger
@@ -176,12 +176,11 @@ class WorkerRuns:
         clock: Clock,
         lease_seconds: float,
         policy: QueuePolicy | None = None,
-        completes: Callable[[tuple[RunKey, str, Outcome, str | None]], Awaitable[bool]]
-        | None = None,
+        completes: Callable[[Sequence[Completion]], Awaitable[list[bool]]] | None = None,
     ) -> None:
         self.db = db
         # Where completions are written (the executor's commit port: group-committed);
-        # None: each with a statement of its own.
+        # None: each call's with a statement of its own.
         self.completes = completes
         self.clock = clock
         self.lease_seconds = lease_seconds
@@ -415,27 +414,27 @@ class WorkerRuns:
                 conn, worker_id, keys, self.clock.now(), self.lease_seconds, queues
             )
 
-    async def complete(
-        self,
-        key: RunKey,
-        worker_id: str,
-        outcome: Outcome,
-        queue: str | None = None,
-    ) -> bool:
-        """Record a worker's outcome if it still holds the run, of ``queue`` unless None
-        (False: refused, nothing written); a pass of this process waiting for it has it at
-        once."""
-        completion = (key, worker_id, outcome, queue)
+    async def complete(self, completions: Sequence[Completion]) -> list[bool]:
+        """Record each ``(run, worker_id, outcome, queue)`` whose worker still holds the run
+        (of ``queue`` unless None; False in its place: refused, nothing written for it); the
+        passes of this process waiting
+        for the runs recorded have their outcomes at once, together, so the steps they
+        take next share a flush."""
         if self.completes is not None:  # group-committed with the others under way
-            if not await self.completes(completion):
-                return False
+            recorded = await self.completes(completions)
         else:
             async with self.db.connection() as conn:
-                done = await store.runs_complete_if_held_many(conn, [completion], self.clock.now())
-            if key not in done:
-                return False
-        self.settle({key: outcome})
-        return True
+                recorded = await store.runs_complete_if_held_many(
+                    conn, completions, self.clock.now()
+                )
+        self.settle(
+            {
+                key: outcome
+                for (key, _, outcome, _), ok in zip(completions, recorded, strict=True)
+                if ok
+            }
+        )
+        return recorded
 
     async def release(
         self, worker_id: str, keys: Sequence[RunKey], queues: Sequence[str] | None = None

@@ -4,6 +4,7 @@ appends a line per effect to a file and deduplicates nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from dispo.libs.api.executor.v1 import worker_pb2, worker_pb2_grpc
 from dispo.libs.auth import open_channel
 from dispo.libs.payload import canonical_json, json_payload, payload_data
 from dispo.libs.process import ManagedProcess, ProcessSpec
-from dispo.sdk import AsyncClient, DispoError, cell
+from dispo.sdk import AsyncClient, DispoError, RunContext, Worker, cell
 from pipeline_fixtures import TEST_CATALOGUE, Downstream, dump, wait_until
 from support import eventually
 from support.auth import admin_channel, worker_token
@@ -368,6 +369,119 @@ async def test_complete_run_refuses_a_malformed_or_foreign_token_and_records_not
         with pytest.raises(grpc.aio.AioRpcError) as again:
             await stub.CompleteRun(worker_pb2.CompleteRunRequest(run_token=forged, output=answer))
         assert again.value.code() == grpc.StatusCode.ABORTED
+
+
+async def test_complete_runs_records_each_held_run_and_refuses_the_one_whose_lease_was_lost(
+    pipeline, client
+):
+    """Several completions in one CompleteRuns call, on the protocol itself: a malformed one
+    refuses the whole call (INVALID_ARGUMENT naming it) and records nothing; then the run
+    whose lease ran out is refused on its own (nothing recorded, its node stays UNKNOWN)
+    while the two runs still held are recorded."""
+    lost = await client.submit("tests", [cell("w_slow_once", name="late")])
+    async with admin_channel(pipeline.executors[0].address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+
+        async def take(queue: str, count: int) -> list[worker_pb2.Run]:
+            taken: list[worker_pb2.Run] = []
+            while len(taken) < count:
+                reply = await stub.PollRuns(
+                    worker_pb2.PollRunsRequest(
+                        queues=[queue], worker_id="raw-worker", max_runs=5, wait_ms=20000
+                    )
+                )
+                taken.extend(reply.runs)
+            return taken
+
+        [late] = await take("slow_once", 1)
+        # No heartbeat: its lease runs out, its node (not idempotent) becomes UNKNOWN.
+        await wait_until(
+            client,
+            lost.task_id,
+            lambda v: v.node("w_slow_once.run").status == "UNKNOWN",
+            timeout=30,
+            wanted="the silent run's node UNKNOWN",
+        )
+        held = [await client.submit("tests", [cell("w_ticket", name=f"b{i}")]) for i in range(2)]
+        runs = {run.task_id: run for run in await take("tickets", 2)}
+        first, second = (runs[task.task_id] for task in held)
+
+        def done(run: worker_pb2.Run, ticket: str) -> worker_pb2.CompleteRunRequest:
+            answer = json_payload(canonical_json({"ticket_id": ticket}))
+            return worker_pb2.CompleteRunRequest(run_token=run.run_token, output=answer)
+
+        with pytest.raises(grpc.aio.AioRpcError) as malformed:
+            await stub.CompleteRuns(
+                worker_pb2.CompleteRunsRequest(
+                    completions=[
+                        done(first, "T-1"),
+                        worker_pb2.CompleteRunRequest(run_token="x!", not_sent="no"),
+                    ]
+                )
+            )
+        assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "completions[1].run_token" in malformed.value.details()
+        beat = worker_pb2.HeartbeatRunsRequest(
+            worker_id="raw-worker", run_tokens=[first.run_token, second.run_token]
+        )
+        assert [lease.held for lease in (await stub.HeartbeatRuns(beat)).leases] == [True, True]
+
+        reply = await stub.CompleteRuns(
+            worker_pb2.CompleteRunsRequest(
+                completions=[done(first, "T-1"), done(late, "T-late"), done(second, "T-2")]
+            )
+        )
+        assert [(r.run_token, r.recorded) for r in reply.results] == [
+            (first.run_token, True),
+            (late.run_token, False),
+            (second.run_token, True),
+        ]
+        assert "lease was lost" in reply.results[1].detail
+        assert not reply.results[0].detail and not reply.results[2].detail
+    for task, ticket in zip(held, ["T-1", "T-2"], strict=True):
+        finished = await client.wait(task.task_id, timeout=30)
+        assert finished.status == "SUCCEEDED", dump(finished)
+        recorded = (await outputs_of(pipeline, task.task_id)).outputs
+        assert [as_json(o.output) for o in recorded] == [{"ticket_id": ticket}]
+    after = await client.get(lost.task_id)
+    assert after.node("w_slow_once.run").status == "UNKNOWN", dump(after)
+    assert not (await outputs_of(pipeline, lost.task_id)).outputs
+
+
+async def test_the_sdk_worker_sends_the_completions_of_runs_ending_together_in_one_call(
+    pipeline, client
+):
+    """Five runs whose handlers end at the same moment: their completions reach the executor
+    in one CompleteRuns call (at most two), each recorded."""
+    calls: list[int] = []
+
+    class Counted(Worker):
+        async def _send_call(self, requests):
+            calls.append(len(requests))
+            return await super()._send_call(requests)
+
+    worker = Counted(pipeline.executors[0].address, pipeline.token, concurrency=10)
+    started: list[str] = []
+    all_in = asyncio.Event()
+
+    @worker.action("echo")
+    async def echo(ctx: RunContext, payload: dict) -> dict:
+        started.append(ctx.task_id)
+        if len(started) == 5:
+            all_in.set()
+        await all_in.wait()
+        return payload
+
+    tasks = [await client.submit("tests", [cell("w_echo", name=f"n{i}")]) for i in range(5)]
+    running = asyncio.create_task(worker.run(handle_signals=False))
+    try:
+        for task in tasks:
+            done = await client.wait(task.task_id, timeout=30)
+            assert done.status == "SUCCEEDED", dump(done)
+    finally:
+        worker.stop(grace=1)
+        await running
+    assert sum(calls) == 5 and len(calls) <= 2, calls
 
 
 async def test_a_worker_killed_mid_run_idempotent_runs_again_elsewhere_once(client, workers):

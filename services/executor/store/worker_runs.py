@@ -69,6 +69,10 @@ class Outcome:
     fenced: bool = False
 
 
+# A worker's completion of a run: the run, the worker, its outcome.
+Completion = tuple[RunKey, str, Outcome, str | None]
+
+
 def _keys(keys: Sequence[RunKey]) -> dict[str, list[Any]]:
     return {
         "tasks": [k[0] for k in keys],
@@ -234,15 +238,19 @@ async def runs_extend_if_held_many(
 
 
 async def runs_complete_if_held_many(
-    conn: Conn,
-    completions: Sequence[tuple[RunKey, str, Outcome, str | None]],
-    now: datetime,
-) -> set[RunKey]:
+    conn: Conn, completions: Sequence[Completion], now: datetime
+) -> list[bool]:
     """Record each ``(run, worker_id, outcome, queue)`` where that worker still holds the
     run (taken by it at that attempt, its lease not run out, of ``queue`` unless None):
-    ``done``. The runs recorded (a missing one was not held: nothing written)."""
+    ``done``. Whether each was recorded, in order (False: not held, nothing written for
+    it). A run named twice is recorded once, its first outcome: the second is refused, as
+    if it came after."""
     if not completions:
-        return set()
+        return []
+    first: dict[RunKey, int] = {}
+    for i, (key, _, _, _) in enumerate(completions):
+        first.setdefault(key, i)
+    unique = [completions[i] for i in first.values()]
     rows = await conn.fetch(
         "UPDATE worker_runs r SET state = 'done', outcome = u.kind, output = u.output,"
         " message = u.message, retryable = u.retryable, fenced = u.fenced"
@@ -256,18 +264,19 @@ async def runs_complete_if_held_many(
         " AND (u.queue IS NULL OR r.queue = u.queue)"
         " RETURNING r.task_id, r.node_id, r.attempt",
         {
-            **_keys([key for key, _, _, _ in completions]),
-            "workers": [worker for _, worker, _, _ in completions],
-            "kinds": [o.kind for _, _, o, _ in completions],
-            "outputs": [o.output for _, _, o, _ in completions],
-            "messages": [o.message for _, _, o, _ in completions],
-            "retryables": [o.retryable for _, _, o, _ in completions],
-            "fenceds": [o.fenced for _, _, o, _ in completions],
-            "queues": [queue for _, _, _, queue in completions],
+            **_keys([key for key, _, _, _ in unique]),
+            "workers": [worker for _, worker, _, _ in unique],
+            "kinds": [o.kind for _, _, o, _ in unique],
+            "outputs": [o.output for _, _, o, _ in unique],
+            "messages": [o.message for _, _, o, _ in unique],
+            "retryables": [o.retryable for _, _, o, _ in unique],
+            "fenceds": [o.fenced for _, _, o, _ in unique],
+            "queues": [queue for _, _, _, queue in unique],
             "now": now,
         },
     )
-    return {(r.task_id, r.node_id, r.attempt) for r in rows}
+    done = {(r.task_id, r.node_id, r.attempt) for r in rows}
+    return [key in done and first[key] == i for i, (key, _, _, _) in enumerate(completions)]
 
 
 async def runs_release_if_held_many(

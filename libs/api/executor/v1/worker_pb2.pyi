@@ -400,6 +400,88 @@ class CompleteRunResponse(_message.Message):
 Global___CompleteRunResponse: _TypeAlias = CompleteRunResponse  # noqa: Y015
 
 @_typing.final
+class CompleteRunsRequest(_message.Message):
+    """Several runs' outcomes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMPLETIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def completions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteRunRequest]:
+        """Each run's outcome, as CompleteRun takes it (1 to 100 of them; their runs may be
+        held by different workers, each named by its token).
+        """
+
+    def __init__(
+        self,
+        *,
+        completions: _abc.Iterable[Global___CompleteRunRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completions", b"completions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteRunsRequest: _TypeAlias = CompleteRunsRequest  # noqa: Y015
+
+@_typing.final
+class RunCompletion(_message.Message):
+    """What became of one completion."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_TOKEN_FIELD_NUMBER: _builtins.int
+    RECORDED_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    run_token: _builtins.str
+    """The run's token, as sent."""
+    recorded: _builtins.bool
+    """True: the outcome is recorded with the run. False: refused, nothing recorded (the
+    run's lease was lost: the worker must not complete it again).
+    """
+    detail: _builtins.str
+    """Why it was refused (empty when recorded)."""
+    def __init__(
+        self,
+        *,
+        run_token: _builtins.str = ...,
+        recorded: _builtins.bool = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "recorded", b"recorded", "run_token", b"run_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunCompletion: _TypeAlias = RunCompletion  # noqa: Y015
+
+@_typing.final
+class CompleteRunsResponse(_message.Message):
+    """Each completion's fate."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunCompletion]:
+        """One per completion sent, in order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___RunCompletion] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteRunsResponse: _TypeAlias = CompleteRunsResponse  # noqa: Y015
+
+@_typing.final
 class ReleaseRunsRequest(_message.Message):
     """Runs to hand back."""
 

@@ -51,6 +51,11 @@ class WorkerServiceStub:
                 request_serializer=dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunRequest.SerializeToString,
                 response_deserializer=dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunResponse.FromString,
                 _registered_method=True)
+        self.CompleteRuns = channel.unary_unary(
+                '/dispo.executor.v1.WorkerService/CompleteRuns',
+                request_serializer=dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunsRequest.SerializeToString,
+                response_deserializer=dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunsResponse.FromString,
+                _registered_method=True)
         self.ReleaseRuns = channel.unary_unary(
                 '/dispo.executor.v1.WorkerService/ReleaseRuns',
                 request_serializer=dispo_dot_executor_dot_v1_dot_worker__pb2.ReleaseRunsRequest.SerializeToString,
@@ -90,6 +95,19 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompleteRuns(self, request, context):
+        """Complete several runs in one call: the completions of the runs that ended since the
+        worker's last call, sent together (the Python SDK's worker does; one CompleteRun per
+        run works as well). Each is recorded or refused on its own, exactly as CompleteRun
+        would: one whose run is not held any more by that worker at that attempt is refused
+        (recorded false, "the run's lease was lost") and nothing is recorded for it, while the
+        others are recorded. INVALID_ARGUMENT naming the field (e.g.
+        "completions[2].run_token") when any of them is malformed: then none is recorded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReleaseRuns(self, request, context):
         """Hand runs back (a graceful shutdown whose grace ran out): the run of an idempotent
         action is offered again at once, to any worker of its queue, under the same key; the
@@ -117,6 +135,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.CompleteRun,
                     request_deserializer=dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunRequest.FromString,
                     response_serializer=dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunResponse.SerializeToString,
+            ),
+            'CompleteRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteRuns,
+                    request_deserializer=dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunsRequest.FromString,
+                    response_serializer=dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunsResponse.SerializeToString,
             ),
             'ReleaseRuns': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseRuns,
@@ -207,6 +230,33 @@ class WorkerService:
             '/dispo.executor.v1.WorkerService/CompleteRun',
             dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunRequest.SerializeToString,
             dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.executor.v1.WorkerService/CompleteRuns',
+            dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunsRequest.SerializeToString,
+            dispo_dot_executor_dot_v1_dot_worker__pb2.CompleteRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

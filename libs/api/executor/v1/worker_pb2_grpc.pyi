@@ -55,6 +55,15 @@ class WorkerServiceStub:
     at that attempt ("the run's lease was lost"): nothing is recorded. INVALID_ARGUMENT
     naming the field for a malformed token or output.
     """
+    CompleteRuns: _grpc.UnaryUnaryMultiCallable[_worker_pb2.CompleteRunsRequest, _worker_pb2.CompleteRunsResponse]
+    """Complete several runs in one call: the completions of the runs that ended since the
+    worker's last call, sent together (the Python SDK's worker does; one CompleteRun per
+    run works as well). Each is recorded or refused on its own, exactly as CompleteRun
+    would: one whose run is not held any more by that worker at that attempt is refused
+    (recorded false, "the run's lease was lost") and nothing is recorded for it, while the
+    others are recorded. INVALID_ARGUMENT naming the field (e.g.
+    "completions[2].run_token") when any of them is malformed: then none is recorded.
+    """
     ReleaseRuns: _grpc.UnaryUnaryMultiCallable[_worker_pb2.ReleaseRunsRequest, _worker_pb2.ReleaseRunsResponse]
     """Hand runs back (a graceful shutdown whose grace ran out): the run of an idempotent
     action is offered again at once, to any worker of its queue, under the same key; the
@@ -83,6 +92,15 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """Complete a run this worker holds. ABORTED when it is not held any more by that worker
     at that attempt ("the run's lease was lost"): nothing is recorded. INVALID_ARGUMENT
     naming the field for a malformed token or output.
+    """
+    CompleteRuns: _aio.UnaryUnaryMultiCallable[_worker_pb2.CompleteRunsRequest, _worker_pb2.CompleteRunsResponse]  # type: ignore[assignment]
+    """Complete several runs in one call: the completions of the runs that ended since the
+    worker's last call, sent together (the Python SDK's worker does; one CompleteRun per
+    run works as well). Each is recorded or refused on its own, exactly as CompleteRun
+    would: one whose run is not held any more by that worker at that attempt is refused
+    (recorded false, "the run's lease was lost") and nothing is recorded for it, while the
+    others are recorded. INVALID_ARGUMENT naming the field (e.g.
+    "completions[2].run_token") when any of them is malformed: then none is recorded.
     """
     ReleaseRuns: _aio.UnaryUnaryMultiCallable[_worker_pb2.ReleaseRunsRequest, _worker_pb2.ReleaseRunsResponse]  # type: ignore[assignment]
     """Hand runs back (a graceful shutdown whose grace ran out): the run of an idempotent
@@ -127,6 +145,21 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Complete a run this worker holds. ABORTED when it is not held any more by that worker
         at that attempt ("the run's lease was lost"): nothing is recorded. INVALID_ARGUMENT
         naming the field for a malformed token or output.
+        """
+
+    @_abc_1.abstractmethod
+    def CompleteRuns(
+        self,
+        request: _worker_pb2.CompleteRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.CompleteRunsResponse, _abc.Awaitable[_worker_pb2.CompleteRunsResponse]]:
+        """Complete several runs in one call: the completions of the runs that ended since the
+        worker's last call, sent together (the Python SDK's worker does; one CompleteRun per
+        run works as well). Each is recorded or refused on its own, exactly as CompleteRun
+        would: one whose run is not held any more by that worker at that attempt is refused
+        (recorded false, "the run's lease was lost") and nothing is recorded for it, while the
+        others are recorded. INVALID_ARGUMENT naming the field (e.g.
+        "completions[2].run_token") when any of them is malformed: then none is recorded.
         """
 
     @_abc_1.abstractmethod
