@@ -417,9 +417,8 @@ class WorkerRuns:
     async def complete(self, completions: Sequence[Completion]) -> list[bool]:
         """Record each ``(run, worker_id, outcome, queue)`` whose worker still holds the run
         (of ``queue`` unless None; False in its place: refused, nothing written for it); the
-        passes of this process waiting
-        for the runs recorded have their outcomes at once, together, so the steps they
-        take next share a flush."""
+        passes of this process waiting for the runs recorded have their outcomes at once,
+        together, so the steps they take next share a flush."""
         if self.completes is not None:  # group-committed with the others under way
             recorded = await self.completes(completions)
         else:

@@ -111,7 +111,7 @@ async def test_a_probe_run_is_taken_only_by_a_worker_of_its_probes_and_never_dis
         done = await store.runs_complete_if_held_many(
             conn, [(probe.key, "w2", store.Outcome(store.DONE, b'{"x":1}'), "tickets")], now
         )
-        assert done == {probe.key}
+        assert done == [True]
         assert await store.runs_probe_outputs_many(conn, [("t2", "a.work"), ("t1", "a.work")]) == {
             ("t2", "a.work"): b'{"x":1}'
         }

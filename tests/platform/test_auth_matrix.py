@@ -21,7 +21,8 @@ import dispo.libs.api.gateway.v1.schedule_pb2
 import dispo.libs.api.intelligence.v1.intelligence_pb2
 import dispo.libs.api.pool.v1.pool_pb2
 import dispo.libs.api.quarantine.v1.quarantine_pb2
-import dispo.libs.api.reconciler.v1.drift_pb2  # noqa: F401
+import dispo.libs.api.reconciler.v1.drift_pb2
+import dispo.libs.api.retention.v1.retention_pb2  # noqa: F401
 import grpc
 import pytest
 from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
