@@ -2,10 +2,19 @@
 shown on GetTask and ListTasks, filtered on by ListTasks and CountTasks, confined to a
 business token's own tasks, and refused precisely when malformed."""
 
+import json
+
 import grpc
 import pytest
+from dispo.gateway import store
+from dispo.gateway.expand import CellRequest, Submission
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.task.v1 import task_pb2
+from dispo.libs.clock import ManualClock
+from dispo.libs.contracts import tasks
+from dispo.libs.db.driver import Statement
 from dispo.sdk import DispoError, cell
+from support import eventually
 from support.auth import business_token
 
 
@@ -113,3 +122,56 @@ async def test_labels_are_part_of_the_request_an_idempotency_key_stands_for(gate
             "lab-key", [cell("noop")], idempotency_key="k", labels={"campaign": "b"}
         )
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_a_label_filter_reads_the_labels_index_and_a_status_update_stays_in_place(
+    make_gateway, bus
+):
+    """ListTasks by label plans on ix_tasks_labels (the partial GIN index), not a scan of
+    every task; a labelled task's status update is HOT (ADR-0061): labels never change."""
+    await tasks.TASKS.ensure(bus)
+    gateway = make_gateway(clock=ManualClock())
+    subs = [
+        Submission(
+            "tests",
+            [CellRequest("noop")],
+            labels={"campaign": f"c-{i // 10 % 50}"} if i % 10 == 0 else {},
+        )
+        for i in range(2000)
+    ]
+    await gateway.submit_all(subs, [await gateway.prepare(s) for s in subs])
+    params: dict = {}
+    where = store.TaskFilter(labels=(("campaign", "c-0"),)).where(params)
+    explain = Statement(
+        f"EXPLAIN (FORMAT JSON) SELECT task_id FROM tasks WHERE {' AND '.join(where)}"
+    )
+    async with gateway.db.connection() as conn:
+        await conn.fetch("ANALYZE tasks")
+        [[plan]] = await explain.fetch(conn, params)
+        found = await gateway.list(
+            store.TaskFilter(labels=(("campaign", "c-0"),)), statuses=[], after=None, limit=100
+        )
+        assert len(found) == 4 and all(t.labels == {"campaign": "c-0"} for t in found)
+        labelled = found[0].task_id
+        [[before]] = await conn.fetch(
+            "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'"
+        )
+        await store.task_set_view(
+            conn, labelled, task_pb2.Task(task_id=labelled), "running", gateway.clock.now()
+        )
+    nodes = _plan_nodes(json.loads(plan)[0]["Plan"])
+    assert "ix_tasks_labels" in [n.get("Index Name") for n in nodes], nodes
+    assert not any(n["Node Type"] == "Seq Scan" for n in nodes), nodes
+
+    async def hot_updates() -> int:
+        async with gateway.db.connection() as conn:
+            [[after]] = await conn.fetch(
+                "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'"
+            )
+        return after
+
+    await eventually(hot_updates, lambda after: after == before + 1, timeout=10)
+
+
+def _plan_nodes(plan: dict) -> list[dict]:
+    return [plan, *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
