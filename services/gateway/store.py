@@ -99,7 +99,10 @@ class TaskSummary:
 
     @classmethod
     def of(cls, row: Any) -> TaskSummary:
-        return cls(*row[:-1], labels=_labels(row[-1]))
+        """A row of :data:`_SUMMARY_COLUMNS`, its labels (the last column) parsed."""
+        values = list(row)
+        values[-1] = _labels(values[-1])
+        return cls(*values)
 
 
 _SUMMARY_COLUMNS = ", ".join(TaskSummary.__dataclass_fields__)
