@@ -427,6 +427,7 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
             description=cell.description,
             result_actions=cell.result_actions,
             max_duration_seconds=cell.max_duration_seconds,
+            labels=list(cell.labels),
         )
         for f in cell.fields:
             item.fields.add(

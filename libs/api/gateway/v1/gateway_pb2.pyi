@@ -1411,6 +1411,7 @@ class Cell(_message.Message):
     ACTIONS_FIELD_NUMBER: _builtins.int
     RESULT_ACTIONS_FIELD_NUMBER: _builtins.int
     MAX_DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The name a submission uses (CellRequest.cell), e.g. "update_quality_level"."""
     description: _builtins.str
@@ -1433,6 +1434,12 @@ class Cell(_message.Message):
         one its catalogue entry names as `result`, else its sinks.
         """
 
+    @_builtins.property
+    def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The payload fields whose values become the task's labels (the catalogue's `labels`;
+        SubmitRequest.labels).
+        """
+
     def __init__(
         self,
         *,
@@ -1442,10 +1449,11 @@ class Cell(_message.Message):
         actions: _abc.Iterable[Global___CellAction] | None = ...,
         result_actions: _abc.Iterable[_builtins.str] | None = ...,
         max_duration_seconds: _builtins.int = ...,
+        labels: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "description", b"description", "fields", b"fields", "max_duration_seconds", b"max_duration_seconds", "name", b"name", "result_actions", b"result_actions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "description", b"description", "fields", b"fields", "labels", b"labels", "max_duration_seconds", b"max_duration_seconds", "name", b"name", "result_actions", b"result_actions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
