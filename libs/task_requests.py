@@ -4,7 +4,7 @@ console build them here, so both ask the same question for the same filters."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from dispo.libs.api.common.v1 import common_pb2
@@ -28,10 +28,11 @@ def list_request(
     order: str,
     idempotency_key: str = "",
     scheduled: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> gateway_pb2.ListTasksRequest:
     """The ListTasks request for these filters; ``statuses`` by name ("SUCCEEDED"),
     ``order`` one of :data:`ORDERS` (else ValueError); ``scheduled``: only tasks whose
-    delayed start is ahead."""
+    delayed start is ahead; ``labels``: only tasks carrying every one of them."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     request = gateway_pb2.ListTasksRequest(
@@ -41,6 +42,7 @@ def list_request(
         order=ORDERS[order],
         idempotency_key=idempotency_key,
         scheduled=scheduled,
+        labels=labels or {},
     )
     _set_window(request, created_after, created_before)
     return request
@@ -51,9 +53,12 @@ def count_request(
     created_after: datetime | None,
     created_before: datetime | None,
     idempotency_key: str,
+    labels: Mapping[str, str] | None = None,
 ) -> gateway_pb2.CountTasksRequest:
     """The CountTasks request for these filters."""
-    request = gateway_pb2.CountTasksRequest(business=business, idempotency_key=idempotency_key)
+    request = gateway_pb2.CountTasksRequest(
+        business=business, idempotency_key=idempotency_key, labels=labels or {}
+    )
     _set_window(request, created_after, created_before)
     return request
 
@@ -77,6 +82,20 @@ def events_request(
     return gateway_pb2.ListTaskEventsRequest(
         task_id=task_id, page=common_pb2.PageRequest(page_size=page_size, page_token=page_token)
     )
+
+
+def label_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """``["k=v", …]`` as a label map (the CLI's ``--label`` and the console's filter);
+    ValueError for a pair without '=' or a key given two values. The gateway checks the
+    keys and values."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"a label is key=value, not {pair!r}")
+        if out.setdefault(key, value) != value:
+            raise ValueError(f"label {key!r} given two values")
+    return out
 
 
 def counts_of(reply: gateway_pb2.CountTasksResponse) -> dict[str, int]:

@@ -46,6 +46,10 @@ MIN_TIMESTAMP_SECONDS = -62_135_596_800
 MAX_TIMESTAMP_SECONDS = 253_402_300_799
 NANOS_PER_SECOND = 1_000_000_000
 
+# A task label's key (ADR-0110), matched with fullmatch: the catalogue's label fields and
+# every Submit's and filter's labels.
+LABEL_KEY = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _ANY_BAD_TEXT = re.compile(r"[\x00\ud800-\udfff]")
 _ANY_BAD_LINE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -54,6 +54,7 @@ def _submit_request(
     callback_url: str,
     not_before: datetime | None = None,
     deadline: datetime | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> gateway_pb2.SubmitRequest:
     """The SubmitRequest; ``not_before`` and ``deadline`` as instants (a naive one is UTC)."""
     request = gateway_pb2.SubmitRequest(
@@ -61,6 +62,7 @@ def _submit_request(
         cells=[c.to_proto() for c in cells],
         idempotency_key=idempotency_key,
         callback_url=callback_url,
+        labels=labels or {},
     )
     if not_before is not None:
         set_timestamp(request.not_before, not_before)
@@ -77,7 +79,13 @@ def _submit_many_request(requests: Sequence[TaskRequest]) -> gateway_pb2.SubmitM
     return gateway_pb2.SubmitManyRequest(
         requests=[
             _submit_request(
-                r.business, r.cells, r.idempotency_key, r.callback_url, r.not_before, r.deadline
+                r.business,
+                r.cells,
+                r.idempotency_key,
+                r.callback_url,
+                r.not_before,
+                r.deadline,
+                r.labels,
             )
             for r in requests
         ]
@@ -204,6 +212,7 @@ class AsyncClient(AsyncScheduleCalls):
         callback_url: str = "",
         not_before: datetime | None = None,
         deadline: datetime | None = None,
+        labels: Mapping[str, str] | None = None,
         timeout: float = 10.0,
     ) -> Submitted:
         """Submit one task: its :class:`Submitted` once it is durably recorded, or the
@@ -211,7 +220,7 @@ class AsyncClient(AsyncScheduleCalls):
         into one call unless the client was made with ``gather=False``). ``not_before``: start
         no earlier (a delayed start); ``deadline``: end FAILED if not finished by then."""
         request = _submit_request(
-            business, cells, idempotency_key, callback_url, not_before, deadline
+            business, cells, idempotency_key, callback_url, not_before, deadline, labels
         )
         if self.gathered is None:
             return _submitted(await self._call(self._stub.Submit, request, timeout))
@@ -262,7 +271,7 @@ class AsyncClient(AsyncScheduleCalls):
         reply = await self._call(
             self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout
         )
-        return TaskView.from_proto(reply.task, reply.completion)
+        return TaskView.from_proto(reply.task, reply.completion, reply.labels)
 
     async def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = await self._call(
@@ -311,6 +320,7 @@ class AsyncClient(AsyncScheduleCalls):
         order: str = "newest",
         idempotency_key: str = "",
         scheduled: bool = False,
+        labels: Mapping[str, str] | None = None,
         timeout: float | None = 10.0,
     ) -> TaskPage:
         """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest";
@@ -328,6 +338,7 @@ class AsyncClient(AsyncScheduleCalls):
                 order,
                 idempotency_key,
                 scheduled,
+                labels,
             ),
             timeout,
         )
@@ -344,6 +355,7 @@ class AsyncClient(AsyncScheduleCalls):
         order: str = "newest",
         idempotency_key: str = "",
         scheduled: bool = False,
+        labels: Mapping[str, str] | None = None,
         page_timeout: float | None = 10.0,
     ) -> AsyncIterator[TaskSummary]:
         """Every matching task, newest first unless ``order="oldest"``, following the cursor;
@@ -360,6 +372,7 @@ class AsyncClient(AsyncScheduleCalls):
                 order=order,
                 idempotency_key=idempotency_key,
                 scheduled=scheduled,
+                labels=labels,
                 timeout=page_timeout,
             )
             for item in page.tasks:
@@ -375,11 +388,12 @@ class AsyncClient(AsyncScheduleCalls):
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         idempotency_key: str = "",
+        labels: Mapping[str, str] | None = None,
         timeout: float = 10.0,
     ) -> dict[str, int]:
         """How many matching tasks are in each status, exactly: every status name, 0
         included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
-        request = count_request(business, created_after, created_before, idempotency_key)
+        request = count_request(business, created_after, created_before, idempotency_key, labels)
         return counts_of(await self._call(self._stub.CountTasks, request, timeout))
 
     async def events_page(
@@ -494,6 +508,7 @@ class Client(ScheduleCalls):
         callback_url: str = "",
         not_before: datetime | None = None,
         deadline: datetime | None = None,
+        labels: Mapping[str, str] | None = None,
         timeout: float = 10.0,
     ) -> Submitted:
         """Submit one task: its :class:`Submitted` once it is durably recorded, or the
@@ -501,7 +516,7 @@ class Client(ScheduleCalls):
         submits into one call unless the client was made with ``gather=False``). ``not_before``
         and ``deadline`` as for :meth:`AsyncClient.submit`."""
         request = _submit_request(
-            business, cells, idempotency_key, callback_url, not_before, deadline
+            business, cells, idempotency_key, callback_url, not_before, deadline, labels
         )
         if self.gathered is None:
             return _submitted(self._call(self._stub.Submit, request, timeout))
@@ -543,7 +558,7 @@ class Client(ScheduleCalls):
 
     def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout)
-        return TaskView.from_proto(reply.task, reply.completion)
+        return TaskView.from_proto(reply.task, reply.completion, reply.labels)
 
     def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = self._call(
@@ -589,6 +604,7 @@ class Client(ScheduleCalls):
         order: str = "newest",
         idempotency_key: str = "",
         scheduled: bool = False,
+        labels: Mapping[str, str] | None = None,
         timeout: float | None = 10.0,
     ) -> TaskPage:
         """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest";
@@ -606,6 +622,7 @@ class Client(ScheduleCalls):
                 order,
                 idempotency_key,
                 scheduled,
+                labels,
             ),
             timeout,
         )
@@ -622,6 +639,7 @@ class Client(ScheduleCalls):
         order: str = "newest",
         idempotency_key: str = "",
         scheduled: bool = False,
+        labels: Mapping[str, str] | None = None,
         page_timeout: float | None = 10.0,
     ) -> Iterator[TaskSummary]:
         """Every matching task, newest first unless ``order="oldest"``, following the cursor;
@@ -638,6 +656,7 @@ class Client(ScheduleCalls):
                 order=order,
                 idempotency_key=idempotency_key,
                 scheduled=scheduled,
+                labels=labels,
                 timeout=page_timeout,
             )
             yield from page.tasks
@@ -652,11 +671,12 @@ class Client(ScheduleCalls):
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         idempotency_key: str = "",
+        labels: Mapping[str, str] | None = None,
         timeout: float = 10.0,
     ) -> dict[str, int]:
         """How many matching tasks are in each status, exactly: every status name, 0
         included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
-        request = count_request(business, created_after, created_before, idempotency_key)
+        request = count_request(business, created_after, created_before, idempotency_key, labels)
         return counts_of(self._call(self._stub.CountTasks, request, timeout))
 
     def events_page(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -67,6 +67,8 @@ class TaskRequest:
     # A delayed start and a deadline (None: none).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    # What the task is about, to find it by (at most 16; docs/labels.md).
+    labels: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,8 @@ class TaskView:
     # Its delayed start and its deadline (None: none).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    # Its labels (from GetTask only: empty on WatchTask updates).
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -203,7 +207,10 @@ class TaskView:
 
     @classmethod
     def from_proto(
-        cls, task: task_pb2.Task, completion: gateway_pb2.Completion | None = None
+        cls,
+        task: task_pb2.Task,
+        completion: gateway_pb2.Completion | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> TaskView:
         return cls(
             task.task_id,
@@ -219,6 +226,7 @@ class TaskView:
             task.outputs_unavailable,
             _time(task, "not_before"),
             _time(task, "deadline"),
+            dict(labels or {}),
         )
 
 
@@ -238,6 +246,7 @@ class TaskSummary:
     # Its delayed start and its deadline (None: none).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -260,6 +269,7 @@ class TaskSummary:
             summary,
             _time(summary, "not_before"),
             _time(summary, "deadline"),
+            dict(summary.labels),
         )
 
 

@@ -43,6 +43,18 @@ cells:
         path: /reviews/{{payload.name}}
         idempotent: true
         output: {{ticket_id: {{type: string, required: true}}, ok: boolean}}
+  tagged:
+    description: One call about a content item; its content_id is a label of the task.
+    fields:
+      content_id: {{type: string, required: true}}
+      rank: {{type: integer}}
+    labels: [content_id, rank]
+    actions:
+      call:
+        kind: http
+        downstream: demo
+        path: /step/{{payload.content_id}}
+        idempotent: true
   tell:
     description: Tell someone about a ticket (its number from the payload).
     fields:

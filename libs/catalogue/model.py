@@ -16,6 +16,7 @@ from typing import Any
 
 from dispo.libs import references
 from dispo.libs.payload import fields_problem
+from dispo.libs.validation import LABEL_KEY
 
 ACTION_KINDS = ("http", "noop", "worker", "wait")
 # What a wait action's timeout does: fail its node, or succeed it with its default output.
@@ -136,6 +137,8 @@ class CellDef:
     # The longest a task with this cell may run, in seconds from its start: past it the
     # task ends FAILED, "deadline reached" (0: no limit; ADR-0103).
     max_duration_seconds: int = 0
+    # The payload fields whose values become the task's labels (ADR-0110).
+    labels: tuple[str, ...] = ()
 
     @property
     def result_actions(self) -> list[str]:
@@ -381,7 +384,24 @@ def _cell(name: str, raw: dict[str, Any]) -> CellDef:
         _conflict(name, tuple(fields), raw.get("conflict")),
         result,
         _duration(f"cells.{name}.max_duration_seconds", raw.get("max_duration_seconds", 0)),
+        _labels(f"cells.{name}.labels", tuple(fields), raw.get("labels")),
     )
+
+
+def _labels(where: str, fields: tuple[FieldSpec, ...], raw: Any) -> tuple[str, ...]:
+    """The payload fields a cell declares as labels: each a string or integer field of the
+    cell whose name is a label key."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise CatalogueError(f"{where}: must be a list of field names")
+    types = {f.name: f.type for f in fields}
+    for name in raw:
+        if types.get(name) not in ("string", "integer"):
+            raise CatalogueError(f"{where}: {name!r} is not a string or integer field of the cell")
+        if not LABEL_KEY.fullmatch(name):
+            raise CatalogueError(f"{where}: {name!r} is not a label key (a-z, 0-9, '_', '.', '-')")
+    return tuple(raw)
 
 
 def _duration(where: str, value: Any) -> int:

@@ -243,6 +243,12 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
         counts = {detail.task.status: 1}  # the one task the search matches
     else:
         business, key = found.business, found.key
+        try:
+            labels = found.label_map
+        except ValueError as error:
+            raise DispoError(
+                grpc.StatusCode.INVALID_ARGUMENT, str(error), {"labels": str(error)}
+            ) from None
         page, counts = await asyncio.gather(
             backend.tasks(
                 token,
@@ -251,8 +257,11 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
                 created_after=after,
                 idempotency_key=key,
                 scheduled=found.scheduled,
+                labels=labels,
             ),
-            backend.counts(token, business=business, created_after=after, idempotency_key=key),
+            backend.counts(
+                token, business=business, created_after=after, idempotency_key=key, labels=labels
+            ),
         )
         rows = list(page.tasks)
     return {"filter": found, "rows": rows, "counts": counts, "now": datetime.now(UTC)}

@@ -8,7 +8,7 @@ see, exactly as for the CLI. A refused or failed call raises :class:`DispoError`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -146,6 +146,7 @@ class Backend:
         page_size: int = 50,
         page_token: str = "",
         scheduled: bool = False,
+        labels: Mapping[str, str] | None = None,
     ) -> TaskPage:
         """A page of the tasks the token may see, newest first (``scheduled``: only those
         whose delayed start is ahead)."""
@@ -159,6 +160,7 @@ class Backend:
             "newest",
             idempotency_key,
             scheduled,
+            labels,
         )
         return TaskPage.from_proto(await self._call(self.gateway.ListTasks, request, token))
 
@@ -169,9 +171,10 @@ class Backend:
         business: str = "",
         created_after: datetime | None = None,
         idempotency_key: str = "",
+        labels: Mapping[str, str] | None = None,
     ) -> dict[str, int]:
         """How many of the tasks the token may see are in each status, exactly (one call)."""
-        request = count_request(business, created_after, None, idempotency_key)
+        request = count_request(business, created_after, None, idempotency_key, labels)
         return counts_of(await self._call(self.gateway.CountTasks, request, token))
 
     async def task(self, token: str, task_id: str, known: TaskDetail | None = None) -> TaskDetail:
@@ -183,7 +186,7 @@ class Backend:
         reply = await self._call(
             self.gateway.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), token
         )
-        view = TaskView.from_proto(reply.task, reply.completion)
+        view = TaskView.from_proto(reply.task, reply.completion, reply.labels)
         kept = (
             known.events
             if known is not None

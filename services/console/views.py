@@ -22,6 +22,7 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.retention.v1 import retention_pb2 as rtpb
 from dispo.libs.evaluation import NO_BASELINE
 from dispo.libs.proto_enums import short_name
+from dispo.libs.task_requests import label_pairs
 from dispo.sdk import TaskView
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -162,6 +163,8 @@ class TaskFilter:
     key: str = ""
     # Only tasks whose delayed start is ahead (ListTasks' ``scheduled``).
     scheduled: bool = False
+    # Only tasks carrying every one of these labels, as typed: "k=v k2=v2" (ADR-0110).
+    labels: str = ""
 
     @classmethod
     def parse(cls, params: Mapping[str, Any], statuses: list[str]) -> TaskFilter:
@@ -172,6 +175,7 @@ class TaskFilter:
             since if (since := str(params.get("since", ""))) in SINCE else "",
             str(params.get("key", "")).strip(),
             params.get("scheduled") == "1",
+            " ".join(str(params.get("labels", "")).split()),
         )
 
     def link(self, status: str) -> str:
@@ -181,6 +185,7 @@ class TaskFilter:
             "key": self.key,
             "since": self.since,
             "scheduled": "1" if self.scheduled else "",
+            "labels": self.labels,
         }
         return "/tasks?" + urlencode({**{k: v for k, v in kept.items() if v}, "status": status})
 
@@ -193,6 +198,11 @@ class TaskFilter:
     @property
     def business(self) -> str:
         return "" if self.task_id else self.query
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        """The labels searched for (a pair without '=' or a key given twice: ValueError)."""
+        return label_pairs(self.labels.split())
 
     def created_after(self, now: datetime) -> datetime | None:
         return now - timedelta(seconds=SINCE[self.since]) if self.since else None

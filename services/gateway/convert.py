@@ -75,6 +75,7 @@ def submission_from_proto(
         callback_url=request.callback_url,
         not_before=_instant(request, "not_before"),
         deadline=_instant(request, "deadline"),
+        labels=dict(request.labels),
     )
 
 

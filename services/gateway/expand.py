@@ -61,6 +61,8 @@ class Submission:
     # A delayed start and a deadline as asked (None: not asked; ADR-0103).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    # The labels the Submit gave (its cells' label fields add theirs; ADR-0110).
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dispo.auth import store as auth_store
 from dispo.gateway import store
 from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
+from dispo.gateway.labels import task_labels
 from dispo.gateway.timing import DEFAULT_MAX_DELAY_SECONDS, timing
 from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
@@ -61,12 +62,15 @@ def request_hash(sub: Submission) -> str:
     # of requests without them stay what they were.
     deadline = b',"deadline":%s' % _instant(sub.deadline) if sub.deadline else b""
     not_before = b',"not_before":%s' % _instant(sub.not_before) if sub.not_before else b""
-    document = b'{"business":%s,"callback_url":%s,"cells":[%s]%s,"idempotency_key":%s%s}' % (
+    # Labels likewise (ADR-0110); a cell's label fields are in its payload already.
+    labels = b',"labels":%s' % canonical_json(sub.labels) if sub.labels else b""
+    document = b'{"business":%s,"callback_url":%s,"cells":[%s]%s,"idempotency_key":%s%s%s}' % (
         canonical_json(sub.business),
         canonical_json(sub.callback_url),
         cells,
         deadline,
         canonical_json(sub.idempotency_key),
+        labels,
         not_before,
     )
     return hashlib.sha256(document).hexdigest()
@@ -197,6 +201,7 @@ class Gateway:
         """The task ``sub`` asks for, validated and expanded, ready to record: bad input
         raises here, before anything is written."""
         validate(sub, self.catalogue, self.limits, self.egress)
+        labels = task_labels(sub.labels, [(c.cell, c.payload) for c in sub.cells], self.catalogue)
         await self._require_signing_secret(sub)
         now = self.clock.now()
         when = timing(
@@ -224,6 +229,7 @@ class Gateway:
             trace=current(),
             not_before=when.not_before,
             deadline=when.deadline,
+            labels=canonical_json(labels).decode() if labels else None,
         )
 
     @staticmethod

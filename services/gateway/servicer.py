@@ -16,6 +16,7 @@ from dispo.gateway.convert import (
 )
 from dispo.gateway.events import task_event
 from dispo.gateway.expand import Submission
+from dispo.gateway.labels import checked
 from dispo.gateway.limits import MAX_SUBMIT_MANY, CallerLimits, limited_business
 from dispo.gateway.operations import Accepted, Gateway
 from dispo.gateway.outputs import ViewOutputs
@@ -120,6 +121,7 @@ def _task_filter(
         else None,
         idempotency_key=request.idempotency_key,
         scheduled_at=now if scheduled else None,
+        labels=tuple(sorted(checked(request.labels).items())),
     )
 
 
@@ -242,7 +244,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if record.finished_at is not None:
             set_timestamp(completion.finished_at, record.finished_at)
         view = await self.outputs.complete(self.gateway.view_of(record))
-        return gateway_pb2.GetTaskResponse(task=view, completion=completion)
+        return gateway_pb2.GetTaskResponse(task=view, completion=completion, labels=record.labels)
 
     async def ListTasks(
         self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
@@ -272,6 +274,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 status=status_value(record.status),
                 node_count=record.node_count,
                 cancel_requested=record.cancel_requested,
+                labels=record.labels,
             )
             set_timestamp(item.created_at, record.created_at)
             set_timestamp(item.updated_at, record.updated_at)
@@ -424,6 +427,7 @@ def cells_to_proto(catalogue: Catalogue) -> gateway_pb2.ListCellsResponse:
             description=cell.description,
             result_actions=cell.result_actions,
             max_duration_seconds=cell.max_duration_seconds,
+            labels=list(cell.labels),
         )
         for f in cell.fields:
             item.fields.add(

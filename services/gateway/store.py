@@ -7,8 +7,9 @@ port."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +55,14 @@ class TaskRecord:
     finished_at: datetime | None = None
     not_before: datetime | None = None
     deadline: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _labels(value: Any) -> dict[str, str]:
+    """The labels column as read (jsonb arrives as its JSON text; NULL: none)."""
+    if value is None:
+        return {}
+    return dict(json.loads(value) if isinstance(value, str | bytes) else value)
 
 
 def _record(row: Any) -> TaskRecord:
@@ -77,6 +86,7 @@ def _record(row: Any) -> TaskRecord:
         row.finished_at,
         row.not_before,
         row.deadline,
+        _labels(row.labels),
     )
 
 
@@ -93,6 +103,14 @@ class TaskSummary:
     updated_at: datetime
     not_before: datetime | None = None
     deadline: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, row: Any) -> TaskSummary:
+        """A row of :data:`_SUMMARY_COLUMNS`, its labels (the last column) parsed."""
+        values = list(row)
+        values[-1] = _labels(values[-1])
+        return cls(*values)
 
 
 _SUMMARY_COLUMNS = ", ".join(TaskSummary.__dataclass_fields__)
@@ -132,6 +150,8 @@ class NewTask:
     # Its delayed start (its task.create row waits for it) and its deadline (ADR-0103).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    # Its labels as JSON text (None: none; ADR-0110).
+    labels: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,15 +171,16 @@ class KeyHolder:
 # publisher takes it (ADR-0103).
 _ACCEPT_MANY = Statement(
     "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
-    " status, node_count, view, callback_url, created_at, updated_at, not_before, deadline)"
-    " SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback, created,"
-    " created, not_before, deadline FROM unnest(CAST(:ids AS text[]),"
+    " status, node_count, view, callback_url, created_at, updated_at, not_before, deadline,"
+    " labels) SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback,"
+    " created, created, not_before, deadline, CAST(labels AS jsonb)"
+    " FROM unnest(CAST(:ids AS text[]),"
     " CAST(:businesses AS text[]), CAST(:keys AS text[]), CAST(:hashes AS text[]),"
     " CAST(:nodes AS integer[]), CAST(:views AS bytea[]), CAST(:callbacks AS text[]),"
     " CAST(:created AS timestamptz[]), CAST(:not_befores AS timestamptz[]),"
-    " CAST(:deadlines AS timestamptz[]))"
+    " CAST(:deadlines AS timestamptz[]), CAST(:labels AS text[]))"
     " WITH ORDINALITY AS r(id, business, key, hash, nodes, view, callback, created,"
-    " not_before, deadline, n) ORDER BY n"
+    " not_before, deadline, labels, n) ORDER BY n"
     " ON CONFLICT (business, idempotency_key) DO NOTHING"
     " RETURNING task_id, view, created_at, not_before),"
     f" {outbox_mark_cte(outbox)} "
@@ -199,6 +220,7 @@ async def tasks_accept_many(conn: Conn, rows: list[NewTask], staged: Staged) -> 
             "created": [r.created_at for r in rows],
             "not_befores": [r.not_before for r in rows],
             "deadlines": [r.deadline for r in rows],
+            "labels": [r.labels for r in rows],
             "subject": tasks.TASK_CREATE,
             "msg_ids": msg_ids,
             "traces": [r.trace for r in rows],
@@ -350,6 +372,8 @@ class TaskFilter:
     idempotency_key: str = ""
     # Only tasks ACCEPTED with a not_before after this instant: scheduled (ADR-0103).
     scheduled_at: datetime | None = None
+    # Only tasks carrying every one of these labels (ADR-0110).
+    labels: tuple[tuple[str, str], ...] = ()
 
     def where(self, params: dict[str, Any]) -> list[str]:
         """The SQL conditions, their values added to ``params``. A business and a key use the
@@ -374,6 +398,9 @@ class TaskFilter:
                 " AND not_before > CAST(:scheduled_t AS timestamptz)"
             )
             params["scheduled_t"] = self.scheduled_at
+        if self.labels:  # containment: ix_tasks_labels (GIN, jsonb_path_ops)
+            clauses.append("labels @> CAST(:labels AS jsonb)")
+            params["labels"] = json.dumps(dict(self.labels), sort_keys=True)
         return clauses
 
 
@@ -409,7 +436,7 @@ async def task_list(
         f" ORDER BY created_at {direction}, task_id {direction} LIMIT CAST(:limit AS integer)",
         params,
     )
-    return [TaskSummary(*r) for r in rows]
+    return [TaskSummary.of(r) for r in rows]
 
 
 async def task_counts(conn: Conn, matching: TaskFilter) -> dict[str, int]:

@@ -348,6 +348,34 @@ async def test_a_submitted_task_appears_live_and_its_graph_shows_its_nodes(
     await context.close()
 
 
+async def test_tasks_are_searched_by_label_and_a_tasks_labels_link_to_that_search(browser, console):
+    async with console.pipeline.client() as client:
+        labelled = [
+            await client.submit(BUSINESS, [CellSpec("noop", {})], labels={"campaign": "c-9"})
+            for _ in range(2)
+        ]
+        await client.submit(BUSINESS, [CellSpec("noop", {})], labels={"campaign": "c-10"})
+    context = await signed_in(browser, console, console.pipeline.token)
+    page = Watched(await context.new_page()).page
+    await page.goto(f"{console.url}/tasks?labels=campaign%3Dc-9")
+    rows = page.locator("#rows tr[data-task]")
+    assert {await r.get_attribute("data-task") for r in await rows.all()} == {
+        t.task_id for t in labelled
+    }
+    assert "campaign=c-9" in await rows.first.inner_text()
+    assert await page.locator("input[name=labels]").input_value() == "campaign=c-9"
+
+    await page.goto(f"{console.url}/tasks/{labelled[0].task_id}")
+    await page.locator("#labels a", has_text="campaign=c-9").click()
+    await page.wait_for_url("**/tasks?labels=campaign%3Dc-9")
+    assert await page.locator("#rows tr[data-task]").count() == 2
+
+    refused = await page.goto(f"{console.url}/tasks?labels=campaign")
+    assert refused is not None and refused.status == 400
+    assert "key=value" in await page.locator("main").inner_text()
+    await context.close()
+
+
 async def test_an_open_task_page_reads_the_history_again_only_when_the_task_moved(console):
     """The Task page's live feed looks at the task every refresh; it reads the status
     stream (ListTaskEvents) again only when the task's version moved since its last look."""

@@ -359,7 +359,10 @@ async def test_list_cells_reads_the_catalogue(gateway_only):
         "note",
         "review",
         "lenient_review",
+        "tagged",
     }
+    assert list(cells["tagged"].labels) == ["content_id", "rank"]
+    assert list(cells["step"].labels) == []
     assert [a.name for a in cells["pair"].actions] == ["first", "second"]
     assert list(cells["pair"].actions[1].depends_on) == ["first"]
     assert cells["step"].fields[0].required

@@ -36,13 +36,17 @@ submissions = st.builds(
     cells=st.lists(cells, max_size=4),
     idempotency_key=text,
     callback_url=text,
+    labels=st.dictionaries(text, text, max_size=3),
 )
 
 
 def _document(sub: Submission) -> dict:
     """The request as hashed: a delayed start and a deadline only when asked, as ISO 8601
-    in UTC (the hashes of requests without them are those stored before they existed)."""
+    in UTC, and labels only when given (the hashes of requests without them are those
+    stored before they existed)."""
     whole = asdict(sub)
+    if not whole["labels"]:
+        del whole["labels"]
     for name in ("not_before", "deadline"):
         moment = whole.pop(name)
         if moment is not None:
@@ -90,5 +94,6 @@ def test_every_field_of_a_request_is_hashed():
         "callback_url",
         "not_before",
         "deadline",
+        "labels",
     ]
     assert [f.name for f in fields(CellRequest)] == ["cell", "ref", "payload", "depends_on"]

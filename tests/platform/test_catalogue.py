@@ -28,6 +28,7 @@ def test_the_example_ships_inside_the_package_and_loads_whole():
     assert cell.sinks == ["audit"] and cell.roots == ["set_label"]
     assert cell.conflict == Conflict(key="content_id", effect="quality_level")
     assert catalogue.conflicts == {"update_quality_level": cell.conflict}
+    assert cell.labels == ("content_id",)  # its conflict key: what its tasks are about
     assert catalogue.downstreams["labels"] == Downstream(
         "labels", "http://127.0.0.1:8181", 2000, 16, "http://127.0.0.1:8181/healthz"
     )
@@ -273,3 +274,21 @@ def test_a_wait_action_without_what_it_needs_is_refused_at_load(action, message)
 def test_only_a_wait_action_has_a_signal():
     with pytest.raises(CatalogueError, match="actions.a.signal: only a wait action has one"):
         parse_catalogue({"cells": {"x": {"actions": {"a": {**HTTP, "signal": "s"}}}}})
+
+
+def labelled(labels, fields=None):
+    fields = fields or {"content_id": "string", "Big": "string", "flag": "boolean"}
+    return {"cells": {"x": {"fields": fields, "labels": labels, "actions": {"a": HTTP}}}}
+
+
+def test_a_cells_label_fields_are_string_or_integer_fields_named_as_label_keys():
+    assert parse_catalogue(labelled(["content_id"])).cells["x"].labels == ("content_id",)
+    assert parse_catalogue(NOOP_CATALOGUE).cells["y"].labels == ()
+    for labels, message in [
+        ("content_id", "must be a list"),
+        (["missing"], "'missing' is not a string or integer field"),
+        (["flag"], "'flag' is not a string or integer field"),
+        (["Big"], "'Big' is not a label key"),
+    ]:
+        with pytest.raises(CatalogueError, match=message):
+            parse_catalogue(labelled(labels))

@@ -332,6 +332,40 @@ async def test_a_delayed_task_is_listed_scheduled_and_cancelled_before_its_start
     assert refused.returncode == 4 and "not_before" in refused.stderr, refused.stderr
 
 
+async def test_tasks_are_submitted_with_labels_and_listed_and_counted_by_them(cli_env):
+    """``labels`` in the file and ``--label`` on submit; ``--label`` (repeatable, all must
+    match) on list and count; ``tasks show`` prints them; a bad one is refused naming it."""
+    body = json.dumps(
+        {"business": "cli-lab", "labels": {"campaign": "c-7"}, "cells": [{"cell": "noop"}]}
+    )
+    submitted = await asyncio.gather(
+        dispo(cli_env, "submit", "-", "--label", "wave=1", "--json", stdin=body),
+        dispo(cli_env, "submit", "-", "--json", stdin=body),
+        dispo(cli_env, "submit", "-", "--json", stdin=submission("cli-lab", {"cell": "noop"})),
+    )
+    assert [s.returncode for s in submitted] == [0, 0, 0], [s.stderr for s in submitted]
+    first, second, _ = (json.loads(s.stdout)["task_id"] for s in submitted)
+
+    both, campaign, counted, table, shown, bad = await asyncio.gather(
+        dispo(cli_env, "tasks", "list", "--label", "campaign=c-7", "--label", "wave=1", "--json"),
+        dispo(cli_env, "tasks", "list", "--label", "campaign=c-7", "--json"),
+        dispo(cli_env, "tasks", "count", "--label", "campaign=c-7", "--json"),
+        dispo(cli_env, "tasks", "list", "--business", "cli-lab"),
+        dispo(cli_env, "tasks", "show", first),
+        dispo(cli_env, "tasks", "count", "--label", "Campaign=c-7"),
+    )
+    assert [t["task_id"] for t in json.loads(both.stdout)["tasks"]] == [first], both.stderr
+    rows = json.loads(campaign.stdout)["tasks"]
+    assert {t["task_id"] for t in rows} == {first, second}
+    assert {t["task_id"]: t["labels"] for t in rows}[first] == {"campaign": "c-7", "wave": "1"}
+    assert json.loads(counted.stdout)["total"] == "2"
+    assert "campaign=c-7, wave=1" in table.stdout and "labels" in table.stdout, table.stdout
+    assert "labels campaign=c-7, wave=1" in shown.stdout, shown.stdout
+    assert bad.returncode == 4 and "labels.Campaign" in bad.stderr, bad.stderr
+    malformed = await dispo(cli_env, "tasks", "list", "--label", "campaign")
+    assert malformed.returncode != 0 and "key=value" in malformed.stderr, malformed.stderr
+
+
 async def test_a_cancelled_task_exits_1_for_submit_wait_and_watch(cli_env, downstream):
     await downstream.control(hold={"path": "/step/held"})
     waiting = asyncio.create_task(

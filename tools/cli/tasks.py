@@ -12,13 +12,15 @@ A submission file is the SubmitRequest as grpcurl takes it, in JSON or YAML::
 A file of several tasks is the SubmitManyRequest: ``requests:`` and a list of those
 (at most 500), submitted by one SubmitMany, all or none. ``not_before`` and ``deadline`` are
 ISO 8601 times (``2027-01-01T02:00:00Z``); ``--not-before``, ``--delay`` and ``--deadline``
-set them for every task of the file.
+set them for every task of the file. ``labels`` is a map (``{campaign: import-7}``);
+``--label k=v`` (repeatable) adds one to every task of the file.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,6 +31,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.payload import payload_value
 from dispo.libs.proto_enums import from_short_name
+from dispo.libs.task_requests import label_pairs
 from dispo.libs.timestamps import set_timestamp
 from dispo.sdk import TERMINAL, CellSpec, Submitted, TaskPage, TaskRequest, TaskView
 from dispo.tools.cli._common import (
@@ -55,7 +58,15 @@ tasks_app = typer.Typer(
     no_args_is_help=True,
 )
 
-_SUBMIT_KEYS = {"business", "cells", "idempotency_key", "callback_url", "not_before", "deadline"}
+_SUBMIT_KEYS = {
+    "business",
+    "cells",
+    "idempotency_key",
+    "callback_url",
+    "not_before",
+    "deadline",
+    "labels",
+}
 _CELL_KEYS = {"cell", "ref", "payload", "depends_on"}
 _STYLES = {
     "SUCCEEDED": "green",
@@ -158,6 +169,28 @@ def _timing(
             data["deadline"] = end
 
 
+def labels(pairs: list[str] | None) -> dict[str, str]:
+    """``--label k=v`` options as a label map (a malformed pair is a usage error)."""
+    try:
+        return label_pairs(pairs or [])
+    except ValueError as error:
+        usage(f"--label: {error}")
+
+
+def _labelled(found: list[dict[str, Any]], given: dict[str, str], source: str) -> None:
+    """Each submission's ``labels`` as a map of strings, with ``--label``'s added."""
+    for i, data in enumerate(found):
+        own = data.get("labels") or {}
+        if not isinstance(own, dict):
+            where = f"requests[{i}].labels" if len(found) > 1 else "labels"
+            usage(f"{source}: {where} must be a map of key to value")
+        data["labels"] = {str(k): str(v) for k, v in {**own, **given}.items()}
+
+
+LABEL_OPTION = Annotated[
+    list[str] | None,
+    typer.Option("--label", help="key=value: a label (repeat for several; all must match)"),
+]
 NOT_BEFORE_OPTION = Annotated[
     str | None,
     typer.Option("--not-before", help="start no earlier than this ISO 8601 time (a delayed start)"),
@@ -179,12 +212,14 @@ def submit(
     not_before: NOT_BEFORE_OPTION = None,
     delay: DELAY_OPTION = None,
     deadline: DEADLINE_OPTION = None,
+    label: LABEL_OPTION = None,
     as_json: JSON_OPTION = False,
 ) -> None:
     """Submit a task, or the tasks of a file of requests in one call (exit 1 with --wait
     when one ends FAILED or CANCELLED)."""
     found, many = _read(source)
     _timing(found, not_before, delay, deadline)
+    _labelled(found, labels(label), source)
     if many:
         raise typer.Exit(_submit_many(ctx, found, source, wait, timeout, as_json))
     data = found[0]
@@ -197,6 +232,7 @@ def submit(
             callback_url=str(data.get("callback_url", "")),
             not_before=_instant(data.get("not_before"), f"{source}: not_before"),
             deadline=_instant(data.get("deadline"), f"{source}: deadline"),
+            labels=data.get("labels"),
         )
         if not wait:
             if as_json:
@@ -225,6 +261,7 @@ def _submit_many(
             callback_url=str(data.get("callback_url", "")),
             not_before=_instant(data.get("not_before"), f"{source}: requests[{i}].not_before"),
             deadline=_instant(data.get("deadline"), f"{source}: requests[{i}].deadline"),
+            labels=data.get("labels"),
         )
         for i, data in enumerate(found)
     ]
@@ -283,7 +320,7 @@ def task_json(reply: gateway_pb2.GetTaskResponse) -> dict[str, Any]:
 
 def _print_task(view: TaskView, as_json: bool) -> int:
     if as_json:
-        reply = gateway_pb2.GetTaskResponse(task=view.raw)
+        reply = gateway_pb2.GetTaskResponse(task=view.raw, labels=view.labels)
         if view.completion is not None:
             if view.completion.finished_at is not None:
                 set_timestamp(reply.completion.finished_at, view.completion.finished_at)
@@ -313,6 +350,8 @@ def task_picture(view: TaskView) -> Group:
         head.append(moment(view.not_before))
     if view.deadline is not None:
         head.append(f"  deadline {moment(view.deadline)}")
+    if view.labels:
+        head.append(f"\nlabels {_labels_text(view.labels)}")
     table = Table(box=None, pad_edge=False)
     for column in ("node", "status", "attempts", "last error", "started", "finished"):
         table.add_column(column, overflow="fold")
@@ -326,6 +365,10 @@ def task_picture(view: TaskView) -> Group:
             moment(node.finished_at),
         )
     return Group(head, table, *outputs_picture(view), dependency_tree(view))
+
+
+def _labels_text(labels: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 # At a terminal, how much of an output or a result `tasks show` prints (`--json`: whole).
@@ -411,6 +454,7 @@ def list_(
     scheduled: Annotated[
         bool, typer.Option("--scheduled", help="only tasks whose delayed start is ahead")
     ] = False,
+    label: LABEL_OPTION = None,
     as_json: JSON_OPTION = False,
 ) -> None:
     """Tasks, newest first, a page at a time (a scheduled task shows when it starts)."""
@@ -425,6 +469,7 @@ def list_(
             order="oldest" if oldest_first else "newest",
             idempotency_key=key,
             scheduled=scheduled,
+            labels=labels(label),
         )
     if as_json:
         reply = gateway_pb2.ListTasksResponse(tasks=[t.raw for t in page.tasks], more=page.more)
@@ -442,6 +487,7 @@ def count(
     business: Annotated[str, typer.Option(help="only this business's tasks")] = "",
     since_: SINCE_OPTION = None,
     key: KEY_OPTION = "",
+    label: LABEL_OPTION = None,
     as_json: JSON_OPTION = False,
 ) -> None:
     """How many tasks are in each status, exactly (the gateway's CountTasks)."""
@@ -450,6 +496,7 @@ def count(
             business=business,
             created_after=since(since_) if since_ else None,
             idempotency_key=key,
+            labels=labels(label),
         )
     if as_json:
         reply = gateway_pb2.CountTasksResponse(total=sum(counts.values()))
@@ -476,8 +523,11 @@ def _known_statuses(statuses: list[str]) -> list[str]:
 
 def _task_table(page: TaskPage) -> Table:
     table = Table(box=None, pad_edge=False)
+    labelled = any(task.labels for task in page.tasks)
     for column in ("task", "business", "status", "nodes", "created", "updated"):
         table.add_column(column)
+    if labelled:
+        table.add_column("labels", overflow="fold")
     now = datetime.now(UTC)
     for task in page.tasks:
         table.add_row(
@@ -488,6 +538,7 @@ def _task_table(page: TaskPage) -> Table:
             str(task.node_count),
             moment(task.created_at),
             moment(task.updated_at),
+            *([_labels_text(task.labels)] if labelled else []),
         )
     return table
 

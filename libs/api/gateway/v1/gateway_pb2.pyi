@@ -182,12 +182,33 @@ class SubmitRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     BUSINESS_FIELD_NUMBER: _builtins.int
     CELLS_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     CALLBACK_URL_FIELD_NUMBER: _builtins.int
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """Calling business line, e.g. "ecommerce": required; letters, digits, '_' or '-' (no '.'),
     at most 64, as CreateToken requires. A business token may only name its own business (or
@@ -227,6 +248,17 @@ class SubmitRequest(_message.Message):
         not_before, and at most max_delay_seconds ahead: INVALID_ARGUMENT naming deadline.
         """
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What the task is about, to find it by (ListTasks, CountTasks and the bulk actions
+        filter on labels): at most 16 pairs, each key 1 to 63 of a-z, 0-9, '_', '.', '-'
+        starting with a letter or digit, each value at most 128 printable characters.
+        INVALID_ARGUMENT naming labels.<key> otherwise. A cell may declare payload fields that
+        become labels too (the catalogue's `labels`): a label given here with another value for
+        the same key is INVALID_ARGUMENT naming labels.<key>. Part of the request: the same
+        idempotency key with other labels is another request (FAILED_PRECONDITION).
+        """
+
     def __init__(
         self,
         *,
@@ -236,10 +268,11 @@ class SubmitRequest(_message.Message):
         callback_url: _builtins.str = ...,
         not_before: _timestamp_pb2.Timestamp | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "not_before", b"not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cells", b"cells", "deadline", b"deadline", "idempotency_key", b"idempotency_key", "not_before", b"not_before"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cells", b"cells", "deadline", b"deadline", "idempotency_key", b"idempotency_key", "labels", b"labels", "not_before", b"not_before"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -433,8 +466,29 @@ class GetTaskResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TASK_FIELD_NUMBER: _builtins.int
     COMPLETION_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def task(self) -> _task_pb2.Task:
         """The gateway's view: every node with status, attempts, last error and timestamps."""
@@ -443,15 +497,20 @@ class GetTaskResponse(_message.Message):
     def completion(self) -> Global___Completion:
         """When the task ended (unset while it runs) and where its caller is notified."""
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The task's labels: those its Submit gave and those its cells' payloads gave."""
+
     def __init__(
         self,
         *,
         task: _task_pb2.Task | None = ...,
         completion: Global___Completion | None = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "labels", b"labels", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -494,6 +553,26 @@ class ListTasksRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     BUSINESS_FIELD_NUMBER: _builtins.int
     STATUSES_FIELD_NUMBER: _builtins.int
     CREATED_AFTER_FIELD_NUMBER: _builtins.int
@@ -502,6 +581,7 @@ class ListTasksRequest(_message.Message):
     ORDER_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     SCHEDULED_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """The business whose tasks to list. Empty: a business token's own business; for an admin,
     every business.
@@ -533,6 +613,13 @@ class ListTasksRequest(_message.Message):
     def page(self) -> _common_pb2.PageRequest:
         """Page size (default 50, at most the gateway's max_page_size, 500) and the cursor."""
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Only tasks carrying every one of these labels with that value (at most 16 pairs, keys
+        and values as SubmitRequest.labels requires: INVALID_ARGUMENT naming labels.<key>).
+        Empty: any labels, or none.
+        """
+
     def __init__(
         self,
         *,
@@ -544,10 +631,11 @@ class ListTasksRequest(_message.Message):
         order: Global___TaskOrder.ValueType = ...,
         idempotency_key: _builtins.str = ...,
         scheduled: _builtins.bool = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "page", b"page"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "order", b"order", "page", b"page", "scheduled", b"scheduled", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "labels", b"labels", "order", b"order", "page", b"page", "scheduled", b"scheduled", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -559,6 +647,26 @@ class TaskSummary(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TASK_ID_FIELD_NUMBER: _builtins.int
     BUSINESS_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
@@ -568,6 +676,7 @@ class TaskSummary(_message.Message):
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task's id."""
     business: _builtins.str
@@ -596,6 +705,10 @@ class TaskSummary(_message.Message):
     def deadline(self) -> _timestamp_pb2.Timestamp:
         """When it ends FAILED ("deadline reached") unless finished by then; unset: never."""
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Its labels (SubmitRequest.labels and those its cells' payloads gave)."""
+
     def __init__(
         self,
         *,
@@ -608,10 +721,11 @@ class TaskSummary(_message.Message):
         cancel_requested: _builtins.bool = ...,
         not_before: _timestamp_pb2.Timestamp | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "not_before", b"not_before", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "deadline", b"deadline", "node_count", b"node_count", "not_before", b"not_before", "status", b"status", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "deadline", b"deadline", "labels", b"labels", "node_count", b"node_count", "not_before", b"not_before", "status", b"status", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -657,10 +771,31 @@ class CountTasksRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     BUSINESS_FIELD_NUMBER: _builtins.int
     CREATED_AFTER_FIELD_NUMBER: _builtins.int
     CREATED_BEFORE_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """The business whose tasks to count. Empty: a business token's own business; for an
     admin, every business.
@@ -677,6 +812,10 @@ class CountTasksRequest(_message.Message):
     def created_before(self) -> _timestamp_pb2.Timestamp:
         """Only tasks created before this instant, when set."""
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Only tasks carrying every one of these labels with that value, as ListTasks' labels."""
+
     def __init__(
         self,
         *,
@@ -684,10 +823,11 @@ class CountTasksRequest(_message.Message):
         created_after: _timestamp_pb2.Timestamp | None = ...,
         created_before: _timestamp_pb2.Timestamp | None = ...,
         idempotency_key: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "labels", b"labels"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1271,6 +1411,7 @@ class Cell(_message.Message):
     ACTIONS_FIELD_NUMBER: _builtins.int
     RESULT_ACTIONS_FIELD_NUMBER: _builtins.int
     MAX_DURATION_SECONDS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The name a submission uses (CellRequest.cell), e.g. "update_quality_level"."""
     description: _builtins.str
@@ -1293,6 +1434,12 @@ class Cell(_message.Message):
         one its catalogue entry names as `result`, else its sinks.
         """
 
+    @_builtins.property
+    def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The payload fields whose values become the task's labels (the catalogue's `labels`;
+        SubmitRequest.labels).
+        """
+
     def __init__(
         self,
         *,
@@ -1302,10 +1449,11 @@ class Cell(_message.Message):
         actions: _abc.Iterable[Global___CellAction] | None = ...,
         result_actions: _abc.Iterable[_builtins.str] | None = ...,
         max_duration_seconds: _builtins.int = ...,
+        labels: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "description", b"description", "fields", b"fields", "max_duration_seconds", b"max_duration_seconds", "name", b"name", "result_actions", b"result_actions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "description", b"description", "fields", b"fields", "labels", b"labels", "max_duration_seconds", b"max_duration_seconds", "name", b"name", "result_actions", b"result_actions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

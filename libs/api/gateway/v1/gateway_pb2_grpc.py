@@ -160,7 +160,7 @@ class GatewayServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTasks(self, request, context):
-        """Summaries of a business's tasks, filtered by status and creation time, newest first
+        """Summaries of a business's tasks, filtered by status, creation time and labels, newest first
         (or oldest first, by order), a page at a time; more says whether another page follows.
         Callers: admin (any business, or all with business empty), a business token (its
         own only; naming another is PERMISSION_DENIED).

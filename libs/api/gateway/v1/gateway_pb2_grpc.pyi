@@ -84,7 +84,7 @@ class GatewayServiceStub:
     task or another business's. Callers: admin, a business token.
     """
     ListTasks: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]
-    """Summaries of a business's tasks, filtered by status and creation time, newest first
+    """Summaries of a business's tasks, filtered by status, creation time and labels, newest first
     (or oldest first, by order), a page at a time; more says whether another page follows.
     Callers: admin (any business, or all with business empty), a business token (its
     own only; naming another is PERMISSION_DENIED).
@@ -184,7 +184,7 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     task or another business's. Callers: admin, a business token.
     """
     ListTasks: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]  # type: ignore[assignment]
-    """Summaries of a business's tasks, filtered by status and creation time, newest first
+    """Summaries of a business's tasks, filtered by status, creation time and labels, newest first
     (or oldest first, by order), a page at a time; more says whether another page follows.
     Callers: admin (any business, or all with business empty), a business token (its
     own only; naming another is PERMISSION_DENIED).
@@ -311,7 +311,7 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.ListTasksRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.ListTasksResponse, _abc.Awaitable[_gateway_pb2.ListTasksResponse]]:
-        """Summaries of a business's tasks, filtered by status and creation time, newest first
+        """Summaries of a business's tasks, filtered by status, creation time and labels, newest first
         (or oldest first, by order), a page at a time; more says whether another page follows.
         Callers: admin (any business, or all with business empty), a business token (its
         own only; naming another is PERMISSION_DENIED).
