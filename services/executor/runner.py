@@ -208,7 +208,6 @@ class Executor:
             await self.clock.sleep(self.config.lease_ttl / 3)
             with contextlib.suppress(Exception):
                 if not await self._extend(task_id, owner, state):
-                    log.warning("lease lost", task_id=task_id)
                     return
 
     async def _extend(self, task_id: str, owner: str, state: Pass) -> bool:
@@ -216,6 +215,8 @@ class Executor:
         owner holds it, or none does."""
         until = await self.commits.extend(task_id, owner)
         if until is None:
+            if not state.lease_lost:  # said once, by whichever finds it first
+                log.warning("lease lost", task_id=task_id)
             state.lease_lost = True
             return False
         if state.lease_until is None or until > state.lease_until:
