@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import grpc
+import pytest
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
-from dispo.sdk import cell
+from dispo.sdk import DispoError, cell
 from pipeline_fixtures import Pipeline, dump, stream_messages, wait_status
 from support import eventually
+
+from .test_waits import review_flow, waiting
 
 
 async def started(pipeline: Pipeline, file_clock) -> None:
@@ -85,3 +89,36 @@ async def test_the_sweep_closes_a_parked_task_past_its_deadline_leaving_unknown_
         bus, tasks.task_status_of(task.task_id), stream=tasks.TASK_STATUS.name
     )
     assert ended[-1].subject.endswith(".failed")
+
+
+async def test_the_deadline_closes_a_task_whose_node_waits_for_a_signal(
+    start_service, catalogue_file, downstream, file_clock
+):
+    """No pass holds a task whose review waits for its verdict (ADR-0102): past the
+    deadline the sweep closes it — the waiting node and the ones after it CANCELLED,
+    "deadline reached", nothing called — and a verdict sent afterwards is refused."""
+    pipeline = Pipeline(start_service, catalogue_file)
+    await started(pipeline, file_clock)
+    async with pipeline.client() as client:
+        task = await client.submit(
+            "tests", review_flow("late-review"), deadline=file_clock.now + timedelta(minutes=10)
+        )
+        view = await waiting(client, task.task_id)
+        assert view.status == "RUNNING", dump(view)
+        file_clock.advance(minutes=9)  # not yet: it waits on
+        assert (await client.get(task.task_id)).node("review.verdict").status == "WAITING"
+        file_clock.advance(minutes=1)
+        done = await client.wait(task.task_id, timeout=30)
+        with pytest.raises(DispoError) as late:
+            await client.signal(task.task_id, "verdict", {"verdict": "approved"}, signal_id="r1")
+
+    assert done.status == "FAILED", dump(done)
+    assert done.status_reason == "deadline reached"
+    assert done.node_statuses == {
+        "review.verdict": "CANCELLED",
+        "label.call": "CANCELLED",
+        "owner.send": "CANCELLED",
+    }, dump(done)
+    assert done.node("review.verdict").last_error == "deadline reached"
+    assert late.value.code == grpc.StatusCode.FAILED_PRECONDITION, late.value
+    assert not [k for k in await downstream.calls() if k.startswith(task.task_id)]
