@@ -31,6 +31,7 @@ from dispo.sdk._client import AsyncClient, Client
 from dispo.sdk._schedules import Firing, Schedule
 from dispo.sdk._types import (
     TERMINAL,
+    BulkAction,
     CellSpec,
     Completion,
     DispoError,
@@ -50,6 +51,7 @@ from dispo.sdk._worker import ProbeAnswer, RetryableError, RunContext, Worker
 
 __all__ = [
     "AsyncClient",
+    "BulkAction",
     "Client",
     "CellSpec",
     "Completion",
