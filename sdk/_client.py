@@ -713,13 +713,13 @@ class Client(ScheduleCalls):
         request = gateway_pb2.GetBulkActionRequest(action_id=action_id)
         return BulkAction.from_proto(self._call(self._stub.GetBulkAction, request, timeout).action)
 
-    def bulk_actions(self, *, page_size: int = 50, timeout: float = 10.0) -> list[BulkAction]:
+    def bulk_actions(self, *, page_size: int = 50, timeout: float = 10.0) -> tuple[BulkAction, ...]:
         """The newest bulk actions (one page), newest first."""
         request = gateway_pb2.ListBulkActionsRequest(
             page=common_pb2.PageRequest(page_size=page_size)
         )
         reply = self._call(self._stub.ListBulkActions, request, timeout)
-        return [BulkAction.from_proto(a) for a in reply.actions]
+        return tuple(BulkAction.from_proto(a) for a in reply.actions)
 
     def events_page(
         self, task_id: str, *, page_size: int = 100, page_token: str = "", timeout: float = 10.0

@@ -93,6 +93,8 @@ TOKEN_COOKIE = "dispo_token"
 ACTOR = "console"
 # How many tasks a second a bulk resume redrives, unless the form says.
 BULK_RATE = 5.0
+# How many tasks a second a "cancel all" of the Tasks page cancels.
+BULK_CANCEL_RATE = 100.0
 # The HTTP status a refused call is shown with.
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -108,6 +110,7 @@ templates.env.globals.update(
     colours=COLOURS,
     counted=COUNTED,
     since_choices=SINCE,
+    bulk_cancel_rate=BULK_CANCEL_RATE,
     age=age,
     job_colours=JOB_COLOURS,
     no_baseline=NO_BASELINE_STATUS,
@@ -259,7 +262,7 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
 
 async def tasks_page(request: Request) -> Response:
     token = _signed_in(request)
-    context = await _tasks_context(request, token)
+    context = {**await _tasks_context(request, token), **_messages(request)}
     context["stream"] = f"/tasks/stream?{request.url.query}"
     return templates.TemplateResponse(request, "tasks.html", context)
 
@@ -450,6 +453,29 @@ async def _resumed(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
     return Done(f"{reply.scheduled} task(s) scheduled, {rate:g} a second", progress)
 
 
+async def _cancelled_matching(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
+    found = TaskFilter.parse(f, f.get("statuses", "").split(","))
+    reply = await backend.cancel_matching(
+        token,
+        business=found.business,
+        statuses=list(found.unfinished()),
+        created_after=found.created_after(datetime.now(UTC)),
+        idempotency_key=found.key,
+        rate=BULK_CANCEL_RATE,
+        actor=ACTOR,
+    )
+    return Done(
+        f"{reply.matched} task(s) being cancelled, {BULK_CANCEL_RATE:g} a second"
+        f" (bulk action {reply.action.action_id})",
+        {},
+    )
+
+
+def _tasks(request: Request) -> str:
+    return "/tasks"
+
+
+cancel_matching = _action("cancel all", _tasks, _cancelled_matching)
 cancel = _action("cancel", _task, lambda b, t, f: b.cancel(t, f["task_id"]))
 resume = _action("resume", _task, lambda b, t, f: b.resume(t, f["task_id"], ACTOR))
 signal = _action(
@@ -738,6 +764,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/logout", logout, methods=["POST"]),
         Route("/tasks", tasks_page),
         Route("/tasks/stream", tasks_stream),
+        Route("/tasks/cancel", cancel_matching, methods=["POST"]),
         Route("/tasks/{task_id}", task_page),
         Route("/tasks/{task_id}/stream", task_stream),
         Route("/tasks/{task_id}/cancel", cancel, methods=["POST"]),

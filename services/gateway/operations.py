@@ -378,7 +378,7 @@ class Gateway:
         log.info("task cancel requested", task_id=task_id)
         return self.view_of(record)
 
-    async def cancel_in(self, conn: Any, task_ids: list[str], now: datetime) -> set[str]:
+    async def cancel_in(self, conn: Any, task_ids: Sequence[str], now: datetime) -> set[str]:
         """Cancel the unfinished tasks ``task_ids`` in the caller's transaction: CancelTask's
         path for one task, a bulk cancel's for a batch (ADR-0112). Returns the ids whose
         cancel this asked for (not those asked already); the caller kicks the relay after
@@ -393,7 +393,7 @@ class Gateway:
                 await store.task_set_view(
                     conn, task_id, cancelled_view(record.view, now), "cancelled", now
                 )
-        asked = await store.tasks_request_cancel_if_unrequested_many(conn, task_ids, now)
+        asked = await store.tasks_request_cancel_if_unrequested_many(conn, list(task_ids), now)
         rows = []
         for task_id in task_ids:
             if task_id in asked:

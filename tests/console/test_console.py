@@ -17,6 +17,7 @@ import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -969,6 +970,37 @@ async def test_parked_tasks_of_a_downstream_are_resumed_by_filter_with_progress(
     # status events, each consumer in its own time: the view follows.
     async with console.pipeline.client() as client:
         assert {(await client.wait(task_id)).status for task_id in ids} == {"SUCCEEDED"}
+    assert watched.errors == []
+    await context.close()
+
+
+async def test_the_tasks_a_search_matches_are_cancelled_all_with_the_count_confirmed(
+    browser, console
+):
+    """The Tasks page's "cancel all N" (ADR-0112): the count in the button and its
+    confirmation, a bulk cancel of the search's unfinished tasks, no other business's."""
+    later = datetime.now(UTC) + timedelta(days=1)
+    async with console.pipeline.client() as client:
+        ids = [
+            (await client.submit("console-cancel", [CellSpec("noop")], not_before=later)).task_id
+            for _ in range(3)
+        ]
+        other = (await client.submit("console-keep", [CellSpec("noop")], not_before=later)).task_id
+
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    confirmations: list[str] = []
+    page.on("dialog", lambda d: confirmations.append(d.message))
+    await page.goto(f"{console.url}/tasks?q=console-cancel")
+    await expect(page.locator("#cancel-all")).to_have_text("Cancel all 3")
+    await page.locator("#cancel-all").click()  # confirmed (the dialog is accepted)
+    await expect(page.locator("#notice")).to_contain_text("cancel all: 3 task(s) being cancelled")
+    assert confirmations and confirmations[0].startswith("Cancel all 3 unfinished tasks")
+    async with console.pipeline.client() as client:
+        for task_id in ids:
+            assert (await client.wait(task_id, timeout=60)).status == "CANCELLED"
+        assert (await client.get(other)).status == "ACCEPTED"
     assert watched.errors == []
     await context.close()
 
