@@ -125,6 +125,7 @@ RULES: dict[str, Rule] = {
         # A business resumes its own FAILED task; RedriveByFilter is the bulk redrive.
         RedriveTask=BUSINESS,
         RedriveByFilter=ADMIN,
+        AbandonByFilter=ADMIN,
         AbandonTask=ADMIN,
         ResolveNode=ADMIN,
         ListDownstreams=ADMIN,
