@@ -25,6 +25,7 @@ import grpc
 import uvicorn
 from dispo.console.backend import (
     COUNTED,
+    FAILED_PAGE,
     JOB_COUNT_LIMIT,
     JOBS_PAGE,
     JOBS_PAGE_MAX,
@@ -93,6 +94,8 @@ TOKEN_COOKIE = "dispo_token"
 ACTOR = "console"
 # How many tasks a second a bulk resume redrives, unless the form says.
 BULK_RATE = 5.0
+# How many tasks a second the Failed page's "abandon all" abandons.
+BULK_ABANDON_RATE = 100.0
 # How many tasks a second a "cancel all" of the Tasks page cancels.
 BULK_CANCEL_RATE = 100.0
 # The HTTP status a refused call is shown with.
@@ -495,6 +498,23 @@ failed_abandon = _action(
     "abandon", _page("/failed"), lambda b, t, f: b.abandon(t, f["task_id"], ACTOR)
 )
 failed_resume_matching = _action("resume matching", _page("/failed"), _resumed)
+
+
+async def _abandoned(backend: Backend, token: str, f: Mapping[str, str]) -> str:
+    count = f.get("count", "")
+    if not count.isdigit() or not 0 < int(count) <= FAILED_PAGE:
+        raise DispoError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"limit: a count of parked tasks up to {FAILED_PAGE}, not {count!r}",
+            {"limit": "a count of parked tasks"},
+        )
+    reply = await backend.abandon_matching(
+        token, f.get("downstream", ""), int(count), BULK_ABANDON_RATE, ACTOR
+    )
+    return f"{len(reply.task_ids)} of {reply.matched} task(s) abandoned"
+
+
+failed_abandon_matching = _action("abandon all", _page("/failed"), _abandoned)
 pause = _action("pause", _page("/downstreams"), lambda b, t, f: b.pause(t, f["name"], ACTOR))
 unpause = _action("resume", _page("/downstreams"), lambda b, t, f: b.unpause(t, f["name"], ACTOR))
 
@@ -588,6 +608,8 @@ async def _failed_context(request: Request, token: str) -> dict[str, Any]:
         "kind": kind,
         "kinds": WORK_KINDS,
         "bulk_rate": BULK_RATE,
+        # What "Abandon all N" takes: the parked work listed, when no kind narrows it.
+        "abandonable": 0 if kind else sum(1 for w in work if parked(w)),
     }
 
 
@@ -774,6 +796,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/failed", failed_page),
         Route("/failed/stream", failed_stream),
         Route("/failed/resume", failed_resume_matching, methods=["POST"]),
+        Route("/failed/abandon", failed_abandon_matching, methods=["POST"]),
         Route("/failed/{task_id}/resume", failed_resume, methods=["POST"]),
         Route("/failed/{task_id}/abandon", failed_abandon, methods=["POST"]),
         Route("/downstreams", downstreams_page),

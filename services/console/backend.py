@@ -358,6 +358,22 @@ class Backend:
             token,
         )
 
+    async def abandon_matching(
+        self, token: str, downstream: str, limit: int, rate: float, actor: str
+    ) -> rpb.AbandonByFilterResponse:
+        """Abandon the ``limit`` oldest parked tasks of ``downstream`` (any: empty), ``rate``
+        a second (AbandonByFilter, ADR-0112)."""
+        return await self._call(
+            self.reconciler.AbandonByFilter,
+            rpb.AbandonByFilterRequest(
+                filter=rpb.RecoveryFilter(downstream=downstream),
+                limit=limit,
+                rate_per_second=rate,
+                reason=f"abandoned from the {actor}",
+            ),
+            token,
+        )
+
     async def resumed(self, token: str, downstream: str, business: str) -> list[rpb.RecoveryTask]:
         """The tasks of a downstream and business in the states a resume leads through
         (still parked, redriven, resolved, failed again): a bulk resume's progress."""
