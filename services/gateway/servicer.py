@@ -128,7 +128,9 @@ def _task_filter(
 
 def bulk_filter(max_key_length: int) -> Callable[[gateway_pb2.CancelByFilterRequest], TaskFilter]:
     """The tasks a bulk action's filter takes, as ListTasks and CountTasks take them (its
-    business is the one the caller may act for, filled in when it was asked)."""
+    business is the one the caller may act for, filled in when it was asked). Labels
+    (ADR-0110) are one more field of CountTasksRequest: the filter takes them with the
+    rest, through :func:`_task_filter`."""
 
     def of(request: gateway_pb2.CancelByFilterRequest) -> TaskFilter:
         return _task_filter(request.filter, max_key_length)
