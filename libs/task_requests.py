@@ -63,6 +63,27 @@ def count_request(
     return request
 
 
+def cancel_by_filter_request(
+    business: str,
+    statuses: Sequence[str],
+    created_after: datetime | None,
+    created_before: datetime | None,
+    idempotency_key: str,
+    rate_per_second: float,
+    dry_run: bool,
+    reason: str,
+) -> gateway_pb2.CancelByFilterRequest:
+    """The CancelByFilter request: CountTasks' filters, the unfinished ``statuses`` by name
+    (none: every unfinished one), the rate, a dry run, the reason."""
+    return gateway_pb2.CancelByFilterRequest(
+        filter=count_request(business, created_after, created_before, idempotency_key),
+        statuses=[from_short_name(common_pb2.TaskStatus, s) for s in statuses],
+        rate_per_second=rate_per_second,
+        dry_run=dry_run,
+        reason=reason,
+    )
+
+
 def _set_window(
     request: gateway_pb2.ListTasksRequest | gateway_pb2.CountTasksRequest,
     created_after: datetime | None,

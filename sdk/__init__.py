@@ -32,6 +32,7 @@ from dispo.sdk._queues import WorkerQueue
 from dispo.sdk._schedules import Firing, Schedule
 from dispo.sdk._types import (
     TERMINAL,
+    BulkAction,
     CellSpec,
     Completion,
     DispoError,
@@ -51,6 +52,7 @@ from dispo.sdk._worker import ProbeAnswer, RetryableError, RunContext, Worker
 
 __all__ = [
     "AsyncClient",
+    "BulkAction",
     "Client",
     "CellSpec",
     "Completion",

@@ -11,18 +11,26 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import grpc
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.auth import open_channel, open_sync_channel
 from dispo.libs.batcher import Batcher
 from dispo.libs.proto_enums import task_status_name
-from dispo.libs.task_requests import count_request, counts_of, events_request, list_request
+from dispo.libs.task_requests import (
+    cancel_by_filter_request,
+    count_request,
+    counts_of,
+    events_request,
+    list_request,
+)
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tls import ClientTLS
 from dispo.sdk._gather import Gathered
 from dispo.sdk._queues import EXECUTOR_ADDRESS, WorkerQueue, queues_of
 from dispo.sdk._schedules import AsyncScheduleCalls, ScheduleCalls
 from dispo.sdk._types import (
+    BulkAction,
     CellSpec,
     DispoError,
     Signalled,
@@ -396,6 +404,43 @@ class AsyncClient(AsyncScheduleCalls):
         request = count_request(business, created_after, created_before, idempotency_key, labels)
         return counts_of(await self._call(self._stub.CountTasks, request, timeout))
 
+    async def cancel_by_filter(
+        self,
+        *,
+        business: str = "",
+        statuses: Sequence[str] = (),
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        idempotency_key: str = "",
+        rate_per_second: float = 100.0,
+        dry_run: bool = False,
+        reason: str = "",
+        timeout: float = 10.0,
+    ) -> BulkAction:
+        """Cancel every unfinished task these filters match (CountTasks' filters; statuses
+        by name, none: every unfinished one), at most ``rate_per_second`` a second, in the
+        gateway's background: follow it with :meth:`bulk_action`. A dry run only counts
+        (``matched``; no ``action_id``)."""
+        request = cancel_by_filter_request(
+            business,
+            statuses,
+            created_after,
+            created_before,
+            idempotency_key,
+            rate_per_second,
+            dry_run,
+            reason,
+        )
+        reply = await self._call(self._stub.CancelByFilter, request, timeout)
+        return BulkAction.from_proto(reply.action, reply.matched)
+
+    async def bulk_action(self, action_id: str, *, timeout: float = 10.0) -> BulkAction:
+        """One bulk action's record, as it stands now."""
+        request = gateway_pb2.GetBulkActionRequest(action_id=action_id)
+        return BulkAction.from_proto(
+            (await self._call(self._stub.GetBulkAction, request, timeout)).action
+        )
+
     async def events_page(
         self, task_id: str, *, page_size: int = 100, page_token: str = "", timeout: float = 10.0
     ) -> TaskEventPage:
@@ -678,6 +723,49 @@ class Client(ScheduleCalls):
         included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
         request = count_request(business, created_after, created_before, idempotency_key, labels)
         return counts_of(self._call(self._stub.CountTasks, request, timeout))
+
+    def cancel_by_filter(
+        self,
+        *,
+        business: str = "",
+        statuses: Sequence[str] = (),
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        idempotency_key: str = "",
+        rate_per_second: float = 100.0,
+        dry_run: bool = False,
+        reason: str = "",
+        timeout: float = 10.0,
+    ) -> BulkAction:
+        """Cancel every unfinished task these filters match (CountTasks' filters; statuses
+        by name, none: every unfinished one), at most ``rate_per_second`` a second, in the
+        gateway's background: follow it with :meth:`bulk_action`. A dry run only counts
+        (``matched``; no ``action_id``)."""
+        request = cancel_by_filter_request(
+            business,
+            statuses,
+            created_after,
+            created_before,
+            idempotency_key,
+            rate_per_second,
+            dry_run,
+            reason,
+        )
+        reply = self._call(self._stub.CancelByFilter, request, timeout)
+        return BulkAction.from_proto(reply.action, reply.matched)
+
+    def bulk_action(self, action_id: str, *, timeout: float = 10.0) -> BulkAction:
+        """One bulk action's record, as it stands now."""
+        request = gateway_pb2.GetBulkActionRequest(action_id=action_id)
+        return BulkAction.from_proto(self._call(self._stub.GetBulkAction, request, timeout).action)
+
+    def bulk_actions(self, *, page_size: int = 50, timeout: float = 10.0) -> tuple[BulkAction, ...]:
+        """The newest bulk actions (one page), newest first."""
+        request = gateway_pb2.ListBulkActionsRequest(
+            page=common_pb2.PageRequest(page_size=page_size)
+        )
+        reply = self._call(self._stub.ListBulkActions, request, timeout)
+        return tuple(BulkAction.from_proto(a) for a in reply.actions)
 
     def events_page(
         self, task_id: str, *, page_size: int = 100, page_token: str = "", timeout: float = 10.0

@@ -231,6 +231,47 @@ class TaskView:
 
 
 @dataclass(frozen=True)
+class BulkAction:
+    """A bulk action (:meth:`Client.cancel_by_filter`): who asked, what it matched, how far
+    it is. A dry run's has no ``action_id`` and only ``matched``."""
+
+    action_id: str
+    kind: str
+    actor: str
+    reason: str
+    state: str  # RUNNING, DONE ("" for a dry run)
+    matched: int
+    processed: int
+    acted: int
+    skipped: int
+    created_at: datetime | None
+    finished_at: datetime | None
+    raw: gateway_pb2.BulkAction = field(repr=False, compare=False)
+
+    @property
+    def done(self) -> bool:
+        return self.state == "DONE"
+
+    @classmethod
+    def from_proto(cls, action: gateway_pb2.BulkAction, matched: int | None = None) -> BulkAction:
+        state = gateway_pb2.BulkActionState.Name(action.state).removeprefix("BULK_ACTION_STATE_")
+        return cls(
+            action.action_id,
+            action.kind,
+            action.actor,
+            action.reason,
+            "" if state == "UNSPECIFIED" else state,
+            action.matched if matched is None else matched,
+            action.processed,
+            action.acted,
+            action.skipped,
+            _time(action, "created_at"),
+            _time(action, "finished_at"),
+            action,
+        )
+
+
+@dataclass(frozen=True)
 class TaskSummary:
     """A row of :meth:`Client.list`: a task without its nodes, its fields named and typed
     as :class:`TaskView`'s (``status`` is the status name)."""

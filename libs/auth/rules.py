@@ -69,6 +69,9 @@ RULES: dict[str, Rule] = {
         ListTasks=BUSINESS,
         CountTasks=BUSINESS,
         CancelTask=BUSINESS,
+        CancelByFilter=BUSINESS,
+        GetBulkAction=BUSINESS,
+        ListBulkActions=BUSINESS,
         SignalTask=BUSINESS,
         WatchTask=BUSINESS,
         ListTaskEvents=BUSINESS,
@@ -123,6 +126,7 @@ RULES: dict[str, Rule] = {
         # A business resumes its own FAILED task; RedriveByFilter is the bulk redrive.
         RedriveTask=BUSINESS,
         RedriveByFilter=ADMIN,
+        AbandonByFilter=ADMIN,
         AbandonTask=ADMIN,
         ResolveNode=ADMIN,
         ListDownstreams=ADMIN,

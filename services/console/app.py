@@ -25,6 +25,7 @@ import grpc
 import uvicorn
 from dispo.console.backend import (
     COUNTED,
+    FAILED_PAGE,
     JOB_COUNT_LIMIT,
     JOBS_PAGE,
     JOBS_PAGE_MAX,
@@ -94,6 +95,10 @@ TOKEN_COOKIE = "dispo_token"
 ACTOR = "console"
 # How many tasks a second a bulk resume redrives, unless the form says.
 BULK_RATE = 5.0
+# How many tasks a second the Failed page's "abandon all" abandons.
+BULK_ABANDON_RATE = 100.0
+# How many tasks a second a "cancel all" of the Tasks page cancels.
+BULK_CANCEL_RATE = 100.0
 # The HTTP status a refused call is shown with.
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -109,6 +114,7 @@ templates.env.globals.update(
     colours=COLOURS,
     counted=COUNTED,
     since_choices=SINCE,
+    bulk_cancel_rate=BULK_CANCEL_RATE,
     age=age,
     job_colours=JOB_COLOURS,
     no_baseline=NO_BASELINE_STATUS,
@@ -269,7 +275,7 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
 
 async def tasks_page(request: Request) -> Response:
     token = _signed_in(request)
-    context = await _tasks_context(request, token)
+    context = {**await _tasks_context(request, token), **_messages(request)}
     context["stream"] = f"/tasks/stream?{request.url.query}"
     return templates.TemplateResponse(request, "tasks.html", context)
 
@@ -460,6 +466,29 @@ async def _resumed(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
     return Done(f"{reply.scheduled} task(s) scheduled, {rate:g} a second", progress)
 
 
+async def _cancelled_matching(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
+    found = TaskFilter.parse(f, f.get("statuses", "").split(","))
+    reply = await backend.cancel_matching(
+        token,
+        business=found.business,
+        statuses=list(found.unfinished()),
+        created_after=found.created_after(datetime.now(UTC)),
+        idempotency_key=found.key,
+        rate=BULK_CANCEL_RATE,
+        actor=ACTOR,
+    )
+    return Done(
+        f"{reply.matched} task(s) being cancelled, {BULK_CANCEL_RATE:g} a second"
+        f" (bulk action {reply.action.action_id})",
+        {},
+    )
+
+
+def _tasks(request: Request) -> str:
+    return "/tasks"
+
+
+cancel_matching = _action("cancel all", _tasks, _cancelled_matching)
 cancel = _action("cancel", _task, lambda b, t, f: b.cancel(t, f["task_id"]))
 resume = _action("resume", _task, lambda b, t, f: b.resume(t, f["task_id"], ACTOR))
 signal = _action(
@@ -479,6 +508,23 @@ failed_abandon = _action(
     "abandon", _page("/failed"), lambda b, t, f: b.abandon(t, f["task_id"], ACTOR)
 )
 failed_resume_matching = _action("resume matching", _page("/failed"), _resumed)
+
+
+async def _abandoned(backend: Backend, token: str, f: Mapping[str, str]) -> str:
+    count = f.get("count", "")
+    if not count.isdigit() or not 0 < int(count) <= FAILED_PAGE:
+        raise DispoError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"limit: a count of parked tasks up to {FAILED_PAGE}, not {count!r}",
+            {"limit": "a count of parked tasks"},
+        )
+    reply = await backend.abandon_matching(
+        token, f.get("downstream", ""), int(count), BULK_ABANDON_RATE, ACTOR
+    )
+    return f"{len(reply.task_ids)} of {reply.matched} task(s) abandoned"
+
+
+failed_abandon_matching = _action("abandon all", _page("/failed"), _abandoned)
 pause = _action("pause", _page("/downstreams"), lambda b, t, f: b.pause(t, f["name"], ACTOR))
 unpause = _action("resume", _page("/downstreams"), lambda b, t, f: b.unpause(t, f["name"], ACTOR))
 
@@ -572,6 +618,8 @@ async def _failed_context(request: Request, token: str) -> dict[str, Any]:
         "kind": kind,
         "kinds": WORK_KINDS,
         "bulk_rate": BULK_RATE,
+        # What "Abandon all N" takes: the parked work listed, when no kind narrows it.
+        "abandonable": 0 if kind else sum(1 for w in work if parked(w)),
     }
 
 
@@ -752,6 +800,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/logout", logout, methods=["POST"]),
         Route("/tasks", tasks_page),
         Route("/tasks/stream", tasks_stream),
+        Route("/tasks/cancel", cancel_matching, methods=["POST"]),
         Route("/tasks/{task_id}", task_page),
         Route("/tasks/{task_id}/stream", task_stream),
         Route("/tasks/{task_id}/cancel", cancel, methods=["POST"]),
@@ -761,6 +810,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/failed", failed_page),
         Route("/failed/stream", failed_stream),
         Route("/failed/resume", failed_resume_matching, methods=["POST"]),
+        Route("/failed/abandon", failed_abandon_matching, methods=["POST"]),
         Route("/failed/{task_id}/resume", failed_resume, methods=["POST"]),
         Route("/failed/{task_id}/abandon", failed_abandon, methods=["POST"]),
         Route("/downstreams", downstreams_page),

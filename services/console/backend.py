@@ -27,7 +27,13 @@ from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.api.retention.v1 import retention_pb2, retention_pb2_grpc
 from dispo.libs.auth import bearer, open_channel
-from dispo.libs.task_requests import count_request, counts_of, events_request, list_request
+from dispo.libs.task_requests import (
+    cancel_by_filter_request,
+    count_request,
+    counts_of,
+    events_request,
+    list_request,
+)
 from dispo.sdk import DispoError, TaskEventPage, TaskPage, TaskView
 from google.protobuf.message import Message
 
@@ -176,6 +182,30 @@ class Backend:
         """How many of the tasks the token may see are in each status, exactly (one call)."""
         request = count_request(business, created_after, None, idempotency_key, labels)
         return counts_of(await self._call(self.gateway.CountTasks, request, token))
+
+    async def cancel_matching(
+        self,
+        token: str,
+        *,
+        business: str,
+        statuses: list[str],
+        created_after: datetime | None,
+        idempotency_key: str,
+        rate: float,
+        actor: str,
+    ) -> gateway_pb2.CancelByFilterResponse:
+        """A bulk cancel of the unfinished tasks the Tasks page's search matches (ADR-0112)."""
+        request = cancel_by_filter_request(
+            business,
+            statuses,
+            created_after,
+            None,
+            idempotency_key,
+            rate,
+            False,
+            f"cancelled from the {actor}",
+        )
+        return await self._call(self.gateway.CancelByFilter, request, token)
 
     async def task(self, token: str, task_id: str, known: TaskDetail | None = None) -> TaskDetail:
         """The Task page's detail. With ``known`` (what this page showed last), the status
@@ -327,6 +357,22 @@ class Backend:
                 rate_per_second=rate,
                 actor=actor,
                 reason="resumed from the console",
+            ),
+            token,
+        )
+
+    async def abandon_matching(
+        self, token: str, downstream: str, limit: int, rate: float, actor: str
+    ) -> rpb.AbandonByFilterResponse:
+        """Abandon the ``limit`` oldest parked tasks of ``downstream`` (any: empty), ``rate``
+        a second (AbandonByFilter, ADR-0112)."""
+        return await self._call(
+            self.reconciler.AbandonByFilter,
+            rpb.AbandonByFilterRequest(
+                filter=rpb.RecoveryFilter(downstream=downstream),
+                limit=limit,
+                rate_per_second=rate,
+                reason=f"abandoned from the {actor}",
             ),
             token,
         )

@@ -64,6 +64,8 @@ def shown_json(value: Any) -> Shown:
 
 
 # The Tasks page's "since" choices, in seconds back from now.
+# The statuses no cancel takes.
+FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
 SINCE = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400}
 
 
@@ -203,6 +205,14 @@ class TaskFilter:
     def label_map(self) -> dict[str, str]:
         """The labels searched for (a pair without '=' or a key given twice: ValueError)."""
         return label_pairs(self.labels.split())
+
+    def unfinished(self) -> tuple[str, ...]:
+        """The statuses of this search a cancel can take (all unfinished ones if none)."""
+        return tuple(s for s in self.statuses or COUNTED if s not in FINISHED)
+
+    def cancellable(self, counts: Mapping[str, int]) -> int:
+        """How many of the search's tasks a "cancel all" takes, by the page's counts."""
+        return sum(counts.get(s, 0) for s in self.unfinished())
 
     def created_after(self, now: datetime) -> datetime | None:
         return now - timedelta(seconds=SINCE[self.since]) if self.since else None

@@ -11,11 +11,12 @@ from dispo.auth.bootstrap import SCHEMA as AUTH_SCHEMA
 from dispo.auth.bootstrap import apply_bootstrap
 from dispo.auth.signing import configured_key
 from dispo.gateway import store
+from dispo.gateway.bulk.operations import BulkCancels
 from dispo.gateway.operations import Gateway
 from dispo.gateway.outputs import ViewOutputs
 from dispo.gateway.schedules import servicer as schedules
 from dispo.gateway.schedules.operations import Schedules
-from dispo.gateway.servicer import GatewayServicer
+from dispo.gateway.servicer import GatewayServicer, bulk_filter
 from dispo.gateway.settings import GatewaySettings
 from dispo.gateway.snapshots import snapshot_problem
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
@@ -85,6 +86,14 @@ async def setup(rt: Runtime) -> None:
     outputs = ViewOutputs(
         OutputsReader(rt.channel(settings.executor_address), settings.outputs_timeout_seconds)
     )
+    # Bulk actions (ADR-0112): every replica runs the pass; the action's row lock shares them.
+    bulk = BulkCancels(
+        gateway,
+        bulk_filter(limits.max_key_length),
+        batch=settings.bulk_batch,
+        max_rate=settings.bulk_max_rate,
+    )
+    rt.add_periodic("bulk actions", bulk.run_once, settings.bulk_interval_seconds)
     rt.add_servicer(
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
             GatewayServicer(
@@ -94,6 +103,7 @@ async def setup(rt: Runtime) -> None:
                 rt.bus,
                 settings.events_read_timeout_seconds,
                 outputs,
+                bulk,
             ),
             server,
         ),

@@ -35,7 +35,7 @@ from dispo.libs.errors import (
 )
 from dispo.libs.grpcserver import MAX_MESSAGE_BYTES
 from dispo.libs.logging import bind_ids, get_logger
-from dispo.libs.outbox import OutboxRelay
+from dispo.libs.outbox import OutboxRelay, OutboxRow, outbox_add_many
 from dispo.libs.payload import canonical_json, fields_problem, json_payload
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tracing import current
@@ -377,28 +377,44 @@ class Gateway:
                 raise NotFound(f"no task {task_id!r}")
             if record.status in store.TERMINAL:
                 raise FailedPrecondition(f"task {task_id} is already {record.status.upper()}")
-            if await store.outbox_withdraw_create(conn, tasks.create_id(task_id, 0)):
-                # Provably never published, and now never will be (ADR-0090): no executor
-                # has seen it, so it is cancelled here, completely. Otherwise the relay may
-                # have published it: the task.cancel below reaches whichever executor has it.
-                await store.task_set_view(
-                    conn, task_id, cancelled_view(record.view, now), "cancelled", now
-                )
-            if await store.task_request_cancel_if_unrequested(conn, task_id, now):
-                request = task_pb2.CancelRequest(task_id=task_id)
-                set_timestamp(request.requested_at, now)
-                await store.emit(
-                    conn,
-                    tasks.TASK_CANCEL,
-                    tasks.cancel_id(task_id),
-                    request.SerializeToString(),
-                    now,
-                )
+            await self.cancel_in(conn, [task_id], now)
             record = await store.task_get(conn, task_id)
         self.relay.kick()
         assert record is not None
         log.info("task cancel requested", task_id=task_id)
         return self.view_of(record)
+
+    async def cancel_in(self, conn: Any, task_ids: Sequence[str], now: datetime) -> set[str]:
+        """Cancel the unfinished tasks ``task_ids`` in the caller's transaction: CancelTask's
+        path for one task, a bulk cancel's for a batch (ADR-0112). Returns the ids whose
+        cancel this asked for (not those asked already); the caller kicks the relay after
+        commit."""
+        for task_id in task_ids:
+            if await store.outbox_withdraw_create(conn, tasks.create_id(task_id, 0)):
+                # Provably never published, and now never will be (ADR-0090): no executor
+                # has seen it, so it is cancelled here, completely. Otherwise the relay may
+                # have published it: the task.cancel below reaches whichever executor has it.
+                record = await store.task_get(conn, task_id)
+                assert record is not None
+                await store.task_set_view(
+                    conn, task_id, cancelled_view(record.view, now), "cancelled", now
+                )
+        asked = await store.tasks_request_cancel_if_unrequested_many(conn, list(task_ids), now)
+        rows = []
+        for task_id in task_ids:
+            if task_id in asked:
+                request = task_pb2.CancelRequest(task_id=task_id)
+                set_timestamp(request.requested_at, now)
+                rows.append(
+                    OutboxRow(
+                        tasks.TASK_CANCEL,
+                        tasks.cancel_id(task_id),
+                        request.SerializeToString(),
+                        now,
+                    )
+                )
+        await outbox_add_many(conn, store.outbox, rows)
+        return asked
 
     async def signal(
         self, task_id: str, signal: str, payload: Any, signal_id: str

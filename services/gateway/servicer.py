@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 
 import grpc
+from dispo.gateway.bulk import convert as bulk_convert
+from dispo.gateway.bulk import store as bulk_store
+from dispo.gateway.bulk.operations import BulkCancels, statuses_of
 from dispo.gateway.convert import (
     output_fields,
     signal_payload_from_proto,
@@ -24,7 +27,7 @@ from dispo.gateway.store import TaskFilter
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.auth import business_filter, business_scope, require_visible
+from dispo.libs.auth import business_filter, business_scope, caller, require_visible
 from dispo.libs.bus import Bus, StreamUnavailable
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
@@ -125,6 +128,18 @@ def _task_filter(
     )
 
 
+def bulk_filter(max_key_length: int) -> Callable[[gateway_pb2.CancelByFilterRequest], TaskFilter]:
+    """The tasks a bulk action's filter takes, as ListTasks and CountTasks take them (its
+    business is the one the caller may act for, filled in when it was asked). Labels
+    (ADR-0110) are one more field of CountTasksRequest: the filter takes them with the
+    rest, through :func:`_task_filter`."""
+
+    def of(request: gateway_pb2.CancelByFilterRequest) -> TaskFilter:
+        return _task_filter(request.filter, max_key_length)
+
+    return of
+
+
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(
         self,
@@ -134,8 +149,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         bus: Bus,
         events_timeout: float = 5.0,
         outputs: ViewOutputs | None = None,
+        bulk: BulkCancels | None = None,
     ) -> None:
         self.gateway = gateway
+        # CancelByFilter's actions (ADR-0112); none: CancelByFilter is UNAVAILABLE.
+        self.bulk = bulk
         # Where the views' outputs come from (none: every view with outputs is answered
         # ``outputs_unavailable``).
         self.outputs = outputs or ViewOutputs(None)
@@ -309,6 +327,56 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         return gateway_pb2.CancelTaskResponse(
             task=await self.gateway.cancel(await self._visible(_task_id(request.task_id)))
         )
+
+    async def CancelByFilter(
+        self, request: gateway_pb2.CancelByFilterRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.CancelByFilterResponse:
+        if self.bulk is None:
+            raise Unavailable("bulk actions are not served by this gateway")
+        bulk_convert.check_cancel(request, self.bulk.max_rate)
+        asked = gateway_pb2.CancelByFilterRequest()
+        asked.CopyFrom(request)
+        # The filter as the caller may ask it: a business token's own business.
+        asked.filter.business = business_filter(request.filter.business, "filter.business")
+        principal = caller()
+        matched, row = await self.bulk.start(
+            asked, statuses_of(asked), principal.token_id if principal else ""
+        )
+        out = gateway_pb2.CancelByFilterResponse(matched=matched)
+        if row is not None:
+            out.action.CopyFrom(bulk_convert.action_to_proto(row))
+        return out
+
+    async def GetBulkAction(
+        self, request: gateway_pb2.GetBulkActionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GetBulkActionResponse:
+        action_id = request.action_id
+        if not action_id:
+            raise InvalidArgument("action_id", "required")
+        missing = f"no bulk action {action_id!r}"
+        async with self.gateway.db.connection() as conn:
+            row = await bulk_store.bulk_action_get(conn, action_id)
+        if row is None:
+            raise NotFound(missing)
+        require_visible(row.business, missing)
+        return gateway_pb2.GetBulkActionResponse(action=bulk_convert.action_to_proto(row))
+
+    async def ListBulkActions(
+        self, request: gateway_pb2.ListBulkActionsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListBulkActionsResponse:
+        limit = page_size(request.page, maximum=self.max_page_size)
+        decoded = decode_page_token(request.page.page_token, int)
+        offset = 0 if decoded is None else decoded[0]
+        if offset < 0:
+            raise invalid_page_token()
+        async with self.gateway.db.connection() as conn:
+            rows = await bulk_store.bulk_actions_list(conn, business_scope(), limit, offset)
+        out = gateway_pb2.ListBulkActionsResponse(
+            actions=[bulk_convert.action_to_proto(r) for r in rows]
+        )
+        if len(rows) == limit:
+            out.page.next_page_token = encode_page_token(offset + limit)
+        return out
 
     async def SignalTask(
         self, request: gateway_pb2.SignalTaskRequest, context: grpc.aio.ServicerContext

@@ -99,6 +99,20 @@ class GatewaySettings(BaseSettings):
     schedule_batch: int = Field(
         default=100, ge=1, description="Most schedules one firing transaction takes"
     )
+    bulk_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often every gateway takes the next batches of the running bulk"
+        " actions (CancelByFilter, ADR-0112)",
+    )
+    bulk_batch: int = Field(
+        default=500, ge=1, description="Most tasks one bulk action's transaction cancels"
+    )
+    bulk_max_rate: float = Field(
+        default=1000.0,
+        gt=0,
+        description="Highest rate_per_second a bulk action may ask (tasks a second)",
+    )
 
     max_delay_seconds: int = Field(
         default=timing.DEFAULT_MAX_DELAY_SECONDS,

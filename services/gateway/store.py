@@ -1,7 +1,7 @@
 """All SQL of the gateway: tasks as accepted, their status view, and the outbox. Every
 statement runs on the driver port (:mod:`dispo.libs.db.driver`); a cancel's runs in a
 SQLAlchemy transaction still (:func:`task_get`, :func:`task_set_view` and
-:func:`task_request_cancel_if_unrequested` take either), as :func:`outbox_withdraw_create`
+:func:`tasks_request_cancel_if_unrequested_many` take either), as :func:`outbox_withdraw_create`
 and :func:`emit` need one until the outbox's withdrawal and single insert are on the
 port."""
 
@@ -330,13 +330,19 @@ async def tasks_apply_snapshots(conn: Conn, snapshots: list[Snapshot], now: date
 
 _REQUEST_CANCEL = Statement(
     "UPDATE tasks SET cancel_requested = true, updated_at = :now"
-    " WHERE task_id = :id AND NOT cancel_requested RETURNING task_id"
+    " WHERE task_id = ANY(CAST(:ids AS text[])) AND NOT cancel_requested RETURNING task_id"
 )
 
 
-async def task_request_cancel_if_unrequested(conn: Conn, task_id: str, now: datetime) -> bool:
-    """Set the cancel flag; False if it was set already (or there is no such task)."""
-    return bool(await conn.fetch(_REQUEST_CANCEL, {"id": task_id, "now": now}))
+async def tasks_request_cancel_if_unrequested_many(
+    conn: Conn, task_ids: list[str], now: datetime
+) -> set[str]:
+    """Set the cancel flag of every task of ``task_ids`` whose flag is not set yet, in one
+    statement; the ids it set (not those set already, nor unknown ones)."""
+    if not task_ids:
+        return set()
+    rows = await conn.fetch(_REQUEST_CANCEL, {"ids": task_ids, "now": now})
+    return {r[0] for r in rows}
 
 
 async def outbox_withdraw_create(conn: Conn, msg_id: str) -> bool:

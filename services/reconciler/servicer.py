@@ -8,7 +8,7 @@ from typing import Any
 
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
-from dispo.libs.auth import business_filter, business_scope, require_visible
+from dispo.libs.auth import business_filter, business_scope, caller, require_visible
 from dispo.libs.errors import InvalidArgument, NotFound
 from dispo.reconciler import convert as cv
 from dispo.reconciler.arbitration import store as arb
@@ -124,6 +124,21 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
             self.ctx, _required(request.task_id, "task_id"), request.actor, request.reason
         )
         return pb.AbandonTaskResponse(task=cv.task_to_proto(row))
+
+    async def AbandonByFilter(
+        self, request: pb.AbandonByFilterRequest, context: Any
+    ) -> pb.AbandonByFilterResponse:
+        principal = caller()
+        matched, ids = await operations.abandon_by_filter(
+            self.ctx,
+            cv.filter_from_proto(request.filter),
+            request.limit,
+            request.dry_run,
+            request.rate_per_second,
+            principal.token_id if principal else "",
+            request.reason,
+        )
+        return pb.AbandonByFilterResponse(matched=matched, task_ids=ids)
 
     async def ResolveNode(
         self, request: pb.ResolveNodeRequest, context: Any

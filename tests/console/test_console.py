@@ -17,6 +17,7 @@ import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
+from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
+from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.process import ManagedProcess, ProcessSpec, free_port, python_module
 from dispo.sdk import CellSpec
 from pipeline_fixtures import TEST_CATALOGUE, Pipeline
@@ -1004,6 +1007,75 @@ async def test_parked_tasks_of_a_downstream_are_resumed_by_filter_with_progress(
     # status events, each consumer in its own time: the view follows.
     async with console.pipeline.client() as client:
         assert {(await client.wait(task_id)).status for task_id in ids} == {"SUCCEEDED"}
+    assert watched.errors == []
+    await context.close()
+
+
+async def test_the_tasks_a_search_matches_are_cancelled_all_with_the_count_confirmed(
+    browser, console
+):
+    """The Tasks page's "cancel all N" (ADR-0112): the count in the button and its
+    confirmation, a bulk cancel of the search's unfinished tasks, no other business's."""
+    later = datetime.now(UTC) + timedelta(days=1)
+    async with console.pipeline.client() as client:
+        ids = [
+            (await client.submit("console-cancel", [CellSpec("noop")], not_before=later)).task_id
+            for _ in range(3)
+        ]
+        other = (await client.submit("console-keep", [CellSpec("noop")], not_before=later)).task_id
+
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    confirmations: list[str] = []
+    page.on("dialog", lambda d: confirmations.append(d.message))
+    await page.goto(f"{console.url}/tasks?q=console-cancel")
+    await expect(page.locator("#cancel-all")).to_have_text("Cancel all 3")
+    await page.locator("#cancel-all").click()  # confirmed (the dialog is accepted)
+    await expect(page.locator("#notice")).to_contain_text("cancel all: 3 task(s) being cancelled")
+    assert confirmations and confirmations[0].startswith("Cancel all 3 unfinished tasks")
+    async with console.pipeline.client() as client:
+        for task_id in ids:
+            assert (await client.wait(task_id, timeout=60)).status == "CANCELLED"
+        assert (await client.get(other)).status == "ACCEPTED"
+    assert watched.errors == []
+    await context.close()
+
+
+async def test_parked_tasks_are_abandoned_all_with_the_count_confirmed(browser, console):
+    """The Failed page's "Abandon all N" (AbandonByFilter, ADR-0112): the count in the
+    button and in its confirmation, each listed parked task abandoned."""
+    await console.downstream.control(fail={"status": 503, "times": 1000, "path": "/step/gone-"})
+    async with console.pipeline.client() as client:
+        ids = [
+            (await client.submit("console-gone", [CellSpec("step", {"name": f"gone-{i}"})])).task_id
+            for i in range(2)
+        ]
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    confirmations: list[str] = []
+    page.on("dialog", lambda d: confirmations.append(d.message))
+    await page.goto(f"{console.url}/failed?downstream=demo")
+    for task_id in ids:
+        row = page.locator(f"#work tr[data-task='{task_id}']")
+        await expect(row).to_contain_text("AWAITING_REDRIVE", timeout=60_000)
+    await console.downstream.control(reset=True)
+    await page.goto(f"{console.url}/failed?downstream=demo")
+    button = page.locator("#abandon-all")
+    label = await button.inner_text()
+    assert re.fullmatch(r"Abandon all \d+", label) and int(label.split()[-1]) >= 2
+    await button.click()  # confirmed (the dialog is accepted)
+    count = label.split()[-1]
+    await expect(page.locator("#notice")).to_contain_text(
+        f"abandon all: {count} of {count} task(s) abandoned"
+    )
+    assert confirmations and confirmations[0].startswith(f"Abandon all {count} parked tasks")
+    async with admin_channel(console.reconciler) as channel:
+        reconciler = reconciler_pb2_grpc.ReconcilerServiceStub(channel)
+        for task_id in ids:
+            got = await reconciler.GetRecoveryTask(rpb.GetRecoveryTaskRequest(task_id=task_id))
+            assert got.task.state == rpb.RECOVERY_STATE_ABANDONED
     assert watched.errors == []
     await context.close()
 

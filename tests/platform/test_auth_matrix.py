@@ -26,6 +26,7 @@ import dispo.libs.api.retention.v1.retention_pb2  # noqa: F401
 import grpc
 import pytest
 from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
+from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2, reconciler_pb2_grpc
 from dispo.libs.auth import RULES, open_channel
@@ -260,6 +261,73 @@ async def test_a_business_token_sees_and_touches_only_its_own_tasks(stack, admin
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await own_recovery.RedriveByFilter(reconciler_pb2.RedriveByFilterRequest())
         assert code_of(refused) is grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_business_tokens_bulk_cancel_takes_only_its_own_tasks(stack, admin):
+    """CancelByFilter with a business token (ADR-0112): naming another business is
+    PERMISSION_DENIED; with none it takes its own tasks alone, and the record, its token's
+    id, is its own to read."""
+    gateway = stack["gateway"].address
+    own_id, own_token = await new_token(admin, kind=auth_pb2.TOKEN_KIND_BUSINESS, business="bulk-a")
+    other_token = await business(admin, "bulk-b")
+    later = datetime.now(UTC) + timedelta(days=1)
+    async with (
+        open_channel(gateway, own_token) as own_channel,
+        open_channel(gateway, other_token) as other_channel,
+    ):
+        own = gateway_pb2_grpc.GatewayServiceStub(own_channel)
+        other = gateway_pb2_grpc.GatewayServiceStub(other_channel)
+
+        async def delayed(stub, business: str) -> str:
+            request = gateway_pb2.SubmitRequest(
+                business=business, cells=[gateway_pb2.CellRequest(cell="noop")]
+            )
+            request.not_before.FromDatetime(later)
+            return (await stub.Submit(request)).task_id
+
+        mine = [await delayed(own, "bulk-a") for _ in range(3)]
+        theirs = await delayed(other, "bulk-b")
+
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await own.CancelByFilter(
+                gateway_pb2.CancelByFilterRequest(
+                    filter=gateway_pb2.CountTasksRequest(business="bulk-b"), dry_run=True
+                )
+            )
+        assert code_of(refused) is grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.details().startswith("filter.business: ")
+        dry = await own.CancelByFilter(gateway_pb2.CancelByFilterRequest(dry_run=True))
+        assert (dry.matched, dry.HasField("action")) == (3, False)
+
+        asked = await own.CancelByFilter(
+            gateway_pb2.CancelByFilterRequest(rate_per_second=100, reason="clean up")
+        )
+        assert (asked.matched, asked.action.actor) == (3, own_id)
+        assert asked.action.request.filter.business == "bulk-a"
+        done = await eventually(
+            lambda: own.GetBulkAction(
+                gateway_pb2.GetBulkActionRequest(action_id=asked.action.action_id)
+            ),
+            lambda got: got.action.state == gateway_pb2.BULK_ACTION_STATE_DONE,
+            timeout=30,
+            wanted="the bulk cancel done",
+        )
+        assert (done.action.acted, done.action.reason) == (3, "clean up")
+        for task_id in mine:
+            got = await own.GetTask(gateway_pb2.GetTaskRequest(task_id=task_id))
+            assert got.task.status == common_pb2.TASK_STATUS_CANCELLED
+        still = await other.GetTask(gateway_pb2.GetTaskRequest(task_id=theirs))
+        assert still.task.status == common_pb2.TASK_STATUS_ACCEPTED
+
+        with pytest.raises(grpc.aio.AioRpcError) as hidden:
+            await other.GetBulkAction(
+                gateway_pb2.GetBulkActionRequest(action_id=asked.action.action_id)
+            )
+        assert code_of(hidden) is grpc.StatusCode.NOT_FOUND
+        listed = await other.ListBulkActions(gateway_pb2.ListBulkActionsRequest())
+        assert asked.action.action_id not in {a.action_id for a in listed.actions}
+        listed = await own.ListBulkActions(gateway_pb2.ListBulkActionsRequest())
+        assert asked.action.action_id in {a.action_id for a in listed.actions}
 
 
 async def _held(stub, request):

@@ -601,3 +601,50 @@ async def test_the_workers_guide_runs_twice_on_one_stack(tmp_path):
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
+
+
+@pytest.mark.timeout(600)
+async def test_the_bulk_guide_runs_twice_on_a_stack(tmp_path):
+    """docs/bulk.md: three delayed tasks of a business counted by a dry run, cancelled by a
+    bulk cancel followed to its end, its record listed; a finished status refused; then its
+    Python example. Twice: each run's bulk cancel takes that run's three tasks alone."""
+    stack = Stack(tmp_path)
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
+    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
+    env["DISPO_CONSOLE_PORT"] = str(free_port())
+    output = tmp_path / "up.out"
+    with open(output, "wb") as out:
+        up = subprocess.Popen(
+            [
+                str(BIN / "dispo"),
+                "up",
+                "--nats-port",
+                str(free_port()),
+                "--demo-port",
+                str(stack.moved[DEMO]),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def ready() -> bool:
+            assert up.poll() is None, output.read_text()
+            return "Ctrl-C stops everything" in output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+        [example] = re.findall(r"```python\n(.*?)```", section("docs/bulk.md", "From Python"), re.S)
+        for _ in range(2):
+            out = await run_guide("bulk.md", exported, stack)
+            assert "3 tasks would be cancelled (dry run)" in out, out
+            assert "cancel DONE: 3 matched, 3 cancelled, 0 asked already" in out, out
+            assert "statuses[0]" in out, out
+            assert "import withdrawn" in out, out  # the record's reason, listed
+            assert (await python(example, exported, stack)).splitlines() == ["0", "DONE 0"]
+    finally:
+        up.send_signal(signal.SIGINT)
+        await asyncio.to_thread(up.wait, 60)

@@ -1,6 +1,7 @@
 """Operators over gRPC: list with filters, redrive one, redrive by filter at a bounded
 rate, abandon; bad input gets a precise status and changes nothing."""
 
+import asyncio
 from datetime import timedelta
 
 import grpc
@@ -280,3 +281,68 @@ async def test_a_rate_too_small_or_a_filter_that_means_nothing_is_refused_and_ch
         )
     )
     assert reply.scheduled >= 1
+
+
+async def test_abandon_by_filter_abandons_exactly_the_matching_parked_tasks_at_its_rate(
+    recon, manual_clock, stub
+):
+    """AbandonByFilter (ADR-0112): a dry run counts and changes nothing; then each matching
+    parked task is abandoned as AbandonTask does, one batch a rate's second apart on the
+    clock, the others left parked."""
+    await park_several(recon, manual_clock)  # ads: f2, f3, d1; ecommerce: f1
+    ads = pb.RecoveryFilter(business="ads")
+    dry = await stub.AbandonByFilter(pb.AbandonByFilterRequest(filter=ads, dry_run=True))
+    assert (dry.matched, list(dry.task_ids)) == (3, [])
+    assert await outbox(recon, "task.cancel") == []
+
+    call = asyncio.ensure_future(
+        stub.AbandonByFilter(
+            pb.AbandonByFilterRequest(filter=ads, rate_per_second=1, reason="campaign over")
+        )
+    )
+    # One task a second: the call waits on the clock between the three.
+    sleeps_before = len(manual_clock.sleeps)
+    for _ in range(200):
+        if call.done():
+            break
+        manual_clock.advance(seconds=1)
+        await asyncio.sleep(0.05)
+    reply = await call
+    assert manual_clock.sleeps[sleeps_before:].count(1.0) >= 2
+    assert reply.matched == 3 and sorted(reply.task_ids) == ["d1", "f2", "f3"]
+    cancels = await outbox(recon, "task.cancel")
+    assert sorted(task_pb2.CancelRequest.FromString(c.payload).task_id for c in cancels) == [
+        "d1",
+        "f2",
+        "f3",
+    ]
+    for task_id in ("d1", "f2", "f3"):
+        got = await stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task_id))
+        assert got.task.state == pb.RECOVERY_STATE_ABANDONED
+        assert "campaign over" in got.task.reason
+        assert "campaign over" in [r.reason for r in got.redrives]
+    kept = await stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id="f1"))
+    assert kept.task.state == pb.RECOVERY_STATE_PARKED_FAILED
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (pb.AbandonByFilterRequest(rate_per_second=0), "rate_per_second"),
+        (pb.AbandonByFilterRequest(rate_per_second=1001), "rate_per_second"),
+        (pb.AbandonByFilterRequest(rate_per_second=1, limit=1001), "limit"),
+        (
+            pb.AbandonByFilterRequest(
+                rate_per_second=1,
+                filter=pb.RecoveryFilter(states=[pb.RECOVERY_STATE_RESOLVED]),
+            ),
+            "filter.states",
+        ),
+    ],
+)
+async def test_abandon_by_filter_refuses_bad_input_naming_the_field_and_changes_nothing(
+    recon, manual_clock, stub, request_, field
+):
+    await park_several(recon, manual_clock)
+    await expect_error(stub.AbandonByFilter(request_), grpc.StatusCode.INVALID_ARGUMENT, field)
+    assert await outbox(recon, "task.cancel") == []

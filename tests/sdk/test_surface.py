@@ -10,6 +10,7 @@ import pytest
 
 PUBLIC = {
     "AsyncClient",
+    "BulkAction",
     "CellSpec",
     "Client",
     "Completion",

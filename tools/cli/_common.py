@@ -75,16 +75,16 @@ JSON_OPTION = Annotated[
 @contextmanager
 def progress_bar(
     total: int, label: str, *, disable: bool = False, console: Console | None = None
-) -> Iterator[Callable[[], None]]:
+) -> Iterator[Callable[..., None]]:
     """A bar of ``total`` steps on standard error while a long operation runs (its callable
-    advances it one step); gone once done, and never drawn when the stream is not a terminal,
+    advances it one step, or as many as it is given); gone once done, and never drawn when the stream is not a terminal,
     so a pipe gets only the output."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(
         *columns, TimeElapsedColumn(), console=console or err, transient=True, disable=disable
     ) as progress:
         bar = progress.add_task(label, total=total)
-        yield lambda: progress.advance(bar)
+        yield lambda steps=1: progress.advance(bar, steps)
 
 
 def data_dir(value: str | None) -> Path:

@@ -274,6 +274,63 @@ def failed_abandon(
     show(reply, as_json, lambda r: table([r.task], _RECOVERY_COLUMNS))
 
 
+@failed_app.command(name="abandon-all")
+def failed_abandon_all(
+    ctx: typer.Context,
+    business: BUSINESS_OPTION = "",
+    downstream: DOWNSTREAM_OPTION = "",
+    min_age: MIN_AGE_OPTION = None,
+    rate: Annotated[
+        float, typer.Option(help="at most this many abandons a second", min=0.001, max=1000)
+    ] = 100,
+    limit: Annotated[int, typer.Option(help="at most this many tasks", min=1, max=1000)] = 1000,
+    reason: REASON_OPTION = "abandoned from the command line",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="count the tasks it would abandon; change nothing")
+    ] = False,
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Give up on every matching parked task (the reconciler's AbandonByFilter), each as
+    `failed abandon` does, at --rate a second, a bar following it."""
+    filter_ = rpb.RecoveryFilter(
+        business=business,
+        downstream=downstream,
+        min_age_seconds=duration_seconds(min_age) if min_age else 0,
+    )
+    with _reconciler(ctx) as stub:
+        counted = stub.AbandonByFilter(
+            rpb.AbandonByFilterRequest(filter=filter_, limit=limit, dry_run=True),
+            timeout=CALL_SECONDS,
+        )
+        if dry_run:
+            if as_json:
+                emit_json(counted)
+            else:
+                out.print(f"{counted.matched} tasks would be abandoned (dry run)", highlight=False)
+            return
+        done = rpb.AbandonByFilterResponse(matched=counted.matched)
+        step = max(1, min(100, int(rate * 10)))  # calls of about ten seconds at most
+        with progress_bar(counted.matched, "abandoning", disable=as_json) as advance:
+            while len(done.task_ids) < counted.matched:
+                reply = stub.AbandonByFilter(
+                    rpb.AbandonByFilterRequest(
+                        filter=filter_,
+                        limit=min(step, counted.matched - len(done.task_ids)),
+                        rate_per_second=rate,
+                        reason=reason,
+                    ),
+                    timeout=CALL_SECONDS + step / rate,
+                )
+                if not reply.task_ids:
+                    break
+                done.task_ids.extend(reply.task_ids)
+                advance(len(reply.task_ids))
+    if as_json:
+        emit_json(done)
+    else:
+        out.print(f"{len(done.task_ids)} of {done.matched} tasks abandoned", highlight=False)
+
+
 @failed_app.command(name="resolve")
 def failed_resolve(
     ctx: typer.Context,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,7 +34,7 @@ from dispo.libs.payload import payload_value
 from dispo.libs.proto_enums import from_short_name
 from dispo.libs.task_requests import label_pairs
 from dispo.libs.timestamps import set_timestamp
-from dispo.sdk import TERMINAL, CellSpec, Submitted, TaskPage, TaskRequest, TaskView
+from dispo.sdk import TERMINAL, BulkAction, CellSpec, Submitted, TaskPage, TaskRequest, TaskView
 from dispo.tools.cli._common import (
     ENDED_BADLY,
     JSON_OPTION,
@@ -44,6 +45,7 @@ from dispo.tools.cli._common import (
     emit_json,
     moment,
     out,
+    progress_bar,
     since,
     target,
     usage,
@@ -54,7 +56,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 tasks_app = typer.Typer(
-    help="The gateway's tasks: list, count, show, events, watch, signal, cancel.",
+    help="The gateway's tasks: list, count, show, events, watch, signal, cancel, cancel-all.",
     no_args_is_help=True,
 )
 
@@ -667,3 +669,101 @@ def cancel(
         emit_json(gateway_pb2.CancelTaskResponse(task=view.raw))
     else:
         out.print(f"{view.task_id}  cancel requested ({view.status})", highlight=False)
+
+
+@tasks_app.command(name="cancel-all")
+def cancel_all(
+    ctx: typer.Context,
+    business: Annotated[str, typer.Option(help="only this business's tasks")] = "",
+    status: Annotated[
+        list[str] | None,
+        typer.Option(help="only tasks in this unfinished status (repeat for several)"),
+    ] = None,
+    since_: SINCE_OPTION = None,
+    before: Annotated[
+        str | None, typer.Option(help="created before: a duration back (15m) or an ISO time")
+    ] = None,
+    key: KEY_OPTION = "",
+    rate: Annotated[float, typer.Option(help="at most this many tasks a second", min=0.001)] = 100,
+    reason: Annotated[str, typer.Option(help="why (kept in the record)")] = "",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="count the tasks it would cancel; change nothing")
+    ] = False,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="answer once asked; do not follow it")
+    ] = False,
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Cancel every unfinished task the filters match (the gateway's CancelByFilter), each as
+    `dispo tasks cancel` would, at --rate a second; a bar follows it to the end."""
+    statuses = [s.upper().removeprefix("TASK_STATUS_") for s in status or []]
+    with target(ctx).client() as client:
+        action = client.cancel_by_filter(
+            business=business,
+            statuses=_known_statuses(statuses),
+            created_after=since(since_) if since_ else None,
+            created_before=since(before) if before else None,
+            idempotency_key=key,
+            rate_per_second=rate,
+            dry_run=dry_run,
+            reason=reason,
+        )
+        if dry_run or no_wait:
+            if as_json:
+                reply = gateway_pb2.CancelByFilterResponse(matched=action.matched)
+                if action.action_id:
+                    reply.action.CopyFrom(action.raw)
+                emit_json(reply)
+            elif dry_run:
+                out.print(f"{action.matched} tasks would be cancelled (dry run)", highlight=False)
+            else:
+                _print_action(action)
+            return
+        with progress_bar(action.matched, "cancelling", disable=as_json) as advance:
+            taken = 0
+            while not action.done:
+                time.sleep(0.5)
+                action = client.bulk_action(action.action_id)
+                advance(action.processed - taken)
+                taken = action.processed
+    if as_json:
+        emit_json(gateway_pb2.GetBulkActionResponse(action=action.raw))
+    else:
+        _print_action(action)
+
+
+def _print_action(action: BulkAction) -> None:
+    out.print(
+        f"{action.action_id}  cancel {action.state}: {action.matched} matched,"
+        f" {action.acted} cancelled, {action.skipped} asked already",
+        highlight=False,
+    )
+
+
+@tasks_app.command(name="bulk-actions")
+def bulk_actions(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(help="at most this many", min=1, max=500)] = 20,
+    as_json: JSON_OPTION = False,
+) -> None:
+    """The newest bulk actions: who asked, when, how far each is (ListBulkActions)."""
+    with target(ctx).client() as client:
+        actions = client.bulk_actions(page_size=limit)
+    if as_json:
+        emit_json(gateway_pb2.ListBulkActionsResponse(actions=[a.raw for a in actions]))
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("action", "kind", "state", "actor", "asked", "matched", "done", "reason"):
+        table.add_column(column)
+    for a in actions:
+        table.add_row(
+            a.action_id,
+            a.kind,
+            a.state,
+            a.actor,
+            moment(a.created_at),
+            str(a.matched),
+            str(a.processed),
+            a.reason,
+        )
+    out.print(table)

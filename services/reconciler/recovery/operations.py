@@ -144,31 +144,90 @@ async def abandon(ctx: Context, task_id: str, actor: str, reason: str) -> Recove
             raise FailedPrecondition(
                 f"task {task_id} is {row.state.name}; only parked tasks can be abandoned"
             )
-        why = f"abandoned by {actor or 'an operator'}" + (f": {reason}" if reason else "")
-        if not await store.task_set_state_if(
-            conn,
-            task_id,
-            row.state,
-            R.ABANDONED,
-            now,
-            generation=row.generation,
-            reason=truncate_error(why),
-            next_redrive_at=None,
-        ):
+        if not await _abandon_in(conn, row, actor, reason, now):
             raise FailedPrecondition(f"task {task_id} changed meanwhile; try again")
-        await store.redrive_log_add(
-            conn, task_id, row.generation, "abandon", now, actor=actor, reason=reason
-        )
-        cancel = task_pb2.CancelRequest(task_id=task_id, requested_at=to_timestamp(now))
-        await emit(
-            conn,
-            tasks.TASK_CANCEL,
-            tasks.cancel_id(task_id, "abandon"),
-            cancel.SerializeToString(),
-            now,
-        )
         result = await store.task_get(conn, task_id)
     ctx.kick()
     log.info("task abandoned", task_id=task_id, actor=actor, reason=reason)
     assert result is not None
     return result
+
+
+async def _abandon_in(conn: Conn, row: RecoveryRow, actor: str, reason: str, now: datetime) -> bool:
+    """Abandon a parked ``row`` in the caller's transaction (AbandonTask's and
+    AbandonByFilter's one path): ABANDONED if still in its state, its redrive log and a
+    task.cancel; False if it changed meanwhile."""
+    task_id = row.task_id
+    why = f"abandoned by {actor or 'an operator'}" + (f": {reason}" if reason else "")
+    if not await store.task_set_state_if(
+        conn,
+        task_id,
+        row.state,
+        R.ABANDONED,
+        now,
+        generation=row.generation,
+        reason=truncate_error(why),
+        next_redrive_at=None,
+    ):
+        return False
+    await store.redrive_log_add(
+        conn, task_id, row.generation, "abandon", now, actor=actor, reason=reason
+    )
+    cancel = task_pb2.CancelRequest(task_id=task_id, requested_at=to_timestamp(now))
+    await emit(
+        conn,
+        tasks.TASK_CANCEL,
+        tasks.cancel_id(task_id, "abandon"),
+        cancel.SerializeToString(),
+        now,
+    )
+    return True
+
+
+# The fastest a bulk abandon goes, and how many it abandons in one transaction.
+MAX_ABANDON_RATE = 1000.0
+ABANDON_BATCH = 100
+
+
+async def abandon_by_filter(
+    ctx: Context,
+    f: Filter,
+    limit: int,
+    dry_run: bool,
+    rate_per_second: float,
+    actor: str,
+    reason: str,
+) -> tuple[int, list[str]]:
+    """Abandon the matching parked tasks, oldest parked first, at most ``limit``, a batch
+    at a time, each batch in its transaction and the batches spaced on the clock to
+    ``rate_per_second``; a dry run only counts. (matched, the ids abandoned)."""
+    if not dry_run and not 0 < rate_per_second <= MAX_ABANDON_RATE:
+        raise InvalidArgument("rate_per_second", f"must be > 0 and at most {MAX_ABANDON_RATE:g}")
+    if limit < 0 or limit > MAX_BY_FILTER:
+        raise InvalidArgument("limit", f"between 0 and {MAX_BY_FILTER} (0 means {MAX_BY_FILTER})")
+    if any(s not in ABANDONABLE for s in f.states):
+        raise InvalidArgument(
+            "filter.states", f"only {', '.join(s.value for s in ABANDONABLE)} can be abandoned"
+        )
+    f = Filter(
+        f.business, f.cell, f.downstream, f.error_class, f.min_age_seconds, f.states or ABANDONABLE
+    )
+    async with ctx.db.connection() as conn:
+        matched = await store.task_list(conn, f, ctx.clock.now(), limit=limit or MAX_BY_FILTER)
+    if dry_run:
+        return len(matched), []
+    ids: list[str] = []
+    batch = max(1, min(ABANDON_BATCH, math.floor(rate_per_second)))
+    for first in range(0, len(matched), batch):
+        if first:
+            await ctx.clock.sleep(batch / rate_per_second)
+        now = ctx.clock.now()
+        async with ctx.db.transaction() as conn:
+            for listed in matched[first : first + batch]:
+                row = await store.task_get(conn, listed.task_id, for_update=True)
+                if row is not None and row.state in f.states:
+                    if await _abandon_in(conn, row, actor, reason, now):
+                        ids.append(row.task_id)
+        ctx.kick()
+    log.info("abandon by filter", matched=len(matched), abandoned=len(ids), actor=actor)
+    return len(matched), ids

@@ -52,6 +52,30 @@ TASK_ORDER_OLDEST_FIRST: TaskOrder.ValueType  # 2
 """The earliest created first."""
 Global___TaskOrder: _TypeAlias = TaskOrder  # noqa: Y015
 
+class _BulkActionState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BulkActionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BulkActionState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BULK_ACTION_STATE_UNSPECIFIED: _BulkActionState.ValueType  # 0
+    """Never recorded."""
+    BULK_ACTION_STATE_RUNNING: _BulkActionState.ValueType  # 1
+    """Taking its tasks, a batch at a time at its rate."""
+    BULK_ACTION_STATE_DONE: _BulkActionState.ValueType  # 2
+    """Every matched task was taken."""
+
+class BulkActionState(_BulkActionState, metaclass=_BulkActionStateEnumTypeWrapper):
+    """Where a bulk action stands."""
+
+BULK_ACTION_STATE_UNSPECIFIED: BulkActionState.ValueType  # 0
+"""Never recorded."""
+BULK_ACTION_STATE_RUNNING: BulkActionState.ValueType  # 1
+"""Taking its tasks, a batch at a time at its rate."""
+BULK_ACTION_STATE_DONE: BulkActionState.ValueType  # 2
+"""Every matched task was taken."""
+Global___BulkActionState: _TypeAlias = BulkActionState  # noqa: Y015
+
 class _FieldType:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -932,6 +956,262 @@ class CancelTaskResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelTaskResponse: _TypeAlias = CancelTaskResponse  # noqa: Y015
+
+@_typing.final
+class CancelByFilterRequest(_message.Message):
+    """A bulk cancel (GatewayService.CancelByFilter)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: _builtins.int
+    STATUSES_FIELD_NUMBER: _builtins.int
+    RATE_PER_SECOND_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    rate_per_second: _builtins.float
+    """At most this many tasks cancelled a second: > 0 and at most the gateway's
+    bulk_max_rate (INVALID_ARGUMENT naming rate_per_second otherwise). Unused by a dry run.
+    """
+    dry_run: _builtins.bool
+    """Count what would be cancelled; write nothing."""
+    reason: _builtins.str
+    """Why (kept in the record)."""
+    @_builtins.property
+    def filter(self) -> Global___CountTasksRequest:
+        """Which tasks: CountTasksRequest's filters, meaning the same (business, creation window,
+        idempotency key and those added there). created_before is at most the call's instant.
+        """
+
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.TaskStatus.ValueType]:
+        """Only tasks in any of these statuses (empty: every unfinished one). A finished status
+        (SUCCEEDED, FAILED, CANCELLED) or TASK_STATUS_UNSPECIFIED is INVALID_ARGUMENT.
+        """
+
+    def __init__(
+        self,
+        *,
+        filter: Global___CountTasksRequest | None = ...,
+        statuses: _abc.Iterable[_common_pb2.TaskStatus.ValueType] | None = ...,
+        rate_per_second: _builtins.float = ...,
+        dry_run: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "filter", b"filter", "rate_per_second", b"rate_per_second", "reason", b"reason", "statuses", b"statuses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelByFilterRequest: _TypeAlias = CancelByFilterRequest  # noqa: Y015
+
+@_typing.final
+class CancelByFilterResponse(_message.Message):
+    """What CancelByFilter answers."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCHED_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    matched: _builtins.int
+    """Unfinished tasks the filter matched when the call came."""
+    @_builtins.property
+    def action(self) -> Global___BulkAction:
+        """The bulk action's record (unset on a dry run): poll GetBulkAction with its action_id."""
+
+    def __init__(
+        self,
+        *,
+        matched: _builtins.int = ...,
+        action: Global___BulkAction | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "matched", b"matched"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelByFilterResponse: _TypeAlias = CancelByFilterResponse  # noqa: Y015
+
+@_typing.final
+class BulkAction(_message.Message):
+    """The record of one bulk action: who did it, when, on which tasks, how far it is."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    CUTOFF_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    MATCHED_FIELD_NUMBER: _builtins.int
+    PROCESSED_FIELD_NUMBER: _builtins.int
+    ACTED_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    action_id: _builtins.str
+    """Its id (32 hex characters)."""
+    kind: _builtins.str
+    """What it does: "cancel"."""
+    actor: _builtins.str
+    """The token that asked (its token id; empty when the gateway runs without tokens)."""
+    reason: _builtins.str
+    """Why, as given."""
+    state: Global___BulkActionState.ValueType
+    """Its state."""
+    matched: _builtins.int
+    """Unfinished tasks the filter matched when it was asked."""
+    processed: _builtins.int
+    """Tasks taken so far (acted on, or skipped)."""
+    acted: _builtins.int
+    """Tasks it cancelled (their cancel asked by it)."""
+    skipped: _builtins.int
+    """Tasks taken whose cancel was asked already (by CancelTask or another bulk action)."""
+    @_builtins.property
+    def request(self) -> Global___CancelByFilterRequest:
+        """The filter as asked (a business token's business filled in)."""
+
+    @_builtins.property
+    def cutoff(self) -> _timestamp_pb2.Timestamp:
+        """Tasks created before this instant were taken (the filter's created_before, at most the
+        call's instant).
+        """
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was asked."""
+
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp:
+        """When it took its last task (unset while RUNNING)."""
+
+    def __init__(
+        self,
+        *,
+        action_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        actor: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        request: Global___CancelByFilterRequest | None = ...,
+        cutoff: _timestamp_pb2.Timestamp | None = ...,
+        state: Global___BulkActionState.ValueType = ...,
+        matched: _builtins.int = ...,
+        processed: _builtins.int = ...,
+        acted: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "cutoff", b"cutoff", "finished_at", b"finished_at", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acted", b"acted", "action_id", b"action_id", "actor", b"actor", "created_at", b"created_at", "cutoff", b"cutoff", "finished_at", b"finished_at", "kind", b"kind", "matched", b"matched", "processed", b"processed", "reason", b"reason", "request", b"request", "skipped", b"skipped", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkAction: _TypeAlias = BulkAction  # noqa: Y015
+
+@_typing.final
+class GetBulkActionRequest(_message.Message):
+    """Which bulk action GetBulkAction reads."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_ID_FIELD_NUMBER: _builtins.int
+    action_id: _builtins.str
+    """Required: the action's id."""
+    def __init__(
+        self,
+        *,
+        action_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_id", b"action_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBulkActionRequest: _TypeAlias = GetBulkActionRequest  # noqa: Y015
+
+@_typing.final
+class GetBulkActionResponse(_message.Message):
+    """One bulk action."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def action(self) -> Global___BulkAction:
+        """Its record."""
+
+    def __init__(
+        self,
+        *,
+        action: Global___BulkAction | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBulkActionResponse: _TypeAlias = GetBulkActionResponse  # noqa: Y015
+
+@_typing.final
+class ListBulkActionsRequest(_message.Message):
+    """Which bulk actions ListBulkActions lists."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size (default 50, at most the gateway's max_page_size) and the cursor."""
+
+    def __init__(
+        self,
+        *,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBulkActionsRequest: _TypeAlias = ListBulkActionsRequest  # noqa: Y015
+
+@_typing.final
+class ListBulkActionsResponse(_message.Message):
+    """One page of bulk actions, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___BulkAction]:
+        """The actions of this page."""
+
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
+    def __init__(
+        self,
+        *,
+        actions: _abc.Iterable[Global___BulkAction] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "page", b"page"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBulkActionsResponse: _TypeAlias = ListBulkActionsResponse  # noqa: Y015
 
 @_typing.final
 class SignalTaskRequest(_message.Message):

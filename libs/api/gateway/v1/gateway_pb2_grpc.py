@@ -72,6 +72,21 @@ class GatewayServiceStub:
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskResponse.FromString,
                 _registered_method=True)
+        self.CancelByFilter = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/CancelByFilter',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelByFilterRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelByFilterResponse.FromString,
+                _registered_method=True)
+        self.GetBulkAction = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/GetBulkAction',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetBulkActionRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetBulkActionResponse.FromString,
+                _registered_method=True)
+        self.ListBulkActions = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/ListBulkActions',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsResponse.FromString,
+                _registered_method=True)
         self.SignalTask = channel.unary_unary(
                 '/dispo.gateway.v1.GatewayService/SignalTask',
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SignalTaskRequest.SerializeToString,
@@ -189,6 +204,36 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelByFilter(self, request, context):
+        """Cancel every unfinished task a filter matches (ListTasks' filters: business, statuses,
+        creation time, and the others of CountTasksRequest), each through CancelTask's path, at
+        most rate_per_second tasks a second, in the background: the answer is the bulk action's
+        record (its id for GetBulkAction) with the number matched. Only tasks created before the
+        call are taken. dry_run answers the number matched and changes nothing. A terminal
+        status in statuses, a rate not in (0, the gateway's bulk_max_rate] is INVALID_ARGUMENT
+        naming the field (docs/adr/0112). Callers: admin, a business token (its own tasks;
+        naming another business is PERMISSION_DENIED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBulkAction(self, request, context):
+        """One bulk action's record: who asked, when, its filter, how far it is. NOT_FOUND for an
+        unknown id or another business's. Callers: admin, a business token (its own).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBulkActions(self, request, context):
+        """Bulk actions, newest first, a page at a time. Callers: admin (all), a business token
+        (those on its own business).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SignalTask(self, request, context):
         """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
         of the node waiting for `signal` and its dependants run; a signal that comes before the
@@ -272,6 +317,21 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskRequest.FromString,
                     response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskResponse.SerializeToString,
+            ),
+            'CancelByFilter': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelByFilter,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelByFilterRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelByFilterResponse.SerializeToString,
+            ),
+            'GetBulkAction': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBulkAction,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetBulkActionRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetBulkActionResponse.SerializeToString,
+            ),
+            'ListBulkActions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBulkActions,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsResponse.SerializeToString,
             ),
             'SignalTask': grpc.unary_unary_rpc_method_handler(
                     servicer.SignalTask,
@@ -486,6 +546,87 @@ class GatewayService:
             '/dispo.gateway.v1.GatewayService/CancelTask',
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskRequest.SerializeToString,
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelByFilter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/CancelByFilter',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelByFilterRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.CancelByFilterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBulkAction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/GetBulkAction',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetBulkActionRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.GetBulkActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBulkActions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/ListBulkActions',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -101,6 +101,24 @@ class GatewayServiceStub:
     task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
     admin, a business token (its own tasks).
     """
+    CancelByFilter: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelByFilterRequest, _gateway_pb2.CancelByFilterResponse]
+    """Cancel every unfinished task a filter matches (ListTasks' filters: business, statuses,
+    creation time, and the others of CountTasksRequest), each through CancelTask's path, at
+    most rate_per_second tasks a second, in the background: the answer is the bulk action's
+    record (its id for GetBulkAction) with the number matched. Only tasks created before the
+    call are taken. dry_run answers the number matched and changes nothing. A terminal
+    status in statuses, a rate not in (0, the gateway's bulk_max_rate] is INVALID_ARGUMENT
+    naming the field (docs/adr/0112). Callers: admin, a business token (its own tasks;
+    naming another business is PERMISSION_DENIED).
+    """
+    GetBulkAction: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetBulkActionRequest, _gateway_pb2.GetBulkActionResponse]
+    """One bulk action's record: who asked, when, its filter, how far it is. NOT_FOUND for an
+    unknown id or another business's. Callers: admin, a business token (its own).
+    """
+    ListBulkActions: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListBulkActionsRequest, _gateway_pb2.ListBulkActionsResponse]
+    """Bulk actions, newest first, a page at a time. Callers: admin (all), a business token
+    (those on its own business).
+    """
     SignalTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SignalTaskRequest, _gateway_pb2.SignalTaskResponse]
     """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
     of the node waiting for `signal` and its dependants run; a signal that comes before the
@@ -200,6 +218,24 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
     task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
     admin, a business token (its own tasks).
+    """
+    CancelByFilter: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelByFilterRequest, _gateway_pb2.CancelByFilterResponse]  # type: ignore[assignment]
+    """Cancel every unfinished task a filter matches (ListTasks' filters: business, statuses,
+    creation time, and the others of CountTasksRequest), each through CancelTask's path, at
+    most rate_per_second tasks a second, in the background: the answer is the bulk action's
+    record (its id for GetBulkAction) with the number matched. Only tasks created before the
+    call are taken. dry_run answers the number matched and changes nothing. A terminal
+    status in statuses, a rate not in (0, the gateway's bulk_max_rate] is INVALID_ARGUMENT
+    naming the field (docs/adr/0112). Callers: admin, a business token (its own tasks;
+    naming another business is PERMISSION_DENIED).
+    """
+    GetBulkAction: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetBulkActionRequest, _gateway_pb2.GetBulkActionResponse]  # type: ignore[assignment]
+    """One bulk action's record: who asked, when, its filter, how far it is. NOT_FOUND for an
+    unknown id or another business's. Callers: admin, a business token (its own).
+    """
+    ListBulkActions: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListBulkActionsRequest, _gateway_pb2.ListBulkActionsResponse]  # type: ignore[assignment]
+    """Bulk actions, newest first, a page at a time. Callers: admin (all), a business token
+    (those on its own business).
     """
     SignalTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SignalTaskRequest, _gateway_pb2.SignalTaskResponse]  # type: ignore[assignment]
     """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
@@ -339,6 +375,42 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
         """Ask for a task to stop: pending nodes become CANCELLED, running ones finish, and the
         task ends CANCELLED. FAILED_PRECONDITION when the task is already terminal. Callers:
         admin, a business token (its own tasks).
+        """
+
+    @_abc_1.abstractmethod
+    def CancelByFilter(
+        self,
+        request: _gateway_pb2.CancelByFilterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.CancelByFilterResponse, _abc.Awaitable[_gateway_pb2.CancelByFilterResponse]]:
+        """Cancel every unfinished task a filter matches (ListTasks' filters: business, statuses,
+        creation time, and the others of CountTasksRequest), each through CancelTask's path, at
+        most rate_per_second tasks a second, in the background: the answer is the bulk action's
+        record (its id for GetBulkAction) with the number matched. Only tasks created before the
+        call are taken. dry_run answers the number matched and changes nothing. A terminal
+        status in statuses, a rate not in (0, the gateway's bulk_max_rate] is INVALID_ARGUMENT
+        naming the field (docs/adr/0112). Callers: admin, a business token (its own tasks;
+        naming another business is PERMISSION_DENIED).
+        """
+
+    @_abc_1.abstractmethod
+    def GetBulkAction(
+        self,
+        request: _gateway_pb2.GetBulkActionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.GetBulkActionResponse, _abc.Awaitable[_gateway_pb2.GetBulkActionResponse]]:
+        """One bulk action's record: who asked, when, its filter, how far it is. NOT_FOUND for an
+        unknown id or another business's. Callers: admin, a business token (its own).
+        """
+
+    @_abc_1.abstractmethod
+    def ListBulkActions(
+        self,
+        request: _gateway_pb2.ListBulkActionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListBulkActionsResponse, _abc.Awaitable[_gateway_pb2.ListBulkActionsResponse]]:
+        """Bulk actions, newest first, a page at a time. Callers: admin (all), a business token
+        (those on its own business).
         """
 
     @_abc_1.abstractmethod

@@ -127,6 +127,10 @@ class _RedriveTriggerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Redriv
     """An operator resumed a FAILED task (RedriveTask): every FAILED node and the
     DEPENDENCY_FAILED ones behind them run again, SUCCEEDED ones never.
     """
+    REDRIVE_TRIGGER_ABANDON: _RedriveTrigger.ValueType  # 7
+    """No redrive: an operator gave the task up (AbandonTask, AbandonByFilter); the log keeps
+    who and why. (GetRecoveryTask of an abandoned task failed INTERNAL without it.)
+    """
 
 class RedriveTrigger(_RedriveTrigger, metaclass=_RedriveTriggerEnumTypeWrapper):
     """What caused a redrive."""
@@ -146,6 +150,10 @@ REDRIVE_TRIGGER_DECISION: RedriveTrigger.ValueType  # 5
 REDRIVE_TRIGGER_RESUME: RedriveTrigger.ValueType  # 6
 """An operator resumed a FAILED task (RedriveTask): every FAILED node and the
 DEPENDENCY_FAILED ones behind them run again, SUCCEEDED ones never.
+"""
+REDRIVE_TRIGGER_ABANDON: RedriveTrigger.ValueType  # 7
+"""No redrive: an operator gave the task up (AbandonTask, AbandonByFilter); the log keeps
+who and why. (GetRecoveryTask of an abandoned task failed INTERNAL without it.)
 """
 Global___RedriveTrigger: _TypeAlias = RedriveTrigger  # noqa: Y015
 
@@ -1178,6 +1186,78 @@ class AbandonTaskResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AbandonTaskResponse: _TypeAlias = AbandonTaskResponse  # noqa: Y015
+
+@_typing.final
+class AbandonByFilterRequest(_message.Message):
+    """A bulk abandon."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    RATE_PER_SECOND_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    """At most this many tasks (0: 1000; INVALID_ARGUMENT naming limit beyond)."""
+    dry_run: _builtins.bool
+    """Count what would be abandoned; change nothing."""
+    rate_per_second: _builtins.float
+    """At most this many abandons a second: > 0 and at most 1000 (INVALID_ARGUMENT naming
+    rate_per_second otherwise). Unused by a dry run.
+    """
+    reason: _builtins.str
+    """Why (recorded with each abandon)."""
+    @_builtins.property
+    def filter(self) -> Global___RecoveryFilter:
+        """Which parked tasks: any of filter.states must be parked (PARKED_FAILED, AWAITING_*,
+        DEMOTED; INVALID_ARGUMENT naming filter.states otherwise); empty: all of them.
+        """
+
+    def __init__(
+        self,
+        *,
+        filter: Global___RecoveryFilter | None = ...,
+        limit: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+        rate_per_second: _builtins.float = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "filter", b"filter", "limit", b"limit", "rate_per_second", b"rate_per_second", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbandonByFilterRequest: _TypeAlias = AbandonByFilterRequest  # noqa: Y015
+
+@_typing.final
+class AbandonByFilterResponse(_message.Message):
+    """What AbandonByFilter did."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCHED_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    matched: _builtins.int
+    """Parked tasks the filter matched (at most the limit)."""
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tasks abandoned, oldest parked first (none on a dry run)."""
+
+    def __init__(
+        self,
+        *,
+        matched: _builtins.int = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["matched", b"matched", "task_ids", b"task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbandonByFilterResponse: _TypeAlias = AbandonByFilterResponse  # noqa: Y015
 
 @_typing.final
 class ResolveNodeRequest(_message.Message):

@@ -67,6 +67,11 @@ class ReconcilerServiceStub:
                 request_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonTaskRequest.SerializeToString,
                 response_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonTaskResponse.FromString,
                 _registered_method=True)
+        self.AbandonByFilter = channel.unary_unary(
+                '/dispo.reconciler.v1.ReconcilerService/AbandonByFilter',
+                request_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonByFilterRequest.SerializeToString,
+                response_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonByFilterResponse.FromString,
+                _registered_method=True)
         self.ResolveNode = channel.unary_unary(
                 '/dispo.reconciler.v1.ReconcilerService/ResolveNode',
                 request_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.ResolveNodeRequest.SerializeToString,
@@ -169,6 +174,18 @@ class ReconcilerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AbandonByFilter(self, request, context):
+        """Give up on every matching parked task (RecoveryFilter; only the parked states), each
+        exactly as AbandonTask does, oldest parked first, at most `limit` (0: 1000) a call and
+        at most rate_per_second a second (the call answers once they are abandoned: a call of
+        1000 at 100 a second takes 10 s). dry_run answers how many it would take (at most
+        `limit`) and changes nothing. Each abandon is recorded in its task's redrive log with
+        the caller's token id and the reason (docs/adr/0112). Callers: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ResolveNode(self, request, context):
         """An operator's decision on an UNKNOWN node that could not be settled automatically.
         Callers: admin.
@@ -262,6 +279,11 @@ def add_ReconcilerServiceServicer_to_server(servicer, server):
                     servicer.AbandonTask,
                     request_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonTaskRequest.FromString,
                     response_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonTaskResponse.SerializeToString,
+            ),
+            'AbandonByFilter': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbandonByFilter,
+                    request_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonByFilterRequest.FromString,
+                    response_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonByFilterResponse.SerializeToString,
             ),
             'ResolveNode': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveNode,
@@ -469,6 +491,33 @@ class ReconcilerService:
             '/dispo.reconciler.v1.ReconcilerService/AbandonTask',
             dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonTaskRequest.SerializeToString,
             dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbandonByFilter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.reconciler.v1.ReconcilerService/AbandonByFilter',
+            dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonByFilterRequest.SerializeToString,
+            dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.AbandonByFilterResponse.FromString,
             options,
             channel_credentials,
             insecure,

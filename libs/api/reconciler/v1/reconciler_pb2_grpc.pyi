@@ -73,6 +73,14 @@ class ReconcilerServiceStub:
     """Give up on a parked task: it is cancelled through the executor's normal path.
     Callers: admin.
     """
+    AbandonByFilter: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.AbandonByFilterRequest, _reconciler_pb2.AbandonByFilterResponse]
+    """Give up on every matching parked task (RecoveryFilter; only the parked states), each
+    exactly as AbandonTask does, oldest parked first, at most `limit` (0: 1000) a call and
+    at most rate_per_second a second (the call answers once they are abandoned: a call of
+    1000 at 100 a second takes 10 s). dry_run answers how many it would take (at most
+    `limit`) and changes nothing. Each abandon is recorded in its task's redrive log with
+    the caller's token id and the reason (docs/adr/0112). Callers: admin.
+    """
     ResolveNode: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.ResolveNodeRequest, _reconciler_pb2.ResolveNodeResponse]
     """An operator's decision on an UNKNOWN node that could not be settled automatically.
     Callers: admin.
@@ -136,6 +144,14 @@ class ReconcilerServiceAsyncStub(ReconcilerServiceStub):
     AbandonTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.AbandonTaskRequest, _reconciler_pb2.AbandonTaskResponse]  # type: ignore[assignment]
     """Give up on a parked task: it is cancelled through the executor's normal path.
     Callers: admin.
+    """
+    AbandonByFilter: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.AbandonByFilterRequest, _reconciler_pb2.AbandonByFilterResponse]  # type: ignore[assignment]
+    """Give up on every matching parked task (RecoveryFilter; only the parked states), each
+    exactly as AbandonTask does, oldest parked first, at most `limit` (0: 1000) a call and
+    at most rate_per_second a second (the call answers once they are abandoned: a call of
+    1000 at 100 a second takes 10 s). dry_run answers how many it would take (at most
+    `limit`) and changes nothing. Each abandon is recorded in its task's redrive log with
+    the caller's token id and the reason (docs/adr/0112). Callers: admin.
     """
     ResolveNode: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.ResolveNodeRequest, _reconciler_pb2.ResolveNodeResponse]  # type: ignore[assignment]
     """An operator's decision on an UNKNOWN node that could not be settled automatically.
@@ -233,6 +249,20 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_reconciler_pb2.AbandonTaskResponse, _abc.Awaitable[_reconciler_pb2.AbandonTaskResponse]]:
         """Give up on a parked task: it is cancelled through the executor's normal path.
         Callers: admin.
+        """
+
+    @_abc_1.abstractmethod
+    def AbandonByFilter(
+        self,
+        request: _reconciler_pb2.AbandonByFilterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reconciler_pb2.AbandonByFilterResponse, _abc.Awaitable[_reconciler_pb2.AbandonByFilterResponse]]:
+        """Give up on every matching parked task (RecoveryFilter; only the parked states), each
+        exactly as AbandonTask does, oldest parked first, at most `limit` (0: 1000) a call and
+        at most rate_per_second a second (the call answers once they are abandoned: a call of
+        1000 at 100 a second takes 10 s). dry_run answers how many it would take (at most
+        `limit`) and changes nothing. Each abandon is recorded in its task's redrive log with
+        the caller's token id and the reason (docs/adr/0112). Callers: admin.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,1 @@
+"""Bulk actions on tasks by filter (ADR-0112)."""
