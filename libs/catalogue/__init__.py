@@ -15,6 +15,7 @@ from __future__ import annotations
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 import yaml
 from dispo.libs.catalogue.model import (
@@ -62,7 +63,9 @@ __all__ = [
     "Queue",
     "declared_problem",
     "default_max_effect_seconds",
+    "catalogue_document",
     "load_catalogue",
+    "configured_document",
     "load_configured_catalogue",
     "parse_catalogue",
     "example_calling",
@@ -86,18 +89,33 @@ class CatalogueSettings(BaseSettings):
     )
 
 
-def load_catalogue(path: str | Path | Traversable = "") -> Catalogue:
-    """The catalogue in ``path``; the shipped example when ``path`` is empty."""
+def catalogue_document(path: str | Path | Traversable = "") -> dict[str, Any]:
+    """The mapping the catalogue file ``path`` holds (the shipped example when ``path`` is
+    empty), unchecked: what :func:`parse_catalogue` reads, and what the gateway records as
+    the catalogue's first version (ADR-0111)."""
     source = EXAMPLE if path == "" else path
     if isinstance(source, str):
         source = Path(source)
-    return parse_catalogue(yaml.safe_load(source.read_text()) or {})
+    data = yaml.safe_load(source.read_text()) or {}
+    if not isinstance(data, dict):
+        raise CatalogueError("the catalogue file must hold a mapping (cells, downstreams, ...)")
+    return data
+
+
+def load_catalogue(path: str | Path | Traversable = "") -> Catalogue:
+    """The catalogue in ``path``; the shipped example when ``path`` is empty."""
+    return parse_catalogue(catalogue_document(path))
 
 
 def example_calling(origin: str) -> str:
     """The example catalogue's text with its downstreams at ``origin`` (``http://host:port``)
     instead of the demo downstream's default address (``dispo up --demo-port``)."""
     return EXAMPLE.read_text().replace(DEMO_DOWNSTREAM_ORIGIN, origin)
+
+
+def configured_document(settings: CatalogueSettings | None = None) -> dict[str, Any]:
+    """The mapping of the file ``DISPO_CATALOGUE`` names (the example when unset)."""
+    return catalogue_document((settings or CatalogueSettings()).catalogue)
 
 
 def load_configured_catalogue(settings: CatalogueSettings | None = None) -> Catalogue:

@@ -11,6 +11,8 @@ from dispo.auth.bootstrap import SCHEMA as AUTH_SCHEMA
 from dispo.auth.bootstrap import apply_bootstrap
 from dispo.auth.signing import configured_key
 from dispo.gateway import store
+from dispo.gateway.catalogue import servicer as catalogues
+from dispo.gateway.catalogue.operations import CatalogueBook
 from dispo.gateway.operations import Gateway
 from dispo.gateway.outputs import ViewOutputs
 from dispo.gateway.schedules import servicer as schedules
@@ -21,7 +23,7 @@ from dispo.gateway.snapshots import snapshot_problem
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
-from dispo.libs.catalogue import load_configured_catalogue
+from dispo.libs.catalogue import Catalogue, configured_document
 from dispo.libs.contracts import tasks
 from dispo.libs.db import migrate
 from dispo.libs.logging import bind_ids
@@ -43,13 +45,12 @@ async def setup(rt: Runtime) -> None:
     if settings.auth_bootstrap_file:
         await apply_bootstrap(db, Path(settings.auth_bootstrap_file), rt.clock)
     await tasks.ensure_task_streams(rt.bus, "gateway")
-    catalogue = load_configured_catalogue()
     limits = settings.limits()
     relay = rt.outbox_relay(store.outbox)
     gateway = Gateway(
         db,
         relay,
-        catalogue,
+        Catalogue(),
         limits,
         rt.clock,
         settings.watch_poll_interval_seconds,
@@ -58,6 +59,23 @@ async def setup(rt: Runtime) -> None:
         status_batch=settings.status_batch,
         egress=rt.settings.egress,
         max_delay_seconds=settings.max_delay_seconds,
+    )
+
+    # The catalogue's versions (ADR-0111): the file seeds an empty catalogue; from then on
+    # every replica follows the newest version, checked every few seconds.
+    book = CatalogueBook(
+        db,
+        rt.clock,
+        lambda row, catalogue: gateway.use_catalogue(catalogue, row.version, row.retired),
+    )
+    await book.seed(configured_document())
+    rt.add_periodic(
+        "catalogue version check", book.refresh, settings.catalogue_check_interval_seconds
+    )
+    catalogue_servicer = catalogues.CatalogueServicer(book, gateway, settings.max_page_size)
+    rt.add_servicer(
+        lambda server: catalogues.add_to_server(catalogue_servicer, server),
+        catalogues.SERVICE_NAME,
     )
 
     async def on_status(msg: Msg) -> Disposition:
