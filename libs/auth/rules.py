@@ -92,7 +92,7 @@ RULES: dict[str, Rule] = {
     **_methods(
         "dispo.gateway.v1.CatalogueService",
         GetCatalogue=internal("executor", "reconciler", business=True),
-        ListCatalogueVersions=BUSINESS,
+        ListCatalogueVersions=internal("executor", "reconciler", business=True),
         RegisterCell=BUSINESS,
         UpdateCell=BUSINESS,
         RetireCell=BUSINESS,

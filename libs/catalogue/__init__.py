@@ -39,7 +39,7 @@ from dispo.libs.catalogue.model import (
     parse_catalogue,
     topological,
 )
-from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
+from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN, local_address
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -78,14 +78,28 @@ EXAMPLE: Traversable = files(__name__) / "content_governance.yaml"
 
 
 class CatalogueSettings(BaseSettings):
-    """Which catalogue the gateway, the executor and the reconciler read."""
+    """Which catalogue the gateway, the executor and the reconciler read, and how they
+    follow its versions."""
 
     model_config = SettingsConfigDict(env_prefix="DISPO_", extra="ignore")
 
     catalogue: str = Field(
         default="",
         description="Cell catalogue file (YAML) read by gateway, executor and reconciler;"
-        " empty: the shipped content governance example",
+        " empty: the shipped content governance example. Since ADR-0111 it seeds the"
+        " catalogue's first version when the gateway finds none; the versions recorded"
+        " through CatalogueService follow it",
+    )
+    catalogue_check_interval_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often gateways, executors and reconcilers check for a newer catalogue"
+        " version than the one they hold (ADR-0111)",
+    )
+    catalogue_gateway_address: str = Field(
+        default=local_address("gateway"),
+        description="Where the executor and the reconciler ask for the catalogue's versions"
+        " (a gateway's gRPC address)",
     )
 
 

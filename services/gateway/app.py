@@ -23,7 +23,7 @@ from dispo.gateway.snapshots import snapshot_problem
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
-from dispo.libs.catalogue import Catalogue, configured_document
+from dispo.libs.catalogue import Catalogue, CatalogueSettings, configured_document
 from dispo.libs.contracts import tasks
 from dispo.libs.db import migrate
 from dispo.libs.logging import bind_ids
@@ -68,9 +68,12 @@ async def setup(rt: Runtime) -> None:
         rt.clock,
         lambda row, catalogue: gateway.use_catalogue(catalogue, row.version, row.retired),
     )
-    await book.seed(configured_document())
+    catalogue_settings = CatalogueSettings()
+    await book.seed(configured_document(catalogue_settings))
     rt.add_periodic(
-        "catalogue version check", book.refresh, settings.catalogue_check_interval_seconds
+        "catalogue version check",
+        book.refresh,
+        catalogue_settings.catalogue_check_interval_seconds,
     )
     catalogue_servicer = catalogues.CatalogueServicer(book, gateway, settings.max_page_size)
     rt.add_servicer(

@@ -29,12 +29,6 @@ class GatewaySettings(BaseSettings):
         description="WatchTask re-reads the task at least this often (changes applied by"
         " another replica)",
     )
-    catalogue_check_interval_seconds: float = Field(
-        default=2.0,
-        gt=0,
-        description="How often the gateway checks for a newer catalogue version than the one"
-        " it submits under (recorded by another replica; ADR-0111)",
-    )
     max_page_size: int = Field(default=500, description="Largest ListTasks and ListTaskEvents page")
     events_read_timeout_seconds: float = Field(
         default=5.0,

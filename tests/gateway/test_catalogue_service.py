@@ -18,7 +18,7 @@ from pipeline_fixtures import Pipeline
 from support import eventually
 from support.auth import business_token
 
-FAST = {"DISPO_GATEWAY_CATALOGUE_CHECK_INTERVAL_SECONDS": "0.2"}
+FAST = {"DISPO_CATALOGUE_CHECK_INTERVAL_SECONDS": "0.2"}
 
 GREET = """
 description: Greet someone, a cell added while the platform runs.
@@ -46,14 +46,15 @@ async def refused(call, request) -> grpc.aio.AioRpcError:
 async def test_a_cell_added_through_the_api_runs_on_both_gateways_and_a_running_executor(
     start_service, catalogue_file, egress_allow, downstream
 ):
+    """The cell calls a downstream added through the API too: the executor, running before
+    either existed, learns it from the gateway."""
     pipeline = Pipeline(start_service, catalogue_file, egress_allow)
-    await pipeline.start_executor()  # running before the cell exists
     first = await pipeline.start_gateway(**FAST)
+    await pipeline.start_executor(DISPO_CATALOGUE_GATEWAY_ADDRESS=first.address, **FAST)
     second = await pipeline.start_gateway(**FAST)
     assert pipeline.gateway is second  # the pipeline's clients call the second one
-    admin = pipeline.token
     async with (
-        open_channel(first.address, admin) as channel,
+        open_channel(first.address, pipeline.token) as channel,
         pipeline.client() as on_second,
     ):
         stub = catalogue_pb2_grpc.CatalogueServiceStub(channel)
@@ -62,12 +63,21 @@ async def test_a_cell_added_through_the_api_runs_on_both_gateways_and_a_running_
             await on_second.submit("shop", [cell("greet", name="ada")])
         assert unknown.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
-        made = await stub.RegisterCell(
-            catalogue_pb2.RegisterCellRequest(
-                cell="greet", definition=GREET, based_on_version=before
+        added = await stub.PutDownstream(
+            catalogue_pb2.PutDownstreamRequest(
+                downstream="fresh",
+                definition=f"base_url: {downstream.url}\ntimeout_ms: 5000",
+                based_on_version=before,
             )
         )
-        assert made.catalogue.version == before + 1
+        made = await stub.RegisterCell(
+            catalogue_pb2.RegisterCellRequest(
+                cell="greet",
+                definition=GREET.replace("downstream: demo", "downstream: fresh"),
+                based_on_version=added.catalogue.version,
+            )
+        )
+        assert made.catalogue.version == before + 2
         assert made.catalogue.owners["greet"] == ""  # an admin's cell is shared
         assert made.catalogue.author.endswith("(an admin token)")
 
@@ -80,7 +90,7 @@ async def test_a_cell_added_through_the_api_runs_on_both_gateways_and_a_running_
         task = await eventually(submitted, lambda t: t is not None, timeout=30, interval=0.2)
         done = await on_second.wait(task.task_id, timeout=60)
         assert done.status == "SUCCEEDED", done
-        assert done.raw.catalogue_version == before + 1
+        assert done.raw.catalogue_version == before + 2
     pipeline.gateway = first
     async with pipeline.client() as on_first:
         task = await on_first.submit("shop", [cell("greet", name="bob")])
