@@ -32,7 +32,7 @@ import typer
 from dispo.libs.health import UNREACHABLE as NOT_ANSWERING
 from dispo.libs.health import health_status, http_health_status
 from dispo.libs.settings import DEFAULT_CONSOLE_PORT
-from dispo.tools.cli import operate, schedules, tasks, tokens, workers
+from dispo.tools.cli import catalogue, operate, schedules, tasks, tokens, workers
 from dispo.tools.cli._common import (
     ENDED_BADLY,
     OK,
@@ -347,6 +347,7 @@ app.add_typer(operate.jobs_app, name="jobs")
 app.add_typer(operate.quarantine_app, name="quarantine")
 app.add_typer(tokens.tokens_app, name="tokens")
 app.add_typer(schedules.schedules_app, name="schedules")
+app.add_typer(catalogue.catalogue_app, name="catalogue")
 app.add_typer(workers.worker_app, name="worker")
 
 

@@ -17,7 +17,7 @@ from dispo.gateway.expand import expand, validate
 from dispo.gateway.operations import Gateway
 from dispo.libs.api.gateway.v1 import catalogue_pb2, catalogue_pb2_grpc
 from dispo.libs.auth import business_filter, business_scope, caller
-from dispo.libs.errors import DomainError, InvalidArgument, within
+from dispo.libs.errors import DomainError, within
 from dispo.libs.paging import decode_page_token, encode_page_token, page_size
 from dispo.libs.timestamps import set_timestamp
 
@@ -133,10 +133,14 @@ class CatalogueServicer(catalogue_pb2_grpc.CatalogueServiceServicer):
             proposal = partial(changes.apply_document, document=document)
         else:
             proposal = _unchanged
-        if not request.HasField("sample"):
-            raise InvalidArgument("sample", "required: the submission to expand")
         current, state = await self.book.propose(proposal)
         catalogue = changes.checked(state.document)
+        answer = catalogue_pb2.DryRunResponse(
+            based_on_version=current.version,
+            document_json=json.dumps(state.document, sort_keys=True),
+        )
+        if not request.HasField("sample"):
+            return answer  # the proposal checked, nothing to expand
         try:
             business = business_filter(request.sample.business, "business")
             sub = submission_from_proto(request.sample, business)
@@ -145,11 +149,8 @@ class CatalogueServicer(catalogue_pb2_grpc.CatalogueServiceServicer):
         except DomainError as error:
             raise within("sample", error) from None
         env = task_envelope("dry-run", sub, nodes, self.book.clock.now())
-        return catalogue_pb2.DryRunResponse(
-            based_on_version=current.version,
-            document_json=json.dumps(state.document, sort_keys=True),
-            nodes=list(env.nodes),
-        )
+        answer.nodes.extend(env.nodes)
+        return answer
 
 
 def _unchanged(state: State) -> State:

@@ -416,7 +416,8 @@ class DryRunRequest(_message.Message):
     @_builtins.property
     def sample(self) -> _gateway_pb2.SubmitRequest:
         """The submission to expand against the proposed version (its idempotency key, callback
-        and timing are not used). Its business is the caller's for a business token.
+        and timing are not used). Its business is the caller's for a business token. Unset:
+        the proposal is only checked.
         """
 
     def __init__(
