@@ -1,19 +1,23 @@
 """Following the catalogue's versions from a service that does not own them (ADR-0111).
 
-The gateway records each change as a new version; the executor and the reconciler ask it
-every few seconds which version is the newest (one small call, no document) and fetch a
-newer one whole, parse it with the same loader as the file, and hand it on. A gateway that
-does not answer leaves the version in hand as it is: the next check tries again."""
+The gateway records each change as a new version and announces it (``catalogue.changed``);
+the executor and the reconciler ask it which version is the newest (one small call, no
+document) when the notice arrives and every few seconds anyway, fetch a newer one whole,
+parse it with the same loader as the file, and hand it on. A gateway that does not answer
+leaves the version in hand as it is: the next check tries again."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import catalogue_pb2, catalogue_pb2_grpc
+from dispo.libs.bus import Bus
 from dispo.libs.catalogue.model import Catalogue, CatalogueError, parse_catalogue
+from dispo.libs.contracts.catalogue import CATALOGUE_CHANGED
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
@@ -61,3 +65,24 @@ class CatalogueFollower:
         self.on_catalogue(newest, catalogue)
         log.info("catalogue version loaded", catalogue_version=newest)
         return True
+
+
+async def on_catalogue_changed(bus: Bus, check: Callable[[], Awaitable[Any]]) -> None:
+    """Run ``check`` whenever a gateway announces a new catalogue version (core NATS: a
+    notice missed is made up by the periodic check)."""
+
+    async def notice(_msg: Any) -> None:
+        try:
+            await check()
+        except Exception:  # the periodic check tries again
+            log.exception("catalogue check on notice failed")
+
+    await bus.nc.subscribe(CATALOGUE_CHANGED, cb=notice)
+
+
+async def announce_catalogue(bus: Bus, version: int) -> None:
+    """Tell every service that catalogue version ``version`` was recorded (best effort)."""
+    try:
+        await bus.nc.publish(CATALOGUE_CHANGED, str(version).encode())
+    except Exception as error:  # the periodic checks find it anyway
+        log.warning("catalogue notice not sent", catalogue_version=version, error=str(error))

@@ -24,7 +24,7 @@ from dispo.libs.api.executor.v1 import executor_pb2_grpc, worker_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
 from dispo.libs.catalogue import Catalogue, CatalogueSettings, load_configured_catalogue
-from dispo.libs.catalogue.follow import CatalogueFollower
+from dispo.libs.catalogue.follow import CatalogueFollower, on_catalogue_changed
 from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
 from dispo.libs.logging import bind_ids, get_logger
@@ -62,6 +62,7 @@ async def build_executor(
         rt.channel(catalogue_settings.catalogue_gateway_address),
         lambda _, newer: executor.use_catalogue(newer.downstreams, queue_limits(newer)),
     )
+    await on_catalogue_changed(rt.bus, follower.check)
     rt.add_periodic(
         "catalogue version check",
         follower.check,

@@ -24,6 +24,7 @@ from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
 from dispo.libs.catalogue import Catalogue, CatalogueSettings, configured_document
+from dispo.libs.catalogue.follow import announce_catalogue, on_catalogue_changed
 from dispo.libs.contracts import tasks
 from dispo.libs.db import migrate
 from dispo.libs.logging import bind_ids
@@ -67,9 +68,11 @@ async def setup(rt: Runtime) -> None:
         db,
         rt.clock,
         lambda row, catalogue: gateway.use_catalogue(catalogue, row.version, row.retired),
+        lambda version: announce_catalogue(rt.bus, version),
     )
     catalogue_settings = CatalogueSettings()
     await book.seed(configured_document(catalogue_settings))
+    await on_catalogue_changed(rt.bus, book.refresh)
     rt.add_periodic(
         "catalogue version check",
         book.refresh,

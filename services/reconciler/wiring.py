@@ -8,7 +8,7 @@ from dispo.libs import metrics
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.bus import Bus
 from dispo.libs.catalogue import CatalogueSettings
-from dispo.libs.catalogue.follow import CatalogueFollower
+from dispo.libs.catalogue.follow import CatalogueFollower, on_catalogue_changed
 from dispo.libs.contracts import tasks
 from dispo.libs.outputs import OutputsReader
 from dispo.libs.service import Runtime
@@ -61,6 +61,7 @@ async def wire_recovery(rt: Runtime) -> Context:
         rt.channel(catalogue_settings.catalogue_gateway_address),
         lambda _, newer: setattr(ctx, "config", with_catalogue(ctx.config, newer)),
     )
+    await on_catalogue_changed(rt.bus, follower.check)
     rt.add_periodic(
         "catalogue version check",
         follower.check,

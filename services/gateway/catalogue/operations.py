@@ -7,7 +7,7 @@ periodic version check every replica runs, and on demand)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dispo.gateway.catalogue import changes
@@ -41,11 +41,14 @@ class CatalogueBook:
         db: Database,
         clock: Clock,
         on_version: Callable[[VersionRow, Catalogue], None] | None = None,
+        announce: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.db = db
         self.clock = clock
         # Told of each new current version (the gateway's submissions take it).
         self.on_version = on_version
+        # Tells the other replicas and services of a version recorded here.
+        self.announce = announce
         self.current: VersionRow | None = None
         self.catalogue = Catalogue()
 
@@ -144,6 +147,8 @@ class CatalogueBook:
         assert recorded is not None
         log.info("catalogue changed", catalogue_version=made, change=what, author=author)
         self._take(recorded)
+        if self.announce is not None:
+            await self.announce(made)
         return recorded
 
 
