@@ -18,6 +18,7 @@ from dispo.libs.proto_enums import task_status_name
 from dispo.libs.task_requests import count_request, counts_of, events_request, list_request
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tls import ClientTLS
+from dispo.sdk._catalogue import AsyncCatalogueCalls, CatalogueCalls
 from dispo.sdk._gather import Gathered
 from dispo.sdk._schedules import AsyncScheduleCalls, ScheduleCalls
 from dispo.sdk._types import (
@@ -135,7 +136,7 @@ class _Gathered:
     deadline: float
 
 
-class AsyncClient(AsyncScheduleCalls):
+class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
     """``async with AsyncClient("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
@@ -426,7 +427,7 @@ class AsyncClient(AsyncScheduleCalls):
                 ) from None
 
 
-class Client(ScheduleCalls):
+class Client(ScheduleCalls, CatalogueCalls):
     """Blocking client: ``with Client("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;

@@ -100,38 +100,32 @@ async def test_a_cell_added_through_the_api_runs_on_both_gateways_and_a_running_
 
 async def test_a_task_keeps_the_version_it_was_accepted_under(gateway_only):
     """Version N+1 changes the action's path: a task accepted under N keeps N's path in its
-    envelope, which is what a redrive and a resume publish again."""
-    address = gateway_only.gateway.address
-    async with open_channel(address, gateway_only.token) as channel, gateway_only.client() as c:
-        stub = catalogue_pb2_grpc.CatalogueServiceStub(channel)
-        made = await stub.RegisterCell(
-            catalogue_pb2.RegisterCellRequest(
-                cell="greet", definition=GREET, based_on_version=await current(stub)
-            )
-        )
+    envelope, which is what a redrive and a resume publish again (through the SDK)."""
+    async with gateway_only.client() as c:
+        made = await c.register_cell("greet", GREET, (await c.get_catalogue()).version)
+        assert "greet" in made.document["cells"] and made.owners["greet"] == ""
         old = await c.submit("shop", [cell("greet", name="ada")])
-        await stub.UpdateCell(
-            catalogue_pb2.UpdateCellRequest(
-                cell="greet",
-                definition=GREET.replace("/greetings/", "/welcome/"),
-                based_on_version=made.catalogue.version,
-            )
+        await c.update_cell(
+            "greet", GREET.replace("/greetings/", "/welcome/"), based_on_version=made.version
         )
         new = await c.submit("shop", [cell("greet", name="ada")])
         old_view, new_view = await c.get(old.task_id), await c.get(new.task_id)
-        assert old_view.raw.catalogue_version == made.catalogue.version
+        assert old_view.raw.catalogue_version == made.version
         assert old_view.raw.nodes[0].spec.path == "/greetings/ada"
-        assert new_view.raw.catalogue_version == made.catalogue.version + 1
+        assert new_view.raw.catalogue_version == made.version + 1
         assert new_view.raw.nodes[0].spec.path == "/welcome/ada"
+        tried = await c.dry_run("shop", [cell("greet", name="bob")])
+        assert [n.spec.path for n in tried.nodes] == ["/welcome/bob"]
 
         # Retired: refused by name from then on.
-        await stub.RetireCell(
-            catalogue_pb2.RetireCellRequest(cell="greet", based_on_version=await current(stub))
-        )
+        await c.retire_cell("greet", (await c.get_catalogue()).version)
         with pytest.raises(DispoError) as retired:
             await c.submit("shop", [cell("greet", name="ada")])
         assert retired.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "retired" in str(retired.value)
+        with pytest.raises(DispoError) as taken:
+            await c.register_cell("greet", GREET, (await c.get_catalogue()).version)
+        assert taken.value.code == grpc.StatusCode.ALREADY_EXISTS
 
 
 async def test_a_business_token_edits_only_its_own_cells_and_adds_no_downstream(

@@ -10,15 +10,18 @@ import pytest
 
 PUBLIC = {
     "AsyncClient",
+    "CatalogueVersion",
     "CellSpec",
     "Client",
     "Completion",
     "DispoError",
+    "Firing",
     "NodeChange",
     "NodeView",
     "ProbeAnswer",
     "RetryableError",
     "RunContext",
+    "Schedule",
     "Signalled",
     "Submitted",
     "TERMINAL",
