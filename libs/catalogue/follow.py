@@ -37,6 +37,7 @@ class CatalogueFollower:
         self.on_catalogue = on_catalogue
         self.timeout = timeout
         self.version = 0  # the version in hand (0: the file read at start)
+        self.failing = False  # the last check failed (warned once until one succeeds)
 
     async def check(self) -> bool:
         """Take the newest version if it is newer than the one in hand; True if it was."""
@@ -54,8 +55,11 @@ class CatalogueFollower:
                 catalogue_pb2.GetCatalogueRequest(version=newest), timeout=self.timeout
             )
         except grpc.aio.AioRpcError as error:
-            log.warning("catalogue version check failed", code=error.code().name)
+            report = log.debug if self.failing else log.warning
+            report("catalogue version check failed", code=error.code().name)
+            self.failing = True
             return False
+        self.failing = False
         try:
             catalogue = parse_catalogue(json.loads(got.catalogue.document_json or "{}"))
         except (CatalogueError, ValueError) as error:  # the gateway checked it: not expected
