@@ -48,7 +48,8 @@ def checked(document: dict[str, Any]) -> Catalogue:
         text = str(error)
         match = _FIELD.match(text)
         where = match.group(0) if match else "document"
-        raise InvalidArgument(violations=[FieldViolation(where, text)]) from None
+        why = text.removeprefix(where).removeprefix(":").strip() or text
+        raise InvalidArgument(where, why) from None
     for cell in catalogue.cells.values():
         for action in cell.actions:
             if action.kind == "http" and action.downstream not in catalogue.downstreams:
