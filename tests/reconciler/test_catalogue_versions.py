@@ -4,9 +4,12 @@ version; a task accepted after the change calls the new path."""
 
 from __future__ import annotations
 
+import yaml
 from dispo.libs.api.gateway.v1 import catalogue_pb2, catalogue_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.libs.auth import open_channel
+from dispo.libs.catalogue import parse_catalogue
+from dispo.reconciler.settings import parse_config, with_catalogue
 from dispo.sdk import cell
 from pipeline_fixtures import dump, wait_status
 
@@ -60,3 +63,29 @@ async def test_a_task_accepted_under_version_n_is_redriven_under_version_n(
     paths = (await downstream.state())["paths"]
     assert paths[f"{task.task_id}/greet.hello"] == "/greetings/ada"
     assert paths[f"{later.task_id}/greet.hello"] == "/welcome/ada"
+
+
+def test_a_newer_version_brings_its_downstreams_and_conflicts_and_keeps_the_old_downstreams():
+    """What the reconciler takes of a newer catalogue version: its conflicts, and its
+    downstreams over the ones known before (a task accepted earlier may still name one)."""
+    before = parse_config({}, parse_catalogue(yaml.safe_load(OLD)))
+    after = with_catalogue(before, parse_catalogue(yaml.safe_load(NEW)))
+    assert sorted(after.downstreams) == ["fresh", "legacy"]
+    assert after.downstreams["fresh"].base_url == "http://127.0.0.1:9"
+    assert set(after.arbitration.conflicts) == {"claim"}
+    assert before.arbitration.conflicts == {}  # the config in hand is not changed
+
+
+OLD = """
+downstreams: {legacy: {base_url: "http://127.0.0.1:8"}}
+cells:
+  old: {actions: {a: {kind: noop}}}
+"""
+NEW = """
+downstreams: {fresh: {base_url: "http://127.0.0.1:9"}}
+cells:
+  claim:
+    fields: {target: string}
+    conflict: {key: target}
+    actions: {a: {kind: noop}}
+"""
