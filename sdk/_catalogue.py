@@ -78,6 +78,10 @@ def _requests(
             return "RetireCell", catalogue_pb2.RetireCellRequest(
                 cell=args["cell"], based_on_version=args["based_on_version"]
             )
+        case "retire_downstream":
+            return "RetireDownstream", catalogue_pb2.RetireDownstreamRequest(
+                downstream=args["downstream"], based_on_version=args["based_on_version"]
+            )
         case "put_downstream":
             return "PutDownstream", catalogue_pb2.PutDownstreamRequest(
                 downstream=args["downstream"],
@@ -163,6 +167,21 @@ class AsyncCatalogueCalls:
         method, request = _requests("put_downstream", locals())
         return _changed(await self._catalogue(method, request, timeout))
 
+    async def retire_downstream(
+        self, downstream: str, based_on_version: int, *, timeout: float = 10.0
+    ) -> CatalogueVersion:
+        """Remove a downstream no cell calls any more (an admin token)."""
+        method, request = _requests("retire_downstream", locals())
+        return _changed(await self._catalogue(method, request, timeout))
+
+    async def apply_catalogue(
+        self, document: str | dict[str, Any], based_on_version: int, *, timeout: float = 10.0
+    ) -> CatalogueVersion:
+        """Replace the whole catalogue by ``document`` (an admin token): new cells shared,
+        the cells it leaves out retired."""
+        method, request = _requests("apply", locals())
+        return _changed(await self._catalogue(method, request, timeout))
+
     async def dry_run(
         self,
         business: str,
@@ -236,6 +255,20 @@ class CatalogueCalls:
     ) -> CatalogueVersion:
         """As :meth:`AsyncCatalogueCalls.put_downstream`."""
         method, request = _requests("put_downstream", locals())
+        return _changed(self._catalogue(method, request, timeout))
+
+    def retire_downstream(
+        self, downstream: str, based_on_version: int, *, timeout: float = 10.0
+    ) -> CatalogueVersion:
+        """As :meth:`AsyncCatalogueCalls.retire_downstream`."""
+        method, request = _requests("retire_downstream", locals())
+        return _changed(self._catalogue(method, request, timeout))
+
+    def apply_catalogue(
+        self, document: str | dict[str, Any], based_on_version: int, *, timeout: float = 10.0
+    ) -> CatalogueVersion:
+        """As :meth:`AsyncCatalogueCalls.apply_catalogue`."""
+        method, request = _requests("apply", locals())
         return _changed(self._catalogue(method, request, timeout))
 
     def dry_run(

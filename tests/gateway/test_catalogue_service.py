@@ -266,3 +266,24 @@ async def test_concurrent_updates_of_one_cell_one_wins_the_other_is_aborted(gate
         assert lost[0].code() == grpc.StatusCode.ABORTED
         assert f"version {read}" in lost[0].details()
         assert await current(stub) == read + 1
+
+
+async def test_an_admin_retires_a_downstream_only_once_no_cell_calls_it_and_applies_a_file(
+    gateway_only,
+):
+    async with gateway_only.client() as c:
+        read = (await c.get_catalogue()).version
+        with pytest.raises(DispoError) as called:
+            await c.retire_downstream("narrow", read)
+        assert called.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert list(called.value.violations) == ["cells.narrow_step.actions.call.downstream"]
+        assert (await c.get_catalogue()).version == read
+
+        document = (await c.get_catalogue()).document
+        del document["cells"]["narrow_step"]
+        applied = await c.apply_catalogue(document, read)
+        assert applied.retired == ("narrow_step",) and "narrow_step" not in applied.owners
+        assert applied.owners["ticket"] == ""
+        gone = await c.retire_downstream("narrow", applied.version)
+        assert "narrow" not in gone.document["downstreams"]
+        assert gone.change == "retire downstream narrow"

@@ -265,3 +265,21 @@ def put_downstream(
             timeout=10,
         )
     raise typer.Exit(show(reply, as_json, lambda r: _render(r.catalogue)))
+
+
+@catalogue_app.command("retire-downstream")
+def retire_downstream(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="the downstream to remove")],
+    based_on: BASED_ON = 0,
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Remove a downstream no cell calls any more (an admin token)."""
+    with _stub(ctx) as stub:
+        reply = stub.RetireDownstream(
+            catalogue_pb2.RetireDownstreamRequest(
+                downstream=name, based_on_version=_based_on(stub, based_on)
+            ),
+            timeout=10,
+        )
+    raise typer.Exit(show(reply, as_json, lambda r: _render(r.catalogue)))
