@@ -1,5 +1,5 @@
 """The difference between two catalogue documents, as people review it: a unified diff of
-their YAML, keys sorted (what `dispo catalogue apply` shows before it applies a file, and
+their YAML (what `dispo catalogue apply` shows before it applies a file, and
 what the console shows between two versions)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import yaml
 
 
 def document_yaml(document: dict[str, Any]) -> str:
-    """A catalogue document as YAML, keys sorted: what `dispo catalogue export` prints."""
-    return yaml.safe_dump(document, sort_keys=True, allow_unicode=True, default_flow_style=False)
+    """A catalogue document as YAML, its keys in their order (a cell's actions and a wait's
+    choices are in the author's): what `dispo catalogue export` prints."""
+    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
 
 def document_diff(

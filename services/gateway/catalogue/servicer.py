@@ -137,7 +137,7 @@ class CatalogueServicer(catalogue_pb2_grpc.CatalogueServiceServicer):
         catalogue = changes.checked(state.document)
         answer = catalogue_pb2.DryRunResponse(
             based_on_version=current.version,
-            document_json=json.dumps(state.document, sort_keys=True),
+            document_json=json.dumps(state.document),
         )
         if not request.HasField("sample"):
             return answer  # the proposal checked, nothing to expand

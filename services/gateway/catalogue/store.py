@@ -49,7 +49,7 @@ _COLUMNS = (
 
 _INSERT = Statement(
     "INSERT INTO catalogue_versions (version, parent, document, owners, retired, author,"
-    " change, created_at) VALUES (:parent + 1, :parent, CAST(:document AS jsonb),"
+    " change, created_at) VALUES (:parent + 1, :parent, CAST(:document AS json),"
     " CAST(:owners AS jsonb), CAST(:retired AS jsonb), :author, :change, :now)"
     " ON CONFLICT (version) DO NOTHING RETURNING version"
 )
@@ -72,7 +72,7 @@ async def catalogue_versions_insert_if_next(
         conn,
         {
             "parent": parent,
-            "document": json.dumps(document, sort_keys=True, separators=(",", ":")),
+            "document": json.dumps(document, separators=(",", ":")),  # in its own order
             "owners": json.dumps(owners, sort_keys=True),
             "retired": json.dumps(sorted(retired)),
             "author": author,
