@@ -37,7 +37,10 @@ from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 # String fields that may hold line breaks and tabs: free text and documents, never an id.
-MULTILINE_FIELDS = frozenset({"reason", "failure_reason", "body", "configuration_json", "value"})
+MULTILINE_FIELDS = frozenset(
+    # definition, document: a catalogue entry or a whole catalogue as YAML (ADR-0111).
+    {"reason", "failure_reason", "body", "configuration_json", "value", "definition", "document"}
+)
 # Numeric request fields that may be negative, by full name (none so far).
 SIGNED_FIELDS: frozenset[str] = frozenset()
 

@@ -27,6 +27,7 @@ its internals and may change between releases.
 
 import dispo.libs  # noqa: F401  (sets gRPC's fork mode before grpc loads)
 from dispo.sdk import cells
+from dispo.sdk._catalogue import CatalogueVersion
 from dispo.sdk._client import AsyncClient, Client
 from dispo.sdk._queues import WorkerQueue
 from dispo.sdk._schedules import Firing, Schedule
@@ -60,6 +61,7 @@ __all__ = [
     "Firing",
     "NodeChange",
     "NodeView",
+    "CatalogueVersion",
     "ProbeAnswer",
     "RetryableError",
     "RunContext",

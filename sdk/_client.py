@@ -26,6 +26,7 @@ from dispo.libs.task_requests import (
 )
 from dispo.libs.timestamps import set_timestamp
 from dispo.libs.tls import ClientTLS
+from dispo.sdk._catalogue import AsyncCatalogueCalls, CatalogueCalls
 from dispo.sdk._gather import Gathered
 from dispo.sdk._queues import EXECUTOR_ADDRESS, WorkerQueue, queues_of
 from dispo.sdk._schedules import AsyncScheduleCalls, ScheduleCalls
@@ -153,7 +154,7 @@ class _Gathered:
     deadline: float
 
 
-class AsyncClient(AsyncScheduleCalls):
+class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
     """``async with AsyncClient("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;
@@ -499,7 +500,7 @@ class AsyncClient(AsyncScheduleCalls):
                 ) from None
 
 
-class Client(ScheduleCalls):
+class Client(ScheduleCalls, CatalogueCalls):
     """Blocking client: ``with Client("127.0.0.1:50051", token=...) as dispo: ...``
 
     ``token`` is the caller's API token (default: ``DISPO_TOKEN``), sent on every call;

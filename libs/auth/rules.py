@@ -89,6 +89,21 @@ RULES: dict[str, Rule] = {
         DeleteSchedule=BUSINESS,
         TriggerSchedule=BUSINESS,
     ),
+    # A business token registers and changes its own business's cells; downstreams and
+    # whole documents are an admin's; the executor and the reconciler follow the versions
+    # (ADR-0111).
+    **_methods(
+        "dispo.gateway.v1.CatalogueService",
+        GetCatalogue=internal("executor", "reconciler", business=True),
+        ListCatalogueVersions=internal("executor", "reconciler", business=True),
+        RegisterCell=BUSINESS,
+        UpdateCell=BUSINESS,
+        RetireCell=BUSINESS,
+        PutDownstream=ADMIN,
+        RetireDownstream=ADMIN,
+        ApplyCatalogue=ADMIN,
+        DryRun=BUSINESS,
+    ),
     **_methods(
         "dispo.auth.v1.TokenService",
         CreateToken=ADMIN,

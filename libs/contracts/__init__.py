@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from dispo.libs.contracts import evaluations, tasks
+from dispo.libs.contracts import catalogue, evaluations, tasks
 from dispo.libs.contracts._streams import (
     Durable,
     Flow,
@@ -33,7 +33,7 @@ STREAMS: tuple[Stream, ...] = (
 
 
 # Who publishes and who consumes every subject of the platform.
-FLOWS: tuple[Flow, ...] = (*tasks.FLOWS, *evaluations.FLOWS)
+FLOWS: tuple[Flow, ...] = (*tasks.FLOWS, *evaluations.FLOWS, *catalogue.FLOWS)
 
 # The services that publish or consume on the bus: one bus user each.
 BUS_SERVICES: tuple[str, ...] = tuple(

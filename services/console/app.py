@@ -32,6 +32,12 @@ from dispo.console.backend import (
     Backend,
     TaskDetail,
 )
+from dispo.console.catalogue_views import (
+    catalogue_downstream_rows,
+    cell_rows,
+    version_diff,
+    version_rows,
+)
 from dispo.console.headers import SecurityHeaders
 from dispo.console.origin import SameOriginWrites, console_hosts
 from dispo.console.schedule_views import schedule_row
@@ -738,6 +744,44 @@ async def _schedule_context(request: Request, token: str) -> dict[str, Any]:
     return {"schedule": schedule_row(found)}
 
 
+def _version_param(request: Request, name: str) -> int:
+    value = request.query_params.get(name, "")
+    if value and not value.isdigit():
+        raise DispoError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{name}: a version number, not {value!r}",
+            {name: "a version number"},
+        )
+    return int(value or 0)
+
+
+async def _catalogue_context(request: Request, token: str) -> dict[str, Any]:
+    """A version (``?version=``, the current one by default), the versions, and the
+    difference from ``?against=`` to it when asked."""
+    backend = _backend(request)
+    version, against = _version_param(request, "version"), _version_param(request, "against")
+    shown, versions = await asyncio.gather(
+        backend.catalogue_version(token, version), backend.catalogue_versions(token)
+    )
+    diff = None
+    if against:
+        diff = version_diff(await backend.catalogue_version(token, against), shown)
+    return {
+        "shown": shown,
+        "shown_at": shown.created_at.ToDatetime(tzinfo=UTC),
+        "current": versions[0].version if versions else shown.version,
+        "cells": cell_rows(shown),
+        "downstreams": catalogue_downstream_rows(shown),
+        "retired": list(shown.retired),
+        "versions": version_rows(versions),
+        "against": against,
+        "diff": diff,
+    }
+
+
+catalogue_page, catalogue_stream = _live(
+    "catalogue.html", _catalogue_context, {"catalogue": "_catalogue.html"}
+)
 schedules_page, schedules_stream = _live(
     "schedules.html", _schedules_context, {"schedules": "_schedule_rows.html"}
 )
@@ -817,6 +861,8 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/downstreams/stream", downstreams_stream),
         Route("/downstreams/{name}/pause", pause, methods=["POST"]),
         Route("/downstreams/{name}/resume", unpause, methods=["POST"]),
+        Route("/catalogue", catalogue_page),
+        Route("/catalogue/stream", catalogue_stream),
         Route("/schedules", schedules_page),
         Route("/schedules/stream", schedules_stream),
         Route("/schedules/{schedule_id}", schedule_page),

@@ -17,7 +17,13 @@ import grpc
 from dispo.console.settings import ConsoleSettings
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.executor.v1 import executor_pb2_grpc
-from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc, schedule_pb2_grpc
+from dispo.libs.api.gateway.v1 import catalogue_pb2 as cpb
+from dispo.libs.api.gateway.v1 import (
+    catalogue_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    schedule_pb2_grpc,
+)
 from dispo.libs.api.gateway.v1 import schedule_pb2 as spb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
@@ -58,6 +64,8 @@ RESIZES_PAGE = 20
 RESUMED_PAGE = 500
 # The schedules the Schedules page lists (one ListSchedules page).
 SCHEDULES_PAGE = 500
+# The catalogue versions the Catalogue page lists, newest first.
+CATALOGUE_VERSIONS_PAGE = 50
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class Backend:
         ]
         self.gateway = gateway_pb2_grpc.GatewayServiceStub(gateway)
         self.schedules = schedule_pb2_grpc.ScheduleServiceStub(gateway)
+        self.catalogue = catalogue_pb2_grpc.CatalogueServiceStub(gateway)
         self.reconciler = reconciler_pb2_grpc.ReconcilerServiceStub(reconciler)
         self.executor = executor_pb2_grpc.ExecutorServiceStub(executor)
         self.pool = pool_pb2_grpc.PoolServiceStub(pool)
@@ -435,6 +444,18 @@ class Backend:
             rpb.ResumeDownstreamRequest(name=name, actor=actor),
             token,
         )
+
+    async def catalogue_version(self, token: str, version: int = 0) -> cpb.CatalogueVersion:
+        """One version of the catalogue (0: the current one)."""
+        request = cpb.GetCatalogueRequest(version=version)
+        return (await self._call(self.catalogue.GetCatalogue, request, token)).catalogue
+
+    async def catalogue_versions(self, token: str) -> list[cpb.CatalogueVersion]:
+        """The newest CATALOGUE_VERSIONS_PAGE versions, newest first, without documents."""
+        request = cpb.ListCatalogueVersionsRequest()
+        request.page.page_size = CATALOGUE_VERSIONS_PAGE
+        reply = await self._call(self.catalogue.ListCatalogueVersions, request, token)
+        return list(reply.versions)
 
     async def schedule_list(self, token: str) -> list[spb.Schedule]:
         """The schedules the token may see, by id (the first SCHEDULES_PAGE)."""

@@ -24,7 +24,8 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc, worker_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
-from dispo.libs.catalogue import load_configured_catalogue
+from dispo.libs.catalogue import Catalogue, CatalogueSettings, load_configured_catalogue
+from dispo.libs.catalogue.follow import CatalogueFollower, on_catalogue_changed
 from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
 from dispo.libs.logging import bind_ids, get_logger
@@ -51,13 +52,30 @@ async def build_executor(
     calls: aiohttp.ClientSession,
     health: httpx.AsyncClient,
 ) -> tuple[Executor, OutboxRelay]:
-    catalogue = load_configured_catalogue()
+    catalogue_settings = CatalogueSettings()
+    catalogue = load_configured_catalogue(catalogue_settings)
     relay = rt.outbox_relay(outbox)
     config = settings.config()
     db = await rt.database()
-    limits = {q.name: q.max_concurrency for q in catalogue.queues.values() if q.max_concurrency}
+    limits = queue_limits(catalogue)
     executor = Executor(db, relay, catalogue.downstreams, rt.clock, config, calls, health, limits)
+    # The catalogue's newer versions, from the gateway (ADR-0111): the file is the start.
+    follower = CatalogueFollower(
+        rt.channel(catalogue_settings.catalogue_gateway_address),
+        lambda _, newer: executor.use_catalogue(newer.downstreams, queue_limits(newer)),
+    )
+    await on_catalogue_changed(rt.bus, follower.check)
+    rt.add_periodic(
+        "catalogue version check",
+        follower.check,
+        catalogue_settings.catalogue_check_interval_seconds,
+    )
     return executor, relay
+
+
+def queue_limits(catalogue: Catalogue) -> dict[str, int]:
+    """The declared limits of the catalogue's queues (0: none, left out)."""
+    return {q.name: q.max_concurrency for q in catalogue.queues.values() if q.max_concurrency}
 
 
 async def setup(rt: Runtime) -> None:

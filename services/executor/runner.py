@@ -148,6 +148,30 @@ class Executor:
         # delivery of its message waits until the first pass ends).
         self.in_hand: set[str] = set()
 
+    def use_catalogue(self, registry: dict[str, Downstream], queue_limits: dict[str, int]) -> None:
+        """Take a newer catalogue version's downstreams and queue limits (ADR-0111). A new
+        downstream gets its breaker and call slots; a changed limit new slots for the calls
+        that start from now on (those under way give theirs back where they took them); a
+        downstream the version no longer has stays known, for the tasks accepted before."""
+        for name, downstream in registry.items():
+            self.registry[name] = downstream
+            if name not in self.breakers:
+                self.breakers[name] = Breaker(
+                    self.config.breaker_threshold,
+                    self.config.breaker_window,
+                    self.config.breaker_cooldown,
+                    self.config.breaker_failure_ratio,
+                    self.config.breaker_trial_calls,
+                )
+            slots = self.slots.get(name)
+            if slots is None or slots.size != max(1, downstream.max_concurrency):
+                self.slots[name] = Slots(downstream.max_concurrency)
+        # The passes read the same maps (an empty one given at start was replaced there).
+        self.passes.breakers, self.passes.slots = self.breakers, self.slots
+        limits = self.worker_runs.policy.limits
+        limits.clear()
+        limits.update(queue_limits)
+
     # ---- task.create -------------------------------------------------------------------
     async def handle_create(self, env: task_pb2.Task) -> Disposition:
         if env.task_id in self.in_hand:

@@ -12,6 +12,8 @@ from dispo.auth.bootstrap import apply_bootstrap
 from dispo.auth.signing import configured_key
 from dispo.gateway import store
 from dispo.gateway.bulk.operations import BulkCancels
+from dispo.gateway.catalogue import servicer as catalogues
+from dispo.gateway.catalogue.operations import CatalogueBook
 from dispo.gateway.operations import Gateway
 from dispo.gateway.outputs import ViewOutputs
 from dispo.gateway.schedules import servicer as schedules
@@ -22,7 +24,8 @@ from dispo.gateway.snapshots import snapshot_problem
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import ACK, Disposition, Term
-from dispo.libs.catalogue import load_configured_catalogue
+from dispo.libs.catalogue import Catalogue, CatalogueSettings, configured_document
+from dispo.libs.catalogue.follow import announce_catalogue, on_catalogue_changed
 from dispo.libs.contracts import tasks
 from dispo.libs.db import migrate
 from dispo.libs.logging import bind_ids
@@ -45,13 +48,12 @@ async def setup(rt: Runtime) -> None:
     if settings.auth_bootstrap_file:
         await apply_bootstrap(db, Path(settings.auth_bootstrap_file), rt.clock)
     await tasks.ensure_task_streams(rt.bus, "gateway")
-    catalogue = load_configured_catalogue()
     limits = settings.limits()
     relay = rt.outbox_relay(store.outbox)
     gateway = Gateway(
         db,
         relay,
-        catalogue,
+        Catalogue(),
         limits,
         rt.clock,
         settings.watch_poll_interval_seconds,
@@ -60,6 +62,28 @@ async def setup(rt: Runtime) -> None:
         status_batch=settings.status_batch,
         egress=rt.settings.egress,
         max_delay_seconds=settings.max_delay_seconds,
+    )
+
+    # The catalogue's versions (ADR-0111): the file seeds an empty catalogue; from then on
+    # every replica follows the newest version, checked every few seconds.
+    book = CatalogueBook(
+        db,
+        rt.clock,
+        lambda row, catalogue: gateway.use_catalogue(catalogue, row.version, row.retired),
+        lambda version: announce_catalogue(rt.bus, version),
+    )
+    catalogue_settings = CatalogueSettings()
+    await book.seed(configured_document(catalogue_settings))
+    await on_catalogue_changed(rt.bus, book.refresh)
+    rt.add_periodic(
+        "catalogue version check",
+        book.refresh,
+        catalogue_settings.catalogue_check_interval_seconds,
+    )
+    catalogue_servicer = catalogues.CatalogueServicer(book, gateway, settings.max_page_size)
+    rt.add_servicer(
+        lambda server: catalogues.add_to_server(catalogue_servicer, server),
+        catalogues.SERVICE_NAME,
     )
 
     async def on_status(msg: Msg) -> Disposition:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -144,6 +144,10 @@ class Gateway:
         self.db = db  # the driver port: every other statement
         self.relay = relay
         self.catalogue = catalogue
+        # The version ``catalogue`` is and the cells retired by then (ADR-0111): set by the
+        # catalogue book whenever a newer version is loaded.
+        self.catalogue_version = 0
+        self.retired: frozenset[str] = frozenset()
         self.limits = limits
         self.egress = egress  # where a callback_url may point
         # How far ahead a delayed start or a deadline may be (ADR-0103).
@@ -200,21 +204,25 @@ class Gateway:
     async def prepare(self, sub: Submission) -> store.NewTask:
         """The task ``sub`` asks for, validated and expanded, ready to record: bad input
         raises here, before anything is written."""
-        validate(sub, self.catalogue, self.limits, self.egress)
-        labels = task_labels(sub.labels, [(c.cell, c.payload) for c in sub.cells], self.catalogue)
+        # One version for the whole task, whatever a refresh loads meanwhile (ADR-0111).
+        catalogue, version = self.catalogue, self.catalogue_version
+        self._refuse_retired(sub)
+        validate(sub, catalogue, self.limits, self.egress)
+        labels = task_labels(sub.labels, [(c.cell, c.payload) for c in sub.cells], catalogue)
         await self._require_signing_secret(sub)
         now = self.clock.now()
         when = timing(
             sub.not_before,
             sub.deadline,
             [c.cell for c in sub.cells],
-            self.catalogue,
+            catalogue,
             now,
             self.max_delay_seconds,
         )
         task_id = uuid.uuid4().hex
-        nodes = expand(task_id, sub, self.catalogue, self.limits)
+        nodes = expand(task_id, sub, catalogue, self.limits)
         env = task_envelope(task_id, sub, nodes, now, when)
+        env.catalogue_version = version
         view = env.SerializeToString()  # encoded once: stored, published, and measured
         self._check_envelope_size(task_id, len(view), [n.node_id for n in nodes])
         return store.NewTask(
@@ -231,6 +239,24 @@ class Gateway:
             deadline=when.deadline,
             labels=canonical_json(labels).decode() if labels else None,
         )
+
+    def use_catalogue(self, catalogue: Catalogue, version: int, retired: Iterable[str]) -> None:
+        """Accept new submissions under ``catalogue`` (version ``version``) from now on."""
+        self.catalogue, self.catalogue_version = catalogue, version
+        self.retired = frozenset(retired)
+
+    def _refuse_retired(self, sub: Submission) -> None:
+        """INVALID_ARGUMENT naming each cell of ``sub`` the catalogue has retired."""
+        bad = [
+            FieldViolation(
+                f"cells[{i}].cell",
+                f"cell {req.cell!r} is retired (catalogue version {self.catalogue_version})",
+            )
+            for i, req in enumerate(sub.cells)
+            if req.cell in self.retired
+        ]
+        if bad:
+            raise InvalidArgument(violations=bad)
 
     @staticmethod
     def _accepted(sub: Submission, new: store.NewTask, accepted: Accepted) -> None:

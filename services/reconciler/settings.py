@@ -10,6 +10,7 @@ decides come from the catalogue every service reads (``DISPO_CATALOGUE``): its
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,17 @@ def parse_config(data: dict[str, Any], catalogue: Catalogue | None = None) -> Re
             **_fields(CompensationPolicy, arb.get("compensation") or {}, "arbitration.compensation")
         ),
         downstreams=catalogue.downstreams,
+    )
+
+
+def with_catalogue(config: RecoveryConfig, catalogue: Catalogue) -> RecoveryConfig:
+    """``config`` under a newer catalogue version (ADR-0111): its conflicts, and its
+    downstreams over the ones known before (a downstream it no longer has stays known, for
+    the tasks accepted before)."""
+    return dataclasses.replace(
+        config,
+        downstreams={**config.downstreams, **catalogue.downstreams},
+        arbitration=dataclasses.replace(config.arbitration, conflicts=catalogue.conflicts),
     )
 
 

@@ -7,6 +7,8 @@ from dispo.auth.signing import configured_key
 from dispo.libs import metrics
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
 from dispo.libs.bus import Bus
+from dispo.libs.catalogue import CatalogueSettings
+from dispo.libs.catalogue.follow import CatalogueFollower, on_catalogue_changed
 from dispo.libs.contracts import tasks
 from dispo.libs.outputs import OutputsReader
 from dispo.libs.retention import add_retention
@@ -20,7 +22,7 @@ from dispo.reconciler.probes import WorkerProber
 from dispo.reconciler.queue_health import QueueHealth
 from dispo.reconciler.recovery import store
 from dispo.reconciler.servicer import ReconcilerServicer
-from dispo.reconciler.settings import ReconcilerSettings, load_config
+from dispo.reconciler.settings import ReconcilerSettings, load_config, with_catalogue
 from dispo.reconciler.states import WORK_KIND_STATES
 from dispo.reconciler.sweeps import sweep_parts
 
@@ -54,6 +56,18 @@ async def wire_recovery(rt: Runtime) -> Context:
         outputs=OutputsReader(executor, settings.outputs_timeout_seconds),
         queues=QueueHealth(executor, settings.outputs_timeout_seconds),
         worker_probes=WorkerProber(executor, settings.http_timeout_seconds),
+    )
+    # The catalogue's newer versions, from the gateway (ADR-0111): the file is the start.
+    catalogue_settings = CatalogueSettings()
+    follower = CatalogueFollower(
+        rt.channel(catalogue_settings.catalogue_gateway_address),
+        lambda _, newer: setattr(ctx, "config", with_catalogue(ctx.config, newer)),
+    )
+    await on_catalogue_changed(rt.bus, follower.check)
+    rt.add_periodic(
+        "catalogue version check",
+        follower.check,
+        catalogue_settings.catalogue_check_interval_seconds,
     )
     rt.add_servicer(
         lambda server: reconciler_pb2_grpc.add_ReconcilerServiceServicer_to_server(

@@ -28,12 +28,15 @@ from dispo.console.backend import Backend
 from dispo.console.settings import ConsoleSettings
 from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.gateway.v1 import catalogue_pb2 as gpb_catalogue
+from dispo.libs.api.gateway.v1 import catalogue_pb2_grpc as gpb_catalogue_grpc
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2_grpc
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.pool.v1 import pool_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2_grpc
+from dispo.libs.auth import open_channel
 from dispo.libs.process import ManagedProcess, ProcessSpec, free_port, python_module
 from dispo.sdk import CellSpec
 from pipeline_fixtures import TEST_CATALOGUE, Pipeline
@@ -1237,6 +1240,41 @@ async def test_schedules_are_listed_with_their_next_firings_and_paused_and_resum
     await expect(page.locator("#schedule .state")).to_contain_text("active")
     await link.click()  # the firing's task
     await expect(page).to_have_url(f"{console.url}/tasks/{fired.task_id}")
+    assert watched.errors == []
+    await context.close()
+
+
+async def test_the_catalogue_page_shows_cells_owners_versions_and_a_diff_between_versions(
+    browser, console, module_database
+):
+    _, token = await business_token(module_database, BUSINESS)
+    async with open_channel(console.pipeline.gateway.address, token) as channel:
+        stub = gpb_catalogue_grpc.CatalogueServiceStub(channel)
+        read = await stub.GetCatalogue(gpb_catalogue.GetCatalogueRequest())
+        made = await stub.RegisterCell(
+            gpb_catalogue.RegisterCellRequest(
+                cell="console_greet",
+                definition="actions: {hello: {kind: http, downstream: demo, path: /hi}}",
+                based_on_version=read.catalogue.version,
+            )
+        )
+    version = made.catalogue.version
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/catalogue")
+    await expect(page.locator("#shown-version")).to_have_text(str(version))
+    cell = page.locator("tr[data-cell=console_greet]")
+    await expect(cell.locator(".owner")).to_have_text(BUSINESS)
+    await expect(cell).to_contain_text("demo POST /hi")
+    await expect(page.locator("tr[data-cell=ticket] .owner")).to_have_text("shared")
+    await expect(page.locator("#catalogue-downstreams tr[data-downstream=demo]")).to_have_count(1)
+    row = page.locator(f"#versions tr[data-version='{version}']")
+    await expect(row).to_contain_text(f"a token of business '{BUSINESS}'")
+    await expect(row).to_contain_text("register cell console_greet")
+    await row.locator(f"a[href='/catalogue?version={version}&against={version - 1}']").click()
+    await expect(page.locator("#diff")).to_contain_text("+  console_greet:")
+    await expect(page.locator("#diff .added").first).to_be_visible()
     assert watched.errors == []
     await context.close()
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import dispo.libs.api.executor.v1.executor_pb2  # descriptors of every contract
+import dispo.libs.api.gateway.v1.catalogue_pb2
 import dispo.libs.api.gateway.v1.schedule_pb2
 import dispo.libs.api.intelligence.v1.intelligence_pb2
 import dispo.libs.api.pool.v1.pool_pb2

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import typer.main
+import yaml
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
@@ -480,6 +481,44 @@ async def test_a_file_of_requests_is_submitted_by_one_call_all_or_none(cli_env):
     counted = await dispo(cli_env, "tasks", "count", "--business", "cli-m", "--json")
     # m-1 once, and the keyless task of each of the two calls that were accepted.
     assert int(json.loads(counted.stdout)["total"]) == 3
+
+
+async def test_catalogue_export_then_apply_shows_the_difference_first_and_dry_run_records_nothing(
+    cli_env, tmp_path
+):
+    exported = await dispo(cli_env, "catalogue", "export")
+    assert exported.returncode == 0, exported.stderr
+    document = yaml.safe_load(exported.stdout)
+    assert "ticket" in document["cells"]
+    before = int((await dispo_json(cli_env, "catalogue", "show"))["catalogue"]["version"])
+    document["cells"]["greet_cli"] = {
+        "fields": {"name": "string"},
+        "actions": {"hello": {"kind": "http", "downstream": "demo", "path": "/hi"}},
+    }
+    changed = tmp_path / "catalogue.yaml"
+    changed.write_text(yaml.safe_dump(document))
+
+    tried = await dispo(cli_env, "catalogue", "apply", str(changed), "--dry-run")
+    assert tried.returncode == 0, tried.stderr
+    assert "+  greet_cli:" in tried.stdout and f"--- version {before}" in tried.stdout
+    assert (await dispo_json(cli_env, "catalogue", "show"))["catalogue"]["version"] == str(before)
+
+    document["cells"]["greet_cli"]["actions"]["hello"]["kind"] = "carrier-pigeon"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(document))
+    refused = await dispo(cli_env, "catalogue", "apply", str(broken))
+    assert refused.returncode == 4 and "cells.greet_cli.actions.hello.kind" in refused.stderr
+    assert (await dispo_json(cli_env, "catalogue", "show"))["catalogue"]["version"] == str(before)
+
+    applied = await dispo_json(cli_env, "catalogue", "apply", str(changed))
+    assert applied["catalogue"]["version"] == str(before + 1)  # int64 as JSON: a string
+    assert (
+        "greet_cli" in yaml.safe_load((await dispo(cli_env, "catalogue", "export")).stdout)["cells"]
+    )
+    shown = await dispo_json(cli_env, "catalogue", "diff", str(before))
+    assert "+  greet_cli:" in shown["diff"]
+    again = await dispo(cli_env, "catalogue", "apply", str(changed))
+    assert again.returncode == 0 and "no difference" in again.stdout
 
 
 async def test_refused_unreachable_and_usage_errors_say_what_to_do(cli_env, tmp_path):

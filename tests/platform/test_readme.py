@@ -648,3 +648,55 @@ async def test_the_bulk_guide_runs_twice_on_a_stack(tmp_path):
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
+
+
+@pytest.mark.timeout(600)
+async def test_the_catalogue_guide_runs_twice_on_a_stack(tmp_path):
+    """docs/catalogue.md: a business's token registers a cell on a running stack and a task of
+    it succeeds, no restart; the same token adds no downstream and changes no cell of
+    another; a dry run, a refused definition and a stale change; the file exported and
+    checked back; then its Python example. Twice: the second run updates the cell."""
+    stack = Stack(tmp_path)
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
+    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
+    env["DISPO_CONSOLE_PORT"] = str(free_port())
+    output = tmp_path / "up.out"
+    with open(output, "wb") as out:
+        up = subprocess.Popen(
+            [
+                str(BIN / "dispo"),
+                "up",
+                "--nats-port",
+                str(free_port()),
+                "--demo-port",
+                str(stack.moved[DEMO]),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def ready() -> bool:
+            assert up.poll() is None, output.read_text()
+            return "Ctrl-C stops everything" in output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+        [example] = re.findall(
+            r"```python\n(.*?)```", section("docs/catalogue.md", "From Python"), re.S
+        )
+        for _ in range(2):
+            out = await run_guide("catalogue.md", exported, stack)
+            assert "SUCCEEDED" in out, out
+            assert re.findall(r"^refused$", out, re.M) == ["refused"] * 2, out
+            assert '"path": "/hello/user-9"' in out, out  # the dry run's node
+            assert "cells.welcome_owner.actions.send.kind" in out, out
+            assert "no difference" in out and "+  welcome_owner:" in out, out
+            printed = await python(example, exported, stack)
+            assert printed.rstrip().endswith("welcome /welcome/user-3"), printed
+    finally:
+        up.send_signal(signal.SIGINT)
+        await asyncio.to_thread(up.wait, 60)

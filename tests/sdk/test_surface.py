@@ -11,6 +11,7 @@ import pytest
 PUBLIC = {
     "AsyncClient",
     "BulkAction",
+    "CatalogueVersion",
     "CellSpec",
     "Client",
     "Completion",

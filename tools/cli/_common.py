@@ -172,6 +172,7 @@ _HINTS = {
     grpc.StatusCode.FAILED_PRECONDITION: "the item is not in a state that allows this; look at it"
     " first (dispo tasks show, dispo failed show)",
     grpc.StatusCode.ALREADY_EXISTS: "use another id, or repeat the original request",
+    grpc.StatusCode.ABORTED: "another change was recorded first: look again and retry",
     grpc.StatusCode.RESOURCE_EXHAUSTED: "a size or rate limit: send less, or wait and try again",
 }
 

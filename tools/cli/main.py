@@ -33,7 +33,7 @@ import typer
 from dispo.libs.health import UNREACHABLE as NOT_ANSWERING
 from dispo.libs.health import health_status, http_health_status
 from dispo.libs.settings import DEFAULT_CONSOLE_PORT
-from dispo.tools.cli import operate, retention, schedules, tasks, tokens, workers
+from dispo.tools.cli import catalogue, operate, retention, schedules, tasks, tokens, workers
 from dispo.tools.cli._common import (
     ENDED_BADLY,
     OK,
@@ -352,6 +352,7 @@ app.add_typer(operate.quarantine_app, name="quarantine")
 app.add_typer(retention.retention_app, name="retention")
 app.add_typer(tokens.tokens_app, name="tokens")
 app.add_typer(schedules.schedules_app, name="schedules")
+app.add_typer(catalogue.catalogue_app, name="catalogue")
 app.add_typer(workers.worker_app, name="worker")
 
 

@@ -171,7 +171,10 @@ def service_env(
 # setting -> the service it names. The stack hands each the address it gave that service.
 PEERS = {
     "gateway": {"DISPO_GATEWAY_EXECUTOR_ADDRESS": "executor"},
+    # Where the executor and the reconciler follow the catalogue's versions (ADR-0111).
+    "executor": {"DISPO_CATALOGUE_GATEWAY_ADDRESS": "gateway"},
     "reconciler": {
+        "DISPO_CATALOGUE_GATEWAY_ADDRESS": "gateway",
         "DISPO_RECONCILER_GATEWAY_ADDRESS": "gateway",
         "DISPO_RECONCILER_DRIFT_POOL_ADDRESS": "pool",
         "DISPO_RECONCILER_EXECUTOR_ADDRESS": "executor",
