@@ -184,7 +184,15 @@ def messages(draw: st.DrawFn, descriptor: Descriptor, depth: int = 0) -> Message
     for field in descriptor.fields:
         if not draw(st.booleans()):
             continue  # left unset
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
+        if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            key, value = (
+                field.message_type.fields_by_name["key"],
+                field.message_type.fields_by_name["value"],
+            )
+            assert value.type != FieldDescriptor.TYPE_MESSAGE, f"no strategy for {field.full_name}"
+            entries = st.dictionaries(scalar(key), scalar(value), max_size=3)
+            getattr(message, field.name).update(draw(entries))
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
             if depth >= 3:
                 continue
             sub = messages(field.message_type, depth + 1)
