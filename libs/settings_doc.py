@@ -35,6 +35,7 @@ SETTINGS = (
     "dispo.libs.settings:StreamSettings",
     "dispo.console.settings:ConsoleSettings",
     "dispo.libs.catalogue:CatalogueSettings",
+    "dispo.libs.business_policy:PolicySettings",
     "dispo.gateway.settings:GatewaySettings",
     "dispo.executor.settings:ExecutorSettings",
     "dispo.reconciler.settings:ReconcilerSettings",

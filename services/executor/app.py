@@ -23,6 +23,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc, worker_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
+from dispo.libs.business_policy import load_configured_policy
 from dispo.libs.catalogue import load_configured_catalogue
 from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
@@ -54,7 +55,10 @@ async def build_executor(
     config = settings.config()
     db = await rt.database()
     limits = {q.name: q.max_concurrency for q in catalogue.queues.values() if q.max_concurrency}
-    executor = Executor(db, relay, catalogue.downstreams, rt.clock, config, calls, health, limits)
+    policy = load_configured_policy()
+    executor = Executor(
+        db, relay, catalogue.downstreams, rt.clock, config, calls, health, limits, policy.weight
+    )
     return executor, relay
 
 
@@ -117,6 +121,7 @@ async def setup(rt: Runtime) -> None:
         handler=on_create,
         batch=settings.batch,
         ack_wait=settings.ack_wait_seconds,
+        max_ack_pending=settings.max_ack_pending,
     )
     cancels = rt.consumer(
         tasks.TASKS.name,

@@ -411,6 +411,7 @@ class Task(_message.Message):
     OUTPUTS_UNAVAILABLE_FIELD_NUMBER: _builtins.int
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task's id (32 hex characters), given by the gateway at acceptance."""
     business: _builtins.str
@@ -434,6 +435,11 @@ class Task(_message.Message):
     outputs_unavailable: _builtins.bool
     """GetTask or WatchTask could not read the outputs from the executor just now (it is
     unreachable): `output` and `result` are missing; ask again.
+    """
+    priority: _builtins.int
+    """Its priority within its business's share (SubmitRequest.priority): 1 goes first, 5
+    last. Kept by every redrive and release of the task. 0 (an envelope from before
+    priorities): 3.
     """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
@@ -499,10 +505,11 @@ class Task(_message.Message):
         outputs_unavailable: _builtins.bool = ...,
         not_before: _timestamp_pb2.Timestamp | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "not_before", b"not_before", "redrive", b"redrive", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "deadline", b"deadline", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "not_before", b"not_before", "outputs_unavailable", b"outputs_unavailable", "payloads", b"payloads", "redrive", b"redrive", "result", b"result", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "deadline", b"deadline", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "not_before", b"not_before", "outputs_unavailable", b"outputs_unavailable", "payloads", b"payloads", "priority", b"priority", "redrive", b"redrive", "result", b"result", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
