@@ -52,6 +52,7 @@ def _submit_request(
     callback_url: str,
     not_before: datetime | None = None,
     deadline: datetime | None = None,
+    priority: int = 0,
 ) -> gateway_pb2.SubmitRequest:
     """The SubmitRequest; ``not_before`` and ``deadline`` as instants (a naive one is UTC)."""
     request = gateway_pb2.SubmitRequest(
@@ -59,6 +60,7 @@ def _submit_request(
         cells=[c.to_proto() for c in cells],
         idempotency_key=idempotency_key,
         callback_url=callback_url,
+        priority=priority,
     )
     if not_before is not None:
         set_timestamp(request.not_before, not_before)
@@ -75,7 +77,13 @@ def _submit_many_request(requests: Sequence[TaskRequest]) -> gateway_pb2.SubmitM
     return gateway_pb2.SubmitManyRequest(
         requests=[
             _submit_request(
-                r.business, r.cells, r.idempotency_key, r.callback_url, r.not_before, r.deadline
+                r.business,
+                r.cells,
+                r.idempotency_key,
+                r.callback_url,
+                r.not_before,
+                r.deadline,
+                r.priority,
             )
             for r in requests
         ]
@@ -201,14 +209,16 @@ class AsyncClient(AsyncScheduleCalls):
         callback_url: str = "",
         not_before: datetime | None = None,
         deadline: datetime | None = None,
+        priority: int = 0,
         timeout: float = 10.0,
     ) -> Submitted:
         """Submit one task: its :class:`Submitted` once it is durably recorded, or the
         :class:`DispoError` the gateway refused it with (gathered with concurrent submits
         into one call unless the client was made with ``gather=False``). ``not_before``: start
-        no earlier (a delayed start); ``deadline``: end FAILED if not finished by then."""
+        no earlier (a delayed start); ``deadline``: end FAILED if not finished by then;
+        ``priority``: 1 (highest) to 5 within the business's share (0: 3)."""
         request = _submit_request(
-            business, cells, idempotency_key, callback_url, not_before, deadline
+            business, cells, idempotency_key, callback_url, not_before, deadline, priority
         )
         if self.gathered is None:
             return _submitted(await self._call(self._stub.Submit, request, timeout))
@@ -479,14 +489,15 @@ class Client(ScheduleCalls):
         callback_url: str = "",
         not_before: datetime | None = None,
         deadline: datetime | None = None,
+        priority: int = 0,
         timeout: float = 10.0,
     ) -> Submitted:
         """Submit one task: its :class:`Submitted` once it is durably recorded, or the
         :class:`DispoError` the gateway refused it with (gathered with other threads'
         submits into one call unless the client was made with ``gather=False``). ``not_before``
-        and ``deadline`` as for :meth:`AsyncClient.submit`."""
+        ``deadline`` and ``priority`` as for :meth:`AsyncClient.submit`."""
         request = _submit_request(
-            business, cells, idempotency_key, callback_url, not_before, deadline
+            business, cells, idempotency_key, callback_url, not_before, deadline, priority
         )
         if self.gathered is None:
             return _submitted(self._call(self._stub.Submit, request, timeout))

@@ -67,6 +67,8 @@ class TaskRequest:
     # A delayed start and a deadline (None: none).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    # 1 (highest) to 5 within its business's share; 0: 3.
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,8 @@ class TaskView:
     # Its delayed start and its deadline (None: none).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    # 1 (highest) to 5 within its business's share.
+    priority: int = 3
 
     @property
     def terminal(self) -> bool:
@@ -219,6 +223,7 @@ class TaskView:
             task.outputs_unavailable,
             _time(task, "not_before"),
             _time(task, "deadline"),
+            task.priority or 3,
         )
 
 
@@ -238,6 +243,8 @@ class TaskSummary:
     # Its delayed start and its deadline (None: none).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    # 1 (highest) to 5 within its business's share.
+    priority: int = 3
 
     @property
     def terminal(self) -> bool:
@@ -260,6 +267,7 @@ class TaskSummary:
             summary,
             _time(summary, "not_before"),
             _time(summary, "deadline"),
+            summary.priority or 3,
         )
 
 

@@ -23,6 +23,7 @@ from dispo.libs.batcher import Batcher
 from dispo.libs.catalogue import DEFAULT_MAX_OUTPUT_BYTES, Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
+from dispo.libs.contracts.tasks import DEFAULT_PRIORITY
 from dispo.libs.db.driver import Database
 from dispo.libs.egress import NATS_SCHEME, AllowList
 from dispo.libs.errors import (
@@ -61,13 +62,16 @@ def request_hash(sub: Submission) -> str:
     # of requests without them stay what they were.
     deadline = b',"deadline":%s' % _instant(sub.deadline) if sub.deadline else b""
     not_before = b',"not_before":%s' % _instant(sub.not_before) if sub.not_before else b""
-    document = b'{"business":%s,"callback_url":%s,"cells":[%s]%s,"idempotency_key":%s%s}' % (
+    # So is a priority other than the default (ADR-0109).
+    priority = b',"priority":%d' % sub.priority if sub.priority != DEFAULT_PRIORITY else b""
+    document = b'{"business":%s,"callback_url":%s,"cells":[%s]%s,"idempotency_key":%s%s%s}' % (
         canonical_json(sub.business),
         canonical_json(sub.callback_url),
         cells,
         deadline,
         canonical_json(sub.idempotency_key),
         not_before,
+        priority,
     )
     return hashlib.sha256(document).hexdigest()
 
@@ -224,6 +228,7 @@ class Gateway:
             trace=current(),
             not_before=when.not_before,
             deadline=when.deadline,
+            priority=sub.priority,
         )
 
     @staticmethod

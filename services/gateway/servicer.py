@@ -23,7 +23,7 @@ from dispo.gateway.store import TaskFilter
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.auth import business_filter, business_scope, require_visible
+from dispo.libs.auth import business_filter, business_scope, require_priority, require_visible
 from dispo.libs.bus import Bus, StreamUnavailable
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
@@ -162,7 +162,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         and that business has a Submit token left (each refusal names its field)."""
         business = business_filter(request.business, "business")
         self.limits.admit_submit(limited_business(context, business))
-        return submission_from_proto(request, business)
+        sub = submission_from_proto(request, business)
+        require_priority(sub.priority, "priority")
+        return sub
 
     async def SubmitMany(
         self, request: gateway_pb2.SubmitManyRequest, context: grpc.aio.ServicerContext
@@ -184,6 +186,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         for i, (item, business) in enumerate(zip(items, businesses, strict=True)):
             try:
                 sub = submission_from_proto(item, business)
+                require_priority(sub.priority, "priority")
                 news.append(await self.gateway.prepare(sub))
                 subs.append(sub)
             except InvalidArgument as error:
@@ -272,6 +275,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 status=status_value(record.status),
                 node_count=record.node_count,
                 cancel_requested=record.cancel_requested,
+                priority=record.priority,
             )
             set_timestamp(item.created_at, record.created_at)
             set_timestamp(item.updated_at, record.updated_at)

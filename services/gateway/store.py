@@ -85,6 +85,7 @@ class TaskSummary:
     updated_at: datetime
     not_before: datetime | None = None
     deadline: datetime | None = None
+    priority: int = tasks.DEFAULT_PRIORITY
 
 
 _SUMMARY_COLUMNS = ", ".join(TaskSummary.__dataclass_fields__)
@@ -124,6 +125,7 @@ class NewTask:
     # Its delayed start (its task.create row waits for it) and its deadline (ADR-0103).
     not_before: datetime | None = None
     deadline: datetime | None = None
+    priority: int = tasks.DEFAULT_PRIORITY  # ADR-0109
 
 
 @dataclass(frozen=True)
@@ -143,15 +145,16 @@ class KeyHolder:
 # publisher takes it (ADR-0103).
 _ACCEPT_MANY = Statement(
     "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
-    " status, node_count, view, callback_url, created_at, updated_at, not_before, deadline)"
+    " status, node_count, view, callback_url, created_at, updated_at, not_before, deadline,"
+    " priority)"
     " SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback, created,"
-    " created, not_before, deadline FROM unnest(CAST(:ids AS text[]),"
+    " created, not_before, deadline, priority FROM unnest(CAST(:ids AS text[]),"
     " CAST(:businesses AS text[]), CAST(:keys AS text[]), CAST(:hashes AS text[]),"
     " CAST(:nodes AS integer[]), CAST(:views AS bytea[]), CAST(:callbacks AS text[]),"
     " CAST(:created AS timestamptz[]), CAST(:not_befores AS timestamptz[]),"
-    " CAST(:deadlines AS timestamptz[]))"
+    " CAST(:deadlines AS timestamptz[]), CAST(:priorities AS smallint[]))"
     " WITH ORDINALITY AS r(id, business, key, hash, nodes, view, callback, created,"
-    " not_before, deadline, n) ORDER BY n"
+    " not_before, deadline, priority, n) ORDER BY n"
     " ON CONFLICT (business, idempotency_key) DO NOTHING"
     " RETURNING task_id, view, created_at, not_before),"
     f" {outbox_mark_cte(outbox)} "
@@ -191,6 +194,7 @@ async def tasks_accept_many(conn: Conn, rows: list[NewTask], staged: Staged) -> 
             "created": [r.created_at for r in rows],
             "not_befores": [r.not_before for r in rows],
             "deadlines": [r.deadline for r in rows],
+            "priorities": [r.priority for r in rows],
             "subject": tasks.TASK_CREATE,
             "msg_ids": msg_ids,
             "traces": [r.trace for r in rows],
