@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
-from dispo.executor import control, deadlines
+from dispo.executor import control, deadlines, pausing
 from dispo.executor.actions import http_session
 from dispo.executor.breaker import BreakerState
 from dispo.executor.envelope import envelope_problem
@@ -57,7 +57,16 @@ async def build_executor(
     limits = {q.name: q.max_concurrency for q in catalogue.queues.values() if q.max_concurrency}
     policy = load_configured_policy()
     executor = Executor(
-        db, relay, catalogue.downstreams, rt.clock, config, calls, health, limits, policy.weight
+        db,
+        relay,
+        catalogue.downstreams,
+        rt.clock,
+        config,
+        calls,
+        health,
+        limits,
+        policy.weight,
+        tuple(policy.businesses),
     )
     return executor, relay
 
@@ -172,6 +181,10 @@ async def setup(rt: Runtime) -> None:
     rt.add_part(f"{tasks.TASK_SIGNAL} consumer", signals.run, signals.stop)
     rt.add_periodic(
         "wait timeouts", lambda: control.sweep_timeouts(executor), settings.wait_sweep_seconds
+    )
+    # The paused businesses, read by every executor (ADR-0109).
+    rt.add_periodic(
+        "business pauses", lambda: pausing.read_pauses(executor), settings.pause_poll_seconds
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
     if settings.demo_downstream:

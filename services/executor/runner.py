@@ -113,6 +113,7 @@ class Executor:
         health: httpx.AsyncClient,
         queue_limits: dict[str, int] | None = None,
         weight: Callable[[str], int] = equal,
+        policy_businesses: tuple[str, ...] = (),
     ) -> None:
         self.db = db
         self.relay = relay
@@ -134,6 +135,8 @@ class Executor:
         self.slots = {name: Slots(d.max_concurrency, weight) for name, d in registry.items()}
         # Which task.create messages in hand run their pass next: the fair order (ADR-0109).
         self.intake = Intake(config.passes, config.business_hold, weight)
+        self.weight = weight
+        self.policy_businesses = policy_businesses  # named in the business policy file
         self.passes = Passes(self.breakers, config.lease_ttl, self.slots)
         # Where the passes' database work commits: the transactions, and the port the
         # loop calls (group-committed: the items of every pass in hand share them).

@@ -149,6 +149,12 @@ class ExecutorSettings(BaseSettings):
         description="Time between sweeps for tasks past their deadline that no pass holds"
         " (parked, or between passes): each is closed FAILED, 'deadline reached' (ADR-0103)",
     )
+    pause_poll_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often each executor reads which businesses are paused: a pause or a"
+        " resume holds in every executor within this (ADR-0109)",
+    )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )

@@ -10,6 +10,7 @@ task is a list of one (River's ``JobSetStateIfRunningMany``).
 - :mod:`.queues`: when each worker was last seen on each queue, what each queue has
   (ADR-0101);
 - :mod:`.signals`: the signals a task was sent, kept until a waiting node takes one;
+- :mod:`.pauses`: the paused businesses (ADR-0109);
 - :mod:`.rows`: what a row reads as.
 
 The rules: every move is checked against ``NODE_TRANSITIONS`` / ``TASK_TRANSITIONS``
