@@ -5,12 +5,13 @@ dispo submit FILE|- [--wait]                  a task from JSON or YAML
 dispo tasks list|count|show|watch|cancel      the gateway's tasks
 dispo failed list|show|resume|abandon|resolve the reconciler's failed, parked and uncertain work
 dispo downstreams list|pause|resume           downstream health and pauses
+dispo businesses list|pause|resume            fair-share weights, paused businesses
 dispo pool status|queue|evaluations|boost|bounds   the cron pool
 dispo jobs list|show|trigger                  intelligence analysis and comparison jobs
 dispo quarantine list|show|replay|discard     messages a service's consumers set aside
 dispo tokens create|list|revoke|rotate-secret|finish-rotation|secrets   API tokens (admin)
 dispo worker run module:attribute             a worker serving worker actions' queues
-dispo bench submit|pool|faults [options]      benchmarks
+dispo bench submit|pool|faults|fairness [options]   benchmarks
 
 Every command that calls the stack takes ``--json`` (a test checks); the exit codes are in
 :mod:`dispo.tools.cli._common`.
@@ -304,6 +305,7 @@ BENCHMARKS = {
     "submit": "dispo.tools.bench.run",  # tasks through the pipeline: throughput, latency, CPU, ceiling
     "pool": "dispo.tools.bench.pool",  # cron claims and run recordings under contention
     "faults": "dispo.tools.bench.faults",  # the fault campaign: lost, stuck, duplicate effects
+    "fairness": "dispo.tools.bench.fairness",  # a flooding and a trickling business (ADR-0109)
 }
 
 
@@ -323,7 +325,9 @@ def bench(
     ctx: typer.Context,
     benchmark: Annotated[
         Benchmark,
-        typer.Argument(help="submit, pool or faults; its own options follow (--help lists them)"),
+        typer.Argument(
+            help="submit, pool, faults or fairness; its own options follow (--help lists them)"
+        ),
     ],
 ) -> None:
     """Run a benchmark and print throughput and latency percentiles."""
@@ -341,6 +345,7 @@ app.add_typer(tasks.tasks_app, name="tasks")
 app.command(name="submit")(tasks.submit)
 app.add_typer(operate.failed_app, name="failed")
 app.add_typer(operate.downstreams_app, name="downstreams")
+app.add_typer(operate.businesses_app, name="businesses")
 app.command(name="queues")(operate.queues)
 app.add_typer(operate.pool_app, name="pool")
 app.add_typer(operate.jobs_app, name="jobs")

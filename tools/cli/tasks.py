@@ -55,7 +55,15 @@ tasks_app = typer.Typer(
     no_args_is_help=True,
 )
 
-_SUBMIT_KEYS = {"business", "cells", "idempotency_key", "callback_url", "not_before", "deadline"}
+_SUBMIT_KEYS = {
+    "business",
+    "cells",
+    "idempotency_key",
+    "callback_url",
+    "not_before",
+    "deadline",
+    "priority",
+}
 _CELL_KEYS = {"cell", "ref", "payload", "depends_on"}
 _STYLES = {
     "SUCCEEDED": "green",
@@ -169,6 +177,17 @@ DEADLINE_OPTION = Annotated[
     str | None,
     typer.Option("--deadline", help="end FAILED if not finished by this ISO 8601 time"),
 ]
+PRIORITY_OPTION = Annotated[
+    int | None,
+    typer.Option("--priority", help="1 (highest) to 5 within the business's share (default 3)"),
+]
+
+
+def _priority(data: dict[str, Any], where: str) -> int:
+    value = data.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        usage(f"{where}: priority must be a whole number 1 to 5, got {value!r}")
+    return int(value)
 
 
 def submit(
@@ -179,12 +198,16 @@ def submit(
     not_before: NOT_BEFORE_OPTION = None,
     delay: DELAY_OPTION = None,
     deadline: DEADLINE_OPTION = None,
+    priority: PRIORITY_OPTION = None,
     as_json: JSON_OPTION = False,
 ) -> None:
     """Submit a task, or the tasks of a file of requests in one call (exit 1 with --wait
     when one ends FAILED or CANCELLED)."""
     found, many = _read(source)
     _timing(found, not_before, delay, deadline)
+    if priority is not None:
+        for data in found:
+            data["priority"] = priority
     if many:
         raise typer.Exit(_submit_many(ctx, found, source, wait, timeout, as_json))
     data = found[0]
@@ -197,6 +220,7 @@ def submit(
             callback_url=str(data.get("callback_url", "")),
             not_before=_instant(data.get("not_before"), f"{source}: not_before"),
             deadline=_instant(data.get("deadline"), f"{source}: deadline"),
+            priority=_priority(data, source),
         )
         if not wait:
             if as_json:
@@ -225,6 +249,7 @@ def _submit_many(
             callback_url=str(data.get("callback_url", "")),
             not_before=_instant(data.get("not_before"), f"{source}: requests[{i}].not_before"),
             deadline=_instant(data.get("deadline"), f"{source}: requests[{i}].deadline"),
+            priority=_priority(data, f"{source}: requests[{i}]"),
         )
         for i, data in enumerate(found)
     ]
@@ -476,7 +501,7 @@ def _known_statuses(statuses: list[str]) -> list[str]:
 
 def _task_table(page: TaskPage) -> Table:
     table = Table(box=None, pad_edge=False)
-    for column in ("task", "business", "status", "nodes", "created", "updated"):
+    for column in ("task", "business", "status", "priority", "nodes", "created", "updated"):
         table.add_column(column)
     now = datetime.now(UTC)
     for task in page.tasks:
@@ -485,6 +510,7 @@ def _task_table(page: TaskPage) -> Table:
             task.business,
             _styled(task.status)
             + (f" (scheduled {moment(task.not_before)})" if task.scheduled(now) else ""),
+            str(task.priority),
             str(task.node_count),
             moment(task.created_at),
             moment(task.updated_at),
