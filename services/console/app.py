@@ -51,6 +51,7 @@ from dispo.console.views import (
     age,
     analysis_figures,
     assignment_rows,
+    business_rows,
     completion_facts,
     cron_rows,
     direction,
@@ -470,6 +471,12 @@ failed_abandon = _action(
 failed_resume_matching = _action("resume matching", _page("/failed"), _resumed)
 pause = _action("pause", _page("/downstreams"), lambda b, t, f: b.pause(t, f["name"], ACTOR))
 unpause = _action("resume", _page("/downstreams"), lambda b, t, f: b.unpause(t, f["name"], ACTOR))
+business_pause = _action(
+    "pause", _page("/businesses"), lambda b, t, f: b.pause_business(t, f["business"], ACTOR)
+)
+business_resume = _action(
+    "resume", _page("/businesses"), lambda b, t, f: b.resume_business(t, f["business"])
+)
 
 
 def _whole(
@@ -585,6 +592,10 @@ async def _downstreams_context(request: Request, token: str) -> dict[str, Any]:
     return {"downstreams": downstream_rows(await _backend(request).downstreams(token))}
 
 
+async def _businesses_context(request: Request, token: str) -> dict[str, Any]:
+    return {"businesses": business_rows(await _backend(request).businesses(token))}
+
+
 async def _pool_context(request: Request, token: str) -> dict[str, Any]:
     state = await _backend(request).pool_state(token)
     return {
@@ -664,6 +675,9 @@ failed_page, failed_stream = _live("failed.html", _failed_context, {"work": "_fa
 downstreams_page, downstreams_stream = _live(
     "downstreams.html", _downstreams_context, {"downstreams": "_downstream_rows.html"}
 )
+businesses_page, businesses_stream = _live(
+    "businesses.html", _businesses_context, {"businesses": "_business_rows.html"}
+)
 
 
 async def _schedules_context(request: Request, token: str) -> dict[str, Any]:
@@ -738,6 +752,10 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/downstreams/stream", downstreams_stream),
         Route("/downstreams/{name}/pause", pause, methods=["POST"]),
         Route("/downstreams/{name}/resume", unpause, methods=["POST"]),
+        Route("/businesses", businesses_page),
+        Route("/businesses/stream", businesses_stream),
+        Route("/businesses/{business}/pause", business_pause, methods=["POST"]),
+        Route("/businesses/{business}/resume", business_resume, methods=["POST"]),
         Route("/schedules", schedules_page),
         Route("/schedules/stream", schedules_stream),
         Route("/schedules/{schedule_id}", schedule_page),
