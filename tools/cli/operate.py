@@ -401,7 +401,7 @@ def _show_businesses(
     (accepted, not started)."""
     with target(ctx).client() as client:
         accepted = {s.business: client.count(business=s.business)["ACCEPTED"] for s in states}
-    if as_json or ctx.obj.get("json"):
+    if as_json:
         emit_json(
             {"businesses": [{**as_dict(s), "accepted": accepted[s.business]} for s in states]}
         )
