@@ -175,7 +175,12 @@ async def setup(rt: Runtime) -> None:
         lambda: deadlines.close_past_deadline(executor),
         settings.deadline_sweep_seconds,
     )
-    rt.add_part(f"{tasks.TASK_CREATE} consumer", creates.run, creates.stop)
+
+    def stop_creates() -> None:
+        executor.intake.close()  # what waits for a pass goes back to the stream
+        creates.stop()
+
+    rt.add_part(f"{tasks.TASK_CREATE} consumer", creates.run, stop_creates)
     rt.add_part(f"{tasks.TASK_CANCEL} consumer", cancels.run, cancels.stop)
     rt.add_part(f"{tasks.TASK_CLOSE} consumer", closes.run, closes.stop)
     rt.add_part(f"{tasks.TASK_SIGNAL} consumer", signals.run, signals.stop)

@@ -8,8 +8,12 @@ there, and not in the stream either: once it has ``hold`` messages waiting here,
 ones are handed back to the stream (a delayed NAK, see :meth:`Intake.enter`) and the
 consumer reads on to the other businesses' messages behind them.
 
-A paused business's messages wait here (up to ``hold``) and are handed back beyond; they
-start on resume. What is waiting here, by business, is :meth:`Intake.depths`.
+A paused business's messages wait here (up to an eighth of ``hold``: held messages of paused
+businesses must not fill the consumer's window) and are handed back beyond; they start on
+resume. At most ``capacity`` messages wait here in all (the consumer's batch less the
+passes); beyond, any is handed back. What is waiting here, by business, is
+:meth:`Intake.depths`. Once the executor stops, :meth:`Intake.close` hands back every
+message still waiting, and every one that comes.
 """
 
 from __future__ import annotations
@@ -60,9 +64,12 @@ class Intake:
     now: Callable[[], float] = time.monotonic
     paused: set[str] = field(default_factory=set)
     running: int = 0
+    # Messages waiting here at most, all businesses together (0: no bound but the holds).
+    capacity: int = 0
+    closed: bool = False
 
     def __post_init__(self) -> None:
-        self._line: FairQueue[asyncio.Future[None]] = FairQueue(self.weight)
+        self._line: FairQueue[asyncio.Future[float | None]] = FairQueue(self.weight)
         self._rates: dict[str, _Rate] = {}
         # Per business: when the last message it handed back comes again.
         self._horizon: dict[str, float] = {}
@@ -79,18 +86,36 @@ class Intake:
         ):  # fast path: nothing waits
             self._started(business)
             return None
-        if self._line.depth(business) >= self.hold:
+        if self.closed:
+            return MIN_COMEBACK
+        hold = max(1, self.hold // 8) if business in self.paused else self.hold
+        if self._line.depth(business) >= hold or (
+            self.capacity and len(self._line) >= self.capacity
+        ):
             return self._comeback(business)
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        turn: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
         self._line.push(business, priority, turn)
         self._grant()  # a pass may be free while only paused businesses wait
         try:
-            await turn
+            comeback = await turn
         except asyncio.CancelledError:
-            if not self._line.remove(business, turn) and turn.done() and not turn.cancelled():
+            if (
+                not self._line.remove(business, turn)
+                and turn.done()
+                and not turn.cancelled()
+                and turn.result() is None
+            ):
                 self.leave(business)
             raise
-        return None
+        return comeback
+
+    def close(self) -> None:
+        """Hand back every message waiting here, and every one that comes from now on: the
+        executor is stopping (a paused business's would never start)."""
+        self.closed = True
+        while (picked := self._line.pop()) is not None:
+            if not picked[1].done():
+                picked[1].set_result(MIN_COMEBACK)
 
     def leave(self, _business: str) -> None:
         """A pass ended: start the next in the fair order."""

@@ -95,6 +95,9 @@ class ExecutorConfig:
     # waiting for one beyond them (ADR-0109).
     passes: int = 512
     business_hold: int = 512
+    # task.create messages in hand at most (the consumer's batch): the passes and the
+    # messages waiting for one (0: no bound but the holds).
+    in_hand: int = 0
 
     @property
     def margin(self) -> float:
@@ -134,7 +137,12 @@ class Executor:
         }
         self.slots = {name: Slots(d.max_concurrency, weight) for name, d in registry.items()}
         # Which task.create messages in hand run their pass next: the fair order (ADR-0109).
-        self.intake = Intake(config.passes, config.business_hold, weight)
+        self.intake = Intake(
+            config.passes,
+            config.business_hold,
+            weight,
+            capacity=max(0, config.in_hand - config.passes),
+        )
         self.weight = weight
         self.policy_businesses = policy_businesses  # named in the business policy file
         self.passes = Passes(self.breakers, config.lease_ttl, self.slots)

@@ -190,4 +190,5 @@ class ExecutorSettings(BaseSettings):
             queue_idle=self.queue_idle_seconds,
             passes=self.passes,
             business_hold=self.business_hold,
+            in_hand=self.batch,
         )

@@ -22,7 +22,7 @@ TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 # Few passes, and a small hold: a backlog of a few thousand is a flood to this executor.
 FAIR_ENV = {
     "DISPO_EXECUTOR_PASSES": "4",
-    "DISPO_EXECUTOR_BUSINESS_HOLD": "64",
+    "DISPO_EXECUTOR_BUSINESS_HOLD": "128",  # a paused business holds an eighth: 16
     "DISPO_EXECUTOR_BATCH": "256",
 }
 

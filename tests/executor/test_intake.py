@@ -41,7 +41,7 @@ async def test_handed_back_messages_come_back_spread_out_not_all_at_once():
 
 
 async def test_a_paused_business_waits_and_starts_on_resume():
-    intake = Intake(passes=4, hold=2)
+    intake = Intake(passes=4, hold=16)  # paused: an eighth of it held, 2
     intake.pause("a")
     waiting = await _enter_all(intake, [("a", 3)] * 3 + [("b", 3)])
     assert [t.done() for t in waiting] == [False, False, True, True]
@@ -64,3 +64,15 @@ async def test_priority_orders_a_business_s_waiting_passes():
         await asyncio.sleep(0)
         order += [i for i, t in enumerate(waiting) if t.done() and i not in order]
     assert order == [2, 3, 1, 0]
+
+
+async def test_the_intake_holds_at_most_its_capacity_and_hands_all_back_once_closed():
+    intake = Intake(passes=1, hold=10, capacity=3)
+    await _enter_all(intake, [("a", 3)])
+    waiting = await _enter_all(intake, [("a", 3), ("b", 3), ("c", 3), ("d", 3)])
+    assert [t.done() for t in waiting] == [False, False, False, True]  # d: no room
+    intake.close()
+    await asyncio.sleep(0)
+    assert all(t.done() and t.result() is not None for t in waiting)
+    assert await intake.enter("e", 3) is not None  # closed: every message goes back
+    assert intake.depths() == {} and intake.running == 1
