@@ -754,6 +754,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/downstreams/{name}/resume", unpause, methods=["POST"]),
         Route("/businesses", businesses_page),
         Route("/businesses/stream", businesses_stream),
+        Route("/businesses/pause", business_pause, methods=["POST"]),  # by name, from the form
         Route("/businesses/{business}/pause", business_pause, methods=["POST"]),
         Route("/businesses/{business}/resume", business_resume, methods=["POST"]),
         Route("/schedules", schedules_page),

@@ -5,7 +5,7 @@ first period of a series, whose comparison has no baseline by nature."""
 import re
 
 from dispo.console.app import HERE, templates
-from dispo.console.views import COLOURS, JOB_COLOURS, downstream_rows, job_row
+from dispo.console.views import COLOURS, JOB_COLOURS, business_rows, downstream_rows, job_row
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
@@ -150,3 +150,27 @@ def test_a_scheduled_task_shows_its_start_and_a_task_its_deadline():
     page = rendered("_task_detail.html", task=TaskView.from_proto(task), colours=COLOURS, **context)
     assert re.search(r'id="not-before">scheduled, starts 2027-01-01 02:00:00', page), page
     assert 'id="deadline">deadline 2027-01-01 03:00:00' in page
+
+
+def test_a_paused_business_shows_who_paused_it_its_depth_and_a_confirmed_resume():
+    rows = business_rows(
+        [
+            (
+                epb.BusinessState(
+                    business="bulk",
+                    weight=1,
+                    paused=True,
+                    paused_by="ops",
+                    paused_reason="incident",
+                ),
+                1200,
+            ),
+            (epb.BusinessState(business="trust-safety", weight=4, waiting_here=3), 7),
+        ]
+    )
+    page = rendered("_business_rows.html", businesses=rows)
+    bulk, trust = page.split('<tr data-business="trust-safety">')
+    assert '<td class="paused">paused by ops: incident</td>' in bulk
+    assert '<td class="accepted">1200</td>' in bulk  # its paused depth
+    assert 'hx-post="/businesses/bulk/resume" hx-confirm="Resume bulk?' in bulk
+    assert "<td>4</td>" in trust and 'hx-post="/businesses/trust-safety/pause"' in trust
