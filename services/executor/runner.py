@@ -96,8 +96,8 @@ class ExecutorConfig:
     passes: int = 512
     business_hold: int = 512
     # task.create messages in hand at most (the consumer's batch): the passes and the
-    # messages waiting for one (0: no bound but the holds).
-    in_hand: int = 0
+    # messages waiting for one.
+    in_hand: int = 2048
 
     @property
     def margin(self) -> float:

@@ -36,7 +36,7 @@ class ExecutorSettings(BaseSettings):
         " this (a live one extends it while it works)",
     )
     batch: int = Field(
-        default=2048,
+        default=ExecutorConfig.in_hand,
         ge=1,
         description="`task.create` messages in hand at most: the passes running and the"
         " messages waiting for one, read ahead so that the next pass goes to the business"
