@@ -81,13 +81,13 @@ class Intake:
     async def enter(self, business: str, priority: int) -> float | None:
         """Wait for this message's turn to run its pass (None: go; call :meth:`leave` when
         the pass ends), or the seconds after which it should come again (hand it back)."""
+        if self.closed:
+            return MIN_COMEBACK
         if (
             self.running < self.passes and not self._line and business not in self.paused
         ):  # fast path: nothing waits
             self._started(business)
             return None
-        if self.closed:
-            return MIN_COMEBACK
         hold = max(1, self.hold // 8) if business in self.paused else self.hold
         if self._line.depth(business) >= hold or (
             self.capacity and len(self._line) >= self.capacity
