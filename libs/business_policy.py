@@ -1,13 +1,17 @@
 """The business policy: what each business is granted, from one YAML file every service reads
-(``DISPO_BUSINESS_POLICY``; none: the defaults below). Today it says how long a business's
-finished tasks are kept (ADR-0105); the terms of a business are one :class:`Terms`, so a
-later term (a weight, a limit) is one more field of it, read the same way::
+(``DISPO_BUSINESS_POLICY``; none: the defaults below): how long a business's finished tasks
+are kept (ADR-0105) and its weight in the executor's fair share (ADR-0109). The terms of a
+business are one :class:`Terms`, so a later term (a limit) is one more field of it, read the
+same way::
 
     default:
       retention_days: 30
+      weight: 1
     businesses:
       ecommerce:
         retention_days: 90     # the terms it does not name are the default's
+      trust-safety:
+        weight: 4
 
 A business's terms are the default's with its own entries over them. A file that does not
 parse, names an unknown term or gives a bad value stops the service at its start, naming
@@ -36,9 +40,9 @@ class PolicySettings(BaseSettings):
     business_policy: str = Field(
         default="",
         description="Business policy file (YAML): `default:` terms and per-business"
-        " overrides under `businesses:`, e.g. `retention_days` (docs/retention.md);"
-        " empty: every business keeps its finished tasks 30 days. Give every service the"
-        " same file",
+        " overrides under `businesses:`: `retention_days` (docs/retention.md), `weight`"
+        " (docs/fairness.md); empty: every business keeps its finished tasks 30 days and"
+        " has weight 1. Give every service the same file",
     )
 
 
@@ -52,6 +56,9 @@ class Terms:
 
     # Days a finished task (and everything every service keeps about it) is kept.
     retention_days: int = DEFAULT_RETENTION_DAYS
+    # Its share of the executor's passes and of each downstream's slots, relative to the
+    # other businesses waiting for them (weighted round-robin).
+    weight: int = 1
 
     @property
     def retention(self) -> timedelta:
@@ -68,6 +75,9 @@ class BusinessPolicy:
 
     def terms(self, business: str) -> Terms:
         return self.businesses.get(business, self.default)
+
+    def weight(self, business: str) -> int:
+        return self.terms(business).weight
 
     @property
     def longest_retention(self) -> timedelta:
@@ -113,6 +123,10 @@ def _terms(data: Any, base: Terms, where: str) -> Terms:
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise PolicyError(f"{where}.{name}: must be a whole number of days ≥ 1, got {value!r}")
+        if name == "weight" and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000
+        ):
+            raise PolicyError(f"{where}.{name}: must be a whole number 1..1000, got {value!r}")
     return dataclasses.replace(base, **data)
 
 

@@ -38,6 +38,7 @@ SETTINGS = (
     "dispo.libs.retention:RetentionSettings",
     "dispo.console.settings:ConsoleSettings",
     "dispo.libs.catalogue:CatalogueSettings",
+    "dispo.libs.business_policy:PolicySettings",
     "dispo.gateway.settings:GatewaySettings",
     "dispo.executor.settings:ExecutorSettings",
     "dispo.reconciler.settings:ReconcilerSettings",

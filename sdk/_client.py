@@ -64,6 +64,7 @@ def _submit_request(
     not_before: datetime | None = None,
     deadline: datetime | None = None,
     labels: Mapping[str, str] | None = None,
+    priority: int = 0,
 ) -> gateway_pb2.SubmitRequest:
     """The SubmitRequest; ``not_before`` and ``deadline`` as instants (a naive one is UTC)."""
     request = gateway_pb2.SubmitRequest(
@@ -72,6 +73,7 @@ def _submit_request(
         idempotency_key=idempotency_key,
         callback_url=callback_url,
         labels=labels or {},
+        priority=priority,
     )
     if not_before is not None:
         set_timestamp(request.not_before, not_before)
@@ -95,6 +97,7 @@ def _submit_many_request(requests: Sequence[TaskRequest]) -> gateway_pb2.SubmitM
                 r.not_before,
                 r.deadline,
                 r.labels,
+                r.priority,
             )
             for r in requests
         ]
@@ -222,14 +225,23 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
         not_before: datetime | None = None,
         deadline: datetime | None = None,
         labels: Mapping[str, str] | None = None,
+        priority: int = 0,
         timeout: float = 10.0,
     ) -> Submitted:
         """Submit one task: its :class:`Submitted` once it is durably recorded, or the
         :class:`DispoError` the gateway refused it with (gathered with concurrent submits
         into one call unless the client was made with ``gather=False``). ``not_before``: start
-        no earlier (a delayed start); ``deadline``: end FAILED if not finished by then."""
+        no earlier (a delayed start); ``deadline``: end FAILED if not finished by then;
+        ``priority``: 1 (highest) to 5 within the business's share (0: 3)."""
         request = _submit_request(
-            business, cells, idempotency_key, callback_url, not_before, deadline, labels
+            business,
+            cells,
+            idempotency_key,
+            callback_url,
+            not_before,
+            deadline,
+            labels,
+            priority,
         )
         if self.gathered is None:
             return _submitted(await self._call(self._stub.Submit, request, timeout))
@@ -555,14 +567,22 @@ class Client(ScheduleCalls, CatalogueCalls):
         not_before: datetime | None = None,
         deadline: datetime | None = None,
         labels: Mapping[str, str] | None = None,
+        priority: int = 0,
         timeout: float = 10.0,
     ) -> Submitted:
         """Submit one task: its :class:`Submitted` once it is durably recorded, or the
         :class:`DispoError` the gateway refused it with (gathered with other threads'
         submits into one call unless the client was made with ``gather=False``). ``not_before``
-        and ``deadline`` as for :meth:`AsyncClient.submit`."""
+        ``deadline`` and ``priority`` as for :meth:`AsyncClient.submit`."""
         request = _submit_request(
-            business, cells, idempotency_key, callback_url, not_before, deadline, labels
+            business,
+            cells,
+            idempotency_key,
+            callback_url,
+            not_before,
+            deadline,
+            labels,
+            priority,
         )
         if self.gathered is None:
             return _submitted(self._call(self._stub.Submit, request, timeout))

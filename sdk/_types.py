@@ -69,6 +69,8 @@ class TaskRequest:
     deadline: datetime | None = None
     # What the task is about, to find it by (at most 16; docs/labels.md).
     labels: Mapping[str, str] | None = None
+    # 1 (highest) to 5 within its business's share; 0: 3.
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,8 @@ class TaskView:
     deadline: datetime | None = None
     # Its labels (from GetTask only: empty on WatchTask updates).
     labels: Mapping[str, str] = field(default_factory=dict)
+    # 1 (highest) to 5 within its business's share.
+    priority: int = 3
 
     @property
     def terminal(self) -> bool:
@@ -227,6 +231,7 @@ class TaskView:
             _time(task, "not_before"),
             _time(task, "deadline"),
             dict(labels or {}),
+            task.priority or 3,
         )
 
 
@@ -288,6 +293,8 @@ class TaskSummary:
     not_before: datetime | None = None
     deadline: datetime | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    # 1 (highest) to 5 within its business's share.
+    priority: int = 3
 
     @property
     def terminal(self) -> bool:
@@ -311,6 +318,7 @@ class TaskSummary:
             _time(summary, "not_before"),
             _time(summary, "deadline"),
             dict(summary.labels),
+            summary.priority or 3,
         )
 
 

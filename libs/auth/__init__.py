@@ -22,7 +22,13 @@ from __future__ import annotations
 from dispo.libs.auth.caller import TOKEN_ENV, caller_token
 from dispo.libs.auth.channel import bearer, open_channel, open_sync_channel
 from dispo.libs.auth.rules import RULES, Rule
-from dispo.libs.auth.scope import business_filter, business_scope, caller, require_visible
+from dispo.libs.auth.scope import (
+    business_filter,
+    business_scope,
+    caller,
+    require_priority,
+    require_visible,
+)
 from dispo.libs.auth.server import Authorizer
 from dispo.libs.auth.tokens import Kind, Principal
 
@@ -36,6 +42,7 @@ __all__ = [
     "bearer",
     "business_filter",
     "business_scope",
+    "require_priority",
     "caller",
     "caller_token",
     "open_channel",

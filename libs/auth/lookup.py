@@ -14,7 +14,9 @@ from typing import Any
 from dispo.libs.auth.tokens import Kind, TokenRecord
 from dispo.libs.db.driver import Conn, Statement
 
-TOKEN_COLUMNS = "id, kind, business, service, label, created_at, expires_at, revoked_at, queues"
+TOKEN_COLUMNS = (
+    "id, kind, business, service, label, created_at, expires_at, revoked_at, queues, max_priority"
+)
 
 
 def token_record(row: Any) -> TokenRecord:
@@ -29,6 +31,7 @@ def token_record(row: Any) -> TokenRecord:
         row.expires_at,
         row.revoked_at,
         tuple(row.queues or ()),
+        row.max_priority,
     )
 
 

@@ -123,6 +123,10 @@ RULES: dict[str, Rule] = {
         ListQueues=internal("reconciler"),
         # The reconciler settles UNKNOWN worker nodes by their workers' probes (ADR-0100).
         ProbeWorkerNode=internal("reconciler"),
+        # Operators hold and release a business's work (ADR-0109).
+        PauseBusiness=ADMIN,
+        ResumeBusiness=ADMIN,
+        ListBusinesses=ADMIN,
     ),
     # Worker processes serving worker actions' queues (ADR-0099, ADR-0100).
     **_methods(

@@ -69,6 +69,20 @@ def business_filter(requested: str, field: str) -> str:
     return scope
 
 
+def require_priority(priority: int, field: str) -> None:
+    """PERMISSION_DENIED naming ``field`` when the caller's token may not ask for
+    ``priority`` (1 highest … 5): a business token created with a lower maximum."""
+    principal = _caller.get()
+    if principal is None or principal.kind is not Kind.BUSINESS:
+        return
+    if priority < principal.max_priority:
+        message = (
+            f"a token of business {principal.business!r} may ask for priority"
+            f" {principal.max_priority} to 5, not {priority}"
+        )
+        raise PermissionDenied(f"{field}: {message}", [FieldViolation(field, message)])
+
+
 def queue_scope() -> tuple[str, ...] | None:
     """The queues the caller serves when it is a worker token; None when it may serve every
     queue (an admin token, or no caller)."""

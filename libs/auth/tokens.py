@@ -54,6 +54,8 @@ class Principal:
     expires_at: datetime | None = None
     # The queues a worker token serves (empty for the other kinds).
     queues: tuple[str, ...] = ()
+    # The highest Submit priority a business token may ask for (1: any; ADR-0109).
+    max_priority: int = 1
 
     def describe(self) -> str:
         match self.kind:
@@ -80,10 +82,17 @@ class TokenRecord:
     expires_at: datetime | None
     revoked_at: datetime | None
     queues: tuple[str, ...] = ()
+    max_priority: int = 1
 
     def principal(self) -> Principal:
         return Principal(
-            self.token_id, self.kind, self.business, self.service, self.expires_at, self.queues
+            self.token_id,
+            self.kind,
+            self.business,
+            self.service,
+            self.expires_at,
+            self.queues,
+            self.max_priority,
         )
 
     def expired(self, now: datetime) -> bool:

@@ -61,6 +61,18 @@ DEPENDENCY_FAILED_ERROR = "a dependency failed"
 QUEUE_PREFIX = "queue:"
 
 
+# A task's priority (SubmitRequest.priority, Task.priority): 1 goes first within its
+# business's share, 5 last; 3 when the caller gives none (ADR-0109).
+HIGHEST_PRIORITY = 1
+LOWEST_PRIORITY = 5
+DEFAULT_PRIORITY = 3
+
+
+def priority_of(given: int) -> int:
+    """A task's priority as given on Submit or in its envelope (0: not given)."""
+    return given or DEFAULT_PRIORITY
+
+
 def blocker(downstream: str, queue: str) -> str:
     """The name of what a demoted node of this action waits for."""
     return f"{QUEUE_PREFIX}{queue}" if queue else downstream

@@ -24,6 +24,7 @@ from dispo.libs.auth.tokens import Kind, TokenRecord, new_secret, new_token_id, 
 from dispo.libs.auth.verifier import TokenVerifier
 from dispo.libs.catalogue import QUEUE_PATTERN
 from dispo.libs.clock import Clock
+from dispo.libs.contracts.tasks import HIGHEST_PRIORITY, LOWEST_PRIORITY
 from dispo.libs.db.driver import Conn, Database
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
@@ -63,6 +64,7 @@ def token_to_proto(record: TokenRecord) -> pb.Token:
         expires_at=to_timestamp(record.expires_at),
         revoked_at=to_timestamp(record.revoked_at),
         queues=record.queues,
+        max_priority=record.max_priority if record.kind is Kind.BUSINESS else 0,
     )
 
 
@@ -151,6 +153,15 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
             queues = worker_queues(request.queues)
         elif request.queues:
             raise InvalidArgument("queues", "only a worker token names queues")
+        max_priority = 1
+        if request.max_priority:
+            if kind is not Kind.BUSINESS:
+                raise InvalidArgument("max_priority", "only a business token has a max_priority")
+            if not HIGHEST_PRIORITY <= request.max_priority <= LOWEST_PRIORITY:
+                raise InvalidArgument(
+                    "max_priority", "1 (any priority) to 5 (the lowest only), or 0 for 1"
+                )
+            max_priority = request.max_priority
         if request.ttl_seconds > MAX_TTL_SECONDS:
             raise InvalidArgument(
                 "ttl_seconds", f"at most {MAX_TTL_SECONDS} (0: the token does not expire)"
@@ -160,7 +171,16 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
         now = self.clock.now()
         expires = now + timedelta(seconds=request.ttl_seconds) if request.ttl_seconds else None
         return TokenRecord(
-            new_token_id(), kind, business, service, request.label, now, expires, None, queues
+            new_token_id(),
+            kind,
+            business,
+            service,
+            request.label,
+            now,
+            expires,
+            None,
+            queues,
+            max_priority,
         )
 
     async def CreateToken(
@@ -181,6 +201,7 @@ class TokenServicer(auth_pb2_grpc.TokenServiceServicer):
             business=record.business,
             service=record.service,
             queues=list(record.queues),
+            max_priority=record.max_priority,
             signing_secret=signing[0].secret_id if signing else "",
         )
         reply = pb.CreateTokenResponse(token=token_to_proto(record), secret=secret)

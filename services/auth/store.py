@@ -19,9 +19,9 @@ SCHEMA = "auth"
 
 _TOKEN_INSERT = Statement(
     "INSERT INTO auth.tokens (id, secret_sha256, kind, business, service, label,"
-    " created_at, expires_at, queues)"
+    " created_at, expires_at, queues, max_priority)"
     " VALUES (:id, :digest, :kind, :business, :service, :label, :created_at, :expires_at,"
-    " CAST(:queues AS text[]))"
+    " CAST(:queues AS text[]), :max_priority)"
 )
 
 
@@ -38,6 +38,7 @@ async def token_insert(conn: Conn, record: TokenRecord, digest: str) -> None:
             "created_at": record.created_at,
             "expires_at": record.expires_at,
             "queues": list(record.queues),
+            "max_priority": record.max_priority,
         },
     )
 

@@ -58,6 +58,7 @@ from dispo.console.views import (
     age,
     analysis_figures,
     assignment_rows,
+    business_rows,
     completion_facts,
     cron_rows,
     direction,
@@ -533,6 +534,12 @@ async def _abandoned(backend: Backend, token: str, f: Mapping[str, str]) -> str:
 failed_abandon_matching = _action("abandon all", _page("/failed"), _abandoned)
 pause = _action("pause", _page("/downstreams"), lambda b, t, f: b.pause(t, f["name"], ACTOR))
 unpause = _action("resume", _page("/downstreams"), lambda b, t, f: b.unpause(t, f["name"], ACTOR))
+business_pause = _action(
+    "pause", _page("/businesses"), lambda b, t, f: b.pause_business(t, f["business"], ACTOR)
+)
+business_resume = _action(
+    "resume", _page("/businesses"), lambda b, t, f: b.resume_business(t, f["business"])
+)
 
 
 def _whole(
@@ -652,6 +659,10 @@ async def _downstreams_context(request: Request, token: str) -> dict[str, Any]:
     return {"downstreams": downstream_rows(downstreams), "worker_queues": worker_queue_rows(queues)}
 
 
+async def _businesses_context(request: Request, token: str) -> dict[str, Any]:
+    return {"businesses": business_rows(await _backend(request).businesses(token))}
+
+
 async def _pool_context(request: Request, token: str) -> dict[str, Any]:
     state = await _backend(request).pool_state(token)
     return {
@@ -732,6 +743,9 @@ downstreams_page, downstreams_stream = _live(
     "downstreams.html",
     _downstreams_context,
     {"downstreams": "_downstream_rows.html", "worker_queues": "_worker_queue_rows.html"},
+)
+businesses_page, businesses_stream = _live(
+    "businesses.html", _businesses_context, {"businesses": "_business_rows.html"}
 )
 
 
@@ -863,6 +877,11 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/downstreams/{name}/resume", unpause, methods=["POST"]),
         Route("/catalogue", catalogue_page),
         Route("/catalogue/stream", catalogue_stream),
+        Route("/businesses", businesses_page),
+        Route("/businesses/stream", businesses_stream),
+        Route("/businesses/pause", business_pause, methods=["POST"]),  # by name, from the form
+        Route("/businesses/{business}/pause", business_pause, methods=["POST"]),
+        Route("/businesses/{business}/resume", business_resume, methods=["POST"]),
         Route("/schedules", schedules_page),
         Route("/schedules/stream", schedules_stream),
         Route("/schedules/{schedule_id}", schedule_page),

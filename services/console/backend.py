@@ -457,6 +457,29 @@ class Backend:
         reply = await self._call(self.catalogue.ListCatalogueVersions, request, token)
         return list(reply.versions)
 
+    async def businesses(self, token: str) -> list[tuple[epb.BusinessState, int]]:
+        """Each business the executors know of (weight, pause), with its paused depth: the
+        gateway's count of its ACCEPTED tasks (accepted, not started)."""
+        reply = await self._call(self.executor.ListBusinesses, epb.ListBusinessesRequest(), token)
+        counts = await asyncio.gather(
+            *(self.counts(token, business=b.business) for b in reply.businesses)
+        )
+        return [(b, c.get("ACCEPTED", 0)) for b, c in zip(reply.businesses, counts, strict=True)]
+
+    async def pause_business(self, token: str, business: str, actor: str) -> None:
+        await self._call(
+            self.executor.PauseBusiness,
+            epb.PauseBusinessRequest(
+                business=business, actor=actor, reason="paused from the console"
+            ),
+            token,
+        )
+
+    async def resume_business(self, token: str, business: str) -> None:
+        await self._call(
+            self.executor.ResumeBusiness, epb.ResumeBusinessRequest(business=business), token
+        )
+
     async def schedule_list(self, token: str) -> list[spb.Schedule]:
         """The schedules the token may see, by id (the first SCHEDULES_PAGE)."""
         request = spb.ListSchedulesRequest()

@@ -707,3 +707,32 @@ def first_due(last_due: datetime, scheduled: int, rate: float) -> datetime:
     """When the first of ``scheduled`` redrives spaced ``1 / rate`` seconds apart is due,
     the last being due at ``last_due``."""
     return last_due - timedelta(seconds=max(scheduled - 1, 0) / rate)
+
+
+@dataclass(frozen=True)
+class BusinessRow:
+    """One business on the Businesses page (ADR-0109)."""
+
+    business: str
+    weight: int
+    paused: bool
+    paused_reason: str
+    paused_by: str
+    # Its ACCEPTED tasks: accepted, not started (the paused depth while it is paused).
+    accepted: int
+    waiting_here: int
+
+
+def business_rows(found: list[tuple[epb.BusinessState, int]]) -> list[BusinessRow]:
+    return [
+        BusinessRow(
+            b.business,
+            b.weight,
+            b.paused,
+            b.paused_reason,
+            b.paused_by,
+            accepted,
+            b.waiting_here,
+        )
+        for b, accepted in found
+    ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
-from dispo.executor import control, deadlines
+from dispo.executor import control, deadlines, pausing
 from dispo.executor.actions import http_session
 from dispo.executor.breaker import BreakerState
 from dispo.executor.envelope import envelope_problem
@@ -24,6 +24,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc, worker_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
+from dispo.libs.business_policy import load_configured_policy
 from dispo.libs.catalogue import Catalogue, CatalogueSettings, load_configured_catalogue
 from dispo.libs.catalogue.follow import CatalogueFollower, on_catalogue_changed
 from dispo.libs.contracts import tasks
@@ -58,7 +59,19 @@ async def build_executor(
     config = settings.config()
     db = await rt.database()
     limits = queue_limits(catalogue)
-    executor = Executor(db, relay, catalogue.downstreams, rt.clock, config, calls, health, limits)
+    policy = load_configured_policy()
+    executor = Executor(
+        db,
+        relay,
+        catalogue.downstreams,
+        rt.clock,
+        config,
+        calls,
+        health,
+        limits,
+        policy.weight,
+        tuple(policy.businesses),
+    )
     # The catalogue's newer versions, from the gateway (ADR-0111): the file is the start.
     follower = CatalogueFollower(
         rt.channel(catalogue_settings.catalogue_gateway_address),
@@ -137,6 +150,7 @@ async def setup(rt: Runtime) -> None:
         handler=on_create,
         batch=settings.batch,
         ack_wait=settings.ack_wait_seconds,
+        max_ack_pending=settings.max_ack_pending,
     )
     cancels = rt.consumer(
         tasks.TASKS.name,
@@ -181,12 +195,21 @@ async def setup(rt: Runtime) -> None:
         lambda: deadlines.close_past_deadline(executor),
         settings.deadline_sweep_seconds,
     )
-    rt.add_part(f"{tasks.TASK_CREATE} consumer", creates.run, creates.stop)
+
+    def stop_creates() -> None:
+        executor.intake.close()  # what waits for a pass goes back to the stream
+        creates.stop()
+
+    rt.add_part(f"{tasks.TASK_CREATE} consumer", creates.run, stop_creates)
     rt.add_part(f"{tasks.TASK_CANCEL} consumer", cancels.run, cancels.stop)
     rt.add_part(f"{tasks.TASK_CLOSE} consumer", closes.run, closes.stop)
     rt.add_part(f"{tasks.TASK_SIGNAL} consumer", signals.run, signals.stop)
     rt.add_periodic(
         "wait timeouts", lambda: control.sweep_timeouts(executor), settings.wait_sweep_seconds
+    )
+    # The paused businesses, read by every executor (ADR-0109).
+    rt.add_periodic(
+        "business pauses", lambda: pausing.read_pauses(executor), settings.pause_poll_seconds
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
     add_retention(

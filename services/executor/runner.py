@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,6 +39,8 @@ from dispo.executor.commits import (
 from dispo.executor.domain import ActionSpec, NodeRun, RetryPolicy
 from dispo.executor.envelope import payload_of
 from dispo.executor.failures import CallOutcome, Move, Verdict, breaker_counts, next_move
+from dispo.executor.fair import equal, priority_of
+from dispo.executor.intake import Intake
 from dispo.executor.passes import Opening, Pass, Passes, Step
 from dispo.executor.plan import NodeChange
 from dispo.executor.slots import Slots
@@ -91,6 +94,13 @@ class ExecutorConfig:
     # How long a worker run waits offered on a queue with no live worker before its node
     # is demoted (ADR-0101).
     queue_idle: float = 30.0
+    # Passes running at once at most, and task.create messages of one business held
+    # waiting for one beyond them (ADR-0109).
+    passes: int = 512
+    business_hold: int = 512
+    # task.create messages in hand at most (the consumer's batch): the passes and the
+    # messages waiting for one.
+    in_hand: int = 2048
 
     @property
     def margin(self) -> float:
@@ -108,6 +118,8 @@ class Executor:
         http: aiohttp.ClientSession,
         health: httpx.AsyncClient,
         queue_limits: dict[str, int] | None = None,
+        weight: Callable[[str], int] = equal,
+        policy_businesses: tuple[str, ...] = (),
     ) -> None:
         self.db = db
         self.relay = relay
@@ -126,7 +138,16 @@ class Executor:
             )
             for name in registry
         }
-        self.slots = {name: Slots(d.max_concurrency) for name, d in registry.items()}
+        self.slots = {name: Slots(d.max_concurrency, weight) for name, d in registry.items()}
+        # Which task.create messages in hand run their pass next: the fair order (ADR-0109).
+        self.intake = Intake(
+            config.passes,
+            config.business_hold,
+            weight,
+            capacity=max(0, config.in_hand - config.passes),
+        )
+        self.weight = weight
+        self.policy_businesses = policy_businesses  # named in the business policy file
         self.passes = Passes(self.breakers, config.lease_ttl, self.slots)
         # Where the passes' database work commits: the transactions, and the port the
         # loop calls (group-committed: the items of every pass in hand share them).
@@ -182,7 +203,13 @@ class Executor:
             return Nak(delay=IN_HAND_DELAY)
         self.in_hand.add(env.task_id)
         try:
-            return await self._handle_create(env)
+            comeback = await self.intake.enter(env.business, priority_of(env.priority))
+            if comeback is not None:  # its business holds its share of the messages in hand
+                return Nak(delay=comeback)
+            try:
+                return await self._handle_create(env)
+            finally:
+                self.intake.leave(env.business)
         finally:
             self.in_hand.discard(env.task_id)
 
@@ -352,7 +379,7 @@ class Executor:
         try:
             if not claimed:
                 if slots is not None:
-                    await slots.take()
+                    await slots.take(env.business, priority_of(env.priority))
                     held = True
                 won = await self.commits.claim(Claim(task_id, node.node_id, owner))
                 if won is None:

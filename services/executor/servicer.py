@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import grpc
+from dispo.executor import pausing
 from dispo.executor.envelope import task_result
 from dispo.executor.runner import Executor
 from dispo.executor.states import TaskState
@@ -120,6 +121,36 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
         return executor_pb2.ProbeWorkerNodeResponse(
             answer=said, fenced=answer.fenced, detail=answer.detail
         )
+
+    async def PauseBusiness(
+        self, request: executor_pb2.PauseBusinessRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.PauseBusinessResponse:
+        state = await pausing.pause(self.executor, request.business, request.actor, request.reason)
+        return executor_pb2.PauseBusinessResponse(business=_business_state(state))
+
+    async def ResumeBusiness(
+        self, request: executor_pb2.ResumeBusinessRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.ResumeBusinessResponse:
+        state = await pausing.resume(self.executor, request.business)
+        return executor_pb2.ResumeBusinessResponse(business=_business_state(state))
+
+    async def ListBusinesses(
+        self, request: executor_pb2.ListBusinessesRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.ListBusinessesResponse:
+        states = await pausing.states(self.executor)
+        return executor_pb2.ListBusinessesResponse(businesses=[_business_state(s) for s in states])
+
+
+def _business_state(state: pausing.BusinessState) -> executor_pb2.BusinessState:
+    out = executor_pb2.BusinessState(
+        business=state.business, weight=state.weight, waiting_here=state.waiting_here
+    )
+    if state.paused is not None:
+        out.paused = True
+        out.paused_at.CopyFrom(to_timestamp(state.paused.paused_at))
+        out.paused_by = state.paused.paused_by
+        out.paused_reason = state.paused.reason
+    return out
 
 
 # A PollRuns takes at most this many runs.

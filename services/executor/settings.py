@@ -36,7 +36,33 @@ class ExecutorSettings(BaseSettings):
         " this (a live one extends it while it works)",
     )
     batch: int = Field(
-        default=512, description="`task.create` messages in hand (handled concurrently) at most"
+        default=ExecutorConfig.in_hand,
+        ge=1,
+        description="`task.create` messages in hand at most: the passes running and the"
+        " messages waiting for one, read ahead so that the next pass goes to the business"
+        " whose turn it is (ADR-0109)",
+    )
+    passes: int = Field(
+        default=ExecutorConfig.passes,
+        ge=1,
+        description="Passes (tasks being run) at once at most; the next one starts in the"
+        " fair order: weighted round-robin across businesses, then priority, then arrival"
+        " (ADR-0109)",
+    )
+    business_hold: int = Field(
+        default=ExecutorConfig.business_hold,
+        ge=1,
+        description="`task.create` messages of one business held waiting for a pass at most;"
+        " the next ones go back to the stream for later, so the consumer reads on to the"
+        " other businesses' (ADR-0109)",
+    )
+    max_ack_pending: int = Field(
+        default=100_000,
+        ge=1,
+        description="`task.create` messages delivered and not acknowledged at most, across"
+        " every replica: the messages in hand and those handed back for later. A flooding"
+        " business's backlog beyond it holds the other businesses' messages behind it in"
+        " the stream (ADR-0109)",
     )
     flush_max_items: int = Field(
         default=ExecutorConfig.flush_max_items,
@@ -123,6 +149,12 @@ class ExecutorSettings(BaseSettings):
         description="Time between sweeps for tasks past their deadline that no pass holds"
         " (parked, or between passes): each is closed FAILED, 'deadline reached' (ADR-0103)",
     )
+    pause_poll_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often each executor reads which businesses are paused: a pause or a"
+        " resume holds in every executor within this (ADR-0109)",
+    )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )
@@ -156,4 +188,7 @@ class ExecutorSettings(BaseSettings):
             send_margin=self.send_margin_seconds or None,
             run_lease=self.run_lease_seconds,
             queue_idle=self.queue_idle_seconds,
+            passes=self.passes,
+            business_hold=self.business_hold,
+            in_hand=self.batch,
         )

@@ -11,6 +11,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.catalogue import ActionDef
+from dispo.libs.contracts.tasks import LOWEST_PRIORITY, priority_of
 from dispo.libs.errors import FieldViolation, InvalidArgument
 from dispo.libs.payload import (
     PayloadError,
@@ -66,6 +67,8 @@ def submission_from_proto(
             bad.append(FieldViolation(error.path, error.reason))
             payload = {}
         cells.append(CellRequest(c.cell, c.ref, payload, list(c.depends_on)))
+    if not 0 <= request.priority <= LOWEST_PRIORITY:
+        bad.append(FieldViolation("priority", "1 (highest) to 5 (lowest), or 0 for 3"))
     if bad:
         raise InvalidArgument(violations=bad)
     return Submission(
@@ -76,6 +79,7 @@ def submission_from_proto(
         not_before=_instant(request, "not_before"),
         deadline=_instant(request, "deadline"),
         labels=dict(request.labels),
+        priority=priority_of(request.priority),
     )
 
 
@@ -110,6 +114,7 @@ def task_envelope(
         callback_url=sub.callback_url,
         generation=0,
         status=common_pb2.TASK_STATUS_ACCEPTED,
+        priority=sub.priority,
     )
     set_timestamp(env.created_at, now)
     set_timestamp(env.updated_at, now)

@@ -15,6 +15,7 @@ from typing import Any
 
 from dispo.libs import references
 from dispo.libs.catalogue import ActionDef, Catalogue, topological
+from dispo.libs.contracts.tasks import DEFAULT_PRIORITY
 from dispo.libs.egress import AllowList, EgressRefused, check_callback
 from dispo.libs.errors import FieldViolation, InvalidArgument, ResourceExhausted
 from dispo.libs.payload import canonical_json, fits_type
@@ -63,6 +64,8 @@ class Submission:
     deadline: datetime | None = None
     # The labels the Submit gave (its cells' label fields add theirs; ADR-0110).
     labels: dict[str, str] = field(default_factory=dict)
+    # 1 (highest) to 5 within its business's share (ADR-0109).
+    priority: int = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dispo.libs.batcher import Batcher
 from dispo.libs.catalogue import DEFAULT_MAX_OUTPUT_BYTES, Catalogue
 from dispo.libs.clock import Clock
 from dispo.libs.contracts import tasks
+from dispo.libs.contracts.tasks import DEFAULT_PRIORITY
 from dispo.libs.db.driver import Database
 from dispo.libs.egress import NATS_SCHEME, AllowList
 from dispo.libs.errors import (
@@ -64,7 +65,9 @@ def request_hash(sub: Submission) -> str:
     not_before = b',"not_before":%s' % _instant(sub.not_before) if sub.not_before else b""
     # Labels likewise (ADR-0110); a cell's label fields are in its payload already.
     labels = b',"labels":%s' % canonical_json(sub.labels) if sub.labels else b""
-    document = b'{"business":%s,"callback_url":%s,"cells":[%s]%s,"idempotency_key":%s%s%s}' % (
+    # So is a priority other than the default (ADR-0109).
+    priority = b',"priority":%d' % sub.priority if sub.priority != DEFAULT_PRIORITY else b""
+    document = b'{"business":%s,"callback_url":%s,"cells":[%s]%s,"idempotency_key":%s%s%s%s}' % (
         canonical_json(sub.business),
         canonical_json(sub.callback_url),
         cells,
@@ -72,6 +75,7 @@ def request_hash(sub: Submission) -> str:
         canonical_json(sub.idempotency_key),
         labels,
         not_before,
+        priority,
     )
     return hashlib.sha256(document).hexdigest()
 
@@ -238,6 +242,7 @@ class Gateway:
             not_before=when.not_before,
             deadline=when.deadline,
             labels=canonical_json(labels).decode() if labels else None,
+            priority=sub.priority,
         )
 
     def use_catalogue(self, catalogue: Catalogue, version: int, retired: Iterable[str]) -> None:

@@ -27,7 +27,13 @@ from dispo.gateway.store import TaskFilter
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.auth import business_filter, business_scope, caller, require_visible
+from dispo.libs.auth import (
+    business_filter,
+    business_scope,
+    caller,
+    require_priority,
+    require_visible,
+)
 from dispo.libs.bus import Bus, StreamUnavailable
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
@@ -182,7 +188,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         and that business has a Submit token left (each refusal names its field)."""
         business = business_filter(request.business, "business")
         self.limits.admit_submit(limited_business(context, business))
-        return submission_from_proto(request, business)
+        sub = submission_from_proto(request, business)
+        require_priority(sub.priority, "priority")
+        return sub
 
     async def SubmitMany(
         self, request: gateway_pb2.SubmitManyRequest, context: grpc.aio.ServicerContext
@@ -204,6 +212,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         for i, (item, business) in enumerate(zip(items, businesses, strict=True)):
             try:
                 sub = submission_from_proto(item, business)
+                require_priority(sub.priority, "priority")
                 news.append(await self.gateway.prepare(sub))
                 subs.append(sub)
             except InvalidArgument as error:
@@ -293,6 +302,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 node_count=record.node_count,
                 cancel_requested=record.cancel_requested,
                 labels=record.labels,
+                priority=record.priority,
             )
             set_timestamp(item.created_at, record.created_at)
             set_timestamp(item.updated_at, record.updated_at)

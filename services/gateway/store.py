@@ -103,6 +103,7 @@ class TaskSummary:
     updated_at: datetime
     not_before: datetime | None = None
     deadline: datetime | None = None
+    priority: int = tasks.DEFAULT_PRIORITY
     labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -152,6 +153,7 @@ class NewTask:
     deadline: datetime | None = None
     # Its labels as JSON text (None: none; ADR-0110).
     labels: str | None = None
+    priority: int = tasks.DEFAULT_PRIORITY  # ADR-0109
 
 
 @dataclass(frozen=True)
@@ -172,15 +174,17 @@ class KeyHolder:
 _ACCEPT_MANY = Statement(
     "WITH inserted AS (INSERT INTO tasks (task_id, business, idempotency_key, request_hash,"
     " status, node_count, view, callback_url, created_at, updated_at, not_before, deadline,"
-    " labels) SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback,"
-    " created, created, not_before, deadline, CAST(labels AS jsonb)"
+    " priority, labels)"
+    " SELECT id, business, NULLIF(key, ''), hash, 'accepted', nodes, view, callback, created,"
+    " created, not_before, deadline, priority, CAST(labels AS jsonb)"
     " FROM unnest(CAST(:ids AS text[]),"
     " CAST(:businesses AS text[]), CAST(:keys AS text[]), CAST(:hashes AS text[]),"
     " CAST(:nodes AS integer[]), CAST(:views AS bytea[]), CAST(:callbacks AS text[]),"
     " CAST(:created AS timestamptz[]), CAST(:not_befores AS timestamptz[]),"
-    " CAST(:deadlines AS timestamptz[]), CAST(:labels AS text[]))"
+    " CAST(:deadlines AS timestamptz[]), CAST(:priorities AS smallint[]),"
+    " CAST(:labels AS text[]))"
     " WITH ORDINALITY AS r(id, business, key, hash, nodes, view, callback, created,"
-    " not_before, deadline, labels, n) ORDER BY n"
+    " not_before, deadline, priority, labels, n) ORDER BY n"
     " ON CONFLICT (business, idempotency_key) DO NOTHING"
     " RETURNING task_id, view, created_at, not_before),"
     f" {outbox_mark_cte(outbox)} "
@@ -221,6 +225,7 @@ async def tasks_accept_many(conn: Conn, rows: list[NewTask], staged: Staged) -> 
             "not_befores": [r.not_before for r in rows],
             "deadlines": [r.deadline for r in rows],
             "labels": [r.labels for r in rows],
+            "priorities": [r.priority for r in rows],
             "subject": tasks.TASK_CREATE,
             "msg_ids": msg_ids,
             "traces": [r.trace for r in rows],

@@ -605,6 +605,31 @@ async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_pause
     await context.close()
 
 
+async def test_a_business_is_paused_by_name_its_task_waits_and_runs_once_resumed(
+    browser, console, screenshots
+):
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/businesses")
+    await page.locator("form.pause-business input[name=business]").fill("held-shop")
+    await page.locator("form.pause-business button.pause").click()  # confirmed
+    await expect(page.locator("#notice")).to_have_text("pause: done")
+    row = page.locator("tr[data-business=held-shop]")
+    await expect(row.locator(".paused")).to_contain_text("paused by")
+    async with console.pipeline.client() as client:
+        held = await client.submit("held-shop", [CellSpec("noop", {})])
+        await expect(row.locator(".accepted")).to_have_text("1")  # its paused depth, live
+        assert (await client.get(held.task_id)).status == "ACCEPTED"
+        await page.screenshot(path=screenshots / "businesses.png")
+        await row.locator("button.unpause").click()  # confirmed
+        await expect(page.locator("#notice")).to_have_text("resume: done")
+        await expect(row).to_have_count(0)  # neither paused, weighted nor waiting: not listed
+        assert (await client.wait(held.task_id)).status == "SUCCEEDED"
+    assert watched.errors == []
+    await context.close()
+
+
 def from_the_console(console: Console) -> dict[str, str]:
     """The Origin a browser sends with a form of the console's own pages."""
     return {"Origin": console.url}

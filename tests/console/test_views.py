@@ -5,7 +5,14 @@ first period of a series, whose comparison has no baseline by nature."""
 import re
 
 from dispo.console.app import HERE, templates
-from dispo.console.views import COLOURS, JOB_COLOURS, downstream_rows, job_row, worker_queue_rows
+from dispo.console.views import (
+    COLOURS,
+    JOB_COLOURS,
+    business_rows,
+    downstream_rows,
+    job_row,
+    worker_queue_rows,
+)
 from dispo.libs.api.executor.v1 import executor_pb2 as epb
 from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
@@ -167,3 +174,27 @@ def test_a_queue_with_runs_and_no_live_worker_is_red_a_live_one_green():
     assert '<td class="health bad" data-tone="bad">no live worker</td>' in page
     assert '<td class="offered">5</td>' in page
     assert "No worker queue" in rendered("_worker_queue_rows.html", worker_queues=[])
+
+
+def test_a_paused_business_shows_who_paused_it_its_depth_and_a_confirmed_resume():
+    rows = business_rows(
+        [
+            (
+                epb.BusinessState(
+                    business="bulk",
+                    weight=1,
+                    paused=True,
+                    paused_by="ops",
+                    paused_reason="incident",
+                ),
+                1200,
+            ),
+            (epb.BusinessState(business="trust-safety", weight=4, waiting_here=3), 7),
+        ]
+    )
+    page = rendered("_business_rows.html", businesses=rows)
+    bulk, trust = page.split('<tr data-business="trust-safety">')
+    assert '<td class="paused">paused by ops: incident</td>' in bulk
+    assert '<td class="accepted">1200</td>' in bulk  # its paused depth
+    assert 'hx-post="/businesses/bulk/resume" hx-confirm="Resume bulk?' in bulk
+    assert "<td>4</td>" in trust and 'hx-post="/businesses/trust-safety/pause"' in trust

@@ -1,5 +1,6 @@
-"""Call slots: never more than the size at once, handed out in order, none lost to a
-cancelled wait."""
+"""Call slots: never more than the size at once, handed out in the fair order (weighted
+round-robin across businesses, then priority, then arrival), none lost to a cancelled
+wait."""
 
 import asyncio
 
@@ -68,3 +69,36 @@ async def test_a_cancelled_wait_loses_no_slot():
     await asyncio.gather(first, third, return_exceptions=True)
     assert (slots.held, slots.waiting) == (0, 0)  # the third passed its slot back
     assert await slots.take_now()
+
+
+async def _order_of_slots(slots: Slots, waiters: list[tuple[str, int]]) -> list[int]:
+    """Queue ``waiters`` (business, priority) behind a held slot; the order they get it in."""
+    assert await slots.take_now()
+    order: list[int] = []
+
+    async def wait(i: int, business: str, priority: int) -> None:
+        await slots.take(business, priority)
+        order.append(i)
+        slots.give_back()
+
+    tasks = [asyncio.create_task(wait(i, b, p)) for i, (b, p) in enumerate(waiters)]
+    await asyncio.sleep(0)
+    slots.give_back()
+    await asyncio.gather(*tasks)
+    assert (slots.held, slots.waiting) == (0, 0)
+    return order
+
+
+async def test_a_business_queued_behind_another_s_backlog_gets_every_other_slot():
+    waiters = [("a", 3)] * 6 + [("b", 3)] * 3  # b's nodes come after a's six
+    order = await _order_of_slots(Slots(1), waiters)
+    assert order == [0, 6, 1, 7, 2, 8, 3, 4, 5]
+
+
+async def test_weights_share_the_slots_and_priority_orders_within_a_business():
+    weights = {"a": 1, "b": 2}
+    waiters = [("a", 3)] * 4 + [("b", 5), ("b", 1), ("b", 3), ("b", 1)]
+    order = await _order_of_slots(Slots(1, lambda b: weights[b]), waiters)
+    # b twice as often as a; b's priority 1 nodes first (in arrival order), its 5 last.
+    assert [i for i in order if i >= 4] == [5, 7, 6, 4]
+    assert order[:6] == [5, 0, 7, 6, 1, 4]

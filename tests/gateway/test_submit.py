@@ -268,3 +268,46 @@ async def test_a_task_whose_task_create_was_quarantined_can_be_cancelled(
     async with engine.connect() as conn:
         left = (await conn.execute(text("SELECT subject FROM outbox"))).scalars().all()
     assert left == [tasks.TASK_CANCEL]
+
+
+async def test_priority_outside_1_to_5_is_refused_naming_priority(gateway_client, service_engine):
+    for priority in (-1, 6):
+        with pytest.raises(DispoError) as refused:
+            await gateway_client.submit("tests", [cell("noop")], priority=priority)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT, priority
+        assert set(refused.value.violations) == {"priority"}, priority
+    assert await counts(service_engine) == (0, 0)
+
+
+async def test_a_business_token_submits_at_most_its_max_priority_and_lists_show_it(
+    gateway_only, service_engine
+):
+    from dispo.sdk import AsyncClient
+
+    address = gateway_only.gateway.address
+    async with admin_channel(address) as channel:
+        tokens = auth_pb2_grpc.TokenServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await tokens.CreateToken(
+                auth_pb2.CreateTokenRequest(kind=auth_pb2.TOKEN_KIND_ADMIN, max_priority=2)
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert set(DispoError.from_rpc(refused.value).violations) == {"max_priority"}
+        made = await tokens.CreateToken(
+            auth_pb2.CreateTokenRequest(
+                kind=auth_pb2.TOKEN_KIND_BUSINESS, business="bulk", max_priority=3
+            )
+        )
+        assert made.token.max_priority == 3
+    async with AsyncClient(address, token=made.secret) as bulk:
+        for priority in (1, 2):
+            with pytest.raises(DispoError) as denied:
+                await bulk.submit("bulk", [cell("noop")], priority=priority)
+            assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED, priority
+            assert set(denied.value.violations) == {"priority"}, priority
+        assert await counts(service_engine) == (0, 0)
+        low = await bulk.submit("bulk", [cell("noop")], priority=5)
+        usual = await bulk.submit("bulk", [cell("noop")])  # 3, its maximum
+        listed = {t.task_id: t.priority async for t in bulk.list()}
+        assert listed == {low.task_id: 5, usual.task_id: 3}
+        assert (await bulk.get(low.task_id)).priority == 5

@@ -700,3 +700,45 @@ async def test_the_catalogue_guide_runs_twice_on_a_stack(tmp_path):
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
+
+
+@pytest.mark.timeout(600)
+async def test_the_fairness_guide_runs_twice_on_a_stack(tmp_path):
+    """docs/fairness.md: a business token limited to priority 3 submits at 4 and is refused
+    1; its business paused, a task waits ACCEPTED (its paused depth listed) and runs once
+    resumed; then its Python example. Twice: a pause of a paused business changes nothing."""
+    stack = Stack(tmp_path)
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
+    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
+    env["DISPO_CONSOLE_PORT"] = str(free_port())
+    output = tmp_path / "up.out"
+    with open(output, "wb") as out:
+        up = subprocess.Popen(
+            [str(BIN / "dispo"), "up", "--nats-port", str(free_port()), "--demo-port",
+             str(stack.moved[DEMO])],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        def ready() -> bool:
+            assert up.poll() is None, output.read_text()
+            return "Ctrl-C stops everything" in output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+        [example] = re.findall(
+            r"```python\n(.*?)```", section("docs/fairness.md", "From Python"), re.S
+        )
+        for _ in range(2):
+            out = await run_guide("fairness.md", exported, stack)
+            assert "priority: a token of business 'bulk-relabel' may ask for priority 3" in out
+            assert "held during the incident" in out, out  # the pause, listed
+            assert "ACCEPTED" in out and "SUCCEEDED" in out, out
+            assert (await python(example, exported, stack)).strip() == "1", out
+    finally:
+        up.send_signal(signal.SIGINT)
+        await asyncio.to_thread(up.wait, 60)

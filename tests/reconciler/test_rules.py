@@ -121,6 +121,14 @@ def test_redrive_resumes_from_the_breakpoint():
     assert after_redrive(out, "c.bad") == "PENDING" and after_redrive(out, "c.next") == "PENDING"
 
 
+def test_a_redrive_and_a_release_keep_the_task_s_priority():
+    env = envelope("t", [("a.x", "FAILED"), ("b.y", "DEMOTED")])
+    env.priority = 1
+    for include_permanent in (False, True):  # a release is a redrive (ADR-0074)
+        out, _ = E.redrive(env, "why", include_permanent=include_permanent)
+        assert out.priority == 1
+
+
 def test_error_classes():
     def cls(**kw):
         return E.error_class(envelope("t", [("a.x", kw.pop("status", "FAILED"))], **kw))

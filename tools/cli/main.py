@@ -5,13 +5,14 @@ dispo submit FILE|- [--wait]                  a task from JSON or YAML
 dispo tasks list|count|show|watch|cancel      the gateway's tasks
 dispo failed list|show|resume|abandon|resolve the reconciler's failed, parked and uncertain work
 dispo downstreams list|pause|resume           downstream health and pauses
+dispo businesses list|pause|resume            fair-share weights, paused businesses
 dispo pool status|queue|evaluations|boost|bounds   the cron pool
 dispo jobs list|show|trigger                  intelligence analysis and comparison jobs
 dispo quarantine list|show|replay|discard     messages a service's consumers set aside
 dispo retention show                          finished tasks past their retention (a dry run)
 dispo tokens create|list|revoke|rotate-secret|finish-rotation|secrets   API tokens (admin)
 dispo worker run module:attribute             a worker serving worker actions' queues
-dispo bench submit|pool|faults|purge [options]   benchmarks
+dispo bench submit|pool|faults|purge|fairness [options]   benchmarks
 
 Every command that calls the stack takes ``--json`` (a test checks); the exit codes are in
 :mod:`dispo.tools.cli._common`.
@@ -306,6 +307,7 @@ BENCHMARKS = {
     "pool": "dispo.tools.bench.pool",  # cron claims and run recordings under contention
     "faults": "dispo.tools.bench.faults",  # the fault campaign: lost, stuck, duplicate effects
     "purge": "dispo.tools.bench.purge",  # the submit bench beside a retention purge
+    "fairness": "dispo.tools.bench.fairness",  # a flooding and a trickling business (ADR-0109)
 }
 
 
@@ -326,7 +328,7 @@ def bench(
     benchmark: Annotated[
         Benchmark,
         typer.Argument(
-            help="submit, pool, faults or purge; its own options follow (--help lists them)"
+            help="submit, pool, faults, purge or fairness; its own options follow (--help lists them)"
         ),
     ],
 ) -> None:
@@ -345,6 +347,7 @@ app.add_typer(tasks.tasks_app, name="tasks")
 app.command(name="submit")(tasks.submit)
 app.add_typer(operate.failed_app, name="failed")
 app.add_typer(operate.downstreams_app, name="downstreams")
+app.add_typer(operate.businesses_app, name="businesses")
 app.command(name="queues")(operate.queues)
 app.add_typer(operate.pool_app, name="pool")
 app.add_typer(operate.jobs_app, name="jobs")

@@ -4,6 +4,7 @@ service's quarantine: each one call (or one call per id) and a table of its repl
 dispo failed list|show|resume|abandon|resolve   ReconcilerService (failed, parked, uncertain work)
 dispo downstreams list|pause|resume             ReconcilerService (downstreams)
 dispo queues                                    ExecutorService (worker queues)
+dispo businesses list|pause|resume              ExecutorService (fair share, paused businesses)
 dispo pool status|queue|evaluations|boost|bounds   PoolService
 dispo jobs list|show|trigger                    IntelligenceService
 dispo quarantine list|show|replay|discard       QuarantineService of one service
@@ -54,6 +55,9 @@ failed_app = typer.Typer(
     help="The reconciler's failed, parked and uncertain work.", no_args_is_help=True
 )
 downstreams_app = typer.Typer(help="Downstream health, pauses and backlogs.", no_args_is_help=True)
+businesses_app = typer.Typer(
+    help="Businesses: their weights, pauses and paused depth.", no_args_is_help=True
+)
 pool_app = typer.Typer(help="The cron pool.", no_args_is_help=True)
 evaluations_app = typer.Typer(help="The pool's evaluations.", no_args_is_help=True)
 pool_app.add_typer(evaluations_app, name="evaluations")
@@ -438,6 +442,75 @@ def queues(ctx: typer.Context, as_json: JSON_OPTION = False) -> None:
     with _stub(ctx, "executor", executor_pb2_grpc.ExecutorServiceStub) as executor:
         reply = executor.ListQueues(epb.ListQueuesRequest(), timeout=CALL_SECONDS)
     show(reply, as_json, lambda r: table(r.queues, _QUEUE_COLUMNS))
+
+
+# --- businesses ---------------------------------------------------------------------------
+
+
+def _executor(ctx: typer.Context) -> AbstractContextManager[executor_pb2_grpc.ExecutorServiceStub]:
+    return _stub(ctx, "executor", executor_pb2_grpc.ExecutorServiceStub)
+
+
+def _show_businesses(
+    ctx: typer.Context, states: Sequence[epb.BusinessState], as_json: bool
+) -> None:
+    """The businesses with their paused depth: the gateway's count of their ACCEPTED tasks
+    (accepted, not started)."""
+    with target(ctx).client() as client:
+        accepted = {s.business: client.count(business=s.business)["ACCEPTED"] for s in states}
+    if as_json:
+        emit_json(
+            {"businesses": [{**as_dict(s), "accepted": accepted[s.business]} for s in states]}
+        )
+        return
+    columns: list[Column] = [
+        ("business", lambda s: s.business),
+        ("weight", lambda s: s.weight),
+        ("paused", lambda s: f"paused: {s.paused_reason}" if s.paused else ""),
+        ("since", lambda s: when(s.paused_at) if s.paused else ""),
+        ("accepted (not started)", lambda s: accepted[s.business]),
+        ("waiting here", lambda s: s.waiting_here),
+    ]
+    out.print(table(states, columns))
+
+
+@businesses_app.command(name="list")
+def businesses_list(ctx: typer.Context, as_json: JSON_OPTION = False) -> None:
+    """The businesses paused, weighted in the policy or waiting for the executor: weight,
+    pause, and their accepted tasks not started (the paused depth)."""
+    with _executor(ctx) as executor:
+        reply = executor.ListBusinesses(epb.ListBusinessesRequest(), timeout=CALL_SECONDS)
+    _show_businesses(ctx, reply.businesses, as_json)
+
+
+@businesses_app.command(name="pause")
+def businesses_pause(
+    ctx: typer.Context,
+    business: Annotated[str, typer.Argument(help="the business")],
+    reason: REASON_OPTION = "paused from the command line",
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Stop starting a business's tasks: they are still accepted and wait until resumed."""
+    with _executor(ctx) as executor:
+        reply = executor.PauseBusiness(
+            epb.PauseBusinessRequest(business=business, actor=actor(), reason=reason),
+            timeout=CALL_SECONDS,
+        )
+    _show_businesses(ctx, [reply.business], as_json)
+
+
+@businesses_app.command(name="resume")
+def businesses_resume(
+    ctx: typer.Context,
+    business: Annotated[str, typer.Argument(help="the business")],
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Start a paused business's tasks again."""
+    with _executor(ctx) as executor:
+        reply = executor.ResumeBusiness(
+            epb.ResumeBusinessRequest(business=business), timeout=CALL_SECONDS
+        )
+    _show_businesses(ctx, [reply.business], as_json)
 
 
 # --- pool ---------------------------------------------------------------------------------

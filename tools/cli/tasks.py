@@ -68,6 +68,7 @@ _SUBMIT_KEYS = {
     "not_before",
     "deadline",
     "labels",
+    "priority",
 }
 _CELL_KEYS = {"cell", "ref", "payload", "depends_on"}
 _STYLES = {
@@ -204,6 +205,17 @@ DEADLINE_OPTION = Annotated[
     str | None,
     typer.Option("--deadline", help="end FAILED if not finished by this ISO 8601 time"),
 ]
+PRIORITY_OPTION = Annotated[
+    int | None,
+    typer.Option("--priority", help="1 (highest) to 5 within the business's share (default 3)"),
+]
+
+
+def _priority(data: dict[str, Any], where: str) -> int:
+    value = data.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        usage(f"{where}: priority must be a whole number 1 to 5, got {value!r}")
+    return int(value)
 
 
 def submit(
@@ -215,6 +227,7 @@ def submit(
     delay: DELAY_OPTION = None,
     deadline: DEADLINE_OPTION = None,
     label: LABEL_OPTION = None,
+    priority: PRIORITY_OPTION = None,
     as_json: JSON_OPTION = False,
 ) -> None:
     """Submit a task, or the tasks of a file of requests in one call (exit 1 with --wait
@@ -222,6 +235,9 @@ def submit(
     found, many = _read(source)
     _timing(found, not_before, delay, deadline)
     _labelled(found, labels(label), source)
+    if priority is not None:
+        for data in found:
+            data["priority"] = priority
     if many:
         raise typer.Exit(_submit_many(ctx, found, source, wait, timeout, as_json))
     data = found[0]
@@ -235,6 +251,7 @@ def submit(
             not_before=_instant(data.get("not_before"), f"{source}: not_before"),
             deadline=_instant(data.get("deadline"), f"{source}: deadline"),
             labels=data.get("labels"),
+            priority=_priority(data, source),
         )
         if not wait:
             if as_json:
@@ -264,6 +281,7 @@ def _submit_many(
             not_before=_instant(data.get("not_before"), f"{source}: requests[{i}].not_before"),
             deadline=_instant(data.get("deadline"), f"{source}: requests[{i}].deadline"),
             labels=data.get("labels"),
+            priority=_priority(data, f"{source}: requests[{i}]"),
         )
         for i, data in enumerate(found)
     ]
@@ -526,7 +544,7 @@ def _known_statuses(statuses: list[str]) -> list[str]:
 def _task_table(page: TaskPage) -> Table:
     table = Table(box=None, pad_edge=False)
     labelled = any(task.labels for task in page.tasks)
-    for column in ("task", "business", "status", "nodes", "created", "updated"):
+    for column in ("task", "business", "status", "priority", "nodes", "created", "updated"):
         table.add_column(column)
     if labelled:
         table.add_column("labels", overflow="fold")
@@ -537,6 +555,7 @@ def _task_table(page: TaskPage) -> Table:
             task.business,
             _styled(task.status)
             + (f" (scheduled {moment(task.not_before)})" if task.scheduled(now) else ""),
+            str(task.priority),
             str(task.node_count),
             moment(task.created_at),
             moment(task.updated_at),

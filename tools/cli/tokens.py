@@ -72,7 +72,11 @@ def _line(token: pb.Token) -> str:
     bound = token.business or token.service or ",".join(token.queues)
     expires = token.expires_at.ToJsonString() if token.HasField("expires_at") else "never"
     revoked = " revoked " + token.revoked_at.ToJsonString() if token.HasField("revoked_at") else ""
-    return f"{token.token_id:<22} {kind:<9} {bound:<16} expires {expires}{revoked}  {token.label}"
+    ceiling = f" max priority {token.max_priority}" if token.max_priority > 1 else ""
+    return (
+        f"{token.token_id:<22} {kind:<9} {bound:<16} expires {expires}{revoked}{ceiling}"
+        f"  {token.label}"
+    )
 
 
 def _expires(text: str | None) -> int:
@@ -99,6 +103,13 @@ def create(
         str | None, typer.Option(help="lifetime: 90s, 15m, 12h, 30d (default: none)")
     ] = None,
     label: Annotated[str, typer.Option(help="who holds it")] = "",
+    max_priority: Annotated[
+        int,
+        typer.Option(
+            "--max-priority",
+            help="a business token: the highest Submit priority it may ask for, 1 (any) to 5",
+        ),
+    ] = 0,
     as_json: JSON_OPTION = False,
 ) -> None:
     """A new token; its secret is printed once."""
@@ -127,6 +138,7 @@ def create(
                 queues=queue or [],
                 label=label,
                 ttl_seconds=ttl,
+                max_priority=max_priority,
             ),
             timeout=10,
         )

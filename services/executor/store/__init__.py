@@ -12,6 +12,7 @@ task is a list of one (River's ``JobSetStateIfRunningMany``).
 - :mod:`.signals`: the signals a task was sent, kept until a waiting node takes one;
 - :mod:`.retention`: finished tasks past their business's retention, deleted with their
   nodes and worker runs (ADR-0105);
+- :mod:`.pauses`: the paused businesses (ADR-0109);
 - :mod:`.rows`: what a row reads as.
 
 The rules: every move is checked against ``NODE_TRANSITIONS`` / ``TASK_TRANSITIONS``

@@ -25,43 +25,43 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64ispo/auth/v1/auth.proto\x12\rdispo.auth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x02\n\x05Token\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.dispo.auth.v1.TokenKind\x12\x10\n\x08\x62usiness\x18\x03 \x01(\t\x12\x0f\n\x07service\x18\x04 \x01(\t\x12\r\n\x05label\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06queues\x18\t \x03(\t\"\x93\x01\n\x12\x43reateTokenRequest\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.dispo.auth.v1.TokenKind\x12\x10\n\x08\x62usiness\x18\x02 \x01(\t\x12\x0f\n\x07service\x18\x03 \x01(\t\x12\r\n\x05label\x18\x04 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x03\x12\x0e\n\x06queues\x18\x06 \x03(\t\"\x9d\x01\n\x13\x43reateTokenResponse\x12#\n\x05token\x18\x01 \x01(\x0b\x32\x14.dispo.auth.v1.Token\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x16\n\x0esigning_secret\x18\x03 \x01(\t\x12\x39\n\x13signing_secret_info\x18\x04 \x01(\x0b\x32\x1c.dispo.auth.v1.SigningSecret\">\n\x11ListTokensRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x17\n\x0finclude_revoked\x18\x02 \x01(\x08\":\n\x12ListTokensResponse\x12$\n\x06tokens\x18\x01 \x03(\x0b\x32\x14.dispo.auth.v1.Token\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\":\n\x13RevokeTokenResponse\x12#\n\x05token\x18\x01 \x01(\x0b\x32\x14.dispo.auth.v1.Token\"\x94\x01\n\rSigningSecret\x12\x11\n\tsecret_id\x18\x01 \x01(\t\x12\x10\n\x08\x62usiness\x18\x02 \x01(\t\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nretires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"E\n\x1aRotateSigningSecretRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x03\"\x8c\x01\n\x1bRotateSigningSecretResponse\x12-\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\x1c.dispo.auth.v1.SigningSecret\x12.\n\x08previous\x18\x02 \x01(\x0b\x32\x1c.dispo.auth.v1.SigningSecret\x12\x0e\n\x06secret\x18\x03 \x01(\t\"6\n\"FinishSigningSecretRotationRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\"T\n#FinishSigningSecretRotationResponse\x12-\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\x1c.dispo.auth.v1.SigningSecret\"-\n\x19ListSigningSecretsRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\"K\n\x1aListSigningSecretsResponse\x12-\n\x07secrets\x18\x01 \x03(\x0b\x32\x1c.dispo.auth.v1.SigningSecret*\x85\x01\n\tTokenKind\x12\x1a\n\x16TOKEN_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13TOKEN_KIND_BUSINESS\x10\x01\x12\x14\n\x10TOKEN_KIND_ADMIN\x10\x02\x12\x16\n\x12TOKEN_KIND_SERVICE\x10\x03\x12\x15\n\x11TOKEN_KIND_WORKER\x10\x04\x32\xed\x04\n\x0cTokenService\x12T\n\x0b\x43reateToken\x12!.dispo.auth.v1.CreateTokenRequest\x1a\".dispo.auth.v1.CreateTokenResponse\x12Q\n\nListTokens\x12 .dispo.auth.v1.ListTokensRequest\x1a!.dispo.auth.v1.ListTokensResponse\x12T\n\x0bRevokeToken\x12!.dispo.auth.v1.RevokeTokenRequest\x1a\".dispo.auth.v1.RevokeTokenResponse\x12l\n\x13RotateSigningSecret\x12).dispo.auth.v1.RotateSigningSecretRequest\x1a*.dispo.auth.v1.RotateSigningSecretResponse\x12\x84\x01\n\x1b\x46inishSigningSecretRotation\x12\x31.dispo.auth.v1.FinishSigningSecretRotationRequest\x1a\x32.dispo.auth.v1.FinishSigningSecretRotationResponse\x12i\n\x12ListSigningSecrets\x12(.dispo.auth.v1.ListSigningSecretsRequest\x1a).dispo.auth.v1.ListSigningSecretsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64ispo/auth/v1/auth.proto\x12\rdispo.auth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x02\n\x05Token\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.dispo.auth.v1.TokenKind\x12\x10\n\x08\x62usiness\x18\x03 \x01(\t\x12\x0f\n\x07service\x18\x04 \x01(\t\x12\r\n\x05label\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06queues\x18\t \x03(\t\x12\x14\n\x0cmax_priority\x18\n \x01(\x05\"\xa9\x01\n\x12\x43reateTokenRequest\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.dispo.auth.v1.TokenKind\x12\x10\n\x08\x62usiness\x18\x02 \x01(\t\x12\x0f\n\x07service\x18\x03 \x01(\t\x12\r\n\x05label\x18\x04 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x03\x12\x0e\n\x06queues\x18\x06 \x03(\t\x12\x14\n\x0cmax_priority\x18\x07 \x01(\x05\"\x9d\x01\n\x13\x43reateTokenResponse\x12#\n\x05token\x18\x01 \x01(\x0b\x32\x14.dispo.auth.v1.Token\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x16\n\x0esigning_secret\x18\x03 \x01(\t\x12\x39\n\x13signing_secret_info\x18\x04 \x01(\x0b\x32\x1c.dispo.auth.v1.SigningSecret\">\n\x11ListTokensRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x17\n\x0finclude_revoked\x18\x02 \x01(\x08\":\n\x12ListTokensResponse\x12$\n\x06tokens\x18\x01 \x03(\x0b\x32\x14.dispo.auth.v1.Token\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\":\n\x13RevokeTokenResponse\x12#\n\x05token\x18\x01 \x01(\x0b\x32\x14.dispo.auth.v1.Token\"\x94\x01\n\rSigningSecret\x12\x11\n\tsecret_id\x18\x01 \x01(\t\x12\x10\n\x08\x62usiness\x18\x02 \x01(\t\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nretires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"E\n\x1aRotateSigningSecretRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x15\n\rgrace_seconds\x18\x02 \x01(\x03\"\x8c\x01\n\x1bRotateSigningSecretResponse\x12-\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\x1c.dispo.auth.v1.SigningSecret\x12.\n\x08previous\x18\x02 \x01(\x0b\x32\x1c.dispo.auth.v1.SigningSecret\x12\x0e\n\x06secret\x18\x03 \x01(\t\"6\n\"FinishSigningSecretRotationRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\"T\n#FinishSigningSecretRotationResponse\x12-\n\x07\x63urrent\x18\x01 \x01(\x0b\x32\x1c.dispo.auth.v1.SigningSecret\"-\n\x19ListSigningSecretsRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\"K\n\x1aListSigningSecretsResponse\x12-\n\x07secrets\x18\x01 \x03(\x0b\x32\x1c.dispo.auth.v1.SigningSecret*\x85\x01\n\tTokenKind\x12\x1a\n\x16TOKEN_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13TOKEN_KIND_BUSINESS\x10\x01\x12\x14\n\x10TOKEN_KIND_ADMIN\x10\x02\x12\x16\n\x12TOKEN_KIND_SERVICE\x10\x03\x12\x15\n\x11TOKEN_KIND_WORKER\x10\x04\x32\xed\x04\n\x0cTokenService\x12T\n\x0b\x43reateToken\x12!.dispo.auth.v1.CreateTokenRequest\x1a\".dispo.auth.v1.CreateTokenResponse\x12Q\n\nListTokens\x12 .dispo.auth.v1.ListTokensRequest\x1a!.dispo.auth.v1.ListTokensResponse\x12T\n\x0bRevokeToken\x12!.dispo.auth.v1.RevokeTokenRequest\x1a\".dispo.auth.v1.RevokeTokenResponse\x12l\n\x13RotateSigningSecret\x12).dispo.auth.v1.RotateSigningSecretRequest\x1a*.dispo.auth.v1.RotateSigningSecretResponse\x12\x84\x01\n\x1b\x46inishSigningSecretRotation\x12\x31.dispo.auth.v1.FinishSigningSecretRotationRequest\x1a\x32.dispo.auth.v1.FinishSigningSecretRotationResponse\x12i\n\x12ListSigningSecrets\x12(.dispo.auth.v1.ListSigningSecretsRequest\x1a).dispo.auth.v1.ListSigningSecretsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dispo.auth.v1.auth_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOKENKIND']._serialized_start=1520
-  _globals['_TOKENKIND']._serialized_end=1653
+  _globals['_TOKENKIND']._serialized_start=1564
+  _globals['_TOKENKIND']._serialized_end=1697
   _globals['_TOKEN']._serialized_start=77
-  _globals['_TOKEN']._serialized_end=352
-  _globals['_CREATETOKENREQUEST']._serialized_start=355
-  _globals['_CREATETOKENREQUEST']._serialized_end=502
-  _globals['_CREATETOKENRESPONSE']._serialized_start=505
-  _globals['_CREATETOKENRESPONSE']._serialized_end=662
-  _globals['_LISTTOKENSREQUEST']._serialized_start=664
-  _globals['_LISTTOKENSREQUEST']._serialized_end=726
-  _globals['_LISTTOKENSRESPONSE']._serialized_start=728
-  _globals['_LISTTOKENSRESPONSE']._serialized_end=786
-  _globals['_REVOKETOKENREQUEST']._serialized_start=788
-  _globals['_REVOKETOKENREQUEST']._serialized_end=826
-  _globals['_REVOKETOKENRESPONSE']._serialized_start=828
-  _globals['_REVOKETOKENRESPONSE']._serialized_end=886
-  _globals['_SIGNINGSECRET']._serialized_start=889
-  _globals['_SIGNINGSECRET']._serialized_end=1037
-  _globals['_ROTATESIGNINGSECRETREQUEST']._serialized_start=1039
-  _globals['_ROTATESIGNINGSECRETREQUEST']._serialized_end=1108
-  _globals['_ROTATESIGNINGSECRETRESPONSE']._serialized_start=1111
-  _globals['_ROTATESIGNINGSECRETRESPONSE']._serialized_end=1251
-  _globals['_FINISHSIGNINGSECRETROTATIONREQUEST']._serialized_start=1253
-  _globals['_FINISHSIGNINGSECRETROTATIONREQUEST']._serialized_end=1307
-  _globals['_FINISHSIGNINGSECRETROTATIONRESPONSE']._serialized_start=1309
-  _globals['_FINISHSIGNINGSECRETROTATIONRESPONSE']._serialized_end=1393
-  _globals['_LISTSIGNINGSECRETSREQUEST']._serialized_start=1395
-  _globals['_LISTSIGNINGSECRETSREQUEST']._serialized_end=1440
-  _globals['_LISTSIGNINGSECRETSRESPONSE']._serialized_start=1442
-  _globals['_LISTSIGNINGSECRETSRESPONSE']._serialized_end=1517
-  _globals['_TOKENSERVICE']._serialized_start=1656
-  _globals['_TOKENSERVICE']._serialized_end=2277
+  _globals['_TOKEN']._serialized_end=374
+  _globals['_CREATETOKENREQUEST']._serialized_start=377
+  _globals['_CREATETOKENREQUEST']._serialized_end=546
+  _globals['_CREATETOKENRESPONSE']._serialized_start=549
+  _globals['_CREATETOKENRESPONSE']._serialized_end=706
+  _globals['_LISTTOKENSREQUEST']._serialized_start=708
+  _globals['_LISTTOKENSREQUEST']._serialized_end=770
+  _globals['_LISTTOKENSRESPONSE']._serialized_start=772
+  _globals['_LISTTOKENSRESPONSE']._serialized_end=830
+  _globals['_REVOKETOKENREQUEST']._serialized_start=832
+  _globals['_REVOKETOKENREQUEST']._serialized_end=870
+  _globals['_REVOKETOKENRESPONSE']._serialized_start=872
+  _globals['_REVOKETOKENRESPONSE']._serialized_end=930
+  _globals['_SIGNINGSECRET']._serialized_start=933
+  _globals['_SIGNINGSECRET']._serialized_end=1081
+  _globals['_ROTATESIGNINGSECRETREQUEST']._serialized_start=1083
+  _globals['_ROTATESIGNINGSECRETREQUEST']._serialized_end=1152
+  _globals['_ROTATESIGNINGSECRETRESPONSE']._serialized_start=1155
+  _globals['_ROTATESIGNINGSECRETRESPONSE']._serialized_end=1295
+  _globals['_FINISHSIGNINGSECRETROTATIONREQUEST']._serialized_start=1297
+  _globals['_FINISHSIGNINGSECRETROTATIONREQUEST']._serialized_end=1351
+  _globals['_FINISHSIGNINGSECRETROTATIONRESPONSE']._serialized_start=1353
+  _globals['_FINISHSIGNINGSECRETROTATIONRESPONSE']._serialized_end=1437
+  _globals['_LISTSIGNINGSECRETSREQUEST']._serialized_start=1439
+  _globals['_LISTSIGNINGSECRETSREQUEST']._serialized_end=1484
+  _globals['_LISTSIGNINGSECRETSRESPONSE']._serialized_start=1486
+  _globals['_LISTSIGNINGSECRETSRESPONSE']._serialized_end=1561
+  _globals['_TOKENSERVICE']._serialized_start=1700
+  _globals['_TOKENSERVICE']._serialized_end=2321
 # @@protoc_insertion_point(module_scope)

@@ -76,6 +76,7 @@ class Token(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     REVOKED_AT_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
+    MAX_PRIORITY_FIELD_NUMBER: _builtins.int
     token_id: _builtins.str
     """Its id ("tok_" and 16 hex characters): what RevokeToken takes; not a credential."""
     kind: Global___TokenKind.ValueType
@@ -86,6 +87,10 @@ class Token(_message.Message):
     """The service a service token is bound to (gateway, reconciler, pool, pool-worker, ...)."""
     label: _builtins.str
     """Free text naming who holds it."""
+    max_priority: _builtins.int
+    """The highest Submit priority a business token may ask for (1: any); 0 for the other
+    kinds.
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
         """When CreateToken made it."""
@@ -114,10 +119,11 @@ class Token(_message.Message):
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         revoked_at: _timestamp_pb2.Timestamp | None = ...,
         queues: _abc.Iterable[_builtins.str] | None = ...,
+        max_priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expires_at", b"expires_at", "revoked_at", b"revoked_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_at", b"created_at", "expires_at", b"expires_at", "kind", b"kind", "label", b"label", "queues", b"queues", "revoked_at", b"revoked_at", "service", b"service", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_at", b"created_at", "expires_at", b"expires_at", "kind", b"kind", "label", b"label", "max_priority", b"max_priority", "queues", b"queues", "revoked_at", b"revoked_at", "service", b"service", "token_id", b"token_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -135,6 +141,7 @@ class CreateTokenRequest(_message.Message):
     LABEL_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
+    MAX_PRIORITY_FIELD_NUMBER: _builtins.int
     kind: Global___TokenKind.ValueType
     """Required: business, admin, service or worker."""
     business: _builtins.str
@@ -147,6 +154,10 @@ class CreateTokenRequest(_message.Message):
     """Free text naming who will hold it, at most 200 characters."""
     ttl_seconds: _builtins.int
     """Seconds from now until it expires, at most ten years; 0: it does not expire."""
+    max_priority: _builtins.int
+    """A business token only: the highest Submit priority it may ask for, 1 (highest) to 5;
+    0: 1, any priority. A Submit above it is PERMISSION_DENIED naming priority (ADR-0109).
+    """
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Required for a worker token, empty otherwise: the queues it serves (catalogue queue
@@ -162,10 +173,11 @@ class CreateTokenRequest(_message.Message):
         label: _builtins.str = ...,
         ttl_seconds: _builtins.int = ...,
         queues: _abc.Iterable[_builtins.str] | None = ...,
+        max_priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "kind", b"kind", "label", b"label", "queues", b"queues", "service", b"service", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "kind", b"kind", "label", b"label", "max_priority", b"max_priority", "queues", b"queues", "service", b"service", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

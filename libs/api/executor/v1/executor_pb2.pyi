@@ -97,6 +97,192 @@ calls decide (all succeed: it closes; one fails: it opens again).
 Global___BreakerState: _TypeAlias = BreakerState  # noqa: Y015
 
 @_typing.final
+class BusinessState(_message.Message):
+    """A business as the executors see it (ADR-0109)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    PAUSED_AT_FIELD_NUMBER: _builtins.int
+    PAUSED_BY_FIELD_NUMBER: _builtins.int
+    PAUSED_REASON_FIELD_NUMBER: _builtins.int
+    WAITING_HERE_FIELD_NUMBER: _builtins.int
+    business: _builtins.str
+    """Its name."""
+    weight: _builtins.int
+    """Its weight in the fair share (the business policy file's; 1 by default)."""
+    paused: _builtins.bool
+    """True while an operator holds its tasks (PauseBusiness)."""
+    paused_by: _builtins.str
+    """Who paused it, and why, as given."""
+    paused_reason: _builtins.str
+    waiting_here: _builtins.int
+    """Its task.create messages waiting for a pass in the executor that answered."""
+    @_builtins.property
+    def paused_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was paused; unset when it is not."""
+
+    def __init__(
+        self,
+        *,
+        business: _builtins.str = ...,
+        weight: _builtins.int = ...,
+        paused: _builtins.bool = ...,
+        paused_at: _timestamp_pb2.Timestamp | None = ...,
+        paused_by: _builtins.str = ...,
+        paused_reason: _builtins.str = ...,
+        waiting_here: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["paused_at", b"paused_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "paused", b"paused", "paused_at", b"paused_at", "paused_by", b"paused_by", "paused_reason", b"paused_reason", "waiting_here", b"waiting_here", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BusinessState: _TypeAlias = BusinessState  # noqa: Y015
+
+@_typing.final
+class PauseBusinessRequest(_message.Message):
+    """A business to pause."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    business: _builtins.str
+    """Required: the business (the name Submit takes)."""
+    actor: _builtins.str
+    """Who pauses it (recorded)."""
+    reason: _builtins.str
+    """Why (recorded)."""
+    def __init__(
+        self,
+        *,
+        business: _builtins.str = ...,
+        actor: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "business", b"business", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseBusinessRequest: _TypeAlias = PauseBusinessRequest  # noqa: Y015
+
+@_typing.final
+class PauseBusinessResponse(_message.Message):
+    """The paused business."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def business(self) -> Global___BusinessState:
+        """Its state, paused."""
+
+    def __init__(
+        self,
+        *,
+        business: Global___BusinessState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["business", b"business"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseBusinessResponse: _TypeAlias = PauseBusinessResponse  # noqa: Y015
+
+@_typing.final
+class ResumeBusinessRequest(_message.Message):
+    """A business to resume."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    business: _builtins.str
+    """Required: the business."""
+    def __init__(
+        self,
+        *,
+        business: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeBusinessRequest: _TypeAlias = ResumeBusinessRequest  # noqa: Y015
+
+@_typing.final
+class ResumeBusinessResponse(_message.Message):
+    """The resumed business."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def business(self) -> Global___BusinessState:
+        """Its state, not paused."""
+
+    def __init__(
+        self,
+        *,
+        business: Global___BusinessState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["business", b"business"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeBusinessResponse: _TypeAlias = ResumeBusinessResponse  # noqa: Y015
+
+@_typing.final
+class ListBusinessesRequest(_message.Message):
+    """ListBusinesses takes nothing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBusinessesRequest: _TypeAlias = ListBusinessesRequest  # noqa: Y015
+
+@_typing.final
+class ListBusinessesResponse(_message.Message):
+    """The businesses, by name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUSINESSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def businesses(self) -> _containers.RepeatedCompositeFieldContainer[Global___BusinessState]: ...
+    def __init__(
+        self,
+        *,
+        businesses: _abc.Iterable[Global___BusinessState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["businesses", b"businesses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBusinessesResponse: _TypeAlias = ListBusinessesResponse  # noqa: Y015
+
+@_typing.final
 class ListQueuesRequest(_message.Message):
     """ListQueues takes nothing: every queue is listed."""
 

@@ -55,6 +55,21 @@ class ExecutorServiceStub:
                 request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeRequest.SerializeToString,
                 response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeResponse.FromString,
                 _registered_method=True)
+        self.PauseBusiness = channel.unary_unary(
+                '/dispo.executor.v1.ExecutorService/PauseBusiness',
+                request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.PauseBusinessRequest.SerializeToString,
+                response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.PauseBusinessResponse.FromString,
+                _registered_method=True)
+        self.ResumeBusiness = channel.unary_unary(
+                '/dispo.executor.v1.ExecutorService/ResumeBusiness',
+                request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ResumeBusinessRequest.SerializeToString,
+                response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ResumeBusinessResponse.FromString,
+                _registered_method=True)
+        self.ListBusinesses = channel.unary_unary(
+                '/dispo.executor.v1.ExecutorService/ListBusinesses',
+                request_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListBusinessesRequest.SerializeToString,
+                response_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListBusinessesResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServiceServicer:
@@ -104,6 +119,34 @@ class ExecutorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseBusiness(self, request, context):
+        """Stop starting one business's tasks (ADR-0109): they are still accepted and wait,
+        ACCEPTED, until ResumeBusiness; a task already running goes on. Every executor stops
+        within DISPO_EXECUTOR_PAUSE_POLL_SECONDS. Pausing a paused business keeps its first
+        pause. INVALID_ARGUMENT naming business for a name Submit would refuse. Callers: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeBusiness(self, request, context):
+        """Start a paused business's tasks again, in the fair order with the others' (resuming
+        one that is not paused changes nothing). Callers: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBusinesses(self, request, context):
+        """The businesses that are paused, have a weight of their own in the business policy, or
+        have tasks waiting for a pass in the executor answering. Their paused depth (accepted,
+        not started) is the gateway's count of their ACCEPTED tasks (CountTasks). Callers:
+        admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +169,21 @@ def add_ExecutorServiceServicer_to_server(servicer, server):
                     servicer.ProbeWorkerNode,
                     request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeRequest.FromString,
                     response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeResponse.SerializeToString,
+            ),
+            'PauseBusiness': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseBusiness,
+                    request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.PauseBusinessRequest.FromString,
+                    response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.PauseBusinessResponse.SerializeToString,
+            ),
+            'ResumeBusiness': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeBusiness,
+                    request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ResumeBusinessRequest.FromString,
+                    response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ResumeBusinessResponse.SerializeToString,
+            ),
+            'ListBusinesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBusinesses,
+                    request_deserializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListBusinessesRequest.FromString,
+                    response_serializer=dispo_dot_executor_dot_v1_dot_executor__pb2.ListBusinessesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -237,6 +295,87 @@ class ExecutorService:
             '/dispo.executor.v1.ExecutorService/ProbeWorkerNode',
             dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeRequest.SerializeToString,
             dispo_dot_executor_dot_v1_dot_executor__pb2.ProbeWorkerNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseBusiness(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.executor.v1.ExecutorService/PauseBusiness',
+            dispo_dot_executor_dot_v1_dot_executor__pb2.PauseBusinessRequest.SerializeToString,
+            dispo_dot_executor_dot_v1_dot_executor__pb2.PauseBusinessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeBusiness(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.executor.v1.ExecutorService/ResumeBusiness',
+            dispo_dot_executor_dot_v1_dot_executor__pb2.ResumeBusinessRequest.SerializeToString,
+            dispo_dot_executor_dot_v1_dot_executor__pb2.ResumeBusinessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBusinesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.executor.v1.ExecutorService/ListBusinesses',
+            dispo_dot_executor_dot_v1_dot_executor__pb2.ListBusinessesRequest.SerializeToString,
+            dispo_dot_executor_dot_v1_dot_executor__pb2.ListBusinessesResponse.FromString,
             options,
             channel_credentials,
             insecure,

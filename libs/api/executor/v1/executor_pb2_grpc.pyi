@@ -63,6 +63,22 @@ class ExecutorServiceStub:
     have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
     Callers: the reconciler (settling UNKNOWN nodes), admin.
     """
+    PauseBusiness: _grpc.UnaryUnaryMultiCallable[_executor_pb2.PauseBusinessRequest, _executor_pb2.PauseBusinessResponse]
+    """Stop starting one business's tasks (ADR-0109): they are still accepted and wait,
+    ACCEPTED, until ResumeBusiness; a task already running goes on. Every executor stops
+    within DISPO_EXECUTOR_PAUSE_POLL_SECONDS. Pausing a paused business keeps its first
+    pause. INVALID_ARGUMENT naming business for a name Submit would refuse. Callers: admin.
+    """
+    ResumeBusiness: _grpc.UnaryUnaryMultiCallable[_executor_pb2.ResumeBusinessRequest, _executor_pb2.ResumeBusinessResponse]
+    """Start a paused business's tasks again, in the fair order with the others' (resuming
+    one that is not paused changes nothing). Callers: admin.
+    """
+    ListBusinesses: _grpc.UnaryUnaryMultiCallable[_executor_pb2.ListBusinessesRequest, _executor_pb2.ListBusinessesResponse]
+    """The businesses that are paused, have a weight of their own in the business policy, or
+    have tasks waiting for a pass in the executor answering. Their paused depth (accepted,
+    not started) is the gateway's count of their ACCEPTED tasks (CountTasks). Callers:
+    admin.
+    """
 
 @_typing.type_check_only
 class ExecutorServiceAsyncStub(ExecutorServiceStub):
@@ -95,6 +111,22 @@ class ExecutorServiceAsyncStub(ExecutorServiceStub):
     executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
     have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
     Callers: the reconciler (settling UNKNOWN nodes), admin.
+    """
+    PauseBusiness: _aio.UnaryUnaryMultiCallable[_executor_pb2.PauseBusinessRequest, _executor_pb2.PauseBusinessResponse]  # type: ignore[assignment]
+    """Stop starting one business's tasks (ADR-0109): they are still accepted and wait,
+    ACCEPTED, until ResumeBusiness; a task already running goes on. Every executor stops
+    within DISPO_EXECUTOR_PAUSE_POLL_SECONDS. Pausing a paused business keeps its first
+    pause. INVALID_ARGUMENT naming business for a name Submit would refuse. Callers: admin.
+    """
+    ResumeBusiness: _aio.UnaryUnaryMultiCallable[_executor_pb2.ResumeBusinessRequest, _executor_pb2.ResumeBusinessResponse]  # type: ignore[assignment]
+    """Start a paused business's tasks again, in the fair order with the others' (resuming
+    one that is not paused changes nothing). Callers: admin.
+    """
+    ListBusinesses: _aio.UnaryUnaryMultiCallable[_executor_pb2.ListBusinessesRequest, _executor_pb2.ListBusinessesResponse]  # type: ignore[assignment]
+    """The businesses that are paused, have a weight of their own in the business policy, or
+    have tasks waiting for a pass in the executor answering. Their paused depth (accepted,
+    not started) is the gateway's count of their ACCEPTED tasks (CountTasks). Callers:
+    admin.
     """
 
 class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -149,6 +181,40 @@ class ExecutorServiceServicer(metaclass=_abc_1.ABCMeta):
         executor has not recorded; INVALID_ARGUMENT naming node_id for a node it does not
         have; FAILED_PRECONDITION for a node that is not a worker action's or not UNKNOWN.
         Callers: the reconciler (settling UNKNOWN nodes), admin.
+        """
+
+    @_abc_1.abstractmethod
+    def PauseBusiness(
+        self,
+        request: _executor_pb2.PauseBusinessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.PauseBusinessResponse, _abc.Awaitable[_executor_pb2.PauseBusinessResponse]]:
+        """Stop starting one business's tasks (ADR-0109): they are still accepted and wait,
+        ACCEPTED, until ResumeBusiness; a task already running goes on. Every executor stops
+        within DISPO_EXECUTOR_PAUSE_POLL_SECONDS. Pausing a paused business keeps its first
+        pause. INVALID_ARGUMENT naming business for a name Submit would refuse. Callers: admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeBusiness(
+        self,
+        request: _executor_pb2.ResumeBusinessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.ResumeBusinessResponse, _abc.Awaitable[_executor_pb2.ResumeBusinessResponse]]:
+        """Start a paused business's tasks again, in the fair order with the others' (resuming
+        one that is not paused changes nothing). Callers: admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ListBusinesses(
+        self,
+        request: _executor_pb2.ListBusinessesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_executor_pb2.ListBusinessesResponse, _abc.Awaitable[_executor_pb2.ListBusinessesResponse]]:
+        """The businesses that are paused, have a weight of their own in the business policy, or
+        have tasks waiting for a pass in the executor answering. Their paused depth (accepted,
+        not started) is the gateway's count of their ACCEPTED tasks (CountTasks). Callers:
+        admin.
         """
 
 def add_ExecutorServiceServicer_to_server(servicer: ExecutorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

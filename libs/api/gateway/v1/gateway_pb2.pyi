@@ -233,6 +233,7 @@ class SubmitRequest(_message.Message):
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """Calling business line, e.g. "ecommerce": required; letters, digits, '_' or '-' (no '.'),
     at most 64, as CreateToken requires. A business token may only name its own business (or
@@ -247,6 +248,14 @@ class SubmitRequest(_message.Message):
     the egress allow-list (a signed POST of the final task) or nats:callbacks.<business>.…
     (a message on the CALLBACKS stream). Empty: no notification. An http(s) URL needs the
     business's webhook signing secret: FAILED_PRECONDITION naming callback_url otherwise.
+    """
+    priority: _builtins.int
+    """1 (highest) to 5 (lowest); 0 or unset: 3. Within its business's fair share of the
+    executors and of each downstream, a task of higher priority starts first (arrival
+    order among equals; ADR-0109). It never takes another business's share. A business
+    token may submit at most its max_priority (set when the token was created):
+    PERMISSION_DENIED naming priority above it; outside 0..5: INVALID_ARGUMENT naming
+    priority.
     """
     @_builtins.property
     def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellRequest]:
@@ -293,10 +302,11 @@ class SubmitRequest(_message.Message):
         not_before: _timestamp_pb2.Timestamp | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "not_before", b"not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cells", b"cells", "deadline", b"deadline", "idempotency_key", b"idempotency_key", "labels", b"labels", "not_before", b"not_before"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cells", b"cells", "deadline", b"deadline", "idempotency_key", b"idempotency_key", "labels", b"labels", "not_before", b"not_before", "priority", b"priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -701,6 +711,7 @@ class TaskSummary(_message.Message):
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task's id."""
     business: _builtins.str
@@ -711,6 +722,8 @@ class TaskSummary(_message.Message):
     """Nodes of its DAG (actions of all its cells)."""
     cancel_requested: _builtins.bool
     """True once CancelTask was called for it (running nodes may still be finishing)."""
+    priority: _builtins.int
+    """Its priority within its business's share: 1 (highest) to 5 (SubmitRequest.priority)."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
         """When Submit accepted it."""
@@ -746,10 +759,11 @@ class TaskSummary(_message.Message):
         not_before: _timestamp_pb2.Timestamp | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "not_before", b"not_before", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "deadline", b"deadline", "labels", b"labels", "node_count", b"node_count", "not_before", b"not_before", "status", b"status", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "cancel_requested", b"cancel_requested", "created_at", b"created_at", "deadline", b"deadline", "labels", b"labels", "node_count", b"node_count", "not_before", b"not_before", "priority", b"priority", "status", b"status", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

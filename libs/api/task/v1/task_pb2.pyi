@@ -412,6 +412,7 @@ class Task(_message.Message):
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
     CATALOGUE_VERSION_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task's id (32 hex characters), given by the gateway at acceptance."""
     business: _builtins.str
@@ -440,6 +441,11 @@ class Task(_message.Message):
     """The catalogue version the gateway accepted it under (ADR-0111): its nodes' actions are
     that version's, for its whole life, redrives and resumes included (0: accepted before
     the catalogue had versions).
+    """
+    priority: _builtins.int
+    """Its priority within its business's share (SubmitRequest.priority): 1 goes first, 5
+    last. Kept by every redrive and release of the task. 0 (an envelope from before
+    priorities): 3.
     """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
@@ -506,10 +512,11 @@ class Task(_message.Message):
         not_before: _timestamp_pb2.Timestamp | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
         catalogue_version: _builtins.int = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "not_before", b"not_before", "redrive", b"redrive", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "catalogue_version", b"catalogue_version", "created_at", b"created_at", "deadline", b"deadline", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "not_before", b"not_before", "outputs_unavailable", b"outputs_unavailable", "payloads", b"payloads", "redrive", b"redrive", "result", b"result", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "callback_url", b"callback_url", "cancel_requested", b"cancel_requested", "catalogue_version", b"catalogue_version", "created_at", b"created_at", "deadline", b"deadline", "generation", b"generation", "idempotency_key", b"idempotency_key", "nodes", b"nodes", "not_before", b"not_before", "outputs_unavailable", b"outputs_unavailable", "payloads", b"payloads", "priority", b"priority", "redrive", b"redrive", "result", b"result", "status", b"status", "status_reason", b"status_reason", "task_id", b"task_id", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
