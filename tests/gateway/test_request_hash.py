@@ -9,6 +9,7 @@ from datetime import UTC
 
 from dispo.gateway.expand import CellRequest, Submission
 from dispo.gateway.operations import request_hash
+from dispo.libs.contracts.tasks import DEFAULT_PRIORITY
 from dispo.libs.payload import canonical_json
 from hypothesis import given
 from hypothesis import strategies as st
@@ -37,16 +38,19 @@ submissions = st.builds(
     idempotency_key=text,
     callback_url=text,
     labels=st.dictionaries(text, text, max_size=3),
+    priority=st.integers(1, 5),
 )
 
 
 def _document(sub: Submission) -> dict:
     """The request as hashed: a delayed start and a deadline only when asked, as ISO 8601
-    in UTC, and labels only when given (the hashes of requests without them are those
-    stored before they existed)."""
+    in UTC, labels only when given and a priority only when not the default (the hashes of
+    requests without them are those stored before they existed)."""
     whole = asdict(sub)
     if not whole["labels"]:
         del whole["labels"]
+    if whole["priority"] == DEFAULT_PRIORITY:
+        del whole["priority"]
     for name in ("not_before", "deadline"):
         moment = whole.pop(name)
         if moment is not None:
@@ -95,5 +99,6 @@ def test_every_field_of_a_request_is_hashed():
         "not_before",
         "deadline",
         "labels",
+        "priority",
     ]
     assert [f.name for f in fields(CellRequest)] == ["cell", "ref", "payload", "depends_on"]

@@ -180,7 +180,7 @@ async def test_submit_wait_shows_the_task_and_exits_0_and_list_is_newest_first(c
     assert "dependencies" in shown.stdout  # the tree: noop under step
     assert as_json.returncode == 0, as_json.stderr
     reply = json.loads(as_json.stdout)
-    assert set(reply) == {"task", "completion"}
+    assert set(reply) == {"task", "completion", "labels"} and reply["labels"] == {}
     assert TASK_KEYS <= set(reply["task"]) and reply["task"]["status"] == "TASK_STATUS_SUCCEEDED"
     assert {n["node_id"] for n in reply["task"]["nodes"]} == {"only.noop"}
 
