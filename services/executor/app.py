@@ -23,7 +23,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.executor.v1 import executor_pb2_grpc, worker_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Term
-from dispo.libs.catalogue import load_configured_catalogue
+from dispo.libs.catalogue import Catalogue, load_configured_catalogue
 from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
 from dispo.libs.logging import bind_ids, get_logger
@@ -54,8 +54,30 @@ async def build_executor(
     config = settings.config()
     db = await rt.database()
     limits = {q.name: q.max_concurrency for q in catalogue.queues.values() if q.max_concurrency}
-    executor = Executor(db, relay, catalogue.downstreams, rt.clock, config, calls, health, limits)
+    executor = Executor(
+        db,
+        relay,
+        catalogue.downstreams,
+        rt.clock,
+        config,
+        calls,
+        health,
+        limits,
+        call_timeouts(catalogue),
+    )
     return executor, relay
+
+
+def call_timeouts(catalogue: Catalogue) -> dict[str, float]:
+    """The longest call timeout of each downstream, in seconds (its own or an action's)."""
+    longest = {n: d.timeout_ms / 1000 for n, d in catalogue.downstreams.items()}
+    for cell in catalogue.cells.values():
+        for action in cell.actions:
+            if action.downstream in longest and action.timeout_ms:
+                longest[action.downstream] = max(
+                    longest[action.downstream], action.timeout_ms / 1000
+                )
+    return longest
 
 
 async def setup(rt: Runtime) -> None:
@@ -169,6 +191,10 @@ async def setup(rt: Runtime) -> None:
         "wait timeouts", lambda: control.sweep_timeouts(executor), settings.wait_sweep_seconds
     )
     rt.add_part("outbox relay", relay.run, relay.stop)
+    shares = executor.shares
+    if shares is not None:  # renewed every third of a lease, sooner when short (ADR-0108)
+        shares.kick = rt.add_periodic("downstream shares", shares.renew, shares.lease / 3).kick
+        rt.close_on_stop(shares.drop, name="downstream shares")
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))
     if settings.health_interval_seconds > 0:
@@ -197,17 +223,29 @@ async def check_downstreams(ex: Executor) -> None:
 async def downstream_samples(ex: Executor) -> list[metrics.Sample]:
     """The state of every downstream's breaker and call slots in this executor (read at
     scrape time)."""
-    return [
-        metrics.BREAKER_STATE.sample(BREAKER_VALUES[breaker.state], name)
-        for name, breaker in ex.breakers.items()
-    ] + [
-        sample
-        for name, slots in ex.slots.items()
-        for sample in (
-            metrics.DOWNSTREAM_CALLS.sample(slots.held, name),
-            metrics.DOWNSTREAM_WAITING.sample(slots.waiting, name),
-        )
-    ]
+    return (
+        [
+            metrics.BREAKER_STATE.sample(BREAKER_VALUES[breaker.state], name)
+            for name, breaker in ex.breakers.items()
+        ]
+        + [
+            sample
+            for name, slots in ex.slots.items()
+            for sample in (
+                metrics.DOWNSTREAM_CALLS.sample(slots.held, name),
+                metrics.DOWNSTREAM_WAITING.sample(slots.waiting, name),
+                metrics.DOWNSTREAM_SLOTS_SHARE.sample(slots.bound, name),
+            )
+        ]
+        + [
+            sample
+            for name, pace in ex.paces.items()
+            for sample in (
+                metrics.DOWNSTREAM_PACE_SHARE.sample(pace.bound, name),
+                metrics.DOWNSTREAM_PACE_WAITING.sample(pace.waiting, name),
+            )
+        ]
+    )
 
 
 async def serve_demo(address: str) -> None:

@@ -23,7 +23,14 @@ from typing import Any
 import aiohttp
 import httpx
 from dispo.executor import plan
-from dispo.executor.actions import Call, Result, failed, not_sent_without_lease, run_action
+from dispo.executor.actions import (
+    Call,
+    Result,
+    failed,
+    not_sent_without_lease,
+    not_sent_without_share,
+    run_action,
+)
 from dispo.executor.breaker import Breaker
 from dispo.executor.commits import (
     Advance,
@@ -40,7 +47,8 @@ from dispo.executor.envelope import payload_of
 from dispo.executor.failures import CallOutcome, Move, Verdict, breaker_counts, next_move
 from dispo.executor.passes import Opening, Pass, Passes, Step
 from dispo.executor.plan import NodeChange
-from dispo.executor.slots import Slots
+from dispo.executor.shares import SHARE_LEASE, DownstreamShares
+from dispo.executor.slots import Pace, Slots
 from dispo.executor.states import NodeState
 from dispo.executor.store.worker_runs import Offer
 from dispo.executor.worker_runs import QueuePolicy, WorkerRuns
@@ -88,6 +96,10 @@ class ExecutorConfig:
     # How long a worker run waits offered on a queue with no live worker before its node
     # is demoted (ADR-0101).
     queue_idle: float = 30.0
+    # The downstreams' limits held across every executor, through shares leased in the
+    # database for this long (ADR-0108); else each limit counted in this process alone.
+    cluster_limits: bool = False
+    share_lease: float = SHARE_LEASE
 
     @property
     def margin(self) -> float:
@@ -105,6 +117,7 @@ class Executor:
         http: aiohttp.ClientSession,
         health: httpx.AsyncClient,
         queue_limits: dict[str, int] | None = None,
+        timeouts: dict[str, float] | None = None,
     ) -> None:
         self.db = db
         self.relay = relay
@@ -123,7 +136,26 @@ class Executor:
             )
             for name in registry
         }
-        self.slots = {name: Slots(d.max_concurrency) for name, d in registry.items()}
+        # The downstreams' call slots and paces: this process's shares of their limits,
+        # renewed by ``shares`` (ADR-0108), or the whole of each (counted here alone).
+        self.shares: DownstreamShares | None = None
+        if config.cluster_limits:
+            self.shares = DownstreamShares.of(
+                db,
+                clock,
+                config.instance,
+                registry,
+                timeouts or {n: d.timeout_ms / 1000 for n, d in registry.items()},
+                config.share_lease,
+            )
+            self.slots, self.paces = self.shares.slots, self.shares.paces
+        else:
+            self.slots = {name: Slots(d.max_concurrency) for name, d in registry.items()}
+            self.paces = {
+                name: Pace(d.max_calls_per_second, clock)
+                for name, d in registry.items()
+                if d.max_calls_per_second
+            }
         self.passes = Passes(self.breakers, config.lease_ttl, self.slots)
         # Where the passes' database work commits: the transactions, and the port the
         # loop calls (group-committed: the items of every pass in hand share them).
@@ -339,6 +371,8 @@ class Executor:
             inputs = await self._inputs(env, node)
             if isinstance(inputs, Result):  # a reference its inputs cannot answer: not sent
                 result = inputs
+            elif not await self._within_limits(node, slots):
+                result = not_sent_without_share()
             elif not await self._may_send(task_id, owner, state):
                 result = not_sent_without_lease()
             else:
@@ -363,6 +397,21 @@ class Executor:
             if held and slots is not None:
                 slots.give_back()
         return self._recording(task_id, node, owner, result, took)
+
+    async def _within_limits(self, node: NodeRun, slots: Slots | None) -> bool:
+        """An HTTP call's turn under its downstream's limits (ADR-0108): its pace's turn in
+        this second, and a slot whose share outlasts the call's timeout. False: not sent
+        (no share proven within a share lease)."""
+        if node.spec.kind != "http":
+            return True
+        pace = self.paces.get(node.spec.downstream)
+        if pace is not None and not await pace.wait(self.config.share_lease):
+            return False
+        downstream = self.registry.get(node.spec.downstream)
+        if slots is None or downstream is None:
+            return True
+        timeout = (node.spec.timeout_ms or downstream.timeout_ms) / 1000
+        return slots.covers(self.clock.now(), timeout)
 
     async def _run_worker(self, call: Call, node: NodeRun, owner: str) -> Result:
         """A worker node's call: its run offered on its queue, then its outcome awaited

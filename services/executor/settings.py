@@ -123,6 +123,20 @@ class ExecutorSettings(BaseSettings):
         description="Time between sweeps for tasks past their deadline that no pass holds"
         " (parked, or between passes): each is closed FAILED, 'deadline reached' (ADR-0103)",
     )
+    cluster_limits: bool = Field(
+        default=True,
+        description="Hold every downstream's `max_concurrency` and `max_calls_per_second`"
+        " across all executors, each executor using the share of them it leases in the"
+        " executor's database (ADR-0108); false: each executor counts them alone",
+    )
+    share_lease_seconds: float = Field(
+        default=ExecutorConfig.share_lease,
+        gt=0,
+        description="How long an executor's share of a downstream's limits is leased (a"
+        " slot's share for this much longer than the downstream's longest call timeout),"
+        " renewed every third of it: a dead executor's share is free after this, and one cut"
+        " off from the database stops calling when its share runs out (ADR-0108)",
+    )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )
@@ -156,4 +170,6 @@ class ExecutorSettings(BaseSettings):
             send_margin=self.send_margin_seconds or None,
             run_lease=self.run_lease_seconds,
             queue_idle=self.queue_idle_seconds,
+            cluster_limits=self.cluster_limits,
+            share_lease=self.share_lease_seconds,
         )
