@@ -118,16 +118,15 @@ class Pace:
             self._larger = (math.floor(now.timestamp()) + 1, bound)
 
     async def wait(self, patience: float) -> bool:
-        """Wait for this call's turn; False when none came within ``patience`` seconds
-        (the call is not sent)."""
+        """Wait for this call's turn, however long the share makes it; False when this
+        process has held no live share for ``patience`` seconds (cut off from the shared
+        state: the call is not sent)."""
         self.asked += 1
         self.waiting += 1
-        start = self.clock.now()
+        unleased: datetime | None = None  # since when no share was leased
         try:
             while True:
                 now = self.clock.now()
-                if (now - start).total_seconds() > patience:
-                    return False
                 t = now.timestamp()
                 second = math.floor(t)
                 if self._larger is not None and second >= self._larger[0]:
@@ -135,7 +134,14 @@ class Pace:
                 if second != self._second:
                     self._second, self._used = second, 0
                 leased = self.lease_until is None or now < self.lease_until
-                if leased and self._used < self.bound:
+                if not leased:
+                    unleased = unleased or now
+                    if (now - unleased).total_seconds() >= patience:
+                        return False
+                    await self.clock.sleep(0.1)
+                    continue
+                unleased = None
+                if self._used < self.bound:
                     at = second + self._used / self.bound
                     if at <= t:
                         self._used += 1
@@ -144,6 +150,6 @@ class Pace:
                     continue
                 if self.short is not None and self.bound < self.rate:
                     self.short()
-                await self.clock.sleep(min(second + 1 - t, 0.1) if leased else 0.1)
+                await self.clock.sleep(min(second + 1 - t, 0.1))
         finally:
             self.waiting -= 1

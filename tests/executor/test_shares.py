@@ -167,3 +167,23 @@ async def test_a_holder_that_cannot_renew_holds_nothing_once_its_lease_ran_out(s
         pass
     assert slots.bound == 0
     assert not await slots.take_now()
+
+
+async def test_a_pace_waits_its_turn_however_long_but_not_without_a_share():
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
+    pace = Pace(1, clock)
+    assert await pace.wait(0.5)
+    second = asyncio.create_task(pace.wait(0.5))
+    for _ in range(4):  # its turn is a second away, longer than its patience: it waits
+        await asyncio.sleep(0)
+        clock.advance(0.2)
+    await asyncio.sleep(0)
+    assert not second.done()
+    clock.advance(0.2)
+    assert await asyncio.wait_for(second, 1)
+    pace.lease_until = clock.now()  # no share leased from now on
+    third = asyncio.create_task(pace.wait(0.5))
+    for _ in range(8):
+        await asyncio.sleep(0)
+        clock.advance(0.1)
+    assert await asyncio.wait_for(third, 1) is False
