@@ -11,11 +11,9 @@ reach the database renews nothing, and stops using its share when its lease runs
 renewal is three statements: the lock, the read (:func:`limit_shares_others`), the write
 (:func:`limit_shares_put_many`), with the decision in between.
 
-How a share is divided: a holder wanting some takes what no one else holds; once another
-holder wants more than it holds, each holder keeps at most an equal part (rounded up) of
-the limit and no more than it wants, so a busy holder's share grows as an idle one's
-shrinks. What a holder records is never less than what it has in use: a share shrinks as
-its calls end.
+How a share is divided (:func:`divide`): an equal part each, more for a holder that wants
+more while no other is short, less for one that wants less once another is short. What a
+holder records is never less than what it has in use: a share shrinks as its calls end.
 """
 
 from __future__ import annotations
@@ -40,14 +38,20 @@ class Grant:
 
 
 def divide(capacity: int, wanted: int, in_use: int, others: Sequence[tuple[int, int]]) -> Grant:
-    """This holder's share of ``capacity``, given the others' live ``(recorded, wanted)``."""
+    """This holder's share of ``capacity``, given the others' live ``(recorded, wanted)``.
+
+    Each holder may take an equal part (rounded up) of what the others leave free, more
+    when it wants more (up to twice what it wants: room for what comes before the next
+    renewal) and no one else is short; once another holder wants more than it holds, no
+    more than an equal part and twice what it wants (nothing when it wants nothing), so a
+    busy holder's share grows as an idle one's shrinks."""
     free = max(0, capacity - sum(recorded for recorded, _ in others))
+    fair = -(-capacity // (1 + len(others)))
+    room = 2 * max(0, wanted)
     if any(want > recorded for recorded, want in others):  # another holder is short
-        holders = 1 + sum(1 for _, want in others if want > 0)
-        fair = -(-capacity // holders)
-        bound = min(free, fair, max(0, wanted))
+        bound = min(free, fair, room)
     else:
-        bound = free
+        bound = min(free, max(fair, room))
     return Grant(bound, max(bound, in_use))
 
 
@@ -56,11 +60,11 @@ _OTHERS = Statement(
     "SELECT limit_key, granted, wanted FROM limit_shares"
     " WHERE limit_key = ANY(CAST(:keys AS text[])) AND holder <> :holder AND lease_until > :now"
 )
-# The one write path of limit_shares: this holder's shares, and the rows of these limits
-# whose lease ran out (their holders are gone) deleted with them.
+# The one write path of limit_shares: this holder's shares, and every row whose lease ran
+# out (its holder is gone, or no longer renews it) deleted with them; the table holds the
+# live shares alone, a few rows per process.
 _PUT_MANY = Statement(
-    "WITH gone AS (DELETE FROM limit_shares WHERE limit_key = ANY(CAST(:keys AS text[]))"
-    " AND holder <> :holder AND lease_until <= :now)"
+    "WITH gone AS (DELETE FROM limit_shares WHERE holder <> :holder AND lease_until <= :now)"
     " INSERT INTO limit_shares (limit_key, holder, granted, wanted, lease_until)"
     " SELECT u.k, :holder, u.g, u.w, u.l FROM unnest(CAST(:keys AS text[]),"
     " CAST(:granted AS int[]), CAST(:wanted AS int[]), CAST(:until AS timestamptz[]))"
@@ -92,8 +96,8 @@ async def limit_shares_put_many(
     conn: Conn, holder: str, shares: Sequence[tuple[str, int, int, datetime]], now: datetime
 ) -> None:
     """Write ``holder``'s shares, each ``(key, recorded, wanted, lease_until)``, under the
-    lock :func:`limit_shares_others` took; the shares of these limits whose lease ran out
-    by ``now`` go."""
+    lock :func:`limit_shares_others` took; every other share whose lease ran out by ``now``
+    goes."""
     if not shares:
         return
     await _PUT_MANY.fetch(

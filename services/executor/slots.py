@@ -92,10 +92,15 @@ class Slots:
             waiter.set_result(None)
 
 
+# The calls of a second leave within its first four fifths: one delayed by up to a fifth of
+# a second on its way still lands in its own second at the downstream.
+PACE_SPREAD = 0.8
+
+
 class Pace:
     """At most ``bound`` calls in each second of the clock (from one whole second to the
-    next), spaced a ``1/bound`` of a second apart, so a call that arrives a little late
-    still lands in its second. ``rate`` is the downstream's limit, ``bound`` this process's
+    next), spaced evenly through its first :data:`PACE_SPREAD`, so a call that arrives a
+    little late still lands in its second. ``rate`` is the downstream's limit, ``bound`` this process's
     share of it: a smaller share applies at once, a larger one from the next second (the
     share was divided assuming the others' old shares for this second)."""
 
@@ -142,7 +147,7 @@ class Pace:
                     continue
                 unleased = None
                 if self._used < self.bound:
-                    at = second + self._used / self.bound
+                    at = second + PACE_SPREAD * self._used / self.bound
                     if at <= t:
                         self._used += 1
                         return True

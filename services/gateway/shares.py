@@ -44,6 +44,7 @@ class Held:
     granted: int = 0
     asked: int = 0
     refused: int = 0
+    idle: int = 0  # renewals in a row with no Submit asked
 
 
 @dataclass
@@ -82,9 +83,12 @@ class SubmitShares:
 
     async def _renew(self, new: list[str]) -> None:
         now = self.clock.now()
-        stale = now - timedelta(seconds=self.lease)
-        for business in [b for b, h in self.held.items() if h.lease_until < stale]:
-            del self.held[business]
+        # A business that asked nothing for a whole lease is not renewed: its share runs out
+        # (its next Submit takes one again).
+        for business, held in list(self.held.items()):
+            held.idle = held.idle + 1 if held.asked == 0 else 0
+            if held.idle >= 3 or held.lease_until < now - timedelta(seconds=self.lease):
+                del self.held[business]
         for business in new:
             self.held.setdefault(business, Held(None, now))
         businesses = sorted(self.held)

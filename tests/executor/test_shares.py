@@ -21,6 +21,12 @@ def test_a_holder_alone_takes_the_whole_limit_even_idle():
     assert divide(4, 9, 0, [(1, 1)]) == Grant(3, 3)  # the others hold what they want
 
 
+def test_a_busy_holder_leaves_an_equal_part_free_for_the_others_unless_it_wants_more():
+    assert divide(12, 2, 0, [(0, 0), (0, 0)]) == Grant(4, 4)  # an equal part
+    assert divide(12, 5, 0, [(0, 0), (0, 0)]) == Grant(10, 10)  # twice what it wants
+    assert divide(12, 9, 0, [(4, 1), (0, 0)]) == Grant(8, 8)  # what is free
+
+
 def test_a_holder_gives_way_to_a_short_one_down_to_an_equal_part_as_its_calls_end():
     # Holds 4 with 4 in use, another wants 2 and holds nothing: bounded at 2, recorded 4
     # until two calls end.
@@ -29,7 +35,8 @@ def test_a_holder_gives_way_to_a_short_one_down_to_an_equal_part_as_its_calls_en
     assert divide(4, 6, 1, [(2, 3)]) == Grant(2, 2)
     # The short one takes what was freed, at most its part.
     assert divide(4, 5, 0, [(2, 6)]) == Grant(2, 2)
-    # An idle holder gives everything back to a short one.
+    # One that wants little keeps twice that; an idle one gives everything back.
+    assert divide(12, 1, 1, [(0, 5)]) == Grant(2, 2)
     assert divide(4, 0, 0, [(0, 1)]) == Grant(0, 0)
 
 
@@ -67,7 +74,8 @@ async def test_a_pace_starts_at_most_its_share_in_a_second_and_a_larger_one_next
         clock.advance(0.1)
     await settle()
     start = datetime(2026, 1, 1, tzinfo=UTC)
-    assert [(t - start).total_seconds() for t in sent] == [0.0, 0.5, 1.0]  # 2 a second, spaced
+    # 2 a second, spaced through its first four fifths
+    assert [(t - start).total_seconds() for t in sent] == [0.0, 0.4, 1.0]
     pace.share(4, clock.now())  # a larger share: from the next second
     for _ in range(9):
         await settle()
@@ -76,10 +84,10 @@ async def test_a_pace_starts_at_most_its_share_in_a_second_and_a_larger_one_next
     assert len(sent) == 4  # still 2 in this second
     clock.advance(0.1)
     await settle()
-    clock.advance(0.25)  # 4 a second now: a quarter of a second apart
+    clock.advance(0.2)  # 4 a second now: a fifth of a second apart
     await settle()
     await asyncio.wait_for(asyncio.gather(*calls), 1)
-    assert [(t - start).total_seconds() for t in sent[3:]] == [1.5, 2.0, 2.25]
+    assert [(t - start).total_seconds() for t in sent[3:]] == [1.4, 2.0, 2.2]
     assert pace.waiting == 0
 
 

@@ -5,8 +5,8 @@
     dispo bench submit --start --shape http --rate 300 --tasks 3000     # fixed offered rate
     dispo bench submit --start --shape worker --workers 2               # worker actions
     dispo bench submit --start --gateways 2 --executors 3 --cluster     # scale-out, NATS cluster
-    dispo bench submit --start --shape http --executors 3 --downstream-concurrency 16
-                                                 # a downstream's limit held by 3 executors
+    dispo bench submit --start --shape http --executors 3 --downstream-concurrency 16 \
+        --downstream-delay-ms 20                 # a downstream's limit held by 3 executors
     dispo bench submit --address 127.0.0.1:50051 --tasks 2000           # a running stack
 
 With ``--start`` the bench runs its own embedded stack (PostgreSQL, NATS — one node or a
@@ -231,6 +231,7 @@ def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str,
         "downstream_limits": (
             f"{args.downstream_concurrency} at once"
             + (f", {args.downstream_rate}/s" if args.downstream_rate else "")
+            + (f", answers in {args.downstream_delay_ms} ms" if args.downstream_delay_ms else "")
             if shape.http and args.start
             else None
         ),
@@ -249,6 +250,8 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         for address in target.gateways
     ]
     try:
+        if target.downstream_url and args.downstream_delay_ms:
+            await downstream_control(target.downstream_url, delay_ms=args.downstream_delay_ms)
         # Warm-up: a few tasks through every gateway, finished before measuring.
         warm = load.Submitter(clients, f"{business}-warmup", lambda: [cell(cell_name)])
         warmed = await load.saturate(warm, 4 * len(clients), len(clients))
@@ -328,6 +331,14 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     if target.downstream_url:
         report["downstream"] = await downstream_seen(target.downstream_url)
     return report
+
+
+async def downstream_control(url: str, **switches: Any) -> None:
+    """Set the demo downstream's switches (``delay_ms``: each call answered that late)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        (await http.post(f"{url}/control", json=switches)).raise_for_status()
 
 
 async def downstream_seen(url: str) -> dict[str, int] | None:
@@ -501,6 +512,13 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="the bench downstream's max_calls_per_second, across every executor (0: none)",
+    )
+    p.add_argument(
+        "--downstream-delay-ms",
+        type=int,
+        default=0,
+        help="the demo downstream answers each call this late (HTTP shapes, --start): calls"
+        " overlap there, so its record of the most at once says something",
     )
     p.add_argument(
         "--workers",
