@@ -402,7 +402,8 @@ def _retry_after(status: status_pb2.Status | None) -> float | None:
         if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = error_details_pb2.RetryInfo()
             detail.Unpack(info)
-            return info.retry_delay.ToTimedelta().total_seconds()
+            delay: float = info.retry_delay.ToTimedelta().total_seconds()
+            return delay
     return None
 
 

@@ -93,9 +93,10 @@ class DownstreamShares:
         }
         never = clock.now()
         shares = cls(db, clock, holder, slots, paces, timeouts, lease)
-        for leased in (*slots.values(), *paces.values()):
-            leased.lease_until = never
-            leased.short = shares.short
+        leased: list[Slots | Pace] = [*slots.values(), *paces.values()]
+        for limited in leased:
+            limited.lease_until = never
+            limited.short = shares.short
         return shares
 
     async def renew(self) -> None:
@@ -141,10 +142,9 @@ class DownstreamShares:
             await limit_shares_put_many(conn, self.holder, writes, now)
         for slots, bound in grown:
             slots.resize(bound)
-        for slots_or_pace, (_, _, _, until) in zip(
-            [*self.slots.values(), *self.paces.values()], writes, strict=True
-        ):
-            slots_or_pace.lease_until = until
+        leased: list[Slots | Pace] = [*self.slots.values(), *self.paces.values()]
+        for limited, (_, _, _, until) in zip(leased, writes, strict=True):
+            limited.lease_until = until
         for pace, bound in paced:
             pace.share(bound, now)
 
