@@ -97,8 +97,9 @@ class ExecutorConfig:
     # is demoted (ADR-0101).
     queue_idle: float = 30.0
     # The downstreams' limits held across every executor, through shares leased in the
-    # database for this long (ADR-0108); else each limit counted in this process alone.
-    cluster_limits: bool = False
+    # database for this long (ADR-0108; the service renews them on a timer); else each
+    # limit counted in this process alone.
+    cluster_limits: bool = True
     share_lease: float = SHARE_LEASE
 
     @property

@@ -124,7 +124,7 @@ class ExecutorSettings(BaseSettings):
         " (parked, or between passes): each is closed FAILED, 'deadline reached' (ADR-0103)",
     )
     cluster_limits: bool = Field(
-        default=True,
+        default=ExecutorConfig.cluster_limits,
         description="Hold every downstream's `max_concurrency` and `max_calls_per_second`"
         " across all executors, each executor using the share of them it leases in the"
         " executor's database (ADR-0108); false: each executor counts them alone",
