@@ -12,7 +12,7 @@ renewal is three statements: the lock, the read (:func:`limit_shares_others`), t
 (:func:`limit_shares_put_many`), with the decision in between.
 
 How a share is divided (:func:`divide`): an equal part each, more for a holder that wants
-more while no other is short, less for one that wants less once another is short. What a
+more while no other is short, nothing for one that wants nothing once another is short. What a
 holder records is never less than what it has in use: a share shrinks as its calls end.
 """
 
@@ -40,18 +40,17 @@ class Grant:
 def divide(capacity: int, wanted: int, in_use: int, others: Sequence[tuple[int, int]]) -> Grant:
     """This holder's share of ``capacity``, given the others' live ``(recorded, wanted)``.
 
-    Each holder may take an equal part (rounded up) of what the others leave free, more
-    when it wants more (up to twice what it wants: room for what comes before the next
-    renewal) and no one else is short; once another holder wants more than it holds, no
-    more than an equal part and twice what it wants (nothing when it wants nothing), so a
-    busy holder's share grows as an idle one's shrinks."""
+    Each holder may take an equal part (rounded up) of what the others leave free, and more
+    while no other holder is short (up to twice what it wants: room for what comes before
+    the next renewal); once another holder wants more than it holds, no more than an equal
+    part (nothing when it wants nothing), so a busy holder's share grows as an idle one's
+    shrinks, and holders that all want more than their part hold equal parts."""
     free = max(0, capacity - sum(recorded for recorded, _ in others))
     fair = -(-capacity // (1 + len(others)))
-    room = 2 * max(0, wanted)
     if any(want > recorded for recorded, want in others):  # another holder is short
-        bound = min(free, fair, room)
+        bound = min(free, fair) if wanted > 0 else 0
     else:
-        bound = min(free, max(fair, room))
+        bound = min(free, max(fair, 2 * max(0, wanted)))
     return Grant(bound, max(bound, in_use))
 
 

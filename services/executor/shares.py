@@ -59,8 +59,8 @@ class DownstreamShares:
     # Seconds a slot's share is leased beyond the share lease: the longest call's timeout.
     timeouts: dict[str, float]
     lease: float = SHARE_LEASE
-    # Runs a renewal now (the periodic's kick), asked for at most every thirtieth of a
-    # lease by a node that has to wait while this executor holds less than the limit.
+    # Runs a renewal now (the periodic's kick), asked for at most every tenth of a lease by
+    # a node that has to wait while this executor holds less than the limit.
     kick: Callable[[], None] | None = None
     # Calls that asked for a pace's turn at the last renewal, and when (its demand's rate).
     _asked: dict[str, tuple[int, datetime]] = field(default_factory=dict)
@@ -70,7 +70,7 @@ class DownstreamShares:
         now = self.clock.now()
         if self.kick is None:
             return
-        if self._kicked is None or (now - self._kicked).total_seconds() >= self.lease / 30:
+        if self._kicked is None or (now - self._kicked).total_seconds() >= self.lease / 10:
             self._kicked = now
             self.kick()
 

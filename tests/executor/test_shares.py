@@ -35,8 +35,9 @@ def test_a_holder_gives_way_to_a_short_one_down_to_an_equal_part_as_its_calls_en
     assert divide(4, 6, 1, [(2, 3)]) == Grant(2, 2)
     # The short one takes what was freed, at most its part.
     assert divide(4, 5, 0, [(2, 6)]) == Grant(2, 2)
-    # One that wants little keeps twice that; an idle one gives everything back.
-    assert divide(12, 1, 1, [(0, 5)]) == Grant(2, 2)
+    # One that wants little keeps its part (a burst of its own finds room); an idle one
+    # gives everything back.
+    assert divide(12, 1, 1, [(0, 5)]) == Grant(6, 6)
     assert divide(4, 0, 0, [(0, 1)]) == Grant(0, 0)
 
 
