@@ -273,13 +273,34 @@ BREAKER_STATE = _gauge(
 DOWNSTREAM_CALLS = _gauge(
     "executor",
     "dispo_downstream_calls_in_flight",
-    "Nodes of a downstream claimed and calling in this executor (at most its max_concurrency)",
+    "Nodes of a downstream claimed and calling in this executor (at most its share of the"
+    " downstream's max_concurrency)",
     ("downstream",),
 )
 DOWNSTREAM_WAITING = _gauge(
     "executor",
     "dispo_downstream_calls_waiting",
     "Nodes ready to call a downstream that wait in this executor for one of its call slots",
+    ("downstream",),
+)
+DOWNSTREAM_SLOTS_SHARE = _gauge(
+    "executor",
+    "dispo_downstream_slots_share",
+    "Call slots of a downstream this executor may hold now: its share of the downstream's"
+    " cluster-wide max_concurrency (ADR-0108)",
+    ("downstream",),
+)
+DOWNSTREAM_PACE_SHARE = _gauge(
+    "executor",
+    "dispo_downstream_pace_share",
+    "Calls a second to a downstream this executor may start now: its share of the"
+    " downstream's cluster-wide max_calls_per_second (ADR-0108)",
+    ("downstream",),
+)
+DOWNSTREAM_PACE_WAITING = _gauge(
+    "executor",
+    "dispo_downstream_pace_waiting",
+    "Calls to a downstream waiting in this executor for their turn in a second",
     ("downstream",),
 )
 

@@ -57,6 +57,17 @@ class TokenBuckets:
         self._buckets[key] = (tokens, now)
         return (count - tokens) / self.rate
 
+    def set_rate(self, rate: float, burst: int) -> None:
+        """From now on ``rate`` tokens a second, at most ``burst`` held: the tokens gathered
+        until now at the old rate are counted first (a higher rate refills nothing before)."""
+        if rate < 0 or burst < 1:
+            raise ValueError("a token bucket needs rate >= 0 and burst >= 1")
+        now = self.clock.now()
+        for key, (tokens, at) in self._buckets.items():
+            elapsed = max(0.0, (now - at).total_seconds())
+            self._buckets[key] = (min(float(burst), tokens + elapsed * self.rate), now)
+        self.rate, self.burst = rate, float(burst)
+
     def give_back(self, key: str, count: int) -> None:
         """Return ``count`` tokens just taken for ``key`` (a call refused for another reason
         after taking them); never more than the burst."""

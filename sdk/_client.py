@@ -144,6 +144,17 @@ def _gathered_deadline_passed() -> DispoError:
     return DispoError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", {})
 
 
+def _limited_wait(error: DispoError, deadline: float) -> float | None:
+    """How long to wait before sending again a call the gateway refused for a limit
+    (RESOURCE_EXHAUSTED with a RetryInfo: nothing was written), when the caller's timeout
+    leaves room for it; None: the refusal is the answer."""
+    if error.code != grpc.StatusCode.RESOURCE_EXHAUSTED or error.retry_after is None:
+        return None
+    if time.monotonic() + error.retry_after >= deadline:
+        return None
+    return error.retry_after
+
+
 def _call_timeout(items: Sequence[_Gathered]) -> float:
     """A gathered call waits as long as its most patient caller."""
     return max(item.deadline for item in items) - time.monotonic()
@@ -170,7 +181,11 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
     ``GATHER_MAX`` tasks, ``GATHER_CALLS`` calls in flight). Each caller gets exactly what
     its own Submit would answer or raise; the gRPC call's own cost, most of a Submit's, is
     paid once per call instead of once per task. ``gather=False`` sends every submit by a
-    Submit of its own."""
+    Submit of its own.
+
+    A submit the gateway refuses because its business is over its Submit rate
+    (RESOURCE_EXHAUSTED with a RetryInfo) is sent again after the delay the RetryInfo names,
+    as long as the call's ``timeout`` allows (``retry_limited``, on by default)."""
 
     def __init__(
         self,
@@ -180,7 +195,9 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
         channel: grpc.aio.Channel | None = None,
         tls: ClientTLS | None = None,
         gather: bool = True,
+        retry_limited: bool = True,
     ) -> None:
+        self.retry_limited = retry_limited
         self._channel = channel or open_channel(address, _token(token), tls=tls)
         self._token, self._tls = _token(token), tls  # for the executor's calls
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
@@ -243,6 +260,17 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
             labels,
             priority,
         )
+        ends = time.monotonic() + timeout
+        while True:
+            try:
+                return await self._submit_once(request, ends - time.monotonic())
+            except DispoError as error:
+                wait = _limited_wait(error, ends) if self.retry_limited else None
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
+
+    async def _submit_once(self, request: gateway_pb2.SubmitRequest, timeout: float) -> Submitted:
         if self.gathered is None:
             return _submitted(await self._call(self._stub.Submit, request, timeout))
         item = _Gathered(request, time.monotonic() + timeout)
@@ -283,10 +311,19 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
     ) -> list[Submitted]:
         """Submit every task of ``requests`` in one call (at most 500), all or none: one
         invalid task refuses the call, naming ``requests[i]``, and records nothing. One
-        :class:`Submitted` per task, in order."""
-        return _all_submitted(
-            await self._call(self._stub.SubmitMany, _submit_many_request(requests), timeout)
-        )
+        :class:`Submitted` per task, in order. Refused for the Submit rate: sent again as
+        :meth:`submit` is."""
+        request = _submit_many_request(requests)
+        ends = time.monotonic() + timeout
+        while True:
+            try:
+                reply = await self._call(self._stub.SubmitMany, request, ends - time.monotonic())
+                return _all_submitted(reply)
+            except DispoError as error:
+                wait = _limited_wait(error, ends) if self.retry_limited else None
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
 
     async def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = await self._call(
@@ -523,7 +560,8 @@ class Client(ScheduleCalls, CatalogueCalls):
     alone is sent at once as a Submit; those made while a call is on its way go together
     in one SubmitEach (at most ``GATHER_MAX`` tasks), sent by the thread of the first of
     them (:class:`~dispo.sdk._gather.Gathered`). Each thread gets exactly what its own
-    Submit would answer or raise."""
+    Submit would answer or raise. A submit refused for the Submit rate is sent again after
+    the delay its RetryInfo names, as :class:`AsyncClient` does (``retry_limited``)."""
 
     def __init__(
         self,
@@ -532,7 +570,9 @@ class Client(ScheduleCalls, CatalogueCalls):
         token: str | None = None,
         tls: ClientTLS | None = None,
         gather: bool = True,
+        retry_limited: bool = True,
     ) -> None:
+        self.retry_limited = retry_limited
         self._channel = open_sync_channel(address, _token(token), tls=tls)
         self._token, self._tls = _token(token), tls  # for the executor's calls
         self._stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
@@ -584,6 +624,17 @@ class Client(ScheduleCalls, CatalogueCalls):
             labels,
             priority,
         )
+        ends = time.monotonic() + timeout
+        while True:
+            try:
+                return self._submit_once(request, ends - time.monotonic())
+            except DispoError as error:
+                wait = _limited_wait(error, ends) if self.retry_limited else None
+                if wait is None:
+                    raise
+                time.sleep(wait)
+
+    def _submit_once(self, request: gateway_pb2.SubmitRequest, timeout: float) -> Submitted:
         if self.gathered is None:
             return _submitted(self._call(self._stub.Submit, request, timeout))
         try:
@@ -617,10 +668,19 @@ class Client(ScheduleCalls, CatalogueCalls):
     ) -> list[Submitted]:
         """Submit every task of ``requests`` in one call (at most 500), all or none: one
         invalid task refuses the call, naming ``requests[i]``, and records nothing. One
-        :class:`Submitted` per task, in order."""
-        return _all_submitted(
-            self._call(self._stub.SubmitMany, _submit_many_request(requests), timeout)
-        )
+        :class:`Submitted` per task, in order. Refused for the Submit rate: sent again as
+        :meth:`submit` is."""
+        request = _submit_many_request(requests)
+        ends = time.monotonic() + timeout
+        while True:
+            try:
+                reply = self._call(self._stub.SubmitMany, request, ends - time.monotonic())
+                return _all_submitted(reply)
+            except DispoError as error:
+                wait = _limited_wait(error, ends) if self.retry_limited else None
+                if wait is None:
+                    raise
+                time.sleep(wait)
 
     def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout)

@@ -423,27 +423,47 @@ class TaskEventPage:
 class DispoError(Exception):
     """A call the gateway refused: ``code`` (grpc.StatusCode) and per-field ``violations``."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, violations: dict[str, str]) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        violations: dict[str, str],
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
         self.violations = violations
+        # Seconds after which the call may succeed, as its google.rpc.RetryInfo says (a
+        # business over its Submit rate); None when it says nothing.
+        self.retry_after = retry_after
 
     @classmethod
     def from_rpc(cls, error: grpc.RpcError) -> DispoError:
         # A sync client's error is a grpc.Call; an AioRpcError has the same methods.
         call = cast(grpc.Call, error)
         status = rpc_status.from_call(call) if hasattr(error, "trailing_metadata") else None
-        return cls(error.code(), error.details() or "", _violations(status))
+        return cls(error.code(), error.details() or "", _violations(status), _retry_after(status))
 
     @classmethod
     def from_status(cls, status: status_pb2.Status) -> DispoError:
         """The error a call failing with ``status`` raises (an item SubmitEach refused)."""
         code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
-        return cls(code, status.message, _violations(status))
+        return cls(code, status.message, _violations(status), _retry_after(status))
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _retry_after(status: status_pb2.Status | None) -> float | None:
+    """The delay a status's ``google.rpc.RetryInfo`` asks for, in seconds."""
+    for detail in status.details if status else []:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            delay: float = info.retry_delay.ToTimedelta().total_seconds()
+            return delay
+    return None
 
 
 def _violations(status: status_pb2.Status | None) -> dict[str, str]:

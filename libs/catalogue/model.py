@@ -34,13 +34,15 @@ class CatalogueError(ValueError):
 @dataclass(frozen=True)
 class Downstream:
     """A system the actions call: where it is, how long a call may take, how many calls
-    may be in flight at once, and where its health is checked ("" for nowhere)."""
+    may be in flight at once and how many may start in one second (0: no limit), across
+    every executor (ADR-0108), and where its health is checked ("" for nowhere)."""
 
     name: str
     base_url: str
     timeout_ms: int = 5000
     max_concurrency: int = 16
     health_url: str = ""
+    max_calls_per_second: int = 0
 
 
 @dataclass(frozen=True)
@@ -454,9 +456,20 @@ def _downstream(name: str, raw: Any) -> Downstream:
         name=name,
         base_url=str(raw["base_url"]),
         timeout_ms=int(raw.get("timeout_ms", Downstream.timeout_ms)),
-        max_concurrency=int(raw.get("max_concurrency", Downstream.max_concurrency)),
+        max_concurrency=_whole(raw, "max_concurrency", Downstream.max_concurrency, name, 1),
         health_url=str(raw.get("health_url", "")),
+        max_calls_per_second=_whole(raw, "max_calls_per_second", 0, name, 0),
     )
+
+
+def _whole(raw: dict[str, Any], key: str, default: int, name: str, least: int) -> int:
+    """A downstream's limit ``key``: a whole number, at least ``least``."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise CatalogueError(
+            f"downstreams.{name}.{key}: must be a whole number of at least {least}, got {value!r}"
+        )
+    return value
 
 
 def _queue(name: str, raw: Any) -> Queue:

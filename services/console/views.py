@@ -326,6 +326,17 @@ class DownstreamRow:
     release_rate_per_second: float
     health_tone: str = ""
     breaker_tone: str = ""
+    # The executor's view of its limits across the cluster (ADR-0108), "" when unknown.
+    limits: str = ""
+
+
+def limits_text(d: epb.Downstream) -> str:
+    """``2/4 at once, 10/20 a second``: what every executor holds of each limit, of the
+    limit."""
+    text = f"{d.cluster_slots}/{d.max_concurrency} at once"
+    if d.max_calls_per_second:
+        text += f", {d.cluster_per_second}/{d.max_calls_per_second} a second"
+    return text
 
 
 @dataclass(frozen=True)
@@ -380,6 +391,7 @@ def downstream_rows(
                 state.release_rate_per_second,
                 ("good" if state.healthy else "bad") if state.probed else "",
                 BREAKER_TONES.get(breaker_state, ""),
+                limits_text(breaker) if breaker else "",
             )
         )
     return rows

@@ -72,6 +72,17 @@ def not_sent_without_lease() -> Result:
     )
 
 
+def not_sent_without_share() -> Result:
+    """A call its executor did not send: it could not prove a share of its downstream's
+    limits (ADR-0108) — no turn of its pace within a share lease, or a slot whose share
+    runs out before the call's timeout would."""
+    return Result(
+        CallOutcome.NOT_SENT,
+        failure_text(CallOutcome.NOT_SENT, "no share of the downstream's limits proven"),
+        fenced=True,
+    )
+
+
 class LeaseNotHeld(Exception):
     """A call's fence no longer held once its connection was in hand: nothing was sent."""
 

@@ -71,6 +71,7 @@ async def build_executor(
         limits,
         policy.weight,
         tuple(policy.businesses),
+        call_timeouts(catalogue),
     )
     # The catalogue's newer versions, from the gateway (ADR-0111): the file is the start.
     follower = CatalogueFollower(
@@ -89,6 +90,18 @@ async def build_executor(
 def queue_limits(catalogue: Catalogue) -> dict[str, int]:
     """The declared limits of the catalogue's queues (0: none, left out)."""
     return {q.name: q.max_concurrency for q in catalogue.queues.values() if q.max_concurrency}
+
+
+def call_timeouts(catalogue: Catalogue) -> dict[str, float]:
+    """The longest call timeout of each downstream, in seconds (its own or an action's)."""
+    longest = {n: d.timeout_ms / 1000 for n, d in catalogue.downstreams.items()}
+    for cell in catalogue.cells.values():
+        for action in cell.actions:
+            if action.downstream in longest and action.timeout_ms:
+                longest[action.downstream] = max(
+                    longest[action.downstream], action.timeout_ms / 1000
+                )
+    return longest
 
 
 async def setup(rt: Runtime) -> None:
@@ -220,6 +233,10 @@ async def setup(rt: Runtime) -> None:
         retention.tasks_delete_if_finished_many,
         retention.tasks_due,
     )
+    shares = executor.shares
+    if shares is not None:  # renewed every third of a lease, sooner when short (ADR-0108)
+        shares.kick = rt.add_periodic("downstream shares", shares.renew, shares.lease / 3).kick
+        rt.close_on_stop(shares.drop, name="downstream shares")
     if settings.demo_downstream:
         rt.add_part("demo downstream", lambda: serve_demo(settings.demo_downstream))
     if settings.health_interval_seconds > 0:
@@ -248,17 +265,29 @@ async def check_downstreams(ex: Executor) -> None:
 async def downstream_samples(ex: Executor) -> list[metrics.Sample]:
     """The state of every downstream's breaker and call slots in this executor (read at
     scrape time)."""
-    return [
-        metrics.BREAKER_STATE.sample(BREAKER_VALUES[breaker.state], name)
-        for name, breaker in ex.breakers.items()
-    ] + [
-        sample
-        for name, slots in ex.slots.items()
-        for sample in (
-            metrics.DOWNSTREAM_CALLS.sample(slots.held, name),
-            metrics.DOWNSTREAM_WAITING.sample(slots.waiting, name),
-        )
-    ]
+    return (
+        [
+            metrics.BREAKER_STATE.sample(BREAKER_VALUES[breaker.state], name)
+            for name, breaker in ex.breakers.items()
+        ]
+        + [
+            sample
+            for name, slots in ex.slots.items()
+            for sample in (
+                metrics.DOWNSTREAM_CALLS.sample(slots.held, name),
+                metrics.DOWNSTREAM_WAITING.sample(slots.waiting, name),
+                metrics.DOWNSTREAM_SLOTS_SHARE.sample(slots.bound, name),
+            )
+        ]
+        + [
+            sample
+            for name, pace in ex.paces.items()
+            for sample in (
+                metrics.DOWNSTREAM_PACE_SHARE.sample(pace.bound, name),
+                metrics.DOWNSTREAM_PACE_WAITING.sample(pace.waiting, name),
+            )
+        ]
+    )
 
 
 async def serve_demo(address: str) -> None:

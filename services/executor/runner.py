@@ -24,7 +24,14 @@ from typing import Any
 import aiohttp
 import httpx
 from dispo.executor import plan
-from dispo.executor.actions import Call, Result, failed, not_sent_without_lease, run_action
+from dispo.executor.actions import (
+    Call,
+    Result,
+    failed,
+    not_sent_without_lease,
+    not_sent_without_share,
+    run_action,
+)
 from dispo.executor.breaker import Breaker
 from dispo.executor.commits import (
     Advance,
@@ -43,7 +50,8 @@ from dispo.executor.fair import equal, priority_of
 from dispo.executor.intake import Intake
 from dispo.executor.passes import Opening, Pass, Passes, Step
 from dispo.executor.plan import NodeChange
-from dispo.executor.slots import Slots
+from dispo.executor.shares import SHARE_LEASE, DownstreamShares
+from dispo.executor.slots import Pace, Slots
 from dispo.executor.states import NodeState
 from dispo.executor.store.worker_runs import Offer
 from dispo.executor.worker_runs import QueuePolicy, WorkerRuns
@@ -101,6 +109,11 @@ class ExecutorConfig:
     # task.create messages in hand at most (the consumer's batch): the passes and the
     # messages waiting for one.
     in_hand: int = 2048
+    # The downstreams' limits held across every executor, through shares leased in the
+    # database for this long (ADR-0108; the service renews them on a timer); else each
+    # limit counted in this process alone.
+    cluster_limits: bool = True
+    share_lease: float = SHARE_LEASE
 
     @property
     def margin(self) -> float:
@@ -120,10 +133,16 @@ class Executor:
         queue_limits: dict[str, int] | None = None,
         weight: Callable[[str], int] = equal,
         policy_businesses: tuple[str, ...] = (),
+        timeouts: dict[str, float] | None = None,
     ) -> None:
         self.db = db
         self.relay = relay
         self.registry = registry
+        # The limits each downstream's slots and pace were made for (a newer catalogue
+        # version that changes them makes new ones).
+        self.registry_limits = {
+            n: (d.max_concurrency, d.max_calls_per_second) for n, d in registry.items()
+        }
         self.clock = clock
         self.config = config
         self.http = http  # action calls
@@ -138,7 +157,30 @@ class Executor:
             )
             for name in registry
         }
-        self.slots = {name: Slots(d.max_concurrency, weight) for name, d in registry.items()}
+        # The downstreams' call slots and paces: this process's shares of their limits,
+        # renewed by ``shares`` (ADR-0108), or the whole of each (counted here alone); a
+        # slot goes to the next waiter in the fair order (ADR-0109).
+        self.shares: DownstreamShares | None = None
+        if config.cluster_limits:
+            self.shares = DownstreamShares.of(
+                db,
+                clock,
+                config.instance,
+                registry,
+                timeouts or {n: d.timeout_ms / 1000 for n, d in registry.items()},
+                config.share_lease,
+                weight,
+            )
+            self.slots, self.paces = self.shares.slots, self.shares.paces
+        else:
+            self.slots = {
+                name: Slots(d.max_concurrency, weight=weight) for name, d in registry.items()
+            }
+            self.paces = {
+                name: Pace(d.max_calls_per_second, clock)
+                for name, d in registry.items()
+                if d.max_calls_per_second
+            }
         # Which task.create messages in hand run their pass next: the fair order (ADR-0109).
         self.intake = Intake(
             config.passes,
@@ -185,8 +227,19 @@ class Executor:
                     self.config.breaker_trial_calls,
                 )
             slots = self.slots.get(name)
-            if slots is None or slots.size != max(1, downstream.max_concurrency):
-                self.slots[name] = Slots(downstream.max_concurrency)
+            known = self.registry_limits.get(name)
+            wanted = (downstream.max_concurrency, downstream.max_calls_per_second)
+            if slots is None or known != wanted:
+                self.registry_limits[name] = wanted
+                if self.shares is not None:  # leased across the cluster (ADR-0108)
+                    longest = self.shares.timeouts.get(name, 0.0)
+                    self.shares.put(name, downstream, max(longest, downstream.timeout_ms / 1000))
+                else:
+                    self.slots[name] = Slots(downstream.max_concurrency, weight=self.weight)
+                    if downstream.max_calls_per_second:
+                        self.paces[name] = Pace(downstream.max_calls_per_second, self.clock)
+                    else:
+                        self.paces.pop(name, None)
         # The passes read the same maps (an empty one given at start was replaced there).
         self.passes.breakers, self.passes.slots = self.breakers, self.slots
         limits = self.worker_runs.policy.limits
@@ -394,6 +447,8 @@ class Executor:
             inputs = await self._inputs(env, node)
             if isinstance(inputs, Result):  # a reference its inputs cannot answer: not sent
                 result = inputs
+            elif not await self._within_limits(node, slots):
+                result = not_sent_without_share()
             elif not await self._may_send(task_id, owner, state):
                 result = not_sent_without_lease()
             else:
@@ -418,6 +473,21 @@ class Executor:
             if held and slots is not None:
                 slots.give_back()
         return self._recording(task_id, node, owner, result, took)
+
+    async def _within_limits(self, node: NodeRun, slots: Slots | None) -> bool:
+        """An HTTP call's turn under its downstream's limits (ADR-0108): its pace's turn in
+        this second, and a slot whose share outlasts the call's timeout. False: not sent
+        (no share proven within a share lease)."""
+        if node.spec.kind != "http":
+            return True
+        pace = self.paces.get(node.spec.downstream)
+        if pace is not None and not await pace.wait(self.config.share_lease):
+            return False
+        downstream = self.registry.get(node.spec.downstream)
+        if slots is None or downstream is None:
+            return True
+        timeout = (node.spec.timeout_ms or downstream.timeout_ms) / 1000
+        return slots.covers(self.clock.now(), timeout)
 
     async def _run_worker(self, call: Call, node: NodeRun, owner: str) -> Result:
         """A worker node's call: its run offered on its queue, then its outcome awaited

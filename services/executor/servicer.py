@@ -11,6 +11,7 @@ import grpc
 from dispo.executor import pausing
 from dispo.executor.envelope import task_result
 from dispo.executor.runner import Executor
+from dispo.executor.shares import pace_key, slots_key
 from dispo.executor.states import TaskState
 from dispo.executor.store import node_runs, task_runs, worker_runs
 from dispo.executor.store.worker_runs import Completion, Outcome, RunKey
@@ -29,7 +30,13 @@ from dispo.libs.payload import (
     payload_problem,
 )
 from dispo.libs.proto_enums import from_short_name
+from dispo.libs.shares import Use
 from dispo.libs.timestamps import to_timestamp
+
+
+def use_of(use: dict[str, Use], key: str) -> int:
+    found = use.get(key)
+    return found.granted if found is not None else 0
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
@@ -39,10 +46,13 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
     async def ListDownstreams(
         self, request: executor_pb2.ListDownstreamsRequest, context: grpc.aio.ServicerContext
     ) -> executor_pb2.ListDownstreamsResponse:
-        now = self.executor.clock.now()
+        ex = self.executor
+        now = ex.clock.now()
+        use = await ex.shares.use() if ex.shares is not None else None
         out = executor_pb2.ListDownstreamsResponse()
-        for name, d in sorted(self.executor.registry.items()):
-            breaker = self.executor.breakers[name]
+        for name, d in sorted(ex.registry.items()):
+            breaker = ex.breakers[name]
+            slots, pace = ex.slots[name], ex.paces.get(name)
             item = out.downstreams.add(
                 name=name,
                 base_url=d.base_url,
@@ -51,6 +61,14 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                 health_url=d.health_url,
                 breaker_state=from_short_name(executor_pb2.BreakerState, breaker.state.name),
                 recent_failures=breaker.recent_failures(now),
+                max_calls_per_second=d.max_calls_per_second,
+                slots_share=slots.bound,
+                calls_in_flight=slots.held,
+                cluster_slots=d.max_concurrency if use is None else use_of(use, slots_key(name)),
+                per_second_share=pace.bound if pace is not None else 0,
+                cluster_per_second=(
+                    d.max_calls_per_second if use is None else use_of(use, pace_key(name))
+                ),
             )
             if breaker.open_until is not None:
                 item.open_until.CopyFrom(to_timestamp(breaker.open_until))

@@ -155,6 +155,20 @@ class ExecutorSettings(BaseSettings):
         description="How often each executor reads which businesses are paused: a pause or a"
         " resume holds in every executor within this (ADR-0109)",
     )
+    cluster_limits: bool = Field(
+        default=ExecutorConfig.cluster_limits,
+        description="Hold every downstream's `max_concurrency` and `max_calls_per_second`"
+        " across all executors, each executor using the share of them it leases in the"
+        " executor's database (ADR-0108); false: each executor counts them alone",
+    )
+    share_lease_seconds: float = Field(
+        default=ExecutorConfig.share_lease,
+        gt=0,
+        description="How long an executor's share of a downstream's limits is leased (a"
+        " slot's share for this much longer than the downstream's longest call timeout),"
+        " renewed every third of it: a dead executor's share is free after this, and one cut"
+        " off from the database stops calling when its share runs out (ADR-0108)",
+    )
     demo_downstream: str = Field(
         default="", description="host:port to also serve the demo downstream in this process"
     )
@@ -191,4 +205,6 @@ class ExecutorSettings(BaseSettings):
             passes=self.passes,
             business_hold=self.business_hold,
             in_hand=self.batch,
+            cluster_limits=self.cluster_limits,
+            share_lease=self.share_lease_seconds,
         )

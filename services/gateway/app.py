@@ -3,6 +3,7 @@ task.cancel, and the consumer of the executor's status events (task.status.>).""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 from dispo.auth import servicer as tokens
@@ -20,6 +21,7 @@ from dispo.gateway.schedules import servicer as schedules
 from dispo.gateway.schedules.operations import Schedules
 from dispo.gateway.servicer import GatewayServicer, bulk_filter
 from dispo.gateway.settings import GatewaySettings
+from dispo.gateway.shares import SubmitShares
 from dispo.gateway.snapshots import snapshot_problem
 from dispo.libs.api.gateway.v1 import gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
@@ -118,12 +120,25 @@ async def setup(rt: Runtime) -> None:
         max_rate=settings.bulk_max_rate,
     )
     rt.add_periodic("bulk actions", bulk.run_once, settings.bulk_interval_seconds)
+    # The shares of the businesses' Submit rate this gateway holds (ADR-0108).
+    shares = SubmitShares(
+        db,
+        rt.clock,
+        f"gateway-{uuid.uuid4().hex[:12]}",
+        settings.submit_rate_per_second,
+        settings.submit_burst,
+        settings.share_lease_seconds,
+    )
+    caller_limits = settings.caller_limits(rt.clock, shares)
+    if caller_limits.shares is not None:
+        rt.add_periodic("submit shares", shares.renew, shares.lease / 3, first_after_interval=True)
+        rt.close_on_stop(shares.drop, name="submit shares")
     rt.add_servicer(
         lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
             GatewayServicer(
                 gateway,
                 settings.max_page_size,
-                settings.caller_limits(rt.clock),
+                caller_limits,
                 rt.bus,
                 settings.events_read_timeout_seconds,
                 outputs,

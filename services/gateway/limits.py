@@ -1,17 +1,20 @@
-"""What one gateway process lets a business do: Submits at a bounded rate (a token bucket
-per business, RESOURCE_EXHAUSTED with a RetryInfo saying when to come back) and a bounded
+"""What a gateway lets a business do: Submits at a bounded rate (a token bucket per
+business, RESOURCE_EXHAUSTED with a RetryInfo saying when to come back) and a bounded
 number of WatchTask streams open at once.
 
-The limits are per process: behind N gateways a business may submit N times the rate and
-hold N times the streams (docs/security.md, *Limits*).
+The Submit rate holds across every gateway (ADR-0108): each gateway counts against its
+share of it (:mod:`dispo.gateway.shares`), taken before the first Submit of a business and
+renewed in the background. The WatchTask streams are counted per process: behind N
+gateways a business may hold N times the streams (docs/security.md, *Limits*).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+from dispo.gateway.shares import SubmitShares
 from dispo.libs.clock import Clock
 from dispo.libs.errors import ResourceExhausted
 from dispo.libs.ratelimit import Slots, TokenBuckets
@@ -40,23 +43,54 @@ class CallerLimits:
         submit_rate: float = SUBMIT_RATE_PER_SECOND,
         submit_burst: int = SUBMIT_BURST,
         max_watches: int = MAX_WATCHES_PER_BUSINESS,
+        shares: SubmitShares | None = None,
     ) -> None:
         self.submits = TokenBuckets(submit_rate, submit_burst, clock)
         self.watches = Slots(max_watches)
+        # The shares of the rate across the gateways (None: the rate counted here alone).
+        self.shares = shares if submit_rate else None
+
+    async def prepare(self, businesses: Iterable[str]) -> None:
+        """Before :meth:`admit_submit`: a share of the rate of each business (one
+        transaction when this gateway holds none of one)."""
+        if self.shares is not None:
+            await self.shares.ensure(businesses)
 
     def admit_submit(self, business: str, count: int = 1) -> None:
         """Take ``count`` of ``business``'s Submit tokens (one per task: a SubmitMany takes
         all of its items' at once, or none), or refuse with when to retry."""
-        wait = self.submits.take(business, count)
+        if self.shares is None:
+            self._take(self.submits, business, count)
+            return
+        held = self.shares.live(business)
+        if held is not None:
+            held.asked += count
+        if held is None or held.bucket is None:  # its share is nothing now: the others hold it
+            if held is not None:
+                held.refused += count
+            wait = self.shares.lease / 3
+            raise ResourceExhausted(
+                f"business {business!r} is over its Submit rate ({self.submits.rate:g} a second"
+                f" across the gateways, bursts of {self.submits.burst:g}); retry in {wait:.3f} s",
+                retry_after=wait,
+            )
+        try:
+            self._take(held.bucket, business, count)
+        except ResourceExhausted:
+            held.refused += count
+            raise
+
+    def _take(self, bucket: TokenBuckets, business: str, count: int) -> None:
+        wait = bucket.take(business, count)
         if wait == float("inf"):
             raise ResourceExhausted(
                 f"a call of {count} tasks is more than business {business!r} may submit at once"
-                f" on this gateway (bursts of {self.submits.burst:g}); send fewer per call",
+                f" (bursts of {self.submits.burst:g}); send fewer per call",
                 field="requests",
             )
         if wait:
             raise ResourceExhausted(
-                f"business {business!r} is over its Submit rate on this gateway"
+                f"business {business!r} is over its Submit rate"
                 f" ({self.submits.rate:g} a second, bursts of {self.submits.burst:g});"
                 f" retry in {wait:.3f} s",
                 retry_after=wait,
@@ -72,8 +106,16 @@ class CallerLimits:
                 taken.append((business, count))
         except ResourceExhausted:
             for business, count in taken:
-                self.submits.give_back(business, count)
+                self._give_back(business, count)
             raise
+
+    def _give_back(self, business: str, count: int) -> None:
+        if self.shares is None:
+            self.submits.give_back(business, count)
+            return
+        held = self.shares.live(business)
+        if held is not None and held.bucket is not None:
+            held.bucket.give_back(business, count)
 
     @contextlib.contextmanager
     def watching(self, business: str) -> Iterator[None]:

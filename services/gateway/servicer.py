@@ -179,15 +179,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def Submit(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitResponse:
-        return _submit_response(await self.gateway.submit(self._admitted(request, context)))
+        return _submit_response(await self.gateway.submit(await self._admitted(request, context)))
 
-    def _admitted(
+    async def _admitted(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> Submission:
         """What a Submit of ``request`` asks for, once its caller may act for its business
         and that business has a Submit token left (each refusal names its field)."""
         business = business_filter(request.business, "business")
-        self.limits.admit_submit(limited_business(context, business))
+        limited = limited_business(context, business)
+        await self.limits.prepare([limited])
+        self.limits.admit_submit(limited)
         sub = submission_from_proto(request, business)
         require_priority(sub.priority, "priority")
         return sub
@@ -206,6 +208,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         for business in businesses:
             limited = limited_business(context, business)
             counts[limited] = counts.get(limited, 0) + 1
+        await self.limits.prepare(counts)
         self.limits.admit_submits(counts)
         subs, news, invalid = [], [], []
         refused: DomainError | None = None
@@ -244,7 +247,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         subs, news, places = [], [], []
         for i, item in enumerate(items):
             try:
-                sub = self._admitted(item, context)
+                sub = await self._admitted(item, context)
                 news.append(await self.gateway.prepare(sub))
             except DomainError as error:
                 outcomes[i].refused.CopyFrom(status_of(error))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dispo.gateway import limits, timing
 from dispo.gateway.expand import Limits
+from dispo.gateway.shares import SHARE_LEASE, SubmitShares
 from dispo.libs.clock import Clock
 from dispo.libs.settings import local_address, service_settings_config
 from pydantic import Field
@@ -65,13 +66,29 @@ class GatewaySettings(BaseSettings):
     submit_rate_per_second: float = Field(
         default=limits.SUBMIT_RATE_PER_SECOND,
         ge=0,
-        description="Submits a second one business may make to one gateway process (a token"
-        " bucket; 0: no limit); beyond it RESOURCE_EXHAUSTED with a RetryInfo",
+        description="Submits a second one business may make (a token bucket; 0: no limit),"
+        " across every gateway (each accepts at its share of it, ADR-0108) unless"
+        " `DISPO_GATEWAY_CLUSTER_LIMITS` is false; beyond it RESOURCE_EXHAUSTED with a"
+        " RetryInfo",
+    )
+    cluster_limits: bool = Field(
+        default=True,
+        description="Hold the Submit rate of a business across every gateway, each gateway"
+        " accepting at the share of it it leases in the gateway's database (ADR-0108); false:"
+        " each gateway counts it alone",
+    )
+    share_lease_seconds: float = Field(
+        default=SHARE_LEASE,
+        gt=0,
+        description="How long a gateway's share of a business's Submit rate is leased, renewed"
+        " every third of it while the business submits: a dead gateway's share is free after"
+        " this (ADR-0108)",
     )
     submit_burst: int = Field(
         default=limits.SUBMIT_BURST,
         ge=1,
-        description="Submits a business may make at once above its rate (the bucket's size)",
+        description="Submits a business may make at once above its rate (the bucket's size;"
+        " across the gateways, each holds a part in proportion to its share of the rate)",
     )
     max_watches_per_business: int = Field(
         default=limits.MAX_WATCHES_PER_BUSINESS,
@@ -121,12 +138,15 @@ class GatewaySettings(BaseSettings):
         " in seconds (INVALID_ARGUMENT naming the field beyond)",
     )
 
-    def caller_limits(self, clock: Clock) -> limits.CallerLimits:
+    def caller_limits(
+        self, clock: Clock, shares: SubmitShares | None = None
+    ) -> limits.CallerLimits:
         return limits.CallerLimits(
             clock,
             submit_rate=self.submit_rate_per_second,
             submit_burst=self.submit_burst,
             max_watches=self.max_watches_per_business,
+            shares=shares if self.cluster_limits else None,
         )
 
     def limits(self) -> Limits:

@@ -55,6 +55,26 @@ def test_an_unhealthy_downstream_and_an_open_breaker_are_red_a_closed_one_green(
     assert f".bad {{ color: {COLOURS['FAILED']};" in styles  # red, as a FAILED task
 
 
+def test_a_downstreams_limits_show_what_every_executor_holds_of_them():
+    [limited, unpaced, unknown] = downstream_rows(
+        [
+            (
+                rpb.DownstreamState(name="labels"),
+                epb.Downstream(
+                    max_concurrency=4, cluster_slots=3, max_calls_per_second=20,
+                    cluster_per_second=12,
+                ),
+            ),
+            (rpb.DownstreamState(name="review"), epb.Downstream(max_concurrency=8, cluster_slots=8)),
+            (rpb.DownstreamState(name="fresh"), None),
+        ]
+    )  # fmt: skip
+    assert limited.limits == "3/4 at once, 12/20 a second"
+    assert unpaced.limits == "8/8 at once" and unknown.limits == ""
+    page = rendered("_downstream_rows.html", downstreams=[limited])
+    assert '<td class="limits">3/4 at once, 12/20 a second</td>' in page
+
+
 def test_the_first_periods_comparison_reads_as_expected_not_as_a_failure():
     first = ipb.Job(
         kind=ipb.JOB_KIND_COMPARISON,

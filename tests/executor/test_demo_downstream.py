@@ -1,6 +1,8 @@
 """The demo downstream's counting switches, against the real process: ``dedupe: false``
 counts an effect for every call, ``late_ms`` performs the effect and answers too late."""
 
+import asyncio
+
 import httpx
 
 
@@ -40,3 +42,20 @@ async def test_a_late_answer_comes_after_the_effect(downstream):
     async with httpx.AsyncClient(timeout=5) as http:
         reply = await http.post(f"{downstream.url}/once/b", headers={"Idempotency-Key": "k4"})
     assert reply.json()["ok"] is True
+
+
+async def test_it_records_the_most_calls_at_once_and_in_one_second(downstream):
+    await downstream.control(reset=True, delay_ms=300)
+    async with httpx.AsyncClient(timeout=5) as http:
+        await asyncio.gather(
+            *(
+                http.post(f"{downstream.url}/labels/{i}", headers={"Idempotency-Key": f"c{i}"})
+                for i in range(4)
+            )
+        )
+        await http.post(f"{downstream.url}/labels/x", headers={"Idempotency-Key": "x"})
+    state = await downstream.state()
+    assert state["most_at_once"] == 4  # the four together, not the fifth after them
+    assert 2 <= state["busiest_second"] <= 5  # four at once fall in at most two seconds
+    await downstream.control(reset=True, delay_ms=0)
+    assert (await downstream.state())["most_at_once"] == 0

@@ -45,7 +45,8 @@ async def executor(request, service_engine, service_db, bus, manual_clock, downs
     http, health = http_session(), httpx.AsyncClient()
     registry = {"demo": Downstream("demo", downstream.url)}
     # send margin: 1 s; the passes' writes group-committed, or each its own transaction
-    config = ExecutorConfig(lease_ttl=5.0, group_commit=request.param)
+    # Each limit counted in this process: no timer renews shares of the cluster's here.
+    config = ExecutorConfig(lease_ttl=5.0, group_commit=request.param, cluster_limits=False)
     yield Executor(db, OutboxRelay(db, outbox, bus), registry, manual_clock, config, http, health)
     await http.close()
     await health.aclose()

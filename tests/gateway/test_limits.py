@@ -5,6 +5,7 @@ business."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import grpc
@@ -108,3 +109,45 @@ async def test_watch_streams_are_capped_per_business(start_gateway):
         again = await eventually(opened, wanted="a WatchTask stream once one ended")
         for stream in (streams[1], theirs, again):
             stream.cancel()
+
+
+async def test_two_gateways_hold_a_business_to_its_submit_rate_together(
+    start_gateway, file_clock, service_engine
+):
+    """The rate is the business's across the gateways (ADR-0108): submitting through two
+    gateways at once gets no more than one bucket's worth (its burst, then its rate), and
+    both gateways end up accepting part of it."""
+    env = {
+        **file_clock.env,
+        "DISPO_GATEWAY_SUBMIT_RATE_PER_SECOND": "4",
+        "DISPO_GATEWAY_SUBMIT_BURST": "4",
+        "DISPO_GATEWAY_SHARE_LEASE_SECONDS": "3",
+    }
+    gateways = [await start_gateway(**env) for _ in range(2)]
+    accepted = [0, 0]
+    refused: list[grpc.aio.AioRpcError] = []
+    async with admin_channel(gateways[0].address) as one, admin_channel(gateways[1].address) as two:
+        stubs = [gateway_pb2_grpc.GatewayServiceStub(one), gateway_pb2_grpc.GatewayServiceStub(two)]
+
+        async def hammer(step: int) -> None:
+            for i in range(6):
+                for g, stub in enumerate(stubs):
+                    try:
+                        await stub.Submit(submit("shop", f"s{step}-{g}-{i}"))
+                        accepted[g] += 1
+                    except grpc.aio.AioRpcError as error:
+                        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        assert retry_delay(error) > timedelta(0)
+                        refused.append(error)
+
+        await hammer(0)
+        assert sum(accepted) == 4  # the burst, once, whichever gateway took it
+        seconds = 0.0
+        for step in range(1, 9):  # then half a second at a time, each gateway renewing
+            file_clock.advance(seconds=0.5)
+            seconds += 0.5
+            await asyncio.sleep(0.5)
+            await hammer(step)
+            assert sum(accepted) <= 4 + 4 * seconds, (accepted, seconds)
+        assert all(accepted), f"one gateway accepted nothing: {accepted}"
+        assert await counts(service_engine) == (sum(accepted), sum(accepted))

@@ -814,3 +814,18 @@ async def test_quarantine_commands_list_show_and_discard_a_message(operators_env
     )
     assert gone.returncode == 4 and "NOT_FOUND" in gone.stderr
     assert bad_service.returncode == 2
+
+
+async def test_downstreams_limits_shows_each_limit_and_what_the_executors_hold(cli_env):
+    """``dispo downstreams limits``: the executor's ListDownstreams, each downstream's limits
+    across the cluster with what every executor holds of them (ADR-0108)."""
+    reply = await eventually(
+        lambda: dispo_json(cli_env, "downstreams", "limits"),
+        lambda r: any(d.get("slots_share") for d in r["downstreams"]),
+        wanted="a share held by the executor",
+    )
+    demo = {d["name"]: d for d in reply["downstreams"]}["demo"]
+    assert demo["max_concurrency"] == demo["slots_share"] == demo["cluster_slots"] > 0
+    shown = await dispo(cli_env, "downstreams", "limits")
+    assert shown.returncode == 0, shown.stderr
+    assert "demo" in shown.stdout and "max at once" in shown.stdout

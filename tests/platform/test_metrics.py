@@ -331,6 +331,8 @@ async def test_the_call_slot_gauges_count_calls_under_way_and_waiting_and_return
     for downstream in ("narrow", "demo"):
         assert value(after, "dispo_downstream_calls_in_flight", downstream=downstream) == 0
         assert value(after, "dispo_downstream_calls_waiting", downstream=downstream) == 0
+    # The one executor holds the whole of each limit across the cluster (ADR-0108).
+    assert value(after, "dispo_downstream_slots_share", downstream="narrow") == 2
 
 
 async def test_every_log_line_about_a_task_carries_its_ids(stack: Stack) -> None:

@@ -742,3 +742,54 @@ async def test_the_fairness_guide_runs_twice_on_a_stack(tmp_path):
     finally:
         up.send_signal(signal.SIGINT)
         await asyncio.to_thread(up.wait, 60)
+
+
+async def test_the_limits_section_of_the_pipeline_guide_runs_on_a_stack(tmp_path):
+    """docs/pipeline.md's "Limits across the cluster": the commands it gives show every
+    downstream of the shipped catalogue with its limits and the share the stack's executor
+    holds of them (the whole of each: it is the only one)."""
+    stack = Stack(tmp_path)
+    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
+    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
+    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
+    env["DISPO_CONSOLE_PORT"] = str(free_port())
+    output = tmp_path / "up.out"
+    with open(output, "wb") as out:
+        up = subprocess.Popen(
+            [
+                str(BIN / "dispo"),
+                "up",
+                "--nats-port",
+                str(free_port()),
+                "--demo-port",
+                str(stack.moved[DEMO]),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def ready() -> bool:
+            assert up.poll() is None, output.read_text()
+            return "Ctrl-C stops everything" in output.read_text()
+
+        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+        blocks = sh_blocks(section("docs/pipeline.md", "Limits across the cluster"))
+        assert len(blocks) == 1, blocks
+
+        async def shown() -> str:
+            result = await shell(blocks, exported, stack, "-e")
+            assert result.returncode == 0, result.stdout + result.stderr
+            return result.stdout
+
+        out = await eventually(
+            shown, lambda o: '"slots_share": 16' in o, wanted="the executor's share taken"
+        )
+        assert "max at once" in out and "labels" in out and "review" in out, out
+        assert '"max_concurrency": 16' in out and '"cluster_slots": 16' in out, out
+    finally:
+        up.send_signal(signal.SIGINT)
+        await asyncio.to_thread(up.wait, 60)

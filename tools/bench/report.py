@@ -318,6 +318,12 @@ def render(report: Mapping[str, Any]) -> list[str]:
         )
     if parked := report.get("waiting"):
         lines.append(f"waiting                  {waiting_text(parked)}")
+    if seen := report.get("downstream"):
+        lines.append(
+            f"downstream saw           {seen['most_at_once']} calls at once at most,"
+            f" {seen['busiest_second']} in its busiest second"
+            f" (limits: {config.get('downstream_limits') or 'none'})"
+        )
     if ceiling := report["postgres_commit_ceiling"]:
         tps = ", ".join(f"{c} client(s) {v:.0f}/s" for c, v in ceiling["tps_by_clients"].items())
         lines.append(f"PostgreSQL commit ceiling one-row INSERT per transaction: {tps}")

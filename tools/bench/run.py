@@ -5,6 +5,8 @@
     dispo bench submit --start --shape http --rate 300 --tasks 3000     # fixed offered rate
     dispo bench submit --start --shape worker --workers 2               # worker actions
     dispo bench submit --start --gateways 2 --executors 3 --cluster     # scale-out, NATS cluster
+    dispo bench submit --start --shape http --executors 3 --downstream-concurrency 16 \
+        --downstream-delay-ms 20                 # a downstream's limit held by 3 executors
     dispo bench submit --address 127.0.0.1:50051 --tasks 2000           # a running stack
 
 With ``--start`` the bench runs its own embedded stack (PostgreSQL, NATS — one node or a
@@ -75,6 +77,8 @@ class Target:
     # Where each service process serves its metrics, by name (the group commits are read
     # there; empty: not read).
     metrics: dict[str, str] = field(default_factory=dict)
+    # The demo downstream the HTTP shapes call ("": none of the bench's own).
+    downstream_url: str = ""
 
 
 @dataclass
@@ -162,6 +166,11 @@ async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Tar
             executors=args.executors,
             nats_nodes=3 if args.cluster else 1,
             folder=Path(args.keep) if args.keep else None,
+            catalogue=partial(
+                catalogue_yaml,
+                concurrency=args.downstream_concurrency,
+                rate=args.downstream_rate,
+            ),
         ) as own,
         worker_processes(
             args.workers if shape.worker and "executor" in own.addresses else 0,
@@ -178,6 +187,7 @@ async def own_stack(args: argparse.Namespace, shape: Shape) -> AsyncIterator[Tar
             own.stack.postgres.url,
             own.token,
             own.stack.metrics_addresses(),
+            own.downstream_url if shape.http else "",
         )
 
 
@@ -218,6 +228,14 @@ def _config(args: argparse.Namespace, shape: Shape, cell_name: str) -> dict[str,
         "services": ("gateway" if args.submit_only else args.services) if args.start else None,
         "submit_only": args.submit_only,
         "submit_rate_limit": f"{BENCH_SUBMIT_RATE}/s" if args.start else "the stack's",
+        # The bench downstream's limits (HTTP shapes, --start), across every executor.
+        "downstream_limits": (
+            f"{args.downstream_concurrency} at once"
+            + (f", {args.downstream_rate}/s" if args.downstream_rate else "")
+            + (f", answers in {args.downstream_delay_ms} ms" if args.downstream_delay_ms else "")
+            if shape.http and args.start
+            else None
+        ),
         "stack": "embedded" if args.start else "running",
         "commit": git_commit(),
     }
@@ -233,6 +251,8 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         for address in target.gateways
     ]
     try:
+        if target.downstream_url and args.downstream_delay_ms:
+            await downstream_control(target.downstream_url, delay_ms=args.downstream_delay_ms)
         # Warm-up: a few tasks through every gateway, finished before measuring.
         warm = load.Submitter(clients, f"{business}-warmup", lambda: [cell(cell_name)])
         warmed = await load.saturate(warm, 4 * len(clients), len(clients))
@@ -309,7 +329,31 @@ async def measure(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     )
     if parked is not None:
         report["waiting"] = parked
+    if target.downstream_url:
+        report["downstream"] = await downstream_seen(target.downstream_url)
     return report
+
+
+async def downstream_control(url: str, **switches: Any) -> None:
+    """Set the demo downstream's switches (``delay_ms``: each call answered that late)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        (await http.post(f"{url}/control", json=switches)).raise_for_status()
+
+
+async def downstream_seen(url: str) -> dict[str, int] | None:
+    """What the demo downstream saw: the most calls at once and in one second (its limits
+    hold across every executor, ADR-0108); None when it cannot be read."""
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            seen = (await http.get(f"{url}/calls")).json()
+    except (httpx.HTTPError, ValueError) as error:
+        print(f"downstream not read: {error!r}", file=sys.stderr)
+        return None
+    return {"most_at_once": seen["most_at_once"], "busiest_second": seen["busiest_second"]}
 
 
 async def blocking_load(
@@ -458,6 +502,25 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gateways", type=int, default=1, help="gateway processes (with --start)")
     p.add_argument("--executors", type=int, default=1, help="executor processes (with --start)")
+    p.add_argument(
+        "--downstream-concurrency",
+        type=int,
+        default=256,
+        help="the bench downstream's max_concurrency, across every executor (HTTP shapes)",
+    )
+    p.add_argument(
+        "--downstream-rate",
+        type=int,
+        default=0,
+        help="the bench downstream's max_calls_per_second, across every executor (0: none)",
+    )
+    p.add_argument(
+        "--downstream-delay-ms",
+        type=int,
+        default=0,
+        help="the demo downstream answers each call this late (HTTP shapes, --start): calls"
+        " overlap there, so its record of the most at once says something",
+    )
     p.add_argument(
         "--workers",
         type=int,

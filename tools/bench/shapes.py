@@ -58,6 +58,7 @@ downstreams:
     base_url: {url}
     timeout_ms: {timeout_ms}
     max_concurrency: {concurrency}
+    max_calls_per_second: {rate}
     health_url: {url}/healthz
 cells:
   noop:
@@ -112,11 +113,18 @@ cells:
 """
 
 
-def catalogue_yaml(downstream_url: str, concurrency: int = 256, timeout_ms: int = 5000) -> str:
+def catalogue_yaml(
+    downstream_url: str, concurrency: int = 256, timeout_ms: int = 5000, rate: int = 0
+) -> str:
     """The bench catalogue: every shape's cell, HTTP actions calling ``downstream_url`` with
     a per-call timeout of ``timeout_ms`` and up to ``concurrency`` calls at once (the
     executor's connection pool: a call slot is held from its node's claim to the call's
-    end, so at 64 the slots, not the CPU, held the ``http`` shape near 320 tasks/s)."""
+    end, so at 64 the slots, not the CPU, held the ``http`` shape near 320 tasks/s), at
+    most ``rate`` calls a second (0: no limit); both across every executor (ADR-0108)."""
     return _CATALOGUE.format(
-        url=downstream_url, concurrency=concurrency, timeout_ms=timeout_ms, queue=WORKER_QUEUE
+        url=downstream_url,
+        concurrency=concurrency,
+        timeout_ms=timeout_ms,
+        queue=WORKER_QUEUE,
+        rate=rate,
     )

@@ -3,6 +3,7 @@ service's quarantine: each one call (or one call per id) and a table of its repl
 
 dispo failed list|show|resume|abandon|resolve   ReconcilerService (failed, parked, uncertain work)
 dispo downstreams list|pause|resume             ReconcilerService (downstreams)
+dispo downstreams limits                        ExecutorService (ListDownstreams)
 dispo queues                                    ExecutorService (worker queues)
 dispo businesses list|pause|resume              ExecutorService (fair share, paused businesses)
 dispo pool status|queue|evaluations|boost|bounds   PoolService
@@ -421,6 +422,27 @@ def downstreams_resume(
             rpb.ResumeDownstreamRequest(name=name, actor=actor()), timeout=CALL_SECONDS
         )
     show(reply, as_json, lambda r: table([r.downstream], _DOWNSTREAM_COLUMNS))
+
+
+_LIMIT_COLUMNS: list[Column] = [
+    ("downstream", lambda d: d.name),
+    ("max at once", lambda d: d.max_concurrency),
+    ("held", lambda d: d.cluster_slots),
+    ("this executor", lambda d: f"{d.calls_in_flight}/{d.slots_share}"),
+    ("max a second", lambda d: d.max_calls_per_second or ""),
+    ("held a second", lambda d: d.cluster_per_second if d.max_calls_per_second else ""),
+    ("this executor a second", lambda d: d.per_second_share if d.max_calls_per_second else ""),
+]
+
+
+@downstreams_app.command(name="limits")
+def downstreams_limits(ctx: typer.Context, as_json: JSON_OPTION = False) -> None:
+    """Each downstream's limits across the cluster (the executor's ListDownstreams): calls
+    at once and a second, what every executor holds of them, and what the executor asked
+    holds and uses (ADR-0108)."""
+    with _stub(ctx, "executor", executor_pb2_grpc.ExecutorServiceStub) as executor:
+        reply = executor.ListDownstreams(epb.ListDownstreamsRequest(), timeout=CALL_SECONDS)
+    show(reply, as_json, lambda r: table(r.downstreams, _LIMIT_COLUMNS))
 
 
 # --- queues -------------------------------------------------------------------------------

@@ -14,9 +14,12 @@ Routes:
   a request under the key with that attempt or an earlier one is refused (409) and one
   still under way does not perform its effect. A later attempt goes through.
 - ``GET /calls``: ``{"calls": {key: n}, "effects": {key: n}, "bodies": {key: text},
-  "paths": {key: path}, "held": n, "refused": {key: n}, "late": n}``; ``bodies`` and
-  ``paths`` hold the request body and path of each key's first effect as received, ``refused`` the requests a fence refused, ``late`` the
-  calls whose late effect is still to land.
+  "paths": {key: path}, "held": n, "refused": {key: n}, "late": n, "most_at_once": n,
+  "busiest_second": n}``; ``bodies`` and ``paths`` hold the request body and path of each
+  key's first effect as received, ``refused`` the requests a fence refused, ``late`` the
+  calls whose late effect is still to land, ``most_at_once`` the most action calls it had
+  under way at once and ``busiest_second`` the most that began in one whole second (since
+  the last reset: what a downstream's limits promise it).
 - ``POST /control``: switches, JSON with any of
   ``{"fail": {"status": 500, "times": 2, "path": "/labels"}}`` (fail the next calls; with
   ``"effect": true`` after performing the effect, with ``"retry_after": "3"`` sending that
@@ -54,6 +57,7 @@ import asyncio
 import hashlib
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -112,6 +116,11 @@ class State:
     # Answers given instead of the usual one, with the rule that picks their calls.
     answers: list[tuple[Rule, dict]] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    # Action calls under way now, the most there were at once, and how many began in each
+    # whole second of the clock (what a downstream's limits promise it, ADR-0108).
+    at_once: int = 0
+    most_at_once: int = 0
+    per_second: dict[int, int] = field(default_factory=dict)
 
 
 def _matches(prefix: str, path: str) -> bool:
@@ -164,6 +173,8 @@ def build_app() -> web.Application:
                 "held": state.held,
                 "refused": state.refused,
                 "late": state.late,
+                "most_at_once": state.most_at_once,
+                "busiest_second": max(state.per_second.values(), default=0),
             }
         )
 
@@ -176,6 +187,8 @@ def build_app() -> web.Application:
                 recorded.clear()
             state.fenced.clear()
             state.refused.clear()
+            state.per_second.clear()
+            state.most_at_once = state.at_once
             state.down, state.dedupe, state.delay_ms, state.hold = False, True, 0, None
             state.late_ms, state.late_effect, state.fence = 0, None, False
             state.release.set()
@@ -227,6 +240,16 @@ def build_app() -> web.Application:
         return None
 
     async def act(request: web.Request) -> web.StreamResponse:
+        state.at_once += 1
+        state.most_at_once = max(state.most_at_once, state.at_once)
+        second = int(time.time())
+        state.per_second[second] = state.per_second.get(second, 0) + 1
+        try:
+            return await answer(request)
+        finally:
+            state.at_once -= 1
+
+    async def answer(request: web.Request) -> web.StreamResponse:
         key = request.headers.get("Idempotency-Key", "")
         state.calls[key] = state.calls.get(key, 0) + 1
         if state.down:

@@ -548,6 +548,12 @@ class Downstream(_message.Message):
     BREAKER_STATE_FIELD_NUMBER: _builtins.int
     RECENT_FAILURES_FIELD_NUMBER: _builtins.int
     OPEN_UNTIL_FIELD_NUMBER: _builtins.int
+    MAX_CALLS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    SLOTS_SHARE_FIELD_NUMBER: _builtins.int
+    CALLS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    CLUSTER_SLOTS_FIELD_NUMBER: _builtins.int
+    PER_SECOND_SHARE_FIELD_NUMBER: _builtins.int
+    CLUSTER_PER_SECOND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Its catalogue name, as actions name it."""
     base_url: _builtins.str
@@ -555,13 +561,27 @@ class Downstream(_message.Message):
     timeout_ms: _builtins.int
     """Default timeout of one call, in milliseconds."""
     max_concurrency: _builtins.int
-    """Most calls in flight to it at once from this executor process."""
+    """Most calls in flight to it at once, across every executor (ADR-0108)."""
     health_url: _builtins.str
     """The URL whose GET tells whether it is healthy (empty: none)."""
     breaker_state: Global___BreakerState.ValueType
     """Its circuit breaker now."""
     recent_failures: _builtins.int
     """Failed calls within the breaker's current window."""
+    max_calls_per_second: _builtins.int
+    """Most calls to it started in one second, across every executor (0: no limit)."""
+    slots_share: _builtins.int
+    """The call slots this executor may hold now: its share of max_concurrency."""
+    calls_in_flight: _builtins.int
+    """Calls under way from this executor now."""
+    cluster_slots: _builtins.int
+    """The call slots every executor together holds now (shares leased in the executor's
+    database; max_concurrency when each executor counts alone).
+    """
+    per_second_share: _builtins.int
+    """The calls a second this executor may start now: its share of max_calls_per_second."""
+    cluster_per_second: _builtins.int
+    """The calls a second every executor together may start now."""
     @_builtins.property
     def open_until(self) -> _timestamp_pb2.Timestamp:
         """When an OPEN breaker's cooldown ends; unset when not OPEN."""
@@ -577,10 +597,16 @@ class Downstream(_message.Message):
         breaker_state: Global___BreakerState.ValueType = ...,
         recent_failures: _builtins.int = ...,
         open_until: _timestamp_pb2.Timestamp | None = ...,
+        max_calls_per_second: _builtins.int = ...,
+        slots_share: _builtins.int = ...,
+        calls_in_flight: _builtins.int = ...,
+        cluster_slots: _builtins.int = ...,
+        per_second_share: _builtins.int = ...,
+        cluster_per_second: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["open_until", b"open_until"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_url", b"base_url", "breaker_state", b"breaker_state", "health_url", b"health_url", "max_concurrency", b"max_concurrency", "name", b"name", "open_until", b"open_until", "recent_failures", b"recent_failures", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_url", b"base_url", "breaker_state", b"breaker_state", "calls_in_flight", b"calls_in_flight", "cluster_per_second", b"cluster_per_second", "cluster_slots", b"cluster_slots", "health_url", b"health_url", "max_calls_per_second", b"max_calls_per_second", "max_concurrency", b"max_concurrency", "name", b"name", "open_until", b"open_until", "per_second_share", b"per_second_share", "recent_failures", b"recent_failures", "slots_share", b"slots_share", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
