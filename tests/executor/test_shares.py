@@ -144,7 +144,9 @@ async def test_a_dead_holders_share_is_free_once_its_lease_ran_out_and_not_befor
     dead, alive = holders(db, clock, 2)
     await dead.renew()
     assert dead.slots["labels"].bound == 4 and dead.paces["labels"].bound == 0  # next second
-    alive.slots["labels"].waiting = 1
+    waiter = asyncio.create_task(alive.slots["labels"].take())  # a node waits for a slot
+    await asyncio.sleep(0)
+    assert alive.slots["labels"].waiting == 1
     await alive.renew()
     assert alive.slots["labels"].bound == 0  # all held by the other, which never renews again
     clock.advance(seconds=3.0)  # the share lease, not yet the call timeout beyond it
@@ -153,6 +155,7 @@ async def test_a_dead_holders_share_is_free_once_its_lease_ran_out_and_not_befor
     clock.advance(seconds=1.01)
     await alive.renew()
     assert alive.slots["labels"].bound == 4
+    await asyncio.wait_for(waiter, 1)  # handed the slot once the share came
     use = await alive.use()
     assert use["downstream:labels:calls"].holders == 1
 

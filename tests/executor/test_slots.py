@@ -98,7 +98,7 @@ async def test_a_business_queued_behind_another_s_backlog_gets_every_other_slot(
 async def test_weights_share_the_slots_and_priority_orders_within_a_business():
     weights = {"a": 1, "b": 2}
     waiters = [("a", 3)] * 4 + [("b", 5), ("b", 1), ("b", 3), ("b", 1)]
-    order = await _order_of_slots(Slots(1, lambda b: weights[b]), waiters)
+    order = await _order_of_slots(Slots(1, weight=lambda b: weights[b]), waiters)
     # b twice as often as a; b's priority 1 nodes first (in arrival order), its 5 last.
     assert [i for i in order if i >= 4] == [5, 7, 6, 4]
     assert order[:6] == [5, 0, 7, 6, 1, 4]
