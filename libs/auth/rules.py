@@ -69,6 +69,7 @@ RULES: dict[str, Rule] = {
         ListTasks=BUSINESS,
         CountTasks=BUSINESS,
         CancelTask=BUSINESS,
+        EraseTask=BUSINESS,
         SignalTask=BUSINESS,
         WatchTask=BUSINESS,
         ListTaskEvents=BUSINESS,

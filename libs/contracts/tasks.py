@@ -28,6 +28,7 @@ TASK_DEMOTE = "task.demote"  # Task envelope: parked behind a degraded downstrea
 TASK_CANCEL = "task.cancel"  # CancelRequest (gateway, reconciler)
 TASK_CLOSE = "task.close"  # CloseRequest: a parked task ended for good (reconciler)
 TASK_SIGNAL = "task.signal"  # SignalRequest: a caller's signal to a task's wait nodes (gateway)
+TASK_ERASE = "task.erase"  # EraseRequest: a finished task's user data was erased (gateway)
 
 # task.status.<task_id>.<status>: a Task snapshot of node states, without payloads (executor,
 # reconciler for a terminal failure); <status> is the snapshot's task status in lower case
@@ -94,11 +95,13 @@ TASK_DURABLES = (
     Durable("reconciler-claims", (TASK_CREATE,)),
     Durable("reconciler-fail", (TASK_FAIL,)),
     Durable("reconciler-demote", (TASK_DEMOTE,)),
+    Durable("executor-erase", (TASK_ERASE,)),
+    Durable("reconciler-erase", (TASK_ERASE,)),
 )
 
 TASKS = Stream(
     "TASKS",
-    (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE, TASK_SIGNAL),
+    (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE, TASK_SIGNAL, TASK_ERASE),
     retention="interest",
     durables=TASK_DURABLES,
 )
@@ -114,6 +117,7 @@ FLOWS = (
     Flow(TASK_CANCEL, ("gateway", "reconciler"), ("executor",), TASKS),
     Flow(TASK_CLOSE, ("reconciler",), ("executor",), TASKS),
     Flow(TASK_SIGNAL, ("gateway",), ("executor",), TASKS),
+    Flow(TASK_ERASE, ("gateway",), ("executor", "reconciler"), TASKS),
     # The gateway also reads one task's snapshots back (ListTaskEvents, Bus.read_subject).
     Flow(
         TASK_STATUS_ALL,
@@ -168,6 +172,11 @@ def cancel_id(task_id: str, cause: str = "") -> str:
 def signal_id(task_id: str, signal_id: str) -> str:
     """task.signal: one message per signal of a task (``<task_id>:signal:<signal_id>``)."""
     return f"{task_id}:signal:{signal_id}"
+
+
+def erase_id(task_id: str) -> str:
+    """task.erase: one message per task (``<task_id>:erase``); an erasure is never undone."""
+    return f"{task_id}:erase"
 
 
 def close_id(task_id: str, generation: int) -> str:

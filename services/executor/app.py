@@ -112,6 +112,16 @@ async def setup(rt: Runtime) -> None:
         bind_ids(task_id=request.task_id)
         return await control.handle_signal(executor, request)
 
+    async def on_erase(msg: Msg) -> Disposition:
+        try:
+            request = task_pb2.EraseRequest.FromString(msg.data)
+        except DecodeError:
+            return Term("malformed erase request")
+        if not request.task_id:
+            return Term("erase request needs task_id")
+        bind_ids(task_id=request.task_id)
+        return await control.handle_erase(executor, request.task_id)
+
     creates = rt.consumer(
         tasks.TASKS.name,
         durable=settings.durable,
@@ -141,6 +151,13 @@ async def setup(rt: Runtime) -> None:
         handler=on_signal,
         ack_wait=settings.ack_wait_seconds,
     )
+    erases = rt.consumer(
+        tasks.TASKS.name,
+        durable=f"{settings.durable}-erase",
+        subject=tasks.TASK_ERASE,
+        handler=on_erase,
+        ack_wait=settings.ack_wait_seconds,
+    )
     rt.metrics.probe(lambda: downstream_samples(executor))
     rt.add_servicer(
         lambda server: executor_pb2_grpc.add_ExecutorServiceServicer_to_server(
@@ -167,6 +184,7 @@ async def setup(rt: Runtime) -> None:
     rt.add_part(f"{tasks.TASK_CANCEL} consumer", cancels.run, cancels.stop)
     rt.add_part(f"{tasks.TASK_CLOSE} consumer", closes.run, closes.stop)
     rt.add_part(f"{tasks.TASK_SIGNAL} consumer", signals.run, signals.stop)
+    rt.add_part(f"{tasks.TASK_ERASE} consumer", erases.run, erases.stop)
     rt.add_periodic(
         "wait timeouts", lambda: control.sweep_timeouts(executor), settings.wait_sweep_seconds
     )

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 
 import grpc
+from dispo.gateway import store
 from dispo.gateway.convert import (
     output_fields,
     signal_payload_from_proto,
@@ -25,6 +26,7 @@ from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.auth import business_filter, business_scope, require_visible
+from dispo.libs.auth.scope import caller
 from dispo.libs.bus import Bus, StreamUnavailable
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
@@ -123,6 +125,23 @@ def _task_filter(
         scheduled_at=now if scheduled else None,
         labels=tuple(sorted(checked(request.labels).items())),
     )
+
+
+def _erased_by() -> str:
+    """Who is erasing: the caller's kind and name, with its token's id."""
+    principal = caller()
+    if principal is None:
+        return "internal"
+    name = principal.business or principal.service
+    return f"{principal.kind.value}{':' + name if name else ''} ({principal.token_id})"
+
+
+def _erasure(record: store.TaskRecord) -> gateway_pb2.Erasure | None:
+    if record.erased_at is None:
+        return None
+    out = gateway_pb2.Erasure(erased_by=record.erased_by)
+    set_timestamp(out.erased_at, record.erased_at)
+    return out
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -244,7 +263,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if record.finished_at is not None:
             set_timestamp(completion.finished_at, record.finished_at)
         view = await self.outputs.complete(self.gateway.view_of(record))
-        return gateway_pb2.GetTaskResponse(task=view, completion=completion, labels=record.labels)
+        return gateway_pb2.GetTaskResponse(
+            task=view, completion=completion, labels=record.labels, erasure=_erasure(record)
+        )
 
     async def ListTasks(
         self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
@@ -308,6 +329,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.CancelTaskResponse:
         return gateway_pb2.CancelTaskResponse(
             task=await self.gateway.cancel(await self._visible(_task_id(request.task_id)))
+        )
+
+    async def EraseTask(
+        self, request: gateway_pb2.EraseTaskRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.EraseTaskResponse:
+        task_id = await self._visible(_task_id(request.task_id))
+        record = await self.gateway.erase(task_id, _erased_by())
+        return gateway_pb2.EraseTaskResponse(
+            task=self.gateway.view_of(record), erasure=_erasure(record)
         )
 
     async def SignalTask(
