@@ -28,10 +28,12 @@ def is_tombstone(payload: common_pb2.Payload) -> bool:
 
 
 def erase_task(task: task_pb2.Task) -> task_pb2.Task:
-    """A copy of ``task`` with its payloads, its nodes' outputs, their last errors and their
+    """A copy of ``task`` with its payloads, its result, its nodes' outputs, their last errors and their
     expanded paths (which may carry payload fields) replaced by tombstones."""
     erased = task_pb2.Task()
     erased.CopyFrom(task)
+    if erased.HasField("result"):
+        erased.result.CopyFrom(tombstone_payload())
     for ref in list(erased.payloads):
         erased.payloads[ref].CopyFrom(tombstone_payload())
     for node in erased.nodes:

@@ -190,6 +190,10 @@ class TaskView:
     deadline: datetime | None = None
     # Its labels (from GetTask only: empty on WatchTask updates).
     labels: Mapping[str, str] = field(default_factory=dict)
+    # When its payloads and outputs were erased, and by whom (None: not erased; from
+    # GetTask and EraseTask only).
+    erased_at: datetime | None = None
+    erased_by: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -211,7 +215,9 @@ class TaskView:
         task: task_pb2.Task,
         completion: gateway_pb2.Completion | None = None,
         labels: Mapping[str, str] | None = None,
+        erasure: gateway_pb2.Erasure | None = None,
     ) -> TaskView:
+        erased = erasure is not None and erasure.HasField("erased_at")
         return cls(
             task.task_id,
             task.business,
@@ -227,6 +233,8 @@ class TaskView:
             _time(task, "not_before"),
             _time(task, "deadline"),
             dict(labels or {}),
+            _time(erasure, "erased_at") if erased else None,
+            erasure.erased_by if erasure is not None and erased else "",
         )
 
 

@@ -12,20 +12,22 @@ from dispo.libs.db.driver import Conn, Statement
 from dispo.libs.erasure import ERASED_TEXT, TOMBSTONE, erase_task_bytes
 from dispo.libs.logging import get_logger
 from dispo.reconciler.context import Context
+from dispo.reconciler.states import NotifyState, ReconcileState
 
 log = get_logger(__name__)
+
+_PENDING = (
+    f"c.notify_state = '{NotifyState.PENDING.value}'"
+    f" OR c.reconcile_state = '{ReconcileState.PENDING.value}'"
+)
 
 # Asked again after this while the task's callback or reconciliation is pending.
 ERASE_RETRY_SECONDS = 5.0
 
-_ENVELOPES = Statement(
-    "SELECT c.envelope AS completion, c.notify_state = 'PENDING'"
-    " OR c.reconcile_state = 'PENDING' AS pending, r.envelope AS recovery"
-    " FROM (SELECT CAST(:id AS text) AS task_id) k"
-    " LEFT JOIN completions c ON c.task_id = k.task_id"
-    " LEFT JOIN recovery_tasks r ON r.task_id = k.task_id"
-    " FOR UPDATE OF c, r"
+_COMPLETION = Statement(
+    f"SELECT c.envelope, {_PENDING} AS pending FROM completions c WHERE c.task_id = :id FOR UPDATE"
 )
+_RECOVERY = Statement("SELECT envelope FROM recovery_tasks WHERE task_id = :id FOR UPDATE")
 
 # Each (task, tombstoned completion envelope, tombstoned recovery envelope), in one
 # statement; a NULL envelope leaves its row as it is (none held).
@@ -35,7 +37,7 @@ _ERASE_MANY = Statement(
     " c AS (UPDATE completions c SET envelope = e.completion,"
     " notify_last_error = CASE WHEN c.notify_last_error = '' THEN '' ELSE :erased END"
     " FROM e WHERE c.task_id = e.task_id AND e.completion IS NOT NULL"
-    " AND c.notify_state <> 'PENDING' AND c.reconcile_state <> 'PENDING' RETURNING 1),"
+    f" AND NOT ({_PENDING}) RETURNING 1),"
     " d AS (UPDATE deliveries d SET error = CASE WHEN d.error = '' THEN '' ELSE :erased END"
     " FROM e WHERE d.task_id = e.task_id RETURNING 1),"
     " f AS (UPDATE findings f SET detail = CASE WHEN f.detail = '' THEN '' ELSE :erased END"
@@ -82,16 +84,17 @@ async def handle_erase(ctx: Context, task_id: str) -> Disposition:
     """Erase what the reconciler keeps of ``task_id``; again later while its callback or
     reconciliation is pending."""
     async with ctx.db.transaction() as conn:
-        (row,) = await _ENVELOPES.fetch(conn, {"id": task_id})
-        if row.pending:
+        completion = await _COMPLETION.fetch(conn, {"id": task_id})
+        if completion and completion[0].pending:
             return Nak(ERASE_RETRY_SECONDS)
+        recovery = await _RECOVERY.fetch(conn, {"id": task_id})
         await tasks_erase_many(
             conn,
             [
                 (
                     task_id,
-                    erase_task_bytes(None if row.completion is None else bytes(row.completion)),
-                    erase_task_bytes(None if row.recovery is None else bytes(row.recovery)),
+                    erase_task_bytes(bytes(completion[0].envelope) if completion else None),
+                    erase_task_bytes(bytes(recovery[0].envelope) if recovery else None),
                 )
             ],
         )
