@@ -29,7 +29,7 @@ def is_tombstone(payload: common_pb2.Payload) -> bool:
 
 def erase_task(task: task_pb2.Task) -> task_pb2.Task:
     """A copy of ``task`` with its payloads, its result, its nodes' outputs, their last errors and their
-    expanded paths (which may carry payload fields) replaced by tombstones."""
+    expanded paths and probe paths (which may carry payload fields) replaced by tombstones."""
     erased = task_pb2.Task()
     erased.CopyFrom(task)
     if erased.HasField("result"):
@@ -41,8 +41,8 @@ def erase_task(task: task_pb2.Task) -> task_pb2.Task:
             node.output.CopyFrom(tombstone_payload())
         if node.last_error:
             node.last_error = ERASED_TEXT
-        if node.spec.path:
-            node.spec.path = ""
+        node.spec.path = ""
+        node.spec.probe_path = ""
     return erased
 
 

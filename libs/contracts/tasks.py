@@ -118,13 +118,15 @@ FLOWS = (
     Flow(TASK_CLOSE, ("reconciler",), ("executor",), TASKS),
     Flow(TASK_SIGNAL, ("gateway",), ("executor",), TASKS),
     Flow(TASK_ERASE, ("gateway",), ("executor", "reconciler"), TASKS),
-    # The gateway also reads one task's snapshots back (ListTaskEvents, Bus.read_subject).
+    # The gateway also reads one task's snapshots back (ListTaskEvents, Bus.read_subject);
+    # the executor purges an erased task's (ADR-0113: they carry its nodes' paths and errors).
     Flow(
         TASK_STATUS_ALL,
         ("executor", "reconciler"),
         ("gateway", "reconciler"),
         TASK_STATUS,
         readers=("gateway",),
+        purgers=("executor",),
     ),
     Flow(CALLBACK_ALL, ("reconciler",), (), CALLBACKS),  # read by the callers who asked
 )
@@ -189,6 +191,11 @@ def status_id(task_id: str, version: int, publisher: str = "") -> str:
     """task.status.<id>: ``<task_id>:v<version>`` for the executor's snapshots,
     ``<task_id>:<publisher>:v<version>`` for another publisher's."""
     return f"{task_id}:{publisher + ':' if publisher else ''}v{version}"
+
+
+def task_status_all(task_id: str) -> str:
+    """Every status snapshot subject of one task (``task.status.<task_id>.*``)."""
+    return f"{TASK_STATUS_ALL.removesuffix('>')}{task_id}.*"
 
 
 def status_publisher(task_id: str, msg_id: str) -> str:

@@ -120,7 +120,7 @@ async def setup(rt: Runtime) -> None:
         if not request.task_id:
             return Term("erase request needs task_id")
         bind_ids(task_id=request.task_id)
-        return await control.handle_erase(executor, request.task_id)
+        return await control.handle_erase(executor, request.task_id, rt.bus)
 
     creates = rt.consumer(
         tasks.TASKS.name,

@@ -15,7 +15,7 @@ from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
 from dispo.executor.store import erasure, node_runs, signals, status_events, task_runs
 from dispo.executor.store.rows import TaskRow
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.bus import ACK, Disposition, Nak
+from dispo.libs.bus import ACK, Bus, Disposition, Nak, StreamUnavailable
 from dispo.libs.contracts import tasks
 from dispo.libs.db.driver import Conn
 from dispo.libs.erasure import erase_task
@@ -73,10 +73,12 @@ async def handle_close(
 ERASE_RETRY_SECONDS = 5.0
 
 
-async def handle_erase(ex: Executor, task_id: str) -> Disposition:
+async def handle_erase(ex: Executor, task_id: str, bus: Bus) -> Disposition:
     """The gateway erased a finished task: its run's payloads, outputs and errors become
-    tombstones (ADR-0113). A run this executor never recorded has nothing to erase; one not
-    finished here is asked again later."""
+    tombstones, and its status snapshots (which carry its nodes' paths and errors) are
+    purged from the status stream (ADR-0113). A run this executor never recorded has nothing
+    to erase; one not finished here, or a stream that cannot purge now, is asked again
+    later."""
     async with ex.db.transaction() as conn:
         row = await _locked(conn, task_id)
         if row is None:
@@ -85,6 +87,10 @@ async def handle_erase(ex: Executor, task_id: str) -> Disposition:
             return Nak(ERASE_RETRY_SECONDS)
         envelope = None if row.envelope is None else erase_task(row.envelope).SerializeToString()
         await erasure.tasks_erase_if_finished_many(conn, [(task_id, envelope)])
+    try:
+        await bus.purge_subject(tasks.TASK_STATUS.name, tasks.task_status_all(task_id))
+    except StreamUnavailable:
+        return Nak(ERASE_RETRY_SECONDS)
     log.info("task erased", task_id=task_id)
     return ACK
 

@@ -10,13 +10,15 @@ import uuid
 import asyncpg
 import grpc
 import pytest
+from dispo.libs.contracts import tasks
 from dispo.sdk import DispoError, cell
-from pipeline_fixtures import Downstream, Pipeline, wait_status
+from pipeline_fixtures import Downstream, Pipeline, stream_messages, wait_status
 from support import eventually
 
 pytestmark = pytest.mark.long_file
 
 SCHEMAS = ("gateway", "executor", "reconciler")
+STATUS = tasks.TASK_STATUS.name
 
 
 async def holders(database_url: str, marker: str) -> list[str]:
@@ -63,7 +65,7 @@ async def stack(start_service, catalogue_file, downstream: Downstream) -> Pipeli
 
 
 async def test_an_erased_task_leaves_no_payload_byte_in_any_table(
-    stack: Pipeline, downstream: Downstream, database_url: str
+    stack: Pipeline, downstream: Downstream, database_url: str, bus
 ) -> None:
     marker = f"owner-{uuid.uuid4().hex}"
     async with stack.client() as client:
@@ -88,6 +90,10 @@ async def test_an_erased_task_leaves_no_payload_byte_in_any_table(
 
         await eventually(everywhere, timeout=60, interval=0.5, wanted="the marker everywhere")
 
+        # the status stream's snapshots carry the nodes' expanded paths: the marker too
+        status = tasks.task_status_all(task.task_id)
+        assert any(marker.encode() in m.data for m in await stream_messages(bus, status, STATUS))
+
         erased = await client.erase(task.task_id)
         assert erased.erased_at is not None and erased.erased_by
         again = await client.erase(task.task_id)
@@ -105,6 +111,8 @@ async def test_an_erased_task_leaves_no_payload_byte_in_any_table(
             wanted="the marker gone from every table",
         )
         assert {h.split(".")[0] for h in await holders(database_url, other)} == set(SCHEMAS)
+        # and the erased task's snapshots are purged from the status stream
+        assert await stream_messages(bus, status, STATUS) == []
         assert await holders(database_url, f'{marker}"') == []
         view = await client.get(task.task_id)
         assert view.status == "SUCCEEDED" and view.task_id == task.task_id
