@@ -27,6 +27,11 @@ def is_tombstone(payload: common_pb2.Payload) -> bool:
     return payload.metadata.get("encoding") == ERASED_ENCODING
 
 
+def erased(task: task_pb2.Task) -> bool:
+    """Whether ``task``'s payloads were erased (it cannot run again)."""
+    return any(is_tombstone(p) for p in task.payloads.values())
+
+
 def erase_task(task: task_pb2.Task) -> task_pb2.Task:
     """A copy of ``task`` with its payloads, its result, its nodes' outputs, their last errors and their
     expanded paths and probe paths (which may carry payload fields) replaced by tombstones."""
