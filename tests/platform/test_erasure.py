@@ -5,7 +5,13 @@ running task is refused; erasing twice answers the same."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
+from typing import Any
 
 import asyncpg
 import grpc
@@ -46,12 +52,33 @@ async def holders(database_url: str, marker: str) -> list[str]:
         await conn.close()
 
 
+class Stack(Pipeline):
+    reconciler: Any
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``dispo args`` against these services, as the admin."""
+        env = {
+            "PATH": os.environ["PATH"],
+            "DISPO_DATA_DIR": "/nonexistent",
+            "DISPO_TOKEN": self.token,
+        }
+        for name, process in (
+            ("gateway", self.gateway),
+            ("executor", self.executors[0]),
+            ("reconciler", self.reconciler),
+        ):
+            host, port = process.address.rsplit(":", 1)
+            env[f"DISPO_{name.upper()}_HOST"], env[f"DISPO_{name.upper()}_PORT"] = host, port
+        dispo = str(Path(sys.executable).parent / "dispo")
+        return subprocess.run([dispo, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
 @pytest.fixture
-async def stack(start_service, catalogue_file, downstream: Downstream) -> Pipeline:
-    pipeline = Pipeline(start_service, catalogue_file, downstream.url)
+async def stack(start_service, catalogue_file, downstream: Downstream) -> Stack:
+    pipeline = Stack(start_service, catalogue_file, downstream.url)
     await pipeline.start_gateway()
     await pipeline.start_executor()
-    await start_service(
+    pipeline.reconciler = await start_service(
         "reconciler",
         {
             "DISPO_CATALOGUE": str(catalogue_file),
@@ -65,7 +92,7 @@ async def stack(start_service, catalogue_file, downstream: Downstream) -> Pipeli
 
 
 async def test_an_erased_task_leaves_no_payload_byte_in_any_table(
-    stack: Pipeline, downstream: Downstream, database_url: str, bus
+    stack: Stack, downstream: Downstream, database_url: str, bus
 ) -> None:
     marker = f"owner-{uuid.uuid4().hex}"
     async with stack.client() as client:
@@ -106,7 +133,7 @@ async def test_an_erased_task_leaves_no_payload_byte_in_any_table(
         await eventually(
             lambda: holders(database_url, marker),
             lambda left: not left,
-            timeout=60,
+            timeout=180,  # the reconciler erases once its reconciliation (60 s on) is done
             interval=0.5,
             wanted="the marker gone from every table",
         )
@@ -120,3 +147,32 @@ async def test_an_erased_task_leaves_no_payload_byte_in_any_table(
         assert view.completion is not None and view.completion.finished_at is not None
         assert marker not in str(view.raw)
         assert all(n.status == "SUCCEEDED" and n.finished_at for n in view.nodes)
+
+
+async def test_the_cli_erases_a_failed_task_which_then_cannot_be_resumed(
+    stack: Stack, downstream: Downstream, database_url: str
+) -> None:
+    name = f"fails-{uuid.uuid4().hex}"
+    await downstream.control(fail={"status": 400, "times": 1, "path": f"/step/{name}"})
+    async with stack.client() as client:
+        task = await client.submit("shop", [cell("step", name=name)])
+        await wait_status(client, task.task_id, {"FAILED"})
+    held = stack.cli("failed", "show", task.task_id)
+    assert held.returncode == 0, held.stderr
+
+    erased = stack.cli("tasks", "erase", task.task_id, "--json")
+    assert erased.returncode == 0, erased.stderr
+    reply = json.loads(erased.stdout)
+    assert reply["erasure"]["erased_by"].startswith("admin")
+    assert reply["task"]["status"] == "TASK_STATUS_FAILED"
+    shown = stack.cli("tasks", "show", task.task_id)
+    assert "erased" in shown.stdout, shown.stdout
+    assert json.loads(stack.cli("tasks", "erase", task.task_id, "--json").stdout) == reply
+
+    # once every service applied the erasure, a resume is refused: the payloads are gone
+    await eventually(
+        lambda: holders(database_url, name), lambda left: not left, timeout=180, wanted="erased"
+    )
+    resumed = stack.cli("failed", "resume", task.task_id)
+    assert resumed.returncode != 0
+    assert "erased" in resumed.stderr, resumed.stderr
