@@ -461,6 +461,7 @@ async def _resumed(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
 
 
 cancel = _action("cancel", _task, lambda b, t, f: b.cancel(t, f["task_id"]))
+erase = _action("erase", _task, lambda b, t, f: b.erase(t, f["task_id"]))
 resume = _action("resume", _task, lambda b, t, f: b.resume(t, f["task_id"], ACTOR))
 signal = _action(
     "signal",
@@ -755,6 +756,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/tasks/{task_id}", task_page),
         Route("/tasks/{task_id}/stream", task_stream),
         Route("/tasks/{task_id}/cancel", cancel, methods=["POST"]),
+        Route("/tasks/{task_id}/erase", erase, methods=["POST"]),
         Route("/tasks/{task_id}/resume", resume, methods=["POST"]),
         Route("/tasks/{task_id}/resolve", resolve, methods=["POST"]),
         Route("/tasks/{task_id}/signal", signal, methods=["POST"]),
