@@ -1,5 +1,5 @@
 """Erasure with the gateway, the executor and the reconciler as real processes: a finished
-task whose payload, node output and error carry a marker is erased, and no table of any
+task whose payloads, node output, signal and result carry a marker is erased, and no table of any
 service's schema holds the marker any more; GetTask answers its skeleton marked erased; a
 running task is refused; erasing twice answers the same."""
 
@@ -98,8 +98,11 @@ async def test_an_erased_task_leaves_no_payload_byte_in_any_table(
     async with stack.client() as client:
         # a node output carrying the marker
         await downstream.control(answer={"path": f"/step/{marker}", "body": {"owner": marker}})
-        task = await client.submit("shop", [cell("step", name=marker)])
+        # and a wait node whose signal's payload carries it
+        task = await client.submit("shop", [cell("step", name=marker), cell("review", name=marker)])
+        await client.signal(task.task_id, "verdict", {"verdict": "approved", "note": marker})
         await wait_status(client, task.task_id, {"SUCCEEDED"})
+        assert (await client.get(task.task_id)).result is not None
         # a running task (its call held) is refused, and keeps its payload
         other = f"other-{uuid.uuid4().hex}"
         await downstream.control(hold={"path": f"/step/{other}", "times": 1})
