@@ -516,6 +516,18 @@ class Bus:
         except Exception as error:  # an answer that is not one
             future.set_exception(error)
 
+    async def purge_subject(self, stream: str, subject: str) -> None:
+        """Delete every message ``stream`` holds on ``subject`` (a subject or a filter).
+        Raises :class:`StreamUnavailable` if JetStream cannot do it now (worth another try)."""
+        try:
+            await self.js.purge_stream(stream, subject=subject)
+        except _UNAVAILABLE as error:
+            raise StreamUnavailable(f"{stream}: {error!r}") from error
+        except nats.js.errors.APIError as error:
+            if error.code is not None and error.code >= 500:
+                raise StreamUnavailable(f"{stream}: {error!r}") from error
+            raise
+
     async def read_subject(
         self,
         stream: str,

@@ -329,7 +329,15 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
         reply = await self._call(
             self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout
         )
-        return TaskView.from_proto(reply.task, reply.completion, reply.labels)
+        return TaskView.from_proto(reply.task, reply.completion, reply.labels, reply.erasure)
+
+    async def erase(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
+        """Erase a finished task's payloads and outputs (ADR-0113); the same answer again
+        for an erased task."""
+        reply = await self._call(
+            self._stub.EraseTask, gateway_pb2.EraseTaskRequest(task_id=task_id), timeout
+        )
+        return TaskView.from_proto(reply.task, erasure=reply.erasure)
 
     async def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = await self._call(
@@ -684,7 +692,15 @@ class Client(ScheduleCalls, CatalogueCalls):
 
     def get(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = self._call(self._stub.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), timeout)
-        return TaskView.from_proto(reply.task, reply.completion, reply.labels)
+        return TaskView.from_proto(reply.task, reply.completion, reply.labels, reply.erasure)
+
+    def erase(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
+        """Erase a finished task's payloads and outputs (ADR-0113); the same answer again
+        for an erased task."""
+        reply = self._call(
+            self._stub.EraseTask, gateway_pb2.EraseTaskRequest(task_id=task_id), timeout
+        )
+        return TaskView.from_proto(reply.task, erasure=reply.erasure)
 
     def cancel(self, task_id: str, *, timeout: float = 10.0) -> TaskView:
         reply = self._call(

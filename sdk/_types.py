@@ -194,6 +194,10 @@ class TaskView:
     labels: Mapping[str, str] = field(default_factory=dict)
     # 1 (highest) to 5 within its business's share.
     priority: int = 3
+    # When its payloads and outputs were erased, and by whom (None: not erased; from
+    # GetTask and EraseTask only).
+    erased_at: datetime | None = None
+    erased_by: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -215,7 +219,9 @@ class TaskView:
         task: task_pb2.Task,
         completion: gateway_pb2.Completion | None = None,
         labels: Mapping[str, str] | None = None,
+        erasure: gateway_pb2.Erasure | None = None,
     ) -> TaskView:
+        erased = erasure is not None and erasure.HasField("erased_at")
         return cls(
             task.task_id,
             task.business,
@@ -232,6 +238,8 @@ class TaskView:
             _time(task, "deadline"),
             dict(labels or {}),
             task.priority or 3,
+            _time(erasure, "erased_at") if erased else None,
+            erasure.erased_by if erasure is not None and erased else "",
         )
 
 

@@ -72,6 +72,7 @@ RULES: dict[str, Rule] = {
         CancelByFilter=BUSINESS,
         GetBulkAction=BUSINESS,
         ListBulkActions=BUSINESS,
+        EraseTask=BUSINESS,
         SignalTask=BUSINESS,
         WatchTask=BUSINESS,
         ListTaskEvents=BUSINESS,

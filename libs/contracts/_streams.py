@@ -113,3 +113,6 @@ class Flow:
     # Consumers that also read the stream's stored messages back (Bus.read_subject): their
     # bus users may delete the stream's consumers (each read's ephemeral one, after it).
     readers: tuple[str, ...] = ()
+    # Services that purge one task's messages from the stream (Bus.purge_subject) when the
+    # task is erased: their bus users may purge it.
+    purgers: tuple[str, ...] = ()

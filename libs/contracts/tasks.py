@@ -28,6 +28,7 @@ TASK_DEMOTE = "task.demote"  # Task envelope: parked behind a degraded downstrea
 TASK_CANCEL = "task.cancel"  # CancelRequest (gateway, reconciler)
 TASK_CLOSE = "task.close"  # CloseRequest: a parked task ended for good (reconciler)
 TASK_SIGNAL = "task.signal"  # SignalRequest: a caller's signal to a task's wait nodes (gateway)
+TASK_ERASE = "task.erase"  # EraseRequest: a finished task's user data was erased (gateway)
 
 # task.status.<task_id>.<status>: a Task snapshot of node states, without payloads (executor,
 # reconciler for a terminal failure); <status> is the snapshot's task status in lower case
@@ -106,11 +107,13 @@ TASK_DURABLES = (
     Durable("reconciler-claims", (TASK_CREATE,)),
     Durable("reconciler-fail", (TASK_FAIL,)),
     Durable("reconciler-demote", (TASK_DEMOTE,)),
+    Durable("executor-erase", (TASK_ERASE,)),
+    Durable("reconciler-erase", (TASK_ERASE,)),
 )
 
 TASKS = Stream(
     "TASKS",
-    (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE, TASK_SIGNAL),
+    (TASK_CREATE, TASK_FAIL, TASK_DEMOTE, TASK_CANCEL, TASK_CLOSE, TASK_SIGNAL, TASK_ERASE),
     retention="interest",
     durables=TASK_DURABLES,
 )
@@ -126,13 +129,16 @@ FLOWS = (
     Flow(TASK_CANCEL, ("gateway", "reconciler"), ("executor",), TASKS),
     Flow(TASK_CLOSE, ("reconciler",), ("executor",), TASKS),
     Flow(TASK_SIGNAL, ("gateway",), ("executor",), TASKS),
-    # The gateway also reads one task's snapshots back (ListTaskEvents, Bus.read_subject).
+    Flow(TASK_ERASE, ("gateway",), ("executor", "reconciler"), TASKS),
+    # The gateway also reads one task's snapshots back (ListTaskEvents, Bus.read_subject);
+    # the executor purges an erased task's (ADR-0113: they carry its nodes' paths and errors).
     Flow(
         TASK_STATUS_ALL,
         ("executor", "reconciler"),
         ("gateway", "reconciler"),
         TASK_STATUS,
         readers=("gateway",),
+        purgers=("executor",),
     ),
     Flow(CALLBACK_ALL, ("reconciler",), (), CALLBACKS),  # read by the callers who asked
 )
@@ -182,6 +188,11 @@ def signal_id(task_id: str, signal_id: str) -> str:
     return f"{task_id}:signal:{signal_id}"
 
 
+def erase_id(task_id: str) -> str:
+    """task.erase: one message per task (``<task_id>:erase``); an erasure is never undone."""
+    return f"{task_id}:erase"
+
+
 def close_id(task_id: str, generation: int) -> str:
     """task.close for the envelope of that generation: a task resumed and closed again is
     closed again, not dropped as a duplicate."""
@@ -192,6 +203,11 @@ def status_id(task_id: str, version: int, publisher: str = "") -> str:
     """task.status.<id>: ``<task_id>:v<version>`` for the executor's snapshots,
     ``<task_id>:<publisher>:v<version>`` for another publisher's."""
     return f"{task_id}:{publisher + ':' if publisher else ''}v{version}"
+
+
+def task_status_all(task_id: str) -> str:
+    """Every status snapshot subject of one task (``task.status.<task_id>.*``)."""
+    return f"{TASK_STATUS_ALL.removesuffix('>')}{task_id}.*"
 
 
 def status_publisher(task_id: str, msg_id: str) -> str:

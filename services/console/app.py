@@ -497,6 +497,7 @@ def _tasks(request: Request) -> str:
 
 cancel_matching = _action("cancel all", _tasks, _cancelled_matching)
 cancel = _action("cancel", _task, lambda b, t, f: b.cancel(t, f["task_id"]))
+erase = _action("erase", _task, lambda b, t, f: b.erase(t, f["task_id"]))
 resume = _action("resume", _task, lambda b, t, f: b.resume(t, f["task_id"], ACTOR))
 signal = _action(
     "signal",
@@ -862,6 +863,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/tasks/{task_id}", task_page),
         Route("/tasks/{task_id}/stream", task_stream),
         Route("/tasks/{task_id}/cancel", cancel, methods=["POST"]),
+        Route("/tasks/{task_id}/erase", erase, methods=["POST"]),
         Route("/tasks/{task_id}/resume", resume, methods=["POST"]),
         Route("/tasks/{task_id}/resolve", resolve, methods=["POST"]),
         Route("/tasks/{task_id}/signal", signal, methods=["POST"]),

@@ -225,7 +225,7 @@ class Backend:
         reply = await self._call(
             self.gateway.GetTask, gateway_pb2.GetTaskRequest(task_id=task_id), token
         )
-        view = TaskView.from_proto(reply.task, reply.completion, reply.labels)
+        view = TaskView.from_proto(reply.task, reply.completion, reply.labels, reply.erasure)
         kept = (
             known.events
             if known is not None
@@ -305,6 +305,12 @@ class Backend:
     async def cancel(self, token: str, task_id: str) -> None:
         await self._call(
             self.gateway.CancelTask, gateway_pb2.CancelTaskRequest(task_id=task_id), token
+        )
+
+    async def erase(self, token: str, task_id: str) -> None:
+        """Erase a finished task's payloads and outputs (ADR-0113)."""
+        await self._call(
+            self.gateway.EraseTask, gateway_pb2.EraseTaskRequest(task_id=task_id), token
         )
 
     async def resume(self, token: str, task_id: str, actor: str) -> None:

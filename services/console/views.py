@@ -250,8 +250,13 @@ def recovery_state(detail: TaskDetail) -> str:
 
 def may_resume(detail: TaskDetail) -> bool:
     """A resume from failure is on offer: the reconciler holds the task failed or parked
-    (it takes the resume; until the failure reached it, it would refuse one)."""
-    return recovery_state(detail) in {"FAILED", "PARKED_FAILED", "DEMOTED"}
+    (it takes the resume; until the failure reached it, it would refuse one), and the task
+    was not erased (nothing to run it on)."""
+    return detail.task.erased_at is None and recovery_state(detail) in {
+        "FAILED",
+        "PARKED_FAILED",
+        "DEMOTED",
+    }
 
 
 # The reconciler's queues by the names the Failed page's filter uses.

@@ -156,6 +156,16 @@ async def setup(rt: Runtime) -> None:
         bind_ids(task_id=request.task_id)
         return await control.handle_signal(executor, request)
 
+    async def on_erase(msg: Msg) -> Disposition:
+        try:
+            request = task_pb2.EraseRequest.FromString(msg.data)
+        except DecodeError:
+            return Term("malformed erase request")
+        if not request.task_id:
+            return Term("erase request needs task_id")
+        bind_ids(task_id=request.task_id)
+        return await control.handle_erase(executor, request.task_id, rt.bus)
+
     creates = rt.consumer(
         tasks.TASKS.name,
         durable=settings.durable,
@@ -184,6 +194,13 @@ async def setup(rt: Runtime) -> None:
         durable=f"{settings.durable}-signal",
         subject=tasks.TASK_SIGNAL,
         handler=on_signal,
+        ack_wait=settings.ack_wait_seconds,
+    )
+    erases = rt.consumer(
+        tasks.TASKS.name,
+        durable=f"{settings.durable}-erase",
+        subject=tasks.TASK_ERASE,
+        handler=on_erase,
         ack_wait=settings.ack_wait_seconds,
     )
     rt.metrics.probe(lambda: downstream_samples(executor))
@@ -217,6 +234,7 @@ async def setup(rt: Runtime) -> None:
     rt.add_part(f"{tasks.TASK_CANCEL} consumer", cancels.run, cancels.stop)
     rt.add_part(f"{tasks.TASK_CLOSE} consumer", closes.run, closes.stop)
     rt.add_part(f"{tasks.TASK_SIGNAL} consumer", signals.run, signals.stop)
+    rt.add_part(f"{tasks.TASK_ERASE} consumer", erases.run, erases.stop)
     rt.add_periodic(
         "wait timeouts", lambda: control.sweep_timeouts(executor), settings.wait_sweep_seconds
     )

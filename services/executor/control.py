@@ -1,5 +1,5 @@
 """Control messages for tasks the executor may not be running right now: task.cancel and
-task.signal (from the gateway) and task.close (from the reconciler); and the sweep of the
+task.signal and task.erase (from the gateway) and task.close (from the reconciler); and the sweep of the
 wait nodes whose timeout has passed (ADR-0102)."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from dispo.executor.domain import Next, decide, to_cancel
 from dispo.executor.plan import NodeChange, TaskStatusChange
 from dispo.executor.runner import Executor
 from dispo.executor.states import TASK_ENDED, TASK_FINAL, NodeState, TaskState
-from dispo.executor.store import node_runs, signals, status_events, task_runs
+from dispo.executor.store import erasure, node_runs, signals, status_events, task_runs
 from dispo.executor.store.rows import TaskRow
 from dispo.libs.api.task.v1 import task_pb2
-from dispo.libs.bus import ACK, Disposition, Nak
+from dispo.libs.bus import ACK, Bus, Disposition, Nak, StreamUnavailable
 from dispo.libs.contracts import tasks
 from dispo.libs.db.driver import Conn
+from dispo.libs.erasure import erase_task
 from dispo.libs.error_text import truncate_error
 from dispo.libs.logging import get_logger
 from dispo.libs.payload import payload_data
@@ -65,6 +66,32 @@ async def handle_close(
         ended = [c.node_id for c, done in zip(changes, applied, strict=True) if done]
         await task_runs.tasks_version_at_least_many(conn, [(task_id, version)])
     log.info("parked task closed", task_id=task_id, reason=reason, nodes_ended=ended)
+    return ACK
+
+
+# A task.erase for a run not finished here yet (a resume got there first) comes back then.
+ERASE_RETRY_SECONDS = 5.0
+
+
+async def handle_erase(ex: Executor, task_id: str, bus: Bus) -> Disposition:
+    """The gateway erased a finished task: its run's payloads, outputs and errors become
+    tombstones, and its status snapshots (which carry its nodes' paths and errors) are
+    purged from the status stream (ADR-0113). A run this executor never recorded has nothing
+    to erase; one not finished here, or a stream that cannot purge now, is asked again
+    later."""
+    async with ex.db.transaction() as conn:
+        row = await _locked(conn, task_id)
+        if row is None:
+            return ACK
+        if row.status not in task_runs.FINISHED:
+            return Nak(ERASE_RETRY_SECONDS)
+        envelope = None if row.envelope is None else erase_task(row.envelope).SerializeToString()
+        await erasure.tasks_erase_if_finished_many(conn, [(task_id, envelope)])
+    try:
+        await bus.purge_subject(tasks.TASK_STATUS.name, tasks.task_status_all(task_id))
+    except StreamUnavailable:
+        return Nak(ERASE_RETRY_SECONDS)
+    log.info("task erased", task_id=task_id)
     return ACK
 
 

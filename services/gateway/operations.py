@@ -17,6 +17,7 @@ from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
 from dispo.gateway.labels import task_labels
 from dispo.gateway.timing import DEFAULT_MAX_DELAY_SECONDS, timing
+from dispo.libs import erasure as erasure_lib
 from dispo.libs import metrics
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
@@ -446,6 +447,42 @@ class Gateway:
                 )
         await outbox_add_many(conn, store.outbox, rows)
         return asked
+
+    async def erase(self, task_id: str, erased_by: str) -> store.TaskRecord:
+        """Replace a finished task's user data with tombstones here and emit its task.erase,
+        which the executor and the reconciler apply to their own rows (ADR-0113). A task
+        erased before is answered as it is; FAILED_PRECONDITION naming the status of a task
+        that has not finished."""
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            record = await store.task_get_for_erase(conn, task_id)
+            if record is None:
+                raise NotFound(f"no task {task_id!r}")
+            if record.erased_at is not None:
+                return record
+            if record.status not in store.TERMINAL:
+                raise FailedPrecondition(
+                    f"task {task_id} is {record.status.upper()}: only a finished task"
+                    " (SUCCEEDED, CANCELLED or FAILED) can be erased"
+                )
+            row = await store.task_row_bytes(conn, task_id)
+            erasure = store.Erasure(
+                task_id,
+                erasure_lib.erase_task_bytes(row[0]) or b"",
+                erasure_lib.erase_task_bytes(row[1]),
+                erased_by,
+            )
+            await store.tasks_erase_if_finished_many(conn, [erasure], erasure_lib.TOMBSTONE, now)
+            request = task_pb2.EraseRequest(task_id=task_id, erased_by=erased_by)
+            set_timestamp(request.erased_at, now)
+            await store.emit(
+                conn, tasks.TASK_ERASE, tasks.erase_id(task_id), request.SerializeToString(), now
+            )
+            record = await store.task_get(conn, task_id)
+        self.relay.kick()
+        assert record is not None
+        log.info("task erased", task_id=task_id, erased_by=erased_by)
+        return record
 
     async def signal(
         self, task_id: str, signal: str, payload: Any, signal_id: str

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 
 import grpc
+from dispo.gateway import store
 from dispo.gateway.bulk import convert as bulk_convert
 from dispo.gateway.bulk import store as bulk_store
 from dispo.gateway.bulk.operations import BulkCancels, statuses_of
@@ -146,6 +147,23 @@ def bulk_filter(max_key_length: int) -> Callable[[gateway_pb2.CancelByFilterRequ
     return of
 
 
+def _erased_by() -> str:
+    """Who is erasing: the caller's kind and name, with its token's id."""
+    principal = caller()
+    if principal is None:
+        return "internal"
+    name = principal.business or principal.service
+    return f"{principal.kind.value}{':' + name if name else ''} ({principal.token_id})"
+
+
+def _erasure(record: store.TaskRecord) -> gateway_pb2.Erasure | None:
+    if record.erased_at is None:
+        return None
+    out = gateway_pb2.Erasure(erased_by=record.erased_by)
+    set_timestamp(out.erased_at, record.erased_at)
+    return out
+
+
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(
         self,
@@ -274,7 +292,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if record.finished_at is not None:
             set_timestamp(completion.finished_at, record.finished_at)
         view = await self.outputs.complete(self.gateway.view_of(record))
-        return gateway_pb2.GetTaskResponse(task=view, completion=completion, labels=record.labels)
+        return gateway_pb2.GetTaskResponse(
+            task=view, completion=completion, labels=record.labels, erasure=_erasure(record)
+        )
 
     async def ListTasks(
         self, request: gateway_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
@@ -390,6 +410,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if len(rows) == limit:
             out.page.next_page_token = encode_page_token(offset + limit)
         return out
+
+    async def EraseTask(
+        self, request: gateway_pb2.EraseTaskRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.EraseTaskResponse:
+        task_id = await self._visible(_task_id(request.task_id))
+        record = await self.gateway.erase(task_id, _erased_by())
+        return gateway_pb2.EraseTaskResponse(
+            task=self.gateway.view_of(record), erasure=_erasure(record)
+        )
 
     async def SignalTask(
         self, request: gateway_pb2.SignalTaskRequest, context: grpc.aio.ServicerContext

@@ -56,6 +56,9 @@ class TaskRecord:
     not_before: datetime | None = None
     deadline: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    # Set once the task's user data was erased (ADR-0113).
+    erased_at: datetime | None = None
+    erased_by: str = ""
 
 
 def _labels(value: Any) -> dict[str, str]:
@@ -87,6 +90,8 @@ def _record(row: Any) -> TaskRecord:
         row.not_before,
         row.deadline,
         _labels(row.labels),
+        row.erased_at,
+        row.erased_by or "",
     )
 
 
@@ -486,6 +491,72 @@ async def signal_recorded(conn: Conn, task_id: str, signal_id: str) -> bool:
         {"task": task_id, "id": signal_id},
     )
     return bool(rows)
+
+
+# ---- erasure (ADR-0113) ------------------------------------------------------------------
+_GET_FOR_ERASE = Statement("SELECT * FROM tasks WHERE task_id = :id FOR UPDATE")
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """A finished task's tombstoned view and envelope as accepted, and who erased it."""
+
+    task_id: str
+    view: bytes
+    accepted: bytes | None
+    erased_by: str
+
+
+# The tasks still finished and not erased take their tombstones, with their signals'
+# payloads; the quarantined messages that name them are discarded (their bodies carry the
+# payloads a replay would send again).
+_ERASE_IF_FINISHED = Statement(
+    "WITH e AS (SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:views AS bytea[]),"
+    " CAST(:accepted AS bytea[]), CAST(:bys AS text[])) AS e(task_id, view, accepted, by)),"
+    " done AS (UPDATE tasks t SET view = e.view, accepted = e.accepted, erased_at = :now,"
+    " erased_by = e.by FROM e WHERE t.task_id = e.task_id AND t.erased_at IS NULL"
+    f" AND t.status IN ({', '.join(repr(s) for s in TERMINAL)}) RETURNING t.task_id),"
+    " sig AS (UPDATE signals s SET payload = :tombstone FROM done d"
+    " WHERE s.task_id = d.task_id RETURNING 1),"
+    " q AS (DELETE FROM quarantine q USING done d"
+    " WHERE position(convert_to(d.task_id, 'UTF8') IN q.payload) > 0 RETURNING 1)"
+    " SELECT task_id FROM done"
+)
+
+
+async def task_get_for_erase(conn: Conn, task_id: str) -> TaskRecord | None:
+    """The task, its row locked until the transaction ends."""
+    rows = await _GET_FOR_ERASE.fetch(conn, {"id": task_id})
+    return _record(rows[0]) if rows else None
+
+
+_ROW_BYTES = Statement("SELECT view, accepted FROM tasks WHERE task_id = :id")
+
+
+async def task_row_bytes(conn: Conn, task_id: str) -> tuple[bytes, bytes | None]:
+    """The task's stored view and envelope as accepted, as stored."""
+    (row,) = await _ROW_BYTES.fetch(conn, {"id": task_id})
+    return bytes(row.view), None if row.accepted is None else bytes(row.accepted)
+
+
+async def tasks_erase_if_finished_many(
+    conn: Conn, erasures: list[Erasure], tombstone: bytes, now: datetime
+) -> set[str]:
+    """Write the erasures of the tasks that are finished and not erased yet, their signals'
+    payloads replaced by ``tombstone`` and their quarantined messages discarded, with one
+    statement; answers the tasks erased."""
+    rows = await _ERASE_IF_FINISHED.fetch(
+        conn,
+        {
+            "ids": [e.task_id for e in erasures],
+            "views": [e.view for e in erasures],
+            "accepted": [e.accepted for e in erasures],
+            "bys": [e.erased_by for e in erasures],
+            "tombstone": tombstone,
+            "now": now,
+        },
+    )
+    return {r.task_id for r in rows}
 
 
 # ---- retention (ADR-0105) ---------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The reconciler's consumers: task.fail and task.demote (recovery), task.create
-(arbitration claims), the terminal task.status.<task_id>.<status> snapshots (the "finished"
+(arbitration claims), task.erase (ADR-0113), the terminal task.status.<task_id>.<status> snapshots (the "finished"
 fact; the server filters the others out, and the snapshots are recorded in batches, one
 transaction per flush). Each decodes the envelope, refuses a malformed one for good, and
 hands it to the domain."""
@@ -18,6 +18,7 @@ from dispo.libs.tracing import current
 from dispo.reconciler.arbitration import arbiter
 from dispo.reconciler.completion import facts
 from dispo.reconciler.context import Context
+from dispo.reconciler.erasure import handle_erase
 from dispo.reconciler.recovery import redrive
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -59,7 +60,7 @@ def consumers(
     ack_wait: float = 5.0,
     gather: float = 0.0,
 ) -> list[tuple[str, Consumer]]:
-    """The four consumers, each handler wrapped by ``guard`` (the service's quarantine),
+    """The five consumers, each handler wrapped by ``guard`` (the service's quarantine),
     each durable with ``ack_wait``, gathering messages for ``gather`` seconds once they keep
     up (:class:`~dispo.libs.bus.Consumer`: none of them is on a caller's path)."""
 
@@ -80,7 +81,27 @@ def consumers(
     async def finish(env: task_pb2.Task) -> None:  # recorded now or before: acked either way
         await finished.submit((env, current()))  # the trace the callback continues
 
+    async def erase(msg: Msg) -> Disposition:
+        try:
+            request = task_pb2.EraseRequest.FromString(msg.data)
+        except DecodeError:
+            return Term("malformed erase request")
+        if not request.task_id:
+            return Term("erase request needs task_id")
+        bind_ids(task_id=request.task_id)
+        return await handle_erase(ctx, request.task_id)
+
     return [
+        (
+            f"{tasks.TASK_ERASE} consumer",
+            bus.consumer(
+                tasks.TASKS.name,
+                durable=f"{durable}-erase",
+                subject=tasks.TASK_ERASE,
+                ack_wait=ack_wait,
+                handler=guard(erase),
+            ),
+        ),
         (
             f"{tasks.TASK_FAIL} consumer",
             bus.consumer(

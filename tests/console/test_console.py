@@ -545,6 +545,27 @@ async def test_a_failed_task_is_resumed_from_its_page(browser, console):
     await context.close()
 
 
+async def test_a_finished_task_is_erased_from_its_page(browser, console):
+    async with console.pipeline.client() as client:
+        submitted = await client.submit(BUSINESS, [CellSpec("step", {"name": "erased-1"})])
+        assert (await client.wait(submitted.task_id)).status == "SUCCEEDED"
+
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/tasks/{submitted.task_id}")
+    await page.locator("#erase").click()  # confirmed (the dialog is accepted)
+    await page.locator("#notice").wait_for()
+    assert await page.locator("#notice").inner_text() == "erase: done"
+    await expect(page.locator("#erased")).to_contain_text("erased")
+    await expect(page.locator("#erase")).to_have_count(0)  # nothing left to erase
+    async with console.pipeline.client() as client:
+        view = await client.get(submitted.task_id)
+    assert view.erased_at is not None and view.status == "SUCCEEDED"
+    assert watched.errors == []
+    await context.close()
+
+
 async def test_failed_work_is_listed_by_queue_and_resumed_and_a_downstream_paused(
     browser, console, screenshots
 ):

@@ -205,14 +205,15 @@ async def test_a_business_token_sees_and_touches_only_its_own_tasks(stack, admin
 
         # Another business's task is not there, exactly like a task that does not exist.
         missing = "0" * 32
-        for call in (other.GetTask, other.CancelTask):
+        requests = {
+            other.GetTask: gateway_pb2.GetTaskRequest,
+            other.CancelTask: gateway_pb2.CancelTaskRequest,
+            other.EraseTask: gateway_pb2.EraseTaskRequest,
+        }
+        for call, request in requests.items():
             for asked in (task_id, missing):
                 with pytest.raises(grpc.aio.AioRpcError) as hidden:
-                    await call(
-                        gateway_pb2.GetTaskRequest(task_id=asked)
-                        if call is other.GetTask
-                        else gateway_pb2.CancelTaskRequest(task_id=asked)
-                    )
+                    await call(request(task_id=asked))
                 assert code_of(hidden) is grpc.StatusCode.NOT_FOUND
                 assert hidden.value.details() == f"no task {asked!r}"
         with pytest.raises(grpc.aio.AioRpcError) as hidden:

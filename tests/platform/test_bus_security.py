@@ -130,7 +130,7 @@ async def test_the_executor_user_reaches_only_what_its_flows_declare(server, adm
             evaluations.EVALUATION_COMPLETED,  # a pool event
             "callback.ecommerce.t1",  # a completion notification
             "$JS.API.STREAM.DELETE.TASKS",
-            "$JS.API.STREAM.PURGE.TASK_STATUS",
+            "$JS.API.STREAM.PURGE.TASKS",  # it purges only an erased task's status snapshots
             "$JS.API.CONSUMER.CREATE.EVALUATIONS.spy",  # reading a stream it does not use
             "$JS.API.CONSUMER.DELETE.TASKS.reconciler-fail",  # it reads nothing back
         )

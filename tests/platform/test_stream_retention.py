@@ -116,6 +116,8 @@ def test_the_declared_durables_are_those_the_services_consume_by_default():
         f"{executor}-cancel": (tasks.TASK_CANCEL,),
         f"{executor}-close": (tasks.TASK_CLOSE,),
         f"{executor}-signal": (tasks.TASK_SIGNAL,),
+        f"{executor}-erase": (tasks.TASK_ERASE,),
+        f"{reconciler}-erase": (tasks.TASK_ERASE,),
         f"{reconciler}-claims": (tasks.TASK_CREATE,),
         f"{reconciler}-fail": (tasks.TASK_FAIL,),
         f"{reconciler}-demote": (tasks.TASK_DEMOTE,),

@@ -56,7 +56,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 tasks_app = typer.Typer(
-    help="The gateway's tasks: list, count, show, events, watch, signal, cancel, cancel-all.",
+    help="The gateway's tasks: list, count, show, events, watch, signal, cancel, cancel-all,"
+    " erase.",
     no_args_is_help=True,
 )
 
@@ -345,10 +346,19 @@ def _print_task(view: TaskView, as_json: bool) -> int:
             if view.completion.finished_at is not None:
                 set_timestamp(reply.completion.finished_at, view.completion.finished_at)
             reply.completion.callback_url = view.completion.callback_url
+        if view.erased_at is not None:
+            reply.erasure.CopyFrom(_erasure(view))
         emit_json(task_json(reply))
     else:
         out.print(task_picture(view))
     return _final_code(view) if view.terminal else OK
+
+
+def _erasure(view: TaskView) -> gateway_pb2.Erasure:
+    erasure = gateway_pb2.Erasure(erased_by=view.erased_by)
+    if view.erased_at is not None:
+        set_timestamp(erasure.erased_at, view.erased_at)
+    return erasure
 
 
 def _styled(status: str) -> Text:
@@ -372,6 +382,9 @@ def task_picture(view: TaskView) -> Group:
         head.append(f"  deadline {moment(view.deadline)}")
     if view.labels:
         head.append(f"\nlabels {_labels_text(view.labels)}")
+    if view.erased_at is not None:
+        head.append("\nerased ", style="magenta")
+        head.append(f"{moment(view.erased_at)} by {view.erased_by}")
     table = Table(box=None, pad_edge=False)
     for column in ("node", "status", "attempts", "last error", "started", "finished"):
         table.add_column(column, overflow="fold")
@@ -786,3 +799,22 @@ def bulk_actions(
             a.reason,
         )
     out.print(table)
+
+
+@tasks_app.command()
+def erase(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="the task's id")],
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Erase a finished task's payloads and outputs in every service (docs/retention.md,
+    Erasure); ids, statuses and times stay. Erasing again answers the same."""
+    with target(ctx).client() as client:
+        view = client.erase(task_id)
+    if as_json:
+        emit_json(gateway_pb2.EraseTaskResponse(task=view.raw, erasure=_erasure(view)))
+    else:
+        out.print(
+            f"{view.task_id}  erased {moment(view.erased_at)} by {view.erased_by} ({view.status})",
+            highlight=False,
+        )

@@ -72,6 +72,14 @@ def permissions(service: str) -> dict[str, dict[str, list[str]]]:
             if flow.stream is not None and service in flow.readers
         }
     )
+    # A purger removes an erased task's messages from the stream (Bus.purge_subject).
+    publish += sorted(
+        {
+            f"$JS.API.STREAM.PURGE.{flow.stream.name}"
+            for flow in contracts.FLOWS
+            if flow.stream is not None and service in flow.purgers
+        }
+    )
     return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
 
 

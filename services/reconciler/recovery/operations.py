@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.contracts import tasks
 from dispo.libs.db.driver import Conn
+from dispo.libs.erasure import erased
 from dispo.libs.error_text import truncate_error
 from dispo.libs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dispo.libs.logging import get_logger
@@ -58,6 +59,10 @@ async def redrive_one(
             raise FailedPrecondition(
                 f"task {task_id} is {row.state.name}; only PARKED_FAILED, DEMOTED or FAILED"
                 f" tasks can be redriven{hint}"
+            )
+        if erased(row.envelope):
+            raise FailedPrecondition(
+                f"task {task_id} was erased: its payloads are gone, it cannot run again"
             )
         undecided = [n.node_id for n in E.unknown(row.envelope)]
         if undecided:  # a FAILED task whose age limit ended its wait for a decision

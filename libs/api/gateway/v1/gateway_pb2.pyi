@@ -523,6 +523,7 @@ class GetTaskResponse(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     COMPLETION_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    ERASURE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def task(self) -> _task_pb2.Task:
         """The gateway's view: every node with status, attempts, last error and timestamps."""
@@ -535,20 +536,53 @@ class GetTaskResponse(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """The task's labels: those its Submit gave and those its cells' payloads gave."""
 
+    @_builtins.property
+    def erasure(self) -> Global___Erasure:
+        """Set once the task was erased (EraseTask): its payloads and outputs are tombstones."""
+
     def __init__(
         self,
         *,
         task: _task_pb2.Task | None = ...,
         completion: Global___Completion | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        erasure: Global___Erasure | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "erasure", b"erasure", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "labels", b"labels", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion", b"completion", "erasure", b"erasure", "labels", b"labels", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTaskResponse: _TypeAlias = GetTaskResponse  # noqa: Y015
+
+@_typing.final
+class Erasure(_message.Message):
+    """Who erased a task's user data, and when."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERASED_AT_FIELD_NUMBER: _builtins.int
+    ERASED_BY_FIELD_NUMBER: _builtins.int
+    erased_by: _builtins.str
+    """Who asked: the caller's token ("admin", "business:<name>", or the token's id)."""
+    @_builtins.property
+    def erased_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway recorded the erasure."""
+
+    def __init__(
+        self,
+        *,
+        erased_at: _timestamp_pb2.Timestamp | None = ...,
+        erased_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erased_at", b"erased_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erased_at", b"erased_at", "erased_by", b"erased_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Erasure: _TypeAlias = Erasure  # noqa: Y015
 
 @_typing.final
 class Completion(_message.Message):
@@ -1226,6 +1260,58 @@ class ListBulkActionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListBulkActionsResponse: _TypeAlias = ListBulkActionsResponse  # noqa: Y015
+
+@_typing.final
+class EraseTaskRequest(_message.Message):
+    """Which task EraseTask erases."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Required: the id Submit returned."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EraseTaskRequest: _TypeAlias = EraseTaskRequest  # noqa: Y015
+
+@_typing.final
+class EraseTaskResponse(_message.Message):
+    """The task after its erasure was recorded."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    ERASURE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def task(self) -> _task_pb2.Task:
+        """The task's skeleton: ids, statuses and times, its payloads and outputs tombstones."""
+
+    @_builtins.property
+    def erasure(self) -> Global___Erasure:
+        """Who erased it and when (the first erasure's, for a task erased before)."""
+
+    def __init__(
+        self,
+        *,
+        task: _task_pb2.Task | None = ...,
+        erasure: Global___Erasure | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erasure", b"erasure", "task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erasure", b"erasure", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EraseTaskResponse: _TypeAlias = EraseTaskResponse  # noqa: Y015
 
 @_typing.final
 class SignalTaskRequest(_message.Message):

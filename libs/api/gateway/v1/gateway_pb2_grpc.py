@@ -87,6 +87,11 @@ class GatewayServiceStub:
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsRequest.SerializeToString,
                 response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsResponse.FromString,
                 _registered_method=True)
+        self.EraseTask = channel.unary_unary(
+                '/dispo.gateway.v1.GatewayService/EraseTask',
+                request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.EraseTaskRequest.SerializeToString,
+                response_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.EraseTaskResponse.FromString,
+                _registered_method=True)
         self.SignalTask = channel.unary_unary(
                 '/dispo.gateway.v1.GatewayService/SignalTask',
                 request_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.SignalTaskRequest.SerializeToString,
@@ -234,6 +239,19 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EraseTask(self, request, context):
+        """Erase a finished task's user data (docs/retention.md, Erasure): its payloads, its nodes'
+        outputs and errors and its signals' payloads are replaced by tombstones in every service
+        (the gateway at once, the executor and the reconciler as they take the task.erase
+        event); ids, statuses, times and who erased it when stay. Erasing an erased task answers
+        the same. FAILED_PRECONDITION naming the status when the task has not finished
+        (SUCCEEDED, CANCELLED or FAILED). Callers: admin, a business token (its own tasks;
+        another's is NOT_FOUND, as for GetTask).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SignalTask(self, request, context):
         """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
         of the node waiting for `signal` and its dependants run; a signal that comes before the
@@ -332,6 +350,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.ListBulkActions,
                     request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsRequest.FromString,
                     response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsResponse.SerializeToString,
+            ),
+            'EraseTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.EraseTask,
+                    request_deserializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.EraseTaskRequest.FromString,
+                    response_serializer=dispo_dot_gateway_dot_v1_dot_gateway__pb2.EraseTaskResponse.SerializeToString,
             ),
             'SignalTask': grpc.unary_unary_rpc_method_handler(
                     servicer.SignalTask,
@@ -627,6 +650,33 @@ class GatewayService:
             '/dispo.gateway.v1.GatewayService/ListBulkActions',
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsRequest.SerializeToString,
             dispo_dot_gateway_dot_v1_dot_gateway__pb2.ListBulkActionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EraseTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.gateway.v1.GatewayService/EraseTask',
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.EraseTaskRequest.SerializeToString,
+            dispo_dot_gateway_dot_v1_dot_gateway__pb2.EraseTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -119,6 +119,15 @@ class GatewayServiceStub:
     """Bulk actions, newest first, a page at a time. Callers: admin (all), a business token
     (those on its own business).
     """
+    EraseTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.EraseTaskRequest, _gateway_pb2.EraseTaskResponse]
+    """Erase a finished task's user data (docs/retention.md, Erasure): its payloads, its nodes'
+    outputs and errors and its signals' payloads are replaced by tombstones in every service
+    (the gateway at once, the executor and the reconciler as they take the task.erase
+    event); ids, statuses, times and who erased it when stay. Erasing an erased task answers
+    the same. FAILED_PRECONDITION naming the status when the task has not finished
+    (SUCCEEDED, CANCELLED or FAILED). Callers: admin, a business token (its own tasks;
+    another's is NOT_FOUND, as for GetTask).
+    """
     SignalTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SignalTaskRequest, _gateway_pb2.SignalTaskResponse]
     """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
     of the node waiting for `signal` and its dependants run; a signal that comes before the
@@ -236,6 +245,15 @@ class GatewayServiceAsyncStub(GatewayServiceStub):
     ListBulkActions: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListBulkActionsRequest, _gateway_pb2.ListBulkActionsResponse]  # type: ignore[assignment]
     """Bulk actions, newest first, a page at a time. Callers: admin (all), a business token
     (those on its own business).
+    """
+    EraseTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.EraseTaskRequest, _gateway_pb2.EraseTaskResponse]  # type: ignore[assignment]
+    """Erase a finished task's user data (docs/retention.md, Erasure): its payloads, its nodes'
+    outputs and errors and its signals' payloads are replaced by tombstones in every service
+    (the gateway at once, the executor and the reconciler as they take the task.erase
+    event); ids, statuses, times and who erased it when stay. Erasing an erased task answers
+    the same. FAILED_PRECONDITION naming the status when the task has not finished
+    (SUCCEEDED, CANCELLED or FAILED). Callers: admin, a business token (its own tasks;
+    another's is NOT_FOUND, as for GetTask).
     """
     SignalTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SignalTaskRequest, _gateway_pb2.SignalTaskResponse]  # type: ignore[assignment]
     """Send a signal to a task's wait nodes (docs/waiting.md): the payload becomes the output
@@ -411,6 +429,21 @@ class GatewayServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_gateway_pb2.ListBulkActionsResponse, _abc.Awaitable[_gateway_pb2.ListBulkActionsResponse]]:
         """Bulk actions, newest first, a page at a time. Callers: admin (all), a business token
         (those on its own business).
+        """
+
+    @_abc_1.abstractmethod
+    def EraseTask(
+        self,
+        request: _gateway_pb2.EraseTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.EraseTaskResponse, _abc.Awaitable[_gateway_pb2.EraseTaskResponse]]:
+        """Erase a finished task's user data (docs/retention.md, Erasure): its payloads, its nodes'
+        outputs and errors and its signals' payloads are replaced by tombstones in every service
+        (the gateway at once, the executor and the reconciler as they take the task.erase
+        event); ids, statuses, times and who erased it when stay. Erasing an erased task answers
+        the same. FAILED_PRECONDITION naming the status when the task has not finished
+        (SUCCEEDED, CANCELLED or FAILED). Callers: admin, a business token (its own tasks;
+        another's is NOT_FOUND, as for GetTask).
         """
 
     @_abc_1.abstractmethod

@@ -617,6 +617,42 @@ class SignalRequest(_message.Message):
 Global___SignalRequest: _TypeAlias = SignalRequest  # noqa: Y015
 
 @_typing.final
+class EraseRequest(_message.Message):
+    """task.erase: a finished task's user data was erased at the gateway (EraseTask). The
+    executor and the reconciler replace what they keep of its payloads and outputs with
+    tombstones (dispo.libs.erasure), keeping ids, statuses and times. Applying it twice
+    changes nothing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ERASED_AT_FIELD_NUMBER: _builtins.int
+    ERASED_BY_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task erased."""
+    erased_by: _builtins.str
+    """Who asked for it."""
+    @_builtins.property
+    def erased_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway recorded the erasure."""
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        erased_at: _timestamp_pb2.Timestamp | None = ...,
+        erased_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["erased_at", b"erased_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erased_at", b"erased_at", "erased_by", b"erased_by", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EraseRequest: _TypeAlias = EraseRequest  # noqa: Y015
+
+@_typing.final
 class CancelRequest(_message.Message):
     """task.cancel: a caller asked to cancel (published by the gateway)."""
 

@@ -1,0 +1,102 @@
+"""task.erase in the reconciler (ADR-0113): what it keeps of an erased task's user data
+becomes tombstones — the envelopes of its completion fact and recovery record (payloads,
+outputs, errors), the errors its deliveries and findings quote, the reasons its failure
+history, redrive log and settlements give, the payloads of its claims and compensations;
+the quarantined messages that name it are discarded. Ids, states and times stay. A task
+whose callback or reconciliation is still pending is erased once they are done."""
+
+from __future__ import annotations
+
+from dispo.libs.bus import ACK, Disposition, Nak
+from dispo.libs.db.driver import Conn, Statement
+from dispo.libs.erasure import ERASED_TEXT, TOMBSTONE, erase_task_bytes
+from dispo.libs.logging import get_logger
+from dispo.reconciler.context import Context
+from dispo.reconciler.states import NotifyState, ReconcileState
+
+log = get_logger(__name__)
+
+_PENDING = (
+    f"c.notify_state = '{NotifyState.PENDING.value}'"
+    f" OR c.reconcile_state = '{ReconcileState.PENDING.value}'"
+)
+
+# Asked again after this while the task's callback or reconciliation is pending.
+ERASE_RETRY_SECONDS = 5.0
+
+_COMPLETION = Statement(
+    f"SELECT c.envelope, {_PENDING} AS pending FROM completions c WHERE c.task_id = :id FOR UPDATE"
+)
+_RECOVERY = Statement("SELECT envelope FROM recovery_tasks WHERE task_id = :id FOR UPDATE")
+
+# Each (task, tombstoned completion envelope, tombstoned recovery envelope), in one
+# statement; a NULL envelope leaves its row as it is (none held).
+_ERASE_MANY = Statement(
+    "WITH e AS (SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:completions AS bytea[]),"
+    " CAST(:recoveries AS bytea[])) AS e(task_id, completion, recovery)),"
+    " c AS (UPDATE completions c SET envelope = e.completion,"
+    " notify_last_error = CASE WHEN c.notify_last_error = '' THEN '' ELSE :erased END"
+    " FROM e WHERE c.task_id = e.task_id AND e.completion IS NOT NULL"
+    f" AND NOT ({_PENDING}) RETURNING 1),"
+    " d AS (UPDATE deliveries d SET error = CASE WHEN d.error = '' THEN '' ELSE :erased END"
+    " FROM e WHERE d.task_id = e.task_id RETURNING 1),"
+    " f AS (UPDATE findings f SET detail = CASE WHEN f.detail = '' THEN '' ELSE :erased END"
+    " FROM e WHERE f.task_id = e.task_id RETURNING 1),"
+    " r AS (UPDATE recovery_tasks r SET envelope = e.recovery,"
+    " reason = CASE WHEN r.reason = '' THEN '' ELSE :erased END"
+    " FROM e WHERE r.task_id = e.task_id AND e.recovery IS NOT NULL RETURNING 1),"
+    " h AS (UPDATE failure_history h SET reason = CASE WHEN h.reason = '' THEN ''"
+    " ELSE :erased END, nodes = '[]' FROM e WHERE h.task_id = e.task_id RETURNING 1),"
+    " l AS (UPDATE redrive_log l SET reason = CASE WHEN l.reason = '' THEN '' ELSE :erased END"
+    " FROM e WHERE l.task_id = e.task_id RETURNING 1),"
+    " s AS (UPDATE settlements s SET reason = CASE WHEN s.reason = '' THEN '' ELSE :erased END"
+    " FROM e WHERE s.task_id = e.task_id RETURNING 1),"
+    " cl AS (UPDATE claims cl SET payload = CAST(:tombstone AS jsonb) FROM e"
+    " WHERE cl.task_id = e.task_id RETURNING 1),"
+    " co AS (UPDATE compensations co SET payload = CAST(:tombstone AS jsonb),"
+    " error = CASE WHEN co.error = '' THEN '' ELSE :erased END"
+    " FROM e WHERE co.task_id = e.task_id RETURNING 1),"
+    " q AS (DELETE FROM quarantine q USING e"
+    " WHERE position(convert_to(e.task_id, 'UTF8') IN q.payload) > 0 RETURNING 1)"
+    " SELECT count(*) AS n FROM e"
+)
+
+
+async def tasks_erase_many(
+    conn: Conn, erasures: list[tuple[str, bytes | None, bytes | None]]
+) -> None:
+    """Write the tombstones of ``erasures`` (task id, completion envelope, recovery
+    envelope, each tombstoned or None) in every table of the reconciler, with one
+    statement. Applying it again changes nothing."""
+    await _ERASE_MANY.fetch(
+        conn,
+        {
+            "ids": [e[0] for e in erasures],
+            "completions": [e[1] for e in erasures],
+            "recoveries": [e[2] for e in erasures],
+            "tombstone": TOMBSTONE.decode(),
+            "erased": ERASED_TEXT,
+        },
+    )
+
+
+async def handle_erase(ctx: Context, task_id: str) -> Disposition:
+    """Erase what the reconciler keeps of ``task_id``; again later while its callback or
+    reconciliation is pending."""
+    async with ctx.db.transaction() as conn:
+        completion = await _COMPLETION.fetch(conn, {"id": task_id})
+        if completion and completion[0].pending:
+            return Nak(ERASE_RETRY_SECONDS)
+        recovery = await _RECOVERY.fetch(conn, {"id": task_id})
+        await tasks_erase_many(
+            conn,
+            [
+                (
+                    task_id,
+                    erase_task_bytes(bytes(completion[0].envelope) if completion else None),
+                    erase_task_bytes(bytes(recovery[0].envelope) if recovery else None),
+                )
+            ],
+        )
+    log.info("task erased", task_id=task_id)
+    return ACK
