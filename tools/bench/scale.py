@@ -168,7 +168,9 @@ class Recorder:
     def __init__(self) -> None:
         self.sent: list[tuple[Statement, dict[str, Any]]] = []
 
-    async def fetch(self, sql: Statement | str, params: Mapping[str, Any] | None = None) -> list:
+    async def fetch(
+        self, sql: Statement | str, params: Mapping[str, Any] | None = None
+    ) -> list[Any]:
         statement = sql if isinstance(sql, Statement) else Statement(sql)
         self.sent.append((statement, dict(params or {})))
         return []
@@ -263,7 +265,9 @@ async def probe(
         "ListTasks business, day, status": lambda _: first_page(
             business=biggest, statuses=["FAILED"], **day
         ),
-        "CountTasks business, day": lambda _: client.count(business=biggest, **day),
+        "CountTasks business, day": lambda _: client.count(
+            business=biggest, created_after=day["created_after"], created_before=now
+        ),
     }
     api: dict[str, Any] = {}
     try:
@@ -319,12 +323,12 @@ async def probe(
     explained: dict[str, Any] = {}
     conn = await asyncpg.connect(asyncpg_url(database_url))
     try:
-        for name, (schema, statement, params) in statements.items():
+        for name, (schema, statement, values) in statements.items():
             times: list[float] = []
             indexes: set[str] = set()
             scanned: set[str] = set()
-            for _ in range(repeat if params is not None else 1):
-                ms, indexes, scanned = await explain(conn, schema, statement, params)
+            for _ in range(repeat if values is not None else 1):
+                ms, indexes, scanned = await explain(conn, schema, statement, values)
                 if ms is not None:
                     times.append(ms / 1000)
             explained[name] = {

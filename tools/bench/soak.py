@@ -78,7 +78,9 @@ def stream_bytes(root: Path) -> dict[str, int]:
     return sizes
 
 
-async def sample(database_url: str, root: Path, clock: JumpingClock, began: float) -> dict:
+async def sample(
+    database_url: str, root: Path, clock: JumpingClock, began: float
+) -> dict[str, Any]:
     conn = await asyncpg.connect(asyncpg_url(database_url))
     try:
         tables = {name: size for name, size in await conn.fetch(_SIZES, list(SCHEMAS))}
