@@ -12,7 +12,7 @@ dispo quarantine list|show|replay|discard     messages a service's consumers set
 dispo retention show                          finished tasks past their retention (a dry run)
 dispo tokens create|list|revoke|rotate-secret|finish-rotation|secrets   API tokens (admin)
 dispo worker run module:attribute             a worker serving worker actions' queues
-dispo bench submit|pool|faults|purge|fairness [options]   benchmarks
+dispo bench submit|pool|faults|purge|fairness|scale|soak [options]   benchmarks
 
 Every command that calls the stack takes ``--json`` (a test checks); the exit codes are in
 :mod:`dispo.tools.cli._common`.
@@ -307,6 +307,8 @@ BENCHMARKS = {
     "pool": "dispo.tools.bench.pool",  # cron claims and run recordings under contention
     "faults": "dispo.tools.bench.faults",  # the fault campaign: lost, stuck, duplicate effects
     "purge": "dispo.tools.bench.purge",  # the submit bench beside a retention purge
+    "scale": "dispo.tools.bench.scale",  # the hot paths on empty and on loaded tables
+    "soak": "dispo.tools.bench.soak",  # a steady rate for days of a jumping clock: disk sampled
     "fairness": "dispo.tools.bench.fairness",  # a flooding and a trickling business (ADR-0109)
 }
 
@@ -328,7 +330,7 @@ def bench(
     benchmark: Annotated[
         Benchmark,
         typer.Argument(
-            help="submit, pool, faults, purge or fairness; its own options follow (--help lists them)"
+            help="submit, pool, faults, purge, fairness, scale or soak; its own options follow (--help lists them)"
         ),
     ],
 ) -> None:
