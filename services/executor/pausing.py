@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from dispo.executor.runner import Executor
 from dispo.executor.store import pauses
+from dispo.libs.errors import InvalidArgument
 from dispo.libs.validation import business_name
 
 
@@ -27,11 +28,17 @@ async def read_pauses(ex: Executor) -> list[pauses.Pause]:
     return held
 
 
+# The longest reason a pause keeps.
+MAX_REASON = 500
+
+
 async def pause(ex: Executor, business: str, by: str, reason: str) -> BusinessState:
     business = business_name(business)
+    if len(reason) > MAX_REASON:
+        raise InvalidArgument("reason", f"at most {MAX_REASON} characters, got {len(reason)}")
     async with ex.db.transaction() as conn:
         await pauses.business_pauses_insert_if_absent_many(
-            conn, [business], ex.clock.now(), by, reason[:500]
+            conn, [business], ex.clock.now(), by, reason
         )
     return await state(ex, business)
 

@@ -202,14 +202,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def _admitted(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> Submission:
-        """What a Submit of ``request`` asks for, once its caller may act for its business
-        and that business has a Submit token left (each refusal names its field)."""
+        """What a Submit of ``request`` asks for, once its caller may act for its business,
+        the request is valid and that business has a Submit token left (each refusal names
+        its field). A refused request writes nothing: not even a share of the rate."""
         business = business_filter(request.business, "business")
+        sub = submission_from_proto(request, business)
+        require_priority(sub.priority, "priority")
         limited = limited_business(context, business)
         await self.limits.prepare([limited])
         self.limits.admit_submit(limited)
-        sub = submission_from_proto(request, business)
-        require_priority(sub.priority, "priority")
         return sub
 
     async def SubmitMany(
@@ -226,8 +227,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         for business in businesses:
             limited = limited_business(context, business)
             counts[limited] = counts.get(limited, 0) + 1
-        await self.limits.prepare(counts)
-        self.limits.admit_submits(counts)
         subs, news, invalid = [], [], []
         refused: DomainError | None = None
         for i, (item, business) in enumerate(zip(items, businesses, strict=True)):
@@ -242,6 +241,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 refused = refused or within(f"requests[{i}]", error)
         if invalid:
             raise InvalidArgument(violations=invalid)
+        # Counted once every item is valid: a refused call writes nothing, not even a share.
+        await self.limits.prepare(counts)
+        self.limits.admit_submits(counts)
         if refused is not None:
             raise refused
         answers = await self.gateway.submit_all(subs, news)

@@ -642,7 +642,6 @@ async def test_a_business_is_paused_by_name_its_task_waits_and_runs_once_resumed
         held = await client.submit("held-shop", [CellSpec("noop", {})])
         await expect(row.locator(".accepted")).to_have_text("1")  # its paused depth, live
         assert (await client.get(held.task_id)).status == "ACCEPTED"
-        await page.screenshot(path=screenshots / "businesses.png")
         await row.locator("button.unpause").click()  # confirmed
         await expect(page.locator("#notice")).to_have_text("resume: done")
         await expect(row).to_have_count(0)  # neither paused, weighted nor waiting: not listed

@@ -264,7 +264,10 @@ class Stack:
             " WHERE table_schema = $1 AND table_type = 'BASE TABLE' ORDER BY table_name",
             schema,
         )
-        tables = [r["table_name"] for r in rows]
+        # limit_shares holds the leases of capacity a process takes of a limit it meets
+        # (ADR-0108: a gateway's share of a business's Submit rate), not a record of any
+        # request; an idle share's lease runs out and is deleted.
+        tables = [r["table_name"] for r in rows if r["table_name"] != "limit_shares"]
         assert tables, f"no tables in schema {schema}"
         parts = ", ".join(f'(SELECT count(*) FROM "{schema}"."{t}") AS "{t}"' for t in tables)
         return f"SELECT {parts}"

@@ -736,7 +736,7 @@ async def test_the_fairness_guide_runs_twice_on_a_stack(tmp_path):
         for _ in range(2):
             out = await run_guide("fairness.md", exported, stack)
             assert "priority: a token of business 'bulk-relabel' may ask for priority 3" in out
-            assert "held during the incident" in out, out  # the pause, listed
+            assert '"paused_reason": "held during the incident"' in out, out  # the pause
             assert "ACCEPTED" in out and "SUCCEEDED" in out, out
             assert (await python(example, exported, stack)).strip() == "1", out
     finally:

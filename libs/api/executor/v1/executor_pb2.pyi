@@ -116,8 +116,9 @@ class BusinessState(_message.Message):
     paused: _builtins.bool
     """True while an operator holds its tasks (PauseBusiness)."""
     paused_by: _builtins.str
-    """Who paused it, and why, as given."""
+    """Who paused it, as given."""
     paused_reason: _builtins.str
+    """Why it was paused, as given (at most 500 characters)."""
     waiting_here: _builtins.int
     """Its task.create messages waiting for a pass in the executor that answered."""
     @_builtins.property
@@ -268,7 +269,9 @@ class ListBusinessesResponse(_message.Message):
 
     BUSINESSES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def businesses(self) -> _containers.RepeatedCompositeFieldContainer[Global___BusinessState]: ...
+    def businesses(self) -> _containers.RepeatedCompositeFieldContainer[Global___BusinessState]:
+        """Each business paused, weighted in the business policy or waiting in this executor."""
+
     def __init__(
         self,
         *,

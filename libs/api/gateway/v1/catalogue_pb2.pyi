@@ -137,7 +137,9 @@ class GetCatalogueResponse(_message.Message):
 
     CATALOGUE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def catalogue(self) -> Global___CatalogueVersion: ...
+    def catalogue(self) -> Global___CatalogueVersion:
+        """That version, with its document."""
+
     def __init__(
         self,
         *,
@@ -159,7 +161,9 @@ class ListCatalogueVersionsRequest(_message.Message):
 
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def page(self) -> _common_pb2.PageRequest: ...
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size and the cursor of the page before."""
+
     def __init__(
         self,
         *,
@@ -182,9 +186,13 @@ class ListCatalogueVersionsResponse(_message.Message):
     VERSIONS_FIELD_NUMBER: _builtins.int
     PAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CatalogueVersion]: ...
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CatalogueVersion]:
+        """The versions of this page, newest first."""
+
     @_builtins.property
-    def page(self) -> _common_pb2.PageResponse: ...
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
     def __init__(
         self,
         *,
@@ -276,6 +284,7 @@ class RetireCellRequest(_message.Message):
     CELL_FIELD_NUMBER: _builtins.int
     BASED_ON_VERSION_FIELD_NUMBER: _builtins.int
     cell: _builtins.str
+    """The cell's name."""
     based_on_version: _builtins.int
     """The version this change was made from; required."""
     def __init__(
@@ -333,6 +342,7 @@ class RetireDownstreamRequest(_message.Message):
     DOWNSTREAM_FIELD_NUMBER: _builtins.int
     BASED_ON_VERSION_FIELD_NUMBER: _builtins.int
     downstream: _builtins.str
+    """The downstream's name (no cell of the current version may call it)."""
     based_on_version: _builtins.int
     """The version this change was made from; required."""
     def __init__(
@@ -383,7 +393,9 @@ class ChangeCatalogueResponse(_message.Message):
 
     CATALOGUE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def catalogue(self) -> Global___CatalogueVersion: ...
+    def catalogue(self) -> Global___CatalogueVersion:
+        """The new version, with its document."""
+
     def __init__(
         self,
         *,
@@ -408,11 +420,17 @@ class DryRunRequest(_message.Message):
     APPLY_FIELD_NUMBER: _builtins.int
     SAMPLE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def register_cell(self) -> Global___RegisterCellRequest: ...
+    def register_cell(self) -> Global___RegisterCellRequest:
+        """A cell registered, as RegisterCell would."""
+
     @_builtins.property
-    def update_cell(self) -> Global___UpdateCellRequest: ...
+    def update_cell(self) -> Global___UpdateCellRequest:
+        """A cell changed, as UpdateCell would."""
+
     @_builtins.property
-    def apply(self) -> Global___ApplyCatalogueRequest: ...
+    def apply(self) -> Global___ApplyCatalogueRequest:
+        """A whole catalogue, as ApplyCatalogue would."""
+
     @_builtins.property
     def sample(self) -> _gateway_pb2.SubmitRequest:
         """The submission to expand against the proposed version (its idempotency key, callback
