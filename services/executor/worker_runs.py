@@ -16,7 +16,7 @@ import asyncio
 import base64
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -150,11 +150,16 @@ class QueueState:
 @dataclass
 class QueuePolicy:
     """What the executor holds its queues to: how long a run may wait offered on a queue
-    with no live worker before its node is demoted (ADR-0101), and each declared queue's
-    ``max_concurrency`` (0: no limit)."""
+    with no live worker before its node is demoted (ADR-0101), each declared queue's
+    ``max_concurrency`` (0: no limit), and the fair order its runs are taken in (ADR-0109):
+    the weights of the businesses the policy names (any other has ``default_weight``) and
+    the businesses paused now (their runs stay offered)."""
 
     idle_seconds: float = 30.0
     limits: dict[str, int] = field(default_factory=dict)
+    weights: dict[str, int] = field(default_factory=dict)
+    default_weight: int = 1
+    paused: Callable[[], Collection[str]] = tuple
 
 
 def withdrawable(
@@ -388,18 +393,26 @@ class WorkerRuns:
     ) -> list[Row]:
         """One try at taking runs; the queues with a limit are locked for it, so their
         taken runs are counted by one taker at a time (across executor processes)."""
-        limits = {q: self.policy.limits[q] for q in queues if self.policy.limits.get(q)}
+        policy = self.policy
+        limits = {q: policy.limits[q] for q in queues if policy.limits.get(q)}
         now = self.clock.now()
+        fair = {
+            "weights": policy.weights,
+            "default_weight": policy.default_weight,
+            "paused": policy.paused(),
+        }
         if not limits:
             async with self.db.connection() as conn:
                 return await store.runs_take_many(
-                    conn, queues, worker_id, max_runs, now, self.lease_seconds, None, probe_queues
-                )
+                    conn, queues, worker_id, max_runs, now, self.lease_seconds, None,
+                    probe_queues, **fair,
+                )  # fmt: skip
         async with self.db.transaction() as conn:
             await store.queues_lock_many(conn, list(limits))
             return await store.runs_take_many(
-                conn, queues, worker_id, max_runs, now, self.lease_seconds, limits, probe_queues
-            )
+                conn, queues, worker_id, max_runs, now, self.lease_seconds, limits,
+                probe_queues, **fair,
+            )  # fmt: skip
 
     # ``queues`` (below): the queues the caller may serve (None: every queue); a run of
     # another queue is not held by it.
