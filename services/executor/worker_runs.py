@@ -27,7 +27,7 @@ from dispo.executor.store import queues as presence
 from dispo.executor.store import worker_runs as store
 from dispo.executor.store.worker_runs import Completion, Offer, Outcome, RunKey
 from dispo.libs.clock import Clock
-from dispo.libs.db.driver import Database, Row
+from dispo.libs.db.driver import Conn, Database, Row
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
@@ -396,23 +396,20 @@ class WorkerRuns:
         policy = self.policy
         limits = {q: policy.limits[q] for q in queues if policy.limits.get(q)}
         now = self.clock.now()
-        fair = {
-            "weights": policy.weights,
-            "default_weight": policy.default_weight,
-            "paused": policy.paused(),
-        }
+        paused = policy.paused()
+
+        async def take(conn: Conn) -> list[Row]:
+            return await store.runs_take_many(
+                conn, queues, worker_id, max_runs, now, self.lease_seconds, limits or None,
+                probe_queues, policy.weights, policy.default_weight, paused,
+            )  # fmt: skip
+
         if not limits:
             async with self.db.connection() as conn:
-                return await store.runs_take_many(
-                    conn, queues, worker_id, max_runs, now, self.lease_seconds, None,
-                    probe_queues, **fair,
-                )  # fmt: skip
+                return await take(conn)
         async with self.db.transaction() as conn:
             await store.queues_lock_many(conn, list(limits))
-            return await store.runs_take_many(
-                conn, queues, worker_id, max_runs, now, self.lease_seconds, limits,
-                probe_queues, **fair,
-            )  # fmt: skip
+            return await take(conn)
 
     # ``queues`` (below): the queues the caller may serve (None: every queue); a run of
     # another queue is not held by it.

@@ -179,10 +179,13 @@ async def runs_take_many(
     across businesses — a business's k-th next run (by priority, 1 first, then arrival) has
     its turn at k / its weight (``weights``, else ``default_weight``), and runs go by turn,
     then arrival — so one business's backlog does not hold another's runs back. The runs of
-    a business in ``paused`` are not taken. Probe runs go first, oldest first. Each
-    business's next runs are read from the index (at most :data:`DEPTH` × ``max_runs`` of
-    them per queue): a taker racing others that hold more of them locked takes fewer this
-    time, the rest on its next try."""
+    a business in ``paused`` are not taken. Probe runs go first, oldest first.
+
+    Each business's next runs of a queue are read from the index, as many as its weight's
+    share of :data:`DEPTH` × ``max_runs`` and one more, so a poll reads about that many
+    runs whatever the backlog and the number of businesses: a taker racing others that
+    hold more of them locked, or one whose businesses have fewer runs than their shares,
+    takes fewer this time and the rest on its next try."""
     if not (queues or probe_queues) or max_runs <= 0:
         return []
     names = sorted(set(queues))
@@ -199,21 +202,27 @@ async def runs_take_many(
         " FROM q UNION ALL SELECT b.queue, (SELECT min(r.business) FROM worker_runs r"
         " WHERE r.queue = b.queue AND r.kind = 'action' AND r.state = 'offered'"
         " AND r.business > b.business) FROM b WHERE b.business IS NOT NULL),"
-        # Each one's next runs, with their turns (a window: not in the SELECT that locks).
+        # Their weights (a paused business's runs are not taken), and each queue's total.
+        " bw AS (SELECT b.queue, b.business, COALESCE(w.weight, :weight) AS weight,"
+        " sum(COALESCE(w.weight, :weight)) OVER (PARTITION BY b.queue) AS total"
+        " FROM b LEFT JOIN w ON w.business = b.business"
+        " WHERE b.business IS NOT NULL AND b.business <> ALL(CAST(:paused AS text[]))),"
+        # Each one's next runs (as many as its share of the room, and one), with their turns
+        # (a window: not in the SELECT that locks).
         " ranked AS MATERIALIZED (SELECT c.task_id, c.node_id, c.queue, c.offered_at,"
         " row_number() OVER (PARTITION BY c.queue, c.business"
-        " ORDER BY c.priority, c.offered_at, c.task_id, c.node_id)::float8"
-        " / COALESCE(w.weight, :weight) AS turn"
-        " FROM b CROSS JOIN LATERAL (SELECT r.task_id, r.node_id, r.queue, r.business,"
-        " r.priority, r.offered_at FROM worker_runs r WHERE r.queue = b.queue"
-        " AND r.kind = 'action' AND r.state = 'offered' AND r.business = b.business"
-        " ORDER BY r.priority, r.offered_at LIMIT :depth) c"
-        " LEFT JOIN w ON w.business = c.business"
-        " WHERE b.business IS NOT NULL AND b.business <> ALL(CAST(:paused AS text[]))),"
+        " ORDER BY c.priority, c.offered_at, c.task_id, c.node_id)::float8 / c.weight AS turn"
+        " FROM bw CROSS JOIN LATERAL (SELECT r.task_id, r.node_id, r.queue, r.business,"
+        " r.priority, r.offered_at, bw.weight FROM worker_runs r WHERE r.queue = bw.queue"
+        " AND r.kind = 'action' AND r.state = 'offered' AND r.business = bw.business"
+        " ORDER BY r.priority, r.offered_at"
+        " LIMIT 1 + CAST(ceil(CAST(:depth AS integer) * bw.weight / CAST(bw.total AS float8))"
+        " AS integer)) c),"
         " actions AS (SELECT l.task_id, l.node_id, l.offered_at, l.turn FROM q CROSS JOIN"
-        " LATERAL (SELECT r.task_id, r.node_id, r.offered_at, k.turn FROM ranked k"
+        " LATERAL (SELECT r.task_id, r.node_id, r.offered_at, k.turn FROM (SELECT * FROM ranked k"
+        " WHERE k.queue = q.queue ORDER BY k.turn, k.offered_at LIMIT CAST(:depth AS integer)) k"
         " JOIN worker_runs r ON r.task_id = k.task_id AND r.node_id = k.node_id"
-        " WHERE k.queue = q.queue AND r.kind = 'action' AND r.state = 'offered'"
+        " WHERE r.kind = 'action' AND r.state = 'offered'"
         " ORDER BY k.turn, k.offered_at"
         " LIMIT CASE WHEN q.cap IS NULL THEN :n ELSE GREATEST(0, LEAST(:n, q.cap -"
         " (SELECT count(*) FROM worker_runs t WHERE t.queue = q.queue AND t.kind = 'action'"
