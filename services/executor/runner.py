@@ -204,7 +204,13 @@ class Executor:
             db,
             clock,
             config.run_lease,
-            QueuePolicy(config.queue_idle, queue_limits or {}),
+            QueuePolicy(
+                config.queue_idle,
+                queue_limits or {},
+                {b: weight(b) for b in policy_businesses},
+                weight(""),  # no business is named "": the policy's default
+                lambda: self.intake.paused,
+            ),
             self.commits.complete,
         )
         # The tasks with a pass in this process: one pass per task at a time (a second
@@ -457,7 +463,7 @@ class Executor:
                 call = Call(task_id, node.node_id, node.idempotency_key, spec, body, node.attempts)
                 try:
                     if spec.kind == "worker":
-                        result = await self._run_worker(call, node, owner)
+                        result = await self._run_worker(call, node, owner, env)
                     else:
                         result = await run_action(
                             self.http,
@@ -489,8 +495,11 @@ class Executor:
         timeout = (node.spec.timeout_ms or downstream.timeout_ms) / 1000
         return slots.covers(self.clock.now(), timeout)
 
-    async def _run_worker(self, call: Call, node: NodeRun, owner: str) -> Result:
-        """A worker node's call: its run offered on its queue, then its outcome awaited
+    async def _run_worker(
+        self, call: Call, node: NodeRun, owner: str, env: task_pb2.Task
+    ) -> Result:
+        """A worker node's call: its run offered on its queue in its task's place in the
+        fair order (business, priority), then its outcome awaited
         (:mod:`dispo.executor.worker_runs`)."""
         spec = call.spec
         offer = Offer(
@@ -504,6 +513,8 @@ class Executor:
             spec.idempotent,
             spec.timeout_ms or DEFAULT_WORKER_TIMEOUT_MS,
             call.body,
+            business=env.business,
+            priority=priority_of(env.priority),
         )
         return await self.worker_runs.run(offer, spec, self.commits.offer)
 

@@ -16,7 +16,7 @@ import asyncio
 import base64
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -27,7 +27,7 @@ from dispo.executor.store import queues as presence
 from dispo.executor.store import worker_runs as store
 from dispo.executor.store.worker_runs import Completion, Offer, Outcome, RunKey
 from dispo.libs.clock import Clock
-from dispo.libs.db.driver import Database, Row
+from dispo.libs.db.driver import Conn, Database, Row
 from dispo.libs.logging import get_logger
 
 log = get_logger(__name__)
@@ -150,11 +150,16 @@ class QueueState:
 @dataclass
 class QueuePolicy:
     """What the executor holds its queues to: how long a run may wait offered on a queue
-    with no live worker before its node is demoted (ADR-0101), and each declared queue's
-    ``max_concurrency`` (0: no limit)."""
+    with no live worker before its node is demoted (ADR-0101), each declared queue's
+    ``max_concurrency`` (0: no limit), and the fair order its runs are taken in (ADR-0109):
+    the weights of the businesses the policy names (any other has ``default_weight``) and
+    the businesses paused now (their runs stay offered)."""
 
     idle_seconds: float = 30.0
     limits: dict[str, int] = field(default_factory=dict)
+    weights: dict[str, int] = field(default_factory=dict)
+    default_weight: int = 1
+    paused: Callable[[], Collection[str]] = tuple
 
 
 def withdrawable(
@@ -388,18 +393,23 @@ class WorkerRuns:
     ) -> list[Row]:
         """One try at taking runs; the queues with a limit are locked for it, so their
         taken runs are counted by one taker at a time (across executor processes)."""
-        limits = {q: self.policy.limits[q] for q in queues if self.policy.limits.get(q)}
+        policy = self.policy
+        limits = {q: policy.limits[q] for q in queues if policy.limits.get(q)}
         now = self.clock.now()
+        paused = policy.paused()
+
+        async def take(conn: Conn) -> list[Row]:
+            return await store.runs_take_many(
+                conn, queues, worker_id, max_runs, now, self.lease_seconds, limits or None,
+                probe_queues, policy.weights, policy.default_weight, paused,
+            )  # fmt: skip
+
         if not limits:
             async with self.db.connection() as conn:
-                return await store.runs_take_many(
-                    conn, queues, worker_id, max_runs, now, self.lease_seconds, None, probe_queues
-                )
+                return await take(conn)
         async with self.db.transaction() as conn:
             await store.queues_lock_many(conn, list(limits))
-            return await store.runs_take_many(
-                conn, queues, worker_id, max_runs, now, self.lease_seconds, limits, probe_queues
-            )
+            return await take(conn)
 
     # ``queues`` (below): the queues the caller may serve (None: every queue); a run of
     # another queue is not held by it.

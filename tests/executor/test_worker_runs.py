@@ -6,6 +6,8 @@ a non-idempotent node UNKNOWN although nothing ran)."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from datetime import timedelta
 
 from dispo.executor.commits import Flushes
 from dispo.executor.domain import ActionSpec
@@ -115,3 +117,92 @@ async def test_a_probe_run_is_taken_only_by_a_worker_of_its_probes_and_never_dis
         assert await store.runs_probe_outputs_many(conn, [("t2", "a.work"), ("t1", "a.work")]) == {
             ("t2", "a.work"): b'{"x":1}'
         }
+
+
+def _offers(business: str, count: int, priority: int = 3, first: int = 0) -> list[store.Offer]:
+    return [
+        store.Offer(
+            f"{business}{i}",
+            "a.work",
+            "tickets",
+            "me",
+            1,
+            f"{business}{i}/a.work",
+            "work",
+            True,
+            5000,
+            b"{}",
+            business=business,
+            priority=priority,
+        )  # fmt: skip
+        for i in range(first, first + count)
+    ]
+
+
+async def _offer_in_turn(db, offers: list[store.Offer], start) -> None:
+    """Each run offered a millisecond after the one before it."""
+    async with db.transaction() as conn:
+        for i, offer in enumerate(offers):
+            await store.runs_offer_many(conn, [offer], start + timedelta(milliseconds=i))
+
+
+async def _poll(db, now, credit: int, **fair) -> Counter[str]:
+    async with db.connection() as conn:
+        rows = await store.runs_take_many(conn, ["tickets"], "w1", credit, now, 10, **fair)
+    return Counter(r.business for r in rows)
+
+
+async def test_a_queues_runs_are_taken_in_weighted_round_robin_across_businesses(
+    service_db, manual_clock: ManualClock
+):
+    """ADR-0109: business A offers 50 runs, then B offers 5; a worker polling two at a
+    time gets one of each per poll — B's runs within its first five polls, not after A's
+    50 — and the runs keep their business and priority."""
+    db = await service_db("executor")
+    now = manual_clock.now()
+    await _offer_in_turn(db, _offers("a", 50), now)
+    await _offer_in_turn(db, _offers("b", 5), now + timedelta(seconds=1))
+    later = now + timedelta(seconds=2)
+    polls = [await _poll(db, later, 2) for _ in range(5)]
+    assert polls == [Counter(a=1, b=1)] * 5
+    assert await _poll(db, later, 10) == Counter(a=10)  # B has none left: A takes every turn
+    async with db.connection() as conn:
+        row = (await conn.fetch("SELECT business, priority FROM worker_runs WHERE task_id = 'b0'"))[
+            0
+        ]
+    assert (row.business, row.priority) == ("b", 3)
+
+
+async def test_a_heavier_business_gets_its_weight_of_the_runs_and_a_paused_one_none(
+    service_db, manual_clock: ManualClock
+):
+    """With weights A=1, B=3, a poll of four gets three of B's runs per one of A's, although
+    all of A's are older; a paused business's runs stay offered."""
+    db = await service_db("executor")
+    now = manual_clock.now()
+    await _offer_in_turn(db, _offers("a", 50), now)
+    await _offer_in_turn(db, _offers("b", 30), now + timedelta(seconds=1))
+    later = now + timedelta(seconds=2)
+    weights = {"weights": {"b": 3}, "default_weight": 1}
+    polls = [await _poll(db, later, 4, **weights) for _ in range(5)]
+    assert polls == [Counter(a=1, b=3)] * 5
+    assert await _poll(db, later, 8, **weights, paused=["b"]) == Counter(a=8)
+    assert await _poll(db, later, 8, paused=["a", "b"]) == Counter()
+
+
+async def test_within_a_business_a_higher_priority_run_goes_before_older_ones(
+    service_db, manual_clock: ManualClock
+):
+    db = await service_db("executor")
+    now = manual_clock.now()
+    await _offer_in_turn(db, _offers("a", 5, priority=3), now)
+    await _offer_in_turn(db, _offers("a", 1, priority=1, first=5), now + timedelta(seconds=1))
+    async with db.connection() as conn:
+        first = await store.runs_take_many(
+            conn, ["tickets"], "w1", 1, now + timedelta(seconds=2), 10
+        )
+        rest = await store.runs_take_many(
+            conn, ["tickets"], "w1", 2, now + timedelta(seconds=2), 10
+        )
+    assert [r.task_id for r in first] == ["a5"]  # the newest, of priority 1
+    assert sorted(r.task_id for r in rest) == ["a0", "a1"]  # then by arrival

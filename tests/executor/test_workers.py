@@ -617,3 +617,48 @@ async def test_a_worker_token_serves_its_queues_only_and_nothing_else(pipeline, 
                 worker_pb2.PollRunsRequest(queues=["echo"], worker_id="b", max_runs=1)
             )
     assert business.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_queues_runs_reach_a_worker_in_the_fair_order_across_businesses(
+    start_service, catalogue_file, egress_allow
+):
+    """ADR-0109 through the executor: business A's twelve runs are offered before B's
+    three; a worker polling two at a time gets one of A's and one of B's per poll, B's
+    within its first three polls rather than after A's twelve."""
+    from pipeline_fixtures import Pipeline
+
+    pipeline = Pipeline(start_service, catalogue_file, egress_allow)
+    await pipeline.start_gateway()
+    # No worker polls while the runs are offered: none is withdrawn meanwhile.
+    await pipeline.start_executor(DISPO_EXECUTOR_QUEUE_IDLE_SECONDS="600")
+    executor = pipeline.executors[0].address
+    async with pipeline.client() as client:
+
+        async def offered(count: int) -> None:
+            async def echo() -> int:
+                queues = await client.list_queues(executor)
+                return next((q.offered for q in queues if q.name == "echo"), 0)
+
+            await eventually(echo, lambda n: n == count, timeout=60, wanted=f"{count} runs offered")
+
+        flood = {
+            (await client.submit("bulk", [cell("w_echo", name=f"a{i}")])).task_id for i in range(12)
+        }
+        await offered(12)
+        trickle = {
+            (await client.submit("takedown", [cell("w_echo", name=f"b{i}")])).task_id
+            for i in range(3)
+        }
+        await offered(15)
+    polls: list[Counter[str]] = []
+    async with admin_channel(executor) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        for _ in range(3):
+            reply = await stub.PollRuns(
+                worker_pb2.PollRunsRequest(
+                    queues=["echo"], worker_id="fair-worker", max_runs=2, wait_ms=5000
+                )
+            )
+            assert {r.task_id for r in reply.runs} <= flood | trickle
+            polls.append(Counter("A" if r.task_id in flood else "B" for r in reply.runs))
+    assert polls == [Counter(A=1, B=1)] * 3, polls

@@ -17,12 +17,17 @@ for it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from dispo.libs.contracts.tasks import DEFAULT_PRIORITY
 from dispo.libs.db.driver import Conn, Row
+
+# How many of each business's next runs of a queue a taker reads, per run it may take: the
+# room to skip the ones other takers hold locked as it takes (see :func:`runs_take_many`).
+DEPTH = 2
 
 # A run's (task id, node id, attempt): what a pass waits for and a worker holds.
 RunKey = tuple[str, str, int]
@@ -50,6 +55,9 @@ class Offer:
     payload: bytes  # canonical JSON, references resolved
     # A probe run (ADR-0100) rather than the node's call.
     probe: bool = False
+    # Its task's business and priority: its place in the fair order (ADR-0109).
+    business: str = ""
+    priority: int = DEFAULT_PRIORITY
 
     @property
     def key(self) -> RunKey:
@@ -105,20 +113,23 @@ async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) ->
     offers = sorted(offers, key=lambda o: (o.task_id, o.node_id))
     rows = await conn.fetch(
         "INSERT INTO worker_runs (task_id, node_id, queue, owner, attempt, idempotency_key,"
-        " action, idempotent, timeout_ms, payload, offered_at, state, kind)"
+        " action, idempotent, timeout_ms, payload, offered_at, state, kind, business, priority)"
         " SELECT u.task, u.node, u.queue, u.owner, u.attempt, u.ikey, u.action, u.idem,"
-        " u.timeout, u.payload, :now, 'offered', u.kind"
+        " u.timeout, u.payload, :now, 'offered', u.kind, u.business, u.priority"
         " FROM unnest(CAST(:tasks AS text[]), CAST(:nodes AS text[]), CAST(:queues AS text[]),"
         " CAST(:owners AS text[]), CAST(:attempts AS integer[]), CAST(:ikeys AS text[]),"
         " CAST(:actions AS text[]), CAST(:idems AS boolean[]), CAST(:timeouts AS integer[]),"
-        " CAST(:payloads AS bytea[]), CAST(:kinds AS text[]))"
-        " AS u(task, node, queue, owner, attempt, ikey, action, idem, timeout, payload, kind)"
+        " CAST(:payloads AS bytea[]), CAST(:kinds AS text[]), CAST(:businesses AS text[]),"
+        " CAST(:priorities AS smallint[]))"
+        " AS u(task, node, queue, owner, attempt, ikey, action, idem, timeout, payload, kind,"
+        " business, priority)"
         " ON CONFLICT (task_id, node_id) DO UPDATE SET queue = excluded.queue,"
         " owner = excluded.owner, attempt = excluded.attempt,"
         " idempotency_key = excluded.idempotency_key, action = excluded.action,"
         " idempotent = excluded.idempotent, timeout_ms = excluded.timeout_ms,"
         " payload = excluded.payload, offered_at = excluded.offered_at, state = 'offered',"
-        " kind = excluded.kind, worker_id = NULL, lease_until = NULL, deadline = NULL,"
+        " kind = excluded.kind, business = excluded.business,"
+        " priority = excluded.priority, worker_id = NULL, lease_until = NULL, deadline = NULL,"
         " outcome = NULL, output = NULL, message = NULL, retryable = NULL, fenced = NULL"
         " WHERE excluded.kind = 'action' OR worker_runs.kind = 'probe'"
         " RETURNING task_id, node_id, attempt",
@@ -134,6 +145,8 @@ async def runs_offer_many(conn: Conn, offers: Sequence[Offer], now: datetime) ->
             "timeouts": [o.timeout_ms for o in offers],
             "payloads": [o.payload for o in offers],
             "kinds": ["probe" if o.probe else "action" for o in offers],
+            "businesses": [o.business for o in offers],
+            "priorities": [o.priority for o in offers],
             "now": now,
         },
     )
@@ -149,34 +162,77 @@ async def runs_take_many(
     lease_seconds: float,
     limits: Mapping[str, int] | None = None,
     probe_queues: Sequence[str] = (),
+    weights: Mapping[str, int] | None = None,
+    default_weight: int = 1,
+    paused: Collection[str] = (),
 ) -> list[Row]:
     """Take up to ``max_runs`` runs offered on ``queues`` (and probe runs offered on
-    ``probe_queues``), oldest first, for ``worker_id``: leased until ``lease_seconds`` from
-    ``now``, due by their action's timeout from ``now``. Runs another taker holds locked
-    are skipped, never waited for. A queue with a limit in ``limits`` (its
-    ``max_concurrency``) gives no more action runs than it has left: the limit less its
-    action runs taken now, counted in this statement — the caller holds the queue's lock
-    (:func:`queues_lock_many`) in the same transaction, so two takers count in turn. Probe
-    runs are not counted against the limit. The rows taken, whole."""
+    ``probe_queues``) for ``worker_id``: leased until ``lease_seconds`` from ``now``, due by
+    their action's timeout from ``now``. Runs another taker holds locked are skipped, never
+    waited for. A queue with a limit in ``limits`` (its ``max_concurrency``) gives no more
+    action runs than it has left: the limit less its action runs taken now, counted in this
+    statement — the caller holds the queue's lock (:func:`queues_lock_many`) in the same
+    transaction, so two takers count in turn. Probe runs are not counted against the limit.
+    The rows taken, whole.
+
+    The fair order (ADR-0109): a queue's action runs are taken in weighted round-robin
+    across businesses — a business's k-th next run (by priority, 1 first, then arrival) has
+    its turn at k / its weight (``weights``, else ``default_weight``), and runs go by turn,
+    then arrival — so one business's backlog does not hold another's runs back. The runs of
+    a business in ``paused`` are not taken. Probe runs go first, oldest first.
+
+    Each business's next runs of a queue are read from the index, as many as its weight's
+    share of :data:`DEPTH` × ``max_runs`` and one more, so a poll reads about that many
+    runs whatever the backlog and the number of businesses: a taker racing others that
+    hold more of them locked, or one whose businesses have fewer runs than their shares,
+    takes fewer this time and the rest on its next try."""
     if not (queues or probe_queues) or max_runs <= 0:
         return []
     names = sorted(set(queues))
     limits = limits or {}
+    weighed = sorted((weights or {}).items())
     return await conn.fetch(
-        "WITH q AS (SELECT * FROM unnest(CAST(:queues AS text[]), CAST(:caps AS integer[]))"
-        " AS q(queue, cap)),"
-        " actions AS (SELECT c.task_id, c.node_id, c.offered_at FROM q CROSS JOIN LATERAL"
-        " (SELECT r.task_id, r.node_id, r.offered_at FROM worker_runs r"
-        " WHERE r.queue = q.queue AND r.kind = 'action' AND r.state = 'offered'"
-        " ORDER BY r.offered_at"
+        "WITH RECURSIVE q AS (SELECT * FROM unnest(CAST(:queues AS text[]),"
+        " CAST(:caps AS integer[])) AS q(queue, cap)),"
+        " w AS (SELECT * FROM unnest(CAST(:businesses AS text[]), CAST(:weights AS integer[]))"
+        " AS w(business, weight)),"
+        # The businesses with runs offered on each queue, one index probe each.
+        " b AS (SELECT q.queue, (SELECT min(r.business) FROM worker_runs r"
+        " WHERE r.queue = q.queue AND r.kind = 'action' AND r.state = 'offered') AS business"
+        " FROM q UNION ALL SELECT b.queue, (SELECT min(r.business) FROM worker_runs r"
+        " WHERE r.queue = b.queue AND r.kind = 'action' AND r.state = 'offered'"
+        " AND r.business > b.business) FROM b WHERE b.business IS NOT NULL),"
+        # Their weights (a paused business's runs are not taken), and each queue's total.
+        " bw AS (SELECT b.queue, b.business, COALESCE(w.weight, :weight) AS weight,"
+        " sum(COALESCE(w.weight, :weight)) OVER (PARTITION BY b.queue) AS total"
+        " FROM b LEFT JOIN w ON w.business = b.business"
+        " WHERE b.business IS NOT NULL AND b.business <> ALL(CAST(:paused AS text[]))),"
+        # Each one's next runs (as many as its share of the room, and one), with their turns
+        # (a window: not in the SELECT that locks).
+        " ranked AS MATERIALIZED (SELECT c.task_id, c.node_id, c.queue, c.offered_at,"
+        " row_number() OVER (PARTITION BY c.queue, c.business"
+        " ORDER BY c.priority, c.offered_at, c.task_id, c.node_id)::float8 / c.weight AS turn"
+        " FROM bw CROSS JOIN LATERAL (SELECT r.task_id, r.node_id, r.queue, r.business,"
+        " r.priority, r.offered_at, bw.weight FROM worker_runs r WHERE r.queue = bw.queue"
+        " AND r.kind = 'action' AND r.state = 'offered' AND r.business = bw.business"
+        " ORDER BY r.priority, r.offered_at"
+        " LIMIT 1 + CAST(ceil(CAST(:depth AS integer) * bw.weight / CAST(bw.total AS float8))"
+        " AS integer)) c),"
+        " actions AS (SELECT l.task_id, l.node_id, l.offered_at, l.turn FROM q CROSS JOIN"
+        " LATERAL (SELECT r.task_id, r.node_id, r.offered_at, k.turn FROM (SELECT * FROM ranked k"
+        " WHERE k.queue = q.queue ORDER BY k.turn, k.offered_at LIMIT CAST(:depth AS integer)) k"
+        " JOIN worker_runs r ON r.task_id = k.task_id AND r.node_id = k.node_id"
+        " WHERE r.kind = 'action' AND r.state = 'offered'"
+        " ORDER BY k.turn, k.offered_at"
         " LIMIT CASE WHEN q.cap IS NULL THEN :n ELSE GREATEST(0, LEAST(:n, q.cap -"
         " (SELECT count(*) FROM worker_runs t WHERE t.queue = q.queue AND t.kind = 'action'"
-        " AND t.state = 'taken'))) END FOR UPDATE SKIP LOCKED) c),"
-        " probes AS (SELECT task_id, node_id, offered_at FROM worker_runs"
+        " AND t.state = 'taken'))) END FOR UPDATE OF r SKIP LOCKED) l),"
+        " probes AS (SELECT task_id, node_id, offered_at, CAST(0 AS float8) AS turn"
+        " FROM worker_runs"
         " WHERE kind = 'probe' AND state = 'offered' AND queue = ANY(CAST(:probes AS text[]))"
         " ORDER BY offered_at LIMIT :n FOR UPDATE SKIP LOCKED),"
         " picked AS (SELECT * FROM actions UNION ALL SELECT * FROM probes"
-        " ORDER BY offered_at LIMIT :n)"
+        " ORDER BY turn, offered_at LIMIT :n)"
         " UPDATE worker_runs r SET state = 'taken', worker_id = :worker, lease_until = :until,"
         " deadline = CAST(:now AS timestamptz) + r.timeout_ms * interval '1 millisecond'"
         " FROM picked p WHERE r.task_id = p.task_id AND r.node_id = p.node_id"
@@ -186,7 +242,12 @@ async def runs_take_many(
             "queues": names,
             "caps": [limits.get(q) for q in names],
             "probes": sorted(set(probe_queues)),
+            "businesses": [b for b, _ in weighed],
+            "weights": [max(1, w) for _, w in weighed],
+            "weight": max(1, default_weight),
+            "paused": sorted(set(paused)),
             "n": max_runs,
+            "depth": max_runs * DEPTH,
             "worker": worker_id,
             "until": now + timedelta(seconds=lease_seconds),
             "now": now,

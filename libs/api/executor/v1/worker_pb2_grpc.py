@@ -69,8 +69,10 @@ class WorkerServiceServicer:
     """
 
     def PollRuns(self, request, context):
-        """Take up to max_runs runs offered on the given queues, oldest first, each leased to
-        this worker until its lease_until. A long-poll: it answers as soon as it took at
+        """Take up to max_runs runs offered on the given queues, each leased to this worker
+        until its lease_until, in the fair order: weighted round-robin across businesses
+        (their weights in the business policy), then priority (1 first), then arrival; none of
+        a paused business's. A long-poll: it answers as soon as it took at
         least one run, or with none once wait_ms has passed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

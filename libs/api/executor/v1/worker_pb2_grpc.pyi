@@ -41,8 +41,10 @@ class WorkerServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkerServiceAsyncStub: ...
     PollRuns: _grpc.UnaryUnaryMultiCallable[_worker_pb2.PollRunsRequest, _worker_pb2.PollRunsResponse]
-    """Take up to max_runs runs offered on the given queues, oldest first, each leased to
-    this worker until its lease_until. A long-poll: it answers as soon as it took at
+    """Take up to max_runs runs offered on the given queues, each leased to this worker
+    until its lease_until, in the fair order: weighted round-robin across businesses
+    (their weights in the business policy), then priority (1 first), then arrival; none of
+    a paused business's. A long-poll: it answers as soon as it took at
     least one run, or with none once wait_ms has passed.
     """
     HeartbeatRuns: _grpc.UnaryUnaryMultiCallable[_worker_pb2.HeartbeatRunsRequest, _worker_pb2.HeartbeatRunsResponse]
@@ -79,8 +81,10 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     PollRuns: _aio.UnaryUnaryMultiCallable[_worker_pb2.PollRunsRequest, _worker_pb2.PollRunsResponse]  # type: ignore[assignment]
-    """Take up to max_runs runs offered on the given queues, oldest first, each leased to
-    this worker until its lease_until. A long-poll: it answers as soon as it took at
+    """Take up to max_runs runs offered on the given queues, each leased to this worker
+    until its lease_until, in the fair order: weighted round-robin across businesses
+    (their weights in the business policy), then priority (1 first), then arrival; none of
+    a paused business's. A long-poll: it answers as soon as it took at
     least one run, or with none once wait_ms has passed.
     """
     HeartbeatRuns: _aio.UnaryUnaryMultiCallable[_worker_pb2.HeartbeatRunsRequest, _worker_pb2.HeartbeatRunsResponse]  # type: ignore[assignment]
@@ -120,8 +124,10 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_pb2.PollRunsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.PollRunsResponse, _abc.Awaitable[_worker_pb2.PollRunsResponse]]:
-        """Take up to max_runs runs offered on the given queues, oldest first, each leased to
-        this worker until its lease_until. A long-poll: it answers as soon as it took at
+        """Take up to max_runs runs offered on the given queues, each leased to this worker
+        until its lease_until, in the fair order: weighted round-robin across businesses
+        (their weights in the business policy), then priority (1 first), then arrival; none of
+        a paused business's. A long-poll: it answers as soon as it took at
         least one run, or with none once wait_ms has passed.
         """
 
