@@ -643,7 +643,7 @@ async def test_the_bulk_guide_runs_twice_on_a_stack(tmp_path):
             assert "3 tasks would be cancelled (dry run)" in out, out
             assert "cancel DONE: 3 matched, 3 cancelled, 0 asked already" in out, out
             assert "statuses[0]" in out, out
-            assert "import withdrawn" in out, out  # the record's reason, listed
+            assert '"reason": "import withdrawn"' in out, out  # the record's reason, listed
             assert (await python(example, exported, stack)).splitlines() == ["0", "DONE 0"]
     finally:
         up.send_signal(signal.SIGINT)
