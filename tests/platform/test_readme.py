@@ -6,6 +6,7 @@ the guides can be run in sequence, twice, on one stack. The stack is started as 
 and downstream" says, with its catalogue and allow list (and the pool guide's target on it)."""
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -431,22 +433,24 @@ def test_ci_runs_the_readme_commands():
     assert test in ci, f"CI does not run {test!r}"
 
 
-@pytest.mark.timeout(300)
-async def test_the_waiting_guide_runs_twice_on_one_stack(tmp_path):
-    """docs/waiting.md's "Wait nodes" and "Signals", each section on its own, run as written
-    twice against `dispo up` with the example catalogue (gateway and executor): a review
-    waits, its verdict comes as a signal, and the owner is told it; a repeated signal is a
-    duplicate and an undeclared one is refused. No block has a key: a second run makes new
-    tasks, and meets nothing of the first."""
-    stack = Stack(tmp_path)
+@contextlib.asynccontextmanager
+async def dispo_up(
+    tmp_path: Path, stack: Stack, services: str = "", settings: dict[str, str] | None = None
+) -> AsyncIterator[tuple[dict[str, str], dict[str, str]]]:
+    """`dispo up` started in ``tmp_path`` as a newcomer runs it (on ``stack``'s ports, the
+    demo downstream on its moved port; ``services``: only those; ``settings``: more
+    DISPO_ variables), until it says the stack is up: its environment, and that
+    environment with the admin token exported. Stopped with Ctrl-C on the way out."""
     env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
     env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
     env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
-    env["DISPO_CONSOLE_PORT"] = "0"
+    env |= settings or {}
+    env["DISPO_CONSOLE_PORT"] = "0" if services else str(free_port())
+    only = ["--services", services] if services else []
     output = tmp_path / "up.out"
     with open(output, "wb") as out:
         up = subprocess.Popen(
-            [str(BIN / "dispo"), "up", "--services", "gateway,executor",
+            [str(BIN / "dispo"), "up", *only,
              "--nats-port", str(free_port()), "--demo-port", str(stack.moved[DEMO])],
             env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -457,7 +461,22 @@ async def test_the_waiting_guide_runs_twice_on_one_stack(tmp_path):
             return "Ctrl-C stops everything" in output.read_text()
 
         await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+        token = (tmp_path / ".dispo" / "admin.token").read_text()
+        yield env, {**env, "DISPO_TOKEN": token}
+    finally:
+        up.send_signal(signal.SIGINT)
+        await asyncio.to_thread(up.wait, 60)
+
+
+@pytest.mark.timeout(300)
+async def test_the_waiting_guide_runs_twice_on_one_stack(tmp_path):
+    """docs/waiting.md's "Wait nodes" and "Signals", each section on its own, run as written
+    twice against `dispo up` with the example catalogue (gateway and executor): a review
+    waits, its verdict comes as a signal, and the owner is told it; a repeated signal is a
+    duplicate and an undeclared one is refused. No block has a key: a second run makes new
+    tasks, and meets nothing of the first."""
+    stack = Stack(tmp_path)
+    async with dispo_up(tmp_path, stack, services="gateway,executor") as (env, exported):
         if shutil.which("jq") is None:
             pytest.skip("the guide picks ids with jq")
         waits = sh_blocks(section("docs/waiting.md", "Wait nodes"))
@@ -481,9 +500,6 @@ async def test_the_waiting_guide_runs_twice_on_one_stack(tmp_path):
                 '"owner_id":"user-8"}' in out
             ), out
             assert "(declared: verdict)" in out, out
-    finally:
-        up.send_signal(signal.SIGINT)
-        await asyncio.to_thread(up.wait, 60)
 
 
 async def run_blocks(blocks: list[str], env: dict[str, str], stack: Stack) -> str:
@@ -502,34 +518,7 @@ async def test_the_schedules_guide_runs_twice_on_a_stack(tmp_path):
     end, paused, changed, resumed and deleted; a bad time zone refused; then its Python
     example. Twice: the same create again answers the same schedule."""
     stack = Stack(tmp_path)
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
-    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
-    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
-    env["DISPO_CONSOLE_PORT"] = str(free_port())
-    output = tmp_path / "up.out"
-    with open(output, "wb") as out:
-        up = subprocess.Popen(
-            [
-                str(BIN / "dispo"),
-                "up",
-                "--nats-port",
-                str(free_port()),
-                "--demo-port",
-                str(stack.moved[DEMO]),
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-
-        def ready() -> bool:
-            assert up.poll() is None, output.read_text()
-            return "Ctrl-C stops everything" in output.read_text()
-
-        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+    async with dispo_up(tmp_path, stack) as (env, exported):
         [example] = re.findall(
             r"```python\n(.*?)```", section("docs/schedules.md", "From Python"), re.S
         )
@@ -541,9 +530,6 @@ async def test_the_schedules_guide_runs_twice_on_a_stack(tmp_path):
             assert "definition.spec.time_zone" in out, out
             assert '"paused": false' in out, out  # resume --json
             assert (await python(example, exported, stack)).startswith("20"), out
-    finally:
-        up.send_signal(signal.SIGINT)
-        await asyncio.to_thread(up.wait, 60)
 
 
 @pytest.mark.timeout(400)
@@ -567,25 +553,10 @@ async def test_the_workers_guide_runs_twice_on_one_stack(tmp_path):
     mine.write_text(mine.read_text().replace("127.0.0.1:8181", f"127.0.0.1:{stack.moved[DEMO]}"))
     settings = dict(re.findall(r"(DISPO_\w+)=(\S+)", start))
     assert start.strip().endswith(" dispo up") and set(settings) == {"DISPO_CATALOGUE"}, start
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
-    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
-    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
-    env |= settings
-    env["DISPO_CONSOLE_PORT"] = "0"
-    output = tmp_path / "up.out"
-    with open(output, "wb") as out:
-        up = subprocess.Popen(
-            [str(BIN / "dispo"), "up", "--services", "gateway,executor",
-             "--nats-port", str(free_port()), "--demo-port", str(stack.moved[DEMO])],
-            env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-
-        def ready() -> bool:
-            assert up.poll() is None, output.read_text()
-            return "Ctrl-C stops everything" in output.read_text()
-
-        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
+    async with dispo_up(tmp_path, stack, services="gateway,executor", settings=settings) as (
+        env,
+        exported,
+    ):
         if shutil.which("jq") is None:
             pytest.skip("the guide picks ids with jq")
         for _ in range(2):
@@ -598,9 +569,6 @@ async def test_the_workers_guide_runs_twice_on_one_stack(tmp_path):
             assert re.search(r"^tickets +\d+ +live ", out, re.M), out  # dispo queues
             assert '{"name":"tickets","live":true,"live_workers":' in out, out
             assert "refused, as it should be" in out and "PERMISSION_DENIED" in out, out
-    finally:
-        up.send_signal(signal.SIGINT)
-        await asyncio.to_thread(up.wait, 60)
 
 
 @pytest.mark.timeout(600)
@@ -609,34 +577,7 @@ async def test_the_bulk_guide_runs_twice_on_a_stack(tmp_path):
     bulk cancel followed to its end, its record listed; a finished status refused; then its
     Python example. Twice: each run's bulk cancel takes that run's three tasks alone."""
     stack = Stack(tmp_path)
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
-    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
-    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
-    env["DISPO_CONSOLE_PORT"] = str(free_port())
-    output = tmp_path / "up.out"
-    with open(output, "wb") as out:
-        up = subprocess.Popen(
-            [
-                str(BIN / "dispo"),
-                "up",
-                "--nats-port",
-                str(free_port()),
-                "--demo-port",
-                str(stack.moved[DEMO]),
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-
-        def ready() -> bool:
-            assert up.poll() is None, output.read_text()
-            return "Ctrl-C stops everything" in output.read_text()
-
-        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+    async with dispo_up(tmp_path, stack) as (env, exported):
         [example] = re.findall(r"```python\n(.*?)```", section("docs/bulk.md", "From Python"), re.S)
         for _ in range(2):
             out = await run_guide("bulk.md", exported, stack)
@@ -645,9 +586,6 @@ async def test_the_bulk_guide_runs_twice_on_a_stack(tmp_path):
             assert "statuses[0]" in out, out
             assert '"reason": "import withdrawn"' in out, out  # the record's reason, listed
             assert (await python(example, exported, stack)).splitlines() == ["0", "DONE 0"]
-    finally:
-        up.send_signal(signal.SIGINT)
-        await asyncio.to_thread(up.wait, 60)
 
 
 @pytest.mark.timeout(600)
@@ -657,34 +595,7 @@ async def test_the_catalogue_guide_runs_twice_on_a_stack(tmp_path):
     another; a dry run, a refused definition and a stale change; the file exported and
     checked back; then its Python example. Twice: the second run updates the cell."""
     stack = Stack(tmp_path)
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
-    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
-    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
-    env["DISPO_CONSOLE_PORT"] = str(free_port())
-    output = tmp_path / "up.out"
-    with open(output, "wb") as out:
-        up = subprocess.Popen(
-            [
-                str(BIN / "dispo"),
-                "up",
-                "--nats-port",
-                str(free_port()),
-                "--demo-port",
-                str(stack.moved[DEMO]),
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-
-        def ready() -> bool:
-            assert up.poll() is None, output.read_text()
-            return "Ctrl-C stops everything" in output.read_text()
-
-        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+    async with dispo_up(tmp_path, stack) as (env, exported):
         [example] = re.findall(
             r"```python\n(.*?)```", section("docs/catalogue.md", "From Python"), re.S
         )
@@ -697,9 +608,6 @@ async def test_the_catalogue_guide_runs_twice_on_a_stack(tmp_path):
             assert "no difference" in out and "+  welcome_owner:" in out, out
             printed = await python(example, exported, stack)
             assert printed.rstrip().endswith("welcome /welcome/user-3"), printed
-    finally:
-        up.send_signal(signal.SIGINT)
-        await asyncio.to_thread(up.wait, 60)
 
 
 @pytest.mark.timeout(600)
@@ -708,28 +616,7 @@ async def test_the_fairness_guide_runs_twice_on_a_stack(tmp_path):
     1; its business paused, a task waits ACCEPTED (its paused depth listed) and runs once
     resumed; then its Python example. Twice: a pause of a paused business changes nothing."""
     stack = Stack(tmp_path)
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
-    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
-    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
-    env["DISPO_CONSOLE_PORT"] = str(free_port())
-    output = tmp_path / "up.out"
-    with open(output, "wb") as out:
-        up = subprocess.Popen(
-            [str(BIN / "dispo"), "up", "--nats-port", str(free_port()), "--demo-port",
-             str(stack.moved[DEMO])],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-
-        def ready() -> bool:
-            assert up.poll() is None, output.read_text()
-            return "Ctrl-C stops everything" in output.read_text()
-
-        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+    async with dispo_up(tmp_path, stack) as (env, exported):
         [example] = re.findall(
             r"```python\n(.*?)```", section("docs/fairness.md", "From Python"), re.S
         )
@@ -739,9 +626,6 @@ async def test_the_fairness_guide_runs_twice_on_a_stack(tmp_path):
             assert '"paused_reason": "held during the incident"' in out, out  # the pause
             assert "ACCEPTED" in out and "SUCCEEDED" in out, out
             assert (await python(example, exported, stack)).strip() == "1", out
-    finally:
-        up.send_signal(signal.SIGINT)
-        await asyncio.to_thread(up.wait, 60)
 
 
 async def test_the_limits_section_of_the_pipeline_guide_runs_on_a_stack(tmp_path):
@@ -749,34 +633,7 @@ async def test_the_limits_section_of_the_pipeline_guide_runs_on_a_stack(tmp_path
     downstream of the shipped catalogue with its limits and the share the stack's executor
     holds of them (the whole of each: it is the only one)."""
     stack = Stack(tmp_path)
-    env = {**os.environ, "DISPO_DATA_DIR": str(tmp_path / ".dispo"), "PATH": f"{BIN}:/usr/bin:/bin"}
-    env |= {f"DISPO_{name.upper()}_PORT": str(port) for name, port in stack.ports.items()}
-    env |= {f"DISPO_{name.upper()}_METRICS_PORT": str(free_port()) for name in SERVICES}
-    env["DISPO_CONSOLE_PORT"] = str(free_port())
-    output = tmp_path / "up.out"
-    with open(output, "wb") as out:
-        up = subprocess.Popen(
-            [
-                str(BIN / "dispo"),
-                "up",
-                "--nats-port",
-                str(free_port()),
-                "--demo-port",
-                str(stack.moved[DEMO]),
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-
-        def ready() -> bool:
-            assert up.poll() is None, output.read_text()
-            return "Ctrl-C stops everything" in output.read_text()
-
-        await eventually(ready, timeout=120, interval=0.1, wanted="the stack up")
-        exported = {**env, "DISPO_TOKEN": (tmp_path / ".dispo" / "admin.token").read_text()}
+    async with dispo_up(tmp_path, stack) as (env, exported):
         blocks = sh_blocks(section("docs/pipeline.md", "Limits across the cluster"))
         assert len(blocks) == 1, blocks
 
@@ -790,6 +647,3 @@ async def test_the_limits_section_of_the_pipeline_guide_runs_on_a_stack(tmp_path
         )
         assert "max at once" in out and "labels" in out and "review" in out, out
         assert '"max_concurrency": 16' in out and '"cluster_slots": 16' in out, out
-    finally:
-        up.send_signal(signal.SIGINT)
-        await asyncio.to_thread(up.wait, 60)
