@@ -29,6 +29,7 @@ Every test database holds an admin token and each service's token (``tokens``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -268,6 +269,26 @@ class FileClockControl:
 
         self.set(self.now + timedelta(**delta))
         return self.now
+
+    @contextlib.asynccontextmanager
+    async def running(self, every: float = 0.1) -> AsyncIterator[None]:
+        """The clock moves on at the pace of real time while the block runs, as a real
+        clock does: a part that went to sleep on it after the last ``advance`` (a renewal,
+        a heartbeat, a sweep) wakes again, where a clock held still would keep it asleep."""
+        from datetime import timedelta
+
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(every)
+                self.set(self.now + timedelta(seconds=every))
+
+        ticking = asyncio.create_task(tick())
+        try:
+            yield
+        finally:
+            ticking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticking
 
 
 @pytest.fixture

@@ -193,7 +193,8 @@ async def test_timeouts_fail_or_succeed_with_the_default_on_the_executors_clock(
         assert statuses(view)["review.verdict"] == "WAITING", dump(view)
 
         file_clock.advance(seconds=2)  # past the lenient one's minute
-        done = await client.wait(lenient.task_id, timeout=30)
+        async with file_clock.running():  # what follows the wait runs on a moving clock
+            done = await client.wait(lenient.task_id, timeout=30)
         assert done.status == "SUCCEEDED", dump(done)
         assert done.node("review.verdict").output == {"verdict": "approved", "note": "no answer"}
         state = await downstream.state()
@@ -204,7 +205,8 @@ async def test_timeouts_fail_or_succeed_with_the_default_on_the_executors_clock(
         assert statuses(view)["review.verdict"] == "WAITING", dump(view)
 
         file_clock.advance(seconds=3600)  # past the strict one's hour
-        failed = await client.wait(strict.task_id, timeout=30)
+        async with file_clock.running():
+            failed = await client.wait(strict.task_id, timeout=30)
     assert failed.status == "FAILED", dump(failed)
     assert statuses(failed) == {
         "review.verdict": "FAILED",

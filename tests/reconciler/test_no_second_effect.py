@@ -83,7 +83,12 @@ async def test_a_paused_executor_sends_nothing_it_claimed_once_its_lease_was_tak
     calls, effects = await downstream.calls(), await downstream.effects()
     assert effects[a] == 1 and effects[c] == 1, effects
     assert calls[a] == 2 and calls[c] == 1, calls  # c: only executor 2's call
-    assert logged(first, "lease lost", task_id=task.task_id)
+    # Found lost by its heartbeat or by the step that records a's late result, whichever
+    # comes first after SIGCONT: either way the pass stopped as a loser.
+    assert any(
+        logged(first, event, task_id=task.task_id)
+        for event in ("lease lost", "lease lost; stopping pass")
+    )
 
 
 async def test_an_effect_that_lands_after_the_call_was_given_up_is_found_not_repeated(
