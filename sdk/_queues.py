@@ -18,7 +18,9 @@ EXECUTOR_ADDRESS = "127.0.0.1:50052"
 class WorkerQueue:
     """One queue of worker actions: its workers seen within a run lease (``live_workers``;
     ``live`` while there is one), when one was last seen, its runs ``offered`` (waiting for
-    a worker) and ``taken``, and its ``max_concurrency`` (0: no limit)."""
+    a worker) and ``taken``, its ``max_concurrency`` and ``max_calls_per_second`` (0: no
+    limit), and its runs taken in the last whole second (``taken_last_second``, counted
+    when it has a ``max_calls_per_second``)."""
 
     name: str
     live_workers: int
@@ -27,6 +29,8 @@ class WorkerQueue:
     offered: int
     taken: int
     max_concurrency: int
+    max_calls_per_second: int = 0
+    taken_last_second: int = 0
 
     @classmethod
     def from_proto(cls, queue: executor_pb2.Queue) -> WorkerQueue:
@@ -38,6 +42,8 @@ class WorkerQueue:
             queue.offered,
             queue.taken,
             queue.max_concurrency,
+            queue.max_calls_per_second,
+            queue.taken_last_second,
         )
 
 

@@ -47,11 +47,12 @@ class Downstream:
 
 @dataclass(frozen=True)
 class Queue:
-    """A worker actions' queue: how many of its runs may be taken at once, across every
-    worker serving it (0: no limit)."""
+    """A worker actions' queue: how many of its runs may be taken at once, and how many in
+    one second, across every worker and executor (0: no limit; ADR-0101, ADR-0108)."""
 
     name: str
     max_concurrency: int = 0
+    max_calls_per_second: int = 0
 
 
 @dataclass(frozen=True)
@@ -477,14 +478,21 @@ def _queue(name: str, raw: Any) -> Queue:
     if not _NAME.fullmatch(name):
         raise CatalogueError(f"{where}: bad queue name")
     raw = raw or {}
-    if not isinstance(raw, dict) or set(raw) - {"max_concurrency"}:
-        raise CatalogueError(f"{where}: a mapping with max_concurrency")
-    limit = raw.get("max_concurrency", 0)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise CatalogueError(
-            f"{where}.max_concurrency: must be a whole number of runs (0: no limit), got {limit!r}"
-        )
-    return Queue(name, limit)
+    if not isinstance(raw, dict) or set(raw) - set(_QUEUE_LIMITS):
+        raise CatalogueError(f"{where}: a mapping with max_concurrency, max_calls_per_second")
+    limits = []
+    for key in _QUEUE_LIMITS:
+        limit = raw.get(key, 0)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise CatalogueError(
+                f"{where}.{key}: must be a whole number of runs (0: no limit), got {limit!r}"
+            )
+        limits.append(limit)
+    return Queue(name, *limits)
+
+
+# A queue's limits, in the order Queue declares them.
+_QUEUE_LIMITS = ("max_concurrency", "max_calls_per_second")
 
 
 def parse_catalogue(data: dict[str, Any]) -> Catalogue:

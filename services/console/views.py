@@ -405,7 +405,8 @@ def downstream_rows(
 @dataclass(frozen=True)
 class WorkerQueueRow:
     """One worker queue on the Downstreams page (the executor's ListQueues): its live
-    workers, when one was last seen, runs offered and taken, its limit (0: none)."""
+    workers, when one was last seen, runs offered and taken, its limits (0: none) and its
+    runs taken in the last whole second."""
 
     name: str
     live_workers: int
@@ -414,6 +415,8 @@ class WorkerQueueRow:
     offered: int
     taken: int
     max_concurrency: int
+    max_calls_per_second: int = 0
+    taken_last_second: int = 0
     # "bad": runs wait on a queue no worker serves (they are demoted once it stays so).
     health_tone: str = ""
 
@@ -428,6 +431,8 @@ def worker_queue_rows(queues: list[epb.Queue]) -> list[WorkerQueueRow]:
             q.offered,
             q.taken,
             q.max_concurrency,
+            q.max_calls_per_second,
+            q.taken_last_second,
             "good" if q.live else ("bad" if q.offered else ""),
         )
         for q in queues

@@ -72,11 +72,14 @@ async def build_executor(
         policy.weight,
         tuple(policy.businesses),
         call_timeouts(catalogue),
+        queue_rates(catalogue),
     )
     # The catalogue's newer versions, from the gateway (ADR-0111): the file is the start.
     follower = CatalogueFollower(
         rt.channel(catalogue_settings.catalogue_gateway_address),
-        lambda _, newer: executor.use_catalogue(newer.downstreams, queue_limits(newer)),
+        lambda _, newer: executor.use_catalogue(
+            newer.downstreams, queue_limits(newer), queue_rates(newer)
+        ),
     )
     await on_catalogue_changed(rt.bus, follower.check)
     rt.add_periodic(
@@ -90,6 +93,13 @@ async def build_executor(
 def queue_limits(catalogue: Catalogue) -> dict[str, int]:
     """The declared limits of the catalogue's queues (0: none, left out)."""
     return {q.name: q.max_concurrency for q in catalogue.queues.values() if q.max_concurrency}
+
+
+def queue_rates(catalogue: Catalogue) -> dict[str, int]:
+    """The declared runs a second of the catalogue's queues (0: none, left out)."""
+    return {
+        q.name: q.max_calls_per_second for q in catalogue.queues.values() if q.max_calls_per_second
+    }
 
 
 def call_timeouts(catalogue: Catalogue) -> dict[str, float]:

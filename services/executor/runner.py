@@ -134,6 +134,7 @@ class Executor:
         weight: Callable[[str], int] = equal,
         policy_businesses: tuple[str, ...] = (),
         timeouts: dict[str, float] | None = None,
+        queue_rates: dict[str, int] | None = None,
     ) -> None:
         self.db = db
         self.relay = relay
@@ -210,6 +211,7 @@ class Executor:
                 {b: weight(b) for b in policy_businesses},
                 weight(""),  # no business is named "": the policy's default
                 lambda: self.intake.paused,
+                dict(queue_rates or {}),
             ),
             self.commits.complete,
         )
@@ -217,7 +219,12 @@ class Executor:
         # delivery of its message waits until the first pass ends).
         self.in_hand: set[str] = set()
 
-    def use_catalogue(self, registry: dict[str, Downstream], queue_limits: dict[str, int]) -> None:
+    def use_catalogue(
+        self,
+        registry: dict[str, Downstream],
+        queue_limits: dict[str, int],
+        queue_rates: dict[str, int] | None = None,
+    ) -> None:
         """Take a newer catalogue version's downstreams and queue limits (ADR-0111). A new
         downstream gets its breaker and call slots; a changed limit new slots for the calls
         that start from now on (those under way give theirs back where they took them); a
@@ -248,9 +255,11 @@ class Executor:
                         self.paces.pop(name, None)
         # The passes read the same maps (an empty one given at start was replaced there).
         self.passes.breakers, self.passes.slots = self.breakers, self.slots
-        limits = self.worker_runs.policy.limits
-        limits.clear()
-        limits.update(queue_limits)
+        policy = self.worker_runs.policy
+        policy.limits.clear()
+        policy.limits.update(queue_limits)
+        policy.rates.clear()
+        policy.rates.update(queue_rates or {})
 
     # ---- task.create -------------------------------------------------------------------
     async def handle_create(self, env: task_pb2.Task) -> Disposition:

@@ -86,6 +86,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                 offered=q.offered,
                 taken=q.taken,
                 max_concurrency=q.max_concurrency,
+                max_calls_per_second=q.max_calls_per_second,
+                taken_last_second=q.taken_last_second,
             )
             if q.last_seen is not None:
                 item.last_seen.CopyFrom(to_timestamp(q.last_seen))

@@ -16,6 +16,7 @@ import asyncio
 import base64
 import contextlib
 import json
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from datetime import datetime, timedelta
 from dispo.executor.actions import Result, failed, output_result
 from dispo.executor.domain import ActionSpec
 from dispo.executor.failures import CallOutcome
+from dispo.executor.queue_pace import counted, last_second, turns
 from dispo.executor.store import queues as presence
 from dispo.executor.store import worker_runs as store
 from dispo.executor.store.worker_runs import Completion, Offer, Outcome, RunKey
@@ -36,6 +38,9 @@ log = get_logger(__name__)
 # other executors offered.
 MAX_WAIT_MS = 30_000
 RECHECK_SECONDS = 0.2
+# A poll whose queues' paces are all spent waits for the next turn, and at least this long
+# (s of the clock): pollers that miss a turn do not race for every one after it.
+TURN_SECONDS = 0.05
 # How often the runs this process waits for are checked (s of the executor's clock).
 CHECK_SECONDS = 0.1
 RELEASED = "handed back by its worker as it shut down (its handler may have had its effect)"
@@ -133,7 +138,8 @@ class Taken:
 @dataclass(frozen=True)
 class QueueState:
     """A queue as the executor sees it now: its live workers (seen within a run lease), the
-    last time any of its workers was seen, its runs offered and taken, its limit."""
+    last time any of its workers was seen, its runs offered and taken, its limits, and its
+    runs taken in the last whole second (across the cluster)."""
 
     queue: str
     live_workers: int = 0
@@ -141,6 +147,8 @@ class QueueState:
     offered: int = 0
     taken: int = 0
     max_concurrency: int = 0
+    max_calls_per_second: int = 0
+    taken_last_second: int = 0
 
     @property
     def live(self) -> bool:
@@ -151,15 +159,17 @@ class QueueState:
 class QueuePolicy:
     """What the executor holds its queues to: how long a run may wait offered on a queue
     with no live worker before its node is demoted (ADR-0101), each declared queue's
-    ``max_concurrency`` (0: no limit), and the fair order its runs are taken in (ADR-0109):
-    the weights of the businesses the policy names (any other has ``default_weight``) and
-    the businesses paused now (their runs stay offered)."""
+    ``max_concurrency`` (``limits``) and ``max_calls_per_second`` (``rates``; 0 or absent:
+    no limit; ADR-0108), and the fair order its runs are taken in (ADR-0109): the weights
+    of the businesses the policy names (any other has ``default_weight``) and the
+    businesses paused now (their runs stay offered)."""
 
     idle_seconds: float = 30.0
     limits: dict[str, int] = field(default_factory=dict)
     weights: dict[str, int] = field(default_factory=dict)
     default_weight: int = 1
     paused: Callable[[], Collection[str]] = tuple
+    rates: dict[str, int] = field(default_factory=dict)
 
 
 def withdrawable(
@@ -315,22 +325,25 @@ class WorkerRuns:
     async def queues(self) -> list[QueueState]:
         """Every queue with a limit, a worker seen or a run, as it is now."""
         now = self.clock.now()
+        limits, rates = self.policy.limits, self.policy.rates
         async with self.db.connection() as conn:
             rows = await presence.queues_summary(conn, now - timedelta(seconds=self.lease_seconds))
+            paces = await presence.queue_paces_many(conn, list(rates))
         found = {
-            r.queue: QueueState(
-                r.queue,
-                r.live_workers,
-                r.last_seen,
-                r.offered,
-                r.taken,
-                self.policy.limits.get(r.queue, 0),
-            )
+            r.queue: QueueState(r.queue, r.live_workers, r.last_seen, r.offered, r.taken)
             for r in rows
         }
-        for name, limit in self.policy.limits.items():
-            found.setdefault(name, QueueState(name, max_concurrency=limit))
-        return [found[name] for name in sorted(found)]
+        for name in {*limits, *rates}:
+            found.setdefault(name, QueueState(name))
+        return [
+            replace(
+                found[name],
+                max_concurrency=limits.get(name, 0),
+                max_calls_per_second=rates.get(name, 0),
+                taken_last_second=last_second(paces.get(name), now) if rates.get(name) else 0,
+            )
+            for name in sorted(found)
+        ]
 
     async def mark(self, queues: Sequence[str], worker_id: str) -> None:
         """The worker is live on ``queues`` now (written at most every
@@ -370,8 +383,14 @@ class WorkerRuns:
         while True:
             offered = self._offered
             await self.mark(queues, worker_id)
-            rows = await self._take(queues, worker_id, max_runs, probe_queues)
+            rows, turn = await self._take(queues, worker_id, max_runs, probe_queues)
             left = end - loop.time()
+            if not rows and left > 0 and turn is not None:
+                # Every queue's pace is spent: the next turn, not the next offer.
+                wait = max(TURN_SECONDS, (turn - self.clock.now()).total_seconds())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.clock.sleep(wait), min(wait, left))
+                continue
             if rows or left <= 0:
                 return [
                     Taken(
@@ -390,26 +409,42 @@ class WorkerRuns:
 
     async def _take(
         self, queues: Sequence[str], worker_id: str, max_runs: int, probe_queues: Sequence[str]
-    ) -> list[Row]:
+    ) -> tuple[list[Row], datetime | None]:
         """One try at taking runs; the queues with a limit are locked for it, so their
-        taken runs are counted by one taker at a time (across executor processes)."""
+        taken runs are counted by one taker at a time (across executor processes). A paced
+        queue (``rates``) gives what its pace leaves now, and the runs taken are counted in
+        its row before the lock is let go. The runs taken, and, when every queue asked for
+        is paced and spent, when the soonest of them has its next turn."""
         policy = self.policy
         limits = {q: policy.limits[q] for q in queues if policy.limits.get(q)}
+        rates = {q: policy.rates[q] for q in queues if policy.rates.get(q)}
         now = self.clock.now()
         paused = policy.paused()
 
-        async def take(conn: Conn) -> list[Row]:
+        async def take(conn: Conn, rooms: dict[str, int] | None = None) -> list[Row]:
             return await store.runs_take_many(
                 conn, queues, worker_id, max_runs, now, self.lease_seconds, limits or None,
-                probe_queues, policy.weights, policy.default_weight, paused,
+                probe_queues, policy.weights, policy.default_weight, paused, rooms,
             )  # fmt: skip
 
-        if not limits:
+        if not limits and not rates:
             async with self.db.connection() as conn:
-                return await take(conn)
+                return await take(conn), None
         async with self.db.transaction() as conn:
-            await store.queues_lock_many(conn, list(limits))
-            return await take(conn)
+            await store.queues_lock_many(conn, [*limits, *rates])
+            if not rates:
+                return await take(conn), None
+            paces = await presence.queue_paces_many(conn, list(rates))
+            due = {q: turns(rate, now, paces.get(q)) for q, rate in rates.items()}
+            rows = await take(conn, {q: t.room for q, t in due.items()})
+            took = Counter(r.queue for r in rows if r.kind == "action" and r.queue in rates)
+            await presence.queue_paces_put_if_later_many(
+                conn, {q: counted(paces.get(q), now, n) for q, n in took.items()}
+            )
+        spent = [t.next for t in due.values() if t.next is not None]
+        if len(spent) < len(set(queues)):
+            return rows, None
+        return rows, min(spent)
 
     # ``queues`` (below): the queues the caller may serve (None: every queue); a run of
     # another queue is not held by it.

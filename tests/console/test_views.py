@@ -196,6 +196,14 @@ def test_a_queue_with_runs_and_no_live_worker_is_red_a_live_one_green():
     assert "No worker queue" in rendered("_worker_queue_rows.html", worker_queues=[])
 
 
+def test_a_paced_queue_shows_its_runs_of_the_last_second_against_its_most_a_second():
+    paced = epb.Queue(name="labels", max_calls_per_second=5, taken_last_second=4)
+    rows = worker_queue_rows([paced, epb.Queue(name="free")])
+    page = rendered("_worker_queue_rows.html", worker_queues=rows)
+    assert re.search(r'data-queue="labels">(?s:.)*?<td class="per-second">4/5</td>', page), page
+    assert re.search(r'data-queue="free">(?s:.)*?<td class="per-second">none</td>', page), page
+
+
 def test_a_paused_business_shows_who_paused_it_its_depth_and_a_confirmed_resume():
     rows = business_rows(
         [

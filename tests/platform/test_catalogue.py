@@ -9,6 +9,7 @@ from dispo.libs.catalogue import (
     CatalogueSettings,
     Conflict,
     Downstream,
+    Queue,
     load_catalogue,
     load_configured_catalogue,
     parse_catalogue,
@@ -90,6 +91,18 @@ def test_the_reconciler_takes_downstreams_and_conflicts_from_the_catalogue():
         ),
         ({"downstreams": {"d": {"timeout_ms": 10}}}, "downstreams.d.base_url is required"),
         ({"downstreams": ["d"]}, "downstreams: must be a mapping"),
+        (
+            {"queues": {"q": {"max_calls_per_second": -1}}},
+            r"queues.q.max_calls_per_second: must be a whole number of runs \(0: no limit\)",
+        ),
+        (
+            {"queues": {"q": {"max_calls_per_second": 2.5}}},
+            r"queues.q.max_calls_per_second: must be a whole number of runs",
+        ),
+        (
+            {"queues": {"q": {"max_runs_per_second": 2}}},
+            r"queues.q: a mapping with max_concurrency, max_calls_per_second",
+        ),
         (
             {"cells": {"x": {"actions": {"a": {"kind": "noop"}}, "conflict": {"key": "id"}}}},
             r"cells.x.conflict.key: must name a field of the cell, got 'id'",
@@ -292,3 +305,11 @@ def test_a_cells_label_fields_are_string_or_integer_fields_named_as_label_keys()
     ]:
         with pytest.raises(CatalogueError, match=message):
             parse_catalogue(labelled(labels))
+
+
+def test_a_queue_declares_its_runs_at_once_and_a_second():
+    catalogue = parse_catalogue(
+        {"queues": {"a": {"max_concurrency": 2, "max_calls_per_second": 5}, "b": None}}
+    )
+    assert catalogue.queues["a"] == Queue("a", max_concurrency=2, max_calls_per_second=5)
+    assert catalogue.queues["b"] == Queue("b")

@@ -455,12 +455,18 @@ _QUEUE_COLUMNS: list[Column] = [
     ("offered", lambda q: q.offered),
     ("taken", lambda q: q.taken),
     ("max", lambda q: q.max_concurrency or ""),
+    (
+        "per second",
+        lambda q: (
+            f"{q.taken_last_second}/{q.max_calls_per_second}" if q.max_calls_per_second else ""
+        ),
+    ),
 ]
 
 
 def queues(ctx: typer.Context, as_json: JSON_OPTION = False) -> None:
-    """Each worker queue: its live workers, runs offered and taken, its limit (the
-    executor's ListQueues)."""
+    """Each worker queue: its live workers, runs offered and taken, its limits: runs at once,
+    and runs taken in the last second of its most a second (the executor's ListQueues)."""
     with _stub(ctx, "executor", executor_pb2_grpc.ExecutorServiceStub) as executor:
         reply = executor.ListQueues(epb.ListQueuesRequest(), timeout=CALL_SECONDS)
     show(reply, as_json, lambda r: table(r.queues, _QUEUE_COLUMNS))

@@ -1,13 +1,19 @@
 """The ``worker_presence`` rows (ADR-0101): when a worker last showed itself (a poll or a
 heartbeat) on each queue it serves, written at most once a second per worker; a queue is
 live while one of its workers was seen within a run lease. With the ``worker_runs`` rows,
-what each queue has now: live workers, runs offered and taken."""
+what each queue has now: live workers, runs offered and taken.
+
+The ``queue_paces`` rows (ADR-0108, "Worker queues"): the runs of each queue with a
+``max_calls_per_second`` taken in its latest second and the one before, read and written
+by the claim that takes them, under the queue's lock (:mod:`dispo.executor.queue_pace`
+decides)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
 
+from dispo.executor.queue_pace import Count
 from dispo.libs.db.driver import Conn, Row
 
 
@@ -49,4 +55,39 @@ async def queues_summary(conn: Conn, live_since: datetime) -> list[Row]:
         " COALESCE(r.taken, 0) AS taken FROM p FULL JOIN r ON r.queue = p.queue"
         " ORDER BY 1",
         {"since": live_since},
+    )
+
+
+async def queue_paces_many(conn: Conn, queues: Sequence[str]) -> dict[str, Count]:
+    """What each of ``queues`` records of its runs a second (a queue with no row: none
+    taken yet)."""
+    if not queues:
+        return {}
+    rows = await conn.fetch(
+        "SELECT queue, second, taken, last FROM queue_paces"
+        " WHERE queue = ANY(CAST(:queues AS text[]))",
+        {"queues": sorted(set(queues))},
+    )
+    return {r.queue: Count(r.second, r.taken, r.last) for r in rows}
+
+
+async def queue_paces_put_if_later_many(conn: Conn, counts: dict[str, Count]) -> None:
+    """Write each queue's count, unless its row already records a later second (never moved
+    back); the caller holds the queues' locks (:func:`..worker_runs.queues_lock_many`)."""
+    if not counts:
+        return
+    names = sorted(counts)
+    await conn.fetch(
+        "INSERT INTO queue_paces (queue, second, taken, last)"
+        " SELECT * FROM unnest(CAST(:queues AS text[]), CAST(:seconds AS bigint[]),"
+        " CAST(:taken AS integer[]), CAST(:last AS integer[]))"
+        " ON CONFLICT (queue) DO UPDATE SET second = excluded.second,"
+        " taken = excluded.taken, last = excluded.last"
+        " WHERE queue_paces.second <= excluded.second",
+        {
+            "queues": names,
+            "seconds": [counts[q].second for q in names],
+            "taken": [counts[q].taken for q in names],
+            "last": [counts[q].last for q in names],
+        },
     )

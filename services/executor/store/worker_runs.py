@@ -165,6 +165,7 @@ async def runs_take_many(
     weights: Mapping[str, int] | None = None,
     default_weight: int = 1,
     paused: Collection[str] = (),
+    rooms: Mapping[str, int] | None = None,
 ) -> list[Row]:
     """Take up to ``max_runs`` runs offered on ``queues`` (and probe runs offered on
     ``probe_queues``) for ``worker_id``: leased until ``lease_seconds`` from ``now``, due by
@@ -172,8 +173,9 @@ async def runs_take_many(
     waited for. A queue with a limit in ``limits`` (its ``max_concurrency``) gives no more
     action runs than it has left: the limit less its action runs taken now, counted in this
     statement — the caller holds the queue's lock (:func:`queues_lock_many`) in the same
-    transaction, so two takers count in turn. Probe runs are not counted against the limit.
-    The rows taken, whole.
+    transaction, so two takers count in turn. A queue in ``rooms`` gives no more action runs
+    than its room (what its pace leaves this turn, :mod:`dispo.executor.queue_pace`). Probe
+    runs are not counted against either. The rows taken, whole.
 
     The fair order (ADR-0109): a queue's action runs are taken in weighted round-robin
     across businesses — a business's k-th next run (by priority, 1 first, then arrival) has
@@ -193,7 +195,7 @@ async def runs_take_many(
     weighed = sorted((weights or {}).items())
     return await conn.fetch(
         "WITH RECURSIVE q AS (SELECT * FROM unnest(CAST(:queues AS text[]),"
-        " CAST(:caps AS integer[])) AS q(queue, cap)),"
+        " CAST(:caps AS integer[]), CAST(:rooms AS integer[])) AS q(queue, cap, room)),"
         " w AS (SELECT * FROM unnest(CAST(:businesses AS text[]), CAST(:weights AS integer[]))"
         " AS w(business, weight)),"
         # The businesses with runs offered on each queue, one index probe each.
@@ -224,9 +226,10 @@ async def runs_take_many(
         " JOIN worker_runs r ON r.task_id = k.task_id AND r.node_id = k.node_id"
         " WHERE r.kind = 'action' AND r.state = 'offered'"
         " ORDER BY k.turn, k.offered_at"
-        " LIMIT CASE WHEN q.cap IS NULL THEN :n ELSE GREATEST(0, LEAST(:n, q.cap -"
-        " (SELECT count(*) FROM worker_runs t WHERE t.queue = q.queue AND t.kind = 'action'"
-        " AND t.state = 'taken'))) END FOR UPDATE OF r SKIP LOCKED) l),"
+        # (LEAST passes over a NULL: a queue without a room or a cap is bound by :n alone)
+        " LIMIT CASE WHEN q.cap IS NULL THEN LEAST(:n, q.room) ELSE GREATEST(0, LEAST(:n, q.room,"
+        " q.cap - (SELECT count(*) FROM worker_runs t WHERE t.queue = q.queue"
+        " AND t.kind = 'action' AND t.state = 'taken'))) END FOR UPDATE OF r SKIP LOCKED) l),"
         " probes AS (SELECT task_id, node_id, offered_at, CAST(0 AS float8) AS turn"
         " FROM worker_runs"
         " WHERE kind = 'probe' AND state = 'offered' AND queue = ANY(CAST(:probes AS text[]))"
@@ -241,6 +244,7 @@ async def runs_take_many(
         {
             "queues": names,
             "caps": [limits.get(q) for q in names],
+            "rooms": [(rooms or {}).get(q) for q in names],
             "probes": sorted(set(probe_queues)),
             "businesses": [b for b, _ in weighed],
             "weights": [max(1, w) for _, w in weighed],

@@ -26,17 +26,17 @@ from dispo.libs.api.common.v1 import common_pb2 as dispo_dot_common_dot_v1_dot_c
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n dispo/executor/v1/executor.proto\x12\x11\x64ispo.executor.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x01\n\rBusinessState\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x05\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12-\n\tpaused_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpaused_by\x18\x05 \x01(\t\x12\x15\n\rpaused_reason\x18\x06 \x01(\t\x12\x14\n\x0cwaiting_here\x18\x07 \x01(\x03\"G\n\x14PauseBusinessRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"K\n\x15PauseBusinessResponse\x12\x32\n\x08\x62usiness\x18\x01 \x01(\x0b\x32 .dispo.executor.v1.BusinessState\")\n\x15ResumeBusinessRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\"L\n\x16ResumeBusinessResponse\x12\x32\n\x08\x62usiness\x18\x01 \x01(\x0b\x32 .dispo.executor.v1.BusinessState\"\x17\n\x15ListBusinessesRequest\"N\n\x16ListBusinessesResponse\x12\x34\n\nbusinesses\x18\x01 \x03(\x0b\x32 .dispo.executor.v1.BusinessState\"\x13\n\x11ListQueuesRequest\"\xa1\x01\n\x05Queue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0clive_workers\x18\x02 \x01(\x05\x12\x0c\n\x04live\x18\x03 \x01(\x08\x12-\n\tlast_seen\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07offered\x18\x05 \x01(\x05\x12\r\n\x05taken\x18\x06 \x01(\x05\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\x05\">\n\x12ListQueuesResponse\x12(\n\x06queues\x18\x01 \x03(\x0b\x32\x18.dispo.executor.v1.Queue\"K\n\x16ProbeWorkerNodeRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\"i\n\x17ProbeWorkerNodeResponse\x12.\n\x06\x61nswer\x18\x01 \x01(\x0e\x32\x1e.dispo.executor.v1.ProbeAnswer\x12\x0e\n\x06\x66\x65nced\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"$\n\x11GetOutputsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"G\n\nNodeOutput\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12(\n\x06output\x18\x02 \x01(\x0b\x32\x18.dispo.common.v1.Payload\"n\n\x12GetOutputsResponse\x12.\n\x07outputs\x18\x01 \x03(\x0b\x32\x1d.dispo.executor.v1.NodeOutput\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x18.dispo.common.v1.Payload\"\x18\n\x16ListDownstreamsRequest\"\x87\x03\n\nDownstream\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x02 \x01(\t\x12\x12\n\ntimeout_ms\x18\x03 \x01(\x05\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\x05\x12\x12\n\nhealth_url\x18\x05 \x01(\t\x12\x36\n\rbreaker_state\x18\x06 \x01(\x0e\x32\x1f.dispo.executor.v1.BreakerState\x12\x17\n\x0frecent_failures\x18\x07 \x01(\x05\x12.\n\nopen_until\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14max_calls_per_second\x18\t \x01(\x05\x12\x13\n\x0bslots_share\x18\n \x01(\x05\x12\x17\n\x0f\x63\x61lls_in_flight\x18\x0b \x01(\x05\x12\x15\n\rcluster_slots\x18\x0c \x01(\x05\x12\x18\n\x10per_second_share\x18\r \x01(\x05\x12\x1a\n\x12\x63luster_per_second\x18\x0e \x01(\x05\"M\n\x17ListDownstreamsResponse\x12\x32\n\x0b\x64ownstreams\x18\x01 \x03(\x0b\x32\x1d.dispo.executor.v1.Downstream*t\n\x0bProbeAnswer\x12\x1c\n\x18PROBE_ANSWER_UNSPECIFIED\x10\x00\x12\x15\n\x11PROBE_ANSWER_NONE\x10\x01\x12\x15\n\x11PROBE_ANSWER_DONE\x10\x02\x12\x19\n\x15PROBE_ANSWER_NOT_DONE\x10\x03*|\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x02\x12\x1b\n\x17\x42REAKER_STATE_HALF_OPEN\x10\x03\x32\xcd\x05\n\x0f\x45xecutorService\x12h\n\x0fListDownstreams\x12).dispo.executor.v1.ListDownstreamsRequest\x1a*.dispo.executor.v1.ListDownstreamsResponse\x12Y\n\nGetOutputs\x12$.dispo.executor.v1.GetOutputsRequest\x1a%.dispo.executor.v1.GetOutputsResponse\x12Y\n\nListQueues\x12$.dispo.executor.v1.ListQueuesRequest\x1a%.dispo.executor.v1.ListQueuesResponse\x12h\n\x0fProbeWorkerNode\x12).dispo.executor.v1.ProbeWorkerNodeRequest\x1a*.dispo.executor.v1.ProbeWorkerNodeResponse\x12\x62\n\rPauseBusiness\x12\'.dispo.executor.v1.PauseBusinessRequest\x1a(.dispo.executor.v1.PauseBusinessResponse\x12\x65\n\x0eResumeBusiness\x12(.dispo.executor.v1.ResumeBusinessRequest\x1a).dispo.executor.v1.ResumeBusinessResponse\x12\x65\n\x0eListBusinesses\x12(.dispo.executor.v1.ListBusinessesRequest\x1a).dispo.executor.v1.ListBusinessesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n dispo/executor/v1/executor.proto\x12\x11\x64ispo.executor.v1\x1a\x1c\x64ispo/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x01\n\rBusinessState\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x05\x12\x0e\n\x06paused\x18\x03 \x01(\x08\x12-\n\tpaused_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpaused_by\x18\x05 \x01(\t\x12\x15\n\rpaused_reason\x18\x06 \x01(\t\x12\x14\n\x0cwaiting_here\x18\x07 \x01(\x03\"G\n\x14PauseBusinessRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"K\n\x15PauseBusinessResponse\x12\x32\n\x08\x62usiness\x18\x01 \x01(\x0b\x32 .dispo.executor.v1.BusinessState\")\n\x15ResumeBusinessRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\"L\n\x16ResumeBusinessResponse\x12\x32\n\x08\x62usiness\x18\x01 \x01(\x0b\x32 .dispo.executor.v1.BusinessState\"\x17\n\x15ListBusinessesRequest\"N\n\x16ListBusinessesResponse\x12\x34\n\nbusinesses\x18\x01 \x03(\x0b\x32 .dispo.executor.v1.BusinessState\"\x13\n\x11ListQueuesRequest\"\xda\x01\n\x05Queue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0clive_workers\x18\x02 \x01(\x05\x12\x0c\n\x04live\x18\x03 \x01(\x08\x12-\n\tlast_seen\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07offered\x18\x05 \x01(\x05\x12\r\n\x05taken\x18\x06 \x01(\x05\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\x05\x12\x1c\n\x14max_calls_per_second\x18\x08 \x01(\x05\x12\x19\n\x11taken_last_second\x18\t \x01(\x05\">\n\x12ListQueuesResponse\x12(\n\x06queues\x18\x01 \x03(\x0b\x32\x18.dispo.executor.v1.Queue\"K\n\x16ProbeWorkerNodeRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\"i\n\x17ProbeWorkerNodeResponse\x12.\n\x06\x61nswer\x18\x01 \x01(\x0e\x32\x1e.dispo.executor.v1.ProbeAnswer\x12\x0e\n\x06\x66\x65nced\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"$\n\x11GetOutputsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"G\n\nNodeOutput\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12(\n\x06output\x18\x02 \x01(\x0b\x32\x18.dispo.common.v1.Payload\"n\n\x12GetOutputsResponse\x12.\n\x07outputs\x18\x01 \x03(\x0b\x32\x1d.dispo.executor.v1.NodeOutput\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x18.dispo.common.v1.Payload\"\x18\n\x16ListDownstreamsRequest\"\x87\x03\n\nDownstream\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x02 \x01(\t\x12\x12\n\ntimeout_ms\x18\x03 \x01(\x05\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\x05\x12\x12\n\nhealth_url\x18\x05 \x01(\t\x12\x36\n\rbreaker_state\x18\x06 \x01(\x0e\x32\x1f.dispo.executor.v1.BreakerState\x12\x17\n\x0frecent_failures\x18\x07 \x01(\x05\x12.\n\nopen_until\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14max_calls_per_second\x18\t \x01(\x05\x12\x13\n\x0bslots_share\x18\n \x01(\x05\x12\x17\n\x0f\x63\x61lls_in_flight\x18\x0b \x01(\x05\x12\x15\n\rcluster_slots\x18\x0c \x01(\x05\x12\x18\n\x10per_second_share\x18\r \x01(\x05\x12\x1a\n\x12\x63luster_per_second\x18\x0e \x01(\x05\"M\n\x17ListDownstreamsResponse\x12\x32\n\x0b\x64ownstreams\x18\x01 \x03(\x0b\x32\x1d.dispo.executor.v1.Downstream*t\n\x0bProbeAnswer\x12\x1c\n\x18PROBE_ANSWER_UNSPECIFIED\x10\x00\x12\x15\n\x11PROBE_ANSWER_NONE\x10\x01\x12\x15\n\x11PROBE_ANSWER_DONE\x10\x02\x12\x19\n\x15PROBE_ANSWER_NOT_DONE\x10\x03*|\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x02\x12\x1b\n\x17\x42REAKER_STATE_HALF_OPEN\x10\x03\x32\xcd\x05\n\x0f\x45xecutorService\x12h\n\x0fListDownstreams\x12).dispo.executor.v1.ListDownstreamsRequest\x1a*.dispo.executor.v1.ListDownstreamsResponse\x12Y\n\nGetOutputs\x12$.dispo.executor.v1.GetOutputsRequest\x1a%.dispo.executor.v1.GetOutputsResponse\x12Y\n\nListQueues\x12$.dispo.executor.v1.ListQueuesRequest\x1a%.dispo.executor.v1.ListQueuesResponse\x12h\n\x0fProbeWorkerNode\x12).dispo.executor.v1.ProbeWorkerNodeRequest\x1a*.dispo.executor.v1.ProbeWorkerNodeResponse\x12\x62\n\rPauseBusiness\x12\'.dispo.executor.v1.PauseBusinessRequest\x1a(.dispo.executor.v1.PauseBusinessResponse\x12\x65\n\x0eResumeBusiness\x12(.dispo.executor.v1.ResumeBusinessRequest\x1a).dispo.executor.v1.ResumeBusinessResponse\x12\x65\n\x0eListBusinesses\x12(.dispo.executor.v1.ListBusinessesRequest\x1a).dispo.executor.v1.ListBusinessesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dispo.executor.v1.executor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROBEANSWER']._serialized_start=1828
-  _globals['_PROBEANSWER']._serialized_end=1944
-  _globals['_BREAKERSTATE']._serialized_start=1946
-  _globals['_BREAKERSTATE']._serialized_end=2070
+  _globals['_PROBEANSWER']._serialized_start=1885
+  _globals['_PROBEANSWER']._serialized_end=2001
+  _globals['_BREAKERSTATE']._serialized_start=2003
+  _globals['_BREAKERSTATE']._serialized_end=2127
   _globals['_BUSINESSSTATE']._serialized_start=119
   _globals['_BUSINESSSTATE']._serialized_end=295
   _globals['_PAUSEBUSINESSREQUEST']._serialized_start=297
@@ -54,25 +54,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTQUEUESREQUEST']._serialized_start=673
   _globals['_LISTQUEUESREQUEST']._serialized_end=692
   _globals['_QUEUE']._serialized_start=695
-  _globals['_QUEUE']._serialized_end=856
-  _globals['_LISTQUEUESRESPONSE']._serialized_start=858
-  _globals['_LISTQUEUESRESPONSE']._serialized_end=920
-  _globals['_PROBEWORKERNODEREQUEST']._serialized_start=922
-  _globals['_PROBEWORKERNODEREQUEST']._serialized_end=997
-  _globals['_PROBEWORKERNODERESPONSE']._serialized_start=999
-  _globals['_PROBEWORKERNODERESPONSE']._serialized_end=1104
-  _globals['_GETOUTPUTSREQUEST']._serialized_start=1106
-  _globals['_GETOUTPUTSREQUEST']._serialized_end=1142
-  _globals['_NODEOUTPUT']._serialized_start=1144
-  _globals['_NODEOUTPUT']._serialized_end=1215
-  _globals['_GETOUTPUTSRESPONSE']._serialized_start=1217
-  _globals['_GETOUTPUTSRESPONSE']._serialized_end=1327
-  _globals['_LISTDOWNSTREAMSREQUEST']._serialized_start=1329
-  _globals['_LISTDOWNSTREAMSREQUEST']._serialized_end=1353
-  _globals['_DOWNSTREAM']._serialized_start=1356
-  _globals['_DOWNSTREAM']._serialized_end=1747
-  _globals['_LISTDOWNSTREAMSRESPONSE']._serialized_start=1749
-  _globals['_LISTDOWNSTREAMSRESPONSE']._serialized_end=1826
-  _globals['_EXECUTORSERVICE']._serialized_start=2073
-  _globals['_EXECUTORSERVICE']._serialized_end=2790
+  _globals['_QUEUE']._serialized_end=913
+  _globals['_LISTQUEUESRESPONSE']._serialized_start=915
+  _globals['_LISTQUEUESRESPONSE']._serialized_end=977
+  _globals['_PROBEWORKERNODEREQUEST']._serialized_start=979
+  _globals['_PROBEWORKERNODEREQUEST']._serialized_end=1054
+  _globals['_PROBEWORKERNODERESPONSE']._serialized_start=1056
+  _globals['_PROBEWORKERNODERESPONSE']._serialized_end=1161
+  _globals['_GETOUTPUTSREQUEST']._serialized_start=1163
+  _globals['_GETOUTPUTSREQUEST']._serialized_end=1199
+  _globals['_NODEOUTPUT']._serialized_start=1201
+  _globals['_NODEOUTPUT']._serialized_end=1272
+  _globals['_GETOUTPUTSRESPONSE']._serialized_start=1274
+  _globals['_GETOUTPUTSRESPONSE']._serialized_end=1384
+  _globals['_LISTDOWNSTREAMSREQUEST']._serialized_start=1386
+  _globals['_LISTDOWNSTREAMSREQUEST']._serialized_end=1410
+  _globals['_DOWNSTREAM']._serialized_start=1413
+  _globals['_DOWNSTREAM']._serialized_end=1804
+  _globals['_LISTDOWNSTREAMSRESPONSE']._serialized_start=1806
+  _globals['_LISTDOWNSTREAMSRESPONSE']._serialized_end=1883
+  _globals['_EXECUTORSERVICE']._serialized_start=2130
+  _globals['_EXECUTORSERVICE']._serialized_end=2847
 # @@protoc_insertion_point(module_scope)

@@ -315,6 +315,8 @@ class Queue(_message.Message):
     OFFERED_FIELD_NUMBER: _builtins.int
     TAKEN_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    MAX_CALLS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    TAKEN_LAST_SECOND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Its name, as worker actions name it."""
     live_workers: _builtins.int
@@ -331,6 +333,14 @@ class Queue(_message.Message):
     """Most runs taken at once across all its workers (the catalogue's
     queues.<name>.max_concurrency); 0: no limit.
     """
+    max_calls_per_second: _builtins.int
+    """Most action runs taken in one whole second across every executor and worker (the
+    catalogue's queues.<name>.max_calls_per_second; probe runs are not counted); 0: no limit.
+    """
+    taken_last_second: _builtins.int
+    """Action runs taken in the last whole second across every executor (0 when the queue has
+    no max_calls_per_second: not counted).
+    """
     @_builtins.property
     def last_seen(self) -> _timestamp_pb2.Timestamp:
         """When any of its workers was last seen (unset: never, or forgotten)."""
@@ -345,10 +355,12 @@ class Queue(_message.Message):
         offered: _builtins.int = ...,
         taken: _builtins.int = ...,
         max_concurrency: _builtins.int = ...,
+        max_calls_per_second: _builtins.int = ...,
+        taken_last_second: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_seen", b"last_seen"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seen", b"last_seen", "live", b"live", "live_workers", b"live_workers", "max_concurrency", b"max_concurrency", "name", b"name", "offered", b"offered", "taken", b"taken"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seen", b"last_seen", "live", b"live", "live_workers", b"live_workers", "max_calls_per_second", b"max_calls_per_second", "max_concurrency", b"max_concurrency", "name", b"name", "offered", b"offered", "taken", b"taken", "taken_last_second", b"taken_last_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
