@@ -197,26 +197,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def Submit(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitResponse:
-        return _submit_response(await self.gateway.submit(await self._admitted(request, context)))
+        sub, new = await self._admitted(request, context)
+        return _submit_response(await self.gateway.submit(sub, new))
 
     async def _admitted(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
-    ) -> Submission:
-        """What a Submit of ``request`` asks for, once its caller may act for its business,
-        the request is valid and that business has a Submit token left (each refusal names
-        its field). A refused request writes nothing: not even a share of the rate."""
+    ) -> tuple[Submission, store.NewTask]:
+        """What a Submit of ``request`` asks for and the task it makes (prepared), once its
+        caller may act for its business, the request is valid (its cells too, by the
+        catalogue) and that business has a Submit token left (each refusal names its field).
+        A refused request writes nothing: not even a share of the rate."""
         business = business_filter(request.business, "business")
         sub = submission_from_proto(request, business)
         require_priority(sub.priority, "priority")
+        new = await self.gateway.prepare(sub)
         limited = limited_business(context, business)
         await self.limits.prepare([limited])
         self.limits.admit_submit(limited)
-        return sub
+        return sub, new
 
     async def SubmitMany(
         self, request: gateway_pb2.SubmitManyRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitManyResponse:
-        """Each item as Submit takes it (authorised, counted, validated, prepared) before any
+        """Each item as Submit takes it (authorised, validated, prepared, counted) before any
         is recorded: a refusal of one item refuses the call, naming ``requests[i]``."""
         items = _submit_items(request.requests)
         businesses = [
@@ -241,11 +244,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 refused = refused or within(f"requests[{i}]", error)
         if invalid:
             raise InvalidArgument(violations=invalid)
+        if refused is not None:
+            raise refused
         # Counted once every item is valid: a refused call writes nothing, not even a share.
         await self.limits.prepare(counts)
         self.limits.admit_submits(counts)
-        if refused is not None:
-            raise refused
         answers = await self.gateway.submit_all(subs, news)
         out = gateway_pb2.SubmitManyResponse()
         for i, accepted in enumerate(answers):
@@ -259,7 +262,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def SubmitEach(
         self, request: gateway_pb2.SubmitEachRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitEachResponse:
-        """Each item exactly as Submit takes it (authorised, counted, validated, prepared,
+        """Each item exactly as Submit takes it (authorised, validated, prepared, counted,
         recorded), refused or answered in its place: no item's refusal touches another's."""
         items = _submit_items(request.requests)
         out = gateway_pb2.SubmitEachResponse()
@@ -267,8 +270,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         subs, news, places = [], [], []
         for i, item in enumerate(items):
             try:
-                sub = await self._admitted(item, context)
-                news.append(await self.gateway.prepare(sub))
+                sub, new = await self._admitted(item, context)
+                news.append(new)
             except DomainError as error:
                 outcomes[i].refused.CopyFrom(status_of(error))
                 continue
