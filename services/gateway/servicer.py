@@ -38,7 +38,15 @@ from dispo.libs.auth import (
 from dispo.libs.bus import Bus, StreamUnavailable
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
-from dispo.libs.errors import DomainError, InvalidArgument, NotFound, Unavailable, within
+from dispo.libs.contracts.tasks import HIGHEST_PRIORITY, LOWEST_PRIORITY
+from dispo.libs.errors import (
+    DomainError,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    within,
+)
 from dispo.libs.grpcserver import status_of
 from dispo.libs.logging import get_logger
 from dispo.libs.paging import (
@@ -121,6 +129,7 @@ def _task_filter(
     scheduled = isinstance(request, gateway_pb2.ListTasksRequest) and request.scheduled
     if len(request.idempotency_key) > max_key_length:
         raise InvalidArgument("idempotency_key", f"longer than {max_key_length} characters")
+    priorities = _priorities(request.priorities)
     return TaskFilter(
         business=business_filter(request.business, "business"),
         created_after=request.created_after.ToDatetime(tzinfo=UTC)
@@ -132,17 +141,34 @@ def _task_filter(
         idempotency_key=request.idempotency_key,
         scheduled_at=now if scheduled else None,
         labels=tuple(sorted(checked(request.labels).items())),
+        priorities=priorities,
     )
+
+
+def _priorities(values: Sequence[int]) -> tuple[int, ...]:
+    """The priorities a filter takes, each once, highest first; INVALID_ARGUMENT naming
+    ``priorities[i]`` for each one outside 1..5."""
+    bad = [
+        FieldViolation(f"priorities[{i}]", f"{value} is not a priority: 1 (highest) to 5")
+        for i, value in enumerate(values)
+        if not HIGHEST_PRIORITY <= value <= LOWEST_PRIORITY
+    ]
+    if bad:
+        raise InvalidArgument(violations=bad)
+    return tuple(sorted(set(values)))
 
 
 def bulk_filter(max_key_length: int) -> Callable[[gateway_pb2.CancelByFilterRequest], TaskFilter]:
     """The tasks a bulk action's filter takes, as ListTasks and CountTasks take them (its
     business is the one the caller may act for, filled in when it was asked). Labels
-    (ADR-0110) are one more field of CountTasksRequest: the filter takes them with the
-    rest, through :func:`_task_filter`."""
+    (ADR-0110) and priorities are more fields of CountTasksRequest: the filter takes them
+    with the rest, through :func:`_task_filter`; a bad one is named ``filter.<field>``."""
 
     def of(request: gateway_pb2.CancelByFilterRequest) -> TaskFilter:
-        return _task_filter(request.filter, max_key_length)
+        try:
+            return _task_filter(request.filter, max_key_length)
+        except InvalidArgument as error:
+            raise within("filter", error) from None
 
     return of
 
