@@ -29,10 +29,12 @@ def list_request(
     idempotency_key: str = "",
     scheduled: bool = False,
     labels: Mapping[str, str] | None = None,
+    priorities: Sequence[int] = (),
 ) -> gateway_pb2.ListTasksRequest:
     """The ListTasks request for these filters; ``statuses`` by name ("SUCCEEDED"),
     ``order`` one of :data:`ORDERS` (else ValueError); ``scheduled``: only tasks whose
-    delayed start is ahead; ``labels``: only tasks carrying every one of them."""
+    delayed start is ahead; ``labels``: only tasks carrying every one of them;
+    ``priorities``: only tasks of any of them (1 highest … 5)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     request = gateway_pb2.ListTasksRequest(
@@ -43,6 +45,7 @@ def list_request(
         idempotency_key=idempotency_key,
         scheduled=scheduled,
         labels=labels or {},
+        priorities=priorities,
     )
     _set_window(request, created_after, created_before)
     return request
@@ -54,10 +57,14 @@ def count_request(
     created_before: datetime | None,
     idempotency_key: str,
     labels: Mapping[str, str] | None = None,
+    priorities: Sequence[int] = (),
 ) -> gateway_pb2.CountTasksRequest:
     """The CountTasks request for these filters."""
     request = gateway_pb2.CountTasksRequest(
-        business=business, idempotency_key=idempotency_key, labels=labels or {}
+        business=business,
+        idempotency_key=idempotency_key,
+        labels=labels or {},
+        priorities=priorities,
     )
     _set_window(request, created_after, created_before)
     return request
@@ -72,11 +79,15 @@ def cancel_by_filter_request(
     rate_per_second: float,
     dry_run: bool,
     reason: str,
+    labels: Mapping[str, str] | None = None,
+    priorities: Sequence[int] = (),
 ) -> gateway_pb2.CancelByFilterRequest:
     """The CancelByFilter request: CountTasks' filters, the unfinished ``statuses`` by name
     (none: every unfinished one), the rate, a dry run, the reason."""
     return gateway_pb2.CancelByFilterRequest(
-        filter=count_request(business, created_after, created_before, idempotency_key),
+        filter=count_request(
+            business, created_after, created_before, idempotency_key, labels, priorities
+        ),
         statuses=[from_short_name(common_pb2.TaskStatus, s) for s in statuses],
         rate_per_second=rate_per_second,
         dry_run=dry_run,

@@ -387,11 +387,13 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
         idempotency_key: str = "",
         scheduled: bool = False,
         labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
         timeout: float | None = 10.0,
     ) -> TaskPage:
         """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest";
         with ``idempotency_key``, the task submitted with that key (one per business); with
-        ``scheduled``, only tasks whose delayed start is ahead."""
+        ``scheduled``, only tasks whose delayed start is ahead; with ``priorities``, only
+        tasks of any of them (1 highest … 5)."""
         reply = await self._call(
             self._stub.ListTasks,
             list_request(
@@ -405,6 +407,7 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
                 idempotency_key,
                 scheduled,
                 labels,
+                priorities,
             ),
             timeout,
         )
@@ -422,6 +425,7 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
         idempotency_key: str = "",
         scheduled: bool = False,
         labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
         page_timeout: float | None = 10.0,
     ) -> AsyncIterator[TaskSummary]:
         """Every matching task, newest first unless ``order="oldest"``, following the cursor;
@@ -439,6 +443,7 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
                 idempotency_key=idempotency_key,
                 scheduled=scheduled,
                 labels=labels,
+                priorities=priorities,
                 timeout=page_timeout,
             )
             for item in page.tasks:
@@ -455,11 +460,14 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
         created_before: datetime | None = None,
         idempotency_key: str = "",
         labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
         timeout: float = 10.0,
     ) -> dict[str, int]:
         """How many matching tasks are in each status, exactly: every status name, 0
         included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
-        request = count_request(business, created_after, created_before, idempotency_key, labels)
+        request = count_request(
+            business, created_after, created_before, idempotency_key, labels, priorities
+        )
         return counts_of(await self._call(self._stub.CountTasks, request, timeout))
 
     async def cancel_by_filter(
@@ -473,6 +481,8 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
         rate_per_second: float = 100.0,
         dry_run: bool = False,
         reason: str = "",
+        labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
         timeout: float = 10.0,
     ) -> BulkAction:
         """Cancel every unfinished task these filters match (CountTasks' filters; statuses
@@ -488,6 +498,8 @@ class AsyncClient(AsyncScheduleCalls, AsyncCatalogueCalls):
             rate_per_second,
             dry_run,
             reason,
+            labels,
+            priorities,
         )
         reply = await self._call(self._stub.CancelByFilter, request, timeout)
         return BulkAction.from_proto(reply.action, reply.matched)
@@ -747,11 +759,13 @@ class Client(ScheduleCalls, CatalogueCalls):
         idempotency_key: str = "",
         scheduled: bool = False,
         labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
         timeout: float | None = 10.0,
     ) -> TaskPage:
         """One page of matching tasks, ``order`` by creation: "newest" (first) or "oldest";
         with ``idempotency_key``, the task submitted with that key (one per business); with
-        ``scheduled``, only tasks whose delayed start is ahead."""
+        ``scheduled``, only tasks whose delayed start is ahead; with ``priorities``, only
+        tasks of any of them (1 highest … 5)."""
         reply = self._call(
             self._stub.ListTasks,
             list_request(
@@ -765,6 +779,7 @@ class Client(ScheduleCalls, CatalogueCalls):
                 idempotency_key,
                 scheduled,
                 labels,
+                priorities,
             ),
             timeout,
         )
@@ -782,6 +797,7 @@ class Client(ScheduleCalls, CatalogueCalls):
         idempotency_key: str = "",
         scheduled: bool = False,
         labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
         page_timeout: float | None = 10.0,
     ) -> Iterator[TaskSummary]:
         """Every matching task, newest first unless ``order="oldest"``, following the cursor;
@@ -799,6 +815,7 @@ class Client(ScheduleCalls, CatalogueCalls):
                 idempotency_key=idempotency_key,
                 scheduled=scheduled,
                 labels=labels,
+                priorities=priorities,
                 timeout=page_timeout,
             )
             yield from page.tasks
@@ -814,11 +831,14 @@ class Client(ScheduleCalls, CatalogueCalls):
         created_before: datetime | None = None,
         idempotency_key: str = "",
         labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
         timeout: float = 10.0,
     ) -> dict[str, int]:
         """How many matching tasks are in each status, exactly: every status name, 0
         included ({"SUCCEEDED": 3, "FAILED": 0, …})."""
-        request = count_request(business, created_after, created_before, idempotency_key, labels)
+        request = count_request(
+            business, created_after, created_before, idempotency_key, labels, priorities
+        )
         return counts_of(self._call(self._stub.CountTasks, request, timeout))
 
     def cancel_by_filter(
@@ -832,6 +852,8 @@ class Client(ScheduleCalls, CatalogueCalls):
         rate_per_second: float = 100.0,
         dry_run: bool = False,
         reason: str = "",
+        labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
         timeout: float = 10.0,
     ) -> BulkAction:
         """Cancel every unfinished task these filters match (CountTasks' filters; statuses
@@ -847,6 +869,8 @@ class Client(ScheduleCalls, CatalogueCalls):
             rate_per_second,
             dry_run,
             reason,
+            labels,
+            priorities,
         )
         reply = self._call(self._stub.CancelByFilter, request, timeout)
         return BulkAction.from_proto(reply.action, reply.matched)

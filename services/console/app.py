@@ -50,6 +50,7 @@ from dispo.console.views import (
     JOB_STATUSES,
     MAX_BOOST,
     NO_BASELINE_STATUS,
+    PRIORITIES,
     SINCE,
     WORK_KINDS,
     JobFilter,
@@ -121,6 +122,7 @@ templates.env.globals.update(
     colours=COLOURS,
     counted=COUNTED,
     since_choices=SINCE,
+    priority_choices=PRIORITIES,
     bulk_cancel_rate=BULK_CANCEL_RATE,
     age=age,
     job_colours=JOB_COLOURS,
@@ -241,7 +243,18 @@ async def healthz(request: Request) -> Response:
 
 
 def _filter(request: Request) -> TaskFilter:
-    return TaskFilter.parse(request.query_params, request.query_params.getlist("status"))
+    params = request.query_params
+    return TaskFilter.parse(params, params.getlist("status"), params.getlist("priority"))
+
+
+def _labels_of(found: TaskFilter) -> dict[str, str]:
+    """The labels a search names (INVALID_ARGUMENT naming ``labels`` for a malformed one)."""
+    try:
+        return found.label_map
+    except ValueError as error:
+        raise DispoError(
+            grpc.StatusCode.INVALID_ARGUMENT, str(error), {"labels": str(error)}
+        ) from None
 
 
 async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
@@ -256,12 +269,7 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
         counts = {detail.task.status: 1}  # the one task the search matches
     else:
         business, key = found.business, found.key
-        try:
-            labels = found.label_map
-        except ValueError as error:
-            raise DispoError(
-                grpc.StatusCode.INVALID_ARGUMENT, str(error), {"labels": str(error)}
-            ) from None
+        labels = _labels_of(found)
         page, counts = await asyncio.gather(
             backend.tasks(
                 token,
@@ -271,9 +279,15 @@ async def _tasks_context(request: Request, token: str) -> dict[str, Any]:
                 idempotency_key=key,
                 scheduled=found.scheduled,
                 labels=labels,
+                priorities=found.priorities,
             ),
             backend.counts(
-                token, business=business, created_after=after, idempotency_key=key, labels=labels
+                token,
+                business=business,
+                created_after=after,
+                idempotency_key=key,
+                labels=labels,
+                priorities=found.priorities,
             ),
         )
         rows = list(page.tasks)
@@ -474,13 +488,17 @@ async def _resumed(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
 
 
 async def _cancelled_matching(backend: Backend, token: str, f: Mapping[str, str]) -> Done:
-    found = TaskFilter.parse(f, f.get("statuses", "").split(","))
+    found = TaskFilter.parse(
+        f, f.get("statuses", "").split(","), f.get("priorities", "").split(",")
+    )
     reply = await backend.cancel_matching(
         token,
         business=found.business,
         statuses=list(found.unfinished()),
         created_after=found.created_after(datetime.now(UTC)),
         idempotency_key=found.key,
+        labels=_labels_of(found),
+        priorities=found.priorities,
         rate=BULK_CANCEL_RATE,
         actor=ACTOR,
     )

@@ -8,7 +8,7 @@ see, exactly as for the CLI. A refused or failed call raises :class:`DispoError`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -162,6 +162,7 @@ class Backend:
         page_token: str = "",
         scheduled: bool = False,
         labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
     ) -> TaskPage:
         """A page of the tasks the token may see, newest first (``scheduled``: only those
         whose delayed start is ahead)."""
@@ -176,6 +177,7 @@ class Backend:
             idempotency_key,
             scheduled,
             labels,
+            priorities,
         )
         return TaskPage.from_proto(await self._call(self.gateway.ListTasks, request, token))
 
@@ -187,9 +189,10 @@ class Backend:
         created_after: datetime | None = None,
         idempotency_key: str = "",
         labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
     ) -> dict[str, int]:
         """How many of the tasks the token may see are in each status, exactly (one call)."""
-        request = count_request(business, created_after, None, idempotency_key, labels)
+        request = count_request(business, created_after, None, idempotency_key, labels, priorities)
         return counts_of(await self._call(self.gateway.CountTasks, request, token))
 
     async def cancel_matching(
@@ -202,6 +205,8 @@ class Backend:
         idempotency_key: str,
         rate: float,
         actor: str,
+        labels: Mapping[str, str] | None = None,
+        priorities: Sequence[int] = (),
     ) -> gateway_pb2.CancelByFilterResponse:
         """A bulk cancel of the unfinished tasks the Tasks page's search matches (ADR-0112)."""
         request = cancel_by_filter_request(
@@ -213,6 +218,8 @@ class Backend:
             rate,
             False,
             f"cancelled from the {actor}",
+            labels,
+            priorities,
         )
         return await self._call(self.gateway.CancelByFilter, request, token)
 

@@ -8,7 +8,7 @@ and result folded when long, and the Tasks page's filters read from a query stri
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +20,7 @@ from dispo.libs.api.intelligence.v1 import intelligence_pb2 as ipb
 from dispo.libs.api.pool.v1 import pool_pb2 as ppb
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as rpb
 from dispo.libs.api.retention.v1 import retention_pb2 as rtpb
+from dispo.libs.contracts.tasks import HIGHEST_PRIORITY, LOWEST_PRIORITY
 from dispo.libs.evaluation import NO_BASELINE
 from dispo.libs.proto_enums import short_name
 from dispo.libs.task_requests import label_pairs
@@ -67,6 +68,8 @@ def shown_json(value: Any) -> Shown:
 # The statuses no cancel takes.
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
 SINCE = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400}
+# The Tasks page's priority choices, highest first.
+PRIORITIES = tuple(str(p) for p in range(HIGHEST_PRIORITY, LOWEST_PRIORITY + 1))
 
 
 def graph_elements(task: TaskView) -> list[dict[str, Any]]:
@@ -155,8 +158,8 @@ def history(detail: TaskDetail) -> list[Moment]:
 
 @dataclass(frozen=True)
 class TaskFilter:
-    """The Tasks page's search: a task id or a business, an idempotency key, statuses, and
-    how far back."""
+    """The Tasks page's search: a task id or a business, an idempotency key, statuses,
+    labels, priorities, and how far back."""
 
     query: str = ""
     statuses: tuple[str, ...] = ()
@@ -167,10 +170,15 @@ class TaskFilter:
     scheduled: bool = False
     # Only tasks carrying every one of these labels, as typed: "k=v k2=v2" (ADR-0110).
     labels: str = ""
+    # Only tasks of any of these priorities (1 highest … 5); none: any.
+    priorities: tuple[int, ...] = ()
 
     @classmethod
-    def parse(cls, params: Mapping[str, Any], statuses: list[str]) -> TaskFilter:
-        """From the page's query string; unknown statuses and periods are dropped."""
+    def parse(
+        cls, params: Mapping[str, Any], statuses: list[str], priorities: Sequence[str] = ()
+    ) -> TaskFilter:
+        """From the page's query string; unknown statuses, priorities and periods are
+        dropped."""
         return cls(
             str(params.get("q", "")).strip(),
             tuple(s for s in statuses if s in COUNTED),
@@ -178,6 +186,7 @@ class TaskFilter:
             str(params.get("key", "")).strip(),
             params.get("scheduled") == "1",
             " ".join(str(params.get("labels", "")).split()),
+            tuple(sorted({int(p) for p in priorities if p in PRIORITIES})),
         )
 
     def link(self, status: str) -> str:
@@ -189,7 +198,9 @@ class TaskFilter:
             "scheduled": "1" if self.scheduled else "",
             "labels": self.labels,
         }
-        return "/tasks?" + urlencode({**{k: v for k, v in kept.items() if v}, "status": status})
+        pairs = [(k, v) for k, v in kept.items() if v]
+        pairs += [("priority", str(p)) for p in self.priorities]
+        return "/tasks?" + urlencode([*pairs, ("status", status)])
 
     @property
     def task_id(self) -> str:

@@ -184,10 +184,12 @@ class Gateway:
             observe=metrics.group_commit_flushes("statuses"),
         )
 
-    async def submit(self, sub: Submission) -> Accepted:
-        """Validate and expand here; record the task (or find the one holding its
-        idempotency key) in the next flush; answer once that flush committed."""
-        new = await self.prepare(sub)
+    async def submit(self, sub: Submission, new: store.NewTask | None = None) -> Accepted:
+        """Validate and expand here (unless ``new`` is ``sub`` :meth:`prepare`d already);
+        record the task (or find the one holding its idempotency key) in the next flush;
+        answer once that flush committed."""
+        if new is None:
+            new = await self.prepare(sub)
         accepted = await self.submits.submit(new)
         # The task the call answers with: a repeated key's is the one recorded first.
         bind_ids(task_id=accepted.task_id, business=sub.business)

@@ -38,7 +38,15 @@ from dispo.libs.auth import (
 from dispo.libs.bus import Bus, StreamUnavailable
 from dispo.libs.catalogue import Catalogue
 from dispo.libs.contracts import tasks
-from dispo.libs.errors import DomainError, InvalidArgument, NotFound, Unavailable, within
+from dispo.libs.contracts.tasks import HIGHEST_PRIORITY, LOWEST_PRIORITY
+from dispo.libs.errors import (
+    DomainError,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    within,
+)
 from dispo.libs.grpcserver import status_of
 from dispo.libs.logging import get_logger
 from dispo.libs.paging import (
@@ -121,6 +129,7 @@ def _task_filter(
     scheduled = isinstance(request, gateway_pb2.ListTasksRequest) and request.scheduled
     if len(request.idempotency_key) > max_key_length:
         raise InvalidArgument("idempotency_key", f"longer than {max_key_length} characters")
+    priorities = _priorities(request.priorities)
     return TaskFilter(
         business=business_filter(request.business, "business"),
         created_after=request.created_after.ToDatetime(tzinfo=UTC)
@@ -132,17 +141,34 @@ def _task_filter(
         idempotency_key=request.idempotency_key,
         scheduled_at=now if scheduled else None,
         labels=tuple(sorted(checked(request.labels).items())),
+        priorities=priorities,
     )
+
+
+def _priorities(values: Sequence[int]) -> tuple[int, ...]:
+    """The priorities a filter takes, each once, highest first; INVALID_ARGUMENT naming
+    ``priorities[i]`` for each one outside 1..5."""
+    bad = [
+        FieldViolation(f"priorities[{i}]", f"{value} is not a priority: 1 (highest) to 5")
+        for i, value in enumerate(values)
+        if not HIGHEST_PRIORITY <= value <= LOWEST_PRIORITY
+    ]
+    if bad:
+        raise InvalidArgument(violations=bad)
+    return tuple(sorted(set(values)))
 
 
 def bulk_filter(max_key_length: int) -> Callable[[gateway_pb2.CancelByFilterRequest], TaskFilter]:
     """The tasks a bulk action's filter takes, as ListTasks and CountTasks take them (its
     business is the one the caller may act for, filled in when it was asked). Labels
-    (ADR-0110) are one more field of CountTasksRequest: the filter takes them with the
-    rest, through :func:`_task_filter`."""
+    (ADR-0110) and priorities are more fields of CountTasksRequest: the filter takes them
+    with the rest, through :func:`_task_filter`; a bad one is named ``filter.<field>``."""
 
     def of(request: gateway_pb2.CancelByFilterRequest) -> TaskFilter:
-        return _task_filter(request.filter, max_key_length)
+        try:
+            return _task_filter(request.filter, max_key_length)
+        except InvalidArgument as error:
+            raise within("filter", error) from None
 
     return of
 
@@ -197,26 +223,29 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def Submit(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitResponse:
-        return _submit_response(await self.gateway.submit(await self._admitted(request, context)))
+        sub, new = await self._admitted(request, context)
+        return _submit_response(await self.gateway.submit(sub, new))
 
     async def _admitted(
         self, request: gateway_pb2.SubmitRequest, context: grpc.aio.ServicerContext
-    ) -> Submission:
-        """What a Submit of ``request`` asks for, once its caller may act for its business,
-        the request is valid and that business has a Submit token left (each refusal names
-        its field). A refused request writes nothing: not even a share of the rate."""
+    ) -> tuple[Submission, store.NewTask]:
+        """What a Submit of ``request`` asks for and the task it makes (prepared), once its
+        caller may act for its business, the request is valid (its cells too, by the
+        catalogue) and that business has a Submit token left (each refusal names its field).
+        A refused request writes nothing: not even a share of the rate."""
         business = business_filter(request.business, "business")
         sub = submission_from_proto(request, business)
         require_priority(sub.priority, "priority")
+        new = await self.gateway.prepare(sub)
         limited = limited_business(context, business)
         await self.limits.prepare([limited])
         self.limits.admit_submit(limited)
-        return sub
+        return sub, new
 
     async def SubmitMany(
         self, request: gateway_pb2.SubmitManyRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitManyResponse:
-        """Each item as Submit takes it (authorised, counted, validated, prepared) before any
+        """Each item as Submit takes it (authorised, validated, prepared, counted) before any
         is recorded: a refusal of one item refuses the call, naming ``requests[i]``."""
         items = _submit_items(request.requests)
         businesses = [
@@ -241,11 +270,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 refused = refused or within(f"requests[{i}]", error)
         if invalid:
             raise InvalidArgument(violations=invalid)
+        if refused is not None:
+            raise refused
         # Counted once every item is valid: a refused call writes nothing, not even a share.
         await self.limits.prepare(counts)
         self.limits.admit_submits(counts)
-        if refused is not None:
-            raise refused
         answers = await self.gateway.submit_all(subs, news)
         out = gateway_pb2.SubmitManyResponse()
         for i, accepted in enumerate(answers):
@@ -259,7 +288,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def SubmitEach(
         self, request: gateway_pb2.SubmitEachRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.SubmitEachResponse:
-        """Each item exactly as Submit takes it (authorised, counted, validated, prepared,
+        """Each item exactly as Submit takes it (authorised, validated, prepared, counted,
         recorded), refused or answered in its place: no item's refusal touches another's."""
         items = _submit_items(request.requests)
         out = gateway_pb2.SubmitEachResponse()
@@ -267,8 +296,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         subs, news, places = [], [], []
         for i, item in enumerate(items):
             try:
-                sub = await self._admitted(item, context)
-                news.append(await self.gateway.prepare(sub))
+                sub, new = await self._admitted(item, context)
+                news.append(new)
             except DomainError as error:
                 outcomes[i].refused.CopyFrom(status_of(error))
                 continue

@@ -390,11 +390,14 @@ class TaskFilter:
     scheduled_at: datetime | None = None
     # Only tasks carrying every one of these labels (ADR-0110).
     labels: tuple[tuple[str, str], ...] = ()
+    # Only tasks of any of these priorities (1 highest … 5).
+    priorities: tuple[int, ...] = ()
 
     def where(self, params: dict[str, Any]) -> list[str]:
         """The SQL conditions, their values added to ``params``. A business and a key use the
         unique (business, idempotency_key) index, a key alone ix_tasks_idempotency_key, a
-        business and a window ix_tasks_business_created, a window alone ix_tasks_created."""
+        business and a window ix_tasks_business_created, a window alone ix_tasks_created,
+        priorities other than the default ix_tasks_priority."""
         clauses: list[str] = []
         if self.business:
             clauses.append("business = :business")
@@ -417,6 +420,13 @@ class TaskFilter:
         if self.labels:  # containment: ix_tasks_labels (GIN, jsonb_path_ops)
             clauses.append("labels @> CAST(:labels AS jsonb)")
             params["labels"] = json.dumps(dict(self.labels), sort_keys=True)
+        if self.priorities:
+            # Written into the statement (whole numbers 1 to 5, checked at the edge), not a
+            # parameter: the planner then sees which priorities, and uses ix_tasks_priority
+            # (over the tasks not at the default 3) for the rarer ones, under a generic plan
+            # too.
+            listed = ", ".join(str(int(p)) for p in self.priorities)
+            clauses.append(f"priority IN ({listed})")
         return clauses
 
 

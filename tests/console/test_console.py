@@ -1090,6 +1090,43 @@ async def test_the_tasks_a_search_matches_are_cancelled_all_with_the_count_confi
     await context.close()
 
 
+async def test_tasks_are_searched_by_priority_and_cancelled_all_of_those_priorities(
+    browser, console
+):
+    """The Tasks page's priority boxes: the rows and the counts of the priorities checked;
+    "cancel all N" of that search takes those tasks alone."""
+    later = datetime.now(UTC) + timedelta(days=1)
+    async with console.pipeline.client() as client:
+
+        async def submit(priority: int) -> str:
+            return (
+                await client.submit(
+                    "console-pri", [CellSpec("noop")], not_before=later, priority=priority
+                )
+            ).task_id
+
+        urgent = [await submit(1) for _ in range(2)]
+        low = [await submit(5) for _ in range(2)]
+
+    context = await signed_in(browser, console, console.pipeline.token)
+    watched = Watched(await context.new_page())
+    page = watched.page
+    await page.goto(f"{console.url}/tasks?q=console-pri&priority=1")
+    rows = page.locator("#rows tr[data-task]")
+    assert {await r.get_attribute("data-task") for r in await rows.all()} == set(urgent)
+    assert await page.locator("input[name=priority][value='1']").is_checked()
+    assert not await page.locator("input[name=priority][value='5']").is_checked()
+    await expect(page.locator("#cancel-all")).to_have_text("Cancel all 2")
+    await page.locator("#cancel-all").click()  # confirmed (the dialog is accepted)
+    await expect(page.locator("#notice")).to_contain_text("cancel all: 2 task(s) being cancelled")
+    async with console.pipeline.client() as client:
+        for task_id in urgent:
+            assert (await client.wait(task_id, timeout=60)).status == "CANCELLED"
+        assert {(await client.get(task_id)).status for task_id in low} == {"ACCEPTED"}
+    assert watched.errors == []
+    await context.close()
+
+
 async def test_parked_tasks_are_abandoned_all_with_the_count_confirmed(browser, console):
     """The Failed page's "Abandon all N" (AbandonByFilter, ADR-0112): the count in the
     button and in its confirmation, each listed parked task abandoned."""

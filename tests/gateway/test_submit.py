@@ -8,6 +8,7 @@ import pytest
 from dispo.gateway.expand import CellRequest, Submission
 from dispo.libs.api.auth.v1 import auth_pb2, auth_pb2_grpc
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from dispo.libs.bus import Bus
 from dispo.libs.contracts import tasks
 from dispo.libs.errors import ResourceExhausted
@@ -91,6 +92,33 @@ async def test_bad_submissions_are_refused_with_the_field_and_nothing_written(
         assert refused.value.code == code, case
         assert field in refused.value.violations, (case, refused.value.violations)
 
+    assert await counts(service_engine) == (0, 0)
+
+
+async def test_a_submit_the_catalogue_refuses_leases_no_share_of_the_rate(
+    gateway_only, service_engine
+):
+    """The cells are checked against the catalogue before the business's Submit rate is
+    counted (ADR-0108): a refused Submit, SubmitEach or SubmitMany of a business the gateway
+    holds no share of leaves limit_shares as it was, empty."""
+    bad = gateway_pb2.SubmitRequest(
+        business="fresh", cells=[gateway_pb2.CellRequest(cell="no_such_cell")]
+    )
+    async with admin_channel(gateway_only.gateway.address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Submit(bad)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert set(DispoError.from_rpc(refused.value).violations) == {"cells[0].cell"}
+        each = await stub.SubmitEach(gateway_pb2.SubmitEachRequest(requests=[bad, bad]))
+        assert [o.WhichOneof("outcome") for o in each.outcomes] == ["refused", "refused"]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.SubmitMany(gateway_pb2.SubmitManyRequest(requests=[bad]))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    engine = await service_engine("gateway")
+    async with engine.connect() as conn:
+        shares = (await conn.execute(text("SELECT count(*) FROM limit_shares"))).scalar()
+    assert shares == 0
     assert await counts(service_engine) == (0, 0)
 
 

@@ -367,6 +367,58 @@ async def test_tasks_are_submitted_with_labels_and_listed_and_counted_by_them(cl
     assert malformed.returncode != 0 and "key=value" in malformed.stderr, malformed.stderr
 
 
+async def test_tasks_are_listed_counted_and_cancelled_by_priority(cli_env):
+    """``--priority`` (repeatable: any of them) on tasks list, count and cancel-all; a value
+    outside 1..5 is a usage error before any call. The tasks start in an hour: they stay
+    ACCEPTED, for the cancel to count."""
+    body = submission("cli-pri", {"cell": "noop"})
+    submitted = await asyncio.gather(
+        *(
+            dispo(
+                cli_env, "submit", "-", "--priority", str(p), "--delay", "1h", "--json", stdin=body
+            )
+            for p in (1, 2, 5, 5)
+        )
+    )
+    assert [s.returncode for s in submitted] == [0] * 4, [s.stderr for s in submitted]
+    first, second, *lowest = (json.loads(s.stdout)["task_id"] for s in submitted)
+
+    urgent, two, counted, dry, bad = await asyncio.gather(
+        dispo(cli_env, "tasks", "list", "--business", "cli-pri", "--priority", "1", "--json"),
+        dispo(
+            cli_env,
+            "tasks",
+            "list",
+            "--business",
+            "cli-pri",
+            "--priority",
+            "1",
+            "--priority",
+            "2",
+            "--json",
+        ),
+        dispo(cli_env, "tasks", "count", "--business", "cli-pri", "--priority", "5", "--json"),
+        dispo(
+            cli_env,
+            "tasks",
+            "cancel-all",
+            "--business",
+            "cli-pri",
+            "--priority",
+            "5",
+            "--dry-run",
+            "--json",
+        ),
+        dispo(cli_env, "tasks", "list", "--priority", "6"),
+    )
+    rows = json.loads(urgent.stdout)["tasks"]
+    assert [(t["task_id"], t["priority"]) for t in rows] == [(first, 1)], urgent.stderr
+    assert {t["task_id"] for t in json.loads(two.stdout)["tasks"]} == {first, second}
+    assert json.loads(counted.stdout)["total"] == "2"
+    assert int(json.loads(dry.stdout)["matched"]) == len(lowest), dry.stderr
+    assert bad.returncode == 2 and "--priority" in bad.stderr, bad.stderr
+
+
 async def test_a_cancelled_task_exits_1_for_submit_wait_and_watch(cli_env, downstream):
     await downstream.control(hold={"path": "/step/held"})
     waiting = asyncio.create_task(

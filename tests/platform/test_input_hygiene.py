@@ -264,10 +264,9 @@ class Stack:
             " WHERE table_schema = $1 AND table_type = 'BASE TABLE' ORDER BY table_name",
             schema,
         )
-        # limit_shares holds the leases of capacity a process takes of a limit it meets
-        # (ADR-0108: a gateway's share of a business's Submit rate), not a record of any
-        # request; an idle share's lease runs out and is deleted.
-        tables = [r["table_name"] for r in rows if r["table_name"] != "limit_shares"]
+        # limit_shares too: a refused Submit leases no share of its business's rate
+        # (ADR-0108), whatever refused it.
+        tables = [r["table_name"] for r in rows]
         assert tables, f"no tables in schema {schema}"
         parts = ", ".join(f'(SELECT count(*) FROM "{schema}"."{t}") AS "{t}"' for t in tables)
         return f"SELECT {parts}"

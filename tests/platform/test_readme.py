@@ -614,7 +614,8 @@ async def test_the_catalogue_guide_runs_twice_on_a_stack(tmp_path):
 async def test_the_fairness_guide_runs_twice_on_a_stack(tmp_path):
     """docs/fairness.md: a business token limited to priority 3 submits at 4 and is refused
     1; its business paused, a task waits ACCEPTED (its paused depth listed) and runs once
-    resumed; then its Python example. Twice: a pause of a paused business changes nothing."""
+    resumed; its tasks listed by priority; then its Python example. Twice: a pause of a
+    paused business changes nothing."""
     stack = Stack(tmp_path)
     async with dispo_up(tmp_path, stack) as (env, exported):
         [example] = re.findall(
@@ -625,6 +626,7 @@ async def test_the_fairness_guide_runs_twice_on_a_stack(tmp_path):
             assert "priority: a token of business 'bulk-relabel' may ask for priority 3" in out
             assert '"paused_reason": "held during the incident"' in out, out  # the pause
             assert "ACCEPTED" in out and "SUCCEEDED" in out, out
+            assert '"priority": 4' in out, out  # its tasks listed by priority
             assert (await python(example, exported, stack)).strip() == "1", out
 
 

@@ -210,6 +210,15 @@ PRIORITY_OPTION = Annotated[
     int | None,
     typer.Option("--priority", help="1 (highest) to 5 within the business's share (default 3)"),
 ]
+PRIORITIES_OPTION = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--priority",
+        min=1,
+        max=5,
+        help="only tasks of this priority, 1 (highest) to 5 (repeat for several: any of them)",
+    ),
+]
 
 
 def _priority(data: dict[str, Any], where: str) -> int:
@@ -488,6 +497,7 @@ def list_(
         bool, typer.Option("--scheduled", help="only tasks whose delayed start is ahead")
     ] = False,
     label: LABEL_OPTION = None,
+    priority: PRIORITIES_OPTION = None,
     as_json: JSON_OPTION = False,
 ) -> None:
     """Tasks, newest first, a page at a time (a scheduled task shows when it starts)."""
@@ -503,6 +513,7 @@ def list_(
             idempotency_key=key,
             scheduled=scheduled,
             labels=labels(label),
+            priorities=priority or [],
         )
     if as_json:
         reply = gateway_pb2.ListTasksResponse(tasks=[t.raw for t in page.tasks], more=page.more)
@@ -521,6 +532,7 @@ def count(
     since_: SINCE_OPTION = None,
     key: KEY_OPTION = "",
     label: LABEL_OPTION = None,
+    priority: PRIORITIES_OPTION = None,
     as_json: JSON_OPTION = False,
 ) -> None:
     """How many tasks are in each status, exactly (the gateway's CountTasks)."""
@@ -530,6 +542,7 @@ def count(
             created_after=since(since_) if since_ else None,
             idempotency_key=key,
             labels=labels(label),
+            priorities=priority or [],
         )
     if as_json:
         reply = gateway_pb2.CountTasksResponse(total=sum(counts.values()))
@@ -716,6 +729,7 @@ def cancel_all(
         str | None, typer.Option(help="created before: a duration back (15m) or an ISO time")
     ] = None,
     key: KEY_OPTION = "",
+    priority: PRIORITIES_OPTION = None,
     rate: Annotated[float, typer.Option(help="at most this many tasks a second", min=0.001)] = 100,
     reason: Annotated[str, typer.Option(help="why (kept in the record)")] = "",
     dry_run: Annotated[
@@ -736,6 +750,7 @@ def cancel_all(
             created_after=since(since_) if since_ else None,
             created_before=since(before) if before else None,
             idempotency_key=key,
+            priorities=priority or [],
             rate_per_second=rate,
             dry_run=dry_run,
             reason=reason,

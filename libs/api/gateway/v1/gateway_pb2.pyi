@@ -650,6 +650,7 @@ class ListTasksRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     SCHEDULED_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    PRIORITIES_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """The business whose tasks to list. Empty: a business token's own business; for an admin,
     every business.
@@ -688,6 +689,13 @@ class ListTasksRequest(_message.Message):
         Empty: any labels, or none.
         """
 
+    @_builtins.property
+    def priorities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Only tasks of any of these priorities (SubmitRequest.priority: 1 highest … 5; a task
+        submitted without one has 3): [1] finds the most urgent, [1, 2] the two highest.
+        Empty: any priority. A value outside 1..5 is INVALID_ARGUMENT naming priorities[i].
+        """
+
     def __init__(
         self,
         *,
@@ -700,10 +708,11 @@ class ListTasksRequest(_message.Message):
         idempotency_key: _builtins.str = ...,
         scheduled: _builtins.bool = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priorities: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "page", b"page"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "labels", b"labels", "order", b"order", "page", b"page", "scheduled", b"scheduled", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "labels", b"labels", "order", b"order", "page", b"page", "priorities", b"priorities", "scheduled", b"scheduled", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -868,6 +877,7 @@ class CountTasksRequest(_message.Message):
     CREATED_BEFORE_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    PRIORITIES_FIELD_NUMBER: _builtins.int
     business: _builtins.str
     """The business whose tasks to count. Empty: a business token's own business; for an
     admin, every business.
@@ -888,6 +898,10 @@ class CountTasksRequest(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Only tasks carrying every one of these labels with that value, as ListTasks' labels."""
 
+    @_builtins.property
+    def priorities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Only tasks of any of these priorities (1 highest … 5), as ListTasks' priorities."""
+
     def __init__(
         self,
         *,
@@ -896,10 +910,11 @@ class CountTasksRequest(_message.Message):
         created_before: _timestamp_pb2.Timestamp | None = ...,
         idempotency_key: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priorities: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "labels", b"labels"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["business", b"business", "created_after", b"created_after", "created_before", b"created_before", "idempotency_key", b"idempotency_key", "labels", b"labels", "priorities", b"priorities"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1027,7 +1042,8 @@ class CancelByFilterRequest(_message.Message):
     @_builtins.property
     def filter(self) -> Global___CountTasksRequest:
         """Which tasks: CountTasksRequest's filters, meaning the same (business, creation window,
-        idempotency key and those added there). created_before is at most the call's instant.
+        idempotency key, labels, priorities and those added there); a bad one is
+        INVALID_ARGUMENT naming filter.<field>. created_before is at most the call's instant.
         """
 
     @_builtins.property
