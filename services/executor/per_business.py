@@ -108,8 +108,10 @@ class BusinessLimits:
 
     def _lease(self, limited: Slots | Pace) -> None:
         if self.leased:
-            limited.lease_until = self.clock.now()  # nothing until the first renewal
+            limited.lease_until = self.clock.now()  # nothing until the first renewal,
             limited.short = self.short
+            if self.short is not None:  # asked for now
+                self.short()
 
     def _in_use(self, key: Key) -> bool:
         slots, pace = self.slots.get(key), self.paces.get(key)

@@ -265,11 +265,15 @@ async def test_holders_share_each_businesss_limit_apart_from_the_others_and_the_
         assert own is not None
         for _ in range(3):
             waiting.append(asyncio.create_task(own.take(business)))
+    pace = two.business.pace_of("labels", "news")
+    assert pace is not None and pace.bound == 0  # nothing until a renewal
     await asyncio.sleep(0)
     for _ in range(3):
         await one.renew()
         await two.renew()
         await asyncio.sleep(0)
+    clock.advance(seconds=1.0)  # a larger pace applies from the next second
+    assert await asyncio.wait_for(pace.wait(1.0), 1) and pace.bound == 3
     shop = [s.business.slots["labels", "shop"] for s in (one, two)]
     news = two.business.slots["labels", "news"]
     assert sum(s.held for s in shop) == 2  # 2 between them, held until their calls end
@@ -286,6 +290,7 @@ async def test_holders_share_each_businesss_limit_apart_from_the_others_and_the_
         )
     assert rows[business_slots_key("labels", "shop")].holders == 2
     assert rows[business_slots_key("labels", "shop")].granted <= 2
+    assert rows[business_pace_key("labels", "news")].granted == 3  # one holder: all of it
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
