@@ -32,6 +32,18 @@ class CatalogueError(ValueError):
 
 
 @dataclass(frozen=True)
+class BusinessLimit:
+    """What one business may have of a downstream, whatever the others do: calls in flight
+    at once and calls started in one second (0: no limit of its own; ADR-0108)."""
+
+    max_concurrency: int = 0
+    max_calls_per_second: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.max_concurrency or self.max_calls_per_second)
+
+
+@dataclass(frozen=True)
 class Downstream:
     """A system the actions call: where it is, how long a call may take, how many calls
     may be in flight at once and how many may start in one second (0: no limit), across
@@ -43,6 +55,8 @@ class Downstream:
     max_concurrency: int = 16
     health_url: str = ""
     max_calls_per_second: int = 0
+    # Each business's own limits on this downstream, across every executor (0: none).
+    per_business: BusinessLimit = BusinessLimit()
 
 
 @dataclass(frozen=True)
@@ -460,7 +474,28 @@ def _downstream(name: str, raw: Any) -> Downstream:
         max_concurrency=_whole(raw, "max_concurrency", Downstream.max_concurrency, name, 1),
         health_url=str(raw.get("health_url", "")),
         max_calls_per_second=_whole(raw, "max_calls_per_second", 0, name, 0),
+        per_business=_per_business(name, raw),
     )
+
+
+def _per_business(name: str, raw: dict[str, Any]) -> BusinessLimit:
+    """A downstream's ``per_business`` limits: each at most the downstream's own, if set."""
+    where = f"downstreams.{name}.per_business"
+    given = raw.get("per_business")
+    if given is None:
+        return BusinessLimit()
+    if not isinstance(given, dict) or not given or set(given) - set(_QUEUE_LIMITS):
+        raise CatalogueError(f"{where}: a mapping with max_concurrency, max_calls_per_second")
+    limits = []
+    for key in _QUEUE_LIMITS:
+        limit = _whole(given, key, 0, f"{name}.per_business", 0)
+        whole = _whole(raw, key, getattr(Downstream, key), name, 0)
+        if whole and limit > whole:
+            raise CatalogueError(
+                f"{where}.{key}: {limit} is more than the downstream's own {key} ({whole})"
+            )
+        limits.append(limit)
+    return BusinessLimit(*limits)
 
 
 def _whole(raw: dict[str, Any], key: str, default: int, name: str, least: int) -> int:

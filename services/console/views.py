@@ -347,11 +347,21 @@ class DownstreamRow:
 
 
 def limits_text(d: epb.Downstream) -> str:
-    """``2/4 at once, 10/20 a second``: what every executor holds of each limit, of the
-    limit."""
+    """``2/4 at once, 10/20 a second; a business 2 at once, 5 a second``: what every
+    executor holds of each limit, of the limit, and what each business may have of it."""
     text = f"{d.cluster_slots}/{d.max_concurrency} at once"
     if d.max_calls_per_second:
         text += f", {d.cluster_per_second}/{d.max_calls_per_second} a second"
+    per_business = [
+        f"{n} {unit}"
+        for n, unit in (
+            (d.per_business_max_concurrency, "at once"),
+            (d.per_business_max_calls_per_second, "a second"),
+        )
+        if n
+    ]
+    if per_business:
+        text += "; a business " + ", ".join(per_business)
     return text
 
 

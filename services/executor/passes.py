@@ -21,6 +21,7 @@ from dispo.executor import plan, waits
 from dispo.executor.breaker import Breaker
 from dispo.executor.domain import Next, NodeRun, past_deadline
 from dispo.executor.envelope import node_from_proto
+from dispo.executor.per_business import BusinessLimits
 from dispo.executor.plan import NodeChange, OpenPath
 from dispo.executor.slots import Slots
 from dispo.executor.states import NodeState, TaskState
@@ -119,12 +120,15 @@ class Passes:
         breakers: dict[str, Breaker],
         lease_ttl: float,
         slots: dict[str, Slots] | None = None,
+        business: BusinessLimits | None = None,
     ) -> None:
         self.breakers = breakers
         self.lease_ttl = lease_ttl
         # The downstreams' call slots: a step claims a ready HTTP node itself when its
-        # downstream has one free (else the node is claimed on its own, once it has one).
+        # downstream has one free, and its business's slot of it one too if the downstream
+        # limits each business (else the node is claimed on its own, once it has them).
         self.slots = slots or {}
+        self.business = business
 
     # ---- opening ------------------------------------------------------------------------
     async def open_many(
@@ -597,28 +601,38 @@ class Passes:
         lock and lease hold) gives its slot back and drops the node from the launch."""
         if taken is None:
             return
-        picks: list[tuple[int, NodeRun, Slots | None]] = []
+        picks: list[tuple[int, NodeRun, list[Slots]]] = []
         for i, nodes in launch.items():
             if steps[i] is not None:
                 continue
             for node in nodes:
                 if node.spec.kind == "worker":  # no call slot: its queue bounds nothing yet
-                    picks.append((i, node, None))
+                    picks.append((i, node, []))
                     continue
                 slots = self.slots.get(node.spec.downstream)
-                if slots is not None and await slots.take_now():
-                    taken.append(slots)
-                    picks.append((i, node, slots))
+                if slots is None:
+                    continue
+                own = None
+                if self.business is not None:
+                    own = self.business.slots_of(node.spec.downstream, items[i].env.business)
+                if own is not None and not await own.take_now():
+                    continue
+                if await slots.take_now():
+                    pair = [slots] if own is None else [own, slots]
+                    taken.extend(pair)
+                    picks.append((i, node, pair))
+                elif own is not None:
+                    own.give_back()
         won = await node_runs.nodes_claim_if_pending_many(
             conn,
             [(items[i].env.task_id, node.node_id, items[i].owner) for i, node, _ in picks],
             now,
         )
-        for i, node, slots in picks:
+        for i, node, pair in picks:
             claim = won.get((items[i].env.task_id, node.node_id, items[i].owner))
             if claim is None:
                 log.debug("node claim lost", task_id=items[i].env.task_id, node_id=node.node_id)
-                if slots is not None:
+                for slots in pair:
                     taken.remove(slots)
                     slots.give_back()
                 launch[i].remove(node)

@@ -49,6 +49,7 @@ from dispo.executor.failures import CallOutcome, Move, Verdict, breaker_counts, 
 from dispo.executor.fair import equal, priority_of
 from dispo.executor.intake import Intake
 from dispo.executor.passes import Opening, Pass, Passes, Step
+from dispo.executor.per_business import BusinessLimits
 from dispo.executor.plan import NodeChange
 from dispo.executor.shares import SHARE_LEASE, DownstreamShares
 from dispo.executor.slots import Pace, Slots
@@ -58,7 +59,7 @@ from dispo.executor.worker_runs import QueuePolicy, WorkerRuns
 from dispo.libs import metrics, references
 from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.bus import Disposition, Nak
-from dispo.libs.catalogue import DEFAULT_WORKER_TIMEOUT_MS, Downstream
+from dispo.libs.catalogue import DEFAULT_WORKER_TIMEOUT_MS, BusinessLimit, Downstream
 from dispo.libs.clock import Clock
 from dispo.libs.contracts.tasks import blocker
 from dispo.libs.db.driver import Database
@@ -141,9 +142,7 @@ class Executor:
         self.registry = registry
         # The limits each downstream's slots and pace were made for (a newer catalogue
         # version that changes them makes new ones).
-        self.registry_limits = {
-            n: (d.max_concurrency, d.max_calls_per_second) for n, d in registry.items()
-        }
+        self.registry_limits = {n: _limits(d) for n, d in registry.items()}
         self.clock = clock
         self.config = config
         self.http = http  # action calls
@@ -173,7 +172,13 @@ class Executor:
                 weight,
             )
             self.slots, self.paces = self.shares.slots, self.shares.paces
+            assert self.shares.business is not None
+            self.business = self.shares.business
         else:
+            # Each business's own slots and paces, counted here alone.
+            self.business = BusinessLimits(clock, leased=False)
+            for name, d in registry.items():
+                self.business.put(name, d.per_business)
             self.slots = {
                 name: Slots(d.max_concurrency, weight=weight) for name, d in registry.items()
             }
@@ -191,7 +196,7 @@ class Executor:
         )
         self.weight = weight
         self.policy_businesses = policy_businesses  # named in the business policy file
-        self.passes = Passes(self.breakers, config.lease_ttl, self.slots)
+        self.passes = Passes(self.breakers, config.lease_ttl, self.slots, self.business)
         # Where the passes' database work commits: the transactions, and the port the
         # loop calls (group-committed: the items of every pass in hand share them).
         self.flushes = Flushes(db, relay, clock, self.passes, config.lease_ttl)
@@ -241,7 +246,7 @@ class Executor:
                 )
             slots = self.slots.get(name)
             known = self.registry_limits.get(name)
-            wanted = (downstream.max_concurrency, downstream.max_calls_per_second)
+            wanted = _limits(downstream)
             if slots is None or known != wanted:
                 self.registry_limits[name] = wanted
                 if self.shares is not None:  # leased across the cluster (ADR-0108)
@@ -249,6 +254,7 @@ class Executor:
                     self.shares.put(name, downstream, max(longest, downstream.timeout_ms / 1000))
                 else:
                     self.slots[name] = Slots(downstream.max_concurrency, weight=self.weight)
+                    self.business.put(name, downstream.per_business)
                     if downstream.max_calls_per_second:
                         self.paces[name] = Pace(downstream.max_calls_per_second, self.clock)
                     else:
@@ -437,17 +443,24 @@ class Executor:
         self, env: task_pb2.Task, node: NodeRun, owner: str, state: Pass, claimed: bool
     ) -> Recording | None:
         """Make the node's call and say what to record. A node its step did not claim
-        (``claimed``: claimed, with its downstream's call slot) waits for a slot, then is
-        claimed (None: the claim was lost). The slot is given back when the call ends."""
+        (``claimed``: claimed, with its downstream's call slot and its business's) waits for
+        its business's slot of the downstream, if the downstream limits each business, then
+        for the downstream's, then is claimed (None: the claim was lost). The slots are
+        given back when the call ends, the downstream's first."""
         task_id = env.task_id
         bind_ids(node_id=node.node_id)  # this node's own asyncio task: its lines only
         downstream = self.registry.get(node.spec.downstream)
         slots = self.slots.get(node.spec.downstream)
-        held = claimed  # a step claims only with a slot
+        own = self.business.slots_of(node.spec.downstream, env.business)
+        held = own_held = claimed  # a step claims only with its slots
         try:
             if not claimed:
+                priority = priority_of(env.priority)
+                if own is not None:
+                    await own.take(env.business, priority)
+                    own_held = True
                 if slots is not None:
-                    await slots.take(env.business, priority_of(env.priority))
+                    await slots.take(env.business, priority)
                     held = True
                 won = await self.commits.claim(Claim(task_id, node.node_id, owner))
                 if won is None:
@@ -462,7 +475,7 @@ class Executor:
             inputs = await self._inputs(env, node)
             if isinstance(inputs, Result):  # a reference its inputs cannot answer: not sent
                 result = inputs
-            elif not await self._within_limits(node, slots):
+            elif not await self._within_limits(node, slots, own, env.business):
                 result = not_sent_without_share()
             elif not await self._may_send(task_id, owner, state):
                 result = not_sent_without_lease()
@@ -487,22 +500,30 @@ class Executor:
         finally:
             if held and slots is not None:
                 slots.give_back()
+            if own_held and own is not None:
+                own.give_back()
         return self._recording(task_id, node, owner, result, took)
 
-    async def _within_limits(self, node: NodeRun, slots: Slots | None) -> bool:
-        """An HTTP call's turn under its downstream's limits (ADR-0108): its pace's turn in
-        this second, and a slot whose share outlasts the call's timeout. False: not sent
-        (no share proven within a share lease)."""
+    async def _within_limits(
+        self, node: NodeRun, slots: Slots | None, own: Slots | None, business: str
+    ) -> bool:
+        """An HTTP call's turn under its downstream's limits (ADR-0108): its business's pace
+        turn in this second (a downstream limited per business), then the downstream's, and
+        slots whose shares outlast the call's timeout. False: not sent (no share proven
+        within a share lease)."""
         if node.spec.kind != "http":
             return True
-        pace = self.paces.get(node.spec.downstream)
-        if pace is not None and not await pace.wait(self.config.share_lease):
-            return False
-        downstream = self.registry.get(node.spec.downstream)
-        if slots is None or downstream is None:
+        name = node.spec.downstream
+        patience = self.config.share_lease
+        for pace in (self.business.pace_of(name, business), self.paces.get(name)):
+            if pace is not None and not await pace.wait(patience):
+                return False
+        downstream = self.registry.get(name)
+        if downstream is None:
             return True
         timeout = (node.spec.timeout_ms or downstream.timeout_ms) / 1000
-        return slots.covers(self.clock.now(), timeout)
+        now = self.clock.now()
+        return all(s is None or s.covers(now, timeout) for s in (own, slots))
 
     async def _run_worker(
         self, call: Call, node: NodeRun, owner: str, env: task_pb2.Task
@@ -628,3 +649,12 @@ class Executor:
                 outcome=c.result.outcome.value,
                 error=c.result.detail,
             )
+
+
+def _limits(downstream: Downstream) -> tuple[int, int, BusinessLimit]:
+    """The limits a downstream's slots and paces are made for."""
+    return (
+        downstream.max_concurrency,
+        downstream.max_calls_per_second,
+        downstream.per_business,
+    )

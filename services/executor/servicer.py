@@ -69,6 +69,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                 cluster_per_second=(
                     d.max_calls_per_second if use is None else use_of(use, pace_key(name))
                 ),
+                per_business_max_concurrency=d.per_business.max_concurrency,
+                per_business_max_calls_per_second=d.per_business.max_calls_per_second,
             )
             if breaker.open_until is not None:
                 item.open_until.CopyFrom(to_timestamp(breaker.open_until))

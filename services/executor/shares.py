@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from dispo.executor.fair import equal
+from dispo.executor.per_business import BusinessLimits, business_pace_key, business_slots_key
 from dispo.executor.slots import Pace, Slots
 from dispo.libs.catalogue import Downstream
 from dispo.libs.clock import Clock
@@ -68,6 +69,9 @@ class DownstreamShares:
     _kicked: datetime | None = None
     # Each business's weight in the order its nodes get a slot (ADR-0109).
     weight: Callable[[str], int] = equal
+    # Each business's own slots and paces of the downstreams limited per business, leased
+    # with the downstreams' own (keys per downstream and business).
+    business: BusinessLimits | None = None
 
     def short(self) -> None:
         now = self.clock.now()
@@ -91,6 +95,7 @@ class DownstreamShares:
         """Slots and paces of ``registry``'s downstreams holding nothing yet; a slot goes
         to the next waiter in the fair order of ``weight`` (ADR-0109)."""
         shares = cls(db, clock, holder, {}, {}, dict(timeouts), lease, weight=weight)
+        shares.business = BusinessLimits(clock, leased=True, short=shares.short)
         for name, downstream in registry.items():
             shares.put(name, downstream)
         return shares
@@ -110,6 +115,8 @@ class DownstreamShares:
             leased.append(pace)
         else:
             self.paces.pop(name, None)
+        if self.business is not None:
+            self.business.put(name, downstream.per_business)
         never = self.clock.now()
         for limited in leased:
             limited.lease_until = never
@@ -122,13 +129,32 @@ class DownstreamShares:
             await self._renew()
         except Exception:
             now = self.clock.now()
-            for slots in self.slots.values():
+            every: list[Slots] = [*self.slots.values()]
+            if self.business is not None:
+                every += self.business.slots.values()
+            for slots in every:
                 if slots.lease_until is not None and now >= slots.lease_until:
                     slots.resize(0)
             raise
 
+    def _leased(self) -> tuple[list[tuple[str, str, Slots]], list[tuple[str, Pace]]]:
+        """Every slots' key, downstream and slots, and every pace's key and pace: the
+        downstreams' own, then each business's (those idle for a lease dropped first)."""
+        slots = [(slots_key(n), n, s) for n, s in self.slots.items()]
+        paces = [(pace_key(n), p) for n, p in self.paces.items()]
+        if self.business is not None:
+            self.business.drop_idle(self.lease)
+            for (name, business), held in self.business.slots.items():
+                slots.append((business_slots_key(name, business), name, held))
+            for (name, business), pace in self.business.paces.items():
+                paces.append((business_pace_key(name, business), pace))
+        return slots, paces
+
     async def _renew(self) -> None:
-        keys = [slots_key(n) for n in self.slots] + [pace_key(n) for n in self.paces]
+        every_slots, every_pace = self._leased()
+        keys = [k for k, _, _ in every_slots] + [k for k, _ in every_pace]
+        known = set(keys)
+        self._asked = {k: v for k, v in self._asked.items() if k in known}
         async with self.db.transaction() as conn:
             now = self.clock.now()
             others = await limit_shares_others(conn, self.holder, keys, now)
@@ -137,8 +163,7 @@ class DownstreamShares:
             writes: list[tuple[str, int, int, datetime]] = []
             grown: list[tuple[Slots, int]] = []
             paced: list[tuple[Pace, int]] = []
-            for name, slots in self.slots.items():
-                key = slots_key(name)
+            for key, name, slots in every_slots:
                 until = now + timedelta(seconds=self.lease + self.timeouts.get(name, 0.0))
                 wanted = slots.held + slots.waiting
                 grant = divide(slots.size, wanted, slots.held, others.get(key, []))
@@ -147,10 +172,9 @@ class DownstreamShares:
                 else:
                     grown.append((slots, grant.bound))
                 writes.append((key, grant.recorded, wanted, until))
-            for name, pace in self.paces.items():
-                key = pace_key(name)
+            for key, pace in every_pace:
                 until = now + timedelta(seconds=self.lease)
-                wanted = self._pace_demand(name, pace, now)
+                wanted = self._pace_demand(key, pace, now)
                 grant = divide(pace.rate, wanted, 0, others.get(key, []))
                 pace.share(min(grant.bound, pace.bound), now)
                 paced.append((pace, grant.bound))
@@ -158,17 +182,17 @@ class DownstreamShares:
             await limit_shares_put_many(conn, self.holder, writes, now)
         for slots, bound in grown:
             slots.resize(bound)
-        leased: list[Slots | Pace] = [*self.slots.values(), *self.paces.values()]
+        leased: list[Slots | Pace] = [s for _, _, s in every_slots] + [p for _, p in every_pace]
         for limited, (_, _, _, until) in zip(leased, writes, strict=True):
             limited.lease_until = until
         for pace, bound in paced:
             pace.share(bound, now)
 
-    def _pace_demand(self, name: str, pace: Pace, now: datetime) -> int:
+    def _pace_demand(self, key: str, pace: Pace, now: datetime) -> int:
         """Calls a second this executor's nodes asked for since the last renewal, and one
         more for each still waiting for its turn."""
-        asked, since = self._asked.get(name, (0, now))
-        self._asked[name] = (pace.asked, now)
+        asked, since = self._asked.get(key, (0, now))
+        self._asked[key] = (pace.asked, now)
         elapsed = (now - since).total_seconds()
         rate = (pace.asked - asked) / elapsed if elapsed > 0 else 0.0
         return math.ceil(rate) + pace.waiting
@@ -179,6 +203,12 @@ class DownstreamShares:
             slots.resize(0)
         for pace in self.paces.values():
             pace.share(0, self.clock.now())
+        if self.business is not None:
+            for _, limited in self.business.items():
+                if isinstance(limited, Slots):
+                    limited.resize(0)
+                else:
+                    limited.share(0, self.clock.now())
         async with self.db.transaction() as conn:
             await limit_shares_drop(conn, self.holder)
 

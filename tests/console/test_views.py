@@ -56,7 +56,7 @@ def test_an_unhealthy_downstream_and_an_open_breaker_are_red_a_closed_one_green(
 
 
 def test_a_downstreams_limits_show_what_every_executor_holds_of_them():
-    [limited, unpaced, unknown] = downstream_rows(
+    [limited, unpaced, unknown, per_business] = downstream_rows(
         [
             (
                 rpb.DownstreamState(name="labels"),
@@ -67,10 +67,18 @@ def test_a_downstreams_limits_show_what_every_executor_holds_of_them():
             ),
             (rpb.DownstreamState(name="review"), epb.Downstream(max_concurrency=8, cluster_slots=8)),
             (rpb.DownstreamState(name="fresh"), None),
+            (
+                rpb.DownstreamState(name="search"),
+                epb.Downstream(
+                    max_concurrency=8, cluster_slots=6, per_business_max_concurrency=2,
+                    per_business_max_calls_per_second=5,
+                ),
+            ),
         ]
     )  # fmt: skip
     assert limited.limits == "3/4 at once, 12/20 a second"
     assert unpaced.limits == "8/8 at once" and unknown.limits == ""
+    assert per_business.limits == "6/8 at once; a business 2 at once, 5 a second"
     page = rendered("_downstream_rows.html", downstreams=[limited])
     assert '<td class="limits">3/4 at once, 12/20 a second</td>' in page
 

@@ -1,17 +1,24 @@
-"""Shares of the downstreams' cluster-wide limits (ADR-0108): how a limit is divided (pure),
+"""Shares of the downstreams' cluster-wide limits (ADR-0108), the downstreams' own and each
+business's (per_business): how a limit is divided (pure),
 the slots and paces a share bounds, and renewals of several holders racing on real
 PostgreSQL — never more than the limit between them, a dead holder's share free once its
 lease ran out and not before, a holder cut off from the database holding nothing."""
 
 import asyncio
 import random
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+from dispo.executor.per_business import (
+    BusinessLimits,
+    business_pace_key,
+    business_slots_key,
+    idle,
+)
 from dispo.executor.shares import DownstreamShares
 from dispo.executor.slots import Pace, Slots
-from dispo.libs.catalogue import Downstream
+from dispo.libs.catalogue import BusinessLimit, Downstream
 from dispo.libs.clock import ManualClock
-from dispo.libs.shares import Grant, divide
+from dispo.libs.shares import Grant, divide, limit_shares_use
 
 LABELS = {"labels": Downstream("labels", "http://127.0.0.1:1", 1000, 4, "", 10)}
 
@@ -199,3 +206,104 @@ async def test_a_pace_waits_its_turn_however_long_but_not_without_a_share():
         await asyncio.sleep(0)
         clock.advance(0.1)
     assert await asyncio.wait_for(third, 1) is False
+
+
+PER_BUSINESS = {
+    "labels": Downstream(
+        "labels", "http://127.0.0.1:1", 1000, 4, "", 10, per_business=BusinessLimit(2, 3)
+    )
+}
+
+
+def test_a_business_idle_for_a_lease_holds_nothing_of_a_downstream_any_more():
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert not idle(False, now, now + timedelta(seconds=2.9), 3.0)
+    assert idle(False, now, now + timedelta(seconds=3.0), 3.0)
+    assert not idle(True, now, now + timedelta(seconds=30), 3.0)  # a call under way or waiting
+    assert business_slots_key("labels", "shop") == "downstream:labels:business:shop:calls"
+    assert business_pace_key("labels", "shop") == "downstream:labels:business:shop:per_second"
+
+
+async def test_a_business_slots_and_pace_are_made_at_its_first_call_and_dropped_once_idle():
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
+    limits = BusinessLimits(clock)
+    limits.put("labels", BusinessLimit(2, 0))
+    assert limits.pace_of("labels", "shop") is None  # no rate per business
+    assert limits.slots_of("other", "shop") is None  # no limit per business
+    slots = limits.slots_of("labels", "shop")
+    assert slots is not None and slots.size == 2 and slots.bound == 0  # until a renewal
+    assert limits.slots_of("labels", "shop") is slots
+    slots.resize(2)
+    assert await slots.take_now()
+    clock.advance(seconds=5)
+    assert limits.drop_idle(3.0) == []  # a call under way
+    slots.give_back()
+    assert limits.drop_idle(3.0) == [("labels", "shop")]
+    assert limits.slots_of("labels", "shop") is not slots
+    # Counted in one process alone, a business holds the whole of its limit at once.
+    alone = BusinessLimits(clock, leased=False)
+    alone.put("labels", BusinessLimit(2, 3))
+    own, pace = alone.slots_of("labels", "shop"), alone.pace_of("labels", "shop")
+    assert own is not None and own.bound == 2 and own.lease_until is None
+    assert pace is not None and pace.bound == 3
+
+
+async def test_holders_share_each_businesss_limit_apart_from_the_others_and_the_downstreams(
+    service_db,
+):
+    db = await service_db("executor")
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
+    one, two = (
+        DownstreamShares.of(db, clock, f"ex{i}", PER_BUSINESS, {"labels": 1.0}, 3.0)
+        for i in range(2)
+    )
+    assert one.business is not None and two.business is not None
+    # Both executors have nodes of "shop" waiting; only the second has "news".
+    waiting = []
+    for shares, business in ((one, "shop"), (two, "shop"), (two, "news")):
+        own = shares.business.slots_of("labels", business)
+        assert own is not None
+        for _ in range(3):
+            waiting.append(asyncio.create_task(own.take(business)))
+    pace = two.business.pace_of("labels", "news")
+    assert pace is not None and pace.bound == 0  # nothing until a renewal
+    await asyncio.sleep(0)
+    for _ in range(3):
+        await one.renew()
+        await two.renew()
+        await asyncio.sleep(0)
+    clock.advance(seconds=1.0)  # a larger pace applies from the next second
+    assert await asyncio.wait_for(pace.wait(1.0), 1) and pace.bound == 3
+    shop = [s.business.slots["labels", "shop"] for s in (one, two)]
+    news = two.business.slots["labels", "news"]
+    assert sum(s.held for s in shop) == 2  # 2 between them, held until their calls end
+    assert news.held == 2  # its own 2, whatever shop holds
+    assert sum(s.slots["labels"].bound for s in (one, two)) <= 4
+    use = await one.use()
+    assert use["downstream:labels:calls"].holders == 2
+    # The per-business rows are leased as the downstream's are.
+    async with db.connection() as conn:
+        rows = await limit_shares_use(
+            conn,
+            [business_slots_key("labels", "shop"), business_pace_key("labels", "news")],
+            clock.now(),
+        )
+    assert rows[business_slots_key("labels", "shop")].holders == 2
+    assert rows[business_slots_key("labels", "shop")].granted <= 2
+    assert rows[business_pace_key("labels", "news")].granted == 3  # one holder: all of it
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    # Once idle for a lease, a business's share is no longer renewed: it runs out.
+    for shares in (one, two):
+        for own in shares.business.slots.values():
+            while own.held:
+                own.give_back()
+    clock.advance(seconds=3.0)
+    await one.renew()
+    await two.renew()
+    assert not one.business.slots and not two.business.slots
+    clock.advance(seconds=1.01)
+    async with db.connection() as conn:
+        rows = await limit_shares_use(conn, [business_slots_key("labels", "shop")], clock.now())
+    assert rows == {}

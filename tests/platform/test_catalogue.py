@@ -5,6 +5,7 @@ import pytest
 import yaml
 from dispo.libs.catalogue import (
     EXAMPLE,
+    BusinessLimit,
     CatalogueError,
     CatalogueSettings,
     Conflict,
@@ -313,3 +314,63 @@ def test_a_queue_declares_its_runs_at_once_and_a_second():
     )
     assert catalogue.queues["a"] == Queue("a", max_concurrency=2, max_calls_per_second=5)
     assert catalogue.queues["b"] == Queue("b")
+
+
+D = {"base_url": "http://d", "max_concurrency": 4, "max_calls_per_second": 10}
+
+
+def test_a_downstream_declares_what_each_business_may_have_of_it():
+    catalogue = parse_catalogue(
+        {
+            "downstreams": {
+                "a": {**D, "per_business": {"max_concurrency": 2, "max_calls_per_second": 5}},
+                "b": {**D, "per_business": {"max_concurrency": 4}},
+                "c": {"base_url": "http://c", "per_business": {"max_calls_per_second": 50}},
+                "d": D,
+            }
+        }
+    )
+    limits = {n: d.per_business for n, d in catalogue.downstreams.items()}
+    assert limits == {
+        "a": BusinessLimit(2, 5),
+        "b": BusinessLimit(4, 0),
+        "c": BusinessLimit(0, 50),  # the downstream has no rate of its own to stay under
+        "d": BusinessLimit(),
+    }
+    assert not limits["d"] and limits["c"]
+
+
+@pytest.mark.parametrize(
+    ("per_business", "message"),
+    [
+        (
+            {"max_concurrency": 5},
+            r"downstreams.d.per_business.max_concurrency: 5 is more than the downstream's own"
+            r" max_concurrency \(4\)",
+        ),
+        (
+            {"max_calls_per_second": 11},
+            r"downstreams.d.per_business.max_calls_per_second: 11 is more than the"
+            r" downstream's own max_calls_per_second \(10\)",
+        ),
+        (
+            {"max_concurrency": -1},
+            r"downstreams.d.per_business.max_concurrency: must be a whole number of at least 0",
+        ),
+        (
+            {"max_calls_per_second": 1.5},
+            r"downstreams.d.per_business.max_calls_per_second: must be a whole number",
+        ),
+        (
+            {"max_runs": 1},
+            r"downstreams.d.per_business: a mapping with max_concurrency, max_calls_per_second",
+        ),
+        ({}, r"downstreams.d.per_business: a mapping with max_concurrency"),
+        (3, r"downstreams.d.per_business: a mapping with max_concurrency"),
+    ],
+)
+def test_a_per_business_limit_beyond_the_downstreams_own_is_refused_naming_the_field(
+    per_business, message
+):
+    with pytest.raises(CatalogueError, match=message):
+        parse_catalogue({"downstreams": {"d": {**D, "per_business": per_business}}})

@@ -4,7 +4,8 @@ under a load that would take three times its limits, it never sees more than its
 ``max_concurrency`` at once nor more than its ``max_calls_per_second`` in a second. An
 executor killed while it holds slots gives them back when its share's lease runs out (not
 before: its calls may still be under way); with PostgreSQL paused, no executor can renew
-its share, and none calls beyond it."""
+its share, and none calls beyond it. A downstream limited per business holds each business
+to its part, whatever the number of executors, while the others' calls get through."""
 
 import asyncio
 import math
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
-from dispo.sdk import AsyncClient, cell
+from dispo.sdk import AsyncClient, TaskRequest, cell
 from support import eventually
 from support.auth import admin_channel
 
@@ -197,3 +198,94 @@ async def test_with_postgresql_paused_no_executor_calls_beyond_its_share(
         await all_succeeded(client, ids)
     assert recorder.most <= 2
     assert len(executors) == 3
+
+
+PER_BUSINESS = """
+downstreams:
+  labels:
+    base_url: {url}
+    timeout_ms: 5000
+    max_concurrency: 4
+    per_business: {{max_concurrency: 2}}
+cells:
+  label:
+    description: One call to the label service, naming the business it is for.
+    fields: {{who: {{type: string, required: true}}}}
+    actions:
+      set: {{kind: http, downstream: labels, path: "/label/{{payload.who}}", idempotent: true}}
+"""
+
+
+class ByBusiness:
+    """The downstream's view per business (named in the path): the most calls it had at
+    once of each, every call counted (no deduplication), and its calls in all."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.now: Counter[str] = Counter()
+        self.most: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.all_now = 0
+        self.all_most = 0
+
+    async def label(self, request: web.Request) -> web.Response:
+        who = request.match_info["who"]
+        self.now[who] += 1
+        self.calls[who] += 1
+        self.all_now += 1
+        self.most[who] = max(self.most[who], self.now[who])
+        self.all_most = max(self.all_most, self.all_now)
+        try:
+            await asyncio.sleep(self.hold)
+        finally:
+            self.now[who] -= 1
+            self.all_now -= 1
+        return web.json_response({})
+
+
+async def submit_for(client: AsyncClient, business: str, count: int) -> list[str]:
+    requests = [
+        TaskRequest(business, [cell("label", who=business)], idempotency_key=f"{business}{i}")
+        for i in range(count)
+    ]
+    return [t.task_id for t in await client.submit_many(requests)]
+
+
+async def test_a_business_flooding_a_downstream_holds_no_more_than_its_part_of_it(
+    start_service, fake_server, tmp_path, tokens
+):
+    # Two executors, each of which alone would hold the downstream's 4 calls at once: the
+    # flooding business gets 2 of them across the cluster, the other business the rest.
+    recorder = ByBusiness(hold=0.3)
+    downstream = await fake_server({("POST", "/label/{who}"): recorder.label})
+    catalogue = tmp_path / "catalogue.yaml"
+    catalogue.write_text(PER_BUSINESS.format(url=downstream.url))
+    env = {
+        "DISPO_CATALOGUE": str(catalogue),
+        "DISPO_LOG_LEVEL": "WARNING",
+        "DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS": "0",
+        "DISPO_EXECUTOR_BREAKER_THRESHOLD": "100000",
+        "DISPO_EXECUTOR_SHARE_LEASE_SECONDS": LEASE,
+        # Room in hand for the trickle's messages behind the flood's, on either executor
+        # (the flood's passes wait for its slots with their messages in hand).
+        "DISPO_EXECUTOR_BATCH": "40",
+        "DISPO_GATEWAY_SUBMIT_RATE_PER_SECOND": "0",
+    }
+    gateway = await start_service("gateway", env)
+    executors = [await start_service("executor", env) for _ in range(2)]
+    async with AsyncClient(gateway.address, token=tokens.admin) as client:
+        flood = await submit_for(client, "flood", 60)
+        await eventually(lambda: recorder.calls["flood"] >= 4, wanted="the flood under way")
+        trickle = await submit_for(client, "trickle", 6)
+        await all_succeeded(client, trickle)
+        assert recorder.most["flood"] <= 2, f"{recorder.most['flood']} flood calls at once"
+        # The trickle got through while the flood still had calls to make (60 at 2 at once
+        # take at least 9 s of the downstream's time).
+        assert recorder.calls["flood"] < 60, "the trickle waited for the flood"
+        await all_succeeded(client, flood, timeout=180)
+    assert recorder.calls["flood"] >= 60 and recorder.calls["trickle"] >= 6
+    assert recorder.most["flood"] <= 2, f"{recorder.most['flood']} flood calls at once"
+    assert recorder.most["flood"] == 2  # its part was used, not starved
+    assert recorder.all_most <= 4, f"{recorder.all_most} calls at once"
+    views = [(await downstreams(e.address))["labels"] for e in executors]
+    assert all(v.per_business_max_concurrency == 2 for v in views)

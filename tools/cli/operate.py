@@ -432,6 +432,8 @@ _LIMIT_COLUMNS: list[Column] = [
     ("max a second", lambda d: d.max_calls_per_second or ""),
     ("held a second", lambda d: d.cluster_per_second if d.max_calls_per_second else ""),
     ("this executor a second", lambda d: d.per_second_share if d.max_calls_per_second else ""),
+    ("a business at once", lambda d: d.per_business_max_concurrency or ""),
+    ("a business a second", lambda d: d.per_business_max_calls_per_second or ""),
 ]
 
 
@@ -439,7 +441,7 @@ _LIMIT_COLUMNS: list[Column] = [
 def downstreams_limits(ctx: typer.Context, as_json: JSON_OPTION = False) -> None:
     """Each downstream's limits across the cluster (the executor's ListDownstreams): calls
     at once and a second, what every executor holds of them, and what the executor asked
-    holds and uses (ADR-0108)."""
+    holds and uses, and what each business may have of it (per_business; ADR-0108)."""
     with _stub(ctx, "executor", executor_pb2_grpc.ExecutorServiceStub) as executor:
         reply = executor.ListDownstreams(epb.ListDownstreamsRequest(), timeout=CALL_SECONDS)
     show(reply, as_json, lambda r: table(r.downstreams, _LIMIT_COLUMNS))

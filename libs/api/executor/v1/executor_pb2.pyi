@@ -569,6 +569,8 @@ class Downstream(_message.Message):
     CLUSTER_SLOTS_FIELD_NUMBER: _builtins.int
     PER_SECOND_SHARE_FIELD_NUMBER: _builtins.int
     CLUSTER_PER_SECOND_FIELD_NUMBER: _builtins.int
+    PER_BUSINESS_MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    PER_BUSINESS_MAX_CALLS_PER_SECOND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Its catalogue name, as actions name it."""
     base_url: _builtins.str
@@ -597,6 +599,14 @@ class Downstream(_message.Message):
     """The calls a second this executor may start now: its share of max_calls_per_second."""
     cluster_per_second: _builtins.int
     """The calls a second every executor together may start now."""
+    per_business_max_concurrency: _builtins.int
+    """Most calls in flight at once of each business, across every executor (0: no limit
+    per business; per_business.max_concurrency in the catalogue).
+    """
+    per_business_max_calls_per_second: _builtins.int
+    """Most calls started in one second by each business, across every executor (0: no
+    limit per business; per_business.max_calls_per_second in the catalogue).
+    """
     @_builtins.property
     def open_until(self) -> _timestamp_pb2.Timestamp:
         """When an OPEN breaker's cooldown ends; unset when not OPEN."""
@@ -618,10 +628,12 @@ class Downstream(_message.Message):
         cluster_slots: _builtins.int = ...,
         per_second_share: _builtins.int = ...,
         cluster_per_second: _builtins.int = ...,
+        per_business_max_concurrency: _builtins.int = ...,
+        per_business_max_calls_per_second: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["open_until", b"open_until"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_url", b"base_url", "breaker_state", b"breaker_state", "calls_in_flight", b"calls_in_flight", "cluster_per_second", b"cluster_per_second", "cluster_slots", b"cluster_slots", "health_url", b"health_url", "max_calls_per_second", b"max_calls_per_second", "max_concurrency", b"max_concurrency", "name", b"name", "open_until", b"open_until", "per_second_share", b"per_second_share", "recent_failures", b"recent_failures", "slots_share", b"slots_share", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_url", b"base_url", "breaker_state", b"breaker_state", "calls_in_flight", b"calls_in_flight", "cluster_per_second", b"cluster_per_second", "cluster_slots", b"cluster_slots", "health_url", b"health_url", "max_calls_per_second", b"max_calls_per_second", "max_concurrency", b"max_concurrency", "name", b"name", "open_until", b"open_until", "per_business_max_calls_per_second", b"per_business_max_calls_per_second", "per_business_max_concurrency", b"per_business_max_concurrency", "per_second_share", b"per_second_share", "recent_failures", b"recent_failures", "slots_share", b"slots_share", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
