@@ -314,7 +314,8 @@ class PutDownstreamRequest(_message.Message):
     """Its name, as actions name it."""
     definition: _builtins.str
     """Its definition as in the catalogue file under downstreams.<name> (YAML or JSON text):
-    base_url (required), timeout_ms, max_concurrency, health_url ...
+    base_url (required), timeout_ms, max_concurrency, max_calls_per_second, per_business,
+    health_url ...
     """
     based_on_version: _builtins.int
     """The version this change was made from; required."""
