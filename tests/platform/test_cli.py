@@ -368,14 +368,24 @@ async def test_tasks_are_submitted_with_labels_and_listed_and_counted_by_them(cl
 
 
 async def test_tasks_are_listed_counted_and_cancelled_by_priority(cli_env):
-    """``--priority`` (repeatable: any of them) on tasks list, count and cancel-all; a value
-    outside 1..5 is a usage error before any call. The tasks start in an hour: they stay
-    ACCEPTED, for the cancel to count."""
+    """``--priority`` (repeatable: any of them) on tasks list, count and cancel-all, and
+    ``--label`` on cancel-all; a priority outside 1..5 is a usage error before any call. The
+    tasks start in an hour: they stay ACCEPTED, for the cancel to count."""
     body = submission("cli-pri", {"cell": "noop"})
     submitted = await asyncio.gather(
         *(
             dispo(
-                cli_env, "submit", "-", "--priority", str(p), "--delay", "1h", "--json", stdin=body
+                cli_env,
+                "submit",
+                "-",
+                "--priority",
+                str(p),
+                "--label",
+                f"p={p}",
+                "--delay",
+                "1h",
+                "--json",
+                stdin=body,
             )
             for p in (1, 2, 5, 5)
         )
@@ -417,6 +427,22 @@ async def test_tasks_are_listed_counted_and_cancelled_by_priority(cli_env):
     assert json.loads(counted.stdout)["total"] == "2"
     assert int(json.loads(dry.stdout)["matched"]) == len(lowest), dry.stderr
     assert bad.returncode == 2 and "--priority" in bad.stderr, bad.stderr
+    by_label = [
+        dispo(
+            cli_env,
+            "tasks",
+            "cancel-all",
+            "--business",
+            "cli-pri",
+            "--label",
+            f"p={p}",
+            "--dry-run",
+            "--json",
+        )  # fmt: skip
+        for p in (5, 1, 3)
+    ]
+    matched = [int(json.loads(r.stdout).get("matched", 0)) for r in await asyncio.gather(*by_label)]
+    assert matched == [2, 1, 0], matched
 
 
 async def test_a_cancelled_task_exits_1_for_submit_wait_and_watch(cli_env, downstream):

@@ -729,6 +729,7 @@ def cancel_all(
         str | None, typer.Option(help="created before: a duration back (15m) or an ISO time")
     ] = None,
     key: KEY_OPTION = "",
+    label: LABEL_OPTION = None,
     priority: PRIORITIES_OPTION = None,
     rate: Annotated[float, typer.Option(help="at most this many tasks a second", min=0.001)] = 100,
     reason: Annotated[str, typer.Option(help="why (kept in the record)")] = "",
@@ -750,6 +751,7 @@ def cancel_all(
             created_after=since(since_) if since_ else None,
             created_before=since(before) if before else None,
             idempotency_key=key,
+            labels=labels(label),
             priorities=priority or [],
             rate_per_second=rate,
             dry_run=dry_run,
