@@ -116,7 +116,9 @@ RULES: dict[str, Rule] = {
     ),
     **_methods(
         "dispo.executor.v1.ExecutorService",
-        ListDownstreams=ADMIN,
+        # The reconciler releases demoted work only into a breaker that is not OPEN
+        # (ADR-0115).
+        ListDownstreams=internal("reconciler"),
         # The gateway shows outputs in GetTask and WatchTask; the reconciler puts the
         # result in completion callbacks.
         GetOutputs=internal("gateway", "reconciler"),

@@ -293,9 +293,10 @@ async def check_downstreams(ex: Executor) -> None:
 async def downstream_samples(ex: Executor) -> list[metrics.Sample]:
     """The state of every downstream's breaker and call slots in this executor (read at
     scrape time)."""
+    now = ex.clock.now()
     return (
         [
-            metrics.BREAKER_STATE.sample(BREAKER_VALUES[breaker.state], name)
+            metrics.BREAKER_STATE.sample(BREAKER_VALUES[breaker.state_at(now)], name)
             for name, breaker in ex.breakers.items()
         ]
         + [

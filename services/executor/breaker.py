@@ -68,6 +68,15 @@ class Breaker:
         self._trials.clear()
         self._trial_successes = 0
 
+    def state_at(self, now: datetime) -> BreakerState:
+        """The state a call would find now: an OPEN breaker whose cooldown has ended is
+        HALF_OPEN (it becomes so at the next call, :meth:`allow`)."""
+        if self.state is BreakerState.OPEN and (
+            self.open_until is not None and now >= self.open_until
+        ):
+            return BreakerState.HALF_OPEN
+        return self.state
+
     def allow(self, now: datetime) -> bool:
         """May a call go out now? In HALF_OPEN a True is one of the bounded trial calls."""
         if self.state is BreakerState.OPEN:

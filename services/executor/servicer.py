@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import grpc
 from dispo.executor import pausing
+from dispo.executor.breaker import BreakerState
 from dispo.executor.envelope import task_result
 from dispo.executor.runner import Executor
 from dispo.executor.shares import pace_key, slots_key
@@ -59,7 +60,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                 timeout_ms=d.timeout_ms,
                 max_concurrency=d.max_concurrency,
                 health_url=d.health_url,
-                breaker_state=from_short_name(executor_pb2.BreakerState, breaker.state.name),
+                breaker_state=from_short_name(
+                    executor_pb2.BreakerState, breaker.state_at(now).name
+                ),
                 recent_failures=breaker.recent_failures(now),
                 max_calls_per_second=d.max_calls_per_second,
                 slots_share=slots.bound,
@@ -72,7 +75,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServiceServicer):
                 per_business_max_concurrency=d.per_business.max_concurrency,
                 per_business_max_calls_per_second=d.per_business.max_calls_per_second,
             )
-            if breaker.open_until is not None:
+            if breaker.state_at(now) is BreakerState.OPEN and breaker.open_until is not None:
                 item.open_until.CopyFrom(to_timestamp(breaker.open_until))
         return out
 

@@ -20,8 +20,8 @@ from dispo.libs.outbox import OutboxRelay
 from dispo.libs.outputs import OutputsReader
 from dispo.libs.settings import DEMO_DOWNSTREAM_ORIGIN
 from dispo.reconciler.completion.in_flight import InFlight
+from dispo.reconciler.executor_health import ExecutorHealth
 from dispo.reconciler.probes import WorkerProber
-from dispo.reconciler.queue_health import QueueHealth
 from dispo.reconciler.settings import ReconcilerSettings, RecoveryConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -48,9 +48,10 @@ class Context:
     # Where a SUCCEEDED task's result is read for its callback (ExecutorService.GetOutputs);
     # None: only a task without outputs can be notified of its success.
     outputs: OutputsReader | None = None
-    # Whether the worker queues demoted work waits for have a live worker (the executor's
-    # ListQueues); None: such work is not released.
-    queues: QueueHealth | None = None
+    # What the executor says of what demoted work waits for: whether a worker queue has a
+    # live worker (ListQueues; None: such work is not released) and which downstreams its
+    # breaker holds OPEN (ListDownstreams; None: the health URL alone decides).
+    executor_health: ExecutorHealth | None = None
     # Where UNKNOWN worker nodes are probed (ExecutorService.ProbeWorkerNode, ADR-0100);
     # None: they are not (an operator decides).
     worker_probes: WorkerProber | None = None

@@ -15,11 +15,11 @@ from dispo.libs.retention import add_retention
 from dispo.libs.service import Runtime
 from dispo.reconciler import retention
 from dispo.reconciler.context import Context
+from dispo.reconciler.executor_health import ExecutorHealth
 from dispo.reconciler.http_client import http_client
 from dispo.reconciler.intake import consumers
 from dispo.reconciler.outbox import outbox
 from dispo.reconciler.probes import WorkerProber
-from dispo.reconciler.queue_health import QueueHealth
 from dispo.reconciler.recovery import store
 from dispo.reconciler.servicer import ReconcilerServicer
 from dispo.reconciler.settings import ReconcilerSettings, load_config, with_catalogue
@@ -54,7 +54,7 @@ async def wire_recovery(rt: Runtime) -> Context:
         service_token=rt.settings.service_token,
         signing_key=configured_key(rt.settings.signing_key),
         outputs=OutputsReader(executor, settings.outputs_timeout_seconds),
-        queues=QueueHealth(executor, settings.outputs_timeout_seconds),
+        executor_health=ExecutorHealth(executor, settings.outputs_timeout_seconds),
         worker_probes=WorkerProber(executor, settings.http_timeout_seconds),
     )
     # The catalogue's newer versions, from the gateway (ADR-0111): the file is the start.

@@ -104,6 +104,16 @@ def test_breaker_opens_after_threshold_and_half_opens_after_cooldown():
     assert breaker.state is BreakerState.CLOSED
 
 
+def test_a_breaker_past_its_cooldown_is_reported_half_open_before_the_next_call():
+    """What ListDownstreams (and the reconciler's release, ADR-0115) reads: the state a call
+    would find, not the one the last call left."""
+    breaker = Breaker(threshold=1, window=10, cooldown=30, trial_calls=1)
+    breaker.trip(NOW)
+    assert breaker.state_at(NOW + timedelta(seconds=29)) is BreakerState.OPEN
+    assert breaker.state_at(NOW + timedelta(seconds=30)) is BreakerState.HALF_OPEN
+    assert breaker.state is BreakerState.OPEN  # reading it changes nothing
+
+
 def test_breaker_half_opens_when_health_returns():
     breaker = Breaker(threshold=2, window=10, cooldown=300, trial_calls=1)
     breaker.trip(NOW)

@@ -11,12 +11,13 @@ import grpc
 import pytest
 from dispo.auth.signing import signature
 from dispo.libs.api.common.v1 import common_pb2
+from dispo.libs.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from dispo.libs.api.reconciler.v1 import reconciler_pb2 as pb
 from dispo.sdk import cell
 from outbox_subjects import assert_outbox_subjects_declared
 from pipeline_fixtures import dump, wait_status, wait_until
 from support import eventually
-from support.auth import signing_secret
+from support.auth import admin_channel, signing_secret
 
 
 @pytest.fixture
@@ -234,6 +235,58 @@ async def test_downstream_down_demotes_then_released_at_the_rate_and_completed(
     await assert_outbox_subjects_declared(  # task.demote and the releases' task.create
         database_url, schemas={"gateway", "executor", "reconciler"}
     )
+
+
+async def test_a_release_waits_for_the_executors_breaker_not_only_the_health_url(
+    pipeline, downstream, reconciler
+):
+    """The downstream goes down and comes back; its health URL says so at once, but the
+    executor's breaker stays OPEN for its cooldown (no executor health checks here). Nothing
+    is released while it is: a release would be demoted again at once and spend one of the
+    task's three redrives (released every second, all three in three seconds: FAILED).
+    Once the cooldown ends, one release, and the task succeeds."""
+    await downstream.control(down=True)
+    pipeline.executors[0].kill()
+    executor = await pipeline.start_executor(
+        DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
+        DISPO_EXECUTOR_BREAKER_COOLDOWN_SECONDS="12",
+        DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS="0",
+    )
+    async with admin_channel(executor.address) as channel:
+        stub = executor_pb2_grpc.ExecutorServiceStub(channel)
+
+        async def breaker() -> int:
+            reply = await stub.ListDownstreams(executor_pb2.ListDownstreamsRequest())
+            return {d.name: d.breaker_state for d in reply.downstreams}["demo"]
+
+        async with pipeline.client() as client:
+            task = await client.submit("tests", [cell("step", name="brk")])
+            await wait_status(client, task.task_id, {"DEMOTED"})
+            await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_DEMOTED)
+            await downstream.control(down=False)
+            held_while_open = 0
+            while await breaker() == executor_pb2.BREAKER_STATE_OPEN:
+                handled = await reconciler.sweep()
+                if await breaker() != executor_pb2.BREAKER_STATE_OPEN:
+                    break  # the cooldown ended during the sweep: a release was allowed
+                assert handled["release"] == 0, handled
+                held = await reconciler.held(task.task_id)
+                assert held.state == pb.RECOVERY_STATE_DEMOTED, held
+                listed = await reconciler.stub.ListDownstreams(pb.ListDownstreamsRequest())
+                demo = {d.name: d for d in listed.downstreams}["demo"]
+                assert not demo.healthy and "breaker is open" in demo.probe_error, demo
+                held_while_open += 1
+                await asyncio.sleep(0.5)
+            assert held_while_open >= 3  # swept while the breaker was OPEN, several times
+            for _ in range(200):
+                await reconciler.tick()
+                view = await client.get(task.task_id)
+                if view.status == "SUCCEEDED":
+                    break
+            assert view.status == "SUCCEEDED", dump(view)
+    detail = await reconciler.stub.GetRecoveryTask(pb.GetRecoveryTaskRequest(task_id=task.task_id))
+    releases = [r for r in detail.redrives if r.trigger == pb.REDRIVE_TRIGGER_RELEASE]
+    assert len(releases) == 1, detail
 
 
 async def test_unknown_nodes_settled_by_their_probes_both_ways(pipeline, downstream, reconciler):

@@ -7,6 +7,7 @@ from datetime import timedelta
 from dispo.reconciler import envelope as E
 from dispo.reconciler.arbitration.policy import ArbitrationPolicy, Contender, PriorityRule
 from dispo.reconciler.recovery.policy import ProbeRule, ProbeVerdict, RedrivePolicy, ReleaseRate
+from dispo.reconciler.recovery.release import held_by_breakers
 from dispo.reconciler.settings import parse_config
 
 from .conftest import CONFIG, NS, T0, after_redrive, envelope, node, status_of
@@ -183,3 +184,18 @@ def test_probes_come_back_sooner_for_a_node_recently_unknown_and_at_the_final_mo
     assert after(40) == 10  # not past the moment "not done" becomes final (50 s)
     assert after(49) == 1
     assert after(200) == 30  # at most max_interval once past it
+
+
+def test_a_healthy_downstream_whose_executor_breaker_is_open_is_not_released():
+    """ADR-0115: the health URL's answer, unless the executor's breaker holds it OPEN."""
+    until = T0 + timedelta(seconds=30)
+    held = held_by_breakers(
+        ["a", "b", "c"],
+        [(True, ""), (True, ""), (False, "503")],
+        {"b": until, "c": None},
+    )
+    assert held == [
+        (True, ""),
+        (False, f"the executor's breaker is open until {until.isoformat()}"),
+        (False, "503"),
+    ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from datetime import datetime
 
 from dispo.libs.contracts.tasks import blocker_queue
 from dispo.libs.downstream_health import check_health
@@ -21,9 +22,10 @@ log = get_logger(__name__)
 
 
 async def health_sweep(ctx: Context) -> int:
-    """Probe everything demoted tasks wait for: a downstream at its health URL, a worker
-    queue by asking the executor whether it has a live worker (ADR-0101); returns how many
-    were probed."""
+    """Probe everything demoted tasks wait for: a downstream at its health URL, and not
+    while the executor's breaker holds it OPEN (ADR-0115: a release would be demoted again
+    at once and spend a redrive), a worker queue by asking the executor whether it has a
+    live worker (ADR-0101); returns how many were probed."""
     async with ctx.db.connection() as conn:
         names = await store.downstreams_demoted(conn)
     queues = [(n, q) for n in names if (q := blocker_queue(n)) is not None]
@@ -38,12 +40,15 @@ async def health_sweep(ctx: Context) -> int:
             for n in downstreams
         )
     )
+    executor = ctx.executor_health
+    if executor is not None and any(healthy for healthy, _ in results):
+        results = held_by_breakers(downstreams, results, await executor.open_breakers())
     checked = list(zip(downstreams, results, strict=True))
     if queues:
-        if ctx.queues is None:
+        if executor is None:
             answers = [(False, "the reconciler has no executor address")] * len(queues)
         else:
-            answers = await ctx.queues.check([q for _, q in queues])
+            answers = await executor.check([q for _, q in queues])
         checked += list(zip([n for n, _ in queues], answers, strict=True))
     now = ctx.clock.now()
     async with ctx.db.transaction() as conn:
@@ -51,6 +56,24 @@ async def health_sweep(ctx: Context) -> int:
             if await store.downstream_record_probe(conn, name, healthy, error, now):
                 log.info("downstream health changed", downstream=name, healthy=healthy, error=error)
     return len(names)
+
+
+def held_by_breakers(
+    downstreams: list[str],
+    results: list[tuple[bool, str]],
+    open_breakers: dict[str, datetime | None],
+) -> list[tuple[bool, str]]:
+    """Each downstream's ``(healthy, why not)`` from its health URL, unhealthy while the
+    executor's breaker holds it OPEN (``open_breakers``: name → end of its cooldown)."""
+    held: list[tuple[bool, str]] = []
+    for name, (healthy, error) in zip(downstreams, results, strict=True):
+        if healthy and name in open_breakers:
+            until = open_breakers[name]
+            when = f" until {until.isoformat()}" if until is not None else ""
+            held.append((False, f"the executor's breaker is open{when}"))
+        else:
+            held.append((healthy, error))
+    return held
 
 
 async def release_sweep(ctx: Context) -> int:
