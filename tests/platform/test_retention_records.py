@@ -7,6 +7,7 @@ task.cancel) is kept until an operator replays or discards it; the dry run count
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 from dispo.executor.store.status_events import outbox as executor_outbox
@@ -15,6 +16,7 @@ from dispo.gateway.bulk import store as bulk_store
 from dispo.libs import metrics
 from dispo.libs.business_policy import BusinessPolicy, Terms
 from dispo.libs.clock import ManualClock
+from dispo.libs.contracts import AGING_STREAMS, aging_subjects_pattern, tasks
 from dispo.libs.outbox import OutboxRow, outbox_add_many
 from dispo.libs.quarantine import Poisoned, QuarantineStore
 from dispo.libs.retention import (
@@ -217,3 +219,11 @@ async def test_quarantined_messages_of_aging_streams_go_those_of_work_wait_for_a
     clock.set(T0 + timedelta(days=3650))
     assert (await purging.purge_once()).rows == {"quarantine": 0}
     assert await rows(db, "SELECT subject FROM quarantine") == {"task.fail", "task.demote"}
+
+
+def test_only_the_subjects_of_streams_that_age_their_messages_out_may_be_purged():
+    aging = re.compile(aging_subjects_pattern())
+    assert AGING_STREAMS == ("TASK_STATUS", "CALLBACKS")
+    assert aging.match("task.status.t1.succeeded") and aging.match("callbacks.shop.x.done")
+    for work in [*tasks.TASKS.subjects, "evaluation.started", "task.statusx", "callbacks"]:
+        assert not aging.match(work), work
