@@ -201,7 +201,8 @@ _RETENTION_PURGED = _counter(
     COMMON,
     "dispo_retention_purged_rows",
     "Rows the service's retention deleted, by table: what it kept about finished tasks past"
-    " their business's retention (the gateway, the executor and the reconciler purge)",
+    " their business's retention (the gateway, the executor and the reconciler purge), and"
+    " its records besides them (bulk_actions, outbox, quarantine)",
     ("table",),
 )
 

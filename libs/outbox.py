@@ -12,7 +12,10 @@ fails is split until the failing rows are found, the others are published; each 
 an attempt counted on the row with its error, retried after a backoff on the relay's clock,
 and after ``DISPO_OUTBOX_MAX_ATTEMPTS`` the row is quarantined: kept in the table, marked,
 with its last error, skipped by the relay, logged, and listed by :func:`outbox_quarantined`
-(:func:`outbox_replay` puts a row back, :func:`outbox_discard` deletes it).
+(:func:`outbox_replay` puts a row back, :func:`outbox_discard` deletes it). Retention deletes
+a quarantined row of a status snapshot or a callback once it was set aside longer than the
+business policy's longest retention, and keeps the others, work a consumer must see, for an
+operator (:func:`outbox_delete_if_quarantined_before`, ADR-0105).
 
 Every statement runs on the driver port (:mod:`dispo.libs.db.driver`, ADR-0097): a
 :class:`~dispo.libs.db.driver.Conn` in the caller's transaction, the relay on the service's
@@ -499,6 +502,38 @@ async def outbox_discard(conn: Conn, table: Table, ids: Sequence[int]) -> int:
     return len(await _sql(table).discard_if_quarantined.fetch(conn, {"ids": list(ids)}))
 
 
+class QuarantineCounts(NamedTuple):
+    """An outbox's quarantined rows as retention sees them (ADR-0105): ``due``, set aside
+    before the cutoff and of a subject whose stream ages its messages out, which the next
+    passes delete; ``held``, of a stream that keeps work until consumed (``task.create``
+    among them), kept until an operator replays or discards them."""
+
+    due: int
+    held: int
+
+
+async def outbox_delete_if_quarantined_before(
+    conn: Conn, table: Table, cutoff: datetime, aging: str, limit: int
+) -> int:
+    """Delete at most ``limit`` rows quarantined before ``cutoff`` whose subject matches
+    ``aging`` (:func:`dispo.libs.contracts.aging_subjects_pattern`), oldest first, skipping
+    rows another transaction holds; returns how many. A row replayed since (its
+    ``quarantined_at`` cleared) is not touched."""
+    [deleted] = await _sql(table).delete_if_quarantined_before.scalars(
+        conn, {"cutoff": cutoff, "aging": aging, "limit": limit}
+    )
+    return int(deleted)
+
+
+async def outbox_quarantine_counts(
+    conn: Conn, table: Table, cutoff: datetime, aging: str
+) -> QuarantineCounts:
+    """:class:`QuarantineCounts` of ``table`` at ``cutoff`` (read from its quarantine's
+    partial index: the rows set aside are few)."""
+    [row] = await _sql(table).quarantine_counts.fetch(conn, {"cutoff": cutoff, "aging": aging})
+    return QuarantineCounts(int(row[0]), int(row[1]))
+
+
 class _Sql:
     """The statements of one outbox (its name, and its optional columns), made once per
     outbox (:func:`_sql`); each names its guard: a row published, withdrawn, replayed or
@@ -566,6 +601,21 @@ class _Sql:
             f"UPDATE {t} SET quarantined_at = NULL, attempts = 0, next_attempt_at = NULL"
             " WHERE id = ANY(CAST(:ids AS bigint[])) AND quarantined_at IS NOT NULL"
             " AND sent_at IS NULL RETURNING id"
+        )
+        # Retention's (ADR-0105): the rows set aside before the cutoff of a subject whose
+        # stream ages its messages out; the others wait for an operator.
+        self.delete_if_quarantined_before = Statement(
+            f"WITH gone AS (DELETE FROM {t} WHERE id IN (SELECT id FROM {t}"
+            " WHERE quarantined_at IS NOT NULL AND quarantined_at < :cutoff"
+            " AND subject ~ CAST(:aging AS text) ORDER BY id LIMIT :limit"
+            " FOR UPDATE SKIP LOCKED) AND quarantined_at IS NOT NULL RETURNING 1)"
+            " SELECT count(*) FROM gone"
+        )
+        self.quarantine_counts = Statement(
+            "SELECT count(*) FILTER (WHERE quarantined_at < :cutoff"
+            " AND subject ~ CAST(:aging AS text)),"
+            f" count(*) FILTER (WHERE subject !~ CAST(:aging AS text)) FROM {t}"
+            " WHERE quarantined_at IS NOT NULL"
         )
         self.discard_if_quarantined = Statement(
             f"DELETE FROM {t} WHERE id = ANY(CAST(:ids AS bigint[]))"

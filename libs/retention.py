@@ -17,11 +17,17 @@ LOCKED``), never waited for. While a backlog lasts the next batch follows after
 ``pause_seconds``, so the hot path's statements get the database between them; once a batch
 is short the part waits its interval. :meth:`Retention.purge_once` is one batch, callable
 from a test.
+
+A service also gives the :class:`Records` it keeps besides its tasks' rows, purged in the
+same passes, a batch each in a transaction of its own: the gateway's finished bulk actions
+(:func:`business_records`), each service's quarantined outbox rows (:func:`outbox_records`)
+and its quarantine (:func:`quarantine_records`), of which only copies of status snapshots and
+callbacks are ever deleted; work set aside waits for an operator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -29,11 +35,18 @@ from typing import TYPE_CHECKING, Any
 from dispo.libs import metrics
 from dispo.libs.business_policy import BusinessPolicy, load_configured_policy
 from dispo.libs.clock import Clock
+from dispo.libs.contracts import AGING_STREAMS, aging_subjects_pattern
 from dispo.libs.db.driver import Conn, Database
 from dispo.libs.logging import get_logger
+from dispo.libs.outbox import outbox_delete_if_quarantined_before, outbox_quarantine_counts
 from dispo.libs.periodic import Pause
+from dispo.libs.quarantine.store import (
+    quarantine_delete_if_aged_before,
+    quarantine_retention_counts,
+)
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import Table
 
 if TYPE_CHECKING:
     from dispo.libs.service import Runtime
@@ -73,10 +86,40 @@ class RetentionSettings(BaseSettings):
 @dataclass(frozen=True)
 class Purged:
     """What one batch deleted: the tasks, and the rows of each table (the tasks' own
-    included)."""
+    included, and the :class:`Records`'). ``full``: a kind of records filled its batch
+    (more are due)."""
 
     tasks: int = 0
     rows: Mapping[str, int] = field(default_factory=dict)
+    full: bool = False
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    """Records of one kind as retention sees them now: ``due``, past their retention (the
+    next passes delete them); ``held``, kept until an operator acts on them."""
+
+    due: int = 0
+    held: int = 0
+
+
+# At most ``limit`` records past their retention on ``policy`` at ``now``, deleted;
+# how many.
+PurgeRecords = Callable[[Conn, BusinessPolicy, datetime, int], Awaitable[int]]
+CountRecords = Callable[[Conn, BusinessPolicy, datetime], Awaitable[RecordCounts]]
+
+
+@dataclass(frozen=True)
+class Records:
+    """A kind of record a service keeps besides its tasks' rows (its finished bulk actions,
+    its quarantined outbox rows, its quarantine), purged in the same passes by a statement
+    of its own, a batch at a time. ``rule`` tells an operator what is deleted and what is
+    kept (GetRetention)."""
+
+    table: str
+    rule: str
+    purge: PurgeRecords
+    count: CountRecords
 
 
 # The businesses a service holds finished tasks of.
@@ -99,6 +142,7 @@ class Retention:
         purge: Purge,
         settings: RetentionSettings | None = None,
         due: Due | None = None,
+        records: Sequence[Records] = (),
     ) -> None:
         self.service = service
         self.db = db
@@ -108,30 +152,50 @@ class Retention:
         self.purge = purge
         self.due_counts = due
         self.settings = settings or RetentionSettings()
+        self.records = tuple(records)
 
     async def cutoffs(self, conn: Conn) -> dict[str, datetime]:
         return self.policy.cutoffs(await self.businesses(conn), self.clock.now())
 
     async def purge_once(self) -> Purged:
-        """One batch: the oldest finished tasks past their retention, at most ``batch``."""
+        """One batch: the oldest finished tasks past their retention, at most ``batch``,
+        then at most ``batch`` records of each kind past theirs, each in a transaction of
+        its own."""
+        limit = self.settings.batch
         async with self.db.transaction() as conn:  # a batch's locks last milliseconds
             cutoffs = await self.cutoffs(conn)
-            if not cutoffs:
-                return Purged()
-            purged = await self.purge(conn, cutoffs, self.settings.batch)
-        for table, count in purged.rows.items():
+            purged = await self.purge(conn, cutoffs, limit) if cutoffs else Purged()
+        rows = dict(purged.rows)
+        full = False
+        now = self.clock.now()
+        for records in self.records:
+            async with self.db.transaction() as conn:
+                count = await records.purge(conn, self.policy, now, limit)
+            rows[records.table] = rows.get(records.table, 0) + count
+            full = full or count >= limit
+        for table, count in rows.items():
             metrics.retention_purged(table, count)
-        if purged.tasks:
-            log.info("retention purged", tasks=purged.tasks, rows=dict(purged.rows))
-        return purged
+        if purged.tasks or any(rows.get(r.table) for r in self.records):
+            log.info("retention purged", tasks=purged.tasks, rows=rows)
+        return Purged(purged.tasks, rows, full)
 
     async def purge_pass(self) -> Pause | None:
         """The periodic part's action: a batch, and the next one soon while a backlog
         lasts."""
         purged = await self.purge_once()
-        if purged.tasks >= self.settings.batch:
+        if purged.tasks >= self.settings.batch or purged.full:
             return Pause(self.settings.pause_seconds)
         return None
+
+    async def records_report(self) -> list[RecordsDue]:
+        """Each kind of record the service keeps besides its tasks': what the next passes
+        delete and what is kept for an operator. Nothing is deleted."""
+        now = self.clock.now()
+        async with self.db.connection() as conn:
+            return [
+                RecordsDue(r.table, r.rule, await r.count(conn, self.policy, now))
+                for r in self.records
+            ]
 
     async def due(self) -> dict[str, int]:
         """Finished tasks past their retention now, by business (those with any): what the
@@ -170,6 +234,15 @@ class BusinessDue:
     due: int
 
 
+@dataclass(frozen=True)
+class RecordsDue:
+    """A kind of record in one service: its rule, and its counts now."""
+
+    table: str
+    rule: str
+    counts: RecordCounts
+
+
 def add_retention(
     rt: Runtime,
     service: str,
@@ -177,6 +250,7 @@ def add_retention(
     businesses: Businesses,
     purge: Purge,
     due: Due,
+    records: Sequence[Records] = (),
 ) -> Retention:
     """The service's retention on the policy ``DISPO_BUSINESS_POLICY`` names (a policy
     file that is not one stops the start): a periodic part of ``rt`` unless
@@ -187,7 +261,15 @@ def add_retention(
 
     settings = RetentionSettings()
     retention = Retention(
-        service, db, load_configured_policy(), rt.clock, businesses, purge, settings, due
+        service,
+        db,
+        load_configured_policy(),
+        rt.clock,
+        businesses,
+        purge,
+        settings,
+        due,
+        records,
     )
     if settings.enabled:
         rt.add_periodic("retention", retention.purge_pass, settings.interval_seconds)
@@ -197,6 +279,79 @@ def add_retention(
         SERVICE_NAME,
     )
     return retention
+
+
+# ---- the records besides the tasks' (ADR-0105, amended) ---------------------------------
+# A set-aside message (a quarantined outbox row, a message a consumer gave up on) carries no
+# business: it is kept as long as the longest retention of the policy, counted from when it
+# was set aside. Only a copy of a message its stream would have dropped after days (a status
+# snapshot, a callback) is ever deleted; a message of a stream that keeps work until it is
+# consumed (task.create, task.fail, task.cancel, ... an evaluation) waits for an operator.
+
+OUTBOX_RULE = (
+    "quarantined rows of status snapshots and callbacks: deleted once set aside longer than"
+    " the longest retention; of work (task.create, task.fail, task.cancel, ...): kept until"
+    " an operator replays or discards them"
+)
+QUARANTINE_RULE = (
+    "messages of TASK_STATUS and CALLBACKS: deleted once last seen longer ago than the"
+    " longest retention; of TASKS and EVALUATIONS (work): kept until an operator replays or"
+    " discards them"
+)
+BULK_ACTIONS_RULE = (
+    "finished bulk actions: deleted past their business's retention (an action of every"
+    " business: the longest), counted from when they finished"
+)
+
+
+def outbox_records(table: Table) -> Records:
+    """The quarantined rows of a service's outbox ``table``."""
+    aging = aging_subjects_pattern()
+
+    async def purge(conn: Conn, policy: BusinessPolicy, now: datetime, limit: int) -> int:
+        cutoff = now - policy.longest_retention
+        return await outbox_delete_if_quarantined_before(conn, table, cutoff, aging, limit)
+
+    async def count(conn: Conn, policy: BusinessPolicy, now: datetime) -> RecordCounts:
+        counts = await outbox_quarantine_counts(conn, table, now - policy.longest_retention, aging)
+        return RecordCounts(counts.due, counts.held)
+
+    return Records("outbox", OUTBOX_RULE, purge, count)
+
+
+def quarantine_records() -> Records:
+    """The service's quarantine (:mod:`dispo.libs.quarantine`)."""
+
+    async def purge(conn: Conn, policy: BusinessPolicy, now: datetime, limit: int) -> int:
+        cutoff = now - policy.longest_retention
+        return await quarantine_delete_if_aged_before(conn, AGING_STREAMS, cutoff, limit)
+
+    async def count(conn: Conn, policy: BusinessPolicy, now: datetime) -> RecordCounts:
+        cutoff = now - policy.longest_retention
+        return RecordCounts(*await quarantine_retention_counts(conn, AGING_STREAMS, cutoff))
+
+    return Records("quarantine", QUARANTINE_RULE, purge, count)
+
+
+def business_records(
+    table: str,
+    rule: str,
+    businesses: Businesses,
+    delete: Callable[[Conn, Mapping[str, datetime], int], Awaitable[int]],
+    due: Due,
+) -> Records:
+    """Records kept by business as tasks are (``""``: of every business, kept as long as
+    the longest retention), from the store's three statements shaped as a task purge's."""
+
+    async def purge(conn: Conn, policy: BusinessPolicy, now: datetime, limit: int) -> int:
+        cutoffs = policy.cutoffs(await businesses(conn), now)
+        return await delete(conn, cutoffs, limit) if cutoffs else 0
+
+    async def count(conn: Conn, policy: BusinessPolicy, now: datetime) -> RecordCounts:
+        cutoffs = policy.cutoffs(await businesses(conn), now)
+        return RecordCounts(sum((await due(conn, cutoffs)).values()) if cutoffs else 0)
+
+    return Records(table, rule, purge, count)
 
 
 # ---- the statements' shared parts: a store builds its purge from these ------------------

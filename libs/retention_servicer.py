@@ -27,7 +27,9 @@ class RetentionServicer(retention_pb2_grpc.RetentionServiceServicer):
         business = business_name(request.business) if request.business else ""
         now = self.retention.clock.now()
         report = await self.retention.report(business)
+        records = await self.retention.records_report()
         settings = self.retention.settings
+        longest = self.retention.policy.longest_retention.days
         return pb.GetRetentionResponse(
             service=self.retention.service,
             enabled=settings.enabled,
@@ -44,4 +46,14 @@ class RetentionServicer(retention_pb2_grpc.RetentionServiceServicer):
             now=to_timestamp(now),
             batch=settings.batch,
             interval_seconds=settings.interval_seconds,
+            records=[
+                pb.RecordRetention(
+                    table=r.table,
+                    due=r.counts.due,
+                    held=r.counts.held,
+                    retention_days=longest,
+                    rule=r.rule,
+                )
+                for r in records
+            ],
         )

@@ -80,6 +80,20 @@ def declared(subject: str) -> bool:
     return _DECLARED.fullmatch(subject) is not None
 
 
+# The streams that keep a message for an age (``max_age``) whatever its consumers did: status
+# snapshots and callbacks, copies for live views and callers. A message of any other stream
+# is work a consumer must see (ADR-0092): the stream keeps it until that consumer has it.
+AGING_STREAMS: tuple[str, ...] = tuple(s.name for s in STREAMS if s.max_age is not None)
+
+
+def aging_subjects_pattern() -> str:
+    """A regular expression (Python's and PostgreSQL's) matching the whole of a subject
+    carried by one of :data:`AGING_STREAMS`: what a set-aside copy may be deleted for once
+    it is far older than its stream would have kept it (ADR-0105)."""
+    patterns = (p for s in STREAMS if s.name in AGING_STREAMS for p in s.subjects)
+    return "^(?:" + "|".join(f"(?:{subject_regex(p)})" for p in patterns) + ")$"
+
+
 def require_declared(subject: str) -> None:
     """Raise :class:`UndeclaredSubject` unless a declared stream carries ``subject``."""
     if not declared(subject):
@@ -89,10 +103,12 @@ def require_declared(subject: str) -> None:
 
 
 __all__ = [
+    "AGING_STREAMS",
     "BUS_SERVICES",
     "Durable",
     "FLOWS",
     "STREAMS",
+    "aging_subjects_pattern",
     "Flow",
     "Stream",
     "UndeclaredSubject",

@@ -85,6 +85,40 @@ GET = Statement(f"SELECT {_COLUMNS} FROM {TABLE} WHERE id = :id")
 GET_FOR_UPDATE = Statement(f"SELECT {_COLUMNS} FROM {TABLE} WHERE id = :id FOR UPDATE")
 DELETE = Statement(f"DELETE FROM {TABLE} WHERE id = :id RETURNING {_COLUMNS}")
 
+# Retention's (ADR-0105): the messages of a stream that ages its messages out, last seen
+# before the cutoff; those of a stream that keeps work until consumed wait for an operator.
+DELETE_IF_AGED_BEFORE = Statement(
+    f"WITH gone AS (DELETE FROM {TABLE} WHERE id IN (SELECT id FROM {TABLE}"
+    " WHERE last_seen < :cutoff AND stream = ANY(CAST(:streams AS text[]))"
+    " ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) RETURNING 1) SELECT count(*) FROM gone"
+)
+RETENTION_COUNTS = Statement(
+    "SELECT count(*) FILTER (WHERE last_seen < :cutoff AND stream = ANY(CAST(:streams AS"
+    " text[]))), count(*) FILTER (WHERE stream <> ALL(CAST(:streams AS text[])))"
+    f" FROM {TABLE}"
+)
+
+
+async def quarantine_delete_if_aged_before(
+    conn: Conn, streams: Sequence[str], cutoff: datetime, limit: int
+) -> int:
+    """Delete at most ``limit`` messages of ``streams`` (those that age their messages out,
+    :data:`dispo.libs.contracts.AGING_STREAMS`) last seen before ``cutoff``, oldest first,
+    skipping rows a replay holds; returns how many."""
+    [deleted] = await DELETE_IF_AGED_BEFORE.scalars(
+        conn, {"streams": list(streams), "cutoff": cutoff, "limit": limit}
+    )
+    return int(deleted)
+
+
+async def quarantine_retention_counts(
+    conn: Conn, streams: Sequence[str], cutoff: datetime
+) -> tuple[int, int]:
+    """The messages :func:`quarantine_delete_if_aged_before` would delete at ``cutoff``, and
+    those of the other streams, kept until an operator replays or discards them."""
+    [row] = await RETENTION_COUNTS.fetch(conn, {"streams": list(streams), "cutoff": cutoff})
+    return int(row[0]), int(row[1])
+
 
 def _held(row: Row) -> Held:
     return Held(**{name: row[name] for name in row.keys()})

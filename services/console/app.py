@@ -74,6 +74,7 @@ from dispo.console.views import (
     parked,
     pool_figures,
     queue_rows,
+    record_rows,
     recovery_state,
     resize_rows,
     resume_progress,
@@ -848,6 +849,7 @@ async def retention_page(request: Request) -> Response:
     replies = await _backend(request).retention(token)
     context = {
         "rows": retention_rows(replies),
+        "records": record_rows(replies),
         "default_days": next(iter(replies.values())).default_retention_days,
         "off": [name for name, reply in replies.items() if not reply.enabled],
         **_messages(request),

@@ -395,6 +395,28 @@ def retention_rows(replies: Mapping[str, rtpb.GetRetentionResponse]) -> list[Ret
     return sorted(rows, key=lambda r: (r.business, order[r.service]))
 
 
+@dataclass(frozen=True)
+class RecordRow:
+    """A kind of record a service keeps besides its tasks', as the Retention page shows it:
+    what the next passes delete and what is held for an operator."""
+
+    service: str
+    table: str
+    due: int
+    held: int
+    retention_days: int
+    rule: str
+
+
+def record_rows(replies: Mapping[str, rtpb.GetRetentionResponse]) -> list[RecordRow]:
+    """By service, in the order the replies came."""
+    return [
+        RecordRow(service, r.table, r.due, r.held, r.retention_days, r.rule)
+        for service, reply in replies.items()
+        for r in reply.records
+    ]
+
+
 def downstream_rows(
     found: list[tuple[rpb.DownstreamState, epb.Downstream | None]],
 ) -> list[DownstreamRow]:

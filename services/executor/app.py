@@ -31,7 +31,7 @@ from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
-from dispo.libs.retention import add_retention
+from dispo.libs.retention import add_retention, outbox_records, quarantine_records
 from dispo.libs.service import Runtime, run_service
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -260,6 +260,7 @@ async def setup(rt: Runtime) -> None:
         retention.tasks_businesses_finished,
         retention.tasks_delete_if_finished_many,
         retention.tasks_due,
+        [outbox_records(outbox), quarantine_records()],
     )
     shares = executor.shares
     if shares is not None:  # renewed every third of a lease, sooner when short (ADR-0108)

@@ -12,6 +12,7 @@ from dispo.auth.bootstrap import SCHEMA as AUTH_SCHEMA
 from dispo.auth.bootstrap import apply_bootstrap
 from dispo.auth.signing import configured_key
 from dispo.gateway import store
+from dispo.gateway.bulk import store as bulk_store
 from dispo.gateway.bulk.operations import BulkCancels
 from dispo.gateway.catalogue import servicer as catalogues
 from dispo.gateway.catalogue.operations import CatalogueBook
@@ -32,7 +33,13 @@ from dispo.libs.contracts import tasks
 from dispo.libs.db import migrate
 from dispo.libs.logging import bind_ids
 from dispo.libs.outputs import OutputsReader
-from dispo.libs.retention import add_retention
+from dispo.libs.retention import (
+    BULK_ACTIONS_RULE,
+    add_retention,
+    business_records,
+    outbox_records,
+    quarantine_records,
+)
 from dispo.libs.service import Runtime, run_service
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -168,6 +175,17 @@ async def setup(rt: Runtime) -> None:
         store.tasks_businesses_finished,
         store.tasks_delete_if_finished_many,
         store.tasks_due,
+        [
+            business_records(
+                "bulk_actions",
+                BULK_ACTIONS_RULE,
+                bulk_store.bulk_actions_businesses,
+                bulk_store.bulk_actions_delete_if_done_many,
+                bulk_store.bulk_actions_due,
+            ),
+            outbox_records(store.outbox),
+            quarantine_records(),
+        ],
     )
 
 

@@ -11,7 +11,7 @@ from dispo.libs.catalogue import CatalogueSettings
 from dispo.libs.catalogue.follow import CatalogueFollower, on_catalogue_changed
 from dispo.libs.contracts import tasks
 from dispo.libs.outputs import OutputsReader
-from dispo.libs.retention import add_retention
+from dispo.libs.retention import add_retention, outbox_records, quarantine_records
 from dispo.libs.service import Runtime
 from dispo.reconciler import retention
 from dispo.reconciler.context import Context
@@ -90,7 +90,15 @@ async def wire_recovery(rt: Runtime) -> Context:
         for sweep in sweep_parts(ctx, settings.sweep_interval_seconds).values():
             rt.add_part(sweep.name, sweep.run, sweep.stop)
     rt.add_part("callback deliveries", ctx.deliveries.run)  # stops after the notify sweep
-    add_retention(rt, "reconciler", ctx.db, retention.businesses, retention.purge, retention.due)
+    add_retention(
+        rt,
+        "reconciler",
+        ctx.db,
+        retention.businesses,
+        retention.purge,
+        retention.due,
+        [outbox_records(outbox), quarantine_records()],
+    )
     return ctx
 
 

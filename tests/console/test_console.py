@@ -1391,3 +1391,13 @@ async def test_the_retention_page_shows_each_services_dry_run_by_business(browse
         await expect(row).to_contain_text("30")  # the default retention, in days
         await expect(row.locator("td.due")).to_have_text("0")  # finished just now: none due
     assert await page.locator("#off").count() == 0  # retention runs in every service
+    # what each service keeps besides its tasks, and what of it waits for an operator
+    for service, table in [
+        ("gateway", "bulk_actions"),
+        ("gateway", "outbox"),
+        ("gateway", "quarantine"),
+        ("executor", "outbox"),
+        ("reconciler", "quarantine"),
+    ]:
+        row = page.locator(f"#records tr[data-service='{service}'][data-table='{table}']")
+        await expect(row.locator("td.held")).to_have_text("0")

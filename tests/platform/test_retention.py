@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +244,19 @@ async def test_a_dry_run_counts_what_each_service_would_delete_and_deletes_nothi
         done = [await finish(client, "shop", f"dry-{i}") for i in range(2)]
         kept_long = await finish(client, "keeper", "dry-keeper")
         await stack.until("recorded everywhere", lambda: all_kept(stack, [*done, kept_long]))
+    # set aside by the relays: a task.create never published (work: held for an operator),
+    # and a status snapshot set aside longer ago than the longest retention (90 days)
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        for schema, subject in [("gateway", "task.create"), ("executor", "task.status.x.failed")]:
+            await conn.execute(
+                f"INSERT INTO {schema}.outbox (subject, msg_id, payload, created_at, attempts,"
+                " last_error, quarantined_at) VALUES ($1, 'set-aside', 'x', $2, 8, 'refused', $2)",
+                subject,
+                datetime(2025, 9, 1, tzinfo=UTC),
+            )
+    finally:
+        await conn.close()
     stack.clock.advance(days=31)
 
     def rows(report: dict[str, Any]) -> dict[str, dict[str, tuple[int, int]]]:
@@ -267,12 +281,25 @@ async def test_a_dry_run_counts_what_each_service_would_delete_and_deletes_nothi
     for service, reply in report.items():
         assert reply["service"] == service and reply["enabled"] is False
         assert reply["default_retention_days"] == 30
+    records = {
+        service: {r["table"]: (int(r["due"]), int(r["held"])) for r in reply["records"]}
+        for service, reply in report.items()
+    }
+    assert records == {
+        "gateway": {"bulk_actions": (0, 0), "outbox": (0, 1), "quarantine": (0, 0)},
+        "executor": {"outbox": (1, 0), "quarantine": (0, 0)},
+        "reconciler": {"outbox": (0, 0), "quarantine": (0, 0)},
+    }
+    assert all(r["retention_days"] == 90 for r in report["gateway"]["records"])
     # nothing was deleted: a dry run, and retention off
     for task_id in [*done, kept_long]:
         assert all((await stack.kept(task_id)).values())
     # one business, one service, as a table
     shown = stack.cli("retention", "show", "--service", "executor", "--business", "shop")
     assert shown.returncode == 0 and "shop" in shown.stdout and "keeper" not in shown.stdout
+    assert "quarantine" in shown.stdout  # the records it keeps besides the tasks
+    shown = stack.cli("retention", "show", "--service", "gateway")
+    assert "1 set-aside messages held until an operator acts" in shown.stdout, shown.stdout
     # a malformed business is refused, naming the field
     refused = stack.cli("retention", "show", "--business", "not a business!")
     assert refused.returncode == 4 and "business" in refused.stderr, refused

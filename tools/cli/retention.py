@@ -1,5 +1,7 @@
 """``dispo retention show``: what the gateway, the executor and the reconciler will delete
-next, each for its own tables (RetentionService of each, ADR-0105). Nothing is deleted."""
+next, each for its own tables (RetentionService of each, ADR-0105): the finished tasks by
+business, then the records each keeps besides them (bulk actions, quarantined outbox rows,
+the quarantine), with what is held for an operator. Nothing is deleted."""
 
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ def retention_show(
     as_json: JSON_OPTION = False,
 ) -> None:
     """A dry run: by service and business, the retention, the cutoff now and the finished
-    tasks past it that the next passes delete."""
+    tasks past it that the next passes delete; then, by service, the other records it keeps
+    (bulk actions, quarantined outbox rows, the quarantine): those due, and those held until
+    an operator replays or discards them."""
     names = PURGING if service is ALL else (service.value,)
     replies: dict[str, pb.GetRetentionResponse] = {}
     for name in names:
@@ -62,3 +66,13 @@ def retention_show(
     out.print(drawn)
     total = sum(r.due for reply in replies.values() for r in reply.businesses)
     out.print(f"{total} rows of finished tasks past their retention", style="dim")
+    kept = Table(box=None, pad_edge=False)
+    for header in ("service", "records", "due", "held", "rule"):
+        kept.add_column(header, overflow="fold")
+    for name, reply in replies.items():
+        for record in reply.records:
+            kept.add_row(name, record.table, str(record.due), str(record.held), record.rule)
+    if kept.row_count:
+        out.print(kept)
+        held = sum(r.held for reply in replies.values() for r in reply.records)
+        out.print(f"{held} set-aside messages held until an operator acts", style="dim")

@@ -1,13 +1,16 @@
 """The SQL of bulk actions (ADR-0112): one guarded, list-shaped write path for the
-``bulk_actions`` table (insert, and advance while RUNNING), on the driver port."""
+``bulk_actions`` table (insert, advance while RUNNING, and retention's delete once done),
+on the driver port."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from dispo.libs.db.driver import Conn, Statement
+from dispo.libs.retention import businesses_statement, cutoff_params, due_statement, past_cutoff
 
 
 @dataclass(frozen=True)
@@ -165,3 +168,35 @@ async def bulk_actions_list(
         params,
     )
     return [BulkActionRow(*r) for r in rows]
+
+
+# ---- retention (ADR-0105) ---------------------------------------------------------------
+# A finished action: done before its business's cutoff. Read by ix_bulk_actions_business
+# (its creation is never later than its finish); ``""``: an action of every business.
+_DONE = "t.state = 'done' AND t.finished_at < p.cutoff"
+_BUSINESSES = Statement(businesses_statement("bulk_actions"))
+_DELETE_IF_DONE = Statement(
+    f"WITH {past_cutoff('bulk_actions', 'created_at', _DONE, 'action_id')},"
+    " gone AS (DELETE FROM bulk_actions b USING doomed d WHERE b.action_id = d.action_id"
+    " AND b.state = 'done' RETURNING 1) SELECT count(*) FROM gone"
+)
+_DUE = Statement(due_statement("bulk_actions", "created_at", _DONE))
+
+
+async def bulk_actions_businesses(conn: Conn) -> list[str]:
+    """The businesses with bulk actions (``""`` among them for an action of every one)."""
+    return list(await _BUSINESSES.scalars(conn))
+
+
+async def bulk_actions_delete_if_done_many(
+    conn: Conn, cutoffs: Mapping[str, datetime], limit: int
+) -> int:
+    """Delete at most ``limit`` actions done before their business's cutoff, oldest first,
+    in one statement; a running one is never touched. How many."""
+    [deleted] = await _DELETE_IF_DONE.scalars(conn, cutoff_params(cutoffs, limit))
+    return int(deleted)
+
+
+async def bulk_actions_due(conn: Conn, cutoffs: Mapping[str, datetime]) -> dict[str, int]:
+    """How many actions of each business are done before its cutoff."""
+    return {r.business: r.due for r in await _DUE.fetch(conn, cutoff_params(cutoffs))}

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"dispo/retention/v1/retention.proto\x12\x12\x64ispo.retention.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\'\n\x13GetRetentionRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\"v\n\x11\x42usinessRetention\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x16\n\x0eretention_days\x18\x02 \x01(\x05\x12*\n\x06\x63utoff\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03\x64ue\x18\x04 \x01(\x03\"\xe5\x01\n\x14GetRetentionResponse\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x1e\n\x16\x64\x65\x66\x61ult_retention_days\x18\x03 \x01(\x05\x12\x39\n\nbusinesses\x18\x04 \x03(\x0b\x32%.dispo.retention.v1.BusinessRetention\x12\'\n\x03now\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x62\x61tch\x18\x06 \x01(\x05\x12\x18\n\x10interval_seconds\x18\x07 \x01(\x01\x32u\n\x10RetentionService\x12\x61\n\x0cGetRetention\x12\'.dispo.retention.v1.GetRetentionRequest\x1a(.dispo.retention.v1.GetRetentionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"dispo/retention/v1/retention.proto\x12\x12\x64ispo.retention.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\'\n\x13GetRetentionRequest\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\"v\n\x11\x42usinessRetention\x12\x10\n\x08\x62usiness\x18\x01 \x01(\t\x12\x16\n\x0eretention_days\x18\x02 \x01(\x05\x12*\n\x06\x63utoff\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03\x64ue\x18\x04 \x01(\x03\"\x9b\x02\n\x14GetRetentionResponse\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x1e\n\x16\x64\x65\x66\x61ult_retention_days\x18\x03 \x01(\x05\x12\x39\n\nbusinesses\x18\x04 \x03(\x0b\x32%.dispo.retention.v1.BusinessRetention\x12\'\n\x03now\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x62\x61tch\x18\x06 \x01(\x05\x12\x18\n\x10interval_seconds\x18\x07 \x01(\x01\x12\x34\n\x07records\x18\x08 \x03(\x0b\x32#.dispo.retention.v1.RecordRetention\"a\n\x0fRecordRetention\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03\x64ue\x18\x02 \x01(\x03\x12\x0c\n\x04held\x18\x03 \x01(\x03\x12\x16\n\x0eretention_days\x18\x04 \x01(\x05\x12\x0c\n\x04rule\x18\x05 \x01(\t2u\n\x10RetentionService\x12\x61\n\x0cGetRetention\x12\'.dispo.retention.v1.GetRetentionRequest\x1a(.dispo.retention.v1.GetRetentionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,7 +37,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BUSINESSRETENTION']._serialized_start=132
   _globals['_BUSINESSRETENTION']._serialized_end=250
   _globals['_GETRETENTIONRESPONSE']._serialized_start=253
-  _globals['_GETRETENTIONRESPONSE']._serialized_end=482
-  _globals['_RETENTIONSERVICE']._serialized_start=484
-  _globals['_RETENTIONSERVICE']._serialized_end=601
+  _globals['_GETRETENTIONRESPONSE']._serialized_end=536
+  _globals['_RECORDRETENTION']._serialized_start=538
+  _globals['_RECORDRETENTION']._serialized_end=635
+  _globals['_RETENTIONSERVICE']._serialized_start=637
+  _globals['_RETENTIONSERVICE']._serialized_end=754
 # @@protoc_insertion_point(module_scope)

@@ -99,6 +99,7 @@ class GetRetentionResponse(_message.Message):
     NOW_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
     service: _builtins.str
     """The service answering: gateway, executor or reconciler."""
     enabled: _builtins.bool
@@ -117,6 +118,12 @@ class GetRetentionResponse(_message.Message):
     def now(self) -> _timestamp_pb2.Timestamp:
         """The service's clock when it counted."""
 
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordRetention]:
+        """What the service keeps besides its tasks' rows, each kind with what the next passes
+        delete of it and what is kept until an operator acts, and why.
+        """
+
     def __init__(
         self,
         *,
@@ -127,11 +134,58 @@ class GetRetentionResponse(_message.Message):
         now: _timestamp_pb2.Timestamp | None = ...,
         batch: _builtins.int = ...,
         interval_seconds: _builtins.float = ...,
+        records: _abc.Iterable[Global___RecordRetention] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["now", b"now"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "businesses", b"businesses", "default_retention_days", b"default_retention_days", "enabled", b"enabled", "interval_seconds", b"interval_seconds", "now", b"now", "service", b"service"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "businesses", b"businesses", "default_retention_days", b"default_retention_days", "enabled", b"enabled", "interval_seconds", b"interval_seconds", "now", b"now", "records", b"records", "service", b"service"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRetentionResponse: _TypeAlias = GetRetentionResponse  # noqa: Y015
+
+@_typing.final
+class RecordRetention(_message.Message):
+    """A kind of record a service keeps besides its tasks' rows: the gateway's bulk actions, and
+    each service's quarantined outbox rows and quarantine (messages its consumers gave up on).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    DUE_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    RETENTION_DAYS_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    """The table: bulk_actions, outbox (its quarantined rows) or quarantine."""
+    due: _builtins.int
+    """Rows past their retention now: the next passes delete them. A finished bulk action is
+    past its business's retention (an action of every business, the longest), counted from
+    when it finished; a set-aside status snapshot or callback past the longest retention,
+    counted from when it was set aside.
+    """
+    held: _builtins.int
+    """Rows retention never deletes: set-aside work (task.create, task.fail, task.cancel, ...
+    an evaluation), kept until an operator replays or discards it.
+    """
+    retention_days: _builtins.int
+    """The longest retention of the policy, in days: how long a set-aside message is kept."""
+    rule: _builtins.str
+    """What is deleted of this kind and what is kept, in words."""
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        due: _builtins.int = ...,
+        held: _builtins.int = ...,
+        retention_days: _builtins.int = ...,
+        rule: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["due", b"due", "held", b"held", "retention_days", b"retention_days", "rule", b"rule", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordRetention: _TypeAlias = RecordRetention  # noqa: Y015
