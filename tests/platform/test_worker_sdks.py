@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -402,3 +403,46 @@ async def test_runs_ending_together_are_completed_together_by_completeruns(clien
     )
     assert calls["CompleteRun"] == 0 and 1 <= calls["CompleteRuns"] < 4, calls
     assert "completion refused" not in worker.log_tail(100)
+
+
+async def test_a_paused_worker_has_its_late_completion_refused_in_completeruns(
+    client, workers, stack
+):
+    """A non-idempotent run whose worker is SIGSTOPped after opening its ticket, past its
+    lease: its node is UNKNOWN. SIGCONT: the handler answers before the heartbeat can learn
+    the run is gone, so the worker sends the completion in a CompleteRuns, which refuses that
+    item (recorded false): the worker logs it as the lease lost, nothing is recorded, the
+    node stays UNKNOWN, one ticket."""
+    executor = stack.executors[0]
+    since = executor.log_path.stat().st_size
+    paused = workers.start()
+    task = await client.submit("tests", [cell("w_ticket_once", name="late", answer_ms=1500)])
+    await eventually(
+        lambda: workers.effects(), lambda effects: effects != [], timeout=30, wanted="the ticket"
+    )
+    os.kill(paused.pid, signal.SIGSTOP)
+    view = await wait_until(
+        client,
+        task.task_id,
+        lambda v: v.node("w_ticket_once.open").status == "UNKNOWN",
+        timeout=60,
+        wanted="the node UNKNOWN",
+    )
+    os.kill(paused.pid, signal.SIGCONT)
+    log = await eventually(
+        lambda: paused.log_tail(100),
+        lambda log: "completion refused" in log,
+        timeout=30,
+        wanted="the late completion refused",
+    )
+    assert (
+        f"completion refused: the run's lease was lost: node w_ticket_once.open of task {task.task_id}: "
+        in log
+    ), log
+    calls = completion_calls(executor, since)
+    assert calls["CompleteRun"] == 0 and calls["CompleteRuns"] >= 1, calls
+    after = await client.get(task.task_id)
+    assert after.node("w_ticket_once.open").status == "UNKNOWN", dump(after)
+    assert after.node("w_ticket_once.open").last_error == view.node("w_ticket_once.open").last_error
+    assert after.node("w_ticket_once.open").output is None
+    assert len(workers.effects()) == 1
