@@ -65,6 +65,9 @@ const describe = (error) => (error.code !== undefined ? `${codeName(error.code)}
 const toDate = (t) => (t ? new Date(Number(t.seconds) * 1000 + Math.floor(t.nanos / 1e6)) : null);
 
 export class Worker {
+  // The runs' outcomes on their way: those ending together in one CompleteRuns.
+  #completions;
+
   // address: an executor's gRPC address (any replica). token: the caller's API token
   // (default DISPO_TOKEN). concurrency: runs handled at once at most. grace: how long (ms)
   // the runs in flight may take to finish after stop() or SIGTERM. credentials: the
@@ -103,7 +106,7 @@ export class Worker {
     this.stopping = false;
     this.wake = null; // resolves the wait of a poll with no credit, or of a stop
     this.leaseChanged = null; // wakes the heartbeat when a poll tells another lease
-    this.completions = new Completions((method, request, timeoutMs) => this.#call(method, request, timeoutMs));
+    this.#completions = new Completions((method, request, timeoutMs) => this.#call(method, request, timeoutMs));
   }
 
   // Register `async (ctx, payload) => output` for the runs of `queue`.
@@ -290,7 +293,7 @@ export class Worker {
   async #complete(request, ctx) {
     for (let attempt = 0; attempt < 5; attempt++) {
       try {
-        const { recorded, detail } = await this.completions.submit(request);
+        const { recorded, detail } = await this.#completions.submit(request);
         if (!recorded) {
           this.log(`completion refused: the run's lease was lost: node ${ctx.nodeId} of task ${ctx.taskId}: ${detail}`);
         }
