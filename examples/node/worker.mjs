@@ -28,7 +28,9 @@
 // (concurrency minus the runs it holds), heartbeats the runs it holds every third of their
 // lease, and completes each with its handler's returned value (the output), its error (a
 // failure: retryable when it is a RetryableError) or, for a queue it has no handler for,
-// "not sent". A run whose heartbeat says it is not held any more has ctx.signal aborted and
+// "not sent": the completions of the runs that end while a CompleteRuns call is on its way
+// go together in the next one (completions.mjs; one CompleteRun each against an executor
+// without it). A run whose heartbeat says it is not held any more has ctx.signal aborted and
 // is never completed. SIGTERM (or stop()): no new runs; the runs in flight get `grace` ms to
 // finish; what is left is handed back (ReleaseRuns).
 import crypto from "node:crypto";
@@ -39,6 +41,8 @@ import { fileURLToPath } from "node:url";
 
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
+
+import { Completions } from "./completions.mjs";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const PROTOS = process.env.PROTOS ?? path.resolve(HERE, "../../protos");
@@ -61,6 +65,9 @@ const describe = (error) => (error.code !== undefined ? `${codeName(error.code)}
 const toDate = (t) => (t ? new Date(Number(t.seconds) * 1000 + Math.floor(t.nanos / 1e6)) : null);
 
 export class Worker {
+  // The runs' outcomes on their way: those ending together in one CompleteRuns.
+  #completions;
+
   // address: an executor's gRPC address (any replica). token: the caller's API token
   // (default DISPO_TOKEN). concurrency: runs handled at once at most. grace: how long (ms)
   // the runs in flight may take to finish after stop() or SIGTERM. credentials: the
@@ -99,6 +106,7 @@ export class Worker {
     this.stopping = false;
     this.wake = null; // resolves the wait of a poll with no credit, or of a stop
     this.leaseChanged = null; // wakes the heartbeat when a poll tells another lease
+    this.#completions = new Completions((method, request, timeoutMs) => this.#call(method, request, timeoutMs));
   }
 
   // Register `async (ctx, payload) => output` for the runs of `queue`.
@@ -280,17 +288,17 @@ export class Worker {
     return { probe };
   }
 
-  // Send a run's outcome; an UNAVAILABLE executor is tried a few times.
+  // Send a run's outcome, with those of the runs ending meanwhile; an UNAVAILABLE executor
+  // is tried a few times.
   async #complete(request, ctx) {
     for (let attempt = 0; attempt < 5; attempt++) {
       try {
-        await this.#call("CompleteRun", request, 10_000);
+        const { recorded, detail } = await this.#completions.submit(request);
+        if (!recorded) {
+          this.log(`completion refused: the run's lease was lost: node ${ctx.nodeId} of task ${ctx.taskId}: ${detail}`);
+        }
         return;
       } catch (error) {
-        if (error.code === grpc.status.ABORTED) {
-          this.log(`completion refused: the run's lease was lost: node ${ctx.nodeId} of task ${ctx.taskId}: ${error.details}`);
-          return;
-        }
         if (error.code !== grpc.status.UNAVAILABLE) {
           this.log(`completion refused: node ${ctx.nodeId} of task ${ctx.taskId}: ${describe(error)}`);
           return;

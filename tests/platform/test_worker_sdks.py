@@ -3,7 +3,8 @@ examples/node's ``worker.mjs`` run by ``ticket-worker.mjs``) against a real stac
 and executor processes, the demo downstream, and each worker as a real process on the
 ``tickets`` queue. Each worker records every ticket it opens as a line of a file, and
 deduplicates nothing: the tests count the effects. The probe test adds a reconciler whose
-clock is a file the test moves."""
+clock is a file the test moves. The executor logs each gRPC call it answers (at DEBUG): the
+tests read which completion calls the workers made."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import asyncio
 import json
 import os
 import re
+import signal
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,9 +110,26 @@ async def stack(module_services, module_downstream, tmp_path_factory) -> Pipelin
     pipeline = Pipeline(module_services.start, catalogue, module_downstream.url)
     await asyncio.gather(
         pipeline.start_gateway(),
-        pipeline.start_executor(DISPO_EXECUTOR_RUN_LEASE_SECONDS=RUN_LEASE),
+        # DEBUG: a line per gRPC call answered (completion_calls)
+        pipeline.start_executor(
+            DISPO_EXECUTOR_RUN_LEASE_SECONDS=RUN_LEASE, DISPO_LOG_LEVEL="debug"
+        ),
     )
     return pipeline
+
+
+def completion_calls(executor, since: int = 0) -> Counter[str]:
+    """The CompleteRun and CompleteRuns calls ``executor`` answered after byte ``since`` of
+    its log, by method (its rpc lines, logged at DEBUG)."""
+    with executor.log_path.open("rb") as log:
+        log.seek(since)
+        lines = [json.loads(x) for x in log.read().decode().splitlines() if x[:1] == "{"]
+    return Counter(
+        method
+        for line in lines
+        if line.get("event") == "rpc"
+        and (method := line.get("method", "").rpartition("/")[2]) in ("CompleteRun", "CompleteRuns")
+    )
 
 
 @pytest.fixture
@@ -348,3 +368,81 @@ async def test_the_sdk_lists_the_queues_a_worker_of_another_language_serves(clie
     listed = {q.name: q for q in await asyncio.to_thread(blocking)}
     assert listed["tickets"].live and listed["reports"].max_concurrency == 2
     assert worker.running()
+
+
+async def test_runs_ending_together_are_completed_together_by_completeruns(client, workers, stack):
+    """Four runs taken by one poll and ending together: the worker sends their completions
+    in CompleteRuns calls, fewer than the runs (the first goes at once, those ending while it
+    is on its way in the next), never a CompleteRun each; every one is recorded."""
+    executor = stack.executors[0]
+    since = executor.log_path.stat().st_size
+    tasks = [
+        await client.submit("tests", [cell("w_ticket", name=f"t{i}", work_ms=1000)])
+        for i in range(4)
+    ]
+
+    async def tickets() -> WorkerQueue | None:
+        return next(
+            (q for q in await client.list_queues(executor.address) if q.name == "tickets"), None
+        )
+
+    await eventually(  # all four offered, so that the worker's first poll takes them all
+        tickets, lambda q: q is not None and q.offered == 4, timeout=30, wanted="four runs offered"
+    )
+    worker = workers.start()  # concurrency 4
+    for i, task in enumerate(tasks):
+        done = await client.wait(task.task_id, timeout=60)
+        assert done.status == "SUCCEEDED", dump(done)
+        assert done.node("w_ticket.open").output["ticket_id"] == f"T-t{i}"
+    assert sorted(pid for _, pid in workers.opened()) == [worker.pid] * 4
+    calls = await eventually(
+        lambda: completion_calls(executor, since),
+        lambda c: c.total() >= 1,
+        timeout=10,
+        wanted="the completions' calls logged",
+    )
+    assert calls["CompleteRun"] == 0 and 1 <= calls["CompleteRuns"] < 4, calls
+    assert "completion refused" not in worker.log_tail(100)
+
+
+async def test_a_paused_worker_has_its_late_completion_refused_in_completeruns(
+    client, workers, stack
+):
+    """A non-idempotent run whose worker is SIGSTOPped after opening its ticket, past its
+    lease: its node is UNKNOWN. SIGCONT: the handler answers before the heartbeat can learn
+    the run is gone, so the worker sends the completion in a CompleteRuns, which refuses that
+    item (recorded false): the worker logs it as the lease lost, nothing is recorded, the
+    node stays UNKNOWN, one ticket."""
+    executor = stack.executors[0]
+    since = executor.log_path.stat().st_size
+    paused = workers.start()
+    task = await client.submit("tests", [cell("w_ticket_once", name="late", answer_ms=1500)])
+    await eventually(
+        lambda: workers.effects(), lambda effects: effects != [], timeout=30, wanted="the ticket"
+    )
+    os.kill(paused.pid, signal.SIGSTOP)
+    view = await wait_until(
+        client,
+        task.task_id,
+        lambda v: v.node("w_ticket_once.open").status == "UNKNOWN",
+        timeout=60,
+        wanted="the node UNKNOWN",
+    )
+    os.kill(paused.pid, signal.SIGCONT)
+    log = await eventually(
+        lambda: paused.log_tail(100),
+        lambda log: "completion refused" in log,
+        timeout=30,
+        wanted="the late completion refused",
+    )
+    assert (
+        f"completion refused: the run's lease was lost: node w_ticket_once.open of task {task.task_id}: "
+        in log
+    ), log
+    calls = completion_calls(executor, since)
+    assert calls["CompleteRun"] == 0 and calls["CompleteRuns"] >= 1, calls
+    after = await client.get(task.task_id)
+    assert after.node("w_ticket_once.open").status == "UNKNOWN", dump(after)
+    assert after.node("w_ticket_once.open").last_error == view.node("w_ticket_once.open").last_error
+    assert after.node("w_ticket_once.open").output is None
+    assert len(workers.effects()) == 1

@@ -98,7 +98,9 @@ func IsRetryable(err error) bool {
 // A Worker serves the queues of worker actions (docs/workers.md): it long-polls an
 // executor for runs of the queues it has handlers for, with its free credit (Concurrency
 // minus the runs it holds), heartbeats the runs it holds every third of their lease, and
-// completes each with its handler's outcome. Set its fields before Run.
+// completes each with its handler's outcome: the outcomes of the runs that end while a
+// CompleteRuns call is on its way go together in the next one (one CompleteRun each
+// against an executor without it). Set its fields before Run.
 type Worker struct {
 	// Concurrency is how many runs it handles at once at most (default 10).
 	Concurrency int
@@ -114,7 +116,9 @@ type Worker struct {
 	conn     *grpc.ClientConn
 	stub     executorv1.WorkerServiceClient
 	handlers map[string]HandlerFunc
-	probes   map[string]ProbeFunc
+	// completions sends the runs' outcomes: those ending together in one CompleteRuns.
+	completions *completions
+	probes      map[string]ProbeFunc
 
 	mu    sync.Mutex
 	held  map[string]*heldRun
@@ -145,11 +149,13 @@ func NewWorker(address string, opts ...Option) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	stub := executorv1.NewWorkerServiceClient(conn)
 	return &Worker{
-		conn:     conn,
-		stub:     executorv1.NewWorkerServiceClient(conn),
-		handlers: map[string]HandlerFunc{},
-		probes:   map[string]ProbeFunc{},
+		conn:        conn,
+		stub:        stub,
+		handlers:    map[string]HandlerFunc{},
+		probes:      map[string]ProbeFunc{},
+		completions: &completions{stub: stub},
 	}, nil
 }
 
@@ -450,17 +456,16 @@ func (w *Worker) forget(h *heldRun) {
 	}
 }
 
-// complete sends a run's outcome; an UNAVAILABLE executor is tried a few times.
+// complete sends a run's outcome, with the outcomes of the runs ending meanwhile (see
+// completions); an UNAVAILABLE executor is tried a few times.
 func (w *Worker) complete(request *executorv1.CompleteRunRequest, run *Run) {
 	for try := 0; try < 5; try++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := w.stub.CompleteRun(ctx, request)
-		cancel()
+		result, err := w.completions.submit(request)
 		switch CodeOf(err) {
 		case codes.OK:
-			return
-		case codes.Aborted:
-			w.Logger.Printf("completion refused: the run's lease was lost: node %s of task %s: %v", run.NodeID, run.TaskID, fromRPC(err))
+			if !result.GetRecorded() {
+				w.Logger.Printf("completion refused: the run's lease was lost: node %s of task %s: %s", run.NodeID, run.TaskID, result.GetDetail())
+			}
 			return
 		case codes.Unavailable:
 			time.Sleep(retryPause)
