@@ -409,9 +409,9 @@ async def test_a_paused_worker_has_its_late_completion_refused_in_completeruns(
     client, workers, stack
 ):
     """A non-idempotent run whose worker is SIGSTOPped after opening its ticket, past its
-    lease: its node is UNKNOWN. SIGCONT: the handler answers before the heartbeat can learn
-    the run is gone, so the worker sends the completion in a CompleteRuns, which refuses that
-    item (recorded false): the worker logs it as the lease lost, nothing is recorded, the
+    lease: its node is UNKNOWN. SIGCONT: the handler answers before the heartbeat learns the
+    run is gone, so the worker sends the completion in a CompleteRuns, which refuses that
+    item (recorded false): the worker logs it as the lease lost; nothing is recorded, the
     node stays UNKNOWN, one ticket."""
     executor = stack.executors[0]
     since = executor.log_path.stat().st_size
@@ -429,18 +429,24 @@ async def test_a_paused_worker_has_its_late_completion_refused_in_completeruns(
         wanted="the node UNKNOWN",
     )
     os.kill(paused.pid, signal.SIGCONT)
+    # Its handler's answer and its heartbeat are both due at SIGCONT: the answer is sent
+    # first (as nearly always) and refused, or the heartbeat learns of the loss first and
+    # the handler is cancelled, nothing sent. Either way nothing is recorded.
+    refused = "completion refused"
     log = await eventually(
         lambda: paused.log_tail(100),
-        lambda log: "completion refused" in log,
+        lambda log: refused in log or "run lease lost; its handler is cancelled" in log,
         timeout=30,
-        wanted="the late completion refused",
+        wanted="the late completion refused, or the run let go",
     )
-    assert (
-        f"completion refused: the run's lease was lost: node w_ticket_once.open of task {task.task_id}: "
-        in log
-    ), log
     calls = completion_calls(executor, since)
-    assert calls["CompleteRun"] == 0 and calls["CompleteRuns"] >= 1, calls
+    assert calls["CompleteRun"] == 0, calls
+    if refused in log:
+        assert (
+            f"{refused}: the run's lease was lost: node w_ticket_once.open of task {task.task_id}: "
+            in log
+        ), log
+        assert calls["CompleteRuns"] >= 1, calls
     after = await client.get(task.task_id)
     assert after.node("w_ticket_once.open").status == "UNKNOWN", dump(after)
     assert after.node("w_ticket_once.open").last_error == view.node("w_ticket_once.open").last_error
