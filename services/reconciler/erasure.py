@@ -118,14 +118,13 @@ async def handle_erase(ctx: Context, task_id: str) -> Disposition:
 # once the task has ended.
 RESUMING = frozenset({RecoveryState.REDRIVEN, *PARKED})
 
-# Each task not resuming is sealed (its recovery row locked first, so a redrive under way
-# is waited for and seen); sealed before, it keeps its first seal. Each task comes back
-# with where the reconciler holds it and its seal (none: refused).
+# Each task not resuming is sealed (under the task's seal lock, taken before: a redrive
+# under way was waited for and is seen); sealed before, it keeps its first seal. Each task
+# comes back with where the reconciler holds it and its seal (none: refused).
 _SEAL_IF_NOT_RESUMING = Statement(
     "WITH s AS (SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:bys AS text[]))"
     " AS s(task_id, erased_by)),"
-    " held AS (SELECT r.task_id, r.state FROM recovery_tasks r JOIN s ON r.task_id = s.task_id"
-    " ORDER BY r.task_id FOR UPDATE OF r),"
+    " held AS (SELECT r.task_id, r.state FROM recovery_tasks r JOIN s ON r.task_id = s.task_id),"
     " added AS (INSERT INTO erasure_seals (task_id, sealed_at, erased_by)"
     " SELECT s.task_id, :now, s.erased_by FROM s WHERE NOT EXISTS (SELECT 1 FROM held h"
     " WHERE h.task_id = s.task_id AND h.state = ANY(CAST(:resuming AS text[])))"
@@ -136,6 +135,14 @@ _SEAL_IF_NOT_RESUMING = Statement(
     " LEFT JOIN held h ON h.task_id = s.task_id LEFT JOIN added a ON a.task_id = s.task_id"
 )
 _SEALED = Statement("SELECT 1 FROM erasure_seals WHERE task_id = :id")
+# A task's seal and its redrives take turns on this lock, the seal alone, the redrives
+# together: a redrive waits for a seal under way and then sees it; a seal waits for the
+# redrives under way and then sees the task REDRIVEN — also for a task whose recovery row
+# its task.fail is writing as the seal looks for it. A redrive takes it after the task's
+# row lock and a seal takes no row lock: no two of them wait for each other.
+_LOCK_KEY = "hashtextextended('dispo.reconciler.seal:' || :id, 0)"
+_SEAL_LOCK = Statement(f"SELECT pg_advisory_xact_lock({_LOCK_KEY})")
+_REDRIVE_LOCK = Statement(f"SELECT pg_advisory_xact_lock_shared({_LOCK_KEY})")
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,8 @@ async def seals_add_if_not_resuming_many(
     conn: Conn, seals: list[tuple[str, str]], now: datetime
 ) -> list[Seal]:
     """Seal each (task id, who erases it) that is not :data:`RESUMING`, with one
-    statement; a task sealed before keeps its first seal."""
+    statement, the caller holding each task's seal lock; a task sealed before keeps its
+    first seal."""
     rows = await _SEAL_IF_NOT_RESUMING.fetch(
         conn,
         {
@@ -173,6 +181,12 @@ async def seals_add_if_not_resuming_many(
     ]
 
 
+async def task_lock_against_seal(conn: Conn, task_id: str) -> None:
+    """Before a redrive of ``task_id`` in this transaction: wait for a seal under way, and
+    keep one from starting until the transaction ends."""
+    await _REDRIVE_LOCK.fetch(conn, {"id": task_id})
+
+
 async def task_sealed(conn: Conn, task_id: str) -> bool:
     """Whether ``task_id`` was sealed for its erasure."""
     return bool(await _SEALED.fetch(conn, {"id": task_id}))
@@ -182,6 +196,7 @@ async def seal(ctx: Context, task_id: str, erased_by: str) -> Seal:
     """Seal ``task_id`` ahead of its erasure: nothing here runs it again. FAILED_PRECONDITION
     naming ``task_id`` while it is being resumed (it is not sealed then)."""
     async with ctx.db.transaction() as conn:
+        await _SEAL_LOCK.fetch(conn, {"id": task_id})
         (sealed,) = await seals_add_if_not_resuming_many(
             conn, [(task_id, erased_by)], ctx.clock.now()
         )

@@ -292,7 +292,8 @@ async def task_redriven_if(
     each release does not cycle for ever) and is also counted as a release. A resume (the
     redrive of a row ``expected`` FAILED) starts the redrive policy afresh: no redrive
     used, first parked now. A task sealed for its erasure is not moved (ADR-0114): the
-    caller locked its row, so a seal committed before this statement is seen."""
+    caller took the task's lock against a seal first, so a seal committed before this
+    statement is seen."""
     RECOVERY_TRANSITIONS.check(expected, RecoveryState.REDRIVEN)
     counter = "redrives = redrives + 1" + (", releases = releases + 1" if release else "")
     if expected is RecoveryState.FAILED:
