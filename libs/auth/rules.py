@@ -158,6 +158,8 @@ RULES: dict[str, Rule] = {
         ListFindings=ADMIN,
         ListVerdicts=ADMIN,
         RunSweep=ADMIN,
+        # The gateway seals a FAILED task before it erases it (ADR-0114).
+        SealTask=internal("gateway"),
     ),
     **_methods("dispo.reconciler.v1.DriftService", RunDriftCheck=ADMIN, ListRepairs=ADMIN),
     # Evaluations and analysis jobs belong to no business: operators' work.

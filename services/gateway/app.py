@@ -20,6 +20,7 @@ from dispo.gateway.operations import Gateway
 from dispo.gateway.outputs import ViewOutputs
 from dispo.gateway.schedules import servicer as schedules
 from dispo.gateway.schedules.operations import Schedules
+from dispo.gateway.seals import ReconcilerSeals
 from dispo.gateway.servicer import GatewayServicer, bulk_filter
 from dispo.gateway.settings import GatewaySettings
 from dispo.gateway.shares import SubmitShares
@@ -71,6 +72,9 @@ async def setup(rt: Runtime) -> None:
         status_batch=settings.status_batch,
         egress=rt.settings.egress,
         max_delay_seconds=settings.max_delay_seconds,
+        seals=ReconcilerSeals(
+            rt.channel(settings.reconciler_address), settings.seal_timeout_seconds
+        ),
     )
 
     # The catalogue's versions (ADR-0111): the file seeds an empty catalogue; from then on

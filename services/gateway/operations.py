@@ -16,6 +16,7 @@ from dispo.gateway import store
 from dispo.gateway.convert import stored_status, task_envelope
 from dispo.gateway.expand import DEFAULT_EGRESS, Limits, Submission, expand, validate
 from dispo.gateway.labels import task_labels
+from dispo.gateway.seals import NoSeals, Seals
 from dispo.gateway.timing import DEFAULT_MAX_DELAY_SECONDS, timing
 from dispo.libs import erasure as erasure_lib
 from dispo.libs import metrics
@@ -145,6 +146,7 @@ class Gateway:
         status_linger: float = 0.0,
         egress: AllowList = DEFAULT_EGRESS,
         max_delay_seconds: int = DEFAULT_MAX_DELAY_SECONDS,
+        seals: Seals | None = None,
     ) -> None:
         self.db = db  # the driver port: every other statement
         self.relay = relay
@@ -159,6 +161,8 @@ class Gateway:
         self.max_delay_seconds = max_delay_seconds
         self.clock = clock
         self.watch_poll_interval = watch_poll_interval
+        # Where a FAILED task is sealed against a resume before its erasure (ADR-0114).
+        self.seals: Seals = seals or NoSeals()
         self._changed: dict[str, asyncio.Event] = {}
         # Businesses seen with a signing secret: a current secret is never removed, so a
         # business found once needs no second read.
@@ -454,7 +458,10 @@ class Gateway:
         """Replace a finished task's user data with tombstones here and emit its task.erase,
         which the executor and the reconciler apply to their own rows (ADR-0113). A task
         erased before is answered as it is; FAILED_PRECONDITION naming the status of a task
-        that has not finished."""
+        that has not finished. A FAILED task is first sealed by the reconciler against a
+        resume (ADR-0114), with its row locked here: FAILED_PRECONDITION naming ``task_id``
+        while it is being resumed, UNAVAILABLE when the reconciler does not answer; either
+        way nothing is written."""
         now = self.clock.now()
         async with self.db.transaction() as conn:
             record = await store.task_get_for_erase(conn, task_id)
@@ -467,6 +474,8 @@ class Gateway:
                     f"task {task_id} is {record.status.upper()}: only a finished task"
                     " (SUCCEEDED, CANCELLED or FAILED) can be erased"
                 )
+            if record.status == "failed":  # the one the reconciler may run again
+                await self.seals.seal(task_id, erased_by)
             row = await store.task_row_bytes(conn, task_id)
             erasure = store.Erasure(
                 task_id,

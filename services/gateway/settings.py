@@ -107,6 +107,18 @@ class GatewaySettings(BaseSettings):
         description="Deadline of one read of a task's outputs from the executor; beyond it the"
         " view is answered without them (`outputs_unavailable`)",
     )
+    reconciler_address: str = Field(
+        default=local_address("reconciler"),
+        description="The reconciler's gRPC address, where EraseTask seals a FAILED task before"
+        " erasing it (ReconcilerService.SealTask, ADR-0114; `dispo up` gives its reconciler's)",
+    )
+    seal_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Deadline of the seal EraseTask asks of the reconciler for a FAILED task;"
+        " past it (or with the reconciler unreachable) EraseTask answers UNAVAILABLE and erases"
+        " nothing",
+    )
     schedule_interval_seconds: float = Field(
         default=1.0,
         gt=0,

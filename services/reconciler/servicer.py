@@ -14,8 +14,12 @@ from dispo.reconciler import convert as cv
 from dispo.reconciler.arbitration import store as arb
 from dispo.reconciler.completion import store as cs
 from dispo.reconciler.context import Context
+from dispo.reconciler.erasure import seal
 from dispo.reconciler.recovery import operations, release, settlement, store
 from dispo.reconciler.sweeps import run_sweeps
+
+# The longest task id a seal takes (the gateway's are far shorter).
+MAX_ID_LENGTH = 64
 
 
 def _required(value: str, field: str) -> str:
@@ -238,3 +242,14 @@ class ReconcilerServicer(reconciler_pb2_grpc.ReconcilerServiceServicer):
     async def RunSweep(self, request: pb.RunSweepRequest, context: Any) -> pb.RunSweepResponse:
         handled = await run_sweeps(self.ctx, cv.sweep_name(request.sweep))
         return pb.RunSweepResponse(handled=handled)
+
+    async def SealTask(self, request: pb.SealTaskRequest, context: Any) -> pb.SealTaskResponse:
+        task_id = _required(request.task_id, "task_id")
+        if len(task_id) > MAX_ID_LENGTH:
+            raise InvalidArgument("task_id", f"longer than {MAX_ID_LENGTH} characters")
+        if len(request.erased_by) > MAX_ID_LENGTH * 4:
+            raise InvalidArgument("erased_by", f"longer than {MAX_ID_LENGTH * 4} characters")
+        sealed = await seal(self.ctx, task_id, request.erased_by)
+        out = pb.SealTaskResponse(erased_by=sealed.erased_by)
+        cv.set_ts(out, "sealed_at", sealed.sealed_at)
+        return out

@@ -135,6 +135,12 @@ async def test_the_reconciler_keeps_a_fact_still_to_notify_and_a_task_parked_aga
                 " VALUES (:id, 'fail', 1, :t)",
                 {"id": task_id, "t": T0},
             )
+        # erased tasks' seals (ADR-0114): one of a task the reconciler never held
+        for task_id in ("notified", "parked-again", "ended-after-recovery"):
+            await conn.fetch(
+                "INSERT INTO erasure_seals (task_id, sealed_at, erased_by) VALUES (:id, :t, 'admin')",
+                {"id": task_id, "t": T0},
+            )
     retention = Retention(
         "reconciler",
         db,
@@ -148,11 +154,14 @@ async def test_the_reconciler_keeps_a_fact_still_to_notify_and_a_task_parked_aga
     purged = await retention.purge_once()
     assert purged.tasks == 2
     assert purged.rows["recovery_tasks"] == 1 and purged.rows["failure_history"] == 1
+    assert purged.rows["erasure_seals"] == 2
     async with db.connection() as conn:
         facts = {r.task_id for r in await conn.fetch("SELECT task_id FROM completions")}
         parked = {r.task_id for r in await conn.fetch("SELECT task_id FROM recovery_tasks")}
+        sealed = {r.task_id for r in await conn.fetch("SELECT task_id FROM erasure_seals")}
     assert facts == {"to-notify", "to-reconcile", "parked-again"}
     assert parked == {"parked-again"}
+    assert sealed == {"parked-again"}
 
 
 def test_a_business_takes_the_default_terms_and_its_own_over_them(tmp_path):

@@ -307,6 +307,17 @@ def test_the_gateway_and_reconciler_read_outputs_from_the_stacks_executor(tmp_pa
     assert specs["reconciler"].env["DISPO_RECONCILER_EXECUTOR_ADDRESS"] == executor
 
 
+def test_the_gateway_seals_erasures_with_the_stacks_reconciler(tmp_path, monkeypatch):
+    """EraseTask of a FAILED task asks the reconciler the stack started (ADR-0114)."""
+    ports = {name: 42000 + i for i, name in enumerate(SERVICES)}
+    options = StackOptions(tmp_path, ports=ports, demo_port=0)
+    urls = dict.fromkeys(SERVICES, "postgresql://x@127.0.0.1/x")
+    monkeypatch.delenv("DISPO_GATEWAY_RECONCILER_ADDRESS", raising=False)
+    specs = {s.name: s for s in service_specs(options, urls, "nats://x")}
+    reconciler = f"127.0.0.1:{ports['reconciler']}"
+    assert specs["gateway"].env["DISPO_GATEWAY_RECONCILER_ADDRESS"] == reconciler
+
+
 def test_the_console_calls_each_service_on_the_port_the_stack_gave_it(tmp_path):
     """The console's pages call the stack's services, the intelligence service among them."""
     ports = {name: 42000 + i for i, name in enumerate(SERVICES)}

@@ -170,7 +170,11 @@ def service_env(
 # The settings that tell a service where it calls another one of the stack, by service:
 # setting -> the service it names. The stack hands each the address it gave that service.
 PEERS = {
-    "gateway": {"DISPO_GATEWAY_EXECUTOR_ADDRESS": "executor"},
+    "gateway": {
+        "DISPO_GATEWAY_EXECUTOR_ADDRESS": "executor",
+        # Where EraseTask seals a FAILED task against a resume (ADR-0114).
+        "DISPO_GATEWAY_RECONCILER_ADDRESS": "reconciler",
+    },
     # Where the executor and the reconciler follow the catalogue's versions (ADR-0111).
     "executor": {"DISPO_CATALOGUE_GATEWAY_ADDRESS": "gateway"},
     "reconciler": {

@@ -16,6 +16,7 @@ from dispo.libs.logging import get_logger
 from dispo.libs.timestamps import to_timestamp
 from dispo.reconciler import envelope as E
 from dispo.reconciler.context import Context
+from dispo.reconciler.erasure import task_lock_against_seal, task_sealed
 from dispo.reconciler.outbox import emit
 from dispo.reconciler.recovery import store
 from dispo.reconciler.recovery.redrive import redrive_row
@@ -60,7 +61,8 @@ async def redrive_one(
                 f"task {task_id} is {row.state.name}; only PARKED_FAILED, DEMOTED or FAILED"
                 f" tasks can be redriven{hint}"
             )
-        if erased(row.envelope):
+        await task_lock_against_seal(conn, task_id)  # a seal under way is seen below
+        if erased(row.envelope) or await task_sealed(conn, task_id):
             raise FailedPrecondition(
                 f"task {task_id} was erased: its payloads are gone, it cannot run again"
             )

@@ -18,6 +18,7 @@ from dispo.libs.logging import get_logger
 from dispo.libs.tracing import current, resumed
 from dispo.reconciler import envelope as E
 from dispo.reconciler.context import Context
+from dispo.reconciler.erasure import task_lock_against_seal
 from dispo.reconciler.outbox import emit
 from dispo.reconciler.recovery import store
 from dispo.reconciler.recovery.store import RecoveryRow
@@ -242,6 +243,7 @@ async def _redrive_row(
     include_permanent: bool,
 ) -> bool:
     why = f"redriven by the reconciler ({trigger}{': ' + reason if reason else ''})"
+    await task_lock_against_seal(conn, row.task_id)  # then the statement sees any seal
     resume = row.state is R.FAILED
     env, reset = E.redrive(row.envelope, why, include_permanent=include_permanent or resume)
     release = trigger == "release"

@@ -18,6 +18,10 @@ from dispo.libs.db.driver import Conn, Row
 from dispo.reconciler.json_rows import JsonRow, with_json
 from dispo.reconciler.states import PARKED, RECOVERY_TRANSITIONS, WORK_KIND_STATES, RecoveryState
 
+# A task sealed for its erasure is never redriven (ADR-0114): its table is the erasure's
+# (dispo.reconciler.erasure), the refusal is here, in every statement that redrives.
+_UNSEALED = "NOT EXISTS (SELECT 1 FROM erasure_seals e WHERE e.task_id = {})"
+
 
 @dataclass
 class RecoveryRow:
@@ -287,7 +291,9 @@ async def task_redriven_if(
     a redrive too (the policy's ``max_redrives`` bounds both: a task demoted again after
     each release does not cycle for ever) and is also counted as a release. A resume (the
     redrive of a row ``expected`` FAILED) starts the redrive policy afresh: no redrive
-    used, first parked now."""
+    used, first parked now. A task sealed for its erasure is not moved (ADR-0114): the
+    caller took the task's lock against a seal first, so a seal committed before this
+    statement is seen."""
     RECOVERY_TRANSITIONS.check(expected, RecoveryState.REDRIVEN)
     counter = "redrives = redrives + 1" + (", releases = releases + 1" if release else "")
     if expected is RecoveryState.FAILED:
@@ -297,7 +303,7 @@ async def task_redriven_if(
             f"UPDATE recovery_tasks SET state = 'redriven', envelope = :envelope, generation = :new_generation, {counter},"
             " last_redrive_at = :now, next_redrive_at = NULL, updated_at = :now"
             " WHERE task_id = :task_id AND state = :expected AND generation = :generation"
-            " RETURNING task_id"
+            f" AND {_UNSEALED.format(':task_id')} RETURNING task_id"
         ),
         {
             "task_id": task_id,
@@ -324,11 +330,12 @@ async def tasks_manual_redrive_last_due(conn: Conn, now: datetime) -> datetime |
 async def tasks_due(
     conn: Conn, state: RecoveryState, now: datetime, limit: int
 ) -> list[RecoveryRow]:
-    """Rows in ``state`` whose next_redrive_at has come, oldest due first, locked (SKIP LOCKED)."""
+    """Rows in ``state`` whose next_redrive_at has come, oldest due first, locked (SKIP
+    LOCKED); none sealed for its erasure (it would be refused at every pass)."""
     rows = await conn.fetch(
         (
-            "SELECT * FROM recovery_tasks WHERE state = :state AND next_redrive_at <= :now"
-            " ORDER BY next_redrive_at, task_id LIMIT :limit FOR UPDATE SKIP LOCKED"
+            "SELECT * FROM recovery_tasks t WHERE state = :state AND next_redrive_at <= :now"
+            f" AND {_UNSEALED.format('t.task_id')} ORDER BY next_redrive_at, task_id LIMIT :limit FOR UPDATE SKIP LOCKED"
         ),
         {"state": state.value, "now": now, "limit": limit},
     )
@@ -509,14 +516,14 @@ async def downstreams_demoted(conn: Conn) -> list[str]:
 
 async def tasks_releasable(conn: Conn, downstream: str, limit: int) -> list[RecoveryRow]:
     """Oldest DEMOTED tasks waiting for ``downstream`` whose every blocking downstream is
-    healthy and not paused; locked, SKIP LOCKED."""
+    healthy and not paused, none sealed for its erasure; locked, SKIP LOCKED."""
     rows = await conn.fetch(
         (
             "SELECT * FROM recovery_tasks t WHERE t.state = 'demoted' AND :name = ANY(t.downstreams)"
             " AND NOT EXISTS (SELECT 1 FROM unnest(t.downstreams) d(name)"
             "   LEFT JOIN downstream_state s ON s.name = d.name"
             "   WHERE s.name IS NULL OR s.healthy IS NOT TRUE OR s.paused)"
-            " ORDER BY t.parked_at, t.task_id LIMIT :limit FOR UPDATE OF t SKIP LOCKED"
+            f" AND {_UNSEALED.format('t.task_id')} ORDER BY t.parked_at, t.task_id LIMIT :limit FOR UPDATE OF t SKIP LOCKED"
         ),
         {"name": downstream, "limit": limit},
     )
@@ -556,7 +563,8 @@ async def downstreams_queue_depths(conn: Conn) -> dict[str, Row]:
 
 # ---- retention (ADR-0105) ---------------------------------------------------------------
 # The recovery records of finished tasks whose completion facts retention deleted, with
-# their failure history, redrive log and settlements; a record parked again is kept.
+# their failure history, redrive log, settlements and erasure seals (ADR-0114, held or
+# not); a record parked again is kept, with its seal.
 _DELETE_IF_DONE = (
     "WITH doomed AS (SELECT r.task_id FROM recovery_tasks r"
     " WHERE r.task_id = ANY(CAST(:ids AS text[])) AND NOT r.state = ANY(CAST(:parked AS text[]))"
@@ -568,8 +576,12 @@ _DELETE_IF_DONE = (
     " gone_settlements AS (DELETE FROM settlements x USING doomed d"
     " WHERE x.task_id = d.task_id RETURNING 1),"
     " gone AS (DELETE FROM recovery_tasks r USING doomed d WHERE r.task_id = d.task_id"
-    " AND NOT r.state = ANY(CAST(:parked AS text[])) RETURNING 1)"
+    " AND NOT r.state = ANY(CAST(:parked AS text[])) RETURNING 1),"
+    " gone_seals AS (DELETE FROM erasure_seals x WHERE x.task_id = ANY(CAST(:ids AS text[]))"
+    " AND NOT EXISTS (SELECT 1 FROM recovery_tasks r WHERE r.task_id = x.task_id"
+    " AND r.state = ANY(CAST(:parked AS text[]))) RETURNING 1)"
     " SELECT (SELECT count(*) FROM gone) AS recovery_tasks,"
+    " (SELECT count(*) FROM gone_seals) AS erasure_seals,"
     " (SELECT count(*) FROM gone_history) AS failure_history,"
     " (SELECT count(*) FROM gone_redrives) AS redrive_log,"
     " (SELECT count(*) FROM gone_settlements) AS settlements"
@@ -578,8 +590,8 @@ _DELETE_IF_DONE = (
 
 async def tasks_delete_if_done_many(conn: Conn, task_ids: list[str]) -> dict[str, int]:
     """Delete the recovery records of ``task_ids`` that are not parked (REDRIVEN, RESOLVED,
-    FAILED, ABANDONED) with their history, redrive log and settlements, in one statement;
-    the rows deleted by table."""
+    FAILED, ABANDONED) with their history, redrive log, settlements and erasure seals, in
+    one statement; the rows deleted by table."""
     if not task_ids:
         return {}
     (row,) = await conn.fetch(

@@ -2063,3 +2063,57 @@ class RunSweepResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunSweepResponse: _TypeAlias = RunSweepResponse  # noqa: Y015
+
+@_typing.final
+class SealTaskRequest(_message.Message):
+    """Seal one task ahead of its erasure."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ERASED_BY_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Required: the task's id."""
+    erased_by: _builtins.str
+    """Who erases it (the caller of EraseTask), recorded with the seal."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        erased_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erased_by", b"erased_by", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealTaskRequest: _TypeAlias = SealTaskRequest  # noqa: Y015
+
+@_typing.final
+class SealTaskResponse(_message.Message):
+    """The task's seal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEALED_AT_FIELD_NUMBER: _builtins.int
+    ERASED_BY_FIELD_NUMBER: _builtins.int
+    erased_by: _builtins.str
+    """Who it was sealed for (the first seal's)."""
+    @_builtins.property
+    def sealed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the task was sealed (its first seal's time when sealed before)."""
+
+    def __init__(
+        self,
+        *,
+        sealed_at: _timestamp_pb2.Timestamp | None = ...,
+        erased_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sealed_at", b"sealed_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erased_by", b"erased_by", "sealed_at", b"sealed_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealTaskResponse: _TypeAlias = SealTaskResponse  # noqa: Y015

@@ -112,6 +112,11 @@ class ReconcilerServiceStub:
                 request_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.RunSweepRequest.SerializeToString,
                 response_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.RunSweepResponse.FromString,
                 _registered_method=True)
+        self.SealTask = channel.unary_unary(
+                '/dispo.reconciler.v1.ReconcilerService/SealTask',
+                request_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.SealTaskRequest.SerializeToString,
+                response_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.SealTaskResponse.FromString,
+                _registered_method=True)
 
 
 class ReconcilerServiceServicer:
@@ -247,6 +252,20 @@ class ReconcilerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SealTask(self, request, context):
+        """Seal a FAILED task ahead of its erasure (docs/adr/0114): from then on nothing runs it
+        again here — RedriveTask, ResolveNode, the redrive and release sweeps all refuse it
+        (FAILED_PRECONDITION naming it as erased), across restarts. The gateway's EraseTask
+        asks it before it erases a FAILED task, and erases nothing unless it succeeded.
+        Sealing again answers the first seal. A task the reconciler does not hold (yet) is
+        sealed all the same. FAILED_PRECONDITION naming task_id while the task is being
+        resumed (REDRIVEN, or parked with a redrive to come): it may run again, so it is not
+        sealed; try again once it ends. Callers: the gateway's service token, admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReconcilerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -324,6 +343,11 @@ def add_ReconcilerServiceServicer_to_server(servicer, server):
                     servicer.RunSweep,
                     request_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.RunSweepRequest.FromString,
                     response_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.RunSweepResponse.SerializeToString,
+            ),
+            'SealTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealTask,
+                    request_deserializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.SealTaskRequest.FromString,
+                    response_serializer=dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.SealTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -734,6 +758,33 @@ class ReconcilerService:
             '/dispo.reconciler.v1.ReconcilerService/RunSweep',
             dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.RunSweepRequest.SerializeToString,
             dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.RunSweepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.reconciler.v1.ReconcilerService/SealTask',
+            dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.SealTaskRequest.SerializeToString,
+            dispo_dot_reconciler_dot_v1_dot_reconciler__pb2.SealTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

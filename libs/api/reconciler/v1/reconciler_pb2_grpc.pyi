@@ -106,6 +106,16 @@ class ReconcilerServiceStub:
     """Arbitration verdicts. Callers: admin."""
     RunSweep: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.RunSweepRequest, _reconciler_pb2.RunSweepResponse]
     """Run one periodic sweep now (operators, walk-throughs and tests). Callers: admin."""
+    SealTask: _grpc.UnaryUnaryMultiCallable[_reconciler_pb2.SealTaskRequest, _reconciler_pb2.SealTaskResponse]
+    """Seal a FAILED task ahead of its erasure (docs/adr/0114): from then on nothing runs it
+    again here — RedriveTask, ResolveNode, the redrive and release sweeps all refuse it
+    (FAILED_PRECONDITION naming it as erased), across restarts. The gateway's EraseTask
+    asks it before it erases a FAILED task, and erases nothing unless it succeeded.
+    Sealing again answers the first seal. A task the reconciler does not hold (yet) is
+    sealed all the same. FAILED_PRECONDITION naming task_id while the task is being
+    resumed (REDRIVEN, or parked with a redrive to come): it may run again, so it is not
+    sealed; try again once it ends. Callers: the gateway's service token, admin.
+    """
 
 @_typing.type_check_only
 class ReconcilerServiceAsyncStub(ReconcilerServiceStub):
@@ -178,6 +188,16 @@ class ReconcilerServiceAsyncStub(ReconcilerServiceStub):
     """Arbitration verdicts. Callers: admin."""
     RunSweep: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.RunSweepRequest, _reconciler_pb2.RunSweepResponse]  # type: ignore[assignment]
     """Run one periodic sweep now (operators, walk-throughs and tests). Callers: admin."""
+    SealTask: _aio.UnaryUnaryMultiCallable[_reconciler_pb2.SealTaskRequest, _reconciler_pb2.SealTaskResponse]  # type: ignore[assignment]
+    """Seal a FAILED task ahead of its erasure (docs/adr/0114): from then on nothing runs it
+    again here — RedriveTask, ResolveNode, the redrive and release sweeps all refuse it
+    (FAILED_PRECONDITION naming it as erased), across restarts. The gateway's EraseTask
+    asks it before it erases a FAILED task, and erases nothing unless it succeeded.
+    Sealing again answers the first seal. A task the reconciler does not hold (yet) is
+    sealed all the same. FAILED_PRECONDITION naming task_id while the task is being
+    resumed (REDRIVEN, or parked with a redrive to come): it may run again, so it is not
+    sealed; try again once it ends. Callers: the gateway's service token, admin.
+    """
 
 class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The reconciler's API (port 50053 under dispo up). A business token may list and read its
@@ -337,5 +357,21 @@ class ReconcilerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_reconciler_pb2.RunSweepResponse, _abc.Awaitable[_reconciler_pb2.RunSweepResponse]]:
         """Run one periodic sweep now (operators, walk-throughs and tests). Callers: admin."""
+
+    @_abc_1.abstractmethod
+    def SealTask(
+        self,
+        request: _reconciler_pb2.SealTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reconciler_pb2.SealTaskResponse, _abc.Awaitable[_reconciler_pb2.SealTaskResponse]]:
+        """Seal a FAILED task ahead of its erasure (docs/adr/0114): from then on nothing runs it
+        again here — RedriveTask, ResolveNode, the redrive and release sweeps all refuse it
+        (FAILED_PRECONDITION naming it as erased), across restarts. The gateway's EraseTask
+        asks it before it erases a FAILED task, and erases nothing unless it succeeded.
+        Sealing again answers the first seal. A task the reconciler does not hold (yet) is
+        sealed all the same. FAILED_PRECONDITION naming task_id while the task is being
+        resumed (REDRIVEN, or parked with a redrive to come): it may run again, so it is not
+        sealed; try again once it ends. Callers: the gateway's service token, admin.
+        """
 
 def add_ReconcilerServiceServicer_to_server(servicer: ReconcilerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
