@@ -43,7 +43,10 @@ def open_to_others(root: Path) -> list[str]:
     for path in [root, *root.rglob("*")]:
         if server in path.parents:
             continue
-        mode = path.lstat().st_mode
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:  # gone since it was listed (a stream's block file, say)
+            continue
         if stat.S_ISREG(mode) and mode & 0o077:
             found.append(f"{path.relative_to(root)} {mode & 0o777:o}")
         elif path.name in {"logs", "pool", "postgres"} and stat.S_ISDIR(mode) and mode & 0o077:
