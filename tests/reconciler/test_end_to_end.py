@@ -241,15 +241,18 @@ async def test_a_release_waits_for_the_executors_breaker_not_only_the_health_url
     pipeline, downstream, reconciler
 ):
     """The downstream goes down and comes back; its health URL says so at once, but the
-    executor's breaker stays OPEN for its cooldown (no executor health checks here). Nothing
-    is released while it is: a release would be demoted again at once and spend one of the
-    task's three redrives (released every second, all three in three seconds: FAILED).
-    Once the cooldown ends, one release, and the task succeeds."""
+    executor's breaker stays OPEN for its cooldown (an hour of the clock the executor shares
+    with the reconciler; no executor health checks here). Nothing is released while it is: a
+    release would be demoted again at once and spend one of the task's three redrives
+    (released every second, all three in three seconds: FAILED). Once the cooldown ends,
+    one release, and the task succeeds."""
+    clock = reconciler.clock
     await downstream.control(down=True)
     pipeline.executors[0].kill()
     executor = await pipeline.start_executor(
+        **clock.env,
         DISPO_EXECUTOR_BREAKER_THRESHOLD="2",
-        DISPO_EXECUTOR_BREAKER_COOLDOWN_SECONDS="12",
+        DISPO_EXECUTOR_BREAKER_COOLDOWN_SECONDS="3600",
         DISPO_EXECUTOR_HEALTH_INTERVAL_SECONDS="0",
     )
     async with admin_channel(executor.address) as channel:
@@ -261,23 +264,21 @@ async def test_a_release_waits_for_the_executors_breaker_not_only_the_health_url
 
         async with pipeline.client() as client:
             task = await client.submit("tests", [cell("step", name="brk")])
-            await wait_status(client, task.task_id, {"DEMOTED"})
-            await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_DEMOTED)
+            async with clock.running():  # the calls' retries run on the executor's clock
+                await wait_status(client, task.task_id, {"DEMOTED"})
+                await reconciler.wait_state(task.task_id, pb.RECOVERY_STATE_DEMOTED)
             await downstream.control(down=False)
-            held_while_open = 0
-            while await breaker() == executor_pb2.BREAKER_STATE_OPEN:
+            for _ in range(6):  # healthy by its URL; the breaker OPEN for the hour
                 handled = await reconciler.sweep()
-                if await breaker() != executor_pb2.BREAKER_STATE_OPEN:
-                    break  # the cooldown ended during the sweep: a release was allowed
+                assert await breaker() == executor_pb2.BREAKER_STATE_OPEN
                 assert handled["release"] == 0, handled
                 held = await reconciler.held(task.task_id)
                 assert held.state == pb.RECOVERY_STATE_DEMOTED, held
                 listed = await reconciler.stub.ListDownstreams(pb.ListDownstreamsRequest())
                 demo = {d.name: d for d in listed.downstreams}["demo"]
-                assert not demo.healthy and "breaker is open" in demo.probe_error, demo
-                held_while_open += 1
-                await asyncio.sleep(0.5)
-            assert held_while_open >= 3  # swept while the breaker was OPEN, several times
+                assert not demo.healthy and "breaker is open until" in demo.probe_error, demo
+            clock.advance(seconds=3600)  # the cooldown over: trial calls allowed
+            assert await breaker() == executor_pb2.BREAKER_STATE_HALF_OPEN
             for _ in range(200):
                 await reconciler.tick()
                 view = await client.get(task.task_id)
