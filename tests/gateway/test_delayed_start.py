@@ -5,7 +5,6 @@ database and bus, with the relay's passes called one at a time."""
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -18,6 +17,7 @@ from dispo.libs.db.driver import Statement
 from dispo.libs.errors import InvalidArgument
 from dispo.libs.outbox import _sql
 from dispo.libs.timestamps import from_timestamp
+from support.plans import plan_nodes
 
 
 async def on_the_bus(bus) -> list[str]:
@@ -126,15 +126,11 @@ async def test_the_passes_hot_query_reads_no_delayed_row(make_gateway, bus):
     async with gateway.db.connection() as conn:
         await conn.fetch("ANALYZE outbox")
         [[plan]] = await explain.fetch(conn, {"now": clock.now(), "limit": 500})
-    nodes = _plan_nodes(json.loads(plan)[0]["Plan"])
+    nodes = plan_nodes(plan)
     scans = [n for n in nodes if "Index Name" in n]
     assert [n["Index Name"] for n in scans] == ["outbox_unsent"], nodes
     assert all(n.get("Rows Removed by Filter", 0) == 0 for n in nodes), nodes
     assert await gateway.relay.relay_once() == 0
-
-
-def _plan_nodes(plan: dict) -> list[dict]:
-    return [plan, *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
 
 
 async def test_a_tasks_status_is_still_updated_in_place(make_gateway, bus):

@@ -2,8 +2,6 @@
 shown on GetTask and ListTasks, filtered on by ListTasks and CountTasks, confined to a
 business token's own tasks, and refused precisely when malformed."""
 
-import json
-
 import grpc
 import pytest
 from dispo.gateway import store
@@ -16,6 +14,7 @@ from dispo.libs.db.driver import Statement
 from dispo.sdk import DispoError, cell
 from support import eventually
 from support.auth import business_token
+from support.plans import hot_updates, plan_nodes
 
 
 def status_counts(**given: int) -> dict[str, int]:
@@ -153,25 +152,16 @@ async def test_a_label_filter_reads_the_labels_index_and_a_status_update_stays_i
         )
         assert len(found) == 4 and all(t.labels == {"campaign": "c-0"} for t in found)
         labelled = found[0].task_id
-        [[before]] = await conn.fetch(
-            "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'"
-        )
+        before = await hot_updates(conn, "tasks")
         await store.task_set_view(
             conn, labelled, task_pb2.Task(task_id=labelled), "running", gateway.clock.now()
         )
-    nodes = _plan_nodes(json.loads(plan)[0]["Plan"])
+    nodes = plan_nodes(plan)
     assert "ix_tasks_labels" in [n.get("Index Name") for n in nodes], nodes
     assert not any(n["Node Type"] == "Seq Scan" for n in nodes), nodes
 
-    async def hot_updates() -> int:
+    async def counted() -> int:
         async with gateway.db.connection() as conn:
-            [[after]] = await conn.fetch(
-                "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'"
-            )
-        return after
+            return await hot_updates(conn, "tasks")
 
-    await eventually(hot_updates, lambda after: after == before + 1, timeout=10)
-
-
-def _plan_nodes(plan: dict) -> list[dict]:
-    return [plan, *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
+    await eventually(counted, lambda after: after == before + 1, timeout=10)

@@ -5,8 +5,6 @@ updates stay HOT. Through the real gateway, or on the real database and bus."""
 
 from __future__ import annotations
 
-import json
-
 import grpc
 import pytest
 from dispo.gateway import store
@@ -23,6 +21,7 @@ from dispo.sdk import DispoError, cell
 from sqlalchemy import text
 from support import eventually
 from support.auth import admin_channel, business_token
+from support.plans import hot_updates, plan_nodes
 
 
 def status_counts(**given: int) -> dict[str, int]:
@@ -147,26 +146,17 @@ async def test_a_rare_priority_is_read_through_its_index_and_status_updates_stay
     async with gateway.db.connection() as conn:
         found = await gateway.list(matching, statuses=[], after=None, limit=100)
         assert len(found) == 30 and {t.priority for t in found} == {1}
-        [[before]] = await conn.fetch(
-            "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'"
-        )
+        before = await hot_updates(conn, "tasks")
         first = found[0].task_id
         await store.task_set_view(
             conn, first, task_pb2.Task(task_id=first), "running", gateway.clock.now()
         )
-    nodes = _plan_nodes(json.loads(plan)[0]["Plan"])
+    nodes = plan_nodes(plan)
     assert "ix_tasks_priority" in [n.get("Index Name") for n in nodes], nodes
     assert not any(n["Node Type"] == "Seq Scan" for n in nodes), nodes
 
-    async def hot_updates() -> int:
+    async def counted() -> int:
         async with gateway.db.connection() as conn:
-            [[after]] = await conn.fetch(
-                "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'"
-            )
-        return after
+            return await hot_updates(conn, "tasks")
 
-    await eventually(hot_updates, lambda after: after == before + 1, timeout=10)
-
-
-def _plan_nodes(plan: dict) -> list[dict]:
-    return [plan, *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
+    await eventually(counted, lambda after: after == before + 1, timeout=10)
