@@ -88,6 +88,7 @@ class Runtime:
     parts: list[Part] = field(default_factory=list)
     closers: list[tuple[str, Close]] = field(default_factory=list)
     _quarantine: quarantine.Quarantine | None = None
+    _outbox_table: Table | None = None
     # The service's metrics: its families, and the probes read when Prometheus scrapes.
     metrics: Metrics = field(init=False)
 
@@ -167,6 +168,8 @@ class Runtime:
                 self.name,
             )
             servicer = self._quarantine.servicer
+            if self._outbox_table is not None:
+                servicer.outbox = (self.db, self._outbox_table)
             self.metrics.probe(self._quarantine_size)
             self.add_servicer(
                 lambda server: quarantine.add_to_server(servicer, server), quarantine.SERVICE_NAME
@@ -207,6 +210,11 @@ class Runtime:
             **options,
         )
         self.metrics.probe(lambda: self._outbox_samples(table))
+        # Its set-aside rows are listed, replayed and discarded beside the quarantine's
+        # messages (QuarantineService), where the service has a quarantine.
+        self._outbox_table = table
+        if self._quarantine is not None:
+            self._quarantine.servicer.outbox = (self.db, table)
         return relay
 
     async def _quarantine_size(self) -> list[Sample]:

@@ -208,5 +208,8 @@ RULES: dict[str, Rule] = {
         GetMessage=ADMIN,
         ReplayMessage=ADMIN,
         DiscardMessage=ADMIN,
+        ListOutboxRows=ADMIN,
+        ReplayOutboxRows=ADMIN,
+        DiscardOutboxRows=ADMIN,
     ),
 }

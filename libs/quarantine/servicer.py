@@ -1,5 +1,7 @@
 """``dispo.quarantine.v1.QuarantineService``: a service's quarantine over gRPC (list, get,
-replay, discard), served by every service with a JetStream consumer beside its own API.
+replay, discard), served by every service with a JetStream consumer beside its own API, and
+the rows its outbox relay set aside (list, replay, discard: :mod:`dispo.libs.outbox`'s
+``outbox_quarantined``, ``outbox_replay``, ``outbox_discard``) where it has an outbox.
 
 A replay publishes the message again as the service's bus user: a subject that user may not
 publish (another service consumes it too) is refused with FAILED_PRECONDITION."""
@@ -13,14 +15,19 @@ from dispo.libs import contracts
 from dispo.libs.api.quarantine.v1 import quarantine_pb2 as pb
 from dispo.libs.api.quarantine.v1 import quarantine_pb2_grpc
 from dispo.libs.bus import Bus
+from dispo.libs.db.driver import Database
 from dispo.libs.errors import FailedPrecondition, InvalidArgument
+from dispo.libs.outbox import QuarantinedRow, outbox_discard, outbox_quarantined, outbox_replay
 from dispo.libs.paging import decode_page_token, encode_page_token, page_size
 from dispo.libs.quarantine.store import Held, QuarantineStore
 from dispo.libs.timestamps import to_timestamp
+from sqlalchemy import Table
 
 SERVICE_NAME = "dispo.quarantine.v1.QuarantineService"
 Context = grpc.aio.ServicerContext[Any, Any]
 MAX_PAGE_SIZE = 200
+# Outbox rows one ReplayOutboxRows or DiscardOutboxRows takes at most.
+MAX_OUTBOX_IDS = 100
 
 
 def to_proto(held: Held) -> pb.QuarantinedMessage:
@@ -39,6 +46,30 @@ def to_proto(held: Held) -> pb.QuarantinedMessage:
     )
 
 
+def outbox_row_proto(row: QuarantinedRow) -> pb.QuarantinedOutboxRow:
+    return pb.QuarantinedOutboxRow(
+        id=row.id,
+        subject=row.subject,
+        msg_id=row.msg_id,
+        size=row.size,
+        attempts=row.attempts,
+        last_error=row.last_error,
+        created_at=to_timestamp(row.created_at),
+        quarantined_at=to_timestamp(row.quarantined_at),
+    )
+
+
+def _outbox_ids(ids: Any) -> list[int]:
+    if not ids:
+        raise InvalidArgument("ids", "required: the ids of set-aside outbox rows")
+    if len(ids) > MAX_OUTBOX_IDS:
+        raise InvalidArgument("ids", f"at most {MAX_OUTBOX_IDS} at once, got {len(ids)}")
+    for i, value in enumerate(ids):
+        if value <= 0:
+            raise InvalidArgument(f"ids[{i}]", f"must be a row id (positive), got {value}")
+    return sorted(set(ids))
+
+
 def _message_id(value: int) -> int:
     if value <= 0:
         raise InvalidArgument("id", "required: the id of a quarantined message")
@@ -51,6 +82,13 @@ class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
         self.bus = bus
         # The service whose bus user replays (None: a user allowed every subject).
         self.service = service
+        # The service's outbox and its database (None: the service has no outbox).
+        self.outbox: tuple[Database, Table] | None = None
+
+    def _outbox(self) -> tuple[Database, Table]:
+        if self.outbox is None:
+            raise FailedPrecondition(f"the {self.service or 'service'} has no outbox")
+        return self.outbox
 
     async def ListMessages(
         self, request: pb.ListMessagesRequest, context: Context
@@ -91,6 +129,38 @@ class QuarantineServicer(quarantine_pb2_grpc.QuarantineServiceServicer):
     ) -> pb.DiscardMessageResponse:
         held = await self.store.discard(_message_id(request.id))
         return pb.DiscardMessageResponse(message=to_proto(held))
+
+    async def ListOutboxRows(
+        self, request: pb.ListOutboxRowsRequest, context: Context
+    ) -> pb.ListOutboxRowsResponse:
+        db, table = self._outbox()
+        limit = page_size(request.page, maximum=MAX_PAGE_SIZE)
+        after = decode_page_token(request.page.page_token, int)
+        async with db.connection() as conn:
+            rows = await outbox_quarantined(
+                conn, table, after_id=after[0] if after else 0, limit=limit + 1
+            )
+        out = pb.ListOutboxRowsResponse()
+        out.rows.extend(outbox_row_proto(r) for r in rows[:limit])
+        if len(rows) > limit:
+            out.page.next_page_token = encode_page_token(rows[limit - 1].id)
+        return out
+
+    async def ReplayOutboxRows(
+        self, request: pb.OutboxRowsRequest, context: Context
+    ) -> pb.OutboxRowsResponse:
+        ids = _outbox_ids(request.ids)
+        db, table = self._outbox()
+        async with db.transaction() as conn:
+            return pb.OutboxRowsResponse(changed=await outbox_replay(conn, table, ids))
+
+    async def DiscardOutboxRows(
+        self, request: pb.OutboxRowsRequest, context: Context
+    ) -> pb.OutboxRowsResponse:
+        ids = _outbox_ids(request.ids)
+        db, table = self._outbox()
+        async with db.transaction() as conn:
+            return pb.OutboxRowsResponse(changed=await outbox_discard(conn, table, ids))
 
 
 def add_to_server(servicer: QuarantineServicer, server: grpc.aio.Server) -> None:

@@ -871,3 +871,67 @@ def quarantine_discard(
             qpb.DiscardMessageRequest(id=message_id), timeout=CALL_SECONDS
         )
     show(reply, as_json, lambda r: table([r.message], _MESSAGE_COLUMNS))
+
+
+# The rows a service's outbox relay set aside (QuarantineService's outbox calls).
+outbox_app = typer.Typer(
+    help="Outbox rows a service's relay set aside (their publication kept failing).",
+    no_args_is_help=True,
+)
+quarantine_app.add_typer(outbox_app, name="outbox")
+_OUTBOX_COLUMNS: list[Column] = [
+    ("id", lambda r: r.id),
+    ("subject", lambda r: r.subject),
+    ("msg_id", lambda r: r.msg_id),
+    ("bytes", lambda r: r.size),
+    ("attempts", lambda r: r.attempts),
+    ("error", lambda r: brief(r.last_error)),
+]
+ROW_IDS = Annotated[list[int], typer.Argument(help="the rows' ids (at most 100)")]
+
+
+@outbox_app.command(name="list")
+def outbox_list(
+    ctx: typer.Context,
+    service: SERVICE_OPTION = EXECUTOR,
+    limit: Annotated[int, typer.Option(help="rows per page", min=1, max=200)] = 50,
+    page_token: Annotated[str, typer.Option(help="the page after this one")] = "",
+    as_json: JSON_OPTION = False,
+) -> None:
+    """A service's set-aside outbox rows, oldest first (held until replayed or discarded)."""
+    request = qpb.ListOutboxRowsRequest()
+    request.page.page_size, request.page.page_token = limit, page_token
+    with _quarantine(ctx, service) as quarantine:
+        reply = quarantine.ListOutboxRows(request, timeout=CALL_SECONDS)
+    show(reply, as_json, lambda r: table(r.rows, _OUTBOX_COLUMNS))
+
+
+@outbox_app.command(name="replay")
+def outbox_replay(
+    ctx: typer.Context,
+    row_ids: ROW_IDS,
+    service: SERVICE_OPTION = EXECUTOR,
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Give set-aside rows back to the relay with a fresh count of attempts (once their
+    cause is removed)."""
+    with _quarantine(ctx, service) as quarantine:
+        reply = quarantine.ReplayOutboxRows(
+            qpb.OutboxRowsRequest(ids=row_ids), timeout=CALL_SECONDS
+        )
+    show(reply, as_json, lambda r: f"{r.changed} given back to the relay")
+
+
+@outbox_app.command(name="discard")
+def outbox_discard(
+    ctx: typer.Context,
+    row_ids: ROW_IDS,
+    service: SERVICE_OPTION = EXECUTOR,
+    as_json: JSON_OPTION = False,
+) -> None:
+    """Delete set-aside rows for good: their events are given up."""
+    with _quarantine(ctx, service) as quarantine:
+        reply = quarantine.DiscardOutboxRows(
+            qpb.OutboxRowsRequest(ids=row_ids), timeout=CALL_SECONDS
+        )
+    show(reply, as_json, lambda r: f"{r.changed} discarded")

@@ -269,3 +269,159 @@ class DiscardMessageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DiscardMessageResponse: _TypeAlias = DiscardMessageResponse  # noqa: Y015
+
+@_typing.final
+class QuarantinedOutboxRow(_message.Message):
+    """An outbox row the relay set aside: what an operator needs to judge it (not its payload)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    QUARANTINED_AT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Its id in this service's outbox: what Replay and Discard take."""
+    subject: _builtins.str
+    """The subject it was to be published on, e.g. "task.create"."""
+    msg_id: _builtins.str
+    """Its message id (the stream's duplicate check)."""
+    size: _builtins.int
+    """The payload's size in bytes."""
+    attempts: _builtins.int
+    """Failed publications so far."""
+    last_error: _builtins.str
+    """The last publication's error."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When the row was written."""
+
+    @_builtins.property
+    def quarantined_at(self) -> _timestamp_pb2.Timestamp:
+        """When the relay set it aside."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        subject: _builtins.str = ...,
+        msg_id: _builtins.str = ...,
+        size: _builtins.int = ...,
+        attempts: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        quarantined_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "quarantined_at", b"quarantined_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "created_at", b"created_at", "id", b"id", "last_error", b"last_error", "msg_id", b"msg_id", "quarantined_at", b"quarantined_at", "size", b"size", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuarantinedOutboxRow: _TypeAlias = QuarantinedOutboxRow  # noqa: Y015
+
+@_typing.final
+class ListOutboxRowsRequest(_message.Message):
+    """Which set-aside outbox rows ListOutboxRows returns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def page(self) -> _common_pb2.PageRequest:
+        """Page size and cursor."""
+
+    def __init__(
+        self,
+        *,
+        page: _common_pb2.PageRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOutboxRowsRequest: _TypeAlias = ListOutboxRowsRequest  # noqa: Y015
+
+@_typing.final
+class ListOutboxRowsResponse(_message.Message):
+    """One page of set-aside outbox rows."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    PAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuarantinedOutboxRow]:
+        """This page's rows, oldest first."""
+
+    @_builtins.property
+    def page(self) -> _common_pb2.PageResponse:
+        """next_page_token for the following page; empty on the last."""
+
+    def __init__(
+        self,
+        *,
+        rows: _abc.Iterable[Global___QuarantinedOutboxRow] | None = ...,
+        page: _common_pb2.PageResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["page", b"page"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page", b"page", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOutboxRowsResponse: _TypeAlias = ListOutboxRowsResponse  # noqa: Y015
+
+@_typing.final
+class OutboxRowsRequest(_message.Message):
+    """The set-aside outbox rows ReplayOutboxRows or DiscardOutboxRows takes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Required: 1 to 100 QuarantinedOutboxRow.id values. An id of a row not (or no longer)
+        set aside is left as it is and not counted.
+        """
+
+    def __init__(
+        self,
+        *,
+        ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutboxRowsRequest: _TypeAlias = OutboxRowsRequest  # noqa: Y015
+
+@_typing.final
+class OutboxRowsResponse(_message.Message):
+    """What ReplayOutboxRows or DiscardOutboxRows did."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGED_FIELD_NUMBER: _builtins.int
+    changed: _builtins.int
+    """The rows given back to the relay, or deleted."""
+    def __init__(
+        self,
+        *,
+        changed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutboxRowsResponse: _TypeAlias = OutboxRowsResponse  # noqa: Y015

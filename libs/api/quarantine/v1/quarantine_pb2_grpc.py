@@ -55,6 +55,21 @@ class QuarantineServiceStub:
                 request_serializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.DiscardMessageRequest.SerializeToString,
                 response_deserializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.DiscardMessageResponse.FromString,
                 _registered_method=True)
+        self.ListOutboxRows = channel.unary_unary(
+                '/dispo.quarantine.v1.QuarantineService/ListOutboxRows',
+                request_serializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.ListOutboxRowsRequest.SerializeToString,
+                response_deserializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.ListOutboxRowsResponse.FromString,
+                _registered_method=True)
+        self.ReplayOutboxRows = channel.unary_unary(
+                '/dispo.quarantine.v1.QuarantineService/ReplayOutboxRows',
+                request_serializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsRequest.SerializeToString,
+                response_deserializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsResponse.FromString,
+                _registered_method=True)
+        self.DiscardOutboxRows = channel.unary_unary(
+                '/dispo.quarantine.v1.QuarantineService/DiscardOutboxRows',
+                request_serializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsRequest.SerializeToString,
+                response_deserializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsResponse.FromString,
+                _registered_method=True)
 
 
 class QuarantineServiceServicer:
@@ -92,6 +107,32 @@ class QuarantineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListOutboxRows(self, request, context):
+        """The rows of this service's outbox its relay set aside after their publication kept
+        failing (too large for the bus, say), oldest first, paged. They block nothing behind
+        them and are held until replayed or discarded here (ADR-0034); retention deletes only
+        those of a stream whose messages age out anyway (ADR-0105). FAILED_PRECONDITION from a
+        service without an outbox.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplayOutboxRows(self, request, context):
+        """Gives rows back to the relay with a fresh count of attempts, once their cause is
+        removed; a row that still cannot be published is set aside again after its attempts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiscardOutboxRows(self, request, context):
+        """Deletes rows for good: their events are given up.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QuarantineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +155,21 @@ def add_QuarantineServiceServicer_to_server(servicer, server):
                     servicer.DiscardMessage,
                     request_deserializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.DiscardMessageRequest.FromString,
                     response_serializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.DiscardMessageResponse.SerializeToString,
+            ),
+            'ListOutboxRows': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOutboxRows,
+                    request_deserializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.ListOutboxRowsRequest.FromString,
+                    response_serializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.ListOutboxRowsResponse.SerializeToString,
+            ),
+            'ReplayOutboxRows': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayOutboxRows,
+                    request_deserializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsRequest.FromString,
+                    response_serializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsResponse.SerializeToString,
+            ),
+            'DiscardOutboxRows': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiscardOutboxRows,
+                    request_deserializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsRequest.FromString,
+                    response_serializer=dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +281,87 @@ class QuarantineService:
             '/dispo.quarantine.v1.QuarantineService/DiscardMessage',
             dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.DiscardMessageRequest.SerializeToString,
             dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.DiscardMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOutboxRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.quarantine.v1.QuarantineService/ListOutboxRows',
+            dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.ListOutboxRowsRequest.SerializeToString,
+            dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.ListOutboxRowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayOutboxRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.quarantine.v1.QuarantineService/ReplayOutboxRows',
+            dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsRequest.SerializeToString,
+            dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiscardOutboxRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dispo.quarantine.v1.QuarantineService/DiscardOutboxRows',
+            dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsRequest.SerializeToString,
+            dispo_dot_quarantine_dot_v1_dot_quarantine__pb2.OutboxRowsResponse.FromString,
             options,
             channel_credentials,
             insecure,

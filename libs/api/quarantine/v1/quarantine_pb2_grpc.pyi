@@ -49,6 +49,19 @@ class QuarantineServiceStub:
     """
     DiscardMessage: _grpc.UnaryUnaryMultiCallable[_quarantine_pb2.DiscardMessageRequest, _quarantine_pb2.DiscardMessageResponse]
     """Removes it for good: nothing is published."""
+    ListOutboxRows: _grpc.UnaryUnaryMultiCallable[_quarantine_pb2.ListOutboxRowsRequest, _quarantine_pb2.ListOutboxRowsResponse]
+    """The rows of this service's outbox its relay set aside after their publication kept
+    failing (too large for the bus, say), oldest first, paged. They block nothing behind
+    them and are held until replayed or discarded here (ADR-0034); retention deletes only
+    those of a stream whose messages age out anyway (ADR-0105). FAILED_PRECONDITION from a
+    service without an outbox.
+    """
+    ReplayOutboxRows: _grpc.UnaryUnaryMultiCallable[_quarantine_pb2.OutboxRowsRequest, _quarantine_pb2.OutboxRowsResponse]
+    """Gives rows back to the relay with a fresh count of attempts, once their cause is
+    removed; a row that still cannot be published is set aside again after its attempts.
+    """
+    DiscardOutboxRows: _grpc.UnaryUnaryMultiCallable[_quarantine_pb2.OutboxRowsRequest, _quarantine_pb2.OutboxRowsResponse]
+    """Deletes rows for good: their events are given up."""
 
 @_typing.type_check_only
 class QuarantineServiceAsyncStub(QuarantineServiceStub):
@@ -67,6 +80,19 @@ class QuarantineServiceAsyncStub(QuarantineServiceStub):
     """
     DiscardMessage: _aio.UnaryUnaryMultiCallable[_quarantine_pb2.DiscardMessageRequest, _quarantine_pb2.DiscardMessageResponse]  # type: ignore[assignment]
     """Removes it for good: nothing is published."""
+    ListOutboxRows: _aio.UnaryUnaryMultiCallable[_quarantine_pb2.ListOutboxRowsRequest, _quarantine_pb2.ListOutboxRowsResponse]  # type: ignore[assignment]
+    """The rows of this service's outbox its relay set aside after their publication kept
+    failing (too large for the bus, say), oldest first, paged. They block nothing behind
+    them and are held until replayed or discarded here (ADR-0034); retention deletes only
+    those of a stream whose messages age out anyway (ADR-0105). FAILED_PRECONDITION from a
+    service without an outbox.
+    """
+    ReplayOutboxRows: _aio.UnaryUnaryMultiCallable[_quarantine_pb2.OutboxRowsRequest, _quarantine_pb2.OutboxRowsResponse]  # type: ignore[assignment]
+    """Gives rows back to the relay with a fresh count of attempts, once their cause is
+    removed; a row that still cannot be published is set aside again after its attempts.
+    """
+    DiscardOutboxRows: _aio.UnaryUnaryMultiCallable[_quarantine_pb2.OutboxRowsRequest, _quarantine_pb2.OutboxRowsResponse]  # type: ignore[assignment]
+    """Deletes rows for good: their events are given up."""
 
 class QuarantineServiceServicer(metaclass=_abc_1.ABCMeta):
     """A consuming service's quarantine, on that service's port. Callers: admin."""
@@ -106,5 +132,36 @@ class QuarantineServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_quarantine_pb2.DiscardMessageResponse, _abc.Awaitable[_quarantine_pb2.DiscardMessageResponse]]:
         """Removes it for good: nothing is published."""
+
+    @_abc_1.abstractmethod
+    def ListOutboxRows(
+        self,
+        request: _quarantine_pb2.ListOutboxRowsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quarantine_pb2.ListOutboxRowsResponse, _abc.Awaitable[_quarantine_pb2.ListOutboxRowsResponse]]:
+        """The rows of this service's outbox its relay set aside after their publication kept
+        failing (too large for the bus, say), oldest first, paged. They block nothing behind
+        them and are held until replayed or discarded here (ADR-0034); retention deletes only
+        those of a stream whose messages age out anyway (ADR-0105). FAILED_PRECONDITION from a
+        service without an outbox.
+        """
+
+    @_abc_1.abstractmethod
+    def ReplayOutboxRows(
+        self,
+        request: _quarantine_pb2.OutboxRowsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quarantine_pb2.OutboxRowsResponse, _abc.Awaitable[_quarantine_pb2.OutboxRowsResponse]]:
+        """Gives rows back to the relay with a fresh count of attempts, once their cause is
+        removed; a row that still cannot be published is set aside again after its attempts.
+        """
+
+    @_abc_1.abstractmethod
+    def DiscardOutboxRows(
+        self,
+        request: _quarantine_pb2.OutboxRowsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_quarantine_pb2.OutboxRowsResponse, _abc.Awaitable[_quarantine_pb2.OutboxRowsResponse]]:
+        """Deletes rows for good: their events are given up."""
 
 def add_QuarantineServiceServicer_to_server(servicer: QuarantineServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
