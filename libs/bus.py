@@ -49,7 +49,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -166,6 +166,21 @@ _UNAVAILABLE = (
     nats.errors.ConnectionReconnectingError,
     nats.errors.OutboundBufferLimitError,
 )
+
+
+@contextlib.contextmanager
+def _unavailable_as(stream: str) -> Iterator[None]:
+    """A stream request's failure that a later try may overcome (:data:`_UNAVAILABLE`, or a
+    JetStream API error of code 500 and above) raised as :class:`StreamUnavailable`; any
+    other as it is."""
+    try:
+        yield
+    except _UNAVAILABLE as error:
+        raise StreamUnavailable(f"{stream}: {error!r}") from error
+    except nats.js.errors.APIError as error:
+        if error.code is not None and error.code >= 500:
+            raise StreamUnavailable(f"{stream}: {error!r}") from error
+        raise
 
 
 class MessageTooLarge(Exception):
@@ -519,14 +534,8 @@ class Bus:
     async def purge_subject(self, stream: str, subject: str) -> None:
         """Delete every message ``stream`` holds on ``subject`` (a subject or a filter).
         Raises :class:`StreamUnavailable` if JetStream cannot do it now (worth another try)."""
-        try:
+        with _unavailable_as(stream):
             await self.js.purge_stream(stream, subject=subject)
-        except _UNAVAILABLE as error:
-            raise StreamUnavailable(f"{stream}: {error!r}") from error
-        except nats.js.errors.APIError as error:
-            if error.code is not None and error.code >= 500:
-                raise StreamUnavailable(f"{stream}: {error!r}") from error
-            raise
 
     async def read_subject(
         self,
@@ -554,14 +563,8 @@ class Bus:
             num_replicas=1,
             inactive_threshold=max(timeout, 5.0),
         )
-        try:
+        with _unavailable_as(stream):
             return await self._read_with(stream, config, limit, timeout)
-        except _UNAVAILABLE as error:
-            raise StreamUnavailable(f"{stream}: {error!r}") from error
-        except nats.js.errors.APIError as error:
-            if error.code is not None and error.code >= 500:
-                raise StreamUnavailable(f"{stream}: {error!r}") from error
-            raise
 
     async def _read_with(
         self, stream: str, config: ConsumerConfig, limit: int, timeout: float

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dispo.libs.api.common.v1 import common_pb2
 from dispo.libs.api.task.v1 import task_pb2
+from google.protobuf.message import DecodeError
 
 # The encoding a tombstone payload declares, and the bytes that replace a raw payload or
 # output column (valid JSON, so a reader that parses it still can).
@@ -17,6 +18,16 @@ TOMBSTONE = b'{"erased":true}'
 # What replaces a text that may quote a payload or a downstream's answer (a node's last
 # error, a delivery's error).
 ERASED_TEXT = "erased"
+
+
+def erase_request(data: bytes) -> task_pb2.EraseRequest | str:
+    """A ``task.erase`` message's request, or why a consumer refuses it (its bytes are not
+    one, or it names no task)."""
+    try:
+        request = task_pb2.EraseRequest.FromString(data)
+    except DecodeError:
+        return "malformed erase request"
+    return request if request.task_id else "erase request needs task_id"
 
 
 def tombstone_payload() -> common_pb2.Payload:

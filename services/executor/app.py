@@ -29,6 +29,7 @@ from dispo.libs.catalogue import Catalogue, CatalogueSettings, load_configured_c
 from dispo.libs.catalogue.follow import CatalogueFollower, on_catalogue_changed
 from dispo.libs.contracts import tasks
 from dispo.libs.downstream_health import check_health
+from dispo.libs.erasure import erase_request
 from dispo.libs.logging import bind_ids, get_logger
 from dispo.libs.outbox import OutboxRelay
 from dispo.libs.retention import add_retention, outbox_records, quarantine_records
@@ -167,12 +168,9 @@ async def setup(rt: Runtime) -> None:
         return await control.handle_signal(executor, request)
 
     async def on_erase(msg: Msg) -> Disposition:
-        try:
-            request = task_pb2.EraseRequest.FromString(msg.data)
-        except DecodeError:
-            return Term("malformed erase request")
-        if not request.task_id:
-            return Term("erase request needs task_id")
+        request = erase_request(msg.data)
+        if isinstance(request, str):
+            return Term(request)
         bind_ids(task_id=request.task_id)
         return await control.handle_erase(executor, request.task_id, rt.bus)
 

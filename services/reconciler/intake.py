@@ -13,6 +13,7 @@ from dispo.libs.api.task.v1 import task_pb2
 from dispo.libs.batcher import Batcher
 from dispo.libs.bus import ACK, Bus, Consumer, Disposition, Handler, Nak, Term
 from dispo.libs.contracts import tasks
+from dispo.libs.erasure import erase_request
 from dispo.libs.logging import bind_ids
 from dispo.libs.tracing import current
 from dispo.reconciler.arbitration import arbiter
@@ -82,12 +83,9 @@ def consumers(
         await finished.submit((env, current()))  # the trace the callback continues
 
     async def erase(msg: Msg) -> Disposition:
-        try:
-            request = task_pb2.EraseRequest.FromString(msg.data)
-        except DecodeError:
-            return Term("malformed erase request")
-        if not request.task_id:
-            return Term("erase request needs task_id")
+        request = erase_request(msg.data)
+        if isinstance(request, str):
+            return Term(request)
         bind_ids(task_id=request.task_id)
         return await handle_erase(ctx, request.task_id)
 

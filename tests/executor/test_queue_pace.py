@@ -13,6 +13,7 @@ from dispo.executor.queue_pace import Count, Turns, counted, last_second, turns
 from dispo.executor.store import worker_runs as store
 from dispo.executor.worker_runs import QueuePolicy, WorkerRuns
 from dispo.libs.clock import ManualClock
+from support import eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # a whole second
 
@@ -76,8 +77,8 @@ async def test_two_executors_take_at_most_the_queues_rate_in_a_second_together(
 
     # A long poll with the pace spent waits on the clock for the next turn, not spinning.
     waiting = asyncio.create_task(poll(second, "b", wait_ms=20_000))
-    await asyncio.sleep(0.3)
-    assert not waiting.done() and manual_clock.waiting == 1
+    await eventually(lambda: manual_clock.waiting, lambda n: n == 1, wanted="the poll asleep")
+    assert not waiting.done()
     manual_clock.set(at(1.0))
     assert await asyncio.wait_for(waiting, 10) == 1
     views = {q.queue: q for q in await first.queues()}

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from dispo.sdk import AsyncClient, cell
@@ -28,8 +27,7 @@ from dispo.tools.bench.report import (
 )
 from dispo.tools.bench.run import Target, measure, parser, running_stack, write_result
 from dispo.tools.bench.shapes import SHAPES, catalogue_yaml
-
-DISPO = str(Path(sys.executable).parent / "dispo")
+from support.bench import run_bench
 
 
 def test_latency_summary_is_in_milliseconds_and_none_when_empty():
@@ -410,36 +408,24 @@ async def test_dispo_bench_submit_on_its_own_scaled_out_stack(tmp_path):
     """The command end to end: two gateways, two executors, a three-node NATS cluster, the
     HTTP shape at a fixed rate; the result file accounts for every process it started."""
     results = tmp_path / "results"
-    done = subprocess.run(
-        [
-            DISPO,
-            "bench",
-            "submit",
-            "--start",
-            "--shape",
-            "http",
-            "--rate",
-            "20",
-            "--tasks",
-            "8",
-            "--gateways",
-            "2",
-            "--executors",
-            "2",
-            "--cluster",
-            "--ceiling-seconds",
-            "1",
-            "--results",
-            str(results),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+    path, report, out = run_bench(
+        results,
+        "submit",
+        "--start",
+        "--shape",
+        "http",
+        "--rate",
+        "20",
+        "--tasks",
+        "8",
+        "--gateways",
+        "2",
+        "--executors",
+        "2",
+        "--cluster",
+        "--ceiling-seconds",
+        "1",
     )
-    print(done.stdout, done.stderr)  # shown when an assertion below fails
-    assert done.returncode == 0, done.stdout + done.stderr
-    [path] = results.iterdir()
-    report = json.loads(path.read_text())
     check_report(report, 8, "http")
     assert path.name.endswith("-http-rate20-gathered-g2e2-nats3.json")
     processes = set(report["cpu"]["per_process"])
@@ -448,13 +434,13 @@ async def test_dispo_bench_submit_on_its_own_scaled_out_stack(tmp_path):
     assert report["cpu"]["per_process"]["postgres"]["seconds"] > 0
     assert set(report["postgres_commit_ceiling"]["tps_by_clients"]) == {"1", "32"}
     assert report["throughput"]["offered_per_s"] == 20.0
-    assert "PostgreSQL commit ceiling" in done.stdout
+    assert "PostgreSQL commit ceiling" in out
     # Read back from the histories: every task has at least its terminal snapshot.
     assert report["status_events_per_task"] >= 1.0
-    assert "status events" in done.stdout
+    assert "status events" in out
     # Every accepted task was written (and its view updated) in the stack's PostgreSQL.
     assert report["postgres_wal_bytes_per_task"] > 1000
-    assert "PostgreSQL WAL" in done.stdout
+    assert "PostgreSQL WAL" in out
     # Each process's group commits, read from its metrics: every accepted task an item of a
     # gateway's Submit flushes, an executor's openings and the reconciler's finished facts.
     groups = report["group_commits"]
@@ -466,40 +452,28 @@ async def test_dispo_bench_submit_on_its_own_scaled_out_stack(tmp_path):
     assert items("task openings", "executor", "executor-2") >= 8
     assert items("finished facts", "reconciler") >= 8
     assert all(g["flushes"] >= 1 for by in groups.values() for g in by.values())
-    assert "items per flush" in done.stdout
+    assert "items per flush" in out
 
 
 def test_dispo_bench_submit_runs_the_worker_shape_on_workers_of_its_own(tmp_path):
     """``--shape worker``: the bench starts its worker processes beside its stack, their
     runs take every node of every task, and their CPU is reported as the stack's is."""
     results = tmp_path / "results"
-    done = subprocess.run(
-        [
-            DISPO,
-            "bench",
-            "submit",
-            "--start",
-            "--shape",
-            "worker",
-            "--workers",
-            "2",
-            "--tasks",
-            "8",
-            "--concurrency",
-            "4",
-            "--ceiling-seconds",
-            "0",
-            "--results",
-            str(results),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+    path, report, out = run_bench(
+        results,
+        "submit",
+        "--start",
+        "--shape",
+        "worker",
+        "--workers",
+        "2",
+        "--tasks",
+        "8",
+        "--concurrency",
+        "4",
+        "--ceiling-seconds",
+        "0",
     )
-    print(done.stdout, done.stderr)  # shown when an assertion below fails
-    assert done.returncode == 0, done.stdout + done.stderr
-    [path] = results.iterdir()
-    report = json.loads(path.read_text())
     check_report(report, 8, "worker")
     assert path.name.endswith("-worker-saturation-gathered-g1e1w2.json")
     assert (report["config"]["workers"], report["config"]["worker_concurrency"]) == (2, 100)
@@ -507,7 +481,7 @@ def test_dispo_bench_submit_runs_the_worker_shape_on_workers_of_its_own(tmp_path
     assert {"worker-1", "worker-2"} <= set(processes)
     # (Sampled in clock ticks: a few runs may cost a worker less than one.)
     assert all(isinstance(processes[w]["seconds"], float) for w in ("worker-1", "worker-2"))
-    assert "worker-1" in done.stdout and "2 workers of 100 runs" in done.stdout
+    assert "worker-1" in out and "2 workers of 100 runs" in out
     # Every node ran as a worker run (only the bench's workers serve its queue), offered
     # in the executor's group commits.
     assert report["group_commits"]["executor"]["worker run offers"]["items"] >= 3 * 8

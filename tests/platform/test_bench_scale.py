@@ -4,14 +4,9 @@ anything was: only that the rows were loaded, every operation was timed and expl
 the plans name their indexes."""
 
 import hashlib
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 from dispo.tools.bench.scale import TABLES, loaded_ids, plan_facts, seq_scans
-
-DISPO = str(Path(sys.executable).parent / "dispo")
+from support.bench import run_bench
 
 
 def test_a_plan_names_the_indexes_it_reads_and_the_tables_it_reads_whole():
@@ -42,28 +37,9 @@ def test_the_probes_name_tasks_the_load_wrote():
 
 def test_dispo_bench_scale_loads_every_table_and_measures_the_same_operations_twice(tmp_path):
     results = tmp_path / "results"
-    done = subprocess.run(
-        [
-            DISPO,
-            "bench",
-            "scale",
-            "--rows",
-            "3000",
-            "--tasks",
-            "12",
-            "--probes",
-            "3",
-            "--results",
-            str(results),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    path, result, out = run_bench(
+        results, "scale", "--rows", "3000", "--tasks", "12", "--probes", "3", timeout=300
     )
-    print(done.stdout, done.stderr)  # shown when an assertion below fails
-    assert done.returncode == 0, done.stdout + done.stderr
-    [path] = results.iterdir()
-    result = json.loads(path.read_text())
     empty, loaded = result["empty"], result["loaded"]
     assert result["rows"] == 3000
     # The load's rows are in every table a task is kept in, three nodes each; the bench's
@@ -96,4 +72,4 @@ def test_dispo_bench_scale_loads_every_table_and_measures_the_same_operations_tw
     assert statements["executor pass-end write (tasks_write_many)"]["n"] == 0
     assert all(s["n"] == 3 for n, s in statements.items() if "pass-end" not in n)
     assert not seq_scans(result)
-    assert "ix_tasks_business_created" in done.stdout and "gateway.tasks" in done.stdout
+    assert "ix_tasks_business_created" in out and "gateway.tasks" in out

@@ -3,16 +3,10 @@ sampled while each service's retention deletes the tasks older than a day. No te
 how fast anything was, nor at sizes: only that the samples exist, span the days, and that
 retention kept the tasks held below what was submitted."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 from dispo.libs.business_policy import load_policy
 from dispo.libs.clock import FileClock
 from dispo.tools.bench.soak import JumpingClock, flat_after, policy_yaml, stream_bytes
-
-DISPO = str(Path(sys.executable).parent / "dispo")
+from support.bench import run_bench
 
 
 def test_the_jumping_clock_is_the_wall_plus_whole_days_as_a_file_clock_reads_it(tmp_path):
@@ -36,32 +30,21 @@ def test_stream_bytes_sums_each_streams_files(tmp_path):
 
 def test_dispo_bench_soak_samples_the_disk_while_retention_keeps_a_day(tmp_path):
     results = tmp_path / "results"
-    done = subprocess.run(
-        [
-            DISPO,
-            "bench",
-            "soak",
-            "--rate",
-            "10",
-            "--days",
-            "3",
-            "--day-seconds",
-            "10",
-            "--sample-seconds",
-            "2",
-            "--retention-interval",
-            "1",
-            "--results",
-            str(results),
-        ],
-        capture_output=True,
-        text=True,
+    path, result, out = run_bench(
+        results,
+        "soak",
+        "--rate",
+        "10",
+        "--days",
+        "3",
+        "--day-seconds",
+        "10",
+        "--sample-seconds",
+        "2",
+        "--retention-interval",
+        "1",
         timeout=300,
     )
-    print(done.stdout, done.stderr)  # shown when an assertion below fails
-    assert done.returncode == 0, done.stdout + done.stderr
-    [path] = results.iterdir()
-    result = json.loads(path.read_text())
     samples = result["samples"]
     assert result["submitted"] == 300 and result["submit_errors"] == 0
     assert {s["day"] for s in samples} >= {0, 1, 2}
@@ -78,4 +61,4 @@ def test_dispo_bench_soak_samples_the_disk_while_retention_keeps_a_day(tmp_path)
     for table, held in last["tasks_held"].items():
         assert held < 250, (table, held)
     assert flat_after(result) == {}  # not past retention + 1 days: no plateau claimed
-    assert "postgres MiB" in done.stdout
+    assert "postgres MiB" in out
